@@ -1,0 +1,2 @@
+//! rocebus: low-latency pub/sub over RDMA (RoCE).
+#![deny(unsafe_code)]
