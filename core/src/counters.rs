@@ -1,0 +1,1 @@
+//! Shared-memory counters (in progress).

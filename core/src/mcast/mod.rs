@@ -1,0 +1,1 @@
+//! Market-data path protocol logic (in progress).
