@@ -1,1 +1,111 @@
-fn main() {}
+//! Developer automation for rocebus: set-up, soft-RoCE guests, tests,
+//! benchmarks and the demo. Run as `cargo xtask <command>`.
+
+mod setup;
+mod test;
+mod venue;
+mod vm;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cargo xtask",
+    about = "rocebus developer tasks: set-up, soft-RoCE guests, tests, benchmarks, demo",
+    long_about = "rocebus developer tasks.\n\nThe build machines have no RDMA in their kernel, so \
+RDMA code runs inside qemu guests booting a stock Debian kernel with the soft-RoCE driver \
+(rdma_rxe). `setup` prepares everything; `vm` runs any command in one or two guests; `test` runs \
+the host tests and then the RDMA tests in the guests."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Install the Debian packages (as root), fetch the guest kernel and build the initramfs (cached).
+    Setup,
+    /// Boot soft-RoCE guest(s) and run CMD in each; exits with CMD's status.
+    ///
+    /// Each guest sees the host's filesystem read-only (plus tmpfs /tmp), has rxe0 on eth0 at
+    /// 198.18.0.{1,2} (GID index 1) and exports ROCEBUS_GUEST_INDEX, ROCEBUS_HOSTS,
+    /// ROCEBUS_GUEST_ADDR, ROCEBUS_PEER_ADDR, ROCEBUS_RDMA_DEVICE, ROCEBUS_GID_INDEX and
+    /// ROCEBUS_OUT (a folder the host can read afterwards).
+    Vm {
+        /// Number of guests: 1 (timing) or 2 linked guests (cross-host, loss tests).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        hosts: u8,
+        /// netem spec applied to each guest's eth0 egress, e.g. "loss 5%".
+        #[arg(long)]
+        netem: Option<String>,
+        /// Seconds before a guest that has not finished is killed.
+        #[arg(long, default_value_t = 900)]
+        timeout: u64,
+        /// vCPUs per guest (default 2 with one guest, 1 with two).
+        #[arg(long)]
+        cpus: Option<u8>,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Host tests for the whole workspace, then the RDMA tests in soft-RoCE guests.
+    ///
+    /// Ends with `softroce: N passed, M failed` and fails when N is 0 or M is not 0.
+    Test {
+        /// Skip the host tests (run only the RDMA tests).
+        #[arg(long)]
+        rdma_only: bool,
+        /// Only RDMA tests whose name contains this string.
+        #[arg(long)]
+        filter: Option<String>,
+    },
+}
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is inside the workspace")
+        .to_path_buf()
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    match cli.cmd {
+        Cmd::Setup => {
+            setup::setup()?;
+        }
+        Cmd::Vm {
+            hosts,
+            netem,
+            timeout,
+            cpus,
+            cmd,
+        } => {
+            let img = setup::guest_image().context("guest image (run `cargo xtask setup`)")?;
+            let line = cmd
+                .iter()
+                .map(|w| vm::shell_quote(w))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let opts = vm::VmOptions {
+                hosts,
+                netem,
+                timeout: Duration::from_secs(timeout),
+                cpus,
+                ..Default::default()
+            };
+            let out = vm::run(&img, &root, &line, &opts)?;
+            std::process::exit(out.status());
+        }
+        Cmd::Test { rdma_only, filter } => {
+            test::run(&root, rdma_only, filter.as_deref())?;
+        }
+    }
+    Ok(())
+}

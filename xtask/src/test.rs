@@ -1,0 +1,301 @@
+//! `cargo xtask test`: host tests, then the RDMA tests in soft-RoCE guests.
+//!
+//! Convention: every `#[ignore]`d test in the workspace needs an RDMA device
+//! (its ignore reason starts with "rdma"), so a plain `cargo test` reports it
+//! as ignored, never as passed. This runner lists them per test binary and
+//! runs exactly those with `--ignored` in a guest. Tests whose name contains
+//! `two_hosts` run in two linked guests (both run the test; it reads
+//! `ROCEBUS_GUEST_INDEX` to pick its role), optionally under netem loss given
+//! by [`TWO_HOST_NETEM`].
+
+use crate::{setup, venue, vm};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// netem spec for two-host tests, by a substring of the test name.
+const TWO_HOST_NETEM: &[(&str, &str)] = &[
+    ("loss1pct", "loss 1%"),
+    ("loss10pct", "loss 10%"),
+    ("loss30pct", "loss 30%"),
+];
+
+#[derive(Debug)]
+struct TestBin {
+    path: PathBuf,
+    /// Ignored (RDMA) tests in this binary.
+    rdma_tests: Vec<String>,
+}
+
+/// Builds the workspace's test binaries and returns those with RDMA tests.
+fn rdma_test_binaries(root: &Path) -> Result<Vec<TestBin>> {
+    let out = Command::new(env!("CARGO"))
+        .args(["test", "--workspace", "--no-run", "--message-format=json"])
+        .current_dir(root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the test binaries failed");
+    }
+    let mut bins = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
+            continue;
+        }
+        let Some(exe) = v["executable"].as_str() else {
+            continue;
+        };
+        let list = Command::new(exe)
+            .args(["--list", "--ignored", "--format=terse"])
+            .output()
+            .with_context(|| format!("listing tests of {exe}"))?;
+        let tests: Vec<String> = String::from_utf8_lossy(&list.stdout)
+            .lines()
+            .filter_map(|l| l.strip_suffix(": test"))
+            .map(str::to_owned)
+            .collect();
+        if !tests.is_empty() {
+            bins.push(TestBin {
+                path: PathBuf::from(exe),
+                rdma_tests: tests,
+            });
+        }
+    }
+    Ok(bins)
+}
+
+/// Sums libtest's `test result:` lines.
+fn count_results(lines: &[String]) -> (u64, u64) {
+    let (mut passed, mut failed) = (0, 0);
+    for l in lines {
+        let Some(rest) = l.trim().strip_prefix("test result: ") else {
+            continue;
+        };
+        for part in rest.split(';') {
+            let words: Vec<&str> = part.split_whitespace().collect();
+            let n = |w: &str| words.iter().position(|x| x.trim_end_matches('.') == w);
+            if let Some(i) = n("passed") {
+                passed += words
+                    .get(i.wrapping_sub(1))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+            if let Some(i) = n("failed") {
+                failed += words
+                    .get(i.wrapping_sub(1))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    (passed, failed)
+}
+
+fn host_has_rdma() -> bool {
+    std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
+}
+
+pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>) -> Result<()> {
+    let t0 = Instant::now();
+    setup::ensure_packages()?;
+    venue::ensure_venue()?;
+    let envs = [("ROCEBUS_PYTHON", venue::python())];
+    if !rdma_only {
+        eprintln!("== host tests (cargo test --workspace)");
+        let st = Command::new(env!("CARGO"))
+            .args(["test", "--workspace"])
+            .envs(envs.iter().map(|(k, v)| (k, v.as_os_str())))
+            .current_dir(root)
+            .status()?;
+        if !st.success() {
+            bail!("host tests failed");
+        }
+    }
+    let bins = rdma_test_binaries(root)?;
+    let matches = |t: &str| filter.is_none_or(|f| t.contains(f));
+    let mut one_host = Vec::new();
+    let mut two_host = Vec::new();
+    for b in &bins {
+        for t in b.rdma_tests.iter().filter(|t| matches(t)) {
+            if t.contains("two_hosts") {
+                two_host.push((b.path.clone(), t.clone()));
+            }
+        }
+        if b.rdma_tests
+            .iter()
+            .any(|t| !t.contains("two_hosts") && matches(t))
+        {
+            one_host.push(b.path.clone());
+        }
+    }
+    let filter_arg = filter.map(vm::shell_quote).unwrap_or_default();
+    let mut script = String::from("st=0\n");
+    for exe in &one_host {
+        script.push_str(&format!(
+            "echo \"== rdma tests in $(basename {exe})\"\n{exe} --ignored --test-threads=1 --skip two_hosts {filter_arg} || st=1\n",
+            exe = vm::shell_quote(&exe.display().to_string())
+        ));
+    }
+    script.push_str("exit $st\n");
+
+    let (mut passed, mut failed) = (0u64, 0u64);
+    let mut not_run = Vec::new();
+    let pass_env: Vec<(String, String)> = envs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.display().to_string()))
+        .collect();
+    if host_has_rdma() {
+        eprintln!("== this host has an RDMA device: running the RDMA tests natively (no guest)");
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .envs(pass_env.iter().map(|(k, v)| (k, v)))
+            .current_dir(root)
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        print!("{text}");
+        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        let (p, f) = count_results(&lines);
+        passed += p;
+        failed += f;
+        if !out.status.success() && f == 0 {
+            failed += 1;
+        }
+        not_run.extend(two_host.iter().map(|(_, t)| t.clone()));
+    } else {
+        let img = setup::guest_image()?;
+        runner_checks(&img, root)?;
+        if !one_host.is_empty() {
+            eprintln!(
+                "== RDMA tests in one soft-RoCE guest ({} binaries)",
+                one_host.len()
+            );
+            let opts = vm::VmOptions {
+                timeout: Duration::from_secs(1500),
+                env: pass_env.clone(),
+                ..Default::default()
+            };
+            let out = vm::run(&img, root, &script, &opts)?;
+            let (p, f) = count_results(&out.output[0]);
+            passed += p;
+            failed += f;
+            if out.status() != 0 && f == 0 {
+                eprintln!(
+                    "xtask test: the guest run failed (status {}) without a failing test line",
+                    out.status()
+                );
+                failed += 1;
+            }
+        }
+        for (exe, name) in &two_host {
+            let netem = TWO_HOST_NETEM
+                .iter()
+                .find(|(k, _)| name.contains(k))
+                .map(|(_, v)| v.to_string());
+            eprintln!(
+                "== RDMA test {name} in two soft-RoCE guests{}",
+                netem
+                    .as_deref()
+                    .map(|n| format!(" (netem {n})"))
+                    .unwrap_or_default()
+            );
+            let cmd = format!(
+                "{} --ignored --exact {} --test-threads=1",
+                vm::shell_quote(&exe.display().to_string()),
+                vm::shell_quote(name)
+            );
+            let opts = vm::VmOptions {
+                hosts: 2,
+                netem,
+                timeout: Duration::from_secs(900),
+                env: pass_env.clone(),
+                ..Default::default()
+            };
+            let out = vm::run(&img, root, &cmd, &opts)?;
+            let (p, f) = count_results(&out.output[0]);
+            passed += p;
+            failed += f;
+            if out.status() != 0 && f == 0 {
+                eprintln!(
+                    "xtask test: {name} failed in a guest (status {})",
+                    out.status()
+                );
+                failed += 1;
+            }
+        }
+    }
+    eprintln!("xtask test: took {:.0} s", t0.elapsed().as_secs_f64());
+    if !not_run.is_empty() {
+        println!(
+            "softroce: not run (need two guests): {}",
+            not_run.join(", ")
+        );
+    }
+    println!("softroce: {passed} passed, {failed} failed");
+    if passed == 0 {
+        bail!("no RDMA test ran");
+    }
+    if failed != 0 {
+        bail!("{failed} RDMA test(s) failed");
+    }
+    Ok(())
+}
+
+/// The runner's own promises, checked for real before anything relies on
+/// them: a failing guest command fails the run with its status, and a guest
+/// that never finishes is ended by the timeout.
+fn runner_checks(img: &setup::GuestImage, root: &Path) -> Result<()> {
+    let quiet = |timeout| vm::VmOptions {
+        timeout: Duration::from_secs(timeout),
+        stream: false,
+        ..Default::default()
+    };
+    let out = vm::run(img, root, "echo runner-check; exit 7", &quiet(120))?;
+    if out.status() != 7 || !out.output[0].iter().any(|l| l == "runner-check") {
+        bail!(
+            "runner check: a guest command exiting 7 gave status {}",
+            out.status()
+        );
+    }
+    let t = Instant::now();
+    let out = vm::run(img, root, "sleep 100000", &quiet(20))?;
+    if out.status() != 124 || t.elapsed() > Duration::from_secs(40) {
+        bail!(
+            "runner check: a hung guest was not ended by the timeout (status {})",
+            out.status()
+        );
+    }
+    eprintln!("== runner checks passed: failing command -> status 7, hung guest killed after 20 s");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_libtest_summaries() {
+        let lines: Vec<String> = [
+            "test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 5 filtered out; finished in 0.01s",
+            "noise",
+            "test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(count_results(&lines), (5, 1));
+    }
+
+    #[test]
+    fn quotes_for_sh() {
+        assert_eq!(vm::shell_quote("abc/def"), "abc/def");
+        assert_eq!(vm::shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(vm::shell_quote(""), "''");
+    }
+}
