@@ -1,0 +1,254 @@
+//! Protection domains and registered memory.
+
+use super::device::Context;
+use super::error::{last_err, VerbsError};
+use super::Result;
+use rdma_sys as sys;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// A protection domain.
+pub struct ProtectionDomain {
+    pd: NonNull<sys::ibv_pd>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: a PD is an inert handle; verbs taking it are thread-safe.
+unsafe impl Send for ProtectionDomain {}
+// SAFETY: as above, only &self methods.
+unsafe impl Sync for ProtectionDomain {}
+
+impl fmt::Debug for ProtectionDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProtectionDomain")
+            .field("ctx", &self.ctx)
+            .finish()
+    }
+}
+
+impl ProtectionDomain {
+    /// Allocates a protection domain on `ctx`.
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<Self>> {
+        // SAFETY: valid context.
+        let pd = unsafe { sys::ibv_alloc_pd(ctx.as_raw()) };
+        let pd = NonNull::new(pd).ok_or_else(|| VerbsError::AllocPd(last_err()))?;
+        Ok(Arc::new(Self {
+            pd,
+            ctx: ctx.clone(),
+        }))
+    }
+    /// The device context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+    /// The raw PD.
+    pub fn as_raw(&self) -> *mut sys::ibv_pd {
+        self.pd.as_ptr()
+    }
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        // SAFETY: every object created in this PD holds an Arc to it, so none
+        // is left; the PD is deallocated once.
+        unsafe { sys::ibv_dealloc_pd(self.pd.as_ptr()) };
+    }
+}
+
+/// Access rights of a memory region. Nothing remote unless asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access(u32);
+
+impl Access {
+    /// Local read only (send from it).
+    pub const LOCAL: Access = Access(0);
+    /// The device may write into it locally (receive into it, RDMA READ
+    /// responses). Required by verbs with any remote write.
+    pub const LOCAL_WRITE: Access = Access(sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0);
+    /// Peers may RDMA WRITE into it (implies LOCAL_WRITE, as verbs requires).
+    pub const REMOTE_WRITE: Access = Access(
+        sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+            | sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0,
+    );
+    /// Peers may RDMA READ from it.
+    pub const REMOTE_READ: Access = Access(sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0);
+
+    /// Both sets of rights.
+    pub const fn union(self, other: Access) -> Access {
+        Access(self.0 | other.0)
+    }
+    /// Whether all of `other`'s rights are included.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        self.union(rhs)
+    }
+}
+
+/// Page-aligned anonymous memory registered with the device. The region owns
+/// its memory; it is deregistered before it is unmapped.
+///
+/// The memory may be written by the device (and, with [`Access::REMOTE_WRITE`],
+/// by peers) at any time, so it is never handed out as `&[u8]`; copy in and
+/// out with [`write_at`](Self::write_at) / [`read_at`](Self::read_at), or use
+/// the raw pointer in code that argues its own ordering (the ring module).
+pub struct MemoryRegion {
+    mr: NonNull<sys::ibv_mr>,
+    ptr: NonNull<u8>,
+    len: usize,
+    map_len: usize,
+    access: Access,
+    pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: the region's memory is owned by this value and the MR handle is
+// inert; concurrent access to the bytes goes through raw pointers whose
+// users argue their own synchronisation.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: &self methods copy bytes through raw pointers (see type docs).
+unsafe impl Sync for MemoryRegion {}
+
+impl fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &self.ptr)
+            .field("len", &self.len)
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+impl MemoryRegion {
+    /// Allocates `len` zeroed bytes (rounded up to whole pages) and registers
+    /// them with exactly `access`.
+    pub fn new(pd: &Arc<ProtectionDomain>, len: usize, access: Access) -> Result<Arc<Self>> {
+        let page = 4096usize;
+        let map_len = len.max(1).div_ceil(page) * page;
+        // SAFETY: anonymous private mapping, no file, no fixed address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(VerbsError::AllocMemory {
+                len,
+                source: last_err(),
+            });
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).expect("mmap never returns NULL on success");
+        // SAFETY: [ptr, ptr+map_len) is our fresh mapping; the PD is valid.
+        let mr = unsafe { sys::ibv_reg_mr(pd.as_raw(), p, map_len, access.0 as i32) };
+        let Some(mr) = NonNull::new(mr) else {
+            let e = last_err();
+            // SAFETY: unmapping the mapping created above, not registered.
+            unsafe { libc::munmap(p, map_len) };
+            return Err(VerbsError::RegisterMemoryRegion { len, source: e });
+        };
+        Ok(Arc::new(Self {
+            mr,
+            ptr,
+            len,
+            map_len,
+            access,
+            pd: pd.clone(),
+        }))
+    }
+
+    /// Usable length in bytes (as asked for).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the region is empty (never: at least one page is mapped).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Local key, for scatter/gather entries.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: the MR is valid for self's life; lkey is immutable.
+        unsafe { self.mr.as_ref().lkey }
+    }
+    /// Remote key, for peers (meaningful only with remote access).
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as lkey.
+        unsafe { self.mr.as_ref().rkey }
+    }
+    /// The registered address (what a peer uses as remote address).
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+    /// The rights it was registered with.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// The protection domain.
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+    /// Raw pointer to the first byte; valid for `len()` bytes while `self`
+    /// lives. Whoever reads or writes through it must argue that the device
+    /// is not concurrently writing the same bytes, or use volatile/atomic
+    /// access.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(VerbsError::SgeOutOfBounds {
+                offset,
+                len,
+                region_len: self.len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into the region at `offset`.
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len())?;
+        // SAFETY: bounds checked; src cannot overlap our private mapping
+        // unless it was derived from as_ptr, in which case copy (memmove) is
+        // still correct.
+        unsafe { std::ptr::copy(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len()) };
+        Ok(())
+    }
+
+    /// Copies bytes out of the region at `offset` (a snapshot: with remote
+    /// write access a peer may be changing them meanwhile).
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len())?;
+        // SAFETY: bounds checked; dst is a distinct &mut.
+        unsafe { std::ptr::copy(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies the region's bytes at `offset` into a new vector (tests, tools).
+    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        let mut v = vec![0; len];
+        self.read_at(offset, &mut v)?;
+        Ok(v)
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        // SAFETY: deregister first (the device loses access), then unmap;
+        // both exactly once.
+        unsafe {
+            sys::ibv_dereg_mr(self.mr.as_ptr());
+            libc::munmap(self.ptr.as_ptr().cast(), self.map_len);
+        }
+    }
+}

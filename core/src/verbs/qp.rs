@@ -1,0 +1,831 @@
+//! Queue pairs, work requests and address handles.
+
+use super::cq::CompletionQueue;
+use super::device::Gid;
+use super::error::{errno, last_err, VerbsError};
+use super::memory::{Access, MemoryRegion, ProtectionDomain};
+use super::Result;
+use rdma_sys as sys;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Transport type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpType {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+/// Queue pair state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QpState {
+    /// Reset.
+    Reset,
+    /// Initialised.
+    Init,
+    /// Ready to receive.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Send queue drained.
+    Sqd,
+    /// Send queue error.
+    Sqe,
+    /// Error: every outstanding WR is flushed (e.g. transport retries exhausted).
+    Error,
+    /// Unknown value.
+    Unknown(u32),
+}
+
+impl QpState {
+    fn from_raw(s: u32) -> Self {
+        use sys::ibv_qp_state::*;
+        match s {
+            IBV_QPS_RESET => Self::Reset,
+            IBV_QPS_INIT => Self::Init,
+            IBV_QPS_RTR => Self::Rtr,
+            IBV_QPS_RTS => Self::Rts,
+            IBV_QPS_SQD => Self::Sqd,
+            IBV_QPS_SQE => Self::Sqe,
+            IBV_QPS_ERR => Self::Error,
+            o => Self::Unknown(o),
+        }
+    }
+}
+
+/// Path MTU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+pub enum Mtu {
+    /// 256 bytes.
+    #[serde(rename = "256")]
+    M256,
+    /// 512 bytes.
+    #[serde(rename = "512")]
+    M512,
+    /// 1024 bytes (soft-RoCE over a 1500-byte Ethernet MTU).
+    #[serde(rename = "1024")]
+    M1024,
+    /// 2048 bytes.
+    #[serde(rename = "2048")]
+    M2048,
+    /// 4096 bytes (jumbo frames).
+    #[serde(rename = "4096")]
+    M4096,
+}
+
+impl Mtu {
+    fn raw(self) -> sys::ibv_mtu::Type {
+        match self {
+            Mtu::M256 => 1,
+            Mtu::M512 => 2,
+            Mtu::M1024 => 3,
+            Mtu::M2048 => 4,
+            Mtu::M4096 => 5,
+        }
+    }
+    /// In bytes.
+    pub fn bytes(self) -> u32 {
+        128 << self.raw()
+    }
+    /// The largest MTU not above `bytes`.
+    pub fn from_bytes(bytes: u32) -> Mtu {
+        match bytes {
+            4096.. => Mtu::M4096,
+            2048.. => Mtu::M2048,
+            1024.. => Mtu::M1024,
+            512.. => Mtu::M512,
+            _ => Mtu::M256,
+        }
+    }
+}
+
+/// The RC knobs. Defaults suit a low-latency LAN: fail fast rather than
+/// hang. The ACK timeout is 4.096 us x 2^`timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RcOptions {
+    /// Path MTU; `None` takes the port's active MTU.
+    pub path_mtu: Option<Mtu>,
+    /// Local ACK timeout exponent (0..=31): 4.096 us x 2^timeout.
+    pub timeout: u8,
+    /// Transport retries before the QP errors out (0..=7).
+    pub retry_count: u8,
+    /// RNR retries (7 = infinite).
+    pub rnr_retry: u8,
+    /// Minimum RNR NAK timer code (0..=31).
+    pub min_rnr_timer: u8,
+    /// Outstanding RDMA READ/atomic as initiator and responder.
+    pub max_rd_atomic: u8,
+}
+
+impl Default for RcOptions {
+    fn default() -> Self {
+        Self {
+            path_mtu: None,
+            // 4.096 us * 2^14 = 67 ms, as perftest: enough for emulated
+            // guests; real NICs want 12..14 too.
+            timeout: 14,
+            retry_count: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+        }
+    }
+}
+
+/// Queue sizes.
+#[derive(Debug, Clone, Copy)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send WR.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive WR.
+    pub max_recv_sge: u32,
+    /// Max inline data (bytes copied at post time instead of DMA'd).
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        Self {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_send_sge: 4,
+            max_recv_sge: 1,
+            max_inline_data: 256,
+        }
+    }
+}
+
+/// A queue pair. Holds its PD and CQs so they outlive it.
+pub struct QueuePair {
+    qp: NonNull<sys::ibv_qp>,
+    qp_type: QpType,
+    caps: QpCaps,
+    pd: Arc<ProtectionDomain>,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
+}
+
+// SAFETY: posting to one QP from several threads is serialised by the
+// provider's QP locks; rocebus posts from one thread per QP anyway.
+unsafe impl Send for QueuePair {}
+// SAFETY: as above.
+unsafe impl Sync for QueuePair {}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qpn", &self.qpn())
+            .field("type", &self.qp_type)
+            .finish()
+    }
+}
+
+impl QueuePair {
+    /// Creates a queue pair in RESET. The provider may round the caps up;
+    /// [`caps`](Self::caps) reports what was granted.
+    pub fn new(
+        pd: &Arc<ProtectionDomain>,
+        qp_type: QpType,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        caps: QpCaps,
+    ) -> Result<Self> {
+        // SAFETY: plain C data, zero is valid.
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = send_cq.as_raw();
+        init.recv_cq = recv_cq.as_raw();
+        init.qp_type = match qp_type {
+            QpType::Rc => sys::ibv_qp_type::IBV_QPT_RC,
+            QpType::Ud => sys::ibv_qp_type::IBV_QPT_UD,
+        };
+        init.sq_sig_all = 0;
+        init.cap.max_send_wr = caps.max_send_wr;
+        init.cap.max_recv_wr = caps.max_recv_wr;
+        init.cap.max_send_sge = caps.max_send_sge;
+        init.cap.max_recv_sge = caps.max_recv_sge;
+        init.cap.max_inline_data = caps.max_inline_data;
+        // SAFETY: valid PD and CQs (kept alive by the Arcs we store).
+        let qp = unsafe { sys::ibv_create_qp(pd.as_raw(), &mut init) };
+        let qp = NonNull::new(qp).ok_or_else(|| VerbsError::CreateQp {
+            qp_type,
+            source: last_err(),
+        })?;
+        let granted = QpCaps {
+            max_send_wr: init.cap.max_send_wr,
+            max_recv_wr: init.cap.max_recv_wr,
+            max_send_sge: init.cap.max_send_sge,
+            max_recv_sge: init.cap.max_recv_sge,
+            max_inline_data: init.cap.max_inline_data,
+        };
+        Ok(Self {
+            qp,
+            qp_type,
+            caps: granted,
+            pd: pd.clone(),
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+        })
+    }
+
+    /// QP number.
+    pub fn qpn(&self) -> u32 {
+        // SAFETY: valid QP; qp_num is immutable.
+        unsafe { self.qp.as_ref().qp_num }
+    }
+    /// RC or UD.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+    /// Granted capacities.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+    /// The PD.
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+    /// The send CQ.
+    pub fn send_cq(&self) -> &Arc<CompletionQueue> {
+        &self.send_cq
+    }
+    /// The receive CQ.
+    pub fn recv_cq(&self) -> &Arc<CompletionQueue> {
+        &self.recv_cq
+    }
+    /// The raw QP.
+    pub fn as_raw(&self) -> *mut sys::ibv_qp {
+        self.qp.as_ptr()
+    }
+
+    /// Current state as the device sees it (a QP whose retries ran out
+    /// reports [`QpState::Error`]).
+    pub fn state(&self) -> Result<QpState> {
+        // SAFETY: plain C data.
+        let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: plain C data.
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: valid QP and out pointers.
+        let rc = unsafe {
+            sys::ibv_query_qp(
+                self.qp.as_ptr(),
+                &mut attr,
+                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+                &mut init,
+            )
+        };
+        if rc != 0 {
+            return Err(VerbsError::QueryQp {
+                qpn: self.qpn(),
+                source: errno(rc),
+            });
+        }
+        Ok(QpState::from_raw(attr.qp_state))
+    }
+
+    pub(crate) fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32, to: QpState) -> Result<()> {
+        // SAFETY: valid QP; attr is fully initialised for the bits in mask.
+        let rc = unsafe { sys::ibv_modify_qp(self.qp.as_ptr(), attr, mask as i32) };
+        if rc != 0 {
+            return Err(VerbsError::ModifyQp {
+                qpn: self.qpn(),
+                to,
+                source: errno(rc),
+            });
+        }
+        Ok(())
+    }
+
+    /// RESET → INIT for RC, granting the peer `remote` access on this QP.
+    pub fn init_rc(&self, port: u8, remote: Access) -> Result<()> {
+        use sys::ibv_qp_attr_mask as M;
+        // SAFETY: plain C data.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = port;
+        a.qp_access_flags = remote_access_bits(remote);
+        self.modify(
+            &mut a,
+            (M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS).0,
+            QpState::Init,
+        )
+    }
+
+    /// INIT → RTR for RC towards `dest_qpn` at `dgid` (RoCE v2: always
+    /// global routing through `sgid_index`).
+    pub fn rtr_rc(
+        &self,
+        dest_qpn: u32,
+        rq_psn: u32,
+        dgid: Gid,
+        sgid_index: u8,
+        port: u8,
+        opts: &RcOptions,
+        active_mtu: u32,
+    ) -> Result<()> {
+        use sys::ibv_qp_attr_mask as M;
+        // SAFETY: plain C data.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = opts.path_mtu.unwrap_or(Mtu::from_bytes(active_mtu)).raw();
+        a.dest_qp_num = dest_qpn;
+        a.rq_psn = rq_psn;
+        a.max_dest_rd_atomic = opts.max_rd_atomic;
+        a.min_rnr_timer = opts.min_rnr_timer;
+        a.ah_attr = AhAttr {
+            dgid,
+            sgid_index,
+            port,
+            hop_limit: 64,
+        }
+        .to_sys();
+        self.modify(
+            &mut a,
+            (M::IBV_QP_STATE
+                | M::IBV_QP_AV
+                | M::IBV_QP_PATH_MTU
+                | M::IBV_QP_DEST_QPN
+                | M::IBV_QP_RQ_PSN
+                | M::IBV_QP_MAX_DEST_RD_ATOMIC
+                | M::IBV_QP_MIN_RNR_TIMER)
+                .0,
+            QpState::Rtr,
+        )
+    }
+
+    /// RTR → RTS for RC.
+    pub fn rts_rc(&self, sq_psn: u32, opts: &RcOptions) -> Result<()> {
+        use sys::ibv_qp_attr_mask as M;
+        // SAFETY: plain C data.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
+        a.sq_psn = sq_psn;
+        a.timeout = opts.timeout;
+        a.retry_cnt = opts.retry_count;
+        a.rnr_retry = opts.rnr_retry;
+        a.max_rd_atomic = opts.max_rd_atomic;
+        self.modify(
+            &mut a,
+            (M::IBV_QP_STATE
+                | M::IBV_QP_SQ_PSN
+                | M::IBV_QP_TIMEOUT
+                | M::IBV_QP_RETRY_CNT
+                | M::IBV_QP_RNR_RETRY
+                | M::IBV_QP_MAX_QP_RD_ATOMIC)
+                .0,
+            QpState::Rts,
+        )
+    }
+
+    /// RESET → INIT → RTR → RTS for UD with `qkey`.
+    pub fn activate_ud(&self, port: u8, qkey: u32, sq_psn: u32) -> Result<()> {
+        use sys::ibv_qp_attr_mask as M;
+        // SAFETY: plain C data.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = port;
+        a.qkey = qkey;
+        self.modify(
+            &mut a,
+            (M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_QKEY).0,
+            QpState::Init,
+        )?;
+        // SAFETY: plain C data.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
+        self.modify(&mut a, M::IBV_QP_STATE.0, QpState::Rtr)?;
+        // SAFETY: plain C data.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
+        a.sq_psn = sq_psn;
+        self.modify(&mut a, (M::IBV_QP_STATE | M::IBV_QP_SQ_PSN).0, QpState::Rts)
+    }
+
+    /// Forces the QP into the error state (flushes outstanding WRs).
+    pub fn set_error(&self) -> Result<()> {
+        // SAFETY: plain C data.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
+        self.modify(
+            &mut a,
+            sys::ibv_qp_attr_mask::IBV_QP_STATE.0,
+            QpState::Error,
+        )
+    }
+
+    /// Posts a batch of send work requests with one doorbell, chaining them
+    /// in place (no allocation). On error, the requests before
+    /// [`VerbsError::PostSend::index`] were posted.
+    ///
+    /// # Safety
+    /// Every non-inline scatter/gather entry's memory must stay registered
+    /// and allocated, and must not be written by the caller, until the
+    /// request's completion is polled (or a later signaled request of the
+    /// same QP completes, or the QP is destroyed). For RDMA READ the local
+    /// memory is written by the device until then.
+    pub unsafe fn post_send(&self, wrs: &mut [SendWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let n = wrs.len();
+        let base = wrs.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: i and i+1 are within the slice (or next is NULL).
+            unsafe {
+                (*base.add(i)).wr.next = if i + 1 < n {
+                    base.add(i + 1).cast()
+                } else {
+                    std::ptr::null_mut()
+                };
+            }
+        }
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the chain points into `wrs`, alive for the call; SGE memory
+        // validity is the caller's obligation (see # Safety).
+        let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), base.cast(), &mut bad) };
+        if rc != 0 {
+            let index = if bad.is_null() {
+                0
+            } else {
+                (bad as usize - base as usize) / std::mem::size_of::<SendWr<'_>>()
+            };
+            return Err(VerbsError::PostSend {
+                index,
+                wr_id: wrs.get(index).map_or(0, |w| w.wr.wr_id),
+                source: errno(rc),
+            });
+        }
+        Ok(())
+    }
+
+    /// Posts send requests whose data is all inline (copied at post time),
+    /// which is safe: nothing refers to our memory after the call.
+    pub fn post_send_inline(&self, wrs: &mut [SendWr<'_>]) -> Result<()> {
+        for w in wrs.iter() {
+            let total: usize = w.sges().iter().map(|s| s.length as usize).sum();
+            if w.wr.send_flags & sys::ibv_send_flags::IBV_SEND_INLINE.0 == 0
+                || w.wr.opcode == sys::ibv_wr_opcode::IBV_WR_RDMA_READ
+                || total > self.caps.max_inline_data as usize
+            {
+                return Err(VerbsError::InlineTooLarge {
+                    len: total,
+                    max: self.caps.max_inline_data,
+                });
+            }
+        }
+        // SAFETY: every request is inline and not a READ: the device copies
+        // the data during the call and keeps no reference to our memory.
+        unsafe { self.post_send(wrs) }
+    }
+
+    /// Posts a batch of receive work requests with one doorbell.
+    ///
+    /// # Safety
+    /// Every entry's memory must stay registered, allocated and unread by the
+    /// caller until its completion is polled (or the QP is destroyed): the
+    /// device writes into it.
+    pub unsafe fn post_recv(&self, wrs: &mut [RecvWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let n = wrs.len();
+        let base = wrs.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: in bounds, as in post_send.
+            unsafe {
+                (*base.add(i)).wr.next = if i + 1 < n {
+                    base.add(i + 1).cast()
+                } else {
+                    std::ptr::null_mut()
+                };
+            }
+        }
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: chain points into `wrs`; memory validity is the caller's.
+        let rc = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), base.cast(), &mut bad) };
+        if rc != 0 {
+            let index = if bad.is_null() {
+                0
+            } else {
+                (bad as usize - base as usize) / std::mem::size_of::<RecvWr<'_>>()
+            };
+            return Err(VerbsError::PostRecv {
+                index,
+                source: errno(rc),
+            });
+        }
+        Ok(())
+    }
+
+    /// Attaches this UD QP to a multicast group (receive side).
+    pub fn attach_mcast(&self, gid: Gid, lid: u16) -> Result<()> {
+        let g = gid.to_sys();
+        // SAFETY: valid QP, gid copied by the call.
+        let rc = unsafe { sys::ibv_attach_mcast(self.qp.as_ptr(), &g, lid) };
+        if rc != 0 {
+            return Err(VerbsError::AttachMcast(errno(rc)));
+        }
+        Ok(())
+    }
+
+    /// Detaches from a multicast group.
+    pub fn detach_mcast(&self, gid: Gid, lid: u16) -> Result<()> {
+        let g = gid.to_sys();
+        // SAFETY: valid QP, gid copied by the call.
+        let rc = unsafe { sys::ibv_detach_mcast(self.qp.as_ptr(), &g, lid) };
+        if rc != 0 {
+            return Err(VerbsError::AttachMcast(errno(rc)));
+        }
+        Ok(())
+    }
+}
+
+fn remote_access_bits(a: Access) -> u32 {
+    let mut bits = 0;
+    if a.contains(Access::REMOTE_WRITE) {
+        bits |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+    }
+    if a.contains(Access::REMOTE_READ) {
+        bits |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+    }
+    bits
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once; CQs and PD outlive it through our Arcs.
+        unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+    }
+}
+
+/// A scatter/gather entry: bytes of a registered region, or (for inline
+/// sends) any bytes. Laid out exactly as `ibv_sge`.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct Sge<'a>(sys::ibv_sge, PhantomData<&'a [u8]>);
+
+impl fmt::Debug for Sge<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Sge({:#x}+{}, lkey {:#x})",
+            self.0.addr, self.0.length, self.0.lkey
+        )
+    }
+}
+
+impl<'a> Sge<'a> {
+    /// `len` bytes at `offset` of `mr`, bounds-checked.
+    pub fn new(mr: &'a MemoryRegion, offset: usize, len: usize) -> Result<Self> {
+        if offset.checked_add(len).is_none_or(|e| e > mr.len()) || len > u32::MAX as usize {
+            return Err(VerbsError::SgeOutOfBounds {
+                offset,
+                len,
+                region_len: mr.len(),
+            });
+        }
+        Ok(Sge(
+            sys::ibv_sge {
+                addr: mr.addr() + offset as u64,
+                length: len as u32,
+                lkey: mr.lkey(),
+            },
+            PhantomData,
+        ))
+    }
+    /// Arbitrary bytes for an inline send (the lkey is not used).
+    pub fn inline(data: &'a [u8]) -> Self {
+        Sge(
+            sys::ibv_sge {
+                addr: data.as_ptr() as u64,
+                length: data.len() as u32,
+                lkey: 0,
+            },
+            PhantomData,
+        )
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u32 {
+        self.0.length
+    }
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.length == 0
+    }
+}
+
+/// A send work request, laid out exactly as `ibv_send_wr` (so a slice of
+/// them can be chained in place and posted with one doorbell).
+#[repr(transparent)]
+pub struct SendWr<'a> {
+    wr: sys::ibv_send_wr,
+    _sges: PhantomData<&'a [Sge<'a>]>,
+}
+
+impl fmt::Debug for SendWr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendWr")
+            .field("wr_id", &self.wr.wr_id)
+            .field("opcode", &self.wr.opcode)
+            .field("flags", &self.wr.send_flags)
+            .finish()
+    }
+}
+
+impl<'a> SendWr<'a> {
+    fn base(wr_id: u64, sges: &'a [Sge<'a>], opcode: sys::ibv_wr_opcode::Type) -> Self {
+        // SAFETY: plain C data; zero is valid.
+        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = sges.as_ptr() as *mut sys::ibv_sge;
+        wr.num_sge = sges.len() as i32;
+        wr.opcode = opcode;
+        Self {
+            wr,
+            _sges: PhantomData,
+        }
+    }
+    /// SEND.
+    pub fn send(wr_id: u64, sges: &'a [Sge<'a>]) -> Self {
+        Self::base(wr_id, sges, sys::ibv_wr_opcode::IBV_WR_SEND)
+    }
+    /// SEND with immediate data.
+    pub fn send_with_imm(wr_id: u64, sges: &'a [Sge<'a>], imm: u32) -> Self {
+        let mut w = Self::base(wr_id, sges, sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM);
+        w.wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        w
+    }
+    /// RDMA WRITE to `remote_addr` under `rkey`.
+    pub fn write(wr_id: u64, sges: &'a [Sge<'a>], remote_addr: u64, rkey: u32) -> Self {
+        let mut w = Self::base(wr_id, sges, sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE);
+        w.wr.wr.rdma = sys::rdma_t { remote_addr, rkey };
+        w
+    }
+    /// RDMA WRITE with immediate (consumes a receive at the peer).
+    pub fn write_with_imm(
+        wr_id: u64,
+        sges: &'a [Sge<'a>],
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    ) -> Self {
+        let mut w = Self::base(wr_id, sges, sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM);
+        w.wr.wr.rdma = sys::rdma_t { remote_addr, rkey };
+        w.wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        w
+    }
+    /// RDMA READ from `remote_addr` into the entries.
+    pub fn read(wr_id: u64, sges: &'a [Sge<'a>], remote_addr: u64, rkey: u32) -> Self {
+        let mut w = Self::base(wr_id, sges, sys::ibv_wr_opcode::IBV_WR_RDMA_READ);
+        w.wr.wr.rdma = sys::rdma_t { remote_addr, rkey };
+        w
+    }
+    /// Addresses a UD send.
+    pub fn ud(mut self, ah: &'a AddressHandle, remote_qpn: u32, remote_qkey: u32) -> Self {
+        self.wr.wr.ud = sys::ud_t {
+            ah: ah.as_raw(),
+            remote_qpn,
+            remote_qkey,
+        };
+        self
+    }
+    /// Asks for a completion (selective signaling: unsignaled by default).
+    pub fn signaled(mut self) -> Self {
+        self.wr.send_flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        self
+    }
+    /// Copies the data into the WQE at post time.
+    pub fn inline(mut self) -> Self {
+        self.wr.send_flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+        self
+    }
+    /// Fence: waits for earlier RDMA READs of this QP before executing.
+    pub fn fenced(mut self) -> Self {
+        self.wr.send_flags |= sys::ibv_send_flags::IBV_SEND_FENCE.0;
+        self
+    }
+    /// The wr_id.
+    pub fn wr_id(&self) -> u64 {
+        self.wr.wr_id
+    }
+    fn sges(&self) -> &[sys::ibv_sge] {
+        if self.wr.num_sge <= 0 {
+            return &[];
+        }
+        // SAFETY: sg_list/num_sge come from a `&'a [Sge]` that outlives self.
+        unsafe { std::slice::from_raw_parts(self.wr.sg_list, self.wr.num_sge as usize) }
+    }
+}
+
+/// A receive work request, laid out exactly as `ibv_recv_wr`.
+#[repr(transparent)]
+pub struct RecvWr<'a> {
+    wr: sys::ibv_recv_wr,
+    _sges: PhantomData<&'a [Sge<'a>]>,
+}
+
+impl fmt::Debug for RecvWr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvWr")
+            .field("wr_id", &self.wr.wr_id)
+            .finish()
+    }
+}
+
+impl<'a> RecvWr<'a> {
+    /// A receive into `sges`.
+    pub fn new(wr_id: u64, sges: &'a [Sge<'a>]) -> Self {
+        // SAFETY: plain C data.
+        let mut wr: sys::ibv_recv_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = sges.as_ptr() as *mut sys::ibv_sge;
+        wr.num_sge = sges.len() as i32;
+        Self {
+            wr,
+            _sges: PhantomData,
+        }
+    }
+}
+
+/// Where to send: a destination GID reached through a local GID index.
+#[derive(Debug, Clone, Copy)]
+pub struct AhAttr {
+    /// Destination GID.
+    pub dgid: Gid,
+    /// Local GID index (1 on soft-RoCE: the IPv4-mapped one).
+    pub sgid_index: u8,
+    /// Port.
+    pub port: u8,
+    /// IP TTL.
+    pub hop_limit: u8,
+}
+
+impl AhAttr {
+    pub(crate) fn to_sys(self) -> sys::ibv_ah_attr {
+        // SAFETY: plain C data.
+        let mut a: sys::ibv_ah_attr = unsafe { std::mem::zeroed() };
+        a.is_global = 1;
+        a.port_num = self.port;
+        a.grh.dgid = self.dgid.to_sys();
+        a.grh.sgid_index = self.sgid_index;
+        a.grh.hop_limit = self.hop_limit;
+        a
+    }
+}
+
+/// An address handle for UD sends.
+pub struct AddressHandle {
+    ah: NonNull<sys::ibv_ah>,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: an AH is an inert handle used read-only by post_send.
+unsafe impl Send for AddressHandle {}
+// SAFETY: as above.
+unsafe impl Sync for AddressHandle {}
+
+impl fmt::Debug for AddressHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AddressHandle").finish_non_exhaustive()
+    }
+}
+
+impl AddressHandle {
+    /// Creates an AH towards `attr.dgid`.
+    pub fn new(pd: &Arc<ProtectionDomain>, attr: AhAttr) -> Result<Self> {
+        Self::from_sys(pd, attr.to_sys())
+    }
+    pub(crate) fn from_sys(pd: &Arc<ProtectionDomain>, mut attr: sys::ibv_ah_attr) -> Result<Self> {
+        // SAFETY: valid PD; attr copied by the call.
+        let ah = unsafe { sys::ibv_create_ah(pd.as_raw(), &mut attr) };
+        let ah = NonNull::new(ah).ok_or_else(|| VerbsError::CreateAh(last_err()))?;
+        Ok(Self {
+            ah,
+            _pd: pd.clone(),
+        })
+    }
+    /// The raw AH.
+    pub fn as_raw(&self) -> *mut sys::ibv_ah {
+        self.ah.as_ptr()
+    }
+}
+
+impl Drop for AddressHandle {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once; WRs referencing it borrow self, so none is
+        // being built; posted UD sends copied the AV at post time in rxe and
+        // mlx5 (and the caller's post_send contract covers the rest).
+        unsafe { sys::ibv_destroy_ah(self.ah.as_ptr()) };
+    }
+}
