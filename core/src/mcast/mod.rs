@@ -1,1 +1,31 @@
-//! Market-data path protocol logic (in progress).
+//! The market-data path's protocol logic: UD multicast with sequencing, A/B
+//! arbitration, gap recovery over RC, and snapshots for late joiners.
+//!
+//! Everything here is an I/O-free state machine in the style of
+//! `quinn-proto`: it takes bytes and `now` (nanoseconds, any monotonic clock)
+//! and hands back bytes, events and deadlines. It owns the wire formats
+//! ([`wire`]), the publisher's batching and history ([`publisher`]), the
+//! subscriber's sequencing and recovery ([`subscriber`]), the application
+//! traits ([`snapshot`]) and the TOML configuration ([`config`]).
+//!
+//! It must not touch sockets, verbs, threads or clocks: the verbs layer posts
+//! the buffers, strips the 40-byte GRH, tells the subscriber which line a
+//! datagram came on, and carries recovery messages over RC. Memory is
+//! allocated once at construction; the per-message paths neither allocate,
+//! lock nor log.
+//!
+//! Sequences start at 1 and are contiguous per publisher session; a
+//! restarted publisher takes a greater session id.
+
+pub mod config;
+pub mod publisher;
+pub mod snapshot;
+pub mod subscriber;
+pub mod wire;
+
+pub use publisher::{ClaimError, Pacer, PublisherConfig, PublisherState, RetransmitReply};
+pub use snapshot::{Handler, RestoreError, Snapshot, SnapshotSink};
+pub use subscriber::{
+    Event, Phase, Request, SubscriberConfig, SubscriberCounters, SubscriberState,
+};
+pub use wire::{Datagram, Line};

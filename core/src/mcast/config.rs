@@ -1,0 +1,515 @@
+//! TOML configuration of the market-data path.
+//!
+//! ```toml
+//! max_datagram_payload = 1024   # UD payload incl. our 24-byte header, <= path MTU
+//! history_depth = 4096          # datagrams kept for retransmission
+//!
+//! [receive]
+//! depth = 1024                  # receive WRs posted per line
+//! replenish_batch = 32          # re-post in batches of this many
+//!
+//! [batching]
+//! max_messages = 64             # per datagram
+//! flush_interval_ns = 0         # 0 = flush on every poll
+//!
+//! [pacing]
+//! max_datagrams_per_sec = 0     # 0 = unpaced
+//! burst = 32
+//!
+//! [recovery]
+//! timeout_ns = 200000
+//! max_retries = 3
+//! max_outstanding = 16
+//! max_buffered = 4096           # datagrams held out of order
+//! snapshot_timeout_ns = 1000000000
+//!
+//! [[channels]]
+//! id = 1
+//! name = "itch"
+//! line_a = "239.1.1.1"
+//! line_b = "239.1.2.1"          # optional
+//! port = 5001
+//! # qkey = 0x01234567           # optional, rdma_cm's default for UD
+//! ```
+//! Every table rejects unknown keys, so a typo is an error, not a default.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::publisher::PublisherConfig;
+use super::subscriber::SubscriberConfig;
+use super::wire::{DATAGRAM_HEADER_LEN, MSG_PREFIX_LEN};
+
+/// The QKey rdma_cm uses for UD and multicast (`RDMA_UDP_QKEY`).
+pub const DEFAULT_QKEY: u32 = 0x0123_4567;
+/// Largest RoCE path MTU.
+pub const MAX_PATH_MTU: usize = 4096;
+
+/// Why a configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read market-data config {path}")]
+    Read {
+        /// The path as given.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not valid TOML, or a key is unknown or mistyped.
+    #[error("invalid market-data config")]
+    Parse(#[source] toml::de::Error),
+    /// A value is out of range; `key` names it as written in the file.
+    #[error("market-data config: `{key}` {reason}")]
+    Invalid {
+        /// Dotted key, e.g. `recovery.max_retries` or `channels[1].line_b`.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// One channel: a stream carried on one or two multicast groups.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelConfig {
+    /// Channel id carried in every datagram.
+    pub id: u16,
+    /// Human-readable name (logs, counters).
+    pub name: String,
+    /// Multicast group of line A.
+    pub line_a: IpAddr,
+    /// Multicast group of line B, if the stream is duplicated.
+    #[serde(default)]
+    pub line_b: Option<IpAddr>,
+    /// rdma_cm port of the groups.
+    pub port: u16,
+    /// UD QKey.
+    #[serde(default = "default_qkey")]
+    pub qkey: u32,
+}
+
+fn default_qkey() -> u32 {
+    DEFAULT_QKEY
+}
+
+/// Receive-side queue sizing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReceiveConfig {
+    /// Receive work requests posted per line.
+    pub depth: u32,
+    /// Re-post receive buffers in batches of this many.
+    pub replenish_batch: u32,
+}
+
+impl Default for ReceiveConfig {
+    fn default() -> Self {
+        ReceiveConfig {
+            depth: 1024,
+            replenish_batch: 32,
+        }
+    }
+}
+
+/// Publisher batching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchingConfig {
+    /// Most messages per datagram.
+    pub max_messages: u16,
+    /// Longest a non-empty datagram waits before it is flushed.
+    pub flush_interval_ns: u64,
+}
+
+impl Default for BatchingConfig {
+    fn default() -> Self {
+        BatchingConfig {
+            max_messages: 64,
+            flush_interval_ns: 0,
+        }
+    }
+}
+
+/// Publisher pacing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PacingConfig {
+    /// Average datagram rate limit; 0 disables pacing.
+    pub max_datagrams_per_sec: u64,
+    /// Datagrams allowed back to back.
+    pub burst: u64,
+}
+
+impl Default for PacingConfig {
+    fn default() -> Self {
+        PacingConfig {
+            max_datagrams_per_sec: 0,
+            burst: 32,
+        }
+    }
+}
+
+/// Subscriber recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecoveryConfig {
+    /// Wait this long for a retransmission before asking again.
+    pub timeout_ns: u64,
+    /// Re-requests before a range is declared lost.
+    pub max_retries: u32,
+    /// Retransmit requests in flight at once.
+    pub max_outstanding: usize,
+    /// Datagrams held out of order.
+    pub max_buffered: usize,
+    /// Time without snapshot progress before asking again.
+    pub snapshot_timeout_ns: u64,
+}
+
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        RecoveryConfig {
+            timeout_ns: 200_000,
+            max_retries: 3,
+            max_outstanding: 16,
+            max_buffered: 4096,
+            snapshot_timeout_ns: 1_000_000_000,
+        }
+    }
+}
+
+/// The market-data section of a rocebus configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McastConfig {
+    /// UD payload size limit, our header included (at most the path MTU).
+    #[serde(default = "default_payload")]
+    pub max_datagram_payload: usize,
+    /// Datagrams the publisher keeps for retransmission.
+    #[serde(default = "default_history")]
+    pub history_depth: usize,
+    /// Receive queues.
+    #[serde(default)]
+    pub receive: ReceiveConfig,
+    /// Batching.
+    #[serde(default)]
+    pub batching: BatchingConfig,
+    /// Pacing.
+    #[serde(default)]
+    pub pacing: PacingConfig,
+    /// Recovery.
+    #[serde(default)]
+    pub recovery: RecoveryConfig,
+    /// Channels.
+    pub channels: Vec<ChannelConfig>,
+}
+
+fn default_payload() -> usize {
+    1024
+}
+fn default_history() -> usize {
+    4096
+}
+
+impl McastConfig {
+    /// Parses and validates TOML text.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let cfg: McastConfig = toml::from_str(text).map_err(ConfigError::Parse)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads, parses and validates a TOML file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml_str(&text)
+    }
+
+    /// Checks ranges and cross-field rules; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let min_payload = DATAGRAM_HEADER_LEN + MSG_PREFIX_LEN + 1;
+        if !(min_payload..=MAX_PATH_MTU).contains(&self.max_datagram_payload) {
+            return Err(invalid(
+                "max_datagram_payload",
+                format!("must be within {min_payload}..={MAX_PATH_MTU} (the path MTU)"),
+            ));
+        }
+        if self.history_depth == 0 {
+            return Err(invalid("history_depth", "must be at least 1"));
+        }
+        if self.receive.depth == 0 {
+            return Err(invalid("receive.depth", "must be at least 1"));
+        }
+        if self.receive.replenish_batch == 0 || self.receive.replenish_batch > self.receive.depth {
+            return Err(invalid(
+                "receive.replenish_batch",
+                "must be within 1..=receive.depth",
+            ));
+        }
+        if self.batching.max_messages == 0 {
+            return Err(invalid("batching.max_messages", "must be at least 1"));
+        }
+        if self.pacing.max_datagrams_per_sec > 1_000_000_000 {
+            return Err(invalid(
+                "pacing.max_datagrams_per_sec",
+                "must be at most 1e9 (0 disables pacing)",
+            ));
+        }
+        if self.pacing.burst == 0 {
+            return Err(invalid("pacing.burst", "must be at least 1"));
+        }
+        if self.recovery.timeout_ns == 0 {
+            return Err(invalid("recovery.timeout_ns", "must be greater than 0"));
+        }
+        if self.recovery.max_outstanding == 0 {
+            return Err(invalid("recovery.max_outstanding", "must be at least 1"));
+        }
+        if self.recovery.max_buffered == 0 {
+            return Err(invalid("recovery.max_buffered", "must be at least 1"));
+        }
+        if self.recovery.snapshot_timeout_ns == 0 {
+            return Err(invalid(
+                "recovery.snapshot_timeout_ns",
+                "must be greater than 0",
+            ));
+        }
+        if self.channels.is_empty() {
+            return Err(invalid("channels", "at least one channel is required"));
+        }
+        for (i, ch) in self.channels.iter().enumerate() {
+            let key = |field: &str| format!("channels[{i}].{field}");
+            if ch.name.is_empty() {
+                return Err(invalid(key("name"), "must not be empty"));
+            }
+            if !ch.line_a.is_multicast() {
+                return Err(invalid(
+                    key("line_a"),
+                    format!("{} is not multicast", ch.line_a),
+                ));
+            }
+            if let Some(b) = ch.line_b {
+                if !b.is_multicast() {
+                    return Err(invalid(key("line_b"), format!("{b} is not multicast")));
+                }
+                if b == ch.line_a {
+                    return Err(invalid(key("line_b"), "must differ from line_a"));
+                }
+            }
+            if let Some(j) = self.channels[..i].iter().position(|o| o.id == ch.id) {
+                return Err(invalid(
+                    key("id"),
+                    format!("{} is already used by channels[{j}]", ch.id),
+                ));
+            }
+            if let Some(j) = self.channels[..i].iter().position(|o| o.name == ch.name) {
+                return Err(invalid(
+                    key("name"),
+                    format!("{:?} is already used by channels[{j}]", ch.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The channel with id `id`.
+    pub fn channel(&self, id: u16) -> Option<&ChannelConfig> {
+        self.channels.iter().find(|c| c.id == id)
+    }
+
+    /// Publisher parameters for `channel` under `session`.
+    pub fn publisher(&self, channel: u16, session: u64) -> PublisherConfig {
+        PublisherConfig {
+            channel,
+            session,
+            max_datagram: self.max_datagram_payload,
+            max_messages: self.batching.max_messages,
+            flush_interval_ns: self.batching.flush_interval_ns,
+            history_depth: self.history_depth,
+        }
+    }
+
+    /// Subscriber parameters for `channel`.
+    pub fn subscriber(&self, channel: u16) -> SubscriberConfig {
+        SubscriberConfig {
+            channel,
+            max_datagram: self.max_datagram_payload,
+            max_buffered: self.recovery.max_buffered,
+            max_outstanding: self.recovery.max_outstanding,
+            recovery_timeout_ns: self.recovery.timeout_ns,
+            max_retries: self.recovery.max_retries,
+            snapshot_timeout_ns: self.recovery.snapshot_timeout_ns,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"
+max_datagram_payload = 1024
+history_depth = 8192
+
+[receive]
+depth = 2048
+replenish_batch = 64
+
+[batching]
+max_messages = 32
+flush_interval_ns = 5000
+
+[pacing]
+max_datagrams_per_sec = 1000000
+burst = 16
+
+[recovery]
+timeout_ns = 100000
+max_retries = 5
+max_outstanding = 8
+max_buffered = 1024
+snapshot_timeout_ns = 500000000
+
+[[channels]]
+id = 1
+name = "itch"
+line_a = "239.1.1.1"
+line_b = "239.1.2.1"
+port = 5001
+
+[[channels]]
+id = 2
+name = "opra"
+line_a = "ff15::1"
+port = 5002
+qkey = 0x11111111
+"#;
+
+    #[test]
+    fn parses_full_config() {
+        let cfg = McastConfig::from_toml_str(FULL).unwrap();
+        assert_eq!(cfg.history_depth, 8192);
+        assert_eq!(cfg.receive.replenish_batch, 64);
+        assert_eq!(cfg.batching.flush_interval_ns, 5000);
+        assert_eq!(cfg.pacing.burst, 16);
+        assert_eq!(cfg.recovery.max_retries, 5);
+        assert_eq!(cfg.channels.len(), 2);
+        assert_eq!(cfg.channels[0].qkey, DEFAULT_QKEY);
+        assert_eq!(cfg.channels[1].qkey, 0x1111_1111);
+        assert_eq!(cfg.channels[1].line_b, None);
+        assert_eq!(cfg.channel(2).unwrap().name, "opra");
+        let p = cfg.publisher(1, 77);
+        assert_eq!((p.max_datagram, p.max_messages, p.session), (1024, 32, 77));
+        let s = cfg.subscriber(1);
+        assert_eq!(
+            (s.max_buffered, s.max_outstanding, s.max_retries),
+            (1024, 8, 5)
+        );
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let cfg = McastConfig::from_toml_str(
+            "[[channels]]\nid = 1\nname = \"a\"\nline_a = \"239.0.0.1\"\nport = 1\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.max_datagram_payload, 1024);
+        assert_eq!(cfg.recovery, RecoveryConfig::default());
+    }
+
+    fn key_of(text: &str) -> String {
+        match McastConfig::from_toml_str(text) {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            (
+                "max_datagram_payload = 1024",
+                "max_datagram_payload = 9000",
+                "max_datagram_payload",
+            ),
+            ("history_depth = 8192", "history_depth = 0", "history_depth"),
+            (
+                "replenish_batch = 64",
+                "replenish_batch = 4096",
+                "receive.replenish_batch",
+            ),
+            (
+                "max_messages = 32",
+                "max_messages = 0",
+                "batching.max_messages",
+            ),
+            ("burst = 16", "burst = 0", "pacing.burst"),
+            (
+                "max_retries = 5\nmax_outstanding = 8",
+                "max_outstanding = 0",
+                "recovery.max_outstanding",
+            ),
+            (
+                "line_b = \"239.1.2.1\"",
+                "line_b = \"10.0.0.1\"",
+                "channels[0].line_b",
+            ),
+            (
+                "line_b = \"239.1.2.1\"",
+                "line_b = \"239.1.1.1\"",
+                "channels[0].line_b",
+            ),
+            ("id = 2", "id = 1", "channels[1].id"),
+            ("name = \"opra\"", "name = \"itch\"", "channels[1].name"),
+            (
+                "line_a = \"ff15::1\"",
+                "line_a = \"::1\"",
+                "channels[1].line_a",
+            ),
+        ];
+        for (from, to, key) in cases {
+            assert!(FULL.contains(from), "{from}");
+            assert_eq!(key_of(&FULL.replacen(from, to, 1)), key, "{to}");
+        }
+    }
+
+    #[test]
+    fn unknown_and_mistyped_keys_are_parse_errors() {
+        for text in [
+            FULL.replace("burst = 16", "burts = 16"),
+            FULL.replace("port = 5001", "port = 5001\ngroup = 1"),
+            FULL.replace("port = 5001", "port = \"x\""),
+            FULL.replace("[[channels]]\nid = 2", "[[channels]]\nid = 70000"),
+        ] {
+            assert!(matches!(
+                McastConfig::from_toml_str(&text),
+                Err(ConfigError::Parse(_))
+            ));
+        }
+        assert!(matches!(
+            McastConfig::from_toml_str("history_depth = 1"),
+            Err(ConfigError::Parse(_))
+        ));
+    }
+
+    #[test]
+    fn missing_file_is_a_read_error() {
+        let err = McastConfig::load("does/not/exist.toml").unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }));
+        assert!(err.to_string().contains("does/not/exist.toml"));
+    }
+}

@@ -1,0 +1,624 @@
+//! Publisher state machine: batching, sequencing, history and retransmission.
+//!
+//! Datagrams are built in place inside a preallocated history ring, so a
+//! flushed datagram is already its own retransmission copy and nothing is
+//! copied or allocated per message. The publisher never waits for anyone: a
+//! subscriber asking for data older than the history gets a NotAvailable.
+
+use super::wire::{
+    self, Line, NotAvailable, RetransmitRequest, DATAGRAM_HEADER_LEN, MSG_PREFIX_LEN,
+};
+
+/// Static parameters of one publisher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PublisherConfig {
+    /// Channel id written in every datagram.
+    pub channel: u16,
+    /// Session id; must be greater than any earlier session of this channel
+    /// (e.g. the start time in nanoseconds since the epoch).
+    pub session: u64,
+    /// Largest datagram, header included (at most the path MTU).
+    pub max_datagram: usize,
+    /// Most messages per datagram.
+    pub max_messages: u16,
+    /// A non-empty datagram is flushed by [`PublisherState::poll_flush`] once
+    /// this much time has passed since it was first seen non-empty.
+    pub flush_interval_ns: u64,
+    /// Datagrams kept for retransmission.
+    pub history_depth: usize,
+}
+
+/// Why a message could not be claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// The message can never fit in a datagram.
+    #[error("message of {len} bytes exceeds the maximum of {max}")]
+    TooLarge {
+        /// Requested length.
+        len: usize,
+        /// Largest message that fits in an empty datagram.
+        max: usize,
+    },
+    /// The open datagram is full: [`PublisherState::flush`] it, then claim again.
+    #[error("datagram full: flush first")]
+    Full,
+}
+
+/// One answer part to a retransmit request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetransmitReply<'a> {
+    /// An original datagram, to be sent as RetransmitData.
+    Data(&'a [u8]),
+    /// Part of the range is gone.
+    NotAvailable(NotAvailable),
+}
+
+/// Publisher counters (plain values, copied out by [`PublisherState::counters`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PublisherCounters {
+    /// Messages committed.
+    pub messages: u64,
+    /// Datagrams flushed.
+    pub datagrams: u64,
+    /// Heartbeats produced.
+    pub heartbeats: u64,
+    /// Retransmit requests answered.
+    pub retransmit_requests: u64,
+    /// Datagrams handed out for retransmission.
+    pub retransmitted_datagrams: u64,
+    /// NotAvailable answers.
+    pub not_available: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct SlotMeta {
+    first_seq: u64,
+    count: u16,
+    len: u16,
+}
+
+/// The publisher's protocol state. See the module documentation.
+#[derive(Debug)]
+pub struct PublisherState {
+    cfg: PublisherConfig,
+    /// `nslots * max_datagram` bytes; slot `i % nslots` holds datagram `i`.
+    slots: Box<[u8]>,
+    meta: Box<[SlotMeta]>,
+    /// Index of the open datagram; sealed datagrams are `oldest..open`.
+    open: u64,
+    oldest: u64,
+    open_len: usize,
+    open_count: u16,
+    /// Sequence of the next message to commit.
+    next_seq: u64,
+    /// Length of the outstanding claim, if any.
+    claimed: Option<usize>,
+    open_since: Option<u64>,
+    heartbeat: [u8; DATAGRAM_HEADER_LEN],
+    counters: PublisherCounters,
+}
+
+impl PublisherState {
+    /// Preallocates the history ring (`(history_depth + 1) * max_datagram`
+    /// bytes). `max_datagram` is clamped to what a u16 length can describe
+    /// and to at least a header plus one empty message.
+    pub fn new(mut cfg: PublisherConfig) -> Self {
+        cfg.max_datagram = cfg
+            .max_datagram
+            .clamp(DATAGRAM_HEADER_LEN + MSG_PREFIX_LEN, usize::from(u16::MAX));
+        cfg.max_messages = cfg.max_messages.max(1);
+        let nslots = cfg.history_depth + 1;
+        PublisherState {
+            slots: vec![0u8; nslots * cfg.max_datagram].into_boxed_slice(),
+            meta: vec![SlotMeta::default(); nslots].into_boxed_slice(),
+            open: 0,
+            oldest: 0,
+            open_len: DATAGRAM_HEADER_LEN,
+            open_count: 0,
+            next_seq: 1,
+            claimed: None,
+            open_since: None,
+            heartbeat: [0; DATAGRAM_HEADER_LEN],
+            counters: PublisherCounters::default(),
+            cfg,
+        }
+    }
+
+    /// The configuration in force (after clamping).
+    pub fn config(&self) -> &PublisherConfig {
+        &self.cfg
+    }
+    /// Session id.
+    pub fn session(&self) -> u64 {
+        self.cfg.session
+    }
+    /// Sequence the next committed message gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+    /// Counters.
+    pub fn counters(&self) -> PublisherCounters {
+        self.counters
+    }
+    /// Largest message that fits in an empty datagram.
+    pub fn max_message_len(&self) -> usize {
+        self.cfg.max_datagram - DATAGRAM_HEADER_LEN - MSG_PREFIX_LEN
+    }
+    /// Messages in the open (not yet flushed) datagram.
+    pub fn pending_messages(&self) -> u16 {
+        self.open_count
+    }
+    /// Oldest sequence still retransmittable (equals the first unflushed
+    /// sequence when the history is empty).
+    pub fn oldest_available(&self) -> u64 {
+        if self.oldest == self.open {
+            self.open_first_seq()
+        } else {
+            self.meta[self.slot_of(self.oldest)].first_seq
+        }
+    }
+
+    fn nslots(&self) -> u64 {
+        self.meta.len() as u64
+    }
+    fn slot_of(&self, idx: u64) -> usize {
+        // Fits: the remainder is below meta.len().
+        (idx % self.nslots()) as usize
+    }
+    fn open_first_seq(&self) -> u64 {
+        self.next_seq - u64::from(self.open_count)
+    }
+    fn slot_bytes_mut(&mut self, idx: u64) -> &mut [u8] {
+        let start = self.slot_of(idx) * self.cfg.max_datagram;
+        &mut self.slots[start..start + self.cfg.max_datagram]
+    }
+    fn sealed(&self, idx: u64) -> (&[u8], SlotMeta) {
+        let slot = self.slot_of(idx);
+        let meta = self.meta[slot];
+        let start = slot * self.cfg.max_datagram;
+        (&self.slots[start..start + usize::from(meta.len)], meta)
+    }
+
+    /// Claims `len` bytes for the next message in the open datagram. Write the
+    /// message into the returned slice, then [`commit`](Self::commit). A new
+    /// claim without a commit abandons the previous one.
+    pub fn try_claim(&mut self, len: usize) -> Result<&mut [u8], ClaimError> {
+        if len > self.max_message_len() {
+            return Err(ClaimError::TooLarge {
+                len,
+                max: self.max_message_len(),
+            });
+        }
+        if self.open_count >= self.cfg.max_messages
+            || self.open_len + MSG_PREFIX_LEN + len > self.cfg.max_datagram
+        {
+            return Err(ClaimError::Full);
+        }
+        self.claimed = Some(len);
+        let at = self.open_len;
+        let open = self.open;
+        let slot = self.slot_bytes_mut(open);
+        // len <= max_message_len < u16::MAX (max_datagram is clamped).
+        slot[at..at + MSG_PREFIX_LEN].copy_from_slice(&(len as u16).to_le_bytes());
+        Ok(&mut slot[at + MSG_PREFIX_LEN..at + MSG_PREFIX_LEN + len])
+    }
+
+    /// Commits the claimed message and returns its sequence; `None` if
+    /// nothing was claimed.
+    pub fn commit(&mut self) -> Option<u64> {
+        let len = self.claimed.take()?;
+        self.open_len += MSG_PREFIX_LEN + len;
+        self.open_count += 1;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.counters.messages += 1;
+        Some(seq)
+    }
+
+    /// Copies `msg` in as one message (claim + commit).
+    pub fn publish(&mut self, msg: &[u8]) -> Result<u64, ClaimError> {
+        self.try_claim(msg.len())?.copy_from_slice(msg);
+        Ok(self.commit().unwrap_or(0))
+    }
+
+    /// Seals the open datagram and returns it, ready to send on both lines;
+    /// `None` if it holds no message. The returned bytes stay in the history.
+    pub fn flush(&mut self) -> Option<&[u8]> {
+        if self.open_count == 0 {
+            return None;
+        }
+        self.claimed = None;
+        self.open_since = None;
+        let (open, first, count, len) = (
+            self.open,
+            self.open_first_seq(),
+            self.open_count,
+            self.open_len,
+        );
+        let (channel, session) = (self.cfg.channel, self.cfg.session);
+        // The slot is max_datagram >= header bytes long: cannot fail.
+        let _ = wire::write_datagram_header(
+            self.slot_bytes_mut(open),
+            Line::A,
+            channel,
+            session,
+            first,
+            count,
+        );
+        let slot = self.slot_of(open);
+        self.meta[slot] = SlotMeta {
+            first_seq: first,
+            count,
+            // len <= max_datagram <= u16::MAX.
+            len: len as u16,
+        };
+        self.open += 1;
+        if self.open - self.oldest > self.cfg.history_depth as u64 {
+            self.oldest += 1;
+        }
+        self.open_len = DATAGRAM_HEADER_LEN;
+        self.open_count = 0;
+        self.counters.datagrams += 1;
+        Some(self.sealed(open).0)
+    }
+
+    /// Flushes the open datagram if it has waited `flush_interval_ns` since
+    /// the first call that saw it non-empty. Call it every loop iteration.
+    pub fn poll_flush(&mut self, now: u64) -> Option<&[u8]> {
+        if self.open_count == 0 {
+            return None;
+        }
+        let since = *self.open_since.get_or_insert(now);
+        if now.saturating_sub(since) >= self.cfg.flush_interval_ns {
+            self.flush()
+        } else {
+            None
+        }
+    }
+
+    /// A heartbeat datagram (no messages, carrying the next sequence to be
+    /// sent) so subscribers detect a lost tail. Not kept in the history.
+    pub fn heartbeat(&mut self) -> &[u8] {
+        let first = self.open_first_seq();
+        let _ = wire::write_datagram_header(
+            &mut self.heartbeat,
+            Line::A,
+            self.cfg.channel,
+            self.cfg.session,
+            first,
+            0,
+        );
+        self.counters.heartbeats += 1;
+        &self.heartbeat
+    }
+
+    /// Answers a retransmit request from the history: a NotAvailable for the
+    /// part older than the history (the whole range if the session or channel
+    /// is not ours), then every datagram overlapping the rest, in order. The
+    /// part not yet flushed is ignored: it has never been sent.
+    pub fn answer_retransmit(
+        &mut self,
+        req: &RetransmitRequest,
+        mut emit: impl FnMut(RetransmitReply<'_>),
+    ) {
+        self.counters.retransmit_requests += 1;
+        let oldest_available = self.oldest_available();
+        let end = req.from_seq.saturating_add(req.count);
+        let not_ours = req.session != self.cfg.session || req.channel != self.cfg.channel;
+        let gone_end = if not_ours {
+            end
+        } else {
+            end.min(oldest_available)
+        };
+        if req.from_seq < gone_end {
+            self.counters.not_available += 1;
+            emit(RetransmitReply::NotAvailable(NotAvailable {
+                channel: self.cfg.channel,
+                session: self.cfg.session,
+                from_seq: req.from_seq,
+                count: gone_end - req.from_seq,
+                oldest_available,
+            }));
+        }
+        if not_ours {
+            return;
+        }
+        let start = req.from_seq.max(oldest_available);
+        let end = end.min(self.open_first_seq());
+        if start >= end {
+            return;
+        }
+        // Sealed datagrams are in sequence order: binary search the first one
+        // that ends after `start`.
+        let (mut lo, mut hi) = (self.oldest, self.open);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let m = self.sealed(mid).1;
+            if m.first_seq + u64::from(m.count) <= start {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let mut sent = 0;
+        for idx in lo..self.open {
+            let (bytes, m) = self.sealed(idx);
+            if m.first_seq >= end {
+                break;
+            }
+            emit(RetransmitReply::Data(bytes));
+            sent += 1;
+        }
+        self.counters.retransmitted_datagrams += sent;
+    }
+}
+
+/// Datagram pacing by the generic cell rate algorithm: at most `rate`
+/// datagrams per second on average, bursts of up to `burst` back to back.
+/// The pacer only answers; the caller decides whether to wait or keep
+/// batching.
+#[derive(Debug, Clone, Copy)]
+pub struct Pacer {
+    interval_ns: u64,
+    tolerance_ns: u64,
+    /// Theoretical arrival time of the next datagram.
+    tat: u64,
+}
+
+impl Pacer {
+    /// `rate == 0` disables pacing.
+    pub fn new(rate_per_sec: u64, burst: u64) -> Self {
+        let interval_ns = 1_000_000_000u64
+            .checked_div(rate_per_sec)
+            .map_or(0, |ns| ns.max(1));
+        Pacer {
+            interval_ns,
+            tolerance_ns: interval_ns.saturating_mul(burst.max(1) - 1),
+            tat: 0,
+        }
+    }
+
+    /// Takes a send slot at `now` if one is free.
+    pub fn try_acquire(&mut self, now: u64) -> bool {
+        if self.interval_ns == 0 {
+            return true;
+        }
+        let tat = self.tat.max(now);
+        if tat - now > self.tolerance_ns {
+            return false;
+        }
+        self.tat = tat + self.interval_ns;
+        true
+    }
+
+    /// Earliest time [`try_acquire`](Self::try_acquire) can succeed.
+    pub fn next_allowed(&self, now: u64) -> u64 {
+        let earliest = self.tat.saturating_sub(self.tolerance_ns);
+        earliest.max(now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mcast::wire::Datagram;
+
+    fn cfg(depth: usize) -> PublisherConfig {
+        PublisherConfig {
+            channel: 3,
+            session: 10,
+            max_datagram: 24 + 3 * (2 + 8),
+            max_messages: 100,
+            flush_interval_ns: 1_000,
+            history_depth: depth,
+        }
+    }
+
+    /// Publishes `n` 8-byte messages (the seq, little-endian), flushing on full.
+    fn publish_n(p: &mut PublisherState, n: u64, out: &mut Vec<Vec<u8>>) {
+        for _ in 0..n {
+            let seq = p.next_seq();
+            loop {
+                match p.try_claim(8) {
+                    Ok(buf) => {
+                        buf.copy_from_slice(&seq.to_le_bytes());
+                        break;
+                    }
+                    Err(ClaimError::Full) => out.push(p.flush().unwrap().to_vec()),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert_eq!(p.commit(), Some(seq));
+        }
+    }
+
+    #[test]
+    fn batches_and_sequences() {
+        let mut p = PublisherState::new(cfg(4));
+        let mut out = Vec::new();
+        publish_n(&mut p, 7, &mut out);
+        out.push(p.flush().unwrap().to_vec());
+        assert!(p.flush().is_none());
+        let firsts: Vec<_> = out
+            .iter()
+            .map(|d| {
+                let d = Datagram::parse(d).unwrap();
+                assert_eq!((d.channel(), d.session()), (3, 10));
+                (d.first_seq(), d.count())
+            })
+            .collect();
+        assert_eq!(firsts, vec![(1, 3), (4, 3), (7, 1)]);
+        let seqs: Vec<u64> = out
+            .iter()
+            .flat_map(|d| {
+                Datagram::parse(d)
+                    .unwrap()
+                    .messages()
+                    .map(|(s, m)| {
+                        assert_eq!(m, s.to_le_bytes());
+                        s
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(seqs, (1..=7).collect::<Vec<_>>());
+        assert_eq!(p.counters().datagrams, 3);
+        assert_eq!(p.counters().messages, 7);
+    }
+
+    #[test]
+    fn claim_limits() {
+        let mut p = PublisherState::new(PublisherConfig {
+            max_messages: 2,
+            ..cfg(1)
+        });
+        assert_eq!(p.max_message_len(), 28);
+        assert_eq!(
+            p.try_claim(29).unwrap_err(),
+            ClaimError::TooLarge { len: 29, max: 28 }
+        );
+        p.publish(b"a").unwrap();
+        p.publish(b"b").unwrap();
+        assert_eq!(p.try_claim(1).unwrap_err(), ClaimError::Full);
+        assert_eq!(p.commit(), None, "failed claim leaves nothing to commit");
+        assert!(p.flush().is_some());
+        assert_eq!(p.publish(b"c"), Ok(3));
+    }
+
+    #[test]
+    fn abandoned_claim_is_not_sent() {
+        let mut p = PublisherState::new(cfg(1));
+        p.try_claim(8).unwrap().fill(0xee);
+        p.publish(b"x").unwrap();
+        let d = p.flush().unwrap().to_vec();
+        let d = Datagram::parse(&d).unwrap();
+        assert_eq!(d.messages().collect::<Vec<_>>(), vec![(1, &b"x"[..])]);
+    }
+
+    #[test]
+    fn poll_flush_waits_for_interval() {
+        let mut p = PublisherState::new(cfg(1));
+        assert!(p.poll_flush(0).is_none());
+        p.publish(b"x").unwrap();
+        assert!(p.poll_flush(100).is_none());
+        assert!(p.poll_flush(1_099).is_none());
+        assert!(p.poll_flush(1_100).is_some());
+        assert!(p.poll_flush(5_000).is_none());
+    }
+
+    #[test]
+    fn heartbeat_carries_next_seq() {
+        let mut p = PublisherState::new(cfg(1));
+        p.publish(b"x").unwrap();
+        let hb = Datagram::parse(p.heartbeat()).unwrap();
+        assert!(hb.is_heartbeat());
+        assert_eq!(hb.first_seq(), 1, "unflushed message not announced");
+        p.flush();
+        assert_eq!(Datagram::parse(p.heartbeat()).unwrap().first_seq(), 2);
+    }
+
+    fn answer(
+        p: &mut PublisherState,
+        from: u64,
+        count: u64,
+    ) -> (Vec<(u64, u16)>, Vec<NotAvailable>) {
+        let (mut data, mut na) = (Vec::new(), Vec::new());
+        let req = RetransmitRequest {
+            channel: 3,
+            session: 10,
+            from_seq: from,
+            count,
+        };
+        p.answer_retransmit(&req, |r| match r {
+            RetransmitReply::Data(b) => {
+                let d = Datagram::parse(b).unwrap();
+                data.push((d.first_seq(), d.count()));
+            }
+            RetransmitReply::NotAvailable(n) => na.push(n),
+        });
+        (data, na)
+    }
+
+    #[test]
+    fn retransmits_from_history_or_not_available() {
+        let mut p = PublisherState::new(cfg(2));
+        let mut out = Vec::new();
+        publish_n(&mut p, 10, &mut out); // sealed [1,4) [4,7) [7,10), open [10]
+        assert_eq!(p.oldest_available(), 4, "depth 2 keeps the last two");
+        // Fully available, mid-datagram start.
+        assert_eq!(answer(&mut p, 5, 3), (vec![(4, 3), (7, 3)], vec![]));
+        // Partly too old.
+        let (data, na) = answer(&mut p, 2, 4);
+        assert_eq!(data, vec![(4, 3)]);
+        assert_eq!(
+            na,
+            vec![NotAvailable {
+                channel: 3,
+                session: 10,
+                from_seq: 2,
+                count: 2,
+                oldest_available: 4
+            }]
+        );
+        // The unflushed message is not served.
+        assert_eq!(answer(&mut p, 10, 1), (vec![], vec![]));
+        // Wrong session: everything unavailable.
+        let mut na = Vec::new();
+        p.answer_retransmit(
+            &RetransmitRequest {
+                channel: 3,
+                session: 9,
+                from_seq: 5,
+                count: 1,
+            },
+            |r| {
+                if let RetransmitReply::NotAvailable(n) = r {
+                    na.push(n.count)
+                }
+            },
+        );
+        assert_eq!(na, vec![1]);
+        let c = p.counters();
+        assert_eq!(c.retransmit_requests, 4);
+        assert_eq!(c.retransmitted_datagrams, 3);
+        assert_eq!(c.not_available, 2);
+        // Retransmitted bytes equal the originals.
+        p.answer_retransmit(
+            &RetransmitRequest {
+                channel: 3,
+                session: 10,
+                from_seq: 7,
+                count: 1,
+            },
+            |r| assert_eq!(r, RetransmitReply::Data(&out[2])),
+        );
+    }
+
+    #[test]
+    fn history_wraps_many_times() {
+        let mut p = PublisherState::new(cfg(5));
+        let mut out = Vec::new();
+        publish_n(&mut p, 3 * 1000, &mut out);
+        out.push(p.flush().unwrap().to_vec());
+        assert_eq!(p.oldest_available(), 3000 - 15 + 1);
+        let (data, na) = answer(&mut p, 1, 3000);
+        assert_eq!(na.len(), 1);
+        assert_eq!(na[0].count, 2985);
+        assert_eq!(data.len(), 5);
+        assert_eq!(data[0], (2986, 3));
+    }
+
+    #[test]
+    fn pacer_limits_rate_and_burst() {
+        let mut pacer = Pacer::new(1_000_000, 2); // 1 per µs, burst 2
+        assert!(pacer.try_acquire(0));
+        assert!(pacer.try_acquire(0));
+        assert!(!pacer.try_acquire(0));
+        assert_eq!(pacer.next_allowed(0), 1_000);
+        assert!(pacer.try_acquire(1_000));
+        assert!(!pacer.try_acquire(1_500));
+        let mut off = Pacer::new(0, 1);
+        assert!((0..100).all(|_| off.try_acquire(0)));
+    }
+}

@@ -1,0 +1,1291 @@
+//! Subscriber state machine: A/B arbitration, in-order delivery, gap
+//! recovery, and re-synchronisation from snapshots.
+//!
+//! Inputs: datagrams (with the line they came on), recovery messages from RC,
+//! and the passage of time ([`SubscriberState::handle_timeout`]). Outputs:
+//! messages to a [`Handler`], requests to send
+//! ([`SubscriberState::poll_transmit`]) and events
+//! ([`SubscriberState::poll_event`]). All memory is allocated in
+//! [`SubscriberState::new`]; the in-order path delivers straight from the
+//! caller's receive buffer without copying.
+//!
+//! Phases: `Idle` until the first datagram; `Live` while delivering;
+//! `Resyncing` after an unrecoverable loss, a late join or a publisher
+//! restart, until a snapshot is applied. While resyncing, live datagrams are
+//! buffered (the oldest evicted when the buffer is full) and delivered after
+//! the snapshot from its sequence + 1 on.
+
+use std::collections::VecDeque;
+
+use super::snapshot::{Handler, SnapshotSink};
+use super::wire::{self, BufferTooSmall, Datagram, Line, RecoveryMsg, RetransmitRequest};
+
+/// Static parameters of one subscriber.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubscriberConfig {
+    /// Channel id; datagrams of other channels are dropped and counted.
+    pub channel: u16,
+    /// Largest datagram accepted (header included).
+    pub max_datagram: usize,
+    /// Datagrams that can be held out of order.
+    pub max_buffered: usize,
+    /// Retransmit requests in flight at once.
+    pub max_outstanding: usize,
+    /// Time to wait for a retransmission before asking again.
+    pub recovery_timeout_ns: u64,
+    /// Re-requests of a range before it is declared lost.
+    pub max_retries: u32,
+    /// Time without snapshot progress before the snapshot is asked again.
+    pub snapshot_timeout_ns: u64,
+}
+
+/// Where the subscriber stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// No datagram seen yet.
+    Idle,
+    /// Delivering in order.
+    Live,
+    /// Waiting for a snapshot; live datagrams are buffered.
+    Resyncing,
+}
+
+/// Something the application should know about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Messages `[from, to)` cannot be recovered (not in the publisher's
+    /// history, retries exhausted, or the buffer overflowed). The subscriber
+    /// re-synchronises from a snapshot next, which also covers later holes.
+    UnrecoverableLoss {
+        /// First lost sequence.
+        from: u64,
+        /// One past the last lost sequence.
+        to: u64,
+    },
+    /// The publisher restarted with a new session; state is reset and a
+    /// snapshot requested.
+    SessionChanged {
+        /// Previous session.
+        old: u64,
+        /// New session.
+        new: u64,
+    },
+    /// A re-synchronisation or late join started; a snapshot is requested.
+    ResyncStarted,
+    /// A snapshot was applied; delivery resumes at `seq + 1`.
+    SnapshotApplied {
+        /// The snapshot's sequence.
+        seq: u64,
+    },
+}
+
+/// A recovery request to send over RC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// Ask the publisher for a range.
+    Retransmit(RetransmitRequest),
+    /// Ask the snapshot server for a snapshot.
+    Snapshot {
+        /// Channel id.
+        channel: u16,
+        /// Session the subscriber follows.
+        session: u64,
+    },
+}
+
+impl Request {
+    /// Encodes the request into `out`; returns the bytes written.
+    pub fn encode(&self, out: &mut [u8]) -> Result<usize, BufferTooSmall> {
+        match self {
+            Request::Retransmit(r) => r.encode(out),
+            Request::Snapshot { channel, session } => {
+                wire::encode_snapshot_request(out, *channel, *session)
+            }
+        }
+    }
+}
+
+/// Subscriber counters: plain values, copied out by
+/// [`SubscriberState::counters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SubscriberCounters {
+    /// Datagrams received on line A (valid, this channel).
+    pub received_a: u64,
+    /// Datagrams received on line B.
+    pub received_b: u64,
+    /// Retransmitted datagrams received over RC.
+    pub received_retransmit: u64,
+    /// Line A datagrams dropped as already seen.
+    pub duplicates_a: u64,
+    /// Line B datagrams dropped as already seen.
+    pub duplicates_b: u64,
+    /// Retransmitted datagrams dropped as already seen.
+    pub duplicates_retransmit: u64,
+    /// Messages delivered to the handler.
+    pub delivered: u64,
+    /// Holes detected in the sequence.
+    pub gaps_detected: u64,
+    /// Messages that arrived by retransmission and were used.
+    pub messages_recovered: u64,
+    /// Retransmit requests handed out by `poll_transmit`.
+    pub retransmit_requests: u64,
+    /// Retransmit requests or snapshots that timed out.
+    pub timeouts: u64,
+    /// UnrecoverableLoss events.
+    pub unrecoverable: u64,
+    /// Snapshot requests handed out.
+    pub snapshot_requests: u64,
+    /// Snapshots applied.
+    pub snapshots_applied: u64,
+    /// Snapshots rejected (bad length, CRC, order, or by the application).
+    pub snapshots_rejected: u64,
+    /// Datagrams put in the out-of-order buffer.
+    pub out_of_order_buffered: u64,
+    /// High-water mark of the out-of-order buffer (datagrams).
+    pub max_buffered: u64,
+    /// Buffered datagrams evicted while resyncing (buffer full).
+    pub evicted: u64,
+    /// Undecodable input dropped (datagrams or recovery messages).
+    pub malformed_dropped: u64,
+    /// Valid input for another channel dropped.
+    pub foreign_dropped: u64,
+    /// Datagrams of an older publisher session dropped.
+    pub stale_session_dropped: u64,
+    /// Publisher session changes.
+    pub session_changes: u64,
+    /// Receive queue ran low (reported by the I/O layer).
+    pub receive_queue_low: u64,
+    /// Events dropped because `poll_event` was not called often enough.
+    pub events_dropped: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Line(Line),
+    Retransmit,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Buffered {
+    first: u64,
+    end: u64,
+    slot: u32,
+    len: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Outstanding {
+    from: u64,
+    to: u64,
+    deadline: u64,
+    retries: u32,
+    needs_send: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Receiving {
+    seq: u64,
+    received: u64,
+    crc: crc32fast::Hasher,
+}
+
+#[derive(Debug, Clone)]
+struct SnapshotProgress {
+    needs_send: bool,
+    deadline: u64,
+    receiving: Option<Receiving>,
+}
+
+const EVENT_CAPACITY: usize = 64;
+
+/// The subscriber's protocol state. See the module documentation.
+#[derive(Debug)]
+pub struct SubscriberState {
+    cfg: SubscriberConfig,
+    phase: Phase,
+    session: u64,
+    /// Next sequence to deliver (meaningful when Live).
+    next_seq: u64,
+    /// One past the highest sequence known to exist.
+    high: u64,
+    slots: Box<[u8]>,
+    free: Vec<u32>,
+    /// Buffered datagrams sorted by sequence, never overlapping.
+    order: VecDeque<Buffered>,
+    outstanding: Vec<Outstanding>,
+    snapshot: SnapshotProgress,
+    events: VecDeque<Event>,
+    counters: SubscriberCounters,
+}
+
+impl SubscriberState {
+    /// Allocates the out-of-order buffer (`max_buffered * max_datagram` bytes)
+    /// and the bounded queues.
+    pub fn new(mut cfg: SubscriberConfig) -> Self {
+        cfg.max_buffered = cfg.max_buffered.clamp(1, u32::MAX as usize);
+        cfg.max_outstanding = cfg.max_outstanding.max(1);
+        cfg.max_datagram = cfg.max_datagram.min(u32::MAX as usize);
+        SubscriberState {
+            phase: Phase::Idle,
+            session: 0,
+            next_seq: 1,
+            high: 1,
+            slots: vec![0u8; cfg.max_buffered * cfg.max_datagram].into_boxed_slice(),
+            // Slots are handed out from the end: lowest slot first.
+            free: (0..cfg.max_buffered as u32).rev().collect(),
+            order: VecDeque::with_capacity(cfg.max_buffered),
+            outstanding: Vec::with_capacity(cfg.max_outstanding),
+            snapshot: SnapshotProgress {
+                needs_send: false,
+                deadline: 0,
+                receiving: None,
+            },
+            events: VecDeque::with_capacity(EVENT_CAPACITY),
+            counters: SubscriberCounters::default(),
+            cfg,
+        }
+    }
+
+    /// Current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+    /// Publisher session being followed (0 before the first datagram).
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+    /// Next sequence the handler will see (when Live).
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+    /// Counters.
+    pub fn counters(&self) -> SubscriberCounters {
+        self.counters
+    }
+    /// Datagrams currently buffered out of order.
+    pub fn buffered(&self) -> usize {
+        self.order.len()
+    }
+    /// Retransmit requests in flight.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    /// The I/O layer found its receive queue below the low-water mark.
+    pub fn receive_queue_low(&mut self) {
+        self.counters.receive_queue_low += 1;
+    }
+
+    /// Next event, if any. Events are kept in a bounded queue; call this after
+    /// each input.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Next request to send over RC, if any. Call after each input.
+    pub fn poll_transmit(&mut self) -> Option<Request> {
+        if let Some(o) = self.outstanding.iter_mut().find(|o| o.needs_send) {
+            o.needs_send = false;
+            self.counters.retransmit_requests += 1;
+            return Some(Request::Retransmit(RetransmitRequest {
+                channel: self.cfg.channel,
+                session: self.session,
+                from_seq: o.from,
+                count: o.to - o.from,
+            }));
+        }
+        if self.snapshot.needs_send && self.phase == Phase::Resyncing {
+            self.snapshot.needs_send = false;
+            self.counters.snapshot_requests += 1;
+            return Some(Request::Snapshot {
+                channel: self.cfg.channel,
+                session: self.session,
+            });
+        }
+        None
+    }
+
+    /// Earliest deadline at which [`handle_timeout`](Self::handle_timeout)
+    /// has work.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let retransmit = self.outstanding.iter().map(|o| o.deadline).min();
+        let snapshot = (self.phase == Phase::Resyncing).then_some(self.snapshot.deadline);
+        match (retransmit, snapshot) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// One datagram from a multicast line (GRH stripped).
+    pub fn on_datagram<H: Handler + ?Sized>(
+        &mut self,
+        now: u64,
+        line: Line,
+        bytes: &[u8],
+        handler: &mut H,
+    ) {
+        let Some(d) = self.check_datagram(bytes) else {
+            return;
+        };
+        match line {
+            Line::A => self.counters.received_a += 1,
+            Line::B => self.counters.received_b += 1,
+        }
+        self.accept(now, Source::Line(line), bytes, d, handler);
+    }
+
+    /// One buffer from the recovery channel, holding one or more recovery
+    /// messages. `app` receives the recovered messages and the snapshot.
+    pub fn on_recovery<A: Handler + SnapshotSink + ?Sized>(
+        &mut self,
+        now: u64,
+        mut bytes: &[u8],
+        app: &mut A,
+    ) {
+        while !bytes.is_empty() {
+            let Ok((msg, used)) = wire::decode_recovery(bytes) else {
+                self.counters.malformed_dropped += 1;
+                return;
+            };
+            bytes = &bytes[used..];
+            self.on_recovery_msg(now, msg, app);
+        }
+    }
+
+    /// Deadlines passed: re-request or give up.
+    pub fn handle_timeout(&mut self, now: u64) {
+        let mut i = 0;
+        while i < self.outstanding.len() {
+            let o = self.outstanding[i];
+            if o.deadline > now {
+                i += 1;
+                continue;
+            }
+            self.counters.timeouts += 1;
+            match self.missing_in(o.from, o.to) {
+                None => {
+                    self.outstanding.swap_remove(i);
+                }
+                Some((from, to)) if o.retries >= self.cfg.max_retries => {
+                    self.unrecoverable(now, from, to);
+                    return;
+                }
+                Some((from, to)) => {
+                    self.outstanding[i] = Outstanding {
+                        from,
+                        to,
+                        deadline: now + self.cfg.recovery_timeout_ns,
+                        retries: o.retries + 1,
+                        needs_send: true,
+                    };
+                    i += 1;
+                }
+            }
+        }
+        if self.phase == Phase::Resyncing && self.snapshot.deadline <= now {
+            self.counters.timeouts += 1;
+            self.request_snapshot(now);
+        }
+        if self.phase == Phase::Live {
+            self.request_holes(now);
+        }
+    }
+
+    // -- input validation ---------------------------------------------------
+
+    fn check_datagram<'a>(&mut self, bytes: &'a [u8]) -> Option<Datagram<'a>> {
+        if bytes.len() > self.cfg.max_datagram {
+            self.counters.malformed_dropped += 1;
+            return None;
+        }
+        let Ok(d) = Datagram::parse(bytes) else {
+            self.counters.malformed_dropped += 1;
+            return None;
+        };
+        if d.channel() != self.cfg.channel {
+            self.counters.foreign_dropped += 1;
+            return None;
+        }
+        Some(d)
+    }
+
+    fn on_recovery_msg<A: Handler + SnapshotSink + ?Sized>(
+        &mut self,
+        now: u64,
+        msg: RecoveryMsg<'_>,
+        app: &mut A,
+    ) {
+        match msg {
+            RecoveryMsg::RetransmitData { datagram, .. } => {
+                let Some(d) = self.check_datagram(datagram) else {
+                    return;
+                };
+                self.counters.received_retransmit += 1;
+                if self.phase != Phase::Idle {
+                    self.accept(now, Source::Retransmit, datagram, d, app);
+                }
+            }
+            RecoveryMsg::NotAvailable(na) => {
+                if na.channel != self.cfg.channel {
+                    self.counters.foreign_dropped += 1;
+                } else if na.session == self.session && self.phase == Phase::Live {
+                    let to = na.from_seq.saturating_add(na.count);
+                    if let Some((from, to)) = self.missing_in(na.from_seq, to) {
+                        self.unrecoverable(now, from, to);
+                    }
+                }
+            }
+            RecoveryMsg::SnapshotChunk {
+                channel,
+                session,
+                snapshot_seq,
+                offset,
+                data,
+            } => {
+                if channel != self.cfg.channel {
+                    self.counters.foreign_dropped += 1;
+                } else if session == self.session && self.phase == Phase::Resyncing {
+                    self.on_snapshot_chunk(now, snapshot_seq, offset, data, app);
+                }
+            }
+            RecoveryMsg::SnapshotEnd(end) => {
+                if end.channel != self.cfg.channel {
+                    self.counters.foreign_dropped += 1;
+                } else if end.session == self.session && self.phase == Phase::Resyncing {
+                    self.on_snapshot_end(now, end, app);
+                }
+            }
+            // Requests are for publishers and snapshot servers.
+            RecoveryMsg::RetransmitRequest(_) | RecoveryMsg::SnapshotRequest { .. } => {
+                self.counters.malformed_dropped += 1;
+            }
+        }
+    }
+
+    // -- the sequencing core ------------------------------------------------
+
+    fn accept<H: Handler + ?Sized>(
+        &mut self,
+        now: u64,
+        src: Source,
+        bytes: &[u8],
+        d: Datagram<'_>,
+        handler: &mut H,
+    ) {
+        if self.phase == Phase::Idle {
+            self.session = d.session();
+            if d.first_seq() == 1 {
+                // Present from the start of the stream: nothing to restore.
+                self.phase = Phase::Live;
+            } else {
+                self.start_resync(now);
+            }
+        } else if d.session() < self.session {
+            self.counters.stale_session_dropped += 1;
+            return;
+        } else if d.session() > self.session {
+            self.counters.session_changes += 1;
+            self.push_event(Event::SessionChanged {
+                old: self.session,
+                new: d.session(),
+            });
+            self.reset();
+            self.session = d.session();
+            self.start_resync(now);
+        }
+
+        if d.is_heartbeat() {
+            if d.first_seq() > self.high {
+                if self.phase == Phase::Live {
+                    self.counters.gaps_detected += 1;
+                }
+                self.high = d.first_seq();
+                if self.phase == Phase::Live {
+                    self.request_holes(now);
+                }
+            }
+            return;
+        }
+
+        if self.phase == Phase::Live && d.first_seq() <= self.next_seq {
+            if d.end_seq() <= self.next_seq {
+                self.count_duplicate(src);
+                return;
+            }
+            self.deliver(src, d, handler);
+            self.drain(handler);
+            self.after_progress(now);
+            return;
+        }
+
+        // Ahead of the delivery point (or resyncing): buffer it.
+        let pos = self.order.partition_point(|b| b.first < d.first_seq());
+        if self
+            .order
+            .get(pos)
+            .is_some_and(|b| b.first == d.first_seq())
+        {
+            self.count_duplicate(src);
+            return;
+        }
+        let overlaps_prev = pos > 0 && self.order[pos - 1].end > d.first_seq();
+        let overlaps_next = self.order.get(pos).is_some_and(|b| b.first < d.end_seq());
+        if overlaps_prev || overlaps_next {
+            // Same session, different datagram boundaries: not from our publisher.
+            self.counters.malformed_dropped += 1;
+            return;
+        }
+        if self.free.is_empty() {
+            if self.phase == Phase::Live {
+                // Too far behind to wait for the holes: give up on the first
+                // one and re-synchronise (evicting below).
+                let to = self.order.front().map_or(d.first_seq(), |b| b.first);
+                self.unrecoverable(now, self.next_seq, to);
+            }
+            if self.order.front().is_some_and(|b| b.first > d.first_seq()) {
+                self.counters.evicted += 1;
+                return;
+            }
+            if let Some(old) = self.order.pop_front() {
+                self.free.push(old.slot);
+                self.counters.evicted += 1;
+            }
+        }
+        let Some(slot) = self.free.pop() else {
+            return;
+        };
+        let start = slot as usize * self.cfg.max_datagram;
+        // bytes.len() <= max_datagram: checked in check_datagram.
+        self.slots[start..start + bytes.len()].copy_from_slice(bytes);
+        let pos = self.order.partition_point(|b| b.first < d.first_seq());
+        self.order.insert(
+            pos,
+            Buffered {
+                first: d.first_seq(),
+                end: d.end_seq(),
+                slot,
+                len: bytes.len() as u32,
+            },
+        );
+        self.counters.out_of_order_buffered += 1;
+        self.counters.max_buffered = self.counters.max_buffered.max(self.order.len() as u64);
+        if src == Source::Retransmit {
+            self.counters.messages_recovered += u64::from(d.count());
+        }
+        if self.phase == Phase::Live {
+            if d.first_seq() > self.high {
+                self.counters.gaps_detected += 1;
+            }
+            self.high = self.high.max(d.end_seq());
+            // Retire requests that this datagram completed.
+            let mut i = 0;
+            while i < self.outstanding.len() {
+                let o = self.outstanding[i];
+                if o.from < d.end_seq()
+                    && d.first_seq() < o.to
+                    && self.missing_in(o.from, o.to).is_none()
+                {
+                    self.outstanding.swap_remove(i);
+                } else {
+                    i += 1;
+                }
+            }
+            self.request_holes(now);
+        } else {
+            self.high = self.high.max(d.end_seq());
+        }
+    }
+
+    fn count_duplicate(&mut self, src: Source) {
+        match src {
+            Source::Line(Line::A) => self.counters.duplicates_a += 1,
+            Source::Line(Line::B) => self.counters.duplicates_b += 1,
+            Source::Retransmit => self.counters.duplicates_retransmit += 1,
+        }
+    }
+
+    /// Delivers the messages of `d` from `next_seq` on; `d` starts at or
+    /// before `next_seq` and ends after it.
+    fn deliver<H: Handler + ?Sized>(&mut self, src: Source, d: Datagram<'_>, handler: &mut H) {
+        let mut n = 0;
+        for (seq, msg) in d.messages().skip((self.next_seq - d.first_seq()) as usize) {
+            handler.on_message(seq, msg);
+            n += 1;
+        }
+        self.next_seq = d.end_seq();
+        self.high = self.high.max(self.next_seq);
+        self.counters.delivered += n;
+        if src == Source::Retransmit {
+            self.counters.messages_recovered += n;
+        }
+    }
+
+    /// Delivers buffered datagrams that have become in order.
+    fn drain<H: Handler + ?Sized>(&mut self, handler: &mut H) {
+        while let Some(&b) = self.order.front() {
+            if b.first > self.next_seq {
+                break;
+            }
+            self.order.pop_front();
+            if b.end > self.next_seq {
+                let start = b.slot as usize * self.cfg.max_datagram;
+                let bytes = &self.slots[start..start + b.len as usize];
+                // Validated before it was buffered; a failure here would mean
+                // memory corruption, so the datagram is skipped, not trusted.
+                if let Ok(d) = Datagram::parse(bytes) {
+                    let mut n = 0;
+                    for (seq, msg) in d.messages().skip((self.next_seq - d.first_seq()) as usize) {
+                        handler.on_message(seq, msg);
+                        n += 1;
+                    }
+                    self.counters.delivered += n;
+                }
+                self.next_seq = b.end;
+            }
+            self.free.push(b.slot);
+        }
+    }
+
+    /// After `next_seq` moved: retire covered requests and ask for holes.
+    fn after_progress(&mut self, now: u64) {
+        let next = self.next_seq;
+        self.outstanding.retain_mut(|o| {
+            o.from = o.from.max(next);
+            o.to > next
+        });
+        self.request_holes(now);
+    }
+
+    /// The next hole at or after `cursor`: a range in `[next_seq, high)` not
+    /// covered by a buffered datagram.
+    fn next_hole(&self, cursor: u64) -> Option<(u64, u64)> {
+        let mut cursor = cursor.max(self.next_seq);
+        let i = self.order.partition_point(|b| b.end <= cursor);
+        for b in self.order.range(i..) {
+            if b.first > cursor {
+                return Some((cursor, b.first));
+            }
+            cursor = cursor.max(b.end);
+        }
+        (self.high > cursor).then_some((cursor, self.high))
+    }
+
+    /// First missing sequence in `[from, to)` and one past the last missing.
+    fn missing_in(&self, from: u64, to: u64) -> Option<(u64, u64)> {
+        let mut first = None;
+        let mut last = 0;
+        let mut cursor = from;
+        while let Some((a, b)) = self.next_hole(cursor) {
+            if a >= to {
+                break;
+            }
+            first.get_or_insert(a);
+            last = b.min(to);
+            cursor = b;
+        }
+        first.map(|f| (f, last))
+    }
+
+    /// Opens requests for holes not yet covered, up to `max_outstanding`.
+    fn request_holes(&mut self, now: u64) {
+        let mut cursor = self.next_seq;
+        while self.outstanding.len() < self.cfg.max_outstanding {
+            let Some((hole_from, hole_to)) = self.next_hole(cursor) else {
+                return;
+            };
+            let mut s = hole_from;
+            while s < hole_to && self.outstanding.len() < self.cfg.max_outstanding {
+                if let Some(o) = self.outstanding.iter().find(|o| o.from <= s && s < o.to) {
+                    s = o.to;
+                    continue;
+                }
+                let e = self
+                    .outstanding
+                    .iter()
+                    .filter(|o| o.from > s)
+                    .map(|o| o.from)
+                    .min()
+                    .unwrap_or(hole_to)
+                    .min(hole_to);
+                self.outstanding.push(Outstanding {
+                    from: s,
+                    to: e,
+                    deadline: now + self.cfg.recovery_timeout_ns,
+                    retries: 0,
+                    needs_send: true,
+                });
+                s = e;
+            }
+            cursor = hole_to;
+        }
+    }
+
+    // -- loss, resync and snapshots -----------------------------------------
+
+    fn unrecoverable(&mut self, now: u64, from: u64, to: u64) {
+        self.counters.unrecoverable += 1;
+        self.push_event(Event::UnrecoverableLoss { from, to });
+        self.start_resync(now);
+    }
+
+    fn start_resync(&mut self, now: u64) {
+        self.phase = Phase::Resyncing;
+        self.outstanding.clear();
+        self.push_event(Event::ResyncStarted);
+        self.request_snapshot(now);
+    }
+
+    fn request_snapshot(&mut self, now: u64) {
+        self.snapshot = SnapshotProgress {
+            needs_send: true,
+            deadline: now + self.cfg.snapshot_timeout_ns,
+            receiving: None,
+        };
+    }
+
+    fn reject_snapshot(&mut self, now: u64) {
+        self.counters.snapshots_rejected += 1;
+        self.request_snapshot(now);
+    }
+
+    /// Forgets everything about the current session.
+    fn reset(&mut self) {
+        while let Some(b) = self.order.pop_front() {
+            self.free.push(b.slot);
+        }
+        self.outstanding.clear();
+        self.next_seq = 1;
+        self.high = 1;
+    }
+
+    fn on_snapshot_chunk<A: SnapshotSink + ?Sized>(
+        &mut self,
+        now: u64,
+        seq: u64,
+        offset: u64,
+        data: &[u8],
+        app: &mut A,
+    ) {
+        if offset == 0 {
+            app.begin_restore();
+            self.snapshot.receiving = Some(Receiving {
+                seq,
+                received: 0,
+                crc: crc32fast::Hasher::new(),
+            });
+        }
+        let ok = match &mut self.snapshot.receiving {
+            Some(r) if r.seq == seq && r.received == offset => {
+                r.received += data.len() as u64;
+                r.crc.update(data);
+                true
+            }
+            _ => false,
+        };
+        if !ok || app.restore_chunk(data).is_err() {
+            self.reject_snapshot(now);
+            return;
+        }
+        self.snapshot.deadline = now + self.cfg.snapshot_timeout_ns;
+    }
+
+    fn on_snapshot_end<A: Handler + SnapshotSink + ?Sized>(
+        &mut self,
+        now: u64,
+        end: wire::SnapshotEnd,
+        app: &mut A,
+    ) {
+        let receiving = match self.snapshot.receiving.take() {
+            Some(r) => r,
+            None if end.total_len == 0 => {
+                app.begin_restore();
+                Receiving {
+                    seq: end.snapshot_seq,
+                    received: 0,
+                    crc: crc32fast::Hasher::new(),
+                }
+            }
+            // The tail of a transfer already rejected: a new one is asked for.
+            None => return,
+        };
+        let valid = receiving.seq == end.snapshot_seq
+            && receiving.received == end.total_len
+            && receiving.crc.finalize() == end.crc32;
+        if !valid || app.finish_restore(end.snapshot_seq).is_err() {
+            return self.reject_snapshot(now);
+        }
+        self.counters.snapshots_applied += 1;
+        self.push_event(Event::SnapshotApplied {
+            seq: end.snapshot_seq,
+        });
+        self.phase = Phase::Live;
+        self.next_seq = end.snapshot_seq + 1;
+        self.high = self.high.max(self.next_seq);
+        self.drain(app);
+        if self.next_hole(self.next_seq).is_some() {
+            // Live data buffered during the resync starts after the snapshot.
+            self.counters.gaps_detected += 1;
+        }
+        self.after_progress(now);
+    }
+
+    fn push_event(&mut self, ev: Event) {
+        if self.events.len() == EVENT_CAPACITY {
+            self.events.pop_front();
+            self.counters.events_dropped += 1;
+        }
+        self.events.push_back(ev);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mcast::publisher::{PublisherConfig, PublisherState, RetransmitReply};
+    use crate::mcast::snapshot::{encode_snapshot, RestoreError};
+    use crate::mcast::wire::NotAvailable;
+
+    const TIMEOUT: u64 = 1_000;
+
+    fn cfg() -> SubscriberConfig {
+        SubscriberConfig {
+            channel: 3,
+            max_datagram: 256,
+            max_buffered: 8,
+            max_outstanding: 2,
+            recovery_timeout_ns: TIMEOUT,
+            max_retries: 2,
+            snapshot_timeout_ns: 10 * TIMEOUT,
+        }
+    }
+
+    fn publisher(session: u64) -> PublisherState {
+        PublisherState::new(PublisherConfig {
+            channel: 3,
+            session,
+            max_datagram: 256,
+            max_messages: 2,
+            flush_interval_ns: 0,
+            history_depth: 64,
+        })
+    }
+
+    /// Publishes two messages per datagram; returns the datagrams.
+    fn datagrams(p: &mut PublisherState, n: usize) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|_| {
+                for _ in 0..2 {
+                    let seq = p.next_seq();
+                    p.publish(&seq.to_le_bytes()).unwrap();
+                }
+                p.flush().unwrap().to_vec()
+            })
+            .collect()
+    }
+
+    /// Records deliveries; restores a snapshot made of the last seq.
+    #[derive(Default)]
+    struct App {
+        seqs: Vec<u64>,
+        staged: Vec<u8>,
+        restored: Option<u64>,
+        refuse: bool,
+    }
+
+    impl Handler for App {
+        fn on_message(&mut self, seq: u64, msg: &[u8]) {
+            assert_eq!(msg, seq.to_le_bytes());
+            self.seqs.push(seq);
+        }
+    }
+
+    impl SnapshotSink for App {
+        fn begin_restore(&mut self) {
+            self.staged.clear();
+        }
+        fn restore_chunk(&mut self, data: &[u8]) -> Result<(), RestoreError> {
+            self.staged.extend_from_slice(data);
+            Ok(())
+        }
+        fn finish_restore(&mut self, seq: u64) -> Result<(), RestoreError> {
+            if self.refuse {
+                return Err(RestoreError);
+            }
+            self.restored = Some(seq);
+            Ok(())
+        }
+    }
+
+    fn transmits(s: &mut SubscriberState) -> Vec<Request> {
+        std::iter::from_fn(|| s.poll_transmit()).collect()
+    }
+    fn events(s: &mut SubscriberState) -> Vec<Event> {
+        std::iter::from_fn(|| s.poll_event()).collect()
+    }
+    fn retransmit(from_seq: u64, count: u64) -> Request {
+        Request::Retransmit(RetransmitRequest {
+            channel: 3,
+            session: 1,
+            from_seq,
+            count,
+        })
+    }
+    /// Answers every retransmit request from `p` into `s`.
+    fn serve(p: &mut PublisherState, s: &mut SubscriberState, app: &mut App, now: u64) {
+        for req in transmits(s) {
+            let Request::Retransmit(r) = req else {
+                continue;
+            };
+            let mut replies = Vec::new();
+            p.answer_retransmit(&r, |rep| {
+                let mut buf = [0u8; 512];
+                let n = match rep {
+                    RetransmitReply::Data(d) => wire::encode_retransmit_data(&mut buf, 3, 1, d),
+                    RetransmitReply::NotAvailable(na) => na.encode(&mut buf),
+                }
+                .unwrap();
+                replies.push(buf[..n].to_vec());
+            });
+            for r in replies {
+                s.on_recovery(now, &r, app);
+            }
+        }
+    }
+
+    #[test]
+    fn in_order_with_b_duplicates() {
+        let mut p = publisher(1);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        for d in datagrams(&mut p, 3) {
+            s.on_datagram(0, Line::A, &d, &mut app);
+            s.on_datagram(0, Line::B, &d, &mut app);
+        }
+        assert_eq!(app.seqs, (1..=6).collect::<Vec<_>>());
+        assert_eq!(s.phase(), Phase::Live);
+        let c = s.counters();
+        assert_eq!((c.received_a, c.received_b), (3, 3));
+        assert_eq!((c.duplicates_a, c.duplicates_b), (0, 3));
+        assert_eq!(c.delivered, 6);
+        assert!(transmits(&mut s).is_empty());
+        assert_eq!(s.poll_timeout(), None);
+    }
+
+    #[test]
+    fn b_fills_what_a_lost_and_a_duplicates_later() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 3);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[2], &mut app); // [3,5) lost on A
+        assert_eq!(s.buffered(), 1);
+        assert_eq!(s.counters().gaps_detected, 1);
+        s.on_datagram(1, Line::B, &ds[1], &mut app);
+        s.on_datagram(1, Line::B, &ds[2], &mut app);
+        assert_eq!(app.seqs, (1..=6).collect::<Vec<_>>());
+        assert_eq!(s.counters().duplicates_b, 1);
+        assert_eq!(s.outstanding(), 0, "request retired once the hole filled");
+        assert_eq!(s.buffered(), 0);
+    }
+
+    #[test]
+    fn gaps_are_requested_at_once_and_recovered_in_order() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 6);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[2], &mut app); // hole [3,5)
+        s.on_datagram(0, Line::A, &ds[4], &mut app); // hole [7,9)
+        s.on_datagram(0, Line::A, &ds[5], &mut app);
+        assert_eq!(s.counters().gaps_detected, 2);
+        assert_eq!(transmits(&mut s), vec![retransmit(3, 2), retransmit(7, 2)]);
+        assert_eq!(s.poll_timeout(), Some(TIMEOUT));
+        assert_eq!(app.seqs, vec![1, 2]);
+        for req in [(3, 2), (7, 2)] {
+            p.answer_retransmit(
+                &RetransmitRequest {
+                    channel: 3,
+                    session: 1,
+                    from_seq: req.0,
+                    count: req.1,
+                },
+                |r| {
+                    let RetransmitReply::Data(d) = r else {
+                        panic!("{r:?}")
+                    };
+                    let mut buf = [0u8; 512];
+                    let n = wire::encode_retransmit_data(&mut buf, 3, 1, d).unwrap();
+                    s.on_recovery(5, &buf[..n], &mut app);
+                },
+            );
+        }
+        assert_eq!(app.seqs, (1..=12).collect::<Vec<_>>());
+        let c = s.counters();
+        assert_eq!(c.messages_recovered, 4);
+        assert_eq!(c.retransmit_requests, 2);
+        assert_eq!(c.out_of_order_buffered, 3);
+        assert_eq!(c.max_buffered, 3);
+        assert_eq!(s.outstanding(), 0);
+        assert_eq!(s.poll_timeout(), None);
+    }
+
+    #[test]
+    fn outstanding_is_bounded_and_pending_holes_follow() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 7);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        for i in [0, 2, 4, 6] {
+            s.on_datagram(0, Line::A, &ds[i], &mut app);
+        }
+        // Three holes, at most two requests in flight.
+        assert_eq!(transmits(&mut s), vec![retransmit(3, 2), retransmit(7, 2)]);
+        s.on_datagram(1, Line::B, &ds[1], &mut app);
+        assert_eq!(transmits(&mut s), vec![retransmit(11, 2)]);
+        serve(&mut p, &mut s, &mut app, 2);
+        serve(&mut p, &mut s, &mut app, 2);
+        assert_eq!(app.seqs.len(), 6, "hole [7,9) still waits for its answer");
+    }
+
+    #[test]
+    fn timeout_rerequests_then_gives_up() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 3);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[2], &mut app);
+        assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
+        s.handle_timeout(TIMEOUT - 1);
+        assert!(transmits(&mut s).is_empty());
+        s.handle_timeout(TIMEOUT);
+        assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
+        s.handle_timeout(2 * TIMEOUT);
+        assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
+        assert_eq!(s.phase(), Phase::Live);
+        s.handle_timeout(3 * TIMEOUT);
+        assert_eq!(s.phase(), Phase::Resyncing);
+        assert_eq!(
+            events(&mut s),
+            vec![
+                Event::UnrecoverableLoss { from: 3, to: 5 },
+                Event::ResyncStarted
+            ]
+        );
+        assert_eq!(
+            transmits(&mut s),
+            vec![Request::Snapshot {
+                channel: 3,
+                session: 1
+            }]
+        );
+        let c = s.counters();
+        assert_eq!(
+            (c.timeouts, c.unrecoverable, c.retransmit_requests),
+            (3, 1, 3)
+        );
+        // Snapshot at 4: delivery resumes at 5 from the buffer.
+        let mut msgs = Vec::new();
+        encode_snapshot(3, 1, 4, b"x", 64, |m| msgs.push(m.to_vec()));
+        for m in msgs {
+            s.on_recovery(4 * TIMEOUT, &m, &mut app);
+        }
+        assert_eq!(app.restored, Some(4));
+        assert_eq!(app.seqs, vec![1, 2, 5, 6]);
+        assert_eq!(s.phase(), Phase::Live);
+        assert_eq!(events(&mut s), vec![Event::SnapshotApplied { seq: 4 }]);
+    }
+
+    #[test]
+    fn not_available_is_unrecoverable_with_exact_range() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 6);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[5], &mut app); // hole [3,11)
+        assert_eq!(transmits(&mut s), vec![retransmit(3, 8)]);
+        let mut buf = [0u8; 64];
+        let na = NotAvailable {
+            channel: 3,
+            session: 1,
+            from_seq: 3,
+            count: 4,
+            oldest_available: 7,
+        };
+        let n = na.encode(&mut buf).unwrap();
+        s.on_recovery(1, &buf[..n], &mut app);
+        assert_eq!(
+            events(&mut s),
+            vec![
+                Event::UnrecoverableLoss { from: 3, to: 7 },
+                Event::ResyncStarted
+            ]
+        );
+        assert_eq!(s.phase(), Phase::Resyncing);
+    }
+
+    #[test]
+    fn late_join_restores_then_delivers_buffered() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 5);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[3], &mut app); // [7,9): late join
+        s.on_datagram(0, Line::A, &ds[4], &mut app);
+        assert_eq!(s.phase(), Phase::Resyncing);
+        assert_eq!(events(&mut s), vec![Event::ResyncStarted]);
+        assert_eq!(
+            transmits(&mut s),
+            vec![Request::Snapshot {
+                channel: 3,
+                session: 1
+            }]
+        );
+        // Snapshot taken at 4: [5,7) must come from the history.
+        let mut msgs = Vec::new();
+        encode_snapshot(3, 1, 4, &[7; 100], 30, |m| msgs.push(m.to_vec()));
+        for m in &msgs {
+            s.on_recovery(1, m, &mut app);
+        }
+        assert_eq!(app.restored, Some(4));
+        assert_eq!(app.staged, vec![7; 100]);
+        assert!(app.seqs.is_empty());
+        serve(&mut p, &mut s, &mut app, 2);
+        assert_eq!(app.seqs, (5..=10).collect::<Vec<_>>());
+        assert_eq!(s.counters().snapshots_applied, 1);
+    }
+
+    #[test]
+    fn bad_snapshots_are_rejected_and_requested_again() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 3);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[2], &mut app);
+        transmits(&mut s);
+        let mut msgs = Vec::new();
+        encode_snapshot(3, 1, 4, &[1; 10], 4, |m| msgs.push(m.to_vec()));
+        // A missing chunk.
+        for (i, m) in msgs.iter().enumerate() {
+            if i != 1 {
+                s.on_recovery(1, m, &mut app);
+            }
+        }
+        assert_eq!(s.phase(), Phase::Resyncing);
+        assert_eq!(transmits(&mut s).len(), 1, "asked again");
+        // The application refuses it.
+        app.refuse = true;
+        for m in &msgs {
+            s.on_recovery(2, m, &mut app);
+        }
+        assert_eq!(s.phase(), Phase::Resyncing);
+        assert_eq!(s.counters().snapshots_rejected, 2);
+        // No progress until the deadline: asked again.
+        transmits(&mut s);
+        s.handle_timeout(2 + 10 * TIMEOUT);
+        assert_eq!(transmits(&mut s).len(), 1);
+        app.refuse = false;
+        for m in &msgs {
+            s.on_recovery(3, m, &mut app);
+        }
+        assert_eq!(s.phase(), Phase::Live);
+        assert_eq!(app.seqs, vec![5, 6]);
+    }
+
+    #[test]
+    fn session_change_resets_and_stale_session_is_dropped() {
+        let mut p1 = publisher(1);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        let old = datagrams(&mut p1, 2);
+        s.on_datagram(0, Line::A, &old[0], &mut app);
+        let mut p2 = publisher(2);
+        let new = datagrams(&mut p2, 1);
+        s.on_datagram(1, Line::A, &new[0], &mut app);
+        assert_eq!(s.session(), 2);
+        assert_eq!(s.phase(), Phase::Resyncing);
+        assert_eq!(
+            events(&mut s),
+            vec![
+                Event::SessionChanged { old: 1, new: 2 },
+                Event::ResyncStarted
+            ]
+        );
+        s.on_datagram(2, Line::B, &old[1], &mut app);
+        assert_eq!(s.counters().stale_session_dropped, 1);
+        // Empty snapshot of the new session at 0: deliver from 1.
+        let mut msgs = Vec::new();
+        encode_snapshot(3, 2, 0, &[], 64, |m| msgs.push(m.to_vec()));
+        s.on_recovery(3, &msgs[0], &mut app);
+        assert_eq!(app.seqs, vec![1, 2, 1, 2]);
+        assert_eq!(s.counters().session_changes, 1);
+    }
+
+    #[test]
+    fn heartbeat_reveals_a_lost_tail() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 2);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        let hb = p.heartbeat().to_vec();
+        s.on_datagram(1, Line::A, &hb, &mut app);
+        assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
+        s.on_datagram(1, Line::B, &hb, &mut app);
+        assert!(transmits(&mut s).is_empty(), "no second request");
+        assert_eq!(s.counters().gaps_detected, 1);
+    }
+
+    #[test]
+    fn bad_input_is_counted_not_fatal() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 1);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0][..10], &mut app);
+        s.on_datagram(0, Line::A, &[0u8; 300], &mut app);
+        s.on_recovery(0, &[1, 2, 3], &mut app);
+        let mut other = PublisherState::new(PublisherConfig {
+            channel: 4,
+            ..*p.config()
+        });
+        other.publish(b"x").unwrap();
+        s.on_datagram(0, Line::A, other.flush().unwrap(), &mut app);
+        let c = s.counters();
+        assert_eq!((c.malformed_dropped, c.foreign_dropped), (3, 1));
+        assert_eq!(s.phase(), Phase::Idle);
+        s.receive_queue_low();
+        assert_eq!(s.counters().receive_queue_low, 1);
+    }
+
+    #[test]
+    fn buffer_overflow_is_unrecoverable() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 12);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        for d in &ds[2..10] {
+            s.on_datagram(0, Line::A, d, &mut app); // fills the 8 slots
+        }
+        assert!(events(&mut s).is_empty());
+        s.on_datagram(0, Line::A, &ds[10], &mut app);
+        assert_eq!(
+            events(&mut s),
+            vec![
+                Event::UnrecoverableLoss { from: 3, to: 5 },
+                Event::ResyncStarted
+            ]
+        );
+        assert_eq!(s.buffered(), 8);
+        assert_eq!(s.counters().evicted, 1);
+        // Snapshot at 6 then the rest of the buffer delivers 7..=22.
+        let mut msgs = Vec::new();
+        encode_snapshot(3, 1, 6, &[], 64, |m| msgs.push(m.to_vec()));
+        s.on_recovery(1, &msgs[0], &mut app);
+        assert_eq!(app.seqs[2..], (7..=22).collect::<Vec<_>>());
+    }
+}

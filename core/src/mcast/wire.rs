@@ -1,0 +1,970 @@
+//! Wire formats of the market-data path: the multicast datagram and the
+//! recovery messages exchanged over RC.
+//!
+//! # Byte order
+//! Every multi-byte field is **little-endian**. These are our own frames, read
+//! and written only by rocebus on x86_64 and aarch64 hosts, which are both
+//! little-endian: a field access compiles to a plain load. Exchange protocols
+//! (ITCH, MoldUDP64) keep their big-endian order; they travel *inside* our
+//! messages untouched.
+//!
+//! # Datagram layout
+//! ```text
+//! offset  size  field
+//!      0     2  magic      0x4252 ("RB" on the wire)
+//!      2     1  version    1
+//!      3     1  line       0 = A, 1 = B (informational, see below)
+//!      4     2  channel
+//!      6     2  count      number of messages; 0 = heartbeat
+//!      8     8  session    publisher session, strictly greater after a restart
+//!     16     8  first_seq  sequence of the first message (sequences start at 1)
+//!     24     …  messages:  u16 length, then `length` bytes, repeated `count` times
+//! ```
+//! Messages are packed back to back with no padding: a 64-byte message costs
+//! 66 bytes instead of the 72 that 8-byte alignment would cost, and every view
+//! in this crate (and in zerocopy-based application decoders) uses byte-order
+//! types of alignment 1, so nothing ever needs an aligned address. The datagram
+//! ends exactly after the last message: trailing bytes are a malformed datagram.
+//!
+//! A heartbeat (count 0) carries the sequence the publisher will assign next:
+//! it lets a subscriber detect the loss of the last datagram of a burst.
+//!
+//! The `line` byte records the line the publisher meant; the subscriber
+//! arbitrates on the line the I/O layer received the datagram on (it knows the
+//! queue pair), so one history buffer can be sent on both lines unchanged.
+//!
+//! # Recovery messages
+//! Every recovery message starts with a 24-byte [`RecoveryHeader`] whose `len`
+//! covers the whole message, so several messages can share one RC buffer.
+
+use zerocopy::byteorder::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// Magic of a datagram header, `b"RB"` read as a little-endian u16.
+pub const DATAGRAM_MAGIC: u16 = u16::from_le_bytes(*b"RB");
+/// Magic of a recovery message header, `b"RR"` read as a little-endian u16.
+pub const RECOVERY_MAGIC: u16 = u16::from_le_bytes(*b"RR");
+/// Wire version of both formats.
+pub const VERSION: u8 = 1;
+/// Size of [`DatagramHeader`].
+pub const DATAGRAM_HEADER_LEN: usize = 24;
+/// Size of the length prefix in front of each message.
+pub const MSG_PREFIX_LEN: usize = 2;
+/// Size of [`RecoveryHeader`].
+pub const RECOVERY_HEADER_LEN: usize = 24;
+
+/// Which of the two redundant multicast lines a datagram came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Line {
+    /// Line A (primary group).
+    A = 0,
+    /// Line B (secondary group, same stream).
+    B = 1,
+}
+
+impl Line {
+    /// Decodes the header's line byte.
+    pub fn from_u8(v: u8) -> Option<Line> {
+        match v {
+            0 => Some(Line::A),
+            1 => Some(Line::B),
+            _ => None,
+        }
+    }
+}
+
+/// Header in front of every multicast datagram (little-endian view).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+pub struct DatagramHeader {
+    /// [`DATAGRAM_MAGIC`].
+    pub magic: U16,
+    /// [`VERSION`].
+    pub version: u8,
+    /// [`Line`] as u8.
+    pub line: u8,
+    /// Channel id.
+    pub channel: U16,
+    /// Number of messages that follow; 0 for a heartbeat.
+    pub count: U16,
+    /// Publisher session; a restarted publisher uses a greater value.
+    pub session: U64,
+    /// Sequence of the first message (of the next message for a heartbeat).
+    pub first_seq: U64,
+}
+const _: () = assert!(core::mem::size_of::<DatagramHeader>() == DATAGRAM_HEADER_LEN);
+
+/// Why bytes were rejected by a decoder. Small and `Copy`: decoders run per
+/// datagram and the caller only counts the drop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// Fewer bytes than the fixed part requires.
+    #[error("truncated: need {needed} bytes, got {got}")]
+    Truncated {
+        /// Bytes required.
+        needed: usize,
+        /// Bytes available.
+        got: usize,
+    },
+    /// Unknown magic.
+    #[error("bad magic {0:#06x}")]
+    BadMagic(u16),
+    /// Unsupported version.
+    #[error("unsupported version {0}")]
+    BadVersion(u8),
+    /// Line byte is neither A nor B.
+    #[error("bad line {0}")]
+    BadLine(u8),
+    /// A message length prefix runs past the end of the datagram.
+    #[error("message {index} overruns the datagram")]
+    MessageOverrun {
+        /// Index of the offending message.
+        index: u16,
+    },
+    /// Bytes left after the last message.
+    #[error("{0} trailing bytes after the last message")]
+    TrailingBytes(usize),
+    /// Unknown recovery message kind.
+    #[error("unknown recovery message kind {0}")]
+    BadKind(u8),
+    /// The recovery header's length is inconsistent with its kind or the buffer.
+    #[error("bad recovery message length {0}")]
+    BadLength(u32),
+    /// A sequence range that would overflow u64.
+    #[error("sequence range overflows")]
+    SeqOverflow,
+}
+
+/// An encoder was handed a buffer too small for the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("buffer too small: need {needed} bytes, have {have}")]
+pub struct BufferTooSmall {
+    /// Bytes required.
+    pub needed: usize,
+    /// Bytes provided.
+    pub have: usize,
+}
+
+/// A validated datagram: the header has been checked and the messages walked
+/// once, so iteration cannot fail.
+#[derive(Debug, Clone, Copy)]
+pub struct Datagram<'a> {
+    header: &'a DatagramHeader,
+    body: &'a [u8],
+}
+
+impl<'a> Datagram<'a> {
+    /// Validates `bytes` as one complete datagram (GRH already stripped).
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, WireError> {
+        let (header, body) =
+            DatagramHeader::ref_from_prefix(bytes).map_err(|_| WireError::Truncated {
+                needed: DATAGRAM_HEADER_LEN,
+                got: bytes.len(),
+            })?;
+        if header.magic.get() != DATAGRAM_MAGIC {
+            return Err(WireError::BadMagic(header.magic.get()));
+        }
+        if header.version != VERSION {
+            return Err(WireError::BadVersion(header.version));
+        }
+        if Line::from_u8(header.line).is_none() {
+            return Err(WireError::BadLine(header.line));
+        }
+        let count = header.count.get();
+        if header
+            .first_seq
+            .get()
+            .checked_add(u64::from(count))
+            .is_none()
+        {
+            return Err(WireError::SeqOverflow);
+        }
+        let mut rest = body;
+        for index in 0..count {
+            let Some((len, tail)) = split_len(rest) else {
+                return Err(WireError::MessageOverrun { index });
+            };
+            rest = tail.get(len..).ok_or(WireError::MessageOverrun { index })?;
+        }
+        if !rest.is_empty() {
+            return Err(WireError::TrailingBytes(rest.len()));
+        }
+        Ok(Datagram { header, body })
+    }
+
+    /// The header.
+    pub fn header(&self) -> &'a DatagramHeader {
+        self.header
+    }
+    /// Channel id.
+    pub fn channel(&self) -> u16 {
+        self.header.channel.get()
+    }
+    /// Publisher session.
+    pub fn session(&self) -> u64 {
+        self.header.session.get()
+    }
+    /// Sequence of the first message.
+    pub fn first_seq(&self) -> u64 {
+        self.header.first_seq.get()
+    }
+    /// Number of messages.
+    pub fn count(&self) -> u16 {
+        self.header.count.get()
+    }
+    /// One past the last message's sequence.
+    pub fn end_seq(&self) -> u64 {
+        // Cannot overflow: checked in parse().
+        self.first_seq() + u64::from(self.count())
+    }
+    /// True for a heartbeat (no messages).
+    pub fn is_heartbeat(&self) -> bool {
+        self.count() == 0
+    }
+    /// Messages with their sequences, in order.
+    pub fn messages(&self) -> Messages<'a> {
+        Messages {
+            rest: self.body,
+            seq: self.first_seq(),
+            left: self.count(),
+        }
+    }
+}
+
+fn split_len(bytes: &[u8]) -> Option<(usize, &[u8])> {
+    let (len, tail) = U16::ref_from_prefix(bytes).ok()?;
+    Some((usize::from(len.get()), tail))
+}
+
+/// Iterator over `(seq, message)` of a validated [`Datagram`].
+#[derive(Debug, Clone)]
+pub struct Messages<'a> {
+    rest: &'a [u8],
+    seq: u64,
+    left: u16,
+}
+
+impl<'a> Iterator for Messages<'a> {
+    type Item = (u64, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        // The datagram was validated; the checked accessors only make a
+        // hypothetical inconsistency end the iteration instead of panicking.
+        let (len, tail) = split_len(self.rest)?;
+        let msg = tail.get(..len)?;
+        self.rest = tail.get(len..)?;
+        let seq = self.seq;
+        self.seq += 1;
+        self.left -= 1;
+        Some((seq, msg))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (usize::from(self.left), Some(usize::from(self.left)))
+    }
+}
+
+/// Writes a datagram header into the first [`DATAGRAM_HEADER_LEN`] bytes of `out`.
+pub fn write_datagram_header(
+    out: &mut [u8],
+    line: Line,
+    channel: u16,
+    session: u64,
+    first_seq: u64,
+    count: u16,
+) -> Result<(), BufferTooSmall> {
+    let have = out.len();
+    let (h, _) = DatagramHeader::mut_from_prefix(out).map_err(|_| BufferTooSmall {
+        needed: DATAGRAM_HEADER_LEN,
+        have,
+    })?;
+    *h = DatagramHeader {
+        magic: U16::new(DATAGRAM_MAGIC),
+        version: VERSION,
+        line: line as u8,
+        channel: U16::new(channel),
+        count: U16::new(count),
+        session: U64::new(session),
+        first_seq: U64::new(first_seq),
+    };
+    Ok(())
+}
+
+/// Rewrites the line byte of an encoded datagram (for a publisher that sends a
+/// separate copy on line B). Returns false if `datagram` is shorter than a header.
+pub fn set_line(datagram: &mut [u8], line: Line) -> bool {
+    match DatagramHeader::mut_from_prefix(datagram) {
+        Ok((h, _)) => {
+            h.line = line as u8;
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Recovery messages (RC, reliable and ordered)
+// ---------------------------------------------------------------------------
+
+/// Kinds of recovery messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RecoveryKind {
+    /// Subscriber → publisher: resend a range.
+    RetransmitRequest = 1,
+    /// Publisher → subscriber: one original datagram.
+    RetransmitData = 2,
+    /// Publisher → subscriber: part of a range is no longer in the history.
+    NotAvailable = 3,
+    /// Subscriber → snapshot server: send a snapshot.
+    SnapshotRequest = 4,
+    /// Snapshot server → subscriber: a piece of the snapshot.
+    SnapshotChunk = 5,
+    /// Snapshot server → subscriber: the snapshot is complete.
+    SnapshotEnd = 6,
+}
+
+impl RecoveryKind {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Self::RetransmitRequest,
+            2 => Self::RetransmitData,
+            3 => Self::NotAvailable,
+            4 => Self::SnapshotRequest,
+            5 => Self::SnapshotChunk,
+            6 => Self::SnapshotEnd,
+            _ => return None,
+        })
+    }
+}
+
+/// Header of every recovery message (little-endian view).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+pub struct RecoveryHeader {
+    /// [`RECOVERY_MAGIC`].
+    pub magic: U16,
+    /// [`VERSION`].
+    pub version: u8,
+    /// [`RecoveryKind`] as u8.
+    pub kind: u8,
+    /// Channel id.
+    pub channel: U16,
+    /// Zero.
+    pub reserved: U16,
+    /// Length of the whole message, this header included.
+    pub len: U32,
+    /// Zero.
+    pub reserved2: U32,
+    /// Publisher session the message refers to (0 = unknown, in a first
+    /// snapshot request).
+    pub session: U64,
+}
+const _: () = assert!(core::mem::size_of::<RecoveryHeader>() == RECOVERY_HEADER_LEN);
+
+/// Body of a retransmit request.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+struct RangeBody {
+    from_seq: U64,
+    count: U64,
+}
+const _: () = assert!(core::mem::size_of::<RangeBody>() == 16);
+
+/// Body of a not-available answer.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+struct NotAvailableBody {
+    from_seq: U64,
+    count: U64,
+    oldest_available: U64,
+}
+const _: () = assert!(core::mem::size_of::<NotAvailableBody>() == 24);
+
+/// Fixed part of a snapshot chunk; the data follows.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+struct ChunkBody {
+    snapshot_seq: U64,
+    offset: U64,
+}
+const _: () = assert!(core::mem::size_of::<ChunkBody>() == 16);
+
+/// Body of a snapshot end.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+struct EndBody {
+    snapshot_seq: U64,
+    total_len: U64,
+    crc32: U32,
+    reserved: U32,
+}
+const _: () = assert!(core::mem::size_of::<EndBody>() == 24);
+
+/// Subscriber → publisher: resend messages `[from_seq, from_seq + count)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetransmitRequest {
+    /// Channel id.
+    pub channel: u16,
+    /// Publisher session the sequences belong to.
+    pub session: u64,
+    /// First missing sequence.
+    pub from_seq: u64,
+    /// Number of messages.
+    pub count: u64,
+}
+
+/// Publisher → subscriber: `[from_seq, from_seq + count)` cannot be served in
+/// full; nothing older than `oldest_available` is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotAvailable {
+    /// Channel id.
+    pub channel: u16,
+    /// Publisher session.
+    pub session: u64,
+    /// First sequence of the unavailable part.
+    pub from_seq: u64,
+    /// Number of unavailable messages.
+    pub count: u64,
+    /// Oldest sequence still in the publisher's history.
+    pub oldest_available: u64,
+}
+
+/// Snapshot server → subscriber: the snapshot is complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotEnd {
+    /// Channel id.
+    pub channel: u16,
+    /// Publisher session.
+    pub session: u64,
+    /// The snapshot reflects every message up to and including this sequence.
+    pub snapshot_seq: u64,
+    /// Total bytes of snapshot data sent in chunks.
+    pub total_len: u64,
+    /// CRC-32 (IEEE) of the concatenated chunk data.
+    pub crc32: u32,
+}
+
+/// A decoded recovery message, borrowing its payload from the input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryMsg<'a> {
+    /// See [`RetransmitRequest`].
+    RetransmitRequest(RetransmitRequest),
+    /// One original datagram, bytes exactly as multicast.
+    RetransmitData {
+        /// Channel id.
+        channel: u16,
+        /// Publisher session.
+        session: u64,
+        /// The datagram (validate with [`Datagram::parse`]).
+        datagram: &'a [u8],
+    },
+    /// See [`NotAvailable`].
+    NotAvailable(NotAvailable),
+    /// Ask for a snapshot of `channel`.
+    SnapshotRequest {
+        /// Channel id.
+        channel: u16,
+        /// Session the requester knows (0 if none).
+        session: u64,
+    },
+    /// A piece of a snapshot.
+    SnapshotChunk {
+        /// Channel id.
+        channel: u16,
+        /// Publisher session.
+        session: u64,
+        /// Sequence the snapshot is taken at.
+        snapshot_seq: u64,
+        /// Offset of `data` in the snapshot.
+        offset: u64,
+        /// The bytes.
+        data: &'a [u8],
+    },
+    /// See [`SnapshotEnd`].
+    SnapshotEnd(SnapshotEnd),
+}
+
+/// Decodes the first recovery message in `bytes`; returns it and the number
+/// of bytes it occupied.
+pub fn decode_recovery(bytes: &[u8]) -> Result<(RecoveryMsg<'_>, usize), WireError> {
+    let (h, _) = RecoveryHeader::ref_from_prefix(bytes).map_err(|_| WireError::Truncated {
+        needed: RECOVERY_HEADER_LEN,
+        got: bytes.len(),
+    })?;
+    if h.magic.get() != RECOVERY_MAGIC {
+        return Err(WireError::BadMagic(h.magic.get()));
+    }
+    if h.version != VERSION {
+        return Err(WireError::BadVersion(h.version));
+    }
+    let kind = RecoveryKind::from_u8(h.kind).ok_or(WireError::BadKind(h.kind))?;
+    let len32 = h.len.get();
+    let len = usize::try_from(len32).map_err(|_| WireError::BadLength(len32))?;
+    if len < RECOVERY_HEADER_LEN {
+        return Err(WireError::BadLength(len32));
+    }
+    let msg = bytes.get(..len).ok_or(WireError::Truncated {
+        needed: len,
+        got: bytes.len(),
+    })?;
+    let body = &msg[RECOVERY_HEADER_LEN..];
+    let (channel, session) = (h.channel.get(), h.session.get());
+    let exact = |need: usize| {
+        if body.len() == need {
+            Ok(())
+        } else {
+            Err(WireError::BadLength(len32))
+        }
+    };
+    let decoded = match kind {
+        RecoveryKind::RetransmitRequest => {
+            exact(16)?;
+            let b = RangeBody::read_from_bytes(body).map_err(|_| WireError::BadLength(len32))?;
+            RecoveryMsg::RetransmitRequest(RetransmitRequest {
+                channel,
+                session,
+                from_seq: b.from_seq.get(),
+                count: b.count.get(),
+            })
+        }
+        RecoveryKind::RetransmitData => RecoveryMsg::RetransmitData {
+            channel,
+            session,
+            datagram: body,
+        },
+        RecoveryKind::NotAvailable => {
+            exact(24)?;
+            let b =
+                NotAvailableBody::read_from_bytes(body).map_err(|_| WireError::BadLength(len32))?;
+            RecoveryMsg::NotAvailable(NotAvailable {
+                channel,
+                session,
+                from_seq: b.from_seq.get(),
+                count: b.count.get(),
+                oldest_available: b.oldest_available.get(),
+            })
+        }
+        RecoveryKind::SnapshotRequest => {
+            exact(0)?;
+            RecoveryMsg::SnapshotRequest { channel, session }
+        }
+        RecoveryKind::SnapshotChunk => {
+            let (b, data) =
+                ChunkBody::ref_from_prefix(body).map_err(|_| WireError::BadLength(len32))?;
+            RecoveryMsg::SnapshotChunk {
+                channel,
+                session,
+                snapshot_seq: b.snapshot_seq.get(),
+                offset: b.offset.get(),
+                data,
+            }
+        }
+        RecoveryKind::SnapshotEnd => {
+            exact(24)?;
+            let b = EndBody::read_from_bytes(body).map_err(|_| WireError::BadLength(len32))?;
+            RecoveryMsg::SnapshotEnd(SnapshotEnd {
+                channel,
+                session,
+                snapshot_seq: b.snapshot_seq.get(),
+                total_len: b.total_len.get(),
+                crc32: b.crc32.get(),
+            })
+        }
+    };
+    Ok((decoded, len))
+}
+
+/// Writes header + fixed body + tail into `out`; returns the total length.
+fn encode_parts(
+    out: &mut [u8],
+    kind: RecoveryKind,
+    channel: u16,
+    session: u64,
+    fixed: &[u8],
+    tail: &[u8],
+) -> Result<usize, BufferTooSmall> {
+    let len = RECOVERY_HEADER_LEN + fixed.len() + tail.len();
+    let have = out.len();
+    let too_small = BufferTooSmall { needed: len, have };
+    let len32 = u32::try_from(len).map_err(|_| too_small)?;
+    let dst = out.get_mut(..len).ok_or(too_small)?;
+    let header = RecoveryHeader {
+        magic: U16::new(RECOVERY_MAGIC),
+        version: VERSION,
+        kind: kind as u8,
+        channel: U16::new(channel),
+        reserved: U16::ZERO,
+        len: U32::new(len32),
+        reserved2: U32::ZERO,
+        session: U64::new(session),
+    };
+    let (h, rest) = dst.split_at_mut(RECOVERY_HEADER_LEN);
+    h.copy_from_slice(header.as_bytes());
+    let (f, t) = rest.split_at_mut(fixed.len());
+    f.copy_from_slice(fixed);
+    t.copy_from_slice(tail);
+    Ok(len)
+}
+
+impl RetransmitRequest {
+    /// Encoded size.
+    pub const LEN: usize = RECOVERY_HEADER_LEN + 16;
+
+    /// Encodes into `out`, returning the bytes written.
+    pub fn encode(&self, out: &mut [u8]) -> Result<usize, BufferTooSmall> {
+        let body = RangeBody {
+            from_seq: U64::new(self.from_seq),
+            count: U64::new(self.count),
+        };
+        encode_parts(
+            out,
+            RecoveryKind::RetransmitRequest,
+            self.channel,
+            self.session,
+            body.as_bytes(),
+            &[],
+        )
+    }
+}
+
+impl NotAvailable {
+    /// Encoded size.
+    pub const LEN: usize = RECOVERY_HEADER_LEN + 24;
+
+    /// Encodes into `out`, returning the bytes written.
+    pub fn encode(&self, out: &mut [u8]) -> Result<usize, BufferTooSmall> {
+        let body = NotAvailableBody {
+            from_seq: U64::new(self.from_seq),
+            count: U64::new(self.count),
+            oldest_available: U64::new(self.oldest_available),
+        };
+        encode_parts(
+            out,
+            RecoveryKind::NotAvailable,
+            self.channel,
+            self.session,
+            body.as_bytes(),
+            &[],
+        )
+    }
+}
+
+impl SnapshotEnd {
+    /// Encoded size.
+    pub const LEN: usize = RECOVERY_HEADER_LEN + 24;
+
+    /// Encodes into `out`, returning the bytes written.
+    pub fn encode(&self, out: &mut [u8]) -> Result<usize, BufferTooSmall> {
+        let body = EndBody {
+            snapshot_seq: U64::new(self.snapshot_seq),
+            total_len: U64::new(self.total_len),
+            crc32: U32::new(self.crc32),
+            reserved: U32::ZERO,
+        };
+        encode_parts(
+            out,
+            RecoveryKind::SnapshotEnd,
+            self.channel,
+            self.session,
+            body.as_bytes(),
+            &[],
+        )
+    }
+}
+
+/// Encodes a retransmitted datagram; returns the bytes written.
+pub fn encode_retransmit_data(
+    out: &mut [u8],
+    channel: u16,
+    session: u64,
+    datagram: &[u8],
+) -> Result<usize, BufferTooSmall> {
+    encode_parts(
+        out,
+        RecoveryKind::RetransmitData,
+        channel,
+        session,
+        &[],
+        datagram,
+    )
+}
+
+/// Encodes a snapshot request (header only); returns the bytes written.
+pub fn encode_snapshot_request(
+    out: &mut [u8],
+    channel: u16,
+    session: u64,
+) -> Result<usize, BufferTooSmall> {
+    encode_parts(
+        out,
+        RecoveryKind::SnapshotRequest,
+        channel,
+        session,
+        &[],
+        &[],
+    )
+}
+
+/// Size of a snapshot chunk message carrying `data_len` bytes.
+pub const fn snapshot_chunk_len(data_len: usize) -> usize {
+    RECOVERY_HEADER_LEN + 16 + data_len
+}
+
+/// Encodes a snapshot chunk; returns the bytes written.
+pub fn encode_snapshot_chunk(
+    out: &mut [u8],
+    channel: u16,
+    session: u64,
+    snapshot_seq: u64,
+    offset: u64,
+    data: &[u8],
+) -> Result<usize, BufferTooSmall> {
+    let body = ChunkBody {
+        snapshot_seq: U64::new(snapshot_seq),
+        offset: U64::new(offset),
+    };
+    encode_parts(
+        out,
+        RecoveryKind::SnapshotChunk,
+        channel,
+        session,
+        body.as_bytes(),
+        data,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Channel 7, session 0x0102030405060708, first_seq 42, two messages
+    /// "abc" and "" on line B.
+    static DATAGRAM_BYTES: [u8; 24 + 5 + 2] = [
+        0x52, 0x42, // magic "RB"
+        0x01, // version
+        0x01, // line B
+        0x07, 0x00, // channel 7
+        0x02, 0x00, // count 2
+        0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, // session
+        0x2a, 0, 0, 0, 0, 0, 0, 0, // first_seq 42
+        0x03, 0x00, b'a', b'b', b'c', // message 42
+        0x00, 0x00, // message 43, empty
+    ];
+
+    #[test]
+    fn datagram_fixed_bytes() {
+        let d = Datagram::parse(&DATAGRAM_BYTES).unwrap();
+        assert_eq!(d.channel(), 7);
+        assert_eq!(d.session(), 0x0102_0304_0506_0708);
+        assert_eq!(d.first_seq(), 42);
+        assert_eq!(d.count(), 2);
+        assert_eq!(d.end_seq(), 44);
+        assert_eq!(d.header().line, Line::B as u8);
+        let msgs: Vec<_> = d.messages().collect();
+        assert_eq!(msgs, vec![(42, &b"abc"[..]), (43, &b""[..])]);
+    }
+
+    #[test]
+    fn datagram_header_encodes_to_fixed_bytes() {
+        let mut out = [0u8; 24];
+        write_datagram_header(&mut out, Line::B, 7, 0x0102_0304_0506_0708, 42, 2).unwrap();
+        assert_eq!(out[..], DATAGRAM_BYTES[..24]);
+        assert!(write_datagram_header(&mut out[..23], Line::A, 0, 0, 0, 0).is_err());
+    }
+
+    #[test]
+    fn datagram_rejects_bad_input() {
+        let mut b = DATAGRAM_BYTES;
+        b[0] = 0;
+        assert!(matches!(Datagram::parse(&b), Err(WireError::BadMagic(_))));
+        let mut b = DATAGRAM_BYTES;
+        b[2] = 9;
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadVersion(9));
+        let mut b = DATAGRAM_BYTES;
+        b[3] = 2;
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadLine(2));
+        let mut b = DATAGRAM_BYTES;
+        b[6] = 3; // count 3 but only two messages
+        assert_eq!(
+            Datagram::parse(&b).unwrap_err(),
+            WireError::MessageOverrun { index: 2 }
+        );
+        let mut b = DATAGRAM_BYTES;
+        b[24] = 200; // first message claims 200 bytes
+        assert_eq!(
+            Datagram::parse(&b).unwrap_err(),
+            WireError::MessageOverrun { index: 0 }
+        );
+        let mut v = DATAGRAM_BYTES.to_vec();
+        v.push(0);
+        assert_eq!(
+            Datagram::parse(&v).unwrap_err(),
+            WireError::TrailingBytes(1)
+        );
+        let mut b = DATAGRAM_BYTES;
+        b[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::SeqOverflow);
+        for n in 0..DATAGRAM_BYTES.len() {
+            assert!(Datagram::parse(&DATAGRAM_BYTES[..n]).is_err(), "prefix {n}");
+        }
+    }
+
+    #[test]
+    fn heartbeat_round_trip() {
+        let mut out = [0u8; 24];
+        write_datagram_header(&mut out, Line::A, 1, 9, 100, 0).unwrap();
+        let d = Datagram::parse(&out).unwrap();
+        assert!(d.is_heartbeat());
+        assert_eq!(d.first_seq(), 100);
+        assert_eq!(d.messages().count(), 0);
+        let mut out2 = out;
+        assert!(set_line(&mut out2, Line::B));
+        assert_eq!(out2[3], 1);
+    }
+
+    /// RetransmitRequest{channel 7, session 5, from 0x10, count 3}.
+    static RETRANSMIT_REQUEST_BYTES: [u8; 40] = [
+        0x52, 0x52, // magic "RR"
+        0x01, // version
+        0x01, // kind RetransmitRequest
+        0x07, 0x00, // channel
+        0x00, 0x00, // reserved
+        0x28, 0x00, 0x00, 0x00, // len 40
+        0x00, 0x00, 0x00, 0x00, // reserved
+        0x05, 0, 0, 0, 0, 0, 0, 0, // session
+        0x10, 0, 0, 0, 0, 0, 0, 0, // from_seq
+        0x03, 0, 0, 0, 0, 0, 0, 0, // count
+    ];
+
+    #[test]
+    fn retransmit_request_fixed_bytes() {
+        let req = RetransmitRequest {
+            channel: 7,
+            session: 5,
+            from_seq: 0x10,
+            count: 3,
+        };
+        let mut out = [0u8; 64];
+        let n = req.encode(&mut out).unwrap();
+        assert_eq!(n, RetransmitRequest::LEN);
+        assert_eq!(out[..n], RETRANSMIT_REQUEST_BYTES);
+        let (msg, used) = decode_recovery(&RETRANSMIT_REQUEST_BYTES).unwrap();
+        assert_eq!(used, 40);
+        assert_eq!(msg, RecoveryMsg::RetransmitRequest(req));
+        assert_eq!(
+            req.encode(&mut out[..39]).unwrap_err(),
+            BufferTooSmall {
+                needed: 40,
+                have: 39
+            }
+        );
+    }
+
+    #[test]
+    fn recovery_round_trips() {
+        let mut buf = [0u8; 512];
+        let mut at = 0;
+        let na = NotAvailable {
+            channel: 1,
+            session: 2,
+            from_seq: 3,
+            count: 4,
+            oldest_available: 5,
+        };
+        at += na.encode(&mut buf[at..]).unwrap();
+        at += encode_retransmit_data(&mut buf[at..], 1, 2, &DATAGRAM_BYTES).unwrap();
+        at += encode_snapshot_request(&mut buf[at..], 1, 0).unwrap();
+        at += encode_snapshot_chunk(&mut buf[at..], 1, 2, 99, 10, b"state").unwrap();
+        let end = SnapshotEnd {
+            channel: 1,
+            session: 2,
+            snapshot_seq: 99,
+            total_len: 15,
+            crc32: 0xdead_beef,
+        };
+        at += end.encode(&mut buf[at..]).unwrap();
+
+        let mut rest = &buf[..at];
+        let mut got = Vec::new();
+        while !rest.is_empty() {
+            let (m, used) = decode_recovery(rest).unwrap();
+            got.push(m);
+            rest = &rest[used..];
+        }
+        assert_eq!(
+            got,
+            vec![
+                RecoveryMsg::NotAvailable(na),
+                RecoveryMsg::RetransmitData {
+                    channel: 1,
+                    session: 2,
+                    datagram: &DATAGRAM_BYTES
+                },
+                RecoveryMsg::SnapshotRequest {
+                    channel: 1,
+                    session: 0
+                },
+                RecoveryMsg::SnapshotChunk {
+                    channel: 1,
+                    session: 2,
+                    snapshot_seq: 99,
+                    offset: 10,
+                    data: b"state"
+                },
+                RecoveryMsg::SnapshotEnd(end),
+            ]
+        );
+    }
+
+    #[test]
+    fn recovery_rejects_bad_input() {
+        let mut b = RETRANSMIT_REQUEST_BYTES;
+        b[3] = 0;
+        assert_eq!(decode_recovery(&b).unwrap_err(), WireError::BadKind(0));
+        let mut b = RETRANSMIT_REQUEST_BYTES;
+        b[8] = 41; // longer than the buffer
+        assert!(matches!(
+            decode_recovery(&b),
+            Err(WireError::Truncated { .. })
+        ));
+        let mut b = RETRANSMIT_REQUEST_BYTES;
+        b[8] = 12; // shorter than a header
+        assert_eq!(decode_recovery(&b).unwrap_err(), WireError::BadLength(12));
+        let mut v = RETRANSMIT_REQUEST_BYTES.to_vec();
+        v[8] = 41; // body one byte too long for the kind
+        v.push(0);
+        assert_eq!(decode_recovery(&v).unwrap_err(), WireError::BadLength(41));
+        for n in 0..RETRANSMIT_REQUEST_BYTES.len() {
+            assert!(decode_recovery(&RETRANSMIT_REQUEST_BYTES[..n]).is_err());
+        }
+    }
+
+    #[test]
+    fn decoders_never_panic_on_noise() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+        let mut buf = [0u8; 96];
+        for i in 0..20_000 {
+            let n = rng.gen_range(0..buf.len());
+            rng.fill(&mut buf[..n]);
+            // Make a fair share of inputs get past the magic checks.
+            if i % 2 == 0 && n >= 4 {
+                buf[..3].copy_from_slice(&[0x52, 0x42, 1]);
+                buf[3] &= 1;
+            } else if n >= 12 {
+                buf[..3].copy_from_slice(&[0x52, 0x52, 1]);
+                buf[3] = rng.gen_range(1..=6);
+                buf[8..12].copy_from_slice(&(rng.gen_range(0..n as u32 + 8)).to_le_bytes());
+            }
+            if let Ok(d) = Datagram::parse(&buf[..n]) {
+                assert!(d.messages().count() == usize::from(d.count()));
+            }
+            let _ = decode_recovery(&buf[..n]);
+        }
+    }
+}

@@ -1,0 +1,638 @@
+//! Deterministic simulation of the market-data path over a lossy network.
+//!
+//! One publisher multicasts on lines A and B to one or more subscribers; each
+//! line drops, delays (reorders) and duplicates datagrams at configured rates
+//! from a seeded RNG. Recovery requests travel over a reliable, ordered RC
+//! link to the publisher's history and to a snapshot server (a reference
+//! application fed every published message). Time is simulated in
+//! nanoseconds; nothing sleeps.
+
+use std::collections::BTreeMap;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rocebus::mcast::publisher::{ClaimError, PublisherConfig, PublisherState, RetransmitReply};
+use rocebus::mcast::snapshot::{encode_snapshot, RestoreError};
+use rocebus::mcast::subscriber::Request;
+use rocebus::mcast::wire::{self, Datagram, RecoveryMsg};
+use rocebus::mcast::{
+    Event, Handler, Line, Phase, Snapshot, SnapshotSink, SubscriberConfig, SubscriberState,
+};
+
+const CHANNEL: u16 = 9;
+const SESSION: u64 = 1_700_000_000_000;
+const MAX_DATAGRAM: usize = 1024;
+const LINE_LATENCY: u64 = 2_000;
+const RC_LATENCY: u64 = 5_000;
+const STEP: u64 = 100;
+const HEARTBEAT_EVERY: u64 = 20_000;
+
+// ---------------------------------------------------------------------------
+// The application: a running checksum plus a map, with snapshots.
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct State {
+    last_seq: u64,
+    count: u64,
+    hash: u64,
+    levels: BTreeMap<u16, u64>,
+}
+
+#[derive(Debug, Default)]
+struct Book {
+    state: State,
+    staged: Vec<u8>,
+}
+
+impl Handler for Book {
+    fn on_message(&mut self, seq: u64, msg: &[u8]) {
+        let s = &mut self.state;
+        assert_eq!(seq, s.last_seq + 1, "delivered out of order or twice");
+        s.last_seq = seq;
+        s.count += 1;
+        let mut h = (s.hash ^ seq).wrapping_mul(0x0000_0100_0000_01b3);
+        for &b in msg {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        s.hash = h;
+        let key = u16::from_le_bytes([msg[0], *msg.get(1).unwrap_or(&0)]) % 512;
+        *s.levels.entry(key).or_default() += msg.len() as u64;
+    }
+}
+
+impl Snapshot for Book {
+    fn snapshot_seq(&self) -> u64 {
+        self.state.last_seq
+    }
+    fn write_snapshot(&self, out: &mut Vec<u8>) {
+        let s = &self.state;
+        for v in [s.last_seq, s.count, s.hash, s.levels.len() as u64] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for (k, v) in &s.levels {
+            out.extend_from_slice(&k.to_le_bytes());
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+impl SnapshotSink for Book {
+    fn begin_restore(&mut self) {
+        self.staged.clear();
+    }
+    fn restore_chunk(&mut self, data: &[u8]) -> Result<(), RestoreError> {
+        self.staged.extend_from_slice(data);
+        Ok(())
+    }
+    fn finish_restore(&mut self, snapshot_seq: u64) -> Result<(), RestoreError> {
+        let b = &self.staged;
+        let u64_at = |at: usize| -> Result<u64, RestoreError> {
+            let bytes = b.get(at..at + 8).ok_or(RestoreError)?;
+            Ok(u64::from_le_bytes(
+                bytes.try_into().map_err(|_| RestoreError)?,
+            ))
+        };
+        let mut st = State {
+            last_seq: u64_at(0)?,
+            count: u64_at(8)?,
+            hash: u64_at(16)?,
+            levels: BTreeMap::new(),
+        };
+        let n = u64_at(24)? as usize;
+        for i in 0..n {
+            let at = 32 + i * 10;
+            let k = b.get(at..at + 2).ok_or(RestoreError)?;
+            st.levels
+                .insert(u16::from_le_bytes([k[0], k[1]]), u64_at(at + 2)?);
+        }
+        if st.last_seq != snapshot_seq {
+            return Err(RestoreError);
+        }
+        self.state = st;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The network.
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, Default)]
+struct LineModel {
+    drop: f64,
+    reorder: f64,
+    dup: f64,
+    cut: bool,
+    /// Datagram indices `[from, to)` dropped (an outage).
+    outage: Option<(u64, u64)>,
+}
+
+impl LineModel {
+    fn lossy(drop: f64) -> Self {
+        LineModel {
+            drop,
+            ..Default::default()
+        }
+    }
+    fn cut() -> Self {
+        LineModel {
+            cut: true,
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Injected {
+    /// Copies delivered per line (data and heartbeats).
+    delivered: [u64; 2],
+    dropped: [u64; 2],
+    /// Extra copies of data datagrams delivered per line.
+    dups: [u64; 2],
+    reordered: u64,
+    /// Data datagrams (and their messages) no copy of which was delivered.
+    lost_datagrams: u64,
+    lost_messages: u64,
+}
+
+enum Ev {
+    Datagram(Line, Vec<u8>),
+    ToServer(Vec<u8>),
+    ToSubscriber(Vec<u8>),
+}
+
+struct Sub {
+    state: SubscriberState,
+    app: Book,
+    lines: [LineModel; 2],
+    attach_after: u64,
+    injected: Injected,
+    events: Vec<Event>,
+    not_available: Vec<wire::NotAvailable>,
+}
+
+struct Sim {
+    now: u64,
+    rng: SmallRng,
+    msg_rng: SmallRng,
+    publisher: PublisherState,
+    reference: Book,
+    subs: Vec<Sub>,
+    queue: BTreeMap<(u64, u64), (usize, Ev)>,
+    next_id: u64,
+    datagrams_sent: u64,
+    firsts: Vec<u64>,
+    pause_after: Option<(u64, u64)>,
+    paused_until: u64,
+    last_heartbeat: u64,
+}
+
+fn sub_config() -> SubscriberConfig {
+    SubscriberConfig {
+        channel: CHANNEL,
+        max_datagram: MAX_DATAGRAM,
+        max_buffered: 4096,
+        max_outstanding: 16,
+        recovery_timeout_ns: 50_000,
+        max_retries: 3,
+        snapshot_timeout_ns: 1_000_000,
+    }
+}
+
+impl Sim {
+    fn new(seed: u64, history_depth: usize) -> Self {
+        Sim {
+            now: 0,
+            rng: SmallRng::seed_from_u64(seed),
+            msg_rng: SmallRng::seed_from_u64(seed ^ 0xabcdef),
+            publisher: PublisherState::new(PublisherConfig {
+                channel: CHANNEL,
+                session: SESSION,
+                max_datagram: MAX_DATAGRAM,
+                max_messages: 64,
+                flush_interval_ns: 1_000,
+                history_depth,
+            }),
+            reference: Book::default(),
+            subs: Vec::new(),
+            queue: BTreeMap::new(),
+            next_id: 0,
+            datagrams_sent: 0,
+            firsts: Vec::new(),
+            pause_after: None,
+            paused_until: 0,
+            last_heartbeat: 0,
+        }
+    }
+
+    fn add_sub(&mut self, a: LineModel, b: LineModel, attach_after: u64) -> usize {
+        self.subs.push(Sub {
+            state: SubscriberState::new(sub_config()),
+            app: Book::default(),
+            lines: [a, b],
+            attach_after,
+            injected: Injected::default(),
+            events: Vec::new(),
+            not_available: Vec::new(),
+        });
+        self.subs.len() - 1
+    }
+
+    fn schedule(&mut self, at: u64, sub: usize, ev: Ev) {
+        self.queue.insert((at, self.next_id), (sub, ev));
+        self.next_id += 1;
+    }
+
+    /// Multicasts one datagram on both lines to every attached subscriber.
+    fn multicast(&mut self, bytes: Vec<u8>) {
+        let d = Datagram::parse(&bytes).expect("publisher output parses");
+        let data = !d.is_heartbeat();
+        let index = self.datagrams_sent;
+        if data {
+            self.firsts.push(d.first_seq());
+            self.datagrams_sent += 1;
+            if self.pause_after.is_some_and(|(after, _)| index == after) {
+                self.paused_until = self.now + self.pause_after.map_or(0, |p| p.1);
+            }
+        }
+        let published = self.publisher.counters().messages;
+        for s in 0..self.subs.len() {
+            if published < self.subs[s].attach_after {
+                continue;
+            }
+            let mut copies = 0;
+            for (li, line) in [Line::A, Line::B].into_iter().enumerate() {
+                let m = self.subs[s].lines[li];
+                // An outage cuts heartbeats too (up to the first datagram after it).
+                let in_outage = m.outage.is_some_and(|(a, b)| {
+                    (a..b).contains(&index) || (!data && (a..=b).contains(&index))
+                });
+                if m.cut || in_outage || self.rng.gen_bool(m.drop) {
+                    self.subs[s].injected.dropped[li] += 1;
+                    continue;
+                }
+                let mut at = self.now + LINE_LATENCY;
+                if self.rng.gen_bool(m.reorder) {
+                    at += self.rng.gen_range(1_000..20_000);
+                    self.subs[s].injected.reordered += 1;
+                }
+                self.schedule(at, s, Ev::Datagram(line, bytes.clone()));
+                self.subs[s].injected.delivered[li] += 1;
+                copies += 1;
+                if self.rng.gen_bool(m.dup) {
+                    self.schedule(at + 1_000, s, Ev::Datagram(line, bytes.clone()));
+                    self.subs[s].injected.delivered[li] += 1;
+                    if data {
+                        self.subs[s].injected.dups[li] += 1;
+                    }
+                }
+            }
+            if data && copies == 0 {
+                self.subs[s].injected.lost_datagrams += 1;
+                self.subs[s].injected.lost_messages += u64::from(d.count());
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some(d) = self.publisher.flush() {
+            let d = d.to_vec();
+            self.multicast(d);
+        }
+    }
+
+    fn publish_one(&mut self) {
+        let len = self.msg_rng.gen_range(1..=60);
+        let mut msg = [0u8; 60];
+        self.msg_rng.fill(&mut msg[..len]);
+        let seq = loop {
+            match self.publisher.publish(&msg[..len]) {
+                Ok(seq) => break seq,
+                Err(ClaimError::Full) => self.flush(),
+                Err(e) => panic!("{e}"),
+            }
+        };
+        // The reference application is fed losslessly: it is the snapshot
+        // server and the state every subscriber must converge to.
+        self.reference.on_message(seq, &msg[..len]);
+    }
+
+    /// The RC peer of subscriber `s`: publisher history and snapshot server.
+    fn serve(&mut self, s: usize, bytes: &[u8]) {
+        let mut replies: Vec<Vec<u8>> = Vec::new();
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let (msg, used) = wire::decode_recovery(rest).expect("subscriber output decodes");
+            rest = &rest[used..];
+            match msg {
+                RecoveryMsg::RetransmitRequest(req) => {
+                    let not_available = &mut self.subs[s].not_available;
+                    self.publisher.answer_retransmit(&req, |r| {
+                        let mut buf = vec![0u8; MAX_DATAGRAM + 64];
+                        let n = match r {
+                            RetransmitReply::Data(d) => {
+                                wire::encode_retransmit_data(&mut buf, CHANNEL, SESSION, d)
+                            }
+                            RetransmitReply::NotAvailable(na) => {
+                                not_available.push(na);
+                                na.encode(&mut buf)
+                            }
+                        }
+                        .expect("fits");
+                        buf.truncate(n);
+                        replies.push(buf);
+                    });
+                }
+                RecoveryMsg::SnapshotRequest { channel, .. } => {
+                    assert_eq!(channel, CHANNEL);
+                    let mut state = Vec::new();
+                    self.reference.write_snapshot(&mut state);
+                    let seq = self.reference.snapshot_seq();
+                    encode_snapshot(CHANNEL, SESSION, seq, &state, 900, |m| {
+                        replies.push(m.to_vec())
+                    });
+                }
+                other => panic!("unexpected request {other:?}"),
+            }
+        }
+        for r in replies {
+            self.schedule(self.now + RC_LATENCY, s, Ev::ToSubscriber(r));
+        }
+    }
+
+    /// Drains the subscribers' outputs after an input or a timeout.
+    fn collect_outputs(&mut self, s: usize) {
+        let sub = &mut self.subs[s];
+        if sub.state.poll_timeout().is_some_and(|t| t <= self.now) {
+            sub.state.handle_timeout(self.now);
+        }
+        while let Some(ev) = sub.state.poll_event() {
+            sub.events.push(ev);
+        }
+        let mut out = Vec::new();
+        while let Some(req) = sub.state.poll_transmit() {
+            let mut buf = [0u8; 64];
+            let n = req.encode(&mut buf).expect("fits");
+            if let Request::Retransmit(r) = req {
+                assert!(r.count > 0);
+            }
+            out.push(buf[..n].to_vec());
+        }
+        for o in out {
+            self.schedule(self.now + RC_LATENCY, s, Ev::ToServer(o));
+        }
+    }
+
+    fn deliver_due(&mut self) {
+        while let Some(entry) = self.queue.first_entry() {
+            if entry.key().0 > self.now {
+                break;
+            }
+            let (s, ev) = entry.remove();
+            match ev {
+                Ev::Datagram(line, bytes) => {
+                    let sub = &mut self.subs[s];
+                    sub.state.on_datagram(self.now, line, &bytes, &mut sub.app);
+                }
+                Ev::ToSubscriber(bytes) => {
+                    let sub = &mut self.subs[s];
+                    sub.state.on_recovery(self.now, &bytes, &mut sub.app);
+                }
+                Ev::ToServer(bytes) => self.serve(s, &bytes),
+            }
+            self.collect_outputs(s);
+        }
+    }
+
+    /// Publishes `n` messages, one per 100 ns, then runs until every
+    /// subscriber has delivered everything (or a time limit is hit).
+    fn run(&mut self, n: u64) {
+        let target = self.publisher.next_seq() + n;
+        while self.publisher.next_seq() < target {
+            if self.now >= self.paused_until {
+                self.publish_one();
+            }
+            self.tick();
+        }
+        self.flush();
+        let deadline = self.now + 100_000_000;
+        let end = self.publisher.next_seq();
+        while !self.subs.iter().all(|s| {
+            s.state.phase() == Phase::Live && s.state.next_seq() == end && self.queue.is_empty()
+        }) {
+            assert!(self.now < deadline, "did not converge: {:?}", self.report());
+            self.tick();
+        }
+    }
+
+    fn tick(&mut self) {
+        if let Some(d) = self.publisher.poll_flush(self.now) {
+            let d = d.to_vec();
+            self.multicast(d);
+        }
+        if self.now - self.last_heartbeat >= HEARTBEAT_EVERY {
+            self.last_heartbeat = self.now;
+            let hb = self.publisher.heartbeat().to_vec();
+            self.multicast(hb);
+        }
+        self.deliver_due();
+        for s in 0..self.subs.len() {
+            self.collect_outputs(s);
+        }
+        self.now += STEP;
+    }
+
+    fn report(&self) -> Vec<String> {
+        self.subs
+            .iter()
+            .map(|s| {
+                format!(
+                    "phase {:?} next {} of {} counters {:?} injected {:?} events {:?}",
+                    s.state.phase(),
+                    s.state.next_seq(),
+                    self.publisher.next_seq(),
+                    s.state.counters(),
+                    s.injected,
+                    s.events
+                )
+            })
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Scenarios.
+// ---------------------------------------------------------------------------
+
+const N: u64 = 50_000;
+
+/// Every message exactly once, in order (the Book asserts order), same count
+/// and checksum as the publisher's, and no resync.
+fn assert_lossless(sim: &Sim, s: usize) {
+    let sub = &sim.subs[s];
+    assert_eq!(sub.app.state, sim.reference.state, "{:?}", sim.report());
+    assert_eq!(sub.app.state.count, sim.publisher.counters().messages);
+    let c = sub.state.counters();
+    assert_eq!(c.delivered, sim.publisher.counters().messages);
+    assert_eq!(c.unrecoverable, 0);
+    assert_eq!(c.snapshots_applied, 0);
+    assert!(sub.events.is_empty(), "{:?}", sub.events);
+    assert_eq!(c.malformed_dropped + c.foreign_dropped, 0);
+}
+
+/// Counters that must match the injected faults exactly or bound them.
+fn assert_counters_match(sim: &Sim, s: usize) {
+    let sub = &sim.subs[s];
+    let (c, inj) = (sub.state.counters(), sub.injected);
+    assert_eq!(c.received_a, inj.delivered[0]);
+    assert_eq!(c.received_b, inj.delivered[1]);
+    // Messages lost on every line can only have come back by retransmission.
+    assert!(c.messages_recovered >= inj.lost_messages, "{c:?} {inj:?}");
+    if inj.lost_datagrams > 0 {
+        assert!(c.gaps_detected >= 1);
+        assert!(c.gaps_detected <= inj.lost_datagrams + inj.reordered);
+        assert!(c.retransmit_requests >= 1);
+    }
+    assert!(c.received_retransmit >= inj.lost_datagrams);
+    assert!(sim.publisher.counters().retransmitted_datagrams >= inj.lost_datagrams);
+    assert!(c.max_buffered as usize <= sub_config().max_buffered);
+    assert_eq!(sub.state.outstanding(), 0);
+    assert_eq!(sub.state.buffered(), 0);
+}
+
+#[test]
+fn one_percent_loss_with_reorder_and_duplicates() {
+    let mut sim = Sim::new(1, 4096);
+    let a = LineModel {
+        drop: 0.01,
+        reorder: 0.01,
+        dup: 0.01,
+        ..Default::default()
+    };
+    sim.add_sub(a, LineModel::cut(), 0);
+    sim.run(N);
+    assert_lossless(&sim, 0);
+    assert_counters_match(&sim, 0);
+    let (c, inj) = (sim.subs[0].state.counters(), sim.subs[0].injected);
+    assert!(inj.lost_datagrams > 10 && inj.dups[0] > 10 && inj.reordered > 10);
+    assert!(c.duplicates_a >= inj.dups[0]);
+    assert!(c.out_of_order_buffered > 0);
+}
+
+#[test]
+fn ten_percent_loss_recovery_counts_match_exactly() {
+    let mut sim = Sim::new(2, 4096);
+    let a = LineModel {
+        drop: 0.10,
+        dup: 0.02,
+        ..Default::default()
+    };
+    sim.add_sub(a, LineModel::cut(), 0);
+    sim.run(N);
+    assert_lossless(&sim, 0);
+    assert_counters_match(&sim, 0);
+    let (c, inj) = (sim.subs[0].state.counters(), sim.subs[0].injected);
+    // Without reordering, what was lost is exactly what was recovered, and
+    // every injected duplicate is dropped as one.
+    assert_eq!(c.messages_recovered, inj.lost_messages);
+    assert_eq!(c.duplicates_a, inj.dups[0]);
+    assert!(inj.lost_datagrams > 100);
+}
+
+#[test]
+fn ab_thirty_and_one_percent_deliver_everything() {
+    let mut sim = Sim::new(3, 4096);
+    let a = LineModel {
+        drop: 0.30,
+        reorder: 0.01,
+        ..Default::default()
+    };
+    let b = LineModel {
+        drop: 0.01,
+        reorder: 0.01,
+        ..Default::default()
+    };
+    sim.add_sub(a, b, 0);
+    sim.run(N);
+    assert_lossless(&sim, 0);
+    assert_counters_match(&sim, 0);
+    let (c, inj) = (sim.subs[0].state.counters(), sim.subs[0].injected);
+    assert!(inj.dropped[0] > 1000);
+    // Arbitration: most of A's losses were covered by B without recovery.
+    assert!(c.messages_recovered < c.delivered / 50, "{c:?}");
+    assert!(c.duplicates_a + c.duplicates_b > 0);
+}
+
+#[test]
+fn ab_one_line_cut_stream_continues() {
+    let mut sim = Sim::new(4, 4096);
+    sim.add_sub(LineModel::cut(), LineModel::lossy(0.01), 0);
+    sim.add_sub(LineModel::lossy(0.01), LineModel::cut(), 0);
+    sim.run(N);
+    for s in 0..2 {
+        assert_lossless(&sim, s);
+        assert_counters_match(&sim, s);
+    }
+    assert_eq!(sim.subs[0].state.counters().received_a, 0);
+    assert_eq!(sim.subs[1].state.counters().received_b, 0);
+}
+
+#[test]
+fn history_too_small_raises_exact_loss_then_resyncs() {
+    let depth = 16;
+    let mut sim = Sim::new(5, depth);
+    // Both lines lose datagrams [100, 400); the publisher then pauses so
+    // its history at request time is exactly datagrams [385, 401).
+    let outage = LineModel {
+        outage: Some((100, 400)),
+        ..Default::default()
+    };
+    sim.add_sub(outage, outage, 0);
+    let lossless = sim.add_sub(LineModel::default(), LineModel::cut(), 0);
+    sim.pause_after = Some((400, 500_000));
+    sim.run(N);
+
+    let expected_from = sim.firsts[100];
+    let expected_to = sim.firsts[401 - depth];
+    let sub = &sim.subs[0];
+    assert_eq!(
+        sub.events[..3],
+        [
+            Event::UnrecoverableLoss {
+                from: expected_from,
+                to: expected_to
+            },
+            Event::ResyncStarted,
+            Event::SnapshotApplied {
+                seq: sim.firsts[401] - 1
+            },
+        ],
+        "{:?}",
+        sim.report()
+    );
+    assert_eq!(sub.not_available[0].oldest_available, expected_to);
+    let c = sub.state.counters();
+    assert_eq!((c.unrecoverable, c.snapshots_applied), (1, 1));
+    // Same final state as the subscriber that lost nothing.
+    assert_eq!(sub.app.state, sim.subs[lossless].app.state);
+    assert_lossless(&sim, lossless);
+}
+
+#[test]
+fn late_join_after_100k_converges() {
+    let mut sim = Sim::new(6, 4096);
+    let a = LineModel::lossy(0.01);
+    let early = sim.add_sub(a, LineModel::lossy(0.01), 0);
+    let late = sim.add_sub(a, LineModel::lossy(0.01), 100_000);
+    sim.run(120_000);
+    assert_lossless(&sim, early);
+    let sub = &sim.subs[late];
+    assert_eq!(sub.app.state, sim.subs[early].app.state);
+    assert_eq!(sub.app.state.count, 120_000);
+    let c = sub.state.counters();
+    assert_eq!(c.snapshots_applied, 1);
+    assert_eq!(c.unrecoverable, 0);
+    assert!(c.delivered < 25_000, "late joiner saw only the tail: {c:?}");
+    assert_eq!(sub.events[0], Event::ResyncStarted);
+}
