@@ -1,1 +1,31 @@
-//! placeholder
+//! feed-handler: NASDAQ TotalView-ITCH 5.0 over MoldUDP64 into order books and normalized market data.
+//!
+//! Layers, each usable alone: [`itch`] (zerocopy message views), [`binaryfile`] and
+//! [`moldudp64`] (framing; the gap tracker is I/O-free), [`book`] (full-depth books, L2, BBO,
+//! snapshots), [`normalized`] and [`publish`] (what goes on the bus, through the [`publish::MdSink`]
+//! seam), [`generate`] (synthetic days), [`udp`] (host-stack sockets for replay and receive).
+//!
+//! ```no_run
+//! use feed_handler::binaryfile::Reader;
+//! use feed_handler::book::{Book, Event};
+//!
+//! let data = std::fs::read("capture.itch50")?;
+//! let mut book = Book::new();
+//! for message in Reader::new(&data)?.flatten() {
+//!     book.apply(&message, &mut |event: &Event| println!("{event:?}"));
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod badinput;
+pub mod binaryfile;
+pub mod book;
+pub mod config;
+pub mod generate;
+pub mod itch;
+pub mod moldudp64;
+pub mod normalized;
+pub mod publish;
+pub mod udp;

@@ -1,0 +1,350 @@
+//! Sequencing and gap recovery for one MoldUDP64 session, as an I/O-free state machine.
+//!
+//! Feed it packets with [`GapTracker::on_packet`]; it hands messages to the caller strictly
+//! in sequence order. Packets ahead of a gap are copied into a bounded buffer (the only
+//! allocation, and only while a gap is open); in-order packets are delivered straight from
+//! the caller's bytes. [`GapTracker::poll_request`] says which re-request to send,
+//! [`GapTracker::next_timeout`] when to call [`GapTracker::handle_timeout`], which retries
+//! and finally gives a gap up as lost (counted) so the stream does not stall forever.
+
+use super::{Kind, Packet, PacketError, Request};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Where the tracker starts expecting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartPolicy {
+    /// At the first packet seen (a late joiner recovers state from a snapshot instead).
+    FirstSeen,
+    /// At this sequence number (1 to recover the whole session).
+    Sequence(u64),
+}
+
+/// Tuning of a [`GapTracker`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GapConfig {
+    /// Where to start.
+    pub start: StartPolicy,
+    /// How long to wait for a re-request's answer before asking again.
+    pub retransmit_timeout: Duration,
+    /// Re-sends of one request before its gap is given up as lost.
+    pub max_retries: u32,
+    /// Largest count asked in one request.
+    pub max_request_count: u16,
+    /// Bytes of out-of-order packets kept while a gap is open; later packets are dropped
+    /// (and re-requested once the gap before them closes).
+    pub max_buffered_bytes: usize,
+}
+
+impl Default for GapConfig {
+    fn default() -> Self {
+        Self {
+            start: StartPolicy::Sequence(1),
+            retransmit_timeout: Duration::from_millis(50),
+            max_retries: 5,
+            max_request_count: 1000,
+            max_buffered_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Totals kept by a [`GapTracker`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Packets accepted (any kind, right session).
+    pub packets: u64,
+    /// Messages delivered.
+    pub messages: u64,
+    /// Heartbeats seen.
+    pub heartbeats: u64,
+    /// Packets carrying only messages already delivered.
+    pub duplicates: u64,
+    /// Gaps detected (a packet or heartbeat beyond the highest sequence seen).
+    pub gaps: u64,
+    /// Re-requests sent (including retries).
+    pub requests: u64,
+    /// Messages asked for in those requests.
+    pub re_requested: u64,
+    /// Messages delivered that had been missing when a later packet arrived.
+    pub recovered: u64,
+    /// Requests that timed out.
+    pub timeouts: u64,
+    /// Messages given up as lost after the retries ran out.
+    pub lost: u64,
+    /// Packets that were not valid MoldUDP64.
+    pub malformed: u64,
+    /// Packets of another session.
+    pub wrong_session: u64,
+    /// Out-of-order packets dropped because the buffer was full.
+    pub buffer_overflows: u64,
+}
+
+/// What became of one packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Its new messages (if any) were delivered.
+    Delivered,
+    /// It is ahead of a gap and was kept for later.
+    Buffered,
+    /// Ahead of a gap, and the buffer was full: dropped, will be re-requested.
+    Dropped,
+    /// Everything in it had been delivered already.
+    Duplicate,
+    /// It belongs to another session: ignored.
+    WrongSession,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Outstanding {
+    from: u64,
+    count: u16,
+    sent_at: Instant,
+    attempts: u32,
+    resend: bool,
+}
+
+/// Sequencing and gap recovery for one MoldUDP64 session. See the module docs.
+#[derive(Debug)]
+pub struct GapTracker {
+    config: GapConfig,
+    session: Option<[u8; 10]>,
+    /// Next sequence number to deliver; `None` until the first packet.
+    next: Option<u64>,
+    /// One past the highest sequence number known to exist.
+    high: u64,
+    buffer: BTreeMap<u64, Vec<u8>>,
+    buffered_bytes: usize,
+    outstanding: Option<Outstanding>,
+    ended: bool,
+    counters: Counters,
+}
+
+impl GapTracker {
+    /// A tracker that has seen nothing yet.
+    pub fn new(config: GapConfig) -> Self {
+        let next = match config.start {
+            StartPolicy::FirstSeen => None,
+            StartPolicy::Sequence(s) => Some(s),
+        };
+        Self {
+            config,
+            session: None,
+            next,
+            high: next.unwrap_or(0),
+            buffer: BTreeMap::new(),
+            buffered_bytes: 0,
+            outstanding: None,
+            ended: false,
+            counters: Counters::default(),
+        }
+    }
+
+    /// Totals so far.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The session, once a packet has been seen.
+    pub fn session(&self) -> Option<[u8; 10]> {
+        self.session
+    }
+
+    /// Next sequence number to be delivered.
+    pub fn next_sequence(&self) -> Option<u64> {
+        self.next
+    }
+
+    /// The end of session was seen and every message before it delivered (or given up).
+    pub fn is_complete(&self) -> bool {
+        self.ended && self.next.is_some_and(|n| n >= self.high)
+    }
+
+    /// Feeds one received packet; new messages go to `deliver(sequence_number, message)` in order.
+    pub fn on_packet(
+        &mut self,
+        _now: Instant,
+        bytes: &[u8],
+        deliver: &mut impl FnMut(u64, &[u8]),
+    ) -> Result<Outcome, PacketError> {
+        let packet = match Packet::parse(bytes) {
+            Ok(p) => p,
+            Err(e) => {
+                self.counters.malformed += 1;
+                return Err(e);
+            }
+        };
+        match self.session {
+            None => self.session = Some(packet.session()),
+            Some(s) if s != packet.session() => {
+                self.counters.wrong_session += 1;
+                return Ok(Outcome::WrongSession);
+            }
+            Some(_) => {}
+        }
+        self.counters.packets += 1;
+        match packet.kind() {
+            Kind::Heartbeat => self.counters.heartbeats += 1,
+            Kind::EndOfSession => self.ended = true,
+            Kind::Data => {}
+        }
+        let seq = packet.sequence_number();
+        let end = packet.end_sequence();
+        let next = *self.next.get_or_insert(seq);
+        if self.high < next {
+            self.high = next;
+        }
+        let high_before = self.high;
+        if seq > self.high {
+            self.counters.gaps += 1;
+        }
+        self.high = self.high.max(end);
+
+        if end <= next {
+            if packet.kind() == Kind::Data {
+                self.counters.duplicates += 1;
+                return Ok(Outcome::Duplicate);
+            }
+            return Ok(Outcome::Delivered);
+        }
+        if seq > next {
+            if self.buffer.contains_key(&seq) {
+                self.counters.duplicates += 1;
+                return Ok(Outcome::Duplicate);
+            }
+            if self.buffered_bytes + bytes.len() > self.config.max_buffered_bytes {
+                self.counters.buffer_overflows += 1;
+                return Ok(Outcome::Dropped);
+            }
+            self.buffered_bytes += bytes.len();
+            self.buffer.insert(seq, bytes.to_vec());
+            return Ok(Outcome::Buffered);
+        }
+        let delivered = self.deliver_from(&packet, deliver);
+        if seq < high_before {
+            // Part of this packet lay below what we already knew existed: it filled a gap.
+            self.counters.recovered += delivered;
+        }
+        self.drain_buffer(deliver);
+        self.settle_outstanding();
+        Ok(Outcome::Delivered)
+    }
+
+    /// Delivers the messages of `packet` at or after `next`, advancing it; returns how many.
+    fn deliver_from(&mut self, packet: &Packet<'_>, deliver: &mut impl FnMut(u64, &[u8])) -> u64 {
+        let Some(next) = self.next else { return 0 };
+        let seq = packet.sequence_number();
+        let skip = next.saturating_sub(seq);
+        let mut n = 0;
+        for (i, m) in packet.messages().enumerate() {
+            let s = seq + i as u64;
+            if (i as u64) < skip {
+                continue;
+            }
+            deliver(s, m);
+            n += 1;
+        }
+        self.counters.messages += n;
+        self.next = Some(next.max(packet.end_sequence()));
+        n
+    }
+
+    fn drain_buffer(&mut self, deliver: &mut impl FnMut(u64, &[u8])) {
+        while let Some(entry) = self.buffer.first_entry() {
+            let next = self.next.unwrap_or(0);
+            if *entry.key() > next {
+                break;
+            }
+            let bytes = entry.remove();
+            self.buffered_bytes -= bytes.len();
+            // Buffered bytes were parsed once already; parsing again cannot fail.
+            if let Ok(p) = Packet::parse(&bytes) {
+                self.deliver_from(&p, deliver);
+            }
+        }
+    }
+
+    /// Drops the outstanding request once everything it asked for has arrived.
+    fn settle_outstanding(&mut self) {
+        if let (Some(o), Some(next)) = (self.outstanding, self.next) {
+            if next >= o.from + u64::from(o.count) {
+                self.outstanding = None;
+            }
+        }
+    }
+
+    /// End of the first missing range: the first buffered packet, or the highest known.
+    fn gap_end(&self) -> u64 {
+        self.buffer
+            .keys()
+            .next()
+            .copied()
+            .unwrap_or(self.high)
+            .min(self.high)
+    }
+
+    /// A re-request to send now, if a gap is open and no request is waiting for its answer.
+    pub fn poll_request(&mut self, now: Instant) -> Option<Request> {
+        let session = self.session?;
+        let next = self.next?;
+        let gap_end = self.gap_end();
+        if next >= gap_end {
+            return None;
+        }
+        let count = u16::try_from(gap_end - next)
+            .unwrap_or(u16::MAX)
+            .min(self.config.max_request_count);
+        let attempts = match self.outstanding {
+            None => 1,
+            Some(o) if o.resend => o.attempts,
+            Some(_) => return None,
+        };
+        self.outstanding = Some(Outstanding {
+            from: next,
+            count,
+            sent_at: now,
+            attempts,
+            resend: false,
+        });
+        self.counters.requests += 1;
+        self.counters.re_requested += u64::from(count);
+        Some(Request {
+            session,
+            sequence_number: next,
+            count,
+        })
+    }
+
+    /// When [`Self::handle_timeout`] should next be called.
+    pub fn next_timeout(&self) -> Option<Instant> {
+        self.outstanding
+            .filter(|o| !o.resend)
+            .map(|o| o.sent_at + self.config.retransmit_timeout)
+    }
+
+    /// Handles an expired request: arranges a retry, or after `max_retries` gives the
+    /// missing range up as lost, skips it and delivers what was buffered after it.
+    pub fn handle_timeout(&mut self, now: Instant, deliver: &mut impl FnMut(u64, &[u8])) {
+        let Some(mut o) = self.outstanding else {
+            return;
+        };
+        if o.resend || now < o.sent_at + self.config.retransmit_timeout {
+            return;
+        }
+        self.counters.timeouts += 1;
+        if o.attempts <= self.config.max_retries {
+            o.attempts += 1;
+            o.resend = true;
+            self.outstanding = Some(o);
+            return;
+        }
+        self.outstanding = None;
+        let gap_end = self.gap_end();
+        if let Some(next) = self.next {
+            if gap_end > next {
+                self.counters.lost += gap_end - next;
+                self.next = Some(gap_end);
+                self.drain_buffer(deliver);
+            }
+        }
+    }
+}

@@ -1,0 +1,325 @@
+use super::*;
+use std::time::{Duration, Instant};
+
+/// Session "SESS000001", sequence 5, two messages: "ab" and "xyz".
+#[rustfmt::skip]
+static PACKET_BYTES: [u8; 29] = [
+    b'S', b'E', b'S', b'S', b'0', b'0', b'0', b'0', b'0', b'1', // session
+    0, 0, 0, 0, 0, 0, 0, 5,                                     // sequence number
+    0, 2,                                                       // message count
+    0, 2, b'a', b'b',                                           // block 1
+    0, 3, b'x', b'y', b'z',                                     // block 2
+];
+
+#[test]
+fn parses_fixed_packet() {
+    let p = Packet::parse(&PACKET_BYTES).expect("valid");
+    assert_eq!(&p.session(), b"SESS000001");
+    assert_eq!(p.sequence_number(), 5);
+    assert_eq!(p.kind(), Kind::Data);
+    assert_eq!(p.message_count(), 2);
+    assert_eq!(p.end_sequence(), 7);
+    let msgs: Vec<&[u8]> = p.messages().collect();
+    assert_eq!(msgs, [&b"ab"[..], &b"xyz"[..]]);
+}
+
+#[test]
+fn builder_writes_the_fixed_packet() {
+    let mut b = PacketBuilder::new(1400);
+    b.start(session("SESS000001"), 5);
+    b.push(b"ab").expect("fits");
+    b.push(b"xyz").expect("fits");
+    assert_eq!(b.bytes(), &PACKET_BYTES[..]);
+    // A packet limited to 26 bytes takes "ab" (24) but not "xyz" (+5).
+    let mut small = PacketBuilder::new(26);
+    small.start(session("SESS000001"), 5);
+    small.push(b"ab").expect("fits");
+    assert_eq!(small.push(b"xyz"), Err(Full));
+    assert_eq!(small.count(), 1);
+}
+
+#[test]
+fn heartbeat_and_end_of_session() {
+    let hb = empty_packet(session("S"), 42, HEARTBEAT);
+    let p = Packet::parse(&hb).expect("valid");
+    assert_eq!(
+        (p.kind(), p.sequence_number(), p.message_count()),
+        (Kind::Heartbeat, 42, 0)
+    );
+    assert_eq!(p.messages().count(), 0);
+    let eos = empty_packet(session("S"), 42, END_OF_SESSION);
+    let p = Packet::parse(&eos).expect("valid");
+    assert_eq!((p.kind(), p.end_sequence()), (Kind::EndOfSession, 42));
+    let mut eos_with_tail = eos.to_vec();
+    eos_with_tail.push(0);
+    assert_eq!(
+        Packet::parse(&eos_with_tail).err(),
+        Some(PacketError::TrailingBytes(1))
+    );
+}
+
+#[test]
+fn malformed_packets_are_errors() {
+    assert_eq!(
+        Packet::parse(&PACKET_BYTES[..19]).err(),
+        Some(PacketError::TooShort(19))
+    );
+    assert_eq!(
+        Packet::parse(&PACKET_BYTES[..28]).err(),
+        Some(PacketError::CountMismatch {
+            declared: 2,
+            found: 1
+        })
+    );
+    let mut more = PACKET_BYTES;
+    more[19] = 3; // declares 3 messages, holds 2
+    assert_eq!(
+        Packet::parse(&more).err(),
+        Some(PacketError::CountMismatch {
+            declared: 3,
+            found: 2
+        })
+    );
+    let mut trailing = PACKET_BYTES.to_vec();
+    trailing.push(7);
+    assert_eq!(
+        Packet::parse(&trailing).err(),
+        Some(PacketError::TrailingBytes(1))
+    );
+    let mut overflow = PACKET_BYTES;
+    overflow[10..18].copy_from_slice(&u64::MAX.to_be_bytes());
+    assert_eq!(
+        Packet::parse(&overflow).err(),
+        Some(PacketError::SequenceOverflow)
+    );
+    for n in 0..PACKET_BYTES.len() {
+        let _ = Packet::parse(&PACKET_BYTES[..n]).map(|p| p.messages().count());
+    }
+}
+
+#[test]
+fn request_roundtrip() {
+    let r = Request {
+        session: session("SESS000001"),
+        sequence_number: 5,
+        count: 2,
+    };
+    let bytes = r.encode();
+    assert_eq!(&bytes[..], &PACKET_BYTES[..20]);
+    assert_eq!(Request::parse(&bytes), Ok(r));
+    assert_eq!(Request::parse(&bytes[..19]), Err(PacketError::TooShort(19)));
+    assert_eq!(
+        Request::parse(&PACKET_BYTES),
+        Err(PacketError::TrailingBytes(9))
+    );
+}
+
+/// Packets of one message each: message `s` is the 8 bytes of `s`.
+fn packet(seq: u64, count: u16) -> Vec<u8> {
+    let mut b = PacketBuilder::new(1400);
+    b.start(session("T"), seq);
+    for s in seq..seq + u64::from(count) {
+        b.push(&s.to_be_bytes()).expect("fits");
+    }
+    b.bytes().to_vec()
+}
+
+fn collect(out: &mut Vec<u64>) -> impl FnMut(u64, &[u8]) + '_ {
+    |seq, m| {
+        assert_eq!(m, seq.to_be_bytes(), "message matches its sequence number");
+        out.push(seq);
+    }
+}
+
+#[test]
+fn in_order_delivery_and_duplicates() {
+    let t = Instant::now();
+    let mut g = GapTracker::new(GapConfig::default());
+    let mut got = Vec::new();
+    assert_eq!(
+        g.on_packet(t, &packet(1, 3), &mut collect(&mut got)),
+        Ok(Outcome::Delivered)
+    );
+    assert_eq!(
+        g.on_packet(t, &packet(4, 2), &mut collect(&mut got)),
+        Ok(Outcome::Delivered)
+    );
+    assert_eq!(
+        g.on_packet(t, &packet(2, 2), &mut collect(&mut got)),
+        Ok(Outcome::Duplicate)
+    );
+    // Overlapping: only 6 is new.
+    assert_eq!(
+        g.on_packet(t, &packet(5, 2), &mut collect(&mut got)),
+        Ok(Outcome::Delivered)
+    );
+    assert_eq!(got, [1, 2, 3, 4, 5, 6]);
+    assert_eq!(g.poll_request(t), None);
+    let c = g.counters();
+    assert_eq!((c.packets, c.messages, c.duplicates, c.gaps), (4, 6, 1, 0));
+}
+
+#[test]
+fn gap_is_requested_buffered_and_recovered() {
+    let t = Instant::now();
+    let mut g = GapTracker::new(GapConfig::default());
+    let mut got = Vec::new();
+    g.on_packet(t, &packet(1, 2), &mut collect(&mut got))
+        .expect("ok");
+    // 3..=5 lost; 6..=7 arrives.
+    assert_eq!(
+        g.on_packet(t, &packet(6, 2), &mut collect(&mut got)),
+        Ok(Outcome::Buffered)
+    );
+    assert_eq!(got, [1, 2]);
+    let r = g.poll_request(t).expect("request");
+    assert_eq!((r.sequence_number, r.count), (3, 3));
+    assert_eq!(g.poll_request(t), None, "one request in flight");
+    // Retransmission arrives: everything flows, in order.
+    g.on_packet(t, &packet(3, 3), &mut collect(&mut got))
+        .expect("ok");
+    assert_eq!(got, [1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(g.next_timeout(), None, "request satisfied");
+    let c = *g.counters();
+    assert_eq!(
+        (c.gaps, c.requests, c.re_requested, c.recovered, c.messages),
+        (1, 1, 3, 3, 7)
+    );
+}
+
+#[test]
+fn heartbeat_reveals_tail_loss_and_end_of_session_completes() {
+    let t = Instant::now();
+    let mut g = GapTracker::new(GapConfig::default());
+    let mut got = Vec::new();
+    g.on_packet(t, &packet(1, 1), &mut collect(&mut got))
+        .expect("ok");
+    g.on_packet(
+        t,
+        &empty_packet(session("T"), 4, HEARTBEAT),
+        &mut collect(&mut got),
+    )
+    .expect("ok");
+    let r = g.poll_request(t).expect("request");
+    assert_eq!((r.sequence_number, r.count), (2, 2));
+    g.on_packet(
+        t,
+        &empty_packet(session("T"), 4, END_OF_SESSION),
+        &mut collect(&mut got),
+    )
+    .expect("ok");
+    assert!(!g.is_complete());
+    g.on_packet(t, &packet(2, 2), &mut collect(&mut got))
+        .expect("ok");
+    assert!(g.is_complete());
+    assert_eq!(got, [1, 2, 3]);
+    assert_eq!(g.counters().heartbeats, 1);
+}
+
+#[test]
+fn timeouts_retry_then_give_up() {
+    let t0 = Instant::now();
+    let cfg = GapConfig {
+        max_retries: 2,
+        retransmit_timeout: Duration::from_millis(10),
+        ..GapConfig::default()
+    };
+    let mut g = GapTracker::new(cfg);
+    let mut got = Vec::new();
+    g.on_packet(t0, &packet(1, 1), &mut collect(&mut got))
+        .expect("ok");
+    g.on_packet(t0, &packet(5, 1), &mut collect(&mut got))
+        .expect("ok");
+    let mut t = t0;
+    for attempt in 0..3 {
+        let r = g.poll_request(t).expect("request");
+        assert_eq!((r.sequence_number, r.count), (2, 3), "attempt {attempt}");
+        let due = g.next_timeout().expect("waiting");
+        assert_eq!(due, t + Duration::from_millis(10));
+        g.handle_timeout(due - Duration::from_millis(1), &mut collect(&mut got));
+        assert_eq!(g.poll_request(due), None, "not yet timed out");
+        t = due;
+        g.handle_timeout(t, &mut collect(&mut got));
+    }
+    // Third timeout: retries exhausted, 2..=4 lost, 5 delivered from the buffer.
+    assert_eq!(got, [1, 5]);
+    assert_eq!(g.poll_request(t), None);
+    let c = *g.counters();
+    assert_eq!((c.timeouts, c.requests, c.lost), (3, 3, 3));
+}
+
+#[test]
+fn wrong_session_and_malformed_are_counted() {
+    let t = Instant::now();
+    let mut g = GapTracker::new(GapConfig::default());
+    let mut got = Vec::new();
+    g.on_packet(t, &packet(1, 1), &mut collect(&mut got))
+        .expect("ok");
+    let mut other = packet(2, 1);
+    other[0] = b'U';
+    assert_eq!(
+        g.on_packet(t, &other, &mut collect(&mut got)),
+        Ok(Outcome::WrongSession)
+    );
+    assert!(g.on_packet(t, &[1, 2, 3], &mut collect(&mut got)).is_err());
+    let c = g.counters();
+    assert_eq!((c.wrong_session, c.malformed, c.messages), (1, 1, 1));
+}
+
+#[test]
+fn buffer_limit_drops_and_rerequests() {
+    let t = Instant::now();
+    let cfg = GapConfig {
+        max_buffered_bytes: 40,
+        ..GapConfig::default()
+    };
+    let mut g = GapTracker::new(cfg);
+    let mut got = Vec::new();
+    g.on_packet(t, &packet(1, 1), &mut collect(&mut got))
+        .expect("ok");
+    assert_eq!(
+        g.on_packet(t, &packet(3, 1), &mut collect(&mut got)),
+        Ok(Outcome::Buffered)
+    );
+    assert_eq!(
+        g.on_packet(t, &packet(4, 1), &mut collect(&mut got)),
+        Ok(Outcome::Dropped)
+    );
+    let r = g.poll_request(t).expect("request");
+    assert_eq!((r.sequence_number, r.count), (2, 1));
+    g.on_packet(t, &packet(2, 1), &mut collect(&mut got))
+        .expect("ok");
+    assert_eq!(got, [1, 2, 3]);
+    // 4 was dropped: asked for now.
+    let r = g.poll_request(t).expect("request");
+    assert_eq!((r.sequence_number, r.count), (4, 1));
+    assert_eq!(g.counters().buffer_overflows, 1);
+}
+
+#[test]
+fn retransmission_answers_from_history() {
+    let history: Vec<Vec<u8>> = (1..=10u64).map(|s| s.to_be_bytes().to_vec()).collect();
+    let mut b = PacketBuilder::new(20 + 3 * 10);
+    let req = Request {
+        session: session("T"),
+        sequence_number: 4,
+        count: 5,
+    };
+    let p = build_retransmission(&mut b, session("T"), 1, &history, &req).expect("answer");
+    let p = Packet::parse(p).expect("valid");
+    assert_eq!(
+        (p.sequence_number(), p.message_count()),
+        (4, 3),
+        "limited by packet size"
+    );
+    let out_of_range = Request {
+        sequence_number: 11,
+        ..req
+    };
+    assert!(build_retransmission(&mut b, session("T"), 1, &history, &out_of_range).is_none());
+    let before = Request {
+        sequence_number: 0,
+        ..req
+    };
+    assert!(build_retransmission(&mut b, session("T"), 1, &history, &before).is_none());
+}

@@ -1,0 +1,399 @@
+//! Normalized market-data messages: what the feed handler publishes on the bus.
+//!
+//! Owns the wire layout only. Every message is a `#[repr(C)]` zerocopy struct, all integers
+//! **little-endian** (our own frames use the host order of every machine we run on, x86_64
+//! and aarch64, so subscribers read fields without byte swapping), starting with a 20-byte
+//! [`Header`]. Prices keep ITCH's 4 implied decimals; timestamps are nanoseconds since
+//! midnight (exchange time). Each message names its symbol, so a subscriber needs no
+//! directory to use it.
+
+use crate::book::{Event, Level, Side};
+use crate::itch::Stock;
+use zerocopy::byteorder::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// Kind byte of a [`Bbo`].
+pub const KIND_BBO: u8 = 1;
+/// Kind byte of a [`LevelChange`].
+pub const KIND_LEVEL: u8 = 2;
+/// Kind byte of a [`Trade`].
+pub const KIND_TRADE: u8 = 3;
+/// Kind byte of a [`TradingStatus`].
+pub const KIND_STATUS: u8 = 4;
+
+/// Common header of every normalized message.
+#[derive(
+    FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct Header {
+    /// One of the `KIND_*` constants.
+    pub kind: u8,
+    /// Layout version, currently 1.
+    pub version: u8,
+    /// ITCH stock locate of the symbol (valid for the trading day).
+    pub stock_locate: U16,
+    /// Symbol, space padded.
+    pub stock: [u8; 8],
+    /// Exchange timestamp, nanoseconds since midnight.
+    pub timestamp: U64,
+}
+const _: () = assert!(core::mem::size_of::<Header>() == 20);
+
+/// Layout version written in [`Header::version`].
+pub const VERSION: u8 = 1;
+
+/// Best bid and offer. An empty side has price, shares and orders 0.
+#[derive(
+    FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct Bbo {
+    /// `kind` = [`KIND_BBO`].
+    pub header: Header,
+    /// Best bid price.
+    pub bid_price: U32,
+    /// Best ask price.
+    pub ask_price: U32,
+    /// Shares at the best bid.
+    pub bid_shares: U64,
+    /// Shares at the best ask.
+    pub ask_shares: U64,
+    /// Orders at the best bid.
+    pub bid_orders: U32,
+    /// Orders at the best ask.
+    pub ask_orders: U32,
+}
+const _: () = assert!(core::mem::size_of::<Bbo>() == 52);
+
+/// One price level after a change; shares 0 means the level is gone.
+#[derive(
+    FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct LevelChange {
+    /// `kind` = [`KIND_LEVEL`].
+    pub header: Header,
+    /// b'B' or b'S'.
+    pub side: u8,
+    /// Zero.
+    pub reserved: [u8; 3],
+    /// Price.
+    pub price: U32,
+    /// Total shares at the level.
+    pub shares: U64,
+    /// Orders at the level.
+    pub orders: U32,
+}
+const _: () = assert!(core::mem::size_of::<LevelChange>() == 40);
+
+/// A trade.
+#[derive(
+    FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct Trade {
+    /// `kind` = [`KIND_TRADE`].
+    pub header: Header,
+    /// Side of the resting order: b'B', b'S', or b' ' when unknown (crosses).
+    pub side: u8,
+    /// ITCH message type it came from: b'E', b'C', b'P' or b'Q'.
+    pub source: u8,
+    /// Zero.
+    pub reserved: [u8; 2],
+    /// Price.
+    pub price: U32,
+    /// Shares.
+    pub shares: U64,
+    /// Exchange match number.
+    pub match_number: U64,
+}
+const _: () = assert!(core::mem::size_of::<Trade>() == 44);
+
+/// A trading status change.
+#[derive(
+    FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct TradingStatus {
+    /// `kind` = [`KIND_STATUS`].
+    pub header: Header,
+    /// ITCH trading state: b'H' halted, b'P' paused, b'Q' quotation only, b'T' trading.
+    pub state: u8,
+    /// Zero.
+    pub reserved: [u8; 3],
+    /// ITCH reason code.
+    pub reason: [u8; 4],
+}
+const _: () = assert!(core::mem::size_of::<TradingStatus>() == 28);
+
+/// Largest normalized message, for stack buffers.
+pub const MAX_LEN: usize = 52;
+
+/// A decoded normalized message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum Normalized<'a> {
+    Bbo(&'a Bbo),
+    Level(&'a LevelChange),
+    Trade(&'a Trade),
+    Status(&'a TradingStatus),
+}
+
+/// Why bytes are not a normalized message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NormalizedError {
+    /// Unknown kind byte (or empty input).
+    #[error("unknown normalized message kind {0}")]
+    UnknownKind(u8),
+    /// Unknown layout version.
+    #[error("unsupported normalized message version {0}")]
+    Version(u8),
+    /// Length does not match the kind.
+    #[error("normalized message of kind {kind} has {len} bytes")]
+    Length {
+        /// Kind byte.
+        kind: u8,
+        /// Bytes given.
+        len: usize,
+    },
+}
+
+/// Decodes one normalized message (exact length).
+pub fn decode(bytes: &[u8]) -> Result<Normalized<'_>, NormalizedError> {
+    let kind = bytes.first().copied().unwrap_or(0);
+    let len_err = NormalizedError::Length {
+        kind,
+        len: bytes.len(),
+    };
+    if let Some(&v) = bytes.get(1) {
+        if v != VERSION {
+            return Err(NormalizedError::Version(v));
+        }
+    }
+    Ok(match kind {
+        KIND_BBO => Normalized::Bbo(Bbo::ref_from_bytes(bytes).map_err(|_| len_err)?),
+        KIND_LEVEL => Normalized::Level(LevelChange::ref_from_bytes(bytes).map_err(|_| len_err)?),
+        KIND_TRADE => Normalized::Trade(Trade::ref_from_bytes(bytes).map_err(|_| len_err)?),
+        KIND_STATUS => {
+            Normalized::Status(TradingStatus::ref_from_bytes(bytes).map_err(|_| len_err)?)
+        }
+        k => return Err(NormalizedError::UnknownKind(k)),
+    })
+}
+
+fn header(kind: u8, locate: u16, stock: Stock, timestamp: u64) -> Header {
+    Header {
+        kind,
+        version: VERSION,
+        stock_locate: U16::new(locate),
+        stock: stock.0,
+        timestamp: U64::new(timestamp),
+    }
+}
+
+/// Encodes a book event into `out`; returns the bytes written (no allocation).
+pub fn encode(event: &Event, out: &mut [u8; MAX_LEN]) -> usize {
+    fn put(out: &mut [u8; MAX_LEN], bytes: &[u8]) -> usize {
+        out[..bytes.len()].copy_from_slice(bytes);
+        bytes.len()
+    }
+    let side_byte = |s: Option<Side>| s.map_or(b' ', Side::to_itch);
+    match *event {
+        Event::Bbo {
+            locate,
+            stock,
+            timestamp,
+            bid,
+            ask,
+        } => {
+            let z = Level {
+                price: 0,
+                shares: 0,
+                orders: 0,
+            };
+            let (b, a) = (bid.unwrap_or(z), ask.unwrap_or(z));
+            let m = Bbo {
+                header: header(KIND_BBO, locate, stock, timestamp),
+                bid_price: U32::new(b.price),
+                ask_price: U32::new(a.price),
+                bid_shares: U64::new(b.shares),
+                ask_shares: U64::new(a.shares),
+                bid_orders: U32::new(b.orders),
+                ask_orders: U32::new(a.orders),
+            };
+            put(out, m.as_bytes())
+        }
+        Event::Level {
+            locate,
+            stock,
+            timestamp,
+            side,
+            level,
+        } => {
+            let m = LevelChange {
+                header: header(KIND_LEVEL, locate, stock, timestamp),
+                side: side.to_itch(),
+                reserved: [0; 3],
+                price: U32::new(level.price),
+                shares: U64::new(level.shares),
+                orders: U32::new(level.orders),
+            };
+            put(out, m.as_bytes())
+        }
+        Event::Trade {
+            locate,
+            stock,
+            timestamp,
+            side,
+            price,
+            shares,
+            match_number,
+            source,
+        } => {
+            let m = Trade {
+                header: header(KIND_TRADE, locate, stock, timestamp),
+                side: side_byte(side),
+                source,
+                reserved: [0; 2],
+                price: U32::new(price),
+                shares: U64::new(shares),
+                match_number: U64::new(match_number),
+            };
+            put(out, m.as_bytes())
+        }
+        Event::TradingStatus {
+            locate,
+            stock,
+            timestamp,
+            state,
+            reason,
+        } => {
+            let m = TradingStatus {
+                header: header(KIND_STATUS, locate, stock, timestamp),
+                state,
+                reserved: [0; 3],
+                reason,
+            };
+            put(out, m.as_bytes())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A level change: bid 10.0100 x 150, 1 order, AAPL locate 1 at 1000 ns.
+    #[rustfmt::skip]
+    static LEVEL_BYTES: [u8; 40] = [
+        KIND_LEVEL, VERSION, 1, 0,                 // kind, version, locate (LE)
+        b'A', b'A', b'P', b'L', b' ', b' ', b' ', b' ',
+        0xe8, 0x03, 0, 0, 0, 0, 0, 0,              // timestamp 1000
+        b'B', 0, 0, 0,                             // side, reserved
+        0x04, 0x87, 0x01, 0x00,                    // price 100100
+        150, 0, 0, 0, 0, 0, 0, 0,                  // shares
+        1, 0, 0, 0,                                // orders
+    ];
+
+    #[test]
+    fn level_change_fixed_bytes() {
+        let e = Event::Level {
+            locate: 1,
+            stock: Stock::new("AAPL"),
+            timestamp: 1000,
+            side: Side::Bid,
+            level: Level {
+                price: 100_100,
+                shares: 150,
+                orders: 1,
+            },
+        };
+        let mut buf = [0u8; MAX_LEN];
+        let n = encode(&e, &mut buf);
+        assert_eq!(&buf[..n], &LEVEL_BYTES[..]);
+        let Ok(Normalized::Level(m)) = decode(&LEVEL_BYTES) else {
+            panic!("level")
+        };
+        assert_eq!(
+            (m.price.get(), m.shares.get(), m.orders.get(), m.side),
+            (100_100, 150, 1, b'B')
+        );
+    }
+
+    #[test]
+    fn every_kind_roundtrips() {
+        let stock = Stock::new("MSFT");
+        let events = [
+            Event::Bbo {
+                locate: 3,
+                stock,
+                timestamp: 5,
+                bid: Some(Level {
+                    price: 10,
+                    shares: 20,
+                    orders: 2,
+                }),
+                ask: None,
+            },
+            Event::Trade {
+                locate: 3,
+                stock,
+                timestamp: 6,
+                side: None,
+                price: 11,
+                shares: 1 << 40,
+                match_number: 9,
+                source: b'Q',
+            },
+            Event::TradingStatus {
+                locate: 3,
+                stock,
+                timestamp: 7,
+                state: b'H',
+                reason: *b"T1  ",
+            },
+        ];
+        let mut buf = [0u8; MAX_LEN];
+        let n = encode(&events[0], &mut buf);
+        let Ok(Normalized::Bbo(b)) = decode(&buf[..n]) else {
+            panic!("bbo")
+        };
+        assert_eq!(
+            (
+                b.bid_price.get(),
+                b.bid_shares.get(),
+                b.bid_orders.get(),
+                b.ask_price.get()
+            ),
+            (10, 20, 2, 0)
+        );
+        assert_eq!(b.header.stock, *b"MSFT    ");
+        let n = encode(&events[1], &mut buf);
+        let Ok(Normalized::Trade(t)) = decode(&buf[..n]) else {
+            panic!("trade")
+        };
+        assert_eq!(
+            (t.side, t.source, t.shares.get(), t.match_number.get()),
+            (b' ', b'Q', 1 << 40, 9)
+        );
+        let n = encode(&events[2], &mut buf);
+        let Ok(Normalized::Status(s)) = decode(&buf[..n]) else {
+            panic!("status")
+        };
+        assert_eq!(
+            (s.state, s.reason, s.header.timestamp.get()),
+            (b'H', *b"T1  ", 7)
+        );
+        assert_eq!(
+            decode(&buf[..n - 1]),
+            Err(NormalizedError::Length {
+                kind: KIND_STATUS,
+                len: n - 1
+            })
+        );
+        assert_eq!(decode(&[]), Err(NormalizedError::UnknownKind(0)));
+        assert_eq!(decode(&[KIND_BBO, 9]), Err(NormalizedError::Version(9)));
+    }
+}

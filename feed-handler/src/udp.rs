@@ -1,0 +1,338 @@
+//! MoldUDP64 over plain UDP on the host network stack: a replayer (plays the exchange:
+//! sends a capture, serves re-requests) and a receiver (joins the group, feeds the
+//! [`GapTracker`], sends re-requests).
+//!
+//! Owns sockets and pacing only; sequencing and recovery decisions are the tracker's. These
+//! are tools and test drivers: the receiver polls two non-blocking sockets and naps briefly
+//! when both are idle, which is fine for replay and tests; the production service busy-polls
+//! in the lead's `run`.
+
+use crate::moldudp64::{
+    build_retransmission, empty_packet, session, GapConfig, GapTracker, PacketBuilder, Request,
+    END_OF_SESSION, HEARTBEAT,
+};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+/// How fast the replayer sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pacing {
+    /// As fast as the socket takes it.
+    Unpaced,
+    /// At most this many messages per second.
+    MessagesPerSecond(u64),
+    /// Following the ITCH timestamps of the messages.
+    Realtime,
+}
+
+/// Configuration of a [`Replayer`].
+#[derive(Debug, Clone)]
+pub struct ReplayConfig {
+    /// Where packets go (a multicast group or, in tests, a unicast address).
+    pub group: SocketAddr,
+    /// Where the retransmission server listens.
+    pub retrans_bind: SocketAddr,
+    /// MoldUDP64 session name.
+    pub session: String,
+    /// Send pacing.
+    pub pacing: Pacing,
+    /// Largest packet, bytes.
+    pub max_packet: usize,
+    /// How long to keep serving re-requests after the last one (the end-of-session packet
+    /// is repeated meanwhile so receivers see tail loss).
+    pub linger: Duration,
+    /// Multicast TTL.
+    pub multicast_ttl: u32,
+    /// Loop multicast back to this host.
+    pub multicast_loop: bool,
+    /// Loss injection for tests and demos: drop every Nth data packet on first send
+    /// (retransmissions are never dropped).
+    pub drop_every: Option<u32>,
+}
+
+impl ReplayConfig {
+    /// Defaults for sending to `group`: unpaced, 1400-byte packets, retransmission on an
+    /// ephemeral port of all interfaces, 500 ms linger, TTL 1, loopback on.
+    pub fn new(group: SocketAddr) -> Self {
+        Self {
+            group,
+            retrans_bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            session: "ROCEBUS001".into(),
+            pacing: Pacing::Unpaced,
+            max_packet: 1400,
+            linger: Duration::from_millis(500),
+            multicast_ttl: 1,
+            multicast_loop: true,
+            drop_every: None,
+        }
+    }
+}
+
+/// Totals of one replay.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayStats {
+    /// Data packets sent (first sends, including dropped ones).
+    pub packets: u64,
+    /// Data packets dropped by `drop_every`.
+    pub dropped: u64,
+    /// Re-requests received.
+    pub requests: u64,
+    /// Retransmission packets sent.
+    pub retransmissions: u64,
+    /// Requests that were malformed or for another session.
+    pub bad_requests: u64,
+}
+
+/// Plays a capture as a MoldUDP64 exchange feed.
+#[derive(Debug)]
+pub struct Replayer {
+    config: ReplayConfig,
+    data: UdpSocket,
+    retrans: UdpSocket,
+    session: [u8; 10],
+    stats: ReplayStats,
+}
+
+impl Replayer {
+    /// Binds the sending and retransmission sockets.
+    pub fn new(config: ReplayConfig) -> io::Result<Self> {
+        let data = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))?;
+        if config.group.ip().is_multicast() {
+            data.set_multicast_ttl_v4(config.multicast_ttl)?;
+            data.set_multicast_loop_v4(config.multicast_loop)?;
+        }
+        let retrans = UdpSocket::bind(config.retrans_bind)?;
+        retrans.set_nonblocking(true)?;
+        let session = session(&config.session);
+        Ok(Self {
+            config,
+            data,
+            retrans,
+            session,
+            stats: ReplayStats::default(),
+        })
+    }
+
+    /// Address of the retransmission server.
+    pub fn retrans_addr(&self) -> io::Result<SocketAddr> {
+        self.retrans.local_addr()
+    }
+
+    /// Sends `messages` (sequence numbers from 1), the end of session, then serves
+    /// re-requests until `linger` passes without one.
+    pub fn run<M: AsRef<[u8]>>(&mut self, messages: &[M]) -> io::Result<ReplayStats> {
+        let mut builder = PacketBuilder::new(self.config.max_packet);
+        let mut answer = PacketBuilder::new(self.config.max_packet);
+        let mut buf = [0u8; 64];
+        let start = Instant::now();
+        let first_ts = messages.first().map_or(0, |m| itch_ts(m.as_ref()));
+        let mut i = 0;
+        while i < messages.len() {
+            builder.start(self.session, i as u64 + 1);
+            while i < messages.len() && builder.push(messages[i].as_ref()).is_ok() {
+                i += 1;
+            }
+            if builder.count() == 0 {
+                // A message larger than a packet: skip it rather than loop forever.
+                i += 1;
+                continue;
+            }
+            self.pace(
+                start,
+                i as u64,
+                messages.get(i - 1).map_or(0, |m| itch_ts(m.as_ref())),
+                first_ts,
+            );
+            self.stats.packets += 1;
+            let drop = self
+                .config
+                .drop_every
+                .is_some_and(|n| n > 0 && self.stats.packets % u64::from(n) == 0);
+            if drop {
+                self.stats.dropped += 1;
+            } else {
+                self.data.send_to(builder.bytes(), self.config.group)?;
+            }
+            self.serve(&mut answer, messages, &mut buf)?;
+        }
+        let end = empty_packet(self.session, messages.len() as u64 + 1, END_OF_SESSION);
+        let mut last_activity = Instant::now();
+        let mut last_eos = None::<Instant>;
+        while last_activity.elapsed() < self.config.linger {
+            if last_eos.map_or(true, |t| t.elapsed() >= Duration::from_millis(20)) {
+                self.data.send_to(&end, self.config.group)?;
+                last_eos = Some(Instant::now());
+            }
+            if self.serve(&mut answer, messages, &mut buf)? {
+                last_activity = Instant::now();
+            } else {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        Ok(self.stats)
+    }
+
+    /// Answers pending re-requests; returns whether there were any.
+    fn serve<M: AsRef<[u8]>>(
+        &mut self,
+        answer: &mut PacketBuilder,
+        messages: &[M],
+        buf: &mut [u8; 64],
+    ) -> io::Result<bool> {
+        let mut any = false;
+        loop {
+            let (n, from) = match self.retrans.recv_from(buf) {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(any),
+                Err(e) => return Err(e),
+            };
+            any = true;
+            let req = match Request::parse(&buf[..n]) {
+                Ok(r) if r.session == self.session => r,
+                _ => {
+                    self.stats.bad_requests += 1;
+                    continue;
+                }
+            };
+            self.stats.requests += 1;
+            if let Some(p) = build_retransmission(answer, self.session, 1, messages, &req) {
+                self.retrans.send_to(p, from)?;
+                self.stats.retransmissions += 1;
+            }
+        }
+    }
+
+    fn pace(&self, start: Instant, sent: u64, last_ts: u64, first_ts: u64) {
+        let due = match self.config.pacing {
+            Pacing::Unpaced => return,
+            Pacing::MessagesPerSecond(0) => return,
+            Pacing::MessagesPerSecond(r) => {
+                Duration::from_nanos(sent.saturating_mul(1_000_000_000) / r)
+            }
+            Pacing::Realtime => Duration::from_nanos(last_ts.saturating_sub(first_ts)),
+        };
+        if let Some(wait) = (start + due).checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+fn itch_ts(m: &[u8]) -> u64 {
+    crate::itch::decode(m).map_or(0, |(m, _)| m.header().timestamp.nanos())
+}
+
+/// Configuration of a [`UdpReceiver`].
+#[derive(Debug, Clone)]
+pub struct ReceiverConfig {
+    /// Address to receive on: a multicast group (joined on `interface`) or a unicast address.
+    pub group: SocketAddr,
+    /// Interface address for the multicast join.
+    pub interface: Ipv4Addr,
+    /// The exchange's retransmission server.
+    pub retrans_server: SocketAddr,
+    /// Sequencing and recovery.
+    pub gap: GapConfig,
+}
+
+/// Receives a MoldUDP64 feed and recovers its gaps.
+#[derive(Debug)]
+pub struct UdpReceiver {
+    data: UdpSocket,
+    requests: UdpSocket,
+    retrans_server: SocketAddr,
+    tracker: GapTracker,
+    buf: Vec<u8>,
+}
+
+impl UdpReceiver {
+    /// Binds (joining the group if it is multicast) and opens the re-request socket.
+    pub fn new(config: &ReceiverConfig) -> io::Result<Self> {
+        let data = match config.group {
+            SocketAddr::V4(g) if g.ip().is_multicast() => {
+                let s = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, g.port())))?;
+                s.join_multicast_v4(g.ip(), &config.interface)?;
+                s
+            }
+            g => UdpSocket::bind(g)?,
+        };
+        data.set_nonblocking(true)?;
+        let requests = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))?;
+        requests.set_nonblocking(true)?;
+        Ok(Self {
+            data,
+            requests,
+            retrans_server: config.retrans_server,
+            tracker: GapTracker::new(config.gap),
+            buf: vec![0u8; 65536],
+        })
+    }
+
+    /// The bound data address (useful with port 0).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.data.local_addr()
+    }
+
+    /// Changes where re-requests go (e.g. once a test's replayer has bound its port).
+    pub fn set_retrans_server(&mut self, addr: SocketAddr) {
+        self.retrans_server = addr;
+    }
+
+    /// The tracker (counters, completion).
+    pub fn tracker(&self) -> &GapTracker {
+        &self.tracker
+    }
+
+    /// Receives what is pending on both sockets, handles timeouts and sends re-requests.
+    /// Returns whether any packet arrived.
+    pub fn poll(&mut self, deliver: &mut impl FnMut(u64, &[u8])) -> io::Result<bool> {
+        let mut any = false;
+        for from_data in [true, false] {
+            loop {
+                let sock = if from_data {
+                    &self.data
+                } else {
+                    &self.requests
+                };
+                let n = match sock.recv(&mut self.buf) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e),
+                };
+                any = true;
+                // Malformed packets are counted by the tracker.
+                let _ = self
+                    .tracker
+                    .on_packet(Instant::now(), &self.buf[..n], deliver);
+            }
+        }
+        let now = Instant::now();
+        self.tracker.handle_timeout(now, deliver);
+        while let Some(req) = self.tracker.poll_request(now) {
+            self.requests.send_to(&req.encode(), self.retrans_server)?;
+        }
+        Ok(any)
+    }
+
+    /// Polls until the session is complete or `deadline`; returns whether it completed.
+    pub fn run_until_complete(
+        &mut self,
+        deadline: Instant,
+        deliver: &mut impl FnMut(u64, &[u8]),
+    ) -> io::Result<bool> {
+        while !self.tracker.is_complete() {
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            if !self.poll(deliver)? {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// The heartbeat a replayer would send while idle (exposed for tools).
+pub fn heartbeat(session_name: &str, next_sequence: u64) -> [u8; 20] {
+    empty_packet(session(session_name), next_sequence, HEARTBEAT)
+}
