@@ -1,0 +1,543 @@
+//! FIX 4.4 tag=value framing, validation and encoding.
+//!
+//! [`split_frame`] finds one complete message at the front of a byte stream and validates
+//! BeginString, BodyLength and CheckSum; [`Message`] is a zero-copy view of a validated frame
+//! whose fields are iterated in place. [`MessageWriter`] encodes into a reused buffer and
+//! computes BodyLength and CheckSum; it never allocates once its buffer has grown.
+
+use std::fmt::Write as _;
+
+/// Field separator.
+pub const SOH: u8 = 0x01;
+const BEGIN: &[u8] = b"8=FIX.4.4\x01";
+
+/// Why bytes are not a FIX message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FixError {
+    /// More bytes needed.
+    #[error("incomplete frame")]
+    Incomplete,
+    /// The stream does not start with `8=FIX.4.4`; `skip` bytes to the next candidate.
+    #[error("bad BeginString")]
+    BadBeginString {
+        /// Bytes to drop before trying again.
+        skip: usize,
+    },
+    /// BodyLength missing, not a number, or not ending where `10=` starts.
+    #[error("bad BodyLength")]
+    BadBodyLength {
+        /// Bytes to drop before trying again.
+        skip: usize,
+    },
+    /// CheckSum does not match.
+    #[error("bad CheckSum")]
+    BadChecksum {
+        /// Length of the (garbled) frame.
+        skip: usize,
+    },
+    /// A field is not `tag=value` with a numeric tag.
+    #[error("malformed field at byte {0}")]
+    BadField(usize),
+    /// A required field is missing.
+    #[error("missing tag {0}")]
+    MissingTag(u32),
+    /// A field value does not parse.
+    #[error("bad value for tag {0}")]
+    BadValue(u32),
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Where to resume after garbage at the front of `buf`: the next `8=FIX` after byte 0.
+fn resync(buf: &[u8]) -> usize {
+    find(&buf[1..], b"8=FIX").map_or(buf.len(), |i| i + 1)
+}
+
+fn parse_uint(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 {
+        return None;
+    }
+    v.iter().try_fold(0u64, |acc, &c| {
+        c.is_ascii_digit().then(|| acc * 10 + u64::from(c - b'0'))
+    })
+}
+
+/// Validates the message at the front of `buf` and returns its length.
+pub fn split_frame(buf: &[u8]) -> Result<usize, FixError> {
+    let n = buf.len().min(BEGIN.len());
+    if buf[..n] != BEGIN[..n] {
+        return Err(FixError::BadBeginString { skip: resync(buf) });
+    }
+    if buf.len() < BEGIN.len() + 2 {
+        return Err(FixError::Incomplete);
+    }
+    let rest = &buf[BEGIN.len()..];
+    if &rest[..2] != b"9=" {
+        return Err(FixError::BadBodyLength { skip: resync(buf) });
+    }
+    let Some(soh) = rest.iter().position(|&c| c == SOH) else {
+        return if rest.len() > 10 {
+            Err(FixError::BadBodyLength { skip: resync(buf) })
+        } else {
+            Err(FixError::Incomplete)
+        };
+    };
+    let body_len = match parse_uint(&rest[2..soh]) {
+        Some(v) if v <= 1 << 20 => v as usize,
+        _ => return Err(FixError::BadBodyLength { skip: resync(buf) }),
+    };
+    let body_start = BEGIN.len() + soh + 1;
+    let trailer = body_start + body_len;
+    let end = trailer + 7;
+    if buf.len() < end {
+        return Err(FixError::Incomplete);
+    }
+    let t = &buf[trailer..end];
+    if &t[..3] != b"10=" || t[6] != SOH {
+        return Err(FixError::BadBodyLength { skip: resync(buf) });
+    }
+    let Some(declared) = parse_uint(&t[3..6]) else {
+        return Err(FixError::BadChecksum { skip: end });
+    };
+    let sum = buf[..trailer].iter().fold(0u32, |a, &b| a + u32::from(b)) % 256;
+    if u64::from(sum) != declared {
+        return Err(FixError::BadChecksum { skip: end });
+    }
+    Ok(end)
+}
+
+/// A validated FIX message (a view into the receive buffer).
+#[derive(Clone, Copy, Debug)]
+pub struct Message<'a> {
+    raw: &'a [u8],
+    /// Body fields: after BodyLength, before CheckSum.
+    body: &'a [u8],
+}
+
+/// Iterator over `(tag, value)` of a message body.
+#[derive(Debug, Clone)]
+pub struct Fields<'a> {
+    rest: &'a [u8],
+    offset: usize,
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Result<(u32, &'a [u8]), FixError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let at = self.offset;
+        let Some(end) = self.rest.iter().position(|&c| c == SOH) else {
+            self.rest = &[];
+            return Some(Err(FixError::BadField(at)));
+        };
+        let field = &self.rest[..end];
+        self.rest = &self.rest[end + 1..];
+        self.offset += end + 1;
+        let Some(eq) = field.iter().position(|&c| c == b'=') else {
+            return Some(Err(FixError::BadField(at)));
+        };
+        match parse_uint(&field[..eq]) {
+            Some(tag) if tag > 0 && tag < u64::from(u32::MAX) && eq + 1 < field.len() => {
+                Some(Ok((tag as u32, &field[eq + 1..])))
+            }
+            _ => Some(Err(FixError::BadField(at))),
+        }
+    }
+}
+
+impl<'a> Message<'a> {
+    /// Views a frame already validated by [`split_frame`]; checks every field's syntax and
+    /// that MsgType comes first.
+    pub fn parse(frame: &'a [u8]) -> Result<Message<'a>, FixError> {
+        let soh = frame[BEGIN.len()..]
+            .iter()
+            .position(|&c| c == SOH)
+            .ok_or(FixError::BadBodyLength { skip: 0 })?;
+        let body_start = BEGIN.len() + soh + 1;
+        let body_end = frame
+            .len()
+            .checked_sub(7)
+            .filter(|&e| e >= body_start)
+            .ok_or(FixError::Incomplete)?;
+        let m = Message {
+            raw: frame,
+            body: &frame[body_start..body_end],
+        };
+        let mut first = true;
+        for f in m.fields() {
+            let (tag, _) = f?;
+            if first && tag != super::tag::MSG_TYPE {
+                return Err(FixError::MissingTag(super::tag::MSG_TYPE));
+            }
+            first = false;
+        }
+        if first {
+            return Err(FixError::MissingTag(super::tag::MSG_TYPE));
+        }
+        Ok(m)
+    }
+
+    /// The whole frame.
+    pub fn raw(&self) -> &'a [u8] {
+        self.raw
+    }
+
+    /// The body fields in order, MsgType first.
+    pub fn fields(&self) -> Fields<'a> {
+        Fields {
+            rest: self.body,
+            offset: 0,
+        }
+    }
+
+    /// First value of `tag`.
+    pub fn get(&self, tag: u32) -> Option<&'a [u8]> {
+        self.fields()
+            .flatten()
+            .find(|(t, _)| *t == tag)
+            .map(|(_, v)| v)
+    }
+
+    /// Value of a required tag.
+    pub fn require(&self, tag: u32) -> Result<&'a [u8], FixError> {
+        self.get(tag).ok_or(FixError::MissingTag(tag))
+    }
+
+    /// Required unsigned integer tag.
+    pub fn uint(&self, tag: u32) -> Result<u64, FixError> {
+        parse_uint(self.require(tag)?).ok_or(FixError::BadValue(tag))
+    }
+
+    /// Required price (decimal) as fixed point with 4 implied decimals.
+    pub fn price(&self, tag: u32) -> Result<i64, FixError> {
+        parse_price(self.require(tag)?).ok_or(FixError::BadValue(tag))
+    }
+
+    /// MsgType.
+    pub fn msg_type(&self) -> &'a [u8] {
+        self.get(super::tag::MSG_TYPE).unwrap_or(b"")
+    }
+
+    /// MsgSeqNum, if present and numeric.
+    pub fn seq(&self) -> Option<u64> {
+        self.get(super::tag::MSG_SEQ_NUM).and_then(parse_uint)
+    }
+
+    /// PossDupFlag = Y.
+    pub fn poss_dup(&self) -> bool {
+        self.get(super::tag::POSS_DUP_FLAG) == Some(b"Y")
+    }
+}
+
+/// Parses a FIX decimal into 4-decimal fixed point (extra decimals are truncated).
+pub fn parse_price(v: &[u8]) -> Option<i64> {
+    let (neg, v) = match v.first() {
+        Some(b'-') => (true, &v[1..]),
+        _ => (false, v),
+    };
+    let (int, frac) = match v.iter().position(|&c| c == b'.') {
+        Some(i) => (&v[..i], &v[i + 1..]),
+        None => (v, &b""[..]),
+    };
+    if int.is_empty() || int.len() > 14 || !frac.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut x = parse_uint(int)? as i64 * crate::proto::PRICE_SCALE;
+    let mut scale = crate::proto::PRICE_SCALE / 10;
+    for &c in frac.iter().take(4) {
+        x += i64::from(c - b'0') * scale;
+        scale /= 10;
+    }
+    Some(if neg { -x } else { x })
+}
+
+/// Formats nanoseconds since the epoch as a FIX UTCTimestamp `YYYYMMDD-HH:MM:SS.sss`.
+pub fn write_utc_timestamp(out: &mut Vec<u8>, unix_nanos: u64) {
+    let secs = unix_nanos / 1_000_000_000;
+    let millis = (unix_nanos / 1_000_000) % 1000;
+    let days = (secs / 86_400) as i64;
+    let sod = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let mut s = arrayvec_string();
+    let _ = write!(
+        s,
+        "{y:04}{m:02}{d:02}-{:02}:{:02}:{:02}.{millis:03}",
+        sod / 3600,
+        (sod / 60) % 60,
+        sod % 60
+    );
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// A fixed-capacity string on the stack, so formatting timestamps does not allocate.
+fn arrayvec_string() -> StackStr {
+    StackStr {
+        buf: [0; 32],
+        len: 0,
+    }
+}
+
+struct StackStr {
+    buf: [u8; 32],
+    len: usize,
+}
+
+impl StackStr {
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::fmt::Write for StackStr {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        if end > self.buf.len() {
+            return Err(std::fmt::Error);
+        }
+        self.buf[self.len..end].copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// Encodes messages: `start`, then fields, then `finish` appends the framed message.
+#[derive(Debug, Default)]
+pub struct MessageWriter {
+    body: Vec<u8>,
+}
+
+impl MessageWriter {
+    /// Starts a message of type `msg_type`.
+    pub fn start(&mut self, msg_type: &[u8]) -> &mut Self {
+        self.body.clear();
+        self.field(super::tag::MSG_TYPE, msg_type)
+    }
+
+    /// Appends raw `tag=value`.
+    pub fn field(&mut self, tag: u32, value: &[u8]) -> &mut Self {
+        self.uint_raw(u64::from(tag));
+        self.body.push(b'=');
+        self.body.extend_from_slice(value);
+        self.body.push(SOH);
+        self
+    }
+
+    /// Appends a pre-encoded run of `tag=value\x01` fields.
+    pub fn raw_fields(&mut self, fields: &[u8]) -> &mut Self {
+        self.body.extend_from_slice(fields);
+        self
+    }
+
+    fn uint_raw(&mut self, v: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        let mut v = v;
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        self.body.extend_from_slice(&digits[i..]);
+    }
+
+    /// Appends an unsigned integer field.
+    pub fn uint(&mut self, tag: u32, v: u64) -> &mut Self {
+        self.uint_raw(u64::from(tag));
+        self.body.push(b'=');
+        self.uint_raw(v);
+        self.body.push(SOH);
+        self
+    }
+
+    /// Appends a price (4-decimal fixed point) as a FIX decimal.
+    pub fn price(&mut self, tag: u32, px: i64) -> &mut Self {
+        self.uint_raw(u64::from(tag));
+        self.body.push(b'=');
+        if px < 0 {
+            self.body.push(b'-');
+        }
+        let a = px.unsigned_abs();
+        let scale = crate::proto::PRICE_SCALE as u64;
+        self.uint_raw(a / scale);
+        let frac = a % scale;
+        self.body.push(b'.');
+        let mut s = scale / 10;
+        while s > 0 {
+            self.body.push(b'0' + ((frac / s) % 10) as u8);
+            s /= 10;
+        }
+        self.body.push(SOH);
+        self
+    }
+
+    /// Appends a UTCTimestamp field.
+    pub fn timestamp(&mut self, tag: u32, unix_nanos: u64) -> &mut Self {
+        self.uint_raw(u64::from(tag));
+        self.body.push(b'=');
+        write_utc_timestamp(&mut self.body, unix_nanos);
+        self.body.push(SOH);
+        self
+    }
+
+    /// Appends the framed message (BeginString, BodyLength, body, CheckSum) to `out` and
+    /// returns its start offset in `out`.
+    pub fn finish(&mut self, out: &mut Vec<u8>) -> usize {
+        let start = out.len();
+        out.extend_from_slice(BEGIN);
+        out.extend_from_slice(b"9=");
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        let mut v = self.body.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        out.extend_from_slice(&digits[i..]);
+        out.push(SOH);
+        out.extend_from_slice(&self.body);
+        let sum = out[start..].iter().fold(0u32, |a, &b| a + u32::from(b)) % 256;
+        out.extend_from_slice(&[
+            b'1',
+            b'0',
+            b'=',
+            b'0' + (sum / 100) as u8,
+            b'0' + (sum / 10 % 10) as u8,
+            b'0' + (sum % 10) as u8,
+            SOH,
+        ]);
+        start
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A heartbeat computed by hand: body "35=0|49=A|56=B|34=1|52=20240102-15:00:00.000|" is
+    /// 45 bytes; checksum of everything before "10=".
+    fn heartbeat() -> Vec<u8> {
+        b"8=FIX.4.4\x019=45\x0135=0\x0149=A\x0156=B\x0134=1\x0152=20240102-15:00:00.000\x0110="
+            .to_vec()
+    }
+
+    fn with_checksum(mut v: Vec<u8>) -> Vec<u8> {
+        let sum = v[..v.len() - 3].iter().map(|&b| u32::from(b)).sum::<u32>() % 256;
+        v.extend_from_slice(format!("{sum:03}\x01").as_bytes());
+        v
+    }
+
+    #[test]
+    fn encodes_known_bytes() {
+        let mut w = MessageWriter::default();
+        w.start(b"0")
+            .field(49, b"A")
+            .field(56, b"B")
+            .uint(34, 1)
+            .timestamp(52, 1_704_207_600_000_000_000);
+        let mut out = Vec::new();
+        w.finish(&mut out);
+        assert_eq!(out, with_checksum(heartbeat()));
+        assert_eq!(split_frame(&out), Ok(out.len()));
+    }
+
+    #[test]
+    fn decodes_fields_zero_copy() {
+        let f = with_checksum(heartbeat());
+        let m = Message::parse(&f).unwrap();
+        assert_eq!(m.msg_type(), b"0");
+        assert_eq!(m.seq(), Some(1));
+        assert_eq!(m.get(49), Some(&b"A"[..]));
+        let tags: Vec<u32> = m.fields().map(|f| f.unwrap().0).collect();
+        assert_eq!(tags, [35, 49, 56, 34, 52]);
+    }
+
+    #[test]
+    fn validation() {
+        let good = with_checksum(heartbeat());
+        for n in 0..good.len() {
+            assert_eq!(
+                split_frame(&good[..n]),
+                Err(FixError::Incomplete),
+                "prefix {n}"
+            );
+        }
+        let mut bad = good.clone();
+        let l = bad.len();
+        bad[l - 2] = if bad[l - 2] == b'9' { b'8' } else { b'9' };
+        assert_eq!(split_frame(&bad), Err(FixError::BadChecksum { skip: l }));
+        let mut bad = good.clone();
+        bad[7] = b'2'; // FIX.4.2
+        assert!(matches!(
+            split_frame(&bad),
+            Err(FixError::BadBeginString { .. })
+        ));
+        let mut short = heartbeat();
+        short[13] = b'4'; // 9=44: the trailer no longer starts where BodyLength says
+        let bad = with_checksum(short);
+        assert!(matches!(
+            split_frame(&bad),
+            Err(FixError::BadBodyLength { .. })
+        ));
+        // Garbage then a good frame: resync lands on the frame.
+        let mut stream = b"xx8=FIY".to_vec();
+        stream.extend_from_slice(&good);
+        let Err(FixError::BadBeginString { skip }) = split_frame(&stream) else {
+            panic!()
+        };
+        assert_eq!(split_frame(&stream[skip..]), Ok(good.len()));
+    }
+
+    #[test]
+    fn parse_rejects_bad_fields() {
+        let f = with_checksum(b"8=FIX.4.4\x019=9\x0135=0\x01x=1\x0110=".to_vec());
+        assert_eq!(split_frame(&f), Ok(f.len()));
+        assert_eq!(Message::parse(&f).unwrap_err(), FixError::BadField(5));
+        let f = with_checksum(b"8=FIX.4.4\x019=5\x0134=1\x0110=".to_vec());
+        assert_eq!(Message::parse(&f).unwrap_err(), FixError::MissingTag(35));
+    }
+
+    #[test]
+    fn prices() {
+        let mut w = MessageWriter::default();
+        w.start(b"D").price(44, 1_234_500).price(31, -5);
+        let mut out = Vec::new();
+        w.finish(&mut out);
+        let m = Message::parse(&out).unwrap();
+        assert_eq!(m.get(44), Some(&b"123.4500"[..]));
+        assert_eq!(m.price(44), Ok(1_234_500));
+        assert_eq!(m.price(31), Ok(-5));
+        assert_eq!(parse_price(b"10"), Some(100_000));
+        assert_eq!(parse_price(b"0.12345"), Some(1234));
+        assert_eq!(parse_price(b"1.x"), None);
+        assert_eq!(parse_price(b""), None);
+    }
+
+    #[test]
+    fn timestamps() {
+        let mut v = Vec::new();
+        write_utc_timestamp(&mut v, 951_782_400_123_000_000); // 2000-02-29 00:00:00.123
+        assert_eq!(v, b"20000229-00:00:00.123");
+    }
+}

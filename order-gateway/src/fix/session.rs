@@ -1,0 +1,799 @@
+//! FIX 4.4 initiator session: logon, heartbeats and test requests, sequence numbers, resend
+//! requests and gap fills in both directions, logout, session-level rejects.
+//!
+//! I/O-free: inbound frames and `now` go in, outbound bytes are appended to a caller buffer,
+//! and [`SessionEvent`]s come out. Sequence numbers are not persisted here: the gateway
+//! journals every frame sent and received and rebuilds the session with
+//! [`Session::replay_outbound`] and [`Session::replay_inbound`]. Application messages sent are
+//! kept (raw) so a ResendRequest can be served with PossDupFlag; admin messages are answered
+//! with SequenceReset-GapFill.
+
+use super::codec::{Message, MessageWriter, SOH};
+use super::tag;
+
+/// Session parameters.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionConfig {
+    /// Our SenderCompID.
+    pub sender_comp_id: String,
+    /// The venue's CompID.
+    pub target_comp_id: String,
+    /// Heartbeat interval in seconds.
+    pub heartbeat_secs: u32,
+}
+
+/// Session state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionState {
+    /// No transport.
+    Disconnected,
+    /// Logon sent, waiting for the venue's Logon.
+    LogonSent,
+    /// Logged on.
+    Active,
+    /// Logout sent, waiting for the answer.
+    LogoutSent,
+}
+
+/// What an inbound frame meant to the session.
+#[derive(Clone, Copy, Debug)]
+pub enum SessionEvent<'a> {
+    /// Nothing for the application.
+    None,
+    /// The venue answered our Logon.
+    LoggedOn,
+    /// An application message, in sequence, to process (and journal).
+    App(Message<'a>),
+    /// The session is over: close the transport.
+    Disconnect,
+}
+
+/// Counters for monitoring.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionCounters {
+    /// Frames dropped for bad BeginString, BodyLength or CheckSum.
+    pub garbled: u64,
+    /// Session-level Rejects (35=3) we sent.
+    pub rejects_sent: u64,
+    /// Session-level Rejects we received.
+    pub rejects_received: u64,
+    /// ResendRequests we sent.
+    pub resend_requests_sent: u64,
+    /// Application messages we resent with PossDupFlag.
+    pub messages_resent: u64,
+    /// SequenceReset-GapFill messages we sent.
+    pub gap_fills_sent: u64,
+    /// Inbound PossDup duplicates ignored.
+    pub duplicates_ignored: u64,
+}
+
+/// Raw application messages we sent, for resends. One arena, no allocation per message once
+/// grown.
+#[derive(Debug, Default)]
+struct SentStore {
+    bytes: Vec<u8>,
+    index: Vec<(u64, usize, usize)>,
+}
+
+impl SentStore {
+    fn push(&mut self, seq: u64, raw: &[u8]) {
+        if self.index.last().is_some_and(|&(s, _, _)| s >= seq) {
+            return; // replay of a resend: already stored
+        }
+        self.index.push((seq, self.bytes.len(), raw.len()));
+        self.bytes.extend_from_slice(raw);
+    }
+
+    fn range(&self, begin: u64, end: u64) -> impl Iterator<Item = (u64, &[u8])> {
+        let from = self.index.partition_point(|&(s, _, _)| s < begin);
+        self.index[from..]
+            .iter()
+            .take_while(move |&&(s, _, _)| s <= end)
+            .map(|&(s, o, l)| (s, &self.bytes[o..o + l]))
+    }
+}
+
+fn is_app(msg_type: &[u8]) -> bool {
+    !matches!(msg_type, b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A")
+}
+
+/// The session state machine.
+#[derive(Debug)]
+pub struct Session {
+    cfg: SessionConfig,
+    state: SessionState,
+    next_out: u64,
+    next_in: u64,
+    last_sent: u64,
+    last_recv: u64,
+    logon_sent_at: u64,
+    test_request_at: Option<u64>,
+    /// We asked for a resend; set while `next_in` is below this.
+    resend_until: Option<u64>,
+    store: SentStore,
+    writer: MessageWriter,
+    counters: SessionCounters,
+}
+
+impl Session {
+    /// A fresh session (sequence numbers 1/1).
+    pub fn new(cfg: SessionConfig) -> Session {
+        Session {
+            cfg,
+            state: SessionState::Disconnected,
+            next_out: 1,
+            next_in: 1,
+            last_sent: 0,
+            last_recv: 0,
+            logon_sent_at: 0,
+            test_request_at: None,
+            resend_until: None,
+            store: SentStore::default(),
+            writer: MessageWriter::default(),
+            counters: SessionCounters::default(),
+        }
+    }
+
+    /// State.
+    pub fn state(&self) -> SessionState {
+        self.state
+    }
+
+    /// Next sequence number we will send.
+    pub fn next_out(&self) -> u64 {
+        self.next_out
+    }
+
+    /// Next sequence number we expect.
+    pub fn next_in(&self) -> u64 {
+        self.next_in
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> SessionCounters {
+        self.counters
+    }
+
+    /// Counts a frame dropped by the framing layer.
+    pub fn count_garbled(&mut self) {
+        self.counters.garbled += 1;
+    }
+
+    /// A frame we answered with a session Reject consumed its sequence number.
+    pub fn consume_rejected(&mut self, seq: u64) {
+        if seq == self.next_in {
+            self.next_in += 1;
+        }
+    }
+
+    /// Recovery: a frame (or several) we sent before the restart.
+    pub fn replay_outbound(&mut self, frames: &[u8]) {
+        let mut rest = frames;
+        while let Ok(n) = super::split_frame(rest) {
+            if let Ok(m) = Message::parse(&rest[..n]) {
+                if let (Some(seq), false) = (m.seq(), m.poss_dup()) {
+                    self.next_out = self.next_out.max(seq + 1);
+                    if is_app(m.msg_type()) {
+                        self.store.push(seq, &rest[..n]);
+                    }
+                }
+            }
+            rest = &rest[n..];
+        }
+    }
+
+    /// Recovery: a frame we processed in sequence before the restart.
+    pub fn replay_inbound(&mut self, m: &Message<'_>) {
+        self.advance_in(m);
+    }
+
+    fn advance_in(&mut self, m: &Message<'_>) {
+        if m.msg_type() == b"4" {
+            if let Ok(new) = m.uint(tag::NEW_SEQ_NO) {
+                self.next_in = self.next_in.max(new);
+            }
+        } else if let Some(seq) = m.seq() {
+            self.next_in = self.next_in.max(seq + 1);
+        }
+        if self.resend_until.is_some_and(|u| self.next_in > u) {
+            self.resend_until = None;
+        }
+    }
+
+    fn header(&mut self, msg_type: &[u8], seq: u64, now: u64) {
+        let w = &mut self.writer;
+        w.start(msg_type)
+            .field(tag::SENDER_COMP_ID, self.cfg.sender_comp_id.as_bytes())
+            .field(tag::TARGET_COMP_ID, self.cfg.target_comp_id.as_bytes())
+            .uint(tag::MSG_SEQ_NUM, seq)
+            .timestamp(tag::SENDING_TIME, now);
+    }
+
+    fn send_admin(
+        &mut self,
+        msg_type: &[u8],
+        fields: impl FnOnce(&mut MessageWriter),
+        now: u64,
+        out: &mut Vec<u8>,
+    ) {
+        let seq = self.next_out;
+        self.next_out += 1;
+        self.header(msg_type, seq, now);
+        fields(&mut self.writer);
+        self.writer.finish(out);
+        self.last_sent = now;
+    }
+
+    /// Sends an application message whose body fields (`tag=value\x01`…, no header) are
+    /// `body`. Returns its sequence number.
+    pub fn send_app(&mut self, msg_type: &[u8], body: &[u8], now: u64, out: &mut Vec<u8>) -> u64 {
+        let seq = self.next_out;
+        self.next_out += 1;
+        self.header(msg_type, seq, now);
+        self.writer.raw_fields(body);
+        let start = self.writer.finish(out);
+        self.store.push(seq, &out[start..]);
+        self.last_sent = now;
+        seq
+    }
+
+    /// Transport connected: send Logon.
+    pub fn on_connect(&mut self, now: u64, out: &mut Vec<u8>) {
+        let hb = u64::from(self.cfg.heartbeat_secs);
+        self.send_admin(
+            b"A",
+            |w| {
+                w.uint(tag::ENCRYPT_METHOD, 0).uint(tag::HEART_BT_INT, hb);
+            },
+            now,
+            out,
+        );
+        self.state = SessionState::LogonSent;
+        self.logon_sent_at = now;
+        self.last_recv = now;
+        self.test_request_at = None;
+        self.resend_until = None;
+    }
+
+    /// Transport lost.
+    pub fn on_disconnect(&mut self) {
+        self.state = SessionState::Disconnected;
+    }
+
+    /// Starts a logout.
+    pub fn logout(&mut self, now: u64, out: &mut Vec<u8>) {
+        if self.state == SessionState::Active {
+            self.send_admin(b"5", |_| {}, now, out);
+            self.state = SessionState::LogoutSent;
+        }
+    }
+
+    /// Sends a session-level Reject of inbound `ref_seq`.
+    pub fn reject(
+        &mut self,
+        ref_seq: u64,
+        ref_tag: Option<u32>,
+        reason: u32,
+        text: &str,
+        now: u64,
+        out: &mut Vec<u8>,
+    ) {
+        self.counters.rejects_sent += 1;
+        self.send_admin(
+            b"3",
+            |w| {
+                w.uint(tag::REF_SEQ_NUM, ref_seq);
+                if let Some(t) = ref_tag {
+                    w.uint(tag::REF_TAG_ID, u64::from(t));
+                }
+                w.uint(tag::SESSION_REJECT_REASON, u64::from(reason))
+                    .field(tag::TEXT, text.as_bytes());
+            },
+            now,
+            out,
+        );
+    }
+
+    /// Timer: heartbeats, test requests, logon and test-request timeouts.
+    pub fn on_timer(&mut self, now: u64, out: &mut Vec<u8>) -> SessionEvent<'static> {
+        let hb = u64::from(self.cfg.heartbeat_secs.max(1)) * 1_000_000_000;
+        match self.state {
+            SessionState::LogonSent | SessionState::LogoutSent
+                if now.saturating_sub(self.logon_sent_at.max(self.last_sent)) > 2 * hb =>
+            {
+                self.state = SessionState::Disconnected;
+                SessionEvent::Disconnect
+            }
+            SessionState::Active => {
+                if let Some(at) = self.test_request_at {
+                    if now.saturating_sub(at) > hb {
+                        self.state = SessionState::Disconnected;
+                        return SessionEvent::Disconnect;
+                    }
+                } else if now.saturating_sub(self.last_recv) > hb + hb / 5 {
+                    self.send_admin(
+                        b"1",
+                        |w| {
+                            w.uint(tag::TEST_REQ_ID, now);
+                        },
+                        now,
+                        out,
+                    );
+                    self.test_request_at = Some(now);
+                }
+                if now.saturating_sub(self.last_sent) >= hb {
+                    self.send_admin(b"0", |_| {}, now, out);
+                }
+                SessionEvent::None
+            }
+            _ => SessionEvent::None,
+        }
+    }
+
+    /// One validated inbound frame.
+    pub fn on_message<'a>(
+        &mut self,
+        m: Message<'a>,
+        now: u64,
+        out: &mut Vec<u8>,
+    ) -> SessionEvent<'a> {
+        self.last_recv = now;
+        self.test_request_at = None;
+        let Some(seq) = m.seq() else {
+            // Without MsgSeqNum there is nothing to reference; count it and drop.
+            self.reject(0, Some(tag::MSG_SEQ_NUM), 1, "MsgSeqNum missing", now, out);
+            return SessionEvent::None;
+        };
+        if m.get(tag::SENDER_COMP_ID) != Some(self.cfg.target_comp_id.as_bytes())
+            || m.get(tag::TARGET_COMP_ID) != Some(self.cfg.sender_comp_id.as_bytes())
+        {
+            self.reject(
+                seq,
+                Some(tag::SENDER_COMP_ID),
+                9,
+                "CompID problem",
+                now,
+                out,
+            );
+            self.advance_in(&m);
+            return SessionEvent::None;
+        }
+        let ty = m.msg_type();
+        if ty == b"5" {
+            if self.state != SessionState::LogoutSent {
+                self.send_admin(b"5", |_| {}, now, out);
+            }
+            self.state = SessionState::Disconnected;
+            return SessionEvent::Disconnect;
+        }
+        if ty == b"2" {
+            // Served whatever its sequence number, or two sides both waiting on a gap deadlock.
+            self.serve_resend(&m, now, out);
+        }
+        if ty == b"4" && m.get(tag::GAP_FILL_FLAG) != Some(b"Y") {
+            // SequenceReset-Reset: ignores MsgSeqNum.
+            self.advance_in(&m);
+            return SessionEvent::None;
+        }
+        let logon = ty == b"A";
+        if logon {
+            self.state = SessionState::Active;
+        }
+        if seq > self.next_in {
+            if self.resend_until.is_none() {
+                let from = self.next_in;
+                self.send_admin(
+                    b"2",
+                    |w| {
+                        w.uint(tag::BEGIN_SEQ_NO, from).uint(tag::END_SEQ_NO, 0);
+                    },
+                    now,
+                    out,
+                );
+                self.counters.resend_requests_sent += 1;
+                self.resend_until = Some(seq);
+            }
+            return if logon {
+                SessionEvent::LoggedOn
+            } else {
+                SessionEvent::None
+            };
+        }
+        if seq < self.next_in {
+            if m.poss_dup() || ty == b"4" {
+                self.counters.duplicates_ignored += 1;
+                return SessionEvent::None;
+            }
+            // A lower sequence number without PossDup is unrecoverable (FIX spec): log out.
+            self.send_admin(
+                b"5",
+                |w| {
+                    w.field(tag::TEXT, b"MsgSeqNum too low");
+                },
+                now,
+                out,
+            );
+            self.state = SessionState::Disconnected;
+            return SessionEvent::Disconnect;
+        }
+        self.advance_in(&m);
+        match ty {
+            b"A" => SessionEvent::LoggedOn,
+            b"0" | b"2" | b"4" => SessionEvent::None,
+            b"1" => {
+                let id = m.get(tag::TEST_REQ_ID).unwrap_or(b"");
+                // Copied out: the id borrows the inbound frame, the writer is borrowed below.
+                let id_owned: [u8; 32] = {
+                    let mut a = [0u8; 32];
+                    let n = id.len().min(32);
+                    a[..n].copy_from_slice(&id[..n]);
+                    a
+                };
+                let n = id.len().min(32);
+                self.send_admin(
+                    b"0",
+                    |w| {
+                        w.field(tag::TEST_REQ_ID, &id_owned[..n]);
+                    },
+                    now,
+                    out,
+                );
+                SessionEvent::None
+            }
+            b"3" => {
+                self.counters.rejects_received += 1;
+                SessionEvent::None
+            }
+            _ => SessionEvent::App(m),
+        }
+    }
+
+    fn serve_resend(&mut self, m: &Message<'_>, now: u64, out: &mut Vec<u8>) {
+        let (Ok(begin), Ok(end)) = (m.uint(tag::BEGIN_SEQ_NO), m.uint(tag::END_SEQ_NO)) else {
+            let seq = m.seq().unwrap_or(0);
+            self.reject(
+                seq,
+                Some(tag::BEGIN_SEQ_NO),
+                1,
+                "ResendRequest without range",
+                now,
+                out,
+            );
+            return;
+        };
+        let last = self.next_out - 1;
+        let end = if end == 0 || end > last { last } else { end };
+        let mut gap_from = begin.max(1);
+        // Indexes into the store, so the resend loop can borrow the writer mutably.
+        let first = self.store.index.partition_point(|&(s, _, _)| s < gap_from);
+        let count = self.store.range(gap_from, end).count();
+        for i in first..first + count {
+            let (seq, off, len) = self.store.index[i];
+            if seq > gap_from {
+                self.gap_fill(gap_from, seq, now, out);
+            }
+            self.resend_one(off, len, now, out);
+            gap_from = seq + 1;
+        }
+        if gap_from <= end {
+            self.gap_fill(gap_from, end + 1, now, out);
+        }
+        self.last_sent = now;
+    }
+
+    fn gap_fill(&mut self, seq: u64, new_seq: u64, now: u64, out: &mut Vec<u8>) {
+        self.header(b"4", seq, now);
+        self.writer
+            .field(tag::POSS_DUP_FLAG, b"Y")
+            .field(tag::GAP_FILL_FLAG, b"Y")
+            .uint(tag::NEW_SEQ_NO, new_seq);
+        self.writer.finish(out);
+        self.counters.gap_fills_sent += 1;
+    }
+
+    /// Re-encodes a stored message with PossDupFlag=Y and OrigSendingTime.
+    fn resend_one(&mut self, off: usize, len: usize, now: u64, out: &mut Vec<u8>) {
+        let raw = &self.store.bytes[off..off + len];
+        let Ok(m) = Message::parse(raw) else { return };
+        let (Some(seq), ty) = (m.seq(), m.msg_type()) else {
+            return;
+        };
+        let orig = m.get(tag::SENDING_TIME).unwrap_or(b"");
+        let w = &mut self.writer;
+        w.start(ty)
+            .field(tag::SENDER_COMP_ID, self.cfg.sender_comp_id.as_bytes())
+            .field(tag::TARGET_COMP_ID, self.cfg.target_comp_id.as_bytes())
+            .uint(tag::MSG_SEQ_NUM, seq)
+            .field(tag::POSS_DUP_FLAG, b"Y")
+            .timestamp(tag::SENDING_TIME, now)
+            .field(tag::ORIG_SENDING_TIME, orig);
+        for (t, v) in m.fields().flatten() {
+            if !matches!(t, 35 | 49 | 56 | 34 | 52 | 43 | 122 | 97) {
+                w.field(t, v);
+            }
+        }
+        w.finish(out);
+        self.counters.messages_resent += 1;
+    }
+}
+
+/// Appends `tag=value\x01` to a body buffer (for building [`Session::send_app`] bodies).
+pub fn push_field(body: &mut Vec<u8>, tag: u32, value: &[u8]) {
+    push_uint_raw(body, u64::from(tag));
+    body.push(b'=');
+    body.extend_from_slice(value);
+    body.push(SOH);
+}
+
+/// Appends `tag=<decimal>\x01` to a body buffer.
+pub fn push_uint(body: &mut Vec<u8>, tag: u32, v: u64) {
+    push_uint_raw(body, u64::from(tag));
+    body.push(b'=');
+    push_uint_raw(body, v);
+    body.push(SOH);
+}
+
+/// Appends a price field (4-decimal fixed point as a FIX decimal).
+pub fn push_price(body: &mut Vec<u8>, tag: u32, px: i64) {
+    push_uint_raw(body, u64::from(tag));
+    body.push(b'=');
+    if px < 0 {
+        body.push(b'-');
+    }
+    let a = px.unsigned_abs();
+    let scale = crate::proto::PRICE_SCALE.unsigned_abs();
+    push_uint_raw(body, a / scale);
+    body.push(b'.');
+    let frac = a % scale;
+    let mut s = scale / 10;
+    while s > 0 {
+        body.push(b'0' + ((frac / s) % 10) as u8);
+        s /= 10;
+    }
+    body.push(SOH);
+}
+
+/// Appends a UTCTimestamp field.
+pub fn push_timestamp(body: &mut Vec<u8>, tag: u32, unix_nanos: u64) {
+    push_uint_raw(body, u64::from(tag));
+    body.push(b'=');
+    super::codec::write_utc_timestamp(body, unix_nanos);
+    body.push(SOH);
+}
+
+fn push_uint_raw(body: &mut Vec<u8>, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    body.extend_from_slice(&buf[i..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::split_frame;
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+    const T0: u64 = 1_704_207_600 * SEC;
+
+    fn cfg() -> SessionConfig {
+        SessionConfig {
+            sender_comp_id: "GW".into(),
+            target_comp_id: "VENUE".into(),
+            heartbeat_secs: 30,
+        }
+    }
+
+    /// Builds a venue → gateway frame.
+    fn venue(ty: &[u8], seq: u64, extra: &[(u32, &[u8])]) -> Vec<u8> {
+        let mut w = MessageWriter::default();
+        w.start(ty)
+            .field(49, b"VENUE")
+            .field(56, b"GW")
+            .uint(34, seq)
+            .timestamp(52, T0);
+        for (t, v) in extra {
+            w.field(*t, v);
+        }
+        let mut out = Vec::new();
+        w.finish(&mut out);
+        out
+    }
+
+    fn frames(out: &[u8]) -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        let mut rest = out;
+        while !rest.is_empty() {
+            let n = split_frame(rest).unwrap();
+            v.push(rest[..n].to_vec());
+            rest = &rest[n..];
+        }
+        v
+    }
+
+    fn active() -> Session {
+        let mut s = Session::new(cfg());
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        let f = venue(b"A", 1, &[(98, b"0"), (108, b"30")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::LoggedOn
+        ));
+        s
+    }
+
+    #[test]
+    fn logon_and_sequence() {
+        let mut s = Session::new(cfg());
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        let f = frames(&out);
+        let m = Message::parse(&f[0]).unwrap();
+        assert_eq!(m.msg_type(), b"A");
+        assert_eq!(m.get(108), Some(&b"30"[..]));
+        assert_eq!(s.state(), SessionState::LogonSent);
+        let s = active();
+        assert_eq!(s.state(), SessionState::Active);
+        assert_eq!((s.next_out(), s.next_in()), (2, 2));
+    }
+
+    #[test]
+    fn test_request_is_answered_and_heartbeats_sent() {
+        let mut s = active();
+        let mut out = Vec::new();
+        let f = venue(b"1", 2, &[(112, b"abc")]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        let hb = frames(&out);
+        let m = Message::parse(&hb[0]).unwrap();
+        assert_eq!((m.msg_type(), m.get(112)), (&b"0"[..], Some(&b"abc"[..])));
+        out.clear();
+        s.on_timer(T0 + 37 * SEC, &mut out);
+        let f = frames(&out);
+        let types: Vec<Vec<u8>> = f
+            .iter()
+            .map(|f| Message::parse(f).unwrap().msg_type().to_vec())
+            .collect();
+        // The TestRequest counts as traffic, so no Heartbeat is due in the same tick.
+        assert_eq!(types, [b"1".to_vec()]);
+        out.clear();
+        assert!(matches!(
+            s.on_timer(T0 + 68 * SEC, &mut out),
+            SessionEvent::Disconnect
+        ));
+    }
+
+    #[test]
+    fn inbound_gap_requests_resend_and_gap_fill_closes_it() {
+        let mut s = active();
+        let mut out = Vec::new();
+        let f = venue(b"8", 5, &[]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::None
+        ));
+        let m = frames(&out);
+        let rr = Message::parse(&m[0]).unwrap();
+        assert_eq!(
+            (rr.msg_type(), rr.uint(7), rr.uint(16)),
+            (&b"2"[..], Ok(2), Ok(0))
+        );
+        assert_eq!(s.counters().resend_requests_sent, 1);
+        // A second out-of-order message does not ask again.
+        out.clear();
+        let f = venue(b"8", 6, &[]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert!(out.is_empty());
+        let f = venue(b"4", 2, &[(43, b"Y"), (123, b"Y"), (36, b"5")]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.next_in(), 5);
+        let f = venue(b"8", 5, &[(43, b"Y")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::App(_)
+        ));
+        // A PossDup duplicate is ignored, a plain low sequence number logs out.
+        let f = venue(b"8", 5, &[(43, b"Y")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::None
+        ));
+        assert_eq!(s.counters().duplicates_ignored, 1);
+        let f = venue(b"8", 3, &[]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::Disconnect
+        ));
+    }
+
+    #[test]
+    fn serves_resend_with_poss_dup_and_gap_fill() {
+        let mut s = active(); // seq 1 = logon
+        let mut out = Vec::new();
+        s.send_app(b"D", b"11=1\x0155=AAPL\x01", T0, &mut out); // 2
+        s.on_timer(T0 + 30 * SEC, &mut out); // heartbeat 3 (and maybe test request)
+        let after_admin = s.next_out();
+        s.send_app(b"D", b"11=2\x0155=AAPL\x01", T0 + 30 * SEC, &mut out);
+        out.clear();
+        let rr = venue(b"2", 2, &[(7, b"1"), (16, b"0")]);
+        s.on_message(Message::parse(&rr).unwrap(), T0 + 31 * SEC, &mut out);
+        let f = frames(&out);
+        let got: Vec<(Vec<u8>, u64, Option<Vec<u8>>)> = f
+            .iter()
+            .map(|f| {
+                let m = Message::parse(f).unwrap();
+                assert!(m.poss_dup());
+                (
+                    m.msg_type().to_vec(),
+                    m.seq().unwrap(),
+                    m.get(36).map(<[u8]>::to_vec),
+                )
+            })
+            .collect();
+        assert_eq!(got[0], (b"4".to_vec(), 1, Some(b"2".to_vec())));
+        assert_eq!(got[1], (b"D".to_vec(), 2, None));
+        assert_eq!(
+            got[2],
+            (b"4".to_vec(), 3, Some(after_admin.to_string().into_bytes()))
+        );
+        assert_eq!(got[3], (b"D".to_vec(), after_admin, None));
+        assert_eq!(Message::parse(&f[1]).unwrap().get(11), Some(&b"1"[..]));
+        assert!(Message::parse(&f[1]).unwrap().get(122).is_some());
+        assert_eq!(s.counters().messages_resent, 2);
+    }
+
+    #[test]
+    fn replay_restores_sequence_numbers_and_store() {
+        let mut s = active();
+        let mut out = Vec::new();
+        s.send_app(b"D", b"11=1\x01", T0, &mut out);
+        let mut r = Session::new(cfg());
+        r.replay_outbound(&out);
+        let f = venue(b"8", 7, &[]);
+        r.replay_inbound(&Message::parse(&f).unwrap());
+        assert_eq!((r.next_out(), r.next_in()), (3, 8));
+        assert_eq!(r.store.range(1, 10).count(), 1);
+    }
+
+    #[test]
+    fn bad_comp_id_is_rejected_and_counted() {
+        let mut s = active();
+        let mut out = Vec::new();
+        let mut w = MessageWriter::default();
+        w.start(b"8")
+            .field(49, b"EVIL")
+            .field(56, b"GW")
+            .uint(34, 2)
+            .timestamp(52, T0);
+        let mut f = Vec::new();
+        w.finish(&mut f);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        let m = frames(&out);
+        let rej = Message::parse(&m[0]).unwrap();
+        assert_eq!((rej.msg_type(), rej.uint(45)), (&b"3"[..], Ok(2)));
+        assert_eq!(s.counters().rejects_sent, 1);
+        assert_eq!(s.next_in(), 3);
+    }
+
+    #[test]
+    fn logout_handshake() {
+        let mut s = active();
+        let mut out = Vec::new();
+        s.logout(T0, &mut out);
+        assert_eq!(s.state(), SessionState::LogoutSent);
+        let f = venue(b"5", 2, &[]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::Disconnect
+        ));
+        assert_eq!(frames(&out).len(), 1);
+    }
+}

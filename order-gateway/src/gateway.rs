@@ -1,0 +1,1257 @@
+//! The gateway core: an I/O-free state machine joining engines, risk, journal and FIX.
+//!
+//! Inputs are method calls carrying bytes and `now` (nanoseconds since the UNIX epoch);
+//! outputs go into an [`Outputs`] the driver drains **in this order**: append
+//! `Outputs::journal` to the [`crate::journal::Journal`] (write-ahead), then send
+//! `Outputs::fix` to the venue, then deliver `Outputs::engine`. Recovery feeds every journal
+//! record back through [`Gateway::replay_record`], which applies the same state transitions
+//! as live operation without emitting anything.
+//!
+//! Identifiers: every accepted request gets a gateway id from one counter; a new order's id is
+//! its order id and its FIX ClOrdID; cancels and replaces get their own ids (FIX wants a fresh
+//! ClOrdID per request). Ids survive restarts because they are rebuilt from the journal.
+//!
+//! This module must not touch sockets or files.
+
+use std::collections::HashMap;
+
+use zerocopy::byteorder::little_endian::{I64, U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+use crate::fix::session::{push_field, push_price, push_timestamp, push_uint};
+use crate::fix::{split_frame, tag, Message, Session, SessionConfig, SessionEvent, SessionState};
+use crate::journal::encode_record;
+use crate::proto::{self, msg_type, RejectReason, Request, Response, Side, Symbol};
+use crate::risk::{KillScope, OrderParams, RiskConfig, RiskConfigError, RiskEngine};
+
+/// Engine identifier, assigned by the transport.
+pub type EngineId = u32;
+
+/// Journal record kinds.
+pub mod record {
+    /// Raw engine request: `engine u32 LE` + frame bytes.
+    pub const ENGINE_REQUEST: u8 = 1;
+    /// A risk/gateway decision: [`super::Decision`].
+    pub const DECISION: u8 = 2;
+    /// One or more FIX frames sent.
+    pub const FIX_OUT: u8 = 3;
+    /// One FIX frame received and processed in sequence.
+    pub const FIX_IN: u8 = 4;
+}
+
+/// Journal payload of a decision on an engine request. 48 bytes, little-endian.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Decision {
+    /// Engine.
+    pub engine: U32,
+    /// Account.
+    pub account: U32,
+    /// Engine's order id.
+    pub cl_ord_id: U64,
+    /// Gateway order id (0 when rejected).
+    pub order_id: U64,
+    /// Gateway request id (= FIX ClOrdID of the request; 0 when rejected).
+    pub request_id: U64,
+    /// Price (new order or replace).
+    pub price: I64,
+    /// Quantity (new order or replace).
+    pub qty: U32,
+    /// 0 = accepted, else a [`RejectReason`].
+    pub reason: U16,
+    /// Request type ([`msg_type`]).
+    pub request: u8,
+    /// Side byte.
+    pub side: u8,
+    /// Symbol.
+    pub symbol: Symbol,
+}
+
+const _: () = assert!(size_of::<Decision>() == 56);
+
+/// What the driver must do after a call.
+#[derive(Debug, Default)]
+pub struct Outputs {
+    /// Responses to deliver to engines.
+    pub engine: Vec<(EngineId, Response)>,
+    /// FIX bytes to send to the venue.
+    pub fix: Vec<u8>,
+    /// Journal records to append before anything else leaves.
+    pub journal: Vec<u8>,
+    /// Number of records in `journal`.
+    pub journal_records: u32,
+    /// The FIX transport must be closed.
+    pub disconnect: bool,
+}
+
+impl Outputs {
+    /// Empties every queue (keeps capacity).
+    pub fn clear(&mut self) {
+        self.engine.clear();
+        self.fix.clear();
+        self.journal.clear();
+        self.journal_records = 0;
+        self.disconnect = false;
+    }
+
+    fn record(&mut self, kind: u8, parts: &[&[u8]]) {
+        encode_record(&mut self.journal, kind, parts);
+        self.journal_records += 1;
+    }
+}
+
+/// Where an order is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrderStatus {
+    /// Sent to the venue, not acknowledged.
+    PendingNew,
+    /// Live at the venue.
+    Open,
+    /// Filled, canceled or rejected.
+    Done,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    Cancel,
+    Replace { qty: u32, price: i64 },
+}
+
+/// A gateway order.
+#[derive(Clone, Copy, Debug)]
+pub struct Order {
+    /// Owning engine.
+    pub engine: EngineId,
+    /// The engine's id.
+    pub cl_ord_id: u64,
+    /// Current terms.
+    pub params: OrderParams,
+    /// Executed quantity.
+    pub cum_qty: u32,
+    /// Status.
+    pub status: OrderStatus,
+    /// FIX ClOrdID the venue currently knows the order by.
+    pub venue_cl_ord_id: u64,
+    pending: Option<(u64, Change)>,
+}
+
+/// Gateway counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GatewayCounters {
+    /// Engine frames that did not decode.
+    pub malformed_engine: u64,
+    /// FIX frames that failed framing or field syntax.
+    pub malformed_fix: u64,
+    /// Application messages rejected at session level (missing/bad fields).
+    pub rejected_app: u64,
+    /// Execution reports for unknown ClOrdIDs.
+    pub unknown_exec: u64,
+}
+
+/// The gateway state machine.
+#[derive(Debug)]
+pub struct Gateway {
+    risk: RiskEngine,
+    session: Session,
+    orders: HashMap<u64, Order>,
+    by_engine: HashMap<(EngineId, u64), u64>,
+    by_request: HashMap<u64, u64>,
+    next_id: u64,
+    inbuf: Vec<u8>,
+    body: Vec<u8>,
+    counters: GatewayCounters,
+    /// Discard sink for replay.
+    scratch: Outputs,
+}
+
+/// Why an application message was rejected: (tag, FIX SessionRejectReason, text).
+type AppReject = (u32, u32, &'static str);
+
+fn side_fix(s: Side) -> &'static [u8] {
+    match s {
+        Side::Buy => b"1",
+        Side::Sell => b"2",
+    }
+}
+
+fn parse_u32(m: &Message<'_>, t: u32) -> Result<u32, AppReject> {
+    // Quantities may come as decimals ("100" or "100.0"); whole units only.
+    let v = m.require(t).map_err(|_| (t, 1, "required tag missing"))?;
+    let int = v.split(|&c| c == b'.').next().unwrap_or(b"");
+    std::str::from_utf8(int)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or((t, 6, "incorrect data format"))
+}
+
+impl Gateway {
+    /// Builds a gateway with fresh state (replay the journal next).
+    pub fn new(session: SessionConfig, risk: &RiskConfig) -> Result<Gateway, RiskConfigError> {
+        Ok(Gateway {
+            risk: RiskEngine::new(risk)?,
+            session: Session::new(session),
+            orders: HashMap::with_capacity(1 << 16),
+            by_engine: HashMap::with_capacity(1 << 16),
+            by_request: HashMap::with_capacity(1 << 16),
+            next_id: 1,
+            inbuf: Vec::with_capacity(1 << 16),
+            body: Vec::with_capacity(512),
+            counters: GatewayCounters::default(),
+            scratch: Outputs::default(),
+        })
+    }
+
+    /// Risk state.
+    pub fn risk(&self) -> &RiskEngine {
+        &self.risk
+    }
+
+    /// FIX session.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> GatewayCounters {
+        self.counters
+    }
+
+    /// Order of `engine` with the engine's id `cl_ord_id`.
+    pub fn order(&self, engine: EngineId, cl_ord_id: u64) -> Option<&Order> {
+        self.by_engine
+            .get(&(engine, cl_ord_id))
+            .and_then(|id| self.orders.get(id))
+    }
+
+    /// Every order, keyed by gateway order id.
+    pub fn orders(&self) -> impl Iterator<Item = (u64, &Order)> {
+        self.orders.iter().map(|(k, v)| (*k, v))
+    }
+
+    /// Orders not yet final.
+    pub fn open_order_count(&self) -> usize {
+        self.orders
+            .values()
+            .filter(|o| o.status != OrderStatus::Done)
+            .count()
+    }
+
+    /// Reference price from the market-data bus.
+    pub fn on_reference_price(&mut self, symbol: Symbol, price: i64, now: u64) {
+        self.risk.on_reference_price(symbol, price, now);
+    }
+
+    /// Halt state from the feed.
+    pub fn on_halt(&mut self, symbol: Symbol, halted: bool) {
+        self.risk.on_halt(symbol, halted);
+    }
+
+    /// FIX transport connected: logs on.
+    pub fn on_connect(&mut self, now: u64, out: &mut Outputs) {
+        let start = out.fix.len();
+        self.session.on_connect(now, &mut out.fix);
+        Self::journal_out(out, start);
+    }
+
+    /// FIX transport lost.
+    pub fn on_disconnect(&mut self) {
+        self.session.on_disconnect();
+        self.inbuf.clear();
+    }
+
+    /// Timers (heartbeat, test request, timeouts).
+    pub fn on_timer(&mut self, now: u64, out: &mut Outputs) {
+        let start = out.fix.len();
+        if matches!(
+            self.session.on_timer(now, &mut out.fix),
+            SessionEvent::Disconnect
+        ) {
+            out.disconnect = true;
+        }
+        Self::journal_out(out, start);
+    }
+
+    /// Starts a FIX logout.
+    pub fn logout(&mut self, now: u64, out: &mut Outputs) {
+        let start = out.fix.len();
+        self.session.logout(now, &mut out.fix);
+        Self::journal_out(out, start);
+    }
+
+    fn journal_out(out: &mut Outputs, start: usize) {
+        if out.fix.len() > start {
+            let (journal, fix) = (&mut out.journal, &out.fix[start..]);
+            encode_record(journal, record::FIX_OUT, &[fix]);
+            out.journal_records += 1;
+        }
+    }
+
+    /// Turns a kill switch on or off; turning it on cancels the open orders in its scope.
+    pub fn set_kill(&mut self, scope: KillScope, on: bool, now: u64, out: &mut Outputs) {
+        self.risk.set_kill(scope, on);
+        if on {
+            self.cancel_where(now, out, |o| match scope {
+                KillScope::Global => true,
+                KillScope::Engine(e) => o.engine == e,
+                KillScope::Account(a) => o.params.account == a,
+            });
+        }
+    }
+
+    /// Cancel-on-disconnect: cancels every open order of `engine`.
+    pub fn on_engine_disconnect(&mut self, engine: EngineId, now: u64, out: &mut Outputs) {
+        self.cancel_where(now, out, |o| o.engine == engine);
+    }
+
+    fn cancel_where(&mut self, now: u64, out: &mut Outputs, pred: impl Fn(&Order) -> bool) {
+        let mut targets: Vec<(EngineId, u64)> = self
+            .orders
+            .values()
+            .filter(|o| o.status != OrderStatus::Done && o.pending.is_none() && pred(o))
+            .map(|o| (o.engine, o.cl_ord_id))
+            .collect();
+        targets.sort_unstable();
+        for (engine, cl) in targets {
+            self.handle_cancel(engine, cl, now, out);
+        }
+    }
+
+    /// One engine frame.
+    pub fn on_engine_message(
+        &mut self,
+        engine: EngineId,
+        bytes: &[u8],
+        now: u64,
+        out: &mut Outputs,
+    ) {
+        out.record(record::ENGINE_REQUEST, &[&engine.to_le_bytes(), bytes]);
+        let req = match Request::decode(bytes) {
+            Ok((r, _)) => r,
+            Err(_) => {
+                self.counters.malformed_engine += 1;
+                let cl = bytes
+                    .get(8..16)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(0, u64::from_le_bytes);
+                let ty = bytes.first().copied().unwrap_or(0);
+                out.engine
+                    .push((engine, Response::reject(cl, ty, RejectReason::Malformed)));
+                return;
+            }
+        };
+        match req {
+            Request::NewOrder(m) => self.handle_new(engine, &m, now, out),
+            Request::Cancel(m) => self.handle_cancel(engine, m.cl_ord_id.get(), now, out),
+            Request::Replace(m) => self.handle_replace(engine, &m, now, out),
+            Request::MassCancel(m) => {
+                let (account, symbol) = (m.account.get(), m.symbol);
+                self.cancel_where(now, out, |o| {
+                    o.engine == engine
+                        && (account == 0 || o.params.account == account)
+                        && (symbol.is_blank() || o.params.symbol == symbol)
+                });
+            }
+        }
+    }
+
+    fn decision(out: &mut Outputs, d: &Decision) {
+        out.record(record::DECISION, &[d.as_bytes()]);
+    }
+
+    fn reject_request(
+        engine: EngineId,
+        cl: u64,
+        request: u8,
+        reason: RejectReason,
+        out: &mut Outputs,
+        d: Option<Decision>,
+    ) {
+        let d = d.unwrap_or_else(|| Decision {
+            engine: U32::new(engine),
+            account: U32::ZERO,
+            cl_ord_id: U64::new(cl),
+            order_id: U64::ZERO,
+            request_id: U64::ZERO,
+            price: I64::ZERO,
+            qty: U32::ZERO,
+            reason: U16::ZERO,
+            request,
+            side: 0,
+            symbol: Symbol::default(),
+        });
+        Self::decision(
+            out,
+            &Decision {
+                reason: U16::new(reason as u16),
+                ..d
+            },
+        );
+        out.engine
+            .push((engine, Response::reject(cl, request, reason)));
+    }
+
+    fn handle_new(&mut self, engine: EngineId, m: &proto::NewOrder, now: u64, out: &mut Outputs) {
+        let cl = m.cl_ord_id.get();
+        let params = OrderParams {
+            account: m.account.get(),
+            symbol: m.symbol,
+            side: m.side(),
+            qty: m.qty.get(),
+            price: m.price.get(),
+        };
+        let mut d = Decision {
+            engine: U32::new(engine),
+            account: m.account,
+            cl_ord_id: m.cl_ord_id,
+            order_id: U64::ZERO,
+            request_id: U64::ZERO,
+            price: m.price,
+            qty: m.qty,
+            reason: U16::ZERO,
+            request: msg_type::NEW_ORDER,
+            side: m.side,
+            symbol: m.symbol,
+        };
+        let verdict = if self.session.state() != SessionState::Active {
+            Err(RejectReason::SessionDown)
+        } else {
+            self.risk.check_new(engine, cl, &params, now)
+        };
+        // Ids are single-use whatever the verdict (replay marks every decision the same way).
+        self.risk.mark_seen(engine, cl);
+        if let Err(reason) = verdict {
+            Self::reject_request(engine, cl, msg_type::NEW_ORDER, reason, out, Some(d));
+            return;
+        }
+        let id = self.next_id;
+        d.order_id = U64::new(id);
+        d.request_id = U64::new(id);
+        Self::decision(out, &d);
+        self.apply_decision(&d);
+        let b = &mut self.body;
+        b.clear();
+        push_uint(b, tag::CL_ORD_ID, id);
+        push_uint(b, tag::ACCOUNT, u64::from(params.account));
+        push_field(b, tag::SYMBOL, params.symbol.as_bytes());
+        push_field(b, tag::SIDE, side_fix(params.side));
+        self.send_order_body(b"D", params.qty, Some(params.price), m.tif, now, out);
+    }
+
+    /// Appends TransactTime, OrderQty, OrdType/Price, TimeInForce to `self.body` and sends it.
+    fn send_order_body(
+        &mut self,
+        ty: &[u8],
+        qty: u32,
+        price: Option<i64>,
+        tif: u8,
+        now: u64,
+        out: &mut Outputs,
+    ) {
+        let b = &mut self.body;
+        push_timestamp(b, tag::TRANSACT_TIME, now);
+        push_uint(b, tag::ORDER_QTY, u64::from(qty));
+        if let Some(px) = price {
+            push_field(b, tag::ORD_TYPE, b"2");
+            push_price(b, tag::PRICE, px);
+            if ty == b"D" {
+                push_field(b, tag::TIME_IN_FORCE, &[tif]);
+            }
+        }
+        let start = out.fix.len();
+        self.session.send_app(ty, &self.body, now, &mut out.fix);
+        Self::journal_out(out, start);
+    }
+
+    fn handle_cancel(&mut self, engine: EngineId, cl: u64, now: u64, out: &mut Outputs) {
+        let Some(&oid) = self.by_engine.get(&(engine, cl)) else {
+            return Self::reject_request(
+                engine,
+                cl,
+                msg_type::CANCEL,
+                RejectReason::UnknownOrder,
+                out,
+                None,
+            );
+        };
+        let o = self.orders[&oid];
+        let reason = if o.status == OrderStatus::Done {
+            Some(RejectReason::UnknownOrder)
+        } else if o.pending.is_some() {
+            Some(RejectReason::PendingChange)
+        } else if self.session.state() != SessionState::Active {
+            Some(RejectReason::SessionDown)
+        } else {
+            None
+        };
+        if let Some(r) = reason {
+            return Self::reject_request(engine, cl, msg_type::CANCEL, r, out, None);
+        }
+        let id = self.next_id;
+        let d = Decision {
+            engine: U32::new(engine),
+            account: U32::new(o.params.account),
+            cl_ord_id: U64::new(cl),
+            order_id: U64::new(oid),
+            request_id: U64::new(id),
+            price: I64::new(o.params.price),
+            qty: U32::new(o.params.qty),
+            reason: U16::ZERO,
+            request: msg_type::CANCEL,
+            side: o.params.side as u8,
+            symbol: o.params.symbol,
+        };
+        Self::decision(out, &d);
+        self.apply_decision(&d);
+        let b = &mut self.body;
+        b.clear();
+        push_uint(b, tag::ORIG_CL_ORD_ID, o.venue_cl_ord_id);
+        push_uint(b, tag::CL_ORD_ID, id);
+        push_field(b, tag::SYMBOL, o.params.symbol.as_bytes());
+        push_field(b, tag::SIDE, side_fix(o.params.side));
+        self.send_order_body(b"F", o.params.qty, None, 0, now, out);
+    }
+
+    fn handle_replace(
+        &mut self,
+        engine: EngineId,
+        m: &proto::Replace,
+        now: u64,
+        out: &mut Outputs,
+    ) {
+        let cl = m.cl_ord_id.get();
+        let Some(&oid) = self.by_engine.get(&(engine, cl)) else {
+            return Self::reject_request(
+                engine,
+                cl,
+                msg_type::REPLACE,
+                RejectReason::UnknownOrder,
+                out,
+                None,
+            );
+        };
+        let o = self.orders[&oid];
+        let new = OrderParams {
+            qty: m.qty.get(),
+            price: m.price.get(),
+            ..o.params
+        };
+        let verdict = if o.status == OrderStatus::Done {
+            Err(RejectReason::UnknownOrder)
+        } else if o.pending.is_some() {
+            Err(RejectReason::PendingChange)
+        } else if self.session.state() != SessionState::Active {
+            Err(RejectReason::SessionDown)
+        } else if new.qty <= o.cum_qty {
+            Err(RejectReason::MaxQuantity)
+        } else {
+            let leaves = o.params.qty - o.cum_qty;
+            let new_open = OrderParams {
+                qty: new.qty - o.cum_qty,
+                ..new
+            };
+            self.risk
+                .check_replace(engine, &o.params, leaves, &new_open, now)
+        };
+        if let Err(r) = verdict {
+            return Self::reject_request(engine, cl, msg_type::REPLACE, r, out, None);
+        }
+        let id = self.next_id;
+        let d = Decision {
+            engine: U32::new(engine),
+            account: U32::new(o.params.account),
+            cl_ord_id: U64::new(cl),
+            order_id: U64::new(oid),
+            request_id: U64::new(id),
+            price: m.price,
+            qty: m.qty,
+            reason: U16::ZERO,
+            request: msg_type::REPLACE,
+            side: o.params.side as u8,
+            symbol: o.params.symbol,
+        };
+        Self::decision(out, &d);
+        self.apply_decision(&d);
+        let b = &mut self.body;
+        b.clear();
+        push_uint(b, tag::ORIG_CL_ORD_ID, o.venue_cl_ord_id);
+        push_uint(b, tag::CL_ORD_ID, id);
+        push_field(b, tag::SYMBOL, o.params.symbol.as_bytes());
+        push_field(b, tag::SIDE, side_fix(o.params.side));
+        self.send_order_body(b"G", new.qty, Some(new.price), 0, now, out);
+    }
+
+    /// State change of an accepted decision (live and replay).
+    fn apply_decision(&mut self, d: &Decision) {
+        let engine = d.engine.get();
+        let cl = d.cl_ord_id.get();
+        if d.request == msg_type::NEW_ORDER {
+            self.risk.mark_seen(engine, cl);
+        }
+        if d.reason.get() != 0 {
+            return;
+        }
+        let (oid, rid) = (d.order_id.get(), d.request_id.get());
+        self.next_id = self.next_id.max(rid + 1);
+        self.by_request.insert(rid, oid);
+        match d.request {
+            msg_type::NEW_ORDER => {
+                let side = if d.side == Side::Sell as u8 {
+                    Side::Sell
+                } else {
+                    Side::Buy
+                };
+                let params = OrderParams {
+                    account: d.account.get(),
+                    symbol: d.symbol,
+                    side,
+                    qty: d.qty.get(),
+                    price: d.price.get(),
+                };
+                self.orders.insert(
+                    oid,
+                    Order {
+                        engine,
+                        cl_ord_id: cl,
+                        params,
+                        cum_qty: 0,
+                        status: OrderStatus::PendingNew,
+                        venue_cl_ord_id: oid,
+                        pending: None,
+                    },
+                );
+                self.by_engine.insert((engine, cl), oid);
+                // Live, check_new already reserved; replay has to. Reserve here only on replay:
+                // see replay_record.
+            }
+            msg_type::CANCEL => {
+                if let Some(o) = self.orders.get_mut(&oid) {
+                    o.pending = Some((rid, Change::Cancel));
+                }
+            }
+            msg_type::REPLACE => {
+                if let Some(o) = self.orders.get_mut(&oid) {
+                    // The reservation stays on the old terms until the venue confirms the replace.
+                    o.pending = Some((
+                        rid,
+                        Change::Replace {
+                            qty: d.qty.get(),
+                            price: d.price.get(),
+                        },
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Replays one journal record (recovery). Emits nothing.
+    pub fn replay_record(&mut self, kind: u8, payload: &[u8]) {
+        match kind {
+            record::DECISION => {
+                let Ok((d, _)) = Decision::read_from_prefix(payload) else {
+                    return;
+                };
+                self.apply_decision(&d);
+                if d.request == msg_type::NEW_ORDER && d.reason.get() == 0 {
+                    if let Some(o) = self.orders.get(&d.order_id.get()) {
+                        let p = o.params;
+                        self.risk.restore_open(&p);
+                    }
+                }
+            }
+            record::FIX_OUT => self.session.replay_outbound(payload),
+            record::FIX_IN => {
+                if split_frame(payload).is_err() {
+                    return;
+                }
+                let Ok(m) = Message::parse(payload) else {
+                    return;
+                };
+                self.session.replay_inbound(&m);
+                if !matches!(m.msg_type(), b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A") {
+                    let mut scratch = std::mem::take(&mut self.scratch);
+                    let _ = self.apply_app(&m, &mut scratch);
+                    scratch.clear();
+                    self.scratch = scratch;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Bytes from the venue.
+    pub fn on_fix_bytes(&mut self, bytes: &[u8], now: u64, out: &mut Outputs) {
+        let mut buf = std::mem::take(&mut self.inbuf);
+        buf.extend_from_slice(bytes);
+        let mut pos = 0;
+        while pos < buf.len() {
+            match split_frame(&buf[pos..]) {
+                Ok(n) => {
+                    self.on_frame(&buf[pos..pos + n], now, out);
+                    pos += n;
+                }
+                Err(crate::fix::FixError::Incomplete) => break,
+                Err(
+                    crate::fix::FixError::BadBeginString { skip }
+                    | crate::fix::FixError::BadBodyLength { skip }
+                    | crate::fix::FixError::BadChecksum { skip },
+                ) => {
+                    // Garbled frames are dropped (FIX spec); the gap they leave is resent.
+                    self.counters.malformed_fix += 1;
+                    self.session.count_garbled();
+                    pos += skip.max(1);
+                }
+                Err(_) => {
+                    self.counters.malformed_fix += 1;
+                    pos = buf.len();
+                }
+            }
+            if out.disconnect {
+                break;
+            }
+        }
+        buf.drain(..pos.min(buf.len()));
+        self.inbuf = buf;
+    }
+
+    fn on_frame(&mut self, frame: &[u8], now: u64, out: &mut Outputs) {
+        let start = out.fix.len();
+        let m = match Message::parse(frame) {
+            Ok(m) => m,
+            Err(_) => {
+                self.counters.malformed_fix += 1;
+                let seq = find_seq(frame);
+                self.session.reject(
+                    seq.unwrap_or(0),
+                    None,
+                    0,
+                    "malformed field",
+                    now,
+                    &mut out.fix,
+                );
+                if let Some(seq) = seq {
+                    self.session.consume_rejected(seq);
+                }
+                Self::journal_out(out, start);
+                return;
+            }
+        };
+        let before = self.session.next_in();
+        let ev = self.session.on_message(m, now, &mut out.fix);
+        if self.session.next_in() != before {
+            out.record(record::FIX_IN, &[frame]);
+        }
+        match ev {
+            SessionEvent::App(m) => {
+                if let Err((t, reason, text)) = self.apply_app(&m, out) {
+                    self.counters.rejected_app += 1;
+                    self.session.reject(
+                        m.seq().unwrap_or(0),
+                        Some(t),
+                        reason,
+                        text,
+                        now,
+                        &mut out.fix,
+                    );
+                }
+            }
+            SessionEvent::Disconnect => out.disconnect = true,
+            SessionEvent::LoggedOn | SessionEvent::None => {}
+        }
+        Self::journal_out(out, start);
+    }
+
+    /// Applies an in-sequence application message (live and replay).
+    fn apply_app(&mut self, m: &Message<'_>, out: &mut Outputs) -> Result<(), AppReject> {
+        match m.msg_type() {
+            b"8" => self.on_execution_report(m, out),
+            b"9" => self.on_cancel_reject(m, out),
+            _ => Ok(()),
+        }
+    }
+
+    fn lookup(&mut self, m: &Message<'_>) -> Result<Option<(u64, u64)>, AppReject> {
+        let req = m
+            .uint(tag::CL_ORD_ID)
+            .map_err(|_| (tag::CL_ORD_ID, 5, "ClOrdID missing or not ours"))?;
+        match self.by_request.get(&req) {
+            Some(&oid) => Ok(Some((req, oid))),
+            None => {
+                self.counters.unknown_exec += 1;
+                Ok(None)
+            }
+        }
+    }
+
+    fn on_execution_report(&mut self, m: &Message<'_>, out: &mut Outputs) -> Result<(), AppReject> {
+        let exec_type = m
+            .require(tag::EXEC_TYPE)
+            .map_err(|_| (tag::EXEC_TYPE, 1, "required tag missing"))?;
+        let Some((req, oid)) = self.lookup(m)? else {
+            return Ok(());
+        };
+        let Some(o) = self.orders.get_mut(&oid) else {
+            return Ok(());
+        };
+        if o.status == OrderStatus::Done {
+            return Ok(()); // late report for a final order: already answered
+        }
+        let cl = o.cl_ord_id;
+        let engine = o.engine;
+        match exec_type {
+            b"0" if o.status == OrderStatus::PendingNew => {
+                o.status = OrderStatus::Open;
+                out.engine.push((engine, Response::ack(cl, oid)));
+            }
+            b"F" | b"1" | b"2" => {
+                let last_qty = parse_u32(m, tag::LAST_QTY)?;
+                let last_px = m
+                    .price(tag::LAST_PX)
+                    .map_err(|_| (tag::LAST_PX, 6, "incorrect data format"))?;
+                let cum = parse_u32(m, tag::CUM_QTY)?;
+                let leaves = parse_u32(m, tag::LEAVES_QTY)?;
+                o.cum_qty = cum;
+                if o.status == OrderStatus::PendingNew {
+                    o.status = OrderStatus::Open;
+                }
+                let p = o.params;
+                self.risk.on_fill(&p, last_qty, last_px);
+                if leaves == 0 {
+                    o.status = OrderStatus::Done;
+                    self.risk.on_order_done(&p, 0);
+                }
+                out.engine
+                    .push((engine, Response::fill(cl, last_qty, last_px, cum, leaves)));
+            }
+            b"4" | b"C" => {
+                let leaves = o.params.qty.saturating_sub(o.cum_qty);
+                o.status = OrderStatus::Done;
+                let p = o.params;
+                self.risk.on_order_done(&p, leaves);
+                out.engine.push((engine, Response::canceled(cl, leaves)));
+            }
+            b"5" => {
+                if let Some((rid, Change::Replace { qty, price })) = o.pending {
+                    if rid == req {
+                        let old = o.params;
+                        let old_open = OrderParams {
+                            qty: old.qty.saturating_sub(o.cum_qty),
+                            ..old
+                        };
+                        let new_open = OrderParams {
+                            qty: qty.saturating_sub(o.cum_qty),
+                            price,
+                            ..old
+                        };
+                        self.risk.move_reservation(&old_open, &new_open);
+                        o.params.qty = qty;
+                        o.params.price = price;
+                        o.venue_cl_ord_id = rid;
+                        o.pending = None;
+                        if o.status == OrderStatus::PendingNew {
+                            o.status = OrderStatus::Open;
+                        }
+                        let leaves = qty.saturating_sub(o.cum_qty);
+                        out.engine
+                            .push((engine, Response::replaced(cl, qty, leaves, price)));
+                    }
+                }
+            }
+            b"8" => {
+                let leaves = o.params.qty.saturating_sub(o.cum_qty);
+                o.status = OrderStatus::Done;
+                let p = o.params;
+                self.risk.on_order_done(&p, leaves);
+                out.engine.push((
+                    engine,
+                    Response::reject(cl, msg_type::NEW_ORDER, RejectReason::VenueReject),
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn on_cancel_reject(&mut self, m: &Message<'_>, out: &mut Outputs) -> Result<(), AppReject> {
+        let Some((req, oid)) = self.lookup(m)? else {
+            return Ok(());
+        };
+        let Some(o) = self.orders.get_mut(&oid) else {
+            return Ok(());
+        };
+        let Some((rid, change)) = o.pending else {
+            return Ok(());
+        };
+        if rid != req {
+            return Ok(());
+        }
+        o.pending = None;
+        let request = match change {
+            Change::Cancel => msg_type::CANCEL,
+            Change::Replace { .. } => msg_type::REPLACE,
+        };
+        let (engine, cl) = (o.engine, o.cl_ord_id);
+        out.engine.push((
+            engine,
+            Response::reject(cl, request, RejectReason::VenueCancelReject),
+        ));
+        Ok(())
+    }
+}
+
+/// Finds MsgSeqNum in a frame whose fields did not all parse.
+fn find_seq(frame: &[u8]) -> Option<u64> {
+    let at = frame.windows(4).position(|w| w == b"\x0134=")? + 4;
+    let digits = frame[at..]
+        .iter()
+        .take_while(|c| c.is_ascii_digit())
+        .count();
+    std::str::from_utf8(&frame[at..at + digits])
+        .ok()?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fix::MessageWriter;
+    use crate::journal::decode_record;
+    use crate::proto::{Cancel, NewOrder, Replace, TimeInForce, PRICE_SCALE};
+
+    const SEC: u64 = 1_000_000_000;
+    const T0: u64 = 1_704_207_600 * SEC;
+
+    fn risk() -> RiskConfig {
+        toml::from_str(
+            r#"
+            reference_max_age_ms = 5000
+            throttle_interval_ms = 1000
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 10000000
+            max_position = 100000
+            max_open_orders = 100
+            max_orders_per_interval = 100
+            collar_bps = 500
+            [[engines]]
+            id = 1
+            accounts = [7]
+            "#,
+        )
+        .unwrap()
+    }
+
+    fn session() -> SessionConfig {
+        SessionConfig {
+            sender_comp_id: "GW".into(),
+            target_comp_id: "VENUE".into(),
+            heartbeat_secs: 30,
+        }
+    }
+
+    fn aapl() -> Symbol {
+        Symbol::new("AAPL").unwrap()
+    }
+
+    struct Venue {
+        seq: u64,
+    }
+
+    impl Venue {
+        fn frame(&mut self, ty: &[u8], fields: &[(u32, &[u8])]) -> Vec<u8> {
+            let mut w = MessageWriter::default();
+            w.start(ty)
+                .field(49, b"VENUE")
+                .field(56, b"GW")
+                .uint(34, self.seq)
+                .timestamp(52, T0);
+            self.seq += 1;
+            for (t, v) in fields {
+                w.field(*t, v);
+            }
+            let mut out = Vec::new();
+            w.finish(&mut out);
+            out
+        }
+
+        fn exec(&mut self, cl: u64, exec_type: &[u8], last: u32, cum: u32, leaves: u32) -> Vec<u8> {
+            let cl = cl.to_string();
+            let (last, cum, leaves) = (last.to_string(), cum.to_string(), leaves.to_string());
+            self.frame(
+                b"8",
+                &[
+                    (37, b"V1"),
+                    (17, b"E1"),
+                    (11, cl.as_bytes()),
+                    (150, exec_type),
+                    (39, b"0"),
+                    (55, b"AAPL"),
+                    (54, b"1"),
+                    (32, last.as_bytes()),
+                    (31, b"100.0"),
+                    (14, cum.as_bytes()),
+                    (151, leaves.as_bytes()),
+                    (6, b"100"),
+                ],
+            )
+        }
+    }
+
+    /// A logged-on gateway with a fresh reference price.
+    fn active() -> (Gateway, Venue, Outputs) {
+        let mut gw = Gateway::new(session(), &risk()).unwrap();
+        let mut out = Outputs::default();
+        gw.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+        gw.on_connect(T0, &mut out);
+        let mut v = Venue { seq: 1 };
+        let logon = v.frame(b"A", &[(98, b"0"), (108, b"30")]);
+        gw.on_fix_bytes(&logon, T0, &mut out);
+        assert_eq!(gw.session().state(), SessionState::Active);
+        (gw, v, out)
+    }
+
+    fn new_order(cl: u64, qty: u32, px: i64) -> NewOrder {
+        NewOrder::new(
+            cl,
+            7,
+            aapl(),
+            Side::Buy,
+            qty,
+            px * PRICE_SCALE,
+            TimeInForce::Day,
+        )
+    }
+
+    fn last_fix(out: &Outputs) -> Vec<u8> {
+        let mut rest = &out.fix[..];
+        let mut last = Vec::new();
+        while let Ok(n) = split_frame(rest) {
+            last = rest[..n].to_vec();
+            rest = &rest[n..];
+        }
+        last
+    }
+
+    #[test]
+    fn new_order_goes_out_as_new_order_single_and_fills_come_back() {
+        let (mut gw, mut v, mut out) = active();
+        out.clear();
+        gw.on_engine_message(1, new_order(42, 300, 100).as_bytes(), T0, &mut out);
+        let f = last_fix(&out);
+        let m = Message::parse(&f).unwrap();
+        assert_eq!(m.msg_type(), b"D");
+        let id = m.uint(tag::CL_ORD_ID).unwrap();
+        assert_eq!(
+            (m.get(55), m.get(54), m.get(38), m.get(44), m.get(40)),
+            (
+                Some(&b"AAPL"[..]),
+                Some(&b"1"[..]),
+                Some(&b"300"[..]),
+                Some(&b"100.0000"[..]),
+                Some(&b"2"[..])
+            )
+        );
+        assert!(out.engine.is_empty());
+        out.clear();
+        gw.on_fix_bytes(&v.exec(id, b"0", 0, 0, 300), T0, &mut out);
+        gw.on_fix_bytes(&v.exec(id, b"F", 100, 100, 200), T0, &mut out);
+        gw.on_fix_bytes(&v.exec(id, b"F", 200, 300, 0), T0, &mut out);
+        let got: Vec<u8> = out.engine.iter().map(|(_, r)| r.as_bytes()[0]).collect();
+        assert_eq!(got, [msg_type::ACK, msg_type::PARTIAL_FILL, msg_type::FILL]);
+        assert_eq!(gw.order(1, 42).unwrap().status, OrderStatus::Done);
+        assert_eq!(gw.risk().position(7, aapl()), 300);
+        assert_eq!(gw.risk().open_orders(7), 0);
+        // A late duplicate report is ignored: the engine was answered once.
+        out.clear();
+        gw.on_fix_bytes(&v.exec(id, b"F", 200, 300, 0), T0, &mut out);
+        assert!(out.engine.is_empty());
+    }
+
+    #[test]
+    fn risk_and_session_rejects_reach_the_engine_with_reason() {
+        let mut gw = Gateway::new(session(), &risk()).unwrap();
+        let mut out = Outputs::default();
+        gw.on_engine_message(1, new_order(1, 10, 100).as_bytes(), T0, &mut out);
+        let Response::Reject(r) = out.engine[0].1 else {
+            panic!()
+        };
+        assert_eq!(r.reason(), RejectReason::SessionDown);
+        let (mut gw, _, mut out) = active();
+        out.clear();
+        gw.on_engine_message(1, new_order(1, 10, 120).as_bytes(), T0, &mut out);
+        gw.on_engine_message(1, new_order(2, 5000, 100).as_bytes(), T0, &mut out);
+        gw.on_engine_message(2, new_order(3, 10, 100).as_bytes(), T0, &mut out);
+        let reasons: Vec<RejectReason> = out
+            .engine
+            .iter()
+            .map(|(_, r)| match r {
+                Response::Reject(r) => r.reason(),
+                _ => panic!("not a reject"),
+            })
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                RejectReason::PriceCollar,
+                RejectReason::MaxQuantity,
+                RejectReason::AccountNotGranted
+            ]
+        );
+        assert!(out.fix.is_empty(), "nothing rejected reaches the venue");
+    }
+
+    #[test]
+    fn malformed_engine_and_fix_input_is_counted_not_fatal() {
+        let (mut gw, mut v, mut out) = active();
+        out.clear();
+        gw.on_engine_message(1, &[b'N', 1, 48, 0], T0, &mut out);
+        gw.on_engine_message(1, &[], T0, &mut out);
+        assert_eq!(gw.counters().malformed_engine, 2);
+        assert!(
+            matches!(out.engine[0].1, Response::Reject(r) if r.reason() == RejectReason::Malformed)
+        );
+        // Bad checksum: dropped and counted.
+        let mut f = v.frame(b"0", &[]);
+        let l = f.len();
+        f[l - 2] = b'0' + (f[l - 2] - b'0' + 1) % 10;
+        gw.on_fix_bytes(&f, T0, &mut out);
+        assert_eq!(gw.counters().malformed_fix, 1);
+        // Garbage between frames.
+        gw.on_fix_bytes(b"\x00\x01garbage8=FIY", T0, &mut out);
+        assert!(gw.counters().malformed_fix >= 2);
+        // An execution report missing ExecType: session-level Reject.
+        v.seq = gw.session().next_in();
+        out.clear();
+        let bad = v.frame(b"8", &[(37, b"V"), (11, b"1")]);
+        gw.on_fix_bytes(&bad, T0, &mut out);
+        let m = Message::parse(&out.fix).unwrap();
+        assert_eq!(
+            (m.msg_type(), m.uint(tag::REF_TAG_ID)),
+            (&b"3"[..], Ok(u64::from(tag::EXEC_TYPE)))
+        );
+        assert_eq!(gw.counters().rejected_app, 1);
+        // Field syntax broken: Reject too, and the session goes on.
+        let mut w = MessageWriter::default();
+        w.start(b"8")
+            .field(49, b"VENUE")
+            .field(56, b"GW")
+            .uint(34, v.seq)
+            .raw_fields(b"oops\x01");
+        let mut f = Vec::new();
+        w.finish(&mut f);
+        out.clear();
+        gw.on_fix_bytes(&f, T0, &mut out);
+        assert_eq!(Message::parse(&out.fix).unwrap().msg_type(), b"3");
+        assert_eq!(gw.session().state(), SessionState::Active);
+    }
+
+    #[test]
+    fn cancel_replace_and_cancel_on_disconnect() {
+        let (mut gw, mut v, mut out) = active();
+        gw.on_engine_message(1, new_order(1, 500, 100).as_bytes(), T0, &mut out);
+        gw.on_engine_message(1, new_order(2, 500, 100).as_bytes(), T0, &mut out);
+        let id1 = gw.order(1, 1).unwrap().venue_cl_ord_id;
+        gw.on_fix_bytes(&v.exec(id1, b"0", 0, 0, 500), T0, &mut out);
+        out.clear();
+        gw.on_engine_message(
+            1,
+            Replace::new(1, 400, 99 * PRICE_SCALE).as_bytes(),
+            T0,
+            &mut out,
+        );
+        let m = Message::parse(&out.fix).unwrap();
+        assert_eq!(
+            (m.msg_type(), m.uint(41), m.get(38)),
+            (&b"G"[..], Ok(id1), Some(&b"400"[..]))
+        );
+        let rid = m.uint(11).unwrap();
+        // A second change while one is pending is refused.
+        gw.on_engine_message(1, Cancel::new(1).as_bytes(), T0, &mut out);
+        assert!(
+            matches!(out.engine.last().unwrap().1, Response::Reject(r) if r.reason() == RejectReason::PendingChange)
+        );
+        gw.on_fix_bytes(&v.exec(rid, b"5", 0, 0, 400), T0, &mut out);
+        assert!(
+            matches!(out.engine.last().unwrap().1, Response::Replaced(r) if r.qty.get() == 400)
+        );
+        assert_eq!(gw.order(1, 1).unwrap().params.price, 99 * PRICE_SCALE);
+        assert_eq!(gw.risk().exposure(7).0, 400 * 99 + 500 * 100);
+        out.clear();
+        gw.on_engine_disconnect(1, T0, &mut out);
+        let mut rest = &out.fix[..];
+        let mut cancels = Vec::new();
+        while let Ok(n) = split_frame(rest) {
+            let m = Message::parse(&rest[..n]).unwrap();
+            assert_eq!(m.msg_type(), b"F");
+            cancels.push((m.uint(41).unwrap(), m.uint(11).unwrap()));
+            rest = &rest[n..];
+        }
+        assert_eq!(cancels.len(), 2);
+        for (_, req) in cancels {
+            gw.on_fix_bytes(&v.exec(req, b"4", 0, 0, 0), T0, &mut out);
+        }
+        assert_eq!(gw.open_order_count(), 0);
+        assert_eq!(gw.risk().exposure(7), (0, 0));
+    }
+
+    #[test]
+    fn kill_switch_cancels_and_blocks() {
+        let (mut gw, _, mut out) = active();
+        gw.on_engine_message(1, new_order(1, 10, 100).as_bytes(), T0, &mut out);
+        out.clear();
+        gw.set_kill(KillScope::Account(7), true, T0, &mut out);
+        assert_eq!(Message::parse(&out.fix).unwrap().msg_type(), b"F");
+        gw.on_engine_message(1, new_order(2, 10, 100).as_bytes(), T0, &mut out);
+        assert!(
+            matches!(out.engine.last().unwrap().1, Response::Reject(r) if r.reason() == RejectReason::KillSwitchAccount)
+        );
+    }
+
+    #[test]
+    fn journal_replay_rebuilds_orders_positions_and_sequence_numbers() {
+        let (mut gw, mut v, mut out) = active();
+        let mut journal = Vec::new();
+        gw.on_engine_message(1, new_order(1, 300, 100).as_bytes(), T0, &mut out);
+        gw.on_engine_message(1, new_order(2, 10, 100).as_bytes(), T0, &mut out);
+        gw.on_engine_message(1, new_order(3, 10, 200).as_bytes(), T0, &mut out); // collar reject
+        let id1 = gw.order(1, 1).unwrap().venue_cl_ord_id;
+        gw.on_fix_bytes(&v.exec(id1, b"F", 100, 100, 200), T0, &mut out);
+        journal.extend_from_slice(&out.journal);
+        let mut r = Gateway::new(session(), &risk()).unwrap();
+        let mut rest = &journal[..];
+        while let Some((k, p, n)) = decode_record(rest) {
+            r.replay_record(k, p);
+            rest = &rest[n..];
+        }
+        assert!(rest.is_empty());
+        assert_eq!(
+            (r.session().next_out(), r.session().next_in()),
+            (gw.session().next_out(), gw.session().next_in())
+        );
+        assert_eq!(r.open_order_count(), 2);
+        assert_eq!(r.order(1, 1).unwrap().cum_qty, 100);
+        assert_eq!(r.risk().position(7, aapl()), 100);
+        assert_eq!(r.risk().exposure(7), gw.risk().exposure(7));
+        assert_eq!(r.risk().open_orders(7), 2);
+        // Ids are not reused, and engine ids stay single-use (including the rejected one).
+        let mut out2 = Outputs::default();
+        r.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+        r.on_engine_message(1, new_order(3, 10, 100).as_bytes(), T0, &mut out2);
+        assert!(
+            matches!(out2.engine[0].1, Response::Reject(x) if x.reason() == RejectReason::SessionDown)
+        );
+        r.on_connect(T0, &mut out2);
+        r.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut out2);
+        out2.clear();
+        r.on_engine_message(1, new_order(2, 10, 100).as_bytes(), T0, &mut out2);
+        assert!(
+            matches!(out2.engine[0].1, Response::Reject(x) if x.reason() == RejectReason::DuplicateClientOrderId)
+        );
+        r.on_engine_message(1, new_order(9, 10, 100).as_bytes(), T0, &mut out2);
+        let m = Message::parse(&last_fix(&out2)).unwrap().uint(11).unwrap();
+        assert!(m > gw.order(1, 2).unwrap().venue_cl_ord_id);
+    }
+}

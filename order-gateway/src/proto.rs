@@ -1,0 +1,892 @@
+//! Engine binary protocol: the frames trading engines and the gateway exchange over the
+//! rocebus orders path.
+//!
+//! Every frame is one `#[repr(C)]` zerocopy struct, **little-endian** throughout (engines and
+//! gateway run on x86_64/aarch64 hosts; no exchange dictates the order here, so we pick the
+//! one that costs nothing). A frame starts with an 8-byte [`Header`]: message type, protocol
+//! version, total frame length (header included) and 4 reserved bytes. Prices are signed
+//! fixed-point with 4 implied decimals (`1_234_500` = 123.45); quantities are whole units.
+//!
+//! This module owns the byte layout only; it must not know about risk, FIX or transport.
+//! Decoding never panics: [`Request::decode`] and [`Response::decode`] return
+//! [`DecodeError`] for anything short, unknown or out of range.
+
+use std::fmt;
+
+use zerocopy::byteorder::little_endian::{I64, U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// Protocol version carried in every header.
+pub const VERSION: u8 = 1;
+
+/// Fixed-point scale of prices: 4 implied decimals.
+pub const PRICE_SCALE: i64 = 10_000;
+
+/// Message type codes (the first header byte).
+pub mod msg_type {
+    /// Engine → gateway: new order.
+    pub const NEW_ORDER: u8 = b'N';
+    /// Engine → gateway: cancel an open order.
+    pub const CANCEL: u8 = b'C';
+    /// Engine → gateway: change price/quantity of an open order.
+    pub const REPLACE: u8 = b'R';
+    /// Engine → gateway: cancel all open orders of an account/symbol.
+    pub const MASS_CANCEL: u8 = b'M';
+    /// Gateway → engine: order accepted by the venue.
+    pub const ACK: u8 = b'a';
+    /// Gateway → engine: request rejected (risk, session or venue).
+    pub const REJECT: u8 = b'j';
+    /// Gateway → engine: order completely filled.
+    pub const FILL: u8 = b'f';
+    /// Gateway → engine: order partially filled.
+    pub const PARTIAL_FILL: u8 = b'p';
+    /// Gateway → engine: order canceled.
+    pub const CANCELED: u8 = b'c';
+    /// Gateway → engine: order replaced.
+    pub const REPLACED: u8 = b'r';
+}
+
+/// An instrument symbol: up to 8 ASCII bytes, right-padded with spaces (ITCH style), so it
+/// can be a hash key without allocation.
+#[derive(
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    FromBytes,
+    IntoBytes,
+    KnownLayout,
+    Immutable,
+    Unaligned,
+)]
+#[repr(transparent)]
+pub struct Symbol(pub [u8; 8]);
+
+impl Symbol {
+    /// Builds a symbol from text; `None` if longer than 8 bytes, empty or not printable ASCII.
+    pub fn new(s: &str) -> Option<Symbol> {
+        Symbol::from_bytes(s.as_bytes())
+    }
+
+    /// Builds a symbol from bytes (e.g. a FIX field); same rules as [`Symbol::new`].
+    pub fn from_bytes(b: &[u8]) -> Option<Symbol> {
+        if b.is_empty() || b.len() > 8 || !b.iter().all(|c| c.is_ascii_graphic()) {
+            return None;
+        }
+        let mut out = [b' '; 8];
+        out[..b.len()].copy_from_slice(b);
+        Some(Symbol(out))
+    }
+
+    /// The symbol without padding.
+    pub fn as_bytes(&self) -> &[u8] {
+        let end = self
+            .0
+            .iter()
+            .rposition(|&c| c != b' ' && c != 0)
+            .map_or(0, |i| i + 1);
+        &self.0[..end]
+    }
+
+    /// The symbol as text (lossy for non-ASCII bytes, which [`Symbol::new`] never produces).
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or("?")
+    }
+
+    /// True for the all-blank symbol (used by MassCancel as "every symbol").
+    pub fn is_blank(&self) -> bool {
+        self.as_bytes().is_empty()
+    }
+}
+
+impl fmt::Debug for Symbol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Symbol({:?})", self.as_str())
+    }
+}
+
+impl fmt::Display for Symbol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Order side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Side {
+    /// Buy.
+    Buy = b'B',
+    /// Sell.
+    Sell = b'S',
+}
+
+impl Side {
+    fn from_u8(b: u8) -> Option<Side> {
+        match b {
+            b'B' => Some(Side::Buy),
+            b'S' => Some(Side::Sell),
+            _ => None,
+        }
+    }
+}
+
+/// Time in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TimeInForce {
+    /// Good for the day.
+    Day = b'0',
+    /// Immediate or cancel.
+    Ioc = b'3',
+}
+
+impl TimeInForce {
+    fn from_u8(b: u8) -> Option<TimeInForce> {
+        match b {
+            b'0' => Some(TimeInForce::Day),
+            b'3' => Some(TimeInForce::Ioc),
+            _ => None,
+        }
+    }
+}
+
+/// Why a request was rejected. The numeric value is on the wire (`Reject::reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// The engine is not granted the account.
+    AccountNotGranted = 1,
+    /// The account is not configured.
+    UnknownAccount = 2,
+    /// Quantity zero or above the per-order maximum.
+    MaxQuantity = 3,
+    /// Notional above the per-order maximum.
+    MaxNotional = 4,
+    /// Price outside the collar around the reference price.
+    PriceCollar = 5,
+    /// No reference price for the symbol (fail closed).
+    NoReferencePrice = 6,
+    /// Reference price older than the allowed age (fail closed).
+    StaleReferencePrice = 7,
+    /// Open plus executed notional would exceed the credit limit.
+    CreditLimit = 8,
+    /// Position would exceed the limit.
+    PositionLimit = 9,
+    /// Too many open orders on the account.
+    MaxOpenOrders = 10,
+    /// Order-rate throttle exceeded.
+    Throttled = 11,
+    /// Client order id already used by this engine.
+    DuplicateClientOrderId = 12,
+    /// Symbol on the restricted list.
+    RestrictedSymbol = 13,
+    /// Symbol halted by the feed.
+    Halted = 14,
+    /// Outside the trading-hours window.
+    OutsideTradingHours = 15,
+    /// The engine's kill switch is on.
+    KillSwitchEngine = 16,
+    /// The account's kill switch is on.
+    KillSwitchAccount = 17,
+    /// The global kill switch is on.
+    KillSwitchGlobal = 18,
+    /// Cancel/replace for an order the gateway does not know (or not open).
+    UnknownOrder = 19,
+    /// The venue rejected the order.
+    VenueReject = 20,
+    /// The venue rejected the cancel or replace.
+    VenueCancelReject = 21,
+    /// The FIX session to the venue is not up.
+    SessionDown = 22,
+    /// The engine frame could not be decoded.
+    Malformed = 23,
+    /// Price not positive (limit orders only).
+    InvalidPrice = 24,
+    /// A cancel or replace is already pending on this order.
+    PendingChange = 25,
+}
+
+impl RejectReason {
+    /// Decodes the wire value.
+    pub fn from_u16(v: u16) -> Option<RejectReason> {
+        use RejectReason::*;
+        const ALL: [RejectReason; 25] = [
+            AccountNotGranted,
+            UnknownAccount,
+            MaxQuantity,
+            MaxNotional,
+            PriceCollar,
+            NoReferencePrice,
+            StaleReferencePrice,
+            CreditLimit,
+            PositionLimit,
+            MaxOpenOrders,
+            Throttled,
+            DuplicateClientOrderId,
+            RestrictedSymbol,
+            Halted,
+            OutsideTradingHours,
+            KillSwitchEngine,
+            KillSwitchAccount,
+            KillSwitchGlobal,
+            UnknownOrder,
+            VenueReject,
+            VenueCancelReject,
+            SessionDown,
+            Malformed,
+            InvalidPrice,
+            PendingChange,
+        ];
+        ALL.into_iter().find(|r| *r as u16 == v)
+    }
+}
+
+/// Frame header, 8 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Header {
+    /// One of [`msg_type`].
+    pub msg_type: u8,
+    /// [`VERSION`].
+    pub version: u8,
+    /// Total frame length in bytes, header included.
+    pub length: U16,
+    /// Zero.
+    pub reserved: U32,
+}
+
+impl Header {
+    fn new(msg_type: u8, length: usize) -> Header {
+        // Frame sizes are compile-time constants below 64 KiB (asserted below).
+        Header {
+            msg_type,
+            version: VERSION,
+            length: U16::new(length as u16),
+            reserved: U32::ZERO,
+        }
+    }
+}
+
+/// Engine → gateway: new limit order. 48 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct NewOrder {
+    /// Header, type [`msg_type::NEW_ORDER`].
+    pub header: Header,
+    /// Engine-chosen id, unique per engine for the life of the journal.
+    pub cl_ord_id: U64,
+    /// Account to trade for.
+    pub account: U32,
+    /// Quantity.
+    pub qty: U32,
+    /// Limit price, 4 implied decimals.
+    pub price: I64,
+    /// Instrument.
+    pub symbol: Symbol,
+    /// `b'B'` or `b'S'`.
+    pub side: u8,
+    /// Time in force, `b'0'` day or `b'3'` IOC.
+    pub tif: u8,
+    /// Zero.
+    pub pad: [u8; 6],
+}
+
+/// Engine → gateway: cancel an order. 16 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Cancel {
+    /// Header, type [`msg_type::CANCEL`].
+    pub header: Header,
+    /// The order to cancel.
+    pub cl_ord_id: U64,
+}
+
+/// Engine → gateway: replace quantity and price of an order; the order keeps its id. 32 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Replace {
+    /// Header, type [`msg_type::REPLACE`].
+    pub header: Header,
+    /// The order to change.
+    pub cl_ord_id: U64,
+    /// New total quantity.
+    pub qty: U32,
+    /// Zero.
+    pub pad: U32,
+    /// New limit price.
+    pub price: I64,
+}
+
+/// Engine → gateway: cancel every open order of this engine matching account and symbol.
+/// 24 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct MassCancel {
+    /// Header, type [`msg_type::MASS_CANCEL`].
+    pub header: Header,
+    /// Account, 0 = every account of the engine.
+    pub account: U32,
+    /// Zero.
+    pub pad: U32,
+    /// Symbol, blank = every symbol.
+    pub symbol: Symbol,
+}
+
+/// Gateway → engine: the venue accepted the order. 24 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Ack {
+    /// Header, type [`msg_type::ACK`].
+    pub header: Header,
+    /// The engine's order id.
+    pub cl_ord_id: U64,
+    /// Gateway order id (also the FIX ClOrdID of the original order).
+    pub order_id: U64,
+}
+
+/// Gateway → engine: a request was rejected. 24 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Reject {
+    /// Header, type [`msg_type::REJECT`].
+    pub header: Header,
+    /// The engine's order id.
+    pub cl_ord_id: U64,
+    /// A [`RejectReason`] value.
+    pub reason: U16,
+    /// Message type of the rejected request.
+    pub request: u8,
+    /// Zero.
+    pub pad: [u8; 5],
+}
+
+/// Gateway → engine: execution (type [`msg_type::FILL`] or [`msg_type::PARTIAL_FILL`]).
+/// 40 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Fill {
+    /// Header.
+    pub header: Header,
+    /// The engine's order id.
+    pub cl_ord_id: U64,
+    /// Quantity of this execution.
+    pub last_qty: U32,
+    /// Quantity still open.
+    pub leaves_qty: U32,
+    /// Price of this execution.
+    pub last_px: I64,
+    /// Total executed so far.
+    pub cum_qty: U32,
+    /// Zero.
+    pub pad: U32,
+}
+
+/// Gateway → engine: the order is canceled. 24 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Canceled {
+    /// Header, type [`msg_type::CANCELED`].
+    pub header: Header,
+    /// The engine's order id.
+    pub cl_ord_id: U64,
+    /// Quantity that was still open.
+    pub canceled_qty: U32,
+    /// Zero.
+    pub pad: U32,
+}
+
+/// Gateway → engine: the order was replaced. 32 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Replaced {
+    /// Header, type [`msg_type::REPLACED`].
+    pub header: Header,
+    /// The engine's order id.
+    pub cl_ord_id: U64,
+    /// New total quantity.
+    pub qty: U32,
+    /// Quantity still open after the replace.
+    pub leaves_qty: U32,
+    /// New price.
+    pub price: I64,
+}
+
+const _: () = assert!(size_of::<Header>() == 8);
+const _: () = assert!(size_of::<NewOrder>() == 48);
+const _: () = assert!(size_of::<Cancel>() == 16);
+const _: () = assert!(size_of::<Replace>() == 32);
+const _: () = assert!(size_of::<MassCancel>() == 24);
+const _: () = assert!(size_of::<Ack>() == 24);
+const _: () = assert!(size_of::<Reject>() == 24);
+const _: () = assert!(size_of::<Fill>() == 40);
+const _: () = assert!(size_of::<Canceled>() == 24);
+const _: () = assert!(size_of::<Replaced>() == 32);
+
+/// Why a frame could not be decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// Fewer bytes than a header or than the header's length.
+    #[error("frame truncated")]
+    Truncated,
+    /// Header length disagrees with the size of its message type.
+    #[error("bad frame length {0}")]
+    BadLength(u16),
+    /// Unsupported protocol version.
+    #[error("unsupported version {0}")]
+    BadVersion(u8),
+    /// Unknown message type.
+    #[error("unknown message type {0:#x}")]
+    UnknownType(u8),
+    /// A field holds a value outside its domain (side, tif, reason, symbol).
+    #[error("invalid field {0}")]
+    InvalidField(&'static str),
+}
+
+/// A decoded engine request (copied out of the frame: each is at most 48 bytes).
+#[derive(Clone, Copy, Debug)]
+pub enum Request {
+    /// New order.
+    NewOrder(NewOrder),
+    /// Cancel.
+    Cancel(Cancel),
+    /// Replace.
+    Replace(Replace),
+    /// Mass cancel.
+    MassCancel(MassCancel),
+}
+
+/// A decoded gateway response.
+#[derive(Clone, Copy, Debug)]
+pub enum Response {
+    /// Ack.
+    Ack(Ack),
+    /// Reject.
+    Reject(Reject),
+    /// Fill or partial fill (see the header type).
+    Fill(Fill),
+    /// Canceled.
+    Canceled(Canceled),
+    /// Replaced.
+    Replaced(Replaced),
+}
+
+/// Validates the header of `bytes` against the expected frame size of its type.
+fn check_header(
+    bytes: &[u8],
+    size_of_type: impl Fn(u8) -> Option<usize>,
+) -> Result<(u8, usize), DecodeError> {
+    let (h, _) = Header::read_from_prefix(bytes).map_err(|_| DecodeError::Truncated)?;
+    if h.version != VERSION {
+        return Err(DecodeError::BadVersion(h.version));
+    }
+    let size = size_of_type(h.msg_type).ok_or(DecodeError::UnknownType(h.msg_type))?;
+    if usize::from(h.length.get()) != size {
+        return Err(DecodeError::BadLength(h.length.get()));
+    }
+    if bytes.len() < size {
+        return Err(DecodeError::Truncated);
+    }
+    Ok((h.msg_type, size))
+}
+
+fn read<T: FromBytes>(bytes: &[u8]) -> Result<T, DecodeError> {
+    T::read_from_prefix(bytes)
+        .map(|(t, _)| t)
+        .map_err(|_| DecodeError::Truncated)
+}
+
+impl Request {
+    /// Decodes one request from the front of `bytes`; returns it and the frame length.
+    pub fn decode(bytes: &[u8]) -> Result<(Request, usize), DecodeError> {
+        let (ty, size) = check_header(bytes, |t| match t {
+            msg_type::NEW_ORDER => Some(size_of::<NewOrder>()),
+            msg_type::CANCEL => Some(size_of::<Cancel>()),
+            msg_type::REPLACE => Some(size_of::<Replace>()),
+            msg_type::MASS_CANCEL => Some(size_of::<MassCancel>()),
+            _ => None,
+        })?;
+        let req = match ty {
+            msg_type::NEW_ORDER => {
+                let m: NewOrder = read(bytes)?;
+                if Side::from_u8(m.side).is_none() {
+                    return Err(DecodeError::InvalidField("side"));
+                }
+                if TimeInForce::from_u8(m.tif).is_none() {
+                    return Err(DecodeError::InvalidField("tif"));
+                }
+                // Canonical form only (space padding), so symbols compare equal as map keys.
+                if Symbol::from_bytes(m.symbol.as_bytes()) != Some(m.symbol) {
+                    return Err(DecodeError::InvalidField("symbol"));
+                }
+                Request::NewOrder(m)
+            }
+            msg_type::CANCEL => Request::Cancel(read(bytes)?),
+            msg_type::REPLACE => Request::Replace(read(bytes)?),
+            _ => Request::MassCancel(read(bytes)?),
+        };
+        Ok((req, size))
+    }
+
+    /// The engine's client order id the request refers to (0 for MassCancel).
+    pub fn cl_ord_id(&self) -> u64 {
+        match self {
+            Request::NewOrder(m) => m.cl_ord_id.get(),
+            Request::Cancel(m) => m.cl_ord_id.get(),
+            Request::Replace(m) => m.cl_ord_id.get(),
+            Request::MassCancel(_) => 0,
+        }
+    }
+
+    /// The request's wire bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            Request::NewOrder(m) => m.as_bytes(),
+            Request::Cancel(m) => m.as_bytes(),
+            Request::Replace(m) => m.as_bytes(),
+            Request::MassCancel(m) => m.as_bytes(),
+        }
+    }
+}
+
+impl NewOrder {
+    /// Builds a new-order frame.
+    pub fn new(
+        cl_ord_id: u64,
+        account: u32,
+        symbol: Symbol,
+        side: Side,
+        qty: u32,
+        price: i64,
+        tif: TimeInForce,
+    ) -> NewOrder {
+        NewOrder {
+            header: Header::new(msg_type::NEW_ORDER, size_of::<NewOrder>()),
+            cl_ord_id: U64::new(cl_ord_id),
+            account: U32::new(account),
+            qty: U32::new(qty),
+            price: I64::new(price),
+            symbol,
+            side: side as u8,
+            tif: tif as u8,
+            pad: [0; 6],
+        }
+    }
+
+    /// The side (validated by [`Request::decode`]; Buy for an unvalidated bad byte).
+    pub fn side(&self) -> Side {
+        Side::from_u8(self.side).unwrap_or(Side::Buy)
+    }
+
+    /// The time in force (Day for an unvalidated bad byte).
+    pub fn tif(&self) -> TimeInForce {
+        TimeInForce::from_u8(self.tif).unwrap_or(TimeInForce::Day)
+    }
+}
+
+impl Cancel {
+    /// Builds a cancel frame.
+    pub fn new(cl_ord_id: u64) -> Cancel {
+        Cancel {
+            header: Header::new(msg_type::CANCEL, size_of::<Cancel>()),
+            cl_ord_id: U64::new(cl_ord_id),
+        }
+    }
+}
+
+impl Replace {
+    /// Builds a replace frame.
+    pub fn new(cl_ord_id: u64, qty: u32, price: i64) -> Replace {
+        Replace {
+            header: Header::new(msg_type::REPLACE, size_of::<Replace>()),
+            cl_ord_id: U64::new(cl_ord_id),
+            qty: U32::new(qty),
+            pad: U32::ZERO,
+            price: I64::new(price),
+        }
+    }
+}
+
+impl MassCancel {
+    /// Builds a mass-cancel frame; `account` 0 and a blank symbol widen the scope.
+    pub fn new(account: u32, symbol: Symbol) -> MassCancel {
+        MassCancel {
+            header: Header::new(msg_type::MASS_CANCEL, size_of::<MassCancel>()),
+            account: U32::new(account),
+            pad: U32::ZERO,
+            symbol,
+        }
+    }
+}
+
+impl Response {
+    /// Decodes one response from the front of `bytes`; returns it and the frame length.
+    pub fn decode(bytes: &[u8]) -> Result<(Response, usize), DecodeError> {
+        let (ty, size) = check_header(bytes, |t| match t {
+            msg_type::ACK => Some(size_of::<Ack>()),
+            msg_type::REJECT => Some(size_of::<Reject>()),
+            msg_type::FILL | msg_type::PARTIAL_FILL => Some(size_of::<Fill>()),
+            msg_type::CANCELED => Some(size_of::<Canceled>()),
+            msg_type::REPLACED => Some(size_of::<Replaced>()),
+            _ => None,
+        })?;
+        let resp = match ty {
+            msg_type::ACK => Response::Ack(read(bytes)?),
+            msg_type::REJECT => {
+                let m: Reject = read(bytes)?;
+                if RejectReason::from_u16(m.reason.get()).is_none() {
+                    return Err(DecodeError::InvalidField("reason"));
+                }
+                Response::Reject(m)
+            }
+            msg_type::FILL | msg_type::PARTIAL_FILL => Response::Fill(read(bytes)?),
+            msg_type::CANCELED => Response::Canceled(read(bytes)?),
+            _ => Response::Replaced(read(bytes)?),
+        };
+        Ok((resp, size))
+    }
+
+    /// The response's wire bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            Response::Ack(m) => m.as_bytes(),
+            Response::Reject(m) => m.as_bytes(),
+            Response::Fill(m) => m.as_bytes(),
+            Response::Canceled(m) => m.as_bytes(),
+            Response::Replaced(m) => m.as_bytes(),
+        }
+    }
+
+    /// The engine's client order id the response is about.
+    pub fn cl_ord_id(&self) -> u64 {
+        match self {
+            Response::Ack(m) => m.cl_ord_id.get(),
+            Response::Reject(m) => m.cl_ord_id.get(),
+            Response::Fill(m) => m.cl_ord_id.get(),
+            Response::Canceled(m) => m.cl_ord_id.get(),
+            Response::Replaced(m) => m.cl_ord_id.get(),
+        }
+    }
+
+    /// Builds an ack.
+    pub fn ack(cl_ord_id: u64, order_id: u64) -> Response {
+        Response::Ack(Ack {
+            header: Header::new(msg_type::ACK, size_of::<Ack>()),
+            cl_ord_id: U64::new(cl_ord_id),
+            order_id: U64::new(order_id),
+        })
+    }
+
+    /// Builds a reject of a request of type `request`.
+    pub fn reject(cl_ord_id: u64, request: u8, reason: RejectReason) -> Response {
+        Response::Reject(Reject {
+            header: Header::new(msg_type::REJECT, size_of::<Reject>()),
+            cl_ord_id: U64::new(cl_ord_id),
+            reason: U16::new(reason as u16),
+            request,
+            pad: [0; 5],
+        })
+    }
+
+    /// Builds a fill (`leaves_qty == 0`) or partial fill.
+    pub fn fill(
+        cl_ord_id: u64,
+        last_qty: u32,
+        last_px: i64,
+        cum_qty: u32,
+        leaves_qty: u32,
+    ) -> Response {
+        let ty = if leaves_qty == 0 {
+            msg_type::FILL
+        } else {
+            msg_type::PARTIAL_FILL
+        };
+        Response::Fill(Fill {
+            header: Header::new(ty, size_of::<Fill>()),
+            cl_ord_id: U64::new(cl_ord_id),
+            last_qty: U32::new(last_qty),
+            leaves_qty: U32::new(leaves_qty),
+            last_px: I64::new(last_px),
+            cum_qty: U32::new(cum_qty),
+            pad: U32::ZERO,
+        })
+    }
+
+    /// Builds a canceled notice.
+    pub fn canceled(cl_ord_id: u64, canceled_qty: u32) -> Response {
+        Response::Canceled(Canceled {
+            header: Header::new(msg_type::CANCELED, size_of::<Canceled>()),
+            cl_ord_id: U64::new(cl_ord_id),
+            canceled_qty: U32::new(canceled_qty),
+            pad: U32::ZERO,
+        })
+    }
+
+    /// Builds a replaced notice.
+    pub fn replaced(cl_ord_id: u64, qty: u32, leaves_qty: u32, price: i64) -> Response {
+        Response::Replaced(Replaced {
+            header: Header::new(msg_type::REPLACED, size_of::<Replaced>()),
+            cl_ord_id: U64::new(cl_ord_id),
+            qty: U32::new(qty),
+            leaves_qty: U32::new(leaves_qty),
+            price: I64::new(price),
+        })
+    }
+}
+
+impl Reject {
+    /// The reason (decode validated it; `Malformed` for an unvalidated bad value).
+    pub fn reason(&self) -> RejectReason {
+        RejectReason::from_u16(self.reason.get()).unwrap_or(RejectReason::Malformed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NewOrder{cl_ord_id 0x0102030405060708, account 7, qty 100, price 1_234_500, "AAPL", Buy, Day}.
+    static NEW_ORDER_BYTES: [u8; 48] = [
+        b'N', 1, 48, 0, 0, 0, 0, 0, // header
+        8, 7, 6, 5, 4, 3, 2, 1, // cl_ord_id
+        7, 0, 0, 0, // account
+        100, 0, 0, 0, // qty
+        0x44, 0xD6, 0x12, 0, 0, 0, 0, 0, // price 1_234_500
+        b'A', b'A', b'P', b'L', b' ', b' ', b' ', b' ', // symbol
+        b'B', b'0', 0, 0, 0, 0, 0, 0, // side, tif, pad
+    ];
+
+    /// Reject{cl_ord_id 9, reason PriceCollar (5), request 'N'}.
+    static REJECT_BYTES: [u8; 24] = [
+        b'j', 1, 24, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 5, 0, b'N', 0, 0, 0, 0, 0,
+    ];
+
+    #[test]
+    fn new_order_fixed_bytes() {
+        let sym = Symbol::new("AAPL").unwrap();
+        let m = NewOrder::new(
+            0x0102_0304_0506_0708,
+            7,
+            sym,
+            Side::Buy,
+            100,
+            1_234_500,
+            TimeInForce::Day,
+        );
+        assert_eq!(m.as_bytes(), &NEW_ORDER_BYTES);
+        let (Request::NewOrder(d), n) = Request::decode(&NEW_ORDER_BYTES).unwrap() else {
+            panic!("wrong type")
+        };
+        assert_eq!(n, 48);
+        assert_eq!(d.cl_ord_id.get(), 0x0102_0304_0506_0708);
+        assert_eq!(d.price.get(), 1_234_500);
+        assert_eq!(d.symbol, sym);
+        assert_eq!(d.side(), Side::Buy);
+    }
+
+    #[test]
+    fn reject_fixed_bytes() {
+        let r = Response::reject(9, msg_type::NEW_ORDER, RejectReason::PriceCollar);
+        assert_eq!(r.as_bytes(), &REJECT_BYTES);
+        let (Response::Reject(d), _) = Response::decode(&REJECT_BYTES).unwrap() else {
+            panic!("wrong type")
+        };
+        assert_eq!(d.reason(), RejectReason::PriceCollar);
+    }
+
+    #[test]
+    fn round_trips() {
+        let sym = Symbol::new("MSFT").unwrap();
+        for req in [
+            Request::Cancel(Cancel::new(5)),
+            Request::Replace(Replace::new(5, 10, -3)),
+            Request::MassCancel(MassCancel::new(0, sym)),
+        ] {
+            let (d, n) = Request::decode(req.as_bytes()).unwrap();
+            assert_eq!(n, req.as_bytes().len());
+            assert_eq!(d.as_bytes(), req.as_bytes());
+        }
+        for resp in [
+            Response::ack(1, 2),
+            Response::fill(1, 10, 5, 10, 0),
+            Response::fill(1, 10, 5, 10, 3),
+            Response::canceled(1, 4),
+            Response::replaced(1, 9, 3, 77),
+        ] {
+            let (d, n) = Response::decode(resp.as_bytes()).unwrap();
+            assert_eq!(n, resp.as_bytes().len());
+            assert_eq!(d.as_bytes(), resp.as_bytes());
+        }
+    }
+
+    #[test]
+    fn decode_rejects_bad_input() {
+        assert_eq!(Request::decode(&[]).unwrap_err(), DecodeError::Truncated);
+        assert_eq!(
+            Request::decode(&NEW_ORDER_BYTES[..47]).unwrap_err(),
+            DecodeError::Truncated
+        );
+        let mut b = NEW_ORDER_BYTES;
+        b[0] = b'?';
+        assert_eq!(
+            Request::decode(&b).unwrap_err(),
+            DecodeError::UnknownType(b'?')
+        );
+        let mut b = NEW_ORDER_BYTES;
+        b[1] = 9;
+        assert_eq!(Request::decode(&b).unwrap_err(), DecodeError::BadVersion(9));
+        let mut b = NEW_ORDER_BYTES;
+        b[2] = 47;
+        assert_eq!(Request::decode(&b).unwrap_err(), DecodeError::BadLength(47));
+        let mut b = NEW_ORDER_BYTES;
+        b[40] = b'X';
+        assert_eq!(
+            Request::decode(&b).unwrap_err(),
+            DecodeError::InvalidField("side")
+        );
+        let mut b = NEW_ORDER_BYTES;
+        b[32] = 0;
+        assert_eq!(
+            Request::decode(&b).unwrap_err(),
+            DecodeError::InvalidField("symbol")
+        );
+        // Responses are not requests.
+        assert!(Request::decode(&REJECT_BYTES).is_err());
+        let mut b = REJECT_BYTES;
+        b[16] = 200;
+        assert_eq!(
+            Response::decode(&b).unwrap_err(),
+            DecodeError::InvalidField("reason")
+        );
+    }
+
+    #[test]
+    fn decode_never_panics_on_any_prefix_or_byte_flip() {
+        for len in 0..=NEW_ORDER_BYTES.len() {
+            let _ = Request::decode(&NEW_ORDER_BYTES[..len]);
+        }
+        for i in 0..NEW_ORDER_BYTES.len() {
+            for v in [0u8, 1, 0x7f, 0xff] {
+                let mut b = NEW_ORDER_BYTES;
+                b[i] = v;
+                let _ = Request::decode(&b);
+                let _ = Response::decode(&b);
+            }
+        }
+    }
+
+    #[test]
+    fn symbol_rules() {
+        assert!(Symbol::new("").is_none());
+        assert!(Symbol::new("TOOLONGSYM").is_none());
+        assert!(Symbol::new("A B").is_none());
+        assert_eq!(Symbol::new("IBM").unwrap().as_str(), "IBM");
+        assert!(Symbol([b' '; 8]).is_blank());
+    }
+}

@@ -1,0 +1,129 @@
+//! `kill -9` of a gateway process in mid-stream, then restart from its journal: no order lost,
+//! none sent twice to the venue (QuickFIX's message log and the venue's record are witnesses).
+//!
+//! The gateway process is this test binary re-executed with `GW_KILL9_CHILD` set, so no extra
+//! binary is needed. Needs Python 3 with `quickfix-ssl`, like `venue_e2e`.
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use order_gateway::gateway::OrderStatus;
+use order_gateway::proto::{NewOrder, Side, TimeInForce, PRICE_SCALE};
+
+const CHILD_ENV: &str = "GW_KILL9_CHILD";
+
+/// The child: a gateway streaming orders until it is killed. Does nothing in a normal run.
+#[test]
+fn kill9_child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (port, journal) = spec.split_once(' ').unwrap();
+    let mut d = gateway(port.parse().unwrap(), &PathBuf::from(journal));
+    let [aapl, msft, rej] = symbols();
+    for i in 1u64.. {
+        let (sym, qty) = match i % 10 {
+            0..=5 => (aapl, 50),
+            6..=8 => (msft, 300),
+            _ => (rej, 10),
+        };
+        let m = NewOrder::new(
+            i,
+            ACCOUNT,
+            sym,
+            Side::Buy,
+            qty,
+            100 * PRICE_SCALE,
+            TimeInForce::Day,
+        );
+        d.engine_message(ENGINE, zerocopy::IntoBytes::as_bytes(&m))
+            .unwrap();
+        d.poll(Duration::from_micros(50)).unwrap();
+        let _ = d.take_engine_responses();
+        // The order is journaled once engine_message returned.
+        println!("journaled {i}");
+    }
+}
+
+#[test]
+fn kill_dash_nine_mid_stream_then_restart() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let dir = scratch("kill9");
+    let venue = Venue::start(&dir.join("venue"), free_port());
+    let journal = dir.join("gw.journal");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "kill9_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, format!("{} {}", venue.port, journal.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut journaled = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(n) = line.strip_prefix("journaled ") {
+            journaled = n.parse().unwrap();
+            if journaled >= 3000 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "child gateway too slow");
+    }
+    assert!(journaled >= 3000, "child gateway exited early");
+    // SIGKILL: no logout, no flush, whatever was in flight stays in flight.
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // Restart from the journal, in this process.
+    let mut d = gateway(venue.port, &journal);
+    let known: usize = d.gateway().orders().count();
+    assert!(
+        known as u64 >= journaled,
+        "journal lost orders: {known} < {journaled}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while d.gateway().open_order_count() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} orders never completed",
+            d.gateway().open_order_count()
+        );
+        d.poll(Duration::from_millis(2)).unwrap();
+        let _ = d.take_engine_responses();
+    }
+    let gw_ids: HashSet<String> = d
+        .gateway()
+        .orders()
+        .map(|(_, o)| {
+            assert_eq!(o.status, OrderStatus::Done);
+            o.venue_cl_ord_id.to_string()
+        })
+        .collect();
+    let lines = venue.received();
+    assert!(
+        lines.iter().all(|l| l[0] != "dup"),
+        "an order was sent twice: {:?}",
+        lines.iter().find(|l| l[0] == "dup")
+    );
+    let mut venue_ids = HashSet::new();
+    for l in lines.iter().filter(|l| l[0] == "D") {
+        assert!(
+            venue_ids.insert(l[1].clone()),
+            "venue executed {} twice",
+            l[1]
+        );
+    }
+    assert_eq!(
+        venue_ids, gw_ids,
+        "every journaled order reached the venue exactly once"
+    );
+}

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""A FIX 4.4 venue for order-gateway tests: a real QuickFIX acceptor with a tiny matcher.
+
+Deterministic rules, by symbol and quantity of a NewOrderSingle:
+  symbol "REJ"           -> ExecutionReport Rejected (150=8)
+  qty <= 100             -> New, then one Fill
+  100 < qty <= 1000      -> New, PartialFill of qty//2, then Fill of the rest
+  qty > 1000             -> New, then rests (cancel -> Canceled, replace -> Replaced)
+Cancel/replace of an order that is not resting -> OrderCancelReject (35=9).
+
+An order the venue logged but died before answering is handled when QuickFIX asks for it
+again (PossDup); one already answered is never executed twice. The QuickFIX FileStore (sequence numbers, sent messages) and FileLog live under --dir, so the
+venue can be killed and restarted. Every application message accepted is appended to
+<dir>/received.log as "msgtype|ClOrdID|PossDup|MsgSeqNum"; ClOrdIDs already seen (also across
+restarts) are recorded as "dup" and not executed again. Prints "READY <port>" when listening.
+"""
+import argparse
+import os
+import sys
+import threading
+import time
+
+try:
+    import quickfix as fix
+except ImportError:
+    sys.stderr.write("venue.py: python package 'quickfix' missing: pip install -r order-gateway/venue/requirements.txt\n")
+    sys.exit(3)
+
+
+def find_dictionary():
+    for base in (sys.prefix, getattr(sys, "base_prefix", sys.prefix), "/usr/local", "/usr"):
+        p = os.path.join(base, "share", "quickfix", "FIX44.xml")
+        if os.path.exists(p):
+            return p
+    sys.stderr.write("venue.py: FIX44.xml not found (shipped by quickfix-ssl under <prefix>/share/quickfix)\n")
+    sys.exit(3)
+
+
+class Venue(fix.Application):
+    def __init__(self, directory):
+        super().__init__()
+        self.lock = threading.Lock()
+        self.log_path = os.path.join(directory, "received.log")
+        self.seen = set()
+        self.done = set()
+        self.resting = {}  # ClOrdID -> dict(symbol, side, qty, cum, price, order_id)
+        self.next_exec = int(time.time() * 1000) * 1000
+        if os.path.exists(self.log_path):
+            with open(self.log_path) as f:
+                for line in f:
+                    parts = line.strip().split("|")
+                    if len(parts) >= 2 and parts[0] == "ok":
+                        self.done.add(parts[1])
+                    elif len(parts) >= 2 and parts[0] not in ("dup", "redo"):
+                        self.seen.add(parts[1])
+        self.log = open(self.log_path, "a", buffering=1)
+
+    def onCreate(self, sid): pass
+    def onLogon(self, sid): pass
+    def onLogout(self, sid): pass
+    def toAdmin(self, msg, sid): pass
+    def fromAdmin(self, msg, sid): pass
+    def toApp(self, msg, sid): pass
+
+    def fromApp(self, msg, sid):
+        with self.lock:
+            self.handle(msg, sid)
+
+    def exec_id(self):
+        self.next_exec += 1
+        return str(self.next_exec)
+
+    def report(self, sid, o, cl, exec_type, status, last_qty=0, last_px="0", orig=None):
+        r = fix.Message()
+        r.getHeader().setField(fix.MsgType(fix.MsgType_ExecutionReport))
+        r.setField(fix.OrderID(o["order_id"]))
+        r.setField(fix.ExecID(self.exec_id()))
+        r.setField(fix.ClOrdID(cl))
+        if orig:
+            r.setField(fix.OrigClOrdID(orig))
+        r.setField(fix.ExecType(exec_type))
+        r.setField(fix.OrdStatus(status))
+        r.setField(fix.Symbol(o["symbol"]))
+        r.setField(fix.Side(o["side"]))
+        r.setField(fix.OrderQty(o["qty"]))
+        r.setField(fix.LastQty(last_qty))
+        r.setField(fix.LastPx(float(last_px)))
+        r.setField(fix.LeavesQty(max(o["qty"] - o["cum"], 0) if status not in ("4", "8", "2") else 0))
+        r.setField(fix.CumQty(o["cum"]))
+        r.setField(fix.AvgPx(float(o["price"]) if o["cum"] else 0.0))
+        fix.Session.sendToTarget(r, sid)
+
+    def cancel_reject(self, sid, cl, orig, response_to):
+        r = fix.Message()
+        r.getHeader().setField(fix.MsgType(fix.MsgType_OrderCancelReject))
+        r.setField(fix.OrderID("NONE"))
+        r.setField(fix.ClOrdID(cl))
+        r.setField(fix.OrigClOrdID(orig))
+        r.setField(fix.OrdStatus("8"))
+        r.setField(fix.CxlRejResponseTo(response_to))
+        fix.Session.sendToTarget(r, sid)
+
+    def handle(self, msg, sid):
+        mt = msg.getHeader().getField(35)
+        cl = msg.getField(11)
+        possdup = msg.getHeader().isSetField(43) and msg.getHeader().getField(43) == "Y"
+        seq = msg.getHeader().getField(34)
+        if cl in self.seen and (cl in self.done or not possdup):
+            self.log.write("dup|%s|%s|%s|%s\n" % (cl, mt, "Y" if possdup else "N", seq))
+            return
+        if cl in self.seen:
+            # We died while handling it (QuickFIX had not committed its sequence number, so it
+            # asked for the resend): the order was never answered, so handle it now.
+            self.log.write("redo|%s|%s|%s|%s\n" % (cl, mt, "Y" if possdup else "N", seq))
+        else:
+            self.seen.add(cl)
+            self.log.write("%s|%s|%s|%s\n" % (mt, cl, "Y" if possdup else "N", seq))
+        self.execute(mt, cl, msg, sid)
+        self.done.add(cl)
+        self.log.write("ok|%s\n" % cl)
+
+    def execute(self, mt, cl, msg, sid):
+        if mt == "D":
+            qty = int(float(msg.getField(38)))
+            o = dict(symbol=msg.getField(55), side=msg.getField(54), qty=qty, cum=0,
+                     price=msg.getField(44), order_id="V" + cl)
+            if o["symbol"] == "REJ":
+                self.report(sid, o, cl, "8", "8")
+                return
+            self.report(sid, o, cl, "0", "0")
+            if qty <= 100:
+                o["cum"] = qty
+                self.report(sid, o, cl, "F", "2", qty, o["price"])
+            elif qty <= 1000:
+                half = qty // 2
+                o["cum"] = half
+                self.report(sid, o, cl, "F", "1", half, o["price"])
+                o["cum"] = qty
+                self.report(sid, o, cl, "F", "2", qty - half, o["price"])
+            else:
+                self.resting[cl] = o
+        elif mt == "F":
+            orig = msg.getField(41)
+            o = self.resting.pop(orig, None)
+            if o is None:
+                self.cancel_reject(sid, cl, orig, "1")
+                return
+            self.report(sid, o, cl, "4", "4", orig=orig)
+        elif mt == "G":
+            orig = msg.getField(41)
+            o = self.resting.pop(orig, None)
+            if o is None:
+                self.cancel_reject(sid, cl, orig, "2")
+                return
+            o["qty"] = int(float(msg.getField(38)))
+            o["price"] = msg.getField(44)
+            self.resting[cl] = o
+            self.report(sid, o, cl, "5", "0", orig=orig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--dir", required=True, help="state directory (store, logs, received.log)")
+    ap.add_argument("--sender", default="VENUE")
+    ap.add_argument("--target", default="GW")
+    a = ap.parse_args()
+    os.makedirs(a.dir, exist_ok=True)
+    cfg = os.path.join(a.dir, "venue.cfg")
+    with open(cfg, "w") as f:
+        f.write("""[DEFAULT]
+ConnectionType=acceptor
+FileStorePath={d}/store
+FileLogPath={d}/log
+NonStopSession=Y
+StartTime=00:00:00
+EndTime=00:00:00
+UseDataDictionary=Y
+DataDictionary={dd}
+SocketAcceptPort={port}
+SocketAcceptHost=127.0.0.1
+ResetOnLogon=N
+ResetOnLogout=N
+ResetOnDisconnect=N
+PersistMessages=Y
+[SESSION]
+BeginString=FIX.4.4
+SenderCompID={s}
+TargetCompID={t}
+""".format(d=a.dir, dd=find_dictionary(), port=a.port, s=a.sender, t=a.target))
+    app = Venue(a.dir)
+    settings = fix.SessionSettings(cfg)
+    acceptor = fix.SocketAcceptor(app, fix.FileStoreFactory(settings), settings, fix.FileLogFactory(settings))
+    acceptor.start()
+    print("READY %d" % a.port, flush=True)
+    try:
+        # Runs until stdin closes (the test process ends) or a signal kills it.
+        while sys.stdin.read(1):
+            pass
+    finally:
+        acceptor.stop()
+
+
+if __name__ == "__main__":
+    main()
