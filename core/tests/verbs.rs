@@ -21,6 +21,16 @@ struct Dev {
     mtu: u32,
 }
 
+impl Dev {
+    fn path(&self) -> LocalPath {
+        LocalPath {
+            port: 1,
+            sgid_index: self.gid_index,
+            active_mtu: self.mtu,
+        }
+    }
+}
+
 fn dev() -> Dev {
     let ctx = Context::open(None).expect("open RDMA device");
     let pd = ProtectionDomain::new(&ctx).expect("pd");
@@ -74,8 +84,12 @@ fn rc_pair(
     let access = Access::REMOTE_WRITE | Access::REMOTE_READ;
     for (x, y) in [(&a, &b), (&b, &a)] {
         x.init_rc(1, access).unwrap();
-        x.rtr_rc(y.qpn(), 100, d.gid, d.gid_index, 1, opts, d.mtu)
-            .unwrap();
+        let peer = RcPeer {
+            qpn: y.qpn(),
+            psn: 100,
+            gid: d.gid,
+        };
+        x.rtr_rc(&peer, &d.path(), opts).unwrap();
     }
     a.rts_rc(100, opts).unwrap();
     b.rts_rc(100, opts).unwrap();
@@ -274,16 +288,13 @@ fn rdma_overfilled_send_queue_is_typed_error() {
     // A QP in RTS towards a QPN nobody owns: nothing is ever acknowledged,
     // so every posted request keeps its slot until the queue is full.
     qp.init_rc(1, Access::LOCAL).unwrap();
-    qp.rtr_rc(
-        0x00ab_cdef,
-        0,
-        d.gid,
-        d.gid_index,
-        1,
-        &RcOptions::default(),
-        d.mtu,
-    )
-    .unwrap();
+    let nobody = RcPeer {
+        qpn: 0x00ab_cdef,
+        psn: 0,
+        gid: d.gid,
+    };
+    qp.rtr_rc(&nobody, &d.path(), &RcOptions::default())
+        .unwrap();
     qp.rts_rc(0, &RcOptions::default()).unwrap();
     let granted = qp.caps().max_send_wr as usize;
     let data = [0u8; 4];

@@ -32,13 +32,16 @@ mod memory;
 mod qp;
 
 pub mod cm;
+pub mod pool;
 
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{device_names, Context, Gid, PortInfo, PortState};
 pub use error::VerbsError;
 pub use memory::{Access, MemoryRegion, ProtectionDomain};
+pub use pool::{Dest, PoolConfig, PoolError, PoolStats, PooledQp, RecvPoll, StageError};
 pub use qp::{
-    AddressHandle, AhAttr, Mtu, QpCaps, QpState, QpType, QueuePair, RcOptions, RecvWr, SendWr, Sge,
+    AddressHandle, AhAttr, LocalPath, Mtu, QpCaps, QpState, QpType, QueuePair, RcOptions, RcPeer,
+    RecvWr, SendWr, Sge,
 };
 
 /// Result of a verbs operation.

@@ -138,6 +138,28 @@ impl Default for RcOptions {
     }
 }
 
+/// The far end of an RC connection set up without rdma_cm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RcPeer {
+    /// Its QP number.
+    pub qpn: u32,
+    /// Its initial send PSN (our receive PSN).
+    pub psn: u32,
+    /// Its GID.
+    pub gid: Gid,
+}
+
+/// The local end of a path: port, GID index and the port's active MTU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalPath {
+    /// Port number.
+    pub port: u8,
+    /// Local GID index.
+    pub sgid_index: u8,
+    /// The port's active MTU in bytes (used unless `RcOptions::path_mtu` is set).
+    pub active_mtu: u32,
+}
+
 /// Queue sizes.
 #[derive(Debug, Clone, Copy)]
 pub struct QpCaps {
@@ -321,18 +343,12 @@ impl QueuePair {
         )
     }
 
-    /// INIT → RTR for RC towards `dest_qpn` at `dgid` (RoCE v2: always
-    /// global routing through `sgid_index`).
-    pub fn rtr_rc(
-        &self,
-        dest_qpn: u32,
-        rq_psn: u32,
-        dgid: Gid,
-        sgid_index: u8,
-        port: u8,
-        opts: &RcOptions,
-        active_mtu: u32,
-    ) -> Result<()> {
+    /// INIT → RTR for RC towards `peer` (RoCE v2: always global routing
+    /// through the local GID index of `local`). For connecting without
+    /// rdma_cm, after exchanging QPN, PSN and GID out of band.
+    pub fn rtr_rc(&self, peer: &RcPeer, local: &LocalPath, opts: &RcOptions) -> Result<()> {
+        let (dest_qpn, rq_psn, dgid) = (peer.qpn, peer.psn, peer.gid);
+        let (sgid_index, port, active_mtu) = (local.sgid_index, local.port, local.active_mtu);
         use sys::ibv_qp_attr_mask as M;
         // SAFETY: plain C data.
         let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -718,6 +734,14 @@ impl<'a> SendWr<'a> {
     /// The wr_id.
     pub fn wr_id(&self) -> u64 {
         self.wr.wr_id
+    }
+    /// Replaces the wr_id (e.g. with a running count just before posting).
+    pub fn set_wr_id(&mut self, wr_id: u64) {
+        self.wr.wr_id = wr_id;
+    }
+    /// Asks for a completion on a request already built.
+    pub fn set_signaled(&mut self) {
+        self.wr.send_flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
     }
     fn sges(&self) -> &[sys::ibv_sge] {
         if self.wr.num_sge <= 0 {

@@ -1,0 +1,286 @@
+//! Frame and handshake wire formats of the orders ring (little-endian:
+//! rocebus's own frames use the byte order of every host it runs on, so
+//! encoding is a plain store).
+
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// Frames start on 16-byte boundaries; a frame's total size is a multiple
+/// of 16, so the space left before the ring's end is always 0 or room for
+/// at least a header (which a padding frame then fills).
+pub const FRAME_ALIGN: usize = 16;
+
+/// Bytes of frame header.
+pub const HEADER_LEN: usize = 16;
+
+/// The message type of a padding frame (fills the ring's tail on wrap).
+pub const TYPE_PADDING: u16 = 0xFFFF;
+/// Types from here up are reserved for rocebus itself.
+pub const TYPE_RESERVED_MIN: u16 = 0xFF00;
+
+/// The header in front of every frame in the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct FrameHeader {
+    /// Payload length in bytes (the frame occupies `frame_len(len)` bytes).
+    pub len: U32,
+    /// Stream the message belongs to (several streams share a connection).
+    pub stream_id: U16,
+    /// Application message type (`TYPE_PADDING` for padding).
+    pub msg_type: U16,
+    /// Connection-wide frame sequence, starting at 1, no gaps (padding
+    /// frames carry one too), so reordering or replay is detectable.
+    pub seq: U64,
+}
+const _: () = assert!(std::mem::size_of::<FrameHeader>() == HEADER_LEN);
+
+/// Total ring bytes of a frame with `payload` bytes.
+#[inline]
+pub const fn frame_len(payload: usize) -> usize {
+    (HEADER_LEN + payload + FRAME_ALIGN - 1) & !(FRAME_ALIGN - 1)
+}
+
+/// Why a frame (or the producer position) read from the ring is refused.
+/// Any of these means the peer is broken or hostile: the connection is
+/// closed, nothing past the bad frame is delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// The producer position moved backwards, is unaligned, or claims more
+    /// than a ring's worth of unread bytes.
+    #[error("impossible producer position {producer} (consumed {consumed}, ring {ring_size})")]
+    BadProducer {
+        /// Position read.
+        producer: u64,
+        /// Our consumer position.
+        consumed: u64,
+        /// Ring size.
+        ring_size: u64,
+    },
+    /// A frame longer than what was committed, than the space to the ring's
+    /// end, or than the connection's maximum.
+    #[error("frame at {pos} has impossible length {len}")]
+    BadLength {
+        /// Ring position.
+        pos: u64,
+        /// Payload length claimed.
+        len: u32,
+    },
+    /// A reserved message type other than padding, or padding that does not
+    /// end exactly at the ring's end.
+    #[error("frame at {pos} has impossible type {msg_type:#x}")]
+    BadType {
+        /// Ring position.
+        pos: u64,
+        /// Type claimed.
+        msg_type: u16,
+    },
+    /// The sequence is not the next one.
+    #[error("frame at {pos} has sequence {got}, expected {expected}")]
+    BadSequence {
+        /// Ring position.
+        pos: u64,
+        /// Expected.
+        expected: u64,
+        /// Found.
+        got: u64,
+    },
+}
+
+/// What a frame header says, once validated against the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameInfo {
+    /// Payload length.
+    pub len: u32,
+    /// Stream id.
+    pub stream_id: u16,
+    /// Message type.
+    pub msg_type: u16,
+    /// Sequence.
+    pub seq: u64,
+    /// Total bytes the frame occupies.
+    pub total: usize,
+}
+
+/// Validates the header found at ring position `pos` (offset `off` in a
+/// ring of `ring_size`) given `available` committed bytes from `pos`.
+/// Pure function: the caller copied the header out of the ring first.
+pub fn validate(
+    h: &FrameHeader,
+    pos: u64,
+    off: usize,
+    ring_size: usize,
+    available: u64,
+    expected_seq: u64,
+    max_payload: usize,
+) -> Result<FrameInfo, FrameError> {
+    let len = h.len.get();
+    let msg_type = h.msg_type.get();
+    let to_end = ring_size - off;
+    let total = frame_len(len as usize);
+    if len as usize > ring_size || total as u64 > available || total > to_end {
+        return Err(FrameError::BadLength { pos, len });
+    }
+    if msg_type == TYPE_PADDING {
+        if total != to_end {
+            return Err(FrameError::BadType { pos, msg_type });
+        }
+    } else if msg_type >= TYPE_RESERVED_MIN {
+        return Err(FrameError::BadType { pos, msg_type });
+    } else if len as usize > max_payload {
+        return Err(FrameError::BadLength { pos, len });
+    }
+    let seq = h.seq.get();
+    if seq != expected_seq {
+        return Err(FrameError::BadSequence {
+            pos,
+            expected: expected_seq,
+            got: seq,
+        });
+    }
+    Ok(FrameInfo {
+        len,
+        stream_id: h.stream_id.get(),
+        msg_type,
+        seq,
+        total,
+    })
+}
+
+/// Magic of the connection handshake ("RBO1").
+pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"RBO1");
+
+/// What each side tells the other in rdma_cm private data: where its
+/// incoming ring is, and proof that it knows the shared secret. 40 bytes,
+/// within the 56 a connect request can carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct Hello {
+    /// [`HELLO_MAGIC`].
+    pub magic: U32,
+    /// log2 of the ring's data size.
+    pub ring_log2: U16,
+    /// Reserved, zero.
+    pub flags: U16,
+    /// 64-bit hash of the shared token (a guard against connecting the
+    /// wrong peers, not cryptographic authentication: RoCE carries no
+    /// confidentiality anyway).
+    pub token_hash: U64,
+    /// Address of the ring region (data, then the control words).
+    pub ring_addr: U64,
+    /// Its rkey.
+    pub ring_rkey: U32,
+    /// Largest payload the receiver accepts.
+    pub max_payload: U32,
+    /// Random per-connection id (diagnostics).
+    pub conn_id: U64,
+}
+const _: () = assert!(std::mem::size_of::<Hello>() == 40);
+
+/// FNV-1a 64 of the token.
+pub fn token_hash(token: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in token.as_bytes() {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A 5-byte payload frame, stream 7, type 3, seq 1, as it sits in the ring.
+    static FRAME_BYTES: [u8; 16] = [5, 0, 0, 0, 7, 0, 3, 0, 1, 0, 0, 0, 0, 0, 0, 0];
+
+    #[test]
+    fn header_fixed_bytes() {
+        let h = FrameHeader::read_from_bytes(&FRAME_BYTES[..]).unwrap();
+        assert_eq!(
+            (
+                h.len.get(),
+                h.stream_id.get(),
+                h.msg_type.get(),
+                h.seq.get()
+            ),
+            (5, 7, 3, 1)
+        );
+        assert_eq!(h.as_bytes(), &FRAME_BYTES);
+        assert_eq!(frame_len(5), 32);
+        assert_eq!(frame_len(0), 16);
+        assert_eq!(frame_len(16), 32);
+        assert_eq!(frame_len(17), 48);
+    }
+
+    fn hdr(len: u32, t: u16, seq: u64) -> FrameHeader {
+        FrameHeader {
+            len: len.into(),
+            stream_id: 1.into(),
+            msg_type: t.into(),
+            seq: seq.into(),
+        }
+    }
+
+    #[test]
+    fn validation_rejects_impossible_frames() {
+        let ok = validate(&hdr(5, 3, 9), 0, 0, 1024, 32, 9, 512).unwrap();
+        assert_eq!(ok.total, 32);
+        // Longer than committed.
+        assert!(matches!(
+            validate(&hdr(100, 3, 9), 0, 0, 1024, 32, 9, 512),
+            Err(FrameError::BadLength { .. })
+        ));
+        // Past the ring's end.
+        assert!(matches!(
+            validate(&hdr(40, 3, 9), 992, 992, 1024, 64, 9, 512),
+            Err(FrameError::BadLength { .. })
+        ));
+        // Huge length (would overflow naive arithmetic).
+        assert!(matches!(
+            validate(&hdr(u32::MAX, 3, 9), 0, 0, 1024, 1024, 9, 512),
+            Err(FrameError::BadLength { .. })
+        ));
+        // Over max payload.
+        assert!(matches!(
+            validate(&hdr(600, 3, 9), 0, 0, 1024, 1024, 9, 512),
+            Err(FrameError::BadLength { .. })
+        ));
+        // Reserved type.
+        assert!(matches!(
+            validate(&hdr(5, 0xFF01, 9), 0, 0, 1024, 32, 9, 512),
+            Err(FrameError::BadType { .. })
+        ));
+        // Padding that does not end at the ring's end.
+        assert!(matches!(
+            validate(&hdr(0, TYPE_PADDING, 9), 0, 0, 1024, 32, 9, 512),
+            Err(FrameError::BadType { .. })
+        ));
+        // Padding that does.
+        assert!(validate(&hdr(16, TYPE_PADDING, 9), 992, 992, 1024, 32, 9, 512).is_ok());
+        // Wrong sequence.
+        assert!(matches!(
+            validate(&hdr(5, 3, 8), 0, 0, 1024, 32, 9, 512),
+            Err(FrameError::BadSequence { .. })
+        ));
+    }
+
+    #[test]
+    fn hello_round_trip_and_token() {
+        let h = Hello {
+            magic: HELLO_MAGIC.into(),
+            ring_log2: 20.into(),
+            flags: 0.into(),
+            token_hash: token_hash("s3cret").into(),
+            ring_addr: 0x7f00_0000_1000.into(),
+            ring_rkey: 0x1234.into(),
+            max_payload: 65536.into(),
+            conn_id: 42.into(),
+        };
+        let bytes = h.as_bytes().to_vec();
+        assert_eq!(&bytes[..4], b"RBO1");
+        assert_eq!(Hello::read_from_bytes(&bytes[..]).unwrap(), h);
+        assert_ne!(token_hash("s3cret"), token_hash("s3cres"));
+        assert_eq!(token_hash(""), 0xcbf2_9ce4_8422_2325);
+    }
+}

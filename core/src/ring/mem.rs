@@ -1,0 +1,205 @@
+//! The ring's registered memory and the only unsafe code above the verbs
+//! layer: reading words and frames that a peer's NIC writes, and writing
+//! frames into the local staging mirror.
+//!
+//! Layout of the incoming-ring region (registered REMOTE_WRITE, nothing
+//! else, and the only memory of ours a peer can touch):
+//!
+//! | offset | bytes | written by | meaning |
+//! |---|---|---|---|
+//! | 0 | N | peer's sender (RDMA WRITE) | frame data |
+//! | N | 16 | peer's sender (RDMA WRITE) | producer position (commit word) and its complement |
+//! | N + 64 | 16 | peer's receiver (RDMA WRITE) | credit: how far the peer consumed *our* frames, and its complement |
+//!
+//! The two control words sit on their own cache lines so the peer's
+//! credit writes and its data commits do not share a line.
+//!
+//! Each control word travels with its bitwise complement in one 16-byte
+//! WRITE, and a value is taken only when the two halves agree. Real NICs
+//! place an aligned 8-byte word with one DMA store, but neither the
+//! specification nor soft-RoCE promise it: rxe copies with the kernel's
+//! `memcpy`, which may move one byte at a time (and under emulation the
+//! copying thread can be preempted mid-word for milliseconds, which the
+//! ring torture test caught). A torn read shows mismatched halves when the
+//! bytes are placed in ascending order, as every memcpy does, and is
+//! simply read again.
+#![allow(unsafe_code)]
+
+use super::frame::{FrameHeader, HEADER_LEN};
+use crate::verbs::{Access, MemoryRegion, ProtectionDomain, QueuePair, SendWr, VerbsError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use zerocopy::FromBytes;
+
+/// Bytes of a control word on the wire: the value and its complement.
+pub const CONTROL_WORD_LEN: usize = 16;
+
+/// A control word as written: value, then its bitwise complement.
+#[inline]
+pub fn control_word(v: u64) -> [u8; CONTROL_WORD_LEN] {
+    let mut b = [0u8; CONTROL_WORD_LEN];
+    b[..8].copy_from_slice(&v.to_le_bytes());
+    b[8..].copy_from_slice(&(!v).to_le_bytes());
+    b
+}
+
+/// Offset of the producer word after the data.
+pub const PRODUCER_OFF: usize = 0;
+/// Offset of the credit word after the data.
+pub const CREDIT_OFF: usize = 64;
+/// Control bytes after the data.
+pub const CONTROL_LEN: usize = 128;
+
+/// The incoming ring: data plus control words, written by the peer.
+#[derive(Debug)]
+pub struct IncomingRing {
+    mr: Arc<MemoryRegion>,
+    size: usize,
+}
+
+impl IncomingRing {
+    /// Registers a ring of `size` data bytes (power of two) with remote
+    /// write access only.
+    pub fn new(pd: &Arc<ProtectionDomain>, size: usize) -> Result<Self, VerbsError> {
+        assert!(size.is_power_of_two());
+        let mr = MemoryRegion::new(pd, size + CONTROL_LEN, Access::REMOTE_WRITE)?;
+        Ok(Self { mr, size })
+    }
+    /// The region (address and rkey for the peer).
+    pub fn mr(&self) -> &Arc<MemoryRegion> {
+        &self.mr
+    }
+    /// Data size.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Reads a control word and its complement; `None` if they disagree
+    /// (a write in progress).
+    #[inline]
+    fn load_pair(&self, off: usize) -> Option<u64> {
+        // ORDERING: Acquire on both loads, pairs with the order in which the
+        // responder places the peer's WRITEs (see each caller); the
+        // complement is read second, so a matching pair was fully placed
+        // before any later load of ours.
+        let v = self.word(off).load(Ordering::Acquire);
+        let c = self.word(off + 8).load(Ordering::Acquire);
+        (v == !c).then_some(v)
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: the control words lie inside the mapping (size + 128 bytes
+        // registered), are 8-byte aligned (the mapping is page-aligned and
+        // `size` is a power of two >= 16), and live as long as self.mr.
+        // AtomicU64 has the layout of u64; the NIC writes the word with one
+        // aligned 8-byte DMA store, which the CPU observes atomically.
+        unsafe { &*(self.mr.as_ptr().add(self.size + off) as *const AtomicU64) }
+    }
+
+    /// The producer position the peer committed, `None` while a commit is
+    /// being placed. The responder places the peer's data WRITE before this
+    /// word's WRITE (one RC QP): once a new value is seen, the frame bytes
+    /// below it are visible to the loads that follow (Acquire).
+    #[inline]
+    pub fn load_producer(&self) -> Option<u64> {
+        self.load_pair(PRODUCER_OFF)
+    }
+
+    /// The credit the peer's receiver returned for our outgoing frames,
+    /// `None` while being placed. The peer consumed our frames before
+    /// writing it: staging bytes below it are no longer read by anyone.
+    #[inline]
+    pub fn load_credit(&self) -> Option<u64> {
+        self.load_pair(CREDIT_OFF)
+    }
+
+    /// Copies the frame header at `off` (bounds: `off + 16 <= size`, which
+    /// holds for every 16-aligned offset in the ring).
+    #[inline]
+    pub fn read_header(&self, off: usize) -> FrameHeader {
+        assert!(off + HEADER_LEN <= self.size);
+        let mut buf = [0u8; HEADER_LEN];
+        // SAFETY: in bounds (asserted); a byte copy of memory the peer may
+        // be writing is at worst stale or garbage bytes, which validation
+        // rejects: u8 has no invalid values.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.mr.as_ptr().add(off), buf.as_mut_ptr(), HEADER_LEN)
+        };
+        FrameHeader::read_from_bytes(&buf).expect("16 bytes")
+    }
+
+    /// The payload of a validated frame.
+    ///
+    /// The bytes lie in `[consumed, producer)`, which the peer may not write
+    /// again until we return credit past them (its sender never overruns
+    /// credit); the borrow ends before we advance. A peer that breaks the
+    /// protocol can at worst change bytes we are reading: u8 has no invalid
+    /// values and we never act on lengths read from the payload.
+    #[inline]
+    pub fn payload(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.size));
+        // SAFETY: in bounds (asserted), alive as long as &self.
+        unsafe { std::slice::from_raw_parts(self.mr.as_ptr().add(off), len) }
+    }
+}
+
+/// The sender's staging mirror of the remote ring: frames are built here
+/// at the offsets they will occupy remotely, so a run of frames is one
+/// RDMA WRITE.
+#[derive(Debug)]
+pub struct Staging {
+    mr: Arc<MemoryRegion>,
+    size: usize,
+}
+
+impl Staging {
+    /// Registers `size` bytes for local reads by the device only.
+    pub fn new(pd: &Arc<ProtectionDomain>, size: usize) -> Result<Self, VerbsError> {
+        let mr = MemoryRegion::new(pd, size, Access::LOCAL)?;
+        Ok(Self { mr, size })
+    }
+    /// The region.
+    pub fn mr(&self) -> &Arc<MemoryRegion> {
+        &self.mr
+    }
+
+    /// Mutable bytes of the staging area.
+    ///
+    /// Sound because the range is claimed space: beyond everything the
+    /// device may still read. The device reads a staging range only between
+    /// posting its RDMA WRITE and that write executing at the peer; the
+    /// range is reclaimed only after the peer returned credit past it,
+    /// which it can only do after the write executed (or, for inline
+    /// writes, the bytes were copied at post time).
+    #[inline]
+    pub fn slice_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.size));
+        // SAFETY: in bounds; &mut self gives exclusive CPU access; device
+        // access is excluded by the credit argument above.
+        unsafe { std::slice::from_raw_parts_mut(self.mr.as_ptr().add(off), len) }
+    }
+
+    /// Read-only bytes (for inline posts).
+    #[inline]
+    pub fn slice(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.size));
+        // SAFETY: in bounds; the device only ever reads staging.
+        unsafe { std::slice::from_raw_parts(self.mr.as_ptr().add(off), len) }
+    }
+}
+
+/// Posts the ring's own work requests: RDMA WRITEs whose local data is
+/// either inline or a range of a [`Staging`] area, to the peer's ring.
+///
+/// Callers in this crate build `wrs` only from [`Staging::mr`] ranges and
+/// inline bytes; that is what makes the verbs layer's `post_send` contract
+/// hold: a staging range is not rewritten until the peer returned credit
+/// past it, which implies the WRITE reading it has executed, and the
+/// staging region is owned by the connection that also owns the QP and
+/// declares the QP first, so the QP (and with it every outstanding
+/// request) is destroyed before the staging region is deregistered.
+pub(crate) fn post_ring_writes(qp: &QueuePair, wrs: &mut [SendWr<'_>]) -> Result<(), VerbsError> {
+    // SAFETY: see above: every SGE is inline or a staging range that stays
+    // registered, allocated and unmodified until its WRITE has executed.
+    unsafe { qp.post_send(wrs) }
+}

@@ -1,0 +1,284 @@
+//! Position and credit accounting of the ring, free of I/O: the sender's
+//! claim/commit/flush bookkeeping and the receiver's consumption and credit
+//! decisions. Positions are byte counts since the connection began (u64:
+//! they never wrap in practice); the ring offset is `pos & (size - 1)`.
+
+use super::frame::{frame_len, HEADER_LEN};
+
+/// Where a claimed frame goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimPos {
+    /// A padding frame to write first at this offset, of this many bytes,
+    /// when the frame does not fit before the ring's end.
+    pub padding: Option<(usize, usize)>,
+    /// Ring offset of the frame header.
+    pub offset: usize,
+    /// Total ring bytes of the frame.
+    pub total: usize,
+}
+
+/// Why a claim is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimRefused {
+    /// Not enough credit: the receiver has not consumed enough yet.
+    BackPressured,
+    /// Larger than the connection's maximum payload.
+    TooLarge,
+}
+
+/// The sender's view of the remote ring.
+#[derive(Debug, Clone)]
+pub struct SenderState {
+    size: usize,
+    max_payload: usize,
+    /// Next free position.
+    tail: u64,
+    /// Position up to which frames were handed to the device.
+    flushed: u64,
+    /// Remote consumer position, from its credit writes.
+    credit: u64,
+    /// Sequence of the next frame.
+    next_seq: u64,
+}
+
+impl SenderState {
+    /// A fresh ring of `size` bytes (power of two).
+    pub fn new(size: usize, max_payload: usize) -> Self {
+        assert!(size.is_power_of_two() && size >= 4 * frame_len(max_payload));
+        Self {
+            size,
+            max_payload,
+            tail: 0,
+            flushed: 0,
+            credit: 0,
+            next_seq: 1,
+        }
+    }
+    /// Ring size.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+    /// Largest payload.
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+    /// The next sequence.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+    /// Next free position.
+    pub fn tail(&self) -> u64 {
+        self.tail
+    }
+    /// Bytes claimed but not yet flushed.
+    pub fn unflushed(&self) -> u64 {
+        self.tail - self.flushed
+    }
+    /// Bytes the receiver has not yet given back.
+    pub fn in_flight(&self) -> u64 {
+        self.tail - self.credit
+    }
+
+    /// Takes a credit update (the receiver's consumer position). Returns
+    /// false for an impossible value (behind the last one, or beyond what
+    /// was sent), which is then ignored.
+    pub fn on_credit(&mut self, consumed: u64) -> bool {
+        if consumed < self.credit || consumed > self.flushed {
+            return consumed == self.credit;
+        }
+        self.credit = consumed;
+        true
+    }
+
+    /// Reserves room for a frame of `len` payload bytes.
+    pub fn claim(&self, len: usize) -> Result<ClaimPos, ClaimRefused> {
+        if len > self.max_payload {
+            return Err(ClaimRefused::TooLarge);
+        }
+        let total = frame_len(len);
+        let off = (self.tail as usize) & (self.size - 1);
+        let to_end = self.size - off;
+        let (padding, offset, need) = if total > to_end {
+            (Some((off, to_end)), 0, to_end + total)
+        } else {
+            (None, off, total)
+        };
+        if self.in_flight() + need as u64 > self.size as u64 {
+            return Err(ClaimRefused::BackPressured);
+        }
+        Ok(ClaimPos {
+            padding,
+            offset,
+            total,
+        })
+    }
+
+    /// Commits a claim made by [`claim`](Self::claim) (with no other
+    /// change in between); returns the sequences used (padding first).
+    pub fn commit(&mut self, pos: &ClaimPos) -> u64 {
+        if let Some((_, pad)) = pos.padding {
+            self.tail += pad as u64;
+            self.next_seq += 1;
+        }
+        self.tail += pos.total as u64;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// The byte ranges `(offset, len)` to write for everything unflushed
+    /// (two when it wraps), and the new producer position; marks them
+    /// flushed.
+    pub fn take_flush(&mut self) -> ([(usize, usize); 2], usize, u64) {
+        let mut ranges = [(0, 0); 2];
+        let mut n = 0;
+        let mut pos = self.flushed;
+        while pos < self.tail {
+            let off = (pos as usize) & (self.size - 1);
+            let len = ((self.tail - pos) as usize).min(self.size - off);
+            ranges[n] = (off, len);
+            n += 1;
+            pos += len as u64;
+        }
+        self.flushed = self.tail;
+        (ranges, n, self.tail)
+    }
+}
+
+/// The receiver's view of its own ring.
+#[derive(Debug, Clone)]
+pub struct ReceiverState {
+    size: usize,
+    max_payload: usize,
+    consumed: u64,
+    expected_seq: u64,
+    credit_sent: u64,
+    credit_every: u64,
+}
+
+impl ReceiverState {
+    /// A fresh ring of `size` bytes; credits are returned every
+    /// `credit_every` consumed bytes (and when idle).
+    pub fn new(size: usize, max_payload: usize, credit_every: usize) -> Self {
+        Self {
+            size,
+            max_payload,
+            consumed: 0,
+            expected_seq: 1,
+            credit_sent: 0,
+            credit_every: credit_every.clamp(HEADER_LEN, size / 2) as u64,
+        }
+    }
+    /// Ring size.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+    /// Largest payload accepted.
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+    /// Consumer position.
+    pub fn consumed(&self) -> u64 {
+        self.consumed
+    }
+    /// Next expected sequence.
+    pub fn expected_seq(&self) -> u64 {
+        self.expected_seq
+    }
+
+    /// Checks a (complete, untorn) producer position read from memory.
+    /// `Ok(None)`: nothing new; `Ok(Some(avail))`: that many committed
+    /// bytes are readable. A position behind ours, more than a ring ahead or
+    /// unaligned can only come from a broken peer.
+    pub fn check_producer(&self, producer: u64) -> Result<Option<u64>, super::FrameError> {
+        let ok = producer >= self.consumed
+            && producer - self.consumed <= self.size as u64
+            && producer % super::frame::FRAME_ALIGN as u64 == 0;
+        if !ok {
+            return Err(super::FrameError::BadProducer {
+                producer,
+                consumed: self.consumed,
+                ring_size: self.size as u64,
+            });
+        }
+        Ok((producer > self.consumed).then_some(producer - self.consumed))
+    }
+
+    /// Ring offset of the consumer position.
+    pub fn offset(&self) -> usize {
+        (self.consumed as usize) & (self.size - 1)
+    }
+
+    /// Records a consumed frame of `total` bytes.
+    pub fn advance(&mut self, total: usize) {
+        self.consumed += total as u64;
+        self.expected_seq += 1;
+    }
+
+    /// Whether a credit write is due: every `credit_every` bytes, or, with
+    /// `idle`, whenever anything is unreported.
+    pub fn credit_due(&self, idle: bool) -> Option<u64> {
+        let unreported = self.consumed - self.credit_sent;
+        (unreported >= self.credit_every || (idle && unreported > 0)).then_some(self.consumed)
+    }
+
+    /// Records that a credit for `consumed` was sent.
+    pub fn credit_sent(&mut self, consumed: u64) {
+        self.credit_sent = consumed;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sender_wraps_with_padding_and_respects_credit() {
+        let mut s = SenderState::new(1024, 200);
+        // 4 frames of 200 bytes (224 total each) = 896 bytes.
+        for i in 0..4 {
+            let c = s.claim(200).unwrap();
+            assert_eq!(c.padding, None);
+            assert_eq!(c.offset, i * 224);
+            assert_eq!(s.commit(&c), i as u64 + 1);
+        }
+        // Next frame does not fit before the end (128 left): padding + wrap,
+        // but no credit yet -> back-pressured.
+        assert_eq!(s.claim(200), Err(ClaimRefused::BackPressured));
+        let (r, n, prod) = s.take_flush();
+        assert_eq!((n, r[0], prod), (1, (0, 896), 896));
+        assert!(s.on_credit(448));
+        let c = s.claim(200).unwrap();
+        assert_eq!(c.padding, Some((896, 128)));
+        assert_eq!(c.offset, 0);
+        assert_eq!(s.commit(&c), 6); // padding took seq 5
+        let (r, n, prod) = s.take_flush();
+        assert_eq!((n, r[0], r[1], prod), (2, (896, 128), (0, 224), 1248));
+        assert_eq!(s.claim(201), Err(ClaimRefused::TooLarge));
+        // Impossible credits are refused.
+        assert!(!s.on_credit(100));
+        assert!(!s.on_credit(5000));
+    }
+
+    #[test]
+    fn receiver_checks_producer_and_batches_credit() {
+        let mut r = ReceiverState::new(1024, 200, 256);
+        assert_eq!(r.check_producer(0), Ok(None));
+        assert_eq!(r.check_producer(224), Ok(Some(224)));
+        // Impossible values: more than a ring ahead, unaligned, behind.
+        assert!(r.check_producer(2048).is_err());
+        assert!(r.check_producer(7).is_err());
+        r.advance(224);
+        assert!(r.check_producer(208).is_err());
+        let mut r = ReceiverState::new(1024, 200, 256);
+        r.advance(224);
+        assert_eq!(r.credit_due(false), None);
+        assert_eq!(r.credit_due(true), Some(224));
+        r.advance(224);
+        assert_eq!(r.credit_due(false), Some(448));
+        r.credit_sent(448);
+        assert_eq!(r.credit_due(true), None);
+        assert_eq!(r.offset(), 448);
+        assert_eq!(r.expected_seq(), 3);
+    }
+}
