@@ -13,6 +13,16 @@ pub const FRAME_ALIGN: usize = 16;
 /// Bytes of frame header.
 pub const HEADER_LEN: usize = 16;
 
+/// Bytes of frame trailer (the seal: [`trailer_value`] of the sequence).
+pub const TRAILER_LEN: usize = 8;
+
+/// The trailer sealing frame `seq`: the sequence mixed so that application
+/// bytes left in the ring by an earlier lap are unlikely to look like it.
+#[inline]
+pub const fn trailer_value(seq: u64) -> u64 {
+    seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5EA1_ED0F_F5E7_0000
+}
+
 /// The message type of a padding frame (fills the ring's tail on wrap).
 pub const TYPE_PADDING: u16 = 0xFFFF;
 /// Types from here up are reserved for rocebus itself.
@@ -34,10 +44,12 @@ pub struct FrameHeader {
 }
 const _: () = assert!(std::mem::size_of::<FrameHeader>() == HEADER_LEN);
 
-/// Total ring bytes of a frame with `payload` bytes.
+/// Total ring bytes of a frame with `payload` bytes: header, payload,
+/// trailer, rounded up to [`FRAME_ALIGN`] (the trailer is always the last
+/// 8 bytes). A padding frame is a header alone.
 #[inline]
 pub const fn frame_len(payload: usize) -> usize {
-    (HEADER_LEN + payload + FRAME_ALIGN - 1) & !(FRAME_ALIGN - 1)
+    (HEADER_LEN + payload + TRAILER_LEN + FRAME_ALIGN - 1) & !(FRAME_ALIGN - 1)
 }
 
 /// Why a frame (or the producer position) read from the ring is refused.
@@ -46,19 +58,8 @@ pub const fn frame_len(payload: usize) -> usize {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum FrameError {
-    /// The producer position moved backwards, is unaligned, or claims more
-    /// than a ring's worth of unread bytes.
-    #[error("impossible producer position {producer} (consumed {consumed}, ring {ring_size})")]
-    BadProducer {
-        /// Position read.
-        producer: u64,
-        /// Our consumer position.
-        consumed: u64,
-        /// Ring size.
-        ring_size: u64,
-    },
-    /// A frame longer than what was committed, than the space to the ring's
-    /// end, or than the connection's maximum.
+    /// A frame longer than the space to the ring's end or than the
+    /// connection's maximum.
     #[error("frame at {pos} has impossible length {len}")]
     BadLength {
         /// Ring position.
@@ -75,7 +76,8 @@ pub enum FrameError {
         /// Type claimed.
         msg_type: u16,
     },
-    /// The sequence is not the next one.
+    /// A sequence ahead of the next one (older ones are stale frames of an
+    /// earlier lap: not yet overwritten, simply not arrived).
     #[error("frame at {pos} has sequence {got}, expected {expected}")]
     BadSequence {
         /// Ring position.
@@ -102,49 +104,58 @@ pub struct FrameInfo {
     pub total: usize,
 }
 
-/// Validates the header found at ring position `pos` (offset `off` in a
-/// ring of `ring_size`) given `available` committed bytes from `pos`.
-/// Pure function: the caller copied the header out of the ring first.
+/// Looks at the header found at ring position `pos` (offset `off` in a
+/// ring of `ring_size`). `Ok(None)`: the next frame has not arrived (the
+/// header is from an earlier lap, or still zero). Pure function: the caller
+/// read the header out of the ring first (sequence last, see `ring::mem`).
 pub fn validate(
     h: &FrameHeader,
     pos: u64,
     off: usize,
     ring_size: usize,
-    available: u64,
     expected_seq: u64,
     max_payload: usize,
-) -> Result<FrameInfo, FrameError> {
-    let len = h.len.get();
-    let msg_type = h.msg_type.get();
-    let to_end = ring_size - off;
-    let total = frame_len(len as usize);
-    if len as usize > ring_size || total as u64 > available || total > to_end {
-        return Err(FrameError::BadLength { pos, len });
-    }
-    if msg_type == TYPE_PADDING {
-        if total != to_end {
-            return Err(FrameError::BadType { pos, msg_type });
-        }
-    } else if msg_type >= TYPE_RESERVED_MIN {
-        return Err(FrameError::BadType { pos, msg_type });
-    } else if len as usize > max_payload {
-        return Err(FrameError::BadLength { pos, len });
-    }
+) -> Result<Option<FrameInfo>, FrameError> {
     let seq = h.seq.get();
-    if seq != expected_seq {
+    if seq < expected_seq {
+        return Ok(None);
+    }
+    if seq > expected_seq {
         return Err(FrameError::BadSequence {
             pos,
             expected: expected_seq,
             got: seq,
         });
     }
-    Ok(FrameInfo {
+    let len = h.len.get();
+    let msg_type = h.msg_type.get();
+    let to_end = ring_size - off;
+    let total = if msg_type == TYPE_PADDING {
+        // A padding frame fills the ring to its end; its length field
+        // counts the bytes after the header.
+        if len as usize != to_end.wrapping_sub(HEADER_LEN) {
+            return Err(FrameError::BadType { pos, msg_type });
+        }
+        to_end
+    } else {
+        if msg_type >= TYPE_RESERVED_MIN {
+            return Err(FrameError::BadType { pos, msg_type });
+        }
+        if len as usize > max_payload
+            || len as usize > ring_size
+            || frame_len(len as usize) > to_end
+        {
+            return Err(FrameError::BadLength { pos, len });
+        }
+        frame_len(len as usize)
+    };
+    Ok(Some(FrameInfo {
         len,
         stream_id: h.stream_id.get(),
         msg_type,
         seq,
         total,
-    })
+    }))
 }
 
 /// Magic of the connection handshake ("RBO1").
@@ -208,9 +219,12 @@ mod tests {
         );
         assert_eq!(h.as_bytes(), &FRAME_BYTES);
         assert_eq!(frame_len(5), 32);
-        assert_eq!(frame_len(0), 16);
-        assert_eq!(frame_len(16), 32);
-        assert_eq!(frame_len(17), 48);
+        assert_eq!(frame_len(0), 32);
+        assert_eq!(frame_len(8), 32);
+        assert_eq!(frame_len(9), 48);
+        assert_eq!(frame_len(64), 96);
+        assert_ne!(trailer_value(1), 1);
+        assert_ne!(trailer_value(1), trailer_value(2));
     }
 
     fn hdr(len: u32, t: u16, seq: u64) -> FrameHeader {
@@ -224,45 +238,58 @@ mod tests {
 
     #[test]
     fn validation_rejects_impossible_frames() {
-        let ok = validate(&hdr(5, 3, 9), 0, 0, 1024, 32, 9, 512).unwrap();
+        let ok = validate(&hdr(5, 3, 9), 0, 0, 1024, 9, 512)
+            .unwrap()
+            .unwrap();
         assert_eq!(ok.total, 32);
-        // Longer than committed.
+        // An older sequence (or zero) is a frame not yet arrived.
+        assert_eq!(validate(&hdr(5, 3, 8), 0, 0, 1024, 9, 512), Ok(None));
+        assert_eq!(validate(&hdr(0, 0, 0), 0, 0, 1024, 9, 512), Ok(None));
+        // A newer one is impossible.
         assert!(matches!(
-            validate(&hdr(100, 3, 9), 0, 0, 1024, 32, 9, 512),
-            Err(FrameError::BadLength { .. })
+            validate(&hdr(5, 3, 10), 0, 0, 1024, 9, 512),
+            Err(FrameError::BadSequence { .. })
         ));
         // Past the ring's end.
         assert!(matches!(
-            validate(&hdr(40, 3, 9), 992, 992, 1024, 64, 9, 512),
+            validate(&hdr(40, 3, 9), 992, 992, 1024, 9, 512),
             Err(FrameError::BadLength { .. })
         ));
         // Huge length (would overflow naive arithmetic).
         assert!(matches!(
-            validate(&hdr(u32::MAX, 3, 9), 0, 0, 1024, 1024, 9, 512),
+            validate(&hdr(u32::MAX, 3, 9), 0, 0, 1024, 9, 512),
             Err(FrameError::BadLength { .. })
         ));
         // Over max payload.
         assert!(matches!(
-            validate(&hdr(600, 3, 9), 0, 0, 1024, 1024, 9, 512),
+            validate(&hdr(600, 3, 9), 0, 0, 1024, 9, 512),
             Err(FrameError::BadLength { .. })
         ));
         // Reserved type.
         assert!(matches!(
-            validate(&hdr(5, 0xFF01, 9), 0, 0, 1024, 32, 9, 512),
+            validate(&hdr(5, 0xFF01, 9), 0, 0, 1024, 9, 512),
             Err(FrameError::BadType { .. })
         ));
-        // Padding that does not end at the ring's end.
+        // Padding that does not end exactly at the ring's end.
         assert!(matches!(
-            validate(&hdr(0, TYPE_PADDING, 9), 0, 0, 1024, 32, 9, 512),
+            validate(&hdr(0, TYPE_PADDING, 9), 0, 0, 1024, 9, 512),
             Err(FrameError::BadType { .. })
         ));
-        // Padding that does.
-        assert!(validate(&hdr(16, TYPE_PADDING, 9), 992, 992, 1024, 32, 9, 512).is_ok());
-        // Wrong sequence.
-        assert!(matches!(
-            validate(&hdr(5, 3, 8), 0, 0, 1024, 32, 9, 512),
-            Err(FrameError::BadSequence { .. })
-        ));
+        // Padding that does, even a bare 16-byte header.
+        assert_eq!(
+            validate(&hdr(16, TYPE_PADDING, 9), 992, 992, 1024, 9, 512)
+                .unwrap()
+                .unwrap()
+                .total,
+            32
+        );
+        assert_eq!(
+            validate(&hdr(0, TYPE_PADDING, 9), 1008, 1008, 1024, 9, 512)
+                .unwrap()
+                .unwrap()
+                .total,
+            16
+        );
     }
 
     #[test]

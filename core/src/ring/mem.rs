@@ -8,14 +8,12 @@
 //! | offset | bytes | written by | meaning |
 //! |---|---|---|---|
 //! | 0 | N | peer's sender (RDMA WRITE) | frame data |
-//! | N | 16 | peer's sender (RDMA WRITE) | producer position (commit word) and its complement |
-//! | N + 64 | 16 | peer's receiver (RDMA WRITE) | credit: how far the peer consumed *our* frames, and its complement |
+//! | N | 16 | peer's receiver (RDMA WRITE) | credit: how far the peer consumed *our* frames, and its complement |
 //!
-//! The two control words sit on their own cache lines so the peer's
-//! credit writes and its data commits do not share a line.
+//! The credit word sits on its own cache line, away from the frames.
 //!
-//! Each control word travels with its bitwise complement in one 16-byte
-//! WRITE, and a value is taken only when the two halves agree. Real NICs
+//! It travels with its bitwise complement in one 16-byte WRITE, and a value
+//! is taken only when the two halves agree. Real NICs
 //! place an aligned 8-byte word with one DMA store, but neither the
 //! specification nor soft-RoCE promise it: rxe copies with the kernel's
 //! `memcpy`, which may move one byte at a time (and under emulation the
@@ -43,12 +41,10 @@ pub fn control_word(v: u64) -> [u8; CONTROL_WORD_LEN] {
     b
 }
 
-/// Offset of the producer word after the data.
-pub const PRODUCER_OFF: usize = 0;
 /// Offset of the credit word after the data.
-pub const CREDIT_OFF: usize = 64;
+pub const CREDIT_OFF: usize = 0;
 /// Control bytes after the data.
-pub const CONTROL_LEN: usize = 128;
+pub const CONTROL_LEN: usize = 64;
 
 /// The incoming ring: data plus control words, written by the peer.
 #[derive(Debug)]
@@ -88,21 +84,18 @@ impl IncomingRing {
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: the control words lie inside the mapping (size + 128 bytes
-        // registered), are 8-byte aligned (the mapping is page-aligned and
-        // `size` is a power of two >= 16), and live as long as self.mr.
-        // AtomicU64 has the layout of u64; the NIC writes the word with one
-        // aligned 8-byte DMA store, which the CPU observes atomically.
-        unsafe { &*(self.mr.as_ptr().add(self.size + off) as *const AtomicU64) }
+        self.word_at(self.size + off)
     }
 
-    /// The producer position the peer committed, `None` while a commit is
-    /// being placed. The responder places the peer's data WRITE before this
-    /// word's WRITE (one RC QP): once a new value is seen, the frame bytes
-    /// below it are visible to the loads that follow (Acquire).
-    #[inline]
-    pub fn load_producer(&self) -> Option<u64> {
-        self.load_pair(PRODUCER_OFF)
+    /// The aligned 8-byte word at byte offset `at` of the region.
+    fn word_at(&self, at: usize) -> &AtomicU64 {
+        assert!(at % 8 == 0 && at + 8 <= self.size + CONTROL_LEN);
+        // SAFETY: in bounds (asserted) of the mapping, which lives as long as
+        // self.mr; 8-byte aligned (the mapping is page-aligned, `at` is a
+        // multiple of 8). AtomicU64 has the layout of u64, and every bit
+        // pattern is a valid u64. The device writes these bytes by DMA,
+        // outside the Rust memory model; we only ever load them.
+        unsafe { &*(self.mr.as_ptr().add(at) as *const AtomicU64) }
     }
 
     /// The credit the peer's receiver returned for our outgoing frames,
@@ -113,26 +106,39 @@ impl IncomingRing {
         self.load_pair(CREDIT_OFF)
     }
 
-    /// Copies the frame header at `off` (bounds: `off + 16 <= size`, which
-    /// holds for every 16-aligned offset in the ring).
+    /// Reads the frame header at 16-aligned offset `off`: its sequence
+    /// (the last 8 bytes) first, with Acquire, then the first 8 bytes. The
+    /// header's bytes are placed in ascending order, so once the expected
+    /// sequence is seen the length, stream and type before it are too.
     #[inline]
     pub fn read_header(&self, off: usize) -> FrameHeader {
-        assert!(off + HEADER_LEN <= self.size);
+        assert!(off % 16 == 0 && off + HEADER_LEN <= self.size);
+        // ORDERING: Acquire, pairs with the device placing the header's
+        // first bytes before its sequence; the load of word 0 follows.
+        let seq = self.word_at(off + 8).load(Ordering::Acquire);
+        // ORDERING: Relaxed: ordered after the Acquire above.
+        let w0 = self.word_at(off).load(Ordering::Relaxed).to_le_bytes();
         let mut buf = [0u8; HEADER_LEN];
-        // SAFETY: in bounds (asserted); a byte copy of memory the peer may
-        // be writing is at worst stale or garbage bytes, which validation
-        // rejects: u8 has no invalid values.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.mr.as_ptr().add(off), buf.as_mut_ptr(), HEADER_LEN)
-        };
+        buf[..8].copy_from_slice(&w0);
+        buf[8..].copy_from_slice(&seq.to_le_bytes());
         FrameHeader::read_from_bytes(&buf).expect("16 bytes")
+    }
+
+    /// Reads the trailer word at 8-aligned offset `off` (a frame's last 8
+    /// bytes). Once it holds the frame's seal, every byte of the frame
+    /// before it has been placed and is visible to the loads that follow.
+    #[inline]
+    pub fn read_trailer(&self, off: usize) -> u64 {
+        // ORDERING: Acquire, pairs with the device placing the frame's bytes
+        // in ascending order: the payload loads come after this one.
+        self.word_at(off).load(Ordering::Acquire)
     }
 
     /// The payload of a validated frame.
     ///
-    /// The bytes lie in `[consumed, producer)`, which the peer may not write
-    /// again until we return credit past them (its sender never overruns
-    /// credit); the borrow ends before we advance. A peer that breaks the
+    /// The bytes lie in a sealed frame at our consumer position, which the
+    /// peer may not write again until we return credit past it (its sender
+    /// never overruns credit); the borrow ends before we advance. A peer that breaks the
     /// protocol can at worst change bytes we are reading: u8 has no invalid
     /// values and we never act on lengths read from the payload.
     #[inline]

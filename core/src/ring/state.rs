@@ -127,9 +127,8 @@ impl SenderState {
     }
 
     /// The byte ranges `(offset, len)` to write for everything unflushed
-    /// (two when it wraps), and the new producer position; marks them
-    /// flushed.
-    pub fn take_flush(&mut self) -> ([(usize, usize); 2], usize, u64) {
+    /// (two when it wraps) and how many there are; marks them flushed.
+    pub fn take_flush(&mut self) -> ([(usize, usize); 2], usize) {
         let mut ranges = [(0, 0); 2];
         let mut n = 0;
         let mut pos = self.flushed;
@@ -141,7 +140,7 @@ impl SenderState {
             pos += len as u64;
         }
         self.flushed = self.tail;
-        (ranges, n, self.tail)
+        (ranges, n)
     }
 }
 
@@ -154,7 +153,11 @@ pub struct ReceiverState {
     expected_seq: u64,
     credit_sent: u64,
     credit_every: u64,
+    idle_polls: u32,
 }
+
+/// Consecutive empty polls after which unreported consumption is credited.
+pub const IDLE_CREDIT_POLLS: u32 = 64;
 
 impl ReceiverState {
     /// A fresh ring of `size` bytes; credits are returned every
@@ -167,6 +170,7 @@ impl ReceiverState {
             expected_seq: 1,
             credit_sent: 0,
             credit_every: credit_every.clamp(HEADER_LEN, size / 2) as u64,
+            idle_polls: 0,
         }
     }
     /// Ring size.
@@ -186,24 +190,6 @@ impl ReceiverState {
         self.expected_seq
     }
 
-    /// Checks a (complete, untorn) producer position read from memory.
-    /// `Ok(None)`: nothing new; `Ok(Some(avail))`: that many committed
-    /// bytes are readable. A position behind ours, more than a ring ahead or
-    /// unaligned can only come from a broken peer.
-    pub fn check_producer(&self, producer: u64) -> Result<Option<u64>, super::FrameError> {
-        let ok = producer >= self.consumed
-            && producer - self.consumed <= self.size as u64
-            && producer % super::frame::FRAME_ALIGN as u64 == 0;
-        if !ok {
-            return Err(super::FrameError::BadProducer {
-                producer,
-                consumed: self.consumed,
-                ring_size: self.size as u64,
-            });
-        }
-        Ok((producer > self.consumed).then_some(producer - self.consumed))
-    }
-
     /// Ring offset of the consumer position.
     pub fn offset(&self) -> usize {
         (self.consumed as usize) & (self.size - 1)
@@ -215,10 +201,21 @@ impl ReceiverState {
         self.expected_seq += 1;
     }
 
-    /// Whether a credit write is due: every `credit_every` bytes, or, with
-    /// `idle`, whenever anything is unreported.
-    pub fn credit_due(&self, idle: bool) -> Option<u64> {
+    /// Records the outcome of one poll (frames delivered) and says whether
+    /// a credit write is due: every `credit_every` bytes, or once the ring
+    /// has been idle for [`IDLE_CREDIT_POLLS`] polls with anything
+    /// unreported. Not on every idle poll: in a ping-pong that would add a
+    /// WRITE (and a doorbell) per message, and a sender with credit lagging
+    /// by less than `credit_every` (a quarter ring) still has room for any
+    /// frame (at most a quarter ring), so only `drain` ever waits for it.
+    pub fn credit_due(&mut self, delivered: usize) -> Option<u64> {
+        if delivered > 0 {
+            self.idle_polls = 0;
+        } else {
+            self.idle_polls = self.idle_polls.saturating_add(1);
+        }
         let unreported = self.consumed - self.credit_sent;
+        let idle = self.idle_polls >= IDLE_CREDIT_POLLS;
         (unreported >= self.credit_every || (idle && unreported > 0)).then_some(self.consumed)
     }
 
@@ -235,7 +232,7 @@ mod tests {
     #[test]
     fn sender_wraps_with_padding_and_respects_credit() {
         let mut s = SenderState::new(1024, 200);
-        // 4 frames of 200 bytes (224 total each) = 896 bytes.
+        // 4 frames of 200 bytes (224 total each with header and trailer) = 896 bytes.
         for i in 0..4 {
             let c = s.claim(200).unwrap();
             assert_eq!(c.padding, None);
@@ -245,15 +242,15 @@ mod tests {
         // Next frame does not fit before the end (128 left): padding + wrap,
         // but no credit yet -> back-pressured.
         assert_eq!(s.claim(200), Err(ClaimRefused::BackPressured));
-        let (r, n, prod) = s.take_flush();
-        assert_eq!((n, r[0], prod), (1, (0, 896), 896));
+        let (r, n) = s.take_flush();
+        assert_eq!((n, r[0]), (1, (0, 896)));
         assert!(s.on_credit(448));
         let c = s.claim(200).unwrap();
         assert_eq!(c.padding, Some((896, 128)));
         assert_eq!(c.offset, 0);
         assert_eq!(s.commit(&c), 6); // padding took seq 5
-        let (r, n, prod) = s.take_flush();
-        assert_eq!((n, r[0], r[1], prod), (2, (896, 128), (0, 224), 1248));
+        let (r, n) = s.take_flush();
+        assert_eq!((n, r[0], r[1]), (2, (896, 128), (0, 224)));
         assert_eq!(s.claim(201), Err(ClaimRefused::TooLarge));
         // Impossible credits are refused.
         assert!(!s.on_credit(100));
@@ -263,21 +260,16 @@ mod tests {
     #[test]
     fn receiver_checks_producer_and_batches_credit() {
         let mut r = ReceiverState::new(1024, 200, 256);
-        assert_eq!(r.check_producer(0), Ok(None));
-        assert_eq!(r.check_producer(224), Ok(Some(224)));
-        // Impossible values: more than a ring ahead, unaligned, behind.
-        assert!(r.check_producer(2048).is_err());
-        assert!(r.check_producer(7).is_err());
         r.advance(224);
-        assert!(r.check_producer(208).is_err());
-        let mut r = ReceiverState::new(1024, 200, 256);
+        assert_eq!(r.credit_due(1), None);
+        for _ in 1..IDLE_CREDIT_POLLS {
+            assert_eq!(r.credit_due(0), None);
+        }
+        assert_eq!(r.credit_due(0), Some(224));
         r.advance(224);
-        assert_eq!(r.credit_due(false), None);
-        assert_eq!(r.credit_due(true), Some(224));
-        r.advance(224);
-        assert_eq!(r.credit_due(false), Some(448));
+        assert_eq!(r.credit_due(1), Some(448));
         r.credit_sent(448);
-        assert_eq!(r.credit_due(true), None);
+        assert_eq!(r.credit_due(0), None);
         assert_eq!(r.offset(), 448);
         assert_eq!(r.expected_seq(), 3);
     }
