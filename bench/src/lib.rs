@@ -28,4 +28,5 @@
 //! # }
 //! ```
 
+pub mod rc;
 pub mod report;

@@ -6,7 +6,10 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "rocebus-bench", about = "rocebus latency and throughput harnesses (run under `cargo xtask bench`)")]
+#[command(
+    name = "rocebus-bench",
+    about = "rocebus latency and throughput harnesses (run under `cargo xtask bench`)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -14,10 +17,16 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    // Subcommands are added by each harness module (rc.rs, md.rs, ...).
+    /// Orders path ping-pong: one-way latency (RTT/2) percentiles, like ib_write_lat.
+    RcLatency(rocebus_bench::rc::RcArgs),
+    /// Orders path one-way message rate with batching, like ib_write_bw.
+    RcThroughput(rocebus_bench::rc::RcArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.cmd {}
+    match cli.cmd {
+        Cmd::RcLatency(a) => rocebus_bench::rc::latency(&a),
+        Cmd::RcThroughput(a) => rocebus_bench::rc::throughput(&a),
+    }
 }

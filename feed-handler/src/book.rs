@@ -268,6 +268,9 @@ pub struct BookCounters {
     pub overfills: u64,
     /// Adds with a buy/sell indicator other than 'B' or 'S'.
     pub bad_sides: u64,
+    /// A/F/U adding an order of zero shares (not booked: a level of no shares would read as
+    /// a deleted level, and a snapshot holding one would not restore).
+    pub zero_share_adds: u64,
 }
 
 /// All symbols' books. See the module docs.
@@ -537,6 +540,10 @@ impl Book {
     ) {
         if self.orders.contains_key(&reference) {
             self.counters.duplicate_orders += 1;
+            return;
+        }
+        if shares == 0 {
+            self.counters.zero_share_adds += 1;
             return;
         }
         self.orders.insert(

@@ -1,6 +1,8 @@
 //! Developer automation for rocebus: set-up, soft-RoCE guests, tests,
 //! benchmarks and the demo. Run as `cargo xtask <command>`.
 
+mod bench;
+mod fuzz;
 mod setup;
 mod test;
 mod venue;
@@ -63,6 +65,33 @@ enum Cmd {
         #[arg(long)]
         filter: Option<String>,
     },
+    /// A rocebus harness against its perftest counterpart, alternating rounds in one guest.
+    ///
+    /// Benchmarks: rc-latency (vs ib_write_lat), rc-throughput (vs ib_write_bw), md-throughput
+    /// (vs ib_send_bw -c UD), md-latency (vs ib_send_lat -c UD), gateway-rtt (next to
+    /// ib_write_lat). Ends with e.g. `rc-latency: p50 ratio X.XX, p99 ratio Y.YY`.
+    Bench {
+        /// Which benchmark.
+        name: String,
+        /// Alternating rounds (each: rocebus, then perftest).
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+        /// Message size in bytes.
+        #[arg(long, short = 's', default_value_t = 64)]
+        size: usize,
+        /// Iterations per round (default per benchmark).
+        #[arg(long, short = 'n')]
+        iterations: Option<u64>,
+    },
+    /// Run every cargo-fuzz target for a bounded time (installs cargo-fuzz if missing).
+    Fuzz {
+        /// Seconds of fuzzing per target.
+        #[arg(long, default_value_t = fuzz::DEFAULT_SECONDS)]
+        seconds: u64,
+        /// Only this target (a name from `cargo fuzz list`).
+        #[arg(long)]
+        target: Option<String>,
+    },
 }
 
 /// The workspace root (xtask lives one level below it).
@@ -105,6 +134,17 @@ fn main() -> Result<()> {
         }
         Cmd::Test { rdma_only, filter } => {
             test::run(&root, rdma_only, filter.as_deref())?;
+        }
+        Cmd::Bench {
+            name,
+            rounds,
+            size,
+            iterations,
+        } => {
+            bench::run(&root, &name, rounds, size, iterations)?;
+        }
+        Cmd::Fuzz { seconds, target } => {
+            fuzz::run(&root, seconds, target.as_deref())?;
         }
     }
     Ok(())

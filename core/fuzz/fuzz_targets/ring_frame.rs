@@ -1,0 +1,47 @@
+//! Orders-ring frame validation on an arbitrary ring image: walking the ring the way the
+//! consumer does never panics, and every frame `validate` accepts lies inside the ring,
+//! aligned, with the next sequence.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use rocebus::ring::frame::{validate, FrameHeader, FRAME_ALIGN, HEADER_LEN};
+use zerocopy::FromBytes;
+
+fuzz_target!(|data: &[u8]| {
+    // 12 bytes of parameters, then the ring's data area.
+    let Some((params, ring)) = data.split_first_chunk::<12>() else {
+        return;
+    };
+    let word =
+        |i: usize| u32::from_le_bytes([params[i], params[i + 1], params[i + 2], params[i + 3]]);
+    // The largest power of two that fits, as the ring sizes are.
+    let ring_size = match ring.len().checked_ilog2() {
+        Some(log) if (1usize << log) >= HEADER_LEN => 1usize << log,
+        _ => return,
+    };
+    let ring = &ring[..ring_size];
+    // At most one lap: the consumer never reads past what it has not freed.
+    let mut left = ring_size as u64;
+    let first_seq = u64::from(word(0));
+    let max_payload = word(4) as usize;
+    // The consumer may be anywhere in the ring's history, on a frame boundary.
+    let mut pos = u64::from(word(8)) * FRAME_ALIGN as u64;
+    let mut seq = first_seq;
+    while left >= HEADER_LEN as u64 {
+        let off = (pos % ring_size as u64) as usize;
+        let Ok(h) = FrameHeader::read_from_bytes(&ring[off..off + HEADER_LEN]) else {
+            unreachable!("offsets are 16-aligned in a ring of a multiple of 16 bytes");
+        };
+        let Ok(Some(info)) = validate(&h, pos, off, ring_size, seq, max_payload) else {
+            break;
+        };
+        assert_eq!(info.seq, seq);
+        assert!(info.total >= HEADER_LEN && info.total % FRAME_ALIGN == 0);
+        assert!(off + info.total <= ring_size);
+        let payload = &ring[off + HEADER_LEN..off + HEADER_LEN + info.len as usize];
+        std::hint::black_box(payload);
+        pos += info.total as u64;
+        left = left.saturating_sub(info.total as u64);
+        seq += 1;
+    }
+});
