@@ -64,6 +64,9 @@ enum Cmd {
         /// Only RDMA tests whose name contains this string.
         #[arg(long)]
         filter: Option<String>,
+        /// Skip the bounded fuzzing run (done by default after the host tests).
+        #[arg(long)]
+        no_fuzz: bool,
     },
     /// A rocebus harness against its perftest counterpart, alternating rounds in one guest.
     ///
@@ -132,8 +135,8 @@ fn main() -> Result<()> {
             let out = vm::run(&img, &root, &line, &opts)?;
             std::process::exit(out.status());
         }
-        Cmd::Test { rdma_only, filter } => {
-            test::run(&root, rdma_only, filter.as_deref())?;
+        Cmd::Test { rdma_only, filter, no_fuzz } => {
+            test::run(&root, rdma_only, filter.as_deref(), !no_fuzz)?;
         }
         Cmd::Bench {
             name,

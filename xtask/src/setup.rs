@@ -24,6 +24,7 @@ pub const PACKAGES: &[&str] = &[
     "perftest",
     "iproute2",
     "libclang-dev",
+    "pkg-config",
     "tshark",
     "python3-pip",
     "python3-venv",

@@ -100,7 +100,12 @@ fn host_has_rdma() -> bool {
     std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
 }
 
-pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>) -> Result<()> {
+/// Seconds each fuzz target runs inside `cargo xtask test` (CI): enough to
+/// catch shallow crashes in every decoder of outside bytes, short enough for
+/// the CI budget. `cargo xtask fuzz --seconds N` runs longer.
+const CI_FUZZ_SECONDS: u64 = 10;
+
+pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Result<()> {
     let t0 = Instant::now();
     setup::ensure_packages()?;
     venue::ensure_venue()?;
@@ -115,6 +120,10 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>) -> Result<()> {
         if !st.success() {
             bail!("host tests failed");
         }
+    }
+    if fuzz && !rdma_only && filter.is_none() {
+        eprintln!("== fuzzing every decoder of outside bytes ({CI_FUZZ_SECONDS} s per target)");
+        crate::fuzz::run(root, CI_FUZZ_SECONDS, None)?;
     }
     let bins = rdma_test_binaries(root)?;
     let matches = |t: &str| filter.is_none_or(|f| t.contains(f));
