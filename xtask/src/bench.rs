@@ -194,7 +194,7 @@ pub fn run(
             extra = spec.ours_extra
         ));
         script.push_str(&format!(
-            "echo '@@perftest {r}'\ntimeout 300 {pt} -d $dev -x $gid -s {size} -n {n} -F {ex} >/tmp/perftest-server.txt 2>&1 &\nsleep 1\ntimeout 300 {pt} -d $dev -x $gid -s {size} -n {n} -F {ex} $addr\nwait\n",
+            "echo '@@perftest {r}'\ntimeout 300 {pt} -d $dev -x $gid -s {size} -n {n} -F {ex} >/tmp/perftest-server.txt 2>&1 &\nfor t in 1 2 3 4 5 6 7 8 9 10; do sleep 1; timeout 300 {pt} -d $dev -x $gid -s {size} -n {n} -F {ex} $addr && break; done\nwait\n",
             pt = spec.perftest,
             ex = spec.perftest_extra
         ));

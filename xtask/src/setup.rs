@@ -45,6 +45,9 @@ const MODULES: &[&str] = &[
     "ib_uverbs",
     "rdma_ucm",
     "sch_netem",
+    // Per-destination loss (A/B line tests): a prio qdisc with u32 filters.
+    "sch_prio",
+    "cls_u32",
 ];
 
 const INIT_SH: &str = include_str!("../guest/init.sh");
