@@ -28,5 +28,6 @@
 //! # }
 //! ```
 
+pub mod md;
 pub mod rc;
 pub mod report;

@@ -21,6 +21,12 @@ enum Cmd {
     RcLatency(rocebus_bench::rc::RcArgs),
     /// Orders path one-way message rate with batching, like ib_write_bw.
     RcThroughput(rocebus_bench::rc::RcArgs),
+    /// Market data: 64-byte messages per second over UD multicast, zero unrecovered loss (vs ib_send_bw -c UD).
+    MdThroughput(rocebus_bench::md::MdArgs),
+    /// Market data: publish-to-handler latency, ping-pong over two groups (vs ib_send_lat -c UD).
+    MdLatency(rocebus_bench::md::MdArgs),
+    /// Market data: time to recover one lost datagram, in RC round trips.
+    MdRecovery(rocebus_bench::md::MdArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -28,5 +34,8 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::RcLatency(a) => rocebus_bench::rc::latency(&a),
         Cmd::RcThroughput(a) => rocebus_bench::rc::throughput(&a),
+        Cmd::MdThroughput(a) => rocebus_bench::md::throughput(&a),
+        Cmd::MdLatency(a) => rocebus_bench::md::latency(&a),
+        Cmd::MdRecovery(a) => rocebus_bench::md::recovery(&a),
     }
 }

@@ -93,7 +93,7 @@ pub struct ChannelConfig {
     /// Multicast group of line B, if the stream is duplicated.
     #[serde(default)]
     pub line_b: Option<IpAddr>,
-    /// rdma_cm port of the groups.
+    /// rdma_cm (RC) port of the publisher's recovery and snapshot service.
     pub port: u16,
     /// UD QKey.
     #[serde(default = "default_qkey")]
@@ -112,6 +112,9 @@ pub struct ReceiveConfig {
     pub depth: u32,
     /// Re-post receive buffers in batches of this many.
     pub replenish_batch: u32,
+    /// Fewer posted receives than this is counted as "receive queue low"
+    /// (clamped to `depth`).
+    pub low_water: u32,
 }
 
 impl Default for ReceiveConfig {
@@ -119,6 +122,7 @@ impl Default for ReceiveConfig {
         ReceiveConfig {
             depth: 1024,
             replenish_batch: 32,
+            low_water: 128,
         }
     }
 }
@@ -175,6 +179,9 @@ pub struct RecoveryConfig {
     pub max_buffered: usize,
     /// Time without snapshot progress before asking again.
     pub snapshot_timeout_ns: u64,
+    /// RC ACK timeout exponent of the recovery connections (4.096 us x
+    /// 2^exp; 12 = 16.8 ms): how fast RC itself resends a lost request.
+    pub rc_timeout: u8,
 }
 
 impl Default for RecoveryConfig {
@@ -185,6 +192,7 @@ impl Default for RecoveryConfig {
             max_outstanding: 16,
             max_buffered: 4096,
             snapshot_timeout_ns: 1_000_000_000,
+            rc_timeout: 12,
         }
     }
 }
@@ -199,6 +207,10 @@ pub struct McastConfig {
     /// Datagrams the publisher keeps for retransmission.
     #[serde(default = "default_history")]
     pub history_depth: usize,
+    /// An idle publisher sends a heartbeat this often, so a subscriber
+    /// detects the loss of the last datagram of a burst.
+    #[serde(default = "default_heartbeat")]
+    pub heartbeat_interval_ns: u64,
     /// Receive queues.
     #[serde(default)]
     pub receive: ReceiveConfig,
@@ -220,6 +232,9 @@ fn default_payload() -> usize {
 }
 fn default_history() -> usize {
     4096
+}
+fn default_heartbeat() -> u64 {
+    1_000_000
 }
 
 impl McastConfig {
@@ -254,6 +269,12 @@ impl McastConfig {
         }
         if self.receive.depth == 0 {
             return Err(invalid("receive.depth", "must be at least 1"));
+        }
+        if self.heartbeat_interval_ns == 0 {
+            return Err(invalid("heartbeat_interval_ns", "must be greater than 0"));
+        }
+        if self.recovery.rc_timeout > 31 {
+            return Err(invalid("recovery.rc_timeout", "must be within 0..=31"));
         }
         if self.receive.replenish_batch == 0 || self.receive.replenish_batch > self.receive.depth {
             return Err(invalid(
@@ -429,6 +450,35 @@ qkey = 0x11111111
         .unwrap();
         assert_eq!(cfg.max_datagram_payload, 1024);
         assert_eq!(cfg.recovery, RecoveryConfig::default());
+    }
+
+    #[test]
+    fn io_keys_parse_and_are_checked() {
+        let base = "[[channels]]\nid = 1\nname = \"a\"\nline_a = \"239.0.0.1\"\nport = 1\n";
+        let cfg = McastConfig::from_toml_str(&format!(
+            "heartbeat_interval_ns = 500\n[receive]\nlow_water = 7\n[recovery]\nrc_timeout = 9\n{base}"
+        ))
+        .unwrap();
+        assert_eq!(cfg.heartbeat_interval_ns, 500);
+        assert_eq!(cfg.receive.low_water, 7);
+        assert_eq!(cfg.recovery.rc_timeout, 9);
+        let d = McastConfig::from_toml_str(base).unwrap();
+        assert_eq!(
+            (
+                d.heartbeat_interval_ns,
+                d.receive.low_water,
+                d.recovery.rc_timeout
+            ),
+            (1_000_000, 128, 12)
+        );
+        assert_eq!(
+            key_of(&format!("heartbeat_interval_ns = 0\n{base}")),
+            "heartbeat_interval_ns"
+        );
+        assert_eq!(
+            key_of(&format!("[recovery]\nrc_timeout = 32\n{base}")),
+            "recovery.rc_timeout"
+        );
     }
 
     fn key_of(text: &str) -> String {

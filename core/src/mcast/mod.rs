@@ -8,7 +8,8 @@
 //! subscriber's sequencing and recovery ([`subscriber`]), the application
 //! traits ([`snapshot`]) and the TOML configuration ([`config`]).
 //!
-//! It must not touch sockets, verbs, threads or clocks: the verbs layer posts
+//! The state machines must not touch sockets, verbs, threads or clocks
+//! ([`net`] is the one module here that does, as a thin shell): the verbs layer posts
 //! the buffers, strips the 40-byte GRH, tells the subscriber which line a
 //! datagram came on, and carries recovery messages over RC. Memory is
 //! allocated once at construction; the per-message paths neither allocate,
@@ -18,11 +19,13 @@
 //! restarted publisher takes a greater session id.
 
 pub mod config;
+pub mod net;
 pub mod publisher;
 pub mod snapshot;
 pub mod subscriber;
 pub mod wire;
 
+pub use net::{now_ns, McastPublisher, McastSubscriber, NetError};
 pub use publisher::{ClaimError, Pacer, PublisherConfig, PublisherState, RetransmitReply};
 pub use snapshot::{Handler, RestoreError, Snapshot, SnapshotSink};
 pub use subscriber::{

@@ -180,6 +180,32 @@ impl PublisherState {
         (&self.slots[start..start + usize::from(meta.len)], meta)
     }
 
+    /// The first sealed datagram still in the history that ends after `seq`,
+    /// with its first sequence (greater than `seq` if older datagrams were
+    /// overwritten). The I/O layer sends flushed datagrams from here, so a
+    /// paced sender never needs a copy.
+    pub fn sealed_from(&self, seq: u64) -> Option<(u64, &[u8])> {
+        let (mut lo, mut hi) = (self.oldest, self.open);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let m = self.sealed(mid).1;
+            if m.first_seq + u64::from(m.count) <= seq {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        (lo < self.open).then(|| {
+            let (bytes, m) = self.sealed(lo);
+            (m.first_seq, bytes)
+        })
+    }
+
+    /// First sequence not yet flushed (that of the open datagram).
+    pub fn unflushed_seq(&self) -> u64 {
+        self.open_first_seq()
+    }
+
     /// Claims `len` bytes for the next message in the open datagram. Write the
     /// message into the returned slice, then [`commit`](Self::commit). A new
     /// claim without a commit abandons the previous one.
@@ -465,6 +491,27 @@ mod tests {
         assert_eq!(seqs, (1..=7).collect::<Vec<_>>());
         assert_eq!(p.counters().datagrams, 3);
         assert_eq!(p.counters().messages, 7);
+    }
+
+    #[test]
+    fn sealed_from_walks_the_history_in_order() {
+        // 3 messages per datagram, history of 4 datagrams.
+        let mut p = PublisherState::new(cfg(4));
+        let mut out = Vec::new();
+        publish_n(&mut p, 20, &mut out);
+        // Datagrams 1-3, 4-6, ..., 16-18 sealed; 19-20 open. Only the last
+        // four sealed ones (seq 7..=18) are kept.
+        assert_eq!(out.len(), 6);
+        assert_eq!(p.unflushed_seq(), 19);
+        let (first, bytes) = p.sealed_from(1).unwrap();
+        assert_eq!(first, 7, "older datagrams were overwritten");
+        assert_eq!(bytes, &out[2][..]);
+        assert_eq!(p.sealed_from(8).unwrap().0, 7);
+        assert_eq!(p.sealed_from(10).unwrap(), (10, &out[3][..]));
+        assert_eq!(p.sealed_from(18).unwrap().0, 16);
+        assert_eq!(p.sealed_from(19), None, "the open datagram is not sealed");
+        p.flush().unwrap();
+        assert_eq!(p.sealed_from(19).unwrap().0, 19);
     }
 
     #[test]

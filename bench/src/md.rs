@@ -1,0 +1,583 @@
+//! Market-data harnesses over real UD multicast (both roles in one process,
+//! one busy-polling thread each):
+//!
+//! - `md-throughput`: 64-byte messages per second published and delivered
+//!   in order with zero unrecovered loss (compare `ib_send_bw -c UD`).
+//! - `md-latency`: publish-to-handler latency by ping-pong over two groups
+//!   (RTT/2, compare `ib_send_lat -c UD`).
+//! - `md-recovery`: time to recover one lost datagram (gap detected to the
+//!   missing message delivered), in multiples of a 64-byte RC round trip.
+//!
+//! In one soft-RoCE guest the NIC's QEMU hub has no other port, so multicast
+//! frames handed to eth0 are never taken and rxe stalls after 64 of them;
+//! local receivers get their copy from the kernel's multicast loopback before
+//! the qdisc, so the harness drops eth0's egress with netem (`--no-sink`
+//! turns this off; it is only done inside a one-host guest).
+
+use crate::report::Summary;
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+use rocebus::idle::{IdleStrategy, Idler};
+use rocebus::mcast::config::McastConfig;
+use rocebus::mcast::{
+    Handler, Line, McastPublisher, McastSubscriber, Phase, RestoreError, Snapshot, SnapshotSink,
+};
+use rocebus::verbs::cm::{self, Listener};
+use rocebus::verbs::{
+    Access, Context as RdmaContext, Dest, PoolConfig, PooledQp, ProtectionDomain, QpType, RcOptions,
+};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The harnesses' clock. The guest's clocksource is an emulated HPET, so
+/// every `Instant::now()` costs a trap into the emulator (tens of
+/// microseconds under TCG, more than the work measured); the TSC is read
+/// directly instead, calibrated once against `Instant`, as perftest does.
+#[allow(unsafe_code)]
+mod clock {
+    use std::sync::OnceLock;
+    use std::time::{Duration, Instant};
+
+    static CALIBRATION: OnceLock<(u64, f64)> = OnceLock::new();
+
+    #[cfg(target_arch = "x86_64")]
+    fn ticks() -> u64 {
+        // SAFETY: RDTSC has no preconditions on x86_64 (it reads the
+        // time-stamp counter, touching no memory).
+        #[allow(unused_unsafe)]
+        unsafe {
+            core::arch::x86_64::_rdtsc()
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn ticks() -> u64 {
+        static START: OnceLock<Instant> = OnceLock::new();
+        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
+
+    fn calibrate() -> (u64, f64) {
+        let (i0, t0) = (Instant::now(), ticks());
+        std::thread::sleep(Duration::from_millis(50));
+        let (ns, dt) = (i0.elapsed().as_nanos() as f64, ticks() - t0);
+        (t0, ns / dt.max(1) as f64)
+    }
+
+    /// Nanoseconds since the first call (the first call calibrates: 50 ms).
+    pub fn now() -> u64 {
+        let (t0, ns_per_tick) = *CALIBRATION.get_or_init(calibrate);
+        (ticks().saturating_sub(t0) as f64 * ns_per_tick) as u64
+    }
+}
+
+/// Options of the market-data harnesses.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MdArgs {
+    /// Message bytes.
+    #[arg(long, short = 's', default_value_t = 64)]
+    pub size: usize,
+    /// Messages (throughput), round trips (latency) or losses (recovery).
+    #[arg(long, short = 'n')]
+    pub iterations: Option<u64>,
+    /// Local IP address of the RDMA device (default: ROCEBUS_GUEST_ADDR or the device's IPv4 GID).
+    #[arg(long)]
+    pub addr: Option<IpAddr>,
+    /// First rdma_cm port of the recovery services (two are used).
+    #[arg(long, default_value_t = 7700)]
+    pub port: u16,
+    /// Publisher pacing in datagrams per second (0 = unpaced).
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// Pin the two threads to these cores (e.g. 0,1).
+    #[arg(long, value_delimiter = ',')]
+    pub cores: Vec<usize>,
+    /// Do not drop eth0's egress in a one-host guest (see the module docs).
+    #[arg(long)]
+    pub no_sink: bool,
+    /// Spin when a poll found nothing instead of yielding the core. Yielding
+    /// is the default: soft-RoCE does its work in softirqs, which two
+    /// spinning threads on two vCPUs starve for whole scheduler ticks.
+    #[arg(long)]
+    pub spin: bool,
+}
+
+fn idler(args: &MdArgs) -> Idler {
+    Idler::new(if args.spin {
+        IdleStrategy::BusySpin
+    } else {
+        IdleStrategy::Yield
+    })
+}
+
+fn local_ip(a: Option<IpAddr>) -> Result<IpAddr> {
+    if let Some(a) = a {
+        return Ok(a);
+    }
+    if let Some(a) = std::env::var("ROCEBUS_GUEST_ADDR")
+        .ok()
+        .and_then(|a| a.parse().ok())
+    {
+        return Ok(a);
+    }
+    let ctx = RdmaContext::open(None)?;
+    let i = ctx.default_gid_index(1)?;
+    ctx.query_gid(1, i)?
+        .ipv4()
+        .map(IpAddr::V4)
+        .context("the RDMA device has no IPv4 GID: pass --addr")
+}
+
+fn pin(cores: &[usize], i: usize) {
+    if let Some(c) = cores.get(i) {
+        if !rocebus::idle::pin_current_thread(*c) {
+            eprintln!("warning: could not pin to core {c}");
+        }
+    }
+}
+
+/// Drops eth0's egress for the run in a one-host guest (see the module docs);
+/// the qdisc is removed when the guard drops.
+fn sink(args: &MdArgs) -> Option<SinkGuard> {
+    let in_one_guest = std::env::var_os("ROCEBUS_GUEST_ADDR").is_some()
+        && std::env::var("ROCEBUS_HOSTS").as_deref() != Ok("2");
+    if args.no_sink || !in_one_guest {
+        return None;
+    }
+    let ok = std::process::Command::new("tc")
+        .args("qdisc replace dev eth0 root netem loss 100%".split(' '))
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("warning: could not install the eth0 sink: multicast may stall in one guest");
+    }
+    ok.then_some(SinkGuard)
+}
+
+struct SinkGuard;
+
+impl Drop for SinkGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("tc")
+            .args("qdisc del dev eth0 root".split(' '))
+            .status();
+    }
+}
+
+fn config(groups: &[(u16, &str, u16)], args: &MdArgs) -> Result<McastConfig> {
+    let mut text = format!(
+        "max_datagram_payload = 1024\nhistory_depth = 65536\nheartbeat_interval_ns = 1000000\n\
+         [receive]\ndepth = 4096\nreplenish_batch = 64\nlow_water = 512\n\
+         [batching]\nmax_messages = 64\nflush_interval_ns = 20000\n\
+         [pacing]\nmax_datagrams_per_sec = {}\nburst = 64\n\
+         [recovery]\ntimeout_ns = 50000000\nmax_retries = 50\nmax_outstanding = 16\nmax_buffered = 16384\nrc_timeout = 12\n",
+        args.rate
+    );
+    for (id, group, port) in groups {
+        text.push_str(&format!(
+            "[[channels]]\nid = {id}\nname = \"md{id}\"\nline_a = \"{group}\"\nport = {port}\n"
+        ));
+    }
+    Ok(McastConfig::from_toml_str(&text)?)
+}
+
+/// Checks order and keeps the last message; accepts (empty) snapshots so a
+/// resync is counted as loss, not a hang.
+#[derive(Debug, Default)]
+struct Sink {
+    next: u64,
+    out_of_order: u64,
+    last: [u8; 16],
+}
+
+impl Handler for Sink {
+    fn on_message(&mut self, seq: u64, msg: &[u8]) {
+        if self.next != 0 && seq != self.next {
+            self.out_of_order += 1;
+        }
+        self.next = seq + 1;
+        let n = msg.len().min(16);
+        self.last[..n].copy_from_slice(&msg[..n]);
+    }
+}
+
+impl SnapshotSink for Sink {
+    fn begin_restore(&mut self) {}
+    fn restore_chunk(&mut self, _: &[u8]) -> Result<(), RestoreError> {
+        Ok(())
+    }
+    fn finish_restore(&mut self, seq: u64) -> Result<(), RestoreError> {
+        self.next = seq + 1;
+        Ok(())
+    }
+}
+
+/// The publishers' snapshot: empty, at the last published sequence.
+struct Seq(u64);
+
+impl Snapshot for Seq {
+    fn snapshot_seq(&self) -> u64 {
+        self.0
+    }
+    fn write_snapshot(&self, _: &mut Vec<u8>) {}
+}
+
+fn subscribe(cfg: &McastConfig, channel: u16, ip: IpAddr) -> Result<McastSubscriber> {
+    let t = std::time::Instant::now();
+    loop {
+        match McastSubscriber::new(cfg, channel, ip, ip) {
+            Ok(s) => return Ok(s),
+            Err(e) if t.elapsed() > Duration::from_secs(20) => return Err(e.into()),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+fn wait_connected(p: &mut McastPublisher, snap: &Seq) -> Result<()> {
+    let t = clock::now();
+    while p.connections() == 0 {
+        p.poll(clock::now(), snap)?;
+        if clock::now() - t > 30_000_000_000 {
+            bail!("no subscriber connected within 30 s");
+        }
+    }
+    Ok(())
+}
+
+fn message(buf: &mut [u8], seq: u64, ts: u64) {
+    buf[..8].copy_from_slice(&seq.to_le_bytes());
+    buf[8..16].copy_from_slice(&ts.to_le_bytes());
+}
+
+/// `md-throughput`.
+pub fn throughput(args: &MdArgs) -> Result<()> {
+    if args.size < 16 {
+        bail!("--size must be at least 16 (sequence and timestamp)");
+    }
+    let n = args.iterations.unwrap_or(300_000);
+    let _sink = sink(args);
+    let ip = local_ip(args.addr)?;
+    let cfg = config(&[(1, "239.9.1.1", args.port)], args)?;
+    let done = Arc::new(AtomicU64::new(0));
+    let sub_cfg = cfg.clone();
+    let (cores, sub_done, mut idle) = (args.cores.clone(), done.clone(), idler(args));
+    let sub = std::thread::spawn(move || -> Result<_> {
+        pin(&cores, 1);
+        let mut s = subscribe(&sub_cfg, 1, ip)?;
+        let mut app = Sink::default();
+        let deadline = clock::now() + 120_000_000_000;
+        while s.counters().delivered + skipped(&s) < n {
+            idle.idle(s.poll(clock::now(), &mut app)?);
+            if clock::now() > deadline {
+                break;
+            }
+        }
+        let end = clock::now();
+        // ORDERING: Release, pairs with the publisher's Acquire load.
+        sub_done.store(end, Ordering::Release);
+        let _ = s.disconnect();
+        Ok((end, s.counters(), s.io_stats(), app.out_of_order))
+    });
+    pin(&args.cores, 0);
+    let mut p = McastPublisher::new(&cfg, 1, clock::now(), ip)?;
+    let mut snap = Seq(0);
+    wait_connected(&mut p, &snap)?;
+    let mut msg = vec![0u8; args.size];
+    let start = clock::now();
+    for seq in 1..=n {
+        message(&mut msg, seq, 0);
+        p.publish(clock::now(), &msg)?;
+        snap.0 = seq;
+        if seq % 16 == 0 {
+            p.poll(clock::now(), &snap)?;
+        }
+    }
+    p.flush(clock::now())?;
+    let published = clock::now();
+    let mut idle = idler(args);
+    // ORDERING: Acquire, pairs with the subscriber's Release store.
+    while done.load(Ordering::Acquire) == 0 {
+        idle.idle(p.poll(clock::now(), &snap)?);
+    }
+    let (end, c, io, ooo) = sub
+        .join()
+        .map_err(|_| anyhow::anyhow!("subscriber panicked"))??;
+    let lost = n - c.delivered.min(n);
+    let secs = (end - start) as f64 / 1e9;
+    let rate = n as f64 / secs;
+    println!(
+        "md-throughput: {} B messages, {n} published in {:.3} s, delivered {} in {secs:.3} s ({:.0} datagrams)",
+        args.size,
+        (published - start) as f64 / 1e9,
+        c.delivered,
+        p.io_stats().datagrams_sent
+    );
+    println!("subscriber: {c:?}\n{io:?}\npublisher: {:?}", p.io_stats());
+    if ooo != 0 {
+        bail!("{ooo} messages out of order");
+    }
+    println!(
+        "RESULT msgs_per_sec={rate:.1} lost={lost} recovered={} unrecoverable={}",
+        c.messages_recovered, c.unrecoverable
+    );
+    Ok(())
+}
+
+/// Messages a subscriber skipped through a snapshot (counted as lost).
+fn skipped(s: &McastSubscriber) -> u64 {
+    if s.counters().snapshots_applied > 0 && s.state().phase() == Phase::Live {
+        s.state().next_seq() - 1 - s.counters().delivered
+    } else {
+        0
+    }
+}
+
+/// `md-latency`.
+pub fn latency(args: &MdArgs) -> Result<()> {
+    if args.size < 16 {
+        bail!("--size must be at least 16 (sequence and timestamp)");
+    }
+    let n = args.iterations.unwrap_or(20_000);
+    let warmup = (n / 10).max(100);
+    let _sink = sink(args);
+    let ip = local_ip(args.addr)?;
+    let cfg = config(
+        &[(1, "239.9.2.1", args.port), (2, "239.9.2.2", args.port + 1)],
+        args,
+    )?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (echo_cfg, echo_stop, cores, size) =
+        (cfg.clone(), stop.clone(), args.cores.clone(), args.size);
+    let mut echo_idle = idler(args);
+    // The echo side: every message on channel 1 goes back on channel 2.
+    let echo = std::thread::spawn(move || -> Result<()> {
+        pin(&cores, 1);
+        let mut p2 = McastPublisher::new(&echo_cfg, 2, clock::now(), ip)?;
+        let mut s1 = subscribe(&echo_cfg, 1, ip)?;
+        let mut app = Sink::default();
+        let mut snap = Seq(0);
+        let mut echoed = 0;
+        let mut msg = vec![0u8; size];
+        // ORDERING: Acquire, pairs with the Release store after the last round.
+        while !echo_stop.load(Ordering::Acquire) {
+            echo_idle.idle(s1.poll(clock::now(), &mut app)?);
+            if app.next > echoed + 1 {
+                echoed = app.next - 1;
+                msg[..16].copy_from_slice(&app.last);
+                p2.publish(clock::now(), &msg)?;
+                snap.0 += 1;
+                p2.flush(clock::now())?;
+            }
+            p2.poll(clock::now(), &snap)?;
+        }
+        Ok(())
+    });
+    pin(&args.cores, 0);
+    let mut p1 = McastPublisher::new(&cfg, 1, clock::now(), ip)?;
+    let mut snap = Seq(0);
+    wait_connected(&mut p1, &snap)?;
+    // Connecting blocks until the echo thread's publisher accepts; it polls.
+    let mut s2 = subscribe(&cfg, 2, ip)?;
+    let mut app = Sink::default();
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut msg = vec![0u8; args.size];
+    let mut idle = idler(args);
+    for i in 1..=(warmup + n) {
+        let t0 = clock::now();
+        message(&mut msg, i, t0);
+        p1.publish(t0, &msg)?;
+        snap.0 = i;
+        p1.flush(t0)?;
+        let deadline = t0 + 5_000_000_000;
+        loop {
+            idle.idle(s2.poll(clock::now(), &mut app)?);
+            if app.next > i && u64::from_le_bytes(app.last[..8].try_into()?) == i {
+                break;
+            }
+            p1.poll(clock::now(), &snap)?;
+            if clock::now() > deadline {
+                bail!("round trip {i} got no echo within 5 s: {:?}", s2.counters());
+            }
+        }
+        let rtt = clock::now() - t0;
+        if i > warmup {
+            hist.record((rtt / 2).max(1))?;
+        }
+    }
+    // ORDERING: Release, pairs with the echo thread's Acquire load.
+    stop.store(true, Ordering::Release);
+    echo.join()
+        .map_err(|_| anyhow::anyhow!("echo thread panicked"))??;
+    let s = Summary::of(&hist);
+    println!(
+        "md-latency: {} B, {n} round trips over two multicast groups, publish-to-handler (RTT/2)\n{s:?}",
+        args.size
+    );
+    println!("subscriber: {:?}", s2.counters());
+    println!(
+        "RESULT p50_ns={} p90_ns={} p99_ns={} p999_ns={} max_ns={} count={}",
+        s.p50_ns, s.p90_ns, s.p99_ns, s.p999_ns, s.max_ns, s.count
+    );
+    Ok(())
+}
+
+/// `md-recovery`: each round publishes one datagram on no line (lost), then
+/// one normally; the subscriber detects the gap when the second arrives and
+/// recovers the first over RC. Reports the median of gap-detected →
+/// lost-message-delivered, and the median 64-byte RC round trip measured with
+/// the same buffer pools.
+pub fn recovery(args: &MdArgs) -> Result<()> {
+    let rounds = args.iterations.unwrap_or(300);
+    let _sink = sink(args);
+    let ip = local_ip(args.addr)?;
+    let rc_rtt = rc_round_trip(ip, args.port + 2, 1000)?;
+    let cfg = config(&[(1, "239.9.3.1", args.port)], args)?;
+    let recovered = Arc::new(AtomicU64::new(0));
+    let (sub_cfg, sub_rec, cores) = (cfg.clone(), recovered.clone(), args.cores.clone());
+    let mut sub_idle = idler(args);
+    let sub = std::thread::spawn(move || -> Result<Histogram<u64>> {
+        pin(&cores, 1);
+        let mut s = subscribe(&sub_cfg, 1, ip)?;
+        let mut app = Sink::default();
+        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+        let mut gaps = 0;
+        let mut detected = 0;
+        let deadline = clock::now() + 120_000_000_000;
+        while app.next <= 2 * rounds {
+            // The gap is dated at the start of the poll that saw it (the
+            // request leaves inside that poll), so recovery time includes
+            // the whole detect-request-answer-deliver path.
+            let before = clock::now();
+            sub_idle.idle(s.poll(before, &mut app)?);
+            let now = clock::now();
+            if s.counters().gaps_detected > gaps {
+                gaps = s.counters().gaps_detected;
+                detected = before;
+            }
+            let done = app.next.saturating_sub(1);
+            if done > sub_rec.load(Ordering::Relaxed) {
+                // Message 2r-1 was the lost one; it is delivered with 2r.
+                if done % 2 == 0 && detected != 0 {
+                    hist.record((now - detected).max(1))?;
+                    detected = 0;
+                }
+                // ORDERING: Release, pairs with the publisher's Acquire load.
+                sub_rec.store(done, Ordering::Release);
+            }
+            if now > deadline {
+                bail!("recovery stalled at {done}: {:?}", s.counters());
+            }
+        }
+        let _ = s.disconnect();
+        Ok(hist)
+    });
+    pin(&args.cores, 0);
+    let mut p = McastPublisher::new(&cfg, 1, clock::now(), ip)?;
+    let mut snap = Seq(0);
+    wait_connected(&mut p, &snap)?;
+    let mut msg = vec![0u8; args.size.max(16)];
+    for r in 1..=rounds {
+        let lost = 2 * r - 1;
+        p.set_line_enabled(Line::A, false);
+        message(&mut msg, lost, 0);
+        p.publish(clock::now(), &msg)?;
+        p.flush(clock::now())?;
+        p.set_line_enabled(Line::A, true);
+        message(&mut msg, lost + 1, 0);
+        p.publish(clock::now(), &msg)?;
+        snap.0 = lost + 1;
+        p.flush(clock::now())?;
+        // ORDERING: Acquire, pairs with the subscriber's Release store.
+        let mut idle = idler(args);
+        while recovered.load(Ordering::Acquire) < lost + 1 {
+            idle.idle(p.poll(clock::now(), &snap)?);
+        }
+    }
+    let hist = sub
+        .join()
+        .map_err(|_| anyhow::anyhow!("subscriber panicked"))??;
+    let s = Summary::of(&hist);
+    let rec = s.p50_ns;
+    println!(
+        "md-recovery: {rounds} lost datagrams, gap detected -> delivered: {s:?}\n\
+         rc round trip (64 B, p50): {rc_rtt} ns; recovery = {:.2} RC round trips",
+        rec as f64 / rc_rtt.max(1) as f64
+    );
+    println!("RESULT recovery_ns={rec} rc_rtt_ns={rc_rtt}");
+    Ok(())
+}
+
+/// Median round trip of a 64-byte SEND ping-pong over one RC connection (the
+/// same pools and RC options the recovery service uses).
+fn rc_round_trip(ip: IpAddr, port: u16, iterations: usize) -> Result<u64> {
+    let pool = PoolConfig {
+        recv_slots: 64,
+        recv_len: 256,
+        recv_batch: 8,
+        recv_low_water: 8,
+        send_slots: 64,
+        send_len: 256,
+        signal_every: 8,
+        dests_per_send: 1,
+    };
+    let opts = RcOptions {
+        timeout: 12,
+        ..RcOptions::default()
+    };
+    let listener = Listener::bind(SocketAddr::new(ip, port))?;
+    let server = std::thread::spawn(move || -> Result<()> {
+        let req = listener
+            .next_request(Duration::from_secs(20))?
+            .context("no RC client")?;
+        let ctx = RdmaContext::open_for_ip(ip)?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let mut qp = PooledQp::new(&pd, QpType::Rc, pool)?;
+        let _conn = req.accept(qp.qp(), &opts, Access::LOCAL, &[], Duration::from_secs(10))?;
+        qp.post_receives()?;
+        let mut buf = [0u8; 64];
+        let mut n = 0;
+        while n < iterations {
+            let mut got = 0;
+            qp.poll_recv(|b| {
+                let k = b.len().min(64);
+                buf[..k].copy_from_slice(&b[..k]);
+                got += 1;
+            })?;
+            for _ in 0..got {
+                while !qp.send(&buf, &[Dest::Connected])? {}
+            }
+            qp.poll_send()?;
+            n += got;
+        }
+        // Let the last answer complete before the QP goes.
+        std::thread::sleep(Duration::from_millis(100));
+        Ok(())
+    });
+    let ctx = RdmaContext::open_for_ip(ip)?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let mut qp = PooledQp::new(&pd, QpType::Rc, pool)?;
+    let (_conn, _) = cm::resolve(SocketAddr::new(ip, port), Some(ip), Duration::from_secs(10))?
+        .connect(qp.qp(), &opts, Access::LOCAL, &[], Duration::from_secs(10))?;
+    qp.post_receives()?;
+    let mut rtts = Vec::with_capacity(iterations);
+    let buf = [7u8; 64];
+    for _ in 0..iterations {
+        let t0 = clock::now();
+        while !qp.send(&buf, &[Dest::Connected])? {}
+        let mut got = 0;
+        while got == 0 {
+            got = qp.poll_recv(|_| {})?.received;
+            qp.poll_send()?;
+            if clock::now() - t0 > 5_000_000_000 {
+                bail!("RC echo lost");
+            }
+        }
+        rtts.push(clock::now() - t0);
+    }
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("RC echo server panicked"))??;
+    rtts.sort_unstable();
+    Ok(rtts[rtts.len() / 2])
+}

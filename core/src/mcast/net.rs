@@ -1,0 +1,764 @@
+//! The market-data path on real RDMA: the thin I/O shell around
+//! [`PublisherState`] and [`SubscriberState`].
+//!
+//! - [`McastPublisher`]: one UD queue pair sending every flushed datagram of
+//!   the history to line A and (optionally) line B, joined through rdma_cm,
+//!   paced per configuration, with heartbeats when idle; and a recovery
+//!   service: an rdma_cm [`Listener`] on the channel's port whose RC
+//!   connections carry the recovery messages of [`super::wire`] (retransmits
+//!   from the history, snapshots from the application's [`Snapshot`]).
+//! - [`McastSubscriber`]: one UD queue pair per line with receives kept
+//!   posted, one RC connection to the publisher's recovery service; feeds the
+//!   state machine and sends the requests it asks for.
+//!
+//! Both are driven by `poll(now, ..)`, which never blocks, allocates or logs
+//! per message (accepting a new recovery connection is the exception: it
+//! completes an rdma_cm handshake inside `poll`, at most once per
+//! millisecond; and a recovery connection's outbox grows, amortised, to its
+//! largest burst of answers, up to [`MAX_OUTBOX`]). Buffers are the verbs
+//! layer's [`PooledQp`] rings, so there is no `unsafe` here. Protocol
+//! decisions belong to the state machines, not to this module.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use arrayvec::ArrayVec;
+use zerocopy::FromBytes;
+
+use super::config::{ChannelConfig, McastConfig};
+use super::publisher::{ClaimError, Pacer, PublisherState, RetransmitReply};
+use super::snapshot::{encode_snapshot, Handler, Snapshot, SnapshotSink};
+use super::subscriber::{Event, SubscriberCounters, SubscriberState};
+use super::wire::{self, Line, RecoveryHeader, RecoveryMsg, RECOVERY_HEADER_LEN};
+use crate::verbs::cm::{self, Connection, Listener, McastMembership};
+use crate::verbs::{
+    Access, AddressHandle, Context, Dest, PoolConfig, PoolError, PooledQp, ProtectionDomain,
+    QpType, RcOptions, StageError, VerbsError,
+};
+
+/// Size of one RC message (a send slot of the recovery service, a receive
+/// slot of the subscriber). Several recovery messages share one.
+pub const RC_MSG_LEN: usize = 4096;
+/// Snapshot bytes per SnapshotChunk, so a chunk fills one RC message.
+pub const SNAPSHOT_CHUNK: usize = RC_MSG_LEN - wire::snapshot_chunk_len(0);
+/// Bytes of answers a recovery connection may have queued before further
+/// requests on it are dropped (and counted).
+pub const MAX_OUTBOX: usize = 64 << 20;
+
+const CM_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the recovery service looks for new and closed connections.
+const DISCONNECT_CHECK_NS: u64 = 1_000_000;
+
+/// Nanoseconds on a process-wide monotonic clock, the `now` the state
+/// machines take.
+pub fn now_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Why the market-data I/O failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NetError {
+    /// The configuration has no such channel.
+    #[error("channel {0} is not in the market-data configuration")]
+    NoChannel(u16),
+    /// A verb or rdma_cm call failed.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// A buffer pool failed (including failed send completions).
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}
+
+/// Why [`McastPublisher::publish`] refused a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    /// Larger than fits in a datagram.
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+}
+
+/// I/O counters of a publisher (plain values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PublisherIoStats {
+    /// Datagrams multicast (each on every enabled line).
+    pub datagrams_sent: u64,
+    /// Heartbeats multicast.
+    pub heartbeats_sent: u64,
+    /// Datagrams overwritten in the history before pacing let them out.
+    pub unsent_overwritten: u64,
+    /// Recovery connections accepted.
+    pub connections_accepted: u64,
+    /// Recovery connections that failed to set up.
+    pub connections_failed: u64,
+    /// Recovery connections closed (peer disconnected or send failed).
+    pub connections_closed: u64,
+    /// Retransmit requests served.
+    pub retransmit_requests: u64,
+    /// Snapshots served.
+    pub snapshots_served: u64,
+    /// Requests dropped because the connection's outbox was full, or
+    /// undecodable.
+    pub requests_dropped: u64,
+}
+
+fn channel_of(cfg: &McastConfig, channel: u16) -> Result<&ChannelConfig, NetError> {
+    cfg.channel(channel).ok_or(NetError::NoChannel(channel))
+}
+
+fn rc_options(cfg: &McastConfig) -> RcOptions {
+    RcOptions {
+        timeout: cfg.recovery.rc_timeout,
+        ..RcOptions::default()
+    }
+}
+
+/// Length of the recovery message at the start of `bytes` (from its header).
+fn recovery_len(bytes: &[u8]) -> Option<usize> {
+    let (h, _) = RecoveryHeader::ref_from_prefix(bytes).ok()?;
+    let len = h.len.get() as usize;
+    (RECOVERY_HEADER_LEN..=bytes.len())
+        .contains(&len)
+        .then_some(len)
+}
+
+struct LineTx {
+    ah: AddressHandle,
+    qpn: u32,
+    qkey: u32,
+    enabled: bool,
+    _membership: McastMembership,
+}
+
+/// A market-data publisher for one channel: multicast sender plus recovery
+/// service. See the module documentation.
+pub struct McastPublisher {
+    state: PublisherState,
+    pacer: Pacer,
+    // Field order: the queue pairs go before what they reference.
+    ud: PooledQp,
+    lines: ArrayVec<LineTx, 2>,
+    server: RecoveryServer,
+    /// First sequence not yet multicast.
+    sent_upto: u64,
+    last_send: u64,
+    heartbeat_interval: u64,
+    stats: PublisherIoStats,
+}
+
+impl std::fmt::Debug for McastPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McastPublisher")
+            .field("session", &self.state.session())
+            .field("next_seq", &self.state.next_seq())
+            .field("sent_upto", &self.sent_upto)
+            .field("stats", &self.stats)
+            .field("ud", &self.ud)
+            .finish_non_exhaustive()
+    }
+}
+
+impl McastPublisher {
+    /// Opens the device owning `local`, joins the channel's groups, and
+    /// listens for recovery connections on `local`:`channel.port`.
+    pub fn new(
+        cfg: &McastConfig,
+        channel: u16,
+        session: u64,
+        local: IpAddr,
+    ) -> Result<Self, NetError> {
+        let ch = channel_of(cfg, channel)?;
+        let ctx = Context::open_for_ip(local)?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let ud = PooledQp::new(
+            &pd,
+            QpType::Ud,
+            PoolConfig {
+                recv_slots: 0,
+                recv_len: 0,
+                recv_batch: 1,
+                recv_low_water: 0,
+                send_slots: 256,
+                send_len: cfg.max_datagram_payload,
+                signal_every: 16,
+                dests_per_send: 2,
+            },
+        )?;
+        let mut lines = ArrayVec::new();
+        for group in std::iter::once(ch.line_a).chain(ch.line_b) {
+            let m = McastMembership::join(local, group, false, CM_TIMEOUT)?;
+            cm::check_device(&ctx, m.device_name())?;
+            if lines.is_empty() {
+                ud.qp().activate_ud(m.port_num(), m.qkey(), 0)?;
+            }
+            lines.push(LineTx {
+                ah: m.address_handle(&pd)?,
+                qpn: m.remote_qpn(),
+                qkey: m.qkey(),
+                enabled: true,
+                _membership: m,
+            });
+        }
+        let listener = Listener::bind(SocketAddr::new(local, ch.port))?;
+        let state = PublisherState::new(cfg.publisher(channel, session));
+        Ok(McastPublisher {
+            sent_upto: state.next_seq(),
+            state,
+            pacer: Pacer::new(cfg.pacing.max_datagrams_per_sec, cfg.pacing.burst),
+            ud,
+            lines,
+            server: RecoveryServer {
+                listener,
+                pd,
+                conns: Vec::new(),
+                opts: rc_options(cfg),
+                scratch: Vec::new(),
+                next_disconnect_check: 0,
+            },
+            last_send: 0,
+            heartbeat_interval: cfg.heartbeat_interval_ns,
+            stats: PublisherIoStats::default(),
+        })
+    }
+
+    /// The protocol state (sequence, history, counters).
+    pub fn state(&self) -> &PublisherState {
+        &self.state
+    }
+    /// I/O counters.
+    pub fn io_stats(&self) -> PublisherIoStats {
+        self.stats
+    }
+    /// Recovery connections currently open.
+    pub fn connections(&self) -> usize {
+        self.server.conns.len()
+    }
+    /// Stops (or resumes) sending on `line`, e.g. to test a cut line.
+    pub fn set_line_enabled(&mut self, line: Line, enabled: bool) {
+        if let Some(l) = self.lines.get_mut(line as usize) {
+            l.enabled = enabled;
+        }
+    }
+
+    /// Appends one message to the open datagram (flushing it first if full)
+    /// and returns its sequence. Sending happens in [`poll`](Self::poll) and
+    /// [`flush`](Self::flush).
+    pub fn publish(&mut self, now: u64, msg: &[u8]) -> Result<u64, PublishError> {
+        match self.state.publish(msg) {
+            Ok(seq) => Ok(seq),
+            Err(ClaimError::Full) => {
+                self.state.flush();
+                self.pump(now);
+                Ok(self.state.publish(msg)?)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Seals the open datagram now and sends what pacing allows.
+    pub fn flush(&mut self, now: u64) -> Result<(), NetError> {
+        self.state.flush();
+        self.pump(now);
+        self.ud.post_staged(&dests_of(&self.lines))?;
+        Ok(())
+    }
+
+    /// Stages flushed, unsent datagrams as pacing and the send ring allow;
+    /// posts full batches. Errors are left to the next post.
+    fn pump(&mut self, now: u64) {
+        while let Some((first, bytes)) = self.state.sealed_from(self.sent_upto) {
+            if first > self.sent_upto {
+                self.stats.unsent_overwritten += 1;
+            }
+            if !self.pacer.try_acquire(now) {
+                return;
+            }
+            let end = wire::Datagram::parse(bytes).map_or(first + 1, |d| d.end_seq());
+            match self.ud.stage(bytes) {
+                Ok(()) => {}
+                Err(StageError::BatchFull) => {
+                    let dests = dests_of(&self.lines);
+                    if self.ud.post_staged(&dests).is_err() || self.ud.stage(bytes).is_err() {
+                        return;
+                    }
+                }
+                Err(StageError::RingFull) => {
+                    if self.ud.poll_send().is_err() || self.ud.stage(bytes).is_err() {
+                        return;
+                    }
+                }
+                Err(StageError::TooLarge { .. }) => {}
+            }
+            self.sent_upto = end;
+            self.last_send = now;
+            self.stats.datagrams_sent += 1;
+        }
+    }
+
+    /// Does all pending work once: flushes on the batching timer, multicasts,
+    /// sends a heartbeat when idle, reclaims send slots, and serves recovery
+    /// (accepting connections, answering retransmit requests from the
+    /// history and snapshot requests from `snapshot`). Returns the datagrams
+    /// sent. Never blocks, except to complete a new connection's handshake.
+    pub fn poll(&mut self, now: u64, snapshot: &impl Snapshot) -> Result<usize, NetError> {
+        let before = self.stats.datagrams_sent;
+        self.state.poll_flush(now);
+        self.pump(now);
+        if self.sent_upto == self.state.unflushed_seq()
+            && now.saturating_sub(self.last_send) >= self.heartbeat_interval
+        {
+            let hb = self.state.heartbeat();
+            if self.ud.stage(hb).is_ok() {
+                self.stats.heartbeats_sent += 1;
+            }
+            self.last_send = now;
+        }
+        let dests = dests_of(&self.lines);
+        self.ud.post_staged(&dests)?;
+        self.ud.poll_send()?;
+        self.server
+            .poll(now, &mut self.state, snapshot, &mut self.stats);
+        Ok((self.stats.datagrams_sent - before) as usize)
+    }
+}
+
+fn dests_of(lines: &[LineTx]) -> ArrayVec<Dest<'_>, 2> {
+    lines
+        .iter()
+        .filter(|l| l.enabled)
+        .map(|l| Dest::Ud {
+            ah: &l.ah,
+            qpn: l.qpn,
+            qkey: l.qkey,
+        })
+        .collect()
+}
+
+struct ServerConn {
+    qp: PooledQp,
+    conn: Connection,
+    outbox: Vec<u8>,
+    out_pos: usize,
+}
+
+struct RecoveryServer {
+    listener: Listener,
+    pd: Arc<ProtectionDomain>,
+    conns: Vec<ServerConn>,
+    opts: RcOptions,
+    scratch: Vec<u8>,
+    next_disconnect_check: u64,
+}
+
+impl RecoveryServer {
+    fn accept(&mut self, stats: &mut PublisherIoStats) -> Result<(), NetError> {
+        let Some(req) = self.listener.next_request(Duration::ZERO)? else {
+            return Ok(());
+        };
+        let mut qp = PooledQp::new(
+            &self.pd,
+            QpType::Rc,
+            PoolConfig {
+                recv_slots: 32,
+                recv_len: 256,
+                recv_batch: 8,
+                recv_low_water: 4,
+                send_slots: 64,
+                send_len: RC_MSG_LEN,
+                signal_every: 8,
+                dests_per_send: 1,
+            },
+        )?;
+        let conn = req.accept(qp.qp(), &self.opts, Access::LOCAL, &[], CM_TIMEOUT)?;
+        qp.post_receives()?;
+        self.conns.push(ServerConn {
+            qp,
+            conn,
+            outbox: Vec::with_capacity(RC_MSG_LEN * 4),
+            out_pos: 0,
+        });
+        stats.connections_accepted += 1;
+        Ok(())
+    }
+
+    fn poll(
+        &mut self,
+        now: u64,
+        state: &mut PublisherState,
+        snapshot: &impl Snapshot,
+        stats: &mut PublisherIoStats,
+    ) {
+        // Connection management costs a system call (poll on the rdma_cm
+        // channel): at most once per DISCONNECT_CHECK_NS, not per loop.
+        let check_disconnect = now >= self.next_disconnect_check;
+        if check_disconnect {
+            self.next_disconnect_check = now + DISCONNECT_CHECK_NS;
+            if self.accept(stats).is_err() {
+                stats.connections_failed += 1;
+            }
+        }
+        let mut i = 0;
+        while i < self.conns.len() {
+            let c = &mut self.conns[i];
+            let alive = serve(c, state, snapshot, &mut self.scratch, stats).is_ok()
+                && !(check_disconnect && c.conn.poll_disconnected().unwrap_or(true));
+            if alive {
+                i += 1;
+            } else {
+                stats.connections_closed += 1;
+                self.conns.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// Answers what arrived on one connection and sends what its outbox holds.
+fn serve(
+    c: &mut ServerConn,
+    state: &mut PublisherState,
+    snapshot: &impl Snapshot,
+    scratch: &mut Vec<u8>,
+    stats: &mut PublisherIoStats,
+) -> Result<(), NetError> {
+    let ServerConn {
+        qp,
+        outbox,
+        out_pos,
+        ..
+    } = c;
+    qp.poll_recv(|mut bytes| {
+        while !bytes.is_empty() {
+            let Ok((msg, used)) = wire::decode_recovery(bytes) else {
+                stats.requests_dropped += 1;
+                return;
+            };
+            bytes = &bytes[used..];
+            if outbox.len() > MAX_OUTBOX {
+                stats.requests_dropped += 1;
+                continue;
+            }
+            match msg {
+                RecoveryMsg::RetransmitRequest(r) => {
+                    stats.retransmit_requests += 1;
+                    let (channel, session) = (state.config().channel, state.session());
+                    state.answer_retransmit(&r, |reply| {
+                        let start = outbox.len();
+                        let n = match reply {
+                            RetransmitReply::Data(d) => {
+                                outbox.resize(start + RECOVERY_HEADER_LEN + d.len(), 0);
+                                wire::encode_retransmit_data(
+                                    &mut outbox[start..],
+                                    channel,
+                                    session,
+                                    d,
+                                )
+                            }
+                            RetransmitReply::NotAvailable(na) => {
+                                outbox.resize(start + wire::NotAvailable::LEN, 0);
+                                na.encode(&mut outbox[start..])
+                            }
+                        };
+                        outbox.truncate(start + n.unwrap_or(0));
+                    });
+                }
+                RecoveryMsg::SnapshotRequest { channel, .. }
+                    if channel == state.config().channel =>
+                {
+                    stats.snapshots_served += 1;
+                    scratch.clear();
+                    snapshot.write_snapshot(scratch);
+                    encode_snapshot(
+                        channel,
+                        state.session(),
+                        snapshot.snapshot_seq(),
+                        scratch,
+                        SNAPSHOT_CHUNK,
+                        |m| outbox.extend_from_slice(m),
+                    );
+                }
+                _ => stats.requests_dropped += 1,
+            }
+        }
+    })?;
+    // Pack whole recovery messages into RC messages.
+    while *out_pos < outbox.len() {
+        let mut end = *out_pos;
+        while let Some(len) = recovery_len(&outbox[end..]) {
+            if end + len - *out_pos > qp.send_capacity() {
+                break;
+            }
+            end += len;
+        }
+        if end == *out_pos {
+            // Cannot happen (we encoded every message, each fits a slot);
+            // drop the rest rather than loop.
+            outbox.clear();
+            *out_pos = 0;
+            break;
+        }
+        match qp.stage(&outbox[*out_pos..end]) {
+            Ok(()) => *out_pos = end,
+            Err(StageError::BatchFull) => {
+                qp.post_staged(&[Dest::Connected])?;
+            }
+            Err(_) => {
+                if qp.poll_send()? == 0 {
+                    break;
+                }
+            }
+        }
+    }
+    if *out_pos == outbox.len() {
+        outbox.clear();
+        *out_pos = 0;
+    }
+    qp.post_staged(&[Dest::Connected])?;
+    qp.poll_send()?;
+    Ok(())
+}
+
+/// I/O counters of a subscriber (plain values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SubscriberIoStats {
+    /// Datagrams received on line A (before validation).
+    pub datagrams_a: u64,
+    /// Datagrams received on line B (before validation).
+    pub datagrams_b: u64,
+    /// RC messages received from the recovery service.
+    pub recovery_messages: u64,
+    /// Requests sent to the recovery service.
+    pub requests_sent: u64,
+    /// Requests dropped because the RC send ring was full (asked again on
+    /// timeout).
+    pub requests_dropped: u64,
+}
+
+struct LineRx {
+    line: Line,
+    qp: PooledQp,
+    _membership: McastMembership,
+}
+
+/// A market-data subscriber for one channel. See the module documentation.
+pub struct McastSubscriber {
+    state: SubscriberState,
+    lines: ArrayVec<LineRx, 2>,
+    rc: PooledQp,
+    conn: Connection,
+    stats: SubscriberIoStats,
+}
+
+impl std::fmt::Debug for McastSubscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McastSubscriber")
+            .field("phase", &self.state.phase())
+            .field("next_seq", &self.state.next_seq())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl McastSubscriber {
+    /// Opens the device owning `local`, joins the channel's line(s) with
+    /// receives posted, and connects to the recovery service at
+    /// `publisher`:`channel.port`.
+    pub fn new(
+        cfg: &McastConfig,
+        channel: u16,
+        local: IpAddr,
+        publisher: IpAddr,
+    ) -> Result<Self, NetError> {
+        let ch = channel_of(cfg, channel)?;
+        let ctx = Context::open_for_ip(local)?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let mut lines = ArrayVec::new();
+        for (line, group) in [(Line::A, Some(ch.line_a)), (Line::B, ch.line_b)] {
+            let Some(group) = group else { continue };
+            let m = McastMembership::join(local, group, false, CM_TIMEOUT)?;
+            cm::check_device(&ctx, m.device_name())?;
+            let mut qp = PooledQp::new(
+                &pd,
+                QpType::Ud,
+                PoolConfig {
+                    recv_slots: cfg.receive.depth,
+                    recv_len: cfg.max_datagram_payload,
+                    recv_batch: cfg.receive.replenish_batch,
+                    recv_low_water: cfg.receive.low_water,
+                    send_slots: 0,
+                    send_len: 0,
+                    signal_every: 1,
+                    dests_per_send: 1,
+                },
+            )?;
+            qp.qp().activate_ud(m.port_num(), m.qkey(), 0)?;
+            m.attach(qp.qp())?;
+            qp.post_receives()?;
+            lines.push(LineRx {
+                line,
+                qp,
+                _membership: m,
+            });
+        }
+        let resolved = cm::resolve(SocketAddr::new(publisher, ch.port), Some(local), CM_TIMEOUT)?;
+        let mut rc = PooledQp::new(
+            &pd,
+            QpType::Rc,
+            PoolConfig {
+                recv_slots: 128,
+                recv_len: RC_MSG_LEN,
+                recv_batch: 16,
+                recv_low_water: 16,
+                send_slots: 32,
+                send_len: 256,
+                signal_every: 8,
+                dests_per_send: 1,
+            },
+        )?;
+        let (conn, _) =
+            resolved.connect(rc.qp(), &rc_options(cfg), Access::LOCAL, &[], CM_TIMEOUT)?;
+        rc.post_receives()?;
+        Ok(McastSubscriber {
+            state: SubscriberState::new(cfg.subscriber(channel)),
+            lines,
+            rc,
+            conn,
+            stats: SubscriberIoStats::default(),
+        })
+    }
+
+    /// The protocol state.
+    pub fn state(&self) -> &SubscriberState {
+        &self.state
+    }
+    /// Protocol counters (gaps, recoveries, duplicates, ...).
+    pub fn counters(&self) -> SubscriberCounters {
+        self.state.counters()
+    }
+    /// I/O counters.
+    pub fn io_stats(&self) -> SubscriberIoStats {
+        self.stats
+    }
+    /// Closes the recovery connection (the publisher sees it go).
+    pub fn disconnect(&self) -> Result<(), NetError> {
+        Ok(self.conn.disconnect()?)
+    }
+    /// Next event (unrecoverable loss, resync, snapshot applied, ...).
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.state.poll_event()
+    }
+
+    /// Does all pending work once: takes received datagrams from every line
+    /// and recovery messages from RC into the state machine (delivering in
+    /// order to `app`), handles timers and sends the requests the state
+    /// machine asks for. Returns the datagrams and recovery messages taken.
+    /// Never blocks, allocates or logs.
+    pub fn poll<A: Handler + SnapshotSink + ?Sized>(
+        &mut self,
+        now: u64,
+        app: &mut A,
+    ) -> Result<usize, NetError> {
+        let mut taken = 0;
+        let state = &mut self.state;
+        for l in &mut self.lines {
+            let line = l.line;
+            let r =
+                l.qp.poll_recv(|bytes| state.on_datagram(now, line, bytes, app))?;
+            if r.low {
+                state.receive_queue_low();
+            }
+            match line {
+                Line::A => self.stats.datagrams_a += r.received as u64,
+                Line::B => self.stats.datagrams_b += r.received as u64,
+            }
+            taken += r.received;
+        }
+        let r = self
+            .rc
+            .poll_recv(|bytes| state.on_recovery(now, bytes, app))?;
+        self.stats.recovery_messages += r.received as u64;
+        taken += r.received;
+        if state.poll_timeout().is_some_and(|t| t <= now) {
+            state.handle_timeout(now);
+        }
+        let mut staged = false;
+        while let Some(req) = state.poll_transmit() {
+            let mut res = self.rc.stage_with(64, |buf| req.encode(buf).unwrap_or(0));
+            if res == Err(StageError::RingFull) {
+                self.rc.poll_send()?;
+                res = self.rc.stage_with(64, |buf| req.encode(buf).unwrap_or(0));
+            }
+            if res.is_ok() {
+                staged = true;
+                self.stats.requests_sent += 1;
+            } else {
+                self.stats.requests_dropped += 1;
+            }
+        }
+        if staged {
+            self.rc.post_staged(&[Dest::Connected])?;
+        }
+        self.rc.poll_send()?;
+        Ok(taken)
+    }
+}
+
+type CounterField = fn(&SubscriberCounters, &SubscriberIoStats) -> u64;
+
+/// The subscriber counters worth watching live, by label.
+const EXPORTED: &[(&str, CounterField)] = &[
+    ("received_a", |c, _| c.received_a),
+    ("received_b", |c, _| c.received_b),
+    ("received_retransmit", |c, _| c.received_retransmit),
+    ("duplicates_a", |c, _| c.duplicates_a),
+    ("duplicates_b", |c, _| c.duplicates_b),
+    ("delivered", |c, _| c.delivered),
+    ("gaps_detected", |c, _| c.gaps_detected),
+    ("messages_recovered", |c, _| c.messages_recovered),
+    ("retransmit_requests", |c, _| c.retransmit_requests),
+    ("timeouts", |c, _| c.timeouts),
+    ("unrecoverable", |c, _| c.unrecoverable),
+    ("snapshots_applied", |c, _| c.snapshots_applied),
+    ("receive_queue_low", |c, _| c.receive_queue_low),
+    ("malformed_dropped", |c, _| c.malformed_dropped),
+    ("requests_dropped", |_, io| io.requests_dropped),
+];
+
+/// A subscriber's counters published in a shared-memory
+/// [`CountersFile`](crate::counters::CountersFile) (what `rocebus stat`
+/// reads). Counters are allocated once; [`update`](Self::update) only stores
+/// values, so it can run every few milliseconds from the polling loop.
+pub struct SubscriberCountersExport {
+    counters: Vec<(crate::counters::Counter, CounterField)>,
+}
+
+impl std::fmt::Debug for SubscriberCountersExport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubscriberCountersExport")
+            .field("counters", &self.counters.len())
+            .finish()
+    }
+}
+
+impl SubscriberCountersExport {
+    /// Allocates `<prefix>.<name>` counters in `file`.
+    pub fn new(
+        file: &crate::counters::CountersFile,
+        prefix: &str,
+    ) -> Result<Self, crate::counters::CountersError> {
+        let counters = EXPORTED
+            .iter()
+            .map(|(name, field)| Ok((file.allocate(&format!("{prefix}.{name}"))?, *field)))
+            .collect::<Result<_, crate::counters::CountersError>>()?;
+        Ok(SubscriberCountersExport { counters })
+    }
+
+    /// Stores the subscriber's current values.
+    pub fn update(&self, s: &McastSubscriber) {
+        let (c, io) = (s.counters(), s.io_stats());
+        for (counter, field) in &self.counters {
+            counter.set(field(&c, &io));
+        }
+    }
+}
