@@ -31,44 +31,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The harnesses' clock. The guest's clocksource is an emulated HPET, so
-/// every `Instant::now()` costs a trap into the emulator (tens of
-/// microseconds under TCG, more than the work measured); the TSC is read
-/// directly instead, calibrated once against `Instant`, as perftest does.
-#[allow(unsafe_code)]
+/// The harnesses' clock: nanoseconds since the first call. `cargo xtask vm`
+/// boots guests with the TSC clocksource, so `Instant::now()` is a vDSO read
+/// there as on real hosts (with the emulated HPET it trapped into the
+/// emulator on every call).
 mod clock {
     use std::sync::OnceLock;
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
 
-    static CALIBRATION: OnceLock<(u64, f64)> = OnceLock::new();
+    static START: OnceLock<Instant> = OnceLock::new();
 
-    #[cfg(target_arch = "x86_64")]
-    fn ticks() -> u64 {
-        // SAFETY: RDTSC has no preconditions on x86_64 (it reads the
-        // time-stamp counter, touching no memory).
-        #[allow(unused_unsafe)]
-        unsafe {
-            core::arch::x86_64::_rdtsc()
-        }
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    fn ticks() -> u64 {
-        static START: OnceLock<Instant> = OnceLock::new();
-        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-    }
-
-    fn calibrate() -> (u64, f64) {
-        let (i0, t0) = (Instant::now(), ticks());
-        std::thread::sleep(Duration::from_millis(50));
-        let (ns, dt) = (i0.elapsed().as_nanos() as f64, ticks() - t0);
-        (t0, ns / dt.max(1) as f64)
-    }
-
-    /// Nanoseconds since the first call (the first call calibrates: 50 ms).
+    /// Nanoseconds since the first call.
     pub fn now() -> u64 {
-        let (t0, ns_per_tick) = *CALIBRATION.get_or_init(calibrate);
-        (ticks().saturating_sub(t0) as f64 * ns_per_tick) as u64
+        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
     }
 }
 
