@@ -37,6 +37,7 @@ use crate::verbs::{
     Access, CompletionQueue, Context, ProtectionDomain, QpCaps, QpType, QueuePair, RcOptions,
     SendWr, Sge, VerbsError, WcStatus, WorkCompletion,
 };
+use arrayvec::ArrayVec;
 use std::cell::{Cell, RefCell, RefMut};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,6 +61,12 @@ pub struct OrdersConfig {
     pub max_inline: u32,
     /// Request a completion every this many work requests.
     pub signal_every: u32,
+    /// Largest single RDMA WRITE (0: no limit; a flush of many frames is
+    /// one WRITE per contiguous run). Soft-RoCE (rxe in Linux 6.1) has
+    /// failed retransmitted multi-packet WRITEs with "remote invalid
+    /// request" under packet loss in our two-host tests; setting this to
+    /// the path MTU keeps every WRITE one packet there.
+    pub max_write_bytes: usize,
     /// RC knobs.
     pub rc: RcOptions,
     /// Connection set-up timeout, milliseconds.
@@ -75,6 +82,7 @@ impl Default for OrdersConfig {
             send_queue_depth: 512,
             max_inline: 220,
             signal_every: 64,
+            max_write_bytes: 0,
             rc: RcOptions::default(),
             connect_timeout_ms: 5000,
         }
@@ -244,6 +252,7 @@ pub struct Connection {
     idle_polls: Cell<u32>,
     cfg_signal_every: u32,
     cfg_max_inline: u32,
+    cfg_max_write: usize,
     sq_depth: u64,
     peer_credit_addr: u64,
     ring: IncomingRing,
@@ -260,6 +269,9 @@ impl std::fmt::Debug for Connection {
 }
 
 static CONN_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// Most RDMA WRITEs posted with one doorbell by a flush.
+const WRS_PER_DOORBELL: usize = 8;
 
 /// Empty polls between two checks for a disconnect event.
 pub const CM_CHECK_IDLE_POLLS: u32 = 1024;
@@ -370,6 +382,7 @@ impl Connection {
             idle_polls: Cell::new(0),
             cfg_signal_every: cfg.signal_every,
             cfg_max_inline: res.qp.caps().max_inline_data.min(cfg.max_inline),
+            cfg_max_write: cfg.max_write_bytes,
             sq_depth: res.qp.caps().max_send_wr as u64,
             peer_credit_addr: peer.ring_addr.get() + peer_size as u64 + CREDIT_OFF as u64,
             ring: res.ring,
@@ -520,24 +533,63 @@ impl Connection {
             return self.reap().map_err(OfferError::Lost);
         }
         let (ranges, n) = send.state.take_flush();
-        let remote = send.remote_addr;
-        let rkey = send.remote_rkey;
-        let staging = &send.staging;
-        let sge0 = [range_sge(staging, ranges[0])];
-        let sge1 = [range_sge(staging, ranges[1])];
-        let inline0 = ranges[0].1 <= self.cfg_max_inline as usize;
-        let inline1 = ranges[1].1 <= self.cfg_max_inline as usize;
-        let w0 = SendWr::write(0, &sge0, remote + ranges[0].0 as u64, rkey);
-        let w0 = if inline0 { w0.inline() } else { w0 };
-        let r = if n == 1 {
-            self.post(&mut [w0])
+        let (remote, rkey) = (send.remote_addr, send.remote_rkey);
+        let max = if self.cfg_max_write == 0 {
+            usize::MAX
         } else {
-            let w1 = SendWr::write(0, &sge1, remote + ranges[1].0 as u64, rkey);
-            self.post(&mut [w0, if inline1 { w1.inline() } else { w1 }])
+            self.cfg_max_write
         };
+        // Cut the runs into writes of at most `max` bytes, posted up to
+        // WRS_PER_DOORBELL at a time: fixed arrays, no allocation.
+        let mut chunks = ArrayVec::<(usize, usize), WRS_PER_DOORBELL>::new();
+        let mut r = Ok(());
+        'runs: for &(off, len) in &ranges[..n] {
+            let (mut o, end) = (off, off + len);
+            while o < end {
+                let l = (end - o).min(max);
+                chunks.push((o, l));
+                o += l;
+                if chunks.is_full() {
+                    r = self.post_chunks(&send.staging, remote, rkey, &chunks);
+                    chunks.clear();
+                    if r.is_err() {
+                        break 'runs;
+                    }
+                }
+            }
+        }
+        if r.is_ok() && !chunks.is_empty() {
+            r = self.post_chunks(&send.staging, remote, rkey, &chunks);
+        }
         drop(send);
         self.stats.borrow_mut().flushes += 1;
         r.map_err(OfferError::Lost)
+    }
+
+    /// Posts one RDMA WRITE per `(offset, len)` of staging, to the same
+    /// offsets of the peer's ring, with one doorbell.
+    fn post_chunks(
+        &self,
+        staging: &Staging,
+        remote: u64,
+        rkey: u32,
+        chunks: &[(usize, usize)],
+    ) -> Result<(), PeerLost> {
+        let sges: ArrayVec<[Sge<'_>; 1], WRS_PER_DOORBELL> =
+            chunks.iter().map(|c| [range_sge(staging, *c)]).collect();
+        let mut wrs: ArrayVec<SendWr<'_>, WRS_PER_DOORBELL> = chunks
+            .iter()
+            .zip(&sges)
+            .map(|(&(off, len), sge)| {
+                let w = SendWr::write(0, sge, remote + off as u64, rkey);
+                if len <= self.cfg_max_inline as usize {
+                    w.inline()
+                } else {
+                    w
+                }
+            })
+            .collect();
+        self.post(&mut wrs)
     }
 
     fn send_credit(&self, consumed: u64) -> Result<(), PeerLost> {
@@ -705,24 +757,14 @@ impl Claim<'_> {
         let pos = self.send.claim.take().expect("claim position");
         if let Some((off, pad)) = pos.padding {
             let seq = self.send.state.next_seq();
-            let h = FrameHeader {
-                len: ((pad - HEADER_LEN) as u32).into(),
-                stream_id: 0.into(),
-                msg_type: TYPE_PADDING.into(),
-                seq: seq.into(),
-            };
+            let h = FrameHeader::new((pad - HEADER_LEN) as u32, 0, TYPE_PADDING, seq);
             self.send
                 .staging
                 .slice_mut(off, HEADER_LEN)
                 .copy_from_slice(h.as_bytes());
         }
         let seq = self.send.state.next_seq() + pos.padding.is_some() as u64;
-        let h = FrameHeader {
-            len: (self.len as u32).into(),
-            stream_id: self.stream_id.into(),
-            msg_type: self.msg_type.into(),
-            seq: seq.into(),
-        };
+        let h = FrameHeader::new(self.len as u32, self.stream_id, self.msg_type, seq);
         let trailer_at = pos.offset + pos.total - TRAILER_LEN;
         let staging = &mut self.send.staging;
         staging

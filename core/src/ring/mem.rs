@@ -106,21 +106,22 @@ impl IncomingRing {
         self.load_pair(CREDIT_OFF)
     }
 
-    /// Reads the frame header at 16-aligned offset `off`: its sequence
+    /// Reads the frame header at 16-aligned offset `off`: its check word
     /// (the last 8 bytes) first, with Acquire, then the first 8 bytes. The
-    /// header's bytes are placed in ascending order, so once the expected
-    /// sequence is seen the length, stream and type before it are too.
+    /// header's bytes are placed in ascending order, so once a check word
+    /// matching the expected frame is seen, the length, stream and type
+    /// before it are placed too (and the check covers them).
     #[inline]
     pub fn read_header(&self, off: usize) -> FrameHeader {
         assert!(off % 16 == 0 && off + HEADER_LEN <= self.size);
         // ORDERING: Acquire, pairs with the device placing the header's
-        // first bytes before its sequence; the load of word 0 follows.
-        let seq = self.word_at(off + 8).load(Ordering::Acquire);
+        // first bytes before its check word; the load of word 0 follows.
+        let check = self.word_at(off + 8).load(Ordering::Acquire);
         // ORDERING: Relaxed: ordered after the Acquire above.
         let w0 = self.word_at(off).load(Ordering::Relaxed).to_le_bytes();
         let mut buf = [0u8; HEADER_LEN];
         buf[..8].copy_from_slice(&w0);
-        buf[8..].copy_from_slice(&seq.to_le_bytes());
+        buf[8..].copy_from_slice(&check.to_le_bytes());
         FrameHeader::read_from_bytes(&buf).expect("16 bytes")
     }
 
