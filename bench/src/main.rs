@@ -5,6 +5,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod gateway;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "rocebus-bench",
@@ -27,6 +29,8 @@ enum Cmd {
     MdLatency(rocebus_bench::md::MdArgs),
     /// Market data: time to recover one lost datagram, in RC round trips.
     MdRecovery(rocebus_bench::md::MdArgs),
+    /// Order gateway: engine → gateway (risk, journal, FIX) → in-process venue → engine, over RC.
+    GatewayRtt(gateway::GatewayRttArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,5 +41,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::MdThroughput(a) => rocebus_bench::md::throughput(&a),
         Cmd::MdLatency(a) => rocebus_bench::md::latency(&a),
         Cmd::MdRecovery(a) => rocebus_bench::md::recovery(&a),
+        Cmd::GatewayRtt(a) => gateway::run(&a),
     }
 }

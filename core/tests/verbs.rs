@@ -387,7 +387,10 @@ fn ud_mcast_roundtrip(group: IpAddr, send: bool, recv: bool, count: u32) {
     .unwrap();
     // A separate sending QP: the receiving QP does not see its own sends.
     let sqp = QueuePair::new(&d.pd, QpType::Ud, &scq, &scq, QpCaps::default()).unwrap();
-    let m = McastMembership::join(ip, group, false, Duration::from_secs(10)).expect("join");
+    // A side that only sends joins as a send-only full member (it attracts
+    // no traffic); a receiving side joins as a full member.
+    let send_only = send && !recv;
+    let m = McastMembership::join(ip, group, send_only, Duration::from_secs(10)).expect("join");
     assert_eq!(m.qkey(), RDMA_UDP_QKEY);
     qp.activate_ud(m.port_num(), m.qkey(), 0).unwrap();
     sqp.activate_ud(m.port_num(), m.qkey(), 0).unwrap();

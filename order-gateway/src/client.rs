@@ -1,11 +1,37 @@
 //! The engine-side library: encodes requests, decodes responses and tracks the engine's own
-//! orders. Engines embed it; it owns no transport (the caller moves the bytes).
+//! orders. Engines embed it.
+//!
+//! [`Client`] owns no transport (the caller moves the bytes); [`EngineSession`] is a
+//! [`Client`] bound to a rocebus orders connection to the gateway: it logs on with the
+//! engine's id, writes requests straight into the connection's registered send memory
+//! (`try_claim`) and applies the responses it polls.
+//!
+//! ```no_run
+//! use order_gateway::client::EngineSession;
+//! use order_gateway::proto::{Side, Symbol, PRICE_SCALE};
+//! use rocebus::orders::OrdersConfig;
+//! use std::time::Duration;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cfg = OrdersConfig { token: "s3cret".into(), ..OrdersConfig::default() };
+//! let mut s = EngineSession::connect("198.18.0.1:7470".parse()?, &cfg, 1, 1, Duration::from_secs(5))?;
+//! let id = s.new_order(1, Symbol::new("AAPL").unwrap(), Side::Buy, 100, 189 * PRICE_SCALE)?;
+//! s.flush()?;
+//! while !s.client().order(id).unwrap().state.is_final() {
+//!     s.poll(|r| println!("{r:?}"), 64)?;
+//! }
+//! # Ok(()) }
+//! ```
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use rocebus::orders::{Connection, OfferError, OrdersConfig, OrdersError};
+use zerocopy::{Immutable, IntoBytes};
 
 use crate::proto::{
-    msg_type, Cancel, DecodeError, MassCancel, NewOrder, RejectReason, Replace, Request, Response,
-    Side, Symbol, TimeInForce,
+    msg_type, Cancel, DecodeError, Logon, LogonAck, LogonStatus, MassCancel, NewOrder,
+    RejectReason, Replace, Request, Response, Side, Symbol, TimeInForce, ORDERS_STREAM,
 };
 
 /// Where an order stands, as the engine sees it.
@@ -78,6 +104,15 @@ impl Client {
         Client {
             next_id: first_id,
             ..Client::default()
+        }
+    }
+
+    /// Like [`Client::new`], with room for `orders` tracked orders before the table grows.
+    pub fn with_capacity(first_id: u64, orders: usize) -> Client {
+        Client {
+            next_id: first_id,
+            orders: HashMap::with_capacity(orders),
+            position: HashMap::new(),
         }
     }
 
@@ -175,6 +210,206 @@ impl Client {
     /// Net position in `symbol` from the fills received.
     pub fn position(&self, symbol: Symbol) -> i64 {
         self.position.get(&symbol).copied().unwrap_or(0)
+    }
+}
+
+/// Setting up an [`EngineSession`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// The orders connection could not be established.
+    #[error("connect to the gateway at {addr}")]
+    Connect {
+        /// Gateway address.
+        addr: SocketAddr,
+        /// Cause.
+        #[source]
+        source: OrdersError,
+    },
+    /// The logon could not be sent.
+    #[error("send logon: {0}")]
+    Send(OfferError),
+    /// The connection failed while waiting for the logon answer.
+    #[error("connection lost during logon")]
+    Lost(#[source] OrdersError),
+    /// The gateway answered the logon with something else than a logon answer.
+    #[error("bad logon answer: {0}")]
+    BadAnswer(DecodeError),
+    /// The gateway refused the engine id.
+    #[error("gateway refused engine {engine}: {status:?}")]
+    Refused {
+        /// Our engine id.
+        engine: u32,
+        /// Why.
+        status: LogonStatus,
+    },
+    /// No answer in time.
+    #[error("no logon answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// A [`Client`] connected to the gateway over the rocebus orders path.
+///
+/// Requests go out on [`ORDERS_STREAM`] with the engine message type as the frame type;
+/// they are written into registered send memory and leave with the next
+/// [`flush`](Self::flush) (or when [`poll`](Self::poll) finds nothing to read). Send and
+/// poll never allocate except when the order table grows (size it with
+/// `expected_orders`). Single-threaded, like the [`Connection`] it owns.
+#[derive(Debug)]
+pub struct EngineSession {
+    conn: Connection,
+    client: Client,
+    engine: u32,
+    stray_frames: u64,
+}
+
+impl EngineSession {
+    /// Connects to the gateway at `addr`, logs on as `engine` and waits for the answer.
+    /// Order ids start at `first_order_id`.
+    pub fn connect(
+        addr: SocketAddr,
+        cfg: &OrdersConfig,
+        engine: u32,
+        first_order_id: u64,
+        timeout: Duration,
+    ) -> Result<EngineSession, SessionError> {
+        Self::connect_with_capacity(addr, cfg, engine, first_order_id, 1 << 16, timeout)
+    }
+
+    /// [`connect`](Self::connect) with room for `expected_orders` tracked orders.
+    pub fn connect_with_capacity(
+        addr: SocketAddr,
+        cfg: &OrdersConfig,
+        engine: u32,
+        first_order_id: u64,
+        expected_orders: usize,
+        timeout: Duration,
+    ) -> Result<EngineSession, SessionError> {
+        let deadline = Instant::now() + timeout;
+        let conn = Connection::connect(addr, cfg, timeout)
+            .map_err(|source| SessionError::Connect { addr, source })?;
+        conn.publication(ORDERS_STREAM)
+            .offer_and_flush(u16::from(msg_type::LOGON), Logon::new(engine).as_bytes())
+            .map_err(SessionError::Send)?;
+        let mut answer: Option<Result<(LogonAck, LogonStatus), DecodeError>> = None;
+        while answer.is_none() {
+            if Instant::now() > deadline {
+                return Err(SessionError::Timeout(timeout));
+            }
+            conn.subscription()
+                .poll(|f| answer = Some(LogonAck::decode(f.payload)), 1)
+                .map_err(SessionError::Lost)?;
+        }
+        match answer {
+            Some(Ok((_, LogonStatus::Accepted))) => Ok(EngineSession {
+                conn,
+                client: Client::with_capacity(first_order_id, expected_orders),
+                engine,
+                stray_frames: 0,
+            }),
+            Some(Ok((_, status))) => Err(SessionError::Refused { engine, status }),
+            Some(Err(e)) => Err(SessionError::BadAnswer(e)),
+            None => Err(SessionError::Timeout(timeout)),
+        }
+    }
+
+    /// Our engine id.
+    pub fn engine_id(&self) -> u32 {
+        self.engine
+    }
+
+    /// The order book of this engine.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The orders connection (stats, loss state).
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Frames received on another stream than [`ORDERS_STREAM`] (dropped).
+    pub fn stray_frames(&self) -> u64 {
+        self.stray_frames
+    }
+
+    fn send<T: IntoBytes + Immutable>(&self, ty: u8, m: &T) -> Result<(), OfferError> {
+        let mut claim = self
+            .conn
+            .publication(ORDERS_STREAM)
+            .try_claim(u16::from(ty), size_of::<T>())?;
+        claim.copy_from_slice(m.as_bytes());
+        claim.commit();
+        Ok(())
+    }
+
+    /// Queues a new day limit order; returns its id. On `BackPressured` nothing was sent or
+    /// tracked: poll, then try again.
+    pub fn new_order(
+        &mut self,
+        account: u32,
+        symbol: Symbol,
+        side: Side,
+        qty: u32,
+        price: i64,
+    ) -> Result<u64, OfferError> {
+        // Claim first so a refused claim leaves the book untouched.
+        let mut claim = self
+            .conn
+            .publication(ORDERS_STREAM)
+            .try_claim(u16::from(msg_type::NEW_ORDER), size_of::<NewOrder>())?;
+        let (id, m) = self.client.new_order(account, symbol, side, qty, price);
+        claim.copy_from_slice(m.as_bytes());
+        claim.commit();
+        Ok(id)
+    }
+
+    /// Queues a cancel of order `id`.
+    pub fn cancel(&mut self, id: u64) -> Result<(), OfferError> {
+        self.send(msg_type::CANCEL, &self.client.cancel(id))
+    }
+
+    /// Queues a replace of order `id`.
+    pub fn replace(&mut self, id: u64, qty: u32, price: i64) -> Result<(), OfferError> {
+        self.send(msg_type::REPLACE, &self.client.replace(id, qty, price))
+    }
+
+    /// Queues a mass cancel (account 0: all of the engine's accounts; blank symbol: all).
+    pub fn mass_cancel(&mut self, account: u32, symbol: Symbol) -> Result<(), OfferError> {
+        self.send(
+            msg_type::MASS_CANCEL,
+            &self.client.mass_cancel(account, symbol),
+        )
+    }
+
+    /// Sends everything queued.
+    pub fn flush(&self) -> Result<(), OfferError> {
+        self.conn.flush()
+    }
+
+    /// Applies up to `limit` responses to the book, handing each (or why it did not apply)
+    /// to `on_response`; returns how many frames were read.
+    pub fn poll(
+        &mut self,
+        mut on_response: impl FnMut(Result<Response, ClientError>),
+        limit: usize,
+    ) -> Result<usize, OrdersError> {
+        let (client, stray) = (&mut self.client, &mut self.stray_frames);
+        self.conn.subscription().poll(
+            |f| {
+                if f.stream_id == ORDERS_STREAM {
+                    on_response(client.on_response(f.payload));
+                } else {
+                    *stray += 1;
+                }
+            },
+            limit,
+        )
+    }
+
+    /// Disconnects (the gateway cancels the engine's open orders).
+    pub fn close(&self) {
+        self.conn.close();
     }
 }
 

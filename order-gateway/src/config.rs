@@ -1,23 +1,72 @@
 //! Gateway configuration file (TOML). Unknown keys are errors; messages name the file and key.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use rocebus::idle::IdleStrategy;
+use rocebus::orders::OrdersConfig;
 use serde::Deserialize;
 
 use crate::fix::SessionConfig;
 use crate::journal::FsyncPolicy;
+use crate::proto::{Symbol, PRICE_SCALE};
 use crate::risk::RiskConfig;
 
 /// The whole configuration.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// Engine side: the RC listener and the polling thread.
+    pub service: ServiceConfig,
     /// FIX venue connection.
     pub fix: FixConfig,
     /// Journal.
     pub journal: JournalConfig,
     /// Pre-trade risk.
     pub risk: RiskConfig,
+    /// Optional static reference prices by symbol, in currency units (`AAPL = 189.5`).
+    /// For demos without a market-data feed: they are re-applied continuously, so they
+    /// never go stale. Prices from the feed override them until the next refresh.
+    #[serde(default)]
+    pub reference_prices: BTreeMap<String, f64>,
+}
+
+fn default_reconnect_secs() -> u64 {
+    2
+}
+
+fn default_logon_timeout_ms() -> u64 {
+    2000
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `[service]`: where engines connect and how the polling thread runs.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    /// RC listen address, `ip:port`: an address of the RDMA device engines reach.
+    pub listen: SocketAddr,
+    /// The orders path (`token` is required; other keys default as in rocebus).
+    pub orders: OrdersConfig,
+    /// Core to pin the polling thread to (absent: not pinned).
+    #[serde(default)]
+    pub core: Option<usize>,
+    /// What the polling thread does when idle (default: back off).
+    #[serde(default)]
+    pub idle: IdleStrategy,
+    /// Seconds between venue reconnect attempts.
+    #[serde(default = "default_reconnect_secs")]
+    pub reconnect_secs: u64,
+    /// How long a new engine connection may take to send its logon.
+    #[serde(default = "default_logon_timeout_ms")]
+    pub logon_timeout_ms: u64,
+    /// Publish counters in the rocebus counters directory (`rocebus stat order-gateway`).
+    #[serde(default = "default_true")]
+    pub counters: bool,
 }
 
 /// `[fix]`: the venue session.
@@ -77,19 +126,77 @@ pub enum ConfigError {
         #[source]
         source: toml::de::Error,
     },
+    /// A value parses but cannot be used.
+    #[error("config {path}: {key}: {problem}")]
+    Invalid {
+        /// File.
+        path: PathBuf,
+        /// Key, dotted (`service.orders.ring_size`).
+        key: String,
+        /// What is wrong.
+        problem: String,
+    },
 }
 
+/// A value problem: (key, problem).
+pub type Invalid = (String, String);
+
 impl Config {
-    /// Reads and parses `path`.
+    /// Reads, parses and validates `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Config::parse(&text).map_err(|source| ConfigError::Parse {
+        let cfg = Config::parse(&text).map_err(|source| ConfigError::Parse {
             path: path.to_owned(),
             source,
-        })
+        })?;
+        cfg.validate()
+            .map_err(|(key, problem)| ConfigError::Invalid {
+                path: path.to_owned(),
+                key,
+                problem,
+            })?;
+        Ok(cfg)
+    }
+
+    /// Checks values serde cannot: the orders path, the risk tables, reference prices.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if self.service.orders.token.is_empty() {
+            return Err((
+                "service.orders.token".into(),
+                "must be set (engines present the same token)".into(),
+            ));
+        }
+        self.service.orders.validate().map_err(|e| {
+            let (k, p) = e.split_once(": ").unwrap_or(("", &e));
+            (format!("service.orders.{k}"), p.to_owned())
+        })?;
+        if let Err(e) = crate::risk::RiskEngine::new(&self.risk) {
+            let text = e.to_string();
+            let (k, p) = text.split_once(": ").unwrap_or(("risk", &text));
+            return Err((k.to_owned(), p.to_owned()));
+        }
+        self.static_prices()?;
+        Ok(())
+    }
+
+    /// `[reference_prices]` as fixed-point prices.
+    pub fn static_prices(&self) -> Result<Vec<(Symbol, i64)>, Invalid> {
+        self.reference_prices
+            .iter()
+            .map(|(s, &p)| {
+                let key = || format!("reference_prices.{s}");
+                let sym = Symbol::new(s)
+                    .ok_or_else(|| (key(), "symbol must be 1..=8 printable ASCII bytes".into()))?;
+                let fixed = (p * PRICE_SCALE as f64).round();
+                if !(fixed >= 1.0 && fixed < i64::MAX as f64) {
+                    return Err((key(), format!("price {p} is not a positive number")));
+                }
+                Ok((sym, fixed as i64))
+            })
+            .collect()
     }
 
     /// Parses TOML text.
@@ -111,6 +218,43 @@ mod tests {
         let c = Config::load(&example()).unwrap();
         assert_eq!(c.fix.target_comp_id, "VENUE");
         crate::risk::RiskEngine::new(&c.risk).unwrap();
+        assert!(!c.service.orders.token.is_empty());
+        let prices = c.static_prices().unwrap();
+        assert!(prices.contains(&(Symbol::new("AAPL").unwrap(), 1_895_000)));
+    }
+
+    /// Loads the example with `from` replaced by `to`; returns the error text.
+    fn broken(from: &str, to: &str) -> String {
+        let text = std::fs::read_to_string(example()).unwrap();
+        assert!(text.contains(from), "example lacks {from:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw-bad.toml");
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+        format!(
+            "{:#}",
+            anyhow::Error::from(Config::load(&path).unwrap_err())
+        )
+    }
+
+    #[test]
+    fn bad_values_name_file_key_and_problem() {
+        let m = broken("ring_size = 1048576", "ring_size = 1000000");
+        assert!(m.contains("gw-bad.toml"), "{m}");
+        assert!(m.contains("service.orders.ring_size"), "{m}");
+        assert!(m.contains("power of two"), "{m}");
+        let m = broken("AAPL = 189.50", "AAPL = -1.0");
+        assert!(m.contains("reference_prices.AAPL"), "{m}");
+        let m = broken("accounts = [1]", "accounts = [2]");
+        assert!(m.contains("risk.engines") && m.contains("account 2"), "{m}");
+        let m = broken("listen = \"", "listen = \"nowhere");
+        assert!(m.contains("listen") && m.contains("gw-bad.toml"), "{m}");
+        let m = broken(
+            "trading_start_utc = \"13:30\"",
+            "trading_start_utc = \"25:99\"",
+        );
+        assert!(m.contains("risk.trading_start_utc"), "{m}");
+        let m = broken("token = \"", "token = \"\" #");
+        assert!(m.contains("service.orders.token"), "{m}");
     }
 
     #[test]

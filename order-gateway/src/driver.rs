@@ -1,12 +1,16 @@
-//! Thin std TCP driver for the FIX side: owns the socket and the journal file, moves bytes
+//! Thin driver for the FIX side: owns the venue link and the journal file, moves bytes
 //! between them and the I/O-free [`Gateway`], and applies the write-ahead order (journal,
-//! then FIX, then engine responses). The RC engine side is fed in through
-//! [`FixDriver::engine_message`] by whoever owns the engine transport.
+//! then FIX, then engine responses). Engine frames come in through
+//! [`FixDriver::engine_message`] (or [`FixDriver::stage_engine_message`] plus
+//! [`FixDriver::flush_with`] to batch) from whoever owns the engine transport.
+//!
+//! The venue link is a [`VenueLink`]: [`TcpLink`] for a real venue, or the in-process
+//! [`crate::sim::SimVenue`] for benchmarks.
 
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::fix::SessionConfig;
@@ -40,21 +44,185 @@ pub enum DriverError {
     Io(#[source] io::Error),
 }
 
-/// The FIX TCP driver.
+/// What a [`VenueLink::read`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkRead {
+    /// `n` bytes were read.
+    Data(usize),
+    /// Nothing arrived within the wait.
+    Idle,
+    /// The link is closed (EOF or error).
+    Closed,
+}
+
+/// The byte pipe to the venue. Implementations do no FIX: the session lives in [`Gateway`].
+pub trait VenueLink {
+    /// Opens the link (a TCP connect).
+    fn open(&mut self) -> io::Result<()>;
+    /// Closes it without a goodbye (as a crash would).
+    fn close(&mut self);
+    /// True while open.
+    fn is_open(&self) -> bool;
+    /// Reads what is there, waiting at most `wait` (`Duration::ZERO`: never blocks).
+    fn read(&mut self, buf: &mut [u8], wait: Duration) -> LinkRead;
+    /// Writes all of `bytes`; an error closes the link.
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()>;
+    /// Where it goes, for messages.
+    fn describe(&self) -> String;
+}
+
+/// A TCP connection to a FIX acceptor.
 #[derive(Debug)]
-pub struct FixDriver {
+pub struct TcpLink {
+    addr: String,
+    stream: Option<TcpStream>,
+    /// The socket's current mode, so switching costs a syscall only when it changes.
+    nonblocking: bool,
+}
+
+/// How long a connect may take before it counts as failed.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a write may wait for the venue to take bytes before the link counts as dead.
+const WRITE_STALL: Duration = Duration::from_secs(5);
+
+impl TcpLink {
+    /// A link to `addr` (`host:port`), not yet open.
+    pub fn new(addr: &str) -> TcpLink {
+        TcpLink {
+            addr: addr.to_owned(),
+            stream: None,
+            nonblocking: false,
+        }
+    }
+
+    fn set_mode(&mut self, nonblocking: bool) -> io::Result<()> {
+        if let Some(s) = &self.stream {
+            if self.nonblocking != nonblocking {
+                s.set_nonblocking(nonblocking)?;
+                self.nonblocking = nonblocking;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl VenueLink for TcpLink {
+    fn open(&mut self) -> io::Result<()> {
+        let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolves to nothing");
+        for a in self.addr.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
+                Ok(s) => {
+                    s.set_nodelay(true)?;
+                    self.stream = Some(s);
+                    self.nonblocking = false;
+                    return Ok(());
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn close(&mut self) {
+        self.stream = None;
+    }
+
+    fn is_open(&self) -> bool {
+        self.stream.is_some()
+    }
+
+    fn read(&mut self, buf: &mut [u8], wait: Duration) -> LinkRead {
+        let prepared = if wait.is_zero() {
+            self.set_mode(true)
+        } else {
+            self.set_mode(false).and_then(|()| match &self.stream {
+                Some(s) => s.set_read_timeout(Some(wait)),
+                None => Ok(()),
+            })
+        };
+        let Some(s) = &mut self.stream else {
+            return LinkRead::Closed;
+        };
+        if prepared.is_err() {
+            self.stream = None;
+            return LinkRead::Closed;
+        }
+        match s.read(buf) {
+            Ok(0) => {
+                self.stream = None;
+                LinkRead::Closed
+            }
+            Ok(n) => LinkRead::Data(n),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                LinkRead::Idle
+            }
+            Err(_) => {
+                self.stream = None;
+                LinkRead::Closed
+            }
+        }
+    }
+
+    fn write_all(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+        let Some(s) = &mut self.stream else {
+            return Err(io::ErrorKind::NotConnected.into());
+        };
+        // Non-blocking mode: spin on a full socket buffer, bounded, rather than switch modes.
+        let mut stalled_since: Option<Instant> = None;
+        while !bytes.is_empty() {
+            match s.write(bytes) {
+                Ok(0) => {
+                    self.stream = None;
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                Ok(n) => {
+                    bytes = &bytes[n..];
+                    stalled_since = None;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let t = *stalled_since.get_or_insert_with(Instant::now);
+                    if t.elapsed() > WRITE_STALL {
+                        self.stream = None;
+                        return Err(io::ErrorKind::TimedOut.into());
+                    }
+                    std::thread::yield_now();
+                }
+                Err(e) => {
+                    self.stream = None;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("FIX venue at {}", self.addr)
+    }
+}
+
+/// The FIX driver: gateway core, journal and venue link.
+#[derive(Debug)]
+pub struct FixDriver<L: VenueLink = TcpLink> {
     gw: Gateway,
     journal: Journal,
-    stream: Option<TcpStream>,
-    addr: String,
+    link: L,
     out: Outputs,
     responses: Vec<(EngineId, Response)>,
     rbuf: Vec<u8>,
     recovery: RecoveryStats,
 }
 
-impl FixDriver {
-    /// Opens the journal from `cfg`, recovering state.
+impl FixDriver<TcpLink> {
+    /// Opens the journal from `cfg`, recovering state; the venue is `cfg.fix.venue_addr`.
     pub fn open(cfg: &Config) -> Result<FixDriver, DriverError> {
         Self::open_with(
             &cfg.fix.venue_addr,
@@ -73,6 +241,19 @@ impl FixDriver {
         journal: &Path,
         fsync: FsyncPolicy,
     ) -> Result<FixDriver, DriverError> {
+        FixDriver::with_link(TcpLink::new(addr), session, risk, journal, fsync)
+    }
+}
+
+impl<L: VenueLink> FixDriver<L> {
+    /// Opens the journal, recovering state, with `link` as the venue.
+    pub fn with_link(
+        link: L,
+        session: SessionConfig,
+        risk: &RiskConfig,
+        journal: &Path,
+        fsync: FsyncPolicy,
+    ) -> Result<FixDriver<L>, DriverError> {
         let mut gw = Gateway::new(session, risk)?;
         if let Some(dir) = journal.parent().filter(|d| !d.as_os_str().is_empty()) {
             let _ = std::fs::create_dir_all(dir);
@@ -81,10 +262,9 @@ impl FixDriver {
         Ok(FixDriver {
             gw,
             journal,
-            stream: None,
-            addr: addr.to_owned(),
+            link,
             out: Outputs::default(),
-            responses: Vec::new(),
+            responses: Vec::with_capacity(1024),
             rbuf: vec![0; 1 << 16],
             recovery,
         })
@@ -100,6 +280,11 @@ impl FixDriver {
         &self.gw
     }
 
+    /// The venue link.
+    pub fn link(&self) -> &L {
+        &self.link
+    }
+
     /// Runs `f` against the core with the driver's outputs, then flushes them.
     pub fn with_gateway<R>(
         &mut self,
@@ -110,55 +295,54 @@ impl FixDriver {
         Ok(r)
     }
 
-    /// True while a TCP connection exists.
+    /// True while the venue link is open.
     pub fn is_connected(&self) -> bool {
-        self.stream.is_some()
+        self.link.is_open()
     }
 
     /// Connects to the venue and sends Logon.
     pub fn connect(&mut self) -> Result<(), DriverError> {
-        let s = TcpStream::connect(&self.addr).map_err(|source| DriverError::Connect {
-            addr: self.addr.clone(),
+        self.link.open().map_err(|source| DriverError::Connect {
+            addr: self.link.describe(),
             source,
         })?;
-        s.set_nodelay(true).map_err(DriverError::Io)?;
-        self.stream = Some(s);
         self.gw.on_connect(unix_nanos(), &mut self.out);
         self.flush()
     }
 
     /// Closes the connection without a logout (as a crash would).
     pub fn drop_connection(&mut self) {
-        self.stream = None;
+        self.link.close();
         self.gw.on_disconnect();
     }
 
-    /// One engine frame.
+    /// One engine frame, flushed at once.
     pub fn engine_message(&mut self, engine: EngineId, bytes: &[u8]) -> Result<(), DriverError> {
-        self.gw
-            .on_engine_message(engine, bytes, unix_nanos(), &mut self.out);
+        self.stage_engine_message(engine, bytes, unix_nanos());
         self.flush()
     }
 
-    /// Waits up to `timeout` for venue bytes, processes them and the timers.
+    /// One engine frame, processed but not flushed: call [`flush_with`](Self::flush_with)
+    /// after a batch (one journal write and one venue write for the batch).
+    pub fn stage_engine_message(&mut self, engine: EngineId, bytes: &[u8], now: u64) {
+        self.gw.on_engine_message(engine, bytes, now, &mut self.out);
+    }
+
+    /// Cancel-on-disconnect for `engine`, processed but not flushed.
+    pub fn stage_engine_disconnect(&mut self, engine: EngineId, now: u64) {
+        self.gw.on_engine_disconnect(engine, now, &mut self.out);
+    }
+
+    /// Runs `f` against the core without flushing (market data, kill switches in a batch).
+    pub fn stage<R>(&mut self, f: impl FnOnce(&mut Gateway, &mut Outputs) -> R) -> R {
+        f(&mut self.gw, &mut self.out)
+    }
+
+    /// Waits up to `timeout` for venue bytes, processes them and the timers, and queues the
+    /// engine responses for [`take_engine_responses`](Self::take_engine_responses).
     pub fn poll(&mut self, timeout: Duration) -> Result<(), DriverError> {
-        if let Some(s) = &mut self.stream {
-            s.set_read_timeout(Some(timeout.max(Duration::from_micros(10))))
-                .map_err(DriverError::Io)?;
-            match s.read(&mut self.rbuf) {
-                Ok(0) => {
-                    self.drop_connection();
-                }
-                Ok(n) => self
-                    .gw
-                    .on_fix_bytes(&self.rbuf[..n], unix_nanos(), &mut self.out),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) => {}
-                Err(_) => self.drop_connection(),
-            }
+        if self.link.is_open() {
+            self.read_venue(timeout.max(Duration::from_micros(10)));
         } else {
             std::thread::sleep(timeout);
         }
@@ -166,24 +350,87 @@ impl FixDriver {
         self.flush()
     }
 
-    /// Write-ahead: journal first, then FIX, then engine responses.
-    fn flush(&mut self) -> Result<(), DriverError> {
-        self.journal
-            .append(&self.out.journal, self.out.journal_records)?;
-        if !self.out.fix.is_empty() {
-            if let Some(s) = &mut self.stream {
-                if s.write_all(&self.out.fix).is_err() {
-                    self.stream = None;
-                    self.gw.on_disconnect();
-                }
+    /// One non-blocking pass over the venue link and the timers at `now`; the engine
+    /// responses produced (here and by staged calls) go to `deliver`, in order. Returns the
+    /// number of venue bytes read (work done, for the idle strategy).
+    pub fn poll_with(
+        &mut self,
+        now: u64,
+        deliver: impl FnMut(EngineId, &Response),
+    ) -> Result<usize, DriverError> {
+        let n = if self.link.is_open() {
+            self.read_venue(Duration::ZERO)
+        } else {
+            0
+        };
+        self.gw.on_timer(now, &mut self.out);
+        self.flush_with(deliver)?;
+        Ok(n)
+    }
+
+    fn read_venue(&mut self, wait: Duration) -> usize {
+        match self.link.read(&mut self.rbuf, wait) {
+            LinkRead::Data(n) => {
+                self.gw
+                    .on_fix_bytes(&self.rbuf[..n], unix_nanos(), &mut self.out);
+                n
+            }
+            LinkRead::Idle => 0,
+            LinkRead::Closed => {
+                self.gw.on_disconnect();
+                0
             }
         }
-        self.responses.append(&mut self.out.engine);
-        if self.out.disconnect {
-            self.stream = None;
-            self.gw.on_disconnect();
+    }
+
+    /// Write-ahead: journal first, then FIX; engine responses queue for
+    /// [`take_engine_responses`](Self::take_engine_responses).
+    fn flush(&mut self) -> Result<(), DriverError> {
+        let responses = &mut self.responses;
+        Self::flush_parts(
+            &mut self.gw,
+            &mut self.journal,
+            &mut self.link,
+            &mut self.out,
+            |e, r| responses.push((e, *r)),
+        )
+    }
+
+    /// Write-ahead: journal first, then FIX, then each engine response to `deliver`.
+    pub fn flush_with(
+        &mut self,
+        deliver: impl FnMut(EngineId, &Response),
+    ) -> Result<(), DriverError> {
+        Self::flush_parts(
+            &mut self.gw,
+            &mut self.journal,
+            &mut self.link,
+            &mut self.out,
+            deliver,
+        )
+    }
+
+    fn flush_parts(
+        gw: &mut Gateway,
+        journal: &mut Journal,
+        link: &mut L,
+        out: &mut Outputs,
+        mut deliver: impl FnMut(EngineId, &Response),
+    ) -> Result<(), DriverError> {
+        if out.journal_records > 0 {
+            journal.append(&out.journal, out.journal_records)?;
         }
-        self.out.clear();
+        if !out.fix.is_empty() && link.is_open() && link.write_all(&out.fix).is_err() {
+            gw.on_disconnect();
+        }
+        for (e, r) in &out.engine {
+            deliver(*e, r);
+        }
+        if out.disconnect {
+            link.close();
+            gw.on_disconnect();
+        }
+        out.clear();
         Ok(())
     }
 

@@ -1,26 +1,23 @@
-//! rocebus order gateway: trading engines send binary orders (see [`proto`]), the gateway
-//! applies pre-trade risk ([`risk`]), journals every event ([`journal`]), speaks FIX 4.4 to
-//! the venue ([`fix`]) and returns acks and fills.
+//! rocebus order gateway: trading engines send binary orders (see [`proto`]) over the
+//! rocebus orders path (RDMA RC), the gateway applies pre-trade risk ([`risk`]), journals
+//! every event ([`journal`]), speaks FIX 4.4 to the venue ([`fix`]) and returns acks and fills.
 //!
 //! The core, [`gateway::Gateway`], is an I/O-free state machine: it takes bytes and `now`
 //! (nanoseconds since the UNIX epoch) and writes its outputs (engine responses, FIX bytes,
-//! journal records) into an [`gateway::Outputs`] the caller drains. [`driver`] is the thin std
-//! TCP front for the FIX side; the RC engine side is wired by the rocebus transport.
+//! journal records) into an [`gateway::Outputs`] the caller drains. [`driver`] owns the
+//! journal file and the venue link (TCP, or the in-process [`sim`] venue for benchmarks) and
+//! applies the write-ahead order; [`service`] is the polling thread that accepts engines over
+//! RC, feeds the driver and sends responses back; [`client`] is what engines embed.
 //!
-//! Quick start (a driver loop, with the engine side in-process):
+//! Quick start (what `order-gateway run` does):
 //!
 //! ```no_run
-//! use order_gateway::{config::Config, driver::FixDriver};
+//! use order_gateway::config::Config;
+//! use order_gateway::service::{NoMarketData, Service, ServiceControl};
 //! let cfg = Config::load("configs/order-gateway.toml".as_ref())?;
-//! let mut driver = FixDriver::open(&cfg)?;
-//! driver.connect()?;
-//! loop {
-//!     driver.poll(std::time::Duration::from_millis(1))?;
-//!     for (engine, response) in driver.take_engine_responses() {
-//!         // hand `response.as_bytes()` to the engine's transport
-//!         let _ = (engine, response);
-//!     }
-//! }
+//! let control = ServiceControl::new(); // `control.stop()` from another thread ends `run`
+//! let mut service = Service::from_config(&cfg, control)?;
+//! service.run(&mut NoMarketData)?;
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
@@ -32,6 +29,8 @@ pub mod gateway;
 pub mod journal;
 pub mod proto;
 pub mod risk;
+pub mod service;
+pub mod sim;
 
 /// Nanoseconds since the UNIX epoch, from the system clock (drivers only; the core takes
 /// `now` as an argument).

@@ -1,54 +1,73 @@
-//! `order-gateway`: runs the gateway against a FIX 4.4 venue.
+//! `order-gateway`: runs the gateway service (engines over RC, risk, journal, FIX 4.4).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use order_gateway::config::Config;
-use order_gateway::driver::FixDriver;
+use order_gateway::service::{NoMarketData, Service, ServiceControl};
 
-/// Order gateway: pre-trade risk, journal and FIX 4.4 to the venue.
+/// Order gateway: trading engines connect over the rocebus orders path (RDMA RC), the
+/// gateway applies pre-trade risk, journals every event and speaks FIX 4.4 to the venue.
 ///
-/// Engines reach it over the rocebus orders path (wired by the rocebus transport); this binary
-/// connects to the venue, recovers from its journal and keeps the FIX session alive.
+/// One polling thread does everything (pin it with `service.core`). State survives a crash:
+/// on start the journal rebuilds open orders, positions and FIX sequence numbers. Counters
+/// are readable live with `rocebus stat order-gateway`. Logs go to stderr (RUST_LOG=info).
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Cli {
-    /// Configuration file (see configs/order-gateway.toml for every key).
-    #[arg(short, long, default_value = "configs/order-gateway.toml")]
-    config: PathBuf,
-    /// Seconds between reconnect attempts when the venue is unreachable.
-    #[arg(long, default_value_t = 2)]
-    reconnect_secs: u64,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the gateway until killed.
+    Run {
+        /// Configuration file (configs/order-gateway.toml documents every key).
+        #[arg(short, long, default_value = "configs/order-gateway.toml")]
+        config: PathBuf,
+    },
+    /// Check a configuration file and exit (non-zero with file, key and problem if bad).
+    Check {
+        /// Configuration file.
+        #[arg(short, long, default_value = "configs/order-gateway.toml")]
+        config: PathBuf,
+    },
+}
+
+fn load(path: &std::path::Path) -> anyhow::Result<Config> {
+    Config::load(path).context("fix the configuration file and start again")
 }
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
-    let cli = Cli::parse();
-    let cfg = Config::load(&cli.config).context("fix the configuration file and start again")?;
-    let mut driver = FixDriver::open(&cfg).with_context(|| {
-        format!(
-            "open the journal {} (move it away to start empty)",
-            cfg.journal.path.display()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-    })?;
-    tracing::info!(recovered = ?driver.recovery(), "journal recovered");
-    loop {
-        if !driver.is_connected() {
-            if let Err(e) = driver.connect() {
-                tracing::warn!(
-                    "{:#}; retrying in {}s",
-                    anyhow::Error::from(e),
-                    cli.reconnect_secs
-                );
-                std::thread::sleep(Duration::from_secs(cli.reconnect_secs));
-                continue;
-            }
-            tracing::info!(venue = %cfg.fix.venue_addr, "connected, logon sent");
+        .init();
+    match Cli::parse().cmd {
+        Cmd::Check { config } => {
+            load(&config)?;
+            println!("{}: ok", config.display());
+            Ok(())
         }
-        driver.poll(Duration::from_millis(10))?;
+        Cmd::Run { config } => {
+            let cfg = load(&config)?;
+            let control = ServiceControl::new();
+            let mut service = Service::from_config(&cfg, control).with_context(|| {
+                format!(
+                    "start the gateway (journal {}, engines on {}): is an RDMA device up \
+                     (`cargo xtask vm`, or `rdma link add`) and the journal readable?",
+                    cfg.journal.path.display(),
+                    cfg.service.listen
+                )
+            })?;
+            tracing::info!(listen = %cfg.service.listen, venue = %cfg.fix.venue_addr, "order gateway running");
+            service.run(&mut NoMarketData)?;
+            Ok(())
+        }
     }
 }

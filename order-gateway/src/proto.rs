@@ -44,7 +44,16 @@ pub mod msg_type {
     pub const CANCELED: u8 = b'c';
     /// Gateway → engine: order replaced.
     pub const REPLACED: u8 = b'r';
+    /// Engine → gateway: first frame of a connection, names the engine ([`super::Logon`]).
+    pub const LOGON: u8 = b'L';
+    /// Gateway → engine: answer to a logon ([`super::LogonAck`]).
+    pub const LOGON_ACK: u8 = b'l';
 }
+
+/// Orders-path stream carrying engine requests (engine → gateway) and responses
+/// (gateway → engine). Each frame's rocebus message type is the engine message type byte
+/// ([`msg_type`]) and its payload is the whole engine frame, header included.
+pub const ORDERS_STREAM: u16 = 1;
 
 /// An instrument symbol: up to 8 ASCII bytes, right-padded with spaces (ITCH style), so it
 /// can be a hash key without allocation.
@@ -417,7 +426,106 @@ pub struct Replaced {
     pub price: I64,
 }
 
+/// Engine → gateway: the first frame on an orders connection; the gateway processes no
+/// request of the connection before it. 16 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Logon {
+    /// Header, type [`msg_type::LOGON`].
+    pub header: Header,
+    /// The engine id its configuration grants accounts to (`[[risk.engines]]`).
+    pub engine_id: U32,
+    /// Zero.
+    pub pad: U32,
+}
+
+/// Outcome of a logon, on the wire in [`LogonAck::status`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum LogonStatus {
+    /// The engine may send requests.
+    Accepted = 0,
+    /// No `[[risk.engines]]` entry has this id.
+    UnknownEngine = 1,
+    /// Another connection of this engine is live.
+    AlreadyConnected = 2,
+    /// The first frame was not a valid logon.
+    BadLogon = 3,
+}
+
+impl LogonStatus {
+    /// Decodes the wire value.
+    pub fn from_u16(v: u16) -> Option<LogonStatus> {
+        [
+            LogonStatus::Accepted,
+            LogonStatus::UnknownEngine,
+            LogonStatus::AlreadyConnected,
+            LogonStatus::BadLogon,
+        ]
+        .into_iter()
+        .find(|s| *s as u16 == v)
+    }
+}
+
+/// Gateway → engine: answer to [`Logon`]; anything but `Accepted` is followed by a
+/// disconnect. 16 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct LogonAck {
+    /// Header, type [`msg_type::LOGON_ACK`].
+    pub header: Header,
+    /// The engine id of the logon.
+    pub engine_id: U32,
+    /// A [`LogonStatus`].
+    pub status: U16,
+    /// Zero.
+    pub pad: U16,
+}
+
+impl Logon {
+    /// Builds a logon frame.
+    pub fn new(engine_id: u32) -> Logon {
+        Logon {
+            header: Header::new(msg_type::LOGON, size_of::<Logon>()),
+            engine_id: U32::new(engine_id),
+            pad: U32::ZERO,
+        }
+    }
+
+    /// Decodes a logon frame.
+    pub fn decode(bytes: &[u8]) -> Result<Logon, DecodeError> {
+        check_header(bytes, |t| {
+            (t == msg_type::LOGON).then_some(size_of::<Logon>())
+        })?;
+        read(bytes)
+    }
+}
+
+impl LogonAck {
+    /// Builds a logon answer.
+    pub fn new(engine_id: u32, status: LogonStatus) -> LogonAck {
+        LogonAck {
+            header: Header::new(msg_type::LOGON_ACK, size_of::<LogonAck>()),
+            engine_id: U32::new(engine_id),
+            status: U16::new(status as u16),
+            pad: U16::ZERO,
+        }
+    }
+
+    /// Decodes a logon answer (the status must be a known value).
+    pub fn decode(bytes: &[u8]) -> Result<(LogonAck, LogonStatus), DecodeError> {
+        check_header(bytes, |t| {
+            (t == msg_type::LOGON_ACK).then_some(size_of::<LogonAck>())
+        })?;
+        let m: LogonAck = read(bytes)?;
+        let s = LogonStatus::from_u16(m.status.get()).ok_or(DecodeError::InvalidField("status"))?;
+        Ok((m, s))
+    }
+}
+
 const _: () = assert!(size_of::<Header>() == 8);
+const _: () = assert!(size_of::<Logon>() == 16);
+const _: () = assert!(size_of::<LogonAck>() == 16);
 const _: () = assert!(size_of::<NewOrder>() == 48);
 const _: () = assert!(size_of::<Cancel>() == 16);
 const _: () = assert!(size_of::<Replace>() == 32);
@@ -788,6 +896,29 @@ mod tests {
         assert_eq!(d.price.get(), 1_234_500);
         assert_eq!(d.symbol, sym);
         assert_eq!(d.side(), Side::Buy);
+    }
+
+    /// Logon{engine 3}; LogonAck{engine 3, AlreadyConnected}.
+    static LOGON_BYTES: [u8; 16] = [b'L', 1, 16, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0];
+    static LOGON_ACK_BYTES: [u8; 16] = [b'l', 1, 16, 0, 0, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0];
+
+    #[test]
+    fn logon_fixed_bytes() {
+        assert_eq!(Logon::new(3).as_bytes(), &LOGON_BYTES);
+        assert_eq!(Logon::decode(&LOGON_BYTES).unwrap().engine_id.get(), 3);
+        let ack = LogonAck::new(3, LogonStatus::AlreadyConnected);
+        assert_eq!(ack.as_bytes(), &LOGON_ACK_BYTES);
+        let (m, s) = LogonAck::decode(&LOGON_ACK_BYTES).unwrap();
+        assert_eq!((m.engine_id.get(), s), (3, LogonStatus::AlreadyConnected));
+        let mut bad = LOGON_ACK_BYTES;
+        bad[12] = 9;
+        assert_eq!(
+            LogonAck::decode(&bad).unwrap_err(),
+            DecodeError::InvalidField("status")
+        );
+        assert!(Logon::decode(&LOGON_BYTES[..15]).is_err());
+        assert!(Logon::decode(&LOGON_ACK_BYTES).is_err());
+        assert!(Request::decode(&LOGON_BYTES).is_err());
     }
 
     #[test]

@@ -27,12 +27,21 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A fresh scratch directory under the target dir.
+/// A fresh scratch directory under the system temp dir (`/tmp`, writable in the guest too).
 pub fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("order-gateway-it-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// The Python that runs the venue: `ROCEBUS_PYTHON` (set by `cargo xtask test` to the venv
+/// with quickfix), else `PYTHON`, else `python3` from `PATH`.
+pub fn python() -> String {
+    ["ROCEBUS_PYTHON", "PYTHON"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| "python3".into())
 }
 
 /// The QuickFIX venue subprocess.
@@ -47,7 +56,7 @@ impl Venue {
     /// Starts `venue/venue.py`; fails the test with instructions if Python or QuickFIX is absent.
     pub fn start(dir: &Path, port: u16) -> Venue {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("venue/venue.py");
-        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        let python = python();
         let mut child = Command::new(&python)
             .arg(&script)
             .arg("--port")

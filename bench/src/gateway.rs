@@ -1,0 +1,248 @@
+//! `gateway-rtt`: order round trip through the whole gateway, over RC.
+//!
+//! The engine side (this thread) sends a NewOrder over the rocebus orders path; the gateway
+//! service (another thread, the real `order_gateway::service::Service`) checks risk,
+//! journals, encodes FIX and hands it to the in-process venue simulator
+//! (`order_gateway::sim::SimVenue`), which acknowledges and fills it at once; the gateway
+//! decodes the execution reports, journals them and answers Ack and Fill over RC. One
+//! sample is NewOrder sent → Fill received, one order outstanding at a time (closed loop,
+//! like `ib_write_lat`, so there is no coordinated omission to correct). The journal is
+//! written to the temp dir with no fsync (tmpfs in the guest): the write system call is in
+//! the figure, the disk is not.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+use order_gateway::client::{EngineSession, OrderState};
+use order_gateway::driver::FixDriver;
+use order_gateway::fix::SessionConfig;
+use order_gateway::journal::FsyncPolicy;
+use order_gateway::proto::{Side, Symbol, PRICE_SCALE};
+use order_gateway::risk::RiskConfig;
+use order_gateway::service::{NoMarketData, Service, ServiceControl, ServiceOptions};
+use order_gateway::sim::SimVenue;
+use rocebus::idle::IdleStrategy;
+use rocebus::orders::{OfferError, OrdersConfig};
+use rocebus_bench::report::{summary_table, write_hgrm_file, Summary};
+
+/// Options of `gateway-rtt`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayRttArgs {
+    /// Timed round trips (after the warm-up).
+    #[arg(long, short = 'n', default_value_t = 20_000)]
+    pub iterations: u64,
+    /// Untimed round trips first.
+    #[arg(long, default_value_t = 1_000)]
+    pub warmup: u64,
+    /// Local IP address of the RDMA device (default: ROCEBUS_GUEST_ADDR or the device's IPv4 GID).
+    #[arg(long)]
+    pub addr: Option<IpAddr>,
+    /// rdma_cm port of the gateway.
+    #[arg(long, default_value_t = 7510)]
+    pub port: u16,
+    /// Pin the gateway and engine threads to these cores (e.g. 0,1).
+    #[arg(long, value_delimiter = ',')]
+    pub cores: Vec<usize>,
+    /// Let the gateway thread spin when idle (isolated cores). Default: yield, because
+    /// engine, gateway and the soft-RoCE kernel work share the guest's two vCPUs.
+    #[arg(long)]
+    pub busy_spin: bool,
+    /// Also write the percentile distribution here (.hgrm). Set RUST_LOG=info for the
+    /// gateway's log.
+    #[arg(long)]
+    pub hgrm: Option<std::path::PathBuf>,
+}
+
+const ENGINE: u32 = 1;
+const ACCOUNT: u32 = 1;
+
+fn local_ip(a: Option<IpAddr>) -> Result<IpAddr> {
+    if let Some(a) = a {
+        return Ok(a);
+    }
+    if let Some(a) = std::env::var("ROCEBUS_GUEST_ADDR")
+        .ok()
+        .and_then(|a| a.parse().ok())
+    {
+        return Ok(a);
+    }
+    let ctx = rocebus::verbs::Context::open(None)?;
+    let i = ctx.default_gid_index(1)?;
+    ctx.query_gid(1, i)?
+        .ipv4()
+        .map(IpAddr::V4)
+        .context("the RDMA device has no IPv4 GID: pass --addr")
+}
+
+fn orders_config() -> OrdersConfig {
+    OrdersConfig {
+        // 4 MiB: a default run (21,000 orders, ~1.7 MB of requests, ~2.4 MB of responses)
+        // stays within the first lap of each ring. Rings that wrap mid-run currently trip
+        // the receiver's check of stale bytes from the previous lap (reported to core).
+        ring_size: 1 << 22,
+        max_payload: 1024,
+        token: "bench".into(),
+        ..OrdersConfig::default()
+    }
+}
+
+/// Limits that never reject the benchmark's flow (risk is still fully evaluated).
+fn risk() -> Result<RiskConfig> {
+    Ok(toml::from_str(&format!(
+        r#"
+        reference_max_age_ms = 3600000
+        throttle_interval_ms = 1000
+        [[accounts]]
+        id = {ACCOUNT}
+        max_order_qty = 1000
+        max_order_notional = 1000000
+        credit_limit = 1000000000000000
+        max_position = 1000000000000
+        max_open_orders = 1000
+        max_orders_per_interval = 1000000000
+        collar_bps = 500
+        [[engines]]
+        id = {ENGINE}
+        accounts = [{ACCOUNT}]
+        "#
+    ))?)
+}
+
+/// Runs the benchmark and prints the summary and the RESULT line.
+pub fn run(a: &GatewayRttArgs) -> Result<()> {
+    if std::env::var_os("RUST_LOG").is_some() {
+        // The gateway's own log (engine logons, disconnects) on stderr.
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .try_init();
+    }
+    let addr = SocketAddr::new(local_ip(a.addr)?, a.port);
+    let journal_dir = tempfile_dir()?;
+    let symbol = Symbol::new("AAPL").expect("valid symbol");
+    let control = ServiceControl::new();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (c, cores, journal, busy_spin) = (
+        control.clone(),
+        a.cores.clone(),
+        journal_dir.join("gateway.journal"),
+        a.busy_spin,
+    );
+    let gateway = std::thread::spawn(move || -> Result<()> {
+        let risk = risk()?;
+        let session = SessionConfig {
+            sender_comp_id: "GW".into(),
+            target_comp_id: "VENUE".into(),
+            heartbeat_secs: 30,
+        };
+        let driver = FixDriver::with_link(
+            SimVenue::new(),
+            session,
+            &risk,
+            &journal,
+            FsyncPolicy::Never,
+        )?;
+        let opts = ServiceOptions {
+            listen: addr,
+            orders: orders_config(),
+            core: cores.first().copied(),
+            idle: if busy_spin {
+                IdleStrategy::BusySpin
+            } else {
+                IdleStrategy::Yield
+            },
+            reconnect: Duration::from_secs(1),
+            logon_timeout: Duration::from_secs(5),
+            counters_file: false,
+            static_prices: vec![(symbol, 100 * PRICE_SCALE)],
+        };
+        let mut service = Service::new(driver, &risk, opts, c)?;
+        ready_tx.send(()).ok();
+        service.run(&mut NoMarketData)?;
+        Ok(())
+    });
+    let result = (|| {
+        ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .context("gateway thread failed to start")?;
+        let t = Instant::now();
+        while !control.is_fix_active() {
+            if t.elapsed() > Duration::from_secs(10) {
+                bail!("the gateway did not log on to the venue simulator");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if let Some(core) = a.cores.get(1) {
+            if !rocebus::idle::pin_current_thread(*core) {
+                eprintln!("warning: could not pin to core {core}");
+            }
+        }
+        let total = a.warmup + a.iterations;
+        let mut s = EngineSession::connect_with_capacity(
+            addr,
+            &orders_config(),
+            ENGINE,
+            1,
+            total as usize + 16,
+            Duration::from_secs(10),
+        )?;
+        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+        for i in 0..total {
+            let side = if i % 2 == 0 { Side::Buy } else { Side::Sell };
+            let t0 = Instant::now();
+            let id = match s.new_order(ACCOUNT, symbol, side, 1, 100 * PRICE_SCALE) {
+                Ok(id) => id,
+                Err(OfferError::BackPressured) => bail!("back-pressured with one order in flight"),
+                Err(e) => bail!("send order: {e}"),
+            };
+            s.flush()?;
+            let deadline = t0 + Duration::from_secs(5);
+            loop {
+                s.poll(|_| {}, 16)
+                    .with_context(|| format!("waiting for the fill of order {i}"))?;
+                match s.client().order(id).map(|o| o.state) {
+                    Some(OrderState::Filled) => break,
+                    Some(OrderState::Rejected(r)) => bail!("order {id} rejected: {r:?}"),
+                    _ => {}
+                }
+                if Instant::now() > deadline {
+                    bail!("order {id} not filled within 5 s");
+                }
+            }
+            if i >= a.warmup {
+                hist.record(t0.elapsed().as_nanos() as u64)?;
+            }
+        }
+        s.close();
+        Ok(hist)
+    })();
+    control.stop();
+    let joined = gateway.join();
+    let _ = std::fs::remove_dir_all(&journal_dir);
+    // The gateway's own failure explains an engine-side one, so it goes first.
+    match joined {
+        Ok(r) => r.context("gateway thread")?,
+        Err(_) => bail!("gateway thread panicked"),
+    }
+    let hist = result?;
+    let sum = Summary::of(&hist);
+    println!("{}", summary_table(&[("gateway-rtt", sum)]));
+    if let Some(p) = &a.hgrm {
+        write_hgrm_file(p, &hist)?;
+    }
+    println!(
+        "RESULT p50_ns={} p90_ns={} p99_ns={} p999_ns={} max_ns={} count={}",
+        sum.p50_ns, sum.p90_ns, sum.p99_ns, sum.p999_ns, sum.max_ns, sum.count
+    );
+    Ok(())
+}
+
+/// A fresh folder for the journal in the temp dir (tmpfs in the guest).
+fn tempfile_dir() -> Result<std::path::PathBuf> {
+    let d = std::env::temp_dir().join(format!("rocebus-gateway-rtt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
+    Ok(d)
+}

@@ -1,0 +1,667 @@
+//! The gateway service: one polling thread that accepts engines over the rocebus orders
+//! path, feeds their frames into the [`Gateway`] (through [`FixDriver`], which owns the
+//! journal and the venue link), sends the responses back over RC, keeps the FIX session up,
+//! applies market data and does cancel-on-disconnect when an engine's connection is lost.
+//!
+//! Engines: each connection must present the orders token (checked by the listener) and
+//! then send a [`Logon`] naming its engine id as its first frame; the id must have a
+//! `[[risk.engines]]` entry, which decides the accounts it may trade, and only one
+//! connection per engine id may be live. Requests and responses travel on
+//! [`ORDERS_STREAM`] (see [`crate::proto`]).
+//!
+//! Each loop pass: market data, engine frames (batched: one journal write and one venue
+//! write per batch, write-ahead as [`FixDriver`] documents), venue bytes and timers, engine
+//! responses, and every millisecond the housekeeping that makes system calls (accepting
+//! connections, logons, venue reconnects, counters). The hot path does not allocate in
+//! steady state; a response an engine's ring cannot take now waits in that engine's
+//! backlog (never dropped while the engine is connected).
+//!
+//! This module owns threads, the listener and the engine connections; risk, FIX and
+//! journal logic stay in the I/O-free [`Gateway`].
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rocebus::counters::{counters_path, default_dir, Counter, CountersFile, Kind, LocalCounters};
+use rocebus::idle::{pin_current_thread, IdleStrategy, Idler};
+use rocebus::orders::{Connection, OfferError, OrdersConfig, OrdersError, OrdersListener};
+use zerocopy::IntoBytes;
+
+use crate::config::Config;
+use crate::driver::{DriverError, FixDriver, TcpLink, VenueLink};
+use crate::fix::SessionState;
+use crate::gateway::{EngineId, Gateway};
+use crate::proto::{msg_type, Logon, LogonAck, LogonStatus, Response, Symbol, ORDERS_STREAM};
+use crate::risk::RiskConfig;
+use crate::unix_nanos;
+
+/// One event from the market-data bus that risk needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MarketEvent {
+    /// A reference price (4 implied decimals) for the price collar.
+    Reference {
+        /// Instrument.
+        symbol: Symbol,
+        /// Price.
+        price: i64,
+    },
+    /// Trading in a symbol halted or resumed.
+    Halt {
+        /// Instrument.
+        symbol: Symbol,
+        /// True: halted.
+        halted: bool,
+    },
+}
+
+/// Where the service takes market data from; polled on every loop pass.
+pub trait MarketDataInput {
+    /// Hands the events available now to `sink` and returns how many; never blocks.
+    fn poll(&mut self, sink: &mut dyn FnMut(MarketEvent)) -> usize;
+}
+
+/// No market data (static reference prices from the config only).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoMarketData;
+
+impl MarketDataInput for NoMarketData {
+    fn poll(&mut self, _sink: &mut dyn FnMut(MarketEvent)) -> usize {
+        0
+    }
+}
+
+/// Events sent from another thread (e.g. a market-data subscriber).
+impl MarketDataInput for mpsc::Receiver<MarketEvent> {
+    fn poll(&mut self, sink: &mut dyn FnMut(MarketEvent)) -> usize {
+        let mut n = 0;
+        // Bounded so a flood of market data cannot starve the order path.
+        while n < 256 {
+            match self.try_recv() {
+                Ok(ev) => {
+                    sink(ev);
+                    n += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        n
+    }
+}
+
+/// Shared between the service thread and whoever supervises it.
+#[derive(Debug, Default)]
+pub struct ServiceControl {
+    stop: AtomicBool,
+    fix_active: AtomicBool,
+    engines: AtomicU32,
+}
+
+impl ServiceControl {
+    /// A fresh control block.
+    pub fn new() -> Arc<ServiceControl> {
+        Arc::new(ServiceControl::default())
+    }
+
+    /// Asks the service to log out and return from [`Service::run`].
+    pub fn stop(&self) {
+        // ORDERING: Release, pairs with the Acquire in `stopping`; nothing else is published.
+        self.stop.store(true, Ordering::Release);
+    }
+
+    fn stopping(&self) -> bool {
+        // ORDERING: Acquire, pairs with the Release in `stop`.
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// True while the FIX session is logged on (updated every millisecond).
+    pub fn is_fix_active(&self) -> bool {
+        // ORDERING: Relaxed; a status flag, no other memory is read on its strength.
+        self.fix_active.load(Ordering::Relaxed)
+    }
+
+    /// Engines currently logged on (updated every millisecond).
+    pub fn engines_connected(&self) -> u32 {
+        // ORDERING: Relaxed; a status value, as `is_fix_active`.
+        self.engines.load(Ordering::Relaxed)
+    }
+}
+
+/// Starting the service failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// Journal, risk or venue set-up failed.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// The RC listener could not be bound.
+    #[error("listen for engines on {addr}")]
+    Listen {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        #[source]
+        source: OrdersError,
+    },
+    /// A value of the configuration is unusable.
+    #[error("config {key}: {problem}")]
+    Config {
+        /// Key.
+        key: String,
+        /// Problem.
+        problem: String,
+    },
+}
+
+/// What the service needs besides the gateway core: the engine side and the loop.
+#[derive(Clone, Debug)]
+pub struct ServiceOptions {
+    /// RC listen address.
+    pub listen: SocketAddr,
+    /// Orders path configuration (token, rings).
+    pub orders: OrdersConfig,
+    /// Core to pin the polling thread to.
+    pub core: Option<usize>,
+    /// Idle strategy of the polling thread.
+    pub idle: IdleStrategy,
+    /// Venue reconnect interval.
+    pub reconnect: Duration,
+    /// Time a connection has to send its logon.
+    pub logon_timeout: Duration,
+    /// Publish counters in a counters file (else in process memory).
+    pub counters_file: bool,
+    /// Static reference prices, re-applied continuously.
+    pub static_prices: Vec<(Symbol, i64)>,
+}
+
+impl ServiceOptions {
+    /// The options of a loaded configuration.
+    pub fn from_config(cfg: &Config) -> Result<ServiceOptions, ServiceError> {
+        let s = &cfg.service;
+        Ok(ServiceOptions {
+            listen: s.listen,
+            orders: s.orders.clone(),
+            core: s.core,
+            idle: s.idle,
+            reconnect: Duration::from_secs(s.reconnect_secs.max(1)),
+            logon_timeout: Duration::from_millis(s.logon_timeout_ms),
+            counters_file: s.counters,
+            static_prices: cfg
+                .static_prices()
+                .map_err(|(key, problem)| ServiceError::Config { key, problem })?,
+        })
+    }
+}
+
+/// Service counters, in the counters file (`rocebus stat order-gateway`).
+#[derive(Debug)]
+struct Counters {
+    engines_connected: Counter,
+    logons: Counter,
+    logons_refused: Counter,
+    engine_disconnects: Counter,
+    requests: Counter,
+    responses: Counter,
+    responses_dropped: Counter,
+    responses_backlogged: Counter,
+    stray_frames: Counter,
+    venue_connects: Counter,
+    fix_active: Counter,
+    open_orders: Counter,
+    malformed_engine: Counter,
+    malformed_fix: Counter,
+    connections_refused: Counter,
+}
+
+impl Counters {
+    fn new(file: bool) -> Counters {
+        enum Table {
+            File(CountersFile),
+            Local(LocalCounters),
+        }
+        let table = if file {
+            let path = counters_path(&default_dir(), "order-gateway");
+            match CountersFile::create(&path, 64) {
+                Ok(f) => Table::File(f),
+                Err(e) => {
+                    tracing::warn!(error = %e, "counters stay in process memory");
+                    Table::Local(LocalCounters::new(64).expect("64 is a valid capacity"))
+                }
+            }
+        } else {
+            Table::Local(LocalCounters::new(64).expect("64 is a valid capacity"))
+        };
+        let alloc = |label: &str, kind: Kind| {
+            let r = match &table {
+                Table::File(f) => f.allocate_with(label, kind, 0),
+                Table::Local(l) => l.allocate_with(label, kind, 0),
+            };
+            // 64 slots for 15 labels under 104 bytes: allocation cannot fail.
+            r.expect("counter slot")
+        };
+        use Kind::{Counter as C, Gauge as G};
+        Counters {
+            engines_connected: alloc("engines connected", G),
+            logons: alloc("engine logons", C),
+            logons_refused: alloc("engine logons refused", C),
+            engine_disconnects: alloc("engine disconnects (cancel-on-disconnect)", C),
+            requests: alloc("engine requests", C),
+            responses: alloc("engine responses sent", C),
+            responses_dropped: alloc("engine responses dropped (engine gone)", C),
+            responses_backlogged: alloc("engine responses back-pressured", C),
+            stray_frames: alloc("engine frames on unknown streams", C),
+            venue_connects: alloc("venue connects", C),
+            fix_active: alloc("fix session active", G),
+            open_orders: alloc("open orders", G),
+            malformed_engine: alloc("malformed engine frames", C),
+            malformed_fix: alloc("malformed fix frames", C),
+            connections_refused: alloc("orders connections refused (token)", C),
+        }
+    }
+}
+
+/// A logged-on engine.
+struct EngineConn {
+    id: EngineId,
+    conn: Connection,
+    /// Responses its ring could not take yet, in order.
+    backlog: VecDeque<Response>,
+    /// Something was committed since the last flush.
+    dirty: bool,
+}
+
+/// A connection that has not sent its logon yet.
+struct PendingConn {
+    conn: Connection,
+    since: Instant,
+}
+
+impl EngineConn {
+    /// Queues `r` behind the backlog; returns false if the connection is lost.
+    fn send(&mut self, r: &Response, c: &Counters) -> bool {
+        if self.backlog.is_empty() {
+            match offer(&self.conn, r) {
+                Ok(()) => {
+                    self.dirty = true;
+                    c.responses.inc();
+                    return true;
+                }
+                Err(OfferError::BackPressured) => c.responses_backlogged.inc(),
+                Err(_) => return false,
+            }
+        }
+        self.backlog.push_back(*r);
+        true
+    }
+
+    /// Moves backlog into the ring while it has room; returns false if the connection is lost.
+    fn drain_backlog(&mut self, c: &Counters) -> bool {
+        while let Some(r) = self.backlog.front() {
+            match offer(&self.conn, r) {
+                Ok(()) => {
+                    self.backlog.pop_front();
+                    self.dirty = true;
+                    c.responses.inc();
+                }
+                Err(OfferError::BackPressured) => break,
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+}
+
+/// Writes a response straight into the connection's registered send memory.
+fn offer(conn: &Connection, r: &Response) -> Result<(), OfferError> {
+    let bytes = r.as_bytes();
+    let mut claim = conn
+        .publication(ORDERS_STREAM)
+        .try_claim(u16::from(bytes[0]), bytes.len())?;
+    claim.copy_from_slice(bytes);
+    claim.commit();
+    Ok(())
+}
+
+/// The gateway service.
+pub struct Service<L: VenueLink = TcpLink> {
+    driver: FixDriver<L>,
+    listener: OrdersListener,
+    engine_ids: Vec<EngineId>,
+    engines: Vec<EngineConn>,
+    pending: Vec<PendingConn>,
+    lost: Vec<EngineId>,
+    opts: ServiceOptions,
+    counters: Counters,
+    control: Arc<ServiceControl>,
+}
+
+impl<L: VenueLink> std::fmt::Debug for Service<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("listen", &self.opts.listen)
+            .field("engines", &self.engines.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Service<TcpLink> {
+    /// Opens the journal (recovering state) and binds the engine listener, from `cfg`.
+    pub fn from_config(
+        cfg: &Config,
+        control: Arc<ServiceControl>,
+    ) -> Result<Service, ServiceError> {
+        let driver = FixDriver::open(cfg)?;
+        Service::new(
+            driver,
+            &cfg.risk,
+            ServiceOptions::from_config(cfg)?,
+            control,
+        )
+    }
+}
+
+impl<L: VenueLink> Service<L> {
+    /// A service around an opened driver; binds the engine listener.
+    pub fn new(
+        driver: FixDriver<L>,
+        risk: &RiskConfig,
+        opts: ServiceOptions,
+        control: Arc<ServiceControl>,
+    ) -> Result<Service<L>, ServiceError> {
+        let listener =
+            OrdersListener::bind(opts.listen, opts.orders.clone()).map_err(|source| {
+                ServiceError::Listen {
+                    addr: opts.listen,
+                    source,
+                }
+            })?;
+        Ok(Service {
+            driver,
+            listener,
+            engine_ids: risk.engines.iter().map(|e| e.id).collect(),
+            engines: Vec::with_capacity(risk.engines.len()),
+            pending: Vec::new(),
+            lost: Vec::new(),
+            counters: Counters::new(opts.counters_file),
+            opts,
+            control,
+        })
+    }
+
+    /// The gateway core (state after [`run`](Self::run) returned, for tests and tools).
+    pub fn gateway(&self) -> &Gateway {
+        self.driver.gateway()
+    }
+
+    /// The driver (venue link, journal).
+    pub fn driver(&self) -> &FixDriver<L> {
+        &self.driver
+    }
+
+    /// Runs the loop on this thread until [`ServiceControl::stop`]; then logs out of the
+    /// venue. Pins the thread first if the options name a core.
+    pub fn run(&mut self, market: &mut dyn MarketDataInput) -> Result<(), ServiceError> {
+        if let Some(core) = self.opts.core {
+            if !pin_current_thread(core) {
+                tracing::warn!(core, "could not pin the gateway thread");
+            }
+        }
+        let mut idler = Idler::new(self.opts.idle);
+        let mut next_housekeeping = Instant::now();
+        let mut next_connect = Instant::now();
+        while !self.control.stopping() {
+            let mut work = 0;
+            let now = unix_nanos();
+            let driver = &mut self.driver;
+            work += market.poll(&mut |ev| {
+                driver.stage(|gw, _| match ev {
+                    MarketEvent::Reference { symbol, price } => {
+                        gw.on_reference_price(symbol, price, now)
+                    }
+                    MarketEvent::Halt { symbol, halted } => gw.on_halt(symbol, halted),
+                })
+            });
+            work += self.poll_engines(now);
+            work += self.poll_venue(now)?;
+            let t = Instant::now();
+            if t >= next_housekeeping {
+                next_housekeeping = t + Duration::from_millis(1);
+                if !self.driver.is_connected() && t >= next_connect {
+                    next_connect = t + self.opts.reconnect;
+                    self.connect_venue();
+                }
+                work += self.housekeeping(now)?;
+            }
+            idler.idle(work);
+        }
+        self.shutdown()
+    }
+
+    /// Engine frames into the gateway, batched per engine.
+    fn poll_engines(&mut self, now: u64) -> usize {
+        let mut work = 0;
+        let (driver, c) = (&mut self.driver, &self.counters);
+        for e in &mut self.engines {
+            let id = e.id;
+            let r = e.conn.subscription().poll(
+                |f| {
+                    if f.stream_id == ORDERS_STREAM {
+                        c.requests.inc();
+                        driver.stage_engine_message(id, f.payload, now);
+                    } else {
+                        c.stray_frames.inc();
+                    }
+                },
+                64,
+            );
+            match r {
+                Ok(n) => work += n,
+                Err(err) => {
+                    tracing::warn!(engine = id, error = %err, "engine connection lost");
+                    self.lost.push(id);
+                }
+            }
+        }
+        work
+    }
+
+    /// Venue bytes, timers, then the write-ahead flush that hands responses to engines.
+    fn poll_venue(&mut self, now: u64) -> Result<usize, ServiceError> {
+        let (engines, lost, c) = (&mut self.engines, &mut self.lost, &self.counters);
+        let n = self.driver.poll_with(now, |engine, r| {
+            match engines.iter_mut().find(|e| e.id == engine) {
+                Some(e) => {
+                    if !e.send(r, c) && !lost.contains(&engine) {
+                        lost.push(engine);
+                    }
+                }
+                None => c.responses_dropped.inc(),
+            }
+        })?;
+        for e in &mut self.engines {
+            if !e.drain_backlog(c) && !self.lost.contains(&e.id) {
+                self.lost.push(e.id);
+            }
+            if e.dirty {
+                e.dirty = false;
+                if e.conn.flush().is_err() && !self.lost.contains(&e.id) {
+                    self.lost.push(e.id);
+                }
+            }
+        }
+        if !self.lost.is_empty() {
+            self.reap_lost(now)?;
+        }
+        Ok(n)
+    }
+
+    /// Cancel-on-disconnect for every engine found lost.
+    fn reap_lost(&mut self, now: u64) -> Result<(), ServiceError> {
+        while let Some(id) = self.lost.pop() {
+            self.engines.retain(|e| e.id != id);
+            self.counters.engine_disconnects.inc();
+            self.driver.stage_engine_disconnect(id, now);
+            tracing::info!(
+                engine = id,
+                "engine disconnected: canceling its open orders"
+            );
+        }
+        // The cancels (and any responses to engines still connected) go out now.
+        let (engines, c) = (&mut self.engines, &self.counters);
+        self.driver.flush_with(
+            |engine, r| match engines.iter_mut().find(|e| e.id == engine) {
+                Some(e) => {
+                    e.send(r, c);
+                }
+                None => c.responses_dropped.inc(),
+            },
+        )?;
+        Ok(())
+    }
+
+    fn connect_venue(&mut self) {
+        match self.driver.connect() {
+            Ok(()) => {
+                self.counters.venue_connects.inc();
+                tracing::info!(venue = %self.driver.link().describe(), "venue connected, logon sent");
+            }
+            Err(e) => tracing::warn!(
+                "{:#}; retrying in {:?}",
+                anyhow::Error::from(e),
+                self.opts.reconnect
+            ),
+        }
+    }
+
+    /// The parts that make system calls: accept, logons, static prices, counters.
+    fn housekeeping(&mut self, now: u64) -> Result<usize, ServiceError> {
+        let mut work = 0;
+        for &(symbol, price) in &self.opts.static_prices {
+            self.driver
+                .stage(|gw, _| gw.on_reference_price(symbol, price, now));
+        }
+        match self.listener.accept(Duration::ZERO) {
+            Ok(Some(conn)) => {
+                work += 1;
+                tracing::info!(peer = %conn.peer(), "engine connection, waiting for logon");
+                self.pending.push(PendingConn {
+                    conn,
+                    since: Instant::now(),
+                });
+            }
+            Ok(None) => {}
+            // A peer that vanished mid-handshake is not our failure.
+            Err(e @ OrdersError::Verbs(_)) => tracing::warn!(error = %e, "accept failed"),
+            Err(e) => tracing::warn!(error = %e, "connection refused"),
+        }
+        work += self.poll_logons();
+        let gw = self.driver.gateway();
+        let active = gw.session().state() == SessionState::Active;
+        let c = &self.counters;
+        c.fix_active.set(u64::from(active));
+        c.engines_connected.set(self.engines.len() as u64);
+        c.open_orders.set(gw.open_order_count() as u64);
+        c.malformed_engine.set(gw.counters().malformed_engine);
+        c.malformed_fix.set(gw.counters().malformed_fix);
+        c.connections_refused.set(self.listener.refused());
+        // ORDERING: Relaxed; status for supervisors, see `ServiceControl::is_fix_active`.
+        self.control.fix_active.store(active, Ordering::Relaxed);
+        // ORDERING: Relaxed; as above.
+        self.control
+            .engines
+            .store(self.engines.len() as u32, Ordering::Relaxed);
+        Ok(work)
+    }
+
+    /// First frames of new connections: logon or refusal.
+    fn poll_logons(&mut self) -> usize {
+        let mut work = 0;
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &self.pending[i];
+            let mut logon = None;
+            let r = p.conn.subscription().poll(
+                |f| {
+                    logon = Some(if u16::from(msg_type::LOGON) == f.msg_type {
+                        Logon::decode(f.payload).ok()
+                    } else {
+                        None
+                    })
+                },
+                1,
+            );
+            let expired = p.since.elapsed() > self.opts.logon_timeout;
+            match (r, logon) {
+                (Ok(_), None) if !expired => {
+                    i += 1;
+                    continue;
+                }
+                (Ok(_), Some(l)) => {
+                    work += 1;
+                    let p = self.pending.swap_remove(i);
+                    self.logon(p.conn, l);
+                }
+                (Ok(_), None) => {
+                    tracing::warn!(peer = %p.conn.peer(), "no logon in time: closing");
+                    self.counters.logons_refused.inc();
+                    self.pending.swap_remove(i).conn.close();
+                }
+                (Err(_), _) => {
+                    self.pending.swap_remove(i);
+                }
+            }
+        }
+        work
+    }
+
+    fn logon(&mut self, conn: Connection, logon: Option<Logon>) {
+        let id = logon.map_or(0, |l| l.engine_id.get());
+        let status = match logon {
+            None => LogonStatus::BadLogon,
+            Some(_) if !self.engine_ids.contains(&id) => LogonStatus::UnknownEngine,
+            Some(_) if self.engines.iter().any(|e| e.id == id) => LogonStatus::AlreadyConnected,
+            Some(_) => LogonStatus::Accepted,
+        };
+        let ack = LogonAck::new(id, status);
+        let sent = conn
+            .publication(ORDERS_STREAM)
+            .offer_and_flush(u16::from(msg_type::LOGON_ACK), ack.as_bytes());
+        if status == LogonStatus::Accepted && sent.is_ok() {
+            tracing::info!(engine = id, peer = %conn.peer(), "engine logged on");
+            self.counters.logons.inc();
+            self.engines.push(EngineConn {
+                id,
+                conn,
+                backlog: VecDeque::with_capacity(4096),
+                dirty: false,
+            });
+        } else {
+            tracing::warn!(engine = id, peer = %conn.peer(), ?status, "engine logon refused");
+            self.counters.logons_refused.inc();
+            // Let the answer reach the engine before the disconnect.
+            let _ = conn.drain(Duration::from_millis(100));
+            conn.close();
+        }
+    }
+
+    fn shutdown(&mut self) -> Result<(), ServiceError> {
+        if self.driver.gateway().session().state() == SessionState::Active {
+            let now = unix_nanos();
+            self.driver.stage(|gw, out| gw.logout(now, out));
+            let (engines, c) = (&mut self.engines, &self.counters);
+            self.driver.flush_with(|engine, r| {
+                if let Some(e) = engines.iter_mut().find(|e| e.id == engine) {
+                    e.send(r, c);
+                }
+            })?;
+        }
+        for e in &self.engines {
+            let _ = e.conn.drain(Duration::from_millis(100));
+        }
+        self.driver.sync()?;
+        Ok(())
+    }
+}

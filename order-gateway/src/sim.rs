@@ -1,0 +1,287 @@
+//! An in-process venue simulator behind the [`VenueLink`] interface: it parses the FIX the
+//! gateway writes and answers at once, with no socket and no thread. Every NewOrderSingle
+//! is acknowledged (ExecType New) and completely filled at its limit price in the same
+//! reply; a cancel or replace of an order it still knows is answered Canceled/Replaced.
+//! Logon, TestRequest and Logout get their session answers.
+//!
+//! It exists for the gateway round-trip benchmark (`rocebus-bench gateway-rtt`), where it
+//! stands in for the venue so the figure is ours: engine → RC → risk → journal → FIX encode
+//! → simulator → FIX decode → RC → engine. It is a venue, not a test double: the gateway
+//! runs its full session and order logic against it.
+
+use std::io;
+use std::time::Duration;
+
+use crate::driver::{LinkRead, VenueLink};
+use crate::fix::{split_frame, tag, Message, MessageWriter};
+use crate::unix_nanos;
+
+/// The simulated venue.
+#[derive(Debug, Default)]
+pub struct SimVenue {
+    open: bool,
+    next_out: u64,
+    next_exec: u64,
+    writer: MessageWriter,
+    /// Replies not yet read by the gateway; `read_at` is the read cursor.
+    pending: Vec<u8>,
+    read_at: usize,
+    /// Frames received that did not parse (should stay zero).
+    malformed: u64,
+    orders: u64,
+}
+
+impl SimVenue {
+    /// A closed simulator; the driver's connect opens it.
+    pub fn new() -> SimVenue {
+        SimVenue {
+            pending: Vec::with_capacity(1 << 16),
+            ..SimVenue::default()
+        }
+    }
+
+    /// NewOrderSingles received.
+    pub fn orders(&self) -> u64 {
+        self.orders
+    }
+
+    /// Frames that did not parse.
+    pub fn malformed(&self) -> u64 {
+        self.malformed
+    }
+
+    fn header(&mut self, ty: &[u8], m: &Message<'_>, now: u64) {
+        let seq = self.next_out;
+        self.next_out += 1;
+        // Answer with the CompIDs swapped.
+        let sender = m.get(tag::TARGET_COMP_ID).unwrap_or(b"VENUE");
+        let target = m.get(tag::SENDER_COMP_ID).unwrap_or(b"GW");
+        self.writer
+            .start(ty)
+            .field(tag::SENDER_COMP_ID, sender)
+            .field(tag::TARGET_COMP_ID, target)
+            .uint(tag::MSG_SEQ_NUM, seq)
+            .timestamp(tag::SENDING_TIME, now);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn exec(
+        &mut self,
+        m: &Message<'_>,
+        exec_type: &[u8],
+        ord_status: &[u8],
+        last: u64,
+        cum: u64,
+        leaves: u64,
+        px: &[u8],
+        now: u64,
+    ) {
+        self.header(b"8", m, now);
+        let cl = m.get(tag::CL_ORD_ID).unwrap_or(b"0");
+        let exec_id = self.next_exec;
+        self.next_exec += 1;
+        self.writer
+            .field(tag::ORDER_ID, m.get(tag::ORIG_CL_ORD_ID).unwrap_or(cl))
+            .uint(tag::EXEC_ID, exec_id)
+            .field(tag::CL_ORD_ID, cl)
+            .field(tag::EXEC_TYPE, exec_type)
+            .field(tag::ORD_STATUS, ord_status)
+            .field(tag::SYMBOL, m.get(tag::SYMBOL).unwrap_or(b"?"))
+            .field(tag::SIDE, m.get(tag::SIDE).unwrap_or(b"1"))
+            .uint(tag::LAST_QTY, last)
+            .field(tag::LAST_PX, px)
+            .uint(tag::CUM_QTY, cum)
+            .uint(tag::LEAVES_QTY, leaves)
+            .field(tag::AVG_PX, px);
+        if let Some(orig) = m.get(tag::ORIG_CL_ORD_ID) {
+            self.writer.field(tag::ORIG_CL_ORD_ID, orig);
+        }
+        self.writer.finish(&mut self.pending);
+    }
+
+    fn on_frame(&mut self, frame: &[u8], now: u64) {
+        let Ok(m) = Message::parse(frame) else {
+            self.malformed += 1;
+            return;
+        };
+        match m.msg_type() {
+            b"A" => {
+                self.next_out = 1;
+                let hb = m.get(tag::HEART_BT_INT).unwrap_or(b"30");
+                self.header(b"A", &m, now);
+                self.writer
+                    .uint(tag::ENCRYPT_METHOD, 0)
+                    .field(tag::HEART_BT_INT, hb);
+                self.writer.finish(&mut self.pending);
+            }
+            b"1" => {
+                let id = m.get(tag::TEST_REQ_ID).unwrap_or(b"");
+                self.header(b"0", &m, now);
+                self.writer.field(tag::TEST_REQ_ID, id);
+                self.writer.finish(&mut self.pending);
+            }
+            b"5" => {
+                self.header(b"5", &m, now);
+                self.writer.finish(&mut self.pending);
+            }
+            b"D" => {
+                self.orders += 1;
+                let qty = m.uint(tag::ORDER_QTY).unwrap_or(0);
+                let px = m.get(tag::PRICE).unwrap_or(b"0");
+                self.exec(&m, b"0", b"0", 0, 0, qty, px, now);
+                self.exec(&m, b"F", b"2", qty, qty, 0, px, now);
+            }
+            b"F" => self.exec(&m, b"4", b"4", 0, 0, 0, b"0", now),
+            b"G" => {
+                let qty = m.uint(tag::ORDER_QTY).unwrap_or(0);
+                let px = m.get(tag::PRICE).unwrap_or(b"0");
+                self.exec(&m, b"5", b"0", 0, 0, qty, px, now);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl VenueLink for SimVenue {
+    fn open(&mut self) -> io::Result<()> {
+        self.open = true;
+        self.pending.clear();
+        self.read_at = 0;
+        Ok(())
+    }
+
+    fn close(&mut self) {
+        self.open = false;
+    }
+
+    fn is_open(&self) -> bool {
+        self.open
+    }
+
+    fn read(&mut self, buf: &mut [u8], _wait: Duration) -> LinkRead {
+        if !self.open {
+            return LinkRead::Closed;
+        }
+        let avail = &self.pending[self.read_at..];
+        if avail.is_empty() {
+            return LinkRead::Idle;
+        }
+        let n = avail.len().min(buf.len());
+        buf[..n].copy_from_slice(&avail[..n]);
+        self.read_at += n;
+        if self.read_at == self.pending.len() {
+            self.pending.clear();
+            self.read_at = 0;
+        }
+        LinkRead::Data(n)
+    }
+
+    fn write_all(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+        if !self.open {
+            return Err(io::ErrorKind::NotConnected.into());
+        }
+        let now = unix_nanos();
+        // The gateway writes whole frames; anything else is counted and dropped.
+        while !bytes.is_empty() {
+            match split_frame(bytes) {
+                Ok(n) => {
+                    self.on_frame(&bytes[..n], now);
+                    bytes = &bytes[n..];
+                }
+                Err(_) => {
+                    self.malformed += 1;
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "in-process venue simulator".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::FixDriver;
+    use crate::journal::FsyncPolicy;
+    use crate::proto::{msg_type, NewOrder, Response, Side, Symbol, TimeInForce, PRICE_SCALE};
+    use zerocopy::IntoBytes;
+
+    #[test]
+    fn gateway_logs_on_and_orders_are_acked_and_filled() {
+        let risk: crate::risk::RiskConfig = toml::from_str(
+            r#"
+            reference_max_age_ms = 60000
+            throttle_interval_ms = 1000
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 100000000
+            max_position = 100000
+            max_open_orders = 100
+            max_orders_per_interval = 1000
+            collar_bps = 500
+            [[engines]]
+            id = 1
+            accounts = [7]
+            "#,
+        )
+        .unwrap();
+        let session = crate::fix::SessionConfig {
+            sender_comp_id: "GW".into(),
+            target_comp_id: "VENUE".into(),
+            heartbeat_secs: 30,
+        };
+        let path = std::env::temp_dir().join(format!("gw-sim-{}.journal", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let mut d =
+            FixDriver::with_link(SimVenue::new(), session, &risk, &path, FsyncPolicy::Never)
+                .unwrap();
+        let aapl = Symbol::new("AAPL").unwrap();
+        d.stage(|gw, _| gw.on_reference_price(aapl, 100 * PRICE_SCALE, unix_nanos()));
+        d.connect().unwrap();
+        let mut got = Vec::new();
+        d.poll_with(unix_nanos(), |_, _| {}).unwrap();
+        assert_eq!(
+            d.gateway().session().state(),
+            crate::fix::SessionState::Active
+        );
+        for i in 1..=3u64 {
+            let m = NewOrder::new(
+                i,
+                7,
+                aapl,
+                Side::Buy,
+                10,
+                100 * PRICE_SCALE,
+                TimeInForce::Day,
+            );
+            d.stage_engine_message(1, m.as_bytes(), unix_nanos());
+        }
+        d.flush_with(|_, _| {}).unwrap();
+        d.poll_with(unix_nanos(), |e, r: &Response| {
+            got.push((e, r.as_bytes()[0], r.cl_ord_id()))
+        })
+        .unwrap();
+        assert_eq!(
+            got,
+            [
+                (1, msg_type::ACK, 1),
+                (1, msg_type::FILL, 1),
+                (1, msg_type::ACK, 2),
+                (1, msg_type::FILL, 2),
+                (1, msg_type::ACK, 3),
+                (1, msg_type::FILL, 3)
+            ]
+        );
+        assert_eq!(d.link().orders(), 3);
+        assert_eq!(d.link().malformed(), 0);
+        assert_eq!(d.gateway().risk().position(7, aapl), 30);
+        assert_eq!(d.gateway().counters(), Default::default());
+        let _ = std::fs::remove_file(&path);
+    }
+}

@@ -1,0 +1,74 @@
+//! The binary's configuration errors name the file, the key and the problem.
+
+use std::process::Command;
+
+fn gateway() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_order-gateway"))
+}
+
+fn example() -> String {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/order-gateway.toml");
+    std::fs::read_to_string(p).unwrap()
+}
+
+fn check(text: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("my-gateway.toml");
+    std::fs::write(&path, text).unwrap();
+    let out = gateway()
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn example_config_checks_ok() {
+    let (ok, msg) = check(&example());
+    assert!(ok, "{msg}");
+}
+
+#[test]
+fn bad_configs_fail_naming_file_key_and_problem() {
+    let (ok, msg) = check(&example().replace("heartbeat_secs", "heartbeat_sec"));
+    assert!(!ok);
+    assert!(
+        msg.contains("my-gateway.toml") && msg.contains("heartbeat_sec"),
+        "{msg}"
+    );
+    let (ok, msg) = check(&example().replace("max_payload = 16384", "max_payload = 900000"));
+    assert!(!ok);
+    assert!(
+        msg.contains("my-gateway.toml") && msg.contains("service.orders.max_payload"),
+        "{msg}"
+    );
+    let (ok, msg) = check(&example().replace("[service]", "[servic]"));
+    assert!(!ok);
+    assert!(msg.contains("servic"), "{msg}");
+}
+
+#[test]
+fn missing_file_is_named() {
+    let out = gateway()
+        .args(["check", "--config", "no/such/gateway.toml"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no/such/gateway.toml"), "{err}");
+}
+
+#[test]
+fn help_explains_the_commands() {
+    let out = gateway().arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("run") && text.contains("check") && text.contains("RDMA"),
+        "{text}"
+    );
+}
