@@ -5,6 +5,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod feed;
 mod gateway;
 
 #[derive(Parser, Debug)]
@@ -31,6 +32,8 @@ enum Cmd {
     MdRecovery(rocebus_bench::md::MdArgs),
     /// Order gateway: engine → gateway (risk, journal, FIX) → in-process venue → engine, over RC.
     GatewayRtt(gateway::GatewayRttArgs),
+    /// Feed handler end to end: MoldUDP64 packet received (UDP) → ITCH → book → bus → subscriber handler.
+    FeedE2e(feed::FeedE2eArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,5 +45,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::MdLatency(a) => rocebus_bench::md::latency(&a),
         Cmd::MdRecovery(a) => rocebus_bench::md::recovery(&a),
         Cmd::GatewayRtt(a) => gateway::run(&a),
+        Cmd::FeedE2e(a) => feed::run(&a),
     }
 }

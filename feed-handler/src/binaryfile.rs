@@ -150,6 +150,12 @@ impl<'a> Reader<'a> {
         &self.counters
     }
 
+    /// Bytes consumed so far (a reader over `&data[position..]` with the same framing
+    /// continues where this one stopped).
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
     fn bad(&mut self, offset: usize, error: RecordError) -> BadRecord {
         self.counters.bad_records += 1;
         match error {

@@ -4,8 +4,10 @@
 //! Unknown keys are errors, so a misspelt key is never silently ignored.
 
 use crate::moldudp64::{GapConfig, StartPolicy};
+use rocebus::idle::IdleStrategy;
+use rocebus::mcast::config::{ConfigError as McastConfigError, McastConfig};
 use serde::Deserialize;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,8 +21,12 @@ pub struct Config {
     #[serde(default)]
     pub recovery: RecoveryConfig,
     /// Publishing on the bus.
-    #[serde(default)]
     pub publish: PublishConfig,
+    /// The polling loop.
+    #[serde(default)]
+    pub service: ServiceConfig,
+    /// The rocebus market-data path: one channel per partition of the symbols.
+    pub market_data: McastConfig,
 }
 
 /// `[feed]`: where the MoldUDP64 feed arrives and where re-requests go.
@@ -34,6 +40,18 @@ pub struct FeedConfig {
     pub interface: Ipv4Addr,
     /// The exchange's retransmission server.
     pub retrans_server: SocketAddr,
+    /// Read this BinaryFILE capture instead of the network (relative to the working
+    /// directory).
+    #[serde(default)]
+    pub capture: Option<PathBuf>,
+    /// Receive buffer of the feed socket, bytes (capped by the kernel's
+    /// `net.core.rmem_max`; 0 keeps the OS default).
+    #[serde(default = "default_recv_buffer")]
+    pub recv_buffer_bytes: usize,
+}
+
+fn default_recv_buffer() -> usize {
+    8 << 20
 }
 
 fn unspecified() -> Ipv4Addr {
@@ -79,17 +97,45 @@ impl RecoveryConfig {
     }
 }
 
-/// `[publish]`: normalized market data on the bus.
+/// `[publish]`: normalized market data on the bus. Symbols are partitioned by stock
+/// locate modulo the number of `[[market_data.channels]]`, in the order listed.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct PublishConfig {
-    /// Channels symbols are partitioned across (stock locate modulo channels).
-    pub channels: u16,
+    /// Address of the local RDMA device that publishes (and serves recovery).
+    pub local_ip: IpAddr,
+    /// Bus session id; 0 derives one from the wall clock, so a restart takes a greater one.
+    #[serde(default)]
+    pub session: u64,
 }
 
-impl Default for PublishConfig {
+/// `[service]`: the polling loop.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServiceConfig {
+    /// What the loop does when a pass found no work: `{ kind = "busy_spin" }` on an
+    /// isolated core, `{ kind = "yield" }` or `{ kind = "backoff", ... }` on shared ones.
+    pub idle: IdleStrategy,
+    /// Pin the loop to this core.
+    pub core: Option<usize>,
+    /// Log lines about bad input allowed per second (the rest are only counted).
+    pub bad_input_log_per_sec: u32,
+    /// How often the shared-memory counters are refreshed, milliseconds.
+    pub counters_interval_ms: u64,
+    /// After the feed ended, keep serving bus recovery until no subscriber is connected,
+    /// or until no recovery request came for this long, milliseconds.
+    pub linger_ms: u64,
+}
+
+impl Default for ServiceConfig {
     fn default() -> Self {
-        Self { channels: 4 }
+        Self {
+            idle: IdleStrategy::BusySpin,
+            core: None,
+            bad_input_log_per_sec: 10,
+            counters_interval_ms: 10,
+            linger_ms: 5000,
+        }
     }
 }
 
@@ -120,10 +166,10 @@ pub enum ConfigError {
     Invalid {
         /// The file.
         path: PathBuf,
-        /// The key, e.g. "publish.channels".
-        key: &'static str,
+        /// The key, e.g. `market_data.channels[0].line_a`.
+        key: String,
         /// What is wrong.
-        reason: &'static str,
+        reason: String,
     },
 }
 
@@ -134,17 +180,40 @@ impl Config {
             path: path.into(),
             source,
         })?;
-        let invalid = |key, reason| ConfigError::Invalid {
+        let invalid = |key: &str, reason: &str| ConfigError::Invalid {
             path: path.into(),
-            key,
-            reason,
+            key: key.into(),
+            reason: reason.into(),
         };
-        if c.publish.channels == 0 {
-            return Err(invalid("publish.channels", "must be at least 1"));
-        }
         if c.recovery.max_request_count == 0 {
             return Err(invalid("recovery.max_request_count", "must be at least 1"));
         }
+        if c.recovery.retransmit_timeout_ms == 0 {
+            return Err(invalid(
+                "recovery.retransmit_timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        if !matches!(c.feed.group, SocketAddr::V4(_)) {
+            return Err(invalid("feed.group", "must be an IPv4 address"));
+        }
+        if c.service.counters_interval_ms == 0 {
+            return Err(invalid(
+                "service.counters_interval_ms",
+                "must be at least 1",
+            ));
+        }
+        if c.market_data.channels.len() > usize::from(u16::MAX) {
+            return Err(invalid("market_data.channels", "too many channels"));
+        }
+        c.market_data.validate().map_err(|e| match e {
+            McastConfigError::Invalid { key, reason } => ConfigError::Invalid {
+                path: path.into(),
+                key: format!("market_data.{key}"),
+                reason,
+            },
+            other => invalid("market_data", &other.to_string()),
+        })?;
         Ok(c)
     }
 
@@ -156,37 +225,79 @@ impl Config {
         })?;
         Self::parse(&text, path)
     }
+
+    /// Partitions of the symbols: one per market-data channel.
+    pub fn partitions(&self) -> u16 {
+        self.market_data.channels.len() as u16
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const MINIMAL: &str = "[feed]\ngroup = \"239.1.1.1:1\"\nretrans_server = \"127.0.0.1:2\"\n\
+        [publish]\nlocal_ip = \"10.0.0.1\"\n\
+        [[market_data.channels]]\nid = 1\nname = \"a\"\nline_a = \"239.2.0.1\"\nport = 7600\n";
+
     #[test]
     fn example_config_loads() {
         let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/feed-handler.toml");
         let c = Config::load(&p).expect("example config is valid");
         assert!(c.feed.group.ip().is_multicast());
-        assert!(c.publish.channels >= 1);
+        assert!(c.partitions() >= 1);
     }
 
     #[test]
-    fn unknown_key_is_named_with_the_file() {
-        let text = "[feed]\ngroup = \"239.1.1.1:1\"\nretrans_server = \"127.0.0.1:2\"\ngropu = 1\n";
-        let e = Config::parse(text, Path::new("x.toml")).expect_err("unknown key");
+    fn minimal_config_takes_defaults() {
+        let c = Config::parse(MINIMAL, Path::new("z")).expect("defaults");
+        assert_eq!(c.recovery, RecoveryConfig::default());
+        assert_eq!(c.service, ServiceConfig::default());
+        assert_eq!((c.partitions(), c.publish.session), (1, 0));
+        assert_eq!(c.feed.capture, None);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_key() {
+        let e = Config::parse(
+            &MINIMAL.replace("[publish]", "gropu = 1\n[publish]"),
+            Path::new("x.toml"),
+        )
+        .expect_err("unknown key");
         let msg = e.to_string();
         assert!(msg.contains("x.toml") && msg.contains("gropu"), "{msg}");
-        let text = "[feed]\ngroup = \"239.1.1.1:1\"\nretrans_server = \"127.0.0.1:2\"\n[publish]\nchannels = 0\n";
-        let e = Config::parse(text, Path::new("y.toml")).expect_err("zero channels");
+        let e = Config::parse(
+            &MINIMAL.replace("239.2.0.1", "10.2.0.1"),
+            Path::new("y.toml"),
+        )
+        .expect_err("unicast line");
         assert_eq!(
             e.to_string(),
-            "invalid config y.toml: publish.channels: must be at least 1"
+            "invalid config y.toml: market_data.channels[0].line_a: 10.2.0.1 is not multicast"
         );
-        let c = Config::parse(
-            "[feed]\ngroup = \"239.1.1.1:1\"\nretrans_server = \"127.0.0.1:2\"\n",
-            Path::new("z"),
+        let e = Config::parse(
+            &format!("[recovery]\nmax_request_count = 0\n{MINIMAL}"),
+            Path::new("w.toml"),
         )
-        .expect("defaults");
-        assert_eq!(c.recovery, RecoveryConfig::default());
+        .expect_err("zero count");
+        assert_eq!(
+            e.to_string(),
+            "invalid config w.toml: recovery.max_request_count: must be at least 1"
+        );
+        let text = MINIMAL.replace(
+            "retrans_server",
+            "[service]\ncore = 1\nidle = { kind = \"nap\" }\n[feed2]\nretrans_server",
+        );
+        let msg = Config::parse(&text, Path::new("v.toml"))
+            .expect_err("bad")
+            .to_string();
+        assert!(msg.contains("v.toml"), "{msg}");
+        let msg = Config::parse(
+            &MINIMAL.replace("local_ip", "local_ipp"),
+            Path::new("u.toml"),
+        )
+        .expect_err("misspelt")
+        .to_string();
+        assert!(msg.contains("u.toml") && msg.contains("local_ipp"), "{msg}");
     }
 }

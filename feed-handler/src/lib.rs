@@ -3,7 +3,10 @@
 //! Layers, each usable alone: [`itch`] (zerocopy message views), [`binaryfile`] and
 //! [`moldudp64`] (framing; the gap tracker is I/O-free), [`book`] (full-depth books, L2, BBO,
 //! snapshots), [`normalized`] and [`publish`] (what goes on the bus, through the [`publish::MdSink`]
-//! seam), [`generate`] (synthetic days), [`udp`] (host-stack sockets for replay and receive).
+//! seam), [`generate`] (synthetic days), [`udp`] (host-stack sockets for replay and receive),
+//! [`bus`] (the seam implemented over rocebus market-data publishers, books as snapshots),
+//! [`view`] (the subscriber side: per-symbol price levels rebuilt from the bus) and
+//! [`service`] (`feed-handler run`).
 //!
 //! ```no_run
 //! use feed_handler::binaryfile::Reader;
@@ -22,10 +25,13 @@
 pub mod badinput;
 pub mod binaryfile;
 pub mod book;
+pub mod bus;
 pub mod config;
 pub mod generate;
 pub mod itch;
 pub mod moldudp64;
 pub mod normalized;
 pub mod publish;
+pub mod service;
 pub mod udp;
+pub mod view;

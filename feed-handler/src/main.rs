@@ -1,17 +1,26 @@
-//! `feed-handler`: decode, generate and replay NASDAQ ITCH 5.0; the logic is in the library.
+//! `feed-handler`: decode, generate and replay NASDAQ ITCH 5.0, and run the service; the logic
+//! is in the library.
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use feed_handler::binaryfile::Reader;
+use feed_handler::config::Config;
 use feed_handler::generate::{generate_binaryfile, GenConfig};
 use feed_handler::itch;
+use feed_handler::service::{RunOptions, Service};
 use feed_handler::udp::{Pacing, ReplayConfig, Replayer};
+use rocebus::counters::{counters_path, default_dir};
+use signal_hook::consts::{SIGINT, SIGTERM};
 use std::io::{BufWriter, Write};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// NASDAQ TotalView-ITCH 5.0 tools: inspect captures, generate synthetic days, play the exchange.
+/// NASDAQ TotalView-ITCH 5.0 feed handler and tools: run the service, inspect captures,
+/// generate synthetic days, play the exchange.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
@@ -71,6 +80,42 @@ enum Command {
         /// Testing: drop every Nth data packet on first send to exercise re-requests.
         #[arg(long, hide = true)]
         drop_every: Option<u32>,
+    },
+    /// Run the feed handler: MoldUDP64 → ITCH → order books → normalized market data on the bus.
+    ///
+    /// Receives the exchange feed from the UDP multicast group of `[feed]` (or reads the
+    /// BinaryFILE capture of `feed.capture` / `--capture`), re-requests MoldUDP64 gaps from
+    /// `feed.retrans_server`, keeps full-depth books per symbol, and publishes BBO, level
+    /// changes, trades and trading status on the rocebus market-data channels of
+    /// `[market_data]`, symbols partitioned by stock locate modulo the number of channels.
+    /// Each channel's publisher serves retransmissions and, to late joiners, a snapshot of the
+    /// books of its symbols.
+    ///
+    /// The loop busy-polls (`service.idle`), optionally pinned (`service.core`). Counters
+    /// (packets, messages, gaps, re-requests, recovered, malformed, published, bus
+    /// back-pressure, ...) live in the shared-memory file `$ROCEBUS_DIR/feed-handler.counters`
+    /// (default directory /dev/shm/rocebus), shown live by `rocebus stat`. Bad input is
+    /// counted and logged at most `service.bad_input_log_per_sec` times a second.
+    /// Stops on SIGINT or SIGTERM, after `--duration`, or with `--exit-on-end-of-session`.
+    /// RUST_LOG=info shows progress on stderr.
+    Run {
+        /// The service configuration (TOML; unknown keys are errors).
+        #[arg(long, default_value = "configs/feed-handler.toml")]
+        config: PathBuf,
+        /// Read this BinaryFILE capture instead of the network (overrides `feed.capture`).
+        #[arg(long)]
+        capture: Option<PathBuf>,
+        /// Stop after this many seconds (fractions allowed).
+        #[arg(long)]
+        duration: Option<f64>,
+        /// Stop once the feed's end of session arrived and everything before it was
+        /// delivered (or the capture was read), after serving bus recovery to connected
+        /// subscribers (see `service.linger_ms`).
+        #[arg(long)]
+        exit_on_end_of_session: bool,
+        /// Write the counters here instead of `$ROCEBUS_DIR/feed-handler.counters`.
+        #[arg(long)]
+        counters: Option<PathBuf>,
     },
 }
 
@@ -135,7 +180,57 @@ fn main() -> Result<()> {
             eprintln!("{stats:?}");
             Ok(())
         }
+        Command::Run {
+            config,
+            capture,
+            duration,
+            exit_on_end_of_session,
+            counters,
+        } => run(&config, capture, duration, exit_on_end_of_session, counters),
     }
+}
+
+fn run(
+    config: &Path,
+    capture: Option<PathBuf>,
+    duration: Option<f64>,
+    exit_on_end_of_session: bool,
+    counters: Option<PathBuf>,
+) -> Result<()> {
+    let mut cfg = Config::load(config)?;
+    if capture.is_some() {
+        cfg.feed.capture = capture;
+    }
+    let duration = match duration {
+        Some(d) if !(d.is_finite() && d > 0.0) => {
+            bail!("--duration must be a positive number of seconds")
+        }
+        d => d.map(Duration::from_secs_f64),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [SIGINT, SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("cannot install the SIGINT/SIGTERM handlers")?;
+    }
+    let counters = counters.unwrap_or_else(|| counters_path(&default_dir(), "feed-handler"));
+    let local_ip = cfg.publish.local_ip;
+    let mut service = Service::new(cfg, Some(&counters)).with_context(|| {
+        format!(
+            "cannot start the feed handler ({}): is {local_ip} the address of an RDMA device? \
+             (`rdma link` lists them; in development run it inside `cargo xtask vm`)",
+            config.display()
+        )
+    })?;
+    tracing::info!(counters = %counters.display(), "feed handler running");
+    let totals = service.run(
+        &RunOptions {
+            duration,
+            exit_on_end_of_session,
+        },
+        &stop,
+    )?;
+    eprintln!("{totals:?}");
+    Ok(())
 }
 
 fn read(file: &PathBuf) -> Result<Vec<u8>> {

@@ -12,6 +12,13 @@ pub trait MdSink {
     type Error;
     /// Publishes one normalized message on `channel`. Must not block; called on the hot path.
     fn publish(&mut self, channel: u16, message: &[u8]) -> Result<(), Self::Error>;
+
+    /// Called before the events of each input message, with the time its packet was
+    /// received (nanoseconds on the caller's clock; 0 when unknown). Latency harnesses use
+    /// it to stamp what they publish; the default ignores it.
+    fn on_input(&mut self, received_ns: u64) {
+        let _ = received_ns;
+    }
 }
 
 /// Totals kept by a [`Publisher`].
@@ -54,6 +61,11 @@ impl<S: MdSink> Publisher<S> {
     /// The sink.
     pub fn sink(&self) -> &S {
         &self.sink
+    }
+
+    /// The sink, mutably (e.g. to set its clock once per loop).
+    pub fn sink_mut(&mut self) -> &mut S {
+        &mut self.sink
     }
 
     /// Gives the sink back.

@@ -160,7 +160,7 @@ impl Replayer {
         let mut last_activity = Instant::now();
         let mut last_eos = None::<Instant>;
         while last_activity.elapsed() < self.config.linger {
-            if last_eos.map_or(true, |t| t.elapsed() >= Duration::from_millis(20)) {
+            if last_eos.is_none_or(|t| t.elapsed() >= Duration::from_millis(20)) {
                 self.data.send_to(&end, self.config.group)?;
                 last_eos = Some(Instant::now());
             }
@@ -233,6 +233,10 @@ pub struct ReceiverConfig {
     pub retrans_server: SocketAddr,
     /// Sequencing and recovery.
     pub gap: GapConfig,
+    /// Receive buffer asked for the data socket, bytes (0: the OS default). The kernel caps
+    /// it at `net.core.rmem_max`: raise that too, or bursts the loop cannot take at once
+    /// overflow the socket and must be re-requested.
+    pub recv_buffer: usize,
 }
 
 /// Receives a MoldUDP64 feed and recovers its gaps.
@@ -256,6 +260,9 @@ impl UdpReceiver {
             }
             g => UdpSocket::bind(g)?,
         };
+        if config.recv_buffer > 0 {
+            socket2::SockRef::from(&data).set_recv_buffer_size(config.recv_buffer)?;
+        }
         data.set_nonblocking(true)?;
         let requests = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))?;
         requests.set_nonblocking(true)?;
@@ -286,6 +293,18 @@ impl UdpReceiver {
     /// Receives what is pending on both sockets, handles timeouts and sends re-requests.
     /// Returns whether any packet arrived.
     pub fn poll(&mut self, deliver: &mut impl FnMut(u64, &[u8])) -> io::Result<bool> {
+        self.poll_timed(&mut || 0, &mut |_, seq, m| deliver(seq, m))
+    }
+
+    /// [`Self::poll`], reading `clock` once per received packet (right after `recv`
+    /// returned) and handing that time to `deliver(received, sequence_number, message)`
+    /// with each message the packet released. Messages released from the gap buffer carry
+    /// the time of the packet that closed the gap.
+    pub fn poll_timed(
+        &mut self,
+        clock: &mut impl FnMut() -> u64,
+        deliver: &mut impl FnMut(u64, u64, &[u8]),
+    ) -> io::Result<bool> {
         let mut any = false;
         for from_data in [true, false] {
             loop {
@@ -299,15 +318,24 @@ impl UdpReceiver {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => return Err(e),
                 };
+                let received = clock();
                 any = true;
                 // Malformed packets are counted by the tracker.
                 let _ = self
                     .tracker
-                    .on_packet(Instant::now(), &self.buf[..n], deliver);
+                    .on_packet(Instant::now(), &self.buf[..n], &mut |seq, m| {
+                        deliver(received, seq, m)
+                    });
             }
         }
         let now = Instant::now();
-        self.tracker.handle_timeout(now, deliver);
+        let received = if self.tracker.next_timeout().is_some_and(|t| t <= now) {
+            clock()
+        } else {
+            0
+        };
+        self.tracker
+            .handle_timeout(now, &mut |seq, m| deliver(received, seq, m));
         while let Some(req) = self.tracker.poll_request(now) {
             self.requests.send_to(&req.encode(), self.retrans_server)?;
         }

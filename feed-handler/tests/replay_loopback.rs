@@ -31,6 +31,7 @@ fn loss_is_recovered_and_books_match() {
             max_retries: 50,
             ..GapConfig::default()
         },
+        recv_buffer: 0,
     })
     .expect("receiver");
     let mut cfg = ReplayConfig::new(receiver.local_addr().expect("addr"));

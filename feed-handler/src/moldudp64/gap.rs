@@ -97,7 +97,6 @@ pub enum Outcome {
 #[derive(Debug, Clone, Copy)]
 struct Outstanding {
     from: u64,
-    count: u16,
     sent_at: Instant,
     attempts: u32,
     resend: bool,
@@ -263,10 +262,13 @@ impl GapTracker {
         }
     }
 
-    /// Drops the outstanding request once everything it asked for has arrived.
+    /// Drops the outstanding request once delivery moved past its start. A server answers a
+    /// request with one packet, which may hold fewer messages than asked (NASDAQ's do): the
+    /// rest is asked for at once, with a fresh retry budget, instead of after a timeout that
+    /// would also count against the retries; retries are for requests that got no answer.
     fn settle_outstanding(&mut self) {
         if let (Some(o), Some(next)) = (self.outstanding, self.next) {
-            if next >= o.from + u64::from(o.count) {
+            if next > o.from {
                 self.outstanding = None;
             }
         }
@@ -300,7 +302,6 @@ impl GapTracker {
         };
         self.outstanding = Some(Outstanding {
             from: next,
-            count,
             sent_at: now,
             attempts,
             resend: false,

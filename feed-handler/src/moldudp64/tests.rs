@@ -188,6 +188,38 @@ fn gap_is_requested_buffered_and_recovered() {
 }
 
 #[test]
+fn partial_answer_asks_for_the_rest_at_once() {
+    let t = Instant::now();
+    let cfg = GapConfig {
+        max_retries: 1,
+        ..GapConfig::default()
+    };
+    let mut g = GapTracker::new(cfg);
+    let mut got = Vec::new();
+    g.on_packet(t, &packet(1, 1), &mut collect(&mut got))
+        .expect("ok");
+    g.on_packet(t, &packet(101, 1), &mut collect(&mut got))
+        .expect("ok");
+    // 2..=100 missing; each answer holds 10 messages. Far more answers than retries: none
+    // of them is a retry, nothing is lost and no timeout is needed.
+    let mut answers = 0;
+    while let Some(r) = g.poll_request(t) {
+        assert_eq!(r.count, (101 - r.sequence_number) as u16);
+        let n = r.count.min(10);
+        g.on_packet(t, &packet(r.sequence_number, n), &mut collect(&mut got))
+            .expect("ok");
+        answers += 1;
+    }
+    assert_eq!(answers, 10);
+    assert_eq!(got, (1..=101).collect::<Vec<u64>>());
+    let c = *g.counters();
+    assert_eq!(
+        (c.timeouts, c.lost, c.recovered, c.requests),
+        (0, 0, 99, 10)
+    );
+}
+
+#[test]
 fn heartbeat_reveals_tail_loss_and_end_of_session_completes() {
     let t = Instant::now();
     let mut g = GapTracker::new(GapConfig::default());

@@ -1,0 +1,197 @@
+//! The feed handler on the rocebus market-data path: [`BusSink`] implements
+//! [`MdSink`] over one [`McastPublisher`] per channel, and [`ChannelSnapshot`] serves the
+//! books of a channel's symbols to late joiners.
+//!
+//! Owns the mapping from partition index (what [`crate::publish::Publisher`] computes from
+//! the stock locate) to bus channel, and the per-channel sequence a snapshot is taken at.
+//! Sequencing, batching, multicast and recovery are rocebus's; the books are
+//! [`crate::book`]'s.
+
+use crate::book::Book;
+use crate::publish::MdSink;
+use crate::view::write_book_l2;
+use rocebus::mcast::config::McastConfig;
+use rocebus::mcast::net::{PublishError, PublisherIoStats};
+use rocebus::mcast::{McastPublisher, NetError, Snapshot};
+use std::net::IpAddr;
+
+/// Publishes normalized messages on the bus: partition `i` goes to the `i`-th channel of the
+/// market-data configuration.
+#[derive(Debug)]
+pub struct BusSink {
+    publishers: Vec<McastPublisher>,
+    /// Last sequence published per partition (0: none).
+    last_seq: Vec<u64>,
+    now: u64,
+}
+
+impl BusSink {
+    /// Opens one publisher per configured channel on the RDMA device owning `local`.
+    /// `session` must grow across restarts (e.g. derived from the wall clock).
+    pub fn new(cfg: &McastConfig, session: u64, local: IpAddr) -> Result<Self, NetError> {
+        let publishers = cfg
+            .channels
+            .iter()
+            .map(|c| McastPublisher::new(cfg, c.id, session, local))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            last_seq: vec![0; publishers.len()],
+            publishers,
+            now: 0,
+        })
+    }
+
+    /// Partitions (channels).
+    pub fn channels(&self) -> u16 {
+        self.publishers.len() as u16
+    }
+
+    /// Sets the `now` given to the publishers by [`MdSink::publish`]; call once per loop.
+    pub fn set_now(&mut self, now: u64) {
+        self.now = now;
+    }
+
+    /// The publisher of partition `i`.
+    pub fn publisher(&self, i: u16) -> Option<&McastPublisher> {
+        self.publishers.get(usize::from(i))
+    }
+
+    /// Last sequence published on partition `i` (0: none).
+    pub fn last_seq(&self, i: u16) -> u64 {
+        self.last_seq.get(usize::from(i)).copied().unwrap_or(0)
+    }
+
+    /// Recovery connections open, over all channels.
+    pub fn connections(&self) -> usize {
+        self.publishers
+            .iter()
+            .map(McastPublisher::connections)
+            .sum()
+    }
+
+    /// I/O counters summed over all channels.
+    pub fn io_stats(&self) -> PublisherIoStats {
+        let mut t = PublisherIoStats::default();
+        for p in &self.publishers {
+            let s = p.io_stats();
+            t.datagrams_sent += s.datagrams_sent;
+            t.heartbeats_sent += s.heartbeats_sent;
+            t.unsent_overwritten += s.unsent_overwritten;
+            t.connections_accepted += s.connections_accepted;
+            t.connections_failed += s.connections_failed;
+            t.connections_closed += s.connections_closed;
+            t.retransmit_requests += s.retransmit_requests;
+            t.snapshots_served += s.snapshots_served;
+            t.requests_dropped += s.requests_dropped;
+        }
+        t
+    }
+
+    /// Sends, heartbeats and serves recovery on every channel, with `book` as the snapshot
+    /// source. Returns the datagrams sent.
+    pub fn poll(&mut self, now: u64, book: &Book) -> Result<usize, NetError> {
+        let channels = self.channels();
+        let mut sent = 0;
+        for (i, p) in self.publishers.iter_mut().enumerate() {
+            let snapshot = ChannelSnapshot {
+                book,
+                channel: i as u16,
+                channels,
+                seq: self.last_seq[i],
+            };
+            sent += p.poll(now, &snapshot)?;
+        }
+        Ok(sent)
+    }
+
+    /// Seals the open datagrams and sends them.
+    pub fn flush(&mut self, now: u64) -> Result<(), NetError> {
+        for p in &mut self.publishers {
+            p.flush(now)?;
+        }
+        Ok(())
+    }
+}
+
+impl MdSink for BusSink {
+    type Error = PublishError;
+
+    fn publish(&mut self, channel: u16, message: &[u8]) -> Result<(), PublishError> {
+        let i = usize::from(channel);
+        // Partitions come from `Publisher::new(sink, sink.channels())`: always in range.
+        let Some(p) = self.publishers.get_mut(i) else {
+            return Ok(());
+        };
+        self.last_seq[i] = p.publish(self.now, message)?;
+        Ok(())
+    }
+}
+
+/// The book of one channel's symbols at the channel's last published sequence: what a late
+/// joiner of that channel restores into its [`crate::view::MarketView`].
+///
+/// Consistent because the feed handler only polls publishers between ITCH messages, when
+/// every event of the messages applied so far has been published.
+#[derive(Debug, Clone, Copy)]
+pub struct ChannelSnapshot<'a> {
+    /// All books.
+    pub book: &'a Book,
+    /// Partition index.
+    pub channel: u16,
+    /// Partitions.
+    pub channels: u16,
+    /// Last sequence published on the channel.
+    pub seq: u64,
+}
+
+impl Snapshot for ChannelSnapshot<'_> {
+    fn snapshot_seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn write_snapshot(&self, out: &mut Vec<u8>) {
+        let (channel, channels) = (self.channel, self.channels.max(1));
+        write_book_l2(self.book, |l| l % channels == channel, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::{generate, GenConfig};
+    use crate::itch::decode_exact;
+    use crate::view::{book_l2, MarketView};
+
+    #[test]
+    fn channel_snapshot_holds_only_its_symbols() {
+        let mut book = Book::new();
+        generate(
+            &GenConfig {
+                seed: 5,
+                messages: 5_000,
+                symbols: 10,
+            },
+            |m| book.apply(&decode_exact(m).unwrap(), &mut |_: &_| {}),
+        );
+        let mut all = MarketView::new();
+        all.restore_l2(&book_l2(&book, |_| true)).unwrap();
+        for c in 0..4u16 {
+            let s = ChannelSnapshot {
+                book: &book,
+                channel: c,
+                channels: 4,
+                seq: 42,
+            };
+            assert_eq!(s.snapshot_seq(), 42);
+            let mut bytes = Vec::new();
+            s.write_snapshot(&mut bytes);
+            let mut v = MarketView::new();
+            v.restore_l2(&bytes).unwrap();
+            assert!(v.symbols().count() > 0);
+            for (l, sym) in v.symbols() {
+                assert_eq!(l % 4, c);
+                assert_eq!(Some(sym), all.symbol(l));
+            }
+        }
+    }
+}

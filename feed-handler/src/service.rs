@@ -1,0 +1,571 @@
+//! `feed-handler run`: MoldUDP64 (UDP multicast, or a capture file) → ITCH decode → books →
+//! normalized messages on the rocebus market-data path.
+//!
+//! [`Pipeline`] is the I/O-free middle (decode, book, partitioned publishing through any
+//! [`MdSink`]); [`Service`] is the thin busy-polling shell around it: the input socket or
+//! file, the bus publishers ([`BusSink`]), the shared-memory counters, and the stop
+//! conditions. It owns no protocol decisions: gap recovery is the
+//! [`crate::moldudp64::GapTracker`]'s, bus sequencing and recovery are rocebus's.
+
+use crate::badinput::RateLimitedLog;
+use crate::binaryfile::{self, DetectError, Framing, Reader};
+use crate::book::Book;
+use crate::bus::BusSink;
+use crate::config::Config;
+use crate::itch;
+use crate::publish::{MdSink, PublishCounters, Publisher};
+use crate::udp::{ReceiverConfig, UdpReceiver};
+use rocebus::counters::{Counter, CountersError, CountersFile};
+use rocebus::idle::{pin_current_thread, Idler};
+use rocebus::mcast::{now_ns, NetError};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Decode → book → publish, for one input message at a time. Generic over the sink so the
+/// same path runs on the bus, in tests and in latency harnesses.
+#[derive(Debug)]
+pub struct Pipeline<S> {
+    book: Book,
+    publisher: Publisher<S>,
+    malformed: u64,
+    log: RateLimitedLog,
+}
+
+impl<S: MdSink> Pipeline<S> {
+    /// Publishes through `sink` on `partitions` channels; at most `log_per_sec` lines per
+    /// second about bad messages.
+    pub fn new(sink: S, partitions: u16, log_per_sec: u32) -> Self {
+        Self {
+            book: Book::new(),
+            publisher: Publisher::new(sink, partitions),
+            malformed: 0,
+            log: RateLimitedLog::new(log_per_sec),
+        }
+    }
+
+    /// Applies one ITCH message received at `received_ns` (handed to
+    /// [`MdSink::on_input`]). A message that does not decode is counted, logged at a
+    /// bounded rate and skipped.
+    pub fn on_message(&mut self, received_ns: u64, bytes: &[u8]) {
+        self.publisher.sink_mut().on_input(received_ns);
+        match itch::decode_exact(bytes) {
+            Ok(m) => self.book.apply(&m, &mut self.publisher),
+            Err(error) => {
+                self.malformed += 1;
+                if let Some(suppressed) = self.log.allow(Instant::now()) {
+                    tracing::warn!(%error, suppressed, "skipping undecodable ITCH message");
+                }
+            }
+        }
+    }
+
+    /// The books.
+    pub fn book(&self) -> &Book {
+        &self.book
+    }
+
+    /// Published / refused totals.
+    pub fn publish_counters(&self) -> &PublishCounters {
+        self.publisher.counters()
+    }
+
+    /// Messages that did not decode.
+    pub fn malformed(&self) -> u64 {
+        self.malformed
+    }
+
+    /// The sink.
+    pub fn sink(&self) -> &S {
+        self.publisher.sink()
+    }
+
+    /// The books and the sink at once (e.g. to poll bus publishers with the books as their
+    /// snapshot source).
+    pub fn parts_mut(&mut self) -> (&Book, &mut S) {
+        (&self.book, self.publisher.sink_mut())
+    }
+}
+
+/// Why the service failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// The capture file could not be read.
+    #[error("cannot read capture {path}")]
+    ReadCapture {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The capture file is not a BinaryFILE.
+    #[error("{path} is not a BinaryFILE capture")]
+    CaptureFormat {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: DetectError,
+    },
+    /// The feed's UDP sockets could not be opened or failed.
+    #[error("UDP feed {group} (interface {interface}) failed")]
+    Udp {
+        /// The group.
+        group: std::net::SocketAddr,
+        /// The interface.
+        interface: std::net::Ipv4Addr,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The bus publishers could not be opened or failed.
+    #[error("market-data bus on {local_ip} failed")]
+    Bus {
+        /// The local RDMA address.
+        local_ip: std::net::IpAddr,
+        /// Cause.
+        #[source]
+        source: NetError,
+    },
+    /// The counters file could not be created.
+    #[error("cannot create the counters file")]
+    Counters(#[source] CountersError),
+}
+
+/// Where ITCH comes from.
+#[derive(Debug)]
+enum Source {
+    Udp(Box<UdpReceiver>),
+    Capture(Capture),
+}
+
+/// A capture in memory, read a batch of records per loop pass.
+#[derive(Debug)]
+struct Capture {
+    data: Vec<u8>,
+    pos: usize,
+    framing: Framing,
+    messages: u64,
+    bad_records: u64,
+}
+
+/// Records read from a capture per loop pass, so the bus is polled often.
+const CAPTURE_BATCH: usize = 64;
+
+impl Capture {
+    fn open(path: &Path) -> Result<Self, ServiceError> {
+        let data = std::fs::read(path).map_err(|source| ServiceError::ReadCapture {
+            path: path.into(),
+            source,
+        })?;
+        let framing = binaryfile::detect(&data).map_err(|source| ServiceError::CaptureFormat {
+            path: path.into(),
+            source,
+        })?;
+        Ok(Self {
+            data,
+            pos: 0,
+            framing,
+            messages: 0,
+            bad_records: 0,
+        })
+    }
+
+    fn done(&self) -> bool {
+        self.pos >= self.data.len()
+    }
+
+    /// Hands up to [`CAPTURE_BATCH`] messages to `deliver`; returns how many records it read.
+    fn feed(&mut self, mut deliver: impl FnMut(&[u8])) -> usize {
+        let mut r = Reader::with_framing(&self.data[self.pos..], self.framing);
+        let mut n = 0;
+        for record in r.by_ref().take(CAPTURE_BATCH) {
+            n += 1;
+            // Bad records are counted and logged (rate-limited) by the reader.
+            if let Ok(m) = record {
+                deliver(m.as_bytes());
+            }
+        }
+        self.messages += r.counters().messages;
+        self.bad_records += r.counters().bad_records;
+        self.pos += r.position();
+        n
+    }
+}
+
+/// How long the service runs.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+    /// Stop once the feed's end of session was received and every message before it
+    /// delivered (or the capture file read), after serving bus recovery as
+    /// `service.linger_ms` says.
+    pub exit_on_end_of_session: bool,
+}
+
+/// Totals of a run, as also exported in the counters file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// MoldUDP64 packets accepted (capture: records read).
+    pub packets: u64,
+    /// ITCH messages delivered in sequence.
+    pub messages: u64,
+    /// MoldUDP64 gaps detected.
+    pub gaps: u64,
+    /// Re-requests sent to the exchange's retransmission server.
+    pub re_requests: u64,
+    /// Messages recovered through re-requests.
+    pub recovered: u64,
+    /// Messages given up as lost after the retries.
+    pub lost: u64,
+    /// Bad input skipped: invalid packets, undecodable messages, bad capture records.
+    pub malformed: u64,
+    /// Normalized messages published on the bus.
+    pub published: u64,
+    /// Bus back-pressure: messages the bus refused plus datagrams overwritten in the
+    /// publisher history before pacing let them out.
+    pub bus_back_pressure: u64,
+    /// Datagrams multicast on the bus.
+    pub bus_datagrams: u64,
+    /// Bus retransmit requests served.
+    pub bus_retransmit_requests: u64,
+    /// Bus snapshots served to late joiners.
+    pub bus_snapshots_served: u64,
+    /// Bus recovery connections open now.
+    pub bus_connections: u64,
+}
+
+/// Reads one total.
+type Field = fn(&Totals) -> u64;
+
+const EXPORTED: &[(&str, Field)] = &[
+    ("packets", |t| t.packets),
+    ("messages", |t| t.messages),
+    ("gaps", |t| t.gaps),
+    ("re_requests", |t| t.re_requests),
+    ("recovered", |t| t.recovered),
+    ("lost", |t| t.lost),
+    ("malformed", |t| t.malformed),
+    ("published", |t| t.published),
+    ("bus_back_pressure", |t| t.bus_back_pressure),
+    ("bus_datagrams", |t| t.bus_datagrams),
+    ("bus_retransmit_requests", |t| t.bus_retransmit_requests),
+    ("bus_snapshots_served", |t| t.bus_snapshots_served),
+    ("bus_connections", |t| t.bus_connections),
+];
+
+/// The feed handler service. See the module docs.
+#[derive(Debug)]
+pub struct Service {
+    config: Config,
+    pipeline: Pipeline<BusSink>,
+    source: Source,
+    counters: Vec<(Counter, Field)>,
+    _counters_file: Option<CountersFile>,
+}
+
+impl Service {
+    /// Opens the input (the capture in `config.feed.capture`, else the UDP feed) and the
+    /// bus publishers, and allocates counters in `counters` if given
+    /// (`rocebus::counters::counters_path(&default_dir(), "feed-handler")` in production).
+    pub fn new(config: Config, counters: Option<&Path>) -> Result<Self, ServiceError> {
+        let source = match &config.feed.capture {
+            Some(path) => Source::Capture(Capture::open(path)?),
+            None => {
+                let f = &config.feed;
+                let udp_err = |source| ServiceError::Udp {
+                    group: f.group,
+                    interface: f.interface,
+                    source,
+                };
+                Source::Udp(Box::new(
+                    UdpReceiver::new(&ReceiverConfig {
+                        group: f.group,
+                        interface: f.interface,
+                        retrans_server: f.retrans_server,
+                        gap: config.recovery.gap_config(),
+                        recv_buffer: f.recv_buffer_bytes,
+                    })
+                    .map_err(udp_err)?,
+                ))
+            }
+        };
+        let session = match config.publish.session {
+            0 => wall_clock_session(),
+            s => s,
+        };
+        let bus = BusSink::new(&config.market_data, session, config.publish.local_ip).map_err(
+            |source| ServiceError::Bus {
+                local_ip: config.publish.local_ip,
+                source,
+            },
+        )?;
+        let pipeline = Pipeline::new(
+            bus,
+            config.partitions(),
+            config.service.bad_input_log_per_sec,
+        );
+        let (file, counters) = match counters {
+            Some(path) => {
+                let file = CountersFile::create(path, 64).map_err(ServiceError::Counters)?;
+                let c = EXPORTED
+                    .iter()
+                    .map(|(name, f)| Ok((file.allocate(&format!("feed.{name}"))?, *f)))
+                    .collect::<Result<Vec<_>, CountersError>>()
+                    .map_err(ServiceError::Counters)?;
+                (Some(file), c)
+            }
+            None => (None, Vec::new()),
+        };
+        Ok(Self {
+            config,
+            pipeline,
+            source,
+            counters,
+            _counters_file: file,
+        })
+    }
+
+    /// The pipeline (books, publish totals, bus publishers).
+    pub fn pipeline(&self) -> &Pipeline<BusSink> {
+        &self.pipeline
+    }
+
+    /// Totals so far.
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        match &self.source {
+            Source::Udp(r) => {
+                let c = r.tracker().counters();
+                t.packets = c.packets;
+                t.messages = c.messages;
+                t.gaps = c.gaps;
+                t.re_requests = c.requests;
+                t.recovered = c.recovered;
+                t.lost = c.lost;
+                t.malformed = c.malformed;
+            }
+            Source::Capture(c) => {
+                t.packets = c.messages + c.bad_records;
+                t.messages = c.messages;
+                t.malformed = c.bad_records;
+            }
+        }
+        t.malformed += self.pipeline.malformed();
+        let p = self.pipeline.publish_counters();
+        let io = self.pipeline.sink().io_stats();
+        t.published = p.published;
+        t.bus_back_pressure = p.failed + io.unsent_overwritten;
+        t.bus_datagrams = io.datagrams_sent;
+        t.bus_retransmit_requests = io.retransmit_requests;
+        t.bus_snapshots_served = io.snapshots_served;
+        t.bus_connections = self.pipeline.sink().connections() as u64;
+        t
+    }
+
+    fn export(&self) {
+        if self.counters.is_empty() {
+            return;
+        }
+        let t = self.totals();
+        for (c, f) in &self.counters {
+            c.set(f(&t));
+        }
+    }
+
+    fn input_ended(&self) -> bool {
+        match &self.source {
+            Source::Udp(r) => r.tracker().is_complete(),
+            Source::Capture(c) => c.done(),
+        }
+    }
+
+    /// Runs the busy-polling loop until `stop` is set (by a signal handler), `duration`
+    /// passes, or, with `exit_on_end_of_session`, the feed ended and bus recovery was
+    /// served. Pins the thread first if `service.core` says so.
+    pub fn run(&mut self, opts: &RunOptions, stop: &AtomicBool) -> Result<Totals, ServiceError> {
+        if let Some(core) = self.config.service.core {
+            if !pin_current_thread(core) {
+                tracing::warn!(core, "could not pin the feed handler to its core");
+            }
+        }
+        let local_ip = self.config.publish.local_ip;
+        let bus_err = |source| ServiceError::Bus { local_ip, source };
+        let (group, interface) = (self.config.feed.group, self.config.feed.interface);
+        let udp_err = |source| ServiceError::Udp {
+            group,
+            interface,
+            source,
+        };
+        let mut idler = Idler::new(self.config.service.idle);
+        let start = Instant::now();
+        let counters_every = self.config.service.counters_interval_ms * 1_000_000;
+        let linger = Duration::from_millis(self.config.service.linger_ms);
+        let mut next_export = 0;
+        // Set once the feed has ended: (when, recovery work seen, last time it changed).
+        let mut draining: Option<(u64, Instant)> = None;
+        loop {
+            // ORDERING: Relaxed: a flag with no data attached; the loop re-reads it each pass.
+            if stop.load(Ordering::Relaxed) || opts.duration.is_some_and(|d| start.elapsed() >= d) {
+                break;
+            }
+            let now = now_ns();
+            let mut work = 0;
+            let pipeline = &mut self.pipeline;
+            pipeline.parts_mut().1.set_now(now);
+            match &mut self.source {
+                Source::Udp(r) => {
+                    let got = r
+                        .poll_timed(&mut now_ns, &mut |t, _seq, m| pipeline.on_message(t, m))
+                        .map_err(udp_err)?;
+                    work += usize::from(got);
+                }
+                Source::Capture(c) => work += c.feed(|m| pipeline.on_message(now, m)),
+            }
+            let (book, bus) = pipeline.parts_mut();
+            work += bus.poll(now, book).map_err(bus_err)?;
+            if now >= next_export {
+                next_export = now + counters_every;
+                self.export();
+            }
+            if opts.exit_on_end_of_session && self.input_ended() {
+                let io = self.pipeline.sink().io_stats();
+                let served = io.retransmit_requests + io.snapshots_served;
+                match &mut draining {
+                    None => {
+                        self.pipeline.parts_mut().1.flush(now).map_err(bus_err)?;
+                        tracing::info!("feed ended; serving bus recovery before exit");
+                        draining = Some((served, Instant::now()));
+                    }
+                    Some((seen, since)) => {
+                        if *seen != served {
+                            *seen = served;
+                            *since = Instant::now();
+                        }
+                        if self.pipeline.sink().connections() == 0 || since.elapsed() >= linger {
+                            break;
+                        }
+                    }
+                }
+            }
+            idler.idle(work);
+        }
+        self.pipeline
+            .parts_mut()
+            .1
+            .flush(now_ns())
+            .map_err(bus_err)?;
+        self.export();
+        Ok(self.totals())
+    }
+}
+
+/// A bus session id that grows across restarts: microseconds since the Unix epoch.
+fn wall_clock_session() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_micros() as u64)
+        .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::{generate, GenConfig};
+    use crate::view::{book_l2, MarketView};
+
+    /// A sink that applies what it is given to one view per partition, the way subscribers
+    /// of each channel would.
+    struct Views(Vec<MarketView>, u64);
+    impl MdSink for Views {
+        type Error = std::convert::Infallible;
+        fn publish(&mut self, channel: u16, message: &[u8]) -> Result<(), Self::Error> {
+            self.0[usize::from(channel)]
+                .apply(message)
+                .expect("valid normalized message");
+            Ok(())
+        }
+        fn on_input(&mut self, received_ns: u64) {
+            self.1 = received_ns;
+        }
+    }
+
+    #[test]
+    fn pipeline_counts_bad_messages_and_publishes_the_rest() {
+        let mut p = Pipeline::new(Views(vec![MarketView::new(), MarketView::new()], 0), 2, 1);
+        let mut n = 0;
+        generate(
+            &GenConfig {
+                seed: 2,
+                messages: 3_000,
+                symbols: 8,
+            },
+            |m| {
+                n += 1;
+                p.on_message(n, m);
+                // Truncated and unknown-type messages between the good ones.
+                p.on_message(n, &m[..m.len() - 1]);
+                p.on_message(n, b"?junk");
+            },
+        );
+        assert_eq!(p.malformed(), 2 * n);
+        assert_eq!(p.sink().1, n, "on_input saw the receive time");
+        assert_eq!(p.book().counters().messages, n);
+        for c in 0..2u16 {
+            assert_eq!(
+                p.sink().0[usize::from(c)].l2(),
+                book_l2(p.book(), |l| l % 2 == c)
+            );
+        }
+        assert!(p.publish_counters().published > 0 && p.publish_counters().failed == 0);
+    }
+
+    #[test]
+    fn capture_is_read_in_batches_with_bad_records_counted() {
+        let mut data = Vec::new();
+        let mut messages = 0u64;
+        generate(
+            &GenConfig {
+                seed: 4,
+                messages: 500,
+                symbols: 4,
+            },
+            |m| {
+                messages += 1;
+                binaryfile::push_record(&mut data, m);
+            },
+        );
+        // An unknown type in the middle: one bad record, reading goes on.
+        let mut bad = Vec::new();
+        binaryfile::push_record(&mut bad, b"?12345");
+        let mid = data.len() / 2;
+        let mid = {
+            // Cut at a record boundary.
+            let mut r = Reader::new(&data).unwrap();
+            for _ in r.by_ref().take(200) {}
+            let _ = mid;
+            r.position()
+        };
+        data.splice(mid..mid, bad);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("day.itch");
+        std::fs::write(&path, &data).unwrap();
+        let mut c = Capture::open(&path).unwrap();
+        let mut got = 0u64;
+        let mut passes = 0;
+        while !c.done() {
+            assert!(c.feed(|_| got += 1) <= CAPTURE_BATCH);
+            passes += 1;
+        }
+        assert_eq!((got, c.messages, c.bad_records), (messages, messages, 1));
+        assert!(passes > 500 / CAPTURE_BATCH);
+        assert!(matches!(
+            Capture::open(&dir.path().join("missing")),
+            Err(ServiceError::ReadCapture { .. })
+        ));
+    }
+}

@@ -1,0 +1,69 @@
+//! The `feed-handler run` command line on the host: help text and configuration errors
+//! (no RDMA device is needed to get that far).
+
+use std::process::{Command, Output};
+
+fn feed_handler(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_feed-handler"))
+        .args(args)
+        .output()
+        .expect("run feed-handler")
+}
+
+#[test]
+fn run_help_explains_the_service() {
+    let out = feed_handler(&["run", "--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for word in [
+        "--config",
+        "--capture",
+        "--duration",
+        "--exit-on-end-of-session",
+        "--counters",
+        "SIGTERM",
+        "rocebus stat",
+        "re-requests",
+    ] {
+        assert!(text.contains(word), "`run --help` lacks {word}:\n{text}");
+    }
+    let out = feed_handler(&["--help"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("run"));
+}
+
+#[test]
+fn bad_config_names_the_file_and_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/feed-handler.toml");
+    let text = std::fs::read_to_string(example).unwrap();
+    let cases = [
+        (
+            text.replace("max_retries = 5", "max_retrys = 5"),
+            "max_retrys",
+        ),
+        (
+            text.replace("line_a = \"239.1.10.2\"", "line_a = \"10.1.10.2\""),
+            "market_data.channels[1].line_a",
+        ),
+        (
+            text.replace("group = \"239.1.1.1:26477\"", "group = \"nowhere\""),
+            "group",
+        ),
+    ];
+    for (i, (bad, key)) in cases.iter().enumerate() {
+        assert_ne!(bad, &text, "case {i} changed nothing");
+        let path = dir.path().join(format!("bad{i}.toml"));
+        std::fs::write(&path, bad).unwrap();
+        let out = feed_handler(&["run", "--config", path.to_str().unwrap()]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("bad{i}.toml")) && err.contains(key),
+            "case {i}: {err}"
+        );
+    }
+    let out = feed_handler(&["run", "--config", "does/not/exist.toml"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does/not/exist.toml"));
+}
