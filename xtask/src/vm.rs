@@ -176,7 +176,9 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
         fs::write(out_dir.join("hostpath"), out_dir.display().to_string())?;
         let mut keep = vec![workspace.canonicalize()?.display().to_string()];
         keep.push(cwd.display().to_string());
-        if let Some(t) = std::env::var_os("CARGO_TARGET_DIR").and_then(|t| PathBuf::from(t).canonicalize().ok()) {
+        if let Some(t) =
+            std::env::var_os("CARGO_TARGET_DIR").and_then(|t| PathBuf::from(t).canonicalize().ok())
+        {
             keep.push(t.display().to_string());
         }
         fs::write(out_dir.join("keep"), keep.join("\n") + "\n")?;
@@ -187,7 +189,10 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
             // host's loopback where nobody listens, so the virtio queue
             // always drains: a hub with a single port never takes them and
             // rxe stalls the QP after 64 unsent packets.
-            format!("socket,id=n0,udp=127.0.0.1:{},localaddr=127.0.0.1:{}", ports[1], ports[0])
+            format!(
+                "socket,id=n0,udp=127.0.0.1:{},localaddr=127.0.0.1:{}",
+                ports[1], ports[0]
+            )
         } else {
             format!(
                 "socket,id=n0,udp=127.0.0.1:{},localaddr=127.0.0.1:{}",
