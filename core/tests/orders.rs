@@ -242,6 +242,36 @@ fn rdma_two_hosts_orders_torture() {
 #[ignore = "rdma: needs two soft-RoCE guests with 10% loss (cargo xtask test)"]
 fn rdma_two_hosts_orders_loss10pct_nothing_lost() {
     two_hosts_torture(7483, 5_000);
+    // The loss was real: netem dropped packets on this guest's egress, and
+    // RC recovered them by retransmission (every frame above arrived whole,
+    // in order).
+    let qdisc = std::process::Command::new("tc")
+        .args(["-s", "qdisc", "show", "dev", "eth0"])
+        .output()
+        .expect("tc");
+    let text = String::from_utf8_lossy(&qdisc.stdout);
+    let dropped: u64 = text
+        .split("dropped ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(text.contains("netem"), "no netem qdisc on eth0: {text}");
+    assert!(dropped > 0, "netem dropped nothing: {text}");
+    let counter = |name: &str| -> u64 {
+        std::fs::read_to_string(format!(
+            "/sys/class/infiniband/rxe0/ports/1/hw_counters/{name}"
+        ))
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+    };
+    let retries = counter("completer_retry_err") + counter("duplicate_request");
+    println!("netem dropped {dropped} packets; rxe retries + duplicates: {retries}");
+    assert!(
+        retries > 0,
+        "no RC retransmission seen despite {dropped} drops"
+    );
 }
 
 fn two_hosts_torture(port: u16, frames: u64) {
