@@ -28,6 +28,7 @@
 //! # }
 //! ```
 
+pub mod demo;
 pub mod md;
 pub mod rc;
 pub mod report;

@@ -2,6 +2,7 @@
 //! benchmarks and the demo. Run as `cargo xtask <command>`.
 
 mod bench;
+mod demo;
 mod fuzz;
 mod setup;
 mod test;
@@ -86,6 +87,29 @@ enum Cmd {
         #[arg(long, short = 'n')]
         iterations: Option<u64>,
     },
+    /// The main job: the whole pipeline on soft-RoCE, then the latency report.
+    ///
+    /// feed-handler replay → feed-handler → UD multicast → sample-engine → RC →
+    /// order-gateway → venue → fills back, for a bounded time with a progress line per
+    /// second; then the report (market-data latency, order round trip, counts), `.hgrm`
+    /// files, PNG/SVG plots and the `rocebus stat` output taken mid-run, in --out.
+    Demo {
+        /// Seconds of trading.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Output folder (report, .hgrm, plots, logs).
+        #[arg(long, default_value = "demo-out")]
+        out: PathBuf,
+        /// The venue behind the gateway.
+        #[arg(long, value_enum, default_value_t = demo::Venue::Sim)]
+        venue: demo::Venue,
+        /// ITCH messages per second the exchange replays.
+        #[arg(long, default_value_t = 2000)]
+        rate: u64,
+        /// Orders per second the engine sends (default: configs/demo/sample-engine.toml's).
+        #[arg(long)]
+        order_rate: Option<u64>,
+    },
     /// Run every cargo-fuzz target for a bounded time (installs cargo-fuzz if missing).
     Fuzz {
         /// Seconds of fuzzing per target.
@@ -135,7 +159,11 @@ fn main() -> Result<()> {
             let out = vm::run(&img, &root, &line, &opts)?;
             std::process::exit(out.status());
         }
-        Cmd::Test { rdma_only, filter, no_fuzz } => {
+        Cmd::Test {
+            rdma_only,
+            filter,
+            no_fuzz,
+        } => {
             test::run(&root, rdma_only, filter.as_deref(), !no_fuzz)?;
         }
         Cmd::Bench {
@@ -145,6 +173,24 @@ fn main() -> Result<()> {
             iterations,
         } => {
             bench::run(&root, &name, rounds, size, iterations)?;
+        }
+        Cmd::Demo {
+            seconds,
+            out,
+            venue,
+            rate,
+            order_rate,
+        } => {
+            demo::run(
+                &root,
+                &demo::DemoOptions {
+                    seconds,
+                    out,
+                    venue,
+                    rate,
+                    order_rate,
+                },
+            )?;
         }
         Cmd::Fuzz { seconds, target } => {
             fuzz::run(&root, seconds, target.as_deref())?;

@@ -30,6 +30,16 @@ struct TestBin {
 
 /// Builds the workspace's test binaries and returns those with RDMA tests.
 fn rdma_test_binaries(root: &Path) -> Result<Vec<TestBin>> {
+    // Some RDMA tests start the workspace's binaries (the demo pipeline):
+    // build them all, not only those of the tests' own packages.
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "--workspace", "--bins"])
+        .current_dir(root)
+        .status()
+        .context("cargo build --workspace --bins")?;
+    if !st.success() {
+        bail!("building the workspace's binaries failed");
+    }
     let out = Command::new(env!("CARGO"))
         .args(["test", "--workspace", "--no-run", "--message-format=json"])
         .current_dir(root)

@@ -1,0 +1,119 @@
+# The rocebus demo pipeline on one host (a soft-RoCE guest, or a host with an RDMA device):
+#
+#   feed-handler replay (the exchange: MoldUDP64 over UDP multicast)
+#     -> feed-handler run (books -> normalized market data on rocebus UD multicast)
+#     -> sample-engine (strategy; orders on a fixed schedule over RC)
+#     -> order-gateway run (risk, journal, FIX 4.4) -> venue (simulator or QuickFIX)
+#     -> acks and fills back to sample-engine
+#
+# Run by `cargo xtask demo` (in the guest) and by bench/tests/demo_pipeline.rs. Inputs, as
+# environment variables:
+#   DEMO_BIN      folder with feed-handler, order-gateway(-sim), sample-engine and rocebus
+#   DEMO_ROOT     the workspace root (configs/demo/ is read from there)
+#   DEMO_DAY      the ITCH 5.0 BinaryFILE to replay
+#   DEMO_OUT      where logs, counters snapshots and the report go
+#   DEMO_SECONDS  seconds of trading (default 30)
+#   DEMO_RATE     ITCH messages per second replayed (default 2000)
+#   DEMO_VENUE    sim (default) or quickfix
+#   DEMO_ORDER_RATE  orders per second (default: the engine config's)
+#   DEMO_ADDR     this host's address on the RDMA device (default $ROCEBUS_GUEST_ADDR)
+#   DEMO_PYTHON   the python with quickfix (for DEMO_VENUE=quickfix)
+# The engine's progress lines go to stdout; everything else to DEMO_OUT/*.log. Exits with
+# the engine's status (non-zero also when a component died early).
+set -u
+: "${DEMO_BIN:?}" "${DEMO_ROOT:?}" "${DEMO_DAY:?}" "${DEMO_OUT:?}"
+SECONDS_=${DEMO_SECONDS:-30}
+RATE=${DEMO_RATE:-2000}
+VENUE=${DEMO_VENUE:-sim}
+ADDR=${DEMO_ADDR:-${ROCEBUS_GUEST_ADDR:-198.18.0.1}}
+WORK=$(mktemp -d /tmp/rocebus-demo.XXXXXX)
+export ROCEBUS_DIR="$WORK/counters"
+export RUST_LOG="${RUST_LOG:-warn}"
+mkdir -p "$ROCEBUS_DIR" "$DEMO_OUT"
+pids=""
+
+stop_all() {
+    for p in $pids; do kill -INT "$p" 2>/dev/null; done
+    sleep 1
+    for p in $pids; do kill -KILL "$p" 2>/dev/null; done
+    wait 2>/dev/null
+}
+trap stop_all EXIT
+die() {
+    echo "demo: $*"
+    for f in "$DEMO_OUT"/*.log; do
+        [ -s "$f" ] || continue
+        echo "demo: --- last lines of $(basename "$f")"
+        tail -n 15 "$f"
+    done
+    exit 1
+}
+alive() { kill -0 "$1" 2>/dev/null; }
+
+# The configs name the first guest's address; on another host they are rewritten to ours,
+# and every writable path points into $WORK (the host's files may be read-only).
+gw_name=order-gateway
+[ "$VENUE" = quickfix ] && gw_name=order-gateway-quickfix
+for f in feed-handler sample-engine $gw_name; do
+    sed -e "s/198\.18\.0\.1/$ADDR/g" -e "s#/tmp/rocebus-demo#$WORK#g" \
+        "$DEMO_ROOT/configs/demo/$f.toml" > "$WORK/$f.toml" || die "cannot read configs/demo/$f.toml"
+done
+gw_config="$WORK/$gw_name.toml"
+if [ "$VENUE" = quickfix ]; then
+    # The venue runs until its stdin closes: feed it a pipe this script holds open.
+    mkfifo "$WORK/venue.stdin"
+    "${DEMO_PYTHON:-python3}" "$DEMO_ROOT/order-gateway/venue/venue.py" --port 9878 \
+        --dir "$WORK/venue" --sender VENUE --target GW < "$WORK/venue.stdin" > "$DEMO_OUT/venue.log" 2>&1 &
+    venue=$!; pids="$pids $venue"
+    exec 3> "$WORK/venue.stdin"
+    i=0
+    until grep -q READY "$DEMO_OUT/venue.log" 2>/dev/null; do
+        alive $venue || die "the QuickFIX venue exited"
+        i=$((i + 1)); [ $i -lt 300 ] || die "the QuickFIX venue did not start in 30 s"
+        sleep 0.1
+    done
+fi
+
+echo "demo: starting order-gateway ($VENUE venue), feed-handler, sample-engine; replaying $(basename "$DEMO_DAY") at $RATE msg/s; $SECONDS_ s of trading"
+if [ "$VENUE" = quickfix ]; then
+    "$DEMO_BIN/order-gateway" run --config "$gw_config" > "$DEMO_OUT/order-gateway.log" 2>&1 &
+else
+    "$DEMO_BIN/order-gateway-sim" --config "$gw_config" > "$DEMO_OUT/order-gateway.log" 2>&1 &
+fi
+gw=$!; pids="$pids $gw"
+"$DEMO_BIN/feed-handler" run --config "$WORK/feed-handler.toml" > "$DEMO_OUT/feed-handler.log" 2>&1 &
+fh=$!; pids="$pids $fh"
+sleep 1
+alive $gw || die "order-gateway exited at start"
+alive $fh || die "feed-handler exited at start"
+
+"$DEMO_BIN/sample-engine" --config "$WORK/sample-engine.toml" --seconds "$SECONDS_" \
+    ${DEMO_ORDER_RATE:+--orders-per-second "$DEMO_ORDER_RATE"} \
+    --out "$DEMO_OUT/report" 2> "$DEMO_OUT/sample-engine.log" &
+engine=$!; pids="$pids $engine"
+# The exchange opens once the engine is subscribed and logged on (its counters appear then).
+i=0
+until [ -e "$ROCEBUS_DIR/sample-engine.counters" ]; do
+    alive $engine || die "sample-engine exited before trading"
+    i=$((i + 1)); [ $i -lt 600 ] || die "sample-engine did not connect in 60 s"
+    sleep 0.1
+done
+"$DEMO_BIN/feed-handler" replay "$DEMO_DAY" --group 239.1.1.1:26477 --rate "$RATE" \
+    --retrans-port 26478 > "$DEMO_OUT/replay.log" 2>&1 &
+replay=$!; pids="$pids $replay"
+echo "demo: $(date +%T) the engine is trading; the exchange opened"
+
+# Mid-run: read every component's counters from this other process, as an operator would.
+sleep $((SECONDS_ / 2))
+if alive $engine; then
+    "$DEMO_BIN/rocebus" stat --once > "$DEMO_OUT/stat.txt" 2>&1
+    "$DEMO_BIN/rocebus" stat --prometheus > "$DEMO_OUT/stat.prom" 2>&1
+    echo "demo: $(date +%T) rocebus stat read $(grep -vc '^#' "$DEMO_OUT/stat.prom") metrics of the running components"
+fi
+wait $engine
+status=$?
+alive $gw || echo "demo: order-gateway died during the run (see order-gateway.log)"
+alive $fh || echo "demo: feed-handler died during the run (see feed-handler.log)"
+cat "$DEMO_OUT/sample-engine.log" >&2
+[ $status -eq 0 ] || die "sample-engine failed with status $status"
+exit 0

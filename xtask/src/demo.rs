@@ -1,0 +1,278 @@
+//! `cargo xtask demo`: the whole pipeline in one command, then the report.
+//!
+//! Set-up (cached), release binaries, a generated ITCH day, then `demo/pipeline.sh` in one
+//! soft-RoCE guest (or natively where the host has an RDMA device): replay → feed-handler →
+//! UD multicast → sample-engine → RC → order-gateway → venue → back. The engine measures and
+//! writes the report, `.hgrm` files and plots; this module copies them into the output
+//! folder, adds the `rocebus stat` output taken mid-run, and prints it all.
+
+use crate::{setup, venue, vm};
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const PIPELINE_SH: &str = include_str!("../demo/pipeline.sh");
+
+/// The venue behind the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Venue {
+    /// The gateway's built-in venue simulator (acks and fills at once).
+    Sim,
+    /// A real QuickFIX acceptor (Python, `order-gateway/venue/venue.py`).
+    Quickfix,
+}
+
+/// What `cargo xtask demo` runs.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Seconds of trading.
+    pub seconds: u64,
+    /// Output folder.
+    pub out: PathBuf,
+    /// Venue.
+    pub venue: Venue,
+    /// ITCH messages per second replayed.
+    pub rate: u64,
+    /// Orders per second (default: the engine config's).
+    pub order_rate: Option<u64>,
+}
+
+/// Binaries the pipeline runs: (package, binary).
+const BINARIES: &[(&str, &str)] = &[
+    ("feed-handler", "feed-handler"),
+    ("order-gateway", "order-gateway"),
+    ("rocebus-bench", "sample-engine"),
+    ("rocebus", "rocebus"),
+];
+
+fn host_rdma_addr() -> Option<String> {
+    // The IPv4-mapped GID (::ffff:a.b.c.d) of the first device's port 1, index 1.
+    let dev = std::fs::read_dir("/sys/class/infiniband")
+        .ok()?
+        .next()?
+        .ok()?;
+    let gid = std::fs::read_to_string(dev.path().join("ports/1/gids/1")).ok()?;
+    let hex: Vec<u8> = gid
+        .trim()
+        .split(':')
+        .skip(6)
+        .flat_map(|w| {
+            let v = u16::from_str_radix(w, 16).unwrap_or(0);
+            [(v >> 8) as u8, v as u8]
+        })
+        .collect();
+    (hex.len() == 4).then(|| format!("{}.{}.{}.{}", hex[0], hex[1], hex[2], hex[3]))
+}
+
+/// Parses the `RESULT key=value ...` line of the engine.
+pub fn parse_result(text: &str) -> Option<BTreeMap<String, u64>> {
+    let line = text.lines().rev().find(|l| l.starts_with("RESULT "))?;
+    line.split_whitespace()
+        .skip(1)
+        .map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_owned(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Why a finished run does not count as a working pipeline, if it does not.
+pub fn judge(result: &BTreeMap<String, u64>) -> Option<String> {
+    let get = |k: &str| result.get(k).copied().unwrap_or(0);
+    if get("md_messages") == 0 {
+        return Some("no market data reached the engine".into());
+    }
+    if get("orders") == 0 || get("acks") == 0 {
+        return Some("no order made the round trip to the venue".into());
+    }
+    if get("md_unrecoverable") != 0 {
+        return Some(format!(
+            "{} unrecoverable market-data losses",
+            get("md_unrecoverable")
+        ));
+    }
+    None
+}
+
+/// Runs the demo; fails if the pipeline did not work end to end.
+pub fn run(root: &Path, opts: &DemoOptions) -> Result<()> {
+    eprintln!("== set-up (cached after the first run)");
+    let img = setup::setup()?;
+    if opts.venue == Venue::Quickfix {
+        venue::ensure_venue()?;
+    }
+    eprintln!("== building release binaries");
+    let mut build = Command::new(env!("CARGO"));
+    build
+        .args(["build", "--release", "--bins"])
+        .current_dir(root);
+    for (package, _) in BINARIES {
+        build.args(["-p", package]);
+    }
+    if !build.status()?.success() {
+        bail!("building the release binaries failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let bin = target.join("release").canonicalize()?;
+
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("cannot create {}", opts.out.display()))?;
+    let out = opts.out.canonicalize()?;
+    // Enough exchange traffic for the whole run (and the start-up), at the replay rate. The
+    // day goes under the target folder, which the guest sees (unlike the host's /tmp).
+    let messages = opts.rate * (opts.seconds + 20);
+    let day = target.join("demo/day.itch50");
+    std::fs::create_dir_all(target.join("demo"))?;
+    eprintln!(
+        "== generating an ITCH 5.0 day ({messages} messages, 100 symbols) into {}",
+        day.display()
+    );
+    let st = Command::new(bin.join("feed-handler"))
+        .args(["generate", "--seed", "1", "--symbols", "100", "--messages"])
+        .arg(messages.to_string())
+        .arg("-o")
+        .arg(&day)
+        .status()?;
+    if !st.success() {
+        bail!("feed-handler generate failed");
+    }
+
+    let python = venue::python();
+    let mut env: Vec<(String, String)> = vec![
+        ("DEMO_BIN".into(), bin.display().to_string()),
+        (
+            "DEMO_ROOT".into(),
+            root.canonicalize()?.display().to_string(),
+        ),
+        ("DEMO_DAY".into(), day.display().to_string()),
+        ("DEMO_SECONDS".into(), opts.seconds.to_string()),
+        ("DEMO_RATE".into(), opts.rate.to_string()),
+        (
+            "DEMO_VENUE".into(),
+            match opts.venue {
+                Venue::Sim => "sim",
+                Venue::Quickfix => "quickfix",
+            }
+            .into(),
+        ),
+        ("DEMO_PYTHON".into(), python.display().to_string()),
+    ];
+    // The Python QuickFIX venue answers a few dozen orders a second under emulation.
+    let order_rate = opts
+        .order_rate
+        .or((opts.venue == Venue::Quickfix).then_some(20));
+    if let Some(r) = order_rate {
+        env.push(("DEMO_ORDER_RATE".into(), r.to_string()));
+    }
+    let guest_out;
+    let status = if let Some(addr) = host_rdma_addr() {
+        eprintln!("== this host has an RDMA device ({addr}): running natively");
+        guest_out = out.join("run");
+        env.push(("DEMO_ADDR".into(), addr));
+        env.push(("DEMO_OUT".into(), guest_out.display().to_string()));
+        Command::new("sh")
+            .arg("-c")
+            .arg(PIPELINE_SH)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(root)
+            .status()?
+            .code()
+            .unwrap_or(1)
+    } else {
+        eprintln!("== running the pipeline in a soft-RoCE guest (emulated: figures are for shape, not speed)");
+        // The guest writes into its own export folder; the script takes it from ROCEBUS_OUT.
+        let script = format!("DEMO_OUT=\"$ROCEBUS_OUT\"\nexport DEMO_OUT\n{PIPELINE_SH}");
+        let vm_opts = vm::VmOptions {
+            timeout: Duration::from_secs(opts.seconds + 300),
+            env,
+            ..Default::default()
+        };
+        let outcome = vm::run(&img, root, &script, &vm_opts)?;
+        guest_out = outcome.out_dirs[0].clone();
+        outcome.status()
+    };
+
+    // Collect: the engine's report folder, the logs and the stat snapshots.
+    let mut copied = Vec::new();
+    for dir in [guest_out.join("report"), guest_out.clone()] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = e.file_name();
+            let keep = p.is_file()
+                && !matches!(
+                    name.to_str(),
+                    Some("guest.sh" | "status" | "hostpath" | "keep")
+                );
+            if keep && p.parent() != Some(&out) {
+                std::fs::copy(&p, out.join(&name))
+                    .with_context(|| format!("cannot copy {}", p.display()))?;
+                copied.push(name.to_string_lossy().into_owned());
+            }
+        }
+    }
+    copied.sort();
+    let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap_or_default();
+    let report = read("report.txt");
+    let stat = read("stat.txt");
+    let prom = read("stat.prom");
+    let mut full = String::new();
+    full.push_str(&report);
+    full.push_str("\n`rocebus stat --once`, read from another process mid-run:\n");
+    full.push_str(if stat.is_empty() {
+        "(not taken)\n"
+    } else {
+        &stat
+    });
+    full.push_str(&format!(
+        "\n`rocebus stat --prometheus` mid-run: {} metric lines (stat.prom)\n",
+        prom.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .count()
+    ));
+    std::fs::write(out.join("report.txt"), &full)?;
+    println!("\n================ rocebus demo report ================");
+    print!("{full}");
+    println!("files in {}: {}", out.display(), copied.join(", "));
+
+    if status != 0 {
+        bail!(
+            "the demo pipeline failed (status {status}); logs are in {}",
+            out.display()
+        );
+    }
+    let result = parse_result(&read("result.txt"))
+        .with_context(|| format!("the engine wrote no result line ({})", out.display()))?;
+    if let Some(problem) = judge(&result) {
+        bail!("the demo ran but {problem}; logs are in {}", out.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_judges_result_lines() {
+        let r = parse_result("noise\nRESULT md_messages=5 orders=3 acks=3 md_unrecoverable=0\n")
+            .unwrap();
+        assert_eq!(r["md_messages"], 5);
+        assert_eq!(judge(&r), None);
+        let mut bad = r.clone();
+        bad.insert("md_unrecoverable".into(), 2);
+        assert!(judge(&bad).unwrap().contains("2 unrecoverable"));
+        bad.insert("acks".into(), 0);
+        assert!(judge(&bad).unwrap().contains("round trip"));
+        bad.insert("md_messages".into(), 0);
+        assert!(judge(&bad).unwrap().contains("market data"));
+        assert!(parse_result("RESULT x=notanumber").is_none());
+        assert!(parse_result("nothing").is_none());
+    }
+}
