@@ -65,41 +65,17 @@ pub struct FeedE2eArgs {
     pub no_sink: bool,
 }
 
-/// TSC clock, as in `md.rs` (the guest's `Instant` traps into the emulator at every read).
-#[allow(unsafe_code)]
+/// Nanoseconds since the first call (`cargo xtask vm` boots guests with the TSC
+/// clocksource, so `Instant::now()` is a vDSO read there as on real hosts).
 mod clock {
     use std::sync::OnceLock;
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
 
-    static CALIBRATION: OnceLock<(u64, f64)> = OnceLock::new();
+    static START: OnceLock<Instant> = OnceLock::new();
 
-    #[cfg(target_arch = "x86_64")]
-    fn ticks() -> u64 {
-        // SAFETY: RDTSC has no preconditions on x86_64 (it reads the time-stamp counter,
-        // touching no memory).
-        #[allow(unused_unsafe)]
-        unsafe {
-            core::arch::x86_64::_rdtsc()
-        }
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    fn ticks() -> u64 {
-        static START: OnceLock<Instant> = OnceLock::new();
-        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-    }
-
-    fn calibrate() -> (u64, f64) {
-        let (i0, t0) = (Instant::now(), ticks());
-        std::thread::sleep(Duration::from_millis(50));
-        let (ns, dt) = (i0.elapsed().as_nanos() as f64, ticks() - t0);
-        (t0, ns / dt.max(1) as f64)
-    }
-
-    /// Nanoseconds since the first call (the first call calibrates: 50 ms); never 0.
+    /// Nanoseconds since the first call.
     pub fn now() -> u64 {
-        let (t0, ns_per_tick) = *CALIBRATION.get_or_init(calibrate);
-        (ticks().saturating_sub(t0) as f64 * ns_per_tick) as u64 + 1
+        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
     }
 }
 
