@@ -16,8 +16,10 @@ use std::time::Duration;
 struct Spec {
     name: &'static str,
     kind: Kind,
-    /// rocebus-bench subcommand (takes -s SIZE -n ITERATIONS).
+    /// rocebus-bench subcommand (takes -n ITERATIONS, and -s SIZE when `sized`).
     ours: &'static str,
+    /// Whether the harness takes a message size (the gateway's orders have a fixed layout).
+    sized: bool,
     /// Extra arguments for ours.
     ours_extra: &'static str,
     /// perftest tool and its extra arguments.
@@ -37,6 +39,7 @@ const SPECS: &[Spec] = &[
         name: "rc-latency",
         kind: Kind::Latency,
         ours: "rc-latency",
+        sized: true,
         ours_extra: "--cores 0,1",
         perftest: "ib_write_lat",
         perftest_extra: "",
@@ -46,6 +49,7 @@ const SPECS: &[Spec] = &[
         name: "rc-throughput",
         kind: Kind::Throughput,
         ours: "rc-throughput",
+        sized: true,
         ours_extra: "",
         perftest: "ib_write_bw",
         perftest_extra: "",
@@ -55,6 +59,7 @@ const SPECS: &[Spec] = &[
         name: "md-throughput",
         kind: Kind::Throughput,
         ours: "md-throughput",
+        sized: true,
         ours_extra: "",
         perftest: "ib_send_bw",
         perftest_extra: "-c UD",
@@ -64,6 +69,7 @@ const SPECS: &[Spec] = &[
         name: "md-latency",
         kind: Kind::Latency,
         ours: "md-latency",
+        sized: true,
         ours_extra: "",
         perftest: "ib_send_lat",
         perftest_extra: "-c UD",
@@ -73,6 +79,7 @@ const SPECS: &[Spec] = &[
         name: "gateway-rtt",
         kind: Kind::Latency,
         ours: "gateway-rtt",
+        sized: false,
         ours_extra: "",
         perftest: "ib_write_lat",
         perftest_extra: "",
@@ -188,9 +195,14 @@ pub fn run(
     );
     for r in 1..=rounds {
         script.push_str(&format!(
-            "echo '@@ours {r}'\ntimeout 300 {exe} {ours} -s {size} -n {n} {extra}\n",
+            "echo '@@ours {r}'\ntimeout 300 {exe} {ours} {sz} -n {n} {extra}\n",
             exe = vm::shell_quote(&exe.display().to_string()),
             ours = spec.ours,
+            sz = if spec.sized {
+                format!("-s {size}")
+            } else {
+                String::new()
+            },
             extra = spec.ours_extra
         ));
         script.push_str(&format!(

@@ -205,9 +205,7 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
             "-accel",
             "tcg",
             "-cpu",
-            // invtsc: a constant, synchronized TSC, so the guest kernel keeps
-            // it as clocksource (see the command line below).
-            "max,+invtsc",
+            "max",
             "-nodefaults",
             "-no-user-config",
         ])
