@@ -427,7 +427,9 @@ fn rdma_md_ab_one_line_cut_stream_continues() {
     let c = r.counters;
     let sent = p.io_stats().datagrams_sent;
     // Line A stopped a quarter in: B carried the rest, without recovery.
-    assert!(c.received_a < sent / 2, "{c:?} sent {sent}");
+    // (Compared with B, not with `sent`: both lines also carry heartbeats,
+    // whose number depends on how often the publisher went idle.)
+    assert!(c.received_a < c.received_b, "{c:?} sent {sent}");
     assert!(
         c.received_b + c.received_retransmit >= sent,
         "{c:?} sent {sent}"
