@@ -371,6 +371,12 @@ impl CmId {
 
     /// Drives `qp` from RESET to RTS with rdma_cm's attributes and `opts`.
     fn bring_up(&self, qp: &QueuePair, opts: &RcOptions, remote: super::Access) -> Result<()> {
+        self.to_init(qp, remote)?;
+        self.to_rts(qp, opts)
+    }
+
+    /// RESET -> INIT with rdma_cm's attributes, granting `remote` access.
+    fn to_init(&self, qp: &QueuePair, remote: super::Access) -> Result<()> {
         use sys::ibv_qp_attr_mask as M;
         let (mut a, mask) = self.init_qp_attr(sys::ibv_qp_state::IBV_QPS_INIT)?;
         a.qp_access_flags = 0;
@@ -380,7 +386,13 @@ impl CmId {
         if remote.contains(super::Access::REMOTE_READ) {
             a.qp_access_flags |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
         }
-        qp.modify(&mut a, mask | M::IBV_QP_ACCESS_FLAGS.0, QpState::Init)?;
+        qp.modify(&mut a, mask | M::IBV_QP_ACCESS_FLAGS.0, QpState::Init)
+    }
+
+    /// INIT -> RTR -> RTS with rdma_cm's attributes (which know the peer
+    /// once it answered), overridden by `opts`.
+    fn to_rts(&self, qp: &QueuePair, opts: &RcOptions) -> Result<()> {
+        use sys::ibv_qp_attr_mask as M;
         let (mut a, mask) = self.init_qp_attr(sys::ibv_qp_state::IBV_QPS_RTR)?;
         if let Some(m) = opts.path_mtu {
             // Only ever lower the MTU below what the route supports.
@@ -699,16 +711,7 @@ impl Resolved {
         let deadline = Instant::now() + timeout;
         // INIT now; RTR/RTS once the peer has answered (its QPN and PSN come
         // with the response and rdma_init_qp_attr knows them then).
-        use sys::ibv_qp_attr_mask as M;
-        let (mut a, mask) = self.id.init_qp_attr(sys::ibv_qp_state::IBV_QPS_INIT)?;
-        a.qp_access_flags = 0;
-        if remote.contains(super::Access::REMOTE_WRITE) {
-            a.qp_access_flags |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
-        }
-        if remote.contains(super::Access::REMOTE_READ) {
-            a.qp_access_flags |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
-        }
-        qp.modify(&mut a, mask | M::IBV_QP_ACCESS_FLAGS.0, QpState::Init)?;
+        self.id.to_init(qp, remote)?;
         let mut p = CmId::conn_param(qp, opts, private_data);
         // SAFETY: valid resolved id and param.
         let rc = unsafe { sys::rdma_connect(self.id.id.as_ptr(), &mut p) };
@@ -725,31 +728,7 @@ impl Resolved {
         )?;
         let peer_data = ev.private_data();
         drop(ev);
-        let (mut a, mask) = self.id.init_qp_attr(sys::ibv_qp_state::IBV_QPS_RTR)?;
-        if let Some(m) = opts.path_mtu {
-            a.path_mtu = a.path_mtu.min(mtu_raw(m));
-        }
-        a.min_rnr_timer = opts.min_rnr_timer;
-        a.max_dest_rd_atomic = opts.max_rd_atomic;
-        qp.modify(
-            &mut a,
-            mask | (M::IBV_QP_MIN_RNR_TIMER | M::IBV_QP_MAX_DEST_RD_ATOMIC | M::IBV_QP_PATH_MTU).0,
-            QpState::Rtr,
-        )?;
-        let (mut a, mask) = self.id.init_qp_attr(sys::ibv_qp_state::IBV_QPS_RTS)?;
-        a.timeout = opts.timeout;
-        a.retry_cnt = opts.retry_count;
-        a.rnr_retry = opts.rnr_retry;
-        a.max_rd_atomic = opts.max_rd_atomic;
-        qp.modify(
-            &mut a,
-            mask | (M::IBV_QP_TIMEOUT
-                | M::IBV_QP_RETRY_CNT
-                | M::IBV_QP_RNR_RETRY
-                | M::IBV_QP_MAX_QP_RD_ATOMIC)
-                .0,
-            QpState::Rts,
-        )?;
+        self.id.to_rts(qp, opts)?;
         // SAFETY: connected id whose QP is in RTS.
         let rc = unsafe { sys::rdma_establish(self.id.id.as_ptr()) };
         if rc != 0 {
