@@ -27,6 +27,7 @@ use rocebus::idle::{IdleStrategy, Idler};
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::net::PublishError;
 use rocebus::mcast::{Handler, McastSubscriber, RestoreError, SnapshotSink};
+use rocebus_bench::rc::local_ip;
 use rocebus_bench::report::Summary;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -148,25 +149,6 @@ impl SnapshotSink for Timed {
         self.view.finish_restore(snapshot_seq)
     }
 }
-
-fn local_ip(a: Option<IpAddr>) -> Result<IpAddr> {
-    if let Some(a) = a {
-        return Ok(a);
-    }
-    if let Some(a) = std::env::var("ROCEBUS_GUEST_ADDR")
-        .ok()
-        .and_then(|a| a.parse().ok())
-    {
-        return Ok(a);
-    }
-    let ctx = rocebus::verbs::Context::open(None)?;
-    let i = ctx.default_gid_index(1)?;
-    ctx.query_gid(1, i)?
-        .ipv4()
-        .map(IpAddr::V4)
-        .context("the RDMA device has no IPv4 GID: pass --addr")
-}
-
 fn pin(cores: &[usize], i: usize) {
     if let Some(c) = cores.get(i) {
         if !rocebus::idle::pin_current_thread(*c) {

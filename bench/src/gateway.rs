@@ -25,6 +25,7 @@ use order_gateway::service::{NoMarketData, Service, ServiceControl, ServiceOptio
 use order_gateway::sim::SimVenue;
 use rocebus::idle::IdleStrategy;
 use rocebus::orders::{OfferError, OrdersConfig};
+use rocebus_bench::rc::local_ip;
 use rocebus_bench::report::{summary_table, write_hgrm_file, Summary};
 
 /// Options of `gateway-rtt`.
@@ -57,25 +58,6 @@ pub struct GatewayRttArgs {
 
 const ENGINE: u32 = 1;
 const ACCOUNT: u32 = 1;
-
-fn local_ip(a: Option<IpAddr>) -> Result<IpAddr> {
-    if let Some(a) = a {
-        return Ok(a);
-    }
-    if let Some(a) = std::env::var("ROCEBUS_GUEST_ADDR")
-        .ok()
-        .and_then(|a| a.parse().ok())
-    {
-        return Ok(a);
-    }
-    let ctx = rocebus::verbs::Context::open(None)?;
-    let i = ctx.default_gid_index(1)?;
-    ctx.query_gid(1, i)?
-        .ipv4()
-        .map(IpAddr::V4)
-        .context("the RDMA device has no IPv4 GID: pass --addr")
-}
-
 fn orders_config() -> OrdersConfig {
     OrdersConfig {
         // 4 MiB: a default run (21,000 orders, ~1.7 MB of requests, ~2.4 MB of responses)

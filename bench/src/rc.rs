@@ -35,7 +35,9 @@ pub struct RcArgs {
     pub cores: Vec<usize>,
 }
 
-fn local_ip(a: Option<IpAddr>) -> Result<IpAddr> {
+/// The local IP of the RDMA device: `a`, else `ROCEBUS_GUEST_ADDR`, else the
+/// device's first IPv4-mapped GID.
+pub fn local_ip(a: Option<IpAddr>) -> Result<IpAddr> {
     if let Some(a) = a {
         return Ok(a);
     }
