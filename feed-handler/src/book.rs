@@ -136,6 +136,8 @@ pub struct SymbolBook {
     pub trading_state: u8,
     /// Reason code of the last trading action.
     pub reason: [u8; 4],
+    /// A NASDAQ operational halt ('h' with market code 'Q') is in effect.
+    pub operational_halt: bool,
     bids: Levels,
     asks: Levels,
 }
@@ -146,8 +148,20 @@ impl SymbolBook {
             stock,
             trading_state: b' ',
             reason: [b' '; 4],
+            operational_halt: false,
             bids: Levels::default(),
             asks: Levels::default(),
+        }
+    }
+
+    /// The state trading actually is in: b'H' while an operational halt is in effect,
+    /// otherwise the last trading action's state. This is what the normalized
+    /// `TradingStatus` carries, so a consumer checking for b'H' sees both kinds of halt.
+    pub fn state(&self) -> u8 {
+        if self.operational_halt {
+            b'H'
+        } else {
+            self.trading_state
         }
     }
 
@@ -271,6 +285,10 @@ pub struct BookCounters {
     /// A/F/U adding an order of zero shares (not booked: a level of no shares would read as
     /// a deleted level, and a snapshot holding one would not restore).
     pub zero_share_adds: u64,
+    /// 'h' operational halts for BX or PSX (market code other than 'Q'): not this market's.
+    pub other_market_halts: u64,
+    /// 'h' with an action other than 'H' or 'T' (ignored).
+    pub bad_halt_actions: u64,
 }
 
 /// All symbols' books. See the module docs.
@@ -358,13 +376,41 @@ impl Book {
                 let b = self.symbol_mut(locate, Some(m.stock));
                 b.trading_state = m.trading_state;
                 b.reason = m.reason;
+                let state = b.state();
                 sink.on_event(&Event::TradingStatus {
                     locate,
                     stock: m.stock,
                     timestamp: ts,
-                    state: m.trading_state,
+                    state,
                     reason: m.reason,
                 });
+            }
+            // Only NASDAQ's own operational halts stop trading on this feed's market; the
+            // BX and PSX ones are counted and otherwise ignored.
+            Message::OperationalHalt(m) if m.market_code != b'Q' => {
+                self.counters.other_market_halts += 1;
+            }
+            Message::OperationalHalt(m) => {
+                let halted = match m.operational_halt_action {
+                    b'H' => true,
+                    b'T' => false,
+                    _ => {
+                        self.counters.bad_halt_actions += 1;
+                        return;
+                    }
+                };
+                let b = self.symbol_mut(locate, Some(m.stock));
+                if b.operational_halt != halted {
+                    b.operational_halt = halted;
+                    let (state, reason) = (b.state(), b.reason);
+                    sink.on_event(&Event::TradingStatus {
+                        locate,
+                        stock: m.stock,
+                        timestamp: ts,
+                        state,
+                        reason,
+                    });
+                }
             }
             Message::AddOrder(m) => self.add(
                 locate,
@@ -627,7 +673,8 @@ impl Book {
 //
 // Layout, all integers little-endian:
 //   SnapshotHeader { magic "RBKS", version u16, reserved u16, symbols u32, orders u64 }
-//   `symbols` x SnapshotSymbol { locate u16, stock [8], trading_state u8, reason [4], reserved u8 }
+//   `symbols` x SnapshotSymbol { locate u16, stock [8], trading_state u8, reason [4], flags u8 }
+//     (flags bit 0: operational halt in effect; version-1 snapshots from before it wrote 0)
 //   `orders`  x SnapshotOrder  { reference u64, locate u16, side u8 ('B'/'S'), reserved u8, price u32, shares u32 }
 // Orders are written sorted by reference so equal books give equal bytes. Levels are not
 // written: they are derived from the orders on restore.
@@ -653,9 +700,10 @@ struct SnapshotSymbol {
     stock: [u8; 8],
     trading_state: u8,
     reason: [u8; 4],
-    reserved: u8,
+    flags: u8,
 }
 const _: () = assert!(core::mem::size_of::<SnapshotSymbol>() == 16);
+const FLAG_OPERATIONAL_HALT: u8 = 1;
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
 #[repr(C)]
@@ -708,7 +756,11 @@ impl Book {
                 stock: b.stock.0,
                 trading_state: b.trading_state,
                 reason: b.reason,
-                reserved: 0,
+                flags: if b.operational_halt {
+                    FLAG_OPERATIONAL_HALT
+                } else {
+                    0
+                },
             };
             out.extend_from_slice(s.as_bytes());
         }
@@ -750,6 +802,7 @@ impl Book {
             let b = book.symbol_mut(s.locate.get(), Some(Stock(s.stock)));
             b.trading_state = s.trading_state;
             b.reason = s.reason;
+            b.operational_halt = s.flags & FLAG_OPERATIONAL_HALT != 0;
         }
         book.orders.reserve(n_orders);
         let mut discard = |_: &Event| {};

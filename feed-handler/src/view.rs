@@ -451,14 +451,14 @@ pub fn write_book_l2(book: &Book, on_channel: impl Fn(u16) -> bool, out: &mut Ve
         book.symbols()
             .filter(|(l, s)| {
                 on_channel(*l)
-                    && (s.trading_state != b' '
+                    && (s.state() != b' '
                         || s.depth(Side::Bid).next().is_some()
                         || s.depth(Side::Ask).next().is_some())
             })
             .map(|(l, s)| L2Entry {
                 locate: l,
                 stock: s.stock,
-                trading_state: s.trading_state,
+                trading_state: s.state(),
                 reason: s.reason,
                 n_bids: s.depth(Side::Bid).count(),
                 n_asks: s.depth(Side::Ask).count(),

@@ -278,3 +278,81 @@ fn bad_snapshots_are_errors() {
     longer.push(0);
     assert_eq!(Book::restore(&longer), Err(SnapshotError::Inconsistent));
 }
+
+#[test]
+fn operational_halt_overrides_state_until_resumed() {
+    let mut book = Book::new();
+    let mut events: Vec<Event> = Vec::new();
+    fn apply(book: &mut Book, m: &Message<'_>, events: &mut Vec<Event>) {
+        book.apply(m, &mut |e: &Event| events.push(*e));
+    }
+    let action = |state: u8| StockTradingAction {
+        header: hdr(b'H'),
+        stock: Stock::new("AAPL"),
+        trading_state: state,
+        reserved: b' ',
+        reason: *b"    ",
+    };
+    let op = |market: u8, action: u8| OperationalHalt {
+        header: hdr(b'h'),
+        stock: Stock::new("AAPL"),
+        market_code: market,
+        operational_halt_action: action,
+    };
+    let status = |e: Option<&Event>| match e {
+        Some(Event::TradingStatus { state, .. }) => Some(*state),
+        _ => None,
+    };
+    apply(
+        &mut book,
+        &Message::StockTradingAction(&action(b'T')),
+        &mut events,
+    );
+    assert_eq!(status(events.last()), Some(b'T'));
+
+    // Another market's halt changes nothing here.
+    apply(
+        &mut book,
+        &Message::OperationalHalt(&op(b'B', b'H')),
+        &mut events,
+    );
+    assert_eq!(events.len(), 1);
+    assert_eq!(book.counters().other_market_halts, 1);
+
+    apply(
+        &mut book,
+        &Message::OperationalHalt(&op(b'Q', b'H')),
+        &mut events,
+    );
+    assert_eq!(status(events.last()), Some(b'H'));
+    let sym = book.symbol(L).expect("symbol");
+    assert!(sym.operational_halt);
+    assert_eq!((sym.state(), sym.trading_state), (b'H', b'T'));
+
+    // A trading action during the halt still reads halted; the snapshot keeps the halt.
+    apply(
+        &mut book,
+        &Message::StockTradingAction(&action(b'Q')),
+        &mut events,
+    );
+    assert_eq!(status(events.last()), Some(b'H'));
+    let restored = Book::restore(&book.snapshot()).expect("restores");
+    assert_eq!(restored, book);
+    assert_eq!(restored.symbol(L).expect("symbol").state(), b'H');
+
+    // An unknown action is counted and ignored; the resume shows the last action's state.
+    let n = events.len();
+    apply(
+        &mut book,
+        &Message::OperationalHalt(&op(b'Q', b'?')),
+        &mut events,
+    );
+    assert_eq!((events.len(), book.counters().bad_halt_actions), (n, 1));
+    apply(
+        &mut book,
+        &Message::OperationalHalt(&op(b'Q', b'T')),
+        &mut events,
+    );
+    assert_eq!(status(events.last()), Some(b'Q'));
+    assert!(!book.symbol(L).expect("symbol").operational_halt);
+}
