@@ -7,9 +7,10 @@
 //! when both are idle, which is fine for replay and tests; the production service busy-polls
 //! in the lead's `run`.
 
+use crate::badinput::RateLimitedLog;
 use crate::moldudp64::{
-    build_retransmission, empty_packet, session, GapConfig, GapTracker, PacketBuilder, Request,
-    END_OF_SESSION, HEARTBEAT,
+    build_retransmission, empty_packet, session, GapConfig, GapTracker, Outcome, PacketBuilder,
+    Request, END_OF_SESSION, HEARTBEAT,
 };
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -247,6 +248,7 @@ pub struct UdpReceiver {
     retrans_server: SocketAddr,
     tracker: GapTracker,
     buf: Vec<u8>,
+    log: RateLimitedLog,
 }
 
 impl UdpReceiver {
@@ -272,6 +274,7 @@ impl UdpReceiver {
             retrans_server: config.retrans_server,
             tracker: GapTracker::new(config.gap),
             buf: vec![0u8; 65536],
+            log: RateLimitedLog::new(10),
         })
     }
 
@@ -313,19 +316,33 @@ impl UdpReceiver {
                 } else {
                     &self.requests
                 };
-                let n = match sock.recv(&mut self.buf) {
-                    Ok(n) => n,
+                let (n, from) = match sock.recv_from(&mut self.buf) {
+                    Ok(r) => r,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => return Err(e),
                 };
                 let received = clock();
                 any = true;
-                // Malformed packets are counted by the tracker.
-                let _ = self
-                    .tracker
-                    .on_packet(Instant::now(), &self.buf[..n], &mut |seq, m| {
-                        deliver(received, seq, m)
-                    });
+                // Malformed and foreign-session packets are counted by the tracker and
+                // logged here at a bounded rate, naming the sender.
+                let outcome =
+                    self.tracker
+                        .on_packet(Instant::now(), &self.buf[..n], &mut |seq, m| {
+                            deliver(received, seq, m)
+                        });
+                let bad = matches!(outcome, Err(_) | Ok(Outcome::WrongSession));
+                if bad {
+                    if let Some(suppressed) = self.log.allow(Instant::now()) {
+                        match outcome {
+                            Err(error) => tracing::warn!(
+                                %from, len = n, %error, suppressed, "dropping malformed MoldUDP64 packet"
+                            ),
+                            _ => tracing::warn!(
+                                %from, len = n, suppressed, "dropping MoldUDP64 packet of another session"
+                            ),
+                        }
+                    }
+                }
             }
         }
         let now = Instant::now();

@@ -43,6 +43,15 @@ fn loss_is_recovered_and_books_match() {
     let mut replayer = Replayer::new(cfg).expect("replayer");
     receiver.set_retrans_server(replayer.retrans_addr().expect("addr"));
 
+    // A misbehaving sender on the data port: counted, logged, and the feed is unharmed.
+    let junk = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let to = receiver.local_addr().expect("addr");
+    let mut truncated = vec![b'S'; 20];
+    truncated[18..20].copy_from_slice(&5u16.to_be_bytes()); // claims 5 messages, has none
+    for p in [&b"short"[..], &truncated[..], &[0u8; 3][..]] {
+        junk.send_to(p, to).expect("send junk");
+    }
+
     let sent = messages.clone();
     let sender = std::thread::spawn(move || replayer.run(&sent).expect("replay"));
 
@@ -68,6 +77,7 @@ fn loss_is_recovered_and_books_match() {
     assert_eq!(got, messages);
     let c = receiver.tracker().counters();
     assert!(c.gaps > 0 && c.recovered > 0 && c.lost == 0, "{c:?}");
+    assert_eq!(c.malformed, 3, "every junk packet counted: {c:?}");
 
     let mut file_book = Book::new();
     for m in &messages {
