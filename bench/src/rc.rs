@@ -152,6 +152,7 @@ pub fn latency(args: &RcArgs) -> Result<()> {
             hist.record((rtt / 2).max(1))?;
         }
     }
+    let stats = conn.stats();
     conn.close();
     drop(conn);
     server
@@ -161,6 +162,10 @@ pub fn latency(args: &RcArgs) -> Result<()> {
     println!(
         "rc-latency: {} B, {} round trips, one-way (RTT/2)\n{s}",
         args.size, args.iterations
+    );
+    println!(
+        "client: {} frames sent, {} received, {} credit writes",
+        stats.frames_sent, stats.frames_received, stats.credits_sent
     );
     println!(
         "RESULT p50_ns={} p90_ns={} p99_ns={} p999_ns={} max_ns={} count={}",

@@ -157,7 +157,13 @@ pub struct ReceiverState {
 }
 
 /// Consecutive empty polls after which unreported consumption is credited.
-pub const IDLE_CREDIT_POLLS: u32 = 64;
+///
+/// Only [`crate::orders::Connection::drain`] ever waits for this credit (see
+/// [`ReceiverState::credit_due`]), so it is long: thousands of polls are tens of
+/// microseconds on hardware, well beyond a round trip. At 64 a ping-pong whose
+/// round trip outlasted 64 polls sent a credit WRITE per message, which competed
+/// with the next message on the wire and in the NIC (measured with `rc-latency`).
+pub const IDLE_CREDIT_POLLS: u32 = 4096;
 
 impl ReceiverState {
     /// A fresh ring of `size` bytes; credits are returned every
