@@ -46,7 +46,7 @@ fn loss_is_recovered_and_books_match() {
     // A misbehaving sender on the data port: counted, logged, and the feed is unharmed.
     let junk = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
     let to = receiver.local_addr().expect("addr");
-    let mut truncated = vec![b'S'; 20];
+    let mut truncated = [b'S'; 20];
     truncated[18..20].copy_from_slice(&5u16.to_be_bytes()); // claims 5 messages, has none
     for p in [&b"short"[..], &truncated[..], &[0u8; 3][..]] {
         junk.send_to(p, to).expect("send junk");
