@@ -126,6 +126,8 @@ struct LineModel {
     cut: bool,
     /// Datagram indices `[from, to)` dropped (an outage).
     outage: Option<(u64, u64)>,
+    /// Extra latency of this line (A/B skew), ns.
+    delay: u64,
 }
 
 impl LineModel {
@@ -170,6 +172,9 @@ struct Sub {
     injected: Injected,
     events: Vec<Event>,
     not_available: Vec<wire::NotAvailable>,
+    /// When the first gap was detected and the first retransmit was asked.
+    first_gap_at: Option<u64>,
+    first_request_at: Option<u64>,
 }
 
 struct Sim {
@@ -197,6 +202,7 @@ fn sub_config() -> SubscriberConfig {
         recovery_timeout_ns: 50_000,
         max_retries: 3,
         snapshot_timeout_ns: 1_000_000,
+        ab_grace_ns: 0,
     }
 }
 
@@ -227,14 +233,26 @@ impl Sim {
     }
 
     fn add_sub(&mut self, a: LineModel, b: LineModel, attach_after: u64) -> usize {
+        self.add_sub_with(sub_config(), a, b, attach_after)
+    }
+
+    fn add_sub_with(
+        &mut self,
+        cfg: SubscriberConfig,
+        a: LineModel,
+        b: LineModel,
+        attach_after: u64,
+    ) -> usize {
         self.subs.push(Sub {
-            state: SubscriberState::new(sub_config()),
+            state: SubscriberState::new(cfg),
             app: Book::default(),
             lines: [a, b],
             attach_after,
             injected: Injected::default(),
             events: Vec::new(),
             not_available: Vec::new(),
+            first_gap_at: None,
+            first_request_at: None,
         });
         self.subs.len() - 1
     }
@@ -272,7 +290,7 @@ impl Sim {
                     self.subs[s].injected.dropped[li] += 1;
                     continue;
                 }
-                let mut at = self.now + LINE_LATENCY;
+                let mut at = self.now + LINE_LATENCY + m.delay;
                 if self.rng.gen_bool(m.reorder) {
                     at += self.rng.gen_range(1_000..20_000);
                     self.subs[s].injected.reordered += 1;
@@ -367,6 +385,9 @@ impl Sim {
         if sub.state.poll_timeout().is_some_and(|t| t <= self.now) {
             sub.state.handle_timeout(self.now);
         }
+        if sub.first_gap_at.is_none() && sub.state.counters().gaps_detected > 0 {
+            sub.first_gap_at = Some(self.now);
+        }
         while let Some(ev) = sub.state.poll_event() {
             sub.events.push(ev);
         }
@@ -376,6 +397,7 @@ impl Sim {
             let n = req.encode(&mut buf).expect("fits");
             if let Request::Retransmit(r) = req {
                 assert!(r.count > 0);
+                sub.first_request_at.get_or_insert(self.now);
             }
             out.push(buf[..n].to_vec());
         }
@@ -474,7 +496,12 @@ fn assert_lossless(sim: &Sim, s: usize) {
     assert_eq!(sub.app.state, sim.reference.state, "{:?}", sim.report());
     assert_eq!(sub.app.state.count, sim.publisher.counters().messages);
     let c = sub.state.counters();
-    assert_eq!(c.delivered, sim.publisher.counters().messages);
+    assert_eq!(
+        c.delivered,
+        sim.publisher.counters().messages,
+        "{:?}",
+        sim.report()
+    );
     assert_eq!(c.unrecoverable, 0);
     assert_eq!(c.snapshots_applied, 0);
     assert!(sub.events.is_empty(), "{:?}", sub.events);
@@ -635,4 +662,87 @@ fn late_join_after_100k_converges() {
     assert_eq!(c.unrecoverable, 0);
     assert!(c.delivered < 25_000, "late joiner saw only the tail: {c:?}");
     assert_eq!(sub.events[0], Event::ResyncStarted);
+}
+
+/// Line B lags line A by 3 us; A alone loses datagrams [1000, 1001).
+fn skewed_lines(b_loses_too: bool) -> (LineModel, LineModel) {
+    let outage = Some((1000, 1001));
+    let a = LineModel {
+        outage,
+        ..Default::default()
+    };
+    let b = LineModel {
+        delay: 3_000,
+        outage: outage.filter(|_| b_loses_too),
+        ..Default::default()
+    };
+    (a, b)
+}
+
+const GRACE: u64 = 10_000;
+
+fn with_grace() -> SubscriberConfig {
+    SubscriberConfig {
+        ab_grace_ns: GRACE,
+        ..sub_config()
+    }
+}
+
+#[test]
+fn ab_grace_hole_filled_by_line_b_is_never_requested() {
+    let mut sim = Sim::new(7, 4096);
+    let (a, b) = skewed_lines(false);
+    let graced = sim.add_sub_with(with_grace(), a, b, 0);
+    let eager = sim.add_sub(a, b, 0);
+    sim.run(N);
+    for s in [graced, eager] {
+        assert_lossless(&sim, s);
+    }
+    let c = sim.subs[graced].state.counters();
+    assert!(c.gaps_detected >= 1, "{c:?}");
+    assert_eq!(c.gaps_filled_by_other_line, c.gaps_detected, "{c:?}");
+    assert_eq!((c.retransmit_requests, c.received_retransmit), (0, 0));
+    // Without the window, the same hole costs a request that B makes moot.
+    let e = sim.subs[eager].state.counters();
+    assert!(e.retransmit_requests >= 1, "{e:?}");
+    assert_eq!(e.gaps_filled_by_other_line, 0);
+}
+
+#[test]
+fn ab_grace_hole_still_open_is_requested_after_the_window() {
+    let mut sim = Sim::new(8, 4096);
+    let (a, b) = skewed_lines(true);
+    let s = sim.add_sub_with(with_grace(), a, b, 0);
+    sim.run(N);
+    assert_lossless(&sim, s);
+    assert_counters_match(&sim, s);
+    let sub = &sim.subs[s];
+    let c = sub.state.counters();
+    assert_eq!(c.gaps_filled_by_other_line, 0, "{c:?}");
+    assert!(c.retransmit_requests >= 1);
+    let (gap, req) = (sub.first_gap_at.unwrap(), sub.first_request_at.unwrap());
+    assert!(
+        (gap + GRACE..=gap + GRACE + STEP).contains(&req),
+        "gap seen at {gap}, requested at {req}"
+    );
+}
+
+#[test]
+fn ab_grace_with_heavy_loss_still_delivers_everything() {
+    let mut sim = Sim::new(10, 4096);
+    let b = LineModel {
+        drop: 0.01,
+        delay: 3_000,
+        ..Default::default()
+    };
+    let s = sim.add_sub_with(with_grace(), LineModel::lossy(0.30), b, 0);
+    sim.run(N);
+    assert_lossless(&sim, s);
+    let (c, inj) = (sim.subs[s].state.counters(), sim.subs[s].injected);
+    assert!(inj.lost_datagrams > 5, "{inj:?}");
+    // Only what both lines lost is asked for, and exactly that comes back.
+    assert!(c.gaps_filled_by_other_line > 500, "{c:?}");
+    assert!(c.retransmit_requests <= inj.lost_datagrams, "{c:?} {inj:?}");
+    assert_eq!(c.messages_recovered, inj.lost_messages);
+    assert_eq!(c.timeouts, 0);
 }

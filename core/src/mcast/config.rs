@@ -22,6 +22,9 @@
 //! max_outstanding = 16
 //! max_buffered = 4096           # datagrams held out of order
 //! snapshot_timeout_ns = 1000000000
+//! ab_grace_ns = 20000           # wait for the other line before requesting a hole
+//! reconnect_min_ns = 1000000    # recovery connection lost: first retry after 1 ms,
+//! reconnect_max_ns = 1000000000 # doubling up to 1 s
 //!
 //! [[channels]]
 //! id = 1
@@ -182,6 +185,15 @@ pub struct RecoveryConfig {
     /// RC ACK timeout exponent of the recovery connections (4.096 us x
     /// 2^exp; 12 = 16.8 ms): how fast RC itself resends a lost request.
     pub rc_timeout: u8,
+    /// A/B arbitration window: a hole is requested only if the other line
+    /// has not filled it within this time. 0 = at once; ignored (0) for a
+    /// channel with one line.
+    pub ab_grace_ns: u64,
+    /// First delay before reconnecting a lost recovery connection; doubles
+    /// per failed attempt up to `reconnect_max_ns`.
+    pub reconnect_min_ns: u64,
+    /// Longest delay between reconnection attempts.
+    pub reconnect_max_ns: u64,
 }
 
 impl Default for RecoveryConfig {
@@ -193,6 +205,9 @@ impl Default for RecoveryConfig {
             max_buffered: 4096,
             snapshot_timeout_ns: 1_000_000_000,
             rc_timeout: 12,
+            ab_grace_ns: 20_000,
+            reconnect_min_ns: 1_000_000,
+            reconnect_max_ns: 1_000_000_000,
         }
     }
 }
@@ -309,6 +324,14 @@ impl McastConfig {
                 "must be greater than 0",
             ));
         }
+        if self.recovery.reconnect_min_ns == 0
+            || self.recovery.reconnect_min_ns > self.recovery.reconnect_max_ns
+        {
+            return Err(invalid(
+                "recovery.reconnect_min_ns",
+                "must be within 1..=recovery.reconnect_max_ns",
+            ));
+        }
         if self.channels.is_empty() {
             return Err(invalid("channels", "at least one channel is required"));
         }
@@ -374,6 +397,12 @@ impl McastConfig {
             recovery_timeout_ns: self.recovery.timeout_ns,
             max_retries: self.recovery.max_retries,
             snapshot_timeout_ns: self.recovery.snapshot_timeout_ns,
+            // With one line there is no other copy to wait for.
+            ab_grace_ns: if self.channel(channel).is_some_and(|c| c.line_b.is_some()) {
+                self.recovery.ab_grace_ns
+            } else {
+                0
+            },
         }
     }
 }
@@ -479,6 +508,29 @@ qkey = 0x11111111
             key_of(&format!("[recovery]\nrc_timeout = 32\n{base}")),
             "recovery.rc_timeout"
         );
+    }
+
+    #[test]
+    fn ab_grace_applies_only_with_two_lines() {
+        let cfg = McastConfig::from_toml_str(&FULL.replace(
+            "snapshot_timeout_ns = 500000000",
+            "snapshot_timeout_ns = 500000000\nab_grace_ns = 7000",
+        ))
+        .unwrap();
+        assert_eq!(cfg.subscriber(1).ab_grace_ns, 7000, "channel 1 has line B");
+        assert_eq!(cfg.subscriber(2).ab_grace_ns, 0, "channel 2 has one line");
+        assert_eq!(
+            McastConfig::from_toml_str(FULL)
+                .unwrap()
+                .subscriber(1)
+                .ab_grace_ns,
+            RecoveryConfig::default().ab_grace_ns
+        );
+        let bad = FULL.replace(
+            "snapshot_timeout_ns = 500000000",
+            "snapshot_timeout_ns = 500000000\nreconnect_min_ns = 5\nreconnect_max_ns = 4",
+        );
+        assert_eq!(key_of(&bad), "recovery.reconnect_min_ns");
     }
 
     fn key_of(text: &str) -> String {

@@ -14,6 +14,17 @@
 //! restart, until a snapshot is applied. While resyncing, live datagrams are
 //! buffered (the oldest evicted when the buffer is full) and delivered after
 //! the snapshot from its sequence + 1 on.
+//!
+//! A/B arbitration window: with two lines, a hole seen on one line is often
+//! filled by the other a moment later. A hole is therefore requested only if
+//! it is still open `ab_grace_ns` after it was seen (0: at once, which is
+//! what a single line uses).
+//!
+//! Recovery link: the I/O layer reports its RC connection going down and up
+//! ([`SubscriberState::set_recovery_link`]). While it is down, multicast is
+//! still delivered in order; a hole that outlives the arbitration window
+//! cannot be recovered and becomes an [`Event::UnrecoverableLoss`] (then a
+//! re-synchronisation, whose snapshot is requested once the link is back).
 
 use std::collections::VecDeque;
 
@@ -37,6 +48,10 @@ pub struct SubscriberConfig {
     pub max_retries: u32,
     /// Time without snapshot progress before the snapshot is asked again.
     pub snapshot_timeout_ns: u64,
+    /// A/B arbitration window: how long a hole may stay open, waiting for
+    /// the other line, before it is requested. 0 requests at once (use 0
+    /// with a single line).
+    pub ab_grace_ns: u64,
 }
 
 /// Where the subscriber stands.
@@ -77,6 +92,11 @@ pub enum Event {
         /// The snapshot's sequence.
         seq: u64,
     },
+    /// The recovery connection is down: multicast is still delivered, but
+    /// holes become [`Event::UnrecoverableLoss`] until it is back.
+    RecoveryLost,
+    /// The recovery connection is back; a pending snapshot is requested.
+    RecoveryRestored,
 }
 
 /// A recovery request to send over RC.
@@ -157,6 +177,13 @@ pub struct SubscriberCounters {
     pub receive_queue_low: u64,
     /// Events dropped because `poll_event` was not called often enough.
     pub events_dropped: u64,
+    /// Holes filled (by the other line, or a retransmission already under
+    /// way) inside the A/B arbitration window, so never requested.
+    pub gaps_filled_by_other_line: u64,
+    /// Holes declared lost because the recovery connection was down.
+    pub lost_while_link_down: u64,
+    /// Times the recovery connection was reported down.
+    pub recovery_link_lost: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +207,8 @@ struct Outstanding {
     deadline: u64,
     retries: u32,
     needs_send: bool,
+    /// Seen but not requested yet: waiting `ab_grace_ns` for the other line.
+    in_grace: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -216,6 +245,8 @@ pub struct SubscriberState {
     snapshot: SnapshotProgress,
     events: VecDeque<Event>,
     counters: SubscriberCounters,
+    /// The recovery connection is usable (as reported by the I/O layer).
+    link_up: bool,
 }
 
 impl SubscriberState {
@@ -242,6 +273,7 @@ impl SubscriberState {
             },
             events: VecDeque::with_capacity(EVENT_CAPACITY),
             counters: SubscriberCounters::default(),
+            link_up: true,
             cfg,
         }
     }
@@ -266,9 +298,47 @@ impl SubscriberState {
     pub fn buffered(&self) -> usize {
         self.order.len()
     }
-    /// Retransmit requests in flight.
+    /// Retransmit requests in flight, and holes waiting in the arbitration
+    /// window.
     pub fn outstanding(&self) -> usize {
         self.outstanding.len()
+    }
+    /// Whether the recovery connection is reported up.
+    pub fn recovery_link_up(&self) -> bool {
+        self.link_up
+    }
+
+    /// The I/O layer's recovery connection went down (`up == false`) or
+    /// came back. Down: raises [`Event::RecoveryLost`], and the holes
+    /// requested so far (their answers will not come) are lost. Up: raises
+    /// [`Event::RecoveryRestored`] and asks for the snapshot a resync waits
+    /// for. Repeated reports of the same state are ignored.
+    pub fn set_recovery_link(&mut self, now: u64, up: bool) {
+        if up == self.link_up {
+            return;
+        }
+        self.link_up = up;
+        if up {
+            self.push_event(Event::RecoveryRestored);
+            if self.phase == Phase::Resyncing {
+                self.request_snapshot(now);
+            }
+            return;
+        }
+        self.counters.recovery_link_lost += 1;
+        self.push_event(Event::RecoveryLost);
+        self.snapshot.receiving = None;
+        // Requests already sent died with the connection; holes still in the
+        // arbitration window get their chance in handle_timeout.
+        if let Some((from, to)) = self
+            .outstanding
+            .iter()
+            .filter(|o| !o.in_grace)
+            .map(|o| (o.from, o.to))
+            .min()
+        {
+            self.lost_while_down(now, from, to);
+        }
     }
 
     /// The I/O layer found its receive queue below the low-water mark.
@@ -284,6 +354,9 @@ impl SubscriberState {
 
     /// Next request to send over RC, if any. Call after each input.
     pub fn poll_transmit(&mut self) -> Option<Request> {
+        if !self.link_up {
+            return None;
+        }
         if let Some(o) = self.outstanding.iter_mut().find(|o| o.needs_send) {
             o.needs_send = false;
             self.counters.retransmit_requests += 1;
@@ -309,7 +382,9 @@ impl SubscriberState {
     /// has work.
     pub fn poll_timeout(&self) -> Option<u64> {
         let retransmit = self.outstanding.iter().map(|o| o.deadline).min();
-        let snapshot = (self.phase == Phase::Resyncing).then_some(self.snapshot.deadline);
+        // No snapshot timer while the link is down: coming back asks anyway.
+        let snapshot =
+            (self.phase == Phase::Resyncing && self.link_up).then_some(self.snapshot.deadline);
         match (retransmit, snapshot) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -361,10 +436,38 @@ impl SubscriberState {
                 i += 1;
                 continue;
             }
+            if o.in_grace {
+                match self.missing_in(o.from, o.to) {
+                    None => {
+                        self.counters.gaps_filled_by_other_line += 1;
+                        self.outstanding.swap_remove(i);
+                    }
+                    Some((from, to)) if !self.link_up => {
+                        self.lost_while_down(now, from, to);
+                        return;
+                    }
+                    Some((from, to)) => {
+                        self.outstanding[i] = Outstanding {
+                            from,
+                            to,
+                            deadline: now + self.cfg.recovery_timeout_ns,
+                            retries: 0,
+                            needs_send: true,
+                            in_grace: false,
+                        };
+                        i += 1;
+                    }
+                }
+                continue;
+            }
             self.counters.timeouts += 1;
             match self.missing_in(o.from, o.to) {
                 None => {
                     self.outstanding.swap_remove(i);
+                }
+                Some((from, to)) if !self.link_up => {
+                    self.lost_while_down(now, from, to);
+                    return;
                 }
                 Some((from, to)) if o.retries >= self.cfg.max_retries => {
                     self.unrecoverable(now, from, to);
@@ -377,12 +480,13 @@ impl SubscriberState {
                         deadline: now + self.cfg.recovery_timeout_ns,
                         retries: o.retries + 1,
                         needs_send: true,
+                        in_grace: false,
                     };
                     i += 1;
                 }
             }
         }
-        if self.phase == Phase::Resyncing && self.snapshot.deadline <= now {
+        if self.phase == Phase::Resyncing && self.link_up && self.snapshot.deadline <= now {
             self.counters.timeouts += 1;
             self.request_snapshot(now);
         }
@@ -585,6 +689,9 @@ impl SubscriberState {
                     && d.first_seq() < o.to
                     && self.missing_in(o.from, o.to).is_none()
                 {
+                    if o.in_grace {
+                        self.counters.gaps_filled_by_other_line += 1;
+                    }
                     self.outstanding.swap_remove(i);
                 } else {
                     i += 1;
@@ -649,10 +756,14 @@ impl SubscriberState {
     /// After `next_seq` moved: retire covered requests and ask for holes.
     fn after_progress(&mut self, now: u64) {
         let next = self.next_seq;
+        let mut filled = 0;
         self.outstanding.retain_mut(|o| {
             o.from = o.from.max(next);
-            o.to > next
+            let open = o.to > next;
+            filled += u64::from(!open && o.in_grace);
+            open
         });
+        self.counters.gaps_filled_by_other_line += filled;
         self.request_holes(now);
     }
 
@@ -707,12 +818,22 @@ impl SubscriberState {
                     .min()
                     .unwrap_or(hole_to)
                     .min(hole_to);
+                let in_grace = self.cfg.ab_grace_ns > 0;
+                if !in_grace && !self.link_up {
+                    return self.lost_while_down(now, s, e);
+                }
                 self.outstanding.push(Outstanding {
                     from: s,
                     to: e,
-                    deadline: now + self.cfg.recovery_timeout_ns,
+                    deadline: now
+                        + if in_grace {
+                            self.cfg.ab_grace_ns
+                        } else {
+                            self.cfg.recovery_timeout_ns
+                        },
                     retries: 0,
-                    needs_send: true,
+                    needs_send: !in_grace,
+                    in_grace,
                 });
                 s = e;
             }
@@ -726,6 +847,12 @@ impl SubscriberState {
         self.counters.unrecoverable += 1;
         self.push_event(Event::UnrecoverableLoss { from, to });
         self.start_resync(now);
+    }
+
+    /// A hole that cannot be asked for: the recovery link is down.
+    fn lost_while_down(&mut self, now: u64, from: u64, to: u64) {
+        self.counters.lost_while_link_down += 1;
+        self.unrecoverable(now, from, to);
     }
 
     fn start_resync(&mut self, now: u64) {
@@ -856,6 +983,7 @@ mod tests {
             recovery_timeout_ns: TIMEOUT,
             max_retries: 2,
             snapshot_timeout_ns: 10 * TIMEOUT,
+            ab_grace_ns: 0,
         }
     }
 
@@ -1259,6 +1387,80 @@ mod tests {
         assert_eq!(s.phase(), Phase::Idle);
         s.receive_queue_low();
         assert_eq!(s.counters().receive_queue_low, 1);
+    }
+
+    #[test]
+    fn link_down_turns_holes_into_losses_and_snapshot_waits_for_link_up() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 6);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[2], &mut app); // hole [3,5), requested
+        assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
+        s.set_recovery_link(1, false);
+        s.set_recovery_link(1, false); // reported twice: one event
+        assert!(!s.recovery_link_up());
+        assert_eq!(
+            events(&mut s),
+            vec![
+                Event::RecoveryLost,
+                Event::UnrecoverableLoss { from: 3, to: 5 },
+                Event::ResyncStarted
+            ]
+        );
+        // Multicast still comes in (buffered for after the snapshot); no
+        // request goes out and no snapshot timer runs while down.
+        s.on_datagram(2, Line::A, &ds[3], &mut app);
+        assert!(transmits(&mut s).is_empty());
+        assert_eq!(s.poll_timeout(), None);
+        s.set_recovery_link(3, true);
+        assert_eq!(events(&mut s), vec![Event::RecoveryRestored]);
+        assert_eq!(
+            transmits(&mut s),
+            vec![Request::Snapshot {
+                channel: 3,
+                session: 1
+            }]
+        );
+        let mut msgs = Vec::new();
+        encode_snapshot(3, 1, 4, &[], 64, |m| msgs.push(m.to_vec()));
+        s.on_recovery(4, &msgs[0], &mut app);
+        assert_eq!(app.seqs, vec![1, 2, 5, 6, 7, 8]);
+        assert_eq!(events(&mut s), vec![Event::SnapshotApplied { seq: 4 }]);
+        // Live again with the link down: a new hole is lost at once.
+        s.set_recovery_link(5, false);
+        s.on_datagram(5, Line::A, &ds[5], &mut app); // hole [9,11)
+        assert_eq!(
+            events(&mut s),
+            vec![
+                Event::RecoveryLost,
+                Event::UnrecoverableLoss { from: 9, to: 11 },
+                Event::ResyncStarted
+            ]
+        );
+        let c = s.counters();
+        assert_eq!((c.recovery_link_lost, c.lost_while_link_down), (2, 2));
+        assert_eq!(c.retransmit_requests, 1, "nothing asked while down");
+    }
+
+    #[test]
+    fn link_down_lets_the_arbitration_window_run_first() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 3);
+        let mut s = SubscriberState::new(SubscriberConfig {
+            ab_grace_ns: 100,
+            ..cfg()
+        });
+        let mut app = App::default();
+        s.set_recovery_link(0, false);
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[2], &mut app);
+        assert_eq!(s.poll_timeout(), Some(100));
+        s.on_datagram(50, Line::B, &ds[1], &mut app); // B fills it in time
+        assert_eq!(app.seqs, (1..=6).collect::<Vec<_>>());
+        assert_eq!(s.counters().gaps_filled_by_other_line, 1);
+        assert_eq!(events(&mut s), vec![Event::RecoveryLost]);
     }
 
     #[test]
