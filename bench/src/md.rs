@@ -411,11 +411,16 @@ pub fn recovery(args: &MdArgs) -> Result<()> {
     let recovered = Arc::new(AtomicU64::new(0));
     let (sub_cfg, sub_rec, cores) = (cfg.clone(), recovered.clone(), args.cores.clone());
     let mut sub_idle = idler(args);
-    let sub = std::thread::spawn(move || -> Result<Histogram<u64>> {
+    let sub = std::thread::spawn(move || -> Result<(Histogram<u64>, [Histogram<u64>; 3])> {
         pin(&cores, 1);
         let mut s = subscribe(&sub_cfg, 1, ip)?;
         let mut app = Sink::default();
         let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+        // Where the time goes: gap -> request posted, request posted ->
+        // answer taken from RC, answer taken -> lost message delivered.
+        let mut legs = [(); 3].map(|_| hist.clone());
+        let (mut requested, mut answered) = (0, 0);
+        let (mut sent, mut taken) = (0, 0);
         let mut gaps = 0;
         let mut detected = 0;
         let deadline = clock::now() + 120_000_000_000;
@@ -430,11 +435,25 @@ pub fn recovery(args: &MdArgs) -> Result<()> {
                 gaps = s.counters().gaps_detected;
                 detected = before;
             }
+            let io = s.io_stats();
+            if io.requests_sent > sent {
+                sent = io.requests_sent;
+                requested = now;
+            }
+            if io.recovery_messages > taken {
+                taken = io.recovery_messages;
+                answered = before;
+            }
             let done = app.next.saturating_sub(1);
             if done > sub_rec.load(Ordering::Relaxed) {
                 // Message 2r-1 was the lost one; it is delivered with 2r.
                 if done % 2 == 0 && detected != 0 {
                     hist.record((now - detected).max(1))?;
+                    if detected <= requested && requested <= answered {
+                        legs[0].record((requested - detected).max(1))?;
+                        legs[1].record((answered - requested).max(1))?;
+                        legs[2].record((now - answered).max(1))?;
+                    }
                     detected = 0;
                 }
                 // ORDERING: Release, pairs with the publisher's Acquire load.
@@ -445,13 +464,18 @@ pub fn recovery(args: &MdArgs) -> Result<()> {
             }
         }
         let _ = s.disconnect();
-        Ok(hist)
+        Ok((hist, legs))
     });
     pin(&args.cores, 0);
     let mut p = McastPublisher::new(&cfg, 1, clock::now(), ip)?;
     let mut snap = Seq(0);
     wait_connected(&mut p, &snap)?;
     let mut msg = vec![0u8; args.size.max(16)];
+    // The publisher's side: time between polls while it waits, and the
+    // length of the polls that answered a request.
+    let mut gap_hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut serve_hist = gap_hist.clone();
+    let mut served = 0;
     for r in 1..=rounds {
         let lost = 2 * r - 1;
         p.set_line_enabled(Line::A, false);
@@ -465,11 +489,19 @@ pub fn recovery(args: &MdArgs) -> Result<()> {
         p.flush(clock::now())?;
         // ORDERING: Acquire, pairs with the subscriber's Release store.
         let mut idle = idler(args);
+        let mut last_end = clock::now();
         while recovered.load(Ordering::Acquire) < lost + 1 {
-            idle.idle(p.poll(clock::now(), &snap)?);
+            let start = clock::now();
+            gap_hist.record((start - last_end).max(1))?;
+            idle.idle(p.poll(start, &snap)?);
+            last_end = clock::now();
+            if p.io_stats().retransmit_requests > served {
+                served = p.io_stats().retransmit_requests;
+                serve_hist.record((last_end - start).max(1))?;
+            }
         }
     }
-    let hist = sub
+    let (hist, legs) = sub
         .join()
         .map_err(|_| anyhow::anyhow!("subscriber panicked"))??;
     let s = Summary::of(&hist);
@@ -478,6 +510,17 @@ pub fn recovery(args: &MdArgs) -> Result<()> {
         "md-recovery: {rounds} lost datagrams, gap detected -> delivered: {s:?}\n\
          rc round trip (64 B, p50): {rc_rtt} ns; recovery = {:.2} RC round trips",
         rec as f64 / rc_rtt.max(1) as f64
+    );
+    let p50 = |h: &Histogram<u64>| h.value_at_quantile(0.5);
+    println!(
+        "where the time goes (p50 ns): subscriber gap->request posted {}, \
+         request posted->answer taken {}, answer->delivered {}; \
+         publisher between polls {}, answering poll {}",
+        p50(&legs[0]),
+        p50(&legs[1]),
+        p50(&legs[2]),
+        p50(&gap_hist),
+        p50(&serve_hist)
     );
     println!("RESULT recovery_ns={rec} rc_rtt_ns={rc_rtt}");
     Ok(())

@@ -520,6 +520,143 @@ fn rdma_md_late_join_after_100k_converges() {
     assert!(c.delivered <= total - first, "{c:?}");
 }
 
+/// The recovery service goes away while multicast continues: the subscriber
+/// keeps delivering, reports the loss of its connection, turns a hole it
+/// cannot recover into an unrecoverable loss, reconnects with back-off once
+/// the service is back, and converges through a snapshot.
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_md_recovery_connection_lost_degrades_then_reconnects() {
+    const TOTAL: u64 = 40_000;
+    const OFF_AT: u64 = 10_000; // recovery service stopped after this
+    const HOLE: (u64, u64) = (20_001, 20_641); // ten datagrams never sent
+    const ON_AT: u64 = 30_000; // recovery service back after this
+    let cfg = config("239.7.8.1", None, 7608, 16384);
+    let _sink = one_guest_mcast_sink();
+    let ip = local_ip();
+    let stop = Arc::new(AtomicBool::new(false));
+    let pub_stop = stop.clone();
+    let pub_cfg = cfg.clone();
+    let publisher = std::thread::spawn(move || {
+        let mut p = McastPublisher::new(&pub_cfg, 7, now_ns() + 1, ip).expect("publisher");
+        let mut book = Book::new();
+        let t0 = Instant::now();
+        let deadline = Duration::from_secs(50);
+        let idle = |p: &mut McastPublisher, book: &Book, d: Duration| {
+            let t = Instant::now();
+            while t.elapsed() < d {
+                p.poll(now_ns(), book).expect("publisher poll");
+            }
+        };
+        while p.connections() == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "no subscriber");
+            p.poll(now_ns(), &book).expect("publisher poll");
+        }
+        for seq in 1..=TOTAL {
+            if seq == OFF_AT + 1 {
+                p.set_recovery_enabled(false).unwrap();
+                idle(&mut p, &book, Duration::from_millis(100));
+            }
+            if seq == HOLE.0 || seq == HOLE.1 {
+                // Let what was published go out on line A (paced) first;
+                // the subscriber sees the link down long before.
+                p.flush(now_ns()).unwrap();
+                idle(&mut p, &book, Duration::from_millis(100));
+                p.set_line_enabled(Line::A, seq == HOLE.1);
+            }
+            if seq == ON_AT + 1 {
+                // Give the subscriber time to fail a few reconnections.
+                idle(&mut p, &book, Duration::from_millis(200));
+                p.set_recovery_enabled(true).unwrap();
+                // The snapshot is taken here, at ON_AT.
+                while p.io_stats().snapshots_served == 0 {
+                    assert!(t0.elapsed() < deadline, "no snapshot asked");
+                    p.poll(now_ns(), &book).expect("publisher poll");
+                }
+            }
+            let m = Book::msg(seq);
+            assert_eq!(p.publish(now_ns(), &m).unwrap(), seq);
+            book.apply(seq, &m);
+            if seq % 32 == 0 {
+                p.poll(now_ns(), &book).expect("publisher poll");
+                assert!(t0.elapsed() < deadline, "publisher too slow");
+            }
+        }
+        p.flush(now_ns()).unwrap();
+        // ORDERING: Acquire pairs with the Release after the subscriber ends.
+        while !pub_stop.load(Ordering::Acquire) {
+            assert!(t0.elapsed() < deadline, "subscriber never finished");
+            p.poll(now_ns(), &book).expect("publisher poll");
+        }
+        (book, p)
+    });
+    let t0 = Instant::now();
+    let mut s = loop {
+        match McastSubscriber::new(&cfg, 7, ip, ip) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(t0.elapsed() < Duration::from_secs(30), "subscriber: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    let mut book = Book::new();
+    let mut events = Vec::new();
+    let mut delivered_while_down = 0;
+    while !(book.last_seq == TOTAL && s.state().phase() == Phase::Live) {
+        let before = book.count;
+        s.poll(now_ns(), &mut book).expect("subscriber poll");
+        if !s.recovery_connected() {
+            delivered_while_down += book.count - before;
+        }
+        while let Some(ev) = s.poll_event() {
+            events.push(ev);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(50),
+            "delivered up to {}: {:?} {:?} {events:?}",
+            book.last_seq,
+            s.counters(),
+            s.io_stats()
+        );
+    }
+    // ORDERING: Release pairs with the publisher's Acquire.
+    stop.store(true, Ordering::Release);
+    let (pub_book, p) = publisher.join().expect("publisher thread");
+    let (c, io) = (s.counters(), s.io_stats());
+    eprintln!("subscriber: {c:?} {io:?} events {events:?}");
+    eprintln!("publisher: {:?}", p.io_stats());
+    assert_eq!(
+        events,
+        [
+            Event::RecoveryLost,
+            Event::UnrecoverableLoss {
+                from: HOLE.0,
+                to: HOLE.1
+            },
+            Event::ResyncStarted,
+            Event::RecoveryRestored,
+            Event::SnapshotApplied { seq: ON_AT },
+        ]
+    );
+    assert_eq!(book.order_errors, 0);
+    assert_eq!(book.digest(), pub_book.digest(), "final state differs");
+    // Multicast kept flowing to the handler while the link was down: all of
+    // (OFF_AT, HOLE.0) at least.
+    assert!(
+        delivered_while_down >= HOLE.0 - OFF_AT - 1,
+        "{delivered_while_down}"
+    );
+    assert_eq!(
+        (c.recovery_link_lost, c.lost_while_link_down),
+        (1, 1),
+        "{c:?}"
+    );
+    assert_eq!((io.connections_lost, io.reconnects), (1, 1), "{io:?}");
+    assert!(io.reconnect_failures >= 1, "{io:?}");
+    assert_eq!(p.io_stats().connections_accepted, 2);
+}
+
 /// The publisher's book after `total` messages (the stream is deterministic).
 fn expected(total: u64) -> Book {
     let mut b = Book::new();

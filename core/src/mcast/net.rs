@@ -12,12 +12,18 @@
 //!   state machine and sends the requests it asks for.
 //!
 //! Both are driven by `poll(now, ..)`, which never blocks, allocates or logs
-//! per message (accepting a new recovery connection is the exception: it
-//! completes an rdma_cm handshake inside `poll`, at most once per
-//! millisecond; and a recovery connection's outbox grows, amortised, to its
-//! largest burst of answers, up to [`MAX_OUTBOX`]). Buffers are the verbs
-//! layer's [`PooledQp`] rings, so there is no `unsafe` here. Protocol
-//! decisions belong to the state machines, not to this module.
+//! per message. Connection management runs as non-blocking rdma_cm steps
+//! checked at most once per [`CM_CHECK_NS`]: the publisher accepts a
+//! recovery connection across polls (a connecting subscriber cannot stall
+//! publishing), and a subscriber whose recovery connection dies keeps
+//! delivering multicast, reports it ([`Event::RecoveryLost`]) and reconnects
+//! with exponential back-off (`recovery.reconnect_min_ns` ..
+//! `reconnect_max_ns`). Setting up a connection allocates its queue pair
+//! and buffers (rare, not per message); a recovery connection's outbox
+//! grows, amortised, to its largest burst of answers, up to
+//! [`MAX_OUTBOX`]. Buffers are the verbs layer's [`PooledQp`] rings, so
+//! there is no `unsafe` here. Protocol decisions belong to the state
+//! machines, not to this module.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
@@ -47,8 +53,15 @@ pub const SNAPSHOT_CHUNK: usize = RC_MSG_LEN - wire::snapshot_chunk_len(0);
 pub const MAX_OUTBOX: usize = 64 << 20;
 
 const CM_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often the recovery service looks for new and closed connections.
-const DISCONNECT_CHECK_NS: u64 = 1_000_000;
+/// Longest a recovery connection may take to set up, across polls.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often connection management (new, closed and half-set-up
+/// connections) is looked at: each look is a system call on the rdma_cm
+/// channel, so not once per loop.
+pub const CM_CHECK_NS: u64 = 1_000_000;
+/// The same while a connection is being set up, so each handshake step
+/// waits little.
+const CM_STEP_NS: u64 = 50_000;
 
 /// Nanoseconds on a process-wide monotonic clock, the `now` the state
 /// machines take.
@@ -91,7 +104,7 @@ pub struct PublisherIoStats {
     pub unsent_overwritten: u64,
     /// Recovery connections accepted.
     pub connections_accepted: u64,
-    /// Recovery connections that failed to set up.
+    /// Recovery connections that failed to set up (or timed out doing so).
     pub connections_failed: u64,
     /// Recovery connections closed (peer disconnected or send failed).
     pub connections_closed: u64,
@@ -201,7 +214,8 @@ impl McastPublisher {
                 _membership: m,
             });
         }
-        let listener = Listener::bind(SocketAddr::new(local, ch.port))?;
+        let addr = SocketAddr::new(local, ch.port);
+        let listener = Listener::bind(addr)?;
         let state = PublisherState::new(cfg.publisher(channel, session));
         Ok(McastPublisher {
             sent_upto: state.next_seq(),
@@ -210,9 +224,11 @@ impl McastPublisher {
             ud,
             lines,
             server: RecoveryServer {
-                listener,
+                addr,
+                listener: Some(listener),
                 pd,
                 conns: Vec::new(),
+                pending: Vec::new(),
                 opts: rc_options(cfg),
                 scratch: Vec::new(),
                 next_disconnect_check: 0,
@@ -234,6 +250,21 @@ impl McastPublisher {
     /// Recovery connections currently open.
     pub fn connections(&self) -> usize {
         self.server.conns.len()
+    }
+    /// Stops the recovery service (closing its connections and no longer
+    /// listening) or starts it again, e.g. for maintenance or to test how
+    /// subscribers live without it. Multicast goes on either way.
+    pub fn set_recovery_enabled(&mut self, enabled: bool) -> Result<(), NetError> {
+        let srv = &mut self.server;
+        if !enabled {
+            self.stats.connections_closed += srv.conns.len() as u64;
+            srv.conns.clear();
+            srv.pending.clear();
+            srv.listener = None;
+        } else if srv.listener.is_none() {
+            srv.listener = Some(Listener::bind(srv.addr)?);
+        }
+        Ok(())
     }
     /// Stops (or resumes) sending on `line`, e.g. to test a cut line.
     pub fn set_line_enabled(&mut self, line: Line, enabled: bool) {
@@ -301,7 +332,7 @@ impl McastPublisher {
     /// sends a heartbeat when idle, reclaims send slots, and serves recovery
     /// (accepting connections, answering retransmit requests from the
     /// history and snapshot requests from `snapshot`). Returns the datagrams
-    /// sent. Never blocks, except to complete a new connection's handshake.
+    /// sent. Never blocks.
     pub fn poll(&mut self, now: u64, snapshot: &impl Snapshot) -> Result<usize, NetError> {
         let before = self.stats.datagrams_sent;
         self.state.poll_flush(now);
@@ -343,18 +374,33 @@ struct ServerConn {
     out_pos: usize,
 }
 
+/// An accepted connection waiting for ESTABLISHED.
+struct PendingConn {
+    qp: PooledQp,
+    accepting: cm::Accepting,
+    deadline: u64,
+}
+
 struct RecoveryServer {
-    listener: Listener,
+    addr: SocketAddr,
+    /// None while the service is disabled.
+    listener: Option<Listener>,
     pd: Arc<ProtectionDomain>,
     conns: Vec<ServerConn>,
+    pending: Vec<PendingConn>,
     opts: RcOptions,
     scratch: Vec<u8>,
     next_disconnect_check: u64,
 }
 
 impl RecoveryServer {
-    fn accept(&mut self, stats: &mut PublisherIoStats) -> Result<(), NetError> {
-        let Some(req) = self.listener.next_request(Duration::ZERO)? else {
+    /// Takes one connect request, if any, and answers it without waiting
+    /// for the handshake to finish (see [`Self::progress`]).
+    fn accept(&mut self, now: u64) -> Result<(), NetError> {
+        let Some(listener) = &self.listener else {
+            return Ok(());
+        };
+        let Some(req) = listener.next_request(Duration::ZERO)? else {
             return Ok(());
         };
         let mut qp = PooledQp::new(
@@ -371,16 +417,38 @@ impl RecoveryServer {
                 dests_per_send: 1,
             },
         )?;
-        let conn = req.accept(qp.qp(), &self.opts, Access::LOCAL, &[], CM_TIMEOUT)?;
+        let accepting = req.start_accept(qp.qp(), &self.opts, Access::LOCAL, &[])?;
+        // In RTS already: receives go up before the subscriber's first
+        // request can arrive.
         qp.post_receives()?;
-        self.conns.push(ServerConn {
+        self.pending.push(PendingConn {
             qp,
-            conn,
-            outbox: Vec::with_capacity(RC_MSG_LEN * 4),
-            out_pos: 0,
+            accepting,
+            deadline: now + CONNECT_TIMEOUT.as_nanos() as u64,
         });
-        stats.connections_accepted += 1;
         Ok(())
+    }
+
+    /// Moves established connections to `conns`; drops failed ones.
+    /// Connection set-up only, so the Vec shuffle does not matter.
+    fn progress(&mut self, now: u64, stats: &mut PublisherIoStats) {
+        for p in std::mem::take(&mut self.pending) {
+            match p.accepting.poll() {
+                Ok(cm::AcceptProgress::Done(conn)) => {
+                    self.conns.push(ServerConn {
+                        qp: p.qp,
+                        conn,
+                        outbox: Vec::with_capacity(RC_MSG_LEN * 4),
+                        out_pos: 0,
+                    });
+                    stats.connections_accepted += 1;
+                }
+                Ok(cm::AcceptProgress::Pending(accepting)) if now < p.deadline => {
+                    self.pending.push(PendingConn { accepting, ..p });
+                }
+                Ok(cm::AcceptProgress::Pending(_)) | Err(_) => stats.connections_failed += 1,
+            }
+        }
     }
 
     fn poll(
@@ -391,13 +459,19 @@ impl RecoveryServer {
         stats: &mut PublisherIoStats,
     ) {
         // Connection management costs a system call (poll on the rdma_cm
-        // channel): at most once per DISCONNECT_CHECK_NS, not per loop.
+        // channel): at most once per CM_CHECK_NS, not per loop.
         let check_disconnect = now >= self.next_disconnect_check;
         if check_disconnect {
-            self.next_disconnect_check = now + DISCONNECT_CHECK_NS;
-            if self.accept(stats).is_err() {
+            if self.accept(now).is_err() {
                 stats.connections_failed += 1;
             }
+            self.progress(now, stats);
+            let step = if self.pending.is_empty() {
+                CM_CHECK_NS
+            } else {
+                CM_STEP_NS
+            };
+            self.next_disconnect_check = now + step;
         }
         let mut i = 0;
         while i < self.conns.len() {
@@ -533,6 +607,13 @@ pub struct SubscriberIoStats {
     /// Requests dropped because the RC send ring was full (asked again on
     /// timeout).
     pub requests_dropped: u64,
+    /// Times the recovery connection was found dead (error completion or
+    /// disconnect).
+    pub connections_lost: u64,
+    /// Reconnections to the recovery service that succeeded.
+    pub reconnects: u64,
+    /// Reconnection attempts that failed (each followed by a longer wait).
+    pub reconnect_failures: u64,
 }
 
 struct LineRx {
@@ -541,12 +622,57 @@ struct LineRx {
     _membership: McastMembership,
 }
 
+/// The subscriber's recovery connection. Variant fields are dropped in
+/// order: the queue pair before the rdma_cm id it was connected through.
+enum Link {
+    Up {
+        rc: PooledQp,
+        conn: Connection,
+    },
+    Connecting {
+        rc: PooledQp,
+        connecting: cm::Connecting,
+    },
+    Down,
+}
+
+/// Everything needed to (re)connect to the recovery service.
+struct Reconnect {
+    pd: Arc<ProtectionDomain>,
+    publisher: SocketAddr,
+    local: IpAddr,
+    opts: RcOptions,
+    min_ns: u64,
+    max_ns: u64,
+    backoff_ns: u64,
+    /// Next look at connection management (attempt, handshake step, or
+    /// disconnect check).
+    next_check: u64,
+}
+
+fn recovery_qp(pd: &Arc<ProtectionDomain>) -> Result<PooledQp, NetError> {
+    Ok(PooledQp::new(
+        pd,
+        QpType::Rc,
+        PoolConfig {
+            recv_slots: 128,
+            recv_len: RC_MSG_LEN,
+            recv_batch: 16,
+            recv_low_water: 16,
+            send_slots: 32,
+            send_len: 256,
+            signal_every: 8,
+            dests_per_send: 1,
+        },
+    )?)
+}
+
 /// A market-data subscriber for one channel. See the module documentation.
 pub struct McastSubscriber {
     state: SubscriberState,
     lines: ArrayVec<LineRx, 2>,
-    rc: PooledQp,
-    conn: Connection,
+    link: Link,
+    reconnect: Reconnect,
     stats: SubscriberIoStats,
 }
 
@@ -601,29 +727,26 @@ impl McastSubscriber {
                 _membership: m,
             });
         }
-        let resolved = cm::resolve(SocketAddr::new(publisher, ch.port), Some(local), CM_TIMEOUT)?;
-        let mut rc = PooledQp::new(
-            &pd,
-            QpType::Rc,
-            PoolConfig {
-                recv_slots: 128,
-                recv_len: RC_MSG_LEN,
-                recv_batch: 16,
-                recv_low_water: 16,
-                send_slots: 32,
-                send_len: 256,
-                signal_every: 8,
-                dests_per_send: 1,
-            },
-        )?;
+        let publisher = SocketAddr::new(publisher, ch.port);
+        let resolved = cm::resolve(publisher, Some(local), CM_TIMEOUT)?;
+        let mut rc = recovery_qp(&pd)?;
         let (conn, _) =
             resolved.connect(rc.qp(), &rc_options(cfg), Access::LOCAL, &[], CM_TIMEOUT)?;
         rc.post_receives()?;
         Ok(McastSubscriber {
             state: SubscriberState::new(cfg.subscriber(channel)),
             lines,
-            rc,
-            conn,
+            link: Link::Up { rc, conn },
+            reconnect: Reconnect {
+                pd,
+                publisher,
+                local,
+                opts: rc_options(cfg),
+                min_ns: cfg.recovery.reconnect_min_ns,
+                max_ns: cfg.recovery.reconnect_max_ns,
+                backoff_ns: cfg.recovery.reconnect_min_ns,
+                next_check: 0,
+            },
             stats: SubscriberIoStats::default(),
         })
     }
@@ -640,9 +763,17 @@ impl McastSubscriber {
     pub fn io_stats(&self) -> SubscriberIoStats {
         self.stats
     }
-    /// Closes the recovery connection (the publisher sees it go).
+    /// Closes the recovery connection (the publisher sees it go). A later
+    /// [`poll`](Self::poll) treats it as lost and reconnects.
     pub fn disconnect(&self) -> Result<(), NetError> {
-        Ok(self.conn.disconnect()?)
+        match &self.link {
+            Link::Up { conn, .. } => Ok(conn.disconnect()?),
+            _ => Ok(()),
+        }
+    }
+    /// Whether the recovery connection is up.
+    pub fn recovery_connected(&self) -> bool {
+        matches!(self.link, Link::Up { .. })
     }
     /// Next event (unrecoverable loss, resync, snapshot applied, ...).
     pub fn poll_event(&mut self) -> Option<Event> {
@@ -653,7 +784,11 @@ impl McastSubscriber {
     /// and recovery messages from RC into the state machine (delivering in
     /// order to `app`), handles timers and sends the requests the state
     /// machine asks for. Returns the datagrams and recovery messages taken.
-    /// Never blocks, allocates or logs.
+    /// Never blocks, allocates or logs per message.
+    ///
+    /// A failing recovery connection is not an error here: it is reported
+    /// through [`Event::RecoveryLost`] and re-established in later polls.
+    /// Errors are the multicast receive side's only.
     pub fn poll<A: Handler + SnapshotSink + ?Sized>(
         &mut self,
         now: u64,
@@ -674,34 +809,122 @@ impl McastSubscriber {
             }
             taken += r.received;
         }
-        let r = self
-            .rc
-            .poll_recv(|bytes| state.on_recovery(now, bytes, app))?;
-        self.stats.recovery_messages += r.received as u64;
-        taken += r.received;
+        let mut link_ok = true;
+        if let Link::Up { rc, .. } = &mut self.link {
+            match rc.poll_recv(|bytes| state.on_recovery(now, bytes, app)) {
+                Ok(r) => {
+                    self.stats.recovery_messages += r.received as u64;
+                    taken += r.received;
+                }
+                Err(_) => link_ok = false,
+            }
+        }
         if state.poll_timeout().is_some_and(|t| t <= now) {
             state.handle_timeout(now);
         }
-        let mut staged = false;
-        while let Some(req) = state.poll_transmit() {
-            let mut res = self.rc.stage_with(64, |buf| req.encode(buf).unwrap_or(0));
-            if res == Err(StageError::RingFull) {
-                self.rc.poll_send()?;
-                res = self.rc.stage_with(64, |buf| req.encode(buf).unwrap_or(0));
-            }
-            if res.is_ok() {
-                staged = true;
-                self.stats.requests_sent += 1;
-            } else {
-                self.stats.requests_dropped += 1;
-            }
+        if let Link::Up { rc, .. } = &mut self.link {
+            link_ok &= send_requests(rc, state, &mut self.stats).is_ok();
         }
-        if staged {
-            self.rc.post_staged(&[Dest::Connected])?;
+        if !link_ok {
+            self.link_lost(now);
         }
-        self.rc.poll_send()?;
+        if now >= self.reconnect.next_check {
+            self.manage_link(now);
+        }
         Ok(taken)
     }
+
+    fn link_lost(&mut self, now: u64) {
+        self.link = Link::Down;
+        self.stats.connections_lost += 1;
+        self.state.set_recovery_link(now, false);
+        self.reconnect.backoff_ns = self.reconnect.min_ns;
+        self.reconnect.next_check = now + self.reconnect.min_ns;
+    }
+
+    fn reconnect_failed(&mut self, now: u64) {
+        self.link = Link::Down;
+        self.stats.reconnect_failures += 1;
+        let r = &mut self.reconnect;
+        r.next_check = now + r.backoff_ns;
+        r.backoff_ns = (r.backoff_ns * 2).min(r.max_ns);
+    }
+
+    /// Connection management, at most once per [`CM_CHECK_NS`] (more often
+    /// while a handshake is under way): disconnect check, reconnect
+    /// attempts with back-off, handshake steps. Nothing here waits.
+    fn manage_link(&mut self, now: u64) {
+        let r = &mut self.reconnect;
+        match std::mem::replace(&mut self.link, Link::Down) {
+            Link::Up { rc, conn } => {
+                if conn.poll_disconnected().unwrap_or(true) {
+                    return self.link_lost(now);
+                }
+                self.link = Link::Up { rc, conn };
+                r.next_check = now + CM_CHECK_NS;
+            }
+            Link::Down => {
+                let started = recovery_qp(&r.pd).and_then(|rc| {
+                    let connecting =
+                        cm::start_connect(r.publisher, Some(r.local), CONNECT_TIMEOUT)?;
+                    Ok((rc, connecting))
+                });
+                match started {
+                    Ok((rc, connecting)) => {
+                        self.link = Link::Connecting { rc, connecting };
+                        r.next_check = now + CM_STEP_NS;
+                    }
+                    Err(_) => self.reconnect_failed(now),
+                }
+            }
+            Link::Connecting { mut rc, connecting } => {
+                match connecting.poll(rc.qp(), &r.opts, Access::LOCAL, &[]) {
+                    Ok(cm::ConnectProgress::Pending(connecting)) => {
+                        self.link = Link::Connecting { rc, connecting };
+                        r.next_check = now + CM_STEP_NS;
+                    }
+                    Ok(cm::ConnectProgress::Done(conn, _)) => {
+                        if rc.post_receives().is_err() {
+                            return self.reconnect_failed(now);
+                        }
+                        self.link = Link::Up { rc, conn };
+                        self.stats.reconnects += 1;
+                        r.backoff_ns = r.min_ns;
+                        r.next_check = now + CM_CHECK_NS;
+                        self.state.set_recovery_link(now, true);
+                    }
+                    Err(_) => self.reconnect_failed(now),
+                }
+            }
+        }
+    }
+}
+
+/// Sends what the state machine asks for over the recovery connection.
+fn send_requests(
+    rc: &mut PooledQp,
+    state: &mut SubscriberState,
+    stats: &mut SubscriberIoStats,
+) -> Result<(), NetError> {
+    let mut staged = false;
+    while let Some(req) = state.poll_transmit() {
+        let mut res = rc.stage_with(64, |buf| req.encode(buf).unwrap_or(0));
+        if res == Err(StageError::RingFull) {
+            rc.poll_send()?;
+            res = rc.stage_with(64, |buf| req.encode(buf).unwrap_or(0));
+        }
+        if res.is_ok() {
+            staged = true;
+            stats.requests_sent += 1;
+        } else {
+            stats.requests_dropped += 1;
+        }
+    }
+    if staged {
+        rc.post_staged(&[Dest::Connected])?;
+    }
+    rc.poll_send()?;
+    Ok(())
 }
 
 type CounterField = fn(&SubscriberCounters, &SubscriberIoStats) -> u64;
@@ -723,6 +946,11 @@ const EXPORTED: &[(&str, CounterField)] = &[
     ("receive_queue_low", |c, _| c.receive_queue_low),
     ("malformed_dropped", |c, _| c.malformed_dropped),
     ("requests_dropped", |_, io| io.requests_dropped),
+    ("gaps_filled_by_other_line", |c, _| {
+        c.gaps_filled_by_other_line
+    }),
+    ("connections_lost", |_, io| io.connections_lost),
+    ("reconnects", |_, io| io.reconnects),
 ];
 
 /// A subscriber's counters published in a shared-memory
