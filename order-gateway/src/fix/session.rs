@@ -7,6 +7,15 @@
 //! [`Session::replay_outbound`] and [`Session::replay_inbound`]. Application messages sent are
 //! kept (raw) so a ResendRequest can be served with PossDupFlag; admin messages are answered
 //! with SequenceReset-GapFill.
+//!
+//! The resend store is bounded and allocated once: a ring of [`RESEND_SLOTS`] slots of
+//! [`RESEND_SLOT_LEN`] bytes, slot = sequence number modulo the ring size, so storing a sent
+//! message is one copy and never grows memory on the order path. A ResendRequest reaching
+//! further back than the ring (or a message longer than a slot) is answered with
+//! SequenceReset-GapFill over what is no longer held, which FIX allows for messages the
+//! sender chooses not to resend (stale orders), and counted in
+//! [`SessionCounters::gap_filled_unavailable`]: orders that old are stale by the time a
+//! venue asks, and the journal keeps every frame sent for reconciliation.
 
 use super::codec::{Message, MessageWriter, SOH};
 use super::tag;
@@ -66,33 +75,69 @@ pub struct SessionCounters {
     pub gap_fills_sent: u64,
     /// Inbound PossDup duplicates ignored.
     pub duplicates_ignored: u64,
+    /// Resend requests reaching back past the bounded store (gap-filled there instead).
+    pub gap_filled_unavailable: u64,
+    /// Application messages sent that were too long to keep for resends.
+    pub too_long_to_keep: u64,
 }
 
-/// Raw application messages we sent, for resends. One arena, no allocation per message once
-/// grown.
-#[derive(Debug, Default)]
+/// Application messages kept for resends: the last this many sequence numbers.
+pub const RESEND_SLOTS: usize = 1 << 14;
+/// Largest message kept for resends (a NewOrderSingle is about 200 bytes).
+pub const RESEND_SLOT_LEN: usize = 512;
+
+/// Raw application messages we sent, for resends: a ring of fixed slots indexed by sequence
+/// number, allocated once (8 MiB), so storing costs one copy and no allocation.
 struct SentStore {
-    bytes: Vec<u8>,
-    index: Vec<(u64, usize, usize)>,
+    bytes: Box<[u8]>,
+    /// Per slot: the sequence number held (0: none) and the message length.
+    slots: Box<[(u64, u16)]>,
+}
+
+impl std::fmt::Debug for SentStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held = self.slots.iter().filter(|s| s.0 != 0).count();
+        f.debug_struct("SentStore").field("held", &held).finish()
+    }
+}
+
+impl Default for SentStore {
+    fn default() -> SentStore {
+        SentStore {
+            bytes: vec![0; RESEND_SLOTS * RESEND_SLOT_LEN].into_boxed_slice(),
+            slots: vec![(0, 0); RESEND_SLOTS].into_boxed_slice(),
+        }
+    }
 }
 
 impl SentStore {
-    fn push(&mut self, seq: u64, raw: &[u8]) {
-        if self.index.last().is_some_and(|&(s, _, _)| s >= seq) {
-            return; // replay of a resend: already stored
-        }
-        self.index.push((seq, self.bytes.len(), raw.len()));
-        self.bytes.extend_from_slice(raw);
+    fn slot(seq: u64) -> usize {
+        (seq % RESEND_SLOTS as u64) as usize
     }
 
-    fn range(&self, begin: u64, end: u64) -> impl Iterator<Item = (u64, &[u8])> {
-        let from = self.index.partition_point(|&(s, _, _)| s < begin);
-        self.index[from..]
-            .iter()
-            .take_while(move |&&(s, _, _)| s <= end)
-            .map(|&(s, o, l)| (s, &self.bytes[o..o + l]))
+    /// Keeps `raw` as message `seq`, replacing whatever held its slot; a message longer than
+    /// a slot is not kept (a resend request for it is gap-filled).
+    fn push(&mut self, seq: u64, raw: &[u8]) -> bool {
+        let i = Self::slot(seq);
+        if raw.len() > RESEND_SLOT_LEN {
+            self.slots[i] = (0, 0);
+            return false;
+        }
+        self.bytes[i * RESEND_SLOT_LEN..][..raw.len()].copy_from_slice(raw);
+        // RESEND_SLOT_LEN fits u16.
+        self.slots[i] = (seq, raw.len() as u16);
+        true
+    }
+
+    /// Message `seq`, if still held.
+    fn get(&self, seq: u64) -> Option<&[u8]> {
+        let i = Self::slot(seq);
+        let (held, len) = self.slots[i];
+        (held == seq && seq != 0).then(|| &self.bytes[i * RESEND_SLOT_LEN..][..usize::from(len)])
     }
 }
+
+const _: () = assert!(RESEND_SLOT_LEN <= u16::MAX as usize);
 
 fn is_app(msg_type: &[u8]) -> bool {
     !matches!(msg_type, b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A")
@@ -175,7 +220,7 @@ impl Session {
                 if let (Some(seq), false) = (m.seq(), m.poss_dup()) {
                     self.next_out = self.next_out.max(seq + 1);
                     if is_app(m.msg_type()) {
-                        self.store.push(seq, &rest[..n]);
+                        let _ = self.store.push(seq, &rest[..n]);
                     }
                 }
             }
@@ -233,7 +278,9 @@ impl Session {
         self.header(msg_type, seq, now);
         self.writer.raw_fields(body);
         let start = self.writer.finish(out);
-        self.store.push(seq, &out[start..]);
+        if !self.store.push(seq, &out[start..]) {
+            self.counters.too_long_to_keep += 1;
+        }
         self.last_sent = now;
         seq
     }
@@ -465,16 +512,22 @@ impl Session {
         let last = self.next_out - 1;
         let end = if end == 0 || end > last { last } else { end };
         let mut gap_from = begin.max(1);
-        // Indexes into the store, so the resend loop can borrow the writer mutably.
-        let first = self.store.index.partition_point(|&(s, _, _)| s < gap_from);
-        let count = self.store.range(gap_from, end).count();
-        for i in first..first + count {
-            let (seq, off, len) = self.store.index[i];
-            if seq > gap_from {
-                self.gap_fill(gap_from, seq, now, out);
+        // Nothing older than the ring can be held: skip straight past it.
+        let oldest = (last + 1).saturating_sub(RESEND_SLOTS as u64).max(gap_from);
+        let mut seq = oldest;
+        while seq <= end {
+            if self.store.get(seq).is_some() {
+                if seq > gap_from {
+                    self.gap_fill(gap_from, seq, now, out);
+                }
+                self.resend_one(seq, now, out);
+                gap_from = seq + 1;
             }
-            self.resend_one(off, len, now, out);
-            gap_from = seq + 1;
+            seq += 1;
+        }
+        if begin.max(1) < oldest {
+            // Application messages may hide in the range the ring no longer covers.
+            self.counters.gap_filled_unavailable += 1;
         }
         if gap_from <= end {
             self.gap_fill(gap_from, end + 1, now, out);
@@ -492,9 +545,11 @@ impl Session {
         self.counters.gap_fills_sent += 1;
     }
 
-    /// Re-encodes a stored message with PossDupFlag=Y and OrigSendingTime.
-    fn resend_one(&mut self, off: usize, len: usize, now: u64, out: &mut Vec<u8>) {
-        let raw = &self.store.bytes[off..off + len];
+    /// Re-encodes stored message `seq` with PossDupFlag=Y and OrigSendingTime.
+    fn resend_one(&mut self, seq: u64, now: u64, out: &mut Vec<u8>) {
+        let Some(raw) = self.store.get(seq) else {
+            return;
+        };
         let Ok(m) = Message::parse(raw) else { return };
         let (Some(seq), ty) = (m.seq(), m.msg_type()) else {
             return;
@@ -760,7 +815,7 @@ mod tests {
         let f = venue(b"8", 7, &[]);
         r.replay_inbound(&Message::parse(&f).unwrap());
         assert_eq!((r.next_out(), r.next_in()), (3, 8));
-        assert_eq!(r.store.range(1, 10).count(), 1);
+        assert_eq!((1..10).filter(|&q| r.store.get(q).is_some()).count(), 1);
     }
 
     #[test]
@@ -795,5 +850,93 @@ mod tests {
             SessionEvent::Disconnect
         ));
         assert_eq!(frames(&out).len(), 1);
+    }
+}
+
+#[cfg(test)]
+mod store_tests {
+    use super::super::split_frame;
+    use super::*;
+
+    const T0: u64 = 1_704_207_600_000_000_000;
+
+    fn session() -> Session {
+        let mut s = Session::new(SessionConfig {
+            sender_comp_id: "GW".into(),
+            target_comp_id: "VENUE".into(),
+            heartbeat_secs: 30,
+        });
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        s.state = SessionState::Active;
+        s
+    }
+
+    fn resend_request(s: &mut Session, begin: u64) -> Vec<(Vec<u8>, u64, Option<u64>)> {
+        let mut w = MessageWriter::default();
+        w.start(b"2")
+            .field(49, b"VENUE")
+            .field(56, b"GW")
+            .uint(34, s.next_in())
+            .timestamp(52, T0)
+            .uint(7, begin)
+            .uint(16, 0);
+        let mut f = Vec::new();
+        w.finish(&mut f);
+        let mut out = Vec::new();
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        let mut v = Vec::new();
+        let mut rest = &out[..];
+        while let Ok(n) = split_frame(rest) {
+            let m = Message::parse(&rest[..n]).unwrap();
+            v.push((m.msg_type().to_vec(), m.seq().unwrap(), m.uint(36).ok()));
+            rest = &rest[n..];
+        }
+        v
+    }
+
+    #[test]
+    fn store_keeps_the_last_ring_and_gap_fills_what_it_let_go() {
+        let mut s = session(); // seq 1 = logon
+        let mut out = Vec::new();
+        let total = RESEND_SLOTS as u64 + 10;
+        for i in 0..total {
+            out.clear();
+            let body = format!("11={i}\x0155=AAPL\x01");
+            s.send_app(b"D", body.as_bytes(), T0, &mut out);
+        }
+        let last = s.next_out() - 1;
+        assert_eq!(last, total + 1);
+        // The oldest 11 (logon + 10 orders) fell out of the ring: one gap fill covers them,
+        // then every held order is resent in order.
+        let got = resend_request(&mut s, 1);
+        let first_held = last + 1 - RESEND_SLOTS as u64;
+        assert_eq!(got[0], (b"4".to_vec(), 1, Some(first_held)));
+        assert_eq!(got.len(), 1 + RESEND_SLOTS);
+        assert!(got[1..]
+            .iter()
+            .zip(first_held..)
+            .all(|(m, q)| m.0 == b"D" && m.1 == q));
+        assert_eq!(s.counters().gap_filled_unavailable, 1);
+        // A recent range is served from the ring without a gap fill.
+        let got = resend_request(&mut s, last - 1);
+        assert_eq!(
+            got.iter().map(|m| m.1).collect::<Vec<_>>(),
+            [last - 1, last]
+        );
+        assert!(got.iter().all(|m| m.0 == b"D"));
+        assert_eq!(s.counters().gap_filled_unavailable, 1);
+    }
+
+    #[test]
+    fn a_message_too_long_to_keep_is_gap_filled() {
+        let mut s = session();
+        let mut out = Vec::new();
+        let long = format!("58={}\x01", "x".repeat(RESEND_SLOT_LEN));
+        s.send_app(b"D", long.as_bytes(), T0, &mut out); // 2
+        s.send_app(b"D", b"11=1\x01", T0, &mut out); // 3
+        assert_eq!(s.counters().too_long_to_keep, 1);
+        let got = resend_request(&mut s, 2);
+        assert_eq!(got, [(b"4".to_vec(), 2, Some(3)), (b"D".to_vec(), 3, None)]);
     }
 }
