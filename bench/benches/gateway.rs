@@ -73,6 +73,7 @@ impl OrderPath {
             engines: vec![EngineGrant {
                 id: ENGINE,
                 accounts: vec![ACCOUNT],
+                token: "bench-engine".into(),
             }],
             restricted_symbols: vec!["XXXX".into(), "ZZZZ".into()],
             reference_max_age_ms: 60_000,

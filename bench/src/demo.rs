@@ -95,6 +95,8 @@ pub struct GatewayConfig {
     pub addr: SocketAddr,
     /// Our engine id (the gateway's `[[risk.engines]]` entry).
     pub engine_id: u32,
+    /// Our engine's secret (that entry's `token`).
+    pub engine_token: String,
     /// The account orders are sent for.
     pub account: u32,
     /// The orders path; `token` must match the gateway's.
@@ -907,6 +909,7 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
                 cfg.gateway.addr,
                 &cfg.gateway.orders,
                 cfg.gateway.engine_id,
+                &cfg.gateway.engine_token,
                 first_id,
                 capacity,
                 Duration::from_secs(5),
@@ -1131,6 +1134,7 @@ mod tests {
 [gateway]
 addr = "198.18.0.1:7470"
 engine_id = 1
+engine_token = "e"
 account = 1
 [gateway.orders]
 token = "t"

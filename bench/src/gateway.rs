@@ -58,6 +58,7 @@ pub struct GatewayRttArgs {
 
 const ENGINE: u32 = 1;
 const ACCOUNT: u32 = 1;
+const ENGINE_TOKEN: &str = "bench-engine";
 fn orders_config() -> OrdersConfig {
     OrdersConfig {
         // 4 MiB: a default run (21,000 orders, ~1.7 MB of requests, ~2.4 MB of responses)
@@ -88,6 +89,7 @@ fn risk() -> Result<RiskConfig> {
         [[engines]]
         id = {ENGINE}
         accounts = [{ACCOUNT}]
+        token = "{ENGINE_TOKEN}"
         "#
     ))?)
 }
@@ -166,6 +168,7 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             addr,
             &orders_config(),
             ENGINE,
+            ENGINE_TOKEN,
             1,
             total as usize + 16,
             Duration::from_secs(10),

@@ -3,8 +3,15 @@
 //!
 //! [`Client`] owns no transport (the caller moves the bytes); [`EngineSession`] is a
 //! [`Client`] bound to a rocebus orders connection to the gateway: it logs on with the
-//! engine's id, writes requests straight into the connection's registered send memory
-//! (`try_claim`) and applies the responses it polls.
+//! engine's id and secret, writes requests straight into the connection's registered send
+//! memory (`try_claim`) and applies the responses it polls.
+//!
+//! Responses are numbered per engine by the gateway. The [`Client`] remembers the last one
+//! it applied; after a lost connection, [`EngineSession::resume`] logs on again with that
+//! number and the gateway replays everything after it (the acks, fills and the cancels of
+//! cancel-on-disconnect the engine missed) before anything new, so each response is applied
+//! exactly once. A response numbered at or below the last applied is refused as
+//! [`ClientError::Duplicate`] without touching the book.
 //!
 //! ```no_run
 //! use order_gateway::client::EngineSession;
@@ -13,7 +20,9 @@
 //! use std::time::Duration;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let cfg = OrdersConfig { token: "s3cret".into(), ..OrdersConfig::default() };
-//! let mut s = EngineSession::connect("198.18.0.1:7470".parse()?, &cfg, 1, 1, Duration::from_secs(5))?;
+//! let mut s = EngineSession::connect(
+//!     "198.18.0.1:7470".parse()?, &cfg, 1, "engine-1-secret", 1, Duration::from_secs(5),
+//! )?;
 //! let id = s.new_order(1, Symbol::new("AAPL").unwrap(), Side::Buy, 100, 189 * PRICE_SCALE)?;
 //! s.flush()?;
 //! while !s.client().order(id).unwrap().state.is_final() {
@@ -22,11 +31,11 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rocebus::orders::{Connection, OfferError, OrdersConfig, OrdersError};
+use rustc_hash::FxHashMap;
 use zerocopy::{Immutable, IntoBytes};
 
 use crate::proto::{
@@ -88,14 +97,17 @@ pub enum ClientError {
     UnknownOrder(u64),
     /// A response for an order already final (a duplicate answer).
     AlreadyFinal(u64),
+    /// A response numbered at or below the last one applied (a replay overlap); ignored.
+    Duplicate(u32),
 }
 
 /// Engine-side order client.
 #[derive(Debug, Default)]
 pub struct Client {
     next_id: u64,
-    orders: HashMap<u64, OwnOrder>,
-    position: HashMap<Symbol, i64>,
+    last_seq: u32,
+    orders: FxHashMap<u64, OwnOrder>,
+    position: FxHashMap<Symbol, i64>,
 }
 
 impl Client {
@@ -111,8 +123,8 @@ impl Client {
     pub fn with_capacity(first_id: u64, orders: usize) -> Client {
         Client {
             next_id: first_id,
-            orders: HashMap::with_capacity(orders),
-            position: HashMap::new(),
+            orders: FxHashMap::with_capacity_and_hasher(orders, Default::default()),
+            ..Client::default()
         }
     }
 
@@ -159,9 +171,23 @@ impl Client {
         MassCancel::new(account, symbol)
     }
 
+    /// The sequence number of the last response applied (0: none); an engine that
+    /// reconnects presents it so the gateway replays only what came after.
+    pub fn last_response_seq(&self) -> u32 {
+        self.last_seq
+    }
+
     /// Applies one response frame; returns the decoded response.
     pub fn on_response(&mut self, bytes: &[u8]) -> Result<Response, ClientError> {
         let (resp, _) = Response::decode(bytes).map_err(ClientError::Decode)?;
+        let seq = resp.seq();
+        if seq != 0 {
+            if seq <= self.last_seq {
+                return Err(ClientError::Duplicate(seq));
+            }
+            // Counted as seen even if it does not apply below: the gateway sent it once.
+            self.last_seq = seq;
+        }
         let id = resp.cl_ord_id();
         let o = self
             .orders
@@ -235,7 +261,10 @@ pub enum SessionError {
     /// The gateway answered the logon with something else than a logon answer.
     #[error("bad logon answer: {0}")]
     BadAnswer(DecodeError),
-    /// The gateway refused the engine id.
+    /// The token is empty or longer than [`crate::proto::TOKEN_LEN`] bytes.
+    #[error("engine token must be 1..=32 bytes")]
+    BadToken,
+    /// The gateway refused the logon (unknown engine, wrong token, …).
     #[error("gateway refused engine {engine}: {status:?}")]
     Refused {
         /// Our engine id.
@@ -246,6 +275,17 @@ pub enum SessionError {
     /// No answer in time.
     #[error("no logon answer within {0:?}")]
     Timeout(Duration),
+}
+
+/// [`EngineSession::resume`] failed: why, and the book to try again with.
+#[derive(Debug, thiserror::Error)]
+#[error("log on again to the gateway")]
+pub struct ResumeError {
+    /// Why.
+    #[source]
+    pub error: SessionError,
+    /// The book that was to be resumed, unchanged.
+    pub client: Box<Client>,
 }
 
 /// A [`Client`] connected to the gateway over the rocebus orders path.
@@ -260,20 +300,22 @@ pub struct EngineSession {
     conn: Connection,
     client: Client,
     engine: u32,
+    replay_until: u32,
     stray_frames: u64,
 }
 
 impl EngineSession {
-    /// Connects to the gateway at `addr`, logs on as `engine` and waits for the answer.
-    /// Order ids start at `first_order_id`.
+    /// Connects to the gateway at `addr`, logs on as `engine` with its `token` and waits for
+    /// the answer. Order ids start at `first_order_id`.
     pub fn connect(
         addr: SocketAddr,
         cfg: &OrdersConfig,
         engine: u32,
+        token: &str,
         first_order_id: u64,
         timeout: Duration,
     ) -> Result<EngineSession, SessionError> {
-        Self::connect_with_capacity(addr, cfg, engine, first_order_id, 1 << 16, timeout)
+        Self::connect_with_capacity(addr, cfg, engine, token, first_order_id, 1 << 16, timeout)
     }
 
     /// [`connect`](Self::connect) with room for `expected_orders` tracked orders.
@@ -281,15 +323,68 @@ impl EngineSession {
         addr: SocketAddr,
         cfg: &OrdersConfig,
         engine: u32,
+        token: &str,
         first_order_id: u64,
         expected_orders: usize,
         timeout: Duration,
     ) -> Result<EngineSession, SessionError> {
+        let client = Client::with_capacity(first_order_id, expected_orders);
+        Self::resume(addr, cfg, engine, token, client, timeout).map_err(|e| e.error)
+    }
+
+    /// Logs on again with the book of an earlier session (see [`into_client`]): the gateway
+    /// replays every response after [`Client::last_response_seq`] before new ones; they
+    /// arrive through [`poll`](Self::poll) like any other. On failure the book comes back
+    /// in the error, to try again with (the gateway refuses a second connection of an engine
+    /// with `AlreadyConnected` until it has noticed the first one is gone).
+    ///
+    /// [`into_client`]: Self::into_client
+    pub fn resume(
+        addr: SocketAddr,
+        cfg: &OrdersConfig,
+        engine: u32,
+        token: &str,
+        client: Client,
+        timeout: Duration,
+    ) -> Result<EngineSession, ResumeError> {
+        match Self::logon(
+            addr,
+            cfg,
+            engine,
+            token,
+            client.last_response_seq(),
+            timeout,
+        ) {
+            Ok((conn, replay_until)) => Ok(EngineSession {
+                conn,
+                client,
+                engine,
+                replay_until,
+                stray_frames: 0,
+            }),
+            Err(error) => Err(ResumeError {
+                error,
+                client: Box::new(client),
+            }),
+        }
+    }
+
+    /// Connects and logs on; returns the connection and the gateway's last response number.
+    fn logon(
+        addr: SocketAddr,
+        cfg: &OrdersConfig,
+        engine: u32,
+        token: &str,
+        last_response_seq: u32,
+        timeout: Duration,
+    ) -> Result<(Connection, u32), SessionError> {
         let deadline = Instant::now() + timeout;
+        let logon = Logon::new(engine, token.as_bytes(), last_response_seq)
+            .ok_or(SessionError::BadToken)?;
         let conn = Connection::connect(addr, cfg, timeout)
             .map_err(|source| SessionError::Connect { addr, source })?;
         conn.publication(ORDERS_STREAM)
-            .offer_and_flush(u16::from(msg_type::LOGON), Logon::new(engine).as_bytes())
+            .offer_and_flush(u16::from(msg_type::LOGON), logon.as_bytes())
             .map_err(SessionError::Send)?;
         let mut answer: Option<Result<(LogonAck, LogonStatus), DecodeError>> = None;
         while answer.is_none() {
@@ -301,16 +396,24 @@ impl EngineSession {
                 .map_err(SessionError::Lost)?;
         }
         match answer {
-            Some(Ok((_, LogonStatus::Accepted))) => Ok(EngineSession {
-                conn,
-                client: Client::with_capacity(first_order_id, expected_orders),
-                engine,
-                stray_frames: 0,
-            }),
+            Some(Ok((ack, LogonStatus::Accepted))) => Ok((conn, ack.last_response_seq.get())),
             Some(Ok((_, status))) => Err(SessionError::Refused { engine, status }),
             Some(Err(e)) => Err(SessionError::BadAnswer(e)),
             None => Err(SessionError::Timeout(timeout)),
         }
+    }
+
+    /// Closes the connection (the gateway cancels the engine's open orders) and hands back
+    /// the book, to [`resume`](Self::resume) with.
+    pub fn into_client(self) -> Client {
+        self.conn.close();
+        self.client
+    }
+
+    /// True once every response the gateway had sent when this session logged on has been
+    /// applied (the replay of what was missed is over).
+    pub fn caught_up(&self) -> bool {
+        self.client.last_response_seq() >= self.replay_until
     }
 
     /// Our engine id.
@@ -455,5 +558,29 @@ mod tests {
             c.order(id2).unwrap().state,
             OrderState::Rejected(RejectReason::Halted)
         );
+    }
+
+    #[test]
+    fn numbered_responses_apply_once() {
+        let mut c = Client::new(1);
+        let (id, _) = c.new_order(1, Symbol::new("AAPL").unwrap(), Side::Buy, 10, 5);
+        let mut ack = Response::ack(id, 7);
+        ack.set_seq(1);
+        let mut fill = Response::fill(id, 4, 5, 4, 6);
+        fill.set_seq(2);
+        c.on_response(ack.as_bytes()).unwrap();
+        c.on_response(fill.as_bytes()).unwrap();
+        assert_eq!(c.last_response_seq(), 2);
+        // A replay that overlaps what was applied changes nothing.
+        assert_eq!(
+            c.on_response(fill.as_bytes()).unwrap_err(),
+            ClientError::Duplicate(2)
+        );
+        assert_eq!(
+            c.on_response(ack.as_bytes()).unwrap_err(),
+            ClientError::Duplicate(1)
+        );
+        assert_eq!(c.order(id).unwrap().cum_qty, 4);
+        assert_eq!(c.order(id).unwrap().state, OrderState::PartiallyFilled);
     }
 }

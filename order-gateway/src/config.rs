@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use crate::fix::SessionConfig;
 use crate::journal::FsyncPolicy;
+use crate::market::MarketDataConfig;
 use crate::proto::{Symbol, PRICE_SCALE};
 use crate::risk::RiskConfig;
 
@@ -30,6 +31,10 @@ pub struct Config {
     /// never go stale. Prices from the feed override them until the next refresh.
     #[serde(default)]
     pub reference_prices: BTreeMap<String, f64>,
+    /// Optional `[market_data]`: reference prices and halts from the rocebus market-data bus
+    /// (see [`crate::market`]). Exclusive with `[reference_prices]`.
+    #[serde(default)]
+    pub market_data: Option<MarketDataConfig>,
 }
 
 fn default_reconnect_secs() -> u64 {
@@ -148,10 +153,15 @@ impl Config {
             path: path.to_owned(),
             source,
         })?;
-        let cfg = Config::parse(&text).map_err(|source| ConfigError::Parse {
+        let mut cfg = Config::parse(&text).map_err(|source| ConfigError::Parse {
             path: path.to_owned(),
             source,
         })?;
+        if let Some(md) = &mut cfg.market_data {
+            if md.config.is_relative() {
+                md.config = path.parent().unwrap_or(Path::new(".")).join(&md.config);
+            }
+        }
         cfg.validate()
             .map_err(|(key, problem)| ConfigError::Invalid {
                 path: path.to_owned(),
@@ -166,7 +176,7 @@ impl Config {
         if self.service.orders.token.is_empty() {
             return Err((
                 "service.orders.token".into(),
-                "must be set (engines present the same token)".into(),
+                "must be set (the transport gate every engine passes; each engine also has its own [[risk.engines]] token)".into(),
             ));
         }
         self.service.orders.validate().map_err(|e| {
@@ -179,6 +189,17 @@ impl Config {
             return Err((k.to_owned(), p.to_owned()));
         }
         self.static_prices()?;
+        if let Some(md) = &self.market_data {
+            if !self.reference_prices.is_empty() {
+                return Err((
+                    "reference_prices".into(),
+                    "must be empty when [market_data] is set: static prices never go stale \
+                     and would mask a stale or halted feed"
+                        .into(),
+                ));
+            }
+            md.validate(&md.load_bus()?, self.risk.reference_max_age_ms)?;
+        }
         Ok(())
     }
 
@@ -255,6 +276,76 @@ mod tests {
         assert!(m.contains("risk.trading_start_utc"), "{m}");
         let m = broken("token = \"", "token = \"\" #");
         assert!(m.contains("service.orders.token"), "{m}");
+        let m = broken("token = \"change-me-engine-1\"", "token = \"\"");
+        assert!(m.contains("risk.engines") && m.contains("engine 1"), "{m}");
+        assert!(m.contains("token must be 1..=32 bytes"), "{m}");
+        let m = broken("token = \"change-me-engine-1\"", "");
+        assert!(m.contains("missing field `token`"), "{m}");
+    }
+
+    /// The example with `[reference_prices]` replaced by a `[market_data]` section.
+    fn with_market_data(extra: &str) -> Result<Config, String> {
+        let text = std::fs::read_to_string(example()).unwrap();
+        let cut = text
+            .find("\n[reference_prices]")
+            .expect("example has reference prices");
+        let bus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/demo/feed-handler.toml");
+        let text = format!(
+            "{}[market_data]\nconfig = {:?}\nlocal = \"198.18.0.1\"\npublisher = \"198.18.0.1\"\n{extra}",
+            &text[..=cut],
+            bus.display().to_string()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw-md.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::load(&path).map_err(|e| format!("{:#}", anyhow::Error::from(e)))
+    }
+
+    #[test]
+    fn market_data_section_loads_and_names_bad_keys() {
+        let c = with_market_data("").unwrap();
+        let md = c.market_data.unwrap();
+        assert_eq!(md.confirm_ms, 100);
+        assert!(!md.channel_ids(&md.load_bus().unwrap()).is_empty());
+        let m = with_market_data("confirm_ms = 4000\n").unwrap_err();
+        assert!(
+            m.contains("gw-md.toml") && m.contains("market_data.confirm_ms"),
+            "{m}"
+        );
+        let m = with_market_data("channels = [77]\n").unwrap_err();
+        assert!(
+            m.contains("market_data.channels") && m.contains("77"),
+            "{m}"
+        );
+        let m = with_market_data("reference = \"vwap\"\n").unwrap_err();
+        assert!(m.contains("gw-md.toml") && m.contains("vwap"), "{m}");
+        let m = with_market_data("[reference_prices]\nAAPL = 1.0\n").unwrap_err();
+        assert!(
+            m.contains("reference_prices") && m.contains("market_data"),
+            "{m}"
+        );
+        // A relative bus config resolves against the gateway config's folder.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.toml");
+        let text = std::fs::read_to_string(example()).unwrap();
+        let cut = text.find("\n[reference_prices]").unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "{}[market_data]\nconfig = \"md-missing.toml\"\nlocal = \"10.0.0.1\"\npublisher = \"10.0.0.1\"\n",
+                &text[..=cut]
+            ),
+        )
+        .unwrap();
+        let m = format!(
+            "{:#}",
+            anyhow::Error::from(Config::load(&path).unwrap_err())
+        );
+        assert!(m.contains("market_data.config"), "{m}");
+        assert!(
+            m.contains(&dir.path().join("md-missing.toml").display().to_string()),
+            "{m}"
+        );
     }
 
     #[test]

@@ -7,13 +7,21 @@
 //! record back through [`Gateway::replay_record`], which applies the same state transitions
 //! as live operation without emitting anything.
 //!
+//! Engine responses are numbered per engine, starting at one (the [`proto::Header::seq`] of
+//! each response), and the last [`RESPONSE_HISTORY`] of each engine are kept, so an engine
+//! that reconnects gets what it missed ([`Gateway::responses_after`]). Responses are a pure
+//! function of the journal (decisions, malformed requests, venue messages), so replay
+//! rebuilds the numbers and the history too: a gateway restart loses neither.
+//!
 //! Identifiers: every accepted request gets a gateway id from one counter; a new order's id is
 //! its order id and its FIX ClOrdID; cancels and replaces get their own ids (FIX wants a fresh
 //! ClOrdID per request). Ids survive restarts because they are rebuilt from the journal.
 //!
 //! This module must not touch sockets or files.
 
-use std::collections::HashMap;
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 
 use zerocopy::byteorder::little_endian::{I64, U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -21,11 +29,16 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use crate::fix::session::{push_field, push_price, push_timestamp, push_uint};
 use crate::fix::{split_frame, tag, Message, Session, SessionConfig, SessionEvent, SessionState};
 use crate::journal::encode_record;
-use crate::proto::{self, msg_type, RejectReason, Request, Response, Side, Symbol};
+use crate::proto::{self, msg_type, LogonStatus, RejectReason, Request, Response, Side, Symbol};
 use crate::risk::{KillScope, OrderParams, RiskConfig, RiskConfigError, RiskEngine};
 
-/// Engine identifier, assigned by the transport.
+/// Engine identifier, named in the engine's logon and checked against its token.
 pub type EngineId = u32;
+
+/// Responses kept per engine for replay after a reconnect (about 2.7 MB per engine). An
+/// engine that was away for more responses than this is refused with
+/// [`LogonStatus::ReplayUnavailable`] and must rebuild its state another way.
+pub const RESPONSE_HISTORY: usize = 1 << 16;
 
 /// Journal record kinds.
 pub mod record {
@@ -82,6 +95,8 @@ pub struct Outputs {
     pub journal_records: u32,
     /// The FIX transport must be closed.
     pub disconnect: bool,
+    /// `engine[..stamped]` carry their response sequence numbers.
+    stamped: usize,
 }
 
 impl Outputs {
@@ -92,6 +107,7 @@ impl Outputs {
         self.journal.clear();
         self.journal_records = 0;
         self.disconnect = false;
+        self.stamped = 0;
     }
 
     fn record(&mut self, kind: u8, parts: &[&[u8]]) {
@@ -148,20 +164,40 @@ pub struct GatewayCounters {
     pub unknown_exec: u64,
 }
 
+/// One engine's numbered responses.
+#[derive(Debug)]
+struct ResponseLog {
+    /// Sequence number of the newest response (0: none yet).
+    last: u32,
+    /// The newest responses, oldest first: seqs `last - len + 1 ..= last`.
+    kept: VecDeque<Response>,
+}
+
 /// The gateway state machine.
 #[derive(Debug)]
 pub struct Gateway {
     risk: RiskEngine,
     session: Session,
-    orders: HashMap<u64, Order>,
-    by_engine: HashMap<(EngineId, u64), u64>,
-    by_request: HashMap<u64, u64>,
+    orders: FxHashMap<u64, Order>,
+    by_engine: FxHashMap<(EngineId, u64), u64>,
+    by_request: FxHashMap<u64, u64>,
+    responses: FxHashMap<EngineId, ResponseLog>,
+    history: usize,
     next_id: u64,
     inbuf: Vec<u8>,
     body: Vec<u8>,
     counters: GatewayCounters,
     /// Discard sink for replay.
     scratch: Outputs,
+}
+
+impl ResponseLog {
+    fn new(history: usize) -> ResponseLog {
+        ResponseLog {
+            last: 0,
+            kept: VecDeque::with_capacity(history),
+        }
+    }
 }
 
 /// Why an application message was rejected: (tag, FIX SessionRejectReason, text).
@@ -190,9 +226,15 @@ impl Gateway {
         Ok(Gateway {
             risk: RiskEngine::new(risk)?,
             session: Session::new(session),
-            orders: HashMap::with_capacity(1 << 16),
-            by_engine: HashMap::with_capacity(1 << 16),
-            by_request: HashMap::with_capacity(1 << 16),
+            orders: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
+            by_engine: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
+            by_request: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
+            responses: risk
+                .engines
+                .iter()
+                .map(|e| (e.id, ResponseLog::new(RESPONSE_HISTORY)))
+                .collect(),
+            history: RESPONSE_HISTORY,
             next_id: 1,
             inbuf: Vec::with_capacity(1 << 16),
             body: Vec::with_capacity(512),
@@ -214,6 +256,65 @@ impl Gateway {
     /// Counters.
     pub fn counters(&self) -> GatewayCounters {
         self.counters
+    }
+
+    /// Keeps `n` responses per engine for replay instead of [`RESPONSE_HISTORY`] (before any
+    /// response is produced; tests use a small `n`).
+    pub fn with_response_history(mut self, n: usize) -> Gateway {
+        self.history = n.max(1);
+        for log in self.responses.values_mut() {
+            *log = ResponseLog::new(self.history);
+        }
+        self
+    }
+
+    /// The sequence number of the newest response to `engine` (0: none yet).
+    pub fn last_response_seq(&self, engine: EngineId) -> u32 {
+        self.responses.get(&engine).map_or(0, |l| l.last)
+    }
+
+    /// The responses to `engine` after sequence number `after`, oldest first, for an engine
+    /// that logs on again: `BadSequence` if `after` is beyond the newest, `ReplayUnavailable`
+    /// if some of them are no longer kept.
+    pub fn responses_after(
+        &self,
+        engine: EngineId,
+        after: u32,
+    ) -> Result<impl Iterator<Item = &Response> + '_, LogonStatus> {
+        let (last, kept) = self
+            .responses
+            .get(&engine)
+            .map_or((0, None), |l| (l.last, Some(&l.kept)));
+        if after > last {
+            return Err(LogonStatus::BadSequence);
+        }
+        let missing = (last - after) as usize;
+        let held = kept.map_or(0, VecDeque::len);
+        if missing > held {
+            return Err(LogonStatus::ReplayUnavailable);
+        }
+        Ok(kept
+            .into_iter()
+            .flat_map(move |k| k.range(held - missing..)))
+    }
+
+    /// Numbers the responses queued in `out` since the last call and keeps them for replay.
+    fn seal(&mut self, out: &mut Outputs) {
+        let history = self.history;
+        for (engine, r) in &mut out.engine[out.stamped..] {
+            let log = self
+                .responses
+                .entry(*engine)
+                .or_insert_with(|| ResponseLog::new(history));
+            // u32 numbers 4 billion responses per engine over the journal's life.
+            log.last = log.last.wrapping_add(1);
+            r.set_seq(log.last);
+            if log.kept.len() == history {
+                log.kept.pop_front();
+            }
+            log.kept.push_back(*r);
+        }
+        out.stamped = out.engine.len();
     }
 
     /// Order of `engine` with the engine's id `cl_ord_id`.
@@ -296,11 +397,13 @@ impl Gateway {
                 KillScope::Account(a) => o.params.account == a,
             });
         }
+        self.seal(out);
     }
 
     /// Cancel-on-disconnect: cancels every open order of `engine`.
     pub fn on_engine_disconnect(&mut self, engine: EngineId, now: u64, out: &mut Outputs) {
         self.cancel_where(now, out, |o| o.engine == engine);
+        self.seal(out);
     }
 
     fn cancel_where(&mut self, now: u64, out: &mut Outputs, pred: impl Fn(&Order) -> bool) {
@@ -324,19 +427,28 @@ impl Gateway {
         now: u64,
         out: &mut Outputs,
     ) {
+        self.engine_message(engine, bytes, now, out);
+        self.seal(out);
+    }
+
+    /// A request that does not decode is answered with a Malformed reject (live and replay).
+    fn malformed(engine: EngineId, bytes: &[u8], out: &mut Outputs) {
+        let cl = bytes
+            .get(8..16)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_le_bytes);
+        let ty = bytes.first().copied().unwrap_or(0);
+        out.engine
+            .push((engine, Response::reject(cl, ty, RejectReason::Malformed)));
+    }
+
+    fn engine_message(&mut self, engine: EngineId, bytes: &[u8], now: u64, out: &mut Outputs) {
         out.record(record::ENGINE_REQUEST, &[&engine.to_le_bytes(), bytes]);
         let req = match Request::decode(bytes) {
             Ok((r, _)) => r,
             Err(_) => {
                 self.counters.malformed_engine += 1;
-                let cl = bytes
-                    .get(8..16)
-                    .and_then(|b| b.try_into().ok())
-                    .map_or(0, u64::from_le_bytes);
-                let ty = bytes.first().copied().unwrap_or(0);
-                out.engine
-                    .push((engine, Response::reject(cl, ty, RejectReason::Malformed)));
-                return;
+                return Self::malformed(engine, bytes, out);
             }
         };
         match req {
@@ -644,13 +756,37 @@ impl Gateway {
         }
     }
 
-    /// Replays one journal record (recovery). Emits nothing.
+    /// Replays one journal record (recovery). Emits nothing, but numbers and keeps the
+    /// engine responses the record produced live, so they can be replayed to engines.
     pub fn replay_record(&mut self, kind: u8, payload: &[u8]) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        self.replay_into(kind, payload, &mut scratch);
+        self.seal(&mut scratch);
+        scratch.clear();
+        self.scratch = scratch;
+    }
+
+    fn replay_into(&mut self, kind: u8, payload: &[u8], scratch: &mut Outputs) {
         match kind {
+            record::ENGINE_REQUEST => {
+                let (Some(engine), Some(bytes)) = (payload.get(..4), payload.get(4..)) else {
+                    return;
+                };
+                if Request::decode(bytes).is_err() {
+                    let engine = u32::from_le_bytes(engine.try_into().unwrap_or_default());
+                    Self::malformed(engine, bytes, scratch);
+                }
+            }
             record::DECISION => {
                 let Ok((d, _)) = Decision::read_from_prefix(payload) else {
                     return;
                 };
+                if let Some(reason) = RejectReason::from_u16(d.reason.get()) {
+                    let (engine, cl) = (d.engine.get(), d.cl_ord_id.get());
+                    scratch
+                        .engine
+                        .push((engine, Response::reject(cl, d.request, reason)));
+                }
                 self.apply_decision(&d);
                 if d.request == msg_type::NEW_ORDER && d.reason.get() == 0 {
                     if let Some(o) = self.orders.get(&d.order_id.get()) {
@@ -669,10 +805,7 @@ impl Gateway {
                 };
                 self.session.replay_inbound(&m);
                 if !matches!(m.msg_type(), b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A") {
-                    let mut scratch = std::mem::take(&mut self.scratch);
-                    let _ = self.apply_app(&m, &mut scratch);
-                    scratch.clear();
-                    self.scratch = scratch;
+                    let _ = self.apply_app(&m, scratch);
                 }
             }
             _ => {}
@@ -712,6 +845,7 @@ impl Gateway {
         }
         buf.drain(..pos.min(buf.len()));
         self.inbuf = buf;
+        self.seal(out);
     }
 
     fn on_frame(&mut self, frame: &[u8], now: u64, out: &mut Outputs) {
@@ -939,6 +1073,7 @@ mod tests {
             [[engines]]
             id = 1
             accounts = [7]
+            token = "e1"
             "#,
         )
         .unwrap()
@@ -1253,5 +1388,88 @@ mod tests {
         r.on_engine_message(1, new_order(9, 10, 100).as_bytes(), T0, &mut out2);
         let m = Message::parse(&last_fix(&out2)).unwrap().uint(11).unwrap();
         assert!(m > gw.order(1, 2).unwrap().venue_cl_ord_id);
+    }
+    fn replay(journal: &[u8]) -> Gateway {
+        let mut r = Gateway::new(session(), &risk()).unwrap();
+        let mut rest = journal;
+        while let Some((k, p, n)) = decode_record(rest) {
+            r.replay_record(k, p);
+            rest = &rest[n..];
+        }
+        assert!(rest.is_empty());
+        r
+    }
+
+    fn bytes<'a>(it: impl Iterator<Item = &'a Response>) -> Vec<Vec<u8>> {
+        it.map(|r| r.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn responses_are_numbered_per_engine_kept_and_rebuilt_from_the_journal() {
+        let (mut gw, mut v, mut out) = active();
+        gw.on_engine_message(1, new_order(1, 300, 100).as_bytes(), T0, &mut out);
+        gw.on_engine_message(1, new_order(2, 10, 200).as_bytes(), T0, &mut out); // collar
+        gw.on_engine_message(1, &[b'N', 1, 48, 0], T0, &mut out); // malformed
+        gw.on_engine_message(2, new_order(3, 10, 100).as_bytes(), T0, &mut out); // engine 2
+        let id1 = gw.order(1, 1).unwrap().venue_cl_ord_id;
+        gw.on_fix_bytes(&v.exec(id1, b"0", 0, 0, 300), T0, &mut out);
+        gw.on_fix_bytes(&v.exec(id1, b"F", 100, 100, 200), T0, &mut out);
+        // The engine goes away: its order is canceled, the Canceled is numbered and kept.
+        gw.on_engine_disconnect(1, T0, &mut out);
+        let cancel = Message::parse(&last_fix(&out)).unwrap().uint(11).unwrap();
+        gw.on_fix_bytes(&v.exec(cancel, b"4", 0, 100, 0), T0, &mut out);
+        let numbered: Vec<(EngineId, u32, u8)> = out
+            .engine
+            .iter()
+            .map(|(e, r)| (*e, r.seq(), r.as_bytes()[0]))
+            .collect();
+        assert_eq!(
+            numbered,
+            [
+                (1, 1, msg_type::REJECT),
+                (1, 2, msg_type::REJECT),
+                (2, 1, msg_type::REJECT),
+                (1, 3, msg_type::ACK),
+                (1, 4, msg_type::PARTIAL_FILL),
+                (1, 5, msg_type::CANCELED),
+            ]
+        );
+        assert_eq!((gw.last_response_seq(1), gw.last_response_seq(2)), (5, 1));
+        let engine1: Vec<Vec<u8>> =
+            bytes(out.engine.iter().filter(|(e, _)| *e == 1).map(|(_, r)| r));
+        // What an engine that processed response 2 missed: 3, 4, 5, byte for byte.
+        assert_eq!(bytes(gw.responses_after(1, 2).unwrap()), engine1[2..]);
+        assert_eq!(gw.responses_after(1, 5).unwrap().count(), 0);
+        assert_eq!(
+            gw.responses_after(1, 6).err(),
+            Some(LogonStatus::BadSequence)
+        );
+        assert_eq!(gw.last_response_seq(99), 0);
+        // A restart rebuilds numbers and history from the journal alone.
+        let r = replay(&out.journal);
+        assert_eq!((r.last_response_seq(1), r.last_response_seq(2)), (5, 1));
+        assert_eq!(bytes(r.responses_after(1, 0).unwrap()), engine1);
+        // And numbering continues where it stopped.
+        let mut r = r;
+        let mut out2 = Outputs::default();
+        r.on_engine_message(1, &[], T0, &mut out2);
+        assert_eq!(out2.engine[0].1.seq(), 6);
+    }
+
+    #[test]
+    fn response_history_is_bounded() {
+        let mut gw = Gateway::new(session(), &risk())
+            .unwrap()
+            .with_response_history(2);
+        let mut out = Outputs::default();
+        for _ in 0..5 {
+            gw.on_engine_message(1, &[], T0, &mut out);
+        }
+        assert_eq!(gw.last_response_seq(1), 5);
+        assert_eq!(gw.responses_after(1, 3).unwrap().count(), 2);
+        assert_eq!(
+            gw.responses_after(1, 2).err(),
+            Some(LogonStatus::ReplayUnavailable)
+        );
     }
 }

@@ -27,6 +27,7 @@ pub mod driver;
 pub mod fix;
 pub mod gateway;
 pub mod journal;
+pub mod market;
 pub mod proto;
 pub mod risk;
 pub mod service;

@@ -4,8 +4,10 @@
 //! Every frame is one `#[repr(C)]` zerocopy struct, **little-endian** throughout (engines and
 //! gateway run on x86_64/aarch64 hosts; no exchange dictates the order here, so we pick the
 //! one that costs nothing). A frame starts with an 8-byte [`Header`]: message type, protocol
-//! version, total frame length (header included) and 4 reserved bytes. Prices are signed
-//! fixed-point with 4 implied decimals (`1_234_500` = 123.45); quantities are whole units.
+//! version, total frame length (header included) and a 4-byte sequence number: on responses
+//! the gateway's per-engine response sequence (1, 2, …; see [`Header::seq`]), zero on
+//! requests. Prices are signed fixed-point with 4 implied decimals (`1_234_500` = 123.45);
+//! quantities are whole units.
 //!
 //! This module owns the byte layout only; it must not know about risk, FIX or transport.
 //! Decoding never panics: [`Request::decode`] and [`Response::decode`] return
@@ -266,8 +268,11 @@ pub struct Header {
     pub version: u8,
     /// Total frame length in bytes, header included.
     pub length: U16,
-    /// Zero.
-    pub reserved: U32,
+    /// Responses: the engine's response sequence number, assigned by the gateway (first
+    /// response 1, +1 per response, kept across reconnects and gateway restarts), so an
+    /// engine that reconnects names the last one it processed in its [`Logon`] and gets the
+    /// rest replayed. Zero on requests and on frames built before the gateway stamps them.
+    pub seq: U32,
 }
 
 impl Header {
@@ -277,7 +282,7 @@ impl Header {
             msg_type,
             version: VERSION,
             length: U16::new(length as u16),
-            reserved: U32::ZERO,
+            seq: U32::ZERO,
         }
     }
 }
@@ -426,8 +431,12 @@ pub struct Replaced {
     pub price: I64,
 }
 
+/// Length of the engine secret in a [`Logon`]: configured tokens are 1..=32 bytes, sent
+/// zero-padded.
+pub const TOKEN_LEN: usize = 32;
+
 /// Engine → gateway: the first frame on an orders connection; the gateway processes no
-/// request of the connection before it. 16 bytes.
+/// request of the connection before it. 48 bytes.
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 pub struct Logon {
@@ -435,8 +444,11 @@ pub struct Logon {
     pub header: Header,
     /// The engine id its configuration grants accounts to (`[[risk.engines]]`).
     pub engine_id: U32,
-    /// Zero.
-    pub pad: U32,
+    /// The last response sequence number ([`Header::seq`]) the engine processed (0: none);
+    /// the gateway replays every later response it still has before new ones.
+    pub last_response_seq: U32,
+    /// The engine's own secret (`[[risk.engines]] token`), zero-padded.
+    pub token: [u8; TOKEN_LEN],
 }
 
 /// Outcome of a logon, on the wire in [`LogonAck::status`].
@@ -451,6 +463,15 @@ pub enum LogonStatus {
     AlreadyConnected = 2,
     /// The first frame was not a valid logon.
     BadLogon = 3,
+    /// The engine's token does not match its `[[risk.engines]]` entry.
+    BadToken = 4,
+    /// The engine asked for responses after a sequence number the gateway never sent
+    /// (`last_response_seq` above the gateway's last): the engine and gateway disagree on
+    /// history (e.g. a journal was replaced), so nothing is replayed.
+    BadSequence = 5,
+    /// The responses after the engine's `last_response_seq` are no longer held (history
+    /// bounded, see `gateway::RESPONSE_HISTORY`).
+    ReplayUnavailable = 6,
 }
 
 impl LogonStatus {
@@ -461,6 +482,9 @@ impl LogonStatus {
             LogonStatus::UnknownEngine,
             LogonStatus::AlreadyConnected,
             LogonStatus::BadLogon,
+            LogonStatus::BadToken,
+            LogonStatus::BadSequence,
+            LogonStatus::ReplayUnavailable,
         ]
         .into_iter()
         .find(|s| *s as u16 == v)
@@ -468,7 +492,7 @@ impl LogonStatus {
 }
 
 /// Gateway → engine: answer to [`Logon`]; anything but `Accepted` is followed by a
-/// disconnect. 16 bytes.
+/// disconnect. 24 bytes.
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 pub struct LogonAck {
@@ -480,16 +504,22 @@ pub struct LogonAck {
     pub status: U16,
     /// Zero.
     pub pad: U16,
+    /// The gateway's last response sequence number for this engine: once the engine has
+    /// processed this one, the replay of what it missed is complete (0 when refused).
+    pub last_response_seq: U32,
+    /// Zero.
+    pub pad2: U32,
 }
 
 impl Logon {
-    /// Builds a logon frame.
-    pub fn new(engine_id: u32) -> Logon {
-        Logon {
+    /// Builds a logon frame; `None` if `token` is empty or longer than [`TOKEN_LEN`].
+    pub fn new(engine_id: u32, token: &[u8], last_response_seq: u32) -> Option<Logon> {
+        Some(Logon {
             header: Header::new(msg_type::LOGON, size_of::<Logon>()),
             engine_id: U32::new(engine_id),
-            pad: U32::ZERO,
-        }
+            last_response_seq: U32::new(last_response_seq),
+            token: pad_token(token)?,
+        })
     }
 
     /// Decodes a logon frame.
@@ -501,14 +531,27 @@ impl Logon {
     }
 }
 
+/// A configured token as it travels in a [`Logon`]: zero-padded to [`TOKEN_LEN`]; `None`
+/// if empty or too long.
+pub fn pad_token(token: &[u8]) -> Option<[u8; TOKEN_LEN]> {
+    if token.is_empty() || token.len() > TOKEN_LEN {
+        return None;
+    }
+    let mut out = [0u8; TOKEN_LEN];
+    out[..token.len()].copy_from_slice(token);
+    Some(out)
+}
+
 impl LogonAck {
     /// Builds a logon answer.
-    pub fn new(engine_id: u32, status: LogonStatus) -> LogonAck {
+    pub fn new(engine_id: u32, status: LogonStatus, last_response_seq: u32) -> LogonAck {
         LogonAck {
             header: Header::new(msg_type::LOGON_ACK, size_of::<LogonAck>()),
             engine_id: U32::new(engine_id),
             status: U16::new(status as u16),
             pad: U16::ZERO,
+            last_response_seq: U32::new(last_response_seq),
+            pad2: U32::ZERO,
         }
     }
 
@@ -524,8 +567,8 @@ impl LogonAck {
 }
 
 const _: () = assert!(size_of::<Header>() == 8);
-const _: () = assert!(size_of::<Logon>() == 16);
-const _: () = assert!(size_of::<LogonAck>() == 16);
+const _: () = assert!(size_of::<Logon>() == 48);
+const _: () = assert!(size_of::<LogonAck>() == 24);
 const _: () = assert!(size_of::<NewOrder>() == 48);
 const _: () = assert!(size_of::<Cancel>() == 16);
 const _: () = assert!(size_of::<Replace>() == 32);
@@ -771,6 +814,33 @@ impl Response {
         }
     }
 
+    /// The response sequence number stamped by the gateway ([`Header::seq`]; 0: unstamped).
+    pub fn seq(&self) -> u32 {
+        self.header().seq.get()
+    }
+
+    /// Stamps the response sequence number.
+    pub fn set_seq(&mut self, seq: u32) {
+        let h = match self {
+            Response::Ack(m) => &mut m.header,
+            Response::Reject(m) => &mut m.header,
+            Response::Fill(m) => &mut m.header,
+            Response::Canceled(m) => &mut m.header,
+            Response::Replaced(m) => &mut m.header,
+        };
+        h.seq = U32::new(seq);
+    }
+
+    fn header(&self) -> &Header {
+        match self {
+            Response::Ack(m) => &m.header,
+            Response::Reject(m) => &m.header,
+            Response::Fill(m) => &m.header,
+            Response::Canceled(m) => &m.header,
+            Response::Replaced(m) => &m.header,
+        }
+    }
+
     /// The engine's client order id the response is about.
     pub fn cl_ord_id(&self) -> u64 {
         match self {
@@ -898,27 +968,60 @@ mod tests {
         assert_eq!(d.side(), Side::Buy);
     }
 
-    /// Logon{engine 3}; LogonAck{engine 3, AlreadyConnected}.
-    static LOGON_BYTES: [u8; 16] = [b'L', 1, 16, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0];
-    static LOGON_ACK_BYTES: [u8; 16] = [b'l', 1, 16, 0, 0, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0];
+    /// Logon{engine 3, last seq 5, token "k"}; LogonAck{engine 3, AlreadyConnected, last 9}.
+    static LOGON_BYTES: [u8; 48] = [
+        b'L', 1, 48, 0, 0, 0, 0, 0, // header
+        3, 0, 0, 0, // engine
+        5, 0, 0, 0, // last response seq
+        b'k', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // token, zero-padded
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    static LOGON_ACK_BYTES: [u8; 24] = [
+        b'l', 1, 24, 0, 0, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0,
+    ];
 
     #[test]
     fn logon_fixed_bytes() {
-        assert_eq!(Logon::new(3).as_bytes(), &LOGON_BYTES);
-        assert_eq!(Logon::decode(&LOGON_BYTES).unwrap().engine_id.get(), 3);
-        let ack = LogonAck::new(3, LogonStatus::AlreadyConnected);
+        assert_eq!(Logon::new(3, b"k", 5).unwrap().as_bytes(), &LOGON_BYTES);
+        let l = Logon::decode(&LOGON_BYTES).unwrap();
+        assert_eq!((l.engine_id.get(), l.last_response_seq.get()), (3, 5));
+        assert_eq!(Some(l.token), pad_token(b"k"));
+        assert!(Logon::new(3, b"", 0).is_none());
+        assert!(Logon::new(3, &[b'x'; TOKEN_LEN + 1], 0).is_none());
+        assert!(Logon::new(3, &[b'x'; TOKEN_LEN], 0).is_some());
+        let ack = LogonAck::new(3, LogonStatus::AlreadyConnected, 9);
         assert_eq!(ack.as_bytes(), &LOGON_ACK_BYTES);
         let (m, s) = LogonAck::decode(&LOGON_ACK_BYTES).unwrap();
-        assert_eq!((m.engine_id.get(), s), (3, LogonStatus::AlreadyConnected));
+        assert_eq!(
+            (m.engine_id.get(), s, m.last_response_seq.get()),
+            (3, LogonStatus::AlreadyConnected, 9)
+        );
         let mut bad = LOGON_ACK_BYTES;
         bad[12] = 9;
         assert_eq!(
             LogonAck::decode(&bad).unwrap_err(),
             DecodeError::InvalidField("status")
         );
-        assert!(Logon::decode(&LOGON_BYTES[..15]).is_err());
+        for s in [
+            LogonStatus::BadToken,
+            LogonStatus::BadSequence,
+            LogonStatus::ReplayUnavailable,
+        ] {
+            assert_eq!(LogonStatus::from_u16(s as u16), Some(s));
+        }
+        assert!(Logon::decode(&LOGON_BYTES[..47]).is_err());
         assert!(Logon::decode(&LOGON_ACK_BYTES).is_err());
         assert!(Request::decode(&LOGON_BYTES).is_err());
+    }
+
+    #[test]
+    fn response_seq_lives_in_the_header() {
+        let mut r = Response::fill(4, 1, 2, 3, 0);
+        assert_eq!(r.seq(), 0);
+        r.set_seq(0x0102_0304);
+        assert_eq!(&r.as_bytes()[4..8], &[4, 3, 2, 1]);
+        let (d, _) = Response::decode(r.as_bytes()).unwrap();
+        assert_eq!(d.seq(), 0x0102_0304);
     }
 
     #[test]

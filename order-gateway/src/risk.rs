@@ -5,12 +5,15 @@
 //! accept or a [`RejectReason`]. It keeps the accounting every rule needs (open and executed
 //! notional, positions with open quantity per side, open-order counts, throttle windows) and
 //! never does I/O. Symbols are fixed-size keys ([`Symbol`]), so the check path hashes 8 bytes
-//! and does not allocate except when a symbol is first seen on an account.
+//! and does not allocate except when a symbol is first seen on an account. The maps use
+//! FxHash (`rustc-hash`), not SipHash: keys are integers and symbols from our own config and
+//! engines, hashing is on the per-order path, and flooding resistance buys nothing here
+//! (an engine that floods is stopped by the throttle and its token).
 //!
 //! Every check fails closed: an unknown account, a missing or stale reference price, a time
 //! outside the window all reject.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use serde::Deserialize;
 
@@ -38,14 +41,27 @@ pub struct AccountLimits {
     pub collar_bps: u32,
 }
 
-/// The accounts an engine may trade.
-#[derive(Clone, Debug, Deserialize)]
+/// The accounts an engine may trade, and the secret it logs on with.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineGrant {
-    /// Engine id (assigned by the transport).
+    /// Engine id (named by the engine in its logon).
     pub id: u32,
     /// Accounts granted.
     pub accounts: Vec<u32>,
+    /// The engine's own secret, 1..=32 bytes, presented in its logon: one engine's token
+    /// cannot log on as another engine.
+    pub token: String,
+}
+
+impl std::fmt::Debug for EngineGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token stays out of logs and panic messages.
+        f.debug_struct("EngineGrant")
+            .field("id", &self.id)
+            .field("accounts", &self.accounts)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Risk configuration (the `[risk]` table of the gateway config).
@@ -89,6 +105,12 @@ pub enum RiskConfigError {
     /// Only one end of the trading window is set.
     #[error("risk: trading_start_utc and trading_end_utc must be set together")]
     HalfWindow,
+    /// An engine's token is empty or longer than 32 bytes.
+    #[error("risk.engines: engine {0}: token must be 1..=32 bytes")]
+    BadEngineToken(u32),
+    /// Two `[[risk.engines]]` entries have the same id.
+    #[error("risk.engines: engine {0} is configured twice")]
+    DuplicateEngine(u32),
     /// An engine grants an account that has no limits.
     #[error("risk.engines: engine {engine} is granted account {account}, which has no [[risk.accounts]] entry")]
     GrantWithoutAccount {
@@ -140,7 +162,7 @@ struct Account {
     open_notional: i128,
     executed_notional: i128,
     open_orders: u32,
-    positions: HashMap<Symbol, Position>,
+    positions: FxHashMap<Symbol, Position>,
     window_start: u64,
     window_count: u32,
 }
@@ -154,12 +176,12 @@ struct Engine {
 /// The risk state machine.
 #[derive(Debug)]
 pub struct RiskEngine {
-    accounts: HashMap<u32, Account>,
-    engines: HashMap<u32, Engine>,
-    restricted: HashSet<Symbol>,
-    halted: HashSet<Symbol>,
-    references: HashMap<Symbol, (i64, u64)>,
-    seen_ids: HashSet<(u32, u64)>,
+    accounts: FxHashMap<u32, Account>,
+    engines: FxHashMap<u32, Engine>,
+    restricted: FxHashSet<Symbol>,
+    halted: FxHashSet<Symbol>,
+    references: FxHashMap<Symbol, (i64, u64)>,
+    seen_ids: FxHashSet<(u32, u64)>,
     global_kill: bool,
     reference_max_age_ns: u64,
     throttle_interval_ns: u64,
@@ -206,7 +228,7 @@ fn scaled(whole_units: i64) -> i128 {
 impl RiskEngine {
     /// Builds the engine from validated config.
     pub fn new(cfg: &RiskConfig) -> Result<RiskEngine, RiskConfigError> {
-        let mut restricted = HashSet::new();
+        let mut restricted = FxHashSet::default();
         for s in &cfg.restricted_symbols {
             restricted.insert(Symbol::new(s).ok_or_else(|| RiskConfigError::BadSymbol(s.clone()))?);
         }
@@ -218,7 +240,7 @@ impl RiskEngine {
             )),
             _ => return Err(RiskConfigError::HalfWindow),
         };
-        let accounts: HashMap<u32, Account> = cfg
+        let accounts: FxHashMap<u32, Account> = cfg
             .accounts
             .iter()
             .map(|l| {
@@ -228,14 +250,20 @@ impl RiskEngine {
                     open_notional: 0,
                     executed_notional: 0,
                     open_orders: 0,
-                    positions: HashMap::with_capacity(64),
+                    positions: FxHashMap::with_capacity_and_hasher(64, Default::default()),
                     window_start: 0,
                     window_count: 0,
                 };
                 (l.id, a)
             })
             .collect();
-        for e in &cfg.engines {
+        for (i, e) in cfg.engines.iter().enumerate() {
+            if crate::proto::pad_token(e.token.as_bytes()).is_none() {
+                return Err(RiskConfigError::BadEngineToken(e.id));
+            }
+            if cfg.engines[..i].iter().any(|o| o.id == e.id) {
+                return Err(RiskConfigError::DuplicateEngine(e.id));
+            }
             if let Some(&account) = e.accounts.iter().find(|a| !accounts.contains_key(a)) {
                 return Err(RiskConfigError::GrantWithoutAccount {
                     engine: e.id,
@@ -260,9 +288,9 @@ impl RiskEngine {
             accounts,
             engines,
             restricted,
-            halted: HashSet::new(),
-            references: HashMap::with_capacity(1024),
-            seen_ids: HashSet::with_capacity(1 << 16),
+            halted: FxHashSet::default(),
+            references: FxHashMap::with_capacity_and_hasher(1024, Default::default()),
+            seen_ids: FxHashSet::with_capacity_and_hasher(1 << 16, Default::default()),
             global_kill: false,
             reference_max_age_ns: cfg.reference_max_age_ms.saturating_mul(1_000_000),
             throttle_interval_ns: cfg.throttle_interval_ms.saturating_mul(1_000_000),
@@ -581,9 +609,11 @@ mod tests {
             [[engines]]
             id = 10
             accounts = [1, 2]
+            token = "t10"
             [[engines]]
             id = 11
             accounts = [2]
+            token = "t11"
             "#,
         )
         .unwrap()
@@ -871,5 +901,21 @@ mod tests {
             RiskEngine::new(&c),
             Err(RiskConfigError::GrantWithoutAccount { account: 77, .. })
         ));
+        for bad in [String::new(), "x".repeat(33)] {
+            let mut c = cfg();
+            c.engines[1].token = bad;
+            assert!(matches!(
+                RiskEngine::new(&c),
+                Err(RiskConfigError::BadEngineToken(11))
+            ));
+        }
+        let mut c = cfg();
+        c.engines[1].id = 10;
+        assert!(matches!(
+            RiskEngine::new(&c),
+            Err(RiskConfigError::DuplicateEngine(10))
+        ));
+        // The token never shows in debug output.
+        assert!(!format!("{:?}", cfg().engines).contains("t10"));
     }
 }

@@ -3,11 +3,20 @@
 //! journal and the venue link), sends the responses back over RC, keeps the FIX session up,
 //! applies market data and does cancel-on-disconnect when an engine's connection is lost.
 //!
-//! Engines: each connection must present the orders token (checked by the listener) and
-//! then send a [`Logon`] naming its engine id as its first frame; the id must have a
-//! `[[risk.engines]]` entry, which decides the accounts it may trade, and only one
-//! connection per engine id may be live. Requests and responses travel on
+//! Engines: two secrets, two jobs. The orders token (`[service.orders] token`, checked by
+//! the rocebus listener before any queue pair is set up) is the transport gate: it keeps
+//! whatever is not part of this deployment from getting RDMA resources at all. The engine
+//! token (`[[risk.engines]] token`, one per engine) authenticates the engine id: the first
+//! frame of a connection must be a [`Logon`] naming the id and carrying that engine's
+//! token, compared in constant time (`subtle`) before the engine is bound; a wrong one is
+//! answered with [`LogonStatus::BadToken`], counted, and the connection closed, so engine A's
+//! token cannot log on as engine B. The id decides the accounts the engine may trade, and
+//! only one connection per engine id may be live. Requests and responses travel on
 //! [`ORDERS_STREAM`] (see [`crate::proto`]).
+//!
+//! Reconnects: the logon names the last response the engine processed; the service replays
+//! every later one the gateway still holds ([`Gateway::responses_after`]) ahead of anything
+//! new, through the same backlog as live responses, so nothing is lost or doubled.
 //!
 //! Each loop pass: market data, engine frames (batched: one journal write and one venue
 //! write per batch, write-ahead as [`FixDriver`] documents), venue bytes and timers, engine
@@ -35,7 +44,9 @@ use crate::config::Config;
 use crate::driver::{DriverError, FixDriver, TcpLink, VenueLink};
 use crate::fix::SessionState;
 use crate::gateway::{EngineId, Gateway};
-use crate::proto::{msg_type, Logon, LogonAck, LogonStatus, Response, Symbol, ORDERS_STREAM};
+use crate::proto::{
+    msg_type, pad_token, Logon, LogonAck, LogonStatus, Response, Symbol, ORDERS_STREAM, TOKEN_LEN,
+};
 use crate::risk::RiskConfig;
 use crate::unix_nanos;
 
@@ -55,6 +66,12 @@ pub enum MarketEvent {
         symbol: Symbol,
         /// True: halted.
         halted: bool,
+    },
+    /// The bus can no longer vouch for the symbol's reference price (a gap that may have
+    /// hidden a move or a halt): orders reject as stale until the next `Reference`.
+    Stale {
+        /// Instrument.
+        symbol: Symbol,
     },
 }
 
@@ -202,6 +219,8 @@ struct Counters {
     engines_connected: Counter,
     logons: Counter,
     logons_refused: Counter,
+    logons_bad_token: Counter,
+    responses_replayed: Counter,
     engine_disconnects: Counter,
     requests: Counter,
     responses: Counter,
@@ -239,7 +258,7 @@ impl Counters {
                 Table::File(f) => f.allocate_with(label, kind, 0),
                 Table::Local(l) => l.allocate_with(label, kind, 0),
             };
-            // 64 slots for 15 labels under 104 bytes: allocation cannot fail.
+            // 64 slots for 17 labels under 104 bytes: allocation cannot fail.
             r.expect("counter slot")
         };
         use Kind::{Counter as C, Gauge as G};
@@ -247,6 +266,8 @@ impl Counters {
             engines_connected: alloc("engines connected", G),
             logons: alloc("engine logons", C),
             logons_refused: alloc("engine logons refused", C),
+            logons_bad_token: alloc("engine logons with a wrong token", C),
+            responses_replayed: alloc("engine responses replayed on logon", C),
             engine_disconnects: alloc("engine disconnects (cancel-on-disconnect)", C),
             requests: alloc("engine requests", C),
             responses: alloc("engine responses sent", C),
@@ -325,11 +346,41 @@ fn offer(conn: &Connection, r: &Response) -> Result<(), OfferError> {
     Ok(())
 }
 
+/// The verdict on a logon, and the gateway's last response number for the engine: the
+/// engine must be configured, present its own token, not be connected already, and name a
+/// last response the gateway can continue from.
+fn logon_verdict(
+    tokens: &[(EngineId, [u8; TOKEN_LEN])],
+    connected: impl Fn(EngineId) -> bool,
+    gw: &Gateway,
+    logon: Option<&Logon>,
+) -> (LogonStatus, u32) {
+    let Some(l) = logon else {
+        return (LogonStatus::BadLogon, 0);
+    };
+    let id = l.engine_id.get();
+    let Some((_, token)) = tokens.iter().find(|(e, _)| *e == id) else {
+        return (LogonStatus::UnknownEngine, 0);
+    };
+    // Constant time: how much of a guess matched must not show in the answer's timing.
+    if !bool::from(subtle::ConstantTimeEq::ct_eq(&token[..], &l.token[..])) {
+        return (LogonStatus::BadToken, 0);
+    }
+    if connected(id) {
+        return (LogonStatus::AlreadyConnected, 0);
+    }
+    match gw.responses_after(id, l.last_response_seq.get()) {
+        Ok(_) => (LogonStatus::Accepted, gw.last_response_seq(id)),
+        Err(status) => (status, 0),
+    }
+}
+
 /// The gateway service.
 pub struct Service<L: VenueLink = TcpLink> {
     driver: FixDriver<L>,
     listener: OrdersListener,
-    engine_ids: Vec<EngineId>,
+    /// Each configured engine and its token as the logon carries it.
+    engine_tokens: Vec<(EngineId, [u8; TOKEN_LEN])>,
     engines: Vec<EngineConn>,
     pending: Vec<PendingConn>,
     lost: Vec<EngineId>,
@@ -381,7 +432,12 @@ impl<L: VenueLink> Service<L> {
         Ok(Service {
             driver,
             listener,
-            engine_ids: risk.engines.iter().map(|e| e.id).collect(),
+            // RiskEngine::new (the driver's) has validated every token, so none is dropped.
+            engine_tokens: risk
+                .engines
+                .iter()
+                .filter_map(|e| Some((e.id, pad_token(e.token.as_bytes())?)))
+                .collect(),
             engines: Vec::with_capacity(risk.engines.len()),
             pending: Vec::new(),
             lost: Vec::new(),
@@ -422,6 +478,8 @@ impl<L: VenueLink> Service<L> {
                         gw.on_reference_price(symbol, price, now)
                     }
                     MarketEvent::Halt { symbol, halted } => gw.on_halt(symbol, halted),
+                    // Observed at the epoch: older than any age limit, so stale at once.
+                    MarketEvent::Stale { symbol } => gw.on_reference_price(symbol, 0, 0),
                 })
             });
             work += self.poll_engines(now);
@@ -619,28 +677,51 @@ impl<L: VenueLink> Service<L> {
 
     fn logon(&mut self, conn: Connection, logon: Option<Logon>) {
         let id = logon.map_or(0, |l| l.engine_id.get());
-        let status = match logon {
-            None => LogonStatus::BadLogon,
-            Some(_) if !self.engine_ids.contains(&id) => LogonStatus::UnknownEngine,
-            Some(_) if self.engines.iter().any(|e| e.id == id) => LogonStatus::AlreadyConnected,
-            Some(_) => LogonStatus::Accepted,
-        };
-        let ack = LogonAck::new(id, status);
+        let (status, last) = logon_verdict(
+            &self.engine_tokens,
+            |e| self.engines.iter().any(|c| c.id == e),
+            self.driver.gateway(),
+            logon.as_ref(),
+        );
+        let ack = LogonAck::new(id, status, last);
         let sent = conn
             .publication(ORDERS_STREAM)
             .offer_and_flush(u16::from(msg_type::LOGON_ACK), ack.as_bytes());
         if status == LogonStatus::Accepted && sent.is_ok() {
-            tracing::info!(engine = id, peer = %conn.peer(), "engine logged on");
+            tracing::info!(engine = id, peer = %conn.peer(), last_response_seq = last, "engine logged on");
             self.counters.logons.inc();
-            self.engines.push(EngineConn {
+            let mut e = EngineConn {
                 id,
                 conn,
                 backlog: VecDeque::with_capacity(4096),
                 dirty: false,
-            });
+            };
+            // What it missed, oldest first, ahead of anything new (single thread: nothing
+            // new can be produced in between). The ring takes what fits; the rest waits in
+            // the backlog, drained by the loop like live responses.
+            let after = logon.map_or(0, |l| l.last_response_seq.get());
+            let c = &self.counters;
+            let mut alive = true;
+            if let Ok(missed) = self.driver.gateway().responses_after(id, after) {
+                for r in missed {
+                    c.responses_replayed.inc();
+                    alive &= e.send(r, c);
+                }
+            }
+            if e.dirty {
+                e.dirty = false;
+                alive &= e.conn.flush().is_ok();
+            }
+            if !alive {
+                self.lost.push(id);
+            }
+            self.engines.push(e);
         } else {
             tracing::warn!(engine = id, peer = %conn.peer(), ?status, "engine logon refused");
             self.counters.logons_refused.inc();
+            if status == LogonStatus::BadToken {
+                self.counters.logons_bad_token.inc();
+            }
             // Let the answer reach the engine before the disconnect.
             let _ = conn.drain(Duration::from_millis(100));
             conn.close();
@@ -663,5 +744,89 @@ impl<L: VenueLink> Service<L> {
         }
         self.driver.sync()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fix::SessionConfig;
+    use crate::gateway::Outputs;
+
+    fn gateway() -> Gateway {
+        let risk: RiskConfig = toml::from_str(
+            r#"
+            reference_max_age_ms = 5000
+            throttle_interval_ms = 1000
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 10000000
+            max_position = 100000
+            max_open_orders = 100
+            max_orders_per_interval = 100
+            collar_bps = 500
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "alpha"
+            [[engines]]
+            id = 2
+            accounts = [7]
+            token = "beta"
+            "#,
+        )
+        .unwrap();
+        let session = SessionConfig {
+            sender_comp_id: "GW".into(),
+            target_comp_id: "VENUE".into(),
+            heartbeat_secs: 30,
+        };
+        Gateway::new(session, &risk).unwrap()
+    }
+
+    fn tokens() -> Vec<(EngineId, [u8; TOKEN_LEN])> {
+        vec![
+            (1, pad_token(b"alpha").unwrap()),
+            (2, pad_token(b"beta").unwrap()),
+        ]
+    }
+
+    fn verdict(gw: &Gateway, engine: u32, token: &[u8], last: u32) -> (LogonStatus, u32) {
+        let l = Logon::new(engine, token, last).unwrap();
+        logon_verdict(&tokens(), |e| e == 2, gw, Some(&l))
+    }
+
+    #[test]
+    fn each_engine_logs_on_with_its_own_token_only() {
+        let gw = gateway();
+        assert_eq!(verdict(&gw, 1, b"alpha", 0), (LogonStatus::Accepted, 0));
+        // Engine 2's token does not open engine 1, nor does a prefix or an extension.
+        assert_eq!(verdict(&gw, 1, b"beta", 0).0, LogonStatus::BadToken);
+        assert_eq!(verdict(&gw, 1, b"alph", 0).0, LogonStatus::BadToken);
+        assert_eq!(verdict(&gw, 1, b"alphaa", 0).0, LogonStatus::BadToken);
+        assert_eq!(verdict(&gw, 9, b"alpha", 0).0, LogonStatus::UnknownEngine);
+        // The token is checked before "already connected" says the engine is live.
+        assert_eq!(verdict(&gw, 2, b"alpha", 0).0, LogonStatus::BadToken);
+        assert_eq!(verdict(&gw, 2, b"beta", 0).0, LogonStatus::AlreadyConnected);
+        assert_eq!(
+            logon_verdict(&tokens(), |_| false, &gw, None).0,
+            LogonStatus::BadLogon
+        );
+    }
+
+    #[test]
+    fn logon_names_a_response_the_gateway_can_continue_from() {
+        let mut gw = gateway();
+        let mut out = Outputs::default();
+        // Three rejects (the FIX session is down) numbered 1..=3 for engine 1.
+        for cl in 1..=3u64 {
+            let m = crate::proto::Cancel::new(cl);
+            gw.on_engine_message(1, m.as_bytes(), 0, &mut out);
+        }
+        assert_eq!(verdict(&gw, 1, b"alpha", 0), (LogonStatus::Accepted, 3));
+        assert_eq!(verdict(&gw, 1, b"alpha", 3), (LogonStatus::Accepted, 3));
+        assert_eq!(verdict(&gw, 1, b"alpha", 4).0, LogonStatus::BadSequence);
     }
 }

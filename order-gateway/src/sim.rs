@@ -228,6 +228,7 @@ mod tests {
             [[engines]]
             id = 1
             accounts = [7]
+            token = "e1"
             "#,
         )
         .unwrap();

@@ -72,3 +72,47 @@ fn help_explains_the_commands() {
         "{text}"
     );
 }
+
+#[test]
+fn run_help_explains_venue_and_market_data() {
+    let out = gateway().args(["run", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("--venue") && text.contains("sim") && text.contains("fix"),
+        "{text}"
+    );
+    assert!(text.contains("market_data"), "{text}");
+    let out = gateway()
+        .args(["run", "--venue", "nasdaq", "--config", "x.toml"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nasdaq") && err.contains("sim"), "{err}");
+}
+
+#[test]
+fn bad_market_data_section_is_named() {
+    let text = example();
+    let cut = text.find("\n[reference_prices]").unwrap();
+    let with_md = |extra: &str| {
+        format!(
+            "{}[market_data]\nconfig = \"no-such-md.toml\"\nlocal = \"10.0.0.1\"\npublisher = \"10.0.0.1\"\n{extra}",
+            &text[..=cut]
+        )
+    };
+    let (ok, msg) = check(&with_md(""));
+    assert!(!ok);
+    assert!(
+        msg.contains("my-gateway.toml")
+            && msg.contains("market_data.config")
+            && msg.contains("no-such-md.toml"),
+        "{msg}"
+    );
+    let (ok, msg) = check(&with_md("local = \"somewhere\"\n"));
+    assert!(!ok);
+    assert!(
+        msg.contains("my-gateway.toml") && msg.contains("local"),
+        "{msg}"
+    );
+}

@@ -8,7 +8,7 @@
 #
 # Run by `cargo xtask demo` (in the guest) and by bench/tests/demo_pipeline.rs. Inputs, as
 # environment variables:
-#   DEMO_BIN      folder with feed-handler, order-gateway(-sim), sample-engine and rocebus
+#   DEMO_BIN      folder with feed-handler, order-gateway, sample-engine and rocebus
 #   DEMO_ROOT     the workspace root (configs/demo/ is read from there)
 #   DEMO_DAY      the ITCH 5.0 BinaryFILE to replay
 #   DEMO_OUT      where logs, counters snapshots and the report go
@@ -74,18 +74,18 @@ if [ "$VENUE" = quickfix ]; then
     done
 fi
 
-echo "demo: starting order-gateway ($VENUE venue), feed-handler, sample-engine; replaying $(basename "$DEMO_DAY") at $RATE msg/s; $SECONDS_ s of trading"
-if [ "$VENUE" = quickfix ]; then
-    "$DEMO_BIN/order-gateway" run --config "$gw_config" > "$DEMO_OUT/order-gateway.log" 2>&1 &
-else
-    "$DEMO_BIN/order-gateway-sim" --config "$gw_config" > "$DEMO_OUT/order-gateway.log" 2>&1 &
-fi
-gw=$!; pids="$pids $gw"
+echo "demo: starting feed-handler, order-gateway ($VENUE venue), sample-engine; replaying $(basename "$DEMO_DAY") at $RATE msg/s; $SECONDS_ s of trading"
+# The feed handler first: the gateway subscribes to its bus for reference prices and halts.
 "$DEMO_BIN/feed-handler" run --config "$WORK/feed-handler.toml" > "$DEMO_OUT/feed-handler.log" 2>&1 &
 fh=$!; pids="$pids $fh"
 sleep 1
-alive $gw || die "order-gateway exited at start"
 alive $fh || die "feed-handler exited at start"
+gw_venue=sim
+[ "$VENUE" = quickfix ] && gw_venue=fix
+"$DEMO_BIN/order-gateway" run --venue $gw_venue --config "$gw_config" > "$DEMO_OUT/order-gateway.log" 2>&1 &
+gw=$!; pids="$pids $gw"
+sleep 1
+alive $gw || die "order-gateway exited at start"
 
 "$DEMO_BIN/sample-engine" --config "$WORK/sample-engine.toml" --seconds "$SECONDS_" \
     ${DEMO_ORDER_RATE:+--orders-per-second "$DEMO_ORDER_RATE"} \

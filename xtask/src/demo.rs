@@ -18,7 +18,8 @@ const PIPELINE_SH: &str = include_str!("../demo/pipeline.sh");
 /// The venue behind the gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Venue {
-    /// The gateway's built-in venue simulator (acks and fills at once).
+    /// The gateway's built-in venue simulator (`order-gateway run --venue sim`: acks and
+    /// fills at once).
     Sim,
     /// A real QuickFIX acceptor (Python, `order-gateway/venue/venue.py`).
     Quickfix,

@@ -18,6 +18,7 @@ use order_gateway::unix_nanos;
 
 pub const ENGINE: u32 = 1;
 pub const ACCOUNT: u32 = 7;
+pub const ENGINE_TOKEN: &str = "engine-1-token";
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -135,6 +136,7 @@ pub fn risk_config() -> RiskConfig {
         [[engines]]
         id = {ENGINE}
         accounts = [{ACCOUNT}]
+        token = "{ENGINE_TOKEN}"
         "#
     ))
     .unwrap()

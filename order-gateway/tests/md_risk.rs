@@ -1,0 +1,521 @@
+//! Risk from the market-data bus, end to end on a real RDMA device (soft-RoCE in the
+//! project's guest; `cargo xtask test` runs it, a plain `cargo test` reports it ignored):
+//! a real `McastPublisher` publishes the feed handler's normalized messages (serving L2
+//! snapshots from a `MarketView`), the gateway service subscribes through
+//! [`BusMarketData`] and trades against the in-process venue simulator, and an engine sends
+//! orders over RC. The price collar follows the bus's reference, halts follow its trading
+//! status, a silent bus and a gap that hid a halt both fail closed.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::{free_port, scratch, session_config, ACCOUNT, ENGINE, ENGINE_TOKEN};
+use feed_handler::book::{Event as BookEvent, Level, Side as BookSide};
+use feed_handler::itch::Stock;
+use feed_handler::normalized;
+use feed_handler::view::MarketView;
+use order_gateway::client::EngineSession;
+use order_gateway::driver::FixDriver;
+use order_gateway::journal::FsyncPolicy;
+use order_gateway::market::{BusMarketData, MarketDataConfig, ReferenceSource};
+use order_gateway::proto::{RejectReason, Response, Side, Symbol, PRICE_SCALE};
+use order_gateway::risk::RiskConfig;
+use order_gateway::service::{Service, ServiceControl, ServiceOptions};
+use order_gateway::sim::SimVenue;
+use rocebus::idle::IdleStrategy;
+use rocebus::mcast::config::McastConfig;
+use rocebus::mcast::{now_ns, Handler, Line, McastPublisher};
+use rocebus::orders::OrdersConfig;
+
+const CHANNEL: u16 = 9;
+/// Staleness limit of the test's risk config.
+const MAX_AGE_MS: u64 = 1000;
+
+fn local_ip() -> IpAddr {
+    if let Some(a) = std::env::var("ROCEBUS_GUEST_ADDR")
+        .ok()
+        .and_then(|a| a.parse().ok())
+    {
+        return a;
+    }
+    let ctx = rocebus::verbs::Context::open(None).expect("an RDMA device");
+    let i = ctx.default_gid_index(1).unwrap();
+    IpAddr::V4(ctx.query_gid(1, i).unwrap().ipv4().expect("IPv4 GID"))
+}
+
+fn orders_cfg() -> OrdersConfig {
+    OrdersConfig {
+        ring_size: 1 << 16,
+        max_payload: 1024,
+        token: "md-risk".into(),
+        ..OrdersConfig::default()
+    }
+}
+
+fn risk() -> RiskConfig {
+    toml::from_str(&format!(
+        r#"
+        reference_max_age_ms = {MAX_AGE_MS}
+        throttle_interval_ms = 1000
+        [[accounts]]
+        id = {ACCOUNT}
+        max_order_qty = 100000
+        max_order_notional = 100000000
+        credit_limit = 1000000000000
+        max_position = 1000000000
+        max_open_orders = 100000
+        max_orders_per_interval = 1000000
+        collar_bps = 500
+        [[engines]]
+        id = {ENGINE}
+        accounts = [{ACCOUNT}]
+        token = "{ENGINE_TOKEN}"
+        "#
+    ))
+    .unwrap()
+}
+
+/// A small history, so a gap of a few hundred datagrams cannot be retransmitted.
+fn bus(port: u16) -> McastConfig {
+    McastConfig::from_toml_str(&format!(
+        r#"
+max_datagram_payload = 1024
+history_depth = 64
+heartbeat_interval_ns = 1000000
+[batching]
+max_messages = 64
+flush_interval_ns = 20000
+[receive]
+depth = 1024
+replenish_batch = 32
+low_water = 128
+[pacing]
+max_datagrams_per_sec = 0
+burst = 32
+[recovery]
+timeout_ns = 50000000
+max_retries = 3
+max_outstanding = 16
+max_buffered = 4096
+snapshot_timeout_ns = 2000000000
+rc_timeout = 12
+[[channels]]
+id = {CHANNEL}
+name = "md-risk"
+line_a = "239.9.0.9"
+port = {port}
+"#
+    ))
+    .expect("bus config")
+}
+
+fn encode(e: &BookEvent) -> Vec<u8> {
+    let mut buf = [0u8; normalized::MAX_LEN];
+    let n = normalized::encode(e, &mut buf);
+    buf[..n].to_vec()
+}
+
+/// The feed handler's messages for a new best bid and ask: both levels, then the BBO.
+fn quote(locate: u16, s: &str, bid: u32, ask: u32) -> Vec<Vec<u8>> {
+    let stock = Stock::new(s);
+    let lvl = |price| Level {
+        price,
+        shares: 100,
+        orders: 1,
+    };
+    vec![
+        encode(&BookEvent::Level {
+            locate,
+            stock,
+            timestamp: 1,
+            side: BookSide::Bid,
+            level: lvl(bid),
+        }),
+        encode(&BookEvent::Level {
+            locate,
+            stock,
+            timestamp: 1,
+            side: BookSide::Ask,
+            level: lvl(ask),
+        }),
+        encode(&BookEvent::Bbo {
+            locate,
+            stock,
+            timestamp: 1,
+            bid: Some(lvl(bid)),
+            ask: Some(lvl(ask)),
+        }),
+    ]
+}
+
+/// The feed handler's messages for a quote that moves away from `old`: the old levels go
+/// (shares 0), then the new quote.
+fn requote(locate: u16, s: &str, old: (u32, u32), bid: u32, ask: u32) -> Vec<Vec<u8>> {
+    let stock = Stock::new(s);
+    let gone = |side, price| {
+        encode(&BookEvent::Level {
+            locate,
+            stock,
+            timestamp: 1,
+            side,
+            level: Level {
+                price,
+                shares: 0,
+                orders: 0,
+            },
+        })
+    };
+    let mut v = vec![gone(BookSide::Bid, old.0), gone(BookSide::Ask, old.1)];
+    v.extend(quote(locate, s, bid, ask));
+    v
+}
+
+fn trade(locate: u16, s: &str, price: u32) -> Vec<Vec<u8>> {
+    vec![encode(&BookEvent::Trade {
+        locate,
+        stock: Stock::new(s),
+        timestamp: 2,
+        side: None,
+        price,
+        shares: 10,
+        match_number: 1,
+        source: b'E',
+    })]
+}
+
+fn status(locate: u16, s: &str, state: u8) -> Vec<Vec<u8>> {
+    vec![encode(&BookEvent::TradingStatus {
+        locate,
+        stock: Stock::new(s),
+        timestamp: 3,
+        state,
+        reason: *b"    ",
+    })]
+}
+
+enum Cmd {
+    Publish(Vec<Vec<u8>>),
+    /// Stop polling (no heartbeats, no recovery) or start again.
+    Silent(bool),
+    /// Line A off (datagrams kept in history only) or on.
+    LineA(bool),
+    Stop,
+}
+
+/// The feed handler's side: a publisher on its own thread, with a view serving snapshots.
+struct Feed {
+    tx: mpsc::Sender<Cmd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Feed {
+    fn start(cfg: McastConfig, ip: IpAddr) -> Feed {
+        let (tx, rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let mut p = McastPublisher::new(&cfg, CHANNEL, now_ns(), ip).expect("publisher");
+            ready_tx.send(()).unwrap();
+            let mut view = MarketView::new();
+            let mut silent = false;
+            loop {
+                match rx.try_recv() {
+                    Ok(Cmd::Publish(msgs)) => {
+                        for m in msgs {
+                            let seq = p.publish(now_ns(), &m).expect("publish");
+                            view.on_message(seq, &m);
+                        }
+                        p.flush(now_ns()).unwrap();
+                    }
+                    Ok(Cmd::Silent(s)) => silent = s,
+                    Ok(Cmd::LineA(on)) => {
+                        p.flush(now_ns()).unwrap();
+                        p.set_line_enabled(Line::A, on);
+                    }
+                    Ok(Cmd::Stop) | Err(mpsc::TryRecvError::Disconnected) => return,
+                    Err(mpsc::TryRecvError::Empty) => {}
+                }
+                if !silent {
+                    p.poll(now_ns(), &view).expect("publisher poll");
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("publisher up");
+        Feed {
+            tx,
+            thread: Some(thread),
+        }
+    }
+
+    fn send(&self, c: Cmd) {
+        self.tx.send(c).unwrap();
+    }
+
+    fn publish(&self, msgs: Vec<Vec<u8>>) {
+        self.send(Cmd::Publish(msgs));
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Cmd::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The gateway service with the bus input and the simulator venue, on its own thread.
+struct Gw {
+    addr: SocketAddr,
+    control: Arc<ServiceControl>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Gw {
+    fn start(cfg: McastConfig, ip: IpAddr, journal: PathBuf) -> Gw {
+        let addr = SocketAddr::new(ip, free_port());
+        let control = ServiceControl::new();
+        let c = control.clone();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let risk = risk();
+            let driver = FixDriver::with_link(
+                SimVenue::new(),
+                session_config(),
+                &risk,
+                &journal,
+                FsyncPolicy::Never,
+            )
+            .unwrap();
+            let opts = ServiceOptions {
+                listen: addr,
+                orders: orders_cfg(),
+                core: None,
+                idle: IdleStrategy::Backoff {
+                    max_spins: 1000,
+                    max_yields: 100,
+                    max_park_us: 50,
+                },
+                reconnect: Duration::from_millis(200),
+                logon_timeout: Duration::from_secs(2),
+                counters_file: false,
+                static_prices: Vec::new(),
+            };
+            let md = MarketDataConfig {
+                config: PathBuf::from("unused: the bus config is given"),
+                channels: vec![CHANNEL],
+                local: ip,
+                publisher: ip,
+                reference: ReferenceSource::Midpoint,
+                confirm_ms: 50,
+                reconnect_ms: 200,
+            };
+            let mut market = BusMarketData::new(&md, cfg);
+            assert_eq!(market.connect(), 1, "subscribed to the bus");
+            let mut service = Service::new(driver, &risk, opts, c).unwrap();
+            ready_tx.send(()).unwrap();
+            service.run(&mut market).unwrap();
+            let f = market.feed().counters();
+            eprintln!("market data counters: {f:?}");
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("service started");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !control.is_fix_active() {
+            assert!(Instant::now() < deadline, "FIX logon to the simulator");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Gw {
+            addr,
+            control,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Gw {
+    fn drop(&mut self) {
+        self.control.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// An engine that sends one order at a time and waits for its answer.
+struct Engine {
+    s: EngineSession,
+}
+
+impl Engine {
+    /// Sends a buy order; `Ok` if acked or filled, else the reject reason.
+    fn buy(&mut self, symbol: &str, price: f64) -> Result<(), RejectReason> {
+        let px = (price * PRICE_SCALE as f64).round() as i64;
+        let id = self
+            .s
+            .new_order(ACCOUNT, Symbol::new(symbol).unwrap(), Side::Buy, 10, px)
+            .expect("order queued");
+        self.s.flush().expect("flush");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut answer = None;
+        while answer.is_none() {
+            assert!(Instant::now() < deadline, "no answer to order {id}");
+            self.s
+                .poll(
+                    |r| match r {
+                        Ok(r) if r.cl_ord_id() == id && answer.is_none() => {
+                            answer = Some(match r {
+                                Response::Reject(x) => Err(x.reason()),
+                                _ => Ok(()),
+                            })
+                        }
+                        _ => {}
+                    },
+                    64,
+                )
+                .expect("engine connection");
+        }
+        answer.unwrap()
+    }
+
+    /// Sends orders until one gets `want` (the bus takes a moment to reach risk); fails on
+    /// any other answer than `allowed` on the way.
+    fn until(
+        &mut self,
+        symbol: &str,
+        price: f64,
+        want: Result<(), RejectReason>,
+        allowed: &[Result<(), RejectReason>],
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = self.buy(symbol, price);
+            if got == want {
+                return;
+            }
+            assert!(
+                allowed.contains(&got),
+                "{symbol} at {price}: got {got:?} while waiting for {want:?}"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "{symbol} at {price}: still {got:?}, want {want:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in a soft-RoCE guest)"]
+fn collar_halts_staleness_and_gaps_follow_the_bus() {
+    let ip = local_ip();
+    let cfg = bus(free_port());
+    let feed = Feed::start(cfg.clone(), ip);
+    let dir = scratch("md-risk");
+    let gw = Gw::start(cfg, ip, dir.join("gw.journal"));
+    let mut e = Engine {
+        s: EngineSession::connect(
+            gw.addr,
+            &orders_cfg(),
+            ENGINE,
+            ENGINE_TOKEN,
+            1,
+            Duration::from_secs(10),
+        )
+        .expect("engine logon"),
+    };
+    use RejectReason::*;
+
+    // Before any market data: no reference, fail closed.
+    assert_eq!(e.buy("AAPL", 100.0), Err(NoReferencePrice));
+
+    // AAPL quoted 99.00 / 101.00: reference 100.00 (midpoint); MSFT only traded at 50.00.
+    let mut msgs = status(1, "AAPL", b'T');
+    msgs.extend(quote(1, "AAPL", 990_000, 1_010_000));
+    msgs.extend(trade(2, "MSFT", 500_000));
+    feed.publish(msgs);
+    e.until(
+        "AAPL",
+        102.0,
+        Ok(()),
+        &[Err(NoReferencePrice), Err(StaleReferencePrice)],
+    );
+    assert_eq!(e.buy("AAPL", 106.0), Err(PriceCollar), "6% above 100.00");
+    assert_eq!(e.buy("AAPL", 94.0), Err(PriceCollar));
+    assert_eq!(e.buy("MSFT", 51.0), Ok(()), "last trade is the reference");
+    assert_eq!(e.buy("MSFT", 60.0), Err(PriceCollar));
+    assert_eq!(e.buy("NOPE", 1.0), Err(NoReferencePrice));
+
+    // The quote moves: the collar follows it.
+    feed.publish(requote(
+        1,
+        "AAPL",
+        (990_000, 1_010_000),
+        1_190_000,
+        1_210_000,
+    ));
+    e.until("AAPL", 122.0, Ok(()), &[Err(PriceCollar)]);
+    assert_eq!(e.buy("AAPL", 102.0), Err(PriceCollar));
+
+    // Halt and resume from the feed.
+    feed.publish(status(1, "AAPL", b'H'));
+    e.until("AAPL", 120.0, Err(Halted), &[Ok(())]);
+    assert_eq!(e.buy("MSFT", 50.0), Ok(()), "only AAPL is halted");
+    feed.publish(status(1, "AAPL", b'T'));
+    e.until("AAPL", 120.0, Ok(()), &[Err(Halted)]);
+
+    // An idle but live bus (heartbeats only) keeps references fresh past the age limit.
+    std::thread::sleep(Duration::from_millis(2 * MAX_AGE_MS));
+    assert_eq!(e.buy("AAPL", 120.0), Ok(()), "confirmed by heartbeats");
+
+    // A silent bus: after the age limit, stale.
+    feed.send(Cmd::Silent(true));
+    std::thread::sleep(Duration::from_millis(MAX_AGE_MS + 500));
+    assert_eq!(e.buy("AAPL", 120.0), Err(StaleReferencePrice));
+    assert_eq!(e.buy("MSFT", 50.0), Err(StaleReferencePrice));
+    feed.send(Cmd::Silent(false));
+    e.until("AAPL", 120.0, Ok(()), &[Err(StaleReferencePrice)]);
+
+    // A gap too long to retransmit hides a halt of AAPL: line A off, the halt and far more
+    // datagrams than the history holds, line A on. The gateway must never accept AAPL
+    // again: stale from the loss until the snapshot, then halted by the snapshot.
+    feed.send(Cmd::LineA(false));
+    feed.publish(status(1, "AAPL", b'H'));
+    for i in 0..300u32 {
+        // One datagram each (the publisher flushes after every command).
+        feed.publish(quote(3, "FILL", 100_000 + i, 200_000 + i));
+    }
+    // Heartbeats reveal the lost tail.
+    feed.send(Cmd::LineA(true));
+    // Accepting AAPL is tolerated only until the subscriber has seen the gap (its reference
+    // is still younger than the age limit); once the halt is known, never again.
+    e.until(
+        "AAPL",
+        120.0,
+        Err(Halted),
+        &[Ok(()), Err(StaleReferencePrice)],
+    );
+    // MSFT: the snapshot has no trades, so only a trade after it gives a reference again.
+    e.until("MSFT", 50.0, Err(StaleReferencePrice), &[Ok(())]);
+    feed.publish(trade(2, "MSFT", 500_000));
+    e.until("MSFT", 50.0, Ok(()), &[Err(StaleReferencePrice)]);
+    for _ in 0..20 {
+        assert_eq!(e.buy("AAPL", 120.0), Err(Halted));
+    }
+    feed.publish(status(1, "AAPL", b'T'));
+    e.until("AAPL", 120.0, Ok(()), &[Err(Halted)]);
+    e.s.close();
+    drop(gw);
+    drop(feed);
+}
