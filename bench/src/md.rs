@@ -14,6 +14,7 @@
 //! the qdisc, so the harness drops eth0's egress with netem (`--no-sink`
 //! turns this off; it is only done inside a one-host guest).
 
+use crate::rc::local_ip;
 use crate::report::Summary;
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
@@ -84,24 +85,6 @@ fn idler(args: &MdArgs) -> Idler {
     } else {
         IdleStrategy::Yield
     })
-}
-
-fn local_ip(a: Option<IpAddr>) -> Result<IpAddr> {
-    if let Some(a) = a {
-        return Ok(a);
-    }
-    if let Some(a) = std::env::var("ROCEBUS_GUEST_ADDR")
-        .ok()
-        .and_then(|a| a.parse().ok())
-    {
-        return Ok(a);
-    }
-    let ctx = RdmaContext::open(None)?;
-    let i = ctx.default_gid_index(1)?;
-    ctx.query_gid(1, i)?
-        .ipv4()
-        .map(IpAddr::V4)
-        .context("the RDMA device has no IPv4 GID: pass --addr")
 }
 
 fn pin(cores: &[usize], i: usize) {
