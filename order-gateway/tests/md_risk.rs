@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{free_port, scratch, session_config, ACCOUNT, ENGINE, ENGINE_TOKEN};
+use common::{free_port, local_ip, scratch, session_config, ACCOUNT, ENGINE, ENGINE_TOKEN};
 use feed_handler::book::{Event as BookEvent, Level, Side as BookSide};
 use feed_handler::itch::Stock;
 use feed_handler::normalized;
@@ -36,18 +36,6 @@ use rocebus::orders::OrdersConfig;
 const CHANNEL: u16 = 9;
 /// Staleness limit of the test's risk config.
 const MAX_AGE_MS: u64 = 1000;
-
-fn local_ip() -> IpAddr {
-    if let Some(a) = std::env::var("ROCEBUS_GUEST_ADDR")
-        .ok()
-        .and_then(|a| a.parse().ok())
-    {
-        return a;
-    }
-    let ctx = rocebus::verbs::Context::open(None).expect("an RDMA device");
-    let i = ctx.default_gid_index(1).unwrap();
-    IpAddr::V4(ctx.query_gid(1, i).unwrap().ipv4().expect("IPv4 GID"))
-}
 
 fn orders_cfg() -> OrdersConfig {
     OrdersConfig {

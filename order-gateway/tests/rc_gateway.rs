@@ -6,7 +6,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -30,18 +30,6 @@ const ENGINE2: u32 = 2;
 const ENGINE2_TOKEN: &str = "engine-2-token";
 /// An account engine 1 is not granted.
 const OTHER_ACCOUNT: u32 = 8;
-
-fn local_ip() -> IpAddr {
-    if let Some(a) = std::env::var("ROCEBUS_GUEST_ADDR")
-        .ok()
-        .and_then(|a| a.parse().ok())
-    {
-        return a;
-    }
-    let ctx = rocebus::verbs::Context::open(None).expect("an RDMA device");
-    let i = ctx.default_gid_index(1).unwrap();
-    IpAddr::V4(ctx.query_gid(1, i).unwrap().ipv4().expect("IPv4 GID"))
-}
 
 fn orders_cfg(token: &str) -> OrdersConfig {
     OrdersConfig {

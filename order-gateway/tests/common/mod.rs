@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
+use std::net::{IpAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,6 +19,19 @@ use order_gateway::unix_nanos;
 pub const ENGINE: u32 = 1;
 pub const ACCOUNT: u32 = 7;
 pub const ENGINE_TOKEN: &str = "engine-1-token";
+
+/// The guest's address (`ROCEBUS_GUEST_ADDR`), else the RDMA device's IPv4 GID.
+pub fn local_ip() -> IpAddr {
+    if let Some(a) = std::env::var("ROCEBUS_GUEST_ADDR")
+        .ok()
+        .and_then(|a| a.parse().ok())
+    {
+        return a;
+    }
+    let ctx = rocebus::verbs::Context::open(None).expect("an RDMA device");
+    let i = ctx.default_gid_index(1).unwrap();
+    IpAddr::V4(ctx.query_gid(1, i).unwrap().ipv4().expect("IPv4 GID"))
+}
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
