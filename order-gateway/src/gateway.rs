@@ -179,6 +179,9 @@ pub struct Gateway {
     risk: RiskEngine,
     session: Session,
     orders: FxHashMap<u64, Order>,
+    /// Orders in `orders` whose status is not Done, kept as they change: the service reads
+    /// it every millisecond, and `orders` keeps every order of the day.
+    open_orders: usize,
     by_engine: FxHashMap<(EngineId, u64), u64>,
     by_request: FxHashMap<u64, u64>,
     responses: FxHashMap<EngineId, ResponseLog>,
@@ -227,6 +230,7 @@ impl Gateway {
             risk: RiskEngine::new(risk)?,
             session: Session::new(session),
             orders: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
+            open_orders: 0,
             by_engine: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
             by_request: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
             responses: risk
@@ -331,6 +335,12 @@ impl Gateway {
 
     /// Orders not yet final.
     pub fn open_order_count(&self) -> usize {
+        self.open_orders
+    }
+
+    /// [`Self::open_order_count`] counted the slow way, to check the kept count in tests.
+    #[cfg(test)]
+    fn open_order_scan(&self) -> usize {
         self.orders
             .values()
             .filter(|o| o.status != OrderStatus::Done)
@@ -719,7 +729,7 @@ impl Gateway {
                     qty: d.qty.get(),
                     price: d.price.get(),
                 };
-                self.orders.insert(
+                let replaced = self.orders.insert(
                     oid,
                     Order {
                         engine,
@@ -731,6 +741,9 @@ impl Gateway {
                         pending: None,
                     },
                 );
+                if replaced.is_none_or(|o| o.status == OrderStatus::Done) {
+                    self.open_orders += 1;
+                }
                 self.by_engine.insert((engine, cl), oid);
                 // Live, check_new already reserved; replay has to. Reserve here only on replay:
                 // see replay_record.
@@ -952,6 +965,7 @@ impl Gateway {
                 self.risk.on_fill(&p, last_qty, last_px);
                 if leaves == 0 {
                     o.status = OrderStatus::Done;
+                    self.open_orders -= 1;
                     self.risk.on_order_done(&p, 0);
                 }
                 out.engine
@@ -960,6 +974,7 @@ impl Gateway {
             b"4" | b"C" => {
                 let leaves = o.params.qty.saturating_sub(o.cum_qty);
                 o.status = OrderStatus::Done;
+                self.open_orders -= 1;
                 let p = o.params;
                 self.risk.on_order_done(&p, leaves);
                 out.engine.push((engine, Response::canceled(cl, leaves)));
@@ -994,6 +1009,7 @@ impl Gateway {
             b"8" => {
                 let leaves = o.params.qty.saturating_sub(o.cum_qty);
                 o.status = OrderStatus::Done;
+                self.open_orders -= 1;
                 let p = o.params;
                 self.risk.on_order_done(&p, leaves);
                 out.engine.push((
@@ -1329,7 +1345,33 @@ mod tests {
             gw.on_fix_bytes(&v.exec(req, b"4", 0, 0, 0), T0, &mut out);
         }
         assert_eq!(gw.open_order_count(), 0);
+        assert_eq!(gw.open_order_scan(), 0);
         assert_eq!(gw.risk().exposure(7), (0, 0));
+    }
+
+    #[test]
+    fn open_order_count_is_kept_through_fills_cancels_and_rejects() {
+        let (mut gw, mut v, mut out) = active();
+        let check = |gw: &Gateway, n: usize| {
+            assert_eq!((gw.open_order_count(), gw.open_order_scan()), (n, n));
+        };
+        for cl in 1..=4 {
+            gw.on_engine_message(1, new_order(cl, 10, 100).as_bytes(), T0, &mut out);
+        }
+        check(&gw, 4);
+        let id = |gw: &Gateway, cl| gw.order(1, cl).unwrap().venue_cl_ord_id;
+        gw.on_fix_bytes(&v.exec(id(&gw, 1), b"0", 0, 0, 10), T0, &mut out);
+        check(&gw, 4); // acked: still open
+        gw.on_fix_bytes(&v.exec(id(&gw, 1), b"1", 4, 4, 6), T0, &mut out);
+        check(&gw, 4); // partly filled
+        gw.on_fix_bytes(&v.exec(id(&gw, 1), b"2", 6, 10, 0), T0, &mut out);
+        check(&gw, 3); // filled
+        gw.on_fix_bytes(&v.exec(id(&gw, 1), b"2", 6, 10, 0), T0, &mut out);
+        check(&gw, 3); // a late duplicate report changes nothing
+        gw.on_fix_bytes(&v.exec(id(&gw, 2), b"4", 0, 0, 0), T0, &mut out);
+        check(&gw, 2); // canceled
+        gw.on_fix_bytes(&v.exec(id(&gw, 3), b"8", 0, 0, 0), T0, &mut out);
+        check(&gw, 1); // rejected by the venue
     }
 
     #[test]
@@ -1367,6 +1409,7 @@ mod tests {
             (gw.session().next_out(), gw.session().next_in())
         );
         assert_eq!(r.open_order_count(), 2);
+        assert_eq!(gw.open_order_count(), gw.open_order_scan());
         assert_eq!(r.order(1, 1).unwrap().cum_qty, 100);
         assert_eq!(r.risk().position(7, aapl()), 100);
         assert_eq!(r.risk().exposure(7), gw.risk().exposure(7));
