@@ -157,35 +157,6 @@ fn pin(cores: &[usize], i: usize) {
     }
 }
 
-/// Drops eth0's egress for the run in a one-host guest; removed on drop.
-struct SinkGuard;
-
-impl SinkGuard {
-    fn install(args: &FeedE2eArgs) -> Option<SinkGuard> {
-        let in_one_guest = std::env::var_os("ROCEBUS_GUEST_ADDR").is_some()
-            && std::env::var("ROCEBUS_HOSTS").as_deref() != Ok("2");
-        if args.no_sink || !in_one_guest {
-            return None;
-        }
-        let ok = std::process::Command::new("tc")
-            .args("qdisc replace dev eth0 root netem loss 100%".split(' '))
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("warning: could not install the eth0 sink: multicast may stall in one guest");
-        }
-        ok.then_some(SinkGuard)
-    }
-}
-
-impl Drop for SinkGuard {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("tc")
-            .args("qdisc del dev eth0 root".split(' '))
-            .status();
-    }
-}
-
 fn bus_config(port: u16) -> Result<McastConfig> {
     Ok(McastConfig::from_toml_str(&format!(
         "max_datagram_payload = 1024\nhistory_depth = 65536\nheartbeat_interval_ns = 1000000\n\
@@ -198,7 +169,7 @@ fn bus_config(port: u16) -> Result<McastConfig> {
 
 /// Runs `feed-e2e` and prints the summary and the RESULT line.
 pub fn run(a: &FeedE2eArgs) -> Result<()> {
-    let _sink = SinkGuard::install(a);
+    let _sink = rocebus_bench::md::sink(a.no_sink);
     let ip = local_ip(a.addr)?;
     let cfg = bus_config(a.port)?;
     let mut messages = Vec::new();

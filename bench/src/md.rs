@@ -96,11 +96,12 @@ fn pin(cores: &[usize], i: usize) {
 }
 
 /// Drops eth0's egress for the run in a one-host guest (see the module docs);
-/// the qdisc is removed when the guard drops.
-fn sink(args: &MdArgs) -> Option<SinkGuard> {
+/// the qdisc is removed when the guard drops. `no_sink` (or running outside a
+/// one-host guest) installs nothing.
+pub fn sink(no_sink: bool) -> Option<SinkGuard> {
     let in_one_guest = std::env::var_os("ROCEBUS_GUEST_ADDR").is_some()
         && std::env::var("ROCEBUS_HOSTS").as_deref() != Ok("2");
-    if args.no_sink || !in_one_guest {
+    if no_sink || !in_one_guest {
         return None;
     }
     let ok = std::process::Command::new("tc")
@@ -113,7 +114,9 @@ fn sink(args: &MdArgs) -> Option<SinkGuard> {
     ok.then_some(SinkGuard)
 }
 
-struct SinkGuard;
+/// The eth0 sink of [`sink`]; removed on drop.
+#[derive(Debug)]
+pub struct SinkGuard;
 
 impl Drop for SinkGuard {
     fn drop(&mut self) {
@@ -214,7 +217,7 @@ pub fn throughput(args: &MdArgs) -> Result<()> {
         bail!("--size must be at least 16 (sequence and timestamp)");
     }
     let n = args.iterations.unwrap_or(300_000);
-    let _sink = sink(args);
+    let _sink = sink(args.no_sink);
     let ip = local_ip(args.addr)?;
     let cfg = config(&[(1, "239.9.1.1", args.port)], args)?;
     let done = Arc::new(AtomicU64::new(0));
@@ -298,7 +301,7 @@ pub fn latency(args: &MdArgs) -> Result<()> {
     }
     let n = args.iterations.unwrap_or(20_000);
     let warmup = (n / 10).max(100);
-    let _sink = sink(args);
+    let _sink = sink(args.no_sink);
     let ip = local_ip(args.addr)?;
     let cfg = config(
         &[(1, "239.9.2.1", args.port), (2, "239.9.2.2", args.port + 1)],
@@ -387,7 +390,7 @@ pub fn latency(args: &MdArgs) -> Result<()> {
 /// the same buffer pools.
 pub fn recovery(args: &MdArgs) -> Result<()> {
     let rounds = args.iterations.unwrap_or(300);
-    let _sink = sink(args);
+    let _sink = sink(args.no_sink);
     let ip = local_ip(args.addr)?;
     let rc_rtt = rc_round_trip(ip, args.port + 2, 1000)?;
     let cfg = config(&[(1, "239.9.3.1", args.port)], args)?;
