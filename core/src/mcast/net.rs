@@ -35,7 +35,7 @@ use zerocopy::FromBytes;
 use super::config::{ChannelConfig, McastConfig};
 use super::publisher::{ClaimError, Pacer, PublisherState, RetransmitReply};
 use super::snapshot::{encode_snapshot, Handler, Snapshot, SnapshotSink};
-use super::subscriber::{Event, SubscriberCounters, SubscriberState};
+use super::subscriber::{Event, Phase, SubscriberCounters, SubscriberState};
 use super::wire::{self, Line, RecoveryHeader, RecoveryMsg, RECOVERY_HEADER_LEN};
 use crate::verbs::cm::{self, Connection, Listener, McastMembership};
 use crate::verbs::{
@@ -299,14 +299,13 @@ impl McastPublisher {
     /// Stages flushed, unsent datagrams as pacing and the send ring allow;
     /// posts full batches. Errors are left to the next post.
     fn pump(&mut self, now: u64) {
-        while let Some((first, bytes)) = self.state.sealed_from(self.sent_upto) {
+        while let Some((first, end, bytes)) = self.state.sealed_span_from(self.sent_upto) {
             if first > self.sent_upto {
                 self.stats.unsent_overwritten += 1;
             }
             if !self.pacer.try_acquire(now) {
                 return;
             }
-            let end = wire::Datagram::parse(bytes).map_or(first + 1, |d| d.end_seq());
             match self.ud.stage(bytes) {
                 Ok(()) => {}
                 Err(StageError::BatchFull) => {
@@ -346,9 +345,10 @@ impl McastPublisher {
             }
             self.last_send = now;
         }
-        let dests = dests_of(&self.lines);
-        self.ud.post_staged(&dests)?;
-        self.ud.poll_send()?;
+        if self.ud.has_staged() {
+            self.ud.post_staged(&dests_of(&self.lines))?;
+        }
+        self.ud.reclaim()?;
         self.server
             .poll(now, &mut self.state, snapshot, &mut self.stats);
         Ok((self.stats.datagrams_sent - before) as usize)
@@ -589,7 +589,7 @@ fn serve(
         *out_pos = 0;
     }
     qp.post_staged(&[Dest::Connected])?;
-    qp.poll_send()?;
+    qp.reclaim()?;
     Ok(())
 }
 
@@ -674,6 +674,8 @@ pub struct McastSubscriber {
     link: Link,
     reconnect: Reconnect,
     stats: SubscriberIoStats,
+    /// Polls since the recovery CQ was last looked at (see `poll`).
+    rc_idle_polls: u32,
 }
 
 impl std::fmt::Debug for McastSubscriber {
@@ -748,6 +750,7 @@ impl McastSubscriber {
                 next_check: 0,
             },
             stats: SubscriberIoStats::default(),
+            rc_idle_polls: 0,
         })
     }
 
@@ -810,7 +813,16 @@ impl McastSubscriber {
             taken += r.received;
         }
         let mut link_ok = true;
-        if let Link::Up { rc, .. } = &mut self.link {
+        // The recovery service only answers requests: while none is out
+        // (and no snapshot is awaited) its CQ is looked at once every
+        // RECLAIM_IDLE_POLLS polls (late answers, a failed link), so the
+        // live path does not pay a CQ poll per turn.
+        let awaiting = state.outstanding() > 0 || state.phase() == Phase::Resyncing;
+        self.rc_idle_polls += 1;
+        if awaiting || self.rc_idle_polls >= crate::verbs::pool::RECLAIM_IDLE_POLLS {
+            self.rc_idle_polls = 0;
+        }
+        if let (Link::Up { rc, .. }, 0) = (&mut self.link, self.rc_idle_polls) {
             match rc.poll_recv(|bytes| state.on_recovery(now, bytes, app)) {
                 Ok(r) => {
                     self.stats.recovery_messages += r.received as u64;
@@ -923,7 +935,7 @@ fn send_requests(
     if staged {
         rc.post_staged(&[Dest::Connected])?;
     }
-    rc.poll_send()?;
+    rc.reclaim()?;
     Ok(())
 }
 

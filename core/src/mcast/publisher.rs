@@ -100,9 +100,9 @@ pub struct PublisherState {
 }
 
 impl PublisherState {
-    /// Preallocates the history ring (`(history_depth + 1) * max_datagram`
-    /// bytes). `max_datagram` is clamped to what a u16 length can describe
-    /// and to at least a header plus one empty message.
+    /// Preallocates and faults in the history ring (`(history_depth + 1) *
+    /// max_datagram` bytes). `max_datagram` is clamped to what a u16 length
+    /// can describe and to at least a header plus one empty message.
     pub fn new(mut cfg: PublisherConfig) -> Self {
         cfg.max_datagram = cfg
             .max_datagram
@@ -110,7 +110,7 @@ impl PublisherState {
         cfg.max_messages = cfg.max_messages.max(1);
         let nslots = cfg.history_depth + 1;
         PublisherState {
-            slots: vec![0u8; nslots * cfg.max_datagram].into_boxed_slice(),
+            slots: super::prefaulted(nslots * cfg.max_datagram),
             meta: vec![SlotMeta::default(); nslots].into_boxed_slice(),
             open: 0,
             oldest: 0,
@@ -185,7 +185,31 @@ impl PublisherState {
     /// overwritten). The I/O layer sends flushed datagrams from here, so a
     /// paced sender never needs a copy.
     pub fn sealed_from(&self, seq: u64) -> Option<(u64, &[u8])> {
-        let (mut lo, mut hi) = (self.oldest, self.open);
+        self.sealed_span_from(seq)
+            .map(|(first, _, bytes)| (first, bytes))
+    }
+
+    /// [`sealed_from`](Self::sealed_from) with the datagram's end sequence
+    /// (one past its last message) too: `(first, end, bytes)`.
+    pub fn sealed_span_from(&self, seq: u64) -> Option<(u64, u64, &[u8])> {
+        let idx = self.sealed_index_from(seq)?;
+        let (bytes, m) = self.sealed(idx);
+        Some((m.first_seq, m.first_seq + u64::from(m.count), bytes))
+    }
+
+    /// Index of the first sealed datagram in the history ending after `seq`.
+    fn sealed_index_from(&self, seq: u64) -> Option<u64> {
+        if self.oldest == self.open || seq >= self.open_first_seq() {
+            // Nothing sealed, or everything sealed ends at or before `seq`.
+            return None;
+        }
+        // The sender keeps up: the newest sealed datagram is the one wanted
+        // (it ends after `seq`, checked above), unless an older one does too.
+        let newest = self.open - 1;
+        if self.sealed(newest).1.first_seq <= seq {
+            return Some(newest);
+        }
+        let (mut lo, mut hi) = (self.oldest, newest);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             let m = self.sealed(mid).1;
@@ -195,10 +219,7 @@ impl PublisherState {
                 hi = mid;
             }
         }
-        (lo < self.open).then(|| {
-            let (bytes, m) = self.sealed(lo);
-            (m.first_seq, bytes)
-        })
+        Some(lo)
     }
 
     /// First sequence not yet flushed (that of the open datagram).
@@ -508,6 +529,12 @@ mod tests {
         assert_eq!(bytes, &out[2][..]);
         assert_eq!(p.sealed_from(8).unwrap().0, 7);
         assert_eq!(p.sealed_from(10).unwrap(), (10, &out[3][..]));
+        assert_eq!(p.sealed_span_from(10).unwrap(), (10, 13, &out[3][..]));
+        assert_eq!(
+            p.sealed_span_from(17).unwrap(),
+            (16, 19, &out[5][..]),
+            "the newest sealed datagram"
+        );
         assert_eq!(p.sealed_from(18).unwrap().0, 16);
         assert_eq!(p.sealed_from(19), None, "the open datagram is not sealed");
         p.flush().unwrap();

@@ -261,7 +261,7 @@ impl SubscriberState {
             session: 0,
             next_seq: 1,
             high: 1,
-            slots: vec![0u8; cfg.max_buffered * cfg.max_datagram].into_boxed_slice(),
+            slots: super::prefaulted(cfg.max_buffered * cfg.max_datagram),
             // Slots are handed out from the end: lowest slot first.
             free: (0..cfg.max_buffered as u32).rev().collect(),
             order: VecDeque::with_capacity(cfg.max_buffered),
