@@ -26,7 +26,7 @@ enum Cmd {
     RcThroughput(rocebus_bench::rc::RcArgs),
     /// Market data: 64-byte messages per second over UD multicast, zero unrecovered loss (vs ib_send_bw -c UD).
     MdThroughput(rocebus_bench::md::MdArgs),
-    /// Market data: publish-to-handler latency, ping-pong over two groups (vs ib_send_lat -c UD).
+    /// Market data: publish-to-handler latency, ping-pong over two groups (vs ib_send_lat -c UD -g, two groups).
     MdLatency(rocebus_bench::md::MdArgs),
     /// Market data: time to recover one lost datagram, in RC round trips.
     MdRecovery(rocebus_bench::md::MdArgs),
@@ -34,6 +34,10 @@ enum Cmd {
     GatewayRtt(gateway::GatewayRttArgs),
     /// Feed handler end to end: MoldUDP64 packet received (UDP) → ITCH → book → bus → subscriber handler.
     FeedE2e(feed::FeedE2eArgs),
+    /// Runs a command with multicast groups joined at the IP level (and, in a
+    /// one-host guest, eth0's egress sunk): what perftest's multicast mode
+    /// needs on RoCE v2 to take the same path as rocebus.
+    WithGroups(rocebus_bench::md::WithGroupsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,5 +50,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::MdRecovery(a) => rocebus_bench::md::recovery(&a),
         Cmd::GatewayRtt(a) => gateway::run(&a),
         Cmd::FeedE2e(a) => feed::run(&a),
+        Cmd::WithGroups(a) => {
+            let status = rocebus_bench::md::with_groups(&a)?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
     }
 }

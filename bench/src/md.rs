@@ -4,7 +4,9 @@
 //! - `md-throughput`: 64-byte messages per second published and delivered
 //!   in order with zero unrecovered loss (compare `ib_send_bw -c UD`).
 //! - `md-latency`: publish-to-handler latency by ping-pong over two groups
-//!   (RTT/2, compare `ib_send_lat -c UD`).
+//!   (RTT/2, compare `ib_send_lat -c UD -g` over two groups, run under
+//!   `with-groups`; `--raw` ping-pongs bare datagrams on the same verbs
+//!   objects, to split the protocol's cost from the engine's).
 //! - `md-recovery`: time to recover one lost datagram (gap detected to the
 //!   missing message delivered), in multiples of a 64-byte RC round trip.
 //!
@@ -77,6 +79,12 @@ pub struct MdArgs {
     /// spinning threads on two vCPUs starve for whole scheduler ticks.
     #[arg(long)]
     pub spin: bool,
+    /// md-latency only: ping-pong raw UD multicast datagrams on the same
+    /// verbs objects and groups, without the rocebus protocol (no header,
+    /// sequencing, history or recovery), to split the protocol's cost from
+    /// the engine's.
+    #[arg(long)]
+    pub raw: bool,
 }
 
 fn idler(args: &MdArgs) -> Idler {
@@ -124,6 +132,55 @@ impl Drop for SinkGuard {
             .args("qdisc del dev eth0 root".split(' '))
             .status();
     }
+}
+
+/// Options of `with-groups`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WithGroupsArgs {
+    /// IPv4 multicast groups to join, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub groups: Vec<std::net::Ipv4Addr>,
+    /// Local IPv4 address to join on (default: ROCEBUS_GUEST_ADDR or the device's IPv4 GID).
+    #[arg(long)]
+    pub addr: Option<IpAddr>,
+    /// The command to run while the groups are joined.
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
+/// `with-groups`: runs a command while `groups` are joined at the IP level
+/// on the RDMA device's address (with eth0's egress sunk in a one-host
+/// guest, see [`sink`]), and exits with its status.
+///
+/// perftest's multicast mode (`-g`) attaches its QPs with
+/// `ibv_attach_mcast` alone. On RoCE v2 that does not join the group at the
+/// IP level (rdma_cm joins, which rocebus uses, do), so soft-RoCE's
+/// looped-back multicast is dropped by IP before it reaches the device and
+/// perftest waits forever. Holding an IP membership (a UDP socket's
+/// `IP_ADD_MEMBERSHIP`) for the run puts perftest on the same path as
+/// rocebus: that is what makes `ib_send_lat -c UD -g` the like-for-like
+/// baseline of `md-latency`.
+pub fn with_groups(args: &WithGroupsArgs) -> Result<std::process::ExitStatus> {
+    let IpAddr::V4(local) = local_ip(args.addr)? else {
+        bail!("with-groups needs an IPv4 address");
+    };
+    let sock = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))
+        .context("binding the membership socket")?;
+    for g in &args.groups {
+        if !g.is_multicast() {
+            bail!("{g} is not an IPv4 multicast group");
+        }
+        sock.join_multicast_v4(g, &local)
+            .with_context(|| format!("joining {g} on {local}"))?;
+    }
+    let _sink = sink(false);
+    let (prog, rest) = args.cmd.split_first().context("no command given")?;
+    let status = std::process::Command::new(prog)
+        .args(rest)
+        .status()
+        .with_context(|| format!("running {prog}"))?;
+    drop(sock);
+    Ok(status)
 }
 
 fn config(groups: &[(u16, &str, u16)], args: &MdArgs) -> Result<McastConfig> {
@@ -303,6 +360,9 @@ pub fn latency(args: &MdArgs) -> Result<()> {
     let warmup = (n / 10).max(100);
     let _sink = sink(args.no_sink);
     let ip = local_ip(args.addr)?;
+    if args.raw {
+        return raw_latency(args, ip, n, warmup);
+    }
     let cfg = config(
         &[(1, "239.9.2.1", args.port), (2, "239.9.2.2", args.port + 1)],
         args,
@@ -320,17 +380,19 @@ pub fn latency(args: &MdArgs) -> Result<()> {
         let mut snap = Seq(0);
         let mut echoed = 0;
         let mut msg = vec![0u8; size];
+        // One clock read per turn, as an application's loop would.
         // ORDERING: Acquire, pairs with the Release store after the last round.
         while !echo_stop.load(Ordering::Acquire) {
-            echo_idle.idle(s1.poll(clock::now(), &mut app)?);
+            let now = clock::now();
+            echo_idle.idle(s1.poll(now, &mut app)?);
             if app.next > echoed + 1 {
                 echoed = app.next - 1;
                 msg[..16].copy_from_slice(&app.last);
-                p2.publish(clock::now(), &msg)?;
+                p2.publish(now, &msg)?;
                 snap.0 += 1;
-                p2.flush(clock::now())?;
+                p2.flush(now)?;
             }
-            p2.poll(clock::now(), &snap)?;
+            p2.poll(now, &snap)?;
         }
         Ok(())
     });
@@ -352,12 +414,13 @@ pub fn latency(args: &MdArgs) -> Result<()> {
         p1.flush(t0)?;
         let deadline = t0 + 5_000_000_000;
         loop {
-            idle.idle(s2.poll(clock::now(), &mut app)?);
+            let now = clock::now();
+            idle.idle(s2.poll(now, &mut app)?);
             if app.next > i && u64::from_le_bytes(app.last[..8].try_into()?) == i {
                 break;
             }
-            p1.poll(clock::now(), &snap)?;
-            if clock::now() > deadline {
+            p1.poll(now, &snap)?;
+            if now > deadline {
                 bail!("round trip {i} got no echo within 5 s: {:?}", s2.counters());
             }
         }
@@ -376,6 +439,147 @@ pub fn latency(args: &MdArgs) -> Result<()> {
         args.size
     );
     println!("subscriber: {:?}", s2.counters());
+    println!(
+        "RESULT p50_ns={} p90_ns={} p99_ns={} p999_ns={} max_ns={} count={}",
+        s.p50_ns, s.p90_ns, s.p99_ns, s.p999_ns, s.max_ns, s.count
+    );
+    Ok(())
+}
+
+/// One side of the raw ping-pong: a UD QP attached to `rx_group`, sending
+/// to `tx_group`.
+struct RawSide {
+    qp: PooledQp,
+    ah: rocebus::verbs::AddressHandle,
+    qpn: u32,
+    qkey: u32,
+    _rx: rocebus::verbs::cm::McastMembership,
+    _tx: rocebus::verbs::cm::McastMembership,
+}
+
+impl RawSide {
+    fn new(ip: IpAddr, rx_group: &str, tx_group: &str) -> Result<Self> {
+        use rocebus::verbs::cm::McastMembership;
+        let ctx = RdmaContext::open_for_ip(ip)?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let timeout = Duration::from_secs(5);
+        let rx = McastMembership::join(ip, rx_group.parse()?, false, timeout)?;
+        let tx = McastMembership::join(ip, tx_group.parse()?, false, timeout)?;
+        let mut qp = PooledQp::new(
+            &pd,
+            QpType::Ud,
+            PoolConfig {
+                recv_slots: 256,
+                recv_len: 1024,
+                recv_batch: 16,
+                recv_low_water: 32,
+                send_slots: 64,
+                send_len: 1024,
+                signal_every: 16,
+                dests_per_send: 1,
+            },
+        )?;
+        qp.qp().activate_ud(rx.port_num(), rx.qkey(), 0)?;
+        rx.attach(qp.qp())?;
+        qp.post_receives()?;
+        Ok(RawSide {
+            qp,
+            ah: tx.address_handle(&pd)?,
+            qpn: tx.remote_qpn(),
+            qkey: tx.qkey(),
+            _rx: rx,
+            _tx: tx,
+        })
+    }
+
+    /// Takes what arrived; returns the first 8 bytes of the last datagram.
+    fn recv(&mut self) -> Result<Option<u64>> {
+        let mut last = None;
+        self.qp.poll_recv(|b| {
+            if b.len() >= 8 {
+                last = Some(u64::from_le_bytes(b[..8].try_into().unwrap_or_default()));
+            }
+        })?;
+        Ok(last)
+    }
+
+    fn send(&mut self, msg: &[u8]) -> Result<()> {
+        let dest = [Dest::Ud {
+            ah: &self.ah,
+            qpn: self.qpn,
+            qkey: self.qkey,
+        }];
+        while !self.qp.send(msg, &dest)? {}
+        self.qp.poll_send()?;
+        Ok(())
+    }
+}
+
+/// `md-latency --raw`: see [`MdArgs::raw`].
+fn raw_latency(args: &MdArgs, ip: IpAddr, n: u64, warmup: u64) -> Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (echo_stop, cores, size) = (stop.clone(), args.cores.clone(), args.size);
+    let mut echo_idle = idler(args);
+    let echo = std::thread::spawn(move || -> Result<()> {
+        pin(&cores, 1);
+        let mut side = RawSide::new(ip, "239.9.2.1", "239.9.2.2")?;
+        let mut msg = vec![0u8; size];
+        // ORDERING: Acquire, pairs with the Release store after the last round.
+        while !echo_stop.load(Ordering::Acquire) {
+            let got = side.recv()?;
+            echo_idle.idle(got.is_some() as usize);
+            if let Some(i) = got {
+                msg[..8].copy_from_slice(&i.to_le_bytes());
+                side.send(&msg)?;
+            }
+        }
+        Ok(())
+    });
+    pin(&args.cores, 0);
+    let mut side = RawSide::new(ip, "239.9.2.2", "239.9.2.1")?;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut msg = vec![0u8; args.size];
+    let mut idle = idler(args);
+    // The echo side joins and attaches in its own time: ping until answered.
+    let start = clock::now();
+    let mut i = 0u64;
+    while i < warmup + n {
+        i += 1;
+        let t0 = clock::now();
+        msg[..8].copy_from_slice(&i.to_le_bytes());
+        side.send(&msg)?;
+        let resend = t0 + 100_000_000;
+        let answered = loop {
+            let got = side.recv()?;
+            idle.idle(got.is_some() as usize);
+            if got == Some(i) {
+                break true;
+            }
+            if clock::now() > resend {
+                break false;
+            }
+        };
+        if !answered {
+            if i > 1 || clock::now() - start > 10_000_000_000 {
+                bail!("raw round trip {i} got no echo within 100 ms");
+            }
+            i -= 1;
+            continue;
+        }
+        let rtt = clock::now() - t0;
+        if i > warmup {
+            hist.record((rtt / 2).max(1))?;
+        }
+    }
+    // ORDERING: Release, pairs with the echo thread's Acquire load.
+    stop.store(true, Ordering::Release);
+    echo.join()
+        .map_err(|_| anyhow::anyhow!("echo thread panicked"))??;
+    let s = Summary::of(&hist);
+    println!(
+        "md-latency --raw: {} B, {n} round trips of bare UD multicast datagrams over two groups (RTT/2)\n{s:?}",
+        args.size
+    );
     println!(
         "RESULT p50_ns={} p90_ns={} p99_ns={} p999_ns={} max_ns={} count={}",
         s.p50_ns, s.p90_ns, s.p99_ns, s.p999_ns, s.max_ns, s.count

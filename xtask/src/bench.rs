@@ -25,8 +25,35 @@ struct Spec {
     /// perftest tool and its extra arguments.
     perftest: &'static str,
     perftest_extra: &'static str,
+    /// Extra arguments of perftest's server and client alone (e.g. the
+    /// multicast group each side listens on).
+    perftest_server: &'static str,
+    perftest_client: &'static str,
+    /// Multicast groups held joined at the IP level while perftest runs
+    /// (`rocebus-bench with-groups`); empty for none.
+    ip_groups: &'static str,
+    /// A second perftest run per round with these arguments instead of the
+    /// extra, server and client ones, reported for reference beside the
+    /// main ratio.
+    reference: Option<&'static str>,
     default_iterations: u64,
 }
+
+/// Only the first three fields differ between most benchmarks.
+const BASE: Spec = Spec {
+    name: "",
+    kind: Kind::Latency,
+    ours: "",
+    sized: true,
+    ours_extra: "",
+    perftest: "",
+    perftest_extra: "",
+    perftest_server: "",
+    perftest_client: "",
+    ip_groups: "",
+    reference: None,
+    default_iterations: 5000,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -37,55 +64,115 @@ enum Kind {
 const SPECS: &[Spec] = &[
     Spec {
         name: "rc-latency",
-        kind: Kind::Latency,
         ours: "rc-latency",
-        sized: true,
         ours_extra: "--cores 0,1",
         perftest: "ib_write_lat",
-        perftest_extra: "",
-        default_iterations: 5000,
+        ..BASE
     },
     Spec {
         name: "rc-throughput",
         kind: Kind::Throughput,
         ours: "rc-throughput",
-        sized: true,
-        ours_extra: "",
         perftest: "ib_write_bw",
-        perftest_extra: "",
         default_iterations: 200_000,
+        ..BASE
     },
     Spec {
         name: "md-throughput",
         kind: Kind::Throughput,
         ours: "md-throughput",
-        sized: true,
-        ours_extra: "",
         perftest: "ib_send_bw",
         perftest_extra: "-c UD",
         default_iterations: 200_000,
+        ..BASE
     },
+    // Like rocebus, perftest ping-pongs over two multicast groups: the
+    // server listens on 239.9.4.1 and answers to the client's 239.9.4.2
+    // (perftest's -M takes the MGID as 16 decimal bytes; these are the
+    // IPv4-mapped groups). Unicast UD, which soft-RoCE hands to the receiver
+    // through a direct loopback instead of the kernel's multicast path, is
+    // run beside it for reference.
     Spec {
         name: "md-latency",
-        kind: Kind::Latency,
         ours: "md-latency",
-        sized: true,
-        ours_extra: "",
         perftest: "ib_send_lat",
-        perftest_extra: "-c UD",
-        default_iterations: 5000,
+        perftest_extra: "-c UD -g",
+        perftest_server: "-M 0:0:0:0:0:0:0:0:0:0:255:255:239:9:4:1",
+        perftest_client: "-M 0:0:0:0:0:0:0:0:0:0:255:255:239:9:4:2",
+        ip_groups: "239.9.4.1,239.9.4.2",
+        reference: Some("-c UD"),
+        ..BASE
     },
     Spec {
         name: "gateway-rtt",
-        kind: Kind::Latency,
         ours: "gateway-rtt",
         sized: false,
-        ours_extra: "",
         perftest: "ib_write_lat",
-        perftest_extra: "",
-        default_iterations: 5000,
+        ..BASE
     },
 ];
+
+/// Which run a block of the guest's output belongs to.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Ours = 0,
+    Perftest = 1,
+    Reference = 2,
+}
+
+/// The shell lines of one perftest round: the server in the background, the
+/// client retried until the server listens, each under `timeout`.
+fn perftest_pair(tool: &str, common: &str, server: &str, client: &str) -> String {
+    format!(
+        "timeout 300 {tool} -d $dev -x $gid {common} {server} >/tmp/perftest-server.txt 2>&1 &\n\
+         for t in 1 2 3 4 5 6 7 8 9 10; do sleep 1; timeout 300 {tool} -d $dev -x $gid {common} {client} $addr && break; done\n\
+         wait\n"
+    )
+}
+
+/// Prints each round's figures; returns the per-round p50 (or rate) and p99
+/// ratios of ours to theirs.
+fn compare(
+    kind: Kind,
+    ours: &[Option<Figures>],
+    theirs: &[Option<Figures>],
+    label: &str,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut ratios50 = Vec::new();
+    let mut ratios99 = Vec::new();
+    for (i, (o, p)) in ours.iter().zip(theirs.iter()).enumerate() {
+        match (kind, o, p) {
+            (Kind::Latency, Some(o), Some(p)) => {
+                println!(
+                    "  round {}: rocebus p50 {:8.2} us p99 {:9.2} us | {label} p50 {:8.2} us p99 {:9.2} us",
+                    i + 1,
+                    o.p50_us,
+                    o.p99_us,
+                    p.p50_us,
+                    p.p99_us
+                );
+                ratios50.push(o.p50_us / p.p50_us);
+                ratios99.push(o.p99_us / p.p99_us);
+            }
+            (Kind::Throughput, Some(o), Some(p)) => {
+                println!(
+                    "  round {}: rocebus {:10.0} msg/s | {label} {:10.0} msg/s",
+                    i + 1,
+                    o.rate,
+                    p.rate
+                );
+                ratios50.push(o.rate / p.rate);
+            }
+            _ => println!(
+                "  round {}: missing (rocebus {:?}, {label} {:?})",
+                i + 1,
+                o.is_some(),
+                p.is_some()
+            ),
+        }
+    }
+    (ratios50, ratios99)
+}
 
 /// Names of the benchmarks.
 pub fn names() -> Vec<&'static str> {
@@ -190,13 +277,13 @@ pub fn run(
     let exe = target.join("release/rocebus-bench").canonicalize()?;
     // Each side runs under `timeout`: perftest occasionally hangs under
     // emulation; a hung round is reported as missing, not waited for.
+    let exe_q = vm::shell_quote(&exe.display().to_string());
     let mut script = String::from(
-        "dev=${ROCEBUS_RDMA_DEVICE:-rxe0}; gid=${ROCEBUS_GID_INDEX:-1}; addr=${ROCEBUS_GUEST_ADDR:?}\n",
+        "dev=${ROCEBUS_RDMA_DEVICE:-rxe0}; gid=${ROCEBUS_GID_INDEX:-1}; addr=${ROCEBUS_GUEST_ADDR:?}\nexport dev gid addr\n",
     );
     for r in 1..=rounds {
         script.push_str(&format!(
-            "echo '@@ours {r}'\ntimeout 300 {exe} {ours} {sz} -n {n} {extra}\n",
-            exe = vm::shell_quote(&exe.display().to_string()),
+            "echo '@@ours {r}'\ntimeout 300 {exe_q} {ours} {sz} -n {n} {extra}\n",
             ours = spec.ours,
             sz = if spec.sized {
                 format!("-s {size}")
@@ -205,11 +292,31 @@ pub fn run(
             },
             extra = spec.ours_extra
         ));
-        script.push_str(&format!(
-            "echo '@@perftest {r}'\ntimeout 300 {pt} -d $dev -x $gid -s {size} -n {n} -F {ex} >/tmp/perftest-server.txt 2>&1 &\nfor t in 1 2 3 4 5 6 7 8 9 10; do sleep 1; timeout 300 {pt} -d $dev -x $gid -s {size} -n {n} -F {ex} $addr && break; done\nwait\n",
-            pt = spec.perftest,
-            ex = spec.perftest_extra
-        ));
+        let main = perftest_pair(
+            spec.perftest,
+            &format!("-s {size} -n {n} -F {}", spec.perftest_extra),
+            spec.perftest_server,
+            spec.perftest_client,
+        );
+        script.push_str(&format!("echo '@@perftest {r}'\n"));
+        if spec.ip_groups.is_empty() {
+            script.push_str(&main);
+        } else {
+            script.push_str(&format!(
+                "{exe_q} with-groups --groups {} -- sh -c {}\n",
+                spec.ip_groups,
+                vm::shell_quote(&main)
+            ));
+        }
+        if let Some(reference) = spec.reference {
+            script.push_str(&format!("echo '@@reference {r}'\n"));
+            script.push_str(&perftest_pair(
+                spec.perftest,
+                &format!("-s {size} -n {n} -F {reference}"),
+                "",
+                "",
+            ));
+        }
     }
     let out = if std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some()) {
         eprintln!("== this host has an RDMA device: running natively");
@@ -230,62 +337,55 @@ pub fn run(
         vm::run(&img, root, &script, &opts)?.output.swap_remove(0)
     };
     // Split the output by round markers.
-    let mut ours = Vec::new();
-    let mut theirs = Vec::new();
-    let mut current: Option<(bool, Vec<String>)> = None;
-    let mut flush = |c: Option<(bool, Vec<String>)>| {
-        if let Some((is_ours, lines)) = c {
-            if is_ours {
-                ours.push(parse_ours(&lines));
-            } else {
-                theirs.push(parse_perftest(&lines, spec.kind));
-            }
+    let mut runs: [Vec<Option<Figures>>; 3] = Default::default();
+    let mut current: Option<(Side, Vec<String>)> = None;
+    let mut flush = |c: Option<(Side, Vec<String>)>| {
+        if let Some((side, lines)) = c {
+            runs[side as usize].push(match side {
+                Side::Ours => parse_ours(&lines),
+                Side::Perftest | Side::Reference => parse_perftest(&lines, spec.kind),
+            });
         }
     };
     for l in out {
         if let Some(rest) = l.strip_prefix("@@") {
             flush(current.take());
-            current = Some((rest.starts_with("ours"), Vec::new()));
+            let side = if rest.starts_with("ours") {
+                Side::Ours
+            } else if rest.starts_with("reference") {
+                Side::Reference
+            } else {
+                Side::Perftest
+            };
+            current = Some((side, Vec::new()));
         } else if let Some((_, v)) = current.as_mut() {
             v.push(l);
         }
     }
     flush(current.take());
+    let [ours, theirs, reference] = runs;
     println!();
     println!("{name}: {rounds} alternating rounds, {size} B, {n} iterations (soft-RoCE; ratios only are meaningful)");
-    let mut ratios50 = Vec::new();
-    let mut ratios99 = Vec::new();
-    for (i, (o, p)) in ours.iter().zip(theirs.iter()).enumerate() {
-        match (spec.kind, o, p) {
-            (Kind::Latency, Some(o), Some(p)) => {
-                println!(
-                    "  round {}: rocebus p50 {:8.2} us p99 {:9.2} us | {} p50 {:8.2} us p99 {:9.2} us",
-                    i + 1,
-                    o.p50_us,
-                    o.p99_us,
-                    spec.perftest,
-                    p.p50_us,
-                    p.p99_us
-                );
-                ratios50.push(o.p50_us / p.p50_us);
-                ratios99.push(o.p99_us / p.p99_us);
+    let label = format!("{} {}", spec.perftest, spec.perftest_extra);
+    let (ratios50, ratios99) = compare(spec.kind, &ours, &theirs, &label);
+    if let Some(r) = spec.reference {
+        let label = format!("{} {r}", spec.perftest);
+        println!("  for reference, against {label}:");
+        let (r50, r99) = compare(spec.kind, &ours, &reference, &label);
+        if !r50.is_empty() {
+            match spec.kind {
+                Kind::Latency => println!(
+                    "{name} against {label} (reference): p50 ratio {:.2}, p99 ratio {:.2}",
+                    median(r50),
+                    median(r99)
+                ),
+                Kind::Throughput => {
+                    println!(
+                        "{name} against {label} (reference): ratio {:.2}",
+                        median(r50)
+                    )
+                }
             }
-            (Kind::Throughput, Some(o), Some(p)) => {
-                println!(
-                    "  round {}: rocebus {:10.0} msg/s | {} {:10.0} msg/s",
-                    i + 1,
-                    o.rate,
-                    spec.perftest,
-                    p.rate
-                );
-                ratios50.push(o.rate / p.rate);
-            }
-            _ => println!(
-                "  round {}: missing (rocebus {:?}, perftest {:?})",
-                i + 1,
-                o.is_some(),
-                p.is_some()
-            ),
         }
     }
     if ratios50.is_empty() {
@@ -321,6 +421,28 @@ mod tests {
             " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 64         200000           0.00               0.62   \t\t   0.010215\n",
         );
         assert!((parse_perftest(&bw, Kind::Throughput).unwrap().rate - 10215.0).abs() < 1e-6);
+    }
+
+    /// perftest's -M takes 16 decimal bytes; the IPv4-mapped groups in the
+    /// server and client arguments must be the ones held joined.
+    #[test]
+    fn md_latency_mgids_are_the_joined_groups() {
+        let spec = SPECS.iter().find(|s| s.name == "md-latency").unwrap();
+        let group = |args: &str| {
+            let bytes: Vec<u8> = args
+                .strip_prefix("-M ")
+                .unwrap()
+                .split(':')
+                .map(|b| b.parse().unwrap())
+                .collect();
+            assert_eq!(bytes.len(), 16);
+            assert_eq!(&bytes[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255]);
+            format!("{}.{}.{}.{}", bytes[12], bytes[13], bytes[14], bytes[15])
+        };
+        let (srv, cli) = (group(spec.perftest_server), group(spec.perftest_client));
+        assert_ne!(srv, cli, "one group per direction, as in rocebus's harness");
+        assert_eq!(spec.ip_groups, format!("{srv},{cli}"));
+        assert!(spec.perftest_extra.contains("-g"));
     }
 
     #[test]
