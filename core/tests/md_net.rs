@@ -324,7 +324,11 @@ fn run_subscriber(
         s.poll(now_ns(), &mut book).expect("subscriber poll");
     }
     let counters = s.counters();
-    eprintln!("subscriber {ip}: {counters:?} {:?}", s.io_stats());
+    eprintln!(
+        "subscriber {ip}: lines {:?} {counters:?} {:?}",
+        s.line_groups(),
+        s.io_stats()
+    );
     // The counters as `rocebus stat` would see them.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("md.counters");
@@ -668,7 +672,14 @@ fn expected(total: u64) -> Book {
 
 /// Two guests: guest 0 publishes `total` messages and serves recovery until
 /// the subscriber disconnects; guest 1 subscribes and returns what it saw.
-fn two_hosts(cfg: McastConfig, total: u64, setup: impl FnOnce()) -> Option<SubResult> {
+/// Guest 0 publishes (after `setup`, then `check`), guest 1 subscribes and
+/// returns what it got.
+fn two_hosts(
+    cfg: McastConfig,
+    total: u64,
+    setup: impl FnOnce(),
+    check: impl FnOnce(),
+) -> Option<SubResult> {
     if guest_index() == 0 {
         setup();
         let (book, p) = run_publisher(
@@ -686,6 +697,7 @@ fn two_hosts(cfg: McastConfig, total: u64, setup: impl FnOnce()) -> Option<SubRe
         );
         assert_eq!(book.digest(), expected(total).digest());
         eprintln!("publisher: {:?} {:?}", p.state().counters(), p.io_stats());
+        check();
         None
     } else {
         let r = run_subscriber(
@@ -705,7 +717,7 @@ fn two_hosts(cfg: McastConfig, total: u64, setup: impl FnOnce()) -> Option<SubRe
 /// the recovery counters reflect the loss.
 fn lossy_two_hosts(total: u64, group: &str, port: u16, min_pct: f64, max_pct: f64) {
     let cfg = config(group, None, port, 16384);
-    let Some(r) = two_hosts(cfg, total, || {}) else {
+    let Some(r) = two_hosts(cfg, total, || {}, || {}) else {
         return;
     };
     assert_lossless(&r, &expected(total), total);
@@ -745,7 +757,7 @@ fn rdma_md_two_hosts_loss10pct_exactly_once_in_order() {
 fn rdma_md_two_hosts_loss10pct_history_too_small_resyncs() {
     let total = 30_000;
     let cfg = config("239.7.6.1", None, 7606, 4);
-    let Some(r) = two_hosts(cfg, total, || {}) else {
+    let Some(r) = two_hosts(cfg, total, || {}, || {}) else {
         return;
     };
     assert_eq!(r.book.order_errors, 0);
@@ -789,6 +801,38 @@ fn rdma_md_two_hosts_loss10pct_history_too_small_resyncs() {
 }
 
 /// Runs `tc` in the guest, failing the test on error.
+/// (packets sent, packets dropped) of the netem qdisc with this handle on
+/// eth0, from `tc -s qdisc show`.
+fn netem_stats(handle: &str) -> (u64, u64) {
+    let out = std::process::Command::new("tc")
+        .args(["-s", "qdisc", "show", "dev", "eth0"])
+        .output()
+        .expect("run tc");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    let mut lines = text.lines();
+    while let Some(l) = lines.next() {
+        if l.starts_with("qdisc netem") && l.split_whitespace().nth(2) == Some(handle) {
+            // " Sent 949204 bytes 1868 pkt (dropped 802, overlimits 0 ...)"
+            let stats: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+            let num = |key: &str| {
+                stats
+                    .iter()
+                    .position(|w| *w == key)
+                    .and_then(|i| stats.get(i + 1))
+                    .map(|w| w.trim_end_matches(',').parse().expect("a count"))
+            };
+            let sent = stats
+                .iter()
+                .position(|w| *w == "pkt")
+                .and_then(|i| stats.get(i.checked_sub(1)?))
+                .map_or(0, |w| w.parse().expect("a count"));
+            return (sent, num("(dropped").unwrap_or(0));
+        }
+    }
+    panic!("no netem qdisc {handle} on eth0:\n{text}");
+}
+
 fn tc(args: &str) {
     let st = std::process::Command::new("tc")
         .args(args.split_whitespace())
@@ -851,28 +895,57 @@ fn rdma_md_two_hosts_ab_line_a_30pct_line_b_1pct_zero_loss() {
     let total = 60_000;
     let (a, b) = ("239.7.7.1", "239.7.7.2");
     let cfg = config(a, Some(b), 7607, 16384);
-    let Some(r) = two_hosts(cfg, total, || {
-        load_sched_modules();
-        tc("qdisc add dev eth0 root handle 1: prio bands 4 priomap 3 3 3 3 3 3 3 3 3 3 3 3 3 3 3 3");
-        tc("qdisc add dev eth0 parent 1:1 handle 10: netem loss 30%");
-        tc("qdisc add dev eth0 parent 1:2 handle 20: netem loss 1%");
-        tc(&format!(
+    let Some(r) = two_hosts(
+        cfg,
+        total,
+        || {
+            load_sched_modules();
+            tc("qdisc add dev eth0 root handle 1: prio bands 4 priomap 3 3 3 3 3 3 3 3 3 3 3 3 3 3 3 3");
+            tc("qdisc add dev eth0 parent 1:1 handle 10: netem loss 30%");
+            tc("qdisc add dev eth0 parent 1:2 handle 20: netem loss 1%");
+            tc(&format!(
             "filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst {a}/32 flowid 1:1"
         ));
-        tc(&format!(
+            tc(&format!(
             "filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst {b}/32 flowid 1:2"
         ));
-    }) else {
+        },
+        || {
+            // The loss is what it claims at the publisher's egress: A's netem
+            // dropped about 30% of its packets, B's about 1%.
+            let (a_sent, a_dropped) = netem_stats("10:");
+            let (b_sent, b_dropped) = netem_stats("20:");
+            let pct = |d: u64, s: u64| d as f64 * 100.0 / (d + s).max(1) as f64;
+            let (pa, pb) = (pct(a_dropped, a_sent), pct(b_dropped, b_sent));
+            eprintln!("publisher egress: line A dropped {pa:.1}%, line B {pb:.1}%");
+            assert!((20.0..40.0).contains(&pa), "line A dropped {pa:.1}%");
+            assert!(
+                pb < 5.0 && a_sent > 0 && b_sent > 0,
+                "line B dropped {pb:.1}%"
+            );
+        },
+    ) else {
         return;
     };
     assert_lossless(&r, &expected(total), total);
     let c = r.counters;
-    // A lost about 30%, B about 1%: B received clearly more, both lines
-    // delivered first copies, and the lines (not recovery) carried most of
-    // the stream. Recovery is asked at once when a hole shows on either line,
-    // so it also fetches some datagrams that B delivers moments later.
-    assert!(c.received_a * 10 < c.received_b * 9, "{c:?}");
-    assert!(c.duplicates_a > 0 && c.duplicates_b > 0, "{c:?}");
+    // Both lines delivered first copies (B those A lost), the later copies
+    // were dropped as duplicates, and the lines (not recovery) carried most
+    // of the stream. Recovery is asked at once when a hole shows on either
+    // line, so it also fetches some datagrams that B delivers moments later.
+    // Which line's copy comes second is a race: A's copy, posted first,
+    // usually wins, so duplicates of A alone may be none.
+    //
+    // The per-line loss is checked at the publisher (above), not from what
+    // arrived: between the publisher's qdisc and the subscriber's queue
+    // pairs (the emulated link, the subscriber guest's receive path) a
+    // further 25-50% of both lines is lost in bursts, which at times has
+    // left the two lines' received counts equal.
+    assert!(
+        c.received_a > c.duplicates_a && c.received_b > c.duplicates_b,
+        "{c:?}"
+    );
+    assert!(c.duplicates_a + c.duplicates_b > 0, "{c:?}");
     assert!(
         c.received_retransmit * 4 < c.received_a + c.received_b,
         "{c:?}"

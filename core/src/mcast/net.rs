@@ -83,6 +83,15 @@ pub enum NetError {
     /// A buffer pool failed (including failed send completions).
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// Both lines of a channel came out of their joins with the same
+    /// multicast GID: the A/B copies would land on one queue pair twice.
+    #[error("lines A and B of channel {channel} joined the same multicast GID {mgid}")]
+    LinesShareGroup {
+        /// The channel.
+        channel: u16,
+        /// The GID both joins returned.
+        mgid: String,
+    },
 }
 
 /// Why [`McastPublisher::publish`] refused a message.
@@ -619,7 +628,7 @@ pub struct SubscriberIoStats {
 struct LineRx {
     line: Line,
     qp: PooledQp,
-    _membership: McastMembership,
+    membership: McastMembership,
 }
 
 /// The subscriber's recovery connection. Variant fields are dropped in
@@ -720,13 +729,22 @@ impl McastSubscriber {
                     dests_per_send: 1,
                 },
             )?;
+            if lines
+                .first()
+                .is_some_and(|l: &LineRx| l.membership.mgid() == m.mgid())
+            {
+                return Err(NetError::LinesShareGroup {
+                    channel,
+                    mgid: m.mgid().to_string(),
+                });
+            }
             qp.qp().activate_ud(m.port_num(), m.qkey(), 0)?;
             m.attach(qp.qp())?;
             qp.post_receives()?;
             lines.push(LineRx {
                 line,
                 qp,
-                _membership: m,
+                membership: m,
             });
         }
         let publisher = SocketAddr::new(publisher, ch.port);
@@ -754,6 +772,13 @@ impl McastSubscriber {
         })
     }
 
+    /// Each line's multicast GID, as its join returned it.
+    pub fn line_groups(&self) -> ArrayVec<(Line, crate::verbs::Gid), 2> {
+        self.lines
+            .iter()
+            .map(|l| (l.line, l.membership.mgid()))
+            .collect()
+    }
     /// The protocol state.
     pub fn state(&self) -> &SubscriberState {
         &self.state
