@@ -308,9 +308,6 @@ pub fn run(a: &FeedE2eArgs) -> Result<()> {
         app.view.counters(),
         app.unstamped
     );
-    println!(
-        "RESULT p50_ns={} p90_ns={} p99_ns={} p999_ns={} max_ns={} count={}",
-        s.p50_ns, s.p90_ns, s.p99_ns, s.p999_ns, s.max_ns, s.count
-    );
+    println!("{}", s.result_line());
     Ok(())
 }

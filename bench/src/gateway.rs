@@ -217,10 +217,7 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
     if let Some(p) = &a.hgrm {
         write_hgrm_file(p, &hist)?;
     }
-    println!(
-        "RESULT p50_ns={} p90_ns={} p99_ns={} p999_ns={} max_ns={} count={}",
-        sum.p50_ns, sum.p90_ns, sum.p99_ns, sum.p999_ns, sum.max_ns, sum.count
-    );
+    println!("{}", sum.result_line());
     Ok(())
 }
 

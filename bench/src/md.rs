@@ -439,10 +439,7 @@ pub fn latency(args: &MdArgs) -> Result<()> {
         args.size
     );
     println!("subscriber: {:?}", s2.counters());
-    println!(
-        "RESULT p50_ns={} p90_ns={} p99_ns={} p999_ns={} max_ns={} count={}",
-        s.p50_ns, s.p90_ns, s.p99_ns, s.p999_ns, s.max_ns, s.count
-    );
+    println!("{}", s.result_line());
     Ok(())
 }
 
@@ -580,10 +577,7 @@ fn raw_latency(args: &MdArgs, ip: IpAddr, n: u64, warmup: u64) -> Result<()> {
         "md-latency --raw: {} B, {n} round trips of bare UD multicast datagrams over two groups (RTT/2)\n{s:?}",
         args.size
     );
-    println!(
-        "RESULT p50_ns={} p90_ns={} p99_ns={} p999_ns={} max_ns={} count={}",
-        s.p50_ns, s.p90_ns, s.p99_ns, s.p999_ns, s.max_ns, s.count
-    );
+    println!("{}", s.result_line());
     Ok(())
 }
 

@@ -113,6 +113,16 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The machine-readable line a latency harness ends with, which
+    /// `cargo xtask bench` parses: `RESULT p50_ns=.. p90_ns=.. p99_ns=..
+    /// p999_ns=.. max_ns=.. count=..`.
+    pub fn result_line(&self) -> String {
+        format!(
+            "RESULT p50_ns={} p90_ns={} p99_ns={} p999_ns={} max_ns={} count={}",
+            self.p50_ns, self.p90_ns, self.p99_ns, self.p999_ns, self.max_ns, self.count
+        )
+    }
+
     /// Summarises `h` (values in nanoseconds). An empty histogram gives all zeros.
     pub fn of(h: &Histogram<u64>) -> Summary {
         if h.is_empty() {
@@ -709,6 +719,15 @@ mod tests {
             h.record(v).unwrap();
         }
         h
+    }
+
+    #[test]
+    fn result_line_is_what_xtask_bench_parses() {
+        let s = Summary::of(&uniform());
+        assert_eq!(
+            s.result_line(),
+            "RESULT p50_ns=5003 p90_ns=9007 p99_ns=9903 p999_ns=9991 max_ns=10007 count=10000"
+        );
     }
 
     #[test]
