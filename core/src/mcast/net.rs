@@ -35,7 +35,7 @@ use zerocopy::FromBytes;
 use super::config::{ChannelConfig, McastConfig};
 use super::publisher::{ClaimError, Pacer, PublisherState, RetransmitReply};
 use super::snapshot::{encode_snapshot, Handler, Snapshot, SnapshotSink};
-use super::subscriber::{Event, Phase, SubscriberCounters, SubscriberState};
+use super::subscriber::{Event, SubscriberCounters, SubscriberState};
 use super::wire::{self, Line, RecoveryHeader, RecoveryMsg, RECOVERY_HEADER_LEN};
 use crate::verbs::cm::{self, Connection, Listener, McastMembership};
 use crate::verbs::{
@@ -55,6 +55,16 @@ pub const MAX_OUTBOX: usize = 64 << 20;
 const CM_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a recovery connection may take to set up, across polls.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the publisher keeps an accepted connection waiting for
+/// ESTABLISHED. Longer than [`CONNECT_TIMEOUT`]: when the subscriber's RTU
+/// is lost, rdma_cm resends its REP only after the CM response timeout
+/// (about 4 s by default), and a connection dropped before that is
+/// established on the subscriber's side only, a link that takes requests
+/// and never answers.
+const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
+/// A recovery link is dropped and re-established after this many request
+/// timeouts in a row with nothing received over it.
+pub const DEAD_LINK_TIMEOUTS: u64 = 3;
 /// How often connection management (new, closed and half-set-up
 /// connections) is looked at: each look is a system call on the rdma_cm
 /// channel, so not once per loop.
@@ -433,7 +443,7 @@ impl RecoveryServer {
         self.pending.push(PendingConn {
             qp,
             accepting,
-            deadline: now + CONNECT_TIMEOUT.as_nanos() as u64,
+            deadline: now + PENDING_TIMEOUT.as_nanos() as u64,
         });
         Ok(())
     }
@@ -598,7 +608,7 @@ fn serve(
         *out_pos = 0;
     }
     qp.post_staged(&[Dest::Connected])?;
-    qp.reclaim()?;
+    qp.poll_send()?;
     Ok(())
 }
 
@@ -623,6 +633,9 @@ pub struct SubscriberIoStats {
     pub reconnects: u64,
     /// Reconnection attempts that failed (each followed by a longer wait).
     pub reconnect_failures: u64,
+    /// Recovery connections dropped because [`DEAD_LINK_TIMEOUTS`] requests
+    /// in a row went unanswered (counted in `connections_lost` too).
+    pub unanswered_links: u64,
 }
 
 struct LineRx {
@@ -683,8 +696,11 @@ pub struct McastSubscriber {
     link: Link,
     reconnect: Reconnect,
     stats: SubscriberIoStats,
-    /// Polls since the recovery CQ was last looked at (see `poll`).
-    rc_idle_polls: u32,
+    /// Request timeouts in a row with nothing received over the link, and
+    /// the counters they were last compared with.
+    silent_timeouts: u64,
+    seen_timeouts: u64,
+    seen_answers: u64,
 }
 
 impl std::fmt::Debug for McastSubscriber {
@@ -768,7 +784,9 @@ impl McastSubscriber {
                 next_check: 0,
             },
             stats: SubscriberIoStats::default(),
-            rc_idle_polls: 0,
+            silent_timeouts: 0,
+            seen_timeouts: 0,
+            seen_answers: 0,
         })
     }
 
@@ -838,16 +856,7 @@ impl McastSubscriber {
             taken += r.received;
         }
         let mut link_ok = true;
-        // The recovery service only answers requests: while none is out
-        // (and no snapshot is awaited) its CQ is looked at once every
-        // RECLAIM_IDLE_POLLS polls (late answers, a failed link), so the
-        // live path does not pay a CQ poll per turn.
-        let awaiting = state.outstanding() > 0 || state.phase() == Phase::Resyncing;
-        self.rc_idle_polls += 1;
-        if awaiting || self.rc_idle_polls >= crate::verbs::pool::RECLAIM_IDLE_POLLS {
-            self.rc_idle_polls = 0;
-        }
-        if let (Link::Up { rc, .. }, 0) = (&mut self.link, self.rc_idle_polls) {
+        if let Link::Up { rc, .. } = &mut self.link {
             match rc.poll_recv(|bytes| state.on_recovery(now, bytes, app)) {
                 Ok(r) => {
                     self.stats.recovery_messages += r.received as u64;
@@ -858,6 +867,26 @@ impl McastSubscriber {
         }
         if state.poll_timeout().is_some_and(|t| t <= now) {
             state.handle_timeout(now);
+        }
+        // A link that takes requests but never answers (the publisher's end
+        // is gone without a disconnect reaching us) is dead: after
+        // DEAD_LINK_TIMEOUTS rounds of timeouts in a row with nothing
+        // received, drop it and reconnect.
+        let timeouts = state.counters().timeouts;
+        if self.stats.recovery_messages != self.seen_answers
+            || !matches!(self.link, Link::Up { .. })
+        {
+            self.seen_answers = self.stats.recovery_messages;
+            self.silent_timeouts = 0;
+        }
+        if timeouts != self.seen_timeouts {
+            self.seen_timeouts = timeouts;
+            self.silent_timeouts += 1;
+            if self.silent_timeouts >= DEAD_LINK_TIMEOUTS {
+                self.silent_timeouts = 0;
+                self.stats.unanswered_links += 1;
+                link_ok = false;
+            }
         }
         if let Link::Up { rc, .. } = &mut self.link {
             link_ok &= send_requests(rc, state, &mut self.stats).is_ok();
@@ -960,7 +989,7 @@ fn send_requests(
     if staged {
         rc.post_staged(&[Dest::Connected])?;
     }
-    rc.reclaim()?;
+    rc.poll_send()?;
     Ok(())
 }
 
