@@ -424,15 +424,11 @@ pub fn latency(args: &MdArgs) -> Result<()> {
                 bail!("round trip {i} got no echo within 5 s: {:?}", s2.counters());
             }
         }
-        let rtt = clock::now() - t0;
         if i > warmup {
-            hist.record((rtt / 2).max(1))?;
+            record_one_way(&mut hist, t0)?;
         }
     }
-    // ORDERING: Release, pairs with the echo thread's Acquire load.
-    stop.store(true, Ordering::Release);
-    echo.join()
-        .map_err(|_| anyhow::anyhow!("echo thread panicked"))??;
+    stop_echo(&stop, echo)?;
     let s = Summary::of(&hist);
     println!(
         "md-latency: {} B, {n} round trips over two multicast groups, publish-to-handler (RTT/2)\n{s:?}",
@@ -441,6 +437,19 @@ pub fn latency(args: &MdArgs) -> Result<()> {
     println!("subscriber: {:?}", s2.counters());
     println!("{}", s.result_line());
     Ok(())
+}
+
+/// Records half the round trip that started at `t0`.
+fn record_one_way(hist: &mut Histogram<u64>, t0: u64) -> Result<()> {
+    Ok(hist.record(((clock::now() - t0) / 2).max(1))?)
+}
+
+/// Ends a ping-pong: tells the echo thread to stop and waits for it.
+fn stop_echo(stop: &AtomicBool, echo: std::thread::JoinHandle<Result<()>>) -> Result<()> {
+    // ORDERING: Release, pairs with the echo thread's Acquire load.
+    stop.store(true, Ordering::Release);
+    echo.join()
+        .map_err(|_| anyhow::anyhow!("echo thread panicked"))?
 }
 
 /// One side of the raw ping-pong: a UD QP attached to `rx_group`, sending
@@ -563,15 +572,11 @@ fn raw_latency(args: &MdArgs, ip: IpAddr, n: u64, warmup: u64) -> Result<()> {
             i -= 1;
             continue;
         }
-        let rtt = clock::now() - t0;
         if i > warmup {
-            hist.record((rtt / 2).max(1))?;
+            record_one_way(&mut hist, t0)?;
         }
     }
-    // ORDERING: Release, pairs with the echo thread's Acquire load.
-    stop.store(true, Ordering::Release);
-    echo.join()
-        .map_err(|_| anyhow::anyhow!("echo thread panicked"))??;
+    stop_echo(&stop, echo)?;
     let s = Summary::of(&hist);
     println!(
         "md-latency --raw: {} B, {n} round trips of bare UD multicast datagrams over two groups (RTT/2)\n{s:?}",

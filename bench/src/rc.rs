@@ -167,15 +167,7 @@ pub fn latency(args: &RcArgs) -> Result<()> {
         "client: {} frames sent, {} received, {} credit writes",
         stats.frames_sent, stats.frames_received, stats.credits_sent
     );
-    println!(
-        "RESULT p50_ns={} p90_ns={} p99_ns={} p999_ns={} max_ns={} count={}",
-        hist.value_at_quantile(0.5),
-        hist.value_at_quantile(0.9),
-        hist.value_at_quantile(0.99),
-        hist.value_at_quantile(0.999),
-        hist.max(),
-        hist.len()
-    );
+    println!("{}", s.result_line());
     Ok(())
 }
 
