@@ -45,7 +45,7 @@ fn mcast(c: &mut Criterion) {
         b.iter(|| {
             p.publish(black_box(&msg)).expect("fits");
             p.flush();
-            let (_, end, bytes) = p.sealed_span_from(sent_upto).expect("just sealed");
+            let (_, end, bytes) = p.sealed_from(sent_upto).expect("just sealed");
             sent_upto = end;
             black_box(bytes);
         })

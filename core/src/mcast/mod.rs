@@ -26,6 +26,12 @@ pub mod subscriber;
 pub mod wire;
 
 pub use net::{now_ns, McastPublisher, McastSubscriber, NetError};
+pub use publisher::{ClaimError, Pacer, PublisherConfig, PublisherState, RetransmitReply};
+pub use snapshot::{Handler, RestoreError, Snapshot, SnapshotSink};
+pub use subscriber::{
+    Event, Phase, Request, SubscriberConfig, SubscriberCounters, SubscriberState,
+};
+pub use wire::{Datagram, Line};
 
 /// A zeroed buffer with every page already faulted in. The publisher's
 /// history and the subscriber's reorder buffer are touched a new page every
@@ -42,9 +48,3 @@ pub(crate) fn prefaulted(len: usize) -> Box<[u8]> {
     }
     buf
 }
-pub use publisher::{ClaimError, Pacer, PublisherConfig, PublisherState, RetransmitReply};
-pub use snapshot::{Handler, RestoreError, Snapshot, SnapshotSink};
-pub use subscriber::{
-    Event, Phase, Request, SubscriberConfig, SubscriberCounters, SubscriberState,
-};
-pub use wire::{Datagram, Line};

@@ -318,7 +318,7 @@ impl McastPublisher {
     /// Stages flushed, unsent datagrams as pacing and the send ring allow;
     /// posts full batches. Errors are left to the next post.
     fn pump(&mut self, now: u64) {
-        while let Some((first, end, bytes)) = self.state.sealed_span_from(self.sent_upto) {
+        while let Some((first, end, bytes)) = self.state.sealed_from(self.sent_upto) {
             if first > self.sent_upto {
                 self.stats.unsent_overwritten += 1;
             }

@@ -181,17 +181,11 @@ impl PublisherState {
     }
 
     /// The first sealed datagram still in the history that ends after `seq`,
-    /// with its first sequence (greater than `seq` if older datagrams were
-    /// overwritten). The I/O layer sends flushed datagrams from here, so a
-    /// paced sender never needs a copy.
-    pub fn sealed_from(&self, seq: u64) -> Option<(u64, &[u8])> {
-        self.sealed_span_from(seq)
-            .map(|(first, _, bytes)| (first, bytes))
-    }
-
-    /// [`sealed_from`](Self::sealed_from) with the datagram's end sequence
-    /// (one past its last message) too: `(first, end, bytes)`.
-    pub fn sealed_span_from(&self, seq: u64) -> Option<(u64, u64, &[u8])> {
+    /// as `(first, end, bytes)`: its first sequence (greater than `seq` if
+    /// older datagrams were overwritten) and one past its last. The I/O
+    /// layer sends flushed datagrams from here, so a paced sender never
+    /// needs a copy.
+    pub fn sealed_from(&self, seq: u64) -> Option<(u64, u64, &[u8])> {
         let idx = self.sealed_index_from(seq)?;
         let (bytes, m) = self.sealed(idx);
         Some((m.first_seq, m.first_seq + u64::from(m.count), bytes))
@@ -524,14 +518,13 @@ mod tests {
         // four sealed ones (seq 7..=18) are kept.
         assert_eq!(out.len(), 6);
         assert_eq!(p.unflushed_seq(), 19);
-        let (first, bytes) = p.sealed_from(1).unwrap();
-        assert_eq!(first, 7, "older datagrams were overwritten");
+        let (first, end, bytes) = p.sealed_from(1).unwrap();
+        assert_eq!((first, end), (7, 10), "older datagrams were overwritten");
         assert_eq!(bytes, &out[2][..]);
         assert_eq!(p.sealed_from(8).unwrap().0, 7);
-        assert_eq!(p.sealed_from(10).unwrap(), (10, &out[3][..]));
-        assert_eq!(p.sealed_span_from(10).unwrap(), (10, 13, &out[3][..]));
+        assert_eq!(p.sealed_from(10).unwrap(), (10, 13, &out[3][..]));
         assert_eq!(
-            p.sealed_span_from(17).unwrap(),
+            p.sealed_from(17).unwrap(),
             (16, 19, &out[5][..]),
             "the newest sealed datagram"
         );
