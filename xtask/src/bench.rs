@@ -39,7 +39,7 @@ struct Spec {
     default_iterations: u64,
 }
 
-/// Only the first three fields differ between most benchmarks.
+/// Defaults; each benchmark overrides what differs.
 const BASE: Spec = Spec {
     name: "",
     kind: Kind::Latency,
@@ -111,6 +111,19 @@ const SPECS: &[Spec] = &[
         ..BASE
     },
 ];
+
+/// `HEAD: p50 ratio X, p99 ratio Y` (latency) or `HEAD: ratio X`
+/// (throughput), from the medians of the per-round ratios.
+fn ratio_line(head: &str, kind: Kind, r50: Vec<f64>, r99: Vec<f64>) -> String {
+    match kind {
+        Kind::Latency => format!(
+            "{head}: p50 ratio {:.2}, p99 ratio {:.2}",
+            median(r50),
+            median(r99)
+        ),
+        Kind::Throughput => format!("{head}: ratio {:.2}", median(r50)),
+    }
+}
 
 /// Which run a block of the guest's output belongs to.
 #[derive(Debug, Clone, Copy)]
@@ -373,32 +386,14 @@ pub fn run(
         println!("  for reference, against {label}:");
         let (r50, r99) = compare(spec.kind, &ours, &reference, &label);
         if !r50.is_empty() {
-            match spec.kind {
-                Kind::Latency => println!(
-                    "{name} against {label} (reference): p50 ratio {:.2}, p99 ratio {:.2}",
-                    median(r50),
-                    median(r99)
-                ),
-                Kind::Throughput => {
-                    println!(
-                        "{name} against {label} (reference): ratio {:.2}",
-                        median(r50)
-                    )
-                }
-            }
+            let head = format!("{name} against {label} (reference)");
+            println!("{}", ratio_line(&head, spec.kind, r50, r99));
         }
     }
     if ratios50.is_empty() {
         bail!("{name}: no round produced figures on both sides");
     }
-    match spec.kind {
-        Kind::Latency => println!(
-            "{name}: p50 ratio {:.2}, p99 ratio {:.2}",
-            median(ratios50),
-            median(ratios99)
-        ),
-        Kind::Throughput => println!("{name}: ratio {:.2}", median(ratios50)),
-    }
+    println!("{}", ratio_line(name, spec.kind, ratios50, ratios99));
     Ok(())
 }
 
