@@ -902,6 +902,7 @@ pub struct OrdersListener {
     listener: Listener,
     cfg: OrdersConfig,
     refused: Cell<u64>,
+    failed_handshakes: Cell<u64>,
 }
 
 impl OrdersListener {
@@ -912,6 +913,7 @@ impl OrdersListener {
             listener: Listener::bind(addr)?,
             cfg,
             refused: Cell::new(0),
+            failed_handshakes: Cell::new(0),
         })
     }
 
@@ -925,9 +927,18 @@ impl OrdersListener {
         self.refused.get()
     }
 
+    /// Accepted requests whose connection handshake then failed: the peer's
+    /// confirmation was lost or late, or it gave up and went away.
+    pub fn failed_handshakes(&self) -> u64 {
+        self.failed_handshakes.get()
+    }
+
     /// Waits up to `timeout` for a peer; `Ok(None)` on timeout. A peer with
     /// a wrong token or handshake is rejected (it gets the reason), counted,
-    /// logged, and waiting goes on.
+    /// logged, and waiting goes on. So does a handshake that fails after the
+    /// request was accepted (on a lossy link the CM's messages can time out);
+    /// the peer sees its connect fail and may retry. Local failures (no
+    /// device, no resources) are returned.
     pub fn accept(&self, timeout: Duration) -> Result<Option<Connection>, OrdersError> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -953,13 +964,23 @@ impl OrdersListener {
             let res = resources(&ctx, &self.cfg)?;
             let mine = hello(&self.cfg, &res.ring);
             let timeout = Duration::from_millis(self.cfg.connect_timeout_ms);
-            let conn = req.accept(
+            let conn = match req.accept(
                 &res.qp,
                 &self.cfg.rc,
                 Access::REMOTE_WRITE,
                 mine.as_bytes(),
                 timeout,
-            )?;
+            ) {
+                Ok(conn) => conn,
+                // Everything here concerns this one request: its id may be
+                // reset by the peer's reject (rdma_accept then fails), or the
+                // confirmation never comes. Local resources were made above.
+                Err(e) => {
+                    self.failed_handshakes.set(self.failed_handshakes.get() + 1);
+                    tracing::warn!(%peer, error = %e, "orders handshake failed; still listening");
+                    continue;
+                }
+            };
             return Connection::from_parts(res, conn, &theirs, &self.cfg).map(Some);
         }
     }

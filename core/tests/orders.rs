@@ -459,6 +459,55 @@ fn rdma_orders_wrong_token_is_refused_and_counted() {
 
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_orders_peer_that_gives_up_mid_handshake_does_not_stop_the_listener() {
+    // The peer's connect times out and its id is destroyed before the
+    // listener gets to the request (what a lost REP or RTU does on a lossy
+    // link). Accepting it fails; the listener counts that and serves the
+    // next peer instead of returning the error.
+    let ip = local_ip();
+    let addr = SocketAddr::new(ip, 7488);
+    let l = OrdersListener::bind(addr, cfg(1 << 16, 1024)).unwrap();
+    match Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_millis(300)) {
+        Err(OrdersError::Verbs(e)) => assert!(e.is_handshake_failure(), "{e}"),
+        other => panic!("nobody accepted yet, but connect gave {other:?}"),
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let h = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        let conn = Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_secs(10))
+            .expect("second peer");
+        conn.publication(1)
+            .offer_and_flush(0, b"after")
+            .expect("an empty ring takes a frame");
+        conn
+    });
+    let conn = l
+        .accept(Duration::from_secs(30))
+        .expect("a failed handshake is not the listener's error")
+        .expect("the second peer");
+    assert_eq!(
+        l.failed_handshakes(),
+        1,
+        "the abandoned request was not counted"
+    );
+    assert_eq!(l.refused(), 0);
+    let mut got = Vec::new();
+    let t = Instant::now();
+    while got.is_empty() {
+        conn.subscription()
+            .poll(|f| got.extend_from_slice(f.payload), 1)
+            .unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no frame from the second peer"
+        );
+    }
+    assert_eq!(got, b"after");
+    drop(h.join().unwrap());
+}
+
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_orders_garbage_from_a_hostile_peer_is_rejected() {
     let ip = local_ip();
     let addr = SocketAddr::new(ip, 7486);

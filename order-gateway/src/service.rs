@@ -233,6 +233,7 @@ struct Counters {
     malformed_engine: Counter,
     malformed_fix: Counter,
     connections_refused: Counter,
+    handshakes_failed: Counter,
 }
 
 impl Counters {
@@ -258,7 +259,7 @@ impl Counters {
                 Table::File(f) => f.allocate_with(label, kind, 0),
                 Table::Local(l) => l.allocate_with(label, kind, 0),
             };
-            // 64 slots for 17 labels under 104 bytes: allocation cannot fail.
+            // 64 slots for 18 labels under 104 bytes: allocation cannot fail.
             r.expect("counter slot")
         };
         use Kind::{Counter as C, Gauge as G};
@@ -280,6 +281,7 @@ impl Counters {
             malformed_engine: alloc("malformed engine frames", C),
             malformed_fix: alloc("malformed fix frames", C),
             connections_refused: alloc("orders connections refused (token)", C),
+            handshakes_failed: alloc("orders connection handshakes failed", C),
         }
     }
 }
@@ -625,6 +627,7 @@ impl<L: VenueLink> Service<L> {
         c.malformed_engine.set(gw.counters().malformed_engine);
         c.malformed_fix.set(gw.counters().malformed_fix);
         c.connections_refused.set(self.listener.refused());
+        c.handshakes_failed.set(self.listener.failed_handshakes());
         // ORDERING: Relaxed; status for supervisors, see `ServiceControl::is_fix_active`.
         self.control.fix_active.store(active, Ordering::Relaxed);
         // ORDERING: Relaxed; as above.

@@ -192,10 +192,12 @@ impl CmEvent {
     fn unexpected(&self, expected: &'static str) -> VerbsError {
         use sys::rdma_cm_event_type::*;
         if self.kind() == RDMA_CM_EVENT_REJECTED {
-            // IB CM reject reasons: 8 invalid service id (nobody listens on
-            // that port), 28 consumer defined (the listener refused; its
-            // reason is in the private data).
+            // IB CM reject reasons: 4 timeout (a CM message went
+            // unanswered through all its retries), 8 invalid service id
+            // (nobody listens on that port), 28 consumer defined (the
+            // listener refused; its reason is in the private data).
             let reason = match self.status() {
+                4 => "the handshake timed out (CM messages lost or unanswered)".to_owned(),
                 8 => "nobody listens on that port".to_owned(),
                 28 => format!(
                     "refused by the listener: {}",
