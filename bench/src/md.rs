@@ -6,7 +6,11 @@
 //! - `md-latency`: publish-to-handler latency by ping-pong over two groups
 //!   (RTT/2, compare `ib_send_lat -c UD -g` over two groups, run under
 //!   `with-groups`; `--raw` ping-pongs bare datagrams on the same verbs
-//!   objects, to split the protocol's cost from the engine's).
+//!   objects, to split the protocol's cost from the engine's). The echo
+//!   publishes its answer from inside its handler, and the round trip ends
+//!   when the originator's handler runs: the time between is the protocol
+//!   and the engine, not the rest of a poll. Both loops idle last, after
+//!   polling their subscriber and publisher, as an agent's duty cycle does.
 //! - `md-recovery`: time to recover one lost datagram (gap detected to the
 //!   missing message delivered), in multiples of a 64-byte RC round trip.
 //!
@@ -241,6 +245,74 @@ impl Snapshot for Seq {
     fn write_snapshot(&self, _: &mut Vec<u8>) {}
 }
 
+/// md-latency's originating handler: a [`Sink`] that also notes when the
+/// handler ran, which is where publish-to-handler ends.
+#[derive(Debug, Default)]
+struct Timed {
+    sink: Sink,
+    at: u64,
+}
+
+impl Handler for Timed {
+    fn on_message(&mut self, seq: u64, msg: &[u8]) {
+        self.at = clock::now();
+        self.sink.on_message(seq, msg);
+    }
+}
+
+impl SnapshotSink for Timed {
+    fn begin_restore(&mut self) {}
+    fn restore_chunk(&mut self, _: &[u8]) -> Result<(), RestoreError> {
+        Ok(())
+    }
+    fn finish_restore(&mut self, seq: u64) -> Result<(), RestoreError> {
+        self.sink.finish_restore(seq)
+    }
+}
+
+/// md-latency's echo handler: publishes the message's first 16 bytes back
+/// on its own channel from inside the handler.
+struct Echo {
+    p: McastPublisher,
+    snap: Seq,
+    msg: Vec<u8>,
+    next: u64,
+    err: Option<anyhow::Error>,
+}
+
+impl Handler for Echo {
+    fn on_message(&mut self, seq: u64, msg: &[u8]) {
+        self.next = seq + 1;
+        if self.err.is_some() {
+            return;
+        }
+        let n = msg.len().min(16);
+        self.msg[..n].copy_from_slice(&msg[..n]);
+        let now = clock::now();
+        let sent = match self.p.publish(now, &self.msg) {
+            Ok(_) => {
+                self.snap.0 += 1;
+                self.p.flush(now).map_err(anyhow::Error::from)
+            }
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = sent {
+            self.err = Some(e);
+        }
+    }
+}
+
+impl SnapshotSink for Echo {
+    fn begin_restore(&mut self) {}
+    fn restore_chunk(&mut self, _: &[u8]) -> Result<(), RestoreError> {
+        Ok(())
+    }
+    fn finish_restore(&mut self, seq: u64) -> Result<(), RestoreError> {
+        self.next = seq + 1;
+        Ok(())
+    }
+}
+
 fn subscribe(cfg: &McastConfig, channel: u16, ip: IpAddr) -> Result<McastSubscriber> {
     let t = std::time::Instant::now();
     loop {
@@ -371,28 +443,31 @@ pub fn latency(args: &MdArgs) -> Result<()> {
     let (echo_cfg, echo_stop, cores, size) =
         (cfg.clone(), stop.clone(), args.cores.clone(), args.size);
     let mut echo_idle = idler(args);
-    // The echo side: every message on channel 1 goes back on channel 2.
+    // The echo side: every message on channel 1 goes back on channel 2,
+    // published from inside the handler as a strategy reacting to market
+    // data would.
     let echo = std::thread::spawn(move || -> Result<()> {
         pin(&cores, 1);
-        let mut p2 = McastPublisher::new(&echo_cfg, 2, clock::now(), ip)?;
+        let p = McastPublisher::new(&echo_cfg, 2, clock::now(), ip)?;
         let mut s1 = subscribe(&echo_cfg, 1, ip)?;
-        let mut app = Sink::default();
-        let mut snap = Seq(0);
-        let mut echoed = 0;
-        let mut msg = vec![0u8; size];
+        let mut app = Echo {
+            p,
+            snap: Seq(0),
+            msg: vec![0u8; size],
+            next: 0,
+            err: None,
+        };
         // One clock read per turn, as an application's loop would.
         // ORDERING: Acquire, pairs with the Release store after the last round.
         while !echo_stop.load(Ordering::Acquire) {
+            // Idle last, as an agent's duty cycle does: after a yield the
+            // next thing done is the multicast poll.
             let now = clock::now();
-            echo_idle.idle(s1.poll(now, &mut app)?);
-            if app.next > echoed + 1 {
-                echoed = app.next - 1;
-                msg[..16].copy_from_slice(&app.last);
-                p2.publish(now, &msg)?;
-                snap.0 += 1;
-                p2.flush(now)?;
+            let work = s1.poll(now, &mut app)?;
+            if let Some(e) = app.err.take() {
+                return Err(e);
             }
-            p2.poll(now, &snap)?;
+            echo_idle.idle(work + app.p.poll(now, &app.snap)?);
         }
         Ok(())
     });
@@ -402,7 +477,7 @@ pub fn latency(args: &MdArgs) -> Result<()> {
     wait_connected(&mut p1, &snap)?;
     // Connecting blocks until the echo thread's publisher accepts; it polls.
     let mut s2 = subscribe(&cfg, 2, ip)?;
-    let mut app = Sink::default();
+    let mut app = Timed::default();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let mut msg = vec![0u8; args.size];
     let mut idle = idler(args);
@@ -415,17 +490,17 @@ pub fn latency(args: &MdArgs) -> Result<()> {
         let deadline = t0 + 5_000_000_000;
         loop {
             let now = clock::now();
-            idle.idle(s2.poll(now, &mut app)?);
-            if app.next > i && u64::from_le_bytes(app.last[..8].try_into()?) == i {
+            let work = s2.poll(now, &mut app)?;
+            if app.sink.next > i && u64::from_le_bytes(app.sink.last[..8].try_into()?) == i {
                 break;
             }
-            p1.poll(now, &snap)?;
             if now > deadline {
                 bail!("round trip {i} got no echo within 5 s: {:?}", s2.counters());
             }
+            idle.idle(work + p1.poll(now, &snap)?);
         }
         if i > warmup {
-            record_one_way(&mut hist, t0)?;
+            record_one_way(&mut hist, t0, app.at)?;
         }
     }
     stop_echo(&stop, echo)?;
@@ -439,9 +514,10 @@ pub fn latency(args: &MdArgs) -> Result<()> {
     Ok(())
 }
 
-/// Records half the round trip that started at `t0`.
-fn record_one_way(hist: &mut Histogram<u64>, t0: u64) -> Result<()> {
-    Ok(hist.record(((clock::now() - t0) / 2).max(1))?)
+/// Records half the round trip that started at `t0` and ended, in the
+/// handler, at `t1`.
+fn record_one_way(hist: &mut Histogram<u64>, t0: u64, t1: u64) -> Result<()> {
+    Ok(hist.record((t1.saturating_sub(t0) / 2).max(1))?)
 }
 
 /// Ends a ping-pong: tells the echo thread to stop and waits for it.
@@ -498,12 +574,14 @@ impl RawSide {
         })
     }
 
-    /// Takes what arrived; returns the first 8 bytes of the last datagram.
-    fn recv(&mut self) -> Result<Option<u64>> {
+    /// Takes what arrived; returns the first 8 bytes of the last datagram
+    /// and when it was handed over.
+    fn recv(&mut self) -> Result<Option<(u64, u64)>> {
         let mut last = None;
         self.qp.poll_recv(|b| {
             if b.len() >= 8 {
-                last = Some(u64::from_le_bytes(b[..8].try_into().unwrap_or_default()));
+                let i = u64::from_le_bytes(b[..8].try_into().unwrap_or_default());
+                last = Some((i, clock::now()));
             }
         })?;
         Ok(last)
@@ -534,7 +612,7 @@ fn raw_latency(args: &MdArgs, ip: IpAddr, n: u64, warmup: u64) -> Result<()> {
         while !echo_stop.load(Ordering::Acquire) {
             let got = side.recv()?;
             echo_idle.idle(got.is_some() as usize);
-            if let Some(i) = got {
+            if let Some((i, _)) = got {
                 msg[..8].copy_from_slice(&i.to_le_bytes());
                 side.send(&msg)?;
             }
@@ -558,22 +636,24 @@ fn raw_latency(args: &MdArgs, ip: IpAddr, n: u64, warmup: u64) -> Result<()> {
         let answered = loop {
             let got = side.recv()?;
             idle.idle(got.is_some() as usize);
-            if got == Some(i) {
-                break true;
+            if let Some((j, at)) = got {
+                if j == i {
+                    break Some(at);
+                }
             }
             if clock::now() > resend {
-                break false;
+                break None;
             }
         };
-        if !answered {
+        let Some(t1) = answered else {
             if i > 1 || clock::now() - start > 10_000_000_000 {
                 bail!("raw round trip {i} got no echo within 100 ms");
             }
             i -= 1;
             continue;
-        }
+        };
         if i > warmup {
-            record_one_way(&mut hist, t0)?;
+            record_one_way(&mut hist, t0, t1)?;
         }
     }
     stop_echo(&stop, echo)?;
