@@ -539,6 +539,14 @@ impl Connection {
         } else {
             self.cfg_max_write
         };
+        // The usual case, one run that fits one write, is posted as a
+        // single request built on the stack: no chunk list to gather.
+        if n == 1 && ranges[0].1 <= max {
+            let r = self.post_chunks(&send.staging, remote, rkey, &ranges[..1]);
+            drop(send);
+            self.stats.borrow_mut().flushes += 1;
+            return r.map_err(OfferError::Lost);
+        }
         // Cut the runs into writes of at most `max` bytes, posted up to
         // WRS_PER_DOORBELL at a time: fixed arrays, no allocation.
         let mut chunks = ArrayVec::<(usize, usize), WRS_PER_DOORBELL>::new();
@@ -575,6 +583,16 @@ impl Connection {
         rkey: u32,
         chunks: &[(usize, usize)],
     ) -> Result<(), PeerLost> {
+        if let [(off, len)] = *chunks {
+            let sge = [range_sge(staging, (off, len))];
+            let w = SendWr::write(0, &sge, remote + off as u64, rkey);
+            let w = if len <= self.cfg_max_inline as usize {
+                w.inline()
+            } else {
+                w
+            };
+            return self.post(&mut [w]);
+        }
         let sges: ArrayVec<[Sge<'_>; 1], WRS_PER_DOORBELL> =
             chunks.iter().map(|c| [range_sge(staging, *c)]).collect();
         let mut wrs: ArrayVec<SendWr<'_>, WRS_PER_DOORBELL> = chunks
