@@ -471,36 +471,12 @@ impl PooledQp {
             self.staged.clear();
             return Err(PoolError::Config("at most MAX_DESTS destinations per post"));
         }
-        let mut sges: ArrayVec<[Sge<'_>; 1], MAX_BATCH> = ArrayVec::new();
-        for &(seq, len) in &self.staged {
-            let off = (seq % u64::from(self.send_slots)) as usize * self.send_slot;
-            sges.push([Sge::new(&self.send_mr, off, len as usize)?]);
-        }
-        let mut wrs: ArrayVec<SendWr<'_>, { MAX_BATCH * MAX_DESTS }> = ArrayVec::new();
-        for (s, &(seq, _)) in sges.iter().zip(&self.staged) {
-            for (d, dest) in dests.iter().enumerate() {
-                let mut wr = SendWr::send(seq, s);
-                if let Dest::Ud { ah, qpn, qkey } = *dest {
-                    wr = wr.ud(ah, qpn, qkey);
-                }
-                // Signal the last copy of every signal_every-th slot: its
-                // completion covers every earlier request of the queue.
-                if (seq + 1) % self.signal_every == 0 && d + 1 == dests.len() {
-                    wr = wr.signaled();
-                }
-                wrs.push(wr);
-            }
-        }
+        let res = if let [(seq, len)] = *self.staged {
+            self.post_one(seq, len, dests)
+        } else {
+            self.post_batch(dests)
+        };
         let count = self.staged.len();
-        // SAFETY: each staged slot was written by stage_with and is not
-        // written again until a completion at or after its sequence is
-        // polled (stage_with's ring check); the region is registered until
-        // after the QP is destroyed (field order). The address handles are
-        // borrowed for the call; rxe and mlx5 copy the address vector at
-        // post time.
-        let res = unsafe { self.qp.post_send(&mut wrs) };
-        drop(wrs);
-        drop(sges);
         if let Err(e) = res {
             if matches!(e, VerbsError::PostSend { index: 0, .. }) {
                 // Nothing was posted: the slots are free again.
@@ -513,6 +489,67 @@ impl PooledQp {
         self.stats.sent += count as u64;
         self.stats.send_doorbells += 1;
         Ok(count)
+    }
+
+    /// The request sending slot `seq` to the `d`-th of `n` destinations:
+    /// the last copy of every `signal_every`-th slot is signaled (its
+    /// completion covers every earlier request of the queue).
+    fn wr<'a>(
+        &self,
+        seq: u64,
+        sge: &'a [Sge<'a>; 1],
+        dest: &Dest<'a>,
+        d: usize,
+        n: usize,
+    ) -> SendWr<'a> {
+        let mut wr = SendWr::send(seq, sge);
+        if let Dest::Ud { ah, qpn, qkey } = *dest {
+            wr = wr.ud(ah, qpn, qkey);
+        }
+        if (seq + 1) % self.signal_every == 0 && d + 1 == n {
+            wr = wr.signaled();
+        }
+        wr
+    }
+
+    /// Posts one staged slot to each of `dests` (at most [`MAX_DESTS`]):
+    /// the usual case of a latency-bound sender, built in a small frame.
+    fn post_one(&self, seq: u64, len: u32, dests: &[Dest<'_>]) -> Result<(), VerbsError> {
+        let off = (seq % u64::from(self.send_slots)) as usize * self.send_slot;
+        let sge = [Sge::new(&self.send_mr, off, len as usize)?];
+        let mut wrs: ArrayVec<SendWr<'_>, MAX_DESTS> = ArrayVec::new();
+        for (d, dest) in dests.iter().enumerate() {
+            wrs.push(self.wr(seq, &sge, dest, d, dests.len()));
+        }
+        // SAFETY: the staged slot was written by stage_with and is not
+        // written again until a completion at or after its sequence is
+        // polled; the region stays registered until after the QP is
+        // destroyed (field order); rxe and mlx5 copy the address vector at
+        // post time.
+        unsafe { self.qp.post_send(&mut wrs) }
+    }
+
+    /// Posts every staged slot to each of `dests` with one doorbell.
+    #[inline(never)]
+    fn post_batch(&self, dests: &[Dest<'_>]) -> Result<(), VerbsError> {
+        let mut sges: ArrayVec<[Sge<'_>; 1], MAX_BATCH> = ArrayVec::new();
+        for &(seq, len) in &self.staged {
+            let off = (seq % u64::from(self.send_slots)) as usize * self.send_slot;
+            sges.push([Sge::new(&self.send_mr, off, len as usize)?]);
+        }
+        let mut wrs: ArrayVec<SendWr<'_>, { MAX_BATCH * MAX_DESTS }> = ArrayVec::new();
+        for (s, &(seq, _)) in sges.iter().zip(&self.staged) {
+            for (d, dest) in dests.iter().enumerate() {
+                wrs.push(self.wr(seq, s, dest, d, dests.len()));
+            }
+        }
+        // SAFETY: each staged slot was written by stage_with and is not
+        // written again until a completion at or after its sequence is
+        // polled (stage_with's ring check); the region is registered until
+        // after the QP is destroyed (field order). The address handles are
+        // borrowed for the call; rxe and mlx5 copy the address vector at
+        // post time.
+        unsafe { self.qp.post_send(&mut wrs) }
     }
 
     /// Stages `data` and posts it at once to `dests`, polling send
