@@ -245,71 +245,64 @@ impl Snapshot for Seq {
     fn write_snapshot(&self, _: &mut Vec<u8>) {}
 }
 
-/// md-latency's originating handler: a [`Sink`] that also notes when the
-/// handler ran, which is where publish-to-handler ends.
-#[derive(Debug, Default)]
-struct Timed {
+/// md-latency's handler on both ends of the ping-pong: a [`Sink`] that notes
+/// when the handler ran (where publish-to-handler ends) and, on the echo
+/// side, publishes the message's first 16 bytes back on its own channel
+/// from inside the handler, as a strategy reacting to market data would.
+struct Pong {
     sink: Sink,
     at: u64,
+    echo: Option<EchoOut>,
 }
 
-impl Handler for Timed {
-    fn on_message(&mut self, seq: u64, msg: &[u8]) {
-        self.at = clock::now();
-        self.sink.on_message(seq, msg);
+/// The echo side's publisher, its snapshot and what went wrong in a handler.
+struct EchoOut {
+    p: McastPublisher,
+    snap: Seq,
+    msg: Vec<u8>,
+    err: Option<anyhow::Error>,
+}
+
+impl Pong {
+    fn new(echo: Option<EchoOut>) -> Self {
+        Pong {
+            sink: Sink::default(),
+            at: 0,
+            echo,
+        }
     }
 }
 
-impl SnapshotSink for Timed {
+impl Handler for Pong {
+    fn on_message(&mut self, seq: u64, msg: &[u8]) {
+        self.at = clock::now();
+        self.sink.on_message(seq, msg);
+        let Some(e) = &mut self.echo else { return };
+        if e.err.is_some() {
+            return;
+        }
+        let n = msg.len().min(16);
+        e.msg[..n].copy_from_slice(&msg[..n]);
+        let sent = match e.p.publish(self.at, &e.msg) {
+            Ok(_) => {
+                e.snap.0 += 1;
+                e.p.flush(self.at).map_err(anyhow::Error::from)
+            }
+            Err(err) => Err(err.into()),
+        };
+        if let Err(err) = sent {
+            e.err = Some(err);
+        }
+    }
+}
+
+impl SnapshotSink for Pong {
     fn begin_restore(&mut self) {}
     fn restore_chunk(&mut self, _: &[u8]) -> Result<(), RestoreError> {
         Ok(())
     }
     fn finish_restore(&mut self, seq: u64) -> Result<(), RestoreError> {
         self.sink.finish_restore(seq)
-    }
-}
-
-/// md-latency's echo handler: publishes the message's first 16 bytes back
-/// on its own channel from inside the handler.
-struct Echo {
-    p: McastPublisher,
-    snap: Seq,
-    msg: Vec<u8>,
-    next: u64,
-    err: Option<anyhow::Error>,
-}
-
-impl Handler for Echo {
-    fn on_message(&mut self, seq: u64, msg: &[u8]) {
-        self.next = seq + 1;
-        if self.err.is_some() {
-            return;
-        }
-        let n = msg.len().min(16);
-        self.msg[..n].copy_from_slice(&msg[..n]);
-        let now = clock::now();
-        let sent = match self.p.publish(now, &self.msg) {
-            Ok(_) => {
-                self.snap.0 += 1;
-                self.p.flush(now).map_err(anyhow::Error::from)
-            }
-            Err(e) => Err(e.into()),
-        };
-        if let Err(e) = sent {
-            self.err = Some(e);
-        }
-    }
-}
-
-impl SnapshotSink for Echo {
-    fn begin_restore(&mut self) {}
-    fn restore_chunk(&mut self, _: &[u8]) -> Result<(), RestoreError> {
-        Ok(())
-    }
-    fn finish_restore(&mut self, seq: u64) -> Result<(), RestoreError> {
-        self.next = seq + 1;
-        Ok(())
     }
 }
 
@@ -450,24 +443,26 @@ pub fn latency(args: &MdArgs) -> Result<()> {
         pin(&cores, 1);
         let p = McastPublisher::new(&echo_cfg, 2, clock::now(), ip)?;
         let mut s1 = subscribe(&echo_cfg, 1, ip)?;
-        let mut app = Echo {
+        let mut app = Pong::new(Some(EchoOut {
             p,
             snap: Seq(0),
             msg: vec![0u8; size],
-            next: 0,
             err: None,
-        };
+        }));
         // One clock read per turn, as an application's loop would.
         // ORDERING: Acquire, pairs with the Release store after the last round.
         while !echo_stop.load(Ordering::Acquire) {
             // Idle last, as an agent's duty cycle does: after a yield the
             // next thing done is the multicast poll.
             let now = clock::now();
-            let work = s1.poll(now, &mut app)?;
-            if let Some(e) = app.err.take() {
-                return Err(e);
+            let mut work = s1.poll(now, &mut app)?;
+            if let Some(e) = &mut app.echo {
+                if let Some(err) = e.err.take() {
+                    return Err(err);
+                }
+                work += e.p.poll(now, &e.snap)?;
             }
-            echo_idle.idle(work + app.p.poll(now, &app.snap)?);
+            echo_idle.idle(work);
         }
         Ok(())
     });
@@ -477,7 +472,7 @@ pub fn latency(args: &MdArgs) -> Result<()> {
     wait_connected(&mut p1, &snap)?;
     // Connecting blocks until the echo thread's publisher accepts; it polls.
     let mut s2 = subscribe(&cfg, 2, ip)?;
-    let mut app = Timed::default();
+    let mut app = Pong::new(None);
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let mut msg = vec![0u8; args.size];
     let mut idle = idler(args);

@@ -528,6 +528,76 @@ fn rdma_md_late_join_after_100k_converges() {
 /// keeps delivering, reports the loss of its connection, turns a hole it
 /// cannot recover into an unrecoverable loss, reconnects with back-off once
 /// the service is back, and converges through a snapshot.
+/// A publisher on channel 7 with one subscriber connected to its recovery
+/// service.
+fn connected_publisher(cfg: &McastConfig, ip: IpAddr, book: &Book) -> McastPublisher {
+    let mut p = McastPublisher::new(cfg, 7, now_ns() + 1, ip).expect("publisher");
+    let t0 = Instant::now();
+    while p.connections() == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no subscriber");
+        p.poll(now_ns(), book).expect("publisher poll");
+    }
+    p
+}
+
+/// Keeps `p` polling (sending, serving recovery) for `d`.
+fn poll_for(p: &mut McastPublisher, book: &Book, d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        p.poll(now_ns(), book).expect("publisher poll");
+    }
+}
+
+/// Flushes what is published and keeps serving recovery until `stop`.
+fn serve_until_stopped(p: &mut McastPublisher, book: &Book, stop: &AtomicBool, deadline: Instant) {
+    p.flush(now_ns()).unwrap();
+    // ORDERING: Acquire pairs with the Release after the subscriber ends.
+    while !stop.load(Ordering::Acquire) {
+        assert!(Instant::now() < deadline, "subscriber never finished");
+        p.poll(now_ns(), book).expect("publisher poll");
+    }
+}
+
+/// Subscribes to channel 7 (retrying while the publisher comes up) and
+/// polls until the handler is live at `total`, calling `each` after every
+/// poll with the messages it delivered. Returns the subscriber, its book and
+/// the events it raised.
+fn follow(
+    cfg: &McastConfig,
+    ip: IpAddr,
+    total: u64,
+    mut each: impl FnMut(&McastSubscriber, u64),
+) -> (McastSubscriber, Book, Vec<Event>) {
+    let t0 = Instant::now();
+    let mut s = loop {
+        match McastSubscriber::new(cfg, 7, ip, ip) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(t0.elapsed() < Duration::from_secs(30), "subscriber: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    let mut book = Book::new();
+    let mut events = Vec::new();
+    while !(book.last_seq == total && s.state().phase() == Phase::Live) {
+        let before = book.count;
+        s.poll(now_ns(), &mut book).expect("subscriber poll");
+        each(&s, book.count - before);
+        while let Some(ev) = s.poll_event() {
+            events.push(ev);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(50),
+            "delivered up to {}: {:?} {:?} {events:?}",
+            book.last_seq,
+            s.counters(),
+            s.io_stats()
+        );
+    }
+    (s, book, events)
+}
+
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_md_recovery_connection_lost_degrades_then_reconnects() {
@@ -542,35 +612,25 @@ fn rdma_md_recovery_connection_lost_degrades_then_reconnects() {
     let pub_stop = stop.clone();
     let pub_cfg = cfg.clone();
     let publisher = std::thread::spawn(move || {
-        let mut p = McastPublisher::new(&pub_cfg, 7, now_ns() + 1, ip).expect("publisher");
         let mut book = Book::new();
+        let mut p = connected_publisher(&pub_cfg, ip, &book);
         let t0 = Instant::now();
         let deadline = Duration::from_secs(50);
-        let idle = |p: &mut McastPublisher, book: &Book, d: Duration| {
-            let t = Instant::now();
-            while t.elapsed() < d {
-                p.poll(now_ns(), book).expect("publisher poll");
-            }
-        };
-        while p.connections() == 0 {
-            assert!(t0.elapsed() < Duration::from_secs(30), "no subscriber");
-            p.poll(now_ns(), &book).expect("publisher poll");
-        }
         for seq in 1..=TOTAL {
             if seq == OFF_AT + 1 {
                 p.set_recovery_enabled(false).unwrap();
-                idle(&mut p, &book, Duration::from_millis(100));
+                poll_for(&mut p, &book, Duration::from_millis(100));
             }
             if seq == HOLE.0 || seq == HOLE.1 {
                 // Let what was published go out on line A (paced) first;
                 // the subscriber sees the link down long before.
                 p.flush(now_ns()).unwrap();
-                idle(&mut p, &book, Duration::from_millis(100));
+                poll_for(&mut p, &book, Duration::from_millis(100));
                 p.set_line_enabled(Line::A, seq == HOLE.1);
             }
             if seq == ON_AT + 1 {
                 // Give the subscriber time to fail a few reconnections.
-                idle(&mut p, &book, Duration::from_millis(200));
+                poll_for(&mut p, &book, Duration::from_millis(200));
                 p.set_recovery_enabled(true).unwrap();
                 // The snapshot is taken here, at ON_AT.
                 while p.io_stats().snapshots_served == 0 {
@@ -586,44 +646,15 @@ fn rdma_md_recovery_connection_lost_degrades_then_reconnects() {
                 assert!(t0.elapsed() < deadline, "publisher too slow");
             }
         }
-        p.flush(now_ns()).unwrap();
-        // ORDERING: Acquire pairs with the Release after the subscriber ends.
-        while !pub_stop.load(Ordering::Acquire) {
-            assert!(t0.elapsed() < deadline, "subscriber never finished");
-            p.poll(now_ns(), &book).expect("publisher poll");
-        }
+        serve_until_stopped(&mut p, &book, &pub_stop, t0 + deadline);
         (book, p)
     });
-    let t0 = Instant::now();
-    let mut s = loop {
-        match McastSubscriber::new(&cfg, 7, ip, ip) {
-            Ok(s) => break s,
-            Err(e) => {
-                assert!(t0.elapsed() < Duration::from_secs(30), "subscriber: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    };
-    let mut book = Book::new();
-    let mut events = Vec::new();
     let mut delivered_while_down = 0;
-    while !(book.last_seq == TOTAL && s.state().phase() == Phase::Live) {
-        let before = book.count;
-        s.poll(now_ns(), &mut book).expect("subscriber poll");
+    let (s, book, events) = follow(&cfg, ip, TOTAL, |s, delivered| {
         if !s.recovery_connected() {
-            delivered_while_down += book.count - before;
+            delivered_while_down += delivered;
         }
-        while let Some(ev) = s.poll_event() {
-            events.push(ev);
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(50),
-            "delivered up to {}: {:?} {:?} {events:?}",
-            book.last_seq,
-            s.counters(),
-            s.io_stats()
-        );
-    }
+    });
     // ORDERING: Release pairs with the publisher's Acquire.
     stop.store(true, Ordering::Release);
     let (pub_book, p) = publisher.join().expect("publisher thread");
@@ -679,24 +710,14 @@ fn rdma_md_unanswering_recovery_link_is_dropped_then_resyncs() {
     let pub_stop = stop.clone();
     let pub_cfg = cfg.clone();
     let publisher = std::thread::spawn(move || {
-        let mut p = McastPublisher::new(&pub_cfg, 7, now_ns() + 1, ip).expect("publisher");
         let mut book = Book::new();
+        let mut p = connected_publisher(&pub_cfg, ip, &book);
         let t0 = Instant::now();
         let deadline = Duration::from_secs(50);
-        let idle = |p: &mut McastPublisher, book: &Book, d: Duration| {
-            let t = Instant::now();
-            while t.elapsed() < d {
-                p.poll(now_ns(), book).expect("publisher poll");
-            }
-        };
-        while p.connections() == 0 {
-            assert!(t0.elapsed() < Duration::from_secs(30), "no subscriber");
-            p.poll(now_ns(), &book).expect("publisher poll");
-        }
         for seq in 1..=TOTAL {
             if seq == HOLE.0 {
                 p.flush(now_ns()).unwrap();
-                idle(&mut p, &book, Duration::from_millis(100));
+                poll_for(&mut p, &book, Duration::from_millis(100));
                 p.set_line_enabled(Line::A, false);
             }
             if seq == HOLE.1 {
@@ -720,39 +741,10 @@ fn rdma_md_unanswering_recovery_link_is_dropped_then_resyncs() {
                 assert!(t0.elapsed() < deadline, "publisher too slow");
             }
         }
-        p.flush(now_ns()).unwrap();
-        // ORDERING: Acquire pairs with the Release after the subscriber ends.
-        while !pub_stop.load(Ordering::Acquire) {
-            assert!(t0.elapsed() < deadline, "subscriber never finished");
-            p.poll(now_ns(), &book).expect("publisher poll");
-        }
+        serve_until_stopped(&mut p, &book, &pub_stop, t0 + deadline);
         (book, p)
     });
-    let t0 = Instant::now();
-    let mut s = loop {
-        match McastSubscriber::new(&cfg, 7, ip, ip) {
-            Ok(s) => break s,
-            Err(e) => {
-                assert!(t0.elapsed() < Duration::from_secs(30), "subscriber: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    };
-    let mut book = Book::new();
-    let mut events = Vec::new();
-    while !(book.last_seq == TOTAL && s.state().phase() == Phase::Live) {
-        s.poll(now_ns(), &mut book).expect("subscriber poll");
-        while let Some(ev) = s.poll_event() {
-            events.push(ev);
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(50),
-            "delivered up to {}: {:?} {:?} {events:?}",
-            book.last_seq,
-            s.counters(),
-            s.io_stats()
-        );
-    }
+    let (s, book, events) = follow(&cfg, ip, TOTAL, |_, _| {});
     // ORDERING: Release pairs with the publisher's Acquire.
     stop.store(true, Ordering::Release);
     let (pub_book, p) = publisher.join().expect("publisher thread");
