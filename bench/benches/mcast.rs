@@ -74,6 +74,7 @@ fn mcast(c: &mut Criterion) {
         max_retries: 50,
         snapshot_timeout_ns: 1_000_000_000,
         ab_grace_ns: 0,
+        join_replay_max: 0,
     });
     let mut sink = Sink(0);
     let mut seq = 1u64;

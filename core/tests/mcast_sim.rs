@@ -203,6 +203,8 @@ fn sub_config() -> SubscriberConfig {
         max_retries: 3,
         snapshot_timeout_ns: 1_000_000,
         ab_grace_ns: 0,
+        // Late joins in these simulations are asked to take a snapshot.
+        join_replay_max: 0,
     }
 }
 

@@ -25,6 +25,8 @@
 //! ab_grace_ns = 20000           # wait for the other line before requesting a hole
 //! reconnect_min_ns = 1000000    # recovery connection lost: first retry after 1 ms,
 //! reconnect_max_ns = 1000000000 # doubling up to 1 s
+//! join_replay_max = 4096        # first datagram this few messages in: replay
+//!                               # the start from history, not a snapshot
 //!
 //! [[channels]]
 //! id = 1
@@ -194,6 +196,10 @@ pub struct RecoveryConfig {
     pub reconnect_min_ns: u64,
     /// Longest delay between reconnection attempts.
     pub reconnect_max_ns: u64,
+    /// A subscriber whose first datagram starts at most this many messages
+    /// into the stream asks the history for the start it missed (it was
+    /// there, the first datagrams were lost) instead of a snapshot.
+    pub join_replay_max: u64,
 }
 
 impl Default for RecoveryConfig {
@@ -208,6 +214,7 @@ impl Default for RecoveryConfig {
             ab_grace_ns: 20_000,
             reconnect_min_ns: 1_000_000,
             reconnect_max_ns: 1_000_000_000,
+            join_replay_max: 4096,
         }
     }
 }
@@ -403,6 +410,7 @@ impl McastConfig {
             } else {
                 0
             },
+            join_replay_max: self.recovery.join_replay_max,
         }
     }
 }

@@ -52,6 +52,13 @@ pub struct SubscriberConfig {
     /// the other line, before it is requested. 0 requests at once (use 0
     /// with a single line).
     pub ab_grace_ns: u64,
+    /// A first datagram that starts at most this many messages into the
+    /// stream is taken as a subscriber present from the start that lost the
+    /// first datagrams: the missing start is requested from the publisher's
+    /// history like any gap. Further in, it is a late join and a snapshot is
+    /// asked for. 0: only a stream seen from its first message skips the
+    /// snapshot.
+    pub join_replay_max: u64,
 }
 
 /// Where the subscriber stands.
@@ -578,8 +585,9 @@ impl SubscriberState {
     ) {
         if self.phase == Phase::Idle {
             self.session = d.session();
-            if d.first_seq() == 1 {
-                // Present from the start of the stream: nothing to restore.
+            if d.first_seq() <= 1 + self.cfg.join_replay_max {
+                // Present from the start of the stream: nothing to restore;
+                // what came before this datagram is a gap from sequence 1.
                 self.phase = Phase::Live;
             } else {
                 self.start_resync(now);
@@ -984,6 +992,7 @@ mod tests {
             max_retries: 2,
             snapshot_timeout_ns: 10 * TIMEOUT,
             ab_grace_ns: 0,
+            join_replay_max: 0,
         }
     }
 
@@ -1284,6 +1293,34 @@ mod tests {
         serve(&mut p, &mut s, &mut app, 2);
         assert_eq!(app.seqs, (5..=10).collect::<Vec<_>>());
         assert_eq!(s.counters().snapshots_applied, 1);
+    }
+
+    #[test]
+    fn lost_first_datagrams_within_join_replay_max_come_from_history() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 5);
+        let mut s = SubscriberState::new(SubscriberConfig {
+            join_replay_max: 6,
+            ..cfg()
+        });
+        let mut app = App::default();
+        // [1,7) never arrived: [7,9) starts 6 messages in, within the window.
+        s.on_datagram(0, Line::A, &ds[3], &mut app);
+        assert_eq!(s.phase(), Phase::Live);
+        assert!(events(&mut s).is_empty(), "no resync");
+        serve(&mut p, &mut s, &mut app, 1);
+        assert_eq!(app.seqs, (1..=8).collect::<Vec<_>>());
+        assert_eq!(s.counters().retransmit_requests, 1);
+        s.on_datagram(2, Line::A, &ds[4], &mut app);
+        assert_eq!(app.seqs, (1..=10).collect::<Vec<_>>());
+        assert_eq!(s.counters().snapshot_requests, 0);
+        // One message further in is a late join.
+        let mut s = SubscriberState::new(SubscriberConfig {
+            join_replay_max: 5,
+            ..cfg()
+        });
+        s.on_datagram(0, Line::A, &ds[3], &mut App::default());
+        assert_eq!(s.phase(), Phase::Resyncing);
     }
 
     #[test]
