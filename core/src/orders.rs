@@ -539,39 +539,67 @@ impl Connection {
         } else {
             self.cfg_max_write
         };
-        // The usual case, one run that fits one write, is posted as a
-        // single request built on the stack: no chunk list to gather.
-        if n == 1 && ranges[0].1 <= max {
-            let r = self.post_chunks(&send.staging, remote, rkey, &ranges[..1]);
-            drop(send);
-            self.stats.borrow_mut().flushes += 1;
-            return r.map_err(OfferError::Lost);
+        // The usual case, one run that fits one write, is posted as a single
+        // request built on the stack, without the chunk arrays (whose frame
+        // alone cost ~100 instructions per post under callgrind).
+        let r = if n == 1 && ranges[0].1 <= max {
+            let (off, len) = ranges[0];
+            let sge = [range_sge(&send.staging, (off, len))];
+            self.post(&mut [self.write_wr(&sge, remote + off as u64, rkey, len)])
+        } else {
+            self.post_runs(&send.staging, remote, rkey, &ranges[..n], max)
+        };
+        drop(send);
+        self.stats.borrow_mut().flushes += 1;
+        r.map_err(OfferError::Lost)
+    }
+
+    /// The RDMA WRITE of `len` bytes described by `sge` to `remote`: inline
+    /// when small.
+    fn write_wr<'a>(
+        &self,
+        sge: &'a [Sge<'a>; 1],
+        remote: u64,
+        rkey: u32,
+        len: usize,
+    ) -> SendWr<'a> {
+        let w = SendWr::write(0, sge, remote, rkey);
+        if len <= self.cfg_max_inline as usize {
+            w.inline()
+        } else {
+            w
         }
-        // Cut the runs into writes of at most `max` bytes, posted up to
-        // WRS_PER_DOORBELL at a time: fixed arrays, no allocation.
+    }
+
+    /// Cuts the runs `(offset, len)` of staging into writes of at most `max`
+    /// bytes to the same offsets of the peer's ring, posted up to
+    /// WRS_PER_DOORBELL per doorbell: fixed arrays, no allocation.
+    #[inline(never)]
+    fn post_runs(
+        &self,
+        staging: &Staging,
+        remote: u64,
+        rkey: u32,
+        runs: &[(usize, usize)],
+        max: usize,
+    ) -> Result<(), PeerLost> {
         let mut chunks = ArrayVec::<(usize, usize), WRS_PER_DOORBELL>::new();
-        let mut r = Ok(());
-        'runs: for &(off, len) in &ranges[..n] {
+        for &(off, len) in runs {
             let (mut o, end) = (off, off + len);
             while o < end {
                 let l = (end - o).min(max);
                 chunks.push((o, l));
                 o += l;
                 if chunks.is_full() {
-                    r = self.post_chunks(&send.staging, remote, rkey, &chunks);
+                    self.post_chunks(staging, remote, rkey, &chunks)?;
                     chunks.clear();
-                    if r.is_err() {
-                        break 'runs;
-                    }
                 }
             }
         }
-        if r.is_ok() && !chunks.is_empty() {
-            r = self.post_chunks(&send.staging, remote, rkey, &chunks);
+        if !chunks.is_empty() {
+            self.post_chunks(staging, remote, rkey, &chunks)?;
         }
-        drop(send);
-        self.stats.borrow_mut().flushes += 1;
-        r.map_err(OfferError::Lost)
+        Ok(())
     }
 
     /// Posts one RDMA WRITE per `(offset, len)` of staging, to the same
@@ -583,29 +611,12 @@ impl Connection {
         rkey: u32,
         chunks: &[(usize, usize)],
     ) -> Result<(), PeerLost> {
-        if let [(off, len)] = *chunks {
-            let sge = [range_sge(staging, (off, len))];
-            let w = SendWr::write(0, &sge, remote + off as u64, rkey);
-            let w = if len <= self.cfg_max_inline as usize {
-                w.inline()
-            } else {
-                w
-            };
-            return self.post(&mut [w]);
-        }
         let sges: ArrayVec<[Sge<'_>; 1], WRS_PER_DOORBELL> =
             chunks.iter().map(|c| [range_sge(staging, *c)]).collect();
         let mut wrs: ArrayVec<SendWr<'_>, WRS_PER_DOORBELL> = chunks
             .iter()
             .zip(&sges)
-            .map(|(&(off, len), sge)| {
-                let w = SendWr::write(0, sge, remote + off as u64, rkey);
-                if len <= self.cfg_max_inline as usize {
-                    w.inline()
-                } else {
-                    w
-                }
-            })
+            .map(|(&(off, len), sge)| self.write_wr(sge, remote + off as u64, rkey, len))
             .collect();
         self.post(&mut wrs)
     }

@@ -468,7 +468,11 @@ fn rdma_orders_peer_that_gives_up_mid_handshake_does_not_stop_the_listener() {
     let addr = SocketAddr::new(ip, 7488);
     let l = OrdersListener::bind(addr, cfg(1 << 16, 1024)).unwrap();
     match Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_millis(300)) {
-        Err(OrdersError::Verbs(e)) => assert!(e.is_handshake_failure(), "{e}"),
+        Err(OrdersError::Verbs(
+            e @ (VerbsError::CmTimeout { .. }
+            | VerbsError::ConnectionRejected { .. }
+            | VerbsError::CmUnexpectedEvent { .. }),
+        )) => eprintln!("connect gave up as expected: {e}"),
         other => panic!("nobody accepted yet, but connect gave {other:?}"),
     }
     std::thread::sleep(Duration::from_millis(200));

@@ -210,21 +210,6 @@ pub enum VerbsError {
     DeviceMismatch,
 }
 
-impl VerbsError {
-    /// Whether this is a connection handshake that failed on the way (the
-    /// peer rejected, went away, or a CM message was lost until rdma_cm
-    /// gave up), as opposed to a local failure. Such a connect or accept may
-    /// simply be tried again.
-    pub fn is_handshake_failure(&self) -> bool {
-        matches!(
-            self,
-            Self::CmUnexpectedEvent { .. }
-                | Self::ConnectionRejected { .. }
-                | Self::CmTimeout { .. }
-        )
-    }
-}
-
 /// The current `errno` as an `io::Error`.
 pub(crate) fn last_err() -> io::Error {
     io::Error::last_os_error()
