@@ -830,10 +830,26 @@ fn two_hosts(
 
 /// Loss on every packet the guests send (netem on both eth0s, set by the
 /// runner from the test's name): every message exactly once, in order, and
-/// the recovery counters reflect the loss.
-fn lossy_two_hosts(total: u64, group: &str, port: u16, min_pct: f64, max_pct: f64) {
+/// the loss is real and recovered. The publisher checks that its netem
+/// dropped `netem_pct` of what it sent, where the loss is applied. The link
+/// between the guests adds burst loss of its own on top (up to 9% of the
+/// messages recovered at 1% netem, in one CI run), so the subscriber's
+/// recovered share has a lower bound only.
+fn lossy_two_hosts(total: u64, group: &str, port: u16, netem_pct: (f64, f64), min_pct: f64) {
     let cfg = config(group, None, port, 16384);
-    let Some(r) = two_hosts(cfg, total, || {}, || {}) else {
+    let check = || {
+        let (sent, dropped) = netem_stats(None);
+        let pct = dropped as f64 * 100.0 / (sent + dropped).max(1) as f64;
+        eprintln!(
+            "publisher egress: netem dropped {pct:.2}% of {} packets",
+            sent + dropped
+        );
+        assert!(
+            (netem_pct.0..=netem_pct.1).contains(&pct),
+            "netem dropped {pct:.2}%, expected {netem_pct:?}"
+        );
+    };
+    let Some(r) = two_hosts(cfg, total, || {}, check) else {
         return;
     };
     assert_lossless(&r, &expected(total), total);
@@ -844,25 +860,23 @@ fn lossy_two_hosts(total: u64, group: &str, port: u16, min_pct: f64, max_pct: f6
         c.received_retransmit > 0 && c.retransmit_requests > 0,
         "{c:?}"
     );
-    // Datagrams seen on the line + those recovered cover the stream; the
-    // recovered share is about the netem loss rate.
     let recovered = c.messages_recovered as f64 / total as f64 * 100.0;
     assert!(
-        (min_pct..=max_pct).contains(&recovered),
-        "recovered {recovered:.2}% of messages, expected {min_pct}..{max_pct}%: {c:?}"
+        recovered >= min_pct,
+        "recovered {recovered:.2}% of messages, expected at least {min_pct}%: {c:?}"
     );
 }
 
 #[test]
 #[ignore = "rdma: needs two soft-RoCE guests (cargo xtask test)"]
 fn rdma_md_two_hosts_loss1pct_exactly_once_in_order() {
-    lossy_two_hosts(60_000, "239.7.4.1", 7604, 0.05, 5.0);
+    lossy_two_hosts(60_000, "239.7.4.1", 7604, (0.3, 3.0), 0.05);
 }
 
 #[test]
 #[ignore = "rdma: needs two soft-RoCE guests (cargo xtask test)"]
 fn rdma_md_two_hosts_loss10pct_exactly_once_in_order() {
-    lossy_two_hosts(60_000, "239.7.5.1", 7605, 3.0, 25.0);
+    lossy_two_hosts(60_000, "239.7.5.1", 7605, (6.0, 14.0), 3.0);
 }
 
 /// A history of 4 datagrams cannot cover 10% loss: the subscriber raises
@@ -919,7 +933,9 @@ fn rdma_md_two_hosts_loss10pct_history_too_small_resyncs() {
 /// Runs `tc` in the guest, failing the test on error.
 /// (packets sent, packets dropped) of the netem qdisc with this handle on
 /// eth0, from `tc -s qdisc show`.
-fn netem_stats(handle: &str) -> (u64, u64) {
+/// (sent, dropped) packets of eth0's netem qdisc `handle` (None: the first
+/// netem qdisc, e.g. the runner's root one).
+fn netem_stats(handle: Option<&str>) -> (u64, u64) {
     let out = std::process::Command::new("tc")
         .args(["-s", "qdisc", "show", "dev", "eth0"])
         .output()
@@ -928,7 +944,9 @@ fn netem_stats(handle: &str) -> (u64, u64) {
     eprintln!("{text}");
     let mut lines = text.lines();
     while let Some(l) = lines.next() {
-        if l.starts_with("qdisc netem") && l.split_whitespace().nth(2) == Some(handle) {
+        if l.starts_with("qdisc netem")
+            && handle.is_none_or(|h| l.split_whitespace().nth(2) == Some(h))
+        {
             // " Sent 949204 bytes 1868 pkt (dropped 802, overlimits 0 ...)"
             let stats: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
             let num = |key: &str| {
@@ -946,7 +964,7 @@ fn netem_stats(handle: &str) -> (u64, u64) {
             return (sent, num("(dropped").unwrap_or(0));
         }
     }
-    panic!("no netem qdisc {handle} on eth0:\n{text}");
+    panic!("no netem qdisc {handle:?} on eth0:\n{text}");
 }
 
 fn tc(args: &str) {
@@ -1029,8 +1047,8 @@ fn rdma_md_two_hosts_ab_line_a_30pct_line_b_1pct_zero_loss() {
         || {
             // The loss is what it claims at the publisher's egress: A's netem
             // dropped about 30% of its packets, B's about 1%.
-            let (a_sent, a_dropped) = netem_stats("10:");
-            let (b_sent, b_dropped) = netem_stats("20:");
+            let (a_sent, a_dropped) = netem_stats(Some("10:"));
+            let (b_sent, b_dropped) = netem_stats(Some("20:"));
             let pct = |d: u64, s: u64| d as f64 * 100.0 / (d + s).max(1) as f64;
             let (pa, pb) = (pct(a_dropped, a_sent), pct(b_dropped, b_sent));
             eprintln!("publisher egress: line A dropped {pa:.1}%, line B {pb:.1}%");
