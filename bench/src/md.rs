@@ -26,6 +26,7 @@ use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use rocebus::idle::{IdleStrategy, Idler};
 use rocebus::mcast::config::McastConfig;
+use rocebus::mcast::net::INLINE_MAX;
 use rocebus::mcast::{
     Handler, Line, McastPublisher, McastSubscriber, Phase, RestoreError, Snapshot, SnapshotSink,
 };
@@ -554,6 +555,7 @@ impl RawSide {
                 send_len: 1024,
                 signal_every: 16,
                 dests_per_send: 1,
+                max_inline: INLINE_MAX,
             },
         )?;
         qp.qp().activate_ud(rx.port_num(), rx.qkey(), 0)?;
@@ -802,6 +804,7 @@ fn rc_round_trip(ip: IpAddr, port: u16, iterations: usize) -> Result<u64> {
         send_len: 256,
         signal_every: 8,
         dests_per_send: 1,
+        max_inline: INLINE_MAX,
     };
     let opts = RcOptions {
         timeout: 12,

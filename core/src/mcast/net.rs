@@ -52,6 +52,12 @@ pub const SNAPSHOT_CHUNK: usize = RC_MSG_LEN - wire::snapshot_chunk_len(0);
 /// requests on it are dropped (and counted).
 pub const MAX_OUTBOX: usize = 64 << 20;
 
+/// Datagrams and recovery messages up to this many bytes are posted inline
+/// (copied into the work request at post time): a latency-bound publisher's
+/// single small datagram then costs the device no MR lookup or DMA read.
+/// 220 B fits every RoCE device's UD and RC inline limit, as in the orders path.
+pub const INLINE_MAX: u32 = 220;
+
 const CM_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a recovery connection may take to set up, across polls.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -65,6 +71,10 @@ const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
 /// A recovery link is dropped and re-established after this many request
 /// timeouts in a row with nothing received over it.
 pub const DEAD_LINK_TIMEOUTS: u64 = 3;
+
+/// An idle subscriber polls its recovery connection's CQ once in this many
+/// turns (see [`McastSubscriber::poll`]).
+const IDLE_LINK_POLLS: u32 = 64;
 /// How often connection management (new, closed and half-set-up
 /// connections) is looked at: each look is a system call on the rdma_cm
 /// channel, so not once per loop.
@@ -216,6 +226,7 @@ impl McastPublisher {
                 send_len: cfg.max_datagram_payload,
                 signal_every: 16,
                 dests_per_send: 2,
+                max_inline: INLINE_MAX,
             },
         )?;
         let mut lines = ArrayVec::new();
@@ -310,9 +321,39 @@ impl McastPublisher {
     /// Seals the open datagram now and sends what pacing allows.
     pub fn flush(&mut self, now: u64) -> Result<(), NetError> {
         self.state.flush();
+        if self.send_direct(now)? {
+            return Ok(());
+        }
         self.pump(now);
         self.ud.post_staged(&dests_of(&self.lines))?;
         Ok(())
+    }
+
+    /// The latency path: when the datagram just sealed is the only one
+    /// unsent, nothing is staged and it fits inline, it is posted straight
+    /// from the history (no copy into a send slot). `Ok(false)`: not
+    /// applicable, nothing done.
+    fn send_direct(&mut self, now: u64) -> Result<bool, NetError> {
+        if self.ud.has_staged() || self.ud.sends_in_flight() >= self.ud.send_slots() {
+            return Ok(false);
+        }
+        let Some((first, end, bytes)) = self.state.sealed_from(self.sent_upto) else {
+            return Ok(false);
+        };
+        if first != self.sent_upto
+            || end != self.state.unflushed_seq()
+            || bytes.len() > self.ud.max_inline()
+            || !self.pacer.try_acquire(now)
+        {
+            return Ok(false);
+        }
+        // Cannot decline now (nothing staged, it fits, a slot is free) but
+        // for no enabled line, where the datagram counts as sent, as in pump.
+        self.ud.send_inline(bytes, &dests_of(&self.lines))?;
+        self.sent_upto = end;
+        self.last_send = now;
+        self.stats.datagrams_sent += 1;
+        Ok(true)
     }
 
     /// Stages flushed, unsent datagrams as pacing and the send ring allow;
@@ -434,6 +475,7 @@ impl RecoveryServer {
                 send_len: RC_MSG_LEN,
                 signal_every: 8,
                 dests_per_send: 1,
+                max_inline: INLINE_MAX,
             },
         )?;
         let accepting = req.start_accept(qp.qp(), &self.opts, Access::LOCAL, &[])?;
@@ -608,7 +650,7 @@ fn serve(
         *out_pos = 0;
     }
     qp.post_staged(&[Dest::Connected])?;
-    qp.poll_send()?;
+    qp.reclaim()?;
     Ok(())
 }
 
@@ -685,6 +727,7 @@ fn recovery_qp(pd: &Arc<ProtectionDomain>) -> Result<PooledQp, NetError> {
             send_len: 256,
             signal_every: 8,
             dests_per_send: 1,
+            max_inline: INLINE_MAX,
         },
     )?)
 }
@@ -699,6 +742,8 @@ pub struct McastSubscriber {
     /// Request timeouts in a row with nothing received over the link, and
     /// the counters they were last compared with.
     silent_timeouts: u64,
+    /// Turns since the recovery connection's CQ was last polled.
+    idle_link_turns: u32,
     seen_timeouts: u64,
     seen_answers: u64,
 }
@@ -743,6 +788,7 @@ impl McastSubscriber {
                     send_len: 0,
                     signal_every: 1,
                     dests_per_send: 1,
+                    max_inline: INLINE_MAX,
                 },
             )?;
             if lines
@@ -785,6 +831,7 @@ impl McastSubscriber {
             },
             stats: SubscriberIoStats::default(),
             silent_timeouts: 0,
+            idle_link_turns: 0,
             seen_timeouts: 0,
             seen_answers: 0,
         })
@@ -856,7 +903,14 @@ impl McastSubscriber {
             taken += r.received;
         }
         let mut link_ok = true;
-        if let Link::Up { rc, .. } = &mut self.link {
+        // The recovery service only answers: its CQ is polled on every turn
+        // while an answer may be coming, otherwise on every
+        // IDLE_LINK_POLLS-th turn (for the error completions of a failed
+        // connection), so an idle subscriber's turn costs one CQ poll per line.
+        self.idle_link_turns += 1;
+        let poll_link = state.expects_recovery() || self.idle_link_turns >= IDLE_LINK_POLLS;
+        if let (true, Link::Up { rc, .. }) = (poll_link, &mut self.link) {
+            self.idle_link_turns = 0;
             match rc.poll_recv(|bytes| state.on_recovery(now, bytes, app)) {
                 Ok(r) => {
                     self.stats.recovery_messages += r.received as u64;
@@ -872,7 +926,7 @@ impl McastSubscriber {
         // is gone without a disconnect reaching us) is dead: after
         // DEAD_LINK_TIMEOUTS rounds of timeouts in a row with nothing
         // received, drop it and reconnect.
-        let timeouts = state.counters().timeouts;
+        let timeouts = state.timeouts();
         if self.stats.recovery_messages != self.seen_answers
             || !matches!(self.link, Link::Up { .. })
         {
@@ -921,14 +975,18 @@ impl McastSubscriber {
     /// attempts with back-off, handshake steps. Nothing here waits.
     fn manage_link(&mut self, now: u64) {
         let r = &mut self.reconnect;
-        match std::mem::replace(&mut self.link, Link::Down) {
-            Link::Up { rc, conn } => {
-                if conn.poll_disconnected().unwrap_or(true) {
-                    return self.link_lost(now);
-                }
-                self.link = Link::Up { rc, conn };
-                r.next_check = now + CM_CHECK_NS;
+        // The usual case, an established link, is checked in place: moving
+        // the link out and back would copy its queue pair's state twice.
+        if let Link::Up { conn, .. } = &self.link {
+            if conn.poll_disconnected().unwrap_or(true) {
+                return self.link_lost(now);
             }
+            r.next_check = now + CM_CHECK_NS;
+            return;
+        }
+        match std::mem::replace(&mut self.link, Link::Down) {
+            // Handled above; put back as it was.
+            up @ Link::Up { .. } => self.link = up,
             Link::Down => {
                 let started = recovery_qp(&r.pd).and_then(|rc| {
                     let connecting =
@@ -989,7 +1047,7 @@ fn send_requests(
     if staged {
         rc.post_staged(&[Dest::Connected])?;
     }
-    rc.poll_send()?;
+    rc.reclaim()?;
     Ok(())
 }
 

@@ -301,6 +301,17 @@ impl SubscriberState {
     pub fn counters(&self) -> SubscriberCounters {
         self.counters
     }
+    /// Requests or snapshots that timed out so far (`counters().timeouts`
+    /// without copying every counter).
+    pub fn timeouts(&self) -> u64 {
+        self.counters.timeouts
+    }
+    /// Whether an answer from the recovery service may be on its way: a
+    /// retransmit request or a snapshot request is open. The I/O layer polls
+    /// the recovery connection on every turn only then.
+    pub fn expects_recovery(&self) -> bool {
+        !self.outstanding.is_empty() || self.phase == Phase::Resyncing
+    }
     /// Datagrams currently buffered out of order.
     pub fn buffered(&self) -> usize {
         self.order.len()
@@ -625,8 +636,12 @@ impl SubscriberState {
                 return;
             }
             self.deliver(src, d, handler);
-            self.drain(handler);
-            self.after_progress(now);
+            // The steady state (nothing buffered, requested or known to be
+            // missing) has nothing to drain, retire or request.
+            if !self.order.is_empty() || !self.outstanding.is_empty() || self.high > self.next_seq {
+                self.drain(handler);
+                self.after_progress(now);
+            }
             return;
         }
 

@@ -60,6 +60,11 @@ pub struct PoolConfig {
     pub signal_every: u32,
     /// Destinations per slot at most (1..=[`MAX_DESTS`]); sizes the send queue.
     pub dests_per_send: u32,
+    /// Sends of at most this many bytes are posted inline: the provider
+    /// copies them into the work request, so the device reads no registered
+    /// memory (no MR lookup, no DMA read of the slot) on the critical path.
+    /// Capped at what the device grants; 0 turns inline off.
+    pub max_inline: u32,
 }
 
 impl Default for PoolConfig {
@@ -73,6 +78,7 @@ impl Default for PoolConfig {
             send_len: 4096,
             signal_every: 16,
             dests_per_send: 1,
+            max_inline: 0,
         }
     }
 }
@@ -186,6 +192,8 @@ pub struct PooledQp {
     send_slot: usize,
     send_slots: u32,
     signal_every: u64,
+    /// Sends up to this length are posted inline.
+    max_inline: u32,
     /// Sequence of the next send slot; slot = seq % send_slots.
     send_head: u64,
     /// Oldest sequence the device may still be reading.
@@ -246,9 +254,10 @@ impl PooledQp {
                 max_recv_wr: recv_wr,
                 max_send_sge: 1,
                 max_recv_sge: 1,
-                max_inline_data: 0,
+                max_inline_data: cfg.max_inline,
             },
         )?;
+        let max_inline = qp.caps().max_inline_data.min(cfg.max_inline);
         let recv_slot = (cfg.recv_len + grh).next_multiple_of(64);
         let send_slot = cfg.send_len.max(1).next_multiple_of(64);
         let recv_mr = MemoryRegion::new(
@@ -271,6 +280,7 @@ impl PooledQp {
             send_slot,
             send_slots,
             signal_every: u64::from(cfg.signal_every),
+            max_inline,
             send_head: 0,
             send_tail: 0,
             staged: ArrayVec::new(),
@@ -307,6 +317,14 @@ impl PooledQp {
     /// Send slots the device may still be reading, staged ones included.
     pub fn sends_in_flight(&self) -> u32 {
         (self.send_head - self.send_tail) as u32
+    }
+    /// Send slots in the ring.
+    pub fn send_slots(&self) -> u32 {
+        self.send_slots
+    }
+    /// Longest message posted inline (0: inline is off).
+    pub fn max_inline(&self) -> usize {
+        self.max_inline as usize
     }
 
     /// Posts every free receive slot, in batches of up to [`MAX_BATCH`] per
@@ -493,7 +511,8 @@ impl PooledQp {
 
     /// The request sending slot `seq` to the `d`-th of `n` destinations:
     /// the last copy of every `signal_every`-th slot is signaled (its
-    /// completion covers every earlier request of the queue).
+    /// completion covers every earlier request of the queue). Short
+    /// messages go inline.
     fn wr<'a>(
         &self,
         seq: u64,
@@ -503,6 +522,9 @@ impl PooledQp {
         n: usize,
     ) -> SendWr<'a> {
         let mut wr = SendWr::send(seq, sge);
+        if sge[0].len() <= self.max_inline {
+            wr = wr.inline();
+        }
         if let Dest::Ud { ah, qpn, qkey } = *dest {
             wr = wr.ud(ah, qpn, qkey);
         }
@@ -550,6 +572,46 @@ impl PooledQp {
         // borrowed for the call; rxe and mlx5 copy the address vector at
         // post time.
         unsafe { self.qp.post_send(&mut wrs) }
+    }
+
+    /// Posts `data` inline to each of `dests` at once, without copying it
+    /// into a send slot: the provider copies it into the work request, so
+    /// it is read from the caller's memory during the call only. The
+    /// latency path of a sender whose message is already built elsewhere
+    /// (the publisher's history). It still takes a slot's sequence, so the
+    /// send queue stays bounded by the ring and completions are reaped as
+    /// for staged sends.
+    ///
+    /// `Ok(false)`: not sent, use [`stage`](Self::stage) instead (messages
+    /// are staged, `data` is longer than the inline limit, no destination,
+    /// or every slot is in flight).
+    pub fn send_inline(&mut self, data: &[u8], dests: &[Dest<'_>]) -> Result<bool, PoolError> {
+        if !self.staged.is_empty()
+            || data.len() > self.max_inline as usize
+            || dests.is_empty()
+            || dests.len() > MAX_DESTS
+        {
+            return Ok(false);
+        }
+        if self.send_head - self.send_tail >= u64::from(self.send_slots) {
+            self.poll_send()?;
+            if self.send_head - self.send_tail >= u64::from(self.send_slots) {
+                self.stats.send_ring_full += 1;
+                return Ok(false);
+            }
+        }
+        let seq = self.send_head;
+        let sge = [Sge::inline(data)];
+        let mut wrs: ArrayVec<SendWr<'_>, MAX_DESTS> = ArrayVec::new();
+        for (d, dest) in dests.iter().enumerate() {
+            // Inline: data.len() <= max_inline, checked above.
+            wrs.push(self.wr(seq, &sge, dest, d, dests.len()));
+        }
+        self.qp.post_send_inline(&mut wrs)?;
+        self.send_head += 1;
+        self.stats.sent += 1;
+        self.stats.send_doorbells += 1;
+        Ok(true)
     }
 
     /// Stages `data` and posts it at once to `dests`, polling send
