@@ -1,5 +1,6 @@
-//! Market-data harnesses over real UD multicast (both roles in one process,
-//! one busy-polling thread each):
+//! Market-data harnesses over real UD multicast (both roles on one host, one
+//! polling thread each; md-latency's echo is a second process, as perftest's
+//! other side is, unless `--threads`):
 //!
 //! - `md-throughput`: 64-byte messages per second published and delivered
 //!   in order with zero unrecovered loss (compare `ib_send_bw -c UD`).
@@ -90,6 +91,19 @@ pub struct MdArgs {
     /// the engine's.
     #[arg(long)]
     pub raw: bool,
+    /// md-latency: run the echo side as a thread of this process instead of
+    /// a second process. perftest's two sides are two processes, and so are
+    /// an exchange feed's publisher and its subscribers: that is the default.
+    #[arg(long)]
+    pub threads: bool,
+    /// md-latency: be the echo side only, until standard input closes (how
+    /// the harness runs its second process).
+    #[arg(long, hide = true)]
+    pub echo_only: bool,
+    /// Receives each subscriber keeps posted (`receive.depth`; `--raw`
+    /// posts this many too).
+    #[arg(long, default_value_t = 4096)]
+    pub recv_depth: u32,
 }
 
 fn idler(args: &MdArgs) -> Idler {
@@ -191,11 +205,14 @@ pub fn with_groups(args: &WithGroupsArgs) -> Result<std::process::ExitStatus> {
 fn config(groups: &[(u16, &str, u16)], args: &MdArgs) -> Result<McastConfig> {
     let mut text = format!(
         "max_datagram_payload = 1024\nhistory_depth = 65536\nheartbeat_interval_ns = 1000000\n\
-         [receive]\ndepth = 4096\nreplenish_batch = 64\nlow_water = 512\n\
+         [receive]\ndepth = {depth}\nreplenish_batch = {batch}\nlow_water = {low}\n\
          [batching]\nmax_messages = 64\nflush_interval_ns = 20000\n\
          [pacing]\nmax_datagrams_per_sec = {}\nburst = 64\n\
          [recovery]\ntimeout_ns = 50000000\nmax_retries = 50\nmax_outstanding = 16\nmax_buffered = 16384\nrc_timeout = 12\n",
-        args.rate
+        args.rate,
+        depth = args.recv_depth,
+        batch = (args.recv_depth / 4).clamp(1, 64),
+        low = args.recv_depth / 8,
     );
     for (id, group, port) in groups {
         text.push_str(&format!(
@@ -433,14 +450,12 @@ pub fn latency(args: &MdArgs) -> Result<()> {
         &[(1, "239.9.2.1", args.port), (2, "239.9.2.2", args.port + 1)],
         args,
     )?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let (echo_cfg, echo_stop, cores, size) =
-        (cfg.clone(), stop.clone(), args.cores.clone(), args.size);
+    let (echo_cfg, cores, size) = (cfg.clone(), args.cores.clone(), args.size);
     let mut echo_idle = idler(args);
     // The echo side: every message on channel 1 goes back on channel 2,
     // published from inside the handler as a strategy reacting to market
     // data would.
-    let echo = std::thread::spawn(move || -> Result<()> {
+    let echo_body = move |echo_stop: Arc<AtomicBool>| -> Result<()> {
         pin(&cores, 1);
         let p = McastPublisher::new(&echo_cfg, 2, clock::now(), ip)?;
         let mut s1 = subscribe(&echo_cfg, 1, ip)?;
@@ -466,7 +481,11 @@ pub fn latency(args: &MdArgs) -> Result<()> {
             echo_idle.idle(work);
         }
         Ok(())
-    });
+    };
+    if args.echo_only {
+        return echo_only(echo_body);
+    }
+    let echo = Echo::start(args, echo_body)?;
     pin(&args.cores, 0);
     let mut p1 = McastPublisher::new(&cfg, 1, clock::now(), ip)?;
     let mut snap = Seq(0);
@@ -499,7 +518,7 @@ pub fn latency(args: &MdArgs) -> Result<()> {
             record_one_way(&mut hist, t0, app.at)?;
         }
     }
-    stop_echo(&stop, echo)?;
+    echo.stop()?;
     let s = Summary::of(&hist);
     println!(
         "md-latency: {} B, {n} round trips over two multicast groups, publish-to-handler (RTT/2)\n{s:?}",
@@ -514,6 +533,64 @@ pub fn latency(args: &MdArgs) -> Result<()> {
 /// handler, at `t1`.
 fn record_one_way(hist: &mut Histogram<u64>, t0: u64, t1: u64) -> Result<()> {
     Ok(hist.record((t1.saturating_sub(t0) / 2).max(1))?)
+}
+
+/// The echo side of a ping-pong: a thread, or a second process running
+/// this program with `--echo-only`.
+enum Echo {
+    Thread(Arc<AtomicBool>, std::thread::JoinHandle<Result<()>>),
+    Process(std::process::Child),
+}
+
+impl Echo {
+    /// Starts `body` (which runs until its stop flag is set) on the side
+    /// `args` asks for.
+    fn start(
+        args: &MdArgs,
+        body: impl FnOnce(Arc<AtomicBool>) -> Result<()> + Send + 'static,
+    ) -> Result<Echo> {
+        if args.threads {
+            let stop = Arc::new(AtomicBool::new(false));
+            let flag = stop.clone();
+            return Ok(Echo::Thread(stop, std::thread::spawn(move || body(flag))));
+        }
+        let child = std::process::Command::new(std::env::current_exe()?)
+            .args(std::env::args_os().skip(1))
+            .arg("--echo-only")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("starting the echo process")?;
+        Ok(Echo::Process(child))
+    }
+
+    /// Tells the echo side to stop and waits for it.
+    fn stop(self) -> Result<()> {
+        match self {
+            Echo::Thread(stop, handle) => stop_echo(&stop, handle),
+            Echo::Process(mut child) => {
+                // Closing its standard input is the stop signal.
+                drop(child.stdin.take());
+                let st = child.wait()?;
+                if !st.success() {
+                    bail!("the echo process failed ({st})");
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// In the `--echo-only` process: runs `body` until standard input closes.
+fn echo_only(body: impl FnOnce(Arc<AtomicBool>) -> Result<()>) -> Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        // ORDERING: Release, pairs with the echo loop's Acquire load.
+        flag.store(true, Ordering::Release);
+    });
+    body(stop)
 }
 
 /// Ends a ping-pong: tells the echo thread to stop and waits for it.
@@ -536,7 +613,7 @@ struct RawSide {
 }
 
 impl RawSide {
-    fn new(ip: IpAddr, rx_group: &str, tx_group: &str) -> Result<Self> {
+    fn new(ip: IpAddr, rx_group: &str, tx_group: &str, depth: u32) -> Result<Self> {
         use rocebus::verbs::cm::McastMembership;
         let ctx = RdmaContext::open_for_ip(ip)?;
         let pd = ProtectionDomain::new(&ctx)?;
@@ -547,10 +624,10 @@ impl RawSide {
             &pd,
             QpType::Ud,
             PoolConfig {
-                recv_slots: 256,
+                recv_slots: depth,
                 recv_len: 1024,
-                recv_batch: 16,
-                recv_low_water: 32,
+                recv_batch: (depth / 4).clamp(1, 64),
+                recv_low_water: depth / 8,
                 send_slots: 64,
                 send_len: 1024,
                 signal_every: 16,
@@ -598,12 +675,11 @@ impl RawSide {
 
 /// `md-latency --raw`: see [`MdArgs::raw`].
 fn raw_latency(args: &MdArgs, ip: IpAddr, n: u64, warmup: u64) -> Result<()> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (echo_stop, cores, size) = (stop.clone(), args.cores.clone(), args.size);
+    let (cores, size, depth) = (args.cores.clone(), args.size, args.recv_depth);
     let mut echo_idle = idler(args);
-    let echo = std::thread::spawn(move || -> Result<()> {
+    let echo_body = move |echo_stop: Arc<AtomicBool>| -> Result<()> {
         pin(&cores, 1);
-        let mut side = RawSide::new(ip, "239.9.2.1", "239.9.2.2")?;
+        let mut side = RawSide::new(ip, "239.9.2.1", "239.9.2.2", depth)?;
         let mut msg = vec![0u8; size];
         // ORDERING: Acquire, pairs with the Release store after the last round.
         while !echo_stop.load(Ordering::Acquire) {
@@ -615,9 +691,13 @@ fn raw_latency(args: &MdArgs, ip: IpAddr, n: u64, warmup: u64) -> Result<()> {
             }
         }
         Ok(())
-    });
+    };
+    if args.echo_only {
+        return echo_only(echo_body);
+    }
+    let echo = Echo::start(args, echo_body)?;
     pin(&args.cores, 0);
-    let mut side = RawSide::new(ip, "239.9.2.2", "239.9.2.1")?;
+    let mut side = RawSide::new(ip, "239.9.2.2", "239.9.2.1", args.recv_depth)?;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let mut msg = vec![0u8; args.size];
     let mut idle = idler(args);
@@ -653,7 +733,7 @@ fn raw_latency(args: &MdArgs, ip: IpAddr, n: u64, warmup: u64) -> Result<()> {
             record_one_way(&mut hist, t0, t1)?;
         }
     }
-    stop_echo(&stop, echo)?;
+    echo.stop()?;
     let s = Summary::of(&hist);
     println!(
         "md-latency --raw: {} B, {n} round trips of bare UD multicast datagrams over two groups (RTT/2)\n{s:?}",
