@@ -105,7 +105,10 @@ impl FixConfig {
 pub struct JournalConfig {
     /// Journal file (relative paths are relative to the working directory).
     pub path: PathBuf,
-    /// `"never"`, `"always"` or `{ every_n = N }`.
+    /// Optional, default `"group"`: every service turn's records are `fdatasync`ed before
+    /// any order they describe goes to the venue or any ack to an engine. `{ every_n = N }`
+    /// and `"never"` trade that away (see configs/order-gateway.toml).
+    #[serde(default)]
     pub fsync: FsyncPolicy,
 }
 

@@ -218,6 +218,8 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     out: Outputs,
     responses: Vec<(EngineId, Response)>,
     rbuf: Vec<u8>,
+    /// Private copy of the engine frame being processed (see `stage_engine_message`).
+    frame: Vec<u8>,
     recovery: RecoveryStats,
 }
 
@@ -258,7 +260,19 @@ impl<L: VenueLink> FixDriver<L> {
         if let Some(dir) = journal.parent().filter(|d| !d.as_os_str().is_empty()) {
             let _ = std::fs::create_dir_all(dir);
         }
-        let (journal, recovery) = Journal::open(journal, fsync, |k, p| gw.replay_record(k, p))?;
+        let (journal_file, recovery) =
+            Journal::open(journal, fsync, |k, p| gw.replay_record(k, p))?;
+        if recovery.truncated_bytes > 0 {
+            tracing::warn!(
+                journal = %journal.display(),
+                bytes = recovery.truncated_bytes,
+                records = recovery.records,
+                "cut a torn tail off the journal (an interrupted last write, never synced)"
+            );
+        } else {
+            tracing::info!(journal = %journal.display(), records = recovery.records, "journal replayed");
+        }
+        let journal = journal_file;
         Ok(FixDriver {
             gw,
             journal,
@@ -266,6 +280,7 @@ impl<L: VenueLink> FixDriver<L> {
             out: Outputs::default(),
             responses: Vec::with_capacity(1024),
             rbuf: vec![0; 1 << 16],
+            frame: Vec::with_capacity(1 << 14),
             recovery,
         })
     }
@@ -324,8 +339,15 @@ impl<L: VenueLink> FixDriver<L> {
 
     /// One engine frame, processed but not flushed: call [`flush_with`](Self::flush_with)
     /// after a batch (one journal write and one venue write for the batch).
+    ///
+    /// `bytes` may live in memory the engine can still write (its RDMA-writable ring): they
+    /// are copied once into private memory first, and the journal's checksum and every
+    /// decision are made on that copy, so the journal records exactly what was decided.
     pub fn stage_engine_message(&mut self, engine: EngineId, bytes: &[u8], now: u64) {
-        self.gw.on_engine_message(engine, bytes, now, &mut self.out);
+        self.frame.clear();
+        self.frame.extend_from_slice(bytes);
+        self.gw
+            .on_engine_message(engine, &self.frame, now, &mut self.out);
     }
 
     /// Cancel-on-disconnect for `engine`, processed but not flushed.
@@ -437,6 +459,11 @@ impl<L: VenueLink> FixDriver<L> {
     /// Takes the engine responses produced so far.
     pub fn take_engine_responses(&mut self) -> Vec<(EngineId, Response)> {
         std::mem::take(&mut self.responses)
+    }
+
+    /// Journal bytes a completed sync made durable (what survives a power loss).
+    pub fn journal_durable_len(&self) -> u64 {
+        self.journal.durable_len()
     }
 
     /// Forces the journal to disk.

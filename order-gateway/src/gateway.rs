@@ -46,7 +46,7 @@ pub mod record {
     pub const ENGINE_REQUEST: u8 = 1;
     /// A risk/gateway decision: [`super::Decision`].
     pub const DECISION: u8 = 2;
-    /// One or more FIX frames sent.
+    /// FIX frames sent: one per record (journals of earlier versions may hold several).
     pub const FIX_OUT: u8 = 3;
     /// One FIX frame received and processed in sequence.
     pub const FIX_IN: u8 = 4;
@@ -389,11 +389,16 @@ impl Gateway {
         Self::journal_out(out, start);
     }
 
+    /// Journals the FIX frames written since `start`, one record per frame, so a record is
+    /// never larger than one message whatever a resend answers with.
     fn journal_out(out: &mut Outputs, start: usize) {
-        if out.fix.len() > start {
-            let (journal, fix) = (&mut out.journal, &out.fix[start..]);
-            encode_record(journal, record::FIX_OUT, &[fix]);
+        let mut rest = &out.fix[start..];
+        while !rest.is_empty() {
+            // The session writes whole frames; should one ever not split, it goes whole.
+            let n = split_frame(rest).map_or(rest.len(), |n| n.clamp(1, rest.len()));
+            encode_record(&mut out.journal, record::FIX_OUT, &[&rest[..n]]);
             out.journal_records += 1;
+            rest = &rest[n..];
         }
     }
 
@@ -1432,6 +1437,70 @@ mod tests {
         let m = Message::parse(&last_fix(&out2)).unwrap().uint(11).unwrap();
         assert!(m > gw.order(1, 2).unwrap().venue_cl_ord_id);
     }
+    /// A venue ResendRequest answered with thousands of messages (several MiB of FIX) is
+    /// journaled, and after a restart every record after it still replays.
+    #[test]
+    fn a_resend_of_several_mebibytes_is_journaled_and_everything_after_it_replays() {
+        use crate::journal::{FsyncPolicy, Journal};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let big = r#"
+            reference_max_age_ms = 5000
+            throttle_interval_ms = 1000
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 100000000000
+            max_position = 100000000
+            max_open_orders = 100000
+            max_orders_per_interval = 100000
+            collar_bps = 500
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "e1"
+        "#;
+        let risk: RiskConfig = toml::from_str(big).unwrap();
+        let (mut j, _) = Journal::open(&path, FsyncPolicy::Never, |_, _| {}).unwrap();
+        let mut gw = Gateway::new(session(), &risk).unwrap();
+        let mut out = Outputs::default();
+        let flush = |out: &mut Outputs, j: &mut Journal| {
+            j.append(&out.journal, out.journal_records).unwrap();
+            out.clear();
+        };
+        gw.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+        gw.on_connect(T0, &mut out);
+        let mut v = Venue { seq: 1 };
+        gw.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut out);
+        flush(&mut out, &mut j);
+        for cl in 1..=6000 {
+            gw.on_engine_message(1, new_order(cl, 1, 100).as_bytes(), T0, &mut out);
+            flush(&mut out, &mut j);
+        }
+        let resend = v.frame(b"2", &[(7, b"1"), (16, b"0")]);
+        gw.on_fix_bytes(&resend, T0, &mut out);
+        assert!(out.fix.len() > 1 << 20, "resend of {} bytes", out.fix.len());
+        flush(&mut out, &mut j);
+        // Later history: a fill and one more order.
+        let id = gw.order(1, 5999).unwrap().venue_cl_ord_id;
+        gw.on_fix_bytes(&v.exec(id, b"F", 1, 1, 0), T0, &mut out);
+        gw.on_engine_message(1, new_order(6001, 1, 100).as_bytes(), T0, &mut out);
+        flush(&mut out, &mut j);
+        drop(j);
+        let mut r = Gateway::new(session(), &risk).unwrap();
+        let (_, stats) =
+            Journal::open(&path, FsyncPolicy::Never, |k, p| r.replay_record(k, p)).unwrap();
+        assert_eq!(stats.truncated_bytes, 0);
+        assert_eq!(
+            (r.session().next_out(), r.session().next_in()),
+            (gw.session().next_out(), gw.session().next_in())
+        );
+        assert_eq!(r.order(1, 5999).unwrap().cum_qty, 1);
+        assert!(r.order(1, 6001).is_some());
+        assert_eq!(r.open_order_count(), gw.open_order_count());
+    }
+
     fn replay(journal: &[u8]) -> Gateway {
         let mut r = Gateway::new(session(), &risk()).unwrap();
         let mut rest = journal;

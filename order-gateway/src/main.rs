@@ -61,6 +61,117 @@ enum Cmd {
         #[arg(short, long, default_value = "configs/order-gateway.toml")]
         config: PathBuf,
     },
+    /// Inspect or repair a journal file (the gateway refuses to start on a damaged one).
+    Journal {
+        #[command(subcommand)]
+        cmd: JournalCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum JournalCmd {
+    /// Read a journal without changing it: records per kind, the durable length, the first
+    /// bad offset. Exits 0 only for a clean journal (a torn tail, which the gateway cuts on
+    /// start, exits 1; damage it refuses to start on exits 2).
+    Verify {
+        /// Journal file (`[journal] path` of the gateway's config).
+        file: PathBuf,
+    },
+    /// Move everything from the first damaged record to the end into FILE.quarantine.N
+    /// (never deletes), then cut the journal there so the gateway can start. Records moved
+    /// aside are no longer replayed: order ids and FIX sequence numbers recorded in them may
+    /// be reused, so reconcile with the venue. The gateway must be stopped.
+    Repair {
+        /// Journal file.
+        file: PathBuf,
+    },
+}
+
+fn kind_name(kind: usize) -> String {
+    use order_gateway::gateway::record;
+    match kind as u8 {
+        order_gateway::journal::META => "durable marks".into(),
+        record::ENGINE_REQUEST => "engine requests".into(),
+        record::DECISION => "decisions".into(),
+        record::FIX_OUT => "FIX out".into(),
+        record::FIX_IN => "FIX in".into(),
+        k => format!("kind {k}"),
+    }
+}
+
+fn print_scan(file: &std::path::Path, scan: &order_gateway::journal::Scan) {
+    println!("{}: {} bytes", file.display(), scan.file_len);
+    for (kind, n) in scan.by_kind.iter().enumerate().filter(|(_, n)| **n > 0) {
+        println!("  {:<16} {n}", kind_name(kind));
+    }
+    println!("  records          {}", scan.records());
+    println!(
+        "  durable length   {} (last durable mark)",
+        scan.durable_len
+    );
+    println!("  intact length    {}", scan.valid_len);
+}
+
+fn journal_cmd(cmd: JournalCmd) -> anyhow::Result<std::process::ExitCode> {
+    use order_gateway::journal::{self, Damage};
+    use std::process::ExitCode;
+    match cmd {
+        JournalCmd::Verify { file } => {
+            let scan = journal::verify(&file)?;
+            print_scan(&file, &scan);
+            Ok(match scan.damage {
+                None => {
+                    println!("  clean");
+                    ExitCode::SUCCESS
+                }
+                Some(Damage::TornTail { offset, bytes }) => {
+                    println!(
+                        "  torn tail: {bytes} bytes from byte {offset} (an interrupted last \
+                         write; the gateway cuts it on start)"
+                    );
+                    ExitCode::from(1)
+                }
+                Some(Damage::Corrupt {
+                    offset,
+                    what,
+                    next_intact,
+                }) => {
+                    match next_intact {
+                        Some(n) => println!(
+                            "  DAMAGED at byte {offset} ({what}); intact records follow at \
+                             byte {n}: the gateway will not start on it"
+                        ),
+                        None => println!("  DAMAGED at byte {offset} ({what})"),
+                    }
+                    println!(
+                        "  `order-gateway journal repair {}` moves bytes {offset}.. aside",
+                        file.display()
+                    );
+                    ExitCode::from(2)
+                }
+            })
+        }
+        JournalCmd::Repair { file } => {
+            let r = journal::repair(&file)?;
+            print_scan(&file, &r.scan);
+            match r.moved {
+                None => println!("  clean: nothing moved"),
+                Some((q, offset)) => {
+                    let kind = match r.scan.damage {
+                        Some(Damage::TornTail { .. }) => "a torn tail",
+                        _ => "damaged records and everything after them",
+                    };
+                    println!(
+                        "  moved {} bytes ({kind}) from byte {offset} to {}; the journal now \
+                         ends at byte {offset}",
+                        r.scan.file_len - offset,
+                        q.display()
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }
 
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
@@ -94,7 +205,7 @@ fn serve<L: VenueLink>(mut service: Service<L>, cfg: &Config) -> anyhow::Result<
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<std::process::ExitCode> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -106,24 +217,34 @@ fn main() -> anyhow::Result<()> {
         Cmd::Check { config } => {
             load(&config)?;
             println!("{}: ok", config.display());
-            Ok(())
+            Ok(std::process::ExitCode::SUCCESS)
         }
+        Cmd::Journal { cmd } => journal_cmd(cmd),
         Cmd::Run { config, venue } => {
             let cfg = load(&config)?;
+            let journal_hint = || {
+                format!(
+                    "open the journal {} (checked before anything else)",
+                    cfg.journal.path.display()
+                )
+            };
             let rdma_hint = || {
                 format!(
-                    "start the gateway (journal {}, engines on {}): is an RDMA device up \
-                     (`cargo xtask vm`, or `rdma link add`) and the journal readable?",
-                    cfg.journal.path.display(),
+                    "listen for engines on {}: is an RDMA device up (`cargo xtask vm`, or \
+                     `rdma link add`) with that address?",
                     cfg.service.listen
                 )
             };
+            let opts = ServiceOptions::from_config(&cfg).context("fix the configuration")?;
+            // The journal first: a damaged or locked journal fails the start with its own
+            // error before any device or venue is looked at.
             match venue {
                 Venue::Fix => {
-                    let service = Service::from_config(&cfg, ServiceControl::new())
+                    let driver = FixDriver::open(&cfg).with_context(journal_hint)?;
+                    let service = Service::new(driver, &cfg.risk, opts, ServiceControl::new())
                         .with_context(rdma_hint)?;
                     tracing::info!(listen = %cfg.service.listen, venue = %cfg.fix.venue_addr, "order gateway running");
-                    serve(service, &cfg)
+                    serve(service, &cfg)?;
                 }
                 Venue::Sim => {
                     let driver = FixDriver::with_link(
@@ -133,15 +254,14 @@ fn main() -> anyhow::Result<()> {
                         &cfg.journal.path,
                         cfg.journal.fsync,
                     )
-                    .with_context(|| format!("open the journal {}", cfg.journal.path.display()))?;
-                    let opts =
-                        ServiceOptions::from_config(&cfg).context("fix the configuration")?;
+                    .with_context(journal_hint)?;
                     let service = Service::new(driver, &cfg.risk, opts, ServiceControl::new())
                         .with_context(rdma_hint)?;
                     tracing::info!(listen = %cfg.service.listen, "order gateway running with the venue simulator");
-                    serve(service, &cfg)
+                    serve(service, &cfg)?;
                 }
             }
+            Ok(std::process::ExitCode::SUCCESS)
         }
     }
 }
