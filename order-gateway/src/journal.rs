@@ -16,10 +16,13 @@
 //! byte for byte unchanged; [`repair`] moves a damaged suffix aside to `FILE.quarantine.N`
 //! (never deletes) when an operator decides to.
 //!
-//! Kind [`META`] is the journal's own: each append that follows a completed `fdatasync`
-//! starts with a *durable mark*, the length that sync made durable, so `journal verify` can
-//! say how much of a file was known durable. (A mark can only speak of bytes before it, so
-//! it cannot tell a torn tail from damage on its own; the intact-record search does that.)
+//! Kind [`META`] is the journal's own: every append that is synced ends with a *commit
+//! record* holding the file length at its own end, written in the same `write` and covered by
+//! the same `fdatasync`. Nothing an append describes leaves the process before that sync
+//! returns, so the end of the last intact commit record is the file's durable point: what a
+//! power loss is guaranteed to keep, and all the gateway ever acted on under group commit.
+//! `journal verify` reports it; cutting a file back to it is how the tests simulate a power
+//! loss.
 //!
 //! A journal is held under an exclusive `flock` for as long as it is open: a second gateway
 //! on the same file fails with [`JournalError::Locked`].
@@ -35,11 +38,11 @@ use serde::Deserialize;
 
 const MAGIC: &[u8; 8] = b"RBGWJNL1";
 const RECORD_HEADER: usize = 8;
-/// Record kind reserved for the journal's own records (durable marks); never handed to the
+/// Record kind reserved for the journal's own records (commit records); never handed to the
 /// caller's replay and never written by [`encode_record`]'s callers.
 pub const META: u8 = 0;
-/// `META` payload tag: a durable mark, followed by the durable length (u64 LE).
-const META_DURABLE: u8 = 1;
+/// `META` payload tag: a commit record, followed by the file length at its end (u64 LE).
+const META_COMMIT: u8 = 1;
 const MARK_LEN: usize = RECORD_HEADER + 1 + 1 + 8;
 
 /// When to make appended records durable (`fdatasync`).
@@ -125,7 +128,7 @@ pub enum JournalError {
 /// What recovery found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryStats {
-    /// Intact records replayed (durable marks not counted).
+    /// Intact records replayed (commit records not counted).
     pub records: u64,
     /// Bytes cut from a torn tail.
     pub truncated_bytes: u64,
@@ -159,11 +162,12 @@ pub fn decode_record(bytes: &[u8]) -> Option<(u8, &[u8], usize)> {
     (crc32fast::hash(body) == crc).then(|| (body[0], &body[1..], RECORD_HEADER + len))
 }
 
-fn durable_mark(len: u64) -> [u8; MARK_LEN] {
+/// The commit record that ends an append finishing at `end` (this record included).
+fn commit_record(end: u64) -> [u8; MARK_LEN] {
     let mut body = [0u8; 10];
     body[0] = META;
-    body[1] = META_DURABLE;
-    body[2..].copy_from_slice(&len.to_le_bytes());
+    body[1] = META_COMMIT;
+    body[2..].copy_from_slice(&end.to_le_bytes());
     let mut rec = [0u8; MARK_LEN];
     rec[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
     rec[4..8].copy_from_slice(&crc32fast::hash(&body).to_le_bytes());
@@ -196,11 +200,11 @@ pub enum Damage {
 /// What a full read of a journal found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scan {
-    /// Intact records per kind (index = kind; `[META]` counts durable marks).
+    /// Intact records per kind (index = kind; `[META]` counts commit records).
     pub by_kind: Box<[u64; 256]>,
     /// End of the last intact record before any damage.
     pub valid_len: u64,
-    /// The last durable mark: bytes a completed `fdatasync` is known to have made durable.
+    /// End of the last commit record: the durable point (what a power loss keeps).
     pub durable_len: u64,
     /// The file's length.
     pub file_len: u64,
@@ -209,7 +213,7 @@ pub struct Scan {
 }
 
 impl Scan {
-    /// Records other than durable marks.
+    /// Records other than commit records.
     pub fn records(&self) -> u64 {
         self.by_kind.iter().sum::<u64>() - self.by_kind[META as usize]
     }
@@ -310,7 +314,7 @@ fn scan_file(
                 let kind = body[0];
                 scan.by_kind[kind as usize] += 1;
                 if kind == META {
-                    if let [META_DURABLE, l @ ..] = &body[1..] {
+                    if let [META_COMMIT, l @ ..] = &body[1..] {
                         if let Ok(l) = <[u8; 8]>::try_from(l) {
                             scan.durable_len = scan.durable_len.max(u64::from_le_bytes(l));
                         }
@@ -432,8 +436,6 @@ pub struct Journal {
     len: u64,
     /// Bytes a completed fdatasync made durable.
     durable: u64,
-    /// The durable length last written as a mark.
-    marked: u64,
     poisoned: bool,
 }
 
@@ -498,7 +500,6 @@ impl Journal {
                 unsynced: 0,
                 len,
                 durable: len,
-                marked: scan.durable_len,
                 poisoned: false,
             },
             stats,
@@ -506,9 +507,9 @@ impl Journal {
     }
 
     /// Appends `records` (whole records from [`encode_record`], `count` of them) and syncs
-    /// per policy. Must complete before the effects they describe leave the process. On an
-    /// error nothing of this append stays in the file (the gateway may go on once the cause,
-    /// such as a full disk, is gone).
+    /// per policy; a synced append ends with a commit record. Must complete before the
+    /// effects the records describe leave the process. On an error nothing of this append
+    /// stays in the file (the gateway may go on once the cause, such as a full disk, is gone).
     pub fn append(&mut self, records: &[u8], count: u32) -> Result<(), JournalError> {
         if records.is_empty() {
             return Ok(());
@@ -516,34 +517,38 @@ impl Journal {
         if self.poisoned {
             return Err(JournalError::Poisoned);
         }
-        let mark = (self.durable > self.marked).then(|| durable_mark(self.durable));
+        let unsynced = self.unsynced.saturating_add(count);
+        let sync = match self.policy {
+            FsyncPolicy::Never => false,
+            FsyncPolicy::Group => true,
+            FsyncPolicy::EveryN(n) => unsynced >= n.max(1),
+        };
         let start = self.len;
-        let written = match &mark {
-            Some(m) => self.write_both(m, records),
-            None => self.file.write_all(records),
+        let end = start + records.len() as u64 + if sync { MARK_LEN as u64 } else { 0 };
+        let written = if sync {
+            self.write_both(records, &commit_record(end))
+        } else {
+            self.file.write_all(records)
         };
         if let Err(e) = written {
             self.roll_back(start);
             return Err(JournalError::Append(e));
         }
-        self.len = start + (mark.map_or(0, |m| m.len()) + records.len()) as u64;
-        if let Some(_m) = mark {
-            self.marked = self.durable;
-        }
-        self.unsynced = self.unsynced.saturating_add(count);
-        let sync = match self.policy {
-            FsyncPolicy::Never => false,
-            FsyncPolicy::Group => true,
-            FsyncPolicy::EveryN(n) => self.unsynced >= n.max(1),
-        };
+        self.len = end;
+        self.unsynced = unsynced;
         if sync {
-            self.sync()?;
+            if let Err(e) = self.sync_data() {
+                // The commit record may or may not be on disk: take the whole append back
+                // so the file never claims a durability it did not get.
+                self.roll_back(start);
+                return Err(e);
+            }
         }
         Ok(())
     }
 
-    fn write_both(&mut self, mark: &[u8], records: &[u8]) -> io::Result<()> {
-        let (mut a, mut b) = (mark, records);
+    fn write_both(&mut self, first: &[u8], second: &[u8]) -> io::Result<()> {
+        let (mut a, mut b) = (first, second);
         while !a.is_empty() || !b.is_empty() {
             let n = match self
                 .file
@@ -570,7 +575,21 @@ impl Journal {
     }
 
     /// Forces an fdatasync of everything appended.
+    /// Unsynced records get their commit record first.
     pub fn sync(&mut self) -> Result<(), JournalError> {
+        if self.len > self.durable && !self.poisoned {
+            let start = self.len;
+            let end = start + MARK_LEN as u64;
+            if let Err(e) = self.file.write_all(&commit_record(end)) {
+                self.roll_back(start);
+                return Err(JournalError::Append(e));
+            }
+            self.len = end;
+        }
+        self.sync_data()
+    }
+
+    fn sync_data(&mut self) -> Result<(), JournalError> {
         self.file.sync_data().map_err(JournalError::Sync)?;
         self.unsynced = 0;
         self.durable = self.len;
@@ -681,7 +700,7 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_last_record_past_the_durable_mark_is_a_torn_tail() {
+    fn a_corrupt_last_record_is_a_torn_tail() {
         let p = tmp("corrupt-tail");
         write_with(&p, 3, b"payload", FsyncPolicy::Never);
         let mut data = std::fs::read(&p).unwrap();
@@ -701,8 +720,8 @@ mod tests {
     fn mid_file_corruption_stops_the_open_and_changes_nothing() {
         let p = tmp("mid");
         write_with(&p, 100, b"payload", FsyncPolicy::Never);
-        // Never: only the first append carries a durable mark.
-        let (base, rec) = (MAGIC.len() + MARK_LEN, RECORD_HEADER + 1 + 4 + 7);
+        // Never: no commit records.
+        let (base, rec) = (MAGIC.len(), RECORD_HEADER + 1 + 4 + 7);
         let mut data = std::fs::read(&p).unwrap();
         for (what, at) in [
             ("payload", base + 50 * rec + RECORD_HEADER + 3),
@@ -736,19 +755,35 @@ mod tests {
     }
 
     #[test]
-    fn durable_marks_follow_syncs_and_are_not_replayed() {
-        let p = tmp("marks");
+    fn synced_appends_end_with_commit_records_that_are_not_replayed() {
+        let p = tmp("commits");
         write_with(&p, 5, b"payload", FsyncPolicy::Group);
         let scan = verify(&p).unwrap();
         assert_eq!(scan.records(), 5);
-        // The first append follows the sync of the open; every later one follows a sync.
         assert_eq!(scan.by_kind[META as usize], 5);
-        assert!(scan.durable_len > 0 && scan.durable_len < scan.file_len);
+        assert_eq!(scan.durable_len, scan.file_len);
         assert_eq!(scan.damage, None);
         assert_eq!(read_all(&p).0, [0, 1, 2, 3, 4]);
+        // Never: nothing after the last commit is known durable.
         write_with(&p, 3, b"payload", FsyncPolicy::Never);
-        // Never: only the append right after the open's sync carries a mark.
+        let later = verify(&p).unwrap();
+        assert_eq!(later.by_kind[META as usize], 5);
+        assert_eq!(later.durable_len, scan.file_len);
+        assert!(later.file_len > later.durable_len);
+        // every_n = 2: a commit after the 2nd record; an explicit sync commits the 3rd.
+        let (mut j, _) = Journal::open(&p, FsyncPolicy::EveryN(2), |_, _| {}).unwrap();
+        let mut buf = Vec::new();
+        encode_record(&mut buf, 1, &[&9u32.to_le_bytes(), b"payload"]);
+        for _ in 0..3 {
+            j.append(&buf, 1).unwrap();
+        }
+        assert!(j.durable_len() < j.len());
         assert_eq!(verify(&p).unwrap().by_kind[META as usize], 6);
+        j.sync().unwrap();
+        assert_eq!(j.durable_len(), j.len());
+        drop(j);
+        let s = verify(&p).unwrap();
+        assert_eq!((s.by_kind[META as usize], s.durable_len), (7, s.file_len));
     }
 
     #[test]
@@ -767,8 +802,8 @@ mod tests {
         let p = tmp("repair");
         let _ = std::fs::remove_file(format!("{}.quarantine.1", p.display()));
         write_with(&p, 10, b"payload", FsyncPolicy::Never);
-        // Never: only the first append carries a durable mark.
-        let (base, rec) = (MAGIC.len() + MARK_LEN, RECORD_HEADER + 1 + 4 + 7);
+        // Never: no commit records.
+        let (base, rec) = (MAGIC.len(), RECORD_HEADER + 1 + 4 + 7);
         let mut data = std::fs::read(&p).unwrap();
         let at = base + 4 * rec + 10;
         data[at] ^= 0xff;

@@ -90,7 +90,7 @@ enum JournalCmd {
 fn kind_name(kind: usize) -> String {
     use order_gateway::gateway::record;
     match kind as u8 {
-        order_gateway::journal::META => "durable marks".into(),
+        order_gateway::journal::META => "commit records".into(),
         record::ENGINE_REQUEST => "engine requests".into(),
         record::DECISION => "decisions".into(),
         record::FIX_OUT => "FIX out".into(),
@@ -106,7 +106,7 @@ fn print_scan(file: &std::path::Path, scan: &order_gateway::journal::Scan) {
     }
     println!("  records          {}", scan.records());
     println!(
-        "  durable length   {} (last durable mark)",
+        "  durable length   {} (end of the last commit record: what a power loss keeps)",
         scan.durable_len
     );
     println!("  intact length    {}", scan.valid_len);
