@@ -13,6 +13,13 @@
 //! exactly once. A response numbered at or below the last applied is refused as
 //! [`ClientError::Duplicate`] without touching the book.
 //!
+//! Requests are numbered too. The logon answer carries the last request number the gateway
+//! journaled: every request after it was not taken (the gateway died, or its journal was
+//! full, before recording it). [`Client::not_taken`] lists them and
+//! [`EngineSession::resend_not_taken`] sends them again with the same numbers and ids; a
+//! request the gateway had taken after all is answered with an unnumbered
+//! [`Response::Status`] and never acted on twice.
+//!
 //! ```no_run
 //! use order_gateway::client::EngineSession;
 //! use order_gateway::proto::{Side, Symbol, PRICE_SCALE};
@@ -31,6 +38,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -101,13 +109,57 @@ pub enum ClientError {
     Duplicate(u32),
 }
 
+/// A request frame the client numbers.
+trait Numbered: Copy {
+    fn header_mut(&mut self) -> &mut crate::proto::Header;
+    fn request(self) -> Request;
+}
+
+macro_rules! numbered {
+    ($($t:ident),*) => {$(
+        impl Numbered for $t {
+            fn header_mut(&mut self) -> &mut crate::proto::Header {
+                &mut self.header
+            }
+            fn request(self) -> Request {
+                Request::$t(self)
+            }
+        }
+    )*};
+}
+numbered!(NewOrder, Cancel, Replace, MassCancel);
+
+/// Requests kept until a logon answer says they were taken: enough for any burst between
+/// two logons; the oldest are dropped past it (they were taken long ago in practice).
+pub const UNCONFIRMED_MAX: usize = 1 << 16;
+
 /// Engine-side order client.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Client {
     next_id: u64,
     last_seq: u32,
+    /// Number of the next request.
+    next_request: u32,
+    /// Requests sent and not yet confirmed taken by a logon answer, oldest first.
+    unconfirmed: VecDeque<Request>,
+    /// Requests a logon answer (or a `JournalUnavailable` reject) said were not taken.
+    not_taken: Vec<Request>,
     orders: FxHashMap<u64, OwnOrder>,
     position: FxHashMap<Symbol, i64>,
+}
+
+impl Default for Client {
+    fn default() -> Client {
+        Client {
+            next_id: 0,
+            last_seq: 0,
+            next_request: 1,
+            unconfirmed: VecDeque::new(),
+            not_taken: Vec::new(),
+            orders: FxHashMap::default(),
+            position: FxHashMap::default(),
+        }
+    }
 }
 
 impl Client {
@@ -124,8 +176,54 @@ impl Client {
         Client {
             next_id: first_id,
             orders: FxHashMap::with_capacity_and_hasher(orders, Default::default()),
+            unconfirmed: VecDeque::with_capacity(orders.min(UNCONFIRMED_MAX)),
             ..Client::default()
         }
+    }
+
+    /// Numbers `m` and keeps it until a logon answer confirms it was taken.
+    fn number<T: Numbered>(&mut self, mut m: T) -> T {
+        m.header_mut().seq = zerocopy::little_endian::U32::new(self.next_request);
+        self.next_request = self.next_request.wrapping_add(1).max(1);
+        if self.unconfirmed.len() == UNCONFIRMED_MAX {
+            self.unconfirmed.pop_front();
+        }
+        self.unconfirmed.push_back(m.request());
+        m
+    }
+
+    /// Applies a logon answer's last taken request number: requests up to it are taken,
+    /// every later one is moved to [`not_taken`](Self::not_taken). Numbering continues
+    /// after the gateway's, so a client that lost its state never reuses a number.
+    pub fn on_logon(&mut self, last_request_seq: u32) {
+        while self
+            .unconfirmed
+            .front()
+            .is_some_and(|r| r.seq() <= last_request_seq)
+        {
+            self.unconfirmed.pop_front();
+        }
+        self.not_taken.clear();
+        self.not_taken.extend(self.unconfirmed.iter().copied());
+        if self.next_request <= last_request_seq {
+            self.next_request = last_request_seq.wrapping_add(1).max(1);
+        }
+    }
+
+    /// Requests the gateway did not take (see [`on_logon`](Self::on_logon)), oldest first:
+    /// send them again as they are (same number and id), or give them up.
+    pub fn not_taken(&self) -> &[Request] {
+        &self.not_taken
+    }
+
+    /// Takes the list of requests not taken (after sending them again, or to give up).
+    pub fn take_not_taken(&mut self) -> Vec<Request> {
+        std::mem::take(&mut self.not_taken)
+    }
+
+    /// The number the next request will carry.
+    pub fn next_request_seq(&self) -> u32 {
+        self.next_request
     }
 
     /// Encodes a new order and starts tracking it; returns its id and frame.
@@ -139,6 +237,15 @@ impl Client {
     ) -> (u64, NewOrder) {
         let id = self.next_id;
         self.next_id += 1;
+        let m = self.number(NewOrder::new(
+            id,
+            account,
+            symbol,
+            side,
+            qty,
+            price,
+            TimeInForce::Day,
+        ));
         self.orders.insert(
             id,
             OwnOrder {
@@ -150,25 +257,22 @@ impl Client {
                 state: OrderState::PendingNew,
             },
         );
-        (
-            id,
-            NewOrder::new(id, account, symbol, side, qty, price, TimeInForce::Day),
-        )
+        (id, m)
     }
 
-    /// Encodes a cancel of `id`.
-    pub fn cancel(&self, id: u64) -> Cancel {
-        Cancel::new(id)
+    /// Encodes a cancel of `id` (numbered).
+    pub fn cancel(&mut self, id: u64) -> Cancel {
+        self.number(Cancel::new(id))
     }
 
-    /// Encodes a replace of `id`.
-    pub fn replace(&self, id: u64, qty: u32, price: i64) -> Replace {
-        Replace::new(id, qty, price)
+    /// Encodes a replace of `id` (numbered).
+    pub fn replace(&mut self, id: u64, qty: u32, price: i64) -> Replace {
+        self.number(Replace::new(id, qty, price))
     }
 
-    /// Encodes a mass cancel.
-    pub fn mass_cancel(&self, account: u32, symbol: Symbol) -> MassCancel {
-        MassCancel::new(account, symbol)
+    /// Encodes a mass cancel (numbered).
+    pub fn mass_cancel(&mut self, account: u32, symbol: Symbol) -> MassCancel {
+        self.number(MassCancel::new(account, symbol))
     }
 
     /// The sequence number of the last response applied (0: none); an engine that
@@ -189,6 +293,24 @@ impl Client {
             self.last_seq = seq;
         }
         let id = resp.cl_ord_id();
+        match resp {
+            // Informational: the numbered responses carry every change.
+            Response::Status(_) => return Ok(resp),
+            Response::Reject(r) if r.reason() == RejectReason::JournalUnavailable => {
+                // Not taken: nothing happened; keep it to send again.
+                if let Some(req) = self
+                    .unconfirmed
+                    .iter()
+                    .find(|q| q.cl_ord_id() == id && q.msg_type() == r.request)
+                {
+                    if !self.not_taken.iter().any(|q| q.seq() == req.seq()) {
+                        self.not_taken.push(*req);
+                    }
+                }
+                return Ok(resp);
+            }
+            _ => {}
+        }
         let o = self
             .orders
             .get_mut(&id)
@@ -219,6 +341,7 @@ impl Client {
                 o.qty = r.qty.get();
                 o.price = r.price.get();
             }
+            Response::Status(_) => {}
         }
         Ok(resp)
     }
@@ -334,7 +457,9 @@ impl EngineSession {
 
     /// Logs on again with the book of an earlier session (see [`into_client`]): the gateway
     /// replays every response after [`Client::last_response_seq`] before new ones; they
-    /// arrive through [`poll`](Self::poll) like any other. On failure the book comes back
+    /// arrive through [`poll`](Self::poll) like any other. Requests the gateway never took
+    /// are listed in [`Client::not_taken`] ([`resend_not_taken`](Self::resend_not_taken)
+    /// sends them again safely). On failure the book comes back
     /// in the error, to try again with (the gateway refuses a second connection of an engine
     /// with `AlreadyConnected` until it has noticed the first one is gone).
     ///
@@ -344,7 +469,7 @@ impl EngineSession {
         cfg: &OrdersConfig,
         engine: u32,
         token: &str,
-        client: Client,
+        mut client: Client,
         timeout: Duration,
     ) -> Result<EngineSession, ResumeError> {
         match Self::logon(
@@ -355,13 +480,16 @@ impl EngineSession {
             client.last_response_seq(),
             timeout,
         ) {
-            Ok((conn, replay_until)) => Ok(EngineSession {
-                conn,
-                client,
-                engine,
-                replay_until,
-                stray_frames: 0,
-            }),
+            Ok((conn, replay_until, last_request)) => {
+                client.on_logon(last_request);
+                Ok(EngineSession {
+                    conn,
+                    client,
+                    engine,
+                    replay_until,
+                    stray_frames: 0,
+                })
+            }
             Err(error) => Err(ResumeError {
                 error,
                 client: Box::new(client),
@@ -369,7 +497,8 @@ impl EngineSession {
         }
     }
 
-    /// Connects and logs on; returns the connection and the gateway's last response number.
+    /// Connects and logs on; returns the connection, the gateway's last response number and
+    /// the last request number it took.
     fn logon(
         addr: SocketAddr,
         cfg: &OrdersConfig,
@@ -377,7 +506,7 @@ impl EngineSession {
         token: &str,
         last_response_seq: u32,
         timeout: Duration,
-    ) -> Result<(Connection, u32), SessionError> {
+    ) -> Result<(Connection, u32, u32), SessionError> {
         let deadline = Instant::now() + timeout;
         let logon = Logon::new(engine, token.as_bytes(), last_response_seq)
             .ok_or(SessionError::BadToken)?;
@@ -396,7 +525,11 @@ impl EngineSession {
                 .map_err(SessionError::Lost)?;
         }
         match answer {
-            Some(Ok((ack, LogonStatus::Accepted))) => Ok((conn, ack.last_response_seq.get())),
+            Some(Ok((ack, LogonStatus::Accepted))) => Ok((
+                conn,
+                ack.last_response_seq.get(),
+                ack.last_request_seq.get(),
+            )),
             Some(Ok((_, status))) => Err(SessionError::Refused { engine, status }),
             Some(Err(e)) => Err(SessionError::BadAnswer(e)),
             None => Err(SessionError::Timeout(timeout)),
@@ -436,14 +569,38 @@ impl EngineSession {
         self.stray_frames
     }
 
-    fn send<T: IntoBytes + Immutable>(&self, ty: u8, m: &T) -> Result<(), OfferError> {
+    /// Claims room first, so a refused claim numbers and tracks nothing.
+    fn send<T: IntoBytes + Immutable>(
+        &mut self,
+        ty: u8,
+        build: impl FnOnce(&mut Client) -> T,
+    ) -> Result<(), OfferError> {
         let mut claim = self
             .conn
             .publication(ORDERS_STREAM)
             .try_claim(u16::from(ty), size_of::<T>())?;
-        claim.copy_from_slice(m.as_bytes());
+        claim.copy_from_slice(build(&mut self.client).as_bytes());
         claim.commit();
         Ok(())
+    }
+
+    /// Sends again, as they were (same numbers and ids), the requests the gateway did not
+    /// take ([`Client::not_taken`]); returns how many went out. On `BackPressured` the rest
+    /// stay listed: poll, then call again.
+    pub fn resend_not_taken(&mut self) -> Result<usize, OfferError> {
+        let mut sent = 0;
+        while let Some(req) = self.client.not_taken.first().copied() {
+            let bytes = req.as_bytes();
+            let mut claim = self
+                .conn
+                .publication(ORDERS_STREAM)
+                .try_claim(u16::from(req.msg_type()), bytes.len())?;
+            claim.copy_from_slice(bytes);
+            claim.commit();
+            self.client.not_taken.remove(0);
+            sent += 1;
+        }
+        Ok(sent)
     }
 
     /// Queues a new day limit order; returns its id. On `BackPressured` nothing was sent or
@@ -469,20 +626,17 @@ impl EngineSession {
 
     /// Queues a cancel of order `id`.
     pub fn cancel(&mut self, id: u64) -> Result<(), OfferError> {
-        self.send(msg_type::CANCEL, &self.client.cancel(id))
+        self.send(msg_type::CANCEL, |c| c.cancel(id))
     }
 
     /// Queues a replace of order `id`.
     pub fn replace(&mut self, id: u64, qty: u32, price: i64) -> Result<(), OfferError> {
-        self.send(msg_type::REPLACE, &self.client.replace(id, qty, price))
+        self.send(msg_type::REPLACE, |c| c.replace(id, qty, price))
     }
 
     /// Queues a mass cancel (account 0: all of the engine's accounts; blank symbol: all).
     pub fn mass_cancel(&mut self, account: u32, symbol: Symbol) -> Result<(), OfferError> {
-        self.send(
-            msg_type::MASS_CANCEL,
-            &self.client.mass_cancel(account, symbol),
-        )
+        self.send(msg_type::MASS_CANCEL, |c| c.mass_cancel(account, symbol))
     }
 
     /// Sends everything queued.
@@ -524,6 +678,7 @@ pub fn decode_request(bytes: &[u8]) -> Result<Request, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::OrdState;
     use zerocopy::IntoBytes;
 
     #[test]
@@ -558,6 +713,60 @@ mod tests {
             c.order(id2).unwrap().state,
             OrderState::Rejected(RejectReason::Halted)
         );
+    }
+
+    #[test]
+    fn requests_are_numbered_and_a_logon_answer_says_which_were_not_taken() {
+        let mut c = Client::new(1);
+        let sym = Symbol::new("AAPL").unwrap();
+        let seqs: Vec<u32> = (0..5)
+            .map(|_| {
+                let (_, m) = c.new_order(1, sym, Side::Buy, 10, 5);
+                decode_request(m.as_bytes()).unwrap().seq()
+            })
+            .collect();
+        assert_eq!(seqs, [1, 2, 3, 4, 5]);
+        let cancel = c.cancel(2);
+        assert_eq!(cancel.header.seq.get(), 6);
+        // The gateway journaled up to 3: 4, 5 and the cancel were not taken.
+        c.on_logon(3);
+        let not: Vec<(u32, u64)> = c
+            .not_taken()
+            .iter()
+            .map(|r| (r.seq(), r.cl_ord_id()))
+            .collect();
+        assert_eq!(not, [(4, 4), (5, 5), (6, 2)]);
+        // Numbering goes on; a later logon that confirms everything clears the list.
+        assert_eq!(c.next_request_seq(), 7);
+        c.on_logon(6);
+        assert!(c.not_taken().is_empty());
+        // A client that lost its state continues after the gateway's number.
+        let mut fresh = Client::new(1000);
+        fresh.on_logon(41);
+        assert_eq!(fresh.next_request_seq(), 42);
+        assert!(fresh.not_taken().is_empty());
+    }
+
+    #[test]
+    fn status_answers_and_not_taken_rejects_are_accepted_and_change_nothing() {
+        let mut c = Client::new(1);
+        let sym = Symbol::new("AAPL").unwrap();
+        let (id, _) = c.new_order(1, sym, Side::Buy, 10, 5);
+        c.on_response(Response::ack(id, 7).as_bytes()).unwrap();
+        let st = Response::status(id, OrdState::Open, 10, 0, 5, msg_type::NEW_ORDER, None, 1);
+        c.on_response(st.as_bytes()).unwrap();
+        assert_eq!(c.order(id).unwrap().state, OrderState::New);
+        // Unknown to this client (it lost its state): still informational, not an error.
+        let other = Response::status(77, OrdState::Filled, 1, 1, 5, msg_type::NEW_ORDER, None, 9);
+        c.on_response(other.as_bytes()).unwrap();
+        // A journal-full reject: the request is listed as not taken; the order stays pending.
+        let (id2, _) = c.new_order(1, sym, Side::Buy, 10, 5);
+        let r = Response::reject(id2, msg_type::NEW_ORDER, RejectReason::JournalUnavailable);
+        c.on_response(r.as_bytes()).unwrap();
+        c.on_response(r.as_bytes()).unwrap();
+        assert_eq!(c.order(id2).unwrap().state, OrderState::PendingNew);
+        assert_eq!(c.not_taken().len(), 1);
+        assert_eq!(c.not_taken()[0].cl_ord_id(), id2);
     }
 
     #[test]

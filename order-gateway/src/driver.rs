@@ -445,7 +445,7 @@ impl<L: VenueLink> FixDriver<L> {
         if !out.fix.is_empty() && link.is_open() && link.write_all(&out.fix).is_err() {
             gw.on_disconnect();
         }
-        for (e, r) in &out.engine {
+        for (e, r) in out.engine.iter().chain(&out.info) {
             deliver(*e, r);
         }
         if out.disconnect {

@@ -29,7 +29,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use crate::fix::session::{push_field, push_price, push_timestamp, push_uint};
 use crate::fix::{split_frame, tag, Message, Session, SessionConfig, SessionEvent, SessionState};
 use crate::journal::encode_record;
-use crate::proto::{self, msg_type, LogonStatus, RejectReason, Request, Response, Side, Symbol};
+use crate::proto::{
+    self, msg_type, LogonStatus, OrdState, RejectReason, Request, Response, Side, Symbol,
+};
 use crate::risk::{KillScope, OrderParams, RiskConfig, RiskConfigError, RiskEngine};
 
 /// Engine identifier, named in the engine's logon and checked against its token.
@@ -87,6 +89,9 @@ const _: () = assert!(size_of::<Decision>() == 56);
 pub struct Outputs {
     /// Responses to deliver to engines.
     pub engine: Vec<(EngineId, Response)>,
+    /// Unnumbered informational responses (order status for re-sent requests), delivered
+    /// after `engine`; neither journaled nor kept for replay.
+    pub info: Vec<(EngineId, Response)>,
     /// FIX bytes to send to the venue.
     pub fix: Vec<u8>,
     /// Journal records to append before anything else leaves.
@@ -103,6 +108,7 @@ impl Outputs {
     /// Empties every queue (keeps capacity).
     pub fn clear(&mut self) {
         self.engine.clear();
+        self.info.clear();
         self.fix.clear();
         self.journal.clear();
         self.journal_records = 0;
@@ -162,6 +168,8 @@ pub struct GatewayCounters {
     pub rejected_app: u64,
     /// Execution reports for unknown ClOrdIDs.
     pub unknown_exec: u64,
+    /// Re-sent requests (numbered at or below the last taken) answered with a status.
+    pub resent_requests: u64,
 }
 
 /// One engine's numbered responses.
@@ -185,6 +193,8 @@ pub struct Gateway {
     by_engine: FxHashMap<(EngineId, u64), u64>,
     by_request: FxHashMap<u64, u64>,
     responses: FxHashMap<EngineId, ResponseLog>,
+    /// Per engine, the highest request sequence number journaled.
+    last_request: FxHashMap<EngineId, u32>,
     history: usize,
     next_id: u64,
     inbuf: Vec<u8>,
@@ -238,6 +248,7 @@ impl Gateway {
                 .iter()
                 .map(|e| (e.id, ResponseLog::new(RESPONSE_HISTORY)))
                 .collect(),
+            last_request: FxHashMap::default(),
             history: RESPONSE_HISTORY,
             next_id: 1,
             inbuf: Vec::with_capacity(1 << 16),
@@ -275,6 +286,21 @@ impl Gateway {
     /// The sequence number of the newest response to `engine` (0: none yet).
     pub fn last_response_seq(&self, engine: EngineId) -> u32 {
         self.responses.get(&engine).map_or(0, |l| l.last)
+    }
+
+    /// The highest request sequence number of `engine` journaled (0: none): the logon
+    /// answer tells the engine that every later request was not taken.
+    pub fn last_request_seq(&self, engine: EngineId) -> u32 {
+        self.last_request.get(&engine).copied().unwrap_or(0)
+    }
+
+    /// Notes the request number of a journaled frame (live and replay).
+    fn note_request_seq(&mut self, engine: EngineId, bytes: &[u8]) {
+        let seq = request_seq(bytes);
+        if seq != 0 {
+            let last = self.last_request.entry(engine).or_insert(0);
+            *last = (*last).max(seq);
+        }
     }
 
     /// The responses to `engine` after sequence number `after`, oldest first, for an engine
@@ -458,7 +484,18 @@ impl Gateway {
     }
 
     fn engine_message(&mut self, engine: EngineId, bytes: &[u8], now: u64, out: &mut Outputs) {
+        let seq = request_seq(bytes);
+        if seq != 0 && seq <= self.last_request_seq(engine) {
+            // Taken before (the engine could not know: it lost our answer or its state).
+            // Answered with where the order stands; never acted on, nor journaled, again.
+            if let Ok((req, _)) = Request::decode(bytes) {
+                self.answer_resend(engine, &req, out);
+            }
+            self.counters.resent_requests += 1;
+            return;
+        }
         out.record(record::ENGINE_REQUEST, &[&engine.to_le_bytes(), bytes]);
+        self.note_request_seq(engine, bytes);
         let req = match Request::decode(bytes) {
             Ok((r, _)) => r,
             Err(_) => {
@@ -479,6 +516,69 @@ impl Gateway {
                 });
             }
         }
+    }
+
+    /// The unnumbered status answer to a re-sent request.
+    fn answer_resend(&self, engine: EngineId, req: &Request, out: &mut Outputs) {
+        let cl = req.cl_ord_id();
+        if matches!(req, Request::MassCancel(_)) {
+            return; // no order to report on; its cancels went out when it was taken
+        }
+        let status = match self.order(engine, cl) {
+            Some(o) => {
+                let state = match o.status {
+                    OrderStatus::PendingNew => OrdState::PendingNew,
+                    OrderStatus::Open => OrdState::Open,
+                    OrderStatus::Done if o.cum_qty >= o.params.qty => OrdState::Filled,
+                    OrderStatus::Done => OrdState::Canceled,
+                };
+                let p = o.params;
+                Response::status(
+                    cl,
+                    state,
+                    p.qty,
+                    o.cum_qty,
+                    p.price,
+                    req.msg_type(),
+                    None,
+                    req.seq(),
+                )
+            }
+            None if req.msg_type() == msg_type::NEW_ORDER && self.risk.is_seen(engine, cl) => {
+                // Rejected when taken: the reason is in the responses still kept.
+                let reason = self.responses.get(&engine).and_then(|l| {
+                    l.kept.iter().rev().find_map(|r| match r {
+                        Response::Reject(x)
+                            if x.cl_ord_id.get() == cl && x.request == msg_type::NEW_ORDER =>
+                        {
+                            Some(x.reason())
+                        }
+                        _ => None,
+                    })
+                });
+                Response::status(
+                    cl,
+                    OrdState::Rejected,
+                    0,
+                    0,
+                    0,
+                    req.msg_type(),
+                    reason,
+                    req.seq(),
+                )
+            }
+            None => Response::status(
+                cl,
+                OrdState::Unknown,
+                0,
+                0,
+                0,
+                req.msg_type(),
+                None,
+                req.seq(),
+            ),
+        };
+        out.info.push((engine, status));
     }
 
     fn decision(out: &mut Outputs, d: &Decision) {
@@ -790,6 +890,8 @@ impl Gateway {
                 let (Some(engine), Some(bytes)) = (payload.get(..4), payload.get(4..)) else {
                     return;
                 };
+                let id = u32::from_le_bytes(engine.try_into().unwrap_or_default());
+                self.note_request_seq(id, bytes);
                 if Request::decode(bytes).is_err() {
                     let engine = u32::from_le_bytes(engine.try_into().unwrap_or_default());
                     Self::malformed(engine, bytes, scratch);
@@ -1052,6 +1154,14 @@ impl Gateway {
         ));
         Ok(())
     }
+}
+
+/// The request sequence number in an engine frame's header (0: unnumbered or no header).
+fn request_seq(frame: &[u8]) -> u32 {
+    frame
+        .get(4..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
 }
 
 /// Finds MsgSeqNum in a frame whose fields did not all parse.
@@ -1499,6 +1609,77 @@ mod tests {
         assert_eq!(r.order(1, 5999).unwrap().cum_qty, 1);
         assert!(r.order(1, 6001).is_some());
         assert_eq!(r.open_order_count(), gw.open_order_count());
+    }
+
+    /// Numbers a request frame as an engine's client does.
+    fn numbered<T: IntoBytes + Immutable>(m: &T, seq: u32) -> Vec<u8> {
+        let mut b = m.as_bytes().to_vec();
+        b[4..8].copy_from_slice(&seq.to_le_bytes());
+        b
+    }
+
+    /// A request taken before (even before a restart) is answered with the order's state,
+    /// unnumbered, and neither journaled nor sent to the venue again.
+    #[test]
+    fn a_resent_request_is_answered_with_status_and_never_acted_on_twice() {
+        let (mut gw, mut v, mut out) = active();
+        let mut journal = Vec::new();
+        gw.on_engine_message(1, &numbered(&new_order(1, 300, 100), 1), T0, &mut out);
+        gw.on_engine_message(1, &numbered(&new_order(2, 10, 200), 2), T0, &mut out); // collar
+        let id1 = gw.order(1, 1).unwrap().venue_cl_ord_id;
+        gw.on_fix_bytes(&v.exec(id1, b"1", 100, 100, 200), T0, &mut out);
+        assert_eq!(gw.last_request_seq(1), 2);
+        journal.extend_from_slice(&out.journal);
+        // After a restart the journal alone says what was taken.
+        let mut r = replay(&journal);
+        assert_eq!(r.last_request_seq(1), 2);
+        assert_eq!(r.last_request_seq(2), 0);
+        r.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+        r.on_connect(T0, &mut out);
+        r.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut out);
+        out.clear();
+        r.on_engine_message(1, &numbered(&new_order(1, 300, 100), 1), T0, &mut out);
+        r.on_engine_message(1, &numbered(&new_order(2, 10, 200), 2), T0, &mut out);
+        r.on_engine_message(1, &numbered(&Cancel::new(1), 2), T0, &mut out);
+        assert!(out.fix.is_empty() && out.journal.is_empty() && out.engine.is_empty());
+        let st: Vec<(u64, u8, u32, u16, u8)> = out
+            .info
+            .iter()
+            .map(|(e, resp)| {
+                assert_eq!(*e, 1);
+                assert_eq!(resp.seq(), 0, "status answers are unnumbered");
+                let Response::Status(s) = resp else {
+                    panic!("{resp:?}")
+                };
+                (
+                    s.cl_ord_id.get(),
+                    s.state,
+                    s.cum_qty.get(),
+                    s.reason.get(),
+                    s.request,
+                )
+            })
+            .collect();
+        assert_eq!(
+            st,
+            [
+                (1, OrdState::Open as u8, 100, 0, msg_type::NEW_ORDER),
+                (
+                    2,
+                    OrdState::Rejected as u8,
+                    0,
+                    RejectReason::PriceCollar as u16,
+                    msg_type::NEW_ORDER
+                ),
+                (1, OrdState::Open as u8, 100, 0, msg_type::CANCEL),
+            ]
+        );
+        assert_eq!(r.counters().resent_requests, 3);
+        // The next number is a new request, acted on as usual.
+        out.clear();
+        r.on_engine_message(1, &numbered(&new_order(3, 10, 100), 3), T0, &mut out);
+        assert!(!out.fix.is_empty() && out.info.is_empty());
+        assert_eq!(r.last_request_seq(1), 3);
     }
 
     fn replay(journal: &[u8]) -> Gateway {

@@ -50,6 +50,8 @@ pub mod msg_type {
     pub const LOGON: u8 = b'L';
     /// Gateway → engine: answer to a logon ([`super::LogonAck`]).
     pub const LOGON_ACK: u8 = b'l';
+    /// Gateway → engine: the current state of an order, unnumbered ([`super::OrderStatus`]).
+    pub const STATUS: u8 = b's';
 }
 
 /// Orders-path stream carrying engine requests (engine → gateway) and responses
@@ -221,13 +223,17 @@ pub enum RejectReason {
     InvalidPrice = 24,
     /// A cancel or replace is already pending on this order.
     PendingChange = 25,
+    /// Not taken: the gateway could not journal the request (disk full or failing). Sent
+    /// unnumbered; nothing happened, and the same request (same number and id) may be sent
+    /// again once the gateway takes requests again.
+    JournalUnavailable = 26,
 }
 
 impl RejectReason {
     /// Decodes the wire value.
     pub fn from_u16(v: u16) -> Option<RejectReason> {
         use RejectReason::*;
-        const ALL: [RejectReason; 25] = [
+        const ALL: [RejectReason; 26] = [
             AccountNotGranted,
             UnknownAccount,
             MaxQuantity,
@@ -253,6 +259,7 @@ impl RejectReason {
             Malformed,
             InvalidPrice,
             PendingChange,
+            JournalUnavailable,
         ];
         ALL.into_iter().find(|r| *r as u16 == v)
     }
@@ -271,7 +278,15 @@ pub struct Header {
     /// Responses: the engine's response sequence number, assigned by the gateway (first
     /// response 1, +1 per response, kept across reconnects and gateway restarts), so an
     /// engine that reconnects names the last one it processed in its [`Logon`] and gets the
-    /// rest replayed. Zero on requests and on frames built before the gateway stamps them.
+    /// rest replayed. Zero on frames built before the gateway stamps them, and on
+    /// unnumbered informational responses ([`OrderStatus`], "not taken" rejects).
+    ///
+    /// Requests: the engine's request sequence number (first request 1, +1 per request,
+    /// kept across reconnects and restarts of either side; 0: unnumbered). The gateway
+    /// journals the highest it has taken and answers a logon with it
+    /// ([`LogonAck::last_request_seq`]): every later request was not taken and may be sent
+    /// again with the same number and id. A request numbered at or below that is a re-send
+    /// of one already taken: it is answered with an [`OrderStatus`] and not acted on again.
     pub seq: U32,
 }
 
@@ -431,6 +446,61 @@ pub struct Replaced {
     pub price: I64,
 }
 
+/// Where an order stands, in an [`OrderStatus`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum OrdState {
+    /// The gateway has no order with this id for the engine (never taken, or the id of a
+    /// rejected new order: see [`OrderStatus::reason`]).
+    Unknown = 0,
+    /// Sent to the venue, not yet acknowledged.
+    PendingNew = 1,
+    /// Live at the venue (see `cum_qty` for partial fills).
+    Open = 2,
+    /// Completely filled.
+    Filled = 3,
+    /// Canceled (or otherwise ended at the venue with quantity left).
+    Canceled = 4,
+    /// Rejected (by risk checks or the venue; see [`OrderStatus::reason`]).
+    Rejected = 5,
+}
+
+impl OrdState {
+    /// Decodes the wire value.
+    pub fn from_u8(v: u8) -> Option<OrdState> {
+        use OrdState::*;
+        [Unknown, PendingNew, Open, Filled, Canceled, Rejected]
+            .into_iter()
+            .find(|s| *s as u8 == v)
+    }
+}
+
+/// Gateway → engine: the current state of an order, sent unnumbered (header `seq` 0) in
+/// answer to a re-sent request the gateway had already taken. Informational: it never
+/// repeats a fill (the numbered responses carry those). 40 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct OrderStatus {
+    /// Header, type [`msg_type::STATUS`].
+    pub header: Header,
+    /// The engine's order id.
+    pub cl_ord_id: U64,
+    /// Current total quantity.
+    pub qty: U32,
+    /// Executed so far.
+    pub cum_qty: U32,
+    /// Current limit price.
+    pub price: I64,
+    /// An [`OrdState`].
+    pub state: u8,
+    /// Message type of the re-sent request this answers.
+    pub request: u8,
+    /// For `Rejected`: a [`RejectReason`] value when known, else 0.
+    pub reason: U16,
+    /// The request sequence number of the re-sent request.
+    pub request_seq: U32,
+}
+
 /// Length of the engine secret in a [`Logon`]: configured tokens are 1..=32 bytes, sent
 /// zero-padded.
 pub const TOKEN_LEN: usize = 32;
@@ -507,8 +577,9 @@ pub struct LogonAck {
     /// The gateway's last response sequence number for this engine: once the engine has
     /// processed this one, the replay of what it missed is complete (0 when refused).
     pub last_response_seq: U32,
-    /// Zero.
-    pub pad2: U32,
+    /// The highest request sequence number ([`Header::seq`]) of this engine the gateway has
+    /// journaled (0 when refused or none): requests numbered above it were not taken.
+    pub last_request_seq: U32,
 }
 
 impl Logon {
@@ -544,14 +615,19 @@ pub fn pad_token(token: &[u8]) -> Option<[u8; TOKEN_LEN]> {
 
 impl LogonAck {
     /// Builds a logon answer.
-    pub fn new(engine_id: u32, status: LogonStatus, last_response_seq: u32) -> LogonAck {
+    pub fn new(
+        engine_id: u32,
+        status: LogonStatus,
+        last_response_seq: u32,
+        last_request_seq: u32,
+    ) -> LogonAck {
         LogonAck {
             header: Header::new(msg_type::LOGON_ACK, size_of::<LogonAck>()),
             engine_id: U32::new(engine_id),
             status: U16::new(status as u16),
             pad: U16::ZERO,
             last_response_seq: U32::new(last_response_seq),
-            pad2: U32::ZERO,
+            last_request_seq: U32::new(last_request_seq),
         }
     }
 
@@ -578,6 +654,7 @@ const _: () = assert!(size_of::<Reject>() == 24);
 const _: () = assert!(size_of::<Fill>() == 40);
 const _: () = assert!(size_of::<Canceled>() == 24);
 const _: () = assert!(size_of::<Replaced>() == 32);
+const _: () = assert!(size_of::<OrderStatus>() == 40);
 
 /// Why a frame could not be decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -626,6 +703,8 @@ pub enum Response {
     Canceled(Canceled),
     /// Replaced.
     Replaced(Replaced),
+    /// Order status (unnumbered, informational).
+    Status(OrderStatus),
 }
 
 /// Validates the header of `bytes` against the expected frame size of its type.
@@ -683,6 +762,36 @@ impl Request {
             _ => Request::MassCancel(read(bytes)?),
         };
         Ok((req, size))
+    }
+
+    /// The request sequence number ([`Header::seq`]; 0: unnumbered).
+    pub fn seq(&self) -> u32 {
+        self.header().seq.get()
+    }
+
+    /// Numbers the request.
+    pub fn set_seq(&mut self, seq: u32) {
+        let h = match self {
+            Request::NewOrder(m) => &mut m.header,
+            Request::Cancel(m) => &mut m.header,
+            Request::Replace(m) => &mut m.header,
+            Request::MassCancel(m) => &mut m.header,
+        };
+        h.seq = U32::new(seq);
+    }
+
+    fn header(&self) -> &Header {
+        match self {
+            Request::NewOrder(m) => &m.header,
+            Request::Cancel(m) => &m.header,
+            Request::Replace(m) => &m.header,
+            Request::MassCancel(m) => &m.header,
+        }
+    }
+
+    /// The message type ([`msg_type`]).
+    pub fn msg_type(&self) -> u8 {
+        self.header().msg_type
     }
 
     /// The engine's client order id the request refers to (0 for MassCancel).
@@ -785,6 +894,7 @@ impl Response {
             msg_type::FILL | msg_type::PARTIAL_FILL => Some(size_of::<Fill>()),
             msg_type::CANCELED => Some(size_of::<Canceled>()),
             msg_type::REPLACED => Some(size_of::<Replaced>()),
+            msg_type::STATUS => Some(size_of::<OrderStatus>()),
             _ => None,
         })?;
         let resp = match ty {
@@ -798,6 +908,13 @@ impl Response {
             }
             msg_type::FILL | msg_type::PARTIAL_FILL => Response::Fill(read(bytes)?),
             msg_type::CANCELED => Response::Canceled(read(bytes)?),
+            msg_type::STATUS => {
+                let m: OrderStatus = read(bytes)?;
+                if OrdState::from_u8(m.state).is_none() {
+                    return Err(DecodeError::InvalidField("state"));
+                }
+                Response::Status(m)
+            }
             _ => Response::Replaced(read(bytes)?),
         };
         Ok((resp, size))
@@ -811,6 +928,7 @@ impl Response {
             Response::Fill(m) => m.as_bytes(),
             Response::Canceled(m) => m.as_bytes(),
             Response::Replaced(m) => m.as_bytes(),
+            Response::Status(m) => m.as_bytes(),
         }
     }
 
@@ -827,6 +945,7 @@ impl Response {
             Response::Fill(m) => &mut m.header,
             Response::Canceled(m) => &mut m.header,
             Response::Replaced(m) => &mut m.header,
+            Response::Status(m) => &mut m.header,
         };
         h.seq = U32::new(seq);
     }
@@ -838,6 +957,7 @@ impl Response {
             Response::Fill(m) => &m.header,
             Response::Canceled(m) => &m.header,
             Response::Replaced(m) => &m.header,
+            Response::Status(m) => &m.header,
         }
     }
 
@@ -849,6 +969,7 @@ impl Response {
             Response::Fill(m) => m.cl_ord_id.get(),
             Response::Canceled(m) => m.cl_ord_id.get(),
             Response::Replaced(m) => m.cl_ord_id.get(),
+            Response::Status(m) => m.cl_ord_id.get(),
         }
     }
 
@@ -903,6 +1024,31 @@ impl Response {
             cl_ord_id: U64::new(cl_ord_id),
             canceled_qty: U32::new(canceled_qty),
             pad: U32::ZERO,
+        })
+    }
+
+    /// Builds an unnumbered order status answering a re-sent request.
+    #[allow(clippy::too_many_arguments)]
+    pub fn status(
+        cl_ord_id: u64,
+        state: OrdState,
+        qty: u32,
+        cum_qty: u32,
+        price: i64,
+        request: u8,
+        reason: Option<RejectReason>,
+        request_seq: u32,
+    ) -> Response {
+        Response::Status(OrderStatus {
+            header: Header::new(msg_type::STATUS, size_of::<OrderStatus>()),
+            cl_ord_id: U64::new(cl_ord_id),
+            qty: U32::new(qty),
+            cum_qty: U32::new(cum_qty),
+            price: I64::new(price),
+            state: state as u8,
+            request,
+            reason: U16::new(reason.map_or(0, |r| r as u16)),
+            request_seq: U32::new(request_seq),
         })
     }
 
@@ -989,7 +1135,7 @@ mod tests {
         assert!(Logon::new(3, b"", 0).is_none());
         assert!(Logon::new(3, &[b'x'; TOKEN_LEN + 1], 0).is_none());
         assert!(Logon::new(3, &[b'x'; TOKEN_LEN], 0).is_some());
-        let ack = LogonAck::new(3, LogonStatus::AlreadyConnected, 9);
+        let ack = LogonAck::new(3, LogonStatus::AlreadyConnected, 9, 0);
         assert_eq!(ack.as_bytes(), &LOGON_ACK_BYTES);
         let (m, s) = LogonAck::decode(&LOGON_ACK_BYTES).unwrap();
         assert_eq!(

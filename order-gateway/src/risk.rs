@@ -348,6 +348,11 @@ impl RiskEngine {
         self.seen_ids.insert((engine, cl_ord_id))
     }
 
+    /// True if `engine` has used `cl_ord_id` for a new order (accepted or not).
+    pub fn is_seen(&self, engine: u32, cl_ord_id: u64) -> bool {
+        self.seen_ids.contains(&(engine, cl_ord_id))
+    }
+
     /// Checks a new order; on success reserves its exposure (open notional, open quantity,
     /// open-order count, throttle slot). Release with [`RiskEngine::on_fill`] and
     /// [`RiskEngine::on_order_done`].

@@ -686,12 +686,17 @@ impl<L: VenueLink> Service<L> {
             self.driver.gateway(),
             logon.as_ref(),
         );
-        let ack = LogonAck::new(id, status, last);
+        let taken = if status == LogonStatus::Accepted {
+            self.driver.gateway().last_request_seq(id)
+        } else {
+            0
+        };
+        let ack = LogonAck::new(id, status, last, taken);
         let sent = conn
             .publication(ORDERS_STREAM)
             .offer_and_flush(u16::from(msg_type::LOGON_ACK), ack.as_bytes());
         if status == LogonStatus::Accepted && sent.is_ok() {
-            tracing::info!(engine = id, peer = %conn.peer(), last_response_seq = last, "engine logged on");
+            tracing::info!(engine = id, peer = %conn.peer(), last_response_seq = last, last_request_seq = taken, "engine logged on");
             self.counters.logons.inc();
             let mut e = EngineConn {
                 id,
