@@ -9,14 +9,26 @@
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::fix::SessionConfig;
 use crate::gateway::{EngineId, Gateway, Outputs};
 use crate::journal::{FsyncPolicy, Journal, JournalError, RecoveryStats};
-use crate::proto::Response;
+use crate::proto::{RejectReason, Response};
+
+/// An error with its causes, on one line.
+fn anyhow_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
 use crate::risk::{RiskConfig, RiskConfigError};
 use crate::unix_nanos;
 
@@ -42,6 +54,9 @@ pub enum DriverError {
     /// Socket read/write failed.
     #[error("FIX socket")]
     Io(#[source] io::Error),
+    /// The journal cannot be written just now (degraded mode): the venue stays disconnected.
+    #[error("the journal cannot be written (disk full or failing); waiting for it to recover")]
+    JournalUnavailable,
 }
 
 /// What a [`VenueLink::read`] found.
@@ -221,7 +236,35 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     /// Private copy of the engine frame being processed (see `stage_engine_message`).
     frame: Vec<u8>,
     recovery: RecoveryStats,
+    /// What the core is rebuilt from when an append fails.
+    rebuild: Rebuild,
+    /// Engine requests staged since the last flush: `(engine, cl_ord_id, request type)`,
+    /// to answer "not taken" if the flush cannot journal them.
+    batch: Vec<(EngineId, u64, u8)>,
+    /// Set while the journal cannot be written (disk full or failing).
+    degraded: Option<Degraded>,
+    /// Cancel-on-disconnects that arrived while degraded, run once the journal is back.
+    deferred_disconnects: Vec<EngineId>,
+    journal_failures: u64,
 }
+
+#[derive(Debug)]
+struct Rebuild {
+    session: SessionConfig,
+    risk: RiskConfig,
+    path: PathBuf,
+}
+
+/// The journal could not be written: since when, and when to try again.
+#[derive(Clone, Copy, Debug)]
+struct Degraded {
+    next_probe: Instant,
+}
+
+/// How often a degraded gateway checks whether the journal can be written again.
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// Space a probe reserves past the journal's end before it declares the journal writable.
+const PROBE_HEADROOM: u64 = 1 << 20;
 
 impl FixDriver<TcpLink> {
     /// Opens the journal from `cfg`, recovering state; the venue is `cfg.fix.venue_addr`.
@@ -256,7 +299,7 @@ impl<L: VenueLink> FixDriver<L> {
         journal: &Path,
         fsync: FsyncPolicy,
     ) -> Result<FixDriver<L>, DriverError> {
-        let mut gw = Gateway::new(session, risk)?;
+        let mut gw = Gateway::new(session.clone(), risk)?;
         if let Some(dir) = journal.parent().filter(|d| !d.as_os_str().is_empty()) {
             let _ = std::fs::create_dir_all(dir);
         }
@@ -272,6 +315,11 @@ impl<L: VenueLink> FixDriver<L> {
         } else {
             tracing::info!(journal = %journal.display(), records = recovery.records, "journal replayed");
         }
+        let rebuild = Rebuild {
+            session,
+            risk: risk.clone(),
+            path: journal.to_owned(),
+        };
         let journal = journal_file;
         Ok(FixDriver {
             gw,
@@ -282,6 +330,11 @@ impl<L: VenueLink> FixDriver<L> {
             rbuf: vec![0; 1 << 16],
             frame: Vec::with_capacity(1 << 14),
             recovery,
+            rebuild,
+            batch: Vec::with_capacity(256),
+            degraded: None,
+            deferred_disconnects: Vec::new(),
+            journal_failures: 0,
         })
     }
 
@@ -315,8 +368,12 @@ impl<L: VenueLink> FixDriver<L> {
         self.link.is_open()
     }
 
-    /// Connects to the venue and sends Logon.
+    /// Connects to the venue and sends Logon (refused while the journal cannot be written:
+    /// nothing the venue sends could be recorded).
     pub fn connect(&mut self) -> Result<(), DriverError> {
+        if self.degraded.is_some() {
+            return Err(DriverError::JournalUnavailable);
+        }
         self.link.open().map_err(|source| DriverError::Connect {
             addr: self.link.describe(),
             source,
@@ -343,16 +400,65 @@ impl<L: VenueLink> FixDriver<L> {
     /// `bytes` may live in memory the engine can still write (its RDMA-writable ring): they
     /// are copied once into private memory first, and the journal's checksum and every
     /// decision are made on that copy, so the journal records exactly what was decided.
+    ///
+    /// While the journal cannot be written the request is not taken: it is answered with an
+    /// unnumbered `JournalUnavailable` reject at the flush, and the engine may send it again.
     pub fn stage_engine_message(&mut self, engine: EngineId, bytes: &[u8], now: u64) {
         self.frame.clear();
         self.frame.extend_from_slice(bytes);
-        self.gw
-            .on_engine_message(engine, &self.frame, now, &mut self.out);
+        let f = &self.frame;
+        let cl = f
+            .get(8..16)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
+        self.batch
+            .push((engine, cl, f.first().copied().unwrap_or(0)));
+        if self.degraded.is_none() {
+            self.gw.on_engine_message(engine, f, now, &mut self.out);
+        }
     }
 
-    /// Cancel-on-disconnect for `engine`, processed but not flushed.
+    /// Cancel-on-disconnect for `engine`, processed but not flushed (deferred until the
+    /// journal is writable again if it is not).
     pub fn stage_engine_disconnect(&mut self, engine: EngineId, now: u64) {
-        self.gw.on_engine_disconnect(engine, now, &mut self.out);
+        if self.degraded.is_some() {
+            self.deferred_disconnects.push(engine);
+        } else {
+            self.gw.on_engine_disconnect(engine, now, &mut self.out);
+        }
+    }
+
+    /// True while the journal cannot be written: requests are answered "not taken" and the
+    /// venue stays disconnected until a probe succeeds.
+    pub fn is_degraded(&self) -> bool {
+        self.degraded.is_some()
+    }
+
+    /// Journal appends that failed (each put the gateway in degraded mode).
+    pub fn journal_failures(&self) -> u64 {
+        self.journal_failures
+    }
+
+    /// In degraded mode, every [`PROBE_INTERVAL`]: can the journal be written again?
+    fn probe(&mut self, now: u64) {
+        let Some(d) = self.degraded else { return };
+        let t = Instant::now();
+        if t < d.next_probe {
+            return;
+        }
+        match self.journal.probe(PROBE_HEADROOM) {
+            Ok(()) => {
+                tracing::warn!("journal writable again: taking requests, reconnecting the venue");
+                self.degraded = None;
+                for engine in std::mem::take(&mut self.deferred_disconnects) {
+                    self.gw.on_engine_disconnect(engine, now, &mut self.out);
+                }
+            }
+            Err(_) => {
+                self.degraded = Some(Degraded {
+                    next_probe: t + PROBE_INTERVAL,
+                });
+            }
+        }
     }
 
     /// Runs `f` against the core without flushing (market data, kill switches in a batch).
@@ -368,6 +474,7 @@ impl<L: VenueLink> FixDriver<L> {
         } else {
             std::thread::sleep(timeout);
         }
+        self.probe(unix_nanos());
         self.gw.on_timer(unix_nanos(), &mut self.out);
         self.flush()
     }
@@ -385,6 +492,7 @@ impl<L: VenueLink> FixDriver<L> {
         } else {
             0
         };
+        self.probe(now);
         self.gw.on_timer(now, &mut self.out);
         self.flush_with(deliver)?;
         Ok(n)
@@ -408,51 +516,92 @@ impl<L: VenueLink> FixDriver<L> {
     /// Write-ahead: journal first, then FIX; engine responses queue for
     /// [`take_engine_responses`](Self::take_engine_responses).
     fn flush(&mut self) -> Result<(), DriverError> {
-        let responses = &mut self.responses;
-        Self::flush_parts(
-            &mut self.gw,
-            &mut self.journal,
-            &mut self.link,
-            &mut self.out,
-            |e, r| responses.push((e, *r)),
-        )
+        let mut responses = std::mem::take(&mut self.responses);
+        let r = self.flush_into(&mut |e, r| responses.push((e, *r)));
+        self.responses = responses;
+        r
     }
 
     /// Write-ahead: journal first, then FIX, then each engine response to `deliver`.
+    ///
+    /// If the journal cannot be written (disk full, I/O error), the append is rolled back
+    /// and nothing of the batch leaves: no FIX message, no response but an unnumbered
+    /// `JournalUnavailable` reject for each request of the batch. The core is rebuilt from
+    /// the journal (so it holds exactly what is recorded), the venue link is closed, and the
+    /// gateway stays degraded until a probe can write again. Only a journal that could not
+    /// even be rolled back is an error.
     pub fn flush_with(
         &mut self,
-        deliver: impl FnMut(EngineId, &Response),
-    ) -> Result<(), DriverError> {
-        Self::flush_parts(
-            &mut self.gw,
-            &mut self.journal,
-            &mut self.link,
-            &mut self.out,
-            deliver,
-        )
-    }
-
-    fn flush_parts(
-        gw: &mut Gateway,
-        journal: &mut Journal,
-        link: &mut L,
-        out: &mut Outputs,
         mut deliver: impl FnMut(EngineId, &Response),
     ) -> Result<(), DriverError> {
+        self.flush_into(&mut deliver)
+    }
+
+    fn flush_into(
+        &mut self,
+        deliver: &mut dyn FnMut(EngineId, &Response),
+    ) -> Result<(), DriverError> {
+        let out = &mut self.out;
         if out.journal_records > 0 {
-            journal.append(&out.journal, out.journal_records)?;
+            if let Err(e) = self.journal.append(&out.journal, out.journal_records) {
+                return self.journal_failed(e, deliver);
+            }
         }
-        if !out.fix.is_empty() && link.is_open() && link.write_all(&out.fix).is_err() {
-            gw.on_disconnect();
+        if self.degraded.is_some() {
+            // Requests staged while degraded were not taken.
+            for &(engine, cl, ty) in &self.batch {
+                deliver(
+                    engine,
+                    &Response::reject(cl, ty, RejectReason::JournalUnavailable),
+                );
+            }
+        }
+        self.batch.clear();
+        let out = &mut self.out;
+        if !out.fix.is_empty() && self.link.is_open() && self.link.write_all(&out.fix).is_err() {
+            self.gw.on_disconnect();
         }
         for (e, r) in out.engine.iter().chain(&out.info) {
             deliver(*e, r);
         }
         if out.disconnect {
-            link.close();
-            gw.on_disconnect();
+            self.link.close();
+            self.gw.on_disconnect();
         }
         out.clear();
+        Ok(())
+    }
+
+    fn journal_failed(
+        &mut self,
+        e: JournalError,
+        deliver: &mut dyn FnMut(EngineId, &Response),
+    ) -> Result<(), DriverError> {
+        self.journal_failures += 1;
+        tracing::error!(
+            error = %anyhow_chain(&e),
+            journal = %self.rebuild.path.display(),
+            "journal append failed: new requests are answered JournalUnavailable, the venue \
+             is disconnected until the journal is writable again (nothing recorded is lost)"
+        );
+        self.out.clear();
+        self.link.close();
+        // The core ran ahead of the journal: rebuild it from what is recorded.
+        let mut gw = Gateway::new(self.rebuild.session.clone(), &self.rebuild.risk)?;
+        self.journal
+            .replay(&self.rebuild.path, |k, p| gw.replay_record(k, p))?;
+        gw.inherit_live_state(&self.gw);
+        self.gw = gw;
+        for &(engine, cl, ty) in &self.batch {
+            deliver(
+                engine,
+                &Response::reject(cl, ty, RejectReason::JournalUnavailable),
+            );
+        }
+        self.batch.clear();
+        self.degraded = Some(Degraded {
+            next_probe: Instant::now() + PROBE_INTERVAL,
+        });
         Ok(())
     }
 

@@ -258,6 +258,12 @@ impl Gateway {
         })
     }
 
+    /// Takes from `old` the live state the journal does not hold (references, halts, kill
+    /// switches), after a rebuild from the journal.
+    pub fn inherit_live_state(&mut self, old: &Gateway) {
+        self.risk.inherit_live_state(&old.risk);
+    }
+
     /// Risk state.
     pub fn risk(&self) -> &RiskEngine {
         &self.risk

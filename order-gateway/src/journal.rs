@@ -596,6 +596,51 @@ impl Journal {
         Ok(())
     }
 
+    /// Replays the whole journal again into `on_record` (to rebuild state after an append
+    /// failed), then returns to its end. The file is held, so it is exactly what was
+    /// appended.
+    pub fn replay(
+        &mut self,
+        path: &Path,
+        on_record: impl FnMut(u8, &[u8]),
+    ) -> Result<(), JournalError> {
+        if self.poisoned {
+            return Err(JournalError::Poisoned);
+        }
+        scan_file(&mut self.file, path, on_record)?;
+        self.file
+            .seek(SeekFrom::Start(self.len))
+            .map_err(JournalError::Read)?;
+        Ok(())
+    }
+
+    /// Checks that appends can succeed again after a failure: reserves `headroom` bytes
+    /// past the end where the file system allows it, then writes and syncs a commit record.
+    /// On failure nothing stays in the file.
+    pub fn probe(&mut self, headroom: u64) -> Result<(), JournalError> {
+        if self.poisoned {
+            return Err(JournalError::Poisoned);
+        }
+        use rustix::fs::{fallocate, FallocateFlags};
+        match fallocate(&self.file, FallocateFlags::KEEP_SIZE, self.len, headroom) {
+            Ok(()) => {}
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP => {}
+            Err(e) => return Err(JournalError::Append(e.into())),
+        }
+        let start = self.len;
+        let end = start + MARK_LEN as u64;
+        if let Err(e) = self.file.write_all(&commit_record(end)) {
+            self.roll_back(start);
+            return Err(JournalError::Append(e));
+        }
+        self.len = end;
+        if let Err(e) = self.sync_data() {
+            self.roll_back(start);
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Bytes appended so far (the file's length).
     pub fn len(&self) -> u64 {
         self.len

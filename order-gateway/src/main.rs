@@ -213,6 +213,12 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    // A file-size limit (RLIMIT_FSIZE) must not kill the gateway: with SIGXFSZ caught, a
+    // journal write past it fails with EFBIG and the gateway degrades like on a full disk.
+    let _ = signal_hook::flag::register(
+        signal_hook::consts::SIGXFSZ,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
     match Cli::parse().cmd {
         Cmd::Check { config } => {
             load(&config)?;

@@ -329,6 +329,21 @@ impl RiskEngine {
         }
     }
 
+    /// Takes from `old` what the journal does not hold: reference prices, halts and kill
+    /// switches (used when the gateway rebuilds its state from the journal while running,
+    /// so a rebuild never lifts a halt or a kill).
+    pub fn inherit_live_state(&mut self, old: &RiskEngine) {
+        self.halted.clone_from(&old.halted);
+        self.references.clone_from(&old.references);
+        self.global_kill = old.global_kill;
+        for (id, e) in &mut self.engines {
+            e.killed = old.engines.get(id).is_some_and(|o| o.killed);
+        }
+        for (id, a) in &mut self.accounts {
+            a.killed = old.accounts.get(id).is_some_and(|o| o.killed);
+        }
+    }
+
     /// True if new orders from `engine` for `account` are blocked by any kill switch.
     pub fn is_killed(&self, engine: u32, account: u32) -> bool {
         self.global_kill

@@ -234,6 +234,10 @@ struct Counters {
     malformed_fix: Counter,
     connections_refused: Counter,
     handshakes_failed: Counter,
+    journal_failures: Counter,
+    journal_degraded: Counter,
+    journal_durable_bytes: Counter,
+    resent_requests: Counter,
 }
 
 impl Counters {
@@ -259,7 +263,7 @@ impl Counters {
                 Table::File(f) => f.allocate_with(label, kind, 0),
                 Table::Local(l) => l.allocate_with(label, kind, 0),
             };
-            // 64 slots for 18 labels under 104 bytes: allocation cannot fail.
+            // 64 slots for 22 labels under 104 bytes: allocation cannot fail.
             r.expect("counter slot")
         };
         use Kind::{Counter as C, Gauge as G};
@@ -282,6 +286,10 @@ impl Counters {
             malformed_fix: alloc("malformed fix frames", C),
             connections_refused: alloc("orders connections refused (token)", C),
             handshakes_failed: alloc("orders connection handshakes failed", C),
+            journal_failures: alloc("journal append failures (disk full or failing)", C),
+            journal_degraded: alloc("journal unwritable: requests not taken", G),
+            journal_durable_bytes: alloc("journal durable bytes", G),
+            resent_requests: alloc("engine requests re-sent (answered with status)", C),
         }
     }
 }
@@ -628,6 +636,11 @@ impl<L: VenueLink> Service<L> {
         c.malformed_fix.set(gw.counters().malformed_fix);
         c.connections_refused.set(self.listener.refused());
         c.handshakes_failed.set(self.listener.failed_handshakes());
+        c.journal_failures.set(self.driver.journal_failures());
+        c.journal_degraded.set(u64::from(self.driver.is_degraded()));
+        c.journal_durable_bytes
+            .set(self.driver.journal_durable_len());
+        c.resent_requests.set(gw.counters().resent_requests);
         // ORDERING: Relaxed; status for supervisors, see `ServiceControl::is_fix_active`.
         self.control.fix_active.store(active, Ordering::Relaxed);
         // ORDERING: Relaxed; as above.

@@ -2,7 +2,8 @@
 //! gateway writes and answers at once, with no socket and no thread. Every NewOrderSingle
 //! is acknowledged (ExecType New) and completely filled at its limit price in the same
 //! reply; a cancel or replace of an order it still knows is answered Canceled/Replaced.
-//! Logon, TestRequest and Logout get their session answers.
+//! Logon, TestRequest and Logout get their session answers; its sequence numbers go on
+//! across reconnects (it does not serve ResendRequests).
 //!
 //! It exists for the gateway round-trip benchmark (`rocebus-bench gateway-rtt`), where it
 //! stands in for the venue so the figure is ours: engine → RC → risk → journal → FIX encode
@@ -106,7 +107,9 @@ impl SimVenue {
         };
         match m.msg_type() {
             b"A" => {
-                self.next_out = 1;
+                // Sequence numbers last for the simulator's life, as a venue's last for the
+                // day: a gateway that reconnects continues where it was.
+                self.next_out = self.next_out.max(1);
                 let hb = m.get(tag::HEART_BT_INT).unwrap_or(b"30");
                 self.header(b"A", &m, now);
                 self.writer

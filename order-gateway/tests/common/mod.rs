@@ -173,12 +173,17 @@ pub fn symbols() -> [Symbol; 3] {
 
 /// Opens the gateway on `journal` and logs on to the venue at `port`.
 pub fn gateway(port: u16, journal: &Path) -> FixDriver {
+    gateway_with(port, journal, FsyncPolicy::Never)
+}
+
+/// [`gateway`] with a sync policy.
+pub fn gateway_with(port: u16, journal: &Path, fsync: FsyncPolicy) -> FixDriver {
     let mut d = FixDriver::open_with(
         &format!("127.0.0.1:{port}"),
         session_config(),
         &risk_config(),
         journal,
-        FsyncPolicy::Never,
+        fsync,
     )
     .unwrap();
     d.with_gateway(|gw, _| {
