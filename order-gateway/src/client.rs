@@ -315,7 +315,14 @@ impl Client {
             .orders
             .get_mut(&id)
             .ok_or(ClientError::UnknownOrder(id))?;
-        if o.state.is_final() {
+        // A late answer to a cancel/replace (the order was filled or canceled meanwhile) and a
+        // notice of what the venue did after the fact are information, not duplicates.
+        let informational = match resp {
+            Response::Reject(r) => r.request != msg_type::NEW_ORDER,
+            Response::Notice(_) => true,
+            _ => false,
+        };
+        if o.state.is_final() && !informational {
             return Err(ClientError::AlreadyFinal(id));
         }
         match resp {
@@ -342,6 +349,21 @@ impl Client {
                 o.price = r.price.get();
             }
             Response::Status(_) => {}
+            Response::Notice(n) => {
+                o.cum_qty = n.cum_qty.get();
+                let signed = n.exec_qty_delta.get() * if o.side == Side::Buy { 1 } else { -1 };
+                *self.position.entry(o.symbol).or_default() += signed;
+                if n.leaves_qty.get() > 0 {
+                    // A trade cancel reopened quantity.
+                    o.state = if o.cum_qty > 0 {
+                        OrderState::PartiallyFilled
+                    } else {
+                        OrderState::New
+                    };
+                } else if !o.state.is_final() {
+                    o.state = OrderState::Filled;
+                }
+            }
         }
         Ok(resp)
     }

@@ -170,6 +170,20 @@ pub struct GatewayCounters {
     pub unknown_exec: u64,
     /// Re-sent requests (numbered at or below the last taken) answered with a status.
     pub resent_requests: u64,
+    /// Execution reports applied before (same ExecID, or a fill not raising CumQty): ignored.
+    pub duplicate_execs: u64,
+    /// Executions beyond the order quantity (CumQty > OrderQty).
+    pub overfills: u64,
+    /// Executions on orders already final.
+    pub late_fills: u64,
+    /// Trade cancels (ExecType H) applied.
+    pub trade_cancels: u64,
+    /// Trade corrections (ExecType G) applied.
+    pub trade_corrections: u64,
+    /// Trade cancels/corrections whose ExecRefID was not known (applied from CumQty).
+    pub trade_refs_unknown: u64,
+    /// Venue answers after the order was final that changed nothing (late cancel or reject).
+    pub late_answers: u64,
 }
 
 /// One engine's numbered responses.
@@ -200,6 +214,10 @@ pub struct Gateway {
     inbuf: Vec<u8>,
     body: Vec<u8>,
     counters: GatewayCounters,
+    /// ExecIDs applied (duplicates, trade cancel/correct references).
+    execs: crate::execs::ExecLog,
+    /// Replaying the journal: state changes only, no logging.
+    replaying: bool,
     /// Discard sink for replay.
     scratch: Outputs,
 }
@@ -254,6 +272,8 @@ impl Gateway {
             inbuf: Vec::with_capacity(1 << 16),
             body: Vec::with_capacity(512),
             counters: GatewayCounters::default(),
+            execs: crate::execs::ExecLog::default(),
+            replaying: false,
             scratch: Outputs::default(),
         })
     }
@@ -884,7 +904,9 @@ impl Gateway {
     /// engine responses the record produced live, so they can be replayed to engines.
     pub fn replay_record(&mut self, kind: u8, payload: &[u8]) {
         let mut scratch = std::mem::take(&mut self.scratch);
+        self.replaying = true;
         self.replay_into(kind, payload, &mut scratch);
+        self.replaying = false;
         self.seal(&mut scratch);
         scratch.clear();
         self.scratch = scratch;
@@ -927,6 +949,10 @@ impl Gateway {
                     return;
                 }
                 let Ok(m) = Message::parse(payload) else {
+                    // Rejected for its fields and consumed live: consume it again.
+                    if let Some(seq) = find_seq(payload) {
+                        self.session.consume_rejected(seq);
+                    }
                     return;
                 };
                 self.session.replay_inbound(&m);
@@ -946,7 +972,8 @@ impl Gateway {
         while pos < buf.len() {
             match split_frame(&buf[pos..]) {
                 Ok(n) => {
-                    self.on_frame(&buf[pos..pos + n], now, out);
+                    self.on_frame(&buf[pos..pos + n], false, now, out);
+                    self.drain_queued(now, out);
                     pos += n;
                 }
                 Err(crate::fix::FixError::Incomplete) => break,
@@ -974,39 +1001,71 @@ impl Gateway {
         self.seal(out);
     }
 
-    fn on_frame(&mut self, frame: &[u8], now: u64, out: &mut Outputs) {
+    /// Feeds the messages queued ahead of a gap that are now in sequence.
+    fn drain_queued(&mut self, now: u64, out: &mut Outputs) {
+        while !out.disconnect {
+            let start = out.fix.len();
+            let next = self.session.next_queued(now, &mut out.fix);
+            Self::journal_out(out, start);
+            let Some(frame) = next else { break };
+            self.on_frame(&frame, true, now, out);
+        }
+    }
+
+    fn on_frame(&mut self, frame: &[u8], queued: bool, now: u64, out: &mut Outputs) {
         let start = out.fix.len();
         let m = match Message::parse(frame) {
             Ok(m) => m,
-            Err(_) => {
+            Err(e) => {
                 self.counters.malformed_fix += 1;
                 let seq = find_seq(frame);
-                self.session.reject(
+                let (ref_tag, reason, text) = bad_field(frame, e);
+                self.session.reject_typed(
                     seq.unwrap_or(0),
-                    None,
-                    0,
-                    "malformed field",
+                    find_msg_type(frame).unwrap_or(b""),
+                    ref_tag,
+                    reason,
+                    text,
                     now,
                     &mut out.fix,
                 );
+                tracing::warn!(seq, ?ref_tag, reason, text, "FIX message rejected");
                 if let Some(seq) = seq {
+                    let before = self.session.accepted_in();
                     self.session.consume_rejected(seq);
+                    if self.session.accepted_in() != before {
+                        // Journaled so a restart consumes the same number (replay_into).
+                        out.record(record::FIX_IN, &[frame]);
+                    }
                 }
                 Self::journal_out(out, start);
                 return;
             }
         };
-        let before = self.session.next_in();
-        let ev = self.session.on_message(m, now, &mut out.fix);
-        if self.session.next_in() != before {
+        let before = self.session.accepted_in();
+        let ev = if queued {
+            self.session.on_queued(m, now, &mut out.fix)
+        } else {
+            self.session.on_message(m, now, &mut out.fix)
+        };
+        if self.session.accepted_in() != before {
             out.record(record::FIX_IN, &[frame]);
         }
         match ev {
             SessionEvent::App(m) => {
                 if let Err((t, reason, text)) = self.apply_app(&m, out) {
                     self.counters.rejected_app += 1;
-                    self.session.reject(
-                        m.seq().unwrap_or(0),
+                    let seq = m.seq().unwrap_or(0);
+                    tracing::warn!(
+                        seq,
+                        tag = t,
+                        reason,
+                        text,
+                        "FIX application message rejected"
+                    );
+                    self.session.reject_typed(
+                        seq,
+                        m.msg_type(),
                         Some(t),
                         reason,
                         text,
@@ -1032,8 +1091,10 @@ impl Gateway {
 
     fn lookup(&mut self, m: &Message<'_>) -> Result<Option<(u64, u64)>, AppReject> {
         let req = m
-            .uint(tag::CL_ORD_ID)
-            .map_err(|_| (tag::CL_ORD_ID, 5, "ClOrdID missing or not ours"))?;
+            .require(tag::CL_ORD_ID)
+            .map_err(|_| (tag::CL_ORD_ID, 1, "required tag missing"))?;
+        // A ClOrdID that is not one of our numbers is an unknown order, not a bad message.
+        let req = crate::fix::codec::parse_uint(req).unwrap_or(0);
         match self.by_request.get(&req) {
             Some(&oid) => Ok(Some((req, oid))),
             None => {
@@ -1044,17 +1105,86 @@ impl Gateway {
     }
 
     fn on_execution_report(&mut self, m: &Message<'_>, out: &mut Outputs) -> Result<(), AppReject> {
+        // Every field needed is checked before anything changes, so a rejected report leaves
+        // no trace but its (consumed) sequence number and the counters.
         let exec_type = m
             .require(tag::EXEC_TYPE)
             .map_err(|_| (tag::EXEC_TYPE, 1, "required tag missing"))?;
+        if !matches!(
+            exec_type,
+            b"0" | b"1"
+                | b"2"
+                | b"3"
+                | b"4"
+                | b"5"
+                | b"6"
+                | b"7"
+                | b"8"
+                | b"9"
+                | b"A"
+                | b"B"
+                | b"C"
+                | b"D"
+                | b"E"
+                | b"F"
+                | b"G"
+                | b"H"
+                | b"I"
+                | b"L"
+        ) {
+            return Err((
+                tag::EXEC_TYPE,
+                5,
+                "value is incorrect (out of range) for this tag",
+            ));
+        }
+        for t in [tag::ORDER_ID, tag::EXEC_ID, tag::ORD_STATUS, tag::SIDE] {
+            m.require(t).map_err(|_| (t, 1, "required tag missing"))?;
+        }
+        let exec_id = m.require(tag::EXEC_ID).unwrap_or(b"");
+        let cum = parse_u32(m, tag::CUM_QTY)?;
+        let leaves = parse_u32(m, tag::LEAVES_QTY)?;
+        let trade = matches!(exec_type, b"F" | b"1" | b"2" | b"G");
+        let (last_qty, last_px) = if trade {
+            let q = parse_u32(m, tag::LAST_QTY)?;
+            let px = m.price(tag::LAST_PX).map_err(|e| match e {
+                crate::fix::FixError::MissingTag(_) => (tag::LAST_PX, 1, "required tag missing"),
+                _ => (tag::LAST_PX, 6, "incorrect data format"),
+            })?;
+            (q, px)
+        } else {
+            (0, 0)
+        };
+        let exec_ref = if matches!(exec_type, b"G" | b"H") {
+            m.require(tag::EXEC_REF_ID)
+                .map_err(|_| (tag::EXEC_REF_ID, 1, "required tag missing"))?
+        } else {
+            b""
+        };
         let Some((req, oid)) = self.lookup(m)? else {
             return Ok(());
         };
+        if !self.execs.insert(oid, exec_id, (last_qty, last_px)) {
+            // PossDup/PossResend copy, or the venue repeating itself: applied once already.
+            self.counters.duplicate_execs += 1;
+            return Ok(());
+        }
+        match exec_type {
+            b"F" | b"1" | b"2" => return self.on_trade(oid, last_qty, last_px, cum, leaves, out),
+            b"H" => return self.on_trade_change(oid, exec_ref, None, cum, leaves, out),
+            b"G" => {
+                let new = Some((last_qty, last_px));
+                return self.on_trade_change(oid, exec_ref, new, cum, leaves, out);
+            }
+            _ => {}
+        }
         let Some(o) = self.orders.get_mut(&oid) else {
             return Ok(());
         };
         if o.status == OrderStatus::Done {
-            return Ok(()); // late report for a final order: already answered
+            // A late cancel/reject for a final order: the engine was answered already.
+            self.counters.late_answers += 1;
+            return Ok(());
         }
         let cl = o.cl_ord_id;
         let engine = o.engine;
@@ -1062,27 +1192,6 @@ impl Gateway {
             b"0" if o.status == OrderStatus::PendingNew => {
                 o.status = OrderStatus::Open;
                 out.engine.push((engine, Response::ack(cl, oid)));
-            }
-            b"F" | b"1" | b"2" => {
-                let last_qty = parse_u32(m, tag::LAST_QTY)?;
-                let last_px = m
-                    .price(tag::LAST_PX)
-                    .map_err(|_| (tag::LAST_PX, 6, "incorrect data format"))?;
-                let cum = parse_u32(m, tag::CUM_QTY)?;
-                let leaves = parse_u32(m, tag::LEAVES_QTY)?;
-                o.cum_qty = cum;
-                if o.status == OrderStatus::PendingNew {
-                    o.status = OrderStatus::Open;
-                }
-                let p = o.params;
-                self.risk.on_fill(&p, last_qty, last_px);
-                if leaves == 0 {
-                    o.status = OrderStatus::Done;
-                    self.open_orders -= 1;
-                    self.risk.on_order_done(&p, 0);
-                }
-                out.engine
-                    .push((engine, Response::fill(cl, last_qty, last_px, cum, leaves)));
             }
             b"4" | b"C" => {
                 let leaves = o.params.qty.saturating_sub(o.cum_qty);
@@ -1135,6 +1244,189 @@ impl Gateway {
         Ok(())
     }
 
+    /// Quantity of `o` still reserved in risk: what is open while it is live.
+    fn reserved(o: &Order) -> u32 {
+        if o.status == OrderStatus::Done {
+            0
+        } else {
+            o.params.qty.saturating_sub(o.cum_qty)
+        }
+    }
+
+    /// A fill (ExecType F, or 1/2 of earlier FIX versions).
+    fn on_trade(
+        &mut self,
+        oid: u64,
+        last_qty: u32,
+        last_px: i64,
+        cum: u32,
+        leaves: u32,
+        out: &mut Outputs,
+    ) -> Result<(), AppReject> {
+        let Some(o) = self.orders.get_mut(&oid) else {
+            return Ok(());
+        };
+        if cum <= o.cum_qty {
+            // CumQty did not grow: a repeat of a fill already applied under another ExecID.
+            self.counters.duplicate_execs += 1;
+            return Ok(());
+        }
+        let was_done = o.status == OrderStatus::Done;
+        let reserved = Self::reserved(o);
+        let released = last_qty.min(reserved);
+        o.cum_qty = cum;
+        if o.status == OrderStatus::PendingNew {
+            o.status = OrderStatus::Open;
+        }
+        let overfill = cum > o.params.qty;
+        let (p, cl, engine) = (o.params, o.cl_ord_id, o.engine);
+        self.risk.on_execution(&p, last_qty, last_px, released);
+        if overfill {
+            self.counters.overfills += 1;
+        }
+        if was_done {
+            self.counters.late_fills += 1;
+            if !self.replaying {
+                tracing::warn!(order = oid, last_qty, cum, "execution on a final order");
+            }
+            let kind = if overfill {
+                proto::NoticeKind::Overfill
+            } else {
+                proto::NoticeKind::LateFill
+            };
+            out.engine.push((
+                engine,
+                Response::notice(cl, kind, i64::from(last_qty), last_px, cum, 0),
+            ));
+            return Ok(());
+        }
+        let leaves = if overfill { 0 } else { leaves };
+        if leaves == 0 {
+            // Final: whatever was reserved beyond this execution (an IOC remainder) goes too.
+            if let Some(o) = self.orders.get_mut(&oid) {
+                o.status = OrderStatus::Done;
+            }
+            self.open_orders -= 1;
+            self.risk.on_order_done(&p, reserved - released);
+        }
+        out.engine
+            .push((engine, Response::fill(cl, last_qty, last_px, cum, leaves)));
+        if overfill {
+            if !self.replaying {
+                tracing::warn!(
+                    order = oid,
+                    qty = p.qty,
+                    cum,
+                    "over-fill: CumQty above OrderQty"
+                );
+            }
+            out.engine.push((
+                engine,
+                Response::notice(cl, proto::NoticeKind::Overfill, 0, last_px, cum, 0),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A trade cancel (`new` None, ExecType H) or correct (`new` the corrected quantity and
+    /// price, ExecType G) of execution `exec_ref`: positions and executed notional lose the
+    /// old execution and gain the new one; the order takes the venue's CumQty and LeavesQty
+    /// (a bust can make a filled order live again).
+    fn on_trade_change(
+        &mut self,
+        oid: u64,
+        exec_ref: &[u8],
+        new: Option<(u32, i64)>,
+        cum: u32,
+        leaves: u32,
+        out: &mut Outputs,
+    ) -> Result<(), AppReject> {
+        let Some(o) = self.orders.get(&oid) else {
+            return Ok(());
+        };
+        let (p, cl, engine, old_cum) = (o.params, o.cl_ord_id, o.engine, o.cum_qty);
+        let old_reserved = Self::reserved(o);
+        let was_open = o.status != OrderStatus::Done;
+        let (new_qty, new_px) = new.unwrap_or((0, 0));
+        let old = match self.execs.trade(oid, exec_ref) {
+            Some(t) => t,
+            None => {
+                // Not remembered (too old, or never seen): what the venue's CumQty says.
+                self.counters.trade_refs_unknown += 1;
+                let q = (i64::from(old_cum) - i64::from(cum) + i64::from(new_qty)).max(0);
+                (
+                    u32::try_from(q).unwrap_or(0),
+                    if new.is_some() { new_px } else { p.price },
+                )
+            }
+        };
+        self.risk.on_execution_reversed(&p, old.0, old.1);
+        if new.is_some() {
+            self.risk.on_execution(&p, new_qty, new_px, 0);
+        }
+        self.execs.set_trade(oid, exec_ref, (new_qty, new_px));
+        let now_open = leaves > 0 && p.qty > cum;
+        let new_reserved = if now_open { p.qty - cum } else { 0 };
+        if let Some(o) = self.orders.get_mut(&oid) {
+            o.cum_qty = cum;
+            if was_open && !now_open {
+                o.status = OrderStatus::Done;
+            } else if !was_open && now_open {
+                o.status = OrderStatus::Open;
+            }
+        }
+        match (was_open, now_open) {
+            (true, true) => self.risk.move_reservation(
+                &OrderParams {
+                    qty: old_reserved,
+                    ..p
+                },
+                &OrderParams {
+                    qty: new_reserved,
+                    ..p
+                },
+            ),
+            (true, false) => {
+                self.open_orders -= 1;
+                self.risk.on_order_done(&p, old_reserved);
+            }
+            (false, true) => {
+                self.open_orders += 1;
+                self.risk.restore_open(&OrderParams {
+                    qty: new_reserved,
+                    ..p
+                });
+            }
+            (false, false) => {}
+        }
+        let (kind, px) = match new {
+            None => {
+                self.counters.trade_cancels += 1;
+                (proto::NoticeKind::TradeCancel, old.1)
+            }
+            Some(_) => {
+                self.counters.trade_corrections += 1;
+                (proto::NoticeKind::TradeCorrect, new_px)
+            }
+        };
+        let delta = i64::from(new_qty) - i64::from(old.0);
+        if !self.replaying {
+            tracing::warn!(
+                order = oid,
+                ?kind,
+                delta,
+                cum,
+                leaves,
+                "venue changed an execution"
+            );
+        }
+        out.engine.push((
+            engine,
+            Response::notice(cl, kind, delta, px, cum, new_reserved),
+        ));
+        Ok(())
+    }
+
     fn on_cancel_reject(&mut self, m: &Message<'_>, out: &mut Outputs) -> Result<(), AppReject> {
         let Some((req, oid)) = self.lookup(m)? else {
             return Ok(());
@@ -1143,11 +1435,16 @@ impl Gateway {
             return Ok(());
         };
         let Some((rid, change)) = o.pending else {
+            self.counters.late_answers += 1;
             return Ok(());
         };
         if rid != req {
+            self.counters.late_answers += 1;
             return Ok(());
         }
+        // Answered even when a fill or cancel made the order final meanwhile: the engine
+        // learns its request failed, and its client takes a cancel/replace reject of a
+        // final order as information.
         o.pending = None;
         let request = match change {
             Change::Cancel => msg_type::CANCEL,
@@ -1168,6 +1465,48 @@ fn request_seq(frame: &[u8]) -> u32 {
         .get(4..8)
         .and_then(|b| b.try_into().ok())
         .map_or(0, u32::from_le_bytes)
+}
+
+/// Finds MsgType in a frame whose fields did not all parse.
+fn find_msg_type(frame: &[u8]) -> Option<&[u8]> {
+    let at = frame.windows(4).position(|w| w == b"\x0135=")? + 4;
+    let len = frame[at..]
+        .iter()
+        .position(|&c| c == crate::fix::codec::SOH)?;
+    Some(&frame[at..at + len])
+}
+
+/// RefTagID, SessionRejectReason and text for a frame whose fields do not parse: an empty
+/// value is reason 4 (tag specified without a value), anything else 0 (invalid tag number),
+/// as QuickFIX reports them.
+fn bad_field(frame: &[u8], e: crate::fix::FixError) -> (Option<u32>, u32, &'static str) {
+    let crate::fix::FixError::BadField(at) = e else {
+        return (Some(tag::MSG_TYPE), 1, "MsgType missing or not first");
+    };
+    // `at` is relative to the body, which starts after BodyLength.
+    let body = frame
+        .iter()
+        .skip(10)
+        .position(|&c| c == crate::fix::codec::SOH)
+        .map_or(0, |i| i + 11);
+    let field = frame.get(body + at..).unwrap_or(b"");
+    let field = &field[..field
+        .iter()
+        .position(|&c| c == crate::fix::codec::SOH)
+        .unwrap_or(field.len())];
+    match field.iter().position(|&c| c == b'=') {
+        Some(eq) => {
+            let t = std::str::from_utf8(&field[..eq])
+                .ok()
+                .and_then(|t| t.parse::<u32>().ok())
+                .filter(|&t| t > 0);
+            match t {
+                Some(t) if eq + 1 == field.len() => (Some(t), 4, "tag specified without a value"),
+                _ => (None, 0, "invalid tag number"),
+            }
+        }
+        None => (None, 0, "invalid tag number"),
+    }
 }
 
 /// Finds MsgSeqNum in a frame whose fields did not all parse.
@@ -1256,7 +1595,7 @@ mod tests {
                 b"8",
                 &[
                     (37, b"V1"),
-                    (17, b"E1"),
+                    (17, self.seq.to_string().as_bytes()),
                     (11, cl.as_bytes()),
                     (150, exec_type),
                     (39, b"0"),

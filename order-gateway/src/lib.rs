@@ -24,6 +24,7 @@
 pub mod client;
 pub mod config;
 pub mod driver;
+pub mod execs;
 pub mod fix;
 pub mod gateway;
 pub mod journal;

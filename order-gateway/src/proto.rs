@@ -46,6 +46,10 @@ pub mod msg_type {
     pub const CANCELED: u8 = b'c';
     /// Gateway → engine: order replaced.
     pub const REPLACED: u8 = b'r';
+    /// Gateway → engine: the venue changed an order after the fact (trade cancel or
+    /// correct, a fill beyond the order quantity or after the order was final); applies to
+    /// final orders too.
+    pub const NOTICE: u8 = b'n';
     /// Engine → gateway: first frame of a connection, names the engine ([`super::Logon`]).
     pub const LOGON: u8 = b'L';
     /// Gateway → engine: answer to a logon ([`super::LogonAck`]).
@@ -501,6 +505,62 @@ pub struct OrderStatus {
     pub request_seq: U32,
 }
 
+/// What a [`Notice`] reports. The numeric value is on the wire (`Notice::kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+#[non_exhaustive]
+pub enum NoticeKind {
+    /// An execution on an order that was already final (its position counts).
+    LateFill = 1,
+    /// The venue executed more than the order quantity (CumQty > OrderQty).
+    Overfill = 2,
+    /// The venue canceled an execution (ExecType H): `exec_qty_delta` is negative.
+    TradeCancel = 3,
+    /// The venue corrected an execution (ExecType G): `exec_qty_delta` is new minus old.
+    TradeCorrect = 4,
+}
+
+impl NoticeKind {
+    /// Decodes the wire value.
+    pub fn from_u8(v: u8) -> Option<NoticeKind> {
+        use NoticeKind::*;
+        [LateFill, Overfill, TradeCancel, TradeCorrect]
+            .into_iter()
+            .find(|k| *k as u8 == v)
+    }
+}
+
+/// Gateway → engine: something the venue did to an order after the fact. The engine applies
+/// `exec_qty_delta` to its position (in the order's side) and takes `cum_qty`/`leaves_qty`
+/// as the order's new state, even when the order is final. 48 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Notice {
+    /// Header, type [`msg_type::NOTICE`].
+    pub header: Header,
+    /// The engine's order id.
+    pub cl_ord_id: U64,
+    /// Change of the order's executed quantity (negative for a trade cancel).
+    pub exec_qty_delta: I64,
+    /// Price of the execution added or corrected (of the one removed, for a trade cancel).
+    pub last_px: I64,
+    /// Total executed after the change.
+    pub cum_qty: U32,
+    /// Quantity still open after the change (0: the order stays final).
+    pub leaves_qty: U32,
+    /// A [`NoticeKind`] value.
+    pub kind: u8,
+    /// Zero.
+    pub pad: [u8; 7],
+}
+
+impl Notice {
+    /// The kind (decode validated it).
+    pub fn kind(&self) -> NoticeKind {
+        NoticeKind::from_u8(self.kind).unwrap_or(NoticeKind::LateFill)
+    }
+}
+
 /// Length of the engine secret in a [`Logon`]: configured tokens are 1..=32 bytes, sent
 /// zero-padded.
 pub const TOKEN_LEN: usize = 32;
@@ -655,6 +715,7 @@ const _: () = assert!(size_of::<Fill>() == 40);
 const _: () = assert!(size_of::<Canceled>() == 24);
 const _: () = assert!(size_of::<Replaced>() == 32);
 const _: () = assert!(size_of::<OrderStatus>() == 40);
+const _: () = assert!(size_of::<Notice>() == 48);
 
 /// Why a frame could not be decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -705,6 +766,8 @@ pub enum Response {
     Replaced(Replaced),
     /// Order status (unnumbered, informational).
     Status(OrderStatus),
+    /// Notice (informational, applies to final orders too).
+    Notice(Notice),
 }
 
 /// Validates the header of `bytes` against the expected frame size of its type.
@@ -895,6 +958,7 @@ impl Response {
             msg_type::CANCELED => Some(size_of::<Canceled>()),
             msg_type::REPLACED => Some(size_of::<Replaced>()),
             msg_type::STATUS => Some(size_of::<OrderStatus>()),
+            msg_type::NOTICE => Some(size_of::<Notice>()),
             _ => None,
         })?;
         let resp = match ty {
@@ -915,6 +979,13 @@ impl Response {
                 }
                 Response::Status(m)
             }
+            msg_type::NOTICE => {
+                let m: Notice = read(bytes)?;
+                if NoticeKind::from_u8(m.kind).is_none() {
+                    return Err(DecodeError::InvalidField("kind"));
+                }
+                Response::Notice(m)
+            }
             _ => Response::Replaced(read(bytes)?),
         };
         Ok((resp, size))
@@ -929,6 +1000,7 @@ impl Response {
             Response::Canceled(m) => m.as_bytes(),
             Response::Replaced(m) => m.as_bytes(),
             Response::Status(m) => m.as_bytes(),
+            Response::Notice(m) => m.as_bytes(),
         }
     }
 
@@ -946,6 +1018,7 @@ impl Response {
             Response::Canceled(m) => &mut m.header,
             Response::Replaced(m) => &mut m.header,
             Response::Status(m) => &mut m.header,
+            Response::Notice(m) => &mut m.header,
         };
         h.seq = U32::new(seq);
     }
@@ -958,6 +1031,7 @@ impl Response {
             Response::Canceled(m) => &m.header,
             Response::Replaced(m) => &m.header,
             Response::Status(m) => &m.header,
+            Response::Notice(m) => &m.header,
         }
     }
 
@@ -970,6 +1044,7 @@ impl Response {
             Response::Canceled(m) => m.cl_ord_id.get(),
             Response::Replaced(m) => m.cl_ord_id.get(),
             Response::Status(m) => m.cl_ord_id.get(),
+            Response::Notice(m) => m.cl_ord_id.get(),
         }
     }
 
@@ -1049,6 +1124,27 @@ impl Response {
             request,
             reason: U16::new(reason.map_or(0, |r| r as u16)),
             request_seq: U32::new(request_seq),
+        })
+    }
+
+    /// Builds a notice.
+    pub fn notice(
+        cl_ord_id: u64,
+        kind: NoticeKind,
+        exec_qty_delta: i64,
+        last_px: i64,
+        cum_qty: u32,
+        leaves_qty: u32,
+    ) -> Response {
+        Response::Notice(Notice {
+            header: Header::new(msg_type::NOTICE, size_of::<Notice>()),
+            cl_ord_id: U64::new(cl_ord_id),
+            exec_qty_delta: I64::new(exec_qty_delta),
+            last_px: I64::new(last_px),
+            cum_qty: U32::new(cum_qty),
+            leaves_qty: U32::new(leaves_qty),
+            kind: kind as u8,
+            pad: [0; 7],
         })
     }
 

@@ -559,6 +559,44 @@ impl RiskEngine {
         }
     }
 
+    /// An execution of `qty` at `px` that releases only `released` of the order's reservation
+    /// (less than `qty` when the venue executes more than was open: an over-fill, or a fill
+    /// after the order was final).
+    pub fn on_execution(&mut self, o: &OrderParams, qty: u32, px: i64, released: u32) {
+        if let Some(a) = self.accounts.get_mut(&o.account) {
+            Self::reserve(
+                a,
+                &OrderParams {
+                    qty: released,
+                    ..*o
+                },
+                -1,
+            );
+            a.executed_notional += notional(qty, px);
+            let p = a.positions.entry(o.symbol).or_default();
+            p.net += if o.side == Side::Buy {
+                i64::from(qty)
+            } else {
+                -i64::from(qty)
+            };
+        }
+    }
+
+    /// Takes back an execution of `qty` at `px` (a trade cancel, or the old terms of a trade
+    /// correct): position and executed notional as if it had not happened. Reservations are
+    /// the caller's (the venue says what is open again).
+    pub fn on_execution_reversed(&mut self, o: &OrderParams, qty: u32, px: i64) {
+        if let Some(a) = self.accounts.get_mut(&o.account) {
+            a.executed_notional -= notional(qty, px);
+            let p = a.positions.entry(o.symbol).or_default();
+            p.net -= if o.side == Side::Buy {
+                i64::from(qty)
+            } else {
+                -i64::from(qty)
+            };
+        }
+    }
+
     /// The order is final (filled, canceled or rejected) with `leaves` still reserved.
     pub fn on_order_done(&mut self, o: &OrderParams, leaves: u32) {
         if let Some(a) = self.accounts.get_mut(&o.account) {

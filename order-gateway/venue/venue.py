@@ -13,6 +13,12 @@ again (PossDup); one already answered is never executed twice. The QuickFIX File
 venue can be killed and restarted. Every application message accepted is appended to
 <dir>/received.log as "msgtype|ClOrdID|PossDup|MsgSeqNum"; ClOrdIDs already seen (also across
 restarts) are recorded as "dup" and not executed again. Prints "READY <port>" when listening.
+
+Commands on stdin, one a line, make the venue do what a test needs (QuickFIX does the session
+work: numbering, persisting, answering):
+  reset          send Logon with ResetSeqNumFlag=Y (both sides start again at 1)
+  seqreset N     send SequenceReset-Reset jumping our MsgSeqNum N ahead
+(Nothing is printed: the test harness stops reading stdout after READY.)
 """
 import argparse
 import os
@@ -45,6 +51,7 @@ class Venue(fix.Application):
         self.done = set()
         self.resting = {}  # ClOrdID -> dict(symbol, side, qty, cum, price, order_id)
         self.next_exec = int(time.time() * 1000) * 1000
+        self.sid = None
         if os.path.exists(self.log_path):
             with open(self.log_path) as f:
                 for line in f:
@@ -56,7 +63,8 @@ class Venue(fix.Application):
         self.log = open(self.log_path, "a", buffering=1)
 
     def onCreate(self, sid): pass
-    def onLogon(self, sid): pass
+    def onLogon(self, sid):
+        self.sid = sid
     def onLogout(self, sid): pass
     def toAdmin(self, msg, sid): pass
     def fromAdmin(self, msg, sid): pass
@@ -158,6 +166,27 @@ class Venue(fix.Application):
             self.report(sid, o, cl, "5", "0", orig=orig)
 
 
+def command(app, line):
+    parts = line.split()
+    if not parts or app.sid is None:
+        return
+    if parts[0] == "reset":
+        m = fix.Message()
+        m.getHeader().setField(fix.MsgType(fix.MsgType_Logon))
+        m.setField(fix.EncryptMethod(0))
+        m.setField(fix.HeartBtInt(5))
+        m.setField(fix.ResetSeqNumFlag(True))
+        fix.Session.sendToTarget(m, app.sid)
+    elif parts[0] == "seqreset":
+        s = fix.Session.lookupSession(app.sid)
+        new = s.getExpectedSenderNum() + int(parts[1])
+        m = fix.Message()
+        m.getHeader().setField(fix.MsgType(fix.MsgType_SequenceReset))
+        m.setField(fix.NewSeqNo(new))
+        fix.Session.sendToTarget(m, app.sid)
+        s.setNextSenderMsgSeqNum(new)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", type=int, required=True)
@@ -195,8 +224,9 @@ TargetCompID={t}
     print("READY %d" % a.port, flush=True)
     try:
         # Runs until stdin closes (the test process ends) or a signal kills it.
-        while sys.stdin.read(1):
-            pass
+        for line in sys.stdin:
+            with app.lock:
+                command(app, line)
     finally:
         acceptor.stop()
 

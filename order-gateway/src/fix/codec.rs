@@ -56,7 +56,7 @@ fn resync(buf: &[u8]) -> usize {
     find(&buf[1..], b"8=FIX").map_or(buf.len(), |i| i + 1)
 }
 
-fn parse_uint(v: &[u8]) -> Option<u64> {
+pub(crate) fn parse_uint(v: &[u8]) -> Option<u64> {
     if v.is_empty() || v.len() > 19 {
         return None;
     }

@@ -65,4 +65,11 @@ pub mod tag {
     pub const AVG_PX: u32 = 6;
     pub const ACCOUNT: u32 = 1;
     pub const CXL_REJ_RESPONSE_TO: u32 = 434;
+    pub const RESET_SEQ_NUM_FLAG: u32 = 141;
+    pub const REF_MSG_TYPE: u32 = 372;
+    pub const EXEC_REF_ID: u32 = 19;
+    pub const POSS_RESEND: u32 = 97;
 }
+
+#[cfg(test)]
+mod recovery_tests;

@@ -8,6 +8,21 @@
 //! kept (raw) so a ResendRequest can be served with PossDupFlag; admin messages are answered
 //! with SequenceReset-GapFill.
 //!
+//! Recovery follows FIX 4.4 (Volume 2) and QuickFIX's `Session`:
+//! - A Logon with ResetSeqNumFlag (141=Y) from the venue resets both sequence numbers to 1
+//!   and is answered with our own Logon carrying 141=Y (MsgSeqNum 1); the venue's next
+//!   in-sequence Logon with 141=Y confirms our answer and is not a new reset (QuickFIX would
+//!   answer it again, and two such engines then trade Logons forever).
+//! - SequenceReset-Reset (123 absent or N) ignores MsgSeqNum and sets the next expected
+//!   number to NewSeqNo; a NewSeqNo below it is answered with Reject 373=5 (QuickFIX does the
+//!   same), as is a GapFill going backwards.
+//! - Messages ahead of a gap are queued ([`QUEUE_LIMIT`] at most; beyond that they are dropped
+//!   and come back with the resend, which asks up to infinity) and handed back in order by
+//!   [`Session::next_queued`] once the gap is filled, as QuickFIX's `nextQueued` does.
+//! - A ResendRequest that is not being answered (`next_in` does not move for the resend
+//!   timeout, by default the heartbeat interval) is sent again and counted; QuickFIX itself
+//!   has no such timer and waits for the next message from the venue instead.
+//!
 //! The resend store is bounded and allocated once: a ring of [`RESEND_SLOTS`] slots of
 //! [`RESEND_SLOT_LEN`] bytes, slot = sequence number modulo the ring size, so storing a sent
 //! message is one copy and never grows memory on the order path. A ResendRequest reaching
@@ -79,7 +94,19 @@ pub struct SessionCounters {
     pub gap_filled_unavailable: u64,
     /// Application messages sent that were too long to keep for resends.
     pub too_long_to_keep: u64,
+    /// Sequence resets accepted from the venue (Logon 141=Y, SequenceReset-Reset).
+    pub resets_received: u64,
+    /// ResendRequests sent again because the first went unanswered.
+    pub resend_timeouts: u64,
+    /// Messages ahead of a gap held until the gap was filled.
+    pub queued: u64,
+    /// Messages ahead of a gap dropped because the queue was full (they come back with the
+    /// resend).
+    pub queue_overflow: u64,
 }
+
+/// Messages ahead of a gap held at most (each a few hundred bytes).
+pub const QUEUE_LIMIT: usize = 1 << 13;
 
 /// Application messages kept for resends: the last this many sequence numbers.
 pub const RESEND_SLOTS: usize = 1 << 14;
@@ -154,8 +181,18 @@ pub struct Session {
     last_recv: u64,
     logon_sent_at: u64,
     test_request_at: Option<u64>,
-    /// We asked for a resend; set while `next_in` is below this.
+    /// We asked for a resend; set while `next_in` is not beyond this.
     resend_until: Option<u64>,
+    /// When the outstanding ResendRequest was sent or last made progress.
+    resend_at: u64,
+    /// How long an outstanding ResendRequest may make no progress (ns).
+    resend_timeout: Option<u64>,
+    /// We answered a venue's reset Logon with ours; its next Logon 141=Y confirms it.
+    answered_reset: bool,
+    /// Inbound messages accepted (in sequence, resets, rejected-and-consumed).
+    accepted_in: u64,
+    /// Messages ahead of a gap, by sequence number (raw frames).
+    queue: std::collections::BTreeMap<u64, Vec<u8>>,
     store: SentStore,
     writer: MessageWriter,
     counters: SessionCounters,
@@ -174,6 +211,11 @@ impl Session {
             logon_sent_at: 0,
             test_request_at: None,
             resend_until: None,
+            resend_at: 0,
+            resend_timeout: None,
+            answered_reset: false,
+            accepted_in: 0,
+            queue: std::collections::BTreeMap::new(),
             store: SentStore::default(),
             writer: MessageWriter::default(),
             counters: SessionCounters::default(),
@@ -200,6 +242,33 @@ impl Session {
         self.counters
     }
 
+    /// Sets how long an unanswered ResendRequest waits before it is sent again (default: the
+    /// heartbeat interval).
+    pub fn set_resend_timeout(&mut self, nanos: u64) {
+        self.resend_timeout = Some(nanos.max(1));
+    }
+
+    fn resend_timeout(&self) -> u64 {
+        self.resend_timeout
+            .unwrap_or(u64::from(self.cfg.heartbeat_secs.max(1)) * 1_000_000_000)
+    }
+
+    /// Increases whenever an inbound message changed the inbound state (processed in sequence,
+    /// a reset, or rejected and consumed): such a frame must be journaled as FIX_IN.
+    pub fn accepted_in(&self) -> u64 {
+        self.accepted_in
+    }
+
+    /// Messages held ahead of a gap.
+    pub fn queued_len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// True while a ResendRequest of ours is outstanding.
+    pub fn resend_pending(&self) -> bool {
+        self.resend_until.is_some()
+    }
+
     /// Counts a frame dropped by the framing layer.
     pub fn count_garbled(&mut self) {
         self.counters.garbled += 1;
@@ -209,7 +278,28 @@ impl Session {
     pub fn consume_rejected(&mut self, seq: u64) {
         if seq == self.next_in {
             self.next_in += 1;
+            self.accepted_in += 1;
+            self.resend_progress();
         }
+    }
+
+    /// `next_in` moved: an outstanding resend is being answered (or is complete).
+    fn resend_progress(&mut self) {
+        if self.resend_until.is_some_and(|u| self.next_in > u) {
+            self.resend_until = None;
+        }
+        self.answered_reset = false;
+    }
+
+    /// Both sides start again at 1 (Logon 141=Y): nothing sent before can be resent under
+    /// its old number, and nothing queued is still in sequence.
+    fn reset_numbers(&mut self) {
+        self.next_out = 1;
+        self.next_in = 1;
+        self.store.slots.fill((0, 0));
+        self.queue.clear();
+        self.resend_until = None;
+        self.counters.resets_received += 1;
     }
 
     /// Recovery: a frame (or several) we sent before the restart.
@@ -234,16 +324,31 @@ impl Session {
     }
 
     fn advance_in(&mut self, m: &Message<'_>) {
+        self.accepted_in += 1;
+        if m.msg_type() == b"A" && m.get(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y") {
+            if self.answered_reset && m.seq() == Some(self.next_in) {
+                // The venue's confirmation of our answer: an ordinary in-sequence Logon.
+                self.next_in += 1;
+                self.resend_progress();
+            } else {
+                // QuickFIX counts the reset Logon as number 1 whatever its MsgSeqNum.
+                self.reset_numbers();
+                self.next_in = 2;
+                self.answered_reset = true;
+            }
+            return;
+        }
         if m.msg_type() == b"4" {
             if let Ok(new) = m.uint(tag::NEW_SEQ_NO) {
                 self.next_in = self.next_in.max(new);
+                if m.get(tag::GAP_FILL_FLAG) != Some(b"Y") {
+                    self.counters.resets_received += 1;
+                }
             }
         } else if let Some(seq) = m.seq() {
             self.next_in = self.next_in.max(seq + 1);
         }
-        if self.resend_until.is_some_and(|u| self.next_in > u) {
-            self.resend_until = None;
-        }
+        self.resend_progress();
     }
 
     fn header(&mut self, msg_type: &[u8], seq: u64, now: u64) {
@@ -301,6 +406,9 @@ impl Session {
         self.last_recv = now;
         self.test_request_at = None;
         self.resend_until = None;
+        self.answered_reset = false;
+        // As QuickFIX's disconnect(): what was queued comes back with the next resend.
+        self.queue.clear();
     }
 
     /// Transport lost.
@@ -326,13 +434,34 @@ impl Session {
         now: u64,
         out: &mut Vec<u8>,
     ) {
+        self.reject_typed(ref_seq, b"", ref_tag, reason, text, now, out);
+    }
+
+    /// [`Session::reject`] naming the rejected message's type (RefMsgType 372) when known.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reject_typed(
+        &mut self,
+        ref_seq: u64,
+        ref_msg_type: &[u8],
+        ref_tag: Option<u32>,
+        reason: u32,
+        text: &str,
+        now: u64,
+        out: &mut Vec<u8>,
+    ) {
         self.counters.rejects_sent += 1;
+        let mut ty = [0u8; 8];
+        let n = ref_msg_type.len().min(ty.len());
+        ty[..n].copy_from_slice(&ref_msg_type[..n]);
         self.send_admin(
             b"3",
             |w| {
                 w.uint(tag::REF_SEQ_NUM, ref_seq);
                 if let Some(t) = ref_tag {
                     w.uint(tag::REF_TAG_ID, u64::from(t));
+                }
+                if n > 0 {
+                    w.field(tag::REF_MSG_TYPE, &ty[..n]);
                 }
                 w.uint(tag::SESSION_REJECT_REASON, u64::from(reason))
                     .field(tag::TEXT, text.as_bytes());
@@ -369,6 +498,18 @@ impl Session {
                     );
                     self.test_request_at = Some(now);
                 }
+                if self.resend_until.is_some()
+                    && now.saturating_sub(self.resend_at) > self.resend_timeout()
+                {
+                    self.counters.resend_timeouts += 1;
+                    let upto = self.resend_until.unwrap_or(self.next_in);
+                    self.request_resend(upto, now, out);
+                } else if self.resend_until.is_none() && !self.queue.is_empty() {
+                    // A gap behind queued messages that no request covers (the one that
+                    // did was satisfied before the rest arrived).
+                    let upto = self.queue.keys().next().copied().unwrap_or(self.next_in);
+                    self.request_resend(upto, now, out);
+                }
                 if now.saturating_sub(self.last_sent) >= hb {
                     self.send_admin(b"0", |_| {}, now, out);
                 }
@@ -403,7 +544,11 @@ impl Session {
                 now,
                 out,
             );
-            self.advance_in(&m);
+            if seq >= self.next_in {
+                self.next_in = seq + 1;
+                self.accepted_in += 1;
+                self.resend_progress();
+            }
             return SessionEvent::None;
         }
         let ty = m.msg_type();
@@ -418,28 +563,28 @@ impl Session {
             // Served whatever its sequence number, or two sides both waiting on a gap deadlock.
             self.serve_resend(&m, now, out);
         }
+        if ty == b"A" && m.get(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y") {
+            return self.on_reset_logon(&m, seq, now, out);
+        }
         if ty == b"4" && m.get(tag::GAP_FILL_FLAG) != Some(b"Y") {
             // SequenceReset-Reset: ignores MsgSeqNum.
-            self.advance_in(&m);
-            return SessionEvent::None;
+            return self.on_sequence_reset(&m, seq, now, out);
         }
         let logon = ty == b"A";
         if logon {
             self.state = SessionState::Active;
         }
         if seq > self.next_in {
+            // Ahead of a gap: kept for when the gap is filled (QuickFIX's doTargetTooHigh).
+            if self.queue.len() < QUEUE_LIMIT || self.queue.contains_key(&seq) {
+                if self.queue.insert(seq, m.raw().to_vec()).is_none() {
+                    self.counters.queued += 1;
+                }
+            } else {
+                self.counters.queue_overflow += 1;
+            }
             if self.resend_until.is_none() {
-                let from = self.next_in;
-                self.send_admin(
-                    b"2",
-                    |w| {
-                        w.uint(tag::BEGIN_SEQ_NO, from).uint(tag::END_SEQ_NO, 0);
-                    },
-                    now,
-                    out,
-                );
-                self.counters.resend_requests_sent += 1;
-                self.resend_until = Some(seq);
+                self.request_resend(seq, now, out);
             }
             return if logon {
                 SessionEvent::LoggedOn
@@ -464,7 +609,39 @@ impl Session {
             self.state = SessionState::Disconnected;
             return SessionEvent::Disconnect;
         }
+        if ty == b"4" {
+            // GapFill in sequence: NewSeqNo must move forward (QuickFIX rejects it otherwise
+            // and leaves the expected number where it was).
+            match m.uint(tag::NEW_SEQ_NO) {
+                Ok(new) if new > self.next_in => {}
+                Ok(_) => {
+                    self.reject_typed(
+                        seq,
+                        b"4",
+                        Some(tag::NEW_SEQ_NO),
+                        5,
+                        "NewSeqNo too low",
+                        now,
+                        out,
+                    );
+                    return SessionEvent::None;
+                }
+                Err(_) => {
+                    self.reject_typed(
+                        seq,
+                        b"4",
+                        Some(tag::NEW_SEQ_NO),
+                        1,
+                        "NewSeqNo missing",
+                        now,
+                        out,
+                    );
+                    return SessionEvent::None;
+                }
+            }
+        }
         self.advance_in(&m);
+        self.resend_at = now;
         match ty {
             b"A" => SessionEvent::LoggedOn,
             b"0" | b"2" | b"4" => SessionEvent::None,
@@ -494,6 +671,129 @@ impl Session {
             }
             _ => SessionEvent::App(m),
         }
+    }
+
+    /// A queued message handed back by [`Session::next_queued`]: like
+    /// [`Session::on_message`], except that a queued Logon or ResendRequest only takes its
+    /// number (both were acted on when they arrived), as in QuickFIX's `nextQueued`.
+    pub fn on_queued<'a>(
+        &mut self,
+        m: Message<'a>,
+        now: u64,
+        out: &mut Vec<u8>,
+    ) -> SessionEvent<'a> {
+        if matches!(m.msg_type(), b"A" | b"2") && m.seq() == Some(self.next_in) {
+            self.next_in += 1;
+            self.accepted_in += 1;
+            self.resend_progress();
+            self.resend_at = now;
+            return SessionEvent::None;
+        }
+        self.on_message(m, now, out)
+    }
+
+    /// After each inbound frame: the next queued message now in sequence (to process with
+    /// [`Session::on_queued`]), dropping queued ones a gap fill or reset went past. When a
+    /// gap remains and no request covers it, asks for a resend.
+    pub fn next_queued(&mut self, now: u64, out: &mut Vec<u8>) -> Option<Vec<u8>> {
+        loop {
+            let (&seq, _) = self.queue.first_key_value()?;
+            if seq < self.next_in {
+                self.queue.pop_first();
+                continue;
+            }
+            if seq == self.next_in {
+                return self.queue.pop_first().map(|(_, f)| f);
+            }
+            if self.resend_until.is_none() && self.state == SessionState::Active {
+                self.request_resend(seq, now, out);
+            }
+            return None;
+        }
+    }
+
+    /// Asks for everything from `next_in` on (EndSeqNo 0 = infinity in FIX 4.2+), satisfied
+    /// once message `upto` has been processed.
+    fn request_resend(&mut self, upto: u64, now: u64, out: &mut Vec<u8>) {
+        let from = self.next_in;
+        self.send_admin(
+            b"2",
+            |w| {
+                w.uint(tag::BEGIN_SEQ_NO, from).uint(tag::END_SEQ_NO, 0);
+            },
+            now,
+            out,
+        );
+        self.counters.resend_requests_sent += 1;
+        self.resend_until = Some(upto.max(from));
+        self.resend_at = now;
+    }
+
+    /// Logon with ResetSeqNumFlag=Y (QuickFIX `Session::nextLogon`).
+    fn on_reset_logon<'a>(
+        &mut self,
+        m: &Message<'a>,
+        seq: u64,
+        now: u64,
+        out: &mut Vec<u8>,
+    ) -> SessionEvent<'a> {
+        self.state = SessionState::Active;
+        if self.answered_reset && seq == self.next_in {
+            self.advance_in(m);
+            return SessionEvent::LoggedOn;
+        }
+        self.advance_in(m);
+        let hb = u64::from(self.cfg.heartbeat_secs);
+        // Our answer is number 1 on the reset session.
+        self.send_admin(
+            b"A",
+            |w| {
+                w.uint(tag::ENCRYPT_METHOD, 0)
+                    .uint(tag::HEART_BT_INT, hb)
+                    .field(tag::RESET_SEQ_NUM_FLAG, b"Y");
+            },
+            now,
+            out,
+        );
+        self.logon_sent_at = now;
+        SessionEvent::LoggedOn
+    }
+
+    /// SequenceReset-Reset (QuickFIX `Session::nextSequenceReset`): MsgSeqNum is ignored,
+    /// NewSeqNo becomes the next expected number; going backwards is rejected.
+    fn on_sequence_reset<'a>(
+        &mut self,
+        m: &Message<'a>,
+        seq: u64,
+        now: u64,
+        out: &mut Vec<u8>,
+    ) -> SessionEvent<'a> {
+        match m.uint(tag::NEW_SEQ_NO) {
+            Ok(new) if new > self.next_in => {
+                self.advance_in(m);
+                self.resend_at = now;
+            }
+            Ok(new) if new == self.next_in => {}
+            Ok(_) => self.reject_typed(
+                seq,
+                b"4",
+                Some(tag::NEW_SEQ_NO),
+                5,
+                "NewSeqNo below the expected MsgSeqNum",
+                now,
+                out,
+            ),
+            Err(_) => self.reject_typed(
+                seq,
+                b"4",
+                Some(tag::NEW_SEQ_NO),
+                1,
+                "NewSeqNo missing",
+                now,
+                out,
+            ),
+        }
+        SessionEvent::None
     }
 
     fn serve_resend(&mut self, m: &Message<'_>, now: u64, out: &mut Vec<u8>) {

@@ -61,7 +61,7 @@ pub fn python() -> String {
 /// The QuickFIX venue subprocess.
 pub struct Venue {
     child: Child,
-    _stdin: ChildStdin,
+    stdin: ChildStdin,
     pub port: u16,
     pub dir: PathBuf,
 }
@@ -98,10 +98,17 @@ impl Venue {
         }
         Venue {
             child,
-            _stdin: stdin,
+            stdin,
             port,
             dir: dir.to_owned(),
         }
+    }
+
+    /// Sends a command line to the venue (see venue.py: `reset`, `seqreset N`).
+    pub fn command(&mut self, line: &str) {
+        use std::io::Write;
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
     }
 
     /// SIGKILL, like a crash.

@@ -1,0 +1,742 @@
+//! Session recovery as FIX 4.4 and QuickFIX do it, and what the gateway makes of the
+//! execution reports that recovery (and venues) produce: resets, gaps with queued messages,
+//! resend timeouts, duplicates, over-fills, trade cancels and corrections, garbled reports,
+//! late answers. Driven with hand-built venue frames; the QuickFIX end-to-end counterpart is
+//! `tests/fix_recovery.rs`.
+
+use crate::client::Client;
+use crate::fix::{split_frame, Message, MessageWriter, SessionConfig, SessionState};
+use crate::gateway::{Gateway, OrderStatus, Outputs};
+use crate::journal::decode_record;
+use crate::proto::{
+    msg_type, Cancel, NewOrder, NoticeKind, Response, Side, Symbol, TimeInForce, PRICE_SCALE,
+};
+use crate::risk::RiskConfig;
+
+const SEC: u64 = 1_000_000_000;
+const T0: u64 = 1_704_207_600 * SEC;
+
+fn risk() -> RiskConfig {
+    toml::from_str(
+        r#"
+        reference_max_age_ms = 5000
+        throttle_interval_ms = 1000
+        [[accounts]]
+        id = 7
+        max_order_qty = 1000
+        max_order_notional = 1000000
+        credit_limit = 10000000
+        max_position = 100000
+        max_open_orders = 100
+        max_orders_per_interval = 100
+        collar_bps = 500
+        [[engines]]
+        id = 1
+        accounts = [7]
+        token = "e1"
+        "#,
+    )
+    .unwrap()
+}
+
+fn session() -> SessionConfig {
+    SessionConfig {
+        sender_comp_id: "GW".into(),
+        target_comp_id: "VENUE".into(),
+        heartbeat_secs: 30,
+    }
+}
+
+fn aapl() -> Symbol {
+    Symbol::new("AAPL").unwrap()
+}
+
+/// The venue side: numbers its frames.
+struct Venue {
+    seq: u64,
+}
+
+impl Venue {
+    fn frame(&mut self, ty: &[u8], fields: &[(u32, &[u8])]) -> Vec<u8> {
+        let f = frame_at(ty, self.seq, fields);
+        self.seq += 1;
+        f
+    }
+
+    /// An execution report with ExecID `exec_id`.
+    #[allow(clippy::too_many_arguments)]
+    fn exec(
+        &mut self,
+        cl: u64,
+        exec_id: &str,
+        exec_type: &[u8],
+        last: u32,
+        px: &str,
+        cum: u32,
+        leaves: u32,
+        extra: &[(u32, &[u8])],
+    ) -> Vec<u8> {
+        let f = exec_at(
+            self.seq, cl, exec_id, exec_type, last, px, cum, leaves, extra,
+        );
+        self.seq += 1;
+        f
+    }
+}
+
+fn frame_at(ty: &[u8], seq: u64, fields: &[(u32, &[u8])]) -> Vec<u8> {
+    let mut w = MessageWriter::default();
+    w.start(ty)
+        .field(49, b"VENUE")
+        .field(56, b"GW")
+        .uint(34, seq)
+        .timestamp(52, T0);
+    for (t, v) in fields {
+        w.field(*t, v);
+    }
+    let mut out = Vec::new();
+    w.finish(&mut out);
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn exec_at(
+    seq: u64,
+    cl: u64,
+    exec_id: &str,
+    exec_type: &[u8],
+    last: u32,
+    px: &str,
+    cum: u32,
+    leaves: u32,
+    extra: &[(u32, &[u8])],
+) -> Vec<u8> {
+    let cl = cl.to_string();
+    let (last, cum, leaves) = (last.to_string(), cum.to_string(), leaves.to_string());
+    let mut fields: Vec<(u32, &[u8])> = extra.to_vec();
+    fields.extend_from_slice(&[
+        (37, b"V1"),
+        (17, exec_id.as_bytes()),
+        (11, cl.as_bytes()),
+        (150, exec_type),
+        (39, b"1"),
+        (55, b"AAPL"),
+        (54, b"1"),
+        (32, last.as_bytes()),
+        (31, px.as_bytes()),
+        (14, cum.as_bytes()),
+        (151, leaves.as_bytes()),
+        (6, b"100"),
+    ]);
+    frame_at(b"8", seq, &fields)
+}
+
+fn frames(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut v = Vec::new();
+    let mut rest = bytes;
+    while let Ok(n) = split_frame(rest) {
+        v.push(rest[..n].to_vec());
+        rest = &rest[n..];
+    }
+    v
+}
+
+/// (MsgType, MsgSeqNum) of every frame the gateway sent.
+fn sent(out: &Outputs) -> Vec<(Vec<u8>, u64)> {
+    frames(&out.fix)
+        .iter()
+        .map(|f| {
+            let m = Message::parse(f).unwrap();
+            (m.msg_type().to_vec(), m.seq().unwrap())
+        })
+        .collect()
+}
+
+fn active() -> (Gateway, Venue, Outputs) {
+    let mut gw = Gateway::new(session(), &risk()).unwrap();
+    let mut out = Outputs::default();
+    gw.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+    gw.on_connect(T0, &mut out);
+    let mut v = Venue { seq: 1 };
+    gw.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut out);
+    assert_eq!(gw.session().state(), SessionState::Active);
+    (gw, v, out)
+}
+
+fn new_order(cl: u64, qty: u32) -> NewOrder {
+    NewOrder::new(
+        cl,
+        7,
+        aapl(),
+        Side::Buy,
+        qty,
+        100 * PRICE_SCALE,
+        TimeInForce::Day,
+    )
+}
+
+/// Sends order `cl` and acks it; returns its FIX ClOrdID.
+fn acked_order(gw: &mut Gateway, v: &mut Venue, out: &mut Outputs, cl: u64, qty: u32) -> u64 {
+    gw.on_engine_message(
+        1,
+        zerocopy::IntoBytes::as_bytes(&new_order(cl, qty)),
+        T0,
+        out,
+    );
+    let id = gw.order(1, cl).unwrap().venue_cl_ord_id;
+    let ack = v.exec(id, &format!("ack{id}"), b"0", 0, "0", 0, qty, &[]);
+    gw.on_fix_bytes(&ack, T0, out);
+    id
+}
+
+/// Forgets what was sent; keeps the journal, which the replay checks need whole.
+fn fresh(out: &mut Outputs) {
+    let (journal, records) = (std::mem::take(&mut out.journal), out.journal_records);
+    out.clear();
+    (out.journal, out.journal_records) = (journal, records);
+}
+
+fn replay(journal: &[u8]) -> Gateway {
+    let mut r = Gateway::new(session(), &risk()).unwrap();
+    let mut rest = journal;
+    while let Some((k, p, n)) = decode_record(rest) {
+        r.replay_record(k, p);
+        rest = &rest[n..];
+    }
+    assert!(rest.is_empty());
+    r
+}
+
+fn same_state(a: &Gateway, b: &Gateway) {
+    assert_eq!(
+        (a.session().next_out(), a.session().next_in()),
+        (b.session().next_out(), b.session().next_in()),
+        "sequence numbers"
+    );
+    assert_eq!(a.risk().position(7, aapl()), b.risk().position(7, aapl()));
+    assert_eq!(a.risk().exposure(7), b.risk().exposure(7));
+    assert_eq!(a.open_order_count(), b.open_order_count());
+}
+
+/// Every engine response applied by an engine-side client that sent orders 1..=n.
+fn client_with(n: u64) -> Client {
+    let mut c = Client::new(1);
+    for _ in 0..n {
+        c.new_order(7, aapl(), Side::Buy, 100, 100 * PRICE_SCALE);
+    }
+    c
+}
+
+// --- 1. resets -----------------------------------------------------------------------------
+
+#[test]
+fn venue_logon_with_reset_flag_resets_both_numbers_and_is_answered_once() {
+    let (mut gw, mut v, mut out) = active();
+    acked_order(&mut gw, &mut v, &mut out, 1, 10);
+    for _ in 0..5 {
+        gw.on_fix_bytes(&v.frame(b"0", &[]), T0, &mut out);
+    }
+    assert!(gw.session().next_in() > 5 && gw.session().next_out() > 2);
+    fresh(&mut out);
+    // The venue starts its day again: Logon 141=Y, MsgSeqNum 1.
+    gw.on_fix_bytes(
+        &frame_at(b"A", 1, &[(98, b"0"), (108, b"30"), (141, b"Y")]),
+        T0,
+        &mut out,
+    );
+    assert!(!out.disconnect, "no 'MsgSeqNum too low' logout");
+    assert_eq!(sent(&out), [(b"A".to_vec(), 1)]);
+    let answer_frame = frames(&out.fix).remove(0);
+    let answer = Message::parse(&answer_frame).unwrap();
+    assert_eq!(answer.get(141), Some(&b"Y"[..]));
+    assert_eq!((gw.session().next_out(), gw.session().next_in()), (2, 2));
+    assert_eq!(gw.session().counters().resets_received, 1);
+    let journal_after_reset = out.journal.clone();
+    // A QuickFIX acceptor answers our answer with another Logon 141=Y (number 2): that
+    // confirms the reset, it is not a new one, so it is neither reset nor answered again.
+    fresh(&mut out);
+    gw.on_fix_bytes(
+        &frame_at(b"A", 2, &[(98, b"0"), (108, b"30"), (141, b"Y")]),
+        T0,
+        &mut out,
+    );
+    assert!(out.fix.is_empty(), "no Logon ping-pong: {:?}", sent(&out));
+    assert_eq!((gw.session().next_out(), gw.session().next_in()), (2, 3));
+    // The session goes on at the new numbers.
+    gw.on_fix_bytes(&frame_at(b"0", 3, &[]), T0, &mut out);
+    assert_eq!(gw.session().next_in(), 4);
+    assert_eq!(gw.session().state(), SessionState::Active);
+    // Nothing sent before the reset is resent under its old number.
+    fresh(&mut out);
+    gw.on_fix_bytes(&frame_at(b"2", 4, &[(7, b"1"), (16, b"0")]), T0, &mut out);
+    assert!(
+        sent(&out).iter().all(|(t, _)| t == b"4"),
+        "{:?}",
+        sent(&out)
+    );
+    let _ = journal_after_reset;
+}
+
+#[test]
+fn journal_replay_after_a_reset_logon_gives_the_same_numbers() {
+    let (mut gw, mut v, mut out) = active();
+    acked_order(&mut gw, &mut v, &mut out, 1, 10);
+    for _ in 0..3 {
+        gw.on_fix_bytes(&v.frame(b"0", &[]), T0, &mut out);
+    }
+    gw.on_fix_bytes(
+        &frame_at(b"A", 1, &[(98, b"0"), (108, b"30"), (141, b"Y")]),
+        T0,
+        &mut out,
+    );
+    gw.on_fix_bytes(
+        &frame_at(b"A", 2, &[(98, b"0"), (108, b"30"), (141, b"Y")]),
+        T0,
+        &mut out,
+    );
+    gw.on_fix_bytes(&frame_at(b"0", 3, &[]), T0, &mut out);
+    let r = replay(&out.journal);
+    same_state(&gw, &r);
+    assert_eq!((r.session().next_out(), r.session().next_in()), (2, 4));
+}
+
+#[test]
+fn sequence_reset_reset_sets_the_next_expected_number_and_refuses_going_back() {
+    let (mut gw, _, mut out) = active();
+    fresh(&mut out);
+    // Reset mode (123 absent): MsgSeqNum is ignored, NewSeqNo is the next expected.
+    gw.on_fix_bytes(&frame_at(b"4", 999, &[(36, b"20")]), T0, &mut out);
+    assert_eq!(gw.session().next_in(), 20);
+    assert!(out.fix.is_empty());
+    gw.on_fix_bytes(
+        &frame_at(b"4", 3, &[(123, b"N"), (36, b"25")]),
+        T0,
+        &mut out,
+    );
+    assert_eq!(gw.session().next_in(), 25);
+    // Backwards: Reject 373=5 on 36, the expected number stays.
+    gw.on_fix_bytes(&frame_at(b"4", 25, &[(36, b"5")]), T0, &mut out);
+    let f = frames(&out.fix);
+    assert_eq!(f.len(), 1);
+    let rej = Message::parse(&f[0]).unwrap();
+    assert_eq!(
+        (rej.msg_type(), rej.uint(45), rej.uint(371), rej.uint(373)),
+        (&b"3"[..], Ok(25), Ok(36), Ok(5))
+    );
+    assert_eq!(gw.session().next_in(), 25);
+    gw.on_fix_bytes(&frame_at(b"0", 25, &[]), T0, &mut out);
+    assert_eq!(gw.session().next_in(), 26);
+    let r = replay(&out.journal);
+    same_state(&gw, &r);
+}
+
+// --- 2. gaps: queueing, gap fills, resend timeouts ----------------------------------------
+
+#[test]
+fn messages_ahead_of_a_gap_are_kept_and_applied_in_order_once_it_is_filled() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 300);
+    let gap = v.seq; // lost on the way: a heartbeat
+    v.seq += 1;
+    fresh(&mut out);
+    let f1 = v.exec(id, "f1", b"F", 100, "100", 100, 200, &[]);
+    let f2 = v.exec(id, "f2", b"F", 100, "100", 200, 100, &[]);
+    gw.on_fix_bytes(&f1, T0, &mut out);
+    gw.on_fix_bytes(&f2, T0, &mut out);
+    assert_eq!(sent(&out), [(b"2".to_vec(), gw.session().next_out() - 1)]);
+    assert!(out.engine.is_empty(), "nothing applied out of order");
+    assert_eq!(gw.session().queued_len(), 2);
+    // The venue answers: gap fill over the heartbeat, then its PossDup copies of the rest.
+    gw.on_fix_bytes(
+        &frame_at(
+            b"4",
+            gap,
+            &[
+                (43, b"Y"),
+                (123, b"Y"),
+                (36, (gap + 1).to_string().as_bytes()),
+            ],
+        ),
+        T0,
+        &mut out,
+    );
+    let fills: Vec<u32> = out
+        .engine
+        .iter()
+        .map(|(_, r)| match r {
+            Response::Fill(f) => f.cum_qty.get(),
+            r => panic!("{r:?}"),
+        })
+        .collect();
+    assert_eq!(fills, [100, 200], "both fills, in order");
+    assert_eq!(gw.session().next_in(), gap + 3);
+    assert!(!gw.session().resend_pending());
+    let mut dup1 = exec_at(
+        gap + 1,
+        id,
+        "f1",
+        b"F",
+        100,
+        "100",
+        100,
+        200,
+        &[(43, b"Y"), (122, b"20240102-15:00:00")],
+    );
+    gw.on_fix_bytes(&dup1, T0, &mut out);
+    dup1 = exec_at(
+        gap + 2,
+        id,
+        "f2",
+        b"F",
+        100,
+        "100",
+        200,
+        100,
+        &[(43, b"Y"), (122, b"20240102-15:00:00")],
+    );
+    gw.on_fix_bytes(&dup1, T0, &mut out);
+    assert_eq!(out.engine.len(), 2);
+    assert_eq!(gw.risk().position(7, aapl()), 200);
+    assert_eq!(gw.order(1, 1).unwrap().cum_qty, 200);
+    // The journal holds them in the order applied: a restart agrees.
+    let r = replay(&out.journal);
+    same_state(&gw, &r);
+}
+
+#[test]
+fn a_gap_filled_by_plain_resends_applies_queued_messages_once() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 300);
+    let first = v.seq;
+    let _f1_lost = v.exec(id, "f1", b"F", 100, "100", 100, 200, &[]);
+    let f2 = v.exec(id, "f2", b"F", 100, "100", 200, 100, &[]);
+    let f3 = v.exec(id, "f3", b"F", 100, "100", 300, 0, &[]);
+    fresh(&mut out);
+    // f1 lost; f2, f3 arrive and wait.
+    gw.on_fix_bytes(&f2, T0, &mut out);
+    gw.on_fix_bytes(&f3, T0, &mut out);
+    assert!(out.engine.is_empty());
+    // The resend of f1 (PossDup, same number) releases f2 and f3 behind it.
+    let re1 = exec_at(
+        first,
+        id,
+        "f1",
+        b"F",
+        100,
+        "100",
+        100,
+        200,
+        &[(43, b"Y"), (122, b"20240102-15:00:00")],
+    );
+    gw.on_fix_bytes(&re1, T0, &mut out);
+    let kinds: Vec<u8> = out.engine.iter().map(|(_, r)| r.as_bytes()[0]).collect();
+    assert_eq!(
+        kinds,
+        [
+            msg_type::PARTIAL_FILL,
+            msg_type::PARTIAL_FILL,
+            msg_type::FILL
+        ]
+    );
+    assert_eq!(gw.session().next_in(), first + 3);
+    assert_eq!(gw.order(1, 1).unwrap().status, OrderStatus::Done);
+    assert_eq!(gw.risk().position(7, aapl()), 300);
+    assert_eq!(gw.risk().exposure(7).0, 0, "nothing left reserved");
+}
+
+#[test]
+fn an_unanswered_resend_request_is_sent_again_after_the_timeout() {
+    let (mut gw, mut v, mut out) = active();
+    v.seq += 1; // lost
+    fresh(&mut out);
+    gw.on_fix_bytes(&v.frame(b"0", &[]), T0, &mut out);
+    assert_eq!(gw.session().counters().resend_requests_sent, 1);
+    fresh(&mut out);
+    // Within the timeout (the heartbeat interval, 30 s): nothing.
+    gw.on_timer(T0 + 10 * SEC, &mut out);
+    assert!(sent(&out).iter().all(|(t, _)| t != b"2"));
+    gw.on_timer(T0 + 31 * SEC, &mut out);
+    let rr: Vec<Vec<u8>> = frames(&out.fix)
+        .into_iter()
+        .filter(|f| Message::parse(f).unwrap().msg_type() == b"2")
+        .collect();
+    assert_eq!(rr.len(), 1, "asked again: {:?}", sent(&out));
+    let m = Message::parse(&rr[0]).unwrap();
+    assert_eq!((m.uint(7), m.uint(16)), (Ok(2), Ok(0)));
+    let c = gw.session().counters();
+    assert_eq!((c.resend_requests_sent, c.resend_timeouts), (2, 1));
+}
+
+// --- 3. duplicates --------------------------------------------------------------------------
+
+#[test]
+fn poss_dup_and_poss_resend_execution_reports_apply_once_also_after_restart() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 300);
+    fresh(&mut out);
+    gw.on_fix_bytes(
+        &v.exec(id, "X1", b"F", 100, "100", 100, 200, &[]),
+        T0,
+        &mut out,
+    );
+    // PossResend: the same report under a new number.
+    gw.on_fix_bytes(
+        &v.exec(id, "X1", b"F", 100, "100", 100, 200, &[(97, b"Y")]),
+        T0,
+        &mut out,
+    );
+    assert_eq!(out.engine.len(), 1);
+    assert_eq!(gw.risk().position(7, aapl()), 100);
+    assert_eq!(gw.counters().duplicate_execs, 1);
+    // After a restart the ExecIDs are known again from the journal.
+    let mut r = replay(&out.journal);
+    same_state(&gw, &r);
+    let mut out2 = Outputs::default();
+    r.on_connect(T0, &mut out2);
+    r.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut out2);
+    fresh(&mut out2);
+    r.on_fix_bytes(
+        &v.exec(id, "X1", b"F", 100, "100", 100, 200, &[(97, b"Y")]),
+        T0,
+        &mut out2,
+    );
+    assert!(out2.engine.is_empty());
+    assert_eq!(r.risk().position(7, aapl()), 100);
+    // A different ExecID that does execute applies.
+    r.on_fix_bytes(
+        &v.exec(id, "X2", b"F", 50, "100", 150, 150, &[]),
+        T0,
+        &mut out2,
+    );
+    assert_eq!(r.risk().position(7, aapl()), 150);
+}
+
+// --- 4. over-fills, trade cancels and corrections --------------------------------------------
+
+#[test]
+fn overfill_counts_keeps_reservations_whole_and_tells_the_engine() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 100);
+    let id2 = acked_order(&mut gw, &mut v, &mut out, 2, 100);
+    fresh(&mut out);
+    gw.on_fix_bytes(&v.exec(id, "a", b"F", 60, "100", 60, 40, &[]), T0, &mut out);
+    // 60 more where 40 were open: over-filled by 20.
+    gw.on_fix_bytes(&v.exec(id, "b", b"F", 60, "100", 120, 0, &[]), T0, &mut out);
+    assert_eq!(gw.risk().position(7, aapl()), 120);
+    // Order 2 (100 open at 100) is all that is reserved, not 20 less.
+    assert_eq!(gw.risk().exposure(7), (100 * 100, 120 * 100));
+    assert_eq!(gw.order(1, 1).unwrap().status, OrderStatus::Done);
+    // And a fill after the order was final still counts.
+    gw.on_fix_bytes(&v.exec(id, "c", b"F", 5, "100", 125, 0, &[]), T0, &mut out);
+    assert_eq!(gw.risk().position(7, aapl()), 125);
+    let c = gw.counters();
+    assert_eq!((c.overfills, c.late_fills), (2, 1));
+    // The engine's client follows, and accepts the notices for its final order.
+    let mut client = client_with(2);
+    for (_, r) in &out.engine {
+        client.on_response(r.as_bytes()).unwrap();
+    }
+    assert_eq!(client.position(aapl()), 125);
+    assert!(out
+        .engine
+        .iter()
+        .any(|(_, r)| matches!(r, Response::Notice(n) if n.kind() == NoticeKind::Overfill)));
+    let _ = id2;
+    let r = replay(&out.journal);
+    same_state(&gw, &r);
+}
+
+#[test]
+fn trade_correct_and_cancel_move_positions_and_exposure_and_reach_the_engine() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 100);
+    fresh(&mut out);
+    gw.on_fix_bytes(
+        &v.exec(id, "T1", b"F", 100, "100", 100, 0, &[]),
+        T0,
+        &mut out,
+    );
+    assert_eq!(gw.order(1, 1).unwrap().status, OrderStatus::Done);
+    // Correct T1 to 80 at 101: the order has 20 open again.
+    gw.on_fix_bytes(
+        &v.exec(id, "T2", b"G", 80, "101", 80, 20, &[(19, b"T1")]),
+        T0,
+        &mut out,
+    );
+    assert_eq!(gw.risk().position(7, aapl()), 80);
+    assert_eq!(gw.risk().exposure(7), (20 * 100, 80 * 101));
+    assert_eq!(gw.order(1, 1).unwrap().status, OrderStatus::Open);
+    assert_eq!(gw.open_order_count(), 1);
+    // Cancel it altogether, and the venue closes the order.
+    gw.on_fix_bytes(
+        &v.exec(id, "T3", b"H", 0, "0", 0, 0, &[(19, b"T1")]),
+        T0,
+        &mut out,
+    );
+    assert_eq!(gw.risk().position(7, aapl()), 0);
+    assert_eq!(gw.risk().exposure(7), (0, 0));
+    assert_eq!(gw.open_order_count(), 0);
+    let c = gw.counters();
+    assert_eq!(
+        (c.trade_corrections, c.trade_cancels, c.trade_refs_unknown),
+        (1, 1, 0)
+    );
+    let mut client = client_with(1);
+    for (_, r) in &out.engine {
+        client.on_response(r.as_bytes()).unwrap();
+    }
+    assert_eq!(client.position(aapl()), 0);
+    assert_eq!(client.order(1).unwrap().cum_qty, 0);
+    let r = replay(&out.journal);
+    same_state(&gw, &r);
+}
+
+// --- 5. garbled execution reports ----------------------------------------------------------
+
+#[test]
+fn garbled_execution_reports_are_rejected_with_reference_and_consume_their_number() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 300);
+    let cases: Vec<(Vec<u8>, u64, u64)> = vec![
+        // ExecID missing: required.
+        {
+            let cl = id.to_string();
+            let f = v.frame(
+                b"8",
+                &[
+                    (37, b"V1"),
+                    (11, cl.as_bytes()),
+                    (150, b"F"),
+                    (39, b"1"),
+                    (54, b"1"),
+                    (32, b"10"),
+                    (31, b"100"),
+                    (14, b"10"),
+                    (151, b"290"),
+                ],
+            );
+            (f, 17, 1)
+        },
+        // LastPx not a number.
+        (v.exec(id, "g2", b"F", 10, "1O0", 10, 290, &[]), 31, 6),
+        // ExecType out of range.
+        (v.exec(id, "g3", b"Z", 10, "100", 10, 290, &[]), 150, 5),
+        // Trade cancel without ExecRefID.
+        (v.exec(id, "g4", b"H", 0, "0", 0, 300, &[]), 19, 1),
+        // A field with no value (the frame does not even parse).
+        {
+            let cl = id.to_string();
+            let f = v.frame(b"8", &[(37, b"V1"), (11, cl.as_bytes())]);
+            let s = String::from_utf8(f).unwrap();
+            // Re-frame with an empty ExecID so BodyLength and CheckSum stay right.
+            let body = s.replace("\x0137=V1\x01", "\x0137=V1\x0117=\x01");
+            let start = body.find("35=").unwrap();
+            let end = body.rfind("10=").unwrap();
+            let inner = &body[start..end];
+            let mut f = format!("8=FIX.4.4\x019={}\x01{}", inner.len(), inner).into_bytes();
+            let sum = f.iter().map(|&b| u32::from(b)).sum::<u32>() % 256;
+            f.extend_from_slice(format!("10={sum:03}\x01").as_bytes());
+            (f, 17, 4)
+        },
+    ];
+    for (i, (frame, ref_tag, reason)) in cases.iter().enumerate() {
+        let seq = gw.session().next_in();
+        fresh(&mut out);
+        gw.on_fix_bytes(frame, T0, &mut out);
+        let f = frames(&out.fix);
+        assert_eq!(f.len(), 1, "case {i}: {:?}", sent(&out));
+        let rej = Message::parse(&f[0]).unwrap();
+        assert_eq!(
+            (
+                rej.msg_type(),
+                rej.uint(45),
+                rej.uint(371),
+                rej.uint(373),
+                rej.get(372)
+            ),
+            (
+                &b"3"[..],
+                Ok(seq),
+                Ok(*ref_tag),
+                Ok(*reason),
+                Some(&b"8"[..])
+            ),
+            "case {i}"
+        );
+        assert_eq!(gw.session().next_in(), seq + 1, "case {i}: number consumed");
+        assert!(out.engine.is_empty(), "case {i}: nothing applied");
+        assert_eq!(gw.session().state(), SessionState::Active);
+    }
+    assert_eq!(gw.risk().position(7, aapl()), 0);
+    assert_eq!(gw.counters().rejected_app, 4);
+    assert_eq!(gw.session().counters().rejects_sent, 5);
+    // The venue's next message is in sequence, and a restart agrees on the numbers.
+    gw.on_fix_bytes(
+        &v.exec(id, "ok", b"F", 10, "100", 10, 290, &[]),
+        T0,
+        &mut out,
+    );
+    assert_eq!(gw.risk().position(7, aapl()), 10);
+    let mut journal = Vec::new();
+    let (mut gw2, mut v2, mut out2) = active();
+    let id2 = acked_order(&mut gw2, &mut v2, &mut out2, 1, 300);
+    assert_eq!(id, id2);
+    for (frame, _, _) in &cases {
+        gw2.on_fix_bytes(frame, T0, &mut out2);
+    }
+    journal.extend_from_slice(&out2.journal);
+    let r = replay(&journal);
+    same_state(&gw2, &r);
+}
+
+// --- late venue answers ----------------------------------------------------------------------
+
+#[test]
+fn a_cancel_reject_after_a_fill_reaches_the_client_as_information() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 100);
+    gw.on_engine_message(
+        1,
+        zerocopy::IntoBytes::as_bytes(&Cancel::new(1)),
+        T0,
+        &mut out,
+    );
+    let cancel_id = Message::parse(frames(&out.fix).last().unwrap())
+        .unwrap()
+        .uint(11)
+        .unwrap();
+    gw.on_fix_bytes(
+        &v.exec(id, "f", b"F", 100, "100", 100, 0, &[]),
+        T0,
+        &mut out,
+    );
+    let (cl, orig) = (cancel_id.to_string(), id.to_string());
+    gw.on_fix_bytes(
+        &v.frame(
+            b"9",
+            &[
+                (37, b"V1"),
+                (11, cl.as_bytes()),
+                (41, orig.as_bytes()),
+                (39, b"2"),
+                (434, b"1"),
+            ],
+        ),
+        T0,
+        &mut out,
+    );
+    let mut client = client_with(1);
+    for (_, r) in &out.engine {
+        client
+            .on_response(r.as_bytes())
+            .unwrap_or_else(|e| panic!("client refused {r:?}: {e:?}"));
+    }
+    assert!(matches!(
+        out.engine.last().unwrap().1,
+        Response::Reject(r) if r.request == msg_type::CANCEL
+    ));
+    assert_eq!(client.position(aapl()), 100);
+    // An unsolicited cancel after the order is final changes nothing and is counted.
+    gw.on_fix_bytes(&v.exec(id, "u", b"4", 0, "0", 100, 0, &[]), T0, &mut out);
+    assert_eq!(gw.counters().late_answers, 1);
+}
