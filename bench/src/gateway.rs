@@ -139,6 +139,7 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             },
             reconnect: Duration::from_secs(1),
             logon_timeout: Duration::from_secs(5),
+            engine_timeout: Duration::from_secs(5),
             counters_file: false,
             static_prices: vec![(symbol, 100 * PRICE_SCALE)],
         };

@@ -45,6 +45,10 @@ fn default_logon_timeout_ms() -> u64 {
     2000
 }
 
+fn default_engine_timeout_ms() -> u64 {
+    5000
+}
+
 fn default_true() -> bool {
     true
 }
@@ -69,6 +73,10 @@ pub struct ServiceConfig {
     /// How long a new engine connection may take to send its logon.
     #[serde(default = "default_logon_timeout_ms")]
     pub logon_timeout_ms: u64,
+    /// After a restart, how long an engine that was logged on (or has open orders) has to
+    /// log on again before its open orders are cancelled at the venue.
+    #[serde(default = "default_engine_timeout_ms")]
+    pub engine_timeout_ms: u64,
     /// Publish counters in the rocebus counters directory (`rocebus stat order-gateway`).
     #[serde(default = "default_true")]
     pub counters: bool,

@@ -21,7 +21,7 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use zerocopy::byteorder::little_endian::{I64, U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -52,7 +52,15 @@ pub mod record {
     pub const FIX_OUT: u8 = 3;
     /// One FIX frame received and processed in sequence.
     pub const FIX_IN: u8 = 4;
+    /// An engine session event: `engine u32 LE` + [`super::SESSION_LOGON`] or
+    /// [`super::SESSION_DISCONNECT`].
+    pub const ENGINE_SESSION: u8 = 5;
 }
+
+/// [`record::ENGINE_SESSION`] event: the engine logged on.
+pub const SESSION_LOGON: u8 = 1;
+/// [`record::ENGINE_SESSION`] event: the engine's connection ended (cancel-on-disconnect ran).
+pub const SESSION_DISCONNECT: u8 = 2;
 
 /// Journal payload of a decision on an engine request. 48 bytes, little-endian.
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -170,6 +178,9 @@ pub struct GatewayCounters {
     pub unknown_exec: u64,
     /// Re-sent requests (numbered at or below the last taken) answered with a status.
     pub resent_requests: u64,
+    /// Engines whose orders were cancelled after a restart because they did not log on
+    /// again in time.
+    pub restart_cancel_on_disconnect: u64,
     /// Execution reports applied before (same ExecID, or a fill not raising CumQty): ignored.
     pub duplicate_execs: u64,
     /// Executions beyond the order quantity (CumQty > OrderQty).
@@ -209,6 +220,11 @@ pub struct Gateway {
     responses: FxHashMap<EngineId, ResponseLog>,
     /// Per engine, the highest request sequence number journaled.
     last_request: FxHashMap<EngineId, u32>,
+    /// Engines logged on, as the journal says (after a crash: those that were).
+    connected: FxHashSet<EngineId>,
+    /// After a restart: engines whose open orders are cancelled unless they log on again
+    /// by the deadline (cancel-on-disconnect across crashes).
+    cod_deadlines: Vec<(EngineId, u64)>,
     history: usize,
     next_id: u64,
     inbuf: Vec<u8>,
@@ -267,6 +283,8 @@ impl Gateway {
                 .map(|e| (e.id, ResponseLog::new(RESPONSE_HISTORY)))
                 .collect(),
             last_request: FxHashMap::default(),
+            connected: FxHashSet::default(),
+            cod_deadlines: Vec::new(),
             history: RESPONSE_HISTORY,
             next_id: 1,
             inbuf: Vec::with_capacity(1 << 16),
@@ -422,7 +440,7 @@ impl Gateway {
         self.inbuf.clear();
     }
 
-    /// Timers (heartbeat, test request, timeouts).
+    /// Timers (heartbeat, test request, timeouts, cancel-on-disconnect after a restart).
     pub fn on_timer(&mut self, now: u64, out: &mut Outputs) {
         let start = out.fix.len();
         if matches!(
@@ -432,6 +450,56 @@ impl Gateway {
             out.disconnect = true;
         }
         Self::journal_out(out, start);
+        // Cancels need the venue: a deadline that passed while it was down fires once the
+        // session is up.
+        if !self.cod_deadlines.is_empty() && self.session.state() == SessionState::Active {
+            let mut i = 0;
+            while i < self.cod_deadlines.len() {
+                let (engine, deadline) = self.cod_deadlines[i];
+                if now >= deadline {
+                    self.cod_deadlines.swap_remove(i);
+                    self.counters.restart_cancel_on_disconnect += 1;
+                    self.on_engine_disconnect(engine, now, out);
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// After a restart (journal replayed): every engine that was logged on when the
+    /// gateway stopped, or that has open orders, must log on again within `timeout_ns`,
+    /// else its open orders are cancelled at the venue, as if its connection had dropped.
+    pub fn arm_restart_cancel_on_disconnect(&mut self, now: u64, timeout_ns: u64) {
+        let mut engines: Vec<EngineId> = self.connected.iter().copied().collect();
+        engines.extend(
+            self.orders
+                .values()
+                .filter(|o| o.status != OrderStatus::Done)
+                .map(|o| o.engine),
+        );
+        engines.sort_unstable();
+        engines.dedup();
+        self.cod_deadlines = engines
+            .into_iter()
+            .map(|e| (e, now.saturating_add(timeout_ns)))
+            .collect();
+    }
+
+    /// Engines that must log on again before their restart deadline, with the deadline.
+    pub fn restart_deadlines(&self) -> &[(EngineId, u64)] {
+        &self.cod_deadlines
+    }
+
+    /// An engine logged on: journaled (so a restart knows whose orders to guard), and its
+    /// restart deadline, if any, is met.
+    pub fn on_engine_logon(&mut self, engine: EngineId, out: &mut Outputs) {
+        out.record(
+            record::ENGINE_SESSION,
+            &[&engine.to_le_bytes(), &[SESSION_LOGON]],
+        );
+        self.connected.insert(engine);
+        self.cod_deadlines.retain(|(e, _)| *e != engine);
     }
 
     /// Starts a FIX logout.
@@ -469,6 +537,12 @@ impl Gateway {
 
     /// Cancel-on-disconnect: cancels every open order of `engine`.
     pub fn on_engine_disconnect(&mut self, engine: EngineId, now: u64, out: &mut Outputs) {
+        out.record(
+            record::ENGINE_SESSION,
+            &[&engine.to_le_bytes(), &[SESSION_DISCONNECT]],
+        );
+        self.connected.remove(&engine);
+        self.cod_deadlines.retain(|(e, _)| *e != engine);
         self.cancel_where(now, out, |o| o.engine == engine);
         self.seal(out);
     }
@@ -940,6 +1014,20 @@ impl Gateway {
                     if let Some(o) = self.orders.get(&d.order_id.get()) {
                         let p = o.params;
                         self.risk.restore_open(&p);
+                    }
+                }
+            }
+            record::ENGINE_SESSION => {
+                if let (Some(e), Some(&ev)) = (payload.get(..4), payload.get(4)) {
+                    let engine = u32::from_le_bytes(e.try_into().unwrap_or_default());
+                    match ev {
+                        SESSION_LOGON => {
+                            self.connected.insert(engine);
+                        }
+                        SESSION_DISCONNECT => {
+                            self.connected.remove(&engine);
+                        }
+                        _ => {}
                     }
                 }
             }
@@ -2025,6 +2113,61 @@ mod tests {
         r.on_engine_message(1, &numbered(&new_order(3, 10, 100), 3), T0, &mut out);
         assert!(!out.fix.is_empty() && out.info.is_empty());
         assert_eq!(r.last_request_seq(1), 3);
+    }
+
+    fn fix_types(out: &Outputs) -> Vec<Vec<u8>> {
+        let mut rest = &out.fix[..];
+        let mut types = Vec::new();
+        while let Ok(n) = split_frame(rest) {
+            types.push(Message::parse(&rest[..n]).unwrap().msg_type().to_vec());
+            rest = &rest[n..];
+        }
+        types
+    }
+
+    /// An engine logged on when the gateway died has `engine_timeout` after the restart to
+    /// log on again; if it does not, its open orders are cancelled at the venue.
+    #[test]
+    fn cancel_on_disconnect_survives_a_restart() {
+        let (mut gw, mut v, mut out) = active();
+        gw.on_engine_logon(1, &mut out);
+        gw.on_engine_message(1, &numbered(&new_order(1, 300, 100), 1), T0, &mut out);
+        gw.on_engine_message(1, &numbered(&new_order(2, 300, 100), 2), T0, &mut out);
+        let id1 = gw.order(1, 1).unwrap().venue_cl_ord_id;
+        gw.on_fix_bytes(&v.exec(id1, b"0", 0, 0, 300), T0, &mut out);
+        let journal = out.journal.clone();
+        let restart = |v: &mut Venue| {
+            let mut r = replay(&journal);
+            r.arm_restart_cancel_on_disconnect(T0, 5 * SEC);
+            assert_eq!(r.restart_deadlines(), &[(1, T0 + 5 * SEC)]);
+            let mut o = Outputs::default();
+            r.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+            r.on_connect(T0, &mut o);
+            r.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut o);
+            o.clear();
+            (r, o)
+        };
+        // The engine never comes back: both open orders are cancelled once the time is up.
+        let (mut r, mut o) = restart(&mut v);
+        r.on_timer(T0 + SEC, &mut o);
+        assert!(!fix_types(&o).contains(&b"F".to_vec()));
+        r.on_timer(T0 + 6 * SEC, &mut o);
+        assert_eq!(fix_types(&o), [b"F".to_vec(), b"F".to_vec()]);
+        assert_eq!(r.counters().restart_cancel_on_disconnect, 1);
+        assert!(r.restart_deadlines().is_empty());
+        // It logs on in time: nothing is cancelled.
+        let (mut r, mut o) = restart(&mut v);
+        r.on_engine_logon(1, &mut o);
+        r.on_timer(T0 + 6 * SEC, &mut o);
+        assert!(!fix_types(&o).contains(&b"F".to_vec()));
+        // A clean disconnect before the crash leaves nothing to guard.
+        let mut clean = Outputs::default();
+        let (mut g2, _, _) = active();
+        g2.on_engine_logon(1, &mut clean);
+        g2.on_engine_disconnect(1, T0, &mut clean);
+        let mut r2 = replay(&clean.journal);
+        r2.arm_restart_cancel_on_disconnect(T0, 5 * SEC);
+        assert!(r2.restart_deadlines().is_empty());
     }
 
     fn replay(journal: &[u8]) -> Gateway {

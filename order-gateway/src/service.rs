@@ -188,6 +188,8 @@ pub struct ServiceOptions {
     pub reconnect: Duration,
     /// Time a connection has to send its logon.
     pub logon_timeout: Duration,
+    /// After a restart, time an engine has to log on again before cancel-on-disconnect.
+    pub engine_timeout: Duration,
     /// Publish counters in a counters file (else in process memory).
     pub counters_file: bool,
     /// Static reference prices, re-applied continuously.
@@ -205,6 +207,7 @@ impl ServiceOptions {
             idle: s.idle,
             reconnect: Duration::from_secs(s.reconnect_secs.max(1)),
             logon_timeout: Duration::from_millis(s.logon_timeout_ms),
+            engine_timeout: Duration::from_millis(s.engine_timeout_ms),
             counters_file: s.counters,
             static_prices: cfg
                 .static_prices()
@@ -425,9 +428,11 @@ impl Service<TcpLink> {
 }
 
 impl<L: VenueLink> Service<L> {
-    /// A service around an opened driver; binds the engine listener.
+    /// A service around an opened driver; binds the engine listener. Engines that were
+    /// logged on when the gateway last stopped (or have open orders) get
+    /// `engine_timeout` to log on again before their orders are cancelled.
     pub fn new(
-        driver: FixDriver<L>,
+        mut driver: FixDriver<L>,
         risk: &RiskConfig,
         opts: ServiceOptions,
         control: Arc<ServiceControl>,
@@ -439,6 +444,15 @@ impl<L: VenueLink> Service<L> {
                     source,
                 }
             })?;
+        let timeout = opts.engine_timeout.as_nanos() as u64;
+        driver.stage(|gw, _| gw.arm_restart_cancel_on_disconnect(unix_nanos(), timeout));
+        for (engine, _) in driver.gateway().restart_deadlines() {
+            tracing::info!(
+                engine,
+                timeout_ms = opts.engine_timeout.as_millis() as u64,
+                "engine was logged on or has open orders: cancelling them unless it logs on again in time"
+            );
+        }
         Ok(Service {
             driver,
             listener,
@@ -709,6 +723,7 @@ impl<L: VenueLink> Service<L> {
             .publication(ORDERS_STREAM)
             .offer_and_flush(u16::from(msg_type::LOGON_ACK), ack.as_bytes());
         if status == LogonStatus::Accepted && sent.is_ok() {
+            self.driver.stage(|gw, out| gw.on_engine_logon(id, out));
             tracing::info!(engine = id, peer = %conn.peer(), last_response_seq = last, last_request_seq = taken, "engine logged on");
             self.counters.logons.inc();
             let mut e = EngineConn {

@@ -295,6 +295,7 @@ impl Gw {
                 },
                 reconnect: Duration::from_millis(200),
                 logon_timeout: Duration::from_secs(2),
+                engine_timeout: Duration::from_secs(5),
                 counters_file: false,
                 static_prices: Vec::new(),
             };
