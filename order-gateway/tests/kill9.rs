@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use order_gateway::gateway::OrderStatus;
+use order_gateway::journal::FsyncPolicy;
 use order_gateway::proto::{NewOrder, Side, TimeInForce, PRICE_SCALE};
 
 const CHILD_ENV: &str = "GW_KILL9_CHILD";
@@ -24,8 +25,17 @@ fn kill9_child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let (port, journal) = spec.split_once(' ').unwrap();
-    let mut d = gateway(port.parse().unwrap(), &PathBuf::from(journal));
+    let mut parts = spec.split(' ');
+    let (port, journal, policy) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    let policy = match policy {
+        "group" => FsyncPolicy::Group,
+        _ => FsyncPolicy::Never,
+    };
+    let mut d = gateway_with(port.parse().unwrap(), &PathBuf::from(journal), policy);
     let [aapl, msft, rej] = symbols();
     for i in 1u64.. {
         let (sym, qty) = match i % 10 {
@@ -56,12 +66,31 @@ fn kill_dash_nine_mid_stream_then_restart() {
     if std::env::var(CHILD_ENV).is_ok() {
         return;
     }
-    let dir = scratch("kill9");
+    kill_then_restart("kill9", "never", 3000, false);
+}
+
+/// A power loss: after the kill, the journal is cut back to its durable point (the end of
+/// its last commit record: what the last completed fdatasync made durable). With group
+/// commit nothing that reached the venue is lost by that cut, so no ClOrdID and no
+/// MsgSeqNum is reused after the restart.
+#[test]
+fn kill_dash_nine_then_power_loss_cut_to_the_durable_point() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    kill_then_restart("powerloss", "group", 1500, true);
+}
+
+fn kill_then_restart(name: &str, policy: &str, orders: u64, power_loss: bool) {
+    let dir = scratch(name);
     let venue = Venue::start(&dir.join("venue"), free_port());
     let journal = dir.join("gw.journal");
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "kill9_child", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, format!("{} {}", venue.port, journal.display()))
+        .env(
+            CHILD_ENV,
+            format!("{} {} {policy}", venue.port, journal.display()),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -72,16 +101,33 @@ fn kill_dash_nine_mid_stream_then_restart() {
         let line = line.unwrap();
         if let Some(n) = line.strip_prefix("journaled ") {
             journaled = n.parse().unwrap();
-            if journaled >= 3000 {
+            if journaled >= orders {
                 break;
             }
         }
         assert!(Instant::now() < deadline, "child gateway too slow");
     }
-    assert!(journaled >= 3000, "child gateway exited early");
+    assert!(journaled >= orders, "child gateway exited early");
     // SIGKILL: no logout, no flush, whatever was in flight stays in flight.
     child.kill().unwrap();
     child.wait().unwrap();
+    if power_loss {
+        let scan = order_gateway::journal::verify(&journal).unwrap();
+        assert!(
+            scan.durable_len > 8,
+            "no commit record in a group-commit journal"
+        );
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&journal)
+            .unwrap();
+        f.set_len(scan.durable_len).unwrap();
+        println!(
+            "power loss: cut {} of {} bytes",
+            scan.file_len - scan.durable_len,
+            scan.file_len
+        );
+    }
 
     // Restart from the journal, in this process.
     let mut d = gateway(venue.port, &journal);
