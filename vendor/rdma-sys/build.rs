@@ -1,5 +1,6 @@
 use std::env;
-use std::path::Path;
+use std::fs;
+use std::path::{Path, PathBuf};
 
 fn link_rdma_core(lib_name: &str, pkg_name: &str, version: &str, include_paths: &mut Vec<String>) {
     let result: _ = pkg_config::Config::new()
@@ -79,9 +80,57 @@ impl bindgen::callbacks::ParseCallbacks for EnumDebug {
     }
 }
 
+/// rocebus: the libclang to load, unless `LIBCLANG_PATH` says.
+///
+/// bindgen (clang-sys) loads the newest libclang it finds, even one installed
+/// without its compiler headers (`stddef.h` & co.; on Debian `libclang1-N`
+/// comes without `libclang-common-N-dev`), and then fails on the first system
+/// header. On the Debian/Ubuntu layout (`/usr/lib/llvm-N/lib`), take the newest
+/// LLVM that has both the library and those headers, so which versions happen
+/// to be installed beside each other does not matter. Elsewhere, return None
+/// and let clang-sys search as usual.
+fn complete_libclang_dir() -> Option<PathBuf> {
+    let mut best: Option<(u32, PathBuf)> = None;
+    for entry in fs::read_dir("/usr/lib").ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(version) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("llvm-"))
+            .and_then(|v| v.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let lib = entry.path().join("lib");
+        let has_library = fs::read_dir(&lib).is_ok_and(|files| {
+            files.flatten().any(|f| {
+                let f = f.file_name();
+                let f = f.to_string_lossy();
+                f.starts_with("libclang") && !f.starts_with("libclang-cpp") && f.contains(".so")
+            })
+        });
+        // Builtin headers: lib/clang/14.0.6/include up to 15, lib/clang/16/include from 16.
+        let has_headers = fs::read_dir(lib.join("clang")).is_ok_and(|dirs| {
+            dirs.flatten()
+                .any(|d| d.path().join("include/stddef.h").is_file())
+        });
+        if has_library && has_headers && best.as_ref().is_none_or(|(v, _)| version > *v) {
+            best = Some((version, lib));
+        }
+    }
+    best.map(|(_, lib)| lib)
+}
+
 fn main() {
     println!("cargo:rerun-if-changed=src/bindings.h");
     println!("cargo:rerun-if-env-changed=LIBCLANG_PATH");
+    if env::var_os("LIBCLANG_PATH").is_none() {
+        if let Some(dir) = complete_libclang_dir() {
+            println!("using libclang from {}", dir.display());
+            // clang-sys reads LIBCLANG_PATH when bindgen loads libclang below;
+            // nothing else runs in this process yet.
+            env::set_var("LIBCLANG_PATH", dir);
+        }
+    }
     let mut include_paths: Vec<String> = Vec::new();
 
     {
