@@ -180,8 +180,13 @@ pub fn host(root: &Path, quiet_if_one: bool) -> Result<()> {
         }
     }
     let versions: Vec<String> = complete.iter().map(|l| l.version.to_string()).collect();
+    let same = if versions.len() > 1 {
+        ", identical bindings"
+    } else {
+        ""
+    };
     eprintln!(
-        "check-build: rdma-sys builds with libclang {}, identical bindings",
+        "check-build: rdma-sys builds with libclang {}{same}",
         versions.join(", ")
     );
     Ok(())
