@@ -2,6 +2,7 @@
 //! benchmarks and the demo. Run as `cargo xtask <command>`.
 
 mod bench;
+mod check_build;
 mod demo;
 mod fuzz;
 mod setup;
@@ -110,6 +111,21 @@ enum Cmd {
         #[arg(long)]
         order_rate: Option<u64>,
     },
+    /// Check that the verbs binding (rdma-sys) builds with every libclang installed here.
+    ///
+    /// Builds rdma-sys once per /usr/lib/llvm-N (library and headers) with LIBCLANG_PATH
+    /// pointing at it and checks that all generate the same bindings (seconds once bindgen is
+    /// built). With --trixie, instead builds the rocebus crate in a Debian trixie chroot
+    /// (libclang 19, Debian's rustc 1.85) from crates vendored here, offline: as root, a few
+    /// minutes the first time (the chroot is cached under ~/.cache/rocebus).
+    CheckBuild {
+        /// Build in a Debian trixie chroot instead of checking this host's libclangs.
+        #[arg(long)]
+        trixie: bool,
+        /// Debian mirror for debootstrap (default: debootstrap's own).
+        #[arg(long, requires = "trixie")]
+        mirror: Option<String>,
+    },
     /// Run every cargo-fuzz target for a bounded time (installs cargo-fuzz if missing).
     Fuzz {
         /// Seconds of fuzzing per target.
@@ -191,6 +207,13 @@ fn main() -> Result<()> {
                     order_rate,
                 },
             )?;
+        }
+        Cmd::CheckBuild { trixie, mirror } => {
+            if trixie {
+                check_build::debian(&root, "trixie", mirror.as_deref())?;
+            } else {
+                check_build::host(&root, false)?;
+            }
         }
         Cmd::Fuzz { seconds, target } => {
             fuzz::run(&root, seconds, target.as_deref())?;

@@ -73,7 +73,7 @@ pub fn cache_dir() -> PathBuf {
     PathBuf::from(home).join(".cache/rocebus")
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     #[allow(unsafe_code)]
     unsafe {
@@ -116,7 +116,7 @@ pub fn ensure_packages() -> Result<()> {
     Ok(())
 }
 
-fn run(cmd: &mut Command) -> Result<()> {
+pub fn run(cmd: &mut Command) -> Result<()> {
     let status = cmd
         .status()
         .with_context(|| format!("cannot run {cmd:?}"))?;

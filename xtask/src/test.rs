@@ -130,6 +130,9 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
         if !st.success() {
             bail!("host tests failed");
         }
+        // The build above used one libclang; if others are installed, check
+        // rdma-sys builds with each (issue 15). Seconds once bindgen is built.
+        crate::check_build::host(root, true)?;
     }
     if fuzz && !rdma_only && filter.is_none() {
         eprintln!("== fuzzing every decoder of outside bytes ({CI_FUZZ_SECONDS} s per target)");
