@@ -240,8 +240,34 @@ struct Counters {
     journal_failures: Counter,
     journal_degraded: Counter,
     journal_durable_bytes: Counter,
-    resent_requests: Counter,
+    /// The core's and the FIX session's own counters, copied each housekeeping turn.
+    core: Vec<(Counter, fn(&Gateway) -> u64)>,
 }
+
+/// The core's counters published as they are: label and how to read it.
+const CORE_COUNTERS: &[(&str, fn(&Gateway) -> u64)] = &[
+    ("engine requests re-sent (answered with status)", |g| g.counters().resent_requests),
+    ("engines cancelled after a restart (no logon in time)", |g| {
+        g.counters().restart_cancel_on_disconnect
+    }),
+    ("fix application messages rejected", |g| g.counters().rejected_app),
+    ("fix execution reports for unknown orders", |g| g.counters().unknown_exec),
+    ("fix duplicate executions ignored", |g| g.counters().duplicate_execs),
+    ("fix overfills", |g| g.counters().overfills),
+    ("fix fills on final orders", |g| g.counters().late_fills),
+    ("fix trade cancels", |g| g.counters().trade_cancels),
+    ("fix trade corrections", |g| g.counters().trade_corrections),
+    ("fix late venue answers", |g| g.counters().late_answers),
+    ("fix garbled frames", |g| g.session().counters().garbled),
+    ("fix session rejects sent", |g| g.session().counters().rejects_sent),
+    ("fix session rejects received", |g| g.session().counters().rejects_received),
+    ("fix resend requests sent", |g| g.session().counters().resend_requests_sent),
+    ("fix resend request timeouts", |g| g.session().counters().resend_timeouts),
+    ("fix messages resent", |g| g.session().counters().messages_resent),
+    ("fix sequence resets received", |g| g.session().counters().resets_received),
+    ("fix messages queued behind a gap", |g| g.session().counters().queued),
+    ("fix queue overflows", |g| g.session().counters().queue_overflow),
+];
 
 impl Counters {
     fn new(file: bool) -> Counters {
@@ -266,7 +292,7 @@ impl Counters {
                 Table::File(f) => f.allocate_with(label, kind, 0),
                 Table::Local(l) => l.allocate_with(label, kind, 0),
             };
-            // 64 slots for 22 labels under 104 bytes: allocation cannot fail.
+            // 64 slots for 40 labels under 104 bytes: allocation cannot fail.
             r.expect("counter slot")
         };
         use Kind::{Counter as C, Gauge as G};
@@ -292,7 +318,10 @@ impl Counters {
             journal_failures: alloc("journal append failures (disk full or failing)", C),
             journal_degraded: alloc("journal unwritable: requests not taken", G),
             journal_durable_bytes: alloc("journal durable bytes", G),
-            resent_requests: alloc("engine requests re-sent (answered with status)", C),
+            core: CORE_COUNTERS
+                .iter()
+                .map(|&(label, read)| (alloc(label, C), read))
+                .collect(),
         }
     }
 }
@@ -654,7 +683,9 @@ impl<L: VenueLink> Service<L> {
         c.journal_degraded.set(u64::from(self.driver.is_degraded()));
         c.journal_durable_bytes
             .set(self.driver.journal_durable_len());
-        c.resent_requests.set(gw.counters().resent_requests);
+        for (counter, read) in &c.core {
+            counter.set(read(gw));
+        }
         // ORDERING: Relaxed; status for supervisors, see `ServiceControl::is_fix_active`.
         self.control.fix_active.store(active, Ordering::Relaxed);
         // ORDERING: Relaxed; as above.
