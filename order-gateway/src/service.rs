@@ -241,32 +241,60 @@ struct Counters {
     journal_degraded: Counter,
     journal_durable_bytes: Counter,
     /// The core's and the FIX session's own counters, copied each housekeeping turn.
-    core: Vec<(Counter, fn(&Gateway) -> u64)>,
+    core: Vec<(Counter, ReadCounter)>,
 }
 
+/// Reads one of the core's counters.
+type ReadCounter = fn(&Gateway) -> u64;
+
 /// The core's counters published as they are: label and how to read it.
-const CORE_COUNTERS: &[(&str, fn(&Gateway) -> u64)] = &[
-    ("engine requests re-sent (answered with status)", |g| g.counters().resent_requests),
-    ("engines cancelled after a restart (no logon in time)", |g| {
-        g.counters().restart_cancel_on_disconnect
+const CORE_COUNTERS: &[(&str, ReadCounter)] = &[
+    ("engine requests re-sent (answered with status)", |g| {
+        g.counters().resent_requests
     }),
-    ("fix application messages rejected", |g| g.counters().rejected_app),
-    ("fix execution reports for unknown orders", |g| g.counters().unknown_exec),
-    ("fix duplicate executions ignored", |g| g.counters().duplicate_execs),
+    (
+        "engines cancelled after a restart (no logon in time)",
+        |g| g.counters().restart_cancel_on_disconnect,
+    ),
+    ("fix application messages rejected", |g| {
+        g.counters().rejected_app
+    }),
+    ("fix execution reports for unknown orders", |g| {
+        g.counters().unknown_exec
+    }),
+    ("fix duplicate executions ignored", |g| {
+        g.counters().duplicate_execs
+    }),
     ("fix overfills", |g| g.counters().overfills),
     ("fix fills on final orders", |g| g.counters().late_fills),
     ("fix trade cancels", |g| g.counters().trade_cancels),
     ("fix trade corrections", |g| g.counters().trade_corrections),
     ("fix late venue answers", |g| g.counters().late_answers),
     ("fix garbled frames", |g| g.session().counters().garbled),
-    ("fix session rejects sent", |g| g.session().counters().rejects_sent),
-    ("fix session rejects received", |g| g.session().counters().rejects_received),
-    ("fix resend requests sent", |g| g.session().counters().resend_requests_sent),
-    ("fix resend request timeouts", |g| g.session().counters().resend_timeouts),
-    ("fix messages resent", |g| g.session().counters().messages_resent),
-    ("fix sequence resets received", |g| g.session().counters().resets_received),
-    ("fix messages queued behind a gap", |g| g.session().counters().queued),
-    ("fix queue overflows", |g| g.session().counters().queue_overflow),
+    ("fix session rejects sent", |g| {
+        g.session().counters().rejects_sent
+    }),
+    ("fix session rejects received", |g| {
+        g.session().counters().rejects_received
+    }),
+    ("fix resend requests sent", |g| {
+        g.session().counters().resend_requests_sent
+    }),
+    ("fix resend request timeouts", |g| {
+        g.session().counters().resend_timeouts
+    }),
+    ("fix messages resent", |g| {
+        g.session().counters().messages_resent
+    }),
+    ("fix sequence resets received", |g| {
+        g.session().counters().resets_received
+    }),
+    ("fix messages queued behind a gap", |g| {
+        g.session().counters().queued
+    }),
+    ("fix queue overflows", |g| {
+        g.session().counters().queue_overflow
+    }),
 ];
 
 impl Counters {
