@@ -195,6 +195,8 @@ pub struct GatewayCounters {
     pub trade_refs_unknown: u64,
     /// Venue answers after the order was final that changed nothing (late cancel or reject).
     pub late_answers: u64,
+    /// OrderStatusRequests sent at logon for orders in doubt.
+    pub status_requests: u64,
 }
 
 /// One engine's numbered responses.
@@ -1163,9 +1165,39 @@ impl Gateway {
                 }
             }
             SessionEvent::Disconnect => out.disconnect = true,
-            SessionEvent::LoggedOn | SessionEvent::None => {}
+            SessionEvent::LoggedOn => self.query_orders_in_doubt(now, out),
+            SessionEvent::None => {}
         }
         Self::journal_out(out, start);
+    }
+
+    /// At logon: an OrderStatusRequest (35=H) for every order sent and not yet acknowledged
+    /// (after a crash or a lost connection the venue may or may not have it). The venue's
+    /// answer (ExecType I) acknowledges those it has; for the others the session's resend
+    /// handling delivers what is missing either way. Bounded per logon.
+    fn query_orders_in_doubt(&mut self, now: u64, out: &mut Outputs) {
+        const MAX_QUERIES: usize = 10_000;
+        let mut doubt: Vec<(u64, u64)> = self
+            .orders
+            .iter()
+            .filter(|(_, o)| o.status == OrderStatus::PendingNew)
+            .map(|(&oid, o)| (oid, o.venue_cl_ord_id))
+            .collect();
+        doubt.sort_unstable();
+        doubt.truncate(MAX_QUERIES);
+        for (oid, venue_cl) in doubt {
+            let Some(o) = self.orders.get(&oid) else {
+                continue;
+            };
+            let (symbol, side) = (o.params.symbol, o.params.side);
+            let b = &mut self.body;
+            b.clear();
+            push_uint(b, tag::CL_ORD_ID, venue_cl);
+            push_field(b, tag::SYMBOL, symbol.as_bytes());
+            push_field(b, tag::SIDE, side_fix(side));
+            self.session.send_app(b"H", &self.body, now, &mut out.fix);
+            self.counters.status_requests += 1;
+        }
     }
 
     /// Applies an in-sequence application message (live and replay).
@@ -1278,6 +1310,14 @@ impl Gateway {
         let engine = o.engine;
         match exec_type {
             b"0" if o.status == OrderStatus::PendingNew => {
+                o.status = OrderStatus::Open;
+                out.engine.push((engine, Response::ack(cl, oid)));
+            }
+            // Answer to an OrderStatusRequest: the venue has the order live (executions
+            // arrive as their own reports, resent if need be).
+            b"I" if o.status == OrderStatus::PendingNew
+                && matches!(m.get(tag::ORD_STATUS), Some(b"0" | b"1" | b"2")) =>
+            {
                 o.status = OrderStatus::Open;
                 out.engine.push((engine, Response::ack(cl, oid)));
             }
@@ -2168,6 +2208,43 @@ mod tests {
         let mut r2 = replay(&clean.journal);
         r2.arm_restart_cancel_on_disconnect(T0, 5 * SEC);
         assert!(r2.restart_deadlines().is_empty());
+    }
+
+    /// At a logon the venue is asked about every order sent and not yet acknowledged; an
+    /// ExecType I answer that it has the order acknowledges it to the engine.
+    #[test]
+    fn orders_in_doubt_are_queried_at_logon() {
+        let (mut gw, mut v, mut out) = active();
+        gw.on_engine_message(1, &numbered(&new_order(1, 300, 100), 1), T0, &mut out);
+        gw.on_engine_message(1, &numbered(&new_order(2, 300, 100), 2), T0, &mut out);
+        let (id1, id2) = (
+            gw.order(1, 1).unwrap().venue_cl_ord_id,
+            gw.order(1, 2).unwrap().venue_cl_ord_id,
+        );
+        gw.on_fix_bytes(&v.exec(id2, b"0", 0, 0, 300), T0, &mut out);
+        // The connection drops before order 1 is acknowledged; the restarted session asks.
+        gw.on_disconnect();
+        out.clear();
+        gw.on_connect(T0, &mut out);
+        gw.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut out);
+        let mut rest = &out.fix[..];
+        let mut queried = Vec::new();
+        while let Ok(n) = split_frame(rest) {
+            let m = Message::parse(&rest[..n]).unwrap();
+            if m.msg_type() == b"H" {
+                queried.push(m.uint(11).unwrap());
+            }
+            rest = &rest[n..];
+        }
+        assert_eq!(queried, [id1]);
+        assert_eq!(gw.counters().status_requests, 1);
+        out.clear();
+        let mut status = v.exec(id1, b"I", 0, 0, 300);
+        // v.exec writes OrdStatus 0 (New): the venue has it.
+        assert!(status.windows(5).any(|w| w == b"\x0139=0"));
+        gw.on_fix_bytes(&std::mem::take(&mut status), T0, &mut out);
+        assert_eq!(gw.order(1, 1).unwrap().status, OrderStatus::Open);
+        assert!(matches!(out.engine[..], [(1, Response::Ack(_))]));
     }
 
     fn replay(journal: &[u8]) -> Gateway {

@@ -7,6 +7,8 @@ Deterministic rules, by symbol and quantity of a NewOrderSingle:
   100 < qty <= 1000      -> New, PartialFill of qty//2, then Fill of the rest
   qty > 1000             -> New, then rests (cancel -> Canceled, replace -> Replaced)
 Cancel/replace of an order that is not resting -> OrderCancelReject (35=9).
+OrderStatusRequest (35=H) -> ExecutionReport 150=I with the order's status (an order this run
+never saw: 39=8, 103=5), logged as "H|ClOrdID|status".
 
 An order the venue logged but died before answering is handled when QuickFIX asks for it
 again (PossDup); one already answered is never executed twice. The QuickFIX FileStore (sequence numbers, sent messages) and FileLog live under --dir, so the
@@ -50,6 +52,7 @@ class Venue(fix.Application):
         self.seen = set()
         self.done = set()
         self.resting = {}  # ClOrdID -> dict(symbol, side, qty, cum, price, order_id)
+        self.orders = {}  # every order of this run by ClOrdID, for OrderStatusRequests
         self.next_exec = int(time.time() * 1000) * 1000
         self.sid = None
         if os.path.exists(self.log_path):
@@ -58,7 +61,7 @@ class Venue(fix.Application):
                     parts = line.strip().split("|")
                     if len(parts) >= 2 and parts[0] == "ok":
                         self.done.add(parts[1])
-                    elif len(parts) >= 2 and parts[0] not in ("dup", "redo"):
+                    elif len(parts) >= 2 and parts[0] not in ("dup", "redo", "H"):
                         self.seen.add(parts[1])
         self.log = open(self.log_path, "a", buffering=1)
 
@@ -78,7 +81,8 @@ class Venue(fix.Application):
         self.next_exec += 1
         return str(self.next_exec)
 
-    def report(self, sid, o, cl, exec_type, status, last_qty=0, last_px="0", orig=None):
+    def report(self, sid, o, cl, exec_type, status, last_qty=0, last_px="0", orig=None,
+               rej_reason=None):
         r = fix.Message()
         r.getHeader().setField(fix.MsgType(fix.MsgType_ExecutionReport))
         r.setField(fix.OrderID(o["order_id"]))
@@ -96,6 +100,8 @@ class Venue(fix.Application):
         r.setField(fix.LeavesQty(max(o["qty"] - o["cum"], 0) if status not in ("4", "8", "2") else 0))
         r.setField(fix.CumQty(o["cum"]))
         r.setField(fix.AvgPx(float(o["price"]) if o["cum"] else 0.0))
+        if rej_reason is not None:
+            r.setField(fix.OrdRejReason(rej_reason))
         fix.Session.sendToTarget(r, sid)
 
     def cancel_reject(self, sid, cl, orig, response_to):
@@ -108,9 +114,28 @@ class Venue(fix.Application):
         r.setField(fix.CxlRejResponseTo(response_to))
         fix.Session.sendToTarget(r, sid)
 
+    def order_status(self, msg, sid):
+        """OrderStatusRequest: an ExecutionReport with ExecType I for an order we know (live
+        or done), or OrdStatus Rejected with OrdRejReason 5 (unknown order)."""
+        cl = msg.getField(11)
+        o = self.orders.get(cl)
+        self.log.write("H|%s|status\n" % cl)
+        if o is None:
+            o = dict(symbol=msg.getField(55), side=msg.getField(54), qty=0, cum=0,
+                     price="0", order_id="NONE")
+            self.report(sid, o, cl, "I", "8", rej_reason=5)
+            return
+        status = "2" if o["cum"] >= o["qty"] else ("1" if o["cum"] else "0")
+        if cl not in self.resting and o["cum"] < o["qty"]:
+            status = "4" if o["symbol"] != "REJ" else "8"
+        self.report(sid, o, cl, "I", status)
+
     def handle(self, msg, sid):
         mt = msg.getHeader().getField(35)
         cl = msg.getField(11)
+        if mt == "H":
+            self.order_status(msg, sid)
+            return
         possdup = msg.getHeader().isSetField(43) and msg.getHeader().getField(43) == "Y"
         seq = msg.getHeader().getField(34)
         if cl in self.seen and (cl in self.done or not possdup):
@@ -132,6 +157,7 @@ class Venue(fix.Application):
             qty = int(float(msg.getField(38)))
             o = dict(symbol=msg.getField(55), side=msg.getField(54), qty=qty, cum=0,
                      price=msg.getField(44), order_id="V" + cl)
+            self.orders[cl] = o
             if o["symbol"] == "REJ":
                 self.report(sid, o, cl, "8", "8")
                 return
@@ -163,6 +189,7 @@ class Venue(fix.Application):
             o["qty"] = int(float(msg.getField(38)))
             o["price"] = msg.getField(44)
             self.resting[cl] = o
+            self.orders[cl] = o
             self.report(sid, o, cl, "5", "0", orig=orig)
 
 
