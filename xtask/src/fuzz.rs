@@ -231,6 +231,9 @@ fn write_seeds(root: &Path, target: &str, dir: &Path) -> Result<usize> {
         "itch" => itch_seeds(root),
         "moldudp64" => moldudp64_seeds(root),
         "fix_decode" => fix_seeds(),
+        "gateway_venue" => gateway_venue_seeds(),
+        "gateway_engine" => gateway_engine_seeds(),
+        "journal_replay" => journal_replay_seeds(),
         "mcast_datagram" => datagram_seeds(),
         "mcast_recovery" => recovery_seeds(),
         _ => Vec::new(),
@@ -386,6 +389,95 @@ fn fix_seeds() -> Vec<Vec<u8>> {
     let mut seeds: Vec<Vec<u8>> = messages.iter().map(|m| fix_message(m)).collect();
     seeds.push(seeds.concat());
     seeds
+}
+
+/// Venue messages for `gateway_venue` (its input format is in its doc): each body sent as
+/// the next in-sequence message (command `0xFE 0x02`), on the orders the target sets up
+/// (ClOrdIDs 1 to 7, the setup's fill has ExecID X10).
+fn gateway_venue_seeds() -> Vec<Vec<u8>> {
+    let exec = "35=8|37=V1|55=AAPL|54=1|39=0|6=0|";
+    let bodies = [
+        format!("{exec}17=E1|11=1|150=F|32=40|31=100|14=40|151=60|"),
+        format!("{exec}17=E2|11=6|150=5|32=0|31=0|14=0|151=150|"),
+        format!("{exec}17=E3|11=7|150=4|32=0|31=0|14=0|151=0|"),
+        format!("{exec}17=E4|11=5|150=0|32=0|31=0|14=0|151=10|"),
+        format!("{exec}17=E5|11=5|150=8|32=0|31=0|14=0|151=0|"),
+        format!("{exec}17=E6|11=2|150=H|19=X10|32=0|31=0|14=0|151=200|"),
+        format!("{exec}17=E7|11=2|150=G|19=X10|32=50|31=101|14=50|151=150|"),
+        "35=9|37=V4|11=7|41=4|39=0|434=1|58=too late|".to_owned(),
+        "35=2|7=1|16=0|".to_owned(),
+        "35=4|123=Y|36=20|".to_owned(),
+        "35=1|112=T|".to_owned(),
+        "35=3|45=3|371=44|373=5|".to_owned(),
+        "35=5|58=bye|".to_owned(),
+    ];
+    let in_sequence = |b: &String| {
+        let mut v = b.replace('|', "\x01").into_bytes();
+        v.extend_from_slice(&[0xFE, 0x02]);
+        v
+    };
+    let mut seeds: Vec<Vec<u8>> = bodies.iter().map(in_sequence).collect();
+    // Everything in one run, with 30 s of timers and a reconnect (venue logs on) in between.
+    let mut all = Vec::new();
+    for (i, s) in seeds.iter().enumerate() {
+        all.extend_from_slice(s);
+        if i == 6 {
+            all.extend_from_slice(&[0xFE, 3 | (15 << 3), 0xFE, 5 | (1 << 3)]);
+        }
+    }
+    seeds.push(all);
+    // A framed message as raw bytes, cut in two chunks.
+    let raw = fix_message("35=0|34=6|49=VENUE|56=GW|52=20240102-15:00:00|");
+    let (a, b) = raw.split_at(20);
+    seeds.push([a, &[0xFE, 0x00], b, &[0xFE, 0x00]].concat());
+    seeds
+}
+
+/// Operation sequences for `gateway_engine` (format in its doc): an order's life (new, ack,
+/// fill, replace, confirm, cancel, cancel reject), kill switches, disconnects, garbage.
+fn gateway_engine_seeds() -> Vec<Vec<u8>> {
+    let new_order = [0x00, 1, 0, 0, 100, 0, 0, 1];
+    let ack = [0x06, 1, 0, 0, 0, 0, 0, 100, 0, 0, 0];
+    let fill = [0x06, 1, 1, 40, 0, 40, 0, 60, 0, 0, 0];
+    let replace = [0x02, 1, 150, 0, 0, 1];
+    let confirm = [0x06, 2, 3, 0, 0, 40, 0, 110, 0, 0, 0];
+    let cancel = [0x01, 1, 1];
+    let cancel_reject = [0x07, 3, 1];
+    let life: Vec<u8> = [
+        &new_order[..],
+        &ack,
+        &fill,
+        &replace,
+        &confirm,
+        &cancel,
+        &cancel_reject,
+    ]
+    .concat();
+    let kill = [0x05, 0x01, 0x00, 2, 0, 0, 100, 0, 0, 1, 0x05, 0x09];
+    let disconnect = [&new_order[..], &ack, &[0x05, 0x00]].concat();
+    let reset = [&new_order[..], &[0x05, 0x07 | 16], &ack].concat();
+    let garbage = [0x04, 0x40 | 8, b'N', 1, 48, 0, 1, 0, 0, 0];
+    vec![
+        new_order.to_vec(),
+        life,
+        kill.to_vec(),
+        disconnect,
+        reset,
+        garbage.to_vec(),
+    ]
+}
+
+/// Journals for `journal_replay` built by its operations (mode 2): records, a commit record,
+/// then a flipped byte or a cut.
+fn journal_replay_seeds() -> Vec<Vec<u8>> {
+    let clean = vec![
+        2, 0, 1, 4, 1, 2, 3, 4, 0, 3, 2, 9, 9, 1, 0, 4, 3, b'x', b'y', b'z',
+    ];
+    let flipped = [&clean[..], &[3, 12, 0, 0x10]].concat();
+    let cut = [&clean[..], &[4, 5]].concat();
+    let mut raw = b"RBGWJNL1".to_vec();
+    raw.insert(0, 0);
+    vec![clean, flipped, cut, raw]
 }
 
 /// A rocebus market-data datagram (layout in `core/src/mcast/wire.rs`, little-endian).
