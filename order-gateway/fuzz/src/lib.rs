@@ -438,13 +438,13 @@ pub fn check_state(gw: &Gateway) {
 /// The monotonic part of the state, as of the previous step.
 #[derive(Debug)]
 struct Seen {
-    gateway: [u64; 12],
+    gateway: [u64; 14],
     session: [u64; 13],
     last_response: [u32; 3],
     last_request: [u32; 3],
 }
 
-fn gateway_counters(c: GatewayCounters) -> [u64; 12] {
+fn gateway_counters(c: GatewayCounters) -> [u64; 14] {
     // Destructured without `..`: a new counter has to be added here.
     let GatewayCounters {
         malformed_engine,
@@ -459,6 +459,8 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 12] {
         trade_corrections,
         trade_refs_unknown,
         late_answers,
+        restart_cancel_on_disconnect,
+        status_requests,
     } = c;
     [
         malformed_engine,
@@ -473,6 +475,8 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 12] {
         trade_corrections,
         trade_refs_unknown,
         late_answers,
+        restart_cancel_on_disconnect,
+        status_requests,
     ]
 }
 
