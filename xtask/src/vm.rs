@@ -121,7 +121,19 @@ fn free_udp_port() -> Result<u16> {
 /// read for a while and whole bursts overflowed it (7,151 of 13,416 packets of
 /// a "10% loss" run). 16 MiB (32 MiB charged) holds over ten thousand: more
 /// than a test has in flight. The memory is only used while packets wait.
+/// `ROCEBUS_LINK_BUF_BYTES` overrides it (106496, which the kernel doubles to
+/// the default 212,992, reproduces the old link).
 pub const LINK_BUF_BYTES: usize = 16 << 20;
+
+/// The size asked for the link's buffers: [`LINK_BUF_BYTES`] unless
+/// `ROCEBUS_LINK_BUF_BYTES` says otherwise.
+fn link_buf_bytes() -> usize {
+    std::env::var("ROCEBUS_LINK_BUF_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n: &usize| n > 0 && n <= (i32::MAX / 2) as usize)
+        .unwrap_or(LINK_BUF_BYTES)
+}
 
 // Socket options of Linux's asm-generic/socket.h (x86, arm, riscv), not all
 // exported by the libc crate.
@@ -197,8 +209,8 @@ fn socket_drops(fd: RawFd) -> Option<u64> {
 /// Sets one buffer: the FORCE option first (root, or CAP_NET_ADMIN: not
 /// capped by `net.core.rmem_max`/`wmem_max`), else the plain one, which the
 /// kernel silently caps. Returns the size the socket ended up with.
-fn size_buffer(fd: RawFd, force: libc::c_int, plain: libc::c_int) -> Result<usize> {
-    let want = LINK_BUF_BYTES as libc::c_int;
+fn size_buffer(fd: RawFd, bytes: usize, force: libc::c_int, plain: libc::c_int) -> Result<usize> {
+    let want = bytes as libc::c_int;
     if set_int_opt(fd, force, want).is_err() {
         set_int_opt(fd, plain, want).context("setting a link socket's buffer size")?;
     }
@@ -224,20 +236,24 @@ impl Link {
         ];
         ends[0].connect(ends[1].local_addr()?)?;
         ends[1].connect(ends[0].local_addr()?)?;
+        let bytes = link_buf_bytes();
         let mut rcvbuf = usize::MAX;
         for e in &ends {
             let fd = e.as_raw_fd();
-            rcvbuf = rcvbuf.min(size_buffer(fd, SO_RCVBUFFORCE, libc::SO_RCVBUF)?);
-            size_buffer(fd, SO_SNDBUFFORCE, libc::SO_SNDBUF)?;
+            rcvbuf = rcvbuf.min(size_buffer(fd, bytes, SO_RCVBUFFORCE, libc::SO_RCVBUF)?);
+            size_buffer(fd, bytes, SO_SNDBUFFORCE, libc::SO_SNDBUF)?;
         }
         // The kernel reports twice what was set (half is its overhead).
-        if rcvbuf < 2 * LINK_BUF_BYTES {
+        if rcvbuf < 2 * bytes {
             eprintln!(
                 "xtask vm: the guests' link got a {rcvbuf}-byte receive buffer, not {} \
                  (not root, and net.core.rmem_max is lower): a busy host may make it drop \
                  packets, which is then reported",
-                2 * LINK_BUF_BYTES
+                2 * bytes
             );
+        }
+        if bytes != LINK_BUF_BYTES {
+            eprintln!("xtask vm: ROCEBUS_LINK_BUF_BYTES: link buffers of {rcvbuf} bytes");
         }
         Ok(Self { ends, rcvbuf })
     }
