@@ -478,10 +478,8 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
             "-append",
             // tsc=reliable: without it the emulated guest falls back to the
             // HPET clocksource, and every clock_gettime (Instant::now)
-            // traps into the emulator (~13 us each). no_timer_check: on a
-            // busy host the emulated CPU is too slow for the boot's timer
-            // check, which then panics ("IO-APIC + timer doesn't work!").
-            "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init clocksource=tsc tsc=reliable no_timer_check",
+            // traps into the emulator (~13 us each).
+            "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init clocksource=tsc tsc=reliable",
             "-display",
             "none",
             "-serial",
