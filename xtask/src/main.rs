@@ -39,6 +39,10 @@ enum Cmd {
     /// 198.18.0.{1,2} (GID index 1) and exports ROCEBUS_GUEST_INDEX, ROCEBUS_HOSTS,
     /// ROCEBUS_GUEST_ADDR, ROCEBUS_PEER_ADDR, ROCEBUS_RDMA_DEVICE, ROCEBUS_GID_INDEX and
     /// ROCEBUS_OUT (a folder the host can read afterwards).
+    ///
+    /// With two guests, if the link between them dropped packets by itself (the host's UDP
+    /// RcvbufErrors/InErrors grew during the run), says so and exits with 75 (inconclusive)
+    /// when CMD succeeded.
     Vm {
         /// Number of guests: 1 (timing) or 2 linked guests (cross-host, loss tests).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
@@ -137,6 +141,10 @@ enum Cmd {
     },
 }
 
+/// `cargo xtask vm`'s status when the command succeeded but the two-guest
+/// link dropped packets by itself (sysexits' EX_TEMPFAIL: try again).
+const EXIT_INCONCLUSIVE: i32 = 75;
+
 /// The workspace root (xtask lives one level below it).
 pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -173,6 +181,12 @@ fn main() -> Result<()> {
                 ..Default::default()
             };
             let out = vm::run(&img, &root, &line, &opts)?;
+            if let Some(why) = out.link.as_ref().and_then(vm::LinkDrops::inconclusive) {
+                eprintln!("xtask vm: {why}");
+                if out.status() == 0 {
+                    std::process::exit(EXIT_INCONCLUSIVE);
+                }
+            }
             std::process::exit(out.status());
         }
         Cmd::Test {

@@ -3,13 +3,19 @@
 //! Each guest is a stock Debian kernel under qemu (TCG) with the host's root
 //! shared read-only over 9p and a per-run writable folder; `rxe0` is created
 //! on its virtio NIC. Two guests are linked by qemu's UDP socket netdev on the
-//! host's loopback (the TCP form costs ~22 ms per round trip).
+//! host's loopback (the TCP form costs ~22 ms per round trip). xtask creates
+//! the two UDP sockets itself, with receive buffers large enough to hold the
+//! bursts a busy host leaves unread (see [`LINK_BUF_BYTES`]), and hands each
+//! guest's qemu its end as an inherited descriptor. It reads the host's UDP
+//! drop counters before and after, so a run whose link dropped packets by
+//! itself is reported as inconclusive instead of passing as a loss test.
 
 use crate::setup::GuestImage;
 use anyhow::{bail, Context, Result};
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::net::UdpSocket;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -63,6 +69,8 @@ pub struct VmOutcome {
     /// The per-guest writable folders (files the command left there).
     #[allow(dead_code)] // read by bench/demo
     pub out_dirs: Vec<PathBuf>,
+    /// With two guests: what the link between them dropped by itself.
+    pub link: Option<LinkDrops>,
 }
 
 impl VmOutcome {
@@ -104,6 +112,254 @@ fn free_udp_port() -> Result<u16> {
     Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Bytes asked for each end of the two-guest link, for its receive and its
+/// send buffer (the kernel doubles the figure for its bookkeeping).
+///
+/// The default (`net.core.rmem_default`, 212,992 bytes) holds only about a
+/// hundred of the ~1.1 KB RoCE packets, each of which costs more than 2 KB of
+/// buffer on the loopback: when the host is busy, the receiving qemu does not
+/// read for a while and whole bursts overflowed it (7,151 of 13,416 packets of
+/// a "10% loss" run). 16 MiB (32 MiB charged) holds over ten thousand: more
+/// than a test has in flight. The memory is only used while packets wait.
+/// `ROCEBUS_LINK_BUF_BYTES` overrides it (106496, which the kernel doubles to
+/// the default 212,992, reproduces the old link).
+pub const LINK_BUF_BYTES: usize = 16 << 20;
+
+/// The size asked for the link's buffers: [`LINK_BUF_BYTES`] unless
+/// `ROCEBUS_LINK_BUF_BYTES` says otherwise.
+fn link_buf_bytes() -> usize {
+    std::env::var("ROCEBUS_LINK_BUF_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n: &usize| n > 0 && n <= (i32::MAX / 2) as usize)
+        .unwrap_or(LINK_BUF_BYTES)
+}
+
+// Socket options of Linux's asm-generic/socket.h (x86, arm, riscv), not all
+// exported by the libc crate.
+const SO_SNDBUFFORCE: libc::c_int = 32;
+const SO_RCVBUFFORCE: libc::c_int = 33;
+const SO_MEMINFO: libc::c_int = 55;
+/// Index of the drop count in SO_MEMINFO's array (`SK_MEMINFO_DROPS`).
+const SK_MEMINFO_DROPS: usize = 8;
+const SK_MEMINFO_VARS: usize = 9;
+
+fn set_int_opt(fd: RawFd, opt: libc::c_int, value: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: fd is an open socket we own; the option value is a c_int on
+    // our stack whose size is passed with it.
+    #[allow(unsafe_code)]
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn get_int_opt(fd: RawFd, opt: libc::c_int) -> std::io::Result<usize> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: fd is an open socket; value and len are ours and len tells the
+    // kernel how much it may write.
+    #[allow(unsafe_code)]
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(value.max(0) as usize)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Packets the kernel dropped on arrival at this socket (full receive
+/// buffer), from `SO_MEMINFO`; None where the kernel does not say.
+fn socket_drops(fd: RawFd) -> Option<u64> {
+    let mut info = [0u32; SK_MEMINFO_VARS];
+    let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+    // SAFETY: fd is an open socket; info and len are ours and len tells the
+    // kernel how much it may write.
+    #[allow(unsafe_code)]
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && len as usize > SK_MEMINFO_DROPS * 4).then(|| u64::from(info[SK_MEMINFO_DROPS]))
+}
+
+/// Sets one buffer: the FORCE option first (root, or CAP_NET_ADMIN: not
+/// capped by `net.core.rmem_max`/`wmem_max`), else the plain one, which the
+/// kernel silently caps. Returns the size the socket ended up with.
+fn size_buffer(fd: RawFd, bytes: usize, force: libc::c_int, plain: libc::c_int) -> Result<usize> {
+    let want = bytes as libc::c_int;
+    if set_int_opt(fd, force, want).is_err() {
+        set_int_opt(fd, plain, want).context("setting a link socket's buffer size")?;
+    }
+    Ok(get_int_opt(fd, plain)?)
+}
+
+/// The two ends of the two-guest link: UDP sockets on the host's loopback,
+/// each bound and connected to the other, with buffers of
+/// [`LINK_BUF_BYTES`]. Both exist before either qemu starts, so no datagram
+/// meets a closed port, and xtask keeps them open until both guests are
+/// gone.
+struct Link {
+    ends: [UdpSocket; 2],
+    /// The smallest receive buffer the two ends got, in bytes.
+    rcvbuf: usize,
+}
+
+impl Link {
+    fn new() -> Result<Self> {
+        let ends = [
+            UdpSocket::bind("127.0.0.1:0")?,
+            UdpSocket::bind("127.0.0.1:0")?,
+        ];
+        ends[0].connect(ends[1].local_addr()?)?;
+        ends[1].connect(ends[0].local_addr()?)?;
+        let bytes = link_buf_bytes();
+        let mut rcvbuf = usize::MAX;
+        for e in &ends {
+            let fd = e.as_raw_fd();
+            rcvbuf = rcvbuf.min(size_buffer(fd, bytes, SO_RCVBUFFORCE, libc::SO_RCVBUF)?);
+            size_buffer(fd, bytes, SO_SNDBUFFORCE, libc::SO_SNDBUF)?;
+        }
+        // The kernel reports twice what was set (half is its overhead).
+        if rcvbuf < 2 * bytes {
+            eprintln!(
+                "xtask vm: the guests' link got a {rcvbuf}-byte receive buffer, not {} \
+                 (not root, and net.core.rmem_max is lower): a busy host may make it drop \
+                 packets, which is then reported",
+                2 * bytes
+            );
+        }
+        if bytes != LINK_BUF_BYTES {
+            eprintln!("xtask vm: ROCEBUS_LINK_BUF_BYTES: link buffers of {rcvbuf} bytes");
+        }
+        Ok(Self { ends, rcvbuf })
+    }
+
+    fn drops(&self) -> Option<u64> {
+        self.ends.iter().map(|e| socket_drops(e.as_raw_fd())).sum()
+    }
+}
+
+/// The host's UDP error counters (the `Udp:` lines of `/proc/net/snmp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdpCounters {
+    /// Datagrams dropped because a socket's receive buffer was full.
+    pub rcvbuf_errors: u64,
+    /// All datagrams dropped on receipt (includes `RcvbufErrors`).
+    pub in_errors: u64,
+}
+
+/// Parses the `Udp:` header and value lines of `/proc/net/snmp` (not
+/// `UdpLite:`). None when either counter is missing.
+pub fn parse_udp_snmp(text: &str) -> Option<UdpCounters> {
+    let mut lines = text.lines().filter(|l| l.starts_with("Udp:"));
+    let names = lines.next()?.split_whitespace().skip(1);
+    let values = lines.next()?.split_whitespace().skip(1);
+    let (mut rcvbuf_errors, mut in_errors) = (None, None);
+    for (n, v) in names.zip(values) {
+        match n {
+            "RcvbufErrors" => rcvbuf_errors = v.parse().ok(),
+            "InErrors" => in_errors = v.parse().ok(),
+            _ => {}
+        }
+    }
+    Some(UdpCounters {
+        rcvbuf_errors: rcvbuf_errors?,
+        in_errors: in_errors?,
+    })
+}
+
+fn host_udp_counters() -> Option<UdpCounters> {
+    parse_udp_snmp(&fs::read_to_string("/proc/net/snmp").ok()?)
+}
+
+/// What the two-guest link dropped by itself during a run (netem's drops,
+/// made inside the guests, are not among them).
+#[derive(Debug, Clone, Copy)]
+pub struct LinkDrops {
+    /// Growth of the host's `RcvbufErrors` and `InErrors` over the run; None
+    /// if `/proc/net/snmp` could not be read at either end.
+    pub host: Option<UdpCounters>,
+    /// Drops counted on the link's own two sockets.
+    pub sockets: Option<u64>,
+    /// The smallest receive buffer of the two ends, bytes.
+    pub rcvbuf: usize,
+}
+
+impl LinkDrops {
+    /// Why a run over this link cannot be trusted as a loss test, or None.
+    ///
+    /// The host counters are machine-wide: another process's UDP socket that
+    /// overflows during the run counts too, and the run is then reported as
+    /// inconclusive although its own link lost nothing. That errs on the safe
+    /// side; the message says how many of the drops were the link's own.
+    pub fn inconclusive(&self) -> Option<String> {
+        let own = self.sockets.unwrap_or(0);
+        let Some(h) = self.host else {
+            return Some(
+                "cannot read the host's UDP counters (/proc/net/snmp), so drops by the \
+                 emulated link itself cannot be ruled out; result inconclusive"
+                    .into(),
+            );
+        };
+        let n = h.rcvbuf_errors.max(h.in_errors).max(own);
+        (n > 0).then(|| {
+            format!(
+                "the emulated link itself dropped {n} packets; result inconclusive \
+                 (host UDP RcvbufErrors +{}, InErrors +{} during the run, {} of them on this \
+                 link's own sockets, whose receive buffers are {} bytes; the host counters \
+                 include other processes' sockets)",
+                h.rcvbuf_errors,
+                h.in_errors,
+                self.sockets
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| "an unknown number".into()),
+                self.rcvbuf
+            )
+        })
+    }
+}
+
+/// Lets the child inherit `fd` (std opens every descriptor close-on-exec).
+fn inherit_fd(cmd: &mut Command, fd: RawFd) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and only calls fcntl,
+    // which is async-signal-safe, on a descriptor the parent keeps open.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The folder for this run's writable exports: under the workspace target dir.
 fn run_dir(workspace: &Path) -> Result<PathBuf> {
     let base = std::env::var_os("CARGO_TARGET_DIR")
@@ -136,6 +392,10 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
     let cwd = std::env::current_dir()?;
     let ports = [free_udp_port()?, free_udp_port()?];
     let hosts = opts.hosts as usize;
+    let link = if hosts == 2 { Some(Link::new()?) } else { None };
+    // Machine-wide, so taken before anything of ours can overflow; see
+    // LinkDrops::inconclusive.
+    let udp_before = host_udp_counters();
     let cpus = opts.cpus.unwrap_or(if hosts == 1 { 2 } else { 1 });
     let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
     let mut guests = Vec::new();
@@ -194,11 +454,11 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
                 ports[1], ports[0]
             )
         } else {
-            format!(
-                "socket,id=n0,udp=127.0.0.1:{},localaddr=127.0.0.1:{}",
-                ports[1 - i],
-                ports[i]
-            )
+            // qemu 7.2's `socket,fd=` form would sendto() an address it never
+            // learnt; `dgram` with a descriptor send()s on the connected
+            // socket.
+            let fd = link.as_ref().expect("two hosts").ends[i].as_raw_fd();
+            format!("dgram,id=n0,local.type=fd,local.str={fd}")
         };
         let mut q = Command::new("qemu-system-x86_64");
         q.args([
@@ -249,6 +509,9 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
         kill_with_parent(&mut q);
+        if let Some(link) = &link {
+            inherit_fd(&mut q, link.ends[i].as_raw_fd());
+        }
         let mut child = q
             .spawn()
             .context("cannot start qemu-system-x86_64 (cargo xtask setup)")?;
@@ -353,9 +616,87 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
             }
         }
     }
+    let link = link.map(|l| LinkDrops {
+        host: udp_before
+            .zip(host_udp_counters())
+            .map(|(b, a)| UdpCounters {
+                rcvbuf_errors: a.rcvbuf_errors.saturating_sub(b.rcvbuf_errors),
+                in_errors: a.in_errors.saturating_sub(b.in_errors),
+            }),
+        sockets: l.drops(),
+        rcvbuf: l.rcvbuf,
+    });
     Ok(VmOutcome {
         statuses,
         output,
         out_dirs: guests.into_iter().map(|g| g.out_dir).collect(),
+        link,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// /proc/net/snmp's UDP part as Linux 6.1 prints it.
+    const SNMP: &str = "\
+Ip: Forwarding DefaultTTL InReceives InHdrErrors
+Ip: 2 64 123 0
+Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti MemErrors
+Udp: 13416 3 7152 13420 7151 0 1 0 0
+UdpLite: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti MemErrors
+UdpLite: 0 0 99 0 98 0 0 0 0
+";
+
+    #[test]
+    fn parses_udp_counters_not_udplite() {
+        assert_eq!(
+            parse_udp_snmp(SNMP),
+            Some(UdpCounters {
+                rcvbuf_errors: 7151,
+                in_errors: 7152
+            })
+        );
+        assert_eq!(parse_udp_snmp("Ip: a b\nIp: 1 2\n"), None);
+        assert_eq!(
+            parse_udp_snmp("Udp: InDatagrams InErrors\nUdp: 1 2\n"),
+            None,
+            "RcvbufErrors missing"
+        );
+    }
+
+    #[test]
+    fn link_drops_make_a_run_inconclusive() {
+        let quiet = LinkDrops {
+            host: Some(UdpCounters {
+                rcvbuf_errors: 0,
+                in_errors: 0,
+            }),
+            sockets: Some(0),
+            rcvbuf: 2 * LINK_BUF_BYTES,
+        };
+        assert_eq!(quiet.inconclusive(), None);
+        let dropped = LinkDrops {
+            host: Some(UdpCounters {
+                rcvbuf_errors: 7151,
+                in_errors: 7151,
+            }),
+            ..quiet
+        };
+        let msg = dropped.inconclusive().expect("inconclusive");
+        assert!(
+            msg.starts_with("the emulated link itself dropped 7151 packets; result inconclusive"),
+            "{msg}"
+        );
+        let unknown = LinkDrops {
+            host: None,
+            ..quiet
+        };
+        assert!(unknown.inconclusive().is_some());
+    }
+
+    #[test]
+    fn the_host_has_udp_counters() {
+        assert!(host_udp_counters().is_some());
+    }
 }
