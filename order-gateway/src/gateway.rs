@@ -1651,16 +1651,17 @@ fn find_seq(frame: &[u8]) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::fix::MessageWriter;
     use crate::journal::decode_record;
     use crate::proto::{Cancel, NewOrder, Replace, TimeInForce, PRICE_SCALE};
 
-    const SEC: u64 = 1_000_000_000;
-    const T0: u64 = 1_704_207_600 * SEC;
+    pub(crate) const SEC: u64 = 1_000_000_000;
+    pub(crate) const T0: u64 = 1_704_207_600 * SEC;
 
-    fn risk() -> RiskConfig {
+    /// One account (7) and one engine (1); shared with `fix::recovery_tests`.
+    pub(crate) fn risk() -> RiskConfig {
         toml::from_str(
             r#"
             reference_max_age_ms = 5000
@@ -1683,7 +1684,7 @@ mod tests {
         .unwrap()
     }
 
-    fn session() -> SessionConfig {
+    pub(crate) fn session() -> SessionConfig {
         SessionConfig {
             sender_comp_id: "GW".into(),
             target_comp_id: "VENUE".into(),
@@ -1691,7 +1692,7 @@ mod tests {
         }
     }
 
-    fn aapl() -> Symbol {
+    pub(crate) fn aapl() -> Symbol {
         Symbol::new("AAPL").unwrap()
     }
 

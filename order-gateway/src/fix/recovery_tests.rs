@@ -5,51 +5,14 @@
 //! `tests/fix_recovery.rs`.
 
 use crate::client::Client;
-use crate::fix::{split_frame, Message, MessageWriter, SessionConfig, SessionState};
+use crate::fix::{split_frame, Message, MessageWriter, SessionState};
 use crate::gateway::{Gateway, OrderStatus, Outputs};
 use crate::journal::decode_record;
 use crate::proto::{
-    msg_type, Cancel, NewOrder, NoticeKind, Response, Side, Symbol, TimeInForce, PRICE_SCALE,
+    msg_type, Cancel, NewOrder, NoticeKind, Response, Side, TimeInForce, PRICE_SCALE,
 };
-use crate::risk::RiskConfig;
 
-const SEC: u64 = 1_000_000_000;
-const T0: u64 = 1_704_207_600 * SEC;
-
-fn risk() -> RiskConfig {
-    toml::from_str(
-        r#"
-        reference_max_age_ms = 5000
-        throttle_interval_ms = 1000
-        [[accounts]]
-        id = 7
-        max_order_qty = 1000
-        max_order_notional = 1000000
-        credit_limit = 10000000
-        max_position = 100000
-        max_open_orders = 100
-        max_orders_per_interval = 100
-        collar_bps = 500
-        [[engines]]
-        id = 1
-        accounts = [7]
-        token = "e1"
-        "#,
-    )
-    .unwrap()
-}
-
-fn session() -> SessionConfig {
-    SessionConfig {
-        sender_comp_id: "GW".into(),
-        target_comp_id: "VENUE".into(),
-        heartbeat_secs: 30,
-    }
-}
-
-fn aapl() -> Symbol {
-    Symbol::new("AAPL").unwrap()
-}
+use crate::gateway::tests::{aapl, risk, session, SEC, T0};
 
 /// The venue side: numbers its frames.
 struct Venue {
