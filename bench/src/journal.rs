@@ -244,6 +244,8 @@ struct Run {
     /// machine shows here, not only in the rates).
     on_cpu: f64,
     runnable: f64,
+    /// This thread's CPU time per order: the cost of the work itself, whatever the load.
+    cpu_us_per_order: f64,
 }
 
 /// This thread's time on a CPU and waiting runnable for one, in ns
@@ -281,6 +283,7 @@ fn run_once(path: &Path, policy: FsyncPolicy, batch: usize, seconds: f64) -> Res
         flush_p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
         on_cpu: (s1.0 - s0.0) as f64 / 1e9 / elapsed,
         runnable: (s1.1 - s0.1) as f64 / 1e9 / elapsed,
+        cpu_us_per_order: (s1.0 - s0.0) as f64 / 1e3 / orders.max(1) as f64,
     })
 }
 
@@ -321,7 +324,7 @@ pub fn run(a: &GatewayJournalArgs) -> Result<()> {
                         let r = run_once(&path, policy, batch, a.seconds)?;
                         done += 1;
                         println!(
-                            "[{done:>2}/{total}] round {} batch {batch:>2} {place:<5} {:<11} {:>9.0} orders/s  flush p50 {:>8.1} us p99 {:>8.1} us  on CPU {:>3.0}% runnable {:>3.0}%  ({:.0} s)",
+                            "[{done:>2}/{total}] round {} batch {batch:>2} {place:<5} {:<11} {:>9.0} orders/s  flush p50 {:>8.1} us p99 {:>8.1} us  on CPU {:>3.0}% runnable {:>3.0}% {:>5.1} us CPU/order  ({:.0} s)",
                             round + 1,
                             policy_name(policy),
                             r.orders_per_sec,
@@ -329,6 +332,7 @@ pub fn run(a: &GatewayJournalArgs) -> Result<()> {
                             r.flush_p99_us,
                             r.on_cpu * 100.0,
                             r.runnable * 100.0,
+                            r.cpu_us_per_order,
                             started.elapsed().as_secs_f64()
                         );
                         results[bi][pi][k].push(r);
@@ -377,6 +381,29 @@ pub fn run(a: &GatewayJournalArgs) -> Result<()> {
                 rate(2),
                 ratio(1),
                 ratio(2)
+            );
+        }
+    }
+    println!();
+    println!("CPU time per order, us (this thread's time on a CPU / orders; median over rounds)");
+    println!(
+        "{:>5}  {:<16} {:>10} {:>10} {:>12}",
+        "batch",
+        "file system",
+        "never",
+        "group",
+        policy_name(policies[2])
+    );
+    for (bi, &batch) in a.batch.iter().enumerate() {
+        for (pi, (place, _, ty)) in places.iter().enumerate() {
+            let r = &results[bi][pi];
+            let cpu = |k: usize| median(r[k].iter().map(|x| x.cpu_us_per_order).collect());
+            println!(
+                "{batch:>5}  {:<16} {:>10.2} {:>10.2} {:>12.2}",
+                format!("{place} ({ty})"),
+                cpu(0),
+                cpu(1),
+                cpu(2)
             );
         }
     }
@@ -457,6 +484,7 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
     let exe = std::env::current_exe()?;
     let mut warm = Vec::new();
     let mut cold = Vec::new();
+    let mut cpu = Vec::new();
     let mut records = 0;
     let mut orders = 0;
     let mut hwm = Vec::new();
@@ -501,6 +529,7 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
                 kb / 1024.0
             );
             if is_cold { &mut cold } else { &mut warm }.push(secs);
+            cpu.push(field("cpu_seconds")?);
         }
     }
     ensure!(
@@ -511,12 +540,13 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
     let (w, c) = (median(warm), median(cold));
     println!();
     println!(
-        "gateway-restart: {} orders, {records} records, {:.1} MiB on {ty}; open + replay (median of {} rounds): {w:.2} s in the page cache ({:.0} records/s), {c:.2} s dropped from it ({:.0} records/s); peak RSS {:.0} MiB",
+        "gateway-restart: {} orders, {records} records, {:.1} MiB on {ty}; open + replay (median of {} rounds): {w:.2} s in the page cache ({:.0} records/s), {c:.2} s dropped from it ({:.0} records/s); {:.2} s on CPU; peak RSS {:.0} MiB",
         a.orders,
         size_mib(path),
         a.rounds,
         records as f64 / w,
         records as f64 / c,
+        median(cpu),
         median(hwm) / 1024.0
     );
     Ok(())
