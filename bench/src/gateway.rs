@@ -56,8 +56,8 @@ pub struct GatewayRttArgs {
     pub hgrm: Option<std::path::PathBuf>,
 }
 
-const ENGINE: u32 = 1;
-const ACCOUNT: u32 = 1;
+pub(crate) const ENGINE: u32 = 1;
+pub(crate) const ACCOUNT: u32 = 1;
 const ENGINE_TOKEN: &str = "bench-engine";
 fn orders_config() -> OrdersConfig {
     OrdersConfig {
@@ -72,7 +72,7 @@ fn orders_config() -> OrdersConfig {
 }
 
 /// Limits that never reject the benchmark's flow (risk is still fully evaluated).
-fn risk() -> Result<RiskConfig> {
+pub(crate) fn risk() -> Result<RiskConfig> {
     Ok(toml::from_str(&format!(
         r#"
         reference_max_age_ms = 3600000

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod feed;
 mod gateway;
+mod journal;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -32,6 +33,14 @@ enum Cmd {
     MdRecovery(rocebus_bench::md::MdArgs),
     /// Order gateway: engine → gateway (risk, journal, FIX) → in-process venue → engine, over RC.
     GatewayRtt(gateway::GatewayRttArgs),
+    /// Order gateway journal, on the host: orders/s per fsync policy (group, never,
+    /// every_n), on tmpfs and on disk, one and 16 orders per service turn.
+    GatewayJournal(journal::GatewayJournalArgs),
+    /// Order gateway restart: writes a journal of N orders, times open + replay.
+    GatewayRestart(journal::GatewayRestartArgs),
+    /// One timed open + replay of a journal (the child process of gateway-restart).
+    #[command(hide = true)]
+    GatewayReplay(journal::GatewayReplayArgs),
     /// Feed handler end to end: MoldUDP64 packet received (UDP) → ITCH → book → bus → subscriber handler.
     FeedE2e(feed::FeedE2eArgs),
     /// Runs a command with multicast groups joined at the IP level (and, in a
@@ -49,6 +58,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::MdLatency(a) => rocebus_bench::md::latency(&a),
         Cmd::MdRecovery(a) => rocebus_bench::md::recovery(&a),
         Cmd::GatewayRtt(a) => gateway::run(&a),
+        Cmd::GatewayJournal(a) => journal::run(&a),
+        Cmd::GatewayRestart(a) => journal::restart(&a),
+        Cmd::GatewayReplay(a) => journal::replay(&a),
         Cmd::FeedE2e(a) => feed::run(&a),
         Cmd::WithGroups(a) => {
             let status = rocebus_bench::md::with_groups(&a)?;

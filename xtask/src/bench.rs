@@ -4,6 +4,9 @@
 //!
 //! Under emulation absolute times mean little and drift between runs, so
 //! only ratios measured in the same guest, interleaved, are reported.
+//!
+//! A few harnesses need no RDMA device and have no perftest counterpart
+//! ([`HOST_ONLY`]): they run natively on the host, whatever it has.
 
 use crate::{setup, vm};
 use anyhow::{bail, Context, Result};
@@ -189,7 +192,77 @@ fn compare(
 
 /// Names of the benchmarks.
 pub fn names() -> Vec<&'static str> {
-    SPECS.iter().map(|s| s.name).collect()
+    SPECS
+        .iter()
+        .map(|s| s.name)
+        .chain(HOST_ONLY.iter().copied())
+        .collect()
+}
+
+/// Harnesses that run on the host alone (no RDMA, no guest, no perftest): the
+/// gateway's journal against the in-process venue simulator. Each prints its
+/// own figures; their journals go to the target directory (disk-backed) and,
+/// for `gateway-journal`, also to /dev/shm (tmpfs).
+pub const HOST_ONLY: &[&str] = &["gateway-journal", "gateway-restart"];
+
+/// The arguments `cargo xtask bench NAME` passes to a [`HOST_ONLY`] harness.
+fn host_args(
+    name: &str,
+    target: &Path,
+    rounds: Option<u32>,
+    iterations: Option<u64>,
+) -> Result<Vec<String>> {
+    let mut args = vec![name.to_owned()];
+    match name {
+        "gateway-journal" => {
+            if iterations.is_some() {
+                bail!(
+                    "gateway-journal runs each configuration for a fixed time: -n does not apply"
+                );
+            }
+            args.extend(["--disk-dir".into(), target.display().to_string()]);
+        }
+        "gateway-restart" => {
+            args.extend(["--dir".into(), target.display().to_string()]);
+            if let Some(n) = iterations {
+                args.extend(["--orders".into(), n.to_string()]);
+            }
+        }
+        _ => bail!("{name} is not a host-only benchmark"),
+    }
+    if let Some(r) = rounds {
+        args.extend(["--rounds".into(), r.to_string()]);
+    }
+    Ok(args)
+}
+
+/// Builds `rocebus-bench` (release); returns the binary and the target directory.
+fn build_bench(root: &Path) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    eprintln!("== building rocebus-bench (release)");
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "rocebus-bench"])
+        .current_dir(root)
+        .status()?;
+    if !st.success() {
+        bail!("building rocebus-bench failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let exe = target.join("release/rocebus-bench").canonicalize()?;
+    Ok((exe, target.canonicalize()?))
+}
+
+/// Runs a [`HOST_ONLY`] harness natively, its output straight to the terminal.
+fn run_host(root: &Path, name: &str, rounds: Option<u32>, iterations: Option<u64>) -> Result<()> {
+    let (exe, target) = build_bench(root)?;
+    let args = host_args(name, &target, rounds, iterations)?;
+    eprintln!("== {name}: on the host (no RDMA needed)");
+    let st = Command::new(&exe).args(&args).current_dir(root).status()?;
+    if !st.success() {
+        bail!("{name} failed ({st})");
+    }
+    Ok(())
 }
 
 /// Figures of one run of either side.
@@ -267,27 +340,20 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub fn run(
     root: &Path,
     name: &str,
-    rounds: u32,
+    rounds: Option<u32>,
     size: usize,
     iterations: Option<u64>,
 ) -> Result<()> {
+    if HOST_ONLY.contains(&name) {
+        return run_host(root, name, rounds, iterations);
+    }
+    let rounds = rounds.unwrap_or(5);
     let spec = SPECS
         .iter()
         .find(|s| s.name == name)
         .with_context(|| format!("unknown benchmark {name:?}; known: {}", names().join(", ")))?;
     let n = iterations.unwrap_or(spec.default_iterations);
-    eprintln!("== building rocebus-bench (release)");
-    let st = Command::new(env!("CARGO"))
-        .args(["build", "--release", "-p", "rocebus-bench"])
-        .current_dir(root)
-        .status()?;
-    if !st.success() {
-        bail!("building rocebus-bench failed");
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let exe = target.join("release/rocebus-bench").canonicalize()?;
+    let (exe, _) = build_bench(root)?;
     // Each side runs under `timeout`: perftest occasionally hangs under
     // emulation; a hung round is reported as missing, not waited for.
     let exe_q = vm::shell_quote(&exe.display().to_string());
@@ -438,6 +504,22 @@ mod tests {
         assert_ne!(srv, cli, "one group per direction, as in rocebus's harness");
         assert_eq!(spec.ip_groups, format!("{srv},{cli}"));
         assert!(spec.perftest_extra.contains("-g"));
+    }
+
+    #[test]
+    fn host_only_benchmarks_get_their_directories_and_counts() {
+        let t = Path::new("tgt");
+        assert_eq!(
+            host_args("gateway-journal", t, Some(2), None).unwrap(),
+            ["gateway-journal", "--disk-dir", "tgt", "--rounds", "2"]
+        );
+        assert!(host_args("gateway-journal", t, None, Some(5)).is_err());
+        assert_eq!(
+            host_args("gateway-restart", t, None, Some(1000)).unwrap(),
+            ["gateway-restart", "--dir", "tgt", "--orders", "1000"]
+        );
+        assert!(host_args("rc-latency", t, None, None).is_err());
+        assert!(names().contains(&"gateway-restart"));
     }
 
     #[test]

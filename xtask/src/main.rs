@@ -79,12 +79,16 @@ enum Cmd {
     /// Benchmarks: rc-latency (vs ib_write_lat), rc-throughput (vs ib_write_bw), md-throughput
     /// (vs ib_send_bw -c UD), md-latency (vs ib_send_lat -c UD), gateway-rtt (next to
     /// ib_write_lat). Ends with e.g. `rc-latency: p50 ratio X.XX, p99 ratio Y.YY`.
+    ///
+    /// On the host, no RDMA needed: gateway-journal (orders/s per journal fsync policy, tmpfs
+    /// and disk) and gateway-restart (open + replay of a journal of -n orders, default 1M).
     Bench {
         /// Which benchmark.
         name: String,
-        /// Alternating rounds (each: rocebus, then perftest).
-        #[arg(long, default_value_t = 5)]
-        rounds: u32,
+        /// Alternating rounds (each: rocebus, then perftest); default 5 (3 for the host-only
+        /// gateway-journal and gateway-restart).
+        #[arg(long)]
+        rounds: Option<u32>,
         /// Message size in bytes.
         #[arg(long, short = 's', default_value_t = 64)]
         size: usize,
