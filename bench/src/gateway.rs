@@ -7,8 +7,9 @@
 //! decodes the execution reports, journals them and answers Ack and Fill over RC. One
 //! sample is NewOrder sent → Fill received, one order outstanding at a time (closed loop,
 //! like `ib_write_lat`, so there is no coordinated omission to correct). The journal is
-//! written to the temp dir with no fsync (tmpfs in the guest): the write system call is in
-//! the figure, the disk is not.
+//! written to the temp dir (tmpfs in the guest) with the gateway's default group commit
+//! (`--fsync never` for the old figure): the write and `fdatasync` system calls are in the
+//! figure, a disk is not (`cargo xtask bench gateway-journal` measures that).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -54,6 +55,10 @@ pub struct GatewayRttArgs {
     /// gateway's log.
     #[arg(long)]
     pub hgrm: Option<std::path::PathBuf>,
+    /// The journal's sync policy: `group` (the gateway's default: each service turn is
+    /// fdatasync'ed before its FIX and acks leave) or `never`.
+    #[arg(long, default_value = "group", value_parser = ["group", "never"])]
+    pub fsync: String,
 }
 
 pub(crate) const ENGINE: u32 = 1;
@@ -114,6 +119,11 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
         journal_dir.join("gateway.journal"),
         a.busy_spin,
     );
+    let fsync = if a.fsync == "never" {
+        FsyncPolicy::Never
+    } else {
+        FsyncPolicy::Group
+    };
     let gateway = std::thread::spawn(move || -> Result<()> {
         let risk = risk()?;
         let session = SessionConfig {
@@ -121,13 +131,7 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
         };
-        let driver = FixDriver::with_link(
-            SimVenue::new(),
-            session,
-            &risk,
-            &journal,
-            FsyncPolicy::Never,
-        )?;
+        let driver = FixDriver::with_link(SimVenue::new(), session, &risk, &journal, fsync)?;
         let opts = ServiceOptions {
             listen: addr,
             orders: orders_config(),
