@@ -243,6 +243,8 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     batch: Vec<(EngineId, u64, u8)>,
     /// Set while the journal cannot be written (disk full or failing).
     degraded: Option<Degraded>,
+    /// Engine disconnects staged since the last flush (redone if the flush fails).
+    batch_disconnects: Vec<EngineId>,
     /// Cancel-on-disconnects that arrived while degraded, run once the journal is back.
     deferred_disconnects: Vec<EngineId>,
     journal_failures: u64,
@@ -333,6 +335,7 @@ impl<L: VenueLink> FixDriver<L> {
             rebuild,
             batch: Vec::with_capacity(256),
             degraded: None,
+            batch_disconnects: Vec::new(),
             deferred_disconnects: Vec::new(),
             journal_failures: 0,
         })
@@ -423,6 +426,7 @@ impl<L: VenueLink> FixDriver<L> {
         if self.degraded.is_some() {
             self.deferred_disconnects.push(engine);
         } else {
+            self.batch_disconnects.push(engine);
             self.gw.on_engine_disconnect(engine, now, &mut self.out);
         }
     }
@@ -557,6 +561,7 @@ impl<L: VenueLink> FixDriver<L> {
             }
         }
         self.batch.clear();
+        self.batch_disconnects.clear();
         let out = &mut self.out;
         if !out.fix.is_empty() && self.link.is_open() && self.link.write_all(&out.fix).is_err() {
             self.gw.on_disconnect();
@@ -599,6 +604,10 @@ impl<L: VenueLink> FixDriver<L> {
             );
         }
         self.batch.clear();
+        // Their cancel-on-disconnect was not journaled either: it runs once the journal
+        // is back.
+        self.deferred_disconnects
+            .append(&mut self.batch_disconnects);
         self.degraded = Some(Degraded {
             next_probe: Instant::now() + PROBE_INTERVAL,
         });

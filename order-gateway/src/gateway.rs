@@ -178,9 +178,10 @@ pub struct GatewayCounters {
     pub unknown_exec: u64,
     /// Re-sent requests (numbered at or below the last taken) answered with a status.
     pub resent_requests: u64,
-    /// Engines whose orders were cancelled after a restart because they did not log on
-    /// again in time.
-    pub restart_cancel_on_disconnect: u64,
+    /// Cancel-on-disconnects run late: after a restart for an engine that did not log on
+    /// again in time, or once the venue session was back for one that dropped while it was
+    /// down.
+    pub deferred_cancel_on_disconnect: u64,
     /// Execution reports applied before (same ExecID, or a fill not raising CumQty): ignored.
     pub duplicate_execs: u64,
     /// Executions beyond the order quantity (CumQty > OrderQty).
@@ -460,7 +461,7 @@ impl Gateway {
                 let (engine, deadline) = self.cod_deadlines[i];
                 if now >= deadline {
                     self.cod_deadlines.swap_remove(i);
-                    self.counters.restart_cancel_on_disconnect += 1;
+                    self.counters.deferred_cancel_on_disconnect += 1;
                     self.on_engine_disconnect(engine, now, out);
                 } else {
                     i += 1;
@@ -545,6 +546,13 @@ impl Gateway {
         );
         self.connected.remove(&engine);
         self.cod_deadlines.retain(|(e, _)| *e != engine);
+        if self.session.state() != SessionState::Active {
+            // The cancels need the venue: they go out as soon as the session is up again
+            // (unless the engine logs on first), not rejected as SessionDown to nobody.
+            self.cod_deadlines.push((engine, 0));
+            self.seal(out);
+            return;
+        }
         self.cancel_where(now, out, |o| o.engine == engine);
         self.seal(out);
     }
@@ -2194,7 +2202,7 @@ pub(crate) mod tests {
         assert!(!fix_types(&o).contains(&b"F".to_vec()));
         r.on_timer(T0 + 6 * SEC, &mut o);
         assert_eq!(fix_types(&o), [b"F".to_vec(), b"F".to_vec()]);
-        assert_eq!(r.counters().restart_cancel_on_disconnect, 1);
+        assert_eq!(r.counters().deferred_cancel_on_disconnect, 1);
         assert!(r.restart_deadlines().is_empty());
         // It logs on in time: nothing is cancelled.
         let (mut r, mut o) = restart(&mut v);
@@ -2209,6 +2217,28 @@ pub(crate) mod tests {
         let mut r2 = replay(&clean.journal);
         r2.arm_restart_cancel_on_disconnect(T0, 5 * SEC);
         assert!(r2.restart_deadlines().is_empty());
+    }
+
+    /// An engine that drops while the venue session is down has its orders cancelled once
+    /// the session is back, instead of cancels rejected as SessionDown to nobody.
+    #[test]
+    fn cancel_on_disconnect_waits_for_the_venue_session() {
+        let (mut gw, mut v, mut out) = active();
+        gw.on_engine_message(1, &numbered(&new_order(1, 300, 100), 1), T0, &mut out);
+        let id1 = gw.order(1, 1).unwrap().venue_cl_ord_id;
+        gw.on_fix_bytes(&v.exec(id1, b"0", 0, 0, 300), T0, &mut out);
+        gw.on_disconnect();
+        out.clear();
+        gw.on_engine_disconnect(1, T0, &mut out);
+        assert!(out.fix.is_empty() && out.engine.is_empty());
+        gw.on_timer(T0 + SEC, &mut out);
+        assert!(out.fix.is_empty());
+        gw.on_connect(T0, &mut out);
+        gw.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut out);
+        out.clear();
+        gw.on_timer(T0 + 2 * SEC, &mut out);
+        assert_eq!(fix_types(&out), [b"F".to_vec()]);
+        assert!(gw.restart_deadlines().is_empty());
     }
 
     /// At a logon the venue is asked about every order sent and not yet acknowledged; an

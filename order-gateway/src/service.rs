@@ -253,8 +253,8 @@ const CORE_COUNTERS: &[(&str, ReadCounter)] = &[
         g.counters().resent_requests
     }),
     (
-        "engines cancelled after a restart (no logon in time)",
-        |g| g.counters().restart_cancel_on_disconnect,
+        "cancel-on-disconnects run late (after a restart, or venue back)",
+        |g| g.counters().deferred_cancel_on_disconnect,
     ),
     ("fix application messages rejected", |g| {
         g.counters().rejected_app

@@ -459,7 +459,7 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 14] {
         trade_corrections,
         trade_refs_unknown,
         late_answers,
-        restart_cancel_on_disconnect,
+        deferred_cancel_on_disconnect,
         status_requests,
     } = c;
     [
@@ -475,7 +475,7 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 14] {
         trade_corrections,
         trade_refs_unknown,
         late_answers,
-        restart_cancel_on_disconnect,
+        deferred_cancel_on_disconnect,
         status_requests,
     ]
 }
