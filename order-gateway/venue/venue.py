@@ -252,6 +252,11 @@ TargetCompID={t}
     try:
         # Runs until stdin closes (the test process ends) or a signal kills it.
         for line in sys.stdin:
+            # QuickFIX's session thread counts an incoming message (next expected MsgSeqNum
+            # + 1) after fromApp returns, outside our lock: a reset sent from this thread
+            # right after the gateway's last message could be undone by that increment
+            # ("MsgSeqNum too low, expecting 2"). Let the session thread finish first.
+            time.sleep(0.3)
             with app.lock:
                 command(app, line)
     finally:
