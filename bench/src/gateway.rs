@@ -144,6 +144,7 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             reconnect: Duration::from_secs(1),
             logon_timeout: Duration::from_secs(5),
             engine_timeout: Duration::from_secs(5),
+            control_socket: None,
             counters_file: false,
             static_prices: vec![(symbol, 100 * PRICE_SCALE)],
         };

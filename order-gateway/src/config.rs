@@ -49,6 +49,10 @@ fn default_engine_timeout_ms() -> u64 {
     5000
 }
 
+fn default_control_socket() -> PathBuf {
+    PathBuf::from(".rocebus/order-gateway.control")
+}
+
 fn default_true() -> bool {
     true
 }
@@ -77,6 +81,10 @@ pub struct ServiceConfig {
     /// log on again before its open orders are cancelled at the venue.
     #[serde(default = "default_engine_timeout_ms")]
     pub engine_timeout_ms: u64,
+    /// The operator's control socket (`order-gateway control`), a Unix socket with mode
+    /// 0600; relative paths are relative to the working directory.
+    #[serde(default = "default_control_socket")]
+    pub control_socket: PathBuf,
     /// Publish counters in the rocebus counters directory (`rocebus stat order-gateway`).
     #[serde(default = "default_true")]
     pub counters: bool,

@@ -55,6 +55,9 @@ pub mod record {
     /// An engine session event: `engine u32 LE` + [`super::SESSION_LOGON`] or
     /// [`super::SESSION_DISCONNECT`].
     pub const ENGINE_SESSION: u8 = 5;
+    /// A kill switch turned on or off: scope `u8` (0 global, 1 engine, 2 account), id
+    /// `u32 LE`, on `u8`.
+    pub const KILL: u8 = 6;
 }
 
 /// [`record::ENGINE_SESSION`] event: the engine logged on.
@@ -526,7 +529,14 @@ impl Gateway {
     }
 
     /// Turns a kill switch on or off; turning it on cancels the open orders in its scope.
+    /// Journaled, so it survives a restart.
     pub fn set_kill(&mut self, scope: KillScope, on: bool, now: u64, out: &mut Outputs) {
+        let (tag, id) = match scope {
+            KillScope::Global => (0u8, 0u32),
+            KillScope::Engine(e) => (1, e),
+            KillScope::Account(a) => (2, a),
+        };
+        out.record(record::KILL, &[&[tag], &id.to_le_bytes(), &[u8::from(on)]]);
         self.risk.set_kill(scope, on);
         if on {
             self.cancel_where(now, out, |o| match scope {
@@ -535,6 +545,13 @@ impl Gateway {
                 KillScope::Account(a) => o.params.account == a,
             });
         }
+        self.seal(out);
+    }
+
+    /// Cancels every open order (of `account`, if given) at the venue, without blocking new
+    /// ones (the operator's cancel-all).
+    pub fn cancel_all(&mut self, account: Option<u32>, now: u64, out: &mut Outputs) {
+        self.cancel_where(now, out, |o| account.is_none_or(|a| o.params.account == a));
         self.seal(out);
     }
 
@@ -1024,6 +1041,21 @@ impl Gateway {
                     if let Some(o) = self.orders.get(&d.order_id.get()) {
                         let p = o.params;
                         self.risk.restore_open(&p);
+                    }
+                }
+            }
+            record::KILL => {
+                if let [tag, a, b, c, d, on] = *payload {
+                    let id = u32::from_le_bytes([a, b, c, d]);
+                    let scope = match tag {
+                        0 => Some(KillScope::Global),
+                        1 => Some(KillScope::Engine(id)),
+                        2 => Some(KillScope::Account(id)),
+                        _ => None,
+                    };
+                    if let Some(scope) = scope {
+                        // The cancels it caused are journaled as their own decisions.
+                        self.risk.set_kill(scope, on != 0);
                     }
                 }
             }
@@ -2217,6 +2249,29 @@ pub(crate) mod tests {
         let mut r2 = replay(&clean.journal);
         r2.arm_restart_cancel_on_disconnect(T0, 5 * SEC);
         assert!(r2.restart_deadlines().is_empty());
+    }
+
+    /// A kill switch is journaled: after a restart it is still on, and new orders are
+    /// rejected with its reason until it is turned off.
+    #[test]
+    fn kill_switches_survive_a_restart() {
+        let (mut gw, mut v, mut out) = active();
+        gw.set_kill(KillScope::Account(7), true, T0, &mut out);
+        gw.set_kill(KillScope::Global, true, T0, &mut out);
+        gw.set_kill(KillScope::Global, false, T0, &mut out);
+        let mut r = replay(&out.journal);
+        assert_eq!(r.risk().kills(), (false, vec![], vec![7]));
+        r.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+        let mut o = Outputs::default();
+        r.on_connect(T0, &mut o);
+        r.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut o);
+        o.clear();
+        r.on_engine_message(1, &numbered(&new_order(1, 10, 100), 1), T0, &mut o);
+        assert!(
+            matches!(o.engine[0].1, Response::Reject(x) if x.reason() == RejectReason::KillSwitchAccount),
+            "{:?}",
+            o.engine
+        );
     }
 
     /// An engine that drops while the venue session is down has its orders cancelled once

@@ -23,6 +23,7 @@
 
 pub mod client;
 pub mod config;
+pub mod control;
 pub mod driver;
 pub mod execs;
 pub mod fix;

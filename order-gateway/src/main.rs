@@ -61,6 +61,18 @@ enum Cmd {
         #[arg(short, long, default_value = "configs/order-gateway.toml")]
         config: PathBuf,
     },
+    /// Control a running gateway through its control socket (`service.control_socket`):
+    /// `kill [--account A]` (cancel open orders at the venue and reject new ones until
+    /// `resume`; survives a restart), `resume [--account A]`, `cancel-all [--account A]`,
+    /// `status` (venue session, journal, engines, open orders, kill switches, limits used).
+    Control {
+        /// The gateway's configuration file (for the socket path).
+        #[arg(short, long, default_value = "configs/order-gateway.toml")]
+        config: PathBuf,
+        /// The command and its options, e.g. `kill --account 7`.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
     /// Inspect or repair a journal file (the gateway refuses to start on a damaged one).
     Journal {
         #[command(subcommand)]
@@ -226,6 +238,27 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             Ok(std::process::ExitCode::SUCCESS)
         }
         Cmd::Journal { cmd } => journal_cmd(cmd),
+        Cmd::Control { config, command } => {
+            let cfg = load(&config)?;
+            let path = &cfg.service.control_socket;
+            let line = command.join(" ");
+            order_gateway::control::parse(&line).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let answer =
+                order_gateway::control::request(path, &line, std::time::Duration::from_secs(5))
+                    .with_context(|| {
+                        format!(
+                            "talk to the gateway's control socket {}: is the gateway running with \
+                         this configuration (and are you allowed to open the socket)?",
+                            path.display()
+                        )
+                    })?;
+            print!("{answer}");
+            Ok(if answer.starts_with("ok") {
+                std::process::ExitCode::SUCCESS
+            } else {
+                std::process::ExitCode::FAILURE
+            })
+        }
         Cmd::Run { config, venue } => {
             let cfg = load(&config)?;
             let journal_hint = || {

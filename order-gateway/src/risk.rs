@@ -344,6 +344,39 @@ impl RiskEngine {
         }
     }
 
+    /// The kill switches that are on: global, then engines, then accounts (sorted).
+    pub fn kills(&self) -> (bool, Vec<u32>, Vec<u32>) {
+        let mut engines: Vec<u32> = self
+            .engines
+            .iter()
+            .filter(|(_, e)| e.killed)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut accounts: Vec<u32> = self
+            .accounts
+            .iter()
+            .filter(|(_, a)| a.killed)
+            .map(|(id, _)| *id)
+            .collect();
+        engines.sort_unstable();
+        accounts.sort_unstable();
+        (self.global_kill, engines, accounts)
+    }
+
+    /// Configured account ids, sorted.
+    pub fn account_ids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.accounts.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The credit limit of `account` (whole currency units; 0 if unknown).
+    pub fn credit_limit(&self, account: u32) -> i64 {
+        self.accounts
+            .get(&account)
+            .map_or(0, |a| a.limits.credit_limit)
+    }
+
     /// True if new orders from `engine` for `account` are blocked by any kill switch.
     pub fn is_killed(&self, engine: u32, account: u32) -> bool {
         self.global_kill

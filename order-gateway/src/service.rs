@@ -41,6 +41,7 @@ use rocebus::orders::{Connection, OfferError, OrdersConfig, OrdersError, OrdersL
 use zerocopy::IntoBytes;
 
 use crate::config::Config;
+use crate::control::ControlServer;
 use crate::driver::{DriverError, FixDriver, TcpLink, VenueLink};
 use crate::fix::SessionState;
 use crate::gateway::{EngineId, Gateway};
@@ -163,6 +164,15 @@ pub enum ServiceError {
         #[source]
         source: OrdersError,
     },
+    /// The control socket could not be bound.
+    #[error("bind the control socket {path}")]
+    Control {
+        /// Socket path.
+        path: std::path::PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// A value of the configuration is unusable.
     #[error("config {key}: {problem}")]
     Config {
@@ -190,6 +200,8 @@ pub struct ServiceOptions {
     pub logon_timeout: Duration,
     /// After a restart, time an engine has to log on again before cancel-on-disconnect.
     pub engine_timeout: Duration,
+    /// The operator's control socket (None: no control socket).
+    pub control_socket: Option<std::path::PathBuf>,
     /// Publish counters in a counters file (else in process memory).
     pub counters_file: bool,
     /// Static reference prices, re-applied continuously.
@@ -208,6 +220,7 @@ impl ServiceOptions {
             reconnect: Duration::from_secs(s.reconnect_secs.max(1)),
             logon_timeout: Duration::from_millis(s.logon_timeout_ms),
             engine_timeout: Duration::from_millis(s.engine_timeout_ms),
+            control_socket: Some(s.control_socket.clone()),
             counters_file: s.counters,
             static_prices: cfg
                 .static_prices()
@@ -457,6 +470,7 @@ pub struct Service<L: VenueLink = TcpLink> {
     opts: ServiceOptions,
     counters: Counters,
     control: Arc<ServiceControl>,
+    operator: Option<ControlServer>,
 }
 
 impl<L: VenueLink> std::fmt::Debug for Service<L> {
@@ -501,6 +515,17 @@ impl<L: VenueLink> Service<L> {
                     source,
                 }
             })?;
+        let operator = match &opts.control_socket {
+            Some(path) => {
+                Some(
+                    ControlServer::bind(path).map_err(|source| ServiceError::Control {
+                        path: path.clone(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
         let timeout = opts.engine_timeout.as_nanos() as u64;
         driver.stage(|gw, _| gw.arm_restart_cancel_on_disconnect(unix_nanos(), timeout));
         for (engine, _) in driver.gateway().restart_deadlines() {
@@ -525,6 +550,7 @@ impl<L: VenueLink> Service<L> {
             counters: Counters::new(opts.counters_file),
             opts,
             control,
+            operator,
         })
     }
 
@@ -697,6 +723,10 @@ impl<L: VenueLink> Service<L> {
             Err(e) => tracing::warn!(error = %e, "connection refused"),
         }
         work += self.poll_logons();
+        if let Some(op) = &mut self.operator {
+            let (driver, engines) = (&mut self.driver, self.engines.len());
+            work += op.poll(|line| crate::control::execute(line, driver, engines, now));
+        }
         let gw = self.driver.gateway();
         let active = gw.session().state() == SessionState::Active;
         let c = &self.counters;

@@ -116,3 +116,45 @@ fn bad_market_data_section_is_named() {
         "{msg}"
     );
 }
+
+#[test]
+fn control_without_a_running_gateway_names_the_socket_and_bad_commands_say_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("gw.control");
+    let cfg = example().replace(
+        "control_socket = \".rocebus/order-gateway.control\"",
+        &format!("control_socket = {:?}", sock.display().to_string()),
+    );
+    let path = dir.path().join("gw.toml");
+    std::fs::write(&path, cfg).unwrap();
+    let out = gateway()
+        .args(["control", "--config"])
+        .arg(&path)
+        .arg("status")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&sock.display().to_string()) && err.contains("running"),
+        "{err}"
+    );
+    let out = gateway()
+        .args(["control", "--config"])
+        .arg(&path)
+        .args(["kill", "--account", "seven"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("account number"), "{err}");
+    let out = gateway().args(["control", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("kill")
+            && text.contains("resume")
+            && text.contains("cancel-all")
+            && text.contains("status"),
+        "{text}"
+    );
+}

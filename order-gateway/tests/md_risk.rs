@@ -296,6 +296,7 @@ impl Gw {
                 reconnect: Duration::from_millis(200),
                 logon_timeout: Duration::from_secs(2),
                 engine_timeout: Duration::from_secs(5),
+                control_socket: None,
                 counters_file: false,
                 static_prices: Vec::new(),
             };

@@ -124,6 +124,7 @@ impl Gw {
                 reconnect: Duration::from_millis(500),
                 logon_timeout: Duration::from_secs(2),
                 engine_timeout: Duration::from_secs(5),
+                control_socket: None,
                 counters_file: false,
                 static_prices: vec![
                     (aapl, 100 * PRICE_SCALE),

@@ -109,6 +109,9 @@ if alive $engine; then
     "$DEMO_BIN/rocebus" stat --once > "$DEMO_OUT/stat.txt" 2>&1
     "$DEMO_BIN/rocebus" stat --prometheus > "$DEMO_OUT/stat.prom" 2>&1
     echo "demo: $(date +%T) rocebus stat read $(grep -vc '^#' "$DEMO_OUT/stat.prom") metrics of the running components"
+    # The operator's view of the gateway, through its control socket.
+    "$DEMO_BIN/order-gateway" control --config "$gw_config" status > "$DEMO_OUT/gateway-status.txt" 2>&1 \
+        && echo "demo: $(date +%T) order-gateway control status: $(grep -m1 '^open orders' "$DEMO_OUT/gateway-status.txt")"
 fi
 wait $engine
 status=$?

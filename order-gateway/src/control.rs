@@ -1,0 +1,445 @@
+//! The operator's control socket (SEC 15c3-5 style controls on a running gateway).
+//!
+//! A Unix stream socket, mode 0600 by default (`service.control_socket` in the config). A
+//! client connects, writes one command line, and reads the answer until the gateway closes
+//! the connection: `order-gateway control kill --account 7` does exactly that. Commands:
+//!
+//! - `kill [--account A]`: turns the global (or the account's) kill switch on, cancels the
+//!   open orders in its scope at the venue, and rejects new ones with `KillSwitch*`.
+//!   Journaled: it survives a restart.
+//! - `resume [--account A]`: turns it off again.
+//! - `cancel-all [--account A]`: cancels the open orders in scope, without blocking new ones.
+//! - `status`: venue session, journal, engines, open orders, kill switches, and per account
+//!   open orders and notional against the credit limit.
+//!
+//! The server side never blocks the service thread: accepts and reads are non-blocking and
+//! polled from the loop; a client that sends no full line within [`CLIENT_TIMEOUT`] is
+//! dropped; at most [`MAX_CLIENTS`] are served at once.
+
+use std::io::{self, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::driver::{FixDriver, VenueLink};
+use crate::fix::SessionState;
+use crate::risk::KillScope;
+
+/// How long a client may take to send its command line.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Control connections served at once; more wait in the listen backlog.
+pub const MAX_CLIENTS: usize = 8;
+/// Longest command line accepted.
+const MAX_LINE: usize = 256;
+
+/// A control command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Kill switch on (global, or one account).
+    Kill(Option<u32>),
+    /// Kill switch off.
+    Resume(Option<u32>),
+    /// Cancel open orders, do not block new ones.
+    CancelAll(Option<u32>),
+    /// Report.
+    Status,
+}
+
+/// Parses a command line (`kill`, `kill --account 7`, `status`, ...).
+pub fn parse(line: &str) -> Result<Command, String> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let account = |rest: &[&str]| -> Result<Option<u32>, String> {
+        match rest {
+            [] => Ok(None),
+            ["--account", a] => a
+                .parse()
+                .map(Some)
+                .map_err(|_| format!("--account takes an account number, not {a:?}")),
+            other => Err(format!("unexpected {:?}: use --account A", other.join(" "))),
+        }
+    };
+    match words.as_slice() {
+        ["kill", rest @ ..] => Ok(Command::Kill(account(rest)?)),
+        ["resume", rest @ ..] => Ok(Command::Resume(account(rest)?)),
+        ["cancel-all", rest @ ..] => Ok(Command::CancelAll(account(rest)?)),
+        ["status"] => Ok(Command::Status),
+        [] => Err("empty command".into()),
+        [w, ..] => Err(format!(
+            "unknown command {w:?}: kill [--account A], resume [--account A], \
+             cancel-all [--account A], status"
+        )),
+    }
+}
+
+/// Runs `line` against the gateway; returns the answer (first word `ok` or `error`).
+/// Orders cancelled go out with the driver's next flush (the service loop's next turn).
+pub fn execute<L: VenueLink>(
+    line: &str,
+    driver: &mut FixDriver<L>,
+    engines_connected: usize,
+    now: u64,
+) -> String {
+    let cmd = match parse(line) {
+        Ok(c) => c,
+        Err(e) => return format!("error: {e}\n"),
+    };
+    let known = |a: Option<u32>, d: &FixDriver<L>| {
+        a.is_none_or(|a| d.gateway().risk().account_ids().contains(&a))
+    };
+    let scope = |a: Option<u32>| a.map_or(KillScope::Global, KillScope::Account);
+    let what = |a: Option<u32>| a.map_or("all accounts".to_owned(), |a| format!("account {a}"));
+    match cmd {
+        Command::Kill(a) | Command::Resume(a) | Command::CancelAll(a) if !known(a, driver) => {
+            format!(
+                "error: no account {} in the configuration\n",
+                a.unwrap_or(0)
+            )
+        }
+        Command::Kill(a) => {
+            let before = driver.gateway().open_order_count();
+            driver.stage(|gw, out| gw.set_kill(scope(a), true, now, out));
+            tracing::warn!(scope = %what(a), "kill switch ON (control socket)");
+            format!(
+                "ok: kill switch on for {}; cancelling open orders ({before} open in all); new \
+                 orders are rejected until `resume`\n",
+                what(a)
+            )
+        }
+        Command::Resume(a) => {
+            driver.stage(|gw, out| gw.set_kill(scope(a), false, now, out));
+            tracing::warn!(scope = %what(a), "kill switch off (control socket)");
+            format!("ok: kill switch off for {}\n", what(a))
+        }
+        Command::CancelAll(a) => {
+            driver.stage(|gw, out| gw.cancel_all(a, now, out));
+            tracing::warn!(scope = %what(a), "cancel-all (control socket)");
+            format!("ok: cancelling the open orders of {}\n", what(a))
+        }
+        Command::Status => status(driver, engines_connected),
+    }
+}
+
+fn status<L: VenueLink>(driver: &FixDriver<L>, engines_connected: usize) -> String {
+    let gw = driver.gateway();
+    let risk = gw.risk();
+    let (global, engines, accounts) = risk.kills();
+    let mut s = String::from("ok\n");
+    let session = match gw.session().state() {
+        SessionState::Active => "active",
+        _ => "down",
+    };
+    s.push_str(&format!("venue session       {session}\n"));
+    s.push_str(&format!(
+        "journal             {}\n",
+        if driver.is_degraded() {
+            "UNWRITABLE: requests are not taken"
+        } else {
+            "ok"
+        }
+    ));
+    s.push_str(&format!("engines connected   {engines_connected}\n"));
+    s.push_str(&format!("open orders         {}\n", gw.open_order_count()));
+    s.push_str(&format!(
+        "kill switches       global {}, engines {engines:?}, accounts {accounts:?}\n",
+        if global { "ON" } else { "off" }
+    ));
+    for a in risk.account_ids() {
+        let (open, executed) = risk.exposure(a);
+        let limit = risk.credit_limit(a);
+        let used = if limit > 0 {
+            (open + executed) as f64 * 100.0 / limit as f64
+        } else {
+            0.0
+        };
+        s.push_str(&format!(
+            "account {a:<11} open orders {}, open notional {open}, executed notional \
+             {executed}, credit limit {limit} ({used:.1}% used)\n",
+            risk.open_orders(a)
+        ));
+    }
+    s
+}
+
+struct Client {
+    stream: UnixStream,
+    line: Vec<u8>,
+    since: Instant,
+}
+
+/// The listening side, polled from the service loop.
+#[derive(Debug)]
+pub struct ControlServer {
+    listener: UnixListener,
+    path: PathBuf,
+    clients: Vec<Client>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("since", &self.since)
+            .finish()
+    }
+}
+
+impl ControlServer {
+    /// Binds `path` with mode 0600. A leftover socket file nobody answers on is replaced;
+    /// one a live process answers on is an error (another gateway?).
+    pub fn bind(path: &Path) -> io::Result<ControlServer> {
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "{} is in use by a running process (another gateway?)",
+                        path.display()
+                    ),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let listener = UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        Ok(ControlServer {
+            listener,
+            path: path.to_owned(),
+            clients: Vec::new(),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Accepts, reads and answers without blocking: each complete command line goes to
+    /// `handle`, whose answer is written back before the connection is closed. Returns the
+    /// commands handled.
+    pub fn poll(&mut self, mut handle: impl FnMut(&str) -> String) -> usize {
+        while self.clients.len() < MAX_CLIENTS {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if stream.set_nonblocking(true).is_ok() {
+                        self.clients.push(Client {
+                            stream,
+                            line: Vec::new(),
+                            since: Instant::now(),
+                        });
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        let mut handled = 0;
+        let mut i = 0;
+        while i < self.clients.len() {
+            let c = &mut self.clients[i];
+            let mut buf = [0u8; 128];
+            let done = match c.stream.read(&mut buf) {
+                Ok(0) => true,
+                Ok(n) => {
+                    c.line.extend_from_slice(&buf[..n]);
+                    c.line.contains(&b'\n') || c.line.len() > MAX_LINE
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    c.since.elapsed() > CLIENT_TIMEOUT
+                }
+                Err(_) => true,
+            };
+            if !done {
+                i += 1;
+                continue;
+            }
+            let mut c = self.clients.swap_remove(i);
+            let end = c.line.iter().position(|&b| b == b'\n');
+            let answer = match (end, std::str::from_utf8(&c.line[..end.unwrap_or(0)])) {
+                (Some(_), Ok(line)) => {
+                    handled += 1;
+                    handle(line.trim())
+                }
+                (Some(_), Err(_)) => "error: the command is not UTF-8\n".to_owned(),
+                (None, _) if c.line.len() > MAX_LINE => "error: command too long\n".to_owned(),
+                (None, _) => continue, // gone or silent: nothing to answer
+            };
+            // The answer is small: it fits the socket buffer; a client that is not reading
+            // simply loses it.
+            let _ = c.stream.set_nonblocking(false);
+            let _ = c.stream.set_write_timeout(Some(Duration::from_millis(10)));
+            let _ = c.stream.write_all(answer.as_bytes());
+        }
+        handled
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Client side: sends `line` to the gateway's control socket at `path` and returns its answer.
+pub fn request(path: &Path, line: &str, timeout: Duration) -> io::Result<String> {
+    let mut s = UnixStream::connect(path)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    s.write_all(line.trim().as_bytes())?;
+    s.write_all(b"\n")?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_parse_and_bad_ones_say_why() {
+        assert_eq!(parse("kill"), Ok(Command::Kill(None)));
+        assert_eq!(parse(" kill --account 7 "), Ok(Command::Kill(Some(7))));
+        assert_eq!(parse("resume --account 7"), Ok(Command::Resume(Some(7))));
+        assert_eq!(parse("cancel-all"), Ok(Command::CancelAll(None)));
+        assert_eq!(parse("status"), Ok(Command::Status));
+        assert!(parse("kil").unwrap_err().contains("unknown command"));
+        assert!(parse("kill --account x")
+            .unwrap_err()
+            .contains("account number"));
+        assert!(parse("kill 7").unwrap_err().contains("--account"));
+        assert!(parse("").is_err());
+    }
+
+    /// Kill, cancel-all, resume and status against a gateway with the venue simulator.
+    #[test]
+    fn commands_act_on_the_gateway() {
+        use crate::journal::FsyncPolicy;
+        use crate::proto::{
+            NewOrder, RejectReason, Response, Side, Symbol, TimeInForce, PRICE_SCALE,
+        };
+        use crate::sim::SimVenue;
+        use crate::unix_nanos;
+        use zerocopy::IntoBytes;
+        let risk: crate::risk::RiskConfig = toml::from_str(
+            r#"
+            reference_max_age_ms = 600000
+            throttle_interval_ms = 1000
+            [[accounts]]
+            id = 7
+            max_order_qty = 100000
+            max_order_notional = 100000000
+            credit_limit = 1000000
+            max_position = 1000000
+            max_open_orders = 100
+            max_orders_per_interval = 1000
+            collar_bps = 500
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "e1"
+            "#,
+        )
+        .unwrap();
+        let session = crate::fix::SessionConfig {
+            sender_comp_id: "GW".into(),
+            target_comp_id: "VENUE".into(),
+            heartbeat_secs: 30,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut d = FixDriver::with_link(
+            SimVenue::new(),
+            session,
+            &risk,
+            &dir.path().join("j"),
+            FsyncPolicy::Never,
+        )
+        .unwrap();
+        let aapl = Symbol::new("AAPL").unwrap();
+        d.stage(|gw, _| gw.on_reference_price(aapl, 100 * PRICE_SCALE, unix_nanos()));
+        d.connect().unwrap();
+        d.poll_with(unix_nanos(), |_, _| {}).unwrap();
+        let order = |d: &mut FixDriver<SimVenue>, id: u64| {
+            let m = NewOrder::new(
+                id,
+                7,
+                aapl,
+                Side::Buy,
+                10,
+                100 * PRICE_SCALE,
+                TimeInForce::Day,
+            );
+            let mut got = Vec::new();
+            d.stage_engine_message(1, m.as_bytes(), unix_nanos());
+            d.flush_with(|_, r| got.push(*r)).unwrap();
+            d.poll_with(unix_nanos(), |_, r| got.push(*r)).unwrap();
+            got
+        };
+        assert!(order(&mut d, 1)
+            .iter()
+            .any(|r| matches!(r, Response::Fill(_))));
+        let st = execute("status", &mut d, 3, unix_nanos());
+        assert!(st.starts_with("ok"), "{st}");
+        assert!(st.contains("venue session       active"), "{st}");
+        assert!(st.contains("engines connected   3"), "{st}");
+        assert!(
+            st.contains("account 7") && st.contains("credit limit 1000000"),
+            "{st}"
+        );
+        assert!(execute("kill --account 9", &mut d, 0, 0).starts_with("error"));
+        assert!(execute("kill --account 7", &mut d, 0, unix_nanos()).starts_with("ok"));
+        let r = order(&mut d, 2);
+        assert!(
+            matches!(r[..], [Response::Reject(x)] if x.reason() == RejectReason::KillSwitchAccount),
+            "{r:?}"
+        );
+        assert!(execute("status", &mut d, 0, 0).contains("accounts [7]"));
+        assert!(execute("resume --account 7", &mut d, 0, unix_nanos()).starts_with("ok"));
+        assert!(order(&mut d, 3)
+            .iter()
+            .any(|r| matches!(r, Response::Fill(_))));
+        assert!(execute("cancel-all", &mut d, 0, unix_nanos()).starts_with("ok"));
+        assert!(execute("bogus", &mut d, 0, 0).starts_with("error: unknown command"));
+    }
+
+    #[test]
+    fn the_socket_answers_commands_is_private_and_drops_silent_clients() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.control");
+        let mut server = ControlServer::bind(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // A second server on the same path is refused while the first one is there.
+        assert_eq!(
+            ControlServer::bind(&path).unwrap_err().kind(),
+            io::ErrorKind::AddrInUse
+        );
+        let silent = UnixStream::connect(&path).unwrap();
+        let p = path.clone();
+        let client = std::thread::spawn(move || request(&p, "status", Duration::from_secs(5)));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seen = Vec::new();
+        while seen.is_empty() {
+            assert!(Instant::now() < deadline, "no command arrived");
+            server.poll(|line| {
+                seen.push(line.to_owned());
+                "ok: fine\n".to_owned()
+            });
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(seen, ["status"]);
+        assert_eq!(client.join().unwrap().unwrap(), "ok: fine\n");
+        // The silent client is dropped after the timeout, not waited for.
+        let t = Instant::now();
+        while !server.clients.is_empty() {
+            assert!(t.elapsed() < CLIENT_TIMEOUT * 3, "silent client kept");
+            server.poll(|_| unreachable!("the silent client sent nothing"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(silent);
+        drop(server);
+        assert!(!path.exists(), "socket file left behind");
+    }
+}
