@@ -9,7 +9,6 @@
 
 use crate::binaryfile::{Reader, ReaderCounters};
 use crate::book::{Book, Event, Level, Side, SymbolBook};
-use crate::itch::Message;
 use std::fmt;
 use std::io::{self, Write};
 
@@ -302,10 +301,10 @@ pub fn write_bbo(
     let mut messages = 0u64;
     let mut rows = 0u64;
     let mut result = Ok(());
+    // Not `for m in reader.by_ref()`: the loop reads `reader.position()` for progress.
     while let Some(m) = reader.next() {
-        let Ok(m): Result<Message<'_>, _> = m else {
-            continue;
-        };
+        // Bad records are counted by the reader and skipped, as `decode` does.
+        let Ok(m) = m else { continue };
         book.apply(&m, &mut |e: &Event| {
             if let Event::Bbo {
                 locate,
