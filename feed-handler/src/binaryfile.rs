@@ -150,6 +150,11 @@ impl<'a> Reader<'a> {
         &self.counters
     }
 
+    /// Size of the whole capture in bytes (with [`Reader::position`], how far reading got).
+    pub fn len_bytes(&self) -> usize {
+        self.data.len()
+    }
+
     /// Bytes consumed so far (a reader over `&data[position..]` with the same framing
     /// continues where this one stopped).
     pub fn position(&self) -> usize {

@@ -5,8 +5,9 @@
 //! snapshots), [`normalized`] and [`publish`] (what goes on the bus, through the [`publish::MdSink`]
 //! seam), [`generate`] (synthetic days), [`udp`] (host-stack sockets for replay and receive),
 //! [`bus`] (the seam implemented over rocebus market-data publishers, books as snapshots),
-//! [`view`] (the subscriber side: per-symbol price levels rebuilt from the bus) and
-//! [`service`] (`feed-handler run`).
+//! [`view`] (the subscriber side: per-symbol price levels rebuilt from the bus),
+//! [`service`] (`feed-handler run`), and [`inspect`] (`feed-handler book` and `bbo`: a
+//! capture's book at a time of day, its top-of-book changes as CSV).
 //!
 //! ```no_run
 //! use feed_handler::binaryfile::Reader;
@@ -28,6 +29,7 @@ pub mod book;
 pub mod bus;
 pub mod config;
 pub mod generate;
+pub mod inspect;
 pub mod itch;
 pub mod moldudp64;
 pub mod normalized;

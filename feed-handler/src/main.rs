@@ -1,11 +1,12 @@
-//! `feed-handler`: decode, generate and replay NASDAQ ITCH 5.0, and run the service; the logic
-//! is in the library.
+//! `feed-handler`: decode, generate, replay and inspect NASDAQ ITCH 5.0, and run the service;
+//! the logic is in the library.
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use feed_handler::binaryfile::Reader;
 use feed_handler::config::Config;
 use feed_handler::generate::{generate_binaryfile, GenConfig};
+use feed_handler::inspect::{self, Symbols, TimeOfDay};
 use feed_handler::itch;
 use feed_handler::service::{RunOptions, Service};
 use feed_handler::udp::{Pacing, ReplayConfig, Replayer};
@@ -17,7 +18,7 @@ use std::path::Path;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// NASDAQ TotalView-ITCH 5.0 feed handler and tools: run the service, inspect captures,
 /// generate synthetic days, play the exchange.
@@ -39,6 +40,41 @@ enum Command {
     Decode {
         /// The capture (BinaryFILE: 2-byte big-endian length before each message).
         file: PathBuf,
+    },
+    /// Print the full-depth order book of one or all symbols at a time of day.
+    ///
+    /// Applies the capture's messages to the feed handler's own books up to and including
+    /// the last one timestamped at or before `--at` (ITCH timestamps are nanoseconds since
+    /// midnight), or all of them without `--at`. Per symbol, the price levels are printed
+    /// side by side, best first: bid size, orders and price | ask price, size and orders.
+    /// Without `--symbol`, every symbol with at least one resting order is printed.
+    Book {
+        /// The capture (BinaryFILE, as for `decode`).
+        file: PathBuf,
+        /// Only this symbol (e.g. AAPL); an error if the capture has no such symbol by then.
+        #[arg(long)]
+        symbol: Option<String>,
+        /// Price levels shown per side.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+        depth: u32,
+        /// Time of day, HH:MM:SS with up to 9 fraction digits (e.g. 09:30:00.000000000);
+        /// default: the end of the file.
+        #[arg(long, value_name = "HH:MM:SS.nnnnnnnnn", value_parser = inspect::parse_time_of_day)]
+        at: Option<u64>,
+    },
+    /// Write every top-of-book change of a capture as CSV.
+    ///
+    /// One row each time the best bid or best ask of a symbol changes price, size or order
+    /// count, after the message that changed it, in feed order. Columns:
+    /// locate,timestamp,bid_price,bid_size,bid_orders,ask_price,ask_size,ask_orders, with
+    /// timestamps in nanoseconds since midnight, prices as decimals with 4 places, and an
+    /// empty side as empty fields. Progress goes to stderr about every second on long files.
+    Bbo {
+        /// The capture (BinaryFILE, as for `decode`).
+        file: PathBuf,
+        /// Write the CSV here instead of stdout.
+        #[arg(short, long, value_name = "OUT.csv")]
+        output: Option<PathBuf>,
     },
     /// Write a deterministic, seeded ITCH 5.0 day as a BinaryFILE capture.
     Generate {
@@ -126,6 +162,13 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Decode { file } => decode(&file),
+        Command::Book {
+            file,
+            symbol,
+            depth,
+            at,
+        } => book(&file, symbol.as_deref(), depth, at),
+        Command::Bbo { file, output } => bbo(&file, output.as_deref()),
         Command::Generate {
             seed,
             messages,
@@ -151,8 +194,7 @@ fn main() -> Result<()> {
             drop_every,
         } => {
             let data = read(&file)?;
-            let mut reader = Reader::new(&data)
-                .with_context(|| format!("{} is not a BinaryFILE capture", file.display()))?;
+            let mut reader = capture(&file, &data)?;
             let messages: Vec<&[u8]> = reader
                 .by_ref()
                 .filter_map(Result::ok)
@@ -233,14 +275,153 @@ fn run(
     Ok(())
 }
 
-fn read(file: &PathBuf) -> Result<Vec<u8>> {
+fn read(file: &Path) -> Result<Vec<u8>> {
     std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))
 }
 
-fn decode(file: &PathBuf) -> Result<()> {
+fn capture<'a>(file: &Path, data: &'a [u8]) -> Result<Reader<'a>> {
+    Reader::new(data).with_context(|| format!("{} is not a BinaryFILE capture", file.display()))
+}
+
+/// After `book` or `bbo` read a whole file: a file without one ITCH message is not a capture.
+fn check_read(file: &Path, counters: &feed_handler::binaryfile::ReaderCounters) -> Result<()> {
+    if counters.bad_records > 0 || counters.unread_bytes > 0 {
+        eprintln!(
+            "{}: {} bad records skipped, {} bytes unread",
+            file.display(),
+            counters.bad_records,
+            counters.unread_bytes
+        );
+    }
+    if counters.messages == 0 {
+        return Err(no_messages(file));
+    }
+    Ok(())
+}
+
+fn no_messages(file: &Path) -> anyhow::Error {
+    anyhow::anyhow!(
+        "no ITCH message could be read from {} (expected a BinaryFILE capture: a 2-byte \
+         big-endian length before each ITCH 5.0 message)",
+        file.display()
+    )
+}
+
+fn book(file: &Path, symbol: Option<&str>, depth: u32, at: Option<u64>) -> Result<()> {
     let data = read(file)?;
-    let mut reader = Reader::new(&data)
-        .with_context(|| format!("{} is not a BinaryFILE capture", file.display()))?;
+    let got = inspect::book_at(capture(file, &data)?, at);
+    // With `--at` only what was read is judged; that includes the first later message.
+    check_read(file, &got.reader)?;
+    let symbols = match symbol {
+        Some(name) => {
+            inspect::check_symbol(&got.book, name, at).map_err(|e| {
+                let known: Vec<&str> = got
+                    .book
+                    .symbols()
+                    .filter_map(|(_, b)| b.stock.as_str())
+                    .take(10)
+                    .collect();
+                anyhow::anyhow!(
+                    "{e}; symbols in {} include: {}",
+                    file.display(),
+                    if known.is_empty() {
+                        "(none)".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                )
+            })?;
+            Symbols::Named(name)
+        }
+        None => Symbols::NonEmpty,
+    };
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    match got.last_timestamp {
+        Some(t) => writeln!(
+            out,
+            "# {}: book after {} messages, the last at {}",
+            file.display(),
+            got.applied,
+            TimeOfDay(t)
+        ),
+        None => writeln!(
+            out,
+            "# {}: no message at or before that time",
+            file.display()
+        ),
+    }
+    .and_then(|()| inspect::write_book(&mut out, &got.book, symbols, depth as usize))
+    .and_then(|()| out.flush())
+    .or_else(quiet_broken_pipe)
+}
+
+fn bbo(file: &Path, output: Option<&Path>) -> Result<()> {
+    let data = read(file)?;
+    let reader = capture(file, &data)?;
+    // Refuse a file that is no capture before creating the output or writing the header.
+    if capture(file, &data)?.flatten().next().is_none() {
+        return Err(no_messages(file));
+    }
+    let mut out: Box<dyn Write> = match output {
+        Some(path) => Box::new(BufWriter::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        )),
+        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+    };
+    let start = Instant::now();
+    let mut last_report = start;
+    let progress = |p: inspect::Progress| {
+        let now = Instant::now();
+        if now.duration_since(last_report) >= Duration::from_secs(1) {
+            last_report = now;
+            eprintln!(
+                "bbo: {:.0}% of {}, {} messages, {} rows, {:.0} s",
+                100.0 * p.bytes as f64 / p.total_bytes.max(1) as f64,
+                file.display(),
+                p.messages,
+                p.rows,
+                now.duration_since(start).as_secs_f64()
+            );
+        }
+    };
+    let totals = match inspect::write_bbo(reader, &mut out, progress).and_then(|t| {
+        out.flush()?;
+        Ok(t)
+    }) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+        Err(e) => {
+            return Err(e).with_context(|| match output {
+                Some(path) => format!("cannot write {}", path.display()),
+                None => "cannot write to stdout".to_owned(),
+            })
+        }
+    };
+    check_read(file, &totals.reader)?;
+    if start.elapsed() >= Duration::from_secs(1) {
+        eprintln!(
+            "bbo: {} messages, {} rows in {:.1} s",
+            totals.messages,
+            totals.rows,
+            start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// A reader that went away (`| head`) is not an error.
+fn quiet_broken_pipe(e: std::io::Error) -> Result<()> {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        Ok(())
+    } else {
+        Err(e).context("cannot write to stdout")
+    }
+}
+
+fn decode(file: &Path) -> Result<()> {
+    let data = read(file)?;
+    let mut reader = capture(file, &data)?;
     let stdout = std::io::stdout().lock();
     let mut out = BufWriter::new(stdout);
     for m in reader.by_ref() {

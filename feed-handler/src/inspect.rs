@@ -1,0 +1,342 @@
+//! Offline inspection of captures: the full-depth book at a time of day (`feed-handler book`)
+//! and every top-of-book change as CSV (`feed-handler bbo`).
+//!
+//! Owns the time-of-day syntax, the text layout of a printed book and the BBO CSV format. It
+//! reads messages with [`crate::binaryfile::Reader`] and keeps state in [`crate::book::Book`]
+//! only: there is no second ITCH reader or book here, so what these tools show is what the
+//! service would have built from the same bytes. No file or terminal I/O: callers hand in the
+//! capture's bytes and a writer.
+
+use crate::binaryfile::{Reader, ReaderCounters};
+use crate::book::{Book, Event, Level, Side, SymbolBook};
+use std::fmt;
+use std::io::{self, Write};
+
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// A time of day that is not `HH:MM:SS[.nnnnnnnnn]`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "bad time of day {input:?}: expected HH:MM:SS.nnnnnnnnn \
+     (24-hour clock, up to 9 fraction digits, e.g. 09:30:00.000000000 or 14:05:59.5)"
+)]
+pub struct TimeOfDayError {
+    /// What was given.
+    pub input: String,
+}
+
+/// Parses `HH:MM:SS` with an optional fraction of 1 to 9 digits into nanoseconds since
+/// midnight, the unit of ITCH timestamps.
+pub fn parse_time_of_day(s: &str) -> Result<u64, TimeOfDayError> {
+    let err = || TimeOfDayError {
+        input: s.to_owned(),
+    };
+    let (hms, frac) = match s.split_once('.') {
+        Some((hms, frac)) => (hms, Some(frac)),
+        None => (s, None),
+    };
+    let digits = |p: &str, len: usize| -> Option<u64> {
+        (p.len() == len && p.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| p.parse().ok())
+            .flatten()
+    };
+    let mut parts = hms.split(':');
+    let (Some(h), Some(m), Some(sec), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(err());
+    };
+    let (h, m, sec) = (
+        digits(h, 2).ok_or_else(err)?,
+        digits(m, 2).ok_or_else(err)?,
+        digits(sec, 2).ok_or_else(err)?,
+    );
+    if h >= 24 || m >= 60 || sec >= 60 {
+        return Err(err());
+    }
+    let nanos = match frac {
+        None => 0,
+        Some(f) if (1..=9).contains(&f.len()) => {
+            digits(f, f.len()).ok_or_else(err)? * 10u64.pow(9 - f.len() as u32)
+        }
+        Some(_) => return Err(err()),
+    };
+    Ok(((h * 60 + m) * 60 + sec) * NANOS_PER_SEC + nanos)
+}
+
+/// Nanoseconds since midnight as `HH:MM:SS.nnnnnnnnn` (hours go past 23 for values beyond a
+/// day, which a 48-bit ITCH timestamp can hold).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeOfDay(pub u64);
+
+impl fmt::Display for TimeOfDay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = self.0 / NANOS_PER_SEC;
+        write!(
+            f,
+            "{:02}:{:02}:{:02}.{:09}",
+            secs / 3600,
+            secs / 60 % 60,
+            secs % 60,
+            self.0 % NANOS_PER_SEC
+        )
+    }
+}
+
+/// A Price(4) as a decimal with its 4 places.
+fn price(raw: u32) -> String {
+    crate::itch::Price4::new(raw).to_string()
+}
+
+/// The book after a prefix of a capture, from [`book_at`].
+#[derive(Debug, Clone)]
+pub struct BookAt {
+    /// The books of every symbol seen.
+    pub book: Book,
+    /// Messages applied.
+    pub applied: u64,
+    /// Timestamp of the last message applied, if any.
+    pub last_timestamp: Option<u64>,
+    /// The reader's totals (bad records are skipped, as `feed-handler decode` does).
+    pub reader: ReaderCounters,
+}
+
+/// Applies the messages of `reader` to a fresh [`Book`] up to and including the last one
+/// whose timestamp is at most `at` (all of them when `at` is `None`). Reading stops at the
+/// first later message: ITCH timestamps do not go back within a day.
+pub fn book_at(mut reader: Reader<'_>, at: Option<u64>) -> BookAt {
+    let mut book = Book::new();
+    let mut applied = 0;
+    let mut last_timestamp = None;
+    let mut discard = |_: &Event| {};
+    for m in reader.by_ref() {
+        let Ok(m) = m else { continue };
+        let ts = m.header().timestamp.nanos();
+        if at.is_some_and(|at| ts > at) {
+            break;
+        }
+        book.apply(&m, &mut discard);
+        applied += 1;
+        last_timestamp = Some(ts);
+    }
+    BookAt {
+        book,
+        applied,
+        last_timestamp,
+        reader: *reader.counters(),
+    }
+}
+
+/// Which symbols [`write_book`] prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Symbols<'s> {
+    /// Every symbol with at least one level on either side.
+    NonEmpty,
+    /// One symbol by name, printed even when its book is empty.
+    Named(&'s str),
+}
+
+/// `--symbol` names a symbol the capture never mentioned (up to the requested time).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown symbol {name:?}: no stock directory or order for it in the capture{when}")]
+pub struct UnknownSymbol {
+    /// The name asked for.
+    pub name: String,
+    /// " up to HH:MM:SS..." when the book was cut at a time, else empty.
+    pub when: String,
+}
+
+/// Prints the books selected by `symbols`, each with up to `depth` levels per side, best
+/// first, bids and asks side by side:
+///
+/// ```text
+/// AAPL (locate 1): 2 bid levels, 1 ask level
+///    bid size  orders        price |        price  ask size  orders
+///         300       2     100.0100 |     100.0200       100       1
+///         100       1     100.0000 |
+/// ```
+pub fn write_book(
+    out: &mut impl Write,
+    book: &Book,
+    symbols: Symbols<'_>,
+    depth: usize,
+) -> io::Result<()> {
+    match symbols {
+        Symbols::Named(name) => {
+            // `book_at` callers check the name first; an unknown one prints nothing.
+            if let Some((locate, b)) = book.symbol_by_name(name) {
+                write_symbol(out, locate, b, depth)?;
+            }
+        }
+        Symbols::NonEmpty => {
+            let mut first = true;
+            for (locate, b) in book.symbols() {
+                if b.bbo() == (None, None) {
+                    continue;
+                }
+                if !first {
+                    writeln!(out)?;
+                }
+                first = false;
+                write_symbol(out, locate, b, depth)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn plural(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
+fn write_symbol(out: &mut impl Write, locate: u16, b: &SymbolBook, depth: usize) -> io::Result<()> {
+    let name = b.stock.as_str().unwrap_or("?");
+    let (nb, na) = (b.depth(Side::Bid).count(), b.depth(Side::Ask).count());
+    let state = match b.state() {
+        b' ' => String::new(),
+        s => format!(", trading state {}", char::from(s)),
+    };
+    writeln!(
+        out,
+        "{name} (locate {locate}): {}, {}{state}",
+        plural(nb, "bid level"),
+        plural(na, "ask level")
+    )?;
+    if nb + na == 0 {
+        return writeln!(out, "  (empty)");
+    }
+    writeln!(
+        out,
+        "  {:>9} {:>7} {:>12} | {:>12} {:>9} {:>7}",
+        "bid size", "orders", "price", "price", "ask size", "orders"
+    )?;
+    let mut bids = b.depth(Side::Bid).take(depth);
+    let mut asks = b.depth(Side::Ask).take(depth);
+    loop {
+        let (bid, ask) = (bids.next(), asks.next());
+        if bid.is_none() && ask.is_none() {
+            break;
+        }
+        let left = bid.map_or_else(
+            || format!("{:>9} {:>7} {:>12}", "", "", ""),
+            |l: &Level| format!("{:>9} {:>7} {:>12}", l.shares, l.orders, price(l.price)),
+        );
+        let right = ask.map_or_else(String::new, |l: &Level| {
+            format!("{:>12} {:>9} {:>7}", price(l.price), l.shares, l.orders)
+        });
+        writeln!(out, "{}", format!("  {left} | {right}").trim_end())?;
+    }
+    if nb > depth || na > depth {
+        writeln!(out, "  ({depth} of {nb} bid and {na} ask levels shown)")?;
+    }
+    Ok(())
+}
+
+/// Checks that `name` is a symbol of `book`.
+pub fn check_symbol(book: &Book, name: &str, at: Option<u64>) -> Result<(), UnknownSymbol> {
+    match book.symbol_by_name(name) {
+        Some(_) => Ok(()),
+        None => Err(UnknownSymbol {
+            name: name.to_owned(),
+            when: at.map_or_else(String::new, |t| format!(" up to {}", TimeOfDay(t))),
+        }),
+    }
+}
+
+/// The header line of the BBO CSV.
+pub const BBO_HEADER: &str =
+    "locate,timestamp,bid_price,bid_size,bid_orders,ask_price,ask_size,ask_orders";
+
+/// One BBO CSV row (without the newline): prices with 4 decimals, an empty side as three
+/// empty fields.
+pub fn bbo_row(locate: u16, timestamp: u64, bid: Option<Level>, ask: Option<Level>) -> String {
+    let side = |l: Option<Level>| {
+        l.map_or_else(
+            || ",,".to_owned(),
+            |l| format!("{},{},{}", price(l.price), l.shares, l.orders),
+        )
+    };
+    format!("{locate},{timestamp},{},{}", side(bid), side(ask))
+}
+
+/// How far [`write_bbo`] got, for progress reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Bytes of the capture consumed.
+    pub bytes: usize,
+    /// Size of the capture.
+    pub total_bytes: usize,
+    /// Messages applied.
+    pub messages: u64,
+    /// Rows written.
+    pub rows: u64,
+}
+
+/// Messages between two calls of the progress callback of [`write_bbo`].
+pub const PROGRESS_EVERY: u64 = 1 << 16;
+
+/// Totals of a [`write_bbo`] run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BboTotals {
+    /// Messages applied.
+    pub messages: u64,
+    /// Rows written (header not counted).
+    pub rows: u64,
+    /// The reader's totals.
+    pub reader: ReaderCounters,
+}
+
+/// Writes [`BBO_HEADER`] and one row per top-of-book change: every [`Event::Bbo`] the book
+/// emits, i.e. each time the best bid or ask of a symbol changes price, size or order count
+/// (a replace that moves an order within the top level and leaves it as it was makes none).
+/// Calls `progress` every [`PROGRESS_EVERY`] messages.
+pub fn write_bbo(
+    mut reader: Reader<'_>,
+    out: &mut impl Write,
+    mut progress: impl FnMut(Progress),
+) -> io::Result<BboTotals> {
+    writeln!(out, "{BBO_HEADER}")?;
+    let total_bytes = reader.len_bytes();
+    let mut book = Book::new();
+    let mut messages = 0u64;
+    let mut rows = 0u64;
+    let mut result = Ok(());
+    // Not `for m in reader.by_ref()`: the loop reads `reader.position()` for progress.
+    while let Some(m) = reader.next() {
+        // Bad records are counted by the reader and skipped, as `decode` does.
+        let Ok(m) = m else { continue };
+        book.apply(&m, &mut |e: &Event| {
+            if let Event::Bbo {
+                locate,
+                timestamp,
+                bid,
+                ask,
+                ..
+            } = *e
+            {
+                if result.is_ok() {
+                    result = writeln!(out, "{}", bbo_row(locate, timestamp, bid, ask));
+                    rows += 1;
+                }
+            }
+        });
+        std::mem::replace(&mut result, Ok(()))?;
+        messages += 1;
+        if messages % PROGRESS_EVERY == 0 {
+            progress(Progress {
+                bytes: reader.position(),
+                total_bytes,
+                messages,
+                rows,
+            });
+        }
+    }
+    Ok(BboTotals {
+        messages,
+        rows,
+        reader: *reader.counters(),
+    })
+}
+
+#[cfg(test)]
+mod tests;
