@@ -88,6 +88,8 @@ struct Snapshot {
 /// A gateway service on its own thread.
 struct Gw {
     addr: SocketAddr,
+    /// The service's control socket.
+    operator: std::path::PathBuf,
     control: Arc<ServiceControl>,
     market: mpsc::Sender<MarketEvent>,
     thread: Option<JoinHandle<Snapshot>>,
@@ -99,7 +101,8 @@ impl Gw {
         let control = ServiceControl::new();
         let (ready_tx, ready_rx) = mpsc::channel();
         let (market, mut market_rx) = mpsc::channel();
-        let (c, journal) = (control.clone(), journal.to_owned());
+        let operator = journal.with_extension("control");
+        let (c, journal, op) = (control.clone(), journal.to_owned(), operator.clone());
         let thread = std::thread::spawn(move || {
             let risk = risk();
             let driver = FixDriver::open_with(
@@ -124,7 +127,7 @@ impl Gw {
                 reconnect: Duration::from_millis(500),
                 logon_timeout: Duration::from_secs(2),
                 engine_timeout: Duration::from_secs(5),
-                control_socket: None,
+                control_socket: Some(op),
                 counters_file: false,
                 static_prices: vec![
                     (aapl, 100 * PRICE_SCALE),
@@ -156,6 +159,7 @@ impl Gw {
             .expect("service started");
         let gw = Gw {
             addr,
+            operator,
             control,
             market,
             thread: Some(thread),
@@ -561,6 +565,24 @@ fn rc_risk_rejects_and_logon_checks() {
     );
     // With its own token engine 2 gets in.
     gw.engine(ENGINE2, 100).s.into_client();
+    // The operator's kill switch, through the running service's control socket: new orders
+    // are rejected until `resume`, and nothing reaches the venue.
+    let ctl = |line: &str| {
+        order_gateway::control::request(&gw.operator, line, Duration::from_secs(10))
+            .expect("control socket")
+    };
+    let answer = ctl("kill");
+    assert!(answer.starts_with("ok"), "{answer}");
+    let killed = e.send(ACCOUNT, aapl, Side::Sell, 10, 100);
+    e.s.flush().unwrap();
+    e.wait_final(&[killed], 30);
+    assert_eq!(reason_of(&e, killed), RejectReason::KillSwitchGlobal);
+    let status = ctl("status");
+    assert!(
+        status.contains("global ON") && status.contains("venue session       active"),
+        "{status}"
+    );
+    assert!(ctl("resume").starts_with("ok"));
     // The refused attempts did not disturb the logged-on engine.
     let after = e.send(ACCOUNT, aapl, Side::Sell, 10, 100);
     e.s.flush().unwrap();
