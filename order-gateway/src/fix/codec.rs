@@ -109,12 +109,25 @@ pub fn split_frame(buf: &[u8]) -> Result<usize, FixError> {
     Ok(end)
 }
 
+/// Fields indexed when a message is parsed (an execution report has about 20); a tag not
+/// among them is looked for in the text after them.
+const INDEXED: usize = 24;
+
 /// A validated FIX message (a view into the receive buffer).
+///
+/// Its first [`INDEXED`] fields are indexed once, when parsed, so looking a tag up costs a
+/// scan of a small array rather than a re-parse of the text (an execution report is asked
+/// for about ten tags).
 #[derive(Clone, Copy, Debug)]
 pub struct Message<'a> {
     raw: &'a [u8],
     /// Body fields: after BodyLength, before CheckSum.
     body: &'a [u8],
+    /// `(tag, value offset in body, value length)` of the first `indexed` fields, in order.
+    index: [(u32, u32, u32); INDEXED],
+    indexed: u8,
+    /// Every field of the body is in `index`.
+    complete: bool,
 }
 
 /// Iterator over `(tag, value)` of a message body.
@@ -165,17 +178,30 @@ impl<'a> Message<'a> {
             .checked_sub(7)
             .filter(|&e| e >= body_start)
             .ok_or(FixError::Incomplete)?;
-        let m = Message {
+        let mut m = Message {
             raw: frame,
             body: &frame[body_start..body_end],
+            index: [(0, 0, 0); INDEXED],
+            indexed: 0,
+            complete: true,
         };
         let mut first = true;
+        let base = m.body.as_ptr() as usize;
         for f in m.fields() {
-            let (tag, _) = f?;
+            let (tag, value) = f?;
             if first && tag != super::tag::MSG_TYPE {
                 return Err(FixError::MissingTag(super::tag::MSG_TYPE));
             }
             first = false;
+            let n = usize::from(m.indexed);
+            if n < INDEXED {
+                // `value` is a subslice of `body` (a frame is at most a few MiB).
+                let at = (value.as_ptr() as usize - base) as u32;
+                m.index[n] = (tag, at, value.len() as u32);
+                m.indexed += 1;
+            } else {
+                m.complete = false;
+            }
         }
         if first {
             return Err(FixError::MissingTag(super::tag::MSG_TYPE));
@@ -198,8 +224,19 @@ impl<'a> Message<'a> {
 
     /// First value of `tag`.
     pub fn get(&self, tag: u32) -> Option<&'a [u8]> {
+        let body = self.body;
+        if let Some(&(_, at, len)) = self.index[..usize::from(self.indexed)]
+            .iter()
+            .find(|(t, _, _)| *t == tag)
+        {
+            return body.get(at as usize..(at as usize).checked_add(len as usize)?);
+        }
+        if self.complete {
+            return None;
+        }
         self.fields()
             .flatten()
+            .skip(INDEXED)
             .find(|(t, _)| *t == tag)
             .map(|(_, v)| v)
     }
@@ -471,6 +508,33 @@ mod tests {
         assert_eq!(m.get(49), Some(&b"A"[..]));
         let tags: Vec<u32> = m.fields().map(|f| f.unwrap().0).collect();
         assert_eq!(tags, [35, 49, 56, 34, 52]);
+    }
+
+    /// Lookups give the first value of a tag, inside the index and past it, and agree with
+    /// a plain scan of the fields.
+    #[test]
+    fn lookups_past_the_index_agree_with_a_scan() {
+        let mut w = MessageWriter::default();
+        w.start(b"8").field(49, b"V").field(56, b"G").uint(34, 7);
+        for i in 0..40u64 {
+            w.uint(5000 + (i % 30) as u32, i);
+        }
+        let mut out = Vec::new();
+        w.finish(&mut out);
+        let m = Message::parse(&out).unwrap();
+        let scan = |tag: u32| {
+            m.fields()
+                .flatten()
+                .find(|(t, _)| *t == tag)
+                .map(|(_, v)| v)
+        };
+        for tag in [35, 49, 56, 34, 5000, 5009, 5020, 5025, 5029, 5030, 9, 10, 1] {
+            assert_eq!(m.get(tag), scan(tag), "tag {tag}");
+        }
+        assert_eq!(m.get(5025), Some(&b"25"[..]));
+        assert_eq!(m.get(5005), Some(&b"5"[..]));
+        assert_eq!(m.get(4999), None);
+        assert_eq!(m.seq(), Some(7));
     }
 
     #[test]

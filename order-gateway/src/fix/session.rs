@@ -61,6 +61,10 @@ pub enum SessionState {
 }
 
 /// What an inbound frame meant to the session.
+// `App` carries the message with its field index (a few hundred bytes, on the stack): the
+// event is returned once per frame and never stored, and boxing it would allocate per
+// message on the hot path.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug)]
 pub enum SessionEvent<'a> {
     /// Nothing for the application.
