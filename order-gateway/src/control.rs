@@ -343,11 +343,7 @@ mod tests {
             "#,
         )
         .unwrap();
-        let session = crate::fix::SessionConfig {
-            sender_comp_id: "GW".into(),
-            target_comp_id: "VENUE".into(),
-            heartbeat_secs: 30,
-        };
+        let session = crate::gateway::tests::session();
         let dir = tempfile::tempdir().unwrap();
         let mut d = FixDriver::with_link(
             SimVenue::new(),
