@@ -1441,7 +1441,20 @@ impl Gateway {
         }
         let was_done = o.status == OrderStatus::Done;
         let reserved = Self::reserved(o);
-        let released = last_qty.min(reserved);
+        // What the order has left open follows CumQty, whatever LastQty says: a report whose
+        // LastQty is not CumQty's growth (a venue bug, or fills we never saw) must not leave
+        // the reservation out of step with the order.
+        let grown = cum - o.cum_qty;
+        let released = grown.min(reserved);
+        if grown != last_qty && !self.replaying {
+            tracing::warn!(
+                order = oid,
+                last_qty,
+                cum,
+                prev_cum = o.cum_qty,
+                "execution report's LastQty is not its CumQty's growth"
+            );
+        }
         o.cum_qty = cum;
         if o.status == OrderStatus::PendingNew {
             o.status = OrderStatus::Open;

@@ -510,6 +510,24 @@ fn overfill_counts_keeps_reservations_whole_and_tells_the_engine() {
 }
 
 #[test]
+fn a_fill_whose_last_qty_is_not_cum_qty_growth_keeps_the_reservation_in_step() {
+    // Found by the gateway_engine fuzzer: LastQty 1144 with CumQty 40 of a 100 order released
+    // the whole reservation while 60 stayed open.
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 100);
+    fresh(&mut out);
+    gw.on_fix_bytes(&v.exec(id, "a", b"F", 1144, "100", 40, 60, &[]), T0, &mut out);
+    assert_eq!(gw.order(1, 1).unwrap().cum_qty, 40);
+    // 60 open at 100: that is what stays reserved.
+    assert_eq!(gw.risk().exposure(7).0, 60 * 100);
+    // And the other way: CumQty grows by more than LastQty (fills we never saw).
+    gw.on_fix_bytes(&v.exec(id, "b", b"F", 10, "100", 90, 10, &[]), T0, &mut out);
+    assert_eq!(gw.risk().exposure(7).0, 10 * 100);
+    let r = replay(&out.journal);
+    same_state(&gw, &r);
+}
+
+#[test]
 fn trade_correct_and_cancel_move_positions_and_exposure_and_reach_the_engine() {
     let (mut gw, mut v, mut out) = active();
     let id = acked_order(&mut gw, &mut v, &mut out, 1, 100);
