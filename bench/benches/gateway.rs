@@ -93,6 +93,7 @@ impl OrderPath {
             sender_comp_id: "ROCEBUS".into(),
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
+            resend_timeout_ms: 0,
         });
         OrderPath {
             risk,

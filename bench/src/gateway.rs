@@ -130,6 +130,7 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             sender_comp_id: "GW".into(),
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
+            resend_timeout_ms: 0,
         };
         let driver = FixDriver::with_link(SimVenue::new(), session, &risk, &journal, fsync)?;
         let opts = ServiceOptions {

@@ -102,6 +102,10 @@ pub struct FixConfig {
     pub target_comp_id: String,
     /// Heartbeat interval, seconds.
     pub heartbeat_secs: u32,
+    /// Optional: how long a ResendRequest we sent may go unanswered (no progress) before it
+    /// is sent again, milliseconds. Default (0): one heartbeat interval.
+    #[serde(default)]
+    pub resend_timeout_ms: u32,
 }
 
 impl FixConfig {
@@ -111,6 +115,7 @@ impl FixConfig {
             sender_comp_id: self.sender_comp_id.clone(),
             target_comp_id: self.target_comp_id.clone(),
             heartbeat_secs: self.heartbeat_secs,
+            resend_timeout_ms: self.resend_timeout_ms,
         }
     }
 }

@@ -1742,6 +1742,7 @@ pub(crate) mod tests {
             sender_comp_id: "GW".into(),
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
+            resend_timeout_ms: 0,
         }
     }
 

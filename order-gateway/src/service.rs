@@ -907,6 +907,7 @@ mod tests {
             sender_comp_id: "GW".into(),
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
+            resend_timeout_ms: 0,
         };
         Gateway::new(session, &risk).unwrap()
     }

@@ -239,6 +239,7 @@ mod tests {
             sender_comp_id: "GW".into(),
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
+            resend_timeout_ms: 0,
         };
         let path = std::env::temp_dir().join(format!("gw-sim-{}.journal", std::process::id()));
         let _ = std::fs::remove_file(&path);

@@ -79,6 +79,7 @@ pub fn session_config() -> SessionConfig {
         sender_comp_id: "GW".into(),
         target_comp_id: "VENUE".into(),
         heartbeat_secs: 30,
+        resend_timeout_ms: 0,
     }
 }
 

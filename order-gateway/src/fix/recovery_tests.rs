@@ -5,7 +5,7 @@
 //! `tests/fix_recovery.rs`.
 
 use crate::client::Client;
-use crate::fix::{split_frame, Message, MessageWriter, SessionState};
+use crate::fix::{split_frame, Message, MessageWriter, SessionConfig, SessionState};
 use crate::gateway::{Gateway, OrderStatus, Outputs};
 use crate::journal::decode_record;
 use crate::proto::{
@@ -428,6 +428,27 @@ fn an_unanswered_resend_request_is_sent_again_after_the_timeout() {
     assert_eq!((m.uint(7), m.uint(16)), (Ok(2), Ok(0)));
     let c = gw.session().counters();
     assert_eq!((c.resend_requests_sent, c.resend_timeouts), (2, 1));
+}
+
+#[test]
+fn the_resend_timeout_comes_from_the_config() {
+    let cfg = SessionConfig {
+        resend_timeout_ms: 2_000,
+        ..session()
+    };
+    let mut gw = Gateway::new(cfg, &risk()).unwrap();
+    let mut out = Outputs::default();
+    gw.on_connect(T0, &mut out);
+    let mut v = Venue { seq: 1 };
+    gw.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut out);
+    v.seq += 1; // lost
+    gw.on_fix_bytes(&v.frame(b"0", &[]), T0, &mut out);
+    fresh(&mut out);
+    gw.on_timer(T0 + SEC, &mut out);
+    assert_eq!(gw.session().counters().resend_timeouts, 0);
+    // 2 s, not the 30 s heartbeat interval.
+    gw.on_timer(T0 + 3 * SEC, &mut out);
+    assert_eq!(gw.session().counters().resend_timeouts, 1);
 }
 
 // --- 3. duplicates --------------------------------------------------------------------------

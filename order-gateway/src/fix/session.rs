@@ -45,6 +45,9 @@ pub struct SessionConfig {
     pub target_comp_id: String,
     /// Heartbeat interval in seconds.
     pub heartbeat_secs: u32,
+    /// How long an unanswered ResendRequest waits before it is sent again, milliseconds
+    /// (0: one heartbeat interval).
+    pub resend_timeout_ms: u32,
 }
 
 /// Session state.
@@ -253,8 +256,10 @@ impl Session {
     }
 
     fn resend_timeout(&self) -> u64 {
-        self.resend_timeout
-            .unwrap_or(u64::from(self.cfg.heartbeat_secs.max(1)) * 1_000_000_000)
+        self.resend_timeout.unwrap_or(match self.cfg.resend_timeout_ms {
+            0 => u64::from(self.cfg.heartbeat_secs.max(1)) * 1_000_000_000,
+            ms => u64::from(ms) * 1_000_000,
+        })
     }
 
     /// Increases whenever an inbound message changed the inbound state (processed in sequence,
@@ -948,6 +953,7 @@ mod tests {
             sender_comp_id: "GW".into(),
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
+            resend_timeout_ms: 0,
         }
     }
 
@@ -1169,6 +1175,7 @@ mod store_tests {
             sender_comp_id: "GW".into(),
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
+            resend_timeout_ms: 0,
         });
         let mut out = Vec::new();
         s.on_connect(T0, &mut out);
