@@ -131,6 +131,16 @@ pub struct JournalConfig {
     /// and `"never"` trade that away (see configs/order-gateway.toml).
     #[serde(default)]
     pub fsync: FsyncPolicy,
+    /// Optional, default 64 MiB: once this much was appended to the journal since its last
+    /// checkpoint, the gateway writes a
+    /// checkpoint and starts a new segment (the old file is kept as `path.N`), and it does
+    /// so at every clean stop; a restart replays one segment at most. 0 turns segments off.
+    #[serde(default = "default_segment_bytes")]
+    pub segment_bytes: u64,
+}
+
+fn default_segment_bytes() -> u64 {
+    64 << 20
 }
 
 /// Loading the configuration failed.

@@ -57,6 +57,9 @@ pub enum DriverError {
     /// The journal cannot be written just now (degraded mode): the venue stays disconnected.
     #[error("the journal cannot be written (disk full or failing); waiting for it to recover")]
     JournalUnavailable,
+    /// A checkpoint in the journal could not be read.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
 }
 
 /// What a [`VenueLink::read`] found.
@@ -248,6 +251,25 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     /// Cancel-on-disconnects that arrived while degraded, run once the journal is back.
     deferred_disconnects: Vec<EngineId>,
     journal_failures: u64,
+    /// Start a new segment once the journal is this long (0: never).
+    segment_bytes: u64,
+    /// Segments started and checkpoint failures.
+    segments: SegmentStats,
+    /// Journal length when this segment was opened or started.
+    segment_start: u64,
+}
+
+/// Journal segments started by this driver.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegmentStats {
+    /// New segments started (checkpoints written).
+    pub rotations: u64,
+    /// Checkpoints that failed (the old segment stayed in use).
+    pub failures: u64,
+    /// Bytes of the last checkpoint record.
+    pub last_checkpoint_bytes: u64,
+    /// How long the last rotation held the service, nanoseconds.
+    pub last_rotation_ns: u64,
 }
 
 #[derive(Debug)]
@@ -271,13 +293,15 @@ const PROBE_HEADROOM: u64 = 1 << 20;
 impl FixDriver<TcpLink> {
     /// Opens the journal from `cfg`, recovering state; the venue is `cfg.fix.venue_addr`.
     pub fn open(cfg: &Config) -> Result<FixDriver, DriverError> {
-        Self::open_with(
+        let mut d = Self::open_with(
             &cfg.fix.venue_addr,
             cfg.fix.session(),
             &cfg.risk,
             &cfg.journal.path,
             cfg.journal.fsync,
-        )
+        )?;
+        d.set_segment_bytes(cfg.journal.segment_bytes);
+        Ok(d)
     }
 
     /// Opens with explicit parts (tests).
@@ -307,6 +331,9 @@ impl<L: VenueLink> FixDriver<L> {
         }
         let (journal_file, recovery) =
             Journal::open(journal, fsync, |k, p| gw.replay_record(k, p))?;
+        if let Some(e) = gw.take_replay_error() {
+            return Err(e.into());
+        }
         if recovery.truncated_bytes > 0 {
             tracing::warn!(
                 journal = %journal.display(),
@@ -323,6 +350,7 @@ impl<L: VenueLink> FixDriver<L> {
             path: journal.to_owned(),
         };
         let journal = journal_file;
+        let segment_start = journal.len();
         Ok(FixDriver {
             gw,
             journal,
@@ -338,6 +366,9 @@ impl<L: VenueLink> FixDriver<L> {
             batch_disconnects: Vec::new(),
             deferred_disconnects: Vec::new(),
             journal_failures: 0,
+            segment_bytes: 0,
+            segments: SegmentStats::default(),
+            segment_start,
         })
     }
 
@@ -574,7 +605,82 @@ impl<L: VenueLink> FixDriver<L> {
             self.gw.on_disconnect();
         }
         out.clear();
+        if self.segment_bytes > 0
+            && self.journal.len() - self.segment_start >= self.segment_bytes
+            && self.degraded.is_none()
+        {
+            self.checkpoint();
+        }
         Ok(())
+    }
+
+    /// Starts a new journal segment once `bytes` have been appended to the current one
+    /// after its checkpoint (0: never). Each new segment begins with a checkpoint, so a
+    /// restart replays at most one segment.
+    pub fn set_segment_bytes(&mut self, bytes: u64) {
+        self.segment_bytes = bytes;
+    }
+
+    /// At a clean stop: starts a new segment if this one holds anything besides its
+    /// checkpoint and segments are on.
+    pub fn checkpoint_at_stop(&mut self) {
+        if self.segment_bytes > 0 && self.journal.len() > self.segment_start {
+            self.checkpoint();
+        }
+    }
+
+    /// Segments started so far.
+    pub fn segment_stats(&self) -> SegmentStats {
+        self.segments
+    }
+
+    /// Writes a checkpoint and starts a new journal segment with it now (also at a clean
+    /// stop, so the next start replays nothing but the checkpoint). Everything staged must
+    /// have been flushed. A failure is logged and counted; the current segment stays in
+    /// use and nothing is lost. Returns whether a new segment was started.
+    pub fn checkpoint(&mut self) -> bool {
+        if self.degraded.is_some() {
+            return false;
+        }
+        let t0 = Instant::now();
+        let result = self
+            .gw
+            .checkpoint()
+            .map_err(DriverError::from)
+            .and_then(|payload| {
+                let mut record = Vec::with_capacity(payload.len() + 16);
+                crate::journal::encode_record(
+                    &mut record,
+                    crate::gateway::record::CHECKPOINT,
+                    &[&payload],
+                );
+                self.segments.last_checkpoint_bytes = record.len() as u64;
+                Ok(self.journal.rotate(&self.rebuild.path, &record)?)
+            });
+        match result {
+            Ok(archive) => {
+                self.gw.checkpoint_written();
+                self.segment_start = self.journal.len();
+                self.segments.rotations += 1;
+                self.segments.last_rotation_ns = t0.elapsed().as_nanos() as u64;
+                tracing::info!(
+                    archived = %archive.display(),
+                    checkpoint_bytes = self.segments.last_checkpoint_bytes,
+                    took_us = self.segments.last_rotation_ns / 1000,
+                    open_orders = self.gw.open_order_count(),
+                    "journal: new segment started from a checkpoint"
+                );
+                true
+            }
+            Err(e) => {
+                self.segments.failures += 1;
+                tracing::error!(
+                    error = %anyhow_chain(&e),
+                    "journal: checkpoint failed; the current segment stays in use"
+                );
+                false
+            }
+        }
     }
 
     fn journal_failed(

@@ -105,6 +105,44 @@ impl ExecLog {
     }
 
     /// ExecIDs held.
+    /// The entries of the orders `keep` accepts, oldest first, for a checkpoint.
+    pub fn checkpoint_state(
+        &self,
+        mut keep: impl FnMut(u64) -> bool,
+    ) -> Vec<crate::checkpoint::ExecState> {
+        self.age
+            .iter()
+            .filter(|k| keep(k.order))
+            .filter_map(|k| {
+                let trade = *self.map.get(k)?;
+                Some(crate::checkpoint::ExecState {
+                    order: k.order,
+                    len: k.len,
+                    head: k.head,
+                    hash: k.hash,
+                    trade,
+                })
+            })
+            .collect()
+    }
+
+    /// Restores entries taken by [`checkpoint_state`](Self::checkpoint_state).
+    pub fn restore_state(&mut self, entries: &[crate::checkpoint::ExecState]) {
+        self.map.clear();
+        self.age.clear();
+        for e in entries.iter().rev().take(self.cap).rev() {
+            let k = Key {
+                order: e.order,
+                len: e.len,
+                head: e.head,
+                hash: e.hash,
+            };
+            if self.map.insert(k, e.trade).is_none() {
+                self.age.push_back(k);
+            }
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.age.len()
     }

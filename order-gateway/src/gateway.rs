@@ -58,6 +58,9 @@ pub mod record {
     /// A kill switch turned on or off: scope `u8` (0 global, 1 engine, 2 account), id
     /// `u32 LE`, on `u8`.
     pub const KILL: u8 = 6;
+    /// A checkpoint: the whole recoverable state ([`crate::checkpoint`]), first record of a
+    /// journal segment.
+    pub const CHECKPOINT: u8 = 7;
 }
 
 /// [`record::ENGINE_SESSION`] event: the engine logged on.
@@ -242,6 +245,10 @@ pub struct Gateway {
     replaying: bool,
     /// Discard sink for replay.
     scratch: Outputs,
+    /// Orders already final at the last checkpoint: the next one leaves them out.
+    retired: FxHashSet<u64>,
+    /// A checkpoint record replay could not read (the start must stop).
+    replay_error: Option<crate::checkpoint::CheckpointError>,
 }
 
 impl ResponseLog {
@@ -299,6 +306,8 @@ impl Gateway {
             execs: crate::execs::ExecLog::default(),
             replaying: false,
             scratch: Outputs::default(),
+            retired: FxHashSet::default(),
+            replay_error: None,
         })
     }
 
@@ -1001,6 +1010,197 @@ impl Gateway {
         }
     }
 
+    /// A checkpoint record replay could not read: the journal must not be used as if
+    /// replayed (the caller stops the start with it).
+    pub fn take_replay_error(&mut self) -> Option<crate::checkpoint::CheckpointError> {
+        self.replay_error.take()
+    }
+
+    /// Whether a checkpoint keeps order `id`: live orders, and orders that became final
+    /// since the previous checkpoint.
+    fn kept(&self, id: u64, o: &Order) -> bool {
+        o.status != OrderStatus::Done || !self.retired.contains(&id)
+    }
+
+    /// The recoverable state as a checkpoint payload ([`crate::checkpoint`]), for the first
+    /// record ([`record::CHECKPOINT`]) of a new journal segment. Nothing changes until the
+    /// driver has made it durable and calls [`checkpoint_written`](Self::checkpoint_written).
+    pub fn checkpoint(&self) -> Result<Vec<u8>, crate::checkpoint::CheckpointError> {
+        use crate::checkpoint::{GatewayState, OrderState};
+        let mut orders: Vec<(u64, OrderState)> = self
+            .orders
+            .iter()
+            .filter(|&(&id, o)| self.kept(id, o))
+            .map(|(&id, o)| {
+                let status = match o.status {
+                    OrderStatus::PendingNew => 0,
+                    OrderStatus::Open => 1,
+                    OrderStatus::Done => 2,
+                };
+                let pending = o.pending.map(|(rid, c)| {
+                    (
+                        rid,
+                        match c {
+                            Change::Cancel => None,
+                            Change::Replace { qty, price } => Some((qty, price)),
+                        },
+                    )
+                });
+                let p = o.params;
+                (
+                    id,
+                    OrderState {
+                        engine: o.engine,
+                        cl_ord_id: o.cl_ord_id,
+                        account: p.account,
+                        symbol: p.symbol.0,
+                        side: p.side as u8,
+                        qty: p.qty,
+                        price: p.price,
+                        cum_qty: o.cum_qty,
+                        status,
+                        venue_cl_ord_id: o.venue_cl_ord_id,
+                        pending,
+                    },
+                )
+            })
+            .collect();
+        orders.sort_unstable_by_key(|(id, _)| *id);
+        let keep = |id: &u64| self.orders.get(id).is_some_and(|o| self.kept(*id, o));
+        let mut by_request: Vec<(u64, u64)> = self
+            .by_request
+            .iter()
+            .filter(|(_, id)| keep(id))
+            .map(|(&r, &id)| (r, id))
+            .collect();
+        by_request.sort_unstable();
+        let mut responses: Vec<(u32, u32, Vec<Vec<u8>>)> = self
+            .responses
+            .iter()
+            .map(|(&e, log)| {
+                let kept = log.kept.iter().map(|r| r.as_bytes().to_vec()).collect();
+                (e, log.last, kept)
+            })
+            .collect();
+        responses.sort_unstable_by_key(|r| r.0);
+        let mut last_request: Vec<(u32, u32)> =
+            self.last_request.iter().map(|(&e, &n)| (e, n)).collect();
+        last_request.sort_unstable();
+        let mut connected: Vec<u32> = self.connected.iter().copied().collect();
+        connected.sort_unstable();
+        let state = GatewayState {
+            next_id: self.next_id,
+            orders,
+            by_request,
+            responses,
+            last_request,
+            connected,
+            execs: self.execs.checkpoint_state(|id| keep(&id)),
+            risk: self.risk.checkpoint_state(),
+            session: self.session.checkpoint_state(),
+        };
+        crate::checkpoint::encode(&state)
+    }
+
+    /// The checkpoint from [`checkpoint`](Self::checkpoint) is durable: drop what it left
+    /// out, so the live state is exactly what a restart from it rebuilds.
+    pub fn checkpoint_written(&mut self) {
+        let drop: Vec<u64> = self
+            .orders
+            .iter()
+            .filter(|&(&id, o)| !self.kept(id, o))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in &drop {
+            if let Some(o) = self.orders.remove(id) {
+                self.by_engine.remove(&(o.engine, o.cl_ord_id));
+            }
+        }
+        let orders = &self.orders;
+        self.by_request.retain(|_, id| orders.contains_key(id));
+        self.by_engine.retain(|_, id| orders.contains_key(id));
+        self.retired = self
+            .orders
+            .iter()
+            .filter(|(_, o)| o.status == OrderStatus::Done)
+            .map(|(&id, _)| id)
+            .collect();
+        let state = self.execs.checkpoint_state(|id| orders.contains_key(&id));
+        self.execs.restore_state(&state);
+    }
+
+    /// Replaces the whole recoverable state with a checkpoint's.
+    fn restore_checkpoint(&mut self, s: &crate::checkpoint::GatewayState) {
+        self.orders.clear();
+        self.by_engine.clear();
+        self.by_request.clear();
+        self.retired.clear();
+        self.open_orders = 0;
+        for (id, o) in &s.orders {
+            let symbol = Symbol(o.symbol);
+            let side = if o.side == Side::Sell as u8 {
+                Side::Sell
+            } else {
+                Side::Buy
+            };
+            let status = match o.status {
+                0 => OrderStatus::PendingNew,
+                1 => OrderStatus::Open,
+                _ => OrderStatus::Done,
+            };
+            let pending = o.pending.map(|(rid, c)| {
+                (
+                    rid,
+                    match c {
+                        None => Change::Cancel,
+                        Some((qty, price)) => Change::Replace { qty, price },
+                    },
+                )
+            });
+            let order = Order {
+                engine: o.engine,
+                cl_ord_id: o.cl_ord_id,
+                params: OrderParams {
+                    account: o.account,
+                    symbol,
+                    side,
+                    qty: o.qty,
+                    price: o.price,
+                },
+                cum_qty: o.cum_qty,
+                status,
+                venue_cl_ord_id: o.venue_cl_ord_id,
+                pending,
+            };
+            if status == OrderStatus::Done {
+                self.retired.insert(*id);
+            } else {
+                self.open_orders += 1;
+            }
+            self.by_engine.insert((o.engine, o.cl_ord_id), *id);
+            self.orders.insert(*id, order);
+        }
+        self.by_request.extend(s.by_request.iter().copied());
+        self.next_id = s.next_id;
+        for (engine, last, kept) in &s.responses {
+            if let Some(log) = self.responses.get_mut(engine) {
+                log.last = *last;
+                log.kept.clear();
+                let skip = kept.len().saturating_sub(self.history);
+                for bytes in &kept[skip..] {
+                    if let Ok((r, _)) = Response::decode(bytes) {
+                        log.kept.push_back(r);
+                    }
+                }
+            }
+        }
+        self.last_request = s.last_request.iter().copied().collect();
+        self.connected = s.connected.iter().copied().collect();
+        self.execs.restore_state(&s.execs);
+        self.risk.restore_state(&s.risk);
+        self.session.restore_state(&s.session);
+    }
+
     /// Replays one journal record (recovery). Emits nothing, but numbers and keeps the
     /// engine responses the record produced live, so they can be replayed to engines.
     pub fn replay_record(&mut self, kind: u8, payload: &[u8]) {
@@ -1073,6 +1273,14 @@ impl Gateway {
                     }
                 }
             }
+            record::CHECKPOINT => match crate::checkpoint::decode(payload) {
+                Ok(state) => self.restore_checkpoint(&state),
+                Err(e) => {
+                    if self.replay_error.is_none() {
+                        self.replay_error = Some(e);
+                    }
+                }
+            },
             record::FIX_OUT => self.session.replay_outbound(payload),
             record::FIX_IN => {
                 if split_frame(payload).is_err() {

@@ -123,6 +123,15 @@ pub enum JournalError {
     /// fsync failed.
     #[error("fsync journal")]
     Sync(#[source] io::Error),
+    /// Starting a new segment failed; the current one is unchanged and stays in use.
+    #[error("start a new journal segment after {path}")]
+    Rotate {
+        /// The journal.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// What recovery found.
@@ -426,6 +435,56 @@ fn lock(file: &File, path: &Path) -> Result<(), JournalError> {
     }
 }
 
+/// Where a new segment is written before it replaces the journal.
+fn next_segment_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".next");
+    PathBuf::from(p)
+}
+
+/// The archive name for the current segment of `path`: `path.N` with N one more than the
+/// highest there, or the highest itself when it already is a link to `path` (a rotation
+/// that crashed after linking). The flag says which.
+fn archive_path(path: &Path) -> io::Result<(PathBuf, bool)> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "journal path has no name"))?
+        .to_string_lossy()
+        .into_owned();
+    let prefix = format!("{name}.");
+    let mut highest = 0u64;
+    for entry in std::fs::read_dir(&dir)? {
+        let entry = entry?;
+        let n = entry.file_name();
+        let n = n.to_string_lossy();
+        if let Some(k) = n.strip_prefix(&prefix).and_then(|k| k.parse::<u64>().ok()) {
+            highest = highest.max(k);
+        }
+    }
+    let at = |k: u64| dir.join(format!("{name}.{k}"));
+    if highest > 0 {
+        let (a, b) = (std::fs::metadata(at(highest))?, std::fs::metadata(path)?);
+        if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
+            return Ok((at(highest), true));
+        }
+    }
+    Ok((at(highest + 1), false))
+}
+
+/// Makes a rename in `path`'s directory durable.
+fn sync_dir(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir)?.sync_all()
+}
+
 /// An open journal, positioned at its end, held under an exclusive lock.
 #[derive(Debug)]
 pub struct Journal {
@@ -460,6 +519,8 @@ impl Journal {
             .open(path)
             .map_err(open_err)?;
         lock(&file, path)?;
+        // A segment a crash interrupted before it replaced this file: never in use.
+        let _ = std::fs::remove_file(next_segment_path(path));
         let mut stats = RecoveryStats::default();
         let scan = scan_file(&mut file, path, on_record)?;
         if scan.file_len < MAGIC.len() as u64 {
@@ -639,6 +700,62 @@ impl Journal {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Starts a new segment: a fresh file at `path` holding `first` (whole records from
+    /// [`encode_record`]: a checkpoint) and a commit record, made durable before it replaces the current file,
+    /// which is kept as `path.N` (N one more than the highest there). Returns that name.
+    ///
+    /// Crash-safe at every step: the new file is written and synced as `path.next` and
+    /// renamed over `path` only then (a leftover `path.next` is removed at open); the old
+    /// file is hard-linked to `path.N` before the rename, so `path` always names a complete
+    /// journal. On an error the current file stays in use, unchanged.
+    pub fn rotate(&mut self, path: &Path, first: &[u8]) -> Result<PathBuf, JournalError> {
+        if self.poisoned {
+            return Err(JournalError::Poisoned);
+        }
+        let rotate_err = |source| JournalError::Rotate {
+            path: path.to_owned(),
+            source,
+        };
+        let next = next_segment_path(path);
+        let result = (|| -> Result<(File, u64, PathBuf), JournalError> {
+            let mut file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&next)
+                .map_err(rotate_err)?;
+            lock(&file, &next)?;
+            let end = (MAGIC.len() + first.len() + MARK_LEN) as u64;
+            let mut bytes = Vec::with_capacity(end as usize);
+            bytes.extend_from_slice(MAGIC);
+            bytes.extend_from_slice(first);
+            bytes.extend_from_slice(&commit_record(end));
+            file.write_all(&bytes).map_err(rotate_err)?;
+            file.sync_all().map_err(rotate_err)?;
+            let archive = archive_path(path).map_err(rotate_err)?;
+            if !archive.1 {
+                std::fs::hard_link(path, &archive.0).map_err(rotate_err)?;
+            }
+            std::fs::rename(&next, path).map_err(rotate_err)?;
+            sync_dir(path).map_err(rotate_err)?;
+            Ok((file, end, archive.0))
+        })();
+        match result {
+            Ok((file, end, archive)) => {
+                self.file = file;
+                self.len = end;
+                self.durable = end;
+                self.unsynced = 0;
+                Ok(archive)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&next);
+                Err(e)
+            }
+        }
     }
 
     /// Bytes appended so far (the file's length).
@@ -840,6 +957,97 @@ mod tests {
         assert!(matches!(repair(&p), Err(JournalError::Locked { .. })));
         drop(j);
         Journal::open(&p, FsyncPolicy::Never, |_, _| {}).unwrap();
+    }
+
+    fn rec(kind: u8, n: u32) -> Vec<u8> {
+        let mut buf = Vec::new();
+        encode_record(&mut buf, kind, &[&n.to_le_bytes()]);
+        buf
+    }
+
+    fn replayed(path: &Path) -> Vec<(u8, u32)> {
+        let mut got = Vec::new();
+        Journal::open(path, FsyncPolicy::Group, |k, p| {
+            got.push((k, u32::from_le_bytes(p[..4].try_into().unwrap())));
+        })
+        .unwrap();
+        got
+    }
+
+    #[test]
+    fn rotate_starts_a_segment_from_its_first_records_and_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("gw.journal");
+        let (mut j, _) = Journal::open(&p, FsyncPolicy::Group, |_, _| {}).unwrap();
+        j.append(&[rec(1, 1), rec(1, 2)].concat(), 2).unwrap();
+        let archived = j.rotate(&p, &rec(7, 100)).unwrap();
+        assert_eq!(archived, dir.path().join("gw.journal.1"));
+        // The new segment is durable as written, and takes appends.
+        assert_eq!(j.durable_len(), j.len());
+        j.append(&rec(1, 3), 1).unwrap();
+        let archived = j.rotate(&p, &rec(7, 200)).unwrap();
+        assert_eq!(archived, dir.path().join("gw.journal.2"));
+        j.append(&rec(1, 4), 1).unwrap();
+        // Still locked: the lock moved to the new file.
+        assert!(matches!(
+            Journal::open(&p, FsyncPolicy::Group, |_, _| {}),
+            Err(JournalError::Locked { .. })
+        ));
+        drop(j);
+        assert_eq!(replayed(&p), [(7, 200), (1, 4)]);
+        assert_eq!(replayed(&dir.path().join("gw.journal.1")), [(1, 1), (1, 2)]);
+        assert_eq!(
+            replayed(&dir.path().join("gw.journal.2")),
+            [(7, 100), (1, 3)]
+        );
+        assert!(!dir.path().join("gw.journal.next").exists());
+        for f in ["gw.journal", "gw.journal.1", "gw.journal.2"] {
+            let scan = verify(&dir.path().join(f)).unwrap();
+            assert!(
+                scan.damage.is_none() && scan.durable_len == scan.file_len,
+                "{f}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_rotation_interrupted_by_a_crash_leaves_a_complete_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("gw.journal");
+        write_with(&p, 3, b"x", FsyncPolicy::Group);
+        // Crashed after writing the next segment, before linking or renaming.
+        std::fs::write(dir.path().join("gw.journal.next"), b"RBGWJNL1 half").unwrap();
+        assert_eq!(read_all(&p).0, [0, 1, 2]);
+        assert!(!dir.path().join("gw.journal.next").exists());
+        // Crashed after linking the archive, before the rename: the next rotation reuses
+        // that link instead of archiving the same file twice.
+        std::fs::hard_link(&p, dir.path().join("gw.journal.1")).unwrap();
+        let (mut j, _) = Journal::open(&p, FsyncPolicy::Group, |_, _| {}).unwrap();
+        let archived = j.rotate(&p, &rec(7, 9)).unwrap();
+        assert_eq!(archived, dir.path().join("gw.journal.1"));
+        assert!(!dir.path().join("gw.journal.2").exists());
+        drop(j);
+        assert_eq!(replayed(&p), [(7, 9)]);
+        assert_eq!(read_all(&dir.path().join("gw.journal.1")).0, [0, 1, 2]);
+    }
+
+    #[test]
+    fn a_failed_rotation_leaves_the_current_segment_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("gw.journal");
+        let (mut j, _) = Journal::open(&p, FsyncPolicy::Group, |_, _| {}).unwrap();
+        j.append(&rec(1, 1), 1).unwrap();
+        // The next segment cannot be created: a directory is in its way.
+        std::fs::create_dir(dir.path().join("gw.journal.next")).unwrap();
+        assert!(matches!(
+            j.rotate(&p, &rec(7, 1)),
+            Err(JournalError::Rotate { .. })
+        ));
+        j.append(&rec(1, 2), 1).unwrap();
+        drop(j);
+        std::fs::remove_dir(dir.path().join("gw.journal.next")).unwrap();
+        assert_eq!(replayed(&p), [(1, 1), (1, 2)]);
+        assert!(!dir.path().join("gw.journal.1").exists());
     }
 
     #[test]

@@ -21,6 +21,7 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
+pub mod checkpoint;
 pub mod client;
 pub mod config;
 pub mod control;

@@ -329,6 +329,74 @@ impl RiskEngine {
         }
     }
 
+    /// The journaled part of the state, for a checkpoint.
+    pub fn checkpoint_state(&self) -> crate::checkpoint::RiskState {
+        use crate::checkpoint::{AccountState, RiskState};
+        let mut accounts: Vec<AccountState> = self
+            .accounts
+            .iter()
+            .map(|(&id, a)| AccountState {
+                id,
+                killed: a.killed,
+                open_notional: a.open_notional,
+                executed_notional: a.executed_notional,
+                open_orders: a.open_orders,
+                positions: a
+                    .positions
+                    .iter()
+                    .map(|(s, p)| (s.0, p.net, p.open_buy, p.open_sell))
+                    .collect(),
+            })
+            .collect();
+        accounts.sort_unstable_by_key(|a| a.id);
+        let mut killed_engines: Vec<u32> = self
+            .engines
+            .iter()
+            .filter(|(_, e)| e.killed)
+            .map(|(&id, _)| id)
+            .collect();
+        killed_engines.sort_unstable();
+        RiskState {
+            global_kill: self.global_kill,
+            killed_engines,
+            accounts,
+            seen_ids: self.seen_ids.iter().copied().collect(),
+        }
+    }
+
+    /// Restores what [`checkpoint_state`](Self::checkpoint_state) took. Accounts and engines
+    /// no longer in the configuration are left out (as replay would).
+    pub fn restore_state(&mut self, s: &crate::checkpoint::RiskState) {
+        self.global_kill = s.global_kill;
+        for (id, e) in &mut self.engines {
+            e.killed = s.killed_engines.contains(id);
+        }
+        for a in &s.accounts {
+            if let Some(acct) = self.accounts.get_mut(&a.id) {
+                acct.killed = a.killed;
+                acct.open_notional = a.open_notional;
+                acct.executed_notional = a.executed_notional;
+                acct.open_orders = a.open_orders;
+                acct.positions = a
+                    .positions
+                    .iter()
+                    .map(|&(sym, net, open_buy, open_sell)| {
+                        (
+                            Symbol(sym),
+                            Position {
+                                net,
+                                open_buy,
+                                open_sell,
+                            },
+                        )
+                    })
+                    .collect();
+            }
+        }
+        self.seen_ids.clear();
+        self.seen_ids.extend(s.seen_ids.iter().copied());
+    }
+
     /// Takes from `old` what the journal does not hold: reference prices, halts and kill
     /// switches (used when the gateway rebuilds its state from the journal while running,
     /// so a rebuild never lifts a halt or a kill).

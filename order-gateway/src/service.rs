@@ -868,6 +868,8 @@ impl<L: VenueLink> Service<L> {
             let _ = e.conn.drain(Duration::from_millis(100));
         }
         self.driver.sync()?;
+        // Session end: the next start reads one checkpoint instead of today's records.
+        self.driver.checkpoint_at_stop();
         Ok(())
     }
 }

@@ -457,7 +457,25 @@ fn gateway_engine_seeds() -> Vec<Vec<u8>> {
     let disconnect = [&new_order[..], &ack, &[0x05, 0x00]].concat();
     let reset = [&new_order[..], &[0x05, 0x07 | 16], &ack].concat();
     let garbage = [0x04, 0x40 | 8, b'N', 1, 48, 0, 1, 0, 0, 0];
+    // Checkpoints (op 5, 0x85) between the steps of an order's life and after it ended.
+    let checkpoint = [0x05u8, 0x85];
+    let segments: Vec<u8> = [
+        &new_order[..],
+        &checkpoint,
+        &ack,
+        &fill,
+        &checkpoint,
+        &replace,
+        &confirm,
+        &cancel,
+        &checkpoint,
+        &cancel_reject,
+        &checkpoint,
+        &checkpoint,
+    ]
+    .concat();
     vec![
+        segments,
         new_order.to_vec(),
         life,
         kill.to_vec(),

@@ -17,7 +17,11 @@ fuzz_target!(|data: &[u8]| {
                 }
                 rest = &rest[n..];
             }
-            Err(FixError::BadBeginString { skip } | FixError::BadBodyLength { skip } | FixError::BadChecksum { skip }) => {
+            Err(
+                FixError::BadBeginString { skip }
+                | FixError::BadBodyLength { skip }
+                | FixError::BadChecksum { skip },
+            ) => {
                 assert!(skip > 0 && skip <= rest.len());
                 rest = &rest[skip..];
             }

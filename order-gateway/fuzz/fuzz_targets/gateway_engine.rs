@@ -1,7 +1,7 @@
 //! The whole gateway on arbitrary sequences of engine frames: well-formed requests built from
 //! the input (numbered in order, re-sent, or unnumbered), raw and half-valid frames, engine
-//! disconnects, kill switches, halts, FIX reconnects, and venue execution reports on the
-//! orders that made it out. After every call the invariants of
+//! disconnects, kill switches, halts, FIX reconnects, checkpoints (journal segments), and
+//! venue execution reports on the orders that made it out. After every call the invariants of
 //! `order_gateway_fuzz::Harness::step`; at the end, a fresh gateway fed only the journal the
 //! run produced must have the same orders, risk, request and response numbers per engine,
 //! and FIX sequence numbers.
@@ -147,6 +147,10 @@ fuzz_target!(|data: &[u8]| {
                     }
                     4 => {
                         h.gw.on_halt(symbol(b >> 4), on);
+                    }
+                    5 if b & 0x80 != 0 => {
+                        // The driver starts a journal segment from a checkpoint.
+                        h.checkpoint();
                     }
                     5 => {
                         // References refreshed (or left to go stale by the timers).

@@ -537,7 +537,11 @@ fn a_fill_whose_last_qty_is_not_cum_qty_growth_keeps_the_reservation_in_step() {
     let (mut gw, mut v, mut out) = active();
     let id = acked_order(&mut gw, &mut v, &mut out, 1, 100);
     fresh(&mut out);
-    gw.on_fix_bytes(&v.exec(id, "a", b"F", 1144, "100", 40, 60, &[]), T0, &mut out);
+    gw.on_fix_bytes(
+        &v.exec(id, "a", b"F", 1144, "100", 40, 60, &[]),
+        T0,
+        &mut out,
+    );
     assert_eq!(gw.order(1, 1).unwrap().cum_qty, 40);
     // 60 open at 100: that is what stays reserved.
     assert_eq!(gw.risk().exposure(7).0, 60 * 100);
@@ -741,4 +745,163 @@ fn a_cancel_reject_after_a_fill_reaches_the_client_as_information() {
     // An unsolicited cancel after the order is final changes nothing and is counted.
     gw.on_fix_bytes(&v.exec(id, "u", b"4", 0, "0", 100, 0, &[]), T0, &mut out);
     assert_eq!(gw.counters().late_answers, 1);
+}
+
+// --- 6. checkpoints (journal segments) -------------------------------------------------------
+
+/// A checkpoint record as the driver writes it, and the gateway's pruning after it.
+fn checkpoint(gw: &mut Gateway) -> Vec<u8> {
+    let payload = gw.checkpoint().unwrap();
+    gw.checkpoint_written();
+    let mut rec = Vec::new();
+    crate::journal::encode_record(&mut rec, crate::gateway::record::CHECKPOINT, &[&payload]);
+    rec
+}
+
+/// A gateway from a checkpoint alone, with the reference price the market-data bus would
+/// give it (prices are not journaled).
+fn restored(rec: &[u8]) -> Gateway {
+    let mut r = replay(rec);
+    r.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+    r
+}
+
+#[test]
+fn a_gateway_restored_from_a_checkpoint_behaves_as_the_live_one() {
+    let (mut gw, mut v, mut out) = active();
+    let id1 = acked_order(&mut gw, &mut v, &mut out, 1, 100);
+    let id2 = acked_order(&mut gw, &mut v, &mut out, 2, 100);
+    let id3 = acked_order(&mut gw, &mut v, &mut out, 3, 100);
+    gw.on_fix_bytes(
+        &v.exec(id1, "F1", b"F", 100, "100", 100, 0, &[]),
+        T0,
+        &mut out,
+    );
+    gw.on_fix_bytes(
+        &v.exec(id2, "F2", b"F", 40, "100", 40, 60, &[]),
+        T0,
+        &mut out,
+    );
+    gw.on_engine_message(
+        1,
+        zerocopy::IntoBytes::as_bytes(&Cancel::new(3)),
+        T0,
+        &mut out,
+    );
+    let rec = checkpoint(&mut gw);
+    let mut r = restored(&rec);
+    same_state(&gw, &r);
+    for g in [&gw, &r] {
+        assert_eq!(
+            g.order(1, 1).unwrap().status,
+            OrderStatus::Done,
+            "kept one checkpoint"
+        );
+        assert_eq!(g.last_response_seq(1), gw.last_response_seq(1));
+        assert_eq!(g.last_request_seq(1), gw.last_request_seq(1));
+    }
+    // Both go on identically: a bust of order 1's fill, a repeated ExecID, the cancel's
+    // answer, a new order, a resend request from the venue.
+    // The restart's FIX logon, on both (the live one reconnects).
+    gw.on_disconnect();
+    let logon = v.frame(b"A", &[(98, b"0"), (108, b"30")]);
+    let mut outs = [Outputs::default(), Outputs::default()];
+    for (g, o) in [&mut gw, &mut r].into_iter().zip(&mut outs) {
+        g.on_connect(T0, o);
+        g.on_fix_bytes(&logon, T0, o);
+        assert_eq!(g.session().state(), SessionState::Active);
+    }
+    let msgs = [
+        v.exec(id1, "B1", b"H", 0, "0", 0, 0, &[(19, b"F1")]),
+        v.exec(id2, "F2", b"F", 40, "100", 40, 60, &[]),
+        v.exec(
+            id3,
+            "C3",
+            b"4",
+            0,
+            "0",
+            0,
+            0,
+            &[(41, id3.to_string().as_bytes())],
+        ),
+        v.frame(b"2", &[(7, b"2"), (16, b"0")]),
+    ];
+    for (g, o) in [&mut gw, &mut r].into_iter().zip(&mut outs) {
+        for m in &msgs {
+            g.on_fix_bytes(m, T0, o);
+        }
+        g.on_engine_message(1, zerocopy::IntoBytes::as_bytes(&new_order(4, 10)), T0, o);
+        // An engine id already used, by an order the checkpoint still holds: refused.
+        g.on_engine_message(1, zerocopy::IntoBytes::as_bytes(&new_order(2, 10)), T0, o);
+    }
+    same_state(&gw, &r);
+    assert_eq!(
+        gw.risk().position(7, aapl()),
+        40,
+        "the bust took order 1's 100 back"
+    );
+    assert_eq!(gw.counters().duplicate_execs, r.counters().duplicate_execs);
+    assert_eq!(
+        sent(&outs[0]),
+        sent(&outs[1]),
+        "the same FIX, resends included"
+    );
+    let engine = |o: &Outputs| -> Vec<Vec<u8>> {
+        o.engine
+            .iter()
+            .map(|(_, r)| r.as_bytes().to_vec())
+            .collect()
+    };
+    assert_eq!(
+        engine(&outs[0]),
+        engine(&outs[1]),
+        "the same engine responses"
+    );
+    assert_eq!(r.order(1, 3).unwrap().status, OrderStatus::Done);
+
+    // A second checkpoint drops orders already final at the first (order 3, done since,
+    // stays) and keeps the ids they used.
+    gw.on_fix_bytes(
+        &v.exec(id2, "F2b", b"F", 60, "100", 100, 0, &[]),
+        T0,
+        &mut out,
+    );
+    let rec2 = checkpoint(&mut gw);
+    let rec3 = checkpoint(&mut gw);
+    assert!(gw.order(1, 1).is_none() && gw.order(1, 3).is_none());
+    let r3 = restored(&rec3);
+    same_state(&gw, &r3);
+    assert_eq!(gw.orders().count(), r3.orders().count());
+    assert!(rec3.len() < rec2.len());
+    let mut o = Outputs::default();
+    let mut r3 = r3;
+    r3.on_connect(T0, &mut o);
+    r3.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut o);
+    o.clear();
+    r3.on_engine_message(
+        1,
+        zerocopy::IntoBytes::as_bytes(&new_order(1, 10)),
+        T0,
+        &mut o,
+    );
+    assert!(
+        matches!(o.engine[0].1, Response::Reject(x) if x.reason() == crate::proto::RejectReason::DuplicateClientOrderId),
+        "an id of a dropped order is still refused: {:?}",
+        o.engine
+    );
+}
+
+#[test]
+fn a_checkpoint_of_another_layout_version_stops_the_replay() {
+    let (mut gw, _, _) = active();
+    let mut payload = gw.checkpoint().unwrap();
+    payload[0] = crate::checkpoint::VERSION + 1;
+    let mut r = Gateway::new(session(), &risk()).unwrap();
+    r.replay_record(crate::gateway::record::CHECKPOINT, &payload);
+    let e = r.take_replay_error().expect("an error");
+    assert!(e.to_string().contains("layout version"), "{e}");
+    let mut r = Gateway::new(session(), &risk()).unwrap();
+    r.replay_record(crate::gateway::record::CHECKPOINT, &payload[..0]);
+    assert!(r.take_replay_error().is_some());
+    let _ = &mut gw;
 }

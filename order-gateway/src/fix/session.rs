@@ -256,10 +256,11 @@ impl Session {
     }
 
     fn resend_timeout(&self) -> u64 {
-        self.resend_timeout.unwrap_or(match self.cfg.resend_timeout_ms {
-            0 => u64::from(self.cfg.heartbeat_secs.max(1)) * 1_000_000_000,
-            ms => u64::from(ms) * 1_000_000,
-        })
+        self.resend_timeout
+            .unwrap_or(match self.cfg.resend_timeout_ms {
+                0 => u64::from(self.cfg.heartbeat_secs.max(1)) * 1_000_000_000,
+                ms => u64::from(ms) * 1_000_000,
+            })
     }
 
     /// Increases whenever an inbound message changed the inbound state (processed in sequence,
@@ -302,6 +303,43 @@ impl Session {
 
     /// Both sides start again at 1 (Logon 141=Y): nothing sent before can be resent under
     /// its old number, and nothing queued is still in sequence.
+    /// The journaled part of the session, for a checkpoint.
+    pub fn checkpoint_state(&self) -> crate::checkpoint::SessionState {
+        let mut sent: Vec<(u64, Vec<u8>)> = self
+            .store
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, &(seq, _))| seq != 0)
+            .map(|(i, &(seq, len))| {
+                (
+                    seq,
+                    self.store.bytes[i * RESEND_SLOT_LEN..][..usize::from(len)].to_vec(),
+                )
+            })
+            .collect();
+        sent.sort_unstable_by_key(|(seq, _)| *seq);
+        crate::checkpoint::SessionState {
+            next_out: self.next_out,
+            next_in: self.next_in,
+            accepted_in: self.accepted_in,
+            answered_reset: self.answered_reset,
+            sent,
+        }
+    }
+
+    /// Restores what [`checkpoint_state`](Self::checkpoint_state) took.
+    pub fn restore_state(&mut self, s: &crate::checkpoint::SessionState) {
+        self.next_out = s.next_out;
+        self.next_in = s.next_in;
+        self.accepted_in = s.accepted_in;
+        self.answered_reset = s.answered_reset;
+        self.store.slots.fill((0, 0));
+        for (seq, raw) in &s.sent {
+            let _ = self.store.push(*seq, raw);
+        }
+    }
+
     fn reset_numbers(&mut self) {
         self.next_out = 1;
         self.next_in = 1;
