@@ -13,8 +13,10 @@
 //! directory, batch sizes 1 (one order per turn: every order pays a sync) and 16, in
 //! alternating rounds, with the ratio to `never`.
 //!
-//! `gateway-restart` writes a journal of N orders (policy `never`, batches of 16) and times
-//! `FixDriver::with_link` (open and replay) on it in child processes, so each replay starts
+//! `gateway-restart` writes a journal of N orders (policy `never`, batches of 16; journal
+//! segments of `--segment-bytes`, 64 MiB as the gateway's default, 0 for one file) and
+//! times `FixDriver::with_link` (open and replay of the last segment) on it in child
+//! processes, so each replay starts
 //! with a fresh heap and its peak RSS (`VmHWM`) is its own; every other replay first drops
 //! the file from the page cache (`posix_fadvise(DONTNEED)`), as after a reboot.
 
@@ -71,6 +73,16 @@ pub struct GatewayRestartArgs {
     /// Keep the journal afterwards (it is deleted by default).
     #[arg(long)]
     pub keep: bool,
+    /// `journal.segment_bytes` of the writing gateway (0: one file, replayed whole, as
+    /// before segments existed). The replay reads the last segment: a checkpoint and
+    /// whatever was appended after it.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub segment_bytes: u64,
+    /// Sync policy of the writing gateway: `never` (fast to write) or `group` (the
+    /// gateway's default; shows what a rotation costs when the old segment is already
+    /// durable).
+    #[arg(long, default_value = "never")]
+    pub fsync: String,
 }
 
 /// Options of `gateway-replay` (the child process of `gateway-restart`).
@@ -458,10 +470,23 @@ pub fn restart(a: &GatewayRestartArgs) -> Result<()> {
 fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
     const BATCH: usize = 16;
     let t = Instant::now();
-    let mut rig = Rig::open(path, FsyncPolicy::Never)?;
+    let policy = match a.fsync.as_str() {
+        "never" => FsyncPolicy::Never,
+        "group" => FsyncPolicy::Group,
+        other => bail!("--fsync {other}: expected never or group"),
+    };
+    let mut rig = Rig::open(path, policy)?;
+    rig.driver.set_segment_bytes(a.segment_bytes);
     let mut next_report = 100_000;
+    let mut longest_rotation = 0u64;
+    let mut rotations = 0;
     while rig.sent < a.orders {
         rig.turn(BATCH.min((a.orders - rig.sent) as usize))?;
+        let seg = rig.driver.segment_stats();
+        if seg.rotations > rotations {
+            rotations = seg.rotations;
+            longest_rotation = longest_rotation.max(seg.last_rotation_ns);
+        }
         if rig.sent >= next_report {
             eprintln!(
                 "  writing: {} of {} orders ({:.0} s)",
@@ -475,19 +500,40 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
     rig.drain()?;
     rig.driver.sync()?;
     let wrote = t.elapsed().as_secs_f64();
+    let seg = rig.driver.segment_stats();
     drop(rig);
     let size = std::fs::metadata(path)?.len();
     println!(
-        "wrote {} orders (each acked and filled) in {wrote:.1} s: {:.1} MiB on {ty}",
+        "wrote {} orders (each acked and filled) in {wrote:.1} s: last segment {:.1} MiB on {ty}",
         a.orders,
         size as f64 / (1 << 20) as f64
     );
+    let segments = if a.segment_bytes > 0 {
+        ensure!(seg.failures == 0, "{} checkpoints failed", seg.failures);
+        println!(
+            "  {} segments of {:.0} MiB started (fsync {}); last checkpoint {:.1} KiB; longest rotation held the service {:.1} ms",
+            seg.rotations,
+            a.segment_bytes as f64 / (1 << 20) as f64,
+            a.fsync,
+            seg.last_checkpoint_bytes as f64 / 1024.0,
+            longest_rotation as f64 / 1e6
+        );
+        format!(
+            "segments of {:.0} MiB ({} started, longest rotation {:.1} ms)",
+            a.segment_bytes as f64 / (1 << 20) as f64,
+            seg.rotations,
+            longest_rotation as f64 / 1e6
+        )
+    } else {
+        "one segment".to_owned()
+    };
     let exe = std::env::current_exe()?;
     let mut warm = Vec::new();
     let mut cold = Vec::new();
     let mut cpu = Vec::new();
     let mut records = 0;
     let mut orders = 0;
+    let mut last_id = 0;
     let mut hwm = Vec::new();
     for round in 1..=a.rounds {
         for is_cold in [false, true] {
@@ -519,6 +565,7 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
             let secs = field("seconds")?;
             records = field("records")? as u64;
             orders = field("orders")? as u64;
+            last_id = field("last_id")? as u64;
             let kb = field("vm_hwm_kb")?;
             hwm.push(kb);
             println!(
@@ -534,14 +581,19 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
         }
     }
     ensure!(
-        orders == a.orders,
+        last_id == a.orders,
+        "the replay knows engine order ids up to {last_id}, not {}",
+        a.orders
+    );
+    ensure!(
+        a.segment_bytes > 0 || orders == a.orders,
         "the replay found {orders} orders, not {}",
         a.orders
     );
     let (w, c) = (median(warm), median(cold));
     println!();
     println!(
-        "gateway-restart: {} orders, {records} records, {:.1} MiB on {ty}; open + replay (median of {} rounds): {w:.2} s in the page cache ({:.0} records/s), {c:.2} s dropped from it ({:.0} records/s); {:.2} s on CPU; peak RSS {:.0} MiB",
+        "gateway-restart: {} orders, {segments}: {records} records, {:.1} MiB on {ty}; open + replay (median of {} rounds): {w:.2} s in the page cache ({:.0} records/s), {c:.2} s dropped from it ({:.0} records/s); {:.2} s on CPU; peak RSS {:.0} MiB",
         a.orders,
         size_mib(path),
         a.rounds,
@@ -589,8 +641,12 @@ pub fn replay(a: &GatewayReplayArgs) -> Result<()> {
     let secs = t.elapsed().as_secs_f64();
     let s1 = schedstat();
     let orders = driver.gateway().orders().count();
+    // Engine order ids 1, 2, … the journal holds (orders themselves are dropped from
+    // checkpoints once final).
+    let risk = driver.gateway().risk();
+    let last_id = (1..).take_while(|&i| risk.is_seen(ENGINE, i)).last().unwrap_or(0);
     println!(
-        "REPLAY seconds={secs:.6} cpu_seconds={:.6} runnable_seconds={:.6} records={} orders={orders} vm_hwm_kb={}",
+        "REPLAY seconds={secs:.6} cpu_seconds={:.6} runnable_seconds={:.6} records={} orders={orders} last_id={last_id} vm_hwm_kb={}",
         (s1.0 - s0.0) as f64 / 1e9,
         (s1.1 - s0.1) as f64 / 1e9,
         driver.recovery().records,

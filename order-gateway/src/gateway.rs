@@ -1182,15 +1182,19 @@ impl Gateway {
         }
         self.by_request.extend(s.by_request.iter().copied());
         self.next_id = s.next_id;
+        let history = self.history;
         for (engine, last, kept) in &s.responses {
-            if let Some(log) = self.responses.get_mut(engine) {
-                log.last = *last;
-                log.kept.clear();
-                let skip = kept.len().saturating_sub(self.history);
-                for bytes in &kept[skip..] {
-                    if let Ok((r, _)) = Response::decode(bytes) {
-                        log.kept.push_back(r);
-                    }
+            // Engines get a log with their first response, configured or not (see `seal`).
+            let log = self
+                .responses
+                .entry(*engine)
+                .or_insert_with(|| ResponseLog::new(history));
+            log.last = *last;
+            log.kept.clear();
+            let skip = kept.len().saturating_sub(history);
+            for bytes in &kept[skip..] {
+                if let Ok((r, _)) = Response::decode(bytes) {
+                    log.kept.push_back(r);
                 }
             }
         }

@@ -905,3 +905,16 @@ fn a_checkpoint_of_another_layout_version_stops_the_replay() {
     assert!(r.take_replay_error().is_some());
     let _ = &mut gw;
 }
+
+#[test]
+fn responses_to_an_unconfigured_engine_survive_a_checkpoint() {
+    // Found by the gateway_engine fuzzer: response logs are made on a first response, also
+    // for engines the configuration does not know.
+    let (mut gw, _, mut out) = active();
+    gw.on_engine_message(9, zerocopy::IntoBytes::as_bytes(&new_order(1, 10)), T0, &mut out);
+    assert_eq!(gw.last_response_seq(9), 1);
+    let rec = checkpoint(&mut gw);
+    let r = restored(&rec);
+    assert_eq!(r.last_response_seq(9), 1);
+    assert_eq!(r.responses_after(9, 0).map(|i| i.count()).ok(), Some(1));
+}
