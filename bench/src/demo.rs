@@ -287,6 +287,9 @@ pub struct Strategy {
     symbols: Vec<(Symbol, Quote)>,
     next: usize,
     sells: Vec<bool>,
+    /// Per symbol: trading is halted, paused or quotation-only (the gateway would reject
+    /// orders as `Halted`), as the last status message said.
+    halted: Vec<bool>,
     qty: u32,
 }
 
@@ -297,7 +300,21 @@ impl Strategy {
             symbols: symbols.iter().map(|s| (*s, Quote::default())).collect(),
             next: 0,
             sells: vec![false; symbols.len()],
+            halted: vec![false; symbols.len()],
             qty,
+        }
+    }
+
+    /// Applies a trading status (ITCH state: b'H' halted, b'P' paused, b'Q' quotation
+    /// only, b'T' trading); returns false if the symbol is not traded. No orders go out for
+    /// a symbol that cannot trade: the gateway's risk would only reject them.
+    pub fn on_status(&mut self, stock: &[u8; 8], state: u8) -> bool {
+        match self.symbols.iter().position(|(s, _)| &s.0 == stock) {
+            Some(i) => {
+                self.halted[i] = matches!(state, b'H' | b'P' | b'Q');
+                true
+            }
+            None => false,
         }
     }
 
@@ -327,8 +344,8 @@ impl Strategy {
         }
     }
 
-    /// The next order: the next symbol (round robin) whose book has the side it is due to
-    /// trade; `None` while no traded symbol has a usable quote.
+    /// The next order: the next symbol (round robin) that is trading and whose book has the
+    /// side it is due to trade; `None` while no traded symbol has a usable quote.
     pub fn next_order(&mut self) -> Option<OrderIntent> {
         let n = self.symbols.len();
         for k in 0..n {
@@ -336,7 +353,7 @@ impl Strategy {
             let (symbol, q) = self.symbols[i];
             let sell = self.sells[i];
             let price = if sell { q.ask } else { q.bid };
-            if price == 0 {
+            if price == 0 || self.halted[i] {
                 continue;
             }
             self.next = (i + 1) % n;
@@ -408,6 +425,8 @@ pub struct MdCounts {
     pub messages: u64,
     /// BBO updates of traded symbols.
     pub bbo_traded: u64,
+    /// Trading status changes of traded symbols (a halted symbol is not quoted).
+    pub status_traded: u64,
     /// Messages that were not normalized messages (counted, dropped).
     pub malformed: u64,
     /// Snapshots applied (the quote table restarts empty).
@@ -499,14 +518,22 @@ impl Handler for MdView {
                 None => self.counts.unstamped += 1,
             }
         }
-        if let Normalized::Bbo(b) = m {
-            let quote = Quote {
-                bid: b.bid_price.get(),
-                ask: b.ask_price.get(),
-            };
-            if self.strategy.on_bbo(&b.header.stock, quote) {
-                self.counts.bbo_traded += 1;
+        match m {
+            Normalized::Bbo(b) => {
+                let quote = Quote {
+                    bid: b.bid_price.get(),
+                    ask: b.ask_price.get(),
+                };
+                if self.strategy.on_bbo(&b.header.stock, quote) {
+                    self.counts.bbo_traded += 1;
+                }
             }
+            Normalized::Status(st) => {
+                if self.strategy.on_status(&st.header.stock, st.state) {
+                    self.counts.status_traded += 1;
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -1238,6 +1265,23 @@ quantity = 100
                 Some((sym("B"), Side::Buy)),
             ]
         );
+        // B halts: only A trades (its sell has no ask: nothing) until B trades again.
+        assert!(s.on_status(&sym("B").0, b'H'));
+        s.on_bbo(&sym("A").0, Quote { bid: 500, ask: 600 });
+        let seq: Vec<_> = (0..3)
+            .map(|_| s.next_order().map(|o| (o.symbol, o.side)))
+            .collect();
+        assert_eq!(
+            seq,
+            [
+                Some((sym("A"), Side::Sell)),
+                Some((sym("A"), Side::Buy)),
+                Some((sym("A"), Side::Sell)),
+            ]
+        );
+        assert!(s.on_status(&sym("B").0, b'T'));
+        assert!(!s.on_status(&sym("ZZ").0, b'H'));
+        assert_eq!(s.next_order().map(|o| o.symbol), Some(sym("B")));
         s.clear_quotes();
         assert_eq!(s.next_order(), None);
     }
@@ -1290,11 +1334,24 @@ quantity = 100
             }),
         );
         v.on_message(3, b"\xff garbage");
+        assert!(v.strategy.clone().next_order().is_some());
+        v.on_message(
+            4,
+            &encode(&BookEvent::TradingStatus {
+                locate: 1,
+                stock: Stock::new("A"),
+                timestamp: 5,
+                state: b'H',
+                reason: *b"T1  ",
+            }),
+        );
+        assert_eq!(v.strategy.next_order(), None, "A is halted");
         assert_eq!(
             v.counts,
             MdCounts {
-                messages: 3,
+                messages: 4,
                 bbo_traded: 1,
+                status_traded: 1,
                 malformed: 1,
                 restores: 0,
                 unstamped: 0,
@@ -1311,15 +1368,16 @@ quantity = 100
         v.restore_chunk(b"anything").unwrap();
         v.finish_restore(9).unwrap();
         assert_eq!(v.strategy.quote(sym("A")), Some(Quote::default()));
-        // The BBO (ITCH timestamp 5) arrived at 1000 and was handled at 1700; the level
-        // change (timestamp 6) waits for its stamp, which comes late (at 1500).
+        // The BBO and the status (ITCH timestamp 5) arrived at 1000 and were handled at
+        // 1700; the level change (timestamp 6) waits for its stamp, which comes late (at
+        // 1500).
         assert_eq!(
             (v.latency.histogram().len(), v.latency.histogram().max()),
-            (1, 700)
+            (2, 700)
         );
         v.stamps.as_mut().unwrap().insert(6, 1_500);
         v.resolve(false);
-        assert_eq!(v.latency.histogram().len(), 2);
+        assert_eq!(v.latency.histogram().len(), 3);
         // A message whose stamp never comes is counted once the run ends.
         v.on_message(
             4,
@@ -1334,7 +1392,7 @@ quantity = 100
         v.resolve(false);
         assert_eq!(v.counts.unstamped, 0);
         v.resolve(true);
-        assert_eq!((v.counts.unstamped, v.latency.histogram().len()), (1, 2));
+        assert_eq!((v.counts.unstamped, v.latency.histogram().len()), (1, 3));
     }
 
     #[test]

@@ -644,7 +644,10 @@ pub fn replay(a: &GatewayReplayArgs) -> Result<()> {
     // Engine order ids 1, 2, … the journal holds (orders themselves are dropped from
     // checkpoints once final).
     let risk = driver.gateway().risk();
-    let last_id = (1..).take_while(|&i| risk.is_seen(ENGINE, i)).last().unwrap_or(0);
+    let last_id = (1..)
+        .take_while(|&i| risk.is_seen(ENGINE, i))
+        .last()
+        .unwrap_or(0);
     println!(
         "REPLAY seconds={secs:.6} cpu_seconds={:.6} runnable_seconds={:.6} records={} orders={orders} last_id={last_id} vm_hwm_kb={}",
         (s1.0 - s0.0) as f64 / 1e9,
