@@ -287,13 +287,10 @@ impl Harness {
         );
         self.journal_records += 1;
         self.gw.checkpoint_written();
-        // A gateway built from the checkpoint alone equals this one.
-        let mut r = new_gateway();
-        r.replay_record(order_gateway::gateway::record::CHECKPOINT, &payload);
-        assert!(r.take_replay_error().is_none());
-        check_state(&r);
-        same_gateway(&self.gw, &r);
         check_state(&self.gw);
+        // A gateway built from it is checked at the end: the final replay goes through
+        // every checkpoint record, and one built afresh per checkpoint costs a whole
+        // gateway (megabytes) per call.
     }
 
     /// After every gateway call: checks the outputs and the invariants, keeps the journal,
@@ -325,6 +322,7 @@ impl Harness {
         }
         assert!(rest.is_empty(), "journal bytes left after its records");
         assert_eq!(n, self.journal_records);
+        assert!(r.take_replay_error().is_none(), "every checkpoint reads back");
         check_state(&r);
         same_gateway(&self.gw, &r);
     }

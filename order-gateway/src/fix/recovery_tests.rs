@@ -911,7 +911,12 @@ fn responses_to_an_unconfigured_engine_survive_a_checkpoint() {
     // Found by the gateway_engine fuzzer: response logs are made on a first response, also
     // for engines the configuration does not know.
     let (mut gw, _, mut out) = active();
-    gw.on_engine_message(9, zerocopy::IntoBytes::as_bytes(&new_order(1, 10)), T0, &mut out);
+    gw.on_engine_message(
+        9,
+        zerocopy::IntoBytes::as_bytes(&new_order(1, 10)),
+        T0,
+        &mut out,
+    );
     assert_eq!(gw.last_response_seq(9), 1);
     let rec = checkpoint(&mut gw);
     let r = restored(&rec);
