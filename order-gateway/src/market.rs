@@ -698,6 +698,7 @@ impl MarketDataInput for BusMarketData {
                 reconnect |= now >= c.next_connect;
                 continue;
             };
+            let feed_losses = self.feed.counters.feed_losses;
             let mut app = Apply {
                 feed: &mut self.feed,
                 ch: i,
@@ -707,6 +708,13 @@ impl MarketDataInput for BusMarketData {
                 Ok(n) => {
                     if n > 0 {
                         c.heard = now;
+                    }
+                    if self.feed.counters.feed_losses != feed_losses {
+                        // Rare (one per exchange gap the feed handler gave up): worth a line.
+                        tracing::warn!(
+                            channel = c.id,
+                            "exchange feed loss announced by the feed handler: references stale until the snapshot"
+                        );
                     }
                     while let Some(ev) = sub.poll_event() {
                         // Rare, and worth knowing: no per-message logging here.
