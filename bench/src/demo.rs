@@ -510,6 +510,7 @@ impl Handler for MdView {
                 Normalized::Level(x) => x.header.timestamp.get(),
                 Normalized::Trade(x) => x.header.timestamp.get(),
                 Normalized::Status(x) => x.header.timestamp.get(),
+                Normalized::FeedLoss(x) => x.header.timestamp.get(),
             };
             let now = (self.clock)();
             match stamps.get(itch_ts) {

@@ -196,7 +196,8 @@ pub fn run(a: &FeedE2eArgs) -> Result<()> {
     let mut receiver = UdpReceiver::new(&ReceiverConfig {
         group: feed_addr,
         interface: Ipv4Addr::LOCALHOST,
-        retrans_server: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        sources: Vec::new(),
+        retrans_server: Some(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
         gap: GapConfig {
             retransmit_timeout: Duration::from_millis(20),
             max_retries: 50,
@@ -232,7 +233,7 @@ pub fn run(a: &FeedE2eArgs) -> Result<()> {
             if let Ok(addr) = retrans_rx.try_recv() {
                 receiver.set_retrans_server(addr);
             }
-            let got = receiver.poll_timed(&mut clock::now, &mut |t, _, m| p.on_message(t, m))?;
+            let got = receiver.poll_timed(&mut clock::now, &mut p)?;
             let (book, sink) = p.parts_mut();
             let sent = sink.bus.poll(clock::now(), book)?;
             if !ended && receiver.tracker().is_complete() {

@@ -3,7 +3,7 @@
 //! Owns parsing and validation only; the service (`run`) wires it to sockets and the bus.
 //! Unknown keys are errors, so a misspelt key is never silently ignored.
 
-use crate::moldudp64::{GapConfig, StartPolicy};
+use crate::moldudp64::{session, GapConfig, SourceAddr, StartPolicy};
 use rocebus::idle::IdleStrategy;
 use rocebus::mcast::config::{ConfigError as McastConfigError, McastConfig};
 use serde::Deserialize;
@@ -38,8 +38,18 @@ pub struct FeedConfig {
     /// Interface address for the multicast join.
     #[serde(default = "unspecified")]
     pub interface: Ipv4Addr,
-    /// The exchange's retransmission server.
-    pub retrans_server: SocketAddr,
+    /// Senders the feed is accepted from: IPs (any port) or `ip:port`s. Empty (the
+    /// default) accepts any sender, with a warning at start.
+    #[serde(default)]
+    pub sources: Vec<SourceAddr>,
+    /// The MoldUDP64 session to follow (up to 10 ASCII characters); unset follows the
+    /// session of the first packet accepted from an allowed sender.
+    #[serde(default)]
+    pub session: Option<String>,
+    /// The exchange's retransmission server; unset gives every gap up at once (announced
+    /// on the bus as a feed loss).
+    #[serde(default)]
+    pub retrans_server: Option<SocketAddr>,
     /// Read this BinaryFILE capture instead of the network (relative to the working
     /// directory).
     #[serde(default)]
@@ -70,6 +80,11 @@ pub struct RecoveryConfig {
     pub max_request_count: u16,
     /// Out-of-order bytes kept while a gap is open.
     pub max_buffered_bytes: usize,
+    /// Packets starting more than this many messages beyond the highest sequence known
+    /// are dropped (a forged or corrupt sequence number must not move the feed).
+    pub max_sequence_ahead: u64,
+    /// Consecutive, agreeing far-ahead packets after which a jump is accepted as real.
+    pub reanchor_packets: u32,
 }
 
 impl Default for RecoveryConfig {
@@ -80,19 +95,8 @@ impl Default for RecoveryConfig {
             max_retries: g.max_retries,
             max_request_count: g.max_request_count,
             max_buffered_bytes: g.max_buffered_bytes,
-        }
-    }
-}
-
-impl RecoveryConfig {
-    /// As tracker configuration, recovering the session from sequence 1.
-    pub fn gap_config(&self) -> GapConfig {
-        GapConfig {
-            start: StartPolicy::Sequence(1),
-            retransmit_timeout: Duration::from_millis(self.retransmit_timeout_ms),
-            max_retries: self.max_retries,
-            max_request_count: self.max_request_count,
-            max_buffered_bytes: self.max_buffered_bytes,
+            max_sequence_ahead: g.max_sequence_ahead,
+            reanchor_packets: g.reanchor_packets,
         }
     }
 }
@@ -194,6 +198,20 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if let Some(s) = &c.feed.session {
+            if s.is_empty() || s.len() > 10 || !s.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(invalid(
+                    "feed.session",
+                    "must be 1 to 10 printable ASCII characters",
+                ));
+            }
+        }
+        if c.recovery.reanchor_packets == 0 {
+            return Err(invalid("recovery.reanchor_packets", "must be at least 1"));
+        }
+        if c.recovery.max_sequence_ahead == 0 {
+            return Err(invalid("recovery.max_sequence_ahead", "must be at least 1"));
+        }
         if !matches!(c.feed.group, SocketAddr::V4(_)) {
             return Err(invalid("feed.group", "must be an IPv4 address"));
         }
@@ -226,6 +244,23 @@ impl Config {
         Self::parse(&text, path)
     }
 
+    /// As tracker configuration, recovering the session from sequence 1 (`retransmission`
+    /// follows `feed.retrans_server`).
+    pub fn gap_config(&self) -> GapConfig {
+        let r = &self.recovery;
+        GapConfig {
+            start: StartPolicy::Sequence(1),
+            session: self.feed.session.as_deref().map(session),
+            retransmission: self.feed.retrans_server.is_some(),
+            retransmit_timeout: Duration::from_millis(r.retransmit_timeout_ms),
+            max_retries: r.max_retries,
+            max_request_count: r.max_request_count,
+            max_buffered_bytes: r.max_buffered_bytes,
+            max_sequence_ahead: r.max_sequence_ahead,
+            reanchor_packets: r.reanchor_packets,
+        }
+    }
+
     /// Partitions of the symbols: one per market-data channel.
     pub fn partitions(&self) -> u16 {
         self.market_data.channels.len() as u16
@@ -255,6 +290,56 @@ mod tests {
         assert_eq!(c.service, ServiceConfig::default());
         assert_eq!((c.partitions(), c.publish.session), (1, 0));
         assert_eq!(c.feed.capture, None);
+    }
+
+    #[test]
+    fn ingress_keys_parse_and_are_checked() {
+        let c = Config::parse(MINIMAL, Path::new("z")).expect("defaults");
+        assert!(c.feed.sources.is_empty() && c.feed.session.is_none());
+        assert!(c.gap_config().retransmission && c.gap_config().session.is_none());
+        let text = MINIMAL.replace(
+            "retrans_server = \"127.0.0.1:2\"\n",
+            "sources = [\"10.0.0.1\", \"10.0.0.2:26477\"]\nsession = \"000000001A\"\n",
+        );
+        let c = Config::parse(&text, Path::new("z")).expect("sources");
+        assert_eq!(
+            c.feed.sources,
+            [
+                SourceAddr::Ip("10.0.0.1".parse().unwrap()),
+                SourceAddr::Exact("10.0.0.2:26477".parse().unwrap())
+            ]
+        );
+        let g = c.gap_config();
+        assert_eq!(g.session, Some(*b"000000001A"));
+        assert!(!g.retransmission, "no retrans_server: gaps are given up");
+        let msg = Config::parse(
+            &MINIMAL.replace("[publish]", "sources = [\"exchange\"]\n[publish]"),
+            Path::new("s.toml"),
+        )
+        .expect_err("bad source")
+        .to_string();
+        assert!(
+            msg.contains("s.toml") && msg.contains("\"exchange\""),
+            "{msg}"
+        );
+        let e = Config::parse(
+            &MINIMAL.replace("[publish]", "session = \"ELEVEN_CHARS\"\n[publish]"),
+            Path::new("t.toml"),
+        )
+        .expect_err("long session");
+        assert_eq!(
+            e.to_string(),
+            "invalid config t.toml: feed.session: must be 1 to 10 printable ASCII characters"
+        );
+        let e = Config::parse(
+            &format!("[recovery]\nreanchor_packets = 0\n{MINIMAL}"),
+            Path::new("r.toml"),
+        )
+        .expect_err("zero");
+        assert_eq!(
+            e.to_string(),
+            "invalid config r.toml: recovery.reanchor_packets: must be at least 1"
+        );
     }
 
     #[test]

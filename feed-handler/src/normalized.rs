@@ -20,6 +20,8 @@ pub const KIND_LEVEL: u8 = 2;
 pub const KIND_TRADE: u8 = 3;
 /// Kind byte of a [`TradingStatus`].
 pub const KIND_STATUS: u8 = 4;
+/// Kind byte of a [`FeedLoss`].
+pub const KIND_FEED_LOSS: u8 = 5;
 
 /// Common header of every normalized message.
 #[derive(
@@ -127,6 +129,39 @@ pub struct TradingStatus {
 }
 const _: () = assert!(core::mem::size_of::<TradingStatus>() == 28);
 
+/// The exchange feed lost messages the feed handler could not recover (its re-requests
+/// went unanswered after every retry, or no retransmission server is configured). What
+/// they said is unknown: a halt or a price move may be among them, so every symbol of the
+/// channel is suspect from here on. Published on every channel, in sequence with the
+/// messages around it: what was published before it is from before the loss.
+///
+/// The header names no symbol (`stock_locate` 0, `stock` all spaces: "every symbol of this
+/// channel"); its timestamp is the exchange time of the last message before the loss.
+#[derive(
+    FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct FeedLoss {
+    /// `kind` = [`KIND_FEED_LOSS`], no symbol.
+    pub header: Header,
+    /// First lost MoldUDP64 sequence number.
+    pub from: U64,
+    /// One past the last lost MoldUDP64 sequence number.
+    pub to: U64,
+}
+const _: () = assert!(core::mem::size_of::<FeedLoss>() == 36);
+
+impl FeedLoss {
+    /// The message for the loss of `[from, to)`, after exchange time `timestamp`.
+    pub fn new(from: u64, to: u64, timestamp: u64) -> Self {
+        Self {
+            header: header(KIND_FEED_LOSS, 0, Stock([b' '; 8]), timestamp),
+            from: U64::new(from),
+            to: U64::new(to),
+        }
+    }
+}
+
 /// Largest normalized message, for stack buffers.
 pub const MAX_LEN: usize = 52;
 
@@ -138,6 +173,7 @@ pub enum Normalized<'a> {
     Level(&'a LevelChange),
     Trade(&'a Trade),
     Status(&'a TradingStatus),
+    FeedLoss(&'a FeedLoss),
 }
 
 /// Why bytes are not a normalized message.
@@ -178,6 +214,9 @@ pub fn decode(bytes: &[u8]) -> Result<Normalized<'_>, NormalizedError> {
         KIND_TRADE => Normalized::Trade(Trade::ref_from_bytes(bytes).map_err(|_| len_err)?),
         KIND_STATUS => {
             Normalized::Status(TradingStatus::ref_from_bytes(bytes).map_err(|_| len_err)?)
+        }
+        KIND_FEED_LOSS => {
+            Normalized::FeedLoss(FeedLoss::ref_from_bytes(bytes).map_err(|_| len_err)?)
         }
         k => return Err(NormalizedError::UnknownKind(k)),
     })
@@ -320,6 +359,26 @@ mod tests {
             (m.price.get(), m.shares.get(), m.orders.get(), m.side),
             (100_100, 150, 1, b'B')
         );
+    }
+
+    /// Messages 7..10 lost after exchange time 1000.
+    #[rustfmt::skip]
+    static FEED_LOSS_BYTES: [u8; 36] = [
+        KIND_FEED_LOSS, VERSION, 0, 0,             // kind, version, locate 0
+        b' ', b' ', b' ', b' ', b' ', b' ', b' ', b' ', // no symbol
+        0xe8, 0x03, 0, 0, 0, 0, 0, 0,              // timestamp 1000
+        7, 0, 0, 0, 0, 0, 0, 0,                    // from
+        10, 0, 0, 0, 0, 0, 0, 0,                   // to
+    ];
+
+    #[test]
+    fn feed_loss_fixed_bytes() {
+        assert_eq!(FeedLoss::new(7, 10, 1000).as_bytes(), &FEED_LOSS_BYTES[..]);
+        let Ok(Normalized::FeedLoss(m)) = decode(&FEED_LOSS_BYTES) else {
+            panic!("feed loss")
+        };
+        assert_eq!((m.from.get(), m.to.get()), (7, 10));
+        assert!(decode(&FEED_LOSS_BYTES[..35]).is_err());
     }
 
     #[test]

@@ -68,6 +68,16 @@ impl<S: MdSink> Publisher<S> {
         &mut self.sink
     }
 
+    /// Publishes `message` on every channel (a message about all symbols).
+    pub fn broadcast(&mut self, message: &[u8]) {
+        for channel in 0..self.channels {
+            match self.sink.publish(channel, message) {
+                Ok(()) => self.counters.published += 1,
+                Err(_) => self.counters.failed += 1,
+            }
+        }
+    }
+
     /// Gives the sink back.
     pub fn into_sink(self) -> S {
         self.sink

@@ -13,8 +13,10 @@ use crate::book::Book;
 use crate::bus::BusSink;
 use crate::config::Config;
 use crate::itch;
+use crate::moldudp64::Loss;
+use crate::normalized::FeedLoss;
 use crate::publish::{MdSink, PublishCounters, Publisher};
-use crate::udp::{ReceiverConfig, UdpReceiver};
+use crate::udp::{FeedSink, ReceiverConfig, UdpReceiver};
 use rocebus::counters::{Counter, CountersError, CountersFile};
 use rocebus::idle::{pin_current_thread, Idler};
 use rocebus::mcast::{now_ns, NetError};
@@ -22,6 +24,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use zerocopy::IntoBytes;
 
 /// Decode → book → publish, for one input message at a time. Generic over the sink so the
 /// same path runs on the bus, in tests and in latency harnesses.
@@ -30,6 +33,9 @@ pub struct Pipeline<S> {
     book: Book,
     publisher: Publisher<S>,
     malformed: u64,
+    /// Exchange time of the last message decoded (stamps a [`FeedLoss`]).
+    last_timestamp: u64,
+    feed_losses: u64,
     log: RateLimitedLog,
 }
 
@@ -41,6 +47,8 @@ impl<S: MdSink> Pipeline<S> {
             book: Book::new(),
             publisher: Publisher::new(sink, partitions),
             malformed: 0,
+            last_timestamp: 0,
+            feed_losses: 0,
             log: RateLimitedLog::new(log_per_sec),
         }
     }
@@ -51,7 +59,10 @@ impl<S: MdSink> Pipeline<S> {
     pub fn on_message(&mut self, received_ns: u64, bytes: &[u8]) {
         self.publisher.sink_mut().on_input(received_ns);
         match itch::decode_exact(bytes) {
-            Ok(m) => self.book.apply(&m, &mut self.publisher),
+            Ok(m) => {
+                self.last_timestamp = m.header().timestamp.nanos();
+                self.book.apply(&m, &mut self.publisher)
+            }
             Err(error) => {
                 self.malformed += 1;
                 if let Some(suppressed) = self.log.allow(Instant::now()) {
@@ -59,6 +70,29 @@ impl<S: MdSink> Pipeline<S> {
                 }
             }
         }
+    }
+
+    /// The exchange feed lost `loss` for good (after the message last given to
+    /// [`Self::on_message`]): publishes a [`FeedLoss`] on every channel so that subscribers
+    /// stop trusting every symbol (the gateway's risk fails closed), counts and logs it.
+    pub fn on_feed_loss(&mut self, received_ns: u64, loss: Loss) {
+        self.feed_losses += 1;
+        self.publisher.sink_mut().on_input(received_ns);
+        let m = FeedLoss::new(loss.from, loss.to, self.last_timestamp);
+        self.publisher.broadcast(m.as_bytes());
+        if let Some(suppressed) = self.log.allow(Instant::now()) {
+            tracing::warn!(
+                from = loss.from,
+                to = loss.to,
+                suppressed,
+                "exchange messages lost for good: announced on the bus, every symbol is suspect"
+            );
+        }
+    }
+
+    /// Exchange losses announced with [`Self::on_feed_loss`].
+    pub fn feed_losses(&self) -> u64 {
+        self.feed_losses
     }
 
     /// The books.
@@ -85,6 +119,15 @@ impl<S: MdSink> Pipeline<S> {
     /// snapshot source).
     pub fn parts_mut(&mut self) -> (&Book, &mut S) {
         (&self.book, self.publisher.sink_mut())
+    }
+}
+
+impl<S: MdSink> FeedSink for Pipeline<S> {
+    fn message(&mut self, received: u64, _sequence: u64, message: &[u8]) {
+        self.on_message(received, message);
+    }
+    fn loss(&mut self, received: u64, loss: Loss) {
+        self.on_feed_loss(received, loss);
     }
 }
 
@@ -222,6 +265,15 @@ pub struct Totals {
     pub recovered: u64,
     /// Messages given up as lost after the retries.
     pub lost: u64,
+    /// Gaps given up as lost, each announced on the bus as a feed loss.
+    pub unrecoverable_gaps: u64,
+    /// Datagrams from senders not allowed (`feed.sources`, or not the retransmission
+    /// server on the request socket): dropped unparsed.
+    pub foreign_source: u64,
+    /// Packets of a session other than the one locked onto: dropped.
+    pub wrong_session: u64,
+    /// Packets beyond the sequence window: dropped.
+    pub far_ahead: u64,
     /// Bad input skipped: invalid packets, undecodable messages, bad capture records.
     pub malformed: u64,
     /// Normalized messages published on the bus.
@@ -249,6 +301,10 @@ const EXPORTED: &[(&str, Field)] = &[
     ("re_requests", |t| t.re_requests),
     ("recovered", |t| t.recovered),
     ("lost", |t| t.lost),
+    ("unrecoverable_gaps", |t| t.unrecoverable_gaps),
+    ("foreign_source", |t| t.foreign_source),
+    ("wrong_session", |t| t.wrong_session),
+    ("far_ahead", |t| t.far_ahead),
     ("malformed", |t| t.malformed),
     ("published", |t| t.published),
     ("bus_back_pressure", |t| t.bus_back_pressure),
@@ -282,12 +338,26 @@ impl Service {
                     interface: f.interface,
                     source,
                 };
+                if f.sources.is_empty() {
+                    tracing::warn!(
+                        group = %f.group,
+                        "feed.sources is not set: MoldUDP64 is accepted from any sender; \
+                         list the exchange's addresses to drop forged packets"
+                    );
+                }
+                if f.retrans_server.is_none() {
+                    tracing::warn!(
+                        "feed.retrans_server is not set: every exchange gap is lost and \
+                         announced on the bus"
+                    );
+                }
                 Source::Udp(Box::new(
                     UdpReceiver::new(&ReceiverConfig {
                         group: f.group,
                         interface: f.interface,
+                        sources: f.sources.clone(),
                         retrans_server: f.retrans_server,
-                        gap: config.recovery.gap_config(),
+                        gap: config.gap_config(),
                         recv_buffer: f.recv_buffer_bytes,
                     })
                     .map_err(udp_err)?,
@@ -347,6 +417,10 @@ impl Service {
                 t.re_requests = c.requests;
                 t.recovered = c.recovered;
                 t.lost = c.lost;
+                t.unrecoverable_gaps = c.unrecoverable;
+                t.wrong_session = c.wrong_session;
+                t.far_ahead = c.far_ahead;
+                t.foreign_source = r.ingress().foreign_source();
                 t.malformed = c.malformed;
             }
             Source::Capture(c) => {
@@ -419,9 +493,7 @@ impl Service {
             pipeline.parts_mut().1.set_now(now);
             match &mut self.source {
                 Source::Udp(r) => {
-                    let got = r
-                        .poll_timed(&mut now_ns, &mut |t, _seq, m| pipeline.on_message(t, m))
-                        .map_err(udp_err)?;
+                    let got = r.poll_timed(&mut now_ns, pipeline).map_err(udp_err)?;
                     work += usize::from(got);
                 }
                 Source::Capture(c) => work += c.feed(|m| pipeline.on_message(now, m)),
@@ -522,6 +594,77 @@ mod tests {
             );
         }
         assert!(p.publish_counters().published > 0 && p.publish_counters().failed == 0);
+    }
+
+    #[test]
+    fn feed_loss_is_published_on_every_channel_in_order() {
+        let mut p = Pipeline::new(Views(vec![MarketView::new(), MarketView::new()], 0), 2, 1);
+        let mut before = 0;
+        generate(
+            &GenConfig {
+                seed: 3,
+                messages: 200,
+                symbols: 4,
+            },
+            |m| {
+                before += 1;
+                p.on_message(1, m);
+            },
+        );
+        let published = p.publish_counters().published;
+        // Through the feed socket's sink interface, as the UDP receiver hands it over.
+        FeedSink::loss(&mut p, 7, Loss { from: 201, to: 260 });
+        assert_eq!(p.feed_losses(), 1);
+        assert_eq!(p.sink().1, 7, "stamped with the timeout's time");
+        assert_eq!(
+            p.publish_counters().published,
+            published + 2,
+            "one per channel"
+        );
+        for v in &p.sink().0 {
+            assert_eq!(v.counters().feed_losses, 1);
+        }
+    }
+
+    #[test]
+    fn feed_loss_carries_the_range_and_last_exchange_time() {
+        struct Last(Vec<(u16, Vec<u8>)>);
+        impl MdSink for Last {
+            type Error = std::convert::Infallible;
+            fn publish(&mut self, channel: u16, message: &[u8]) -> Result<(), Self::Error> {
+                self.0.push((channel, message.to_vec()));
+                Ok(())
+            }
+        }
+        let mut p = Pipeline::new(Last(Vec::new()), 3, 1);
+        let mut last_ts = 0;
+        generate(
+            &GenConfig {
+                seed: 1,
+                messages: 50,
+                symbols: 2,
+            },
+            |m| {
+                last_ts = itch::decode_exact(m).unwrap().header().timestamp.nanos();
+                p.on_message(0, m);
+            },
+        );
+        let n = p.sink().0.len();
+        p.on_feed_loss(0, Loss { from: 51, to: 53 });
+        let tail = &p.sink().0[n..];
+        assert_eq!(tail.len(), 3);
+        for (i, (channel, bytes)) in tail.iter().enumerate() {
+            assert_eq!(usize::from(*channel), i);
+            let Ok(crate::normalized::Normalized::FeedLoss(l)) = crate::normalized::decode(bytes)
+            else {
+                panic!("feed loss expected")
+            };
+            assert_eq!(
+                (l.from.get(), l.to.get(), l.header.timestamp.get()),
+                (51, 53, last_ts)
+            );
+            assert_eq!(l.header.stock, [b' '; 8]);
+        }
     }
 
     #[test]

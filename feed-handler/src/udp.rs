@@ -1,16 +1,18 @@
 //! MoldUDP64 over plain UDP on the host network stack: a replayer (plays the exchange:
 //! sends a capture, serves re-requests) and a receiver (joins the group, feeds the
-//! [`GapTracker`], sends re-requests).
+//! [`Ingress`], sends re-requests).
 //!
-//! Owns sockets and pacing only; sequencing and recovery decisions are the tracker's. These
+//! Owns sockets and pacing only; which senders are heard, sequencing and recovery
+//! decisions are the [`Ingress`]'s. These
 //! are tools and test drivers: the receiver polls two non-blocking sockets and naps briefly
 //! when both are idle, which is fine for replay and tests; the production service busy-polls
 //! in the lead's `run`.
 
 use crate::badinput::RateLimitedLog;
 use crate::moldudp64::{
-    build_retransmission, empty_packet, session, GapConfig, GapTracker, Outcome, PacketBuilder,
-    Request, END_OF_SESSION, HEARTBEAT,
+    build_retransmission, empty_packet, session, Deliver, GapConfig, GapTracker, Ingress,
+    IngressConfig, Loss, Origin, PacketBuilder, Request, SourceAddr, Verdict, END_OF_SESSION,
+    HEARTBEAT,
 };
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -118,6 +120,12 @@ impl Replayer {
     /// Address of the retransmission server.
     pub fn retrans_addr(&self) -> io::Result<SocketAddr> {
         self.retrans.local_addr()
+    }
+
+    /// Address the feed socket is bound to (all interfaces): its port is what a receiver's
+    /// source list names, with the address of the interface it sends from.
+    pub fn data_addr(&self) -> io::Result<SocketAddr> {
+        self.data.local_addr()
     }
 
     /// Sends `messages` (sequence numbers from 1), the end of session, then serves
@@ -230,8 +238,10 @@ pub struct ReceiverConfig {
     pub group: SocketAddr,
     /// Interface address for the multicast join.
     pub interface: Ipv4Addr,
-    /// The exchange's retransmission server.
-    pub retrans_server: SocketAddr,
+    /// Senders heard on the feed socket (empty: everyone).
+    pub sources: Vec<SourceAddr>,
+    /// The exchange's retransmission server (`None`: gaps are given up after one timeout).
+    pub retrans_server: Option<SocketAddr>,
     /// Sequencing and recovery.
     pub gap: GapConfig,
     /// Receive buffer asked for the data socket, bytes (0: the OS default). The kernel caps
@@ -240,13 +250,44 @@ pub struct ReceiverConfig {
     pub recv_buffer: usize,
 }
 
+/// Where [`UdpReceiver::poll_timed`] hands what the feed released, in order.
+pub trait FeedSink {
+    /// A message, with the time its packet was received.
+    fn message(&mut self, received: u64, sequence: u64, message: &[u8]);
+    /// Messages given up as lost (before any message after them), with the time of the
+    /// timeout that gave them up.
+    fn loss(&mut self, received: u64, loss: Loss);
+}
+
+/// Closures take messages only; losses are still counted by the tracker.
+impl<F: FnMut(u64, u64, &[u8])> FeedSink for F {
+    fn message(&mut self, received: u64, sequence: u64, message: &[u8]) {
+        self(received, sequence, message)
+    }
+    fn loss(&mut self, _received: u64, _loss: Loss) {}
+}
+
+/// Adapts a [`FeedSink`] to the tracker's [`Deliver`] for one timeout.
+struct Timed<'a, S> {
+    received: u64,
+    sink: &'a mut S,
+}
+
+impl<S: FeedSink> Deliver for Timed<'_, S> {
+    fn message(&mut self, sequence: u64, message: &[u8]) {
+        self.sink.message(self.received, sequence, message);
+    }
+    fn loss(&mut self, loss: Loss) {
+        self.sink.loss(self.received, loss);
+    }
+}
+
 /// Receives a MoldUDP64 feed and recovers its gaps.
 #[derive(Debug)]
 pub struct UdpReceiver {
     data: UdpSocket,
     requests: UdpSocket,
-    retrans_server: SocketAddr,
-    tracker: GapTracker,
+    ingress: Ingress,
     buf: Vec<u8>,
     log: RateLimitedLog,
 }
@@ -271,8 +312,11 @@ impl UdpReceiver {
         Ok(Self {
             data,
             requests,
-            retrans_server: config.retrans_server,
-            tracker: GapTracker::new(config.gap),
+            ingress: Ingress::new(IngressConfig {
+                sources: config.sources.clone(),
+                retrans_server: config.retrans_server,
+                gap: config.gap,
+            }),
             buf: vec![0u8; 65536],
             log: RateLimitedLog::new(10),
         })
@@ -285,36 +329,45 @@ impl UdpReceiver {
 
     /// Changes where re-requests go (e.g. once a test's replayer has bound its port).
     pub fn set_retrans_server(&mut self, addr: SocketAddr) {
-        self.retrans_server = addr;
+        self.ingress.set_retrans_server(addr);
+    }
+
+    /// Changes who is heard on the feed socket (e.g. once a test's replayer has bound).
+    pub fn set_sources(&mut self, sources: Vec<SourceAddr>) {
+        self.ingress.set_sources(sources);
     }
 
     /// The tracker (counters, completion).
     pub fn tracker(&self) -> &GapTracker {
-        &self.tracker
+        self.ingress.tracker()
+    }
+
+    /// The ingress decisions (source filter counters, tracker).
+    pub fn ingress(&self) -> &Ingress {
+        &self.ingress
     }
 
     /// Receives what is pending on both sockets, handles timeouts and sends re-requests.
-    /// Returns whether any packet arrived.
+    /// Returns whether any packet arrived. Losses are only counted (see [`Self::poll_timed`]).
     pub fn poll(&mut self, deliver: &mut impl FnMut(u64, &[u8])) -> io::Result<bool> {
-        self.poll_timed(&mut || 0, &mut |_, seq, m| deliver(seq, m))
+        self.poll_timed(&mut || 0, &mut |_, seq, m: &[u8]| deliver(seq, m))
     }
 
     /// [`Self::poll`], reading `clock` once per received packet (right after `recv`
-    /// returned) and handing that time to `deliver(received, sequence_number, message)`
+    /// returned) and handing that time to `sink.message(received, sequence_number, message)`
     /// with each message the packet released. Messages released from the gap buffer carry
-    /// the time of the packet that closed the gap.
+    /// the time of the packet that closed the gap; a gap given up reaches `sink.loss` first.
     pub fn poll_timed(
         &mut self,
         clock: &mut impl FnMut() -> u64,
-        deliver: &mut impl FnMut(u64, u64, &[u8]),
+        sink: &mut impl FeedSink,
     ) -> io::Result<bool> {
         let mut any = false;
-        for from_data in [true, false] {
+        for origin in [Origin::Feed, Origin::Retransmission] {
             loop {
-                let sock = if from_data {
-                    &self.data
-                } else {
-                    &self.requests
+                let sock = match origin {
+                    Origin::Feed => &self.data,
+                    Origin::Retransmission => &self.requests,
                 };
                 let (n, from) = match sock.recv_from(&mut self.buf) {
                     Ok(r) => r,
@@ -323,38 +376,34 @@ impl UdpReceiver {
                 };
                 let received = clock();
                 any = true;
-                // Malformed and foreign-session packets are counted by the tracker and
-                // logged here at a bounded rate, naming the sender.
-                let outcome =
-                    self.tracker
-                        .on_packet(Instant::now(), &self.buf[..n], &mut |seq, m| {
-                            deliver(received, seq, m)
-                        });
-                let bad = matches!(outcome, Err(_) | Ok(Outcome::WrongSession));
-                if bad {
+                // Rejected datagrams are counted by the ingress and logged here at a
+                // bounded rate, naming the sender.
+                let verdict = self.ingress.on_datagram(
+                    Instant::now(),
+                    origin,
+                    from,
+                    &self.buf[..n],
+                    &mut |seq, m| sink.message(received, seq, m),
+                );
+                if verdict.is_rejected() {
                     if let Some(suppressed) = self.log.allow(Instant::now()) {
-                        match outcome {
-                            Err(error) => tracing::warn!(
-                                %from, len = n, %error, suppressed, "dropping malformed MoldUDP64 packet"
-                            ),
-                            _ => tracing::warn!(
-                                %from, len = n, suppressed, "dropping MoldUDP64 packet of another session"
-                            ),
-                        }
+                        log_rejected(verdict, origin, from, n, suppressed);
                     }
                 }
             }
         }
         let now = Instant::now();
-        let received = if self.tracker.next_timeout().is_some_and(|t| t <= now) {
+        let received = if self.ingress.next_timeout().is_some_and(|t| t <= now) {
             clock()
         } else {
             0
         };
-        self.tracker
-            .handle_timeout(now, &mut |seq, m| deliver(received, seq, m));
-        while let Some(req) = self.tracker.poll_request(now) {
-            self.requests.send_to(&req.encode(), self.retrans_server)?;
+        self.ingress
+            .handle_timeout(now, &mut Timed { received, sink });
+        while let Some(req) = self.ingress.poll_request(now) {
+            if let Some(server) = self.ingress.retrans_server() {
+                self.requests.send_to(&req.encode(), server)?;
+            }
         }
         Ok(any)
     }
@@ -365,7 +414,7 @@ impl UdpReceiver {
         deadline: Instant,
         deliver: &mut impl FnMut(u64, &[u8]),
     ) -> io::Result<bool> {
-        while !self.tracker.is_complete() {
+        while !self.tracker().is_complete() {
             if Instant::now() >= deadline {
                 return Ok(false);
             }
@@ -374,6 +423,24 @@ impl UdpReceiver {
             }
         }
         Ok(true)
+    }
+}
+
+fn log_rejected(verdict: Verdict, origin: Origin, from: SocketAddr, len: usize, suppressed: u64) {
+    use crate::moldudp64::Outcome;
+    match verdict {
+        Verdict::ForeignSource => tracing::warn!(
+            %from, ?origin, len, suppressed, "dropping MoldUDP64 datagram from a sender not allowed (feed.sources)"
+        ),
+        Verdict::Malformed(error) => tracing::warn!(
+            %from, len, %error, suppressed, "dropping malformed MoldUDP64 packet"
+        ),
+        Verdict::Packet(Outcome::FarAhead) => tracing::warn!(
+            %from, len, suppressed, "dropping MoldUDP64 packet beyond the sequence window"
+        ),
+        _ => tracing::warn!(
+            %from, len, suppressed, "dropping MoldUDP64 packet of another session"
+        ),
     }
 }
 

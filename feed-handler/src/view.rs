@@ -153,6 +153,8 @@ pub struct ViewCounters {
     pub snapshots: u64,
     /// Snapshots refused as corrupt.
     pub rejected_snapshots: u64,
+    /// Exchange feed losses announced by the feed handler (its books may be wrong since).
+    pub feed_losses: u64,
 }
 
 /// Every symbol's price levels and trading state, rebuilt from normalized messages.
@@ -253,6 +255,7 @@ impl MarketView {
                 s.trading_state = st.state;
                 s.reason = st.reason;
             }
+            Normalized::FeedLoss(_) => self.counters.feed_losses += 1,
         }
         Ok(())
     }

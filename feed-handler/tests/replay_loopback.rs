@@ -25,7 +25,8 @@ fn loss_is_recovered_and_books_match() {
         group: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
         interface: Ipv4Addr::LOCALHOST,
         // Set below, once the replayer has bound its port.
-        retrans_server: retrans_bind,
+        sources: Vec::new(),
+        retrans_server: Some(retrans_bind),
         gap: GapConfig {
             retransmit_timeout: Duration::from_millis(20),
             max_retries: 50,
@@ -85,4 +86,97 @@ fn loss_is_recovered_and_books_match() {
     }
     assert_eq!(live_book, file_book);
     assert_eq!(live_book.snapshot(), file_book.snapshot());
+}
+
+/// Forged datagrams reach the feed socket before the exchange's first packet: from a sender
+/// not on the list (another session, a sequence far ahead, an end of session), and from a
+/// listed one (another session, a sequence far ahead). All are dropped and counted; the
+/// session is followed from sequence 1 to its end, and nothing is lost.
+#[test]
+fn forged_datagrams_are_dropped_and_the_feed_completes() {
+    use feed_handler::moldudp64::{
+        empty_packet, session, PacketBuilder, SourceAddr, END_OF_SESSION,
+    };
+    let mut messages: Vec<Vec<u8>> = Vec::new();
+    generate(
+        &GenConfig {
+            seed: 5,
+            messages: 5_000,
+            symbols: 10,
+        },
+        |m| messages.push(m.to_vec()),
+    );
+    let retrans_bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let mut receiver = UdpReceiver::new(&ReceiverConfig {
+        group: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        interface: Ipv4Addr::LOCALHOST,
+        // Set below, once the senders have bound their ports.
+        sources: Vec::new(),
+        retrans_server: Some(retrans_bind),
+        gap: GapConfig {
+            session: Some(session("ROCEBUS001")),
+            retransmit_timeout: Duration::from_millis(20),
+            max_retries: 50,
+            ..GapConfig::default()
+        },
+        recv_buffer: 0,
+    })
+    .expect("receiver");
+    let to = receiver.local_addr().expect("addr");
+    let mut cfg = ReplayConfig::new(to);
+    cfg.retrans_bind = retrans_bind;
+    cfg.drop_every = Some(11);
+    cfg.linger = Duration::from_millis(300);
+    cfg.pacing = feed_handler::udp::Pacing::MessagesPerSecond(400_000);
+    let mut replayer = Replayer::new(cfg).expect("replayer");
+    receiver.set_retrans_server(replayer.retrans_addr().expect("addr"));
+    let outsider = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let insider = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    receiver.set_sources(vec![
+        // Bound to all interfaces: on loopback it sends from 127.0.0.1.
+        SourceAddr::Exact(SocketAddr::from((
+            Ipv4Addr::LOCALHOST,
+            replayer.data_addr().expect("addr").port(),
+        ))),
+        SourceAddr::Exact(insider.local_addr().expect("addr")),
+    ]);
+
+    let forged = |name: &str, seq: u64| {
+        let mut b = PacketBuilder::new(1400);
+        b.start(session(name), seq);
+        b.push(&messages[0]).expect("fits");
+        b.bytes().to_vec()
+    };
+    for p in [
+        forged("FORGED", 1),
+        forged("ROCEBUS001", 1 << 40),
+        empty_packet(session("ROCEBUS001"), 1 << 40, END_OF_SESSION).to_vec(),
+    ] {
+        outsider.send_to(&p, to).expect("send");
+    }
+    for p in [forged("FORGED", 1), forged("ROCEBUS001", 1 << 40)] {
+        insider.send_to(&p, to).expect("send");
+    }
+
+    let sent = messages.clone();
+    let sender = std::thread::spawn(move || replayer.run(&sent).expect("replay"));
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    let complete = receiver
+        .run_until_complete(Instant::now() + Duration::from_secs(60), &mut |seq, m| {
+            assert_eq!(seq, got.len() as u64 + 1, "in order, no holes");
+            got.push(m.to_vec());
+        })
+        .expect("receive");
+    let stats = sender.join().expect("sender thread");
+    let c = *receiver.tracker().counters();
+    assert!(complete, "session completed; counters {c:?}");
+    assert!(
+        stats.requests > 0,
+        "loss was injected and recovered: {stats:?}"
+    );
+    assert_eq!(got, messages);
+    assert_eq!(receiver.ingress().foreign_source(), 3, "{c:?}");
+    assert_eq!((c.wrong_session, c.far_ahead), (1, 1), "{c:?}");
+    assert_eq!((c.lost, c.unrecoverable, c.malformed), (0, 0, 0), "{c:?}");
+    assert_eq!(receiver.tracker().session(), Some(session("ROCEBUS001")));
 }

@@ -19,7 +19,9 @@
 //!   `confirm_ms`: an unchanged quote on a quiet symbol is still the true quote. When the bus
 //!   falls silent, references age out and orders reject (fail closed).
 //! - **Gaps** (fail closed): an unrecoverable loss, a publisher restart (new session), a
-//!   re-synchronisation or a failed subscriber may have hidden a halt or a price move.
+//!   re-synchronisation, a failed subscriber, or an exchange feed loss the feed handler could
+//!   not recover (its [`normalized::FeedLoss`] message, sent on every channel) may have
+//!   hidden a halt or a price move.
 //!   Every reference of that channel is marked stale at once ([`MarketEvent::Stale`]) and
 //!   stays stale until the channel's next snapshot has been applied; halts then come from the
 //!   snapshot's trading states and references from its books (trades from before the gap
@@ -169,8 +171,10 @@ pub struct MarketCounters {
     pub halts: u64,
     /// Stale events emitted.
     pub stale: u64,
-    /// Gaps that invalidated a channel (loss, new session, resync, lost connection).
+    /// Gaps that invalidated a channel (loss, new session, resync, lost connection, feed loss).
     pub invalidations: u64,
+    /// Exchange feed losses announced by the feed handler.
+    pub feed_losses: u64,
     /// Snapshots applied.
     pub snapshots: u64,
     /// Snapshots refused as corrupt.
@@ -338,6 +342,13 @@ impl FeedState {
             return;
         };
         let h = match m {
+            // The exchange feed lost messages about any symbol: like a bus gap, nothing on
+            // this channel is vouched for until its next snapshot.
+            Normalized::FeedLoss(_) => {
+                self.counters.feed_losses += 1;
+                self.invalidate(ch, sink);
+                return;
+            }
             Normalized::Bbo(b) => &b.header,
             Normalized::Trade(t) => &t.header,
             Normalized::Status(s) => &s.header,
@@ -365,7 +376,7 @@ impl FeedState {
                 }
                 return;
             }
-            Normalized::Level(_) => return,
+            Normalized::Level(_) | Normalized::FeedLoss(_) => return,
         }
         self.publish_reference(locate, sink);
     }
@@ -687,6 +698,7 @@ impl MarketDataInput for BusMarketData {
                 reconnect |= now >= c.next_connect;
                 continue;
             };
+            let feed_losses = self.feed.counters.feed_losses;
             let mut app = Apply {
                 feed: &mut self.feed,
                 ch: i,
@@ -696,6 +708,13 @@ impl MarketDataInput for BusMarketData {
                 Ok(n) => {
                     if n > 0 {
                         c.heard = now;
+                    }
+                    if self.feed.counters.feed_losses != feed_losses {
+                        // Rare (one per exchange gap the feed handler gave up): worth a line.
+                        tracing::warn!(
+                            channel = c.id,
+                            "exchange feed loss announced by the feed handler: references stale until the snapshot"
+                        );
                     }
                     while let Some(ev) = sub.poll_event() {
                         // Rare, and worth knowing: no per-message logging here.
@@ -982,6 +1001,50 @@ mod tests {
         // Trades from before the gap are forgotten: MSFT's reference is its snapshot book;
         // ONESIDE has no two-sided book and no trade since, so no reference.
         assert_eq!(out, [reference("AAPL", 120), reference("MSFT", 65)]);
+    }
+
+    #[test]
+    fn exchange_feed_loss_marks_stale_until_the_snapshot() {
+        let mut f = live(ReferenceSource::Midpoint);
+        run(&mut f, &bbo(1, "AAPL", Some(100), Some(200)));
+        run(&mut f, &trade(2, "MSFT", 50));
+        let loss = normalized::FeedLoss::new(1000, 1200, 5);
+        let out = run(&mut f, zerocopy::IntoBytes::as_bytes(&loss));
+        assert_eq!(
+            out,
+            [
+                MarketEvent::Stale {
+                    symbol: sym("AAPL")
+                },
+                MarketEvent::Stale {
+                    symbol: sym("MSFT")
+                }
+            ]
+        );
+        assert!(f.is_resyncing(0));
+        let c = f.counters();
+        assert_eq!((c.feed_losses, c.invalidations, c.malformed), (1, 1, 0));
+        // Quotes after the loss vouch for nothing, nor do confirmations: a halt may have
+        // been lost.
+        assert_eq!(run(&mut f, &bbo(1, "AAPL", Some(110), Some(210))), []);
+        let mut cursor = 0;
+        let mut confirmed = Vec::new();
+        assert!(f.confirm(&[true], &mut cursor, 100, &mut |e| confirmed.push(e)));
+        assert_eq!(confirmed, []);
+        // The next snapshot (e.g. from a restarted feed handler) brings them back.
+        let mut publisher = MarketView::new();
+        for m in [
+            level(1, "AAPL", Side::Bid, 110),
+            level(1, "AAPL", Side::Ask, 130),
+        ] {
+            publisher.apply(&m).unwrap();
+        }
+        let mut out = Vec::new();
+        f.restore_begin(0, &mut |e| out.push(e));
+        f.restore_chunk(0, &publisher.l2()).unwrap();
+        f.restore_finish(0, 9, &mut |e| out.push(e)).unwrap();
+        f.on_event(0, Event::SnapshotApplied { seq: 9 }, &mut |e| out.push(e));
+        assert_eq!(out, [reference("AAPL", 120)]);
     }
 
     #[test]

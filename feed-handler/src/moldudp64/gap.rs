@@ -5,7 +5,24 @@
 //! allocation, and only while a gap is open); in-order packets are delivered straight from
 //! the caller's bytes. [`GapTracker::poll_request`] says which re-request to send,
 //! [`GapTracker::next_timeout`] when to call [`GapTracker::handle_timeout`], which retries
-//! and finally gives a gap up as lost (counted) so the stream does not stall forever.
+//! and finally gives a gap up as lost so the stream does not stall forever: the loss is
+//! counted and handed to the caller ([`Deliver::loss`]) before the messages after it, so
+//! downstream can say that what it built may be wrong.
+//!
+//! # What the tracker trusts
+//! - **Session**: it locks onto the session of the first packet it accepts (or only ever
+//!   onto [`GapConfig::session`] when set). Packets of any other session are counted
+//!   ([`Counters::wrong_session`]) and dropped; the locked session and sequencing are kept.
+//!   NASDAQ starts one session per trading day, so a session change means a new day: the
+//!   feed handler is restarted for it, it never switches sessions mid-run.
+//! - **Sequence window**: a packet (data, heartbeat or end of session) starting more than
+//!   [`GapConfig::max_sequence_ahead`] beyond the highest sequence known to exist is counted
+//!   ([`Counters::far_ahead`]) and dropped, so one forged or corrupt sequence number can
+//!   neither open a gap of billions of messages nor skip the stream past the real one. A
+//!   real jump (an outage longer than the window, or a start late in the day) is accepted
+//!   once [`GapConfig::reanchor_packets`] consecutive far-ahead packets of the session agree
+//!   (each starting at or after the previous one, within the window of it): the range
+//!   before them becomes an ordinary gap, re-requested or reported lost.
 
 use super::{Kind, Packet, PacketError, Request};
 use std::collections::BTreeMap;
@@ -25,6 +42,11 @@ pub enum StartPolicy {
 pub struct GapConfig {
     /// Where to start.
     pub start: StartPolicy,
+    /// The only session to accept; `None` locks onto the first accepted packet's.
+    pub session: Option<[u8; 10]>,
+    /// Whether a retransmission server answers re-requests. Without one, a gap is given up
+    /// as lost after one `retransmit_timeout` (the wait lets reordered packets arrive).
+    pub retransmission: bool,
     /// How long to wait for a re-request's answer before asking again.
     pub retransmit_timeout: Duration,
     /// Re-sends of one request before its gap is given up as lost.
@@ -34,18 +56,46 @@ pub struct GapConfig {
     /// Bytes of out-of-order packets kept while a gap is open; later packets are dropped
     /// (and re-requested once the gap before them closes).
     pub max_buffered_bytes: usize,
+    /// Largest distance, in messages, a packet may start beyond the highest sequence known
+    /// to exist; farther packets are dropped (see the module docs).
+    pub max_sequence_ahead: u64,
+    /// Consecutive, agreeing far-ahead packets after which the tracker accepts the jump
+    /// (1 accepts any jump at once).
+    pub reanchor_packets: u32,
 }
 
 impl Default for GapConfig {
     fn default() -> Self {
         Self {
             start: StartPolicy::Sequence(1),
+            session: None,
+            retransmission: true,
             retransmit_timeout: Duration::from_millis(50),
             max_retries: 5,
             max_request_count: 1000,
             max_buffered_bytes: 16 << 20,
+            max_sequence_ahead: 1_000_000,
+            reanchor_packets: 3,
         }
     }
+}
+
+/// Messages `[from, to)` of the session that will never be delivered: the re-requests for
+/// them went unanswered after every retry, or there is no retransmission server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loss {
+    /// First lost sequence number.
+    pub from: u64,
+    /// One past the last lost sequence number.
+    pub to: u64,
+}
+
+/// Where [`GapTracker::handle_timeout`] hands what it releases, in order.
+pub trait Deliver {
+    /// The message with this sequence number, in sequence order.
+    fn message(&mut self, sequence: u64, message: &[u8]);
+    /// A range given up; called before any message that follows it.
+    fn loss(&mut self, loss: Loss);
 }
 
 /// Totals kept by a [`GapTracker`].
@@ -73,8 +123,14 @@ pub struct Counters {
     pub lost: u64,
     /// Packets that were not valid MoldUDP64.
     pub malformed: u64,
-    /// Packets of another session.
+    /// Packets of another session (dropped).
     pub wrong_session: u64,
+    /// Packets starting beyond the sequence window (dropped).
+    pub far_ahead: u64,
+    /// Jumps beyond the window accepted after agreeing far-ahead packets.
+    pub reanchors: u64,
+    /// Gaps given up as lost (each handed on as a [`Loss`]).
+    pub unrecoverable: u64,
     /// Out-of-order packets dropped because the buffer was full.
     pub buffer_overflows: u64,
 }
@@ -92,6 +148,16 @@ pub enum Outcome {
     Duplicate,
     /// It belongs to another session: ignored.
     WrongSession,
+    /// It starts too far beyond the highest sequence known to exist: ignored.
+    FarAhead,
+}
+
+/// Far-ahead packets seen in a row: a jump is accepted once enough of them agree.
+#[derive(Debug, Clone, Copy)]
+struct FarRun {
+    session: [u8; 10],
+    last: u64,
+    count: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -114,6 +180,7 @@ pub struct GapTracker {
     buffer: BTreeMap<u64, Vec<u8>>,
     buffered_bytes: usize,
     outstanding: Option<Outstanding>,
+    far_run: Option<FarRun>,
     ended: bool,
     counters: Counters,
 }
@@ -133,9 +200,15 @@ impl GapTracker {
             buffer: BTreeMap::new(),
             buffered_bytes: 0,
             outstanding: None,
+            far_run: None,
             ended: false,
             counters: Counters::default(),
         }
+    }
+
+    /// Whether a retransmission server answers re-requests from now on.
+    pub(super) fn set_retransmission(&mut self, on: bool) {
+        self.config.retransmission = on;
     }
 
     /// Totals so far.
@@ -143,7 +216,7 @@ impl GapTracker {
         &self.counters
     }
 
-    /// The session, once a packet has been seen.
+    /// The session locked onto, once a packet has been accepted.
     pub fn session(&self) -> Option<[u8; 10]> {
         self.session
     }
@@ -172,14 +245,19 @@ impl GapTracker {
                 return Err(e);
             }
         };
-        match self.session {
-            None => self.session = Some(packet.session()),
-            Some(s) if s != packet.session() => {
-                self.counters.wrong_session += 1;
-                return Ok(Outcome::WrongSession);
-            }
-            Some(_) => {}
+        if self
+            .session
+            .or(self.config.session)
+            .is_some_and(|s| s != packet.session())
+        {
+            self.counters.wrong_session += 1;
+            return Ok(Outcome::WrongSession);
         }
+        if self.is_far_ahead(&packet) {
+            self.counters.far_ahead += 1;
+            return Ok(Outcome::FarAhead);
+        }
+        self.session.get_or_insert(packet.session());
         self.counters.packets += 1;
         match packet.kind() {
             Kind::Heartbeat => self.counters.heartbeats += 1,
@@ -226,6 +304,42 @@ impl GapTracker {
         self.drain_buffer(deliver);
         self.settle_outstanding();
         Ok(Outcome::Delivered)
+    }
+
+    /// Whether `packet` starts beyond the window and is to be dropped. Tracks runs of
+    /// far-ahead packets and says `false` (accept) once one is long enough.
+    fn is_far_ahead(&mut self, packet: &Packet<'_>) -> bool {
+        let Some(next) = self.next else {
+            // FirstSeen, nothing accepted yet: the first packet anchors the stream.
+            return false;
+        };
+        let window = self.config.max_sequence_ahead;
+        let seq = packet.sequence_number();
+        if seq <= self.high.max(next).saturating_add(window) {
+            self.far_run = None;
+            return false;
+        }
+        let count = match self.far_run {
+            Some(r)
+                if r.session == packet.session()
+                    && seq >= r.last
+                    && seq <= r.last.saturating_add(window) =>
+            {
+                r.count + 1
+            }
+            _ => 1,
+        };
+        if count >= self.config.reanchor_packets {
+            self.far_run = None;
+            self.counters.reanchors += 1;
+            return false;
+        }
+        self.far_run = Some(FarRun {
+            session: packet.session(),
+            last: seq,
+            count,
+        });
+        true
     }
 
     /// Delivers the messages of `packet` at or after `next`, advancing it; returns how many.
@@ -306,6 +420,11 @@ impl GapTracker {
             attempts,
             resend: false,
         });
+        if !self.config.retransmission {
+            // Nothing to ask: the outstanding entry only times the wait for reordered
+            // packets, after which `handle_timeout` gives the gap up.
+            return None;
+        }
         self.counters.requests += 1;
         self.counters.re_requested += u64::from(count);
         Some(Request {
@@ -322,29 +441,37 @@ impl GapTracker {
             .map(|o| o.sent_at + self.config.retransmit_timeout)
     }
 
-    /// Handles an expired request: arranges a retry, or after `max_retries` gives the
-    /// missing range up as lost, skips it and delivers what was buffered after it.
-    pub fn handle_timeout(&mut self, now: Instant, deliver: &mut impl FnMut(u64, &[u8])) {
+    /// Handles an expired request: arranges a retry, or after `max_retries` (at once
+    /// without a retransmission server) gives the missing range up as lost: hands the
+    /// [`Loss`] to `out`, skips the range and delivers what was buffered after it.
+    pub fn handle_timeout(&mut self, now: Instant, out: &mut impl Deliver) {
         let Some(mut o) = self.outstanding else {
             return;
         };
         if o.resend || now < o.sent_at + self.config.retransmit_timeout {
             return;
         }
-        self.counters.timeouts += 1;
-        if o.attempts <= self.config.max_retries {
-            o.attempts += 1;
-            o.resend = true;
-            self.outstanding = Some(o);
-            return;
+        if self.config.retransmission {
+            self.counters.timeouts += 1;
+            if o.attempts <= self.config.max_retries {
+                o.attempts += 1;
+                o.resend = true;
+                self.outstanding = Some(o);
+                return;
+            }
         }
         self.outstanding = None;
         let gap_end = self.gap_end();
         if let Some(next) = self.next {
             if gap_end > next {
                 self.counters.lost += gap_end - next;
+                self.counters.unrecoverable += 1;
+                out.loss(Loss {
+                    from: next,
+                    to: gap_end,
+                });
                 self.next = Some(gap_end);
-                self.drain_buffer(deliver);
+                self.drain_buffer(&mut |seq, m| out.message(seq, m));
             }
         }
     }

@@ -1,7 +1,8 @@
 //! MoldUDP64: NASDAQ's sequenced UDP framing for ITCH, and its re-request protocol.
 //!
-//! Owns the packet and request layouts, a packet builder, and the I/O-free [`GapTracker`]
-//! (sequencing, gap detection, re-requests with timeout). It never touches a socket:
+//! Owns the packet and request layouts, a packet builder, the I/O-free [`GapTracker`]
+//! (session lock, sequence window, gap detection, re-requests with timeout, losses) and
+//! [`Ingress`] around it (which senders are heard). It never touches a socket:
 //! [`crate::udp`] moves the bytes.
 //!
 //! Downstream packet: session (10 bytes), sequence number of the first message (u64 BE),
@@ -11,8 +12,10 @@
 //! alone, with the count meaning "messages wanted".
 
 mod gap;
+mod ingress;
 
-pub use gap::{Counters, GapConfig, GapTracker, Outcome, StartPolicy};
+pub use gap::{Counters, Deliver, GapConfig, GapTracker, Loss, Outcome, StartPolicy};
+pub use ingress::{BadSource, Ingress, IngressConfig, Origin, SourceAddr, Verdict};
 
 use zerocopy::byteorder::big_endian::{U16, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};

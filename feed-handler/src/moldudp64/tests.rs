@@ -131,6 +131,20 @@ fn collect(out: &mut Vec<u64>) -> impl FnMut(u64, &[u8]) + '_ {
     }
 }
 
+/// What a timeout released, in order: `Ok(sequence)` per message, `Err(loss)` per loss.
+#[derive(Default)]
+struct Released(Vec<Result<u64, Loss>>);
+
+impl Deliver for Released {
+    fn message(&mut self, sequence: u64, message: &[u8]) {
+        assert_eq!(message, sequence.to_be_bytes());
+        self.0.push(Ok(sequence));
+    }
+    fn loss(&mut self, loss: Loss) {
+        self.0.push(Err(loss));
+    }
+}
+
 #[test]
 fn in_order_delivery_and_duplicates() {
     let t = Instant::now();
@@ -263,21 +277,26 @@ fn timeouts_retry_then_give_up() {
     g.on_packet(t0, &packet(5, 1), &mut collect(&mut got))
         .expect("ok");
     let mut t = t0;
+    let mut released = Released::default();
     for attempt in 0..3 {
         let r = g.poll_request(t).expect("request");
         assert_eq!((r.sequence_number, r.count), (2, 3), "attempt {attempt}");
         let due = g.next_timeout().expect("waiting");
         assert_eq!(due, t + Duration::from_millis(10));
-        g.handle_timeout(due - Duration::from_millis(1), &mut collect(&mut got));
+        g.handle_timeout(due - Duration::from_millis(1), &mut released);
         assert_eq!(g.poll_request(due), None, "not yet timed out");
         t = due;
-        g.handle_timeout(t, &mut collect(&mut got));
+        g.handle_timeout(t, &mut released);
     }
-    // Third timeout: retries exhausted, 2..=4 lost, 5 delivered from the buffer.
-    assert_eq!(got, [1, 5]);
+    // Third timeout: retries exhausted, 2..=4 lost (said first), 5 delivered from the buffer.
+    assert_eq!(got, [1]);
+    assert_eq!(released.0, [Err(Loss { from: 2, to: 5 }), Ok(5)]);
     assert_eq!(g.poll_request(t), None);
     let c = *g.counters();
-    assert_eq!((c.timeouts, c.requests, c.lost), (3, 3, 3));
+    assert_eq!(
+        (c.timeouts, c.requests, c.lost, c.unrecoverable),
+        (3, 3, 3, 1)
+    );
 }
 
 #[test]
@@ -354,4 +373,189 @@ fn retransmission_answers_from_history() {
         ..req
     };
     assert!(build_retransmission(&mut b, session("T"), 1, &history, &before).is_none());
+}
+
+#[test]
+fn far_ahead_packet_is_dropped_and_the_feed_continues() {
+    let t = Instant::now();
+    let cfg = GapConfig {
+        max_sequence_ahead: 100,
+        reanchor_packets: 10,
+        ..GapConfig::default()
+    };
+    let mut g = GapTracker::new(cfg);
+    let mut got = Vec::new();
+    g.on_packet(t, &packet(1, 3), &mut collect(&mut got))
+        .expect("ok");
+    // A forged sequence number far beyond the stream, as data, heartbeat and end of session.
+    for p in [
+        packet(1 << 40, 1),
+        empty_packet(session("T"), 1 << 40, HEARTBEAT).to_vec(),
+        empty_packet(session("T"), 1 << 40, END_OF_SESSION).to_vec(),
+    ] {
+        assert_eq!(
+            g.on_packet(t, &p, &mut collect(&mut got)),
+            Ok(Outcome::FarAhead)
+        );
+    }
+    assert_eq!(g.poll_request(t), None, "no gap opened");
+    assert!(!g.is_complete(), "no end of session taken");
+    // The real stream goes on; a gap inside the window is still an ordinary gap.
+    g.on_packet(t, &packet(4, 2), &mut collect(&mut got))
+        .expect("ok");
+    assert_eq!(
+        g.on_packet(t, &packet(106, 1), &mut collect(&mut got)),
+        Ok(Outcome::Buffered),
+        "within the window of the highest sequence known (6)"
+    );
+    assert_eq!(got, [1, 2, 3, 4, 5]);
+    let r = g.poll_request(t).expect("request");
+    assert_eq!((r.sequence_number, r.count), (6, 100));
+    let c = *g.counters();
+    assert_eq!((c.far_ahead, c.gaps, c.packets), (3, 1, 3));
+}
+
+#[test]
+fn agreeing_far_ahead_packets_are_a_real_jump() {
+    let t = Instant::now();
+    let cfg = GapConfig {
+        max_sequence_ahead: 100,
+        reanchor_packets: 3,
+        ..GapConfig::default()
+    };
+    let mut g = GapTracker::new(cfg);
+    let mut got = Vec::new();
+    g.on_packet(t, &packet(1, 1), &mut collect(&mut got))
+        .expect("ok");
+    // Two far-ahead packets, then a packet in the window: the run starts over.
+    for s in [1000, 1001] {
+        assert_eq!(
+            g.on_packet(t, &packet(s, 1), &mut collect(&mut got)),
+            Ok(Outcome::FarAhead)
+        );
+    }
+    g.on_packet(t, &packet(2, 1), &mut collect(&mut got))
+        .expect("ok");
+    // A run that goes backwards does not agree either.
+    for s in [5000, 1002, 1003] {
+        assert_eq!(
+            g.on_packet(t, &packet(s, 1), &mut collect(&mut got)),
+            Ok(Outcome::FarAhead),
+            "{s}"
+        );
+    }
+    // The third agreeing packet is taken: 3..1004 is a gap to recover.
+    assert_eq!(
+        g.on_packet(t, &packet(1004, 1), &mut collect(&mut got)),
+        Ok(Outcome::Buffered)
+    );
+    let r = g.poll_request(t).expect("request");
+    assert_eq!((r.sequence_number, r.count), (3, 1000));
+    let c = *g.counters();
+    assert_eq!((c.far_ahead, c.reanchors), (5, 1));
+    assert_eq!(got, [1, 2]);
+}
+
+#[test]
+fn late_start_catches_up_after_agreeing_packets() {
+    // Started mid-day from sequence 1: the live stream is far ahead of anything known.
+    let t = Instant::now();
+    let cfg = GapConfig {
+        max_sequence_ahead: 10,
+        reanchor_packets: 2,
+        ..GapConfig::default()
+    };
+    let mut g = GapTracker::new(cfg);
+    let mut got = Vec::new();
+    assert_eq!(
+        g.on_packet(t, &packet(500, 1), &mut collect(&mut got)),
+        Ok(Outcome::FarAhead)
+    );
+    assert_eq!(g.session(), None, "a dropped packet locks nothing");
+    assert_eq!(
+        g.on_packet(t, &packet(501, 1), &mut collect(&mut got)),
+        Ok(Outcome::Buffered)
+    );
+    assert_eq!(g.session(), Some(session("T")));
+    let r = g.poll_request(t).expect("request");
+    assert_eq!((r.sequence_number, r.count), (1, 500));
+}
+
+#[test]
+fn configured_session_is_the_only_one_locked() {
+    let t = Instant::now();
+    let cfg = GapConfig {
+        session: Some(session("T")),
+        ..GapConfig::default()
+    };
+    let mut g = GapTracker::new(cfg);
+    let mut got = Vec::new();
+    // A foreign session first: today's tracker would lock onto it and drop the real feed.
+    let mut foreign = packet(1, 2);
+    foreign[0] = b'X';
+    assert_eq!(
+        g.on_packet(t, &foreign, &mut collect(&mut got)),
+        Ok(Outcome::WrongSession)
+    );
+    assert_eq!(g.session(), None);
+    g.on_packet(t, &packet(1, 2), &mut collect(&mut got))
+        .expect("ok");
+    // Once locked, foreign packets at any sequence change nothing.
+    foreign = packet(3, 5);
+    foreign[0] = b'X';
+    assert_eq!(
+        g.on_packet(t, &foreign, &mut collect(&mut got)),
+        Ok(Outcome::WrongSession)
+    );
+    g.on_packet(t, &packet(3, 1), &mut collect(&mut got))
+        .expect("ok");
+    assert_eq!(got, [1, 2, 3]);
+    assert_eq!(g.poll_request(t), None);
+    let c = *g.counters();
+    assert_eq!((c.wrong_session, c.messages), (2, 3));
+}
+
+#[test]
+fn without_retransmission_a_gap_is_lost_after_one_timeout() {
+    let t0 = Instant::now();
+    let cfg = GapConfig {
+        retransmission: false,
+        retransmit_timeout: Duration::from_millis(10),
+        ..GapConfig::default()
+    };
+    let mut g = GapTracker::new(cfg);
+    let mut got = Vec::new();
+    g.on_packet(t0, &packet(1, 1), &mut collect(&mut got))
+        .expect("ok");
+    g.on_packet(t0, &packet(4, 2), &mut collect(&mut got))
+        .expect("ok");
+    assert_eq!(g.poll_request(t0), None, "nobody to ask");
+    let due = g.next_timeout().expect("waits for reordered packets");
+    assert_eq!(due, t0 + Duration::from_millis(10));
+    let mut released = Released::default();
+    g.handle_timeout(due, &mut released);
+    assert_eq!(released.0, [Err(Loss { from: 2, to: 4 }), Ok(4), Ok(5)]);
+    let c = *g.counters();
+    assert_eq!((c.requests, c.lost, c.unrecoverable), (0, 2, 1));
+}
+
+#[test]
+fn reordered_packet_within_the_wait_is_no_loss() {
+    let t0 = Instant::now();
+    let cfg = GapConfig {
+        retransmission: false,
+        ..GapConfig::default()
+    };
+    let mut g = GapTracker::new(cfg);
+    let mut got = Vec::new();
+    g.on_packet(t0, &packet(1, 1), &mut collect(&mut got))
+        .expect("ok");
+    g.on_packet(t0, &packet(3, 1), &mut collect(&mut got))
+        .expect("ok");
+    assert_eq!(g.poll_request(t0), None);
+    g.on_packet(t0, &packet(2, 1), &mut collect(&mut got))
+        .expect("ok");
+    assert_eq!(got, [1, 2, 3]);
+    assert_eq!(g.next_timeout(), None);
+    assert_eq!(g.counters().unrecoverable, 0);
 }
