@@ -162,7 +162,7 @@ pub fn respond(head: &[u8], metrics: impl FnOnce() -> Result<String, String>) ->
 }
 
 /// What reading a request head gave.
-enum Read_ {
+enum HeadRead {
     Head(Vec<u8>),
     TooLarge,
     TimedOut,
@@ -170,25 +170,25 @@ enum Read_ {
     Gone,
 }
 
-fn read_head(stream: &mut TcpStream, limits: &Limits) -> Read_ {
+fn read_head(stream: &mut TcpStream, limits: &Limits) -> HeadRead {
     let deadline = Instant::now() + limits.read_timeout;
     let mut buf = vec![0u8; limits.max_request_bytes];
     let mut len = 0;
     loop {
         if let Some(n) = head_len(&buf[..len]) {
             buf.truncate(n);
-            return Read_::Head(buf);
+            return HeadRead::Head(buf);
         }
         if len == buf.len() {
-            return Read_::TooLarge;
+            return HeadRead::TooLarge;
         }
         let left = deadline.saturating_duration_since(Instant::now());
         // A zero timeout would mean "block forever" to set_read_timeout.
         if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
-            return Read_::TimedOut;
+            return HeadRead::TimedOut;
         }
         match stream.read(&mut buf[len..]) {
-            Ok(0) => return Read_::Gone,
+            Ok(0) => return HeadRead::Gone,
             Ok(n) => len += n,
             Err(e)
                 if matches!(
@@ -196,10 +196,10 @@ fn read_head(stream: &mut TcpStream, limits: &Limits) -> Read_ {
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                return Read_::TimedOut
+                return HeadRead::TimedOut
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return Read_::Gone,
+            Err(_) => return HeadRead::Gone,
         }
     }
 }
@@ -211,16 +211,16 @@ fn serve_connection(
     metrics: &(dyn Fn() -> Result<String, String> + Sync),
 ) {
     let response = match read_head(&mut stream, limits) {
-        Read_::Head(head) => respond(&head, metrics),
-        Read_::TooLarge => Response::text(
+        HeadRead::Head(head) => respond(&head, metrics),
+        HeadRead::TooLarge => Response::text(
             431,
             format!(
                 "request head longer than {} bytes\n",
                 limits.max_request_bytes
             ),
         ),
-        Read_::TimedOut => Response::text(408, "request head not received in time\n"),
-        Read_::Gone => return,
+        HeadRead::TimedOut => Response::text(408, "request head not received in time\n"),
+        HeadRead::Gone => return,
     };
     let _ = stream.set_write_timeout(Some(limits.write_timeout));
     if stream.write_all(&response.encode()).is_ok() {
