@@ -69,6 +69,7 @@
 //! ```
 #![allow(unsafe_code)] // the mapping and the atomics over it; each block argues its case.
 
+pub mod http;
 pub mod hw;
 pub mod stat;
 
@@ -640,6 +641,41 @@ impl CountersFile {
     /// The allocated counters, as a reader in this process sees them.
     pub fn iter(&self) -> impl Iterator<Item = CounterEntry> + '_ {
         iter_records(self.table.records())
+    }
+}
+
+/// Where counters can be allocated: a [`CountersFile`] or [`LocalCounters`], so that code
+/// publishing counters (e.g. [`SubscriberCountersExport`](crate::mcast::net::SubscriberCountersExport))
+/// works with either.
+pub trait AllocateCounter {
+    /// Allocates a counter of the given kind and type id.
+    fn allocate_counter(
+        &self,
+        label: &str,
+        kind: Kind,
+        type_id: u32,
+    ) -> Result<Counter, CountersError>;
+}
+
+impl AllocateCounter for CountersFile {
+    fn allocate_counter(
+        &self,
+        label: &str,
+        kind: Kind,
+        type_id: u32,
+    ) -> Result<Counter, CountersError> {
+        self.table.allocate(label, kind, type_id)
+    }
+}
+
+impl AllocateCounter for LocalCounters {
+    fn allocate_counter(
+        &self,
+        label: &str,
+        kind: Kind,
+        type_id: u32,
+    ) -> Result<Counter, CountersError> {
+        self.table.allocate(label, kind, type_id)
     }
 }
 

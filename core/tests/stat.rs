@@ -132,3 +132,137 @@ fn stat_live_shows_rates() {
         .collect();
     assert!(rates.iter().any(|&r| r > 0.0), "no positive rate in {out}");
 }
+
+/// `GET path` over a fresh connection: (status line, body).
+fn http(addr: std::net::SocketAddr, request: &str) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").expect("a head");
+    (head.to_string(), body.to_string())
+}
+
+/// `rocebus stat --listen`: the address it prints serves the Prometheus text, read afresh
+/// at each scrape; other paths and methods are refused; SIGTERM ends it with status 0.
+#[test]
+fn stat_listen_serves_metrics_until_sigterm() {
+    use std::io::BufRead as _;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = CountersFile::create(counters_path(dir.path(), "engine"), 4).unwrap();
+    let sent = file.allocate("orders sent").unwrap();
+    sent.add(7);
+    let sysfs = dir.path().join("sys");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rocebus"))
+        .args(["stat", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(dir.path())
+        .arg("--sysfs")
+        .arg(&sysfs)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr: std::net::SocketAddr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split("/metrics").next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    let pid = std::process::id();
+
+    let (head, body) = http(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(
+        head.contains("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8"),
+        "{head}"
+    );
+    let series = format!("rocebus_orders_sent_total{{component=\"engine\",pid=\"{pid}\"}}");
+    assert!(body.contains(&format!("{series} 7\n")), "{body}");
+
+    // Each scrape reads the counters again, and finds components that started since.
+    sent.add(5);
+    let other = CountersFile::create(counters_path(dir.path(), "feed-handler"), 4).unwrap();
+    other.allocate("gaps").unwrap().add(2);
+    let (_, body) = http(addr, "GET /metrics HTTP/1.1\r\n\r\n");
+    assert!(body.contains(&format!("{series} 12\n")), "{body}");
+    assert!(
+        body.contains(&format!(
+            "rocebus_gaps_total{{component=\"feed-handler\",pid=\"{pid}\"}} 2\n"
+        )),
+        "{body}"
+    );
+
+    let (head, _) = http(addr, "GET / HTTP/1.1\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 404 "), "{head}");
+    let (head, _) = http(addr, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 405 "), "{head}");
+
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "no exit 10 s after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+}
+
+/// Before any component has created the counters directory the endpoint still answers
+/// (Prometheus sees the target up, with no rocebus series yet).
+#[test]
+fn stat_listen_without_counters_dir_answers() {
+    use std::io::BufRead as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("not-yet");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rocebus"))
+        .args(["stat", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(&missing)
+        .arg("--sysfs")
+        .arg(dir.path().join("sys"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr: std::net::SocketAddr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split("/metrics").next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    let (head, body) = http(addr, "GET /metrics HTTP/1.1\r\n\r\n");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    assert!(body.contains("does not exist yet"), "{body}");
+    assert!(!body.lines().any(|l| !l.starts_with('#')), "{body}");
+}
+
+#[test]
+fn stat_listen_on_a_bad_address_says_so() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (ok, _, err) = run(&["stat", "--listen", &addr]);
+    assert!(!ok);
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+    let (ok, _, err) = run(&["stat", "--listen", "nonsense"]);
+    assert!(!ok);
+    assert!(err.contains("--listen"), "{err}");
+}

@@ -38,7 +38,9 @@ use std::path::PathBuf;
 
 use feed_handler::normalized::{self, Normalized};
 use feed_handler::view::MarketView;
+use rocebus::counters::{AllocateCounter, Counter, CountersError, Kind};
 use rocebus::mcast::config::McastConfig;
+use rocebus::mcast::net::SubscriberCountersExport;
 use rocebus::mcast::{now_ns, Event, Handler, McastSubscriber, Phase, RestoreError, SnapshotSink};
 use serde::Deserialize;
 
@@ -570,6 +572,32 @@ struct ChannelIo {
     next_connect: u64,
 }
 
+/// How one of [`MarketCounters`] is read.
+type MarketField = fn(&MarketCounters) -> u64;
+
+/// The [`FeedState`] totals published in the gateway's counters file: label and field.
+const MARKET_COUNTERS: &[(&str, MarketField)] = &[
+    ("md messages", |c| c.messages),
+    ("md malformed messages", |c| c.malformed),
+    ("md reference updates", |c| c.references),
+    ("md halts and resumes", |c| c.halts),
+    ("md references made stale", |c| c.stale),
+    ("md channel invalidations (gaps)", |c| c.invalidations),
+    ("md snapshots applied", |c| c.snapshots),
+    ("md snapshots rejected", |c| c.snapshots_rejected),
+];
+
+/// The input's counters in the gateway's counters table (see
+/// [`MarketDataInput::register_counters`]).
+struct Exported {
+    subscribed: Counter,
+    feed: Vec<(Counter, MarketField)>,
+    /// One per entry of `BusMarketData::channels`, labelled `md.ch<id>.<name>`. A channel
+    /// subscribed again after a failure starts its counters from zero (Prometheus reads
+    /// that as a counter reset).
+    channels: Vec<SubscriberCountersExport>,
+}
+
 /// References re-confirmed per poll call: bounds the work one pass adds to the order path.
 const CONFIRM_BATCH: usize = 256;
 
@@ -587,6 +615,7 @@ pub struct BusMarketData {
     cycle: Option<usize>,
     /// Per channel: may it re-confirm in the current cycle (decided at the cycle's start).
     healthy: Vec<bool>,
+    exported: Option<Exported>,
 }
 
 impl std::fmt::Debug for BusMarketData {
@@ -627,6 +656,7 @@ impl BusMarketData {
             next_cycle: 0,
             cycle: None,
             healthy: vec![false; n],
+            exported: None,
         }
     }
 
@@ -685,6 +715,41 @@ impl BusMarketData {
 }
 
 impl MarketDataInput for BusMarketData {
+    fn register_counters(&mut self, table: &dyn AllocateCounter) -> Result<(), CountersError> {
+        let subscribed = table.allocate_counter("md channels subscribed", Kind::Gauge, 0)?;
+        let feed = MARKET_COUNTERS
+            .iter()
+            .map(|&(label, field)| Ok((table.allocate_counter(label, Kind::Counter, 0)?, field)))
+            .collect::<Result<_, CountersError>>()?;
+        let channels = self
+            .channels
+            .iter()
+            .map(|c| SubscriberCountersExport::new(table, &format!("md.ch{}", c.id)))
+            .collect::<Result<_, CountersError>>()?;
+        self.exported = Some(Exported {
+            subscribed,
+            feed,
+            channels,
+        });
+        Ok(())
+    }
+
+    fn update_counters(&mut self) {
+        let Some(x) = &self.exported else { return };
+        let totals = self.feed.counters();
+        for (counter, field) in &x.feed {
+            counter.set(field(&totals));
+        }
+        let mut subscribed = 0;
+        for (c, export) in self.channels.iter().zip(&x.channels) {
+            if let Some(sub) = &c.sub {
+                subscribed += 1;
+                export.update(sub);
+            }
+        }
+        x.subscribed.set(subscribed);
+    }
+
     fn poll(&mut self, sink: &mut dyn FnMut(MarketEvent)) -> usize {
         let now = now_ns();
         let mut events = 0usize;
@@ -1125,5 +1190,56 @@ mod tests {
             "config = \"x\"\nlocal = \"10.0.0.1\"\npublisher = \"10.0.0.2\"\nreference = \"vwap\"\n"
         )
         .is_err());
+    }
+
+    /// The input's counters land in the table the service hands it: its totals, the
+    /// subscribed-channels gauge and one block per channel; before any subscriber they read 0.
+    #[test]
+    fn counters_are_registered_per_channel() {
+        let bus = McastConfig::from_toml_str(
+            r#"
+            [[channels]]
+            id = 3
+            name = "a"
+            line_a = "239.1.1.3"
+            port = 7000
+            [[channels]]
+            id = 4
+            name = "b"
+            line_a = "239.1.1.4"
+            port = 7001
+            "#,
+        )
+        .unwrap();
+        let md = cfg("config = \"x\"\nlocal = \"10.0.0.1\"\npublisher = \"10.0.0.2\"\n");
+        let mut input = BusMarketData::new(&md, bus);
+        let table = rocebus::counters::LocalCounters::new(256).unwrap();
+        input.register_counters(&table).unwrap();
+        input.update_counters();
+        let entries: Vec<_> = table.iter().collect();
+        let per_channel = |ch: &str| entries.iter().filter(|e| e.label.starts_with(ch)).count();
+        assert!(per_channel("md.ch3.") > 10, "{entries:?}");
+        assert_eq!(per_channel("md.ch3."), per_channel("md.ch4."));
+        assert_eq!(
+            entries.len(),
+            1 + MARKET_COUNTERS.len() + 2 * per_channel("md.ch3."),
+            "{entries:?}"
+        );
+        let value = |label: &str| {
+            entries
+                .iter()
+                .find(|e| e.label.as_str() == label)
+                .unwrap_or_else(|| panic!("no counter {label:?}"))
+                .value
+        };
+        assert_eq!(value("md channels subscribed"), 0);
+        assert_eq!(value("md messages"), 0);
+        assert_eq!(value("md.ch3.delivered"), 0);
+        assert_eq!(value("md.ch4.gaps_detected"), 0);
+        let gauge = entries
+            .iter()
+            .find(|e| e.label.as_str() == "md channels subscribed")
+            .unwrap();
+        assert_eq!(gauge.kind, Kind::Gauge);
     }
 }

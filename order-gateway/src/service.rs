@@ -35,7 +35,10 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rocebus::counters::{counters_path, default_dir, Counter, CountersFile, Kind, LocalCounters};
+use rocebus::counters::{
+    counters_path, default_dir, AllocateCounter, Counter, CountersError, CountersFile, Kind,
+    LocalCounters,
+};
 use rocebus::idle::{pin_current_thread, IdleStrategy, Idler};
 use rocebus::orders::{Connection, OfferError, OrdersConfig, OrdersError, OrdersListener};
 use zerocopy::IntoBytes;
@@ -80,6 +83,17 @@ pub enum MarketEvent {
 pub trait MarketDataInput {
     /// Hands the events available now to `sink` and returns how many; never blocks.
     fn poll(&mut self, sink: &mut dyn FnMut(MarketEvent)) -> usize;
+
+    /// Allocates the input's own counters in the service's counters table, so they show
+    /// in the gateway's counters file next to the service's (`rocebus stat`). Called once
+    /// by [`Service::run`] before its loop; the default has none.
+    fn register_counters(&mut self, _table: &dyn AllocateCounter) -> Result<(), CountersError> {
+        Ok(())
+    }
+
+    /// Stores the current values in the counters [`register_counters`](Self::register_counters)
+    /// allocated; called by the service every housekeeping turn (about once a millisecond).
+    fn update_counters(&mut self) {}
 }
 
 /// No market data (static reference prices from the config only).
@@ -229,9 +243,36 @@ impl ServiceOptions {
     }
 }
 
+/// Records in the gateway's counters table: the service's own (40) and the market-data
+/// input's (9, and 18 per channel subscribed: room for 54 channels).
+const COUNTERS_CAPACITY: u32 = 1024;
+
+/// The gateway's counters table: its file, or process memory when it has none.
+#[derive(Debug)]
+enum Table {
+    File(CountersFile),
+    Local(LocalCounters),
+}
+
+impl AllocateCounter for Table {
+    fn allocate_counter(
+        &self,
+        label: &str,
+        kind: Kind,
+        type_id: u32,
+    ) -> Result<Counter, CountersError> {
+        match self {
+            Table::File(f) => f.allocate_counter(label, kind, type_id),
+            Table::Local(l) => l.allocate_counter(label, kind, type_id),
+        }
+    }
+}
+
 /// Service counters, in the counters file (`rocebus stat order-gateway`).
 #[derive(Debug)]
 struct Counters {
+    /// Where they live; the market-data input allocates its own here too.
+    table: Table,
     engines_connected: Counter,
     logons: Counter,
     logons_refused: Counter,
@@ -312,29 +353,25 @@ const CORE_COUNTERS: &[(&str, ReadCounter)] = &[
 
 impl Counters {
     fn new(file: bool) -> Counters {
-        enum Table {
-            File(CountersFile),
-            Local(LocalCounters),
-        }
+        let local =
+            || Table::Local(LocalCounters::new(COUNTERS_CAPACITY).expect("a valid capacity"));
         let table = if file {
             let path = counters_path(&default_dir(), "order-gateway");
-            match CountersFile::create(&path, 64) {
+            match CountersFile::create(&path, COUNTERS_CAPACITY) {
                 Ok(f) => Table::File(f),
                 Err(e) => {
                     tracing::warn!(error = %e, "counters stay in process memory");
-                    Table::Local(LocalCounters::new(64).expect("64 is a valid capacity"))
+                    local()
                 }
             }
         } else {
-            Table::Local(LocalCounters::new(64).expect("64 is a valid capacity"))
+            local()
         };
         let alloc = |label: &str, kind: Kind| {
-            let r = match &table {
-                Table::File(f) => f.allocate_with(label, kind, 0),
-                Table::Local(l) => l.allocate_with(label, kind, 0),
-            };
-            // 64 slots for 40 labels under 104 bytes: allocation cannot fail.
-            r.expect("counter slot")
+            // 1024 slots for 40 labels under 104 bytes: allocation cannot fail.
+            table
+                .allocate_counter(label, kind, 0)
+                .expect("counter slot")
         };
         use Kind::{Counter as C, Gauge as G};
         Counters {
@@ -363,6 +400,7 @@ impl Counters {
                 .iter()
                 .map(|&(label, read)| (alloc(label, C), read))
                 .collect(),
+            table,
         }
     }
 }
@@ -572,6 +610,9 @@ impl<L: VenueLink> Service<L> {
                 tracing::warn!(core, "could not pin the gateway thread");
             }
         }
+        if let Err(e) = market.register_counters(&self.counters.table) {
+            tracing::warn!(error = %e, "market-data counters not published");
+        }
         let mut idler = Idler::new(self.opts.idle);
         let mut next_housekeeping = Instant::now();
         let mut next_connect = Instant::now();
@@ -599,6 +640,7 @@ impl<L: VenueLink> Service<L> {
                     self.connect_venue();
                 }
                 work += self.housekeeping(now)?;
+                market.update_counters();
             }
             idler.idle(work);
         }

@@ -29,6 +29,8 @@ pub const PACKAGES: &[&str] = &[
     "python3-pip",
     "python3-venv",
     "fonts-dejavu-core",
+    // The metrics endpoint's test scrapes `rocebus stat --listen` with a real Prometheus.
+    "prometheus",
 ];
 
 /// Modules the guest loads, in this order (dependencies are resolved by

@@ -1,13 +1,18 @@
-//! `rocebus`: operator tools. `rocebus stat` shows every component's counters live.
+//! `rocebus`: operator tools. `rocebus stat` shows every component's counters live, prints
+//! them in the Prometheus text format, or serves them over HTTP for Prometheus to scrape.
 //!
 //! Counters directory: `--dir`, else `$ROCEBUS_DIR`, else `/dev/shm/rocebus`.
 
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
+use rocebus::counters::http::{Limits, MetricsServer, METRICS_PATH};
 use rocebus::counters::hw::SYSFS_ROOT;
 use rocebus::counters::stat::{discover, render_prometheus, render_table, Snapshot};
 use rocebus::counters::{default_dir, DIR_ENV};
@@ -39,8 +44,13 @@ struct StatArgs {
     #[arg(long)]
     once: bool,
     /// Print the Prometheus text exposition format once and exit.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "listen")]
     prometheus: bool,
+    /// Serve the Prometheus text format on http://ADDR/metrics (read afresh at each
+    /// scrape) until SIGINT or SIGTERM; port 0 picks a free port. The address served is
+    /// printed on stdout.
+    #[arg(long, value_name = "ADDR", conflicts_with = "once")]
+    listen: Option<SocketAddr>,
     /// Root of the RDMA sysfs tree (for tests and containers).
     #[arg(long, default_value = SYSFS_ROOT, hide = true)]
     sysfs: PathBuf,
@@ -76,8 +86,69 @@ fn paths(args: &StatArgs, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     }
 }
 
+/// The Prometheus page of one scrape. A counters directory that does not exist (yet) is
+/// no error here: no component has started, and the page says so in a comment.
+fn scrape(args: &StatArgs, dir: &Path) -> Result<String, String> {
+    let (paths, note) = if !args.files.is_empty() {
+        (args.files.clone(), None)
+    } else {
+        match discover(dir) {
+            Ok(paths) => (paths, None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+                Vec::new(),
+                Some(format!(
+                    "# counters directory {} does not exist yet\n",
+                    dir.display()
+                )),
+            ),
+            Err(e) => {
+                return Err(format!(
+                    "cannot list counters directory {}: {e}",
+                    dir.display()
+                ))
+            }
+        }
+    };
+    let page = render_prometheus(&Snapshot::take(&paths, &args.sysfs));
+    Ok(note.unwrap_or_default() + &page)
+}
+
+/// `rocebus stat --listen`: serves until SIGINT or SIGTERM.
+fn listen(args: &StatArgs, dir: &Path, addr: SocketAddr) -> anyhow::Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("cannot install the SIGINT/SIGTERM handlers")?;
+    }
+    let server = MetricsServer::bind(addr, Limits::default()).with_context(|| {
+        format!("cannot listen on {addr}: is the port in use, or the address not this host's?")
+    })?;
+    let bound = server
+        .local_addr()
+        .context("cannot read the listening address")?;
+    let source = if args.files.is_empty() {
+        dir.display().to_string()
+    } else {
+        format!("{} files", args.files.len())
+    };
+    let mut stdout = std::io::stdout().lock();
+    writeln!(
+        stdout,
+        "rocebus stat: serving http://{bound}{METRICS_PATH} (counters from {source}); stop with SIGINT or SIGTERM"
+    )
+    .and_then(|()| stdout.flush())
+    .context("cannot write to stdout")?;
+    drop(stdout);
+    server
+        .serve(&stop, &|| scrape(args, dir))
+        .with_context(|| format!("serving metrics on {bound} failed"))
+}
+
 fn stat(args: &StatArgs) -> anyhow::Result<()> {
     let dir = args.dir.clone().unwrap_or_else(default_dir);
+    if let Some(addr) = args.listen {
+        return listen(args, &dir, addr);
+    }
     let mut stdout = std::io::stdout().lock();
     if args.prometheus || args.once {
         let snap = Snapshot::take(&paths(args, &dir)?, &args.sysfs);

@@ -1094,14 +1094,20 @@ impl std::fmt::Debug for SubscriberCountersExport {
 }
 
 impl SubscriberCountersExport {
-    /// Allocates `<prefix>.<name>` counters in `file`.
-    pub fn new(
-        file: &crate::counters::CountersFile,
+    /// Allocates `<prefix>.<name>` counters in `file` (a
+    /// [`CountersFile`](crate::counters::CountersFile), or
+    /// [`LocalCounters`](crate::counters::LocalCounters)).
+    pub fn new<A: crate::counters::AllocateCounter + ?Sized>(
+        file: &A,
         prefix: &str,
     ) -> Result<Self, crate::counters::CountersError> {
         let counters = EXPORTED
             .iter()
-            .map(|(name, field)| Ok((file.allocate(&format!("{prefix}.{name}"))?, *field)))
+            .map(|(name, field)| {
+                let label = format!("{prefix}.{name}");
+                let c = file.allocate_counter(&label, crate::counters::Kind::Counter, 0)?;
+                Ok((c, *field))
+            })
             .collect::<Result<_, crate::counters::CountersError>>()?;
         Ok(SubscriberCountersExport { counters })
     }

@@ -1,0 +1,444 @@
+//! The operator's metrics path end to end, on a real RDMA device (soft-RoCE in the project's
+//! guest; `cargo xtask test` runs it, a plain `cargo test` reports it ignored): the real
+//! `order-gateway run --venue sim` binary, subscribed to a market-data publisher and traded
+//! by an engine over RC, publishes its counters file; `rocebus stat --listen` serves it on
+//! `/metrics`, and the page must carry the gateway's counters (service and market data)
+//! with the values the file holds.
+//!
+//! That a real Prometheus server scrapes and queries this endpoint is tested on the host
+//! (`core/tests/prometheus.rs`): under the guest's emulation Prometheus was still not
+//! listening 60 s after it was started (`prometheus --version` alone took 14-26 s).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::{free_port, local_ip, scratch, ACCOUNT, ENGINE, ENGINE_TOKEN};
+use feed_handler::book::{Event as BookEvent, Level, Side as BookSide};
+use feed_handler::itch::Stock;
+use feed_handler::normalized;
+use feed_handler::view::MarketView;
+use order_gateway::client::EngineSession;
+use order_gateway::proto::{Side, Symbol, PRICE_SCALE};
+use rocebus::counters::{counters_path, CountersReader};
+use rocebus::mcast::config::McastConfig;
+use rocebus::mcast::{now_ns, Handler, McastPublisher};
+use rocebus::orders::OrdersConfig;
+
+const CHANNEL: u16 = 17;
+const ORDERS_TOKEN: &str = "metrics-test";
+/// Orders the engine sends: the value `engine requests` must reach Prometheus with.
+const ORDERS: u64 = 4;
+
+/// The `rocebus` binary, built next to this package's binaries when the workspace's
+/// binaries are built (as `cargo xtask test` does).
+fn rocebus_bin() -> PathBuf {
+    let p = Path::new(env!("CARGO_BIN_EXE_order-gateway")).with_file_name("rocebus");
+    assert!(
+        p.exists(),
+        "{} missing: build the workspace's binaries first (`cargo build --workspace --bins`)",
+        p.display()
+    );
+    p
+}
+
+fn bus_toml(port: u16) -> String {
+    format!(
+        r#"
+max_datagram_payload = 1024
+history_depth = 1024
+heartbeat_interval_ns = 1000000
+[batching]
+max_messages = 64
+flush_interval_ns = 20000
+[recovery]
+timeout_ns = 50000000
+max_retries = 20
+snapshot_timeout_ns = 2000000000
+[[channels]]
+id = {CHANNEL}
+name = "metrics"
+line_a = "239.9.0.17"
+port = {port}
+"#
+    )
+}
+
+fn gateway_toml(listen: SocketAddr, dir: &Path, ip: IpAddr) -> String {
+    format!(
+        r#"
+[service]
+listen = "{listen}"
+idle = {{ kind = "backoff", max_spins = 1000, max_yields = 100, max_park_us = 50 }}
+reconnect_secs = 1
+logon_timeout_ms = 5000
+control_socket = "{dir}/gw.control"
+counters = true
+[service.orders]
+token = "{ORDERS_TOKEN}"
+ring_size = 65536
+max_payload = 1024
+[fix]
+venue_addr = "sim"
+sender_comp_id = "GW"
+target_comp_id = "VENUE"
+heartbeat_secs = 30
+[journal]
+path = "{dir}/gw.journal"
+fsync = "never"
+[risk]
+reference_max_age_ms = 60000
+throttle_interval_ms = 1000
+[[risk.accounts]]
+id = {ACCOUNT}
+max_order_qty = 100000
+max_order_notional = 100000000
+credit_limit = 1000000000000
+max_position = 1000000000
+max_open_orders = 100000
+max_orders_per_interval = 100000
+collar_bps = 500
+[[risk.engines]]
+id = {ENGINE}
+accounts = [{ACCOUNT}]
+token = "{ENGINE_TOKEN}"
+[market_data]
+config = "bus.toml"
+channels = [{CHANNEL}]
+local = "{ip}"
+publisher = "{ip}"
+confirm_ms = 50
+reconnect_ms = 200
+"#,
+        dir = dir.display()
+    )
+}
+
+/// The feed handler's messages for one quote: both levels, then the BBO.
+fn quote(locate: u16, s: &str, bid: u32, ask: u32) -> Vec<Vec<u8>> {
+    let stock = Stock::new(s);
+    let lvl = |price| Level {
+        price,
+        shares: 100,
+        orders: 1,
+    };
+    let events = [
+        BookEvent::Level {
+            locate,
+            stock,
+            timestamp: 1,
+            side: BookSide::Bid,
+            level: lvl(bid),
+        },
+        BookEvent::Level {
+            locate,
+            stock,
+            timestamp: 1,
+            side: BookSide::Ask,
+            level: lvl(ask),
+        },
+        BookEvent::Bbo {
+            locate,
+            stock,
+            timestamp: 1,
+            bid: Some(lvl(bid)),
+            ask: Some(lvl(ask)),
+        },
+    ];
+    events
+        .iter()
+        .map(|e| {
+            let mut buf = [0u8; normalized::MAX_LEN];
+            let n = normalized::encode(e, &mut buf);
+            buf[..n].to_vec()
+        })
+        .collect()
+}
+
+/// The feed handler's side: a publisher on its own thread, serving snapshots from a view.
+struct Feed {
+    tx: Option<mpsc::Sender<Vec<Vec<u8>>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Feed {
+    fn start(cfg: McastConfig, ip: IpAddr) -> Feed {
+        let (tx, rx) = mpsc::channel::<Vec<Vec<u8>>>();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let mut p = McastPublisher::new(&cfg, CHANNEL, now_ns(), ip).expect("publisher");
+            ready_tx.send(()).unwrap();
+            let mut view = MarketView::new();
+            loop {
+                match rx.try_recv() {
+                    Ok(msgs) => {
+                        for m in msgs {
+                            let seq = p.publish(now_ns(), &m).expect("publish");
+                            view.on_message(seq, &m);
+                        }
+                        p.flush(now_ns()).unwrap();
+                    }
+                    Err(mpsc::TryRecvError::Disconnected) => return,
+                    Err(mpsc::TryRecvError::Empty) => {}
+                }
+                p.poll(now_ns(), &view).expect("publisher poll");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("publisher up");
+        Feed {
+            tx: Some(tx),
+            thread: Some(thread),
+        }
+    }
+
+    fn publish(&self, msgs: Vec<Vec<u8>>) {
+        self.tx.as_ref().unwrap().send(msgs).unwrap();
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A child process killed (and reaped) when the test ends, however it ends.
+struct Proc(Child);
+
+impl Proc {
+    /// Sends `signal` and waits up to 10 s for the exit; true if it exited with status 0.
+    fn stop(&mut self, signal: rustix::process::Signal) -> bool {
+        let pid = rustix::process::Pid::from_child(&self.0);
+        let _ = rustix::process::kill_process(pid, signal);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.0.try_wait() {
+                return st.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// The gateway's counter `label` as its counters file holds it now.
+fn file_value(path: &Path, label: &str) -> Option<u64> {
+    let reader = CountersReader::open(path).ok()?;
+    let value = reader
+        .iter()
+        .find(|e| e.label.as_str() == label)
+        .map(|e| e.value);
+    value
+}
+
+/// Waits until the file's counter `label` equals `want`.
+fn wait_file(path: &Path, label: &str, want: u64, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = file_value(path, label);
+        if got == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{label:?} in {} is {got:?}, want {want}; gateway log:\n{}",
+            path.display(),
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `GET path` from an HTTP server; the body, if the status is 200.
+fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+    let (head, body) = out
+        .split_once("\r\n\r\n")
+        .ok_or(format!("no head: {out}"))?;
+    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+        return Err(format!("{head}\n{body}"));
+    }
+    Ok(body.to_string())
+}
+
+/// The value of the sample `name{component="order-gateway",...}` on a Prometheus page.
+fn page_value(page: &str, name: &str) -> Option<u64> {
+    let prefix = format!("{name}{{component=\"order-gateway\",");
+    page.lines()
+        .find(|l| l.starts_with(&prefix))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+#[ignore = "rdma: runs order-gateway on an RDMA device, its counters served by rocebus stat --listen"]
+fn gateway_counters_reach_metrics_endpoint() {
+    let t0 = Instant::now();
+    let step = |what: &str| eprintln!("{:>6.1} s  {what}", t0.elapsed().as_secs_f64());
+    let rocebus = rocebus_bin();
+    let ip = local_ip();
+    let dir = scratch("metrics");
+    let counters = dir.join("counters");
+    let bus_port = free_port();
+    std::fs::write(dir.join("bus.toml"), bus_toml(bus_port)).unwrap();
+    let feed = Feed::start(McastConfig::from_toml_str(&bus_toml(bus_port)).unwrap(), ip);
+
+    // The real gateway binary, with the venue simulator and the bus for reference prices.
+    let listen = SocketAddr::new(ip, free_port());
+    std::fs::write(dir.join("gw.toml"), gateway_toml(listen, &dir, ip)).unwrap();
+    let gw_log = dir.join("gw.log");
+    let mut gw = Proc(
+        Command::new(env!("CARGO_BIN_EXE_order-gateway"))
+            .args(["run", "--venue", "sim", "--config"])
+            .arg(dir.join("gw.toml"))
+            .env("ROCEBUS_DIR", &counters)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&gw_log).unwrap())
+            .spawn()
+            .expect("start order-gateway"),
+    );
+    let file = counters_path(&counters, "order-gateway");
+    wait_file(&file, "fix session active", 1, &gw_log);
+    wait_file(&file, "md channels subscribed", 1, &gw_log);
+    step("gateway up, FIX session active, market data subscribed");
+
+    // Market data: one quote (3 messages) reaches the gateway's subscriber.
+    let md_messages = quote(1, "AAPL", 990_000, 1_010_000);
+    let md_count = md_messages.len() as u64;
+    feed.publish(md_messages);
+    wait_file(&file, "md messages", md_count, &gw_log);
+    step("market data applied");
+
+    // An engine sends its orders and waits for each answer.
+    let mut engine = EngineSession::connect(
+        listen,
+        &OrdersConfig {
+            ring_size: 65536,
+            max_payload: 1024,
+            token: ORDERS_TOKEN.into(),
+            ..OrdersConfig::default()
+        },
+        ENGINE,
+        ENGINE_TOKEN,
+        1,
+        Duration::from_secs(10),
+    )
+    .expect("engine logon");
+    for _ in 0..ORDERS {
+        let id = engine
+            .new_order(
+                ACCOUNT,
+                Symbol::new("AAPL").unwrap(),
+                Side::Buy,
+                10,
+                100 * PRICE_SCALE,
+            )
+            .expect("order queued");
+        engine.flush().expect("flush");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut answered = false;
+        while !answered {
+            assert!(Instant::now() < deadline, "no answer to order {id}");
+            engine
+                .poll(|r| answered |= r.is_ok_and(|r| r.cl_ord_id() == id), 64)
+                .expect("engine connection");
+        }
+    }
+    wait_file(&file, "engine requests", ORDERS, &gw_log);
+    wait_file(&file, "engine logons", 1, &gw_log);
+    step("orders answered");
+
+    // The endpoint, on a port of its choosing: it prints the address it serves.
+    let mut stat = Proc(
+        Command::new(&rocebus)
+            .args(["stat", "--listen", "127.0.0.1:0", "--dir"])
+            .arg(&counters)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start rocebus stat --listen"),
+    );
+    let mut line = String::new();
+    BufReader::new(stat.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let target: SocketAddr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split("/metrics").next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    step("rocebus stat --listen up");
+
+    // The page carries the values the gateway's file holds (which no longer change: the
+    // engine and the feed are quiet).
+    let md_delivered = file_value(&file, &format!("md.ch{CHANNEL}.delivered")).unwrap();
+    assert!(
+        md_delivered >= md_count,
+        "subscriber delivered {md_delivered}"
+    );
+    let page = http_get(target, "/metrics").expect("GET /metrics");
+    let expect = [
+        ("rocebus_engine_requests_total".to_string(), ORDERS),
+        ("rocebus_engine_logons_total".to_string(), 1),
+        ("rocebus_fix_session_active".to_string(), 1),
+        ("rocebus_md_messages_total".to_string(), md_count),
+        ("rocebus_md_channels_subscribed".to_string(), 1),
+        (
+            format!("rocebus_md_ch{CHANNEL}_delivered_total"),
+            md_delivered,
+        ),
+    ];
+    for (name, want) in &expect {
+        assert_eq!(
+            page_value(&page, name),
+            Some(*want),
+            "{name} on /metrics:\n{page}"
+        );
+    }
+    assert!(
+        page.contains(&format!(
+            "# TYPE rocebus_md_ch{CHANNEL}_delivered_total counter\n"
+        )),
+        "{page}"
+    );
+
+    // SIGTERM stops the endpoint cleanly.
+    assert!(
+        stat.stop(rustix::process::Signal::TERM),
+        "rocebus stat --listen did not exit cleanly on SIGTERM"
+    );
+    gw.stop(rustix::process::Signal::INT);
+    drop(feed);
+    let _ = std::fs::remove_dir_all(&dir);
+}
