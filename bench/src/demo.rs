@@ -529,10 +529,8 @@ impl Handler for MdView {
                     self.counts.bbo_traded += 1;
                 }
             }
-            Normalized::Status(st) => {
-                if self.strategy.on_status(&st.header.stock, st.state) {
-                    self.counts.status_traded += 1;
-                }
+            Normalized::Status(st) if self.strategy.on_status(&st.header.stock, st.state) => {
+                self.counts.status_traded += 1;
             }
             _ => {}
         }

@@ -115,7 +115,7 @@ const INDEXED: usize = 24;
 
 /// A validated FIX message (a view into the receive buffer).
 ///
-/// Its first [`INDEXED`] fields are indexed once, when parsed, so looking a tag up costs a
+/// Its first `INDEXED` (24) fields are indexed once, when parsed, so looking a tag up costs a
 /// scan of a small array rather than a re-parse of the text (an execution report is asked
 /// for about ten tags).
 #[derive(Clone, Copy, Debug)]
