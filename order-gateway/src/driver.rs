@@ -268,8 +268,16 @@ pub struct SegmentStats {
     pub failures: u64,
     /// Bytes of the last checkpoint record.
     pub last_checkpoint_bytes: u64,
-    /// How long the last rotation held the service, nanoseconds.
+    /// How long the last rotation held the service, nanoseconds (wall time).
     pub last_rotation_ns: u64,
+    /// CPU time of the service thread during the last rotation, nanoseconds (the wall
+    /// time less waiting for the disk or for a CPU).
+    pub last_rotation_cpu_ns: u64,
+}
+
+fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    (t.tv_sec as u64) * 1_000_000_000 + t.tv_nsec as u64
 }
 
 #[derive(Debug)]
@@ -643,6 +651,7 @@ impl<L: VenueLink> FixDriver<L> {
             return false;
         }
         let t0 = Instant::now();
+        let cpu0 = thread_cpu_ns();
         let result = self
             .gw
             .checkpoint()
@@ -663,6 +672,7 @@ impl<L: VenueLink> FixDriver<L> {
                 self.segment_start = self.journal.len();
                 self.segments.rotations += 1;
                 self.segments.last_rotation_ns = t0.elapsed().as_nanos() as u64;
+                self.segments.last_rotation_cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
                 tracing::info!(
                     archived = %archive.display(),
                     checkpoint_bytes = self.segments.last_checkpoint_bytes,
