@@ -76,6 +76,17 @@ enum Command {
         #[arg(short, long, value_name = "OUT.csv")]
         output: Option<PathBuf>,
     },
+    /// Measure decode + full-depth books over a capture: messages per second.
+    ///
+    /// Reads the capture in 8 MiB chunks, decodes every message and applies it to the feed
+    /// handler's books, counting top-of-book changes (the work of `bbo` without the CSV).
+    /// Prints one line: `RESULT msgs_per_sec=R messages=N bbo_changes=B secs=S`, timed from
+    /// opening the file to the last message. `cargo xtask bench books` runs it against
+    /// itch-book.
+    Throughput {
+        /// The capture (BinaryFILE, as for `decode`).
+        file: PathBuf,
+    },
     /// Write a deterministic, seeded ITCH 5.0 day as a BinaryFILE capture.
     Generate {
         /// RNG seed: the same seed and options give the same bytes.
@@ -169,6 +180,7 @@ fn main() -> Result<()> {
             at,
         } => book(&file, symbol.as_deref(), depth, at),
         Command::Bbo { file, output } => bbo(&file, output.as_deref()),
+        Command::Throughput { file } => throughput(&file),
         Command::Generate {
             seed,
             messages,
@@ -407,6 +419,22 @@ fn bbo(file: &Path, output: Option<&Path>) -> Result<()> {
             start.elapsed().as_secs_f64()
         );
     }
+    Ok(())
+}
+
+fn throughput(file: &Path) -> Result<()> {
+    let start = Instant::now();
+    let f = std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+    let totals =
+        inspect::books_pass(f).with_context(|| format!("cannot read {}", file.display()))?;
+    let secs = start.elapsed().as_secs_f64();
+    check_read(file, &totals.reader)?;
+    println!(
+        "RESULT msgs_per_sec={:.1} messages={} bbo_changes={} secs={secs:.6}",
+        totals.messages as f64 / secs,
+        totals.messages,
+        totals.bbo_changes
+    );
     Ok(())
 }
 
