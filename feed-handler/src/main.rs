@@ -422,15 +422,32 @@ fn bbo(file: &Path, output: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
+/// CPU time of this thread so far as the scheduler counts it (first field of
+/// `/proc/thread-self/schedstat`, ns); itch-book's side of `cargo xtask bench books` reads the
+/// same. `None` where there is no such file.
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 fn throughput(file: &Path) -> Result<()> {
+    let cpu = thread_cpu_ns();
     let start = Instant::now();
     let f = std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
     let totals =
         inspect::books_pass(f).with_context(|| format!("cannot read {}", file.display()))?;
     let secs = start.elapsed().as_secs_f64();
+    let cpu = match (cpu, thread_cpu_ns()) {
+        (Some(a), Some(b)) => format!(" cpu_secs={:.6}", b.saturating_sub(a) as f64 / 1e9),
+        _ => String::new(),
+    };
     check_read(file, &totals.reader)?;
     println!(
-        "RESULT msgs_per_sec={:.1} messages={} bbo_changes={} secs={secs:.6}",
+        "RESULT msgs_per_sec={:.1} messages={} bbo_changes={} secs={secs:.6}{cpu}",
         totals.messages as f64 / secs,
         totals.messages,
         totals.bbo_changes
