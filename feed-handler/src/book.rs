@@ -3,9 +3,9 @@
 //! Owns book state and the [`Event`]s derived from it; knows nothing of sockets or of how
 //! events are published ([`crate::publish`] does that).
 //!
-//! Structure: one `FxHashMap` from order reference to order (ITCH references are unique per
-//! day, so the fast non-DoS-resistant hash is fine, and lookup is O(1) for E/C/X/D/U), and per
-//! symbol and side a `Vec` of price levels sorted so that the best level is the **last**
+//! Structure: orders by reference in [`orders::Orders`] (a paged direct index: ITCH
+//! references are handed out in increasing order and unique per day, so an order is found by
+//! indexing, not hashing, for E/C/X/D/U), and per symbol and side a `Vec` of price levels sorted so that the best level is the **last**
 //! element. Most activity is at or near the top of the book, where a sorted vector inserts
 //! and removes with a short `memmove` and finds a level by binary search in contiguous
 //! memory; a `BTreeMap` would chase pointers for the same work. Symbols are a `Vec` indexed
@@ -15,7 +15,6 @@
 //! stay there). Inconsistent input (unknown order, over-execution) is counted, never a panic.
 
 use crate::itch::{Message, Stock};
-use rustc_hash::FxHashMap;
 use zerocopy::byteorder::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -186,6 +185,8 @@ impl SymbolBook {
     }
 }
 
+mod orders;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Order {
     locate: u16,
@@ -295,7 +296,7 @@ pub struct BookCounters {
 #[derive(Debug, Clone, Default)]
 pub struct Book {
     symbols: Vec<Option<SymbolBook>>,
-    orders: FxHashMap<u64, Order>,
+    orders: orders::Orders,
     counters: BookCounters,
 }
 
@@ -479,7 +480,7 @@ impl Book {
             }
             Message::OrderReplace(m) => {
                 let r = m.original_order_reference_number.get();
-                let Some(old) = self.orders.get(&r).copied() else {
+                let Some(old) = self.orders.get(r).copied() else {
                     self.counters.unknown_orders += 1;
                     return;
                 };
@@ -584,7 +585,7 @@ impl Book {
         stock: Option<Stock>,
         sink: &mut impl EventSink,
     ) {
-        if self.orders.contains_key(&reference) {
+        if self.orders.contains(reference) {
             self.counters.duplicate_orders += 1;
             return;
         }
@@ -592,7 +593,7 @@ impl Book {
             self.counters.zero_share_adds += 1;
             return;
         }
-        self.orders.insert(
+        self.orders.insert_new(
             reference,
             Order {
                 locate,
@@ -621,7 +622,7 @@ impl Book {
         shares: u32,
         sink: &mut impl EventSink,
     ) -> Option<Order> {
-        let locate = self.orders.get(&reference).map(|o| o.locate);
+        let locate = self.orders.get(reference).map(|o| o.locate);
         let before = locate.map(|l| self.bbo_of(l));
         let removed = self.remove_quiet(ts, reference, shares, sink);
         if let (Some(l), Some(before)) = (locate, before) {
@@ -637,7 +638,7 @@ impl Book {
         shares: u32,
         sink: &mut impl EventSink,
     ) -> Option<Order> {
-        let Some(o) = self.orders.get_mut(&reference) else {
+        let Some(o) = self.orders.get_mut(reference) else {
             self.counters.unknown_orders += 1;
             return None;
         };
@@ -646,11 +647,13 @@ impl Book {
             self.counters.overfills += 1;
         }
         let take = shares.min(o.shares);
-        o.shares -= take;
-        let gone = o.shares == 0;
+        let gone = take == o.shares;
         let removed = Order { shares: take, ..*o };
         if gone {
-            self.orders.remove(&reference);
+            // Taken out whole: an order of zero shares would read as an empty slot.
+            self.orders.remove(reference);
+        } else {
+            o.shares -= take;
         }
         let b = self.symbol_mut(removed.locate, None);
         if let Some(level) =
@@ -740,7 +743,7 @@ impl Book {
     pub fn snapshot(&self) -> Vec<u8> {
         let symbols: Vec<_> = self.symbols().collect();
         let mut orders: Vec<_> = self.orders.iter().collect();
-        orders.sort_unstable_by_key(|(r, _)| **r);
+        orders.sort_unstable_by_key(|(r, _)| *r);
         let mut out = Vec::with_capacity(20 + symbols.len() * 16 + orders.len() * 20);
         let header = SnapshotHeader {
             magic: SNAPSHOT_MAGIC,
@@ -764,7 +767,7 @@ impl Book {
             };
             out.extend_from_slice(s.as_bytes());
         }
-        for (&reference, o) in orders {
+        for (reference, o) in orders {
             let s = SnapshotOrder {
                 reference: U64::new(reference),
                 locate: U16::new(o.locate),
@@ -804,7 +807,12 @@ impl Book {
             b.reason = s.reason;
             b.operational_halt = s.flags & FLAG_OPERATIONAL_HALT != 0;
         }
-        book.orders.reserve(n_orders);
+        book.orders.reserve_far(
+            orders
+                .iter()
+                .filter(|o| o.reference.get() >= orders::DIRECT_LIMIT)
+                .count(),
+        );
         let mut discard = |_: &Event| {};
         for o in orders {
             let side = Side::from_itch(o.side).ok_or(SnapshotError::Inconsistent)?;
