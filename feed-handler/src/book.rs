@@ -79,14 +79,16 @@ impl Levels {
             .binary_search_by_key(&k, |l| Self::key(side, l.price))
     }
 
-    /// Adds shares (and one order if `new_order`); returns the level after the change.
-    fn add(&mut self, side: Side, price: u32, shares: u32) -> Level {
+    /// Adds one order's shares; returns the level after the change and whether it is the
+    /// best level (the top of the book changed, since an order has at least one share).
+    fn add(&mut self, side: Side, price: u32, shares: u32) -> (Level, bool) {
         match self.find(side, price) {
             Ok(i) => {
+                let top = i + 1 == self.levels.len();
                 let l = &mut self.levels[i];
                 l.shares += u64::from(shares);
                 l.orders += 1;
-                *l
+                (*l, top)
             }
             Err(i) => {
                 let l = Level {
@@ -95,15 +97,23 @@ impl Levels {
                     orders: 1,
                 };
                 self.levels.insert(i, l);
-                l
+                (l, i + 1 == self.levels.len())
             }
         }
     }
 
     /// Removes shares (and the order if `order_gone`); returns the level after the change
-    /// (shares 0 when the level disappeared), or `None` when there is no such level.
-    fn remove(&mut self, side: Side, price: u32, shares: u32, order_gone: bool) -> Option<Level> {
+    /// (shares 0 when the level disappeared) and whether it was the best level, or `None`
+    /// when there is no such level.
+    fn remove(
+        &mut self,
+        side: Side,
+        price: u32,
+        shares: u32,
+        order_gone: bool,
+    ) -> Option<(Level, bool)> {
         let i = self.find(side, price).ok()?;
+        let top = i + 1 == self.levels.len();
         let l = &mut self.levels[i];
         l.shares = l.shares.saturating_sub(u64::from(shares));
         if order_gone {
@@ -112,13 +122,14 @@ impl Levels {
         let after = *l;
         if after.orders == 0 {
             self.levels.remove(i);
-            return Some(Level {
+            let gone = Level {
                 price,
                 shares: 0,
                 orders: 0,
-            });
+            };
+            return Some((gone, top));
         }
-        Some(after)
+        Some((after, top))
     }
 
     fn best(&self) -> Option<Level> {
@@ -531,6 +542,19 @@ impl Book {
         self.symbol(locate).map_or((None, None), SymbolBook::bbo)
     }
 
+    /// Emits the symbol's top of book as it is now.
+    fn emit_bbo(&self, locate: u16, ts: u64, sink: &mut impl EventSink) {
+        let Some(b) = self.symbol(locate) else { return };
+        let (bid, ask) = b.bbo();
+        sink.on_event(&Event::Bbo {
+            locate,
+            stock: b.stock,
+            timestamp: ts,
+            bid,
+            ask,
+        });
+    }
+
     fn emit_bbo_if_changed(
         &self,
         locate: u16,
@@ -567,12 +591,15 @@ impl Book {
             self.counters.bad_sides += 1;
             return;
         };
-        let before = self.bbo_of(locate);
-        self.add_quiet(locate, ts, reference, side, shares, price, stock, sink);
-        self.emit_bbo_if_changed(locate, ts, before, sink);
+        // An add changes the top of book exactly when it lands on the best level (a new one
+        // or the old one, which grows): no need to compare the top before and after.
+        if self.add_quiet(locate, ts, reference, side, shares, price, stock, sink) {
+            self.emit_bbo(locate, ts, sink);
+        }
     }
 
-    /// Adds an order and emits its level change, not the BBO.
+    /// Adds an order and emits its level change, not the BBO; returns whether the order
+    /// went to its side's best level, i.e. whether the top of book changed.
     #[allow(clippy::too_many_arguments)]
     fn add_quiet(
         &mut self,
@@ -584,14 +611,14 @@ impl Book {
         price: u32,
         stock: Option<Stock>,
         sink: &mut impl EventSink,
-    ) {
+    ) -> bool {
         if self.orders.contains(reference) {
             self.counters.duplicate_orders += 1;
-            return;
+            return false;
         }
         if shares == 0 {
             self.counters.zero_share_adds += 1;
-            return;
+            return false;
         }
         self.orders.insert_new(
             reference,
@@ -603,7 +630,7 @@ impl Book {
             },
         );
         let b = self.symbol_mut(locate, stock);
-        let level = b.side_mut(side).add(side, price, shares);
+        let (level, top) = b.side_mut(side).add(side, price, shares);
         sink.on_event(&Event::Level {
             locate,
             stock: b.stock,
@@ -611,6 +638,7 @@ impl Book {
             side,
             level,
         });
+        top
     }
 
     /// Removes up to `shares` from an order (deleting it at zero); emits level and BBO.
@@ -622,22 +650,23 @@ impl Book {
         shares: u32,
         sink: &mut impl EventSink,
     ) -> Option<Order> {
-        let locate = self.orders.get(reference).map(|o| o.locate);
-        let before = locate.map(|l| self.bbo_of(l));
-        let removed = self.remove_quiet(ts, reference, shares, sink);
-        if let (Some(l), Some(before)) = (locate, before) {
-            self.emit_bbo_if_changed(l, ts, before, sink);
+        let (removed, top) = self.remove_quiet(ts, reference, shares, sink)?;
+        if top {
+            self.emit_bbo(removed.locate, ts, sink);
         }
-        removed
+        Some(removed)
     }
 
+    /// Removes up to `shares` from an order and emits its level change, not the BBO.
+    /// Returns the order with `shares` set to the amount removed, and whether that changed
+    /// the top of book (shares came off the best level).
     fn remove_quiet(
         &mut self,
         ts: u64,
         reference: u64,
         shares: u32,
         sink: &mut impl EventSink,
-    ) -> Option<Order> {
+    ) -> Option<(Order, bool)> {
         let Some(o) = self.orders.get_mut(reference) else {
             self.counters.unknown_orders += 1;
             return None;
@@ -656,10 +685,12 @@ impl Book {
             o.shares -= take;
         }
         let b = self.symbol_mut(removed.locate, None);
-        if let Some(level) =
+        let mut top = false;
+        if let Some((level, was_best)) =
             b.side_mut(removed.side)
                 .remove(removed.side, removed.price, take, gone)
         {
+            top = was_best && take > 0;
             sink.on_event(&Event::Level {
                 locate: removed.locate,
                 stock: b.stock,
@@ -668,7 +699,7 @@ impl Book {
                 level,
             });
         }
-        Some(removed)
+        Some((removed, top))
     }
 }
 
