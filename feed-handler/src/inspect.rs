@@ -429,10 +429,9 @@ fn pass_in_chunks(mut input: impl Read, chunk: usize) -> io::Result<PassTotals> 
             whole_records(data, framing)
         };
         let mut reader = Reader::with_framing(&data[..end], framing);
-        for m in reader.by_ref() {
-            if let Ok(m) = m {
-                book.apply(&m, &mut sink);
-            }
+        // Bad records are counted by the reader and skipped, as `bbo` does.
+        for m in reader.by_ref().flatten() {
+            book.apply(&m, &mut sink);
         }
         let c = reader.counters();
         reader_totals.messages += c.messages;

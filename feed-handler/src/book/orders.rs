@@ -47,12 +47,10 @@ pub(super) struct Orders {
 }
 
 fn split(reference: u64) -> Option<(usize, usize)> {
-    (reference < DIRECT_LIMIT).then(|| {
-        (
-            (reference >> PAGE_BITS) as usize,
-            (reference as usize) & (PAGE - 1),
-        )
-    })
+    (reference < DIRECT_LIMIT).then_some((
+        (reference >> PAGE_BITS) as usize,
+        (reference as usize) & (PAGE - 1),
+    ))
 }
 
 impl Orders {
