@@ -7,9 +7,17 @@
 //! pages of [`PAGE`] slots instead: one shift to find the page, one load to find the order.
 //! A page is allocated when its first order arrives and given back (kept as a spare, up to
 //! [`SPARES`]) when its last order leaves, so memory follows the live orders, not the
-//! day's count of references. References at or above the limit, which a well-formed feed
-//! never sends but bad input may, go to a hash map, so no reference can make the page table
-//! grow past `DIRECT_LIMIT / PAGE` entries.
+//! day's count of references.
+//!
+//! Two limits keep bad or unusual input from costing more memory than a hash map would by
+//! much. References at or above [`DIRECT_LIMIT`], which a well-formed feed never sends, go
+//! to a hash map (`overflow`), so no reference can make the page table grow past
+//! `DIRECT_LIMIT / PAGE` entries. And the pages in use are limited to [`FREE_PAGES`] plus one
+//! per [`MIN_ORDERS_PER_PAGE`] live orders: an order whose page does not exist when that
+//! budget is spent goes to the hash map too, so references scattered one per page (or a day
+//! whose old orders keep many pages barely used) cost at most about 48 bytes of pages per
+//! live order beyond 3 MiB, not 48 KiB. A reference lives in exactly one of the two places;
+//! a lookup that finds no order in the pages asks the hash map unless it is empty.
 //!
 //! An empty slot is an order of zero shares: the book never keeps one (zero-share adds are
 //! refused, an order reduced to zero is removed).
@@ -25,6 +33,10 @@ const PAGE: usize = 1 << PAGE_BITS;
 pub(super) const DIRECT_LIMIT: u64 = 1 << 30;
 /// Freed pages kept for reuse, so a page boundary crossed back and forth does not allocate.
 const SPARES: usize = 4;
+/// Pages allowed whatever the number of live orders (3 MiB).
+const FREE_PAGES: usize = 64;
+/// Beyond [`FREE_PAGES`], one page per this many live orders (a quarter of a page).
+const MIN_ORDERS_PER_PAGE: usize = PAGE / 4;
 
 const EMPTY: Order = Order {
     locate: 0,
@@ -41,8 +53,10 @@ pub(super) struct Orders {
     pages: Vec<Option<Page>>,
     /// Live orders per page, to know when one can be given back.
     live: Vec<u32>,
+    /// Pages in `pages` (not counting spares).
+    in_use: usize,
     spare: Vec<Page>,
-    far: FxHashMap<u64, Order>,
+    overflow: FxHashMap<u64, Order>,
     len: usize,
 }
 
@@ -58,28 +72,29 @@ impl Orders {
         self.len
     }
 
+    fn slot(&self, reference: u64) -> Option<&Order> {
+        let (p, i) = split(reference)?;
+        let o = &self.pages.get(p)?.as_ref()?[i];
+        (o.shares != 0).then_some(o)
+    }
+
     pub(super) fn get(&self, reference: u64) -> Option<&Order> {
-        match split(reference) {
-            Some((p, i)) => self
-                .pages
-                .get(p)?
-                .as_ref()
-                .map(|page| &page[i])
-                .filter(|o| o.shares != 0),
-            None => self.far.get(&reference),
+        match self.slot(reference) {
+            Some(o) => Some(o),
+            None if self.overflow.is_empty() => None,
+            None => self.overflow.get(&reference),
         }
     }
 
     pub(super) fn get_mut(&mut self, reference: u64) -> Option<&mut Order> {
-        match split(reference) {
-            Some((p, i)) => self
-                .pages
-                .get_mut(p)?
-                .as_mut()
-                .map(|page| &mut page[i])
-                .filter(|o| o.shares != 0),
-            None => self.far.get_mut(&reference),
+        if let Some((p, i)) = split(reference) {
+            if let Some(Some(page)) = self.pages.get_mut(p) {
+                if page[i].shares != 0 {
+                    return Some(&mut page[i]);
+                }
+            }
         }
+        self.overflow.get_mut(&reference)
     }
 
     pub(super) fn contains(&self, reference: u64) -> bool {
@@ -91,43 +106,51 @@ impl Orders {
         debug_assert!(order.shares != 0 && !self.contains(reference));
         self.len += 1;
         let Some((p, i)) = split(reference) else {
-            self.far.insert(reference, order);
+            self.overflow.insert(reference, order);
             return;
         };
+        let have_page = self.pages.get(p).is_some_and(Option::is_some);
+        if !have_page && self.in_use >= FREE_PAGES + self.len / MIN_ORDERS_PER_PAGE {
+            self.overflow.insert(reference, order);
+            return;
+        }
         if self.pages.len() <= p {
             self.pages.resize_with(p + 1, || None);
             self.live.resize(p + 1, 0);
         }
-        let spare = &mut self.spare;
-        let page = self.pages[p]
-            .get_or_insert_with(|| spare.pop().unwrap_or_else(|| Box::new([EMPTY; PAGE])));
+        let (spare, in_use) = (&mut self.spare, &mut self.in_use);
+        let page = self.pages[p].get_or_insert_with(|| {
+            *in_use += 1;
+            spare.pop().unwrap_or_else(|| Box::new([EMPTY; PAGE]))
+        });
         page[i] = order;
         self.live[p] += 1;
     }
 
     /// Takes the order out, if it is live.
     pub(super) fn remove(&mut self, reference: u64) -> Option<Order> {
-        let Some((p, i)) = split(reference) else {
-            let o = self.far.remove(&reference);
-            self.len -= usize::from(o.is_some());
-            return o;
-        };
-        let slot = self.pages.get_mut(p)?.as_mut()?;
-        let o = std::mem::replace(&mut slot[i], EMPTY);
-        if o.shares == 0 {
-            return None;
-        }
-        self.len -= 1;
-        self.live[p] -= 1;
-        if self.live[p] == 0 {
-            if let Some(page) = self.pages[p].take() {
-                if self.spare.len() < SPARES {
-                    // Every slot is EMPTY again: the last order just left.
-                    self.spare.push(page);
+        if let Some((p, i)) = split(reference) {
+            if let Some(Some(page)) = self.pages.get_mut(p) {
+                if page[i].shares != 0 {
+                    let o = std::mem::replace(&mut page[i], EMPTY);
+                    self.len -= 1;
+                    self.live[p] -= 1;
+                    if self.live[p] == 0 {
+                        self.in_use -= 1;
+                        if let Some(page) = self.pages[p].take() {
+                            if self.spare.len() < SPARES {
+                                // Every slot is EMPTY again: the last order just left.
+                                self.spare.push(page);
+                            }
+                        }
+                    }
+                    return Some(o);
                 }
             }
         }
-        Some(o)
+        let o = self.overflow.remove(&reference);
+        self.len -= usize::from(o.is_some());
+        o
     }
 
     /// Every live order, in no particular order.
@@ -140,12 +163,12 @@ impl Orders {
                     .map(move |(i, o)| (((p as u64) << PAGE_BITS) | i as u64, o))
             })
         });
-        direct.chain(self.far.iter().map(|(&r, o)| (r, o)))
+        direct.chain(self.overflow.iter().map(|(&r, o)| (r, o)))
     }
 
     /// Room for `n` orders above the direct range (the direct pages need no reserving).
     pub(super) fn reserve_far(&mut self, n: usize) {
-        self.far.reserve(n);
+        self.overflow.reserve(n);
     }
 }
 
@@ -223,5 +246,41 @@ mod tests {
         assert_eq!(a, b);
         b.get_mut(10).unwrap().shares = 5;
         assert_ne!(a, b);
+    }
+
+    /// References one per page stop taking pages once the budget is spent, and are still
+    /// found, changed and removed in the hash map.
+    #[test]
+    fn scattered_references_stay_within_the_page_budget() {
+        let mut m = Orders::default();
+        let n = 3 * FREE_PAGES;
+        let r = |k: usize| (k * PAGE + 5) as u64;
+        for k in 0..n {
+            m.insert_new(r(k), order(k as u32 + 1));
+        }
+        assert_eq!(m.len(), n);
+        assert_eq!(m.in_use, FREE_PAGES);
+        assert_eq!(m.overflow.len(), n - FREE_PAGES);
+        for k in 0..n {
+            assert_eq!(m.get(r(k)).map(|o| o.shares), Some(k as u32 + 1), "{k}");
+            m.get_mut(r(k)).unwrap().shares = 7;
+        }
+        assert!(m.iter().all(|(_, o)| o.shares == 7));
+        assert_eq!(m.iter().count(), n);
+        // A dense run fills pages that exist; a page freed makes room for a new one.
+        m.insert_new(r(0) + 1, order(1));
+        assert_eq!(m.in_use, FREE_PAGES);
+        assert_eq!(m.remove(r(1)), Some(order(7)));
+        assert_eq!(m.in_use, FREE_PAGES - 1);
+        let fresh = (10_000 * PAGE) as u64;
+        m.insert_new(fresh, order(2));
+        assert_eq!(m.in_use, FREE_PAGES);
+        assert_eq!(m.get(fresh), Some(&order(2)));
+        for k in (0..n).filter(|&k| k != 1) {
+            assert_eq!(m.remove(r(k)), Some(order(7)), "{k}");
+            assert_eq!(m.get(r(k)), None);
+        }
+        assert_eq!(m.len(), 2);
+        assert!(m.overflow.is_empty());
     }
 }
