@@ -3,16 +3,18 @@
 //! Owns book state and the [`Event`]s derived from it; knows nothing of sockets or of how
 //! events are published ([`crate::publish`] does that).
 //!
-//! Structure: orders by reference in [`orders::Orders`] (a paged direct index: ITCH
+//! Structure: orders by reference in `orders::Orders` (a paged direct index: ITCH
 //! references are handed out in increasing order and unique per day, so an order is found by
-//! indexing, not hashing, for E/C/X/D/U), and per symbol and side a `Vec` of price levels sorted so that the best level is the **last**
-//! element. Most activity is at or near the top of the book, where a sorted vector inserts
-//! and removes with a short `memmove` and finds a level by binary search in contiguous
-//! memory; a `BTreeMap` would chase pointers for the same work. Symbols are a `Vec` indexed
-//! by stock locate (a dense u16 per day), so no hashing per message for the symbol.
+//! indexing, not hashing, for E/C/X/D/U), and per symbol and side a `Vec` of price levels
+//! sorted so that the best level is the **last** element. Most activity is at or near the
+//! top of the book, where a sorted vector inserts and removes with a short `memmove` and
+//! finds a level by binary search in contiguous memory; a `BTreeMap` would chase pointers for
+//! the same work. Symbols are a `Vec` indexed by stock locate (a dense u16 per day), so no
+//! hashing per message for the symbol. Whether a message changed the top of book is read
+//! from the position of the level it touched, not by comparing the top before and after.
 //!
-//! Steady-state updates do not allocate (the vectors and the map grow to the day's peak and
-//! stay there). Inconsistent input (unknown order, over-execution) is counted, never a panic.
+//! Steady-state updates rarely allocate (the level vectors grow to the day's peak and stay
+//! there; order pages are recycled through a few spares). Inconsistent input (unknown order, over-execution) is counted, never a panic.
 
 use crate::itch::{Message, Stock};
 use zerocopy::byteorder::little_endian::{U16, U32, U64};
