@@ -3,19 +3,20 @@
 //! Owns book state and the [`Event`]s derived from it; knows nothing of sockets or of how
 //! events are published ([`crate::publish`] does that).
 //!
-//! Structure: one `FxHashMap` from order reference to order (ITCH references are unique per
-//! day, so the fast non-DoS-resistant hash is fine, and lookup is O(1) for E/C/X/D/U), and per
-//! symbol and side a `Vec` of price levels sorted so that the best level is the **last**
-//! element. Most activity is at or near the top of the book, where a sorted vector inserts
-//! and removes with a short `memmove` and finds a level by binary search in contiguous
-//! memory; a `BTreeMap` would chase pointers for the same work. Symbols are a `Vec` indexed
-//! by stock locate (a dense u16 per day), so no hashing per message for the symbol.
+//! Structure: orders by reference in `orders::Orders` (a paged direct index: ITCH
+//! references are handed out in increasing order and unique per day, so an order is found by
+//! indexing, not hashing, for E/C/X/D/U), and per symbol and side a `Vec` of price levels
+//! sorted so that the best level is the **last** element. Most activity is at or near the
+//! top of the book, where a sorted vector inserts and removes with a short `memmove` and
+//! finds a level by binary search in contiguous memory; a `BTreeMap` would chase pointers for
+//! the same work. Symbols are a `Vec` indexed by stock locate (a dense u16 per day), so no
+//! hashing per message for the symbol. Whether a message changed the top of book is read
+//! from the position of the level it touched, not by comparing the top before and after.
 //!
-//! Steady-state updates do not allocate (the vectors and the map grow to the day's peak and
-//! stay there). Inconsistent input (unknown order, over-execution) is counted, never a panic.
+//! Steady-state updates rarely allocate (the level vectors grow to the day's peak and stay
+//! there; order pages are recycled through a few spares). Inconsistent input (unknown order, over-execution) is counted, never a panic.
 
 use crate::itch::{Message, Stock};
-use rustc_hash::FxHashMap;
 use zerocopy::byteorder::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -80,14 +81,16 @@ impl Levels {
             .binary_search_by_key(&k, |l| Self::key(side, l.price))
     }
 
-    /// Adds shares (and one order if `new_order`); returns the level after the change.
-    fn add(&mut self, side: Side, price: u32, shares: u32) -> Level {
+    /// Adds one order's shares; returns the level after the change and whether it is the
+    /// best level (the top of the book changed, since an order has at least one share).
+    fn add(&mut self, side: Side, price: u32, shares: u32) -> (Level, bool) {
         match self.find(side, price) {
             Ok(i) => {
+                let top = i + 1 == self.levels.len();
                 let l = &mut self.levels[i];
                 l.shares += u64::from(shares);
                 l.orders += 1;
-                *l
+                (*l, top)
             }
             Err(i) => {
                 let l = Level {
@@ -96,15 +99,23 @@ impl Levels {
                     orders: 1,
                 };
                 self.levels.insert(i, l);
-                l
+                (l, i + 1 == self.levels.len())
             }
         }
     }
 
     /// Removes shares (and the order if `order_gone`); returns the level after the change
-    /// (shares 0 when the level disappeared), or `None` when there is no such level.
-    fn remove(&mut self, side: Side, price: u32, shares: u32, order_gone: bool) -> Option<Level> {
+    /// (shares 0 when the level disappeared) and whether it was the best level, or `None`
+    /// when there is no such level.
+    fn remove(
+        &mut self,
+        side: Side,
+        price: u32,
+        shares: u32,
+        order_gone: bool,
+    ) -> Option<(Level, bool)> {
         let i = self.find(side, price).ok()?;
+        let top = i + 1 == self.levels.len();
         let l = &mut self.levels[i];
         l.shares = l.shares.saturating_sub(u64::from(shares));
         if order_gone {
@@ -113,13 +124,14 @@ impl Levels {
         let after = *l;
         if after.orders == 0 {
             self.levels.remove(i);
-            return Some(Level {
+            let gone = Level {
                 price,
                 shares: 0,
                 orders: 0,
-            });
+            };
+            return Some((gone, top));
         }
-        Some(after)
+        Some((after, top))
     }
 
     fn best(&self) -> Option<Level> {
@@ -185,6 +197,8 @@ impl SymbolBook {
         }
     }
 }
+
+mod orders;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Order {
@@ -295,7 +309,7 @@ pub struct BookCounters {
 #[derive(Debug, Clone, Default)]
 pub struct Book {
     symbols: Vec<Option<SymbolBook>>,
-    orders: FxHashMap<u64, Order>,
+    orders: orders::Orders,
     counters: BookCounters,
 }
 
@@ -479,7 +493,7 @@ impl Book {
             }
             Message::OrderReplace(m) => {
                 let r = m.original_order_reference_number.get();
-                let Some(old) = self.orders.get(&r).copied() else {
+                let Some(old) = self.orders.get(r).copied() else {
                     self.counters.unknown_orders += 1;
                     return;
                 };
@@ -530,6 +544,19 @@ impl Book {
         self.symbol(locate).map_or((None, None), SymbolBook::bbo)
     }
 
+    /// Emits the symbol's top of book as it is now.
+    fn emit_bbo(&self, locate: u16, ts: u64, sink: &mut impl EventSink) {
+        let Some(b) = self.symbol(locate) else { return };
+        let (bid, ask) = b.bbo();
+        sink.on_event(&Event::Bbo {
+            locate,
+            stock: b.stock,
+            timestamp: ts,
+            bid,
+            ask,
+        });
+    }
+
     fn emit_bbo_if_changed(
         &self,
         locate: u16,
@@ -566,12 +593,15 @@ impl Book {
             self.counters.bad_sides += 1;
             return;
         };
-        let before = self.bbo_of(locate);
-        self.add_quiet(locate, ts, reference, side, shares, price, stock, sink);
-        self.emit_bbo_if_changed(locate, ts, before, sink);
+        // An add changes the top of book exactly when it lands on the best level (a new one
+        // or the old one, which grows): no need to compare the top before and after.
+        if self.add_quiet(locate, ts, reference, side, shares, price, stock, sink) {
+            self.emit_bbo(locate, ts, sink);
+        }
     }
 
-    /// Adds an order and emits its level change, not the BBO.
+    /// Adds an order and emits its level change, not the BBO; returns whether the order
+    /// went to its side's best level, i.e. whether the top of book changed.
     #[allow(clippy::too_many_arguments)]
     fn add_quiet(
         &mut self,
@@ -583,16 +613,16 @@ impl Book {
         price: u32,
         stock: Option<Stock>,
         sink: &mut impl EventSink,
-    ) {
-        if self.orders.contains_key(&reference) {
+    ) -> bool {
+        if self.orders.contains(reference) {
             self.counters.duplicate_orders += 1;
-            return;
+            return false;
         }
         if shares == 0 {
             self.counters.zero_share_adds += 1;
-            return;
+            return false;
         }
-        self.orders.insert(
+        self.orders.insert_new(
             reference,
             Order {
                 locate,
@@ -602,7 +632,7 @@ impl Book {
             },
         );
         let b = self.symbol_mut(locate, stock);
-        let level = b.side_mut(side).add(side, price, shares);
+        let (level, top) = b.side_mut(side).add(side, price, shares);
         sink.on_event(&Event::Level {
             locate,
             stock: b.stock,
@@ -610,6 +640,7 @@ impl Book {
             side,
             level,
         });
+        top
     }
 
     /// Removes up to `shares` from an order (deleting it at zero); emits level and BBO.
@@ -621,23 +652,24 @@ impl Book {
         shares: u32,
         sink: &mut impl EventSink,
     ) -> Option<Order> {
-        let locate = self.orders.get(&reference).map(|o| o.locate);
-        let before = locate.map(|l| self.bbo_of(l));
-        let removed = self.remove_quiet(ts, reference, shares, sink);
-        if let (Some(l), Some(before)) = (locate, before) {
-            self.emit_bbo_if_changed(l, ts, before, sink);
+        let (removed, top) = self.remove_quiet(ts, reference, shares, sink)?;
+        if top {
+            self.emit_bbo(removed.locate, ts, sink);
         }
-        removed
+        Some(removed)
     }
 
+    /// Removes up to `shares` from an order and emits its level change, not the BBO.
+    /// Returns the order with `shares` set to the amount removed, and whether that changed
+    /// the top of book (shares came off the best level).
     fn remove_quiet(
         &mut self,
         ts: u64,
         reference: u64,
         shares: u32,
         sink: &mut impl EventSink,
-    ) -> Option<Order> {
-        let Some(o) = self.orders.get_mut(&reference) else {
+    ) -> Option<(Order, bool)> {
+        let Some(o) = self.orders.get_mut(reference) else {
             self.counters.unknown_orders += 1;
             return None;
         };
@@ -646,17 +678,21 @@ impl Book {
             self.counters.overfills += 1;
         }
         let take = shares.min(o.shares);
-        o.shares -= take;
-        let gone = o.shares == 0;
+        let gone = take == o.shares;
         let removed = Order { shares: take, ..*o };
         if gone {
-            self.orders.remove(&reference);
+            // Taken out whole: an order of zero shares would read as an empty slot.
+            self.orders.remove(reference);
+        } else {
+            o.shares -= take;
         }
         let b = self.symbol_mut(removed.locate, None);
-        if let Some(level) =
+        let mut top = false;
+        if let Some((level, was_best)) =
             b.side_mut(removed.side)
                 .remove(removed.side, removed.price, take, gone)
         {
+            top = was_best && take > 0;
             sink.on_event(&Event::Level {
                 locate: removed.locate,
                 stock: b.stock,
@@ -665,7 +701,7 @@ impl Book {
                 level,
             });
         }
-        Some(removed)
+        Some((removed, top))
     }
 }
 
@@ -740,7 +776,7 @@ impl Book {
     pub fn snapshot(&self) -> Vec<u8> {
         let symbols: Vec<_> = self.symbols().collect();
         let mut orders: Vec<_> = self.orders.iter().collect();
-        orders.sort_unstable_by_key(|(r, _)| **r);
+        orders.sort_unstable_by_key(|(r, _)| *r);
         let mut out = Vec::with_capacity(20 + symbols.len() * 16 + orders.len() * 20);
         let header = SnapshotHeader {
             magic: SNAPSHOT_MAGIC,
@@ -764,7 +800,7 @@ impl Book {
             };
             out.extend_from_slice(s.as_bytes());
         }
-        for (&reference, o) in orders {
+        for (reference, o) in orders {
             let s = SnapshotOrder {
                 reference: U64::new(reference),
                 locate: U16::new(o.locate),
@@ -804,7 +840,12 @@ impl Book {
             b.reason = s.reason;
             b.operational_halt = s.flags & FLAG_OPERATIONAL_HALT != 0;
         }
-        book.orders.reserve(n_orders);
+        book.orders.reserve_far(
+            orders
+                .iter()
+                .filter(|o| o.reference.get() >= orders::DIRECT_LIMIT)
+                .count(),
+        );
         let mut discard = |_: &Event| {};
         for o in orders {
             let side = Side::from_itch(o.side).ok_or(SnapshotError::Inconsistent)?;

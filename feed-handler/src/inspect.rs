@@ -1,5 +1,6 @@
-//! Offline inspection of captures: the full-depth book at a time of day (`feed-handler book`)
-//! and every top-of-book change as CSV (`feed-handler bbo`).
+//! Offline inspection of captures: the full-depth book at a time of day (`feed-handler book`),
+//! every top-of-book change as CSV (`feed-handler bbo`) and the decode + book pass alone, for
+//! measuring it (`feed-handler throughput`).
 //!
 //! Owns the time-of-day syntax, the text layout of a printed book and the BBO CSV format. It
 //! reads messages with [`crate::binaryfile::Reader`] and keeps state in [`crate::book::Book`]
@@ -7,10 +8,10 @@
 //! service would have built from the same bytes. No file or terminal I/O: callers hand in the
 //! capture's bytes and a writer.
 
-use crate::binaryfile::{Reader, ReaderCounters};
+use crate::binaryfile::{self, Framing, Reader, ReaderCounters};
 use crate::book::{Book, Event, Level, Side, SymbolBook};
 use std::fmt;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 
@@ -335,6 +336,119 @@ pub fn write_bbo(
         messages,
         rows,
         reader: *reader.counters(),
+    })
+}
+
+/// Bytes [`books_pass`] reads at a time: itch-book's default chunk too, so that both sides of
+/// `cargo xtask bench books` hold the same amount of input.
+pub const PASS_CHUNK: usize = 8 << 20;
+
+/// Totals of a [`books_pass`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassTotals {
+    /// Messages applied.
+    pub messages: u64,
+    /// Top-of-book changes the book reported ([`Event::Bbo`]).
+    pub bbo_changes: u64,
+    /// The reader's totals, summed over the chunks.
+    pub reader: ReaderCounters,
+}
+
+/// The end of the last whole record in `data` (what follows is the start of a record whose
+/// rest is in the next chunk). A record whose size cannot be known (an unknown type in a
+/// zero-prefixed capture) ends the walk where it starts: the reader reports it.
+fn whole_records(data: &[u8], framing: Framing) -> usize {
+    let mut pos = 0;
+    while let Some(prefix) = data.get(pos..pos + 2) {
+        let len = match framing {
+            Framing::LengthPrefixed => usize::from(u16::from_be_bytes([prefix[0], prefix[1]])),
+            Framing::ZeroPrefixed => match data.get(pos + 2).map(|&t| crate::itch::message_size(t))
+            {
+                Some(Some(n)) => n,
+                Some(None) => return data.len(),
+                None => break,
+            },
+        };
+        if len == 0 || pos + 2 + len > data.len() {
+            // A zero length is the reader's to report; a longer one is cut by the chunk.
+            if len == 0 {
+                return data.len();
+            }
+            break;
+        }
+        pos += 2 + len;
+    }
+    pos
+}
+
+/// Decodes a capture and applies it to full-depth books, counting top-of-book changes and
+/// nothing else: the work of `feed-handler bbo` without the CSV. Reads `input` in
+/// [`PASS_CHUNK`] pieces, so memory is the books plus one chunk whatever the capture's size.
+/// Bad records are counted and skipped as `bbo` does; a file that is no capture at all is an
+/// [`io::ErrorKind::InvalidData`] error.
+pub fn books_pass(input: impl Read) -> io::Result<PassTotals> {
+    pass_in_chunks(input, PASS_CHUNK)
+}
+
+/// [`books_pass`] with `chunk` bytes at a time; `chunk` must exceed the longest record
+/// (2 + 65,535 bytes) or a record longer than it is reported truncated.
+fn pass_in_chunks(mut input: impl Read, chunk: usize) -> io::Result<PassTotals> {
+    let mut buf = vec![0u8; chunk];
+    let mut filled = 0;
+    let mut framing = None;
+    let mut book = Book::new();
+    let mut bbo_changes = 0u64;
+    let mut reader_totals = ReaderCounters::default();
+    let mut sink = |e: &Event| {
+        if let Event::Bbo { .. } = e {
+            bbo_changes += 1;
+        }
+    };
+    loop {
+        let n = match input.read(&mut buf[filled..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        filled += n;
+        let eof = n == 0;
+        if filled < buf.len() && !eof {
+            continue;
+        }
+        let data = &buf[..filled];
+        let framing = match framing {
+            Some(f) => f,
+            None => *framing.insert(
+                binaryfile::detect(data)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
+            ),
+        };
+        let end = if eof {
+            filled
+        } else {
+            whole_records(data, framing)
+        };
+        let mut reader = Reader::with_framing(&data[..end], framing);
+        // Bad records are counted by the reader and skipped, as `bbo` does.
+        for m in reader.by_ref().flatten() {
+            book.apply(&m, &mut sink);
+        }
+        let c = reader.counters();
+        reader_totals.messages += c.messages;
+        reader_totals.bad_records += c.bad_records;
+        reader_totals.unknown_types += c.unknown_types;
+        reader_totals.length_mismatches += c.length_mismatches;
+        reader_totals.unread_bytes += c.unread_bytes;
+        if eof {
+            break;
+        }
+        buf.copy_within(end..filled, 0);
+        filled -= end;
+    }
+    Ok(PassTotals {
+        messages: book.counters().messages,
+        bbo_changes,
+        reader: reader_totals,
     })
 }
 

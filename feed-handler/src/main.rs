@@ -76,6 +76,17 @@ enum Command {
         #[arg(short, long, value_name = "OUT.csv")]
         output: Option<PathBuf>,
     },
+    /// Measure decode + full-depth books over a capture: messages per second.
+    ///
+    /// Reads the capture in 8 MiB chunks, decodes every message and applies it to the feed
+    /// handler's books, counting top-of-book changes (the work of `bbo` without the CSV).
+    /// Prints one line: `RESULT msgs_per_sec=R messages=N bbo_changes=B secs=S`, timed from
+    /// opening the file to the last message. `cargo xtask bench books` runs it against
+    /// itch-book.
+    Throughput {
+        /// The capture (BinaryFILE, as for `decode`).
+        file: PathBuf,
+    },
     /// Write a deterministic, seeded ITCH 5.0 day as a BinaryFILE capture.
     Generate {
         /// RNG seed: the same seed and options give the same bytes.
@@ -169,6 +180,7 @@ fn main() -> Result<()> {
             at,
         } => book(&file, symbol.as_deref(), depth, at),
         Command::Bbo { file, output } => bbo(&file, output.as_deref()),
+        Command::Throughput { file } => throughput(&file),
         Command::Generate {
             seed,
             messages,
@@ -407,6 +419,39 @@ fn bbo(file: &Path, output: Option<&Path>) -> Result<()> {
             start.elapsed().as_secs_f64()
         );
     }
+    Ok(())
+}
+
+/// CPU time of this thread so far as the scheduler counts it (first field of
+/// `/proc/thread-self/schedstat`, ns); itch-book's side of `cargo xtask bench books` reads the
+/// same. `None` where there is no such file.
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn throughput(file: &Path) -> Result<()> {
+    let cpu = thread_cpu_ns();
+    let start = Instant::now();
+    let f = std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+    let totals =
+        inspect::books_pass(f).with_context(|| format!("cannot read {}", file.display()))?;
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = match (cpu, thread_cpu_ns()) {
+        (Some(a), Some(b)) => format!(" cpu_secs={:.6}", b.saturating_sub(a) as f64 / 1e9),
+        _ => String::new(),
+    };
+    check_read(file, &totals.reader)?;
+    println!(
+        "RESULT msgs_per_sec={:.1} messages={} bbo_changes={} secs={secs:.6}{cpu}",
+        totals.messages as f64 / secs,
+        totals.messages,
+        totals.bbo_changes
+    );
     Ok(())
 }
 

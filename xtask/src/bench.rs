@@ -196,6 +196,7 @@ pub fn names() -> Vec<&'static str> {
         .iter()
         .map(|s| s.name)
         .chain(HOST_ONLY.iter().copied())
+        .chain(["books"])
         .collect()
 }
 
@@ -346,6 +347,9 @@ pub fn run(
 ) -> Result<()> {
     if HOST_ONLY.contains(&name) {
         return run_host(root, name, rounds, iterations);
+    }
+    if name == "books" {
+        return crate::books::run(root, rounds, iterations);
     }
     let rounds = rounds.unwrap_or(5);
     let spec = SPECS

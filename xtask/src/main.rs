@@ -2,6 +2,7 @@
 //! benchmarks and the demo. Run as `cargo xtask <command>`.
 
 mod bench;
+mod books;
 mod check_build;
 mod demo;
 mod fuzz;
@@ -81,7 +82,10 @@ enum Cmd {
     /// ib_write_lat). Ends with e.g. `rc-latency: p50 ratio X.XX, p99 ratio Y.YY`.
     ///
     /// On the host, no RDMA needed: gateway-journal (orders/s per journal fsync policy, tmpfs
-    /// and disk) and gateway-restart (open + replay of a journal of -n orders, default 1M).
+    /// and disk) and gateway-restart (open + replay of a journal of -n orders, default 1M);
+    /// books (feed-handler's decode + books against itch-book's over a generated day of -n
+    /// messages, default 5M, 500 symbols; ends with `books: ratio X` and `books-memory: ratio
+    /// Y`).
     Bench {
         /// Which benchmark.
         name: String,

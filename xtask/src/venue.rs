@@ -1,6 +1,8 @@
-//! The FIX venue used by the order-gateway tests and the demo: a QuickFIX
-//! acceptor (PyPI `quickfix-ssl`) in a Python virtual environment kept in
-//! the cache folder, so it needs no system-wide pip.
+//! The project's Python virtual environment, kept in the cache folder so it
+//! needs no system-wide pip: the FIX venue used by the order-gateway tests and
+//! the demo (a QuickFIX acceptor, PyPI `quickfix-ssl`), and itch-book, the
+//! independent ITCH book that feed-handler's BBO is checked against in the
+//! tests and measured against by `cargo xtask bench books`.
 
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
@@ -11,20 +13,37 @@ pub fn python() -> PathBuf {
     crate::setup::cache_dir().join("venv/bin/python3")
 }
 
-/// Creates the venv and installs the venue's requirements (cached).
+/// Requirement files installed into the venv, relative to the workspace root.
+pub const REQUIREMENTS: &[&str] = &[
+    "order-gateway/venue/requirements.txt",
+    "feed-handler/crosscheck/requirements.txt",
+];
+
+/// Creates the venv and installs every file of [`REQUIREMENTS`] (cached: redone
+/// only when one of them changed).
 pub fn ensure_venue() -> Result<()> {
-    let req = crate::workspace_root().join("order-gateway/venue/requirements.txt");
-    if !req.exists() {
+    let root = crate::workspace_root();
+    let files: Vec<PathBuf> = REQUIREMENTS
+        .iter()
+        .map(|r| root.join(r))
+        .filter(|p| p.exists())
+        .collect();
+    if files.is_empty() {
         return Ok(());
     }
-    let reqs = std::fs::read_to_string(&req)?;
+    let mut reqs = String::new();
+    for f in &files {
+        reqs.push_str(
+            &std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?,
+        );
+    }
     let venv = crate::setup::cache_dir().join("venv");
     let stamp = venv.join("rocebus-requirements.txt");
     if python().exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(reqs.as_str()) {
         return Ok(());
     }
     eprintln!(
-        "setup: creating the venue's Python environment ({})",
+        "setup: creating the project's Python environment ({})",
         venv.display()
     );
     let py = ["python3", "/usr/bin/python3"]
@@ -41,12 +60,14 @@ pub fn ensure_venue() -> Result<()> {
     if !st.success() {
         bail!("python3 -m venv {} failed", venv.display());
     }
-    let st = Command::new(venv.join("bin/pip"))
-        .args(["install", "-q", "--disable-pip-version-check", "-r"])
-        .arg(&req)
-        .status()?;
+    let mut pip = Command::new(venv.join("bin/pip"));
+    pip.args(["install", "-q", "--disable-pip-version-check"]);
+    for f in &files {
+        pip.arg("-r").arg(f);
+    }
+    let st = pip.status()?;
     if !st.success() {
-        bail!("pip install -r {} failed", req.display());
+        bail!("pip install {pip:?} failed");
     }
     std::fs::write(stamp, reqs)?;
     Ok(())

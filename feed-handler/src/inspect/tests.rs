@@ -318,3 +318,36 @@ fn time_of_day_syntax() {
         "14:05:59.500000000"
     );
 }
+
+/// The chunked pass sees every message once, wherever the chunks cut the records, and counts
+/// exactly the rows `bbo` writes.
+#[test]
+fn books_pass_counts_bbo_changes_across_chunk_cuts() {
+    let data = day();
+    let (csv, totals) = bbo_csv(&data);
+    for chunk in [64, 97, 4096, PASS_CHUNK] {
+        let pass = pass_in_chunks(&data[..], chunk).unwrap();
+        assert_eq!(pass.messages, totals.messages, "chunk {chunk}");
+        assert_eq!(pass.bbo_changes, totals.rows, "chunk {chunk}");
+        assert_eq!(pass.reader, totals.reader, "chunk {chunk}");
+    }
+    assert_eq!(csv.lines().count() as u64, totals.rows + 1);
+    assert!(totals.rows > 1000);
+}
+
+/// A capture cut inside its last record: everything before is applied, the cut is reported.
+#[test]
+fn books_pass_reports_a_truncated_tail_and_refuses_no_capture() {
+    let data = day();
+    let cut = &data[..data.len() - 3];
+    let pass = pass_in_chunks(cut, 100).unwrap();
+    assert_eq!(pass.messages, 19_999);
+    assert_eq!(pass.reader.bad_records, 1);
+    assert!(pass.reader.unread_bytes > 0);
+    let err = books_pass(&[0u8, 0, 0xff, 1, 2, 3][..]).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    assert!(
+        err.to_string().contains("not a BinaryFILE capture"),
+        "{err}"
+    );
+}
