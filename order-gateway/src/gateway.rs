@@ -32,7 +32,7 @@ use crate::journal::encode_record;
 use crate::proto::{
     self, msg_type, LogonStatus, OrdState, RejectReason, Request, Response, Side, Symbol,
 };
-use crate::risk::{KillScope, OrderParams, RiskConfig, RiskConfigError, RiskEngine};
+use crate::risk::{KillScope, OrderParams, RequestKind, RiskConfig, RiskConfigError, RiskEngine};
 
 /// Engine identifier, named in the engine's logon and checked against its token.
 pub type EngineId = u32;
@@ -58,7 +58,38 @@ pub mod record {
     /// A kill switch turned on or off: scope `u8` (0 global, 1 engine, 2 account), id
     /// `u32 LE`, on `u8`.
     pub const KILL: u8 = 6;
+    /// An engine frame that did not decode: `engine u32 LE`, the frame's length `u32 LE`,
+    /// then at most [`super::MALFORMED_KEPT`] of its first bytes (what its reject is made
+    /// of), so garbage costs the journal a bounded record.
+    pub const ENGINE_MALFORMED: u8 = 7;
 }
+
+/// Bytes of a malformed engine frame the journal keeps.
+pub const MALFORMED_KEPT: usize = 64;
+
+/// [`Decision`] trailer `origin`: the engine's own request (counted by the throttles).
+pub const ORIGIN_ENGINE: u8 = 0;
+/// [`Decision`] trailer `origin`: a cancel the gateway made (kill switch, cancel-all, mass
+/// cancel, cancel-on-disconnect); never throttled.
+pub const ORIGIN_GATEWAY: u8 = 1;
+
+/// What follows a [`Decision`] in its journal record: when it was decided and who asked,
+/// so recovery rebuilds the throttle and repeated-order windows. Journals written before it
+/// existed have bare decisions: those replay without their windows.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct DecisionTrailer {
+    /// Decision time, nanoseconds since the UNIX epoch.
+    pub now: U64,
+    /// [`ORIGIN_ENGINE`] or [`ORIGIN_GATEWAY`].
+    pub origin: u8,
+}
+
+const _: () = assert!(size_of::<DecisionTrailer>() == 9);
+
+/// Malformed-frame log lines: at most one per engine per this many nanoseconds (the rest
+/// are summed into the next line).
+const MALFORMED_LOG_INTERVAL_NS: u64 = 1_000_000_000;
 
 /// [`record::ENGINE_SESSION`] event: the engine logged on.
 pub const SESSION_LOGON: u8 = 1;
@@ -111,6 +142,9 @@ pub struct Outputs {
     pub journal_records: u32,
     /// The FIX transport must be closed.
     pub disconnect: bool,
+    /// Engines whose connections must be closed (they sent `max_malformed_frames`): the
+    /// driver closes them, which runs cancel-on-disconnect.
+    pub kick: Vec<EngineId>,
     /// `engine[..stamped]` carry their response sequence numbers.
     stamped: usize,
 }
@@ -124,6 +158,7 @@ impl Outputs {
         self.journal.clear();
         self.journal_records = 0;
         self.disconnect = false;
+        self.kick.clear();
         self.stamped = 0;
     }
 
@@ -201,6 +236,20 @@ pub struct GatewayCounters {
     pub late_answers: u64,
     /// OrderStatusRequests sent at logon for orders in doubt.
     pub status_requests: u64,
+    /// Engine connections cut off for sending `max_malformed_frames` malformed frames.
+    pub malformed_disconnects: u64,
+    /// Frames from an engine cut off, before it logged on again: neither taken nor journaled.
+    pub frames_after_cutoff: u64,
+}
+
+/// Per engine, malformed frames since its logon and the rate-limited log of them.
+#[derive(Clone, Copy, Debug, Default)]
+struct MalformedLog {
+    /// Since the engine's last logon (journaled, so replay rebuilds it).
+    count: u32,
+    /// Live only: when the last line was logged, and frames not logged since.
+    logged_at: u64,
+    unlogged: u64,
 }
 
 /// One engine's numbered responses.
@@ -238,6 +287,10 @@ pub struct Gateway {
     counters: GatewayCounters,
     /// ExecIDs applied (duplicates, trade cancel/correct references).
     execs: crate::execs::ExecLog,
+    /// Malformed frames per engine.
+    malformed: FxHashMap<EngineId, MalformedLog>,
+    /// Malformed frames that cut an engine off.
+    max_malformed: u32,
     /// Replaying the journal: state changes only, no logging.
     replaying: bool,
     /// Discard sink for replay.
@@ -286,17 +339,19 @@ impl Gateway {
             responses: risk
                 .engines
                 .iter()
-                .map(|e| (e.id, ResponseLog::new(RESPONSE_HISTORY)))
+                .map(|e| (e.id, ResponseLog::new(risk.response_history)))
                 .collect(),
             last_request: FxHashMap::default(),
             connected: FxHashSet::default(),
             cod_deadlines: Vec::new(),
-            history: RESPONSE_HISTORY,
+            history: risk.response_history,
             next_id: 1,
             inbuf: Vec::with_capacity(1 << 16),
             body: Vec::with_capacity(512),
             counters: GatewayCounters::default(),
             execs: crate::execs::ExecLog::default(),
+            malformed: FxHashMap::default(),
+            max_malformed: risk.max_malformed_frames,
             replaying: false,
             scratch: Outputs::default(),
         })
@@ -506,6 +561,19 @@ impl Gateway {
         );
         self.connected.insert(engine);
         self.cod_deadlines.retain(|(e, _)| *e != engine);
+        self.reset_malformed(engine);
+    }
+
+    /// A new connection of `engine` starts with a clean slate (live and replay).
+    fn reset_malformed(&mut self, engine: EngineId) {
+        if let Some(m) = self.malformed.get_mut(&engine) {
+            m.count = 0;
+        }
+    }
+
+    /// Malformed frames `engine` sent since it last logged on.
+    pub fn malformed_since_logon(&self, engine: EngineId) -> u32 {
+        self.malformed.get(&engine).map_or(0, |m| m.count)
     }
 
     /// Starts a FIX logout.
@@ -563,6 +631,7 @@ impl Gateway {
         );
         self.connected.remove(&engine);
         self.cod_deadlines.retain(|(e, _)| *e != engine);
+        self.reset_malformed(engine);
         if self.session.state() != SessionState::Active {
             // The cancels need the venue: they go out as soon as the session is up again
             // (unless the engine logs on first), not rejected as SessionDown to nobody.
@@ -583,7 +652,7 @@ impl Gateway {
             .collect();
         targets.sort_unstable();
         for (engine, cl) in targets {
-            self.handle_cancel(engine, cl, now, out);
+            self.handle_cancel(engine, cl, ORIGIN_GATEWAY, now, out);
         }
     }
 
@@ -599,6 +668,54 @@ impl Gateway {
         self.seal(out);
     }
 
+    /// A request that does not decode: journaled (its first [`MALFORMED_KEPT`] bytes),
+    /// answered with a Malformed reject, counted, logged at most once a second per engine;
+    /// the one that reaches `max_malformed_frames` since the engine's logon cuts it off.
+    fn on_malformed(&mut self, engine: EngineId, bytes: &[u8], now: u64, out: &mut Outputs) {
+        let kept = &bytes[..bytes.len().min(MALFORMED_KEPT)];
+        out.record(
+            record::ENGINE_MALFORMED,
+            &[
+                &engine.to_le_bytes(),
+                &(bytes.len() as u32).to_le_bytes(),
+                kept,
+            ],
+        );
+        self.counters.malformed_engine += 1;
+        let max = self.max_malformed;
+        let m = self.malformed.entry(engine).or_default();
+        m.count = m.count.saturating_add(1);
+        m.unlogged += 1;
+        let cut_off = m.count == max;
+        let quiet = self.replaying;
+        if !quiet && (cut_off || now.saturating_sub(m.logged_at) >= MALFORMED_LOG_INTERVAL_NS) {
+            tracing::warn!(
+                engine,
+                frames = m.unlogged,
+                since_logon = m.count,
+                max_malformed_frames = max,
+                "malformed engine frames (answered Malformed)"
+            );
+            m.logged_at = now;
+            m.unlogged = 0;
+        }
+        if cut_off {
+            self.counters.malformed_disconnects += 1;
+            if !quiet {
+                tracing::warn!(
+                engine,
+                max_malformed_frames = max,
+                "engine sent too many malformed frames: disconnecting it (cancel-on-disconnect); \
+                 nothing more is taken from it until it logs on again"
+                );
+            }
+            if !out.kick.contains(&engine) {
+                out.kick.push(engine);
+            }
+        }
+        Self::malformed(engine, kept, out);
+    }
+
     /// A request that does not decode is answered with a Malformed reject (live and replay).
     fn malformed(engine: EngineId, bytes: &[u8], out: &mut Outputs) {
         let cl = bytes
@@ -611,6 +728,12 @@ impl Gateway {
     }
 
     fn engine_message(&mut self, engine: EngineId, bytes: &[u8], now: u64, out: &mut Outputs) {
+        if self.malformed_since_logon(engine) >= self.max_malformed {
+            // Cut off (its connection is being closed): nothing is taken, and its logon
+            // answer will say so (last request taken).
+            self.counters.frames_after_cutoff += 1;
+            return;
+        }
         let seq = request_seq(bytes);
         if seq != 0 && seq <= self.last_request_seq(engine) {
             // Taken before (the engine could not know: it lost our answer or its state).
@@ -621,18 +744,20 @@ impl Gateway {
             self.counters.resent_requests += 1;
             return;
         }
-        out.record(record::ENGINE_REQUEST, &[&engine.to_le_bytes(), bytes]);
-        self.note_request_seq(engine, bytes);
         let req = match Request::decode(bytes) {
             Ok((r, _)) => r,
             Err(_) => {
-                self.counters.malformed_engine += 1;
-                return Self::malformed(engine, bytes, out);
+                self.note_request_seq(engine, bytes);
+                return self.on_malformed(engine, bytes, now, out);
             }
         };
+        out.record(record::ENGINE_REQUEST, &[&engine.to_le_bytes(), bytes]);
+        self.note_request_seq(engine, bytes);
         match req {
             Request::NewOrder(m) => self.handle_new(engine, &m, now, out),
-            Request::Cancel(m) => self.handle_cancel(engine, m.cl_ord_id.get(), now, out),
+            Request::Cancel(m) => {
+                self.handle_cancel(engine, m.cl_ord_id.get(), ORIGIN_ENGINE, now, out)
+            }
             Request::Replace(m) => self.handle_replace(engine, &m, now, out),
             Request::MassCancel(m) => {
                 let (account, symbol) = (m.account.get(), m.symbol);
@@ -708,10 +833,11 @@ impl Gateway {
         out.info.push((engine, status));
     }
 
-    fn decision(out: &mut Outputs, d: &Decision) {
-        out.record(record::DECISION, &[d.as_bytes()]);
+    fn decision(out: &mut Outputs, d: &Decision, t: DecisionTrailer) {
+        out.record(record::DECISION, &[d.as_bytes(), t.as_bytes()]);
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn reject_request(
         engine: EngineId,
         cl: u64,
@@ -719,6 +845,7 @@ impl Gateway {
         reason: RejectReason,
         out: &mut Outputs,
         d: Option<Decision>,
+        t: DecisionTrailer,
     ) {
         let d = d.unwrap_or_else(|| Decision {
             engine: U32::new(engine),
@@ -739,6 +866,7 @@ impl Gateway {
                 reason: U16::new(reason as u16),
                 ..d
             },
+            t,
         );
         out.engine
             .push((engine, Response::reject(cl, request, reason)));
@@ -766,6 +894,7 @@ impl Gateway {
             side: m.side,
             symbol: m.symbol,
         };
+        let t = trailer(now, ORIGIN_ENGINE);
         let verdict = if self.session.state() != SessionState::Active {
             Err(RejectReason::SessionDown)
         } else {
@@ -774,13 +903,13 @@ impl Gateway {
         // Ids are single-use whatever the verdict (replay marks every decision the same way).
         self.risk.mark_seen(engine, cl);
         if let Err(reason) = verdict {
-            Self::reject_request(engine, cl, msg_type::NEW_ORDER, reason, out, Some(d));
+            Self::reject_request(engine, cl, msg_type::NEW_ORDER, reason, out, Some(d), t);
             return;
         }
         let id = self.next_id;
         d.order_id = U64::new(id);
         d.request_id = U64::new(id);
-        Self::decision(out, &d);
+        Self::decision(out, &d, t);
         self.apply_decision(&d);
         let b = &mut self.body;
         b.clear();
@@ -816,7 +945,18 @@ impl Gateway {
         Self::journal_out(out, start);
     }
 
-    fn handle_cancel(&mut self, engine: EngineId, cl: u64, now: u64, out: &mut Outputs) {
+    /// A cancel of one order: the engine's own (`ORIGIN_ENGINE`, throttled) or one the
+    /// gateway makes (`ORIGIN_GATEWAY`: kill switch, cancel-all, mass cancel,
+    /// cancel-on-disconnect; never throttled, or the operator would lose control).
+    fn handle_cancel(
+        &mut self,
+        engine: EngineId,
+        cl: u64,
+        origin: u8,
+        now: u64,
+        out: &mut Outputs,
+    ) {
+        let t = trailer(now, origin);
         let Some(&oid) = self.by_engine.get(&(engine, cl)) else {
             return Self::reject_request(
                 engine,
@@ -825,6 +965,7 @@ impl Gateway {
                 RejectReason::UnknownOrder,
                 out,
                 None,
+                t,
             );
         };
         let o = self.orders[&oid];
@@ -834,11 +975,13 @@ impl Gateway {
             Some(RejectReason::PendingChange)
         } else if self.session.state() != SessionState::Active {
             Some(RejectReason::SessionDown)
+        } else if origin == ORIGIN_ENGINE {
+            self.risk.check_cancel(&o.params, now).err()
         } else {
             None
         };
         if let Some(r) = reason {
-            return Self::reject_request(engine, cl, msg_type::CANCEL, r, out, None);
+            return Self::reject_request(engine, cl, msg_type::CANCEL, r, out, None, t);
         }
         let id = self.next_id;
         let d = Decision {
@@ -854,7 +997,7 @@ impl Gateway {
             side: o.params.side as u8,
             symbol: o.params.symbol,
         };
-        Self::decision(out, &d);
+        Self::decision(out, &d, t);
         self.apply_decision(&d);
         let b = &mut self.body;
         b.clear();
@@ -873,6 +1016,7 @@ impl Gateway {
         out: &mut Outputs,
     ) {
         let cl = m.cl_ord_id.get();
+        let t = trailer(now, ORIGIN_ENGINE);
         let Some(&oid) = self.by_engine.get(&(engine, cl)) else {
             return Self::reject_request(
                 engine,
@@ -881,6 +1025,7 @@ impl Gateway {
                 RejectReason::UnknownOrder,
                 out,
                 None,
+                t,
             );
         };
         let o = self.orders[&oid];
@@ -907,7 +1052,7 @@ impl Gateway {
                 .check_replace(engine, &o.params, leaves, &new_open, now)
         };
         if let Err(r) = verdict {
-            return Self::reject_request(engine, cl, msg_type::REPLACE, r, out, None);
+            return Self::reject_request(engine, cl, msg_type::REPLACE, r, out, None, t);
         }
         let id = self.next_id;
         let d = Decision {
@@ -923,7 +1068,7 @@ impl Gateway {
             side: o.params.side as u8,
             symbol: o.params.symbol,
         };
-        Self::decision(out, &d);
+        Self::decision(out, &d, t);
         self.apply_decision(&d);
         let b = &mut self.body;
         b.clear();
@@ -1022,9 +1167,19 @@ impl Gateway {
                 let id = u32::from_le_bytes(engine.try_into().unwrap_or_default());
                 self.note_request_seq(id, bytes);
                 if Request::decode(bytes).is_err() {
-                    let engine = u32::from_le_bytes(engine.try_into().unwrap_or_default());
-                    Self::malformed(engine, bytes, scratch);
+                    // Journals of earlier versions keep malformed frames whole, here.
+                    self.counters.malformed_engine += 1;
+                    Self::malformed(id, bytes, scratch);
                 }
+            }
+            record::ENGINE_MALFORMED => {
+                let (Some(engine), Some(kept)) = (payload.get(..4), payload.get(8..)) else {
+                    return;
+                };
+                let engine = u32::from_le_bytes(engine.try_into().unwrap_or_default());
+                self.note_request_seq(engine, kept);
+                // `replaying` keeps it quiet; the cut-off is the same as live.
+                self.on_malformed(engine, kept, 0, scratch);
             }
             record::DECISION => {
                 let Ok((d, _)) = Decision::read_from_prefix(payload) else {
@@ -1037,10 +1192,19 @@ impl Gateway {
                         .push((engine, Response::reject(cl, d.request, reason)));
                 }
                 self.apply_decision(&d);
-                if d.request == msg_type::NEW_ORDER && d.reason.get() == 0 {
-                    if let Some(o) = self.orders.get(&d.order_id.get()) {
-                        let p = o.params;
-                        self.risk.restore_open(&p);
+                let trailer = payload
+                    .get(size_of::<Decision>()..)
+                    .and_then(|t| DecisionTrailer::read_from_prefix(t).ok())
+                    .map(|(t, _)| t);
+                if d.reason.get() == 0 {
+                    let p = self.orders.get(&d.order_id.get()).map(|o| o.params);
+                    if let Some(p) = p {
+                        if d.request == msg_type::NEW_ORDER {
+                            self.risk.restore_open(&p);
+                        }
+                        if let Some(t) = trailer {
+                            self.restore_windows(&d, &p, t);
+                        }
                     }
                 }
             }
@@ -1089,6 +1253,27 @@ impl Gateway {
                 if !matches!(m.msg_type(), b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A") {
                     let _ = self.apply_app(&m, scratch);
                 }
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts an accepted decision in the throttle and repeated-order windows as its check
+    /// did live (recovery).
+    fn restore_windows(&mut self, d: &Decision, order: &OrderParams, t: DecisionTrailer) {
+        let now = t.now.get();
+        match d.request {
+            msg_type::NEW_ORDER => self.risk.restore_request(RequestKind::New, order, now),
+            msg_type::CANCEL if t.origin == ORIGIN_ENGINE => {
+                self.risk.restore_request(RequestKind::Cancel, order, now)
+            }
+            msg_type::REPLACE => {
+                let new = OrderParams {
+                    qty: d.qty.get(),
+                    price: d.price.get(),
+                    ..*order
+                };
+                self.risk.restore_request(RequestKind::Replace, &new, now)
             }
             _ => {}
         }
@@ -1641,6 +1826,13 @@ impl Gateway {
 }
 
 /// The request sequence number in an engine frame's header (0: unnumbered or no header).
+fn trailer(now: u64, origin: u8) -> DecisionTrailer {
+    DecisionTrailer {
+        now: U64::new(now),
+        origin,
+    }
+}
+
 fn request_seq(frame: &[u8]) -> u32 {
     frame
         .get(4..8)
@@ -2084,6 +2276,7 @@ pub(crate) mod tests {
         let big = r#"
             reference_max_age_ms = 5000
             throttle_interval_ms = 1000
+            max_identical_orders = 0
             [[accounts]]
             id = 7
             max_order_qty = 1000

@@ -206,6 +206,8 @@ pub struct ServiceOptions {
     pub counters_file: bool,
     /// Static reference prices, re-applied continuously.
     pub static_prices: Vec<(Symbol, i64)>,
+    /// Responses that may wait for one engine whose ring is full; one more disconnects it.
+    pub max_response_backlog: usize,
 }
 
 impl ServiceOptions {
@@ -225,6 +227,7 @@ impl ServiceOptions {
             static_prices: cfg
                 .static_prices()
                 .map_err(|(key, problem)| ServiceError::Config { key, problem })?,
+            max_response_backlog: s.max_response_backlog,
         })
     }
 }
@@ -242,6 +245,8 @@ struct Counters {
     responses: Counter,
     responses_dropped: Counter,
     responses_backlogged: Counter,
+    backlog_disconnects: Counter,
+    malformed_disconnects: Counter,
     stray_frames: Counter,
     venue_connects: Counter,
     fix_active: Counter,
@@ -348,6 +353,8 @@ impl Counters {
             responses: alloc("engine responses sent", C),
             responses_dropped: alloc("engine responses dropped (engine gone)", C),
             responses_backlogged: alloc("engine responses back-pressured", C),
+            backlog_disconnects: alloc("engines disconnected: response backlog full", C),
+            malformed_disconnects: alloc("engines disconnected: too many malformed frames", C),
             stray_frames: alloc("engine frames on unknown streams", C),
             venue_connects: alloc("venue connects", C),
             fix_active: alloc("fix session active", G),
@@ -367,12 +374,39 @@ impl Counters {
     }
 }
 
+/// Responses an engine's ring could not take yet, in order, at most `cap` of them.
+#[derive(Debug)]
+struct Backlog {
+    queue: VecDeque<Response>,
+    cap: usize,
+}
+
+impl Backlog {
+    fn new(cap: usize) -> Backlog {
+        Backlog {
+            queue: VecDeque::with_capacity(cap.min(4096)),
+            cap,
+        }
+    }
+
+    /// Queues `r`; false if the backlog is full (the engine is not reading: it is
+    /// disconnected, and gets what it missed replayed from the gateway's history when it
+    /// logs on again).
+    fn push(&mut self, r: &Response) -> bool {
+        if self.queue.len() >= self.cap {
+            return false;
+        }
+        self.queue.push_back(*r);
+        true
+    }
+}
+
 /// A logged-on engine.
 struct EngineConn {
     id: EngineId,
     conn: Connection,
-    /// Responses its ring could not take yet, in order.
-    backlog: VecDeque<Response>,
+    /// Responses its ring could not take yet.
+    backlog: Backlog,
     /// Something was committed since the last flush.
     dirty: bool,
 }
@@ -384,9 +418,10 @@ struct PendingConn {
 }
 
 impl EngineConn {
-    /// Queues `r` behind the backlog; returns false if the connection is lost.
+    /// Queues `r` behind the backlog; returns false if the connection is lost or must be
+    /// closed (backlog full).
     fn send(&mut self, r: &Response, c: &Counters) -> bool {
-        if self.backlog.is_empty() {
+        if self.backlog.queue.is_empty() {
             match offer(&self.conn, r) {
                 Ok(()) => {
                     self.dirty = true;
@@ -397,16 +432,24 @@ impl EngineConn {
                 Err(_) => return false,
             }
         }
-        self.backlog.push_back(*r);
+        if !self.backlog.push(r) {
+            c.backlog_disconnects.inc();
+            tracing::warn!(
+                engine = self.id,
+                max_response_backlog = self.backlog.cap,
+                "engine is not reading its responses: backlog full, disconnecting it"
+            );
+            return false;
+        }
         true
     }
 
     /// Moves backlog into the ring while it has room; returns false if the connection is lost.
     fn drain_backlog(&mut self, c: &Counters) -> bool {
-        while let Some(r) = self.backlog.front() {
+        while let Some(r) = self.backlog.queue.front() {
             match offer(&self.conn, r) {
                 Ok(()) => {
-                    self.backlog.pop_front();
+                    self.backlog.queue.pop_front();
                     self.dirty = true;
                     c.responses.inc();
                 }
@@ -646,6 +689,12 @@ impl<L: VenueLink> Service<L> {
                 None => c.responses_dropped.inc(),
             }
         })?;
+        while let Some(id) = self.driver.pop_kicked() {
+            c.malformed_disconnects.inc();
+            if self.engines.iter().any(|e| e.id == id) && !self.lost.contains(&id) {
+                self.lost.push(id);
+            }
+        }
         for e in &mut self.engines {
             if !e.drain_backlog(c) && !self.lost.contains(&e.id) {
                 self.lost.push(e.id);
@@ -818,7 +867,7 @@ impl<L: VenueLink> Service<L> {
             let mut e = EngineConn {
                 id,
                 conn,
-                backlog: VecDeque::with_capacity(4096),
+                backlog: Backlog::new(self.opts.max_response_backlog),
                 dirty: false,
             };
             // What it missed, oldest first, ahead of anything new (single thread: nothing

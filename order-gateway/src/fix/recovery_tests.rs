@@ -516,7 +516,11 @@ fn a_fill_whose_last_qty_is_not_cum_qty_growth_keeps_the_reservation_in_step() {
     let (mut gw, mut v, mut out) = active();
     let id = acked_order(&mut gw, &mut v, &mut out, 1, 100);
     fresh(&mut out);
-    gw.on_fix_bytes(&v.exec(id, "a", b"F", 1144, "100", 40, 60, &[]), T0, &mut out);
+    gw.on_fix_bytes(
+        &v.exec(id, "a", b"F", 1144, "100", 40, 60, &[]),
+        T0,
+        &mut out,
+    );
     assert_eq!(gw.order(1, 1).unwrap().cum_qty, 40);
     // 60 open at 100: that is what stays reserved.
     assert_eq!(gw.risk().exposure(7).0, 60 * 100);
