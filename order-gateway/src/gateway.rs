@@ -2622,4 +2622,333 @@ pub(crate) mod tests {
             Some(LogonStatus::ReplayUnavailable)
         );
     }
+
+    /// A gateway on [`risk`] with `extra` keys in `[risk]` and `account` keys added to the
+    /// account, logged on, with a fresh reference price.
+    fn active_with(extra: &str, account: &str) -> (Gateway, Venue, Outputs) {
+        let text = format!(
+            r#"
+            reference_max_age_ms = 5000
+            throttle_interval_ms = 1000
+            {extra}
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 10000000
+            max_position = 100000
+            max_open_orders = 100
+            collar_bps = 500
+            {account}
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "e1"
+            "#
+        );
+        let risk: RiskConfig = toml::from_str(&text).unwrap();
+        let mut gw = Gateway::new(session(), &risk).unwrap();
+        let mut out = Outputs::default();
+        gw.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+        gw.on_connect(T0, &mut out);
+        let mut v = Venue { seq: 1 };
+        let logon = v.frame(b"A", &[(98, b"0"), (108, b"30")]);
+        gw.on_fix_bytes(&logon, T0, &mut out);
+        assert_eq!(gw.session().state(), SessionState::Active);
+        (gw, v, out)
+    }
+
+    /// Replays `journal` into a fresh gateway built like `like` (same risk config).
+    fn replay_like(risk: &RiskConfig, journal: &[u8]) -> Gateway {
+        let mut r = Gateway::new(session(), risk).unwrap();
+        let mut rest = journal;
+        while let Some((k, p, n)) = decode_record(rest) {
+            r.replay_record(k, p);
+            rest = &rest[n..];
+        }
+        assert!(rest.is_empty());
+        r
+    }
+
+    fn reject_reasons(out: &Outputs) -> Vec<RejectReason> {
+        out.engine
+            .iter()
+            .filter_map(|(_, r)| match r {
+                Response::Reject(x) => Some(x.reason()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    const WINDOWS: &str = "max_identical_orders = 3";
+    const ACCOUNT_WINDOWS: &str = "max_orders_per_interval = 5
+            max_cancels_per_interval = 2
+            max_replaces_per_interval = 1";
+
+    fn windows_config() -> RiskConfig {
+        toml::from_str(&format!(
+            r#"
+            reference_max_age_ms = 5000
+            throttle_interval_ms = 1000
+            {WINDOWS}
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 10000000
+            max_position = 100000
+            max_open_orders = 100
+            collar_bps = 500
+            {ACCOUNT_WINDOWS}
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "e1"
+            "#
+        ))
+        .unwrap()
+    }
+
+    /// The engine's requests: three identical orders (the fourth rejects), two more new
+    /// orders (the next is throttled), cancels and replaces up to their own limits.
+    fn exhaust_windows(gw: &mut Gateway, out: &mut Outputs) {
+        let t = T0 + SEC / 10;
+        for cl in 1..=4 {
+            gw.on_engine_message(1, new_order(cl, 10, 100).as_bytes(), t, out);
+        }
+        gw.on_engine_message(1, new_order(5, 11, 100).as_bytes(), t, out);
+        gw.on_engine_message(1, new_order(6, 12, 100).as_bytes(), t, out);
+        gw.on_engine_message(1, new_order(7, 13, 100).as_bytes(), t, out);
+        gw.on_engine_message(1, Replace::new(5, 20, 100 * PRICE_SCALE).as_bytes(), t, out);
+        gw.on_engine_message(1, Replace::new(6, 20, 100 * PRICE_SCALE).as_bytes(), t, out);
+        for cl in 1..=3 {
+            gw.on_engine_message(1, Cancel::new(cl).as_bytes(), t, out);
+        }
+    }
+
+    #[test]
+    fn throttles_and_repeated_orders_reject_and_rebuild_from_the_journal() {
+        let (mut gw, _v, mut out) = active_with(WINDOWS, ACCOUNT_WINDOWS);
+        out.clear();
+        exhaust_windows(&mut gw, &mut out);
+        use RejectReason::{RepeatedOrder, Throttled};
+        assert_eq!(
+            reject_reasons(&out),
+            [RepeatedOrder, Throttled, Throttled, Throttled]
+        );
+        let t = T0 + SEC / 2;
+        let o = gw.order(1, 1).unwrap().params;
+        assert_eq!(gw.risk().throttle_usage(7, t), [5, 2, 1]);
+        assert_eq!(gw.risk().identical_count(&o, t), 3);
+        // A restart: the windows are what they were, so the next requests get the same
+        // answers from the rebuilt gateway as from the live one.
+        let mut r = replay_like(&windows_config(), &out.journal);
+        assert_eq!(r.risk().throttle_usage(7, t), [5, 2, 1]);
+        assert_eq!(r.risk().identical_count(&o, t), 3);
+        assert_eq!(r.risk().firm_exposure(), gw.risk().firm_exposure());
+        let mut v = Venue { seq: 2 };
+        r.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+        r.on_connect(T0, &mut Outputs::default());
+        r.on_fix_bytes(
+            &v.frame(b"A", &[(98, b"0"), (108, b"30")]),
+            T0,
+            &mut Outputs::default(),
+        );
+        assert_eq!(r.session().state(), SessionState::Active);
+        for g in [&mut gw, &mut r] {
+            let mut o2 = Outputs::default();
+            g.on_engine_message(1, new_order(20, 14, 100).as_bytes(), t, &mut o2);
+            g.on_engine_message(1, Cancel::new(6).as_bytes(), t, &mut o2);
+            assert_eq!(reject_reasons(&o2), [Throttled, Throttled]);
+        }
+        // A window later everything is free again.
+        let later = T0 + 2 * SEC;
+        r.on_reference_price(aapl(), 100 * PRICE_SCALE, later);
+        let mut o3 = Outputs::default();
+        r.on_engine_message(1, new_order(21, 10, 100).as_bytes(), later, &mut o3);
+        r.on_engine_message(1, Cancel::new(6).as_bytes(), later, &mut o3);
+        assert_eq!(reject_reasons(&o3), []);
+    }
+
+    /// Journals written before decisions carried their time still replay: orders and
+    /// reservations as before, the windows empty.
+    #[test]
+    fn decisions_without_a_trailer_still_replay() {
+        let (mut gw, _v, mut out) = active_with(WINDOWS, ACCOUNT_WINDOWS);
+        exhaust_windows(&mut gw, &mut out);
+        let mut old = Vec::new();
+        let mut rest = &out.journal[..];
+        while let Some((k, p, n)) = decode_record(rest) {
+            let p = if k == record::DECISION {
+                &p[..size_of::<Decision>()]
+            } else {
+                p
+            };
+            encode_record(&mut old, k, &[p]);
+            rest = &rest[n..];
+        }
+        let r = replay_like(&windows_config(), &old);
+        assert_eq!(r.open_order_count(), gw.open_order_count());
+        assert_eq!(r.risk().exposure(7), gw.risk().exposure(7));
+        assert_eq!(r.risk().throttle_usage(7, T0 + SEC / 2), [0, 0, 0]);
+    }
+
+    /// Kill switches, cancel-all and cancel-on-disconnect cancel whatever the engine's
+    /// cancel throttle says: the operator stays in control.
+    #[test]
+    fn cancels_the_gateway_makes_are_never_throttled() {
+        let (mut gw, _v, mut out) = active_with(
+            "max_identical_orders = 0",
+            "max_orders_per_interval = 100\nmax_cancels_per_interval = 1",
+        );
+        for cl in 1..=6 {
+            gw.on_engine_message(1, new_order(cl, 10, 100).as_bytes(), T0, &mut out);
+        }
+        out.clear();
+        gw.on_engine_message(1, Cancel::new(1).as_bytes(), T0, &mut out);
+        gw.on_engine_message(1, Cancel::new(2).as_bytes(), T0, &mut out);
+        assert_eq!(reject_reasons(&out), [RejectReason::Throttled]);
+        out.clear();
+        gw.cancel_all(Some(7), T0, &mut out);
+        assert_eq!(fix_types(&out), vec![b"F".to_vec(); 5]);
+        let pending = gw.orders().filter(|(_, o)| o.pending.is_some()).count();
+        assert_eq!(pending, 6);
+        assert_eq!(gw.risk().throttle_usage(7, T0), [6, 1, 0]);
+        // Replayed, the gateway's cancels are not counted either.
+        let r = replay(&out.journal);
+        assert_eq!(r.risk().throttle_usage(7, T0)[1], 0);
+    }
+
+    #[test]
+    fn malformed_frames_are_bounded_and_cut_the_engine_off() {
+        let (mut gw, _v, mut out) =
+            active_with("max_malformed_frames = 3", "max_orders_per_interval = 100");
+        out.clear();
+        // 16 KiB of garbage costs the journal its first 64 bytes.
+        let mut big = vec![0xAAu8; 16 << 10];
+        big[0] = msg_type::NEW_ORDER;
+        gw.on_engine_message(1, &big, T0, &mut out);
+        assert!(
+            out.journal.len() < 100,
+            "{} journal bytes",
+            out.journal.len()
+        );
+        assert!(out.kick.is_empty());
+        gw.on_engine_message(1, &[1, 2, 3], T0, &mut out);
+        gw.on_engine_message(1, &[], T0, &mut out);
+        assert_eq!(out.kick, [1]);
+        assert_eq!(gw.counters().malformed_engine, 3);
+        assert_eq!(gw.counters().malformed_disconnects, 1);
+        assert_eq!(gw.malformed_since_logon(1), 3);
+        assert_eq!(reject_reasons(&out), [RejectReason::Malformed; 3]);
+        // Cut off: nothing more is taken, journaled or answered, valid or not.
+        let (records, responses) = (out.journal_records, out.engine.len());
+        gw.on_engine_message(1, new_order(1, 10, 100).as_bytes(), T0, &mut out);
+        for _ in 0..1000 {
+            gw.on_engine_message(1, &big, T0, &mut out);
+        }
+        assert_eq!(
+            (out.journal_records, out.engine.len()),
+            (records, responses)
+        );
+        assert_eq!(gw.counters().frames_after_cutoff, 1001);
+        assert_eq!(gw.counters().malformed_disconnects, 1);
+        assert!(gw.order(1, 1).is_none());
+        // The journal rebuilds the same count and the same responses.
+        let risk = toml::from_str::<RiskConfig>(
+            r#"
+            reference_max_age_ms = 5000
+            throttle_interval_ms = 1000
+            max_malformed_frames = 3
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 10000000
+            max_position = 100000
+            max_open_orders = 100
+            max_orders_per_interval = 100
+            collar_bps = 500
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "e1"
+            "#,
+        )
+        .unwrap();
+        let r = replay_like(&risk, &out.journal);
+        assert_eq!(r.malformed_since_logon(1), 3);
+        assert_eq!(r.last_response_seq(1), gw.last_response_seq(1));
+        assert_eq!(
+            bytes(r.responses_after(1, 0).unwrap()),
+            bytes(gw.responses_after(1, 0).unwrap())
+        );
+        // The service disconnects it; once it logs on again it is taken again.
+        gw.on_engine_disconnect(1, T0, &mut out);
+        gw.on_engine_logon(1, &mut out);
+        out.clear();
+        gw.on_engine_message(1, new_order(1, 10, 100).as_bytes(), T0, &mut out);
+        assert!(gw.order(1, 1).is_some());
+        assert_eq!(gw.malformed_since_logon(1), 0);
+    }
+
+    #[test]
+    fn response_history_comes_from_the_config() {
+        let (mut gw, _v, mut out) =
+            active_with("response_history = 2", "max_orders_per_interval = 100");
+        for _ in 0..5 {
+            gw.on_engine_message(1, &[], T0, &mut out);
+        }
+        assert_eq!(gw.responses_after(1, 3).unwrap().count(), 2);
+        assert_eq!(
+            gw.responses_after(1, 2).err(),
+            Some(LogonStatus::ReplayUnavailable)
+        );
+    }
+
+    /// Firm-wide limits reject with their own reasons, and survive a restart.
+    #[test]
+    fn firm_limits_reject_and_rebuild_from_the_journal() {
+        let firm =
+            "max_identical_orders = 0\n[firm]\nmax_open_orders = 2\nmax_gross_notional = 25000";
+        let (mut gw, _v, mut out) = active_with(firm, "max_orders_per_interval = 100");
+        out.clear();
+        gw.on_engine_message(1, new_order(1, 100, 100).as_bytes(), T0, &mut out);
+        gw.on_engine_message(1, new_order(2, 100, 101).as_bytes(), T0, &mut out);
+        // 20_100 open, 25_000 allowed: 5_000 more is too much.
+        gw.on_engine_message(1, new_order(3, 50, 100).as_bytes(), T0, &mut out);
+        // Small enough, but the firm has its 2 open orders.
+        gw.on_engine_message(1, new_order(4, 1, 100).as_bytes(), T0, &mut out);
+        assert_eq!(
+            reject_reasons(&out),
+            [
+                RejectReason::FirmGrossNotional,
+                RejectReason::FirmMaxOpenOrders
+            ]
+        );
+        assert_eq!(gw.risk().firm_exposure(), (2, 20_100, 0));
+        let risk = toml::from_str::<RiskConfig>(&format!(
+            r#"
+            reference_max_age_ms = 5000
+            throttle_interval_ms = 1000
+            {firm}
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 10000000
+            max_position = 100000
+            max_open_orders = 100
+            max_orders_per_interval = 100
+            collar_bps = 500
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "e1"
+            "#
+        ))
+        .unwrap();
+        let r = replay_like(&risk, &out.journal);
+        assert_eq!(r.risk().firm_exposure(), (2, 20_100, 0));
+    }
 }

@@ -298,6 +298,21 @@ impl SlidingWindow {
         self.total
     }
 
+    /// [`count`](Self::count) without moving the window (for status and tests).
+    pub fn peek(&self, slot: u64) -> u64 {
+        if slot <= self.head {
+            return self.total;
+        }
+        let steps = slot - self.head;
+        if steps >= WINDOW_SLOTS as u64 {
+            return 0;
+        }
+        let leaving: u64 = (1..=steps)
+            .map(|i| u64::from(self.slots[((self.head + i) % WINDOW_SLOTS as u64) as usize]))
+            .sum();
+        self.total - leaving
+    }
+
     /// Counts one request at slot `slot`.
     pub fn add(&mut self, slot: u64) {
         self.advance(slot);
@@ -336,6 +351,9 @@ pub const IDENTICAL_ORDERS_TRACKED: usize = 1 << 16;
 /// The repeated-order check: the accepted new orders of the last window, oldest first, and
 /// how many of each terms are among them. Exact (timestamps, not slots); O(1) amortized per
 /// order (each entry is removed once); memory bounded by [`IDENTICAL_ORDERS_TRACKED`].
+/// A check expires what left the window at its `now`, which the journal replays exactly
+/// as long as the clock does not step back (after a step back, replay may remember orders
+/// live had forgotten: the strict side).
 #[derive(Debug, Default)]
 struct Identical {
     max: u32,
@@ -369,6 +387,17 @@ impl Identical {
     fn count(&mut self, t: &Terms, now: u64) -> u32 {
         self.expire(now);
         self.counts.get(t).copied().unwrap_or(0)
+    }
+
+    /// [`count`](Self::count) without expiring anything.
+    fn peek(&self, t: &Terms, now: u64) -> u32 {
+        let expired = self
+            .recent
+            .iter()
+            .take_while(|(_, at)| now.saturating_sub(*at) >= self.window_ns)
+            .filter(|(x, _)| x == t)
+            .count() as u32;
+        self.counts.get(t).copied().unwrap_or(0) - expired
     }
 
     fn add(&mut self, t: Terms, now: u64) {
@@ -755,8 +784,10 @@ impl RiskEngine {
     }
 
     /// Rejects with `Throttled` if `account` has used up its `kind` throttle at `now`.
+    /// Looks without moving the window: only accepted requests change it, so the journal
+    /// (which has their times) rebuilds it exactly, even across a clock step back.
     fn check_throttle(
-        &mut self,
+        &self,
         kind: RequestKind,
         account: u32,
         now: u64,
@@ -764,10 +795,10 @@ impl RiskEngine {
         let slot = now / self.throttle_slot_ns;
         let a = self
             .accounts
-            .get_mut(&account)
+            .get(&account)
             .ok_or(RejectReason::UnknownAccount)?;
         let limit = a.throttle_limit(kind);
-        if a.throttle[kind as usize].count(slot) >= u64::from(limit) {
+        if a.throttle[kind as usize].peek(slot) >= u64::from(limit) {
             return Err(RejectReason::Throttled);
         }
         Ok(())
@@ -1020,16 +1051,16 @@ impl RiskEngine {
     }
 
     /// Requests of `account` counted by its new-order, cancel and replace throttles at `now`.
-    pub fn throttle_usage(&mut self, account: u32, now: u64) -> [u64; 3] {
+    pub fn throttle_usage(&self, account: u32, now: u64) -> [u64; 3] {
         let slot = now / self.throttle_slot_ns;
         self.accounts
-            .get_mut(&account)
-            .map_or([0; 3], |a| [0, 1, 2].map(|k| a.throttle[k].count(slot)))
+            .get(&account)
+            .map_or([0; 3], |a| [0, 1, 2].map(|k| a.throttle[k].peek(slot)))
     }
 
     /// Orders with the terms of `o` counted by the repeated-order check at `now`.
-    pub fn identical_count(&mut self, o: &OrderParams, now: u64) -> u32 {
-        self.identical.count(&Terms::from(o), now)
+    pub fn identical_count(&self, o: &OrderParams, now: u64) -> u32 {
+        self.identical.peek(&Terms::from(o), now)
     }
 
     /// Orders the repeated-order check forgot early because more than
@@ -1301,6 +1332,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             t += x % (interval / 5);
+            assert_eq!(w.peek(t / slot), w.clone().count(t / slot));
             if w.count(t / slot) < limit {
                 w.add(t / slot);
                 accepted.push(t);

@@ -246,7 +246,6 @@ struct Counters {
     responses_dropped: Counter,
     responses_backlogged: Counter,
     backlog_disconnects: Counter,
-    malformed_disconnects: Counter,
     stray_frames: Counter,
     venue_connects: Counter,
     fix_active: Counter,
@@ -267,6 +266,16 @@ type ReadCounter = fn(&Gateway) -> u64;
 
 /// The core's counters published as they are: label and how to read it.
 const CORE_COUNTERS: &[(&str, ReadCounter)] = &[
+    ("engines disconnected: too many malformed frames", |g| {
+        g.counters().malformed_disconnects
+    }),
+    ("engine frames dropped after a malformed cut-off", |g| {
+        g.counters().frames_after_cutoff
+    }),
+    (
+        "repeated-order check: orders forgotten early (too many)",
+        |g| g.risk().identical_evictions(),
+    ),
     ("engine requests re-sent (answered with status)", |g| {
         g.counters().resent_requests
     }),
@@ -338,7 +347,7 @@ impl Counters {
                 Table::File(f) => f.allocate_with(label, kind, 0),
                 Table::Local(l) => l.allocate_with(label, kind, 0),
             };
-            // 64 slots for 40 labels under 104 bytes: allocation cannot fail.
+            // 64 slots for 44 labels under 104 bytes: allocation cannot fail.
             r.expect("counter slot")
         };
         use Kind::{Counter as C, Gauge as G};
@@ -354,7 +363,6 @@ impl Counters {
             responses_dropped: alloc("engine responses dropped (engine gone)", C),
             responses_backlogged: alloc("engine responses back-pressured", C),
             backlog_disconnects: alloc("engines disconnected: response backlog full", C),
-            malformed_disconnects: alloc("engines disconnected: too many malformed frames", C),
             stray_frames: alloc("engine frames on unknown streams", C),
             venue_connects: alloc("venue connects", C),
             fix_active: alloc("fix session active", G),
@@ -690,7 +698,6 @@ impl<L: VenueLink> Service<L> {
             }
         })?;
         while let Some(id) = self.driver.pop_kicked() {
-            c.malformed_disconnects.inc();
             if self.engines.iter().any(|e| e.id == id) && !self.lost.contains(&id) {
                 self.lost.push(id);
             }
@@ -1002,5 +1009,32 @@ mod tests {
         assert_eq!(verdict(&gw, 1, b"alpha", 0), (LogonStatus::Accepted, 3));
         assert_eq!(verdict(&gw, 1, b"alpha", 3), (LogonStatus::Accepted, 3));
         assert_eq!(verdict(&gw, 1, b"alpha", 4).0, LogonStatus::BadSequence);
+    }
+
+    #[test]
+    fn response_backlog_is_capped() {
+        let mut b = Backlog::new(3);
+        let r = Response::reject(1, msg_type::NEW_ORDER, crate::proto::RejectReason::Halted);
+        for _ in 0..3 {
+            assert!(b.push(&r));
+        }
+        assert!(
+            !b.push(&r),
+            "a full backlog refuses (the engine is disconnected)"
+        );
+        assert_eq!(b.queue.len(), 3);
+    }
+
+    #[test]
+    fn max_response_backlog_is_at_least_the_response_history() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/order-gateway.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut cfg = Config::parse(&text).unwrap();
+        assert_eq!(cfg.service.max_response_backlog, 65536);
+        cfg.validate().unwrap();
+        cfg.service.max_response_backlog = cfg.risk.response_history - 1;
+        let (key, _) = cfg.validate().unwrap_err();
+        assert_eq!(key, "service.max_response_backlog");
     }
 }
