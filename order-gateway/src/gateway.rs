@@ -1229,9 +1229,11 @@ impl Gateway {
                     match ev {
                         SESSION_LOGON => {
                             self.connected.insert(engine);
+                            self.reset_malformed(engine);
                         }
                         SESSION_DISCONNECT => {
                             self.connected.remove(&engine);
+                            self.reset_malformed(engine);
                         }
                         _ => {}
                     }
@@ -2885,6 +2887,7 @@ pub(crate) mod tests {
         );
         // The service disconnects it; once it logs on again it is taken again.
         gw.on_engine_disconnect(1, T0, &mut out);
+        assert_eq!(replay_like(&risk, &out.journal).malformed_since_logon(1), 0);
         gw.on_engine_logon(1, &mut out);
         out.clear();
         gw.on_engine_message(1, new_order(1, 10, 100).as_bytes(), T0, &mut out);

@@ -1050,6 +1050,19 @@ impl RiskEngine {
         )
     }
 
+    /// Firm-wide limits in force: open orders, gross open notional and credit (whole
+    /// currency units).
+    pub fn firm_limits(&self) -> (u64, i64, i64) {
+        let s = i128::from(PRICE_SCALE);
+        let f = &self.firm;
+        let units = |v: i128| i64::try_from(v / s).unwrap_or(i64::MAX);
+        (
+            f.max_open_orders,
+            units(f.gross_limit),
+            units(f.credit_limit),
+        )
+    }
+
     /// Requests of `account` counted by its new-order, cancel and replace throttles at `now`.
     pub fn throttle_usage(&self, account: u32, now: u64) -> [u64; 3] {
         let slot = now / self.throttle_slot_ns;
