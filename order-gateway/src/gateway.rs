@@ -8,7 +8,8 @@
 //! as live operation without emitting anything.
 //!
 //! Engine responses are numbered per engine, starting at one (the [`proto::Header::seq`] of
-//! each response), and the last [`RESPONSE_HISTORY`] of each engine are kept, so an engine
+//! each response), and the last `risk.response_history` (default [`RESPONSE_HISTORY`]) of
+//! each engine are kept, so an engine
 //! that reconnects gets what it missed ([`Gateway::responses_after`]). Responses are a pure
 //! function of the journal (decisions, malformed requests, venue messages), so replay
 //! rebuilds the numbers and the history too: a gateway restart loses neither.
@@ -37,9 +38,10 @@ use crate::risk::{KillScope, OrderParams, RequestKind, RiskConfig, RiskConfigErr
 /// Engine identifier, named in the engine's logon and checked against its token.
 pub type EngineId = u32;
 
-/// Responses kept per engine for replay after a reconnect (about 2.7 MB per engine). An
-/// engine that was away for more responses than this is refused with
-/// [`LogonStatus::ReplayUnavailable`] and must rebuild its state another way.
+/// Responses kept per engine for replay after a reconnect by default (about 2.7 MB per
+/// engine; `risk.response_history` sets it). An engine that was away for more responses
+/// than are kept is refused with [`LogonStatus::ReplayUnavailable`] and must rebuild its
+/// state another way.
 pub const RESPONSE_HISTORY: usize = 1 << 16;
 
 /// Journal record kinds.

@@ -107,6 +107,9 @@ fn kind_name(kind: usize) -> String {
         record::DECISION => "decisions".into(),
         record::FIX_OUT => "FIX out".into(),
         record::FIX_IN => "FIX in".into(),
+        record::ENGINE_SESSION => "engine sessions".into(),
+        record::KILL => "kill switches".into(),
+        record::ENGINE_MALFORMED => "malformed engine frames".into(),
         k => format!("kind {k}"),
     }
 }
