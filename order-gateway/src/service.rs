@@ -387,6 +387,8 @@ impl Counters {
 struct Backlog {
     queue: VecDeque<Response>,
     cap: usize,
+    /// A push found it full (counted and logged once; the engine is being disconnected).
+    overflowed: bool,
 }
 
 impl Backlog {
@@ -394,18 +396,21 @@ impl Backlog {
         Backlog {
             queue: VecDeque::with_capacity(cap.min(4096)),
             cap,
+            overflowed: false,
         }
     }
 
-    /// Queues `r`; false if the backlog is full (the engine is not reading: it is
+    /// Queues `r`; `Err(first)` if the backlog is full (the engine is not reading: it is
     /// disconnected, and gets what it missed replayed from the gateway's history when it
-    /// logs on again).
-    fn push(&mut self, r: &Response) -> bool {
+    /// logs on again), `first` the first time.
+    fn push(&mut self, r: &Response) -> Result<(), bool> {
         if self.queue.len() >= self.cap {
-            return false;
+            let first = !self.overflowed;
+            self.overflowed = true;
+            return Err(first);
         }
         self.queue.push_back(*r);
-        true
+        Ok(())
     }
 }
 
@@ -440,16 +445,20 @@ impl EngineConn {
                 Err(_) => return false,
             }
         }
-        if !self.backlog.push(r) {
-            c.backlog_disconnects.inc();
-            tracing::warn!(
-                engine = self.id,
-                max_response_backlog = self.backlog.cap,
-                "engine is not reading its responses: backlog full, disconnecting it"
-            );
-            return false;
+        match self.backlog.push(r) {
+            Ok(()) => true,
+            Err(first) => {
+                if first {
+                    c.backlog_disconnects.inc();
+                    tracing::warn!(
+                        engine = self.id,
+                        max_response_backlog = self.backlog.cap,
+                        "engine is not reading its responses: backlog full, disconnecting it"
+                    );
+                }
+                false
+            }
         }
-        true
     }
 
     /// Moves backlog into the ring while it has room; returns false if the connection is lost.
@@ -1016,12 +1025,11 @@ mod tests {
         let mut b = Backlog::new(3);
         let r = Response::reject(1, msg_type::NEW_ORDER, crate::proto::RejectReason::Halted);
         for _ in 0..3 {
-            assert!(b.push(&r));
+            assert_eq!(b.push(&r), Ok(()));
         }
-        assert!(
-            !b.push(&r),
-            "a full backlog refuses (the engine is disconnected)"
-        );
+        // A full backlog refuses (the engine is disconnected), reported once.
+        assert_eq!(b.push(&r), Err(true));
+        assert_eq!(b.push(&r), Err(false));
         assert_eq!(b.queue.len(), 3);
     }
 
