@@ -705,10 +705,11 @@ impl Gateway {
             self.counters.malformed_disconnects += 1;
             if !quiet {
                 tracing::warn!(
-                engine,
-                max_malformed_frames = max,
-                "engine sent too many malformed frames: disconnecting it (cancel-on-disconnect); \
-                 nothing more is taken from it until it logs on again"
+                    engine,
+                    max_malformed_frames = max,
+                    "engine sent too many malformed frames: disconnecting it \
+                     (cancel-on-disconnect); nothing more is taken from it until it logs on \
+                     again"
                 );
             }
             if !out.kick.contains(&engine) {
