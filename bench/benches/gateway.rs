@@ -68,8 +68,11 @@ impl OrderPath {
                 max_position: i64::MAX / 2,
                 max_open_orders: u32::MAX,
                 max_orders_per_interval: u32::MAX,
+                max_cancels_per_interval: None,
+                max_replaces_per_interval: None,
                 collar_bps: 500,
             }],
+            firm: Default::default(),
             engines: vec![EngineGrant {
                 id: ENGINE,
                 accounts: vec![ACCOUNT],
@@ -78,6 +81,11 @@ impl OrderPath {
             restricted_symbols: vec!["XXXX".into(), "ZZZZ".into()],
             reference_max_age_ms: 60_000,
             throttle_interval_ms: 1_000,
+            // The repeated-order check runs on every order, but never rejects.
+            max_identical_orders: u32::MAX,
+            identical_order_window_ms: 1_000,
+            max_malformed_frames: 100,
+            response_history: 1 << 16,
             trading_start_utc: Some("09:00".into()),
             trading_end_utc: Some("21:00".into()),
         };

@@ -82,6 +82,7 @@ pub(crate) fn risk() -> Result<RiskConfig> {
         r#"
         reference_max_age_ms = 3600000
         throttle_interval_ms = 1000
+        max_identical_orders = 1000000000
         [[accounts]]
         id = {ACCOUNT}
         max_order_qty = 1000
@@ -148,6 +149,7 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             control_socket: None,
             counters_file: false,
             static_prices: vec![(symbol, 100 * PRICE_SCALE)],
+            max_response_backlog: 1 << 16,
         };
         let mut service = Service::new(driver, &risk, opts, c)?;
         ready_tx.send(()).ok();

@@ -17,6 +17,8 @@
 //!   switches, and every engine order id seen today (duplicate-id checks stay exact);
 //! - per engine the last request number journaled, the numbered responses kept for replay,
 //!   and whether it was logged on (cancel-on-disconnect across restarts);
+//! - the throttles' sliding windows, the repeated-order check's recent orders, firm-wide
+//!   exposure, and malformed frames per engine since its logon;
 //! - the FIX session's sequence numbers and the sent messages kept for resends;
 //! - recent ExecIDs of the orders kept (duplicates are still applied once).
 //!
@@ -46,6 +48,8 @@ pub struct GatewayState {
     pub last_request: Vec<(u32, u32)>,
     /// Engines logged on.
     pub connected: Vec<u32>,
+    /// Malformed frames per engine since its last logon.
+    pub malformed: Vec<(u32, u32)>,
     /// Recent ExecIDs of the kept orders, oldest first.
     pub execs: Vec<ExecState>,
     /// Risk.
@@ -107,6 +111,24 @@ pub struct RiskState {
     pub accounts: Vec<AccountState>,
     /// Engine order ids seen: `(engine, cl_ord_id)`.
     pub seen_ids: Vec<(u32, u64)>,
+    /// Firm-wide open notional, executed notional and open orders.
+    pub firm: (i128, i128, u64),
+    /// The repeated-order check's accepted new orders, oldest first: `(account, symbol,
+    /// side, qty, price, time)`.
+    pub identical: Vec<(u32, [u8; 8], u8, u32, i64, u64)>,
+    /// Orders the repeated-order check forgot early.
+    pub identical_evicted: u64,
+}
+
+/// A throttle's sliding window.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct WindowState {
+    /// Per slot counts.
+    pub slots: Vec<u32>,
+    /// Newest slot number.
+    pub head: u64,
+    /// Sum of the slots.
+    pub total: u64,
 }
 
 /// One account's risk state.
@@ -124,6 +146,8 @@ pub struct AccountState {
     pub open_orders: u32,
     /// Positions: `(symbol, net, open buy, open sell)`.
     pub positions: Vec<([u8; 8], i64, i64, i64)>,
+    /// Throttles of new orders, cancels and replaces.
+    pub throttle: Vec<WindowState>,
 }
 
 /// The FIX session.

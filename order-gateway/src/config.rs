@@ -57,6 +57,10 @@ fn default_true() -> bool {
     true
 }
 
+fn default_max_response_backlog() -> usize {
+    crate::gateway::RESPONSE_HISTORY
+}
+
 /// `[service]`: where engines connect and how the polling thread runs.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,6 +92,12 @@ pub struct ServiceConfig {
     /// Publish counters in the rocebus counters directory (`rocebus stat order-gateway`).
     #[serde(default = "default_true")]
     pub counters: bool,
+    /// Responses that may wait for an engine whose ring is full (it is not reading); one
+    /// more disconnects it (cancel-on-disconnect) and it gets them replayed when it logs on
+    /// again. At least `risk.response_history`, so a logon's replay always fits. Default
+    /// 65536.
+    #[serde(default = "default_max_response_backlog")]
+    pub max_response_backlog: usize,
 }
 
 /// `[fix]`: the venue session.
@@ -221,6 +231,16 @@ impl Config {
             let text = e.to_string();
             let (k, p) = text.split_once(": ").unwrap_or(("risk", &text));
             return Err((k.to_owned(), p.to_owned()));
+        }
+        if self.service.max_response_backlog < self.risk.response_history {
+            return Err((
+                "service.max_response_backlog".into(),
+                format!(
+                    "must be at least risk.response_history ({}): the responses replayed at \
+                     a logon wait in the backlog",
+                    self.risk.response_history
+                ),
+            ));
         }
         self.static_prices()?;
         if let Some(md) = &self.market_data {

@@ -9,8 +9,9 @@
 //!   Journaled: it survives a restart.
 //! - `resume [--account A]`: turns it off again.
 //! - `cancel-all [--account A]`: cancels the open orders in scope, without blocking new ones.
-//! - `status`: venue session, journal, engines, open orders, kill switches, and per account
-//!   open orders and notional against the credit limit.
+//! - `status`: venue session, journal, engines, open orders, kill switches, firm-wide
+//!   exposure against the firm limits, and per account open orders and notional against the
+//!   credit limit and what its throttle windows hold.
 //!
 //! The server side never blocks the service thread: accepts and reads are non-blocking and
 //! polled from the loop; a client that sends no full line within [`CLIENT_TIMEOUT`] is
@@ -116,11 +117,11 @@ pub fn execute<L: VenueLink>(
             tracing::warn!(scope = %what(a), "cancel-all (control socket)");
             format!("ok: cancelling the open orders of {}\n", what(a))
         }
-        Command::Status => status(driver, engines_connected),
+        Command::Status => status(driver, engines_connected, now),
     }
 }
 
-fn status<L: VenueLink>(driver: &FixDriver<L>, engines_connected: usize) -> String {
+fn status<L: VenueLink>(driver: &FixDriver<L>, engines_connected: usize, now: u64) -> String {
     let gw = driver.gateway();
     let risk = gw.risk();
     let (global, engines, accounts) = risk.kills();
@@ -144,7 +145,15 @@ fn status<L: VenueLink>(driver: &FixDriver<L>, engines_connected: usize) -> Stri
         "kill switches       global {}, engines {engines:?}, accounts {accounts:?}\n",
         if global { "ON" } else { "off" }
     ));
+    let (orders, open, executed) = risk.firm_exposure();
+    let (max_orders, max_gross, credit) = risk.firm_limits();
+    s.push_str(&format!(
+        "firm                open orders {orders} of {max_orders}, open notional {open} of \
+         {max_gross}, open + executed notional {} of {credit}\n",
+        open + executed
+    ));
     for a in risk.account_ids() {
+        let [new, cancels, replaces] = risk.throttle_usage(a, now);
         let (open, executed) = risk.exposure(a);
         let limit = risk.credit_limit(a);
         let used = if limit > 0 {
@@ -154,7 +163,8 @@ fn status<L: VenueLink>(driver: &FixDriver<L>, engines_connected: usize) -> Stri
         };
         s.push_str(&format!(
             "account {a:<11} open orders {}, open notional {open}, executed notional \
-             {executed}, credit limit {limit} ({used:.1}% used)\n",
+             {executed}, credit limit {limit} ({used:.1}% used); in the throttle window \
+             {new} new, {cancels} cancels, {replaces} replaces\n",
             risk.open_orders(a)
         ));
     }
@@ -382,6 +392,11 @@ mod tests {
         assert!(st.contains("engines connected   3"), "{st}");
         assert!(
             st.contains("account 7") && st.contains("credit limit 1000000"),
+            "{st}"
+        );
+        assert!(st.contains("firm                open orders 0 of "), "{st}");
+        assert!(
+            st.contains("in the throttle window 1 new, 0 cancels"),
             "{st}"
         );
         assert!(execute("kill --account 9", &mut d, 0, 0).starts_with("error"));

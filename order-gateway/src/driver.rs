@@ -250,6 +250,9 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     batch_disconnects: Vec<EngineId>,
     /// Cancel-on-disconnects that arrived while degraded, run once the journal is back.
     deferred_disconnects: Vec<EngineId>,
+    /// Engines the core cut off (too many malformed frames), for the engine transport to
+    /// disconnect ([`pop_kicked`](Self::pop_kicked)).
+    kicked: Vec<EngineId>,
     journal_failures: u64,
     /// Start a new segment once the journal is this long (0: never).
     segment_bytes: u64,
@@ -373,6 +376,7 @@ impl<L: VenueLink> FixDriver<L> {
             degraded: None,
             batch_disconnects: Vec::new(),
             deferred_disconnects: Vec::new(),
+            kicked: Vec::new(),
             journal_failures: 0,
             segment_bytes: 0,
             segments: SegmentStats::default(),
@@ -612,6 +616,11 @@ impl<L: VenueLink> FixDriver<L> {
             self.link.close();
             self.gw.on_disconnect();
         }
+        for e in out.kick.drain(..) {
+            if !self.kicked.contains(&e) {
+                self.kicked.push(e);
+            }
+        }
         out.clear();
         if self.segment_bytes > 0
             && self.journal.len() - self.segment_start >= self.segment_bytes
@@ -728,6 +737,13 @@ impl<L: VenueLink> FixDriver<L> {
             next_probe: Instant::now() + PROBE_INTERVAL,
         });
         Ok(())
+    }
+
+    /// An engine the core cut off since the last call (it sent `risk.max_malformed_frames`
+    /// malformed frames): close its connection and run cancel-on-disconnect for it
+    /// ([`stage_engine_disconnect`](Self::stage_engine_disconnect)).
+    pub fn pop_kicked(&mut self) -> Option<EngineId> {
+        self.kicked.pop()
     }
 
     /// Takes the engine responses produced so far.

@@ -8,7 +8,8 @@
 //! as live operation without emitting anything.
 //!
 //! Engine responses are numbered per engine, starting at one (the [`proto::Header::seq`] of
-//! each response), and the last [`RESPONSE_HISTORY`] of each engine are kept, so an engine
+//! each response), and the last `risk.response_history` (default [`RESPONSE_HISTORY`]) of
+//! each engine are kept, so an engine
 //! that reconnects gets what it missed ([`Gateway::responses_after`]). Responses are a pure
 //! function of the journal (decisions, malformed requests, venue messages), so replay
 //! rebuilds the numbers and the history too: a gateway restart loses neither.
@@ -32,14 +33,15 @@ use crate::journal::encode_record;
 use crate::proto::{
     self, msg_type, LogonStatus, OrdState, RejectReason, Request, Response, Side, Symbol,
 };
-use crate::risk::{KillScope, OrderParams, RiskConfig, RiskConfigError, RiskEngine};
+use crate::risk::{KillScope, OrderParams, RequestKind, RiskConfig, RiskConfigError, RiskEngine};
 
 /// Engine identifier, named in the engine's logon and checked against its token.
 pub type EngineId = u32;
 
-/// Responses kept per engine for replay after a reconnect (about 2.7 MB per engine). An
-/// engine that was away for more responses than this is refused with
-/// [`LogonStatus::ReplayUnavailable`] and must rebuild its state another way.
+/// Responses kept per engine for replay after a reconnect by default (about 2.7 MB per
+/// engine; `risk.response_history` sets it). An engine that was away for more responses
+/// than are kept is refused with [`LogonStatus::ReplayUnavailable`] and must rebuild its
+/// state another way.
 pub const RESPONSE_HISTORY: usize = 1 << 16;
 
 /// Journal record kinds.
@@ -58,10 +60,41 @@ pub mod record {
     /// A kill switch turned on or off: scope `u8` (0 global, 1 engine, 2 account), id
     /// `u32 LE`, on `u8`.
     pub const KILL: u8 = 6;
+    /// An engine frame that did not decode: `engine u32 LE`, the frame's length `u32 LE`,
+    /// then at most [`super::MALFORMED_KEPT`] of its first bytes (what its reject is made
+    /// of), so garbage costs the journal a bounded record.
+    pub const ENGINE_MALFORMED: u8 = 7;
     /// A checkpoint: the whole recoverable state ([`crate::checkpoint`]), first record of a
     /// journal segment.
-    pub const CHECKPOINT: u8 = 7;
+    pub const CHECKPOINT: u8 = 8;
 }
+
+/// Bytes of a malformed engine frame the journal keeps.
+pub const MALFORMED_KEPT: usize = 64;
+
+/// [`Decision`] trailer `origin`: the engine's own request (counted by the throttles).
+pub const ORIGIN_ENGINE: u8 = 0;
+/// [`Decision`] trailer `origin`: a cancel the gateway made (kill switch, cancel-all, mass
+/// cancel, cancel-on-disconnect); never throttled.
+pub const ORIGIN_GATEWAY: u8 = 1;
+
+/// What follows a [`Decision`] in its journal record: when it was decided and who asked,
+/// so recovery rebuilds the throttle and repeated-order windows. Journals written before it
+/// existed have bare decisions: those replay without their windows.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct DecisionTrailer {
+    /// Decision time, nanoseconds since the UNIX epoch.
+    pub now: U64,
+    /// [`ORIGIN_ENGINE`] or [`ORIGIN_GATEWAY`].
+    pub origin: u8,
+}
+
+const _: () = assert!(size_of::<DecisionTrailer>() == 9);
+
+/// Malformed-frame log lines: at most one per engine per this many nanoseconds (the rest
+/// are summed into the next line).
+const MALFORMED_LOG_INTERVAL_NS: u64 = 1_000_000_000;
 
 /// [`record::ENGINE_SESSION`] event: the engine logged on.
 pub const SESSION_LOGON: u8 = 1;
@@ -114,6 +147,9 @@ pub struct Outputs {
     pub journal_records: u32,
     /// The FIX transport must be closed.
     pub disconnect: bool,
+    /// Engines whose connections must be closed (they sent `max_malformed_frames`): the
+    /// driver closes them, which runs cancel-on-disconnect.
+    pub kick: Vec<EngineId>,
     /// `engine[..stamped]` carry their response sequence numbers.
     stamped: usize,
 }
@@ -127,6 +163,7 @@ impl Outputs {
         self.journal.clear();
         self.journal_records = 0;
         self.disconnect = false;
+        self.kick.clear();
         self.stamped = 0;
     }
 
@@ -204,6 +241,20 @@ pub struct GatewayCounters {
     pub late_answers: u64,
     /// OrderStatusRequests sent at logon for orders in doubt.
     pub status_requests: u64,
+    /// Engine connections cut off for sending `max_malformed_frames` malformed frames.
+    pub malformed_disconnects: u64,
+    /// Frames from an engine cut off, before it logged on again: neither taken nor journaled.
+    pub frames_after_cutoff: u64,
+}
+
+/// Per engine, malformed frames since its logon and the rate-limited log of them.
+#[derive(Clone, Copy, Debug, Default)]
+struct MalformedLog {
+    /// Since the engine's last logon (journaled, so replay rebuilds it).
+    count: u32,
+    /// Live only: when the last line was logged, and frames not logged since.
+    logged_at: u64,
+    unlogged: u64,
 }
 
 /// One engine's numbered responses.
@@ -241,6 +292,10 @@ pub struct Gateway {
     counters: GatewayCounters,
     /// ExecIDs applied (duplicates, trade cancel/correct references).
     execs: crate::execs::ExecLog,
+    /// Malformed frames per engine.
+    malformed: FxHashMap<EngineId, MalformedLog>,
+    /// Malformed frames that cut an engine off.
+    max_malformed: u32,
     /// Replaying the journal: state changes only, no logging.
     replaying: bool,
     /// Discard sink for replay.
@@ -293,17 +348,19 @@ impl Gateway {
             responses: risk
                 .engines
                 .iter()
-                .map(|e| (e.id, ResponseLog::new(RESPONSE_HISTORY)))
+                .map(|e| (e.id, ResponseLog::new(risk.response_history)))
                 .collect(),
             last_request: FxHashMap::default(),
             connected: FxHashSet::default(),
             cod_deadlines: Vec::new(),
-            history: RESPONSE_HISTORY,
+            history: risk.response_history,
             next_id: 1,
             inbuf: Vec::with_capacity(1 << 16),
             body: Vec::with_capacity(512),
             counters: GatewayCounters::default(),
             execs: crate::execs::ExecLog::default(),
+            malformed: FxHashMap::default(),
+            max_malformed: risk.max_malformed_frames,
             replaying: false,
             scratch: Outputs::default(),
             retired: FxHashSet::default(),
@@ -515,6 +572,19 @@ impl Gateway {
         );
         self.connected.insert(engine);
         self.cod_deadlines.retain(|(e, _)| *e != engine);
+        self.reset_malformed(engine);
+    }
+
+    /// A new connection of `engine` starts with a clean slate (live and replay).
+    fn reset_malformed(&mut self, engine: EngineId) {
+        if let Some(m) = self.malformed.get_mut(&engine) {
+            m.count = 0;
+        }
+    }
+
+    /// Malformed frames `engine` sent since it last logged on.
+    pub fn malformed_since_logon(&self, engine: EngineId) -> u32 {
+        self.malformed.get(&engine).map_or(0, |m| m.count)
     }
 
     /// Starts a FIX logout.
@@ -572,6 +642,7 @@ impl Gateway {
         );
         self.connected.remove(&engine);
         self.cod_deadlines.retain(|(e, _)| *e != engine);
+        self.reset_malformed(engine);
         if self.session.state() != SessionState::Active {
             // The cancels need the venue: they go out as soon as the session is up again
             // (unless the engine logs on first), not rejected as SessionDown to nobody.
@@ -592,7 +663,7 @@ impl Gateway {
             .collect();
         targets.sort_unstable();
         for (engine, cl) in targets {
-            self.handle_cancel(engine, cl, now, out);
+            self.handle_cancel(engine, cl, ORIGIN_GATEWAY, now, out);
         }
     }
 
@@ -608,6 +679,55 @@ impl Gateway {
         self.seal(out);
     }
 
+    /// A request that does not decode: journaled (its first [`MALFORMED_KEPT`] bytes),
+    /// answered with a Malformed reject, counted, logged at most once a second per engine;
+    /// the one that reaches `max_malformed_frames` since the engine's logon cuts it off.
+    fn on_malformed(&mut self, engine: EngineId, bytes: &[u8], now: u64, out: &mut Outputs) {
+        let kept = &bytes[..bytes.len().min(MALFORMED_KEPT)];
+        out.record(
+            record::ENGINE_MALFORMED,
+            &[
+                &engine.to_le_bytes(),
+                &(bytes.len() as u32).to_le_bytes(),
+                kept,
+            ],
+        );
+        self.counters.malformed_engine += 1;
+        let max = self.max_malformed;
+        let m = self.malformed.entry(engine).or_default();
+        m.count = m.count.saturating_add(1);
+        m.unlogged += 1;
+        let cut_off = m.count == max;
+        let quiet = self.replaying;
+        if !quiet && (cut_off || now.saturating_sub(m.logged_at) >= MALFORMED_LOG_INTERVAL_NS) {
+            tracing::warn!(
+                engine,
+                frames = m.unlogged,
+                since_logon = m.count,
+                max_malformed_frames = max,
+                "malformed engine frames (answered Malformed)"
+            );
+            m.logged_at = now;
+            m.unlogged = 0;
+        }
+        if cut_off {
+            self.counters.malformed_disconnects += 1;
+            if !quiet {
+                tracing::warn!(
+                    engine,
+                    max_malformed_frames = max,
+                    "engine sent too many malformed frames: disconnecting it \
+                     (cancel-on-disconnect); nothing more is taken from it until it logs on \
+                     again"
+                );
+            }
+            if !out.kick.contains(&engine) {
+                out.kick.push(engine);
+            }
+        }
+        Self::malformed(engine, kept, out);
+    }
+
     /// A request that does not decode is answered with a Malformed reject (live and replay).
     fn malformed(engine: EngineId, bytes: &[u8], out: &mut Outputs) {
         let cl = bytes
@@ -620,6 +740,12 @@ impl Gateway {
     }
 
     fn engine_message(&mut self, engine: EngineId, bytes: &[u8], now: u64, out: &mut Outputs) {
+        if self.malformed_since_logon(engine) >= self.max_malformed {
+            // Cut off (its connection is being closed): nothing is taken, and its logon
+            // answer will say so (last request taken).
+            self.counters.frames_after_cutoff += 1;
+            return;
+        }
         let seq = request_seq(bytes);
         if seq != 0 && seq <= self.last_request_seq(engine) {
             // Taken before (the engine could not know: it lost our answer or its state).
@@ -630,18 +756,20 @@ impl Gateway {
             self.counters.resent_requests += 1;
             return;
         }
-        out.record(record::ENGINE_REQUEST, &[&engine.to_le_bytes(), bytes]);
-        self.note_request_seq(engine, bytes);
         let req = match Request::decode(bytes) {
             Ok((r, _)) => r,
             Err(_) => {
-                self.counters.malformed_engine += 1;
-                return Self::malformed(engine, bytes, out);
+                self.note_request_seq(engine, bytes);
+                return self.on_malformed(engine, bytes, now, out);
             }
         };
+        out.record(record::ENGINE_REQUEST, &[&engine.to_le_bytes(), bytes]);
+        self.note_request_seq(engine, bytes);
         match req {
             Request::NewOrder(m) => self.handle_new(engine, &m, now, out),
-            Request::Cancel(m) => self.handle_cancel(engine, m.cl_ord_id.get(), now, out),
+            Request::Cancel(m) => {
+                self.handle_cancel(engine, m.cl_ord_id.get(), ORIGIN_ENGINE, now, out)
+            }
             Request::Replace(m) => self.handle_replace(engine, &m, now, out),
             Request::MassCancel(m) => {
                 let (account, symbol) = (m.account.get(), m.symbol);
@@ -717,10 +845,11 @@ impl Gateway {
         out.info.push((engine, status));
     }
 
-    fn decision(out: &mut Outputs, d: &Decision) {
-        out.record(record::DECISION, &[d.as_bytes()]);
+    fn decision(out: &mut Outputs, d: &Decision, t: DecisionTrailer) {
+        out.record(record::DECISION, &[d.as_bytes(), t.as_bytes()]);
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn reject_request(
         engine: EngineId,
         cl: u64,
@@ -728,6 +857,7 @@ impl Gateway {
         reason: RejectReason,
         out: &mut Outputs,
         d: Option<Decision>,
+        t: DecisionTrailer,
     ) {
         let d = d.unwrap_or_else(|| Decision {
             engine: U32::new(engine),
@@ -748,6 +878,7 @@ impl Gateway {
                 reason: U16::new(reason as u16),
                 ..d
             },
+            t,
         );
         out.engine
             .push((engine, Response::reject(cl, request, reason)));
@@ -775,6 +906,7 @@ impl Gateway {
             side: m.side,
             symbol: m.symbol,
         };
+        let t = trailer(now, ORIGIN_ENGINE);
         let verdict = if self.session.state() != SessionState::Active {
             Err(RejectReason::SessionDown)
         } else {
@@ -783,13 +915,13 @@ impl Gateway {
         // Ids are single-use whatever the verdict (replay marks every decision the same way).
         self.risk.mark_seen(engine, cl);
         if let Err(reason) = verdict {
-            Self::reject_request(engine, cl, msg_type::NEW_ORDER, reason, out, Some(d));
+            Self::reject_request(engine, cl, msg_type::NEW_ORDER, reason, out, Some(d), t);
             return;
         }
         let id = self.next_id;
         d.order_id = U64::new(id);
         d.request_id = U64::new(id);
-        Self::decision(out, &d);
+        Self::decision(out, &d, t);
         self.apply_decision(&d);
         let b = &mut self.body;
         b.clear();
@@ -825,7 +957,18 @@ impl Gateway {
         Self::journal_out(out, start);
     }
 
-    fn handle_cancel(&mut self, engine: EngineId, cl: u64, now: u64, out: &mut Outputs) {
+    /// A cancel of one order: the engine's own (`ORIGIN_ENGINE`, throttled) or one the
+    /// gateway makes (`ORIGIN_GATEWAY`: kill switch, cancel-all, mass cancel,
+    /// cancel-on-disconnect; never throttled, or the operator would lose control).
+    fn handle_cancel(
+        &mut self,
+        engine: EngineId,
+        cl: u64,
+        origin: u8,
+        now: u64,
+        out: &mut Outputs,
+    ) {
+        let t = trailer(now, origin);
         let Some(&oid) = self.by_engine.get(&(engine, cl)) else {
             return Self::reject_request(
                 engine,
@@ -834,6 +977,7 @@ impl Gateway {
                 RejectReason::UnknownOrder,
                 out,
                 None,
+                t,
             );
         };
         let o = self.orders[&oid];
@@ -843,11 +987,13 @@ impl Gateway {
             Some(RejectReason::PendingChange)
         } else if self.session.state() != SessionState::Active {
             Some(RejectReason::SessionDown)
+        } else if origin == ORIGIN_ENGINE {
+            self.risk.check_cancel(&o.params, now).err()
         } else {
             None
         };
         if let Some(r) = reason {
-            return Self::reject_request(engine, cl, msg_type::CANCEL, r, out, None);
+            return Self::reject_request(engine, cl, msg_type::CANCEL, r, out, None, t);
         }
         let id = self.next_id;
         let d = Decision {
@@ -863,7 +1009,7 @@ impl Gateway {
             side: o.params.side as u8,
             symbol: o.params.symbol,
         };
-        Self::decision(out, &d);
+        Self::decision(out, &d, t);
         self.apply_decision(&d);
         let b = &mut self.body;
         b.clear();
@@ -882,6 +1028,7 @@ impl Gateway {
         out: &mut Outputs,
     ) {
         let cl = m.cl_ord_id.get();
+        let t = trailer(now, ORIGIN_ENGINE);
         let Some(&oid) = self.by_engine.get(&(engine, cl)) else {
             return Self::reject_request(
                 engine,
@@ -890,6 +1037,7 @@ impl Gateway {
                 RejectReason::UnknownOrder,
                 out,
                 None,
+                t,
             );
         };
         let o = self.orders[&oid];
@@ -916,7 +1064,7 @@ impl Gateway {
                 .check_replace(engine, &o.params, leaves, &new_open, now)
         };
         if let Err(r) = verdict {
-            return Self::reject_request(engine, cl, msg_type::REPLACE, r, out, None);
+            return Self::reject_request(engine, cl, msg_type::REPLACE, r, out, None, t);
         }
         let id = self.next_id;
         let d = Decision {
@@ -932,7 +1080,7 @@ impl Gateway {
             side: o.params.side as u8,
             symbol: o.params.symbol,
         };
-        Self::decision(out, &d);
+        Self::decision(out, &d, t);
         self.apply_decision(&d);
         let b = &mut self.body;
         b.clear();
@@ -1088,6 +1236,13 @@ impl Gateway {
         last_request.sort_unstable();
         let mut connected: Vec<u32> = self.connected.iter().copied().collect();
         connected.sort_unstable();
+        let mut malformed: Vec<(u32, u32)> = self
+            .malformed
+            .iter()
+            .filter(|(_, m)| m.count > 0)
+            .map(|(&e, m)| (e, m.count))
+            .collect();
+        malformed.sort_unstable();
         let state = GatewayState {
             next_id: self.next_id,
             orders,
@@ -1095,6 +1250,7 @@ impl Gateway {
             responses,
             last_request,
             connected,
+            malformed,
             execs: self.execs.checkpoint_state(|id| keep(&id)),
             risk: self.risk.checkpoint_state(),
             session: self.session.checkpoint_state(),
@@ -1200,6 +1356,10 @@ impl Gateway {
         }
         self.last_request = s.last_request.iter().copied().collect();
         self.connected = s.connected.iter().copied().collect();
+        self.malformed.clear();
+        for &(engine, count) in &s.malformed {
+            self.malformed.entry(engine).or_default().count = count;
+        }
         self.execs.restore_state(&s.execs);
         self.risk.restore_state(&s.risk);
         self.session.restore_state(&s.session);
@@ -1226,9 +1386,19 @@ impl Gateway {
                 let id = u32::from_le_bytes(engine.try_into().unwrap_or_default());
                 self.note_request_seq(id, bytes);
                 if Request::decode(bytes).is_err() {
-                    let engine = u32::from_le_bytes(engine.try_into().unwrap_or_default());
-                    Self::malformed(engine, bytes, scratch);
+                    // Journals of earlier versions keep malformed frames whole, here.
+                    self.counters.malformed_engine += 1;
+                    Self::malformed(id, bytes, scratch);
                 }
+            }
+            record::ENGINE_MALFORMED => {
+                let (Some(engine), Some(kept)) = (payload.get(..4), payload.get(8..)) else {
+                    return;
+                };
+                let engine = u32::from_le_bytes(engine.try_into().unwrap_or_default());
+                self.note_request_seq(engine, kept);
+                // `replaying` keeps it quiet; the cut-off is the same as live.
+                self.on_malformed(engine, kept, 0, scratch);
             }
             record::DECISION => {
                 let Ok((d, _)) = Decision::read_from_prefix(payload) else {
@@ -1241,10 +1411,19 @@ impl Gateway {
                         .push((engine, Response::reject(cl, d.request, reason)));
                 }
                 self.apply_decision(&d);
-                if d.request == msg_type::NEW_ORDER && d.reason.get() == 0 {
-                    if let Some(o) = self.orders.get(&d.order_id.get()) {
-                        let p = o.params;
-                        self.risk.restore_open(&p);
+                let trailer = payload
+                    .get(size_of::<Decision>()..)
+                    .and_then(|t| DecisionTrailer::read_from_prefix(t).ok())
+                    .map(|(t, _)| t);
+                if d.reason.get() == 0 {
+                    let p = self.orders.get(&d.order_id.get()).map(|o| o.params);
+                    if let Some(p) = p {
+                        if d.request == msg_type::NEW_ORDER {
+                            self.risk.restore_open(&p);
+                        }
+                        if let Some(t) = trailer {
+                            self.restore_windows(&d, &p, t);
+                        }
                     }
                 }
             }
@@ -1269,9 +1448,11 @@ impl Gateway {
                     match ev {
                         SESSION_LOGON => {
                             self.connected.insert(engine);
+                            self.reset_malformed(engine);
                         }
                         SESSION_DISCONNECT => {
                             self.connected.remove(&engine);
+                            self.reset_malformed(engine);
                         }
                         _ => {}
                     }
@@ -1301,6 +1482,27 @@ impl Gateway {
                 if !matches!(m.msg_type(), b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A") {
                     let _ = self.apply_app(&m, scratch);
                 }
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts an accepted decision in the throttle and repeated-order windows as its check
+    /// did live (recovery).
+    fn restore_windows(&mut self, d: &Decision, order: &OrderParams, t: DecisionTrailer) {
+        let now = t.now.get();
+        match d.request {
+            msg_type::NEW_ORDER => self.risk.restore_request(RequestKind::New, order, now),
+            msg_type::CANCEL if t.origin == ORIGIN_ENGINE => {
+                self.risk.restore_request(RequestKind::Cancel, order, now)
+            }
+            msg_type::REPLACE => {
+                let new = OrderParams {
+                    qty: d.qty.get(),
+                    price: d.price.get(),
+                    ..*order
+                };
+                self.risk.restore_request(RequestKind::Replace, &new, now)
             }
             _ => {}
         }
@@ -1853,6 +2055,13 @@ impl Gateway {
 }
 
 /// The request sequence number in an engine frame's header (0: unnumbered or no header).
+fn trailer(now: u64, origin: u8) -> DecisionTrailer {
+    DecisionTrailer {
+        now: U64::new(now),
+        origin,
+    }
+}
+
 fn request_seq(frame: &[u8]) -> u32 {
     frame
         .get(4..8)
@@ -2297,6 +2506,7 @@ pub(crate) mod tests {
         let big = r#"
             reference_max_age_ms = 5000
             throttle_interval_ms = 1000
+            max_identical_orders = 0
             [[accounts]]
             id = 7
             max_order_qty = 1000
@@ -2641,5 +2851,335 @@ pub(crate) mod tests {
             gw.responses_after(1, 2).err(),
             Some(LogonStatus::ReplayUnavailable)
         );
+    }
+
+    /// A gateway on [`risk`] with `extra` keys in `[risk]` and `account` keys added to the
+    /// account, logged on, with a fresh reference price.
+    fn active_with(extra: &str, account: &str) -> (Gateway, Venue, Outputs) {
+        let text = format!(
+            r#"
+            reference_max_age_ms = 5000
+            throttle_interval_ms = 1000
+            {extra}
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 10000000
+            max_position = 100000
+            max_open_orders = 100
+            collar_bps = 500
+            {account}
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "e1"
+            "#
+        );
+        let risk: RiskConfig = toml::from_str(&text).unwrap();
+        let mut gw = Gateway::new(session(), &risk).unwrap();
+        let mut out = Outputs::default();
+        gw.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+        gw.on_connect(T0, &mut out);
+        let mut v = Venue { seq: 1 };
+        let logon = v.frame(b"A", &[(98, b"0"), (108, b"30")]);
+        gw.on_fix_bytes(&logon, T0, &mut out);
+        assert_eq!(gw.session().state(), SessionState::Active);
+        (gw, v, out)
+    }
+
+    /// Replays `journal` into a fresh gateway built like `like` (same risk config).
+    fn replay_like(risk: &RiskConfig, journal: &[u8]) -> Gateway {
+        let mut r = Gateway::new(session(), risk).unwrap();
+        let mut rest = journal;
+        while let Some((k, p, n)) = decode_record(rest) {
+            r.replay_record(k, p);
+            rest = &rest[n..];
+        }
+        assert!(rest.is_empty());
+        r
+    }
+
+    fn reject_reasons(out: &Outputs) -> Vec<RejectReason> {
+        out.engine
+            .iter()
+            .filter_map(|(_, r)| match r {
+                Response::Reject(x) => Some(x.reason()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    const WINDOWS: &str = "max_identical_orders = 3";
+    const ACCOUNT_WINDOWS: &str = "max_orders_per_interval = 5
+            max_cancels_per_interval = 2
+            max_replaces_per_interval = 1";
+
+    fn windows_config() -> RiskConfig {
+        toml::from_str(&format!(
+            r#"
+            reference_max_age_ms = 5000
+            throttle_interval_ms = 1000
+            {WINDOWS}
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 10000000
+            max_position = 100000
+            max_open_orders = 100
+            collar_bps = 500
+            {ACCOUNT_WINDOWS}
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "e1"
+            "#
+        ))
+        .unwrap()
+    }
+
+    /// The engine's requests: three identical orders (the fourth rejects), two more new
+    /// orders (the next is throttled), cancels and replaces up to their own limits.
+    fn exhaust_windows(gw: &mut Gateway, out: &mut Outputs) {
+        let t = T0 + SEC / 10;
+        for cl in 1..=4 {
+            gw.on_engine_message(1, new_order(cl, 10, 100).as_bytes(), t, out);
+        }
+        gw.on_engine_message(1, new_order(5, 11, 100).as_bytes(), t, out);
+        gw.on_engine_message(1, new_order(6, 12, 100).as_bytes(), t, out);
+        gw.on_engine_message(1, new_order(7, 13, 100).as_bytes(), t, out);
+        gw.on_engine_message(1, Replace::new(5, 20, 100 * PRICE_SCALE).as_bytes(), t, out);
+        gw.on_engine_message(1, Replace::new(6, 20, 100 * PRICE_SCALE).as_bytes(), t, out);
+        for cl in 1..=3 {
+            gw.on_engine_message(1, Cancel::new(cl).as_bytes(), t, out);
+        }
+    }
+
+    #[test]
+    fn throttles_and_repeated_orders_reject_and_rebuild_from_the_journal() {
+        let (mut gw, _v, mut out) = active_with(WINDOWS, ACCOUNT_WINDOWS);
+        out.clear();
+        exhaust_windows(&mut gw, &mut out);
+        use RejectReason::{RepeatedOrder, Throttled};
+        assert_eq!(
+            reject_reasons(&out),
+            [RepeatedOrder, Throttled, Throttled, Throttled]
+        );
+        let t = T0 + SEC / 2;
+        let o = gw.order(1, 1).unwrap().params;
+        assert_eq!(gw.risk().throttle_usage(7, t), [5, 2, 1]);
+        assert_eq!(gw.risk().identical_count(&o, t), 3);
+        // A restart: the windows are what they were, so the next requests get the same
+        // answers from the rebuilt gateway as from the live one.
+        let mut r = replay_like(&windows_config(), &out.journal);
+        assert_eq!(r.risk().throttle_usage(7, t), [5, 2, 1]);
+        assert_eq!(r.risk().identical_count(&o, t), 3);
+        assert_eq!(r.risk().firm_exposure(), gw.risk().firm_exposure());
+        let mut v = Venue { seq: 2 };
+        r.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+        r.on_connect(T0, &mut Outputs::default());
+        r.on_fix_bytes(
+            &v.frame(b"A", &[(98, b"0"), (108, b"30")]),
+            T0,
+            &mut Outputs::default(),
+        );
+        assert_eq!(r.session().state(), SessionState::Active);
+        for g in [&mut gw, &mut r] {
+            let mut o2 = Outputs::default();
+            g.on_engine_message(1, new_order(20, 14, 100).as_bytes(), t, &mut o2);
+            g.on_engine_message(1, Cancel::new(6).as_bytes(), t, &mut o2);
+            assert_eq!(reject_reasons(&o2), [Throttled, Throttled]);
+        }
+        // A window later everything is free again.
+        let later = T0 + 2 * SEC;
+        r.on_reference_price(aapl(), 100 * PRICE_SCALE, later);
+        let mut o3 = Outputs::default();
+        r.on_engine_message(1, new_order(21, 10, 100).as_bytes(), later, &mut o3);
+        r.on_engine_message(1, Cancel::new(6).as_bytes(), later, &mut o3);
+        assert_eq!(reject_reasons(&o3), []);
+    }
+
+    /// Journals written before decisions carried their time still replay: orders and
+    /// reservations as before, the windows empty.
+    #[test]
+    fn decisions_without_a_trailer_still_replay() {
+        let (mut gw, _v, mut out) = active_with(WINDOWS, ACCOUNT_WINDOWS);
+        exhaust_windows(&mut gw, &mut out);
+        let mut old = Vec::new();
+        let mut rest = &out.journal[..];
+        while let Some((k, p, n)) = decode_record(rest) {
+            let p = if k == record::DECISION {
+                &p[..size_of::<Decision>()]
+            } else {
+                p
+            };
+            encode_record(&mut old, k, &[p]);
+            rest = &rest[n..];
+        }
+        let r = replay_like(&windows_config(), &old);
+        assert_eq!(r.open_order_count(), gw.open_order_count());
+        assert_eq!(r.risk().exposure(7), gw.risk().exposure(7));
+        assert_eq!(r.risk().throttle_usage(7, T0 + SEC / 2), [0, 0, 0]);
+    }
+
+    /// Kill switches, cancel-all and cancel-on-disconnect cancel whatever the engine's
+    /// cancel throttle says: the operator stays in control.
+    #[test]
+    fn cancels_the_gateway_makes_are_never_throttled() {
+        let (mut gw, _v, mut out) = active_with(
+            "max_identical_orders = 0",
+            "max_orders_per_interval = 100\nmax_cancels_per_interval = 1",
+        );
+        for cl in 1..=6 {
+            gw.on_engine_message(1, new_order(cl, 10, 100).as_bytes(), T0, &mut out);
+        }
+        out.clear();
+        gw.on_engine_message(1, Cancel::new(1).as_bytes(), T0, &mut out);
+        gw.on_engine_message(1, Cancel::new(2).as_bytes(), T0, &mut out);
+        assert_eq!(reject_reasons(&out), [RejectReason::Throttled]);
+        out.clear();
+        gw.cancel_all(Some(7), T0, &mut out);
+        assert_eq!(fix_types(&out), vec![b"F".to_vec(); 5]);
+        let pending = gw.orders().filter(|(_, o)| o.pending.is_some()).count();
+        assert_eq!(pending, 6);
+        assert_eq!(gw.risk().throttle_usage(7, T0), [6, 1, 0]);
+        // Replayed, the gateway's cancels are not counted either.
+        let r = replay(&out.journal);
+        assert_eq!(r.risk().throttle_usage(7, T0)[1], 0);
+    }
+
+    #[test]
+    fn malformed_frames_are_bounded_and_cut_the_engine_off() {
+        let (mut gw, _v, mut out) =
+            active_with("max_malformed_frames = 3", "max_orders_per_interval = 100");
+        out.clear();
+        // 16 KiB of garbage costs the journal its first 64 bytes.
+        let mut big = vec![0xAAu8; 16 << 10];
+        big[0] = msg_type::NEW_ORDER;
+        gw.on_engine_message(1, &big, T0, &mut out);
+        assert!(
+            out.journal.len() < 100,
+            "{} journal bytes",
+            out.journal.len()
+        );
+        assert!(out.kick.is_empty());
+        gw.on_engine_message(1, &[1, 2, 3], T0, &mut out);
+        gw.on_engine_message(1, &[], T0, &mut out);
+        assert_eq!(out.kick, [1]);
+        assert_eq!(gw.counters().malformed_engine, 3);
+        assert_eq!(gw.counters().malformed_disconnects, 1);
+        assert_eq!(gw.malformed_since_logon(1), 3);
+        assert_eq!(reject_reasons(&out), [RejectReason::Malformed; 3]);
+        // Cut off: nothing more is taken, journaled or answered, valid or not.
+        let (records, responses) = (out.journal_records, out.engine.len());
+        gw.on_engine_message(1, new_order(1, 10, 100).as_bytes(), T0, &mut out);
+        for _ in 0..1000 {
+            gw.on_engine_message(1, &big, T0, &mut out);
+        }
+        assert_eq!(
+            (out.journal_records, out.engine.len()),
+            (records, responses)
+        );
+        assert_eq!(gw.counters().frames_after_cutoff, 1001);
+        assert_eq!(gw.counters().malformed_disconnects, 1);
+        assert!(gw.order(1, 1).is_none());
+        // The journal rebuilds the same count and the same responses.
+        let risk = toml::from_str::<RiskConfig>(
+            r#"
+            reference_max_age_ms = 5000
+            throttle_interval_ms = 1000
+            max_malformed_frames = 3
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 10000000
+            max_position = 100000
+            max_open_orders = 100
+            max_orders_per_interval = 100
+            collar_bps = 500
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "e1"
+            "#,
+        )
+        .unwrap();
+        let r = replay_like(&risk, &out.journal);
+        assert_eq!(r.malformed_since_logon(1), 3);
+        assert_eq!(r.last_response_seq(1), gw.last_response_seq(1));
+        assert_eq!(
+            bytes(r.responses_after(1, 0).unwrap()),
+            bytes(gw.responses_after(1, 0).unwrap())
+        );
+        // The service disconnects it; once it logs on again it is taken again.
+        gw.on_engine_disconnect(1, T0, &mut out);
+        assert_eq!(replay_like(&risk, &out.journal).malformed_since_logon(1), 0);
+        gw.on_engine_logon(1, &mut out);
+        out.clear();
+        gw.on_engine_message(1, new_order(1, 10, 100).as_bytes(), T0, &mut out);
+        assert!(gw.order(1, 1).is_some());
+        assert_eq!(gw.malformed_since_logon(1), 0);
+    }
+
+    #[test]
+    fn response_history_comes_from_the_config() {
+        let (mut gw, _v, mut out) =
+            active_with("response_history = 2", "max_orders_per_interval = 100");
+        for _ in 0..5 {
+            gw.on_engine_message(1, &[], T0, &mut out);
+        }
+        assert_eq!(gw.responses_after(1, 3).unwrap().count(), 2);
+        assert_eq!(
+            gw.responses_after(1, 2).err(),
+            Some(LogonStatus::ReplayUnavailable)
+        );
+    }
+
+    /// Firm-wide limits reject with their own reasons, and survive a restart.
+    #[test]
+    fn firm_limits_reject_and_rebuild_from_the_journal() {
+        let firm =
+            "max_identical_orders = 0\n[firm]\nmax_open_orders = 2\nmax_gross_notional = 25000";
+        let (mut gw, _v, mut out) = active_with(firm, "max_orders_per_interval = 100");
+        out.clear();
+        gw.on_engine_message(1, new_order(1, 100, 100).as_bytes(), T0, &mut out);
+        gw.on_engine_message(1, new_order(2, 100, 101).as_bytes(), T0, &mut out);
+        // 20_100 open, 25_000 allowed: 5_000 more is too much.
+        gw.on_engine_message(1, new_order(3, 50, 100).as_bytes(), T0, &mut out);
+        // Small enough, but the firm has its 2 open orders.
+        gw.on_engine_message(1, new_order(4, 1, 100).as_bytes(), T0, &mut out);
+        assert_eq!(
+            reject_reasons(&out),
+            [
+                RejectReason::FirmGrossNotional,
+                RejectReason::FirmMaxOpenOrders
+            ]
+        );
+        assert_eq!(gw.risk().firm_exposure(), (2, 20_100, 0));
+        let risk = toml::from_str::<RiskConfig>(&format!(
+            r#"
+            reference_max_age_ms = 5000
+            throttle_interval_ms = 1000
+            {firm}
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 10000000
+            max_position = 100000
+            max_open_orders = 100
+            max_orders_per_interval = 100
+            collar_bps = 500
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "e1"
+            "#
+        ))
+        .unwrap();
+        let r = replay_like(&risk, &out.journal);
+        assert_eq!(r.risk().firm_exposure(), (2, 20_100, 0));
     }
 }

@@ -109,6 +109,7 @@ fn kind_name(kind: usize) -> String {
         record::FIX_IN => "FIX in".into(),
         record::ENGINE_SESSION => "engine sessions".into(),
         record::KILL => "kill switches".into(),
+        record::ENGINE_MALFORMED => "malformed engine frames".into(),
         record::CHECKPOINT => "checkpoints".into(),
         k => format!("kind {k}"),
     }

@@ -231,13 +231,23 @@ pub enum RejectReason {
     /// unnumbered; nothing happened, and the same request (same number and id) may be sent
     /// again once the gateway takes requests again.
     JournalUnavailable = 26,
+    /// Open plus executed notional of all accounts would exceed the firm's credit limit.
+    FirmCreditLimit = 27,
+    /// Open notional of all accounts (buys and sells added) would exceed the firm's gross
+    /// limit.
+    FirmGrossNotional = 28,
+    /// Too many open orders across all accounts.
+    FirmMaxOpenOrders = 29,
+    /// The same order (account, symbol, side, quantity, price) was accepted too many times
+    /// within the repeated-order window.
+    RepeatedOrder = 30,
 }
 
 impl RejectReason {
     /// Decodes the wire value.
     pub fn from_u16(v: u16) -> Option<RejectReason> {
         use RejectReason::*;
-        const ALL: [RejectReason; 26] = [
+        const ALL: [RejectReason; 30] = [
             AccountNotGranted,
             UnknownAccount,
             MaxQuantity,
@@ -264,6 +274,10 @@ impl RejectReason {
             InvalidPrice,
             PendingChange,
             JournalUnavailable,
+            FirmCreditLimit,
+            FirmGrossNotional,
+            FirmMaxOpenOrders,
+            RepeatedOrder,
         ];
         ALL.into_iter().find(|r| *r as u16 == v)
     }

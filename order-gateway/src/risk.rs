@@ -12,6 +12,14 @@
 //!
 //! Every check fails closed: an unknown account, a missing or stale reference price, a time
 //! outside the window all reject.
+//!
+//! Besides the per-account rules: firm-wide limits across every account ([`FirmLimits`]),
+//! sliding-window throttles on new orders, cancels and replaces ([`SlidingWindow`]), and a
+//! check on the same order repeated too often ([`RiskConfig::max_identical_orders`]). Their
+//! state is rebuilt from the journal like the rest: the gateway journals the time of every
+//! decision and replays it through [`RiskEngine::restore_request`].
+
+use std::collections::VecDeque;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -35,8 +43,16 @@ pub struct AccountLimits {
     pub max_position: i64,
     /// Maximum number of open orders.
     pub max_open_orders: u32,
-    /// Maximum orders accepted per throttle interval.
+    /// Maximum new orders accepted in any throttle interval (a sliding window).
     pub max_orders_per_interval: u32,
+    /// Maximum cancels accepted in any throttle interval (absent: `max_orders_per_interval`).
+    /// Only an engine's own cancels count; kill switches, cancel-all, mass cancels and
+    /// cancel-on-disconnect are never throttled.
+    #[serde(default)]
+    pub max_cancels_per_interval: Option<u32>,
+    /// Maximum replaces accepted in any throttle interval (absent: `max_orders_per_interval`).
+    #[serde(default)]
+    pub max_replaces_per_interval: Option<u32>,
     /// Price collar: maximum distance from the reference price, in basis points.
     pub collar_bps: u32,
 }
@@ -64,12 +80,52 @@ impl std::fmt::Debug for EngineGrant {
     }
 }
 
+/// Firm-wide limits across every account (`[risk.firm]`). An absent key defaults to the sum
+/// of that limit over the configured accounts, so the firm is never looser than its accounts
+/// together; set them lower to cap what all accounts may do at once.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FirmLimits {
+    /// Maximum open plus executed notional of all accounts, whole currency units.
+    #[serde(default)]
+    pub credit_limit: Option<i64>,
+    /// Maximum gross notional of the open orders of all accounts (buys and sells added),
+    /// whole currency units: what may be outstanding at the venue at once.
+    #[serde(default)]
+    pub max_gross_notional: Option<i64>,
+    /// Maximum open orders of all accounts.
+    #[serde(default)]
+    pub max_open_orders: Option<u32>,
+}
+
+fn default_max_identical_orders() -> u32 {
+    10
+}
+
+fn default_identical_order_window_ms() -> u64 {
+    1000
+}
+
+fn default_max_malformed_frames() -> u32 {
+    100
+}
+
+fn default_response_history() -> usize {
+    crate::gateway::RESPONSE_HISTORY
+}
+
+/// Largest `response_history` accepted (about 700 MB per engine at this size).
+pub const MAX_RESPONSE_HISTORY: usize = 1 << 24;
+
 /// Risk configuration (the `[risk]` table of the gateway config).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RiskConfig {
     /// Per-account limits.
     pub accounts: Vec<AccountLimits>,
+    /// Firm-wide limits (optional table; see [`FirmLimits`] for the defaults).
+    #[serde(default)]
+    pub firm: FirmLimits,
     /// Engine → account grants.
     pub engines: Vec<EngineGrant>,
     /// Symbols nobody may trade.
@@ -77,8 +133,24 @@ pub struct RiskConfig {
     pub restricted_symbols: Vec<String>,
     /// A reference price older than this rejects.
     pub reference_max_age_ms: u64,
-    /// Length of the order-rate throttle interval.
+    /// Length of the sliding window of the new-order, cancel and replace throttles (>= 1).
     pub throttle_interval_ms: u64,
+    /// The same order (account, symbol, side, quantity, price) accepted this many times
+    /// within `identical_order_window_ms` rejects the next one (`RepeatedOrder`); 0 turns
+    /// the check off. Default 10.
+    #[serde(default = "default_max_identical_orders")]
+    pub max_identical_orders: u32,
+    /// The sliding window of the repeated-order check. Default 1000.
+    #[serde(default = "default_identical_order_window_ms")]
+    pub identical_order_window_ms: u64,
+    /// Malformed frames an engine connection may send; the one that reaches it disconnects
+    /// the engine (cancel-on-disconnect runs) and nothing more from it is taken until it logs
+    /// on again. Default 100.
+    #[serde(default = "default_max_malformed_frames")]
+    pub max_malformed_frames: u32,
+    /// Responses kept per engine for replay on reconnect (1..=2^24). Default 65536.
+    #[serde(default = "default_response_history")]
+    pub response_history: usize,
     /// Trading window start, "HH:MM" or "HH:MM:SS" UTC. Absent: no window.
     #[serde(default)]
     pub trading_start_utc: Option<String>,
@@ -108,6 +180,12 @@ pub enum RiskConfigError {
     /// An engine's token is empty or longer than 32 bytes.
     #[error("risk.engines: engine {0}: token must be 1..=32 bytes")]
     BadEngineToken(u32),
+    /// A limit that must be positive is not.
+    #[error("risk.{0}: must be at least 1")]
+    NotPositive(&'static str),
+    /// `response_history` is out of range.
+    #[error("risk.response_history: must be 1..={max}", max = MAX_RESPONSE_HISTORY)]
+    BadResponseHistory,
     /// Two `[[risk.engines]]` entries have the same id.
     #[error("risk.engines: engine {0} is configured twice")]
     DuplicateEngine(u32),
@@ -154,6 +232,199 @@ struct Position {
     open_sell: i64,
 }
 
+/// The engine requests the throttles count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestKind {
+    /// A new order.
+    New = 0,
+    /// An engine's cancel of one order.
+    Cancel = 1,
+    /// A replace.
+    Replace = 2,
+}
+
+/// Slots of a [`SlidingWindow`].
+const WINDOW_SLOTS: usize = 64;
+
+/// A sliding-window request counter with fixed memory: the interval is cut into slots of
+/// `interval / 63` (rounded up) and the last 64 slots are counted, so a request counts for at
+/// least the whole interval and at most 64/63 of it. It never lets more than the limit
+/// through in any interval, wherever the interval starts (a fixed window lets twice the
+/// limit through across its boundary), and costs the same whatever the limit. Checking is
+/// O(1) (at most 64 slots are cleared when time jumps ahead), with no allocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlidingWindow {
+    slots: [u32; WINDOW_SLOTS],
+    /// Slot number (`now / slot_ns`) of the newest slot.
+    head: u64,
+    /// Sum of `slots`.
+    total: u64,
+}
+
+impl Default for SlidingWindow {
+    fn default() -> Self {
+        SlidingWindow {
+            slots: [0; WINDOW_SLOTS],
+            head: 0,
+            total: 0,
+        }
+    }
+}
+
+impl SlidingWindow {
+    /// The slot length for an interval of `interval_ns` (> 0).
+    pub fn slot_ns(interval_ns: u64) -> u64 {
+        interval_ns.div_ceil(WINDOW_SLOTS as u64 - 1).max(1)
+    }
+
+    /// Moves the window to slot `slot`, forgetting the slots that left it. A clock that
+    /// steps back keeps counting into the newest slot (the strict side).
+    fn advance(&mut self, slot: u64) {
+        if slot <= self.head {
+            return;
+        }
+        let steps = (slot - self.head).min(WINDOW_SLOTS as u64);
+        for i in 1..=steps {
+            let s = &mut self.slots[((self.head + i) % WINDOW_SLOTS as u64) as usize];
+            self.total -= u64::from(*s);
+            *s = 0;
+        }
+        self.head = slot;
+    }
+
+    /// Requests counted in the window ending at slot `slot`.
+    pub fn count(&mut self, slot: u64) -> u64 {
+        self.advance(slot);
+        self.total
+    }
+
+    /// [`count`](Self::count) without moving the window (for status and tests).
+    pub fn peek(&self, slot: u64) -> u64 {
+        if slot <= self.head {
+            return self.total;
+        }
+        let steps = slot - self.head;
+        if steps >= WINDOW_SLOTS as u64 {
+            return 0;
+        }
+        let leaving: u64 = (1..=steps)
+            .map(|i| u64::from(self.slots[((self.head + i) % WINDOW_SLOTS as u64) as usize]))
+            .sum();
+        self.total - leaving
+    }
+
+    /// Counts one request at slot `slot`.
+    pub fn add(&mut self, slot: u64) {
+        self.advance(slot);
+        let s = &mut self.slots[(self.head % WINDOW_SLOTS as u64) as usize];
+        *s = s.saturating_add(1);
+        self.total += 1;
+    }
+}
+
+/// The terms the repeated-order check compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Terms {
+    account: u32,
+    symbol: Symbol,
+    side: Side,
+    qty: u32,
+    price: i64,
+}
+
+impl From<&OrderParams> for Terms {
+    fn from(o: &OrderParams) -> Terms {
+        Terms {
+            account: o.account,
+            symbol: o.symbol,
+            side: o.side,
+            qty: o.qty,
+            price: o.price,
+        }
+    }
+}
+
+/// New orders remembered by the repeated-order check; past this many within its window the
+/// oldest is forgotten early (counted in [`RiskEngine::identical_evictions`]).
+pub const IDENTICAL_ORDERS_TRACKED: usize = 1 << 16;
+
+/// The repeated-order check: the accepted new orders of the last window, oldest first, and
+/// how many of each terms are among them. Exact (timestamps, not slots); O(1) amortized per
+/// order (each entry is removed once); memory bounded by [`IDENTICAL_ORDERS_TRACKED`].
+/// A check expires what left the window at its `now`, which the journal replays exactly
+/// as long as the clock does not step back (after a step back, replay may remember orders
+/// live had forgotten: the strict side).
+#[derive(Debug, Default)]
+struct Identical {
+    max: u32,
+    window_ns: u64,
+    recent: VecDeque<(Terms, u64)>,
+    counts: FxHashMap<Terms, u32>,
+    evicted: u64,
+}
+
+impl Identical {
+    fn forget_oldest(&mut self) {
+        if let Some((t, _)) = self.recent.pop_front() {
+            if let Some(c) = self.counts.get_mut(&t) {
+                *c -= 1;
+                if *c == 0 {
+                    self.counts.remove(&t);
+                }
+            }
+        }
+    }
+
+    fn expire(&mut self, now: u64) {
+        while let Some(&(_, at)) = self.recent.front() {
+            if now.saturating_sub(at) < self.window_ns {
+                break;
+            }
+            self.forget_oldest();
+        }
+    }
+
+    fn count(&mut self, t: &Terms, now: u64) -> u32 {
+        self.expire(now);
+        self.counts.get(t).copied().unwrap_or(0)
+    }
+
+    /// [`count`](Self::count) without expiring anything.
+    fn peek(&self, t: &Terms, now: u64) -> u32 {
+        let expired = self
+            .recent
+            .iter()
+            .take_while(|(_, at)| now.saturating_sub(*at) >= self.window_ns)
+            .filter(|(x, _)| x == t)
+            .count() as u32;
+        self.counts.get(t).copied().unwrap_or(0) - expired
+    }
+
+    fn add(&mut self, t: Terms, now: u64) {
+        if self.max == 0 {
+            return;
+        }
+        self.expire(now);
+        if self.recent.len() >= IDENTICAL_ORDERS_TRACKED {
+            self.forget_oldest();
+            self.evicted += 1;
+        }
+        self.recent.push_back((t, now));
+        *self.counts.entry(t).or_insert(0) += 1;
+    }
+}
+
+/// Firm-wide accounting and limits, in price-scale units.
+#[derive(Debug, Default)]
+struct Firm {
+    credit_limit: i128,
+    gross_limit: i128,
+    max_open_orders: u64,
+    open_notional: i128,
+    executed_notional: i128,
+    open_orders: u64,
+}
+
 #[derive(Debug)]
 struct Account {
     limits: AccountLimits,
@@ -163,8 +434,23 @@ struct Account {
     executed_notional: i128,
     open_orders: u32,
     positions: FxHashMap<Symbol, Position>,
-    window_start: u64,
-    window_count: u32,
+    /// Throttles, indexed by [`RequestKind`].
+    throttle: [SlidingWindow; 3],
+}
+
+impl Account {
+    fn throttle_limit(&self, kind: RequestKind) -> u32 {
+        let l = &self.limits;
+        match kind {
+            RequestKind::New => l.max_orders_per_interval,
+            RequestKind::Cancel => l
+                .max_cancels_per_interval
+                .unwrap_or(l.max_orders_per_interval),
+            RequestKind::Replace => l
+                .max_replaces_per_interval
+                .unwrap_or(l.max_orders_per_interval),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -184,7 +470,10 @@ pub struct RiskEngine {
     seen_ids: FxHashSet<(u32, u64)>,
     global_kill: bool,
     reference_max_age_ns: u64,
-    throttle_interval_ns: u64,
+    /// Slot length of the throttles' sliding windows.
+    throttle_slot_ns: u64,
+    firm: Firm,
+    identical: Identical,
     /// Seconds of the UTC day, `[start, end)`.
     window: Option<(u32, u32)>,
 }
@@ -251,8 +540,7 @@ impl RiskEngine {
                     executed_notional: 0,
                     open_orders: 0,
                     positions: FxHashMap::with_capacity_and_hasher(64, Default::default()),
-                    window_start: 0,
-                    window_count: 0,
+                    throttle: Default::default(),
                 };
                 (l.id, a)
             })
@@ -284,6 +572,43 @@ impl RiskEngine {
                 )
             })
             .collect();
+        if cfg.throttle_interval_ms == 0 {
+            return Err(RiskConfigError::NotPositive("throttle_interval_ms"));
+        }
+        if cfg.max_identical_orders > 0 && cfg.identical_order_window_ms == 0 {
+            return Err(RiskConfigError::NotPositive("identical_order_window_ms"));
+        }
+        if cfg.max_malformed_frames == 0 {
+            return Err(RiskConfigError::NotPositive("max_malformed_frames"));
+        }
+        if !(1..=MAX_RESPONSE_HISTORY).contains(&cfg.response_history) {
+            return Err(RiskConfigError::BadResponseHistory);
+        }
+        let f = &cfg.firm;
+        for (key, v) in [
+            ("firm.credit_limit", f.credit_limit),
+            ("firm.max_gross_notional", f.max_gross_notional),
+            ("firm.max_open_orders", f.max_open_orders.map(i64::from)),
+        ] {
+            if v.is_some_and(|v| v < 1) {
+                return Err(RiskConfigError::NotPositive(key));
+            }
+        }
+        let sum_credit: i128 = cfg.accounts.iter().map(|a| scaled(a.credit_limit)).sum();
+        let firm = Firm {
+            credit_limit: f.credit_limit.map_or(sum_credit, scaled),
+            gross_limit: f.max_gross_notional.map_or(sum_credit, scaled),
+            max_open_orders: f.max_open_orders.map_or_else(
+                || {
+                    cfg.accounts
+                        .iter()
+                        .map(|a| u64::from(a.max_open_orders))
+                        .sum()
+                },
+                u64::from,
+            ),
+            ..Firm::default()
+        };
         Ok(RiskEngine {
             accounts,
             engines,
@@ -293,7 +618,17 @@ impl RiskEngine {
             seen_ids: FxHashSet::with_capacity_and_hasher(1 << 16, Default::default()),
             global_kill: false,
             reference_max_age_ns: cfg.reference_max_age_ms.saturating_mul(1_000_000),
-            throttle_interval_ns: cfg.throttle_interval_ms.saturating_mul(1_000_000),
+            throttle_slot_ns: SlidingWindow::slot_ns(
+                cfg.throttle_interval_ms.saturating_mul(1_000_000),
+            ),
+            firm,
+            identical: Identical {
+                max: cfg.max_identical_orders,
+                window_ns: cfg.identical_order_window_ms.saturating_mul(1_000_000),
+                recent: VecDeque::with_capacity(1024),
+                counts: FxHashMap::with_capacity_and_hasher(1024, Default::default()),
+                evicted: 0,
+            },
             window,
         })
     }
@@ -346,6 +681,15 @@ impl RiskEngine {
                     .iter()
                     .map(|(s, p)| (s.0, p.net, p.open_buy, p.open_sell))
                     .collect(),
+                throttle: a
+                    .throttle
+                    .iter()
+                    .map(|w| crate::checkpoint::WindowState {
+                        slots: w.slots.to_vec(),
+                        head: w.head,
+                        total: w.total,
+                    })
+                    .collect(),
             })
             .collect();
         accounts.sort_unstable_by_key(|a| a.id);
@@ -361,6 +705,18 @@ impl RiskEngine {
             killed_engines,
             accounts,
             seen_ids: self.seen_ids.iter().copied().collect(),
+            firm: (
+                self.firm.open_notional,
+                self.firm.executed_notional,
+                self.firm.open_orders,
+            ),
+            identical: self
+                .identical
+                .recent
+                .iter()
+                .map(|(t, at)| (t.account, t.symbol.0, t.side as u8, t.qty, t.price, *at))
+                .collect(),
+            identical_evicted: self.identical.evicted,
         }
     }
 
@@ -391,10 +747,42 @@ impl RiskEngine {
                         )
                     })
                     .collect();
+                for (w, c) in acct.throttle.iter_mut().zip(&a.throttle) {
+                    if let Ok(slots) = <[u32; WINDOW_SLOTS]>::try_from(c.slots.as_slice()) {
+                        *w = SlidingWindow {
+                            slots,
+                            head: c.head,
+                            total: c.total,
+                        };
+                    }
+                }
             }
         }
         self.seen_ids.clear();
         self.seen_ids.extend(s.seen_ids.iter().copied());
+        (
+            self.firm.open_notional,
+            self.firm.executed_notional,
+            self.firm.open_orders,
+        ) = s.firm;
+        self.identical.recent.clear();
+        self.identical.counts.clear();
+        for &(account, symbol, side, qty, price, at) in &s.identical {
+            let t = Terms {
+                account,
+                symbol: Symbol(symbol),
+                side: if side == Side::Sell as u8 {
+                    Side::Sell
+                } else {
+                    Side::Buy
+                },
+                qty,
+                price,
+            };
+            self.identical.recent.push_back((t, at));
+            *self.identical.counts.entry(t).or_insert(0) += 1;
+        }
+        self.identical.evicted = s.identical_evicted;
     }
 
     /// Takes from `old` what the journal does not hold: reference prices, halts and kill
@@ -500,26 +888,62 @@ impl RiskEngine {
             .accounts
             .get(&o.account)
             .ok_or(RejectReason::UnknownAccount)?;
-        let l = &a.limits;
-        if a.open_orders >= l.max_open_orders {
+        if a.open_orders >= a.limits.max_open_orders {
             return Err(RejectReason::MaxOpenOrders);
         }
-        let in_window = now.saturating_sub(a.window_start) < self.throttle_interval_ns;
-        if in_window && a.window_count >= l.max_orders_per_interval {
-            return Err(RejectReason::Throttled);
+        if self.firm.open_orders >= self.firm.max_open_orders {
+            return Err(RejectReason::FirmMaxOpenOrders);
         }
+        self.check_throttle(RequestKind::New, o.account, now)?;
+        let terms = Terms::from(o);
+        if self.identical.max > 0 && self.identical.count(&terms, now) >= self.identical.max {
+            return Err(RejectReason::RepeatedOrder);
+        }
+        self.restore_open(o);
+        self.restore_request(RequestKind::New, o, now);
+        Ok(())
+    }
+
+    /// Rejects with `Throttled` if `account` has used up its `kind` throttle at `now`.
+    /// Looks without moving the window: only accepted requests change it, so the journal
+    /// (which has their times) rebuilds it exactly, even across a clock step back.
+    fn check_throttle(
+        &self,
+        kind: RequestKind,
+        account: u32,
+        now: u64,
+    ) -> Result<(), RejectReason> {
+        let slot = now / self.throttle_slot_ns;
         let a = self
             .accounts
-            .get_mut(&o.account)
+            .get(&account)
             .ok_or(RejectReason::UnknownAccount)?;
-        if in_window {
-            a.window_count += 1;
-        } else {
-            a.window_start = now;
-            a.window_count = 1;
+        let limit = a.throttle_limit(kind);
+        if a.throttle[kind as usize].peek(slot) >= u64::from(limit) {
+            return Err(RejectReason::Throttled);
         }
-        a.open_orders += 1;
-        Self::reserve(a, o, 1);
+        Ok(())
+    }
+
+    /// Counts an accepted request of `kind` on `o.account` at `now` in the throttles and, for
+    /// a new order, in the repeated-order check. Called by the checks when they accept, and
+    /// by journal recovery for every accepted request (with the time it was decided), so
+    /// the windows after a restart are those before it.
+    pub fn restore_request(&mut self, kind: RequestKind, o: &OrderParams, now: u64) {
+        let slot = now / self.throttle_slot_ns;
+        if let Some(a) = self.accounts.get_mut(&o.account) {
+            a.throttle[kind as usize].add(slot);
+        }
+        if kind == RequestKind::New {
+            self.identical.add(Terms::from(o), now);
+        }
+    }
+
+    /// Checks an engine's cancel of an open order of `account` (the cancel throttle) and
+    /// counts it if accepted.
+    pub fn check_cancel(&mut self, o: &OrderParams, now: u64) -> Result<(), RejectReason> {
+        self.check_throttle(RequestKind::Cancel, o.account, now)?;
+        self.restore_request(RequestKind::Cancel, o, now);
         Ok(())
     }
 
@@ -548,21 +972,24 @@ impl RiskEngine {
             qty: old_leaves,
             ..*old
         };
-        Self::reserve(a, &old_open, -1);
+        Self::reserve(a, &mut self.firm, &old_open, -1);
         let r = self.check_order(new, now);
         let a = self
             .accounts
             .get_mut(&old.account)
             .ok_or(RejectReason::UnknownAccount)?;
-        Self::reserve(a, &old_open, 1);
-        r
+        Self::reserve(a, &mut self.firm, &old_open, 1);
+        r?;
+        self.check_throttle(RequestKind::Replace, old.account, now)?;
+        self.restore_request(RequestKind::Replace, new, now);
+        Ok(())
     }
 
     /// Moves an open order's reservation from `from` to `to` (a confirmed replace).
     pub fn move_reservation(&mut self, from: &OrderParams, to: &OrderParams) {
         if let Some(a) = self.accounts.get_mut(&from.account) {
-            Self::reserve(a, from, -1);
-            Self::reserve(a, to, 1);
+            Self::reserve(a, &mut self.firm, from, -1);
+            Self::reserve(a, &mut self.firm, to, 1);
         }
     }
 
@@ -617,6 +1044,13 @@ impl RiskEngine {
         if a.open_notional + a.executed_notional + n > scaled(l.credit_limit) {
             return Err(RejectReason::CreditLimit);
         }
+        let f = &self.firm;
+        if f.open_notional + f.executed_notional + n > f.credit_limit {
+            return Err(RejectReason::FirmCreditLimit);
+        }
+        if f.open_notional + n > f.gross_limit {
+            return Err(RejectReason::FirmGrossNotional);
+        }
         let p = a.positions.get(&o.symbol).copied().unwrap_or_default();
         let qty = i64::from(o.qty);
         let worst = match o.side {
@@ -629,8 +1063,10 @@ impl RiskEngine {
         Ok(())
     }
 
-    fn reserve(a: &mut Account, o: &OrderParams, sign: i64) {
-        a.open_notional += i128::from(sign) * notional(o.qty, o.price);
+    fn reserve(a: &mut Account, firm: &mut Firm, o: &OrderParams, sign: i64) {
+        let n = i128::from(sign) * notional(o.qty, o.price);
+        a.open_notional += n;
+        firm.open_notional += n;
         let p = a.positions.entry(o.symbol).or_default();
         match o.side {
             Side::Buy => p.open_buy += sign * i64::from(o.qty),
@@ -638,26 +1074,29 @@ impl RiskEngine {
         }
     }
 
+    /// Adds an execution of `qty` at `px` (negative `sign`: takes it back) to the position
+    /// and the executed notional of the account and the firm.
+    fn execute(a: &mut Account, firm: &mut Firm, o: &OrderParams, qty: u32, px: i64, sign: i64) {
+        let n = i128::from(sign) * notional(qty, px);
+        a.executed_notional += n;
+        firm.executed_notional += n;
+        let p = a.positions.entry(o.symbol).or_default();
+        let q = sign * i64::from(qty);
+        p.net += if o.side == Side::Buy { q } else { -q };
+    }
+
     /// Re-creates the reservation of an order accepted before a restart (journal recovery).
     pub fn restore_open(&mut self, o: &OrderParams) {
         if let Some(a) = self.accounts.get_mut(&o.account) {
             a.open_orders += 1;
-            Self::reserve(a, o, 1);
+            self.firm.open_orders += 1;
+            Self::reserve(a, &mut self.firm, o, 1);
         }
     }
 
     /// An execution of `qty` at `px` on an order resting at `order_px`.
     pub fn on_fill(&mut self, o: &OrderParams, qty: u32, px: i64) {
-        if let Some(a) = self.accounts.get_mut(&o.account) {
-            Self::reserve(a, &OrderParams { qty, ..*o }, -1);
-            a.executed_notional += notional(qty, px);
-            let p = a.positions.entry(o.symbol).or_default();
-            p.net += if o.side == Side::Buy {
-                i64::from(qty)
-            } else {
-                -i64::from(qty)
-            };
-        }
+        self.on_execution(o, qty, px, qty);
     }
 
     /// An execution of `qty` at `px` that releases only `released` of the order's reservation
@@ -665,21 +1104,12 @@ impl RiskEngine {
     /// after the order was final).
     pub fn on_execution(&mut self, o: &OrderParams, qty: u32, px: i64, released: u32) {
         if let Some(a) = self.accounts.get_mut(&o.account) {
-            Self::reserve(
-                a,
-                &OrderParams {
-                    qty: released,
-                    ..*o
-                },
-                -1,
-            );
-            a.executed_notional += notional(qty, px);
-            let p = a.positions.entry(o.symbol).or_default();
-            p.net += if o.side == Side::Buy {
-                i64::from(qty)
-            } else {
-                -i64::from(qty)
+            let open = OrderParams {
+                qty: released,
+                ..*o
             };
+            Self::reserve(a, &mut self.firm, &open, -1);
+            Self::execute(a, &mut self.firm, o, qty, px, 1);
         }
     }
 
@@ -688,21 +1118,18 @@ impl RiskEngine {
     /// the caller's (the venue says what is open again).
     pub fn on_execution_reversed(&mut self, o: &OrderParams, qty: u32, px: i64) {
         if let Some(a) = self.accounts.get_mut(&o.account) {
-            a.executed_notional -= notional(qty, px);
-            let p = a.positions.entry(o.symbol).or_default();
-            p.net -= if o.side == Side::Buy {
-                i64::from(qty)
-            } else {
-                -i64::from(qty)
-            };
+            Self::execute(a, &mut self.firm, o, qty, px, -1);
         }
     }
 
     /// The order is final (filled, canceled or rejected) with `leaves` still reserved.
     pub fn on_order_done(&mut self, o: &OrderParams, leaves: u32) {
         if let Some(a) = self.accounts.get_mut(&o.account) {
-            Self::reserve(a, &OrderParams { qty: leaves, ..*o }, -1);
-            a.open_orders = a.open_orders.saturating_sub(1);
+            Self::reserve(a, &mut self.firm, &OrderParams { qty: leaves, ..*o }, -1);
+            if a.open_orders > 0 {
+                a.open_orders -= 1;
+                self.firm.open_orders -= 1;
+            }
         }
     }
 
@@ -728,6 +1155,52 @@ impl RiskEngine {
                 (a.executed_notional / s) as i64,
             )
         })
+    }
+}
+
+impl RiskEngine {
+    /// Firm-wide open orders, open notional and executed notional (whole currency units,
+    /// rounded down).
+    pub fn firm_exposure(&self) -> (u64, i64, i64) {
+        let s = i128::from(PRICE_SCALE);
+        let f = &self.firm;
+        (
+            f.open_orders,
+            (f.open_notional / s) as i64,
+            (f.executed_notional / s) as i64,
+        )
+    }
+
+    /// Firm-wide limits in force: open orders, gross open notional and credit (whole
+    /// currency units).
+    pub fn firm_limits(&self) -> (u64, i64, i64) {
+        let s = i128::from(PRICE_SCALE);
+        let f = &self.firm;
+        let units = |v: i128| i64::try_from(v / s).unwrap_or(i64::MAX);
+        (
+            f.max_open_orders,
+            units(f.gross_limit),
+            units(f.credit_limit),
+        )
+    }
+
+    /// Requests of `account` counted by its new-order, cancel and replace throttles at `now`.
+    pub fn throttle_usage(&self, account: u32, now: u64) -> [u64; 3] {
+        let slot = now / self.throttle_slot_ns;
+        self.accounts
+            .get(&account)
+            .map_or([0; 3], |a| [0, 1, 2].map(|k| a.throttle[k].peek(slot)))
+    }
+
+    /// Orders with the terms of `o` counted by the repeated-order check at `now`.
+    pub fn identical_count(&self, o: &OrderParams, now: u64) -> u32 {
+        self.identical.peek(&Terms::from(o), now)
+    }
+
+    /// Orders the repeated-order check forgot early because more than
+    /// [`IDENTICAL_ORDERS_TRACKED`] were accepted within its window.
+    pub fn identical_evictions(&self) -> u64 {
+        self.identical.evicted
     }
 }
 
@@ -941,7 +1414,294 @@ mod tests {
             r.check_new(10, 1005, &o, NOW + SEC / 2),
             Err(RejectReason::Throttled)
         );
-        assert_eq!(r.check_new(10, 1006, &o, NOW + SEC), Ok(()));
+        // Counted for at least the whole interval, at most 64/63 of it.
+        assert_eq!(
+            r.check_new(10, 1006, &o, NOW + SEC - 1),
+            Err(RejectReason::Throttled)
+        );
+        assert_eq!(r.check_new(10, 1007, &o, NOW + SEC + SEC / 60), Ok(()));
+    }
+
+    /// A fixed window restarts its count at its boundary and lets twice the limit through
+    /// in a short span across it; the sliding window never does.
+    #[test]
+    fn throttle_is_a_sliding_window_not_a_fixed_one() {
+        let mut r = engine();
+        let o = order(1, 1, 100);
+        let mut id = 2000;
+        let mut send = |r: &mut RiskEngine, at: u64| {
+            id += 1;
+            let v = r.check_new(10, id, &o, at);
+            if v.is_ok() {
+                r.on_order_done(&o, 1);
+            }
+            v
+        };
+        // One order opens the (fixed) window, four more come at the end of it.
+        assert_eq!(send(&mut r, NOW), Ok(()));
+        for _ in 0..4 {
+            assert_eq!(send(&mut r, NOW + SEC * 9 / 10), Ok(()));
+        }
+        // Just past the first order's interval only that one has left the window: one more,
+        // not five (a fixed window would take five here: 9 orders in 0.15 s).
+        let t = NOW + SEC + SEC / 20;
+        assert_eq!(send(&mut r, t), Ok(()));
+        assert_eq!(send(&mut r, t), Err(RejectReason::Throttled));
+        assert_eq!(r.throttle_usage(1, t), [5, 0, 0]);
+    }
+
+    /// Whatever the arrival times, no interval of the configured length ever holds more
+    /// accepted requests than the limit.
+    #[test]
+    fn sliding_window_never_exceeds_the_limit_in_any_interval() {
+        let interval = 1_000_000u64;
+        let slot = SlidingWindow::slot_ns(interval);
+        let limit = 7;
+        let mut w = SlidingWindow::default();
+        let mut accepted: Vec<u64> = Vec::new();
+        let mut t = 5 * interval;
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            t += x % (interval / 5);
+            assert_eq!(w.peek(t / slot), w.clone().count(t / slot));
+            if w.count(t / slot) < limit {
+                w.add(t / slot);
+                accepted.push(t);
+            }
+        }
+        for (i, &start) in accepted.iter().enumerate() {
+            let n = accepted[i..]
+                .iter()
+                .take_while(|&&a| a < start + interval)
+                .count();
+            assert!(
+                n as u64 <= limit,
+                "{n} accepted within one interval from {start}"
+            );
+        }
+        // And it does not starve: most of the offered requests that fit got through.
+        assert!(accepted.len() > 20_000 / 20 * 7 / 2, "{}", accepted.len());
+    }
+
+    #[test]
+    fn cancels_and_replaces_have_their_own_throttles() {
+        let mut c = cfg();
+        c.accounts[1].max_cancels_per_interval = Some(2);
+        c.accounts[1].max_replaces_per_interval = Some(1);
+        let mut r = RiskEngine::new(&c).unwrap();
+        r.on_reference_price(sym("AAPL"), 100 * PRICE_SCALE, NOW);
+        let o = order(2, 10, 100);
+        assert_eq!(check(&mut r, 10, o), Ok(()));
+        assert_eq!(r.check_cancel(&o, NOW), Ok(()));
+        assert_eq!(r.check_cancel(&o, NOW), Ok(()));
+        assert_eq!(r.check_cancel(&o, NOW), Err(RejectReason::Throttled));
+        let new = order(2, 20, 100);
+        assert_eq!(r.check_replace(10, &o, 10, &new, NOW), Ok(()));
+        assert_eq!(
+            r.check_replace(10, &o, 10, &new, NOW),
+            Err(RejectReason::Throttled)
+        );
+        // New orders have their own budget (100): untouched by the cancels and replaces.
+        assert_eq!(check(&mut r, 10, order(2, 11, 100)), Ok(()));
+        assert_eq!(r.throttle_usage(2, NOW), [2, 2, 1]);
+        // Absent, the cancel and replace limits are the new-order limit (5 on account 1).
+        let a = order(1, 1, 100);
+        for _ in 0..5 {
+            assert_eq!(r.check_cancel(&a, NOW), Ok(()));
+        }
+        assert_eq!(r.check_cancel(&a, NOW), Err(RejectReason::Throttled));
+        // A rejected replace uses no slot.
+        let mut r = RiskEngine::new(&c).unwrap();
+        r.on_reference_price(sym("AAPL"), 100 * PRICE_SCALE, NOW);
+        assert_eq!(check(&mut r, 10, o), Ok(()));
+        let huge = order(2, 1001, 100);
+        assert_eq!(
+            r.check_replace(10, &o, 10, &huge, NOW),
+            Err(RejectReason::MaxQuantity)
+        );
+        assert_eq!(r.throttle_usage(2, NOW), [1, 0, 0]);
+    }
+
+    #[test]
+    fn repeated_identical_orders_reject() {
+        let mut c = cfg();
+        c.max_identical_orders = 3;
+        c.identical_order_window_ms = 1000;
+        let mut r = RiskEngine::new(&c).unwrap();
+        r.on_reference_price(sym("AAPL"), 100 * PRICE_SCALE, NOW);
+        let o = order(2, 10, 100);
+        for i in 0..3 {
+            assert_eq!(r.check_new(10, 3000 + i, &o, NOW + i * SEC / 10), Ok(()));
+        }
+        assert_eq!(
+            r.check_new(10, 3003, &o, NOW + SEC / 2),
+            Err(RejectReason::RepeatedOrder)
+        );
+        // Any other term differs: another order.
+        for other in [
+            order(2, 11, 100),
+            order(2, 10, 101),
+            OrderParams {
+                side: Side::Sell,
+                ..o
+            },
+            order(1, 10, 100),
+        ]
+        .into_iter()
+        .zip(3100..)
+        {
+            assert_eq!(r.check_new(10, other.1, &other.0, NOW + SEC / 2), Ok(()));
+        }
+        // Exactly one window after the first, that one no longer counts.
+        assert_eq!(r.identical_count(&o, NOW + SEC - 1), 3);
+        assert_eq!(r.identical_count(&o, NOW + SEC), 2);
+        assert_eq!(r.check_new(10, 3004, &o, NOW + SEC), Ok(()));
+        assert_eq!(
+            r.check_new(10, 3005, &o, NOW + SEC),
+            Err(RejectReason::RepeatedOrder)
+        );
+        // 0 turns it off.
+        let mut c = cfg();
+        c.max_identical_orders = 0;
+        let mut r = RiskEngine::new(&c).unwrap();
+        r.on_reference_price(sym("AAPL"), 100 * PRICE_SCALE, NOW);
+        for i in 0..50 {
+            assert_eq!(r.check_new(10, 4000 + i, &o, NOW), Ok(()));
+            r.on_order_done(&o, 10);
+        }
+    }
+
+    #[test]
+    fn repeated_order_check_is_on_by_default() {
+        let mut r = engine();
+        let o = order(2, 1, 100);
+        for _ in 0..10 {
+            assert_eq!(check(&mut r, 10, o), Ok(()));
+        }
+        assert_eq!(check(&mut r, 10, o), Err(RejectReason::RepeatedOrder));
+    }
+
+    fn firm_cfg(firm: &str) -> RiskConfig {
+        let mut c: RiskConfig = toml::from_str(&format!(
+            r#"
+            reference_max_age_ms = 5000
+            throttle_interval_ms = 1000
+            max_identical_orders = 0
+            [firm]
+            {firm}
+            [[accounts]]
+            id = 1
+            max_order_qty = 1000
+            max_order_notional = 50000
+            credit_limit = 100000
+            max_position = 100000
+            max_open_orders = 10
+            max_orders_per_interval = 100
+            collar_bps = 500
+            [[engines]]
+            id = 10
+            accounts = [1]
+            token = "t10"
+            "#
+        ))
+        .unwrap();
+        let mut second = c.accounts[0].clone();
+        second.id = 2;
+        c.accounts.push(second);
+        c.engines[0].accounts.push(2);
+        c
+    }
+
+    fn firm_engine(firm: &str) -> RiskEngine {
+        let mut r = RiskEngine::new(&firm_cfg(firm)).unwrap();
+        r.on_reference_price(sym("AAPL"), 100 * PRICE_SCALE, NOW);
+        r
+    }
+
+    #[test]
+    fn firm_credit_limit_counts_every_account() {
+        let mut r = firm_engine("credit_limit = 120000");
+        // Account 1: 50_000 executed + 40_000 open (well inside its own 100_000).
+        let a = order(1, 500, 100);
+        assert_eq!(check(&mut r, 10, a), Ok(()));
+        r.on_fill(&a, 500, 100 * PRICE_SCALE);
+        r.on_order_done(&a, 0);
+        assert_eq!(check(&mut r, 10, order(1, 400, 100)), Ok(()));
+        // Account 2 has used nothing, but the firm has 90_000 of 120_000.
+        assert_eq!(check(&mut r, 10, order(2, 300, 100)), Ok(()));
+        assert_eq!(
+            check(&mut r, 10, order(2, 1, 100)),
+            Err(RejectReason::FirmCreditLimit)
+        );
+        assert_eq!(r.firm_exposure(), (2, 70_000, 50_000));
+        // A fill taken back frees firm credit.
+        r.on_execution_reversed(&a, 500, 100 * PRICE_SCALE);
+        assert_eq!(check(&mut r, 10, order(2, 1, 100)), Ok(()));
+    }
+
+    #[test]
+    fn firm_gross_notional_counts_open_orders_of_every_account_both_sides() {
+        let mut r = firm_engine("max_gross_notional = 60000");
+        let buy = order(1, 300, 100);
+        assert_eq!(check(&mut r, 10, buy), Ok(()));
+        let sell = OrderParams {
+            side: Side::Sell,
+            ..order(2, 300, 100)
+        };
+        assert_eq!(check(&mut r, 10, sell), Ok(()));
+        assert_eq!(
+            check(&mut r, 10, order(2, 1, 100)),
+            Err(RejectReason::FirmGrossNotional)
+        );
+        // Executed notional is the credit limit's business, not the gross limit's.
+        r.on_fill(&buy, 300, 100 * PRICE_SCALE);
+        r.on_order_done(&buy, 0);
+        assert_eq!(check(&mut r, 10, order(2, 300, 100)), Ok(()));
+        // A replace is checked against the firm too, without its own old reservation.
+        let o = order(2, 300, 100);
+        assert_eq!(
+            r.check_replace(10, &o, 300, &order(2, 301, 100), NOW),
+            Err(RejectReason::FirmGrossNotional)
+        );
+        assert_eq!(
+            r.check_replace(10, &o, 300, &order(2, 300, 99), NOW),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn firm_open_orders_count_every_account() {
+        let mut r = firm_engine("max_open_orders = 3");
+        let o1 = order(1, 1, 100);
+        assert_eq!(check(&mut r, 10, o1), Ok(()));
+        assert_eq!(check(&mut r, 10, order(1, 2, 100)), Ok(()));
+        assert_eq!(check(&mut r, 10, order(2, 1, 100)), Ok(()));
+        assert_eq!(
+            check(&mut r, 10, order(2, 2, 100)),
+            Err(RejectReason::FirmMaxOpenOrders)
+        );
+        r.on_order_done(&o1, 1);
+        assert_eq!(check(&mut r, 10, order(2, 2, 100)), Ok(()));
+    }
+
+    #[test]
+    fn firm_limits_default_to_the_sum_of_the_accounts() {
+        let mut r = firm_engine("");
+        // 2 × 10 open orders, each account at its own limit: the firm takes all 20.
+        for acct in [1, 2] {
+            for q in 1..=10 {
+                assert_eq!(check(&mut r, 10, order(acct, q, 100)), Ok(()));
+            }
+        }
+        assert_eq!(r.firm_exposure().0, 20);
+        let c = firm_cfg("credit_limit = 0");
+        assert!(RiskEngine::new(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("risk.firm.credit_limit"));
     }
 
     #[test]
@@ -1076,5 +1836,23 @@ mod tests {
         ));
         // The token never shows in debug output.
         assert!(!format!("{:?}", cfg().engines).contains("t10"));
+        let mut c = cfg();
+        c.throttle_interval_ms = 0;
+        assert!(RiskEngine::new(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("risk.throttle_interval_ms"));
+        let mut c = cfg();
+        c.response_history = 0;
+        assert!(RiskEngine::new(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("risk.response_history"));
+        let mut c = cfg();
+        c.max_malformed_frames = 0;
+        assert!(RiskEngine::new(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("risk.max_malformed_frames"));
     }
 }

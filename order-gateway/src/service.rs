@@ -220,6 +220,8 @@ pub struct ServiceOptions {
     pub counters_file: bool,
     /// Static reference prices, re-applied continuously.
     pub static_prices: Vec<(Symbol, i64)>,
+    /// Responses that may wait for one engine whose ring is full; one more disconnects it.
+    pub max_response_backlog: usize,
 }
 
 impl ServiceOptions {
@@ -239,6 +241,7 @@ impl ServiceOptions {
             static_prices: cfg
                 .static_prices()
                 .map_err(|(key, problem)| ServiceError::Config { key, problem })?,
+            max_response_backlog: s.max_response_backlog,
         })
     }
 }
@@ -283,6 +286,7 @@ struct Counters {
     responses: Counter,
     responses_dropped: Counter,
     responses_backlogged: Counter,
+    backlog_disconnects: Counter,
     stray_frames: Counter,
     venue_connects: Counter,
     fix_active: Counter,
@@ -303,6 +307,16 @@ type ReadCounter = fn(&Gateway) -> u64;
 
 /// The core's counters published as they are: label and how to read it.
 const CORE_COUNTERS: &[(&str, ReadCounter)] = &[
+    ("engines disconnected: too many malformed frames", |g| {
+        g.counters().malformed_disconnects
+    }),
+    ("engine frames dropped after a malformed cut-off", |g| {
+        g.counters().frames_after_cutoff
+    }),
+    (
+        "repeated-order check: orders forgotten early (too many)",
+        |g| g.risk().identical_evictions(),
+    ),
     ("engine requests re-sent (answered with status)", |g| {
         g.counters().resent_requests
     }),
@@ -368,7 +382,7 @@ impl Counters {
             local()
         };
         let alloc = |label: &str, kind: Kind| {
-            // 1024 slots for 40 labels under 104 bytes: allocation cannot fail.
+            // 1024 slots for 44 labels under 104 bytes: allocation cannot fail.
             table
                 .allocate_counter(label, kind, 0)
                 .expect("counter slot")
@@ -385,6 +399,7 @@ impl Counters {
             responses: alloc("engine responses sent", C),
             responses_dropped: alloc("engine responses dropped (engine gone)", C),
             responses_backlogged: alloc("engine responses back-pressured", C),
+            backlog_disconnects: alloc("engines disconnected: response backlog full", C),
             stray_frames: alloc("engine frames on unknown streams", C),
             venue_connects: alloc("venue connects", C),
             fix_active: alloc("fix session active", G),
@@ -405,12 +420,44 @@ impl Counters {
     }
 }
 
+/// Responses an engine's ring could not take yet, in order, at most `cap` of them.
+#[derive(Debug)]
+struct Backlog {
+    queue: VecDeque<Response>,
+    cap: usize,
+    /// A push found it full (counted and logged once; the engine is being disconnected).
+    overflowed: bool,
+}
+
+impl Backlog {
+    fn new(cap: usize) -> Backlog {
+        Backlog {
+            queue: VecDeque::with_capacity(cap.min(4096)),
+            cap,
+            overflowed: false,
+        }
+    }
+
+    /// Queues `r`; `Err(first)` if the backlog is full (the engine is not reading: it is
+    /// disconnected, and gets what it missed replayed from the gateway's history when it
+    /// logs on again), `first` the first time.
+    fn push(&mut self, r: &Response) -> Result<(), bool> {
+        if self.queue.len() >= self.cap {
+            let first = !self.overflowed;
+            self.overflowed = true;
+            return Err(first);
+        }
+        self.queue.push_back(*r);
+        Ok(())
+    }
+}
+
 /// A logged-on engine.
 struct EngineConn {
     id: EngineId,
     conn: Connection,
-    /// Responses its ring could not take yet, in order.
-    backlog: VecDeque<Response>,
+    /// Responses its ring could not take yet.
+    backlog: Backlog,
     /// Something was committed since the last flush.
     dirty: bool,
 }
@@ -422,9 +469,10 @@ struct PendingConn {
 }
 
 impl EngineConn {
-    /// Queues `r` behind the backlog; returns false if the connection is lost.
+    /// Queues `r` behind the backlog; returns false if the connection is lost or must be
+    /// closed (backlog full).
     fn send(&mut self, r: &Response, c: &Counters) -> bool {
-        if self.backlog.is_empty() {
+        if self.backlog.queue.is_empty() {
             match offer(&self.conn, r) {
                 Ok(()) => {
                     self.dirty = true;
@@ -435,16 +483,28 @@ impl EngineConn {
                 Err(_) => return false,
             }
         }
-        self.backlog.push_back(*r);
-        true
+        match self.backlog.push(r) {
+            Ok(()) => true,
+            Err(first) => {
+                if first {
+                    c.backlog_disconnects.inc();
+                    tracing::warn!(
+                        engine = self.id,
+                        max_response_backlog = self.backlog.cap,
+                        "engine is not reading its responses: backlog full, disconnecting it"
+                    );
+                }
+                false
+            }
+        }
     }
 
     /// Moves backlog into the ring while it has room; returns false if the connection is lost.
     fn drain_backlog(&mut self, c: &Counters) -> bool {
-        while let Some(r) = self.backlog.front() {
+        while let Some(r) = self.backlog.queue.front() {
             match offer(&self.conn, r) {
                 Ok(()) => {
-                    self.backlog.pop_front();
+                    self.backlog.queue.pop_front();
                     self.dirty = true;
                     c.responses.inc();
                 }
@@ -688,6 +748,11 @@ impl<L: VenueLink> Service<L> {
                 None => c.responses_dropped.inc(),
             }
         })?;
+        while let Some(id) = self.driver.pop_kicked() {
+            if self.engines.iter().any(|e| e.id == id) && !self.lost.contains(&id) {
+                self.lost.push(id);
+            }
+        }
         for e in &mut self.engines {
             if !e.drain_backlog(c) && !self.lost.contains(&e.id) {
                 self.lost.push(e.id);
@@ -860,7 +925,7 @@ impl<L: VenueLink> Service<L> {
             let mut e = EngineConn {
                 id,
                 conn,
-                backlog: VecDeque::with_capacity(4096),
+                backlog: Backlog::new(self.opts.max_response_backlog),
                 dirty: false,
             };
             // What it missed, oldest first, ahead of anything new (single thread: nothing
@@ -998,5 +1063,31 @@ mod tests {
         assert_eq!(verdict(&gw, 1, b"alpha", 0), (LogonStatus::Accepted, 3));
         assert_eq!(verdict(&gw, 1, b"alpha", 3), (LogonStatus::Accepted, 3));
         assert_eq!(verdict(&gw, 1, b"alpha", 4).0, LogonStatus::BadSequence);
+    }
+
+    #[test]
+    fn response_backlog_is_capped() {
+        let mut b = Backlog::new(3);
+        let r = Response::reject(1, msg_type::NEW_ORDER, crate::proto::RejectReason::Halted);
+        for _ in 0..3 {
+            assert_eq!(b.push(&r), Ok(()));
+        }
+        // A full backlog refuses (the engine is disconnected), reported once.
+        assert_eq!(b.push(&r), Err(true));
+        assert_eq!(b.push(&r), Err(false));
+        assert_eq!(b.queue.len(), 3);
+    }
+
+    #[test]
+    fn max_response_backlog_is_at_least_the_response_history() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/order-gateway.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut cfg = Config::parse(&text).unwrap();
+        assert_eq!(cfg.service.max_response_backlog, 65536);
+        cfg.validate().unwrap();
+        cfg.service.max_response_backlog = cfg.risk.response_history - 1;
+        let (key, _) = cfg.validate().unwrap_err();
+        assert_eq!(key, "service.max_response_backlog");
     }
 }

@@ -289,4 +289,49 @@ mod tests {
         assert_eq!(d.gateway().counters(), Default::default());
         let _ = std::fs::remove_file(&path);
     }
+
+    /// The core's cut-off of an engine that sends too many malformed frames reaches the
+    /// driver's caller, once.
+    #[test]
+    fn an_engine_cut_off_for_malformed_frames_is_handed_to_the_transport() {
+        let risk: crate::risk::RiskConfig = toml::from_str(
+            r#"
+            reference_max_age_ms = 60000
+            throttle_interval_ms = 1000
+            max_malformed_frames = 2
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 100000000
+            max_position = 100000
+            max_open_orders = 100
+            max_orders_per_interval = 1000
+            collar_bps = 500
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "e1"
+            "#,
+        )
+        .unwrap();
+        let session = crate::fix::SessionConfig {
+            sender_comp_id: "GW".into(),
+            target_comp_id: "VENUE".into(),
+            heartbeat_secs: 30,
+            resend_timeout_ms: 0,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d =
+            FixDriver::with_link(SimVenue::new(), session, &risk, &path, FsyncPolicy::Never)
+                .unwrap();
+        for _ in 0..5 {
+            d.stage_engine_message(1, &[1, 2, 3], unix_nanos());
+            d.flush_with(|_, _| {}).unwrap();
+        }
+        assert_eq!(d.pop_kicked(), Some(1));
+        assert_eq!(d.pop_kicked(), None);
+        assert_eq!(d.gateway().counters().frames_after_cutoff, 3);
+    }
 }

@@ -51,6 +51,8 @@ fn risk() -> RiskConfig {
         r#"
         reference_max_age_ms = {MAX_AGE_MS}
         throttle_interval_ms = 1000
+        # These tests stream the same few orders; the repeated-order check has its own.
+        max_identical_orders = 0
         [[accounts]]
         id = {ACCOUNT}
         max_order_qty = 100000
@@ -299,6 +301,7 @@ impl Gw {
                 control_socket: None,
                 counters_file: false,
                 static_prices: Vec::new(),
+                max_response_backlog: 1 << 16,
             };
             let md = MarketDataConfig {
                 config: PathBuf::from("unused: the bus config is given"),

@@ -46,6 +46,8 @@ fn risk() -> RiskConfig {
         reference_max_age_ms = 3600000
         throttle_interval_ms = 1000
         restricted_symbols = ["XXXX"]
+        # These tests stream the same few orders; the repeated-order check has its own.
+        max_identical_orders = 0
         [[accounts]]
         id = {ACCOUNT}
         max_order_qty = 100000
@@ -136,6 +138,7 @@ impl Gw {
                     (Symbol::new("XXXX").unwrap(), 100 * PRICE_SCALE),
                     (Symbol::new("HALTED").unwrap(), 100 * PRICE_SCALE),
                 ],
+                max_response_backlog: 1 << 16,
             };
             let mut service = Service::new(driver, &risk, opts, c).unwrap();
             ready_tx.send(()).unwrap();

@@ -42,6 +42,11 @@ fn parse_risk_config() -> RiskConfig {
         reference_max_age_ms = 60000
         throttle_interval_ms = 1000
         restricted_symbols = ["BAD"]
+        max_identical_orders = 4
+        max_malformed_frames = 20
+        [firm]
+        max_open_orders = 45
+        max_gross_notional = 2000000
         [[accounts]]
         id = 7
         max_order_qty = 1000
@@ -59,6 +64,8 @@ fn parse_risk_config() -> RiskConfig {
         max_position = 800
         max_open_orders = 10
         max_orders_per_interval = 20
+        max_cancels_per_interval = 8
+        max_replaces_per_interval = 6
         collar_bps = 1000
         [[engines]]
         id = 1
@@ -324,13 +331,13 @@ impl Harness {
         assert_eq!(n, self.journal_records);
         assert!(r.take_replay_error().is_none(), "every checkpoint reads back");
         check_state(&r);
-        same_gateway(&self.gw, &r);
+        same_gateway(&self.gw, &r, self.now);
     }
 }
 
 /// Two gateways hold the same orders, risk, request and response numbers per engine, and
 /// FIX sequence numbers.
-pub fn same_gateway(live: &Gateway, rebuilt: &Gateway) {
+pub fn same_gateway(live: &Gateway, rebuilt: &Gateway, now: u64) {
     {
         assert_eq!(live.open_order_count(), rebuilt.open_order_count());
         for e in ENGINES {
@@ -379,12 +386,33 @@ pub fn same_gateway(live: &Gateway, rebuilt: &Gateway) {
             );
         }
         let (lr, rr) = (live.risk(), rebuilt.risk());
+        assert_eq!(lr.firm_exposure(), rr.firm_exposure());
         for acct in ACCOUNTS {
             assert_eq!(lr.open_orders(acct), rr.open_orders(acct), "account {acct}");
             assert_eq!(lr.exposure(acct), rr.exposure(acct), "account {acct}");
+            assert_eq!(
+                lr.throttle_usage(acct, now),
+                rr.throttle_usage(acct, now),
+                "throttles of account {acct}"
+            );
             for s in symbols() {
                 assert_eq!(lr.position(acct, s), rr.position(acct, s), "{acct} {s}");
             }
+        }
+        for (_, o) in &a {
+            assert_eq!(
+                lr.identical_count(&o.params, now),
+                rr.identical_count(&o.params, now),
+                "repeated-order count of {:?}",
+                o.params
+            );
+        }
+        for e in ENGINES {
+            assert_eq!(
+                live.malformed_since_logon(e),
+                rebuilt.malformed_since_logon(e),
+                "malformed frames of engine {e}"
+            );
         }
     }
 }
@@ -465,13 +493,13 @@ pub fn check_state(gw: &Gateway) {
 /// The monotonic part of the state, as of the previous step.
 #[derive(Debug)]
 struct Seen {
-    gateway: [u64; 14],
+    gateway: [u64; 16],
     session: [u64; 13],
     last_response: [u32; 3],
     last_request: [u32; 3],
 }
 
-fn gateway_counters(c: GatewayCounters) -> [u64; 14] {
+fn gateway_counters(c: GatewayCounters) -> [u64; 16] {
     // Destructured without `..`: a new counter has to be added here.
     let GatewayCounters {
         malformed_engine,
@@ -488,6 +516,8 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 14] {
         late_answers,
         deferred_cancel_on_disconnect,
         status_requests,
+        malformed_disconnects,
+        frames_after_cutoff,
     } = c;
     [
         malformed_engine,
@@ -504,6 +534,8 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 14] {
         late_answers,
         deferred_cancel_on_disconnect,
         status_requests,
+        malformed_disconnects,
+        frames_after_cutoff,
     ]
 }
 

@@ -791,6 +791,14 @@ fn a_gateway_restored_from_a_checkpoint_behaves_as_the_live_one() {
     let rec = checkpoint(&mut gw);
     let mut r = restored(&rec);
     same_state(&gw, &r);
+    // Throttles, the repeated-order check and firm exposure come back too.
+    let (lr, rr) = (gw.risk(), r.risk());
+    assert_eq!(lr.throttle_usage(7, T0), rr.throttle_usage(7, T0));
+    assert_eq!(lr.throttle_usage(7, T0)[0], 3, "three new orders counted");
+    assert_eq!(lr.firm_exposure(), rr.firm_exposure());
+    let p = gw.order(1, 2).unwrap().params;
+    assert_eq!(lr.identical_count(&p, T0), 3);
+    assert_eq!(rr.identical_count(&p, T0), 3);
     for g in [&gw, &r] {
         assert_eq!(
             g.order(1, 1).unwrap().status,

@@ -144,6 +144,8 @@ pub fn risk_config() -> RiskConfig {
         reference_max_age_ms = 3600000
         throttle_interval_ms = 1000
         restricted_symbols = ["XXXX"]
+        # These tests stream the same few orders; the repeated-order check has its own.
+        max_identical_orders = 0
         [[accounts]]
         id = {ACCOUNT}
         max_order_qty = 100000
