@@ -1673,6 +1673,19 @@ impl Gateway {
             Some(&oid) => Ok(Some((req, oid))),
             None => {
                 self.counters.unknown_exec += 1;
+                // Not ours, or an order final before the previous checkpoint: nothing to
+                // apply it to, and an operator should know (a late fill moves the real
+                // position). Logged at the 1st, 2nd, 4th, 8th... so a venue that floods
+                // them cannot flood the log.
+                if !self.replaying && self.counters.unknown_exec.is_power_of_two() {
+                    tracing::warn!(
+                        total = self.counters.unknown_exec,
+                        cl_ord_id = req,
+                        msg_type = %String::from_utf8_lossy(m.msg_type()),
+                        exec_id = %String::from_utf8_lossy(m.get(tag::EXEC_ID).unwrap_or(b"")),
+                        "venue report for an order the gateway does not hold: not applied"
+                    );
+                }
                 Ok(None)
             }
         }
