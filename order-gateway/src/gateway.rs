@@ -245,6 +245,8 @@ pub struct GatewayCounters {
     pub malformed_disconnects: u64,
     /// Frames from an engine cut off, before it logged on again: neither taken nor journaled.
     pub frames_after_cutoff: u64,
+    /// Fills whose LastQty was not their CumQty's growth (applied by CumQty).
+    pub inconsistent_fills: u64,
 }
 
 /// Per engine, malformed frames since its logon and the rate-limited log of them.
@@ -1873,8 +1875,17 @@ impl Gateway {
         // the reservation out of step with the order.
         let grown = cum - o.cum_qty;
         let released = grown.min(reserved);
-        if grown != last_qty && !self.replaying {
+        if grown != last_qty {
+            self.counters.inconsistent_fills += 1;
+        }
+        // Logged at the 1st, 2nd, 4th... so a venue that sends them all day cannot flood
+        // the log.
+        if grown != last_qty
+            && !self.replaying
+            && self.counters.inconsistent_fills.is_power_of_two()
+        {
             tracing::warn!(
+                total = self.counters.inconsistent_fills,
                 order = oid,
                 last_qty,
                 cum,

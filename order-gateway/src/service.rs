@@ -314,6 +314,10 @@ const CORE_COUNTERS: &[(&str, ReadCounter)] = &[
         g.counters().frames_after_cutoff
     }),
     (
+        "venue fills whose LastQty was not their CumQty's growth",
+        |g| g.counters().inconsistent_fills,
+    ),
+    (
         "repeated-order check: orders forgotten early (too many)",
         |g| g.risk().identical_evictions(),
     ),
@@ -382,7 +386,7 @@ impl Counters {
             local()
         };
         let alloc = |label: &str, kind: Kind| {
-            // 1024 slots for 44 labels under 104 bytes: allocation cannot fail.
+            // 1024 slots for 45 labels under 104 bytes: allocation cannot fail.
             table
                 .allocate_counter(label, kind, 0)
                 .expect("counter slot")

@@ -493,13 +493,13 @@ pub fn check_state(gw: &Gateway) {
 /// The monotonic part of the state, as of the previous step.
 #[derive(Debug)]
 struct Seen {
-    gateway: [u64; 16],
+    gateway: [u64; 17],
     session: [u64; 13],
     last_response: [u32; 3],
     last_request: [u32; 3],
 }
 
-fn gateway_counters(c: GatewayCounters) -> [u64; 16] {
+fn gateway_counters(c: GatewayCounters) -> [u64; 17] {
     // Destructured without `..`: a new counter has to be added here.
     let GatewayCounters {
         malformed_engine,
@@ -518,6 +518,7 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 16] {
         status_requests,
         malformed_disconnects,
         frames_after_cutoff,
+        inconsistent_fills,
     } = c;
     [
         malformed_engine,
@@ -536,6 +537,7 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 16] {
         status_requests,
         malformed_disconnects,
         frames_after_cutoff,
+        inconsistent_fills,
     ]
 }
 

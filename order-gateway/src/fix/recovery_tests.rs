@@ -548,6 +548,7 @@ fn a_fill_whose_last_qty_is_not_cum_qty_growth_keeps_the_reservation_in_step() {
     // And the other way: CumQty grows by more than LastQty (fills we never saw).
     gw.on_fix_bytes(&v.exec(id, "b", b"F", 10, "100", 90, 10, &[]), T0, &mut out);
     assert_eq!(gw.risk().exposure(7).0, 10 * 100);
+    assert_eq!(gw.counters().inconsistent_fills, 2);
     let r = replay(&out.journal);
     same_state(&gw, &r);
 }
