@@ -464,6 +464,8 @@ mod tests {
         }
 
         fn stop(mut self) -> io::Result<()> {
+            // ORDERING: Relaxed; the flag publishes nothing but itself, and join() below
+            // synchronises with the server thread.
             self.stop.store(true, Ordering::Relaxed);
             self.thread.take().unwrap().join().unwrap()
         }
@@ -471,6 +473,7 @@ mod tests {
 
     impl Drop for Running {
         fn drop(&mut self) {
+            // ORDERING: Relaxed; as in `stop`.
             self.stop.store(true, Ordering::Relaxed);
             if let Some(t) = self.thread.take() {
                 let _ = t.join();
