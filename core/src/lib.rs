@@ -6,6 +6,7 @@
 //!   WRITE. Zero-copy `try_claim`/`commit`, no allocation per message.
 //! - [`mcast`]: the market-data path. UD multicast joined through rdma_cm,
 //!   sequencing, gap recovery over RC, A/B arbitration, late join.
+//! - [`auth`]: the challenge-response every handshake uses, and datagram tags.
 //! - [`verbs`]: the safe layer over rdma-sys (the only code that touches it).
 //! - [`counters`]: lock-free counters in a shared-memory file (`rocebus stat`).
 //! - [`idle`]: idle strategies and thread pinning for polling loops.
@@ -15,6 +16,7 @@
 //! a device runs in the soft-RoCE guest (`cargo xtask test`).
 #![deny(unsafe_code)]
 
+pub mod auth;
 pub mod counters;
 pub mod idle;
 pub mod mcast;

@@ -1,0 +1,266 @@
+//! Keyed authentication: one challenge-response for every handshake
+//! (orders connections, engine logons, the market-data recovery port) and
+//! a short tag for datagrams on fabrics that are not trusted.
+//!
+//! Free of I/O: the shells carry the nonces and tags in whatever bytes
+//! their handshake has (rdma_cm private data, a first frame).
+//!
+//! # The scheme
+//! Both sides hold a [`Key`] derived from the configured shared secret for
+//! one purpose (keys for different purposes are unrelated, so a tag made
+//! for one handshake is worthless in another).
+//!
+//! 1. The initiator sends a fresh nonce `Ni` (16 bytes from the OS) with its
+//!    hello.
+//! 2. The responder answers with its own fresh nonce `Nr` and
+//!    `Tr = MAC(K, "responder", Ni, Nr, ctx)`: proof that it knows the key,
+//!    bound to this attempt.
+//! 3. The initiator checks `Tr` and sends `Ti = MAC(K, "initiator", Ni, Nr,
+//!    ctx)`; the responder checks it before it lets any traffic through.
+//!
+//! `ctx` is whatever both sides must agree on (the two hellos: ring
+//! addresses, sizes), so a man in the middle cannot change it unnoticed.
+//! A captured handshake replayed later fails at step 3: the responder's
+//! `Nr` is new every time. Tags are compared in constant time.
+//!
+//! What it does not do: encrypt. RoCE carries payloads in clear; anyone
+//! who can read the fabric reads the orders. The MAC is keyed BLAKE3
+//! truncated to 128 bits.
+
+use std::fmt;
+
+use subtle::ConstantTimeEq;
+
+/// Bytes of a nonce.
+pub const NONCE_LEN: usize = 16;
+/// Bytes of a tag (BLAKE3 keyed hash truncated to 128 bits).
+pub const TAG_LEN: usize = 16;
+
+/// A handshake nonce.
+pub type Nonce = [u8; NONCE_LEN];
+/// An authentication tag.
+pub type Tag = [u8; TAG_LEN];
+
+/// What a key is for; part of its derivation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Orders connections (the ring handshake).
+    Orders,
+    /// Engine logons on the order gateway.
+    EngineLogon,
+    /// The market-data recovery and snapshot port.
+    Recovery,
+    /// Per-datagram tags on the market-data path.
+    Datagram,
+}
+
+impl Purpose {
+    fn context(self) -> &'static str {
+        match self {
+            Purpose::Orders => "rocebus 2026-12 orders admission",
+            Purpose::EngineLogon => "rocebus 2026-12 engine logon",
+            Purpose::Recovery => "rocebus 2026-12 recovery admission",
+            Purpose::Datagram => "rocebus 2026-12 datagram tag",
+        }
+    }
+}
+
+/// A 256-bit key for one [`Purpose`], derived from a shared secret.
+#[derive(Clone)]
+pub struct Key([u8; 32]);
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Key(..)")
+    }
+}
+
+impl Key {
+    /// Derives the key for `purpose` from `secret` (BLAKE3 `derive_key`).
+    pub fn derive(secret: &[u8], purpose: Purpose) -> Self {
+        Key(blake3::derive_key(purpose.context(), secret))
+    }
+
+    /// The tag of `parts`, each length-prefixed so that no two different
+    /// lists of parts hash alike.
+    pub fn tag(&self, parts: &[&[u8]]) -> Tag {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        for p in parts {
+            h.update(&(p.len() as u64).to_le_bytes());
+            h.update(p);
+        }
+        let mut out = [0u8; TAG_LEN];
+        out.copy_from_slice(&h.finalize().as_bytes()[..TAG_LEN]);
+        out
+    }
+
+    /// Whether `tag` is the tag of `parts`, compared in constant time.
+    pub fn verify(&self, parts: &[&[u8]], tag: &[u8]) -> bool {
+        tag.len() == TAG_LEN && bool::from(self.tag(parts).ct_eq(tag))
+    }
+
+    /// A key for one session, derived from this key and both nonces (for
+    /// binding later messages of the same connection to its handshake).
+    pub fn session(&self, ni: &Nonce, nr: &Nonce) -> Key {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        h.update(b"session");
+        h.update(ni);
+        h.update(nr);
+        Key(*h.finalize().as_bytes())
+    }
+}
+
+/// A fresh nonce from the operating system's generator.
+pub fn nonce() -> Nonce {
+    let mut n = [0u8; NONCE_LEN];
+    // getrandom fails only where the OS has no generator at all; a
+    // handshake without one must not proceed with a guessable nonce.
+    getrandom::getrandom(&mut n).expect("the OS random generator is unavailable");
+    n
+}
+
+/// Why a handshake was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// The peer's tag is not the one the key makes: it does not know the
+    /// secret, or replays an old handshake, or the context was altered.
+    #[error("the peer's proof of the shared secret is wrong")]
+    BadProof,
+}
+
+const RESPONDER: &[u8] = b"responder";
+const INITIATOR: &[u8] = b"initiator";
+
+/// The initiator's side of the challenge-response.
+#[derive(Debug)]
+pub struct Initiator {
+    key: Key,
+    ni: Nonce,
+}
+
+impl Initiator {
+    /// Starts a handshake: send [`Initiator::nonce`] with the hello.
+    pub fn new(key: Key) -> Self {
+        Initiator { key, ni: nonce() }
+    }
+
+    /// The nonce to send.
+    pub fn nonce(&self) -> Nonce {
+        self.ni
+    }
+
+    /// Checks the responder's answer; on success returns the proof to send
+    /// back and the session key.
+    pub fn on_response(&self, nr: &Nonce, tr: &[u8], ctx: &[u8]) -> Result<(Tag, Key), AuthError> {
+        if !self.key.verify(&[RESPONDER, &self.ni, nr, ctx], tr) {
+            return Err(AuthError::BadProof);
+        }
+        let ti = self.key.tag(&[INITIATOR, &self.ni, nr, ctx]);
+        Ok((ti, self.key.session(&self.ni, nr)))
+    }
+}
+
+/// The responder's side of the challenge-response.
+#[derive(Debug)]
+pub struct Responder {
+    key: Key,
+    ni: Nonce,
+    nr: Nonce,
+}
+
+impl Responder {
+    /// Answers an initiator's nonce: send [`Responder::nonce`] and the
+    /// returned tag.
+    pub fn new(key: Key, ni: Nonce, ctx: &[u8]) -> (Self, Tag) {
+        let nr = nonce();
+        let tr = key.tag(&[RESPONDER, &ni, &nr, ctx]);
+        (Responder { key, ni, nr }, tr)
+    }
+
+    /// The nonce to send.
+    pub fn nonce(&self) -> Nonce {
+        self.nr
+    }
+
+    /// Checks the initiator's proof; on success returns the session key.
+    pub fn on_proof(&self, ti: &[u8], ctx: &[u8]) -> Result<Key, AuthError> {
+        if !self.key.verify(&[INITIATOR, &self.ni, &self.nr, ctx], ti) {
+            return Err(AuthError::BadProof);
+        }
+        Ok(self.key.session(&self.ni, &self.nr))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(a: &[u8], b: &[u8]) -> (Key, Key) {
+        (
+            Key::derive(a, Purpose::Orders),
+            Key::derive(b, Purpose::Orders),
+        )
+    }
+
+    #[test]
+    fn a_handshake_with_the_same_secret_succeeds_both_ways() {
+        let (ki, kr) = pair(b"s3cret", b"s3cret");
+        let ini = Initiator::new(ki);
+        let (resp, tr) = Responder::new(kr, ini.nonce(), b"ctx");
+        let (ti, si) = ini.on_response(&resp.nonce(), &tr, b"ctx").unwrap();
+        let sr = resp.on_proof(&ti, b"ctx").unwrap();
+        assert_eq!(si.0, sr.0);
+    }
+
+    #[test]
+    fn a_wrong_secret_fails_on_either_side() {
+        let (ki, kr) = pair(b"s3cret", b"s3cres");
+        let ini = Initiator::new(ki.clone());
+        let (resp, tr) = Responder::new(kr, ini.nonce(), b"ctx");
+        assert_eq!(
+            ini.on_response(&resp.nonce(), &tr, b"ctx").unwrap_err(),
+            AuthError::BadProof
+        );
+        // An initiator that forges a proof with its own (wrong) key.
+        let forged = ki.tag(&[INITIATOR, &ini.nonce(), &resp.nonce(), b"ctx"]);
+        assert_eq!(
+            resp.on_proof(&forged, b"ctx").unwrap_err(),
+            AuthError::BadProof
+        );
+    }
+
+    #[test]
+    fn a_replayed_proof_fails_against_a_new_responder_nonce() {
+        let (ki, kr) = pair(b"s3cret", b"s3cret");
+        let ini = Initiator::new(ki);
+        let (resp, tr) = Responder::new(kr.clone(), ini.nonce(), b"ctx");
+        let (ti, _) = ini.on_response(&resp.nonce(), &tr, b"ctx").unwrap();
+        // The attacker replays the initiator's nonce and proof.
+        let (resp2, _) = Responder::new(kr, ini.nonce(), b"ctx");
+        assert_ne!(resp.nonce(), resp2.nonce());
+        assert_eq!(
+            resp2.on_proof(&ti, b"ctx").unwrap_err(),
+            AuthError::BadProof
+        );
+    }
+
+    #[test]
+    fn an_altered_context_fails() {
+        let (ki, kr) = pair(b"s3cret", b"s3cret");
+        let ini = Initiator::new(ki);
+        let (resp, tr) = Responder::new(kr, ini.nonce(), b"ring 4096");
+        assert!(ini.on_response(&resp.nonce(), &tr, b"ring 2^31").is_err());
+    }
+
+    #[test]
+    fn keys_for_different_purposes_are_unrelated() {
+        let a = Key::derive(b"s", Purpose::Orders);
+        let b = Key::derive(b"s", Purpose::Recovery);
+        assert_ne!(a.tag(&[b"x"]), b.tag(&[b"x"]));
+        // Length prefixes: ["ab","c"] and ["a","bc"] differ.
+        assert_ne!(a.tag(&[b"ab", b"c"]), a.tag(&[b"a", b"bc"]));
+        assert!(a.verify(&[b"x"], &a.tag(&[b"x"])));
+        assert!(!a.verify(&[b"x"], &[0u8; 15]));
+        assert_eq!(format!("{a:?}"), "Key(..)");
+    }
+}
