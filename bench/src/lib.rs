@@ -29,6 +29,7 @@
 //! ```
 
 pub mod demo;
+pub mod ipc;
 pub mod md;
 pub mod rc;
 pub mod report;

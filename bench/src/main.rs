@@ -31,6 +31,10 @@ enum Cmd {
     MdLatency(rocebus_bench::md::MdArgs),
     /// Market data: time to recover one lost datagram, in RC round trips.
     MdRecovery(rocebus_bench::md::MdArgs),
+    /// Shared memory: ping-pong round trip between two spinning threads (vs Aeron's aeron:ipc).
+    IpcLatency(rocebus_bench::ipc::IpcArgs),
+    /// Shared memory: 64-byte messages per second, one publisher to one subscriber.
+    IpcThroughput(rocebus_bench::ipc::IpcArgs),
     /// Order gateway: engine → gateway (risk, journal, FIX) → in-process venue → engine, over RC.
     GatewayRtt(gateway::GatewayRttArgs),
     /// Order gateway journal, on the host: orders/s per fsync policy (group, never,
@@ -57,6 +61,8 @@ fn main() -> anyhow::Result<()> {
         Cmd::MdThroughput(a) => rocebus_bench::md::throughput(&a),
         Cmd::MdLatency(a) => rocebus_bench::md::latency(&a),
         Cmd::MdRecovery(a) => rocebus_bench::md::recovery(&a),
+        Cmd::IpcLatency(a) => rocebus_bench::ipc::latency(&a),
+        Cmd::IpcThroughput(a) => rocebus_bench::ipc::throughput(&a),
         Cmd::GatewayRtt(a) => gateway::run(&a),
         Cmd::GatewayJournal(a) => journal::run(&a),
         Cmd::GatewayRestart(a) => journal::restart(&a),

@@ -7,6 +7,7 @@
 //! - [`mcast`]: the market-data path. UD multicast joined through rdma_cm,
 //!   sequencing, gap recovery over RC, A/B arbitration, late join.
 //! - [`auth`]: the challenge-response every handshake uses, and datagram tags.
+//! - [`ipc`]: the shared-memory transport for processes on one host.
 //! - [`verbs`]: the safe layer over rdma-sys (the only code that touches it).
 //! - [`counters`]: lock-free counters in a shared-memory file (`rocebus stat`).
 //! - [`idle`]: idle strategies and thread pinning for polling loops.
@@ -19,6 +20,7 @@
 pub mod auth;
 pub mod counters;
 pub mod idle;
+pub mod ipc;
 pub mod mcast;
 pub mod orders;
 pub mod ring;

@@ -196,7 +196,7 @@ pub fn names() -> Vec<&'static str> {
         .iter()
         .map(|s| s.name)
         .chain(HOST_ONLY.iter().copied())
-        .chain(["books"])
+        .chain(["books", "ipc"])
         .collect()
 }
 
@@ -238,7 +238,7 @@ fn host_args(
 }
 
 /// Builds `rocebus-bench` (release); returns the binary and the target directory.
-fn build_bench(root: &Path) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+pub(crate) fn build_bench(root: &Path) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
     eprintln!("== building rocebus-bench (release)");
     let st = Command::new(env!("CARGO"))
         .args(["build", "--release", "-p", "rocebus-bench"])
@@ -350,6 +350,9 @@ pub fn run(
     }
     if name == "books" {
         return crate::books::run(root, rounds, iterations);
+    }
+    if name == "ipc" {
+        return crate::ipc::run(root, rounds, iterations);
     }
     let rounds = rounds.unwrap_or(5);
     let spec = SPECS

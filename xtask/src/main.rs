@@ -6,6 +6,7 @@ mod books;
 mod check_build;
 mod demo;
 mod fuzz;
+mod ipc;
 mod setup;
 mod test;
 mod venue;
@@ -85,7 +86,8 @@ enum Cmd {
     /// and disk) and gateway-restart (open + replay of a journal of -n orders, default 1M);
     /// books (feed-handler's decode + books against itch-book's over a generated day of -n
     /// messages, default 5M, 500 symbols; ends with `books: ratio X` and `books-memory: ratio
-    /// Y`).
+    /// Y`); ipc (the shared-memory transport against Aeron's aeron:ipc, Aeron C built from
+    /// source; ends with `ipc-latency: p50 ratio X, p99 ratio Y` and `ipc-throughput: ratio Z`).
     Bench {
         /// Which benchmark.
         name: String,

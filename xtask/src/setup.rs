@@ -31,6 +31,9 @@ pub const PACKAGES: &[&str] = &[
     "fonts-dejavu-core",
     // The metrics endpoint's test scrapes `rocebus stat --listen` with a real Prometheus.
     "prometheus",
+    // `cargo xtask bench ipc` builds Aeron C from source, which links these.
+    "uuid-dev",
+    "libbsd-dev",
 ];
 
 /// Modules the guest loads, in this order (dependencies are resolved by

@@ -17,6 +17,7 @@ pub fn python() -> PathBuf {
 pub const REQUIREMENTS: &[&str] = &[
     "order-gateway/venue/requirements.txt",
     "feed-handler/crosscheck/requirements.txt",
+    "bench/aeron/requirements.txt",
 ];
 
 /// Creates the venv and installs every file of [`REQUIREMENTS`] (cached: redone

@@ -1,0 +1,177 @@
+//! Shared-memory harnesses: `ipc-latency` (ping-pong round trip, two
+//! spinning threads pinned to two cores, as Aeron's embedded ping-pong
+//! sample does) and `ipc-throughput` (64-byte messages per second from one
+//! publisher to one spinning subscriber). `cargo xtask bench ipc` runs them
+//! beside the same harnesses on Aeron's `aeron:ipc`.
+
+use crate::report::Summary;
+use anyhow::{bail, Result};
+use hdrhistogram::Histogram;
+use rocebus::ipc::{IpcConfig, IpcEvent, IpcOfferError, IpcPublisher, IpcSubscriber};
+use std::time::{Duration, Instant};
+
+/// Options of the IPC harnesses.
+#[derive(Debug, Clone, clap::Args)]
+pub struct IpcArgs {
+    /// Payload bytes per message.
+    #[arg(long, short = 's', default_value_t = 64)]
+    pub size: usize,
+    /// Round trips (latency) or messages (throughput), after a warm-up of a tenth as many.
+    #[arg(long, short = 'n', default_value_t = 1_000_000)]
+    pub iterations: u64,
+    /// Pin the two threads to these cores.
+    #[arg(long, value_delimiter = ',', default_value = "0,1")]
+    pub cores: Vec<usize>,
+    /// Ring bytes per stream (Aeron's IPC default is three 64 KiB terms).
+    #[arg(long, default_value_t = 128 << 10)]
+    pub ring_bytes: usize,
+    /// Folder of the stream files.
+    #[arg(long, default_value = "/dev/shm")]
+    pub dir: std::path::PathBuf,
+}
+
+fn pin(cores: &[usize], i: usize) {
+    if let Some(c) = cores.get(i) {
+        if !rocebus::idle::pin_current_thread(*c) {
+            eprintln!("warning: could not pin to core {c}");
+        }
+    }
+}
+
+fn config(a: &IpcArgs) -> IpcConfig {
+    IpcConfig {
+        dir: a.dir.clone(),
+        ring_bytes: a.ring_bytes,
+        max_payload: (a.ring_bytes / 4).min(64 << 10),
+        ..IpcConfig::default()
+    }
+}
+
+fn names() -> (String, String) {
+    let id = std::process::id();
+    (format!("bench-ping-{id}"), format!("bench-pong-{id}"))
+}
+
+fn connect(s: &mut IpcSubscriber) -> Result<()> {
+    let t = Instant::now();
+    let mut ok = false;
+    while !ok {
+        s.poll(1, |e| ok |= matches!(e, IpcEvent::Connected { .. }));
+        if t.elapsed() > Duration::from_secs(10) {
+            bail!("the IPC stream never appeared");
+        }
+    }
+    Ok(())
+}
+
+fn offer_spin(p: &mut IpcPublisher, payload: &[u8]) -> Result<()> {
+    loop {
+        match p.try_claim(1, payload.len()) {
+            Ok(mut c) => {
+                c.copy_from_slice(payload);
+                c.commit();
+                return Ok(());
+            }
+            Err(IpcOfferError::BackPressured) => std::hint::spin_loop(),
+            Err(e) => bail!("{e}"),
+        }
+    }
+}
+
+/// Ping-pong: prints the round-trip percentiles and a `RESULT` line.
+pub fn latency(a: &IpcArgs) -> Result<()> {
+    let cfg = config(a);
+    let (ping, pong) = names();
+    let mut ping_pub = IpcPublisher::create(&ping, &cfg)?;
+    let mut pong_pub = IpcPublisher::create(&pong, &cfg)?;
+    let mut ping_sub = IpcSubscriber::new(&ping, &cfg)?;
+    let mut pong_sub = IpcSubscriber::new(&pong, &cfg)?;
+    connect(&mut ping_sub)?;
+    connect(&mut pong_sub)?;
+    let total = a.iterations + a.iterations / 10;
+    let cores = a.cores.clone();
+    let echo = std::thread::spawn(move || -> Result<()> {
+        pin(&cores, 1);
+        let mut done = 0;
+        while done < total {
+            let mut err = None;
+            ping_sub.poll(16, |e| {
+                if let IpcEvent::Message(m) = e {
+                    // Echo in place: claim, copy, commit, as Aeron's pong does.
+                    if let Err(x) = offer_spin(&mut pong_pub, m.payload) {
+                        err = Some(x);
+                    }
+                    done += 1;
+                }
+            });
+            if let Some(e) = err {
+                return Err(e);
+            }
+        }
+        Ok(())
+    });
+    pin(&a.cores, 0);
+    let mut h = Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3)?;
+    let mut msg = vec![0u8; a.size.max(8)];
+    for i in 0..total {
+        let t0 = Instant::now();
+        msg[..8].copy_from_slice(&i.to_le_bytes());
+        offer_spin(&mut ping_pub, &msg)?;
+        let mut got = false;
+        while !got {
+            pong_sub.poll(16, |e| {
+                if let IpcEvent::Message(m) = e {
+                    got = m.payload[..8] == i.to_le_bytes();
+                }
+            });
+        }
+        if i >= a.iterations / 10 {
+            h.record(t0.elapsed().as_nanos() as u64)?;
+        }
+    }
+    echo.join().expect("echo thread")?;
+    let s = Summary::of(&h);
+    println!("rocebus ipc round trip, {} B: {s}", a.size);
+    println!("{}", s.result_line());
+    Ok(())
+}
+
+/// One-way stream: prints the subscriber's message rate.
+pub fn throughput(a: &IpcArgs) -> Result<()> {
+    let cfg = config(a);
+    let (name, _) = names();
+    let mut publisher = IpcPublisher::create(&name, &cfg)?;
+    let mut sub = IpcSubscriber::new(&name, &cfg)?;
+    connect(&mut sub)?;
+    let total = a.iterations + a.iterations / 10;
+    let warm = a.iterations / 10;
+    let cores = a.cores.clone();
+    let reader = std::thread::spawn(move || -> f64 {
+        pin(&cores, 1);
+        let mut n = 0u64;
+        let mut start = None;
+        let mut sum = 0u64;
+        while n < total {
+            sub.poll(256, |e| {
+                if let IpcEvent::Message(m) = e {
+                    sum = sum.wrapping_add(m.payload[0] as u64);
+                    n += 1;
+                    if n == warm {
+                        start = Some(Instant::now());
+                    }
+                }
+            });
+        }
+        std::hint::black_box(sum);
+        (total - warm) as f64 / start.expect("warm-up").elapsed().as_secs_f64()
+    });
+    pin(&a.cores, 0);
+    let msg = vec![7u8; a.size];
+    for _ in 0..total {
+        offer_spin(&mut publisher, &msg)?;
+    }
+    let rate = reader.join().expect("reader thread");
+    println!("rocebus ipc throughput, {} B: {rate:.0} msg/s", a.size);
+    println!("RESULT msgs_per_sec={rate:.0}");
+    Ok(())
+}

@@ -1,0 +1,1150 @@
+//! The shared-memory transport: one publisher, any number of subscribers
+//! on a stream, processes on one host, no NIC.
+//!
+//! A stream is a file in `/dev/shm` (or a hugetlbfs mount) that every party
+//! maps: a header, one slot per subscriber, then a ring of frames. The
+//! publisher writes frames in place ([`IpcPublisher::try_claim`] hands out
+//! the ring's bytes; nothing is copied), subscribers poll the ring's memory
+//! and read frames in place.
+//!
+//! ```no_run
+//! use rocebus::ipc::{IpcConfig, IpcEvent, IpcPublisher, IpcSubscriber};
+//! let cfg = IpcConfig::default();
+//! let mut publisher = IpcPublisher::create("quotes", &cfg)?;
+//! let mut claim = publisher.try_claim(1, 8)?;
+//! claim.copy_from_slice(&42u64.to_le_bytes());
+//! claim.commit();
+//!
+//! // In another process: never blocks, connects when the publisher is there.
+//! let mut subscriber = IpcSubscriber::new("quotes", &cfg)?;
+//! subscriber.poll(16, |event| match event {
+//!     IpcEvent::Message(m) => println!("type {} {} bytes", m.msg_type, m.payload.len()),
+//!     other => println!("{other:?}"),
+//! });
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A claim borrows the publisher mutably, so nothing else can be done with
+//! the publisher while a claim is open: the compiler refuses it.
+//!
+//! ```compile_fail,E0499
+//! use rocebus::ipc::{IpcConfig, IpcPublisher};
+//! let mut publisher = IpcPublisher::create("quotes", &IpcConfig::default()).unwrap();
+//! let claim = publisher.try_claim(1, 8).unwrap();
+//! publisher.poll(|_| {}); // error: `publisher` is already borrowed by `claim`
+//! claim.commit();
+//! ```
+//!
+//! # Frames
+//! A frame is an 8-byte header word then the payload, padded to 8 bytes.
+//! The header word holds the payload length (bits 0-31), the message type
+//! (32-47) and a lap tag (48-63: the ring lap of the frame's position, low
+//! 15 bits, with bit 15 always set so that a header is never zero). The
+//! publisher fills the payload, sets the *next* frame's header word to zero,
+//! then stores this frame's header with `Release`. A subscriber loads the
+//! header at its position with `Acquire`: zero is "nothing yet", a tag of
+//! this lap is a frame whose bytes are all visible, a tag of a later lap
+//! means the subscriber was overtaken. Because the word after the newest
+//! frame is always zero, stale bytes of an earlier lap are never read as a
+//! header. A frame that does not fit before the ring's end is preceded by a
+//! padding frame (type [`PAD_TYPE`]) to the end.
+//!
+//! # Flow control, chosen per stream
+//! - [`FlowControl::Block`] (the default): the publisher never writes over
+//!   a frame a live subscriber has not consumed; the slowest subscriber
+//!   holds it ([`IpcOfferError::BackPressured`]). Subscribers read frames
+//!   in place (zero copy).
+//! - [`FlowControl::Drop`]: the publisher never waits; a subscriber that
+//!   falls a ring behind is marked dropped, gets [`IpcEvent::Dropped`] and
+//!   continues from the newest frame. Since the publisher may then write a
+//!   frame while a dropped subscriber reads it, subscribers copy each frame
+//!   (with atomic loads) and deliver the copy only after checking they were
+//!   not dropped meanwhile.
+//!
+//! Each subscriber publishes its position in its slot after each poll that
+//! consumed frames. The publisher takes the minimum over live slots when the
+//! space it cached runs out, and at least every half ring (so that a
+//! subscriber joining meanwhile is seen before its first unread frame could
+//! be overwritten: the join is a store to the slot then a `SeqCst` fence
+//! then a load of the publisher's position, mirrored on the publisher side).
+//!
+//! # Crashes
+//! A subscriber that finds no frame checks, at most every
+//! [`IpcConfig::liveness_ms`], whether the publisher closed the stream, died
+//! (its process is gone) or was replaced by a new one at the same path, and
+//! reports [`IpcEvent::PublisherGone`]; it then reconnects by itself when a
+//! publisher appears. The publisher checks its subscribers' processes as
+//! often, and whenever one holds it back, and frees the slots of dead ones
+//! ([`IpcPubEvent::SubscriberGone`]).
+
+mod shm;
+
+use serde::Deserialize;
+use shm::Shm;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+/// Message type reserved for padding frames.
+pub const PAD_TYPE: u16 = 0xFFFF;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"RBIPC001");
+const VERSION: u64 = 1;
+
+// Header layout (bytes).
+const H_MAGIC: usize = 0;
+const H_VERSION: usize = 8;
+const H_RING: usize = 16;
+const H_SLOTS: usize = 24;
+const H_MAX_PAYLOAD: usize = 32;
+const H_FLOW: usize = 40;
+const H_SESSION: usize = 48;
+const H_PID: usize = 56;
+const H_PID_START: usize = 64;
+/// Publisher state: 0 being set up, 1 live, 2 closed.
+const H_STATE: usize = 128;
+/// Publisher position (end of the newest committed frame).
+const H_TAIL: usize = 256;
+const SLOTS_OFF: usize = 512;
+const SLOT_LEN: usize = 128;
+// Slot layout.
+const S_STATE: usize = 0;
+const S_PID: usize = 8;
+const S_PID_START: usize = 16;
+const S_POS: usize = 64;
+
+const STATE_LIVE: u64 = 1;
+const STATE_CLOSED: u64 = 2;
+const SLOT_FREE: u64 = 0;
+const SLOT_LIVE: u64 = 1;
+const SLOT_DROPPED: u64 = 2;
+
+const HEADER_LEN: usize = 8;
+
+/// How the publisher treats slow subscribers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum FlowControl {
+    /// The slowest live subscriber holds the publisher back.
+    #[default]
+    Block,
+    /// Subscribers a ring behind are dropped with an event.
+    Drop,
+}
+
+/// Configuration of an IPC stream (`[ipc]` in the binaries' TOML).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IpcConfig {
+    /// Folder of the stream files: `/dev/shm`, or a hugetlbfs mount.
+    pub dir: PathBuf,
+    /// Bytes of the ring (a power of two, at least 64 KiB).
+    pub ring_bytes: usize,
+    /// Largest payload (at most a quarter ring).
+    pub max_payload: usize,
+    /// Subscriber slots (how many subscribers at once).
+    pub max_subscribers: usize,
+    /// Flow control (set by the publisher; subscribers follow the stream's).
+    pub flow: FlowControl,
+    /// How often an idle party checks the other side is alive, and how
+    /// often an unconnected subscriber looks for its publisher.
+    pub liveness_ms: u64,
+}
+
+impl Default for IpcConfig {
+    fn default() -> Self {
+        IpcConfig {
+            dir: PathBuf::from("/dev/shm"),
+            ring_bytes: 1 << 20,
+            max_payload: 64 << 10,
+            max_subscribers: 16,
+            flow: FlowControl::Block,
+            liveness_ms: 100,
+        }
+    }
+}
+
+impl IpcConfig {
+    /// Checks the values; the error says which and why.
+    pub fn validate(&self) -> Result<(), IpcError> {
+        let bad = |why: String| Err(IpcError::Config(why));
+        if !self.ring_bytes.is_power_of_two()
+            || self.ring_bytes < 64 << 10
+            || self.ring_bytes > 1 << 40
+        {
+            return bad(format!(
+                "ipc.ring_bytes = {} must be a power of two from 64 KiB to 1 TiB",
+                self.ring_bytes
+            ));
+        }
+        if self.max_payload == 0
+            || self.max_payload > self.ring_bytes / 4
+            || self.max_payload > u32::MAX as usize
+        {
+            return bad(format!(
+                "ipc.max_payload = {} must be from 1 to a quarter of ipc.ring_bytes ({})",
+                self.max_payload,
+                self.ring_bytes / 4
+            ));
+        }
+        if self.max_subscribers == 0 || self.max_subscribers > 1024 {
+            return bad(format!(
+                "ipc.max_subscribers = {} must be from 1 to 1024",
+                self.max_subscribers
+            ));
+        }
+        if self.liveness_ms == 0 {
+            return bad("ipc.liveness_ms must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The file of stream `name`.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("rocebus-{name}.ipc"))
+    }
+}
+
+/// Errors of the IPC transport.
+#[derive(Debug, thiserror::Error)]
+pub enum IpcError {
+    /// A configuration value is out of range.
+    #[error("invalid IPC configuration: {0}")]
+    Config(String),
+    /// The stream name cannot be a file name.
+    #[error("invalid IPC stream name {0:?}: use letters, digits, '-', '_' and '.'")]
+    Name(String),
+    /// A live publisher already owns the stream.
+    #[error("IPC stream {path} already has a live publisher (pid {pid})")]
+    AlreadyPublished {
+        /// The stream file.
+        path: PathBuf,
+        /// The publisher's process.
+        pid: u32,
+    },
+    /// Creating or mapping the stream file failed.
+    #[error("IPC stream {path}: {source}")]
+    Io {
+        /// The stream file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+}
+
+/// Why a claim was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IpcOfferError {
+    /// The slowest subscriber has not consumed enough of the ring yet
+    /// ([`FlowControl::Block`]); try again.
+    #[error("back-pressured: the slowest subscriber is a ring behind")]
+    BackPressured,
+    /// The payload exceeds the stream's maximum.
+    #[error("payload of {len} bytes exceeds the stream's maximum of {max}")]
+    TooLarge {
+        /// Requested.
+        len: usize,
+        /// Allowed.
+        max: usize,
+    },
+    /// [`PAD_TYPE`] is reserved.
+    #[error("message type 0xFFFF is reserved")]
+    ReservedType,
+}
+
+/// A message as a subscriber sees it.
+///
+/// `payload` points into memory another process writes. In
+/// [`FlowControl::Block`] mode the publisher does not touch a frame before
+/// this subscriber consumed it; a misbehaving process could, and then the
+/// bytes are garbage (never anything worse: they are plain bytes, and
+/// nothing here trusts them). Copy what you keep past the callback.
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    /// The publisher's message type.
+    pub msg_type: u16,
+    /// The payload.
+    pub payload: &'a [u8],
+}
+
+/// What a subscriber's poll reports.
+#[derive(Debug)]
+pub enum IpcEvent<'a> {
+    /// Joined a publisher's stream (at its newest frame).
+    Connected {
+        /// The publisher's random session id (new for every publisher).
+        session: u64,
+        /// The publisher's process id.
+        publisher_pid: u32,
+    },
+    /// A message.
+    Message(Message<'a>),
+    /// Fell a ring behind in [`FlowControl::Drop`] mode: messages were
+    /// lost; delivery continues from the newest frame.
+    Dropped {
+        /// Bytes of frames skipped.
+        skipped_bytes: u64,
+    },
+    /// The publisher closed the stream (`clean`), or died, or was replaced.
+    /// The subscriber reconnects by itself when a publisher is there.
+    PublisherGone {
+        /// Whether it closed the stream on purpose.
+        clean: bool,
+    },
+    /// The stream's contents broke the protocol (a misbehaving process
+    /// wrote into the ring); the subscriber disconnected and will
+    /// reconnect.
+    Corrupt(&'static str),
+}
+
+/// What a publisher's poll reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpcPubEvent {
+    /// A subscriber's process is gone; its slot was freed.
+    SubscriberGone {
+        /// Its slot.
+        slot: usize,
+        /// Its process id.
+        pid: u32,
+    },
+    /// A subscriber was dropped for being a ring behind (Drop mode).
+    SubscriberDropped {
+        /// Its slot.
+        slot: usize,
+    },
+}
+
+/// Counters of a publisher.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IpcPubStats {
+    /// Messages committed.
+    pub messages: u64,
+    /// Claims refused for back-pressure.
+    pub back_pressured: u64,
+    /// Subscribers dropped for lagging (Drop mode).
+    pub dropped_subscribers: u64,
+    /// Slots freed because their process died.
+    pub dead_subscribers: u64,
+}
+
+fn lap_tag(pos: u64, log2: u32) -> u64 {
+    ((pos >> log2) & 0x7FFF) | 0x8000
+}
+
+#[inline]
+fn frame_len(payload: usize) -> usize {
+    (HEADER_LEN + payload + 7) & !7
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && !name.starts_with('.')
+}
+
+/// Start time of process `pid` (field 22 of `/proc/PID/stat`), which tells
+/// a live process from a later one that reused its pid.
+fn process_start(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces.
+    let rest = &s[s.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+fn alive(pid: u64, start: u64) -> bool {
+    pid != 0 && pid <= u32::MAX as u64 && process_start(pid as u32) == Some(start)
+}
+
+fn data_off(slots: usize) -> usize {
+    (SLOTS_OFF + slots * SLOT_LEN).next_multiple_of(4096)
+}
+
+fn slot_off(i: usize) -> usize {
+    SLOTS_OFF + i * SLOT_LEN
+}
+
+/// The publisher of a stream.
+#[derive(Debug)]
+pub struct IpcPublisher {
+    shm: Shm,
+    path: PathBuf,
+    ino: u64,
+    data: usize,
+    ring: usize,
+    log2: u32,
+    mask: u64,
+    slots: usize,
+    max_payload: usize,
+    flow: FlowControl,
+    /// Next frame's position.
+    tail: u64,
+    /// Claims may end (plus the next header word) at most here.
+    limit: u64,
+    liveness: Duration,
+    last_check: Instant,
+    stats: IpcPubStats,
+    pending: Vec<IpcPubEvent>,
+}
+
+/// A frame being written; dereferences to its payload. Commit it, or drop
+/// it to abandon it (subscribers skip it).
+#[derive(Debug)]
+pub struct IpcClaim<'p> {
+    publisher: &'p mut IpcPublisher,
+    pos: u64,
+    len: usize,
+    msg_type: u16,
+}
+
+impl IpcPublisher {
+    /// Creates stream `name` in `cfg.dir`, replacing the file of a publisher
+    /// that is gone. Subscribers already waiting connect on their next poll.
+    pub fn create(name: &str, cfg: &IpcConfig) -> Result<Self, IpcError> {
+        cfg.validate()?;
+        if !valid_name(name) {
+            return Err(IpcError::Name(name.into()));
+        }
+        let path = cfg.path(name);
+        let io = |source| IpcError::Io {
+            path: path.clone(),
+            source,
+        };
+        if let Ok(f) = OpenOptions::new().read(true).write(true).open(&path) {
+            if let Some((pid, start, state)) = Self::owner(&f) {
+                if state == STATE_LIVE && alive(pid, start) && pid != std::process::id() as u64 {
+                    return Err(IpcError::AlreadyPublished {
+                        path,
+                        pid: pid as u32,
+                    });
+                }
+            }
+        }
+        let data = data_off(cfg.max_subscribers);
+        let mut total = data + cfg.ring_bytes + 64;
+        if is_hugetlbfs(&cfg.dir) {
+            total = total.next_multiple_of(2 << 20);
+        }
+        // Built under a temporary name and renamed into place: a subscriber
+        // never maps a half-initialised stream.
+        let tmp = cfg
+            .dir
+            .join(format!(".rocebus-{name}.{}.tmp", std::process::id()));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io)?;
+        let prep = (|| {
+            file.set_len(total as u64)?;
+            Shm::map(&file)
+        })();
+        let mut shm = match prep {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(io(e));
+            }
+        };
+        let me = std::process::id();
+        let mut session = [0u8; 8];
+        getrandom::getrandom(&mut session).map_err(|e| io(std::io::Error::other(e)))?;
+        for (off, v) in [
+            (H_MAGIC, MAGIC),
+            (H_VERSION, VERSION),
+            (H_RING, cfg.ring_bytes as u64),
+            (H_SLOTS, cfg.max_subscribers as u64),
+            (H_MAX_PAYLOAD, cfg.max_payload as u64),
+            (H_FLOW, (cfg.flow == FlowControl::Drop) as u64),
+            (H_SESSION, u64::from_le_bytes(session)),
+            (H_PID, me as u64),
+            (H_PID_START, process_start(me).unwrap_or(0)),
+        ] {
+            shm.write_init(off, &v.to_le_bytes());
+        }
+        // ORDERING: Release: a subscriber that sees LIVE (Acquire) sees the
+        // header written above.
+        shm.word(H_STATE).store(STATE_LIVE, Ordering::Release);
+        if let Err(e) = std::fs::rename(&tmp, &path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(e));
+        }
+        let ino = inode(&path).unwrap_or(0);
+        let log2 = cfg.ring_bytes.trailing_zeros();
+        let mut p = IpcPublisher {
+            shm,
+            path,
+            ino,
+            data,
+            ring: cfg.ring_bytes,
+            log2,
+            mask: cfg.ring_bytes as u64 - 1,
+            slots: cfg.max_subscribers,
+            max_payload: cfg.max_payload,
+            flow: cfg.flow,
+            tail: 0,
+            limit: 0,
+            liveness: Duration::from_millis(cfg.liveness_ms),
+            last_check: Instant::now(),
+            stats: IpcPubStats::default(),
+            pending: Vec::with_capacity(cfg.max_subscribers),
+        };
+        p.refresh_limit(0);
+        Ok(p)
+    }
+
+    fn owner(f: &File) -> Option<(u64, u64, u64)> {
+        let len = f.metadata().ok()?.len();
+        if len < SLOTS_OFF as u64 {
+            return None;
+        }
+        let shm = Shm::map(f).ok()?;
+        let w = |off| shm.word(off).load(Ordering::Acquire);
+        (w(H_MAGIC) == MAGIC).then(|| (w(H_PID), w(H_PID_START), w(H_STATE)))
+    }
+
+    /// The stream file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> IpcPubStats {
+        self.stats
+    }
+
+    /// Live subscribers and their positions (bytes behind the publisher).
+    pub fn subscribers(&self) -> Vec<(usize, u32, u64)> {
+        (0..self.slots)
+            .filter_map(|i| {
+                let s = slot_off(i);
+                (self.shm.word(s + S_STATE).load(Ordering::Acquire) == SLOT_LIVE).then(|| {
+                    let pos = self.shm.word(s + S_POS).load(Ordering::Acquire);
+                    (
+                        i,
+                        self.shm.word(s + S_PID).load(Ordering::Relaxed) as u32,
+                        self.tail.saturating_sub(pos),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Recomputes how far claims may go: `needed` is the end (exclusive)
+    /// the caller wants. In Drop mode, subscribers that hold it back are
+    /// dropped.
+    #[cold]
+    fn refresh_limit(&mut self, needed: u64) {
+        // ORDERING: SeqCst fence between our tail store (in commit) and the
+        // loads of the slots, mirrored by the subscriber's slot store,
+        // SeqCst fence, tail load at join: either we see its slot, or it
+        // sees a tail at least ours and starts there (see the module docs).
+        fence(Ordering::SeqCst);
+        let ring = self.ring as u64;
+        let mut limit = self.tail + ring / 2;
+        for i in 0..self.slots {
+            let s = slot_off(i);
+            if self.shm.word(s + S_STATE).load(Ordering::Acquire) != SLOT_LIVE {
+                continue;
+            }
+            let pos = self.shm.word(s + S_POS).load(Ordering::Acquire);
+            // A position beyond our tail is a misbehaving process's write:
+            // treat it as our tail.
+            let pos = pos.min(self.tail);
+            if self.flow == FlowControl::Drop && pos + ring < needed {
+                // ORDERING: AcqRel on the mark and a Release fence before
+                // any later write into the ring: a dropped subscriber that
+                // copies bytes we write afterwards and then checks its slot
+                // (Acquire fence, load) sees DROPPED.
+                if self
+                    .shm
+                    .word(s + S_STATE)
+                    .compare_exchange(SLOT_LIVE, SLOT_DROPPED, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    fence(Ordering::Release);
+                    self.stats.dropped_subscribers += 1;
+                    self.pending
+                        .push(IpcPubEvent::SubscriberDropped { slot: i });
+                }
+                continue;
+            }
+            limit = limit.min(pos + ring);
+        }
+        self.limit = limit;
+    }
+
+    /// Frees the slots of subscribers whose process is gone.
+    #[cold]
+    fn reap(&mut self) {
+        self.last_check = Instant::now();
+        for i in 0..self.slots {
+            let s = slot_off(i);
+            let st = self.shm.word(s + S_STATE).load(Ordering::Acquire);
+            if st == SLOT_FREE {
+                continue;
+            }
+            let pid = self.shm.word(s + S_PID).load(Ordering::Acquire);
+            let start = self.shm.word(s + S_PID_START).load(Ordering::Acquire);
+            if !alive(pid, start)
+                && self
+                    .shm
+                    .word(s + S_STATE)
+                    .compare_exchange(st, SLOT_FREE, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                self.stats.dead_subscribers += 1;
+                self.pending.push(IpcPubEvent::SubscriberGone {
+                    slot: i,
+                    pid: pid as u32,
+                });
+            }
+        }
+    }
+
+    /// Claims a frame of `len` payload bytes of type `msg_type`.
+    #[inline]
+    pub fn try_claim(&mut self, msg_type: u16, len: usize) -> Result<IpcClaim<'_>, IpcOfferError> {
+        if len > self.max_payload {
+            return Err(IpcOfferError::TooLarge {
+                len,
+                max: self.max_payload,
+            });
+        }
+        if msg_type == PAD_TYPE {
+            return Err(IpcOfferError::ReservedType);
+        }
+        let need = frame_len(len) as u64;
+        let off = self.tail & self.mask;
+        let pad = if off + need > self.ring as u64 {
+            self.ring as u64 - off
+        } else {
+            0
+        };
+        // The frame, the padding before it, and the next header word.
+        let end = self.tail + pad + need + HEADER_LEN as u64;
+        if end > self.limit {
+            self.refresh_limit(end);
+            if end > self.limit {
+                if self.last_check.elapsed() >= self.liveness {
+                    self.reap();
+                    self.refresh_limit(end);
+                }
+                if end > self.limit {
+                    self.stats.back_pressured += 1;
+                    return Err(IpcOfferError::BackPressured);
+                }
+            }
+        }
+        if pad > 0 {
+            self.write_pad(self.tail, pad);
+            self.tail += pad;
+        }
+        Ok(IpcClaim {
+            pos: self.tail,
+            len,
+            msg_type,
+            publisher: self,
+        })
+    }
+
+    /// Writes a padding frame of `bytes` at `pos` and publishes it.
+    fn write_pad(&mut self, pos: u64, bytes: u64) {
+        let next = (pos + bytes) & self.mask;
+        self.shm
+            .word_unchecked(self.data + next as usize)
+            .store(0, Ordering::Relaxed);
+        let h = (bytes - HEADER_LEN as u64)
+            | ((PAD_TYPE as u64) << 32)
+            | (lap_tag(pos, self.log2) << 48);
+        // ORDERING: Release publishes the zeroed next header with it.
+        self.shm
+            .word_unchecked(self.data + (pos & self.mask) as usize)
+            .store(h, Ordering::Release);
+        self.shm.word(H_TAIL).store(pos + bytes, Ordering::Release);
+    }
+
+    /// Copies `payload` into a frame and commits it.
+    #[inline]
+    pub fn offer(&mut self, msg_type: u16, payload: &[u8]) -> Result<(), IpcOfferError> {
+        let mut c = self.try_claim(msg_type, payload.len())?;
+        c.copy_from_slice(payload);
+        c.commit();
+        Ok(())
+    }
+
+    /// Housekeeping, for the publisher's duty cycle: finds subscribers
+    /// whose process died (at most every `liveness_ms`) and reports what
+    /// changed.
+    pub fn poll(&mut self, mut f: impl FnMut(IpcPubEvent)) -> usize {
+        if self.last_check.elapsed() >= self.liveness {
+            self.reap();
+        }
+        let n = self.pending.len();
+        for e in self.pending.drain(..) {
+            f(e);
+        }
+        n
+    }
+}
+
+impl Drop for IpcPublisher {
+    fn drop(&mut self) {
+        // ORDERING: Release after the last frame: a subscriber that sees
+        // CLOSED has seen every frame before it.
+        self.shm
+            .word(H_STATE)
+            .store(STATE_CLOSED, Ordering::Release);
+        // Remove the path only if it is still ours (not a newer publisher's).
+        if inode(&self.path) == Some(self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl IpcClaim<'_> {
+    /// Publishes the frame.
+    #[inline]
+    pub fn commit(self) {
+        let p = &mut *self.publisher;
+        let pos = self.pos;
+        let need = frame_len(self.len) as u64;
+        let next = (pos + need) & p.mask;
+        p.shm
+            .word_unchecked(p.data + next as usize)
+            .store(0, Ordering::Relaxed);
+        let h = self.len as u64 | ((self.msg_type as u64) << 32) | (lap_tag(pos, p.log2) << 48);
+        // ORDERING: Release: a subscriber that loads this header (Acquire)
+        // sees the payload and the zeroed next header.
+        p.shm
+            .word_unchecked(p.data + (pos & p.mask) as usize)
+            .store(h, Ordering::Release);
+        p.tail = pos + need;
+        p.shm.word(H_TAIL).store(p.tail, Ordering::Release);
+        p.stats.messages += 1;
+        std::mem::forget(self);
+    }
+
+    /// Payload bytes of this frame.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+// The claim's bytes and a subscriber's in-place payload are the two views
+// the protocol makes exclusive; shm.rs holds every other unsafe operation.
+#[allow(unsafe_code)]
+impl std::ops::Deref for IpcClaim<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let p = &*self.publisher;
+        // SAFETY: the claimed range is inside the ring (try_claim padded to
+        // the ring's end), not visible to subscribers until commit (its
+        // header is zero or a stale lap), and only this claim refers to it.
+        unsafe {
+            p.shm
+                .slice(p.data + (self.pos & p.mask) as usize + HEADER_LEN, self.len)
+        }
+    }
+}
+
+#[allow(unsafe_code)]
+impl std::ops::DerefMut for IpcClaim<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        let p = &*self.publisher;
+        // SAFETY: as in deref; &mut self makes this the only live view.
+        unsafe {
+            p.shm
+                .slice_mut(p.data + (self.pos & p.mask) as usize + HEADER_LEN, self.len)
+        }
+    }
+}
+
+impl Drop for IpcClaim<'_> {
+    fn drop(&mut self) {
+        // Abandoned: publish it as padding so subscribers skip it.
+        let bytes = frame_len(self.len) as u64;
+        let pos = self.pos;
+        self.publisher.write_pad(pos, bytes);
+        self.publisher.tail = pos + bytes;
+    }
+}
+
+fn inode(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+fn is_hugetlbfs(dir: &Path) -> bool {
+    const HUGETLBFS_MAGIC: u64 = 0x9584_58f6;
+    rustix::fs::statfs(dir)
+        .map(|s| s.f_type as u64 == HUGETLBFS_MAGIC)
+        .unwrap_or(false)
+}
+
+/// A connected subscriber's view of the stream.
+#[derive(Debug)]
+struct Joined {
+    shm: Shm,
+    ino: u64,
+    data: usize,
+    ring: usize,
+    log2: u32,
+    mask: u64,
+    max_payload: usize,
+    drop_mode: bool,
+    slot: usize,
+    pid: u64,
+    pid_start: u64,
+    pos: u64,
+}
+
+/// A subscriber of a stream. Never blocks: it starts unconnected and
+/// reports [`IpcEvent::Connected`] once it joined a live publisher.
+#[derive(Debug)]
+pub struct IpcSubscriber {
+    path: PathBuf,
+    liveness: Duration,
+    joined: Option<Joined>,
+    last_check: Option<Instant>,
+    idle_polls: u32,
+    /// Copy of a frame in Drop mode (allocated once).
+    scratch: Vec<u8>,
+}
+
+impl IpcSubscriber {
+    /// A subscriber of stream `name` in `cfg.dir`. Fails only on bad
+    /// configuration; a missing publisher is not an error.
+    pub fn new(name: &str, cfg: &IpcConfig) -> Result<Self, IpcError> {
+        cfg.validate()?;
+        if !valid_name(name) {
+            return Err(IpcError::Name(name.into()));
+        }
+        Ok(IpcSubscriber {
+            path: cfg.path(name),
+            liveness: Duration::from_millis(cfg.liveness_ms),
+            joined: None,
+            last_check: None,
+            idle_polls: 0,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Whether it is joined to a live publisher.
+    pub fn is_connected(&self) -> bool {
+        self.joined.is_some()
+    }
+
+    /// Tries to join the stream's publisher.
+    fn try_join(&mut self) -> Option<(u64, u32)> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+            .ok()?;
+        let len = f.metadata().ok()?.len() as usize;
+        if len < SLOTS_OFF {
+            return None;
+        }
+        let shm = Shm::map(&f).ok()?;
+        let w = |off| shm.word(off).load(Ordering::Acquire);
+        if w(H_MAGIC) != MAGIC || w(H_VERSION) != VERSION || w(H_STATE) != STATE_LIVE {
+            return None;
+        }
+        let (ring, slots, max_payload) = (
+            w(H_RING) as usize,
+            w(H_SLOTS) as usize,
+            w(H_MAX_PAYLOAD) as usize,
+        );
+        if !ring.is_power_of_two() || slots == 0 || slots > 1024 || max_payload > ring / 4 {
+            return None;
+        }
+        let data = data_off(slots);
+        if data + ring + 64 > len {
+            return None;
+        }
+        let (pid, pid_start) = (w(H_PID), w(H_PID_START));
+        if !alive(pid, pid_start) {
+            return None;
+        }
+        let me = std::process::id() as u64;
+        let my_start = process_start(me as u32).unwrap_or(0);
+        let slot = (0..slots).find(|&i| {
+            let s = slot_off(i);
+            shm.word(s + S_STATE)
+                .compare_exchange(SLOT_FREE, SLOT_DROPPED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })?;
+        let s = slot_off(slot);
+        shm.word(s + S_PID).store(me, Ordering::Relaxed);
+        shm.word(s + S_PID_START).store(my_start, Ordering::Relaxed);
+        let tail0 = w(H_TAIL);
+        shm.word(s + S_POS).store(tail0, Ordering::Relaxed);
+        shm.word(s + S_STATE).store(SLOT_LIVE, Ordering::Release);
+        // ORDERING: see IpcPublisher::refresh_limit.
+        fence(Ordering::SeqCst);
+        let pos = w(H_TAIL);
+        shm.word(s + S_POS).store(pos, Ordering::Release);
+        let session = w(H_SESSION);
+        self.scratch = vec![0u8; max_payload.next_multiple_of(8)];
+        self.joined = Some(Joined {
+            ino: {
+                use std::os::unix::fs::MetadataExt;
+                f.metadata().map(|m| m.ino()).unwrap_or(0)
+            },
+            data,
+            ring,
+            log2: ring.trailing_zeros(),
+            mask: ring as u64 - 1,
+            max_payload,
+            drop_mode: w(H_FLOW) == 1,
+            slot,
+            pid,
+            pid_start,
+            pos,
+            shm,
+        });
+        Some((session, pid as u32))
+    }
+
+    fn leave(&mut self) {
+        if let Some(j) = self.joined.take() {
+            let s = slot_off(j.slot);
+            let _ =
+                j.shm
+                    .word(s + S_STATE)
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |st| {
+                        (st != SLOT_FREE).then_some(SLOT_FREE)
+                    });
+        }
+    }
+
+    /// Whether the joined publisher is gone; `Some(clean)` if so.
+    fn publisher_gone(&self) -> Option<bool> {
+        let j = self.joined.as_ref()?;
+        if j.shm.word(H_STATE).load(Ordering::Acquire) == STATE_CLOSED {
+            return Some(true);
+        }
+        if !alive(j.pid, j.pid_start) || inode(&self.path) != Some(j.ino) {
+            return Some(false);
+        }
+        None
+    }
+
+    /// Delivers up to `limit` messages and any events to `f`; returns how
+    /// many events it delivered. Never blocks.
+    #[inline]
+    pub fn poll(&mut self, limit: usize, mut f: impl FnMut(IpcEvent<'_>)) -> usize {
+        let Some(j) = self.joined.as_mut() else {
+            let due = self.last_check.is_none_or(|t| t.elapsed() >= self.liveness);
+            if due {
+                self.last_check = Some(Instant::now());
+                if let Some((session, publisher_pid)) = self.try_join() {
+                    f(IpcEvent::Connected {
+                        session,
+                        publisher_pid,
+                    });
+                    return 1;
+                }
+            }
+            return 0;
+        };
+        let n = if j.drop_mode {
+            Self::poll_copy(j, &mut self.scratch, limit, &mut f)
+        } else {
+            Self::poll_in_place(j, limit, &mut f)
+        };
+        match n {
+            Ok(0) => {
+                self.idle_polls += 1;
+                if self.idle_polls >= 1024 {
+                    self.idle_polls = 0;
+                    if self.last_check.is_none_or(|t| t.elapsed() >= self.liveness) {
+                        self.last_check = Some(Instant::now());
+                        if let Some(clean) = self.publisher_gone() {
+                            // Deliver what is left first: after CLOSED
+                            // (Release after the last frame) every frame is
+                            // visible, so a drained ring is complete.
+                            self.leave();
+                            f(IpcEvent::PublisherGone { clean });
+                            return 1;
+                        }
+                    }
+                }
+                0
+            }
+            Ok(n) => {
+                self.idle_polls = 0;
+                n
+            }
+            Err(why) => {
+                self.leave();
+                f(IpcEvent::Corrupt(why));
+                1
+            }
+        }
+    }
+
+    /// Reads the header at `j.pos`: `Ok(None)` nothing yet, `Err` broken,
+    /// `Ok(Some(Err(())))` overtaken, else (type, payload length, frame bytes).
+    #[inline(always)]
+    fn header(j: &Joined) -> Result<Option<Result<(u16, usize, u64), ()>>, &'static str> {
+        let off = (j.pos & j.mask) as usize;
+        // ORDERING: Acquire pairs with the publisher's Release store of the
+        // header: the payload and the zeroed next header are visible.
+        let h = j.shm.word_unchecked(j.data + off).load(Ordering::Acquire);
+        if h == 0 {
+            return Ok(None);
+        }
+        let tag = h >> 48;
+        let want = lap_tag(j.pos, j.log2);
+        if tag != want {
+            // Later lap: overtaken. Earlier lap: not written yet.
+            return Ok(((tag.wrapping_sub(want)) & 0x7FFF < 0x4000).then_some(Err(())));
+        }
+        let len = (h & 0xFFFF_FFFF) as usize;
+        let msg_type = (h >> 32) as u16;
+        let bytes = if msg_type == PAD_TYPE {
+            HEADER_LEN + len
+        } else {
+            frame_len(len)
+        };
+        if (msg_type != PAD_TYPE && len > j.max_payload) || off + bytes > j.ring || bytes % 8 != 0 {
+            return Err("a frame header runs outside the ring");
+        }
+        Ok(Some(Ok((msg_type, len, bytes as u64))))
+    }
+
+    fn publish_pos(j: &Joined) {
+        // ORDERING: Release: the publisher that reads this position
+        // (Acquire) may overwrite everything before it; our reads of it
+        // happen before.
+        j.shm
+            .word(slot_off(j.slot) + S_POS)
+            .store(j.pos, Ordering::Release);
+    }
+
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn poll_in_place(
+        j: &mut Joined,
+        limit: usize,
+        f: &mut impl FnMut(IpcEvent<'_>),
+    ) -> Result<usize, &'static str> {
+        let mut n = 0;
+        let start = j.pos;
+        while n < limit {
+            let Some(h) = Self::header(j)? else { break };
+            let Ok((msg_type, len, bytes)) = h else {
+                return Err("overtaken by the publisher in a stream that blocks for subscribers");
+            };
+            if msg_type != PAD_TYPE {
+                let off = j.data + (j.pos & j.mask) as usize + HEADER_LEN;
+                // SAFETY: inside the ring (checked in header); in Block mode
+                // the publisher does not write this frame again before our
+                // position, published after the callback, passes it.
+                let payload = unsafe { j.shm.slice(off, len) };
+                f(IpcEvent::Message(Message { msg_type, payload }));
+                n += 1;
+            }
+            j.pos += bytes;
+        }
+        if j.pos != start {
+            Self::publish_pos(j);
+        }
+        Ok(n)
+    }
+
+    fn poll_copy(
+        j: &mut Joined,
+        scratch: &mut [u8],
+        limit: usize,
+        f: &mut impl FnMut(IpcEvent<'_>),
+    ) -> Result<usize, &'static str> {
+        let mut n = 0;
+        let start = j.pos;
+        let slot_state = slot_off(j.slot) + S_STATE;
+        while n < limit {
+            let h = match Self::header(j) {
+                Ok(h) => h,
+                // In Drop mode a torn view of an overwritten header is
+                // possible; the slot tells whether we were dropped.
+                Err(why) => {
+                    if j.shm.word(slot_state).load(Ordering::Acquire) == SLOT_DROPPED {
+                        Some(Err(()))
+                    } else {
+                        return Err(why);
+                    }
+                }
+            };
+            let Some(h) = h else { break };
+            let dropped = match h {
+                Err(()) => true,
+                Ok((msg_type, len, bytes)) => {
+                    if msg_type != PAD_TYPE {
+                        let off = j.data + (j.pos & j.mask) as usize + HEADER_LEN;
+                        j.shm
+                            .copy_racy(off, &mut scratch[..len.next_multiple_of(8)]);
+                    }
+                    // ORDERING: Acquire fence after the relaxed copies,
+                    // pairs with the publisher's Release fence after marking
+                    // us dropped: if the copy saw any later write, we see
+                    // DROPPED here.
+                    fence(Ordering::Acquire);
+                    if j.shm.word(slot_state).load(Ordering::Relaxed) == SLOT_DROPPED {
+                        true
+                    } else {
+                        if msg_type != PAD_TYPE {
+                            f(IpcEvent::Message(Message {
+                                msg_type,
+                                payload: &scratch[..len],
+                            }));
+                            n += 1;
+                        }
+                        j.pos += bytes;
+                        false
+                    }
+                }
+            };
+            if dropped {
+                // Rejoin at the newest frame.
+                let s = slot_off(j.slot);
+                let tail = j.shm.word(H_TAIL).load(Ordering::Acquire);
+                j.shm.word(s + S_POS).store(tail, Ordering::Relaxed);
+                j.shm.word(s + S_STATE).store(SLOT_LIVE, Ordering::Release);
+                fence(Ordering::SeqCst);
+                let now = j.shm.word(H_TAIL).load(Ordering::Acquire);
+                let skipped = now.saturating_sub(j.pos);
+                j.pos = now;
+                Self::publish_pos(j);
+                f(IpcEvent::Dropped {
+                    skipped_bytes: skipped,
+                });
+                return Ok(n + 1);
+            }
+        }
+        if j.pos != start {
+            Self::publish_pos(j);
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for IpcSubscriber {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+#[cfg(test)]
+mod tests;

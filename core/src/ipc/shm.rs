@@ -1,0 +1,114 @@
+//! The shared mapping of an IPC stream file and the only unsafe code of the
+//! IPC transport: atomic words and byte ranges at offsets of a region that
+//! other processes map too.
+//!
+//! Memory shared with another process is outside what the Rust compiler
+//! can see: another process may write any byte at any time. So nothing
+//! here hands out a reference to bytes another process may write while we
+//! hold it, except where the protocol (documented in [`super`]) gives the
+//! holder exclusive use of them: the publisher's claimed, not yet committed
+//! frame, and a committed frame a subscriber reads in the mode where the
+//! publisher waits for it. A misbehaving process can still write there; the
+//! bytes are plain data (no invariants, no pointers), so it garbles
+//! messages, never memory safety of ours beyond what `&[u8]` of
+//! peer-writable memory means (documented on [`super::Message`]).
+#![allow(unsafe_code)]
+
+use memmap2::MmapMut;
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A mapped stream file.
+#[derive(Debug)]
+pub(super) struct Shm {
+    map: MmapMut,
+}
+
+impl Shm {
+    /// Maps `file` (its whole length) shared, read-write.
+    pub(super) fn map(file: &File) -> std::io::Result<Self> {
+        // SAFETY: the mapping is MAP_SHARED of a file other processes map
+        // too; we never create references into it except as described in
+        // the module docs, and all control words are accessed atomically.
+        // The file is never truncated while mapped (publishers replace a
+        // stream by renaming a new file over the path, never by resizing).
+        let map = unsafe { MmapMut::map_mut(file)? };
+        Ok(Shm { map })
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    fn base(&self) -> *mut u8 {
+        self.map.as_ptr() as *mut u8
+    }
+
+    /// The 8-byte aligned atomic word at `off`.
+    #[inline(always)]
+    pub(super) fn word(&self, off: usize) -> &AtomicU64 {
+        assert!(
+            off % 8 == 0 && off + 8 <= self.len(),
+            "word {off} outside the mapping"
+        );
+        // SAFETY: in bounds and 8-aligned (the mapping is page-aligned);
+        // AtomicU64 has the layout of u64 and every access to control words
+        // and frame headers, in every process, is atomic.
+        unsafe { &*(self.base().add(off) as *const AtomicU64) }
+    }
+
+    /// The word at `off` without the bounds check: for the hot path, where
+    /// `off` comes from `pos & mask` of a ring whose bounds were checked at
+    /// open.
+    #[inline(always)]
+    pub(super) fn word_unchecked(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off % 8 == 0 && off + 8 <= self.len());
+        // SAFETY: callers pass an offset inside the data ring, checked
+        // against the mapping's length when it was opened, 8-aligned.
+        unsafe { &*(self.base().add(off) as *const AtomicU64) }
+    }
+
+    /// Bytes `off..off + len` for the publisher to fill.
+    ///
+    /// # Safety
+    /// The range must be inside the mapping and owned by the caller under
+    /// the protocol: a claimed frame no subscriber reads before its header
+    /// is published, and no other `slice`/`slice_mut` of it lives.
+    #[inline(always)]
+    pub(super) unsafe fn slice_mut(&self, off: usize, len: usize) -> &mut [u8] {
+        debug_assert!(off + len <= self.len());
+        // SAFETY: per this function's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.base().add(off), len) }
+    }
+
+    /// Bytes `off..off + len` of a published frame.
+    ///
+    /// # Safety
+    /// The range must be inside the mapping and, under the protocol, not be
+    /// written by the publisher while the slice lives (a committed frame the
+    /// publisher waits for this subscriber to consume).
+    #[inline(always)]
+    pub(super) unsafe fn slice(&self, off: usize, len: usize) -> &[u8] {
+        debug_assert!(off + len <= self.len());
+        // SAFETY: per this function's contract.
+        unsafe { std::slice::from_raw_parts(self.base().add(off), len) }
+    }
+
+    /// Copies bytes `off..off + out.len()` (8-aligned `off`) into `out`
+    /// with relaxed atomic loads: for frames the publisher may overwrite
+    /// while we read them (the mode that drops slow subscribers). The copy
+    /// is validated afterwards by the caller.
+    pub(super) fn copy_racy(&self, off: usize, out: &mut [u8]) {
+        assert!(off % 8 == 0 && off + out.len().next_multiple_of(8) <= self.len());
+        for (i, chunk) in out.chunks_mut(8).enumerate() {
+            let w = self.word_unchecked(off + i * 8).load(Ordering::Relaxed);
+            chunk.copy_from_slice(&w.to_le_bytes()[..chunk.len()]);
+        }
+    }
+
+    /// Writes `bytes` at `off` (header fields written once, before the
+    /// file is published).
+    pub(super) fn write_init(&mut self, off: usize, bytes: &[u8]) {
+        self.map[off..off + bytes.len()].copy_from_slice(bytes);
+    }
+}

@@ -1,0 +1,292 @@
+use super::*;
+use rand::{Rng, SeedableRng};
+use std::os::unix::fs::FileExt;
+
+fn cfg(dir: &Path, ring: usize, flow: FlowControl) -> IpcConfig {
+    IpcConfig {
+        dir: dir.to_path_buf(),
+        ring_bytes: ring,
+        max_payload: ring / 4,
+        max_subscribers: 4,
+        flow,
+        liveness_ms: 5,
+    }
+}
+
+/// Payload of message `i`: its number, then bytes derived from it.
+fn payload(i: u64, len: usize, out: &mut [u8]) {
+    for (k, b) in out[..len].iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(31).wrapping_add(k as u8);
+    }
+    if len >= 8 {
+        out[..8].copy_from_slice(&i.to_le_bytes());
+    }
+}
+
+fn check(i: u64, p: &[u8]) {
+    let mut want = vec![0u8; p.len()];
+    payload(i, p.len(), &mut want);
+    assert_eq!(p, &want[..], "message {i} garbled");
+}
+
+/// Polls until connected.
+fn connect(s: &mut IpcSubscriber) -> u64 {
+    let t = Instant::now();
+    let mut session = None;
+    while session.is_none() {
+        s.poll(1, |e| {
+            if let IpcEvent::Connected { session: id, .. } = e {
+                session = Some(id)
+            }
+        });
+        assert!(t.elapsed() < Duration::from_secs(5), "never connected");
+    }
+    session.unwrap()
+}
+
+#[test]
+fn every_message_arrives_in_order_across_hundreds_of_wraps() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
+    let mut publisher = IpcPublisher::create("s", &c).unwrap();
+    let mut subs: Vec<IpcSubscriber> = (0..2)
+        .map(|_| IpcSubscriber::new("s", &c).unwrap())
+        .collect();
+    for s in &mut subs {
+        connect(s);
+    }
+    const N: u64 = 100_000;
+    let readers: Vec<_> = subs
+        .into_iter()
+        .map(|mut s| {
+            std::thread::spawn(move || {
+                let mut next = 0u64;
+                let mut lens = 0usize;
+                while next < N {
+                    s.poll(64, |e| match e {
+                        IpcEvent::Message(m) => {
+                            assert_eq!(m.msg_type, (next % 7) as u16);
+                            check(next, m.payload);
+                            lens += m.payload.len();
+                            next += 1;
+                        }
+                        other => panic!("unexpected {other:?}"),
+                    });
+                }
+                lens
+            })
+        })
+        .collect();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+    let mut buf = vec![0u8; 4096];
+    let mut sent = 0usize;
+    for i in 0..N {
+        let len = if i % 100 == 0 {
+            rng.gen_range(0..4096)
+        } else {
+            rng.gen_range(0..200)
+        };
+        payload(i, len, &mut buf);
+        loop {
+            match publisher.try_claim((i % 7) as u16, len) {
+                Ok(mut claim) => {
+                    claim.copy_from_slice(&buf[..len]);
+                    claim.commit();
+                    break;
+                }
+                Err(IpcOfferError::BackPressured) => std::hint::spin_loop(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        sent += len;
+    }
+    for r in readers {
+        assert_eq!(r.join().unwrap(), sent);
+    }
+    assert_eq!(publisher.stats().messages, N);
+    assert!(
+        publisher.stats().back_pressured > 0,
+        "the ring never filled: the test proves nothing"
+    );
+}
+
+#[test]
+fn a_subscriber_started_first_connects_and_follows_a_restarted_publisher() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
+    let mut s = IpcSubscriber::new("feed", &c).unwrap();
+    assert_eq!(s.poll(10, |e| panic!("{e:?}")), 0);
+    assert!(!s.is_connected());
+    let mut p = IpcPublisher::create("feed", &c).unwrap();
+    let first = connect(&mut s);
+    p.offer(3, b"hello").unwrap();
+    let mut got = Vec::new();
+    s.poll(10, |e| {
+        if let IpcEvent::Message(m) = e {
+            got.push(m.payload.to_vec())
+        }
+    });
+    assert_eq!(got, vec![b"hello".to_vec()]);
+    drop(p);
+    assert!(
+        !c.path("feed").exists(),
+        "a closed stream's file is removed"
+    );
+    let t = Instant::now();
+    let mut gone = None;
+    while gone.is_none() {
+        s.poll(10, |e| {
+            if let IpcEvent::PublisherGone { clean } = e {
+                gone = Some(clean)
+            }
+        });
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+    assert_eq!(gone, Some(true));
+    let _p2 = IpcPublisher::create("feed", &c).unwrap();
+    assert_ne!(connect(&mut s), first, "a new publisher has a new session");
+}
+
+#[test]
+fn the_slowest_subscriber_holds_the_publisher_in_block_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
+    let mut p = IpcPublisher::create("b", &c).unwrap();
+    let mut s = IpcSubscriber::new("b", &c).unwrap();
+    connect(&mut s);
+    let msg = [7u8; 1000];
+    let mut sent = 0u64;
+    while p.offer(1, &msg).is_ok() {
+        sent += 1;
+        assert!(sent < 1000, "never back-pressured");
+    }
+    assert!(sent >= 60, "only {sent} fit a 64 KiB ring");
+    let mut got = 0u64;
+    s.poll(usize::MAX, |e| {
+        assert!(matches!(e, IpcEvent::Message(m) if m.payload == msg));
+        got += 1;
+    });
+    assert_eq!(got, sent);
+    p.offer(1, &msg).unwrap();
+    assert_eq!(p.subscribers().len(), 1);
+}
+
+#[test]
+fn a_subscriber_a_ring_behind_is_dropped_and_continues_in_drop_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), 64 << 10, FlowControl::Drop);
+    let mut p = IpcPublisher::create("d", &c).unwrap();
+    let mut slow = IpcSubscriber::new("d", &c).unwrap();
+    connect(&mut slow);
+    let mut buf = [0u8; 500];
+    for i in 0..1000u64 {
+        payload(i, buf.len(), &mut buf);
+        p.offer(2, &buf).expect("drop mode never back-pressures");
+    }
+    assert_eq!(p.stats().dropped_subscribers, 1);
+    let mut events = Vec::new();
+    p.poll(|e| events.push(e));
+    assert!(matches!(
+        events[..],
+        [IpcPubEvent::SubscriberDropped { .. }]
+    ));
+    let mut dropped = 0;
+    slow.poll(usize::MAX, |e| match e {
+        IpcEvent::Dropped { skipped_bytes } => {
+            assert!(skipped_bytes > 0);
+            dropped += 1
+        }
+        IpcEvent::Message(m) => check(
+            u64::from_le_bytes(m.payload[..8].try_into().unwrap()),
+            m.payload,
+        ),
+        other => panic!("{other:?}"),
+    });
+    assert_eq!(dropped, 1);
+    // Caught up: new messages arrive whole.
+    for i in 1000..1010u64 {
+        payload(i, buf.len(), &mut buf);
+        p.offer(2, &buf).unwrap();
+    }
+    let mut next = 1000;
+    slow.poll(usize::MAX, |e| match e {
+        IpcEvent::Message(m) => {
+            check(next, m.payload);
+            next += 1
+        }
+        other => panic!("{other:?}"),
+    });
+    assert_eq!(next, 1010);
+}
+
+#[test]
+fn an_abandoned_claim_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
+    let mut p = IpcPublisher::create("a", &c).unwrap();
+    let mut s = IpcSubscriber::new("a", &c).unwrap();
+    connect(&mut s);
+    drop(p.try_claim(1, 100).unwrap());
+    p.offer(1, b"after").unwrap();
+    let mut got = Vec::new();
+    s.poll(10, |e| {
+        if let IpcEvent::Message(m) = e {
+            got.push(m.payload.to_vec())
+        }
+    });
+    assert_eq!(got, vec![b"after".to_vec()]);
+}
+
+#[test]
+fn junk_written_into_the_ring_is_reported_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
+    let mut p = IpcPublisher::create("j", &c).unwrap();
+    let mut s = IpcSubscriber::new("j", &c).unwrap();
+    connect(&mut s);
+    p.offer(1, b"ok").unwrap();
+    // A misbehaving process writes a header of this lap whose length runs
+    // far outside the ring at the next frame's place.
+    let next = data_off(4) as u64 + 16;
+    let h: u64 = 0xFFFF_FF00 | (1 << 32) | (lap_tag(16, 16) << 48);
+    let f = OpenOptions::new().write(true).open(c.path("j")).unwrap();
+    f.write_at(&h.to_le_bytes(), next).unwrap();
+    let mut events = Vec::new();
+    s.poll(10, |e| events.push(format!("{e:?}")));
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(events[1].starts_with("Corrupt"), "{events:?}");
+    assert!(!s.is_connected());
+}
+
+#[test]
+fn bad_configuration_and_names_are_refused_with_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path(), 64 << 10, FlowControl::Block);
+    c.ring_bytes = 100_000;
+    assert!(IpcPublisher::create("x", &c)
+        .unwrap_err()
+        .to_string()
+        .contains("power of two"));
+    c.ring_bytes = 64 << 10;
+    c.max_payload = 64 << 10;
+    assert!(IpcSubscriber::new("x", &c)
+        .unwrap_err()
+        .to_string()
+        .contains("quarter"));
+    c.max_payload = 1024;
+    assert!(matches!(
+        IpcPublisher::create("../etc", &c),
+        Err(IpcError::Name(_))
+    ));
+    let mut p = IpcPublisher::create("x", &c).unwrap();
+    assert_eq!(
+        p.offer(1, &[0; 2000]),
+        Err(IpcOfferError::TooLarge {
+            len: 2000,
+            max: 1024
+        })
+    );
+    assert_eq!(p.offer(PAD_TYPE, b""), Err(IpcOfferError::ReservedType));
+    let toml: IpcConfig = toml::from_str("ring_bytes = 131072\nflow = \"drop\"").unwrap();
+    assert_eq!((toml.ring_bytes, toml.flow), (131072, FlowControl::Drop));
+}

@@ -1,0 +1,166 @@
+//! The shared-memory transport across processes: this test binary re-runs
+//! itself as the other party (`child_*` tests, ignored unless asked for by
+//! the parent through `ROCEBUS_IPC_CHILD`), and the parent kills it to check
+//! that crashes are detected on both sides.
+
+use rocebus::ipc::{
+    FlowControl, IpcConfig, IpcError, IpcEvent, IpcOfferError, IpcPubEvent, IpcPublisher,
+    IpcSubscriber,
+};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn cfg(dir: &Path) -> IpcConfig {
+    IpcConfig {
+        dir: dir.to_path_buf(),
+        ring_bytes: 64 << 10,
+        max_payload: 4096,
+        max_subscribers: 4,
+        flow: FlowControl::Block,
+        liveness_ms: 10,
+    }
+}
+
+/// The child process, killed when the test ends however it ends.
+struct Kid(Child);
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(child: &str, dir: &Path) -> Kid {
+    Kid(Command::new(std::env::current_exe().unwrap())
+        .args([child, "--exact", "--ignored", "--nocapture"])
+        .env("ROCEBUS_IPC_CHILD", dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap())
+}
+
+fn child_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("ROCEBUS_IPC_CHILD").map(Into::into)
+}
+
+/// Child: publishes `n` numbered messages on "x", then keeps the stream
+/// open until killed.
+#[test]
+#[ignore = "child process of the tests below"]
+fn child_publisher() {
+    let Some(dir) = child_dir() else { return };
+    let mut p = IpcPublisher::create("x", &cfg(&dir)).unwrap();
+    // Publish once the parent joined, so that it must see all of them.
+    while p.subscribers().is_empty() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut i = 0u64;
+    loop {
+        if i < 100_000 {
+            match p.offer(1, &i.to_le_bytes()) {
+                Ok(()) => i += 1,
+                Err(IpcOfferError::BackPressured) => {}
+                Err(e) => panic!("{e}"),
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        p.poll(|_| {});
+    }
+}
+
+/// Child: joins "x" and never reads.
+#[test]
+#[ignore = "child process of the tests below"]
+fn child_stuck_subscriber() {
+    let Some(dir) = child_dir() else { return };
+    let mut s = IpcSubscriber::new("x", &cfg(&dir)).unwrap();
+    let mut connected = false;
+    while !connected {
+        s.poll(0, |e| connected |= matches!(e, IpcEvent::Connected { .. }));
+    }
+    std::fs::write(dir.join("joined"), b"").unwrap();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+#[test]
+fn a_subscriber_in_another_process_gets_every_message_then_sees_the_publisher_die() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = IpcSubscriber::new("x", &cfg(dir.path())).unwrap();
+    let mut kid = spawn("child_publisher", dir.path());
+    let mut next = 0u64;
+    let t = Instant::now();
+    while next != 100_000 {
+        s.poll(64, |e| match e {
+            IpcEvent::Connected { publisher_pid, .. } => assert_eq!(publisher_pid, kid.0.id()),
+            IpcEvent::Message(m) => {
+                let i = u64::from_le_bytes(m.payload.try_into().unwrap());
+                assert_eq!(i, next, "a message was lost or reordered");
+                next += 1;
+            }
+            other => panic!("{other:?}"),
+        });
+        assert!(t.elapsed() < Duration::from_secs(60), "stuck at {next}");
+    }
+    // Being already published, a second publisher is refused.
+    match IpcPublisher::create("x", &cfg(dir.path())) {
+        Err(IpcError::AlreadyPublished { pid, .. }) => assert_eq!(pid, kid.0.id()),
+        other => panic!("{other:?}"),
+    }
+    kid.0.kill().unwrap();
+    kid.0.wait().unwrap();
+    let t = Instant::now();
+    let mut gone = None;
+    while gone.is_none() {
+        s.poll(64, |e| match e {
+            IpcEvent::PublisherGone { clean } => gone = Some(clean),
+            other => panic!("{other:?}"),
+        });
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the dead publisher was never noticed"
+        );
+    }
+    assert_eq!(gone, Some(false), "killed, not closed");
+    // Its stale file does not stop a new publisher.
+    let _p = IpcPublisher::create("x", &cfg(dir.path())).unwrap();
+}
+
+#[test]
+fn a_dead_subscriber_stops_holding_the_publisher_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = IpcPublisher::create("x", &cfg(dir.path())).unwrap();
+    let mut kid = spawn("child_stuck_subscriber", dir.path());
+    let t = Instant::now();
+    while !dir.path().join("joined").exists() {
+        assert!(t.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let msg = [1u8; 1000];
+    while p.offer(1, &msg).is_ok() {}
+    assert_eq!(p.offer(1, &msg), Err(IpcOfferError::BackPressured));
+    kid.0.kill().unwrap();
+    kid.0.wait().unwrap();
+    let t = Instant::now();
+    while p.offer(1, &msg).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "still held by a dead subscriber"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut events = Vec::new();
+    p.poll(|e| events.push(e));
+    assert_eq!(
+        events,
+        vec![IpcPubEvent::SubscriberGone {
+            slot: 0,
+            pid: kid.0.id()
+        }]
+    );
+    assert_eq!(p.stats().dead_subscribers, 1);
+}
