@@ -792,6 +792,22 @@ fn is_hugetlbfs(dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// What the header word at a subscriber's position says.
+#[derive(Debug, Clone, Copy)]
+enum Head {
+    /// No frame yet.
+    Empty,
+    /// A frame of a later lap: the publisher overtook us.
+    Overtaken,
+    /// A frame of this lap.
+    Frame {
+        msg_type: u16,
+        len: usize,
+        /// Bytes up to the next frame.
+        bytes: u64,
+    },
+}
+
 /// A connected subscriber's view of the stream.
 #[derive(Debug)]
 struct Joined {
@@ -995,22 +1011,22 @@ impl IpcSubscriber {
         }
     }
 
-    /// Reads the header at `j.pos`: `Ok(None)` nothing yet, `Err` broken,
-    /// `Ok(Some(Err(())))` overtaken, else (type, payload length, frame bytes).
+    /// Reads the header at `j.pos`; `Err` when it breaks the protocol.
     #[inline(always)]
-    fn header(j: &Joined) -> Result<Option<Result<(u16, usize, u64), ()>>, &'static str> {
+    fn header(j: &Joined) -> Result<Head, &'static str> {
         let off = (j.pos & j.mask) as usize;
         // ORDERING: Acquire pairs with the publisher's Release store of the
         // header: the payload and the zeroed next header are visible.
         let h = j.shm.word_unchecked(j.data + off).load(Ordering::Acquire);
         if h == 0 {
-            return Ok(None);
+            return Ok(Head::Empty);
         }
         let tag = h >> 48;
         let want = lap_tag(j.pos, j.log2);
         if tag != want {
             // Later lap: overtaken. Earlier lap: not written yet.
-            return Ok(((tag.wrapping_sub(want)) & 0x7FFF < 0x4000).then_some(Err(())));
+            let later = tag.wrapping_sub(want) & 0x7FFF < 0x4000;
+            return Ok(if later { Head::Overtaken } else { Head::Empty });
         }
         let len = (h & 0xFFFF_FFFF) as usize;
         let msg_type = (h >> 32) as u16;
@@ -1022,7 +1038,11 @@ impl IpcSubscriber {
         if (msg_type != PAD_TYPE && len > j.max_payload) || off + bytes > j.ring || bytes % 8 != 0 {
             return Err("a frame header runs outside the ring");
         }
-        Ok(Some(Ok((msg_type, len, bytes as u64))))
+        Ok(Head::Frame {
+            msg_type,
+            len,
+            bytes: bytes as u64,
+        })
     }
 
     fn publish_pos(j: &Joined) {
@@ -1044,9 +1064,18 @@ impl IpcSubscriber {
         let mut n = 0;
         let start = j.pos;
         while n < limit {
-            let Some(h) = Self::header(j)? else { break };
-            let Ok((msg_type, len, bytes)) = h else {
-                return Err("overtaken by the publisher in a stream that blocks for subscribers");
+            let (msg_type, len, bytes) = match Self::header(j)? {
+                Head::Empty => break,
+                Head::Overtaken => {
+                    return Err(
+                        "overtaken by the publisher in a stream that blocks for subscribers",
+                    )
+                }
+                Head::Frame {
+                    msg_type,
+                    len,
+                    bytes,
+                } => (msg_type, len, bytes),
             };
             if msg_type != PAD_TYPE {
                 let off = j.data + (j.pos & j.mask) as usize + HEADER_LEN;
@@ -1081,16 +1110,20 @@ impl IpcSubscriber {
                 // possible; the slot tells whether we were dropped.
                 Err(why) => {
                     if j.shm.word(slot_state).load(Ordering::Acquire) == SLOT_DROPPED {
-                        Some(Err(()))
+                        Head::Overtaken
                     } else {
                         return Err(why);
                     }
                 }
             };
-            let Some(h) = h else { break };
             let dropped = match h {
-                Err(()) => true,
-                Ok((msg_type, len, bytes)) => {
+                Head::Empty => break,
+                Head::Overtaken => true,
+                Head::Frame {
+                    msg_type,
+                    len,
+                    bytes,
+                } => {
                     if msg_type != PAD_TYPE {
                         let off = j.data + (j.pos & j.mask) as usize + HEADER_LEN;
                         j.shm

@@ -75,6 +75,9 @@ impl Shm {
     /// the protocol: a claimed frame no subscriber reads before its header
     /// is published, and no other `slice`/`slice_mut` of it lives.
     #[inline(always)]
+    // Shared memory: exclusivity comes from the protocol (see # Safety),
+    // not from the borrow of the mapping.
+    #[allow(clippy::mut_from_ref)]
     pub(super) unsafe fn slice_mut(&self, off: usize, len: usize) -> &mut [u8] {
         debug_assert!(off + len <= self.len());
         // SAFETY: per this function's contract.
