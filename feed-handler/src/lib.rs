@@ -7,7 +7,8 @@
 //! [`bus`] (the seam implemented over rocebus market-data publishers, books as snapshots),
 //! [`view`] (the subscriber side: per-symbol price levels rebuilt from the bus),
 //! [`service`] (`feed-handler run`), and [`inspect`] (`feed-handler book` and `bbo`: a
-//! capture's book at a time of day, its top-of-book changes as CSV).
+//! capture's book at a time of day, its top-of-book changes as CSV), and [`dbnexport`]
+//! (`feed-handler export`: a capture as Databento's DBN).
 //!
 //! ```no_run
 //! use feed_handler::binaryfile::Reader;
@@ -28,6 +29,7 @@ pub mod binaryfile;
 pub mod book;
 pub mod bus;
 pub mod config;
+pub mod dbnexport;
 pub mod generate;
 pub mod inspect;
 pub mod itch;

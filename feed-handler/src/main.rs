@@ -76,6 +76,27 @@ enum Command {
         #[arg(short, long, value_name = "OUT.csv")]
         output: Option<PathBuf>,
     },
+    /// Write a capture as Databento Binary Encoding (DBN version 3), as XNAS.ITCH.
+    ///
+    /// One schema per file; `instrument_id` is the ITCH stock locate, with symbol mapping
+    /// records and metadata mappings from the stock directory. ITCH times are nanoseconds
+    /// since midnight US Eastern time: `--date` gives the day, DBN times are UNIX
+    /// nanoseconds. A capture has no receive time: `ts_recv` is `ts_event`, flagged
+    /// F_BAD_TS_RECV. Prices are DBN fixed point (1e-9). An output name ending in `.zst` is
+    /// Zstandard-compressed. The README's "DBN export" section has the record conventions.
+    Export {
+        /// The capture (BinaryFILE, as for `decode`).
+        file: PathBuf,
+        /// Record schema.
+        #[arg(long, value_enum)]
+        schema: feed_handler::dbnexport::ExportSchema,
+        /// Trading date of the capture, YYYY-MM-DD (US Eastern).
+        #[arg(long, value_parser = feed_handler::dbnexport::Date::parse)]
+        date: feed_handler::dbnexport::Date,
+        /// Output file (`.dbn`, or `.dbn.zst` for Zstandard).
+        #[arg(short, long, value_name = "OUT.dbn[.zst]")]
+        output: PathBuf,
+    },
     /// Measure decode + full-depth books over a capture: messages per second.
     ///
     /// Reads the capture in 8 MiB chunks, decodes every message and applies it to the feed
@@ -181,6 +202,12 @@ fn main() -> Result<()> {
         } => book(&file, symbol.as_deref(), depth, at),
         Command::Bbo { file, output } => bbo(&file, output.as_deref()),
         Command::Throughput { file } => throughput(&file),
+        Command::Export {
+            file,
+            schema,
+            date,
+            output,
+        } => export(&file, schema, date, &output),
         Command::Generate {
             seed,
             messages,
@@ -451,6 +478,43 @@ fn throughput(file: &Path) -> Result<()> {
         totals.messages as f64 / secs,
         totals.messages,
         totals.bbo_changes
+    );
+    Ok(())
+}
+
+fn export(
+    file: &Path,
+    schema: feed_handler::dbnexport::ExportSchema,
+    date: feed_handler::dbnexport::Date,
+    output: &Path,
+) -> Result<()> {
+    use feed_handler::dbnexport::{export, ExportError, ExportOptions};
+    let data = read(file)?;
+    capture(file, &data)?;
+    let zstd = output.extension().is_some_and(|e| e == "zst");
+    let out = BufWriter::new(
+        std::fs::File::create(output)
+            .with_context(|| format!("cannot create {}", output.display()))?,
+    );
+    let totals = match export(&data, &ExportOptions { schema, date, zstd }, out) {
+        Ok(t) => t,
+        Err(ExportError::Empty) => {
+            let _ = std::fs::remove_file(output);
+            return Err(no_messages(file));
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot write {}", output.display())),
+    };
+    eprintln!(
+        "export: {} messages, {} symbols, {} records to {}{}",
+        totals.messages,
+        totals.symbols,
+        totals.records,
+        output.display(),
+        if totals.unknown_orders > 0 {
+            format!(" ({} messages named unknown orders)", totals.unknown_orders)
+        } else {
+            String::new()
+        }
     );
     Ok(())
 }

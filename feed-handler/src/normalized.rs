@@ -2,10 +2,15 @@
 //!
 //! Owns the wire layout only. Every message is a `#[repr(C)]` zerocopy struct, all integers
 //! **little-endian** (our own frames use the host order of every machine we run on, x86_64
-//! and aarch64, so subscribers read fields without byte swapping), starting with a 20-byte
-//! [`Header`]. Prices keep ITCH's 4 implied decimals; timestamps are nanoseconds since
-//! midnight (exchange time). Each message names its symbol, so a subscriber needs no
-//! directory to use it.
+//! and aarch64, so subscribers read fields without byte swapping), starting with a 28-byte
+//! [`Header`]. Prices keep ITCH's 4 implied decimals; `timestamp` is the exchange's time
+//! (nanoseconds since midnight, ITCH), `ts_recv` the feed handler's receive time of the
+//! exchange packet (UNIX nanoseconds, see [`Header::ts_recv`]), so a subscriber measures feed
+//! latency as its own `CLOCK_REALTIME` minus `ts_recv`. Each message names its symbol, so a
+//! subscriber needs no directory to use it.
+//!
+//! Version 2 added `ts_recv` (8 bytes after `timestamp`); version 1 messages are refused by
+//! [`decode`] ([`NormalizedError::Version`]): run feed handler and subscribers of one release.
 
 use crate::book::{Event, Level, Side};
 use crate::itch::Stock;
@@ -39,11 +44,19 @@ pub struct Header {
     pub stock: [u8; 8],
     /// Exchange timestamp, nanoseconds since midnight.
     pub timestamp: U64,
+    /// When the feed handler received the exchange packet this message comes from, UNIX
+    /// nanoseconds (`CLOCK_REALTIME`): the kernel's receive stamp of the MoldUDP64 datagram
+    /// (`SO_TIMESTAMPNS`), or, where the kernel gave none, the time `recvmsg` returned.
+    /// Messages held back behind a gap carry the stamp of the packet that released them (the
+    /// time they became deliverable); a [`FeedLoss`] the time the loss was declared. Read
+    /// from a capture file (`feed.capture`): the time the service read the batch of records.
+    /// 0: unknown (e.g. encoded by [`encode`] outside the feed handler).
+    pub ts_recv: U64,
 }
-const _: () = assert!(core::mem::size_of::<Header>() == 20);
+const _: () = assert!(core::mem::size_of::<Header>() == 28);
 
-/// Layout version written in [`Header::version`].
-pub const VERSION: u8 = 1;
+/// Layout version written in [`Header::version`] (2: `ts_recv` added).
+pub const VERSION: u8 = 2;
 
 /// Best bid and offer. An empty side has price, shares and orders 0.
 #[derive(
@@ -66,7 +79,7 @@ pub struct Bbo {
     /// Orders at the best ask.
     pub ask_orders: U32,
 }
-const _: () = assert!(core::mem::size_of::<Bbo>() == 52);
+const _: () = assert!(core::mem::size_of::<Bbo>() == 60);
 
 /// One price level after a change; shares 0 means the level is gone.
 #[derive(
@@ -87,7 +100,7 @@ pub struct LevelChange {
     /// Orders at the level.
     pub orders: U32,
 }
-const _: () = assert!(core::mem::size_of::<LevelChange>() == 40);
+const _: () = assert!(core::mem::size_of::<LevelChange>() == 48);
 
 /// A trade.
 #[derive(
@@ -110,7 +123,7 @@ pub struct Trade {
     /// Exchange match number.
     pub match_number: U64,
 }
-const _: () = assert!(core::mem::size_of::<Trade>() == 44);
+const _: () = assert!(core::mem::size_of::<Trade>() == 52);
 
 /// A trading status change.
 #[derive(
@@ -127,7 +140,7 @@ pub struct TradingStatus {
     /// ITCH reason code.
     pub reason: [u8; 4],
 }
-const _: () = assert!(core::mem::size_of::<TradingStatus>() == 28);
+const _: () = assert!(core::mem::size_of::<TradingStatus>() == 36);
 
 /// The exchange feed lost messages the feed handler could not recover (its re-requests
 /// went unanswered after every retry, or no retransmission server is configured). What
@@ -149,13 +162,13 @@ pub struct FeedLoss {
     /// One past the last lost MoldUDP64 sequence number.
     pub to: U64,
 }
-const _: () = assert!(core::mem::size_of::<FeedLoss>() == 36);
+const _: () = assert!(core::mem::size_of::<FeedLoss>() == 44);
 
 impl FeedLoss {
     /// The message for the loss of `[from, to)`, after exchange time `timestamp`.
     pub fn new(from: u64, to: u64, timestamp: u64) -> Self {
         Self {
-            header: header(KIND_FEED_LOSS, 0, Stock([b' '; 8]), timestamp),
+            header: header(KIND_FEED_LOSS, 0, Stock([b' '; 8]), timestamp, 0),
             from: U64::new(from),
             to: U64::new(to),
         }
@@ -163,7 +176,7 @@ impl FeedLoss {
 }
 
 /// Largest normalized message, for stack buffers.
-pub const MAX_LEN: usize = 52;
+pub const MAX_LEN: usize = 60;
 
 /// A decoded normalized message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,18 +235,25 @@ pub fn decode(bytes: &[u8]) -> Result<Normalized<'_>, NormalizedError> {
     })
 }
 
-fn header(kind: u8, locate: u16, stock: Stock, timestamp: u64) -> Header {
+fn header(kind: u8, locate: u16, stock: Stock, timestamp: u64, ts_recv: u64) -> Header {
     Header {
         kind,
         version: VERSION,
         stock_locate: U16::new(locate),
         stock: stock.0,
         timestamp: U64::new(timestamp),
+        ts_recv: U64::new(ts_recv),
     }
 }
 
-/// Encodes a book event into `out`; returns the bytes written (no allocation).
+/// Encodes a book event into `out` with `ts_recv` 0 (unknown); returns the bytes written.
 pub fn encode(event: &Event, out: &mut [u8; MAX_LEN]) -> usize {
+    encode_received(event, 0, out)
+}
+
+/// Encodes a book event into `out`, stamped with the receive time `ts_recv` (UNIX
+/// nanoseconds, see [`Header::ts_recv`]); returns the bytes written (no allocation).
+pub fn encode_received(event: &Event, ts_recv: u64, out: &mut [u8; MAX_LEN]) -> usize {
     fn put(out: &mut [u8; MAX_LEN], bytes: &[u8]) -> usize {
         out[..bytes.len()].copy_from_slice(bytes);
         bytes.len()
@@ -254,7 +274,7 @@ pub fn encode(event: &Event, out: &mut [u8; MAX_LEN]) -> usize {
             };
             let (b, a) = (bid.unwrap_or(z), ask.unwrap_or(z));
             let m = Bbo {
-                header: header(KIND_BBO, locate, stock, timestamp),
+                header: header(KIND_BBO, locate, stock, timestamp, ts_recv),
                 bid_price: U32::new(b.price),
                 ask_price: U32::new(a.price),
                 bid_shares: U64::new(b.shares),
@@ -272,7 +292,7 @@ pub fn encode(event: &Event, out: &mut [u8; MAX_LEN]) -> usize {
             level,
         } => {
             let m = LevelChange {
-                header: header(KIND_LEVEL, locate, stock, timestamp),
+                header: header(KIND_LEVEL, locate, stock, timestamp, ts_recv),
                 side: side.to_itch(),
                 reserved: [0; 3],
                 price: U32::new(level.price),
@@ -292,7 +312,7 @@ pub fn encode(event: &Event, out: &mut [u8; MAX_LEN]) -> usize {
             source,
         } => {
             let m = Trade {
-                header: header(KIND_TRADE, locate, stock, timestamp),
+                header: header(KIND_TRADE, locate, stock, timestamp, ts_recv),
                 side: side_byte(side),
                 source,
                 reserved: [0; 2],
@@ -310,7 +330,7 @@ pub fn encode(event: &Event, out: &mut [u8; MAX_LEN]) -> usize {
             reason,
         } => {
             let m = TradingStatus {
-                header: header(KIND_STATUS, locate, stock, timestamp),
+                header: header(KIND_STATUS, locate, stock, timestamp, ts_recv),
                 state,
                 reserved: [0; 3],
                 reason,
@@ -324,12 +344,14 @@ pub fn encode(event: &Event, out: &mut [u8; MAX_LEN]) -> usize {
 mod tests {
     use super::*;
 
-    /// A level change: bid 10.0100 x 150, 1 order, AAPL locate 1 at 1000 ns.
+    /// A level change: bid 10.0100 x 150, 1 order, AAPL locate 1 at 1000 ns, received at
+    /// UNIX time 0x0102030405060708 ns.
     #[rustfmt::skip]
-    static LEVEL_BYTES: [u8; 40] = [
-        KIND_LEVEL, VERSION, 1, 0,                 // kind, version, locate (LE)
+    static LEVEL_BYTES: [u8; 48] = [
+        KIND_LEVEL, 2, 1, 0,                       // kind, version 2, locate (LE)
         b'A', b'A', b'P', b'L', b' ', b' ', b' ', b' ',
         0xe8, 0x03, 0, 0, 0, 0, 0, 0,              // timestamp 1000
+        8, 7, 6, 5, 4, 3, 2, 1,                    // ts_recv
         b'B', 0, 0, 0,                             // side, reserved
         0x04, 0x87, 0x01, 0x00,                    // price 100100
         150, 0, 0, 0, 0, 0, 0, 0,                  // shares
@@ -350,8 +372,12 @@ mod tests {
             },
         };
         let mut buf = [0u8; MAX_LEN];
-        let n = encode(&e, &mut buf);
+        let n = encode_received(&e, 0x0102_0304_0506_0708, &mut buf);
         assert_eq!(&buf[..n], &LEVEL_BYTES[..]);
+        let n = encode(&e, &mut buf);
+        assert_eq!(&buf[20..28], &[0; 8], "encode leaves ts_recv unknown");
+        assert_eq!(&buf[..20], &LEVEL_BYTES[..20]);
+        assert_eq!(&buf[28..n], &LEVEL_BYTES[28..]);
         let Ok(Normalized::Level(m)) = decode(&LEVEL_BYTES) else {
             panic!("level")
         };
@@ -359,14 +385,20 @@ mod tests {
             (m.price.get(), m.shares.get(), m.orders.get(), m.side),
             (100_100, 150, 1, b'B')
         );
+        assert_eq!(m.header.ts_recv.get(), 0x0102_0304_0506_0708);
+        // A version 1 message (no ts_recv) is refused, not misread.
+        let mut v1 = LEVEL_BYTES[..40].to_vec();
+        v1[1] = 1;
+        assert_eq!(decode(&v1), Err(NormalizedError::Version(1)));
     }
 
     /// Messages 7..10 lost after exchange time 1000.
     #[rustfmt::skip]
-    static FEED_LOSS_BYTES: [u8; 36] = [
-        KIND_FEED_LOSS, VERSION, 0, 0,             // kind, version, locate 0
+    static FEED_LOSS_BYTES: [u8; 44] = [
+        KIND_FEED_LOSS, 2, 0, 0,                   // kind, version 2, locate 0
         b' ', b' ', b' ', b' ', b' ', b' ', b' ', b' ', // no symbol
         0xe8, 0x03, 0, 0, 0, 0, 0, 0,              // timestamp 1000
+        0, 0, 0, 0, 0, 0, 0, 0,                    // ts_recv unknown
         7, 0, 0, 0, 0, 0, 0, 0,                    // from
         10, 0, 0, 0, 0, 0, 0, 0,                   // to
     ];
@@ -378,7 +410,7 @@ mod tests {
             panic!("feed loss")
         };
         assert_eq!((m.from.get(), m.to.get()), (7, 10));
-        assert!(decode(&FEED_LOSS_BYTES[..35]).is_err());
+        assert!(decode(&FEED_LOSS_BYTES[..43]).is_err());
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub struct Publisher<S> {
     sink: S,
     channels: u16,
     counters: PublishCounters,
+    ts_recv: u64,
 }
 
 impl<S: MdSink> Publisher<S> {
@@ -45,7 +46,19 @@ impl<S: MdSink> Publisher<S> {
             sink,
             channels: channels.max(1),
             counters: PublishCounters::default(),
+            ts_recv: 0,
         }
+    }
+
+    /// Stamps the messages published from now on with the receive time of the exchange
+    /// packet they come from (UNIX nanoseconds; see `normalized::Header::ts_recv`).
+    pub fn set_ts_recv(&mut self, ts_recv: u64) {
+        self.ts_recv = ts_recv;
+    }
+
+    /// The receive time messages are stamped with.
+    pub fn ts_recv(&self) -> u64 {
+        self.ts_recv
     }
 
     /// The channel of a symbol.
@@ -93,7 +106,7 @@ impl<S: MdSink> EventSink for Publisher<S> {
             | Event::TradingStatus { locate, .. } => locate,
         };
         let mut buf = [0u8; MAX_LEN];
-        let n = normalized::encode(event, &mut buf);
+        let n = normalized::encode_received(event, self.ts_recv, &mut buf);
         match self.sink.publish(self.channel_of(locate), &buf[..n]) {
             Ok(()) => self.counters.published += 1,
             // Counted, not logged: a full ring would otherwise log per message.

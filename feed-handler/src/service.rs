@@ -78,7 +78,8 @@ impl<S: MdSink> Pipeline<S> {
     pub fn on_feed_loss(&mut self, received_ns: u64, loss: Loss) {
         self.feed_losses += 1;
         self.publisher.sink_mut().on_input(received_ns);
-        let m = FeedLoss::new(loss.from, loss.to, self.last_timestamp);
+        let mut m = FeedLoss::new(loss.from, loss.to, self.last_timestamp);
+        m.header.ts_recv = zerocopy::byteorder::little_endian::U64::new(self.publisher.ts_recv());
         self.publisher.broadcast(m.as_bytes());
         if let Some(suppressed) = self.log.allow(Instant::now()) {
             tracing::warn!(
@@ -88,6 +89,12 @@ impl<S: MdSink> Pipeline<S> {
                 "exchange messages lost for good: announced on the bus, every symbol is suspect"
             );
         }
+    }
+
+    /// Stamps what the next input messages publish with the receive time of their exchange
+    /// packet (UNIX nanoseconds; see [`crate::normalized::Header::ts_recv`]).
+    pub fn set_ts_recv(&mut self, ts_recv: u64) {
+        self.publisher.set_ts_recv(ts_recv);
     }
 
     /// Exchange losses announced with [`Self::on_feed_loss`].
@@ -123,6 +130,9 @@ impl<S: MdSink> Pipeline<S> {
 }
 
 impl<S: MdSink> FeedSink for Pipeline<S> {
+    fn ts_recv(&mut self, ts_recv: u64) {
+        self.set_ts_recv(ts_recv);
+    }
     fn message(&mut self, received: u64, _sequence: u64, message: &[u8]) {
         self.on_message(received, message);
     }
@@ -496,7 +506,11 @@ impl Service {
                     let got = r.poll_timed(&mut now_ns, pipeline).map_err(udp_err)?;
                     work += usize::from(got);
                 }
-                Source::Capture(c) => work += c.feed(|m| pipeline.on_message(now, m)),
+                Source::Capture(c) => {
+                    // A capture holds no receive time: the read time stands for it.
+                    pipeline.set_ts_recv(crate::udp::unix_now_ns());
+                    work += c.feed(|m| pipeline.on_message(now, m));
+                }
             }
             let (book, bus) = pipeline.parts_mut();
             work += bus.poll(now, book).map_err(bus_err)?;
@@ -564,6 +578,42 @@ mod tests {
         fn on_input(&mut self, received_ns: u64) {
             self.1 = received_ns;
         }
+    }
+
+    /// Every message published from an input carries the receive stamp set before it, and a
+    /// feed loss the stamp of the moment it was declared.
+    #[test]
+    fn published_messages_carry_ts_recv() {
+        struct Stamps(Vec<(u8, u64)>);
+        impl MdSink for Stamps {
+            type Error = ();
+            fn publish(&mut self, _channel: u16, message: &[u8]) -> Result<(), ()> {
+                let ts = u64::from_le_bytes(message[20..28].try_into().unwrap());
+                self.0.push((message[0], ts));
+                Ok(())
+            }
+        }
+        let mut p = Pipeline::new(Stamps(Vec::new()), 2, 1);
+        let mut stamp = 1_700_000_000_000_000_000u64;
+        generate(
+            &GenConfig {
+                seed: 4,
+                messages: 500,
+                symbols: 4,
+            },
+            |m| {
+                stamp += 1000;
+                p.set_ts_recv(stamp);
+                let before = p.sink().0.len();
+                p.on_message(0, m);
+                assert!(p.sink().0[before..].iter().all(|&(_, t)| t == stamp));
+            },
+        );
+        assert!(p.sink().0.len() > 100);
+        p.set_ts_recv(42);
+        p.on_feed_loss(0, Loss { from: 5, to: 9 });
+        let tail = &p.sink().0[p.sink().0.len() - 2..];
+        assert_eq!(tail, &[(crate::normalized::KIND_FEED_LOSS, 42); 2]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::moldudp64::{
     IngressConfig, Loss, Origin, PacketBuilder, Request, SourceAddr, Verdict, END_OF_SESSION,
     HEARTBEAT,
 };
+use nix::sys::socket::sockopt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -252,6 +253,13 @@ pub struct ReceiverConfig {
 
 /// Where [`UdpReceiver::poll_timed`] hands what the feed released, in order.
 pub trait FeedSink {
+    /// Called before what one datagram (or one timeout) releases, with its receive time in
+    /// UNIX nanoseconds: the kernel's stamp (`SO_TIMESTAMPNS`), or the time `recvmsg`
+    /// returned when the kernel gave none; for a timeout, the time it was handled. The
+    /// default ignores it.
+    fn ts_recv(&mut self, ts_recv: u64) {
+        let _ = ts_recv;
+    }
     /// A message, with the time its packet was received.
     fn message(&mut self, received: u64, sequence: u64, message: &[u8]);
     /// Messages given up as lost (before any message after them), with the time of the
@@ -289,6 +297,8 @@ pub struct UdpReceiver {
     requests: UdpSocket,
     ingress: Ingress,
     buf: Vec<u8>,
+    /// Room for the control messages of one `recvmsg` (the `SO_TIMESTAMPNS` stamp).
+    cmsg: Vec<u8>,
     log: RateLimitedLog,
 }
 
@@ -309,6 +319,13 @@ impl UdpReceiver {
         data.set_nonblocking(true)?;
         let requests = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))?;
         requests.set_nonblocking(true)?;
+        // Kernel receive stamps for `ts_recv`; a kernel that refuses them leaves the time
+        // `recvmsg` returned instead.
+        for s in [&data, &requests] {
+            if let Err(e) = nix::sys::socket::setsockopt(s, sockopt::ReceiveTimestampns, &true) {
+                tracing::warn!(%e, "SO_TIMESTAMPNS refused: ts_recv will be the read time");
+            }
+        }
         Ok(Self {
             data,
             requests,
@@ -318,6 +335,7 @@ impl UdpReceiver {
                 gap: config.gap,
             }),
             buf: vec![0u8; 65536],
+            cmsg: nix::cmsg_space!(nix::sys::time::TimeSpec),
             log: RateLimitedLog::new(10),
         })
     }
@@ -369,12 +387,13 @@ impl UdpReceiver {
                     Origin::Feed => &self.data,
                     Origin::Retransmission => &self.requests,
                 };
-                let (n, from) = match sock.recv_from(&mut self.buf) {
+                let (n, from, stamp) = match recv_stamped(sock, &mut self.buf, &mut self.cmsg) {
                     Ok(r) => r,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => return Err(e),
                 };
                 let received = clock();
+                sink.ts_recv(stamp.unwrap_or_else(unix_now_ns));
                 any = true;
                 // Rejected datagrams are counted by the ingress and logged here at a
                 // bounded rate, naming the sender.
@@ -394,6 +413,7 @@ impl UdpReceiver {
         }
         let now = Instant::now();
         let received = if self.ingress.next_timeout().is_some_and(|t| t <= now) {
+            sink.ts_recv(unix_now_ns());
             clock()
         } else {
             0
@@ -424,6 +444,47 @@ impl UdpReceiver {
         }
         Ok(true)
     }
+}
+
+/// `CLOCK_REALTIME` now, UNIX nanoseconds (the clock of kernel receive stamps).
+pub fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Receives one datagram (non-blocking) with the kernel's `SO_TIMESTAMPNS` receive stamp,
+/// UNIX nanoseconds, when the kernel attached one.
+fn recv_stamped(
+    sock: &UdpSocket,
+    buf: &mut [u8],
+    cmsg: &mut [u8],
+) -> io::Result<(usize, SocketAddr, Option<u64>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = recvmsg::<SockaddrIn>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(cmsg),
+        MsgFlags::MSG_DONTWAIT,
+    )
+    .map_err(io::Error::from)?;
+    let mut stamp = None;
+    for c in msg.cmsgs().into_iter().flatten() {
+        if let ControlMessageOwned::ScmTimestampns(ts) = c {
+            stamp = u64::try_from(ts.tv_sec())
+                .ok()
+                .zip(u64::try_from(ts.tv_nsec()).ok())
+                .map(|(s, ns)| s * 1_000_000_000 + ns);
+        }
+    }
+    let from = msg
+        .address
+        .map_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)), |a| {
+            SocketAddr::from((a.ip(), a.port()))
+        });
+    Ok((msg.bytes, from, stamp))
 }
 
 fn log_rejected(verdict: Verdict, origin: Origin, from: SocketAddr, len: usize, suppressed: u64) {

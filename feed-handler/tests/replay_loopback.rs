@@ -180,3 +180,85 @@ fn forged_datagrams_are_dropped_and_the_feed_completes() {
     assert_eq!((c.lost, c.unrecoverable, c.malformed), (0, 0, 0), "{c:?}");
     assert_eq!(receiver.tracker().session(), Some(session("ROCEBUS001")));
 }
+
+/// `ts_recv` is the kernel's receive stamp of the datagram (SO_TIMESTAMPNS), not the time the
+/// loop got round to reading it: a packet left waiting 200 ms in the socket is stamped with
+/// its arrival, and the normalized messages it produces carry that stamp.
+#[test]
+fn ts_recv_is_the_kernel_receive_stamp() {
+    use feed_handler::moldudp64::{session, PacketBuilder};
+    use feed_handler::normalized::{decode, Normalized};
+    use feed_handler::publish::MdSink;
+    use feed_handler::service::Pipeline;
+    use feed_handler::udp::unix_now_ns;
+
+    struct Stamps(Vec<u64>);
+    impl MdSink for Stamps {
+        type Error = ();
+        fn publish(&mut self, _channel: u16, message: &[u8]) -> Result<(), ()> {
+            let h = match decode(message).expect("normalized") {
+                Normalized::Bbo(m) => m.header,
+                Normalized::Level(m) => m.header,
+                Normalized::Trade(m) => m.header,
+                Normalized::Status(m) => m.header,
+                Normalized::FeedLoss(m) => m.header,
+            };
+            self.0.push(h.ts_recv.get());
+            Ok(())
+        }
+    }
+
+    let mut messages: Vec<Vec<u8>> = Vec::new();
+    generate(
+        &GenConfig {
+            seed: 3,
+            messages: 400,
+            symbols: 4,
+        },
+        |m| messages.push(m.to_vec()),
+    );
+    let mut receiver = UdpReceiver::new(&ReceiverConfig {
+        group: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        interface: Ipv4Addr::LOCALHOST,
+        sources: Vec::new(),
+        retrans_server: None,
+        gap: GapConfig {
+            session: Some(session("ROCEBUS001")),
+            ..GapConfig::default()
+        },
+        recv_buffer: 0,
+    })
+    .expect("receiver");
+    let to = receiver.local_addr().expect("addr");
+    let sender = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let mut seq = 1;
+    let before = unix_now_ns();
+    for chunk in messages.chunks(20) {
+        let mut b = PacketBuilder::new(1400);
+        b.start(session("ROCEBUS001"), seq);
+        for m in chunk {
+            b.push(m).expect("fits");
+        }
+        seq += chunk.len() as u64;
+        sender.send_to(b.bytes(), to).expect("send");
+    }
+    let sent = unix_now_ns();
+    std::thread::sleep(Duration::from_millis(200));
+    let read_from = unix_now_ns();
+    let mut pipeline = Pipeline::new(Stamps(Vec::new()), 1, 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let done = messages.len() as u64 + 1;
+    while receiver.tracker().next_sequence() != Some(done) && Instant::now() < deadline {
+        receiver
+            .poll_timed(&mut || 0, &mut pipeline)
+            .expect("receive");
+    }
+    let stamps = &pipeline.sink().0;
+    assert!(!stamps.is_empty());
+    for &t in stamps {
+        assert!(
+            (before..=sent).contains(&t),
+            "ts_recv {t} is the arrival ({before}..={sent}), not the read (>= {read_from})"
+        );
+    }
+}
