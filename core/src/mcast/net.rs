@@ -223,6 +223,16 @@ fn gid_of(ip: IpAddr) -> Gid {
     })
 }
 
+/// Warns (once per constructor call) that an empty `auth.secret` admits anyone.
+fn warn_if_open(cfg: &McastConfig, channel: u16) {
+    if cfg.auth.secret.is_empty() {
+        tracing::warn!(
+            channel,
+            "market data: auth.secret is empty, so the recovery handshake proves nothing: set a shared secret"
+        );
+    }
+}
+
 /// At most `per_sec` log lines a second (the counters count every event).
 #[derive(Debug, Clone, Copy)]
 struct LogBudget {
@@ -304,6 +314,7 @@ impl McastPublisher {
         local: IpAddr,
     ) -> Result<Self, NetError> {
         let ch = channel_of(cfg, channel)?;
+        warn_if_open(cfg, channel);
         let ctx = Context::open_for_ip(local)?;
         let pd = ProtectionDomain::new(&ctx)?;
         let ud = PooledQp::new(
@@ -1197,6 +1208,7 @@ impl McastSubscriber {
         publisher: IpAddr,
     ) -> Result<Self, NetError> {
         let ch = channel_of(cfg, channel)?;
+        warn_if_open(cfg, channel);
         let ctx = Context::open_for_ip(local)?;
         let pd = ProtectionDomain::new(&ctx)?;
         let mut lines = ArrayVec::new();
