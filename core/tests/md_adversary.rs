@@ -376,6 +376,16 @@ fn raw_connect(
     hello: &[u8],
     post_receives: bool,
 ) -> Result<RawClient, String> {
+    raw_connect_with(ip, port, hello, post_receives, &RcOptions::default())
+}
+
+fn raw_connect_with(
+    ip: IpAddr,
+    port: u16,
+    hello: &[u8],
+    post_receives: bool,
+    opts: &RcOptions,
+) -> Result<RawClient, String> {
     let ctx = Context::open_for_ip(ip).map_err(|e| e.to_string())?;
     let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
     let mut rc = PooledQp::new(
@@ -397,13 +407,7 @@ fn raw_connect(
     let resolved =
         cm::resolve(SocketAddr::new(ip, port), Some(ip), TIMEOUT).map_err(|e| e.to_string())?;
     let (conn, welcome) = resolved
-        .connect(
-            rc.qp(),
-            &RcOptions::default(),
-            Access::LOCAL,
-            hello,
-            TIMEOUT,
-        )
+        .connect(rc.qp(), opts, Access::LOCAL, hello, TIMEOUT)
         .map_err(|e| e.to_string())?;
     if post_receives {
         rc.post_receives().map_err(|e| e.to_string())?;
@@ -623,7 +627,14 @@ fn rdma_mdsec_flooding_client_that_never_receives_is_capped_and_dropped() {
     let flood = thread::spawn(move || {
         let ini = Initiator::new(key);
         let h = hello(&ini, 0);
-        let mut f = raw_connect(ip, port, h.as_bytes(), false).expect("the flooder connects");
+        // The longest RNR delay a receiver can ask for (491 ms): what an
+        // attacker picks to hold each of our sends as long as it can.
+        let opts = RcOptions {
+            min_rnr_timer: 31,
+            ..RcOptions::default()
+        };
+        let mut f =
+            raw_connect_with(ip, port, h.as_bytes(), false, &opts).expect("the flooder connects");
         let (w, _) = Welcome::read_from_prefix(&f.welcome).expect("a welcome");
         let (proof, _) = ini
             .on_response(&w.nonce, &w.tag, &ctx_of(&h, &w))
