@@ -75,7 +75,9 @@ fn mcast(c: &mut Criterion) {
         snapshot_timeout_ns: 1_000_000_000,
         ab_grace_ns: 0,
         join_replay_max: 0,
+        max_request_messages: 4096,
     });
+    s.announce_session(0, 1);
     let mut sink = Sink(0);
     let mut seq = 1u64;
     group.bench_function("deliver", |b| {

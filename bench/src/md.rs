@@ -104,6 +104,10 @@ pub struct MdArgs {
     /// posts this many too).
     #[arg(long, default_value_t = 4096)]
     pub recv_depth: u32,
+    /// Tag every datagram with a keyed 16-byte tag and check it on receipt
+    /// (`auth.datagram_tag`), to measure what it costs.
+    #[arg(long)]
+    pub datagram_tag: bool,
 }
 
 fn idler(args: &MdArgs) -> Idler {
@@ -208,8 +212,10 @@ fn config(groups: &[(u16, &str, u16)], args: &MdArgs) -> Result<McastConfig> {
          [receive]\ndepth = {depth}\nreplenish_batch = {batch}\nlow_water = {low}\n\
          [batching]\nmax_messages = 64\nflush_interval_ns = 20000\n\
          [pacing]\nmax_datagrams_per_sec = {}\nburst = 64\n\
-         [recovery]\ntimeout_ns = 50000000\nmax_retries = 50\nmax_outstanding = 16\nmax_buffered = 16384\nrc_timeout = 12\n",
+         [recovery]\ntimeout_ns = 50000000\nmax_retries = 50\nmax_outstanding = 16\nmax_buffered = 16384\nrc_timeout = 12\n\
+         [auth]\nsecret = \"rocebus-bench\"\ndatagram_tag = {}\n",
         args.rate,
+        args.datagram_tag,
         depth = args.recv_depth,
         batch = (args.recv_depth / 4).clamp(1, 64),
         low = args.recv_depth / 8,

@@ -205,6 +205,7 @@ fn sub_config() -> SubscriberConfig {
         ab_grace_ns: 0,
         // Late joins in these simulations are asked to take a snapshot.
         join_replay_max: 0,
+        max_request_messages: 1 << 20,
     }
 }
 
@@ -245,8 +246,11 @@ impl Sim {
         b: LineModel,
         attach_after: u64,
     ) -> usize {
+        // The I/O layer announces the session from the recovery handshake.
+        let mut state = SubscriberState::new(cfg);
+        state.announce_session(0, SESSION);
         self.subs.push(Sub {
-            state: SubscriberState::new(cfg),
+            state,
             app: Book::default(),
             lines: [a, b],
             attach_after,

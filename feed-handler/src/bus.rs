@@ -83,6 +83,14 @@ impl BusSink {
             t.retransmit_requests += s.retransmit_requests;
             t.snapshots_served += s.snapshots_served;
             t.requests_dropped += s.requests_dropped;
+            t.connections_refused += s.connections_refused;
+            t.auth_failures += s.auth_failures;
+            t.handshake_timeouts += s.handshake_timeouts;
+            t.requests_rate_limited += s.requests_rate_limited;
+            t.snapshots_rate_limited += s.snapshots_rate_limited;
+            t.requests_clamped += s.requests_clamped;
+            t.snapshots_built += s.snapshots_built;
+            t.clients_stalled += s.clients_stalled;
         }
         t
     }

@@ -299,6 +299,12 @@ pub struct Totals {
     pub bus_snapshots_served: u64,
     /// Bus recovery connections open now.
     pub bus_connections: u64,
+    /// Bus recovery connections refused or dropped before admission: connection cap, bad
+    /// hello, wrong proof of the secret (or a replayed handshake), no proof in time.
+    pub bus_recovery_refused: u64,
+    /// Bus recovery requests refused by the per-client limits (rate limits, full outbox),
+    /// plus clients dropped for taking nothing.
+    pub bus_recovery_limited: u64,
 }
 
 /// Reads one total.
@@ -322,6 +328,8 @@ const EXPORTED: &[(&str, Field)] = &[
     ("bus_retransmit_requests", |t| t.bus_retransmit_requests),
     ("bus_snapshots_served", |t| t.bus_snapshots_served),
     ("bus_connections", |t| t.bus_connections),
+    ("bus_recovery_refused", |t| t.bus_recovery_refused),
+    ("bus_recovery_limited", |t| t.bus_recovery_limited),
 ];
 
 /// The feed handler service. See the module docs.
@@ -448,6 +456,11 @@ impl Service {
         t.bus_retransmit_requests = io.retransmit_requests;
         t.bus_snapshots_served = io.snapshots_served;
         t.bus_connections = self.pipeline.sink().connections() as u64;
+        t.bus_recovery_refused = io.connections_refused + io.auth_failures + io.handshake_timeouts;
+        t.bus_recovery_limited = io.requests_rate_limited
+            + io.snapshots_rate_limited
+            + io.requests_dropped
+            + io.clients_stalled;
         t
     }
 

@@ -344,6 +344,7 @@ pub fn run(
     rounds: Option<u32>,
     size: usize,
     iterations: Option<u64>,
+    ours_extra: &str,
 ) -> Result<()> {
     if HOST_ONLY.contains(&name) {
         return run_host(root, name, rounds, iterations);
@@ -369,7 +370,7 @@ pub fn run(
     );
     for r in 1..=rounds {
         script.push_str(&format!(
-            "echo '@@ours {r}'\ntimeout 300 {exe_q} {ours} {sz} -n {n} {extra}\n",
+            "echo '@@ours {r}'\ntimeout 300 {exe_q} {ours} {sz} -n {n} {extra} {ours_extra}\n",
             ours = spec.ours,
             sz = if spec.sized {
                 format!("-s {size}")

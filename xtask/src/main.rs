@@ -101,6 +101,10 @@ enum Cmd {
         /// Iterations per round (default per benchmark).
         #[arg(long, short = 'n')]
         iterations: Option<u64>,
+        /// md-latency, md-throughput: tag every datagram (`auth.datagram_tag`) on both
+        /// sides, to measure what the tag costs.
+        #[arg(long)]
+        datagram_tag: bool,
     },
     /// The main job: the whole pipeline on soft-RoCE, then the latency report.
     ///
@@ -211,8 +215,10 @@ fn main() -> Result<()> {
             rounds,
             size,
             iterations,
+            datagram_tag,
         } => {
-            bench::run(&root, &name, rounds, size, iterations)?;
+            let ours_extra = if datagram_tag { "--datagram-tag" } else { "" };
+            bench::run(&root, &name, rounds, size, iterations, ours_extra)?;
         }
         Cmd::Demo {
             seconds,

@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rocebus::mcast::wire::{
-    decode_recovery, encode_retransmit_data, encode_snapshot_chunk, encode_snapshot_request,
+    decode_recovery, encode_auth_proof, encode_retransmit_data, encode_snapshot_chunk, encode_snapshot_request,
     Datagram, RecoveryMsg, RECOVERY_HEADER_LEN,
 };
 
@@ -29,6 +29,7 @@ fn reencode(msg: &RecoveryMsg<'_>, out: &mut [u8]) -> usize {
             offset,
             data,
         } => encode_snapshot_chunk(out, channel, session, snapshot_seq, offset, data),
+        RecoveryMsg::AuthProof { channel, tag } => encode_auth_proof(out, channel, &tag),
     };
     n.expect("a decoded message fits the buffer it was decoded from")
 }

@@ -27,6 +27,24 @@
 //! reconnect_max_ns = 1000000000 # doubling up to 1 s
 //! join_replay_max = 4096        # first datagram this few messages in: replay
 //!                               # the start from history, not a snapshot
+//! max_request_messages = 4096   # most messages one retransmit request asks for
+//!
+//! [recovery_server]             # the publisher's recovery port (strangers cost little)
+//! max_connections = 32          # recovery connections, handshakes included
+//! handshake_timeout_ns = 1000000000
+//! requests_per_sec = 2000       # retransmit requests per connection
+//! request_burst = 256
+//! snapshots_per_sec = 5         # snapshot requests per connection
+//! snapshot_burst = 8
+//! snapshot_reuse_ns = 10000000  # one serialised snapshot serves every request this long
+//! max_outbox_bytes = 8388608    # answers queued per connection before requests are dropped
+//! rnr_retry = 3                 # RNR retries (0..=6; 7 would retry for ever)
+//! stall_timeout_ns = 2000000000 # a client that takes nothing this long is dropped
+//! log_per_sec = 10              # refused/dropped log lines per second
+//!
+//! [auth]
+//! secret = "..."                # shared by publisher and subscribers (recovery admission)
+//! datagram_tag = false          # a 16-byte tag on every datagram (untrusted fabrics)
 //!
 //! [[channels]]
 //! id = 1
@@ -200,6 +218,9 @@ pub struct RecoveryConfig {
     /// into the stream asks the history for the start it missed (it was
     /// there, the first datagrams were lost) instead of a snapshot.
     pub join_replay_max: u64,
+    /// Most messages one retransmit request asks for: the subscriber splits
+    /// larger holes, the publisher answers no more than this per request.
+    pub max_request_messages: u64,
 }
 
 impl Default for RecoveryConfig {
@@ -215,7 +236,89 @@ impl Default for RecoveryConfig {
             reconnect_min_ns: 1_000_000,
             reconnect_max_ns: 1_000_000_000,
             join_replay_max: 4096,
+            max_request_messages: 4096,
         }
+    }
+}
+
+/// Limits of the publisher's recovery and snapshot port: what an admitted
+/// (or would-be) client can cost the publishing thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecoveryServerConfig {
+    /// Recovery connections at once, handshakes in progress included; a
+    /// request beyond is rejected ("busy").
+    pub max_connections: usize,
+    /// A connection whose proof of the shared secret has not arrived this
+    /// long after the accept is dropped.
+    pub handshake_timeout_ns: u64,
+    /// Retransmit requests per second per connection (token bucket); the
+    /// excess is dropped and counted.
+    pub requests_per_sec: u64,
+    /// Retransmit requests a connection may send back to back.
+    pub request_burst: u64,
+    /// Snapshot requests per second per connection.
+    pub snapshots_per_sec: u64,
+    /// Snapshot requests a connection may send back to back.
+    pub snapshot_burst: u64,
+    /// A serialised snapshot is reused for every request within this time
+    /// of its making (and for as long as its sequence is current), so
+    /// clients asking at once cost one serialisation.
+    pub snapshot_reuse_ns: u64,
+    /// Bytes of answers queued on one connection beyond which its requests
+    /// are dropped (counted).
+    pub max_outbox_bytes: usize,
+    /// RNR retries of the publisher's recovery queue pairs (0..=6): a
+    /// client with no receive posted fails the send after this many, and is
+    /// dropped. 7 (retry for ever) is refused.
+    pub rnr_retry: u8,
+    /// A connection with answers queued that could send none of them for
+    /// this long is dropped.
+    pub stall_timeout_ns: u64,
+    /// Log lines per second about refused connections and dropped requests
+    /// (the counters count every one).
+    pub log_per_sec: u32,
+}
+
+impl Default for RecoveryServerConfig {
+    fn default() -> Self {
+        RecoveryServerConfig {
+            max_connections: 32,
+            handshake_timeout_ns: 1_000_000_000,
+            requests_per_sec: 2000,
+            request_burst: 256,
+            snapshots_per_sec: 5,
+            snapshot_burst: 8,
+            snapshot_reuse_ns: 10_000_000,
+            max_outbox_bytes: 8 << 20,
+            rnr_retry: 3,
+            stall_timeout_ns: 2_000_000_000,
+            log_per_sec: 10,
+        }
+    }
+}
+
+/// Authentication of the market-data path.
+#[derive(Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Secret shared by the publisher and its subscribers: the recovery
+    /// connection's challenge-response proves it both ways, and the
+    /// datagram tags are keyed by it. Empty: the handshake still runs (and
+    /// still binds the session, QPN and GID it announces to the attempt),
+    /// but anyone can pass it; binaries warn.
+    pub secret: String,
+    /// Append a 16-byte keyed tag to every datagram and drop datagrams
+    /// whose tag is wrong. Both sides must agree (checked at connect).
+    pub datagram_tag: bool,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("secret", &if self.secret.is_empty() { "" } else { "(set)" })
+            .field("datagram_tag", &self.datagram_tag)
+            .finish()
     }
 }
 
@@ -245,6 +348,12 @@ pub struct McastConfig {
     /// Recovery.
     #[serde(default)]
     pub recovery: RecoveryConfig,
+    /// The publisher's recovery port limits.
+    #[serde(default)]
+    pub recovery_server: RecoveryServerConfig,
+    /// Authentication (recovery admission, datagram tags).
+    #[serde(default)]
+    pub auth: AuthConfig,
     /// Channels.
     pub channels: Vec<ChannelConfig>,
 }
@@ -279,7 +388,12 @@ impl McastConfig {
 
     /// Checks ranges and cross-field rules; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let min_payload = DATAGRAM_HEADER_LEN + MSG_PREFIX_LEN + 1;
+        let tag = if self.auth.datagram_tag {
+            crate::auth::TAG_LEN
+        } else {
+            0
+        };
+        let min_payload = DATAGRAM_HEADER_LEN + MSG_PREFIX_LEN + 1 + tag;
         if !(min_payload..=MAX_PATH_MTU).contains(&self.max_datagram_payload) {
             return Err(invalid(
                 "max_datagram_payload",
@@ -337,6 +451,60 @@ impl McastConfig {
             return Err(invalid(
                 "recovery.reconnect_min_ns",
                 "must be within 1..=recovery.reconnect_max_ns",
+            ));
+        }
+        if self.recovery.max_request_messages == 0 {
+            return Err(invalid(
+                "recovery.max_request_messages",
+                "must be at least 1",
+            ));
+        }
+        let rs = &self.recovery_server;
+        if rs.max_connections == 0 {
+            return Err(invalid(
+                "recovery_server.max_connections",
+                "must be at least 1",
+            ));
+        }
+        if rs.handshake_timeout_ns == 0 {
+            return Err(invalid(
+                "recovery_server.handshake_timeout_ns",
+                "must be greater than 0",
+            ));
+        }
+        for (key, rate, burst) in [
+            ("requests_per_sec", rs.requests_per_sec, rs.request_burst),
+            ("snapshots_per_sec", rs.snapshots_per_sec, rs.snapshot_burst),
+        ] {
+            if !(1..=1_000_000_000).contains(&rate) {
+                return Err(invalid(
+                    format!("recovery_server.{key}"),
+                    "must be within 1..=1e9",
+                ));
+            }
+            if burst == 0 {
+                return Err(invalid(
+                    format!("recovery_server.{}", key.replace("s_per_sec", "_burst")),
+                    "must be at least 1",
+                ));
+            }
+        }
+        if rs.max_outbox_bytes < 64 << 10 {
+            return Err(invalid(
+                "recovery_server.max_outbox_bytes",
+                "must be at least 65536",
+            ));
+        }
+        if rs.rnr_retry > 6 {
+            return Err(invalid(
+                "recovery_server.rnr_retry",
+                "must be within 0..=6 (7 retries for ever: a client that posts no receive would pin its connection)",
+            ));
+        }
+        if rs.stall_timeout_ns == 0 {
+            return Err(invalid(
+                "recovery_server.stall_timeout_ns",
+                "must be greater than 0",
             ));
         }
         if self.channels.is_empty() {
@@ -411,7 +579,20 @@ impl McastConfig {
                 0
             },
             join_replay_max: self.recovery.join_replay_max,
+            max_request_messages: self.recovery.max_request_messages,
         }
+    }
+
+    /// The recovery port's admission key (from `auth.secret`).
+    pub fn recovery_key(&self) -> crate::auth::Key {
+        crate::auth::Key::derive(self.auth.secret.as_bytes(), crate::auth::Purpose::Recovery)
+    }
+
+    /// The datagram tag key, when `auth.datagram_tag` is on.
+    pub fn datagram_key(&self) -> Option<crate::auth::Key> {
+        self.auth.datagram_tag.then(|| {
+            crate::auth::Key::derive(self.auth.secret.as_bytes(), crate::auth::Purpose::Datagram)
+        })
     }
 }
 
@@ -546,6 +727,40 @@ qkey = 0x11111111
             Err(ConfigError::Invalid { key, .. }) => key,
             other => panic!("expected Invalid, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn recovery_server_and_auth_keys_parse_and_are_checked() {
+        let d = McastConfig::from_toml_str(FULL).unwrap();
+        assert_eq!(d.recovery_server, RecoveryServerConfig::default());
+        assert_eq!(d.recovery_server.rnr_retry, 3);
+        assert!(!d.auth.datagram_tag && d.datagram_key().is_none());
+        assert_eq!(d.recovery.max_request_messages, 4096);
+        let text = format!(
+            "{FULL}\n[recovery_server]\nmax_connections = 4\nrnr_retry = 0\n\n[auth]\nsecret = \"s3cret\"\ndatagram_tag = true\n"
+        );
+        let cfg = McastConfig::from_toml_str(&text).unwrap();
+        assert_eq!(cfg.recovery_server.max_connections, 4);
+        assert!(cfg.auth.datagram_tag && cfg.datagram_key().is_some());
+        assert!(!format!("{:?}", cfg.auth).contains("s3cret"));
+        for (bad, key) in [
+            ("rnr_retry = 7", "recovery_server.rnr_retry"),
+            ("max_connections = 0", "recovery_server.max_connections"),
+            ("requests_per_sec = 0", "recovery_server.requests_per_sec"),
+            ("snapshot_burst = 0", "recovery_server.snapshot_burst"),
+            ("max_outbox_bytes = 1", "recovery_server.max_outbox_bytes"),
+            ("stall_timeout_ns = 0", "recovery_server.stall_timeout_ns"),
+        ] {
+            let text = format!("{FULL}\n[recovery_server]\n{bad}\n");
+            assert_eq!(key_of(&text), key, "{bad}");
+        }
+        assert_eq!(
+            key_of(&FULL.replace(
+                "timeout_ns = 100000",
+                "timeout_ns = 100000\nmax_request_messages = 0"
+            )),
+            "recovery.max_request_messages"
+        );
     }
 
     #[test]

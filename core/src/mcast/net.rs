@@ -11,6 +11,20 @@
 //!   posted, one RC connection to the publisher's recovery service; feeds the
 //!   state machine and sends the requests it asks for.
 //!
+//! Admission and sources: the recovery connection is admitted by the
+//! challenge-response of [`crate::auth`] (see [`super::wire`]'s "Recovery
+//! admission"); through it the subscriber learns the publisher's session,
+//! UD queue pair and GID, and drops (counts) every datagram from another
+//! queue pair or GID before it is parsed. Both sides use the channel's
+//! configured `qkey`. The recovery port bounds what any client costs: a
+//! connection cap, a handshake deadline, per-connection token buckets for
+//! retransmit and snapshot requests, a cap on messages per request, a
+//! bounded outbox, snapshots serialised at most once per
+//! `recovery_server.snapshot_reuse_ns` whoever asks, and clients that take
+//! nothing (no receive posted: RNR retries are bounded; or no progress for
+//! `stall_timeout_ns`) are dropped. Each refusal and drop is counted and
+//! logged at most `log_per_sec` times a second.
+//!
 //! Both are driven by `poll(now, ..)`, which never blocks, allocates or logs
 //! per message. Connection management runs as non-blocking rdma_cm steps
 //! checked at most once per [`CM_CHECK_NS`]: the publisher accepts a
@@ -21,7 +35,7 @@
 //! `reconnect_max_ns`). Setting up a connection allocates its queue pair
 //! and buffers (rare, not per message); a recovery connection's outbox
 //! grows, amortised, to its largest burst of answers, up to
-//! [`MAX_OUTBOX`]. Buffers are the verbs layer's [`PooledQp`] rings, so
+//! `recovery_server.max_outbox_bytes`. Buffers are the verbs layer's [`PooledQp`] rings, so
 //! there is no `unsafe` here. Protocol decisions belong to the state
 //! machines, not to this module.
 
@@ -32,25 +46,27 @@ use std::time::{Duration, Instant};
 use arrayvec::ArrayVec;
 use zerocopy::FromBytes;
 
-use super::config::{ChannelConfig, McastConfig};
+use super::config::{ChannelConfig, McastConfig, RecoveryServerConfig};
 use super::publisher::{ClaimError, Pacer, PublisherState, RetransmitReply};
 use super::snapshot::{encode_snapshot, Handler, Snapshot, SnapshotSink};
 use super::subscriber::{Event, SubscriberCounters, SubscriberState};
-use super::wire::{self, Line, RecoveryHeader, RecoveryMsg, RECOVERY_HEADER_LEN};
+use super::wire::{
+    self, Hello, Line, RecoveryHeader, RecoveryMsg, RetransmitRequest, Welcome, FLAG_DATAGRAM_TAG,
+    RECOVERY_HEADER_LEN, WELCOME_SIGNED_LEN,
+};
+use crate::auth::{Initiator, Key, Responder, Tag};
 use crate::verbs::cm::{self, Connection, Listener, McastMembership};
 use crate::verbs::{
-    Access, AddressHandle, Context, Dest, PoolConfig, PoolError, PooledQp, ProtectionDomain,
+    Access, AddressHandle, Context, Dest, Gid, PoolConfig, PoolError, PooledQp, ProtectionDomain,
     QpType, RcOptions, StageError, VerbsError,
 };
+use zerocopy::IntoBytes;
 
 /// Size of one RC message (a send slot of the recovery service, a receive
 /// slot of the subscriber). Several recovery messages share one.
 pub const RC_MSG_LEN: usize = 4096;
 /// Snapshot bytes per SnapshotChunk, so a chunk fills one RC message.
 pub const SNAPSHOT_CHUNK: usize = RC_MSG_LEN - wire::snapshot_chunk_len(0);
-/// Bytes of answers a recovery connection may have queued before further
-/// requests on it are dropped (and counted).
-pub const MAX_OUTBOX: usize = 64 << 20;
 
 /// Datagrams and recovery messages up to this many bytes are posted inline
 /// (copied into the work request at post time): a latency-bound publisher's
@@ -103,6 +119,16 @@ pub enum NetError {
     /// A buffer pool failed (including failed send completions).
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// The publisher's answer to the recovery handshake was refused: it
+    /// does not know the shared secret (or is not a rocebus publisher), or
+    /// the two sides disagree on the channel or on datagram tags.
+    #[error("recovery admission to {publisher} failed: {reason}")]
+    Admission {
+        /// The publisher's recovery address.
+        publisher: SocketAddr,
+        /// What was wrong.
+        reason: &'static str,
+    },
     /// Both lines of a channel came out of their joins with the same
     /// multicast GID: the A/B copies would land on one queue pair twice.
     #[error("lines A and B of channel {channel} joined the same multicast GID {mgid}")]
@@ -144,6 +170,28 @@ pub struct PublisherIoStats {
     /// Requests dropped because the connection's outbox was full, or
     /// undecodable.
     pub requests_dropped: u64,
+    /// Connect requests refused before any set-up: the connection cap was
+    /// reached, or the hello was not a rocebus hello for this channel with
+    /// the same datagram-tag setting.
+    pub connections_refused: u64,
+    /// Connections dropped because their first message was not a valid
+    /// proof of the shared secret (a wrong secret or a replayed handshake).
+    pub auth_failures: u64,
+    /// Connections dropped because no proof came within
+    /// `recovery_server.handshake_timeout_ns`.
+    pub handshake_timeouts: u64,
+    /// Retransmit requests dropped by the per-connection rate limit.
+    pub requests_rate_limited: u64,
+    /// Snapshot requests dropped by the per-connection rate limit.
+    pub snapshots_rate_limited: u64,
+    /// Retransmit requests cut to `recovery.max_request_messages`.
+    pub requests_clamped: u64,
+    /// Snapshots serialised (the rest of `snapshots_served` reused one).
+    pub snapshots_built: u64,
+    /// Connections dropped because their client took nothing: RNR retries
+    /// exhausted (no receive posted) or no send progress for
+    /// `recovery_server.stall_timeout_ns`.
+    pub clients_stalled: u64,
 }
 
 fn channel_of(cfg: &McastConfig, channel: u16) -> Result<&ChannelConfig, NetError> {
@@ -154,6 +202,60 @@ fn rc_options(cfg: &McastConfig) -> RcOptions {
     RcOptions {
         timeout: cfg.recovery.rc_timeout,
         ..RcOptions::default()
+    }
+}
+
+/// The recovery port's queue pairs: RNR retries bounded, so a client that
+/// never posts a receive fails our sends instead of holding them for ever.
+fn server_rc_options(cfg: &McastConfig) -> RcOptions {
+    RcOptions {
+        rnr_retry: cfg.recovery_server.rnr_retry,
+        ..rc_options(cfg)
+    }
+}
+
+/// The GID a RoCE v2 device sends from for local address `ip` (its
+/// IPv4-mapped form for IPv4), as a receiver reads it off the datagram.
+fn gid_of(ip: IpAddr) -> Gid {
+    Gid(match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    })
+}
+
+/// Warns (once per constructor call) that an empty `auth.secret` admits anyone.
+fn warn_if_open(cfg: &McastConfig, channel: u16) {
+    if cfg.auth.secret.is_empty() {
+        tracing::warn!(
+            channel,
+            "market data: auth.secret is empty, so the recovery handshake proves nothing: set a shared secret"
+        );
+    }
+}
+
+/// At most `per_sec` log lines a second (the counters count every event).
+#[derive(Debug, Clone, Copy)]
+struct LogBudget {
+    per_sec: u32,
+    window: u64,
+    used: u32,
+}
+
+impl LogBudget {
+    fn new(per_sec: u32) -> Self {
+        LogBudget {
+            per_sec,
+            window: 0,
+            used: 0,
+        }
+    }
+    fn allow(&mut self, now: u64) -> bool {
+        if now.saturating_sub(self.window) >= 1_000_000_000 {
+            self.window = now;
+            self.used = 0;
+        }
+        self.used += 1;
+        self.used <= self.per_sec
     }
 }
 
@@ -212,6 +314,7 @@ impl McastPublisher {
         local: IpAddr,
     ) -> Result<Self, NetError> {
         let ch = channel_of(cfg, channel)?;
+        warn_if_open(cfg, channel);
         let ctx = Context::open_for_ip(local)?;
         let pd = ProtectionDomain::new(&ctx)?;
         let ud = PooledQp::new(
@@ -234,19 +337,38 @@ impl McastPublisher {
             let m = McastMembership::join(local, group, false, CM_TIMEOUT)?;
             cm::check_device(&ctx, m.device_name())?;
             if lines.is_empty() {
-                ud.qp().activate_ud(m.port_num(), m.qkey(), 0)?;
+                ud.qp().activate_ud(m.port_num(), ch.qkey, 0)?;
             }
             lines.push(LineTx {
                 ah: m.address_handle(&pd)?,
                 qpn: m.remote_qpn(),
-                qkey: m.qkey(),
+                qkey: ch.qkey,
                 enabled: true,
                 _membership: m,
             });
         }
         let addr = SocketAddr::new(local, ch.port);
         let listener = Listener::bind(addr)?;
-        let state = PublisherState::new(cfg.publisher(channel, session));
+        let mut state = PublisherState::new(cfg.publisher(channel, session));
+        state.set_datagram_key(cfg.datagram_key());
+        let identity = Welcome {
+            magic: wire::WELCOME_MAGIC.into(),
+            version: wire::VERSION,
+            flags: if cfg.auth.datagram_tag {
+                FLAG_DATAGRAM_TAG
+            } else {
+                0
+            },
+            channel: channel.into(),
+            reserved: 0.into(),
+            session: session.into(),
+            qpn: ud.qp().qpn().into(),
+            reserved2: 0.into(),
+            gid: gid_of(local).0,
+            nonce: [0; crate::auth::NONCE_LEN],
+            tag: [0; crate::auth::TAG_LEN],
+        };
+        let limits = cfg.recovery_server;
         Ok(McastPublisher {
             sent_upto: state.next_seq(),
             state,
@@ -259,8 +381,17 @@ impl McastPublisher {
                 pd,
                 conns: Vec::new(),
                 pending: Vec::new(),
-                opts: rc_options(cfg),
-                scratch: Vec::new(),
+                opts: server_rc_options(cfg),
+                key: cfg.recovery_key(),
+                identity,
+                limits,
+                max_request_messages: cfg.recovery.max_request_messages,
+                shared: Shared {
+                    scratch: Vec::new(),
+                    snapshot: Vec::new(),
+                    snapshot_at: None,
+                    log: LogBudget::new(limits.log_per_sec),
+                },
                 next_disconnect_check: 0,
             },
             last_send: 0,
@@ -277,9 +408,18 @@ impl McastPublisher {
     pub fn io_stats(&self) -> PublisherIoStats {
         self.stats
     }
-    /// Recovery connections currently open.
+    /// Recovery connections currently open (admitted or still proving
+    /// themselves; not those still being set up).
     pub fn connections(&self) -> usize {
         self.server.conns.len()
+    }
+    /// Recovery connections that proved the shared secret.
+    pub fn admitted_connections(&self) -> usize {
+        self.server
+            .conns
+            .iter()
+            .filter(|c| c.auth.is_none())
+            .count()
     }
     /// Stops the recovery service (closing its connections and no longer
     /// listening) or starts it again, e.g. for maintenance or to test how
@@ -427,11 +567,29 @@ fn dests_of(lines: &[LineTx]) -> ArrayVec<Dest<'_>, 2> {
         .collect()
 }
 
+/// The handshake a connection must still complete: the responder state,
+/// the bytes both proofs cover (hello, then the welcome up to its nonce),
+/// and when the proof must have arrived.
+struct PendingAuth {
+    responder: Responder,
+    ctx: [u8; HELLO_LEN + WELCOME_SIGNED_LEN],
+    deadline: u64,
+}
+
+const HELLO_LEN: usize = std::mem::size_of::<Hello>();
+
 struct ServerConn {
     qp: PooledQp,
     conn: Connection,
     outbox: Vec<u8>,
     out_pos: usize,
+    /// `Some` until the client's proof checked: nothing is served before.
+    auth: Option<PendingAuth>,
+    requests: Pacer,
+    snapshots: Pacer,
+    /// Last time the outbox was empty or something of it was sent.
+    progress_at: u64,
+    peer: String,
 }
 
 /// An accepted connection waiting for ESTABLISHED.
@@ -439,6 +597,18 @@ struct PendingConn {
     qp: PooledQp,
     accepting: cm::Accepting,
     deadline: u64,
+    auth: PendingAuth,
+    peer: String,
+}
+
+/// What every connection's serving shares.
+struct Shared {
+    scratch: Vec<u8>,
+    /// The encoded snapshot messages last built, and (sequence, time) of
+    /// their making.
+    snapshot: Vec<u8>,
+    snapshot_at: Option<(u64, u64)>,
+    log: LogBudget,
 }
 
 struct RecoveryServer {
@@ -449,20 +619,75 @@ struct RecoveryServer {
     conns: Vec<ServerConn>,
     pending: Vec<PendingConn>,
     opts: RcOptions,
-    scratch: Vec<u8>,
+    key: Key,
+    /// The welcome without nonce and proof: channel, flags, session, QPN, GID.
+    identity: Welcome,
+    limits: RecoveryServerConfig,
+    max_request_messages: u64,
+    shared: Shared,
     next_disconnect_check: u64,
 }
 
+/// Why a recovery connection was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DropReason {
+    /// Its first message was not a valid proof.
+    AuthFailed,
+    /// It took nothing for too long.
+    Stalled,
+    /// A verbs operation failed (error completion: the peer went away, or
+    /// RNR retries ran out because it posts no receive).
+    Io,
+}
+
 impl RecoveryServer {
-    /// Takes one connect request, if any, and answers it without waiting
-    /// for the handshake to finish (see [`Self::progress`]).
-    fn accept(&mut self, now: u64) -> Result<(), NetError> {
+    /// Takes one connect request, if any: refuses it if the connection cap
+    /// is reached or its hello is wrong, else answers it with the welcome
+    /// without waiting for the handshake to finish (see [`Self::progress`]).
+    fn accept(&mut self, now: u64, stats: &mut PublisherIoStats) -> Result<(), NetError> {
         let Some(listener) = &self.listener else {
             return Ok(());
         };
         let Some(req) = listener.next_request(Duration::ZERO)? else {
             return Ok(());
         };
+        let peer = req.peer();
+        let refusal = if self.conns.len() + self.pending.len() >= self.limits.max_connections {
+            Some("busy: recovery connection limit reached")
+        } else {
+            match Hello::read_from_prefix(req.private_data()) {
+                Err(_) => Some("not a rocebus recovery hello"),
+                Ok((h, _)) if h.magic.get() != wire::HELLO_MAGIC || h.version != wire::VERSION => {
+                    Some("not a rocebus recovery hello")
+                }
+                Ok((h, _)) if h.channel != self.identity.channel => Some("wrong channel"),
+                Ok((h, _)) if h.flags != self.identity.flags => {
+                    Some("auth.datagram_tag differs between publisher and subscriber")
+                }
+                Ok(_) => None,
+            }
+        };
+        if let Some(reason) = refusal {
+            stats.connections_refused += 1;
+            if self.shared.log.allow(now) {
+                tracing::warn!(%peer, reason, refused = stats.connections_refused, "recovery connection refused");
+            }
+            let mut msg = ArrayVec::<u8, 96>::new();
+            let _ = msg.try_extend_from_slice(b"rocebus: ");
+            let _ = msg.try_extend_from_slice(&reason.as_bytes()[..reason.len().min(80)]);
+            req.reject(&msg)?;
+            return Ok(());
+        }
+        let Ok((hello, _)) = Hello::read_from_prefix(req.private_data()) else {
+            return Ok(());
+        };
+        let mut ctx = [0u8; HELLO_LEN + WELCOME_SIGNED_LEN];
+        ctx[..HELLO_LEN].copy_from_slice(hello.as_bytes());
+        ctx[HELLO_LEN..].copy_from_slice(self.identity.signed());
+        let (responder, tr) = Responder::new(self.key.clone(), hello.nonce, &ctx);
+        let mut welcome = self.identity;
+        welcome.nonce = responder.nonce();
+        welcome.tag = tr;
         let mut qp = PooledQp::new(
             &self.pd,
             QpType::Rc,
@@ -478,14 +703,20 @@ impl RecoveryServer {
                 max_inline: INLINE_MAX,
             },
         )?;
-        let accepting = req.start_accept(qp.qp(), &self.opts, Access::LOCAL, &[])?;
-        // In RTS already: receives go up before the subscriber's first
-        // request can arrive.
+        let accepting = req.start_accept(qp.qp(), &self.opts, Access::LOCAL, welcome.as_bytes())?;
+        // In RTS already: receives go up before the subscriber's proof and
+        // first request can arrive.
         qp.post_receives()?;
         self.pending.push(PendingConn {
             qp,
             accepting,
             deadline: now + PENDING_TIMEOUT.as_nanos() as u64,
+            auth: PendingAuth {
+                responder,
+                ctx,
+                deadline: 0,
+            },
+            peer,
         });
         Ok(())
     }
@@ -493,6 +724,7 @@ impl RecoveryServer {
     /// Moves established connections to `conns`; drops failed ones.
     /// Connection set-up only, so the Vec shuffle does not matter.
     fn progress(&mut self, now: u64, stats: &mut PublisherIoStats) {
+        let l = &self.limits;
         for p in std::mem::take(&mut self.pending) {
             match p.accepting.poll() {
                 Ok(cm::AcceptProgress::Done(conn)) => {
@@ -501,6 +733,14 @@ impl RecoveryServer {
                         conn,
                         outbox: Vec::with_capacity(RC_MSG_LEN * 4),
                         out_pos: 0,
+                        auth: Some(PendingAuth {
+                            deadline: now.saturating_add(l.handshake_timeout_ns),
+                            ..p.auth
+                        }),
+                        requests: Pacer::new(l.requests_per_sec, l.request_burst),
+                        snapshots: Pacer::new(l.snapshots_per_sec, l.snapshot_burst),
+                        progress_at: now,
+                        peer: p.peer,
                     });
                     stats.connections_accepted += 1;
                 }
@@ -523,7 +763,7 @@ impl RecoveryServer {
         // channel): at most once per CM_CHECK_NS, not per loop.
         let check_disconnect = now >= self.next_disconnect_check;
         if check_disconnect {
-            if self.accept(now).is_err() {
+            if self.accept(now, stats).is_err() {
                 stats.connections_failed += 1;
             }
             self.progress(now, stats);
@@ -537,47 +777,117 @@ impl RecoveryServer {
         let mut i = 0;
         while i < self.conns.len() {
             let c = &mut self.conns[i];
-            let alive = serve(c, state, snapshot, &mut self.scratch, stats).is_ok()
-                && !(check_disconnect && c.conn.poll_disconnected().unwrap_or(true));
-            if alive {
-                i += 1;
+            let verdict = if c.auth.as_ref().is_some_and(|a| now >= a.deadline) {
+                stats.handshake_timeouts += 1;
+                Some("no proof of the shared secret in time")
             } else {
-                stats.connections_closed += 1;
-                self.conns.swap_remove(i);
+                let limits = Limits {
+                    max_outbox: self.limits.max_outbox_bytes,
+                    max_request_messages: self.max_request_messages,
+                    snapshot_reuse_ns: self.limits.snapshot_reuse_ns,
+                    stall_timeout_ns: self.limits.stall_timeout_ns,
+                };
+                match serve(c, now, state, snapshot, &mut self.shared, &limits, stats) {
+                    Ok(()) if check_disconnect && c.conn.poll_disconnected().unwrap_or(true) => {
+                        Some("")
+                    }
+                    Ok(()) => None,
+                    Err(DropReason::AuthFailed) => {
+                        stats.auth_failures += 1;
+                        Some("wrong proof of the shared secret (wrong secret or a replayed handshake)")
+                    }
+                    Err(DropReason::Stalled) => {
+                        stats.clients_stalled += 1;
+                        Some("client takes nothing (no receive posted)")
+                    }
+                    Err(DropReason::Io) => Some(""),
+                }
+            };
+            let Some(reason) = verdict else {
+                i += 1;
+                continue;
+            };
+            stats.connections_closed += 1;
+            if !reason.is_empty() && self.shared.log.allow(now) {
+                tracing::warn!(peer = %c.peer, reason, "recovery connection dropped");
             }
+            self.conns.swap_remove(i);
         }
     }
+}
+
+/// The per-connection limits [`serve`] applies.
+struct Limits {
+    max_outbox: usize,
+    max_request_messages: u64,
+    snapshot_reuse_ns: u64,
+    stall_timeout_ns: u64,
 }
 
 /// Answers what arrived on one connection and sends what its outbox holds.
 fn serve(
     c: &mut ServerConn,
+    now: u64,
     state: &mut PublisherState,
     snapshot: &impl Snapshot,
-    scratch: &mut Vec<u8>,
+    shared: &mut Shared,
+    limits: &Limits,
     stats: &mut PublisherIoStats,
-) -> Result<(), NetError> {
+) -> Result<(), DropReason> {
     let ServerConn {
         qp,
         outbox,
         out_pos,
+        auth,
+        requests,
+        snapshots,
+        progress_at,
         ..
     } = c;
-    qp.poll_recv(|mut bytes| {
-        while !bytes.is_empty() {
+    let our_channel = state.config().channel;
+    let mut auth_failed = false;
+    let recv = qp.poll_recv(|mut bytes| {
+        while !bytes.is_empty() && !auth_failed {
             let Ok((msg, used)) = wire::decode_recovery(bytes) else {
                 stats.requests_dropped += 1;
+                auth_failed = auth.is_some();
                 return;
             };
             bytes = &bytes[used..];
-            if outbox.len() > MAX_OUTBOX {
-                stats.requests_dropped += 1;
+            if let Some(a) = auth {
+                // The first message must be the proof; nothing else is
+                // looked at before it checked.
+                match msg {
+                    RecoveryMsg::AuthProof { channel, tag }
+                        if channel == our_channel && a.responder.on_proof(&tag, &a.ctx).is_ok() =>
+                    {
+                        *auth = None;
+                    }
+                    _ => auth_failed = true,
+                }
                 continue;
             }
             match msg {
                 RecoveryMsg::RetransmitRequest(r) => {
+                    if !requests.try_acquire(now) {
+                        stats.requests_rate_limited += 1;
+                        continue;
+                    }
+                    if outbox.len() > limits.max_outbox {
+                        stats.requests_dropped += 1;
+                        continue;
+                    }
                     stats.retransmit_requests += 1;
-                    let (channel, session) = (state.config().channel, state.session());
+                    let r = if r.count > limits.max_request_messages {
+                        stats.requests_clamped += 1;
+                        RetransmitRequest {
+                            count: limits.max_request_messages,
+                            ..r
+                        }
+                    } else {
+                        r
+                    };
+                    let (channel, session) = (our_channel, state.session());
                     state.answer_retransmit(&r, |reply| {
                         let start = outbox.len();
                         let n = match reply {
@@ -598,26 +908,73 @@ fn serve(
                         outbox.truncate(start + n.unwrap_or(0));
                     });
                 }
-                RecoveryMsg::SnapshotRequest { channel, .. }
-                    if channel == state.config().channel =>
-                {
+                RecoveryMsg::SnapshotRequest { channel, .. } if channel == our_channel => {
+                    if !snapshots.try_acquire(now) {
+                        stats.snapshots_rate_limited += 1;
+                        continue;
+                    }
+                    if outbox.len() > limits.max_outbox {
+                        stats.requests_dropped += 1;
+                        continue;
+                    }
                     stats.snapshots_served += 1;
-                    scratch.clear();
-                    snapshot.write_snapshot(scratch);
-                    encode_snapshot(
-                        channel,
-                        state.session(),
-                        snapshot.snapshot_seq(),
-                        scratch,
-                        SNAPSHOT_CHUNK,
-                        |m| outbox.extend_from_slice(m),
-                    );
+                    // One serialisation serves every request while its
+                    // sequence is current, and for snapshot_reuse_ns after
+                    // it was made whatever the sequence: a subscriber
+                    // fetches what came after it from the history.
+                    let seq = snapshot.snapshot_seq();
+                    let fresh = shared.snapshot_at.is_some_and(|(at_seq, at)| {
+                        at_seq == seq || now.saturating_sub(at) < limits.snapshot_reuse_ns
+                    });
+                    if !fresh {
+                        stats.snapshots_built += 1;
+                        shared.scratch.clear();
+                        snapshot.write_snapshot(&mut shared.scratch);
+                        shared.snapshot.clear();
+                        let cache = &mut shared.snapshot;
+                        encode_snapshot(
+                            channel,
+                            state.session(),
+                            seq,
+                            &shared.scratch,
+                            SNAPSHOT_CHUNK,
+                            |m| cache.extend_from_slice(m),
+                        );
+                        shared.snapshot_at = Some((seq, now));
+                    }
+                    outbox.extend_from_slice(&shared.snapshot);
                 }
                 _ => stats.requests_dropped += 1,
             }
         }
+    });
+    if auth_failed {
+        return Err(DropReason::AuthFailed);
+    }
+    recv.map_err(|_| DropReason::Io)?;
+    let sent_from = *out_pos;
+    send_outbox(qp, outbox, out_pos).map_err(|e| match e {
+        NetError::Pool(PoolError::SendCompletion {
+            status: crate::verbs::WcStatus::RnrRetryExceeded,
+            ..
+        }) => DropReason::Stalled,
+        _ => DropReason::Io,
     })?;
-    // Pack whole recovery messages into RC messages.
+    if outbox.is_empty() || *out_pos != sent_from {
+        *progress_at = now;
+    } else if now.saturating_sub(*progress_at) >= limits.stall_timeout_ns {
+        return Err(DropReason::Stalled);
+    }
+    Ok(())
+}
+
+/// Packs whole recovery messages of `outbox` into RC messages and posts
+/// what the send ring takes.
+fn send_outbox(
+    qp: &mut PooledQp,
+    outbox: &mut Vec<u8>,
+    out_pos: &mut usize,
+) -> Result<(), NetError> {
     while *out_pos < outbox.len() {
         let mut end = *out_pos;
         while let Some(len) = recovery_len(&outbox[end..]) {
@@ -678,6 +1035,12 @@ pub struct SubscriberIoStats {
     /// Recovery connections dropped because [`DEAD_LINK_TIMEOUTS`] requests
     /// in a row went unanswered (counted in `connections_lost` too).
     pub unanswered_links: u64,
+    /// Datagrams dropped unparsed because they came from another queue pair
+    /// or GID than the publisher announced over the recovery connection.
+    pub foreign_source_dropped: u64,
+    /// Reconnections whose admission failed (the publisher's proof was
+    /// wrong, or the two sides disagree on the channel or datagram tags).
+    pub auth_failures: u64,
 }
 
 struct LineRx {
@@ -696,13 +1059,85 @@ enum Link {
     Connecting {
         rc: PooledQp,
         connecting: cm::Connecting,
+        initiator: Initiator,
+        hello: Hello,
     },
     Down,
+}
+
+/// What the publisher's welcome told an admitted subscriber.
+#[derive(Debug, Clone, Copy)]
+struct Admitted {
+    session: u64,
+    source: (Gid, u32),
+    proof: Tag,
+}
+
+fn hello_for(channel: u16, tags: bool, initiator: &Initiator) -> Hello {
+    Hello {
+        magic: wire::HELLO_MAGIC.into(),
+        version: wire::VERSION,
+        flags: if tags { FLAG_DATAGRAM_TAG } else { 0 },
+        channel: channel.into(),
+        reserved: 0.into(),
+        nonce: initiator.nonce(),
+    }
+}
+
+/// Checks the publisher's welcome against our hello: its proof of the
+/// secret (over both), the channel and the tag setting.
+fn admit(
+    initiator: &Initiator,
+    hello: &Hello,
+    welcome: &[u8],
+    publisher: SocketAddr,
+) -> Result<Admitted, NetError> {
+    let fail = |reason| NetError::Admission { publisher, reason };
+    let Ok((w, _)) = Welcome::read_from_prefix(welcome) else {
+        return Err(fail("the answer is not a rocebus recovery welcome"));
+    };
+    if w.magic.get() != wire::WELCOME_MAGIC || w.version != wire::VERSION {
+        return Err(fail("the answer is not a rocebus recovery welcome"));
+    }
+    let mut ctx = [0u8; HELLO_LEN + WELCOME_SIGNED_LEN];
+    ctx[..HELLO_LEN].copy_from_slice(hello.as_bytes());
+    ctx[HELLO_LEN..].copy_from_slice(w.signed());
+    let Ok((proof, _)) = initiator.on_response(&w.nonce, &w.tag, &ctx) else {
+        return Err(fail(
+            "the publisher's proof of the shared secret is wrong (auth.secret differs?)",
+        ));
+    };
+    if w.channel != hello.channel {
+        return Err(fail("the publisher serves another channel"));
+    }
+    if w.flags != hello.flags {
+        return Err(fail(
+            "auth.datagram_tag differs between publisher and subscriber",
+        ));
+    }
+    Ok(Admitted {
+        session: w.session.get(),
+        source: (Gid(w.gid), w.qpn.get()),
+        proof,
+    })
+}
+
+/// Sends the proof as the connection's first message.
+fn send_proof(rc: &mut PooledQp, channel: u16, proof: &Tag) -> Result<(), NetError> {
+    let mut msg = [0u8; wire::AUTH_PROOF_LEN];
+    // The buffer is the message's size: encoding cannot fail.
+    let n = wire::encode_auth_proof(&mut msg, channel, proof).unwrap_or(0);
+    // A fresh connection's send ring is empty: the send is taken.
+    rc.send(&msg[..n], &[Dest::Connected])?;
+    Ok(())
 }
 
 /// Everything needed to (re)connect to the recovery service.
 struct Reconnect {
     pd: Arc<ProtectionDomain>,
+    key: Key,
+    channel: u16,
+    tags: bool,
     publisher: SocketAddr,
     local: IpAddr,
     opts: RcOptions,
@@ -736,6 +1171,9 @@ fn recovery_qp(pd: &Arc<ProtectionDomain>) -> Result<PooledQp, NetError> {
 pub struct McastSubscriber {
     state: SubscriberState,
     lines: ArrayVec<LineRx, 2>,
+    /// The publisher's GID and UD queue pair, as its welcome announced:
+    /// datagrams from anyone else are dropped.
+    source: (Gid, u32),
     link: Link,
     reconnect: Reconnect,
     stats: SubscriberIoStats,
@@ -761,7 +1199,8 @@ impl std::fmt::Debug for McastSubscriber {
 impl McastSubscriber {
     /// Opens the device owning `local`, joins the channel's line(s) with
     /// receives posted, and connects to the recovery service at
-    /// `publisher`:`channel.port`.
+    /// `publisher`:`channel.port`, where it proves the shared secret and
+    /// learns the session and the source to accept datagrams from.
     pub fn new(
         cfg: &McastConfig,
         channel: u16,
@@ -769,6 +1208,7 @@ impl McastSubscriber {
         publisher: IpAddr,
     ) -> Result<Self, NetError> {
         let ch = channel_of(cfg, channel)?;
+        warn_if_open(cfg, channel);
         let ctx = Context::open_for_ip(local)?;
         let pd = ProtectionDomain::new(&ctx)?;
         let mut lines = ArrayVec::new();
@@ -800,7 +1240,7 @@ impl McastSubscriber {
                     mgid: m.mgid().to_string(),
                 });
             }
-            qp.qp().activate_ud(m.port_num(), m.qkey(), 0)?;
+            qp.qp().activate_ud(m.port_num(), ch.qkey, 0)?;
             m.attach(qp.qp())?;
             qp.post_receives()?;
             lines.push(LineRx {
@@ -812,15 +1252,38 @@ impl McastSubscriber {
         let publisher = SocketAddr::new(publisher, ch.port);
         let resolved = cm::resolve(publisher, Some(local), CM_TIMEOUT)?;
         let mut rc = recovery_qp(&pd)?;
-        let (conn, _) =
-            resolved.connect(rc.qp(), &rc_options(cfg), Access::LOCAL, &[], CM_TIMEOUT)?;
+        let key = cfg.recovery_key();
+        let initiator = Initiator::new(key.clone());
+        let hello = hello_for(channel, cfg.auth.datagram_tag, &initiator);
+        let (conn, welcome) = resolved.connect(
+            rc.qp(),
+            &rc_options(cfg),
+            Access::LOCAL,
+            hello.as_bytes(),
+            CM_TIMEOUT,
+        )?;
+        let admitted = match admit(&initiator, &hello, &welcome, publisher) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = conn.disconnect();
+                return Err(e);
+            }
+        };
         rc.post_receives()?;
+        send_proof(&mut rc, channel, &admitted.proof)?;
+        let mut state = SubscriberState::new(cfg.subscriber(channel));
+        state.set_datagram_key(cfg.datagram_key());
+        state.announce_session(now_ns(), admitted.session);
         Ok(McastSubscriber {
-            state: SubscriberState::new(cfg.subscriber(channel)),
+            state,
             lines,
+            source: admitted.source,
             link: Link::Up { rc, conn },
             reconnect: Reconnect {
                 pd,
+                key,
+                channel,
+                tags: cfg.auth.datagram_tag,
                 publisher,
                 local,
                 opts: rc_options(cfg),
@@ -876,8 +1339,10 @@ impl McastSubscriber {
     /// Does all pending work once: takes received datagrams from every line
     /// and recovery messages from RC into the state machine (delivering in
     /// order to `app`), handles timers and sends the requests the state
-    /// machine asks for. Returns the datagrams and recovery messages taken.
-    /// Never blocks, allocates or logs per message.
+    /// machine asks for. Returns the valid datagrams (from the publisher,
+    /// of its session, well formed and tagged if tags are on) and recovery
+    /// messages taken: only those are a sign of life. Never blocks,
+    /// allocates or logs per message.
     ///
     /// A failing recovery connection is not an error here: it is reported
     /// through [`Event::RecoveryLost`] and re-established in later polls.
@@ -889,10 +1354,17 @@ impl McastSubscriber {
     ) -> Result<usize, NetError> {
         let mut taken = 0;
         let state = &mut self.state;
+        let (gid, qpn) = self.source;
+        let mut foreign = 0;
         for l in &mut self.lines {
             let line = l.line;
-            let r =
-                l.qp.poll_recv(|bytes| state.on_datagram(now, line, bytes, app))?;
+            let r = l.qp.poll_recv_from(|src, bytes| {
+                if src.qpn != qpn || src.gid != gid {
+                    foreign += 1;
+                } else if state.on_datagram(now, line, bytes, app) {
+                    taken += 1;
+                }
+            })?;
             if r.low {
                 state.receive_queue_low();
             }
@@ -900,8 +1372,8 @@ impl McastSubscriber {
                 Line::A => self.stats.datagrams_a += r.received as u64,
                 Line::B => self.stats.datagrams_b += r.received as u64,
             }
-            taken += r.received;
         }
+        self.stats.foreign_source_dropped += foreign;
         let mut link_ok = true;
         // The recovery service only answers: its CQ is polled on every turn
         // while an answer may be coming, otherwise on every
@@ -995,31 +1467,60 @@ impl McastSubscriber {
                 });
                 match started {
                     Ok((rc, connecting)) => {
-                        self.link = Link::Connecting { rc, connecting };
+                        let initiator = Initiator::new(r.key.clone());
+                        let hello = hello_for(r.channel, r.tags, &initiator);
+                        self.link = Link::Connecting {
+                            rc,
+                            connecting,
+                            initiator,
+                            hello,
+                        };
                         r.next_check = now + CM_STEP_NS;
                     }
                     Err(_) => self.reconnect_failed(now),
                 }
             }
-            Link::Connecting { mut rc, connecting } => {
-                match connecting.poll(rc.qp(), &r.opts, Access::LOCAL, &[]) {
-                    Ok(cm::ConnectProgress::Pending(connecting)) => {
-                        self.link = Link::Connecting { rc, connecting };
-                        r.next_check = now + CM_STEP_NS;
-                    }
-                    Ok(cm::ConnectProgress::Done(conn, _)) => {
-                        if rc.post_receives().is_err() {
+            Link::Connecting {
+                mut rc,
+                connecting,
+                initiator,
+                hello,
+            } => match connecting.poll(rc.qp(), &r.opts, Access::LOCAL, hello.as_bytes()) {
+                Ok(cm::ConnectProgress::Pending(connecting)) => {
+                    self.link = Link::Connecting {
+                        rc,
+                        connecting,
+                        initiator,
+                        hello,
+                    };
+                    r.next_check = now + CM_STEP_NS;
+                }
+                Ok(cm::ConnectProgress::Done(conn, welcome)) => {
+                    let admitted = match admit(&initiator, &hello, &welcome, r.publisher) {
+                        Ok(a) => a,
+                        Err(_) => {
+                            let _ = conn.disconnect();
+                            self.stats.auth_failures += 1;
                             return self.reconnect_failed(now);
                         }
-                        self.link = Link::Up { rc, conn };
-                        self.stats.reconnects += 1;
-                        r.backoff_ns = r.min_ns;
-                        r.next_check = now + CM_CHECK_NS;
-                        self.state.set_recovery_link(now, true);
+                    };
+                    if rc.post_receives().is_err()
+                        || send_proof(&mut rc, r.channel, &admitted.proof).is_err()
+                    {
+                        return self.reconnect_failed(now);
                     }
-                    Err(_) => self.reconnect_failed(now),
+                    self.link = Link::Up { rc, conn };
+                    self.source = admitted.source;
+                    self.stats.reconnects += 1;
+                    r.backoff_ns = r.min_ns;
+                    r.next_check = now + CM_CHECK_NS;
+                    // A restarted publisher announces its new session here
+                    // (reset and resync); the same one changes nothing.
+                    self.state.announce_session(now, admitted.session);
+                    self.state.set_recovery_link(now, true);
                 }
-            }
+                Err(_) => self.reconnect_failed(now),
+            },
         }
     }
 }
@@ -1069,6 +1570,9 @@ const EXPORTED: &[(&str, CounterField)] = &[
     ("snapshots_applied", |c, _| c.snapshots_applied),
     ("receive_queue_low", |c, _| c.receive_queue_low),
     ("malformed_dropped", |c, _| c.malformed_dropped),
+    ("foreign_source_dropped", |_, io| io.foreign_source_dropped),
+    ("wrong_session_dropped", |c, _| c.wrong_session_dropped),
+    ("bad_tag_dropped", |c, _| c.bad_tag_dropped),
     ("requests_dropped", |_, io| io.requests_dropped),
     ("gaps_filled_by_other_line", |c, _| {
         c.gaps_filled_by_other_line

@@ -4,10 +4,16 @@
 //! flushed datagram is already its own retransmission copy and nothing is
 //! copied or allocated per message. The publisher never waits for anyone: a
 //! subscriber asking for data older than the history gets a NotAvailable.
+//!
+//! With a datagram key ([`PublisherState::set_datagram_key`]) every sealed
+//! datagram and heartbeat ends with a 16-byte keyed tag over the rest of
+//! it, computed once at sealing: the history holds the tagged bytes, so
+//! retransmissions carry the same tag.
 
 use super::wire::{
     self, Line, NotAvailable, RetransmitRequest, DATAGRAM_HEADER_LEN, MSG_PREFIX_LEN,
 };
+use crate::auth::{Key, TAG_LEN};
 
 /// Static parameters of one publisher.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,8 +101,11 @@ pub struct PublisherState {
     /// Length of the outstanding claim, if any.
     claimed: Option<usize>,
     open_since: Option<u64>,
-    heartbeat: [u8; DATAGRAM_HEADER_LEN],
+    heartbeat: [u8; DATAGRAM_HEADER_LEN + TAG_LEN],
     counters: PublisherCounters,
+    /// Datagram tag key; bytes reserved for the tag in every datagram.
+    key: Option<Key>,
+    tag_len: usize,
 }
 
 impl PublisherState {
@@ -104,9 +113,10 @@ impl PublisherState {
     /// max_datagram` bytes). `max_datagram` is clamped to what a u16 length
     /// can describe and to at least a header plus one empty message.
     pub fn new(mut cfg: PublisherConfig) -> Self {
-        cfg.max_datagram = cfg
-            .max_datagram
-            .clamp(DATAGRAM_HEADER_LEN + MSG_PREFIX_LEN, usize::from(u16::MAX));
+        cfg.max_datagram = cfg.max_datagram.clamp(
+            DATAGRAM_HEADER_LEN + MSG_PREFIX_LEN + TAG_LEN,
+            usize::from(u16::MAX),
+        );
         cfg.max_messages = cfg.max_messages.max(1);
         let nslots = cfg.history_depth + 1;
         PublisherState {
@@ -119,10 +129,20 @@ impl PublisherState {
             next_seq: 1,
             claimed: None,
             open_since: None,
-            heartbeat: [0; DATAGRAM_HEADER_LEN],
+            heartbeat: [0; DATAGRAM_HEADER_LEN + TAG_LEN],
             counters: PublisherCounters::default(),
+            key: None,
+            tag_len: 0,
             cfg,
         }
+    }
+
+    /// Tags every datagram sealed from now on (and every heartbeat) with
+    /// `key`; `None` stops tagging. Set it before the first publish: the
+    /// open datagram must have room for the tag.
+    pub fn set_datagram_key(&mut self, key: Option<Key>) {
+        self.tag_len = if key.is_some() { TAG_LEN } else { 0 };
+        self.key = key;
     }
 
     /// The configuration in force (after clamping).
@@ -143,7 +163,7 @@ impl PublisherState {
     }
     /// Largest message that fits in an empty datagram.
     pub fn max_message_len(&self) -> usize {
-        self.cfg.max_datagram - DATAGRAM_HEADER_LEN - MSG_PREFIX_LEN
+        self.cfg.max_datagram - DATAGRAM_HEADER_LEN - MSG_PREFIX_LEN - self.tag_len
     }
     /// Messages in the open (not yet flushed) datagram.
     pub fn pending_messages(&self) -> u16 {
@@ -232,7 +252,7 @@ impl PublisherState {
             });
         }
         if self.open_count >= self.cfg.max_messages
-            || self.open_len + MSG_PREFIX_LEN + len > self.cfg.max_datagram
+            || self.open_len + MSG_PREFIX_LEN + len + self.tag_len > self.cfg.max_datagram
         {
             return Err(ClaimError::Full);
         }
@@ -287,11 +307,20 @@ impl PublisherState {
             first,
             count,
         );
+        let len = if let Some(key) = &self.key {
+            let start = self.slot_of(open) * self.cfg.max_datagram;
+            let bytes = &mut self.slots[start..start + len + TAG_LEN];
+            let tag = key.tag(&[&bytes[..len]]);
+            bytes[len..].copy_from_slice(&tag);
+            len + TAG_LEN
+        } else {
+            len
+        };
         let slot = self.slot_of(open);
         self.meta[slot] = SlotMeta {
             first_seq: first,
             count,
-            // len <= max_datagram <= u16::MAX.
+            // len <= max_datagram <= u16::MAX (claims leave room for the tag).
             len: len as u16,
         };
         self.open += 1;
@@ -331,7 +360,13 @@ impl PublisherState {
             0,
         );
         self.counters.heartbeats += 1;
-        &self.heartbeat
+        if let Some(key) = &self.key {
+            let (body, tag) = self.heartbeat.split_at_mut(DATAGRAM_HEADER_LEN);
+            tag.copy_from_slice(&key.tag(&[body]));
+            &self.heartbeat
+        } else {
+            &self.heartbeat[..DATAGRAM_HEADER_LEN]
+        }
     }
 
     /// Answers a retransmit request from the history: a NotAvailable for the

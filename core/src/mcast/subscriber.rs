@@ -20,6 +20,18 @@
 //! it is still open `ab_grace_ns` after it was seen (0: at once, which is
 //! what a single line uses).
 //!
+//! Session: the subscriber follows only the session the publisher announced
+//! over the authenticated recovery connection
+//! ([`SubscriberState::announce_session`]); datagrams of any other session
+//! (a restarted publisher not yet reconnected to, or a forger on the fabric)
+//! are dropped and counted, never adopted. A new announcement resets the
+//! state and re-synchronises from a snapshot.
+//!
+//! Datagram tags: with a key set ([`SubscriberState::set_datagram_key`]),
+//! every datagram must end with the publisher's 16-byte tag over the rest of
+//! it; a datagram without a valid tag is dropped and counted before anything
+//! else is looked at.
+//!
 //! Recovery link: the I/O layer reports its RC connection going down and up
 //! ([`SubscriberState::set_recovery_link`]). While it is down, multicast is
 //! still delivered in order; a hole that outlives the arbitration window
@@ -30,6 +42,7 @@ use std::collections::VecDeque;
 
 use super::snapshot::{Handler, SnapshotSink};
 use super::wire::{self, BufferTooSmall, Datagram, Line, RecoveryMsg, RetransmitRequest};
+use crate::auth::{Key, TAG_LEN};
 
 /// Static parameters of one subscriber.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,12 +72,15 @@ pub struct SubscriberConfig {
     /// asked for. 0: only a stream seen from its first message skips the
     /// snapshot.
     pub join_replay_max: u64,
+    /// Most messages asked for in one retransmit request; larger holes are
+    /// split (the publisher answers no more per request).
+    pub max_request_messages: u64,
 }
 
 /// Where the subscriber stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// No datagram seen yet.
+    /// No datagram of the announced session seen yet.
     Idle,
     /// Delivering in order.
     Live,
@@ -84,8 +100,8 @@ pub enum Event {
         /// One past the last lost sequence.
         to: u64,
     },
-    /// The publisher restarted with a new session; state is reset and a
-    /// snapshot requested.
+    /// The publisher announced a new session over the recovery connection
+    /// (it restarted); state is reset and a snapshot requested.
     SessionChanged {
         /// Previous session.
         old: u64,
@@ -176,9 +192,12 @@ pub struct SubscriberCounters {
     pub malformed_dropped: u64,
     /// Valid input for another channel dropped.
     pub foreign_dropped: u64,
-    /// Datagrams of an older publisher session dropped.
-    pub stale_session_dropped: u64,
-    /// Publisher session changes.
+    /// Datagrams (and retransmissions) of a session other than the one the
+    /// publisher announced, or before any announcement, dropped.
+    pub wrong_session_dropped: u64,
+    /// Datagrams whose tag was missing or wrong (tags on), dropped.
+    pub bad_tag_dropped: u64,
+    /// Publisher session changes (announced).
     pub session_changes: u64,
     /// Receive queue ran low (reported by the I/O layer).
     pub receive_queue_low: u64,
@@ -254,6 +273,10 @@ pub struct SubscriberState {
     counters: SubscriberCounters,
     /// The recovery connection is usable (as reported by the I/O layer).
     link_up: bool,
+    /// A session was announced: datagrams of `session` only are accepted.
+    announced: bool,
+    /// Datagram tag key (tags required when set).
+    key: Option<Key>,
 }
 
 impl SubscriberState {
@@ -263,6 +286,7 @@ impl SubscriberState {
         cfg.max_buffered = cfg.max_buffered.clamp(1, u32::MAX as usize);
         cfg.max_outstanding = cfg.max_outstanding.max(1);
         cfg.max_datagram = cfg.max_datagram.min(u32::MAX as usize);
+        cfg.max_request_messages = cfg.max_request_messages.max(1);
         SubscriberState {
             phase: Phase::Idle,
             session: 0,
@@ -281,7 +305,42 @@ impl SubscriberState {
             events: VecDeque::with_capacity(EVENT_CAPACITY),
             counters: SubscriberCounters::default(),
             link_up: true,
+            announced: false,
+            key: None,
             cfg,
+        }
+    }
+
+    /// Requires a valid tag made with `key` at the end of every datagram
+    /// (`None`: no tags). Set before the first datagram.
+    pub fn set_datagram_key(&mut self, key: Option<Key>) {
+        self.key = key;
+    }
+
+    /// The session the publisher announced over the authenticated recovery
+    /// connection. The first announcement sets it; a different one later (a
+    /// restarted publisher) raises [`Event::SessionChanged`], forgets the
+    /// old session and re-synchronises from a snapshot. The same session
+    /// again (a reconnect) changes nothing.
+    pub fn announce_session(&mut self, now: u64, session: u64) {
+        if self.announced && session == self.session {
+            return;
+        }
+        let first = !self.announced;
+        self.announced = true;
+        if first && self.phase == Phase::Idle {
+            self.session = session;
+            return;
+        }
+        self.counters.session_changes += 1;
+        self.push_event(Event::SessionChanged {
+            old: self.session,
+            new: session,
+        });
+        self.reset();
+        self.session = session;
+        if self.phase != Phase::Idle {
+            self.start_resync(now);
         }
     }
 
@@ -289,7 +348,7 @@ impl SubscriberState {
     pub fn phase(&self) -> Phase {
         self.phase
     }
-    /// Publisher session being followed (0 before the first datagram).
+    /// Publisher session being followed (0 before the first announcement).
     pub fn session(&self) -> u64 {
         self.session
     }
@@ -409,22 +468,26 @@ impl SubscriberState {
         }
     }
 
-    /// One datagram from a multicast line (GRH stripped).
+    /// One datagram from a multicast line (GRH stripped, its source already
+    /// checked by the I/O layer). Returns whether it was valid: well formed,
+    /// tagged if tags are on, of this channel and the announced session.
+    /// Only those count as a sign of life.
     pub fn on_datagram<H: Handler + ?Sized>(
         &mut self,
         now: u64,
         line: Line,
         bytes: &[u8],
         handler: &mut H,
-    ) {
-        let Some(d) = self.check_datagram(bytes) else {
-            return;
+    ) -> bool {
+        let Some((d, bytes)) = self.check_datagram(bytes) else {
+            return false;
         };
         match line {
             Line::A => self.counters.received_a += 1,
             Line::B => self.counters.received_b += 1,
         }
         self.accept(now, Source::Line(line), bytes, d, handler);
+        true
     }
 
     /// One buffer from the recovery channel, holding one or more recovery
@@ -515,11 +578,28 @@ impl SubscriberState {
 
     // -- input validation ---------------------------------------------------
 
-    fn check_datagram<'a>(&mut self, bytes: &'a [u8]) -> Option<Datagram<'a>> {
+    /// Checks the tag (if on), the format, the channel and the session;
+    /// returns the datagram and its bytes without the tag.
+    fn check_datagram<'a>(&mut self, bytes: &'a [u8]) -> Option<(Datagram<'a>, &'a [u8])> {
         if bytes.len() > self.cfg.max_datagram {
             self.counters.malformed_dropped += 1;
             return None;
         }
+        let bytes = match &self.key {
+            None => bytes,
+            Some(key) => {
+                let Some(split) = bytes.len().checked_sub(TAG_LEN) else {
+                    self.counters.bad_tag_dropped += 1;
+                    return None;
+                };
+                let (body, tag) = bytes.split_at(split);
+                if !key.verify(&[body], tag) {
+                    self.counters.bad_tag_dropped += 1;
+                    return None;
+                }
+                body
+            }
+        };
         let Ok(d) = Datagram::parse(bytes) else {
             self.counters.malformed_dropped += 1;
             return None;
@@ -528,7 +608,11 @@ impl SubscriberState {
             self.counters.foreign_dropped += 1;
             return None;
         }
-        Some(d)
+        if !self.announced || d.session() != self.session {
+            self.counters.wrong_session_dropped += 1;
+            return None;
+        }
+        Some((d, bytes))
     }
 
     fn on_recovery_msg<A: Handler + SnapshotSink + ?Sized>(
@@ -539,7 +623,7 @@ impl SubscriberState {
     ) {
         match msg {
             RecoveryMsg::RetransmitData { datagram, .. } => {
-                let Some(d) = self.check_datagram(datagram) else {
+                let Some((d, datagram)) = self.check_datagram(datagram) else {
                     return;
                 };
                 self.counters.received_retransmit += 1;
@@ -578,7 +662,9 @@ impl SubscriberState {
                 }
             }
             // Requests are for publishers and snapshot servers.
-            RecoveryMsg::RetransmitRequest(_) | RecoveryMsg::SnapshotRequest { .. } => {
+            RecoveryMsg::RetransmitRequest(_)
+            | RecoveryMsg::SnapshotRequest { .. }
+            | RecoveryMsg::AuthProof { .. } => {
                 self.counters.malformed_dropped += 1;
             }
         }
@@ -594,8 +680,8 @@ impl SubscriberState {
         d: Datagram<'_>,
         handler: &mut H,
     ) {
+        // The session is the announced one (check_datagram).
         if self.phase == Phase::Idle {
-            self.session = d.session();
             if d.first_seq() <= 1 + self.cfg.join_replay_max {
                 // Present from the start of the stream: nothing to restore;
                 // what came before this datagram is a gap from sequence 1.
@@ -603,18 +689,6 @@ impl SubscriberState {
             } else {
                 self.start_resync(now);
             }
-        } else if d.session() < self.session {
-            self.counters.stale_session_dropped += 1;
-            return;
-        } else if d.session() > self.session {
-            self.counters.session_changes += 1;
-            self.push_event(Event::SessionChanged {
-                old: self.session,
-                new: d.session(),
-            });
-            self.reset();
-            self.session = d.session();
-            self.start_resync(now);
         }
 
         if d.is_heartbeat() {
@@ -840,7 +914,8 @@ impl SubscriberState {
                     .map(|o| o.from)
                     .min()
                     .unwrap_or(hole_to)
-                    .min(hole_to);
+                    .min(hole_to)
+                    .min(s.saturating_add(self.cfg.max_request_messages));
                 let in_grace = self.cfg.ab_grace_ns > 0;
                 if !in_grace && !self.link_up {
                     return self.lost_while_down(now, s, e);
@@ -1008,7 +1083,15 @@ mod tests {
             snapshot_timeout_ns: 10 * TIMEOUT,
             ab_grace_ns: 0,
             join_replay_max: 0,
+            max_request_messages: 1 << 20,
         }
+    }
+
+    /// A subscriber that was told session 1 over its recovery connection.
+    fn announced(cfg: SubscriberConfig) -> SubscriberState {
+        let mut s = SubscriberState::new(cfg);
+        s.announce_session(0, 1);
+        s
     }
 
     fn publisher(session: u64) -> PublisherState {
@@ -1107,7 +1190,7 @@ mod tests {
     #[test]
     fn in_order_with_b_duplicates() {
         let mut p = publisher(1);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
         for d in datagrams(&mut p, 3) {
             s.on_datagram(0, Line::A, &d, &mut app);
@@ -1127,7 +1210,7 @@ mod tests {
     fn b_fills_what_a_lost_and_a_duplicates_later() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 3);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
         s.on_datagram(0, Line::A, &ds[0], &mut app);
         s.on_datagram(0, Line::A, &ds[2], &mut app); // [3,5) lost on A
@@ -1145,7 +1228,7 @@ mod tests {
     fn gaps_are_requested_at_once_and_recovered_in_order() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 6);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
         s.on_datagram(0, Line::A, &ds[0], &mut app);
         s.on_datagram(0, Line::A, &ds[2], &mut app); // hole [3,5)
@@ -1187,7 +1270,7 @@ mod tests {
     fn outstanding_is_bounded_and_pending_holes_follow() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 7);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
         for i in [0, 2, 4, 6] {
             s.on_datagram(0, Line::A, &ds[i], &mut app);
@@ -1205,7 +1288,7 @@ mod tests {
     fn timeout_rerequests_then_gives_up() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 3);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
         s.on_datagram(0, Line::A, &ds[0], &mut app);
         s.on_datagram(0, Line::A, &ds[2], &mut app);
@@ -1254,7 +1337,7 @@ mod tests {
     fn not_available_is_unrecoverable_with_exact_range() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 6);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
         s.on_datagram(0, Line::A, &ds[0], &mut app);
         s.on_datagram(0, Line::A, &ds[5], &mut app); // hole [3,11)
@@ -1283,7 +1366,7 @@ mod tests {
     fn late_join_restores_then_delivers_buffered() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 5);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
         s.on_datagram(0, Line::A, &ds[3], &mut app); // [7,9): late join
         s.on_datagram(0, Line::A, &ds[4], &mut app);
@@ -1314,7 +1397,7 @@ mod tests {
     fn lost_first_datagrams_within_join_replay_max_come_from_history() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 5);
-        let mut s = SubscriberState::new(SubscriberConfig {
+        let mut s = announced(SubscriberConfig {
             join_replay_max: 6,
             ..cfg()
         });
@@ -1330,7 +1413,7 @@ mod tests {
         assert_eq!(app.seqs, (1..=10).collect::<Vec<_>>());
         assert_eq!(s.counters().snapshot_requests, 0);
         // One message further in is a late join.
-        let mut s = SubscriberState::new(SubscriberConfig {
+        let mut s = announced(SubscriberConfig {
             join_replay_max: 5,
             ..cfg()
         });
@@ -1342,7 +1425,7 @@ mod tests {
     fn bad_snapshots_are_rejected_and_requested_again() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 3);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
         s.on_datagram(0, Line::A, &ds[2], &mut app);
         transmits(&mut s);
@@ -1376,15 +1459,28 @@ mod tests {
     }
 
     #[test]
-    fn session_change_resets_and_stale_session_is_dropped() {
+    fn only_the_announced_session_is_followed() {
         let mut p1 = publisher(1);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
         let old = datagrams(&mut p1, 2);
-        s.on_datagram(0, Line::A, &old[0], &mut app);
+        assert!(s.on_datagram(0, Line::A, &old[0], &mut app));
+        // A restarted publisher's datagrams (or a forger's, whatever session
+        // they claim) are dropped until the session is announced.
         let mut p2 = publisher(2);
         let new = datagrams(&mut p2, 1);
-        s.on_datagram(1, Line::A, &new[0], &mut app);
+        assert!(!s.on_datagram(1, Line::A, &new[0], &mut app));
+        let mut forged = publisher(u64::MAX);
+        let forged = datagrams(&mut forged, 1);
+        assert!(!s.on_datagram(1, Line::A, &forged[0], &mut app));
+        assert_eq!((s.session(), s.phase()), (1, Phase::Live));
+        assert_eq!(s.counters().wrong_session_dropped, 2);
+        assert!(events(&mut s).is_empty());
+        assert!(s.on_datagram(1, Line::A, &old[1], &mut app));
+        assert_eq!(app.seqs, vec![1, 2, 3, 4]);
+        // Announced over the recovery connection: reset and resync.
+        s.announce_session(2, 2);
+        s.announce_session(2, 2);
         assert_eq!(s.session(), 2);
         assert_eq!(s.phase(), Phase::Resyncing);
         assert_eq!(
@@ -1394,21 +1490,93 @@ mod tests {
                 Event::ResyncStarted
             ]
         );
-        s.on_datagram(2, Line::B, &old[1], &mut app);
-        assert_eq!(s.counters().stale_session_dropped, 1);
+        assert!(!s.on_datagram(2, Line::B, &old[1], &mut app));
+        assert_eq!(s.counters().wrong_session_dropped, 3);
+        assert!(s.on_datagram(2, Line::A, &new[0], &mut app));
         // Empty snapshot of the new session at 0: deliver from 1.
         let mut msgs = Vec::new();
         encode_snapshot(3, 2, 0, &[], 64, |m| msgs.push(m.to_vec()));
         s.on_recovery(3, &msgs[0], &mut app);
-        assert_eq!(app.seqs, vec![1, 2, 1, 2]);
+        assert_eq!(app.seqs, vec![1, 2, 3, 4, 1, 2]);
         assert_eq!(s.counters().session_changes, 1);
+    }
+
+    #[test]
+    fn nothing_is_accepted_before_a_session_is_announced() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 1);
+        let mut s = SubscriberState::new(cfg());
+        let mut app = App::default();
+        assert!(!s.on_datagram(0, Line::A, &ds[0], &mut app));
+        assert_eq!(
+            (s.phase(), s.counters().wrong_session_dropped),
+            (Phase::Idle, 1)
+        );
+        s.announce_session(1, 1);
+        assert!(events(&mut s).is_empty());
+        assert!(s.on_datagram(1, Line::A, &ds[0], &mut app));
+        assert_eq!(app.seqs, vec![1, 2]);
+    }
+
+    #[test]
+    fn datagram_tags_are_required_when_on() {
+        let key = Key::derive(b"s3cret", crate::auth::Purpose::Datagram);
+        let mut p = publisher(1);
+        p.set_datagram_key(Some(key.clone()));
+        let ds = datagrams(&mut p, 3);
+        let mut s = announced(cfg());
+        s.set_datagram_key(Some(key));
+        let mut app = App::default();
+        // Untagged, tagged with another key, altered, too short: dropped.
+        let mut plain = publisher(1);
+        let untagged = datagrams(&mut plain, 1);
+        assert!(!s.on_datagram(0, Line::A, &untagged[0], &mut app));
+        let mut other = publisher(1);
+        other.set_datagram_key(Some(Key::derive(b"guess", crate::auth::Purpose::Datagram)));
+        let wrong = datagrams(&mut other, 1);
+        assert!(!s.on_datagram(0, Line::A, &wrong[0], &mut app));
+        let mut altered = ds[0].clone();
+        altered[30] ^= 1;
+        assert!(!s.on_datagram(0, Line::A, &altered, &mut app));
+        assert!(!s.on_datagram(0, Line::A, &[1, 2, 3], &mut app));
+        assert_eq!(s.counters().bad_tag_dropped, 4);
+        assert_eq!(s.phase(), Phase::Idle);
+        // Tagged by the publisher: delivered, out of order too (the buffered
+        // copy is kept without its tag and parsed again when drained).
+        assert!(s.on_datagram(0, Line::A, &ds[0], &mut app));
+        assert!(s.on_datagram(0, Line::A, &ds[2], &mut app));
+        assert!(s.on_datagram(0, Line::B, &ds[1], &mut app));
+        assert_eq!(app.seqs, vec![1, 2, 3, 4, 5, 6]);
+        // The heartbeat is tagged too.
+        let hb = p.heartbeat().to_vec();
+        assert!(s.on_datagram(0, Line::A, &hb, &mut app));
+        assert_eq!(s.counters().bad_tag_dropped, 4);
+    }
+
+    #[test]
+    fn large_holes_are_requested_in_pieces() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 6);
+        let mut s = announced(SubscriberConfig {
+            max_request_messages: 3,
+            max_outstanding: 4,
+            ..cfg()
+        });
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[5], &mut app);
+        // Hole [3, 11): 8 messages in requests of at most 3.
+        assert_eq!(
+            transmits(&mut s),
+            vec![retransmit(3, 3), retransmit(6, 3), retransmit(9, 2)]
+        );
     }
 
     #[test]
     fn heartbeat_reveals_a_lost_tail() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 2);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
         s.on_datagram(0, Line::A, &ds[0], &mut app);
         let hb = p.heartbeat().to_vec();
@@ -1423,9 +1591,9 @@ mod tests {
     fn bad_input_is_counted_not_fatal() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 1);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
-        s.on_datagram(0, Line::A, &ds[0][..10], &mut app);
+        assert!(!s.on_datagram(0, Line::A, &ds[0][..10], &mut app));
         s.on_datagram(0, Line::A, &[0u8; 300], &mut app);
         s.on_recovery(0, &[1, 2, 3], &mut app);
         let mut other = PublisherState::new(PublisherConfig {
@@ -1445,7 +1613,7 @@ mod tests {
     fn link_down_turns_holes_into_losses_and_snapshot_waits_for_link_up() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 6);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
         s.on_datagram(0, Line::A, &ds[0], &mut app);
         s.on_datagram(0, Line::A, &ds[2], &mut app); // hole [3,5), requested
@@ -1500,7 +1668,7 @@ mod tests {
     fn link_down_lets_the_arbitration_window_run_first() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 3);
-        let mut s = SubscriberState::new(SubscriberConfig {
+        let mut s = announced(SubscriberConfig {
             ab_grace_ns: 100,
             ..cfg()
         });
@@ -1519,7 +1687,7 @@ mod tests {
     fn buffer_overflow_is_unrecoverable() {
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 12);
-        let mut s = SubscriberState::new(cfg());
+        let mut s = announced(cfg());
         let mut app = App::default();
         s.on_datagram(0, Line::A, &ds[0], &mut app);
         for d in &ds[2..10] {

@@ -36,6 +36,19 @@
 //! # Recovery messages
 //! Every recovery message starts with a 24-byte [`RecoveryHeader`] whose `len`
 //! covers the whole message, so several messages can share one RC buffer.
+//!
+//! # Recovery admission
+//! The recovery connection is admitted by [`crate::auth`]'s challenge-response,
+//! carried in rdma_cm private data and the connection's first message:
+//! the subscriber's connect request carries a [`Hello`] (24 bytes, within the
+//! 56 a connect request can carry) with its nonce; the publisher's accept
+//! carries a [`Welcome`] (72 bytes): what the subscriber must filter
+//! datagrams by (the publisher's session, UD queue pair and GID), the
+//! publisher's nonce and its proof over both; the subscriber's first message
+//! on the connection is an [`RecoveryKind::AuthProof`] with its own proof.
+//! The proofs cover the Hello and the Welcome up to the nonce, so the
+//! announced session, QPN and GID cannot be altered unnoticed. The publisher
+//! serves nothing on a connection before its proof checked.
 
 use zerocopy::byteorder::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -326,6 +339,9 @@ pub enum RecoveryKind {
     SnapshotChunk = 5,
     /// Snapshot server → subscriber: the snapshot is complete.
     SnapshotEnd = 6,
+    /// Subscriber → publisher, first message of a connection: the
+    /// initiator's proof of the shared secret.
+    AuthProof = 7,
 }
 
 impl RecoveryKind {
@@ -337,6 +353,7 @@ impl RecoveryKind {
             4 => Self::SnapshotRequest,
             5 => Self::SnapshotChunk,
             6 => Self::SnapshotEnd,
+            7 => Self::AuthProof,
             _ => return None,
         })
     }
@@ -487,6 +504,13 @@ pub enum RecoveryMsg<'a> {
     },
     /// See [`SnapshotEnd`].
     SnapshotEnd(SnapshotEnd),
+    /// The subscriber's proof of the shared secret (see the module docs).
+    AuthProof {
+        /// Channel id.
+        channel: u16,
+        /// The tag.
+        tag: [u8; crate::auth::TAG_LEN],
+    },
 }
 
 /// Decodes the first recovery message in `bytes`; returns it and the number
@@ -563,6 +587,11 @@ pub fn decode_recovery(bytes: &[u8]) -> Result<(RecoveryMsg<'_>, usize), WireErr
                 offset: b.offset.get(),
                 data,
             }
+        }
+        RecoveryKind::AuthProof => {
+            exact(crate::auth::TAG_LEN)?;
+            let tag = body.try_into().map_err(|_| WireError::BadLength(len32))?;
+            RecoveryMsg::AuthProof { channel, tag }
         }
         RecoveryKind::SnapshotEnd => {
             exact(24)?;
@@ -708,6 +737,83 @@ pub fn encode_snapshot_request(
         &[],
         &[],
     )
+}
+
+/// Size of an auth proof message.
+pub const AUTH_PROOF_LEN: usize = RECOVERY_HEADER_LEN + crate::auth::TAG_LEN;
+
+/// Encodes the subscriber's proof; returns the bytes written.
+pub fn encode_auth_proof(
+    out: &mut [u8],
+    channel: u16,
+    tag: &[u8; crate::auth::TAG_LEN],
+) -> Result<usize, BufferTooSmall> {
+    encode_parts(out, RecoveryKind::AuthProof, channel, 0, tag, &[])
+}
+
+/// Magic of a [`Hello`], `b"RH"`.
+pub const HELLO_MAGIC: u16 = u16::from_le_bytes(*b"RH");
+/// Magic of a [`Welcome`], `b"RW"`.
+pub const WELCOME_MAGIC: u16 = u16::from_le_bytes(*b"RW");
+/// Hello/Welcome flag: datagrams carry a tag.
+pub const FLAG_DATAGRAM_TAG: u8 = 1;
+
+/// The subscriber's connect request private data.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+pub struct Hello {
+    /// [`HELLO_MAGIC`].
+    pub magic: U16,
+    /// [`VERSION`].
+    pub version: u8,
+    /// [`FLAG_DATAGRAM_TAG`] if the subscriber expects tagged datagrams.
+    pub flags: u8,
+    /// Channel id.
+    pub channel: U16,
+    /// Zero.
+    pub reserved: U16,
+    /// The initiator's nonce.
+    pub nonce: [u8; crate::auth::NONCE_LEN],
+}
+const _: () = assert!(core::mem::size_of::<Hello>() == 24);
+
+/// The publisher's accept private data.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+pub struct Welcome {
+    /// [`WELCOME_MAGIC`].
+    pub magic: U16,
+    /// [`VERSION`].
+    pub version: u8,
+    /// [`FLAG_DATAGRAM_TAG`] if the publisher tags its datagrams.
+    pub flags: u8,
+    /// Channel id.
+    pub channel: U16,
+    /// Zero.
+    pub reserved: U16,
+    /// The publisher's session.
+    pub session: U64,
+    /// The queue pair number the publisher multicasts from.
+    pub qpn: U32,
+    /// Zero.
+    pub reserved2: U32,
+    /// The GID the publisher multicasts from.
+    pub gid: [u8; 16],
+    /// The responder's nonce.
+    pub nonce: [u8; crate::auth::NONCE_LEN],
+    /// The responder's proof.
+    pub tag: [u8; crate::auth::TAG_LEN],
+}
+const _: () = assert!(core::mem::size_of::<Welcome>() == 72);
+
+/// Bytes of a [`Welcome`] its proofs cover (everything before the nonce).
+pub const WELCOME_SIGNED_LEN: usize = 40;
+
+impl Welcome {
+    /// The part the proofs cover.
+    pub fn signed(&self) -> &[u8] {
+        &self.as_bytes()[..WELCOME_SIGNED_LEN]
+    }
 }
 
 /// Size of a snapshot chunk message carrying `data_len` bytes.

@@ -38,7 +38,9 @@ pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{device_names, Context, Gid, PortInfo, PortState};
 pub use error::VerbsError;
 pub use memory::{Access, MemoryRegion, ProtectionDomain};
-pub use pool::{Dest, PoolConfig, PoolError, PoolStats, PooledQp, RecvPoll, StageError};
+pub use pool::{
+    Dest, PoolConfig, PoolError, PoolStats, PooledQp, RecvPoll, RecvSource, StageError,
+};
 pub use qp::{
     AddressHandle, AhAttr, LocalPath, Mtu, QpCaps, QpState, QpType, QueuePair, RcOptions, RcPeer,
     RecvWr, SendWr, Sge,

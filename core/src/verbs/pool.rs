@@ -28,10 +28,40 @@
 use super::cq::{CompletionQueue, WcStatus, WorkCompletion};
 use super::memory::{Access, MemoryRegion, ProtectionDomain};
 use super::qp::{AddressHandle, QpCaps, QpType, QueuePair, RecvWr, SendWr, Sge};
-use super::{VerbsError, GRH_LEN};
+use super::{Gid, VerbsError, GRH_LEN};
 use arrayvec::ArrayVec;
 use std::fmt;
 use std::sync::Arc;
+
+/// Who sent a received message (see [`PooledQp::poll_recv_from`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RecvSource {
+    /// The sender's queue pair number (UD; 0 on RC).
+    pub qpn: u32,
+    /// The sender's GID (UD; zero on RC). On RoCE v2 over IPv4 the device
+    /// writes the IPv4 header where the GRH would be; its source address
+    /// is returned as an IPv4-mapped GID, as the GID table lists it.
+    pub gid: Gid,
+}
+
+/// The source GID of the 40 bytes the device wrote in front of a UD
+/// message: a GRH (IB and RoCE v1/v2 over IPv6: IP version 6 in the first
+/// nibble, source GID at bytes 8..24), or for RoCE v2 over IPv4 20 unused
+/// bytes and then the IPv4 header (source address at bytes 32..36).
+fn source_gid(grh: &[u8]) -> Gid {
+    let mut gid = [0u8; 16];
+    if grh.len() < GRH_LEN {
+        return Gid(gid);
+    }
+    if grh[0] >> 4 == 6 {
+        gid.copy_from_slice(&grh[8..24]);
+    } else {
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&grh[32..36]);
+    }
+    Gid(gid)
+}
 
 /// Work requests built on the stack per doorbell (and completions polled per
 /// call).
@@ -377,6 +407,16 @@ impl PooledQp {
     /// message to `f` (UD: without the GRH), then re-posts free slots once a
     /// batch has gathered (or the queue is low). Never blocks.
     pub fn poll_recv(&mut self, mut f: impl FnMut(&[u8])) -> Result<RecvPoll, PoolError> {
+        self.poll_recv_from(|_, bytes| f(bytes))
+    }
+
+    /// [`poll_recv`](Self::poll_recv), also telling `f` who sent each
+    /// message: on UD the sender's queue pair (from the completion) and GID
+    /// (from the GRH); on RC the source is meaningless (zero).
+    pub fn poll_recv_from(
+        &mut self,
+        mut f: impl FnMut(RecvSource, &[u8]),
+    ) -> Result<RecvPoll, PoolError> {
         if self.recv_slots == 0 {
             return Ok(RecvPoll {
                 received: 0,
@@ -388,6 +428,7 @@ impl PooledQp {
         for i in 0..n {
             let w = &self.wcs[i];
             let (slot, ok, len) = (w.wr_id(), w.is_success(), w.byte_len() as usize);
+            let src_qp = w.src_qp();
             if slot >= u64::from(self.recv_slots) {
                 // Not one of ours: impossible with a private CQ; never
                 // trusted as an index.
@@ -401,16 +442,24 @@ impl PooledQp {
             } else if len < self.grh || len > self.recv_slot {
                 self.stats.recv_bad_len += 1;
             } else {
-                let off = slot as usize * self.recv_slot + self.grh;
+                let start = slot as usize * self.recv_slot;
+                let off = start + self.grh;
                 // SAFETY: the slot's receive completed (polled just above), so
                 // the device no longer writes it, and it is not re-posted
-                // before `f` returns; [off, off + len - grh) lies inside the
+                // before `f` returns; [start, off + len - grh) lies inside the
                 // slot (len <= recv_slot checked) and so inside the region.
-                // The borrow cannot escape `f` (higher-ranked lifetime).
-                let bytes = unsafe {
-                    std::slice::from_raw_parts(self.recv_mr.as_ptr().add(off), len - self.grh)
+                // The borrows cannot escape `f` (higher-ranked lifetime).
+                let (grh, bytes) = unsafe {
+                    (
+                        std::slice::from_raw_parts(self.recv_mr.as_ptr().add(start), self.grh),
+                        std::slice::from_raw_parts(self.recv_mr.as_ptr().add(off), len - self.grh),
+                    )
                 };
-                f(bytes);
+                let src = RecvSource {
+                    qpn: src_qp,
+                    gid: source_gid(grh),
+                };
+                f(src, bytes);
                 received += 1;
                 self.stats.received += 1;
             }
@@ -680,5 +729,27 @@ impl PooledQp {
             }
         }
         Ok((self.send_tail - before) as u32)
+    }
+}
+
+#[cfg(test)]
+mod source_tests {
+    use super::*;
+
+    #[test]
+    fn source_gid_of_a_grh_and_of_a_roce_v2_ipv4_header() {
+        let mut grh = [0u8; GRH_LEN];
+        grh[0] = 0x60;
+        grh[8..24].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(source_gid(&grh).0[..2], [0xfe, 0x80]);
+        assert_eq!(source_gid(&grh).0[8..], [1, 2, 3, 4, 5, 6, 7, 8]);
+        let mut v4 = [0u8; GRH_LEN];
+        v4[20] = 0x45;
+        v4[32..36].copy_from_slice(&[198, 18, 0, 1]);
+        assert_eq!(
+            source_gid(&v4).ipv4(),
+            Some(std::net::Ipv4Addr::new(198, 18, 0, 1))
+        );
+        assert!(source_gid(&[0u8; 3]).is_zero());
     }
 }
