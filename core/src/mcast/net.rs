@@ -761,8 +761,45 @@ impl std::fmt::Debug for McastSubscriber {
 impl McastSubscriber {
     /// Opens the device owning `local`, joins the channel's line(s) with
     /// receives posted, and connects to the recovery service at
-    /// `publisher`:`channel.port`.
+    /// `publisher`:`channel.port`, waiting for the connection (up to 10 s
+    /// when the publisher does not answer). [`start`](Self::start) does not
+    /// wait.
     pub fn new(
+        cfg: &McastConfig,
+        channel: u16,
+        local: IpAddr,
+        publisher: IpAddr,
+    ) -> Result<Self, NetError> {
+        let mut s = Self::join_lines(cfg, channel, local, publisher)?;
+        let resolved = cm::resolve(s.reconnect.publisher, Some(local), CM_TIMEOUT)?;
+        let mut rc = recovery_qp(&s.reconnect.pd)?;
+        let (conn, _) =
+            resolved.connect(rc.qp(), &s.reconnect.opts, Access::LOCAL, &[], CM_TIMEOUT)?;
+        rc.post_receives()?;
+        s.link = Link::Up { rc, conn };
+        Ok(s)
+    }
+
+    /// As [`new`](Self::new) without waiting for the recovery service: the
+    /// lines are joined (on RoCE a local operation, no peer involved) and
+    /// multicast is received at once; the recovery connection starts down
+    /// and is made by [`poll`](Self::poll), with the same back-off as a
+    /// reconnect after a lost link (a publisher that is down costs the
+    /// caller nothing). Until it is up the subscriber behaves as after a
+    /// lost link: gaps cannot be recovered meanwhile.
+    pub fn start(
+        cfg: &McastConfig,
+        channel: u16,
+        local: IpAddr,
+        publisher: IpAddr,
+    ) -> Result<Self, NetError> {
+        let mut s = Self::join_lines(cfg, channel, local, publisher)?;
+        s.state.set_recovery_link(0, false);
+        Ok(s)
+    }
+
+    /// Everything but the recovery connection, which is left down.
+    fn join_lines(
         cfg: &McastConfig,
         channel: u16,
         local: IpAddr,
@@ -810,15 +847,10 @@ impl McastSubscriber {
             });
         }
         let publisher = SocketAddr::new(publisher, ch.port);
-        let resolved = cm::resolve(publisher, Some(local), CM_TIMEOUT)?;
-        let mut rc = recovery_qp(&pd)?;
-        let (conn, _) =
-            resolved.connect(rc.qp(), &rc_options(cfg), Access::LOCAL, &[], CM_TIMEOUT)?;
-        rc.post_receives()?;
         Ok(McastSubscriber {
             state: SubscriberState::new(cfg.subscriber(channel)),
             lines,
-            link: Link::Up { rc, conn },
+            link: Link::Down,
             reconnect: Reconnect {
                 pd,
                 publisher,
