@@ -59,8 +59,9 @@ use crate::proto::{
 pub const DEFAULT_GATEWAY_TIMEOUT: Duration = Duration::from_millis(1000);
 
 /// Polls between two looks at the clock for heartbeats and silence (a count, not a clock:
-/// reading the clock costs a system call on some virtual machines). Every flush looks too.
-const POLLS_PER_CHECK: u32 = 64;
+/// reading the clock costs a system call on some virtual machines). Every flush looks for a
+/// heartbeat due; silence is judged by polls only, right after they read the ring.
+const POLLS_PER_CHECK: u32 = 16;
 
 /// Where an order stands, as the engine sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -457,9 +458,11 @@ pub struct ResumeError {
 /// once it has heard nothing from it (no frame, not even a heartbeat) for the gateway
 /// timeout ([`DEFAULT_GATEWAY_TIMEOUT`], or [`set_gateway_timeout`](Self::set_gateway_timeout)):
 /// it logs an error, closes the connection, and from then on every call fails with
-/// [`PeerLost::Silent`] until the engine logs on again ([`resume`](Self::resume)). Both are
-/// checked in [`flush`](Self::flush) and every few [`poll`](Self::poll)s, so an engine
-/// must keep calling one of them.
+/// [`PeerLost::Silent`] until the engine logs on again ([`resume`](Self::resume)).
+/// Heartbeats go out from [`flush`](Self::flush) and every few [`poll`](Self::poll)s;
+/// silence is judged every few polls. An engine must keep polling (it must anyway, to read
+/// its responses); one that neither polls nor flushes for the gateway's
+/// `engine_timeout_ms` is disconnected by the gateway.
 #[derive(Debug)]
 pub struct EngineSession {
     conn: Connection,
@@ -640,8 +643,10 @@ impl EngineSession {
         self.epoch.elapsed().as_nanos() as u64
     }
 
-    /// Heartbeat when due, and the gateway's silence: declares it dead past the timeout.
-    fn check_liveness(&self) -> Result<(), PeerLost> {
+    /// Heartbeat when due, and (`judge`: only right after reading the ring, so frames
+    /// waiting there are not mistaken for silence) the gateway's silence: declares it dead
+    /// past the timeout.
+    fn check_liveness(&self, judge: bool) -> Result<(), PeerLost> {
         if let Some(l) = self.conn.lost() {
             return Err(l);
         }
@@ -650,7 +655,7 @@ impl EngineSession {
         if self.heard.replace(false) {
             live.on_heard(now);
         }
-        if live.is_expired(now) {
+        if judge && live.is_expired(now) {
             tracing::error!(
                 engine = self.engine,
                 silent_ms = live.silent_for(now) / 1_000_000,
@@ -789,10 +794,9 @@ impl EngineSession {
     }
 
     /// Sends everything queued (and a heartbeat when one is due). Fails with
-    /// [`PeerLost::Silent`] once the gateway has been silent past the gateway timeout.
+    /// [`PeerLost::Silent`] once a poll declared the gateway dead.
     pub fn flush(&self) -> Result<(), OfferError> {
-        self.polls.set(0);
-        self.check_liveness().map_err(OfferError::Lost)?;
+        self.check_liveness(false).map_err(OfferError::Lost)?;
         self.conn.flush()
     }
 
@@ -803,11 +807,6 @@ impl EngineSession {
         mut on_response: impl FnMut(Result<Response, ClientError>),
         limit: usize,
     ) -> Result<usize, OrdersError> {
-        let polls = self.polls.get().wrapping_add(1);
-        self.polls.set(polls);
-        if polls % POLLS_PER_CHECK == 0 {
-            self.check_liveness().map_err(OrdersError::PeerLost)?;
-        }
         let (client, stray) = (&mut self.client, &mut self.stray_frames);
         let n = self.conn.subscription().poll(
             |f| {
@@ -821,6 +820,11 @@ impl EngineSession {
         )?;
         if n > 0 {
             self.heard.set(true);
+        }
+        let polls = self.polls.get().wrapping_add(1);
+        self.polls.set(polls);
+        if polls % POLLS_PER_CHECK == 0 {
+            self.check_liveness(true).map_err(OrdersError::PeerLost)?;
         }
         Ok(n)
     }
