@@ -788,6 +788,8 @@ impl<L: VenueLink> Service<L> {
                     e.live.on_heard(mono);
                     work += n;
                 }
+                // Closed by us for its silence already (then listed in `lost`).
+                Err(_) if self.lost.contains(&id) => {}
                 Err(err) => {
                     tracing::warn!(engine = id, error = %err, "engine connection lost");
                     self.lost.push(id);
