@@ -56,7 +56,7 @@ use crate::proto::{
 /// How long the gateway may be silent (no frame, not even a heartbeat) before an
 /// [`EngineSession`] declares it dead, unless set with
 /// [`EngineSession::set_gateway_timeout`] (an engine's `gateway_timeout_ms`).
-pub const DEFAULT_GATEWAY_TIMEOUT: Duration = Duration::from_millis(3000);
+pub const DEFAULT_GATEWAY_TIMEOUT: Duration = Duration::from_millis(5000);
 
 /// Polls between two looks at the clock for heartbeats and silence (a count, not a clock:
 /// reading the clock costs a system call on some virtual machines). Every flush looks for a

@@ -429,8 +429,14 @@ fn rc_live_service_never_waits_on_a_silent_venue_a_stalled_engine_or_a_down_feed
         p_troubled.as_secs_f64() / p_normal.as_secs_f64(),
         troubled.len()
     );
+    // Within 2x of the normal p99, the normal one taken as at least 100 ms: on a test host
+    // so loaded that round trips take tens of milliseconds (seen: p99 64 ms and 131 ms in
+    // two runs), that p99 is the host's noise, not the loop's. The old loop blocked for the
+    // whole of each 2 s venue connect, 1.5 s handshake and 10 s feed connect: its p99 here
+    // was seconds.
+    let floor = p_normal.max(Duration::from_millis(100));
     assert!(
-        p_troubled <= 2 * p_normal,
+        p_troubled <= 2 * floor,
         "p99 {p_troubled:?} under trouble, {p_normal:?} normally"
     );
     // No bound on the maximum: on a busy test host a guest's vCPU is sometimes starved for
