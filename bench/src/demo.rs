@@ -104,10 +104,18 @@ pub struct GatewayConfig {
     /// How long to keep trying to connect (the gateway may still be starting), ms.
     #[serde(default = "default_connect_ms")]
     pub connect_timeout_ms: u64,
+    /// How long the gateway may be silent (no frame, no heartbeat) before the engine
+    /// declares it dead and stops sending, ms.
+    #[serde(default = "default_gateway_timeout_ms")]
+    pub gateway_timeout_ms: u64,
 }
 
 fn default_connect_ms() -> u64 {
     20_000
+}
+
+fn default_gateway_timeout_ms() -> u64 {
+    order_gateway::client::DEFAULT_GATEWAY_TIMEOUT.as_millis() as u64
 }
 
 /// `[market_data]`.
@@ -942,6 +950,7 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
             )
         },
     )?;
+    session.set_gateway_timeout(Duration::from_millis(cfg.gateway.gateway_timeout_ms));
     let counters = match &opts.counters_dir {
         Some(dir) => Some(EngineCounters::open(dir, &channels)?),
         None => None,

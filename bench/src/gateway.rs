@@ -150,6 +150,8 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             counters_file: false,
             static_prices: vec![(symbol, 100 * PRICE_SCALE)],
             max_response_backlog: 1 << 16,
+            heartbeat: Duration::from_millis(100),
+            max_pending_connections: 16,
         };
         let mut service = Service::new(driver, &risk, opts, c)?;
         ready_tx.send(()).ok();

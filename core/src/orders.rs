@@ -164,6 +164,11 @@ pub enum PeerLost {
     /// We closed it after a protocol violation.
     #[error("closed after a protocol violation")]
     Closed,
+    /// We closed it because the peer had been silent longer than the application's
+    /// liveness timeout (no frame, not even a heartbeat): its host or process is presumed
+    /// dead even though no work request has failed yet.
+    #[error("closed: the peer was silent past the liveness timeout")]
+    Silent,
 }
 
 /// Why `try_claim`/`offer` could not take a message. `Copy`, no allocation.
@@ -683,6 +688,13 @@ impl Connection {
         self.fail(PeerLost::Closed);
         let _ = self.cm.disconnect();
     }
+
+    /// Disconnects because the peer was silent past the application's liveness timeout:
+    /// from now on every call reports [`PeerLost::Silent`].
+    pub fn close_silent(&self) {
+        self.fail(PeerLost::Silent);
+        let _ = self.cm.disconnect();
+    }
 }
 
 fn range_sge(staging: &Staging, (off, len): (usize, usize)) -> Sge<'_> {
@@ -1012,5 +1024,163 @@ impl OrdersListener {
             };
             return Connection::from_parts(res, conn, &theirs, &self.cfg).map(Some);
         }
+    }
+
+    /// Never blocks: the next connect request that passed the token and hello checks,
+    /// `Ok(None)` if none is waiting. Requests that fail the checks are rejected with the
+    /// reason, counted and logged, as [`accept`](Self::accept) does. The caller decides
+    /// whether to [`start`](PendingRequest::start) its handshake or
+    /// [`reject`](PendingRequest::reject) it (e.g. too many pending connections).
+    pub fn poll_request(&self) -> Result<Option<PendingRequest>, OrdersError> {
+        loop {
+            let Some(req) = self.listener.next_request(Duration::ZERO)? else {
+                return Ok(None);
+            };
+            let peer = req.peer();
+            match check_hello(&peer, req.private_data(), &self.cfg) {
+                Ok(theirs) => return Ok(Some(PendingRequest { req, theirs, peer })),
+                Err(e) => {
+                    self.refused.set(self.refused.get() + 1);
+                    tracing::warn!(%peer, error = %e, "orders connection refused");
+                    let reason = match e {
+                        OrdersError::WrongToken { .. } => "rocebus: wrong token",
+                        _ => "rocebus: bad handshake",
+                    };
+                    let _ = req.reject(reason.as_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// A connect request that passed the listener's checks, not answered yet
+/// ([`OrdersListener::poll_request`]).
+#[derive(Debug)]
+pub struct PendingRequest {
+    req: cm::ConnectRequest,
+    theirs: Hello,
+    peer: String,
+}
+
+impl PendingRequest {
+    /// The requester's address.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Refuses it; the peer's connect fails with `reason` (at most 148 bytes are sent).
+    pub fn reject(self, reason: &str) {
+        let _ = self.req.reject(reason.as_bytes());
+    }
+
+    /// Sets up the connection's resources and answers the request without waiting for the
+    /// peer's confirmation: poll the returned [`Handshake`] until it completes. A failure
+    /// that concerns this request only is counted in
+    /// [`OrdersListener::failed_handshakes`]; both kinds are returned.
+    pub fn start(self, listener: &OrdersListener) -> Result<Handshake, OrdersError> {
+        let cfg = &listener.cfg;
+        let ctx = Context::open(self.req.device_name().as_deref())?;
+        let res = resources(&ctx, cfg)?;
+        let mine = hello(cfg, &res.ring);
+        match self
+            .req
+            .start_accept(&res.qp, &cfg.rc, Access::REMOTE_WRITE, mine.as_bytes())
+        {
+            Ok(accepting) => Ok(Handshake {
+                accepting,
+                res,
+                theirs: self.theirs,
+                peer: self.peer,
+                deadline: Instant::now() + Duration::from_millis(cfg.connect_timeout_ms),
+            }),
+            Err(e) => {
+                listener.handshake_failed(&self.peer, &e);
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// An answered connect request waiting for the peer's confirmation
+/// ([`PendingRequest::start`]). Dropping it abandons the connection.
+pub struct Handshake {
+    // Field order is drop order, as in `Connection`: the queue pair goes first.
+    res: Resources,
+    accepting: cm::Accepting,
+    theirs: Hello,
+    peer: String,
+    deadline: Instant,
+}
+
+impl std::fmt::Debug for Handshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handshake")
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a [`Handshake`] stands (set-up path, polled about once a millisecond: the size
+/// difference of the variants costs nothing worth a box).
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum HandshakeProgress {
+    /// Not confirmed yet: poll again later.
+    Pending(Handshake),
+    /// Established.
+    Done(Connection),
+}
+
+impl Handshake {
+    /// The peer's address.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Checks once, without blocking, whether the peer confirmed. A handshake that failed
+    /// or passed `connect_timeout_ms` is an error, counted in
+    /// [`OrdersListener::failed_handshakes`].
+    pub fn poll(self, listener: &OrdersListener) -> Result<HandshakeProgress, OrdersError> {
+        let Handshake {
+            accepting,
+            res,
+            theirs,
+            peer,
+            deadline,
+        } = self;
+        match accepting.poll() {
+            Ok(cm::AcceptProgress::Done(conn)) => {
+                Connection::from_parts(res, conn, &theirs, &listener.cfg)
+                    .map(HandshakeProgress::Done)
+            }
+            Ok(cm::AcceptProgress::Pending(accepting)) if Instant::now() < deadline => {
+                Ok(HandshakeProgress::Pending(Handshake {
+                    accepting,
+                    res,
+                    theirs,
+                    peer,
+                    deadline,
+                }))
+            }
+            Ok(cm::AcceptProgress::Pending(_)) => {
+                let e = VerbsError::CmTimeout {
+                    expected: "ESTABLISHED",
+                    ms: listener.cfg.connect_timeout_ms,
+                };
+                listener.handshake_failed(&peer, &e);
+                Err(e.into())
+            }
+            Err(e) => {
+                listener.handshake_failed(&peer, &e);
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl OrdersListener {
+    fn handshake_failed(&self, peer: &str, e: &VerbsError) {
+        self.failed_handshakes.set(self.failed_handshakes.get() + 1);
+        tracing::warn!(%peer, error = %e, "orders handshake failed; still listening");
     }
 }

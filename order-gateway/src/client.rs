@@ -38,18 +38,30 @@
 //! # Ok(()) }
 //! ```
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rocebus::orders::{Connection, OfferError, OrdersConfig, OrdersError};
+use rocebus::orders::{Connection, OfferError, OrdersConfig, OrdersError, PeerLost};
 use rustc_hash::FxHashMap;
 use zerocopy::{Immutable, IntoBytes};
 
+use crate::liveness::Liveness;
 use crate::proto::{
-    msg_type, Cancel, DecodeError, Logon, LogonAck, LogonStatus, MassCancel, NewOrder,
+    msg_type, Cancel, DecodeError, Heartbeat, Logon, LogonAck, LogonStatus, MassCancel, NewOrder,
     RejectReason, Replace, Request, Response, Side, Symbol, TimeInForce, ORDERS_STREAM,
 };
+
+/// How long the gateway may be silent (no frame, not even a heartbeat) before an
+/// [`EngineSession`] declares it dead, unless set with
+/// [`EngineSession::set_gateway_timeout`] (an engine's `gateway_timeout_ms`).
+pub const DEFAULT_GATEWAY_TIMEOUT: Duration = Duration::from_millis(5000);
+
+/// Polls between two looks at the clock for heartbeats and silence (a count, not a clock:
+/// reading the clock costs a system call on some virtual machines). Every flush looks for a
+/// heartbeat due; silence is judged by polls only, right after they read the ring.
+const POLLS_PER_CHECK: u32 = 16;
 
 /// Where an order stands, as the engine sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -440,6 +452,17 @@ pub struct ResumeError {
 /// [`flush`](Self::flush) (or when [`poll`](Self::poll) finds nothing to read). Send and
 /// poll never allocate except when the order table grows (size it with
 /// `expected_orders`). Single-threaded, like the [`Connection`] it owns.
+///
+/// Liveness: the gateway announces a heartbeat interval in its logon answer. The session
+/// sends a heartbeat when it has sent nothing for that long, and declares the gateway dead
+/// once it has heard nothing from it (no frame, not even a heartbeat) for the gateway
+/// timeout ([`DEFAULT_GATEWAY_TIMEOUT`], or [`set_gateway_timeout`](Self::set_gateway_timeout)):
+/// it logs an error, closes the connection, and from then on every call fails with
+/// [`PeerLost::Silent`] until the engine logs on again ([`resume`](Self::resume)).
+/// Heartbeats go out from [`flush`](Self::flush) and every few [`poll`](Self::poll)s;
+/// silence is judged every few polls. An engine must keep polling (it must anyway, to read
+/// its responses); one that neither polls nor flushes for the gateway's
+/// `engine_timeout_ms` is disconnected by the gateway.
 #[derive(Debug)]
 pub struct EngineSession {
     conn: Connection,
@@ -447,6 +470,15 @@ pub struct EngineSession {
     engine: u32,
     replay_until: u32,
     stray_frames: u64,
+    /// Heartbeats and silence, on `epoch`'s clock (nanoseconds).
+    live: Cell<Liveness>,
+    /// A frame arrived since the last liveness check.
+    heard: Cell<bool>,
+    polls: Cell<u32>,
+    epoch: Instant,
+    /// The heartbeat interval the gateway announced (zero: it sends none).
+    heartbeat: Duration,
+    gateway_timeout: Duration,
 }
 
 impl EngineSession {
@@ -502,15 +534,23 @@ impl EngineSession {
             client.last_response_seq(),
             timeout,
         ) {
-            Ok((conn, replay_until, last_request)) => {
+            Ok((conn, replay_until, last_request, heartbeat)) => {
                 client.on_logon(last_request);
-                Ok(EngineSession {
+                let mut s = EngineSession {
                     conn,
                     client,
                     engine,
                     replay_until,
                     stray_frames: 0,
-                })
+                    live: Cell::new(Liveness::new(0, 0, 0)),
+                    heard: Cell::new(false),
+                    polls: Cell::new(0),
+                    epoch: Instant::now(),
+                    heartbeat,
+                    gateway_timeout: DEFAULT_GATEWAY_TIMEOUT,
+                };
+                s.set_gateway_timeout(DEFAULT_GATEWAY_TIMEOUT);
+                Ok(s)
             }
             Err(error) => Err(ResumeError {
                 error,
@@ -519,8 +559,8 @@ impl EngineSession {
         }
     }
 
-    /// Connects and logs on; returns the connection, the gateway's last response number and
-    /// the last request number it took.
+    /// Connects and logs on; returns the connection, the gateway's last response number,
+    /// the last request number it took and its heartbeat interval.
     fn logon(
         addr: SocketAddr,
         cfg: &OrdersConfig,
@@ -528,7 +568,7 @@ impl EngineSession {
         token: &str,
         last_response_seq: u32,
         timeout: Duration,
-    ) -> Result<(Connection, u32, u32), SessionError> {
+    ) -> Result<(Connection, u32, u32, Duration), SessionError> {
         let deadline = Instant::now() + timeout;
         let logon = Logon::new(engine, token.as_bytes(), last_response_seq)
             .ok_or(SessionError::BadToken)?;
@@ -551,11 +591,103 @@ impl EngineSession {
                 conn,
                 ack.last_response_seq.get(),
                 ack.last_request_seq.get(),
+                Duration::from_millis(u64::from(ack.heartbeat_ms.get())),
             )),
             Some(Ok((_, status))) => Err(SessionError::Refused { engine, status }),
             Some(Err(e)) => Err(SessionError::BadAnswer(e)),
             None => Err(SessionError::Timeout(timeout)),
         }
+    }
+
+    /// Declares the gateway dead after `timeout` of silence (an engine's
+    /// `gateway_timeout_ms`); counted from now. At least twice the gateway's heartbeat
+    /// interval is sensible: a shorter one is raised to that, with a warning. A gateway that
+    /// announced no heartbeats (an older one) is never declared dead this way.
+    pub fn set_gateway_timeout(&mut self, timeout: Duration) {
+        let mut timeout = timeout;
+        if !self.heartbeat.is_zero() && timeout < 2 * self.heartbeat {
+            tracing::warn!(
+                gateway_timeout_ms = timeout.as_millis() as u64,
+                heartbeat_ms = self.heartbeat.as_millis() as u64,
+                "gateway timeout below twice the heartbeat interval: using twice the interval"
+            );
+            timeout = 2 * self.heartbeat;
+        }
+        self.gateway_timeout = timeout;
+        let now = self.now();
+        let (interval, timeout_ns) = if self.heartbeat.is_zero() {
+            (0, 0)
+        } else {
+            (self.heartbeat.as_nanos() as u64, timeout.as_nanos() as u64)
+        };
+        self.live.set(Liveness::new(now, interval, timeout_ns));
+    }
+
+    /// The gateway timeout in force.
+    pub fn gateway_timeout(&self) -> Duration {
+        self.gateway_timeout
+    }
+
+    /// The heartbeat interval the gateway announced at logon (zero: none).
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat
+    }
+
+    /// True once the gateway was declared dead for its silence (every call then fails with
+    /// [`PeerLost::Silent`]; log on again with [`resume`](Self::resume)).
+    pub fn gateway_silent(&self) -> bool {
+        self.conn.lost() == Some(PeerLost::Silent)
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Heartbeat when due, and (`judge`: only right after reading the ring, so frames
+    /// waiting there are not mistaken for silence) the gateway's silence: declares it dead
+    /// past the timeout.
+    fn check_liveness(&self, judge: bool) -> Result<(), PeerLost> {
+        if let Some(l) = self.conn.lost() {
+            return Err(l);
+        }
+        let now = self.now();
+        let mut live = self.live.get();
+        if self.heard.replace(false) {
+            live.on_heard(now);
+        }
+        if judge && live.is_expired(now) {
+            tracing::error!(
+                engine = self.engine,
+                silent_ms = live.silent_for(now) / 1_000_000,
+                gateway_timeout_ms = self.gateway_timeout.as_millis() as u64,
+                "gateway silent (no frame, no heartbeat): presumed dead; orders are refused until the engine logs on again"
+            );
+            self.conn.close_silent();
+            self.live.set(live);
+            return Err(PeerLost::Silent);
+        }
+        if live.poll_transmit(now) {
+            let hb = Heartbeat::new(crate::unix_nanos());
+            match self
+                .conn
+                .publication(ORDERS_STREAM)
+                .try_claim(u16::from(msg_type::HEARTBEAT), size_of::<Heartbeat>())
+            {
+                Ok(mut claim) => {
+                    claim.copy_from_slice(hb.as_bytes());
+                    claim.commit();
+                    live.on_sent(now);
+                }
+                // The gateway's ring is full of our requests: it has something to read.
+                Err(OfferError::BackPressured) => live.on_sent(now),
+                // Another claim is open (cannot happen through this API): next time.
+                Err(OfferError::ClaimOpen) => {}
+                Err(OfferError::Lost(l)) => return Err(l),
+                Err(_) => {}
+            }
+        }
+        self.live.set(live);
+        Ok(())
     }
 
     /// Closes the connection (the gateway cancels the engine's open orders) and hands back
@@ -661,8 +793,10 @@ impl EngineSession {
         self.send(msg_type::MASS_CANCEL, |c| c.mass_cancel(account, symbol))
     }
 
-    /// Sends everything queued.
+    /// Sends everything queued (and a heartbeat when one is due). Fails with
+    /// [`PeerLost::Silent`] once a poll declared the gateway dead.
     pub fn flush(&self) -> Result<(), OfferError> {
+        self.check_liveness(false).map_err(OfferError::Lost)?;
         self.conn.flush()
     }
 
@@ -674,16 +808,25 @@ impl EngineSession {
         limit: usize,
     ) -> Result<usize, OrdersError> {
         let (client, stray) = (&mut self.client, &mut self.stray_frames);
-        self.conn.subscription().poll(
+        let n = self.conn.subscription().poll(
             |f| {
-                if f.stream_id == ORDERS_STREAM {
-                    on_response(client.on_response(f.payload));
-                } else {
+                if f.stream_id != ORDERS_STREAM {
                     *stray += 1;
+                } else if f.msg_type != u16::from(msg_type::HEARTBEAT) {
+                    on_response(client.on_response(f.payload));
                 }
             },
             limit,
-        )
+        )?;
+        if n > 0 {
+            self.heard.set(true);
+        }
+        let polls = self.polls.get().wrapping_add(1);
+        self.polls.set(polls);
+        if polls % POLLS_PER_CHECK == 0 {
+            self.check_liveness(true).map_err(OrdersError::PeerLost)?;
+        }
+        Ok(n)
     }
 
     /// Disconnects (the gateway cancels the engine's open orders).

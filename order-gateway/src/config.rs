@@ -49,6 +49,14 @@ fn default_engine_timeout_ms() -> u64 {
     5000
 }
 
+fn default_heartbeat_ms() -> u64 {
+    100
+}
+
+fn default_max_pending_connections() -> usize {
+    16
+}
+
 fn default_control_socket() -> PathBuf {
     PathBuf::from(".rocebus/order-gateway.control")
 }
@@ -81,10 +89,22 @@ pub struct ServiceConfig {
     /// How long a new engine connection may take to send its logon.
     #[serde(default = "default_logon_timeout_ms")]
     pub logon_timeout_ms: u64,
-    /// After a restart, how long an engine that was logged on (or has open orders) has to
-    /// log on again before its open orders are cancelled at the venue.
+    /// How long a logged-on engine may stay silent (no frame, not even a heartbeat) before
+    /// it is disconnected and its open orders are cancelled at the venue; after a restart,
+    /// also how long an engine that was logged on (or has open orders) has to log on again
+    /// before its orders are cancelled. At least twice `heartbeat_ms`. Default 5000.
     #[serde(default = "default_engine_timeout_ms")]
     pub engine_timeout_ms: u64,
+    /// Heartbeat interval both ways on the engine protocol, milliseconds (1..=65535): the
+    /// gateway sends each engine a heartbeat this often and tells it, in the logon answer,
+    /// to do the same. Default 100.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// Connections in their handshake or waiting for their logon at once; a connect request
+    /// beyond this is rejected ("too many pending connections"), counted and logged at a
+    /// bounded rate. At least 1. Default 16.
+    #[serde(default = "default_max_pending_connections")]
+    pub max_pending_connections: usize,
     /// The operator's control socket (`order-gateway control`), a Unix socket with mode
     /// 0600; relative paths are relative to the working directory.
     #[serde(default = "default_control_socket")]
@@ -116,6 +136,15 @@ pub struct FixConfig {
     /// is sent again, milliseconds. Default (0): one heartbeat interval.
     #[serde(default)]
     pub resend_timeout_ms: u32,
+    /// Optional: bytes that may wait for a venue that is not reading (its socket buffer
+    /// full); one more, or no progress for 5 s, drops the link (the session resends after
+    /// the reconnect). At least 65536. Default 4194304 (4 MiB).
+    #[serde(default = "default_max_unsent_bytes")]
+    pub max_unsent_bytes: usize,
+}
+
+fn default_max_unsent_bytes() -> usize {
+    crate::driver::DEFAULT_MAX_UNSENT
 }
 
 impl FixConfig {
@@ -232,6 +261,34 @@ impl Config {
             let (k, p) = text.split_once(": ").unwrap_or(("risk", &text));
             return Err((k.to_owned(), p.to_owned()));
         }
+        let s = &self.service;
+        if !(1..=u64::from(u16::MAX)).contains(&s.heartbeat_ms) {
+            return Err((
+                "service.heartbeat_ms".into(),
+                "must be between 1 and 65535".into(),
+            ));
+        }
+        if s.engine_timeout_ms < 2 * s.heartbeat_ms {
+            return Err((
+                "service.engine_timeout_ms".into(),
+                format!(
+                    "must be at least twice heartbeat_ms ({}), or a healthy engine whose                      heartbeat is a little late is disconnected",
+                    s.heartbeat_ms
+                ),
+            ));
+        }
+        if self.fix.max_unsent_bytes < 65536 {
+            return Err((
+                "fix.max_unsent_bytes".into(),
+                "must be at least 65536".into(),
+            ));
+        }
+        if s.max_pending_connections == 0 {
+            return Err((
+                "service.max_pending_connections".into(),
+                "must be at least 1".into(),
+            ));
+        }
         if self.service.max_response_backlog < self.risk.response_history {
             return Err((
                 "service.max_response_backlog".into(),
@@ -309,6 +366,54 @@ mod tests {
             "{:#}",
             anyhow::Error::from(Config::load(&path).unwrap_err())
         )
+    }
+
+    #[test]
+    fn liveness_and_cap_keys_default_and_are_checked() {
+        let c = Config::load(&example()).unwrap();
+        assert_eq!(c.service.heartbeat_ms, 100);
+        assert_eq!(c.service.max_pending_connections, 16);
+        assert_eq!(c.fix.max_unsent_bytes, 4 << 20);
+        let m = broken("heartbeat_ms = 100", "heartbeat_ms = 0");
+        assert!(m.contains("service.heartbeat_ms"), "{m}");
+        let m = broken("heartbeat_ms = 100", "heartbeat_ms = 70000");
+        assert!(m.contains("service.heartbeat_ms"), "{m}");
+        let m = broken("heartbeat_ms = 100", "heartbeat_ms = 3000");
+        assert!(
+            m.contains("service.engine_timeout_ms") && m.contains("twice"),
+            "{m}"
+        );
+        let m = broken(
+            "max_pending_connections = 16",
+            "max_pending_connections = 0",
+        );
+        assert!(m.contains("service.max_pending_connections"), "{m}");
+        let m = broken("max_unsent_bytes = 4194304", "max_unsent_bytes = 1000");
+        assert!(m.contains("fix.max_unsent_bytes"), "{m}");
+        // Absent keys take their defaults.
+        let text = std::fs::read_to_string(example()).unwrap();
+        let bare: String = text
+            .lines()
+            .filter(|l| {
+                ![
+                    "heartbeat_ms",
+                    "max_pending_connections",
+                    "max_unsent_bytes",
+                ]
+                .iter()
+                .any(|k| l.starts_with(k))
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = Config::parse(&bare).unwrap();
+        assert_eq!(
+            (
+                c.service.heartbeat_ms,
+                c.service.max_pending_connections,
+                c.fix.max_unsent_bytes
+            ),
+            (100, 16, 4 << 20)
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! [`crate::sim::SimVenue`] for benchmarks.
 
 use std::io::{self, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -74,43 +74,131 @@ pub enum LinkRead {
 }
 
 /// The byte pipe to the venue. Implementations do no FIX: the session lives in [`Gateway`].
+///
+/// Nothing here may wait on the venue: [`open`](Self::open) starts a connect that
+/// [`poll_open`](Self::poll_open) completes, and [`write_all`](Self::write_all) queues what
+/// the socket cannot take now for [`poll_write`](Self::poll_write).
 pub trait VenueLink {
-    /// Opens the link (a TCP connect).
+    /// Starts opening the link (a TCP connect); it is open once [`is_open`](Self::is_open)
+    /// says so ([`poll_open`](Self::poll_open) drives it). An error: this attempt failed.
     fn open(&mut self) -> io::Result<()>;
+    /// Drives an open under way without blocking: `Ok(true)` once open, `Ok(false)` while
+    /// still connecting, an error if the attempt failed or passed its deadline.
+    fn poll_open(&mut self) -> io::Result<bool> {
+        Ok(self.is_open())
+    }
+    /// True while an open is under way.
+    fn is_opening(&self) -> bool {
+        false
+    }
     /// Closes it without a goodbye (as a crash would).
     fn close(&mut self);
     /// True while open.
     fn is_open(&self) -> bool;
     /// Reads what is there, waiting at most `wait` (`Duration::ZERO`: never blocks).
     fn read(&mut self, buf: &mut [u8], wait: Duration) -> LinkRead;
-    /// Writes all of `bytes`; an error closes the link.
+    /// Sends all of `bytes`, in order after anything queued: what the venue cannot take now
+    /// waits in the link (bounded); an error closes the link.
     fn write_all(&mut self, bytes: &[u8]) -> io::Result<()>;
+    /// Moves queued bytes to the venue without blocking; an error (the venue took nothing
+    /// for too long) closes the link.
+    fn poll_write(&mut self) -> io::Result<()> {
+        Ok(())
+    }
     /// Where it goes, for messages.
     fn describe(&self) -> String;
 }
 
-/// A TCP connection to a FIX acceptor.
+/// A TCP connection to a FIX acceptor. Connects and writes never block: a connect has
+/// [`CONNECT_TIMEOUT`] to complete, and bytes the socket cannot take wait in a queue of at
+/// most `max_unsent` bytes; a venue that lets the queue fill, or takes nothing from it for
+/// [`WRITE_STALL`], is disconnected (the FIX session then resends from its sequence
+/// numbers after the reconnect).
 #[derive(Debug)]
 pub struct TcpLink {
     addr: String,
     stream: Option<TcpStream>,
+    /// A connect under way.
+    connecting: Option<Connecting>,
     /// The socket's current mode, so switching costs a syscall only when it changes.
     nonblocking: bool,
+    /// Bytes written but not yet taken by the socket, from `unsent_pos`.
+    unsent: Vec<u8>,
+    unsent_pos: usize,
+    /// Since when queued bytes have made no progress.
+    stalled_since: Option<Instant>,
+    max_unsent: usize,
+    /// Links dropped because the venue did not read (queue full or stalled).
+    write_stalls: u64,
+}
+
+#[derive(Debug)]
+struct Connecting {
+    stream: TcpStream,
+    /// Addresses left to try after this one.
+    rest: Vec<SocketAddr>,
+    deadline: Instant,
 }
 
 /// How long a connect may take before it counts as failed.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a write may wait for the venue to take bytes before the link counts as dead.
-const WRITE_STALL: Duration = Duration::from_secs(5);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long queued bytes may wait for the venue to take any before the link counts as dead.
+pub const WRITE_STALL: Duration = Duration::from_secs(5);
+/// Default bound on bytes queued for a venue that is not reading (`fix.max_unsent_bytes`).
+pub const DEFAULT_MAX_UNSENT: usize = 4 << 20;
+
+/// Starts a non-blocking connect to `a`; `Ok(Ok(stream))` if it completed at once.
+fn start_connect(a: SocketAddr) -> io::Result<TcpStream> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let family = if a.is_ipv4() {
+        AddressFamily::INET
+    } else {
+        AddressFamily::INET6
+    };
+    let fd = rustix::net::socket_with(
+        family,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )?;
+    match rustix::net::connect(&fd, &a) {
+        Ok(()) | Err(rustix::io::Errno::INPROGRESS) => Ok(TcpStream::from(fd)),
+        Err(e) => Err(e.into()),
+    }
+}
 
 impl TcpLink {
-    /// A link to `addr` (`host:port`), not yet open.
+    /// A link to `addr` (`host:port`), not yet open. Use an IP address: a host name is
+    /// looked up (a blocking call) at each connect attempt.
     pub fn new(addr: &str) -> TcpLink {
         TcpLink {
             addr: addr.to_owned(),
             stream: None,
+            connecting: None,
             nonblocking: false,
+            unsent: Vec::new(),
+            unsent_pos: 0,
+            stalled_since: None,
+            max_unsent: DEFAULT_MAX_UNSENT,
+            write_stalls: 0,
         }
+    }
+
+    /// Bounds the bytes queued for a venue that is not reading (at least 64 KiB).
+    pub fn with_max_unsent(mut self, bytes: usize) -> TcpLink {
+        self.max_unsent = bytes.max(64 << 10);
+        self
+    }
+
+    /// Links dropped because the venue stopped reading (queue full, or no progress for
+    /// [`WRITE_STALL`]).
+    pub fn write_stalls(&self) -> u64 {
+        self.write_stalls
+    }
+
+    /// Bytes queued for the venue now.
+    pub fn unsent(&self) -> usize {
+        self.unsent.len() - self.unsent_pos
     }
 
     fn set_mode(&mut self, nonblocking: bool) -> io::Result<()> {
@@ -122,18 +210,27 @@ impl TcpLink {
         }
         Ok(())
     }
-}
 
-impl VenueLink for TcpLink {
-    fn open(&mut self) -> io::Result<()> {
+    fn drop_stream(&mut self) {
+        self.stream = None;
+        self.unsent.clear();
+        self.unsent_pos = 0;
+        self.stalled_since = None;
+    }
+
+    /// Tries the next address; `Ok(true)` if connected at once.
+    fn try_next(&mut self, mut rest: Vec<SocketAddr>) -> io::Result<bool> {
         let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolves to nothing");
-        for a in self.addr.to_socket_addrs()? {
-            match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
-                Ok(s) => {
-                    s.set_nodelay(true)?;
-                    self.stream = Some(s);
-                    self.nonblocking = false;
-                    return Ok(());
+        while !rest.is_empty() {
+            let a = rest.remove(0);
+            match start_connect(a) {
+                Ok(stream) => {
+                    self.connecting = Some(Connecting {
+                        stream,
+                        rest,
+                        deadline: Instant::now() + CONNECT_TIMEOUT,
+                    });
+                    return self.poll_open();
                 }
                 Err(e) => last = e,
             }
@@ -141,8 +238,115 @@ impl VenueLink for TcpLink {
         Err(last)
     }
 
+    /// Writes queued bytes until the socket refuses; an error closes the link.
+    fn write_queued(&mut self) -> io::Result<()> {
+        let Some(s) = &mut self.stream else {
+            return Err(io::ErrorKind::NotConnected.into());
+        };
+        let mut progressed = false;
+        while self.unsent_pos < self.unsent.len() {
+            match s.write(&self.unsent[self.unsent_pos..]) {
+                Ok(0) => {
+                    self.drop_stream();
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                Ok(n) => {
+                    self.unsent_pos += n;
+                    progressed = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    self.drop_stream();
+                    return Err(e);
+                }
+            }
+        }
+        if self.unsent_pos == self.unsent.len() {
+            self.unsent.clear();
+            self.unsent_pos = 0;
+            self.stalled_since = None;
+            return Ok(());
+        }
+        let now = Instant::now();
+        if progressed {
+            self.stalled_since = Some(now);
+        }
+        if now.duration_since(*self.stalled_since.get_or_insert(now)) > WRITE_STALL {
+            self.write_stalls += 1;
+            self.drop_stream();
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the venue took no bytes for {WRITE_STALL:?}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl VenueLink for TcpLink {
+    fn open(&mut self) -> io::Result<()> {
+        self.close();
+        let addrs: Vec<SocketAddr> = match self.addr.parse::<SocketAddr>() {
+            Ok(a) => vec![a],
+            Err(_) => self.addr.to_socket_addrs()?.collect(),
+        };
+        self.try_next(addrs).map(|_| ())
+    }
+
+    fn poll_open(&mut self) -> io::Result<bool> {
+        let Some(c) = &self.connecting else {
+            return Ok(self.stream.is_some());
+        };
+        // SO_ERROR says whether the attempt failed; a peer address, that it completed.
+        let failed = match c.stream.take_error() {
+            Ok(None) => None,
+            Ok(Some(e)) | Err(e) => Some(e),
+        };
+        if let Some(e) = failed {
+            let rest = self.connecting.take().map(|c| c.rest).unwrap_or_default();
+            if rest.is_empty() {
+                return Err(e);
+            }
+            return self.try_next(rest);
+        }
+        match c.stream.peer_addr() {
+            Ok(_) => {
+                let Some(c) = self.connecting.take() else {
+                    return Ok(false);
+                };
+                c.stream.set_nodelay(true)?;
+                self.stream = Some(c.stream);
+                self.nonblocking = true;
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => {
+                if Instant::now() < c.deadline {
+                    return Ok(false);
+                }
+                let rest = self.connecting.take().map(|c| c.rest).unwrap_or_default();
+                if rest.is_empty() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no answer within {CONNECT_TIMEOUT:?}"),
+                    ));
+                }
+                self.try_next(rest)
+            }
+            Err(e) => {
+                self.connecting = None;
+                Err(e)
+            }
+        }
+    }
+
+    fn is_opening(&self) -> bool {
+        self.connecting.is_some()
+    }
+
     fn close(&mut self) {
-        self.stream = None;
+        self.connecting = None;
+        self.drop_stream();
     }
 
     fn is_open(&self) -> bool {
@@ -162,12 +366,12 @@ impl VenueLink for TcpLink {
             return LinkRead::Closed;
         };
         if prepared.is_err() {
-            self.stream = None;
+            self.drop_stream();
             return LinkRead::Closed;
         }
         match s.read(buf) {
             Ok(0) => {
-                self.stream = None;
+                self.drop_stream();
                 LinkRead::Closed
             }
             Ok(n) => LinkRead::Data(n),
@@ -182,44 +386,73 @@ impl VenueLink for TcpLink {
                 LinkRead::Idle
             }
             Err(_) => {
-                self.stream = None;
+                self.drop_stream();
                 LinkRead::Closed
             }
         }
     }
 
-    fn write_all(&mut self, mut bytes: &[u8]) -> io::Result<()> {
-        let Some(s) = &mut self.stream else {
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if self.stream.is_none() {
             return Err(io::ErrorKind::NotConnected.into());
-        };
-        // Non-blocking mode: spin on a full socket buffer, bounded, rather than switch modes.
-        let mut stalled_since: Option<Instant> = None;
-        while !bytes.is_empty() {
-            match s.write(bytes) {
-                Ok(0) => {
-                    self.stream = None;
-                    return Err(io::ErrorKind::WriteZero.into());
-                }
-                Ok(n) => {
-                    bytes = &bytes[n..];
-                    stalled_since = None;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let t = *stalled_since.get_or_insert_with(Instant::now);
-                    if t.elapsed() > WRITE_STALL {
-                        self.stream = None;
-                        return Err(io::ErrorKind::TimedOut.into());
+        }
+        // Writes never block: the socket takes what it can, the rest queues behind
+        // anything already queued (order kept), bounded.
+        self.set_mode(true).inspect_err(|_| self.drop_stream())?;
+        let mut bytes = bytes;
+        if self.unsent() == 0 {
+            // The usual case: nothing queued, the socket takes it all, no copy.
+            let Some(s) = &mut self.stream else {
+                return Err(io::ErrorKind::NotConnected.into());
+            };
+            while !bytes.is_empty() {
+                match s.write(bytes) {
+                    Ok(0) => {
+                        self.drop_stream();
+                        return Err(io::ErrorKind::WriteZero.into());
                     }
-                    std::thread::yield_now();
-                }
-                Err(e) => {
-                    self.stream = None;
-                    return Err(e);
+                    Ok(n) => bytes = &bytes[n..],
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        self.drop_stream();
+                        return Err(e);
+                    }
                 }
             }
+            if bytes.is_empty() {
+                return Ok(());
+            }
+            self.unsent.clear();
+            self.unsent_pos = 0;
+            self.stalled_since = Some(Instant::now());
+        } else if self.unsent_pos * 2 >= self.unsent.len() {
+            self.unsent.drain(..self.unsent_pos);
+            self.unsent_pos = 0;
         }
-        Ok(())
+        if self.unsent() + bytes.len() > self.max_unsent {
+            self.write_stalls += 1;
+            let queued = self.unsent();
+            self.drop_stream();
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!(
+                    "the venue is not reading: {queued} bytes queued, {} more would pass \
+                     fix.max_unsent_bytes ({})",
+                    bytes.len(),
+                    self.max_unsent
+                ),
+            ));
+        }
+        self.unsent.extend_from_slice(bytes);
+        self.write_queued()
+    }
+
+    fn poll_write(&mut self) -> io::Result<()> {
+        if self.unsent_pos == self.unsent.len() {
+            return Ok(());
+        }
+        self.write_queued()
     }
 
     fn describe(&self) -> String {
@@ -258,6 +491,8 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     segment_bytes: u64,
     /// Segments started and checkpoint failures.
     segments: SegmentStats,
+    /// A venue connect is under way (the Logon goes out when it completes).
+    opening: bool,
     /// Journal length when this segment was opened or started.
     segment_start: u64,
 }
@@ -304,8 +539,9 @@ const PROBE_HEADROOM: u64 = 1 << 20;
 impl FixDriver<TcpLink> {
     /// Opens the journal from `cfg`, recovering state; the venue is `cfg.fix.venue_addr`.
     pub fn open(cfg: &Config) -> Result<FixDriver, DriverError> {
-        let mut d = Self::open_with(
-            &cfg.fix.venue_addr,
+        let link = TcpLink::new(&cfg.fix.venue_addr).with_max_unsent(cfg.fix.max_unsent_bytes);
+        let mut d = FixDriver::with_link(
+            link,
             cfg.fix.session(),
             &cfg.risk,
             &cfg.journal.path,
@@ -381,6 +617,7 @@ impl<L: VenueLink> FixDriver<L> {
             segment_bytes: 0,
             segments: SegmentStats::default(),
             segment_start,
+            opening: false,
         })
     }
 
@@ -414,22 +651,70 @@ impl<L: VenueLink> FixDriver<L> {
         self.link.is_open()
     }
 
-    /// Connects to the venue and sends Logon (refused while the journal cannot be written:
-    /// nothing the venue sends could be recorded).
+    /// Connects to the venue and sends Logon, waiting for the connect (at most
+    /// [`CONNECT_TIMEOUT`]): for tests and tools. The service uses
+    /// [`start_connect`](Self::start_connect) and [`poll_connect`](Self::poll_connect),
+    /// which never wait. Refused while the journal cannot be written: nothing the venue
+    /// sends could be recorded.
     pub fn connect(&mut self) -> Result<(), DriverError> {
+        self.start_connect()?;
+        while !self.poll_connect()? {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Starts connecting to the venue without waiting; the Logon goes out when
+    /// [`poll_connect`](Self::poll_connect) finds the link open.
+    pub fn start_connect(&mut self) -> Result<(), DriverError> {
         if self.degraded.is_some() {
             return Err(DriverError::JournalUnavailable);
         }
-        self.link.open().map_err(|source| DriverError::Connect {
-            addr: self.link.describe(),
-            source,
-        })?;
-        self.gw.on_connect(unix_nanos(), &mut self.out);
-        self.flush()
+        self.opening = true;
+        if let Err(source) = self.link.open() {
+            self.opening = false;
+            return Err(DriverError::Connect {
+                addr: self.link.describe(),
+                source,
+            });
+        }
+        Ok(())
+    }
+
+    /// True while a connect started by [`start_connect`](Self::start_connect) is under way.
+    pub fn is_connecting(&self) -> bool {
+        self.opening
+    }
+
+    /// Drives a connect under way without blocking: `Ok(true)` when it completed now (the
+    /// Logon was sent), `Ok(false)` while it goes on or when none is under way, an error
+    /// when the attempt failed or timed out.
+    pub fn poll_connect(&mut self) -> Result<bool, DriverError> {
+        if !self.opening {
+            return Ok(false);
+        }
+        match self.link.poll_open() {
+            Ok(false) => Ok(false),
+            Ok(true) => {
+                self.opening = false;
+                self.gw.on_connect(unix_nanos(), &mut self.out);
+                self.flush()?;
+                Ok(true)
+            }
+            Err(source) => {
+                self.opening = false;
+                self.link.close();
+                Err(DriverError::Connect {
+                    addr: self.link.describe(),
+                    source,
+                })
+            }
+        }
     }
 
     /// Closes the connection without a logout (as a crash would).
     pub fn drop_connection(&mut self) {
+        self.opening = false;
         self.link.close();
         self.gw.on_disconnect();
     }
@@ -535,6 +820,10 @@ impl<L: VenueLink> FixDriver<L> {
         deliver: impl FnMut(EngineId, &Response),
     ) -> Result<usize, DriverError> {
         let n = if self.link.is_open() {
+            if let Err(e) = self.link.poll_write() {
+                tracing::warn!(venue = %self.link.describe(), error = %e, "venue link dropped");
+                self.gw.on_disconnect();
+            }
             self.read_venue(Duration::ZERO)
         } else {
             0
@@ -606,8 +895,11 @@ impl<L: VenueLink> FixDriver<L> {
         self.batch.clear();
         self.batch_disconnects.clear();
         let out = &mut self.out;
-        if !out.fix.is_empty() && self.link.is_open() && self.link.write_all(&out.fix).is_err() {
-            self.gw.on_disconnect();
+        if !out.fix.is_empty() && self.link.is_open() {
+            if let Err(e) = self.link.write_all(&out.fix) {
+                tracing::warn!(venue = %self.link.describe(), error = %e, "venue link dropped");
+                self.gw.on_disconnect();
+            }
         }
         for (e, r) in out.engine.iter().chain(&out.info) {
             deliver(*e, r);
@@ -759,5 +1051,150 @@ impl<L: VenueLink> FixDriver<L> {
     /// Forces the journal to disk.
     pub fn sync(&mut self) -> Result<(), DriverError> {
         Ok(self.journal.sync()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A listener whose accept queue is full, so the kernel drops further SYNs: a venue that
+    /// never answers a connect, on the loopback.
+    fn syn_dropping_listener() -> (rustix::fd::OwnedFd, SocketAddr, Vec<TcpStream>) {
+        use rustix::net::{AddressFamily, SocketType};
+        let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        rustix::net::bind(&fd, &any).unwrap();
+        rustix::net::listen(&fd, 0).unwrap();
+        let addr = match rustix::net::getsockname(&fd).unwrap().try_into() {
+            Ok(a) => a,
+            Err(_) => panic!("an inet address"),
+        };
+        // Backlog 0 holds one connection; two more make sure the queue is full.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                held.push(s);
+            }
+        }
+        (fd, addr, held)
+    }
+
+    #[test]
+    fn connect_to_a_venue_that_never_answers_never_blocks_and_times_out() {
+        let (_l, addr, _held) = syn_dropping_listener();
+        let mut link = TcpLink::new(&addr.to_string());
+        let t = Instant::now();
+        link.open().unwrap();
+        assert!(link.is_opening());
+        let mut slowest = Duration::ZERO;
+        let err = loop {
+            let p = Instant::now();
+            let r = link.poll_open();
+            slowest = slowest.max(p.elapsed());
+            match r {
+                Ok(false) => std::thread::sleep(Duration::from_millis(5)),
+                Ok(true) => panic!("connected to a listener whose queue is full"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(t.elapsed() >= CONNECT_TIMEOUT, "gave up early");
+        // Each call answers at once; the deadline is the only wait.
+        assert!(
+            slowest < Duration::from_millis(50),
+            "a poll took {slowest:?}"
+        );
+        assert!(!link.is_open() && !link.is_opening());
+    }
+
+    #[test]
+    fn connect_completes_through_polls_and_a_refused_one_fails_fast() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut link = TcpLink::new(&addr.to_string());
+        link.open().unwrap();
+        let t = Instant::now();
+        while !link.poll_open().unwrap() {
+            assert!(t.elapsed() < Duration::from_secs(2));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(link.is_open() && !link.is_opening());
+        drop(l);
+        let mut link = TcpLink::new(&addr.to_string());
+        let r = link.open().and_then(|()| loop {
+            if link.poll_open()? {
+                break Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        });
+        assert!(r.is_err(), "nothing listens there");
+    }
+
+    #[test]
+    fn a_venue_that_does_not_read_is_queued_for_then_dropped_at_the_cap() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut link = TcpLink::new(&l.local_addr().unwrap().to_string()).with_max_unsent(1 << 16);
+        link.open().unwrap();
+        while !link.poll_open().unwrap() {}
+        let (venue, _) = l.accept().unwrap();
+        let chunk = vec![b'x'; 8192];
+        let t = Instant::now();
+        let mut written = 0usize;
+        let err = loop {
+            match link.write_all(&chunk) {
+                Ok(()) => written += chunk.len(),
+                Err(e) => break e,
+            }
+            assert!(written < 64 << 20, "the link never gave up");
+        };
+        // Never a wait: the socket buffers fill, 64 KiB queue, then the link is dropped.
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "took {:?}",
+            t.elapsed()
+        );
+        assert_eq!(err.kind(), io::ErrorKind::OutOfMemory, "{err}");
+        assert!(!link.is_open());
+        assert_eq!(link.write_stalls(), 1);
+        assert!(link.write_all(b"more").is_err());
+        drop(venue);
+    }
+
+    #[test]
+    fn queued_bytes_reach_a_slow_venue_in_order() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut link = TcpLink::new(&l.local_addr().unwrap().to_string());
+        link.open().unwrap();
+        while !link.poll_open().unwrap() {}
+        let (mut venue, _) = l.accept().unwrap();
+        let total = 8 << 20;
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::with_capacity(total);
+            let mut buf = vec![0u8; 1 << 16];
+            while got.len() < total {
+                std::thread::sleep(Duration::from_micros(200));
+                let n = venue.read(&mut buf).unwrap();
+                assert!(n > 0);
+                got.extend_from_slice(&buf[..n]);
+            }
+            got
+        });
+        let mut sent = 0usize;
+        while sent < total {
+            let chunk: Vec<u8> = (sent..sent + 4096).map(|i| (i % 251) as u8).collect();
+            if link.unsent() < 1 << 20 {
+                link.write_all(&chunk).unwrap();
+                sent += chunk.len();
+            } else {
+                link.poll_write().unwrap();
+            }
+        }
+        while link.unsent() > 0 {
+            link.poll_write().unwrap();
+        }
+        let got = reader.join().unwrap();
+        assert!(got.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
     }
 }

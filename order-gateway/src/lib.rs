@@ -30,6 +30,7 @@ pub mod execs;
 pub mod fix;
 pub mod gateway;
 pub mod journal;
+pub mod liveness;
 pub mod market;
 pub mod proto;
 pub mod risk;

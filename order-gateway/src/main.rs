@@ -194,7 +194,9 @@ fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     Config::load(path).context("fix the configuration file and start again")
 }
 
-/// The market-data input the config asks for; subscribes before the service starts.
+/// The market-data input the config asks for; joins the bus before the service starts (the
+/// recovery connections complete from the service's polls: a feed handler that is down
+/// delays nothing).
 fn market_input(cfg: &Config) -> anyhow::Result<Box<dyn MarketDataInput>> {
     let Some(md) = &cfg.market_data else {
         tracing::info!("no [market_data]: reference prices from [reference_prices] only");
@@ -205,7 +207,7 @@ fn market_input(cfg: &Config) -> anyhow::Result<Box<dyn MarketDataInput>> {
         .map_err(|(key, problem)| anyhow::anyhow!("{key}: {problem}"))
         .context("fix the configuration file and start again")?;
     let mut input = BusMarketData::new(md, bus);
-    let subscribed = input.connect();
+    let subscribed = input.start();
     tracing::info!(
         subscribed,
         publisher = %md.publisher,

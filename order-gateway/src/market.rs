@@ -41,7 +41,9 @@ use feed_handler::view::MarketView;
 use rocebus::counters::{AllocateCounter, Counter, CountersError, Kind};
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::net::SubscriberCountersExport;
-use rocebus::mcast::{now_ns, Event, Handler, McastSubscriber, Phase, RestoreError, SnapshotSink};
+use rocebus::mcast::{
+    now_ns, Event, Handler, McastSubscriber, NetError, Phase, RestoreError, SnapshotSink,
+};
 use serde::Deserialize;
 
 use crate::config::Invalid;
@@ -660,16 +662,33 @@ impl BusMarketData {
         }
     }
 
-    /// Subscribes the channels not subscribed yet (blocks for the connection handshakes);
-    /// returns how many are subscribed. Failures are logged and retried by `poll`.
+    /// Subscribes the channels not subscribed yet (blocks for the connection handshakes,
+    /// up to 10 s each when the feed handler does not answer); returns how many are
+    /// subscribed. Failures are logged and retried by `poll`. For tests and tools: the
+    /// gateway uses [`start`](Self::start).
     pub fn connect(&mut self) -> usize {
+        self.subscribe(McastSubscriber::new)
+    }
+
+    /// Subscribes the channels not subscribed yet without waiting on the feed handler: the
+    /// multicast lines are joined now, each recovery connection is made by later polls
+    /// ([`McastSubscriber::start`]); returns how many are subscribed. This is what the
+    /// service's reconnects use, so a feed handler that is down never holds the order loop.
+    pub fn start(&mut self) -> usize {
+        self.subscribe(McastSubscriber::start)
+    }
+
+    fn subscribe(
+        &mut self,
+        open: fn(&McastConfig, u16, IpAddr, IpAddr) -> Result<McastSubscriber, NetError>,
+    ) -> usize {
         let now = now_ns();
         for c in &mut self.channels {
             if c.sub.is_some() {
                 continue;
             }
             c.next_connect = now.saturating_add(self.reconnect_ns);
-            match McastSubscriber::new(&self.bus, c.id, self.local, self.publisher) {
+            match open(&self.bus, c.id, self.local, self.publisher) {
                 Ok(s) => {
                     tracing::info!(channel = c.id, publisher = %self.publisher, "market data subscribed");
                     c.sub = Some(s);
@@ -823,7 +842,7 @@ impl MarketDataInput for BusMarketData {
             self.cycle = (!done).then_some(cursor);
         }
         if reconnect {
-            self.connect();
+            self.start();
         }
         events
     }

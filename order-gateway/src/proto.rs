@@ -56,6 +56,10 @@ pub mod msg_type {
     pub const LOGON_ACK: u8 = b'l';
     /// Gateway → engine: the current state of an order, unnumbered ([`super::OrderStatus`]).
     pub const STATUS: u8 = b's';
+    /// Both ways, after the logon: "still here" ([`super::Heartbeat`]), unnumbered. Each
+    /// side sends one every [`super::LogonAck::heartbeat_ms`]; a side that hears nothing
+    /// from its peer for its timeout treats the connection as dead.
+    pub const HEARTBEAT: u8 = b'h';
 }
 
 /// Orders-path stream carrying engine requests (engine → gateway) and responses
@@ -646,8 +650,11 @@ pub struct LogonAck {
     pub engine_id: U32,
     /// A [`LogonStatus`].
     pub status: U16,
-    /// Zero.
-    pub pad: U16,
+    /// The heartbeat interval, milliseconds, both ways ([`msg_type::HEARTBEAT`]): the
+    /// gateway sends one this often and expects the engine to do the same (it disconnects
+    /// an engine silent for its `engine_timeout_ms`). 0: this gateway sends none (an older
+    /// one, which left the field zero).
+    pub heartbeat_ms: U16,
     /// The gateway's last response sequence number for this engine: once the engine has
     /// processed this one, the replay of what it missed is complete (0 when refused).
     pub last_response_seq: U32,
@@ -699,10 +706,16 @@ impl LogonAck {
             header: Header::new(msg_type::LOGON_ACK, size_of::<LogonAck>()),
             engine_id: U32::new(engine_id),
             status: U16::new(status as u16),
-            pad: U16::ZERO,
+            heartbeat_ms: U16::ZERO,
             last_response_seq: U32::new(last_response_seq),
             last_request_seq: U32::new(last_request_seq),
         }
+    }
+
+    /// The same answer announcing heartbeats every `ms` milliseconds (at most 65535).
+    pub fn with_heartbeat_ms(mut self, ms: u16) -> LogonAck {
+        self.heartbeat_ms = U16::new(ms);
+        self
     }
 
     /// Decodes a logon answer (the status must be a known value).
@@ -716,7 +729,37 @@ impl LogonAck {
     }
 }
 
+/// Both ways: "still here" ([`msg_type::HEARTBEAT`]), unnumbered (`seq` zero); any frame
+/// counts as a sign of life, so a side that is sending anyway need not add these. 16 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Heartbeat {
+    /// Header, type [`msg_type::HEARTBEAT`].
+    pub header: Header,
+    /// The sender's clock, nanoseconds since the UNIX epoch (diagnostics only).
+    pub sent_ns: U64,
+}
+
+impl Heartbeat {
+    /// A heartbeat stamped `sent_ns`.
+    pub fn new(sent_ns: u64) -> Heartbeat {
+        Heartbeat {
+            header: Header::new(msg_type::HEARTBEAT, size_of::<Heartbeat>()),
+            sent_ns: U64::new(sent_ns),
+        }
+    }
+
+    /// Decodes a heartbeat.
+    pub fn decode(bytes: &[u8]) -> Result<Heartbeat, DecodeError> {
+        check_header(bytes, |t| {
+            (t == msg_type::HEARTBEAT).then_some(size_of::<Heartbeat>())
+        })?;
+        read(bytes)
+    }
+}
+
 const _: () = assert!(size_of::<Header>() == 8);
+const _: () = assert!(size_of::<Heartbeat>() == 16);
 const _: () = assert!(size_of::<Logon>() == 48);
 const _: () = assert!(size_of::<LogonAck>() == 24);
 const _: () = assert!(size_of::<NewOrder>() == 48);
@@ -1268,6 +1311,32 @@ mod tests {
         assert!(Logon::decode(&LOGON_BYTES[..47]).is_err());
         assert!(Logon::decode(&LOGON_ACK_BYTES).is_err());
         assert!(Request::decode(&LOGON_BYTES).is_err());
+    }
+
+    #[test]
+    fn heartbeat_fixed_bytes_and_logon_ack_interval() {
+        const HEARTBEAT_BYTES: [u8; 16] = [
+            b'h', 1, 16, 0, 0, 0, 0, 0, // header, unnumbered
+            0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, // sent_ns
+        ];
+        let h = Heartbeat::new(0x0102_0304_0506_0708);
+        assert_eq!(h.as_bytes(), &HEARTBEAT_BYTES);
+        assert_eq!(
+            Heartbeat::decode(&HEARTBEAT_BYTES).unwrap().sent_ns.get(),
+            0x0102_0304_0506_0708
+        );
+        assert_eq!(
+            Heartbeat::decode(&HEARTBEAT_BYTES[..15]).unwrap_err(),
+            DecodeError::Truncated
+        );
+        // Not a request: an engine's heartbeat never reaches the order path as one.
+        assert!(Request::decode(&HEARTBEAT_BYTES).is_err());
+        assert!(Response::decode(&HEARTBEAT_BYTES).is_err());
+        // The interval rides in the logon answer's former padding (bytes 14..16).
+        let ack = LogonAck::new(3, LogonStatus::Accepted, 0, 0).with_heartbeat_ms(250);
+        assert_eq!(&ack.as_bytes()[14..16], &[250, 0]);
+        let (m, _) = LogonAck::decode(ack.as_bytes()).unwrap();
+        assert_eq!(m.heartbeat_ms.get(), 250);
     }
 
     #[test]

@@ -40,7 +40,9 @@ use rocebus::counters::{
     LocalCounters,
 };
 use rocebus::idle::{pin_current_thread, IdleStrategy, Idler};
-use rocebus::orders::{Connection, OfferError, OrdersConfig, OrdersError, OrdersListener};
+use rocebus::orders::{
+    Connection, Handshake, HandshakeProgress, OfferError, OrdersConfig, OrdersError, OrdersListener,
+};
 use zerocopy::IntoBytes;
 
 use crate::config::Config;
@@ -48,8 +50,10 @@ use crate::control::ControlServer;
 use crate::driver::{DriverError, FixDriver, TcpLink, VenueLink};
 use crate::fix::SessionState;
 use crate::gateway::{EngineId, Gateway};
+use crate::liveness::Liveness;
 use crate::proto::{
-    msg_type, pad_token, Logon, LogonAck, LogonStatus, Response, Symbol, ORDERS_STREAM, TOKEN_LEN,
+    msg_type, pad_token, Heartbeat, Logon, LogonAck, LogonStatus, Response, Symbol, ORDERS_STREAM,
+    TOKEN_LEN,
 };
 use crate::risk::RiskConfig;
 use crate::unix_nanos;
@@ -212,8 +216,16 @@ pub struct ServiceOptions {
     pub reconnect: Duration,
     /// Time a connection has to send its logon.
     pub logon_timeout: Duration,
-    /// After a restart, time an engine has to log on again before cancel-on-disconnect.
+    /// How long a logged-on engine may be silent (no frame, no heartbeat) before it is
+    /// disconnected and cancel-on-disconnect runs; after a restart, also the time an engine
+    /// has to log on again before cancel-on-disconnect.
     pub engine_timeout: Duration,
+    /// Heartbeat interval both ways (announced to engines in the logon answer; at most
+    /// 65535 ms).
+    pub heartbeat: Duration,
+    /// Connections in their handshake, waiting for their logon or being closed after a
+    /// refused one, at once; a connect request beyond this is rejected.
+    pub max_pending_connections: usize,
     /// The operator's control socket (None: no control socket).
     pub control_socket: Option<std::path::PathBuf>,
     /// Publish counters in a counters file (else in process memory).
@@ -236,6 +248,8 @@ impl ServiceOptions {
             reconnect: Duration::from_secs(s.reconnect_secs.max(1)),
             logon_timeout: Duration::from_millis(s.logon_timeout_ms),
             engine_timeout: Duration::from_millis(s.engine_timeout_ms),
+            heartbeat: Duration::from_millis(s.heartbeat_ms),
+            max_pending_connections: s.max_pending_connections,
             control_socket: Some(s.control_socket.clone()),
             counters_file: s.counters,
             static_prices: cfg
@@ -295,6 +309,9 @@ struct Counters {
     malformed_fix: Counter,
     connections_refused: Counter,
     handshakes_failed: Counter,
+    pending_rejected: Counter,
+    engines_silent: Counter,
+    venue_connect_failures: Counter,
     journal_failures: Counter,
     journal_degraded: Counter,
     journal_durable_bytes: Counter,
@@ -412,6 +429,12 @@ impl Counters {
             malformed_fix: alloc("malformed fix frames", C),
             connections_refused: alloc("orders connections refused (token)", C),
             handshakes_failed: alloc("orders connection handshakes failed", C),
+            pending_rejected: alloc(
+                "orders connections rejected: too many pending (max_pending_connections)",
+                C,
+            ),
+            engines_silent: alloc("engines disconnected: silent past engine_timeout_ms", C),
+            venue_connect_failures: alloc("venue connect attempts failed", C),
             journal_failures: alloc("journal append failures (disk full or failing)", C),
             journal_degraded: alloc("journal unwritable: requests not taken", G),
             journal_durable_bytes: alloc("journal durable bytes", G),
@@ -460,6 +483,8 @@ impl Backlog {
 struct EngineConn {
     id: EngineId,
     conn: Connection,
+    /// Its heartbeats and silence.
+    live: Liveness,
     /// Responses its ring could not take yet.
     backlog: Backlog,
     /// Something was committed since the last flush.
@@ -471,6 +496,19 @@ struct PendingConn {
     conn: Connection,
     since: Instant,
 }
+
+/// A connection whose logon was refused: closed once the answer was read, or at `until`.
+struct Closing {
+    conn: Connection,
+    until: Instant,
+}
+
+/// How long a refused connection is kept for its answer to be read.
+const REFUSAL_LINGER: Duration = Duration::from_millis(100);
+/// Connect requests looked at per housekeeping turn (more wait for the next turn).
+const REQUESTS_PER_TURN: usize = 4;
+/// A venue reconnect waits `reconnect` after a failure, doubling up to this many times it.
+const MAX_BACKOFF_FACTOR: u32 = 4;
 
 impl EngineConn {
     /// Queues `r` behind the backlog; returns false if the connection is lost or must be
@@ -567,8 +605,16 @@ pub struct Service<L: VenueLink = TcpLink> {
     /// Each configured engine and its token as the logon carries it.
     engine_tokens: Vec<(EngineId, [u8; TOKEN_LEN])>,
     engines: Vec<EngineConn>,
+    /// Answered connect requests whose handshake has not completed.
+    handshakes: Vec<Handshake>,
     pending: Vec<PendingConn>,
+    closing: Vec<Closing>,
     lost: Vec<EngineId>,
+    /// Venue connect attempts failed in a row (for the back-off).
+    venue_failures: u32,
+    /// The service's monotonic clock starts here (liveness runs on it: a step of the
+    /// wall clock must not disconnect every engine).
+    epoch: Instant,
     opts: ServiceOptions,
     counters: Counters,
     control: Arc<ServiceControl>,
@@ -647,8 +693,12 @@ impl<L: VenueLink> Service<L> {
                 .filter_map(|e| Some((e.id, pad_token(e.token.as_bytes())?)))
                 .collect(),
             engines: Vec::with_capacity(risk.engines.len()),
+            handshakes: Vec::new(),
             pending: Vec::new(),
+            closing: Vec::new(),
             lost: Vec::new(),
+            venue_failures: 0,
+            epoch: Instant::now(),
             counters: Counters::new(opts.counters_file),
             opts,
             control,
@@ -683,6 +733,8 @@ impl<L: VenueLink> Service<L> {
         while !self.control.stopping() {
             let mut work = 0;
             let now = unix_nanos();
+            let t = Instant::now();
+            let mono = self.mono(t);
             let driver = &mut self.driver;
             work += market.poll(&mut |ev| {
                 driver.stage(|gw, _| match ev {
@@ -694,16 +746,12 @@ impl<L: VenueLink> Service<L> {
                     MarketEvent::Stale { symbol } => gw.on_reference_price(symbol, 0, 0),
                 })
             });
-            work += self.poll_engines(now);
+            work += self.poll_engines(now, mono);
             work += self.poll_venue(now)?;
-            let t = Instant::now();
             if t >= next_housekeeping {
                 next_housekeeping = t + Duration::from_millis(1);
-                if !self.driver.is_connected() && t >= next_connect {
-                    next_connect = t + self.opts.reconnect;
-                    self.connect_venue();
-                }
-                work += self.housekeeping(now)?;
+                self.poll_venue_connect(t, &mut next_connect);
+                work += self.housekeeping(now, mono)?;
                 market.update_counters();
             }
             idler.idle(work);
@@ -711,25 +759,37 @@ impl<L: VenueLink> Service<L> {
         self.shutdown()
     }
 
-    /// Engine frames into the gateway, batched per engine.
-    fn poll_engines(&mut self, now: u64) -> usize {
+    /// Nanoseconds of the service's monotonic clock at `t`.
+    fn mono(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Engine frames into the gateway, batched per engine; any frame is a sign of life,
+    /// heartbeats are nothing more.
+    fn poll_engines(&mut self, now: u64, mono: u64) -> usize {
         let mut work = 0;
         let (driver, c) = (&mut self.driver, &self.counters);
         for e in &mut self.engines {
             let id = e.id;
             let r = e.conn.subscription().poll(
                 |f| {
-                    if f.stream_id == ORDERS_STREAM {
+                    if f.stream_id != ORDERS_STREAM {
+                        c.stray_frames.inc();
+                    } else if f.msg_type != u16::from(msg_type::HEARTBEAT) {
                         c.requests.inc();
                         driver.stage_engine_message(id, f.payload, now);
-                    } else {
-                        c.stray_frames.inc();
                     }
                 },
                 64,
             );
             match r {
-                Ok(n) => work += n,
+                Ok(0) => {}
+                Ok(n) => {
+                    e.live.on_heard(mono);
+                    work += n;
+                }
+                // Closed by us for its silence already (then listed in `lost`).
+                Err(_) if self.lost.contains(&id) => {}
                 Err(err) => {
                     tracing::warn!(engine = id, error = %err, "engine connection lost");
                     self.lost.push(id);
@@ -798,42 +858,164 @@ impl<L: VenueLink> Service<L> {
         Ok(())
     }
 
-    fn connect_venue(&mut self) {
-        match self.driver.connect() {
-            Ok(()) => {
+    /// Starts a venue connect when due and drives one under way; never waits. Failures
+    /// in a row back off (`reconnect`, doubling up to [`MAX_BACKOFF_FACTOR`] times it).
+    fn poll_venue_connect(&mut self, t: Instant, next_connect: &mut Instant) {
+        let result = if self.driver.is_connecting() {
+            self.driver.poll_connect()
+        } else if !self.driver.is_connected() && t >= *next_connect {
+            self.driver
+                .start_connect()
+                .and_then(|()| self.driver.poll_connect())
+        } else {
+            return;
+        };
+        match result {
+            Ok(true) => {
+                self.venue_failures = 0;
                 self.counters.venue_connects.inc();
                 tracing::info!(venue = %self.driver.link().describe(), "venue connected, logon sent");
             }
-            Err(e) => tracing::warn!(
-                "{:#}; retrying in {:?}",
-                anyhow::Error::from(e),
-                self.opts.reconnect
-            ),
+            Ok(false) => {}
+            Err(e) => {
+                self.venue_failures = self.venue_failures.saturating_add(1);
+                self.counters.venue_connect_failures.inc();
+                let factor = 1u32 << self.venue_failures.saturating_sub(1).min(2);
+                let wait = self.opts.reconnect * factor.min(MAX_BACKOFF_FACTOR);
+                *next_connect = t + wait;
+                tracing::warn!("{:#}; retrying in {:?}", anyhow::Error::from(e), wait);
+            }
         }
     }
 
-    /// The parts that make system calls: accept, logons, static prices, counters.
-    fn housekeeping(&mut self, now: u64) -> Result<usize, ServiceError> {
+    /// New connections, never waiting on a peer: connect requests (rejected beyond
+    /// `max_pending_connections`), handshakes under way, refused ones being closed.
+    fn poll_connections(&mut self) -> usize {
+        let mut work = 0;
+        for _ in 0..REQUESTS_PER_TURN {
+            let req = match self.listener.poll_request() {
+                Ok(Some(req)) => req,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    break;
+                }
+            };
+            work += 1;
+            let in_progress = self.handshakes.len() + self.pending.len() + self.closing.len();
+            if in_progress >= self.opts.max_pending_connections {
+                let c = &self.counters.pending_rejected;
+                c.inc();
+                // Logged at a bounded rate: the 1st, 2nd, 4th, 8th... rejection.
+                if c.get().is_power_of_two() {
+                    tracing::warn!(
+                        peer = req.peer(),
+                        max_pending_connections = self.opts.max_pending_connections,
+                        rejected = c.get(),
+                        "orders connection rejected: too many pending connections"
+                    );
+                }
+                req.reject("rocebus: too many pending connections");
+                continue;
+            }
+            match req.start(&self.listener) {
+                Ok(h) => self.handshakes.push(h),
+                // A peer that vanished mid-handshake is not our failure (counted, logged).
+                Err(e @ OrdersError::Verbs(_)) => tracing::debug!(error = %e, "accept failed"),
+                Err(e) => tracing::warn!(error = %e, "accept failed"),
+            }
+        }
+        let mut i = 0;
+        while i < self.handshakes.len() {
+            let h = self.handshakes.swap_remove(i);
+            match h.poll(&self.listener) {
+                Ok(HandshakeProgress::Pending(h)) => {
+                    // Back where it was (swap_remove moved the last one here).
+                    self.handshakes.push(h);
+                    let last = self.handshakes.len() - 1;
+                    self.handshakes.swap(i, last);
+                    i += 1;
+                }
+                Ok(HandshakeProgress::Done(conn)) => {
+                    work += 1;
+                    tracing::info!(peer = %conn.peer(), "engine connection, waiting for logon");
+                    self.pending.push(PendingConn {
+                        conn,
+                        since: Instant::now(),
+                    });
+                }
+                // Counted and logged by the listener.
+                Err(_) => work += 1,
+            }
+        }
+        let now = Instant::now();
+        self.closing.retain(|c| {
+            let done = !matches!(c.conn.drain(Duration::ZERO), Ok(false)) || now >= c.until;
+            if done {
+                c.conn.close();
+            }
+            !done
+        });
+        work
+    }
+
+    /// Heartbeats to every engine when due; an engine silent past `engine_timeout` is
+    /// disconnected (cancel-on-disconnect runs in the next pass).
+    fn poll_liveness(&mut self, mono: u64) {
+        let c = &self.counters;
+        for e in &mut self.engines {
+            if e.live.is_expired(mono) {
+                if !self.lost.contains(&e.id) {
+                    c.engines_silent.inc();
+                    tracing::warn!(
+                        engine = e.id,
+                        silent_ms = e.live.silent_for(mono) / 1_000_000,
+                        engine_timeout_ms = self.opts.engine_timeout.as_millis() as u64,
+                        "engine silent (no frame, no heartbeat): disconnecting it, canceling its orders"
+                    );
+                    e.conn.close_silent();
+                    self.lost.push(e.id);
+                }
+                continue;
+            }
+            if e.live.poll_transmit(mono) {
+                let hb = Heartbeat::new(unix_nanos());
+                let sent = e
+                    .conn
+                    .publication(ORDERS_STREAM)
+                    .try_claim(u16::from(msg_type::HEARTBEAT), size_of::<Heartbeat>())
+                    .map(|mut claim| {
+                        claim.copy_from_slice(hb.as_bytes());
+                        claim.commit();
+                    });
+                match sent {
+                    Ok(()) => {
+                        e.live.on_sent(mono);
+                        e.dirty = true;
+                    }
+                    // Its ring is full of responses: it has something to read anyway.
+                    Err(OfferError::BackPressured) => e.live.on_sent(mono),
+                    Err(_) => {
+                        if !self.lost.contains(&e.id) {
+                            self.lost.push(e.id);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The parts that make system calls: accept, logons, heartbeats, static prices,
+    /// counters.
+    fn housekeeping(&mut self, now: u64, mono: u64) -> Result<usize, ServiceError> {
         let mut work = 0;
         for &(symbol, price) in &self.opts.static_prices {
             self.driver
                 .stage(|gw, _| gw.on_reference_price(symbol, price, now));
         }
-        match self.listener.accept(Duration::ZERO) {
-            Ok(Some(conn)) => {
-                work += 1;
-                tracing::info!(peer = %conn.peer(), "engine connection, waiting for logon");
-                self.pending.push(PendingConn {
-                    conn,
-                    since: Instant::now(),
-                });
-            }
-            Ok(None) => {}
-            // A peer that vanished mid-handshake is not our failure.
-            Err(e @ OrdersError::Verbs(_)) => tracing::warn!(error = %e, "accept failed"),
-            Err(e) => tracing::warn!(error = %e, "connection refused"),
-        }
-        work += self.poll_logons();
+        work += self.poll_connections();
+        work += self.poll_logons(mono);
+        self.poll_liveness(mono);
         if let Some(op) = &mut self.operator {
             let (driver, engines) = (&mut self.driver, self.engines.len());
             work += op.poll(|line| crate::control::execute(line, driver, engines, now));
@@ -865,7 +1047,7 @@ impl<L: VenueLink> Service<L> {
     }
 
     /// First frames of new connections: logon or refusal.
-    fn poll_logons(&mut self) -> usize {
+    fn poll_logons(&mut self, mono: u64) -> usize {
         let mut work = 0;
         let mut i = 0;
         while i < self.pending.len() {
@@ -890,7 +1072,7 @@ impl<L: VenueLink> Service<L> {
                 (Ok(_), Some(l)) => {
                     work += 1;
                     let p = self.pending.swap_remove(i);
-                    self.logon(p.conn, l);
+                    self.logon(p.conn, l, mono);
                 }
                 (Ok(_), None) => {
                     tracing::warn!(peer = %p.conn.peer(), "no logon in time: closing");
@@ -905,7 +1087,7 @@ impl<L: VenueLink> Service<L> {
         work
     }
 
-    fn logon(&mut self, conn: Connection, logon: Option<Logon>) {
+    fn logon(&mut self, conn: Connection, logon: Option<Logon>, mono: u64) {
         let id = logon.map_or(0, |l| l.engine_id.get());
         let (status, last) = logon_verdict(
             &self.engine_tokens,
@@ -918,7 +1100,8 @@ impl<L: VenueLink> Service<L> {
         } else {
             0
         };
-        let ack = LogonAck::new(id, status, last, taken);
+        let heartbeat_ms = self.opts.heartbeat.as_millis().min(u128::from(u16::MAX)) as u16;
+        let ack = LogonAck::new(id, status, last, taken).with_heartbeat_ms(heartbeat_ms);
         let sent = conn
             .publication(ORDERS_STREAM)
             .offer_and_flush(u16::from(msg_type::LOGON_ACK), ack.as_bytes());
@@ -929,6 +1112,11 @@ impl<L: VenueLink> Service<L> {
             let mut e = EngineConn {
                 id,
                 conn,
+                live: Liveness::new(
+                    mono,
+                    self.opts.heartbeat.as_nanos() as u64,
+                    self.opts.engine_timeout.as_nanos() as u64,
+                ),
                 backlog: Backlog::new(self.opts.max_response_backlog),
                 dirty: false,
             };
@@ -958,9 +1146,12 @@ impl<L: VenueLink> Service<L> {
             if status == LogonStatus::BadToken {
                 self.counters.logons_bad_token.inc();
             }
-            // Let the answer reach the engine before the disconnect.
-            let _ = conn.drain(Duration::from_millis(100));
-            conn.close();
+            // Let the answer reach the engine before the disconnect, without waiting here:
+            // the connection is closed by a later turn once the answer was read.
+            self.closing.push(Closing {
+                conn,
+                until: Instant::now() + REFUSAL_LINGER,
+            });
         }
     }
 

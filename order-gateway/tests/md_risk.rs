@@ -302,6 +302,8 @@ impl Gw {
                 counters_file: false,
                 static_prices: Vec::new(),
                 max_response_backlog: 1 << 16,
+                heartbeat: Duration::from_millis(100),
+                max_pending_connections: 16,
             };
             let md = MarketDataConfig {
                 config: PathBuf::from("unused: the bus config is given"),

@@ -139,6 +139,8 @@ impl Gw {
                     (Symbol::new("HALTED").unwrap(), 100 * PRICE_SCALE),
                 ],
                 max_response_backlog: 1 << 16,
+                heartbeat: Duration::from_millis(100),
+                max_pending_connections: 16,
             };
             let mut service = Service::new(driver, &risk, opts, c).unwrap();
             ready_tx.send(()).unwrap();

@@ -454,7 +454,7 @@ impl IpcPublisher {
         };
         let me = std::process::id();
         let mut session = [0u8; 8];
-        getrandom::getrandom(&mut session).map_err(|e| io(std::io::Error::other(e)))?;
+        getrandom::getrandom(&mut session).map_err(|e| io(std::io::Error::other(e.to_string())))?;
         for (off, v) in [
             (H_MAGIC, MAGIC),
             (H_VERSION, VERSION),

@@ -1200,8 +1200,63 @@ impl McastSubscriber {
     /// Opens the device owning `local`, joins the channel's line(s) with
     /// receives posted, and connects to the recovery service at
     /// `publisher`:`channel.port`, where it proves the shared secret and
-    /// learns the session and the source to accept datagrams from.
+    /// learns the session and the source to accept datagrams from, waiting
+    /// for the connection (up to 10 s when the publisher does not answer).
+    /// [`start`](Self::start) does not wait.
     pub fn new(
+        cfg: &McastConfig,
+        channel: u16,
+        local: IpAddr,
+        publisher: IpAddr,
+    ) -> Result<Self, NetError> {
+        let mut s = Self::join_lines(cfg, channel, local, publisher)?;
+        let publisher = s.reconnect.publisher;
+        let resolved = cm::resolve(publisher, Some(local), CM_TIMEOUT)?;
+        let mut rc = recovery_qp(&s.reconnect.pd)?;
+        let initiator = Initiator::new(s.reconnect.key.clone());
+        let hello = hello_for(channel, cfg.auth.datagram_tag, &initiator);
+        let (conn, welcome) = resolved.connect(
+            rc.qp(),
+            &s.reconnect.opts,
+            Access::LOCAL,
+            hello.as_bytes(),
+            CM_TIMEOUT,
+        )?;
+        let admitted = match admit(&initiator, &hello, &welcome, publisher) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = conn.disconnect();
+                return Err(e);
+            }
+        };
+        rc.post_receives()?;
+        send_proof(&mut rc, channel, &admitted.proof)?;
+        s.state.announce_session(now_ns(), admitted.session);
+        s.source = admitted.source;
+        s.link = Link::Up { rc, conn };
+        Ok(s)
+    }
+
+    /// As [`new`](Self::new) without waiting for the recovery service: the
+    /// lines are joined (on RoCE a local operation, no peer involved) and
+    /// multicast is received at once; the recovery connection starts down
+    /// and is made by [`poll`](Self::poll), with the same back-off as a
+    /// reconnect after a lost link (a publisher that is down costs the
+    /// caller nothing). Until it is up the subscriber behaves as after a
+    /// lost link: gaps cannot be recovered meanwhile.
+    pub fn start(
+        cfg: &McastConfig,
+        channel: u16,
+        local: IpAddr,
+        publisher: IpAddr,
+    ) -> Result<Self, NetError> {
+        let mut s = Self::join_lines(cfg, channel, local, publisher)?;
+        s.state.set_recovery_link(0, false);
+        Ok(s)
+    }
+
+    /// Everything but the recovery connection, which is left down.
+    fn join_lines(
         cfg: &McastConfig,
         channel: u16,
         local: IpAddr,
@@ -1250,35 +1305,16 @@ impl McastSubscriber {
             });
         }
         let publisher = SocketAddr::new(publisher, ch.port);
-        let resolved = cm::resolve(publisher, Some(local), CM_TIMEOUT)?;
-        let mut rc = recovery_qp(&pd)?;
         let key = cfg.recovery_key();
-        let initiator = Initiator::new(key.clone());
-        let hello = hello_for(channel, cfg.auth.datagram_tag, &initiator);
-        let (conn, welcome) = resolved.connect(
-            rc.qp(),
-            &rc_options(cfg),
-            Access::LOCAL,
-            hello.as_bytes(),
-            CM_TIMEOUT,
-        )?;
-        let admitted = match admit(&initiator, &hello, &welcome, publisher) {
-            Ok(a) => a,
-            Err(e) => {
-                let _ = conn.disconnect();
-                return Err(e);
-            }
-        };
-        rc.post_receives()?;
-        send_proof(&mut rc, channel, &admitted.proof)?;
+        // Until a publisher's welcome names its source and session, every
+        // datagram counts as foreign and none is delivered.
         let mut state = SubscriberState::new(cfg.subscriber(channel));
         state.set_datagram_key(cfg.datagram_key());
-        state.announce_session(now_ns(), admitted.session);
         Ok(McastSubscriber {
             state,
             lines,
-            source: admitted.source,
-            link: Link::Up { rc, conn },
+            source: (Gid::default(), 0),
+            link: Link::Down,
             reconnect: Reconnect {
                 pd,
                 key,

@@ -875,6 +875,12 @@ impl Connecting {
         self.id.device_name()
     }
 
+    /// True once the connect request is sent and the peer's answer is awaited
+    /// (for tests that play a peer stalling in mid-handshake).
+    pub fn is_requested(&self) -> bool {
+        self.step == ConnectStep::Response
+    }
+
     /// Takes the steps rdma_cm has events for, without blocking. `qp` (fresh,
     /// in RESET, on the device of the local address) and the other
     /// arguments must be the same on every call. Past the deadline, or on
