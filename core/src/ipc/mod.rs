@@ -506,6 +506,7 @@ impl IpcPublisher {
             return None;
         }
         let shm = Shm::map(f).ok()?;
+        // ORDERING: Acquire pairs with the creator's Release of H_STATE: a LIVE state comes with the header it wrote.
         let w = |off| shm.word(off).load(Ordering::Acquire);
         (w(H_MAGIC) == MAGIC).then(|| (w(H_PID), w(H_PID_START), w(H_STATE)))
     }
@@ -524,6 +525,7 @@ impl IpcPublisher {
     pub fn subscribers(&self) -> Vec<(usize, u32, u64)> {
         (0..self.slots)
             .filter_map(|i| {
+                // ORDERING: Acquire on the slot state pairs with the subscriber's Release at join, so its pid and position are visible; a stale value only makes this report late.
                 let s = slot_off(i);
                 (self.shm.word(s + S_STATE).load(Ordering::Acquire) == SLOT_LIVE).then(|| {
                     let pos = self.shm.word(s + S_POS).load(Ordering::Acquire);
@@ -551,6 +553,7 @@ impl IpcPublisher {
         let mut limit = self.tail + ring / 2;
         for i in 0..self.slots {
             let s = slot_off(i);
+            // ORDERING: Acquire loads of the slot, after the SeqCst fence above (see there); a position read late is only smaller, i.e. conservative.
             if self.shm.word(s + S_STATE).load(Ordering::Acquire) != SLOT_LIVE {
                 continue;
             }
@@ -587,6 +590,7 @@ impl IpcPublisher {
         self.last_check = Instant::now();
         for i in 0..self.slots {
             let s = slot_off(i);
+            // ORDERING: Acquire on state, pid and start pairs with the subscriber's Release at join; the CAS below frees only the state we read, so a slot re-taken meanwhile is left alone.
             let st = self.shm.word(s + S_STATE).load(Ordering::Acquire);
             if st == SLOT_FREE {
                 continue;
@@ -663,6 +667,7 @@ impl IpcPublisher {
         let next = (pos + bytes) & self.mask;
         self.shm
             .word_unchecked(self.data + next as usize)
+            // ORDERING: Relaxed: published by the Release store of the header that follows.
             .store(0, Ordering::Relaxed);
         let h = (bytes - HEADER_LEN as u64)
             | ((PAD_TYPE as u64) << 32)
@@ -671,6 +676,7 @@ impl IpcPublisher {
         self.shm
             .word_unchecked(self.data + (pos & self.mask) as usize)
             .store(h, Ordering::Release);
+        // ORDERING: Release: a joining subscriber that reads this position (Acquire) sees every frame before it.
         self.shm.word(H_TAIL).store(pos + bytes, Ordering::Release);
     }
 
@@ -722,6 +728,7 @@ impl IpcClaim<'_> {
         let next = (pos + need) & p.mask;
         p.shm
             .word_unchecked(p.data + next as usize)
+            // ORDERING: Relaxed: published by the Release store of the header below.
             .store(0, Ordering::Relaxed);
         let h = self.len as u64 | ((self.msg_type as u64) << 32) | (lap_tag(pos, p.log2) << 48);
         // ORDERING: Release: a subscriber that loads this header (Acquire)
@@ -730,6 +737,7 @@ impl IpcClaim<'_> {
             .word_unchecked(p.data + (pos & p.mask) as usize)
             .store(h, Ordering::Release);
         p.tail = pos + need;
+        // ORDERING: Release, as in write_pad: joiners start at a position whose frames are visible.
         p.shm.word(H_TAIL).store(p.tail, Ordering::Release);
         p.stats.messages += 1;
         std::mem::forget(self);
@@ -878,6 +886,7 @@ impl IpcSubscriber {
             return None;
         }
         let shm = Shm::map(&f).ok()?;
+        // ORDERING: Acquire pairs with the publisher's Release of H_STATE (header fields) and of H_TAIL (frames before it).
         let w = |off| shm.word(off).load(Ordering::Acquire);
         if w(H_MAGIC) != MAGIC || w(H_VERSION) != VERSION || w(H_STATE) != STATE_LIVE {
             return None;
@@ -903,6 +912,7 @@ impl IpcSubscriber {
         let slot = (0..slots).find(|&i| {
             let s = slot_off(i);
             shm.word(s + S_STATE)
+                // ORDERING: AcqRel CAS reserves a free slot (DROPPED = not counted by the publisher yet); pid, start and position are written Relaxed and published by the Release store of LIVE below.
                 .compare_exchange(SLOT_FREE, SLOT_DROPPED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         })?;
@@ -941,18 +951,20 @@ impl IpcSubscriber {
     fn leave(&mut self) {
         if let Some(j) = self.joined.take() {
             let s = slot_off(j.slot);
-            let _ =
-                j.shm
-                    .word(s + S_STATE)
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |st| {
-                        (st != SLOT_FREE).then_some(SLOT_FREE)
-                    });
+            let _ = j
+                .shm
+                .word(s + S_STATE)
+                // ORDERING: AcqRel: our last position store happens before the slot is seen free.
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |st| {
+                    (st != SLOT_FREE).then_some(SLOT_FREE)
+                });
         }
     }
 
     /// Whether the joined publisher is gone; `Some(clean)` if so.
     fn publisher_gone(&self) -> Option<bool> {
         let j = self.joined.as_ref()?;
+        // ORDERING: Acquire pairs with the publisher's Release of CLOSED after its last frame.
         if j.shm.word(H_STATE).load(Ordering::Acquire) == STATE_CLOSED {
             return Some(true);
         }
@@ -1114,6 +1126,7 @@ impl IpcSubscriber {
                 // In Drop mode a torn view of an overwritten header is
                 // possible; the slot tells whether we were dropped.
                 Err(why) => {
+                    // ORDERING: Acquire pairs with the publisher's AcqRel mark of DROPPED.
                     if j.shm.word(slot_state).load(Ordering::Acquire) == SLOT_DROPPED {
                         Head::Overtaken
                     } else {
@@ -1157,6 +1170,7 @@ impl IpcSubscriber {
             if dropped {
                 // Rejoin at the newest frame.
                 let s = slot_off(j.slot);
+                // ORDERING: rejoin as at join: position Relaxed, published by the Release of LIVE; the SeqCst fence pairs with the one in refresh_limit (see the module docs).
                 let tail = j.shm.word(H_TAIL).load(Ordering::Acquire);
                 j.shm.word(s + S_POS).store(tail, Ordering::Relaxed);
                 j.shm.word(s + S_STATE).store(SLOT_LIVE, Ordering::Release);
