@@ -3,14 +3,16 @@
 //! journal and the venue link), sends the responses back over RC, keeps the FIX session up,
 //! applies market data and does cancel-on-disconnect when an engine's connection is lost.
 //!
-//! Engines: two secrets, two jobs. The orders token (`[service.orders] token`, checked by
-//! the rocebus listener before any queue pair is set up) is the transport gate: it keeps
-//! whatever is not part of this deployment from getting RDMA resources at all. The engine
+//! Engines: two secrets, two jobs, neither of which travels. The orders token
+//! (`[service.orders] token`) is the transport gate: the rocebus listener admits a
+//! connection only once the peer proved it holds it (challenge-response, see
+//! `rocebus::auth`), within the listener's limits, before the service sees it. The engine
 //! token (`[[risk.engines]] token`, one per engine) authenticates the engine id: the first
-//! frame of a connection must be a [`Logon`] naming the id and carrying that engine's
-//! token, compared in constant time (`subtle`) before the engine is bound; a wrong one is
-//! answered with [`LogonStatus::BadToken`], counted, and the connection closed, so engine A's
-//! token cannot log on as engine B. The id decides the accounts the engine may trade, and
+//! frame of a connection must be a [`Logon`] naming the id and carrying a proof made with
+//! that engine's token over this connection's handshake nonces, checked in constant time
+//! before the engine is bound; a wrong one (or one replayed from another connection) is
+//! answered with [`LogonStatus::BadToken`], counted, and the connection closed, so engine
+//! A's token cannot log on as engine B. The id decides the accounts the engine may trade, and
 //! only one connection per engine id may be live. Requests and responses travel on
 //! [`ORDERS_STREAM`] (see [`crate::proto`]).
 //!
@@ -49,7 +51,7 @@ use crate::driver::{DriverError, FixDriver, TcpLink, VenueLink};
 use crate::fix::SessionState;
 use crate::gateway::{EngineId, Gateway};
 use crate::proto::{
-    msg_type, pad_token, Logon, LogonAck, LogonStatus, Response, Symbol, ORDERS_STREAM, TOKEN_LEN,
+    engine_key, msg_type, Logon, LogonAck, LogonStatus, Response, Symbol, ORDERS_STREAM,
 };
 use crate::risk::RiskConfig;
 use crate::unix_nanos;
@@ -532,10 +534,12 @@ fn offer(conn: &Connection, r: &Response) -> Result<(), OfferError> {
 }
 
 /// The verdict on a logon, and the gateway's last response number for the engine: the
-/// engine must be configured, present its own token, not be connected already, and name a
-/// last response the gateway can continue from.
+/// engine must be configured, prove it holds its own token on this connection (`binding`:
+/// the connection's session binding), not be connected already, and name a last response
+/// the gateway can continue from.
 fn logon_verdict(
-    tokens: &[(EngineId, [u8; TOKEN_LEN])],
+    keys: &[(EngineId, rocebus::auth::Key)],
+    binding: &[u8],
     connected: impl Fn(EngineId) -> bool,
     gw: &Gateway,
     logon: Option<&Logon>,
@@ -544,11 +548,11 @@ fn logon_verdict(
         return (LogonStatus::BadLogon, 0);
     };
     let id = l.engine_id.get();
-    let Some((_, token)) = tokens.iter().find(|(e, _)| *e == id) else {
+    let Some((_, key)) = keys.iter().find(|(e, _)| *e == id) else {
         return (LogonStatus::UnknownEngine, 0);
     };
-    // Constant time: how much of a guess matched must not show in the answer's timing.
-    if !bool::from(subtle::ConstantTimeEq::ct_eq(&token[..], &l.token[..])) {
+    // Constant time (auth::Key::verify): how much of a guess matched must not show.
+    if !l.verify(key, binding) {
         return (LogonStatus::BadToken, 0);
     }
     if connected(id) {
@@ -565,7 +569,7 @@ pub struct Service<L: VenueLink = TcpLink> {
     driver: FixDriver<L>,
     listener: OrdersListener,
     /// Each configured engine and its token as the logon carries it.
-    engine_tokens: Vec<(EngineId, [u8; TOKEN_LEN])>,
+    engine_keys: Vec<(EngineId, rocebus::auth::Key)>,
     engines: Vec<EngineConn>,
     pending: Vec<PendingConn>,
     lost: Vec<EngineId>,
@@ -640,11 +644,11 @@ impl<L: VenueLink> Service<L> {
         Ok(Service {
             driver,
             listener,
-            // RiskEngine::new (the driver's) has validated every token, so none is dropped.
-            engine_tokens: risk
+            // RiskEngine::new (the driver's) has validated every token.
+            engine_keys: risk
                 .engines
                 .iter()
-                .filter_map(|e| Some((e.id, pad_token(e.token.as_bytes())?)))
+                .map(|e| (e.id, engine_key(e.token.as_bytes())))
                 .collect(),
             engines: Vec::with_capacity(risk.engines.len()),
             pending: Vec::new(),
@@ -908,7 +912,8 @@ impl<L: VenueLink> Service<L> {
     fn logon(&mut self, conn: Connection, logon: Option<Logon>) {
         let id = logon.map_or(0, |l| l.engine_id.get());
         let (status, last) = logon_verdict(
-            &self.engine_tokens,
+            &self.engine_keys,
+            &conn.session_binding(),
             |e| self.engines.iter().any(|c| c.id == e),
             self.driver.gateway(),
             logon.as_ref(),
@@ -1025,16 +1030,15 @@ mod tests {
         Gateway::new(session, &risk).unwrap()
     }
 
-    fn tokens() -> Vec<(EngineId, [u8; TOKEN_LEN])> {
-        vec![
-            (1, pad_token(b"alpha").unwrap()),
-            (2, pad_token(b"beta").unwrap()),
-        ]
+    fn tokens() -> Vec<(EngineId, rocebus::auth::Key)> {
+        vec![(1, engine_key(b"alpha")), (2, engine_key(b"beta"))]
     }
 
+    const BINDING: [u8; 32] = [5; 32];
+
     fn verdict(gw: &Gateway, engine: u32, token: &[u8], last: u32) -> (LogonStatus, u32) {
-        let l = Logon::new(engine, token, last).unwrap();
-        logon_verdict(&tokens(), |e| e == 2, gw, Some(&l))
+        let l = Logon::new(engine, &engine_key(token), last, &BINDING);
+        logon_verdict(&tokens(), &BINDING, |e| e == 2, gw, Some(&l))
     }
 
     #[test]
@@ -1050,8 +1054,14 @@ mod tests {
         assert_eq!(verdict(&gw, 2, b"alpha", 0).0, LogonStatus::BadToken);
         assert_eq!(verdict(&gw, 2, b"beta", 0).0, LogonStatus::AlreadyConnected);
         assert_eq!(
-            logon_verdict(&tokens(), |_| false, &gw, None).0,
+            logon_verdict(&tokens(), &BINDING, |_| false, &gw, None).0,
             LogonStatus::BadLogon
+        );
+        // A logon made for another connection (a replay) is refused.
+        let l = Logon::new(1, &engine_key(b"alpha"), 0, &[6; 32]);
+        assert_eq!(
+            logon_verdict(&tokens(), &BINDING, |_| false, &gw, Some(&l)).0,
+            LogonStatus::BadToken
         );
     }
 
