@@ -1448,3 +1448,94 @@ impl OrdersListener {
         Ok(None)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer_hello(log2: u16) -> Hello {
+        Hello {
+            magic: HELLO_MAGIC.into(),
+            ring_log2: log2.into(),
+            flags: 0.into(),
+            ring_addr: 0x1000.into(),
+            ring_rkey: 1.into(),
+            max_payload: 1024.into(),
+            conn_id: 1.into(),
+        }
+    }
+
+    #[test]
+    fn limits_have_safe_defaults_and_are_validated() {
+        let c = OrdersConfig::default();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.max_peer_ring_size, 16 << 20);
+        let bad = |f: fn(&mut OrdersConfig), key: &str| {
+            let mut c = OrdersConfig::default();
+            f(&mut c);
+            let e = c.validate().unwrap_err();
+            assert!(e.starts_with(key), "{e}");
+        };
+        bad(|c| c.max_peer_ring_size = 3 << 20, "max_peer_ring_size");
+        bad(|c| c.max_peer_ring_size = 1 << 19, "max_peer_ring_size");
+        bad(|c| c.max_peer_ring_size = 1 << 32, "max_peer_ring_size");
+        bad(|c| c.max_pending_handshakes = 0, "max_pending_handshakes");
+        bad(
+            |c| c.max_connections_per_peer = 0,
+            "max_connections_per_peer",
+        );
+        bad(|c| c.max_inline = 16, "max_inline");
+    }
+
+    #[test]
+    fn hellos_beyond_the_limits_are_refused_by_reason() {
+        let c = OrdersConfig::default();
+        assert!(check_hello("p", &peer_hello(20), &c).is_ok());
+        assert!(check_hello("p", &peer_hello(24), &c).is_ok());
+        for log2 in [25, 31, 32, u16::MAX] {
+            assert!(
+                matches!(
+                    check_hello("p", &peer_hello(log2), &c),
+                    Err(OrdersError::RingTooLarge { .. })
+                ),
+                "{log2}"
+            );
+        }
+        // Too small for our 16 KiB frames.
+        assert!(matches!(
+            check_hello("p", &peer_hello(12), &c),
+            Err(OrdersError::BadHello { .. })
+        ));
+        let mut old = peer_hello(20);
+        old.magic = u32::from_le_bytes(*b"RBO1").into();
+        assert!(matches!(
+            check_hello("p", &old, &c),
+            Err(OrdersError::BadHello { .. })
+        ));
+    }
+
+    #[test]
+    fn refusals_are_counted_per_reason() {
+        let mut s = ListenerStats::default();
+        assert_eq!(s.count(Refusal::RingTooLarge), 1);
+        assert_eq!(s.count(Refusal::RingTooLarge), 2);
+        s.count(Refusal::BadProof);
+        assert_eq!((s.ring_too_large, s.bad_proof, s.bad_hello), (2, 1, 0));
+        assert!(Refusal::PendingFull.reason().contains("pending handshakes"));
+    }
+
+    #[test]
+    fn per_address_slots_are_bounded_and_released() {
+        let counts: PeerCounts = Arc::new(Mutex::new(HashMap::new()));
+        let ip = IpAddr::from([198, 18, 0, 2]);
+        let a = PeerSlot::take(&counts, ip, 2).unwrap();
+        let b = PeerSlot::take(&counts, ip, 2).unwrap();
+        assert!(PeerSlot::take(&counts, ip, 2).is_none());
+        assert!(PeerSlot::take(&counts, IpAddr::from([198, 18, 0, 3]), 2).is_some());
+        drop(a);
+        let _c = PeerSlot::take(&counts, ip, 2).unwrap();
+        drop(b);
+        drop(_c);
+        assert!(counts.lock().unwrap().is_empty(), "no entry left behind");
+    }
+}
