@@ -27,8 +27,10 @@
 //! hot-path calls never allocate, lock, log or make system calls; they
 //! return small `Copy` errors.
 
+use crate::auth::{self, Initiator, Purpose, Responder};
 use crate::ring::frame::{
-    self, frame_len, FrameHeader, Hello, HEADER_LEN, HELLO_MAGIC, TRAILER_LEN, TYPE_PADDING,
+    self, frame_len, handshake_context, AcceptHello, ConnectHello, FrameHeader, Hello, HEADER_LEN,
+    HELLO_MAGIC, PROOF_LEN, PROOF_OFF, TRAILER_LEN, TYPE_PADDING,
 };
 use crate::ring::mem::{IncomingRing, Staging, CREDIT_OFF};
 use crate::ring::{ClaimRefused, FrameError, ReceiverState, SenderState};
@@ -39,9 +41,10 @@ use crate::verbs::{
 };
 use arrayvec::ArrayVec;
 use std::cell::{Cell, RefCell, RefMut};
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -53,7 +56,9 @@ pub struct OrdersConfig {
     pub ring_size: usize,
     /// Largest message payload (at most a quarter of the ring minus a header).
     pub max_payload: usize,
-    /// Shared secret both sides must present.
+    /// Shared secret both sides must hold. It never travels: each side
+    /// proves it knows it by a challenge-response in the handshake
+    /// ([`crate::auth`]).
     pub token: String,
     /// Send queue depth.
     pub send_queue_depth: u32,
@@ -69,8 +74,21 @@ pub struct OrdersConfig {
     pub max_write_bytes: usize,
     /// RC knobs.
     pub rc: RcOptions,
-    /// Connection set-up timeout, milliseconds.
+    /// Connection set-up timeout, milliseconds (also how long a listener
+    /// waits for a pending handshake to complete).
     pub connect_timeout_ms: u64,
+    /// Largest ring (bytes, power of two) a peer may ask us to mirror: our
+    /// staging area for it is that large. A larger request is refused
+    /// before anything is allocated; a listener's larger reply is refused
+    /// by the connector. At least `ring_size`.
+    pub max_peer_ring_size: usize,
+    /// Listener: handshakes in progress at once (each holds a queue pair and
+    /// one of our rings until the peer's proof arrives or it times out);
+    /// one more request is refused.
+    pub max_pending_handshakes: usize,
+    /// Listener: connections (pending and established) from one IP address;
+    /// one more request from it is refused.
+    pub max_connections_per_peer: usize,
 }
 
 impl Default for OrdersConfig {
@@ -85,6 +103,9 @@ impl Default for OrdersConfig {
             max_write_bytes: 0,
             rc: RcOptions::default(),
             connect_timeout_ms: 5000,
+            max_peer_ring_size: 16 << 20,
+            max_pending_handshakes: 8,
+            max_connections_per_peer: 16,
         }
     }
 }
@@ -116,6 +137,26 @@ impl OrdersConfig {
         if self.rc.timeout > 31 || self.rc.retry_count > 7 || self.rc.rnr_retry > 7 {
             return Err("rc: timeout <= 31, retry_count <= 7, rnr_retry <= 7".into());
         }
+        if (self.max_inline as usize) < PROOF_LEN {
+            return Err(format!(
+                "max_inline: must be at least {PROOF_LEN} (the handshake proof is sent inline)"
+            ));
+        }
+        if !self.max_peer_ring_size.is_power_of_two()
+            || self.max_peer_ring_size < self.ring_size
+            || self.max_peer_ring_size > 1 << 31
+        {
+            return Err(format!(
+                "max_peer_ring_size: {} is not a power of two between ring_size ({}) and 2 GiB",
+                self.max_peer_ring_size, self.ring_size
+            ));
+        }
+        if self.max_pending_handshakes == 0 || self.max_pending_handshakes > 1024 {
+            return Err("max_pending_handshakes: must be between 1 and 1024".into());
+        }
+        if self.max_connections_per_peer == 0 {
+            return Err("max_connections_per_peer: must be at least 1".into());
+        }
         Ok(())
     }
 }
@@ -138,11 +179,20 @@ pub enum OrdersError {
         /// What was wrong.
         why: &'static str,
     },
-    /// The peer presented another token.
-    #[error("peer {peer} presented a wrong token")]
+    /// The peer failed the challenge-response: it does not hold the same
+    /// token (or replayed an old handshake, or the hellos were altered).
+    #[error("peer {peer} failed to prove it holds the orders token")]
     WrongToken {
         /// Who.
         peer: String,
+    },
+    /// The peer's ring is larger than `max_peer_ring_size`.
+    #[error("peer {peer} asks for a ring of 2^{log2} bytes, above max_peer_ring_size")]
+    RingTooLarge {
+        /// Who.
+        peer: String,
+        /// log2 of the size asked for.
+        log2: u16,
     },
     /// The peer broke the ring protocol (garbage in our ring).
     #[error("peer broke the ring protocol: {0}")]
@@ -201,7 +251,9 @@ pub struct Frame<'a> {
     pub msg_type: u16,
     /// Connection sequence.
     pub seq: u64,
-    /// The payload, in the registered ring.
+    /// The payload: a copy the connection took out of its registered ring
+    /// (memory the peer writes by RDMA; it is never lent out directly, so
+    /// whatever the peer writes there cannot change these bytes).
     pub payload: &'a [u8],
 }
 
@@ -234,6 +286,9 @@ struct SendSide {
 
 struct RecvSide {
     state: ReceiverState,
+    /// Where each payload is copied before the handler sees it:
+    /// `max_payload` rounded up to 8, allocated once.
+    scratch: Box<[u8]>,
 }
 
 struct Sq {
@@ -263,6 +318,10 @@ pub struct Connection {
     ring: IncomingRing,
     cq: Arc<CompletionQueue>,
     _pd: Arc<ProtectionDomain>,
+    binding: [u8; 2 * auth::NONCE_LEN],
+    /// The listener's count of connections from this peer's address
+    /// (released when the connection is dropped).
+    _slot: Option<PeerSlot>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -313,7 +372,6 @@ fn hello(cfg: &OrdersConfig, ring: &IncomingRing) -> Hello {
         magic: HELLO_MAGIC.into(),
         ring_log2: (cfg.ring_size.trailing_zeros() as u16).into(),
         flags: 0.into(),
-        token_hash: frame::token_hash(&cfg.token).into(),
         ring_addr: ring.mr().addr().into(),
         ring_rkey: ring.mr().rkey().into(),
         max_payload: (cfg.max_payload as u32).into(),
@@ -321,31 +379,36 @@ fn hello(cfg: &OrdersConfig, ring: &IncomingRing) -> Hello {
     }
 }
 
-/// Parses and checks the peer's hello: magic, token, and a ring our frames fit.
-fn check_hello(peer: &str, bytes: &[u8], cfg: &OrdersConfig) -> Result<Hello, OrdersError> {
-    let h = Hello::read_from_prefix(bytes)
-        .map(|(h, _)| h)
-        .map_err(|_| OrdersError::BadHello {
-            peer: peer.into(),
-            why: "too short",
-        })?;
+/// Checks the peer's hello: magic, and a ring our frames fit and we agree
+/// to mirror (`max_peer_ring_size`).
+fn check_hello(peer: &str, h: &Hello, cfg: &OrdersConfig) -> Result<(), OrdersError> {
     if h.magic.get() != HELLO_MAGIC {
         return Err(OrdersError::BadHello {
             peer: peer.into(),
-            why: "bad magic",
+            why: "bad magic (not a rocebus RBO2 handshake)",
         });
     }
-    if h.token_hash.get() != frame::token_hash(&cfg.token) {
-        return Err(OrdersError::WrongToken { peer: peer.into() });
-    }
     let log2 = h.ring_log2.get();
-    if !(12..=31).contains(&log2) || frame_len(cfg.max_payload) * 4 > 1usize << log2 {
+    if log2 > 31 || 1usize << log2 > cfg.max_peer_ring_size {
+        return Err(OrdersError::RingTooLarge {
+            peer: peer.into(),
+            log2,
+        });
+    }
+    if log2 < 12 || frame_len(cfg.max_payload) * 4 > 1usize << log2 {
         return Err(OrdersError::BadHello {
             peer: peer.into(),
             why: "ring too small for our max_payload",
         });
     }
-    Ok(h)
+    Ok(())
+}
+
+fn bad_hello(peer: &str, why: &'static str) -> OrdersError {
+    OrdersError::BadHello {
+        peer: peer.into(),
+        why,
+    }
 }
 
 impl Connection {
@@ -354,6 +417,8 @@ impl Connection {
         cm: cm::Connection,
         peer: &Hello,
         cfg: &OrdersConfig,
+        binding: [u8; 2 * auth::NONCE_LEN],
+        slot: Option<PeerSlot>,
     ) -> Result<Self, OrdersError> {
         let peer_size = 1usize << peer.ring_log2.get();
         // The staging area mirrors the peer's ring, whose size we learn
@@ -376,6 +441,7 @@ impl Connection {
             }),
             recv: RefCell::new(RecvSide {
                 state: ReceiverState::new(cfg.ring_size, cfg.max_payload, cfg.ring_size / 4),
+                scratch: vec![0u8; cfg.max_payload.next_multiple_of(8)].into_boxed_slice(),
             }),
             sq: RefCell::new(Sq {
                 posted: 0,
@@ -395,10 +461,15 @@ impl Connection {
             qp: res.qp,
             cq: res.cq,
             _pd: res.pd,
+            binding,
+            _slot: slot,
         })
     }
 
-    /// Connects to an [`OrdersListener`] at `addr`.
+    /// Connects to an [`OrdersListener`] at `addr`: both sides prove they
+    /// hold the token (challenge-response, see [`crate::auth`]); a listener
+    /// that cannot is refused here, and our own proof goes first over the
+    /// new connection, before any frame.
     pub fn connect(
         addr: SocketAddr,
         cfg: &OrdersConfig,
@@ -408,7 +479,11 @@ impl Connection {
         let resolved = cm::resolve(addr, None, timeout)?;
         let ctx = Context::open(resolved.device_name().as_deref())?;
         let res = resources(&ctx, cfg)?;
-        let mine = hello(cfg, &res.ring);
+        let ini = Initiator::new(auth::Key::derive(cfg.token.as_bytes(), Purpose::Orders));
+        let mine = ConnectHello {
+            hello: hello(cfg, &res.ring),
+            nonce: ini.nonce(),
+        };
         let (conn, theirs) = resolved.connect(
             &res.qp,
             &cfg.rc,
@@ -416,14 +491,55 @@ impl Connection {
             mine.as_bytes(),
             timeout,
         )?;
-        let peer = match check_hello(&conn.peer(), &theirs, cfg) {
-            Ok(p) => p,
+        let peer = conn.peer();
+        let checked = AcceptHello::read_from_prefix(&theirs)
+            .map(|(a, _)| a)
+            .map_err(|_| bad_hello(&peer, "accept reply too short"))
+            .and_then(|a| check_hello(&peer, &a.hello, cfg).map(|()| a))
+            .and_then(|a| {
+                let ctx = handshake_context(&mine.hello, &a.hello);
+                ini.on_response(&a.nonce, &a.proof, &ctx)
+                    .map(|(ti, _)| (a, ti))
+                    .map_err(|_| OrdersError::WrongToken { peer: peer.clone() })
+            });
+        let (theirs, ti) = match checked {
+            Ok(x) => x,
             Err(e) => {
                 let _ = conn.disconnect();
                 return Err(e);
             }
         };
-        Self::from_parts(res, conn, &peer, cfg)
+        let mut binding = [0u8; 2 * auth::NONCE_LEN];
+        binding[..auth::NONCE_LEN].copy_from_slice(&mine.nonce);
+        binding[auth::NONCE_LEN..].copy_from_slice(&theirs.nonce);
+        let c = Self::from_parts(res, conn, &theirs.hello, cfg, binding, None)?;
+        c.send_proof(&ti).map_err(OrdersError::PeerLost)?;
+        Ok(c)
+    }
+
+    /// Writes our handshake proof into the peer's proof slot: one inline
+    /// WRITE, posted before any frame (RC executes in order, so the peer
+    /// sees it before anything else we send).
+    fn send_proof(&self, ti: &auth::Tag) -> Result<(), PeerLost> {
+        let bytes = frame::proof_bytes(ti);
+        let sge = [Sge::inline(&bytes)];
+        let (addr, rkey) = {
+            let s = self.send.borrow();
+            (
+                s.remote_addr + s.state.size() as u64 + PROOF_OFF as u64,
+                s.remote_rkey,
+            )
+        };
+        let mut wrs = [SendWr::write(0, &sge, addr, rkey).inline()];
+        self.post(&mut wrs)
+    }
+
+    /// What identifies this connection's handshake to both sides: the
+    /// initiator's nonce, then the responder's (public values, fresh for
+    /// every connection). A proof made over them (e.g. an engine logon) is
+    /// worthless on any other connection.
+    pub fn session_binding(&self) -> [u8; 2 * auth::NONCE_LEN] {
+        self.binding
     }
 
     /// The peer's address.
@@ -896,11 +1012,14 @@ impl Subscription<'_> {
                 if seal != frame::trailer_value(info.seq) {
                     break;
                 }
+                let len = info.len as usize;
+                conn.ring
+                    .copy_payload(off + HEADER_LEN, len, &mut recv.scratch);
                 handler(Frame {
                     stream_id: info.stream_id,
                     msg_type: info.msg_type,
                     seq: info.seq,
-                    payload: conn.ring.payload(off + HEADER_LEN, info.len as usize),
+                    payload: &recv.scratch[..len],
                 });
                 delivered += 1;
                 frames += 1;
@@ -937,13 +1056,169 @@ impl Subscription<'_> {
     }
 }
 
-/// Accepts orders connections, checking each peer's token.
+/// Why a listener refused or dropped a peer, counted in [`ListenerStats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    BadHello,
+    RingTooLarge,
+    PendingFull,
+    PeerLimit,
+    BadProof,
+    HandshakeFailed,
+}
+
+impl Refusal {
+    /// What the peer is told in the reject's private data.
+    fn reason(self) -> &'static str {
+        match self {
+            Refusal::BadHello => "rocebus: bad handshake",
+            Refusal::RingTooLarge => "rocebus: ring larger than the listener's max_peer_ring_size",
+            Refusal::PendingFull => "rocebus: too many pending handshakes, try again",
+            Refusal::PeerLimit => "rocebus: too many connections from this address",
+            Refusal::BadProof => "rocebus: wrong proof",
+            Refusal::HandshakeFailed => "rocebus: handshake failed",
+        }
+    }
+}
+
+/// A listener's counters of refused and failed handshakes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListenerStats {
+    /// Connections handed to the application.
+    pub accepted: u64,
+    /// Requests that were not a rocebus RBO2 hello, or whose ring is too
+    /// small for our frames (rejected with a reason).
+    pub bad_hello: u64,
+    /// Requests for a ring above `max_peer_ring_size` (rejected before
+    /// anything was allocated).
+    pub ring_too_large: u64,
+    /// Requests refused because `max_pending_handshakes` were in progress.
+    pub pending_full: u64,
+    /// Requests refused because their address already had
+    /// `max_connections_per_peer` connections.
+    pub peer_limit: u64,
+    /// Handshakes whose initiator proof was wrong: no shared secret, a
+    /// replayed handshake, or altered hellos (disconnected).
+    pub bad_proof: u64,
+    /// Accepted requests that never completed: no ESTABLISHED, no proof in
+    /// time, or the peer went away (its connect fails; it may retry).
+    pub handshake_failed: u64,
+}
+
+impl ListenerStats {
+    fn count(&mut self, r: Refusal) -> u64 {
+        let c = match r {
+            Refusal::BadHello => &mut self.bad_hello,
+            Refusal::RingTooLarge => &mut self.ring_too_large,
+            Refusal::PendingFull => &mut self.pending_full,
+            Refusal::PeerLimit => &mut self.peer_limit,
+            Refusal::BadProof => &mut self.bad_proof,
+            Refusal::HandshakeFailed => &mut self.handshake_failed,
+        };
+        *c += 1;
+        *c
+    }
+}
+
+/// Counts connections per peer address, shared between a listener and the
+/// connections it made (each holds a [`PeerSlot`]).
+type PeerCounts = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// One connection's place in its listener's per-address count; released
+/// on drop.
 #[derive(Debug)]
+struct PeerSlot {
+    counts: PeerCounts,
+    ip: IpAddr,
+}
+
+impl PeerSlot {
+    /// Takes a slot for `ip` unless it already has `max`.
+    fn take(counts: &PeerCounts, ip: IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut m = counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            counts: counts.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut m = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Where a pending handshake stands.
+enum Stage {
+    /// Accept sent, waiting for ESTABLISHED.
+    Accepting(cm::Accepting),
+    /// Established, waiting for the initiator's proof in the proof slot.
+    Proving(cm::Connection),
+}
+
+/// What one look at a pending handshake found.
+enum Step {
+    Wait(Stage),
+    Proven(cm::Connection),
+    Fail(Refusal, String),
+}
+
+/// A handshake the listener answered and is completing without blocking.
+/// Field order is drop order: the cm id, then the QP before the ring.
+struct Pending {
+    stage: Option<Stage>,
+    res: Resources,
+    theirs: Hello,
+    responder: Responder,
+    ctx: [u8; 64],
+    binding: [u8; 2 * auth::NONCE_LEN],
+    peer: String,
+    slot: PeerSlot,
+    deadline: Instant,
+}
+
+/// Requests handled per `accept` call once its timeout has passed, so a
+/// flood of requests cannot hold the caller's thread.
+const REQUESTS_PER_CALL: usize = 16;
+
+/// Accepts orders connections, admitting only peers that prove they hold
+/// the token (challenge-response, [`crate::auth`]) and within the
+/// configured limits.
+///
+/// Nothing here blocks on one peer: handshakes in progress (up to
+/// `max_pending_handshakes`) are completed as their events and proofs
+/// arrive, while new requests are taken. A connection reaches the
+/// application only once the initiator's proof checked out; until then no
+/// frame of it is read and no credit returned.
 pub struct OrdersListener {
     listener: Listener,
     cfg: OrdersConfig,
-    refused: Cell<u64>,
-    failed_handshakes: Cell<u64>,
+    key: auth::Key,
+    pending: RefCell<Vec<Pending>>,
+    peers: PeerCounts,
+    stats: Cell<ListenerStats>,
+}
+
+impl std::fmt::Debug for OrdersListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrdersListener")
+            .field("port", &self.local_port())
+            .field("pending", &self.pending.borrow().len())
+            .field("stats", &self.stats.get())
+            .finish()
+    }
 }
 
 impl OrdersListener {
@@ -952,9 +1227,11 @@ impl OrdersListener {
         cfg.validate().map_err(OrdersError::Config)?;
         Ok(Self {
             listener: Listener::bind(addr)?,
+            key: auth::Key::derive(cfg.token.as_bytes(), Purpose::Orders),
+            pending: RefCell::new(Vec::with_capacity(cfg.max_pending_handshakes)),
+            peers: Arc::new(Mutex::new(HashMap::new())),
+            stats: Cell::new(ListenerStats::default()),
             cfg,
-            refused: Cell::new(0),
-            failed_handshakes: Cell::new(0),
         })
     }
 
@@ -963,224 +1240,314 @@ impl OrdersListener {
         self.listener.local_port()
     }
 
-    /// Connection requests refused (wrong token or handshake).
+    /// Counters of refused and failed handshakes.
+    pub fn stats(&self) -> ListenerStats {
+        self.stats.get()
+    }
+
+    /// Handshakes in progress.
+    pub fn pending(&self) -> usize {
+        self.pending.borrow().len()
+    }
+
+    /// Connections (pending or established, not yet dropped) from `ip`.
+    pub fn connections_from(&self, ip: IpAddr) -> usize {
+        let m = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&ip).copied().unwrap_or(0)
+    }
+
+    /// Connection requests refused (bad hello, limits) or dropped for a
+    /// wrong proof.
     pub fn refused(&self) -> u64 {
-        self.refused.get()
+        let s = self.stats.get();
+        s.bad_hello + s.ring_too_large + s.pending_full + s.peer_limit + s.bad_proof
     }
 
-    /// Accepted requests whose connection handshake then failed: the peer's
-    /// confirmation was lost or late, or it gave up and went away.
+    /// Accepted requests whose handshake then failed: the peer's
+    /// confirmation or proof was lost or late, or it gave up and went away.
     pub fn failed_handshakes(&self) -> u64 {
-        self.failed_handshakes.get()
+        self.stats.get().handshake_failed
     }
 
-    /// Waits up to `timeout` for a peer; `Ok(None)` on timeout. A peer with
-    /// a wrong token or handshake is rejected (it gets the reason), counted,
-    /// logged, and waiting goes on. So does a handshake that fails after the
-    /// request was accepted (on a lossy link the CM's messages can time out);
-    /// the peer sees its connect fail and may retry. Local failures (no
-    /// device, no resources) are returned.
+    /// Counts a refusal and logs it, at most at counts 1, 2, 4, 8, ... per
+    /// reason (a stranger's flood costs a counter, not the log).
+    fn refuse(&self, why: Refusal, peer: &str, detail: &dyn std::fmt::Display) {
+        let mut s = self.stats.get();
+        let n = s.count(why);
+        self.stats.set(s);
+        if n.is_power_of_two() {
+            tracing::warn!(%peer, count = n, reason = why.reason(), %detail, "orders connection refused (logged at counts 1, 2, 4, ...)");
+        }
+    }
+
+    /// Waits up to `timeout` for a peer to complete its handshake;
+    /// `Ok(None)` on timeout. Requests are checked as they come (hello,
+    /// ring size, pending and per-address limits; a refused one gets the
+    /// reason in the reject), answered, and completed without blocking;
+    /// refusals and failures are counted ([`stats`](Self::stats)), logged
+    /// at a bounded rate, and waiting goes on. Local failures (no device,
+    /// no resources) are returned.
     pub fn accept(&self, timeout: Duration) -> Result<Option<Connection>, OrdersError> {
         let deadline = Instant::now() + timeout;
+        let mut late = 0;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Some(req) = self.listener.next_request(left)? else {
-                return Ok(None);
+            if let Some(c) = self.progress()? {
+                return Ok(Some(c));
+            }
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now);
+            // With handshakes in progress, wake up often to look at them.
+            let wait = if self.pending.borrow().is_empty() {
+                left
+            } else {
+                left.min(Duration::from_micros(200))
             };
-            let peer = req.peer();
-            let theirs = match check_hello(&peer, req.private_data(), &self.cfg) {
-                Ok(h) => h,
-                Err(e) => {
-                    self.refused.set(self.refused.get() + 1);
-                    tracing::warn!(%peer, error = %e, "orders connection refused");
-                    let reason = match e {
-                        OrdersError::WrongToken { .. } => "rocebus: wrong token",
-                        _ => "rocebus: bad handshake",
-                    };
-                    let _ = req.reject(reason.as_bytes());
-                    continue;
-                }
-            };
-            let ctx = Context::open(req.device_name().as_deref())?;
-            let res = resources(&ctx, &self.cfg)?;
-            let mine = hello(&self.cfg, &res.ring);
-            let timeout = Duration::from_millis(self.cfg.connect_timeout_ms);
-            let conn = match req.accept(
-                &res.qp,
-                &self.cfg.rc,
-                Access::REMOTE_WRITE,
-                mine.as_bytes(),
-                timeout,
-            ) {
-                Ok(conn) => conn,
-                // Everything here concerns this one request: its id may be
-                // reset by the peer's reject (rdma_accept then fails), or the
-                // confirmation never comes. Local resources were made above.
-                Err(e) => {
-                    self.failed_handshakes.set(self.failed_handshakes.get() + 1);
-                    tracing::warn!(%peer, error = %e, "orders handshake failed; still listening");
-                    continue;
-                }
-            };
-            return Connection::from_parts(res, conn, &theirs, &self.cfg).map(Some);
-        }
-    }
-
-    /// Never blocks: the next connect request that passed the token and hello checks,
-    /// `Ok(None)` if none is waiting. Requests that fail the checks are rejected with the
-    /// reason, counted and logged, as [`accept`](Self::accept) does. The caller decides
-    /// whether to [`start`](PendingRequest::start) its handshake or
-    /// [`reject`](PendingRequest::reject) it (e.g. too many pending connections).
-    pub fn poll_request(&self) -> Result<Option<PendingRequest>, OrdersError> {
-        loop {
-            let Some(req) = self.listener.next_request(Duration::ZERO)? else {
-                return Ok(None);
-            };
-            let peer = req.peer();
-            match check_hello(&peer, req.private_data(), &self.cfg) {
-                Ok(theirs) => return Ok(Some(PendingRequest { req, theirs, peer })),
-                Err(e) => {
-                    self.refused.set(self.refused.get() + 1);
-                    tracing::warn!(%peer, error = %e, "orders connection refused");
-                    let reason = match e {
-                        OrdersError::WrongToken { .. } => "rocebus: wrong token",
-                        _ => "rocebus: bad handshake",
-                    };
-                    let _ = req.reject(reason.as_bytes());
+            match self.listener.next_request(wait)? {
+                Some(req) => self.on_request(req)?,
+                None if now >= deadline => return Ok(None),
+                None => {}
+            }
+            if now >= deadline {
+                late += 1;
+                if late >= REQUESTS_PER_CALL {
+                    return self.progress();
                 }
             }
         }
     }
-}
 
-/// A connect request that passed the listener's checks, not answered yet
-/// ([`OrdersListener::poll_request`]).
-#[derive(Debug)]
-pub struct PendingRequest {
-    req: cm::ConnectRequest,
-    theirs: Hello,
-    peer: String,
-}
-
-impl PendingRequest {
-    /// The requester's address.
-    pub fn peer(&self) -> &str {
-        &self.peer
+    /// Refuses `req`, telling the peer why.
+    fn reject(&self, req: cm::ConnectRequest, why: Refusal, detail: &dyn std::fmt::Display) {
+        self.refuse(why, &req.peer(), detail);
+        let _ = req.reject(why.reason().as_bytes());
     }
 
-    /// Refuses it; the peer's connect fails with `reason` (at most 148 bytes are sent).
-    pub fn reject(self, reason: &str) {
-        let _ = self.req.reject(reason.as_bytes());
-    }
-
-    /// Sets up the connection's resources and answers the request without waiting for the
-    /// peer's confirmation: poll the returned [`Handshake`] until it completes. A failure
-    /// that concerns this request only is counted in
-    /// [`OrdersListener::failed_handshakes`]; both kinds are returned.
-    pub fn start(self, listener: &OrdersListener) -> Result<Handshake, OrdersError> {
-        let cfg = &listener.cfg;
-        let ctx = Context::open(self.req.device_name().as_deref())?;
-        let res = resources(&ctx, cfg)?;
-        let mine = hello(cfg, &res.ring);
-        match self
-            .req
-            .start_accept(&res.qp, &cfg.rc, Access::REMOTE_WRITE, mine.as_bytes())
-        {
-            Ok(accepting) => Ok(Handshake {
-                accepting,
+    /// Checks a new request and answers it, or refuses it with a reason.
+    /// Everything a stranger can make us do before it proves anything is
+    /// bounded: no allocation for a refused request, and at most
+    /// `max_pending_handshakes` answered ones (one queue pair and one ring
+    /// of our `ring_size` each).
+    fn on_request(&self, req: cm::ConnectRequest) -> Result<(), OrdersError> {
+        let peer = req.peer();
+        let Ok((theirs, _)) = ConnectHello::read_from_prefix(req.private_data()) else {
+            self.reject(req, Refusal::BadHello, &"connect data too short");
+            return Ok(());
+        };
+        if let Err(e) = check_hello(&peer, &theirs.hello, &self.cfg) {
+            let why = match e {
+                OrdersError::RingTooLarge { .. } => Refusal::RingTooLarge,
+                _ => Refusal::BadHello,
+            };
+            self.reject(req, why, &e);
+            return Ok(());
+        }
+        if self.pending.borrow().len() >= self.cfg.max_pending_handshakes {
+            let max = self.cfg.max_pending_handshakes;
+            self.reject(
+                req,
+                Refusal::PendingFull,
+                &format_args!("{max} in progress"),
+            );
+            return Ok(());
+        }
+        let ip = req.peer_ip().unwrap_or(IpAddr::from([0u8; 4]));
+        let Some(slot) = PeerSlot::take(&self.peers, ip, self.cfg.max_connections_per_peer) else {
+            let max = self.cfg.max_connections_per_peer;
+            self.reject(req, Refusal::PeerLimit, &format_args!("{max} from {ip}"));
+            return Ok(());
+        };
+        let ctx = Context::open(req.device_name().as_deref())?;
+        let res = resources(&ctx, &self.cfg)?;
+        let mine = hello(&self.cfg, &res.ring);
+        let hctx = handshake_context(&theirs.hello, &mine);
+        let (responder, tr) = Responder::new(self.key.clone(), theirs.nonce, &hctx);
+        let reply = AcceptHello {
+            hello: mine,
+            nonce: responder.nonce(),
+            proof: tr,
+        };
+        let mut binding = [0u8; 2 * auth::NONCE_LEN];
+        binding[..auth::NONCE_LEN].copy_from_slice(&theirs.nonce);
+        binding[auth::NONCE_LEN..].copy_from_slice(&reply.nonce);
+        match req.start_accept(
+            &res.qp,
+            &self.cfg.rc,
+            Access::REMOTE_WRITE,
+            reply.as_bytes(),
+        ) {
+            Ok(a) => self.pending.borrow_mut().push(Pending {
+                stage: Some(Stage::Accepting(a)),
                 res,
-                theirs: self.theirs,
-                peer: self.peer,
-                deadline: Instant::now() + Duration::from_millis(cfg.connect_timeout_ms),
+                theirs: theirs.hello,
+                responder,
+                ctx: hctx,
+                binding,
+                peer,
+                slot,
+                deadline: Instant::now() + Duration::from_millis(self.cfg.connect_timeout_ms),
             }),
-            Err(e) => {
-                listener.handshake_failed(&self.peer, &e);
-                Err(e.into())
+            // This one request failed (its id may be reset by the peer's
+            // reject); local resources were made above.
+            Err(e) => self.refuse(Refusal::HandshakeFailed, &peer, &e),
+        }
+        Ok(())
+    }
+
+    /// Moves every pending handshake on; returns the first that completed.
+    fn progress(&self) -> Result<Option<Connection>, OrdersError> {
+        let mut pending = self.pending.borrow_mut();
+        let mut i = 0;
+        while i < pending.len() {
+            let p = &mut pending[i];
+            let stage = p.stage.take().expect("a pending handshake has a stage");
+            let outcome = match stage {
+                Stage::Accepting(a) => match a.poll() {
+                    Ok(cm::AcceptProgress::Pending(a)) => Step::Wait(Stage::Accepting(a)),
+                    Ok(cm::AcceptProgress::Done(c)) => Step::Wait(Stage::Proving(c)),
+                    Err(e) => Step::Fail(Refusal::HandshakeFailed, e.to_string()),
+                },
+                Stage::Proving(c) => match p.res.ring.load_proof() {
+                    Some(ti) => match p.responder.on_proof(&ti, &p.ctx) {
+                        Ok(_) => Step::Proven(c),
+                        Err(e) => {
+                            let _ = c.disconnect();
+                            Step::Fail(Refusal::BadProof, e.to_string())
+                        }
+                    },
+                    None => match c.poll_disconnected() {
+                        Ok(false) => Step::Wait(Stage::Proving(c)),
+                        _ => Step::Fail(
+                            Refusal::HandshakeFailed,
+                            "peer went away before its proof".into(),
+                        ),
+                    },
+                },
+            };
+            match outcome {
+                Step::Wait(stage) if Instant::now() < p.deadline => {
+                    p.stage = Some(stage);
+                    i += 1;
+                }
+                Step::Wait(stage) => {
+                    if let Stage::Proving(c) = &stage {
+                        let _ = c.disconnect();
+                    }
+                    drop(stage);
+                    let p = pending.swap_remove(i);
+                    self.refuse(Refusal::HandshakeFailed, &p.peer, &"no proof in time");
+                }
+                Step::Proven(cm) => {
+                    let p = pending.swap_remove(i);
+                    let mut s = self.stats.get();
+                    s.accepted += 1;
+                    self.stats.set(s);
+                    return Connection::from_parts(
+                        p.res,
+                        cm,
+                        &p.theirs,
+                        &self.cfg,
+                        p.binding,
+                        Some(p.slot),
+                    )
+                    .map(Some);
+                }
+                Step::Fail(why, detail) => {
+                    let p = pending.swap_remove(i);
+                    self.refuse(why, &p.peer, &detail);
+                }
             }
         }
+        Ok(None)
     }
 }
 
-/// An answered connect request waiting for the peer's confirmation
-/// ([`PendingRequest::start`]). Dropping it abandons the connection.
-pub struct Handshake {
-    // Field order is drop order, as in `Connection`: the queue pair goes first.
-    res: Resources,
-    accepting: cm::Accepting,
-    theirs: Hello,
-    peer: String,
-    deadline: Instant,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl std::fmt::Debug for Handshake {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Handshake")
-            .field("peer", &self.peer)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Where a [`Handshake`] stands (set-up path, polled about once a millisecond: the size
-/// difference of the variants costs nothing worth a box).
-#[derive(Debug)]
-#[allow(clippy::large_enum_variant)]
-pub enum HandshakeProgress {
-    /// Not confirmed yet: poll again later.
-    Pending(Handshake),
-    /// Established.
-    Done(Connection),
-}
-
-impl Handshake {
-    /// The peer's address.
-    pub fn peer(&self) -> &str {
-        &self.peer
-    }
-
-    /// Checks once, without blocking, whether the peer confirmed. A handshake that failed
-    /// or passed `connect_timeout_ms` is an error, counted in
-    /// [`OrdersListener::failed_handshakes`].
-    pub fn poll(self, listener: &OrdersListener) -> Result<HandshakeProgress, OrdersError> {
-        let Handshake {
-            accepting,
-            res,
-            theirs,
-            peer,
-            deadline,
-        } = self;
-        match accepting.poll() {
-            Ok(cm::AcceptProgress::Done(conn)) => {
-                Connection::from_parts(res, conn, &theirs, &listener.cfg)
-                    .map(HandshakeProgress::Done)
-            }
-            Ok(cm::AcceptProgress::Pending(accepting)) if Instant::now() < deadline => {
-                Ok(HandshakeProgress::Pending(Handshake {
-                    accepting,
-                    res,
-                    theirs,
-                    peer,
-                    deadline,
-                }))
-            }
-            Ok(cm::AcceptProgress::Pending(_)) => {
-                let e = VerbsError::CmTimeout {
-                    expected: "ESTABLISHED",
-                    ms: listener.cfg.connect_timeout_ms,
-                };
-                listener.handshake_failed(&peer, &e);
-                Err(e.into())
-            }
-            Err(e) => {
-                listener.handshake_failed(&peer, &e);
-                Err(e.into())
-            }
+    fn peer_hello(log2: u16) -> Hello {
+        Hello {
+            magic: HELLO_MAGIC.into(),
+            ring_log2: log2.into(),
+            flags: 0.into(),
+            ring_addr: 0x1000.into(),
+            ring_rkey: 1.into(),
+            max_payload: 1024.into(),
+            conn_id: 1.into(),
         }
     }
-}
 
-impl OrdersListener {
-    fn handshake_failed(&self, peer: &str, e: &VerbsError) {
-        self.failed_handshakes.set(self.failed_handshakes.get() + 1);
-        tracing::warn!(%peer, error = %e, "orders handshake failed; still listening");
+    #[test]
+    fn limits_have_safe_defaults_and_are_validated() {
+        let c = OrdersConfig::default();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.max_peer_ring_size, 16 << 20);
+        let bad = |f: fn(&mut OrdersConfig), key: &str| {
+            let mut c = OrdersConfig::default();
+            f(&mut c);
+            let e = c.validate().unwrap_err();
+            assert!(e.starts_with(key), "{e}");
+        };
+        bad(|c| c.max_peer_ring_size = 3 << 20, "max_peer_ring_size");
+        bad(|c| c.max_peer_ring_size = 1 << 19, "max_peer_ring_size");
+        bad(|c| c.max_peer_ring_size = 1 << 32, "max_peer_ring_size");
+        bad(|c| c.max_pending_handshakes = 0, "max_pending_handshakes");
+        bad(
+            |c| c.max_connections_per_peer = 0,
+            "max_connections_per_peer",
+        );
+        bad(|c| c.max_inline = 16, "max_inline");
+    }
+
+    #[test]
+    fn hellos_beyond_the_limits_are_refused_by_reason() {
+        let c = OrdersConfig::default();
+        assert!(check_hello("p", &peer_hello(20), &c).is_ok());
+        assert!(check_hello("p", &peer_hello(24), &c).is_ok());
+        for log2 in [25, 31, 32, u16::MAX] {
+            assert!(
+                matches!(
+                    check_hello("p", &peer_hello(log2), &c),
+                    Err(OrdersError::RingTooLarge { .. })
+                ),
+                "{log2}"
+            );
+        }
+        // Too small for our 16 KiB frames.
+        assert!(matches!(
+            check_hello("p", &peer_hello(12), &c),
+            Err(OrdersError::BadHello { .. })
+        ));
+        let mut old = peer_hello(20);
+        old.magic = u32::from_le_bytes(*b"RBO1").into();
+        assert!(matches!(
+            check_hello("p", &old, &c),
+            Err(OrdersError::BadHello { .. })
+        ));
+    }
+
+    #[test]
+    fn refusals_are_counted_per_reason() {
+        let mut s = ListenerStats::default();
+        assert_eq!(s.count(Refusal::RingTooLarge), 1);
+        assert_eq!(s.count(Refusal::RingTooLarge), 2);
+        s.count(Refusal::BadProof);
+        assert_eq!((s.ring_too_large, s.bad_proof, s.bad_hello), (2, 1, 0));
+        assert!(Refusal::PendingFull.reason().contains("pending handshakes"));
+    }
+
+    #[test]
+    fn per_address_slots_are_bounded_and_released() {
+        let counts: PeerCounts = Arc::new(Mutex::new(HashMap::new()));
+        let ip = IpAddr::from([198, 18, 0, 2]);
+        let a = PeerSlot::take(&counts, ip, 2).unwrap();
+        let b = PeerSlot::take(&counts, ip, 2).unwrap();
+        assert!(PeerSlot::take(&counts, ip, 2).is_none());
+        assert!(PeerSlot::take(&counts, IpAddr::from([198, 18, 0, 3]), 2).is_some());
+        drop(a);
+        let _c = PeerSlot::take(&counts, ip, 2).unwrap();
+        drop(b);
+        drop(_c);
+        assert!(counts.lock().unwrap().is_empty(), "no entry left behind");
     }
 }

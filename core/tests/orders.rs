@@ -4,15 +4,21 @@
 //! linked guests (the `loss10pct` one under 10% netem loss).
 
 use rand::{Rng, SeedableRng};
+use rocebus::auth::{Initiator, Key, Purpose};
 use rocebus::orders::{
-    Connection, OfferError, OrdersConfig, OrdersError, OrdersListener, PeerLost,
+    Connection, ListenerStats, OfferError, OrdersConfig, OrdersError, OrdersListener, PeerLost,
 };
-use rocebus::ring::frame::{token_hash, trailer_value, FrameHeader, Hello, HELLO_MAGIC};
+use rocebus::ring::frame::{
+    handshake_context, proof_bytes, trailer_value, AcceptHello, ConnectHello, FrameHeader, Hello,
+    CONTROL_LEN, HELLO_MAGIC, PROOF_LEN, PROOF_OFF,
+};
 use rocebus::verbs::cm;
 use rocebus::verbs::*;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zerocopy::IntoBytes;
+use zerocopy::{FromBytes, IntoBytes};
 
 fn local_ip() -> IpAddr {
     if let Some(a) = std::env::var("ROCEBUS_GUEST_ADDR")
@@ -428,33 +434,181 @@ fn rdma_orders_ping_pong_streams_and_zero_copy_claims() {
 
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
-fn rdma_orders_wrong_token_is_refused_and_counted() {
-    let ip = local_ip();
-    let addr = SocketAddr::new(ip, 7485);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let h = std::thread::spawn(move || {
-        let l = OrdersListener::bind(addr, cfg(1 << 16, 1024)).unwrap();
-        tx.send(()).unwrap();
-        // The bad peer is refused; the good one after it gets in.
-        let conn = l
-            .accept(Duration::from_secs(30))
-            .unwrap()
-            .expect("the good peer");
-        assert_eq!(l.refused(), 1);
-        conn.subscription().poll(|_| {}, 1).unwrap();
-    });
-    rx.recv().unwrap();
+fn rdma_orders_wrong_secret_fails_both_ways_and_is_counted() {
+    let addr = SocketAddr::new(local_ip(), 7485);
+    let srv = Server::start(addr, cfg(1 << 16, 1024));
+    let healthy = Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_secs(10))
+        .expect("good token");
+    ping(&healthy, 1);
+    // A connector with another token: the listener cannot prove the
+    // connector's token, so the connector refuses the listener (mutual).
     let mut bad = cfg(1 << 16, 1024);
     bad.token = "not-the-token".into();
     match Connection::connect(addr, &bad, Duration::from_secs(10)) {
-        Err(OrdersError::Verbs(VerbsError::ConnectionRejected { reason, .. })) => {
-            assert!(reason.contains("wrong token"), "{reason}")
-        }
-        other => panic!("expected a refusal, got {other:?}"),
+        Err(OrdersError::WrongToken { .. }) => {}
+        other => panic!("expected WrongToken, got {other:?}"),
     }
-    let _good = Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_secs(10))
-        .expect("good token");
-    h.join().unwrap();
+    // A raw peer with another key that ignores the listener's proof and
+    // writes a proof of its own: refused by the listener, disconnected.
+    let ini = Initiator::new(Key::derive(b"not-the-token", Purpose::Orders));
+    let raw = RawPeer::connect(addr, 16, ini.nonce()).expect("the listener answers anyone");
+    let ctx = handshake_context(&raw.sent.hello, &raw.reply.hello);
+    assert!(ini
+        .on_response(&raw.reply.nonce, &raw.reply.proof, &ctx)
+        .is_err());
+    let parts: [&[u8]; 4] = [b"initiator", &ini.nonce(), &raw.reply.nonce, &ctx];
+    let forged = Key::derive(b"not-the-token", Purpose::Orders).tag(&parts);
+    raw.write_proof(&proof_bytes(&forged));
+    assert!(
+        raw.cm.wait_disconnected(Duration::from_secs(10)).unwrap(),
+        "a wrong proof must be disconnected"
+    );
+    ping(&healthy, 2);
+    let r = srv.stop();
+    assert_eq!(r.stats.accepted, 1, "{r:?}");
+    assert_eq!(r.stats.bad_proof, 1, "{r:?}");
+    assert_eq!(
+        r.stats.handshake_failed, 1,
+        "the refused listener's peer left: {r:?}"
+    );
+    assert_eq!((r.pending, r.from_here), (0, 1), "{r:?}");
+}
+
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_orders_replayed_handshake_is_refused() {
+    let addr = SocketAddr::new(local_ip(), 7490);
+    let srv = Server::start(addr, cfg(1 << 16, 1024));
+    let healthy = Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_secs(10))
+        .expect("healthy peer");
+    ping(&healthy, 1);
+    // A genuine handshake by a raw peer, captured: its connect data and
+    // the proof it wrote.
+    let ini = Initiator::new(Key::derive(b"test-token", Purpose::Orders));
+    let genuine = RawPeer::connect(addr, 16, ini.nonce()).expect("genuine");
+    let ctx = handshake_context(&genuine.sent.hello, &genuine.reply.hello);
+    let (ti, _) = ini
+        .on_response(&genuine.reply.nonce, &genuine.reply.proof, &ctx)
+        .expect("the listener proves it holds the token");
+    let proof = proof_bytes(&ti);
+    genuine.write_proof(&proof);
+    wait_until(|| srv.accepted() == 2, "the genuine raw peer admitted");
+    // The replay: the same bytes from another queue pair and cm id.
+    let replay = RawPeer::connect_with(addr, genuine.sent.as_bytes().to_vec()).expect("answered");
+    assert_ne!(
+        replay.reply.nonce, genuine.reply.nonce,
+        "a fresh nonce each time"
+    );
+    replay.write_proof(&proof);
+    assert!(
+        replay
+            .cm
+            .wait_disconnected(Duration::from_secs(10))
+            .unwrap(),
+        "the replayed proof must be disconnected"
+    );
+    ping(&healthy, 2);
+    let r = srv.stop();
+    assert_eq!(r.stats.accepted, 2, "{r:?}");
+    assert_eq!(r.stats.bad_proof, 1, "{r:?}");
+    assert_eq!((r.pending, r.from_here), (0, 2), "{r:?}");
+    drop(genuine);
+}
+
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_orders_huge_ring_requests_are_refused_without_memory_growth() {
+    let addr = SocketAddr::new(local_ip(), 7491);
+    let srv = Server::start(addr, cfg(1 << 16, 1024));
+    let healthy = Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_secs(10))
+        .expect("healthy peer");
+    ping(&healthy, 0);
+    // Warm up the raw peer's own allocations before measuring.
+    assert!(RawPeer::connect(addr, 31, [1; 16]).is_err());
+    let before = rss_kib();
+    const N: u64 = 60;
+    for i in 1..N {
+        match RawPeer::connect(addr, 31, [i as u8; 16]) {
+            Err(VerbsError::ConnectionRejected { reason, .. }) => {
+                assert!(reason.contains("max_peer_ring_size"), "{reason}")
+            }
+            Err(e) => panic!("attempt {i}: expected a reject with a reason, got {e}"),
+            Ok(_) => panic!("attempt {i}: a 2 GiB ring was accepted"),
+        }
+        if i % 10 == 0 {
+            ping(&healthy, i);
+        }
+    }
+    let grown = rss_kib().saturating_sub(before);
+    let r = srv.stop();
+    assert_eq!(r.stats.ring_too_large, N, "{r:?}");
+    assert_eq!(r.stats.accepted, 1, "{r:?}");
+    assert_eq!((r.pending, r.from_here), (0, 1), "{r:?}");
+    assert!(grown < 32 * 1024, "resident memory grew by {grown} KiB");
+}
+
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_orders_pending_handshakes_and_per_address_connections_are_capped() {
+    let addr = SocketAddr::new(local_ip(), 7492);
+    let mut c = cfg(1 << 16, 1024);
+    c.max_pending_handshakes = 3;
+    c.max_connections_per_peer = 6;
+    c.connect_timeout_ms = 1500;
+    let srv = Server::start(addr, c.clone());
+    let healthy = Connection::connect(addr, &c, Duration::from_secs(10)).expect("healthy peer");
+    ping(&healthy, 0);
+    // Strangers that answer the handshake and never prove anything.
+    let mut silent = Vec::new();
+    let mut refused = Vec::new();
+    for i in 0..5u8 {
+        match RawPeer::connect(addr, 16, [i; 16]) {
+            Ok(p) => silent.push(p),
+            Err(VerbsError::ConnectionRejected { reason, .. }) => refused.push(reason),
+            Err(e) => panic!("stranger {i}: {e}"),
+        }
+        ping(&healthy, 1 + u64::from(i));
+    }
+    assert_eq!(silent.len(), 3, "refused: {refused:?}");
+    assert!(
+        refused.iter().all(|r| r.contains("pending handshakes")),
+        "{refused:?}"
+    );
+    // They expire; the listener disconnects them and forgets them.
+    for p in &silent {
+        assert!(p.cm.wait_disconnected(Duration::from_secs(10)).unwrap());
+    }
+    // Per address: healthy (1) + 5 more = 6 allowed, the 7th refused.
+    let mut more: Vec<Connection> = (0..5)
+        .map(|_| Connection::connect(addr, &c, Duration::from_secs(10)).expect("within the cap"))
+        .collect();
+    match Connection::connect(addr, &c, Duration::from_secs(10)) {
+        Err(OrdersError::Verbs(VerbsError::ConnectionRejected { reason, .. })) => {
+            assert!(reason.contains("too many connections"), "{reason}")
+        }
+        other => panic!("expected the per-address cap, got {other:?}"),
+    }
+    // One leaves: its slot is free again once the listener noticed.
+    more.pop().unwrap().close();
+    let t = Instant::now();
+    let last = loop {
+        match Connection::connect(addr, &c, Duration::from_secs(10)) {
+            Ok(conn) => break conn,
+            Err(_) if t.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!("the freed slot was never reused: {e}"),
+        }
+    };
+    ping(&last, 99);
+    ping(&healthy, 100);
+    let r = srv.stop();
+    assert_eq!(r.stats.pending_full, 2, "{r:?}");
+    assert_eq!(r.stats.handshake_failed, 3, "{r:?}");
+    assert!(r.stats.peer_limit >= 1, "{r:?}");
+    assert_eq!(r.stats.bad_proof, 0, "{r:?}");
+    assert_eq!((r.pending, r.from_here), (0, 6), "{r:?}");
+    drop(more);
 }
 
 #[test]
@@ -489,12 +643,18 @@ fn rdma_orders_peer_that_gives_up_mid_handshake_does_not_stop_the_listener() {
         .accept(Duration::from_secs(30))
         .expect("a failed handshake is not the listener's error")
         .expect("the second peer");
+    // The abandoned handshake fails on its own time (no ESTABLISHED, or
+    // connect_timeout_ms), without holding up the second peer.
+    let t = Instant::now();
+    while l.failed_handshakes() == 0 && t.elapsed() < Duration::from_secs(10) {
+        assert!(l.accept(Duration::from_millis(50)).unwrap().is_none());
+    }
     assert_eq!(
         l.failed_handshakes(),
         1,
         "the abandoned request was not counted"
     );
-    assert_eq!(l.refused(), 0);
+    assert_eq!((l.refused(), l.pending()), (0, 0));
     let mut got = Vec::new();
     let t = Instant::now();
     while got.is_empty() {
@@ -539,33 +699,18 @@ fn rdma_orders_garbage_from_a_hostile_peer_is_rejected() {
     // A raw verbs peer that speaks the handshake, then writes a good frame,
     // then a frame claiming 60000 bytes (past the committed range and the
     // max payload), and commits it.
-    let r = cm::resolve(addr, None, Duration::from_secs(10)).unwrap();
-    let ctx = Context::open(r.device_name().as_deref()).unwrap();
-    let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16).unwrap();
-    let qp = QueuePair::new(&pd, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
-    let ring = MemoryRegion::new(&pd, (1 << 16) + 128, Access::REMOTE_WRITE).unwrap();
-    let hello = Hello {
-        magic: HELLO_MAGIC.into(),
-        ring_log2: 16.into(),
-        flags: 0.into(),
-        token_hash: token_hash("test-token").into(),
-        ring_addr: ring.addr().into(),
-        ring_rkey: ring.rkey().into(),
-        max_payload: 1024.into(),
-        conn_id: 1.into(),
-    };
-    let (_conn, theirs) = r
-        .connect(
-            &qp,
-            &RcOptions::default(),
-            Access::REMOTE_WRITE,
-            hello.as_bytes(),
-            Duration::from_secs(10),
-        )
+    let ini = Initiator::new(Key::derive(b"test-token", Purpose::Orders));
+    let raw = RawPeer::connect(addr, 16, ini.nonce()).unwrap();
+    let ctx = handshake_context(&raw.sent.hello, &raw.reply.hello);
+    let (ti, _) = ini
+        .on_response(&raw.reply.nonce, &raw.reply.proof, &ctx)
         .unwrap();
-    let (their, _) = <Hello as zerocopy::FromBytes>::read_from_prefix(&theirs[..]).unwrap();
-    let (raddr, rkey) = (their.ring_addr.get(), their.ring_rkey.get());
+    raw.write_proof(&proof_bytes(&ti));
+    let (raddr, rkey) = (
+        raw.reply.hello.ring_addr.get(),
+        raw.reply.hello.ring_rkey.get(),
+    );
+    let qp = &raw.qp;
     let mut bytes = Vec::new();
     let good = FrameHeader::new(4, 1, 1, 1);
     bytes.extend_from_slice(good.as_bytes());
@@ -627,4 +772,209 @@ fn rdma_orders_peer_loss_is_detected_and_reconnect_works() {
         drop(conn);
     }
     h.join().unwrap();
+}
+
+/// The listener side of the attack tests: accepts in a loop with short
+/// timeouts (so pending handshakes progress while nothing completes) and
+/// echoes every frame of every admitted connection, until stopped.
+struct Server {
+    stop: Arc<AtomicBool>,
+    accepted: Arc<std::sync::atomic::AtomicU64>,
+    handle: std::thread::JoinHandle<Report>,
+}
+
+/// The listener's state when the server stopped.
+#[derive(Debug)]
+struct Report {
+    stats: ListenerStats,
+    pending: usize,
+    /// Connections the listener counts for the test's address.
+    from_here: usize,
+}
+
+impl Server {
+    fn start(addr: SocketAddr, cfg: OrdersConfig) -> Server {
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (st, acc) = (stop.clone(), accepted.clone());
+        let handle = std::thread::spawn(move || {
+            let l = OrdersListener::bind(addr, cfg).expect("bind");
+            tx.send(()).unwrap();
+            let mut conns: Vec<Connection> = Vec::new();
+            let mut stopping: Option<Instant> = None;
+            loop {
+                if let Some(c) = l.accept(Duration::from_millis(2)).expect("accept") {
+                    conns.push(c);
+                }
+                acc.store(l.stats().accepted, Ordering::Relaxed);
+                conns.retain(|c| {
+                    let mut got = Vec::new();
+                    let ok = c
+                        .subscription()
+                        .poll(|f| got.push(f.payload.to_vec()), 16)
+                        .is_ok();
+                    for g in got {
+                        let _ = c.publication(1).offer_and_flush(2, &g);
+                    }
+                    ok
+                });
+                if st.load(Ordering::Relaxed) {
+                    // Let what is in progress finish or expire first.
+                    let since = *stopping.get_or_insert_with(Instant::now);
+                    if l.pending() == 0 || since.elapsed() > Duration::from_secs(10) {
+                        break;
+                    }
+                }
+            }
+            let ip = addr.ip();
+            Report {
+                stats: l.stats(),
+                pending: l.pending(),
+                from_here: l.connections_from(ip),
+            }
+        });
+        rx.recv().unwrap();
+        Server {
+            stop,
+            accepted,
+            handle,
+        }
+    }
+
+    fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    fn stop(self) -> Report {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().expect("server thread")
+    }
+}
+
+/// Sends `i` and waits for the server's echo: the healthy connection works.
+fn ping(conn: &Connection, i: u64) {
+    conn.publication(1)
+        .offer_and_flush(1, &i.to_le_bytes())
+        .expect("ping");
+    let t = Instant::now();
+    let mut got = None;
+    while got.is_none() {
+        conn.subscription()
+            .poll(|f| got = Some(f.payload.to_vec()), 1)
+            .expect("healthy connection");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no echo of ping {i}: the listener stalled"
+        );
+    }
+    assert_eq!(got.unwrap(), i.to_le_bytes());
+}
+
+fn wait_until(mut f: impl FnMut() -> bool, what: &str) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(10), "never: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// A peer built from raw verbs that speaks (or replays) the handshake
+/// itself. Field order is drop order: the cm id and QP before the ring.
+struct RawPeer {
+    cm: cm::Connection,
+    qp: QueuePair,
+    cq: Arc<CompletionQueue>,
+    _ring: MemoryRegion,
+    _pd: Arc<ProtectionDomain>,
+    sent: ConnectHello,
+    reply: AcceptHello,
+}
+
+impl RawPeer {
+    /// Connects with a well-formed hello for a ring of 2^`log2` bytes (the
+    /// region registered is 64 KiB whatever it claims) and `nonce`.
+    fn connect(addr: SocketAddr, log2: u16, nonce: [u8; 16]) -> Result<RawPeer, VerbsError> {
+        Self::connect_inner(addr, |ring| {
+            ConnectHello {
+                hello: Hello {
+                    magic: HELLO_MAGIC.into(),
+                    ring_log2: log2.into(),
+                    flags: 0.into(),
+                    ring_addr: ring.addr().into(),
+                    ring_rkey: ring.rkey().into(),
+                    max_payload: 1024.into(),
+                    conn_id: 7.into(),
+                },
+                nonce,
+            }
+            .as_bytes()
+            .to_vec()
+        })
+    }
+
+    /// Connects sending exactly `data` (a captured connect request).
+    fn connect_with(addr: SocketAddr, data: Vec<u8>) -> Result<RawPeer, VerbsError> {
+        Self::connect_inner(addr, |_| data)
+    }
+
+    fn connect_inner(
+        addr: SocketAddr,
+        data: impl FnOnce(&MemoryRegion) -> Vec<u8>,
+    ) -> Result<RawPeer, VerbsError> {
+        let r = cm::resolve(addr, None, Duration::from_secs(10))?;
+        let ctx = Context::open(r.device_name().as_deref())?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let cq = CompletionQueue::new(&ctx, 16)?;
+        let qp = QueuePair::new(&pd, QpType::Rc, &cq, &cq, QpCaps::default())?;
+        let ring = MemoryRegion::new(&pd, (1 << 16) + CONTROL_LEN, Access::REMOTE_WRITE)?;
+        let data = data(&ring);
+        let (conn, theirs) = r.connect(
+            &qp,
+            &RcOptions::default(),
+            Access::REMOTE_WRITE,
+            &data,
+            Duration::from_secs(10),
+        )?;
+        Ok(RawPeer {
+            cm: conn,
+            qp,
+            cq,
+            _ring: ring,
+            _pd: pd,
+            sent: ConnectHello::read_from_prefix(&data).expect("48 bytes").0,
+            reply: AcceptHello::read_from_prefix(&theirs[..])
+                .expect("an accept reply")
+                .0,
+        })
+    }
+
+    /// Writes `bytes` into the listener's proof slot and waits for the
+    /// WRITE to complete.
+    fn write_proof(&self, bytes: &[u8; PROOF_LEN]) {
+        let h = &self.reply.hello;
+        let at = h.ring_addr.get() + (1u64 << h.ring_log2.get()) + PROOF_OFF as u64;
+        let sge = [Sge::inline(bytes)];
+        let mut wrs = [SendWr::write(9, &sge, at, h.ring_rkey.get())
+            .inline()
+            .signaled()];
+        self.qp.post_send_inline(&mut wrs).expect("post the proof");
+        let mut wc = [WorkCompletion::empty()];
+        let t = Instant::now();
+        while self.cq.poll(&mut wc).expect("poll") == 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "proof WRITE never completed"
+            );
+        }
+        assert!(wc[0].is_success(), "{:?}", wc[0].status());
+    }
 }

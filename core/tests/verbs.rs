@@ -110,7 +110,7 @@ fn rdma_smoke_open_query_register() {
         gids.iter().any(|(_, g)| g.ipv4().is_some()),
         "no IPv4-mapped GID in {gids:?}"
     );
-    let mr = MemoryRegion::new(&d.pd, 1 << 20, Access::REMOTE_WRITE).unwrap();
+    let mut mr = MemoryRegion::new(&d.pd, 1 << 20, Access::REMOTE_WRITE).unwrap();
     assert_eq!(mr.len(), 1 << 20);
     assert_ne!(mr.rkey(), 0);
     mr.write_at(10, b"hello").unwrap();
@@ -131,7 +131,7 @@ fn rdma_smoke_open_query_register() {
 fn rdma_rc_loopback_write_read_send_imm_inline_batch() {
     let d = dev();
     let (a, b, cqa, cqb) = rc_pair(&d, &RcOptions::default());
-    let src = MemoryRegion::new(&d.pd, 64 * 1024, Access::LOCAL_WRITE).unwrap();
+    let mut src = MemoryRegion::new(&d.pd, 64 * 1024, Access::LOCAL_WRITE).unwrap();
     let dst =
         MemoryRegion::new(&d.pd, 64 * 1024, Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap();
     let pattern: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();

@@ -49,8 +49,9 @@ use zerocopy::{Immutable, IntoBytes};
 
 use crate::liveness::Liveness;
 use crate::proto::{
-    msg_type, Cancel, DecodeError, Heartbeat, Logon, LogonAck, LogonStatus, MassCancel, NewOrder,
-    RejectReason, Replace, Request, Response, Side, Symbol, TimeInForce, ORDERS_STREAM,
+    engine_key, msg_type, pad_token, Cancel, DecodeError, Heartbeat, Logon, LogonAck, LogonStatus,
+    MassCancel, NewOrder, RejectReason, Replace, Request, Response, Side, Symbol, TimeInForce,
+    ORDERS_STREAM,
 };
 
 /// How long the gateway may be silent (no frame, not even a heartbeat) before an
@@ -570,10 +571,16 @@ impl EngineSession {
         timeout: Duration,
     ) -> Result<(Connection, u32, u32, Duration), SessionError> {
         let deadline = Instant::now() + timeout;
-        let logon = Logon::new(engine, token.as_bytes(), last_response_seq)
-            .ok_or(SessionError::BadToken)?;
+        pad_token(token.as_bytes()).ok_or(SessionError::BadToken)?;
         let conn = Connection::connect(addr, cfg, timeout)
             .map_err(|source| SessionError::Connect { addr, source })?;
+        // The token stays here: the logon carries a proof bound to this connection.
+        let logon = Logon::new(
+            engine,
+            &engine_key(token.as_bytes()),
+            last_response_seq,
+            &conn.session_binding(),
+        );
         conn.publication(ORDERS_STREAM)
             .offer_and_flush(u16::from(msg_type::LOGON), logon.as_bytes())
             .map_err(SessionError::Send)?;

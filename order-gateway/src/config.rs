@@ -100,9 +100,10 @@ pub struct ServiceConfig {
     /// to do the same. Default 100.
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
-    /// Connections in their handshake or waiting for their logon at once; a connect request
-    /// beyond this is rejected ("too many pending connections"), counted and logged at a
-    /// bounded rate. At least 1. Default 16.
+    /// Connections in their handshake, and connections waiting for their logon, at once
+    /// (each capped by it; it lowers `orders.max_pending_handshakes` when smaller): a connect
+    /// request beyond it is rejected, a completed connection beyond it closed, counted and
+    /// logged at a bounded rate. At least 1. Default 16.
     #[serde(default = "default_max_pending_connections")]
     pub max_pending_connections: usize,
     /// The operator's control socket (`order-gateway control`), a Unix socket with mode

@@ -15,6 +15,7 @@
 
 use std::fmt;
 
+use rocebus::auth;
 use zerocopy::byteorder::little_endian::{I64, U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -579,12 +580,19 @@ impl Notice {
     }
 }
 
-/// Length of the engine secret in a [`Logon`]: configured tokens are 1..=32 bytes, sent
-/// zero-padded.
+/// Longest engine token (`[[risk.engines]] token`): configured tokens are 1..=32 bytes.
 pub const TOKEN_LEN: usize = 32;
 
 /// Engine → gateway: the first frame on an orders connection; the gateway processes no
 /// request of the connection before it. 48 bytes.
+///
+/// The engine's token never travels: the logon carries a proof that the engine holds it,
+/// a keyed BLAKE3 tag ([`rocebus::auth`], purpose `EngineLogon`) over the engine id, the
+/// last response number and the orders connection's [`session_binding`] (both handshake
+/// nonces, the gateway's fresh for every connection). A logon captured on one connection
+/// is worthless on any other.
+///
+/// [`session_binding`]: rocebus::orders::Connection::session_binding
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 pub struct Logon {
@@ -595,8 +603,10 @@ pub struct Logon {
     /// The last response sequence number ([`Header::seq`]) the engine processed (0: none);
     /// the gateway replays every later response it still has before new ones.
     pub last_response_seq: U32,
-    /// The engine's own secret (`[[risk.engines]] token`), zero-padded.
-    pub token: [u8; TOKEN_LEN],
+    /// [`logon_proof`] of the fields above with the engine's key.
+    pub proof: [u8; auth::TAG_LEN],
+    /// Zero.
+    pub reserved: [u8; 16],
 }
 
 /// Outcome of a logon, on the wire in [`LogonAck::status`].
@@ -663,15 +673,49 @@ pub struct LogonAck {
     pub last_request_seq: U32,
 }
 
+/// The logon key an engine's token gives (both the engine and the gateway derive it).
+pub fn engine_key(token: &[u8]) -> auth::Key {
+    auth::Key::derive(token, auth::Purpose::EngineLogon)
+}
+
+/// The proof in a [`Logon`]: the engine id and last response number, bound to one orders
+/// connection by its `binding` (`Connection::session_binding`).
+pub fn logon_proof(
+    key: &auth::Key,
+    engine_id: u32,
+    last_response_seq: u32,
+    binding: &[u8],
+) -> auth::Tag {
+    key.tag(&[
+        b"logon",
+        &engine_id.to_le_bytes(),
+        &last_response_seq.to_le_bytes(),
+        binding,
+    ])
+}
+
 impl Logon {
-    /// Builds a logon frame; `None` if `token` is empty or longer than [`TOKEN_LEN`].
-    pub fn new(engine_id: u32, token: &[u8], last_response_seq: u32) -> Option<Logon> {
-        Some(Logon {
+    /// Builds a logon frame for the connection whose session binding is `binding`.
+    pub fn new(engine_id: u32, key: &auth::Key, last_response_seq: u32, binding: &[u8]) -> Logon {
+        Logon {
             header: Header::new(msg_type::LOGON, size_of::<Logon>()),
             engine_id: U32::new(engine_id),
             last_response_seq: U32::new(last_response_seq),
-            token: pad_token(token)?,
-        })
+            proof: logon_proof(key, engine_id, last_response_seq, binding),
+            reserved: [0; 16],
+        }
+    }
+
+    /// Whether the proof was made with `key` for the connection bound by `binding`
+    /// (constant-time compare).
+    pub fn verify(&self, key: &auth::Key, binding: &[u8]) -> bool {
+        let parts: [&[u8]; 4] = [
+            b"logon",
+            &self.engine_id.get().to_le_bytes(),
+            &self.last_response_seq.get().to_le_bytes(),
+            binding,
+        ];
+        key.verify(&parts, &self.proof)
     }
 
     /// Decodes a logon frame.
@@ -683,8 +727,8 @@ impl Logon {
     }
 }
 
-/// A configured token as it travels in a [`Logon`]: zero-padded to [`TOKEN_LEN`]; `None`
-/// if empty or too long.
+/// A configured token zero-padded to [`TOKEN_LEN`]; `None` if empty or too long (the
+/// length check of `[[risk.engines]] token`).
 pub fn pad_token(token: &[u8]) -> Option<[u8; TOKEN_LEN]> {
     if token.is_empty() || token.len() > TOKEN_LEN {
         return None;
@@ -1267,13 +1311,13 @@ mod tests {
         assert_eq!(d.side(), Side::Buy);
     }
 
-    /// Logon{engine 3, last seq 5, token "k"}; LogonAck{engine 3, AlreadyConnected, last 9}.
+    /// Logon{engine 3, last seq 5, proof zero}; LogonAck{engine 3, AlreadyConnected, last 9}.
     static LOGON_BYTES: [u8; 48] = [
         b'L', 1, 48, 0, 0, 0, 0, 0, // header
         3, 0, 0, 0, // engine
         5, 0, 0, 0, // last response seq
-        b'k', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // token, zero-padded
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // proof (set in the test)
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // reserved
     ];
     static LOGON_ACK_BYTES: [u8; 24] = [
         b'l', 1, 24, 0, 0, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0,
@@ -1281,13 +1325,23 @@ mod tests {
 
     #[test]
     fn logon_fixed_bytes() {
-        assert_eq!(Logon::new(3, b"k", 5).unwrap().as_bytes(), &LOGON_BYTES);
-        let l = Logon::decode(&LOGON_BYTES).unwrap();
+        let (key, binding) = (engine_key(b"k"), [7u8; 32]);
+        let mut bytes = LOGON_BYTES;
+        bytes[16..32].copy_from_slice(&logon_proof(&key, 3, 5, &binding));
+        assert_eq!(Logon::new(3, &key, 5, &binding).as_bytes(), &bytes);
+        let l = Logon::decode(&bytes).unwrap();
         assert_eq!((l.engine_id.get(), l.last_response_seq.get()), (3, 5));
-        assert_eq!(Some(l.token), pad_token(b"k"));
-        assert!(Logon::new(3, b"", 0).is_none());
-        assert!(Logon::new(3, &[b'x'; TOKEN_LEN + 1], 0).is_none());
-        assert!(Logon::new(3, &[b'x'; TOKEN_LEN], 0).is_some());
+        // The proof holds for this key and connection only, and covers the fields.
+        assert!(l.verify(&key, &binding));
+        assert!(!l.verify(&engine_key(b"j"), &binding));
+        assert!(!l.verify(&key, &[8u8; 32]));
+        let mut other = l;
+        other.engine_id = U32::new(4);
+        assert!(!other.verify(&key, &binding));
+        assert!(!Logon::decode(&LOGON_BYTES).unwrap().verify(&key, &binding));
+        assert!(pad_token(b"").is_none());
+        assert!(pad_token(&[b'x'; TOKEN_LEN + 1]).is_none());
+        assert!(pad_token(&[b'x'; TOKEN_LEN]).is_some());
         let ack = LogonAck::new(3, LogonStatus::AlreadyConnected, 9, 0);
         assert_eq!(ack.as_bytes(), &LOGON_ACK_BYTES);
         let (m, s) = LogonAck::decode(&LOGON_ACK_BYTES).unwrap();

@@ -3,14 +3,16 @@
 //! journal and the venue link), sends the responses back over RC, keeps the FIX session up,
 //! applies market data and does cancel-on-disconnect when an engine's connection is lost.
 //!
-//! Engines: two secrets, two jobs. The orders token (`[service.orders] token`, checked by
-//! the rocebus listener before any queue pair is set up) is the transport gate: it keeps
-//! whatever is not part of this deployment from getting RDMA resources at all. The engine
+//! Engines: two secrets, two jobs, neither of which travels. The orders token
+//! (`[service.orders] token`) is the transport gate: the rocebus listener admits a
+//! connection only once the peer proved it holds it (challenge-response, see
+//! `rocebus::auth`), within the listener's limits, before the service sees it. The engine
 //! token (`[[risk.engines]] token`, one per engine) authenticates the engine id: the first
-//! frame of a connection must be a [`Logon`] naming the id and carrying that engine's
-//! token, compared in constant time (`subtle`) before the engine is bound; a wrong one is
-//! answered with [`LogonStatus::BadToken`], counted, and the connection closed, so engine A's
-//! token cannot log on as engine B. The id decides the accounts the engine may trade, and
+//! frame of a connection must be a [`Logon`] naming the id and carrying a proof made with
+//! that engine's token over this connection's handshake nonces, checked in constant time
+//! before the engine is bound; a wrong one (or one replayed from another connection) is
+//! answered with [`LogonStatus::BadToken`], counted, and the connection closed, so engine
+//! A's token cannot log on as engine B. The id decides the accounts the engine may trade, and
 //! only one connection per engine id may be live. Requests and responses travel on
 //! [`ORDERS_STREAM`] (see [`crate::proto`]).
 //!
@@ -40,9 +42,7 @@ use rocebus::counters::{
     LocalCounters,
 };
 use rocebus::idle::{pin_current_thread, IdleStrategy, Idler};
-use rocebus::orders::{
-    Connection, Handshake, HandshakeProgress, OfferError, OrdersConfig, OrdersError, OrdersListener,
-};
+use rocebus::orders::{Connection, OfferError, OrdersConfig, OrdersError, OrdersListener};
 use zerocopy::IntoBytes;
 
 use crate::config::Config;
@@ -52,8 +52,7 @@ use crate::fix::SessionState;
 use crate::gateway::{EngineId, Gateway};
 use crate::liveness::Liveness;
 use crate::proto::{
-    msg_type, pad_token, Heartbeat, Logon, LogonAck, LogonStatus, Response, Symbol, ORDERS_STREAM,
-    TOKEN_LEN,
+    engine_key, msg_type, Heartbeat, Logon, LogonAck, LogonStatus, Response, Symbol, ORDERS_STREAM,
 };
 use crate::risk::RiskConfig;
 use crate::unix_nanos;
@@ -427,7 +426,10 @@ impl Counters {
             open_orders: alloc("open orders", G),
             malformed_engine: alloc("malformed engine frames", C),
             malformed_fix: alloc("malformed fix frames", C),
-            connections_refused: alloc("orders connections refused (token)", C),
+            connections_refused: alloc(
+                "orders connections refused (bad hello, bad proof, limits)",
+                C,
+            ),
             handshakes_failed: alloc("orders connection handshakes failed", C),
             pending_rejected: alloc(
                 "orders connections rejected: too many pending (max_pending_connections)",
@@ -570,10 +572,12 @@ fn offer(conn: &Connection, r: &Response) -> Result<(), OfferError> {
 }
 
 /// The verdict on a logon, and the gateway's last response number for the engine: the
-/// engine must be configured, present its own token, not be connected already, and name a
-/// last response the gateway can continue from.
+/// engine must be configured, prove it holds its own token on this connection (`binding`:
+/// the connection's session binding), not be connected already, and name a last response
+/// the gateway can continue from.
 fn logon_verdict(
-    tokens: &[(EngineId, [u8; TOKEN_LEN])],
+    keys: &[(EngineId, rocebus::auth::Key)],
+    binding: &[u8],
     connected: impl Fn(EngineId) -> bool,
     gw: &Gateway,
     logon: Option<&Logon>,
@@ -582,11 +586,11 @@ fn logon_verdict(
         return (LogonStatus::BadLogon, 0);
     };
     let id = l.engine_id.get();
-    let Some((_, token)) = tokens.iter().find(|(e, _)| *e == id) else {
+    let Some((_, key)) = keys.iter().find(|(e, _)| *e == id) else {
         return (LogonStatus::UnknownEngine, 0);
     };
-    // Constant time: how much of a guess matched must not show in the answer's timing.
-    if !bool::from(subtle::ConstantTimeEq::ct_eq(&token[..], &l.token[..])) {
+    // Constant time (auth::Key::verify): how much of a guess matched must not show.
+    if !l.verify(key, binding) {
         return (LogonStatus::BadToken, 0);
     }
     if connected(id) {
@@ -602,11 +606,13 @@ fn logon_verdict(
 pub struct Service<L: VenueLink = TcpLink> {
     driver: FixDriver<L>,
     listener: OrdersListener,
+    /// Completed connections closed because `max_pending_connections` were waiting for
+    /// their logon (the listener counts the handshakes it rejected itself).
+    logon_over_cap: u64,
     /// Each configured engine and its token as the logon carries it.
-    engine_tokens: Vec<(EngineId, [u8; TOKEN_LEN])>,
+    engine_keys: Vec<(EngineId, rocebus::auth::Key)>,
     engines: Vec<EngineConn>,
     /// Answered connect requests whose handshake has not completed.
-    handshakes: Vec<Handshake>,
     pending: Vec<PendingConn>,
     closing: Vec<Closing>,
     lost: Vec<EngineId>,
@@ -656,12 +662,14 @@ impl<L: VenueLink> Service<L> {
         opts: ServiceOptions,
         control: Arc<ServiceControl>,
     ) -> Result<Service<L>, ServiceError> {
+        let mut orders = opts.orders.clone();
+        orders.max_pending_handshakes = orders
+            .max_pending_handshakes
+            .min(opts.max_pending_connections);
         let listener =
-            OrdersListener::bind(opts.listen, opts.orders.clone()).map_err(|source| {
-                ServiceError::Listen {
-                    addr: opts.listen,
-                    source,
-                }
+            OrdersListener::bind(opts.listen, orders).map_err(|source| ServiceError::Listen {
+                addr: opts.listen,
+                source,
             })?;
         let operator = match &opts.control_socket {
             Some(path) => {
@@ -686,14 +694,14 @@ impl<L: VenueLink> Service<L> {
         Ok(Service {
             driver,
             listener,
-            // RiskEngine::new (the driver's) has validated every token, so none is dropped.
-            engine_tokens: risk
+            logon_over_cap: 0,
+            // RiskEngine::new (the driver's) has validated every token.
+            engine_keys: risk
                 .engines
                 .iter()
-                .filter_map(|e| Some((e.id, pad_token(e.token.as_bytes())?)))
+                .map(|e| (e.id, engine_key(e.token.as_bytes())))
                 .collect(),
             engines: Vec::with_capacity(risk.engines.len()),
-            handshakes: Vec::new(),
             pending: Vec::new(),
             closing: Vec::new(),
             lost: Vec::new(),
@@ -888,13 +896,17 @@ impl<L: VenueLink> Service<L> {
         }
     }
 
-    /// New connections, never waiting on a peer: connect requests (rejected beyond
-    /// `max_pending_connections`), handshakes under way, refused ones being closed.
+    /// New connections, never waiting on a peer: the listener checks requests and moves
+    /// handshakes on without blocking (at most `max_pending_connections` of them, the
+    /// `orders.max_pending_handshakes` cap lowered to it, are in progress: one more is
+    /// rejected by the listener with the reason); a completed one that would make more
+    /// than `max_pending_connections` connections wait for their logon is closed at once
+    /// and counted as rejected. Then refused ones being closed.
     fn poll_connections(&mut self) -> usize {
         let mut work = 0;
         for _ in 0..REQUESTS_PER_TURN {
-            let req = match self.listener.poll_request() {
-                Ok(Some(req)) => req,
+            let conn = match self.listener.accept(Duration::ZERO) {
+                Ok(Some(conn)) => conn,
                 Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -902,51 +914,25 @@ impl<L: VenueLink> Service<L> {
                 }
             };
             work += 1;
-            let in_progress = self.handshakes.len() + self.pending.len() + self.closing.len();
-            if in_progress >= self.opts.max_pending_connections {
-                let c = &self.counters.pending_rejected;
-                c.inc();
+            if self.pending.len() + self.closing.len() >= self.opts.max_pending_connections {
+                self.logon_over_cap += 1;
                 // Logged at a bounded rate: the 1st, 2nd, 4th, 8th... rejection.
-                if c.get().is_power_of_two() {
+                if self.logon_over_cap.is_power_of_two() {
                     tracing::warn!(
-                        peer = req.peer(),
+                        peer = %conn.peer(),
                         max_pending_connections = self.opts.max_pending_connections,
-                        rejected = c.get(),
-                        "orders connection rejected: too many pending connections"
+                        rejected = self.logon_over_cap,
+                        "orders connection closed: too many connections waiting for their logon"
                     );
                 }
-                req.reject("rocebus: too many pending connections");
+                conn.close();
                 continue;
             }
-            match req.start(&self.listener) {
-                Ok(h) => self.handshakes.push(h),
-                // A peer that vanished mid-handshake is not our failure (counted, logged).
-                Err(e @ OrdersError::Verbs(_)) => tracing::debug!(error = %e, "accept failed"),
-                Err(e) => tracing::warn!(error = %e, "accept failed"),
-            }
-        }
-        let mut i = 0;
-        while i < self.handshakes.len() {
-            let h = self.handshakes.swap_remove(i);
-            match h.poll(&self.listener) {
-                Ok(HandshakeProgress::Pending(h)) => {
-                    // Back where it was (swap_remove moved the last one here).
-                    self.handshakes.push(h);
-                    let last = self.handshakes.len() - 1;
-                    self.handshakes.swap(i, last);
-                    i += 1;
-                }
-                Ok(HandshakeProgress::Done(conn)) => {
-                    work += 1;
-                    tracing::info!(peer = %conn.peer(), "engine connection, waiting for logon");
-                    self.pending.push(PendingConn {
-                        conn,
-                        since: Instant::now(),
-                    });
-                }
-                // Counted and logged by the listener.
-                Err(_) => work += 1,
-            }
+            tracing::info!(peer = %conn.peer(), "engine connection, waiting for logon");
+            self.pending.push(PendingConn {
+                conn,
+                since: Instant::now(),
+            });
         }
         let now = Instant::now();
         self.closing.retain(|c| {
@@ -1029,6 +1015,8 @@ impl<L: VenueLink> Service<L> {
         c.malformed_engine.set(gw.counters().malformed_engine);
         c.malformed_fix.set(gw.counters().malformed_fix);
         c.connections_refused.set(self.listener.refused());
+        c.pending_rejected
+            .set(self.listener.stats().pending_full + self.logon_over_cap);
         c.handshakes_failed.set(self.listener.failed_handshakes());
         c.journal_failures.set(self.driver.journal_failures());
         c.journal_degraded.set(u64::from(self.driver.is_degraded()));
@@ -1090,7 +1078,8 @@ impl<L: VenueLink> Service<L> {
     fn logon(&mut self, conn: Connection, logon: Option<Logon>, mono: u64) {
         let id = logon.map_or(0, |l| l.engine_id.get());
         let (status, last) = logon_verdict(
-            &self.engine_tokens,
+            &self.engine_keys,
+            &conn.session_binding(),
             |e| self.engines.iter().any(|c| c.id == e),
             self.driver.gateway(),
             logon.as_ref(),
@@ -1216,16 +1205,15 @@ mod tests {
         Gateway::new(session, &risk).unwrap()
     }
 
-    fn tokens() -> Vec<(EngineId, [u8; TOKEN_LEN])> {
-        vec![
-            (1, pad_token(b"alpha").unwrap()),
-            (2, pad_token(b"beta").unwrap()),
-        ]
+    fn tokens() -> Vec<(EngineId, rocebus::auth::Key)> {
+        vec![(1, engine_key(b"alpha")), (2, engine_key(b"beta"))]
     }
 
+    const BINDING: [u8; 32] = [5; 32];
+
     fn verdict(gw: &Gateway, engine: u32, token: &[u8], last: u32) -> (LogonStatus, u32) {
-        let l = Logon::new(engine, token, last).unwrap();
-        logon_verdict(&tokens(), |e| e == 2, gw, Some(&l))
+        let l = Logon::new(engine, &engine_key(token), last, &BINDING);
+        logon_verdict(&tokens(), &BINDING, |e| e == 2, gw, Some(&l))
     }
 
     #[test]
@@ -1241,8 +1229,14 @@ mod tests {
         assert_eq!(verdict(&gw, 2, b"alpha", 0).0, LogonStatus::BadToken);
         assert_eq!(verdict(&gw, 2, b"beta", 0).0, LogonStatus::AlreadyConnected);
         assert_eq!(
-            logon_verdict(&tokens(), |_| false, &gw, None).0,
+            logon_verdict(&tokens(), &BINDING, |_| false, &gw, None).0,
             LogonStatus::BadLogon
+        );
+        // A logon made for another connection (a replay) is refused.
+        let l = Logon::new(1, &engine_key(b"alpha"), 0, &[6; 32]);
+        assert_eq!(
+            logon_verdict(&tokens(), &BINDING, |_| false, &gw, Some(&l)).0,
+            LogonStatus::BadToken
         );
     }
 

@@ -35,7 +35,7 @@ use rocebus::counters::{AllocateCounter, CountersError};
 use rocebus::idle::IdleStrategy;
 use rocebus::mcast::config::McastConfig;
 use rocebus::orders::{OfferError, OrdersConfig, OrdersError, PeerLost};
-use rocebus::ring::frame::{token_hash, Hello, HELLO_MAGIC};
+use rocebus::ring::frame::{ConnectHello, Hello, HELLO_MAGIC};
 use rocebus::verbs::cm;
 use rocebus::verbs::{
     Access, CompletionQueue, Context, ProtectionDomain, QpCaps, QpType, QueuePair, RcOptions,
@@ -237,15 +237,19 @@ fn stall_handshake(gw: SocketAddr) -> StalledHandshake {
         },
     )
     .unwrap();
-    let hello = Hello {
-        magic: HELLO_MAGIC.into(),
-        ring_log2: 18.into(),
-        flags: 0.into(),
-        token_hash: token_hash(TOKEN).into(),
-        ring_addr: 0.into(),
-        ring_rkey: 0.into(),
-        max_payload: 1024.into(),
-        conn_id: 7.into(),
+    // A well-formed connect hello: the listener answers it and then waits for the
+    // connection's confirmation (and the proof) that never come.
+    let hello = ConnectHello {
+        hello: Hello {
+            magic: HELLO_MAGIC.into(),
+            ring_log2: 18.into(),
+            flags: 0.into(),
+            ring_addr: 0.into(),
+            ring_rkey: 0.into(),
+            max_payload: 1024.into(),
+            conn_id: 7.into(),
+        },
+        nonce: [7; 16],
     };
     let mut c = cm::start_connect(gw, None, Duration::from_secs(60)).unwrap();
     let t = Instant::now();

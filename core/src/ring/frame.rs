@@ -176,12 +176,14 @@ pub fn validate(
     }))
 }
 
-/// Magic of the connection handshake ("RBO1").
-pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"RBO1");
+/// Magic of the connection handshake ("RBO2": the challenge-response
+/// version; a peer still sending "RBO1" and a token hash is refused as a
+/// bad handshake).
+pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"RBO2");
 
-/// What each side tells the other in rdma_cm private data: where its
-/// incoming ring is, and proof that it knows the shared secret. 40 bytes,
-/// within the 56 a connect request can carry.
+/// What each side tells the other about its incoming ring. 32 bytes; both
+/// hellos, as sent, are the context the challenge-response binds
+/// ([`crate::auth`]), so neither can be altered on the way unnoticed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
 pub struct Hello {
@@ -191,10 +193,6 @@ pub struct Hello {
     pub ring_log2: U16,
     /// Reserved, zero.
     pub flags: U16,
-    /// 64-bit hash of the shared token (a guard against connecting the
-    /// wrong peers, not cryptographic authentication: RoCE carries no
-    /// confidentiality anyway).
-    pub token_hash: U64,
     /// Address of the ring region (data, then the control words).
     pub ring_addr: U64,
     /// Its rkey.
@@ -204,16 +202,61 @@ pub struct Hello {
     /// Random per-connection id (diagnostics).
     pub conn_id: U64,
 }
-const _: () = assert!(std::mem::size_of::<Hello>() == 40);
+const _: () = assert!(std::mem::size_of::<Hello>() == 32);
 
-/// FNV-1a 64 of the token.
-pub fn token_hash(token: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in token.as_bytes() {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+/// The connect request's private data: the initiator's hello and its
+/// nonce. 48 bytes, within the 56 a connect request can carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct ConnectHello {
+    /// The initiator's ring.
+    pub hello: Hello,
+    /// The initiator's fresh nonce `Ni`.
+    pub nonce: [u8; crate::auth::NONCE_LEN],
+}
+const _: () = assert!(std::mem::size_of::<ConnectHello>() == 48);
+
+/// The accept reply's private data: the responder's hello, its nonce and
+/// its proof `Tr` that it knows the secret. 64 bytes (a reply carries 196).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct AcceptHello {
+    /// The responder's ring.
+    pub hello: Hello,
+    /// The responder's fresh nonce `Nr`.
+    pub nonce: [u8; crate::auth::NONCE_LEN],
+    /// `Tr`, see [`crate::auth`].
+    pub proof: [u8; crate::auth::TAG_LEN],
+}
+const _: () = assert!(std::mem::size_of::<AcceptHello>() == 64);
+
+/// Bytes after a ring's data: the credit word (16 bytes at 0) and the
+/// proof slot (32 bytes at [`PROOF_OFF`]); registered with the ring.
+pub const CONTROL_LEN: usize = 64;
+/// Offset, after the ring's data, of the slot the initiator writes its
+/// proof `Ti` into (one inline RDMA WRITE, before any frame).
+pub const PROOF_OFF: usize = 32;
+/// Bytes of the proof slot as written: the tag, [`PROOF_SEAL`], 8 zeros.
+pub const PROOF_LEN: usize = 32;
+/// The word that follows a complete proof in its slot (the tag's bytes are
+/// placed before it).
+pub const PROOF_SEAL: u64 = u64::from_le_bytes(*b"RBPROOF1");
+
+/// The proof slot's bytes as the initiator writes them.
+pub fn proof_bytes(tag: &crate::auth::Tag) -> [u8; PROOF_LEN] {
+    let mut b = [0u8; PROOF_LEN];
+    b[..crate::auth::TAG_LEN].copy_from_slice(tag);
+    b[crate::auth::TAG_LEN..crate::auth::TAG_LEN + 8].copy_from_slice(&PROOF_SEAL.to_le_bytes());
+    b
+}
+
+/// The context both proofs bind: the initiator's hello, then the
+/// responder's, as they travelled.
+pub fn handshake_context(initiator: &Hello, responder: &Hello) -> [u8; 64] {
+    let mut ctx = [0u8; 64];
+    ctx[..32].copy_from_slice(initiator.as_bytes());
+    ctx[32..].copy_from_slice(responder.as_bytes());
+    ctx
 }
 
 #[cfg(test)]
@@ -309,22 +352,41 @@ mod tests {
         );
     }
 
+    // An initiator's connect data as it travels: magic "RBO2", ring 2^20,
+    // address, rkey, max payload, id, then the nonce.
+    static CONNECT_BYTES: [u8; 48] = [
+        b'R', b'B', b'O', b'2', 20, 0, 0, 0, // magic, ring_log2, flags
+        0, 0x10, 0, 0, 0, 0x7f, 0, 0, // ring_addr
+        0x34, 0x12, 0, 0, 0, 0, 1, 0, // rkey, max_payload
+        42, 0, 0, 0, 0, 0, 0, 0, // conn_id
+        1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, // nonce
+    ];
+
     #[test]
-    fn hello_round_trip_and_token() {
+    fn hello_fixed_bytes_and_context() {
         let h = Hello {
             magic: HELLO_MAGIC.into(),
             ring_log2: 20.into(),
             flags: 0.into(),
-            token_hash: token_hash("s3cret").into(),
             ring_addr: 0x7f00_0000_1000.into(),
             ring_rkey: 0x1234.into(),
             max_payload: 65536.into(),
             conn_id: 42.into(),
         };
-        let bytes = h.as_bytes().to_vec();
-        assert_eq!(&bytes[..4], b"RBO1");
-        assert_eq!(Hello::read_from_bytes(&bytes[..]).unwrap(), h);
-        assert_ne!(token_hash("s3cret"), token_hash("s3cres"));
-        assert_eq!(token_hash(""), 0xcbf2_9ce4_8422_2325);
+        let c = ConnectHello {
+            hello: h,
+            nonce: std::array::from_fn(|i| i as u8 + 1),
+        };
+        assert_eq!(c.as_bytes(), &CONNECT_BYTES);
+        assert_eq!(
+            ConnectHello::read_from_bytes(&CONNECT_BYTES[..]).unwrap(),
+            c
+        );
+        let mut r = h;
+        r.conn_id = 43.into();
+        let ctx = handshake_context(&h, &r);
+        assert_eq!(&ctx[..32], h.as_bytes());
+        assert_eq!(&ctx[32..], r.as_bytes());
+        assert_ne!(handshake_context(&r, &h), ctx);
     }
 }

@@ -9,6 +9,7 @@
 //! |---|---|---|---|
 //! | 0 | N | peer's sender (RDMA WRITE) | frame data |
 //! | N | 16 | peer's receiver (RDMA WRITE) | credit: how far the peer consumed *our* frames, and its complement |
+//! | N+32 | 32 | peer (one inline RDMA WRITE, once) | the initiator's handshake proof `Ti`, then [`PROOF_SEAL`] |
 //!
 //! The credit word sits on its own cache line, away from the frames.
 //!
@@ -23,7 +24,8 @@
 //! simply read again.
 #![allow(unsafe_code)]
 
-use super::frame::{FrameHeader, HEADER_LEN};
+use super::frame::{FrameHeader, CONTROL_LEN, HEADER_LEN, PROOF_OFF, PROOF_SEAL};
+use crate::auth::{Tag, TAG_LEN};
 use crate::verbs::{Access, MemoryRegion, ProtectionDomain, QueuePair, SendWr, VerbsError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -43,13 +45,10 @@ pub fn control_word(v: u64) -> [u8; CONTROL_WORD_LEN] {
 
 /// Offset of the credit word after the data.
 pub const CREDIT_OFF: usize = 0;
-/// Control bytes after the data.
-pub const CONTROL_LEN: usize = 64;
-
 /// The incoming ring: data plus control words, written by the peer.
 #[derive(Debug)]
 pub struct IncomingRing {
-    mr: Arc<MemoryRegion>,
+    mr: MemoryRegion,
     size: usize,
 }
 
@@ -61,13 +60,10 @@ impl IncomingRing {
         let mr = MemoryRegion::new(pd, size + CONTROL_LEN, Access::REMOTE_WRITE)?;
         Ok(Self { mr, size })
     }
-    /// The region (address and rkey for the peer).
-    pub fn mr(&self) -> &Arc<MemoryRegion> {
+    /// The region (address and rkey for the peer). Shared access only:
+    /// nothing can write it through this.
+    pub fn mr(&self) -> &MemoryRegion {
         &self.mr
-    }
-    /// Data size.
-    pub fn size(&self) -> usize {
-        self.size
     }
 
     /// Reads a control word and its complement; `None` if they disagree
@@ -96,6 +92,29 @@ impl IncomingRing {
         // pattern is a valid u64. The device writes these bytes by DMA,
         // outside the Rust memory model; we only ever load them.
         unsafe { &*(self.mr.as_ptr().add(at) as *const AtomicU64) }
+    }
+
+    /// The initiator's handshake proof, once its WRITE has been placed
+    /// (`None` before). Read like a frame: the seal word with Acquire, then
+    /// the tag before it (the 32 bytes travel in one inline WRITE, placed in
+    /// ascending order). The bytes are the peer's: the caller verifies them.
+    pub fn load_proof(&self) -> Option<Tag> {
+        // ORDERING: Acquire, pairs with the device placing the tag's bytes
+        // before the seal after them; the tag loads follow.
+        if self.word(PROOF_OFF + TAG_LEN).load(Ordering::Acquire) != PROOF_SEAL {
+            return None;
+        }
+        let mut t = [0u8; TAG_LEN];
+        for (i, c) in t.chunks_exact_mut(8).enumerate() {
+            // ORDERING: Relaxed: ordered after the Acquire above.
+            c.copy_from_slice(
+                &self
+                    .word(PROOF_OFF + 8 * i)
+                    .load(Ordering::Relaxed)
+                    .to_le_bytes(),
+            );
+        }
+        Some(t)
     }
 
     /// The credit the peer's receiver returned for our outgoing frames,
@@ -135,18 +154,30 @@ impl IncomingRing {
         self.word_at(off).load(Ordering::Acquire)
     }
 
-    /// The payload of a validated frame.
+    /// Copies the payload of a validated frame (`len` bytes at 16-aligned
+    /// offset `off`) into `dst`, which must hold `len` rounded up to 8.
     ///
-    /// The bytes lie in a sealed frame at our consumer position, which the
-    /// peer may not write again until we return credit past it (its sender
-    /// never overruns credit); the borrow ends before we advance. A peer that breaks the
-    /// protocol can at worst change bytes we are reading: u8 has no invalid
-    /// values and we never act on lengths read from the payload.
+    /// Never handed out as `&[u8]`: the memory is the peer's to write (a
+    /// peer that breaks the protocol may rewrite a frame while we read it,
+    /// and a shared borrow would assert the bytes cannot change). The copy
+    /// reads aligned words with relaxed atomic loads, which a concurrent
+    /// write can only make inconsistent, never undefined; the application
+    /// gets the copy. The words read stay inside the frame: the payload
+    /// rounded up to 8 ends at or before the trailer.
     #[inline]
-    pub fn payload(&self, off: usize, len: usize) -> &[u8] {
-        assert!(off.checked_add(len).is_some_and(|e| e <= self.size));
-        // SAFETY: in bounds (asserted), alive as long as &self.
-        unsafe { std::slice::from_raw_parts(self.mr.as_ptr().add(off), len) }
+    pub fn copy_payload(&self, off: usize, len: usize, dst: &mut [u8]) {
+        let words = len.div_ceil(8);
+        assert!(off % 8 == 0 && off + words * 8 <= self.size && dst.len() >= words * 8);
+        for (i, c) in dst[..words * 8].chunks_exact_mut(8).enumerate() {
+            // ORDERING: Relaxed: ordered after the trailer's Acquire load in
+            // the caller, which saw the frame complete.
+            c.copy_from_slice(
+                &self
+                    .word_at(off + 8 * i)
+                    .load(Ordering::Relaxed)
+                    .to_ne_bytes(),
+            );
+        }
     }
 }
 
@@ -155,7 +186,7 @@ impl IncomingRing {
 /// RDMA WRITE.
 #[derive(Debug)]
 pub struct Staging {
-    mr: Arc<MemoryRegion>,
+    mr: MemoryRegion,
     size: usize,
 }
 
@@ -165,8 +196,8 @@ impl Staging {
         let mr = MemoryRegion::new(pd, size, Access::LOCAL)?;
         Ok(Self { mr, size })
     }
-    /// The region.
-    pub fn mr(&self) -> &Arc<MemoryRegion> {
+    /// The region (for SGEs).
+    pub fn mr(&self) -> &MemoryRegion {
         &self.mr
     }
 

@@ -61,8 +61,8 @@
 //! with [`FrameError`]; the receiver never reads outside its ring.
 
 pub mod frame;
-pub mod mem;
+pub(crate) mod mem;
 pub mod state;
 
-pub use frame::{FrameError, FrameHeader, Hello};
+pub use frame::{AcceptHello, ConnectHello, FrameError, FrameHeader, Hello};
 pub use state::{ClaimPos, ClaimRefused, ReceiverState, SenderState};

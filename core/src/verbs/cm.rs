@@ -578,6 +578,13 @@ impl ConnectRequest {
     pub fn peer(&self) -> String {
         self.id.peer()
     }
+    /// The requester's IP address (`None` for an unknown address family).
+    pub fn peer_ip(&self) -> Option<IpAddr> {
+        // SAFETY: valid id; the address is a sockaddr union large enough
+        // for both families.
+        let sa = unsafe { &self.id.id.as_ref().route.addr.dst_addr_union.dst_storage };
+        sockaddr_to_std(sa).map(|a| a.ip())
+    }
 
     /// Brings `qp` (fresh, in RESET, on the request's device) to RTS,
     /// accepts with `private_data`, and waits for ESTABLISHED.

@@ -98,6 +98,11 @@ impl std::ops::BitOr for Access {
 /// by peers) at any time, so it is never handed out as `&[u8]`; copy in and
 /// out with [`write_at`](Self::write_at) / [`read_at`](Self::read_at), or use
 /// the raw pointer in code that argues its own ordering (the ring module).
+///
+/// Writing takes `&mut self`: whoever holds the region exclusively may copy
+/// into it, and no shared borrow handed out by an owner (a ring, a pool)
+/// can be alive meanwhile. Owners keep the region private and hand out
+/// `&MemoryRegion` only, through which nothing can be written.
 pub struct MemoryRegion {
     mr: NonNull<sys::ibv_mr>,
     ptr: NonNull<u8>,
@@ -127,7 +132,7 @@ impl fmt::Debug for MemoryRegion {
 impl MemoryRegion {
     /// Allocates `len` zeroed bytes (rounded up to whole pages) and registers
     /// them with exactly `access`.
-    pub fn new(pd: &Arc<ProtectionDomain>, len: usize, access: Access) -> Result<Arc<Self>> {
+    pub fn new(pd: &Arc<ProtectionDomain>, len: usize, access: Access) -> Result<Self> {
         let page = 4096usize;
         let map_len = len.max(1).div_ceil(page) * page;
         // SAFETY: anonymous private mapping, no file, no fixed address.
@@ -156,14 +161,14 @@ impl MemoryRegion {
             unsafe { libc::munmap(p, map_len) };
             return Err(VerbsError::RegisterMemoryRegion { len, source: e });
         };
-        Ok(Arc::new(Self {
+        Ok(Self {
             mr,
             ptr,
             len,
             map_len,
             access,
             pd: pd.clone(),
-        }))
+        })
     }
 
     /// Usable length in bytes (as asked for).
@@ -215,22 +220,30 @@ impl MemoryRegion {
         Ok(())
     }
 
-    /// Copies `src` into the region at `offset`.
-    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+    /// Copies `src` into the region at `offset`. `&mut self`: no shared
+    /// borrow of the region can be alive (see the type's docs); what the
+    /// device may be reading is the poster's contract (`post_send`).
+    pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len())?;
-        // SAFETY: bounds checked; src cannot overlap our private mapping
-        // unless it was derived from as_ptr, in which case copy (memmove) is
-        // still correct.
-        unsafe { std::ptr::copy(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len()) };
+        // SAFETY: bounds checked; src is a shared borrow that cannot point
+        // into this region (no safe API hands one out, and &mut self
+        // excludes any other borrow of self).
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len())
+        };
         Ok(())
     }
 
     /// Copies bytes out of the region at `offset` (a snapshot: with remote
-    /// write access a peer may be changing them meanwhile).
+    /// write access a peer may be changing them meanwhile, so each byte is
+    /// read with a volatile load, never through a reference).
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check(offset, dst.len())?;
-        // SAFETY: bounds checked; dst is a distinct &mut.
-        unsafe { std::ptr::copy(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        for (i, d) in dst.iter_mut().enumerate() {
+            // SAFETY: in bounds (checked above) of the mapping, which lives
+            // as long as self; u8 has no invalid values.
+            *d = unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(offset + i)) };
+        }
         Ok(())
     }
 

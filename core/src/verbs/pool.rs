@@ -209,8 +209,8 @@ pub struct PooledQp {
     // Declared first, so dropped first: destroying the QP flushes every posted
     // request before the regions below are deregistered and unmapped.
     qp: QueuePair,
-    recv_mr: Arc<MemoryRegion>,
-    send_mr: Arc<MemoryRegion>,
+    recv_mr: MemoryRegion,
+    send_mr: MemoryRegion,
     grh: usize,
     recv_slot: usize,
     recv_slots: u32,
