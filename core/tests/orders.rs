@@ -515,6 +515,76 @@ fn rdma_orders_replayed_handshake_is_refused() {
     drop(genuine);
 }
 
+/// The replay comes from another host: guest 0 captures a genuine
+/// handshake (its connect data and the proof it wrote) and hands the bytes
+/// to guest 1 over TCP; guest 1 sends them from its own queue pair. The
+/// listener answers with a fresh nonce, so the captured proof is wrong and
+/// the connection is dropped, counted as a bad proof, while the genuine
+/// peer stays connected.
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in two soft-RoCE guests)"]
+fn rdma_two_hosts_orders_replayed_handshake_from_another_host_is_refused() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    const PORT: u16 = 7496;
+    const CAPTURE_PORT: u16 = 7497;
+    let idx = std::env::var("ROCEBUS_GUEST_INDEX").expect("run by cargo xtask test in two guests");
+    if idx == "0" {
+        let addr = SocketAddr::new(local_ip(), PORT);
+        let srv = Server::start(addr, cfg(1 << 16, 1024));
+        let ini = Initiator::new(Key::derive(b"test-token", Purpose::Orders));
+        let genuine = RawPeer::connect(addr, 16, ini.nonce()).expect("genuine");
+        let ctx = handshake_context(&genuine.sent.hello, &genuine.reply.hello);
+        let (ti, _) = ini
+            .on_response(&genuine.reply.nonce, &genuine.reply.proof, &ctx)
+            .expect("the listener proves it holds the token");
+        let proof = proof_bytes(&ti);
+        genuine.write_proof(&proof);
+        wait_until(|| srv.accepted() == 1, "the genuine peer admitted");
+        // Hand the capture to the other host and wait for its verdict.
+        let tcp = TcpListener::bind(SocketAddr::new(local_ip(), CAPTURE_PORT)).unwrap();
+        let (mut s, from) = tcp.accept().unwrap();
+        s.write_all(genuine.sent.as_bytes()).unwrap();
+        s.write_all(&proof).unwrap();
+        let mut verdict = [0u8; 1];
+        s.read_exact(&mut verdict).unwrap();
+        assert_eq!(
+            &verdict, b"y",
+            "guest 1 ({from}) saw its replay disconnected"
+        );
+        let r = srv.stop();
+        assert_eq!(r.stats.accepted, 1, "{r:?}");
+        assert_eq!(r.stats.bad_proof, 1, "{r:?}");
+        assert_eq!(r.pending, 0, "{r:?}");
+        drop(genuine);
+    } else {
+        let peer: IpAddr = std::env::var("ROCEBUS_PEER_ADDR").unwrap().parse().unwrap();
+        let t = Instant::now();
+        let mut s = loop {
+            match TcpStream::connect(SocketAddr::new(peer, CAPTURE_PORT)) {
+                Ok(s) => break s,
+                Err(e) => {
+                    assert!(t.elapsed() < Duration::from_secs(120), "no capture: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        };
+        let mut sent = [0u8; 48];
+        let mut proof = [0u8; PROOF_LEN];
+        s.read_exact(&mut sent).unwrap();
+        s.read_exact(&mut proof).unwrap();
+        let replay =
+            RawPeer::connect_with(SocketAddr::new(peer, PORT), sent.to_vec()).expect("answered");
+        replay.write_proof(&proof);
+        let dropped = replay
+            .cm
+            .wait_disconnected(Duration::from_secs(10))
+            .unwrap();
+        s.write_all(if dropped { b"y" } else { b"n" }).unwrap();
+        assert!(dropped, "the replayed proof must be disconnected");
+    }
+}
+
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_orders_huge_ring_requests_are_refused_without_memory_growth() {
