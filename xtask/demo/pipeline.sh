@@ -74,6 +74,35 @@ if [ "$VENUE" = quickfix ]; then
     done
 fi
 
+# What the report states beside its figures: the conditions of the run, and this host's
+# raw-verbs floor measured just before it (perftest, 64 B, one-way): one RDMA WRITE
+# (ib_write_lat, what an orders hop is) and one UD send (ib_send_lat -c UD, what a
+# market-data hop is), in the same guest, with nothing else running.
+{
+    echo "vcpus=$(nproc)"
+    for f in feed-handler sample-engine $gw_name; do
+        echo "idle.$f=$(grep -m1 '^idle' "$WORK/$f.toml" | sed -e 's/^idle *= *//')"
+    done
+} > "$DEMO_OUT/conditions.txt"
+floor() { # tool, its extra arguments, output file
+    if ! command -v "$1" > /dev/null 2>&1; then
+        echo "$1 is not installed (perftest)" > "$DEMO_OUT/$3"
+        return
+    fi
+    dev=${ROCEBUS_RDMA_DEVICE:-$(ls /sys/class/infiniband | head -n 1)}
+    gid=${ROCEBUS_GID_INDEX:-1}
+    timeout 60 "$1" -d "$dev" -x "$gid" -s 64 -n 2000 $2 > "$WORK/$3.server" 2>&1 &
+    srv=$!
+    for t in 1 2 3 4 5 6 7 8 9 10; do
+        sleep 1
+        timeout 60 "$1" -d "$dev" -x "$gid" -s 64 -n 2000 $2 "$ADDR" > "$DEMO_OUT/$3" 2>&1 && break
+    done
+    wait $srv
+}
+echo "demo: measuring this host's raw-verbs floor (ib_write_lat, ib_send_lat -c UD; 64 B)"
+floor ib_write_lat "" floor-write.txt
+floor ib_send_lat "-c UD" floor-send.txt
+
 echo "demo: starting feed-handler, order-gateway ($VENUE venue), sample-engine; replaying $(basename "$DEMO_DAY") at $RATE msg/s; $SECONDS_ s of trading"
 # The feed handler first: the gateway subscribes to its bus for reference prices and halts.
 "$DEMO_BIN/feed-handler" run --config "$WORK/feed-handler.toml" > "$DEMO_OUT/feed-handler.log" 2>&1 &

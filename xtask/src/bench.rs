@@ -59,7 +59,7 @@ const BASE: Spec = Spec {
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Latency,
     Throughput,
 }
@@ -268,10 +268,10 @@ fn run_host(root: &Path, name: &str, rounds: Option<u32>, iterations: Option<u64
 
 /// Figures of one run of either side.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct Figures {
-    p50_us: f64,
-    p99_us: f64,
-    rate: f64,
+pub(crate) struct Figures {
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) rate: f64,
 }
 
 /// Parses a `RESULT key=value ...` line of rocebus-bench.
@@ -297,7 +297,7 @@ fn parse_ours(lines: &[String]) -> Option<Figures> {
 /// Parses perftest's result row: latency tools print `bytes iterations
 /// t_min t_max t_typical t_avg t_stdev p99 p99.9` (us); bandwidth tools
 /// print `bytes iterations BW_peak BW_average MsgRate(Mpps)`.
-fn parse_perftest(lines: &[String], kind: Kind) -> Option<Figures> {
+pub(crate) fn parse_perftest(lines: &[String], kind: Kind) -> Option<Figures> {
     let header = lines
         .iter()
         .position(|l| l.contains("#bytes") && l.contains("#iterations"))?;

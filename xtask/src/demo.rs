@@ -97,6 +97,95 @@ pub fn judge(result: &BTreeMap<String, u64>) -> Option<String> {
     None
 }
 
+/// The head of the report: the conditions the run had (emulated or native, vCPUs, busy
+/// processes per vCPU, idle strategies) and this host's raw-verbs floor measured just
+/// before it, with each figure of the run expressed in floors.
+fn conditions_block(
+    native: bool,
+    venue: Venue,
+    conditions: &str,
+    floor_write: &str,
+    floor_send: &str,
+    result: Option<&BTreeMap<String, u64>>,
+) -> String {
+    use crate::bench::{parse_perftest, Kind};
+    let mut s = String::from("conditions:\n");
+    let kv: BTreeMap<&str, &str> = conditions
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .collect();
+    s.push_str(if native {
+        "  native: this host's RDMA device, no emulation\n"
+    } else {
+        "  emulated: one qemu guest without hardware acceleration (TCG), soft-RoCE (rdma_rxe);\n  \
+         every instruction costs some 10-50x native, so absolute times are for shape only\n"
+    });
+    // The busy processes: feed handler, gateway and engine poll; the exchange replay and
+    // the QuickFIX venue run beside them.
+    let busy = 3.0;
+    match kv.get("vcpus").and_then(|v| v.parse::<f64>().ok()) {
+        Some(n) if n > 0.0 => s.push_str(&format!(
+            "  {n} vCPUs; 3 polling processes (feed-handler, order-gateway, sample-engine){} \
+             beside the exchange replay: {:.1} polling threads per vCPU\n",
+            if venue == Venue::Quickfix {
+                " and the QuickFIX venue"
+            } else {
+                ""
+            },
+            busy / n
+        )),
+        _ => s.push_str("  vCPUs: not recorded\n"),
+    }
+    for (k, v) in kv.iter().filter(|(k, _)| k.starts_with("idle.")) {
+        let v = if v.is_empty() {
+            "busy_spin (default)"
+        } else {
+            v
+        };
+        s.push_str(&format!("  idle strategy of {}: {v}\n", &k[5..]));
+    }
+    s.push_str(
+        "  (more polling threads than vCPUs: each backs off when idle (spins, then yields, \
+         then parks up to 50 us) so the others get the cores; a parked thread adds up to \
+         its park time to a message that arrives meanwhile)\n",
+    );
+    let lines = |t: &str| t.lines().map(str::to_owned).collect::<Vec<_>>();
+    let write = parse_perftest(&lines(floor_write), Kind::Latency);
+    let send = parse_perftest(&lines(floor_send), Kind::Latency);
+    s.push_str("raw-verbs floor on this host just before the run (perftest, 64 B, one-way, 2000 iterations):\n");
+    let show = |name: &str, f: &Option<crate::bench::Figures>, raw: &str| match f {
+        Some(f) => format!("  {name}: p50 {:.2} us, p99 {:.2} us\n", f.p50_us, f.p99_us),
+        None => format!(
+            "  {name}: not measured ({})\n",
+            raw.lines().last().unwrap_or("no output").trim()
+        ),
+    };
+    s.push_str(&show("ib_write_lat (one RDMA WRITE)", &write, floor_write));
+    s.push_str(&show("ib_send_lat -c UD (one UD send)", &send, floor_send));
+    let get = |k: &str| result.and_then(|r| r.get(k)).copied().unwrap_or(0) as f64 / 1000.0;
+    s.push_str("the run's medians in floors:\n");
+    match send {
+        Some(f) if get("md_p50_ns") > 0.0 => s.push_str(&format!(
+            "  market data p50 {:.1} us = {:.1} x ib_send_lat p50 (the path: exchange UDP packet \
+             -> feed handler's books -> one UD multicast hop -> engine handler)\n",
+            get("md_p50_ns"),
+            get("md_p50_ns") / f.p50_us
+        )),
+        _ => s.push_str("  market data: no floor or no figure to compare\n"),
+    }
+    match write {
+        Some(f) if get("rtt_p50_ns") > 0.0 => s.push_str(&format!(
+            "  order round trip p50 {:.1} us = {:.1} x ib_write_lat p50 (the path: two RC hops, \
+             risk, two journal appends, FIX to the venue and back over TCP)\n",
+            get("rtt_p50_ns"),
+            get("rtt_p50_ns") / f.p50_us
+        )),
+        _ => s.push_str("  order round trip: no floor or no figure to compare\n"),
+    }
+    s.push('\n');
+    s
+}
+
 /// Runs the demo; fails if the pipeline did not work end to end.
 pub fn run(root: &Path, opts: &DemoOptions) -> Result<()> {
     eprintln!("== set-up (cached after the first run)");
@@ -224,6 +313,15 @@ pub fn run(root: &Path, opts: &DemoOptions) -> Result<()> {
     let stat = read("stat.txt");
     let prom = read("stat.prom");
     let mut full = String::new();
+    let native = host_rdma_addr().is_some();
+    full.push_str(&conditions_block(
+        native,
+        opts.venue,
+        &read("conditions.txt"),
+        &read("floor-write.txt"),
+        &read("floor-send.txt"),
+        parse_result(&read("result.txt")).as_ref(),
+    ));
     full.push_str(&report);
     full.push_str("\n`rocebus stat --once`, read from another process mid-run:\n");
     full.push_str(if stat.is_empty() {
@@ -259,6 +357,64 @@ pub fn run(root: &Path, opts: &DemoOptions) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_report_head_states_conditions_and_floors() {
+        let perftest = |p50: &str| {
+            format!(
+                " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n \
+                 64       2000          10.00          90.00        {p50}          21.00        2.00            30.00                 80.00\n"
+            )
+        };
+        let result =
+            parse_result("RESULT md_p50_ns=100000 rtt_p50_ns=400000 md_messages=1").unwrap();
+        let s = conditions_block(
+            false,
+            Venue::Sim,
+            "vcpus=2\nidle.feed-handler={ kind = \"backoff\" }\nidle.sample-engine=\n",
+            &perftest("20.00"),
+            &perftest("50.00"),
+            Some(&result),
+        );
+        assert!(s.contains("emulated"), "{s}");
+        assert!(
+            s.contains("2 vCPUs") && s.contains("1.5 polling threads per vCPU"),
+            "{s}"
+        );
+        assert!(
+            s.contains("idle strategy of feed-handler: { kind = \"backoff\" }"),
+            "{s}"
+        );
+        assert!(
+            s.contains("idle strategy of sample-engine: busy_spin"),
+            "{s}"
+        );
+        assert!(
+            s.contains("ib_write_lat (one RDMA WRITE): p50 20.00 us"),
+            "{s}"
+        );
+        assert!(
+            s.contains("market data p50 100.0 us = 2.0 x ib_send_lat"),
+            "{s}"
+        );
+        assert!(
+            s.contains("order round trip p50 400.0 us = 20.0 x ib_write_lat"),
+            "{s}"
+        );
+        let s = conditions_block(
+            true,
+            Venue::Sim,
+            "",
+            "ib_write_lat is not installed",
+            "",
+            None,
+        );
+        assert!(
+            s.contains("native") && s.contains("not measured (ib_write_lat is not installed)"),
+            "{s}"
+        );
+        assert!(s.contains("market data: no floor"), "{s}");
+    }
 
     #[test]
     fn parses_and_judges_result_lines() {
