@@ -793,7 +793,19 @@ fn rc_reconnecting_engine_gets_missed_responses_once_in_order() {
     assert_eq!(
         replayed.len(),
         1 + missed_ids.len() + 20 + 10 + 10,
-        "1 cancel, 30 acks, 10 + 20 fills, 10 partials, 10 cancels"
+        "1 cancel, 30 acks, 10 + 20 fills, 10 partials, 10 cancels; the others: {:?}",
+        replayed
+            .iter()
+            .filter(|l| ![
+                msg_type::ACK,
+                msg_type::FILL,
+                msg_type::PARTIAL_FILL,
+                msg_type::CANCELED
+            ]
+            .contains(&l.1)
+                || !(missed_ids.contains(&l.2) || l.2 == resting))
+            .map(|l| (l.0, l.1 as char, l.2))
+            .collect::<Vec<_>>()
     );
     assert_eq!(e.state(resting), OrderState::Canceled);
     // The engine goes on trading on the same numbering.
