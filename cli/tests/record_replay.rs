@@ -132,7 +132,7 @@ impl Recording {
 
     /// Waits until `n` messages were recorded, then stops it with SIGTERM; returns its
     /// final stdout line.
-    fn stop_after(mut self, n: u64) -> (String, PathBuf) {
+    fn stop_after(self, n: u64) -> (String, PathBuf) {
         self.wait_for(
             |l| {
                 l.split_whitespace()
@@ -146,7 +146,7 @@ impl Recording {
         self.term()
     }
 
-    fn term(mut self) -> (String, PathBuf) {
+    fn term(self) -> (String, PathBuf) {
         let pid = self.child.id().to_string();
         let st = Command::new("kill")
             .args(["-TERM", &pid])
@@ -171,11 +171,12 @@ fn run_feed_handler(config: &Path, counters: &Path) -> u64 {
         .expect("start feed-handler");
     assert!(st.success(), "feed-handler: {st}");
     let reader = CountersReader::open(counters).expect("counters file");
-    reader
+    let published = reader
         .iter()
         .find(|e| e.label.as_str() == "feed.published")
         .map(|e| e.value)
-        .expect("feed.published")
+        .expect("feed.published");
+    published
 }
 
 #[derive(Default)]

@@ -712,7 +712,7 @@ impl Replayer {
                 reserved: [0; 3],
                 price: U32::new(unpx(m.price)),
                 shares: U64::new(u64::from(size)),
-                orders: U32::new(if size == 0 { 0 } else { orders }),
+                orders: U32::new(orders),
             };
             let len = put(out, lc.as_bytes());
             return Replayed::Message { locate, len };
