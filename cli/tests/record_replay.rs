@@ -20,7 +20,7 @@ use feed_handler::itch::decode_exact;
 use feed_handler::normalized::{decode, Normalized};
 use feed_handler::publish::{MdSink, Publisher};
 use rocebus::counters::CountersReader;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write as _};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -106,7 +106,9 @@ impl Recording {
         let err = child.stderr.take().expect("stderr");
         std::thread::spawn(move || {
             for l in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("[record] {l}");
+                // Straight to stderr, past the test harness's capture: the guest's log shows
+                // how far a slow run got.
+                let _ = writeln!(std::io::stderr(), "[record] {l}");
                 if tx.send(l).is_err() {
                     break;
                 }
@@ -117,15 +119,15 @@ impl Recording {
         r
     }
 
-    /// Waits for a stderr line satisfying `f` (60 s at most).
+    /// Waits for a stderr line satisfying `f` (180 s at most: the guest may be emulated).
     fn wait_for(&self, mut f: impl FnMut(&str) -> bool, what: &str) {
-        let until = Instant::now() + Duration::from_secs(60);
+        let until = Instant::now() + Duration::from_secs(180);
         loop {
             let left = until.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(l) if f(&l) => return,
                 Ok(_) => {}
-                Err(_) => panic!("rocebus record: no {what} within 60 s"),
+                Err(_) => panic!("rocebus record: no {what} within 180 s"),
             }
         }
     }
@@ -310,14 +312,14 @@ fn rdma_record_replay_record_is_identical() {
         .arg(&first)
         .arg("--config")
         .arg(&cfg)
-        .args(["--linger-ms", "3000"])
+        // Paced: unpaced, the replay outruns a debug-build recorder in an emulated guest
+        // (its receive queue overflows), as any publisher would.
+        .args(["--linger-ms", "3000", "--rate", "10000"])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::inherit())
         .output()
         .expect("feed-handler replay");
-    assert!(
-        out.status.success(),
-        "feed-handler replay: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "feed-handler replay: {}", out.status);
     let totals = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("[replay] {totals}");
     assert!(

@@ -77,6 +77,9 @@ pub enum ReplayError {
     },
 }
 
+/// Records published between two polls of the publishers when nothing makes the replay wait.
+const POLL_EVERY: u64 = 64;
+
 /// One channel's view as a snapshot at the channel's last published sequence.
 struct ViewAt<'a> {
     view: &'a MarketView,
@@ -151,22 +154,25 @@ pub fn replay(
             }
         };
         let replayed = conv.convert(rec, unix_now_ns(), &mut buf);
-        // Wait until due and until every publisher has room.
-        loop {
-            let now = now_ns();
-            sink.set_now(now);
+        // Every POLL_EVERY records (publishing sends full datagrams itself), and while
+        // waiting until the record is due or every publisher has room: poll the publishers.
+        let mut now = now_ns();
+        sink.set_now(now);
+        if totals.records % POLL_EVERY == 0 {
             poll(&mut sink, &views, now).map_err(bus_err)?;
+        }
+        loop {
             let behind = (0..channels).any(|i| sink.backlog(i) > backlog_limit);
             let elapsed = start.elapsed().as_nanos() as u64;
-            if !behind && elapsed >= due {
-                break;
-            }
-            if stop.load(Ordering::Relaxed) {
+            if (!behind && elapsed >= due) || stop.load(Ordering::Relaxed) {
                 break;
             }
             if !behind && due - elapsed > 200_000 {
                 std::thread::sleep(Duration::from_micros(100));
             }
+            now = now_ns();
+            sink.set_now(now);
+            poll(&mut sink, &views, now).map_err(bus_err)?;
         }
         let mut publish = |sink: &mut BusSink, ch: u16, len: usize| {
             match sink.publish(ch, &buf[..len]) {
