@@ -33,7 +33,8 @@ enum Command {
     Stat(StatArgs),
     /// Record what market-data channels deliver to a DBN file (Databento Binary Encoding).
     ///
-    /// Subscribes to the channels of a market-data configuration (the feed handler's own
+    /// Waits for each channel's publisher, then subscribes to the channels of a market-data
+    /// configuration (the feed handler's own
     /// config, whose `[market_data]` table is read, or a bare rocebus market-data file such as
     /// configs/md.toml) like any subscriber: gaps are recovered over RC, a late join starts
     /// from the publisher's snapshot. Every delivered normalized message becomes one DBN

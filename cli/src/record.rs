@@ -115,18 +115,34 @@ pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
     let zstd = args.output.extension().is_some_and(|e| e == "zst");
     let mut rec = Recorder::new(BufWriter::new(file), zstd, midnight, ids.len())
         .context("cannot start the DBN stream")?;
-    // Not waiting for the publisher: the lines are joined at once, recovery connects later.
+    // Wait for the publisher of each channel: with the recovery link up from the start, the
+    // beginning of a session published before we joined comes from its history
+    // (`recovery.join_replay_max`), later joins from a snapshot, and no hole is given up for
+    // want of a link.
     let mut subs = Vec::with_capacity(ids.len());
     for &id in &ids {
-        subs.push(
-            McastSubscriber::start(&cfg, id, args.local, args.publisher).with_context(|| {
-                format!(
-                    "cannot subscribe to channel {id} on {}: is it the address of an RDMA \
-                     device? (`rdma link` lists them; in development run inside `cargo xtask vm`)",
-                    args.local
-                )
-            })?,
-        );
+        let mut said = false;
+        let sub = loop {
+            match McastSubscriber::new(&cfg, id, args.local, args.publisher) {
+                Ok(s) => break s,
+                Err(e) => {
+                    // ORDERING: Relaxed: a flag with no data attached.
+                    if stop.load(Ordering::Relaxed) {
+                        bail!("stopped before the publisher of channel {id} answered");
+                    }
+                    if !said {
+                        said = true;
+                        eprintln!(
+                            "rocebus record: waiting for the publisher of channel {id} at {} \
+                             ({e}); is {} the address of an RDMA device?",
+                            args.publisher, args.local
+                        );
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        };
+        subs.push(sub);
     }
     eprintln!(
         "rocebus record: recording channels {ids:?} to {}; stop with SIGINT or SIGTERM",

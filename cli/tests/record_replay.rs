@@ -62,10 +62,16 @@ fn local_ip() -> IpAddr {
 
 /// A feed-handler config reading `capture`, publishing one channel.
 fn config(dir: &Path, ip: IpAddr, capture: &Path, group: &str, port: u16, starve: bool) -> PathBuf {
-    let (history, pacing) = if starve {
-        (64, "max_datagrams_per_sec = 500\nburst = 4\n")
+    // The recorder connects once the publisher is up, which has started publishing: the
+    // session's start comes from the history (join_replay_max covers the whole day).
+    let (history, pacing, join) = if starve {
+        (64, "max_datagrams_per_sec = 500\nburst = 4\n", 4096)
     } else {
-        (16384, "max_datagrams_per_sec = 20000\nburst = 32\n")
+        (
+            16384,
+            "max_datagrams_per_sec = 20000\nburst = 32\n",
+            1_000_000,
+        )
     };
     let text = format!(
         "[feed]\ngroup = \"239.9.9.9:26999\"\ninterface = \"{ip}\"\ncapture = {capture:?}\n\
@@ -74,7 +80,7 @@ fn config(dir: &Path, ip: IpAddr, capture: &Path, group: &str, port: u16, starve
          [market_data]\nmax_datagram_payload = 1024\nhistory_depth = {history}\nheartbeat_interval_ns = 1000000\n\
          [market_data.batching]\nmax_messages = 64\nflush_interval_ns = 50000\n\
          [market_data.pacing]\n{pacing}\
-         [market_data.recovery]\ntimeout_ns = 50000000\nmax_retries = 5\nsnapshot_timeout_ns = 2000000000\n\
+         [market_data.recovery]\ntimeout_ns = 50000000\nmax_retries = 5\nsnapshot_timeout_ns = 2000000000\njoin_replay_max = {join}\n\
          [[market_data.channels]]\nid = 1\nname = \"rec\"\nline_a = \"{group}\"\nport = {port}\n"
     );
     let path = dir.join(format!("fh-{port}.toml"));
@@ -115,7 +121,10 @@ impl Recording {
             }
         });
         let r = Self { child, lines, path };
-        r.wait_for(|l| l.contains("recording channels"), "start");
+        r.wait_for(
+            |l| l.contains("recording channels") || l.contains("waiting for the publisher"),
+            "start",
+        );
         r
     }
 
