@@ -20,7 +20,7 @@ def plain(v):
 
 def fields(r):
     out = {"type": type(r).__name__, "instrument_id": r.instrument_id, "ts_event": r.ts_event}
-    for name in ("ts_recv", "order_id", "price", "size", "action", "side", "flags", "depth",
+    for name in ("err", "code", "ts_recv", "order_id", "price", "size", "action", "side", "flags", "depth",
                  "sequence", "reason", "is_trading", "is_quoting", "raw_symbol",
                  "stype_in_symbol", "stype_out_symbol", "min_lot_size_round_lot",
                  "instrument_class", "exchange", "currency"):

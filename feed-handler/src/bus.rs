@@ -112,6 +112,32 @@ impl BusSink {
         Ok(sent)
     }
 
+    /// Sends, heartbeats and serves recovery on partition `i` only, with `snapshot` as its
+    /// snapshot source (for publishers whose state is not a [`Book`], e.g. a replay's
+    /// views). Returns the datagrams sent.
+    pub fn poll_channel(
+        &mut self,
+        i: u16,
+        now: u64,
+        snapshot: &impl rocebus::mcast::Snapshot,
+    ) -> Result<usize, NetError> {
+        match self.publishers.get_mut(usize::from(i)) {
+            Some(p) => p.poll(now, snapshot),
+            None => Ok(0),
+        }
+    }
+
+    /// Datagrams of partition `i` flushed but not yet sent (held back by pacing): a
+    /// publisher that gets more than its history ahead overwrites them unsent.
+    pub fn backlog(&self, i: u16) -> u64 {
+        self.publishers.get(usize::from(i)).map_or(0, |p| {
+            p.state()
+                .counters()
+                .datagrams
+                .saturating_sub(p.io_stats().datagrams_sent)
+        })
+    }
+
     /// Seals the open datagrams and sends them.
     pub fn flush(&mut self, now: u64) -> Result<(), NetError> {
         for p in &mut self.publishers {

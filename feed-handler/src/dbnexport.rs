@@ -820,7 +820,7 @@ fn to_pair(bid: Option<Level>, ask: Option<Level>) -> BidAskPair {
 }
 
 /// NASDAQ's trading action reason codes in DBN's terms.
-fn status_reason(code: &[u8; 4]) -> StatusReason {
+pub(crate) fn status_reason(code: &[u8; 4]) -> StatusReason {
     match code {
         b"T1  " => StatusReason::NewsPending,
         b"T2  " => StatusReason::NewsReleased,

@@ -28,6 +28,8 @@ pub mod badinput;
 pub mod binaryfile;
 pub mod book;
 pub mod bus;
+pub mod busrecord;
+pub mod busreplay;
 pub mod config;
 pub mod dbnexport;
 pub mod generate;

@@ -123,17 +123,31 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// Send a capture as MoldUDP64 to a group and serve retransmission requests.
+    /// Send a capture as MoldUDP64 to a group and serve retransmission requests; or publish
+    /// a DBN bus recording on the market-data bus.
+    ///
+    /// A BinaryFILE capture goes to `--group` as an exchange would send it. A DBN file
+    /// (`rocebus record` output, `.dbn` or `.dbn.zst`; also the trades and status files of
+    /// `feed-handler export`) is published on the channels of `[market_data]` of `--config`
+    /// from `publish.local_ip`, as normalized messages (symbols partitioned by stock locate as
+    /// `feed-handler run` does, feed and bus losses as feed-loss messages on every channel),
+    /// serving retransmissions and snapshots of what it published to late joiners. The
+    /// README's "Record and replay" section says what survives the round trip.
     Replay {
-        /// The capture (BinaryFILE).
+        /// The capture (BinaryFILE) or DBN recording.
         file: PathBuf,
-        /// Destination, e.g. 239.1.1.1:26477 (multicast, TTL 1, loopback on) or a unicast address.
+        /// Capture: destination, e.g. 239.1.1.1:26477 (multicast, TTL 1, loopback on) or a
+        /// unicast address.
         #[arg(long)]
-        group: SocketAddr,
-        /// Messages per second (default: as fast as possible).
+        group: Option<SocketAddr>,
+        /// DBN recording: the feed handler configuration whose `[market_data]` and
+        /// `publish.local_ip` are used.
+        #[arg(long, default_value = "configs/feed-handler.toml")]
+        config: PathBuf,
+        /// Messages (records) per second (default: as fast as possible).
         #[arg(long, conflicts_with = "realtime")]
         rate: Option<u64>,
-        /// Pace by the messages' ITCH timestamps.
+        /// Pace by the messages' timestamps (ITCH timestamps; DBN `ts_event`).
         #[arg(long)]
         realtime: bool,
         /// UDP port of the retransmission server (0: any free port, printed on start).
@@ -225,6 +239,7 @@ fn main() -> Result<()> {
         Command::Replay {
             file,
             group,
+            config,
             rate,
             realtime,
             retrans_port,
@@ -232,6 +247,15 @@ fn main() -> Result<()> {
             linger_ms,
             drop_every,
         } => {
+            if is_dbn(&file)? {
+                return replay_dbn(&file, &config, rate, realtime, linger_ms);
+            }
+            let Some(group) = group else {
+                bail!(
+                    "{}: a capture is replayed to --group ADDR:PORT",
+                    file.display()
+                );
+            };
             let data = read(&file)?;
             let mut reader = capture(&file, &data)?;
             let messages: Vec<&[u8]> = reader
@@ -311,6 +335,62 @@ fn run(
         &stop,
     )?;
     eprintln!("{totals:?}");
+    Ok(())
+}
+
+/// A DBN file (plain or Zstandard) rather than a BinaryFILE capture: by its first bytes.
+fn is_dbn(file: &Path) -> Result<bool> {
+    use std::io::Read as _;
+    let mut head = [0u8; 4];
+    let mut f =
+        std::fs::File::open(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let n = f
+        .read(&mut head)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    Ok(head[..n].starts_with(b"DBN") || head[..n] == [0x28, 0xb5, 0x2f, 0xfd])
+}
+
+fn replay_dbn(
+    file: &Path,
+    config: &Path,
+    rate: Option<u64>,
+    realtime: bool,
+    linger_ms: u64,
+) -> Result<()> {
+    use feed_handler::busreplay::{replay, ReplayPace};
+    let cfg = Config::load(config)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [SIGINT, SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("cannot install the SIGINT/SIGTERM handlers")?;
+    }
+    let pace = match (rate, realtime) {
+        (_, true) => ReplayPace::Recorded(1.0),
+        (Some(r), _) => ReplayPace::Rate(r.max(1)),
+        (None, false) => ReplayPace::Unpaced,
+    };
+    let local_ip = cfg.publish.local_ip;
+    eprintln!(
+        "replaying {} on {} market-data channels from {local_ip}",
+        file.display(),
+        cfg.market_data.channels.len()
+    );
+    let totals = replay(
+        file,
+        &cfg.market_data,
+        local_ip,
+        pace,
+        Duration::from_millis(linger_ms),
+        &stop,
+    )
+    .with_context(|| {
+        format!(
+            "replaying {} failed: is {local_ip} the address of an RDMA device? (`rdma link` \
+             lists them; in development run it inside `cargo xtask vm`)",
+            file.display()
+        )
+    })?;
+    println!("{totals:?}");
     Ok(())
 }
 

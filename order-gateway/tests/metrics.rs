@@ -6,7 +6,7 @@
 //! with the values the file holds.
 //!
 //! That a real Prometheus server scrapes and queries this endpoint is tested on the host
-//! (`core/tests/prometheus.rs`): under the guest's emulation Prometheus was still not
+//! (`cli/tests/prometheus.rs`): under the guest's emulation Prometheus was still not
 //! listening 60 s after it was started (`prometheus --version` alone took 14-26 s).
 
 mod common;

@@ -45,7 +45,7 @@ const BINARIES: &[(&str, &str)] = &[
     ("feed-handler", "feed-handler"),
     ("order-gateway", "order-gateway"),
     ("rocebus-bench", "sample-engine"),
-    ("rocebus", "rocebus"),
+    ("rocebus-cli", "rocebus"),
 ];
 
 fn host_rdma_addr() -> Option<String> {

@@ -1,5 +1,6 @@
 //! `rocebus`: operator tools. `rocebus stat` shows every component's counters live, prints
 //! them in the Prometheus text format, or serves them over HTTP for Prometheus to scrape.
+//! `rocebus record` writes what a market-data channel delivers to a DBN file.
 //!
 //! Counters directory: `--dir`, else `$ROCEBUS_DIR`, else `/dev/shm/rocebus`.
 
@@ -17,6 +18,8 @@ use rocebus::counters::hw::SYSFS_ROOT;
 use rocebus::counters::stat::{discover, render_prometheus, render_table, Snapshot};
 use rocebus::counters::{default_dir, DIR_ENV};
 
+mod record;
+
 #[derive(Debug, Parser)]
 #[command(name = "rocebus", version, about = "rocebus operator tools")]
 struct Cli {
@@ -28,6 +31,21 @@ struct Cli {
 enum Command {
     /// Show the counters of running (and exited) rocebus processes and of the RDMA device.
     Stat(StatArgs),
+    /// Record what market-data channels deliver to a DBN file (Databento Binary Encoding).
+    ///
+    /// Waits for each channel's publisher, then subscribes to the channels of a market-data
+    /// configuration (the feed handler's own
+    /// config, whose `[market_data]` table is read, or a bare rocebus market-data file such as
+    /// configs/md.toml) like any subscriber: gaps are recovered over RC, a late join starts
+    /// from the publisher's snapshot. Every delivered normalized message becomes one DBN
+    /// record (BBO and level changes as MBP-1, trades, status); snapshots are recorded as
+    /// delivered (flag F_SNAPSHOT); exchange feed losses and the bus's own unrecoverable
+    /// losses become ErrorMsg records a DBN reader sees. The README's "Record and replay"
+    /// section has the conventions; `feed-handler replay FILE.dbn` publishes a recording again.
+    ///
+    /// Stops on SIGINT or SIGTERM (or after --duration), finishing the file (a `.zst` name
+    /// is Zstandard-compressed) and printing the counts; progress goes to stderr.
+    Record(record::RecordArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -59,6 +77,7 @@ struct StatArgs {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Stat(args) => stat(&args),
+        Command::Record(args) => record::record(&args),
     }
 }
 

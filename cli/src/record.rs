@@ -1,0 +1,203 @@
+//! `rocebus record`: the I/O shell around [`feed_handler::busrecord::Recorder`] (which owns
+//! the mapping to DBN): subscribers, signals, the output file, progress.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use feed_handler::busrecord::{eastern_midnight_of, RecordCounters, Recorder};
+use feed_handler::dbnexport::Date;
+use feed_handler::udp::unix_now_ns;
+use rocebus::mcast::config::McastConfig;
+use rocebus::mcast::{now_ns, Event, McastSubscriber};
+
+#[derive(Debug, clap::Args)]
+pub struct RecordArgs {
+    /// Market-data configuration: the feed handler's config (its `[market_data]` table is
+    /// used) or a bare rocebus market-data file (configs/md.toml).
+    #[arg(long)]
+    config: PathBuf,
+    /// Channel id to record (repeat for several); default: every channel of the config.
+    #[arg(long = "channel", value_name = "ID")]
+    channels: Vec<u16>,
+    /// Our address on the RDMA device.
+    #[arg(long)]
+    local: IpAddr,
+    /// The publisher's address (the feed handler's `publish.local_ip`): recovery and
+    /// snapshots come from there.
+    #[arg(long)]
+    publisher: IpAddr,
+    /// Output file; a name ending in `.zst` is Zstandard-compressed.
+    #[arg(short, long, value_name = "OUT.dbn[.zst]")]
+    output: PathBuf,
+    /// Trading date, YYYY-MM-DD (US Eastern): bus times are nanoseconds since its midnight.
+    /// Default: today in US Eastern time.
+    #[arg(long, value_parser = Date::parse)]
+    date: Option<Date>,
+    /// Stop after this many seconds (fractions allowed).
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Progress line on stderr every this many milliseconds (0: none).
+    #[arg(long, default_value_t = 1000)]
+    progress_ms: u64,
+}
+
+/// The `[market_data]` table of `path`, or the whole file when it has none.
+fn load_bus(path: &Path) -> anyhow::Result<McastConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("{} is not TOML", path.display()))?;
+    let bus = match table.remove("market_data") {
+        Some(toml::Value::Table(t)) => toml::to_string(&t)?,
+        Some(_) => bail!("{}: market_data is not a table", path.display()),
+        None => text,
+    };
+    McastConfig::from_toml_str(&bus)
+        .with_context(|| format!("{}: not a market-data configuration", path.display()))
+}
+
+fn summary(c: &RecordCounters) -> String {
+    format!(
+        "{} messages (bbo {}, levels {}, trades {}, status {}, feed losses {}), {} bus losses \
+         ({} messages lost), {} snapshots ({} refused), {} malformed, {} symbols, {} DBN records",
+        c.messages,
+        c.bbo,
+        c.levels,
+        c.trades,
+        c.status,
+        c.feed_losses,
+        c.bus_losses,
+        c.bus_lost_messages,
+        c.snapshots,
+        c.rejected_snapshots,
+        c.malformed,
+        c.symbols,
+        c.records
+    )
+}
+
+pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
+    let cfg = load_bus(&args.config)?;
+    let ids: Vec<u16> = if args.channels.is_empty() {
+        cfg.channels.iter().map(|c| c.id).collect()
+    } else {
+        args.channels.clone()
+    };
+    if let Some(id) = ids.iter().find(|&&id| cfg.channel(id).is_none()) {
+        bail!("channel {id} is not in {}", args.config.display());
+    }
+    if ids.is_empty() {
+        bail!("{} has no channel", args.config.display());
+    }
+    let duration = match args.duration {
+        Some(d) if !(d.is_finite() && d > 0.0) => {
+            bail!("--duration must be a positive number of seconds")
+        }
+        d => d.map(Duration::from_secs_f64),
+    };
+    let midnight = args.date.map_or_else(
+        || eastern_midnight_of(unix_now_ns()),
+        |d| d.eastern_midnight_unix_ns(),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("cannot install the SIGINT/SIGTERM handlers")?;
+    }
+    let file = File::create(&args.output)
+        .with_context(|| format!("cannot create {}", args.output.display()))?;
+    let zstd = args.output.extension().is_some_and(|e| e == "zst");
+    let mut rec = Recorder::new(BufWriter::new(file), zstd, midnight, ids.len())
+        .context("cannot start the DBN stream")?;
+    // Wait for the publisher of each channel: with the recovery link up from the start, the
+    // beginning of a session published before we joined comes from its history
+    // (`recovery.join_replay_max`), later joins from a snapshot, and no hole is given up for
+    // want of a link.
+    let mut subs = Vec::with_capacity(ids.len());
+    for &id in &ids {
+        let mut said = false;
+        let sub = loop {
+            match McastSubscriber::new(&cfg, id, args.local, args.publisher) {
+                Ok(s) => break s,
+                Err(e) => {
+                    // ORDERING: Relaxed: a flag with no data attached.
+                    if stop.load(Ordering::Relaxed) {
+                        bail!("stopped before the publisher of channel {id} answered");
+                    }
+                    if !said {
+                        said = true;
+                        eprintln!(
+                            "rocebus record: waiting for the publisher of channel {id} at {} \
+                             ({e}); is {} the address of an RDMA device?",
+                            args.publisher, args.local
+                        );
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        };
+        subs.push(sub);
+    }
+    eprintln!(
+        "rocebus record: recording channels {ids:?} to {}; stop with SIGINT or SIGTERM",
+        args.output.display()
+    );
+    let start = Instant::now();
+    let progress = Duration::from_millis(args.progress_ms);
+    let mut next_progress = start + progress;
+    let mut next_flush = start + Duration::from_secs(1);
+    // ORDERING: Relaxed: a flag with no data attached; re-read every pass.
+    while !stop.load(Ordering::Relaxed) && duration.is_none_or(|d| start.elapsed() < d) {
+        let now = now_ns();
+        rec.set_ts_recv(unix_now_ns());
+        let mut work = 0;
+        for (i, (s, &id)) in subs.iter_mut().zip(&ids).enumerate() {
+            work += s
+                .poll(now, &mut rec.channel(i))
+                .with_context(|| format!("receiving channel {id} failed"))?;
+            while let Some(ev) = s.poll_event() {
+                match ev {
+                    Event::UnrecoverableLoss { from, to } => {
+                        rec.bus_loss(id, from, to);
+                        eprintln!("rocebus record: channel {id}: messages {from}..{to} lost");
+                    }
+                    other => eprintln!("rocebus record: channel {id}: {other:?}"),
+                }
+            }
+        }
+        if let Some(e) = rec.take_error() {
+            return Err(e).with_context(|| format!("writing {} failed", args.output.display()));
+        }
+        let t = Instant::now();
+        if t >= next_flush {
+            next_flush = t + Duration::from_secs(1);
+            rec.flush()
+                .with_context(|| format!("writing {} failed", args.output.display()))?;
+        }
+        if !progress.is_zero() && t >= next_progress {
+            next_progress = t + progress;
+            eprintln!("rocebus record: {}", summary(rec.counters()));
+        }
+        if work == 0 {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+    for s in &subs {
+        s.disconnect().ok();
+    }
+    let totals = rec
+        .finish()
+        .with_context(|| format!("finishing {} failed", args.output.display()))?;
+    println!(
+        "rocebus record: {}: {}",
+        args.output.display(),
+        summary(&totals)
+    );
+    Ok(())
+}
