@@ -167,12 +167,19 @@ pub fn render_table(
             } else {
                 e.label.to_string()
             };
+            // A gauge labelled `.ipv4` holds an address (a publisher's
+            // subscriber rows): shown dotted.
+            let value = if e.kind == Kind::Gauge && e.label.ends_with(".ipv4") && e.value != 0 {
+                std::net::Ipv4Addr::from(e.value as u32).to_string()
+            } else {
+                e.value.to_string()
+            };
             let _ = writeln!(
                 out,
                 "  {:>4}  {:<48} {:>20} {:>14}",
                 e.id,
                 label,
-                e.value,
+                value,
                 fmt_rate(r)
             );
         }
