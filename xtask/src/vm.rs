@@ -457,6 +457,35 @@ impl LinkDrops {
     }
 }
 
+/// The host's TSC frequency in kHz, measured against the monotonic clock
+/// (x86_64 only). Under TCG the guest's TSC is the host's, but a guest on a
+/// busy host calibrates it against emulated timers that fall behind, and a
+/// third or fourth guest booting while the others run has been seen to get
+/// it badly wrong: its clock then ran about 15 times too fast (soft-lockup
+/// warnings at boot, a test "finished in 2262 s" after 150 s, every timeout
+/// 15 times too short). Passing the measured value as `tsc_early_khz`
+/// skips that calibration.
+#[cfg(target_arch = "x86_64")]
+fn host_tsc_khz() -> Option<u64> {
+    #[allow(unused_unsafe)]
+    // SAFETY: RDTSC reads a counter; every x86_64 CPU has it and it touches
+    // no memory.
+    let tsc = || unsafe { core::arch::x86_64::_rdtsc() };
+    let (t0, c0) = (Instant::now(), tsc());
+    std::thread::sleep(Duration::from_millis(50));
+    let (c1, dt) = (tsc(), t0.elapsed());
+    let khz = u128::from(c1.checked_sub(c0)?) * 1_000_000 / dt.as_nanos().max(1);
+    // Below 100 MHz or above 10 GHz: not a TSC we understand.
+    u64::try_from(khz)
+        .ok()
+        .filter(|k| (100_000..10_000_000).contains(k))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn host_tsc_khz() -> Option<u64> {
+    None
+}
+
 /// Lets the child inherit `fd` (std opens every descriptor close-on-exec).
 fn inherit_fd(cmd: &mut Command, fd: RawFd) {
     use std::os::unix::process::CommandExt;
@@ -515,6 +544,7 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
     // LinkDrops::inconclusive.
     let udp_before = host_udp_counters();
     let cpus = opts.cpus.unwrap_or(if hosts == 1 { 2 } else { 1 });
+    let tsc_khz = host_tsc_khz();
     let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
     let mut guests = Vec::new();
     let started = Instant::now();
@@ -594,12 +624,21 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
         .arg(&img.kernel)
         .arg("-initrd")
         .arg(&img.initrd)
-        .args([
-            "-append",
+        .arg("-append")
+        .arg(format!(
+            "{}{}",
             // tsc=reliable: without it the emulated guest falls back to the
             // HPET clocksource, and every clock_gettime (Instant::now)
-            // traps into the emulator (~13 us each).
-            "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init clocksource=tsc tsc=reliable",
+            // traps into the emulator (~13 us each). no_timer_check: with
+            // three or four guests on a busy host, the kernel's boot-time
+            // check of the emulated IO-APIC timer can miss its window and
+            // panic ("IO-APIC + timer doesn't work!"); the timer works.
+            "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init clocksource=tsc tsc=reliable no_timer_check",
+            tsc_khz
+                .map(|k| format!(" tsc_early_khz={k}"))
+                .unwrap_or_default()
+        ))
+        .args([
             "-display",
             "none",
             "-serial",
