@@ -5,8 +5,8 @@
 //! The harness is the guest test
 //! `rdma_md_three_hosts_shared_loss_repaired_on_multicast` (core/tests/md_net.rs),
 //! run in N + 1 guests on one emulated switch: guest 0 publishes 40,000
-//! messages under correlated netem loss on its multicast egress (`loss 8%
-//! 25%`), the others subscribe, and the publisher prints its netem drop
+//! messages under correlated netem loss on its multicast egress (Gilbert
+//! model, `loss state 5% 50%`: about 9% lost, in bursts), the others subscribe, and the publisher prints its netem drop
 //! count and the repair datagrams it sent (unicast and multicast). The test
 //! itself fails if a subscriber misses anything. Figures are counts, not
 //! times, so the debug build the test runner uses is fine.

@@ -467,7 +467,7 @@ impl LinkDrops {
 /// skips that calibration.
 #[cfg(target_arch = "x86_64")]
 fn host_tsc_khz() -> Option<u64> {
-    #[allow(unused_unsafe)]
+    #[allow(unsafe_code, unused_unsafe)]
     // SAFETY: RDTSC reads a counter; every x86_64 CPU has it and it touches
     // no memory.
     let tsc = || unsafe { core::arch::x86_64::_rdtsc() };
