@@ -84,9 +84,14 @@ pub fn run(root: &Path) -> Result<()> {
                 bail!("md-repair with {subs} subscribers ({mode}): {why}");
             }
             if out.status() != 0 {
+                // The panic message, not the backtrace after it.
                 for (i, o) in out.output.iter().enumerate() {
-                    for l in o.iter().rev().take(30).rev() {
-                        eprintln!("[g{i}] {l}");
+                    for (j, l) in o.iter().enumerate() {
+                        if l.contains("panicked at") {
+                            for l in o.iter().skip(j).take(3) {
+                                eprintln!("[g{i}] {l}");
+                            }
+                        }
                     }
                 }
                 bail!(

@@ -362,6 +362,28 @@ mod tests {
     }
 
     #[test]
+    fn ipv4_gauges_show_as_addresses() {
+        let (dir, file) = fixture();
+        let addr = file
+            .allocate_with("md.pub.ch0.sub0.ipv4", Kind::Gauge, 0)
+            .unwrap();
+        addr.set(u64::from(u32::from(std::net::Ipv4Addr::new(198, 18, 0, 3))));
+        let empty = file
+            .allocate_with("md.pub.ch0.sub1.ipv4", Kind::Gauge, 0)
+            .unwrap();
+        empty.set(0);
+        let hw_root = dir.path().join("no-sysfs");
+        let snap = Snapshot::take(&discover(dir.path()).unwrap(), &hw_root);
+        let text = render_table(&snap, None, snap.files[0].info.start_unix_ns, &hw_root);
+        let cols = |label: &str| -> Vec<String> {
+            let line = text.lines().find(|l| l.contains(label)).unwrap();
+            line.split_whitespace().map(str::to_owned).collect()
+        };
+        assert_eq!(cols("sub0.ipv4")[3], "198.18.0.3", "{text}");
+        assert_eq!(cols("sub1.ipv4")[3], "0", "{text}");
+    }
+
+    #[test]
     fn table_shows_values_and_rates() {
         let (dir, file) = fixture();
         let msgs = file.allocate("messages").unwrap();

@@ -1878,7 +1878,7 @@ struct SlotCounters {
 /// `slots` subscribers in order of admission; unused slots read 0.
 /// Allocated once; [`update`](Self::update) only stores values.
 pub struct PublisherCountersExport {
-    totals: Vec<(crate::counters::Counter, fn(&PublisherIoStats) -> u64)>,
+    totals: Vec<(crate::counters::Counter, PublisherField)>,
     subscribers: crate::counters::Counter,
     slots: Vec<SlotCounters>,
 }

@@ -262,8 +262,7 @@ impl SubscriberTable {
     /// Recomputes every lag against `published` (our next sequence) and
     /// raises the events of those that crossed the bound.
     pub fn handle_timeout(&mut self, _now: u64, published: u64) {
-        for i in 0..self.rows.len() {
-            let r = &mut self.rows[i];
+        for r in self.rows.iter_mut() {
             // Before its first report: everything published so far.
             let pos = r.next_seq.max(1);
             r.lag = published.saturating_sub(pos);
@@ -406,9 +405,13 @@ mod tests {
     fn events_are_bounded() {
         let mut t = SubscriberTable::new(10);
         t.add(1, "a".into());
+        // Falls behind and catches up again, over and over, and nobody
+        // takes the events.
         for i in 0..(MAX_EVENTS as u64 + 10) {
-            t.handle_timeout(i, 100);
-            t.on_status(i, 1, &status(100), 7, 9, 100).unwrap();
+            let published = 1000 * (i + 1);
+            t.handle_timeout(i, published);
+            t.on_status(i, 1, &status(published), 7, 9, published)
+                .unwrap();
         }
         assert!(t.events.len() <= MAX_EVENTS);
         assert!(t.events_dropped > 0);
