@@ -91,6 +91,9 @@ impl BusSink {
             t.requests_clamped += s.requests_clamped;
             t.snapshots_built += s.snapshots_built;
             t.clients_stalled += s.clients_stalled;
+            t.repair_unicast_datagrams += s.repair_unicast_datagrams;
+            t.repair_multicast_datagrams += s.repair_multicast_datagrams;
+            t.repair_requests_covered += s.repair_requests_covered;
         }
         t
     }

@@ -339,8 +339,14 @@ pub struct Service {
     pipeline: Pipeline<BusSink>,
     source: Source,
     counters: Vec<(Counter, Field)>,
+    /// Per channel: the bus publisher's repair counters and subscriber rows
+    /// (`md.pub.ch<i>.*`).
+    bus_counters: Vec<rocebus::mcast::net::PublisherCountersExport>,
     _counters_file: Option<CountersFile>,
 }
+
+/// Subscriber rows each channel's publisher shows in the counters file.
+const SUBSCRIBER_SLOTS: usize = 8;
 
 impl Service {
     /// Opens the input (the capture in `config.feed.capture`, else the UDP feed) and the
@@ -397,23 +403,38 @@ impl Service {
             config.partitions(),
             config.service.bad_input_log_per_sec,
         );
-        let (file, counters) = match counters {
+        let (file, counters, bus_counters) = match counters {
             Some(path) => {
-                let file = CountersFile::create(path, 64).map_err(ServiceError::Counters)?;
+                let channels = pipeline.sink().channels();
+                // Each channel: 8 totals and a row of 5 per subscriber slot.
+                let per_channel = 8 + 5 * SUBSCRIBER_SLOTS as u32;
+                let file = CountersFile::create(path, 64 + u32::from(channels) * per_channel)
+                    .map_err(ServiceError::Counters)?;
                 let c = EXPORTED
                     .iter()
                     .map(|(name, f)| Ok((file.allocate(&format!("feed.{name}"))?, *f)))
                     .collect::<Result<Vec<_>, CountersError>>()
                     .map_err(ServiceError::Counters)?;
-                (Some(file), c)
+                let b = (0..channels)
+                    .map(|i| {
+                        rocebus::mcast::net::PublisherCountersExport::new(
+                            &file,
+                            &format!("md.pub.ch{i}"),
+                            SUBSCRIBER_SLOTS,
+                        )
+                    })
+                    .collect::<Result<Vec<_>, CountersError>>()
+                    .map_err(ServiceError::Counters)?;
+                (Some(file), c, b)
             }
-            None => (None, Vec::new()),
+            None => (None, Vec::new(), Vec::new()),
         };
         Ok(Self {
             config,
             pipeline,
             source,
             counters,
+            bus_counters,
             _counters_file: file,
         })
     }
@@ -471,6 +492,11 @@ impl Service {
         let t = self.totals();
         for (c, f) in &self.counters {
             c.set(f(&t));
+        }
+        for (i, b) in self.bus_counters.iter().enumerate() {
+            if let Some(p) = self.pipeline.sink().publisher(i as u16) {
+                b.update(p);
+            }
         }
     }
 

@@ -34,12 +34,25 @@ done
 [ $i -lt 100 ] || fail "rxe0 GID index 1 never became the IPv4-mapped address"
 
 if [ "$ROCEBUS_HOSTS" -gt 1 ]; then
-    # Both guests boot at about the same time; wait until the link carries
-    # traffic both ways before the command starts.
-    i=0
-    until busybox ping -c 1 -W 1 "$ROCEBUS_PEER_ADDR" >/dev/null 2>&1; do
-        i=$((i + 1))
-        [ $i -lt 120 ] || fail "peer $ROCEBUS_PEER_ADDR unreachable after 120 s"
+    # The guests boot at about the same time; wait until the link carries
+    # traffic both ways before the command starts. Guest 0 (the one that
+    # serves, with more than two) waits for every other guest, so a guest
+    # that boots late is there before anyone waits for it.
+    peers="$ROCEBUS_PEER_ADDR"
+    if [ "$ROCEBUS_GUEST_INDEX" -eq 0 ] && [ "$ROCEBUS_HOSTS" -gt 2 ]; then
+        peers=""
+        n=2
+        while [ $n -le "$ROCEBUS_HOSTS" ]; do
+            peers="$peers 198.18.0.$n"
+            n=$((n + 1))
+        done
+    fi
+    for peer in $peers; do
+        i=0
+        until busybox ping -c 1 -W 1 "$peer" >/dev/null 2>&1; do
+            i=$((i + 1))
+            [ $i -lt 240 ] || fail "peer $peer unreachable after 240 s"
+        done
     done
 fi
 

@@ -196,7 +196,7 @@ pub fn names() -> Vec<&'static str> {
         .iter()
         .map(|s| s.name)
         .chain(HOST_ONLY.iter().copied())
-        .chain(["books", "ipc"])
+        .chain(["books", "ipc", "md-repair"])
         .collect()
 }
 
@@ -354,6 +354,9 @@ pub fn run(
     }
     if name == "ipc" {
         return crate::ipc::run(root, rounds, iterations);
+    }
+    if name == "md-repair" {
+        return crate::md_repair::run(root);
     }
     let rounds = rounds.unwrap_or(5);
     let spec = SPECS

@@ -553,6 +553,7 @@ fn recovery_seeds() -> Vec<Vec<u8>> {
         recovery(4, 3, 0, &[]),
         recovery(5, 3, 7, &chunk),
         recovery(6, 3, 7, &end),
+        recovery(8, 3, 7, &words(&[40, 1000, 2])),
     ];
     let all = seeds.concat();
     let mut seeds = seeds;

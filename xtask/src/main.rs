@@ -7,6 +7,7 @@ mod check_build;
 mod demo;
 mod fuzz;
 mod ipc;
+mod md_repair;
 mod setup;
 mod test;
 mod venue;
@@ -38,16 +39,20 @@ enum Cmd {
     /// Boot soft-RoCE guest(s) and run CMD in each; exits with CMD's status.
     ///
     /// Each guest sees the host's filesystem read-only (plus tmpfs /tmp), has rxe0 on eth0 at
-    /// 198.18.0.{1,2} (GID index 1) and exports ROCEBUS_GUEST_INDEX, ROCEBUS_HOSTS,
+    /// 198.18.0.{1,2,3,4} (GID index 1; guest 0's peer is guest 1, every other guest's peer is
+    /// guest 0) and exports ROCEBUS_GUEST_INDEX, ROCEBUS_HOSTS,
     /// ROCEBUS_GUEST_ADDR, ROCEBUS_PEER_ADDR, ROCEBUS_RDMA_DEVICE, ROCEBUS_GID_INDEX and
     /// ROCEBUS_OUT (a folder the host can read afterwards).
     ///
-    /// With two guests, if the link between them dropped packets by itself (the host's UDP
+    /// Two guests are linked directly, three or four through one emulated switch (a host-side
+    /// learning-free switch in xtask: unicast by destination MAC, multicast flooded). With two
+    /// guests or more, if the link between them dropped packets by itself (the host's UDP
     /// RcvbufErrors/InErrors grew during the run), says so and exits with 75 (inconclusive)
     /// when CMD succeeded.
     Vm {
-        /// Number of guests: 1 (timing) or 2 linked guests (cross-host, loss tests).
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        /// Number of guests: 1 (timing), 2 linked guests (cross-host, loss tests), or 3-4 on
+        /// one switch (several subscribers).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=4))]
         hosts: u8,
         /// netem spec applied to each guest's eth0 egress, e.g. "loss 5%".
         #[arg(long)]
@@ -55,7 +60,7 @@ enum Cmd {
         /// Seconds before a guest that has not finished is killed.
         #[arg(long, default_value_t = 900)]
         timeout: u64,
-        /// vCPUs per guest (default 2 with one guest, 1 with two).
+        /// vCPUs per guest (default 2 with one guest, 1 with several).
         #[arg(long)]
         cpus: Option<u8>,
         /// The command and its arguments.

@@ -4,8 +4,10 @@
 //! (its ignore reason starts with "rdma"), so a plain `cargo test` reports it
 //! as ignored, never as passed. This runner lists them per test binary and
 //! runs exactly those with `--ignored` in a guest. Tests whose name contains
-//! `two_hosts` run in two linked guests (both run the test; it reads
-//! `ROCEBUS_GUEST_INDEX` to pick its role), optionally under netem loss given
+//! `two_hosts` run in two linked guests, `three_hosts`/`four_hosts` in three
+//! or four guests on one emulated switch ([`MULTI_HOST`]; every guest runs
+//! the test; it reads `ROCEBUS_GUEST_INDEX` to pick its role), optionally
+//! under netem loss given
 //! by [`TWO_HOST_NETEM`]. A two-host test during which the link between the
 //! guests dropped packets by itself (the host's UDP `RcvbufErrors`/`InErrors`
 //! grew) is counted as failed, inconclusive, whatever its own verdict: a loss
@@ -18,7 +20,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// netem spec for two-host tests, by a substring of the test name.
+/// Guests a test needs, by a substring of its name (none of these: one).
+const MULTI_HOST: &[(&str, u8)] = &[("two_hosts", 2), ("three_hosts", 3), ("four_hosts", 4)];
+
+/// How many guests the test `name` runs in.
+fn hosts_of(name: &str) -> u8 {
+    MULTI_HOST
+        .iter()
+        .find(|(k, _)| name.contains(k))
+        .map_or(1, |(_, n)| *n)
+}
+
+/// netem spec for multi-host tests, by a substring of the test name.
 const TWO_HOST_NETEM: &[(&str, &str)] = &[
     ("loss1pct", "loss 1%"),
     ("loss10pct", "loss 10%"),
@@ -26,14 +39,14 @@ const TWO_HOST_NETEM: &[(&str, &str)] = &[
 ];
 
 #[derive(Debug)]
-struct TestBin {
-    path: PathBuf,
+pub(crate) struct TestBin {
+    pub(crate) path: PathBuf,
     /// Ignored (RDMA) tests in this binary.
-    rdma_tests: Vec<String>,
+    pub(crate) rdma_tests: Vec<String>,
 }
 
 /// Builds the workspace's test binaries and returns those with RDMA tests.
-fn rdma_test_binaries(root: &Path) -> Result<Vec<TestBin>> {
+pub(crate) fn rdma_test_binaries(root: &Path) -> Result<Vec<TestBin>> {
     // Some RDMA tests start the workspace's binaries (the demo pipeline):
     // build them all, not only those of the tests' own packages.
     let st = Command::new(env!("CARGO"))
@@ -148,14 +161,11 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
     let mut two_host = Vec::new();
     for b in &bins {
         for t in b.rdma_tests.iter().filter(|t| matches(t)) {
-            if t.contains("two_hosts") {
+            if hosts_of(t) > 1 {
                 two_host.push((b.path.clone(), t.clone()));
             }
         }
-        if b.rdma_tests
-            .iter()
-            .any(|t| !t.contains("two_hosts") && matches(t))
-        {
+        if b.rdma_tests.iter().any(|t| hosts_of(t) == 1 && matches(t)) {
             one_host.push(b.path.clone());
         }
     }
@@ -163,8 +173,13 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
     let mut script = String::from("st=0\n");
     for exe in &one_host {
         script.push_str(&format!(
-            "echo \"== rdma tests in $(basename {exe})\"\n{exe} --ignored --test-threads=1 --skip two_hosts {filter_arg} || st=1\n",
-            exe = vm::shell_quote(&exe.display().to_string())
+            "echo \"== rdma tests in $(basename {exe})\"\n{exe} --ignored --test-threads=1 {skips} {filter_arg} || st=1\n",
+            exe = vm::shell_quote(&exe.display().to_string()),
+            skips = MULTI_HOST
+                .iter()
+                .map(|(k, _)| format!("--skip {k}"))
+                .collect::<Vec<_>>()
+                .join(" ")
         ));
     }
     script.push_str("exit $st\n");
@@ -225,8 +240,9 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
                 .iter()
                 .find(|(k, _)| name.contains(k))
                 .map(|(_, v)| v.to_string());
+            let hosts = hosts_of(name);
             eprintln!(
-                "== RDMA test {name} in two soft-RoCE guests{}",
+                "== RDMA test {name} in {hosts} soft-RoCE guests{}",
                 netem
                     .as_deref()
                     .map(|n| format!(" (netem {n})"))
@@ -238,7 +254,7 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
                 vm::shell_quote(name)
             );
             let opts = vm::VmOptions {
-                hosts: 2,
+                hosts,
                 netem,
                 timeout: Duration::from_secs(900),
                 env: pass_env.clone(),
@@ -272,7 +288,7 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
     eprintln!("xtask test: took {:.0} s", t0.elapsed().as_secs_f64());
     if !not_run.is_empty() {
         println!(
-            "softroce: not run (need two guests): {}",
+            "softroce: not run (need several guests): {}",
             not_run.join(", ")
         );
     }
@@ -336,6 +352,14 @@ mod tests {
         .map(|s| s.to_string())
         .collect();
         assert_eq!(count_results(&lines), (5, 1));
+    }
+
+    #[test]
+    fn test_names_say_how_many_guests() {
+        assert_eq!(hosts_of("rdma_md_one_guest_in_order"), 1);
+        assert_eq!(hosts_of("rdma_md_two_hosts_loss1pct_x"), 2);
+        assert_eq!(hosts_of("rdma_md_three_hosts_repair"), 3);
+        assert_eq!(hosts_of("rdma_four_hosts"), 4);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `cargo xtask vm`: boot one or two soft-RoCE guests and run a command.
+//! `cargo xtask vm`: boot one to four soft-RoCE guests and run a command.
 //!
 //! Each guest is a stock Debian kernel under qemu (TCG) with the host's root
 //! shared read-only over 9p and a per-run writable folder; `rxe0` is created
@@ -6,7 +6,9 @@
 //! host's loopback (the TCP form costs ~22 ms per round trip). xtask creates
 //! the two UDP sockets itself, with receive buffers large enough to hold the
 //! bursts a busy host leaves unread (see [`LINK_BUF_BYTES`]), and hands each
-//! guest's qemu its end as an inherited descriptor. It reads the host's UDP
+//! guest's qemu its end as an inherited descriptor. Three or four guests are
+//! linked the same way through a switch that xtask runs (see [`Link`]). It
+//! reads the host's UDP
 //! drop counters before and after, so a run whose link dropped packets by
 //! itself is reported as inconclusive instead of passing as a loss test.
 
@@ -69,7 +71,7 @@ pub struct VmOutcome {
     /// The per-guest writable folders (files the command left there).
     #[allow(dead_code)] // read by bench/demo
     pub out_dirs: Vec<PathBuf>,
-    /// With two guests: what the link between them dropped by itself.
+    /// With two guests or more: what the link between them dropped by itself.
     pub link: Option<LinkDrops>,
 }
 
@@ -217,28 +219,126 @@ fn size_buffer(fd: RawFd, bytes: usize, force: libc::c_int, plain: libc::c_int) 
     Ok(get_int_opt(fd, plain)?)
 }
 
-/// The two ends of the two-guest link: UDP sockets on the host's loopback,
-/// each bound and connected to the other, with buffers of
-/// [`LINK_BUF_BYTES`]. Both exist before either qemu starts, so no datagram
-/// meets a closed port, and xtask keeps them open until both guests are
+/// Ethernet address of guest `i`'s NIC (the hub forwards by it).
+fn guest_mac(i: usize) -> [u8; 6] {
+    [0x52, 0x54, 0x00, 0x12, 0x34, 0x10 + i as u8]
+}
+
+/// Most guests one run links (one emulated switch; 4 x 1 vCPU under TCG is
+/// what a 2-core host still runs).
+pub const MAX_HOSTS: u8 = 4;
+
+/// The link between the guests: UDP sockets on the host's loopback, with
+/// buffers of [`LINK_BUF_BYTES`]; each guest's qemu inherits its end.
+///
+/// Two guests: the two ends are bound and connected to each other (a wire,
+/// nothing between). More: each guest end is connected to its own port on
+/// a switch that xtask runs in threads ([`Switch`]): a frame goes to the
+/// port of its destination MAC, or to every other port if it is multicast,
+/// broadcast or unknown. Every socket, guest end or switch port, has the
+/// same buffers, and the drops of all are counted (a switch port that
+/// overflowed because its thread was not scheduled in time counts like a
+/// guest end that did). All exist before any qemu starts, so no datagram
+/// meets a closed port, and xtask keeps them open until the guests are
 /// gone.
 struct Link {
-    ends: [UdpSocket; 2],
-    /// The smallest receive buffer the two ends got, in bytes.
+    ends: Vec<UdpSocket>,
+    switch: Option<Switch>,
+    /// The smallest receive buffer of all sockets, in bytes.
     rcvbuf: usize,
 }
 
+/// The switch of a link between more than two guests: one port (socket)
+/// and one forwarding thread per guest.
+struct Switch {
+    ports: std::sync::Arc<Vec<UdpSocket>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Where the switch sends a frame that came in on port `from` of `n`: the
+/// one port owning its destination MAC, or (multicast, broadcast, unknown
+/// or too short to tell) every other port.
+fn switch_ports(frame: &[u8], from: usize, n: usize) -> impl Iterator<Item = usize> {
+    let known = frame
+        .get(..6)
+        .and_then(|dst| (0..n).find(|&i| dst == guest_mac(i)));
+    (0..n).filter(move |&j| j != from && known.is_none_or(|k| k == j))
+}
+
+impl Switch {
+    fn start(ports: Vec<UdpSocket>) -> Result<Self> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        for p in &ports {
+            // Wakes the threads now and then to see `stop`.
+            p.set_read_timeout(Some(Duration::from_millis(100)))?;
+        }
+        let ports = Arc::new(ports);
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..ports.len())
+            .map(|i| {
+                let (ports, stop) = (ports.clone(), stop.clone());
+                std::thread::Builder::new()
+                    .name(format!("vm-switch-{i}"))
+                    .spawn(move || {
+                        let mut buf = vec![0u8; 65536];
+                        // ORDERING: Relaxed: a flag polled for shutdown,
+                        // no data is published through it.
+                        while !stop.load(Ordering::Relaxed) {
+                            let Ok(n) = ports[i].recv(&mut buf) else {
+                                continue;
+                            };
+                            for j in switch_ports(&buf[..n], i, ports.len()) {
+                                // A full receiver drops it, counted as its
+                                // socket's drop; nothing else can fail here.
+                                let _ = ports[j].send(&buf[..n]);
+                            }
+                        }
+                    })
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(Self {
+            ports,
+            stop,
+            threads,
+        })
+    }
+}
+
+impl Drop for Switch {
+    fn drop(&mut self) {
+        // ORDERING: Relaxed, see the threads' load.
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 impl Link {
-    fn new() -> Result<Self> {
-        let ends = [
-            UdpSocket::bind("127.0.0.1:0")?,
-            UdpSocket::bind("127.0.0.1:0")?,
-        ];
-        ends[0].connect(ends[1].local_addr()?)?;
-        ends[1].connect(ends[0].local_addr()?)?;
+    fn new(hosts: usize) -> Result<Self> {
+        let bind = || UdpSocket::bind("127.0.0.1:0");
+        let ends = (0..hosts)
+            .map(|_| bind())
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let ports = if hosts == 2 {
+            ends[0].connect(ends[1].local_addr()?)?;
+            ends[1].connect(ends[0].local_addr()?)?;
+            Vec::new()
+        } else {
+            let ports = (0..hosts)
+                .map(|_| bind())
+                .collect::<std::io::Result<Vec<_>>>()?;
+            for (e, p) in ends.iter().zip(&ports) {
+                e.connect(p.local_addr()?)?;
+                p.connect(e.local_addr()?)?;
+            }
+            ports
+        };
         let bytes = link_buf_bytes();
         let mut rcvbuf = usize::MAX;
-        for e in &ends {
+        for e in ends.iter().chain(&ports) {
             let fd = e.as_raw_fd();
             rcvbuf = rcvbuf.min(size_buffer(fd, bytes, SO_RCVBUFFORCE, libc::SO_RCVBUF)?);
             size_buffer(fd, bytes, SO_SNDBUFFORCE, libc::SO_SNDBUF)?;
@@ -255,11 +355,25 @@ impl Link {
         if bytes != LINK_BUF_BYTES {
             eprintln!("xtask vm: ROCEBUS_LINK_BUF_BYTES: link buffers of {rcvbuf} bytes");
         }
-        Ok(Self { ends, rcvbuf })
+        let switch = if ports.is_empty() {
+            None
+        } else {
+            Some(Switch::start(ports)?)
+        };
+        Ok(Self {
+            ends,
+            switch,
+            rcvbuf,
+        })
     }
 
     fn drops(&self) -> Option<u64> {
-        self.ends.iter().map(|e| socket_drops(e.as_raw_fd())).sum()
+        let ports = self.switch.iter().flat_map(|s| s.ports.iter());
+        self.ends
+            .iter()
+            .chain(ports)
+            .map(|e| socket_drops(e.as_raw_fd()))
+            .sum()
     }
 }
 
@@ -343,6 +457,35 @@ impl LinkDrops {
     }
 }
 
+/// The host's TSC frequency in kHz, measured against the monotonic clock
+/// (x86_64 only). Under TCG the guest's TSC is the host's, but a guest on a
+/// busy host calibrates it against emulated timers that fall behind, and a
+/// third or fourth guest booting while the others run has been seen to get
+/// it badly wrong: its clock then ran about 15 times too fast (soft-lockup
+/// warnings at boot, a test "finished in 2262 s" after 150 s, every timeout
+/// 15 times too short). Passing the measured value as `tsc_early_khz`
+/// skips that calibration.
+#[cfg(target_arch = "x86_64")]
+fn host_tsc_khz() -> Option<u64> {
+    #[allow(unsafe_code, unused_unsafe)]
+    // SAFETY: RDTSC reads a counter; every x86_64 CPU has it and it touches
+    // no memory.
+    let tsc = || unsafe { core::arch::x86_64::_rdtsc() };
+    let (t0, c0) = (Instant::now(), tsc());
+    std::thread::sleep(Duration::from_millis(50));
+    let (c1, dt) = (tsc(), t0.elapsed());
+    let khz = u128::from(c1.checked_sub(c0)?) * 1_000_000 / dt.as_nanos().max(1);
+    // Below 100 MHz or above 10 GHz: not a TSC we understand.
+    u64::try_from(khz)
+        .ok()
+        .filter(|k| (100_000..10_000_000).contains(k))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn host_tsc_khz() -> Option<u64> {
+    None
+}
+
 /// Lets the child inherit `fd` (std opens every descriptor close-on-exec).
 fn inherit_fd(cmd: &mut Command, fd: RawFd) {
     use std::os::unix::process::CommandExt;
@@ -385,18 +528,23 @@ struct Guest {
 
 /// Boots the guests, runs `cmd` (a shell command line) in each, and waits.
 pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> Result<VmOutcome> {
-    if !(1..=2).contains(&opts.hosts) {
-        bail!("--hosts must be 1 or 2");
+    if !(1..=MAX_HOSTS).contains(&opts.hosts) {
+        bail!("--hosts must be 1 to {MAX_HOSTS}");
     }
     let run = run_dir(workspace)?;
     let cwd = std::env::current_dir()?;
     let ports = [free_udp_port()?, free_udp_port()?];
     let hosts = opts.hosts as usize;
-    let link = if hosts == 2 { Some(Link::new()?) } else { None };
+    let link = if hosts > 1 {
+        Some(Link::new(hosts)?)
+    } else {
+        None
+    };
     // Machine-wide, so taken before anything of ours can overflow; see
     // LinkDrops::inconclusive.
     let udp_before = host_udp_counters();
     let cpus = opts.cpus.unwrap_or(if hosts == 1 { 2 } else { 1 });
+    let tsc_khz = host_tsc_khz();
     let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
     let mut guests = Vec::new();
     let started = Instant::now();
@@ -404,7 +552,9 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
         let out_dir = run.join(format!("g{i}"));
         fs::create_dir_all(&out_dir)?;
         let addr = format!("198.18.0.{}", i + 1);
-        let peer = format!("198.18.0.{}", 2 - i);
+        // Guest 0's peer is guest 1; every other guest's is guest 0 (the
+        // one that serves, in tests with more than two).
+        let peer = format!("198.18.0.{}", if i == 0 { 2 } else { 1 });
         let mut script = String::from("#!/bin/sh\n");
         let mut vars: Vec<(String, String)> = vec![
             ("ROCEBUS_GUEST_INDEX".into(), i.to_string()),
@@ -457,7 +607,7 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
             // qemu 7.2's `socket,fd=` form would sendto() an address it never
             // learnt; `dgram` with a descriptor send()s on the connected
             // socket.
-            let fd = link.as_ref().expect("two hosts").ends[i].as_raw_fd();
+            let fd = link.as_ref().expect("several hosts").ends[i].as_raw_fd();
             format!("dgram,id=n0,local.type=fd,local.str={fd}")
         };
         let mut q = Command::new("qemu-system-x86_64");
@@ -474,12 +624,21 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
         .arg(&img.kernel)
         .arg("-initrd")
         .arg(&img.initrd)
-        .args([
-            "-append",
+        .arg("-append")
+        .arg(format!(
+            "{}{}",
             // tsc=reliable: without it the emulated guest falls back to the
             // HPET clocksource, and every clock_gettime (Instant::now)
-            // traps into the emulator (~13 us each).
-            "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init clocksource=tsc tsc=reliable",
+            // traps into the emulator (~13 us each). no_timer_check: with
+            // three or four guests on a busy host, the kernel's boot-time
+            // check of the emulated IO-APIC timer can miss its window and
+            // panic ("IO-APIC + timer doesn't work!"); the timer works.
+            "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init clocksource=tsc tsc=reliable no_timer_check",
+            tsc_khz
+                .map(|k| format!(" tsc_early_khz={k}"))
+                .unwrap_or_default()
+        ))
+        .args([
             "-display",
             "none",
             "-serial",
@@ -501,8 +660,8 @@ pub fn run(img: &GuestImage, workspace: &Path, cmd: &str, opts: &VmOptions) -> R
         .args([
             "-device",
             &format!(
-                "virtio-net-pci,netdev=n0,mac=52:54:00:12:34:{:02x}",
-                0x10 + i
+                "virtio-net-pci,netdev=n0,mac={}",
+                guest_mac(i).map(|b| format!("{b:02x}")).join(":")
             ),
         ])
         .stdin(Stdio::null())
@@ -693,6 +852,22 @@ UdpLite: 0 0 99 0 98 0 0 0 0
             ..quiet
         };
         assert!(unknown.inconclusive().is_some());
+    }
+
+    #[test]
+    fn the_switch_forwards_by_mac_and_floods_the_rest() {
+        let to = |dst: [u8; 6], from: usize| {
+            let mut f = dst.to_vec();
+            f.extend_from_slice(&guest_mac(from));
+            switch_ports(&f, from, 4).collect::<Vec<_>>()
+        };
+        assert_eq!(to(guest_mac(2), 0), [2]);
+        assert_eq!(to(guest_mac(0), 3), [0]);
+        // IPv4 multicast MAC, broadcast, a MAC no guest has.
+        assert_eq!(to([0x01, 0x00, 0x5e, 0x07, 0x04, 0x01], 1), [0, 2, 3]);
+        assert_eq!(to([0xff; 6], 2), [0, 1, 3]);
+        assert_eq!(to([0x52, 0x54, 0, 0x12, 0x34, 0x20], 0), [1, 2, 3]);
+        assert_eq!(switch_ports(&[1, 2], 0, 3).collect::<Vec<_>>(), [1, 2]);
     }
 
     #[test]

@@ -167,12 +167,19 @@ pub fn render_table(
             } else {
                 e.label.to_string()
             };
+            // A gauge labelled `.ipv4` holds an address (a publisher's
+            // subscriber rows): shown dotted.
+            let value = if e.kind == Kind::Gauge && e.label.ends_with(".ipv4") && e.value != 0 {
+                std::net::Ipv4Addr::from(e.value as u32).to_string()
+            } else {
+                e.value.to_string()
+            };
             let _ = writeln!(
                 out,
                 "  {:>4}  {:<48} {:>20} {:>14}",
                 e.id,
                 label,
-                e.value,
+                value,
                 fmt_rate(r)
             );
         }
@@ -352,6 +359,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = CountersFile::create(counters_path(dir.path(), "engine"), 8).unwrap();
         (dir, file)
+    }
+
+    #[test]
+    fn ipv4_gauges_show_as_addresses() {
+        let (dir, file) = fixture();
+        let addr = file
+            .allocate_with("md.pub.ch0.sub0.ipv4", Kind::Gauge, 0)
+            .unwrap();
+        addr.set(u64::from(u32::from(std::net::Ipv4Addr::new(198, 18, 0, 3))));
+        let empty = file
+            .allocate_with("md.pub.ch0.sub1.ipv4", Kind::Gauge, 0)
+            .unwrap();
+        empty.set(0);
+        let hw_root = dir.path().join("no-sysfs");
+        let snap = Snapshot::take(&discover(dir.path()).unwrap(), &hw_root);
+        let text = render_table(&snap, None, snap.files[0].info.start_unix_ns, &hw_root);
+        let cols = |label: &str| -> Vec<String> {
+            let line = text.lines().find(|l| l.contains(label)).unwrap();
+            line.split_whitespace().map(str::to_owned).collect()
+        };
+        assert_eq!(cols("sub0.ipv4")[3], "198.18.0.3", "{text}");
+        assert_eq!(cols("sub1.ipv4")[3], "0", "{text}");
     }
 
     #[test]

@@ -28,6 +28,7 @@
 //! join_replay_max = 4096        # first datagram this few messages in: replay
 //!                               # the start from history, not a snapshot
 //! max_request_messages = 4096   # most messages one retransmit request asks for
+//! status_interval_ns = 100000000 # report position and rate to the publisher (0 = never)
 //!
 //! [recovery_server]             # the publisher's recovery port (strangers cost little)
 //! max_connections = 32          # recovery connections, handshakes included
@@ -41,6 +42,9 @@
 //! rnr_retry = 3                 # RNR retries (0..=6; 7 would retry for ever)
 //! stall_timeout_ns = 2000000000 # a client that takes nothing this long is dropped
 //! log_per_sec = 10              # refused/dropped log lines per second
+//! multicast_repair = true       # a loss several subscribers share: one multicast retransmit
+//! repair_window_ns = 2000000    # requests this close for one range are the same loss
+//! lag_alert_messages = 0        # report a subscriber this far behind (0 = never)
 //!
 //! [auth]
 //! secret = "..."                # shared by publisher and subscribers (recovery admission)
@@ -221,6 +225,9 @@ pub struct RecoveryConfig {
     /// Most messages one retransmit request asks for: the subscriber splits
     /// larger holes, the publisher answers no more than this per request.
     pub max_request_messages: u64,
+    /// The subscriber reports its position and receive rate to the
+    /// publisher this often, over the recovery connection (0: never).
+    pub status_interval_ns: u64,
 }
 
 impl Default for RecoveryConfig {
@@ -237,6 +244,7 @@ impl Default for RecoveryConfig {
             reconnect_max_ns: 1_000_000_000,
             join_replay_max: 4096,
             max_request_messages: 4096,
+            status_interval_ns: 100_000_000,
         }
     }
 }
@@ -278,6 +286,18 @@ pub struct RecoveryServerConfig {
     /// Log lines per second about refused connections and dropped requests
     /// (the counters count every one).
     pub log_per_sec: u32,
+    /// Answer a loss that several subscribers share with one multicast
+    /// retransmit instead of one unicast repair each
+    /// ([`super::repair`]); false: unicast only.
+    pub multicast_repair: bool,
+    /// Requests of different subscribers for one range within this time are
+    /// one loss (and a multicast retransmit covers the requests that follow
+    /// it this long).
+    pub repair_window_ns: u64,
+    /// A subscriber more than this many messages behind the publisher is
+    /// reported once ([`super::status::PublisherEvent::SubscriberLagging`]);
+    /// 0: never.
+    pub lag_alert_messages: u64,
 }
 
 impl Default for RecoveryServerConfig {
@@ -294,6 +314,9 @@ impl Default for RecoveryServerConfig {
             rnr_retry: 3,
             stall_timeout_ns: 2_000_000_000,
             log_per_sec: 10,
+            multicast_repair: true,
+            repair_window_ns: 2_000_000,
+            lag_alert_messages: 0,
         }
     }
 }

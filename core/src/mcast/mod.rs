@@ -5,7 +5,10 @@
 //! `quinn-proto`: it takes bytes and `now` (nanoseconds, any monotonic clock)
 //! and hands back bytes, events and deadlines. It owns the wire formats
 //! ([`wire`]), the publisher's batching and history ([`publisher`]), the
-//! subscriber's sequencing and recovery ([`subscriber`]), the application
+//! subscriber's sequencing and recovery ([`subscriber`]), how the publisher
+//! answers retransmit requests, unicast or multicast ([`repair`]), the
+//! subscribers' status reports and the publisher's view of them
+//! ([`status`]), the application
 //! traits ([`snapshot`]) and the TOML configuration ([`config`]).
 //!
 //! The state machines must not touch sockets, verbs, threads or clocks
@@ -21,13 +24,17 @@
 pub mod config;
 pub mod net;
 pub mod publisher;
+pub mod repair;
 pub mod snapshot;
+pub mod status;
 pub mod subscriber;
 pub mod wire;
 
 pub use net::{now_ns, McastPublisher, McastSubscriber, NetError};
 pub use publisher::{ClaimError, Pacer, PublisherConfig, PublisherState, RetransmitReply};
+pub use repair::{RepairConfig, RepairCounters, RepairDecision, RepairPlanner};
 pub use snapshot::{Handler, RestoreError, Snapshot, SnapshotSink};
+pub use status::{PublisherEvent, StatusReporter, SubscriberRow, SubscriberTable};
 pub use subscriber::{
     Event, Phase, Request, SubscriberConfig, SubscriberCounters, SubscriberState,
 };

@@ -48,8 +48,11 @@ use zerocopy::FromBytes;
 
 use super::config::{ChannelConfig, McastConfig, RecoveryServerConfig};
 use super::publisher::{ClaimError, Pacer, PublisherState, RetransmitReply};
+use super::repair::{RepairConfig, RepairCounters, RepairDecision, RepairPlanner};
 use super::snapshot::{encode_snapshot, Handler, Snapshot, SnapshotSink};
+use super::status::{PublisherEvent, StatusReporter, SubscriberRow, SubscriberTable};
 use super::subscriber::{Event, SubscriberCounters, SubscriberState};
+use super::wire::SubscriberStatus;
 use super::wire::{
     self, Hello, Line, RecoveryHeader, RecoveryMsg, RetransmitRequest, Welcome, FLAG_DATAGRAM_TAG,
     RECOVERY_HEADER_LEN, WELCOME_SIGNED_LEN,
@@ -192,6 +195,19 @@ pub struct PublisherIoStats {
     /// exhausted (no receive posted) or no send progress for
     /// `recovery_server.stall_timeout_ns`.
     pub clients_stalled: u64,
+    /// Datagrams retransmitted by unicast, over recovery connections.
+    pub repair_unicast_datagrams: u64,
+    /// Datagrams retransmitted on multicast (a loss several subscribers
+    /// shared, see [`super::repair`]), each once on every enabled line.
+    pub repair_multicast_datagrams: u64,
+    /// Retransmit requests answered by nothing because a multicast
+    /// retransmit had just covered them.
+    pub repair_requests_covered: u64,
+    /// Subscriber status reports taken.
+    pub status_reports: u64,
+    /// Subscriber status reports dropped as invalid (another channel or
+    /// session, or a position ahead of the publisher's).
+    pub status_invalid: u64,
 }
 
 fn channel_of(cfg: &McastConfig, channel: u16) -> Result<&ChannelConfig, NetError> {
@@ -285,6 +301,8 @@ pub struct McastPublisher {
     ud: PooledQp,
     lines: ArrayVec<LineTx, 2>,
     server: RecoveryServer,
+    /// The multicast retransmit in progress: `[from, to)` still to send.
+    mcast_repair: Option<(u64, u64)>,
     /// First sequence not yet multicast.
     sent_upto: u64,
     last_send: u64,
@@ -375,6 +393,7 @@ impl McastPublisher {
             pacer: Pacer::new(cfg.pacing.max_datagrams_per_sec, cfg.pacing.burst),
             ud,
             lines,
+            mcast_repair: None,
             server: RecoveryServer {
                 addr,
                 listener: Some(listener),
@@ -391,7 +410,14 @@ impl McastPublisher {
                     snapshot: Vec::new(),
                     snapshot_at: None,
                     log: LogBudget::new(limits.log_per_sec),
+                    planner: RepairPlanner::new(RepairConfig {
+                        multicast: limits.multicast_repair,
+                        window_ns: limits.repair_window_ns,
+                    }),
+                    table: SubscriberTable::new(limits.lag_alert_messages),
+                    subscribers: 0,
                 },
+                next_conn_id: 0,
                 next_disconnect_check: 0,
             },
             last_send: 0,
@@ -407,6 +433,20 @@ impl McastPublisher {
     /// I/O counters.
     pub fn io_stats(&self) -> PublisherIoStats {
         self.stats
+    }
+    /// Every admitted subscriber: address, position, lag, rate, requests,
+    /// as of the last poll (see [`super::status`]).
+    pub fn subscribers(&self) -> &[SubscriberRow] {
+        self.server.shared.table.rows()
+    }
+    /// The next event about subscribers (one fell behind the
+    /// `recovery_server.lag_alert_messages` bound, or caught up again).
+    pub fn poll_event(&mut self) -> Option<PublisherEvent> {
+        self.server.shared.table.poll_event()
+    }
+    /// How retransmit requests were answered (unicast, multicast, covered).
+    pub fn repair_counters(&self) -> RepairCounters {
+        self.server.shared.planner.counters()
     }
     /// Recovery connections currently open (admitted or still proving
     /// themselves; not those still being set up).
@@ -429,6 +469,7 @@ impl McastPublisher {
         if !enabled {
             self.stats.connections_closed += srv.conns.len() as u64;
             srv.conns.clear();
+            srv.shared.table.clear();
             srv.pending.clear();
             srv.listener = None;
         } else if srv.listener.is_none() {
@@ -551,7 +592,61 @@ impl McastPublisher {
         self.ud.reclaim()?;
         self.server
             .poll(now, &mut self.state, snapshot, &mut self.stats);
+        self.send_multicast_repairs()?;
+        let published = self.state.next_seq();
+        self.server.shared.table.handle_timeout(now, published);
         Ok((self.stats.datagrams_sent - before) as usize)
+    }
+
+    /// Multicasts the ranges the repair planner chose, from the history (the
+    /// original datagrams, byte for byte), as far as the send ring takes;
+    /// the rest goes on in the next poll. Pacing does not apply: a repair
+    /// replaces datagrams that were paced once already.
+    fn send_multicast_repairs(&mut self) -> Result<(), NetError> {
+        let mut staged = false;
+        loop {
+            let (from, to) = match self.mcast_repair {
+                Some(r) => r,
+                None => match self.server.shared.planner.poll_transmit() {
+                    Some(r) => r,
+                    None => break,
+                },
+            };
+            self.mcast_repair = None;
+            let Some((first, end, bytes)) = self.state.sealed_from(from) else {
+                continue;
+            };
+            if first >= to {
+                continue;
+            }
+            match self.ud.stage(bytes) {
+                Ok(()) => {
+                    staged = true;
+                    self.stats.repair_multicast_datagrams += 1;
+                }
+                // Cannot happen (it was sent once); skip it.
+                Err(StageError::TooLarge { .. }) => {}
+                Err(StageError::BatchFull) => {
+                    self.ud.post_staged(&dests_of(&self.lines))?;
+                    self.mcast_repair = Some((from, to));
+                    continue;
+                }
+                Err(StageError::RingFull) => {
+                    self.mcast_repair = Some((from, to));
+                    if self.ud.poll_send()? == 0 {
+                        break;
+                    }
+                    continue;
+                }
+            }
+            if end < to {
+                self.mcast_repair = Some((end, to));
+            }
+        }
+        if staged {
+            self.ud.post_staged(&dests_of(&self.lines))?;
+        }
+        Ok(())
     }
 }
 
@@ -579,6 +674,8 @@ struct PendingAuth {
 const HELLO_LEN: usize = std::mem::size_of::<Hello>();
 
 struct ServerConn {
+    /// Distinguishes the connections' requests in the repair planner.
+    id: u32,
     qp: PooledQp,
     conn: Connection,
     outbox: Vec<u8>,
@@ -609,6 +706,12 @@ struct Shared {
     snapshot: Vec<u8>,
     snapshot_at: Option<(u64, u64)>,
     log: LogBudget,
+    /// Unicast or multicast for each retransmit request.
+    planner: RepairPlanner,
+    /// Admitted connections, as of the start of this poll.
+    subscribers: usize,
+    /// What the subscribers report.
+    table: SubscriberTable,
 }
 
 struct RecoveryServer {
@@ -626,6 +729,7 @@ struct RecoveryServer {
     max_request_messages: u64,
     shared: Shared,
     next_disconnect_check: u64,
+    next_conn_id: u32,
 }
 
 /// Why a recovery connection was dropped.
@@ -728,7 +832,9 @@ impl RecoveryServer {
         for p in std::mem::take(&mut self.pending) {
             match p.accepting.poll() {
                 Ok(cm::AcceptProgress::Done(conn)) => {
+                    self.next_conn_id = self.next_conn_id.wrapping_add(1);
                     self.conns.push(ServerConn {
+                        id: self.next_conn_id,
                         qp: p.qp,
                         conn,
                         outbox: Vec::with_capacity(RC_MSG_LEN * 4),
@@ -774,6 +880,8 @@ impl RecoveryServer {
             };
             self.next_disconnect_check = now + step;
         }
+        self.shared.subscribers = self.conns.iter().filter(|c| c.auth.is_none()).count();
+        self.shared.planner.handle_timeout(now);
         let mut i = 0;
         while i < self.conns.len() {
             let c = &mut self.conns[i];
@@ -811,6 +919,7 @@ impl RecoveryServer {
             if !reason.is_empty() && self.shared.log.allow(now) {
                 tracing::warn!(peer = %c.peer, reason, "recovery connection dropped");
             }
+            self.shared.table.remove(c.id);
             self.conns.swap_remove(i);
         }
     }
@@ -835,6 +944,7 @@ fn serve(
     stats: &mut PublisherIoStats,
 ) -> Result<(), DropReason> {
     let ServerConn {
+        id,
         qp,
         outbox,
         out_pos,
@@ -842,6 +952,7 @@ fn serve(
         requests,
         snapshots,
         progress_at,
+        peer,
         ..
     } = c;
     let our_channel = state.config().channel;
@@ -862,6 +973,8 @@ fn serve(
                         if channel == our_channel && a.responder.on_proof(&tag, &a.ctx).is_ok() =>
                     {
                         *auth = None;
+                        // Admission only: the one allocation per subscriber.
+                        shared.table.add(*id, peer.clone());
                     }
                     _ => auth_failed = true,
                 }
@@ -878,6 +991,7 @@ fn serve(
                         continue;
                     }
                     stats.retransmit_requests += 1;
+                    shared.table.on_request(*id);
                     let r = if r.count > limits.max_request_messages {
                         stats.requests_clamped += 1;
                         RetransmitRequest {
@@ -888,10 +1002,40 @@ fn serve(
                         r
                     };
                     let (channel, session) = (our_channel, state.session());
+                    // What is ours and still in the history may be answered
+                    // on multicast; the rest goes back by unicast, with its
+                    // NotAvailable.
+                    let r = if r.channel == our_channel
+                        && r.session == session
+                        && r.from_seq >= state.oldest_available()
+                    {
+                        let end = r.from_seq.saturating_add(r.count);
+                        match shared.planner.on_request(
+                            now,
+                            *id,
+                            r.from_seq,
+                            end,
+                            shared.subscribers,
+                        ) {
+                            RepairDecision::Unicast { from, to } => RetransmitRequest {
+                                from_seq: from,
+                                count: to - from,
+                                ..r
+                            },
+                            RepairDecision::Multicast { .. } => continue,
+                            RepairDecision::Covered => {
+                                stats.repair_requests_covered += 1;
+                                continue;
+                            }
+                        }
+                    } else {
+                        r
+                    };
                     state.answer_retransmit(&r, |reply| {
                         let start = outbox.len();
                         let n = match reply {
                             RetransmitReply::Data(d) => {
+                                stats.repair_unicast_datagrams += 1;
                                 outbox.resize(start + RECOVERY_HEADER_LEN + d.len(), 0);
                                 wire::encode_retransmit_data(
                                     &mut outbox[start..],
@@ -943,6 +1087,25 @@ fn serve(
                         shared.snapshot_at = Some((seq, now));
                     }
                     outbox.extend_from_slice(&shared.snapshot);
+                }
+                RecoveryMsg::SubscriberStatus(st) => {
+                    let published = state.next_seq();
+                    match shared.table.on_status(
+                        now,
+                        *id,
+                        &st,
+                        our_channel,
+                        state.session(),
+                        published,
+                    ) {
+                        Ok(()) => stats.status_reports += 1,
+                        Err(e) => {
+                            stats.status_invalid += 1;
+                            if shared.log.allow(now) {
+                                tracing::warn!(%peer, error = %e, "subscriber status dropped");
+                            }
+                        }
+                    }
                 }
                 _ => stats.requests_dropped += 1,
             }
@@ -1041,6 +1204,8 @@ pub struct SubscriberIoStats {
     /// Reconnections whose admission failed (the publisher's proof was
     /// wrong, or the two sides disagree on the channel or datagram tags).
     pub auth_failures: u64,
+    /// Status reports sent to the publisher.
+    pub status_sent: u64,
 }
 
 struct LineRx {
@@ -1182,6 +1347,8 @@ pub struct McastSubscriber {
     silent_timeouts: u64,
     /// Turns since the recovery connection's CQ was last polled.
     idle_link_turns: u32,
+    /// When to report position and rate to the publisher.
+    status: StatusReporter,
     seen_timeouts: u64,
     seen_answers: u64,
 }
@@ -1331,6 +1498,7 @@ impl McastSubscriber {
             stats: SubscriberIoStats::default(),
             silent_timeouts: 0,
             idle_link_turns: 0,
+            status: StatusReporter::new(cfg.recovery.status_interval_ns),
             seen_timeouts: 0,
             seen_answers: 0,
         })
@@ -1451,6 +1619,19 @@ impl McastSubscriber {
             }
         }
         if let Link::Up { rc, .. } = &mut self.link {
+            if self.status.due(now) {
+                let c = state.counters();
+                if let Some(st) = self.status.poll_transmit(
+                    now,
+                    self.reconnect.channel,
+                    state.session(),
+                    state.next_seq(),
+                    c.delivered,
+                    c.retransmit_requests,
+                ) {
+                    link_ok &= send_status(rc, &st, &mut self.stats).is_ok();
+                }
+            }
             link_ok &= send_requests(rc, state, &mut self.stats).is_ok();
         }
         if !link_ok {
@@ -1561,6 +1742,25 @@ impl McastSubscriber {
     }
 }
 
+/// Sends a status report over the recovery connection (dropped, counted,
+/// if the send ring is full: the next one follows within an interval).
+fn send_status(
+    rc: &mut PooledQp,
+    st: &SubscriberStatus,
+    stats: &mut SubscriberIoStats,
+) -> Result<(), NetError> {
+    if rc
+        .stage_with(SubscriberStatus::LEN, |buf| st.encode(buf).unwrap_or(0))
+        .is_ok()
+    {
+        stats.status_sent += 1;
+        rc.post_staged(&[Dest::Connected])?;
+    } else {
+        stats.requests_dropped += 1;
+    }
+    Ok(())
+}
+
 /// Sends what the state machine asks for over the recovery connection.
 fn send_requests(
     rc: &mut PooledQp,
@@ -1657,6 +1857,113 @@ impl SubscriberCountersExport {
         let (c, io) = (s.counters(), s.io_stats());
         for (counter, field) in &self.counters {
             counter.set(field(&c, &io));
+        }
+    }
+}
+
+/// Counters of one subscriber slot of a [`PublisherCountersExport`].
+struct SlotCounters {
+    ipv4: crate::counters::Counter,
+    position: crate::counters::Counter,
+    lag: crate::counters::Counter,
+    msgs_per_sec: crate::counters::Counter,
+    repairs_asked: crate::counters::Counter,
+}
+
+/// A publisher's counters in a shared-memory
+/// [`CountersFile`](crate::counters::CountersFile) (what `rocebus stat`
+/// reads): its repair counters, and one row of gauges per subscriber it sees
+/// (`<prefix>.sub<k>.ipv4` (shown as an address by `rocebus stat`),
+/// `.position`, `.lag`, `.msgs_per_sec`, `.repairs_asked`), for the first
+/// `slots` subscribers in order of admission; unused slots read 0.
+/// Allocated once; [`update`](Self::update) only stores values.
+pub struct PublisherCountersExport {
+    totals: Vec<(crate::counters::Counter, PublisherField)>,
+    subscribers: crate::counters::Counter,
+    slots: Vec<SlotCounters>,
+}
+
+impl std::fmt::Debug for PublisherCountersExport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PublisherCountersExport")
+            .field("slots", &self.slots.len())
+            .finish_non_exhaustive()
+    }
+}
+
+type PublisherField = fn(&PublisherIoStats) -> u64;
+
+/// The publisher-wide counters exported, by label.
+const PUBLISHER_EXPORTED: &[(&str, PublisherField)] = &[
+    ("datagrams_sent", |s| s.datagrams_sent),
+    ("retransmit_requests", |s| s.retransmit_requests),
+    ("repair_unicast_datagrams", |s| s.repair_unicast_datagrams),
+    ("repair_multicast_datagrams", |s| {
+        s.repair_multicast_datagrams
+    }),
+    ("repair_requests_covered", |s| s.repair_requests_covered),
+    ("status_reports", |s| s.status_reports),
+    ("status_invalid", |s| s.status_invalid),
+];
+
+impl PublisherCountersExport {
+    /// Allocates the counters under `prefix` in `file`, with `slots`
+    /// subscriber rows.
+    pub fn new<A: crate::counters::AllocateCounter + ?Sized>(
+        file: &A,
+        prefix: &str,
+        slots: usize,
+    ) -> Result<Self, crate::counters::CountersError> {
+        use crate::counters::Kind;
+        let totals = PUBLISHER_EXPORTED
+            .iter()
+            .map(|(name, field)| {
+                let c = file.allocate_counter(&format!("{prefix}.{name}"), Kind::Counter, 0)?;
+                Ok((c, *field))
+            })
+            .collect::<Result<_, crate::counters::CountersError>>()?;
+        let subscribers =
+            file.allocate_counter(&format!("{prefix}.subscribers"), Kind::Gauge, 0)?;
+        let slots = (0..slots)
+            .map(|k| {
+                let g = |name: &str, kind| {
+                    file.allocate_counter(&format!("{prefix}.sub{k}.{name}"), kind, 0)
+                };
+                Ok(SlotCounters {
+                    ipv4: g("ipv4", Kind::Gauge)?,
+                    position: g("position", Kind::Gauge)?,
+                    lag: g("lag", Kind::Gauge)?,
+                    msgs_per_sec: g("msgs_per_sec", Kind::Gauge)?,
+                    repairs_asked: g("repairs_asked", Kind::Counter)?,
+                })
+            })
+            .collect::<Result<_, crate::counters::CountersError>>()?;
+        Ok(PublisherCountersExport {
+            totals,
+            subscribers,
+            slots,
+        })
+    }
+
+    /// Stores the publisher's current values.
+    pub fn update(&self, p: &McastPublisher) {
+        let io = p.io_stats();
+        for (c, field) in &self.totals {
+            c.set(field(&io));
+        }
+        let rows = p.subscribers();
+        self.subscribers.set(rows.len() as u64);
+        for (i, slot) in self.slots.iter().enumerate() {
+            let r = rows.get(i);
+            let ipv4 = match r.and_then(|r| r.addr) {
+                Some(IpAddr::V4(a)) => u64::from(u32::from(a)),
+                _ => 0,
+            };
+            slot.ipv4.set(ipv4);
+            slot.position.set(r.map_or(0, |r| r.next_seq));
+            slot.lag.set(r.map_or(0, |r| r.lag));
+            slot.msgs_per_sec.set(r.map_or(0, |r| r.msgs_per_sec));
+            slot.repairs_asked.set(r.map_or(0, |r| r.requests_received));
         }
     }
 }

@@ -664,6 +664,7 @@ impl SubscriberState {
             // Requests are for publishers and snapshot servers.
             RecoveryMsg::RetransmitRequest(_)
             | RecoveryMsg::SnapshotRequest { .. }
+            | RecoveryMsg::SubscriberStatus(_)
             | RecoveryMsg::AuthProof { .. } => {
                 self.counters.malformed_dropped += 1;
             }

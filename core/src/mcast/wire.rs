@@ -342,6 +342,8 @@ pub enum RecoveryKind {
     /// Subscriber → publisher, first message of a connection: the
     /// initiator's proof of the shared secret.
     AuthProof = 7,
+    /// Subscriber → publisher, periodically: where it stands.
+    SubscriberStatus = 8,
 }
 
 impl RecoveryKind {
@@ -354,6 +356,7 @@ impl RecoveryKind {
             5 => Self::SnapshotChunk,
             6 => Self::SnapshotEnd,
             7 => Self::AuthProof,
+            8 => Self::SubscriberStatus,
             _ => return None,
         })
     }
@@ -421,6 +424,56 @@ struct EndBody {
     reserved: U32,
 }
 const _: () = assert!(core::mem::size_of::<EndBody>() == 24);
+
+/// Body of a subscriber status.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+struct StatusBody {
+    next_seq: U64,
+    msgs_per_sec: U64,
+    requests: U64,
+}
+const _: () = assert!(core::mem::size_of::<StatusBody>() == 24);
+
+/// Subscriber → publisher, every `recovery.status_interval_ns`: how far it
+/// has delivered and how fast it receives. Outside input to the publisher:
+/// it is shown and compared, never trusted for anything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubscriberStatus {
+    /// Channel id.
+    pub channel: u16,
+    /// Publisher session the position refers to (0 before one is known).
+    pub session: u64,
+    /// Next sequence the subscriber will deliver (everything before it was
+    /// delivered or given up on).
+    pub next_seq: u64,
+    /// Messages delivered per second over the last interval.
+    pub msgs_per_sec: u64,
+    /// Retransmit requests it has sent so far.
+    pub requests: u64,
+}
+
+impl SubscriberStatus {
+    /// Encoded size.
+    pub const LEN: usize = RECOVERY_HEADER_LEN + 24;
+
+    /// Encodes into `out`, returning the bytes written.
+    pub fn encode(&self, out: &mut [u8]) -> Result<usize, BufferTooSmall> {
+        let body = StatusBody {
+            next_seq: U64::new(self.next_seq),
+            msgs_per_sec: U64::new(self.msgs_per_sec),
+            requests: U64::new(self.requests),
+        };
+        encode_parts(
+            out,
+            RecoveryKind::SubscriberStatus,
+            self.channel,
+            self.session,
+            body.as_bytes(),
+            &[],
+        )
+    }
+}
 
 /// Subscriber → publisher: resend messages `[from_seq, from_seq + count)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -504,6 +557,8 @@ pub enum RecoveryMsg<'a> {
     },
     /// See [`SnapshotEnd`].
     SnapshotEnd(SnapshotEnd),
+    /// See [`SubscriberStatus`].
+    SubscriberStatus(SubscriberStatus),
     /// The subscriber's proof of the shared secret (see the module docs).
     AuthProof {
         /// Channel id.
@@ -592,6 +647,17 @@ pub fn decode_recovery(bytes: &[u8]) -> Result<(RecoveryMsg<'_>, usize), WireErr
             exact(crate::auth::TAG_LEN)?;
             let tag = body.try_into().map_err(|_| WireError::BadLength(len32))?;
             RecoveryMsg::AuthProof { channel, tag }
+        }
+        RecoveryKind::SubscriberStatus => {
+            exact(24)?;
+            let b = StatusBody::read_from_bytes(body).map_err(|_| WireError::BadLength(len32))?;
+            RecoveryMsg::SubscriberStatus(SubscriberStatus {
+                channel,
+                session,
+                next_seq: b.next_seq.get(),
+                msgs_per_sec: b.msgs_per_sec.get(),
+                requests: b.requests.get(),
+            })
         }
         RecoveryKind::SnapshotEnd => {
             exact(24)?;
@@ -1027,6 +1093,42 @@ mod tests {
         );
     }
 
+    /// A subscriber status as the wire carries it (little-endian).
+    #[rustfmt::skip]
+    const STATUS_BYTES: [u8; 48] = [
+        0x52, 0x52, 1, 8, 7, 0, 0, 0, 48, 0, 0, 0, 0, 0, 0, 0, // magic RR v1 kind 8, channel 7, len 48
+        9, 0, 0, 0, 0, 0, 0, 0,                                 // session 9
+        0x10, 0x27, 0, 0, 0, 0, 0, 0,                           // next_seq 10000
+        0xe8, 0x03, 0, 0, 0, 0, 0, 0,                           // 1000 msgs/s
+        3, 0, 0, 0, 0, 0, 0, 0,                                 // 3 requests
+    ];
+
+    #[test]
+    fn subscriber_status_matches_fixed_bytes() {
+        let st = SubscriberStatus {
+            channel: 7,
+            session: 9,
+            next_seq: 10_000,
+            msgs_per_sec: 1000,
+            requests: 3,
+        };
+        let mut out = [0u8; 64];
+        assert_eq!(st.encode(&mut out).unwrap(), SubscriberStatus::LEN);
+        assert_eq!(out[..SubscriberStatus::LEN], STATUS_BYTES);
+        assert_eq!(
+            decode_recovery(&STATUS_BYTES).unwrap(),
+            (RecoveryMsg::SubscriberStatus(st), 48)
+        );
+        let mut long = STATUS_BYTES.to_vec();
+        long[8] = 49;
+        long.push(0);
+        assert_eq!(
+            decode_recovery(&long).unwrap_err(),
+            WireError::BadLength(49)
+        );
+        assert!(st.encode(&mut out[..47]).is_err());
+    }
+
     #[test]
     fn recovery_rejects_bad_input() {
         let mut b = RETRANSMIT_REQUEST_BYTES;
@@ -1064,7 +1166,7 @@ mod tests {
                 buf[3] &= 1;
             } else if n >= 12 {
                 buf[..3].copy_from_slice(&[0x52, 0x52, 1]);
-                buf[3] = rng.gen_range(1..=6);
+                buf[3] = rng.gen_range(1..=8);
                 buf[8..12].copy_from_slice(&(rng.gen_range(0..n as u32 + 8)).to_le_bytes());
             }
             if let Ok(d) = Datagram::parse(&buf[..n]) {
