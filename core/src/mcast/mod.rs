@@ -19,6 +19,7 @@
 //! restarted publisher takes a greater session id.
 
 pub mod config;
+pub mod fragment;
 pub mod net;
 pub mod publisher;
 pub mod snapshot;
