@@ -470,6 +470,34 @@ impl McastPublisher {
         }
     }
 
+    /// Claims `len` bytes for the next message (flushing a full datagram
+    /// first): write the message into the slice, then
+    /// [`commit`](Self::commit). A claim larger than one datagram (up to
+    /// `max_message_bytes`) is staged and fragmented at commit.
+    pub fn try_claim(&mut self, now: u64, len: usize) -> Result<&mut [u8], PublishError> {
+        if len <= self.state.max_message_len()
+            && matches!(self.state.try_claim(len), Err(ClaimError::Full))
+        {
+            self.state.flush();
+            self.pump(now);
+        }
+        Ok(self.state.try_claim(len)?)
+    }
+
+    /// Commits the claimed message and returns its sequence (`None` if
+    /// nothing was claimed). A large message's fragments are sent as pacing
+    /// allows, here and in later polls.
+    pub fn commit(&mut self, now: u64) -> Option<u64> {
+        let fragments = self.state.counters().fragments;
+        let seq = self.state.commit()?;
+        if self.state.counters().fragments != fragments {
+            self.pump(now);
+            // As in pump, a failed post is left to the next one.
+            let _ = self.ud.post_staged(&dests_of(&self.lines));
+        }
+        Some(seq)
+    }
+
     /// Flushed datagrams not sent yet (waiting for pacing or send slots).
     pub fn unsent_datagrams(&self) -> u64 {
         let mut n = 0;
