@@ -1172,7 +1172,6 @@ fn rdma_md_two_hosts_loss1pct_large_messages_intact_in_order() {
     const MESSAGES: u64 = 48;
     let mut cfg = config("239.7.8.1", None, 7608, 4096);
     cfg.max_message_bytes = 1 << 20;
-    cfg.pacing.max_datagrams_per_sec = 40_000;
     cfg.validate().expect("large-message config");
     if guest_index() == 0 {
         let mut p = McastPublisher::new(&cfg, 7, now_ns() + 1, local_ip()).expect("publisher");

@@ -707,6 +707,33 @@ qkey = 0x11111111
     }
 
     #[test]
+    fn large_messages_and_gap_tolerance_are_checked() {
+        let ch = "[[channels]]\nid = 1\nname = \"a\"\nline_a = \"239.0.0.1\"\nport = 1\n";
+        let cfg = McastConfig::from_toml_str(ch).unwrap();
+        assert_eq!(cfg.max_message_bytes, 0);
+        assert_eq!(cfg.subscriber(1).gap_tolerance_ns, 0, "strict by default");
+        let cfg = McastConfig::from_toml_str(&format!(
+            "max_message_bytes = 1048576\n[recovery]\ngap_tolerance_ns = 5000000\n{ch}"
+        ))
+        .unwrap();
+        assert_eq!(cfg.publisher(1, 1).max_message_bytes, 1 << 20);
+        let s = cfg.subscriber(1);
+        assert_eq!(
+            (s.max_message_bytes, s.gap_tolerance_ns),
+            (1 << 20, 5_000_000)
+        );
+        // 1 MiB in 990-byte fragments is 1,060 datagrams: more than the history.
+        let err = McastConfig::from_toml_str(&format!(
+            "max_message_bytes = 1048576\nhistory_depth = 1000\n{ch}"
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("1060"), "{err}");
+        assert!(
+            McastConfig::from_toml_str(&format!("max_message_bytes = 67108865\n{ch}")).is_err()
+        );
+    }
+
+    #[test]
     fn defaults_apply() {
         let cfg = McastConfig::from_toml_str(
             "[[channels]]\nid = 1\nname = \"a\"\nline_a = \"239.0.0.1\"\nport = 1\n",
