@@ -1095,15 +1095,29 @@ fn example_config_is_valid() {
 
 // -- large messages and gap-tolerant delivery --------------------------------
 
-/// Large message `i` of `len` bytes: its index in the first 8 bytes, then
-/// bytes that differ at every offset and between messages.
-fn large_msg(i: u64, len: usize) -> Vec<u8> {
-    let mut m: Vec<u8> = (0..len)
-        .map(|k| (k as u64 ^ i.wrapping_mul(0x9e37_79b9)).wrapping_mul(31) as u8)
-        .collect();
-    let n = len.min(8);
-    m[..n].copy_from_slice(&i.to_le_bytes()[..n]);
-    m
+/// 2 MiB of seeded noise that every large test message is a slice of.
+fn pattern() -> &'static [u8] {
+    static PATTERN: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    PATTERN.get_or_init(|| {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..2 << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    })
+}
+
+/// Large message `i` of `len` bytes (at most 1 MiB): a slice of the
+/// pattern at an offset of its own, so messages differ from each other and
+/// a misplaced fragment shows. Cheap to make and to check (a memcmp), so
+/// neither side stops polling for long.
+fn large_msg(i: u64, len: usize) -> &'static [u8] {
+    let off = (i as usize).wrapping_mul(4099) % (1 << 20);
+    &pattern()[off..off + len]
 }
 
 /// Size of large-message test message `i`: random up to 1 MiB (seeded), with
@@ -1134,6 +1148,7 @@ impl Handler for LargeChecker {
     fn on_message(&mut self, seq: u64, msg: &[u8]) {
         let i = self.received;
         if seq <= self.last_seq || msg.len() != large_len(i) || msg != large_msg(i, msg.len()) {
+            eprintln!("message {i} (seq {seq}, {} bytes) differs", msg.len());
             self.errors += 1;
         }
         self.last_seq = seq;
@@ -1162,16 +1177,23 @@ impl Snapshot for NoState {
     fn write_snapshot(&self, _: &mut Vec<u8>) {}
 }
 
-/// Messages of random sizes up to 1 MiB across two guests under 1% netem
+/// 24 messages of random sizes up to 1 MiB across two guests under 1% netem
 /// loss on every packet: each is cut into ~1000-byte fragments, each a
 /// sequenced datagram recovered on its own, and every message arrives
 /// intact and in order at the subscriber.
 #[test]
 #[ignore = "rdma: needs two soft-RoCE guests (cargo xtask test)"]
 fn rdma_md_two_hosts_loss1pct_large_messages_intact_in_order() {
-    const MESSAGES: u64 = 48;
+    const MESSAGES: u64 = 24;
     let mut cfg = config("239.7.8.1", None, 7608, 4096);
     cfg.max_message_bytes = 1 << 20;
+    // Guests on a loaded host stall for a while at times: give an answer
+    // time before the link is declared dead (3 timeouts in a row).
+    cfg.recovery.timeout_ns = 300_000_000;
+    // 1 MiB goes out as ~1,060 datagrams back to back: at the 20,000/s of
+    // the other tests the emulated link of a loaded host falls behind, its
+    // queue overflows and even the RC recovery connection gives up.
+    cfg.pacing.max_datagrams_per_sec = 5_000;
     cfg.validate().expect("large-message config");
     if guest_index() == 0 {
         let mut p = McastPublisher::new(&cfg, 7, now_ns() + 1, local_ip()).expect("publisher");
@@ -1183,12 +1205,12 @@ fn rdma_md_two_hosts_loss1pct_large_messages_intact_in_order() {
         for i in 0..MESSAGES {
             let msg = large_msg(i, large_len(i));
             if i % 2 == 0 {
-                p.publish(now_ns(), &msg).expect("publish");
+                p.publish(now_ns(), msg).expect("publish");
             } else {
                 // The claim API, through the state machine's staging buffer.
                 p.try_claim(now_ns(), msg.len())
                     .expect("claim")
-                    .copy_from_slice(&msg);
+                    .copy_from_slice(msg);
                 p.commit(now_ns()).expect("commit");
             }
             p.flush(now_ns()).expect("flush");
@@ -1261,7 +1283,7 @@ fn rdma_md_two_hosts_loss1pct_large_messages_intact_in_order() {
         (0, 0, 0),
         "{c:?}"
     );
-    // 1% loss over ~25,000 fragments: the loss was real and repaired.
+    // 1% loss over ~12,000 fragments: the loss was real and repaired.
     assert!(c.gaps_detected > 0 && c.messages_recovered > 0, "{c:?}");
 }
 
