@@ -1177,23 +1177,24 @@ impl Snapshot for NoState {
     fn write_snapshot(&self, _: &mut Vec<u8>) {}
 }
 
-/// 24 messages of random sizes up to 1 MiB across two guests under 1% netem
+/// 12 messages of random sizes up to 1 MiB across two guests under 1% netem
 /// loss on every packet: each is cut into ~1000-byte fragments, each a
 /// sequenced datagram recovered on its own, and every message arrives
 /// intact and in order at the subscriber.
 #[test]
 #[ignore = "rdma: needs two soft-RoCE guests (cargo xtask test)"]
 fn rdma_md_two_hosts_loss1pct_large_messages_intact_in_order() {
-    const MESSAGES: u64 = 24;
+    const MESSAGES: u64 = 12;
     let mut cfg = config("239.7.8.1", None, 7608, 4096);
     cfg.max_message_bytes = 1 << 20;
     // Guests on a loaded host stall for a while at times: give an answer
     // time before the link is declared dead (3 timeouts in a row).
     cfg.recovery.timeout_ns = 300_000_000;
     // 1 MiB goes out as ~1,060 datagrams back to back: at the 20,000/s of
-    // the other tests the emulated link of a loaded host falls behind, its
-    // queue overflows and even the RC recovery connection gives up.
-    cfg.pacing.max_datagrams_per_sec = 5_000;
+    // the other tests (and at 5,000/s) the emulated link of a loaded host
+    // fell behind, the guest's queue overflowed and even the RC recovery
+    // connection gave up.
+    cfg.pacing.max_datagrams_per_sec = 1_000;
     cfg.validate().expect("large-message config");
     if guest_index() == 0 {
         let mut p = McastPublisher::new(&cfg, 7, now_ns() + 1, local_ip()).expect("publisher");
@@ -1235,7 +1236,9 @@ fn rdma_md_two_hosts_loss1pct_large_messages_intact_in_order() {
         }
         let c = p.state().counters();
         eprintln!("publisher: {c:?} {:?}", p.io_stats());
-        assert_eq!(c.large_messages + (MESSAGES / 8), MESSAGES, "{c:?}");
+        let io = p.io_stats();
+        assert_eq!(c.large_messages + MESSAGES.div_ceil(8), MESSAGES, "{c:?}");
+        assert!(io.retransmit_requests > 0, "{c:?} {io:?}");
         return;
     }
     let t0 = Instant::now();
@@ -1273,7 +1276,7 @@ fn rdma_md_two_hosts_loss1pct_large_messages_intact_in_order() {
     s.disconnect().ok();
     assert_eq!(app.errors, 0, "corrupt or out-of-order message");
     assert!(events.is_empty(), "{events:?}");
-    assert_eq!(c.large_messages + MESSAGES / 8, MESSAGES, "{c:?}");
+    assert_eq!(c.large_messages + MESSAGES.div_ceil(8), MESSAGES, "{c:?}");
     assert_eq!(
         (
             c.fragments_dropped,
@@ -1283,7 +1286,7 @@ fn rdma_md_two_hosts_loss1pct_large_messages_intact_in_order() {
         (0, 0, 0),
         "{c:?}"
     );
-    // 1% loss over ~12,000 fragments: the loss was real and repaired.
+    // 1% loss over ~6,000 fragments: the loss was real and repaired.
     assert!(c.gaps_detected > 0 && c.messages_recovered > 0, "{c:?}");
 }
 
