@@ -959,6 +959,61 @@ mod tests {
         0x00, 0x00, // message 43, empty
     ];
 
+    static FRAGMENT_BYTES: [u8; 24 + 2 + 8 + 3] = [
+        0x52, 0x42, // magic "RB"
+        0x02, // version 2: a fragment
+        0x00, // line A
+        0x07, 0x00, // channel 7
+        0x01, 0x00, // count 1
+        0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, // session
+        0x2a, 0, 0, 0, 0, 0, 0, 0, // seq 42
+        0x0b, 0x00, // message length 11
+        0x0a, 0x00, 0x00, 0x00, // total_len 10
+        0x07, 0x00, 0x00, 0x00, // offset 7
+        b'x', b'y', b'z', // the message's bytes 7..10
+    ];
+
+    #[test]
+    fn fragment_fixed_bytes_and_bad_fragments() {
+        let d = Datagram::parse(&FRAGMENT_BYTES).unwrap();
+        assert!(d.is_fragment());
+        assert_eq!(
+            d.fragment(),
+            Some(Fragment {
+                seq: 42,
+                total_len: 10,
+                offset: 7,
+                bytes: b"xyz"
+            })
+        );
+        assert_eq!(Datagram::parse(&DATAGRAM_BYTES).unwrap().fragment(), None);
+        // Bytes past the total.
+        let mut b = FRAGMENT_BYTES;
+        b[26] = 9;
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadFragment);
+        // An offset that overflows with the length.
+        let mut b = FRAGMENT_BYTES;
+        b[30..34].copy_from_slice(&u32::MAX.to_le_bytes());
+        b[26..30].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadFragment);
+        // No bytes, or no room for the fragment header.
+        let mut b = FRAGMENT_BYTES[..24 + 2 + 8].to_vec();
+        b[24] = 8;
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadFragment);
+        let mut b = FRAGMENT_BYTES[..24 + 2 + 4].to_vec();
+        b[24] = 4;
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadFragment);
+        // A count other than 1.
+        let mut b = FRAGMENT_BYTES.to_vec();
+        b[6] = 2;
+        b.extend_from_slice(&[0, 0]);
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadFragment);
+        // An unknown version stays a version error.
+        let mut b = FRAGMENT_BYTES;
+        b[2] = 3;
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadVersion(3));
+    }
+
     #[test]
     fn datagram_fixed_bytes() {
         let d = Datagram::parse(&DATAGRAM_BYTES).unwrap();
