@@ -39,6 +39,7 @@ fn mcast(c: &mut Criterion) {
         max_messages: 64,
         flush_interval_ns: 20_000,
         history_depth: 65_536,
+        max_message_bytes: 0,
     });
     let mut sent_upto = p.next_seq();
     group.bench_function("publish", |b| {
@@ -61,6 +62,7 @@ fn mcast(c: &mut Criterion) {
             max_messages: 64,
             flush_interval_ns: 20_000,
             history_depth: 4,
+            max_message_bytes: 0,
         }
     });
     template.publish(&msg).expect("fits");
@@ -76,6 +78,8 @@ fn mcast(c: &mut Criterion) {
         ab_grace_ns: 0,
         join_replay_max: 0,
         max_request_messages: 4096,
+        max_message_bytes: 0,
+        gap_tolerance_ns: 0,
     });
     s.announce_session(0, 1);
     let mut sink = Sink(0);

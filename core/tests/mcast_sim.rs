@@ -206,6 +206,8 @@ fn sub_config() -> SubscriberConfig {
         // Late joins in these simulations are asked to take a snapshot.
         join_replay_max: 0,
         max_request_messages: 1 << 20,
+        max_message_bytes: 0,
+        gap_tolerance_ns: 0,
     }
 }
 
@@ -222,6 +224,7 @@ impl Sim {
                 max_messages: 64,
                 flush_interval_ns: 1_000,
                 history_depth,
+                max_message_bytes: 0,
             }),
             reference: Book::default(),
             subs: Vec::new(),
@@ -389,7 +392,7 @@ impl Sim {
     fn collect_outputs(&mut self, s: usize) {
         let sub = &mut self.subs[s];
         if sub.state.poll_timeout().is_some_and(|t| t <= self.now) {
-            sub.state.handle_timeout(self.now);
+            sub.state.handle_timeout(self.now, &mut sub.app);
         }
         if sub.first_gap_at.is_none() && sub.state.counters().gaps_detected > 0 {
             sub.first_gap_at = Some(self.now);

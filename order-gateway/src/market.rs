@@ -424,6 +424,10 @@ impl FeedState {
             // every hole is then reported as an unrecoverable loss (handled above): nothing
             // can hide behind the outage itself.
             Event::RecoveryLost | Event::RecoveryRestored => {}
+            // Only a gap-tolerant subscriber skips holes (the gateway's are strict, the
+            // default): it chose fresh data over complete data, and no snapshot follows to
+            // revalidate, so the references stay as the next messages set them.
+            Event::GapSkipped { .. } => {}
         }
     }
 

@@ -73,6 +73,8 @@ use super::wire::{DATAGRAM_HEADER_LEN, MSG_PREFIX_LEN};
 pub const DEFAULT_QKEY: u32 = 0x0123_4567;
 /// Largest RoCE path MTU.
 pub const MAX_PATH_MTU: usize = 4096;
+/// Upper bound of `max_message_bytes` (64 MiB).
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
 /// Why a configuration was rejected.
 #[derive(Debug, thiserror::Error)]
@@ -228,6 +230,11 @@ pub struct RecoveryConfig {
     /// The subscriber reports its position and receive rate to the
     /// publisher this often, over the recovery connection (0: never).
     pub status_interval_ns: u64,
+    /// Gap-tolerant delivery: a hole that has held up delivery this long
+    /// (or is known unrecoverable) is skipped and reported to the handler
+    /// (`Handler::on_gap`, `Event::GapSkipped`) instead of re-synchronising
+    /// from a snapshot. 0 (the default): strict, never skip.
+    pub gap_tolerance_ns: u64,
 }
 
 impl Default for RecoveryConfig {
@@ -245,6 +252,7 @@ impl Default for RecoveryConfig {
             join_replay_max: 4096,
             max_request_messages: 4096,
             status_interval_ns: 100_000_000,
+            gap_tolerance_ns: 0,
         }
     }
 }
@@ -355,6 +363,13 @@ pub struct McastConfig {
     /// Datagrams the publisher keeps for retransmission.
     #[serde(default = "default_history")]
     pub history_depth: usize,
+    /// Largest message: one larger than a datagram is sent as fragments
+    /// (one datagram and one sequence each) and reassembled by the
+    /// subscriber into a buffer of this size. 0 (the default): messages
+    /// must fit one datagram. At most [`MAX_MESSAGE_BYTES`], and a whole
+    /// message must fit the history.
+    #[serde(default)]
+    pub max_message_bytes: usize,
     /// An idle publisher sends a heartbeat this often, so a subscriber
     /// detects the loss of the last datagram of a burst.
     #[serde(default = "default_heartbeat")]
@@ -425,6 +440,34 @@ impl McastConfig {
         }
         if self.history_depth == 0 {
             return Err(invalid("history_depth", "must be at least 1"));
+        }
+        if self.max_message_bytes > MAX_MESSAGE_BYTES {
+            return Err(invalid(
+                "max_message_bytes",
+                format!("must be at most {MAX_MESSAGE_BYTES}"),
+            ));
+        }
+        let one_datagram = self.max_datagram_payload - DATAGRAM_HEADER_LEN - MSG_PREFIX_LEN - tag;
+        if self.max_message_bytes > one_datagram {
+            let Some(chunk) = one_datagram
+                .checked_sub(crate::mcast::wire::FRAGMENT_HEADER_LEN)
+                .filter(|c| *c > 0)
+            else {
+                return Err(invalid(
+                    "max_message_bytes",
+                    "max_datagram_payload leaves no room for a fragment",
+                ));
+            };
+            let fragments = self.max_message_bytes.div_ceil(chunk);
+            if fragments > self.history_depth {
+                return Err(invalid(
+                    "max_message_bytes",
+                    format!(
+                        "a message of {} bytes takes {fragments} datagrams of {} message bytes: raise history_depth to at least that (twice is better), or lower max_message_bytes",
+                        self.max_message_bytes, chunk
+                    ),
+                ));
+            }
         }
         if self.receive.depth == 0 {
             return Err(invalid("receive.depth", "must be at least 1"));
@@ -582,6 +625,7 @@ impl McastConfig {
             max_messages: self.batching.max_messages,
             flush_interval_ns: self.batching.flush_interval_ns,
             history_depth: self.history_depth,
+            max_message_bytes: self.max_message_bytes,
         }
     }
 
@@ -603,6 +647,8 @@ impl McastConfig {
             },
             join_replay_max: self.recovery.join_replay_max,
             max_request_messages: self.recovery.max_request_messages,
+            max_message_bytes: self.max_message_bytes,
+            gap_tolerance_ns: self.recovery.gap_tolerance_ns,
         }
     }
 
@@ -680,6 +726,33 @@ qkey = 0x11111111
         assert_eq!(
             (s.max_buffered, s.max_outstanding, s.max_retries),
             (1024, 8, 5)
+        );
+    }
+
+    #[test]
+    fn large_messages_and_gap_tolerance_are_checked() {
+        let ch = "[[channels]]\nid = 1\nname = \"a\"\nline_a = \"239.0.0.1\"\nport = 1\n";
+        let cfg = McastConfig::from_toml_str(ch).unwrap();
+        assert_eq!(cfg.max_message_bytes, 0);
+        assert_eq!(cfg.subscriber(1).gap_tolerance_ns, 0, "strict by default");
+        let cfg = McastConfig::from_toml_str(&format!(
+            "max_message_bytes = 1048576\n[recovery]\ngap_tolerance_ns = 5000000\n{ch}"
+        ))
+        .unwrap();
+        assert_eq!(cfg.publisher(1, 1).max_message_bytes, 1 << 20);
+        let s = cfg.subscriber(1);
+        assert_eq!(
+            (s.max_message_bytes, s.gap_tolerance_ns),
+            (1 << 20, 5_000_000)
+        );
+        // 1 MiB in 990-byte fragments is 1,060 datagrams: more than the history.
+        let err = McastConfig::from_toml_str(&format!(
+            "max_message_bytes = 1048576\nhistory_depth = 1000\n{ch}"
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("1060"), "{err}");
+        assert!(
+            McastConfig::from_toml_str(&format!("max_message_bytes = 67108865\n{ch}")).is_err()
         );
     }
 

@@ -22,6 +22,7 @@
 //! restarted publisher takes a greater session id.
 
 pub mod config;
+pub mod fragment;
 pub mod net;
 pub mod publisher;
 pub mod repair;

@@ -487,8 +487,20 @@ impl McastPublisher {
     /// Appends one message to the open datagram (flushing it first if full)
     /// and returns its sequence. Sending happens in [`poll`](Self::poll) and
     /// [`flush`](Self::flush).
+    ///
+    /// A message larger than one datagram (up to `max_message_bytes`) is
+    /// sealed as fragment datagrams at once and sent as pacing allows, here
+    /// and in later polls: publish the next one once
+    /// [`unsent_datagrams`](Self::unsent_datagrams) is small, or a history
+    /// smaller than the backlog overwrites fragments before they are sent.
     pub fn publish(&mut self, now: u64, msg: &[u8]) -> Result<u64, PublishError> {
         match self.state.publish(msg) {
+            Ok(seq) if msg.len() > self.state.max_message_len() => {
+                self.pump(now);
+                // As in pump, a failed post is left to the next one.
+                let _ = self.ud.post_staged(&dests_of(&self.lines));
+                Ok(seq)
+            }
             Ok(seq) => Ok(seq),
             Err(ClaimError::Full) => {
                 self.state.flush();
@@ -497,6 +509,45 @@ impl McastPublisher {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Claims `len` bytes for the next message (flushing a full datagram
+    /// first): write the message into the slice, then
+    /// [`commit`](Self::commit). A claim larger than one datagram (up to
+    /// `max_message_bytes`) is staged and fragmented at commit.
+    pub fn try_claim(&mut self, now: u64, len: usize) -> Result<&mut [u8], PublishError> {
+        if len <= self.state.max_message_len()
+            && matches!(self.state.try_claim(len), Err(ClaimError::Full))
+        {
+            self.state.flush();
+            self.pump(now);
+        }
+        Ok(self.state.try_claim(len)?)
+    }
+
+    /// Commits the claimed message and returns its sequence (`None` if
+    /// nothing was claimed). A large message's fragments are sent as pacing
+    /// allows, here and in later polls.
+    pub fn commit(&mut self, now: u64) -> Option<u64> {
+        let fragments = self.state.counters().fragments;
+        let seq = self.state.commit()?;
+        if self.state.counters().fragments != fragments {
+            self.pump(now);
+            // As in pump, a failed post is left to the next one.
+            let _ = self.ud.post_staged(&dests_of(&self.lines));
+        }
+        Some(seq)
+    }
+
+    /// Flushed datagrams not sent yet (waiting for pacing or send slots).
+    pub fn unsent_datagrams(&self) -> u64 {
+        let mut n = 0;
+        let mut seq = self.sent_upto;
+        while let Some((_, end, _)) = self.state.sealed_from(seq) {
+            n += 1;
+            seq = end;
+        }
+        n
     }
 
     /// Seals the open datagram now and sends what pacing allows.
@@ -1596,7 +1647,7 @@ impl McastSubscriber {
             }
         }
         if state.poll_timeout().is_some_and(|t| t <= now) {
-            state.handle_timeout(now);
+            state.handle_timeout(now, app);
         }
         // A link that takes requests but never answers (the publisher's end
         // is gone without a disconnect reaching us) is dead: after

@@ -5,13 +5,20 @@
 //! copied or allocated per message. The publisher never waits for anyone: a
 //! subscriber asking for data older than the history gets a NotAvailable.
 //!
+//! A message larger than one datagram (up to `max_message_bytes`) is cut
+//! into fragment datagrams (see [`wire`]'s "Fragment datagrams"), each
+//! sealed into the history like any datagram and taking one sequence: the
+//! message's sequence is that of its last fragment. A claim of such a size
+//! hands out a staging buffer allocated once, fragmented at commit.
+//!
 //! With a datagram key ([`PublisherState::set_datagram_key`]) every sealed
 //! datagram and heartbeat ends with a 16-byte keyed tag over the rest of
 //! it, computed once at sealing: the history holds the tagged bytes, so
 //! retransmissions carry the same tag.
 
 use super::wire::{
-    self, Line, NotAvailable, RetransmitRequest, DATAGRAM_HEADER_LEN, MSG_PREFIX_LEN,
+    self, Line, NotAvailable, RetransmitRequest, DATAGRAM_HEADER_LEN, FRAGMENT_HEADER_LEN,
+    MSG_PREFIX_LEN,
 };
 use crate::auth::{Key, TAG_LEN};
 
@@ -32,6 +39,10 @@ pub struct PublisherConfig {
     pub flush_interval_ns: u64,
     /// Datagrams kept for retransmission.
     pub history_depth: usize,
+    /// Largest message, fragmented across datagrams if it does not fit one
+    /// (0: one datagram's worth, no fragmentation). A claim of more than a
+    /// datagram's worth is staged in a buffer of this size.
+    pub max_message_bytes: usize,
 }
 
 /// Why a message could not be claimed.
@@ -75,6 +86,10 @@ pub struct PublisherCounters {
     pub retransmitted_datagrams: u64,
     /// NotAvailable answers.
     pub not_available: u64,
+    /// Messages sent as fragments (also counted in `messages`).
+    pub large_messages: u64,
+    /// Fragment datagrams sealed (also counted in `datagrams`).
+    pub fragments: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -100,6 +115,13 @@ pub struct PublisherState {
     next_seq: u64,
     /// Length of the outstanding claim, if any.
     claimed: Option<usize>,
+    /// The outstanding claim is in `large` (to be fragmented at commit).
+    claimed_large: bool,
+    /// The open datagram is a fragment (sealed with the fragment version).
+    fragment_open: bool,
+    /// Staging buffer of a large claim (`max_message_bytes`, or empty when
+    /// no large message fits it).
+    large: Box<[u8]>,
     open_since: Option<u64>,
     heartbeat: [u8; DATAGRAM_HEADER_LEN + TAG_LEN],
     counters: PublisherCounters,
@@ -119,7 +141,16 @@ impl PublisherState {
         );
         cfg.max_messages = cfg.max_messages.max(1);
         let nslots = cfg.history_depth + 1;
+        let one_datagram = cfg.max_datagram - DATAGRAM_HEADER_LEN - MSG_PREFIX_LEN;
+        let staging = if cfg.max_message_bytes > one_datagram {
+            cfg.max_message_bytes
+        } else {
+            0
+        };
         PublisherState {
+            claimed_large: false,
+            fragment_open: false,
+            large: super::prefaulted(staging),
             slots: super::prefaulted(nslots * cfg.max_datagram),
             meta: vec![SlotMeta::default(); nslots].into_boxed_slice(),
             open: 0,
@@ -164,6 +195,15 @@ impl PublisherState {
     /// Largest message that fits in an empty datagram.
     pub fn max_message_len(&self) -> usize {
         self.cfg.max_datagram - DATAGRAM_HEADER_LEN - MSG_PREFIX_LEN - self.tag_len
+    }
+    /// Largest message [`publish`](Self::publish) and
+    /// [`try_claim`](Self::try_claim) take, fragmented or not.
+    pub fn max_large_message_len(&self) -> usize {
+        self.cfg.max_message_bytes.max(self.max_message_len())
+    }
+    /// Message bytes one fragment datagram carries.
+    pub fn fragment_chunk_len(&self) -> usize {
+        self.max_message_len().saturating_sub(FRAGMENT_HEADER_LEN)
     }
     /// Messages in the open (not yet flushed) datagram.
     pub fn pending_messages(&self) -> u16 {
@@ -244,12 +284,14 @@ impl PublisherState {
     /// Claims `len` bytes for the next message in the open datagram. Write the
     /// message into the returned slice, then [`commit`](Self::commit). A new
     /// claim without a commit abandons the previous one.
+    ///
+    /// A claim larger than one datagram but within `max_message_bytes` is
+    /// staged and cut into fragment datagrams at commit (the open datagram is
+    /// flushed first); those datagrams are sealed at once, ready to send.
     pub fn try_claim(&mut self, len: usize) -> Result<&mut [u8], ClaimError> {
         if len > self.max_message_len() {
-            return Err(ClaimError::TooLarge {
-                len,
-                max: self.max_message_len(),
-            });
+            // The one branch small messages pay for large ones.
+            return self.try_claim_large(len);
         }
         if self.open_count >= self.cfg.max_messages
             || self.open_len + MSG_PREFIX_LEN + len + self.tag_len > self.cfg.max_datagram
@@ -269,6 +311,13 @@ impl PublisherState {
     /// nothing was claimed.
     pub fn commit(&mut self) -> Option<u64> {
         let len = self.claimed.take()?;
+        if self.claimed_large {
+            self.claimed_large = false;
+            let staged = std::mem::take(&mut self.large);
+            let seq = self.seal_fragments(&staged[..len]);
+            self.large = staged;
+            return Some(seq);
+        }
         self.open_len += MSG_PREFIX_LEN + len;
         self.open_count += 1;
         let seq = self.next_seq;
@@ -277,10 +326,78 @@ impl PublisherState {
         Some(seq)
     }
 
-    /// Copies `msg` in as one message (claim + commit).
+    /// Copies `msg` in as one message (claim + commit). A message larger
+    /// than one datagram is fragmented straight from `msg` (no staging).
     pub fn publish(&mut self, msg: &[u8]) -> Result<u64, ClaimError> {
+        if msg.len() > self.max_message_len() {
+            self.check_large(msg.len())?;
+            self.claimed = None;
+            self.claimed_large = false;
+            return Ok(self.seal_fragments(msg));
+        }
         self.try_claim(msg.len())?.copy_from_slice(msg);
         Ok(self.commit().unwrap_or(0))
+    }
+
+    fn check_large(&self, len: usize) -> Result<(), ClaimError> {
+        if len > self.cfg.max_message_bytes
+            || len > u32::MAX as usize
+            || self.fragment_chunk_len() == 0
+        {
+            return Err(ClaimError::TooLarge {
+                len,
+                max: self.max_large_message_len(),
+            });
+        }
+        Ok(())
+    }
+
+    fn try_claim_large(&mut self, len: usize) -> Result<&mut [u8], ClaimError> {
+        self.check_large(len)?;
+        // Staging exists whenever max_message_bytes exceeds one datagram.
+        if len > self.large.len() {
+            return Err(ClaimError::TooLarge {
+                len,
+                max: self.max_message_len(),
+            });
+        }
+        self.claimed = Some(len);
+        self.claimed_large = true;
+        Ok(&mut self.large[..len])
+    }
+
+    /// Flushes the open datagram, then seals `msg` (longer than one
+    /// datagram's worth, at most u32::MAX) as fragment datagrams. Returns
+    /// the sequence of the last fragment, the message's sequence.
+    fn seal_fragments(&mut self, msg: &[u8]) -> u64 {
+        self.flush();
+        let chunk = self.fragment_chunk_len();
+        // Checked by the callers (check_large).
+        let total = msg.len() as u32;
+        let mut offset = 0usize;
+        for piece in msg.chunks(chunk) {
+            let at = self.open_len;
+            let open = self.open;
+            let slot = self.slot_bytes_mut(open);
+            let len = FRAGMENT_HEADER_LEN + piece.len();
+            // len <= max_message_len < u16::MAX (max_datagram is clamped).
+            slot[at..at + MSG_PREFIX_LEN].copy_from_slice(&(len as u16).to_le_bytes());
+            let body = &mut slot[at + MSG_PREFIX_LEN..at + MSG_PREFIX_LEN + len];
+            body[..4].copy_from_slice(&total.to_le_bytes());
+            // offset < total <= u32::MAX.
+            body[4..8].copy_from_slice(&(offset as u32).to_le_bytes());
+            body[FRAGMENT_HEADER_LEN..].copy_from_slice(piece);
+            offset += piece.len();
+            self.open_len += MSG_PREFIX_LEN + len;
+            self.open_count = 1;
+            self.next_seq += 1;
+            self.fragment_open = true;
+            self.flush();
+            self.counters.fragments += 1;
+        }
+        self.counters.messages += 1;
+        self.counters.large_messages += 1;
+        self.next_seq - 1
     }
 
     /// Seals the open datagram and returns it, ready to send on both lines;
@@ -290,6 +407,7 @@ impl PublisherState {
             return None;
         }
         self.claimed = None;
+        self.claimed_large = false;
         self.open_since = None;
         let (open, first, count, len) = (
             self.open,
@@ -307,6 +425,10 @@ impl PublisherState {
             first,
             count,
         );
+        if self.fragment_open {
+            self.fragment_open = false;
+            let _ = wire::set_fragment_version(self.slot_bytes_mut(open));
+        }
         let len = if let Some(key) = &self.key {
             let start = self.slot_of(open) * self.cfg.max_datagram;
             let bytes = &mut self.slots[start..start + len + TAG_LEN];
@@ -488,6 +610,7 @@ mod tests {
             max_messages: 100,
             flush_interval_ns: 1_000,
             history_depth: depth,
+            max_message_bytes: 0,
         }
     }
 

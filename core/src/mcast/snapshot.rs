@@ -14,7 +14,20 @@ use super::wire::{self, SnapshotEnd};
 pub trait Handler {
     /// One message; `seq` is exactly one more than the previous call's, except
     /// after a snapshot was applied (then it is the snapshot's sequence + 1).
+    ///
+    /// A large message (reassembled from fragments, each of which took a
+    /// sequence) comes with the sequence of its last fragment, so the next
+    /// call's `seq` is one more than that.
     fn on_message(&mut self, seq: u64, msg: &[u8]);
+
+    /// Gap-tolerant delivery only: sequences `[from, to)` were lost for good
+    /// and skipped; the next message has sequence `to` or later (`to` may be
+    /// the middle of a large message cut by the hole, whose remaining
+    /// fragments are dropped). Strict subscribers never call it. The default
+    /// does nothing.
+    fn on_gap(&mut self, from: u64, to: u64) {
+        let _ = (from, to);
+    }
 }
 
 impl<F: FnMut(u64, &[u8])> Handler for F {

@@ -37,9 +37,24 @@
 //! still delivered in order; a hole that outlives the arbitration window
 //! cannot be recovered and becomes an [`Event::UnrecoverableLoss`] (then a
 //! re-synchronisation, whose snapshot is requested once the link is back).
+//!
+//! Large messages: fragment datagrams are delivered in sequence like any
+//! datagram, into a [`Reassembler`] allocated once (`max_message_bytes`);
+//! the handler gets the whole message with the sequence of its last
+//! fragment. A fragment that does not continue the message under way is
+//! dropped and counted.
+//!
+//! Gap-tolerant delivery (`gap_tolerance_ns > 0`; 0 is strict, the
+//! default): a hole at the delivery point that stays open that long, or is
+//! known unrecoverable (not in the history, retries exhausted, link down,
+//! buffer full), is skipped instead of re-synchronising: the handler's
+//! [`Handler::on_gap`] and an [`Event::GapSkipped`] report the lost range,
+//! a large message cut by the hole is dropped, and delivery goes on after
+//! it. Strict subscribers never skip.
 
 use std::collections::VecDeque;
 
+use super::fragment::{Push, Reassembler};
 use super::snapshot::{Handler, SnapshotSink};
 use super::wire::{self, BufferTooSmall, Datagram, Line, RecoveryMsg, RetransmitRequest};
 use crate::auth::{Key, TAG_LEN};
@@ -75,6 +90,13 @@ pub struct SubscriberConfig {
     /// Most messages asked for in one retransmit request; larger holes are
     /// split (the publisher answers no more per request).
     pub max_request_messages: u64,
+    /// Largest message reassembled from fragments (the reassembly buffer,
+    /// allocated once); 0 drops every fragment.
+    pub max_message_bytes: usize,
+    /// Gap-tolerant delivery: a hole at the delivery point open this long
+    /// (or known unrecoverable) is skipped and reported instead of
+    /// re-synchronising. 0: strict (never skip).
+    pub gap_tolerance_ns: u64,
 }
 
 /// Where the subscriber stands.
@@ -120,6 +142,15 @@ pub enum Event {
     RecoveryLost,
     /// The recovery connection is back; a pending snapshot is requested.
     RecoveryRestored,
+    /// Gap-tolerant delivery skipped sequences `[from, to)` (never
+    /// repaired); delivery goes on at `to`. The handler saw
+    /// [`Handler::on_gap`] with the same range first.
+    GapSkipped {
+        /// First skipped sequence.
+        from: u64,
+        /// One past the last skipped sequence.
+        to: u64,
+    },
 }
 
 /// A recovery request to send over RC.
@@ -210,6 +241,19 @@ pub struct SubscriberCounters {
     pub lost_while_link_down: u64,
     /// Times the recovery connection was reported down.
     pub recovery_link_lost: u64,
+    /// Large messages reassembled and delivered (also in `delivered`).
+    pub large_messages: u64,
+    /// Fragments dropped: larger than `max_message_bytes`, or not the
+    /// continuation of the message under way (forged, stray, or after a
+    /// skipped hole).
+    pub fragments_dropped: u64,
+    /// Large messages under way dropped incomplete (a hole was skipped in
+    /// them, or a new one started in their middle).
+    pub partial_messages_dropped: u64,
+    /// Holes skipped by gap-tolerant delivery.
+    pub gaps_skipped: u64,
+    /// Sequences skipped by gap-tolerant delivery.
+    pub sequences_skipped: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,6 +279,9 @@ struct Outstanding {
     needs_send: bool,
     /// Seen but not requested yet: waiting `ab_grace_ns` for the other line.
     in_grace: bool,
+    /// Known unrecoverable, to be skipped (gap-tolerant only): never sent,
+    /// never times out.
+    lost: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -277,6 +324,13 @@ pub struct SubscriberState {
     announced: bool,
     /// Datagram tag key (tags required when set).
     key: Option<Key>,
+    /// Large message reassembly.
+    reasm: Reassembler,
+    /// Gap-tolerant: since when delivery has waited at `stall_seq`.
+    stall_since: Option<u64>,
+    stall_seq: u64,
+    /// Gap-tolerant: a range was marked lost; look at skipping it.
+    skip_due: bool,
 }
 
 impl SubscriberState {
@@ -307,6 +361,10 @@ impl SubscriberState {
             link_up: true,
             announced: false,
             key: None,
+            reasm: Reassembler::new(cfg.max_message_bytes),
+            stall_since: None,
+            stall_seq: 0,
+            skip_due: false,
             cfg,
         }
     }
@@ -462,10 +520,13 @@ impl SubscriberState {
         // No snapshot timer while the link is down: coming back asks anyway.
         let snapshot =
             (self.phase == Phase::Resyncing && self.link_up).then_some(self.snapshot.deadline);
-        match (retransmit, snapshot) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let skip = if self.skip_due {
+            Some(0)
+        } else {
+            self.stall_since
+                .map(|t| t.saturating_add(self.cfg.gap_tolerance_ns))
+        };
+        [retransmit, snapshot, skip].into_iter().flatten().min()
     }
 
     /// One datagram from a multicast line (GRH stripped, its source already
@@ -508,12 +569,13 @@ impl SubscriberState {
         }
     }
 
-    /// Deadlines passed: re-request or give up.
-    pub fn handle_timeout(&mut self, now: u64) {
+    /// Deadlines passed: re-request or give up. With gap-tolerant delivery,
+    /// skipping a hole delivers what was buffered behind it to `handler`.
+    pub fn handle_timeout<H: Handler + ?Sized>(&mut self, now: u64, handler: &mut H) {
         let mut i = 0;
         while i < self.outstanding.len() {
             let o = self.outstanding[i];
-            if o.deadline > now {
+            if o.deadline > now || o.lost {
                 i += 1;
                 continue;
             }
@@ -524,8 +586,10 @@ impl SubscriberState {
                         self.outstanding.swap_remove(i);
                     }
                     Some((from, to)) if !self.link_up => {
-                        self.lost_while_down(now, from, to);
-                        return;
+                        if self.lost_while_down(now, from, to) {
+                            return;
+                        }
+                        i = 0;
                     }
                     Some((from, to)) => {
                         self.outstanding[i] = Outstanding {
@@ -535,6 +599,7 @@ impl SubscriberState {
                             retries: 0,
                             needs_send: true,
                             in_grace: false,
+                            lost: false,
                         };
                         i += 1;
                     }
@@ -547,12 +612,16 @@ impl SubscriberState {
                     self.outstanding.swap_remove(i);
                 }
                 Some((from, to)) if !self.link_up => {
-                    self.lost_while_down(now, from, to);
-                    return;
+                    if self.lost_while_down(now, from, to) {
+                        return;
+                    }
+                    i = 0;
                 }
                 Some((from, to)) if o.retries >= self.cfg.max_retries => {
-                    self.unrecoverable(now, from, to);
-                    return;
+                    if self.give_up(now, from, to) {
+                        return;
+                    }
+                    i = 0;
                 }
                 Some((from, to)) => {
                     self.outstanding[i] = Outstanding {
@@ -562,10 +631,14 @@ impl SubscriberState {
                         retries: o.retries + 1,
                         needs_send: true,
                         in_grace: false,
+                        lost: false,
                     };
                     i += 1;
                 }
             }
+        }
+        if self.cfg.gap_tolerance_ns > 0 && self.phase == Phase::Live {
+            self.skip_gaps(now, handler);
         }
         if self.phase == Phase::Resyncing && self.link_up && self.snapshot.deadline <= now {
             self.counters.timeouts += 1;
@@ -637,7 +710,9 @@ impl SubscriberState {
                 } else if na.session == self.session && self.phase == Phase::Live {
                     let to = na.from_seq.saturating_add(na.count);
                     if let Some((from, to)) = self.missing_in(na.from_seq, to) {
-                        self.unrecoverable(now, from, to);
+                        if !self.give_up(now, from, to) {
+                            self.skip_gaps(now, app);
+                        }
                     }
                 }
             }
@@ -700,6 +775,7 @@ impl SubscriberState {
                 self.high = d.first_seq();
                 if self.phase == Phase::Live {
                     self.request_holes(now);
+                    self.track_stall(now);
                 }
             }
             return;
@@ -740,9 +816,15 @@ impl SubscriberState {
         if self.free.is_empty() {
             if self.phase == Phase::Live {
                 // Too far behind to wait for the holes: give up on the first
-                // one and re-synchronise (evicting below).
+                // one and re-synchronise (evicting below), or, gap-tolerant,
+                // skip it, which frees what it held up.
                 let to = self.order.front().map_or(d.first_seq(), |b| b.first);
-                self.unrecoverable(now, self.next_seq, to);
+                if !self.give_up(now, self.next_seq, to) {
+                    self.skip_gaps(now, handler);
+                    if !self.free.is_empty() {
+                        return self.accept(now, src, bytes, d, handler);
+                    }
+                }
             }
             if self.order.front().is_some_and(|b| b.first > d.first_seq()) {
                 self.counters.evicted += 1;
@@ -796,6 +878,7 @@ impl SubscriberState {
                 }
             }
             self.request_holes(now);
+            self.track_stall(now);
         } else {
             self.high = self.high.max(d.end_seq());
         }
@@ -812,17 +895,46 @@ impl SubscriberState {
     /// Delivers the messages of `d` from `next_seq` on; `d` starts at or
     /// before `next_seq` and ends after it.
     fn deliver<H: Handler + ?Sized>(&mut self, src: Source, d: Datagram<'_>, handler: &mut H) {
-        let mut n = 0;
-        for (seq, msg) in d.messages().skip((self.next_seq - d.first_seq()) as usize) {
-            handler.on_message(seq, msg);
-            n += 1;
+        let skip = self.next_seq - d.first_seq();
+        Self::hand_out(&mut self.reasm, &mut self.counters, d, skip, handler);
+        if src == Source::Retransmit {
+            self.counters.messages_recovered += d.end_seq() - self.next_seq;
         }
         self.next_seq = d.end_seq();
         self.high = self.high.max(self.next_seq);
-        self.counters.delivered += n;
-        if src == Source::Retransmit {
-            self.counters.messages_recovered += n;
+    }
+
+    /// Hands the messages of `d` after the first `skip` to the handler, or
+    /// its fragment to the reassembler (and a completed message on).
+    fn hand_out<H: Handler + ?Sized>(
+        reasm: &mut Reassembler,
+        counters: &mut SubscriberCounters,
+        d: Datagram<'_>,
+        skip: u64,
+        handler: &mut H,
+    ) {
+        // The one branch small messages pay for large ones.
+        if d.is_fragment() {
+            // A fragment datagram holds one sequence, so skip is 0.
+            if let Some(f) = d.fragment() {
+                match reasm.push(f) {
+                    Push::Complete(msg) => {
+                        handler.on_message(f.seq, msg);
+                        counters.delivered += 1;
+                        counters.large_messages += 1;
+                    }
+                    Push::Partial => {}
+                    Push::Dropped(_) => counters.fragments_dropped += 1,
+                }
+            }
+            return;
         }
+        let mut n = 0;
+        for (seq, msg) in d.messages().skip(skip as usize) {
+            handler.on_message(seq, msg);
+            n += 1;
+        }
+        counters.delivered += n;
     }
 
     /// Delivers buffered datagrams that have become in order.
@@ -838,12 +950,8 @@ impl SubscriberState {
                 // Validated before it was buffered; a failure here would mean
                 // memory corruption, so the datagram is skipped, not trusted.
                 if let Ok(d) = Datagram::parse(bytes) {
-                    let mut n = 0;
-                    for (seq, msg) in d.messages().skip((self.next_seq - d.first_seq()) as usize) {
-                        handler.on_message(seq, msg);
-                        n += 1;
-                    }
-                    self.counters.delivered += n;
+                    let skip = self.next_seq - d.first_seq();
+                    Self::hand_out(&mut self.reasm, &mut self.counters, d, skip, handler);
                 }
                 self.next_seq = b.end;
             }
@@ -855,14 +963,75 @@ impl SubscriberState {
     fn after_progress(&mut self, now: u64) {
         let next = self.next_seq;
         let mut filled = 0;
+        let mut lost = false;
         self.outstanding.retain_mut(|o| {
             o.from = o.from.max(next);
             let open = o.to > next;
             filled += u64::from(!open && o.in_grace);
+            lost |= open && o.lost;
             open
         });
         self.counters.gaps_filled_by_other_line += filled;
+        // A range marked lost may be at the delivery point now.
+        self.skip_due |= lost;
         self.request_holes(now);
+        self.track_stall(now);
+    }
+
+    /// Gap-tolerant: (re)starts the stall timer when delivery waits at a new
+    /// point, stops it when nothing is missing.
+    fn track_stall(&mut self, now: u64) {
+        if self.cfg.gap_tolerance_ns == 0 {
+            return;
+        }
+        if self.phase == Phase::Live && self.high > self.next_seq {
+            if self.stall_since.is_none() || self.stall_seq != self.next_seq {
+                self.stall_since = Some(now);
+                self.stall_seq = self.next_seq;
+            }
+        } else {
+            self.stall_since = None;
+        }
+    }
+
+    /// Gap-tolerant: skips the holes at the delivery point that are known
+    /// lost or have stalled delivery for `gap_tolerance_ns`, delivering what
+    /// was buffered behind each.
+    fn skip_gaps<H: Handler + ?Sized>(&mut self, now: u64, handler: &mut H) {
+        while self.phase == Phase::Live {
+            let Some((from, to)) = self.next_hole(self.next_seq) else {
+                break;
+            };
+            // A range known lost starting at the delivery point is skipped
+            // up to its end (what follows in the hole may still come); a
+            // hole that outlived the bound, whole.
+            let lost_to = self
+                .outstanding
+                .iter()
+                .find(|o| o.lost && o.from <= from && from < o.to)
+                .map(|o| o.to.min(to));
+            let expired = self.stall_seq == self.next_seq
+                && self
+                    .stall_since
+                    .is_some_and(|t| now.saturating_sub(t) >= self.cfg.gap_tolerance_ns);
+            let to = match (expired, lost_to) {
+                (true, _) => to,
+                (false, Some(lost_to)) => lost_to,
+                (false, None) => break,
+            };
+            self.counters.gaps_skipped += 1;
+            self.counters.sequences_skipped += to - from;
+            if self.reasm.abandon() {
+                self.counters.partial_messages_dropped += 1;
+            }
+            handler.on_gap(from, to);
+            self.push_event(Event::GapSkipped { from, to });
+            self.next_seq = to;
+            self.high = self.high.max(to);
+            self.drain(handler);
+            self.after_progress(now);
+        }
+        self.skip_due = false;
     }
 
     /// The next hole at or after `cursor`: a range in `[next_seq, high)` not
@@ -919,7 +1088,8 @@ impl SubscriberState {
                     .min(s.saturating_add(self.cfg.max_request_messages));
                 let in_grace = self.cfg.ab_grace_ns > 0;
                 if !in_grace && !self.link_up {
-                    return self.lost_while_down(now, s, e);
+                    self.lost_while_down(now, s, e);
+                    return;
                 }
                 self.outstanding.push(Outstanding {
                     from: s,
@@ -933,6 +1103,7 @@ impl SubscriberState {
                     retries: 0,
                     needs_send: !in_grace,
                     in_grace,
+                    lost: false,
                 });
                 s = e;
             }
@@ -948,15 +1119,45 @@ impl SubscriberState {
         self.start_resync(now);
     }
 
-    /// A hole that cannot be asked for: the recovery link is down.
-    fn lost_while_down(&mut self, now: u64, from: u64, to: u64) {
+    /// `[from, to)` cannot be recovered. Strict: an UnrecoverableLoss and a
+    /// re-synchronisation (returns true: the outstanding requests are
+    /// gone). Gap-tolerant: the range is marked lost, replacing the
+    /// requests for it, for [`skip_gaps`](Self::skip_gaps) to skip once it
+    /// is at the delivery point (returns false).
+    fn give_up(&mut self, now: u64, from: u64, to: u64) -> bool {
+        if self.cfg.gap_tolerance_ns == 0 || self.phase != Phase::Live {
+            self.unrecoverable(now, from, to);
+            return true;
+        }
+        self.outstanding.retain(|o| o.to <= from || to <= o.from);
+        self.outstanding.push(Outstanding {
+            from,
+            to,
+            deadline: u64::MAX,
+            retries: 0,
+            needs_send: false,
+            in_grace: false,
+            lost: true,
+        });
+        self.skip_due = true;
+        false
+    }
+
+    /// A hole that cannot be asked for: the recovery link is down. Returns
+    /// what [`give_up`](Self::give_up) does.
+    fn lost_while_down(&mut self, now: u64, from: u64, to: u64) -> bool {
         self.counters.lost_while_link_down += 1;
-        self.unrecoverable(now, from, to);
+        self.give_up(now, from, to)
     }
 
     fn start_resync(&mut self, now: u64) {
         self.phase = Phase::Resyncing;
         self.outstanding.clear();
+        self.stall_since = None;
+        self.skip_due = false;
+        if self.reasm.abandon() {
+            self.counters.partial_messages_dropped += 1;
+        }
         self.push_event(Event::ResyncStarted);
         self.request_snapshot(now);
     }
@@ -982,6 +1183,9 @@ impl SubscriberState {
         self.outstanding.clear();
         self.next_seq = 1;
         self.high = 1;
+        self.stall_since = None;
+        self.skip_due = false;
+        self.reasm.abandon();
     }
 
     fn on_snapshot_chunk<A: SnapshotSink + ?Sized>(
@@ -1085,6 +1289,8 @@ mod tests {
             ab_grace_ns: 0,
             join_replay_max: 0,
             max_request_messages: 1 << 20,
+            max_message_bytes: 1 << 16,
+            gap_tolerance_ns: 0,
         }
     }
 
@@ -1103,6 +1309,7 @@ mod tests {
             max_messages: 2,
             flush_interval_ns: 0,
             history_depth: 64,
+            max_message_bytes: 1 << 16,
         })
     }
 
@@ -1294,14 +1501,14 @@ mod tests {
         s.on_datagram(0, Line::A, &ds[0], &mut app);
         s.on_datagram(0, Line::A, &ds[2], &mut app);
         assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
-        s.handle_timeout(TIMEOUT - 1);
+        s.handle_timeout(TIMEOUT - 1, &mut app);
         assert!(transmits(&mut s).is_empty());
-        s.handle_timeout(TIMEOUT);
+        s.handle_timeout(TIMEOUT, &mut app);
         assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
-        s.handle_timeout(2 * TIMEOUT);
+        s.handle_timeout(2 * TIMEOUT, &mut app);
         assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
         assert_eq!(s.phase(), Phase::Live);
-        s.handle_timeout(3 * TIMEOUT);
+        s.handle_timeout(3 * TIMEOUT, &mut app);
         assert_eq!(s.phase(), Phase::Resyncing);
         assert_eq!(
             events(&mut s),
@@ -1449,7 +1656,7 @@ mod tests {
         assert_eq!(s.counters().snapshots_rejected, 2);
         // No progress until the deadline: asked again.
         transmits(&mut s);
-        s.handle_timeout(2 + 10 * TIMEOUT);
+        s.handle_timeout(2 + 10 * TIMEOUT, &mut app);
         assert_eq!(transmits(&mut s).len(), 1);
         app.refuse = false;
         for m in &msgs {
@@ -1710,5 +1917,323 @@ mod tests {
         encode_snapshot(3, 1, 6, &[], 64, |m| msgs.push(m.to_vec()));
         s.on_recovery(1, &msgs[0], &mut app);
         assert_eq!(app.seqs[2..], (7..=22).collect::<Vec<_>>());
+    }
+
+    // -- large messages and gap-tolerant delivery ---------------------------
+
+    /// Records whole messages and reported gaps.
+    #[derive(Default)]
+    struct Rec {
+        msgs: Vec<(u64, Vec<u8>)>,
+        gaps: Vec<(u64, u64)>,
+    }
+
+    impl Handler for Rec {
+        fn on_message(&mut self, seq: u64, msg: &[u8]) {
+            self.msgs.push((seq, msg.to_vec()));
+        }
+        fn on_gap(&mut self, from: u64, to: u64) {
+            self.gaps.push((from, to));
+        }
+    }
+
+    impl SnapshotSink for Rec {
+        fn begin_restore(&mut self) {}
+        fn restore_chunk(&mut self, _: &[u8]) -> Result<(), RestoreError> {
+            Ok(())
+        }
+        fn finish_restore(&mut self, _: u64) -> Result<(), RestoreError> {
+            Ok(())
+        }
+    }
+
+    /// Message `i` of `len` bytes: recognisable at every offset.
+    fn big(i: u64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|k| (k as u64).wrapping_mul(31).wrapping_add(i * 7) as u8)
+            .collect()
+    }
+
+    /// Answers the subscriber's requests from the publisher's history.
+    fn serve_rec(p: &mut PublisherState, s: &mut SubscriberState, app: &mut Rec, now: u64) {
+        while let Some(req) = s.poll_transmit() {
+            let Request::Retransmit(r) = req else {
+                continue;
+            };
+            let mut replies = Vec::new();
+            p.answer_retransmit(&r, |rep| {
+                let mut buf = [0u8; 512];
+                let n = match rep {
+                    RetransmitReply::Data(d) => wire::encode_retransmit_data(&mut buf, 3, 1, d),
+                    RetransmitReply::NotAvailable(na) => na.encode(&mut buf),
+                }
+                .unwrap();
+                replies.push(buf[..n].to_vec());
+            });
+            for r in replies {
+                s.on_recovery(now, &r, app);
+            }
+        }
+    }
+
+    /// Every sealed datagram from `from` on, and the next sequence.
+    fn sealed_since(p: &PublisherState, mut from: u64) -> (Vec<Vec<u8>>, u64) {
+        let mut out = Vec::new();
+        while let Some((_, end, bytes)) = p.sealed_from(from) {
+            out.push(bytes.to_vec());
+            from = end;
+        }
+        (out, from)
+    }
+
+    #[test]
+    fn large_messages_are_fragmented_and_reassembled_across_loss() {
+        let mut p = PublisherState::new(PublisherConfig {
+            history_depth: 512,
+            ..*publisher(1).config()
+        });
+        let chunk = p.fragment_chunk_len();
+        assert_eq!(chunk, 256 - 24 - 2 - 8);
+        let mut s = announced(SubscriberConfig {
+            max_buffered: 64,
+            max_outstanding: 8,
+            join_replay_max: 1 << 20,
+            ..cfg()
+        });
+        let mut app = Rec::default();
+        let mut expected = Vec::new();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut sent = 1;
+        let mut lost = 0;
+        let mut now = 0;
+        for i in 0..200u64 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            // Small, exactly one datagram's worth, and up to 64 KiB.
+            let len = match i % 4 {
+                0 => 1 + (rng % 200) as usize,
+                1 => p.max_message_len() + (rng % 2) as usize,
+                _ => 1 + (rng % (1 << 16)) as usize,
+            };
+            let msg = big(i, len);
+            let seq = if i % 3 == 0 && len > p.max_message_len() {
+                // The claim API stages a large message.
+                let buf = p.try_claim(len).unwrap();
+                buf.copy_from_slice(&msg);
+                p.commit().unwrap()
+            } else {
+                let seq = p.publish(&msg).unwrap();
+                p.flush();
+                seq
+            };
+            expected.push((seq, msg));
+            let (ds, next) = sealed_since(&p, sent);
+            sent = next;
+            for d in ds {
+                now += 10;
+                // Lose one datagram in 13: fragments and whole datagrams.
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                if rng % 13 == 0 {
+                    lost += 1;
+                    continue;
+                }
+                assert!(s.on_datagram(now, Line::A, &d, &mut app));
+                serve_rec(&mut p, &mut s, &mut app, now);
+            }
+            let hb = p.heartbeat().to_vec();
+            s.on_datagram(now, Line::A, &hb, &mut app);
+            serve_rec(&mut p, &mut s, &mut app, now);
+        }
+        assert!(lost > 50, "{lost}");
+        assert_eq!(app.msgs.len(), expected.len());
+        for (got, want) in app.msgs.iter().zip(&expected) {
+            assert_eq!(got.0, want.0);
+            assert!(got.1 == want.1, "message {} differs", want.0);
+        }
+        let c = s.counters();
+        assert_eq!(s.phase(), Phase::Live);
+        assert!(
+            c.large_messages > 90 && c.messages_recovered >= lost,
+            "{c:?}"
+        );
+        assert_eq!((c.fragments_dropped, c.partial_messages_dropped), (0, 0));
+        assert_eq!(c.unrecoverable, 0);
+        assert!(p.counters().fragments > 1000, "{:?}", p.counters());
+    }
+
+    #[test]
+    fn forged_fragments_are_counted_drops() {
+        let mut p = publisher(1);
+        let mut s = announced(cfg());
+        let mut app = Rec::default();
+        let msg = big(1, 1000);
+        p.publish(&msg).unwrap();
+        let (ds, _) = sealed_since(&p, 1);
+        assert_eq!(ds.len(), 5);
+        let offset = Datagram::parse(&ds[1]).unwrap().fragment().unwrap().offset;
+        assert_eq!(offset, 222);
+        // A forged continuation with a wrong offset, then one with another
+        // total: each drops the message under way.
+        let mut forged = ds[1].clone();
+        forged[24 + 2 + 4] ^= 1;
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &forged, &mut app);
+        for d in &ds[2..] {
+            s.on_datagram(0, Line::A, d, &mut app);
+        }
+        assert!(app.msgs.is_empty());
+        let c = s.counters();
+        assert_eq!(c.fragments_dropped, 4, "{c:?}");
+        // A fragment whose bytes run past its total is malformed on the wire.
+        let mut overrun = ds[4].clone();
+        overrun[24 + 2..24 + 2 + 4].copy_from_slice(&10u32.to_le_bytes());
+        assert_eq!(
+            Datagram::parse(&overrun).unwrap_err(),
+            wire::WireError::BadFragment
+        );
+        // Larger than max_message_bytes: dropped, never written.
+        let mut huge = PublisherState::new(PublisherConfig {
+            max_message_bytes: 1 << 20,
+            history_depth: 8192,
+            ..*p.config()
+        });
+        huge.publish(&big(2, (1 << 16) + 1)).unwrap();
+        let mut s2 = announced(cfg());
+        let (ds, _) = sealed_since(&huge, 1);
+        for d in &ds {
+            s2.on_datagram(0, Line::A, d, &mut app);
+        }
+        assert!(app.msgs.is_empty());
+        assert_eq!(s2.counters().fragments_dropped, ds.len() as u64);
+    }
+
+    #[test]
+    fn claims_beyond_max_message_bytes_are_refused() {
+        let mut p = publisher(1);
+        assert!(matches!(
+            p.try_claim((1 << 16) + 1),
+            Err(crate::mcast::publisher::ClaimError::TooLarge { .. })
+        ));
+        assert!(p.publish(&big(0, (1 << 16) + 1)).is_err());
+        let mut small = PublisherState::new(PublisherConfig {
+            max_message_bytes: 0,
+            ..*p.config()
+        });
+        assert!(small.try_claim(small.max_message_len() + 1).is_err());
+        assert!(small.try_claim(small.max_message_len()).is_ok());
+    }
+
+    fn tolerant() -> SubscriberConfig {
+        SubscriberConfig {
+            gap_tolerance_ns: 5 * TIMEOUT,
+            max_retries: 100,
+            ..cfg()
+        }
+    }
+
+    #[test]
+    fn tolerant_subscriber_skips_an_unrepaired_hole_after_the_bound() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 4);
+        let mut s = announced(tolerant());
+        let mut app = Rec::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[2], &mut app); // hole [3,5)
+        s.on_datagram(10, Line::A, &ds[3], &mut app);
+        assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
+        // Nobody answers; requests time out and are repeated until the bound.
+        let mut now = 0;
+        while s.phase() == Phase::Live && app.gaps.is_empty() {
+            now = s.poll_timeout().expect("a deadline");
+            assert!(now <= 5 * TIMEOUT, "skipped late: {now}");
+            s.handle_timeout(now, &mut app);
+            transmits(&mut s);
+        }
+        assert_eq!(now, 5 * TIMEOUT);
+        assert_eq!(app.gaps, vec![(3, 5)]);
+        let seqs: Vec<u64> = app.msgs.iter().map(|m| m.0).collect();
+        assert_eq!(seqs, vec![1, 2, 5, 6, 7, 8]);
+        assert_eq!(events(&mut s), vec![Event::GapSkipped { from: 3, to: 5 }]);
+        let c = s.counters();
+        assert_eq!((c.gaps_skipped, c.sequences_skipped), (1, 2));
+        assert_eq!((c.unrecoverable, c.snapshot_requests), (0, 0));
+        assert_eq!(s.outstanding(), 0);
+        assert_eq!(s.poll_timeout(), None);
+        // A late retransmission of the skipped range is a duplicate.
+        serve(&mut p, &mut s, &mut App::default(), now);
+        s.on_datagram(now, Line::A, &ds[1], &mut app);
+        assert_eq!(app.msgs.len(), 6);
+    }
+
+    #[test]
+    fn tolerant_subscriber_skips_what_the_history_no_longer_has_at_once() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 6);
+        for (tolerance, strict) in [(tolerant().gap_tolerance_ns, false), (0, true)] {
+            let mut s = announced(SubscriberConfig {
+                gap_tolerance_ns: tolerance,
+                ..cfg()
+            });
+            let mut app = Rec::default();
+            s.on_datagram(0, Line::A, &ds[0], &mut app);
+            s.on_datagram(0, Line::A, &ds[5], &mut app); // hole [3,11)
+            assert_eq!(transmits(&mut s), vec![retransmit(3, 8)]);
+            let mut buf = [0u8; 64];
+            let na = NotAvailable {
+                channel: 3,
+                session: 1,
+                from_seq: 3,
+                count: 4,
+                oldest_available: 7,
+            };
+            let n = na.encode(&mut buf).unwrap();
+            s.on_recovery(1, &buf[..n], &mut app);
+            if strict {
+                assert_eq!(s.phase(), Phase::Resyncing);
+                assert!(app.gaps.is_empty());
+                assert_eq!(app.msgs.len(), 2);
+                continue;
+            }
+            // [3,7) skipped at once; [7,11) still asked for and repaired.
+            assert_eq!(app.gaps, vec![(3, 7)]);
+            assert_eq!(s.phase(), Phase::Live);
+            for d in &ds[3..5] {
+                s.on_datagram(2, Line::A, d, &mut app);
+            }
+            let seqs: Vec<u64> = app.msgs.iter().map(|m| m.0).collect();
+            assert_eq!(seqs, vec![1, 2, 7, 8, 9, 10, 11, 12]);
+            assert_eq!(s.counters().gaps_skipped, 1);
+        }
+    }
+
+    #[test]
+    fn a_hole_in_a_large_message_drops_it_and_the_next_one_arrives_whole() {
+        let mut p = publisher(1);
+        let mut s = announced(SubscriberConfig {
+            max_retries: 0,
+            ..tolerant()
+        });
+        let mut app = Rec::default();
+        let first = big(1, 1000);
+        let second = big(2, 600);
+        p.publish(&first).unwrap();
+        let s2 = p.publish(&second).unwrap();
+        let (ds, _) = sealed_since(&p, 1);
+        assert_eq!(ds.len(), 5 + 3);
+        for (i, d) in ds.iter().enumerate() {
+            if i != 2 {
+                s.on_datagram(0, Line::A, d, &mut app);
+            }
+        }
+        // Retries exhausted (0 allowed): the hole is lost and skipped.
+        s.handle_timeout(TIMEOUT, &mut app);
+        assert_eq!(app.gaps, vec![(3, 4)]);
+        assert_eq!(app.msgs, vec![(s2, second)]);
+        let c = s.counters();
+        assert_eq!(c.partial_messages_dropped, 1, "{c:?}");
+        assert_eq!(c.fragments_dropped, 2, "{c:?}");
     }
 }

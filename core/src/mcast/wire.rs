@@ -26,6 +26,26 @@
 //! types of alignment 1, so nothing ever needs an aligned address. The datagram
 //! ends exactly after the last message: trailing bytes are a malformed datagram.
 //!
+//! # Fragment datagrams (version 2)
+//! A message too large for one datagram is cut into fragments, each sent as
+//! its own datagram with [`FRAGMENT_VERSION`] in the version byte and the
+//! same header otherwise. Each fragment takes one sequence number, so gap
+//! detection, A/B arbitration and retransmission work per fragment exactly
+//! as for any datagram. Its body is one message (`count` must be 1) whose
+//! bytes start with a [`FragmentHeader`]:
+//! ```text
+//! offset  size  field
+//!      0     4  total_len  length of the whole (reassembled) message
+//!      4     4  offset     where this fragment's bytes go in it
+//!      8     …  the fragment's bytes (at least one)
+//! ```
+//! The parser checks `offset + bytes <= total_len`; whether a fragment
+//! continues the message being reassembled is the subscriber's
+//! [`super::fragment::Reassembler`]'s business. A version-1-only decoder
+//! rejects these datagrams as [`WireError::BadVersion`]. Messages that fit
+//! one datagram are sent exactly as before (version 1), so small messages
+//! do not pay for fragmentation.
+//!
 //! A heartbeat (count 0) carries the sequence the publisher will assign next:
 //! it lets a subscriber detect the loss of the last datagram of a burst.
 //!
@@ -59,6 +79,10 @@ pub const DATAGRAM_MAGIC: u16 = u16::from_le_bytes(*b"RB");
 pub const RECOVERY_MAGIC: u16 = u16::from_le_bytes(*b"RR");
 /// Wire version of both formats.
 pub const VERSION: u8 = 1;
+/// Version byte of a fragment datagram (see the module documentation).
+pub const FRAGMENT_VERSION: u8 = 2;
+/// Size of [`FragmentHeader`].
+pub const FRAGMENT_HEADER_LEN: usize = 8;
 /// Size of [`DatagramHeader`].
 pub const DATAGRAM_HEADER_LEN: usize = 24;
 /// Size of the length prefix in front of each message.
@@ -107,6 +131,31 @@ pub struct DatagramHeader {
 }
 const _: () = assert!(core::mem::size_of::<DatagramHeader>() == DATAGRAM_HEADER_LEN);
 
+/// Header of a fragment, at the start of the one message of a fragment
+/// datagram (little-endian view).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+pub struct FragmentHeader {
+    /// Length of the whole message.
+    pub total_len: U32,
+    /// Offset of this fragment's bytes in the message.
+    pub offset: U32,
+}
+const _: () = assert!(core::mem::size_of::<FragmentHeader>() == FRAGMENT_HEADER_LEN);
+
+/// One fragment of a large message, from a validated fragment datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fragment<'a> {
+    /// The fragment's sequence.
+    pub seq: u64,
+    /// Length of the whole message.
+    pub total_len: u32,
+    /// Offset of `bytes` in the message.
+    pub offset: u32,
+    /// The fragment's bytes (non-empty, `offset + len <= total_len`).
+    pub bytes: &'a [u8],
+}
+
 /// Why bytes were rejected by a decoder. Small and `Copy`: decoders run per
 /// datagram and the caller only counts the drop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -147,6 +196,10 @@ pub enum WireError {
     /// A sequence range that would overflow u64.
     #[error("sequence range overflows")]
     SeqOverflow,
+    /// A fragment datagram whose count is not 1, that is too short for its
+    /// fragment header or empty, or whose bytes run past its total length.
+    #[error("malformed fragment")]
+    BadFragment,
 }
 
 /// An encoder was handed a buffer too small for the message.
@@ -178,7 +231,7 @@ impl<'a> Datagram<'a> {
         if header.magic.get() != DATAGRAM_MAGIC {
             return Err(WireError::BadMagic(header.magic.get()));
         }
-        if header.version != VERSION {
+        if header.version != VERSION && header.version != FRAGMENT_VERSION {
             return Err(WireError::BadVersion(header.version));
         }
         if Line::from_u8(header.line).is_none() {
@@ -203,7 +256,39 @@ impl<'a> Datagram<'a> {
         if !rest.is_empty() {
             return Err(WireError::TrailingBytes(rest.len()));
         }
-        Ok(Datagram { header, body })
+        let d = Datagram { header, body };
+        if header.version == FRAGMENT_VERSION && (count != 1 || d.fragment_parts().is_none()) {
+            return Err(WireError::BadFragment);
+        }
+        Ok(d)
+    }
+
+    /// True for a fragment datagram (one fragment of a large message).
+    pub fn is_fragment(&self) -> bool {
+        self.header.version == FRAGMENT_VERSION
+    }
+
+    /// The fragment a fragment datagram carries; `None` for any other
+    /// datagram.
+    pub fn fragment(&self) -> Option<Fragment<'a>> {
+        if !self.is_fragment() {
+            return None;
+        }
+        let (total_len, offset, bytes) = self.fragment_parts()?;
+        Some(Fragment {
+            seq: self.first_seq(),
+            total_len,
+            offset,
+            bytes,
+        })
+    }
+
+    fn fragment_parts(&self) -> Option<(u32, u32, &'a [u8])> {
+        let (_, msg) = self.messages().next()?;
+        let (h, bytes) = FragmentHeader::ref_from_prefix(msg).ok()?;
+        let (total, offset) = (h.total_len.get(), h.offset.get());
+        let end = u64::from(offset) + bytes.len() as u64;
+        (!bytes.is_empty() && end <= u64::from(total)).then_some((total, offset, bytes))
     }
 
     /// The header.
@@ -305,6 +390,18 @@ pub fn write_datagram_header(
         first_seq: U64::new(first_seq),
     };
     Ok(())
+}
+
+/// Marks an encoded datagram (header written) as a fragment datagram.
+/// Returns false if `datagram` is shorter than a header.
+pub fn set_fragment_version(datagram: &mut [u8]) -> bool {
+    match DatagramHeader::mut_from_prefix(datagram) {
+        Ok((h, _)) => {
+            h.version = FRAGMENT_VERSION;
+            true
+        }
+        Err(_) => false,
+    }
 }
 
 /// Rewrites the line byte of an encoded datagram (for a publisher that sends a
@@ -927,6 +1024,61 @@ mod tests {
         0x03, 0x00, b'a', b'b', b'c', // message 42
         0x00, 0x00, // message 43, empty
     ];
+
+    static FRAGMENT_BYTES: [u8; 24 + 2 + 8 + 3] = [
+        0x52, 0x42, // magic "RB"
+        0x02, // version 2: a fragment
+        0x00, // line A
+        0x07, 0x00, // channel 7
+        0x01, 0x00, // count 1
+        0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, // session
+        0x2a, 0, 0, 0, 0, 0, 0, 0, // seq 42
+        0x0b, 0x00, // message length 11
+        0x0a, 0x00, 0x00, 0x00, // total_len 10
+        0x07, 0x00, 0x00, 0x00, // offset 7
+        b'x', b'y', b'z', // the message's bytes 7..10
+    ];
+
+    #[test]
+    fn fragment_fixed_bytes_and_bad_fragments() {
+        let d = Datagram::parse(&FRAGMENT_BYTES).unwrap();
+        assert!(d.is_fragment());
+        assert_eq!(
+            d.fragment(),
+            Some(Fragment {
+                seq: 42,
+                total_len: 10,
+                offset: 7,
+                bytes: b"xyz"
+            })
+        );
+        assert_eq!(Datagram::parse(&DATAGRAM_BYTES).unwrap().fragment(), None);
+        // Bytes past the total.
+        let mut b = FRAGMENT_BYTES;
+        b[26] = 9;
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadFragment);
+        // An offset that overflows with the length.
+        let mut b = FRAGMENT_BYTES;
+        b[30..34].copy_from_slice(&u32::MAX.to_le_bytes());
+        b[26..30].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadFragment);
+        // No bytes, or no room for the fragment header.
+        let mut b = FRAGMENT_BYTES[..24 + 2 + 8].to_vec();
+        b[24] = 8;
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadFragment);
+        let mut b = FRAGMENT_BYTES[..24 + 2 + 4].to_vec();
+        b[24] = 4;
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadFragment);
+        // A count other than 1.
+        let mut b = FRAGMENT_BYTES.to_vec();
+        b[6] = 2;
+        b.extend_from_slice(&[0, 0]);
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadFragment);
+        // An unknown version stays a version error.
+        let mut b = FRAGMENT_BYTES;
+        b[2] = 3;
+        assert_eq!(Datagram::parse(&b).unwrap_err(), WireError::BadVersion(3));
+    }
 
     #[test]
     fn datagram_fixed_bytes() {
