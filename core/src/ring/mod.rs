@@ -61,8 +61,15 @@
 //! with [`FrameError`]; the receiver never reads outside its ring.
 
 pub mod frame;
+pub mod loopback;
 pub(crate) mod mem;
+pub mod proto;
 pub mod state;
+mod sync;
+#[cfg(test)]
+mod tests;
 
-pub use frame::{AcceptHello, ConnectHello, FrameError, FrameHeader, Hello};
+pub use frame::{AcceptHello, ConnectHello, FrameError, FrameHeader, FrameInfo, Hello};
+pub use loopback::LoopbackMemory;
+pub use proto::{Receiver, RingMemory, Sender, StagingMemory};
 pub use state::{ClaimPos, ClaimRefused, ReceiverState, SenderState};
