@@ -1,6 +1,8 @@
 //! The ring's registered memory and the only unsafe code above the verbs
-//! layer: reading words and frames that a peer's NIC writes, and writing
-//! frames into the local staging mirror.
+//! layer: [`RingMemory`] over the region a peer's NIC writes (word loads
+//! only; the protocol in `ring::proto` decides what to load and in what
+//! order) and [`StagingMemory`] over the local staging mirror the device
+//! reads frames from.
 //!
 //! Layout of the incoming-ring region (registered REMOTE_WRITE, nothing
 //! else, and the only memory of ours a peer can touch):
