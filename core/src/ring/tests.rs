@@ -4,9 +4,8 @@
 //! also runs these under valgrind's memcheck (filter `ring::tests`), and
 //! the `loom` module under `--cfg loom`.
 
-use super::frame::{FrameHeader, HEADER_LEN};
 use super::proto::{control_word, Receiver, Sender, StagingMemory, CREDIT_OFF};
-use super::{ClaimRefused, FrameError, LoopbackMemory};
+use super::{ClaimRefused, LoopbackMemory};
 
 /// The shell's flush over loopback memory: each range of staging written
 /// to the same offset of the peer's ring, in order.
@@ -39,6 +38,8 @@ fn staging(size: usize) -> Box<[u8]> {
 #[cfg(not(loom))]
 mod host {
     use super::*;
+    use crate::ring::frame::{FrameHeader, HEADER_LEN};
+    use crate::ring::FrameError;
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
     use zerocopy::IntoBytes;
@@ -254,13 +255,12 @@ mod host {
                 Ok(None) => {}
                 // The junk happened to hold the seal: still within bounds.
                 Ok(Some(f)) => assert!(f.len as usize <= 512),
-                Err(FrameError::BadLength { .. } | FrameError::BadType { .. }) => {
+                Err(_) => {
                     assert_eq!(rx.violations(), 1);
                     // Stuck on the bad frame: the same answer, counted.
                     assert!(rx.poll(&ring, &mut scratch).is_err());
                     assert_eq!(rx.violations(), 2);
                 }
-                Err(e) => panic!("{e:?}"),
             }
         }
         // The cases a hostile peer picks on purpose.
