@@ -300,6 +300,9 @@ mod host {
 /// that holds four, and the receiver returning credit (value, then
 /// complement) that the sender needs for the fifth. Every interleaving
 /// (to a preemption bound) must deliver the five payloads in order, intact.
+/// It can fail: with the loopback's stores made `Relaxed` instead of
+/// `Release`, loom finds a run where the seal is seen before the payload
+/// (about 40 s for the passing model in a debug build, 6 s to the failure).
 ///
 /// `RUSTFLAGS="--cfg loom" cargo test -p rocebus --lib loom`
 #[cfg(loom)]
