@@ -29,11 +29,12 @@
 
 use crate::auth::{self, Initiator, Purpose, Responder};
 use crate::ring::frame::{
-    self, frame_len, handshake_context, AcceptHello, ConnectHello, FrameHeader, Hello, HEADER_LEN,
-    HELLO_MAGIC, PROOF_LEN, PROOF_OFF, TRAILER_LEN, TYPE_PADDING,
+    self, frame_len, handshake_context, AcceptHello, ConnectHello, Hello, HELLO_MAGIC, PROOF_LEN,
+    PROOF_OFF,
 };
-use crate::ring::mem::{IncomingRing, Staging, CREDIT_OFF};
-use crate::ring::{ClaimRefused, FrameError, ReceiverState, SenderState};
+use crate::ring::mem::{IncomingRing, Staging};
+use crate::ring::proto::{control_word, CREDIT_OFF};
+use crate::ring::{ClaimRefused, FrameError, Receiver, Sender};
 use crate::verbs::cm::{self, Listener};
 use crate::verbs::{
     Access, CompletionQueue, Context, ProtectionDomain, QpCaps, QpType, QueuePair, RcOptions,
@@ -277,15 +278,13 @@ pub struct ConnStats {
 }
 
 struct SendSide {
-    state: SenderState,
-    staging: Staging,
+    tx: Sender<Staging>,
     remote_addr: u64,
     remote_rkey: u32,
-    claim: Option<crate::ring::ClaimPos>,
 }
 
 struct RecvSide {
-    state: ReceiverState,
+    rx: Receiver,
     /// Where each payload is copied before the handler sees it:
     /// `max_payload` rounded up to 8, allocated once.
     scratch: Box<[u8]>,
@@ -427,20 +426,18 @@ impl Connection {
         // Our sender writes into the peer's ring with our max_payload
         // (checked against its size in check_hello); its receiver enforces
         // its own max_payload, ours ours.
-        let send_state = SenderState::new(
-            peer_size,
+        let tx = Sender::new(
+            staging,
             cfg.max_payload.min(peer.max_payload.get() as usize),
         );
         Ok(Self {
             send: RefCell::new(SendSide {
-                state: send_state,
-                staging,
+                tx,
                 remote_addr: peer.ring_addr.get(),
                 remote_rkey: peer.ring_rkey.get(),
-                claim: None,
             }),
             recv: RefCell::new(RecvSide {
-                state: ReceiverState::new(cfg.ring_size, cfg.max_payload, cfg.ring_size / 4),
+                rx: Receiver::new(cfg.ring_size, cfg.max_payload, cfg.ring_size / 4),
                 scratch: vec![0u8; cfg.max_payload.next_multiple_of(8)].into_boxed_slice(),
             }),
             sq: RefCell::new(Sq {
@@ -526,7 +523,7 @@ impl Connection {
         let (addr, rkey) = {
             let s = self.send.borrow();
             (
-                s.remote_addr + s.state.size() as u64 + PROOF_OFF as u64,
+                s.remote_addr + s.tx.state().size() as u64 + PROOF_OFF as u64,
                 s.remote_rkey,
             )
         };
@@ -649,11 +646,11 @@ impl Connection {
     /// contiguous run (two when it wraps), inline when small, one doorbell.
     pub fn flush(&self) -> Result<(), OfferError> {
         let mut send = self.send.borrow_mut();
-        if send.state.unflushed() == 0 {
+        if send.tx.state().unflushed() == 0 {
             drop(send);
             return self.reap().map_err(OfferError::Lost);
         }
-        let (ranges, n) = send.state.take_flush();
+        let (ranges, n) = send.tx.take_flush();
         let (remote, rkey) = (send.remote_addr, send.remote_rkey);
         let max = if self.cfg_max_write == 0 {
             usize::MAX
@@ -665,10 +662,10 @@ impl Connection {
         // alone cost ~100 instructions per post under callgrind).
         let r = if n == 1 && ranges[0].1 <= max {
             let (off, len) = ranges[0];
-            let sge = [range_sge(&send.staging, (off, len))];
+            let sge = [range_sge(send.tx.staging(), (off, len))];
             self.post(&mut [self.write_wr(&sge, remote + off as u64, rkey, len)])
         } else {
-            self.post_runs(&send.staging, remote, rkey, &ranges[..n], max)
+            self.post_runs(send.tx.staging(), remote, rkey, &ranges[..n], max)
         };
         drop(send);
         self.stats.borrow_mut().flushes += 1;
@@ -743,7 +740,7 @@ impl Connection {
     }
 
     fn send_credit(&self, consumed: u64) -> Result<(), PeerLost> {
-        let bytes = crate::ring::mem::control_word(consumed);
+        let bytes = control_word(consumed);
         let sge = [Sge::inline(&bytes)];
         let mut wrs = [SendWr::write(
             0,
@@ -778,13 +775,10 @@ impl Connection {
         self.flush()?;
         let t = Instant::now();
         loop {
-            let credit = self.ring.load_credit();
             let done = {
                 let mut s = self.send.borrow_mut();
-                if let Some(c) = credit {
-                    s.state.on_credit(c);
-                }
-                s.state.in_flight() == 0
+                s.tx.refresh_credit(&self.ring);
+                s.tx.state().in_flight() == 0
             };
             if done {
                 return Ok(true);
@@ -829,10 +823,7 @@ pub struct Publication<'c> {
 pub struct Claim<'c> {
     send: RefMut<'c, SendSide>,
     conn: &'c Connection,
-    stream_id: u16,
-    msg_type: u16,
     len: usize,
-    committed: bool,
 }
 
 impl std::fmt::Debug for Claim<'_> {
@@ -854,39 +845,27 @@ impl<'c> Publication<'c> {
         if let Some(l) = self.conn.lost.get() {
             return Err(OfferError::Lost(l));
         }
-        if msg_type >= frame::TYPE_RESERVED_MIN {
-            return Err(OfferError::ReservedType);
-        }
         let mut send = self
             .conn
             .send
             .try_borrow_mut()
             .map_err(|_| OfferError::ClaimOpen)?;
-        let pos = match send.state.claim(len) {
-            Ok(p) => p,
+        match send
+            .tx
+            .claim(self.stream_id, msg_type, len, &self.conn.ring)
+        {
+            Ok(()) => {}
             Err(ClaimRefused::TooLarge) => return Err(OfferError::TooLarge),
+            Err(ClaimRefused::ReservedType) => return Err(OfferError::ReservedType),
             Err(ClaimRefused::BackPressured) => {
-                // Refresh the credit word and retry once before refusing.
-                if let Some(credit) = self.conn.ring.load_credit() {
-                    send.state.on_credit(credit);
-                }
-                match send.state.claim(len) {
-                    Ok(p) => p,
-                    Err(_) => {
-                        self.conn.stats.borrow_mut().back_pressured += 1;
-                        return Err(OfferError::BackPressured);
-                    }
-                }
+                self.conn.stats.borrow_mut().back_pressured += 1;
+                return Err(OfferError::BackPressured);
             }
-        };
-        send.claim = Some(pos);
+        }
         Ok(Claim {
             send,
             conn: self.conn,
-            stream_id: self.stream_id,
-            msg_type,
             len,
-            committed: false,
         })
     }
 
@@ -911,28 +890,7 @@ impl Claim<'_> {
     /// Commits the frame: it goes out with the next flush.
     #[inline]
     pub fn commit(mut self) {
-        let pos = self.send.claim.take().expect("claim position");
-        if let Some((off, pad)) = pos.padding {
-            let seq = self.send.state.next_seq();
-            let h = FrameHeader::new((pad - HEADER_LEN) as u32, 0, TYPE_PADDING, seq);
-            self.send
-                .staging
-                .slice_mut(off, HEADER_LEN)
-                .copy_from_slice(h.as_bytes());
-        }
-        let seq = self.send.state.next_seq() + pos.padding.is_some() as u64;
-        let h = FrameHeader::new(self.len as u32, self.stream_id, self.msg_type, seq);
-        let trailer_at = pos.offset + pos.total - TRAILER_LEN;
-        let staging = &mut self.send.staging;
-        staging
-            .slice_mut(pos.offset, HEADER_LEN)
-            .copy_from_slice(h.as_bytes());
-        staging
-            .slice_mut(trailer_at, TRAILER_LEN)
-            .copy_from_slice(&frame::trailer_value(seq).to_le_bytes());
-        let used = self.send.state.commit(&pos);
-        debug_assert_eq!(used, seq);
-        self.committed = true;
+        self.send.tx.commit();
         let mut st = self.conn.stats.borrow_mut();
         st.frames_sent += 1;
         st.bytes_sent += self.len as u64;
@@ -942,24 +900,20 @@ impl Claim<'_> {
 impl std::ops::Deref for Claim<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        let off = self.send.claim.as_ref().expect("open claim").offset;
-        self.send.staging.slice(off + HEADER_LEN, self.len)
+        self.send.tx.payload()
     }
 }
 
 impl std::ops::DerefMut for Claim<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
-        let off = self.send.claim.as_ref().expect("open claim").offset;
-        let len = self.len;
-        self.send.staging.slice_mut(off + HEADER_LEN, len)
+        self.send.tx.payload_mut()
     }
 }
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        if !self.committed {
-            self.send.claim = None;
-        }
+        // After commit() this finds no open claim: a no-op.
+        self.send.tx.abandon();
     }
 }
 
@@ -987,17 +941,9 @@ impl Subscription<'_> {
         let mut recv = conn.recv.borrow_mut();
         let mut delivered = 0;
         let (mut frames, mut bytes) = (0u64, 0u64);
+        let RecvSide { rx, scratch } = &mut *recv;
         while delivered < limit {
-            let off = recv.state.offset();
-            let h = conn.ring.read_header(off);
-            let info = match frame::validate(
-                &h,
-                recv.state.consumed(),
-                off,
-                recv.state.size(),
-                recv.state.expected_seq(),
-                recv.state.max_payload(),
-            ) {
+            let info = match rx.poll(&conn.ring, scratch) {
                 Ok(Some(i)) => i,
                 Ok(None) => break, // the next frame has not arrived
                 Err(e) => {
@@ -1005,27 +951,15 @@ impl Subscription<'_> {
                     return Err(self.violation(e));
                 }
             };
-            if info.msg_type != TYPE_PADDING {
-                // The seal is the frame's last word: until it holds this
-                // frame's value the frame is still being placed.
-                let seal = conn.ring.read_trailer(off + info.total - TRAILER_LEN);
-                if seal != frame::trailer_value(info.seq) {
-                    break;
-                }
-                let len = info.len as usize;
-                conn.ring
-                    .copy_payload(off + HEADER_LEN, len, &mut recv.scratch);
-                handler(Frame {
-                    stream_id: info.stream_id,
-                    msg_type: info.msg_type,
-                    seq: info.seq,
-                    payload: &recv.scratch[..len],
-                });
-                delivered += 1;
-                frames += 1;
-                bytes += info.len as u64;
-            }
-            recv.state.advance(info.total);
+            handler(Frame {
+                stream_id: info.stream_id,
+                msg_type: info.msg_type,
+                seq: info.seq,
+                payload: &scratch[..info.len as usize],
+            });
+            delivered += 1;
+            frames += 1;
+            bytes += info.len as u64;
         }
         if frames > 0 {
             let mut st = conn.stats.borrow_mut();
@@ -1033,10 +967,7 @@ impl Subscription<'_> {
             st.bytes_received += bytes;
         }
         let idle = delivered == 0;
-        let due = recv.state.credit_due(delivered);
-        if let Some(c) = due {
-            recv.state.credit_sent(c);
-        }
+        let due = recv.rx.take_credit(delivered);
         drop(recv);
         if let Some(c) = due {
             conn.send_credit(c).map_err(OrdersError::PeerLost)?;

@@ -34,6 +34,8 @@ pub const PACKAGES: &[&str] = &[
     // `cargo xtask bench ipc` builds Aeron C from source, which links these.
     "uuid-dev",
     "libbsd-dev",
+    // `cargo xtask test` runs the ring's loopback tests under memcheck.
+    "valgrind",
 ];
 
 /// Modules the guest loads, in this order (dependencies are resolved by

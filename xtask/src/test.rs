@@ -127,6 +127,43 @@ fn host_has_rdma() -> bool {
     std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
 }
 
+/// The orders ring's protocol core checked beyond the plain host tests:
+/// its loopback tests (threads racing torn placement, junk in the ring)
+/// under valgrind's memcheck, and the loom model of its control words.
+/// About two minutes once built; loom builds into its own target dir
+/// (`--cfg loom` changes every crate's flags) so the main one is not
+/// rebuilt.
+fn ring_checks(root: &Path) -> Result<()> {
+    eprintln!("== ring loopback tests under valgrind memcheck");
+    let st = Command::new(env!("CARGO"))
+        .args(["test", "-p", "rocebus", "--lib", "--config"])
+        .arg("target.'cfg(all())'.runner = ['valgrind', '--error-exitcode=1', '--leak-check=no', '--quiet']")
+        .args(["--", "ring::tests"])
+        .current_dir(root)
+        .status()?;
+    if !st.success() {
+        bail!("ring loopback tests failed under valgrind memcheck");
+    }
+    eprintln!("== ring loom model (--cfg loom)");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("loom");
+    let st = Command::new(env!("CARGO"))
+        .args(["test", "-p", "rocebus", "--lib", "loom"])
+        .env("RUSTFLAGS", "--cfg loom")
+        .env("CARGO_TARGET_DIR", target)
+        // A second build of every dependency: keep it small and quick.
+        .env("CARGO_PROFILE_DEV_DEBUG", "0")
+        .env("CARGO_INCREMENTAL", "0")
+        .current_dir(root)
+        .status()?;
+    if !st.success() {
+        bail!("ring loom model failed");
+    }
+    Ok(())
+}
+
 /// Seconds each fuzz target runs inside `cargo xtask test` (CI): enough to
 /// catch shallow crashes in every decoder of outside bytes, short enough for
 /// the CI budget. `cargo xtask fuzz --seconds N` runs longer.
@@ -150,6 +187,7 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
         // The build above used one libclang; if others are installed, check
         // rdma-sys builds with each (issue 15). Seconds once bindgen is built.
         crate::check_build::host(root, true)?;
+        ring_checks(root)?;
     }
     if fuzz && !rdma_only && filter.is_none() {
         eprintln!("== fuzzing every decoder of outside bytes ({CI_FUZZ_SECONDS} s per target)");

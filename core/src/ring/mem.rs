@@ -1,6 +1,8 @@
 //! The ring's registered memory and the only unsafe code above the verbs
-//! layer: reading words and frames that a peer's NIC writes, and writing
-//! frames into the local staging mirror.
+//! layer: [`RingMemory`] over the region a peer's NIC writes (word loads
+//! only; the protocol in `ring::proto` decides what to load and in what
+//! order) and [`StagingMemory`] over the local staging mirror the device
+//! reads frames from.
 //!
 //! Layout of the incoming-ring region (registered REMOTE_WRITE, nothing
 //! else, and the only memory of ours a peer can touch):
@@ -24,27 +26,13 @@
 //! simply read again.
 #![allow(unsafe_code)]
 
-use super::frame::{FrameHeader, CONTROL_LEN, HEADER_LEN, PROOF_OFF, PROOF_SEAL};
+use super::frame::{CONTROL_LEN, PROOF_OFF, PROOF_SEAL};
+use super::proto::{RingMemory, StagingMemory};
 use crate::auth::{Tag, TAG_LEN};
 use crate::verbs::{Access, MemoryRegion, ProtectionDomain, QueuePair, SendWr, VerbsError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use zerocopy::FromBytes;
 
-/// Bytes of a control word on the wire: the value and its complement.
-pub const CONTROL_WORD_LEN: usize = 16;
-
-/// A control word as written: value, then its bitwise complement.
-#[inline]
-pub fn control_word(v: u64) -> [u8; CONTROL_WORD_LEN] {
-    let mut b = [0u8; CONTROL_WORD_LEN];
-    b[..8].copy_from_slice(&v.to_le_bytes());
-    b[8..].copy_from_slice(&(!v).to_le_bytes());
-    b
-}
-
-/// Offset of the credit word after the data.
-pub const CREDIT_OFF: usize = 0;
 /// The incoming ring: data plus control words, written by the peer.
 #[derive(Debug)]
 pub struct IncomingRing {
@@ -64,19 +52,6 @@ impl IncomingRing {
     /// nothing can write it through this.
     pub fn mr(&self) -> &MemoryRegion {
         &self.mr
-    }
-
-    /// Reads a control word and its complement; `None` if they disagree
-    /// (a write in progress).
-    #[inline]
-    fn load_pair(&self, off: usize) -> Option<u64> {
-        // ORDERING: Acquire on both loads, pairs with the order in which the
-        // responder places the peer's WRITEs (see each caller); the
-        // complement is read second, so a matching pair was fully placed
-        // before any later load of ours.
-        let v = self.word(off).load(Ordering::Acquire);
-        let c = self.word(off + 8).load(Ordering::Acquire);
-        (v == !c).then_some(v)
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
@@ -116,68 +91,24 @@ impl IncomingRing {
         }
         Some(t)
     }
+}
 
-    /// The credit the peer's receiver returned for our outgoing frames,
-    /// `None` while being placed. The peer consumed our frames before
-    /// writing it: staging bytes below it are no longer read by anyone.
+impl RingMemory for IncomingRing {
     #[inline]
-    pub fn load_credit(&self) -> Option<u64> {
-        self.load_pair(CREDIT_OFF)
+    fn data_len(&self) -> usize {
+        self.size
     }
-
-    /// Reads the frame header at 16-aligned offset `off`: its check word
-    /// (the last 8 bytes) first, with Acquire, then the first 8 bytes. The
-    /// header's bytes are placed in ascending order, so once a check word
-    /// matching the expected frame is seen, the length, stream and type
-    /// before it are placed too (and the check covers them).
     #[inline]
-    pub fn read_header(&self, off: usize) -> FrameHeader {
-        assert!(off % 16 == 0 && off + HEADER_LEN <= self.size);
-        // ORDERING: Acquire, pairs with the device placing the header's
-        // first bytes before its check word; the load of word 0 follows.
-        let check = self.word_at(off + 8).load(Ordering::Acquire);
-        // ORDERING: Relaxed: ordered after the Acquire above.
-        let w0 = self.word_at(off).load(Ordering::Relaxed).to_le_bytes();
-        let mut buf = [0u8; HEADER_LEN];
-        buf[..8].copy_from_slice(&w0);
-        buf[8..].copy_from_slice(&check.to_le_bytes());
-        FrameHeader::read_from_bytes(&buf).expect("16 bytes")
+    fn load_acquire(&self, at: usize) -> u64 {
+        // ORDERING: Acquire, as the trait documents: pairs with the
+        // device placing the peer's WRITE in ascending address order.
+        self.word_at(at).load(Ordering::Acquire)
     }
-
-    /// Reads the trailer word at 8-aligned offset `off` (a frame's last 8
-    /// bytes). Once it holds the frame's seal, every byte of the frame
-    /// before it has been placed and is visible to the loads that follow.
     #[inline]
-    pub fn read_trailer(&self, off: usize) -> u64 {
-        // ORDERING: Acquire, pairs with the device placing the frame's bytes
-        // in ascending order: the payload loads come after this one.
-        self.word_at(off).load(Ordering::Acquire)
-    }
-
-    /// Copies the payload of a validated frame (`len` bytes at 16-aligned
-    /// offset `off`) into `dst`, which must hold `len` rounded up to 8.
-    ///
-    /// Never handed out as `&[u8]`: the memory is the peer's to write (a
-    /// peer that breaks the protocol may rewrite a frame while we read it,
-    /// and a shared borrow would assert the bytes cannot change). The copy
-    /// reads aligned words with relaxed atomic loads, which a concurrent
-    /// write can only make inconsistent, never undefined; the application
-    /// gets the copy. The words read stay inside the frame: the payload
-    /// rounded up to 8 ends at or before the trailer.
-    #[inline]
-    pub fn copy_payload(&self, off: usize, len: usize, dst: &mut [u8]) {
-        let words = len.div_ceil(8);
-        assert!(off % 8 == 0 && off + words * 8 <= self.size && dst.len() >= words * 8);
-        for (i, c) in dst[..words * 8].chunks_exact_mut(8).enumerate() {
-            // ORDERING: Relaxed: ordered after the trailer's Acquire load in
-            // the caller, which saw the frame complete.
-            c.copy_from_slice(
-                &self
-                    .word_at(off + 8 * i)
-                    .load(Ordering::Relaxed)
-                    .to_ne_bytes(),
-            );
-        }
+    fn load_relaxed(&self, at: usize) -> u64 {
+        // ORDERING: Relaxed: callers load after an Acquire that saw the
+        // bytes complete (see the trait).
+        self.word_at(at).load(Ordering::Relaxed)
     }
 }
 
@@ -200,6 +131,12 @@ impl Staging {
     pub fn mr(&self) -> &MemoryRegion {
         &self.mr
     }
+}
+
+impl StagingMemory for Staging {
+    fn len(&self) -> usize {
+        self.size
+    }
 
     /// Mutable bytes of the staging area.
     ///
@@ -210,7 +147,7 @@ impl Staging {
     /// which it can only do after the write executed (or, for inline
     /// writes, the bytes were copied at post time).
     #[inline]
-    pub fn slice_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
+    fn bytes_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
         assert!(off.checked_add(len).is_some_and(|e| e <= self.size));
         // SAFETY: in bounds; &mut self gives exclusive CPU access; device
         // access is excluded by the credit argument above.
@@ -219,7 +156,7 @@ impl Staging {
 
     /// Read-only bytes (for inline posts).
     #[inline]
-    pub fn slice(&self, off: usize, len: usize) -> &[u8] {
+    fn bytes(&self, off: usize, len: usize) -> &[u8] {
         assert!(off.checked_add(len).is_some_and(|e| e <= self.size));
         // SAFETY: in bounds; the device only ever reads staging.
         unsafe { std::slice::from_raw_parts(self.mr.as_ptr().add(off), len) }

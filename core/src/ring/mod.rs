@@ -60,9 +60,34 @@
 //! not run ahead ([`frame::validate`]). Any violation closes the connection
 //! with [`FrameError`]; the receiver never reads outside its ring.
 
-pub mod frame;
-pub(crate) mod mem;
-pub mod state;
+//!
+//! # Where each part lives
+//!
+//! - [`proto`]: the protocol, free of I/O: [`Sender`] (claim, seal,
+//!   the ranges a flush writes, credit and back-pressure) and [`Receiver`]
+//!   (find the expected frame, validate, check the seal, copy the payload,
+//!   decide when credit is due), over the [`RingMemory`] and
+//!   [`StagingMemory`] traits.
+//! - [`frame`] and [`state`]: wire formats and position arithmetic, pure.
+//! - `mem` (crate-private): the traits over registered memory, the only
+//!   unsafe code of the ring; `orders` is the I/O shell that posts the
+//!   RDMA WRITEs and reaps their completions.
+//! - [`loopback`]: the traits over plain atomic memory, for host tests
+//!   (the `tests` module here: threads racing torn placement, credits,
+//!   junk in the ring; run under valgrind's memcheck by `cargo xtask
+//!   test`) and a loom model of the control words (`RUSTFLAGS="--cfg
+//!   loom" cargo test -p rocebus --lib loom`).
 
-pub use frame::{AcceptHello, ConnectHello, FrameError, FrameHeader, Hello};
+pub mod frame;
+pub mod loopback;
+pub(crate) mod mem;
+pub mod proto;
+pub mod state;
+mod sync;
+#[cfg(test)]
+mod tests;
+
+pub use frame::{AcceptHello, ConnectHello, FrameError, FrameHeader, FrameInfo, Hello};
+pub use loopback::LoopbackMemory;
+pub use proto::{Receiver, RingMemory, Sender, StagingMemory};
 pub use state::{ClaimPos, ClaimRefused, ReceiverState, SenderState};

@@ -24,6 +24,8 @@ pub enum ClaimRefused {
     BackPressured,
     /// Larger than the connection's maximum payload.
     TooLarge,
+    /// A message type reserved for rocebus itself (0xFF00 and up).
+    ReservedType,
 }
 
 /// The sender's view of the remote ring.

@@ -1,0 +1,383 @@
+//! The ring protocol without I/O: [`Sender`] builds frames in a staging
+//! mirror and says which byte ranges to write to the peer's ring;
+//! [`Receiver`] finds, validates, seals-checks and copies frames out of
+//! ring memory and says when to return credit. Neither posts, polls a
+//! completion queue or knows what RDMA is: memory is reached through
+//! [`RingMemory`] (the peer-writable ring: word loads only) and
+//! [`StagingMemory`] (our own bytes). `orders` drives them over registered
+//! memory and RDMA WRITEs; the host tests drive them over
+//! [`LoopbackMemory`](super::loopback::LoopbackMemory) with plain stores.
+//!
+//! What this module must not do: hold a `&[u8]` into ring memory (a peer
+//! may rewrite it at any time), allocate, or read a word whose offset was
+//! not first checked against the ring's bounds ([`frame::validate`]).
+
+use super::frame::{
+    self, FrameError, FrameHeader, FrameInfo, HEADER_LEN, TRAILER_LEN, TYPE_PADDING,
+    TYPE_RESERVED_MIN,
+};
+use super::state::{ClaimPos, ClaimRefused, ReceiverState, SenderState};
+use zerocopy::{FromBytes, IntoBytes};
+
+/// Offset, after the ring's data, of the credit word (16 bytes: the value
+/// and its complement).
+pub const CREDIT_OFF: usize = 0;
+
+/// Bytes of a control word on the wire: the value and its complement.
+pub const CONTROL_WORD_LEN: usize = 16;
+
+/// A control word as written: value, then its bitwise complement.
+#[inline]
+pub fn control_word(v: u64) -> [u8; CONTROL_WORD_LEN] {
+    let mut b = [0u8; CONTROL_WORD_LEN];
+    b[..8].copy_from_slice(&v.to_le_bytes());
+    b[8..].copy_from_slice(&(!v).to_le_bytes());
+    b
+}
+
+/// Memory a peer writes into: the ring's data, then its control words
+/// ([`frame::CONTROL_LEN`] bytes). Only aligned 8-byte loads, so nothing
+/// ever borrows bytes that can change underneath.
+///
+/// Implementations load the 8 bytes at byte offset `at` (a multiple of 8,
+/// `at + 8 <= data_len() + CONTROL_LEN`, else they panic) as one atomic
+/// word in native byte order.
+pub trait RingMemory {
+    /// Bytes of frame data (a power of two).
+    fn data_len(&self) -> usize;
+    /// The word at `at`, with `Acquire`: pairs with the writer placing
+    /// bytes in ascending address order, so everything below a word seen
+    /// with its final value is visible to the loads that follow.
+    fn load_acquire(&self, at: usize) -> u64;
+    /// The word at `at`, `Relaxed`: only after an Acquire load that
+    /// established the bytes are complete.
+    fn load_relaxed(&self, at: usize) -> u64;
+}
+
+/// Our own staging bytes (nobody else writes them; a device may read a
+/// range between its WRITE being posted and executed, which the credit
+/// argument of [`Sender`] keeps apart from every range we rewrite).
+pub trait StagingMemory {
+    /// Bytes of staging (the peer ring's data size).
+    fn len(&self) -> usize;
+    /// Whether empty (never, for a real ring).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// `len` bytes at `off`.
+    fn bytes(&self, off: usize, len: usize) -> &[u8];
+    /// `len` bytes at `off`, to fill.
+    fn bytes_mut(&mut self, off: usize, len: usize) -> &mut [u8];
+}
+
+impl StagingMemory for Box<[u8]> {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+    fn bytes(&self, off: usize, len: usize) -> &[u8] {
+        &self[off..off + len]
+    }
+    fn bytes_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
+        &mut self[off..off + len]
+    }
+}
+
+/// Reads a control word and its complement; `None` if they disagree (a
+/// write in progress).
+#[inline]
+pub fn load_control<M: RingMemory>(mem: &M, off: usize) -> Option<u64> {
+    let at = mem.data_len() + off;
+    // ORDERING: Acquire on both loads, pairs with the writer placing the
+    // value's bytes before the complement's; the complement is read second,
+    // so a matching pair was fully placed before any later load of ours.
+    let v = mem.load_acquire(at);
+    let c = mem.load_acquire(at + 8);
+    (v == !c).then_some(v)
+}
+
+/// Reads the frame header at 16-aligned offset `off`: its check word (the
+/// last 8 bytes) first, with Acquire, then the first 8 bytes. The header's
+/// bytes are placed in ascending order, so once a check word matching the
+/// expected frame is seen, the length, stream and type before it are
+/// placed too (and the check covers them).
+#[inline]
+pub fn read_header<M: RingMemory>(mem: &M, off: usize) -> FrameHeader {
+    debug_assert!(off % 16 == 0 && off + HEADER_LEN <= mem.data_len());
+    // ORDERING: Acquire, pairs with the writer placing the header's first
+    // bytes before its check word; the load of word 0 follows.
+    let check = mem.load_acquire(off + 8);
+    // ORDERING: Relaxed: ordered after the Acquire above.
+    let w0 = mem.load_relaxed(off);
+    let mut buf = [0u8; HEADER_LEN];
+    buf[..8].copy_from_slice(&w0.to_le_bytes());
+    buf[8..].copy_from_slice(&check.to_le_bytes());
+    FrameHeader::read_from_bytes(&buf).expect("16 bytes")
+}
+
+/// Copies `len` payload bytes at 8-aligned offset `off` into `dst` (which
+/// holds `len` rounded up to 8), with relaxed word loads: a peer that
+/// rewrites the frame meanwhile can only make the copy inconsistent, never
+/// undefined. The words read stay inside the frame: the payload rounded up
+/// to 8 ends at or before the trailer.
+#[inline]
+pub fn copy_payload<M: RingMemory>(mem: &M, off: usize, len: usize, dst: &mut [u8]) {
+    let words = len.div_ceil(8);
+    assert!(off % 8 == 0 && off + words * 8 <= mem.data_len() && dst.len() >= words * 8);
+    for (i, c) in dst[..words * 8].chunks_exact_mut(8).enumerate() {
+        // ORDERING: Relaxed: ordered after the trailer's Acquire load in
+        // the caller, which saw the frame complete.
+        c.copy_from_slice(&mem.load_relaxed(off + 8 * i).to_ne_bytes());
+    }
+}
+
+/// The sending half of a ring connection: frames built in `S` at the
+/// offsets they will occupy in the peer's ring, so a run of frames is one
+/// write of one contiguous range (or two when it wraps).
+///
+/// A staging range is rewritten only once claimed again, which needs the
+/// peer's credit past it, which the peer gives only after it consumed the
+/// frames there, i.e. after the write carrying them executed: the I/O
+/// shell may let the device read staging until then.
+#[derive(Debug)]
+pub struct Sender<S> {
+    state: SenderState,
+    staging: S,
+    open: Option<OpenClaim>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct OpenClaim {
+    pos: ClaimPos,
+    stream_id: u16,
+    msg_type: u16,
+    len: usize,
+}
+
+impl<S: StagingMemory> Sender<S> {
+    /// A sender into a peer ring of `staging.len()` bytes (a power of two,
+    /// at least four maximal frames) taking payloads up to `max_payload`.
+    pub fn new(staging: S, max_payload: usize) -> Self {
+        Self {
+            state: SenderState::new(staging.len(), max_payload),
+            staging,
+            open: None,
+        }
+    }
+    /// Positions and credit.
+    pub fn state(&self) -> &SenderState {
+        &self.state
+    }
+    /// The staging memory (for the shell's writes: see [`take_flush`](Self::take_flush)).
+    pub fn staging(&self) -> &S {
+        &self.staging
+    }
+
+    /// Takes the credit word the peer wrote into `credit_mem` (our own
+    /// incoming ring's control words), if it is not being placed. Returns
+    /// whether a value was read.
+    #[inline]
+    pub fn refresh_credit<M: RingMemory>(&mut self, credit_mem: &M) -> bool {
+        match load_control(credit_mem, CREDIT_OFF) {
+            Some(c) => {
+                self.state.on_credit(c);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Opens a frame of `len` payload bytes of type `msg_type` (below
+    /// [`TYPE_RESERVED_MIN`]) on `stream_id`. When the ring looks full the
+    /// credit word in `credit_mem` is read once and the claim retried.
+    /// A claim left open is replaced by the next one (it was abandoned).
+    #[inline]
+    pub fn claim<M: RingMemory>(
+        &mut self,
+        stream_id: u16,
+        msg_type: u16,
+        len: usize,
+        credit_mem: &M,
+    ) -> Result<(), ClaimRefused> {
+        if msg_type >= TYPE_RESERVED_MIN {
+            return Err(ClaimRefused::ReservedType);
+        }
+        let pos = match self.state.claim(len) {
+            Ok(p) => p,
+            Err(ClaimRefused::BackPressured) => {
+                self.refresh_credit(credit_mem);
+                self.state.claim(len)?
+            }
+            Err(e) => return Err(e),
+        };
+        self.open = Some(OpenClaim {
+            pos,
+            stream_id,
+            msg_type,
+            len,
+        });
+        Ok(())
+    }
+
+    /// The open claim's payload bytes (empty when none is open).
+    #[inline]
+    pub fn payload(&self) -> &[u8] {
+        match self.open {
+            Some(c) => self.staging.bytes(c.pos.offset + HEADER_LEN, c.len),
+            None => &[],
+        }
+    }
+
+    /// The open claim's payload bytes, to fill (empty when none is open).
+    #[inline]
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        match self.open {
+            Some(c) => self.staging.bytes_mut(c.pos.offset + HEADER_LEN, c.len),
+            None => &mut [],
+        }
+    }
+
+    /// Drops the open claim: nothing of it is sent.
+    #[inline]
+    pub fn abandon(&mut self) {
+        self.open = None;
+    }
+
+    /// Seals the open claim (header, and padding before it when it wraps;
+    /// the trailer after it) so it goes out with the next flush. Returns its
+    /// sequence, or `None` when no claim was open.
+    #[inline]
+    pub fn commit(&mut self) -> Option<u64> {
+        let c = self.open.take()?;
+        let pos = c.pos;
+        if let Some((off, pad)) = pos.padding {
+            let seq = self.state.next_seq();
+            let h = FrameHeader::new((pad - HEADER_LEN) as u32, 0, TYPE_PADDING, seq);
+            self.staging
+                .bytes_mut(off, HEADER_LEN)
+                .copy_from_slice(h.as_bytes());
+        }
+        let seq = self.state.next_seq() + pos.padding.is_some() as u64;
+        let h = FrameHeader::new(c.len as u32, c.stream_id, c.msg_type, seq);
+        self.staging
+            .bytes_mut(pos.offset, HEADER_LEN)
+            .copy_from_slice(h.as_bytes());
+        self.staging
+            .bytes_mut(pos.offset + pos.total - TRAILER_LEN, TRAILER_LEN)
+            .copy_from_slice(&frame::trailer_value(seq).to_le_bytes());
+        let used = self.state.commit(&pos);
+        debug_assert_eq!(used, seq);
+        Some(seq)
+    }
+
+    /// Claims, fills and commits one frame.
+    #[inline]
+    pub fn offer<M: RingMemory>(
+        &mut self,
+        stream_id: u16,
+        msg_type: u16,
+        payload: &[u8],
+        credit_mem: &M,
+    ) -> Result<u64, ClaimRefused> {
+        self.claim(stream_id, msg_type, payload.len(), credit_mem)?;
+        self.payload_mut().copy_from_slice(payload);
+        Ok(self.commit().expect("claim open"))
+    }
+
+    /// The staging ranges `(offset, len)` holding everything committed
+    /// since the last flush, and how many (two when it wraps): the shell
+    /// writes each to the same offset of the peer's ring, in this order,
+    /// in one ordered channel (one RC queue pair). Marks them flushed.
+    #[inline]
+    pub fn take_flush(&mut self) -> ([(usize, usize); 2], usize) {
+        self.state.take_flush()
+    }
+}
+
+/// The receiving half of a ring connection: finds frames in ring memory
+/// it polls, in sequence order, and says when to return credit.
+#[derive(Debug, Clone)]
+pub struct Receiver {
+    state: ReceiverState,
+    violations: u64,
+}
+
+impl Receiver {
+    /// A receiver of a ring of `size` data bytes accepting payloads up to
+    /// `max_payload`, returning credit every `credit_every` bytes.
+    pub fn new(size: usize, max_payload: usize, credit_every: usize) -> Self {
+        Self {
+            state: ReceiverState::new(size, max_payload, credit_every),
+            violations: 0,
+        }
+    }
+    /// Consumer position and sequence.
+    pub fn state(&self) -> &ReceiverState {
+        &self.state
+    }
+    /// Frames refused as impossible (each one a [`FrameError`] returned by
+    /// [`poll`](Self::poll)).
+    pub fn violations(&self) -> u64 {
+        self.violations
+    }
+
+    /// The next frame, if it is complete: its payload copied into `dst`
+    /// (at least `max_payload` rounded up to 8 bytes), padding skipped.
+    /// `Ok(None)`: not arrived or still being placed. An error means the
+    /// peer is broken or hostile; nothing past the bad frame is read, and
+    /// every later poll returns the same error.
+    #[inline]
+    pub fn poll<M: RingMemory>(
+        &mut self,
+        mem: &M,
+        dst: &mut [u8],
+    ) -> Result<Option<FrameInfo>, FrameError> {
+        debug_assert_eq!(mem.data_len(), self.state.size());
+        loop {
+            let off = self.state.offset();
+            let h = read_header(mem, off);
+            let info = match frame::validate(
+                &h,
+                self.state.consumed(),
+                off,
+                self.state.size(),
+                self.state.expected_seq(),
+                self.state.max_payload(),
+            ) {
+                Ok(Some(i)) => i,
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    self.violations += 1;
+                    return Err(e);
+                }
+            };
+            if info.msg_type == TYPE_PADDING {
+                self.state.advance(info.total);
+                continue;
+            }
+            // The seal is the frame's last word: until it holds this
+            // frame's value the frame is still being placed.
+            // ORDERING: Acquire, pairs with the writer placing the frame's
+            // bytes in ascending order: the payload loads come after it.
+            let seal = mem.load_acquire(off + info.total - TRAILER_LEN);
+            if seal != frame::trailer_value(info.seq) {
+                return Ok(None);
+            }
+            copy_payload(mem, off + HEADER_LEN, info.len as usize, dst);
+            self.state.advance(info.total);
+            return Ok(Some(info));
+        }
+    }
+
+    /// Records how many frames the last round of polls delivered; when a
+    /// credit write is due returns the position to write (with
+    /// [`control_word`], to the sender's [`CREDIT_OFF`]) and counts it as
+    /// sent.
+    #[inline]
+    pub fn take_credit(&mut self, delivered: usize) -> Option<u64> {
+        let due = self.state.credit_due(delivered);
+        if let Some(c) = due {
+            self.state.credit_sent(c);
+        }
+        due
+    }
+}
