@@ -30,6 +30,7 @@ fn reencode(msg: &RecoveryMsg<'_>, out: &mut [u8]) -> usize {
             data,
         } => encode_snapshot_chunk(out, channel, session, snapshot_seq, offset, data),
         RecoveryMsg::AuthProof { channel, tag } => encode_auth_proof(out, channel, &tag),
+        RecoveryMsg::SubscriberStatus(s) => s.encode(out),
     };
     n.expect("a decoded message fits the buffer it was decoded from")
 }
