@@ -489,7 +489,7 @@ fn rdma_mdsec_replayed_recovery_handshake_fails() {
     let cfg = config(
         "239.9.3.1",
         port,
-        "[recovery_server]\nmax_connections = 3\nhandshake_timeout_ns = 300000000\n",
+        "[recovery_server]\nmax_connections = 3\nhandshake_timeout_ns = 2000000000\n",
     );
     let stop = Arc::new(AtomicBool::new(false));
     let publisher = publisher_thread(
@@ -567,7 +567,9 @@ fn rdma_mdsec_replayed_recovery_handshake_fails() {
     // from the publisher's count by the time the cap is tested.
     thread::sleep(Duration::from_millis(400));
 
-    // The cap (3): the genuine one, two that never prove, then one refused.
+    // The cap (3): the genuine one, two that never prove, then one refused
+    // (the handshake timeout is 2 s so that, under emulation on a busy host,
+    // the unproven two are still there when the third connects).
     let d1 = raw_connect(ip, port, h.as_bytes(), true).expect("below the cap");
     let d2 = raw_connect(ip, port, h.as_bytes(), true).expect("at the cap");
     let refused = raw_connect(ip, port, h.as_bytes(), true);
