@@ -164,6 +164,7 @@ pub fn replay(
         loop {
             let behind = (0..channels).any(|i| sink.backlog(i) > backlog_limit);
             let elapsed = start.elapsed().as_nanos() as u64;
+            // ORDERING: Relaxed: the stop flag carries no data (as above).
             if (!behind && elapsed >= due) || stop.load(Ordering::Relaxed) {
                 break;
             }
@@ -208,6 +209,7 @@ pub fn replay(
     sink.flush(now_ns()).map_err(bus_err)?;
     // Serve recovery (retransmissions, snapshots) to the subscribers before leaving.
     let until = Instant::now() + linger;
+    // ORDERING: Relaxed: the stop flag carries no data (as above).
     while Instant::now() < until && !stop.load(Ordering::Relaxed) {
         let now = now_ns();
         let work = poll(&mut sink, &views, now).map_err(bus_err)?;
