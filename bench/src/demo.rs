@@ -21,7 +21,7 @@
 //!
 //! Split as the rest of rocebus: [`Strategy`], [`OrderTimes`] and [`MdView`] are I/O-free
 //! and tested here; [`run`] is the thin loop that moves bytes. The module owns no wire format
-//! (those are `feed_handler::normalized` and `order_gateway::proto`).
+//! (those are `feed_handler::normalized` and `rocebus_engine::proto`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -30,14 +30,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use feed_handler::normalized::{self, Normalized};
 use hdrhistogram::Histogram;
-use order_gateway::client::{ClientError, EngineSession};
-use order_gateway::proto::{RejectReason, Response, Side, Symbol};
 use rocebus::counters::{counters_path, default_dir, Counter, CountersFile, Kind};
 use rocebus::idle::{pin_current_thread, IdleStrategy, Idler};
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::net::SubscriberCountersExport;
 use rocebus::mcast::{Event, Handler, McastSubscriber, RestoreError, SnapshotSink};
 use rocebus::orders::{OfferError, OrdersConfig};
+use rocebus_engine::client::{ClientError, EngineSession};
+use rocebus_engine::proto::{RejectReason, Response, Side, Symbol};
 use serde::Deserialize;
 
 pub mod tap;
@@ -115,7 +115,7 @@ fn default_connect_ms() -> u64 {
 }
 
 fn default_gateway_timeout_ms() -> u64 {
-    order_gateway::client::DEFAULT_GATEWAY_TIMEOUT.as_millis() as u64
+    rocebus_engine::client::DEFAULT_GATEWAY_TIMEOUT.as_millis() as u64
 }
 
 /// `[market_data]`.

@@ -22,7 +22,6 @@
 //! ```
 
 pub mod checkpoint;
-pub mod client;
 pub mod config;
 pub mod control;
 pub mod driver;
@@ -30,17 +29,11 @@ pub mod execs;
 pub mod fix;
 pub mod gateway;
 pub mod journal;
-pub mod liveness;
 pub mod market;
-pub mod proto;
 pub mod risk;
 pub mod service;
 pub mod sim;
 
-/// Nanoseconds since the UNIX epoch, from the system clock (drivers only; the core takes
-/// `now` as an argument).
-pub fn unix_nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
+// The engine protocol is its own crate (an engine embeds it without the gateway); the
+// gateway keeps the old paths.
+pub use rocebus_engine::{client, liveness, proto, unix_nanos};

@@ -21,8 +21,8 @@
 //! [`Response::Status`] and never acted on twice.
 //!
 //! ```no_run
-//! use order_gateway::client::EngineSession;
-//! use order_gateway::proto::{Side, Symbol, PRICE_SCALE};
+//! use rocebus_engine::client::EngineSession;
+//! use rocebus_engine::proto::{Side, Symbol, PRICE_SCALE};
 //! use rocebus::orders::OrdersConfig;
 //! use std::time::Duration;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
