@@ -21,14 +21,13 @@
 //!
 //! Split as the rest of rocebus: [`Strategy`], [`OrderTimes`] and [`MdView`] are I/O-free
 //! and tested here; [`run`] is the thin loop that moves bytes. The module owns no wire format
-//! (those are `feed_handler::normalized` and `rocebus_engine::proto`).
+//! (those are `rocebus_md::normalized` and `rocebus_engine::proto`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use feed_handler::normalized::{self, Normalized};
 use hdrhistogram::Histogram;
 use rocebus::counters::{counters_path, default_dir, Counter, CountersFile, Kind};
 use rocebus::idle::{pin_current_thread, IdleStrategy, Idler};
@@ -38,6 +37,7 @@ use rocebus::mcast::{Event, Handler, McastSubscriber, RestoreError, SnapshotSink
 use rocebus::orders::{OfferError, OrdersConfig};
 use rocebus_engine::client::{ClientError, EngineSession};
 use rocebus_engine::proto::{RejectReason, Response, Side, Symbol};
+use rocebus_md::normalized::{self, Normalized};
 use serde::Deserialize;
 
 pub mod tap;
@@ -1307,7 +1307,7 @@ quantity = 100
 
     fn encode(ev: &BookEvent) -> Vec<u8> {
         let mut buf = [0u8; normalized::MAX_LEN];
-        let n = normalized::encode(ev, &mut buf);
+        let n = feed_handler::normalized::encode(ev, &mut buf);
         buf[..n].to_vec()
     }
 

@@ -20,44 +20,7 @@ use crate::itch::{Message, Stock};
 use zerocopy::byteorder::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-/// Side of an order or level.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Side {
-    /// Buy ('B').
-    Bid,
-    /// Sell ('S').
-    Ask,
-}
-
-impl Side {
-    /// From the ITCH buy/sell indicator.
-    pub fn from_itch(b: u8) -> Option<Self> {
-        match b {
-            b'B' => Some(Self::Bid),
-            b'S' => Some(Self::Ask),
-            _ => None,
-        }
-    }
-
-    /// The ITCH buy/sell indicator.
-    pub fn to_itch(self) -> u8 {
-        match self {
-            Self::Bid => b'B',
-            Self::Ask => b'S',
-        }
-    }
-}
-
-/// One price level: aggregate of the orders at one price on one side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Level {
-    /// Price, 4 implied decimals.
-    pub price: u32,
-    /// Total displayed shares.
-    pub shares: u64,
-    /// Number of orders.
-    pub orders: u32,
-}
+pub use rocebus_md::{Level, Side};
 
 /// One side's levels, best last.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! Reference prices and halts from the rocebus market-data bus, for pre-trade risk.
 //!
 //! [`FeedState`] is the I/O-free part: it takes the feed handler's normalized messages
-//! ([`feed_handler::normalized`]), its L2 snapshots and the subscriber's events, and turns
+//! ([`rocebus_md::normalized`]), its L2 snapshots and the subscriber's events, and turns
 //! them into [`MarketEvent`]s. [`BusMarketData`] is the thin shell that owns one
 //! [`McastSubscriber`] per channel and is polled by the service loop (no thread of its own;
 //! it neither allocates nor logs per message).
@@ -36,14 +36,14 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use feed_handler::normalized::{self, Normalized};
-use feed_handler::view::MarketView;
 use rocebus::counters::{AllocateCounter, Counter, CountersError, Kind};
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::net::SubscriberCountersExport;
 use rocebus::mcast::{
     now_ns, Event, Handler, McastSubscriber, NetError, Phase, RestoreError, SnapshotSink,
 };
+use rocebus_md::normalized::{self, Normalized};
+use rocebus_md::view::MarketView;
 use serde::Deserialize;
 
 use crate::config::Invalid;
@@ -864,7 +864,7 @@ mod tests {
 
     fn bytes(e: &BookEvent) -> Vec<u8> {
         let mut buf = [0u8; normalized::MAX_LEN];
-        let n = normalized::encode(e, &mut buf);
+        let n = feed_handler::normalized::encode(e, &mut buf);
         buf[..n].to_vec()
     }
 

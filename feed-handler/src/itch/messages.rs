@@ -55,49 +55,7 @@ impl fmt::Debug for Timestamp {
     }
 }
 
-/// An 8-byte stock symbol, left-justified and padded with spaces on the wire.
-#[derive(
-    FromBytes,
-    IntoBytes,
-    KnownLayout,
-    Immutable,
-    Unaligned,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    Hash,
-)]
-#[repr(transparent)]
-pub struct Stock(pub [u8; 8]);
-
-impl Stock {
-    /// Pads `symbol` with spaces (or cuts it) to 8 bytes.
-    pub fn new(symbol: &str) -> Self {
-        let mut s = [b' '; 8];
-        for (d, c) in s.iter_mut().zip(symbol.bytes()) {
-            *d = c;
-        }
-        Self(s)
-    }
-
-    /// The symbol without its padding; non-UTF-8 bytes come back as `None`.
-    pub fn as_str(&self) -> Option<&str> {
-        core::str::from_utf8(&self.0)
-            .ok()
-            .map(|s| s.trim_end_matches(' '))
-    }
-}
-
-impl fmt::Debug for Stock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.as_str() {
-            Some(s) => write!(f, "{s:?}"),
-            None => write!(f, "{:?}", self.0),
-        }
-    }
-}
+pub use rocebus_md::Stock;
 
 /// Price(4): an unsigned integer with 4 implied decimal places (`1234500` is 123.4500).
 #[derive(
