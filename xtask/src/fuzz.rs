@@ -32,12 +32,14 @@ fn cargo() -> Command {
 }
 
 /// A `cargo fuzz` command for the crate in `dir`, with the shared target dir.
-fn cargo_fuzz(root: &Path, dir: &Path) -> Command {
+fn cargo_fuzz(dir: &Path) -> Command {
     let mut c = cargo();
     c.arg("fuzz").current_dir(dir).env("RUSTC_BOOTSTRAP", "1");
-    // One target dir for all fuzz crates, so their common dependencies build once.
+    // One target dir for all fuzz crates, so their common dependencies build once; kept in
+    // the cache outside the checkout, so a fresh clone (CI) rebuilds only the workspace's
+    // own crates, not every sanitized dependency (cargo's fingerprints tell what changed).
     if std::env::var_os("CARGO_TARGET_DIR").is_none() {
-        c.env("CARGO_TARGET_DIR", root.join("target/fuzz/build"));
+        c.env("CARGO_TARGET_DIR", crate::setup::cache_dir().join("target-fuzz"));
     }
     c
 }
@@ -76,7 +78,7 @@ fn fuzz_crates(root: &Path) -> Result<Vec<FuzzCrate>> {
         .collect();
     entries.sort();
     for dir in entries {
-        let out = cargo_fuzz(root, &dir)
+        let out = cargo_fuzz(&dir)
             .arg("list")
             .output()
             .with_context(|| format!("cargo fuzz list in {}", dir.display()))?;
@@ -119,7 +121,7 @@ pub fn run(root: &Path, seconds: u64, only: Option<&str>) -> Result<()> {
         let t = Instant::now();
         // Build everything first: a compile error is not a crash, and the fuzzing time
         // should be spent fuzzing.
-        let ok = cargo_fuzz(root, &c.dir)
+        let ok = cargo_fuzz(&c.dir)
             .args(["build", "--debug-assertions"])
             .status()
             .with_context(|| format!("cargo fuzz build in {}", c.dir.display()))?
@@ -160,7 +162,7 @@ fn run_target(root: &Path, work: &Path, dir: &Path, target: &str, seconds: u64) 
         fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let artifacts = dir.join("artifacts").join(target);
     let before = SystemTime::now();
-    let status = cargo_fuzz(root, dir)
+    let status = cargo_fuzz(dir)
         .args(["run", "--debug-assertions", target])
         .arg(&corpus)
         .arg(&seeds)

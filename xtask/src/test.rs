@@ -132,7 +132,7 @@ fn host_has_rdma() -> bool {
 /// under valgrind's memcheck, and the loom model of its control words.
 /// About two minutes once built; loom builds into its own target dir
 /// (`--cfg loom` changes every crate's flags) so the main one is not
-/// rebuilt.
+/// rebuilt, kept in the cache (see [`setup::cache_dir`]) when none is set.
 fn ring_checks(root: &Path) -> Result<()> {
     eprintln!("== ring loopback tests under valgrind memcheck");
     let st = Command::new(env!("CARGO"))
@@ -145,10 +145,11 @@ fn ring_checks(root: &Path) -> Result<()> {
         bail!("ring loopback tests failed under valgrind memcheck");
     }
     eprintln!("== ring loom model (--cfg loom)");
+    // Outside the checkout when no target dir is set, so a fresh clone (CI) reuses the
+    // loom build of the dependencies.
     let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("loom");
+        .map(|t| PathBuf::from(t).join("loom"))
+        .unwrap_or_else(|| setup::cache_dir().join("target-loom"));
     let st = Command::new(env!("CARGO"))
         .args(["test", "-p", "rocebus", "--lib", "loom"])
         .env("RUSTFLAGS", "--cfg loom")
