@@ -203,6 +203,10 @@ pub struct PublisherIoStats {
     /// Retransmit requests answered by nothing because a multicast
     /// retransmit had just covered them.
     pub repair_requests_covered: u64,
+    /// Retransmit requests answered by nothing because an answer sent to
+    /// the same subscriber within `recovery_server.repair_holdoff_ns`
+    /// covers them (retries that crossed their answer).
+    pub repair_requests_suppressed: u64,
     /// Subscriber status reports taken.
     pub status_reports: u64,
     /// Subscriber status reports dropped as invalid (another channel or
@@ -413,6 +417,7 @@ impl McastPublisher {
                     planner: RepairPlanner::new(RepairConfig {
                         multicast: limits.multicast_repair,
                         window_ns: limits.repair_window_ns,
+                        holdoff_ns: limits.repair_holdoff_ns,
                     }),
                     table: SubscriberTable::new(limits.lag_alert_messages),
                     subscribers: 0,
@@ -1076,6 +1081,10 @@ fn serve(
                             RepairDecision::Multicast { .. } => continue,
                             RepairDecision::Covered => {
                                 stats.repair_requests_covered += 1;
+                                continue;
+                            }
+                            RepairDecision::Suppressed => {
+                                stats.repair_requests_suppressed += 1;
                                 continue;
                             }
                         }
@@ -1953,6 +1962,9 @@ const PUBLISHER_EXPORTED: &[(&str, PublisherField)] = &[
         s.repair_multicast_datagrams
     }),
     ("repair_requests_covered", |s| s.repair_requests_covered),
+    ("repair_requests_suppressed", |s| {
+        s.repair_requests_suppressed
+    }),
     ("status_reports", |s| s.status_reports),
     ("status_invalid", |s| s.status_invalid),
 ];
