@@ -459,7 +459,7 @@ mod tests {
                     RepairDecision::Unicast { .. } | RepairDecision::Multicast { .. } => {
                         repairs += 1
                     }
-                    RepairDecision::Covered => {}
+                    RepairDecision::Covered | RepairDecision::Suppressed => {}
                 }
             }
             while p.poll_transmit().is_some() {}
