@@ -1132,11 +1132,13 @@ fn rdma_md_three_hosts_shared_loss_repaired_on_multicast() {
     // behind that queue. So the window that makes their requests one loss
     // is 20 s here; the subscribers' wait before asking again follows the
     // measured repair time (from the configured 100 ms up to 8 s), and a
-    // retry that reaches the publisher within 5 s of the answer it
-    // crossed is dropped.
+    // retry that reaches the publisher within 250 ms of the answer it
+    // crossed is dropped (under three least waits: the retry after it is
+    // answered, by unicast, before the subscriber's third silent timeout
+    // would take its recovery link for dead).
     cfg.recovery_server.repair_window_ns = 20_000_000_000;
     cfg.recovery.max_timeout_ns = 8_000_000_000;
-    cfg.recovery_server.repair_holdoff_ns = 5_000_000_000;
+    cfg.recovery_server.repair_holdoff_ns = 250_000_000;
     // Guests descheduled for a while must not lose their recovery link (RC
     // ACK timeout 268 ms x 7 retries) or be dropped as stalled: a run that
     // resynchronises proves nothing about repair.

@@ -1411,6 +1411,7 @@ pub struct McastSubscriber {
     status: StatusReporter,
     seen_timeouts: u64,
     seen_answers: u64,
+    seen_next: u64,
 }
 
 impl std::fmt::Debug for McastSubscriber {
@@ -1561,6 +1562,7 @@ impl McastSubscriber {
             status: StatusReporter::new(cfg.recovery.status_interval_ns),
             seen_timeouts: 0,
             seen_answers: 0,
+            seen_next: 0,
         })
     }
 
@@ -1662,11 +1664,15 @@ impl McastSubscriber {
         // is gone without a disconnect reaching us) is dead: after
         // DEAD_LINK_TIMEOUTS rounds of timeouts in a row with nothing
         // received, drop it and reconnect.
+        // Delivery that moved on is an answer too: a request covered by a
+        // multicast repair is answered on the lines, not over the link.
         let timeouts = state.timeouts();
         if self.stats.recovery_messages != self.seen_answers
+            || state.next_seq() != self.seen_next
             || !matches!(self.link, Link::Up { .. })
         {
             self.seen_answers = self.stats.recovery_messages;
+            self.seen_next = state.next_seq();
             self.silent_timeouts = 0;
         }
         if timeouts != self.seen_timeouts {

@@ -29,11 +29,12 @@
 //!   for or was covered by) less than `holdoff_ns` ago: a retry that crossed
 //!   the answer in flight (the subscriber's wait was shorter than the
 //!   answer's trip), whose answer will arrive;
-//! - takes a request for a range answered to the same subscriber longer
-//!   than `holdoff_ns` ago as a new one (counted `retries`): the answer was
-//!   lost (a multicast copy lost on the publisher's egress is lost for every
-//!   subscriber, so while losses are shared it goes on multicast again, and
-//!   the other subscribers' retries are covered by it).
+//! - answers a request for a range answered to the same subscriber longer
+//!   than `holdoff_ns` ago by unicast (counted `retries`): the answer was
+//!   lost, or is stuck behind the subscriber's receive queue; a unicast
+//!   answer comes on the recovery connection, which the subscriber reads at
+//!   once (and whose silence for a few retries in a row it takes for a dead
+//!   link).
 //!
 //! The multicast retransmit is the original datagram, byte for byte (its tag
 //! still verifies): subscribers take it as a normal datagram, fill their
@@ -255,15 +256,18 @@ impl RepairPlanner {
             self.counters.covered += 1;
             return RepairDecision::Covered;
         }
-        // Asked before and answered past the holdoff: the answer was lost.
-        if self
+        // Asked before and answered past the holdoff: the answer was lost
+        // (or is stuck behind the subscriber's receive queue), and it is
+        // answered by unicast, on the recovery connection, whose answers
+        // the subscriber reads at once and takes as a sign the link lives.
+        let retry = self
             .records
             .iter()
-            .any(|r| r.askers & me != 0 && r.from < b && a < r.to)
-        {
+            .any(|r| r.askers & me != 0 && r.from < b && a < r.to);
+        if retry {
             self.counters.retries += 1;
         }
-        if !self.cfg.multicast || subscribers <= 1 {
+        if retry || !self.cfg.multicast || subscribers <= 1 {
             // Remembered for the holdoff only: nothing is shared.
             self.remember(Record {
                 from: a,
@@ -504,11 +508,10 @@ mod tests {
         assert_eq!(p.on_request(H, 1, 5, 6, 2), RepairDecision::Suppressed);
         let c = p.counters();
         assert_eq!((c.suppressed, c.retries), (2, 0));
-        // Past the holdoff the copy was lost: answered again, and since
-        // subscriber 1 asked for it too, on multicast.
+        // Past the holdoff the copy was lost: answered again, by unicast.
         assert_eq!(
             p.on_request(H + 1, 2, 5, 6, 2),
-            RepairDecision::Multicast { from: 5, to: 6 }
+            RepairDecision::Unicast { from: 5, to: 6 }
         );
         assert_eq!(p.counters().retries, 1);
     }
@@ -547,10 +550,9 @@ mod tests {
     }
 
     /// A multicast copy lost on the publisher's egress is lost for every
-    /// subscriber: their retries cost one more multicast, not one unicast
-    /// each.
+    /// subscriber: past the holdoff each retry is answered by unicast.
     #[test]
-    fn a_lost_multicast_copy_is_multicast_again_once_for_all() {
+    fn a_lost_multicast_copy_is_answered_by_unicast_after_the_holdoff() {
         let mut p = planner();
         for i in 0..4u64 {
             for id in 1..=3 {
@@ -566,15 +568,21 @@ mod tests {
         assert_eq!(p.on_request(t + 1, 2, 500, 502, 3), RepairDecision::Covered);
         assert_eq!(p.on_request(t + 2, 3, 500, 502, 3), RepairDecision::Covered);
         while p.poll_transmit().is_some() {}
-        // The copy never arrived; everybody asks again after the holdoff.
+        for id in 1..=3 {
+            assert_eq!(
+                p.on_request(t + H / 2, id, 500, 502, 3),
+                RepairDecision::Suppressed
+            );
+        }
         let t = t + 2 * H;
-        assert_eq!(
-            p.on_request(t, 2, 500, 502, 3),
-            RepairDecision::Multicast { from: 500, to: 502 }
-        );
-        assert_eq!(p.on_request(t + 1, 1, 500, 502, 3), RepairDecision::Covered);
-        assert_eq!(p.on_request(t + 2, 3, 500, 502, 3), RepairDecision::Covered);
-        assert_eq!(p.poll_transmit(), Some((500, 502)));
+        for id in 1..=3 {
+            assert_eq!(
+                p.on_request(t, id, 500, 502, 3),
+                RepairDecision::Unicast { from: 500, to: 502 }
+            );
+        }
+        assert_eq!(p.poll_transmit(), None);
+        assert_eq!(p.counters().retries, 3);
     }
 
     /// Correlated loss with N = 1, 2 and 3 subscribers, where every tenth
