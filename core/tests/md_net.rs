@@ -1237,6 +1237,11 @@ fn rdma_md_three_hosts_stopped_subscriber_reported_lagging() {
     let mut cfg = config("239.7.11.1", None, 7611, 16384);
     cfg.recovery.status_interval_ns = 20_000_000;
     cfg.recovery_server.lag_alert_messages = BOUND;
+    // The stopped one catches up ~55,000 messages over its recovery link
+    // while reading a full receive queue: give it time to take the
+    // answers rather than be dropped as a stalled client.
+    cfg.recovery_server.stall_timeout_ns = 20_000_000_000;
+    cfg.recovery_server.rnr_retry = 6;
     let deadline = Duration::from_secs(240);
     match guest_index() {
         0 => {
@@ -1255,6 +1260,18 @@ fn rdma_md_three_hosts_stopped_subscriber_reported_lagging() {
                     deadline,
                 },
             );
+            // A connection dropped and made again during the catch-up
+            // leaves none for a moment: serve until nobody has asked or
+            // reported for 10 s.
+            let (mut seen, mut quiet) = (u64::MAX, Instant::now());
+            while quiet.elapsed() < Duration::from_secs(10) {
+                let io = p.io_stats();
+                let n = io.retransmit_requests + io.snapshots_served + io.status_reports;
+                if n != seen {
+                    (seen, quiet) = (n, Instant::now());
+                }
+                p.poll(now_ns(), &book).expect("publisher poll");
+            }
             assert_eq!(book.digest(), expected(total).digest());
             let io = p.io_stats();
             let events: Vec<PublisherEvent> = std::iter::from_fn(|| p.poll_event()).collect();
