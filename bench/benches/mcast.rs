@@ -73,6 +73,7 @@ fn mcast(c: &mut Criterion) {
         max_buffered: 16_384,
         max_outstanding: 16,
         recovery_timeout_ns: 50_000_000,
+        max_recovery_timeout_ns: 0,
         max_retries: 50,
         snapshot_timeout_ns: 1_000_000_000,
         ab_grace_ns: 0,

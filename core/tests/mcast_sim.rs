@@ -200,6 +200,7 @@ fn sub_config() -> SubscriberConfig {
         max_buffered: 4096,
         max_outstanding: 16,
         recovery_timeout_ns: 50_000,
+        max_recovery_timeout_ns: 0,
         max_retries: 3,
         snapshot_timeout_ns: 1_000_000,
         ab_grace_ns: 0,

@@ -94,6 +94,7 @@ impl BusSink {
             t.repair_unicast_datagrams += s.repair_unicast_datagrams;
             t.repair_multicast_datagrams += s.repair_multicast_datagrams;
             t.repair_requests_covered += s.repair_requests_covered;
+            t.repair_requests_suppressed += s.repair_requests_suppressed;
         }
         t
     }

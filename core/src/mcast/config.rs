@@ -17,7 +17,10 @@
 //! burst = 32
 //!
 //! [recovery]
-//! timeout_ns = 200000
+//! timeout_ns = 200000           # least wait before asking for a hole again
+//! max_timeout_ns = 100000000    # the wait follows the measured repair time
+//!                               # (backing off when unanswered) up to this;
+//!                               # <= timeout_ns: fixed at timeout_ns
 //! max_retries = 3
 //! max_outstanding = 16
 //! max_buffered = 4096           # datagrams held out of order
@@ -44,6 +47,7 @@
 //! log_per_sec = 10              # refused/dropped log lines per second
 //! multicast_repair = true       # a loss several subscribers share: one multicast retransmit
 //! repair_window_ns = 2000000    # requests this close for one range are the same loss
+//! repair_holdoff_ns = 100000    # a retry this soon after its answer crossed it: dropped
 //! lag_alert_messages = 0        # report a subscriber this far behind (0 = never)
 //!
 //! [auth]
@@ -198,8 +202,14 @@ impl Default for PacingConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RecoveryConfig {
-    /// Wait this long for a retransmission before asking again.
+    /// Least wait for a retransmission before asking again.
     pub timeout_ns: u64,
+    /// Most wait: above `timeout_ns` the wait follows the measured time a
+    /// repair takes (unicast or multicast), backing off when a request goes
+    /// unanswered, within `timeout_ns..=max_timeout_ns`; at or below it the
+    /// wait is `timeout_ns`, fixed
+    /// ([`SubscriberConfig::max_recovery_timeout_ns`]).
+    pub max_timeout_ns: u64,
     /// Re-requests before a range is declared lost.
     pub max_retries: u32,
     /// Retransmit requests in flight at once.
@@ -241,6 +251,7 @@ impl Default for RecoveryConfig {
     fn default() -> Self {
         RecoveryConfig {
             timeout_ns: 200_000,
+            max_timeout_ns: 100_000_000,
             max_retries: 3,
             max_outstanding: 16,
             max_buffered: 4096,
@@ -302,6 +313,13 @@ pub struct RecoveryServerConfig {
     /// one loss (and a multicast retransmit covers the requests that follow
     /// it this long).
     pub repair_window_ns: u64,
+    /// A subscriber's request for a range answered to it (by unicast or
+    /// multicast) less than this long ago crossed the answer in flight and
+    /// is dropped (counted `repair_requests_suppressed`); later it is
+    /// answered again. About the round trip to the subscribers plus the time
+    /// they take to read the answer; at most `repair_window_ns` in effect.
+    /// 0: every retry is answered.
+    pub repair_holdoff_ns: u64,
     /// A subscriber more than this many messages behind the publisher is
     /// reported once ([`super::status::PublisherEvent::SubscriberLagging`]);
     /// 0: never.
@@ -324,6 +342,7 @@ impl Default for RecoveryServerConfig {
             log_per_sec: 10,
             multicast_repair: true,
             repair_window_ns: 2_000_000,
+            repair_holdoff_ns: 100_000,
             lag_alert_messages: 0,
         }
     }
@@ -637,6 +656,7 @@ impl McastConfig {
             max_buffered: self.recovery.max_buffered,
             max_outstanding: self.recovery.max_outstanding,
             recovery_timeout_ns: self.recovery.timeout_ns,
+            max_recovery_timeout_ns: self.recovery.max_timeout_ns,
             max_retries: self.recovery.max_retries,
             snapshot_timeout_ns: self.recovery.snapshot_timeout_ns,
             // With one line there is no other copy to wait for.

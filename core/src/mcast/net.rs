@@ -203,6 +203,10 @@ pub struct PublisherIoStats {
     /// Retransmit requests answered by nothing because a multicast
     /// retransmit had just covered them.
     pub repair_requests_covered: u64,
+    /// Retransmit requests answered by nothing because an answer sent to
+    /// the same subscriber within `recovery_server.repair_holdoff_ns`
+    /// covers them (retries that crossed their answer).
+    pub repair_requests_suppressed: u64,
     /// Subscriber status reports taken.
     pub status_reports: u64,
     /// Subscriber status reports dropped as invalid (another channel or
@@ -413,6 +417,7 @@ impl McastPublisher {
                     planner: RepairPlanner::new(RepairConfig {
                         multicast: limits.multicast_repair,
                         window_ns: limits.repair_window_ns,
+                        holdoff_ns: limits.repair_holdoff_ns,
                     }),
                     table: SubscriberTable::new(limits.lag_alert_messages),
                     subscribers: 0,
@@ -1078,6 +1083,10 @@ fn serve(
                                 stats.repair_requests_covered += 1;
                                 continue;
                             }
+                            RepairDecision::Suppressed => {
+                                stats.repair_requests_suppressed += 1;
+                                continue;
+                            }
                         }
                     } else {
                         r
@@ -1402,6 +1411,7 @@ pub struct McastSubscriber {
     status: StatusReporter,
     seen_timeouts: u64,
     seen_answers: u64,
+    seen_next: u64,
 }
 
 impl std::fmt::Debug for McastSubscriber {
@@ -1552,6 +1562,7 @@ impl McastSubscriber {
             status: StatusReporter::new(cfg.recovery.status_interval_ns),
             seen_timeouts: 0,
             seen_answers: 0,
+            seen_next: 0,
         })
     }
 
@@ -1653,11 +1664,15 @@ impl McastSubscriber {
         // is gone without a disconnect reaching us) is dead: after
         // DEAD_LINK_TIMEOUTS rounds of timeouts in a row with nothing
         // received, drop it and reconnect.
+        // Delivery that moved on is an answer too: a request covered by a
+        // multicast repair is answered on the lines, not over the link.
         let timeouts = state.timeouts();
         if self.stats.recovery_messages != self.seen_answers
+            || state.next_seq() != self.seen_next
             || !matches!(self.link, Link::Up { .. })
         {
             self.seen_answers = self.stats.recovery_messages;
+            self.seen_next = state.next_seq();
             self.silent_timeouts = 0;
         }
         if timeouts != self.seen_timeouts {
@@ -1953,6 +1968,9 @@ const PUBLISHER_EXPORTED: &[(&str, PublisherField)] = &[
         s.repair_multicast_datagrams
     }),
     ("repair_requests_covered", |s| s.repair_requests_covered),
+    ("repair_requests_suppressed", |s| {
+        s.repair_requests_suppressed
+    }),
     ("status_reports", |s| s.status_reports),
     ("status_invalid", |s| s.status_invalid),
 ];

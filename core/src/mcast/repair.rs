@@ -21,10 +21,20 @@
 //!   asked for within the window), answers a first request by multicast at
 //!   once, so a shared loss costs one repair whatever the number of
 //!   subscribers;
-//! - drops a request (counted) whose range a multicast retransmit sent within
-//!   the window already covers, unless the same subscriber had asked for it
-//!   before: then it is a retry (the multicast copy was lost too, or came
-//!   too late), answered by unicast.
+//! - drops a request (counted `covered`) whose range a multicast retransmit
+//!   sent within the window already covers, when that subscriber had not
+//!   asked for it before: its copy is on its way;
+//! - drops a request (counted `suppressed`) for a range answered to the
+//!   same subscriber (by unicast, or by a multicast retransmit it asked
+//!   for or was covered by) less than `holdoff_ns` ago: a retry that crossed
+//!   the answer in flight (the subscriber's wait was shorter than the
+//!   answer's trip), whose answer will arrive;
+//! - answers a request for a range answered to the same subscriber longer
+//!   than `holdoff_ns` ago by unicast (counted `retries`): the answer was
+//!   lost, or is stuck behind the subscriber's receive queue; a unicast
+//!   answer comes on the recovery connection, which the subscriber reads at
+//!   once (and whose silence for a few retries in a row it takes for a dead
+//!   link).
 //!
 //! The multicast retransmit is the original datagram, byte for byte (its tag
 //! still verifies): subscribers take it as a normal datagram, fill their
@@ -41,6 +51,13 @@ pub struct RepairConfig {
     /// How long a repair is remembered: requests of other subscribers for
     /// the same range within this time are the same loss.
     pub window_ns: u64,
+    /// A subscriber's request for a range answered to it less than this
+    /// long ago is dropped (a retry that crossed the answer, which is on its
+    /// way); later, it is answered again. About the round trip to the
+    /// subscribers plus the time they take to read the answer; effectively
+    /// at most `window_ns` (repairs are forgotten after it). 0: every retry
+    /// is answered.
+    pub holdoff_ns: u64,
 }
 
 /// What to do with one request (or the part of it not yet covered).
@@ -63,6 +80,9 @@ pub enum RepairDecision {
     },
     /// A multicast retransmit within the window already covers it.
     Covered,
+    /// An answer to this subscriber sent less than `holdoff_ns` ago covers
+    /// it (at least part of it, the rest being covered): it is on its way.
+    Suppressed,
 }
 
 /// Planner counters (plain values).
@@ -79,9 +99,12 @@ pub struct RepairCounters {
     /// Requests for a range another subscriber had asked for within the
     /// window (evidence of a shared loss).
     pub shared: u64,
-    /// Retries of a subscriber for a range multicast after its first ask,
-    /// answered by unicast.
+    /// Requests for a range answered to the same subscriber longer than
+    /// the holdoff ago (its answer was lost), answered again.
     pub retries: u64,
+    /// Requests dropped because an answer sent to the same subscriber less
+    /// than the holdoff ago covers them (retries that crossed the answer).
+    pub suppressed: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -92,12 +115,17 @@ struct Record {
     multicast: bool,
     /// Bit `id % 64` of every subscriber that asked for (part of) it.
     askers: u64,
+    /// Bit of the subscriber a unicast answer went to; every bit for a
+    /// multicast retransmit.
+    answered: u64,
     /// Already counted into the score when it expired.
     settled: bool,
 }
 
-/// Repairs remembered at once (the oldest is forgotten first).
-const RECORDS: usize = 64;
+/// Repairs remembered at once (the oldest is forgotten first): a window
+/// of seconds (emulated guests run that far apart) at a few losses a
+/// second.
+const RECORDS: usize = 256;
 /// Multicast ranges waiting for the I/O layer.
 const PENDING: usize = 64;
 /// Highest score; losses count as shared from [`SHARED_AT`] on.
@@ -118,6 +146,18 @@ pub struct RepairPlanner {
 
 fn bit(id: u32) -> u64 {
     1 << (id % 64)
+}
+
+/// How a remembered repair bears on one subscriber's request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bearing {
+    /// It does not cover the request.
+    None,
+    /// A multicast retransmit the subscriber had not asked for: its copy is
+    /// on its way.
+    Covered,
+    /// An answer to this subscriber, sent within the holdoff.
+    Suppressed,
 }
 
 impl RepairPlanner {
@@ -144,6 +184,18 @@ impl RepairPlanner {
         self.score >= SHARED_AT
     }
 
+    fn bearing(&self, r: &Record, me: u64, now: u64) -> Bearing {
+        let fresh = now.saturating_sub(r.at) < self.cfg.holdoff_ns;
+        if r.multicast && r.askers & me == 0 {
+            // It never asked: its copy is on its way (or arrived).
+            Bearing::Covered
+        } else if r.answered & me != 0 && fresh {
+            Bearing::Suppressed
+        } else {
+            Bearing::None
+        }
+    }
+
     /// Plans the answer to subscriber `id`'s request for `[from, to)`;
     /// `subscribers` is how many are connected. The caller has checked that
     /// the range is ours and still in the history (what is not goes by
@@ -158,41 +210,76 @@ impl RepairPlanner {
     ) -> RepairDecision {
         self.handle_timeout(now);
         self.counters.requests += 1;
-        if !self.cfg.multicast || subscribers <= 1 || from >= to {
+        if from >= to {
             self.counters.unicast += 1;
             return RepairDecision::Unicast { from, to };
         }
         let me = bit(id);
-        // Trim what recent multicast retransmits cover, from both ends.
+        // Trim, from both ends, what answers on their way cover.
         let (mut a, mut b) = (from, to);
-        let mut retry = false;
+        // Whether an answer to this subscriber (not only a copy it never
+        // asked for) covered part of it.
+        let mut suppressed = false;
         loop {
             let before = (a, b);
-            for r in self.records.iter_mut().filter(|r| r.multicast) {
-                if r.from <= a && a < r.to {
-                    retry |= r.askers & me != 0;
-                    r.askers |= me;
-                    a = r.to;
-                } else if a < b && r.from < b && b <= r.to {
-                    retry |= r.askers & me != 0;
-                    r.askers |= me;
-                    b = r.from;
+            for i in 0..self.records.len() {
+                let r = self.records[i];
+                let how = self.bearing(&r, me, now);
+                if how == Bearing::None || a >= b {
+                    continue;
+                }
+                let trimmed = if r.from <= a && a < r.to {
+                    a = r.to.min(b);
+                    true
+                } else if r.from < b && b <= r.to {
+                    b = r.from.max(a);
+                    true
+                } else {
+                    false
+                };
+                if trimmed {
+                    suppressed |= how == Bearing::Suppressed;
+                    // Its copy was due to this one too: a later request
+                    // of it for the range is a retry.
+                    self.records[i].askers |= me;
                 }
             }
             if (a, b) == before || a >= b {
                 break;
             }
         }
-        if retry {
-            // It asked before the multicast went, and asks again: answer it
-            // alone, all of it.
-            self.counters.retries += 1;
-            self.counters.unicast += 1;
-            return RepairDecision::Unicast { from, to };
-        }
         if a >= b {
+            if suppressed {
+                self.counters.suppressed += 1;
+                return RepairDecision::Suppressed;
+            }
             self.counters.covered += 1;
             return RepairDecision::Covered;
+        }
+        // Asked before and answered past the holdoff: the answer was lost
+        // (or is stuck behind the subscriber's receive queue), and it is
+        // answered by unicast, on the recovery connection, whose answers
+        // the subscriber reads at once and takes as a sign the link lives.
+        let retry = self
+            .records
+            .iter()
+            .any(|r| r.askers & me != 0 && r.from < b && a < r.to);
+        if retry {
+            self.counters.retries += 1;
+        }
+        if retry || !self.cfg.multicast || subscribers <= 1 {
+            // Remembered for the holdoff only: nothing is shared.
+            self.remember(Record {
+                from: a,
+                to: b,
+                at: now,
+                multicast: false,
+                askers: me,
+                answered: me,
+                settled: true,
+            });
+            self.counters.unicast += 1;
+            return RepairDecision::Unicast { from: a, to: b };
         }
         // Did another subscriber ask for part of it (answered by unicast)?
         let mut shared = false;
@@ -223,6 +310,7 @@ impl RepairPlanner {
                 at: now,
                 multicast: true,
                 askers,
+                answered: u64::MAX,
                 settled: shared,
             });
             self.counters.multicast += 1;
@@ -234,6 +322,7 @@ impl RepairPlanner {
             at: now,
             multicast: false,
             askers: me,
+            answered: me,
             settled: false,
         });
         self.counters.unicast += 1;
@@ -292,12 +381,22 @@ mod tests {
     use super::*;
 
     const W: u64 = 1_000_000;
+    /// Holdoff: a tenth of the window.
+    const H: u64 = W / 10;
 
     fn planner() -> RepairPlanner {
         RepairPlanner::new(RepairConfig {
             multicast: true,
             window_ns: W,
+            holdoff_ns: H,
         })
+    }
+
+    fn is_repair(d: RepairDecision) -> bool {
+        matches!(
+            d,
+            RepairDecision::Unicast { .. } | RepairDecision::Multicast { .. }
+        )
     }
 
     #[test]
@@ -364,7 +463,7 @@ mod tests {
                     RepairDecision::Unicast { .. } | RepairDecision::Multicast { .. } => {
                         repairs += 1
                     }
-                    RepairDecision::Covered => {}
+                    RepairDecision::Covered | RepairDecision::Suppressed => {}
                 }
             }
             while p.poll_transmit().is_some() {}
@@ -396,19 +495,140 @@ mod tests {
     }
 
     #[test]
-    fn a_retry_after_the_multicast_is_answered_by_unicast() {
+    fn a_retry_that_crossed_the_multicast_is_suppressed_a_later_one_answered() {
         let mut p = planner();
         p.on_request(0, 1, 5, 6, 2);
         assert!(matches!(
             p.on_request(1, 2, 5, 6, 2),
             RepairDecision::Multicast { .. }
         ));
-        // Subscriber 2 lost the multicast copy too and asks again.
+        // Subscriber 2 asks again before the copy could have reached it.
+        assert_eq!(p.on_request(H, 2, 5, 6, 2), RepairDecision::Suppressed);
+        // Subscriber 1 too, for the unicast answer on its way.
+        assert_eq!(p.on_request(H, 1, 5, 6, 2), RepairDecision::Suppressed);
+        let c = p.counters();
+        assert_eq!((c.suppressed, c.retries), (2, 0));
+        // Past the holdoff the copy was lost: answered again, by unicast.
         assert_eq!(
-            p.on_request(2, 2, 5, 6, 2),
+            p.on_request(H + 1, 2, 5, 6, 2),
             RepairDecision::Unicast { from: 5, to: 6 }
         );
         assert_eq!(p.counters().retries, 1);
+    }
+
+    #[test]
+    fn a_single_subscribers_retry_crossing_its_answer_is_suppressed() {
+        let mut p = planner();
+        assert_eq!(
+            p.on_request(0, 1, 5, 8, 1),
+            RepairDecision::Unicast { from: 5, to: 8 }
+        );
+        assert_eq!(p.on_request(H / 2, 1, 5, 8, 1), RepairDecision::Suppressed);
+        // What the answer does not cover is answered at once.
+        assert_eq!(
+            p.on_request(H / 2, 1, 6, 10, 1),
+            RepairDecision::Unicast { from: 8, to: 10 }
+        );
+        // Past the holdoff: the answer was lost, answered again.
+        assert_eq!(
+            p.on_request(H, 1, 5, 8, 1),
+            RepairDecision::Unicast { from: 5, to: 8 }
+        );
+        let c = p.counters();
+        assert_eq!((c.unicast, c.suppressed, c.retries), (3, 1, 1));
+        // Holdoff 0: every retry is answered.
+        let mut p = RepairPlanner::new(RepairConfig {
+            holdoff_ns: 0,
+            ..p.cfg
+        });
+        for t in 0..3 {
+            assert_eq!(
+                p.on_request(t, 1, 5, 8, 1),
+                RepairDecision::Unicast { from: 5, to: 8 }
+            );
+        }
+    }
+
+    /// A multicast copy lost on the publisher's egress is lost for every
+    /// subscriber: past the holdoff each retry is answered by unicast.
+    #[test]
+    fn a_lost_multicast_copy_is_answered_by_unicast_after_the_holdoff() {
+        let mut p = planner();
+        for i in 0..4u64 {
+            for id in 1..=3 {
+                p.on_request(i * 10 * W + u64::from(id), id, 10 * i, 10 * i + 1, 3);
+            }
+        }
+        assert!(p.shared_mode());
+        let t = 100 * W;
+        assert_eq!(
+            p.on_request(t, 1, 500, 502, 3),
+            RepairDecision::Multicast { from: 500, to: 502 }
+        );
+        assert_eq!(p.on_request(t + 1, 2, 500, 502, 3), RepairDecision::Covered);
+        assert_eq!(p.on_request(t + 2, 3, 500, 502, 3), RepairDecision::Covered);
+        while p.poll_transmit().is_some() {}
+        for id in 1..=3 {
+            assert_eq!(
+                p.on_request(t + H / 2, id, 500, 502, 3),
+                RepairDecision::Suppressed
+            );
+        }
+        let t = t + 2 * H;
+        for id in 1..=3 {
+            assert_eq!(
+                p.on_request(t, id, 500, 502, 3),
+                RepairDecision::Unicast { from: 500, to: 502 }
+            );
+        }
+        assert_eq!(p.poll_transmit(), None);
+        assert_eq!(p.counters().retries, 3);
+    }
+
+    /// Correlated loss with N = 1, 2 and 3 subscribers, where every tenth
+    /// multicast copy is lost too and every fifth loss sees each
+    /// subscriber's retry cross its answer: under 1.5 repairs per lost
+    /// datagram (copies lost count as lost, as netem counts them).
+    #[test]
+    fn correlated_loss_costs_under_one_and_a_half_repairs_per_loss() {
+        for n in 1..=3u32 {
+            let mut p = planner();
+            let (mut repairs, mut lost) = (0u64, 0u64);
+            for i in 0..200u64 {
+                let (from, to) = (10 * i, 10 * i + 1);
+                let t = i * 10 * W;
+                lost += 1;
+                let mut multicast = false;
+                for id in 1..=n {
+                    let d = p.on_request(t + u64::from(id), id, from, to, n as usize);
+                    multicast |= matches!(d, RepairDecision::Multicast { .. });
+                    repairs += u64::from(is_repair(d));
+                }
+                if i % 5 == 0 {
+                    for id in 1..=n {
+                        let d = p.on_request(t + H / 2, id, from, to, n as usize);
+                        assert!(!is_repair(d), "{d:?}");
+                    }
+                }
+                if multicast && i % 10 == 3 {
+                    // The copy was lost: every subscriber asks again.
+                    lost += 1;
+                    for id in 1..=n {
+                        let d = p.on_request(t + 2 * H + u64::from(id), id, from, to, n as usize);
+                        repairs += u64::from(is_repair(d));
+                    }
+                }
+                while p.poll_transmit().is_some() {}
+            }
+            let per_lost = repairs as f64 / lost as f64;
+            assert!(
+                per_lost < 1.5,
+                "{n} subscribers: {repairs} repairs for {lost} lost"
+            );
+            if n == 1 {
+                assert_eq!(repairs, lost, "one unicast per loss");
+            }
+        }
     }
 
     #[test]
@@ -435,6 +655,7 @@ mod tests {
         let mut p = RepairPlanner::new(RepairConfig {
             multicast: false,
             window_ns: W,
+            holdoff_ns: H,
         });
         for id in 1..=3 {
             assert_eq!(

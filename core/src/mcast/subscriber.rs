@@ -70,8 +70,16 @@ pub struct SubscriberConfig {
     pub max_buffered: usize,
     /// Retransmit requests in flight at once.
     pub max_outstanding: usize,
-    /// Time to wait for a retransmission before asking again.
+    /// Least time to wait for a retransmission before asking again.
     pub recovery_timeout_ns: u64,
+    /// Most time to wait before asking again. Above `recovery_timeout_ns`
+    /// the wait adapts as TCP's retransmit timer does (RFC 6298): it is the
+    /// measured time from asking for a range to having it (smoothed, plus
+    /// four mean deviations), at least `recovery_timeout_ns`; each time a
+    /// request goes unanswered it doubles, up to this, until a request
+    /// asked once is answered again. At or below `recovery_timeout_ns` (0
+    /// included) the wait is `recovery_timeout_ns`, fixed.
+    pub max_recovery_timeout_ns: u64,
     /// Re-requests of a range before it is declared lost.
     pub max_retries: u32,
     /// Time without snapshot progress before the snapshot is asked again.
@@ -275,6 +283,10 @@ struct Outstanding {
     from: u64,
     to: u64,
     deadline: u64,
+    /// When it was (last) asked for: the start of a repair time sample.
+    asked: u64,
+    /// The wait it was (last) asked with.
+    wait: u64,
     retries: u32,
     needs_send: bool,
     /// Seen but not requested yet: waiting `ab_grace_ns` for the other line.
@@ -282,6 +294,15 @@ struct Outstanding {
     /// Known unrecoverable, to be skipped (gap-tolerant only): never sent,
     /// never times out.
     lost: bool,
+}
+
+impl Outstanding {
+    /// The time a filled request took, if it is a sample: asked once and
+    /// sent (a retry's answer may be the first ask's: Karn's rule).
+    fn repair_time(&self, now: u64) -> Option<u64> {
+        (!self.in_grace && !self.lost && !self.needs_send && self.retries == 0)
+            .then(|| now.saturating_sub(self.asked))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -331,6 +352,16 @@ pub struct SubscriberState {
     stall_seq: u64,
     /// Gap-tolerant: a range was marked lost; look at skipping it.
     skip_due: bool,
+    /// Measured time from asking for a range to having all of it (by
+    /// unicast, multicast repair or the other line), smoothed; 0 before the
+    /// first sample. Only first asks are sampled (a retry's answer may be
+    /// the first ask's).
+    srtt: u64,
+    /// Mean deviation of those samples.
+    rttvar: u64,
+    /// The current wait before asking again (see
+    /// [`SubscriberConfig::max_recovery_timeout_ns`]).
+    rto: u64,
 }
 
 impl SubscriberState {
@@ -365,6 +396,9 @@ impl SubscriberState {
             stall_since: None,
             stall_seq: 0,
             skip_due: false,
+            srtt: 0,
+            rttvar: 0,
+            rto: cfg.recovery_timeout_ns,
             cfg,
         }
     }
@@ -441,6 +475,15 @@ impl SubscriberState {
     /// Whether the recovery connection is reported up.
     pub fn recovery_link_up(&self) -> bool {
         self.link_up
+    }
+    /// How long a request asked for the first time waits before it is asked
+    /// again (see [`SubscriberConfig::max_recovery_timeout_ns`]).
+    pub fn retry_wait_ns(&self) -> u64 {
+        self.rto
+    }
+    /// The smoothed measured repair time (0 before the first sample).
+    pub fn repair_time_ns(&self) -> u64 {
+        self.srtt
     }
 
     /// The I/O layer's recovery connection went down (`up == false`) or
@@ -595,7 +638,9 @@ impl SubscriberState {
                         self.outstanding[i] = Outstanding {
                             from,
                             to,
-                            deadline: now + self.cfg.recovery_timeout_ns,
+                            deadline: now + self.rto,
+                            asked: now,
+                            wait: self.rto,
                             retries: 0,
                             needs_send: true,
                             in_grace: false,
@@ -624,10 +669,13 @@ impl SubscriberState {
                     i = 0;
                 }
                 Some((from, to)) => {
+                    self.back_off(o.wait);
                     self.outstanding[i] = Outstanding {
                         from,
                         to,
-                        deadline: now + self.cfg.recovery_timeout_ns,
+                        deadline: now + self.rto,
+                        asked: now,
+                        wait: self.rto,
                         retries: o.retries + 1,
                         needs_send: true,
                         in_grace: false,
@@ -872,6 +920,12 @@ impl SubscriberState {
                     if o.in_grace {
                         self.counters.gaps_filled_by_other_line += 1;
                     }
+                    // Filled (by a unicast answer, a multicast repair or
+                    // the other line): the request is retired, never asked
+                    // again.
+                    if let Some(t) = o.repair_time(now) {
+                        self.sample_repair_time(t);
+                    }
                     self.outstanding.swap_remove(i);
                 } else {
                     i += 1;
@@ -964,13 +1018,22 @@ impl SubscriberState {
         let next = self.next_seq;
         let mut filled = 0;
         let mut lost = false;
+        // Requests this progress completed were filled at once: one sample,
+        // the longest.
+        let mut sample: Option<u64> = None;
         self.outstanding.retain_mut(|o| {
             o.from = o.from.max(next);
             let open = o.to > next;
             filled += u64::from(!open && o.in_grace);
             lost |= open && o.lost;
+            if !open {
+                sample = sample.max(o.repair_time(now));
+            }
             open
         });
+        if let Some(t) = sample {
+            self.sample_repair_time(t);
+        }
         self.counters.gaps_filled_by_other_line += filled;
         // A range marked lost may be at the delivery point now.
         self.skip_due |= lost;
@@ -1098,8 +1161,10 @@ impl SubscriberState {
                         + if in_grace {
                             self.cfg.ab_grace_ns
                         } else {
-                            self.cfg.recovery_timeout_ns
+                            self.rto
                         },
+                    asked: now,
+                    wait: self.rto,
                     retries: 0,
                     needs_send: !in_grace,
                     in_grace,
@@ -1108,6 +1173,42 @@ impl SubscriberState {
                 s = e;
             }
             cursor = hole_to;
+        }
+    }
+
+    fn adaptive(&self) -> bool {
+        self.cfg.max_recovery_timeout_ns > self.cfg.recovery_timeout_ns
+    }
+
+    /// A request asked with `wait` went unanswered: the wait doubles (once
+    /// for all the requests asked with the same wait), up to the most.
+    fn back_off(&mut self, wait: u64) {
+        if self.adaptive() && wait >= self.rto {
+            self.rto = self
+                .rto
+                .saturating_mul(2)
+                .min(self.cfg.max_recovery_timeout_ns);
+        }
+    }
+
+    /// One measured repair time (RFC 6298's smoothing, gains 1/8 and 1/4);
+    /// the wait becomes the estimate plus four deviations, within bounds.
+    fn sample_repair_time(&mut self, t: u64) {
+        if self.srtt == 0 {
+            self.srtt = t.max(1);
+            self.rttvar = t / 2;
+        } else {
+            self.rttvar = (3 * self.rttvar + self.srtt.abs_diff(t)) / 4;
+            self.srtt = ((7 * self.srtt + t) / 8).max(1);
+        }
+        if self.adaptive() {
+            self.rto = self
+                .srtt
+                .saturating_add(self.rttvar.saturating_mul(4))
+                .clamp(
+                    self.cfg.recovery_timeout_ns,
+                    self.cfg.max_recovery_timeout_ns,
+                );
         }
     }
 
@@ -1134,6 +1235,8 @@ impl SubscriberState {
             from,
             to,
             deadline: u64::MAX,
+            asked: now,
+            wait: 0,
             retries: 0,
             needs_send: false,
             in_grace: false,
@@ -1284,6 +1387,7 @@ mod tests {
             max_buffered: 8,
             max_outstanding: 2,
             recovery_timeout_ns: TIMEOUT,
+            max_recovery_timeout_ns: 0,
             max_retries: 2,
             snapshot_timeout_ns: 10 * TIMEOUT,
             ab_grace_ns: 0,
@@ -1539,6 +1643,103 @@ mod tests {
         assert_eq!(app.seqs, vec![1, 2, 5, 6]);
         assert_eq!(s.phase(), Phase::Live);
         assert_eq!(events(&mut s), vec![Event::SnapshotApplied { seq: 4 }]);
+    }
+
+    /// A multicast repair is the original datagram on the line: it fills
+    /// the hole, and the request for it is retired, never asked again.
+    #[test]
+    fn a_multicast_repair_cancels_the_pending_request() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 4);
+        let mut s = announced(cfg());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[2], &mut app);
+        s.on_datagram(0, Line::A, &ds[3], &mut app);
+        assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
+        assert_eq!(s.outstanding(), 1);
+        // The repair comes on the line, before the timeout.
+        s.on_datagram(TIMEOUT / 2, Line::A, &ds[1], &mut app);
+        assert_eq!(app.seqs, (1..=8).collect::<Vec<_>>());
+        assert_eq!(s.outstanding(), 0);
+        assert_eq!(s.poll_timeout(), None);
+        for t in 1..5 {
+            s.handle_timeout(t * TIMEOUT, &mut app);
+        }
+        assert!(transmits(&mut s).is_empty());
+        assert_eq!(s.counters().timeouts, 0);
+        // An out-of-order fill retires its request too: holes [9,11) and
+        // [13,15), and [13,15) comes first.
+        let more = datagrams(&mut p, 4);
+        s.on_datagram(5 * TIMEOUT, Line::A, &more[1], &mut app);
+        s.on_datagram(5 * TIMEOUT, Line::A, &more[3], &mut app);
+        assert_eq!(transmits(&mut s), vec![retransmit(9, 2), retransmit(13, 2)]);
+        s.on_datagram(5 * TIMEOUT, Line::A, &more[2], &mut app);
+        assert_eq!(s.outstanding(), 1);
+        s.handle_timeout(6 * TIMEOUT, &mut app);
+        assert_eq!(transmits(&mut s), vec![retransmit(9, 2)]);
+    }
+
+    /// With `max_recovery_timeout_ns` above `recovery_timeout_ns`, the wait
+    /// before asking again follows the measured repair time (a repair that
+    /// takes longer than the configured least wait is not asked for again
+    /// while it is on its way), backs off when unanswered, and stays within
+    /// the most.
+    #[test]
+    fn retry_wait_follows_the_measured_repair_time_and_backs_off() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 8);
+        let mut s = announced(SubscriberConfig {
+            max_recovery_timeout_ns: 10 * TIMEOUT,
+            max_retries: 10,
+            ..cfg()
+        });
+        let mut app = App::default();
+        assert_eq!(s.retry_wait_ns(), TIMEOUT, "no sample yet: the least");
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[2], &mut app);
+        assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
+        // The repair takes 1.5 timeouts: asked again after one, and the
+        // wait doubles.
+        s.handle_timeout(TIMEOUT, &mut app);
+        assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
+        assert_eq!(s.retry_wait_ns(), 2 * TIMEOUT);
+        s.on_datagram(1500, Line::A, &ds[1], &mut app);
+        assert_eq!(app.seqs, (1..=6).collect::<Vec<_>>());
+        assert_eq!(s.repair_time_ns(), 0, "a retried request is no sample");
+        // The next hole waits the doubled time, so its 1.5-timeout repair
+        // arrives before it is asked again, and is a sample.
+        s.on_datagram(2000, Line::A, &ds[4], &mut app);
+        assert_eq!(transmits(&mut s), vec![retransmit(7, 2)]);
+        s.handle_timeout(3499, &mut app);
+        assert!(transmits(&mut s).is_empty(), "the repair may still come");
+        s.on_datagram(3500, Line::A, &ds[3], &mut app);
+        assert_eq!(app.seqs, (1..=10).collect::<Vec<_>>());
+        assert_eq!(s.repair_time_ns(), 1500);
+        // srtt 1500, deviation 750: 1500 + 4 * 750.
+        assert_eq!(s.retry_wait_ns(), 4500);
+        assert_eq!(s.counters().timeouts, 1);
+        // Unanswered: 4.5, then 9, then capped at 10 timeouts.
+        s.on_datagram(4000, Line::A, &ds[6], &mut app);
+        assert_eq!(transmits(&mut s), vec![retransmit(11, 2)]);
+        for (quiet, ask) in [(8499, 8500), (17_499, 17_500), (27_499, 27_500)] {
+            s.handle_timeout(quiet, &mut app);
+            assert!(transmits(&mut s).is_empty(), "at {quiet}");
+            s.handle_timeout(ask, &mut app);
+            assert_eq!(transmits(&mut s), vec![retransmit(11, 2)], "at {ask}");
+        }
+        assert_eq!(s.retry_wait_ns(), 10 * TIMEOUT);
+        // Fixed when the most is not above the least.
+        let mut fixed = announced(SubscriberConfig {
+            max_recovery_timeout_ns: TIMEOUT / 2,
+            ..cfg()
+        });
+        let mut other = App::default();
+        fixed.on_datagram(0, Line::A, &ds[0], &mut other);
+        fixed.on_datagram(0, Line::A, &ds[2], &mut other);
+        fixed.handle_timeout(TIMEOUT, &mut other);
+        fixed.on_datagram(5 * TIMEOUT, Line::A, &ds[1], &mut other);
+        assert_eq!(fixed.retry_wait_ns(), TIMEOUT);
     }
 
     #[test]
