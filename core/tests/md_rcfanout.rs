@@ -373,13 +373,15 @@ fn rdma_md_rc_fanout_late_joiner_starts_from_snapshot() {
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
     let total = 100_000;
-    // A 64 KiB ring holds about 60 datagrams; a subscriber that stops
-    // polling is full within a few thousand messages and dropped 100 ms
-    // later, long before the publisher is done.
-    let cfg = config(7813, 64 << 10, 100_000_000);
+    // A 64 KiB ring holds about 60 datagrams: a subscriber that takes
+    // nothing is full within a few thousand messages, and dropped 300 ms
+    // later (while the publisher goes on publishing, or afterwards: its
+    // polls keep trying to write what the subscriber is missing).
+    let cfg = config(7813, 64 << 10, 300_000_000);
     let ip = local_ip();
     let stop = Arc::new(AtomicBool::new(false));
-    let (pcfg, pstop) = (cfg.clone(), stop.clone());
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (pcfg, pstop, pdropped) = (cfg.clone(), stop.clone(), dropped.clone());
     let publisher = std::thread::spawn(move || {
         let mut p = RcFanoutPublisher::new(&pcfg, CHANNEL, now_ns() + 1, ip).expect("publisher");
         let mut book = Book::new();
@@ -399,6 +401,10 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
             }
             p.poll(now_ns(), &book).unwrap();
             while let Some(e) = p.poll_event() {
+                if matches!(e, FanoutEvent::SubscriberDropped { .. }) {
+                    // ORDERING: Release, pairs with the test thread's Acquire.
+                    pdropped.store(true, Ordering::Release);
+                }
                 events.push(e);
             }
             std::thread::sleep(Duration::from_micros(100));
@@ -409,6 +415,10 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
         while !pstop.load(Ordering::Acquire) {
             p.poll(now_ns(), &book).unwrap();
             while let Some(e) = p.poll_event() {
+                if matches!(e, FanoutEvent::SubscriberDropped { .. }) {
+                    // ORDERING: Release, pairs with the test thread's Acquire.
+                    pdropped.store(true, Ordering::Release);
+                }
                 events.push(e);
             }
             assert!(t0.elapsed() < Duration::from_secs(180), "never stopped");
@@ -434,8 +444,14 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
         (book, s.counters(), events)
     });
     let (hbook, hc, hevents) = healthy.join().unwrap();
-    // Now the stalled subscriber looks again: it got an in-order prefix,
-    // then lost the connection.
+    // Once the publisher has dropped it, the stalled subscriber looks
+    // again: it got an in-order prefix, then lost the connection.
+    let t0 = Instant::now();
+    // ORDERING: Acquire, pairs with the publisher thread's Release store.
+    while !dropped.load(Ordering::Acquire) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the stalled subscriber was never dropped");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut sbook = Book::new();
     let mut sevents = Vec::new();
     let t0 = Instant::now();

@@ -305,14 +305,60 @@ pub struct FanoutRow {
     pub lag: u64,
 }
 
+/// The slow-subscriber policy for one subscriber, free of I/O: where its
+/// stream stands in the publisher's history, and whether it has to go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubscriberCursor {
+    /// First sequence not yet written into its ring (a datagram boundary).
+    next: u64,
+    /// Since when nothing could be written (its ring full).
+    blocked_since: Option<u64>,
+}
+
+impl SubscriberCursor {
+    /// A subscriber whose stream starts at sequence `from`.
+    pub fn new(from: u64) -> Self {
+        SubscriberCursor {
+            next: from,
+            blocked_since: None,
+        }
+    }
+    /// First sequence not yet written to it.
+    pub fn next(&self) -> u64 {
+        self.next
+    }
+    /// The history's next datagram for it starts at `first`: later than
+    /// [`next`](Self::next) means what it needs was overwritten, and it
+    /// cannot be given a contiguous stream any more.
+    pub fn check(&self, first: u64) -> Result<(), FanoutDrop> {
+        if first > self.next {
+            Err(FanoutDrop::BehindHistory)
+        } else {
+            Ok(())
+        }
+    }
+    /// A datagram ending before `end` was written into its ring.
+    pub fn wrote(&mut self, end: u64) {
+        self.next = end;
+        self.blocked_since = None;
+    }
+    /// A turn that had something for it wrote nothing (its ring is full):
+    /// `Err(Stalled)` once that has lasted `slow_ns`.
+    pub fn blocked(&mut self, now: u64, slow_ns: u64) -> Result<(), FanoutDrop> {
+        let since = *self.blocked_since.get_or_insert(now);
+        if now.saturating_sub(since) >= slow_ns {
+            Err(FanoutDrop::Stalled)
+        } else {
+            Ok(())
+        }
+    }
+}
+
 struct FanoutSub {
     id: u32,
     conn: Connection,
     peer: String,
-    /// First sequence not yet written into its ring (a datagram boundary).
-    cursor: u64,
-    /// Since when its ring has been full (nothing could be written).
-    blocked_since: Option<u64>,
+    cursor: SubscriberCursor,
     /// Recovery answers not yet written, whole messages.
     outbox: Vec<u8>,
     out_pos: usize,
@@ -432,8 +478,8 @@ impl RcFanoutPublisher {
             .map(|s| FanoutRow {
                 id: s.id,
                 peer: s.peer.clone(),
-                position: s.cursor,
-                lag: next.saturating_sub(s.cursor),
+                position: s.cursor.next(),
+                lag: next.saturating_sub(s.cursor.next()),
             })
             .collect()
     }
@@ -529,7 +575,7 @@ impl RcFanoutPublisher {
     fn fan_out(&mut self, now: u64) {
         let end = self.state.unflushed_seq();
         for sub in &mut self.subs {
-            if sub.cursor < end && sub.doomed.is_none() {
+            if sub.cursor.next() < end && sub.doomed.is_none() {
                 write_datagrams(sub, &self.state, end, now, &self.limits, &mut self.stats);
             }
         }
@@ -584,8 +630,7 @@ impl RcFanoutPublisher {
             id: self.next_id,
             conn,
             peer: peer.clone(),
-            cursor,
-            blocked_since: None,
+            cursor: SubscriberCursor::new(cursor),
             outbox: Vec::new(),
             out_pos: 0,
             requests: Pacer::new(l.requests_per_sec, l.request_burst),
@@ -615,7 +660,7 @@ impl RcFanoutPublisher {
                 FanoutDrop::BehindHistory => self.stats.dropped_behind_history += 1,
                 FanoutDrop::Lost => self.stats.subscribers_lost += 1,
             }
-            let behind = self.state.next_seq().saturating_sub(s.cursor);
+            let behind = self.state.next_seq().saturating_sub(s.cursor.next());
             tracing::warn!(peer = %s.peer, id = s.id, ?reason, behind, "rc fan-out: subscriber dropped");
             self.push_event(FanoutEvent::SubscriberDropped {
                 id: s.id,
@@ -648,19 +693,17 @@ fn write_datagrams(
 ) {
     let p = sub.conn.publication(STREAM);
     let mut wrote = false;
-    while sub.cursor < end {
-        let Some((first, next, bytes)) = state.sealed_from(sub.cursor) else {
+    while sub.cursor.next() < end {
+        let Some((first, next, bytes)) = state.sealed_from(sub.cursor.next()) else {
             break;
         };
-        if first > sub.cursor {
-            // What it needs next was overwritten: it cannot be given a
-            // contiguous stream any more.
-            sub.doomed = Some(FanoutDrop::BehindHistory);
+        if let Err(why) = sub.cursor.check(first) {
+            sub.doomed = Some(why);
             return;
         }
         match p.offer(FRAME_DATAGRAM, bytes) {
             Ok(()) => {
-                sub.cursor = next;
+                sub.cursor.wrote(next);
                 wrote = true;
                 stats.datagrams_written += 1;
             }
@@ -675,15 +718,11 @@ fn write_datagrams(
         }
     }
     if wrote {
-        sub.blocked_since = None;
         if sub.conn.flush().is_err() {
             sub.doomed = Some(FanoutDrop::Lost);
         }
-    } else {
-        let since = *sub.blocked_since.get_or_insert(now);
-        if now.saturating_sub(since) >= limits.slow_ns {
-            sub.doomed = Some(FanoutDrop::Stalled);
-        }
+    } else if let Err(why) = sub.cursor.blocked(now, limits.slow_ns) {
+        sub.doomed = Some(why);
     }
 }
 
@@ -1097,6 +1136,30 @@ mod tests {
         // 4 KiB datagrams need rings of four 4,144-byte frames.
         let big = format!("max_datagram_payload = 4096\n[rc_fanout]\nring_size = 65536\n{RC}");
         assert!(McastConfig::from_toml_str(&big).is_ok());
+    }
+
+    #[test]
+    fn a_full_ring_is_skipped_then_dropped_after_the_bound() {
+        let mut c = SubscriberCursor::new(100);
+        assert_eq!(c.check(100), Ok(()));
+        c.wrote(164);
+        assert_eq!(c.next(), 164);
+        // Full: skipped, not dropped, until slow_ns has passed.
+        assert_eq!(c.blocked(1_000, 500), Ok(()));
+        assert_eq!(c.blocked(1_499, 500), Ok(()));
+        // Progress resets the clock.
+        c.wrote(200);
+        assert_eq!(c.blocked(1_600, 500), Ok(()));
+        assert_eq!(c.blocked(2_099, 500), Ok(()));
+        assert_eq!(c.blocked(2_100, 500), Err(FanoutDrop::Stalled));
+    }
+
+    #[test]
+    fn falling_out_of_the_history_is_a_drop() {
+        let c = SubscriberCursor::new(50);
+        // The oldest datagram the history still has starts later.
+        assert_eq!(c.check(51), Err(FanoutDrop::BehindHistory));
+        assert_eq!(c.check(40), Ok(()), "a datagram that began earlier still holds 50");
     }
 
     #[test]
