@@ -290,7 +290,11 @@ fn rdma_md_rc_fanout_three_subscribers_in_order() {
         // Present from the start: every message delivered, no snapshot.
         assert_eq!(c.delivered, total, "{c:?}");
         assert_eq!(c.snapshots_applied, 0, "{c:?}");
-        assert_eq!((c.unrecoverable, c.gaps_detected), (0, 0), "{c:?} {events:?}");
+        assert_eq!(
+            (c.unrecoverable, c.gaps_detected),
+            (0, 0),
+            "{c:?} {events:?}"
+        );
     }
     let st = p.stats();
     assert_eq!(st.subscribers_joined, subs as u64);
@@ -350,7 +354,10 @@ fn rdma_md_rc_fanout_late_joiner_starts_from_snapshot() {
     let MdPublisher::Rc(p) = p else {
         unreachable!()
     };
-    eprintln!("late joiner: {lc:?} events {events:?}\npublisher: {:?}", p.stats());
+    eprintln!(
+        "late joiner: {lc:?} events {events:?}\npublisher: {:?}",
+        p.stats()
+    );
     assert_eq!(early_book.digest(), book.digest());
     assert_eq!((ec.delivered, ec.snapshots_applied), (total, 0));
     // The late joiner started from a snapshot taken at or after message
@@ -408,7 +415,10 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
                 events.push(e);
             }
             std::thread::sleep(Duration::from_micros(100));
-            assert!(t0.elapsed() < Duration::from_secs(120), "publisher too slow");
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "publisher too slow"
+            );
         }
         p.flush(now_ns()).unwrap();
         // ORDERING: Acquire, pairs with the test thread's Release store.
@@ -449,7 +459,10 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
     let t0 = Instant::now();
     // ORDERING: Acquire, pairs with the publisher thread's Release store.
     while !dropped.load(Ordering::Acquire) {
-        assert!(t0.elapsed() < Duration::from_secs(30), "the stalled subscriber was never dropped");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the stalled subscriber was never dropped"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let mut sbook = Book::new();
@@ -476,7 +489,10 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
     assert_eq!((hc.delivered, hc.unrecoverable), (total, 0), "{hevents:?}");
     // The stalled one was dropped, with an event and a counter.
     assert_eq!(st.dropped_stalled + st.dropped_behind_history, 1, "{st:?}");
-    assert_eq!(st.dropped_stalled, 1, "ring full past slow_subscriber_ns: {st:?}");
+    assert_eq!(
+        st.dropped_stalled, 1,
+        "ring full past slow_subscriber_ns: {st:?}"
+    );
     assert!(st.back_pressured > 0, "{st:?}");
     let dropped: Vec<_> = events
         .iter()

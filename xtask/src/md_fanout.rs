@@ -18,31 +18,31 @@ pub fn run(root: &Path, iterations: Option<u64>, extra: &str) -> Result<()> {
         "timeout 900 {} md-fanout {n} {extra}",
         vm::shell_quote(&exe.display().to_string())
     );
-    let lines: Vec<String> = if std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
-    {
-        eprintln!("== this host has an RDMA device: running natively");
-        let o = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(&cmd)
-            .current_dir(root)
-            .output()?;
-        eprint!("{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    } else {
-        let img = setup::guest_image()?;
-        let opts = vm::VmOptions {
-            timeout: Duration::from_secs(1200),
-            ..Default::default()
+    let lines: Vec<String> =
+        if std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some()) {
+            eprintln!("== this host has an RDMA device: running natively");
+            let o = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(&cmd)
+                .current_dir(root)
+                .output()?;
+            eprint!("{}", String::from_utf8_lossy(&o.stderr));
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::to_owned)
+                .collect()
+        } else {
+            let img = setup::guest_image()?;
+            let opts = vm::VmOptions {
+                timeout: Duration::from_secs(1200),
+                ..Default::default()
+            };
+            let out = vm::run(&img, root, &cmd, &opts)?;
+            if out.status() != 0 {
+                bail!("md-fanout failed in the guest (status {})", out.status());
+            }
+            out.output.into_iter().next().unwrap_or_default()
         };
-        let out = vm::run(&img, root, &cmd, &opts)?;
-        if out.status() != 0 {
-            bail!("md-fanout failed in the guest (status {})", out.status());
-        }
-        out.output.into_iter().next().unwrap_or_default()
-    };
     let Some(summary) = lines.iter().find(|l| l.starts_with("md-fanout: ")) else {
         bail!("the harness printed no md-fanout line");
     };

@@ -622,7 +622,11 @@ impl McastConfig {
             }
             if ch.transport == Transport::Rc {
                 if !ch.line_a.is_unspecified() || ch.line_b.is_some() {
-                    let k = if ch.line_b.is_some() { "line_b" } else { "line_a" };
+                    let k = if ch.line_b.is_some() {
+                        "line_b"
+                    } else {
+                        "line_a"
+                    };
                     return Err(invalid(
                         key(k),
                         "has no meaning with transport = \"rc\" (the stream goes over RC to `port`): remove it",

@@ -558,7 +558,7 @@ impl RcFanoutPublisher {
             }
         }
         if now >= self.next_cm_check {
-            self.accept(now);
+            self.accept();
             self.next_cm_check = now
                 + if self.listener.pending() > 0 {
                     CM_STEP_NS
@@ -582,7 +582,7 @@ impl RcFanoutPublisher {
     }
 
     /// Takes one finished handshake, if any, without waiting.
-    fn accept(&mut self, now: u64) {
+    fn accept(&mut self) {
         let conn = match self.listener.accept(Duration::ZERO) {
             Ok(Some(c)) => c,
             Ok(None) => return,
@@ -1042,7 +1042,10 @@ impl RcFanoutSubscriber {
                 break;
             };
             let n = req.encode(&mut self.req).unwrap_or(0);
-            match conn.publication(STREAM).offer(FRAME_REQUEST, &self.req[..n]) {
+            match conn
+                .publication(STREAM)
+                .offer(FRAME_REQUEST, &self.req[..n])
+            {
                 Ok(()) => {
                     stats.requests_sent += 1;
                     sent = true;
@@ -1088,7 +1091,10 @@ mod tests {
         assert_eq!(rc_channel(&cfg, 3).unwrap(), 7700);
         let o = orders_config(&cfg);
         assert_eq!(o.validate(), Ok(()));
-        assert!(!o.token.is_empty() && o.token != "s", "domain-separated token");
+        assert!(
+            !o.token.is_empty() && o.token != "s",
+            "domain-separated token"
+        );
         assert_eq!(o.max_payload, 4096);
         // The multicast default is unchanged, and asks for its groups.
         let m = McastConfig::from_toml_str(
@@ -1159,7 +1165,11 @@ mod tests {
         let c = SubscriberCursor::new(50);
         // The oldest datagram the history still has starts later.
         assert_eq!(c.check(51), Err(FanoutDrop::BehindHistory));
-        assert_eq!(c.check(40), Ok(()), "a datagram that began earlier still holds 50");
+        assert_eq!(
+            c.check(40),
+            Ok(()),
+            "a datagram that began earlier still holds 50"
+        );
     }
 
     #[test]
@@ -1180,9 +1190,7 @@ mod tests {
             version: wire::VERSION,
             session: 0x0102_0304_0506_0708.into(),
         };
-        const BYTES: [u8; 16] = [
-            b'R', b'B', b'F', b'1', 3, 0, 1, 1, 8, 7, 6, 5, 4, 3, 2, 1,
-        ];
+        const BYTES: [u8; 16] = [b'R', b'B', b'F', b'1', 3, 0, 1, 1, 8, 7, 6, 5, 4, 3, 2, 1];
         assert_eq!(w.as_bytes(), &BYTES);
         let (back, _) = FanoutWelcome::read_from_prefix(&BYTES).unwrap();
         assert_eq!(back.session.get(), 0x0102_0304_0506_0708);
