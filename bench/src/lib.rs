@@ -29,6 +29,7 @@
 //! ```
 
 pub mod demo;
+pub mod fanout;
 pub mod ipc;
 pub mod md;
 pub mod rc;

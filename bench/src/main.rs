@@ -31,6 +31,8 @@ enum Cmd {
     MdLatency(rocebus_bench::md::MdArgs),
     /// Market data: time to recover one lost datagram, in RC round trips.
     MdRecovery(rocebus_bench::md::MdArgs),
+    /// Market data: publisher CPU per message, multicast vs RC fan-out, 1/2/4 subscribers.
+    MdFanout(rocebus_bench::fanout::FanoutArgs),
     /// Shared memory: ping-pong round trip between two spinning threads (vs Aeron's aeron:ipc).
     IpcLatency(rocebus_bench::ipc::IpcArgs),
     /// Shared memory: 64-byte messages per second, one publisher to one subscriber.
@@ -61,6 +63,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::MdThroughput(a) => rocebus_bench::md::throughput(&a),
         Cmd::MdLatency(a) => rocebus_bench::md::latency(&a),
         Cmd::MdRecovery(a) => rocebus_bench::md::recovery(&a),
+        Cmd::MdFanout(a) => rocebus_bench::fanout::run(&a),
         Cmd::IpcLatency(a) => rocebus_bench::ipc::latency(&a),
         Cmd::IpcThroughput(a) => rocebus_bench::ipc::throughput(&a),
         Cmd::GatewayRtt(a) => gateway::run(&a),

@@ -197,6 +197,7 @@ pub fn names() -> Vec<&'static str> {
         .map(|s| s.name)
         .chain(HOST_ONLY.iter().copied())
         .chain(["books", "ipc", "md-repair"])
+        .chain(["md-fanout"])
         .collect()
 }
 
@@ -357,6 +358,9 @@ pub fn run(
     }
     if name == "md-repair" {
         return crate::md_repair::run(root);
+    }
+    if name == "md-fanout" {
+        return crate::md_fanout::run(root, iterations, ours_extra);
     }
     let rounds = rounds.unwrap_or(5);
     let spec = SPECS

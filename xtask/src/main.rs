@@ -7,6 +7,7 @@ mod check_build;
 mod demo;
 mod fuzz;
 mod ipc;
+mod md_fanout;
 mod md_repair;
 mod setup;
 mod test;

@@ -113,7 +113,31 @@ fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// One channel: a stream carried on one or two multicast groups.
+/// How a channel's stream reaches its subscribers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// UD multicast on `line_a` (and `line_b`), gaps repaired over RC.
+    #[default]
+    Multicast,
+    /// RC fan-out for fabrics that route no multicast: the publisher
+    /// RDMA-WRITEs every datagram into each subscriber's ring
+    /// ([`super::rcfanout`]); `line_a`/`line_b` must be left out.
+    Rc,
+}
+
+impl Transport {
+    /// The name as written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Multicast => "multicast",
+            Transport::Rc => "rc",
+        }
+    }
+}
+
+/// One channel: a stream carried on one or two multicast groups, or (with
+/// `transport = "rc"`) fanned out over RC connections.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChannelConfig {
@@ -121,7 +145,12 @@ pub struct ChannelConfig {
     pub id: u16,
     /// Human-readable name (logs, counters).
     pub name: String,
-    /// Multicast group of line A.
+    /// `"multicast"` (the default) or `"rc"`.
+    #[serde(default)]
+    pub transport: Transport,
+    /// Multicast group of line A (required with multicast, absent with rc,
+    /// where it reads as the unspecified address).
+    #[serde(default = "no_group")]
     pub line_a: IpAddr,
     /// Multicast group of line B, if the stream is duplicated.
     #[serde(default)]
@@ -135,6 +164,10 @@ pub struct ChannelConfig {
 
 fn default_qkey() -> u32 {
     DEFAULT_QKEY
+}
+
+fn no_group() -> IpAddr {
+    IpAddr::from([0u8; 4])
 }
 
 /// Receive-side queue sizing.
@@ -411,6 +444,9 @@ pub struct McastConfig {
     /// Authentication (recovery admission, datagram tags).
     #[serde(default)]
     pub auth: AuthConfig,
+    /// RC fan-out (channels with `transport = "rc"`).
+    #[serde(default)]
+    pub rc_fanout: super::rcfanout::RcFanoutConfig,
     /// Channels.
     pub channels: Vec<ChannelConfig>,
 }
@@ -595,12 +631,33 @@ impl McastConfig {
         if self.channels.is_empty() {
             return Err(invalid("channels", "at least one channel is required"));
         }
+        if self.channels.iter().any(|c| c.transport == Transport::Rc) {
+            self.rc_fanout.validate(self.max_datagram_payload)?;
+        }
         for (i, ch) in self.channels.iter().enumerate() {
             let key = |field: &str| format!("channels[{i}].{field}");
             if ch.name.is_empty() {
                 return Err(invalid(key("name"), "must not be empty"));
             }
-            if !ch.line_a.is_multicast() {
+            if ch.transport == Transport::Rc {
+                if !ch.line_a.is_unspecified() || ch.line_b.is_some() {
+                    let k = if ch.line_b.is_some() {
+                        "line_b"
+                    } else {
+                        "line_a"
+                    };
+                    return Err(invalid(
+                        key(k),
+                        "has no meaning with transport = \"rc\" (the stream goes over RC to `port`): remove it",
+                    ));
+                }
+            } else if ch.line_a.is_unspecified() {
+                return Err(invalid(
+                    key("line_a"),
+                    "is required with transport = \"multicast\" (or set transport = \"rc\" for a fabric without multicast)",
+                ));
+            }
+            if ch.transport == Transport::Multicast && !ch.line_a.is_multicast() {
                 return Err(invalid(
                     key("line_a"),
                     format!("{} is not multicast", ch.line_a),

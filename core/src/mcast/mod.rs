@@ -8,7 +8,8 @@
 //! subscriber's sequencing and recovery ([`subscriber`]), how the publisher
 //! answers retransmit requests, unicast or multicast ([`repair`]), the
 //! subscribers' status reports and the publisher's view of them
-//! ([`status`]), the application
+//! ([`status`]), the RC fan-out for fabrics without multicast
+//! ([`rcfanout`], chosen per channel by `transport`, see [`transport`]), the application
 //! traits ([`snapshot`]) and the TOML configuration ([`config`]).
 //!
 //! The state machines must not touch sockets, verbs, threads or clocks
@@ -25,20 +26,24 @@ pub mod config;
 pub mod fragment;
 pub mod net;
 pub mod publisher;
+pub mod rcfanout;
 pub mod repair;
 pub mod snapshot;
 pub mod status;
 pub mod subscriber;
+pub mod transport;
 pub mod wire;
 
 pub use net::{now_ns, McastPublisher, McastSubscriber, NetError};
 pub use publisher::{ClaimError, Pacer, PublisherConfig, PublisherState, RetransmitReply};
+pub use rcfanout::{FanoutDrop, FanoutError, FanoutEvent, RcFanoutPublisher, RcFanoutSubscriber};
 pub use repair::{RepairConfig, RepairCounters, RepairDecision, RepairPlanner};
 pub use snapshot::{Handler, RestoreError, Snapshot, SnapshotSink};
 pub use status::{PublisherEvent, StatusReporter, SubscriberRow, SubscriberTable};
 pub use subscriber::{
     Event, Phase, Request, SubscriberConfig, SubscriberCounters, SubscriberState,
 };
+pub use transport::{MdPublisher, MdSubscriber};
 pub use wire::{Datagram, Line};
 
 /// A zeroed buffer with every page already faulted in. The publisher's

@@ -132,6 +132,17 @@ pub enum NetError {
         /// What was wrong.
         reason: &'static str,
     },
+    /// The channel is configured with another `transport`: multicast
+    /// channels are served by [`McastPublisher`]/[`McastSubscriber`], RC
+    /// fan-out ones by [`super::rcfanout`]; [`super::MdPublisher`] and
+    /// [`super::MdSubscriber`] pick the right one from the configuration.
+    #[error("channel {channel} is configured with transport = \"{configured}\": use the matching publisher and subscriber (MdPublisher/MdSubscriber pick it from the configuration)")]
+    WrongTransport {
+        /// The channel.
+        channel: u16,
+        /// Its configured transport.
+        configured: &'static str,
+    },
     /// Both lines of a channel came out of their joins with the same
     /// multicast GID: the A/B copies would land on one queue pair twice.
     #[error("lines A and B of channel {channel} joined the same multicast GID {mgid}")]
@@ -215,7 +226,15 @@ pub struct PublisherIoStats {
 }
 
 fn channel_of(cfg: &McastConfig, channel: u16) -> Result<&ChannelConfig, NetError> {
-    cfg.channel(channel).ok_or(NetError::NoChannel(channel))
+    let ch = cfg.channel(channel).ok_or(NetError::NoChannel(channel))?;
+    // A `transport = "rc"` channel has no groups: see super::rcfanout.
+    if ch.transport != super::config::Transport::Multicast {
+        return Err(NetError::WrongTransport {
+            channel,
+            configured: ch.transport.as_str(),
+        });
+    }
+    Ok(ch)
 }
 
 fn rc_options(cfg: &McastConfig) -> RcOptions {

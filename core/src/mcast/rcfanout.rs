@@ -1,0 +1,1208 @@
+//! Market data without multicast: RC fan-out.
+//!
+//! For fabrics that route no multicast (many RoCE fabrics, most clouds), a
+//! channel with `transport = "rc"` is carried over one RC connection per
+//! subscriber: the publisher RDMA-WRITEs every datagram it seals into each
+//! subscriber's ring, through the orders path's rings ([`crate::orders`],
+//! whose core is [`crate::ring::proto`]). What travels is exactly what the
+//! multicast path sends: the datagrams of [`PublisherState`]'s history, and
+//! the recovery messages of [`super::wire`]; the subscriber feeds them to the
+//! same [`SubscriberState`], so the application sees the same API
+//! ([`Handler`], [`SnapshotSink`], [`Event`], sequences, snapshots).
+//!
+//! # Admission
+//!
+//! Subscribers connect through the orders handshake: both sides prove they
+//! hold `auth.secret` by challenge-response ([`crate::auth`]) before any
+//! frame is read. The orders token is derived from the secret with a
+//! market-data prefix, so a market-data secret never opens an orders
+//! listener that happens to use the same string. The first frame on a new
+//! connection is a [`FanoutWelcome`] (channel, session, tag flag), then a
+//! heartbeat carrying the next sequence, then datagrams.
+//!
+//! # A consistent start
+//!
+//! A subscriber receives datagrams from the one sealed after it was admitted.
+//! The subscriber state machine does what it does on multicast: a first
+//! datagram at most `recovery.join_replay_max` messages into the stream has
+//! the start replayed from the publisher's history; further in it is a late
+//! join, and the subscriber asks for a snapshot (over the same connection),
+//! buffers the live datagrams meanwhile, and goes live at the snapshot's
+//! sequence + 1. Nothing is ever lost on RC, so no other recovery happens.
+//!
+//! # Slow subscribers
+//!
+//! Each subscriber has its own cursor into the publisher's history. A
+//! subscriber whose ring is full is skipped (the others go on) and resumes
+//! from its cursor once it returns credit. It is dropped, with a
+//! [`FanoutEvent::SubscriberDropped`] and a counter, when its ring stayed
+//! full for `rc_fanout.slow_subscriber_ns` (it took nothing that long), or
+//! when it fell so far behind that the history no longer holds the datagram
+//! it needs next. A dropped subscriber sees [`Event::RecoveryLost`] and
+//! [`RcFanoutSubscriber::connected`] turn false; a new subscriber rejoins
+//! through a snapshot.
+//!
+//! What this module must not do: touch multicast, decide sequencing (that
+//! is [`PublisherState`]'s and [`SubscriberState`]'s), allocate per message,
+//! or log per message.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use serde::Deserialize;
+use zerocopy::byteorder::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+use super::config::{ConfigError, McastConfig, Transport};
+use super::net::{NetError, PublishError, SNAPSHOT_CHUNK};
+use super::publisher::{ClaimError, Pacer, PublisherState, RetransmitReply};
+use super::snapshot::{encode_snapshot, Handler, Snapshot, SnapshotSink};
+use super::subscriber::{Event, SubscriberCounters, SubscriberState};
+use super::wire::{
+    self, Line, RecoveryHeader, RecoveryMsg, RetransmitRequest, FLAG_DATAGRAM_TAG,
+    RECOVERY_HEADER_LEN,
+};
+use crate::orders::{Connection, OfferError, OrdersConfig, OrdersError, OrdersListener};
+use crate::ring::frame::frame_len;
+use crate::verbs::RcOptions;
+
+/// The ring stream every fan-out frame travels on.
+pub const STREAM: u16 = 1;
+/// Frame type of the publisher's [`FanoutWelcome`] (the first frame).
+pub const FRAME_WELCOME: u16 = 0x4D01;
+/// Frame type of one datagram, as the multicast path would send it.
+pub const FRAME_DATAGRAM: u16 = 0x4D02;
+/// Frame type of one or more recovery messages (retransmits, snapshots).
+pub const FRAME_RECOVERY: u16 = 0x4D03;
+/// Frame type of a subscriber's request (retransmit, snapshot).
+pub const FRAME_REQUEST: u16 = 0x4D04;
+
+/// [`FanoutWelcome::magic`].
+pub const WELCOME_MAGIC: u32 = u32::from_le_bytes(*b"RBF1");
+
+/// Frames a poll takes from one ring at most.
+const POLL_LIMIT: usize = 64;
+/// How often the publisher looks for new connections (a system call).
+const CM_CHECK_NS: u64 = 1_000_000;
+/// The same while a handshake is under way.
+const CM_STEP_NS: u64 = 50_000;
+/// Events kept for [`RcFanoutPublisher::poll_event`]; older ones are dropped (counted).
+const MAX_EVENTS: usize = 256;
+
+/// The first frame on a fan-out connection: which stream this is.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
+#[repr(C)]
+pub struct FanoutWelcome {
+    /// [`WELCOME_MAGIC`].
+    pub magic: U32,
+    /// Channel id.
+    pub channel: U16,
+    /// [`FLAG_DATAGRAM_TAG`] if datagrams carry a tag.
+    pub flags: u8,
+    /// [`wire::VERSION`].
+    pub version: u8,
+    /// The publisher's session.
+    pub session: U64,
+}
+const _: () = assert!(core::mem::size_of::<FanoutWelcome>() == 16);
+
+/// Largest frame payload the fan-out sends: a retransmitted datagram with
+/// its recovery header, or a snapshot chunk message.
+pub fn max_frame_payload(max_datagram_payload: usize) -> usize {
+    (max_datagram_payload + RECOVERY_HEADER_LEN).max(super::net::RC_MSG_LEN)
+}
+
+/// The `[rc_fanout]` table.
+///
+/// ```toml
+/// [rc_fanout]
+/// ring_size = 1048576            # each subscriber's ring (power of two)
+/// slow_subscriber_ns = 1000000000 # a ring full this long: the subscriber is dropped
+/// max_subscribers = 32
+/// connect_timeout_ms = 5000
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RcFanoutConfig {
+    /// Bytes of each subscriber's ring (power of two, 64 KiB..=1 GiB, at
+    /// least four of the largest frames).
+    pub ring_size: usize,
+    /// A subscriber whose ring stayed full this long is dropped.
+    pub slow_subscriber_ns: u64,
+    /// Subscribers at once; one more is refused (disconnected, counted).
+    pub max_subscribers: usize,
+    /// Connection set-up timeout (the subscriber's connect; the
+    /// publisher's pending handshakes).
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for RcFanoutConfig {
+    fn default() -> Self {
+        RcFanoutConfig {
+            ring_size: 1 << 20,
+            slow_subscriber_ns: 1_000_000_000,
+            max_subscribers: 32,
+            connect_timeout_ms: 5000,
+        }
+    }
+}
+
+impl RcFanoutConfig {
+    /// Checks the values against the datagram size; the error names the key.
+    pub fn validate(&self, max_datagram_payload: usize) -> Result<(), ConfigError> {
+        let bad = |key: &str, reason: String| ConfigError::Invalid {
+            key: format!("rc_fanout.{key}"),
+            reason,
+        };
+        let frame = frame_len(max_frame_payload(max_datagram_payload));
+        if !self.ring_size.is_power_of_two()
+            || !(64 << 10..=1 << 30).contains(&self.ring_size)
+            || self.ring_size < 4 * frame
+        {
+            return Err(bad(
+                "ring_size",
+                format!(
+                    "{} must be a power of two within 65536..=2^30 and at least {} (four frames of {frame} bytes)",
+                    self.ring_size,
+                    4 * frame
+                ),
+            ));
+        }
+        if self.slow_subscriber_ns == 0 {
+            return Err(bad("slow_subscriber_ns", "must be greater than 0".into()));
+        }
+        if !(1..=1024).contains(&self.max_subscribers) {
+            return Err(bad("max_subscribers", "must be within 1..=1024".into()));
+        }
+        if self.connect_timeout_ms == 0 {
+            return Err(bad("connect_timeout_ms", "must be greater than 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// The orders-path configuration of a fan-out channel: both sides build it
+/// from the same market-data configuration.
+fn orders_config(cfg: &McastConfig) -> OrdersConfig {
+    let f = &cfg.rc_fanout;
+    OrdersConfig {
+        ring_size: f.ring_size,
+        max_payload: max_frame_payload(cfg.max_datagram_payload),
+        // Domain-separated from an orders token of the same string.
+        token: format!("rocebus market data over RC fan-out\0{}", cfg.auth.secret),
+        rc: RcOptions {
+            timeout: cfg.recovery.rc_timeout,
+            ..RcOptions::default()
+        },
+        connect_timeout_ms: f.connect_timeout_ms,
+        max_peer_ring_size: f.ring_size,
+        max_connections_per_peer: f.max_subscribers,
+        ..OrdersConfig::default()
+    }
+}
+
+/// Errors of the fan-out's set-up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FanoutError {
+    /// No such channel, wrong transport, or a verbs failure.
+    #[error(transparent)]
+    Net(#[from] NetError),
+    /// The RC connection (handshake, token, ring) failed.
+    #[error(transparent)]
+    Orders(#[from] OrdersError),
+}
+
+fn rc_channel(cfg: &McastConfig, channel: u16) -> Result<u16, NetError> {
+    let ch = cfg.channel(channel).ok_or(NetError::NoChannel(channel))?;
+    if ch.transport != Transport::Rc {
+        return Err(NetError::WrongTransport {
+            channel,
+            configured: ch.transport.as_str(),
+        });
+    }
+    Ok(ch.port)
+}
+
+/// Why the publisher dropped a subscriber.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FanoutDrop {
+    /// Its ring stayed full for `rc_fanout.slow_subscriber_ns`.
+    Stalled,
+    /// It fell further behind than the publisher's history reaches.
+    BehindHistory,
+    /// The connection failed (peer gone, or it broke the ring protocol).
+    Lost,
+}
+
+/// What the publisher tells the application about its subscribers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FanoutEvent {
+    /// A subscriber proved the secret and was admitted.
+    SubscriberJoined {
+        /// Its connection id.
+        id: u32,
+        /// Its address.
+        peer: String,
+    },
+    /// A subscriber was dropped (the others are not affected).
+    SubscriberDropped {
+        /// Its connection id.
+        id: u32,
+        /// Its address.
+        peer: String,
+        /// Why.
+        reason: FanoutDrop,
+        /// Messages it had not been sent yet.
+        behind: u64,
+    },
+}
+
+/// Publisher counters (plain values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FanoutStats {
+    /// Datagram frames written, summed over subscribers.
+    pub datagrams_written: u64,
+    /// Times a subscriber's ring was found full (it was skipped that turn).
+    pub back_pressured: u64,
+    /// Subscribers admitted.
+    pub subscribers_joined: u64,
+    /// Admitted connections refused because `max_subscribers` were connected.
+    pub subscribers_refused: u64,
+    /// Subscribers dropped because their ring stayed full too long.
+    pub dropped_stalled: u64,
+    /// Subscribers dropped because they fell out of the history.
+    pub dropped_behind_history: u64,
+    /// Subscribers whose connection failed.
+    pub subscribers_lost: u64,
+    /// Retransmit requests served (late joiners near the stream's start).
+    pub retransmit_requests: u64,
+    /// Snapshots served (late joiners).
+    pub snapshots_served: u64,
+    /// Requests dropped by the per-connection rate limits.
+    pub requests_rate_limited: u64,
+    /// Requests dropped as undecodable, foreign, or with the outbox full.
+    pub requests_dropped: u64,
+    /// Retransmit requests cut to `recovery.max_request_messages`.
+    pub requests_clamped: u64,
+    /// Local failures taking a connection (no resources).
+    pub accept_errors: u64,
+    /// Events dropped because nobody took them.
+    pub events_dropped: u64,
+}
+
+/// One subscriber as the publisher sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FanoutRow {
+    /// Connection id.
+    pub id: u32,
+    /// Address.
+    pub peer: String,
+    /// Next sequence to be written into its ring.
+    pub position: u64,
+    /// Published messages not yet written into its ring.
+    pub lag: u64,
+}
+
+/// The slow-subscriber policy for one subscriber, free of I/O: where its
+/// stream stands in the publisher's history, and whether it has to go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubscriberCursor {
+    /// First sequence not yet written into its ring (a datagram boundary).
+    next: u64,
+    /// Since when nothing could be written (its ring full).
+    blocked_since: Option<u64>,
+}
+
+impl SubscriberCursor {
+    /// A subscriber whose stream starts at sequence `from`.
+    pub fn new(from: u64) -> Self {
+        SubscriberCursor {
+            next: from,
+            blocked_since: None,
+        }
+    }
+    /// First sequence not yet written to it.
+    pub fn next(&self) -> u64 {
+        self.next
+    }
+    /// The history's next datagram for it starts at `first`: later than
+    /// [`next`](Self::next) means what it needs was overwritten, and it
+    /// cannot be given a contiguous stream any more.
+    pub fn check(&self, first: u64) -> Result<(), FanoutDrop> {
+        if first > self.next {
+            Err(FanoutDrop::BehindHistory)
+        } else {
+            Ok(())
+        }
+    }
+    /// A datagram ending before `end` was written into its ring.
+    pub fn wrote(&mut self, end: u64) {
+        self.next = end;
+        self.blocked_since = None;
+    }
+    /// A turn that had something for it wrote nothing (its ring is full):
+    /// `Err(Stalled)` once that has lasted `slow_ns`.
+    pub fn blocked(&mut self, now: u64, slow_ns: u64) -> Result<(), FanoutDrop> {
+        let since = *self.blocked_since.get_or_insert(now);
+        if now.saturating_sub(since) >= slow_ns {
+            Err(FanoutDrop::Stalled)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+struct FanoutSub {
+    id: u32,
+    conn: Connection,
+    peer: String,
+    cursor: SubscriberCursor,
+    /// Recovery answers not yet written, whole messages.
+    outbox: Vec<u8>,
+    out_pos: usize,
+    requests: Pacer,
+    snapshots: Pacer,
+    doomed: Option<FanoutDrop>,
+}
+
+/// Limits applied to requests, from the configuration.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    max_outbox: usize,
+    max_request_messages: u64,
+    max_frame: usize,
+    requests_per_sec: u64,
+    request_burst: u64,
+    snapshots_per_sec: u64,
+    snapshot_burst: u64,
+    slow_ns: u64,
+    max_subscribers: usize,
+    tags: bool,
+}
+
+/// A market-data publisher for one `transport = "rc"` channel: the same
+/// publishing API as [`super::McastPublisher`], fanning every datagram out
+/// to each subscriber's ring. See the module documentation.
+pub struct RcFanoutPublisher {
+    state: PublisherState,
+    // Field order: connections before the listener that made them.
+    subs: Vec<FanoutSub>,
+    listener: OrdersListener,
+    limits: Limits,
+    scratch: Vec<u8>,
+    events: VecDeque<FanoutEvent>,
+    stats: FanoutStats,
+    next_cm_check: u64,
+    next_id: u32,
+}
+
+impl std::fmt::Debug for RcFanoutPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RcFanoutPublisher")
+            .field("session", &self.state.session())
+            .field("next_seq", &self.state.next_seq())
+            .field("subscribers", &self.subs.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RcFanoutPublisher {
+    /// Listens for subscribers on `local`:`channel.port` (the RDMA device
+    /// owning `local` serves them). Never waits for a subscriber.
+    pub fn new(
+        cfg: &McastConfig,
+        channel: u16,
+        session: u64,
+        local: IpAddr,
+    ) -> Result<Self, FanoutError> {
+        let port = rc_channel(cfg, channel)?;
+        if cfg.auth.secret.is_empty() {
+            tracing::warn!(
+                channel,
+                "market data (rc fan-out): auth.secret is empty, so the handshake proves nothing: set a shared secret"
+            );
+        }
+        let listener = OrdersListener::bind(SocketAddr::new(local, port), orders_config(cfg))?;
+        let mut state = PublisherState::new(cfg.publisher(channel, session));
+        state.set_datagram_key(cfg.datagram_key());
+        let rs = &cfg.recovery_server;
+        Ok(RcFanoutPublisher {
+            state,
+            subs: Vec::with_capacity(cfg.rc_fanout.max_subscribers),
+            listener,
+            limits: Limits {
+                max_outbox: rs.max_outbox_bytes,
+                max_request_messages: cfg.recovery.max_request_messages,
+                max_frame: max_frame_payload(cfg.max_datagram_payload),
+                requests_per_sec: rs.requests_per_sec,
+                request_burst: rs.request_burst,
+                snapshots_per_sec: rs.snapshots_per_sec,
+                snapshot_burst: rs.snapshot_burst,
+                slow_ns: cfg.rc_fanout.slow_subscriber_ns,
+                max_subscribers: cfg.rc_fanout.max_subscribers,
+                tags: cfg.auth.datagram_tag,
+            },
+            scratch: Vec::new(),
+            events: VecDeque::with_capacity(MAX_EVENTS),
+            stats: FanoutStats::default(),
+            next_cm_check: 0,
+            next_id: 0,
+        })
+    }
+
+    /// The protocol state (sequence, history, counters).
+    pub fn state(&self) -> &PublisherState {
+        &self.state
+    }
+    /// Counters.
+    pub fn stats(&self) -> FanoutStats {
+        self.stats
+    }
+    /// Handshakes refused or failed (wrong secret, limits), as the orders
+    /// listener counts them.
+    pub fn listener_stats(&self) -> crate::orders::ListenerStats {
+        self.listener.stats()
+    }
+    /// Subscribers connected.
+    pub fn connections(&self) -> usize {
+        self.subs.len()
+    }
+    /// Every subscriber: position and lag (allocates; not for the hot path).
+    pub fn subscribers(&self) -> Vec<FanoutRow> {
+        let next = self.state.next_seq();
+        self.subs
+            .iter()
+            .map(|s| FanoutRow {
+                id: s.id,
+                peer: s.peer.clone(),
+                position: s.cursor.next(),
+                lag: next.saturating_sub(s.cursor.next()),
+            })
+            .collect()
+    }
+    /// The next event (a subscriber joined or was dropped).
+    pub fn poll_event(&mut self) -> Option<FanoutEvent> {
+        self.events.pop_front()
+    }
+
+    /// Appends one message to the open datagram (writing out a full one
+    /// first) and returns its sequence, as [`super::McastPublisher::publish`].
+    pub fn publish(&mut self, now: u64, msg: &[u8]) -> Result<u64, PublishError> {
+        match self.state.publish(msg) {
+            Ok(seq) if msg.len() > self.state.max_message_len() => {
+                self.fan_out(now);
+                Ok(seq)
+            }
+            Ok(seq) => Ok(seq),
+            Err(ClaimError::Full) => {
+                self.state.flush();
+                self.fan_out(now);
+                Ok(self.state.publish(msg)?)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Claims `len` bytes for the next message, as
+    /// [`super::McastPublisher::try_claim`].
+    pub fn try_claim(&mut self, now: u64, len: usize) -> Result<&mut [u8], PublishError> {
+        if len <= self.state.max_message_len()
+            && matches!(self.state.try_claim(len), Err(ClaimError::Full))
+        {
+            self.state.flush();
+            self.fan_out(now);
+        }
+        Ok(self.state.try_claim(len)?)
+    }
+
+    /// Commits the claimed message and returns its sequence.
+    pub fn commit(&mut self, now: u64) -> Option<u64> {
+        let fragments = self.state.counters().fragments;
+        let seq = self.state.commit()?;
+        if self.state.counters().fragments != fragments {
+            self.fan_out(now);
+        }
+        Some(seq)
+    }
+
+    /// Seals the open datagram and writes it to every subscriber that has room.
+    pub fn flush(&mut self, now: u64) -> Result<(), FanoutError> {
+        self.state.flush();
+        self.fan_out(now);
+        self.reap();
+        Ok(())
+    }
+
+    /// Does all pending work once: flushes on the batching timer, writes
+    /// what each subscriber is missing, serves their requests (snapshots
+    /// from `snapshot`), admits new subscribers and drops slow or lost ones.
+    /// Returns the datagram frames written. Never blocks.
+    pub fn poll(&mut self, now: u64, snapshot: &impl Snapshot) -> Result<usize, FanoutError> {
+        let before = self.stats.datagrams_written;
+        self.state.poll_flush(now);
+        self.fan_out(now);
+        for sub in &mut self.subs {
+            if sub.doomed.is_none() {
+                serve(
+                    sub,
+                    now,
+                    &mut self.state,
+                    snapshot,
+                    &mut self.scratch,
+                    &self.limits,
+                    &mut self.stats,
+                );
+            }
+        }
+        if now >= self.next_cm_check {
+            self.accept();
+            self.next_cm_check = now
+                + if self.listener.pending() > 0 {
+                    CM_STEP_NS
+                } else {
+                    CM_CHECK_NS
+                };
+        }
+        self.reap();
+        Ok((self.stats.datagrams_written - before) as usize)
+    }
+
+    /// Writes every sealed datagram each subscriber is missing, as far as
+    /// its ring takes; a full ring skips that subscriber only.
+    fn fan_out(&mut self, now: u64) {
+        let end = self.state.unflushed_seq();
+        for sub in &mut self.subs {
+            if sub.cursor.next() < end && sub.doomed.is_none() {
+                write_datagrams(sub, &self.state, end, now, &self.limits, &mut self.stats);
+            }
+        }
+    }
+
+    /// Takes one finished handshake, if any, without waiting.
+    fn accept(&mut self) {
+        let conn = match self.listener.accept(Duration::ZERO) {
+            Ok(Some(c)) => c,
+            Ok(None) => return,
+            Err(e) => {
+                self.stats.accept_errors += 1;
+                if self.stats.accept_errors.is_power_of_two() {
+                    tracing::warn!(error = %e, count = self.stats.accept_errors, "rc fan-out: taking a subscriber failed (logged at counts 1, 2, 4, ...)");
+                }
+                return;
+            }
+        };
+        let peer = conn.peer();
+        if self.subs.len() >= self.limits.max_subscribers {
+            self.stats.subscribers_refused += 1;
+            if self.stats.subscribers_refused.is_power_of_two() {
+                tracing::warn!(%peer, max = self.limits.max_subscribers, "rc fan-out: subscriber refused, rc_fanout.max_subscribers reached (logged at counts 1, 2, 4, ...)");
+            }
+            conn.close();
+            return;
+        }
+        let welcome = FanoutWelcome {
+            magic: WELCOME_MAGIC.into(),
+            channel: self.state.config().channel.into(),
+            flags: if self.limits.tags {
+                FLAG_DATAGRAM_TAG
+            } else {
+                0
+            },
+            version: wire::VERSION,
+            session: self.state.session().into(),
+        };
+        let cursor = self.state.unflushed_seq();
+        let p = conn.publication(STREAM);
+        // A fresh ring has room for both; a failure means the peer is gone.
+        let ok = p.offer(FRAME_WELCOME, welcome.as_bytes()).is_ok()
+            && p.offer(FRAME_DATAGRAM, self.state.heartbeat()).is_ok()
+            && conn.flush().is_ok();
+        if !ok {
+            self.stats.subscribers_lost += 1;
+            return;
+        }
+        self.next_id = self.next_id.wrapping_add(1);
+        let l = &self.limits;
+        self.subs.push(FanoutSub {
+            id: self.next_id,
+            conn,
+            peer: peer.clone(),
+            cursor: SubscriberCursor::new(cursor),
+            outbox: Vec::new(),
+            out_pos: 0,
+            requests: Pacer::new(l.requests_per_sec, l.request_burst),
+            snapshots: Pacer::new(l.snapshots_per_sec, l.snapshot_burst),
+            doomed: None,
+        });
+        self.stats.subscribers_joined += 1;
+        tracing::info!(%peer, id = self.next_id, from_seq = cursor, "rc fan-out: subscriber joined");
+        self.push_event(FanoutEvent::SubscriberJoined {
+            id: self.next_id,
+            peer,
+        });
+    }
+
+    /// Drops the subscribers marked for it, with an event each.
+    fn reap(&mut self) {
+        let mut i = 0;
+        while i < self.subs.len() {
+            let Some(reason) = self.subs[i].doomed else {
+                i += 1;
+                continue;
+            };
+            let s = self.subs.swap_remove(i);
+            s.conn.close();
+            match reason {
+                FanoutDrop::Stalled => self.stats.dropped_stalled += 1,
+                FanoutDrop::BehindHistory => self.stats.dropped_behind_history += 1,
+                FanoutDrop::Lost => self.stats.subscribers_lost += 1,
+            }
+            let behind = self.state.next_seq().saturating_sub(s.cursor.next());
+            tracing::warn!(peer = %s.peer, id = s.id, ?reason, behind, "rc fan-out: subscriber dropped");
+            self.push_event(FanoutEvent::SubscriberDropped {
+                id: s.id,
+                peer: s.peer,
+                reason,
+                behind,
+            });
+        }
+    }
+
+    fn push_event(&mut self, e: FanoutEvent) {
+        if self.events.len() >= MAX_EVENTS {
+            self.events.pop_front();
+            self.stats.events_dropped += 1;
+        }
+        self.events.push_back(e);
+    }
+}
+
+/// Writes the datagrams `[sub.cursor, end)` from the history into one
+/// subscriber's ring, as far as it has room; marks it for dropping when it
+/// stayed full too long or fell out of the history.
+fn write_datagrams(
+    sub: &mut FanoutSub,
+    state: &PublisherState,
+    end: u64,
+    now: u64,
+    limits: &Limits,
+    stats: &mut FanoutStats,
+) {
+    let p = sub.conn.publication(STREAM);
+    let mut wrote = false;
+    while sub.cursor.next() < end {
+        let Some((first, next, bytes)) = state.sealed_from(sub.cursor.next()) else {
+            break;
+        };
+        if let Err(why) = sub.cursor.check(first) {
+            sub.doomed = Some(why);
+            return;
+        }
+        match p.offer(FRAME_DATAGRAM, bytes) {
+            Ok(()) => {
+                sub.cursor.wrote(next);
+                wrote = true;
+                stats.datagrams_written += 1;
+            }
+            Err(OfferError::BackPressured) => {
+                stats.back_pressured += 1;
+                break;
+            }
+            Err(_) => {
+                sub.doomed = Some(FanoutDrop::Lost);
+                return;
+            }
+        }
+    }
+    if wrote {
+        if sub.conn.flush().is_err() {
+            sub.doomed = Some(FanoutDrop::Lost);
+        }
+    } else if let Err(why) = sub.cursor.blocked(now, limits.slow_ns) {
+        sub.doomed = Some(why);
+    }
+}
+
+/// Length of the recovery message at the start of `bytes` (from its header).
+fn recovery_len(bytes: &[u8]) -> Option<usize> {
+    let (h, _) = RecoveryHeader::ref_from_prefix(bytes).ok()?;
+    let len = h.len.get() as usize;
+    (RECOVERY_HEADER_LEN..=bytes.len())
+        .contains(&len)
+        .then_some(len)
+}
+
+/// Takes one subscriber's requests, answers them into its outbox, and
+/// writes what of the outbox its ring takes.
+fn serve(
+    sub: &mut FanoutSub,
+    now: u64,
+    state: &mut PublisherState,
+    snapshot: &impl Snapshot,
+    scratch: &mut Vec<u8>,
+    limits: &Limits,
+    stats: &mut FanoutStats,
+) {
+    let FanoutSub {
+        conn,
+        outbox,
+        out_pos,
+        requests,
+        snapshots,
+        doomed,
+        ..
+    } = sub;
+    let our_channel = state.config().channel;
+    let session = state.session();
+    let r = conn.subscription().poll(
+        |f| {
+            if f.msg_type != FRAME_REQUEST {
+                stats.requests_dropped += 1;
+                return;
+            }
+            let mut bytes = f.payload;
+            while !bytes.is_empty() {
+                let Ok((msg, used)) = wire::decode_recovery(bytes) else {
+                    stats.requests_dropped += 1;
+                    return;
+                };
+                bytes = &bytes[used..];
+                match msg {
+                    RecoveryMsg::RetransmitRequest(r) => {
+                        if !requests.try_acquire(now) {
+                            stats.requests_rate_limited += 1;
+                            continue;
+                        }
+                        if outbox.len() > limits.max_outbox {
+                            stats.requests_dropped += 1;
+                            continue;
+                        }
+                        stats.retransmit_requests += 1;
+                        let r = if r.count > limits.max_request_messages {
+                            stats.requests_clamped += 1;
+                            RetransmitRequest {
+                                count: limits.max_request_messages,
+                                ..r
+                            }
+                        } else {
+                            r
+                        };
+                        state.answer_retransmit(&r, |reply| {
+                            let start = outbox.len();
+                            let n = match reply {
+                                RetransmitReply::Data(d) => {
+                                    outbox.resize(start + RECOVERY_HEADER_LEN + d.len(), 0);
+                                    wire::encode_retransmit_data(
+                                        &mut outbox[start..],
+                                        our_channel,
+                                        session,
+                                        d,
+                                    )
+                                }
+                                RetransmitReply::NotAvailable(na) => {
+                                    outbox.resize(start + wire::NotAvailable::LEN, 0);
+                                    na.encode(&mut outbox[start..])
+                                }
+                            };
+                            outbox.truncate(start + n.unwrap_or(0));
+                        });
+                    }
+                    RecoveryMsg::SnapshotRequest { channel, .. } if channel == our_channel => {
+                        if !snapshots.try_acquire(now) {
+                            stats.requests_rate_limited += 1;
+                            continue;
+                        }
+                        if outbox.len() > limits.max_outbox {
+                            stats.requests_dropped += 1;
+                            continue;
+                        }
+                        stats.snapshots_served += 1;
+                        // Rare (a late joiner): serialised per request.
+                        scratch.clear();
+                        snapshot.write_snapshot(scratch);
+                        encode_snapshot(
+                            our_channel,
+                            session,
+                            snapshot.snapshot_seq(),
+                            scratch.as_slice(),
+                            SNAPSHOT_CHUNK,
+                            |m| outbox.extend_from_slice(m),
+                        );
+                    }
+                    _ => stats.requests_dropped += 1,
+                }
+            }
+        },
+        POLL_LIMIT,
+    );
+    if r.is_err() {
+        *doomed = Some(FanoutDrop::Lost);
+        return;
+    }
+    if *out_pos == outbox.len() {
+        return;
+    }
+    let p = conn.publication(STREAM);
+    let mut wrote = false;
+    while *out_pos < outbox.len() {
+        let mut end = *out_pos;
+        while let Some(len) = recovery_len(&outbox[end..]) {
+            if end + len - *out_pos > limits.max_frame {
+                break;
+            }
+            end += len;
+        }
+        if end == *out_pos {
+            // Cannot happen (every message was encoded here and fits a
+            // frame); drop the rest rather than loop.
+            *out_pos = outbox.len();
+            break;
+        }
+        match p.offer(FRAME_RECOVERY, &outbox[*out_pos..end]) {
+            Ok(()) => {
+                *out_pos = end;
+                wrote = true;
+            }
+            Err(OfferError::BackPressured) => break,
+            Err(_) => {
+                *doomed = Some(FanoutDrop::Lost);
+                return;
+            }
+        }
+    }
+    if *out_pos >= outbox.len() {
+        outbox.clear();
+        *out_pos = 0;
+    }
+    if wrote && conn.flush().is_err() {
+        *doomed = Some(FanoutDrop::Lost);
+    }
+}
+
+/// I/O counters of a fan-out subscriber (plain values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FanoutSubscriberStats {
+    /// Datagram frames received.
+    pub datagrams: u64,
+    /// Recovery frames received (retransmits, snapshot chunks).
+    pub recovery_frames: u64,
+    /// Requests sent to the publisher.
+    pub requests_sent: u64,
+    /// Requests dropped because the publisher's ring was full (asked again
+    /// on timeout).
+    pub requests_dropped: u64,
+    /// Frames of an unknown type or a welcome that does not match.
+    pub bad_frames: u64,
+    /// Times the connection was lost.
+    pub connections_lost: u64,
+}
+
+/// A market-data subscriber for one `transport = "rc"` channel: the same
+/// API as [`super::McastSubscriber`] over one RC connection to the
+/// publisher. See the module documentation.
+pub struct RcFanoutSubscriber {
+    state: SubscriberState,
+    conn: Option<Connection>,
+    channel: u16,
+    tags: bool,
+    stats: FanoutSubscriberStats,
+    req: [u8; 64],
+}
+
+impl std::fmt::Debug for RcFanoutSubscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RcFanoutSubscriber")
+            .field("phase", &self.state.phase())
+            .field("next_seq", &self.state.next_seq())
+            .field("connected", &self.conn.is_some())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RcFanoutSubscriber {
+    /// Connects to the publisher at `publisher`:`channel.port` through the
+    /// authenticated orders handshake, waiting up to
+    /// `rc_fanout.connect_timeout_ms` (as [`super::McastSubscriber::new`]
+    /// waits for its recovery connection). `local` is accepted for the same
+    /// signature; the route to `publisher` picks the device.
+    pub fn new(
+        cfg: &McastConfig,
+        channel: u16,
+        local: IpAddr,
+        publisher: IpAddr,
+    ) -> Result<Self, FanoutError> {
+        let _ = local;
+        let port = rc_channel(cfg, channel)?;
+        let ocfg = orders_config(cfg);
+        let conn = Connection::connect(
+            SocketAddr::new(publisher, port),
+            &ocfg,
+            Duration::from_millis(ocfg.connect_timeout_ms),
+        )?;
+        let mut state = SubscriberState::new(cfg.subscriber(channel));
+        state.set_datagram_key(cfg.datagram_key());
+        Ok(RcFanoutSubscriber {
+            state,
+            conn: Some(conn),
+            channel,
+            tags: cfg.auth.datagram_tag,
+            stats: FanoutSubscriberStats::default(),
+            req: [0; 64],
+        })
+    }
+
+    /// The protocol state.
+    pub fn state(&self) -> &SubscriberState {
+        &self.state
+    }
+    /// Protocol counters (delivered, snapshots applied, ...).
+    pub fn counters(&self) -> SubscriberCounters {
+        self.state.counters()
+    }
+    /// I/O counters.
+    pub fn io_stats(&self) -> FanoutSubscriberStats {
+        self.stats
+    }
+    /// Whether the connection to the publisher is up.
+    pub fn connected(&self) -> bool {
+        self.conn.is_some()
+    }
+    /// Closes the connection (the publisher sees it go).
+    pub fn disconnect(&mut self) {
+        if let Some(c) = self.conn.take() {
+            c.close();
+        }
+    }
+    /// Next event (snapshot applied, resync, connection lost, ...).
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.state.poll_event()
+    }
+
+    /// Does all pending work once: takes the frames the publisher wrote
+    /// into the state machine (delivering in order to `app`), handles
+    /// timers and sends the requests the state machine asks for. Returns
+    /// the valid datagrams and recovery frames taken. Never blocks,
+    /// allocates or logs per message. A lost connection is reported once,
+    /// as [`Event::RecoveryLost`], not as an error.
+    pub fn poll<A: Handler + SnapshotSink + ?Sized>(
+        &mut self,
+        now: u64,
+        app: &mut A,
+    ) -> Result<usize, FanoutError> {
+        let Some(conn) = &self.conn else {
+            return Ok(0);
+        };
+        let state = &mut self.state;
+        let stats = &mut self.stats;
+        let (channel, tags) = (self.channel, self.tags);
+        let mut taken = 0;
+        let mut broken = false;
+        let r = conn.subscription().poll(
+            |f| match f.msg_type {
+                FRAME_DATAGRAM => {
+                    stats.datagrams += 1;
+                    if state.on_datagram(now, Line::A, f.payload, app) {
+                        taken += 1;
+                    }
+                }
+                FRAME_RECOVERY => {
+                    stats.recovery_frames += 1;
+                    state.on_recovery(now, f.payload, app);
+                    taken += 1;
+                }
+                FRAME_WELCOME => match FanoutWelcome::read_from_prefix(f.payload) {
+                    Ok((w, _))
+                        if w.magic.get() == WELCOME_MAGIC
+                            && w.version == wire::VERSION
+                            && w.channel.get() == channel
+                            && (w.flags & FLAG_DATAGRAM_TAG != 0) == tags =>
+                    {
+                        state.announce_session(now, w.session.get());
+                    }
+                    _ => {
+                        stats.bad_frames += 1;
+                        broken = true;
+                    }
+                },
+                _ => stats.bad_frames += 1,
+            },
+            POLL_LIMIT,
+        );
+        let mut ok = r.is_ok() && !broken;
+        if ok && state.poll_timeout().is_some_and(|t| t <= now) {
+            state.handle_timeout(now, app);
+        }
+        let mut sent = false;
+        while ok {
+            let Some(req) = state.poll_transmit() else {
+                break;
+            };
+            let n = req.encode(&mut self.req).unwrap_or(0);
+            match conn
+                .publication(STREAM)
+                .offer(FRAME_REQUEST, &self.req[..n])
+            {
+                Ok(()) => {
+                    stats.requests_sent += 1;
+                    sent = true;
+                }
+                Err(OfferError::BackPressured) => stats.requests_dropped += 1,
+                Err(_) => ok = false,
+            }
+        }
+        if sent && conn.flush().is_err() {
+            ok = false;
+        }
+        if !ok {
+            if let Some(c) = self.conn.take() {
+                c.close();
+            }
+            self.stats.connections_lost += 1;
+            self.state.set_recovery_link(now, false);
+        }
+        Ok(taken)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RC: &str = "[auth]\nsecret = \"s\"\n[[channels]]\nid = 3\nname = \"bbo\"\ntransport = \"rc\"\nport = 7700\n";
+
+    fn key_of(text: &str) -> String {
+        match McastConfig::from_toml_str(text) {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rc_transport_parses_with_defaults() {
+        let cfg = McastConfig::from_toml_str(RC).unwrap();
+        let ch = cfg.channel(3).unwrap();
+        assert_eq!(ch.transport, Transport::Rc);
+        assert!(ch.line_a.is_unspecified() && ch.line_b.is_none());
+        assert_eq!(cfg.rc_fanout, RcFanoutConfig::default());
+        assert_eq!(rc_channel(&cfg, 3).unwrap(), 7700);
+        let o = orders_config(&cfg);
+        assert_eq!(o.validate(), Ok(()));
+        assert!(
+            !o.token.is_empty() && o.token != "s",
+            "domain-separated token"
+        );
+        assert_eq!(o.max_payload, 4096);
+        // The multicast default is unchanged, and asks for its groups.
+        let m = McastConfig::from_toml_str(
+            "[[channels]]\nid = 1\nname = \"a\"\nline_a = \"239.0.0.1\"\nport = 1\n",
+        )
+        .unwrap();
+        assert_eq!(m.channels[0].transport, Transport::Multicast);
+        assert!(matches!(
+            rc_channel(&m, 1),
+            Err(NetError::WrongTransport {
+                configured: "multicast",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn config_errors_name_the_key() {
+        assert_eq!(
+            key_of(&RC.replace("port = 7700", "port = 7700\nline_a = \"239.1.1.1\"")),
+            "channels[0].line_a"
+        );
+        assert_eq!(
+            key_of(&RC.replace("port = 7700", "port = 7700\nline_b = \"239.1.1.2\"")),
+            "channels[0].line_b"
+        );
+        assert_eq!(
+            key_of(&RC.replace("transport = \"rc\"\n", "")),
+            "channels[0].line_a"
+        );
+        for (bad, key) in [
+            ("ring_size = 100000", "rc_fanout.ring_size"),
+            ("ring_size = 16384", "rc_fanout.ring_size"),
+            ("slow_subscriber_ns = 0", "rc_fanout.slow_subscriber_ns"),
+            ("max_subscribers = 0", "rc_fanout.max_subscribers"),
+            ("connect_timeout_ms = 0", "rc_fanout.connect_timeout_ms"),
+        ] {
+            assert_eq!(key_of(&format!("[rc_fanout]\n{bad}\n{RC}")), key, "{bad}");
+        }
+        // A typo in the transport is a parse error, not a default.
+        assert!(matches!(
+            McastConfig::from_toml_str(&RC.replace("\"rc\"", "\"rdma\"")),
+            Err(ConfigError::Parse(_))
+        ));
+        // 4 KiB datagrams need rings of four 4,144-byte frames.
+        let big = format!("max_datagram_payload = 4096\n[rc_fanout]\nring_size = 65536\n{RC}");
+        assert!(McastConfig::from_toml_str(&big).is_ok());
+    }
+
+    #[test]
+    fn a_full_ring_is_skipped_then_dropped_after_the_bound() {
+        let mut c = SubscriberCursor::new(100);
+        assert_eq!(c.check(100), Ok(()));
+        c.wrote(164);
+        assert_eq!(c.next(), 164);
+        // Full: skipped, not dropped, until slow_ns has passed.
+        assert_eq!(c.blocked(1_000, 500), Ok(()));
+        assert_eq!(c.blocked(1_499, 500), Ok(()));
+        // Progress resets the clock.
+        c.wrote(200);
+        assert_eq!(c.blocked(1_600, 500), Ok(()));
+        assert_eq!(c.blocked(2_099, 500), Ok(()));
+        assert_eq!(c.blocked(2_100, 500), Err(FanoutDrop::Stalled));
+    }
+
+    #[test]
+    fn falling_out_of_the_history_is_a_drop() {
+        let c = SubscriberCursor::new(50);
+        // The oldest datagram the history still has starts later.
+        assert_eq!(c.check(51), Err(FanoutDrop::BehindHistory));
+        assert_eq!(
+            c.check(40),
+            Ok(()),
+            "a datagram that began earlier still holds 50"
+        );
+    }
+
+    #[test]
+    fn example_configs_are_valid() {
+        let rc = McastConfig::from_toml_str(include_str!("../../../configs/md-rc.toml")).unwrap();
+        assert_eq!(rc.channels[0].transport, Transport::Rc);
+        let m = McastConfig::from_toml_str(include_str!("../../../configs/md.toml")).unwrap();
+        assert_eq!(m.channels[0].transport, Transport::Multicast);
+        assert_eq!(m.rc_fanout, RcFanoutConfig::default());
+    }
+
+    #[test]
+    fn welcome_has_a_fixed_layout() {
+        let w = FanoutWelcome {
+            magic: WELCOME_MAGIC.into(),
+            channel: 3.into(),
+            flags: FLAG_DATAGRAM_TAG,
+            version: wire::VERSION,
+            session: 0x0102_0304_0506_0708.into(),
+        };
+        const BYTES: [u8; 16] = [b'R', b'B', b'F', b'1', 3, 0, 1, 1, 8, 7, 6, 5, 4, 3, 2, 1];
+        assert_eq!(w.as_bytes(), &BYTES);
+        let (back, _) = FanoutWelcome::read_from_prefix(&BYTES).unwrap();
+        assert_eq!(back.session.get(), 0x0102_0304_0506_0708);
+        assert!(FanoutWelcome::read_from_prefix(&BYTES[..15]).is_err());
+    }
+
+    #[test]
+    fn recovery_messages_are_split_by_their_length() {
+        let mut out = vec![0u8; 256];
+        let n = wire::encode_snapshot_request(&mut out, 3, 9).unwrap();
+        assert_eq!(recovery_len(&out[..n]), Some(n));
+        assert_eq!(recovery_len(&out[..n - 1]), None);
+        assert_eq!(recovery_len(&[]), None);
+    }
+}
