@@ -181,7 +181,7 @@ fn slot_bits(v: u64) -> u8 {
     x |= x >> 2;
     x |= x >> 1;
     x &= 0x0101_0101_0101_0101;
-    (x.wrapping_mul(0x8040_2010_0804_0201) >> 56) as u8
+    (x.wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8
 }
 
 /// An activity summary in plain memory, for host tests and simulators:
