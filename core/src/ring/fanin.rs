@@ -255,7 +255,7 @@ mod tests {
         assert_eq!(slot_bits(0x0100), 2);
         assert_eq!(slot_bits(0xFF00_0000_0000_0000), 0x80);
         assert_eq!(slot_bits(u64::MAX), 0xFF);
-        assert_eq!(slot_bits(0x0001_0000_2000_0004), 0b0100_0101);
+        assert_eq!(slot_bits(0x0001_0000_2000_0004), 0b0100_1001);
     }
 
     #[test]
