@@ -542,7 +542,7 @@ pub fn fanin_throughput(args: &RcArgs) -> Result<()> {
                 set.insert(c);
             }
             // Per connection: the next sequence its payloads carry.
-            let mut next = vec![0u64; FANIN_SENDERS * 2];
+            let mut next = [0u64; FANIN_SENDERS * 2];
             let (mut count, mut bad) = (0u64, 0u64);
             let mut start = None;
             let t = Instant::now();

@@ -1178,8 +1178,8 @@ fn rdma_orders_fanin_some_active_of_many_every_frame_once_in_order() {
     }
     let (next, st) = server.join().expect("server thread");
     assert!(done.load(Ordering::Acquire));
-    for k in 0..CONNS {
-        assert_eq!(next[k], if active(k) { FRAMES } else { 0 }, "sender {k}");
+    for (k, got) in next.iter().enumerate() {
+        assert_eq!(*got, if active(k) { FRAMES } else { 0 }, "sender {k}");
     }
     assert!(
         st.scan.visits > 0,
