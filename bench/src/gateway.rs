@@ -10,6 +10,11 @@
 //! written to the temp dir (tmpfs in the guest) with the gateway's default group commit
 //! (`--fsync never` for the old figure): the write and `fdatasync` system calls are in the
 //! figure, a disk is not (`cargo xtask bench gateway-journal` measures that).
+//!
+//! With `--engines 1,32` (the default) the same gateway is measured first with the one
+//! active engine, then again after 31 more engines logged on and stayed idle (their rings
+//! are only swept, and polled when they mark the gateway's fan-in summary): the two rows
+//! are printed side by side. The RESULT line is the one-engine figure.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -59,6 +64,10 @@ pub struct GatewayRttArgs {
     /// fdatasync'ed before its FIX and acks leave) or `never`.
     #[arg(long, default_value = "group", value_parser = ["group", "never"])]
     pub fsync: String,
+    /// Connected engines to measure with, in increasing order: one active, the rest
+    /// logged on and idle.
+    #[arg(long, value_delimiter = ',', default_value = "1,32")]
+    pub engines: Vec<u32>,
 }
 
 pub(crate) const ENGINE: u32 = 1;
@@ -78,6 +87,20 @@ fn orders_config() -> OrdersConfig {
 
 /// Limits that never reject the benchmark's flow (risk is still fully evaluated).
 pub(crate) fn risk() -> Result<RiskConfig> {
+    risk_with_idle(0)
+}
+
+/// Rings of the idle engines (their side; the gateway's rings are its own `ring_size`).
+const IDLE_RING: usize = 64 << 10;
+
+/// [`risk`] with `idle` more engines (ids 2..), each with its token `idle-engine-ID`.
+fn risk_with_idle(idle: u32) -> Result<RiskConfig> {
+    let mut extra = String::new();
+    for id in 2..2 + idle {
+        extra.push_str(&format!(
+            "[[engines]]\nid = {id}\naccounts = [{ACCOUNT}]\ntoken = \"idle-engine-{id}\"\n"
+        ));
+    }
     Ok(toml::from_str(&format!(
         r#"
         reference_max_age_ms = 3600000
@@ -96,7 +119,7 @@ pub(crate) fn risk() -> Result<RiskConfig> {
         id = {ENGINE}
         accounts = [{ACCOUNT}]
         token = "{ENGINE_TOKEN}"
-        "#
+        {extra}"#
     ))?)
 }
 
@@ -125,8 +148,9 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
     } else {
         FsyncPolicy::Group
     };
+    let max_engines = a.engines.iter().copied().max().unwrap_or(1).max(1);
     let gateway = std::thread::spawn(move || -> Result<()> {
-        let risk = risk()?;
+        let risk = risk_with_idle(max_engines - 1)?;
         let session = SessionConfig {
             sender_comp_id: "GW".into(),
             target_comp_id: "VENUE".into(),
@@ -134,9 +158,11 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             resend_timeout_ms: 0,
         };
         let driver = FixDriver::with_link(SimVenue::new(), session, &risk, &journal, fsync)?;
+        let mut orders = orders_config();
+        orders.max_connections_per_peer = max_engines as usize + 4;
         let opts = ServiceOptions {
             listen: addr,
-            orders: orders_config(),
+            orders,
             core: cores.first().copied(),
             idle: if busy_spin {
                 IdleStrategy::BusySpin
@@ -145,7 +171,9 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             },
             reconnect: Duration::from_secs(1),
             logon_timeout: Duration::from_secs(5),
-            engine_timeout: Duration::from_secs(5),
+            // Idle engines send no heartbeats (their thread is the measuring one): they
+            // must not be disconnected for silence during the run.
+            engine_timeout: Duration::from_secs(3600),
             control_socket: None,
             counters_file: false,
             static_prices: vec![(symbol, 100 * PRICE_SCALE)],
@@ -181,38 +209,38 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             ENGINE,
             ENGINE_TOKEN,
             1,
-            total as usize + 16,
+            (total as usize + 16) * a.engines.len().max(1),
             Duration::from_secs(10),
         )?;
-        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
-        for i in 0..total {
-            let side = if i % 2 == 0 { Side::Buy } else { Side::Sell };
-            let t0 = Instant::now();
-            let id = match s.new_order(ACCOUNT, symbol, side, 1, 100 * PRICE_SCALE) {
-                Ok(id) => id,
-                Err(OfferError::BackPressured) => bail!("back-pressured with one order in flight"),
-                Err(e) => bail!("send order: {e}"),
-            };
-            s.flush()?;
-            let deadline = t0 + Duration::from_secs(5);
-            loop {
-                s.poll(|_| {}, 16)
-                    .with_context(|| format!("waiting for the fill of order {i}"))?;
-                match s.client().order(id).map(|o| o.state) {
-                    Some(OrderState::Filled) => break,
-                    Some(OrderState::Rejected(r)) => bail!("order {id} rejected: {r:?}"),
-                    _ => {}
-                }
-                if Instant::now() > deadline {
-                    bail!("order {id} not filled within 5 s");
-                }
+        let idle_cfg = OrdersConfig {
+            ring_size: IDLE_RING,
+            max_payload: 1024,
+            ..orders_config()
+        };
+        let mut idle = Vec::new();
+        let mut hists = Vec::new();
+        for &n in &a.engines {
+            while (idle.len() as u32) + 1 < n {
+                let id = idle.len() as u32 + 2;
+                idle.push(EngineSession::connect_with_capacity(
+                    addr,
+                    &idle_cfg,
+                    id,
+                    &format!("idle-engine-{id}"),
+                    1,
+                    16,
+                    Duration::from_secs(10),
+                )?);
             }
-            if i >= a.warmup {
-                hist.record(t0.elapsed().as_nanos() as u64)?;
-            }
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+            round_trips(&mut s, a, symbol, total, &mut hist)?;
+            hists.push((n, hist));
+        }
+        for e in &idle {
+            e.close();
         }
         s.close();
-        Ok(hist)
+        Ok(hists)
     })();
     control.stop();
     let joined = gateway.join();
@@ -222,13 +250,67 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
         Ok(r) => r.context("gateway thread")?,
         Err(_) => bail!("gateway thread panicked"),
     }
-    let hist = result?;
-    let sum = Summary::of(&hist);
-    println!("{}", summary_table(&[("gateway-rtt", sum)]));
+    let hists = result?;
+    let labels: Vec<String> = hists
+        .iter()
+        .map(|(n, _)| format!("gateway-rtt, {n} engine(s)"))
+        .collect();
+    let rows: Vec<(&str, Summary)> = hists
+        .iter()
+        .zip(&labels)
+        .map(|((_, h), l)| (l.as_str(), Summary::of(h)))
+        .collect();
+    println!("{}", summary_table(&rows));
+    println!(
+        "gateway-rtt side by side: {}",
+        rows.iter()
+            .map(|(l, s)| format!("{l}: p50 {} ns, p99 {} ns", s.p50_ns, s.p99_ns))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    let (_, first) = hists.first().context("no engine count given")?;
     if let Some(p) = &a.hgrm {
-        write_hgrm_file(p, &hist)?;
+        write_hgrm_file(p, first)?;
     }
-    println!("{}", sum.result_line());
+    println!("{}", Summary::of(first).result_line());
+    Ok(())
+}
+
+/// `total` closed-loop round trips of the active engine (NewOrder sent, Fill received);
+/// the ones after the warm-up recorded into `hist`.
+fn round_trips(
+    s: &mut EngineSession,
+    a: &GatewayRttArgs,
+    symbol: Symbol,
+    total: u64,
+    hist: &mut Histogram<u64>,
+) -> Result<()> {
+    for i in 0..total {
+        let side = if i % 2 == 0 { Side::Buy } else { Side::Sell };
+        let t0 = Instant::now();
+        let id = match s.new_order(ACCOUNT, symbol, side, 1, 100 * PRICE_SCALE) {
+            Ok(id) => id,
+            Err(OfferError::BackPressured) => bail!("back-pressured with one order in flight"),
+            Err(e) => bail!("send order: {e}"),
+        };
+        s.flush()?;
+        let deadline = t0 + Duration::from_secs(5);
+        loop {
+            s.poll(|_| {}, 16)
+                .with_context(|| format!("waiting for the fill of order {i}"))?;
+            match s.client().order(id).map(|o| o.state) {
+                Some(OrderState::Filled) => break,
+                Some(OrderState::Rejected(r)) => bail!("order {id} rejected: {r:?}"),
+                _ => {}
+            }
+            if Instant::now() > deadline {
+                bail!("order {id} not filled within 5 s");
+            }
+        }
+        if i >= a.warmup {
+            hist.record(t0.elapsed().as_nanos() as u64)?;
+        }
+    }
     Ok(())
 }
 

@@ -25,6 +25,10 @@ enum Cmd {
     RcLatency(rocebus_bench::rc::RcArgs),
     /// Orders path one-way message rate with batching, like ib_write_bw.
     RcThroughput(rocebus_bench::rc::RcArgs),
+    /// Orders path fan-in: one-way latency of one active engine among N connected idle ones.
+    RcFanin(rocebus_bench::rc::FanInArgs),
+    /// Orders path fan-in: four senders into one receiver, total messages per second (vs ib_write_bw -q 4).
+    RcFaninThroughput(rocebus_bench::rc::RcArgs),
     /// Market data: 64-byte messages per second over UD multicast, zero unrecovered loss (vs ib_send_bw -c UD).
     MdThroughput(rocebus_bench::md::MdArgs),
     /// Market data: publish-to-handler latency, ping-pong over two groups (vs ib_send_lat -c UD -g, two groups).
@@ -60,6 +64,8 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::RcLatency(a) => rocebus_bench::rc::latency(&a),
         Cmd::RcThroughput(a) => rocebus_bench::rc::throughput(&a),
+        Cmd::RcFanin(a) => rocebus_bench::rc::fanin(&a),
+        Cmd::RcFaninThroughput(a) => rocebus_bench::rc::fanin_throughput(&a),
         Cmd::MdThroughput(a) => rocebus_bench::md::throughput(&a),
         Cmd::MdLatency(a) => rocebus_bench::md::latency(&a),
         Cmd::MdRecovery(a) => rocebus_bench::md::recovery(&a),

@@ -1,13 +1,16 @@
 //! Orders-path harnesses: `rc-latency` (ping-pong, RTT/2 like
 //! `ib_write_lat`) and `rc-throughput` (64-byte messages per second like
 //! `ib_write_bw`). Both sides run in one process on two threads, each
-//! busy-polling its own connection.
+//! busy-polling its own connection. `rc-fanin`: the one-way latency of one
+//! active engine among N connected idle ones, through the fan-in summary
+//! (and scanning every ring, for comparison).
 
 use crate::report::Summary;
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use rocebus::orders::{
-    Connection, OfferError, OrdersConfig, OrdersError, OrdersListener, PeerLost,
+    ConnId, Connection, ConnectionSet, OfferError, OrdersConfig, OrdersError, OrdersListener,
+    PeerLost,
 };
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -253,5 +256,394 @@ pub fn throughput(args: &RcArgs) -> Result<()> {
         "RESULT msgs_per_sec={rate:.1} lost=0 flushes={}",
         stats.flushes
     );
+    Ok(())
+}
+
+/// Options of `rc-fanin`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FanInArgs {
+    /// Payload bytes per message.
+    #[arg(long, short = 's', default_value_t = 64)]
+    pub size: usize,
+    /// Round trips per connection count and mode.
+    #[arg(long, short = 'n', default_value_t = 5_000)]
+    pub iterations: u64,
+    /// Connection counts (one active engine among them, the rest idle).
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    pub conns: Vec<usize>,
+    /// Ring bytes of every connection (small, so hundreds fit the guest).
+    #[arg(long, default_value_t = 64 << 10)]
+    pub ring: usize,
+    /// Alternating fan-in / scan-all measurements per connection count.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: u32,
+    /// Local IP address of the RDMA device (default: ROCEBUS_GUEST_ADDR or the device's IPv4 GID).
+    #[arg(long)]
+    pub addr: Option<IpAddr>,
+    /// rdma_cm port.
+    #[arg(long, default_value_t = 7520)]
+    pub port: u16,
+    /// Pin the two threads to these cores (e.g. 0,1).
+    #[arg(long, value_delimiter = ',')]
+    pub cores: Vec<usize>,
+}
+
+/// What the receiving thread of `rc-fanin` does.
+const MODE_ACCEPT: u8 = 0;
+const MODE_FANIN: u8 = 1;
+const MODE_SCAN: u8 = 2;
+const MODE_STOP: u8 = 3;
+
+fn fanin_config(args: &FanInArgs, slots: usize) -> OrdersConfig {
+    OrdersConfig {
+        ring_size: args.ring,
+        max_payload: 1024,
+        token: "bench".into(),
+        send_queue_depth: 64,
+        signal_every: 16,
+        fanin_slots: slots,
+        max_connections_per_peer: 2 * slots + 2,
+        ..OrdersConfig::default()
+    }
+}
+
+/// Echoes every frame back on its own connection, polling either through
+/// the fan-in summary ([`ConnectionSet::poll`]) or every connection in
+/// turn (the scan the fan-in replaces), as `mode` says; accepts new
+/// connections in between.
+fn fanin_server(
+    listener: OrdersListener,
+    mode: &std::sync::atomic::AtomicU8,
+    count: &std::sync::atomic::AtomicUsize,
+) -> Result<rocebus::orders::SetStats> {
+    use std::sync::atomic::Ordering;
+    let mut set = ConnectionSet::new(&listener);
+    let mut ids = Vec::new();
+    let mut replies: Vec<(ConnId, usize)> = Vec::with_capacity(64);
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // ORDERING: Relaxed: a mode switch carries no data; the client
+        // switches only between round trips.
+        match mode.load(Ordering::Relaxed) {
+            MODE_ACCEPT => {
+                if let Some(c) = listener.accept(Duration::from_millis(1))? {
+                    ids.push(set.insert(c));
+                    // ORDERING: Release, pairs with the client's Acquire
+                    // wait for the connection count.
+                    count.store(set.len(), Ordering::Release);
+                }
+                continue;
+            }
+            MODE_STOP => return Ok(set.stats()),
+            MODE_FANIN => {
+                set.poll(
+                    |id, f| {
+                        buf[..f.payload.len()].copy_from_slice(f.payload);
+                        replies.push((id, f.payload.len()));
+                    },
+                    16,
+                )
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            _ => {
+                for &id in &ids {
+                    let c = set.get(id).context("member")?;
+                    c.subscription().poll(
+                        |f| {
+                            buf[..f.payload.len()].copy_from_slice(f.payload);
+                            replies.push((id, f.payload.len()));
+                        },
+                        16,
+                    )?;
+                }
+            }
+        }
+        for &(id, len) in &replies {
+            let c = set.get(id).context("member")?;
+            c.publication(2).offer_and_flush(1, &buf[..len])?;
+        }
+        replies.clear();
+    }
+}
+
+/// `rc-fanin`: one-way latency (RTT/2) of one active engine among N
+/// connected idle ones, through the fan-in summary and, for comparison,
+/// scanning every connection; prints each N's percentiles and the ratios
+/// against N = 1.
+pub fn fanin(args: &FanInArgs) -> Result<()> {
+    use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let max_n = args.conns.iter().copied().max().unwrap_or(1).max(1);
+    let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
+    let cfg = fanin_config(args, max_n);
+    cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
+    let listener = OrdersListener::bind(addr, cfg.clone())?;
+    let mode = Arc::new(AtomicU8::new(MODE_ACCEPT));
+    let count = Arc::new(AtomicUsize::new(0));
+    let (m2, c2, cores) = (mode.clone(), count.clone(), args.cores.clone());
+    let server = std::thread::spawn(move || {
+        pin(&cores, 1);
+        fanin_server(listener, &m2, &c2)
+    });
+    let wait_count = |n: usize| -> Result<()> {
+        let t = Instant::now();
+        // ORDERING: Acquire, pairs with the server's Release store.
+        while count.load(Ordering::Acquire) < n {
+            if t.elapsed() > Duration::from_secs(60) || server.is_finished() {
+                bail!("the receiver did not accept connection {n}");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    };
+    let active = Connection::connect(addr, &cfg, Duration::from_secs(10))?;
+    wait_count(1)?;
+    let mut idle: Vec<Connection> = Vec::new();
+    let msg = vec![0x5au8; args.size];
+    let warmup = (args.iterations / 10).max(100);
+    let p = active.publication(1);
+    let sub = active.subscription();
+    let ping = |hist: &mut Histogram<u64>| -> Result<()> {
+        for i in 0..warmup + args.iterations {
+            let t0 = Instant::now();
+            p.offer_and_flush(1, &msg)?;
+            let t = Instant::now();
+            while sub.poll(|_| {}, 1)? == 0 {
+                if t.elapsed() > Duration::from_secs(10) {
+                    bail!("no echo within 10 s");
+                }
+            }
+            let rtt = t0.elapsed().as_nanos() as u64;
+            if i >= warmup {
+                hist.record((rtt / 2).max(1))?;
+            }
+        }
+        Ok(())
+    };
+    pin(&args.cores, 0);
+    let mut rows = Vec::new();
+    let mut rss_before = None;
+    for &n in &args.conns {
+        let n = n.max(1);
+        // ORDERING: Relaxed: see fanin_server.
+        mode.store(MODE_ACCEPT, Ordering::Relaxed);
+        if rss_before.is_none() {
+            rss_before = Some((rss_kib(), 1 + idle.len()));
+        }
+        while 1 + idle.len() < n {
+            idle.push(Connection::connect(addr, &cfg, Duration::from_secs(10))?);
+            wait_count(1 + idle.len())?;
+        }
+        let mut fan = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+        let mut scan = fan.clone();
+        for _ in 0..args.rounds.max(1) {
+            mode.store(MODE_FANIN, Ordering::Relaxed);
+            ping(&mut fan)?;
+            mode.store(MODE_SCAN, Ordering::Relaxed);
+            ping(&mut scan)?;
+        }
+        let (f, s) = (Summary::of(&fan), Summary::of(&scan));
+        println!(
+            "rc-fanin N={n}: fan-in p50 {} ns p99 {} ns | scan-all p50 {} ns p99 {} ns",
+            f.p50_ns, f.p99_ns, s.p50_ns, s.p99_ns
+        );
+        rows.push((n, f, s));
+    }
+    let rss_after = (rss_kib(), 1 + idle.len());
+    mode.store(MODE_STOP, Ordering::Relaxed);
+    let stats = server
+        .join()
+        .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
+    drop(idle);
+    active.close();
+    println!(
+        "receiver: {} scans, {} marked visits ({} found nothing), {} sweeps",
+        stats.scan.scans, stats.scan.visits, stats.scan.wasted, stats.sweeps
+    );
+    let page = |b: usize| b.div_ceil(4096) * 4096;
+    let ring_b = page(args.ring + rocebus::ring::frame::CONTROL_LEN);
+    let staging_b = page(args.ring);
+    if let Some((before, n0)) = rss_before {
+        let added = rss_after.1.saturating_sub(n0).max(1);
+        println!(
+            "memory per connection end: ring {} KiB + staging {} KiB registered (ring_size {} KiB, \
+             send queue {} WRs); resident growth {:.0} KiB per connection with both ends in this \
+             process (ring, staging, queue pair, completion queue, contexts)",
+            ring_b / 1024,
+            staging_b / 1024,
+            args.ring / 1024,
+            cfg.send_queue_depth,
+            rss_after.0.saturating_sub(before) as f64 / added as f64
+        );
+    }
+    let Some((_, base_f, base_s)) = rows.iter().find(|r| r.0 == 1).cloned() else {
+        bail!("--conns must include 1 (the baseline)");
+    };
+    for (n, f, s) in &rows {
+        if *n == 1 {
+            continue;
+        }
+        println!(
+            "rc-fanin (scan-all, for reference): N={n} p50 ratio {:.2}, p99 ratio {:.2}",
+            s.p50_ns as f64 / base_s.p50_ns.max(1) as f64,
+            s.p99_ns as f64 / base_s.p99_ns.max(1) as f64
+        );
+        println!(
+            "rc-fanin: N={n} p50 ratio {:.2}, p99 ratio {:.2}",
+            f.p50_ns as f64 / base_f.p50_ns.max(1) as f64,
+            f.p99_ns as f64 / base_f.p99_ns.max(1) as f64
+        );
+    }
+    Ok(())
+}
+
+/// Resident set size of this process, KiB (0 if unknown).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Senders of `rc-fanin-throughput`.
+const FANIN_SENDERS: usize = 4;
+
+/// `rc-fanin-throughput`: four senders, each on its own connection and
+/// thread, into one receiver polling them through the fan-in summary
+/// ([`ConnectionSet`]); the total rate is measured at the receiver from
+/// its first message to its last (compare `ib_write_bw -q 4`).
+pub fn fanin_throughput(args: &RcArgs) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
+    let per = (args.iterations / FANIN_SENDERS as u64).max(1);
+    let n = per * FANIN_SENDERS as u64;
+    let size = args.size.max(8);
+    let cfg = OrdersConfig {
+        fanin_slots: 16,
+        ..config()
+    };
+    let listener = OrdersListener::bind(addr, cfg.clone())?;
+    let done = Arc::new(AtomicBool::new(false));
+    let done2 = done.clone();
+    let cores = args.cores.clone();
+    let server = std::thread::spawn(
+        move || -> Result<(u64, u64, f64, rocebus::orders::SetStats)> {
+            pin(&cores, 1);
+            let mut set = ConnectionSet::new(&listener);
+            while set.len() < FANIN_SENDERS {
+                let c = listener
+                    .accept(Duration::from_secs(30))?
+                    .context("a sender did not connect within 30 s")?;
+                set.insert(c);
+            }
+            // Per connection: the next sequence its payloads carry.
+            let mut next = [0u64; FANIN_SENDERS * 2];
+            let (mut count, mut bad) = (0u64, 0u64);
+            let mut start = None;
+            let t = Instant::now();
+            while count < n {
+                set.poll(
+                    |id, f| {
+                        let seq = f
+                            .payload
+                            .get(..8)
+                            .map_or(u64::MAX, |b| u64::from_le_bytes(b.try_into().expect("8")));
+                        match next.get_mut(id) {
+                            Some(x) if *x == seq && f.payload.len() == size => *x += 1,
+                            _ => bad += 1,
+                        }
+                        count += 1;
+                    },
+                    256,
+                )
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+                if count > 0 && start.is_none() {
+                    start = Some(Instant::now());
+                }
+                if t.elapsed() > Duration::from_secs(300) {
+                    bail!("received {count} of {n} messages in 300 s");
+                }
+            }
+            let secs = start.map_or(0.0, |s| s.elapsed().as_secs_f64());
+            // ORDERING: Release, pairs with the senders' Acquire: they close only now.
+            done2.store(true, Ordering::Release);
+            let st = set.stats();
+            // Keep returning credit until the senders have drained and gone.
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(1) {
+                let _ = set.poll(|_, _| {}, 256);
+            }
+            Ok((count, bad, secs, st))
+        },
+    );
+    let mut senders = Vec::new();
+    for i in 0..FANIN_SENDERS {
+        let (cfg, done, cores, batch) = (cfg.clone(), done.clone(), args.cores.clone(), args.batch);
+        senders.push(std::thread::spawn(move || -> Result<u64> {
+            pin(&cores, 2 + i);
+            let conn = Connection::connect(addr, &cfg, Duration::from_secs(10))?;
+            if !conn.marks_fanin() {
+                bail!("sender {i}: the listener granted no fan-in slot");
+            }
+            let p = conn.publication(1);
+            let mut msg = vec![0x5au8; size];
+            let mut pending = 0;
+            let mut backpressured = 0u64;
+            for seq in 0..per {
+                msg[..8].copy_from_slice(&seq.to_le_bytes());
+                loop {
+                    match p.offer(1, &msg) {
+                        Ok(()) => break,
+                        Err(OfferError::BackPressured) => {
+                            backpressured += 1;
+                            conn.flush()?;
+                            pending = 0;
+                            conn.subscription().poll(|_| {}, 1)?;
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                pending += 1;
+                if pending >= batch {
+                    conn.flush()?;
+                    pending = 0;
+                }
+            }
+            conn.flush()?;
+            if !conn.drain(Duration::from_secs(120))? {
+                bail!("sender {i}: the receiver did not consume everything within 120 s");
+            }
+            let t = Instant::now();
+            // ORDERING: Acquire, pairs with the receiver's Release.
+            while !done.load(Ordering::Acquire) && t.elapsed() < Duration::from_secs(120) {
+                conn.subscription().poll(|_| {}, 16)?;
+                std::thread::yield_now();
+            }
+            conn.close();
+            Ok(backpressured)
+        }));
+    }
+    let mut backpressured = 0;
+    for s in senders {
+        backpressured += s.join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    }
+    let (count, bad, secs, st) = server
+        .join()
+        .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
+    if bad > 0 || count != n {
+        bail!("receiver got {count} of {n} messages, {bad} out of order or of a wrong length");
+    }
+    let rate = count as f64 / secs.max(1e-9);
+    println!(
+        "rc-fanin-throughput: {FANIN_SENDERS} senders, {count} x {size} B in {secs:.3} s, {rate:.0} msg/s, \
+         back-pressured {backpressured} times; receiver {} scans, {} marked visits ({} found nothing), {} sweeps",
+        st.scan.scans, st.scan.visits, st.scan.wasted, st.sweeps
+    );
+    println!("RESULT msgs_per_sec={rate:.1} lost=0");
     Ok(())
 }

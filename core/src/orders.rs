@@ -27,10 +27,14 @@
 //! hot-path calls never allocate, lock, log or make system calls; they
 //! return small `Copy` errors.
 
+mod fanin;
+
+pub use fanin::{ConnId, ConnectionSet, FanIn, SetError, SetStats};
+
 use crate::auth::{self, Initiator, Purpose, Responder};
 use crate::ring::frame::{
-    self, frame_len, handshake_context, AcceptHello, ConnectHello, Hello, HELLO_MAGIC, PROOF_LEN,
-    PROOF_OFF,
+    self, frame_len, handshake_context_with, AcceptHello, ConnectHello, FanInGrant,
+    HandshakeContext, Hello, ACCEPT_FANIN_LEN, FLAG_FANIN, HELLO_MAGIC, PROOF_LEN, PROOF_OFF,
 };
 use crate::ring::mem::{IncomingRing, Staging};
 use crate::ring::proto::{control_word, CREDIT_OFF};
@@ -90,6 +94,11 @@ pub struct OrdersConfig {
     /// Listener: connections (pending and established) from one IP address;
     /// one more request from it is refused.
     pub max_connections_per_peer: usize,
+    /// Listener: slots of its fan-in activity summary (0: off). Each
+    /// accepted connection gets one while they last and marks it after
+    /// every flush (one more one-byte WRITE), so a [`ConnectionSet`] or
+    /// [`FanIn`] polls only connections with new frames. At most 65536.
+    pub fanin_slots: usize,
 }
 
 impl Default for OrdersConfig {
@@ -107,6 +116,7 @@ impl Default for OrdersConfig {
             max_peer_ring_size: 16 << 20,
             max_pending_handshakes: 8,
             max_connections_per_peer: 16,
+            fanin_slots: 0,
         }
     }
 }
@@ -154,6 +164,9 @@ impl OrdersConfig {
         }
         if self.max_pending_handshakes == 0 || self.max_pending_handshakes > 1024 {
             return Err("max_pending_handshakes: must be between 1 and 1024".into());
+        }
+        if self.fanin_slots > 1 << 16 {
+            return Err(format!("fanin_slots: {} is above 65536", self.fanin_slots));
         }
         if self.max_connections_per_peer == 0 {
             return Err("max_connections_per_peer: must be at least 1".into());
@@ -302,6 +315,11 @@ struct Sq {
 /// be outstanding when the staging and ring regions are deregistered.
 pub struct Connection {
     qp: QueuePair,
+    /// Our slot in the listener's activity summary (accepted side): its
+    /// registration goes after the QP's.
+    fanin: Option<fanin::GrantedSlot>,
+    /// Where we mark the peer's summary after each flush (connecting side).
+    mark: Option<fanin::Mark>,
     cm: cm::Connection,
     send: RefCell<SendSide>,
     recv: RefCell<RecvSide>,
@@ -366,11 +384,11 @@ fn resources(ctx: &Arc<Context>, cfg: &OrdersConfig) -> Result<Resources, Orders
     Ok(Resources { pd, cq, qp, ring })
 }
 
-fn hello(cfg: &OrdersConfig, ring: &IncomingRing) -> Hello {
+fn hello(cfg: &OrdersConfig, ring: &IncomingRing, flags: u16) -> Hello {
     Hello {
         magic: HELLO_MAGIC.into(),
         ring_log2: (cfg.ring_size.trailing_zeros() as u16).into(),
-        flags: 0.into(),
+        flags: flags.into(),
         ring_addr: ring.mr().addr().into(),
         ring_rkey: ring.mr().rkey().into(),
         max_payload: (cfg.max_payload as u32).into(),
@@ -418,6 +436,7 @@ impl Connection {
         cfg: &OrdersConfig,
         binding: [u8; 2 * auth::NONCE_LEN],
         slot: Option<PeerSlot>,
+        fanin: (Option<fanin::GrantedSlot>, Option<fanin::Mark>),
     ) -> Result<Self, OrdersError> {
         let peer_size = 1usize << peer.ring_log2.get();
         // The staging area mirrors the peer's ring, whose size we learn
@@ -456,6 +475,8 @@ impl Connection {
             ring: res.ring,
             cm,
             qp: res.qp,
+            fanin: fanin.0,
+            mark: fanin.1,
             cq: res.cq,
             _pd: res.pd,
             binding,
@@ -477,8 +498,10 @@ impl Connection {
         let ctx = Context::open(resolved.device_name().as_deref())?;
         let res = resources(&ctx, cfg)?;
         let ini = Initiator::new(auth::Key::derive(cfg.token.as_bytes(), Purpose::Orders));
+        // We always offer to mark a fan-in slot: it costs nothing unless
+        // the listener grants one.
         let mine = ConnectHello {
-            hello: hello(cfg, &res.ring),
+            hello: hello(cfg, &res.ring, FLAG_FANIN),
             nonce: ini.nonce(),
         };
         let (conn, theirs) = resolved.connect(
@@ -490,16 +513,23 @@ impl Connection {
         )?;
         let peer = conn.peer();
         let checked = AcceptHello::read_from_prefix(&theirs)
-            .map(|(a, _)| a)
             .map_err(|_| bad_hello(&peer, "accept reply too short"))
-            .and_then(|a| check_hello(&peer, &a.hello, cfg).map(|()| a))
-            .and_then(|a| {
-                let ctx = handshake_context(&mine.hello, &a.hello);
-                ini.on_response(&a.nonce, &a.proof, &ctx)
-                    .map(|(ti, _)| (a, ti))
+            .and_then(|(a, rest)| {
+                check_hello(&peer, &a.hello, cfg)?;
+                if a.hello.flags.get() & FLAG_FANIN == 0 {
+                    return Ok((a, None));
+                }
+                FanInGrant::read_from_prefix(rest)
+                    .map(|(g, _)| (a, Some(g)))
+                    .map_err(|_| bad_hello(&peer, "fan-in grant missing from the accept reply"))
+            })
+            .and_then(|(a, grant)| {
+                let ctx = handshake_context_with(&mine.hello, &a.hello, grant.as_ref());
+                ini.on_response(&a.nonce, &a.proof, ctx.as_bytes())
+                    .map(|(ti, _)| ((a, grant), ti))
                     .map_err(|_| OrdersError::WrongToken { peer: peer.clone() })
             });
-        let (theirs, ti) = match checked {
+        let ((theirs, grant), ti) = match checked {
             Ok(x) => x,
             Err(e) => {
                 let _ = conn.disconnect();
@@ -509,7 +539,11 @@ impl Connection {
         let mut binding = [0u8; 2 * auth::NONCE_LEN];
         binding[..auth::NONCE_LEN].copy_from_slice(&mine.nonce);
         binding[auth::NONCE_LEN..].copy_from_slice(&theirs.nonce);
-        let c = Self::from_parts(res, conn, &theirs.hello, cfg, binding, None)?;
+        let mark = grant.map(|g| fanin::Mark {
+            addr: g.addr.get(),
+            rkey: g.rkey.get(),
+        });
+        let c = Self::from_parts(res, conn, &theirs.hello, cfg, binding, None, (None, mark))?;
         c.send_proof(&ti).map_err(OrdersError::PeerLost)?;
         Ok(c)
     }
@@ -663,9 +697,19 @@ impl Connection {
         let r = if n == 1 && ranges[0].1 <= max {
             let (off, len) = ranges[0];
             let sge = [range_sge(send.tx.staging(), (off, len))];
-            self.post(&mut [self.write_wr(&sge, remote + off as u64, rkey, len)])
+            let wr = self.write_wr(&sge, remote + off as u64, rkey, len);
+            match self.mark {
+                None => self.post(&mut [wr]),
+                // The fan-in mark rides the same doorbell, after the frames
+                // (RC places it after them: see crate::ring::fanin).
+                Some(m) => {
+                    let msge = [Sge::inline(&fanin::MARK_BYTE)];
+                    self.post(&mut [wr, SendWr::write(0, &msge, m.addr, m.rkey).inline()])
+                }
+            }
         } else {
             self.post_runs(send.tx.staging(), remote, rkey, &ranges[..n], max)
+                .and_then(|()| self.post_mark())
         };
         drop(send);
         self.stats.borrow_mut().flushes += 1;
@@ -737,6 +781,23 @@ impl Connection {
             .map(|(&(off, len), sge)| self.write_wr(sge, remote + off as u64, rkey, len))
             .collect();
         self.post(&mut wrs)
+    }
+
+    /// Marks our fan-in slot at the peer, if it granted one (after a flush
+    /// of several writes; the usual single write carries it along).
+    #[inline(never)]
+    fn post_mark(&self) -> Result<(), PeerLost> {
+        let Some(m) = self.mark else {
+            return Ok(());
+        };
+        let sge = [Sge::inline(&fanin::MARK_BYTE)];
+        self.post(&mut [SendWr::write(0, &sge, m.addr, m.rkey).inline()])
+    }
+
+    /// Whether this connection marks a fan-in slot at its peer after each
+    /// flush (the peer's listener granted one).
+    pub fn marks_fanin(&self) -> bool {
+        self.mark.is_some()
     }
 
     fn send_credit(&self, consumed: u64) -> Result<(), PeerLost> {
@@ -1113,10 +1174,11 @@ struct Pending {
     res: Resources,
     theirs: Hello,
     responder: Responder,
-    ctx: [u8; 64],
+    ctx: HandshakeContext,
     binding: [u8; 2 * auth::NONCE_LEN],
     peer: String,
     slot: PeerSlot,
+    fanin: Option<fanin::GrantedSlot>,
     deadline: Instant,
 }
 
@@ -1140,6 +1202,8 @@ pub struct OrdersListener {
     pending: RefCell<Vec<Pending>>,
     peers: PeerCounts,
     stats: Cell<ListenerStats>,
+    /// The fan-in activity summary (`fanin_slots > 0`).
+    activity: Option<Arc<fanin::Activity>>,
 }
 
 impl std::fmt::Debug for OrdersListener {
@@ -1156,7 +1220,12 @@ impl OrdersListener {
     /// Listens on `addr`.
     pub fn bind(addr: SocketAddr, cfg: OrdersConfig) -> Result<Self, OrdersError> {
         cfg.validate().map_err(OrdersError::Config)?;
+        let activity = match cfg.fanin_slots {
+            0 => None,
+            n => Some(fanin::Activity::new(n)?),
+        };
         Ok(Self {
+            activity,
             listener: Listener::bind(addr)?,
             key: auth::Key::derive(cfg.token.as_bytes(), Purpose::Orders),
             pending: RefCell::new(Vec::with_capacity(cfg.max_pending_handshakes)),
@@ -1169,6 +1238,13 @@ impl OrdersListener {
     /// The bound port.
     pub fn local_port(&self) -> u16 {
         self.listener.local_port()
+    }
+
+    /// A scanner of this listener's fan-in summary (disabled, scanning
+    /// nothing, when `fanin_slots` is 0). See [`ConnectionSet`] for the
+    /// whole receive loop.
+    pub fn fan_in(&self) -> FanIn {
+        FanIn::new(self.activity.clone())
     }
 
     /// Counters of refused and failed handshakes.
@@ -1289,13 +1365,37 @@ impl OrdersListener {
         };
         let ctx = Context::open(req.device_name().as_deref())?;
         let res = resources(&ctx, &self.cfg)?;
-        let mine = hello(&self.cfg, &res.ring);
-        let hctx = handshake_context(&theirs.hello, &mine);
-        let (responder, tr) = Responder::new(self.key.clone(), theirs.nonce, &hctx);
+        // A fan-in slot for an initiator that will mark it, while slots last
+        // (without one the connection is polled every turn).
+        let granted = match &self.activity {
+            Some(a) if theirs.hello.flags.get() & FLAG_FANIN != 0 => a.grant(&res.pd)?,
+            _ => None,
+        };
+        let grant = granted.as_ref().map(|g| {
+            let (addr, rkey) = g.remote();
+            FanInGrant {
+                addr: addr.into(),
+                rkey: rkey.into(),
+                slot: g.slot().into(),
+            }
+        });
+        let flags = if grant.is_some() { FLAG_FANIN } else { 0 };
+        let mine = hello(&self.cfg, &res.ring, flags);
+        let hctx = handshake_context_with(&theirs.hello, &mine, grant.as_ref());
+        let (responder, tr) = Responder::new(self.key.clone(), theirs.nonce, hctx.as_bytes());
         let reply = AcceptHello {
             hello: mine,
             nonce: responder.nonce(),
             proof: tr,
+        };
+        let mut reply_bytes = [0u8; ACCEPT_FANIN_LEN];
+        reply_bytes[..std::mem::size_of::<AcceptHello>()].copy_from_slice(reply.as_bytes());
+        let reply_len = match &grant {
+            Some(g) => {
+                reply_bytes[std::mem::size_of::<AcceptHello>()..].copy_from_slice(g.as_bytes());
+                ACCEPT_FANIN_LEN
+            }
+            None => std::mem::size_of::<AcceptHello>(),
         };
         let mut binding = [0u8; 2 * auth::NONCE_LEN];
         binding[..auth::NONCE_LEN].copy_from_slice(&theirs.nonce);
@@ -1304,7 +1404,7 @@ impl OrdersListener {
             &res.qp,
             &self.cfg.rc,
             Access::REMOTE_WRITE,
-            reply.as_bytes(),
+            &reply_bytes[..reply_len],
         ) {
             Ok(a) => self.pending.borrow_mut().push(Pending {
                 stage: Some(Stage::Accepting(a)),
@@ -1315,6 +1415,7 @@ impl OrdersListener {
                 binding,
                 peer,
                 slot,
+                fanin: granted,
                 deadline: Instant::now() + Duration::from_millis(self.cfg.connect_timeout_ms),
             }),
             // This one request failed (its id may be reset by the peer's
@@ -1338,7 +1439,7 @@ impl OrdersListener {
                     Err(e) => Step::Fail(Refusal::HandshakeFailed, e.to_string()),
                 },
                 Stage::Proving(c) => match p.res.ring.load_proof() {
-                    Some(ti) => match p.responder.on_proof(&ti, &p.ctx) {
+                    Some(ti) => match p.responder.on_proof(&ti, p.ctx.as_bytes()) {
                         Ok(_) => Step::Proven(c),
                         Err(e) => {
                             let _ = c.disconnect();
@@ -1379,6 +1480,7 @@ impl OrdersListener {
                         &self.cfg,
                         p.binding,
                         Some(p.slot),
+                        (p.fanin, None),
                     )
                     .map(Some);
                 }

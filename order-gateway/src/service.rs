@@ -42,7 +42,8 @@ use rocebus::counters::{
     LocalCounters,
 };
 use rocebus::idle::{pin_current_thread, IdleStrategy, Idler};
-use rocebus::orders::{Connection, OfferError, OrdersConfig, OrdersError, OrdersListener};
+use rocebus::orders::{Connection, FanIn, OfferError, OrdersConfig, OrdersError, OrdersListener};
+use rocebus::ring::fanin::Visit;
 use zerocopy::IntoBytes;
 
 use crate::config::Config;
@@ -491,6 +492,8 @@ struct EngineConn {
     backlog: Backlog,
     /// Something was committed since the last flush.
     dirty: bool,
+    /// Its slot in the listener's fan-in summary (none: polled every turn).
+    slot: Option<usize>,
 }
 
 /// A connection that has not sent its logon yet.
@@ -503,6 +506,50 @@ struct PendingConn {
 struct Closing {
     conn: Connection,
     until: Instant,
+}
+
+/// Fan-in slots when `service.orders.fanin_slots` is 0: the gateway always polls its
+/// engines through the fan-in summary.
+const DEFAULT_FANIN_SLOTS: usize = 256;
+/// Frames taken from one engine per poll.
+const ENGINE_BATCH: usize = 64;
+
+/// Polls one engine's ring: its requests go to the driver, any frame is a sign of life;
+/// a lost connection is listed in `lost`. Returns the frames taken.
+fn poll_engine<L: VenueLink>(
+    e: &mut EngineConn,
+    driver: &mut FixDriver<L>,
+    c: &Counters,
+    lost: &mut Vec<EngineId>,
+    now: u64,
+    mono: u64,
+) -> usize {
+    let id = e.id;
+    let r = e.conn.subscription().poll(
+        |f| {
+            if f.stream_id != ORDERS_STREAM {
+                c.stray_frames.inc();
+            } else if f.msg_type != u16::from(msg_type::HEARTBEAT) {
+                c.requests.inc();
+                driver.stage_engine_message(id, f.payload, now);
+            }
+        },
+        ENGINE_BATCH,
+    );
+    match r {
+        Ok(0) => 0,
+        Ok(n) => {
+            e.live.on_heard(mono);
+            n
+        }
+        // Closed by us for its silence already (then listed in `lost`).
+        Err(_) if lost.contains(&id) => 0,
+        Err(err) => {
+            tracing::warn!(engine = id, error = %err, "engine connection lost");
+            lost.push(id);
+            0
+        }
+    }
 }
 
 /// How long a refused connection is kept for its answer to be read.
@@ -612,6 +659,14 @@ pub struct Service<L: VenueLink = TcpLink> {
     /// Each configured engine and its token as the logon carries it.
     engine_keys: Vec<(EngineId, rocebus::auth::Key)>,
     engines: Vec<EngineConn>,
+    /// The listener's fan-in summary: engines with a slot are polled when they marked it.
+    fanin: FanIn,
+    /// Index in `engines` by fan-in slot (`usize::MAX`: none).
+    by_slot: Vec<usize>,
+    /// Engines without a slot, polled every turn.
+    unslotted: Vec<usize>,
+    /// The engine the next turn sweeps (polls whether marked or not: credit, disconnects).
+    sweep: usize,
     /// Answered connect requests whose handshake has not completed.
     pending: Vec<PendingConn>,
     closing: Vec<Closing>,
@@ -663,6 +718,9 @@ impl<L: VenueLink> Service<L> {
         control: Arc<ServiceControl>,
     ) -> Result<Service<L>, ServiceError> {
         let mut orders = opts.orders.clone();
+        if orders.fanin_slots == 0 {
+            orders.fanin_slots = DEFAULT_FANIN_SLOTS;
+        }
         orders.max_pending_handshakes = orders
             .max_pending_handshakes
             .min(opts.max_pending_connections);
@@ -691,7 +749,12 @@ impl<L: VenueLink> Service<L> {
                 "engine was logged on or has open orders: cancelling them unless it logs on again in time"
             );
         }
+        let fanin = listener.fan_in();
         Ok(Service {
+            by_slot: vec![usize::MAX; fanin.slots()],
+            unslotted: Vec::new(),
+            sweep: 0,
+            fanin,
             driver,
             listener,
             logon_over_cap: 0,
@@ -773,38 +836,67 @@ impl<L: VenueLink> Service<L> {
     }
 
     /// Engine frames into the gateway, batched per engine; any frame is a sign of life,
-    /// heartbeats are nothing more.
+    /// heartbeats are nothing more. Engines are found through the fan-in summary (those
+    /// that marked it since the last turn), plus engines without a slot, plus one engine
+    /// swept per turn whatever its mark (its idle poll returns credit and notices a
+    /// disconnect).
     fn poll_engines(&mut self, now: u64, mono: u64) -> usize {
+        let Service {
+            engines,
+            driver,
+            counters: c,
+            lost,
+            fanin,
+            by_slot,
+            unslotted,
+            sweep,
+            ..
+        } = self;
+        let count = engines.len();
         let mut work = 0;
-        let (driver, c) = (&mut self.driver, &self.counters);
-        for e in &mut self.engines {
-            let id = e.id;
-            let r = e.conn.subscription().poll(
-                |f| {
-                    if f.stream_id != ORDERS_STREAM {
-                        c.stray_frames.inc();
-                    } else if f.msg_type != u16::from(msg_type::HEARTBEAT) {
-                        c.requests.inc();
-                        driver.stage_engine_message(id, f.payload, now);
-                    }
-                },
-                64,
-            );
-            match r {
-                Ok(0) => {}
-                Ok(n) => {
-                    e.live.on_heard(mono);
-                    work += n;
-                }
-                // Closed by us for its silence already (then listed in `lost`).
-                Err(_) if self.lost.contains(&id) => {}
-                Err(err) => {
-                    tracing::warn!(engine = id, error = %err, "engine connection lost");
-                    self.lost.push(id);
-                }
+        let mut wasted = 0;
+        let mut poll = |i: usize| poll_engine(&mut engines[i], driver, c, lost, now, mono);
+        fanin.scan(|slot| {
+            let i = by_slot[slot];
+            if i == usize::MAX {
+                // A connection still logging on (its frames are read by housekeeping).
+                wasted += 1;
+                return Visit::Done;
             }
+            let n = poll(i);
+            work += n;
+            if n == 0 {
+                wasted += 1;
+            }
+            if n == ENGINE_BATCH {
+                Visit::Again
+            } else {
+                Visit::Done
+            }
+        });
+        for &i in unslotted.iter() {
+            work += poll(i);
+        }
+        if count > 0 {
+            *sweep = (*sweep + 1) % count;
+            work += poll(*sweep);
+        }
+        for _ in 0..wasted {
+            fanin.count_wasted();
         }
         work
+    }
+
+    /// Rebuilds the slot index after `engines` changed.
+    fn reindex_engines(&mut self) {
+        self.by_slot.fill(usize::MAX);
+        self.unslotted.clear();
+        for (i, e) in self.engines.iter().enumerate() {
+            match e.slot {
+                Some(s) => self.by_slot[s] = i,
+                None => self.unslotted.push(i),
+            }
+        }
     }
 
     /// Venue bytes, timers, then the write-ahead flush that hands responses to engines.
@@ -846,6 +938,7 @@ impl<L: VenueLink> Service<L> {
     fn reap_lost(&mut self, now: u64) -> Result<(), ServiceError> {
         while let Some(id) = self.lost.pop() {
             self.engines.retain(|e| e.id != id);
+            self.reindex_engines();
             self.counters.engine_disconnects.inc();
             self.driver.stage_engine_disconnect(id, now);
             tracing::info!(
@@ -1098,8 +1191,10 @@ impl<L: VenueLink> Service<L> {
             self.driver.stage(|gw, out| gw.on_engine_logon(id, out));
             tracing::info!(engine = id, peer = %conn.peer(), last_response_seq = last, last_request_seq = taken, "engine logged on");
             self.counters.logons.inc();
+            let slot = self.fanin.slot_of(&conn);
             let mut e = EngineConn {
                 id,
+                slot,
                 conn,
                 live: Liveness::new(
                     mono,
@@ -1129,6 +1224,12 @@ impl<L: VenueLink> Service<L> {
                 self.lost.push(id);
             }
             self.engines.push(e);
+            self.reindex_engines();
+            if let Some(s) = slot {
+                // Its marks before now were taken while it was logging on: look at it on
+                // the next turn whatever its mark.
+                self.fanin.revisit(s);
+            }
         } else {
             tracing::warn!(engine = id, peer = %conn.peer(), ?status, "engine logon refused");
             self.counters.logons_refused.inc();

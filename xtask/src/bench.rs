@@ -80,6 +80,18 @@ const SPECS: &[Spec] = &[
         default_iterations: 200_000,
         ..BASE
     },
+    // Four senders (threads, one connection each) into one receiver
+    // polling them through the fan-in summary, against four queue pairs of
+    // ib_write_bw.
+    Spec {
+        name: "rc-fanin-throughput",
+        kind: Kind::Throughput,
+        ours: "rc-fanin-throughput",
+        perftest: "ib_write_bw",
+        perftest_extra: "-q 4",
+        default_iterations: 200_000,
+        ..BASE
+    },
     Spec {
         name: "md-throughput",
         kind: Kind::Throughput,
@@ -196,7 +208,7 @@ pub fn names() -> Vec<&'static str> {
         .iter()
         .map(|s| s.name)
         .chain(HOST_ONLY.iter().copied())
-        .chain(["books", "ipc", "md-repair"])
+        .chain(["books", "ipc", "md-repair", "rc-fanin"])
         .chain(["md-fanout"])
         .collect()
 }
@@ -253,6 +265,58 @@ pub(crate) fn build_bench(root: &Path) -> Result<(std::path::PathBuf, std::path:
         .unwrap_or_else(|| root.join("target"));
     let exe = target.join("release/rocebus-bench").canonicalize()?;
     Ok((exe, target.canonicalize()?))
+}
+
+/// `rc-fanin`: the harness compares itself against its own N = 1 (no
+/// perftest counterpart), so it runs once in the guest (or natively) and
+/// prints its `rc-fanin: N=.. p50 ratio .., p99 ratio ..` lines itself.
+/// Each connection holds a device context and an rdma_cm channel on both
+/// ends, so the open-file limit is raised to its hard maximum first.
+fn run_fanin(
+    root: &Path,
+    rounds: Option<u32>,
+    size: usize,
+    iterations: Option<u64>,
+    ours_extra: &str,
+) -> Result<()> {
+    let (exe, _) = build_bench(root)?;
+    let script = format!(
+        "ulimit -n $(ulimit -Hn)\ntimeout 1800 {} rc-fanin -s {size} -n {} --rounds {} --cores 0,1 {ours_extra}\n",
+        vm::shell_quote(&exe.display().to_string()),
+        iterations.unwrap_or(5000),
+        rounds.unwrap_or(1)
+    );
+    let lines = if std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
+    {
+        eprintln!("== this host has an RDMA device: running natively");
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .current_dir(root)
+            .output()?;
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        print!("{text}");
+        text.lines().map(str::to_owned).collect::<Vec<_>>()
+    } else {
+        let img = setup::guest_image()?;
+        let opts = vm::VmOptions {
+            timeout: Duration::from_secs(2000),
+            ..Default::default()
+        };
+        vm::run(&img, root, &script, &opts)?.output.swap_remove(0)
+    };
+    let results: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.starts_with("rc-fanin: "))
+        .collect();
+    if results.is_empty() {
+        bail!("rc-fanin: the harness printed no ratio line");
+    }
+    println!();
+    for l in results {
+        println!("{l}");
+    }
+    Ok(())
 }
 
 /// Runs a [`HOST_ONLY`] harness natively, its output straight to the terminal.
@@ -361,6 +425,9 @@ pub fn run(
     }
     if name == "md-fanout" {
         return crate::md_fanout::run(root, iterations, ours_extra);
+    }
+    if name == "rc-fanin" {
+        return run_fanin(root, rounds, size, iterations, ours_extra);
     }
     let rounds = rounds.unwrap_or(5);
     let spec = SPECS

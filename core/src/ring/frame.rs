@@ -191,7 +191,7 @@ pub struct Hello {
     pub magic: U32,
     /// log2 of the ring's data size.
     pub ring_log2: U16,
-    /// Reserved, zero.
+    /// [`FLAG_FANIN`] or zero; other bits reserved, zero.
     pub flags: U16,
     /// Address of the ring region (data, then the control words).
     pub ring_addr: U64,
@@ -257,6 +257,64 @@ pub fn handshake_context(initiator: &Hello, responder: &Hello) -> [u8; 64] {
     ctx[..32].copy_from_slice(initiator.as_bytes());
     ctx[32..].copy_from_slice(responder.as_bytes());
     ctx
+}
+
+/// [`Hello::flags`] bit. From the initiator: it will mark a fan-in slot
+/// if granted one. From the responder: a [`FanInGrant`] follows its
+/// [`AcceptHello`] in the accept reply. Both hellos, flags included, are
+/// bound by the handshake's proofs, and so is the grant
+/// ([`handshake_context_with`]).
+pub const FLAG_FANIN: u16 = 1;
+
+/// The fan-in slot a listener grants an initiator: after each flush the
+/// initiator writes one nonzero byte to `addr` with `rkey` (a region
+/// covering that byte only). 16 bytes, after the [`AcceptHello`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct FanInGrant {
+    /// Address of the slot's byte in the listener's activity summary.
+    pub addr: U64,
+    /// rkey of the region covering that byte.
+    pub rkey: U32,
+    /// Slot index (diagnostics; the address is what is written).
+    pub slot: U32,
+}
+const _: () = assert!(std::mem::size_of::<FanInGrant>() == 16);
+
+/// Bytes of an accept reply carrying a [`FanInGrant`].
+pub const ACCEPT_FANIN_LEN: usize = std::mem::size_of::<AcceptHello>() + 16;
+
+/// The context both proofs bind, with the fan-in grant when there is one:
+/// the two hellos, then the grant's 16 bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct HandshakeContext {
+    bytes: [u8; 80],
+    len: usize,
+}
+
+impl HandshakeContext {
+    /// The bytes the proofs are computed over.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// [`handshake_context`], followed by `grant`'s bytes if any.
+pub fn handshake_context_with(
+    initiator: &Hello,
+    responder: &Hello,
+    grant: Option<&FanInGrant>,
+) -> HandshakeContext {
+    let mut bytes = [0u8; 80];
+    bytes[..64].copy_from_slice(&handshake_context(initiator, responder));
+    let len = match grant {
+        Some(g) => {
+            bytes[64..].copy_from_slice(g.as_bytes());
+            80
+        }
+        None => 64,
+    };
+    HandshakeContext { bytes, len }
 }
 
 #[cfg(test)]
@@ -388,5 +446,39 @@ mod tests {
         assert_eq!(&ctx[..32], h.as_bytes());
         assert_eq!(&ctx[32..], r.as_bytes());
         assert_ne!(handshake_context(&r, &h), ctx);
+    }
+
+    // A fan-in grant as it follows the accept hello: address, rkey, slot.
+    static GRANT_BYTES: [u8; 16] = [
+        0x08, 0x10, 0, 0, 0, 0x7f, 0, 0, // addr
+        0x78, 0x56, 0, 0, // rkey
+        5, 0, 0, 0, // slot
+    ];
+
+    #[test]
+    fn fanin_grant_fixed_bytes_and_bound_context() {
+        let g = FanInGrant {
+            addr: 0x7f00_0000_1008.into(),
+            rkey: 0x5678.into(),
+            slot: 5.into(),
+        };
+        assert_eq!(g.as_bytes(), &GRANT_BYTES);
+        assert_eq!(FanInGrant::read_from_bytes(&GRANT_BYTES[..]).unwrap(), g);
+        assert_eq!(ACCEPT_FANIN_LEN, 80);
+        let h = Hello::read_from_bytes(&CONNECT_BYTES[..32]).unwrap();
+        let mut r = h;
+        r.flags = FLAG_FANIN.into();
+        // Without a grant: exactly the old 64-byte context.
+        let plain = handshake_context_with(&h, &r, None);
+        assert_eq!(plain.as_bytes(), &handshake_context(&h, &r)[..]);
+        // With one: the grant is bound too, so changing it changes the proofs.
+        let with = handshake_context_with(&h, &r, Some(&g));
+        assert_eq!(&with.as_bytes()[64..], &GRANT_BYTES);
+        let mut g2 = g;
+        g2.addr = 0x7f00_0000_1009.into();
+        assert_ne!(
+            handshake_context_with(&h, &r, Some(&g2)).as_bytes(),
+            with.as_bytes()
+        );
     }
 }

@@ -26,10 +26,13 @@
 //! simply read again.
 #![allow(unsafe_code)]
 
+use super::fanin::ActivityMemory;
 use super::frame::{CONTROL_LEN, PROOF_OFF, PROOF_SEAL};
 use super::proto::{RingMemory, StagingMemory};
 use crate::auth::{Tag, TAG_LEN};
-use crate::verbs::{Access, MemoryRegion, ProtectionDomain, QueuePair, SendWr, VerbsError};
+use crate::verbs::{
+    Access, MemoryRegion, ProtectionDomain, QueuePair, SendWr, SharedMemory, VerbsError,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -177,4 +180,84 @@ pub(crate) fn post_ring_writes(qp: &QueuePair, wrs: &mut [SendWr<'_>]) -> Result
     // SAFETY: see above: every SGE is inline or a staging range that stays
     // registered, allocated and unmodified until its WRITE has executed.
     unsafe { qp.post_send(wrs) }
+}
+
+/// A receiver's activity summary ([`crate::ring::fanin`]): one byte per
+/// slot in memory shared by every connection's registration of its own
+/// byte ([`register_slot`](Self::register_slot)), so a peer's queue pair
+/// can write its slot and nothing else.
+#[derive(Debug)]
+pub struct ActivityRegion {
+    mem: Arc<SharedMemory>,
+    slots: usize,
+}
+
+impl ActivityRegion {
+    /// Maps a zeroed summary of `slots` slots (rounded up to whole words).
+    pub fn new(slots: usize) -> Result<Self, VerbsError> {
+        Ok(Self {
+            mem: SharedMemory::new(slots.div_ceil(8) * 8)?,
+            slots,
+        })
+    }
+
+    /// Slots.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Registers byte `slot` (below [`slots`](Self::slots)) in `pd` for
+    /// remote writes: the region a connection's peer marks.
+    pub fn register_slot(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        slot: usize,
+    ) -> Result<MemoryRegion, VerbsError> {
+        assert!(slot < self.slots);
+        MemoryRegion::register_shared(pd, &self.mem, slot, 1, Access::REMOTE_WRITE)
+    }
+
+    /// Clears `slot` (a new connection gets it: a mark an earlier peer's
+    /// last WRITE left would only cost one wasted poll, but need not).
+    pub fn clear(&self, slot: usize) {
+        assert!(slot < self.slots);
+        let shift = 8 * (slot % 8);
+        // ORDERING: Relaxed: the byte carries no data; a peer's mark racing
+        // this is the old peer's (its registration is gone) or the new
+        // peer's, which cannot have been sent before this slot was granted.
+        let _ = self
+            .word(slot / 8)
+            .fetch_and(!(0xFF << shift), Ordering::Relaxed);
+    }
+
+    fn word(&self, w: usize) -> &AtomicU64 {
+        assert!(w * 8 + 8 <= self.mem.len());
+        // SAFETY: in bounds (asserted) of the mapping, which lives as long
+        // as self.mem; 8-byte aligned (page-aligned mapping, w * 8).
+        // AtomicU64 has the layout of u64 and every bit pattern is valid.
+        // Peers' devices store single bytes here by DMA, outside the Rust
+        // memory model; we only load and swap whole words, which the
+        // hardware's coherence orders against those stores (a byte stored
+        // after a swap survives it), so no mark is torn or lost.
+        unsafe { &*(self.mem.as_ptr().add(w * 8) as *const AtomicU64) }
+    }
+}
+
+impl ActivityMemory for ActivityRegion {
+    #[inline]
+    fn words(&self) -> usize {
+        self.mem.len() / 8
+    }
+    #[inline]
+    fn peek(&self, w: usize) -> u64 {
+        // ORDERING: Relaxed: a look only; take() does the Acquire.
+        self.word(w).load(Ordering::Relaxed)
+    }
+    #[inline]
+    fn take(&self, w: usize) -> u64 {
+        // ORDERING: Acquire, pairs with the device placing a mark after
+        // the frames of the same queue pair (RC order): the ring loads
+        // that follow see those frames. See crate::ring::fanin.
+        self.word(w).swap(0, Ordering::Acquire)
+    }
 }

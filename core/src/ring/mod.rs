@@ -72,12 +72,15 @@
 //! - `mem` (crate-private): the traits over registered memory, the only
 //!   unsafe code of the ring; `orders` is the I/O shell that posts the
 //!   RDMA WRITEs and reaps their completions.
+//! - [`fanin`]: the activity summary a receiver of many rings scans to
+//!   poll only the rings with new frames (and its ORDERING argument).
 //! - [`loopback`]: the traits over plain atomic memory, for host tests
 //!   (the `tests` module here: threads racing torn placement, credits,
 //!   junk in the ring; run under valgrind's memcheck by `cargo xtask
 //!   test`) and a loom model of the control words (`RUSTFLAGS="--cfg
 //!   loom" cargo test -p rocebus --lib loom`).
 
+pub mod fanin;
 pub mod frame;
 pub mod loopback;
 pub(crate) mod mem;

@@ -110,6 +110,93 @@ pub struct MemoryRegion {
     map_len: usize,
     access: Access,
     pd: Arc<ProtectionDomain>,
+    /// The mapping this region registers part of, when it does not own its
+    /// memory ([`MemoryRegion::register_shared`]); dropped (and unmapped
+    /// by its last owner) after the region is deregistered.
+    shared: Option<Arc<SharedMemory>>,
+}
+
+/// Page-aligned anonymous memory (zeroed) that several memory regions
+/// register parts of, possibly in different protection domains: e.g. one
+/// summary array of which each connection's queue pair may write only its
+/// own byte. Unmapped when the last region registering it and the last
+/// other owner are gone.
+pub struct SharedMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+    map_len: usize,
+}
+
+// SAFETY: the mapping is owned by this value; every access to its bytes
+// goes through the raw pointer by code that argues its own synchronisation
+// (atomics: the device may write them at any time).
+unsafe impl Send for SharedMemory {}
+// SAFETY: as above; &self methods hand out the address only.
+unsafe impl Sync for SharedMemory {}
+
+impl fmt::Debug for SharedMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedMemory")
+            .field("addr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+fn map_anonymous(len: usize) -> Result<(NonNull<u8>, usize)> {
+    let page = 4096usize;
+    let map_len = len.max(1).div_ceil(page) * page;
+    // SAFETY: anonymous private mapping, no file, no fixed address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(VerbsError::AllocMemory {
+            len,
+            source: last_err(),
+        });
+    }
+    Ok((
+        NonNull::new(p.cast::<u8>()).expect("mmap never returns NULL on success"),
+        map_len,
+    ))
+}
+
+impl SharedMemory {
+    /// Maps `len` zeroed bytes (rounded up to whole pages).
+    pub fn new(len: usize) -> Result<Arc<Self>> {
+        let (ptr, map_len) = map_anonymous(len)?;
+        Ok(Arc::new(Self { ptr, len, map_len }))
+    }
+    /// Usable length in bytes (as asked for).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether empty (never: at least one page is mapped).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The first byte; valid (page-aligned, `len()` bytes) while `self`
+    /// lives. Whoever reads or writes through it argues its own
+    /// synchronisation with the device (atomic access only).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        // SAFETY: every region registering part of this mapping holds an Arc
+        // to it and deregistered before releasing it; unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len) };
+    }
 }
 
 // SAFETY: the region's memory is owned by this value and the MR handle is
@@ -133,26 +220,8 @@ impl MemoryRegion {
     /// Allocates `len` zeroed bytes (rounded up to whole pages) and registers
     /// them with exactly `access`.
     pub fn new(pd: &Arc<ProtectionDomain>, len: usize, access: Access) -> Result<Self> {
-        let page = 4096usize;
-        let map_len = len.max(1).div_ceil(page) * page;
-        // SAFETY: anonymous private mapping, no file, no fixed address.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(VerbsError::AllocMemory {
-                len,
-                source: last_err(),
-            });
-        }
-        let ptr = NonNull::new(p.cast::<u8>()).expect("mmap never returns NULL on success");
+        let (ptr, map_len) = map_anonymous(len)?;
+        let p = ptr.as_ptr().cast::<libc::c_void>();
         // SAFETY: [ptr, ptr+map_len) is our fresh mapping; the PD is valid.
         let mr = unsafe { sys::ibv_reg_mr(pd.as_raw(), p, map_len, access.0 as i32) };
         let Some(mr) = NonNull::new(mr) else {
@@ -168,6 +237,47 @@ impl MemoryRegion {
             map_len,
             access,
             pd: pd.clone(),
+            shared: None,
+        })
+    }
+
+    /// Registers `len` bytes at `offset` of `mem` (in bounds, else
+    /// [`VerbsError::SgeOutOfBounds`]) with exactly `access`: a peer given
+    /// this region's rkey reaches those bytes and nothing else of `mem`.
+    /// The region keeps `mem` mapped until it is deregistered.
+    pub fn register_shared(
+        pd: &Arc<ProtectionDomain>,
+        mem: &Arc<SharedMemory>,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Self> {
+        if len == 0 || offset.checked_add(len).is_none_or(|e| e > mem.len()) {
+            return Err(VerbsError::SgeOutOfBounds {
+                offset,
+                len,
+                region_len: mem.len(),
+            });
+        }
+        // SAFETY: in bounds of the mapping (checked above).
+        let p = unsafe { mem.as_ptr().add(offset) };
+        // SAFETY: [p, p+len) lies in a live mapping that this region keeps
+        // alive (the Arc below) until after ibv_dereg_mr; the PD is valid.
+        let mr = unsafe { sys::ibv_reg_mr(pd.as_raw(), p.cast(), len, access.0 as i32) };
+        let Some(mr) = NonNull::new(mr) else {
+            return Err(VerbsError::RegisterMemoryRegion {
+                len,
+                source: last_err(),
+            });
+        };
+        Ok(Self {
+            mr,
+            ptr: NonNull::new(p).expect("inside a mapping"),
+            len,
+            map_len: 0,
+            access,
+            pd: pd.clone(),
+            shared: Some(mem.clone()),
         })
     }
 
@@ -257,11 +367,14 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        // SAFETY: deregister first (the device loses access), then unmap;
-        // both exactly once.
+        // SAFETY: deregister first (the device loses access), then unmap
+        // our own mapping, both exactly once; a shared mapping is unmapped
+        // by its last owner, after this (the field drops after this body).
         unsafe {
             sys::ibv_dereg_mr(self.mr.as_ptr());
-            libc::munmap(self.ptr.as_ptr().cast(), self.map_len);
+            if self.shared.is_none() {
+                libc::munmap(self.ptr.as_ptr().cast(), self.map_len);
+            }
         }
     }
 }

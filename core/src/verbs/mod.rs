@@ -37,7 +37,7 @@ pub mod pool;
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{device_names, Context, Gid, PortInfo, PortState};
 pub use error::VerbsError;
-pub use memory::{Access, MemoryRegion, ProtectionDomain};
+pub use memory::{Access, MemoryRegion, ProtectionDomain, SharedMemory};
 pub use pool::{
     Dest, PoolConfig, PoolError, PoolStats, PooledQp, RecvPoll, RecvSource, StageError,
 };
