@@ -39,7 +39,10 @@ fn cargo_fuzz(dir: &Path) -> Command {
     // the cache outside the checkout, so a fresh clone (CI) rebuilds only the workspace's
     // own crates, not every sanitized dependency (cargo's fingerprints tell what changed).
     if std::env::var_os("CARGO_TARGET_DIR").is_none() {
-        c.env("CARGO_TARGET_DIR", crate::setup::cache_dir().join("target-fuzz"));
+        c.env(
+            "CARGO_TARGET_DIR",
+            crate::setup::cache_dir().join("target-fuzz"),
+        );
     }
     c
 }
