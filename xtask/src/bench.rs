@@ -267,6 +267,31 @@ pub(crate) fn build_bench(root: &Path) -> Result<(std::path::PathBuf, std::path:
     Ok((exe, target.canonicalize()?))
 }
 
+/// Runs the shell `script` natively when this host has an RDMA device, else in one
+/// soft-RoCE guest (killed after `timeout`); returns its standard output, line by line
+/// (printed as it is natively; the guest runner prints its own).
+pub(crate) fn run_script(root: &Path, script: &str, timeout: Duration) -> Result<Vec<String>> {
+    if std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some()) {
+        eprintln!("== this host has an RDMA device: running natively");
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(root)
+            .output()?;
+        eprint!("{}", String::from_utf8_lossy(&o.stderr));
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        print!("{text}");
+        Ok(text.lines().map(str::to_owned).collect())
+    } else {
+        let img = setup::guest_image()?;
+        let opts = vm::VmOptions {
+            timeout,
+            ..Default::default()
+        };
+        Ok(vm::run(&img, root, script, &opts)?.output.swap_remove(0))
+    }
+}
+
 /// `rc-fanin`: the harness compares itself against its own N = 1 (no
 /// perftest counterpart), so it runs once in the guest (or natively) and
 /// prints its `rc-fanin: N=.. p50 ratio .., p99 ratio ..` lines itself.
@@ -286,25 +311,7 @@ fn run_fanin(
         iterations.unwrap_or(5000),
         rounds.unwrap_or(1)
     );
-    let lines = if std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
-    {
-        eprintln!("== this host has an RDMA device: running natively");
-        let o = Command::new("sh")
-            .arg("-c")
-            .arg(&script)
-            .current_dir(root)
-            .output()?;
-        let text = String::from_utf8_lossy(&o.stdout).into_owned();
-        print!("{text}");
-        text.lines().map(str::to_owned).collect::<Vec<_>>()
-    } else {
-        let img = setup::guest_image()?;
-        let opts = vm::VmOptions {
-            timeout: Duration::from_secs(2000),
-            ..Default::default()
-        };
-        vm::run(&img, root, &script, &opts)?.output.swap_remove(0)
-    };
+    let lines = run_script(root, &script, Duration::from_secs(2000))?;
     let results: Vec<&String> = lines
         .iter()
         .filter(|l| l.starts_with("rc-fanin: "))
@@ -479,24 +486,11 @@ pub fn run(
             ));
         }
     }
-    let out = if std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some()) {
-        eprintln!("== this host has an RDMA device: running natively");
-        let o = Command::new("sh")
-            .arg("-c")
-            .arg(&script)
-            .current_dir(root)
-            .output()?;
-        let text = String::from_utf8_lossy(&o.stdout).into_owned();
-        print!("{text}");
-        text.lines().map(str::to_owned).collect::<Vec<_>>()
-    } else {
-        let img = setup::guest_image()?;
-        let opts = vm::VmOptions {
-            timeout: Duration::from_secs(600 * rounds as u64 + 120),
-            ..Default::default()
-        };
-        vm::run(&img, root, &script, &opts)?.output.swap_remove(0)
-    };
+    let out = run_script(
+        root,
+        &script,
+        Duration::from_secs(600 * rounds as u64 + 120),
+    )?;
     // Split the output by round markers.
     let mut runs: [Vec<Option<Figures>>; 3] = Default::default();
     let mut current: Option<(Side, Vec<String>)> = None;
