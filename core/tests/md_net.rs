@@ -354,7 +354,11 @@ fn run_subscriber(
 fn assert_lossless(r: &SubResult, publisher: &Book, total: u64) {
     assert_eq!(r.book.order_errors, 0, "out-of-order or corrupt delivery");
     assert_eq!(r.book.digest(), publisher.digest(), "final state differs");
-    assert_eq!(r.counters.delivered, total, "{:?}", r.counters);
+    assert_eq!(
+        r.counters.delivered, total,
+        "{:?} events (at last delivered seq) {:?}",
+        r.counters, r.events
+    );
     assert_eq!(r.counters.unrecoverable, 0, "{:?}", r.events);
 }
 
