@@ -1,8 +1,8 @@
 //! Completion queues and work completions.
 
 use super::device::Context;
+use super::error::Result;
 use super::error::{errno, last_err, VerbsError};
-use super::Result;
 use rdma_sys as sys;
 use std::fmt;
 use std::ptr::NonNull;

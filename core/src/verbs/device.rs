@@ -1,7 +1,7 @@
 //! Device discovery and the device context.
 
+use super::error::Result;
 use super::error::{last_err, VerbsError};
-use super::Result;
 use rdma_sys as sys;
 use std::ffi::CStr;
 use std::fmt;
@@ -158,13 +158,6 @@ impl Context {
             });
         }
         Self::open_cm(&want).or_else(|_| Self::open_own(&want))
-    }
-
-    /// Opens the device that owns a local IP address (through rdma_cm).
-    pub fn open_for_ip(addr: IpAddr) -> Result<Arc<Context>> {
-        device_names()?;
-        let name = super::cm::device_for_addr(addr)?;
-        Self::open(Some(&name))
     }
 
     fn open_cm(want: &str) -> Result<Arc<Context>> {

@@ -1,3 +1,4 @@
+use super::types::{QpState, QpType};
 use std::io;
 
 /// Errors of the verbs layer: one variant per failing operation, with the
@@ -90,7 +91,7 @@ pub enum VerbsError {
     #[error("creating a {qp_type:?} queue pair failed")]
     CreateQp {
         /// RC or UD.
-        qp_type: super::QpType,
+        qp_type: QpType,
         /// OS error.
         #[source]
         source: io::Error,
@@ -101,7 +102,7 @@ pub enum VerbsError {
         /// QP number.
         qpn: u32,
         /// Target state.
-        to: super::QpState,
+        to: QpState,
         /// OS error.
         #[source]
         source: io::Error,
@@ -233,3 +234,6 @@ pub(crate) fn errno(code: i32) -> io::Error {
         io::Error::other("unknown verbs error")
     }
 }
+
+/// Result of a verbs operation.
+pub type Result<T, E = VerbsError> = std::result::Result<T, E>;

@@ -1,8 +1,8 @@
 //! Protection domains and registered memory.
 
 use super::device::Context;
+use super::error::Result;
 use super::error::{last_err, VerbsError};
-use super::Result;
 use rdma_sys as sys;
 use std::fmt;
 use std::ptr::NonNull;

@@ -30,28 +30,20 @@ mod device;
 mod error;
 mod memory;
 mod qp;
+mod types;
 
 pub mod cm;
 pub mod pool;
 
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{device_names, Context, Gid, PortInfo, PortState};
-pub use error::VerbsError;
+pub use error::{Result, VerbsError};
 pub use memory::{Access, MemoryRegion, ProtectionDomain, SharedMemory};
 pub use pool::{
     Dest, PoolConfig, PoolError, PoolStats, PooledQp, RecvPoll, RecvSource, StageError,
 };
 pub use qp::{
-    AddressHandle, AhAttr, LocalPath, Mtu, QpCaps, QpState, QpType, QueuePair, RcOptions, RcPeer,
-    RecvWr, SendWr, Sge,
+    AddressHandle, AhAttr, LocalPath, Mtu, QpCaps, QueuePair, RcOptions, RcPeer, RecvWr, SendWr,
+    Sge,
 };
-
-/// Result of a verbs operation.
-pub type Result<T, E = VerbsError> = std::result::Result<T, E>;
-
-/// The qkey rdma_cm uses for UDP port space (`RDMA_UDP_QKEY`), which a UD
-/// queue pair must carry to receive multicast joined through rdma_cm.
-pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
-
-/// Bytes of Global Routing Header in front of every UD receive on RoCE.
-pub const GRH_LEN: usize = 40;
+pub use types::{QpState, QpType, GRH_LEN, RDMA_UDP_QKEY};

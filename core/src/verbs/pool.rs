@@ -26,9 +26,12 @@
 //! Nothing here allocates after [`PooledQp::new`].
 
 use super::cq::{CompletionQueue, WcStatus, WorkCompletion};
+use super::device::Gid;
+use super::error::VerbsError;
 use super::memory::{Access, MemoryRegion, ProtectionDomain};
-use super::qp::{AddressHandle, QpCaps, QpType, QueuePair, RecvWr, SendWr, Sge};
-use super::{Gid, VerbsError, GRH_LEN};
+use super::qp::{AddressHandle, QpCaps, QueuePair, RecvWr, SendWr, Sge};
+use super::types::QpType;
+use super::types::GRH_LEN;
 use arrayvec::ArrayVec;
 use std::fmt;
 use std::sync::Arc;

@@ -2,61 +2,15 @@
 
 use super::cq::CompletionQueue;
 use super::device::Gid;
+use super::error::Result;
 use super::error::{errno, last_err, VerbsError};
 use super::memory::{Access, MemoryRegion, ProtectionDomain};
-use super::Result;
+use super::types::{QpState, QpType};
 use rdma_sys as sys;
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
-
-/// Transport type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QpType {
-    /// Reliable connected.
-    Rc,
-    /// Unreliable datagram.
-    Ud,
-}
-
-/// Queue pair state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum QpState {
-    /// Reset.
-    Reset,
-    /// Initialised.
-    Init,
-    /// Ready to receive.
-    Rtr,
-    /// Ready to send.
-    Rts,
-    /// Send queue drained.
-    Sqd,
-    /// Send queue error.
-    Sqe,
-    /// Error: every outstanding WR is flushed (e.g. transport retries exhausted).
-    Error,
-    /// Unknown value.
-    Unknown(u32),
-}
-
-impl QpState {
-    fn from_raw(s: u32) -> Self {
-        use sys::ibv_qp_state::*;
-        match s {
-            IBV_QPS_RESET => Self::Reset,
-            IBV_QPS_INIT => Self::Init,
-            IBV_QPS_RTR => Self::Rtr,
-            IBV_QPS_RTS => Self::Rts,
-            IBV_QPS_SQD => Self::Sqd,
-            IBV_QPS_SQE => Self::Sqe,
-            IBV_QPS_ERR => Self::Error,
-            o => Self::Unknown(o),
-        }
-    }
-}
 
 /// Path MTU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]

@@ -1,0 +1,543 @@
+//! rdma_cm ids and their events: the base the other cm modules build on.
+
+use crate::verbs::device::{Context, Gid};
+use crate::verbs::error::Result;
+use crate::verbs::error::{errno, last_err, VerbsError};
+use crate::verbs::memory::Access;
+use crate::verbs::qp::{Mtu, QueuePair, RcOptions};
+use crate::verbs::types::QpState;
+use arrayvec::ArrayVec;
+use rdma_sys as sys;
+use std::ffi::CStr;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Largest private data we accept or send (the REP limit; a REQ carries at
+/// most 56 bytes, which [`connect`](Resolved::connect) checks).
+pub const MAX_PRIVATE_DATA: usize = 196;
+/// Private data a connect request can carry on RoCE/IB (REQ).
+pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
+
+/// Private data received with an event.
+pub type PrivateData = ArrayVec<u8, MAX_PRIVATE_DATA>;
+
+/// An rdma_cm event channel.
+pub struct EventChannel {
+    pub(super) ch: NonNull<sys::rdma_event_channel>,
+}
+
+// SAFETY: the channel is a file descriptor wrapper; librdmacm calls on it are
+// thread-safe, and we only use it from the owning id's thread.
+unsafe impl Send for EventChannel {}
+// SAFETY: as above.
+unsafe impl Sync for EventChannel {}
+
+impl fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventChannel")
+            .field("fd", &self.fd())
+            .finish()
+    }
+}
+
+impl EventChannel {
+    /// Creates a channel.
+    pub fn new() -> Result<Arc<Self>> {
+        // SAFETY: no preconditions.
+        let ch = unsafe { sys::rdma_create_event_channel() };
+        let ch = NonNull::new(ch).ok_or_else(|| VerbsError::Cm {
+            op: "rdma_create_event_channel",
+            source: last_err(),
+        })?;
+        Ok(Arc::new(Self { ch }))
+    }
+    /// The channel's file descriptor (readable when an event waits).
+    pub fn fd(&self) -> i32 {
+        // SAFETY: valid channel; fd is immutable.
+        unsafe { self.ch.as_ref().fd }
+    }
+
+    /// Waits up to `timeout` for the next event (`None` on timeout).
+    pub fn next_event(&self, timeout: Duration) -> Result<Option<CmEvent>> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        loop {
+            // SAFETY: one valid pollfd.
+            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if rc < 0 {
+                let e = last_err();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(VerbsError::Cm {
+                    op: "poll",
+                    source: e,
+                });
+            }
+            if rc == 0 {
+                return Ok(None);
+            }
+            break;
+        }
+        let mut ev: *mut sys::rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: valid channel and out pointer; an event is ready so this
+        // does not block.
+        let rc = unsafe { sys::rdma_get_cm_event(self.ch.as_ptr(), &mut ev) };
+        if rc != 0 {
+            return Err(VerbsError::Cm {
+                op: "rdma_get_cm_event",
+                source: last_err(),
+            });
+        }
+        Ok(Some(CmEvent {
+            ev: NonNull::new(ev).expect("rdma_get_cm_event returned success with NULL"),
+        }))
+    }
+
+    pub(super) fn wait_for(
+        &self,
+        expected: &'static str,
+        want: sys::rdma_cm_event_type::Type,
+        deadline: Instant,
+    ) -> Result<CmEvent> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ev = self.next_event(left)?.ok_or(VerbsError::CmTimeout {
+            expected,
+            ms: left.as_millis() as u64,
+        })?;
+        if ev.kind() != want {
+            return Err(ev.unexpected(expected));
+        }
+        Ok(ev)
+    }
+}
+
+impl Drop for EventChannel {
+    fn drop(&mut self) {
+        // SAFETY: every id on this channel holds an Arc to it, so none is left.
+        unsafe { sys::rdma_destroy_event_channel(self.ch.as_ptr()) };
+    }
+}
+
+/// One rdma_cm event; acknowledged when dropped.
+pub struct CmEvent {
+    pub(super) ev: NonNull<sys::rdma_cm_event>,
+}
+
+impl fmt::Debug for CmEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmEvent")
+            .field("event", &self.name())
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl CmEvent {
+    pub(super) fn raw(&self) -> &sys::rdma_cm_event {
+        // SAFETY: valid until acked in Drop.
+        unsafe { self.ev.as_ref() }
+    }
+    /// The raw event type.
+    pub fn kind(&self) -> sys::rdma_cm_event_type::Type {
+        self.raw().event
+    }
+    /// The event's name (`rdma_event_str`).
+    pub fn name(&self) -> String {
+        // SAFETY: returns a static string for any value.
+        unsafe { CStr::from_ptr(sys::rdma_event_str(self.kind())) }
+            .to_string_lossy()
+            .into_owned()
+    }
+    /// Status (negative errno, or the CM reject reason for REJECTED).
+    pub fn status(&self) -> i32 {
+        self.raw().status
+    }
+    /// Whether this is a disconnect (or the device going away).
+    pub fn is_disconnect(&self) -> bool {
+        use sys::rdma_cm_event_type::*;
+        matches!(
+            self.kind(),
+            RDMA_CM_EVENT_DISCONNECTED | RDMA_CM_EVENT_DEVICE_REMOVAL | RDMA_CM_EVENT_TIMEWAIT_EXIT
+        )
+    }
+    /// Copy of the connection private data (connect request/response).
+    pub fn private_data(&self) -> PrivateData {
+        let mut out = PrivateData::new();
+        // SAFETY: for connection events the union holds `conn`; for others
+        // private_data is NULL/len 0 in the same position (ud shares the
+        // layout prefix), so reading it is sound either way.
+        let conn = unsafe { self.raw().param.conn };
+        if !conn.private_data.is_null() {
+            let len = (conn.private_data_len as usize).min(MAX_PRIVATE_DATA);
+            // SAFETY: librdmacm guarantees private_data_len readable bytes.
+            let s = unsafe { std::slice::from_raw_parts(conn.private_data.cast::<u8>(), len) };
+            out.try_extend_from_slice(s)
+                .expect("len bounded by capacity");
+        }
+        out
+    }
+    pub(super) fn unexpected(&self, expected: &'static str) -> VerbsError {
+        use sys::rdma_cm_event_type::*;
+        if self.kind() == RDMA_CM_EVENT_REJECTED {
+            // IB CM reject reasons: 4 timeout (a CM message went
+            // unanswered through all its retries), 8 invalid service id
+            // (nobody listens on that port), 28 consumer defined (the
+            // listener refused; its reason is in the private data).
+            let reason = match self.status() {
+                4 => "the handshake timed out (CM messages lost or unanswered)".to_owned(),
+                8 => "nobody listens on that port".to_owned(),
+                28 => format!(
+                    "refused by the listener: {}",
+                    String::from_utf8_lossy(&self.private_data()).trim_end_matches('\0')
+                ),
+                s => format!("reject reason {s}"),
+            };
+            // SAFETY: the event's id is valid while the event is unacked.
+            let peer = unsafe { peer_addr(self.raw().id) };
+            return VerbsError::ConnectionRejected {
+                peer,
+                status: self.status(),
+                reason,
+            };
+        }
+        VerbsError::CmUnexpectedEvent {
+            expected,
+            got: self.name(),
+            status: self.status(),
+        }
+    }
+}
+
+impl Drop for CmEvent {
+    fn drop(&mut self) {
+        // SAFETY: acked exactly once.
+        unsafe { sys::rdma_ack_cm_event(self.ev.as_ptr()) };
+    }
+}
+
+/// # Safety
+/// `id` must be a valid rdma_cm id.
+unsafe fn peer_addr(id: *mut sys::rdma_cm_id) -> String {
+    if id.is_null() {
+        return "?".into();
+    }
+    // SAFETY: the caller guarantees a valid id; the address is a sockaddr
+    // union large enough for both families.
+    let sa = unsafe { &(*id).route.addr.dst_addr_union.dst_storage };
+    sockaddr_to_std(sa).map_or("?".into(), |a| a.to_string())
+}
+
+pub(super) fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match ss.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: family says it is a sockaddr_in, which fits in storage.
+            let sin = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            Some(SocketAddr::from((
+                u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: family says sockaddr_in6.
+            let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            Some(SocketAddr::from((
+                sin6.sin6_addr.s6_addr,
+                u16::from_be(sin6.sin6_port),
+            )))
+        }
+        _ => None,
+    }
+}
+
+pub(super) fn std_to_sockaddr(a: SocketAddr) -> libc::sockaddr_storage {
+    // SAFETY: plain C data.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match a {
+        SocketAddr::V4(v4) => {
+            // SAFETY: storage is large and aligned enough for sockaddr_in.
+            let sin = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as u16;
+            sin.sin_port = v4.port().to_be();
+            sin.sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
+        }
+        SocketAddr::V6(v6) => {
+            // SAFETY: as above for sockaddr_in6.
+            let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as u16;
+            sin6.sin6_port = v6.port().to_be();
+            sin6.sin6_addr.s6_addr = v6.ip().octets();
+        }
+    }
+    ss
+}
+
+/// An rdma_cm id, destroyed on drop (after its events are acknowledged,
+/// which [`CmEvent`]'s drop guarantees).
+pub struct CmId {
+    pub(super) id: NonNull<sys::rdma_cm_id>,
+    pub(super) ch: Arc<EventChannel>,
+}
+
+// SAFETY: the id is used from one thread at a time through &self/&mut self;
+// librdmacm calls are thread-safe.
+unsafe impl Send for CmId {}
+// SAFETY: as above.
+unsafe impl Sync for CmId {}
+
+impl fmt::Debug for CmId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmId")
+            .field("port", &self.port_num())
+            .finish()
+    }
+}
+
+impl CmId {
+    pub(super) fn new(ps: sys::rdma_port_space::Type) -> Result<Self> {
+        let ch = EventChannel::new()?;
+        let mut id: *mut sys::rdma_cm_id = std::ptr::null_mut();
+        // SAFETY: valid channel and out pointer; no user context.
+        let rc = unsafe { sys::rdma_create_id(ch.ch.as_ptr(), &mut id, std::ptr::null_mut(), ps) };
+        if rc != 0 {
+            return Err(VerbsError::Cm {
+                op: "rdma_create_id",
+                source: last_err(),
+            });
+        }
+        Ok(Self {
+            id: NonNull::new(id).expect("success with NULL id"),
+            ch,
+        })
+    }
+    /// The event channel of this id.
+    pub fn channel(&self) -> &Arc<EventChannel> {
+        &self.ch
+    }
+    /// The port the id is bound to.
+    pub fn port_num(&self) -> u8 {
+        // SAFETY: valid id.
+        unsafe { self.id.as_ref().port_num }
+    }
+    /// The name of the device the id is bound to, if bound.
+    pub fn device_name(&self) -> Option<String> {
+        // SAFETY: valid id; verbs is NULL or a valid context.
+        let verbs = unsafe { self.id.as_ref().verbs };
+        if verbs.is_null() {
+            return None;
+        }
+        // SAFETY: valid context with a valid device and name.
+        Some(
+            unsafe { CStr::from_ptr(sys::ibv_get_device_name((*verbs).device)) }
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+    /// The peer's address.
+    pub fn peer(&self) -> String {
+        // SAFETY: valid id.
+        unsafe { peer_addr(self.id.as_ptr()) }
+    }
+    /// The source GID index rdma_cm chose for the route (after resolution).
+    pub fn sgid(&self) -> Gid {
+        // SAFETY: valid id; the ib addr union is plain bytes.
+        Gid(unsafe { self.id.as_ref().route.addr.addr.ibaddr.sgid.raw })
+    }
+    pub(super) fn init_qp_attr(
+        &self,
+        state: sys::ibv_qp_state::Type,
+    ) -> Result<(sys::ibv_qp_attr, u32)> {
+        // SAFETY: plain C data.
+        let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = state;
+        let mut mask = 0i32;
+        // SAFETY: valid id and out pointers.
+        let rc = unsafe { sys::rdma_init_qp_attr(self.id.as_ptr(), &mut attr, &mut mask) };
+        if rc != 0 {
+            return Err(VerbsError::Cm {
+                op: "rdma_init_qp_attr",
+                source: last_err(),
+            });
+        }
+        Ok((attr, mask as u32))
+    }
+
+    /// Drives `qp` from RESET to RTS with rdma_cm's attributes and `opts`.
+    pub(super) fn bring_up(&self, qp: &QueuePair, opts: &RcOptions, remote: Access) -> Result<()> {
+        self.to_init(qp, remote)?;
+        self.to_rts(qp, opts)
+    }
+
+    /// RESET -> INIT with rdma_cm's attributes, granting `remote` access.
+    pub(super) fn to_init(&self, qp: &QueuePair, remote: Access) -> Result<()> {
+        use sys::ibv_qp_attr_mask as M;
+        let (mut a, mask) = self.init_qp_attr(sys::ibv_qp_state::IBV_QPS_INIT)?;
+        a.qp_access_flags = 0;
+        if remote.contains(Access::REMOTE_WRITE) {
+            a.qp_access_flags |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        if remote.contains(Access::REMOTE_READ) {
+            a.qp_access_flags |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        }
+        qp.modify(&mut a, mask | M::IBV_QP_ACCESS_FLAGS.0, QpState::Init)
+    }
+
+    /// INIT -> RTR -> RTS with rdma_cm's attributes (which know the peer
+    /// once it answered), overridden by `opts`.
+    pub(super) fn to_rts(&self, qp: &QueuePair, opts: &RcOptions) -> Result<()> {
+        use sys::ibv_qp_attr_mask as M;
+        let (mut a, mask) = self.init_qp_attr(sys::ibv_qp_state::IBV_QPS_RTR)?;
+        if let Some(m) = opts.path_mtu {
+            // Only ever lower the MTU below what the route supports.
+            a.path_mtu = a.path_mtu.min(mtu_raw(m));
+        }
+        a.min_rnr_timer = opts.min_rnr_timer;
+        a.max_dest_rd_atomic = opts.max_rd_atomic;
+        qp.modify(
+            &mut a,
+            mask | (M::IBV_QP_MIN_RNR_TIMER | M::IBV_QP_MAX_DEST_RD_ATOMIC | M::IBV_QP_PATH_MTU).0,
+            QpState::Rtr,
+        )?;
+        let (mut a, mask) = self.init_qp_attr(sys::ibv_qp_state::IBV_QPS_RTS)?;
+        a.timeout = opts.timeout;
+        a.retry_cnt = opts.retry_count;
+        a.rnr_retry = opts.rnr_retry;
+        a.max_rd_atomic = opts.max_rd_atomic;
+        qp.modify(
+            &mut a,
+            mask | (M::IBV_QP_TIMEOUT
+                | M::IBV_QP_RETRY_CNT
+                | M::IBV_QP_RNR_RETRY
+                | M::IBV_QP_MAX_QP_RD_ATOMIC)
+                .0,
+            QpState::Rts,
+        )
+    }
+
+    pub(super) fn conn_param(qp: &QueuePair, opts: &RcOptions, pd: &[u8]) -> sys::rdma_conn_param {
+        // SAFETY: plain C data.
+        let mut p: sys::rdma_conn_param = unsafe { std::mem::zeroed() };
+        p.private_data = pd.as_ptr().cast();
+        p.private_data_len = pd.len() as u8;
+        p.responder_resources = opts.max_rd_atomic;
+        p.initiator_depth = opts.max_rd_atomic;
+        p.retry_count = opts.retry_count;
+        p.rnr_retry_count = opts.rnr_retry;
+        p.qp_num = qp.qpn();
+        p
+    }
+}
+
+fn mtu_raw(m: Mtu) -> u32 {
+    match m {
+        Mtu::M256 => 1,
+        Mtu::M512 => 2,
+        Mtu::M1024 => 3,
+        Mtu::M2048 => 4,
+        Mtu::M4096 => 5,
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once; all its events were acked (CmEvent drops
+        // before any CmId that could own them is dropped by our API shape).
+        unsafe { sys::rdma_destroy_id(self.id.as_ptr()) };
+    }
+}
+
+// Defined here rather than in `device`, which would otherwise need rdma_cm
+// (and rdma_cm needs the device types): the modules stay acyclic.
+impl Context {
+    /// Opens the device that owns a local IP address (through rdma_cm).
+    pub fn open_for_ip(addr: IpAddr) -> Result<std::sync::Arc<Context>> {
+        crate::verbs::device::device_names()?;
+        let name = device_for_addr(addr)?;
+        Self::open(Some(&name))
+    }
+}
+
+/// The name of the RDMA device that owns local address `addr`.
+pub fn device_for_addr(addr: IpAddr) -> Result<String> {
+    let id = CmId::new(sys::rdma_port_space::RDMA_PS_TCP)?;
+    let mut ss = std_to_sockaddr(SocketAddr::new(addr, 0));
+    // SAFETY: valid id and a sockaddr of the right family.
+    let rc = unsafe {
+        sys::rdma_bind_addr(
+            id.id.as_ptr(),
+            (&mut ss as *mut libc::sockaddr_storage).cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(VerbsError::NoDeviceForAddr {
+            addr,
+            source: last_err(),
+        });
+    }
+    id.device_name().ok_or(VerbsError::NoDeviceForAddr {
+        addr,
+        source: std::io::Error::from_raw_os_error(libc::ENODEV),
+    })
+}
+
+/// Helper for opening the context the id resolved to, checking it is the
+/// one the caller uses.
+pub fn check_device(ctx: &Context, id_device: Option<String>) -> Result<()> {
+    match id_device {
+        Some(n) if n == ctx.name() => Ok(()),
+        _ => Err(VerbsError::DeviceMismatch),
+    }
+}
+
+/// An established RC connection's rdma_cm side (the QP is the caller's).
+#[derive(Debug)]
+pub struct Connection {
+    pub(super) id: CmId,
+}
+
+impl Connection {
+    /// Checks, without blocking, whether the peer disconnected.
+    pub fn poll_disconnected(&self) -> Result<bool> {
+        while let Some(ev) = self.id.ch.next_event(Duration::ZERO)? {
+            if ev.is_disconnect() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+    /// Waits up to `timeout` for the peer to disconnect.
+    pub fn wait_disconnected(&self, timeout: Duration) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.id.ch.next_event(left)? {
+                Some(ev) if ev.is_disconnect() => return Ok(true),
+                Some(_) => continue,
+                None => return Ok(false),
+            }
+        }
+    }
+    /// The peer's address.
+    pub fn peer(&self) -> String {
+        self.id.peer()
+    }
+    /// Sends a disconnect (the local QP goes to the error state).
+    pub fn disconnect(&self) -> Result<()> {
+        // SAFETY: valid connected id.
+        let rc = unsafe { sys::rdma_disconnect(self.id.id.as_ptr()) };
+        if rc != 0 {
+            return Err(VerbsError::Cm {
+                op: "rdma_disconnect",
+                source: errno(rc),
+            });
+        }
+        Ok(())
+    }
+}
