@@ -5,7 +5,7 @@ use super::error::{last_err, VerbsError};
 use rdma_sys as sys;
 use std::ffi::CStr;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
