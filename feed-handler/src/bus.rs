@@ -8,6 +8,7 @@
 //! [`crate::book`]'s.
 
 use crate::book::Book;
+use crate::ipcsink::IpcSink;
 use crate::publish::MdSink;
 use crate::view::write_book_l2;
 use rocebus::mcast::config::McastConfig;
@@ -23,6 +24,8 @@ pub struct BusSink {
     /// Last sequence published per partition (0: none).
     last_seq: Vec<u64>,
     now: u64,
+    /// The same messages on shared memory, when configured.
+    ipc: Option<IpcSink>,
 }
 
 impl BusSink {
@@ -38,7 +41,19 @@ impl BusSink {
             last_seq: vec![0; publishers.len()],
             publishers,
             now: 0,
+            ipc: None,
         })
+    }
+
+    /// Also publishes every message on `ipc` (its streams in partition order).
+    pub fn with_ipc(mut self, ipc: IpcSink) -> Self {
+        self.ipc = Some(ipc);
+        self
+    }
+
+    /// The shared-memory output, if configured.
+    pub fn ipc(&self) -> Option<&IpcSink> {
+        self.ipc.as_ref()
     }
 
     /// Partitions (channels).
@@ -113,6 +128,9 @@ impl BusSink {
             };
             sent += p.poll(now, &snapshot)?;
         }
+        if let Some(ipc) = &mut self.ipc {
+            sent += ipc.poll();
+        }
         Ok(sent)
     }
 
@@ -160,6 +178,10 @@ impl MdSink for BusSink {
         let Some(p) = self.publishers.get_mut(i) else {
             return Ok(());
         };
+        // Shared memory first: a full bus ring must not cost the local readers the message.
+        if let Some(ipc) = &mut self.ipc {
+            ipc.publish_at(i, message);
+        }
         self.last_seq[i] = p.publish(self.now, message)?;
         Ok(())
     }

@@ -5,6 +5,7 @@
 
 use crate::moldudp64::{session, GapConfig, SourceAddr, StartPolicy};
 use rocebus::idle::IdleStrategy;
+use rocebus::ipc::{FlowControl, IpcConfig};
 use rocebus::mcast::config::{ConfigError as McastConfigError, McastConfig};
 use serde::Deserialize;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -27,6 +28,10 @@ pub struct Config {
     pub service: ServiceConfig,
     /// The rocebus market-data path: one channel per partition of the symbols.
     pub market_data: McastConfig,
+    /// The shared-memory streams `publish.ipc_stream` publishes on (absent: the defaults
+    /// with `flow = "drop"`).
+    #[serde(default)]
+    pub ipc: Option<IpcConfig>,
 }
 
 /// `[feed]`: where the MoldUDP64 feed arrives and where re-requests go.
@@ -111,6 +116,10 @@ pub struct PublishConfig {
     /// Bus session id; 0 derives one from the wall clock, so a restart takes a greater one.
     #[serde(default)]
     pub session: u64,
+    /// Also publish every normalized message on shared memory for processes on this
+    /// host (`rocebus::ipc`): one stream per channel, named `<ipc_stream>.<channel id>`.
+    #[serde(default)]
+    pub ipc_stream: Option<String>,
 }
 
 /// `[service]`: the polling loop.
@@ -224,6 +233,33 @@ impl Config {
         if c.market_data.channels.len() > usize::from(u16::MAX) {
             return Err(invalid("market_data.channels", "too many channels"));
         }
+        if let Some(name) = &c.publish.ipc_stream {
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            {
+                return Err(invalid(
+                    "publish.ipc_stream",
+                    "must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' or '-'",
+                ));
+            }
+            let ipc = c.ipc_config();
+            if ipc.flow == FlowControl::Block {
+                return Err(invalid(
+                    "ipc.flow",
+                    "the feed handler never waits for a subscriber: use \"drop\" (a \
+                     subscriber a ring behind is dropped and told so)",
+                ));
+            }
+            ipc.validate().map_err(|e| invalid("ipc", &e.to_string()))?;
+        } else if c.ipc.is_some() {
+            return Err(invalid(
+                "ipc",
+                "set publish.ipc_stream to publish on shared memory (or remove [ipc])",
+            ));
+        }
         c.market_data.validate().map_err(|e| match e {
             McastConfigError::Invalid { key, reason } => ConfigError::Invalid {
                 path: path.into(),
@@ -261,6 +297,15 @@ impl Config {
         }
     }
 
+    /// The shared-memory streams' configuration: `[ipc]`, or the defaults with
+    /// `flow = "drop"` when it is absent.
+    pub fn ipc_config(&self) -> IpcConfig {
+        self.ipc.clone().unwrap_or(IpcConfig {
+            flow: FlowControl::Drop,
+            ..IpcConfig::default()
+        })
+    }
+
     /// Partitions of the symbols: one per market-data channel.
     pub fn partitions(&self) -> u16 {
         self.market_data.channels.len() as u16
@@ -281,6 +326,40 @@ mod tests {
         let c = Config::load(&p).expect("example config is valid");
         assert!(c.feed.group.ip().is_multicast());
         assert!(c.partitions() >= 1);
+    }
+
+    #[test]
+    fn ipc_output_is_checked() {
+        let key = |text: &str| match Config::parse(text, Path::new("z")) {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected an invalid key, got {other:?}"),
+        };
+        let c = Config::parse(MINIMAL, Path::new("z")).unwrap();
+        assert_eq!(c.publish.ipc_stream, None);
+        let with = MINIMAL.replace(
+            "local_ip = \"10.0.0.1\"\n",
+            "local_ip = \"10.0.0.1\"\nipc_stream = \"md\"\n",
+        );
+        let c = Config::parse(&with, Path::new("z")).expect("ipc_stream alone");
+        assert_eq!(c.publish.ipc_stream.as_deref(), Some("md"));
+        assert_eq!(c.ipc_config().flow, FlowControl::Drop, "drop by default");
+        let block = format!("{with}[ipc]\nring_bytes = 262144\n");
+        assert_eq!(
+            key(&block),
+            "ipc.flow",
+            "block (the [ipc] default) is refused"
+        );
+        let drop = format!("{with}[ipc]\nflow = \"drop\"\nring_bytes = 262144\n");
+        let c = Config::parse(&drop, Path::new("z")).expect("drop");
+        assert_eq!(c.ipc_config().ring_bytes, 262144);
+        let small = format!("{with}[ipc]\nflow = \"drop\"\nring_bytes = 1000\n");
+        assert_eq!(key(&small), "ipc");
+        assert_eq!(
+            key(&with.replace("\"md\"", "\"a/b\"")),
+            "publish.ipc_stream"
+        );
+        assert_eq!(key(&with.replace("\"md\"", "\"\"")), "publish.ipc_stream");
+        assert_eq!(key(&format!("{MINIMAL}[ipc]\nflow = \"drop\"\n")), "ipc");
     }
 
     #[test]

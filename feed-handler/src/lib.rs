@@ -34,6 +34,7 @@ pub mod config;
 pub mod dbnexport;
 pub mod generate;
 pub mod inspect;
+pub mod ipcsink;
 pub mod itch;
 pub mod moldudp64;
 pub mod normalized;

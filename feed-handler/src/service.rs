@@ -12,6 +12,7 @@ use crate::binaryfile::{self, DetectError, Framing, Reader};
 use crate::book::Book;
 use crate::bus::BusSink;
 use crate::config::Config;
+use crate::ipcsink::IpcSink;
 use crate::itch;
 use crate::moldudp64::Loss;
 use crate::normalized::FeedLoss;
@@ -186,6 +187,15 @@ pub enum ServiceError {
     /// The counters file could not be created.
     #[error("cannot create the counters file")]
     Counters(#[source] CountersError),
+    /// A shared-memory stream (`publish.ipc_stream`) could not be created.
+    #[error("cannot create the shared-memory streams {prefix}.<channel id>")]
+    Ipc {
+        /// `publish.ipc_stream`.
+        prefix: String,
+        /// Cause.
+        #[source]
+        source: rocebus::ipc::IpcError,
+    },
 }
 
 /// Where ITCH comes from.
@@ -398,6 +408,24 @@ impl Service {
                 source,
             },
         )?;
+        let bus = match &config.publish.ipc_stream {
+            Some(prefix) => {
+                let ids: Vec<u16> = config.market_data.channels.iter().map(|c| c.id).collect();
+                let ipc =
+                    IpcSink::create(prefix, &ids, &config.ipc_config()).map_err(|source| {
+                        ServiceError::Ipc {
+                            prefix: prefix.clone(),
+                            source,
+                        }
+                    })?;
+                tracing::info!(
+                    streams = %format!("{prefix}.<channel id>"),
+                    "publishing on shared memory too"
+                );
+                bus.with_ipc(ipc)
+            }
+            None => bus,
+        };
         let pipeline = Pipeline::new(
             bus,
             config.partitions(),

@@ -201,6 +201,19 @@ fn feed_handler(plan: &Plan, mode: Mode) {
     let config = dir.path().join("feed-handler.toml");
     let counters = dir.path().join("feed-handler.counters");
     // Unrecoverable: no retransmission server, and only the exchange guest is heard.
+    // The recoverable run also publishes on shared memory, read on this host (the feed
+    // handler's) by a reader started before it: its views must match the file too.
+    let ipc = (mode == Mode::Recoverable).then(|| IpcReader::start(dir.path()));
+    let (ipc_stream, ipc_table) = match &ipc {
+        Some(_) => (
+            format!("ipc_stream = \"{IPC_PREFIX}\"\n"),
+            format!(
+                "[ipc]\ndir = \"{}\"\nflow = \"drop\"\nring_bytes = 16777216\n",
+                dir.path().display()
+            ),
+        ),
+        None => (String::new(), String::new()),
+    };
     let retrans = match mode {
         Mode::Unrecoverable => format!("sources = [\"{peer}\"]\n"),
         _ => format!("retrans_server = \"{peer}:{}\"\n", plan.retrans_port),
@@ -210,8 +223,8 @@ fn feed_handler(plan: &Plan, mode: Mode) {
         format!(
             "[feed]\ngroup = \"{}\"\ninterface = \"{local}\"\n{retrans}\
              [recovery]\nretransmit_timeout_ms = 30\nmax_retries = 100\n\
-             [publish]\nlocal_ip = \"{local}\"\n\
-             [service]\nidle = {{ kind = \"yield\" }}\nlinger_ms = 5000\n{}",
+             [publish]\nlocal_ip = \"{local}\"\n{ipc_stream}\
+             [service]\nidle = {{ kind = \"yield\" }}\nlinger_ms = 5000\n{}{ipc_table}",
             plan.feed_group,
             market_data(plan)
         ),
@@ -268,6 +281,19 @@ fn feed_handler(plan: &Plan, mode: Mode) {
         return;
     }
     assert_eq!(get("messages"), DAY.messages, "{summary:?}");
+    if let Some(ipc) = ipc {
+        let views = ipc.finish();
+        let expected = expected_l2();
+        for (c, v) in views.iter().enumerate() {
+            eprintln!("ipc reader, channel {}: {:?}", c + 1, v.counters());
+            assert!(v.counters().messages > 0, "{:?}", v.counters());
+            assert!(
+                v.l2() == expected[c],
+                "ipc channel {}: views differ from the file",
+                c + 1
+            );
+        }
+    }
     assert_eq!(
         (get("lost"), get("unrecoverable_gaps")),
         (0, 0),
@@ -278,6 +304,70 @@ fn feed_handler(plan: &Plan, mode: Mode) {
             get("gaps") > 0 && get("re_requests") > 0 && get("recovered") > 0,
             "{summary:?}"
         );
+    }
+}
+
+const IPC_PREFIX: &str = "fh-e2e";
+
+/// The file's books, per channel (symbols with locate `l` on channel `l % 2`).
+fn expected_l2() -> Vec<Vec<u8>> {
+    let mut book = Book::new();
+    for m in &day() {
+        book.apply(&decode_exact(m).expect("valid ITCH"), &mut |_: &_| {});
+    }
+    (0..2u16).map(|c| book_l2(&book, |l| l % 2 == c)).collect()
+}
+
+/// Reads the feed handler's shared-memory streams `fh-e2e.1` and `fh-e2e.2` into one
+/// [`MarketView`] each, on a thread, until [`finish`](Self::finish).
+struct IpcReader {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<[MarketView; 2]>,
+}
+
+impl IpcReader {
+    fn start(dir: &std::path::Path) -> Self {
+        use rocebus::ipc::{FlowControl, IpcConfig, IpcEvent, IpcSubscriber};
+        use std::sync::atomic::Ordering;
+        let cfg = IpcConfig {
+            dir: dir.into(),
+            flow: FlowControl::Drop,
+            ring_bytes: 16 << 20,
+            ..IpcConfig::default()
+        };
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut subs: Vec<IpcSubscriber> = (1..=2)
+                .map(|id| {
+                    IpcSubscriber::new(&format!("{IPC_PREFIX}.{id}"), &cfg).expect("ipc subscriber")
+                })
+                .collect();
+            let mut views = [MarketView::new(), MarketView::new()];
+            loop {
+                // Read the flag before the last pass, so nothing written before it is missed.
+                let last = flag.load(Ordering::Acquire);
+                let mut n = 0;
+                for (s, v) in subs.iter_mut().zip(views.iter_mut()) {
+                    n += s.poll(256, |ev| match ev {
+                        IpcEvent::Message(m) => v.apply(m.payload).expect("normalized message"),
+                        // The feed handler exits at the end of the session: orderly.
+                        IpcEvent::Connected { .. } | IpcEvent::PublisherGone { clean: true } => {}
+                        other => panic!("ipc reader: {other:?}"),
+                    });
+                }
+                if last && n == 0 {
+                    return views;
+                }
+                std::thread::yield_now();
+            }
+        });
+        Self { stop, thread }
+    }
+
+    fn finish(self) -> [MarketView; 2] {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.thread.join().expect("ipc reader")
     }
 }
 

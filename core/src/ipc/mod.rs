@@ -134,7 +134,7 @@ pub enum FlowControl {
 }
 
 /// Configuration of an IPC stream (`[ipc]` in the binaries' TOML).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IpcConfig {
     /// Folder of the stream files: `/dev/shm`, or a hugetlbfs mount.
