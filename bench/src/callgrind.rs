@@ -258,7 +258,7 @@ impl Profile {
                         let x = v
                             .split_whitespace()
                             .nth(at)
-                            .map_or(Ok(0), str::parse)
+                            .map_or(Ok(0u64), |t| t.parse::<u64>())
                             .map_err(|_| ParseError::Bad(n, "bad total"))?;
                         if k == "totals" {
                             p.totals = Some(x);
@@ -333,7 +333,12 @@ pub fn account(
             .or_else(|| short.instrs.get(k))
             .map(|i| i.place.clone())
     };
-    let mut keys: Vec<&Key> = long.instrs.keys().chain(slow.instrs.keys()).collect();
+    let mut keys: Vec<&Key> = short
+        .instrs
+        .keys()
+        .chain(long.instrs.keys())
+        .chain(slow.instrs.keys())
+        .collect();
     keys.sort_unstable();
     keys.dedup();
     // (key, per round trip) of the work, and the wait loops by count
@@ -497,7 +502,7 @@ pub fn orders_part(file: &str, func: Option<&str>, callgrind_fn: &str) -> &'stat
         "deref_mut",
         "drop",
     ];
-    let ours = file.contains("/core/src/") || file.contains("/bench/src/");
+    let ours = file.contains("core/src/") || file.contains("bench/src/");
     if ours {
         if file.ends_with("ring/frame.rs") {
             return "frame checks/seal";
@@ -571,6 +576,16 @@ pub struct AccountArgs {
     pub top: usize,
 }
 
+/// The text of a source file named in a profile: as named, else relative
+/// to this workspace (line tables may hold paths relative to a crate).
+fn read_source(file: &str) -> Option<String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::fs::read_to_string(file)
+        .or_else(|_| std::fs::read_to_string(root.join(file)))
+        .or_else(|_| std::fs::read_to_string(root.join("core").join(file)))
+        .ok()
+}
+
 /// The object's file name.
 fn object_name(k: &Key) -> String {
     k.0.rsplit('/').next().unwrap_or("???").to_owned()
@@ -594,7 +609,7 @@ pub fn report(args: &AccountArgs) -> anyhow::Result<()> {
         }
         let src = sources
             .entry(pl.file.clone())
-            .or_insert_with(|| std::fs::read_to_string(&*pl.file).ok());
+            .or_insert_with(|| read_source(&pl.file));
         let func = src.as_deref().and_then(|s| enclosing_fn(s, pl.line));
         orders_part(&pl.file, func.as_deref(), &pl.function).to_owned()
     };

@@ -673,8 +673,8 @@ pub fn pong(args: &PingArgs) -> Result<()> {
     let l = OrdersListener::bind(addr, config())?;
     println!("rc-pong: listening on {addr}");
     let conn = l
-        .accept(Duration::from_secs(300))?
-        .context("no client within 300 s")?;
+        .accept(Duration::from_secs(900))?
+        .context("no client within 900 s")?;
     let sub = conn.subscription();
     let echo = conn.publication(2);
     let mut buf = [0u8; 4096];

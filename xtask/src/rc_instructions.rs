@@ -43,7 +43,7 @@ exe={exe}
 if ! command -v valgrind >/dev/null; then echo '@@error valgrind is not installed'; exit 1; fi
 cg="valgrind --tool=callgrind --dump-instr=yes --toggle-collect=qsort"
 ours() {{
-  timeout 900 $exe rc-pong -s {size} >$out/pong-$1.txt 2>&1 &
+  timeout 2400 $exe rc-pong -s {size} >$out/pong-$1.txt 2>&1 &
   for t in $(seq 1 300); do grep -q listening $out/pong-$1.txt && break; sleep 0.2; done
   ok=1
   timeout 1800 $cg $3 --callgrind-out-file=$out/rocebus-$1.cg $exe rc-ping -s {size} -n $2 >$out/ping-$1.txt 2>$out/ping-$1.log && ok=0
@@ -51,7 +51,7 @@ ours() {{
   echo "@@run rocebus $1 $ok"; cat $out/ping-$1.txt; grep -h 'Collected' $out/ping-$1.log
 }}
 theirs() {{
-  timeout 900 ib_write_lat -d $dev -x $gid -s {size} -n $2 -F >$out/pt-server-$1.txt 2>&1 &
+  timeout 2400 ib_write_lat -d $dev -x $gid -s {size} -n $2 -F >$out/pt-server-$1.txt 2>&1 &
   ok=1
   for t in 1 2 3 4 5; do
     sleep 2
