@@ -41,7 +41,7 @@ fn script(exe: &str, size: usize, n: u64) -> String {
 out=${{ROCEBUS_OUT:-$(mktemp -d)}}
 exe={exe}
 if ! command -v valgrind >/dev/null; then echo '@@error valgrind is not installed'; exit 1; fi
-cg="valgrind --tool=callgrind --dump-instr=yes --toggle-collect=qsort"
+cg="valgrind --tool=callgrind --dump-instr=yes --toggle-collect=qsort --collect-atstart=yes"
 ours() {{
   timeout 2400 $exe rc-pong -s {size} >$out/pong-$1.txt 2>&1 &
   for t in $(seq 1 300); do grep -q listening $out/pong-$1.txt && break; sleep 0.2; done
