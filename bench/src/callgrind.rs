@@ -123,7 +123,9 @@ fn subposition(tok: &str, last: u64, hex: bool, line: usize) -> Result<u64, Pars
     }
     if let Some(d) = tok.strip_prefix('+') {
         let d: u64 = d.parse().map_err(|_| bad)?;
-        return last.checked_add(d).ok_or(ParseError::Bad(line, "position overflow"));
+        return last
+            .checked_add(d)
+            .ok_or(ParseError::Bad(line, "position overflow"));
     }
     if let Some(d) = tok.strip_prefix('-') {
         let d: u64 = d.parse().map_err(|_| bad)?;
@@ -366,10 +368,7 @@ pub fn account(
         ..Accounting::default()
     };
     for members in loops.values() {
-        let floor = members
-            .iter()
-            .map(|m| m.1)
-            .fold(f64::INFINITY, f64::min);
+        let floor = members.iter().map(|m| m.1).fold(f64::INFINITY, f64::min);
         for &(k, in_slow, in_long) in members {
             let v = in_slow - floor;
             acc.waiting += in_long - v;
@@ -448,10 +447,16 @@ pub fn enclosing_fn(source: &str, line: u64) -> Option<String> {
 }
 
 /// The parts of rocebus's orders path, by the function whose source
-/// line an instruction comes from (`func`, from [`enclosing_fn`]), its
-/// source file and the function callgrind attributes it to (for code
-/// without rocebus source: libibverbs, the rxe provider, libc).
-pub fn orders_part(file: &str, func: Option<&str>, callgrind_fn: &str) -> &'static str {
+/// line an instruction comes from (`func`, from [`enclosing_fn`]) and its
+/// source file; for code without rocebus source (the standard library
+/// inlined into rocebus's functions, libibverbs, the rxe provider, libc),
+/// by the function callgrind attributes it to and its `object`.
+pub fn orders_part(
+    object: &str,
+    file: &str,
+    func: Option<&str>,
+    callgrind_fn: &str,
+) -> &'static str {
     const CREDIT: &[&str] = &[
         "send_credit",
         "refresh_credit",
@@ -502,7 +507,11 @@ pub fn orders_part(file: &str, func: Option<&str>, callgrind_fn: &str) -> &'stat
         "deref_mut",
         "drop",
     ];
-    let ours = file.contains("core/src/") || file.contains("bench/src/");
+    // The standard library's files (`/rustc/HASH/library/core/src/..`) are
+    // not ours, though their path also holds `core/src/`.
+    let ours = (file.contains("core/src/") || file.contains("bench/src/"))
+        && !file.contains("/library/")
+        && !file.starts_with("/rustc/");
     if ours {
         if file.ends_with("ring/frame.rs") {
             return "frame checks/seal";
@@ -526,9 +535,13 @@ pub fn orders_part(file: &str, func: Option<&str>, callgrind_fn: &str) -> &'stat
         if SEAL.contains(&f) {
             return "frame checks/seal";
         }
-        return "other";
     }
     let g = callgrind_fn.to_ascii_lowercase();
+    // The verbs library and the provider (stripped: no function names):
+    // posting the writes and polling send completions.
+    if object.contains("librxe") || object.contains("libibverbs") {
+        return "post/doorbell/completions";
+    }
     if g.contains("memcpy") || g.contains("memmove") {
         return "payload copy (memcpy)";
     }
@@ -543,8 +556,23 @@ pub fn orders_part(file: &str, func: Option<&str>, callgrind_fn: &str) -> &'stat
     {
         return "post/doorbell/completions";
     }
-    if g.contains("rocebus::orders::connection::flush") {
-        return "post/doorbell/completions";
+    // Standard-library code inlined into rocebus's functions (RefCell
+    // borrows, slice ranges, atomics) counts towards the function it is in.
+    for (name, part) in [
+        ("send_credit", "credit"),
+        ("connection::flush", "post/doorbell/completions"),
+        ("connection::post", "post/doorbell/completions"),
+        ("connection::reap", "post/doorbell/completions"),
+        ("post_ring_writes", "post/doorbell/completions"),
+        ("receiver::poll", "poll/frame detection"),
+        ("subscription::poll", "poll/frame detection"),
+        ("publication::offer", "frame checks/seal"),
+        ("try_claim", "frame checks/seal"),
+        ("commit", "frame checks/seal"),
+    ] {
+        if g.contains(name) {
+            return part;
+        }
     }
     "other"
 }
@@ -611,7 +639,7 @@ pub fn report(args: &AccountArgs) -> anyhow::Result<()> {
             .entry(pl.file.clone())
             .or_insert_with(|| read_source(&pl.file));
         let func = src.as_deref().and_then(|s| enclosing_fn(s, pl.line));
-        orders_part(&pl.file, func.as_deref(), &pl.function).to_owned()
+        orders_part(&k.0, &pl.file, func.as_deref(), &pl.function).to_owned()
     };
     let a = account(
         &short,
@@ -730,9 +758,15 @@ totals: 45
         assert_eq!(get("/usr/bin/ping", 0x1000).ir, 7);
         assert_eq!(get("/usr/bin/ping", 0x1004).ir, 2);
         let inl = get("/usr/bin/ping", 0x1006);
-        assert_eq!((inl.ir, &*inl.place.file, inl.place.line), (3, "/src/inline.rs", 40));
+        assert_eq!(
+            (inl.ir, &*inl.place.file, inl.place.line),
+            (3, "/src/inline.rs", 40)
+        );
         let back = get("/usr/bin/ping", 0x1005);
-        assert_eq!((back.ir, &*back.place.file, back.place.line), (1, "/src/main.rs", 41));
+        assert_eq!(
+            (back.ir, &*back.place.file, back.place.line),
+            (1, "/src/main.rs", 41)
+        );
         // The call's inclusive cost (20) is not self cost and does not
         // move the position: the next line is relative to 0x1005.
         let after = get("/usr/bin/ping", 0x1008);
@@ -822,22 +856,31 @@ totals: 45
         assert_eq!(enclosing_fn(src, 7).as_deref(), Some("poll_it"));
         assert_eq!(enclosing_fn(src, 1), None);
         assert_eq!(
-            orders_part("/w/core/src/orders.rs", Some("send_credit"), "x"),
+            orders_part("b", "/w/core/src/orders.rs", Some("send_credit"), "x"),
             "credit"
         );
         assert_eq!(
-            orders_part("/w/core/src/ring/frame.rs", Some("validate"), "x"),
+            orders_part("b", "/w/core/src/ring/frame.rs", Some("validate"), "x"),
             "frame checks/seal"
         );
         assert_eq!(
-            orders_part("/w/core/src/ring/proto.rs", Some("poll"), "x"),
+            orders_part("b", "/w/core/src/ring/proto.rs", Some("poll"), "x"),
             "poll/frame detection"
         );
         assert_eq!(
-            orders_part("???", None, "rxe_post_send"),
+            orders_part("/lib/librxe-rdmav34.so", "???", None, "0x3cc0"),
             "post/doorbell/completions"
         );
-        assert_eq!(orders_part("???", None, "main"), "other");
+        assert_eq!(
+            orders_part(
+                "b",
+                "/rustc/x/library/core/src/cell.rs",
+                None,
+                "rocebus::orders::Connection::post"
+            ),
+            "post/doorbell/completions"
+        );
+        assert_eq!(orders_part("b", "???", None, "main"), "other");
         assert_eq!(short_name("a::b<c<d>>::e"), "a::b<..>::e");
     }
 }

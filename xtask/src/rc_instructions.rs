@@ -127,7 +127,9 @@ pub fn run(root: &Path, size: usize, iterations: Option<u64>) -> Result<()> {
         2 * n
     );
     for l in &lines {
-        if l.starts_with("rocebus part ") || l.starts_with("rocebus: ") || l.starts_with("perftest: ")
+        if l.starts_with("rocebus part ")
+            || l.starts_with("rocebus: ")
+            || l.starts_with("perftest: ")
         {
             println!("  {l}");
         }
