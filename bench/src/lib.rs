@@ -28,6 +28,7 @@
 //! # }
 //! ```
 
+pub mod callgrind;
 pub mod demo;
 pub mod fanout;
 pub mod ipc;

@@ -25,6 +25,14 @@ enum Cmd {
     RcLatency(rocebus_bench::rc::RcArgs),
     /// Orders path one-way message rate with batching, like ib_write_bw.
     RcThroughput(rocebus_bench::rc::RcArgs),
+    /// Orders path ping-pong client, one process: -n round trips and nothing else (run under
+    /// callgrind by `cargo xtask bench rc-instructions`).
+    RcPing(rocebus_bench::rc::PingArgs),
+    /// Orders path echo for rc-ping, the other process: echoes until the client disconnects.
+    RcPong(rocebus_bench::rc::PingArgs),
+    /// Instructions per round trip from three callgrind profiles of a ping-pong client
+    /// (N, 2N, and 2N slowed down): set-up and waiting excluded.
+    CallgrindAccount(rocebus_bench::callgrind::AccountArgs),
     /// Orders path fan-in: one-way latency of one active engine among N connected idle ones.
     RcFanin(rocebus_bench::rc::FanInArgs),
     /// Orders path fan-in: four senders into one receiver, total messages per second (vs ib_write_bw -q 4).
@@ -64,6 +72,9 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::RcLatency(a) => rocebus_bench::rc::latency(&a),
         Cmd::RcThroughput(a) => rocebus_bench::rc::throughput(&a),
+        Cmd::RcPing(a) => rocebus_bench::rc::ping(&a),
+        Cmd::RcPong(a) => rocebus_bench::rc::pong(&a),
+        Cmd::CallgrindAccount(a) => rocebus_bench::callgrind::report(&a),
         Cmd::RcFanin(a) => rocebus_bench::rc::fanin(&a),
         Cmd::RcFaninThroughput(a) => rocebus_bench::rc::fanin_throughput(&a),
         Cmd::MdThroughput(a) => rocebus_bench::md::throughput(&a),

@@ -647,3 +647,100 @@ pub fn fanin_throughput(args: &RcArgs) -> Result<()> {
     println!("RESULT msgs_per_sec={rate:.1} lost=0");
     Ok(())
 }
+
+/// Options of `rc-ping` and `rc-pong`, the two processes of the
+/// ping-pong `cargo xtask bench rc-instructions` runs under callgrind.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PingArgs {
+    /// Payload bytes per message.
+    #[arg(long, short = 's', default_value_t = 64)]
+    pub size: usize,
+    /// Round trips (rc-ping; rc-pong echoes until the client disconnects).
+    #[arg(long, short = 'n', default_value_t = 10_000)]
+    pub iterations: u64,
+    /// Local IP address of the RDMA device (default: ROCEBUS_GUEST_ADDR or the device's IPv4 GID).
+    #[arg(long)]
+    pub addr: Option<IpAddr>,
+    /// rdma_cm port.
+    #[arg(long, default_value_t = 7510)]
+    pub port: u16,
+}
+
+/// `rc-pong`: accepts one connection and echoes every frame until the
+/// client disconnects (the native peer of `rc-ping`).
+pub fn pong(args: &PingArgs) -> Result<()> {
+    let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
+    let l = OrdersListener::bind(addr, config())?;
+    println!("rc-pong: listening on {addr}");
+    let conn = l
+        .accept(Duration::from_secs(900))?
+        .context("no client within 900 s")?;
+    let sub = conn.subscription();
+    let echo = conn.publication(2);
+    let mut buf = [0u8; 4096];
+    let mut echoed = 0u64;
+    loop {
+        let mut got = 0usize;
+        match sub.poll(
+            |f| {
+                got = f.payload.len();
+                buf[..got].copy_from_slice(f.payload);
+            },
+            1,
+        ) {
+            Ok(0) => continue,
+            Ok(_) => {
+                echo.offer_and_flush(1, &buf[..got])?;
+                echoed += 1;
+            }
+            Err(OrdersError::PeerLost(PeerLost::Disconnected)) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    println!("rc-pong: echoed {echoed} messages");
+    Ok(())
+}
+
+/// `rc-ping`: connects to `rc-pong`, sends a message and waits for its
+/// echo, `-n` times, then disconnects. Nothing else: no clock reads, no
+/// warm-up, no statistics, so that under callgrind the instructions are the
+/// orders path's (set-up and teardown cancel out between runs of N and 2N
+/// round trips).
+pub fn ping(args: &PingArgs) -> Result<()> {
+    let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
+    let conn = Connection::connect(addr, &config(), Duration::from_secs(30))?;
+    let p = conn.publication(1);
+    let sub = conn.subscription();
+    let msg = vec![0x5au8; args.size];
+    let empty = ping_loop(&p, &sub, &msg, args.iterations)?;
+    let stats = conn.stats();
+    conn.close();
+    println!(
+        "rc-ping: {} round trips of {} B, {empty} empty polls, {} frames received, {} credit writes, {} flushes",
+        args.iterations, args.size, stats.frames_received, stats.credits_sent, stats.flushes
+    );
+    println!(
+        "RESULT round_trips={} empty_polls={empty} credits_sent={}",
+        args.iterations, stats.credits_sent
+    );
+    Ok(())
+}
+
+/// The measured loop of `rc-ping`: offer and flush one message, poll until
+/// its echo arrives; returns the empty polls (the wait).
+#[inline(never)]
+fn ping_loop(
+    p: &rocebus::orders::Publication<'_>,
+    sub: &rocebus::orders::Subscription<'_>,
+    msg: &[u8],
+    n: u64,
+) -> Result<u64> {
+    let mut empty = 0u64;
+    for _ in 0..n {
+        p.offer_and_flush(1, msg)?;
+        while sub.poll(|_| {}, 1)? == 0 {
+            empty += 1;
+        }
+    }
+    Ok(empty)
+}

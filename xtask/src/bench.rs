@@ -209,7 +209,7 @@ pub fn names() -> Vec<&'static str> {
         .map(|s| s.name)
         .chain(HOST_ONLY.iter().copied())
         .chain(["books", "ipc", "md-repair", "rc-fanin"])
-        .chain(["md-fanout"])
+        .chain(["md-fanout", "rc-instructions"])
         .collect()
 }
 
@@ -435,6 +435,12 @@ pub fn run(
     }
     if name == "rc-fanin" {
         return run_fanin(root, rounds, size, iterations, ours_extra);
+    }
+    if name == "rc-instructions" {
+        if rounds.is_some() {
+            bail!("rc-instructions counts instructions once: --rounds does not apply");
+        }
+        return crate::rc_instructions::run(root, size, iterations);
     }
     let rounds = rounds.unwrap_or(5);
     let spec = SPECS

@@ -9,6 +9,7 @@ mod fuzz;
 mod ipc;
 mod md_fanout;
 mod md_repair;
+mod rc_instructions;
 mod setup;
 mod test;
 mod venue;
@@ -87,6 +88,11 @@ enum Cmd {
     /// Benchmarks: rc-latency (vs ib_write_lat), rc-throughput (vs ib_write_bw), md-throughput
     /// (vs ib_send_bw -c UD), md-latency (vs ib_send_lat -c UD), gateway-rtt (next to
     /// ib_write_lat). Ends with e.g. `rc-latency: p50 ratio X.XX, p99 ratio Y.YY`.
+    ///
+    /// rc-instructions: user-space instructions per one-way message of the orders path against
+    /// ib_write_lat, counted by callgrind in the guest (clients under callgrind, echoes native;
+    /// runs of -n round trips, default 5000, and twice as many; set-up and waiting excluded).
+    /// Ends with `rc-instructions: rocebus X, perftest Y per one-way message`.
     ///
     /// On the host, no RDMA needed: gateway-journal (orders/s per journal fsync policy, tmpfs
     /// and disk) and gateway-restart (open + replay of a journal of -n orders, default 1M);
