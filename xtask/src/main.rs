@@ -89,6 +89,14 @@ enum Cmd {
     /// (vs ib_send_bw -c UD), md-latency (vs ib_send_lat -c UD), gateway-rtt (next to
     /// ib_write_lat). Ends with e.g. `rc-latency: p50 ratio X.XX, p99 ratio Y.YY`.
     ///
+    /// Orders-path scale: rc-fanin (one active connection among N = 1, 16, 64, 256 idle ones;
+    /// ends with `rc-fanin: N=256 p50 ratio X, p99 ratio Y` against N = 1) and
+    /// rc-fanin-throughput (4 senders into one receiver vs ib_write_bw -q 4).
+    ///
+    /// Market data at scale, in 2 to 4 guests: md-repair (repair datagrams per lost datagram
+    /// with 1, 2 and 3 subscribers, multicast repair and unicast only) and md-fanout
+    /// (publisher CPU per message, multicast and RC fan-out, 1, 2 and 4 subscribers).
+    ///
     /// rc-instructions: user-space instructions per one-way message of the orders path against
     /// ib_write_lat, counted by callgrind in the guest (clients under callgrind, echoes native;
     /// runs of -n round trips, default 5000, and twice as many; set-up and waiting excluded).
