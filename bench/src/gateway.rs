@@ -236,7 +236,7 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             round_trips(&mut s, a, symbol, total, &mut hist)?;
             hists.push((n, hist));
         }
-        for e in &idle {
+        for e in &mut idle {
             e.close();
         }
         s.close();

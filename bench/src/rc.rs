@@ -82,7 +82,7 @@ where
 {
     let (tx, rx) = std::sync::mpsc::channel();
     let h = std::thread::spawn(move || -> Result<()> {
-        let l = OrdersListener::bind(addr, config())?;
+        let mut l = OrdersListener::bind(addr, config())?;
         tx.send(()).ok();
         let conn = l
             .accept(Duration::from_secs(30))?
@@ -93,7 +93,7 @@ where
     Ok(h)
 }
 
-fn wait_lost(conn: &Connection) -> Result<()> {
+fn wait_lost(conn: &mut Connection) -> Result<()> {
     let t = Instant::now();
     loop {
         match conn.subscription().poll(|_| {}, 16) {
@@ -112,14 +112,12 @@ fn wait_lost(conn: &Connection) -> Result<()> {
 pub fn latency(args: &RcArgs) -> Result<()> {
     let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
     let cores = args.cores.clone();
-    let server = serve(addr, move |conn| {
+    let server = serve(addr, move |mut conn| {
         pin(&cores, 1);
-        let sub = conn.subscription();
-        let echo = conn.publication(2);
         let mut buf = [0u8; 4096];
         loop {
             let mut got = 0usize;
-            match sub.poll(
+            match conn.subscription().poll(
                 |f| {
                     got = f.payload.len();
                     buf[..got].copy_from_slice(f.payload);
@@ -127,7 +125,8 @@ pub fn latency(args: &RcArgs) -> Result<()> {
                 1,
             ) {
                 Ok(0) => continue,
-                Ok(_) => echo
+                Ok(_) => conn
+                    .publication(2)
                     .offer_and_flush(1, &buf[..got])
                     .map_err(anyhow::Error::from)?,
                 Err(OrdersError::PeerLost(PeerLost::Disconnected)) => return Ok(()),
@@ -135,18 +134,16 @@ pub fn latency(args: &RcArgs) -> Result<()> {
             }
         }
     })?;
-    let conn = Connection::connect(addr, &config(), Duration::from_secs(10))?;
+    let mut conn = Connection::connect(addr, &config(), Duration::from_secs(10))?;
     pin(&args.cores, 0);
-    let p = conn.publication(1);
-    let sub = conn.subscription();
     let msg = vec![0x5au8; args.size];
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let warmup = (args.iterations / 10).max(100);
     for i in 0..warmup + args.iterations {
         let t0 = Instant::now();
-        p.offer_and_flush(1, &msg)?;
+        conn.publication(1).offer_and_flush(1, &msg)?;
         loop {
-            if sub.poll(|_| {}, 1)? == 1 {
+            if conn.subscription().poll(|_| {}, 1)? == 1 {
                 break;
             }
         }
@@ -182,14 +179,13 @@ pub fn throughput(args: &RcArgs) -> Result<()> {
     let size = args.size;
     let cores = args.cores.clone();
     let (tx, rx) = std::sync::mpsc::channel();
-    let server = serve(addr, move |conn| {
+    let server = serve(addr, move |mut conn| {
         pin(&cores, 1);
-        let sub = conn.subscription();
         let mut count = 0u64;
         let mut bad = 0u64;
         let mut start = None;
         while count < n {
-            sub.poll(
+            conn.subscription().poll(
                 |f| {
                     if f.payload.len() != size {
                         bad += 1;
@@ -204,17 +200,16 @@ pub fn throughput(args: &RcArgs) -> Result<()> {
         }
         let secs = start.map_or(0.0, |s| s.elapsed().as_secs_f64());
         tx.send((count, bad, secs)).ok();
-        wait_lost(&conn)
+        wait_lost(&mut conn)
     })?;
-    let conn = Connection::connect(addr, &config(), Duration::from_secs(10))?;
+    let mut conn = Connection::connect(addr, &config(), Duration::from_secs(10))?;
     pin(&args.cores, 0);
-    let p = conn.publication(1);
     let msg = vec![0x5au8; size];
     let mut pending = 0;
     let mut backpressured = 0u64;
     for _ in 0..n {
         loop {
-            match p.offer(1, &msg) {
+            match conn.offer(1, 1, &msg) {
                 Ok(()) => break,
                 Err(OfferError::BackPressured) => {
                     backpressured += 1;
@@ -312,7 +307,7 @@ fn fanin_config(args: &FanInArgs, slots: usize) -> OrdersConfig {
 /// turn (the scan the fan-in replaces), as `mode` says; accepts new
 /// connections in between.
 fn fanin_server(
-    listener: OrdersListener,
+    mut listener: OrdersListener,
     mode: &std::sync::atomic::AtomicU8,
     count: &std::sync::atomic::AtomicUsize,
 ) -> Result<rocebus::orders::SetStats> {
@@ -347,7 +342,7 @@ fn fanin_server(
             }
             _ => {
                 for &id in &ids {
-                    let c = set.get(id).context("member")?;
+                    let c = set.get_mut(id).context("member")?;
                     c.subscription().poll(
                         |f| {
                             buf[..f.payload.len()].copy_from_slice(f.payload);
@@ -359,7 +354,7 @@ fn fanin_server(
             }
         }
         for &(id, len) in &replies {
-            let c = set.get(id).context("member")?;
+            let c = set.get_mut(id).context("member")?;
             c.publication(2).offer_and_flush(1, &buf[..len])?;
         }
         replies.clear();
@@ -396,19 +391,17 @@ pub fn fanin(args: &FanInArgs) -> Result<()> {
         }
         Ok(())
     };
-    let active = Connection::connect(addr, &cfg, Duration::from_secs(10))?;
+    let mut active = Connection::connect(addr, &cfg, Duration::from_secs(10))?;
     wait_count(1)?;
     let mut idle: Vec<Connection> = Vec::new();
     let msg = vec![0x5au8; args.size];
     let warmup = (args.iterations / 10).max(100);
-    let p = active.publication(1);
-    let sub = active.subscription();
-    let ping = |hist: &mut Histogram<u64>| -> Result<()> {
+    let mut ping = |hist: &mut Histogram<u64>| -> Result<()> {
         for i in 0..warmup + args.iterations {
             let t0 = Instant::now();
-            p.offer_and_flush(1, &msg)?;
+            active.publication(1).offer_and_flush(1, &msg)?;
             let t = Instant::now();
-            while sub.poll(|_| {}, 1)? == 0 {
+            while active.subscription().poll(|_| {}, 1)? == 0 {
                 if t.elapsed() > Duration::from_secs(10) {
                     bail!("no echo within 10 s");
                 }
@@ -527,7 +520,7 @@ pub fn fanin_throughput(args: &RcArgs) -> Result<()> {
         fanin_slots: 16,
         ..config()
     };
-    let listener = OrdersListener::bind(addr, cfg.clone())?;
+    let mut listener = OrdersListener::bind(addr, cfg.clone())?;
     let done = Arc::new(AtomicBool::new(false));
     let done2 = done.clone();
     let cores = args.cores.clone();
@@ -586,18 +579,17 @@ pub fn fanin_throughput(args: &RcArgs) -> Result<()> {
         let (cfg, done, cores, batch) = (cfg.clone(), done.clone(), args.cores.clone(), args.batch);
         senders.push(std::thread::spawn(move || -> Result<u64> {
             pin(&cores, 2 + i);
-            let conn = Connection::connect(addr, &cfg, Duration::from_secs(10))?;
+            let mut conn = Connection::connect(addr, &cfg, Duration::from_secs(10))?;
             if !conn.marks_fanin() {
                 bail!("sender {i}: the listener granted no fan-in slot");
             }
-            let p = conn.publication(1);
             let mut msg = vec![0x5au8; size];
             let mut pending = 0;
             let mut backpressured = 0u64;
             for seq in 0..per {
                 msg[..8].copy_from_slice(&seq.to_le_bytes());
                 loop {
-                    match p.offer(1, &msg) {
+                    match conn.offer(1, 1, &msg) {
                         Ok(()) => break,
                         Err(OfferError::BackPressured) => {
                             backpressured += 1;

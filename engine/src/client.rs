@@ -38,7 +38,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -472,10 +471,10 @@ pub struct EngineSession {
     replay_until: u32,
     stray_frames: u64,
     /// Heartbeats and silence, on `epoch`'s clock (nanoseconds).
-    live: Cell<Liveness>,
+    live: Liveness,
     /// A frame arrived since the last liveness check.
-    heard: Cell<bool>,
-    polls: Cell<u32>,
+    heard: bool,
+    polls: u32,
     epoch: Instant,
     /// The heartbeat interval the gateway announced (zero: it sends none).
     heartbeat: Duration,
@@ -543,9 +542,9 @@ impl EngineSession {
                     engine,
                     replay_until,
                     stray_frames: 0,
-                    live: Cell::new(Liveness::new(0, 0, 0)),
-                    heard: Cell::new(false),
-                    polls: Cell::new(0),
+                    live: Liveness::new(0, 0, 0),
+                    heard: false,
+                    polls: 0,
                     epoch: Instant::now(),
                     heartbeat,
                     gateway_timeout: DEFAULT_GATEWAY_TIMEOUT,
@@ -572,7 +571,7 @@ impl EngineSession {
     ) -> Result<(Connection, u32, u32, Duration), SessionError> {
         let deadline = Instant::now() + timeout;
         pad_token(token.as_bytes()).ok_or(SessionError::BadToken)?;
-        let conn = Connection::connect(addr, cfg, timeout)
+        let mut conn = Connection::connect(addr, cfg, timeout)
             .map_err(|source| SessionError::Connect { addr, source })?;
         // The token stays here: the logon carries a proof bound to this connection.
         let logon = Logon::new(
@@ -627,7 +626,7 @@ impl EngineSession {
         } else {
             (self.heartbeat.as_nanos() as u64, timeout.as_nanos() as u64)
         };
-        self.live.set(Liveness::new(now, interval, timeout_ns));
+        self.live = Liveness::new(now, interval, timeout_ns);
     }
 
     /// The gateway timeout in force.
@@ -653,13 +652,13 @@ impl EngineSession {
     /// Heartbeat when due, and (`judge`: only right after reading the ring, so frames
     /// waiting there are not mistaken for silence) the gateway's silence: declares it dead
     /// past the timeout.
-    fn check_liveness(&self, judge: bool) -> Result<(), PeerLost> {
+    fn check_liveness(&mut self, judge: bool) -> Result<(), PeerLost> {
         if let Some(l) = self.conn.lost() {
             return Err(l);
         }
         let now = self.now();
-        let mut live = self.live.get();
-        if self.heard.replace(false) {
+        let live = &mut self.live;
+        if std::mem::take(&mut self.heard) {
             live.on_heard(now);
         }
         if judge && live.is_expired(now) {
@@ -670,16 +669,15 @@ impl EngineSession {
                 "gateway silent (no frame, no heartbeat): presumed dead; orders are refused until the engine logs on again"
             );
             self.conn.close_silent();
-            self.live.set(live);
             return Err(PeerLost::Silent);
         }
         if live.poll_transmit(now) {
             let hb = Heartbeat::new(crate::unix_nanos());
-            match self
-                .conn
-                .publication(ORDERS_STREAM)
-                .try_claim(u16::from(msg_type::HEARTBEAT), size_of::<Heartbeat>())
-            {
+            match self.conn.try_claim(
+                ORDERS_STREAM,
+                u16::from(msg_type::HEARTBEAT),
+                size_of::<Heartbeat>(),
+            ) {
                 Ok(mut claim) => {
                     claim.copy_from_slice(hb.as_bytes());
                     claim.commit();
@@ -687,19 +685,16 @@ impl EngineSession {
                 }
                 // The gateway's ring is full of our requests: it has something to read.
                 Err(OfferError::BackPressured) => live.on_sent(now),
-                // Another claim is open (cannot happen through this API): next time.
-                Err(OfferError::ClaimOpen) => {}
                 Err(OfferError::Lost(l)) => return Err(l),
                 Err(_) => {}
             }
         }
-        self.live.set(live);
         Ok(())
     }
 
     /// Closes the connection (the gateway cancels the engine's open orders) and hands back
     /// the book, to [`resume`](Self::resume) with.
-    pub fn into_client(self) -> Client {
+    pub fn into_client(mut self) -> Client {
         self.conn.close();
         self.client
     }
@@ -738,8 +733,7 @@ impl EngineSession {
     ) -> Result<(), OfferError> {
         let mut claim = self
             .conn
-            .publication(ORDERS_STREAM)
-            .try_claim(u16::from(ty), size_of::<T>())?;
+            .try_claim(ORDERS_STREAM, u16::from(ty), size_of::<T>())?;
         claim.copy_from_slice(build(&mut self.client).as_bytes());
         claim.commit();
         Ok(())
@@ -752,10 +746,9 @@ impl EngineSession {
         let mut sent = 0;
         while let Some(req) = self.client.not_taken.first().copied() {
             let bytes = req.as_bytes();
-            let mut claim = self
-                .conn
-                .publication(ORDERS_STREAM)
-                .try_claim(u16::from(req.msg_type()), bytes.len())?;
+            let mut claim =
+                self.conn
+                    .try_claim(ORDERS_STREAM, u16::from(req.msg_type()), bytes.len())?;
             claim.copy_from_slice(bytes);
             claim.commit();
             self.client.not_taken.remove(0);
@@ -775,10 +768,11 @@ impl EngineSession {
         price: i64,
     ) -> Result<u64, OfferError> {
         // Claim first so a refused claim leaves the book untouched.
-        let mut claim = self
-            .conn
-            .publication(ORDERS_STREAM)
-            .try_claim(u16::from(msg_type::NEW_ORDER), size_of::<NewOrder>())?;
+        let mut claim = self.conn.try_claim(
+            ORDERS_STREAM,
+            u16::from(msg_type::NEW_ORDER),
+            size_of::<NewOrder>(),
+        )?;
         let (id, m) = self.client.new_order(account, symbol, side, qty, price);
         claim.copy_from_slice(m.as_bytes());
         claim.commit();
@@ -802,7 +796,7 @@ impl EngineSession {
 
     /// Sends everything queued (and a heartbeat when one is due). Fails with
     /// [`PeerLost::Silent`] once a poll declared the gateway dead.
-    pub fn flush(&self) -> Result<(), OfferError> {
+    pub fn flush(&mut self) -> Result<(), OfferError> {
         self.check_liveness(false).map_err(OfferError::Lost)?;
         self.conn.flush()
     }
@@ -826,18 +820,17 @@ impl EngineSession {
             limit,
         )?;
         if n > 0 {
-            self.heard.set(true);
+            self.heard = true;
         }
-        let polls = self.polls.get().wrapping_add(1);
-        self.polls.set(polls);
-        if polls % POLLS_PER_CHECK == 0 {
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls % POLLS_PER_CHECK == 0 {
             self.check_liveness(true).map_err(OrdersError::PeerLost)?;
         }
         Ok(n)
     }
 
     /// Disconnects (the gateway cancels the engine's open orders).
-    pub fn close(&self) {
+    pub fn close(&mut self) {
         self.conn.close();
     }
 }

@@ -564,7 +564,7 @@ impl EngineConn {
     /// closed (backlog full).
     fn send(&mut self, r: &Response, c: &Counters) -> bool {
         if self.backlog.queue.is_empty() {
-            match offer(&self.conn, r) {
+            match offer(&mut self.conn, r) {
                 Ok(()) => {
                     self.dirty = true;
                     c.responses.inc();
@@ -593,7 +593,7 @@ impl EngineConn {
     /// Moves backlog into the ring while it has room; returns false if the connection is lost.
     fn drain_backlog(&mut self, c: &Counters) -> bool {
         while let Some(r) = self.backlog.queue.front() {
-            match offer(&self.conn, r) {
+            match offer(&mut self.conn, r) {
                 Ok(()) => {
                     self.backlog.queue.pop_front();
                     self.dirty = true;
@@ -608,11 +608,9 @@ impl EngineConn {
 }
 
 /// Writes a response straight into the connection's registered send memory.
-fn offer(conn: &Connection, r: &Response) -> Result<(), OfferError> {
+fn offer(conn: &mut Connection, r: &Response) -> Result<(), OfferError> {
     let bytes = r.as_bytes();
-    let mut claim = conn
-        .publication(ORDERS_STREAM)
-        .try_claim(u16::from(bytes[0]), bytes.len())?;
+    let mut claim = conn.try_claim(ORDERS_STREAM, u16::from(bytes[0]), bytes.len())?;
     claim.copy_from_slice(bytes);
     claim.commit();
     Ok(())
@@ -998,7 +996,7 @@ impl<L: VenueLink> Service<L> {
     fn poll_connections(&mut self) -> usize {
         let mut work = 0;
         for _ in 0..REQUESTS_PER_TURN {
-            let conn = match self.listener.accept(Duration::ZERO) {
+            let mut conn = match self.listener.accept(Duration::ZERO) {
                 Ok(Some(conn)) => conn,
                 Ok(None) => break,
                 Err(e) => {
@@ -1028,7 +1026,7 @@ impl<L: VenueLink> Service<L> {
             });
         }
         let now = Instant::now();
-        self.closing.retain(|c| {
+        self.closing.retain_mut(|c| {
             let done = !matches!(c.conn.drain(Duration::ZERO), Ok(false)) || now >= c.until;
             if done {
                 c.conn.close();
@@ -1061,8 +1059,11 @@ impl<L: VenueLink> Service<L> {
                 let hb = Heartbeat::new(unix_nanos());
                 let sent = e
                     .conn
-                    .publication(ORDERS_STREAM)
-                    .try_claim(u16::from(msg_type::HEARTBEAT), size_of::<Heartbeat>())
+                    .try_claim(
+                        ORDERS_STREAM,
+                        u16::from(msg_type::HEARTBEAT),
+                        size_of::<Heartbeat>(),
+                    )
                     .map(|mut claim| {
                         claim.copy_from_slice(hb.as_bytes());
                         claim.commit();
@@ -1132,7 +1133,7 @@ impl<L: VenueLink> Service<L> {
         let mut work = 0;
         let mut i = 0;
         while i < self.pending.len() {
-            let p = &self.pending[i];
+            let p = &mut self.pending[i];
             let mut logon = None;
             let r = p.conn.subscription().poll(
                 |f| {
@@ -1168,7 +1169,7 @@ impl<L: VenueLink> Service<L> {
         work
     }
 
-    fn logon(&mut self, conn: Connection, logon: Option<Logon>, mono: u64) {
+    fn logon(&mut self, mut conn: Connection, logon: Option<Logon>, mono: u64) {
         let id = logon.map_or(0, |l| l.engine_id.get());
         let (status, last) = logon_verdict(
             &self.engine_keys,
@@ -1256,7 +1257,7 @@ impl<L: VenueLink> Service<L> {
                 }
             })?;
         }
-        for e in &self.engines {
+        for e in &mut self.engines {
             let _ = e.conn.drain(Duration::from_millis(100));
         }
         self.driver.sync()?;

@@ -583,7 +583,7 @@ impl RcFanoutPublisher {
 
     /// Takes one finished handshake, if any, without waiting.
     fn accept(&mut self) {
-        let conn = match self.listener.accept(Duration::ZERO) {
+        let mut conn = match self.listener.accept(Duration::ZERO) {
             Ok(Some(c)) => c,
             Ok(None) => return,
             Err(e) => {
@@ -615,11 +615,11 @@ impl RcFanoutPublisher {
             session: self.state.session().into(),
         };
         let cursor = self.state.unflushed_seq();
-        let p = conn.publication(STREAM);
+        let mut p = conn.publication(STREAM);
         // A fresh ring has room for both; a failure means the peer is gone.
         let ok = p.offer(FRAME_WELCOME, welcome.as_bytes()).is_ok()
             && p.offer(FRAME_DATAGRAM, self.state.heartbeat()).is_ok()
-            && conn.flush().is_ok();
+            && p.flush().is_ok();
         if !ok {
             self.stats.subscribers_lost += 1;
             return;
@@ -653,7 +653,7 @@ impl RcFanoutPublisher {
                 i += 1;
                 continue;
             };
-            let s = self.subs.swap_remove(i);
+            let mut s = self.subs.swap_remove(i);
             s.conn.close();
             match reason {
                 FanoutDrop::Stalled => self.stats.dropped_stalled += 1,
@@ -691,7 +691,7 @@ fn write_datagrams(
     limits: &Limits,
     stats: &mut FanoutStats,
 ) {
-    let p = sub.conn.publication(STREAM);
+    let mut p = sub.conn.publication(STREAM);
     let mut wrote = false;
     while sub.cursor.next() < end {
         let Some((first, next, bytes)) = state.sealed_from(sub.cursor.next()) else {
@@ -718,7 +718,7 @@ fn write_datagrams(
         }
     }
     if wrote {
-        if sub.conn.flush().is_err() {
+        if p.flush().is_err() {
             sub.doomed = Some(FanoutDrop::Lost);
         }
     } else if let Err(why) = sub.cursor.blocked(now, limits.slow_ns) {
@@ -845,7 +845,7 @@ fn serve(
     if *out_pos == outbox.len() {
         return;
     }
-    let p = conn.publication(STREAM);
+    let mut p = conn.publication(STREAM);
     let mut wrote = false;
     while *out_pos < outbox.len() {
         let mut end = *out_pos;
@@ -877,7 +877,7 @@ fn serve(
         outbox.clear();
         *out_pos = 0;
     }
-    if wrote && conn.flush().is_err() {
+    if wrote && p.flush().is_err() {
         *doomed = Some(FanoutDrop::Lost);
     }
 }
@@ -973,7 +973,7 @@ impl RcFanoutSubscriber {
     }
     /// Closes the connection (the publisher sees it go).
     pub fn disconnect(&mut self) {
-        if let Some(c) = self.conn.take() {
+        if let Some(mut c) = self.conn.take() {
             c.close();
         }
     }
@@ -993,7 +993,7 @@ impl RcFanoutSubscriber {
         now: u64,
         app: &mut A,
     ) -> Result<usize, FanoutError> {
-        let Some(conn) = &self.conn else {
+        let Some(conn) = &mut self.conn else {
             return Ok(0);
         };
         let state = &mut self.state;
@@ -1058,7 +1058,7 @@ impl RcFanoutSubscriber {
             ok = false;
         }
         if !ok {
-            if let Some(c) = self.conn.take() {
+            if let Some(mut c) = self.conn.take() {
                 c.close();
             }
             self.stats.connections_lost += 1;

@@ -223,7 +223,7 @@ struct Member {
 /// # use std::time::Duration;
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let cfg = OrdersConfig { token: "s3cret".into(), fanin_slots: 256, ..OrdersConfig::default() };
-/// let listener = OrdersListener::bind("198.18.0.1:7470".parse()?, cfg)?;
+/// let mut listener = OrdersListener::bind("198.18.0.1:7470".parse()?, cfg)?;
 /// let mut set = ConnectionSet::new(&listener);
 /// while let Some(c) = listener.accept(Duration::from_secs(1))? {
 ///     set.insert(c);
@@ -318,6 +318,12 @@ impl ConnectionSet {
         self.members.get(id)?.as_ref().map(|m| &m.conn)
     }
 
+    /// Connection `id`, to send on (e.g. a reply to a frame [`poll`](Self::poll)
+    /// delivered: collect what to send in the handler, send after the poll).
+    pub fn get_mut(&mut self, id: ConnId) -> Option<&mut Connection> {
+        self.members.get_mut(id)?.as_mut().map(|m| &mut m.conn)
+    }
+
     /// Connections in the set.
     pub fn len(&self) -> usize {
         self.members.len() - self.free_ids.len()
@@ -364,8 +370,9 @@ impl ConnectionSet {
             stats,
             ..
         } = self;
+        let n_members = members.len();
         let mut poll_one = |id: ConnId, failed: &mut Option<SetError>| -> usize {
-            let Some(Some(m)) = members.get(id) else {
+            let Some(Some(m)) = members.get_mut(id) else {
                 return 0;
             };
             match m.conn.subscription().poll(|f| handler(id, f), max) {
@@ -401,8 +408,8 @@ impl ConnectionSet {
             stats.unmarked_polls += 1;
         }
         *turn = turn.wrapping_add(1);
-        if *sweep_every > 0 && *turn % *sweep_every == 0 && !members.is_empty() {
-            *sweep = (*sweep + 1) % members.len();
+        if *sweep_every > 0 && *turn % *sweep_every == 0 && n_members > 0 {
+            *sweep = (*sweep + 1) % n_members;
             delivered += poll_one(*sweep, &mut failed);
             stats.sweeps += 1;
         }

@@ -5,15 +5,20 @@
 //! # Why a frame is never consumed half-written
 //!
 //! Each frame is `header | payload | trailer`: the header (length, stream,
-//! type, then the connection sequence in its last 8 bytes) and a trailer,
-//! the frame's last 8 bytes, holding a seal derived from the same sequence
-//! ([`frame::trailer_value`]). The sender writes each contiguous run of
-//! frames with one RDMA WRITE (inline when small). The receiver polls the
-//! header at its consumer position: a sequence older than the expected one
-//! is a frame of an earlier lap (not arrived yet); the expected one makes
-//! it read the trailer, and only a trailer holding this frame's seal makes
-//! the frame deliverable. Both words are read with `Acquire` loads and
-//! the payload after them.
+//! type, then in its last 8 bytes a check word mixing the connection
+//! sequence with the first 8 header bytes, [`frame::header_check`]) and a
+//! trailer, the frame's last 8 bytes, holding a seal derived from the same
+//! sequence ([`frame::trailer_value`]). The sequence itself is never sent:
+//! the receiver knows which one comes next. The sender writes each
+//! contiguous run of frames with one RDMA WRITE (inline when small). The
+//! receiver polls the header at its consumer position and takes it only
+//! when its check word matches the *expected* sequence; anything else
+//! (a header of an earlier lap, leftover payload bytes) means the frame
+//! has not arrived yet. A matching header makes it read the trailer, and
+//! only a trailer holding this frame's seal makes the frame deliverable.
+//! The check word and the seal are read with `Acquire` loads, the rest of
+//! the header and the payload after them ([`proto::read_header`],
+//! [`Receiver::poll`]).
 //!
 //! The argument rests on two placement facts:
 //!
@@ -32,8 +37,8 @@
 //! The ring torture test (millions of frames of random sizes, wrapping
 //! thousands of times, a CRC in every payload) checks it on soft-RoCE.
 //! Stale bytes of an earlier lap cannot pass for a new frame: sequences
-//! only grow, and the seal is the sequence scrambled, so leftover payload
-//! bytes are unlikely to imitate it (a peer that writes such bytes on
+//! only grow, and both the header check and the seal are the expected
+//! sequence scrambled, so leftover bytes are unlikely to imitate them (a peer that writes such bytes on
 //! purpose only garbles its own connection; the receiver never reads
 //! outside its ring either way).
 //!
@@ -48,18 +53,19 @@
 //! # Credits
 //!
 //! The receiver writes its consumer position into the sender's credit word
-//! every quarter ring and after a run of idle polls. The word travels with
+//! every `credit_every` consumed bytes (a quarter ring on the orders path)
+//! and after [`state::IDLE_CREDIT_POLLS`] polls that found nothing. The word travels with
 //! its bitwise complement in one 16-byte WRITE, and the sender takes a
 //! value only when the halves agree (a torn read is read again). The
 //! sender never claims beyond `credit + ring size`: no frame is ever
 //! overwritten before it was consumed, and a full ring is reported as
 //! back-pressure.
 //!
-//! The receiver trusts nothing it reads: a header's length must fit in the
-//! ring and the connection's maximum, types must be known, sequences may
-//! not run ahead ([`frame::validate`]). Any violation closes the connection
-//! with [`FrameError`]; the receiver never reads outside its ring.
-
+//! The receiver trusts nothing it reads: once a header's check matches, its
+//! length must fit in the ring and the connection's maximum and its type
+//! must be an application type or padding that ends the lap exactly
+//! ([`frame::validate`]). Any violation closes the connection with
+//! [`FrameError`]; the receiver never reads outside its ring.
 //!
 //! # Where each part lives
 //!
@@ -69,12 +75,15 @@
 //!   decide when credit is due), over the [`RingMemory`] and
 //!   [`StagingMemory`] traits.
 //! - [`frame`] and [`state`]: wire formats and position arithmetic, pure.
-//! - `mem` (crate-private): the traits over registered memory, the only
-//!   unsafe code of the ring; `orders` is the I/O shell that posts the
-//!   RDMA WRITEs and reaps their completions.
+//! - `mem` (crate-private): the implementations of those traits over
+//!   registered memory (and the fan-in summary's), the only unsafe code of
+//!   the ring; [`crate::orders`] (its `connection` module) is the I/O shell
+//!   that posts the RDMA WRITEs the [`Sender`] names and reaps their
+//!   completions.
 //! - [`fanin`]: the activity summary a receiver of many rings scans to
 //!   poll only the rings with new frames (and its ORDERING argument).
-//! - [`loopback`]: the traits over plain atomic memory, for host tests
+//! - [`loopback`]: implementations of the traits over plain atomic memory,
+//!   for host tests
 //!   (the `tests` module here: threads racing torn placement, credits,
 //!   junk in the ring; run under valgrind's memcheck by `cargo xtask
 //!   test`) and a loom model of the control words (`RUSTFLAGS="--cfg

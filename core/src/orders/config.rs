@@ -1,0 +1,155 @@
+//! [`OrdersConfig`]: the orders path's settings (`[orders]` in the
+//! binaries' TOML) and their checks. Pure values: nothing here touches a
+//! device.
+
+use crate::ring::frame::{frame_len, PROOF_LEN};
+use crate::verbs::RcOptions;
+
+/// Configuration of the orders path.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OrdersConfig {
+    /// Bytes of each incoming ring (power of two).
+    pub ring_size: usize,
+    /// Largest message payload (at most a quarter of the ring minus a header).
+    pub max_payload: usize,
+    /// Shared secret both sides must hold. It never travels: each side
+    /// proves it knows it by a challenge-response in the handshake
+    /// ([`crate::auth`]).
+    pub token: String,
+    /// Send queue depth.
+    pub send_queue_depth: u32,
+    /// Frames up to this size (bytes, header included) are posted inline.
+    pub max_inline: u32,
+    /// Request a completion every this many work requests.
+    pub signal_every: u32,
+    /// Largest single RDMA WRITE (0: no limit; a flush of many frames is
+    /// one WRITE per contiguous run). Soft-RoCE (rxe in Linux 6.1) has
+    /// failed retransmitted multi-packet WRITEs with "remote invalid
+    /// request" under packet loss in our two-host tests; setting this to
+    /// the path MTU keeps every WRITE one packet there.
+    pub max_write_bytes: usize,
+    /// RC knobs.
+    pub rc: RcOptions,
+    /// Connection set-up timeout, milliseconds (also how long a listener
+    /// waits for a pending handshake to complete).
+    pub connect_timeout_ms: u64,
+    /// Largest ring (bytes, power of two) a peer may ask us to mirror: our
+    /// staging area for it is that large. A larger request is refused
+    /// before anything is allocated; a listener's larger reply is refused
+    /// by the connector. At least `ring_size`.
+    pub max_peer_ring_size: usize,
+    /// Listener: handshakes in progress at once (each holds a queue pair and
+    /// one of our rings until the peer's proof arrives or it times out);
+    /// one more request is refused.
+    pub max_pending_handshakes: usize,
+    /// Listener: connections (pending and established) from one IP address;
+    /// one more request from it is refused.
+    pub max_connections_per_peer: usize,
+    /// Listener: slots of its fan-in activity summary (0: off). Each
+    /// accepted connection gets one while they last and marks it after
+    /// every flush (one more one-byte WRITE), so a [`ConnectionSet`](super::ConnectionSet) or
+    /// [`FanIn`](super::FanIn) polls only connections with new frames. At most 65536.
+    pub fanin_slots: usize,
+}
+
+impl Default for OrdersConfig {
+    fn default() -> Self {
+        Self {
+            ring_size: 1 << 20,
+            max_payload: 16 * 1024,
+            token: String::new(),
+            send_queue_depth: 512,
+            max_inline: 220,
+            signal_every: 64,
+            max_write_bytes: 0,
+            rc: RcOptions::default(),
+            connect_timeout_ms: 5000,
+            max_peer_ring_size: 16 << 20,
+            max_pending_handshakes: 8,
+            max_connections_per_peer: 16,
+            fanin_slots: 0,
+        }
+    }
+}
+
+impl OrdersConfig {
+    /// Checks the values; the error names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.ring_size.is_power_of_two() || self.ring_size < 4096 {
+            return Err(format!(
+                "ring_size: {} is not a power of two >= 4096",
+                self.ring_size
+            ));
+        }
+        if self.ring_size > 1 << 31 {
+            return Err(format!("ring_size: {} exceeds 2 GiB", self.ring_size));
+        }
+        if frame_len(self.max_payload) * 4 > self.ring_size {
+            return Err(format!(
+                "max_payload: {} is more than a quarter of ring_size {} (minus the 16-byte header)",
+                self.max_payload, self.ring_size
+            ));
+        }
+        if self.send_queue_depth < 16 {
+            return Err("send_queue_depth: must be at least 16".into());
+        }
+        if self.signal_every == 0 || self.signal_every * 2 > self.send_queue_depth {
+            return Err("signal_every: must be between 1 and half of send_queue_depth".into());
+        }
+        if self.rc.timeout > 31 || self.rc.retry_count > 7 || self.rc.rnr_retry > 7 {
+            return Err("rc: timeout <= 31, retry_count <= 7, rnr_retry <= 7".into());
+        }
+        if (self.max_inline as usize) < PROOF_LEN {
+            return Err(format!(
+                "max_inline: must be at least {PROOF_LEN} (the handshake proof is sent inline)"
+            ));
+        }
+        if !self.max_peer_ring_size.is_power_of_two()
+            || self.max_peer_ring_size < self.ring_size
+            || self.max_peer_ring_size > 1 << 31
+        {
+            return Err(format!(
+                "max_peer_ring_size: {} is not a power of two between ring_size ({}) and 2 GiB",
+                self.max_peer_ring_size, self.ring_size
+            ));
+        }
+        if self.max_pending_handshakes == 0 || self.max_pending_handshakes > 1024 {
+            return Err("max_pending_handshakes: must be between 1 and 1024".into());
+        }
+        if self.fanin_slots > 1 << 16 {
+            return Err(format!("fanin_slots: {} is above 65536", self.fanin_slots));
+        }
+        if self.max_connections_per_peer == 0 {
+            return Err("max_connections_per_peer: must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_have_safe_defaults_and_are_validated() {
+        let c = OrdersConfig::default();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.max_peer_ring_size, 16 << 20);
+        let bad = |f: fn(&mut OrdersConfig), key: &str| {
+            let mut c = OrdersConfig::default();
+            f(&mut c);
+            let e = c.validate().unwrap_err();
+            assert!(e.starts_with(key), "{e}");
+        };
+        bad(|c| c.max_peer_ring_size = 3 << 20, "max_peer_ring_size");
+        bad(|c| c.max_peer_ring_size = 1 << 19, "max_peer_ring_size");
+        bad(|c| c.max_peer_ring_size = 1 << 32, "max_peer_ring_size");
+        bad(|c| c.max_pending_handshakes = 0, "max_pending_handshakes");
+        bad(
+            |c| c.max_connections_per_peer = 0,
+            "max_connections_per_peer",
+        );
+        bad(|c| c.max_inline = 16, "max_inline");
+    }
+}

@@ -1,0 +1,734 @@
+//! [`Connection`]: one established orders connection (both directions)
+//! and the I/O it does: connecting, posting RDMA WRITEs, reaping their
+//! completions, returning credit, noticing a lost peer. Sending goes
+//! through [`Publication`](super::Publication), receiving through
+//! [`Subscription`](super::Subscription); both borrow the connection
+//! mutably, so nothing else can use it while a claim is open.
+//!
+//! The ring protocol itself (frames, seals, credit arithmetic) is
+//! [`crate::ring::proto`]'s; this module must not decide any of it, only
+//! move the bytes it names.
+
+use super::fanin;
+use super::listener::PeerSlot;
+use super::{OfferError, OrdersConfig};
+use crate::auth::{self, Initiator, Purpose};
+use crate::ring::frame::{
+    self, frame_len, handshake_context_with, AcceptHello, ConnectHello, FanInGrant, Hello,
+    FLAG_FANIN, HELLO_MAGIC, PROOF_OFF,
+};
+use crate::ring::mem::{IncomingRing, Staging};
+use crate::ring::proto::{control_word, CREDIT_OFF};
+use crate::ring::{FrameError, Receiver, Sender};
+use crate::verbs::cm;
+use crate::verbs::{
+    Access, CompletionQueue, Context, ProtectionDomain, QpCaps, QpType, QueuePair, SendWr, Sge,
+    VerbsError, WcStatus, WorkCompletion,
+};
+use arrayvec::ArrayVec;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zerocopy::{FromBytes, IntoBytes};
+
+/// Errors of connection set-up and of a failed connection.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OrdersError {
+    /// A verbs or rdma_cm call failed.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// The configuration is invalid.
+    #[error("invalid orders configuration: {0}")]
+    Config(String),
+    /// The peer's handshake was not a rocebus hello.
+    #[error("peer {peer} sent an invalid handshake: {why}")]
+    BadHello {
+        /// Who.
+        peer: String,
+        /// What was wrong.
+        why: &'static str,
+    },
+    /// The peer failed the challenge-response: it does not hold the same
+    /// token (or replayed an old handshake, or the hellos were altered).
+    #[error("peer {peer} failed to prove it holds the orders token")]
+    WrongToken {
+        /// Who.
+        peer: String,
+    },
+    /// The peer's ring is larger than `max_peer_ring_size`.
+    #[error("peer {peer} asks for a ring of 2^{log2} bytes, above max_peer_ring_size")]
+    RingTooLarge {
+        /// Who.
+        peer: String,
+        /// log2 of the size asked for.
+        log2: u16,
+    },
+    /// The peer broke the ring protocol (garbage in our ring).
+    #[error("peer broke the ring protocol: {0}")]
+    Corrupt(#[from] FrameError),
+    /// The peer is gone: a work request failed or it disconnected.
+    #[error("connection lost: {0}")]
+    PeerLost(PeerLost),
+}
+
+/// How a connection was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PeerLost {
+    /// A work request completed with an error (e.g. retries exhausted).
+    #[error("work request failed with {0:?}")]
+    Completion(WcStatus),
+    /// The peer disconnected (rdma_cm DISCONNECTED).
+    #[error("peer disconnected")]
+    Disconnected,
+    /// We closed it after a protocol violation.
+    #[error("closed after a protocol violation")]
+    Closed,
+    /// We closed it because the peer had been silent longer than the application's
+    /// liveness timeout (no frame, not even a heartbeat): its host or process is presumed
+    /// dead even though no work request has failed yet.
+    #[error("closed: the peer was silent past the liveness timeout")]
+    Silent,
+}
+
+/// Connection counters (plain values; snapshot with [`Connection::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnStats {
+    /// Frames sent.
+    pub frames_sent: u64,
+    /// Payload bytes sent.
+    pub bytes_sent: u64,
+    /// Flushes (each: one RDMA WRITE, two when it wraps).
+    pub flushes: u64,
+    /// Claims refused for lack of credit.
+    pub back_pressured: u64,
+    /// Frames received.
+    pub frames_received: u64,
+    /// Payload bytes received.
+    pub bytes_received: u64,
+    /// Credit writes sent.
+    pub credits_sent: u64,
+}
+
+pub(super) struct SendSide {
+    pub(super) tx: Sender<Staging>,
+    remote_addr: u64,
+    remote_rkey: u32,
+}
+
+pub(super) struct RecvSide {
+    pub(super) rx: Receiver,
+    /// Where each payload is copied before the handler sees it:
+    /// `max_payload` rounded up to 8, allocated once.
+    pub(super) scratch: Box<[u8]>,
+}
+
+/// The queue pair and what posting to it needs: send-queue accounting and
+/// whether the connection is lost. Kept apart from [`SendSide`] so that a
+/// flush can lend the staging memory to the requests it posts while this
+/// is borrowed mutably (two fields, two borrows: no run-time check).
+///
+/// Field order is drop order: the queue pair before the completion queue
+/// (it also holds an `Arc` of it).
+pub(super) struct Link {
+    qp: QueuePair,
+    cq: Arc<CompletionQueue>,
+    /// Requests posted, cumulative.
+    posted: u64,
+    /// Requests known complete (the `wr_id` of the last signaled completion).
+    completed: u64,
+    since_signal: u32,
+    pub(super) lost: Option<PeerLost>,
+    signal_every: u32,
+    max_inline: u32,
+    max_write: usize,
+    sq_depth: u64,
+}
+
+/// An established orders connection (both directions).
+///
+/// Every call that moves bytes takes `&mut self` (directly or through the
+/// [`Publication`](super::Publication) or
+/// [`Subscription`](super::Subscription) that borrows it), so the
+/// compiler, not a run-time check, keeps a claim from being open across a
+/// flush or a poll.
+///
+/// Field order is drop order: the queue pair goes first, so no request can
+/// be outstanding when the staging and ring regions are deregistered.
+pub struct Connection {
+    pub(super) link: Link,
+    /// Our slot in the listener's activity summary (accepted side): its
+    /// registration goes after the QP's.
+    pub(super) fanin: Option<fanin::GrantedSlot>,
+    /// Where we mark the peer's summary after each flush (connecting side).
+    mark: Option<fanin::Mark>,
+    cm: cm::Connection,
+    pub(super) send: SendSide,
+    pub(super) recv: RecvSide,
+    pub(super) stats: ConnStats,
+    idle_polls: u32,
+    peer_credit_addr: u64,
+    pub(super) ring: IncomingRing,
+    _pd: Arc<ProtectionDomain>,
+    binding: [u8; 2 * auth::NONCE_LEN],
+    /// The listener's count of connections from this peer's address
+    /// (released when the connection is dropped).
+    _slot: Option<PeerSlot>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("peer", &self.cm.peer())
+            .finish()
+    }
+}
+
+static CONN_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// Most RDMA WRITEs posted with one doorbell by a flush.
+const WRS_PER_DOORBELL: usize = 8;
+
+/// Empty polls between two checks for a disconnect event.
+pub const CM_CHECK_IDLE_POLLS: u32 = 1024;
+
+pub(super) struct Resources {
+    pub(super) pd: Arc<ProtectionDomain>,
+    pub(super) cq: Arc<CompletionQueue>,
+    pub(super) qp: QueuePair,
+    pub(super) ring: IncomingRing,
+}
+
+pub(super) fn resources(ctx: &Arc<Context>, cfg: &OrdersConfig) -> Result<Resources, OrdersError> {
+    let pd = ProtectionDomain::new(ctx)?;
+    let cq = CompletionQueue::new(ctx, cfg.send_queue_depth * 2)?;
+    let qp = QueuePair::new(
+        &pd,
+        QpType::Rc,
+        &cq,
+        &cq,
+        QpCaps {
+            max_send_wr: cfg.send_queue_depth,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: cfg.max_inline,
+        },
+    )?;
+    let ring = IncomingRing::new(&pd, cfg.ring_size)?;
+    Ok(Resources { pd, cq, qp, ring })
+}
+
+pub(super) fn hello(cfg: &OrdersConfig, ring: &IncomingRing, flags: u16) -> Hello {
+    Hello {
+        magic: HELLO_MAGIC.into(),
+        ring_log2: (cfg.ring_size.trailing_zeros() as u16).into(),
+        flags: flags.into(),
+        ring_addr: ring.mr().addr().into(),
+        ring_rkey: ring.mr().rkey().into(),
+        max_payload: (cfg.max_payload as u32).into(),
+        conn_id: CONN_IDS.fetch_add(1, Ordering::Relaxed).into(), // ORDERING: a unique id, no data published.
+    }
+}
+
+/// Checks the peer's hello: magic, and a ring our frames fit and we agree
+/// to mirror (`max_peer_ring_size`).
+pub(super) fn check_hello(peer: &str, h: &Hello, cfg: &OrdersConfig) -> Result<(), OrdersError> {
+    if h.magic.get() != HELLO_MAGIC {
+        return Err(OrdersError::BadHello {
+            peer: peer.into(),
+            why: "bad magic (not a rocebus RBO2 handshake)",
+        });
+    }
+    let log2 = h.ring_log2.get();
+    if log2 > 31 || 1usize << log2 > cfg.max_peer_ring_size {
+        return Err(OrdersError::RingTooLarge {
+            peer: peer.into(),
+            log2,
+        });
+    }
+    if log2 < 12 || frame_len(cfg.max_payload) * 4 > 1usize << log2 {
+        return Err(OrdersError::BadHello {
+            peer: peer.into(),
+            why: "ring too small for our max_payload",
+        });
+    }
+    Ok(())
+}
+
+fn bad_hello(peer: &str, why: &'static str) -> OrdersError {
+    OrdersError::BadHello {
+        peer: peer.into(),
+        why,
+    }
+}
+
+impl Connection {
+    pub(super) fn from_parts(
+        res: Resources,
+        cm: cm::Connection,
+        peer: &Hello,
+        cfg: &OrdersConfig,
+        binding: [u8; 2 * auth::NONCE_LEN],
+        slot: Option<PeerSlot>,
+        fanin: (Option<fanin::GrantedSlot>, Option<fanin::Mark>),
+    ) -> Result<Self, OrdersError> {
+        let peer_size = 1usize << peer.ring_log2.get();
+        // The staging area mirrors the peer's ring, whose size we learn
+        // from its hello.
+        let staging = Staging::new(&res.pd, peer_size)?;
+        // Our sender writes into the peer's ring with our max_payload
+        // (checked against its size in check_hello); its receiver enforces
+        // its own max_payload, ours ours.
+        let tx = Sender::new(
+            staging,
+            cfg.max_payload.min(peer.max_payload.get() as usize),
+        );
+        let caps = res.qp.caps();
+        Ok(Self {
+            send: SendSide {
+                tx,
+                remote_addr: peer.ring_addr.get(),
+                remote_rkey: peer.ring_rkey.get(),
+            },
+            recv: RecvSide {
+                rx: Receiver::new(cfg.ring_size, cfg.max_payload, cfg.ring_size / 4),
+                scratch: vec![0u8; cfg.max_payload.next_multiple_of(8)].into_boxed_slice(),
+            },
+            stats: ConnStats::default(),
+            idle_polls: 0,
+            peer_credit_addr: peer.ring_addr.get() + peer_size as u64 + CREDIT_OFF as u64,
+            ring: res.ring,
+            cm,
+            link: Link {
+                posted: 0,
+                completed: 0,
+                since_signal: 0,
+                lost: None,
+                signal_every: cfg.signal_every,
+                max_inline: caps.max_inline_data.min(cfg.max_inline),
+                max_write: cfg.max_write_bytes,
+                sq_depth: caps.max_send_wr as u64,
+                qp: res.qp,
+                cq: res.cq,
+            },
+            fanin: fanin.0,
+            mark: fanin.1,
+            _pd: res.pd,
+            binding,
+            _slot: slot,
+        })
+    }
+
+    /// Connects to an [`OrdersListener`](super::OrdersListener) at `addr`:
+    /// both sides prove they hold the token (challenge-response, see
+    /// [`crate::auth`]); a listener that cannot is refused here, and our own
+    /// proof goes first over the new connection, before any frame.
+    pub fn connect(
+        addr: SocketAddr,
+        cfg: &OrdersConfig,
+        timeout: Duration,
+    ) -> Result<Self, OrdersError> {
+        cfg.validate().map_err(OrdersError::Config)?;
+        let resolved = cm::resolve(addr, None, timeout)?;
+        let ctx = Context::open(resolved.device_name().as_deref())?;
+        let res = resources(&ctx, cfg)?;
+        let ini = Initiator::new(auth::Key::derive(cfg.token.as_bytes(), Purpose::Orders));
+        // We always offer to mark a fan-in slot: it costs nothing unless
+        // the listener grants one.
+        let mine = ConnectHello {
+            hello: hello(cfg, &res.ring, FLAG_FANIN),
+            nonce: ini.nonce(),
+        };
+        let (conn, theirs) = resolved.connect(
+            &res.qp,
+            &cfg.rc,
+            Access::REMOTE_WRITE,
+            mine.as_bytes(),
+            timeout,
+        )?;
+        let peer = conn.peer();
+        let checked = AcceptHello::read_from_prefix(&theirs)
+            .map_err(|_| bad_hello(&peer, "accept reply too short"))
+            .and_then(|(a, rest)| {
+                check_hello(&peer, &a.hello, cfg)?;
+                if a.hello.flags.get() & FLAG_FANIN == 0 {
+                    return Ok((a, None));
+                }
+                FanInGrant::read_from_prefix(rest)
+                    .map(|(g, _)| (a, Some(g)))
+                    .map_err(|_| bad_hello(&peer, "fan-in grant missing from the accept reply"))
+            })
+            .and_then(|(a, grant)| {
+                let ctx = handshake_context_with(&mine.hello, &a.hello, grant.as_ref());
+                ini.on_response(&a.nonce, &a.proof, ctx.as_bytes())
+                    .map(|(ti, _)| ((a, grant), ti))
+                    .map_err(|_| OrdersError::WrongToken { peer: peer.clone() })
+            });
+        let ((theirs, grant), ti) = match checked {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = conn.disconnect();
+                return Err(e);
+            }
+        };
+        let mut binding = [0u8; 2 * auth::NONCE_LEN];
+        binding[..auth::NONCE_LEN].copy_from_slice(&mine.nonce);
+        binding[auth::NONCE_LEN..].copy_from_slice(&theirs.nonce);
+        let mark = grant.map(|g| fanin::Mark {
+            addr: g.addr.get(),
+            rkey: g.rkey.get(),
+        });
+        let mut c = Self::from_parts(res, conn, &theirs.hello, cfg, binding, None, (None, mark))?;
+        c.send_proof(&ti).map_err(OrdersError::PeerLost)?;
+        Ok(c)
+    }
+
+    /// Writes our handshake proof into the peer's proof slot: one inline
+    /// WRITE, posted before any frame (RC executes in order, so the peer
+    /// sees it before anything else we send).
+    fn send_proof(&mut self, ti: &auth::Tag) -> Result<(), PeerLost> {
+        let bytes = frame::proof_bytes(ti);
+        let sge = [Sge::inline(&bytes)];
+        let s = &self.send;
+        let addr = s.remote_addr + s.tx.state().size() as u64 + PROOF_OFF as u64;
+        let mut wrs = [SendWr::write(0, &sge, addr, s.remote_rkey).inline()];
+        self.link.post(&mut wrs)
+    }
+
+    /// What identifies this connection's handshake to both sides: the
+    /// initiator's nonce, then the responder's (public values, fresh for
+    /// every connection). A proof made over them (e.g. an engine logon) is
+    /// worthless on any other connection.
+    pub fn session_binding(&self) -> [u8; 2 * auth::NONCE_LEN] {
+        self.binding
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> String {
+        self.cm.peer()
+    }
+
+    /// A publication on `stream_id`. It borrows the connection mutably:
+    /// make one where you send (it is free), not one per stream up front.
+    #[inline]
+    pub fn publication(&mut self, stream_id: u16) -> super::Publication<'_> {
+        super::Publication::new(self, stream_id)
+    }
+
+    /// The subscription to everything the peer sends (frames carry their
+    /// stream id: dispatch on it in the handler). It borrows the
+    /// connection mutably, like a [`publication`](Self::publication).
+    #[inline]
+    pub fn subscription(&mut self) -> super::Subscription<'_> {
+        super::Subscription::new(self)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ConnStats {
+        self.stats
+    }
+
+    /// Whether the connection is lost (and why).
+    pub fn lost(&self) -> Option<PeerLost> {
+        self.link.lost
+    }
+
+    /// Writes everything claimed since the last flush: one RDMA WRITE per
+    /// contiguous run (two when it wraps), inline when small, one doorbell.
+    /// With nothing to write it only reaps send completions.
+    pub fn flush(&mut self) -> Result<(), OfferError> {
+        let Self {
+            link,
+            send,
+            mark,
+            stats,
+            ..
+        } = self;
+        if send.tx.state().unflushed() == 0 {
+            return link.reap().map_err(OfferError::Lost);
+        }
+        let (ranges, n) = send.tx.take_flush();
+        let (remote, rkey) = (send.remote_addr, send.remote_rkey);
+        let max = if link.max_write == 0 {
+            usize::MAX
+        } else {
+            link.max_write
+        };
+        // The usual case, one run that fits one write, is posted as a single
+        // request built on the stack, without the chunk arrays (whose frame
+        // alone cost ~100 instructions per post under callgrind).
+        let r = if n == 1 && ranges[0].1 <= max {
+            let (off, len) = ranges[0];
+            let sge = [range_sge(send.tx.staging(), (off, len))];
+            let wr = link.write_wr(&sge, remote + off as u64, rkey, len);
+            match *mark {
+                None => link.post(&mut [wr]),
+                // The fan-in mark rides the same doorbell, after the frames
+                // (RC places it after them: see crate::ring::fanin).
+                Some(m) => {
+                    let msge = [Sge::inline(&fanin::MARK_BYTE)];
+                    link.post(&mut [wr, SendWr::write(0, &msge, m.addr, m.rkey).inline()])
+                }
+            }
+        } else {
+            link.post_runs(send.tx.staging(), remote, rkey, &ranges[..n], max)
+                .and_then(|()| link.post_mark(*mark))
+        };
+        stats.flushes += 1;
+        r.map_err(OfferError::Lost)
+    }
+
+    /// Whether this connection marks a fan-in slot at its peer after each
+    /// flush (the peer's listener granted one).
+    pub fn marks_fanin(&self) -> bool {
+        self.mark.is_some()
+    }
+
+    pub(super) fn send_credit(&mut self, consumed: u64) -> Result<(), PeerLost> {
+        let bytes = control_word(consumed);
+        let sge = [Sge::inline(&bytes)];
+        let mut wrs =
+            [SendWr::write(0, &sge, self.peer_credit_addr, self.send.remote_rkey).inline()];
+        self.link.post(&mut wrs)?;
+        self.stats.credits_sent += 1;
+        Ok(())
+    }
+
+    /// Checks rdma_cm events for a disconnect. That is a system call, so
+    /// only every [`CM_CHECK_IDLE_POLLS`] empty polls (a count, not a clock:
+    /// reading the clock costs a system call on some virtual machines).
+    pub(super) fn check_cm(&mut self) -> Result<(), PeerLost> {
+        self.idle_polls = self.idle_polls.wrapping_add(1);
+        if self.idle_polls % CM_CHECK_IDLE_POLLS != 0 {
+            return Ok(());
+        }
+        match self.cm.poll_disconnected() {
+            Ok(false) => Ok(()),
+            _ => Err(self.link.fail(PeerLost::Disconnected)),
+        }
+    }
+
+    /// Waits (busy-polling, bounded by `timeout`) until everything sent so
+    /// far was consumed by the peer; for orderly shutdown and tests.
+    pub fn drain(&mut self, timeout: Duration) -> Result<bool, OfferError> {
+        self.flush()?;
+        let t = Instant::now();
+        loop {
+            self.send.tx.refresh_credit(&self.ring);
+            if self.send.tx.state().in_flight() == 0 {
+                return Ok(true);
+            }
+            if t.elapsed() > timeout {
+                return Ok(false);
+            }
+            if self.subscription().poll(|_| {}, 0).is_err() {
+                return Err(OfferError::Lost(self.lost().unwrap_or(PeerLost::Closed)));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Disconnects: from now on every call reports [`PeerLost::Closed`].
+    pub fn close(&mut self) {
+        self.link.fail(PeerLost::Closed);
+        let _ = self.cm.disconnect();
+    }
+
+    /// Disconnects because the peer was silent past the application's liveness timeout:
+    /// from now on every call reports [`PeerLost::Silent`].
+    pub fn close_silent(&mut self) {
+        self.link.fail(PeerLost::Silent);
+        let _ = self.cm.disconnect();
+    }
+}
+
+impl Link {
+    /// Records why the connection is lost (the first reason sticks) and
+    /// returns it.
+    pub(super) fn fail(&mut self, why: PeerLost) -> PeerLost {
+        *self.lost.get_or_insert(why)
+    }
+
+    /// Reaps send completions; an error completion marks the connection lost.
+    fn reap(&mut self) -> Result<(), PeerLost> {
+        let mut wc = [
+            WorkCompletion::empty(),
+            WorkCompletion::empty(),
+            WorkCompletion::empty(),
+            WorkCompletion::empty(),
+        ];
+        loop {
+            let n = match self.cq.poll(&mut wc) {
+                Ok(n) => n,
+                Err(_) => return Err(self.fail(PeerLost::Completion(WcStatus::Other(u32::MAX)))),
+            };
+            for w in &wc[..n] {
+                if !w.is_success() {
+                    return Err(self.fail(PeerLost::Completion(w.status())));
+                }
+                self.completed = self.completed.max(w.wr_id());
+            }
+            if n < wc.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Posts `wrs` (1..=3 requests), signaling the last when due, waiting
+    /// for send-queue room if needed (bounded: the device completes work on
+    /// its own; a dead peer ends in an error completion).
+    fn post(&mut self, wrs: &mut [SendWr<'_>]) -> Result<(), PeerLost> {
+        if let Some(l) = self.lost {
+            return Err(l);
+        }
+        let n = wrs.len() as u64;
+        while self.posted + n - self.completed > self.sq_depth {
+            self.reap()?;
+            std::hint::spin_loop();
+        }
+        self.since_signal += n as u32;
+        let signal = self.since_signal >= self.signal_every
+            || self.posted + n - self.completed > self.sq_depth / 2;
+        let last = wrs.len() - 1;
+        // The wr_id is the cumulative count of requests posted up to and
+        // including this one, so a completion frees everything before it.
+        wrs[last].set_wr_id(self.posted + n);
+        if signal {
+            self.since_signal = 0;
+            wrs[last].set_signaled();
+        }
+        if crate::ring::mem::post_ring_writes(&self.qp, wrs).is_err() {
+            return Err(self.fail(PeerLost::Completion(WcStatus::Other(0))));
+        }
+        self.posted += n;
+        Ok(())
+    }
+
+    /// The RDMA WRITE of `len` bytes described by `sge` to `remote`: inline
+    /// when small.
+    fn write_wr<'a>(
+        &self,
+        sge: &'a [Sge<'a>; 1],
+        remote: u64,
+        rkey: u32,
+        len: usize,
+    ) -> SendWr<'a> {
+        let w = SendWr::write(0, sge, remote, rkey);
+        if len <= self.max_inline as usize {
+            w.inline()
+        } else {
+            w
+        }
+    }
+
+    /// Cuts the runs `(offset, len)` of staging into writes of at most `max`
+    /// bytes to the same offsets of the peer's ring, posted up to
+    /// WRS_PER_DOORBELL per doorbell: fixed arrays, no allocation.
+    #[inline(never)]
+    fn post_runs(
+        &mut self,
+        staging: &Staging,
+        remote: u64,
+        rkey: u32,
+        runs: &[(usize, usize)],
+        max: usize,
+    ) -> Result<(), PeerLost> {
+        let mut chunks = ArrayVec::<(usize, usize), WRS_PER_DOORBELL>::new();
+        for &(off, len) in runs {
+            let (mut o, end) = (off, off + len);
+            while o < end {
+                let l = (end - o).min(max);
+                chunks.push((o, l));
+                o += l;
+                if chunks.is_full() {
+                    self.post_chunks(staging, remote, rkey, &chunks)?;
+                    chunks.clear();
+                }
+            }
+        }
+        if !chunks.is_empty() {
+            self.post_chunks(staging, remote, rkey, &chunks)?;
+        }
+        Ok(())
+    }
+
+    /// Posts one RDMA WRITE per `(offset, len)` of staging, to the same
+    /// offsets of the peer's ring, with one doorbell.
+    fn post_chunks(
+        &mut self,
+        staging: &Staging,
+        remote: u64,
+        rkey: u32,
+        chunks: &[(usize, usize)],
+    ) -> Result<(), PeerLost> {
+        let sges: ArrayVec<[Sge<'_>; 1], WRS_PER_DOORBELL> =
+            chunks.iter().map(|c| [range_sge(staging, *c)]).collect();
+        let mut wrs: ArrayVec<SendWr<'_>, WRS_PER_DOORBELL> = chunks
+            .iter()
+            .zip(&sges)
+            .map(|(&(off, len), sge)| self.write_wr(sge, remote + off as u64, rkey, len))
+            .collect();
+        self.post(&mut wrs)
+    }
+
+    /// Marks our fan-in slot at the peer, if it granted one (after a flush
+    /// of several writes; the usual single write carries it along).
+    #[inline(never)]
+    fn post_mark(&mut self, mark: Option<fanin::Mark>) -> Result<(), PeerLost> {
+        let Some(m) = mark else {
+            return Ok(());
+        };
+        let sge = [Sge::inline(&fanin::MARK_BYTE)];
+        self.post(&mut [SendWr::write(0, &sge, m.addr, m.rkey).inline()])
+    }
+}
+
+fn range_sge(staging: &Staging, (off, len): (usize, usize)) -> Sge<'_> {
+    Sge::new(staging.mr(), off, len).unwrap_or_else(|_| Sge::inline(&[]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer_hello(log2: u16) -> Hello {
+        Hello {
+            magic: HELLO_MAGIC.into(),
+            ring_log2: log2.into(),
+            flags: 0.into(),
+            ring_addr: 0x1000.into(),
+            ring_rkey: 1.into(),
+            max_payload: 1024.into(),
+            conn_id: 1.into(),
+        }
+    }
+
+    #[test]
+    fn hellos_beyond_the_limits_are_refused_by_reason() {
+        let c = OrdersConfig::default();
+        assert!(check_hello("p", &peer_hello(20), &c).is_ok());
+        assert!(check_hello("p", &peer_hello(24), &c).is_ok());
+        for log2 in [25, 31, 32, u16::MAX] {
+            assert!(
+                matches!(
+                    check_hello("p", &peer_hello(log2), &c),
+                    Err(OrdersError::RingTooLarge { .. })
+                ),
+                "{log2}"
+            );
+        }
+        // Too small for our 16 KiB frames.
+        assert!(matches!(
+            check_hello("p", &peer_hello(12), &c),
+            Err(OrdersError::BadHello { .. })
+        ));
+        let mut old = peer_hello(20);
+        old.magic = u32::from_le_bytes(*b"RBO1").into();
+        assert!(matches!(
+            check_hello("p", &old, &c),
+            Err(OrdersError::BadHello { .. })
+        ));
+    }
+}

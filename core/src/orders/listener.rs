@@ -1,0 +1,490 @@
+//! [`OrdersListener`]: accepting orders connections. Admission (the
+//! challenge-response, the per-address and pending-handshake limits) is
+//! decided here, before a peer gets anything but a bounded amount of our
+//! memory; what an accepted connection does is [`Connection`]'s.
+
+use super::connection::{check_hello, hello, resources, Resources};
+use super::{fanin, Connection, FanIn, OrdersConfig, OrdersError};
+use crate::auth::{self, Purpose, Responder};
+use crate::ring::frame::{
+    handshake_context_with, AcceptHello, ConnectHello, FanInGrant, HandshakeContext, Hello,
+    ACCEPT_FANIN_LEN, FLAG_FANIN,
+};
+use crate::verbs::cm::{self, Listener};
+use crate::verbs::{Access, Context};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use zerocopy::{FromBytes, IntoBytes};
+
+/// Why a listener refused or dropped a peer, counted in [`ListenerStats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    BadHello,
+    RingTooLarge,
+    PendingFull,
+    PeerLimit,
+    BadProof,
+    HandshakeFailed,
+}
+
+impl Refusal {
+    /// What the peer is told in the reject's private data.
+    fn reason(self) -> &'static str {
+        match self {
+            Refusal::BadHello => "rocebus: bad handshake",
+            Refusal::RingTooLarge => "rocebus: ring larger than the listener's max_peer_ring_size",
+            Refusal::PendingFull => "rocebus: too many pending handshakes, try again",
+            Refusal::PeerLimit => "rocebus: too many connections from this address",
+            Refusal::BadProof => "rocebus: wrong proof",
+            Refusal::HandshakeFailed => "rocebus: handshake failed",
+        }
+    }
+}
+
+/// A listener's counters of refused and failed handshakes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListenerStats {
+    /// Connections handed to the application.
+    pub accepted: u64,
+    /// Requests that were not a rocebus RBO2 hello, or whose ring is too
+    /// small for our frames (rejected with a reason).
+    pub bad_hello: u64,
+    /// Requests for a ring above `max_peer_ring_size` (rejected before
+    /// anything was allocated).
+    pub ring_too_large: u64,
+    /// Requests refused because `max_pending_handshakes` were in progress.
+    pub pending_full: u64,
+    /// Requests refused because their address already had
+    /// `max_connections_per_peer` connections.
+    pub peer_limit: u64,
+    /// Handshakes whose initiator proof was wrong: no shared secret, a
+    /// replayed handshake, or altered hellos (disconnected).
+    pub bad_proof: u64,
+    /// Accepted requests that never completed: no ESTABLISHED, no proof in
+    /// time, or the peer went away (its connect fails; it may retry).
+    pub handshake_failed: u64,
+}
+
+impl ListenerStats {
+    fn count(&mut self, r: Refusal) -> u64 {
+        let c = match r {
+            Refusal::BadHello => &mut self.bad_hello,
+            Refusal::RingTooLarge => &mut self.ring_too_large,
+            Refusal::PendingFull => &mut self.pending_full,
+            Refusal::PeerLimit => &mut self.peer_limit,
+            Refusal::BadProof => &mut self.bad_proof,
+            Refusal::HandshakeFailed => &mut self.handshake_failed,
+        };
+        *c += 1;
+        *c
+    }
+}
+
+/// Counts connections per peer address, shared between a listener and the
+/// connections it made (each holds a [`PeerSlot`]).
+type PeerCounts = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// One connection's place in its listener's per-address count; released
+/// on drop.
+#[derive(Debug)]
+pub(super) struct PeerSlot {
+    counts: PeerCounts,
+    ip: IpAddr,
+}
+
+impl PeerSlot {
+    /// Takes a slot for `ip` unless it already has `max`.
+    fn take(counts: &PeerCounts, ip: IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut m = counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            counts: counts.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut m = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Where a pending handshake stands.
+enum Stage {
+    /// Accept sent, waiting for ESTABLISHED.
+    Accepting(cm::Accepting),
+    /// Established, waiting for the initiator's proof in the proof slot.
+    Proving(cm::Connection),
+}
+
+/// What one look at a pending handshake found.
+enum Step {
+    Wait(Stage),
+    Proven(cm::Connection),
+    Fail(Refusal, String),
+}
+
+/// A handshake the listener answered and is completing without blocking.
+/// Field order is drop order: the cm id, then the QP before the ring.
+struct Pending {
+    stage: Option<Stage>,
+    res: Resources,
+    theirs: Hello,
+    responder: Responder,
+    ctx: HandshakeContext,
+    binding: [u8; 2 * auth::NONCE_LEN],
+    peer: String,
+    slot: PeerSlot,
+    fanin: Option<fanin::GrantedSlot>,
+    deadline: Instant,
+}
+
+/// Requests handled per `accept` call once its timeout has passed, so a
+/// flood of requests cannot hold the caller's thread.
+const REQUESTS_PER_CALL: usize = 16;
+
+/// Accepts orders connections, admitting only peers that prove they hold
+/// the token (challenge-response, [`crate::auth`]) and within the
+/// configured limits.
+///
+/// Nothing here blocks on one peer: handshakes in progress (up to
+/// `max_pending_handshakes`) are completed as their events and proofs
+/// arrive, while new requests are taken. A connection reaches the
+/// application only once the initiator's proof checked out; until then no
+/// frame of it is read and no credit returned.
+pub struct OrdersListener {
+    listener: Listener,
+    cfg: OrdersConfig,
+    key: auth::Key,
+    pending: Vec<Pending>,
+    peers: PeerCounts,
+    stats: ListenerStats,
+    /// The fan-in activity summary (`fanin_slots > 0`).
+    activity: Option<Arc<fanin::Activity>>,
+}
+
+impl std::fmt::Debug for OrdersListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrdersListener")
+            .field("port", &self.local_port())
+            .field("pending", &self.pending.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl OrdersListener {
+    /// Listens on `addr`.
+    pub fn bind(addr: SocketAddr, cfg: OrdersConfig) -> Result<Self, OrdersError> {
+        cfg.validate().map_err(OrdersError::Config)?;
+        let activity = match cfg.fanin_slots {
+            0 => None,
+            n => Some(fanin::Activity::new(n)?),
+        };
+        Ok(Self {
+            activity,
+            listener: Listener::bind(addr)?,
+            key: auth::Key::derive(cfg.token.as_bytes(), Purpose::Orders),
+            pending: Vec::with_capacity(cfg.max_pending_handshakes),
+            peers: Arc::new(Mutex::new(HashMap::new())),
+            stats: ListenerStats::default(),
+            cfg,
+        })
+    }
+
+    /// The bound port.
+    pub fn local_port(&self) -> u16 {
+        self.listener.local_port()
+    }
+
+    /// A scanner of this listener's fan-in summary (disabled, scanning
+    /// nothing, when `fanin_slots` is 0). See [`ConnectionSet`](super::ConnectionSet) for the
+    /// whole receive loop.
+    pub fn fan_in(&self) -> FanIn {
+        FanIn::new(self.activity.clone())
+    }
+
+    /// Counters of refused and failed handshakes.
+    pub fn stats(&self) -> ListenerStats {
+        self.stats
+    }
+
+    /// Handshakes in progress.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Connections (pending or established, not yet dropped) from `ip`.
+    pub fn connections_from(&self, ip: IpAddr) -> usize {
+        let m = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&ip).copied().unwrap_or(0)
+    }
+
+    /// Connection requests refused (bad hello, limits) or dropped for a
+    /// wrong proof.
+    pub fn refused(&self) -> u64 {
+        let s = self.stats;
+        s.bad_hello + s.ring_too_large + s.pending_full + s.peer_limit + s.bad_proof
+    }
+
+    /// Accepted requests whose handshake then failed: the peer's
+    /// confirmation or proof was lost or late, or it gave up and went away.
+    pub fn failed_handshakes(&self) -> u64 {
+        self.stats.handshake_failed
+    }
+
+    /// Counts a refusal and logs it, at most at counts 1, 2, 4, 8, ... per
+    /// reason (a stranger's flood costs a counter, not the log).
+    fn refuse(&mut self, why: Refusal, peer: &str, detail: &dyn std::fmt::Display) {
+        let n = self.stats.count(why);
+        if n.is_power_of_two() {
+            tracing::warn!(%peer, count = n, reason = why.reason(), %detail, "orders connection refused (logged at counts 1, 2, 4, ...)");
+        }
+    }
+
+    /// Waits up to `timeout` for a peer to complete its handshake;
+    /// `Ok(None)` on timeout. Requests are checked as they come (hello,
+    /// ring size, pending and per-address limits; a refused one gets the
+    /// reason in the reject), answered, and completed without blocking;
+    /// refusals and failures are counted ([`stats`](Self::stats)), logged
+    /// at a bounded rate, and waiting goes on. Local failures (no device,
+    /// no resources) are returned.
+    pub fn accept(&mut self, timeout: Duration) -> Result<Option<Connection>, OrdersError> {
+        let deadline = Instant::now() + timeout;
+        let mut late = 0;
+        loop {
+            if let Some(c) = self.progress()? {
+                return Ok(Some(c));
+            }
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now);
+            // With handshakes in progress, wake up often to look at them.
+            let wait = if self.pending.is_empty() {
+                left
+            } else {
+                left.min(Duration::from_micros(200))
+            };
+            match self.listener.next_request(wait)? {
+                Some(req) => self.on_request(req)?,
+                None if now >= deadline => return Ok(None),
+                None => {}
+            }
+            if now >= deadline {
+                late += 1;
+                if late >= REQUESTS_PER_CALL {
+                    return self.progress();
+                }
+            }
+        }
+    }
+
+    /// Refuses `req`, telling the peer why.
+    fn reject(&mut self, req: cm::ConnectRequest, why: Refusal, detail: &dyn std::fmt::Display) {
+        self.refuse(why, &req.peer(), detail);
+        let _ = req.reject(why.reason().as_bytes());
+    }
+
+    /// Checks a new request and answers it, or refuses it with a reason.
+    /// Everything a stranger can make us do before it proves anything is
+    /// bounded: no allocation for a refused request, and at most
+    /// `max_pending_handshakes` answered ones (one queue pair and one ring
+    /// of our `ring_size` each).
+    fn on_request(&mut self, req: cm::ConnectRequest) -> Result<(), OrdersError> {
+        let peer = req.peer();
+        let Ok((theirs, _)) = ConnectHello::read_from_prefix(req.private_data()) else {
+            self.reject(req, Refusal::BadHello, &"connect data too short");
+            return Ok(());
+        };
+        if let Err(e) = check_hello(&peer, &theirs.hello, &self.cfg) {
+            let why = match e {
+                OrdersError::RingTooLarge { .. } => Refusal::RingTooLarge,
+                _ => Refusal::BadHello,
+            };
+            self.reject(req, why, &e);
+            return Ok(());
+        }
+        if self.pending.len() >= self.cfg.max_pending_handshakes {
+            let max = self.cfg.max_pending_handshakes;
+            self.reject(
+                req,
+                Refusal::PendingFull,
+                &format_args!("{max} in progress"),
+            );
+            return Ok(());
+        }
+        let ip = req.peer_ip().unwrap_or(IpAddr::from([0u8; 4]));
+        let Some(slot) = PeerSlot::take(&self.peers, ip, self.cfg.max_connections_per_peer) else {
+            let max = self.cfg.max_connections_per_peer;
+            self.reject(req, Refusal::PeerLimit, &format_args!("{max} from {ip}"));
+            return Ok(());
+        };
+        let ctx = Context::open(req.device_name().as_deref())?;
+        let res = resources(&ctx, &self.cfg)?;
+        // A fan-in slot for an initiator that will mark it, while slots last
+        // (without one the connection is polled every turn).
+        let granted = match &self.activity {
+            Some(a) if theirs.hello.flags.get() & FLAG_FANIN != 0 => a.grant(&res.pd)?,
+            _ => None,
+        };
+        let grant = granted.as_ref().map(|g| {
+            let (addr, rkey) = g.remote();
+            FanInGrant {
+                addr: addr.into(),
+                rkey: rkey.into(),
+                slot: g.slot().into(),
+            }
+        });
+        let flags = if grant.is_some() { FLAG_FANIN } else { 0 };
+        let mine = hello(&self.cfg, &res.ring, flags);
+        let hctx = handshake_context_with(&theirs.hello, &mine, grant.as_ref());
+        let (responder, tr) = Responder::new(self.key.clone(), theirs.nonce, hctx.as_bytes());
+        let reply = AcceptHello {
+            hello: mine,
+            nonce: responder.nonce(),
+            proof: tr,
+        };
+        let mut reply_bytes = [0u8; ACCEPT_FANIN_LEN];
+        reply_bytes[..std::mem::size_of::<AcceptHello>()].copy_from_slice(reply.as_bytes());
+        let reply_len = match &grant {
+            Some(g) => {
+                reply_bytes[std::mem::size_of::<AcceptHello>()..].copy_from_slice(g.as_bytes());
+                ACCEPT_FANIN_LEN
+            }
+            None => std::mem::size_of::<AcceptHello>(),
+        };
+        let mut binding = [0u8; 2 * auth::NONCE_LEN];
+        binding[..auth::NONCE_LEN].copy_from_slice(&theirs.nonce);
+        binding[auth::NONCE_LEN..].copy_from_slice(&reply.nonce);
+        match req.start_accept(
+            &res.qp,
+            &self.cfg.rc,
+            Access::REMOTE_WRITE,
+            &reply_bytes[..reply_len],
+        ) {
+            Ok(a) => self.pending.push(Pending {
+                stage: Some(Stage::Accepting(a)),
+                res,
+                theirs: theirs.hello,
+                responder,
+                ctx: hctx,
+                binding,
+                peer,
+                slot,
+                fanin: granted,
+                deadline: Instant::now() + Duration::from_millis(self.cfg.connect_timeout_ms),
+            }),
+            // This one request failed (its id may be reset by the peer's
+            // reject); local resources were made above.
+            Err(e) => self.refuse(Refusal::HandshakeFailed, &peer, &e),
+        }
+        Ok(())
+    }
+
+    /// Moves every pending handshake on; returns the first that completed.
+    fn progress(&mut self) -> Result<Option<Connection>, OrdersError> {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &mut self.pending[i];
+            let stage = p.stage.take().expect("a pending handshake has a stage");
+            let outcome = match stage {
+                Stage::Accepting(a) => match a.poll() {
+                    Ok(cm::AcceptProgress::Pending(a)) => Step::Wait(Stage::Accepting(a)),
+                    Ok(cm::AcceptProgress::Done(c)) => Step::Wait(Stage::Proving(c)),
+                    Err(e) => Step::Fail(Refusal::HandshakeFailed, e.to_string()),
+                },
+                Stage::Proving(c) => match p.res.ring.load_proof() {
+                    Some(ti) => match p.responder.on_proof(&ti, p.ctx.as_bytes()) {
+                        Ok(_) => Step::Proven(c),
+                        Err(e) => {
+                            let _ = c.disconnect();
+                            Step::Fail(Refusal::BadProof, e.to_string())
+                        }
+                    },
+                    None => match c.poll_disconnected() {
+                        Ok(false) => Step::Wait(Stage::Proving(c)),
+                        _ => Step::Fail(
+                            Refusal::HandshakeFailed,
+                            "peer went away before its proof".into(),
+                        ),
+                    },
+                },
+            };
+            match outcome {
+                Step::Wait(stage) if Instant::now() < p.deadline => {
+                    p.stage = Some(stage);
+                    i += 1;
+                }
+                Step::Wait(stage) => {
+                    if let Stage::Proving(c) = &stage {
+                        let _ = c.disconnect();
+                    }
+                    drop(stage);
+                    let p = self.pending.swap_remove(i);
+                    self.refuse(Refusal::HandshakeFailed, &p.peer, &"no proof in time");
+                }
+                Step::Proven(cm) => {
+                    let p = self.pending.swap_remove(i);
+                    self.stats.accepted += 1;
+                    return Connection::from_parts(
+                        p.res,
+                        cm,
+                        &p.theirs,
+                        &self.cfg,
+                        p.binding,
+                        Some(p.slot),
+                        (p.fanin, None),
+                    )
+                    .map(Some);
+                }
+                Step::Fail(why, detail) => {
+                    let p = self.pending.swap_remove(i);
+                    self.refuse(why, &p.peer, &detail);
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_counted_per_reason() {
+        let mut s = ListenerStats::default();
+        assert_eq!(s.count(Refusal::RingTooLarge), 1);
+        assert_eq!(s.count(Refusal::RingTooLarge), 2);
+        s.count(Refusal::BadProof);
+        assert_eq!((s.ring_too_large, s.bad_proof, s.bad_hello), (2, 1, 0));
+        assert!(Refusal::PendingFull.reason().contains("pending handshakes"));
+    }
+
+    #[test]
+    fn per_address_slots_are_bounded_and_released() {
+        let counts: PeerCounts = Arc::new(Mutex::new(HashMap::new()));
+        let ip = IpAddr::from([198, 18, 0, 2]);
+        let a = PeerSlot::take(&counts, ip, 2).unwrap();
+        let b = PeerSlot::take(&counts, ip, 2).unwrap();
+        assert!(PeerSlot::take(&counts, ip, 2).is_none());
+        assert!(PeerSlot::take(&counts, IpAddr::from([198, 18, 0, 3]), 2).is_some());
+        drop(a);
+        let _c = PeerSlot::take(&counts, ip, 2).unwrap();
+        drop(b);
+        drop(_c);
+        assert!(counts.lock().unwrap().is_empty(), "no entry left behind");
+    }
+}

@@ -1,0 +1,162 @@
+//! [`Publication`]: sending on one stream of a [`Connection`], zero-copy
+//! ([`Publication::try_claim`] hands out the registered staging memory the
+//! device sends from) and without a run-time borrow check: a publication
+//! borrows its connection mutably and a [`Claim`] borrows its publication
+//! mutably, so while a claim is open the compiler refuses every other use
+//! of the connection (flush, poll, another claim).
+
+use super::{Connection, PeerLost};
+use crate::ring::ClaimRefused;
+
+/// Why `try_claim`/`offer` could not take a message. `Copy`, no allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OfferError {
+    /// The receiver has not consumed enough: try again later (never
+    /// blocks, never drops).
+    #[error("back-pressured: the peer's ring is full")]
+    BackPressured,
+    /// Larger than the connection's maximum payload.
+    #[error("message larger than max_payload")]
+    TooLarge,
+    /// The message type is reserved.
+    #[error("message type reserved for rocebus")]
+    ReservedType,
+    /// The connection is lost.
+    #[error("connection lost: {0}")]
+    Lost(PeerLost),
+}
+
+/// Sends on one stream of a connection. Made by
+/// [`Connection::publication`]; it borrows the connection mutably for as
+/// long as it lives.
+#[derive(Debug)]
+pub struct Publication<'c> {
+    conn: &'c mut Connection,
+    stream_id: u16,
+}
+
+/// A claimed frame in registered memory: fill it, then [`commit`](Claim::commit).
+/// Dropping it without committing abandons it: nothing is sent, and the
+/// next claim takes its room ([`Sender::claim`](crate::ring::Sender::claim)
+/// replaces a claim left open). While it lives, its publication and
+/// connection cannot be used.
+///
+/// It has no destructor on purpose: a `match` on `try_claim` may then use
+/// the connection in its `Err` arm (e.g. flush and poll when
+/// back-pressured), which a destructor would make the borrow checker refuse.
+pub struct Claim<'a> {
+    conn: &'a mut Connection,
+    len: usize,
+}
+
+impl std::fmt::Debug for Claim<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claim").field("len", &self.len).finish()
+    }
+}
+
+impl<'c> Publication<'c> {
+    #[inline]
+    pub(super) fn new(conn: &'c mut Connection, stream_id: u16) -> Self {
+        Self { conn, stream_id }
+    }
+
+    /// The stream id.
+    pub fn stream_id(&self) -> u16 {
+        self.stream_id
+    }
+
+    /// Claims `len` bytes for a message of type `msg_type` (below
+    /// 0xFF00), in the staging memory the device will send from.
+    #[inline]
+    pub fn try_claim(&mut self, msg_type: u16, len: usize) -> Result<Claim<'_>, OfferError> {
+        self.conn.try_claim(self.stream_id, msg_type, len)
+    }
+
+    /// Copies `payload` into a frame and commits it (not yet flushed).
+    #[inline]
+    pub fn offer(&mut self, msg_type: u16, payload: &[u8]) -> Result<(), OfferError> {
+        self.conn.offer(self.stream_id, msg_type, payload)
+    }
+
+    /// [`Connection::flush`], through the publication.
+    #[inline]
+    pub fn flush(&mut self) -> Result<(), OfferError> {
+        self.conn.flush()
+    }
+
+    /// [`offer`](Self::offer) then [`flush`](Self::flush).
+    #[inline]
+    pub fn offer_and_flush(&mut self, msg_type: u16, payload: &[u8]) -> Result<(), OfferError> {
+        self.offer(msg_type, payload)?;
+        self.conn.flush()
+    }
+}
+
+impl Connection {
+    /// Claims `len` bytes for a message of type `msg_type` (below 0xFF00)
+    /// on `stream_id`, in the staging memory the device will send from:
+    /// [`Publication::try_claim`] without the publication (which a
+    /// `let claim = conn.publication(s).try_claim(..)` could not keep alive).
+    #[inline]
+    pub fn try_claim(
+        &mut self,
+        stream_id: u16,
+        msg_type: u16,
+        len: usize,
+    ) -> Result<Claim<'_>, OfferError> {
+        if let Some(l) = self.link.lost {
+            return Err(OfferError::Lost(l));
+        }
+        match self.send.tx.claim(stream_id, msg_type, len, &self.ring) {
+            Ok(()) => Ok(Claim { conn: self, len }),
+            Err(ClaimRefused::TooLarge) => Err(OfferError::TooLarge),
+            Err(ClaimRefused::ReservedType) => Err(OfferError::ReservedType),
+            Err(ClaimRefused::BackPressured) => {
+                self.stats.back_pressured += 1;
+                Err(OfferError::BackPressured)
+            }
+        }
+    }
+
+    /// Copies `payload` into a frame of type `msg_type` on `stream_id` and
+    /// commits it (not yet flushed).
+    #[inline]
+    pub fn offer(
+        &mut self,
+        stream_id: u16,
+        msg_type: u16,
+        payload: &[u8],
+    ) -> Result<(), OfferError> {
+        let mut c = self.try_claim(stream_id, msg_type, payload.len())?;
+        c.copy_from_slice(payload);
+        c.commit();
+        Ok(())
+    }
+}
+
+impl Claim<'_> {
+    /// Commits the frame: it goes out with the next flush.
+    #[inline]
+    pub fn commit(self) {
+        self.conn.send.tx.commit();
+        let st = &mut self.conn.stats;
+        st.frames_sent += 1;
+        st.bytes_sent += self.len as u64;
+    }
+}
+
+impl std::ops::Deref for Claim<'_> {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        self.conn.send.tx.payload()
+    }
+}
+
+impl std::ops::DerefMut for Claim<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.conn.send.tx.payload_mut()
+    }
+}
