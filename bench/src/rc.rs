@@ -662,18 +662,16 @@ pub struct PingArgs {
 /// client disconnects (the native peer of `rc-ping`).
 pub fn pong(args: &PingArgs) -> Result<()> {
     let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
-    let l = OrdersListener::bind(addr, config())?;
+    let mut l = OrdersListener::bind(addr, config())?;
     println!("rc-pong: listening on {addr}");
-    let conn = l
+    let mut conn = l
         .accept(Duration::from_secs(900))?
         .context("no client within 900 s")?;
-    let sub = conn.subscription();
-    let echo = conn.publication(2);
     let mut buf = [0u8; 4096];
     let mut echoed = 0u64;
     loop {
         let mut got = 0usize;
-        match sub.poll(
+        match conn.subscription().poll(
             |f| {
                 got = f.payload.len();
                 buf[..got].copy_from_slice(f.payload);
@@ -682,7 +680,7 @@ pub fn pong(args: &PingArgs) -> Result<()> {
         ) {
             Ok(0) => continue,
             Ok(_) => {
-                echo.offer_and_flush(1, &buf[..got])?;
+                conn.publication(2).offer_and_flush(1, &buf[..got])?;
                 echoed += 1;
             }
             Err(OrdersError::PeerLost(PeerLost::Disconnected)) => break,
@@ -700,11 +698,9 @@ pub fn pong(args: &PingArgs) -> Result<()> {
 /// round trips).
 pub fn ping(args: &PingArgs) -> Result<()> {
     let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
-    let conn = Connection::connect(addr, &config(), Duration::from_secs(30))?;
-    let p = conn.publication(1);
-    let sub = conn.subscription();
+    let mut conn = Connection::connect(addr, &config(), Duration::from_secs(30))?;
     let msg = vec![0x5au8; args.size];
-    let empty = ping_loop(&p, &sub, &msg, args.iterations)?;
+    let empty = ping_loop(&mut conn, &msg, args.iterations)?;
     let stats = conn.stats();
     conn.close();
     println!(
@@ -721,16 +717,11 @@ pub fn ping(args: &PingArgs) -> Result<()> {
 /// The measured loop of `rc-ping`: offer and flush one message, poll until
 /// its echo arrives; returns the empty polls (the wait).
 #[inline(never)]
-fn ping_loop(
-    p: &rocebus::orders::Publication<'_>,
-    sub: &rocebus::orders::Subscription<'_>,
-    msg: &[u8],
-    n: u64,
-) -> Result<u64> {
+fn ping_loop(conn: &mut Connection, msg: &[u8], n: u64) -> Result<u64> {
     let mut empty = 0u64;
     for _ in 0..n {
-        p.offer_and_flush(1, msg)?;
-        while sub.poll(|_| {}, 1)? == 0 {
+        conn.publication(1).offer_and_flush(1, msg)?;
+        while conn.subscription().poll(|_| {}, 1)? == 0 {
             empty += 1;
         }
     }
