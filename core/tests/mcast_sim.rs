@@ -3,21 +3,34 @@
 //! One publisher multicasts on lines A and B to one or more subscribers; each
 //! line drops, delays (reorders) and duplicates datagrams at configured rates
 //! from a seeded RNG. Recovery requests travel over a reliable, ordered RC
-//! link to the publisher's history and to a snapshot server (a reference
-//! application fed every published message). Time is simulated in
-//! nanoseconds; nothing sleeps.
+//! link to the publisher's recovery server, which answers from the
+//! publisher's history and from a snapshot server (a reference application
+//! fed every published message). Time is simulated in nanoseconds; nothing
+//! sleeps.
+//!
+//! The simulator drives the shipped state machines and nothing of its own:
+//! the publisher's [`PublisherState`] and [`SendSchedule`] (batching,
+//! pacing, heartbeats when idle), the [`RecoveryServer`] (admission by the
+//! shared secret, rate limits, caps, unicast or multicast repair, snapshot
+//! reuse) and each subscriber's [`SubscriberState`]; only bytes and time are
+//! the simulator's.
 
 use std::collections::BTreeMap;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use rocebus::mcast::publisher::{ClaimError, PublisherConfig, PublisherState, RetransmitReply};
-use rocebus::mcast::snapshot::{encode_snapshot, RestoreError};
+use rocebus::auth::{Key, Purpose};
+use rocebus::mcast::config::RecoveryServerConfig;
+use rocebus::mcast::publisher::{PublisherConfig, PublisherState};
+use rocebus::mcast::schedule::{SendSchedule, Transmit};
+use rocebus::mcast::server::{ClientHandshake, RecoveryServer, ServerConfig};
+use rocebus::mcast::snapshot::RestoreError;
 use rocebus::mcast::subscriber::Request;
-use rocebus::mcast::wire::{self, Datagram, RecoveryMsg};
+use rocebus::mcast::wire::{self, Datagram, RecoveryMsg, Welcome};
 use rocebus::mcast::{
     Event, Handler, Line, Phase, Snapshot, SnapshotSink, SubscriberConfig, SubscriberState,
 };
+use zerocopy::IntoBytes;
 
 const CHANNEL: u16 = 9;
 const SESSION: u64 = 1_700_000_000_000;
@@ -25,7 +38,11 @@ const MAX_DATAGRAM: usize = 1024;
 const LINE_LATENCY: u64 = 2_000;
 const RC_LATENCY: u64 = 5_000;
 const STEP: u64 = 100;
-const HEARTBEAT_EVERY: u64 = 20_000;
+/// The publisher's `heartbeat_interval_ns`.
+const HEARTBEAT_INTERVAL: u64 = 20_000;
+/// One RC message of the recovery service.
+const RC_MSG: usize = 4096;
+const SECRET: &[u8] = b"sim secret";
 
 // ---------------------------------------------------------------------------
 // The application: a running checksum plus a map, with snapshots.
@@ -165,6 +182,8 @@ enum Ev {
 }
 
 struct Sub {
+    /// Its connection's id at the recovery server.
+    conn: u32,
     state: SubscriberState,
     app: Book,
     lines: [LineModel; 2],
@@ -182,6 +201,9 @@ struct Sim {
     rng: SmallRng,
     msg_rng: SmallRng,
     publisher: PublisherState,
+    /// When the publisher's datagrams and heartbeats go out.
+    sched: SendSchedule,
+    server: RecoveryServer,
     reference: Book,
     subs: Vec<Sub>,
     queue: BTreeMap<(u64, u64), (usize, Ev)>,
@@ -190,7 +212,9 @@ struct Sim {
     firsts: Vec<u64>,
     pause_after: Option<(u64, u64)>,
     paused_until: u64,
-    last_heartbeat: u64,
+    heartbeats: u64,
+    /// Datagrams the recovery server had multicast again.
+    repairs_multicast: u64,
 }
 
 fn sub_config() -> SubscriberConfig {
@@ -212,21 +236,66 @@ fn sub_config() -> SubscriberConfig {
     }
 }
 
+/// The recovery server's limits in these simulations: the shipped
+/// defaults, but rate limits the heavy-loss scenarios never reach (they
+/// measure recovery, not the limits, which have tests of their own) and
+/// unicast repair unless a scenario asks for multicast.
+fn server_limits() -> RecoveryServerConfig {
+    RecoveryServerConfig {
+        requests_per_sec: 1_000_000_000,
+        request_burst: 1 << 20,
+        multicast_repair: false,
+        ..RecoveryServerConfig::default()
+    }
+}
+
 impl Sim {
     fn new(seed: u64, history_depth: usize) -> Self {
+        Self::with_limits(seed, history_depth, server_limits())
+    }
+
+    fn with_limits(seed: u64, history_depth: usize, limits: RecoveryServerConfig) -> Self {
+        let publisher = PublisherState::new(PublisherConfig {
+            channel: CHANNEL,
+            session: SESSION,
+            max_datagram: MAX_DATAGRAM,
+            max_messages: 64,
+            flush_interval_ns: 1_000,
+            history_depth,
+            max_message_bytes: 0,
+        });
+        let identity = Welcome {
+            magic: wire::WELCOME_MAGIC.into(),
+            version: wire::VERSION,
+            flags: 0,
+            channel: CHANNEL.into(),
+            reserved: 0.into(),
+            session: SESSION.into(),
+            qpn: 0x11.into(),
+            reserved2: 0.into(),
+            gid: [0; 16],
+            nonce: [0; 16],
+            tag: [0; 16],
+        };
+        let server = RecoveryServer::new(
+            ServerConfig {
+                limits,
+                max_request_messages: 1 << 20,
+                snapshot_chunk: 900,
+                setup_timeout_ns: 10_000_000,
+                outbox_capacity: RC_MSG,
+            },
+            Key::derive(SECRET, Purpose::Recovery),
+            identity,
+        );
         Sim {
             now: 0,
             rng: SmallRng::seed_from_u64(seed),
             msg_rng: SmallRng::seed_from_u64(seed ^ 0xabcdef),
-            publisher: PublisherState::new(PublisherConfig {
-                channel: CHANNEL,
-                session: SESSION,
-                max_datagram: MAX_DATAGRAM,
-                max_messages: 64,
-                flush_interval_ns: 1_000,
-                history_depth,
-                max_message_bytes: 0,
-            }),
+            // Unpaced, as the simulated publisher always was.
+            sched: SendSchedule::new(publisher.next_seq(), 0, 1, HEARTBEAT_INTERVAL),
+            publisher,
+            server,
             reference: Book::default(),
             subs: Vec::new(),
             queue: BTreeMap::new(),
@@ -235,7 +304,8 @@ impl Sim {
             firsts: Vec::new(),
             pause_after: None,
             paused_until: 0,
-            last_heartbeat: 0,
+            heartbeats: 0,
+            repairs_multicast: 0,
         }
     }
 
@@ -250,10 +320,28 @@ impl Sim {
         b: LineModel,
         attach_after: u64,
     ) -> usize {
-        // The I/O layer announces the session from the recovery handshake.
+        // The recovery handshake, as the I/O layers run it: hello with the
+        // connect request, welcome with the accept, proof as the first
+        // message; the welcome announces the session.
+        let handshake =
+            ClientHandshake::new(Key::derive(SECRET, Purpose::Recovery), CHANNEL, false);
+        let peer = format!("10.0.0.{}:4791", self.subs.len() + 2);
+        let (conn, welcome) = self
+            .server
+            .on_connect_request(self.now, peer, handshake.hello().as_bytes())
+            .expect("admitted");
+        self.server.on_established(self.now, conn);
+        let admitted = handshake.on_welcome(welcome.as_bytes()).expect("welcome");
         let mut state = SubscriberState::new(cfg);
-        state.announce_session(0, SESSION);
+        state.announce_session(self.now, admitted.session);
+        let s = self.subs.len();
+        self.schedule(
+            self.now + RC_LATENCY,
+            s,
+            Ev::ToServer(admitted.proof.to_vec()),
+        );
         self.subs.push(Sub {
+            conn,
             state,
             app: Book::default(),
             lines: [a, b],
@@ -274,8 +362,15 @@ impl Sim {
 
     /// Multicasts one datagram on both lines to every attached subscriber.
     fn multicast(&mut self, bytes: Vec<u8>) {
+        self.multicast_copy(bytes, false);
+    }
+
+    /// Multicasts a datagram; `repair`: a retransmit of one sent before
+    /// (subject to the lines' random loss, not to their outages, and not
+    /// counted as a new datagram or a loss).
+    fn multicast_copy(&mut self, bytes: Vec<u8>, repair: bool) {
         let d = Datagram::parse(&bytes).expect("publisher output parses");
-        let data = !d.is_heartbeat();
+        let data = !d.is_heartbeat() && !repair;
         let index = self.datagrams_sent;
         if data {
             self.firsts.push(d.first_seq());
@@ -293,9 +388,10 @@ impl Sim {
             for (li, line) in [Line::A, Line::B].into_iter().enumerate() {
                 let m = self.subs[s].lines[li];
                 // An outage cuts heartbeats too (up to the first datagram after it).
-                let in_outage = m.outage.is_some_and(|(a, b)| {
-                    (a..b).contains(&index) || (!data && (a..=b).contains(&index))
-                });
+                let in_outage = !repair
+                    && m.outage.is_some_and(|(a, b)| {
+                        (a..b).contains(&index) || (!data && (a..=b).contains(&index))
+                    });
                 if m.cut || in_outage || self.rng.gen_bool(m.drop) {
                     self.subs[s].injected.dropped[li] += 1;
                     continue;
@@ -323,69 +419,74 @@ impl Sim {
         }
     }
 
-    fn flush(&mut self) {
-        if let Some(d) = self.publisher.flush() {
-            let d = d.to_vec();
-            self.multicast(d);
+    /// Multicasts what the publisher's schedule lets out now.
+    fn pump(&mut self) {
+        while let Some(t) = self.sched.poll_transmit(self.now, &mut self.publisher) {
+            let (bytes, end) = match t {
+                Transmit::Datagram { end, bytes } => (bytes.to_vec(), Some(end)),
+                Transmit::Heartbeat(hb) => (hb.to_vec(), None),
+            };
+            if let Some(end) = end {
+                self.sched.sent(self.now, end);
+            } else {
+                self.heartbeats += 1;
+            }
+            self.multicast(bytes);
         }
+    }
+
+    fn flush(&mut self) {
+        self.publisher.flush();
+        self.pump();
     }
 
     fn publish_one(&mut self) {
         let len = self.msg_rng.gen_range(1..=60);
         let mut msg = [0u8; 60];
         self.msg_rng.fill(&mut msg[..len]);
-        let seq = loop {
-            match self.publisher.publish(&msg[..len]) {
-                Ok(seq) => break seq,
-                Err(ClaimError::Full) => self.flush(),
-                Err(e) => panic!("{e}"),
-            }
-        };
+        let p = self.publisher.publish_flushing(&msg[..len]).expect("fits");
+        if p.output.is_due() {
+            self.pump();
+        }
         // The reference application is fed losslessly: it is the snapshot
         // server and the state every subscriber must converge to.
-        self.reference.on_message(seq, &msg[..len]);
+        self.reference.on_message(p.seq, &msg[..len]);
     }
 
-    /// The RC peer of subscriber `s`: publisher history and snapshot server.
+    /// The RC peer of subscriber `s`: the recovery server, answering from
+    /// the publisher's history and the reference application's snapshots.
     fn serve(&mut self, s: usize, bytes: &[u8]) {
-        let mut replies: Vec<Vec<u8>> = Vec::new();
-        let mut rest = bytes;
-        while !rest.is_empty() {
-            let (msg, used) = wire::decode_recovery(rest).expect("subscriber output decodes");
-            rest = &rest[used..];
-            match msg {
-                RecoveryMsg::RetransmitRequest(req) => {
-                    let not_available = &mut self.subs[s].not_available;
-                    self.publisher.answer_retransmit(&req, |r| {
-                        let mut buf = vec![0u8; MAX_DATAGRAM + 64];
-                        let n = match r {
-                            RetransmitReply::Data(d) => {
-                                wire::encode_retransmit_data(&mut buf, CHANNEL, SESSION, d)
-                            }
-                            RetransmitReply::NotAvailable(na) => {
-                                not_available.push(na);
-                                na.encode(&mut buf)
-                            }
-                        }
-                        .expect("fits");
-                        buf.truncate(n);
-                        replies.push(buf);
-                    });
-                }
-                RecoveryMsg::SnapshotRequest { channel, .. } => {
-                    assert_eq!(channel, CHANNEL);
-                    let mut state = Vec::new();
-                    self.reference.write_snapshot(&mut state);
-                    let seq = self.reference.snapshot_seq();
-                    encode_snapshot(CHANNEL, SESSION, seq, &state, 900, |m| {
-                        replies.push(m.to_vec())
-                    });
-                }
-                other => panic!("unexpected request {other:?}"),
-            }
+        let conn = self.subs[s].conn;
+        self.server
+            .on_receive(self.now, conn, bytes, &mut self.publisher, &self.reference);
+        assert!(self.server.is_open(conn), "{:?}", self.server.counters());
+        self.send_answers(s);
+    }
+
+    /// Moves what the server queued for subscriber `s` over its RC link,
+    /// and multicasts the repairs it chose.
+    fn send_answers(&mut self, s: usize) {
+        let conn = self.subs[s].conn;
+        let mut replies = Vec::new();
+        while let Some(bytes) = self.server.poll_transmit(conn, RC_MSG) {
+            replies.push(bytes.to_vec());
+            let n = bytes.len();
+            self.server.transmitted(self.now, conn, n);
         }
         for r in replies {
             self.schedule(self.now + RC_LATENCY, s, Ev::ToSubscriber(r));
+        }
+        while let Some((from, to)) = self.server.poll_repair() {
+            let mut seq = from;
+            while let Some((first, end, bytes)) = self.publisher.sealed_from(seq) {
+                if first >= to {
+                    break;
+                }
+                let d = bytes.to_vec();
+                self.repairs_multicast += 1;
+                self.multicast_copy(d, true);
+                seq = end;
+            }
         }
     }
 
@@ -429,6 +530,13 @@ impl Sim {
                 }
                 Ev::ToSubscriber(bytes) => {
                     let sub = &mut self.subs[s];
+                    let mut rest = &bytes[..];
+                    while let Ok((msg, used)) = wire::decode_recovery(rest) {
+                        if let RecoveryMsg::NotAvailable(na) = msg {
+                            sub.not_available.push(na);
+                        }
+                        rest = &rest[used..];
+                    }
                     sub.state.on_recovery(self.now, &bytes, &mut sub.app);
                 }
                 Ev::ToServer(bytes) => self.serve(s, &bytes),
@@ -448,6 +556,12 @@ impl Sim {
             self.tick();
         }
         self.flush();
+        self.converge();
+    }
+
+    /// Runs until every subscriber has delivered everything (or a time
+    /// limit is hit).
+    fn converge(&mut self) {
         let deadline = self.now + 100_000_000;
         let end = self.publisher.next_seq();
         while !self.subs.iter().all(|s| {
@@ -459,14 +573,12 @@ impl Sim {
     }
 
     fn tick(&mut self) {
-        if let Some(d) = self.publisher.poll_flush(self.now) {
-            let d = d.to_vec();
-            self.multicast(d);
-        }
-        if self.now - self.last_heartbeat >= HEARTBEAT_EVERY {
-            self.last_heartbeat = self.now;
-            let hb = self.publisher.heartbeat().to_vec();
-            self.multicast(hb);
+        self.publisher.poll_flush(self.now);
+        self.sched.handle_timeout(self.now, &self.publisher);
+        self.pump();
+        self.server.handle_timeout(self.now, &self.publisher);
+        if let Some((conn, why)) = self.server.poll_closed(self.now) {
+            panic!("the server closed connection {conn}: {why:?}");
         }
         self.deliver_due();
         for s in 0..self.subs.len() {
@@ -755,4 +867,128 @@ fn ab_grace_with_heavy_loss_still_delivers_everything() {
     assert!(c.retransmit_requests <= inj.lost_datagrams, "{c:?} {inj:?}");
     assert_eq!(c.messages_recovered, inj.lost_messages);
     assert_eq!(c.timeouts, 0);
+}
+
+/// The shipped heartbeat rule: none while datagrams flow, one per
+/// `heartbeat_interval_ns` of silence, and that is what reveals a lost tail.
+#[test]
+fn heartbeats_when_idle_reveal_a_lost_tail() {
+    let mut sim = Sim::new(11, 4096);
+    let s = sim.add_sub(LineModel::default(), LineModel::cut(), 0);
+    // Publishing one message per 100 ns never leaves the stream idle.
+    let target = sim.publisher.next_seq() + 2_000;
+    while sim.publisher.next_seq() < target {
+        sim.publish_one();
+        sim.tick();
+    }
+    assert_eq!(sim.heartbeats, 0, "no heartbeat while datagrams flow");
+    sim.flush();
+    sim.converge();
+    // Idle: one heartbeat per interval.
+    let (hb, t0) = (sim.heartbeats, sim.now);
+    while sim.now < t0 + 10 * HEARTBEAT_INTERVAL {
+        sim.tick();
+    }
+    let idle = sim.heartbeats - hb;
+    assert!(
+        (9..=11).contains(&idle),
+        "{idle} heartbeats in 10 intervals"
+    );
+    // The last datagram is lost on every line: only a heartbeat tells.
+    sim.subs[s].lines = [LineModel::cut(), LineModel::cut()];
+    for _ in 0..5 {
+        sim.publish_one();
+    }
+    sim.flush();
+    sim.subs[s].lines = [LineModel::default(), LineModel::cut()];
+    let lost_at = sim.now;
+    sim.converge();
+    let sub = &sim.subs[s];
+    let c = sub.state.counters();
+    assert_eq!(c.messages_recovered, 5, "{c:?}");
+    assert!(sub.first_gap_at.unwrap() >= lost_at + HEARTBEAT_INTERVAL);
+    assert_lossless(&sim, s);
+}
+
+/// A loss on the publisher's egress (every subscriber misses the same
+/// datagrams) is repaired by the shipped recovery server's planner with
+/// multicast retransmits, not one unicast repair per subscriber.
+#[test]
+fn shared_loss_is_repaired_on_multicast_by_the_server() {
+    let limits = RecoveryServerConfig {
+        multicast_repair: true,
+        ..server_limits()
+    };
+    let mut sim = Sim::with_limits(12, 4096, limits);
+    let mut lost = Vec::new();
+    for k in 0..10 {
+        lost.push((100 + 200 * k, 101 + 200 * k));
+    }
+    for _ in 0..4 {
+        let s = sim.add_sub(LineModel::default(), LineModel::cut(), 0);
+        sim.subs[s].lines[0].outage = Some(lost[0]);
+    }
+    // Every subscriber loses the same ten datagrams.
+    let mut k = 0;
+    let target = sim.publisher.next_seq() + N;
+    while sim.publisher.next_seq() < target {
+        if sim.datagrams_sent >= lost[k].1 && k + 1 < lost.len() {
+            k += 1;
+            for s in &mut sim.subs {
+                s.lines[0].outage = Some(lost[k]);
+            }
+        }
+        sim.publish_one();
+        sim.tick();
+    }
+    sim.flush();
+    sim.converge();
+    for s in 0..sim.subs.len() {
+        assert_lossless(&sim, s);
+        assert_eq!(sim.subs[s].injected.lost_datagrams, 10);
+    }
+    let r = sim.server.repair_counters();
+    assert!(r.multicast >= 1, "{r:?}");
+    assert!(sim.repairs_multicast >= 1);
+    // Fewer unicast repairs than one per subscriber per loss.
+    assert!(r.unicast < 4 * 10, "{r:?}");
+    let k = sim.server.counters();
+    assert_eq!(k.requests_dropped + k.requests_rate_limited, 0, "{k:?}");
+    assert_eq!(sim.server.admitted_connections(), 4);
+}
+
+/// The server's admission holds in the simulation too: a client whose
+/// first message is not a valid proof is closed, and its requests are
+/// never answered.
+#[test]
+fn a_client_without_the_secret_is_never_served() {
+    let mut sim = Sim::new(13, 4096);
+    sim.add_sub(LineModel::default(), LineModel::cut(), 0);
+    let stranger = ClientHandshake::new(Key::derive(b"wrong", Purpose::Recovery), CHANNEL, false);
+    let (conn, welcome) = sim
+        .server
+        .on_connect_request(0, "10.9.9.9:1".into(), stranger.hello().as_bytes())
+        .unwrap();
+    assert!(
+        stranger.on_welcome(welcome.as_bytes()).is_err(),
+        "it cannot check our proof either"
+    );
+    sim.server.on_established(0, conn);
+    let mut req = [0u8; 64];
+    let n = wire::RetransmitRequest {
+        channel: CHANNEL,
+        session: SESSION,
+        from_seq: 1,
+        count: 1,
+    }
+    .encode(&mut req)
+    .unwrap();
+    sim.server
+        .on_receive(0, conn, &req[..n], &mut sim.publisher, &sim.reference);
+    assert!(!sim.server.is_open(conn));
+    assert_eq!(sim.server.poll_transmit(conn, RC_MSG), None);
+    assert_eq!(sim.server.poll_closed(0).map(|c| c.0), Some(conn));
+    assert_eq!(sim.server.counters().auth_failures, 1);
+    sim.run(1_000);
+    assert_lossless(&sim, 0);
 }

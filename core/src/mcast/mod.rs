@@ -6,7 +6,9 @@
 //! and hands back bytes, events and deadlines. It owns the wire formats
 //! ([`wire`]), the publisher's batching and history ([`publisher`]), the
 //! subscriber's sequencing and recovery ([`subscriber`]), how the publisher
-//! answers retransmit requests, unicast or multicast ([`repair`]), the
+//! answers retransmit requests, unicast or multicast ([`repair`]), when
+//! datagrams and heartbeats go out ([`schedule`]), the recovery service's
+//! admission, limits and answers ([`server`]), the
 //! subscribers' status reports and the publisher's view of them
 //! ([`status`]), the RC fan-out for fabrics without multicast
 //! ([`rcfanout`], chosen per channel by `transport`, see [`transport`]), the application
@@ -28,6 +30,8 @@ pub mod net;
 pub mod publisher;
 pub mod rcfanout;
 pub mod repair;
+pub mod schedule;
+pub mod server;
 pub mod snapshot;
 pub mod status;
 pub mod subscriber;
@@ -35,9 +39,13 @@ pub mod transport;
 pub mod wire;
 
 pub use net::{now_ns, McastPublisher, McastSubscriber, NetError};
-pub use publisher::{ClaimError, Pacer, PublisherConfig, PublisherState, RetransmitReply};
+pub use publisher::{
+    ClaimError, Output, Pacer, Published, PublisherConfig, PublisherState, RetransmitReply,
+};
 pub use rcfanout::{FanoutDrop, FanoutError, FanoutEvent, RcFanoutPublisher, RcFanoutSubscriber};
 pub use repair::{RepairConfig, RepairCounters, RepairDecision, RepairPlanner};
+pub use schedule::{SendSchedule, Transmit};
+pub use server::{RecoveryCounters, RecoveryServer, ServerConfig};
 pub use snapshot::{Handler, RestoreError, Snapshot, SnapshotSink};
 pub use status::{PublisherEvent, StatusReporter, SubscriberRow, SubscriberTable};
 pub use subscriber::{

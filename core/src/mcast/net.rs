@@ -1,29 +1,27 @@
-//! The market-data path on real RDMA: the thin I/O shell around
-//! [`PublisherState`] and [`SubscriberState`].
+//! The market-data path on real RDMA: the thin I/O shell around the
+//! I/O-free state machines of [`super`].
 //!
-//! - [`McastPublisher`]: one UD queue pair sending every flushed datagram of
-//!   the history to line A and (optionally) line B, joined through rdma_cm,
-//!   paced per configuration, with heartbeats when idle; and a recovery
-//!   service: an rdma_cm [`Listener`] on the channel's port whose RC
-//!   connections carry the recovery messages of [`super::wire`] (retransmits
-//!   from the history, snapshots from the application's [`Snapshot`]).
+//! - [`McastPublisher`]: one UD queue pair sending what the
+//!   [`SendSchedule`] lets out (flushed datagrams of the [`PublisherState`]'s
+//!   history, paced; heartbeats when idle) to line A and (optionally) line
+//!   B, joined through rdma_cm; and the recovery port: an rdma_cm
+//!   [`Listener`] on the channel's port whose RC connections carry the
+//!   recovery messages of [`super::wire`] to and from the
+//!   [`RecoveryServer`], which decides admission, limits, answers and drops
+//!   (see [`super::server`]).
 //! - [`McastSubscriber`]: one UD queue pair per line with receives kept
 //!   posted, one RC connection to the publisher's recovery service; feeds the
-//!   state machine and sends the requests it asks for.
+//!   [`SubscriberState`] and sends the requests it asks for.
 //!
 //! Admission and sources: the recovery connection is admitted by the
 //! challenge-response of [`crate::auth`] (see [`super::wire`]'s "Recovery
 //! admission"); through it the subscriber learns the publisher's session,
 //! UD queue pair and GID, and drops (counts) every datagram from another
 //! queue pair or GID before it is parsed. Both sides use the channel's
-//! configured `qkey`. The recovery port bounds what any client costs: a
-//! connection cap, a handshake deadline, per-connection token buckets for
-//! retransmit and snapshot requests, a cap on messages per request, a
-//! bounded outbox, snapshots serialised at most once per
-//! `recovery_server.snapshot_reuse_ns` whoever asks, and clients that take
-//! nothing (no receive posted: RNR retries are bounded; or no progress for
-//! `stall_timeout_ns`) are dropped. Each refusal and drop is counted and
-//! logged at most `log_per_sec` times a second.
+//! configured `qkey`. What the recovery port lets any client cost is the
+//! [`RecoveryServer`]'s to decide; this shell reports to it what only the
+//! transport sees (a connection established, an error completion, RNR
+//! retries exhausted, a disconnect) and releases what it closes.
 //!
 //! Both are driven by `poll(now, ..)`, which never blocks, allocates or logs
 //! per message. Connection management runs as non-blocking rdma_cm steps
@@ -44,20 +42,18 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use arrayvec::ArrayVec;
-use zerocopy::FromBytes;
 
-use super::config::{ChannelConfig, McastConfig, RecoveryServerConfig};
-use super::publisher::{ClaimError, Pacer, PublisherState, RetransmitReply};
-use super::repair::{RepairConfig, RepairCounters, RepairDecision, RepairPlanner};
-use super::snapshot::{encode_snapshot, Handler, Snapshot, SnapshotSink};
-use super::status::{PublisherEvent, StatusReporter, SubscriberRow, SubscriberTable};
-use super::subscriber::{Event, SubscriberCounters, SubscriberState};
+use super::config::{ChannelConfig, McastConfig};
+use super::publisher::{ClaimError, Output, PublisherState};
+use super::repair::RepairCounters;
+use super::schedule::{SendSchedule, Transmit};
+use super::server::{refusal_message, Admission, ClientHandshake, RecoveryServer, ServerConfig};
+use super::snapshot::{Handler, Snapshot, SnapshotSink};
+use super::status::{PublisherEvent, StatusReporter, SubscriberRow};
+use super::subscriber::{Event, LinkWatch, SubscriberCounters, SubscriberState};
 use super::wire::SubscriberStatus;
-use super::wire::{
-    self, Hello, Line, RecoveryHeader, RecoveryMsg, RetransmitRequest, Welcome, FLAG_DATAGRAM_TAG,
-    RECOVERY_HEADER_LEN, WELCOME_SIGNED_LEN,
-};
-use crate::auth::{Initiator, Key, Responder, Tag};
+use super::wire::{self, Line, Welcome, FLAG_DATAGRAM_TAG};
+use crate::auth::Key;
 use crate::verbs::cm::{self, Connection, Listener, McastMembership};
 use crate::verbs::{
     Access, AddressHandle, Context, Dest, Gid, PoolConfig, PoolError, PooledQp, ProtectionDomain,
@@ -87,9 +83,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// established on the subscriber's side only, a link that takes requests
 /// and never answers.
 const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
-/// A recovery link is dropped and re-established after this many request
-/// timeouts in a row with nothing received over it.
-pub const DEAD_LINK_TIMEOUTS: u64 = 3;
+pub use super::subscriber::DEAD_LINK_TIMEOUTS;
 
 /// An idle subscriber polls its recovery connection's CQ once in this many
 /// turns (see [`McastSubscriber::poll`]).
@@ -272,41 +266,6 @@ fn warn_if_open(cfg: &McastConfig, channel: u16) {
     }
 }
 
-/// At most `per_sec` log lines a second (the counters count every event).
-#[derive(Debug, Clone, Copy)]
-struct LogBudget {
-    per_sec: u32,
-    window: u64,
-    used: u32,
-}
-
-impl LogBudget {
-    fn new(per_sec: u32) -> Self {
-        LogBudget {
-            per_sec,
-            window: 0,
-            used: 0,
-        }
-    }
-    fn allow(&mut self, now: u64) -> bool {
-        if now.saturating_sub(self.window) >= 1_000_000_000 {
-            self.window = now;
-            self.used = 0;
-        }
-        self.used += 1;
-        self.used <= self.per_sec
-    }
-}
-
-/// Length of the recovery message at the start of `bytes` (from its header).
-fn recovery_len(bytes: &[u8]) -> Option<usize> {
-    let (h, _) = RecoveryHeader::ref_from_prefix(bytes).ok()?;
-    let len = h.len.get() as usize;
-    (RECOVERY_HEADER_LEN..=bytes.len())
-        .contains(&len)
-        .then_some(len)
-}
-
 struct LineTx {
     ah: AddressHandle,
     qpn: u32,
@@ -319,17 +278,15 @@ struct LineTx {
 /// service. See the module documentation.
 pub struct McastPublisher {
     state: PublisherState,
-    pacer: Pacer,
+    /// When datagrams and heartbeats go out.
+    schedule: SendSchedule,
     // Field order: the queue pairs go before what they reference.
     ud: PooledQp,
     lines: ArrayVec<LineTx, 2>,
     server: RecoveryServer,
+    io: RecoveryIo,
     /// The multicast retransmit in progress: `[from, to)` still to send.
     mcast_repair: Option<(u64, u64)>,
-    /// First sequence not yet multicast.
-    sent_upto: u64,
-    last_send: u64,
-    heartbeat_interval: u64,
     stats: PublisherIoStats,
 }
 
@@ -338,8 +295,8 @@ impl std::fmt::Debug for McastPublisher {
         f.debug_struct("McastPublisher")
             .field("session", &self.state.session())
             .field("next_seq", &self.state.next_seq())
-            .field("sent_upto", &self.sent_upto)
-            .field("stats", &self.stats)
+            .field("sent_upto", &self.schedule.sent_upto())
+            .field("stats", &self.io_stats())
             .field("ud", &self.ud)
             .finish_non_exhaustive()
     }
@@ -409,43 +366,38 @@ impl McastPublisher {
             nonce: [0; crate::auth::NONCE_LEN],
             tag: [0; crate::auth::TAG_LEN],
         };
-        let limits = cfg.recovery_server;
+        let server = RecoveryServer::new(
+            ServerConfig {
+                limits: cfg.recovery_server,
+                max_request_messages: cfg.recovery.max_request_messages,
+                snapshot_chunk: SNAPSHOT_CHUNK,
+                setup_timeout_ns: PENDING_TIMEOUT.as_nanos() as u64,
+                outbox_capacity: RC_MSG_LEN * 4,
+            },
+            cfg.recovery_key(),
+            identity,
+        );
         Ok(McastPublisher {
-            sent_upto: state.next_seq(),
+            schedule: SendSchedule::new(
+                state.next_seq(),
+                cfg.pacing.max_datagrams_per_sec,
+                cfg.pacing.burst,
+                cfg.heartbeat_interval_ns,
+            ),
             state,
-            pacer: Pacer::new(cfg.pacing.max_datagrams_per_sec, cfg.pacing.burst),
             ud,
             lines,
             mcast_repair: None,
-            server: RecoveryServer {
+            server,
+            io: RecoveryIo {
                 addr,
                 listener: Some(listener),
                 pd,
                 conns: Vec::new(),
                 pending: Vec::new(),
                 opts: server_rc_options(cfg),
-                key: cfg.recovery_key(),
-                identity,
-                limits,
-                max_request_messages: cfg.recovery.max_request_messages,
-                shared: Shared {
-                    scratch: Vec::new(),
-                    snapshot: Vec::new(),
-                    snapshot_at: None,
-                    log: LogBudget::new(limits.log_per_sec),
-                    planner: RepairPlanner::new(RepairConfig {
-                        multicast: limits.multicast_repair,
-                        window_ns: limits.repair_window_ns,
-                        holdoff_ns: limits.repair_holdoff_ns,
-                    }),
-                    table: SubscriberTable::new(limits.lag_alert_messages),
-                    subscribers: 0,
-                },
-                next_conn_id: 0,
-                next_disconnect_check: 0,
+                next_cm_check: 0,
             },
-            last_send: 0,
-            heartbeat_interval: cfg.heartbeat_interval_ns,
             stats: PublisherIoStats::default(),
         })
     }
@@ -454,50 +406,74 @@ impl McastPublisher {
     pub fn state(&self) -> &PublisherState {
         &self.state
     }
-    /// I/O counters.
+    /// The recovery service's state machine (connections, counters).
+    pub fn recovery_server(&self) -> &RecoveryServer {
+        &self.server
+    }
+    /// I/O counters (the shell's, the schedule's and the recovery
+    /// service's, in one value).
     pub fn io_stats(&self) -> PublisherIoStats {
-        self.stats
+        let (s, k) = (self.schedule.counters(), self.server.counters());
+        PublisherIoStats {
+            datagrams_sent: s.datagrams_sent,
+            unsent_overwritten: s.unsent_overwritten,
+            connections_accepted: k.connections_accepted,
+            connections_failed: k.connections_failed + self.stats.connections_failed,
+            connections_closed: k.connections_closed,
+            retransmit_requests: k.retransmit_requests,
+            snapshots_served: k.snapshots_served,
+            requests_dropped: k.requests_dropped,
+            connections_refused: k.connections_refused,
+            auth_failures: k.auth_failures,
+            handshake_timeouts: k.handshake_timeouts,
+            requests_rate_limited: k.requests_rate_limited,
+            snapshots_rate_limited: k.snapshots_rate_limited,
+            requests_clamped: k.requests_clamped,
+            snapshots_built: k.snapshots_built,
+            clients_stalled: k.clients_stalled,
+            repair_unicast_datagrams: k.repair_unicast_datagrams,
+            repair_requests_covered: k.repair_requests_covered,
+            repair_requests_suppressed: k.repair_requests_suppressed,
+            status_reports: k.status_reports,
+            status_invalid: k.status_invalid,
+            ..self.stats
+        }
     }
     /// Every admitted subscriber: address, position, lag, rate, requests,
     /// as of the last poll (see [`super::status`]).
     pub fn subscribers(&self) -> &[SubscriberRow] {
-        self.server.shared.table.rows()
+        self.server.subscribers()
     }
     /// The next event about subscribers (one fell behind the
     /// `recovery_server.lag_alert_messages` bound, or caught up again).
     pub fn poll_event(&mut self) -> Option<PublisherEvent> {
-        self.server.shared.table.poll_event()
+        self.server.poll_event()
     }
     /// How retransmit requests were answered (unicast, multicast, covered).
     pub fn repair_counters(&self) -> RepairCounters {
-        self.server.shared.planner.counters()
+        self.server.repair_counters()
     }
     /// Recovery connections currently open (admitted or still proving
     /// themselves; not those still being set up).
     pub fn connections(&self) -> usize {
-        self.server.conns.len()
+        self.server.connections()
     }
     /// Recovery connections that proved the shared secret.
     pub fn admitted_connections(&self) -> usize {
-        self.server
-            .conns
-            .iter()
-            .filter(|c| c.auth.is_none())
-            .count()
+        self.server.admitted_connections()
     }
     /// Stops the recovery service (closing its connections and no longer
     /// listening) or starts it again, e.g. for maintenance or to test how
     /// subscribers live without it. Multicast goes on either way.
     pub fn set_recovery_enabled(&mut self, enabled: bool) -> Result<(), NetError> {
-        let srv = &mut self.server;
+        let io = &mut self.io;
         if !enabled {
-            self.stats.connections_closed += srv.conns.len() as u64;
-            srv.conns.clear();
-            srv.shared.table.clear();
-            srv.pending.clear();
-            srv.listener = None;
-        } else if srv.listener.is_none() {
-            srv.listener = Some(Listener::bind(srv.addr)?);
+            self.server.close_all();
+            io.conns.clear();
+            io.pending.clear();
+            io.listener = None;
+        } else if io.listener.is_none() {
+            io.listener = Some(Listener::bind(io.addr)?);
         }
         Ok(())
     }
@@ -518,21 +494,9 @@ impl McastPublisher {
     /// [`unsent_datagrams`](Self::unsent_datagrams) is small, or a history
     /// smaller than the backlog overwrites fragments before they are sent.
     pub fn publish(&mut self, now: u64, msg: &[u8]) -> Result<u64, PublishError> {
-        match self.state.publish(msg) {
-            Ok(seq) if msg.len() > self.state.max_message_len() => {
-                self.pump(now);
-                // As in pump, a failed post is left to the next one.
-                let _ = self.ud.post_staged(&dests_of(&self.lines));
-                Ok(seq)
-            }
-            Ok(seq) => Ok(seq),
-            Err(ClaimError::Full) => {
-                self.state.flush();
-                self.pump(now);
-                Ok(self.state.publish(msg)?)
-            }
-            Err(e) => Err(e.into()),
-        }
+        let p = self.state.publish_flushing(msg)?;
+        self.send_output(now, p.output);
+        Ok(p.seq)
     }
 
     /// Claims `len` bytes for the next message (flushing a full datagram
@@ -540,12 +504,8 @@ impl McastPublisher {
     /// [`commit`](Self::commit). A claim larger than one datagram (up to
     /// `max_message_bytes`) is staged and fragmented at commit.
     pub fn try_claim(&mut self, now: u64, len: usize) -> Result<&mut [u8], PublishError> {
-        if len <= self.state.max_message_len()
-            && matches!(self.state.try_claim(len), Err(ClaimError::Full))
-        {
-            self.state.flush();
-            self.pump(now);
-        }
+        let output = self.state.make_room(len);
+        self.send_output(now, output);
         Ok(self.state.try_claim(len)?)
     }
 
@@ -553,25 +513,28 @@ impl McastPublisher {
     /// nothing was claimed). A large message's fragments are sent as pacing
     /// allows, here and in later polls.
     pub fn commit(&mut self, now: u64) -> Option<u64> {
-        let fragments = self.state.counters().fragments;
-        let seq = self.state.commit()?;
-        if self.state.counters().fragments != fragments {
-            self.pump(now);
-            // As in pump, a failed post is left to the next one.
-            let _ = self.ud.post_staged(&dests_of(&self.lines));
+        let p = self.state.commit_flushing()?;
+        self.send_output(now, p.output);
+        Some(p.seq)
+    }
+
+    /// Sends what a publishing call sealed: a datagram sealed to make room
+    /// joins the current batch of sends; fragments are posted at once.
+    fn send_output(&mut self, now: u64, output: Output) {
+        match output {
+            Output::Nothing => {}
+            Output::Sealed => self.pump(now),
+            Output::Fragments => {
+                self.pump(now);
+                // As in pump, a failed post is left to the next one.
+                let _ = self.ud.post_staged(&dests_of(&self.lines));
+            }
         }
-        Some(seq)
     }
 
     /// Flushed datagrams not sent yet (waiting for pacing or send slots).
     pub fn unsent_datagrams(&self) -> u64 {
-        let mut n = 0;
-        let mut seq = self.sent_upto;
-        while let Some((_, end, _)) = self.state.sealed_from(seq) {
-            n += 1;
-            seq = end;
-        }
-        n
+        self.schedule.unsent_datagrams(&self.state)
     }
 
     /// Seals the open datagram now and sends what pacing allows.
@@ -593,35 +556,36 @@ impl McastPublisher {
         if self.ud.has_staged() || self.ud.sends_in_flight() >= self.ud.send_slots() {
             return Ok(false);
         }
-        let Some((first, end, bytes)) = self.state.sealed_from(self.sent_upto) else {
+        let Some((first, end, bytes)) = self.state.sealed_from(self.schedule.sent_upto()) else {
             return Ok(false);
         };
-        if first != self.sent_upto
-            || end != self.state.unflushed_seq()
+        if end != self.state.unflushed_seq()
             || bytes.len() > self.ud.max_inline()
-            || !self.pacer.try_acquire(now)
+            || !self.schedule.try_direct(now, first)
         {
             return Ok(false);
         }
         // Cannot decline now (nothing staged, it fits, a slot is free) but
         // for no enabled line, where the datagram counts as sent, as in pump.
         self.ud.send_inline(bytes, &dests_of(&self.lines))?;
-        self.sent_upto = end;
-        self.last_send = now;
-        self.stats.datagrams_sent += 1;
+        self.schedule.sent(now, end);
         Ok(true)
     }
 
-    /// Stages flushed, unsent datagrams as pacing and the send ring allow;
-    /// posts full batches. Errors are left to the next post.
+    /// Stages what the schedule lets out (flushed datagrams as pacing
+    /// allows, a heartbeat when one is due) as the send ring allows; posts
+    /// full batches. Errors are left to the next post.
     fn pump(&mut self, now: u64) {
-        while let Some((first, end, bytes)) = self.state.sealed_from(self.sent_upto) {
-            if first > self.sent_upto {
-                self.stats.unsent_overwritten += 1;
-            }
-            if !self.pacer.try_acquire(now) {
-                return;
-            }
+        while let Some(t) = self.schedule.poll_transmit(now, &mut self.state) {
+            let (end, bytes) = match t {
+                Transmit::Heartbeat(hb) => {
+                    if self.ud.stage(hb).is_ok() {
+                        self.stats.heartbeats_sent += 1;
+                    }
+                    continue;
+                }
+                Transmit::Datagram { end, bytes } => (end, bytes),
+            };
             match self.ud.stage(bytes) {
                 Ok(()) => {}
                 Err(StageError::BatchFull) => {
@@ -635,11 +599,10 @@ impl McastPublisher {
                         return;
                     }
                 }
+                // Cannot be sent, ever: counts as sent.
                 Err(StageError::TooLarge { .. }) => {}
             }
-            self.sent_upto = end;
-            self.last_send = now;
-            self.stats.datagrams_sent += 1;
+            self.schedule.sent(now, end);
         }
     }
 
@@ -649,28 +612,69 @@ impl McastPublisher {
     /// history and snapshot requests from `snapshot`). Returns the datagrams
     /// sent. Never blocks.
     pub fn poll(&mut self, now: u64, snapshot: &impl Snapshot) -> Result<usize, NetError> {
-        let before = self.stats.datagrams_sent;
+        let before = self.schedule.counters().datagrams_sent;
         self.state.poll_flush(now);
+        self.schedule.handle_timeout(now, &self.state);
         self.pump(now);
-        if self.sent_upto == self.state.unflushed_seq()
-            && now.saturating_sub(self.last_send) >= self.heartbeat_interval
-        {
-            let hb = self.state.heartbeat();
-            if self.ud.stage(hb).is_ok() {
-                self.stats.heartbeats_sent += 1;
-            }
-            self.last_send = now;
-        }
         if self.ud.has_staged() {
             self.ud.post_staged(&dests_of(&self.lines))?;
         }
         self.ud.reclaim()?;
-        self.server
-            .poll(now, &mut self.state, snapshot, &mut self.stats);
+        self.poll_recovery(now, snapshot);
         self.send_multicast_repairs()?;
-        let published = self.state.next_seq();
-        self.server.shared.table.handle_timeout(now, published);
-        Ok((self.stats.datagrams_sent - before) as usize)
+        Ok((self.schedule.counters().datagrams_sent - before) as usize)
+    }
+
+    /// The recovery service's I/O: connection management (at most once per
+    /// [`CM_CHECK_NS`]), then each open connection's receives into the
+    /// server and the server's answers out, then closing what it closed.
+    fn poll_recovery(&mut self, now: u64, snapshot: &impl Snapshot) {
+        let (io, server, state) = (&mut self.io, &mut self.server, &mut self.state);
+        // Connection management costs a system call (poll on the rdma_cm
+        // channel): at most once per CM_CHECK_NS, not per loop.
+        let check_cm = now >= io.next_cm_check;
+        if check_cm {
+            if io.accept(now, server).is_err() {
+                self.stats.connections_failed += 1;
+            }
+            io.progress(now, server);
+            let step = if io.pending.is_empty() {
+                CM_CHECK_NS
+            } else {
+                CM_STEP_NS
+            };
+            io.next_cm_check = now + step;
+        }
+        server.handle_timeout(now, state);
+        for c in &mut io.conns {
+            if !server.is_open(c.id) {
+                continue;
+            }
+            let id = c.id;
+            let recv =
+                c.qp.poll_recv(|bytes| server.on_receive(now, id, bytes, state, snapshot));
+            if recv.is_err() {
+                server.on_transport_error(id, false);
+                continue;
+            }
+            if let Err(e) = send_answers(&mut c.qp, server, now, id) {
+                let stalled = matches!(
+                    e,
+                    NetError::Pool(PoolError::SendCompletion {
+                        status: crate::verbs::WcStatus::RnrRetryExceeded,
+                        ..
+                    })
+                );
+                server.on_transport_error(id, stalled);
+                continue;
+            }
+            if check_cm && c.conn.poll_disconnected().unwrap_or(true) {
+                server.on_transport_error(id, false);
+            }
+        }
+        while let Some((id, _)) = server.poll_closed(now) {
+            io.release(id);
+        }
     }
 
     /// Multicasts the ranges the repair planner chose, from the history (the
@@ -682,7 +686,7 @@ impl McastPublisher {
         loop {
             let (from, to) = match self.mcast_repair {
                 Some(r) => r,
-                None => match self.server.shared.planner.poll_transmit() {
+                None => match self.server.poll_repair() {
                     Some(r) => r,
                     None => break,
                 },
@@ -737,503 +741,133 @@ fn dests_of(lines: &[LineTx]) -> ArrayVec<Dest<'_>, 2> {
         .collect()
 }
 
-/// The handshake a connection must still complete: the responder state,
-/// the bytes both proofs cover (hello, then the welcome up to its nonce),
-/// and when the proof must have arrived.
-struct PendingAuth {
-    responder: Responder,
-    ctx: [u8; HELLO_LEN + WELCOME_SIGNED_LEN],
-    deadline: u64,
+/// An accepted recovery connection waiting for ESTABLISHED, by the
+/// [`RecoveryServer`]'s connection id. Field order: the queue pair goes
+/// before the rdma_cm id it is connected through.
+struct PendingIo {
+    id: u32,
+    qp: PooledQp,
+    accepting: cm::Accepting,
 }
 
-const HELLO_LEN: usize = std::mem::size_of::<Hello>();
-
-struct ServerConn {
-    /// Distinguishes the connections' requests in the repair planner.
+/// An established recovery connection's queue pair and rdma_cm id.
+struct ConnIo {
     id: u32,
     qp: PooledQp,
     conn: Connection,
-    outbox: Vec<u8>,
-    out_pos: usize,
-    /// `Some` until the client's proof checked: nothing is served before.
-    auth: Option<PendingAuth>,
-    requests: Pacer,
-    snapshots: Pacer,
-    /// Last time the outbox was empty or something of it was sent.
-    progress_at: u64,
-    peer: String,
 }
 
-/// An accepted connection waiting for ESTABLISHED.
-struct PendingConn {
-    qp: PooledQp,
-    accepting: cm::Accepting,
-    deadline: u64,
-    auth: PendingAuth,
-    peer: String,
-}
-
-/// What every connection's serving shares.
-struct Shared {
-    scratch: Vec<u8>,
-    /// The encoded snapshot messages last built, and (sequence, time) of
-    /// their making.
-    snapshot: Vec<u8>,
-    snapshot_at: Option<(u64, u64)>,
-    log: LogBudget,
-    /// Unicast or multicast for each retransmit request.
-    planner: RepairPlanner,
-    /// Admitted connections, as of the start of this poll.
-    subscribers: usize,
-    /// What the subscribers report.
-    table: SubscriberTable,
-}
-
-struct RecoveryServer {
+/// The recovery port's I/O: the rdma_cm listener and each connection's
+/// queue pair. Decides nothing: [`RecoveryServer`] does.
+struct RecoveryIo {
     addr: SocketAddr,
     /// None while the service is disabled.
     listener: Option<Listener>,
     pd: Arc<ProtectionDomain>,
-    conns: Vec<ServerConn>,
-    pending: Vec<PendingConn>,
+    conns: Vec<ConnIo>,
+    pending: Vec<PendingIo>,
     opts: RcOptions,
-    key: Key,
-    /// The welcome without nonce and proof: channel, flags, session, QPN, GID.
-    identity: Welcome,
-    limits: RecoveryServerConfig,
-    max_request_messages: u64,
-    shared: Shared,
-    next_disconnect_check: u64,
-    next_conn_id: u32,
+    next_cm_check: u64,
 }
 
-/// Why a recovery connection was dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum DropReason {
-    /// Its first message was not a valid proof.
-    AuthFailed,
-    /// It took nothing for too long.
-    Stalled,
-    /// A verbs operation failed (error completion: the peer went away, or
-    /// RNR retries ran out because it posts no receive).
-    Io,
-}
-
-impl RecoveryServer {
-    /// Takes one connect request, if any: refuses it if the connection cap
-    /// is reached or its hello is wrong, else answers it with the welcome
-    /// without waiting for the handshake to finish (see [`Self::progress`]).
-    fn accept(&mut self, now: u64, stats: &mut PublisherIoStats) -> Result<(), NetError> {
+impl RecoveryIo {
+    /// Takes one connect request, if any, to the server: rejects it with
+    /// the server's reason, or answers it with the server's welcome without
+    /// waiting for the handshake to finish (see [`Self::progress`]).
+    fn accept(&mut self, now: u64, server: &mut RecoveryServer) -> Result<(), NetError> {
         let Some(listener) = &self.listener else {
             return Ok(());
         };
         let Some(req) = listener.next_request(Duration::ZERO)? else {
             return Ok(());
         };
-        let peer = req.peer();
-        let refusal = if self.conns.len() + self.pending.len() >= self.limits.max_connections {
-            Some("busy: recovery connection limit reached")
-        } else {
-            match Hello::read_from_prefix(req.private_data()) {
-                Err(_) => Some("not a rocebus recovery hello"),
-                Ok((h, _)) if h.magic.get() != wire::HELLO_MAGIC || h.version != wire::VERSION => {
-                    Some("not a rocebus recovery hello")
-                }
-                Ok((h, _)) if h.channel != self.identity.channel => Some("wrong channel"),
-                Ok((h, _)) if h.flags != self.identity.flags => {
-                    Some("auth.datagram_tag differs between publisher and subscriber")
-                }
-                Ok(_) => None,
+        let (id, welcome) = match server.on_connect_request(now, req.peer(), req.private_data()) {
+            Ok(w) => w,
+            Err(refused) => {
+                req.reject(&refusal_message(refused))?;
+                return Ok(());
             }
         };
-        if let Some(reason) = refusal {
-            stats.connections_refused += 1;
-            if self.shared.log.allow(now) {
-                tracing::warn!(%peer, reason, refused = stats.connections_refused, "recovery connection refused");
+        let accepted = (|| {
+            let mut qp = PooledQp::new(
+                &self.pd,
+                QpType::Rc,
+                PoolConfig {
+                    recv_slots: 32,
+                    recv_len: 256,
+                    recv_batch: 8,
+                    recv_low_water: 4,
+                    send_slots: 64,
+                    send_len: RC_MSG_LEN,
+                    signal_every: 8,
+                    dests_per_send: 1,
+                    max_inline: INLINE_MAX,
+                },
+            )?;
+            let accepting =
+                req.start_accept(qp.qp(), &self.opts, Access::LOCAL, welcome.as_bytes())?;
+            // In RTS already: receives go up before the subscriber's proof
+            // and first request can arrive.
+            qp.post_receives()?;
+            Ok::<_, NetError>((qp, accepting))
+        })();
+        match accepted {
+            Ok((qp, accepting)) => {
+                self.pending.push(PendingIo { id, qp, accepting });
+                Ok(())
             }
-            let mut msg = ArrayVec::<u8, 96>::new();
-            let _ = msg.try_extend_from_slice(b"rocebus: ");
-            let _ = msg.try_extend_from_slice(&reason.as_bytes()[..reason.len().min(80)]);
-            req.reject(&msg)?;
-            return Ok(());
+            Err(e) => {
+                // The server counts it failed when it is closed.
+                server.on_transport_error(id, false);
+                Err(e)
+            }
         }
-        let Ok((hello, _)) = Hello::read_from_prefix(req.private_data()) else {
-            return Ok(());
-        };
-        let mut ctx = [0u8; HELLO_LEN + WELCOME_SIGNED_LEN];
-        ctx[..HELLO_LEN].copy_from_slice(hello.as_bytes());
-        ctx[HELLO_LEN..].copy_from_slice(self.identity.signed());
-        let (responder, tr) = Responder::new(self.key.clone(), hello.nonce, &ctx);
-        let mut welcome = self.identity;
-        welcome.nonce = responder.nonce();
-        welcome.tag = tr;
-        let mut qp = PooledQp::new(
-            &self.pd,
-            QpType::Rc,
-            PoolConfig {
-                recv_slots: 32,
-                recv_len: 256,
-                recv_batch: 8,
-                recv_low_water: 4,
-                send_slots: 64,
-                send_len: RC_MSG_LEN,
-                signal_every: 8,
-                dests_per_send: 1,
-                max_inline: INLINE_MAX,
-            },
-        )?;
-        let accepting = req.start_accept(qp.qp(), &self.opts, Access::LOCAL, welcome.as_bytes())?;
-        // In RTS already: receives go up before the subscriber's proof and
-        // first request can arrive.
-        qp.post_receives()?;
-        self.pending.push(PendingConn {
-            qp,
-            accepting,
-            deadline: now + PENDING_TIMEOUT.as_nanos() as u64,
-            auth: PendingAuth {
-                responder,
-                ctx,
-                deadline: 0,
-            },
-            peer,
-        });
-        Ok(())
     }
 
-    /// Moves established connections to `conns`; drops failed ones.
+    /// Moves established connections to `conns` and tells the server; a
+    /// failed set-up is reported to it (it also times out slow ones).
     /// Connection set-up only, so the Vec shuffle does not matter.
-    fn progress(&mut self, now: u64, stats: &mut PublisherIoStats) {
-        let l = &self.limits;
+    fn progress(&mut self, now: u64, server: &mut RecoveryServer) {
         for p in std::mem::take(&mut self.pending) {
             match p.accepting.poll() {
                 Ok(cm::AcceptProgress::Done(conn)) => {
-                    self.next_conn_id = self.next_conn_id.wrapping_add(1);
-                    self.conns.push(ServerConn {
-                        id: self.next_conn_id,
+                    server.on_established(now, p.id);
+                    self.conns.push(ConnIo {
+                        id: p.id,
                         qp: p.qp,
                         conn,
-                        outbox: Vec::with_capacity(RC_MSG_LEN * 4),
-                        out_pos: 0,
-                        auth: Some(PendingAuth {
-                            deadline: now.saturating_add(l.handshake_timeout_ns),
-                            ..p.auth
-                        }),
-                        requests: Pacer::new(l.requests_per_sec, l.request_burst),
-                        snapshots: Pacer::new(l.snapshots_per_sec, l.snapshot_burst),
-                        progress_at: now,
-                        peer: p.peer,
                     });
-                    stats.connections_accepted += 1;
                 }
-                Ok(cm::AcceptProgress::Pending(accepting)) if now < p.deadline => {
-                    self.pending.push(PendingConn { accepting, ..p });
+                Ok(cm::AcceptProgress::Pending(accepting)) => {
+                    self.pending.push(PendingIo { accepting, ..p });
                 }
-                Ok(cm::AcceptProgress::Pending(_)) | Err(_) => stats.connections_failed += 1,
+                Err(_) => server.on_transport_error(p.id, false),
             }
         }
     }
 
-    fn poll(
-        &mut self,
-        now: u64,
-        state: &mut PublisherState,
-        snapshot: &impl Snapshot,
-        stats: &mut PublisherIoStats,
-    ) {
-        // Connection management costs a system call (poll on the rdma_cm
-        // channel): at most once per CM_CHECK_NS, not per loop.
-        let check_disconnect = now >= self.next_disconnect_check;
-        if check_disconnect {
-            if self.accept(now, stats).is_err() {
-                stats.connections_failed += 1;
-            }
-            self.progress(now, stats);
-            let step = if self.pending.is_empty() {
-                CM_CHECK_NS
-            } else {
-                CM_STEP_NS
-            };
-            self.next_disconnect_check = now + step;
-        }
-        self.shared.subscribers = self.conns.iter().filter(|c| c.auth.is_none()).count();
-        self.shared.planner.handle_timeout(now);
-        let mut i = 0;
-        while i < self.conns.len() {
-            let c = &mut self.conns[i];
-            let verdict = if c.auth.as_ref().is_some_and(|a| now >= a.deadline) {
-                stats.handshake_timeouts += 1;
-                Some("no proof of the shared secret in time")
-            } else {
-                let limits = Limits {
-                    max_outbox: self.limits.max_outbox_bytes,
-                    max_request_messages: self.max_request_messages,
-                    snapshot_reuse_ns: self.limits.snapshot_reuse_ns,
-                    stall_timeout_ns: self.limits.stall_timeout_ns,
-                };
-                match serve(c, now, state, snapshot, &mut self.shared, &limits, stats) {
-                    Ok(()) if check_disconnect && c.conn.poll_disconnected().unwrap_or(true) => {
-                        Some("")
-                    }
-                    Ok(()) => None,
-                    Err(DropReason::AuthFailed) => {
-                        stats.auth_failures += 1;
-                        Some("wrong proof of the shared secret (wrong secret or a replayed handshake)")
-                    }
-                    Err(DropReason::Stalled) => {
-                        stats.clients_stalled += 1;
-                        Some("client takes nothing (no receive posted)")
-                    }
-                    Err(DropReason::Io) => Some(""),
-                }
-            };
-            let Some(reason) = verdict else {
-                i += 1;
-                continue;
-            };
-            stats.connections_closed += 1;
-            if !reason.is_empty() && self.shared.log.allow(now) {
-                tracing::warn!(peer = %c.peer, reason, "recovery connection dropped");
-            }
-            self.shared.table.remove(c.id);
+    /// Releases the transport of a connection the server closed.
+    fn release(&mut self, id: u32) {
+        if let Some(i) = self.conns.iter().position(|c| c.id == id) {
             self.conns.swap_remove(i);
+        } else if let Some(i) = self.pending.iter().position(|c| c.id == id) {
+            self.pending.swap_remove(i);
         }
     }
 }
 
-/// The per-connection limits [`serve`] applies.
-struct Limits {
-    max_outbox: usize,
-    max_request_messages: u64,
-    snapshot_reuse_ns: u64,
-    stall_timeout_ns: u64,
-}
-
-/// Answers what arrived on one connection and sends what its outbox holds.
-fn serve(
-    c: &mut ServerConn,
-    now: u64,
-    state: &mut PublisherState,
-    snapshot: &impl Snapshot,
-    shared: &mut Shared,
-    limits: &Limits,
-    stats: &mut PublisherIoStats,
-) -> Result<(), DropReason> {
-    let ServerConn {
-        id,
-        qp,
-        outbox,
-        out_pos,
-        auth,
-        requests,
-        snapshots,
-        progress_at,
-        peer,
-        ..
-    } = c;
-    let our_channel = state.config().channel;
-    let mut auth_failed = false;
-    let recv = qp.poll_recv(|mut bytes| {
-        while !bytes.is_empty() && !auth_failed {
-            let Ok((msg, used)) = wire::decode_recovery(bytes) else {
-                stats.requests_dropped += 1;
-                auth_failed = auth.is_some();
-                return;
-            };
-            bytes = &bytes[used..];
-            if let Some(a) = auth {
-                // The first message must be the proof; nothing else is
-                // looked at before it checked.
-                match msg {
-                    RecoveryMsg::AuthProof { channel, tag }
-                        if channel == our_channel && a.responder.on_proof(&tag, &a.ctx).is_ok() =>
-                    {
-                        *auth = None;
-                        // Admission only: the one allocation per subscriber.
-                        shared.table.add(*id, peer.clone());
-                    }
-                    _ => auth_failed = true,
-                }
-                continue;
-            }
-            match msg {
-                RecoveryMsg::RetransmitRequest(r) => {
-                    if !requests.try_acquire(now) {
-                        stats.requests_rate_limited += 1;
-                        continue;
-                    }
-                    if outbox.len() > limits.max_outbox {
-                        stats.requests_dropped += 1;
-                        continue;
-                    }
-                    stats.retransmit_requests += 1;
-                    shared.table.on_request(*id);
-                    let r = if r.count > limits.max_request_messages {
-                        stats.requests_clamped += 1;
-                        RetransmitRequest {
-                            count: limits.max_request_messages,
-                            ..r
-                        }
-                    } else {
-                        r
-                    };
-                    let (channel, session) = (our_channel, state.session());
-                    // What is ours and still in the history may be answered
-                    // on multicast; the rest goes back by unicast, with its
-                    // NotAvailable.
-                    let r = if r.channel == our_channel
-                        && r.session == session
-                        && r.from_seq >= state.oldest_available()
-                    {
-                        let end = r.from_seq.saturating_add(r.count);
-                        match shared.planner.on_request(
-                            now,
-                            *id,
-                            r.from_seq,
-                            end,
-                            shared.subscribers,
-                        ) {
-                            RepairDecision::Unicast { from, to } => RetransmitRequest {
-                                from_seq: from,
-                                count: to - from,
-                                ..r
-                            },
-                            RepairDecision::Multicast { .. } => continue,
-                            RepairDecision::Covered => {
-                                stats.repair_requests_covered += 1;
-                                continue;
-                            }
-                            RepairDecision::Suppressed => {
-                                stats.repair_requests_suppressed += 1;
-                                continue;
-                            }
-                        }
-                    } else {
-                        r
-                    };
-                    state.answer_retransmit(&r, |reply| {
-                        let start = outbox.len();
-                        let n = match reply {
-                            RetransmitReply::Data(d) => {
-                                stats.repair_unicast_datagrams += 1;
-                                outbox.resize(start + RECOVERY_HEADER_LEN + d.len(), 0);
-                                wire::encode_retransmit_data(
-                                    &mut outbox[start..],
-                                    channel,
-                                    session,
-                                    d,
-                                )
-                            }
-                            RetransmitReply::NotAvailable(na) => {
-                                outbox.resize(start + wire::NotAvailable::LEN, 0);
-                                na.encode(&mut outbox[start..])
-                            }
-                        };
-                        outbox.truncate(start + n.unwrap_or(0));
-                    });
-                }
-                RecoveryMsg::SnapshotRequest { channel, .. } if channel == our_channel => {
-                    if !snapshots.try_acquire(now) {
-                        stats.snapshots_rate_limited += 1;
-                        continue;
-                    }
-                    if outbox.len() > limits.max_outbox {
-                        stats.requests_dropped += 1;
-                        continue;
-                    }
-                    stats.snapshots_served += 1;
-                    // One serialisation serves every request while its
-                    // sequence is current, and for snapshot_reuse_ns after
-                    // it was made whatever the sequence: a subscriber
-                    // fetches what came after it from the history.
-                    let seq = snapshot.snapshot_seq();
-                    let fresh = shared.snapshot_at.is_some_and(|(at_seq, at)| {
-                        at_seq == seq || now.saturating_sub(at) < limits.snapshot_reuse_ns
-                    });
-                    if !fresh {
-                        stats.snapshots_built += 1;
-                        shared.scratch.clear();
-                        snapshot.write_snapshot(&mut shared.scratch);
-                        shared.snapshot.clear();
-                        let cache = &mut shared.snapshot;
-                        encode_snapshot(
-                            channel,
-                            state.session(),
-                            seq,
-                            &shared.scratch,
-                            SNAPSHOT_CHUNK,
-                            |m| cache.extend_from_slice(m),
-                        );
-                        shared.snapshot_at = Some((seq, now));
-                    }
-                    outbox.extend_from_slice(&shared.snapshot);
-                }
-                RecoveryMsg::SubscriberStatus(st) => {
-                    let published = state.next_seq();
-                    match shared.table.on_status(
-                        now,
-                        *id,
-                        &st,
-                        our_channel,
-                        state.session(),
-                        published,
-                    ) {
-                        Ok(()) => stats.status_reports += 1,
-                        Err(e) => {
-                            stats.status_invalid += 1;
-                            if shared.log.allow(now) {
-                                tracing::warn!(%peer, error = %e, "subscriber status dropped");
-                            }
-                        }
-                    }
-                }
-                _ => stats.requests_dropped += 1,
-            }
-        }
-    });
-    if auth_failed {
-        return Err(DropReason::AuthFailed);
-    }
-    recv.map_err(|_| DropReason::Io)?;
-    let sent_from = *out_pos;
-    send_outbox(qp, outbox, out_pos).map_err(|e| match e {
-        NetError::Pool(PoolError::SendCompletion {
-            status: crate::verbs::WcStatus::RnrRetryExceeded,
-            ..
-        }) => DropReason::Stalled,
-        _ => DropReason::Io,
-    })?;
-    if outbox.is_empty() || *out_pos != sent_from {
-        *progress_at = now;
-    } else if now.saturating_sub(*progress_at) >= limits.stall_timeout_ns {
-        return Err(DropReason::Stalled);
-    }
-    Ok(())
-}
-
-/// Packs whole recovery messages of `outbox` into RC messages and posts
-/// what the send ring takes.
-fn send_outbox(
+/// Sends what the server queued on connection `id`, packed into RC
+/// messages, as far as the send ring takes.
+fn send_answers(
     qp: &mut PooledQp,
-    outbox: &mut Vec<u8>,
-    out_pos: &mut usize,
+    server: &mut RecoveryServer,
+    now: u64,
+    id: u32,
 ) -> Result<(), NetError> {
-    while *out_pos < outbox.len() {
-        let mut end = *out_pos;
-        while let Some(len) = recovery_len(&outbox[end..]) {
-            if end + len - *out_pos > qp.send_capacity() {
-                break;
-            }
-            end += len;
-        }
-        if end == *out_pos {
-            // Cannot happen (we encoded every message, each fits a slot);
-            // drop the rest rather than loop.
-            outbox.clear();
-            *out_pos = 0;
-            break;
-        }
-        match qp.stage(&outbox[*out_pos..end]) {
-            Ok(()) => *out_pos = end,
+    while let Some(bytes) = server.poll_transmit(id, qp.send_capacity()) {
+        let len = bytes.len();
+        match qp.stage(bytes) {
+            Ok(()) => server.transmitted(now, id, len),
             Err(StageError::BatchFull) => {
                 qp.post_staged(&[Dest::Connected])?;
             }
@@ -1243,10 +877,6 @@ fn send_outbox(
                 }
             }
         }
-    }
-    if *out_pos == outbox.len() {
-        outbox.clear();
-        *out_pos = 0;
     }
     qp.post_staged(&[Dest::Connected])?;
     qp.reclaim()?;
@@ -1303,76 +933,26 @@ enum Link {
     Connecting {
         rc: PooledQp,
         connecting: cm::Connecting,
-        initiator: Initiator,
-        hello: Hello,
+        handshake: ClientHandshake,
     },
     Down,
 }
 
-/// What the publisher's welcome told an admitted subscriber.
-#[derive(Debug, Clone, Copy)]
-struct Admitted {
-    session: u64,
-    source: (Gid, u32),
-    proof: Tag,
-}
-
-fn hello_for(channel: u16, tags: bool, initiator: &Initiator) -> Hello {
-    Hello {
-        magic: wire::HELLO_MAGIC.into(),
-        version: wire::VERSION,
-        flags: if tags { FLAG_DATAGRAM_TAG } else { 0 },
-        channel: channel.into(),
-        reserved: 0.into(),
-        nonce: initiator.nonce(),
-    }
-}
-
-/// Checks the publisher's welcome against our hello: its proof of the
-/// secret (over both), the channel and the tag setting.
+/// Checks the publisher's welcome (see [`ClientHandshake::on_welcome`]).
 fn admit(
-    initiator: &Initiator,
-    hello: &Hello,
+    handshake: &ClientHandshake,
     welcome: &[u8],
     publisher: SocketAddr,
-) -> Result<Admitted, NetError> {
-    let fail = |reason| NetError::Admission { publisher, reason };
-    let Ok((w, _)) = Welcome::read_from_prefix(welcome) else {
-        return Err(fail("the answer is not a rocebus recovery welcome"));
-    };
-    if w.magic.get() != wire::WELCOME_MAGIC || w.version != wire::VERSION {
-        return Err(fail("the answer is not a rocebus recovery welcome"));
-    }
-    let mut ctx = [0u8; HELLO_LEN + WELCOME_SIGNED_LEN];
-    ctx[..HELLO_LEN].copy_from_slice(hello.as_bytes());
-    ctx[HELLO_LEN..].copy_from_slice(w.signed());
-    let Ok((proof, _)) = initiator.on_response(&w.nonce, &w.tag, &ctx) else {
-        return Err(fail(
-            "the publisher's proof of the shared secret is wrong (auth.secret differs?)",
-        ));
-    };
-    if w.channel != hello.channel {
-        return Err(fail("the publisher serves another channel"));
-    }
-    if w.flags != hello.flags {
-        return Err(fail(
-            "auth.datagram_tag differs between publisher and subscriber",
-        ));
-    }
-    Ok(Admitted {
-        session: w.session.get(),
-        source: (Gid(w.gid), w.qpn.get()),
-        proof,
-    })
+) -> Result<Admission, NetError> {
+    handshake
+        .on_welcome(welcome)
+        .map_err(|reason| NetError::Admission { publisher, reason })
 }
 
 /// Sends the proof as the connection's first message.
-fn send_proof(rc: &mut PooledQp, channel: u16, proof: &Tag) -> Result<(), NetError> {
-    let mut msg = [0u8; wire::AUTH_PROOF_LEN];
-    // The buffer is the message's size: encoding cannot fail.
-    let n = wire::encode_auth_proof(&mut msg, channel, proof).unwrap_or(0);
+fn send_proof(rc: &mut PooledQp, admitted: &Admission) -> Result<(), NetError> {
     // A fresh connection's send ring is empty: the send is taken.
-    rc.send(&msg[..n], &[Dest::Connected])?;
+    rc.send(&admitted.proof, &[Dest::Connected])?;
     Ok(())
 }
 
@@ -1421,16 +1001,12 @@ pub struct McastSubscriber {
     link: Link,
     reconnect: Reconnect,
     stats: SubscriberIoStats,
-    /// Request timeouts in a row with nothing received over the link, and
-    /// the counters they were last compared with.
-    silent_timeouts: u64,
+    /// The dead-link rule.
+    watch: LinkWatch,
     /// Turns since the recovery connection's CQ was last polled.
     idle_link_turns: u32,
     /// When to report position and rate to the publisher.
     status: StatusReporter,
-    seen_timeouts: u64,
-    seen_answers: u64,
-    seen_next: u64,
 }
 
 impl std::fmt::Debug for McastSubscriber {
@@ -1460,16 +1036,16 @@ impl McastSubscriber {
         let publisher = s.reconnect.publisher;
         let resolved = cm::resolve(publisher, Some(local), CM_TIMEOUT)?;
         let mut rc = recovery_qp(&s.reconnect.pd)?;
-        let initiator = Initiator::new(s.reconnect.key.clone());
-        let hello = hello_for(channel, cfg.auth.datagram_tag, &initiator);
+        let handshake =
+            ClientHandshake::new(s.reconnect.key.clone(), channel, cfg.auth.datagram_tag);
         let (conn, welcome) = resolved.connect(
             rc.qp(),
             &s.reconnect.opts,
             Access::LOCAL,
-            hello.as_bytes(),
+            handshake.hello().as_bytes(),
             CM_TIMEOUT,
         )?;
-        let admitted = match admit(&initiator, &hello, &welcome, publisher) {
+        let admitted = match admit(&handshake, &welcome, publisher) {
             Ok(a) => a,
             Err(e) => {
                 let _ = conn.disconnect();
@@ -1477,9 +1053,9 @@ impl McastSubscriber {
             }
         };
         rc.post_receives()?;
-        send_proof(&mut rc, channel, &admitted.proof)?;
+        send_proof(&mut rc, &admitted)?;
         s.state.announce_session(now_ns(), admitted.session);
-        s.source = admitted.source;
+        s.source = (Gid(admitted.gid), admitted.qpn);
         s.link = Link::Up { rc, conn };
         Ok(s)
     }
@@ -1576,12 +1152,9 @@ impl McastSubscriber {
                 next_check: 0,
             },
             stats: SubscriberIoStats::default(),
-            silent_timeouts: 0,
+            watch: LinkWatch::default(),
             idle_link_turns: 0,
             status: StatusReporter::new(cfg.recovery.status_interval_ns),
-            seen_timeouts: 0,
-            seen_answers: 0,
-            seen_next: 0,
         })
     }
 
@@ -1679,29 +1252,11 @@ impl McastSubscriber {
         if state.poll_timeout().is_some_and(|t| t <= now) {
             state.handle_timeout(now, app);
         }
-        // A link that takes requests but never answers (the publisher's end
-        // is gone without a disconnect reaching us) is dead: after
-        // DEAD_LINK_TIMEOUTS rounds of timeouts in a row with nothing
-        // received, drop it and reconnect.
-        // Delivery that moved on is an answer too: a request covered by a
-        // multicast repair is answered on the lines, not over the link.
-        let timeouts = state.timeouts();
-        if self.stats.recovery_messages != self.seen_answers
-            || state.next_seq() != self.seen_next
-            || !matches!(self.link, Link::Up { .. })
-        {
-            self.seen_answers = self.stats.recovery_messages;
-            self.seen_next = state.next_seq();
-            self.silent_timeouts = 0;
-        }
-        if timeouts != self.seen_timeouts {
-            self.seen_timeouts = timeouts;
-            self.silent_timeouts += 1;
-            if self.silent_timeouts >= DEAD_LINK_TIMEOUTS {
-                self.silent_timeouts = 0;
-                self.stats.unanswered_links += 1;
-                link_ok = false;
-            }
+        // The dead-link rule (see LinkWatch).
+        let up = matches!(self.link, Link::Up { .. });
+        if self.watch.check(state, self.stats.recovery_messages, up) {
+            self.stats.unanswered_links += 1;
+            link_ok = false;
         }
         if let Link::Up { rc, .. } = &mut self.link {
             if self.status.due(now) {
@@ -1769,13 +1324,11 @@ impl McastSubscriber {
                 });
                 match started {
                     Ok((rc, connecting)) => {
-                        let initiator = Initiator::new(r.key.clone());
-                        let hello = hello_for(r.channel, r.tags, &initiator);
+                        let handshake = ClientHandshake::new(r.key.clone(), r.channel, r.tags);
                         self.link = Link::Connecting {
                             rc,
                             connecting,
-                            initiator,
-                            hello,
+                            handshake,
                         };
                         r.next_check = now + CM_STEP_NS;
                     }
@@ -1785,20 +1338,23 @@ impl McastSubscriber {
             Link::Connecting {
                 mut rc,
                 connecting,
-                initiator,
-                hello,
-            } => match connecting.poll(rc.qp(), &r.opts, Access::LOCAL, hello.as_bytes()) {
+                handshake,
+            } => match connecting.poll(
+                rc.qp(),
+                &r.opts,
+                Access::LOCAL,
+                handshake.hello().as_bytes(),
+            ) {
                 Ok(cm::ConnectProgress::Pending(connecting)) => {
                     self.link = Link::Connecting {
                         rc,
                         connecting,
-                        initiator,
-                        hello,
+                        handshake,
                     };
                     r.next_check = now + CM_STEP_NS;
                 }
                 Ok(cm::ConnectProgress::Done(conn, welcome)) => {
-                    let admitted = match admit(&initiator, &hello, &welcome, r.publisher) {
+                    let admitted = match admit(&handshake, &welcome, r.publisher) {
                         Ok(a) => a,
                         Err(_) => {
                             let _ = conn.disconnect();
@@ -1806,13 +1362,11 @@ impl McastSubscriber {
                             return self.reconnect_failed(now);
                         }
                     };
-                    if rc.post_receives().is_err()
-                        || send_proof(&mut rc, r.channel, &admitted.proof).is_err()
-                    {
+                    if rc.post_receives().is_err() || send_proof(&mut rc, &admitted).is_err() {
                         return self.reconnect_failed(now);
                     }
                     self.link = Link::Up { rc, conn };
-                    self.source = admitted.source;
+                    self.source = (Gid(admitted.gid), admitted.qpn);
                     self.stats.reconnects += 1;
                     r.backoff_ns = r.min_ns;
                     r.next_check = now + CM_CHECK_NS;

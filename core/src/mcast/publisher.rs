@@ -71,6 +71,39 @@ pub enum RetransmitReply<'a> {
     NotAvailable(NotAvailable),
 }
 
+/// What a publishing call left for the I/O layer: whether sealed datagrams
+/// are now waiting to go out. The one place that decides it, so the
+/// multicast shell and the RC fan-out act on the same rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "sealed datagrams wait until the I/O layer sends them"]
+pub enum Output {
+    /// Nothing sealed: the message waits in the open datagram (sent by a
+    /// later flush, or by [`PublisherState::poll_flush`]'s timer).
+    Nothing,
+    /// The open datagram was full and was sealed to make room: send it
+    /// (it may wait for the next batch of sends).
+    Sealed,
+    /// A message larger than one datagram was sealed as fragments: send
+    /// them now, they are the whole message.
+    Fragments,
+}
+
+impl Output {
+    /// Whether anything was sealed.
+    pub fn is_due(self) -> bool {
+        self != Output::Nothing
+    }
+}
+
+/// A message published, and what it left to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// The message's sequence.
+    pub seq: u64,
+    /// What is due to go out.
+    pub output: Output,
+}
+
 /// Publisher counters (plain values, copied out by [`PublisherState::counters`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PublisherCounters {
@@ -337,6 +370,66 @@ impl PublisherState {
         }
         self.try_claim(msg.len())?.copy_from_slice(msg);
         Ok(self.commit().unwrap_or(0))
+    }
+
+    /// [`publish`](Self::publish) for an I/O layer: a full open datagram
+    /// is sealed first to make room, and the answer says what is now due to
+    /// go out ([`Output`]), so the caller sends it with one call.
+    pub fn publish_flushing(&mut self, msg: &[u8]) -> Result<Published, ClaimError> {
+        let large = msg.len() > self.max_message_len();
+        match self.publish(msg) {
+            Ok(seq) if large => Ok(Published {
+                seq,
+                output: Output::Fragments,
+            }),
+            Ok(seq) => Ok(Published {
+                seq,
+                output: Output::Nothing,
+            }),
+            Err(ClaimError::Full) => {
+                self.flush();
+                // An empty datagram takes any message publish did not call
+                // too large.
+                let seq = self.publish(msg)?;
+                Ok(Published {
+                    seq,
+                    output: Output::Sealed,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes room for a claim of `len` bytes: seals the open datagram if
+    /// such a claim would not fit it (a claim larger than one datagram is
+    /// staged and needs no room). Call it before
+    /// [`try_claim`](Self::try_claim); [`Output::Sealed`] says a datagram
+    /// is due to go out.
+    pub fn make_room(&mut self, len: usize) -> Output {
+        if len <= self.max_message_len()
+            && (self.open_count >= self.cfg.max_messages
+                || self.open_len + MSG_PREFIX_LEN + len + self.tag_len > self.cfg.max_datagram)
+            && self.flush().is_some()
+        {
+            Output::Sealed
+        } else {
+            Output::Nothing
+        }
+    }
+
+    /// [`commit`](Self::commit) for an I/O layer: the sequence, and
+    /// [`Output::Fragments`] when a large claim was sealed as fragments.
+    pub fn commit_flushing(&mut self) -> Option<Published> {
+        let large = self.claimed_large;
+        let seq = self.commit()?;
+        Some(Published {
+            seq,
+            output: if large {
+                Output::Fragments
+            } else {
+                Output::Nothing
+            },
+        })
     }
 
     fn check_large(&self, len: usize) -> Result<(), ClaimError> {

@@ -56,7 +56,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::config::{ConfigError, McastConfig, Transport};
 use super::net::{NetError, PublishError, SNAPSHOT_CHUNK};
-use super::publisher::{ClaimError, Pacer, PublisherState, RetransmitReply};
+use super::publisher::{Pacer, PublisherState, RetransmitReply};
 use super::snapshot::{encode_snapshot, Handler, Snapshot, SnapshotSink};
 use super::subscriber::{Event, SubscriberCounters, SubscriberState};
 use super::wire::{
@@ -491,28 +491,17 @@ impl RcFanoutPublisher {
     /// Appends one message to the open datagram (writing out a full one
     /// first) and returns its sequence, as [`super::McastPublisher::publish`].
     pub fn publish(&mut self, now: u64, msg: &[u8]) -> Result<u64, PublishError> {
-        match self.state.publish(msg) {
-            Ok(seq) if msg.len() > self.state.max_message_len() => {
-                self.fan_out(now);
-                Ok(seq)
-            }
-            Ok(seq) => Ok(seq),
-            Err(ClaimError::Full) => {
-                self.state.flush();
-                self.fan_out(now);
-                Ok(self.state.publish(msg)?)
-            }
-            Err(e) => Err(e.into()),
+        let p = self.state.publish_flushing(msg)?;
+        if p.output.is_due() {
+            self.fan_out(now);
         }
+        Ok(p.seq)
     }
 
     /// Claims `len` bytes for the next message, as
     /// [`super::McastPublisher::try_claim`].
     pub fn try_claim(&mut self, now: u64, len: usize) -> Result<&mut [u8], PublishError> {
-        if len <= self.state.max_message_len()
-            && matches!(self.state.try_claim(len), Err(ClaimError::Full))
-        {
-            self.state.flush();
+        if self.state.make_room(len).is_due() {
             self.fan_out(now);
         }
         Ok(self.state.try_claim(len)?)
@@ -520,12 +509,11 @@ impl RcFanoutPublisher {
 
     /// Commits the claimed message and returns its sequence.
     pub fn commit(&mut self, now: u64) -> Option<u64> {
-        let fragments = self.state.counters().fragments;
-        let seq = self.state.commit()?;
-        if self.state.counters().fragments != fragments {
+        let p = self.state.commit_flushing()?;
+        if p.output.is_due() {
             self.fan_out(now);
         }
-        Some(seq)
+        Some(p.seq)
     }
 
     /// Seals the open datagram and writes it to every subscriber that has room.

@@ -1371,6 +1371,47 @@ impl SubscriberState {
     }
 }
 
+/// Request timeouts in a row, with nothing received over the recovery link
+/// and delivery not moving, after which the link is taken for dead.
+pub const DEAD_LINK_TIMEOUTS: u64 = 3;
+
+/// The dead-link rule, I/O-free: a recovery link that takes requests but
+/// never answers (the publisher's end is gone without a disconnect reaching
+/// us) is dead after [`DEAD_LINK_TIMEOUTS`] rounds of request timeouts in a
+/// row with nothing received over it. Delivery that moved on is an answer
+/// too: a request covered by a multicast repair is answered on the lines,
+/// not over the link.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinkWatch {
+    silent_timeouts: u64,
+    seen_timeouts: u64,
+    seen_answers: u64,
+    seen_next: u64,
+}
+
+impl LinkWatch {
+    /// Looks at the subscriber after a turn: `answers` is the running count
+    /// of messages received over the link, `link_up` whether it is up.
+    /// `true`: the link is dead, drop it and reconnect.
+    pub fn check(&mut self, state: &SubscriberState, answers: u64, link_up: bool) -> bool {
+        if answers != self.seen_answers || state.next_seq() != self.seen_next || !link_up {
+            self.seen_answers = answers;
+            self.seen_next = state.next_seq();
+            self.silent_timeouts = 0;
+        }
+        let timeouts = state.timeouts();
+        if timeouts != self.seen_timeouts {
+            self.seen_timeouts = timeouts;
+            self.silent_timeouts += 1;
+            if self.silent_timeouts >= DEAD_LINK_TIMEOUTS {
+                self.silent_timeouts = 0;
+                return true;
+            }
+        }
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

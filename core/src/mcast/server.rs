@@ -1,0 +1,1280 @@
+//! The publisher's recovery service as an I/O-free state machine: who may
+//! connect, the challenge-response admission, what each request costs and
+//! gets, and which clients are dropped. It takes connect requests, bytes
+//! received and `now`, and hands back welcomes, refusals, the bytes to send
+//! on each connection and the connections to close. The multicast shell
+//! ([`super::net`]) moves those bytes over rdma_cm and RC queue pairs; the
+//! simulator (`core/tests/mcast_sim.rs`) moves them through its model of
+//! the network. Neither decides anything the server decides.
+//!
+//! What it decides, per connection (see `[recovery_server]` in
+//! [`super::config`]):
+//! - admission: at most `max_connections` at once (set-ups included), a
+//!   hello for our channel and datagram-tag setting, then a proof of the
+//!   shared secret ([`crate::auth`]) as the first message, within
+//!   `handshake_timeout_ns` of the connection being established; nothing
+//!   is served before;
+//! - retransmit requests: a token bucket per connection
+//!   (`requests_per_sec`, `request_burst`), at most
+//!   `recovery.max_request_messages` messages each, unicast or multicast
+//!   as the [`RepairPlanner`] says, answered from the [`PublisherState`]'s
+//!   history;
+//! - snapshot requests: a token bucket per connection (`snapshots_per_sec`,
+//!   `snapshot_burst`), one serialisation reused for `snapshot_reuse_ns`
+//!   (or as long as its sequence is current) whoever asks;
+//! - answers queue in a per-connection outbox; beyond `max_outbox_bytes`
+//!   requests are dropped; [`poll_transmit`](RecoveryServer::poll_transmit)
+//!   packs whole messages into the shell's send buffers;
+//! - a client that takes nothing (answers queued, none sent for
+//!   `stall_timeout_ns`, or its queue pair's RNR retries exhausted, which
+//!   the shell reports) is dropped;
+//! - subscriber status reports feed the [`SubscriberTable`].
+//!
+//! Each refusal and drop is counted ([`RecoveryCounters`]) and logged at
+//! most `log_per_sec` times a second. Connection set-up allocates (the
+//! outbox, the table row); serving does not, beyond an outbox growing,
+//! amortised, to its largest burst.
+
+use arrayvec::ArrayVec;
+use zerocopy::{FromBytes, IntoBytes};
+
+use super::config::RecoveryServerConfig;
+use super::publisher::{Pacer, PublisherState, RetransmitReply};
+use super::repair::{RepairConfig, RepairCounters, RepairDecision, RepairPlanner};
+use super::snapshot::{encode_snapshot, Snapshot};
+use super::status::{PublisherEvent, SubscriberRow, SubscriberTable};
+use super::wire::{
+    self, Hello, RecoveryHeader, RecoveryMsg, RetransmitRequest, Welcome, RECOVERY_HEADER_LEN,
+    WELCOME_SIGNED_LEN,
+};
+use crate::auth::{Initiator, Key, Responder};
+
+const HELLO_LEN: usize = std::mem::size_of::<Hello>();
+
+/// Parameters of a [`RecoveryServer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// The `[recovery_server]` limits.
+    pub limits: RecoveryServerConfig,
+    /// Retransmit requests are cut to this many messages
+    /// (`recovery.max_request_messages`).
+    pub max_request_messages: u64,
+    /// Snapshot bytes per snapshot chunk message (so one chunk fills one
+    /// send buffer of the shell).
+    pub snapshot_chunk: usize,
+    /// How long a connection may take to be established after its welcome
+    /// was sent (the transport's connection set-up).
+    pub setup_timeout_ns: u64,
+    /// Bytes preallocated for each connection's outbox.
+    pub outbox_capacity: usize,
+}
+
+/// Counters of the recovery service (plain values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecoveryCounters {
+    /// Connections established.
+    pub connections_accepted: u64,
+    /// Connections that failed or timed out setting up.
+    pub connections_failed: u64,
+    /// Established connections closed (for any reason).
+    pub connections_closed: u64,
+    /// Connect requests refused (connection cap, wrong hello).
+    pub connections_refused: u64,
+    /// Connections dropped for a wrong first message (not a valid proof).
+    pub auth_failures: u64,
+    /// Connections dropped for no proof within `handshake_timeout_ns`.
+    pub handshake_timeouts: u64,
+    /// Retransmit requests served.
+    pub retransmit_requests: u64,
+    /// Snapshots served.
+    pub snapshots_served: u64,
+    /// Snapshots serialised (the rest of `snapshots_served` reused one).
+    pub snapshots_built: u64,
+    /// Requests dropped: outbox full, undecodable or unexpected.
+    pub requests_dropped: u64,
+    /// Retransmit requests dropped by the rate limit.
+    pub requests_rate_limited: u64,
+    /// Snapshot requests dropped by the rate limit.
+    pub snapshots_rate_limited: u64,
+    /// Retransmit requests cut to `max_request_messages`.
+    pub requests_clamped: u64,
+    /// Clients dropped for taking nothing.
+    pub clients_stalled: u64,
+    /// Datagrams queued for unicast retransmission.
+    pub repair_unicast_datagrams: u64,
+    /// Requests a recent multicast retransmit covered.
+    pub repair_requests_covered: u64,
+    /// Retries that crossed their answer.
+    pub repair_requests_suppressed: u64,
+    /// Status reports taken.
+    pub status_reports: u64,
+    /// Status reports dropped as invalid.
+    pub status_invalid: u64,
+}
+
+/// Why a connect request was refused (the shell sends the reason back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused(pub &'static str);
+
+/// Why a connection was closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// It was not established in time (or its set-up failed).
+    SetupFailed,
+    /// Its first message was not a valid proof of the secret.
+    AuthFailed,
+    /// No proof within the handshake deadline.
+    HandshakeTimeout,
+    /// It took nothing for too long (or RNR retries ran out).
+    Stalled,
+    /// The transport failed, or the peer disconnected.
+    Lost,
+    /// The service was stopped.
+    Shutdown,
+}
+
+impl CloseReason {
+    fn log_text(self) -> &'static str {
+        match self {
+            CloseReason::AuthFailed => {
+                "wrong proof of the shared secret (wrong secret or a replayed handshake)"
+            }
+            CloseReason::HandshakeTimeout => "no proof of the shared secret in time",
+            CloseReason::Stalled => "client takes nothing (no receive posted)",
+            CloseReason::SetupFailed | CloseReason::Lost | CloseReason::Shutdown => "",
+        }
+    }
+}
+
+/// The admission handshake a connection must still complete: the responder
+/// state and the bytes both proofs cover (hello, then the welcome up to its
+/// nonce).
+struct PendingAuth {
+    responder: Responder,
+    ctx: [u8; HELLO_LEN + WELCOME_SIGNED_LEN],
+}
+
+enum Phase {
+    /// Welcome sent, transport connection not yet established.
+    SettingUp { auth: PendingAuth, deadline: u64 },
+    /// Established; the proof must come first, before `deadline`.
+    Proving { auth: PendingAuth, deadline: u64 },
+    /// Proved the secret: served.
+    Admitted,
+}
+
+struct Conn {
+    id: u32,
+    phase: Phase,
+    outbox: Vec<u8>,
+    out_pos: usize,
+    requests: Pacer,
+    snapshots: Pacer,
+    /// Last time the outbox was empty or something of it was sent.
+    progress_at: u64,
+    peer: String,
+    closing: Option<CloseReason>,
+}
+
+/// At most `per_sec` log lines a second (the counters count every event).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LogBudget {
+    per_sec: u32,
+    window: u64,
+    used: u32,
+}
+
+impl LogBudget {
+    pub(crate) fn new(per_sec: u32) -> Self {
+        LogBudget {
+            per_sec,
+            window: 0,
+            used: 0,
+        }
+    }
+    pub(crate) fn allow(&mut self, now: u64) -> bool {
+        if now.saturating_sub(self.window) >= 1_000_000_000 {
+            self.window = now;
+            self.used = 0;
+        }
+        self.used += 1;
+        self.used <= self.per_sec
+    }
+}
+
+/// Length of the recovery message at the start of `bytes` (from its header).
+pub(crate) fn recovery_len(bytes: &[u8]) -> Option<usize> {
+    let (h, _) = RecoveryHeader::ref_from_prefix(bytes).ok()?;
+    let len = h.len.get() as usize;
+    (RECOVERY_HEADER_LEN..=bytes.len())
+        .contains(&len)
+        .then_some(len)
+}
+
+/// The publisher's recovery service. See the module documentation.
+pub struct RecoveryServer {
+    cfg: ServerConfig,
+    key: Key,
+    /// The welcome without nonce and proof: channel, flags, session, QPN, GID.
+    identity: Welcome,
+    conns: Vec<Conn>,
+    next_id: u32,
+    scratch: Vec<u8>,
+    /// The encoded snapshot messages last built, and (sequence, time) of
+    /// their making.
+    snapshot: Vec<u8>,
+    snapshot_at: Option<(u64, u64)>,
+    log: LogBudget,
+    planner: RepairPlanner,
+    /// Admitted connections, as of the last timer run.
+    subscribers: usize,
+    table: SubscriberTable,
+    counters: RecoveryCounters,
+}
+
+impl std::fmt::Debug for RecoveryServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecoveryServer")
+            .field("connections", &self.conns.len())
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RecoveryServer {
+    /// A server admitting holders of `key` and announcing `identity` (its
+    /// nonce and tag are filled per connection).
+    pub fn new(cfg: ServerConfig, key: Key, identity: Welcome) -> Self {
+        let l = cfg.limits;
+        RecoveryServer {
+            cfg,
+            key,
+            identity,
+            conns: Vec::with_capacity(l.max_connections),
+            next_id: 0,
+            scratch: Vec::new(),
+            snapshot: Vec::new(),
+            snapshot_at: None,
+            log: LogBudget::new(l.log_per_sec),
+            planner: RepairPlanner::new(RepairConfig {
+                multicast: l.multicast_repair,
+                window_ns: l.repair_window_ns,
+                holdoff_ns: l.repair_holdoff_ns,
+            }),
+            subscribers: 0,
+            table: SubscriberTable::new(l.lag_alert_messages),
+            counters: RecoveryCounters::default(),
+        }
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> RecoveryCounters {
+        self.counters
+    }
+    /// How retransmit requests were answered (unicast, multicast, covered).
+    pub fn repair_counters(&self) -> RepairCounters {
+        self.planner.counters()
+    }
+    /// Every admitted subscriber (see [`super::status`]).
+    pub fn subscribers(&self) -> &[SubscriberRow] {
+        self.table.rows()
+    }
+    /// The next event about subscribers.
+    pub fn poll_event(&mut self) -> Option<PublisherEvent> {
+        self.table.poll_event()
+    }
+    /// Established connections (admitted or still proving themselves).
+    pub fn connections(&self) -> usize {
+        self.conns
+            .iter()
+            .filter(|c| !matches!(c.phase, Phase::SettingUp { .. }))
+            .count()
+    }
+    /// Connections that proved the shared secret.
+    pub fn admitted_connections(&self) -> usize {
+        self.conns
+            .iter()
+            .filter(|c| matches!(c.phase, Phase::Admitted))
+            .count()
+    }
+    /// Whether connection `id` exists and is not being closed: the shell
+    /// serves only those.
+    pub fn is_open(&self, id: u32) -> bool {
+        self.conn(id).is_some_and(|c| c.closing.is_none())
+    }
+
+    fn conn(&self, id: u32) -> Option<&Conn> {
+        self.conns.iter().find(|c| c.id == id)
+    }
+    fn conn_mut(&mut self, id: u32) -> Option<&mut Conn> {
+        self.conns.iter_mut().find(|c| c.id == id)
+    }
+
+    /// A connect request from `peer` with the hello `private_data`: refused
+    /// (counted, logged) if the connection cap is reached or the hello is
+    /// not ours, else a new connection `id` to be accepted with the returned
+    /// welcome (which carries our nonce and proof) and reported
+    /// [`on_established`](Self::on_established) within the set-up timeout.
+    pub fn on_connect_request(
+        &mut self,
+        now: u64,
+        peer: String,
+        private_data: &[u8],
+    ) -> Result<(u32, Welcome), Refused> {
+        let hello = if self.conns.len() >= self.cfg.limits.max_connections {
+            Err("busy: recovery connection limit reached")
+        } else {
+            match Hello::read_from_prefix(private_data) {
+                Err(_) => Err("not a rocebus recovery hello"),
+                Ok((h, _)) if h.magic.get() != wire::HELLO_MAGIC || h.version != wire::VERSION => {
+                    Err("not a rocebus recovery hello")
+                }
+                Ok((h, _)) if h.channel != self.identity.channel => Err("wrong channel"),
+                Ok((h, _)) if h.flags != self.identity.flags => {
+                    Err("auth.datagram_tag differs between publisher and subscriber")
+                }
+                Ok((h, _)) => Ok(h),
+            }
+        };
+        let hello = match hello {
+            Ok(h) => h,
+            Err(reason) => {
+                self.counters.connections_refused += 1;
+                if self.log.allow(now) {
+                    tracing::warn!(%peer, reason, refused = self.counters.connections_refused, "recovery connection refused");
+                }
+                return Err(Refused(reason));
+            }
+        };
+        let mut ctx = [0u8; HELLO_LEN + WELCOME_SIGNED_LEN];
+        ctx[..HELLO_LEN].copy_from_slice(hello.as_bytes());
+        ctx[HELLO_LEN..].copy_from_slice(self.identity.signed());
+        let (responder, tr) = Responder::new(self.key.clone(), hello.nonce, &ctx);
+        let mut welcome = self.identity;
+        welcome.nonce = responder.nonce();
+        welcome.tag = tr;
+        self.next_id = self.next_id.wrapping_add(1);
+        let l = &self.cfg.limits;
+        self.conns.push(Conn {
+            id: self.next_id,
+            phase: Phase::SettingUp {
+                auth: PendingAuth { responder, ctx },
+                deadline: now.saturating_add(self.cfg.setup_timeout_ns),
+            },
+            outbox: Vec::new(),
+            out_pos: 0,
+            requests: Pacer::new(l.requests_per_sec, l.request_burst),
+            snapshots: Pacer::new(l.snapshots_per_sec, l.snapshot_burst),
+            progress_at: now,
+            peer,
+            closing: None,
+        });
+        Ok((self.next_id, welcome))
+    }
+
+    /// Connection `id` is established: its proof is due within
+    /// `handshake_timeout_ns`.
+    pub fn on_established(&mut self, now: u64, id: u32) {
+        let (timeout, capacity) = (
+            self.cfg.limits.handshake_timeout_ns,
+            self.cfg.outbox_capacity,
+        );
+        let Some(c) = self.conn_mut(id) else { return };
+        if let Phase::SettingUp { .. } = c.phase {
+            let Phase::SettingUp { auth, .. } = std::mem::replace(&mut c.phase, Phase::Admitted)
+            else {
+                return;
+            };
+            c.phase = Phase::Proving {
+                auth,
+                deadline: now.saturating_add(timeout),
+            };
+            // Connection set-up: the one allocation of the outbox.
+            c.outbox.reserve(capacity);
+            c.progress_at = now;
+            self.counters.connections_accepted += 1;
+        }
+    }
+
+    /// The transport failed connection `id` (set-up failed, an error
+    /// completion, or the peer disconnected); `stalled`: its sends failed
+    /// because the client posts no receive (RNR retries exhausted).
+    pub fn on_transport_error(&mut self, id: u32, stalled: bool) {
+        if let Some(c) = self.conn_mut(id) {
+            let reason = match c.phase {
+                Phase::SettingUp { .. } => CloseReason::SetupFailed,
+                _ if stalled => CloseReason::Stalled,
+                _ => CloseReason::Lost,
+            };
+            c.closing.get_or_insert(reason);
+        }
+    }
+
+    /// Timers: connections past their set-up or handshake deadline, and
+    /// clients with answers queued that sent nothing for
+    /// `stall_timeout_ns`, are closed; the repair planner forgets old
+    /// repairs; every subscriber's lag is recomputed against `state`'s next
+    /// sequence. Call it once per poll, before serving.
+    pub fn handle_timeout(&mut self, now: u64, state: &PublisherState) {
+        let stall = self.cfg.limits.stall_timeout_ns;
+        let mut admitted = 0;
+        for c in &mut self.conns {
+            if c.closing.is_some() {
+                continue;
+            }
+            let why = match c.phase {
+                Phase::SettingUp { deadline, .. } if now >= deadline => {
+                    Some(CloseReason::SetupFailed)
+                }
+                Phase::Proving { deadline, .. } if now >= deadline => {
+                    Some(CloseReason::HandshakeTimeout)
+                }
+                Phase::Admitted => {
+                    admitted += 1;
+                    None
+                }
+                _ => None,
+            };
+            if c.out_pos >= c.outbox.len() {
+                c.progress_at = now;
+            }
+            c.closing = why.or_else(|| {
+                (now.saturating_sub(c.progress_at) >= stall).then_some(CloseReason::Stalled)
+            });
+        }
+        self.subscribers = admitted;
+        self.planner.handle_timeout(now);
+        self.table.handle_timeout(now, state.next_seq());
+    }
+
+    /// The earliest deadline [`handle_timeout`](Self::handle_timeout)
+    /// acts on (set-up, handshake, stall), if any connection has one.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let stall = self.cfg.limits.stall_timeout_ns;
+        self.conns
+            .iter()
+            .filter(|c| c.closing.is_none())
+            .filter_map(|c| match c.phase {
+                Phase::SettingUp { deadline, .. } | Phase::Proving { deadline, .. } => {
+                    Some(deadline)
+                }
+                Phase::Admitted if c.out_pos < c.outbox.len() => {
+                    Some(c.progress_at.saturating_add(stall))
+                }
+                Phase::Admitted => None,
+            })
+            .min()
+    }
+
+    /// A multicast retransmit the planner chose: `[from, to)` to send again
+    /// on the lines, from the history.
+    pub fn poll_repair(&mut self) -> Option<(u64, u64)> {
+        self.planner.poll_transmit()
+    }
+
+    /// Bytes received on connection `id` (one receive buffer: one or more
+    /// recovery messages). Answers are queued for
+    /// [`poll_transmit`](Self::poll_transmit); retransmits come from
+    /// `state`'s history, snapshots from `snapshot`. A connection that
+    /// breaks the admission rule is closed.
+    pub fn on_receive<S: Snapshot + ?Sized>(
+        &mut self,
+        now: u64,
+        id: u32,
+        mut bytes: &[u8],
+        state: &mut PublisherState,
+        snapshot: &S,
+    ) {
+        let Some(i) = self.conns.iter().position(|c| c.id == id) else {
+            return;
+        };
+        let our_channel = state.config().channel;
+        let session = state.session();
+        while !bytes.is_empty() {
+            let c = &mut self.conns[i];
+            if c.closing.is_some() {
+                return;
+            }
+            let Ok((msg, used)) = wire::decode_recovery(bytes) else {
+                self.counters.requests_dropped += 1;
+                if !matches!(c.phase, Phase::Admitted) {
+                    c.closing = Some(CloseReason::AuthFailed);
+                }
+                return;
+            };
+            bytes = &bytes[used..];
+            match &c.phase {
+                Phase::SettingUp { auth, .. } | Phase::Proving { auth, .. } => {
+                    // The first message must be the proof; nothing else is
+                    // looked at before it checked.
+                    match msg {
+                        RecoveryMsg::AuthProof { channel, tag }
+                            if channel == our_channel
+                                && auth.responder.on_proof(&tag, &auth.ctx).is_ok() =>
+                        {
+                            c.phase = Phase::Admitted;
+                            // Admission only: the one allocation per subscriber.
+                            self.table.add(id, c.peer.clone());
+                        }
+                        _ => c.closing = Some(CloseReason::AuthFailed),
+                    }
+                    continue;
+                }
+                Phase::Admitted => {}
+            }
+            match msg {
+                RecoveryMsg::RetransmitRequest(r) => self.on_retransmit(now, i, r, state),
+                RecoveryMsg::SnapshotRequest { channel, .. } if channel == our_channel => {
+                    self.on_snapshot(now, i, state, snapshot)
+                }
+                RecoveryMsg::SubscriberStatus(st) => {
+                    let published = state.next_seq();
+                    match self
+                        .table
+                        .on_status(now, id, &st, our_channel, session, published)
+                    {
+                        Ok(()) => self.counters.status_reports += 1,
+                        Err(e) => {
+                            self.counters.status_invalid += 1;
+                            if self.log.allow(now) {
+                                let peer = &self.conns[i].peer;
+                                tracing::warn!(%peer, error = %e, "subscriber status dropped");
+                            }
+                        }
+                    }
+                }
+                _ => self.counters.requests_dropped += 1,
+            }
+        }
+    }
+
+    fn on_retransmit(
+        &mut self,
+        now: u64,
+        i: usize,
+        r: RetransmitRequest,
+        state: &mut PublisherState,
+    ) {
+        let c = &mut self.conns[i];
+        let counters = &mut self.counters;
+        if !c.requests.try_acquire(now) {
+            counters.requests_rate_limited += 1;
+            return;
+        }
+        if c.outbox.len() > self.cfg.limits.max_outbox_bytes {
+            counters.requests_dropped += 1;
+            return;
+        }
+        counters.retransmit_requests += 1;
+        self.table.on_request(c.id);
+        let max = self.cfg.max_request_messages;
+        let r = if r.count > max {
+            counters.requests_clamped += 1;
+            RetransmitRequest { count: max, ..r }
+        } else {
+            r
+        };
+        let (channel, session) = (state.config().channel, state.session());
+        // What is ours and still in the history may be answered on
+        // multicast; the rest goes back by unicast, with its NotAvailable.
+        let r = if r.channel == channel
+            && r.session == session
+            && r.from_seq >= state.oldest_available()
+        {
+            let end = r.from_seq.saturating_add(r.count);
+            match self
+                .planner
+                .on_request(now, c.id, r.from_seq, end, self.subscribers)
+            {
+                RepairDecision::Unicast { from, to } => RetransmitRequest {
+                    from_seq: from,
+                    count: to - from,
+                    ..r
+                },
+                RepairDecision::Multicast { .. } => return,
+                RepairDecision::Covered => {
+                    counters.repair_requests_covered += 1;
+                    return;
+                }
+                RepairDecision::Suppressed => {
+                    counters.repair_requests_suppressed += 1;
+                    return;
+                }
+            }
+        } else {
+            r
+        };
+        if c.out_pos >= c.outbox.len() {
+            c.progress_at = now;
+        }
+        let outbox = &mut c.outbox;
+        state.answer_retransmit(&r, |reply| {
+            let start = outbox.len();
+            let n = match reply {
+                RetransmitReply::Data(d) => {
+                    counters.repair_unicast_datagrams += 1;
+                    outbox.resize(start + RECOVERY_HEADER_LEN + d.len(), 0);
+                    wire::encode_retransmit_data(&mut outbox[start..], channel, session, d)
+                }
+                RetransmitReply::NotAvailable(na) => {
+                    outbox.resize(start + wire::NotAvailable::LEN, 0);
+                    na.encode(&mut outbox[start..])
+                }
+            };
+            outbox.truncate(start + n.unwrap_or(0));
+        });
+    }
+
+    fn on_snapshot<S: Snapshot + ?Sized>(
+        &mut self,
+        now: u64,
+        i: usize,
+        state: &PublisherState,
+        snapshot: &S,
+    ) {
+        let c = &mut self.conns[i];
+        if !c.snapshots.try_acquire(now) {
+            self.counters.snapshots_rate_limited += 1;
+            return;
+        }
+        if c.outbox.len() > self.cfg.limits.max_outbox_bytes {
+            self.counters.requests_dropped += 1;
+            return;
+        }
+        self.counters.snapshots_served += 1;
+        // One serialisation serves every request while its sequence is
+        // current, and for snapshot_reuse_ns after it was made whatever the
+        // sequence: a subscriber fetches what came after it from the history.
+        let seq = snapshot.snapshot_seq();
+        let reuse = self.cfg.limits.snapshot_reuse_ns;
+        let fresh = self
+            .snapshot_at
+            .is_some_and(|(at_seq, at)| at_seq == seq || now.saturating_sub(at) < reuse);
+        if !fresh {
+            self.counters.snapshots_built += 1;
+            self.scratch.clear();
+            snapshot.write_snapshot(&mut self.scratch);
+            self.snapshot.clear();
+            let cache = &mut self.snapshot;
+            encode_snapshot(
+                state.config().channel,
+                state.session(),
+                seq,
+                &self.scratch,
+                self.cfg.snapshot_chunk,
+                |m| cache.extend_from_slice(m),
+            );
+            self.snapshot_at = Some((seq, now));
+        }
+        if c.out_pos >= c.outbox.len() {
+            c.progress_at = now;
+        }
+        c.outbox.extend_from_slice(&self.snapshot);
+    }
+
+    /// The next bytes to send on connection `id`: as many whole queued
+    /// messages as fit `max` bytes (one send buffer), or `None` when
+    /// nothing is queued. Confirm what the transport took with
+    /// [`transmitted`](Self::transmitted); bytes not confirmed are offered
+    /// again.
+    pub fn poll_transmit(&mut self, id: u32, max: usize) -> Option<&[u8]> {
+        let c = self.conns.iter_mut().find(|c| c.id == id)?;
+        if c.closing.is_some() || c.out_pos >= c.outbox.len() {
+            return None;
+        }
+        let mut end = c.out_pos;
+        while let Some(len) = recovery_len(&c.outbox[end..]) {
+            if end + len - c.out_pos > max {
+                break;
+            }
+            end += len;
+        }
+        if end == c.out_pos {
+            // Cannot happen (every message was encoded here and fits a
+            // send buffer): drop the rest rather than offer it for ever.
+            c.outbox.clear();
+            c.out_pos = 0;
+            return None;
+        }
+        Some(&c.outbox[c.out_pos..end])
+    }
+
+    /// The transport took the `len` bytes [`poll_transmit`](Self::poll_transmit)
+    /// offered on connection `id`.
+    pub fn transmitted(&mut self, now: u64, id: u32, len: usize) {
+        let Some(c) = self.conn_mut(id) else { return };
+        c.out_pos = (c.out_pos + len).min(c.outbox.len());
+        c.progress_at = now;
+        if c.out_pos == c.outbox.len() {
+            c.outbox.clear();
+            c.out_pos = 0;
+        }
+    }
+
+    /// Bytes queued on connection `id` not sent yet.
+    pub fn queued(&self, id: u32) -> usize {
+        self.conn(id)
+            .map_or(0, |c| c.outbox.len().saturating_sub(c.out_pos))
+    }
+
+    /// Removes the next connection that is being closed, counting and
+    /// logging why, and returns its id and the reason: the shell releases
+    /// its transport. Call until `None` after each poll.
+    pub fn poll_closed(&mut self, now: u64) -> Option<(u32, CloseReason)> {
+        let i = self.conns.iter().position(|c| c.closing.is_some())?;
+        let c = self.conns.swap_remove(i);
+        let reason = c.closing.unwrap_or(CloseReason::Lost);
+        let k = &mut self.counters;
+        match reason {
+            CloseReason::SetupFailed => {
+                k.connections_failed += 1;
+                return Some((c.id, reason));
+            }
+            CloseReason::AuthFailed => k.auth_failures += 1,
+            CloseReason::HandshakeTimeout => k.handshake_timeouts += 1,
+            CloseReason::Stalled => k.clients_stalled += 1,
+            CloseReason::Lost | CloseReason::Shutdown => {}
+        }
+        k.connections_closed += 1;
+        let text = reason.log_text();
+        if !text.is_empty() && self.log.allow(now) {
+            tracing::warn!(peer = %c.peer, reason = text, "recovery connection dropped");
+        }
+        self.table.remove(c.id);
+        Some((c.id, reason))
+    }
+
+    /// Closes every connection (the service stops): established ones count
+    /// as closed, set-ups in progress are forgotten. The shell drops its
+    /// transports itself.
+    pub fn close_all(&mut self) {
+        self.counters.connections_closed += self.connections() as u64;
+        self.conns.clear();
+        self.table.clear();
+    }
+}
+
+/// The refusal text sent back with a rejected connect request.
+pub fn refusal_message(reason: Refused) -> ArrayVec<u8, 96> {
+    let mut msg = ArrayVec::<u8, 96>::new();
+    let _ = msg.try_extend_from_slice(b"rocebus: ");
+    let _ = msg.try_extend_from_slice(&reason.0.as_bytes()[..reason.0.len().min(80)]);
+    msg
+}
+
+/// The subscriber's half of the admission handshake, I/O-free: the hello
+/// to send with the connect request, and the check of the publisher's
+/// welcome (its proof of the secret over both, the channel, the tag
+/// setting) that yields the proof to send as the first message.
+pub struct ClientHandshake {
+    initiator: Initiator,
+    hello: Hello,
+}
+
+impl std::fmt::Debug for ClientHandshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientHandshake")
+            .field("channel", &self.hello.channel.get())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the publisher's welcome told an admitted subscriber.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    /// The publisher's session.
+    pub session: u64,
+    /// The GID it multicasts from.
+    pub gid: [u8; 16],
+    /// The UD queue pair it multicasts from.
+    pub qpn: u32,
+    /// The proof message to send as the connection's first message.
+    pub proof: [u8; wire::AUTH_PROOF_LEN],
+}
+
+impl ClientHandshake {
+    /// A handshake for `channel` with a fresh nonce; `tags`: we expect
+    /// tagged datagrams (`auth.datagram_tag`).
+    pub fn new(key: Key, channel: u16, tags: bool) -> Self {
+        let initiator = Initiator::new(key);
+        let hello = Hello {
+            magic: wire::HELLO_MAGIC.into(),
+            version: wire::VERSION,
+            flags: if tags { wire::FLAG_DATAGRAM_TAG } else { 0 },
+            channel: channel.into(),
+            reserved: 0.into(),
+            nonce: initiator.nonce(),
+        };
+        ClientHandshake { initiator, hello }
+    }
+
+    /// The connect request's private data.
+    pub fn hello(&self) -> &Hello {
+        &self.hello
+    }
+
+    /// Checks the publisher's welcome against our hello: `Err` says why it
+    /// is refused.
+    pub fn on_welcome(&self, welcome: &[u8]) -> Result<Admission, &'static str> {
+        let Ok((w, _)) = Welcome::read_from_prefix(welcome) else {
+            return Err("the answer is not a rocebus recovery welcome");
+        };
+        if w.magic.get() != wire::WELCOME_MAGIC || w.version != wire::VERSION {
+            return Err("the answer is not a rocebus recovery welcome");
+        }
+        let mut ctx = [0u8; HELLO_LEN + WELCOME_SIGNED_LEN];
+        ctx[..HELLO_LEN].copy_from_slice(self.hello.as_bytes());
+        ctx[HELLO_LEN..].copy_from_slice(w.signed());
+        let Ok((tag, _)) = self.initiator.on_response(&w.nonce, &w.tag, &ctx) else {
+            return Err(
+                "the publisher's proof of the shared secret is wrong (auth.secret differs?)",
+            );
+        };
+        if w.channel != self.hello.channel {
+            return Err("the publisher serves another channel");
+        }
+        if w.flags != self.hello.flags {
+            return Err("auth.datagram_tag differs between publisher and subscriber");
+        }
+        let mut proof = [0u8; wire::AUTH_PROOF_LEN];
+        // The buffer is the message's size: encoding cannot fail.
+        let _ = wire::encode_auth_proof(&mut proof, self.hello.channel.get(), &tag);
+        Ok(Admission {
+            session: w.session.get(),
+            gid: w.gid,
+            qpn: w.qpn.get(),
+            proof,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Purpose;
+    use crate::mcast::publisher::PublisherConfig;
+    use crate::mcast::wire::{Datagram, NotAvailable};
+
+    const CHANNEL: u16 = 4;
+    const SESSION: u64 = 77;
+
+    struct App(u64);
+    impl Snapshot for App {
+        fn snapshot_seq(&self) -> u64 {
+            self.0
+        }
+        fn write_snapshot(&self, out: &mut Vec<u8>) {
+            out.extend_from_slice(&[7u8; 2500]);
+        }
+    }
+
+    fn key() -> Key {
+        Key::derive(b"secret", Purpose::Recovery)
+    }
+
+    fn identity() -> Welcome {
+        Welcome {
+            magic: wire::WELCOME_MAGIC.into(),
+            version: wire::VERSION,
+            flags: 0,
+            channel: CHANNEL.into(),
+            reserved: 0.into(),
+            session: SESSION.into(),
+            qpn: 0x1234.into(),
+            reserved2: 0.into(),
+            gid: [9; 16],
+            nonce: [0; 16],
+            tag: [0; 16],
+        }
+    }
+
+    fn limits() -> RecoveryServerConfig {
+        RecoveryServerConfig {
+            max_connections: 3,
+            handshake_timeout_ns: 1_000,
+            requests_per_sec: 1_000,
+            request_burst: 2,
+            snapshots_per_sec: 1_000,
+            snapshot_burst: 1,
+            snapshot_reuse_ns: 10_000,
+            stall_timeout_ns: 5_000,
+            multicast_repair: false,
+            ..RecoveryServerConfig::default()
+        }
+    }
+
+    fn server(l: RecoveryServerConfig) -> RecoveryServer {
+        RecoveryServer::new(
+            ServerConfig {
+                limits: l,
+                max_request_messages: 20,
+                snapshot_chunk: 1000,
+                setup_timeout_ns: 50_000,
+                outbox_capacity: 4096,
+            },
+            key(),
+            identity(),
+        )
+    }
+
+    /// A publisher with 100 one-message datagrams sealed (sequences 1..=100).
+    fn publisher() -> PublisherState {
+        let mut p = PublisherState::new(PublisherConfig {
+            channel: CHANNEL,
+            session: SESSION,
+            max_datagram: 64,
+            max_messages: 1,
+            flush_interval_ns: 0,
+            history_depth: 1000,
+            max_message_bytes: 0,
+        });
+        for i in 0..100u64 {
+            let _ = p.publish_flushing(&i.to_le_bytes()).unwrap();
+        }
+        p.flush();
+        p
+    }
+
+    /// Connects and proves the secret; returns the connection id.
+    fn admit(s: &mut RecoveryServer, p: &mut PublisherState, now: u64) -> u32 {
+        let h = ClientHandshake::new(key(), CHANNEL, false);
+        let (id, welcome) = s
+            .on_connect_request(now, "10.0.0.9:1".into(), h.hello().as_bytes())
+            .unwrap();
+        let a = h.on_welcome(welcome.as_bytes()).unwrap();
+        assert_eq!((a.session, a.qpn, a.gid), (SESSION, 0x1234, [9; 16]));
+        s.on_established(now, id);
+        s.on_receive(now, id, &a.proof, p, &App(0));
+        assert!(s.is_open(id));
+        id
+    }
+
+    fn retransmit(from_seq: u64, count: u64) -> Vec<u8> {
+        let mut b = vec![0u8; 64];
+        let n = RetransmitRequest {
+            channel: CHANNEL,
+            session: SESSION,
+            from_seq,
+            count,
+        }
+        .encode(&mut b)
+        .unwrap();
+        b.truncate(n);
+        b
+    }
+
+    fn snapshot_request() -> Vec<u8> {
+        let mut b = vec![0u8; 64];
+        let n = wire::encode_snapshot_request(&mut b, CHANNEL, SESSION).unwrap();
+        b.truncate(n);
+        b
+    }
+
+    /// Takes everything queued on `id` as the transport would, in pieces of
+    /// at most `max`; returns the pieces decoded: (datagram first seqs,
+    /// NotAvailables, snapshot ends).
+    fn take(
+        s: &mut RecoveryServer,
+        id: u32,
+        max: usize,
+        now: u64,
+    ) -> (Vec<u64>, Vec<NotAvailable>, usize) {
+        let (mut data, mut na, mut ends) = (Vec::new(), Vec::new(), 0);
+        while let Some(bytes) = s.poll_transmit(id, max) {
+            assert!(bytes.len() <= max);
+            let mut rest = bytes;
+            while !rest.is_empty() {
+                let (m, used) = wire::decode_recovery(rest).unwrap();
+                match m {
+                    RecoveryMsg::RetransmitData { datagram, .. } => {
+                        data.push(Datagram::parse(datagram).unwrap().first_seq())
+                    }
+                    RecoveryMsg::NotAvailable(n) => na.push(n),
+                    RecoveryMsg::SnapshotEnd(_) => ends += 1,
+                    RecoveryMsg::SnapshotChunk { .. } => {}
+                    other => panic!("{other:?}"),
+                }
+                rest = &rest[used..];
+            }
+            let n = bytes.len();
+            s.transmitted(now, id, n);
+        }
+        (data, na, ends)
+    }
+
+    #[test]
+    fn wrong_hellos_and_the_cap_are_refused() {
+        let mut s = server(limits());
+        let good = ClientHandshake::new(key(), CHANNEL, false);
+        let mut bad = *good.hello();
+        bad.magic = 1.into();
+        assert!(s.on_connect_request(0, "a".into(), bad.as_bytes()).is_err());
+        let other = ClientHandshake::new(key(), CHANNEL + 1, false);
+        assert_eq!(
+            s.on_connect_request(0, "a".into(), other.hello().as_bytes())
+                .err(),
+            Some(Refused("wrong channel"))
+        );
+        let tagged = ClientHandshake::new(key(), CHANNEL, true);
+        assert!(s
+            .on_connect_request(0, "a".into(), tagged.hello().as_bytes())
+            .is_err());
+        assert!(s.on_connect_request(0, "a".into(), &[1, 2, 3]).is_err());
+        for _ in 0..3 {
+            assert!(s
+                .on_connect_request(0, "a".into(), good.hello().as_bytes())
+                .is_ok());
+        }
+        assert_eq!(
+            s.on_connect_request(0, "a".into(), good.hello().as_bytes())
+                .err(),
+            Some(Refused("busy: recovery connection limit reached"))
+        );
+        assert_eq!(s.counters().connections_refused, 5);
+        assert_eq!(
+            &refusal_message(Refused("wrong channel"))[..],
+            b"rocebus: wrong channel"
+        );
+    }
+
+    #[test]
+    fn nothing_is_served_before_the_proof_and_a_wrong_proof_closes() {
+        let mut s = server(limits());
+        let mut p = publisher();
+        let h = ClientHandshake::new(key(), CHANNEL, false);
+        let (id, _) = s
+            .on_connect_request(0, "a".into(), h.hello().as_bytes())
+            .unwrap();
+        s.on_established(0, id);
+        assert_eq!((s.connections(), s.admitted_connections()), (1, 0));
+        // A request first: closed as an authentication failure, unanswered.
+        s.on_receive(0, id, &retransmit(1, 1), &mut p, &App(0));
+        assert!(!s.is_open(id));
+        assert_eq!(s.poll_transmit(id, 4096), None);
+        assert_eq!(s.poll_closed(0), Some((id, CloseReason::AuthFailed)));
+        assert_eq!(s.poll_closed(0), None);
+        // A proof of another secret, or one replayed from another handshake.
+        let stranger =
+            ClientHandshake::new(Key::derive(b"other", Purpose::Recovery), CHANNEL, false);
+        let (id2, w2) = s
+            .on_connect_request(0, "b".into(), stranger.hello().as_bytes())
+            .unwrap();
+        assert!(stranger.on_welcome(w2.as_bytes()).is_err());
+        let first = ClientHandshake::new(key(), CHANNEL, false);
+        let (id3, w3) = s
+            .on_connect_request(0, "c".into(), first.hello().as_bytes())
+            .unwrap();
+        let proof = first.on_welcome(w3.as_bytes()).unwrap().proof;
+        s.on_established(0, id2);
+        s.on_receive(0, id2, &proof, &mut p, &App(0));
+        assert_eq!(s.poll_closed(0), Some((id2, CloseReason::AuthFailed)));
+        s.on_established(0, id3);
+        s.on_receive(0, id3, &proof, &mut p, &App(0));
+        assert!(s.is_open(id3));
+        assert_eq!(s.admitted_connections(), 1);
+        assert_eq!(s.subscribers().len(), 1);
+        assert_eq!(s.counters().auth_failures, 2);
+    }
+
+    #[test]
+    fn handshake_and_set_up_deadlines_close() {
+        let mut s = server(limits());
+        let p = publisher();
+        let h = ClientHandshake::new(key(), CHANNEL, false);
+        let (slow, _) = s
+            .on_connect_request(0, "a".into(), h.hello().as_bytes())
+            .unwrap();
+        let (silent, _) = s
+            .on_connect_request(0, "b".into(), h.hello().as_bytes())
+            .unwrap();
+        s.on_established(100, silent);
+        assert_eq!(s.poll_timeout(), Some(1_100));
+        s.handle_timeout(1_099, &p);
+        assert_eq!(s.poll_closed(1_099), None);
+        s.handle_timeout(1_100, &p);
+        assert_eq!(
+            s.poll_closed(1_100),
+            Some((silent, CloseReason::HandshakeTimeout))
+        );
+        s.handle_timeout(50_000, &p);
+        assert_eq!(
+            s.poll_closed(50_000),
+            Some((slow, CloseReason::SetupFailed))
+        );
+        let k = s.counters();
+        assert_eq!(
+            (
+                k.handshake_timeouts,
+                k.connections_failed,
+                k.connections_closed
+            ),
+            (1, 1, 1)
+        );
+    }
+
+    #[test]
+    fn retransmits_are_answered_clamped_and_rate_limited() {
+        let mut s = server(limits());
+        let mut p = publisher();
+        let id = admit(&mut s, &mut p, 0);
+        // 30 asked, 20 served (max_request_messages).
+        s.on_receive(10, id, &retransmit(5, 30), &mut p, &App(0));
+        let (data, na, _) = take(&mut s, id, 4096, 10);
+        assert_eq!(data, (5..25).collect::<Vec<_>>());
+        assert!(na.is_empty());
+        // Burst of 2: the second and third in one buffer; the third is dropped.
+        let mut two = retransmit(1, 1);
+        two.extend(retransmit(2, 1));
+        s.on_receive(10, id, &two, &mut p, &App(0));
+        assert_eq!(take(&mut s, id, 4096, 10).0, vec![1]);
+        // One token a millisecond.
+        s.on_receive(1_000_010, id, &retransmit(3, 1), &mut p, &App(0));
+        assert_eq!(take(&mut s, id, 4096, 1_000_010).0, vec![3]);
+        // Another session: NotAvailable for all of it.
+        let mut other = vec![0u8; 64];
+        let n = RetransmitRequest {
+            channel: CHANNEL,
+            session: SESSION + 1,
+            from_seq: 1,
+            count: 4,
+        }
+        .encode(&mut other)
+        .unwrap();
+        s.on_receive(2_000_010, id, &other[..n], &mut p, &App(0));
+        let (data, na, _) = take(&mut s, id, 4096, 2_000_010);
+        assert!(data.is_empty());
+        assert_eq!((na[0].from_seq, na[0].count), (1, 4));
+        let k = s.counters();
+        assert_eq!(k.retransmit_requests, 4);
+        assert_eq!(k.requests_clamped, 1);
+        assert_eq!(k.requests_rate_limited, 1);
+        assert_eq!(s.subscribers()[0].requests_received, 4);
+    }
+
+    #[test]
+    fn answers_are_packed_whole_into_send_buffers() {
+        let mut s = server(limits());
+        let mut p = publisher();
+        let id = admit(&mut s, &mut p, 0);
+        s.on_receive(0, id, &retransmit(1, 10), &mut p, &App(0));
+        let one = s.poll_transmit(id, 4096).unwrap().len() / 10;
+        // Room for two and a half messages: two are offered.
+        assert_eq!(s.poll_transmit(id, one * 5 / 2).unwrap().len(), 2 * one);
+        // Not taken: offered again.
+        assert_eq!(s.poll_transmit(id, one * 5 / 2).unwrap().len(), 2 * one);
+        s.transmitted(0, id, 2 * one);
+        assert_eq!(s.queued(id), 8 * one);
+        assert_eq!(take(&mut s, id, one * 3, 0).0, (3..11).collect::<Vec<_>>());
+        assert_eq!(s.queued(id), 0);
+    }
+
+    #[test]
+    fn a_full_outbox_drops_requests() {
+        let mut s = server(RecoveryServerConfig {
+            max_outbox_bytes: 100,
+            request_burst: 10,
+            ..limits()
+        });
+        let mut p = publisher();
+        let id = admit(&mut s, &mut p, 0);
+        s.on_receive(0, id, &retransmit(1, 5), &mut p, &App(0));
+        s.on_receive(0, id, &retransmit(6, 5), &mut p, &App(0));
+        s.on_receive(0, id, &snapshot_request(), &mut p, &App(0));
+        assert_eq!(s.counters().requests_dropped, 2);
+        assert_eq!(take(&mut s, id, 4096, 0).0, vec![1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn snapshots_are_rate_limited_and_one_serialisation_is_reused() {
+        let mut s = server(limits());
+        let mut p = publisher();
+        let a = admit(&mut s, &mut p, 0);
+        let b = admit(&mut s, &mut p, 0);
+        s.on_receive(0, a, &snapshot_request(), &mut p, &App(50));
+        // Burst of one: the second at once is dropped.
+        s.on_receive(0, a, &snapshot_request(), &mut p, &App(50));
+        // Another client within snapshot_reuse_ns gets the same bytes, even
+        // though the application moved on.
+        s.on_receive(5_000, b, &snapshot_request(), &mut p, &App(60));
+        let (_, _, ends_a) = take(&mut s, a, 1100, 0);
+        let (_, _, ends_b) = take(&mut s, b, 1100, 0);
+        assert_eq!((ends_a, ends_b), (1, 1));
+        let k = s.counters();
+        assert_eq!(
+            (
+                k.snapshots_served,
+                k.snapshots_built,
+                k.snapshots_rate_limited
+            ),
+            (2, 1, 1)
+        );
+        // After the reuse window, a new one is made.
+        s.on_receive(2_000_000, b, &snapshot_request(), &mut p, &App(60));
+        assert_eq!(s.counters().snapshots_built, 2);
+    }
+
+    #[test]
+    fn a_client_that_stops_receiving_is_dropped_after_the_stall_timeout() {
+        let mut s = server(limits());
+        let mut p = publisher();
+        let taker = admit(&mut s, &mut p, 0);
+        let stuck = admit(&mut s, &mut p, 0);
+        for now in (0..20_000).step_by(1_000) {
+            s.handle_timeout(now, &p);
+            assert_eq!(s.poll_closed(now), None, "at {now}");
+            // Both ask; only one takes its answers.
+            s.on_receive(now, taker, &retransmit(1, 1), &mut p, &App(0));
+            s.on_receive(now, stuck, &retransmit(1, 1), &mut p, &App(0));
+            take(&mut s, taker, 4096, now);
+            if now == 3_000 {
+                break;
+            }
+        }
+        assert!(s.queued(stuck) > 0);
+        assert_eq!(s.poll_timeout(), Some(5_000));
+        s.handle_timeout(4_999, &p);
+        assert_eq!(s.poll_closed(4_999), None);
+        s.handle_timeout(5_000, &p);
+        assert_eq!(s.poll_closed(5_000), Some((stuck, CloseReason::Stalled)));
+        assert!(s.is_open(taker));
+        // Idle with nothing queued is not a stall.
+        s.handle_timeout(100_000, &p);
+        assert_eq!(s.poll_closed(100_000), None);
+        // The transport's RNR failure is one too.
+        s.on_transport_error(taker, true);
+        assert_eq!(s.poll_closed(100_000), Some((taker, CloseReason::Stalled)));
+        let k = s.counters();
+        assert_eq!((k.clients_stalled, k.connections_closed), (2, 2));
+        assert!(s.subscribers().is_empty());
+    }
+
+    #[test]
+    fn status_reports_feed_the_table() {
+        let mut s = server(limits());
+        let mut p = publisher();
+        let id = admit(&mut s, &mut p, 0);
+        let mut b = [0u8; 128];
+        let st = wire::SubscriberStatus {
+            channel: CHANNEL,
+            session: SESSION,
+            next_seq: 90,
+            msgs_per_sec: 5,
+            requests: 0,
+        };
+        let n = st.encode(&mut b).unwrap();
+        s.on_receive(0, id, &b[..n], &mut p, &App(0));
+        let bad = wire::SubscriberStatus {
+            next_seq: 1_000,
+            ..st
+        };
+        let n2 = bad.encode(&mut b).unwrap();
+        s.on_receive(0, id, &b[..n2], &mut p, &App(0));
+        s.handle_timeout(1, &p);
+        assert_eq!(
+            (s.counters().status_reports, s.counters().status_invalid),
+            (1, 1)
+        );
+        assert_eq!(s.subscribers()[0].next_seq, 90);
+        assert_eq!(s.subscribers()[0].lag, 11);
+    }
+}
