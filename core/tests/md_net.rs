@@ -708,7 +708,10 @@ fn rdma_md_unanswering_recovery_link_is_dropped_then_resyncs() {
     const TOTAL: u64 = 20_000;
     const HOLE: (u64, u64) = (5_001, 5_641); // ten datagrams never sent
     const SILENT: Duration = Duration::from_millis(1_500); // > 3 x timeout_ns
-    let cfg = config("239.7.9.1", None, 7609, 16384);
+    let mut cfg = config("239.7.9.1", None, 7609, 16384);
+    // Given up after three timeouts and 0.3 s of silence (the default 1 s
+    // would leave little margin within SILENT on a loaded host).
+    cfg.recovery.dead_link_ns = 300_000_000;
     let _sink = one_guest_mcast_sink();
     let ip = local_ip();
     let stop = Arc::new(AtomicBool::new(false));
@@ -1148,6 +1151,10 @@ fn rdma_md_three_hosts_shared_loss_repaired_on_multicast() {
     // resynchronises proves nothing about repair.
     cfg.recovery.rc_timeout = 16;
     cfg.recovery_server.stall_timeout_ns = 10_000_000_000;
+    // Nor be given up as unanswering while the publisher's guest is held
+    // off its core (three request timeouts came within 0.7 s in a failed
+    // run on a loaded host, early in the stream).
+    cfg.recovery.dead_link_ns = 10_000_000_000;
     // Rare heartbeats: a lost heartbeat needs no repair, so many of them
     // would flatter the repairs-per-lost-datagram figure.
     cfg.heartbeat_interval_ns = 50_000_000;

@@ -28,6 +28,8 @@
 //! ab_grace_ns = 20000           # wait for the other line before requesting a hole
 //! reconnect_min_ns = 1000000    # recovery connection lost: first retry after 1 ms,
 //! reconnect_max_ns = 1000000000 # doubling up to 1 s
+//! dead_link_ns = 1000000000     # a link that answers nothing: given up after
+//!                               # 3 request timeouts and at least this long
 //! join_replay_max = 4096        # first datagram this few messages in: replay
 //!                               # the start from history, not a snapshot
 //! max_request_messages = 4096   # most messages one retransmit request asks for
@@ -278,6 +280,12 @@ pub struct RecoveryConfig {
     /// (`Handler::on_gap`, `Event::GapSkipped`) instead of re-synchronising
     /// from a snapshot. 0 (the default): strict, never skip.
     pub gap_tolerance_ns: u64,
+    /// A recovery link that answers nothing (requests time out, delivery
+    /// does not move) is dropped and reconnected after three request
+    /// timeouts in a row and no sooner than this long after it last showed
+    /// progress, so a publisher busy or descheduled for a moment keeps its
+    /// subscribers. 0: after the timeouts alone.
+    pub dead_link_ns: u64,
 }
 
 impl Default for RecoveryConfig {
@@ -297,6 +305,7 @@ impl Default for RecoveryConfig {
             max_request_messages: 4096,
             status_interval_ns: 100_000_000,
             gap_tolerance_ns: 0,
+            dead_link_ns: 1_000_000_000,
         }
     }
 }

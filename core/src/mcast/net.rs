@@ -1152,7 +1152,7 @@ impl McastSubscriber {
                 next_check: 0,
             },
             stats: SubscriberIoStats::default(),
-            watch: LinkWatch::default(),
+            watch: LinkWatch::new(cfg.recovery.dead_link_ns),
             idle_link_turns: 0,
             status: StatusReporter::new(cfg.recovery.status_interval_ns),
         })
@@ -1254,7 +1254,10 @@ impl McastSubscriber {
         }
         // The dead-link rule (see LinkWatch).
         let up = matches!(self.link, Link::Up { .. });
-        if self.watch.check(state, self.stats.recovery_messages, up) {
+        if self
+            .watch
+            .check(now, state, self.stats.recovery_messages, up)
+        {
             self.stats.unanswered_links += 1;
             link_ok = false;
         }

@@ -1378,35 +1378,60 @@ pub const DEAD_LINK_TIMEOUTS: u64 = 3;
 /// The dead-link rule, I/O-free: a recovery link that takes requests but
 /// never answers (the publisher's end is gone without a disconnect reaching
 /// us) is dead after [`DEAD_LINK_TIMEOUTS`] rounds of request timeouts in a
-/// row with nothing received over it. Delivery that moved on is an answer
-/// too: a request covered by a multicast repair is answered on the lines,
-/// not over the link.
+/// row with nothing received over it, and no sooner than `min_silence_ns`
+/// (`recovery.dead_link_ns`) after it last showed progress: a publisher
+/// that is busy, or descheduled for a moment, is not a dead one (with the
+/// default 200 us request wait, three timeouts alone are a millisecond).
+/// Delivery that moved on is an answer too: a request covered by a
+/// multicast repair is answered on the lines, not over the link.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LinkWatch {
     silent_timeouts: u64,
     seen_timeouts: u64,
     seen_answers: u64,
     seen_next: u64,
+    /// When the link last showed progress (None: not looked at yet).
+    quiet_since: Option<u64>,
+    min_silence_ns: u64,
 }
 
 impl LinkWatch {
-    /// Looks at the subscriber after a turn: `answers` is the running count
-    /// of messages received over the link, `link_up` whether it is up.
-    /// `true`: the link is dead, drop it and reconnect.
-    pub fn check(&mut self, state: &SubscriberState, answers: u64, link_up: bool) -> bool {
+    /// A watch that gives a link up no sooner than `min_silence_ns` after
+    /// its last progress (0: after the timeouts alone).
+    pub fn new(min_silence_ns: u64) -> Self {
+        Self {
+            min_silence_ns,
+            ..Self::default()
+        }
+    }
+
+    /// Looks at the subscriber after a turn at `now`: `answers` is the
+    /// running count of messages received over the link, `link_up` whether
+    /// it is up. `true`: the link is dead, drop it and reconnect.
+    pub fn check(
+        &mut self,
+        now: u64,
+        state: &SubscriberState,
+        answers: u64,
+        link_up: bool,
+    ) -> bool {
+        let since = *self.quiet_since.get_or_insert(now);
         if answers != self.seen_answers || state.next_seq() != self.seen_next || !link_up {
             self.seen_answers = answers;
             self.seen_next = state.next_seq();
             self.silent_timeouts = 0;
+            self.quiet_since = Some(now);
         }
         let timeouts = state.timeouts();
         if timeouts != self.seen_timeouts {
             self.seen_timeouts = timeouts;
             self.silent_timeouts += 1;
-            if self.silent_timeouts >= DEAD_LINK_TIMEOUTS {
-                self.silent_timeouts = 0;
-                return true;
-            }
+        }
+        let quiet_for = now.saturating_sub(self.quiet_since.unwrap_or(since));
+        if self.silent_timeouts >= DEAD_LINK_TIMEOUTS && quiet_for >= self.min_silence_ns {
+            self.silent_timeouts = 0;
+            self.quiet_since = Some(now);
+            return true;
         }
         false
     }
@@ -1635,6 +1660,48 @@ mod tests {
         serve(&mut p, &mut s, &mut app, 2);
         serve(&mut p, &mut s, &mut app, 2);
         assert_eq!(app.seqs.len(), 6, "hole [7,9) still waits for its answer");
+    }
+
+    #[test]
+    fn dead_link_takes_three_silent_timeouts_and_the_least_silence() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 3);
+        let mut s = announced(SubscriberConfig {
+            max_retries: 10,
+            ..cfg()
+        });
+        let mut app = App::default();
+        let mut floor = LinkWatch::new(10 * TIMEOUT);
+        let mut counts_only = LinkWatch::new(0);
+        for w in [&mut floor, &mut counts_only] {
+            assert!(!w.check(0, &s, 0, true));
+        }
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[2], &mut app);
+        transmits(&mut s);
+        for w in [&mut floor, &mut counts_only] {
+            assert!(!w.check(0, &s, 0, true), "delivery moved: progress");
+        }
+        for t in 1..=3 {
+            s.handle_timeout(t * TIMEOUT, &mut app);
+            transmits(&mut s);
+            assert_eq!(s.counters().timeouts, t);
+            assert!(!floor.check(t * TIMEOUT, &s, 0, true), "t={t}");
+            assert_eq!(counts_only.check(t * TIMEOUT, &s, 0, true), t == 3, "t={t}");
+        }
+        // Three silent timeouts, but the link has been quiet for less than
+        // the floor: kept until the floor has passed.
+        assert!(!floor.check(10 * TIMEOUT - 1, &s, 0, true));
+        assert!(floor.check(10 * TIMEOUT, &s, 0, true));
+        // An answer over the link (at 11) starts the count and the clock
+        // again.
+        for t in 11..=13 {
+            s.handle_timeout(t * TIMEOUT, &mut app);
+            transmits(&mut s);
+            assert!(!floor.check(t * TIMEOUT, &s, 1, true), "t={t}");
+        }
+        assert!(!floor.check(21 * TIMEOUT - 1, &s, 1, true));
+        assert!(floor.check(21 * TIMEOUT, &s, 1, true));
     }
 
     #[test]
