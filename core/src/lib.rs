@@ -15,6 +15,60 @@
 //! Protocol logic ([`ring::state`], [`ring::frame`], [`mcast`]'s state
 //! machines) is free of I/O and tested on any host; everything that touches
 //! a device runs in the soft-RoCE guest (`cargo xtask test`).
+//!
+//! # Quick start
+//!
+//! An engine that reads market data and sends orders: one busy-polling
+//! thread owns both, each call returns at once (nothing blocks, locks or
+//! allocates per message), and `now` is [`mcast::now_ns`] throughout.
+//!
+//! ```no_run
+//! use rocebus::mcast::config::McastConfig;
+//! use rocebus::mcast::{now_ns, Handler, MdSubscriber, RestoreError, SnapshotSink};
+//! use rocebus::orders::{Connection, OrdersConfig};
+//! use std::time::Duration;
+//!
+//! /// What the engine keeps of the feed (here: the last message's sequence).
+//! #[derive(Default)]
+//! struct Quotes { last: u64 }
+//! impl Handler for Quotes {
+//!     fn on_message(&mut self, seq: u64, _msg: &[u8]) { self.last = seq; }
+//! }
+//! // A late joiner starts from the publisher's snapshot: restore it here.
+//! impl SnapshotSink for Quotes {
+//!     fn begin_restore(&mut self) {}
+//!     fn restore_chunk(&mut self, _data: &[u8]) -> Result<(), RestoreError> { Ok(()) }
+//!     fn finish_restore(&mut self, seq: u64) -> Result<(), RestoreError> { self.last = seq; Ok(()) }
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let md = McastConfig::load("configs/md.toml")?;
+//! let (me, feed) = ("198.18.0.2".parse()?, "198.18.0.1".parse()?);
+//! let mut market = MdSubscriber::new(&md, 1, me, feed)?; // channel 1
+//! let cfg = OrdersConfig { token: "s3cret".into(), ..OrdersConfig::default() };
+//! let mut gateway = Connection::connect("198.18.0.1:7470".parse()?, &cfg, Duration::from_secs(5))?;
+//! let mut quotes = Quotes::default();
+//! loop {
+//!     market.poll(now_ns(), &mut quotes)?;
+//!     while let Some(event) = market.poll_event() {
+//!         println!("market data: {event:?}"); // gaps, resyncs, recovery link up/down
+//!     }
+//!     if quotes.last % 1000 == 999 {
+//!         // Zero copy: the claim is the registered memory the NIC sends from.
+//!         let mut claim = gateway.try_claim(1, 7, 8)?; // stream 1, message type 7, 8 bytes
+//!         claim.copy_from_slice(&quotes.last.to_le_bytes());
+//!         claim.commit();
+//!         gateway.flush()?; // one RDMA WRITE (and doorbell) for all claims since the last
+//!     }
+//!     gateway.subscription().poll(|f| println!("ack: type {} {} B", f.msg_type, f.payload.len()), 16)?;
+//! }
+//! # }
+//! ```
+//!
+//! Processes on one host use [`ipc`] with the same claim/commit shape; the
+//! gateway side of the orders path is [`orders::OrdersListener`] (or
+//! [`orders::ConnectionSet`] for many engines), the publishing side of
+//! market data [`mcast::MdPublisher`].
 #![deny(unsafe_code)]
 
 pub mod auth;

@@ -46,7 +46,7 @@ pub use rcfanout::{FanoutDrop, FanoutError, FanoutEvent, RcFanoutPublisher, RcFa
 pub use repair::{RepairConfig, RepairCounters, RepairDecision, RepairPlanner};
 pub use schedule::{SendSchedule, Transmit};
 pub use server::{RecoveryCounters, RecoveryServer, ServerConfig};
-pub use snapshot::{Handler, RestoreError, Snapshot, SnapshotSink};
+pub use snapshot::{Handler, NoSnapshots, RestoreError, Snapshot, SnapshotSink};
 pub use status::{PublisherEvent, StatusReporter, SubscriberRow, SubscriberTable};
 pub use subscriber::{
     Event, Phase, Request, SubscriberConfig, SubscriberCounters, SubscriberState,

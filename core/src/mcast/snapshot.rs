@@ -66,6 +66,78 @@ pub trait SnapshotSink {
     fn finish_restore(&mut self, snapshot_seq: u64) -> Result<(), RestoreError>;
 }
 
+/// A [`Handler`] (a plain closure, say) for an application that keeps no
+/// state worth a snapshot: `poll` takes it as handler and snapshot sink.
+/// When the subscriber starts from, or re-synchronises through, a snapshot,
+/// the snapshot's bytes are ignored and the handler is told, as a gap, which
+/// sequences it did not see: `on_gap(from, to)` with `to` the snapshot's
+/// sequence + 1, the next one it gets.
+///
+/// ```no_run
+/// # use rocebus::mcast::{McastSubscriber, snapshot::NoSnapshots, now_ns};
+/// # fn f(sub: &mut McastSubscriber) -> Result<(), rocebus::mcast::NetError> {
+/// let mut quotes = NoSnapshots::new(|seq: u64, msg: &[u8]| println!("{seq}: {} B", msg.len()));
+/// sub.poll(now_ns(), &mut quotes)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct NoSnapshots<H> {
+    handler: H,
+    /// The last sequence the handler saw (or was told it missed).
+    last: u64,
+}
+
+impl<H: Handler> NoSnapshots<H> {
+    /// Wraps `handler`.
+    pub fn new(handler: H) -> Self {
+        Self { handler, last: 0 }
+    }
+
+    /// The wrapped handler.
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// The wrapped handler, mutably.
+    pub fn handler_mut(&mut self) -> &mut H {
+        &mut self.handler
+    }
+
+    /// Unwraps the handler.
+    pub fn into_inner(self) -> H {
+        self.handler
+    }
+}
+
+impl<H: Handler> Handler for NoSnapshots<H> {
+    #[inline]
+    fn on_message(&mut self, seq: u64, msg: &[u8]) {
+        self.last = seq;
+        self.handler.on_message(seq, msg);
+    }
+
+    fn on_gap(&mut self, from: u64, to: u64) {
+        self.last = self.last.max(to.saturating_sub(1));
+        self.handler.on_gap(from, to);
+    }
+}
+
+impl<H: Handler> SnapshotSink for NoSnapshots<H> {
+    fn begin_restore(&mut self) {}
+
+    fn restore_chunk(&mut self, _data: &[u8]) -> Result<(), RestoreError> {
+        Ok(())
+    }
+
+    fn finish_restore(&mut self, snapshot_seq: u64) -> Result<(), RestoreError> {
+        if snapshot_seq > self.last {
+            self.handler.on_gap(self.last + 1, snapshot_seq + 1);
+            self.last = snapshot_seq;
+        }
+        Ok(())
+    }
+}
+
 /// Encodes `state` (serialised at `snapshot_seq`) as SnapshotChunk messages of
 /// at most `max_chunk` data bytes followed by a SnapshotEnd, handing each
 /// encoded message to `emit`. Runs on the snapshot server, off the hot path:

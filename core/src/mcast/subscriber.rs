@@ -1441,7 +1441,7 @@ impl LinkWatch {
 mod tests {
     use super::*;
     use crate::mcast::publisher::{PublisherConfig, PublisherState, RetransmitReply};
-    use crate::mcast::snapshot::{encode_snapshot, RestoreError};
+    use crate::mcast::snapshot::{encode_snapshot, NoSnapshots, RestoreError};
     use crate::mcast::wire::NotAvailable;
 
     const TIMEOUT: u64 = 1_000;
@@ -1544,7 +1544,12 @@ mod tests {
         })
     }
     /// Answers every retransmit request from `p` into `s`.
-    fn serve(p: &mut PublisherState, s: &mut SubscriberState, app: &mut App, now: u64) {
+    fn serve(
+        p: &mut PublisherState,
+        s: &mut SubscriberState,
+        app: &mut (impl Handler + SnapshotSink),
+        now: u64,
+    ) {
         for req in transmits(s) {
             let Request::Retransmit(r) = req else {
                 continue;
@@ -1908,6 +1913,55 @@ mod tests {
         serve(&mut p, &mut s, &mut app, 2);
         assert_eq!(app.seqs, (5..=10).collect::<Vec<_>>());
         assert_eq!(s.counters().snapshots_applied, 1);
+    }
+
+    #[test]
+    fn a_closure_subscriber_is_told_what_a_snapshot_skipped() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 5);
+        let mut s = announced(cfg());
+        let mut seen: Vec<u64> = Vec::new();
+        let mut gaps: Vec<(u64, u64)> = Vec::new();
+        {
+            struct Both<'a>(&'a mut Vec<u64>, &'a mut Vec<(u64, u64)>);
+            impl Handler for Both<'_> {
+                fn on_message(&mut self, seq: u64, _: &[u8]) {
+                    self.0.push(seq);
+                }
+                fn on_gap(&mut self, from: u64, to: u64) {
+                    self.1.push((from, to));
+                }
+            }
+            let mut app = NoSnapshots::new(Both(&mut seen, &mut gaps));
+            s.on_datagram(0, Line::A, &ds[3], &mut app); // [7,9): late join
+            s.on_datagram(0, Line::A, &ds[4], &mut app);
+            assert_eq!(s.phase(), Phase::Resyncing);
+            transmits(&mut s);
+            let mut msgs = Vec::new();
+            encode_snapshot(3, 1, 4, &[7; 100], 30, |m| msgs.push(m.to_vec()));
+            for m in &msgs {
+                s.on_recovery(1, m, &mut app);
+            }
+            serve(&mut p, &mut s, &mut app, 2);
+        }
+        assert_eq!(
+            gaps,
+            vec![(1, 5)],
+            "sequences 1-4 are in the snapshot it skipped"
+        );
+        assert_eq!(seen, (5..=10).collect::<Vec<_>>());
+        assert_eq!(s.counters().snapshots_applied, 1);
+        // A plain closure is a handler too (no gap callback).
+        let mut n = 0;
+        let mut app = NoSnapshots::new(|_: u64, _: &[u8]| n += 1);
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 2);
+        let mut s = announced(cfg());
+        for d in &ds {
+            s.on_datagram(0, Line::A, d, &mut app);
+        }
+        drop(app);
+        assert_eq!(n, 4);
     }
 
     #[test]
