@@ -1953,14 +1953,15 @@ mod tests {
         assert_eq!(s.counters().snapshots_applied, 1);
         // A plain closure is a handler too (no gap callback).
         let mut n = 0;
-        let mut app = NoSnapshots::new(|_: u64, _: &[u8]| n += 1);
         let mut p = publisher(1);
         let ds = datagrams(&mut p, 2);
         let mut s = announced(cfg());
-        for d in &ds {
-            s.on_datagram(0, Line::A, d, &mut app);
+        {
+            let mut app = NoSnapshots::new(|_: u64, _: &[u8]| n += 1);
+            for d in &ds {
+                s.on_datagram(0, Line::A, d, &mut app);
+            }
         }
-        drop(app);
         assert_eq!(n, 4);
     }
 
