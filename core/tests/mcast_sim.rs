@@ -264,19 +264,7 @@ impl Sim {
             history_depth,
             max_message_bytes: 0,
         });
-        let identity = Welcome {
-            magic: wire::WELCOME_MAGIC.into(),
-            version: wire::VERSION,
-            flags: 0,
-            channel: CHANNEL.into(),
-            reserved: 0.into(),
-            session: SESSION.into(),
-            qpn: 0x11.into(),
-            reserved2: 0.into(),
-            gid: [0; 16],
-            nonce: [0; 16],
-            tag: [0; 16],
-        };
+        let identity = Welcome::identity(CHANNEL, SESSION, false, 0x11, [0; 16]);
         let server = RecoveryServer::new(
             ServerConfig {
                 limits,

@@ -52,7 +52,7 @@ use super::snapshot::{Handler, Snapshot, SnapshotSink};
 use super::status::{PublisherEvent, StatusReporter, SubscriberRow};
 use super::subscriber::{Event, LinkWatch, SubscriberCounters, SubscriberState};
 use super::wire::SubscriberStatus;
-use super::wire::{self, Line, Welcome, FLAG_DATAGRAM_TAG};
+use super::wire::{self, Line, Welcome};
 use crate::auth::Key;
 use crate::verbs::cm::{self, Connection, Listener, McastMembership};
 use crate::verbs::{
@@ -349,23 +349,13 @@ impl McastPublisher {
         let listener = Listener::bind(addr)?;
         let mut state = PublisherState::new(cfg.publisher(channel, session));
         state.set_datagram_key(cfg.datagram_key());
-        let identity = Welcome {
-            magic: wire::WELCOME_MAGIC.into(),
-            version: wire::VERSION,
-            flags: if cfg.auth.datagram_tag {
-                FLAG_DATAGRAM_TAG
-            } else {
-                0
-            },
-            channel: channel.into(),
-            reserved: 0.into(),
-            session: session.into(),
-            qpn: ud.qp().qpn().into(),
-            reserved2: 0.into(),
-            gid: gid_of(local).0,
-            nonce: [0; crate::auth::NONCE_LEN],
-            tag: [0; crate::auth::TAG_LEN],
-        };
+        let identity = Welcome::identity(
+            channel,
+            session,
+            cfg.auth.datagram_tag,
+            ud.qp().qpn(),
+            gid_of(local).0,
+        );
         let server = RecoveryServer::new(
             ServerConfig {
                 limits: cfg.recovery_server,

@@ -873,19 +873,7 @@ mod tests {
     }
 
     fn identity() -> Welcome {
-        Welcome {
-            magic: wire::WELCOME_MAGIC.into(),
-            version: wire::VERSION,
-            flags: 0,
-            channel: CHANNEL.into(),
-            reserved: 0.into(),
-            session: SESSION.into(),
-            qpn: 0x1234.into(),
-            reserved2: 0.into(),
-            gid: [9; 16],
-            nonce: [0; 16],
-            tag: [0; 16],
-        }
+        Welcome::identity(CHANNEL, SESSION, false, 0x1234, [9; 16])
     }
 
     fn limits() -> RecoveryServerConfig {

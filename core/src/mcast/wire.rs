@@ -973,6 +973,25 @@ const _: () = assert!(core::mem::size_of::<Welcome>() == 72);
 pub const WELCOME_SIGNED_LEN: usize = 40;
 
 impl Welcome {
+    /// A publisher's identity: what it multicasts from, its channel and
+    /// session, with the nonce and proof still zero (the recovery server
+    /// fills them per handshake).
+    pub fn identity(channel: u16, session: u64, tagged: bool, qpn: u32, gid: [u8; 16]) -> Self {
+        Welcome {
+            magic: WELCOME_MAGIC.into(),
+            version: VERSION,
+            flags: if tagged { FLAG_DATAGRAM_TAG } else { 0 },
+            channel: channel.into(),
+            reserved: 0.into(),
+            session: session.into(),
+            qpn: qpn.into(),
+            reserved2: 0.into(),
+            gid,
+            nonce: [0; crate::auth::NONCE_LEN],
+            tag: [0; crate::auth::TAG_LEN],
+        }
+    }
+
     /// The part the proofs cover.
     pub fn signed(&self) -> &[u8] {
         &self.as_bytes()[..WELCOME_SIGNED_LEN]
