@@ -114,25 +114,7 @@ pub fn latency(args: &RcArgs) -> Result<()> {
     let cores = args.cores.clone();
     let server = serve(addr, move |mut conn| {
         pin(&cores, 1);
-        let mut buf = [0u8; 4096];
-        loop {
-            let mut got = 0usize;
-            match conn.subscription().poll(
-                |f| {
-                    got = f.payload.len();
-                    buf[..got].copy_from_slice(f.payload);
-                },
-                1,
-            ) {
-                Ok(0) => continue,
-                Ok(_) => conn
-                    .publication(2)
-                    .offer_and_flush(1, &buf[..got])
-                    .map_err(anyhow::Error::from)?,
-                Err(OrdersError::PeerLost(PeerLost::Disconnected)) => return Ok(()),
-                Err(e) => return Err(e.into()),
-            }
-        }
+        echo(&mut conn).map(|_| ())
     })?;
     let mut conn = Connection::connect(addr, &config(), Duration::from_secs(10))?;
     pin(&args.cores, 0);
@@ -658,15 +640,9 @@ pub struct PingArgs {
     pub port: u16,
 }
 
-/// `rc-pong`: accepts one connection and echoes every frame until the
-/// client disconnects (the native peer of `rc-ping`).
-pub fn pong(args: &PingArgs) -> Result<()> {
-    let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
-    let mut l = OrdersListener::bind(addr, config())?;
-    println!("rc-pong: listening on {addr}");
-    let mut conn = l
-        .accept(Duration::from_secs(900))?
-        .context("no client within 900 s")?;
+/// Echoes every frame on stream 2 (type 1) until the peer disconnects;
+/// returns how many. The far end of the latency ping-pongs.
+fn echo(conn: &mut Connection) -> Result<u64> {
     let mut buf = [0u8; 4096];
     let mut echoed = 0u64;
     loop {
@@ -683,10 +659,22 @@ pub fn pong(args: &PingArgs) -> Result<()> {
                 conn.publication(2).offer_and_flush(1, &buf[..got])?;
                 echoed += 1;
             }
-            Err(OrdersError::PeerLost(PeerLost::Disconnected)) => break,
+            Err(OrdersError::PeerLost(PeerLost::Disconnected)) => return Ok(echoed),
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// `rc-pong`: accepts one connection and echoes every frame until the
+/// client disconnects (the native peer of `rc-ping`).
+pub fn pong(args: &PingArgs) -> Result<()> {
+    let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
+    let mut l = OrdersListener::bind(addr, config())?;
+    println!("rc-pong: listening on {addr}");
+    let mut conn = l
+        .accept(Duration::from_secs(900))?
+        .context("no client within 900 s")?;
+    let echoed = echo(&mut conn)?;
     println!("rc-pong: echoed {echoed} messages");
     Ok(())
 }
