@@ -2,7 +2,7 @@
 
 use super::id::*;
 use crate::verbs::error::Result;
-use crate::verbs::error::{last_err, VerbsError};
+use crate::verbs::error::VerbsError;
 use crate::verbs::memory::Access;
 use crate::verbs::qp::{QueuePair, RcOptions};
 use rdma_sys as sys;
@@ -33,12 +33,7 @@ fn start_resolve(dst: SocketAddr, src: Option<IpAddr>, timeout: Duration) -> Res
             ms,
         )
     };
-    if rc != 0 {
-        return Err(VerbsError::Cm {
-            op: "rdma_resolve_addr",
-            source: last_err(),
-        });
-    }
+    cm_ok(rc, "rdma_resolve_addr")?;
     Ok(id)
 }
 
@@ -54,12 +49,7 @@ pub fn resolve(dst: SocketAddr, src: Option<IpAddr>, timeout: Duration) -> Resul
     )?;
     // SAFETY: address-resolved id.
     let rc = unsafe { sys::rdma_resolve_route(id.id.as_ptr(), ms) };
-    if rc != 0 {
-        return Err(VerbsError::Cm {
-            op: "rdma_resolve_route",
-            source: last_err(),
-        });
-    }
+    cm_ok(rc, "rdma_resolve_route")?;
     id.ch.wait_for(
         "ROUTE_RESOLVED",
         sys::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED,
@@ -125,12 +115,7 @@ impl CmId {
         let mut p = CmId::conn_param(qp, opts, private_data);
         // SAFETY: valid resolved id and param.
         let rc = unsafe { sys::rdma_connect(self.id.as_ptr(), &mut p) };
-        if rc != 0 {
-            return Err(VerbsError::Cm {
-                op: "rdma_connect",
-                source: last_err(),
-            });
-        }
+        cm_ok(rc, "rdma_connect")?;
         Ok(())
     }
 
@@ -139,12 +124,7 @@ impl CmId {
         self.to_rts(qp, opts)?;
         // SAFETY: connected id whose QP is in RTS.
         let rc = unsafe { sys::rdma_establish(self.id.as_ptr()) };
-        if rc != 0 {
-            return Err(VerbsError::Cm {
-                op: "rdma_establish",
-                source: last_err(),
-            });
-        }
+        cm_ok(rc, "rdma_establish")?;
         Ok(())
     }
 }
@@ -241,12 +221,7 @@ impl Connecting {
                     drop(ev);
                     // SAFETY: address-resolved id.
                     let rc = unsafe { sys::rdma_resolve_route(self.id.id.as_ptr(), self.ms) };
-                    if rc != 0 {
-                        return Err(VerbsError::Cm {
-                            op: "rdma_resolve_route",
-                            source: last_err(),
-                        });
-                    }
+                    cm_ok(rc, "rdma_resolve_route")?;
                     self.step = ConnectStep::Route;
                 }
                 (ConnectStep::Route, RDMA_CM_EVENT_ROUTE_RESOLVED) => {

@@ -90,12 +90,7 @@ impl EventChannel {
         // SAFETY: valid channel and out pointer; an event is ready so this
         // does not block.
         let rc = unsafe { sys::rdma_get_cm_event(self.ch.as_ptr(), &mut ev) };
-        if rc != 0 {
-            return Err(VerbsError::Cm {
-                op: "rdma_get_cm_event",
-                source: last_err(),
-            });
-        }
+        cm_ok(rc, "rdma_get_cm_event")?;
         Ok(Some(CmEvent {
             ev: NonNull::new(ev).expect("rdma_get_cm_event returned success with NULL"),
         }))
@@ -306,12 +301,7 @@ impl CmId {
         let mut id: *mut sys::rdma_cm_id = std::ptr::null_mut();
         // SAFETY: valid channel and out pointer; no user context.
         let rc = unsafe { sys::rdma_create_id(ch.ch.as_ptr(), &mut id, std::ptr::null_mut(), ps) };
-        if rc != 0 {
-            return Err(VerbsError::Cm {
-                op: "rdma_create_id",
-                source: last_err(),
-            });
-        }
+        cm_ok(rc, "rdma_create_id")?;
         Ok(Self {
             id: NonNull::new(id).expect("success with NULL id"),
             ch,
@@ -360,12 +350,7 @@ impl CmId {
         let mut mask = 0i32;
         // SAFETY: valid id and out pointers.
         let rc = unsafe { sys::rdma_init_qp_attr(self.id.as_ptr(), &mut attr, &mut mask) };
-        if rc != 0 {
-            return Err(VerbsError::Cm {
-                op: "rdma_init_qp_attr",
-                source: last_err(),
-            });
-        }
+        cm_ok(rc, "rdma_init_qp_attr")?;
         Ok((attr, mask as u32))
     }
 
@@ -485,6 +470,18 @@ pub fn device_for_addr(addr: IpAddr) -> Result<String> {
         addr,
         source: std::io::Error::from_raw_os_error(libc::ENODEV),
     })
+}
+
+/// An rdma_cm call's return code as a result: nonzero is the error `errno`
+/// holds, reported with the call's name.
+pub(super) fn cm_ok(rc: i32, op: &'static str) -> Result<()> {
+    if rc != 0 {
+        return Err(VerbsError::Cm {
+            op,
+            source: last_err(),
+        });
+    }
+    Ok(())
 }
 
 /// Helper for opening the context the id resolved to, checking it is the

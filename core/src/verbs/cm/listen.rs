@@ -2,7 +2,7 @@
 
 use super::id::*;
 use crate::verbs::error::Result;
-use crate::verbs::error::{last_err, VerbsError};
+use crate::verbs::error::VerbsError;
 use crate::verbs::memory::Access;
 use crate::verbs::qp::{QueuePair, RcOptions};
 use rdma_sys as sys;
@@ -28,20 +28,10 @@ impl Listener {
                 (&mut ss as *mut libc::sockaddr_storage).cast(),
             )
         };
-        if rc != 0 {
-            return Err(VerbsError::Cm {
-                op: "rdma_bind_addr",
-                source: last_err(),
-            });
-        }
+        cm_ok(rc, "rdma_bind_addr")?;
         // SAFETY: bound id.
         let rc = unsafe { sys::rdma_listen(id.id.as_ptr(), 64) };
-        if rc != 0 {
-            return Err(VerbsError::Cm {
-                op: "rdma_listen",
-                source: last_err(),
-            });
-        }
+        cm_ok(rc, "rdma_listen")?;
         Ok(Self { id })
     }
 
@@ -75,12 +65,7 @@ impl Listener {
                 id: NonNull::new(raw_id).expect("connect request has an id"),
                 ch,
             };
-            if rc != 0 {
-                return Err(VerbsError::Cm {
-                    op: "rdma_migrate_id",
-                    source: last_err(),
-                });
-            }
+            cm_ok(rc, "rdma_migrate_id")?;
             return Ok(Some(ConnectRequest { id, private_data }));
         }
     }
@@ -158,12 +143,7 @@ impl ConnectRequest {
         let mut p = CmId::conn_param(qp, opts, private_data);
         // SAFETY: valid id and param; private_data outlives the call.
         let rc = unsafe { sys::rdma_accept(self.id.id.as_ptr(), &mut p) };
-        if rc != 0 {
-            return Err(VerbsError::Cm {
-                op: "rdma_accept",
-                source: last_err(),
-            });
-        }
+        cm_ok(rc, "rdma_accept")?;
         Ok(Accepting { id: self.id })
     }
 
@@ -174,12 +154,7 @@ impl ConnectRequest {
         let rc = unsafe {
             sys::rdma_reject(self.id.id.as_ptr(), private_data.as_ptr().cast(), len as u8)
         };
-        if rc != 0 {
-            return Err(VerbsError::Cm {
-                op: "rdma_reject",
-                source: last_err(),
-            });
-        }
+        cm_ok(rc, "rdma_reject")?;
         Ok(())
     }
 }

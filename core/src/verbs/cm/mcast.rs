@@ -3,7 +3,6 @@
 use super::id::*;
 use crate::verbs::device::Gid;
 use crate::verbs::error::Result;
-use crate::verbs::error::{last_err, VerbsError};
 use crate::verbs::memory::ProtectionDomain;
 use crate::verbs::qp::{AddressHandle, QueuePair};
 use rdma_sys as sys;
@@ -56,12 +55,7 @@ impl McastMembership {
                 ms,
             )
         };
-        if rc != 0 {
-            return Err(VerbsError::Cm {
-                op: "rdma_resolve_addr (multicast)",
-                source: last_err(),
-            });
-        }
+        cm_ok(rc, "rdma_resolve_addr (multicast)")?;
         id.ch.wait_for(
             "ADDR_RESOLVED",
             sys::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED,
@@ -81,12 +75,7 @@ impl McastMembership {
         // SAFETY: valid resolved id; attr and the address outlive the call.
         let rc =
             unsafe { sys::rdma_join_multicast_ex(id.id.as_ptr(), &mut attr, std::ptr::null_mut()) };
-        if rc != 0 {
-            return Err(VerbsError::Cm {
-                op: "rdma_join_multicast_ex",
-                source: last_err(),
-            });
-        }
+        cm_ok(rc, "rdma_join_multicast_ex")?;
         let ev = id.ch.wait_for(
             "MULTICAST_JOIN",
             sys::rdma_cm_event_type::RDMA_CM_EVENT_MULTICAST_JOIN,
