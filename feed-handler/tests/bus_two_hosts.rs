@@ -346,6 +346,8 @@ impl IpcReader {
             let mut views = [MarketView::new(), MarketView::new()];
             loop {
                 // Read the flag before the last pass, so nothing written before it is missed.
+                // ORDERING: Acquire pairs with finish()'s Release (the feed handler has
+                // exited by then; the streams' own frame ordering covers their bytes).
                 let last = flag.load(Ordering::Acquire);
                 let mut n = 0;
                 for (s, v) in subs.iter_mut().zip(views.iter_mut()) {
@@ -366,6 +368,7 @@ impl IpcReader {
     }
 
     fn finish(self) -> [MarketView; 2] {
+        // ORDERING: Release pairs with the reader's Acquire load of the flag.
         self.stop.store(true, std::sync::atomic::Ordering::Release);
         self.thread.join().expect("ipc reader")
     }
