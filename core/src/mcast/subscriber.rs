@@ -1415,7 +1415,6 @@ impl LinkWatch {
         answers: u64,
         link_up: bool,
     ) -> bool {
-        let since = *self.quiet_since.get_or_insert(now);
         if answers != self.seen_answers || state.next_seq() != self.seen_next || !link_up {
             self.seen_answers = answers;
             self.seen_next = state.next_seq();
@@ -1427,7 +1426,7 @@ impl LinkWatch {
             self.seen_timeouts = timeouts;
             self.silent_timeouts += 1;
         }
-        let quiet_for = now.saturating_sub(self.quiet_since.unwrap_or(since));
+        let quiet_for = now.saturating_sub(*self.quiet_since.get_or_insert(now));
         if self.silent_timeouts >= DEAD_LINK_TIMEOUTS && quiet_for >= self.min_silence_ns {
             self.silent_timeouts = 0;
             self.quiet_since = Some(now);
