@@ -17,13 +17,13 @@ use crate::ring::frame::{
     self, frame_len, handshake_context_with, AcceptHello, ConnectHello, FanInGrant, Hello,
     FLAG_FANIN, HELLO_MAGIC, PROOF_OFF,
 };
-use crate::ring::mem::{IncomingRing, Staging};
+use crate::ring::mem::{IncomingRing, Staging, StagingWrite};
 use crate::ring::proto::{control_word, CREDIT_OFF};
 use crate::ring::{FrameError, Receiver, Sender};
 use crate::verbs::cm;
 use crate::verbs::{
     Access, CompletionQueue, Context, ProtectionDomain, QpCaps, QpType, QueuePair, SendWr, Sge,
-    VerbsError, WcStatus, WorkCompletion,
+    VerbsError, WcStatus, WorkCompletion, WriteFlags,
 };
 use arrayvec::ArrayVec;
 use std::net::SocketAddr;
@@ -134,16 +134,107 @@ pub(super) struct RecvSide {
 pub(super) struct Link {
     qp: QueuePair,
     cq: Arc<CompletionQueue>,
-    /// Requests posted, cumulative.
-    posted: u64,
-    /// Requests known complete (the `wr_id` of the last signaled completion).
-    completed: u64,
-    since_signal: u32,
+    /// The prepared WRITE of a staging run (and the fan-in mark after it).
+    write: StagingWrite,
+    sq: SendQueue,
     pub(super) lost: Option<PeerLost>,
-    signal_every: u32,
-    max_inline: u32,
+    max_inline: usize,
     max_write: usize,
-    sq_depth: u64,
+}
+
+/// The send queue's accounting, without I/O: which posts ask for a
+/// completion (selective signaling) and when posting must wait for room.
+///
+/// Requests are counted cumulatively; each signaled request's `wr_id` is
+/// the count up to and including it, so its completion frees everything
+/// before it. A post is signaled when `signal_every` requests went
+/// unsignaled or when more than half the queue is unaccounted for (so a
+/// completion frees room long before the queue is full), and waits while
+/// the queue has no room.
+///
+/// Both rules fold into one number, [`fast_until`](Self::fast): a post
+/// that keeps the count at or below it is unsignaled and has room, and
+/// looks at nothing else. Everything else (a signal due, room short, the
+/// connection closed) takes the slow path, which reaps first.
+#[derive(Debug, Clone)]
+pub(super) struct SendQueue {
+    posted: u64,
+    completed: u64,
+    last_signal: u64,
+    signal_every: u64,
+    depth: u64,
+    fast_until: u64,
+    closed: bool,
+}
+
+impl SendQueue {
+    pub(super) fn new(signal_every: u32, depth: u64) -> Self {
+        let mut q = Self {
+            posted: 0,
+            completed: 0,
+            last_signal: 0,
+            signal_every: signal_every.max(1) as u64,
+            depth,
+            fast_until: 0,
+            closed: false,
+        };
+        q.refresh();
+        q
+    }
+
+    fn refresh(&mut self) {
+        self.fast_until = if self.closed {
+            0
+        } else {
+            (self.last_signal + self.signal_every - 1).min(self.completed + self.depth / 2)
+        };
+    }
+
+    /// Whether `n` more requests go unsignaled with no further look.
+    #[inline]
+    pub(super) fn fast(&self, n: u64) -> bool {
+        self.posted + n <= self.fast_until
+    }
+
+    /// Whether the queue has room for `n` more requests.
+    pub(super) fn has_room(&self, n: u64) -> bool {
+        self.posted + n - self.completed <= self.depth
+    }
+
+    /// Whether a post of `n` more requests must ask for a completion.
+    pub(super) fn must_signal(&self, n: u64) -> bool {
+        let p = self.posted + n;
+        p >= self.last_signal + self.signal_every || p - self.completed > self.depth / 2
+    }
+
+    /// The `wr_id` the last of `n` requests posted now carries.
+    #[inline]
+    pub(super) fn next_wr_id(&self, n: u64) -> u64 {
+        self.posted + n
+    }
+
+    /// `n` requests were posted, the last signaled or not.
+    #[inline]
+    pub(super) fn on_posted(&mut self, n: u64, signaled: bool) {
+        self.posted += n;
+        if signaled {
+            self.last_signal = self.posted;
+            self.refresh();
+        }
+    }
+
+    /// The signaled request `wr_id` completed (so did everything before it).
+    /// An id beyond what was posted frees no more than was posted.
+    pub(super) fn on_completed(&mut self, wr_id: u64) {
+        self.completed = self.completed.max(wr_id.min(self.posted));
+        self.refresh();
+    }
+
+    /// Every later post takes the slow path (which reports the loss).
+    pub(super) fn close(&mut self) {
+        self.closed = true;
+        self.refresh();
+    }
 }
 
 /// An established orders connection (both directions).
@@ -286,6 +377,12 @@ impl Connection {
             cfg.max_payload.min(peer.max_payload.get() as usize),
         );
         let caps = res.qp.caps();
+        let write = StagingWrite::new(
+            tx.staging(),
+            peer.ring_addr.get(),
+            peer.ring_rkey.get(),
+            fanin.1.map(|m| (m.addr, m.rkey)),
+        );
         Ok(Self {
             send: SendSide {
                 tx,
@@ -302,14 +399,11 @@ impl Connection {
             ring: res.ring,
             cm,
             link: Link {
-                posted: 0,
-                completed: 0,
-                since_signal: 0,
+                write,
+                sq: SendQueue::new(cfg.signal_every, caps.max_send_wr as u64),
                 lost: None,
-                signal_every: cfg.signal_every,
-                max_inline: caps.max_inline_data.min(cfg.max_inline),
+                max_inline: caps.max_inline_data.min(cfg.max_inline) as usize,
                 max_write: cfg.max_write_bytes,
-                sq_depth: caps.max_send_wr as u64,
                 qp: res.qp,
                 cq: res.cq,
             },
@@ -460,18 +554,11 @@ impl Connection {
         // request built on the stack, without the chunk arrays (whose frame
         // alone cost ~100 instructions per post under callgrind).
         let r = if n == 1 && ranges[0].1 <= max {
+            // The prepared WRITE; the fan-in mark, if granted, rides the
+            // same doorbell after the frames (RC places it after them: see
+            // crate::ring::fanin).
             let (off, len) = ranges[0];
-            let sge = [range_sge(send.tx.staging(), (off, len))];
-            let wr = link.write_wr(&sge, remote + off as u64, rkey, len);
-            match *mark {
-                None => link.post(&mut [wr]),
-                // The fan-in mark rides the same doorbell, after the frames
-                // (RC places it after them: see crate::ring::fanin).
-                Some(m) => {
-                    let msge = [Sge::inline(&fanin::MARK_BYTE)];
-                    link.post(&mut [wr, SendWr::write(0, &msge, m.addr, m.rkey).inline()])
-                }
-            }
+            link.post_staged(send.tx.staging(), off, len)
         } else {
             link.post_runs(send.tx.staging(), remote, rkey, &ranges[..n], max)
                 .and_then(|()| link.post_mark(*mark))
@@ -548,6 +635,7 @@ impl Link {
     /// Records why the connection is lost (the first reason sticks) and
     /// returns it.
     pub(super) fn fail(&mut self, why: PeerLost) -> PeerLost {
+        self.sq.close();
         *self.lost.get_or_insert(why)
     }
 
@@ -568,7 +656,7 @@ impl Link {
                 if !w.is_success() {
                     return Err(self.fail(PeerLost::Completion(w.status())));
                 }
-                self.completed = self.completed.max(w.wr_id());
+                self.sq.on_completed(w.wr_id());
             }
             if n < wc.len() {
                 return Ok(());
@@ -580,30 +668,67 @@ impl Link {
     /// for send-queue room if needed (bounded: the device completes work on
     /// its own; a dead peer ends in an error completion).
     fn post(&mut self, wrs: &mut [SendWr<'_>]) -> Result<(), PeerLost> {
-        if let Some(l) = self.lost {
-            return Err(l);
-        }
         let n = wrs.len() as u64;
-        while self.posted + n - self.completed > self.sq_depth {
-            self.reap()?;
-            std::hint::spin_loop();
-        }
-        self.since_signal += n as u32;
-        let signal = self.since_signal >= self.signal_every
-            || self.posted + n - self.completed > self.sq_depth / 2;
+        let signal = if self.sq.fast(n) {
+            false
+        } else {
+            self.admit_slow(n)?
+        };
         let last = wrs.len() - 1;
         // The wr_id is the cumulative count of requests posted up to and
         // including this one, so a completion frees everything before it.
-        wrs[last].set_wr_id(self.posted + n);
+        wrs[last].set_wr_id(self.sq.next_wr_id(n));
         if signal {
-            self.since_signal = 0;
             wrs[last].set_signaled();
         }
         if crate::ring::mem::post_ring_writes(&self.qp, wrs).is_err() {
             return Err(self.fail(PeerLost::Completion(WcStatus::Other(0))));
         }
-        self.posted += n;
+        self.sq.on_posted(n, signal);
         Ok(())
+    }
+
+    /// Posts staging bytes `off..off + len` (one run, at most `max_write`)
+    /// through the prepared WRITE, with the fan-in mark if granted.
+    #[inline]
+    fn post_staged(&mut self, staging: &Staging, off: usize, len: usize) -> Result<(), PeerLost> {
+        let n = self.write.requests();
+        let signaled = if self.sq.fast(n) {
+            false
+        } else {
+            self.admit_slow(n)?
+        };
+        let flags = WriteFlags {
+            inline: len <= self.max_inline,
+            signaled,
+        };
+        let wr_id = self.sq.next_wr_id(n);
+        if self
+            .write
+            .post(&self.qp, staging, off, len, flags, wr_id)
+            .is_err()
+        {
+            return Err(self.fail(PeerLost::Completion(WcStatus::Other(0))));
+        }
+        self.sq.on_posted(n, signaled);
+        Ok(())
+    }
+
+    /// The slow path of a post of `n` requests: reports a lost connection,
+    /// reaps, waits for room (bounded: the device completes work on its
+    /// own; a dead peer ends in an error completion), and says whether the
+    /// post must be signaled.
+    #[inline(never)]
+    fn admit_slow(&mut self, n: u64) -> Result<bool, PeerLost> {
+        if let Some(l) = self.lost {
+            return Err(l);
+        }
+        self.reap()?;
+        while !self.sq.has_room(n) {
+            std::hint::spin_loop();
+            self.reap()?;
+        }
+        Ok(self.sq.must_signal(n))
     }
 
     /// The RDMA WRITE of `len` bytes described by `sge` to `remote`: inline
@@ -616,7 +741,7 @@ impl Link {
         len: usize,
     ) -> SendWr<'a> {
         let w = SendWr::write(0, sge, remote, rkey);
-        if len <= self.max_inline as usize {
+        if len <= self.max_inline {
             w.inline()
         } else {
             w
@@ -703,6 +828,88 @@ mod tests {
             max_payload: 1024.into(),
             conn_id: 1.into(),
         }
+    }
+
+    /// Posts `n` requests the way `Link` does; returns whether signaled.
+    fn post(q: &mut SendQueue, n: u64) -> Option<bool> {
+        let signal = if q.fast(n) {
+            false
+        } else {
+            if q.closed || !q.has_room(n) {
+                return None;
+            }
+            q.must_signal(n)
+        };
+        q.on_posted(n, signal);
+        Some(signal)
+    }
+
+    #[test]
+    fn send_queue_signals_once_per_signal_every_with_prompt_completions() {
+        let mut q = SendQueue::new(16, 128);
+        let mut signals = 0;
+        for _ in 0..1600 {
+            if post(&mut q, 1).unwrap() {
+                signals += 1;
+                // The completion arrives before the next post.
+                q.on_completed(q.posted);
+            }
+        }
+        assert_eq!(signals, 100);
+        // Two requests per post (the write and the fan-in mark).
+        let mut q = SendQueue::new(16, 128);
+        let mut signals = 0;
+        for _ in 0..800 {
+            if post(&mut q, 2).unwrap() {
+                signals += 1;
+                q.on_completed(q.posted);
+            }
+        }
+        assert_eq!(signals, 100);
+    }
+
+    #[test]
+    fn send_queue_past_half_signals_every_post_and_waits_when_full() {
+        let mut q = SendQueue::new(1000, 64);
+        // No completion arrives: after half the queue, every post signals.
+        let flags: Vec<bool> = (0..64).map(|_| post(&mut q, 1).unwrap()).collect();
+        assert!(flags[..32].iter().all(|s| !s), "{flags:?}");
+        assert!(flags[32..].iter().all(|s| *s), "{flags:?}");
+        // Full: the next post must wait instead of overfilling.
+        assert!(!q.fast(1));
+        assert!(!q.has_room(1));
+        assert_eq!(post(&mut q, 1), None);
+        // A completion of the first 40 frees room: 25 unaccounted for is
+        // below half, so the fast path resumes until half again.
+        q.on_completed(40);
+        assert!(q.has_room(1));
+        assert!(q.fast(1));
+        let flags: Vec<bool> = (0..10).map(|_| post(&mut q, 1).unwrap()).collect();
+        assert_eq!(flags, [vec![false; 8], vec![true; 2]].concat());
+    }
+
+    #[test]
+    fn send_queue_closed_always_takes_the_slow_path() {
+        let mut q = SendQueue::new(16, 128);
+        assert!(q.fast(1));
+        q.close();
+        assert!(!q.fast(1));
+        q.on_completed(0);
+        assert!(!q.fast(1));
+        assert_eq!(post(&mut q, 1), None);
+    }
+
+    #[test]
+    fn send_queue_completion_beyond_posted_frees_no_more_than_posted() {
+        let mut q = SendQueue::new(4, 8);
+        for _ in 0..3 {
+            post(&mut q, 1).unwrap();
+        }
+        q.on_completed(u64::MAX);
+        assert_eq!(q.completed, 3);
+        // Room is exactly the depth again, not more.
+        assert!(q.has_room(8));
+        assert!(!q.has_room(9));
     }
 
     #[test]

@@ -31,7 +31,8 @@ use super::frame::{CONTROL_LEN, PROOF_OFF, PROOF_SEAL};
 use super::proto::{RingMemory, StagingMemory};
 use crate::auth::{Tag, TAG_LEN};
 use crate::verbs::{
-    Access, MemoryRegion, ProtectionDomain, QueuePair, SendWr, SharedMemory, VerbsError,
+    Access, MemoryRegion, PreparedWrite, ProtectionDomain, QueuePair, SendWr, SharedMemory,
+    VerbsError, WriteFlags,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -180,6 +181,78 @@ pub(crate) fn post_ring_writes(qp: &QueuePair, wrs: &mut [SendWr<'_>]) -> Result
     // SAFETY: see above: every SGE is inline or a staging range that stays
     // registered, allocated and unmodified until its WRITE has executed.
     unsafe { qp.post_send(wrs) }
+}
+
+/// The connection's one prepared RDMA WRITE from its [`Staging`] to the
+/// same offsets of the peer's ring (and, when the peer granted a fan-in
+/// slot, the mark chained after it): built once, patched per flush.
+#[derive(Debug)]
+pub(crate) struct StagingWrite {
+    prepared: PreparedWrite,
+    lkey: u32,
+    remote_ring: u64,
+}
+
+impl StagingWrite {
+    /// Writes from `staging` to the peer's ring at `remote_ring` under
+    /// `rkey`, each followed by a mark at `mark` (address, rkey) if given.
+    pub(crate) fn new(
+        staging: &Staging,
+        remote_ring: u64,
+        rkey: u32,
+        mark: Option<(u64, u32)>,
+    ) -> Self {
+        let lkey = staging.mr.lkey();
+        Self {
+            prepared: PreparedWrite::new(lkey, rkey, mark),
+            lkey,
+            remote_ring,
+        }
+    }
+
+    /// Requests one post puts on the send queue (the write, and the mark).
+    #[inline]
+    pub(crate) fn requests(&self) -> u64 {
+        self.prepared.requests()
+    }
+
+    /// Posts the WRITE of staging bytes `off..off + len` to the same
+    /// offsets of the peer's ring (one bounds check).
+    #[inline]
+    pub(crate) fn post(
+        &mut self,
+        qp: &QueuePair,
+        staging: &Staging,
+        off: usize,
+        len: usize,
+        flags: WriteFlags,
+        wr_id: u64,
+    ) -> Result<(), VerbsError> {
+        debug_assert_eq!(staging.mr.lkey(), self.lkey);
+        if off.checked_add(len).is_none_or(|e| e > staging.size) || len > u32::MAX as usize {
+            return Err(VerbsError::SgeOutOfBounds {
+                offset: off,
+                len,
+                region_len: staging.size,
+            });
+        }
+        // SAFETY: as `post_ring_writes`: the range lies in `staging` (checked
+        // above), registered under the lkey the request was built with (a
+        // different staging would only fail the request on the device); it
+        // is not rewritten until the peer returned credit past it, so after
+        // the WRITE executed; and the connection drops its QP before its
+        // staging region. The mark is inline.
+        unsafe {
+            self.prepared.post(
+                qp,
+                staging.mr.addr() + off as u64,
+                len as u32,
+                self.remote_ring + off as u64,
+                flags,
+                wr_id,
+            )
+        }
+    }
 }
 
 /// A receiver's activity summary ([`crate::ring::fanin`]): one byte per

@@ -807,3 +807,157 @@ impl Drop for AddressHandle {
         unsafe { sys::ibv_destroy_ah(self.ah.as_ptr()) };
     }
 }
+
+/// Flags of one post of a [`PreparedWrite`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriteFlags {
+    /// Copy the data into the work queue entry at post time.
+    pub inline: bool,
+    /// Ask for a completion of the last request posted (the write, or the
+    /// chained mark after it).
+    pub signaled: bool,
+}
+
+/// The C side of a [`PreparedWrite`]: two requests and their entries, at
+/// a heap address that never changes (the requests point at the entries
+/// and the first at the second).
+struct PreparedInner {
+    wr: [sys::ibv_send_wr; 2],
+    sge: [sys::ibv_sge; 2],
+    /// The chained request's one inline byte.
+    mark: [u8; 8],
+}
+
+/// An RDMA WRITE built once and posted many times: each post patches only
+/// the local range, the remote address, the flags and the `wr_id`, and
+/// calls the provider's post directly (no zeroed request, no chain walk).
+/// Optionally a one-byte inline WRITE to a fixed remote address is chained
+/// after it on the same doorbell (RC executes it after the first: a
+/// "something arrived" mark).
+///
+/// The local range must lie in the region whose `lkey` the request was
+/// built with; that is the caller's obligation ([`post`](Self::post) is
+/// unsafe), which is why only the ring's staging module uses it.
+pub struct PreparedWrite {
+    inner: Box<PreparedInner>,
+    chained: bool,
+}
+
+impl fmt::Debug for PreparedWrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedWrite")
+            .field("chained", &self.chained)
+            .finish()
+    }
+}
+
+// SAFETY: the raw pointers inside only point into the same heap block,
+// which moves with the value; nothing is shared with another thread.
+unsafe impl Send for PreparedWrite {}
+
+impl PreparedWrite {
+    /// An RDMA WRITE from memory under `lkey` to memory under `rkey`, with,
+    /// when `mark` is `(addr, rkey)`, a one-byte inline WRITE of `1` to
+    /// that address chained after it.
+    pub fn new(lkey: u32, rkey: u32, mark: Option<(u64, u32)>) -> Self {
+        // SAFETY: plain C data; zero is valid for every field.
+        let mut inner: Box<PreparedInner> = Box::new(unsafe { std::mem::zeroed() });
+        inner.mark[0] = 1;
+        let mark_addr = inner.mark.as_ptr() as u64;
+        let p = &mut *inner;
+        let sge0: *mut sys::ibv_sge = &mut p.sge[0];
+        let sge1: *mut sys::ibv_sge = &mut p.sge[1];
+        let wr1: *mut sys::ibv_send_wr = &mut p.wr[1];
+        p.sge[0].lkey = lkey;
+        p.wr[0].sg_list = sge0;
+        p.wr[0].num_sge = 1;
+        p.wr[0].opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        p.wr[0].wr.rdma = sys::rdma_t {
+            remote_addr: 0,
+            rkey,
+        };
+        if let Some((addr, mrkey)) = mark {
+            p.sge[1] = sys::ibv_sge {
+                addr: mark_addr,
+                length: 1,
+                lkey: 0,
+            };
+            p.wr[1].sg_list = sge1;
+            p.wr[1].num_sge = 1;
+            p.wr[1].opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+            p.wr[1].send_flags = sys::ibv_send_flags::IBV_SEND_INLINE.0;
+            p.wr[1].wr.rdma = sys::rdma_t {
+                remote_addr: addr,
+                rkey: mrkey,
+            };
+            p.wr[0].next = wr1;
+        }
+        Self {
+            inner,
+            chained: mark.is_some(),
+        }
+    }
+
+    /// How many requests one post puts on the send queue (1 or 2).
+    #[inline]
+    pub fn requests(&self) -> u64 {
+        1 + self.chained as u64
+    }
+
+    /// Posts the WRITE of `len` bytes at `local_addr` to `remote_addr`
+    /// (and the chained mark), the last request carrying `wr_id` and, if
+    /// `flags.signaled`, asking for a completion.
+    ///
+    /// # Safety
+    /// As [`QueuePair::post_send`]: `local_addr..+len` lies in the region
+    /// of the `lkey` given to [`new`](Self::new), which stays registered,
+    /// allocated and unwritten until the write has executed (unless
+    /// `flags.inline`); and `qp` is an RC queue pair of the same
+    /// protection domain.
+    #[inline]
+    pub unsafe fn post(
+        &mut self,
+        qp: &QueuePair,
+        local_addr: u64,
+        len: u32,
+        remote_addr: u64,
+        flags: WriteFlags,
+        wr_id: u64,
+    ) -> Result<()> {
+        let p = &mut *self.inner;
+        p.sge[0].addr = local_addr;
+        p.sge[0].length = len;
+        p.wr[0].wr.rdma.remote_addr = remote_addr;
+        let signaled = if flags.signaled {
+            sys::ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        };
+        let inline = if flags.inline {
+            sys::ibv_send_flags::IBV_SEND_INLINE.0
+        } else {
+            0
+        };
+        let last = self.chained as usize;
+        if self.chained {
+            p.wr[0].send_flags = inline;
+            p.wr[1].send_flags = sys::ibv_send_flags::IBV_SEND_INLINE.0 | signaled;
+        } else {
+            p.wr[0].send_flags = inline | signaled;
+        }
+        p.wr[last].wr_id = wr_id;
+        let first: *mut sys::ibv_send_wr = &mut p.wr[0];
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the chain (set up in `new`) points into `self.inner`, alive
+        // for the call; the data's validity is the caller's obligation.
+        let rc = unsafe { sys::ibv_post_send(qp.as_raw(), first, &mut bad) };
+        if rc != 0 {
+            return Err(VerbsError::PostSend {
+                index: (!bad.is_null() && bad != first) as usize,
+                wr_id,
+                source: errno(rc),
+            });
+        }
+        Ok(())
+    }
+}
