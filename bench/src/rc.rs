@@ -116,7 +116,7 @@ pub fn latency(args: &RcArgs) -> Result<()> {
         pin(&cores, 1);
         echo(&mut conn).map(|_| ())
     })?;
-    let mut conn = Connection::connect(addr, &config(), Duration::from_secs(10))?;
+    let mut conn = Connection::connect(addr, &config())?;
     pin(&args.cores, 0);
     let msg = vec![0x5au8; args.size];
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
@@ -184,7 +184,7 @@ pub fn throughput(args: &RcArgs) -> Result<()> {
         tx.send((count, bad, secs)).ok();
         wait_lost(&mut conn)
     })?;
-    let mut conn = Connection::connect(addr, &config(), Duration::from_secs(10))?;
+    let mut conn = Connection::connect(addr, &config())?;
     pin(&args.cores, 0);
     let msg = vec![0x5au8; size];
     let mut pending = 0;
@@ -373,7 +373,7 @@ pub fn fanin(args: &FanInArgs) -> Result<()> {
         }
         Ok(())
     };
-    let mut active = Connection::connect(addr, &cfg, Duration::from_secs(10))?;
+    let mut active = Connection::connect(addr, &cfg)?;
     wait_count(1)?;
     let mut idle: Vec<Connection> = Vec::new();
     let msg = vec![0x5au8; args.size];
@@ -406,7 +406,7 @@ pub fn fanin(args: &FanInArgs) -> Result<()> {
             rss_before = Some((rss_kib(), 1 + idle.len()));
         }
         while 1 + idle.len() < n {
-            idle.push(Connection::connect(addr, &cfg, Duration::from_secs(10))?);
+            idle.push(Connection::connect(addr, &cfg)?);
             wait_count(1 + idle.len())?;
         }
         let mut fan = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
@@ -561,7 +561,7 @@ pub fn fanin_throughput(args: &RcArgs) -> Result<()> {
         let (cfg, done, cores, batch) = (cfg.clone(), done.clone(), args.cores.clone(), args.batch);
         senders.push(std::thread::spawn(move || -> Result<u64> {
             pin(&cores, 2 + i);
-            let mut conn = Connection::connect(addr, &cfg, Duration::from_secs(10))?;
+            let mut conn = Connection::connect(addr, &cfg)?;
             if !conn.marks_fanin() {
                 bail!("sender {i}: the listener granted no fan-in slot");
             }
@@ -686,7 +686,12 @@ pub fn pong(args: &PingArgs) -> Result<()> {
 /// round trips).
 pub fn ping(args: &PingArgs) -> Result<()> {
     let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
-    let mut conn = Connection::connect(addr, &config(), Duration::from_secs(30))?;
+    // Under callgrind the handshake runs some 50 times slower.
+    let cfg = OrdersConfig {
+        connect_timeout_ms: 30_000,
+        ..config()
+    };
+    let mut conn = Connection::connect(addr, &cfg)?;
     let msg = vec![0x5au8; args.size];
     let empty = ping_loop(&mut conn, &msg, args.iterations)?;
     let stats = conn.stats();

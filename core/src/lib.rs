@@ -46,7 +46,7 @@
 //! let (me, feed) = ("198.18.0.2".parse()?, "198.18.0.1".parse()?);
 //! let mut market = MdSubscriber::new(&md, 1, me, feed)?; // channel 1
 //! let cfg = OrdersConfig { token: "s3cret".into(), ..OrdersConfig::default() };
-//! let mut gateway = Connection::connect("198.18.0.1:7470".parse()?, &cfg, Duration::from_secs(5))?;
+//! let mut gateway = Connection::connect("198.18.0.1:7470".parse()?, &cfg)?;
 //! let mut quotes = Quotes::default();
 //! loop {
 //!     market.poll(now_ns(), &mut quotes)?;

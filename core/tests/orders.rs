@@ -63,7 +63,7 @@ where
         server(conn)
     });
     rx.recv().unwrap();
-    let conn = Connection::connect(addr, &cfg, Duration::from_secs(10)).expect("connect");
+    let conn = Connection::connect(addr, &cfg).expect("connect");
     client(conn);
     h.join().expect("server thread")
 }
@@ -334,16 +334,15 @@ fn two_hosts_torture(port: u16, frames: u64) {
         let peer: IpAddr = std::env::var("ROCEBUS_PEER_ADDR").unwrap().parse().unwrap();
         std::thread::sleep(Duration::from_secs(1));
         let mut conn = (0..20)
-            .find_map(|_| {
-                match Connection::connect(SocketAddr::new(peer, port), &c, Duration::from_secs(10))
-                {
+            .find_map(
+                |_| match Connection::connect(SocketAddr::new(peer, port), &c) {
                     Ok(c) => Some(c),
                     Err(_) => {
                         std::thread::sleep(Duration::from_millis(500));
                         None
                     }
-                }
-            })
+                },
+            )
             .expect("connect to guest 0");
         let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
         for i in 0..frames {
@@ -444,14 +443,13 @@ fn rdma_orders_ping_pong_streams_and_zero_copy_claims() {
 fn rdma_orders_wrong_secret_fails_both_ways_and_is_counted() {
     let addr = SocketAddr::new(local_ip(), 7485);
     let srv = Server::start(addr, cfg(1 << 16, 1024));
-    let mut healthy = Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_secs(10))
-        .expect("good token");
+    let mut healthy = Connection::connect(addr, &cfg(1 << 16, 1024)).expect("good token");
     ping(&mut healthy, 1);
     // A connector with another token: the listener cannot prove the
     // connector's token, so the connector refuses the listener (mutual).
     let mut bad = cfg(1 << 16, 1024);
     bad.token = "not-the-token".into();
-    match Connection::connect(addr, &bad, Duration::from_secs(10)) {
+    match Connection::connect(addr, &bad) {
         Err(OrdersError::WrongToken { .. }) => {}
         other => panic!("expected WrongToken, got {other:?}"),
     }
@@ -486,8 +484,7 @@ fn rdma_orders_wrong_secret_fails_both_ways_and_is_counted() {
 fn rdma_orders_replayed_handshake_is_refused() {
     let addr = SocketAddr::new(local_ip(), 7490);
     let srv = Server::start(addr, cfg(1 << 16, 1024));
-    let mut healthy = Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_secs(10))
-        .expect("healthy peer");
+    let mut healthy = Connection::connect(addr, &cfg(1 << 16, 1024)).expect("healthy peer");
     ping(&mut healthy, 1);
     // A genuine handshake by a raw peer, captured: its connect data and
     // the proof it wrote.
@@ -597,8 +594,7 @@ fn rdma_two_hosts_orders_replayed_handshake_from_another_host_is_refused() {
 fn rdma_orders_huge_ring_requests_are_refused_without_memory_growth() {
     let addr = SocketAddr::new(local_ip(), 7491);
     let srv = Server::start(addr, cfg(1 << 16, 1024));
-    let mut healthy = Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_secs(10))
-        .expect("healthy peer");
+    let mut healthy = Connection::connect(addr, &cfg(1 << 16, 1024)).expect("healthy peer");
     ping(&mut healthy, 0);
     // Warm up the raw peer's own allocations before measuring.
     assert!(RawPeer::connect(addr, 31, [1; 16]).is_err());
@@ -633,7 +629,7 @@ fn rdma_orders_pending_handshakes_and_per_address_connections_are_capped() {
     c.max_connections_per_peer = 6;
     c.connect_timeout_ms = 1500;
     let srv = Server::start(addr, c.clone());
-    let mut healthy = Connection::connect(addr, &c, Duration::from_secs(10)).expect("healthy peer");
+    let mut healthy = Connection::connect(addr, &c).expect("healthy peer");
     ping(&mut healthy, 0);
     // Strangers that answer the handshake and never prove anything.
     let mut silent = Vec::new();
@@ -657,9 +653,9 @@ fn rdma_orders_pending_handshakes_and_per_address_connections_are_capped() {
     }
     // Per address: healthy (1) + 5 more = 6 allowed, the 7th refused.
     let mut more: Vec<Connection> = (0..5)
-        .map(|_| Connection::connect(addr, &c, Duration::from_secs(10)).expect("within the cap"))
+        .map(|_| Connection::connect(addr, &c).expect("within the cap"))
         .collect();
-    match Connection::connect(addr, &c, Duration::from_secs(10)) {
+    match Connection::connect(addr, &c) {
         Err(OrdersError::Verbs(VerbsError::ConnectionRejected { reason, .. })) => {
             assert!(reason.contains("too many connections"), "{reason}")
         }
@@ -669,7 +665,7 @@ fn rdma_orders_pending_handshakes_and_per_address_connections_are_capped() {
     more.pop().unwrap().close();
     let t = Instant::now();
     let mut last = loop {
-        match Connection::connect(addr, &c, Duration::from_secs(10)) {
+        match Connection::connect(addr, &c) {
             Ok(conn) => break conn,
             Err(_) if t.elapsed() < Duration::from_secs(10) => {
                 std::thread::sleep(Duration::from_millis(100))
@@ -698,7 +694,11 @@ fn rdma_orders_peer_that_gives_up_mid_handshake_does_not_stop_the_listener() {
     let ip = local_ip();
     let addr = SocketAddr::new(ip, 7488);
     let mut l = OrdersListener::bind(addr, cfg(1 << 16, 1024)).unwrap();
-    match Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_millis(300)) {
+    let quick = OrdersConfig {
+        connect_timeout_ms: 300,
+        ..cfg(1 << 16, 1024)
+    };
+    match Connection::connect(addr, &quick) {
         Err(OrdersError::Verbs(
             e @ (VerbsError::CmTimeout { .. }
             | VerbsError::ConnectionRejected { .. }
@@ -709,8 +709,7 @@ fn rdma_orders_peer_that_gives_up_mid_handshake_does_not_stop_the_listener() {
     std::thread::sleep(Duration::from_millis(200));
     let h = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(1));
-        let mut conn = Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_secs(10))
-            .expect("second peer");
+        let mut conn = Connection::connect(addr, &cfg(1 << 16, 1024)).expect("second peer");
         conn.publication(1)
             .offer_and_flush(0, b"after")
             .expect("an empty ring takes a frame");
@@ -844,8 +843,7 @@ fn rdma_orders_peer_loss_is_detected_and_reconnect_works() {
     });
     rx.recv().unwrap();
     for round in 0..2u8 {
-        let mut conn =
-            Connection::connect(addr, &cfg(1 << 16, 1024), Duration::from_secs(10)).unwrap();
+        let mut conn = Connection::connect(addr, &cfg(1 << 16, 1024)).unwrap();
         conn.publication(1)
             .offer_and_flush(1, &[5 + round])
             .unwrap();
@@ -1140,7 +1138,7 @@ fn rdma_orders_fanin_some_active_of_many_every_frame_once_in_order() {
     });
     ready_rx.recv().unwrap();
     let mut conns: Vec<Connection> = (0..CONNS)
-        .map(|_| Connection::connect(addr, &c, Duration::from_secs(10)).expect("connect"))
+        .map(|_| Connection::connect(addr, &c).expect("connect"))
         .collect();
     let marking = conns.iter().filter(|c| c.marks_fanin()).count();
     assert_eq!(marking, SLOTS, "granted slots are marked by the connector");

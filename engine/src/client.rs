@@ -483,7 +483,9 @@ pub struct EngineSession {
 
 impl EngineSession {
     /// Connects to the gateway at `addr`, logs on as `engine` with its `token` and waits for
-    /// the answer. Order ids start at `first_order_id`.
+    /// the answer. Order ids start at `first_order_id`. The connection's set-up is bounded by
+    /// `cfg.connect_timeout_ms` (as every orders connection); `timeout` bounds the whole
+    /// logon, set-up included.
     pub fn connect(
         addr: SocketAddr,
         cfg: &OrdersConfig,
@@ -571,7 +573,7 @@ impl EngineSession {
     ) -> Result<(Connection, u32, u32, Duration), SessionError> {
         let deadline = Instant::now() + timeout;
         pad_token(token.as_bytes()).ok_or(SessionError::BadToken)?;
-        let mut conn = Connection::connect(addr, cfg, timeout)
+        let mut conn = Connection::connect(addr, cfg)
             .map_err(|source| SessionError::Connect { addr, source })?;
         // The token stays here: the logon carries a proof bound to this connection.
         let logon = Logon::new(

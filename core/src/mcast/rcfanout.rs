@@ -926,11 +926,7 @@ impl RcFanoutSubscriber {
         let _ = local;
         let port = rc_channel(cfg, channel)?;
         let ocfg = orders_config(cfg);
-        let conn = Connection::connect(
-            SocketAddr::new(publisher, port),
-            &ocfg,
-            Duration::from_millis(ocfg.connect_timeout_ms),
-        )?;
+        let conn = Connection::connect(SocketAddr::new(publisher, port), &ocfg)?;
         let mut state = SubscriberState::new(cfg.subscriber(channel));
         state.set_datagram_key(cfg.datagram_key());
         Ok(RcFanoutSubscriber {

@@ -419,12 +419,13 @@ impl Connection {
     /// both sides prove they hold the token (challenge-response, see
     /// [`crate::auth`]); a listener that cannot is refused here, and our own
     /// proof goes first over the new connection, before any frame.
-    pub fn connect(
-        addr: SocketAddr,
-        cfg: &OrdersConfig,
-        timeout: Duration,
-    ) -> Result<Self, OrdersError> {
+    ///
+    /// Address resolution and the handshake are each bounded by
+    /// `cfg.connect_timeout_ms`, the same setting that bounds a listener's
+    /// wait for a peer's handshake.
+    pub fn connect(addr: SocketAddr, cfg: &OrdersConfig) -> Result<Self, OrdersError> {
         cfg.validate().map_err(OrdersError::Config)?;
+        let timeout = Duration::from_millis(cfg.connect_timeout_ms);
         let resolved = cm::resolve(addr, None, timeout)?;
         let ctx = Context::open(resolved.device_name().as_deref())?;
         let res = resources(&ctx, cfg)?;

@@ -10,7 +10,7 @@
 //! // Gateway side:
 //! let mut listener = OrdersListener::bind("198.18.0.1:7470".parse()?, cfg.clone())?;
 //! // Engine side (another process or host):
-//! let mut conn = Connection::connect("198.18.0.1:7470".parse()?, &cfg, Duration::from_secs(5))?;
+//! let mut conn = Connection::connect("198.18.0.1:7470".parse()?, &cfg)?;
 //! let mut orders = conn.publication(1);
 //! let mut claim = orders.try_claim(7, 64)?; // message type 7, 64 bytes, in registered memory
 //! claim.copy_from_slice(&[0u8; 64]);
@@ -37,7 +37,7 @@
 //! ```compile_fail,E0499
 //! # use rocebus::orders::{Connection, OrdersConfig};
 //! # use std::time::Duration;
-//! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default(), Duration::from_secs(5)).unwrap();
+//! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default()).unwrap();
 //! let mut orders = conn.publication(1);
 //! let claim = orders.try_claim(7, 64).unwrap();
 //! conn.flush().unwrap(); // error: `conn` is already borrowed by `orders`, which `claim` holds
@@ -47,7 +47,7 @@
 //! ```compile_fail,E0499
 //! # use rocebus::orders::{Connection, OrdersConfig};
 //! # use std::time::Duration;
-//! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default(), Duration::from_secs(5)).unwrap();
+//! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default()).unwrap();
 //! let mut orders = conn.publication(1);
 //! let claim = orders.try_claim(7, 64).unwrap();
 //! orders.flush().unwrap(); // error: `orders` is already borrowed by `claim`
@@ -60,7 +60,7 @@
 //! ```compile_fail,E0499
 //! # use rocebus::orders::{Connection, OrdersConfig};
 //! # use std::time::Duration;
-//! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default(), Duration::from_secs(5)).unwrap();
+//! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default()).unwrap();
 //! let claim = conn.try_claim(1, 7, 64).unwrap();
 //! conn.subscription().poll(|_| {}, 16).unwrap(); // error: `conn` is already borrowed by `claim`
 //! claim.commit();
@@ -72,7 +72,7 @@
 //! ```no_run
 //! # use rocebus::orders::{Connection, OrdersConfig};
 //! # use std::time::Duration;
-//! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default(), Duration::from_secs(5)).unwrap();
+//! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default()).unwrap();
 //! let mut orders = conn.publication(1);
 //! let claim = orders.try_claim(7, 64).unwrap();
 //! claim.commit();
