@@ -114,6 +114,25 @@ impl RingMemory for IncomingRing {
         // bytes complete (see the trait).
         self.word_at(at).load(Ordering::Relaxed)
     }
+    #[inline]
+    fn copy_relaxed(&self, at: usize, dst: &mut [u8]) {
+        assert!(
+            at % 8 == 0
+                && dst.len() % 8 == 0
+                && at
+                    .checked_add(dst.len())
+                    .is_some_and(|e| e <= self.size + CONTROL_LEN)
+        );
+        let base = self.mr.as_ptr() as *const AtomicU64;
+        for (i, c) in dst.chunks_exact_mut(8).enumerate() {
+            // SAFETY: as `word_at`, for every word of the range checked once
+            // above: in bounds of the mapping that lives as long as self.mr,
+            // 8-byte aligned, any bit pattern valid; only loaded.
+            let w = unsafe { &*base.add(at / 8 + i) };
+            // ORDERING: Relaxed, as `load_relaxed`.
+            c.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+        }
+    }
 }
 
 /// The sender's staging mirror of the remote ring: frames are built here

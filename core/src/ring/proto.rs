@@ -52,6 +52,15 @@ pub trait RingMemory {
     /// The word at `at`, `Relaxed`: only after an Acquire load that
     /// established the bytes are complete.
     fn load_relaxed(&self, at: usize) -> u64;
+    /// The words from `at` into `dst` (a multiple of 8 bytes long), each
+    /// loaded `Relaxed` as [`load_relaxed`](Self::load_relaxed) does; an
+    /// implementation may check the bounds once for the whole range.
+    #[inline]
+    fn copy_relaxed(&self, at: usize, dst: &mut [u8]) {
+        for (i, c) in dst.chunks_exact_mut(8).enumerate() {
+            c.copy_from_slice(&self.load_relaxed(at + 8 * i).to_ne_bytes());
+        }
+    }
 }
 
 /// Our own staging bytes (nobody else writes them; a device may read a
@@ -123,11 +132,9 @@ pub fn read_header<M: RingMemory>(mem: &M, off: usize) -> FrameHeader {
 pub fn copy_payload<M: RingMemory>(mem: &M, off: usize, len: usize, dst: &mut [u8]) {
     let words = len.div_ceil(8);
     assert!(off % 8 == 0 && off + words * 8 <= mem.data_len() && dst.len() >= words * 8);
-    for (i, c) in dst[..words * 8].chunks_exact_mut(8).enumerate() {
-        // ORDERING: Relaxed: ordered after the trailer's Acquire load in
-        // the caller, which saw the frame complete.
-        c.copy_from_slice(&mem.load_relaxed(off + 8 * i).to_ne_bytes());
-    }
+    // ORDERING: Relaxed: ordered after the trailer's Acquire load in the
+    // caller, which saw the frame complete.
+    mem.copy_relaxed(off, &mut dst[..words * 8]);
 }
 
 /// The sending half of a ring connection: frames built in `S` at the

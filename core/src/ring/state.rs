@@ -131,18 +131,17 @@ impl SenderState {
     /// The byte ranges `(offset, len)` to write for everything unflushed
     /// (two when it wraps) and how many there are; marks them flushed.
     pub fn take_flush(&mut self) -> ([(usize, usize); 2], usize) {
-        let mut ranges = [(0, 0); 2];
-        let mut n = 0;
-        let mut pos = self.flushed;
-        while pos < self.tail {
-            let off = (pos as usize) & (self.size - 1);
-            let len = ((self.tail - pos) as usize).min(self.size - off);
-            ranges[n] = (off, len);
-            n += 1;
-            pos += len as u64;
-        }
+        // What is unflushed never exceeds the ring (it is within what is
+        // in flight), so it is one run, or two when it wraps.
+        let len = (self.tail - self.flushed) as usize;
+        let off = (self.flushed as usize) & (self.size - 1);
         self.flushed = self.tail;
-        (ranges, n)
+        let first = len.min(self.size - off);
+        match (len, first == len) {
+            (0, _) => ([(0, 0); 2], 0),
+            (_, true) => ([(off, len), (0, 0)], 1),
+            (_, false) => ([(off, first), (0, len - first)], 2),
+        }
     }
 }
 
