@@ -26,7 +26,6 @@
 //! use rocebus::mcast::config::McastConfig;
 //! use rocebus::mcast::{now_ns, Handler, MdSubscriber, RestoreError, SnapshotSink};
 //! use rocebus::orders::{Connection, OrdersConfig};
-//! use std::time::Duration;
 //!
 //! /// What the engine keeps of the feed (here: the last message's sequence).
 //! #[derive(Default)]

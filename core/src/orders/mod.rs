@@ -36,7 +36,7 @@
 //!
 //! ```compile_fail,E0499
 //! # use rocebus::orders::{Connection, OrdersConfig};
-//! # use std::time::Duration;
+//! #
 //! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default()).unwrap();
 //! let mut orders = conn.publication(1);
 //! let claim = orders.try_claim(7, 64).unwrap();
@@ -46,7 +46,7 @@
 //!
 //! ```compile_fail,E0499
 //! # use rocebus::orders::{Connection, OrdersConfig};
-//! # use std::time::Duration;
+//! #
 //! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default()).unwrap();
 //! let mut orders = conn.publication(1);
 //! let claim = orders.try_claim(7, 64).unwrap();
@@ -59,7 +59,7 @@
 //!
 //! ```compile_fail,E0499
 //! # use rocebus::orders::{Connection, OrdersConfig};
-//! # use std::time::Duration;
+//! #
 //! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default()).unwrap();
 //! let claim = conn.try_claim(1, 7, 64).unwrap();
 //! conn.subscription().poll(|_| {}, 16).unwrap(); // error: `conn` is already borrowed by `claim`
@@ -71,7 +71,7 @@
 //!
 //! ```no_run
 //! # use rocebus::orders::{Connection, OrdersConfig};
-//! # use std::time::Duration;
+//! #
 //! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default()).unwrap();
 //! let mut orders = conn.publication(1);
 //! let claim = orders.try_claim(7, 64).unwrap();
