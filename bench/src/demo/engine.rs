@@ -7,16 +7,16 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use rocebus::counters::{counters_path, default_dir, Counter, CountersFile, Kind};
 use rocebus::idle::{pin_current_thread, Idler};
-use rocebus::mcast::net::SubscriberCountersExport;
-use rocebus::mcast::{Event, McastSubscriber};
+use rocebus::mcast::McastSubscriber;
 use rocebus::orders::OfferError;
 use rocebus_engine::client::{ClientError, EngineSession};
 use rocebus_engine::proto::{RejectReason, Response, Symbol};
 
-use super::config::{load_market_data, EngineConfig};
-use super::md::{bus_counts, MdCounts, MdView};
+use super::config::{load_ipc_source, load_market_data, EngineConfig, Transport};
+use super::md::{MdCounts, MdView};
 use super::orders::{OrderCounts, OrderTimes, Strategy};
 use super::report::Outcome;
+use super::transport::{ChannelCounters, IpcChannel, MdSubscribers};
 use super::{monotonic_ns, realtime_ns, tap};
 use crate::report::{FixedRateSchedule, LatencyRecorder};
 
@@ -52,19 +52,16 @@ struct EngineCounters {
     skipped: Counter,
     back_pressured: Counter,
     _file: CountersFile,
-    subs: Vec<SubscriberCountersExport>,
+    channels: ChannelCounters,
 }
 
 impl EngineCounters {
-    fn open(dir: &Path, channels: &[u16]) -> anyhow::Result<EngineCounters> {
+    fn open(dir: &Path, subs: &MdSubscribers, channels: &[u16]) -> anyhow::Result<EngineCounters> {
         let path = counters_path(dir, "sample-engine");
         let file = CountersFile::create(&path, 256)
             .with_context(|| format!("cannot create counters file {}", path.display()))?;
         let c = |label: &str| file.allocate_with(label, Kind::Counter, 0);
-        let mut subs = Vec::new();
-        for ch in channels {
-            subs.push(SubscriberCountersExport::new(&file, &format!("md.ch{ch}"))?);
-        }
+        let channels = ChannelCounters::new(&file, subs, channels)?;
         Ok(EngineCounters {
             md_messages: c("md messages handled")?,
             md_bbo: c("md bbo updates (traded symbols)")?,
@@ -74,12 +71,12 @@ impl EngineCounters {
             rejects: c("rejects")?,
             skipped: c("scheduled orders skipped (no quote)")?,
             back_pressured: c("orders back-pressured")?,
-            subs,
+            channels,
             _file: file,
         })
     }
 
-    fn update(&self, md: &MdCounts, o: &OrderCounts, subs: &[McastSubscriber]) {
+    fn update(&self, md: &MdCounts, o: &OrderCounts, subs: &MdSubscribers) {
         self.md_messages.set(md.messages);
         self.md_bbo.set(md.bbo_traded);
         self.orders.set(o.sent);
@@ -88,9 +85,7 @@ impl EngineCounters {
         self.rejects.set(o.rejects);
         self.skipped.set(o.skipped_no_quote);
         self.back_pressured.set(o.back_pressured);
-        for (e, s) in self.subs.iter().zip(subs) {
-            e.update(s);
-        }
+        self.channels.update(subs);
     }
 }
 
@@ -136,25 +131,34 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
         }
     }
     let connect_timeout = Duration::from_millis(cfg.gateway.connect_timeout_ms);
-    let mut subs = Vec::with_capacity(channels.len());
-    for &ch in &channels {
-        let s = retry(
-            &format!(
-                "subscribe to market-data channel {ch} (publisher {})",
-                cfg.market_data.publisher
-            ),
-            connect_timeout,
-            || {
-                McastSubscriber::new(
-                    &md_cfg,
-                    ch,
-                    cfg.market_data.local,
-                    cfg.market_data.publisher,
-                )
-            },
-        )?;
-        subs.push(s);
-    }
+    let mut subs = match cfg.market_data.transport {
+        Transport::Rdma => {
+            // Validated by EngineConfig::parse: both are set for the bus.
+            let (Some(local), Some(publisher)) = (cfg.market_data.local, cfg.market_data.publisher)
+            else {
+                anyhow::bail!("transport = \"rdma\" needs market_data.local and .publisher");
+            };
+            let mut subs = Vec::with_capacity(channels.len());
+            for &ch in &channels {
+                let s = retry(
+                    &format!("subscribe to market-data channel {ch} (publisher {publisher})"),
+                    connect_timeout,
+                    || McastSubscriber::new(&md_cfg, ch, local, publisher),
+                )?;
+                subs.push(s);
+            }
+            MdSubscribers::Rdma(subs)
+        }
+        Transport::Ipc => {
+            let source = load_ipc_source(&cfg.market_data)?;
+            let chans = channels
+                .iter()
+                .map(|&ch| IpcChannel::new(&source, ch))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            MdSubscribers::Ipc(chans)
+        }
+    };
+    subs.wait_connected(connect_timeout)?;
     let first_id = 1;
     let mut session = retry(
         &format!("connect to the order gateway at {}", cfg.gateway.addr),
@@ -173,13 +177,14 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
     )?;
     session.set_gateway_timeout(Duration::from_millis(cfg.gateway.gateway_timeout_ms));
     let counters = match &opts.counters_dir {
-        Some(dir) => Some(EngineCounters::open(dir, &channels)?),
+        Some(dir) => Some(EngineCounters::open(dir, &subs, &channels)?),
         None => None,
     };
     eprintln!(
-        "sample-engine: engine {} on {} channel(s), trading {} symbol(s) at {rate} orders/s for {} s",
+        "sample-engine: engine {} on {} channel(s) over {}, trading {} symbol(s) at {rate} orders/s for {} s",
         cfg.gateway.engine_id,
         subs.len(),
+        cfg.market_data.transport,
         symbols.len(),
         opts.duration.as_secs()
     );
@@ -228,14 +233,7 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
                 view.resolve(false);
             }
         }
-        for s in &mut subs {
-            work += s.poll(now, &mut view)?;
-            while let Some(ev) = s.poll_event() {
-                if let Event::UnrecoverableLoss { from, to } = ev {
-                    eprintln!("sample-engine: market data lost [{from}, {to}), re-synchronising");
-                }
-            }
-        }
+        work += subs.poll(now, &mut view)?;
         work += session
             .poll(
                 |r| match r {
@@ -306,7 +304,7 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
         }
         if progress_ns > 0 && now >= next_progress {
             next_progress += progress_ns;
-            let b = bus_counts(&subs);
+            let b = subs.bus_counts();
             println!(
                 "[{:>3.0} s] md {:>8} msgs  gaps {:>3}  recovered {:>5}  lost {}  | orders {:>6}  acks {:>6}  fills {:>6}  rejects {:>4}",
                 (now - start) as f64 / 1e9,
@@ -368,7 +366,7 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
         seconds,
         rate,
         md: view.counts,
-        bus: bus_counts(&subs),
+        bus: subs.bus_counts(),
         orders: o,
         rejects_by_reason,
         md_latency: view.latency.into_histogram(),

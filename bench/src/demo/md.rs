@@ -1,8 +1,9 @@
 //! The engine's market-data side: the handler the bus delivers to ([`MdView`]: BBOs and
 //! trading status into the strategy, receive-to-handler latency against the probe's stamps)
-//! and the subscribers' totals. I/O-free but for the subscribers it reads counters from.
+//! and the subscribers' totals. I/O-free: the subscribers that feed it, on either transport,
+//! are in `transport`.
 
-use rocebus::mcast::{Handler, McastSubscriber, RestoreError, SnapshotSink};
+use rocebus::mcast::{Handler, RestoreError, SnapshotSink};
 use rocebus_md::normalized::{self, Normalized};
 
 use super::orders::{Quote, Strategy};
@@ -66,6 +67,20 @@ impl MdView {
 }
 
 impl MdView {
+    /// Market data was lost and nothing will recover it (a shared-memory reader a ring
+    /// behind, or its publisher gone): the quotes may be stale, so the table starts empty
+    /// and the strategy waits for fresh BBOs, as after a snapshot.
+    pub fn on_loss(&mut self) {
+        self.strategy.clear_quotes();
+    }
+
+    /// A frame that is not a normalized message (another message type on the stream):
+    /// counted as delivered and malformed, as undecodable bytes from the bus are.
+    pub fn on_foreign(&mut self) {
+        self.counts.messages += 1;
+        self.counts.malformed += 1;
+    }
+
     /// Records the messages whose stamps arrived since they were handled; with `last`,
     /// counts the rest as unstamped. Call after draining the probe.
     pub fn resolve(&mut self, last: bool) {
@@ -143,7 +158,9 @@ impl SnapshotSink for MdView {
     }
 }
 
-/// Market-data subscriber totals over all channels.
+/// Market-data subscriber totals over all channels. On shared memory (no recovery) a
+/// reader that fell a ring behind, or found junk in the ring, counts one gap that is also
+/// unrecoverable; `recovered` and `snapshots` stay 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BusCounts {
     /// Messages delivered.
@@ -156,19 +173,6 @@ pub struct BusCounts {
     pub unrecoverable: u64,
     /// Snapshots applied.
     pub snapshots: u64,
-}
-
-pub(super) fn bus_counts(subs: &[McastSubscriber]) -> BusCounts {
-    let mut b = BusCounts::default();
-    for s in subs {
-        let c = s.counters();
-        b.delivered += c.delivered;
-        b.gaps += c.gaps_detected;
-        b.recovered += c.messages_recovered;
-        b.unrecoverable += c.unrecoverable;
-        b.snapshots += c.snapshots_applied;
-    }
-    b
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The demo's sample trading engine (`sample-engine`, run by `cargo xtask demo`).
 //!
 //! It shows an engine embedding rocebus end to end: it subscribes to the feed handler's
-//! normalized market data on the UD multicast bus, keeps a best bid/offer per traded symbol,
+//! normalized market data on the UD multicast bus (or, on the feed handler's host, on its
+//! shared-memory streams: `market_data.transport`), keeps a best bid/offer per traded symbol,
 //! and on a fixed schedule sends a day limit order that joins the book (buy at the best bid,
 //! sell at the best ask, alternating) to the order gateway over RC; acks, fills and rejects
 //! come back on the same connection.
@@ -25,7 +26,9 @@
 //!
 //! One file per part: `config` (the TOML), `md` (the market-data side: the handler that
 //! feeds the strategy and measures latency), `orders` (the quoting strategy and the order
-//! path's bookkeeping), `report` (what the run says and writes), `engine` (the polling loop).
+//! path's bookkeeping), `report` (what the run says and writes), `transport` (the market-data
+//! subscribers: the RDMA bus or the feed handler's shared-memory streams, both feeding the
+//! same handler), `engine` (the polling loop).
 
 mod config;
 mod engine;
@@ -33,10 +36,11 @@ mod md;
 mod orders;
 mod report;
 pub mod tap;
+mod transport;
 
 pub use config::{
-    load_market_data, ConfigError, EngineConfig, GatewayConfig, LoopConfig, MarketDataConfig,
-    StrategyConfig, MAX_SYMBOLS,
+    load_ipc_source, load_market_data, ConfigError, EngineConfig, GatewayConfig, IpcSource,
+    LoopConfig, MarketDataConfig, StrategyConfig, Transport, MAX_SYMBOLS,
 };
 pub use engine::{run, RunOptions};
 pub use md::{BusCounts, MdCounts, MdView};
