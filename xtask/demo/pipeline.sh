@@ -52,7 +52,8 @@ die() {
     for f in "$DEMO_OUT"/*.log; do
         [ -s "$f" ] || continue
         echo "demo: --- last lines of $(basename "$f")"
-        tail -n 15 "$f"
+        # Without the frames of a backtrace, which would push the error itself out.
+        grep -v -e '^ *[0-9][0-9]*: ' -e '^ *at ' "$f" | tail -n 15
     done
     exit 1
 }
@@ -77,6 +78,14 @@ if [ "$MARKET_DATA" = ipc ]; then
         || die "configs/demo/feed-handler.toml has no '#ipc_stream = ' line to enable"
     grep -q '^transport = "ipc"' "$WORK/sample-engine.toml" \
         || die "configs/demo/sample-engine.toml has no '#transport = \"ipc\"' line to enable"
+    # The streams' folder: /dev/shm where there is one; the guest's /dev (devtmpfs) has no
+    # shm folder, so there they go in this run's scratch folder (a tmpfs in the guest).
+    ipc_dir=/dev/shm
+    if [ ! -d /dev/shm ] || [ ! -w /dev/shm ]; then
+        ipc_dir="$WORK/ipc"
+        mkdir -p "$ipc_dir"
+    fi
+    printf '\n[ipc]\ndir = "%s"\nflow = "drop"\n' "$ipc_dir" >> "$WORK/feed-handler.toml"
 fi
 if [ "$VENUE" = quickfix ]; then
     # The venue runs until its stdin closes: feed it a pipe this script holds open.
