@@ -9,7 +9,7 @@ use std::process::Command;
 use feed_handler::binaryfile::Reader;
 use feed_handler::generate::{generate_binaryfile, GenConfig};
 use feed_handler::itch::Message;
-use rocebus_bench::demo::EngineConfig;
+use rocebus_bench::demo::{EngineConfig, Transport};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -170,12 +170,65 @@ fn sibling(name: &str) -> PathBuf {
     dir.to_path_buf()
 }
 
+/// `demo/pipeline.sh` switches the demo to shared memory by uncommenting one line in each
+/// of two configs; with them uncommented, both configs load, and the engine reads the
+/// streams the feed handler publishes.
+#[test]
+fn demo_configs_switch_to_shared_memory_as_the_pipeline_does() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, from, to) in [
+        ("feed-handler.toml", "\n#ipc_stream = ", "\nipc_stream = "),
+        (
+            "sample-engine.toml",
+            "\n#transport = \"ipc\"",
+            "\ntransport = \"ipc\"",
+        ),
+    ] {
+        let text = std::fs::read_to_string(demo_config(name)).unwrap();
+        let enabled = text.replace(from, to);
+        assert_ne!(
+            enabled, text,
+            "{name}: no {from:?} line for pipeline.sh to enable"
+        );
+        std::fs::write(dir.path().join(name), enabled).unwrap();
+    }
+    let engine = EngineConfig::load(&dir.path().join("sample-engine.toml")).unwrap();
+    assert_eq!(engine.market_data.transport, Transport::Ipc);
+    let fh = feed_handler::config::Config::load(&dir.path().join("feed-handler.toml")).unwrap();
+    let source = rocebus_bench::demo::load_ipc_source(&engine.market_data).unwrap();
+    assert_eq!(Some(&source.prefix), fh.publish.ipc_stream.as_ref());
+    assert_eq!(source.config.dir, fh.ipc_config().dir);
+    // The defaults stay on the bus.
+    let engine = EngineConfig::load(&demo_config("sample-engine.toml")).unwrap();
+    assert_eq!(engine.market_data.transport, Transport::Rdma);
+    let fh = feed_handler::config::Config::load(&demo_config("feed-handler.toml")).unwrap();
+    assert_eq!(fh.publish.ipc_stream, None);
+}
+
 /// The whole demo pipeline for a few seconds: market data reaches the engine, orders make
 /// the round trip, nothing is lost for good, the report files are written and non-empty,
 /// and `rocebus stat` read the running components' counters from another process.
 #[test]
 #[ignore = "rdma: runs the demo pipeline (feed-handler, order-gateway, sample-engine) on an RDMA device"]
 fn demo_pipeline_runs_end_to_end() {
+    pipeline_end_to_end("rdma");
+}
+
+/// The same with the engine reading the feed handler's shared-memory streams instead of
+/// the bus (`cargo xtask demo --market-data ipc`); the orders still go over RC.
+#[test]
+#[ignore = "rdma: runs the demo pipeline (feed-handler, order-gateway, sample-engine) on an RDMA device"]
+fn demo_pipeline_runs_end_to_end_over_ipc() {
+    let stat = pipeline_end_to_end("ipc");
+    assert!(
+        stat.contains("md.ch1.ipc messages"),
+        "the engine did not read shared memory:\n{stat}"
+    );
+}
+
+/// Runs `demo/pipeline.sh` with `DEMO_MARKET_DATA=market_data`, checks what both
+/// transports must give, and returns the `rocebus stat` output taken mid-run.
+fn pipeline_end_to_end(market_data: &str) -> String {
     let bin = sibling("feed-handler");
     for b in ["order-gateway", "rocebus"] {
         sibling(b);
@@ -206,6 +259,7 @@ fn demo_pipeline_runs_end_to_end() {
         .env("DEMO_OUT", &out)
         .env("DEMO_SECONDS", "8")
         .env("DEMO_RATE", "2000")
+        .env("DEMO_MARKET_DATA", market_data)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
@@ -265,4 +319,10 @@ fn demo_pipeline_runs_end_to_end() {
             .any(|l| !l.starts_with('#') && l.contains("sample")),
         "{prom}"
     );
+    let engine_log = std::fs::read_to_string(out.join("sample-engine.log")).unwrap();
+    assert!(
+        engine_log.contains(&format!("over {market_data}")),
+        "the engine did not use {market_data}:\n{engine_log}"
+    );
+    stat
 }

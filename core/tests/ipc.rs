@@ -130,6 +130,46 @@ fn a_subscriber_in_another_process_gets_every_message_then_sees_the_publisher_di
     let _p = IpcPublisher::create("x", &cfg(dir.path())).unwrap();
 }
 
+/// A publisher that died but whose parent has not reaped it yet (a zombie:
+/// its pid and start time are still in /proc) is gone all the same.
+#[test]
+fn a_killed_publisher_not_yet_reaped_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = IpcSubscriber::new("x", &cfg(dir.path())).unwrap();
+    let mut kid = spawn("child_publisher", dir.path());
+    let t = Instant::now();
+    let mut got = 0u64;
+    while got == 0 {
+        s.poll(64, |e| {
+            if let IpcEvent::Message(_) = e {
+                got += 1
+            }
+        });
+        assert!(t.elapsed() < Duration::from_secs(60), "never connected");
+    }
+    kid.0.kill().unwrap();
+    let stat = format!("/proc/{}/stat", kid.0.id());
+    let t = Instant::now();
+    let mut gone = None;
+    while gone.is_none() {
+        s.poll(64, |e| match e {
+            IpcEvent::PublisherGone { clean } => gone = Some(clean),
+            IpcEvent::Message(_) => {}
+            other => panic!("{other:?}"),
+        });
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the dead (zombie) publisher was never noticed"
+        );
+    }
+    assert_eq!(gone, Some(false), "killed, not closed");
+    // Still not reaped: the test is about a zombie.
+    let state = std::fs::read_to_string(&stat).unwrap();
+    assert!(state.contains(") Z "), "not a zombie: {state}");
+    // A new publisher is not refused by the zombie's stale file either.
+    let _p = IpcPublisher::create("x", &cfg(dir.path())).unwrap();
+}
+
 #[test]
 fn a_dead_subscriber_stops_holding_the_publisher_back() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,8 @@
 # The rocebus demo pipeline on one host (a soft-RoCE guest, or a host with an RDMA device):
 #
 #   feed-handler replay (the exchange: MoldUDP64 over UDP multicast)
-#     -> feed-handler run (books -> normalized market data on rocebus UD multicast)
+#     -> feed-handler run (books -> normalized market data on rocebus UD multicast, and with
+#        DEMO_MARKET_DATA=ipc also on shared-memory streams, which the engine then reads)
 #     -> sample-engine (strategy; orders on a fixed schedule over RC)
 #     -> order-gateway run (risk, journal, FIX 4.4) -> venue (simulator or QuickFIX)
 #     -> acks and fills back to sample-engine
@@ -16,6 +17,8 @@
 #   DEMO_RATE     ITCH messages per second replayed (default 2000)
 #   DEMO_VENUE    sim (default) or quickfix
 #   DEMO_ORDER_RATE  orders per second (default: the engine config's)
+#   DEMO_MARKET_DATA rdma (default: the engine reads the UD multicast bus) or ipc (the feed
+#                 handler also publishes on shared memory, the engine reads that instead)
 #   DEMO_ADDR     this host's address on the RDMA device (default $ROCEBUS_GUEST_ADDR)
 #   DEMO_PYTHON   the python with quickfix (for DEMO_VENUE=quickfix)
 # The engine's progress lines go to stdout; everything else to DEMO_OUT/*.log. Exits with
@@ -25,6 +28,11 @@ set -u
 SECONDS_=${DEMO_SECONDS:-30}
 RATE=${DEMO_RATE:-2000}
 VENUE=${DEMO_VENUE:-sim}
+MARKET_DATA=${DEMO_MARKET_DATA:-rdma}
+case "$MARKET_DATA" in
+    rdma|ipc) ;;
+    *) echo "demo: DEMO_MARKET_DATA must be rdma or ipc, not $MARKET_DATA"; exit 2 ;;
+esac
 ADDR=${DEMO_ADDR:-${ROCEBUS_GUEST_ADDR:-198.18.0.1}}
 WORK=$(mktemp -d /tmp/rocebus-demo.XXXXXX)
 export ROCEBUS_DIR="$WORK/counters"
@@ -44,7 +52,8 @@ die() {
     for f in "$DEMO_OUT"/*.log; do
         [ -s "$f" ] || continue
         echo "demo: --- last lines of $(basename "$f")"
-        tail -n 15 "$f"
+        # Without the frames of a backtrace, which would push the error itself out.
+        grep -v -e '^ *[0-9][0-9]*: ' -e '^ *at ' "$f" | tail -n 15
     done
     exit 1
 }
@@ -59,6 +68,25 @@ for f in feed-handler sample-engine $gw_name; do
         "$DEMO_ROOT/configs/demo/$f.toml" > "$WORK/$f.toml" || die "cannot read configs/demo/$f.toml"
 done
 gw_config="$WORK/$gw_name.toml"
+if [ "$MARKET_DATA" = ipc ]; then
+    # The configs carry the two lines commented out: the feed handler's publish.ipc_stream
+    # and the engine's market_data.transport (the engine takes the stream names from the
+    # feed handler's config, which it reads anyway).
+    sed -i -e 's/^#ipc_stream = /ipc_stream = /' "$WORK/feed-handler.toml"
+    sed -i -e 's/^#transport = "ipc"/transport = "ipc"/' "$WORK/sample-engine.toml"
+    grep -q '^ipc_stream = ' "$WORK/feed-handler.toml" \
+        || die "configs/demo/feed-handler.toml has no '#ipc_stream = ' line to enable"
+    grep -q '^transport = "ipc"' "$WORK/sample-engine.toml" \
+        || die "configs/demo/sample-engine.toml has no '#transport = \"ipc\"' line to enable"
+    # The streams' folder: /dev/shm where there is one; the guest's /dev (devtmpfs) has no
+    # shm folder, so there they go in this run's scratch folder (a tmpfs in the guest).
+    ipc_dir=/dev/shm
+    if [ ! -d /dev/shm ] || [ ! -w /dev/shm ]; then
+        ipc_dir="$WORK/ipc"
+        mkdir -p "$ipc_dir"
+    fi
+    printf '\n[ipc]\ndir = "%s"\nflow = "drop"\n' "$ipc_dir" >> "$WORK/feed-handler.toml"
+fi
 if [ "$VENUE" = quickfix ]; then
     # The venue runs until its stdin closes: feed it a pipe this script holds open.
     mkfifo "$WORK/venue.stdin"
@@ -80,6 +108,7 @@ fi
 # market-data hop is), in the same guest, with nothing else running.
 {
     echo "vcpus=$(nproc)"
+    echo "market_data=$MARKET_DATA"
     for f in feed-handler sample-engine $gw_name; do
         echo "idle.$f=$(grep -m1 '^idle' "$WORK/$f.toml" | sed -e 's/^idle *= *//')"
     done
@@ -103,7 +132,7 @@ echo "demo: measuring this host's raw-verbs floor (ib_write_lat, ib_send_lat -c 
 floor ib_write_lat "" floor-write.txt
 floor ib_send_lat "-c UD" floor-send.txt
 
-echo "demo: starting feed-handler, order-gateway ($VENUE venue), sample-engine; replaying $(basename "$DEMO_DAY") at $RATE msg/s; $SECONDS_ s of trading"
+echo "demo: starting feed-handler, order-gateway ($VENUE venue), sample-engine (market data over $MARKET_DATA); replaying $(basename "$DEMO_DAY") at $RATE msg/s; $SECONDS_ s of trading"
 # The feed handler first: the gateway subscribes to its bus for reference prices and halts.
 "$DEMO_BIN/feed-handler" run --config "$WORK/feed-handler.toml" > "$DEMO_OUT/feed-handler.log" 2>&1 &
 fh=$!; pids="$pids $fh"

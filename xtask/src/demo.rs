@@ -2,7 +2,8 @@
 //!
 //! Set-up (cached), release binaries, a generated ITCH day, then `demo/pipeline.sh` in one
 //! soft-RoCE guest (or natively where the host has an RDMA device): replay → feed-handler →
-//! UD multicast → sample-engine → RC → order-gateway → venue → back. The engine measures and
+//! UD multicast (or, with `--market-data ipc`, shared memory) → sample-engine → RC →
+//! order-gateway → venue → back. The engine measures and
 //! writes the report, `.hgrm` files and plots; this module copies them into the output
 //! folder, adds the `rocebus stat` output taken mid-run, and prints it all.
 
@@ -25,6 +26,26 @@ pub enum Venue {
     Quickfix,
 }
 
+/// How market data reaches the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MarketData {
+    /// The rocebus UD multicast bus (RDMA).
+    Rdma,
+    /// The feed handler's shared-memory streams (`rocebus::ipc`, `publish.ipc_stream`): the
+    /// engine runs on the feed handler's host.
+    Ipc,
+}
+
+impl MarketData {
+    /// The name `demo/pipeline.sh` takes in `DEMO_MARKET_DATA`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MarketData::Rdma => "rdma",
+            MarketData::Ipc => "ipc",
+        }
+    }
+}
+
 /// What `cargo xtask demo` runs.
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
@@ -38,6 +59,8 @@ pub struct DemoOptions {
     pub rate: u64,
     /// Orders per second (default: the engine config's).
     pub order_rate: Option<u64>,
+    /// How market data reaches the engine.
+    pub market_data: MarketData,
 }
 
 /// Binaries the pipeline runs: (package, binary).
@@ -122,6 +145,12 @@ fn conditions_block(
     });
     // The busy processes: feed handler, gateway and engine poll; the exchange replay and
     // the QuickFIX venue run beside them.
+    let ipc = kv.get("market_data") == Some(&"ipc");
+    s.push_str(if ipc {
+        "  market data: the feed handler's shared-memory streams (rocebus::ipc), same host\n"
+    } else {
+        "  market data: the rocebus UD multicast bus (RDMA)\n"
+    });
     let busy = 3.0;
     match kv.get("vcpus").and_then(|v| v.parse::<f64>().ok()) {
         Some(n) if n > 0.0 => s.push_str(&format!(
@@ -167,9 +196,14 @@ fn conditions_block(
     match send {
         Some(f) if get("md_p50_ns") > 0.0 => s.push_str(&format!(
             "  market data p50 {:.1} us = {:.1} x ib_send_lat p50 (the path: exchange UDP packet \
-             -> feed handler's books -> one UD multicast hop -> engine handler)\n",
+             -> feed handler's books -> {} -> engine handler)\n",
             get("md_p50_ns"),
-            get("md_p50_ns") / f.p50_us
+            get("md_p50_ns") / f.p50_us,
+            if ipc {
+                "one shared-memory stream, no NIC"
+            } else {
+                "one UD multicast hop"
+            }
         )),
         _ => s.push_str("  market data: no floor or no figure to compare\n"),
     }
@@ -250,6 +284,7 @@ pub fn run(root: &Path, opts: &DemoOptions) -> Result<()> {
             .into(),
         ),
         ("DEMO_PYTHON".into(), python.display().to_string()),
+        ("DEMO_MARKET_DATA".into(), opts.market_data.as_str().into()),
     ];
     // The Python QuickFIX venue answers a few dozen orders a second under emulation.
     let order_rate = opts
@@ -378,6 +413,11 @@ mod tests {
         );
         assert!(s.contains("emulated"), "{s}");
         assert!(
+            s.contains("market data: the rocebus UD multicast bus"),
+            "{s}"
+        );
+        assert!(s.contains("one UD multicast hop"), "{s}");
+        assert!(
             s.contains("2 vCPUs") && s.contains("1.5 polling threads per vCPU"),
             "{s}"
         );
@@ -414,6 +454,16 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("market data: no floor"), "{s}");
+        let s = conditions_block(
+            false,
+            Venue::Sim,
+            "vcpus=2\nmarket_data=ipc\n",
+            &perftest("20.00"),
+            &perftest("50.00"),
+            Some(&result),
+        );
+        assert!(s.contains("shared-memory streams"), "{s}");
+        assert!(s.contains("one shared-memory stream, no NIC"), "{s}");
     }
 
     #[test]

@@ -128,8 +128,9 @@ enum Cmd {
     },
     /// The main job: the whole pipeline on soft-RoCE, then the latency report.
     ///
-    /// feed-handler replay → feed-handler → UD multicast → sample-engine → RC →
-    /// order-gateway → venue → fills back, for a bounded time with a progress line per
+    /// feed-handler replay → feed-handler → UD multicast (or shared memory, with
+    /// `--market-data ipc`) → sample-engine → RC → order-gateway → venue → fills back,
+    /// for a bounded time with a progress line per
     /// second; then the report (market-data latency, order round trip, counts), `.hgrm`
     /// files, PNG/SVG plots and the `rocebus stat` output taken mid-run, in --out.
     Demo {
@@ -148,6 +149,10 @@ enum Cmd {
         /// Orders per second the engine sends (default: configs/demo/sample-engine.toml's).
         #[arg(long)]
         order_rate: Option<u64>,
+        /// How market data reaches the engine: the RDMA multicast bus, or the feed handler's
+        /// shared-memory streams (the engine runs on the feed handler's host).
+        #[arg(long, value_enum, default_value_t = demo::MarketData::Rdma)]
+        market_data: demo::MarketData,
     },
     /// Check that the verbs binding (rdma-sys) builds with every libclang installed here.
     ///
@@ -246,6 +251,7 @@ fn main() -> Result<()> {
             venue,
             rate,
             order_rate,
+            market_data,
         } => {
             demo::run(
                 &root,
@@ -255,6 +261,7 @@ fn main() -> Result<()> {
                     venue,
                     rate,
                     order_rate,
+                    market_data,
                 },
             )?;
         }

@@ -1,5 +1,6 @@
-//! `sample-engine`: the demo's trading engine (market data in over UD multicast, orders out
-//! over RC to the order gateway). The logic is in `rocebus_bench::demo`.
+//! `sample-engine`: the demo's trading engine (market data in over UD multicast, or shared
+//! memory on the feed handler's host; orders out over RC to the order gateway). The logic is
+//! in `rocebus_bench::demo`.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -346,17 +346,32 @@ fn valid_name(name: &str) -> bool {
         && !name.starts_with('.')
 }
 
-/// Start time of process `pid` (field 22 of `/proc/PID/stat`), which tells
-/// a live process from a later one that reused its pid.
-fn process_start(pid: u32) -> Option<u64> {
+/// State (field 3) and start time (field 22) of process `pid`, from
+/// `/proc/PID/stat`. The start time tells a live process from a later one
+/// that reused its pid.
+fn process_stat(pid: u32) -> Option<(u8, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may hold spaces.
-    let rest = &s[s.rfind(')')? + 2..];
-    rest.split(' ').nth(19)?.parse().ok()
+    let mut fields = s.get(s.rfind(')')? + 2..)?.split(' ');
+    let state = *fields.next()?.as_bytes().first()?;
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
 }
 
+/// Start time of process `pid` (field 22 of `/proc/PID/stat`).
+fn process_start(pid: u32) -> Option<u64> {
+    process_stat(pid).map(|(_, start)| start)
+}
+
+/// Whether process `pid`, started at `start`, still runs. A zombie (`Z`:
+/// exited, not yet reaped by its parent) or a dying process (`X`) keeps its
+/// pid and start time but will never touch the stream again: it is dead
+/// here, or a peer whose parent is slow to reap it would never be noticed.
 fn alive(pid: u64, start: u64) -> bool {
-    pid != 0 && pid <= u32::MAX as u64 && process_start(pid as u32) == Some(start)
+    pid != 0
+        && pid <= u32::MAX as u64
+        && matches!(process_stat(pid as u32),
+            Some((state, s)) if s == start && !matches!(state, b'Z' | b'X'))
 }
 
 fn data_off(slots: usize) -> usize {

@@ -290,3 +290,33 @@ fn bad_configuration_and_names_are_refused_with_reasons() {
     let toml: IpcConfig = toml::from_str("ring_bytes = 131072\nflow = \"drop\"").unwrap();
     assert_eq!((toml.ring_bytes, toml.flow), (131072, FlowControl::Drop));
 }
+
+#[test]
+fn a_zombie_process_is_not_alive() {
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let start = process_start(pid).unwrap();
+    assert!(alive(pid.into(), start), "a running process is alive");
+    assert!(
+        !alive(pid.into(), start + 1),
+        "a later process with its pid"
+    );
+    child.kill().unwrap();
+    // Not reaped yet: the process is a zombie, with its pid and start time.
+    let t = Instant::now();
+    while process_stat(pid).map(|(state, _)| state) != Some(b'Z') {
+        assert!(t.elapsed() < Duration::from_secs(5), "never a zombie");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(process_start(pid), Some(start));
+    assert!(!alive(pid.into(), start), "a zombie is not alive");
+    child.wait().unwrap();
+    assert!(!alive(pid.into(), start), "reaped");
+    assert!(alive(
+        std::process::id().into(),
+        process_start(std::process::id()).unwrap()
+    ));
+}
