@@ -66,7 +66,7 @@ fn default_true() -> bool {
 }
 
 fn default_max_response_backlog() -> usize {
-    crate::gateway::RESPONSE_HISTORY
+    crate::risk::RESPONSE_HISTORY
 }
 
 /// `[service]`: where engines connect and how the polling thread runs.
