@@ -66,7 +66,7 @@ fn default_true() -> bool {
 }
 
 fn default_max_response_backlog() -> usize {
-    crate::gateway::RESPONSE_HISTORY
+    crate::risk::RESPONSE_HISTORY
 }
 
 /// `[service]`: where engines connect and how the polling thread runs.
@@ -145,8 +145,13 @@ pub struct FixConfig {
 }
 
 fn default_max_unsent_bytes() -> usize {
-    crate::driver::DEFAULT_MAX_UNSENT
+    DEFAULT_MAX_UNSENT
 }
+
+/// Default bound on bytes queued for a venue that is not reading (`fix.max_unsent_bytes`).
+/// Defined with the setting, as the config must not import the driver (which reads the
+/// config); [`crate::driver::DEFAULT_MAX_UNSENT`] re-exports it.
+pub const DEFAULT_MAX_UNSENT: usize = 4 << 20;
 
 impl FixConfig {
     /// The session part.
@@ -217,8 +222,7 @@ pub enum ConfigError {
     },
 }
 
-/// A value problem: (key, problem).
-pub type Invalid = (String, String);
+pub use crate::invalid::Invalid;
 
 impl Config {
     /// Reads, parses and validates `path`.

@@ -144,8 +144,7 @@ struct Connecting {
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long queued bytes may wait for the venue to take any before the link counts as dead.
 pub const WRITE_STALL: Duration = Duration::from_secs(5);
-/// Default bound on bytes queued for a venue that is not reading (`fix.max_unsent_bytes`).
-pub const DEFAULT_MAX_UNSENT: usize = 4 << 20;
+pub use crate::config::DEFAULT_MAX_UNSENT;
 
 /// Starts a non-blocking connect to `a`; `Ok(Ok(stream))` if it completed at once.
 fn start_connect(a: SocketAddr) -> io::Result<TcpStream> {

@@ -28,6 +28,7 @@ pub mod driver;
 pub mod execs;
 pub mod fix;
 pub mod gateway;
+mod invalid;
 pub mod journal;
 pub mod market;
 pub mod risk;

@@ -31,6 +31,10 @@
 //!   is reported as an unrecoverable loss (above). A subscriber that fails outright is
 //!   dropped, its channel invalidated, and a new one connected every `reconnect_ms`.
 //!
+//! The contract between a market-data input and the service, [`MarketDataInput`] and
+//! [`MarketEvent`], is defined here (the service re-exports it), so this module never
+//! imports the service.
+//!
 //! This module must not touch risk state directly: it only emits events.
 
 use std::net::IpAddr;
@@ -46,9 +50,50 @@ use rocebus_md::normalized::{self, Normalized};
 use rocebus_md::view::MarketView;
 use serde::Deserialize;
 
-use crate::config::Invalid;
+use crate::invalid::Invalid;
 use crate::proto::Symbol;
-use crate::service::{MarketDataInput, MarketEvent};
+
+/// One event from the market-data bus that risk needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MarketEvent {
+    /// A reference price (4 implied decimals) for the price collar.
+    Reference {
+        /// Instrument.
+        symbol: Symbol,
+        /// Price.
+        price: i64,
+    },
+    /// Trading in a symbol halted or resumed.
+    Halt {
+        /// Instrument.
+        symbol: Symbol,
+        /// True: halted.
+        halted: bool,
+    },
+    /// The bus can no longer vouch for the symbol's reference price (a gap that may have
+    /// hidden a move or a halt): orders reject as stale until the next `Reference`.
+    Stale {
+        /// Instrument.
+        symbol: Symbol,
+    },
+}
+
+/// Where the service takes market data from; polled on every loop pass.
+pub trait MarketDataInput {
+    /// Hands the events available now to `sink` and returns how many; never blocks.
+    fn poll(&mut self, sink: &mut dyn FnMut(MarketEvent)) -> usize;
+
+    /// Allocates the input's own counters in the service's counters table, so they show
+    /// in the gateway's counters file next to the service's (`rocebus stat`). Called once
+    /// by [`Service::run`](crate::service::Service::run) before its loop; the default has none.
+    fn register_counters(&mut self, _table: &dyn AllocateCounter) -> Result<(), CountersError> {
+        Ok(())
+    }
+
+    /// Stores the current values in the counters [`register_counters`](Self::register_counters)
+    /// allocated; called by the service every housekeeping turn (about once a millisecond).
+    fn update_counters(&mut self) {}
+}
 
 /// Which price the collar is measured against.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]

@@ -111,8 +111,16 @@ fn default_max_malformed_frames() -> u32 {
 }
 
 fn default_response_history() -> usize {
-    crate::gateway::RESPONSE_HISTORY
+    RESPONSE_HISTORY
 }
+
+/// Responses kept per engine for replay after a reconnect by default (about 2.7 MB per
+/// engine; `risk.response_history` sets it). An engine that was away for more responses
+/// than are kept is refused with
+/// [`LogonStatus::ReplayUnavailable`](crate::proto::LogonStatus::ReplayUnavailable) and must
+/// rebuild its state another way. Owned here, with the setting it is the default of, so
+/// risk needs nothing from the gateway; [`crate::gateway::RESPONSE_HISTORY`] re-exports it.
+pub const RESPONSE_HISTORY: usize = 1 << 16;
 
 /// Largest `response_history` accepted (about 700 MB per engine at this size).
 pub const MAX_RESPONSE_HISTORY: usize = 1 << 24;

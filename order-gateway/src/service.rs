@@ -58,47 +58,9 @@ use crate::proto::{
 use crate::risk::RiskConfig;
 use crate::unix_nanos;
 
-/// One event from the market-data bus that risk needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MarketEvent {
-    /// A reference price (4 implied decimals) for the price collar.
-    Reference {
-        /// Instrument.
-        symbol: Symbol,
-        /// Price.
-        price: i64,
-    },
-    /// Trading in a symbol halted or resumed.
-    Halt {
-        /// Instrument.
-        symbol: Symbol,
-        /// True: halted.
-        halted: bool,
-    },
-    /// The bus can no longer vouch for the symbol's reference price (a gap that may have
-    /// hidden a move or a halt): orders reject as stale until the next `Reference`.
-    Stale {
-        /// Instrument.
-        symbol: Symbol,
-    },
-}
-
-/// Where the service takes market data from; polled on every loop pass.
-pub trait MarketDataInput {
-    /// Hands the events available now to `sink` and returns how many; never blocks.
-    fn poll(&mut self, sink: &mut dyn FnMut(MarketEvent)) -> usize;
-
-    /// Allocates the input's own counters in the service's counters table, so they show
-    /// in the gateway's counters file next to the service's (`rocebus stat`). Called once
-    /// by [`Service::run`] before its loop; the default has none.
-    fn register_counters(&mut self, _table: &dyn AllocateCounter) -> Result<(), CountersError> {
-        Ok(())
-    }
-
-    /// Stores the current values in the counters [`register_counters`](Self::register_counters)
-    /// allocated; called by the service every housekeeping turn (about once a millisecond).
-    fn update_counters(&mut self) {}
-}
+// The market-data contract lives in `market` (which must not import the service); the
+// service's paths stay.
+pub use crate::market::{MarketDataInput, MarketEvent};
 
 /// No market data (static reference prices from the config only).
 #[derive(Clone, Copy, Debug, Default)]

@@ -70,6 +70,3 @@ pub mod tag {
     pub const EXEC_REF_ID: u32 = 19;
     pub const POSS_RESEND: u32 = 97;
 }
-
-#[cfg(test)]
-mod recovery_tests;

@@ -1,0 +1,416 @@
+//! Venue answers applied: execution reports (acks, fills, cancels, replaces, rejects,
+//! trade cancels and corrections, status answers) and cancel rejects update the order, the
+//! risk reservations and positions, and queue the engine's response. Each report is checked
+//! whole before anything changes.
+//!
+//! Must not touch sockets or files.
+
+use super::venue::AppReject;
+use super::{Change, Gateway, Order, OrderStatus, Outputs};
+use crate::fix::{tag, Message};
+use crate::proto::{self, msg_type, RejectReason, Response};
+use crate::risk::OrderParams;
+
+fn parse_u32(m: &Message<'_>, t: u32) -> Result<u32, AppReject> {
+    // Quantities may come as decimals ("100" or "100.0"); whole units only.
+    let v = m.require(t).map_err(|_| (t, 1, "required tag missing"))?;
+    let int = v.split(|&c| c == b'.').next().unwrap_or(b"");
+    std::str::from_utf8(int)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or((t, 6, "incorrect data format"))
+}
+
+impl Gateway {
+    pub(super) fn on_execution_report(
+        &mut self,
+        m: &Message<'_>,
+        out: &mut Outputs,
+    ) -> Result<(), AppReject> {
+        // Every field needed is checked before anything changes, so a rejected report leaves
+        // no trace but its (consumed) sequence number and the counters.
+        let exec_type = m
+            .require(tag::EXEC_TYPE)
+            .map_err(|_| (tag::EXEC_TYPE, 1, "required tag missing"))?;
+        if !matches!(
+            exec_type,
+            b"0" | b"1"
+                | b"2"
+                | b"3"
+                | b"4"
+                | b"5"
+                | b"6"
+                | b"7"
+                | b"8"
+                | b"9"
+                | b"A"
+                | b"B"
+                | b"C"
+                | b"D"
+                | b"E"
+                | b"F"
+                | b"G"
+                | b"H"
+                | b"I"
+                | b"L"
+        ) {
+            return Err((
+                tag::EXEC_TYPE,
+                5,
+                "value is incorrect (out of range) for this tag",
+            ));
+        }
+        for t in [tag::ORDER_ID, tag::EXEC_ID, tag::ORD_STATUS, tag::SIDE] {
+            m.require(t).map_err(|_| (t, 1, "required tag missing"))?;
+        }
+        let exec_id = m.require(tag::EXEC_ID).unwrap_or(b"");
+        let cum = parse_u32(m, tag::CUM_QTY)?;
+        let leaves = parse_u32(m, tag::LEAVES_QTY)?;
+        let trade = matches!(exec_type, b"F" | b"1" | b"2" | b"G");
+        let (last_qty, last_px) = if trade {
+            let q = parse_u32(m, tag::LAST_QTY)?;
+            let px = m.price(tag::LAST_PX).map_err(|e| match e {
+                crate::fix::FixError::MissingTag(_) => (tag::LAST_PX, 1, "required tag missing"),
+                _ => (tag::LAST_PX, 6, "incorrect data format"),
+            })?;
+            (q, px)
+        } else {
+            (0, 0)
+        };
+        let exec_ref = if matches!(exec_type, b"G" | b"H") {
+            m.require(tag::EXEC_REF_ID)
+                .map_err(|_| (tag::EXEC_REF_ID, 1, "required tag missing"))?
+        } else {
+            b""
+        };
+        let Some((req, oid)) = self.lookup(m)? else {
+            return Ok(());
+        };
+        if !self.execs.insert(oid, exec_id, (last_qty, last_px)) {
+            // PossDup/PossResend copy, or the venue repeating itself: applied once already.
+            self.counters.duplicate_execs += 1;
+            return Ok(());
+        }
+        match exec_type {
+            b"F" | b"1" | b"2" => return self.on_trade(oid, last_qty, last_px, cum, leaves, out),
+            b"H" => return self.on_trade_change(oid, exec_ref, None, cum, leaves, out),
+            b"G" => {
+                let new = Some((last_qty, last_px));
+                return self.on_trade_change(oid, exec_ref, new, cum, leaves, out);
+            }
+            _ => {}
+        }
+        let Some(o) = self.orders.get_mut(&oid) else {
+            return Ok(());
+        };
+        if o.status == OrderStatus::Done {
+            // A late cancel/reject for a final order: the engine was answered already.
+            self.counters.late_answers += 1;
+            return Ok(());
+        }
+        let cl = o.cl_ord_id;
+        let engine = o.engine;
+        match exec_type {
+            b"0" if o.status == OrderStatus::PendingNew => {
+                o.status = OrderStatus::Open;
+                out.engine.push((engine, Response::ack(cl, oid)));
+            }
+            // Answer to an OrderStatusRequest: the venue has the order live (executions
+            // arrive as their own reports, resent if need be).
+            b"I" if o.status == OrderStatus::PendingNew
+                && matches!(m.get(tag::ORD_STATUS), Some(b"0" | b"1" | b"2")) =>
+            {
+                o.status = OrderStatus::Open;
+                out.engine.push((engine, Response::ack(cl, oid)));
+            }
+            b"4" | b"C" => {
+                let leaves = o.params.qty.saturating_sub(o.cum_qty);
+                o.status = OrderStatus::Done;
+                self.open_orders -= 1;
+                let p = o.params;
+                self.risk.on_order_done(&p, leaves);
+                out.engine.push((engine, Response::canceled(cl, leaves)));
+            }
+            b"5" => {
+                if let Some((rid, Change::Replace { qty, price })) = o.pending {
+                    if rid == req {
+                        let old = o.params;
+                        let old_open = OrderParams {
+                            qty: old.qty.saturating_sub(o.cum_qty),
+                            ..old
+                        };
+                        let new_open = OrderParams {
+                            qty: qty.saturating_sub(o.cum_qty),
+                            price,
+                            ..old
+                        };
+                        self.risk.move_reservation(&old_open, &new_open);
+                        o.params.qty = qty;
+                        o.params.price = price;
+                        o.venue_cl_ord_id = rid;
+                        o.pending = None;
+                        if o.status == OrderStatus::PendingNew {
+                            o.status = OrderStatus::Open;
+                        }
+                        let leaves = qty.saturating_sub(o.cum_qty);
+                        out.engine
+                            .push((engine, Response::replaced(cl, qty, leaves, price)));
+                    }
+                }
+            }
+            b"8" => {
+                let leaves = o.params.qty.saturating_sub(o.cum_qty);
+                o.status = OrderStatus::Done;
+                self.open_orders -= 1;
+                let p = o.params;
+                self.risk.on_order_done(&p, leaves);
+                out.engine.push((
+                    engine,
+                    Response::reject(cl, msg_type::NEW_ORDER, RejectReason::VenueReject),
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Quantity of `o` still reserved in risk: what is open while it is live.
+    fn reserved(o: &Order) -> u32 {
+        if o.status == OrderStatus::Done {
+            0
+        } else {
+            o.params.qty.saturating_sub(o.cum_qty)
+        }
+    }
+
+    /// A fill (ExecType F, or 1/2 of earlier FIX versions).
+    fn on_trade(
+        &mut self,
+        oid: u64,
+        last_qty: u32,
+        last_px: i64,
+        cum: u32,
+        leaves: u32,
+        out: &mut Outputs,
+    ) -> Result<(), AppReject> {
+        let Some(o) = self.orders.get_mut(&oid) else {
+            return Ok(());
+        };
+        if cum <= o.cum_qty {
+            // CumQty did not grow: a repeat of a fill already applied under another ExecID.
+            self.counters.duplicate_execs += 1;
+            return Ok(());
+        }
+        let was_done = o.status == OrderStatus::Done;
+        let reserved = Self::reserved(o);
+        // What the order has left open follows CumQty, whatever LastQty says: a report whose
+        // LastQty is not CumQty's growth (a venue bug, or fills we never saw) must not leave
+        // the reservation out of step with the order.
+        let grown = cum - o.cum_qty;
+        let released = grown.min(reserved);
+        if grown != last_qty {
+            self.counters.inconsistent_fills += 1;
+        }
+        // Logged at the 1st, 2nd, 4th... so a venue that sends them all day cannot flood
+        // the log.
+        if grown != last_qty
+            && !self.replaying
+            && self.counters.inconsistent_fills.is_power_of_two()
+        {
+            tracing::warn!(
+                total = self.counters.inconsistent_fills,
+                order = oid,
+                last_qty,
+                cum,
+                prev_cum = o.cum_qty,
+                "execution report's LastQty is not its CumQty's growth"
+            );
+        }
+        o.cum_qty = cum;
+        if o.status == OrderStatus::PendingNew {
+            o.status = OrderStatus::Open;
+        }
+        let overfill = cum > o.params.qty;
+        let (p, cl, engine) = (o.params, o.cl_ord_id, o.engine);
+        self.risk.on_execution(&p, last_qty, last_px, released);
+        if overfill {
+            self.counters.overfills += 1;
+        }
+        if was_done {
+            self.counters.late_fills += 1;
+            if !self.replaying {
+                tracing::warn!(order = oid, last_qty, cum, "execution on a final order");
+            }
+            let kind = if overfill {
+                proto::NoticeKind::Overfill
+            } else {
+                proto::NoticeKind::LateFill
+            };
+            out.engine.push((
+                engine,
+                Response::notice(cl, kind, i64::from(last_qty), last_px, cum, 0),
+            ));
+            return Ok(());
+        }
+        let leaves = if overfill { 0 } else { leaves };
+        if leaves == 0 {
+            // Final: whatever was reserved beyond this execution (an IOC remainder) goes too.
+            if let Some(o) = self.orders.get_mut(&oid) {
+                o.status = OrderStatus::Done;
+            }
+            self.open_orders -= 1;
+            self.risk.on_order_done(&p, reserved - released);
+        }
+        out.engine
+            .push((engine, Response::fill(cl, last_qty, last_px, cum, leaves)));
+        if overfill {
+            if !self.replaying {
+                tracing::warn!(
+                    order = oid,
+                    qty = p.qty,
+                    cum,
+                    "over-fill: CumQty above OrderQty"
+                );
+            }
+            out.engine.push((
+                engine,
+                Response::notice(cl, proto::NoticeKind::Overfill, 0, last_px, cum, 0),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A trade cancel (`new` None, ExecType H) or correct (`new` the corrected quantity and
+    /// price, ExecType G) of execution `exec_ref`: positions and executed notional lose the
+    /// old execution and gain the new one; the order takes the venue's CumQty and LeavesQty
+    /// (a bust can make a filled order live again).
+    fn on_trade_change(
+        &mut self,
+        oid: u64,
+        exec_ref: &[u8],
+        new: Option<(u32, i64)>,
+        cum: u32,
+        leaves: u32,
+        out: &mut Outputs,
+    ) -> Result<(), AppReject> {
+        let Some(o) = self.orders.get(&oid) else {
+            return Ok(());
+        };
+        let (p, cl, engine, old_cum) = (o.params, o.cl_ord_id, o.engine, o.cum_qty);
+        let old_reserved = Self::reserved(o);
+        let was_open = o.status != OrderStatus::Done;
+        let (new_qty, new_px) = new.unwrap_or((0, 0));
+        let old = match self.execs.trade(oid, exec_ref) {
+            Some(t) => t,
+            None => {
+                // Not remembered (too old, or never seen): what the venue's CumQty says.
+                self.counters.trade_refs_unknown += 1;
+                let q = (i64::from(old_cum) - i64::from(cum) + i64::from(new_qty)).max(0);
+                (
+                    u32::try_from(q).unwrap_or(0),
+                    if new.is_some() { new_px } else { p.price },
+                )
+            }
+        };
+        self.risk.on_execution_reversed(&p, old.0, old.1);
+        if new.is_some() {
+            self.risk.on_execution(&p, new_qty, new_px, 0);
+        }
+        self.execs.set_trade(oid, exec_ref, (new_qty, new_px));
+        let now_open = leaves > 0 && p.qty > cum;
+        let new_reserved = if now_open { p.qty - cum } else { 0 };
+        if let Some(o) = self.orders.get_mut(&oid) {
+            o.cum_qty = cum;
+            if was_open && !now_open {
+                o.status = OrderStatus::Done;
+            } else if !was_open && now_open {
+                o.status = OrderStatus::Open;
+            }
+        }
+        match (was_open, now_open) {
+            (true, true) => self.risk.move_reservation(
+                &OrderParams {
+                    qty: old_reserved,
+                    ..p
+                },
+                &OrderParams {
+                    qty: new_reserved,
+                    ..p
+                },
+            ),
+            (true, false) => {
+                self.open_orders -= 1;
+                self.risk.on_order_done(&p, old_reserved);
+            }
+            (false, true) => {
+                self.open_orders += 1;
+                self.risk.restore_open(&OrderParams {
+                    qty: new_reserved,
+                    ..p
+                });
+            }
+            (false, false) => {}
+        }
+        let (kind, px) = match new {
+            None => {
+                self.counters.trade_cancels += 1;
+                (proto::NoticeKind::TradeCancel, old.1)
+            }
+            Some(_) => {
+                self.counters.trade_corrections += 1;
+                (proto::NoticeKind::TradeCorrect, new_px)
+            }
+        };
+        let delta = i64::from(new_qty) - i64::from(old.0);
+        if !self.replaying {
+            tracing::warn!(
+                order = oid,
+                ?kind,
+                delta,
+                cum,
+                leaves,
+                "venue changed an execution"
+            );
+        }
+        out.engine.push((
+            engine,
+            Response::notice(cl, kind, delta, px, cum, new_reserved),
+        ));
+        Ok(())
+    }
+
+    pub(super) fn on_cancel_reject(
+        &mut self,
+        m: &Message<'_>,
+        out: &mut Outputs,
+    ) -> Result<(), AppReject> {
+        let Some((req, oid)) = self.lookup(m)? else {
+            return Ok(());
+        };
+        let Some(o) = self.orders.get_mut(&oid) else {
+            return Ok(());
+        };
+        let Some((rid, change)) = o.pending else {
+            self.counters.late_answers += 1;
+            return Ok(());
+        };
+        if rid != req {
+            self.counters.late_answers += 1;
+            return Ok(());
+        }
+        // Answered even when a fill or cancel made the order final meanwhile: the engine
+        // learns its request failed, and its client takes a cancel/replace reject of a
+        // final order as information.
+        o.pending = None;
+        let request = match change {
+            Change::Cancel => msg_type::CANCEL,
+            Change::Replace { .. } => msg_type::REPLACE,
+        };
+        let (engine, cl) = (o.engine, o.cl_ord_id);
+        out.engine.push((
+            engine,
+            Response::reject(cl, request, RejectReason::VenueCancelReject),
+        ));
+        Ok(())
+    }
+}

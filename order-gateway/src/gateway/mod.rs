@@ -1,0 +1,344 @@
+//! The gateway core: an I/O-free state machine joining engines, risk, journal and FIX.
+//!
+//! Inputs are method calls carrying bytes and `now` (nanoseconds since the UNIX epoch);
+//! outputs go into an [`Outputs`] the driver drains **in this order**: append
+//! `Outputs::journal` to the [`crate::journal::Journal`] (write-ahead), then send
+//! `Outputs::fix` to the venue, then deliver `Outputs::engine`. Recovery feeds every journal
+//! record back through [`Gateway::replay_record`], which applies the same state transitions
+//! as live operation without emitting anything.
+//!
+//! Engine responses are numbered per engine, starting at one (the [`crate::proto::Header::seq`] of
+//! each response), and the last `risk.response_history` (default [`RESPONSE_HISTORY`]) of
+//! each engine are kept, so an engine
+//! that reconnects gets what it missed ([`Gateway::responses_after`]). Responses are a pure
+//! function of the journal (decisions, malformed requests, venue messages), so replay
+//! rebuilds the numbers and the history too: a gateway restart loses neither.
+//!
+//! Identifiers: every accepted request gets a gateway id from one counter; a new order's id is
+//! its order id and its FIX ClOrdID; cancels and replaces get their own ids (FIX wants a fresh
+//! ClOrdID per request). Ids survive restarts because they are rebuilt from the journal.
+//!
+//! This module must not touch sockets or files.
+//!
+//! # Layout
+//! [`Gateway`] and the types it hands out are defined here; its methods are split by
+//! responsibility, each file an `impl Gateway` block over the same private state:
+//! - `engine`: engine sessions and frames (logon, disconnect, malformed frames, re-sent
+//!   requests) and the numbering and history of responses;
+//! - `orders`: requests turned into decisions (risk checks, rejects) and the FIX orders and
+//!   cancels that go out, the gateway's own cancels (kill switch, cancel-all) included;
+//! - `venue`: the FIX side: transport events, framing, the session, application messages;
+//! - `fills`: execution reports and cancel rejects applied to orders, risk and engines;
+//! - `recovery`: journal replay and checkpoints;
+//! - `records`: the journal records the gateway writes ([`record`], [`Decision`]);
+//! - `tests` and `recovery_tests`: unit tests (the latter: FIX session recovery and the
+//!   venue's execution reports).
+
+use std::collections::VecDeque;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::fix::{Session, SessionConfig};
+use crate::journal::encode_record;
+use crate::proto::{Response, Symbol};
+use crate::risk::{OrderParams, RiskConfig, RiskConfigError, RiskEngine};
+
+mod engine;
+mod fills;
+mod orders;
+mod records;
+mod recovery;
+mod venue;
+
+pub use records::{
+    record, Decision, DecisionTrailer, MALFORMED_KEPT, ORIGIN_ENGINE, ORIGIN_GATEWAY,
+    SESSION_DISCONNECT, SESSION_LOGON,
+};
+// Owned by risk, with `risk.response_history`; the gateway's path stays.
+pub use crate::risk::RESPONSE_HISTORY;
+
+/// Engine identifier, named in the engine's logon and checked against its token.
+pub type EngineId = u32;
+
+/// What the driver must do after a call.
+#[derive(Debug, Default)]
+pub struct Outputs {
+    /// Responses to deliver to engines.
+    pub engine: Vec<(EngineId, Response)>,
+    /// Unnumbered informational responses (order status for re-sent requests), delivered
+    /// after `engine`; neither journaled nor kept for replay.
+    pub info: Vec<(EngineId, Response)>,
+    /// FIX bytes to send to the venue.
+    pub fix: Vec<u8>,
+    /// Journal records to append before anything else leaves.
+    pub journal: Vec<u8>,
+    /// Number of records in `journal`.
+    pub journal_records: u32,
+    /// The FIX transport must be closed.
+    pub disconnect: bool,
+    /// Engines whose connections must be closed (they sent `max_malformed_frames`): the
+    /// driver closes them, which runs cancel-on-disconnect.
+    pub kick: Vec<EngineId>,
+    /// `engine[..stamped]` carry their response sequence numbers.
+    stamped: usize,
+}
+
+impl Outputs {
+    /// Empties every queue (keeps capacity).
+    pub fn clear(&mut self) {
+        self.engine.clear();
+        self.info.clear();
+        self.fix.clear();
+        self.journal.clear();
+        self.journal_records = 0;
+        self.disconnect = false;
+        self.kick.clear();
+        self.stamped = 0;
+    }
+
+    fn record(&mut self, kind: u8, parts: &[&[u8]]) {
+        encode_record(&mut self.journal, kind, parts);
+        self.journal_records += 1;
+    }
+}
+
+/// Where an order is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrderStatus {
+    /// Sent to the venue, not acknowledged.
+    PendingNew,
+    /// Live at the venue.
+    Open,
+    /// Filled, canceled or rejected.
+    Done,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    Cancel,
+    Replace { qty: u32, price: i64 },
+}
+
+/// A gateway order.
+#[derive(Clone, Copy, Debug)]
+pub struct Order {
+    /// Owning engine.
+    pub engine: EngineId,
+    /// The engine's id.
+    pub cl_ord_id: u64,
+    /// Current terms.
+    pub params: OrderParams,
+    /// Executed quantity.
+    pub cum_qty: u32,
+    /// Status.
+    pub status: OrderStatus,
+    /// FIX ClOrdID the venue currently knows the order by.
+    pub venue_cl_ord_id: u64,
+    pending: Option<(u64, Change)>,
+}
+
+/// Gateway counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GatewayCounters {
+    /// Engine frames that did not decode.
+    pub malformed_engine: u64,
+    /// FIX frames that failed framing or field syntax.
+    pub malformed_fix: u64,
+    /// Application messages rejected at session level (missing/bad fields).
+    pub rejected_app: u64,
+    /// Execution reports for unknown ClOrdIDs.
+    pub unknown_exec: u64,
+    /// Re-sent requests (numbered at or below the last taken) answered with a status.
+    pub resent_requests: u64,
+    /// Cancel-on-disconnects run late: after a restart for an engine that did not log on
+    /// again in time, or once the venue session was back for one that dropped while it was
+    /// down.
+    pub deferred_cancel_on_disconnect: u64,
+    /// Execution reports applied before (same ExecID, or a fill not raising CumQty): ignored.
+    pub duplicate_execs: u64,
+    /// Executions beyond the order quantity (CumQty > OrderQty).
+    pub overfills: u64,
+    /// Executions on orders already final.
+    pub late_fills: u64,
+    /// Trade cancels (ExecType H) applied.
+    pub trade_cancels: u64,
+    /// Trade corrections (ExecType G) applied.
+    pub trade_corrections: u64,
+    /// Trade cancels/corrections whose ExecRefID was not known (applied from CumQty).
+    pub trade_refs_unknown: u64,
+    /// Venue answers after the order was final that changed nothing (late cancel or reject).
+    pub late_answers: u64,
+    /// OrderStatusRequests sent at logon for orders in doubt.
+    pub status_requests: u64,
+    /// Engine connections cut off for sending `max_malformed_frames` malformed frames.
+    pub malformed_disconnects: u64,
+    /// Frames from an engine cut off, before it logged on again: neither taken nor journaled.
+    pub frames_after_cutoff: u64,
+    /// Fills whose LastQty was not their CumQty's growth (applied by CumQty).
+    pub inconsistent_fills: u64,
+}
+
+/// Per engine, malformed frames since its logon and the rate-limited log of them.
+#[derive(Clone, Copy, Debug, Default)]
+struct MalformedLog {
+    /// Since the engine's last logon (journaled, so replay rebuilds it).
+    count: u32,
+    /// Live only: when the last line was logged, and frames not logged since.
+    logged_at: u64,
+    unlogged: u64,
+}
+
+/// One engine's numbered responses.
+#[derive(Debug)]
+struct ResponseLog {
+    /// Sequence number of the newest response (0: none yet).
+    last: u32,
+    /// The newest responses, oldest first: seqs `last - len + 1 ..= last`.
+    kept: VecDeque<Response>,
+}
+
+/// The gateway state machine.
+#[derive(Debug)]
+pub struct Gateway {
+    risk: RiskEngine,
+    session: Session,
+    orders: FxHashMap<u64, Order>,
+    /// Orders in `orders` whose status is not Done, kept as they change: the service reads
+    /// it every millisecond, and `orders` keeps every order of the day.
+    open_orders: usize,
+    by_engine: FxHashMap<(EngineId, u64), u64>,
+    by_request: FxHashMap<u64, u64>,
+    responses: FxHashMap<EngineId, ResponseLog>,
+    /// Per engine, the highest request sequence number journaled.
+    last_request: FxHashMap<EngineId, u32>,
+    /// Engines logged on, as the journal says (after a crash: those that were).
+    connected: FxHashSet<EngineId>,
+    /// After a restart: engines whose open orders are cancelled unless they log on again
+    /// by the deadline (cancel-on-disconnect across crashes).
+    cod_deadlines: Vec<(EngineId, u64)>,
+    history: usize,
+    next_id: u64,
+    inbuf: Vec<u8>,
+    body: Vec<u8>,
+    counters: GatewayCounters,
+    /// ExecIDs applied (duplicates, trade cancel/correct references).
+    execs: crate::execs::ExecLog,
+    /// Malformed frames per engine.
+    malformed: FxHashMap<EngineId, MalformedLog>,
+    /// Malformed frames that cut an engine off.
+    max_malformed: u32,
+    /// Replaying the journal: state changes only, no logging.
+    replaying: bool,
+    /// Discard sink for replay.
+    scratch: Outputs,
+    /// Orders already final at the last checkpoint: the next one leaves them out.
+    retired: FxHashSet<u64>,
+    /// A checkpoint record replay could not read (the start must stop).
+    replay_error: Option<crate::checkpoint::CheckpointError>,
+}
+
+impl ResponseLog {
+    fn new(history: usize) -> ResponseLog {
+        ResponseLog {
+            last: 0,
+            kept: VecDeque::with_capacity(history),
+        }
+    }
+}
+
+impl Gateway {
+    /// Builds a gateway with fresh state (replay the journal next).
+    pub fn new(session: SessionConfig, risk: &RiskConfig) -> Result<Gateway, RiskConfigError> {
+        Ok(Gateway {
+            risk: RiskEngine::new(risk)?,
+            session: Session::new(session),
+            orders: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
+            open_orders: 0,
+            by_engine: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
+            by_request: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
+            responses: risk
+                .engines
+                .iter()
+                .map(|e| (e.id, ResponseLog::new(risk.response_history)))
+                .collect(),
+            last_request: FxHashMap::default(),
+            connected: FxHashSet::default(),
+            cod_deadlines: Vec::new(),
+            history: risk.response_history,
+            next_id: 1,
+            inbuf: Vec::with_capacity(1 << 16),
+            body: Vec::with_capacity(512),
+            counters: GatewayCounters::default(),
+            execs: crate::execs::ExecLog::default(),
+            malformed: FxHashMap::default(),
+            max_malformed: risk.max_malformed_frames,
+            replaying: false,
+            scratch: Outputs::default(),
+            retired: FxHashSet::default(),
+            replay_error: None,
+        })
+    }
+
+    /// Takes from `old` the live state the journal does not hold (references, halts, kill
+    /// switches), after a rebuild from the journal.
+    pub fn inherit_live_state(&mut self, old: &Gateway) {
+        self.risk.inherit_live_state(&old.risk);
+    }
+
+    /// Risk state.
+    pub fn risk(&self) -> &RiskEngine {
+        &self.risk
+    }
+
+    /// FIX session.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> GatewayCounters {
+        self.counters
+    }
+
+    /// Order of `engine` with the engine's id `cl_ord_id`.
+    pub fn order(&self, engine: EngineId, cl_ord_id: u64) -> Option<&Order> {
+        self.by_engine
+            .get(&(engine, cl_ord_id))
+            .and_then(|id| self.orders.get(id))
+    }
+
+    /// Every order, keyed by gateway order id.
+    pub fn orders(&self) -> impl Iterator<Item = (u64, &Order)> {
+        self.orders.iter().map(|(k, v)| (*k, v))
+    }
+
+    /// Orders not yet final.
+    pub fn open_order_count(&self) -> usize {
+        self.open_orders
+    }
+
+    /// [`Self::open_order_count`] counted the slow way, to check the kept count in tests.
+    #[cfg(test)]
+    fn open_order_scan(&self) -> usize {
+        self.orders
+            .values()
+            .filter(|o| o.status != OrderStatus::Done)
+            .count()
+    }
+
+    /// Reference price from the market-data bus.
+    pub fn on_reference_price(&mut self, symbol: Symbol, price: i64, now: u64) {
+        self.risk.on_reference_price(symbol, price, now);
+    }
+
+    /// Halt state from the feed.
+    pub fn on_halt(&mut self, symbol: Symbol, halted: bool) {
+        self.risk.on_halt(symbol, halted);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
+
+#[cfg(test)]
+mod recovery_tests;

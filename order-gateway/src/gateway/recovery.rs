@@ -1,0 +1,368 @@
+//! Recovery: journal records replayed into [`Gateway`] (the same state transitions as live,
+//! nothing emitted), and checkpoints, the whole recoverable state written as the first
+//! record of a journal segment and restored from it.
+//!
+//! Must not touch sockets or files: the driver reads and writes the journal.
+
+use zerocopy::FromBytes;
+
+use super::records::{
+    record, Decision, DecisionTrailer, ORIGIN_ENGINE, SESSION_DISCONNECT, SESSION_LOGON,
+};
+use super::venue::find_seq;
+use super::{Change, Gateway, Order, OrderStatus, Outputs, ResponseLog};
+use crate::fix::{split_frame, Message};
+use crate::proto::{msg_type, RejectReason, Request, Response, Side, Symbol};
+use crate::risk::{KillScope, OrderParams, RequestKind};
+
+impl Gateway {
+    /// A checkpoint record replay could not read: the journal must not be used as if
+    /// replayed (the caller stops the start with it).
+    pub fn take_replay_error(&mut self) -> Option<crate::checkpoint::CheckpointError> {
+        self.replay_error.take()
+    }
+
+    /// Whether a checkpoint keeps order `id`: live orders, and orders that became final
+    /// since the previous checkpoint.
+    fn kept(&self, id: u64, o: &Order) -> bool {
+        o.status != OrderStatus::Done || !self.retired.contains(&id)
+    }
+
+    /// The recoverable state as a checkpoint payload ([`crate::checkpoint`]), for the first
+    /// record ([`record::CHECKPOINT`]) of a new journal segment. Nothing changes until the
+    /// driver has made it durable and calls [`checkpoint_written`](Self::checkpoint_written).
+    pub fn checkpoint(&self) -> Result<Vec<u8>, crate::checkpoint::CheckpointError> {
+        use crate::checkpoint::{GatewayState, OrderState};
+        let mut orders: Vec<(u64, OrderState)> = self
+            .orders
+            .iter()
+            .filter(|&(&id, o)| self.kept(id, o))
+            .map(|(&id, o)| {
+                let status = match o.status {
+                    OrderStatus::PendingNew => 0,
+                    OrderStatus::Open => 1,
+                    OrderStatus::Done => 2,
+                };
+                let pending = o.pending.map(|(rid, c)| {
+                    (
+                        rid,
+                        match c {
+                            Change::Cancel => None,
+                            Change::Replace { qty, price } => Some((qty, price)),
+                        },
+                    )
+                });
+                let p = o.params;
+                (
+                    id,
+                    OrderState {
+                        engine: o.engine,
+                        cl_ord_id: o.cl_ord_id,
+                        account: p.account,
+                        symbol: p.symbol.0,
+                        side: p.side as u8,
+                        qty: p.qty,
+                        price: p.price,
+                        cum_qty: o.cum_qty,
+                        status,
+                        venue_cl_ord_id: o.venue_cl_ord_id,
+                        pending,
+                    },
+                )
+            })
+            .collect();
+        orders.sort_unstable_by_key(|(id, _)| *id);
+        let keep = |id: &u64| self.orders.get(id).is_some_and(|o| self.kept(*id, o));
+        let mut by_request: Vec<(u64, u64)> = self
+            .by_request
+            .iter()
+            .filter(|(_, id)| keep(id))
+            .map(|(&r, &id)| (r, id))
+            .collect();
+        by_request.sort_unstable();
+        let mut responses: Vec<(u32, u32, Vec<Vec<u8>>)> = self
+            .responses
+            .iter()
+            .map(|(&e, log)| {
+                let kept = log.kept.iter().map(|r| r.as_bytes().to_vec()).collect();
+                (e, log.last, kept)
+            })
+            .collect();
+        responses.sort_unstable_by_key(|r| r.0);
+        let mut last_request: Vec<(u32, u32)> =
+            self.last_request.iter().map(|(&e, &n)| (e, n)).collect();
+        last_request.sort_unstable();
+        let mut connected: Vec<u32> = self.connected.iter().copied().collect();
+        connected.sort_unstable();
+        let mut malformed: Vec<(u32, u32)> = self
+            .malformed
+            .iter()
+            .filter(|(_, m)| m.count > 0)
+            .map(|(&e, m)| (e, m.count))
+            .collect();
+        malformed.sort_unstable();
+        let state = GatewayState {
+            next_id: self.next_id,
+            orders,
+            by_request,
+            responses,
+            last_request,
+            connected,
+            malformed,
+            execs: self.execs.checkpoint_state(|id| keep(&id)),
+            risk: self.risk.checkpoint_state(),
+            session: self.session.checkpoint_state(),
+        };
+        crate::checkpoint::encode(&state)
+    }
+
+    /// The checkpoint from [`checkpoint`](Self::checkpoint) is durable: drop what it left
+    /// out, so the live state is exactly what a restart from it rebuilds.
+    pub fn checkpoint_written(&mut self) {
+        let drop: Vec<u64> = self
+            .orders
+            .iter()
+            .filter(|&(&id, o)| !self.kept(id, o))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in &drop {
+            if let Some(o) = self.orders.remove(id) {
+                self.by_engine.remove(&(o.engine, o.cl_ord_id));
+            }
+        }
+        let orders = &self.orders;
+        self.by_request.retain(|_, id| orders.contains_key(id));
+        self.by_engine.retain(|_, id| orders.contains_key(id));
+        self.retired = self
+            .orders
+            .iter()
+            .filter(|(_, o)| o.status == OrderStatus::Done)
+            .map(|(&id, _)| id)
+            .collect();
+        let state = self.execs.checkpoint_state(|id| orders.contains_key(&id));
+        self.execs.restore_state(&state);
+    }
+
+    /// Replaces the whole recoverable state with a checkpoint's.
+    fn restore_checkpoint(&mut self, s: &crate::checkpoint::GatewayState) {
+        self.orders.clear();
+        self.by_engine.clear();
+        self.by_request.clear();
+        self.retired.clear();
+        self.open_orders = 0;
+        for (id, o) in &s.orders {
+            let symbol = Symbol(o.symbol);
+            let side = if o.side == Side::Sell as u8 {
+                Side::Sell
+            } else {
+                Side::Buy
+            };
+            let status = match o.status {
+                0 => OrderStatus::PendingNew,
+                1 => OrderStatus::Open,
+                _ => OrderStatus::Done,
+            };
+            let pending = o.pending.map(|(rid, c)| {
+                (
+                    rid,
+                    match c {
+                        None => Change::Cancel,
+                        Some((qty, price)) => Change::Replace { qty, price },
+                    },
+                )
+            });
+            let order = Order {
+                engine: o.engine,
+                cl_ord_id: o.cl_ord_id,
+                params: OrderParams {
+                    account: o.account,
+                    symbol,
+                    side,
+                    qty: o.qty,
+                    price: o.price,
+                },
+                cum_qty: o.cum_qty,
+                status,
+                venue_cl_ord_id: o.venue_cl_ord_id,
+                pending,
+            };
+            if status == OrderStatus::Done {
+                self.retired.insert(*id);
+            } else {
+                self.open_orders += 1;
+            }
+            self.by_engine.insert((o.engine, o.cl_ord_id), *id);
+            self.orders.insert(*id, order);
+        }
+        self.by_request.extend(s.by_request.iter().copied());
+        self.next_id = s.next_id;
+        let history = self.history;
+        for (engine, last, kept) in &s.responses {
+            // Engines get a log with their first response, configured or not (see `seal`).
+            let log = self
+                .responses
+                .entry(*engine)
+                .or_insert_with(|| ResponseLog::new(history));
+            log.last = *last;
+            log.kept.clear();
+            let skip = kept.len().saturating_sub(history);
+            for bytes in &kept[skip..] {
+                if let Ok((r, _)) = Response::decode(bytes) {
+                    log.kept.push_back(r);
+                }
+            }
+        }
+        self.last_request = s.last_request.iter().copied().collect();
+        self.connected = s.connected.iter().copied().collect();
+        self.malformed.clear();
+        for &(engine, count) in &s.malformed {
+            self.malformed.entry(engine).or_default().count = count;
+        }
+        self.execs.restore_state(&s.execs);
+        self.risk.restore_state(&s.risk);
+        self.session.restore_state(&s.session);
+    }
+
+    /// Replays one journal record (recovery). Emits nothing, but numbers and keeps the
+    /// engine responses the record produced live, so they can be replayed to engines.
+    pub fn replay_record(&mut self, kind: u8, payload: &[u8]) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        self.replaying = true;
+        self.replay_into(kind, payload, &mut scratch);
+        self.replaying = false;
+        self.seal(&mut scratch);
+        scratch.clear();
+        self.scratch = scratch;
+    }
+
+    fn replay_into(&mut self, kind: u8, payload: &[u8], scratch: &mut Outputs) {
+        match kind {
+            record::ENGINE_REQUEST => {
+                let (Some(engine), Some(bytes)) = (payload.get(..4), payload.get(4..)) else {
+                    return;
+                };
+                let id = u32::from_le_bytes(engine.try_into().unwrap_or_default());
+                self.note_request_seq(id, bytes);
+                if Request::decode(bytes).is_err() {
+                    // Journals of earlier versions keep malformed frames whole, here.
+                    self.counters.malformed_engine += 1;
+                    Self::malformed(id, bytes, scratch);
+                }
+            }
+            record::ENGINE_MALFORMED => {
+                let (Some(engine), Some(kept)) = (payload.get(..4), payload.get(8..)) else {
+                    return;
+                };
+                let engine = u32::from_le_bytes(engine.try_into().unwrap_or_default());
+                self.note_request_seq(engine, kept);
+                // `replaying` keeps it quiet; the cut-off is the same as live.
+                self.on_malformed(engine, kept, 0, scratch);
+            }
+            record::DECISION => {
+                let Ok((d, _)) = Decision::read_from_prefix(payload) else {
+                    return;
+                };
+                if let Some(reason) = RejectReason::from_u16(d.reason.get()) {
+                    let (engine, cl) = (d.engine.get(), d.cl_ord_id.get());
+                    scratch
+                        .engine
+                        .push((engine, Response::reject(cl, d.request, reason)));
+                }
+                self.apply_decision(&d);
+                let trailer = payload
+                    .get(size_of::<Decision>()..)
+                    .and_then(|t| DecisionTrailer::read_from_prefix(t).ok())
+                    .map(|(t, _)| t);
+                if d.reason.get() == 0 {
+                    let p = self.orders.get(&d.order_id.get()).map(|o| o.params);
+                    if let Some(p) = p {
+                        if d.request == msg_type::NEW_ORDER {
+                            self.risk.restore_open(&p);
+                        }
+                        if let Some(t) = trailer {
+                            self.restore_windows(&d, &p, t);
+                        }
+                    }
+                }
+            }
+            record::KILL => {
+                if let [tag, a, b, c, d, on] = *payload {
+                    let id = u32::from_le_bytes([a, b, c, d]);
+                    let scope = match tag {
+                        0 => Some(KillScope::Global),
+                        1 => Some(KillScope::Engine(id)),
+                        2 => Some(KillScope::Account(id)),
+                        _ => None,
+                    };
+                    if let Some(scope) = scope {
+                        // The cancels it caused are journaled as their own decisions.
+                        self.risk.set_kill(scope, on != 0);
+                    }
+                }
+            }
+            record::ENGINE_SESSION => {
+                if let (Some(e), Some(&ev)) = (payload.get(..4), payload.get(4)) {
+                    let engine = u32::from_le_bytes(e.try_into().unwrap_or_default());
+                    match ev {
+                        SESSION_LOGON => {
+                            self.connected.insert(engine);
+                            self.reset_malformed(engine);
+                        }
+                        SESSION_DISCONNECT => {
+                            self.connected.remove(&engine);
+                            self.reset_malformed(engine);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            record::CHECKPOINT => match crate::checkpoint::decode(payload) {
+                Ok(state) => self.restore_checkpoint(&state),
+                Err(e) => {
+                    if self.replay_error.is_none() {
+                        self.replay_error = Some(e);
+                    }
+                }
+            },
+            record::FIX_OUT => self.session.replay_outbound(payload),
+            record::FIX_IN => {
+                if split_frame(payload).is_err() {
+                    return;
+                }
+                let Ok(m) = Message::parse(payload) else {
+                    // Rejected for its fields and consumed live: consume it again.
+                    if let Some(seq) = find_seq(payload) {
+                        self.session.consume_rejected(seq);
+                    }
+                    return;
+                };
+                self.session.replay_inbound(&m);
+                if !matches!(m.msg_type(), b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A") {
+                    let _ = self.apply_app(&m, scratch);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts an accepted decision in the throttle and repeated-order windows as its check
+    /// did live (recovery).
+    fn restore_windows(&mut self, d: &Decision, order: &OrderParams, t: DecisionTrailer) {
+        let now = t.now.get();
+        match d.request {
+            msg_type::NEW_ORDER => self.risk.restore_request(RequestKind::New, order, now),
+            msg_type::CANCEL if t.origin == ORIGIN_ENGINE => {
+                self.risk.restore_request(RequestKind::Cancel, order, now)
+            }
+            msg_type::REPLACE => {
+                let new = OrderParams {
+                    qty: d.qty.get(),
+                    price: d.price.get(),
+                    ..*order
+                };
+                self.risk.restore_request(RequestKind::Replace, &new, now)
+            }
+            _ => {}
+        }
+    }
+}

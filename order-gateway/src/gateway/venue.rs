@@ -1,0 +1,320 @@
+//! The venue side of [`Gateway`]: the FIX transport's events and timers, inbound bytes
+//! framed, parsed and passed through the session (malformed frames rejected as QuickFIX
+//! does), outbound frames journaled one record each, the OrderStatusRequests for orders in
+//! doubt at logon, and application messages routed to `fills`.
+//!
+//! Must not touch sockets or files: the driver owns the link.
+
+use super::orders::side_fix;
+use super::records::record;
+use super::{Gateway, OrderStatus, Outputs};
+use crate::fix::session::{push_field, push_uint};
+use crate::fix::{split_frame, tag, Message, SessionEvent, SessionState};
+use crate::journal::encode_record;
+
+/// Why an application message was rejected: (tag, FIX SessionRejectReason, text).
+pub(super) type AppReject = (u32, u32, &'static str);
+
+impl Gateway {
+    /// FIX transport connected: logs on.
+    pub fn on_connect(&mut self, now: u64, out: &mut Outputs) {
+        let start = out.fix.len();
+        self.session.on_connect(now, &mut out.fix);
+        Self::journal_out(out, start);
+    }
+
+    /// FIX transport lost.
+    pub fn on_disconnect(&mut self) {
+        self.session.on_disconnect();
+        self.inbuf.clear();
+    }
+
+    /// Timers (heartbeat, test request, timeouts, cancel-on-disconnect after a restart).
+    pub fn on_timer(&mut self, now: u64, out: &mut Outputs) {
+        let start = out.fix.len();
+        if matches!(
+            self.session.on_timer(now, &mut out.fix),
+            SessionEvent::Disconnect
+        ) {
+            out.disconnect = true;
+        }
+        Self::journal_out(out, start);
+        // Cancels need the venue: a deadline that passed while it was down fires once the
+        // session is up.
+        if !self.cod_deadlines.is_empty() && self.session.state() == SessionState::Active {
+            let mut i = 0;
+            while i < self.cod_deadlines.len() {
+                let (engine, deadline) = self.cod_deadlines[i];
+                if now >= deadline {
+                    self.cod_deadlines.swap_remove(i);
+                    self.counters.deferred_cancel_on_disconnect += 1;
+                    self.on_engine_disconnect(engine, now, out);
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// Starts a FIX logout.
+    pub fn logout(&mut self, now: u64, out: &mut Outputs) {
+        let start = out.fix.len();
+        self.session.logout(now, &mut out.fix);
+        Self::journal_out(out, start);
+    }
+
+    /// Journals the FIX frames written since `start`, one record per frame, so a record is
+    /// never larger than one message whatever a resend answers with.
+    pub(super) fn journal_out(out: &mut Outputs, start: usize) {
+        let mut rest = &out.fix[start..];
+        while !rest.is_empty() {
+            // The session writes whole frames; should one ever not split, it goes whole.
+            let n = split_frame(rest).map_or(rest.len(), |n| n.clamp(1, rest.len()));
+            encode_record(&mut out.journal, record::FIX_OUT, &[&rest[..n]]);
+            out.journal_records += 1;
+            rest = &rest[n..];
+        }
+    }
+
+    /// Bytes from the venue.
+    pub fn on_fix_bytes(&mut self, bytes: &[u8], now: u64, out: &mut Outputs) {
+        let mut buf = std::mem::take(&mut self.inbuf);
+        buf.extend_from_slice(bytes);
+        let mut pos = 0;
+        while pos < buf.len() {
+            match split_frame(&buf[pos..]) {
+                Ok(n) => {
+                    self.on_frame(&buf[pos..pos + n], false, now, out);
+                    self.drain_queued(now, out);
+                    pos += n;
+                }
+                Err(crate::fix::FixError::Incomplete) => break,
+                Err(
+                    crate::fix::FixError::BadBeginString { skip }
+                    | crate::fix::FixError::BadBodyLength { skip }
+                    | crate::fix::FixError::BadChecksum { skip },
+                ) => {
+                    // Garbled frames are dropped (FIX spec); the gap they leave is resent.
+                    self.counters.malformed_fix += 1;
+                    self.session.count_garbled();
+                    pos += skip.max(1);
+                }
+                Err(_) => {
+                    self.counters.malformed_fix += 1;
+                    pos = buf.len();
+                }
+            }
+            if out.disconnect {
+                break;
+            }
+        }
+        buf.drain(..pos.min(buf.len()));
+        self.inbuf = buf;
+        self.seal(out);
+    }
+
+    /// Feeds the messages queued ahead of a gap that are now in sequence.
+    fn drain_queued(&mut self, now: u64, out: &mut Outputs) {
+        while !out.disconnect {
+            let start = out.fix.len();
+            let next = self.session.next_queued(now, &mut out.fix);
+            Self::journal_out(out, start);
+            let Some(frame) = next else { break };
+            self.on_frame(&frame, true, now, out);
+        }
+    }
+
+    fn on_frame(&mut self, frame: &[u8], queued: bool, now: u64, out: &mut Outputs) {
+        let start = out.fix.len();
+        let m = match Message::parse(frame) {
+            Ok(m) => m,
+            Err(e) => {
+                self.counters.malformed_fix += 1;
+                let seq = find_seq(frame);
+                let (ref_tag, reason, text) = bad_field(frame, e);
+                self.session.reject_typed(
+                    seq.unwrap_or(0),
+                    find_msg_type(frame).unwrap_or(b""),
+                    ref_tag,
+                    reason,
+                    text,
+                    now,
+                    &mut out.fix,
+                );
+                tracing::warn!(seq, ?ref_tag, reason, text, "FIX message rejected");
+                if let Some(seq) = seq {
+                    let before = self.session.accepted_in();
+                    self.session.consume_rejected(seq);
+                    if self.session.accepted_in() != before {
+                        // Journaled so a restart consumes the same number (replay_into).
+                        out.record(record::FIX_IN, &[frame]);
+                    }
+                }
+                Self::journal_out(out, start);
+                return;
+            }
+        };
+        let before = self.session.accepted_in();
+        let ev = if queued {
+            self.session.on_queued(m, now, &mut out.fix)
+        } else {
+            self.session.on_message(m, now, &mut out.fix)
+        };
+        if self.session.accepted_in() != before {
+            out.record(record::FIX_IN, &[frame]);
+        }
+        match ev {
+            SessionEvent::App(m) => {
+                if let Err((t, reason, text)) = self.apply_app(&m, out) {
+                    self.counters.rejected_app += 1;
+                    let seq = m.seq().unwrap_or(0);
+                    tracing::warn!(
+                        seq,
+                        tag = t,
+                        reason,
+                        text,
+                        "FIX application message rejected"
+                    );
+                    self.session.reject_typed(
+                        seq,
+                        m.msg_type(),
+                        Some(t),
+                        reason,
+                        text,
+                        now,
+                        &mut out.fix,
+                    );
+                }
+            }
+            SessionEvent::Disconnect => out.disconnect = true,
+            SessionEvent::LoggedOn => self.query_orders_in_doubt(now, out),
+            SessionEvent::None => {}
+        }
+        Self::journal_out(out, start);
+    }
+
+    /// At logon: an OrderStatusRequest (35=H) for every order sent and not yet acknowledged
+    /// (after a crash or a lost connection the venue may or may not have it). The venue's
+    /// answer (ExecType I) acknowledges those it has; for the others the session's resend
+    /// handling delivers what is missing either way. Bounded per logon.
+    fn query_orders_in_doubt(&mut self, now: u64, out: &mut Outputs) {
+        const MAX_QUERIES: usize = 10_000;
+        let mut doubt: Vec<(u64, u64)> = self
+            .orders
+            .iter()
+            .filter(|(_, o)| o.status == OrderStatus::PendingNew)
+            .map(|(&oid, o)| (oid, o.venue_cl_ord_id))
+            .collect();
+        doubt.sort_unstable();
+        doubt.truncate(MAX_QUERIES);
+        for (oid, venue_cl) in doubt {
+            let Some(o) = self.orders.get(&oid) else {
+                continue;
+            };
+            let (symbol, side) = (o.params.symbol, o.params.side);
+            let b = &mut self.body;
+            b.clear();
+            push_uint(b, tag::CL_ORD_ID, venue_cl);
+            push_field(b, tag::SYMBOL, symbol.as_bytes());
+            push_field(b, tag::SIDE, side_fix(side));
+            self.session.send_app(b"H", &self.body, now, &mut out.fix);
+            self.counters.status_requests += 1;
+        }
+    }
+
+    /// Applies an in-sequence application message (live and replay).
+    pub(super) fn apply_app(
+        &mut self,
+        m: &Message<'_>,
+        out: &mut Outputs,
+    ) -> Result<(), AppReject> {
+        match m.msg_type() {
+            b"8" => self.on_execution_report(m, out),
+            b"9" => self.on_cancel_reject(m, out),
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) fn lookup(&mut self, m: &Message<'_>) -> Result<Option<(u64, u64)>, AppReject> {
+        let req = m
+            .require(tag::CL_ORD_ID)
+            .map_err(|_| (tag::CL_ORD_ID, 1, "required tag missing"))?;
+        // A ClOrdID that is not one of our numbers is an unknown order, not a bad message.
+        let req = crate::fix::codec::parse_uint(req).unwrap_or(0);
+        match self.by_request.get(&req) {
+            Some(&oid) => Ok(Some((req, oid))),
+            None => {
+                self.counters.unknown_exec += 1;
+                // Not ours, or an order final before the previous checkpoint: nothing to
+                // apply it to, and an operator should know (a late fill moves the real
+                // position). Logged at the 1st, 2nd, 4th, 8th... so a venue that floods
+                // them cannot flood the log.
+                if !self.replaying && self.counters.unknown_exec.is_power_of_two() {
+                    tracing::warn!(
+                        total = self.counters.unknown_exec,
+                        cl_ord_id = req,
+                        msg_type = %String::from_utf8_lossy(m.msg_type()),
+                        exec_id = %String::from_utf8_lossy(m.get(tag::EXEC_ID).unwrap_or(b"")),
+                        "venue report for an order the gateway does not hold: not applied"
+                    );
+                }
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Finds MsgType in a frame whose fields did not all parse.
+fn find_msg_type(frame: &[u8]) -> Option<&[u8]> {
+    let at = frame.windows(4).position(|w| w == b"\x0135=")? + 4;
+    let len = frame[at..]
+        .iter()
+        .position(|&c| c == crate::fix::codec::SOH)?;
+    Some(&frame[at..at + len])
+}
+
+/// RefTagID, SessionRejectReason and text for a frame whose fields do not parse: an empty
+/// value is reason 4 (tag specified without a value), anything else 0 (invalid tag number),
+/// as QuickFIX reports them.
+fn bad_field(frame: &[u8], e: crate::fix::FixError) -> (Option<u32>, u32, &'static str) {
+    let crate::fix::FixError::BadField(at) = e else {
+        return (Some(tag::MSG_TYPE), 1, "MsgType missing or not first");
+    };
+    // `at` is relative to the body, which starts after BodyLength.
+    let body = frame
+        .iter()
+        .skip(10)
+        .position(|&c| c == crate::fix::codec::SOH)
+        .map_or(0, |i| i + 11);
+    let field = frame.get(body + at..).unwrap_or(b"");
+    let field = &field[..field
+        .iter()
+        .position(|&c| c == crate::fix::codec::SOH)
+        .unwrap_or(field.len())];
+    match field.iter().position(|&c| c == b'=') {
+        Some(eq) => {
+            let t = std::str::from_utf8(&field[..eq])
+                .ok()
+                .and_then(|t| t.parse::<u32>().ok())
+                .filter(|&t| t > 0);
+            match t {
+                Some(t) if eq + 1 == field.len() => (Some(t), 4, "tag specified without a value"),
+                _ => (None, 0, "invalid tag number"),
+            }
+        }
+        None => (None, 0, "invalid tag number"),
+    }
+}
+
+/// Finds MsgSeqNum in a frame whose fields did not all parse.
+pub(super) fn find_seq(frame: &[u8]) -> Option<u64> {
+    let at = frame.windows(4).position(|w| w == b"\x0134=")? + 4;
+    let digits = frame[at..]
+        .iter()
+        .take_while(|c| c.is_ascii_digit())
+        .count();
+    std::str::from_utf8(&frame[at..at + digits])
+        .ok()?
+        .parse()
+        .ok()
+}
