@@ -282,6 +282,8 @@ pub struct Gateway {
     responses: FxHashMap<EngineId, ResponseLog>,
     /// Per engine, the highest request sequence number journaled.
     last_request: FxHashMap<EngineId, u32>,
+    /// Numbers below `last_request` never taken (a not-taken request sent again late).
+    request_holes: crate::holes::Holes,
     /// Engines logged on, as the journal says (after a crash: those that were).
     connected: FxHashSet<EngineId>,
     /// After a restart: engines whose open orders are cancelled unless they log on again
@@ -353,6 +355,7 @@ impl Gateway {
                 .map(|e| (e.id, ResponseLog::new(risk.response_history)))
                 .collect(),
             last_request: FxHashMap::default(),
+            request_holes: Default::default(),
             connected: FxHashSet::default(),
             cod_deadlines: Vec::new(),
             history: risk.response_history,
@@ -417,6 +420,7 @@ impl Gateway {
         let seq = request_seq(bytes);
         if seq != 0 {
             let last = self.last_request.entry(engine).or_insert(0);
+            self.request_holes.taken(engine, *last, seq);
             *last = (*last).max(seq);
         }
     }
@@ -749,7 +753,10 @@ impl Gateway {
             return;
         }
         let seq = request_seq(bytes);
-        if seq != 0 && seq <= self.last_request_seq(engine) {
+        if seq != 0
+            && seq <= self.last_request_seq(engine)
+            && !self.request_holes.contains(engine, seq)
+        {
             // Taken before (the engine could not know: it lost our answer or its state).
             // Answered with where the order stands; never acted on, nor journaled, again.
             if let Ok((req, _)) = Request::decode(bytes) {

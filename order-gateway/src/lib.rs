@@ -28,6 +28,7 @@ pub mod driver;
 pub mod execs;
 pub mod fix;
 pub mod gateway;
+pub mod holes;
 pub mod journal;
 pub mod market;
 pub mod risk;
