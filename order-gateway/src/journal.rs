@@ -676,13 +676,23 @@ impl Journal {
     }
 
     /// Checks that appends can succeed again after a failure: reserves `headroom` bytes
-    /// past the end where the file system allows it, then writes and syncs a commit record.
-    /// On failure nothing stays in the file.
+    /// past the end where the file system allows it (and fails if the file-size limit,
+    /// `RLIMIT_FSIZE`, leaves less), then writes and syncs a commit record. On failure
+    /// nothing stays in the file.
     pub fn probe(&mut self, headroom: u64) -> Result<(), JournalError> {
         if self.poisoned {
             return Err(JournalError::Poisoned);
         }
         use rustix::fs::{fallocate, FallocateFlags};
+        // A KEEP_SIZE fallocate is not held to the file-size limit (RLIMIT_FSIZE): checked
+        // here, or a journal at its limit would pass whenever a commit record still fits,
+        // and the gateway would take requests again only to fail the next append.
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Fsize).current;
+        if limit.is_some_and(|l| self.len.saturating_add(headroom) > l) {
+            return Err(JournalError::Append(io::Error::from_raw_os_error(
+                rustix::io::Errno::FBIG.raw_os_error(),
+            )));
+        }
         match fallocate(&self.file, FallocateFlags::KEEP_SIZE, self.len, headroom) {
             Ok(()) => {}
             Err(e) if e == rustix::io::Errno::OPNOTSUPP => {}

@@ -2,8 +2,9 @@
 //! limit, RLIMIT_FSIZE, set in a child process) makes new requests come back "not taken"
 //! (`JournalUnavailable`, unnumbered), loses nothing acknowledged, and once space returns the
 //! gateway logs on again, recovers what the venue sent meanwhile (ResendRequest), and the
-//! requests not taken are sent again with the same numbers and ids: the venue sees every
-//! ClOrdID exactly once. Needs Python 3 with `quickfix`, like `venue_e2e`.
+//! requests not taken are sent again with the same numbers and ids, after a new request
+//! was taken: the venue sees every ClOrdID exactly once. Needs Python 3 with `quickfix`,
+//! like `venue_e2e`. `RUST_LOG=info` adds the gateway's log to a failure's output.
 
 mod common;
 
@@ -68,6 +69,10 @@ fn disk_full_child() {
     )
     .unwrap();
     let dir = std::path::PathBuf::from(dir);
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
     let venue = Venue::start(&dir.join("venue"), free_port());
     let path = dir.join("gw.journal");
     let mut d = gateway_with(venue.port, &path, FsyncPolicy::Group);
@@ -113,6 +118,9 @@ fn disk_full_child() {
         e.deliver(&mut d);
     }
     connect(&mut d);
+    // A new request goes first (an engine sends the ones not taken when it gets to them):
+    // their numbers are now below a taken one, and they are still taken when they come.
+    assert_eq!(step(&mut d, &mut e, 91), 0);
     // The requests not taken go again, same numbers and ids.
     for req in e.client.take_not_taken() {
         d.engine_message(ENGINE, req.as_bytes()).unwrap();
@@ -125,7 +133,7 @@ fn disk_full_child() {
     e.cancel_resting(&mut d);
     pump(&mut d, &mut e, 60, |e| e.open().is_empty());
     assert!(e.errors.is_empty(), "client errors: {:?}", e.errors);
-    assert_eq!(e.client.orders().count(), 90);
+    assert_eq!(e.client.orders().count(), 91);
     let lines = venue.received();
     assert!(
         lines.iter().all(|l| l[0] != "dup"),

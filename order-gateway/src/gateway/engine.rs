@@ -44,6 +44,7 @@ impl Gateway {
         let seq = request_seq(bytes);
         if seq != 0 {
             let last = self.last_request.entry(engine).or_insert(0);
+            self.request_holes.taken(engine, *last, seq);
             *last = (*last).max(seq);
         }
     }
@@ -246,7 +247,10 @@ impl Gateway {
             return;
         }
         let seq = request_seq(bytes);
-        if seq != 0 && seq <= self.last_request_seq(engine) {
+        if seq != 0
+            && seq <= self.last_request_seq(engine)
+            && !self.request_holes.contains(engine, seq)
+        {
             // Taken before (the engine could not know: it lost our answer or its state).
             // Answered with where the order stands; never acted on, nor journaled, again.
             if let Ok((req, _)) = Request::decode(bytes) {

@@ -45,6 +45,7 @@ use crate::risk::{OrderParams, RiskConfig, RiskConfigError, RiskEngine};
 
 mod engine;
 mod fills;
+pub mod holes;
 mod orders;
 mod records;
 mod recovery;
@@ -211,6 +212,8 @@ pub struct Gateway {
     responses: FxHashMap<EngineId, ResponseLog>,
     /// Per engine, the highest request sequence number journaled.
     last_request: FxHashMap<EngineId, u32>,
+    /// Numbers below `last_request` never taken (a not-taken request sent again late).
+    request_holes: holes::Holes,
     /// Engines logged on, as the journal says (after a crash: those that were).
     connected: FxHashSet<EngineId>,
     /// After a restart: engines whose open orders are cancelled unless they log on again
@@ -262,6 +265,7 @@ impl Gateway {
                 .map(|e| (e.id, ResponseLog::new(risk.response_history)))
                 .collect(),
             last_request: FxHashMap::default(),
+            request_holes: Default::default(),
             connected: FxHashSet::default(),
             cod_deadlines: Vec::new(),
             history: risk.response_history,

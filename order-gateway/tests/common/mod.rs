@@ -311,8 +311,9 @@ pub fn pump(d: &mut FixDriver, e: &mut Engine, secs: u64, mut done: impl FnMut(&
     while !done(e) {
         assert!(
             Instant::now() < deadline,
-            "timed out; open orders: {:?}",
-            &e.open()[..e.open().len().min(10)]
+            "timed out; open orders: {:?}; client errors: {:?}",
+            &e.open()[..e.open().len().min(10)],
+            &e.errors[..e.errors.len().min(10)]
         );
         d.poll(Duration::from_millis(2)).unwrap();
         e.deliver(d);
