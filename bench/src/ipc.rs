@@ -56,7 +56,7 @@ fn connect(s: &mut IpcSubscriber) -> Result<()> {
     let t = Instant::now();
     let mut ok = false;
     while !ok {
-        s.poll(1, |e| ok |= matches!(e, IpcEvent::Connected { .. }));
+        s.poll(|e| ok |= matches!(e, IpcEvent::Connected { .. }), 1);
         if t.elapsed() > Duration::from_secs(10) {
             bail!("the IPC stream never appeared");
         }
@@ -95,15 +95,18 @@ pub fn latency(a: &IpcArgs) -> Result<()> {
         let mut done = 0;
         while done < total {
             let mut err = None;
-            ping_sub.poll(16, |e| {
-                if let IpcEvent::Message(m) = e {
-                    // Echo in place: claim, copy, commit, as Aeron's pong does.
-                    if let Err(x) = offer_spin(&mut pong_pub, m.payload) {
-                        err = Some(x);
+            ping_sub.poll(
+                |e| {
+                    if let IpcEvent::Message(m) = e {
+                        // Echo in place: claim, copy, commit, as Aeron's pong does.
+                        if let Err(x) = offer_spin(&mut pong_pub, m.payload) {
+                            err = Some(x);
+                        }
+                        done += 1;
                     }
-                    done += 1;
-                }
-            });
+                },
+                16,
+            );
             if let Some(e) = err {
                 return Err(e);
             }
@@ -119,11 +122,14 @@ pub fn latency(a: &IpcArgs) -> Result<()> {
         offer_spin(&mut ping_pub, &msg)?;
         let mut got = false;
         while !got {
-            pong_sub.poll(16, |e| {
-                if let IpcEvent::Message(m) = e {
-                    got = m.payload[..8] == i.to_le_bytes();
-                }
-            });
+            pong_sub.poll(
+                |e| {
+                    if let IpcEvent::Message(m) = e {
+                        got = m.payload[..8] == i.to_le_bytes();
+                    }
+                },
+                16,
+            );
         }
         if i >= a.iterations / 10 {
             h.record(t0.elapsed().as_nanos() as u64)?;
@@ -152,15 +158,18 @@ pub fn throughput(a: &IpcArgs) -> Result<()> {
         let mut start = None;
         let mut sum = 0u64;
         while n < total {
-            sub.poll(256, |e| {
-                if let IpcEvent::Message(m) = e {
-                    sum = sum.wrapping_add(m.payload[0] as u64);
-                    n += 1;
-                    if n == warm {
-                        start = Some(Instant::now());
+            sub.poll(
+                |e| {
+                    if let IpcEvent::Message(m) = e {
+                        sum = sum.wrapping_add(m.payload[0] as u64);
+                        n += 1;
+                        if n == warm {
+                            start = Some(Instant::now());
+                        }
                     }
-                }
-            });
+                },
+                256,
+            );
         }
         std::hint::black_box(sum);
         (total - warm) as f64 / start.expect("warm-up").elapsed().as_secs_f64()

@@ -645,7 +645,7 @@ impl CountersFile {
 }
 
 /// Where counters can be allocated: a [`CountersFile`] or [`LocalCounters`], so that code
-/// publishing counters (e.g. [`SubscriberCountersExport`](crate::mcast::net::SubscriberCountersExport))
+/// publishing counters (e.g. [`SubscriberCountersExport`](crate::mcast::io::SubscriberCountersExport))
 /// works with either.
 pub trait AllocateCounter {
     /// Allocates a counter of the given kind and type id.

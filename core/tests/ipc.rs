@@ -7,6 +7,7 @@ use rocebus::ipc::{
     FlowControl, IpcConfig, IpcError, IpcEvent, IpcOfferError, IpcPubEvent, IpcPublisher,
     IpcSubscriber,
 };
+use rocebus::mcast::now_ns;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -67,7 +68,7 @@ fn child_publisher() {
         } else {
             std::thread::sleep(Duration::from_millis(1));
         }
-        p.poll(|_| {});
+        p.poll(now_ns(), |_| {});
     }
 }
 
@@ -79,7 +80,7 @@ fn child_stuck_subscriber() {
     let mut s = IpcSubscriber::new("x", &cfg(&dir)).unwrap();
     let mut connected = false;
     while !connected {
-        s.poll(0, |e| connected |= matches!(e, IpcEvent::Connected { .. }));
+        s.poll(|e| connected |= matches!(e, IpcEvent::Connected { .. }), 0);
     }
     std::fs::write(dir.join("joined"), b"").unwrap();
     loop {
@@ -95,15 +96,18 @@ fn a_subscriber_in_another_process_gets_every_message_then_sees_the_publisher_di
     let mut next = 0u64;
     let t = Instant::now();
     while next != 100_000 {
-        s.poll(64, |e| match e {
-            IpcEvent::Connected { publisher_pid, .. } => assert_eq!(publisher_pid, kid.0.id()),
-            IpcEvent::Message(m) => {
-                let i = u64::from_le_bytes(m.payload.try_into().unwrap());
-                assert_eq!(i, next, "a message was lost or reordered");
-                next += 1;
-            }
-            other => panic!("{other:?}"),
-        });
+        s.poll(
+            |e| match e {
+                IpcEvent::Connected { publisher_pid, .. } => assert_eq!(publisher_pid, kid.0.id()),
+                IpcEvent::Message(m) => {
+                    let i = u64::from_le_bytes(m.payload.try_into().unwrap());
+                    assert_eq!(i, next, "a message was lost or reordered");
+                    next += 1;
+                }
+                other => panic!("{other:?}"),
+            },
+            64,
+        );
         assert!(t.elapsed() < Duration::from_secs(60), "stuck at {next}");
     }
     // Being already published, a second publisher is refused.
@@ -116,10 +120,13 @@ fn a_subscriber_in_another_process_gets_every_message_then_sees_the_publisher_di
     let t = Instant::now();
     let mut gone = None;
     while gone.is_none() {
-        s.poll(64, |e| match e {
-            IpcEvent::PublisherGone { clean } => gone = Some(clean),
-            other => panic!("{other:?}"),
-        });
+        s.poll(
+            |e| match e {
+                IpcEvent::PublisherGone { clean } => gone = Some(clean),
+                other => panic!("{other:?}"),
+            },
+            64,
+        );
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "the dead publisher was never noticed"
@@ -194,7 +201,7 @@ fn a_dead_subscriber_stops_holding_the_publisher_back() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let mut events = Vec::new();
-    p.poll(|e| events.push(e));
+    p.poll(now_ns(), |e| events.push(e));
     assert_eq!(
         events,
         vec![IpcPubEvent::SubscriberGone {

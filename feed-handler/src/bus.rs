@@ -129,7 +129,7 @@ impl BusSink {
             sent += p.poll(now, &snapshot)?;
         }
         if let Some(ipc) = &mut self.ipc {
-            sent += ipc.poll();
+            sent += ipc.poll(now);
         }
         Ok(sent)
     }

@@ -77,12 +77,13 @@ impl IpcSink {
         }
     }
 
-    /// Liveness and subscriber bookkeeping of every stream; call from the polling loop.
+    /// Liveness and subscriber bookkeeping of every stream; call from the polling loop
+    /// with its `now` ([`rocebus::mcast::now_ns`], as for the market-data publishers).
     /// Returns the events handled.
-    pub fn poll(&mut self) -> usize {
+    pub fn poll(&mut self, now: u64) -> usize {
         let mut n = 0;
         for p in &mut self.publishers {
-            n += p.poll(|ev| tracing::debug!(?ev, "ipc stream"));
+            n += p.poll(now, |ev| tracing::debug!(?ev, "ipc stream"));
         }
         n
     }
@@ -152,7 +153,7 @@ mod tests {
             .map(|&id| IpcSubscriber::new(&stream_name("md", id), &cfg).unwrap())
             .collect();
         for s in &mut subs {
-            s.poll(16, |_| {});
+            s.poll(|_| {}, 16);
         }
         let sink = IpcSink::create("md", &ids, &cfg).unwrap();
         let mut got: Vec<Vec<Vec<u8>>> = vec![Vec::new(); ids.len()];
@@ -160,11 +161,14 @@ mod tests {
         // Connect before the first message, as a reader started before the feed does.
         for _ in 0..1000 {
             for (i, s) in subs.iter_mut().enumerate() {
-                s.poll(16, |ev| {
-                    if let IpcEvent::Connected { .. } = ev {
-                        connected[i] = true;
-                    }
-                });
+                s.poll(
+                    |ev| {
+                        if let IpcEvent::Connected { .. } = ev {
+                            connected[i] = true;
+                        }
+                    },
+                    16,
+                );
             }
             if connected.iter().all(|c| *c) {
                 break;
@@ -181,14 +185,17 @@ mod tests {
         for (i, s) in subs.iter_mut().enumerate() {
             loop {
                 let mut n = 0;
-                s.poll(256, |ev| match ev {
-                    IpcEvent::Message(m) => {
-                        assert_eq!(m.msg_type, MSG_TYPE);
-                        got[i].push(m.payload.to_vec());
-                        n += 1;
-                    }
-                    other => panic!("unexpected {other:?}"),
-                });
+                s.poll(
+                    |ev| match ev {
+                        IpcEvent::Message(m) => {
+                            assert_eq!(m.msg_type, MSG_TYPE);
+                            got[i].push(m.payload.to_vec());
+                            n += 1;
+                        }
+                        other => panic!("unexpected {other:?}"),
+                    },
+                    256,
+                );
                 if n == 0 {
                     break;
                 }

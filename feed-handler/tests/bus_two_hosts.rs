@@ -351,12 +351,16 @@ impl IpcReader {
                 let last = flag.load(Ordering::Acquire);
                 let mut n = 0;
                 for (s, v) in subs.iter_mut().zip(views.iter_mut()) {
-                    n += s.poll(256, |ev| match ev {
-                        IpcEvent::Message(m) => v.apply(m.payload).expect("normalized message"),
-                        // The feed handler exits at the end of the session: orderly.
-                        IpcEvent::Connected { .. } | IpcEvent::PublisherGone { clean: true } => {}
-                        other => panic!("ipc reader: {other:?}"),
-                    });
+                    n += s.poll(
+                        |ev| match ev {
+                            IpcEvent::Message(m) => v.apply(m.payload).expect("normalized message"),
+                            // The feed handler exits at the end of the session: orderly.
+                            IpcEvent::Connected { .. }
+                            | IpcEvent::PublisherGone { clean: true } => {}
+                            other => panic!("ipc reader: {other:?}"),
+                        },
+                        256,
+                    );
                 }
                 if last && n == 0 {
                     return views;

@@ -17,10 +17,10 @@
 //!
 //! // In another process: never blocks, connects when the publisher is there.
 //! let mut subscriber = IpcSubscriber::new("quotes", &cfg)?;
-//! subscriber.poll(16, |event| match event {
+//! subscriber.poll(|event| match event {
 //!     IpcEvent::Message(m) => println!("type {} {} bytes", m.msg_type, m.payload.len()),
 //!     other => println!("{other:?}"),
-//! });
+//! }, 16);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -31,7 +31,7 @@
 //! use rocebus::ipc::{IpcConfig, IpcPublisher};
 //! let mut publisher = IpcPublisher::create("quotes", &IpcConfig::default()).unwrap();
 //! let claim = publisher.try_claim(1, 8).unwrap();
-//! publisher.poll(|_| {}); // error: `publisher` is already borrowed by `claim`
+//! publisher.poll(rocebus::mcast::now_ns(), |_| {}); // error: `publisher` is already borrowed by `claim`
 //! claim.commit();
 //! ```
 //!
@@ -85,6 +85,8 @@ use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::mcast::now_ns;
 
 /// Message type reserved for padding frames.
 pub const PAD_TYPE: u16 = 0xFFFF;
@@ -400,7 +402,9 @@ pub struct IpcPublisher {
     /// Claims may end (plus the next header word) at most here.
     limit: u64,
     liveness: Duration,
-    last_check: Instant,
+    /// When the subscribers' processes were last looked at, on
+    /// [`now_ns`]'s clock.
+    last_check: u64,
     refusals: u32,
     stats: IpcPubStats,
     pending: Vec<IpcPubEvent>,
@@ -506,7 +510,7 @@ impl IpcPublisher {
             tail: 0,
             limit: 0,
             liveness: Duration::from_millis(cfg.liveness_ms),
-            last_check: Instant::now(),
+            last_check: now_ns(),
             refusals: 0,
             stats: IpcPubStats::default(),
             pending: Vec::with_capacity(cfg.max_subscribers),
@@ -599,10 +603,16 @@ impl IpcPublisher {
         self.limit = limit;
     }
 
+    /// Whether `liveness` has passed since the last look at the
+    /// subscribers' processes (`now` on [`now_ns`]'s clock).
+    fn check_due(&self, now: u64) -> bool {
+        Duration::from_nanos(now.saturating_sub(self.last_check)) >= self.liveness
+    }
+
     /// Frees the slots of subscribers whose process is gone.
     #[cold]
-    fn reap(&mut self) {
-        self.last_check = Instant::now();
+    fn reap(&mut self, now: u64) {
+        self.last_check = now;
         for i in 0..self.slots {
             let s = slot_off(i);
             // ORDERING: Acquire on state, pid and start pairs with the subscriber's Release at join; the CAS below frees only the state we read, so a slot re-taken meanwhile is left alone.
@@ -655,9 +665,12 @@ impl IpcPublisher {
                 // A dead subscriber may be what holds us: look, but read
                 // the clock only every 1024 refusals.
                 self.refusals = self.refusals.wrapping_add(1);
-                if self.refusals % 1024 == 0 && self.last_check.elapsed() >= self.liveness {
-                    self.reap();
-                    self.refresh_limit(end);
+                if self.refusals % 1024 == 0 {
+                    let now = now_ns();
+                    if self.check_due(now) {
+                        self.reap(now);
+                        self.refresh_limit(end);
+                    }
                 }
                 if end > self.limit {
                     self.stats.back_pressured += 1;
@@ -706,10 +719,12 @@ impl IpcPublisher {
 
     /// Housekeeping, for the publisher's duty cycle: finds subscribers
     /// whose process died (at most every `liveness_ms`) and reports what
-    /// changed.
-    pub fn poll(&mut self, mut f: impl FnMut(IpcPubEvent)) -> usize {
-        if self.last_check.elapsed() >= self.liveness {
-            self.reap();
+    /// changed. `now` is [`now_ns`] (nanoseconds on the process-wide
+    /// monotonic clock), read once per loop by the caller as for the
+    /// market-data publishers' `poll(now, ..)`.
+    pub fn poll(&mut self, now: u64, mut f: impl FnMut(IpcPubEvent)) -> usize {
+        if self.check_due(now) {
+            self.reap(now);
         }
         let n = self.pending.len();
         for e in self.pending.drain(..) {
@@ -990,9 +1005,10 @@ impl IpcSubscriber {
     }
 
     /// Delivers up to `limit` messages and any events to `f`; returns how
-    /// many events it delivered. Never blocks.
+    /// many events it delivered. Never blocks. Handler first, then limit,
+    /// as in the orders path's `Subscription::poll`.
     #[inline]
-    pub fn poll(&mut self, limit: usize, mut f: impl FnMut(IpcEvent<'_>)) -> usize {
+    pub fn poll(&mut self, mut f: impl FnMut(IpcEvent<'_>), limit: usize) -> usize {
         let Some(j) = self.joined.as_mut() else {
             let due = self.last_check.is_none_or(|t| t.elapsed() >= self.liveness);
             if due {

@@ -34,11 +34,14 @@ fn connect(s: &mut IpcSubscriber) -> u64 {
     let t = Instant::now();
     let mut session = None;
     while session.is_none() {
-        s.poll(1, |e| {
-            if let IpcEvent::Connected { session: id, .. } = e {
-                session = Some(id)
-            }
-        });
+        s.poll(
+            |e| {
+                if let IpcEvent::Connected { session: id, .. } = e {
+                    session = Some(id)
+                }
+            },
+            1,
+        );
         assert!(t.elapsed() < Duration::from_secs(5), "never connected");
     }
     session.unwrap()
@@ -63,15 +66,18 @@ fn every_message_arrives_in_order_across_hundreds_of_wraps() {
                 let mut next = 0u64;
                 let mut lens = 0usize;
                 while next < N {
-                    s.poll(64, |e| match e {
-                        IpcEvent::Message(m) => {
-                            assert_eq!(m.msg_type, (next % 7) as u16);
-                            check(next, m.payload);
-                            lens += m.payload.len();
-                            next += 1;
-                        }
-                        other => panic!("unexpected {other:?}"),
-                    });
+                    s.poll(
+                        |e| match e {
+                            IpcEvent::Message(m) => {
+                                assert_eq!(m.msg_type, (next % 7) as u16);
+                                check(next, m.payload);
+                                lens += m.payload.len();
+                                next += 1;
+                            }
+                            other => panic!("unexpected {other:?}"),
+                        },
+                        64,
+                    );
                 }
                 lens
             })
@@ -115,17 +121,20 @@ fn a_subscriber_started_first_connects_and_follows_a_restarted_publisher() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
     let mut s = IpcSubscriber::new("feed", &c).unwrap();
-    assert_eq!(s.poll(10, |e| panic!("{e:?}")), 0);
+    assert_eq!(s.poll(|e| panic!("{e:?}"), 10), 0);
     assert!(!s.is_connected());
     let mut p = IpcPublisher::create("feed", &c).unwrap();
     let first = connect(&mut s);
     p.offer(3, b"hello").unwrap();
     let mut got = Vec::new();
-    s.poll(10, |e| {
-        if let IpcEvent::Message(m) = e {
-            got.push(m.payload.to_vec())
-        }
-    });
+    s.poll(
+        |e| {
+            if let IpcEvent::Message(m) = e {
+                got.push(m.payload.to_vec())
+            }
+        },
+        10,
+    );
     assert_eq!(got, vec![b"hello".to_vec()]);
     drop(p);
     assert!(
@@ -135,11 +144,14 @@ fn a_subscriber_started_first_connects_and_follows_a_restarted_publisher() {
     let t = Instant::now();
     let mut gone = None;
     while gone.is_none() {
-        s.poll(10, |e| {
-            if let IpcEvent::PublisherGone { clean } = e {
-                gone = Some(clean)
-            }
-        });
+        s.poll(
+            |e| {
+                if let IpcEvent::PublisherGone { clean } = e {
+                    gone = Some(clean)
+                }
+            },
+            10,
+        );
         assert!(t.elapsed() < Duration::from_secs(5));
     }
     assert_eq!(gone, Some(true));
@@ -162,10 +174,13 @@ fn the_slowest_subscriber_holds_the_publisher_in_block_mode() {
     }
     assert!(sent >= 60, "only {sent} fit a 64 KiB ring");
     let mut got = 0u64;
-    s.poll(usize::MAX, |e| {
-        assert!(matches!(e, IpcEvent::Message(m) if m.payload == msg));
-        got += 1;
-    });
+    s.poll(
+        |e| {
+            assert!(matches!(e, IpcEvent::Message(m) if m.payload == msg));
+            got += 1;
+        },
+        usize::MAX,
+    );
     assert_eq!(got, sent);
     p.offer(1, &msg).unwrap();
     assert_eq!(p.subscribers().len(), 1);
@@ -185,23 +200,26 @@ fn a_subscriber_a_ring_behind_is_dropped_and_continues_in_drop_mode() {
     }
     assert_eq!(p.stats().dropped_subscribers, 1);
     let mut events = Vec::new();
-    p.poll(|e| events.push(e));
+    p.poll(now_ns(), |e| events.push(e));
     assert!(matches!(
         events[..],
         [IpcPubEvent::SubscriberDropped { .. }]
     ));
     let mut dropped = 0;
-    slow.poll(usize::MAX, |e| match e {
-        IpcEvent::Dropped { skipped_bytes } => {
-            assert!(skipped_bytes > 0);
-            dropped += 1
-        }
-        IpcEvent::Message(m) => check(
-            u64::from_le_bytes(m.payload[..8].try_into().unwrap()),
-            m.payload,
-        ),
-        other => panic!("{other:?}"),
-    });
+    slow.poll(
+        |e| match e {
+            IpcEvent::Dropped { skipped_bytes } => {
+                assert!(skipped_bytes > 0);
+                dropped += 1
+            }
+            IpcEvent::Message(m) => check(
+                u64::from_le_bytes(m.payload[..8].try_into().unwrap()),
+                m.payload,
+            ),
+            other => panic!("{other:?}"),
+        },
+        usize::MAX,
+    );
     assert_eq!(dropped, 1);
     // Caught up: new messages arrive whole.
     for i in 1000..1010u64 {
@@ -209,13 +227,16 @@ fn a_subscriber_a_ring_behind_is_dropped_and_continues_in_drop_mode() {
         p.offer(2, &buf).unwrap();
     }
     let mut next = 1000;
-    slow.poll(usize::MAX, |e| match e {
-        IpcEvent::Message(m) => {
-            check(next, m.payload);
-            next += 1
-        }
-        other => panic!("{other:?}"),
-    });
+    slow.poll(
+        |e| match e {
+            IpcEvent::Message(m) => {
+                check(next, m.payload);
+                next += 1
+            }
+            other => panic!("{other:?}"),
+        },
+        usize::MAX,
+    );
     assert_eq!(next, 1010);
 }
 
@@ -229,11 +250,14 @@ fn an_abandoned_claim_is_skipped() {
     drop(p.try_claim(1, 100).unwrap());
     p.offer(1, b"after").unwrap();
     let mut got = Vec::new();
-    s.poll(10, |e| {
-        if let IpcEvent::Message(m) = e {
-            got.push(m.payload.to_vec())
-        }
-    });
+    s.poll(
+        |e| {
+            if let IpcEvent::Message(m) = e {
+                got.push(m.payload.to_vec())
+            }
+        },
+        10,
+    );
     assert_eq!(got, vec![b"after".to_vec()]);
 }
 
@@ -252,7 +276,7 @@ fn junk_written_into_the_ring_is_reported_not_followed() {
     let f = OpenOptions::new().write(true).open(c.path("j")).unwrap();
     f.write_at(&h.to_le_bytes(), next).unwrap();
     let mut events = Vec::new();
-    s.poll(10, |e| events.push(format!("{e:?}")));
+    s.poll(|e| events.push(format!("{e:?}")), 10);
     assert_eq!(events.len(), 2, "{events:?}");
     assert!(events[1].starts_with("Corrupt"), "{events:?}");
     assert!(!s.is_connected());

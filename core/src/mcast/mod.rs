@@ -15,7 +15,7 @@
 //! traits ([`snapshot`]) and the TOML configuration ([`config`]).
 //!
 //! The state machines must not touch sockets, verbs, threads or clocks
-//! ([`net`] is the one module here that does, as a thin shell): the verbs layer posts
+//! ([`io`] is the one module here that does, as a thin shell): the verbs layer posts
 //! the buffers, strips the 40-byte GRH, tells the subscriber which line a
 //! datagram came on, and carries recovery messages over RC. Memory is
 //! allocated once at construction; the per-message paths neither allocate,
@@ -26,7 +26,7 @@
 
 pub mod config;
 pub mod fragment;
-pub mod net;
+pub mod io;
 pub mod publisher;
 pub mod rcfanout;
 pub mod repair;
@@ -38,7 +38,10 @@ pub mod subscriber;
 pub mod transport;
 pub mod wire;
 
-pub use net::{now_ns, McastPublisher, McastSubscriber, NetError};
+// The I/O shell's name before it became the folder `io/`: the binaries,
+// benches and integration tests import `rocebus::mcast::net::...`.
+pub use io as net;
+pub use io::{now_ns, McastPublisher, McastSubscriber, NetError};
 pub use publisher::{
     ClaimError, Output, Pacer, Published, PublisherConfig, PublisherState, RetransmitReply,
 };

@@ -55,7 +55,7 @@ use zerocopy::byteorder::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::config::{ConfigError, McastConfig, Transport};
-use super::net::{NetError, PublishError, SNAPSHOT_CHUNK};
+use super::io::{NetError, PublishError, SNAPSHOT_CHUNK};
 use super::publisher::{Pacer, PublisherState, RetransmitReply};
 use super::snapshot::{encode_snapshot, Handler, Snapshot, SnapshotSink};
 use super::subscriber::{Event, SubscriberCounters, SubscriberState};
@@ -110,7 +110,7 @@ const _: () = assert!(core::mem::size_of::<FanoutWelcome>() == 16);
 /// Largest frame payload the fan-out sends: a retransmitted datagram with
 /// its recovery header, or a snapshot chunk message.
 pub fn max_frame_payload(max_datagram_payload: usize) -> usize {
-    (max_datagram_payload + RECOVERY_HEADER_LEN).max(super::net::RC_MSG_LEN)
+    (max_datagram_payload + RECOVERY_HEADER_LEN).max(super::io::RC_MSG_LEN)
 }
 
 /// The `[rc_fanout]` table.

@@ -1,7 +1,7 @@
 //! How the publisher answers retransmit requests: by unicast to the one
 //! subscriber that asked, or by one multicast retransmit that every
 //! subscriber takes. An I/O-free state machine: it takes requests and `now`
-//! and hands back decisions; [`super::net`] does the sending.
+//! and hands back decisions; [`super::io`] does the sending.
 //!
 //! A loss on the publisher's egress (or anywhere before the fabric fans the
 //! datagram out) is a loss for every subscriber, and each asks for the same

@@ -1,7 +1,7 @@
 //! When the publisher's datagrams go out: pacing of flushed datagrams and
 //! heartbeats when the stream is idle. An I/O-free state machine beside
 //! [`PublisherState`] (which owns the bytes): it takes `now` and hands back
-//! what to send next; the multicast shell ([`super::net`]) and the
+//! what to send next; the multicast shell ([`super::io`]) and the
 //! simulator (`core/tests/mcast_sim.rs`) both drive it, so the simulated
 //! schedule is the shipped one.
 //!

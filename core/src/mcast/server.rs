@@ -3,7 +3,7 @@
 //! gets, and which clients are dropped. It takes connect requests, bytes
 //! received and `now`, and hands back welcomes, refusals, the bytes to send
 //! on each connection and the connections to close. The multicast shell
-//! ([`super::net`]) moves those bytes over rdma_cm and RC queue pairs; the
+//! ([`super::io`]) moves those bytes over rdma_cm and RC queue pairs; the
 //! simulator (`core/tests/mcast_sim.rs`) moves them through its model of
 //! the network. Neither decides anything the server decides.
 //!

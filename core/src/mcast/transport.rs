@@ -17,7 +17,7 @@
 use std::net::IpAddr;
 
 use super::config::{McastConfig, Transport};
-use super::net::{McastPublisher, McastSubscriber, NetError, PublishError};
+use super::io::{McastPublisher, McastSubscriber, NetError, PublishError};
 use super::publisher::PublisherState;
 use super::rcfanout::{FanoutError, RcFanoutPublisher, RcFanoutSubscriber};
 use super::snapshot::{Handler, Snapshot, SnapshotSink};

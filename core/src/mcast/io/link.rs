@@ -1,0 +1,82 @@
+//! The subscriber's recovery link: the RC connection to the publisher's
+//! recovery port in its states (up, connecting, down), what a (re)connect
+//! needs, and the client's side of the admission handshake (checking the
+//! welcome, sending the proof). [`super::subscriber`] drives it.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use super::common::{INLINE_MAX, RC_MSG_LEN};
+use super::error::NetError;
+use crate::auth::Key;
+use crate::mcast::server::{Admission, ClientHandshake};
+use crate::verbs::cm::{self, Connection};
+use crate::verbs::{Dest, PoolConfig, PooledQp, ProtectionDomain, QpType, RcOptions};
+
+/// The subscriber's recovery connection. Variant fields are dropped in
+/// order: the queue pair before the rdma_cm id it was connected through.
+pub(super) enum Link {
+    Up {
+        rc: PooledQp,
+        conn: Connection,
+    },
+    Connecting {
+        rc: PooledQp,
+        connecting: cm::Connecting,
+        handshake: ClientHandshake,
+    },
+    Down,
+}
+
+/// Checks the publisher's welcome (see [`ClientHandshake::on_welcome`]).
+pub(super) fn admit(
+    handshake: &ClientHandshake,
+    welcome: &[u8],
+    publisher: SocketAddr,
+) -> Result<Admission, NetError> {
+    handshake
+        .on_welcome(welcome)
+        .map_err(|reason| NetError::Admission { publisher, reason })
+}
+
+/// Sends the proof as the connection's first message.
+pub(super) fn send_proof(rc: &mut PooledQp, admitted: &Admission) -> Result<(), NetError> {
+    // A fresh connection's send ring is empty: the send is taken.
+    rc.send(&admitted.proof, &[Dest::Connected])?;
+    Ok(())
+}
+
+/// Everything needed to (re)connect to the recovery service.
+pub(super) struct Reconnect {
+    pub(super) pd: Arc<ProtectionDomain>,
+    pub(super) key: Key,
+    pub(super) channel: u16,
+    pub(super) tags: bool,
+    pub(super) publisher: SocketAddr,
+    pub(super) local: IpAddr,
+    pub(super) opts: RcOptions,
+    pub(super) min_ns: u64,
+    pub(super) max_ns: u64,
+    pub(super) backoff_ns: u64,
+    /// Next look at connection management (attempt, handshake step, or
+    /// disconnect check).
+    pub(super) next_check: u64,
+}
+
+pub(super) fn recovery_qp(pd: &Arc<ProtectionDomain>) -> Result<PooledQp, NetError> {
+    Ok(PooledQp::new(
+        pd,
+        QpType::Rc,
+        PoolConfig {
+            recv_slots: 128,
+            recv_len: RC_MSG_LEN,
+            recv_batch: 16,
+            recv_low_water: 16,
+            send_slots: 32,
+            send_len: 256,
+            signal_every: 8,
+            dests_per_send: 1,
+            max_inline: INLINE_MAX,
+        },
+    )?)
+}

@@ -1,0 +1,511 @@
+//! [`McastSubscriber`]: one UD queue pair per line feeding the
+//! [`SubscriberState`], the recovery link ([`super::link`]) kept up with
+//! back-off, and the requests and status reports sent over it; with its I/O
+//! counters, [`SubscriberIoStats`].
+
+use std::net::{IpAddr, SocketAddr};
+
+use arrayvec::ArrayVec;
+use zerocopy::IntoBytes;
+
+use super::common::{
+    channel_of, now_ns, rc_options, warn_if_open, CM_CHECK_NS, CM_STEP_NS, CM_TIMEOUT,
+    CONNECT_TIMEOUT, INLINE_MAX,
+};
+use super::error::NetError;
+use super::link::{admit, recovery_qp, send_proof, Link, Reconnect};
+use crate::mcast::config::McastConfig;
+use crate::mcast::server::ClientHandshake;
+use crate::mcast::snapshot::{Handler, SnapshotSink};
+use crate::mcast::status::StatusReporter;
+use crate::mcast::subscriber::{Event, LinkWatch, SubscriberCounters, SubscriberState};
+use crate::mcast::wire::{Line, SubscriberStatus};
+use crate::verbs::cm::{self, McastMembership};
+use crate::verbs::{
+    Access, Context, Dest, Gid, PoolConfig, PooledQp, ProtectionDomain, QpType, StageError,
+};
+
+/// An idle subscriber polls its recovery connection's CQ once in this many
+/// turns (see [`McastSubscriber::poll`]).
+const IDLE_LINK_POLLS: u32 = 64;
+
+/// I/O counters of a subscriber (plain values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SubscriberIoStats {
+    /// Datagrams received on line A (before validation).
+    pub datagrams_a: u64,
+    /// Datagrams received on line B (before validation).
+    pub datagrams_b: u64,
+    /// RC messages received from the recovery service.
+    pub recovery_messages: u64,
+    /// Requests sent to the recovery service.
+    pub requests_sent: u64,
+    /// Requests dropped because the RC send ring was full (asked again on
+    /// timeout).
+    pub requests_dropped: u64,
+    /// Times the recovery connection was found dead (error completion or
+    /// disconnect).
+    pub connections_lost: u64,
+    /// Reconnections to the recovery service that succeeded.
+    pub reconnects: u64,
+    /// Reconnection attempts that failed (each followed by a longer wait).
+    pub reconnect_failures: u64,
+    /// Recovery connections dropped because [`DEAD_LINK_TIMEOUTS`] requests
+    /// in a row went unanswered (counted in `connections_lost` too).
+    ///
+    /// [`DEAD_LINK_TIMEOUTS`]: super::DEAD_LINK_TIMEOUTS
+    pub unanswered_links: u64,
+    /// Datagrams dropped unparsed because they came from another queue pair
+    /// or GID than the publisher announced over the recovery connection.
+    pub foreign_source_dropped: u64,
+    /// Reconnections whose admission failed (the publisher's proof was
+    /// wrong, or the two sides disagree on the channel or datagram tags).
+    pub auth_failures: u64,
+    /// Status reports sent to the publisher.
+    pub status_sent: u64,
+}
+
+struct LineRx {
+    line: Line,
+    qp: PooledQp,
+    membership: McastMembership,
+}
+
+/// A market-data subscriber for one channel. See the [module documentation](super).
+pub struct McastSubscriber {
+    state: SubscriberState,
+    lines: ArrayVec<LineRx, 2>,
+    /// The publisher's GID and UD queue pair, as its welcome announced:
+    /// datagrams from anyone else are dropped.
+    source: (Gid, u32),
+    link: Link,
+    reconnect: Reconnect,
+    stats: SubscriberIoStats,
+    /// The dead-link rule.
+    watch: LinkWatch,
+    /// Turns since the recovery connection's CQ was last polled.
+    idle_link_turns: u32,
+    /// When to report position and rate to the publisher.
+    status: StatusReporter,
+}
+
+impl std::fmt::Debug for McastSubscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McastSubscriber")
+            .field("phase", &self.state.phase())
+            .field("next_seq", &self.state.next_seq())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl McastSubscriber {
+    /// Opens the device owning `local`, joins the channel's line(s) with
+    /// receives posted, and connects to the recovery service at
+    /// `publisher`:`channel.port`, where it proves the shared secret and
+    /// learns the session and the source to accept datagrams from, waiting
+    /// for the connection (up to 10 s when the publisher does not answer).
+    /// [`start`](Self::start) does not wait.
+    pub fn new(
+        cfg: &McastConfig,
+        channel: u16,
+        local: IpAddr,
+        publisher: IpAddr,
+    ) -> Result<Self, NetError> {
+        let mut s = Self::join_lines(cfg, channel, local, publisher)?;
+        let publisher = s.reconnect.publisher;
+        let resolved = cm::resolve(publisher, Some(local), CM_TIMEOUT)?;
+        let mut rc = recovery_qp(&s.reconnect.pd)?;
+        let handshake =
+            ClientHandshake::new(s.reconnect.key.clone(), channel, cfg.auth.datagram_tag);
+        let (conn, welcome) = resolved.connect(
+            rc.qp(),
+            &s.reconnect.opts,
+            Access::LOCAL,
+            handshake.hello().as_bytes(),
+            CM_TIMEOUT,
+        )?;
+        let admitted = match admit(&handshake, &welcome, publisher) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = conn.disconnect();
+                return Err(e);
+            }
+        };
+        rc.post_receives()?;
+        send_proof(&mut rc, &admitted)?;
+        s.state.announce_session(now_ns(), admitted.session);
+        s.source = (Gid(admitted.gid), admitted.qpn);
+        s.link = Link::Up { rc, conn };
+        Ok(s)
+    }
+
+    /// As [`new`](Self::new) without waiting for the recovery service: the
+    /// lines are joined (on RoCE a local operation, no peer involved) and
+    /// multicast is received at once; the recovery connection starts down
+    /// and is made by [`poll`](Self::poll), with the same back-off as a
+    /// reconnect after a lost link (a publisher that is down costs the
+    /// caller nothing). Until it is up the subscriber behaves as after a
+    /// lost link: gaps cannot be recovered meanwhile.
+    pub fn start(
+        cfg: &McastConfig,
+        channel: u16,
+        local: IpAddr,
+        publisher: IpAddr,
+    ) -> Result<Self, NetError> {
+        let mut s = Self::join_lines(cfg, channel, local, publisher)?;
+        s.state.set_recovery_link(0, false);
+        Ok(s)
+    }
+
+    /// Everything but the recovery connection, which is left down.
+    fn join_lines(
+        cfg: &McastConfig,
+        channel: u16,
+        local: IpAddr,
+        publisher: IpAddr,
+    ) -> Result<Self, NetError> {
+        let ch = channel_of(cfg, channel)?;
+        warn_if_open(cfg, channel);
+        let ctx = Context::open_for_ip(local)?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let mut lines = ArrayVec::new();
+        for (line, group) in [(Line::A, Some(ch.line_a)), (Line::B, ch.line_b)] {
+            let Some(group) = group else { continue };
+            let m = McastMembership::join(local, group, false, CM_TIMEOUT)?;
+            cm::check_device(&ctx, m.device_name())?;
+            let mut qp = PooledQp::new(
+                &pd,
+                QpType::Ud,
+                PoolConfig {
+                    recv_slots: cfg.receive.depth,
+                    recv_len: cfg.max_datagram_payload,
+                    recv_batch: cfg.receive.replenish_batch,
+                    recv_low_water: cfg.receive.low_water,
+                    send_slots: 0,
+                    send_len: 0,
+                    signal_every: 1,
+                    dests_per_send: 1,
+                    max_inline: INLINE_MAX,
+                },
+            )?;
+            if lines
+                .first()
+                .is_some_and(|l: &LineRx| l.membership.mgid() == m.mgid())
+            {
+                return Err(NetError::LinesShareGroup {
+                    channel,
+                    mgid: m.mgid().to_string(),
+                });
+            }
+            qp.qp().activate_ud(m.port_num(), ch.qkey, 0)?;
+            m.attach(qp.qp())?;
+            qp.post_receives()?;
+            lines.push(LineRx {
+                line,
+                qp,
+                membership: m,
+            });
+        }
+        let publisher = SocketAddr::new(publisher, ch.port);
+        let key = cfg.recovery_key();
+        // Until a publisher's welcome names its source and session, every
+        // datagram counts as foreign and none is delivered.
+        let mut state = SubscriberState::new(cfg.subscriber(channel));
+        state.set_datagram_key(cfg.datagram_key());
+        Ok(McastSubscriber {
+            state,
+            lines,
+            source: (Gid::default(), 0),
+            link: Link::Down,
+            reconnect: Reconnect {
+                pd,
+                key,
+                channel,
+                tags: cfg.auth.datagram_tag,
+                publisher,
+                local,
+                opts: rc_options(cfg),
+                min_ns: cfg.recovery.reconnect_min_ns,
+                max_ns: cfg.recovery.reconnect_max_ns,
+                backoff_ns: cfg.recovery.reconnect_min_ns,
+                next_check: 0,
+            },
+            stats: SubscriberIoStats::default(),
+            watch: LinkWatch::new(cfg.recovery.dead_link_ns),
+            idle_link_turns: 0,
+            status: StatusReporter::new(cfg.recovery.status_interval_ns),
+        })
+    }
+
+    /// Each line's multicast GID, as its join returned it.
+    pub fn line_groups(&self) -> ArrayVec<(Line, crate::verbs::Gid), 2> {
+        self.lines
+            .iter()
+            .map(|l| (l.line, l.membership.mgid()))
+            .collect()
+    }
+    /// The protocol state.
+    pub fn state(&self) -> &SubscriberState {
+        &self.state
+    }
+    /// Protocol counters (gaps, recoveries, duplicates, ...).
+    pub fn counters(&self) -> SubscriberCounters {
+        self.state.counters()
+    }
+    /// I/O counters.
+    pub fn io_stats(&self) -> SubscriberIoStats {
+        self.stats
+    }
+    /// Closes the recovery connection (the publisher sees it go). A later
+    /// [`poll`](Self::poll) treats it as lost and reconnects.
+    pub fn disconnect(&self) -> Result<(), NetError> {
+        match &self.link {
+            Link::Up { conn, .. } => Ok(conn.disconnect()?),
+            _ => Ok(()),
+        }
+    }
+    /// Whether the recovery connection is up.
+    pub fn recovery_connected(&self) -> bool {
+        matches!(self.link, Link::Up { .. })
+    }
+    /// Next event (unrecoverable loss, resync, snapshot applied, ...).
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.state.poll_event()
+    }
+
+    /// Does all pending work once: takes received datagrams from every line
+    /// and recovery messages from RC into the state machine (delivering in
+    /// order to `app`), handles timers and sends the requests the state
+    /// machine asks for. Returns the valid datagrams (from the publisher,
+    /// of its session, well formed and tagged if tags are on) and recovery
+    /// messages taken: only those are a sign of life. Never blocks,
+    /// allocates or logs per message.
+    ///
+    /// A failing recovery connection is not an error here: it is reported
+    /// through [`Event::RecoveryLost`] and re-established in later polls.
+    /// Errors are the multicast receive side's only.
+    pub fn poll<A: Handler + SnapshotSink + ?Sized>(
+        &mut self,
+        now: u64,
+        app: &mut A,
+    ) -> Result<usize, NetError> {
+        let mut taken = 0;
+        let state = &mut self.state;
+        let (gid, qpn) = self.source;
+        let mut foreign = 0;
+        for l in &mut self.lines {
+            let line = l.line;
+            let r = l.qp.poll_recv_from(|src, bytes| {
+                if src.qpn != qpn || src.gid != gid {
+                    foreign += 1;
+                } else if state.on_datagram(now, line, bytes, app) {
+                    taken += 1;
+                }
+            })?;
+            if r.low {
+                state.receive_queue_low();
+            }
+            match line {
+                Line::A => self.stats.datagrams_a += r.received as u64,
+                Line::B => self.stats.datagrams_b += r.received as u64,
+            }
+        }
+        self.stats.foreign_source_dropped += foreign;
+        let mut link_ok = true;
+        // The recovery service only answers: its CQ is polled on every turn
+        // while an answer may be coming, otherwise on every
+        // IDLE_LINK_POLLS-th turn (for the error completions of a failed
+        // connection), so an idle subscriber's turn costs one CQ poll per line.
+        self.idle_link_turns += 1;
+        let poll_link = state.expects_recovery() || self.idle_link_turns >= IDLE_LINK_POLLS;
+        if let (true, Link::Up { rc, .. }) = (poll_link, &mut self.link) {
+            self.idle_link_turns = 0;
+            match rc.poll_recv(|bytes| state.on_recovery(now, bytes, app)) {
+                Ok(r) => {
+                    self.stats.recovery_messages += r.received as u64;
+                    taken += r.received;
+                }
+                Err(_) => link_ok = false,
+            }
+        }
+        if state.poll_timeout().is_some_and(|t| t <= now) {
+            state.handle_timeout(now, app);
+        }
+        // The dead-link rule (see LinkWatch).
+        let up = matches!(self.link, Link::Up { .. });
+        if self
+            .watch
+            .check(now, state, self.stats.recovery_messages, up)
+        {
+            self.stats.unanswered_links += 1;
+            link_ok = false;
+        }
+        if let Link::Up { rc, .. } = &mut self.link {
+            if self.status.due(now) {
+                let c = state.counters();
+                if let Some(st) = self.status.poll_transmit(
+                    now,
+                    self.reconnect.channel,
+                    state.session(),
+                    state.next_seq(),
+                    c.delivered,
+                    c.retransmit_requests,
+                ) {
+                    link_ok &= send_status(rc, &st, &mut self.stats).is_ok();
+                }
+            }
+            link_ok &= send_requests(rc, state, &mut self.stats).is_ok();
+        }
+        if !link_ok {
+            self.link_lost(now);
+        }
+        if now >= self.reconnect.next_check {
+            self.manage_link(now);
+        }
+        Ok(taken)
+    }
+
+    fn link_lost(&mut self, now: u64) {
+        self.link = Link::Down;
+        self.stats.connections_lost += 1;
+        self.state.set_recovery_link(now, false);
+        self.reconnect.backoff_ns = self.reconnect.min_ns;
+        self.reconnect.next_check = now + self.reconnect.min_ns;
+    }
+
+    fn reconnect_failed(&mut self, now: u64) {
+        self.link = Link::Down;
+        self.stats.reconnect_failures += 1;
+        let r = &mut self.reconnect;
+        r.next_check = now + r.backoff_ns;
+        r.backoff_ns = (r.backoff_ns * 2).min(r.max_ns);
+    }
+
+    /// Connection management, at most once per [`CM_CHECK_NS`] (more often
+    /// while a handshake is under way): disconnect check, reconnect
+    /// attempts with back-off, handshake steps. Nothing here waits.
+    fn manage_link(&mut self, now: u64) {
+        let r = &mut self.reconnect;
+        // The usual case, an established link, is checked in place: moving
+        // the link out and back would copy its queue pair's state twice.
+        if let Link::Up { conn, .. } = &self.link {
+            if conn.poll_disconnected().unwrap_or(true) {
+                return self.link_lost(now);
+            }
+            r.next_check = now + CM_CHECK_NS;
+            return;
+        }
+        match std::mem::replace(&mut self.link, Link::Down) {
+            // Handled above; put back as it was.
+            up @ Link::Up { .. } => self.link = up,
+            Link::Down => {
+                let started = recovery_qp(&r.pd).and_then(|rc| {
+                    let connecting =
+                        cm::start_connect(r.publisher, Some(r.local), CONNECT_TIMEOUT)?;
+                    Ok((rc, connecting))
+                });
+                match started {
+                    Ok((rc, connecting)) => {
+                        let handshake = ClientHandshake::new(r.key.clone(), r.channel, r.tags);
+                        self.link = Link::Connecting {
+                            rc,
+                            connecting,
+                            handshake,
+                        };
+                        r.next_check = now + CM_STEP_NS;
+                    }
+                    Err(_) => self.reconnect_failed(now),
+                }
+            }
+            Link::Connecting {
+                mut rc,
+                connecting,
+                handshake,
+            } => match connecting.poll(
+                rc.qp(),
+                &r.opts,
+                Access::LOCAL,
+                handshake.hello().as_bytes(),
+            ) {
+                Ok(cm::ConnectProgress::Pending(connecting)) => {
+                    self.link = Link::Connecting {
+                        rc,
+                        connecting,
+                        handshake,
+                    };
+                    r.next_check = now + CM_STEP_NS;
+                }
+                Ok(cm::ConnectProgress::Done(conn, welcome)) => {
+                    let admitted = match admit(&handshake, &welcome, r.publisher) {
+                        Ok(a) => a,
+                        Err(_) => {
+                            let _ = conn.disconnect();
+                            self.stats.auth_failures += 1;
+                            return self.reconnect_failed(now);
+                        }
+                    };
+                    if rc.post_receives().is_err() || send_proof(&mut rc, &admitted).is_err() {
+                        return self.reconnect_failed(now);
+                    }
+                    self.link = Link::Up { rc, conn };
+                    self.source = (Gid(admitted.gid), admitted.qpn);
+                    self.stats.reconnects += 1;
+                    r.backoff_ns = r.min_ns;
+                    r.next_check = now + CM_CHECK_NS;
+                    // A restarted publisher announces its new session here
+                    // (reset and resync); the same one changes nothing.
+                    self.state.announce_session(now, admitted.session);
+                    self.state.set_recovery_link(now, true);
+                }
+                Err(_) => self.reconnect_failed(now),
+            },
+        }
+    }
+}
+
+/// Sends a status report over the recovery connection (dropped, counted,
+/// if the send ring is full: the next one follows within an interval).
+fn send_status(
+    rc: &mut PooledQp,
+    st: &SubscriberStatus,
+    stats: &mut SubscriberIoStats,
+) -> Result<(), NetError> {
+    if rc
+        .stage_with(SubscriberStatus::LEN, |buf| st.encode(buf).unwrap_or(0))
+        .is_ok()
+    {
+        stats.status_sent += 1;
+        rc.post_staged(&[Dest::Connected])?;
+    } else {
+        stats.requests_dropped += 1;
+    }
+    Ok(())
+}
+
+/// Sends what the state machine asks for over the recovery connection.
+fn send_requests(
+    rc: &mut PooledQp,
+    state: &mut SubscriberState,
+    stats: &mut SubscriberIoStats,
+) -> Result<(), NetError> {
+    let mut staged = false;
+    while let Some(req) = state.poll_transmit() {
+        let mut res = rc.stage_with(64, |buf| req.encode(buf).unwrap_or(0));
+        if res == Err(StageError::RingFull) {
+            rc.poll_send()?;
+            res = rc.stage_with(64, |buf| req.encode(buf).unwrap_or(0));
+        }
+        if res.is_ok() {
+            staged = true;
+            stats.requests_sent += 1;
+        } else {
+            stats.requests_dropped += 1;
+        }
+    }
+    if staged {
+        rc.post_staged(&[Dest::Connected])?;
+    }
+    rc.reclaim()?;
+    Ok(())
+}
