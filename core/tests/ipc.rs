@@ -147,11 +147,14 @@ fn a_killed_publisher_not_yet_reaped_is_gone() {
     let t = Instant::now();
     let mut got = 0u64;
     while got == 0 {
-        s.poll(64, |e| {
-            if let IpcEvent::Message(_) = e {
-                got += 1
-            }
-        });
+        s.poll(
+            |e| {
+                if let IpcEvent::Message(_) = e {
+                    got += 1
+                }
+            },
+            64,
+        );
         assert!(t.elapsed() < Duration::from_secs(60), "never connected");
     }
     kid.0.kill().unwrap();
@@ -159,11 +162,14 @@ fn a_killed_publisher_not_yet_reaped_is_gone() {
     let t = Instant::now();
     let mut gone = None;
     while gone.is_none() {
-        s.poll(64, |e| match e {
-            IpcEvent::PublisherGone { clean } => gone = Some(clean),
-            IpcEvent::Message(_) => {}
-            other => panic!("{other:?}"),
-        });
+        s.poll(
+            |e| match e {
+                IpcEvent::PublisherGone { clean } => gone = Some(clean),
+                IpcEvent::Message(_) => {}
+                other => panic!("{other:?}"),
+            },
+            64,
+        );
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "the dead (zombie) publisher was never noticed"

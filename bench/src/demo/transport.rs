@@ -61,40 +61,45 @@ impl IpcChannel {
             sub,
             counts,
         } = self;
-        sub.poll(64, |ev| match ev {
-            IpcEvent::Message(m) => {
-                counts.messages += 1;
-                if m.msg_type == MSG_TYPE {
-                    view.on_message(counts.messages, m.payload);
-                } else {
-                    view.on_foreign();
+        sub.poll(
+            |ev| match ev {
+                IpcEvent::Message(m) => {
+                    counts.messages += 1;
+                    if m.msg_type == MSG_TYPE {
+                        view.on_message(counts.messages, m.payload);
+                    } else {
+                        view.on_foreign();
+                    }
                 }
-            }
-            IpcEvent::Dropped { skipped_bytes } => {
-                counts.dropped += 1;
-                view.on_loss();
-                eprintln!(
+                IpcEvent::Dropped { skipped_bytes } => {
+                    counts.dropped += 1;
+                    view.on_loss();
+                    eprintln!(
                     "sample-engine: stream {stream}: fell a ring behind, {skipped_bytes} bytes of \
                      market data lost; continuing from the newest"
                 );
-            }
-            IpcEvent::Corrupt(why) => {
-                counts.corrupt += 1;
-                view.on_loss();
-                eprintln!("sample-engine: stream {stream}: {why}; rejoining");
-            }
-            IpcEvent::PublisherGone { clean } => {
-                counts.publisher_gone += 1;
-                view.on_loss();
-                eprintln!(
-                    "sample-engine: stream {stream}: the feed handler {}; waiting for it",
-                    if clean { "closed it" } else { "died" }
-                );
-            }
-            IpcEvent::Connected { publisher_pid, .. } => {
-                eprintln!("sample-engine: stream {stream}: joined feed handler pid {publisher_pid}")
-            }
-        })
+                }
+                IpcEvent::Corrupt(why) => {
+                    counts.corrupt += 1;
+                    view.on_loss();
+                    eprintln!("sample-engine: stream {stream}: {why}; rejoining");
+                }
+                IpcEvent::PublisherGone { clean } => {
+                    counts.publisher_gone += 1;
+                    view.on_loss();
+                    eprintln!(
+                        "sample-engine: stream {stream}: the feed handler {}; waiting for it",
+                        if clean { "closed it" } else { "died" }
+                    );
+                }
+                IpcEvent::Connected { publisher_pid, .. } => {
+                    eprintln!(
+                        "sample-engine: stream {stream}: joined feed handler pid {publisher_pid}"
+                    )
+                }
+            },
+            64,
+        )
     }
 }
 
@@ -127,7 +132,7 @@ impl MdSubscribers {
         loop {
             for c in chans.iter_mut().filter(|c| !c.sub.is_connected()) {
                 // A limit of 0 joins without taking a message.
-                c.sub.poll(0, |_| {});
+                c.sub.poll(|_| {}, 0);
             }
             let Some(missing) = chans.iter().find(|c| !c.sub.is_connected()) else {
                 return Ok(());
