@@ -71,6 +71,7 @@
 #![deny(unsafe_code)]
 
 pub mod auth;
+pub mod clock;
 pub mod counters;
 pub mod idle;
 pub mod ipc;

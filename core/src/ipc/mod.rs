@@ -86,7 +86,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::mcast::now_ns;
+use crate::clock::now_ns;
 
 /// Message type reserved for padding frames.
 pub const PAD_TYPE: u16 = 0xFFFF;

@@ -435,6 +435,14 @@ pub struct McastConfig {
     /// detects the loss of the last datagram of a burst.
     #[serde(default = "default_heartbeat")]
     pub heartbeat_interval_ns: u64,
+    /// Longest a blocking set-up step may take, milliseconds: joining a
+    /// line through rdma_cm, and [`McastSubscriber::new`]'s wait for the
+    /// recovery connection ([`McastSubscriber::start`] does not wait).
+    ///
+    /// [`McastSubscriber::new`]: crate::mcast::McastSubscriber::new
+    /// [`McastSubscriber::start`]: crate::mcast::McastSubscriber::start
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_ms: u64,
     /// Receive queues.
     #[serde(default)]
     pub receive: ReceiveConfig,
@@ -468,6 +476,10 @@ fn default_history() -> usize {
 }
 fn default_heartbeat() -> u64 {
     1_000_000
+}
+
+fn default_connect_timeout() -> u64 {
+    10_000
 }
 
 impl McastConfig {
@@ -538,6 +550,9 @@ impl McastConfig {
         }
         if self.heartbeat_interval_ns == 0 {
             return Err(invalid("heartbeat_interval_ns", "must be greater than 0"));
+        }
+        if self.connect_timeout_ms == 0 {
+            return Err(invalid("connect_timeout_ms", "must be greater than 0"));
         }
         if self.recovery.rc_timeout > 31 {
             return Err(invalid("recovery.rc_timeout", "must be within 0..=31"));
@@ -712,6 +727,11 @@ impl McastConfig {
             history_depth: self.history_depth,
             max_message_bytes: self.max_message_bytes,
         }
+    }
+
+    /// [`connect_timeout_ms`](Self::connect_timeout_ms) as a duration.
+    pub fn connect_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.connect_timeout_ms)
     }
 
     /// Subscriber parameters for `channel`.

@@ -4,8 +4,7 @@
 //! nothing else in this folder but [`super::error`].
 
 use std::net::IpAddr;
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::error::NetError;
 use crate::mcast::config::{ChannelConfig, McastConfig};
@@ -24,7 +23,6 @@ pub const SNAPSHOT_CHUNK: usize = RC_MSG_LEN - wire::snapshot_chunk_len(0);
 /// 220 B fits every RoCE device's UD and RC inline limit, as in the orders path.
 pub const INLINE_MAX: u32 = 220;
 
-pub(super) const CM_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a recovery connection may take to set up, across polls.
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the publisher keeps an accepted connection waiting for
@@ -43,12 +41,7 @@ pub const CM_CHECK_NS: u64 = 1_000_000;
 /// waits little.
 pub(super) const CM_STEP_NS: u64 = 50_000;
 
-/// Nanoseconds on a process-wide monotonic clock, the `now` the state
-/// machines take.
-pub fn now_ns() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
+pub use crate::clock::now_ns;
 
 pub(super) fn channel_of(cfg: &McastConfig, channel: u16) -> Result<&ChannelConfig, NetError> {
     let ch = cfg.channel(channel).ok_or(NetError::NoChannel(channel))?;

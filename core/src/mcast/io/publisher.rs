@@ -8,8 +8,8 @@ use std::net::{IpAddr, SocketAddr};
 use arrayvec::ArrayVec;
 
 use super::common::{
-    channel_of, gid_of, server_rc_options, warn_if_open, CM_CHECK_NS, CM_STEP_NS, CM_TIMEOUT,
-    INLINE_MAX, PENDING_TIMEOUT, RC_MSG_LEN, SNAPSHOT_CHUNK,
+    channel_of, gid_of, server_rc_options, warn_if_open, CM_CHECK_NS, CM_STEP_NS, INLINE_MAX,
+    PENDING_TIMEOUT, RC_MSG_LEN, SNAPSHOT_CHUNK,
 };
 use super::error::{NetError, PublishError};
 use super::recovery::{send_answers, RecoveryIo};
@@ -156,7 +156,7 @@ impl McastPublisher {
         )?;
         let mut lines = ArrayVec::new();
         for group in std::iter::once(ch.line_a).chain(ch.line_b) {
-            let m = McastMembership::join(local, group, false, CM_TIMEOUT)?;
+            let m = McastMembership::join(local, group, false, cfg.connect_timeout())?;
             cm::check_device(&ctx, m.device_name())?;
             if lines.is_empty() {
                 ud.qp().activate_ud(m.port_num(), ch.qkey, 0)?;

@@ -9,8 +9,8 @@ use arrayvec::ArrayVec;
 use zerocopy::IntoBytes;
 
 use super::common::{
-    channel_of, now_ns, rc_options, warn_if_open, CM_CHECK_NS, CM_STEP_NS, CM_TIMEOUT,
-    CONNECT_TIMEOUT, INLINE_MAX,
+    channel_of, now_ns, rc_options, warn_if_open, CM_CHECK_NS, CM_STEP_NS, CONNECT_TIMEOUT,
+    INLINE_MAX,
 };
 use super::error::NetError;
 use super::link::{admit, recovery_qp, send_proof, Link, Reconnect};
@@ -104,7 +104,8 @@ impl McastSubscriber {
     /// receives posted, and connects to the recovery service at
     /// `publisher`:`channel.port`, where it proves the shared secret and
     /// learns the session and the source to accept datagrams from, waiting
-    /// for the connection (up to 10 s when the publisher does not answer).
+    /// for the connection (up to `connect_timeout_ms` when the publisher
+    /// does not answer).
     /// [`start`](Self::start) does not wait.
     pub fn new(
         cfg: &McastConfig,
@@ -114,7 +115,7 @@ impl McastSubscriber {
     ) -> Result<Self, NetError> {
         let mut s = Self::join_lines(cfg, channel, local, publisher)?;
         let publisher = s.reconnect.publisher;
-        let resolved = cm::resolve(publisher, Some(local), CM_TIMEOUT)?;
+        let resolved = cm::resolve(publisher, Some(local), cfg.connect_timeout())?;
         let mut rc = recovery_qp(&s.reconnect.pd)?;
         let handshake =
             ClientHandshake::new(s.reconnect.key.clone(), channel, cfg.auth.datagram_tag);
@@ -123,7 +124,7 @@ impl McastSubscriber {
             &s.reconnect.opts,
             Access::LOCAL,
             handshake.hello().as_bytes(),
-            CM_TIMEOUT,
+            cfg.connect_timeout(),
         )?;
         let admitted = match admit(&handshake, &welcome, publisher) {
             Ok(a) => a,
@@ -172,7 +173,7 @@ impl McastSubscriber {
         let mut lines = ArrayVec::new();
         for (line, group) in [(Line::A, Some(ch.line_a)), (Line::B, ch.line_b)] {
             let Some(group) = group else { continue };
-            let m = McastMembership::join(local, group, false, CM_TIMEOUT)?;
+            let m = McastMembership::join(local, group, false, cfg.connect_timeout())?;
             cm::check_device(&ctx, m.device_name())?;
             let mut qp = PooledQp::new(
                 &pd,
