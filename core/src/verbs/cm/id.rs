@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Largest private data we accept or send (the REP limit; a REQ carries at
-/// most 56 bytes, which [`connect`](Resolved::connect) checks).
+/// most 56 bytes, which [`connect`](super::Resolved::connect) checks).
 pub const MAX_PRIVATE_DATA: usize = 196;
 /// Private data a connect request can carry on RoCE/IB (REQ).
 pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;

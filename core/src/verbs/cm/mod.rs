@@ -3,7 +3,7 @@
 //!
 //! Queue pairs are created by the caller on the device the id resolved to
 //! and driven through INIT/RTR/RTS here with the attributes rdma_cm computes
-//! (`rdma_init_qp_attr`), overridden by [`RcOptions`] where the user asks, so
+//! (`rdma_init_qp_attr`), overridden by [`RcOptions`](crate::verbs::RcOptions) where the user asks, so
 //! every RC knob stays in our hands (rdma_cm's own QPs hide most of them).
 //!
 //! `id` holds the rdma_cm ids and events the others build on; `listen` is
