@@ -155,7 +155,7 @@ fn one(cfg: &McastConfig, ip: IpAddr, subs: usize, args: &FanoutArgs) -> Result<
         handles.push(std::thread::spawn(move || -> Result<(u64, u64)> {
             let t0 = Instant::now();
             let mut s = loop {
-                match MdSubscriber::new(&cfg, 1, ip, ip) {
+                match MdSubscriber::connect(&cfg, 1, ip, ip) {
                     Ok(s) => break s,
                     Err(e) if t0.elapsed() > Duration::from_secs(60) => {
                         return Err(e).context("subscriber")

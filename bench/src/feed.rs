@@ -249,7 +249,7 @@ pub fn run(a: &FeedE2eArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     pin(&a.cores, 1);
     let mut sub = loop {
-        match McastSubscriber::new(&cfg, 1, ip, ip) {
+        match McastSubscriber::connect(&cfg, 1, ip, ip) {
             Ok(s) => break s,
             Err(e) if t0.elapsed() < Duration::from_secs(30) => {
                 eprintln!("waiting for the feed handler's publisher: {e}");

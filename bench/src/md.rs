@@ -333,7 +333,7 @@ impl SnapshotSink for Pong {
 fn subscribe(cfg: &McastConfig, channel: u16, ip: IpAddr) -> Result<McastSubscriber> {
     let t = std::time::Instant::now();
     loop {
-        match McastSubscriber::new(cfg, channel, ip, ip) {
+        match McastSubscriber::connect(cfg, channel, ip, ip) {
             Ok(s) => return Ok(s),
             Err(e) if t.elapsed() > Duration::from_secs(20) => return Err(e.into()),
             Err(_) => std::thread::sleep(Duration::from_millis(100)),

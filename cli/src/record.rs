@@ -123,7 +123,7 @@ pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
     for &id in &ids {
         let mut said = false;
         let sub = loop {
-            match McastSubscriber::new(&cfg, id, args.local, args.publisher) {
+            match McastSubscriber::connect(&cfg, id, args.local, args.publisher) {
                 Ok(s) => break s,
                 Err(e) => {
                     // ORDERING: Relaxed: a flag with no data attached.

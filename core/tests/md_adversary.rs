@@ -136,7 +136,7 @@ fn publisher_thread(
 fn subscribe(cfg: &McastConfig, ip: IpAddr) -> McastSubscriber {
     let t0 = Instant::now();
     loop {
-        match McastSubscriber::new(cfg, CHANNEL, ip, ip) {
+        match McastSubscriber::connect(cfg, CHANNEL, ip, ip) {
             Ok(s) => return s,
             Err(e) => {
                 assert!(t0.elapsed() < Duration::from_secs(30), "subscriber: {e}");
@@ -345,7 +345,7 @@ fn rdma_mdsec_tagged_datagrams_flow_and_mismatched_tag_setting_is_refused() {
     // A subscriber without tags is refused at connect, with the reason.
     let mut untagged = tagged.clone();
     untagged.auth.datagram_tag = false;
-    match McastSubscriber::new(&untagged, CHANNEL, ip, ip) {
+    match McastSubscriber::connect(&untagged, CHANNEL, ip, ip) {
         Err(e @ NetError::Verbs(_)) => eprintln!("refused as expected: {e}"),
         other => panic!("an untagged subscriber was admitted: {other:?}"),
     }
@@ -559,7 +559,7 @@ fn rdma_mdsec_replayed_recovery_handshake_fails() {
     // The wrong secret: the subscriber refuses the publisher's proof.
     let mut wrong = cfg.clone();
     wrong.auth.secret = "guess".into();
-    match McastSubscriber::new(&wrong, CHANNEL, ip, ip) {
+    match McastSubscriber::connect(&wrong, CHANNEL, ip, ip) {
         Err(NetError::Admission { .. }) => {}
         other => panic!("admitted with the wrong secret: {other:?}"),
     }

@@ -293,7 +293,7 @@ fn run_subscriber(
 ) -> SubResult {
     let t0 = Instant::now();
     let mut s = loop {
-        match McastSubscriber::new(cfg, 7, ip, publisher) {
+        match McastSubscriber::connect(cfg, 7, ip, publisher) {
             Ok(s) => break s,
             Err(e) => {
                 assert!(t0.elapsed() < Duration::from_secs(90), "subscriber: {e}");
@@ -575,7 +575,7 @@ fn follow(
 ) -> (McastSubscriber, Book, Vec<Event>) {
     let t0 = Instant::now();
     let mut s = loop {
-        match McastSubscriber::new(cfg, 7, ip, ip) {
+        match McastSubscriber::connect(cfg, 7, ip, ip) {
             Ok(s) => break s,
             Err(e) => {
                 assert!(t0.elapsed() < Duration::from_secs(30), "subscriber: {e}");
@@ -1315,7 +1315,7 @@ fn rdma_md_three_hosts_stopped_subscriber_reported_lagging() {
         _ => {
             let t0 = Instant::now();
             let mut s = loop {
-                match McastSubscriber::new(&cfg, 7, local_ip(), peer_ip()) {
+                match McastSubscriber::connect(&cfg, 7, local_ip(), peer_ip()) {
                     Ok(s) => break s,
                     Err(e) => {
                         assert!(t0.elapsed() < Duration::from_secs(90), "subscriber: {e}");
@@ -1496,7 +1496,7 @@ fn rdma_md_two_hosts_loss1pct_large_messages_intact_in_order() {
     }
     let t0 = Instant::now();
     let mut s = loop {
-        match McastSubscriber::new(&cfg, 7, local_ip(), peer_ip()) {
+        match McastSubscriber::connect(&cfg, 7, local_ip(), peer_ip()) {
             Ok(s) => break s,
             Err(e) => {
                 assert!(t0.elapsed() < Duration::from_secs(30), "subscriber: {e}");
@@ -1624,7 +1624,7 @@ fn rdma_md_gap_tolerant_delivers_past_an_unrepairable_hole() {
     let strict = std::thread::spawn(move || follow(&cfg, ip, TOTAL, |_, _| {}));
     let t0 = Instant::now();
     let mut s = loop {
-        match McastSubscriber::new(&tolerant_cfg, 7, ip, ip) {
+        match McastSubscriber::connect(&tolerant_cfg, 7, ip, ip) {
             Ok(s) => break s,
             Err(e) => {
                 assert!(t0.elapsed() < Duration::from_secs(30), "subscriber: {e}");

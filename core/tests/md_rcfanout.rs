@@ -166,7 +166,7 @@ port = {port}
 fn connect(cfg: &McastConfig, ip: IpAddr) -> MdSubscriber {
     let t0 = Instant::now();
     loop {
-        match MdSubscriber::new(cfg, CHANNEL, ip, ip) {
+        match MdSubscriber::connect(cfg, CHANNEL, ip, ip) {
             Ok(s) => return s,
             Err(e) => {
                 assert!(t0.elapsed() < Duration::from_secs(60), "subscriber: {e}");
@@ -440,7 +440,7 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
     // The stalled one connects first and then takes nothing at all.
     let t0 = Instant::now();
     let mut stalled = loop {
-        match RcFanoutSubscriber::new(&cfg, CHANNEL, ip, ip) {
+        match RcFanoutSubscriber::connect(&cfg, CHANNEL, ip, ip) {
             Ok(s) => break s,
             Err(e) => {
                 assert!(t0.elapsed() < Duration::from_secs(60), "subscriber: {e}");
@@ -452,7 +452,7 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
     let healthy = std::thread::spawn(move || {
         let t0 = Instant::now();
         let mut s = loop {
-            match RcFanoutSubscriber::new(&healthy_cfg, CHANNEL, ip, ip) {
+            match RcFanoutSubscriber::connect(&healthy_cfg, CHANNEL, ip, ip) {
                 Ok(s) => break s,
                 Err(e) => {
                     assert!(t0.elapsed() < Duration::from_secs(60), "subscriber: {e}");
@@ -541,4 +541,103 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
     assert_eq!(sbook.order_errors, 0);
     assert!(sbook.count > 0 && sbook.count < total, "{}", sbook.count);
     assert!(sevents.contains(&Event::RecoveryLost), "{sevents:?}");
+}
+
+/// A subscriber made before its publisher exists: `new` returns at once,
+/// unconnected, and its polls keep trying (counted failures, no error);
+/// once the publisher is up they connect (`RecoveryRestored`) and deliver
+/// the stream. A connection closed in mid-stream is made again by the
+/// polls that follow, and what was sent meanwhile arrives (replayed or by
+/// snapshot): the final state equals the publisher's.
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_md_rc_fanout_subscriber_never_waits_and_reconnects() {
+    let total = 20_000;
+    let mut cfg = config(7814, 1 << 20, 2_000_000_000);
+    cfg.recovery.reconnect_min_ns = 1_000_000;
+    cfg.recovery.reconnect_max_ns = 50_000_000;
+    let ip = local_ip();
+    let t0 = Instant::now();
+    let mut s = MdSubscriber::new(&cfg, CHANNEL, ip, ip).expect("subscriber");
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "new waited {:?}",
+        t0.elapsed()
+    );
+    assert!(!s.connected());
+    let mut book = Book::new();
+    let mut events = Vec::new();
+    // Nobody listens yet: polls return nothing and fail no call.
+    let t1 = Instant::now();
+    while t1.elapsed() < Duration::from_millis(300) {
+        assert_eq!(s.poll(now_ns(), &mut book).expect("poll"), 0);
+        while let Some(e) = s.poll_event() {
+            events.push(e);
+        }
+    }
+    let MdSubscriber::Rc(rc) = &s else {
+        panic!("transport = rc picks RC")
+    };
+    let before = rc.io_stats();
+    assert!(
+        before.reconnect_failures > 0 && before.reconnects == 0,
+        "{before:?}"
+    );
+    assert!(!s.connected());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (pcfg, pstop) = (cfg.clone(), stop.clone());
+    let publisher = std::thread::spawn(move || {
+        let mut p = MdPublisher::new(&pcfg, CHANNEL, now_ns() + 1, ip).expect("publisher");
+        let mut book = Book::new();
+        wait_connections(&mut p, &book, 1);
+        publish_range(&mut p, &mut book, 1, total, 16, Duration::from_micros(200));
+        serve_until(&mut p, &book, &pstop, Duration::from_secs(120));
+        (book, p)
+    });
+    let mut closed = false;
+    let t2 = Instant::now();
+    while !(book.last_seq == total && s.state().phase() == Phase::Live) {
+        s.poll(now_ns(), &mut book).expect("poll");
+        while let Some(e) = s.poll_event() {
+            events.push(e);
+        }
+        if !closed && book.last_seq >= 3_000 {
+            // Closed by us in mid-stream: the next polls connect again.
+            s.disconnect();
+            assert!(!s.connected());
+            closed = true;
+        }
+        assert!(
+            t2.elapsed() < Duration::from_secs(120),
+            "delivered up to {} of {total}: {:?} events {events:?}",
+            book.last_seq,
+            s.counters()
+        );
+    }
+    let MdSubscriber::Rc(rc) = &s else {
+        unreachable!()
+    };
+    let st = rc.io_stats();
+    let c = s.counters();
+    stop.store(true, Ordering::Release);
+    let (pbook, p) = publisher.join().unwrap();
+    eprintln!("subscriber: {c:?} {st:?} events {events:?}");
+    let MdPublisher::Rc(p) = p else {
+        unreachable!()
+    };
+    eprintln!("publisher: {:?}", p.stats());
+    assert!(closed);
+    assert_eq!(book.order_errors, 0, "out-of-order or corrupt delivery");
+    assert_eq!(book.digest(), pbook.digest(), "final state differs");
+    assert_eq!(
+        st.reconnects, 2,
+        "the first connect and one after the close: {st:?}"
+    );
+    let restored = events
+        .iter()
+        .filter(|e| **e == Event::RecoveryRestored)
+        .count();
+    assert_eq!(restored, 2, "{events:?}");
+    assert!(events.contains(&Event::RecoveryLost), "{events:?}");
+    assert_eq!(p.stats().subscribers_joined, 2, "{:?}", p.stats());
 }

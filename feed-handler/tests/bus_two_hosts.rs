@@ -105,7 +105,7 @@ fn exchange_and_subscribers(plan: &Plan, mode: Mode) {
     let mut subs: Vec<McastSubscriber> = Vec::new();
     for ch in &cfg.channels {
         subs.push(loop {
-            match McastSubscriber::new(&cfg, ch.id, local, peer) {
+            match McastSubscriber::connect(&cfg, ch.id, local, peer) {
                 Ok(s) => break s,
                 Err(e) => {
                     assert!(

@@ -716,15 +716,15 @@ impl BusMarketData {
     /// subscribed. Failures are logged and retried by `poll`. For tests and tools: the
     /// gateway uses [`start`](Self::start).
     pub fn connect(&mut self) -> usize {
-        self.subscribe(McastSubscriber::new)
+        self.subscribe(McastSubscriber::connect)
     }
 
     /// Subscribes the channels not subscribed yet without waiting on the feed handler: the
     /// multicast lines are joined now, each recovery connection is made by later polls
-    /// ([`McastSubscriber::start`]); returns how many are subscribed. This is what the
+    /// ([`McastSubscriber::new`]); returns how many are subscribed. This is what the
     /// service's reconnects use, so a feed handler that is down never holds the order loop.
     pub fn start(&mut self) -> usize {
-        self.subscribe(McastSubscriber::start)
+        self.subscribe(McastSubscriber::new)
     }
 
     fn subscribe(

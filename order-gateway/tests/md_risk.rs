@@ -630,7 +630,7 @@ fn forged_bus_datagrams_lift_no_halt_move_no_collar_and_keep_nothing_fresh() {
     };
     use RejectReason::*;
     // What a sniffer learns: the session (here from a subscriber of our own).
-    let mut spy = rocebus::mcast::McastSubscriber::new(&cfg, CHANNEL, ip, ip).expect("spy");
+    let mut spy = rocebus::mcast::McastSubscriber::connect(&cfg, CHANNEL, ip, ip).expect("spy");
     let session = spy.state().session();
 
     let mut msgs = status(1, "AAPL", b'T');

@@ -143,7 +143,7 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
                 let s = retry(
                     &format!("subscribe to market-data channel {ch} (publisher {publisher})"),
                     connect_timeout,
-                    || McastSubscriber::new(&md_cfg, ch, local, publisher),
+                    || McastSubscriber::connect(&md_cfg, ch, local, publisher),
                 )?;
                 subs.push(s);
             }

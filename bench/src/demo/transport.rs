@@ -123,7 +123,7 @@ impl MdSubscribers {
 
     /// Shared memory only: waits until every stream is joined (the feed handler creates
     /// them at its start), so the engine is subscribed before it says it is ready, as it is
-    /// once `McastSubscriber::new` returns on the bus.
+    /// once `McastSubscriber::connect` returns on the bus.
     pub(super) fn wait_connected(&mut self, timeout: Duration) -> anyhow::Result<()> {
         let MdSubscribers::Ipc(chans) = self else {
             return Ok(());

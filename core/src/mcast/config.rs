@@ -435,12 +435,13 @@ pub struct McastConfig {
     /// detects the loss of the last datagram of a burst.
     #[serde(default = "default_heartbeat")]
     pub heartbeat_interval_ns: u64,
-    /// Longest a blocking set-up step may take, milliseconds: joining a
-    /// line through rdma_cm, and [`McastSubscriber::new`]'s wait for the
-    /// recovery connection ([`McastSubscriber::start`] does not wait).
+    /// Longest a set-up step may take, milliseconds: joining a line through
+    /// rdma_cm, each attempt to make the recovery connection (the
+    /// non-blocking ones [`McastSubscriber::new`] and a reconnect make
+    /// across polls, and [`McastSubscriber::connect`]'s wait).
     ///
+    /// [`McastSubscriber::connect`]: crate::mcast::McastSubscriber::connect
     /// [`McastSubscriber::new`]: crate::mcast::McastSubscriber::new
-    /// [`McastSubscriber::start`]: crate::mcast::McastSubscriber::start
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_ms: u64,
     /// Receive queues.

@@ -39,8 +39,8 @@
 //! full for `rc_fanout.slow_subscriber_ns` (it took nothing that long), or
 //! when it fell so far behind that the history no longer holds the datagram
 //! it needs next. A dropped subscriber sees [`Event::RecoveryLost`] and
-//! [`RcFanoutSubscriber::connected`] turn false; a new subscriber rejoins
-//! through a snapshot.
+//! [`RcFanoutSubscriber::connected`] turn false; its later polls connect
+//! again, as a new subscriber that rejoins through a replay or a snapshot.
 //!
 //! What this module must not do: touch multicast, decide sequencing (that
 //! is [`PublisherState`]'s and [`SubscriberState`]'s), allocate per message,
@@ -63,7 +63,9 @@ use super::wire::{
     self, Line, RecoveryHeader, RecoveryMsg, RetransmitRequest, FLAG_DATAGRAM_TAG,
     RECOVERY_HEADER_LEN,
 };
-use crate::orders::{Connection, OfferError, OrdersConfig, OrdersError, OrdersListener};
+use crate::orders::{
+    ConnectProgress, Connecting, Connection, OfferError, OrdersConfig, OrdersError, OrdersListener,
+};
 use crate::ring::frame::frame_len;
 use crate::verbs::RcOptions;
 
@@ -85,8 +87,9 @@ pub const WELCOME_MAGIC: u32 = u32::from_le_bytes(*b"RBF1");
 const POLL_LIMIT: usize = 64;
 /// How often the publisher looks for new connections (a system call).
 const CM_CHECK_NS: u64 = 1_000_000;
-/// The same while a handshake is under way.
-const CM_STEP_NS: u64 = 50_000;
+/// The same while a handshake is under way (the publisher's accepts, a
+/// subscriber's connect).
+pub const CM_STEP_NS: u64 = 50_000;
 /// Events kept for [`RcFanoutPublisher::poll_event`]; older ones are dropped (counted).
 const MAX_EVENTS: usize = 256;
 
@@ -120,8 +123,10 @@ pub fn max_frame_payload(max_datagram_payload: usize) -> usize {
 /// ring_size = 1048576            # each subscriber's ring (power of two)
 /// slow_subscriber_ns = 1000000000 # a ring full this long: the subscriber is dropped
 /// max_subscribers = 32
-/// connect_timeout_ms = 5000
 /// ```
+///
+/// Connection set-up is bounded by the top-level `connect_timeout_ms`, as
+/// on multicast.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RcFanoutConfig {
@@ -132,9 +137,6 @@ pub struct RcFanoutConfig {
     pub slow_subscriber_ns: u64,
     /// Subscribers at once; one more is refused (disconnected, counted).
     pub max_subscribers: usize,
-    /// Connection set-up timeout (the subscriber's connect; the
-    /// publisher's pending handshakes).
-    pub connect_timeout_ms: u64,
 }
 
 impl Default for RcFanoutConfig {
@@ -143,7 +145,6 @@ impl Default for RcFanoutConfig {
             ring_size: 1 << 20,
             slow_subscriber_ns: 1_000_000_000,
             max_subscribers: 32,
-            connect_timeout_ms: 5000,
         }
     }
 }
@@ -175,9 +176,6 @@ impl RcFanoutConfig {
         if !(1..=1024).contains(&self.max_subscribers) {
             return Err(bad("max_subscribers", "must be within 1..=1024".into()));
         }
-        if self.connect_timeout_ms == 0 {
-            return Err(bad("connect_timeout_ms", "must be greater than 0".into()));
-        }
         Ok(())
     }
 }
@@ -195,7 +193,7 @@ fn orders_config(cfg: &McastConfig) -> OrdersConfig {
             timeout: cfg.recovery.rc_timeout,
             ..RcOptions::default()
         },
-        connect_timeout_ms: f.connect_timeout_ms,
+        connect_timeout_ms: cfg.connect_timeout_ms,
         max_peer_ring_size: f.ring_size,
         max_connections_per_peer: f.max_subscribers,
         ..OrdersConfig::default()
@@ -886,6 +884,31 @@ pub struct FanoutSubscriberStats {
     pub bad_frames: u64,
     /// Times the connection was lost.
     pub connections_lost: u64,
+    /// Connections made by polls (the first one of a subscriber made with
+    /// [`RcFanoutSubscriber::new`], and every one after a loss).
+    pub reconnects: u64,
+    /// Connection attempts that failed (each followed by a longer wait).
+    pub reconnect_failures: u64,
+}
+
+/// The connection to the publisher in its states.
+#[allow(clippy::large_enum_variant)]
+enum FanLink {
+    Up(Connection),
+    Connecting(Connecting),
+    Down,
+}
+
+/// Everything needed to (re)connect, and when to try next.
+struct Dial {
+    publisher: SocketAddr,
+    local: IpAddr,
+    cfg: OrdersConfig,
+    min_ns: u64,
+    max_ns: u64,
+    backoff_ns: u64,
+    /// Next look at the connection's set-up (attempt or handshake step).
+    next_check: u64,
 }
 
 /// A market-data subscriber for one `transport = "rc"` channel: the same
@@ -893,7 +916,8 @@ pub struct FanoutSubscriberStats {
 /// publisher. See the module documentation.
 pub struct RcFanoutSubscriber {
     state: SubscriberState,
-    conn: Option<Connection>,
+    link: FanLink,
+    dial: Dial,
     channel: u16,
     tags: bool,
     stats: FanoutSubscriberStats,
@@ -905,33 +929,73 @@ impl std::fmt::Debug for RcFanoutSubscriber {
         f.debug_struct("RcFanoutSubscriber")
             .field("phase", &self.state.phase())
             .field("next_seq", &self.state.next_seq())
-            .field("connected", &self.conn.is_some())
+            .field("connected", &self.connected())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
 }
 
 impl RcFanoutSubscriber {
-    /// Connects to the publisher at `publisher`:`channel.port` through the
-    /// authenticated orders handshake, waiting up to
-    /// `rc_fanout.connect_timeout_ms` (as [`super::McastSubscriber::new`]
-    /// waits for its recovery connection). `local` is accepted for the same
-    /// signature; the route to `publisher` picks the device.
+    /// Opens the subscriber for `channel` without waiting for the
+    /// publisher: the connection to `publisher`:`channel.port` (through the
+    /// authenticated orders handshake, from the device owning `local`) is
+    /// made by [`poll`](Self::poll), each attempt bounded by
+    /// `connect_timeout_ms`, retried after `recovery.reconnect_min_ns`
+    /// doubling up to `recovery.reconnect_max_ns`, as is every connection
+    /// lost later. It is reported as [`Event::RecoveryRestored`] when it
+    /// comes up. Errors are the configuration's only (no such channel, a
+    /// multicast channel, bad values).
     pub fn new(
         cfg: &McastConfig,
         channel: u16,
         local: IpAddr,
         publisher: IpAddr,
     ) -> Result<Self, FanoutError> {
-        let _ = local;
+        let mut s = Self::unconnected(cfg, channel, local, publisher)?;
+        s.state.set_recovery_link(0, false);
+        Ok(s)
+    }
+
+    /// As [`new`](Self::new), then waits for the connection (up to
+    /// `connect_timeout_ms`): an error if the publisher is down or refuses
+    /// us. For tools and tests that want a connected subscriber before they
+    /// go on; an engine's loop uses [`new`](Self::new), which never waits.
+    /// `local` is not used here: the route to `publisher` picks the device.
+    pub fn connect(
+        cfg: &McastConfig,
+        channel: u16,
+        local: IpAddr,
+        publisher: IpAddr,
+    ) -> Result<Self, FanoutError> {
+        let mut s = Self::unconnected(cfg, channel, local, publisher)?;
+        let conn = Connection::connect(s.dial.publisher, &s.dial.cfg)?;
+        s.link = FanLink::Up(conn);
+        Ok(s)
+    }
+
+    fn unconnected(
+        cfg: &McastConfig,
+        channel: u16,
+        local: IpAddr,
+        publisher: IpAddr,
+    ) -> Result<Self, FanoutError> {
         let port = rc_channel(cfg, channel)?;
         let ocfg = orders_config(cfg);
-        let conn = Connection::connect(SocketAddr::new(publisher, port), &ocfg)?;
+        ocfg.validate().map_err(OrdersError::Config)?;
         let mut state = SubscriberState::new(cfg.subscriber(channel));
         state.set_datagram_key(cfg.datagram_key());
         Ok(RcFanoutSubscriber {
             state,
-            conn: Some(conn),
+            link: FanLink::Down,
+            dial: Dial {
+                publisher: SocketAddr::new(publisher, port),
+                local,
+                cfg: ocfg,
+                min_ns: cfg.recovery.reconnect_min_ns,
+                max_ns: cfg.recovery.reconnect_max_ns,
+                backoff_ns: cfg.recovery.reconnect_min_ns,
+                next_check: 0,
+            },
             channel,
             tags: cfg.auth.datagram_tag,
             stats: FanoutSubscriberStats::default(),
@@ -953,12 +1017,15 @@ impl RcFanoutSubscriber {
     }
     /// Whether the connection to the publisher is up.
     pub fn connected(&self) -> bool {
-        self.conn.is_some()
+        matches!(self.link, FanLink::Up(_))
     }
-    /// Closes the connection (the publisher sees it go).
+    /// Closes the connection (the publisher sees it go), reported as
+    /// [`Event::RecoveryLost`]. A later [`poll`](Self::poll) connects
+    /// again.
     pub fn disconnect(&mut self) {
-        if let Some(mut c) = self.conn.take() {
+        if let FanLink::Up(mut c) = std::mem::replace(&mut self.link, FanLink::Down) {
             c.close();
+            self.state.set_recovery_link(crate::clock::now_ns(), false);
         }
     }
     /// Next event (snapshot applied, resync, connection lost, ...).
@@ -971,13 +1038,18 @@ impl RcFanoutSubscriber {
     /// timers and sends the requests the state machine asks for. Returns
     /// the valid datagrams and recovery frames taken. Never blocks,
     /// allocates or logs per message. A lost connection is reported once,
-    /// as [`Event::RecoveryLost`], not as an error.
+    /// as [`Event::RecoveryLost`], not as an error, and made again by later
+    /// polls (see [`new`](Self::new)); while it is down a poll only steps
+    /// the connection's set-up, at most once per [`CM_STEP_NS`].
     pub fn poll<A: Handler + SnapshotSink + ?Sized>(
         &mut self,
         now: u64,
         app: &mut A,
     ) -> Result<usize, FanoutError> {
-        let Some(conn) = &mut self.conn else {
+        let FanLink::Up(conn) = &mut self.link else {
+            if now >= self.dial.next_check {
+                self.manage_link(now);
+            }
             return Ok(0);
         };
         let state = &mut self.state;
@@ -1042,13 +1114,53 @@ impl RcFanoutSubscriber {
             ok = false;
         }
         if !ok {
-            if let Some(mut c) = self.conn.take() {
+            if let FanLink::Up(mut c) = std::mem::replace(&mut self.link, FanLink::Down) {
                 c.close();
             }
             self.stats.connections_lost += 1;
             self.state.set_recovery_link(now, false);
+            let d = &mut self.dial;
+            d.backoff_ns = d.min_ns;
+            d.next_check = now.saturating_add(d.min_ns);
         }
         Ok(taken)
+    }
+
+    /// One step of the connection's set-up: an attempt when it is down (and
+    /// its back-off has passed), a handshake step while it is being made.
+    /// Nothing here waits.
+    fn manage_link(&mut self, now: u64) {
+        let d = &mut self.dial;
+        let step = match std::mem::replace(&mut self.link, FanLink::Down) {
+            up @ FanLink::Up(_) => {
+                self.link = up;
+                return;
+            }
+            FanLink::Down => Connection::start_connect(d.publisher, d.local, &d.cfg)
+                .map(ConnectProgress::Pending),
+            FanLink::Connecting(c) => c.poll(),
+        };
+        match step {
+            Ok(ConnectProgress::Pending(c)) => {
+                self.link = FanLink::Connecting(c);
+                d.next_check = now.saturating_add(CM_STEP_NS);
+            }
+            Ok(ConnectProgress::Done(conn)) => {
+                self.link = FanLink::Up(conn);
+                self.stats.reconnects += 1;
+                d.backoff_ns = d.min_ns;
+                self.state.set_recovery_link(now, true);
+            }
+            Err(e) => {
+                self.stats.reconnect_failures += 1;
+                if self.stats.reconnect_failures.is_power_of_two() {
+                    tracing::warn!(publisher = %d.publisher, error = %e, failures = self.stats.reconnect_failures,
+                        "market data over RC: cannot connect to the publisher; retrying");
+                }
+                d.next_check = now.saturating_add(d.backoff_ns);
+                d.backoff_ns = d.backoff_ns.saturating_mul(2).min(d.max_ns);
+            }
+        }
     }
 }
 
@@ -1114,7 +1226,6 @@ mod tests {
             ("ring_size = 16384", "rc_fanout.ring_size"),
             ("slow_subscriber_ns = 0", "rc_fanout.slow_subscriber_ns"),
             ("max_subscribers = 0", "rc_fanout.max_subscribers"),
-            ("connect_timeout_ms = 0", "rc_fanout.connect_timeout_ms"),
         ] {
             assert_eq!(key_of(&format!("[rc_fanout]\n{bad}\n{RC}")), key, "{bad}");
         }

@@ -118,8 +118,9 @@ pub enum MdSubscriber {
 }
 
 impl MdSubscriber {
-    /// Opens the subscriber for `channel` on its configured transport,
-    /// connecting to the publisher at `publisher` (see
+    /// Opens the subscriber for `channel` on its configured transport
+    /// without waiting for the publisher at `publisher`: the connection is
+    /// made by later polls and reported as [`Event::RecoveryRestored`] (see
     /// [`McastSubscriber::new`] and [`RcFanoutSubscriber::new`]).
     pub fn new(
         cfg: &McastConfig,
@@ -135,6 +136,34 @@ impl MdSubscriber {
                 MdSubscriber::Rc(RcFanoutSubscriber::new(cfg, channel, local, publisher)?)
             }
         })
+    }
+
+    /// As [`new`](Self::new), then waits for the connection to the
+    /// publisher (up to `connect_timeout_ms`; see
+    /// [`McastSubscriber::connect`] and [`RcFanoutSubscriber::connect`]).
+    pub fn connect(
+        cfg: &McastConfig,
+        channel: u16,
+        local: IpAddr,
+        publisher: IpAddr,
+    ) -> Result<Self, FanoutError> {
+        Ok(match transport_of(cfg, channel)? {
+            Transport::Multicast => {
+                MdSubscriber::Multicast(McastSubscriber::connect(cfg, channel, local, publisher)?)
+            }
+            Transport::Rc => {
+                MdSubscriber::Rc(RcFanoutSubscriber::connect(cfg, channel, local, publisher)?)
+            }
+        })
+    }
+
+    /// Whether the connection to the publisher is up (the recovery
+    /// connection on multicast, the stream itself on RC).
+    pub fn connected(&self) -> bool {
+        match self {
+            MdSubscriber::Multicast(s) => s.recovery_connected(),
+            MdSubscriber::Rc(s) => s.connected(),
+        }
     }
     /// The protocol state.
     pub fn state(&self) -> &SubscriberState {

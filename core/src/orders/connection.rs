@@ -26,7 +26,7 @@ use crate::verbs::{
     VerbsError, WcStatus, WorkCompletion, WriteFlags,
 };
 use arrayvec::ArrayVec;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -355,6 +355,73 @@ fn bad_hello(peer: &str, why: &'static str) -> OrdersError {
     }
 }
 
+/// Our challenge and hello for a connect request. We always offer to mark
+/// a fan-in slot: it costs nothing unless the listener grants one.
+fn initiate(cfg: &OrdersConfig, res: &Resources) -> (Initiator, ConnectHello) {
+    let ini = Initiator::new(auth::Key::derive(cfg.token.as_bytes(), Purpose::Orders));
+    let mine = ConnectHello {
+        hello: hello(cfg, &res.ring, FLAG_FANIN),
+        nonce: ini.nonce(),
+    };
+    (ini, mine)
+}
+
+/// A connection being made without blocking (see
+/// [`Connection::start_connect`]). Dropping it abandons the attempt.
+/// Field order: the queue pair (in `res`) goes before the rdma_cm id.
+pub struct Connecting {
+    res: Resources,
+    cm: cm::Connecting,
+    ini: Initiator,
+    mine: ConnectHello,
+    cfg: OrdersConfig,
+}
+
+impl std::fmt::Debug for Connecting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connecting")
+            .field("cm", &self.cm)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a non-blocking connect stands.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum ConnectProgress {
+    /// Not connected yet: poll again later.
+    Pending(Connecting),
+    /// Connected and admitted; our proof is on its way.
+    Done(Connection),
+}
+
+impl Connecting {
+    /// Takes the steps rdma_cm has events for, without blocking. Past
+    /// `connect_timeout_ms`, on a reject (nobody listens) or a failed
+    /// admission it is an error, and the attempt is over.
+    pub fn poll(self) -> Result<ConnectProgress, OrdersError> {
+        let Connecting {
+            res,
+            cm,
+            ini,
+            mine,
+            cfg,
+        } = self;
+        match cm.poll(&res.qp, &cfg.rc, Access::REMOTE_WRITE, mine.as_bytes())? {
+            cm::ConnectProgress::Pending(cm) => Ok(ConnectProgress::Pending(Connecting {
+                res,
+                cm,
+                ini,
+                mine,
+                cfg,
+            })),
+            cm::ConnectProgress::Done(conn, theirs) => Ok(ConnectProgress::Done(
+                Connection::finish_connect(res, conn, &theirs, &ini, &mine, &cfg)?,
+            )),
+        }
+    }
+}
+
 impl Connection {
     pub(super) fn from_parts(
         res: Resources,
@@ -422,20 +489,15 @@ impl Connection {
     ///
     /// Address resolution and the handshake are each bounded by
     /// `cfg.connect_timeout_ms`, the same setting that bounds a listener's
-    /// wait for a peer's handshake.
+    /// wait for a peer's handshake. Blocks until then;
+    /// [`start_connect`](Self::start_connect) does not.
     pub fn connect(addr: SocketAddr, cfg: &OrdersConfig) -> Result<Self, OrdersError> {
         cfg.validate().map_err(OrdersError::Config)?;
         let timeout = Duration::from_millis(cfg.connect_timeout_ms);
         let resolved = cm::resolve(addr, None, timeout)?;
         let ctx = Context::open(resolved.device_name().as_deref())?;
         let res = resources(&ctx, cfg)?;
-        let ini = Initiator::new(auth::Key::derive(cfg.token.as_bytes(), Purpose::Orders));
-        // We always offer to mark a fan-in slot: it costs nothing unless
-        // the listener grants one.
-        let mine = ConnectHello {
-            hello: hello(cfg, &res.ring, FLAG_FANIN),
-            nonce: ini.nonce(),
-        };
+        let (ini, mine) = initiate(cfg, &res);
         let (conn, theirs) = resolved.connect(
             &res.qp,
             &cfg.rc,
@@ -443,8 +505,47 @@ impl Connection {
             mine.as_bytes(),
             timeout,
         )?;
+        Self::finish_connect(res, conn, &theirs, &ini, &mine, cfg)
+    }
+
+    /// Starts connecting to the listener at `addr` from local address
+    /// `local` without waiting: the device owning `local` is opened and the
+    /// ring registered now (local work, no peer involved); resolution and
+    /// the handshake advance in [`Connecting::poll`], the whole bounded by
+    /// `cfg.connect_timeout_ms`. The same admission as
+    /// [`connect`](Self::connect).
+    pub fn start_connect(
+        addr: SocketAddr,
+        local: IpAddr,
+        cfg: &OrdersConfig,
+    ) -> Result<Connecting, OrdersError> {
+        cfg.validate().map_err(OrdersError::Config)?;
+        let timeout = Duration::from_millis(cfg.connect_timeout_ms);
+        let ctx = Context::open_for_ip(local)?;
+        let res = resources(&ctx, cfg)?;
+        let (ini, mine) = initiate(cfg, &res);
+        let cm = cm::start_connect(addr, Some(local), timeout)?;
+        Ok(Connecting {
+            res,
+            cm,
+            ini,
+            mine,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// The initiator's side after the listener's answer: checks its hello
+    /// and proof, builds the connection and sends our proof first.
+    fn finish_connect(
+        res: Resources,
+        conn: cm::Connection,
+        theirs: &[u8],
+        ini: &Initiator,
+        mine: &ConnectHello,
+        cfg: &OrdersConfig,
+    ) -> Result<Self, OrdersError> {
         let peer = conn.peer();
-        let checked = AcceptHello::read_from_prefix(&theirs)
+        let checked = AcceptHello::read_from_prefix(theirs)
             .map_err(|_| bad_hello(&peer, "accept reply too short"))
             .and_then(|(a, rest)| {
                 check_hello(&peer, &a.hello, cfg)?;

@@ -100,7 +100,9 @@ mod publication;
 mod subscription;
 
 pub use config::OrdersConfig;
-pub use connection::{ConnStats, Connection, OrdersError, PeerLost, CM_CHECK_IDLE_POLLS};
+pub use connection::{
+    ConnStats, ConnectProgress, Connecting, Connection, OrdersError, PeerLost, CM_CHECK_IDLE_POLLS,
+};
 pub use fanin::{ConnId, ConnectionSet, FanIn, SetError, SetStats};
 pub use listener::{ListenerStats, OrdersListener};
 pub use publication::{Claim, OfferError, Publication};

@@ -23,10 +23,9 @@ pub const SNAPSHOT_CHUNK: usize = RC_MSG_LEN - wire::snapshot_chunk_len(0);
 /// 220 B fits every RoCE device's UD and RC inline limit, as in the orders path.
 pub const INLINE_MAX: u32 = 220;
 
-/// Longest a recovery connection may take to set up, across polls.
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the publisher keeps an accepted connection waiting for
-/// ESTABLISHED. Longer than [`CONNECT_TIMEOUT`]: when the subscriber's RTU
+/// ESTABLISHED (at least; `connect_timeout_ms` when that is longer). Longer
+/// than a subscriber's usual attempt: when the subscriber's RTU
 /// is lost, rdma_cm resends its REP only after the CM response timeout
 /// (about 4 s by default), and a connection dropped before that is
 /// established on the subscriber's side only, a link that takes requests

@@ -5,6 +5,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::common::{INLINE_MAX, RC_MSG_LEN};
 use super::error::NetError;
@@ -55,6 +56,8 @@ pub(super) struct Reconnect {
     pub(super) publisher: SocketAddr,
     pub(super) local: IpAddr,
     pub(super) opts: RcOptions,
+    /// Bound of one connection attempt (`connect_timeout_ms`).
+    pub(super) timeout: Duration,
     pub(super) min_ns: u64,
     pub(super) max_ns: u64,
     pub(super) backoff_ns: u64,

@@ -185,7 +185,7 @@ impl McastPublisher {
                 limits: cfg.recovery_server,
                 max_request_messages: cfg.recovery.max_request_messages,
                 snapshot_chunk: SNAPSHOT_CHUNK,
-                setup_timeout_ns: PENDING_TIMEOUT.as_nanos() as u64,
+                setup_timeout_ns: PENDING_TIMEOUT.max(cfg.connect_timeout()).as_nanos() as u64,
                 outbox_capacity: RC_MSG_LEN * 4,
             },
             cfg.recovery_key(),

@@ -9,8 +9,7 @@ use arrayvec::ArrayVec;
 use zerocopy::IntoBytes;
 
 use super::common::{
-    channel_of, now_ns, rc_options, warn_if_open, CM_CHECK_NS, CM_STEP_NS, CONNECT_TIMEOUT,
-    INLINE_MAX,
+    channel_of, now_ns, rc_options, warn_if_open, CM_CHECK_NS, CM_STEP_NS, INLINE_MAX,
 };
 use super::error::NetError;
 use super::link::{admit, recovery_qp, send_proof, Link, Reconnect};
@@ -100,14 +99,14 @@ impl std::fmt::Debug for McastSubscriber {
 }
 
 impl McastSubscriber {
-    /// Opens the device owning `local`, joins the channel's line(s) with
-    /// receives posted, and connects to the recovery service at
-    /// `publisher`:`channel.port`, where it proves the shared secret and
-    /// learns the session and the source to accept datagrams from, waiting
-    /// for the connection (up to `connect_timeout_ms` when the publisher
-    /// does not answer).
-    /// [`start`](Self::start) does not wait.
-    pub fn new(
+    /// As [`new`](Self::new), then waits for the recovery connection to
+    /// `publisher`:`channel.port` (up to `connect_timeout_ms` when the
+    /// publisher does not answer), where it proves the shared secret and
+    /// learns the session and the source to accept datagrams from: an
+    /// error if the publisher is down. For tools and tests that want a
+    /// connected subscriber before they go on; an engine's loop uses
+    /// [`new`](Self::new), which never waits.
+    pub fn connect(
         cfg: &McastConfig,
         channel: u16,
         local: IpAddr,
@@ -141,14 +140,17 @@ impl McastSubscriber {
         Ok(s)
     }
 
-    /// As [`new`](Self::new) without waiting for the recovery service: the
-    /// lines are joined (on RoCE a local operation, no peer involved) and
-    /// multicast is received at once; the recovery connection starts down
-    /// and is made by [`poll`](Self::poll), with the same back-off as a
-    /// reconnect after a lost link (a publisher that is down costs the
-    /// caller nothing). Until it is up the subscriber behaves as after a
-    /// lost link: gaps cannot be recovered meanwhile.
-    pub fn start(
+    /// Opens the device owning `local` and joins the channel's line(s) with
+    /// receives posted (on RoCE a local operation, no peer involved), without
+    /// waiting for the publisher: the recovery connection to
+    /// `publisher`:`channel.port` starts down and is made by
+    /// [`poll`](Self::poll), with the same back-off as a reconnect after a
+    /// lost link, each attempt bounded by `connect_timeout_ms` (a publisher
+    /// that is down costs the caller nothing). It is reported as
+    /// [`Event::RecoveryRestored`] when it comes up. Until then no datagram
+    /// is delivered: the publisher's welcome names the source and session
+    /// to accept. [`connect`](Self::connect) waits for it instead.
+    pub fn new(
         cfg: &McastConfig,
         channel: u16,
         local: IpAddr,
@@ -227,6 +229,7 @@ impl McastSubscriber {
                 publisher,
                 local,
                 opts: rc_options(cfg),
+                timeout: cfg.connect_timeout(),
                 min_ns: cfg.recovery.reconnect_min_ns,
                 max_ns: cfg.recovery.reconnect_max_ns,
                 backoff_ns: cfg.recovery.reconnect_min_ns,
@@ -402,8 +405,7 @@ impl McastSubscriber {
             up @ Link::Up { .. } => self.link = up,
             Link::Down => {
                 let started = recovery_qp(&r.pd).and_then(|rc| {
-                    let connecting =
-                        cm::start_connect(r.publisher, Some(r.local), CONNECT_TIMEOUT)?;
+                    let connecting = cm::start_connect(r.publisher, Some(r.local), r.timeout)?;
                     Ok((rc, connecting))
                 });
                 match started {
