@@ -1286,7 +1286,12 @@ fn rdma_md_three_hosts_stopped_subscriber_reported_lagging() {
             assert_eq!(book.digest(), expected(total).digest());
             let io = p.io_stats();
             let events: Vec<PublisherEvent> = std::iter::from_fn(|| p.poll_event()).collect();
-            eprintln!("publisher: {io:?} events {events:?}");
+            // Rows (reports taken per subscriber, when the last came) tell a
+            // missing report from a late one if the assertions below fail.
+            eprintln!(
+                "publisher: {io:?} events {events:?} rows {:?}",
+                p.subscribers()
+            );
             assert!(io.status_reports > 0 && io.status_invalid == 0, "{io:?}");
             let lagging: Vec<&str> = events
                 .iter()

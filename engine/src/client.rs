@@ -18,7 +18,9 @@
 //! full, before recording it). [`Client::not_taken`] lists them and
 //! [`EngineSession::resend_not_taken`] sends them again with the same numbers and ids; a
 //! request the gateway had taken after all is answered with an unnumbered
-//! [`Response::Status`] and never acted on twice.
+//! [`Response::Status`] and never acted on twice. A listed request stays listed across
+//! logons until it is sent again, even once the gateway took later numbers: it keeps such
+//! holes and takes them when they come.
 //!
 //! ```no_run
 //! use rocebus_engine::client::EngineSession;
@@ -204,19 +206,29 @@ impl Client {
         m
     }
 
-    /// Applies a logon answer's last taken request number: requests up to it are taken,
-    /// every later one is moved to [`not_taken`](Self::not_taken). Numbering continues
-    /// after the gateway's, so a client that lost its state never reuses a number.
-    pub fn on_logon(&mut self, last_request_seq: u32) {
-        while self
-            .unconfirmed
-            .front()
-            .is_some_and(|r| r.seq() <= last_request_seq)
-        {
+    /// `req`, listed as not taken, was sent again: it is in flight until a logon answer
+    /// says it was taken (or a reject says it was not, again).
+    fn resent(&mut self, req: Request) {
+        if self.unconfirmed.len() == UNCONFIRMED_MAX {
             self.unconfirmed.pop_front();
         }
-        self.not_taken.clear();
+        self.unconfirmed.push_back(req);
+    }
+
+    /// Applies a logon answer's last taken request number: requests sent up to it are
+    /// taken, every later one is moved to [`not_taken`](Self::not_taken). Requests already
+    /// listed there stay listed whatever the number: they were not taken (a logon answer or
+    /// a `JournalUnavailable` reject said so) and have not been sent again since, so the
+    /// gateway cannot have taken them, even if it took later numbers (it keeps such holes
+    /// and takes them when they come). Numbering continues after the gateway's, so a
+    /// client that lost its state never reuses a number.
+    pub fn on_logon(&mut self, last_request_seq: u32) {
+        // Sent again since they were listed: out of `not_taken`, back in `unconfirmed`
+        // (see `EngineSession::resend_not_taken`), so not in order there.
+        self.unconfirmed.retain(|r| r.seq() > last_request_seq);
         self.not_taken.extend(self.unconfirmed.iter().copied());
+        self.not_taken.sort_unstable_by_key(|r| r.seq());
+        self.not_taken.dedup_by_key(|r| r.seq());
         if self.next_request <= last_request_seq {
             self.next_request = last_request_seq.wrapping_add(1).max(1);
         }
@@ -754,6 +766,7 @@ impl EngineSession {
             claim.copy_from_slice(bytes);
             claim.commit();
             self.client.not_taken.remove(0);
+            self.client.resent(req);
             sent += 1;
         }
         Ok(sent)
@@ -903,10 +916,33 @@ mod tests {
             .map(|r| (r.seq(), r.cl_ord_id()))
             .collect();
         assert_eq!(not, [(4, 4), (5, 5), (6, 2)]);
-        // Numbering goes on; a later logon that confirms everything clears the list.
+        // Numbering goes on. A request not sent again stays listed even when the gateway
+        // took later numbers: it cannot have taken this one (a hole).
         assert_eq!(c.next_request_seq(), 7);
-        c.on_logon(6);
+        let (_, m7) = c.new_order(1, sym, Side::Buy, 10, 5);
+        assert_eq!(decode_request(m7.as_bytes()).unwrap().seq(), 7);
+        c.on_logon(7);
+        let not: Vec<u32> = c.not_taken().iter().map(|r| r.seq()).collect();
+        assert_eq!(not, [4, 5, 6], "holes below a taken number are kept");
+        // Sent again (as resend_not_taken does) and confirmed by a later logon: cleared.
+        for r in c.take_not_taken() {
+            c.resent(r);
+        }
+        c.on_logon(7);
         assert!(c.not_taken().is_empty());
+        // Sent again and the connection lost before the answer: a logon that did not take
+        // them lists them again.
+        let mut d = Client::new(1);
+        for _ in 0..3 {
+            d.new_order(1, sym, Side::Buy, 10, 5);
+        }
+        d.on_logon(1);
+        for r in d.take_not_taken() {
+            d.resent(r);
+        }
+        d.on_logon(1);
+        let not: Vec<u32> = d.not_taken().iter().map(|r| r.seq()).collect();
+        assert_eq!(not, [2, 3]);
         // A client that lost its state continues after the gateway's number.
         let mut fresh = Client::new(1000);
         fresh.on_logon(41);
@@ -934,6 +970,17 @@ mod tests {
         assert_eq!(c.order(id2).unwrap().state, OrderState::PendingNew);
         assert_eq!(c.not_taken().len(), 1);
         assert_eq!(c.not_taken()[0].cl_ord_id(), id2);
+        // A later request is taken and the engine logs on again before sending id2 again:
+        // the gateway's number is past id2's, which still was not taken.
+        let (id3, m3) = c.new_order(1, sym, Side::Buy, 10, 5);
+        c.on_logon(decode_request(m3.as_bytes()).unwrap().seq());
+        assert_eq!(
+            c.not_taken().len(),
+            1,
+            "the JournalUnavailable hole is kept"
+        );
+        assert_eq!(c.not_taken()[0].cl_ord_id(), id2);
+        assert_ne!(id2, id3);
     }
 
     #[test]
