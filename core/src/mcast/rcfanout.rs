@@ -56,12 +56,12 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::config::{ConfigError, McastConfig, Transport};
 use super::io::{NetError, PublishError, SNAPSHOT_CHUNK};
-use super::publisher::{Pacer, PublisherState, RetransmitReply};
-use super::snapshot::{encode_snapshot, Handler, Snapshot, SnapshotSink};
+use super::publisher::{Pacer, PublisherState};
+use super::server::{clamp_request, queue_retransmit, SnapshotCache};
+use super::snapshot::{Handler, Snapshot, SnapshotSink};
 use super::subscriber::{Event, SubscriberCounters, SubscriberState};
 use super::wire::{
-    self, Line, RecoveryHeader, RecoveryMsg, RetransmitRequest, FLAG_DATAGRAM_TAG,
-    RECOVERY_HEADER_LEN,
+    self, Line, RecoveryHeader, RecoveryMsg, FLAG_DATAGRAM_TAG, RECOVERY_HEADER_LEN,
 };
 use crate::orders::{
     ConnectProgress, Connecting, Connection, OfferError, OrdersConfig, OrdersError, OrdersListener,
@@ -278,6 +278,9 @@ pub struct FanoutStats {
     pub retransmit_requests: u64,
     /// Snapshots served (late joiners).
     pub snapshots_served: u64,
+    /// Snapshots serialised for them (one serves every request while its
+    /// sequence is current and for `recovery_server.snapshot_reuse_ns`).
+    pub snapshots_built: u64,
     /// Requests dropped by the per-connection rate limits.
     pub requests_rate_limited: u64,
     /// Requests dropped as undecodable, foreign, or with the outbox full.
@@ -375,6 +378,7 @@ struct Limits {
     request_burst: u64,
     snapshots_per_sec: u64,
     snapshot_burst: u64,
+    snapshot_reuse_ns: u64,
     slow_ns: u64,
     max_subscribers: usize,
     tags: bool,
@@ -389,7 +393,7 @@ pub struct RcFanoutPublisher {
     subs: Vec<FanoutSub>,
     listener: OrdersListener,
     limits: Limits,
-    scratch: Vec<u8>,
+    snapshots: SnapshotCache,
     events: VecDeque<FanoutEvent>,
     stats: FanoutStats,
     next_cm_check: u64,
@@ -439,11 +443,12 @@ impl RcFanoutPublisher {
                 request_burst: rs.request_burst,
                 snapshots_per_sec: rs.snapshots_per_sec,
                 snapshot_burst: rs.snapshot_burst,
+                snapshot_reuse_ns: rs.snapshot_reuse_ns,
                 slow_ns: cfg.rc_fanout.slow_subscriber_ns,
                 max_subscribers: cfg.rc_fanout.max_subscribers,
                 tags: cfg.auth.datagram_tag,
             },
-            scratch: Vec::new(),
+            snapshots: SnapshotCache::default(),
             events: VecDeque::with_capacity(MAX_EVENTS),
             stats: FanoutStats::default(),
             next_cm_check: 0,
@@ -537,7 +542,7 @@ impl RcFanoutPublisher {
                     now,
                     &mut self.state,
                     snapshot,
-                    &mut self.scratch,
+                    &mut self.snapshots,
                     &self.limits,
                     &mut self.stats,
                 );
@@ -728,7 +733,7 @@ fn serve(
     now: u64,
     state: &mut PublisherState,
     snapshot: &impl Snapshot,
-    scratch: &mut Vec<u8>,
+    cache: &mut SnapshotCache,
     limits: &Limits,
     stats: &mut FanoutStats,
 ) {
@@ -742,7 +747,6 @@ fn serve(
         ..
     } = sub;
     let our_channel = state.config().channel;
-    let session = state.session();
     let r = conn.subscription().poll(
         |f| {
             if f.msg_type != FRAME_REQUEST {
@@ -767,34 +771,9 @@ fn serve(
                             continue;
                         }
                         stats.retransmit_requests += 1;
-                        let r = if r.count > limits.max_request_messages {
-                            stats.requests_clamped += 1;
-                            RetransmitRequest {
-                                count: limits.max_request_messages,
-                                ..r
-                            }
-                        } else {
-                            r
-                        };
-                        state.answer_retransmit(&r, |reply| {
-                            let start = outbox.len();
-                            let n = match reply {
-                                RetransmitReply::Data(d) => {
-                                    outbox.resize(start + RECOVERY_HEADER_LEN + d.len(), 0);
-                                    wire::encode_retransmit_data(
-                                        &mut outbox[start..],
-                                        our_channel,
-                                        session,
-                                        d,
-                                    )
-                                }
-                                RetransmitReply::NotAvailable(na) => {
-                                    outbox.resize(start + wire::NotAvailable::LEN, 0);
-                                    na.encode(&mut outbox[start..])
-                                }
-                            };
-                            outbox.truncate(start + n.unwrap_or(0));
-                        });
+                        let (r, clamped) = clamp_request(r, limits.max_request_messages);
+                        stats.requests_clamped += u64::from(clamped);
+                        queue_retransmit(state, &r, outbox);
                     }
                     RecoveryMsg::SnapshotRequest { channel, .. } if channel == our_channel => {
                         if !snapshots.try_acquire(now) {
@@ -806,17 +785,15 @@ fn serve(
                             continue;
                         }
                         stats.snapshots_served += 1;
-                        // Rare (a late joiner): serialised per request.
-                        scratch.clear();
-                        snapshot.write_snapshot(scratch);
-                        encode_snapshot(
-                            our_channel,
-                            session,
-                            snapshot.snapshot_seq(),
-                            scratch.as_slice(),
+                        let (encoded, built) = cache.get(
+                            now,
+                            limits.snapshot_reuse_ns,
+                            state,
                             SNAPSHOT_CHUNK,
-                            |m| outbox.extend_from_slice(m),
+                            snapshot,
                         );
+                        stats.snapshots_built += u64::from(built);
+                        outbox.extend_from_slice(encoded);
                     }
                     _ => stats.requests_dropped += 1,
                 }

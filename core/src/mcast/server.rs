@@ -211,6 +211,91 @@ pub(crate) fn recovery_len(bytes: &[u8]) -> Option<usize> {
         .then_some(len)
 }
 
+/// Serialised snapshots for snapshot requests: one serialisation serves
+/// every request while its sequence is current, and for `reuse_ns` after it
+/// was made whatever the sequence (a subscriber fetches what came after it
+/// from the history). The recovery server and the RC fan-out both answer
+/// through it.
+#[derive(Debug, Default)]
+pub(crate) struct SnapshotCache {
+    scratch: Vec<u8>,
+    /// The encoded snapshot messages last built.
+    encoded: Vec<u8>,
+    /// (sequence, time) of their making.
+    at: Option<(u64, u64)>,
+}
+
+impl SnapshotCache {
+    /// The snapshot messages to answer a request with at `now`, and whether
+    /// they were built for it (false: reused).
+    pub(crate) fn get<S: Snapshot + ?Sized>(
+        &mut self,
+        now: u64,
+        reuse_ns: u64,
+        state: &PublisherState,
+        chunk: usize,
+        snapshot: &S,
+    ) -> (&[u8], bool) {
+        let seq = snapshot.snapshot_seq();
+        let fresh = self
+            .at
+            .is_some_and(|(at_seq, at)| at_seq == seq || now.saturating_sub(at) < reuse_ns);
+        if !fresh {
+            self.scratch.clear();
+            snapshot.write_snapshot(&mut self.scratch);
+            self.encoded.clear();
+            let encoded = &mut self.encoded;
+            encode_snapshot(
+                state.config().channel,
+                state.session(),
+                seq,
+                &self.scratch,
+                chunk,
+                |m| encoded.extend_from_slice(m),
+            );
+            self.at = Some((seq, now));
+        }
+        (&self.encoded, !fresh)
+    }
+}
+
+/// `r` with its count cut to `max` messages, and whether it was cut.
+pub(crate) fn clamp_request(r: RetransmitRequest, max: u64) -> (RetransmitRequest, bool) {
+    if r.count > max {
+        (RetransmitRequest { count: max, ..r }, true)
+    } else {
+        (r, false)
+    }
+}
+
+/// Appends the answer to `r` to `outbox`: each datagram the history holds
+/// as retransmitted data, what it does not as `NotAvailable`. Returns the
+/// datagrams appended. Shared by the recovery server and the RC fan-out.
+pub(crate) fn queue_retransmit(
+    state: &mut PublisherState,
+    r: &RetransmitRequest,
+    outbox: &mut Vec<u8>,
+) -> u64 {
+    let (channel, session) = (state.config().channel, state.session());
+    let mut datagrams = 0;
+    state.answer_retransmit(r, |reply| {
+        let start = outbox.len();
+        let n = match reply {
+            RetransmitReply::Data(d) => {
+                datagrams += 1;
+                outbox.resize(start + RECOVERY_HEADER_LEN + d.len(), 0);
+                wire::encode_retransmit_data(&mut outbox[start..], channel, session, d)
+            }
+            RetransmitReply::NotAvailable(na) => {
+                outbox.resize(start + wire::NotAvailable::LEN, 0);
+                na.encode(&mut outbox[start..])
+            }
+        };
+        outbox.truncate(start + n.unwrap_or(0));
+    });
+    datagrams
+}
+
 /// The publisher's recovery service. See the module documentation.
 pub struct RecoveryServer {
     cfg: ServerConfig,
@@ -219,11 +304,7 @@ pub struct RecoveryServer {
     identity: Welcome,
     conns: Vec<Conn>,
     next_id: u32,
-    scratch: Vec<u8>,
-    /// The encoded snapshot messages last built, and (sequence, time) of
-    /// their making.
-    snapshot: Vec<u8>,
-    snapshot_at: Option<(u64, u64)>,
+    snapshots: SnapshotCache,
     log: LogBudget,
     planner: RepairPlanner,
     /// Admitted connections, as of the last timer run.
@@ -252,9 +333,7 @@ impl RecoveryServer {
             identity,
             conns: Vec::with_capacity(l.max_connections),
             next_id: 0,
-            scratch: Vec::new(),
-            snapshot: Vec::new(),
-            snapshot_at: None,
+            snapshots: SnapshotCache::default(),
             log: LogBudget::new(l.log_per_sec),
             planner: RepairPlanner::new(RepairConfig {
                 multicast: l.multicast_repair,
@@ -567,13 +646,8 @@ impl RecoveryServer {
         }
         counters.retransmit_requests += 1;
         self.table.on_request(c.id);
-        let max = self.cfg.max_request_messages;
-        let r = if r.count > max {
-            counters.requests_clamped += 1;
-            RetransmitRequest { count: max, ..r }
-        } else {
-            r
-        };
+        let (r, clamped) = clamp_request(r, self.cfg.max_request_messages);
+        counters.requests_clamped += u64::from(clamped);
         let (channel, session) = (state.config().channel, state.session());
         // What is ours and still in the history may be answered on
         // multicast; the rest goes back by unicast, with its NotAvailable.
@@ -607,22 +681,7 @@ impl RecoveryServer {
         if c.out_pos >= c.outbox.len() {
             c.progress_at = now;
         }
-        let outbox = &mut c.outbox;
-        state.answer_retransmit(&r, |reply| {
-            let start = outbox.len();
-            let n = match reply {
-                RetransmitReply::Data(d) => {
-                    counters.repair_unicast_datagrams += 1;
-                    outbox.resize(start + RECOVERY_HEADER_LEN + d.len(), 0);
-                    wire::encode_retransmit_data(&mut outbox[start..], channel, session, d)
-                }
-                RetransmitReply::NotAvailable(na) => {
-                    outbox.resize(start + wire::NotAvailable::LEN, 0);
-                    na.encode(&mut outbox[start..])
-                }
-            };
-            outbox.truncate(start + n.unwrap_or(0));
-        });
+        counters.repair_unicast_datagrams += queue_retransmit(state, &r, &mut c.outbox);
     }
 
     fn on_snapshot<S: Snapshot + ?Sized>(
@@ -642,34 +701,18 @@ impl RecoveryServer {
             return;
         }
         self.counters.snapshots_served += 1;
-        // One serialisation serves every request while its sequence is
-        // current, and for snapshot_reuse_ns after it was made whatever the
-        // sequence: a subscriber fetches what came after it from the history.
-        let seq = snapshot.snapshot_seq();
-        let reuse = self.cfg.limits.snapshot_reuse_ns;
-        let fresh = self
-            .snapshot_at
-            .is_some_and(|(at_seq, at)| at_seq == seq || now.saturating_sub(at) < reuse);
-        if !fresh {
-            self.counters.snapshots_built += 1;
-            self.scratch.clear();
-            snapshot.write_snapshot(&mut self.scratch);
-            self.snapshot.clear();
-            let cache = &mut self.snapshot;
-            encode_snapshot(
-                state.config().channel,
-                state.session(),
-                seq,
-                &self.scratch,
-                self.cfg.snapshot_chunk,
-                |m| cache.extend_from_slice(m),
-            );
-            self.snapshot_at = Some((seq, now));
-        }
+        let (encoded, built) = self.snapshots.get(
+            now,
+            self.cfg.limits.snapshot_reuse_ns,
+            state,
+            self.cfg.snapshot_chunk,
+            snapshot,
+        );
+        self.counters.snapshots_built += u64::from(built);
         if c.out_pos >= c.outbox.len() {
             c.progress_at = now;
         }
-        c.outbox.extend_from_slice(&self.snapshot);
+        c.outbox.extend_from_slice(encoded);
     }
 
     /// The next bytes to send on connection `id`: as many whole queued
