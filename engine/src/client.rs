@@ -51,8 +51,8 @@ use zerocopy::{Immutable, IntoBytes};
 use crate::liveness::Liveness;
 use crate::proto::{
     engine_key, msg_type, pad_token, Cancel, DecodeError, Heartbeat, Logon, LogonAck, LogonStatus,
-    MassCancel, NewOrder, RejectReason, Replace, Request, Response, Side, Symbol, TimeInForce,
-    ORDERS_STREAM,
+    MassCancel, NewOrder, RejectReason, Replace, Request, RequestHoles, Response, Side, Symbol,
+    TimeInForce, ORDERS_STREAM,
 };
 
 /// How long the gateway may be silent (no frame, not even a heartbeat) before an
@@ -223,10 +223,32 @@ impl Client {
     /// and takes them when they come). Numbering continues after the gateway's, so a
     /// client that lost its state never reuses a number.
     pub fn on_logon(&mut self, last_request_seq: u32) {
-        // Sent again since they were listed: out of `not_taken`, back in `unconfirmed`
-        // (see `EngineSession::resend_not_taken`), so not in order there.
-        self.unconfirmed.retain(|r| r.seq() > last_request_seq);
-        self.not_taken.extend(self.unconfirmed.iter().copied());
+        self.on_logon_with_holes(last_request_seq, &[], false);
+    }
+
+    /// [`on_logon`](Self::on_logon) with the holes the gateway listed before its answer
+    /// ([`RequestHoles`]): requests numbered at or below `last_request_seq` that it never
+    /// took are not taken either. `more`: the gateway had more holes than it listed, so
+    /// every request above the last listed one is treated as not taken (sending a request
+    /// the gateway took again is safe: it answers with an order status).
+    pub fn on_logon_with_holes(&mut self, last_request_seq: u32, holes: &[u32], more: bool) {
+        let mut holes = holes.to_vec();
+        holes.sort_unstable();
+        let beyond = if more {
+            holes.last().copied().unwrap_or(0)
+        } else {
+            last_request_seq
+        };
+        let not_taken =
+            |seq: u32| seq > last_request_seq || seq > beyond || holes.binary_search(&seq).is_ok();
+        // Each request is in at most one of `unconfirmed` (fate unknown) and `not_taken`;
+        // one sent again goes back to `unconfirmed` (see `resent`), so neither is in order.
+        // The rest was taken.
+        for r in self.unconfirmed.drain(..) {
+            if not_taken(r.seq()) {
+                self.not_taken.push(r);
+            }
+        }
         self.not_taken.sort_unstable_by_key(|r| r.seq());
         self.not_taken.dedup_by_key(|r| r.seq());
         if self.next_request <= last_request_seq {
@@ -241,8 +263,21 @@ impl Client {
     }
 
     /// Takes the list of requests not taken (after sending them again, or to give up).
+    /// They count as sent again: a later logon lists them again if the gateway did not
+    /// take them.
     pub fn take_not_taken(&mut self) -> Vec<Request> {
-        std::mem::take(&mut self.not_taken)
+        let taken = std::mem::take(&mut self.not_taken);
+        for r in &taken {
+            self.resent(*r);
+        }
+        taken
+    }
+
+    /// The oldest request number whose fate is unknown (sent, not yet confirmed taken by a
+    /// logon answer nor listed as not taken); 0: none. A logon names it so the gateway
+    /// lists its holes from there ([`Logon::oldest_unsure`]).
+    pub fn oldest_unsure(&self) -> u32 {
+        self.unconfirmed.iter().map(|r| r.seq()).min().unwrap_or(0)
     }
 
     /// The number the next request will carry.
@@ -322,13 +357,15 @@ impl Client {
             Response::Status(_) => return Ok(resp),
             Response::Reject(r) if r.reason() == RejectReason::JournalUnavailable => {
                 // Not taken: nothing happened; keep it to send again.
-                if let Some(req) = self
+                if let Some(i) = self
                     .unconfirmed
                     .iter()
-                    .find(|q| q.cl_ord_id() == id && q.msg_type() == r.request)
+                    .position(|q| q.cl_ord_id() == id && q.msg_type() == r.request)
                 {
-                    if !self.not_taken.iter().any(|q| q.seq() == req.seq()) {
-                        self.not_taken.push(*req);
+                    if let Some(req) = self.unconfirmed.remove(i) {
+                        if !self.not_taken.iter().any(|q| q.seq() == req.seq()) {
+                            self.not_taken.push(req);
+                        }
                     }
                 }
                 return Ok(resp);
@@ -493,6 +530,16 @@ pub struct EngineSession {
     gateway_timeout: Duration,
 }
 
+/// What an accepted logon told us.
+struct LogonOk {
+    conn: Connection,
+    replay_until: u32,
+    last_request: u32,
+    heartbeat: Duration,
+    holes: Vec<u32>,
+    more_holes: bool,
+}
+
 impl EngineSession {
     /// Connects to the gateway at `addr`, logs on as `engine` with its `token` and waits for
     /// the answer. Order ids start at `first_order_id`. The connection's set-up is bounded by
@@ -546,10 +593,18 @@ impl EngineSession {
             engine,
             token,
             client.last_response_seq(),
+            client.oldest_unsure(),
             timeout,
         ) {
-            Ok((conn, replay_until, last_request, heartbeat)) => {
-                client.on_logon(last_request);
+            Ok(LogonOk {
+                conn,
+                replay_until,
+                last_request,
+                heartbeat,
+                holes,
+                more_holes,
+            }) => {
+                client.on_logon_with_holes(last_request, &holes, more_holes);
                 let mut s = EngineSession {
                     conn,
                     client,
@@ -581,8 +636,9 @@ impl EngineSession {
         engine: u32,
         token: &str,
         last_response_seq: u32,
+        oldest_unsure: u32,
         timeout: Duration,
-    ) -> Result<(Connection, u32, u32, Duration), SessionError> {
+    ) -> Result<LogonOk, SessionError> {
         let deadline = Instant::now() + timeout;
         pad_token(token.as_bytes()).ok_or(SessionError::BadToken)?;
         let mut conn = Connection::connect(addr, cfg)
@@ -593,26 +649,48 @@ impl EngineSession {
             &engine_key(token.as_bytes()),
             last_response_seq,
             &conn.session_binding(),
-        );
+        )
+        .with_oldest_unsure(oldest_unsure);
         conn.publication(ORDERS_STREAM)
             .offer_and_flush(u16::from(msg_type::LOGON), logon.as_bytes())
             .map_err(SessionError::Send)?;
         let mut answer: Option<Result<(LogonAck, LogonStatus), DecodeError>> = None;
+        // The gateway's holes come before its answer.
+        let (mut holes, mut more_holes) = (Vec::new(), false);
         while answer.is_none() {
             if Instant::now() > deadline {
                 return Err(SessionError::Timeout(timeout));
             }
             conn.subscription()
-                .poll(|f| answer = Some(LogonAck::decode(f.payload)), 1)
+                .poll(
+                    |f| {
+                        if f.msg_type != u16::from(msg_type::REQUEST_HOLES) {
+                            answer = Some(LogonAck::decode(f.payload));
+                            return;
+                        }
+                        match RequestHoles::decode(f.payload) {
+                            // Bounded as the requests they can name are.
+                            Ok(h) if holes.len() < UNCONFIRMED_MAX => {
+                                holes.extend(h.holes());
+                                more_holes |= h.more.get() == 1;
+                            }
+                            Ok(_) => more_holes = true,
+                            Err(e) => answer = Some(Err(e)),
+                        }
+                    },
+                    1,
+                )
                 .map_err(SessionError::Lost)?;
         }
         match answer {
-            Some(Ok((ack, LogonStatus::Accepted))) => Ok((
+            Some(Ok((ack, LogonStatus::Accepted))) => Ok(LogonOk {
                 conn,
-                ack.last_response_seq.get(),
-                ack.last_request_seq.get(),
-                Duration::from_millis(u64::from(ack.heartbeat_ms.get())),
-            )),
+                replay_until: ack.last_response_seq.get(),
+                last_request: ack.last_request_seq.get(),
+                heartbeat: Duration::from_millis(u64::from(ack.heartbeat_ms.get())),
+                holes,
+                more_holes,
+            }),
             Some(Ok((_, status))) => Err(SessionError::Refused { engine, status }),
             Some(Err(e)) => Err(SessionError::BadAnswer(e)),
             None => Err(SessionError::Timeout(timeout)),
@@ -943,6 +1021,24 @@ mod tests {
         d.on_logon(1);
         let not: Vec<u32> = d.not_taken().iter().map(|r| r.seq()).collect();
         assert_eq!(not, [2, 3]);
+        // The gateway's holes below its last taken number are not taken either; with
+        // `more`, nothing above the last listed one is known to be taken.
+        let mut h = Client::new(1);
+        for _ in 0..6 {
+            h.new_order(1, sym, Side::Buy, 10, 5);
+        }
+        assert_eq!(h.oldest_unsure(), 1);
+        h.on_logon_with_holes(6, &[4, 2], false);
+        let not: Vec<u32> = h.not_taken().iter().map(|r| r.seq()).collect();
+        assert_eq!(not, [2, 4]);
+        assert_eq!(h.oldest_unsure(), 0, "every fate is known");
+        let mut m = Client::new(1);
+        for _ in 0..6 {
+            m.new_order(1, sym, Side::Buy, 10, 5);
+        }
+        m.on_logon_with_holes(5, &[2], true);
+        let not: Vec<u32> = m.not_taken().iter().map(|r| r.seq()).collect();
+        assert_eq!(not, [2, 3, 4, 5, 6]);
         // A client that lost its state continues after the gateway's number.
         let mut fresh = Client::new(1000);
         fresh.on_logon(41);

@@ -61,6 +61,9 @@ pub mod msg_type {
     /// side sends one every [`super::LogonAck::heartbeat_ms`]; a side that hears nothing
     /// from its peer for its timeout treats the connection as dead.
     pub const HEARTBEAT: u8 = b'h';
+    /// Gateway → engine, before an accepting [`super::LogonAck`]: request numbers the
+    /// gateway never took below its last taken one ([`super::RequestHoles`]).
+    pub const REQUEST_HOLES: u8 = b'H';
 }
 
 /// Orders-path stream carrying engine requests (engine → gateway) and responses
@@ -605,8 +608,13 @@ pub struct Logon {
     pub last_response_seq: U32,
     /// [`logon_proof`] of the fields above with the engine's key.
     pub proof: [u8; auth::TAG_LEN],
+    /// The oldest request number whose fate the engine does not know (sent, and neither
+    /// confirmed taken by a logon answer nor listed as not taken); 0: none. The gateway
+    /// lists its holes from there ([`RequestHoles`]). Not covered by the proof: it only
+    /// narrows what the gateway tells this (authenticated) connection.
+    pub oldest_unsure: U32,
     /// Zero.
-    pub reserved: [u8; 16],
+    pub reserved: [u8; 12],
 }
 
 /// Outcome of a logon, on the wire in [`LogonAck::status`].
@@ -702,8 +710,15 @@ impl Logon {
             engine_id: U32::new(engine_id),
             last_response_seq: U32::new(last_response_seq),
             proof: logon_proof(key, engine_id, last_response_seq, binding),
-            reserved: [0; 16],
+            oldest_unsure: U32::ZERO,
+            reserved: [0; 12],
         }
+    }
+
+    /// The same logon asking for the gateway's holes from request `seq` on (0: none).
+    pub fn with_oldest_unsure(mut self, seq: u32) -> Logon {
+        self.oldest_unsure = U32::new(seq);
+        self
     }
 
     /// Whether the proof was made with `key` for the connection bound by `binding`
@@ -770,6 +785,70 @@ impl LogonAck {
         let m: LogonAck = read(bytes)?;
         let s = LogonStatus::from_u16(m.status.get()).ok_or(DecodeError::InvalidField("status"))?;
         Ok((m, s))
+    }
+}
+
+/// Request numbers in one [`RequestHoles`] frame at most.
+pub const HOLES_PER_FRAME: usize = 60;
+
+/// Gateway → engine, after a logon it accepts and before its [`LogonAck`]: request numbers
+/// at or above the logon's [`Logon::oldest_unsure`] and below
+/// [`LogonAck::last_request_seq`] that the gateway never took (holes: a request answered
+/// "not taken" while later ones were taken). An engine must not take those for taken: it
+/// sends them again (the gateway takes a hole when it comes). In ascending order over one
+/// or more frames; `more` set on the last frame sent says the gateway had more holes than
+/// it sends (the engine then treats every request above the last listed one as unsure).
+/// Unnumbered. 252 bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct RequestHoles {
+    /// Header, type [`msg_type::REQUEST_HOLES`].
+    pub header: Header,
+    /// Entries of `seqs` in use (1..=[`HOLES_PER_FRAME`]).
+    pub count: U16,
+    /// 1: holes beyond these were not sent; 0 otherwise.
+    pub more: U16,
+    /// The hole request numbers, ascending; entries past `count` are zero.
+    pub seqs: [U32; HOLES_PER_FRAME],
+}
+
+const _: () = assert!(size_of::<RequestHoles>() == 252);
+
+impl RequestHoles {
+    /// A frame listing `seqs` (at most [`HOLES_PER_FRAME`], ascending).
+    pub fn new(seqs: &[u32], more: bool) -> RequestHoles {
+        let mut m = RequestHoles {
+            header: Header::new(msg_type::REQUEST_HOLES, size_of::<RequestHoles>()),
+            count: U16::new(seqs.len().min(HOLES_PER_FRAME) as u16),
+            more: U16::new(u16::from(more)),
+            seqs: [U32::ZERO; HOLES_PER_FRAME],
+        };
+        for (d, s) in m.seqs.iter_mut().zip(seqs) {
+            *d = U32::new(*s);
+        }
+        m
+    }
+
+    /// The listed numbers.
+    pub fn holes(&self) -> impl Iterator<Item = u32> + '_ {
+        self.seqs[..usize::from(self.count.get())]
+            .iter()
+            .map(|s| s.get())
+    }
+
+    /// Decodes a holes frame (the count must be 1..=[`HOLES_PER_FRAME`], `more` 0 or 1).
+    pub fn decode(bytes: &[u8]) -> Result<RequestHoles, DecodeError> {
+        check_header(bytes, |t| {
+            (t == msg_type::REQUEST_HOLES).then_some(size_of::<RequestHoles>())
+        })?;
+        let m: RequestHoles = read(bytes)?;
+        if !(1..=HOLES_PER_FRAME).contains(&usize::from(m.count.get())) {
+            return Err(DecodeError::InvalidField("count"));
+        }
+        if m.more.get() > 1 {
+            return Err(DecodeError::InvalidField("more"));
+        }
+        Ok(m)
     }
 }
 
@@ -1317,7 +1396,8 @@ mod tests {
         3, 0, 0, 0, // engine
         5, 0, 0, 0, // last response seq
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // proof (set in the test)
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // reserved
+        0, 0, 0, 0, // oldest unsure
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // reserved
     ];
     static LOGON_ACK_BYTES: [u8; 24] = [
         b'l', 1, 24, 0, 0, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0,
@@ -1339,6 +1419,10 @@ mod tests {
         other.engine_id = U32::new(4);
         assert!(!other.verify(&key, &binding));
         assert!(!Logon::decode(&LOGON_BYTES).unwrap().verify(&key, &binding));
+        // The oldest unsure request rides after the proof, outside it.
+        let asked = Logon::new(3, &key, 5, &binding).with_oldest_unsure(0x0102_0304);
+        assert_eq!(&asked.as_bytes()[32..36], &[4, 3, 2, 1]);
+        assert!(asked.verify(&key, &binding));
         assert!(pad_token(b"").is_none());
         assert!(pad_token(&[b'x'; TOKEN_LEN + 1]).is_none());
         assert!(pad_token(&[b'x'; TOKEN_LEN]).is_some());
@@ -1501,5 +1585,41 @@ mod tests {
         assert!(Symbol::new("A B").is_none());
         assert_eq!(Symbol::new("IBM").unwrap().as_str(), "IBM");
         assert!(Symbol([b' '; 8]).is_blank());
+    }
+}
+
+#[cfg(test)]
+mod holes_tests {
+    use super::*;
+
+    #[test]
+    fn request_holes_round_trip_and_refuse_bad_counts() {
+        let m = RequestHoles::new(&[3, 9, 0x0102_0304], true);
+        let b = m.as_bytes();
+        assert_eq!(b.len(), 252);
+        assert_eq!(&b[..4], &[b'H', VERSION, 252, 0]);
+        assert_eq!(&b[8..12], &[3, 0, 1, 0], "count 3, more 1");
+        assert_eq!(&b[12..16], &[3, 0, 0, 0]);
+        assert_eq!(&b[20..24], &[4, 3, 2, 1]);
+        let d = RequestHoles::decode(b).unwrap();
+        assert_eq!(d.holes().collect::<Vec<_>>(), [3, 9, 0x0102_0304]);
+        assert_eq!(d.more.get(), 1);
+        let mut zero = m;
+        zero.count = U16::ZERO;
+        assert_eq!(
+            RequestHoles::decode(zero.as_bytes()).unwrap_err(),
+            DecodeError::InvalidField("count")
+        );
+        let mut big = m;
+        big.count = U16::new(HOLES_PER_FRAME as u16 + 1);
+        assert!(RequestHoles::decode(big.as_bytes()).is_err());
+        let mut more = m;
+        more.more = U16::new(2);
+        assert!(RequestHoles::decode(more.as_bytes()).is_err());
+        assert!(RequestHoles::decode(&b[..251]).is_err());
+        // A full frame takes HOLES_PER_FRAME numbers and no more.
+        let all: Vec<u32> = (1..=HOLES_PER_FRAME as u32 + 5).collect();
+        let f = RequestHoles::new(&all, false);
+        assert_eq!(f.holes().count(), HOLES_PER_FRAME);
     }
 }

@@ -53,7 +53,8 @@ use crate::fix::SessionState;
 use crate::gateway::{EngineId, Gateway};
 use crate::liveness::Liveness;
 use crate::proto::{
-    engine_key, msg_type, Heartbeat, Logon, LogonAck, LogonStatus, Response, Symbol, ORDERS_STREAM,
+    engine_key, msg_type, Heartbeat, Logon, LogonAck, LogonStatus, RequestHoles, Response, Symbol,
+    HOLES_PER_FRAME, ORDERS_STREAM,
 };
 use crate::risk::RiskConfig;
 use crate::unix_nanos;
@@ -1147,9 +1148,18 @@ impl<L: VenueLink> Service<L> {
         };
         let heartbeat_ms = self.opts.heartbeat.as_millis().min(u128::from(u16::MAX)) as u16;
         let ack = LogonAck::new(id, status, last, taken).with_heartbeat_ms(heartbeat_ms);
-        let sent = conn
-            .publication(ORDERS_STREAM)
-            .offer_and_flush(u16::from(msg_type::LOGON_ACK), ack.as_bytes());
+        // The holes below `taken` go first, so the engine has them when it reads the
+        // answer; a ring that cannot take them fails the logon (the engine tries again).
+        let from = logon.map_or(0, |l| l.oldest_unsure.get());
+        let holes = if status == LogonStatus::Accepted {
+            send_holes(&mut conn, self.driver.gateway(), id, from)
+        } else {
+            Ok(0)
+        };
+        let sent = holes.and_then(|_| {
+            conn.publication(ORDERS_STREAM)
+                .offer_and_flush(u16::from(msg_type::LOGON_ACK), ack.as_bytes())
+        });
         if status == LogonStatus::Accepted && sent.is_ok() {
             self.driver.stage(|gw, out| gw.on_engine_logon(id, out));
             tracing::info!(engine = id, peer = %conn.peer(), last_response_seq = last, last_request_seq = taken, "engine logged on");
@@ -1227,6 +1237,32 @@ impl<L: VenueLink> Service<L> {
         self.driver.checkpoint_at_stop();
         Ok(())
     }
+}
+
+/// Hole frames an accepting logon answer is preceded by at most; past them the last frame
+/// says there were more ([`RequestHoles::more`]).
+const MAX_HOLE_FRAMES: usize = 16;
+
+/// Offers `engine`'s request holes from `from` on (0: the engine asked for none) as
+/// [`RequestHoles`] frames; returns how many were listed. Not flushed: the answer that
+/// follows flushes them with it.
+fn send_holes(
+    conn: &mut Connection,
+    gw: &Gateway,
+    engine: EngineId,
+    from: u32,
+) -> Result<usize, OfferError> {
+    if from == 0 {
+        return Ok(0);
+    }
+    let (holes, more) = gw.request_holes(engine, from, MAX_HOLE_FRAMES * HOLES_PER_FRAME);
+    let frames = holes.len().div_ceil(HOLES_PER_FRAME);
+    let mut p = conn.publication(ORDERS_STREAM);
+    for (i, chunk) in holes.chunks(HOLES_PER_FRAME).enumerate() {
+        let f = RequestHoles::new(chunk, more && i + 1 == frames);
+        p.offer(u16::from(msg_type::REQUEST_HOLES), f.as_bytes())?;
+    }
+    Ok(holes.len())
 }
 
 #[cfg(test)]

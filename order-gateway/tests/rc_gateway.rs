@@ -821,3 +821,77 @@ fn rc_reconnecting_engine_gets_missed_responses_once_in_order() {
         assert_eq!((status, cum), (OrderStatus::Done, o.cum_qty), "order {id}");
     }
 }
+
+/// Logs `client`'s engine on again (see `Gw::resume`) once the gateway has let the old
+/// connection go.
+fn resume_when_gone(gw: &Gw, id: u32, client: Client) -> Engine {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while gw.control.engines_connected() != 0 {
+        assert!(Instant::now() < deadline, "old connection not reaped");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    gw.resume(id, client)
+}
+
+/// A request whose fate the engine does not know, below one the gateway took, is listed
+/// by the gateway at the next logon (`RequestHoles`) and taken when sent again. The
+/// engine numbers request 2 and loses it with its connection; after logging on again it
+/// sends it again, but that copy too is lost with the connection, after request 3 was
+/// taken. At the next logon the gateway's last taken number (3) is past request 2: without
+/// the holes the engine counts it as taken and the order waits for ever.
+#[test]
+#[ignore = "rdma: needs an RDMA device and QuickFIX (cargo xtask test)"]
+fn rc_a_request_lost_below_a_taken_one_is_listed_at_logon_and_taken_once() {
+    let dir = scratch("rc-holes");
+    let venue = Venue::start(&dir.join("venue"), free_port());
+    let gw = Gw::start(venue.port, &dir.join("gw.journal"), 7475);
+    let [aapl, msft, _] = symbols();
+    let mut e = gw.engine(ENGINE, 1);
+    let first = e.send(ACCOUNT, aapl, Side::Buy, 50, 100);
+    e.s.flush().unwrap();
+    e.wait_final(&[first], 30);
+    let mut client = e.s.into_client();
+    // Request 2: numbered, never sent (lost with the connection).
+    let (lost, _) = client.new_order(ACCOUNT, msft, Side::Buy, 300, 100 * PRICE_SCALE);
+    let e = resume_when_gone(&gw, ENGINE, client);
+    let listed: Vec<u64> =
+        e.s.client()
+            .not_taken()
+            .iter()
+            .map(|r| r.cl_ord_id())
+            .collect();
+    assert_eq!(listed, [lost], "above the gateway's last: not taken");
+    // Sent again... and lost again: the copy never leaves.
+    let mut client = e.s.into_client();
+    assert_eq!(client.take_not_taken().len(), 1);
+    let mut e = resume_when_gone(&gw, ENGINE, client);
+    // Request 3 is taken.
+    let third = e.send(ACCOUNT, aapl, Side::Sell, 50, 100);
+    e.s.flush().unwrap();
+    e.wait_final(&[third], 30);
+    let client = e.s.into_client();
+    assert_eq!(client.oldest_unsure(), 2, "request 2's fate is unknown");
+    let mut e = resume_when_gone(&gw, ENGINE, client);
+    let listed: Vec<(u32, u64)> =
+        e.s.client()
+            .not_taken()
+            .iter()
+            .map(|r| (r.seq(), r.cl_ord_id()))
+            .collect();
+    assert_eq!(listed, [(2, lost)], "the gateway listed its hole");
+    assert_eq!(e.s.resend_not_taken().unwrap(), 1);
+    e.s.flush().unwrap();
+    e.wait_final(&[lost], 30);
+    assert_eq!(e.state(lost), OrderState::Filled);
+    assert!(e.errors.is_empty(), "{:?}", e.errors);
+    // The venue saw each order once.
+    let orders: Vec<String> = venue
+        .received()
+        .iter()
+        .filter(|l| l[0] == "D")
+        .map(|l| l[1].clone())
+        .collect();
+    assert_eq!(orders.len(), 3, "{orders:?}");
+    let snap = gw.stop();
+    assert_eq!(snap.open, 0);
+}

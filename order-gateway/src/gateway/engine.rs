@@ -39,6 +39,13 @@ impl Gateway {
         self.last_request.get(&engine).copied().unwrap_or(0)
     }
 
+    /// `engine`'s request numbers from `from` on, below its highest taken, that were never
+    /// taken (at most `max`, ascending), and whether there were more: what a logon answer
+    /// lists ([`crate::proto::RequestHoles`]).
+    pub fn request_holes(&self, engine: EngineId, from: u32, max: usize) -> (Vec<u32>, bool) {
+        self.request_holes.from(engine, from, max)
+    }
+
     /// Notes the request number of a journaled frame (live and replay).
     pub(super) fn note_request_seq(&mut self, engine: EngineId, bytes: &[u8]) {
         let seq = request_seq(bytes);

@@ -51,6 +51,17 @@ impl Holes {
         }
     }
 
+    /// `engine`'s holes from `from` on, ascending, at most `max` of them; and whether
+    /// there were more.
+    pub fn from(&self, engine: EngineId, from: u32, max: usize) -> (Vec<u32>, bool) {
+        let Some(h) = self.by_engine.get(&engine) else {
+            return (Vec::new(), false);
+        };
+        let mut it = h.range(from..);
+        let list: Vec<u32> = it.by_ref().take(max).copied().collect();
+        (list, it.next().is_some())
+    }
+
     /// True if request `seq` of `engine` is below its highest taken one and was never taken.
     pub fn contains(&self, engine: EngineId, seq: u32) -> bool {
         self.by_engine
@@ -74,6 +85,12 @@ mod tests {
         assert!(!h.contains(1, 6) && !h.contains(2, 3));
         h.taken(1, 6, 4);
         assert!(!h.contains(1, 4) && h.contains(1, 3));
+        // What a logon lists: from the engine's oldest unsure request, capped.
+        h.taken(1, 6, 10);
+        assert_eq!(h.from(1, 0, 10), (vec![3, 5, 7, 8, 9], false));
+        assert_eq!(h.from(1, 5, 2), (vec![5, 7], true));
+        assert_eq!(h.from(1, 9, 2), (vec![9], false));
+        assert_eq!(h.from(2, 0, 2), (vec![], false));
     }
 
     #[test]
