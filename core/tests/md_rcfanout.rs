@@ -143,6 +143,10 @@ flush_interval_ns = 20000
 [recovery]
 join_replay_max = 100
 snapshot_timeout_ns = 2000000000
+# A subscriber gives a silent publisher up after this long: long enough that
+# an emulator holding a thread off its vCPU is not taken for a dead
+# publisher (one test shortens it).
+dead_link_ns = 10000000000
 
 [rc_fanout]
 ring_size = {ring_size}
@@ -640,4 +644,88 @@ fn rdma_md_rc_fanout_subscriber_never_waits_and_reconnects() {
     assert_eq!(restored, 2, "{events:?}");
     assert!(events.contains(&Event::RecoveryLost), "{events:?}");
     assert_eq!(p.stats().subscribers_joined, 2, "{:?}", p.stats());
+}
+
+/// A publisher that stops (frozen: no heartbeat, no disconnect, as a host
+/// that died or hangs) is noticed by its subscriber within the silence bound
+/// (`recovery.dead_link_ns`): the connection is given up (`RecoveryLost`,
+/// `silent_links`), made again once the publisher is back, and the stream
+/// goes on in order. An idle publisher that keeps polling is not given up:
+/// its heartbeats keep the subscriber hearing from it.
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_md_rc_fanout_frozen_publisher_is_noticed_by_silence() {
+    let (first, total) = (2_000, 4_000);
+    let mut cfg = config(7815, 1 << 20, 2_000_000_000);
+    cfg.recovery.dead_link_ns = 1_000_000_000;
+    cfg.recovery.reconnect_min_ns = 1_000_000;
+    cfg.recovery.reconnect_max_ns = 100_000_000;
+    let ip = local_ip();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (pcfg, pstop) = (cfg.clone(), stop.clone());
+    let publisher = std::thread::spawn(move || {
+        let mut p = MdPublisher::new(&pcfg, CHANNEL, now_ns() + 1, ip).expect("publisher");
+        let mut book = Book::new();
+        wait_connections(&mut p, &book, 1);
+        publish_range(&mut p, &mut book, 1, first, 16, Duration::from_micros(200));
+        // Idle but alive for 3 s: heartbeats only.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(3) {
+            p.poll(now_ns(), &book).unwrap();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // Frozen for 3 s: nothing at all.
+        std::thread::sleep(Duration::from_secs(3));
+        publish_range(
+            &mut p,
+            &mut book,
+            first + 1,
+            total,
+            16,
+            Duration::from_micros(200),
+        );
+        serve_until(&mut p, &book, &pstop, Duration::from_secs(120));
+        (book, p)
+    });
+    let mut s = connect(&cfg, ip);
+    let mut book = Book::new();
+    let mut events = Vec::new();
+    let mut lost_at = None;
+    let t0 = Instant::now();
+    while !(book.last_seq == total && s.state().phase() == Phase::Live) {
+        s.poll(now_ns(), &mut book).expect("poll");
+        while let Some(e) = s.poll_event() {
+            if e == Event::RecoveryLost && lost_at.is_none() {
+                lost_at = Some(book.last_seq);
+            }
+            events.push(e);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "delivered up to {} of {total}: {:?} events {events:?}",
+            book.last_seq,
+            s.counters()
+        );
+    }
+    let MdSubscriber::Rc(rc) = &s else {
+        panic!("transport = rc picks RC")
+    };
+    let st = rc.io_stats();
+    stop.store(true, Ordering::Release);
+    let (pbook, p) = publisher.join().unwrap();
+    let MdPublisher::Rc(p) = p else {
+        unreachable!()
+    };
+    eprintln!(
+        "subscriber: {st:?} events {events:?}\npublisher: {:?}",
+        p.stats()
+    );
+    assert_eq!(book.order_errors, 0);
+    assert_eq!(book.digest(), pbook.digest(), "final state differs");
+    // Given up once, during the freeze (after everything before it arrived),
+    // not during the idle phase, whose heartbeats kept it alive.
+    assert_eq!(st.silent_links, 1, "{st:?}");
+    assert_eq!(lost_at, Some(first), "{events:?}");
+    assert!(p.stats().heartbeats_written > 10, "{:?}", p.stats());
+    assert_eq!(st.reconnects, 1, "made again after the freeze: {st:?}");
 }

@@ -200,6 +200,14 @@ fn orders_config(cfg: &McastConfig) -> OrdersConfig {
     }
 }
 
+/// How long a subscriber hears nothing before it counts the publisher as
+/// gone: `recovery.dead_link_ns`, at least ten heartbeat intervals.
+fn silence_bound(cfg: &McastConfig) -> u64 {
+    cfg.recovery
+        .dead_link_ns
+        .max(cfg.heartbeat_interval_ns.saturating_mul(10))
+}
+
 /// Errors of the fan-out's set-up.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -276,6 +284,8 @@ pub struct FanoutStats {
     pub subscribers_lost: u64,
     /// Retransmit requests served (late joiners near the stream's start).
     pub retransmit_requests: u64,
+    /// Heartbeat frames written to idle subscribers.
+    pub heartbeats_written: u64,
     /// Snapshots served (late joiners).
     pub snapshots_served: u64,
     /// Snapshots serialised for them (one serves every request while its
@@ -366,6 +376,10 @@ struct FanoutSub {
     requests: Pacer,
     snapshots: Pacer,
     doomed: Option<FanoutDrop>,
+    /// When a datagram or heartbeat frame was last written to it.
+    written_at: u64,
+    /// Scratch of [`RcFanoutPublisher::heartbeats`].
+    heartbeat_due: bool,
 }
 
 /// Limits applied to requests, from the configuration.
@@ -379,6 +393,11 @@ struct Limits {
     snapshots_per_sec: u64,
     snapshot_burst: u64,
     snapshot_reuse_ns: u64,
+    heartbeat_ns: u64,
+    /// A heartbeat goes out this long after the last write even if the
+    /// subscriber has not returned credit for it (a quarter of its silence
+    /// bound, see [`silence_bound`]).
+    quiet_ns: u64,
     slow_ns: u64,
     max_subscribers: usize,
     tags: bool,
@@ -444,6 +463,8 @@ impl RcFanoutPublisher {
                 snapshots_per_sec: rs.snapshots_per_sec,
                 snapshot_burst: rs.snapshot_burst,
                 snapshot_reuse_ns: rs.snapshot_reuse_ns,
+                heartbeat_ns: cfg.heartbeat_interval_ns,
+                quiet_ns: silence_bound(cfg) / 4,
                 slow_ns: cfg.rc_fanout.slow_subscriber_ns,
                 max_subscribers: cfg.rc_fanout.max_subscribers,
                 tags: cfg.auth.datagram_tag,
@@ -535,6 +556,7 @@ impl RcFanoutPublisher {
         let before = self.stats.datagrams_written;
         self.state.poll_flush(now);
         self.fan_out(now);
+        self.heartbeats(now);
         for sub in &mut self.subs {
             if sub.doomed.is_none() {
                 serve(
@@ -549,7 +571,7 @@ impl RcFanoutPublisher {
             }
         }
         if now >= self.next_cm_check {
-            self.accept();
+            self.accept(now);
             self.next_cm_check = now
                 + if self.listener.pending() > 0 {
                     CM_STEP_NS
@@ -572,8 +594,49 @@ impl RcFanoutPublisher {
         }
     }
 
+    /// Writes a heartbeat (the next sequence, as on multicast) to each
+    /// caught-up subscriber that was written nothing for
+    /// `heartbeat_interval_ns` and has consumed everything written to it,
+    /// or was written nothing for a quarter of its silence bound whatever it
+    /// consumed: so a subscriber of an idle publisher still hears from it,
+    /// and one that hears nothing for long knows the publisher is gone (a
+    /// host that died sends no disconnect). A subscriber that takes nothing
+    /// gets four heartbeats per silence bound at most.
+    fn heartbeats(&mut self, now: u64) {
+        let end = self.state.unflushed_seq();
+        let (hb_ns, quiet_ns) = (self.limits.heartbeat_ns, self.limits.quiet_ns);
+        let mut due = false;
+        for sub in &mut self.subs {
+            let idle = now.saturating_sub(sub.written_at);
+            sub.heartbeat_due = sub.doomed.is_none()
+                && sub.cursor.next() >= end
+                && idle >= hb_ns
+                && (idle >= quiet_ns || sub.conn.unconsumed() == 0);
+            due |= sub.heartbeat_due;
+        }
+        if !due {
+            return;
+        }
+        let bytes = self.state.heartbeat();
+        for sub in self.subs.iter_mut().filter(|s| s.heartbeat_due) {
+            match sub
+                .conn
+                .publication(STREAM)
+                .offer_and_flush(FRAME_DATAGRAM, bytes)
+            {
+                Ok(()) => {
+                    sub.written_at = now;
+                    self.stats.heartbeats_written += 1;
+                }
+                // Room comes back with its credit; the next poll tries again.
+                Err(OfferError::BackPressured) => {}
+                Err(_) => sub.doomed = Some(FanoutDrop::Lost),
+            }
+        }
+    }
+
     /// Takes one finished handshake, if any, without waiting.
-    fn accept(&mut self) {
+    fn accept(&mut self, now: u64) {
         let mut conn = match self.listener.accept(Duration::ZERO) {
             Ok(Some(c)) => c,
             Ok(None) => return,
@@ -627,6 +690,8 @@ impl RcFanoutPublisher {
             requests: Pacer::new(l.requests_per_sec, l.request_burst),
             snapshots: Pacer::new(l.snapshots_per_sec, l.snapshot_burst),
             doomed: None,
+            written_at: now,
+            heartbeat_due: false,
         });
         self.stats.subscribers_joined += 1;
         tracing::info!(%peer, id = self.next_id, from_seq = cursor, "rc fan-out: subscriber joined");
@@ -697,6 +762,7 @@ fn write_datagrams(
                 sub.cursor.wrote(next);
                 wrote = true;
                 stats.datagrams_written += 1;
+                sub.written_at = now;
             }
             Err(OfferError::BackPressured) => {
                 stats.back_pressured += 1;
@@ -866,6 +932,9 @@ pub struct FanoutSubscriberStats {
     pub reconnects: u64,
     /// Connection attempts that failed (each followed by a longer wait).
     pub reconnect_failures: u64,
+    /// Connections given up because nothing (not even a heartbeat) came for
+    /// the silence bound (counted in `connections_lost` too).
+    pub silent_links: u64,
 }
 
 /// The connection to the publisher in its states.
@@ -895,6 +964,11 @@ pub struct RcFanoutSubscriber {
     state: SubscriberState,
     link: FanLink,
     dial: Dial,
+    /// When the connection last brought a frame (or came up).
+    heard_at: u64,
+    /// Silence after which the publisher counts as gone:
+    /// `recovery.dead_link_ns`, at least ten heartbeat intervals.
+    silence_ns: u64,
     channel: u16,
     tags: bool,
     stats: FanoutSubscriberStats,
@@ -947,6 +1021,7 @@ impl RcFanoutSubscriber {
         let mut s = Self::unconnected(cfg, channel, local, publisher)?;
         let conn = Connection::connect(s.dial.publisher, &s.dial.cfg)?;
         s.link = FanLink::Up(conn);
+        s.heard_at = crate::clock::now_ns();
         Ok(s)
     }
 
@@ -973,6 +1048,8 @@ impl RcFanoutSubscriber {
                 backoff_ns: cfg.recovery.reconnect_min_ns,
                 next_check: 0,
             },
+            heard_at: 0,
+            silence_ns: silence_bound(cfg),
             channel,
             tags: cfg.auth.datagram_tag,
             stats: FanoutSubscriberStats::default(),
@@ -1065,7 +1142,17 @@ impl RcFanoutSubscriber {
             },
             POLL_LIMIT,
         );
-        let mut ok = r.is_ok() && !broken;
+        // A live publisher writes at least a heartbeat every
+        // `heartbeat_interval_ns` (see `RcFanoutPublisher::heartbeats`); one
+        // that died sends no disconnect, and our ring simply stays empty.
+        if matches!(r, Ok(n) if n > 0) {
+            self.heard_at = now;
+        }
+        let silent = now.saturating_sub(self.heard_at) > self.silence_ns;
+        if silent && r.is_ok() && !broken {
+            stats.silent_links += 1;
+        }
+        let mut ok = r.is_ok() && !broken && !silent;
         if ok && state.poll_timeout().is_some_and(|t| t <= now) {
             state.handle_timeout(now, app);
         }
@@ -1124,6 +1211,7 @@ impl RcFanoutSubscriber {
             }
             Ok(ConnectProgress::Done(conn)) => {
                 self.link = FanLink::Up(conn);
+                self.heard_at = now;
                 self.stats.reconnects += 1;
                 d.backoff_ns = d.min_ns;
                 self.state.set_recovery_link(now, true);

@@ -626,6 +626,14 @@ impl Connection {
         self.stats
     }
 
+    /// Bytes written into the peer's ring that it has not consumed yet, as
+    /// its last credit says (reads the credit word; a peer returns credit
+    /// after a quarter ring, or when idle).
+    pub fn unconsumed(&mut self) -> u64 {
+        self.send.tx.refresh_credit(&self.ring);
+        self.send.tx.state().in_flight()
+    }
+
     /// Whether the connection is lost (and why).
     pub fn lost(&self) -> Option<PeerLost> {
         self.link.lost

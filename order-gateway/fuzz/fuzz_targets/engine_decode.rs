@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use order_gateway::proto::{Heartbeat, LogonAck, Request, Response};
+use order_gateway::proto::{Heartbeat, LogonAck, Request, RequestHoles, Response, HOLES_PER_FRAME};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok((r, n)) = Request::decode(data) {
@@ -32,5 +32,14 @@ fuzz_target!(|data: &[u8]| {
             (le32(16), le32(20)),
             (a.last_response_seq.get(), a.last_request_seq.get())
         );
+    }
+    if let Ok(h) = RequestHoles::decode(data) {
+        assert_eq!(data[..4], [b'H', 1, 252, 0]);
+        let n = h.holes().count();
+        assert!((1..=HOLES_PER_FRAME).contains(&n));
+        assert_eq!(n, usize::from(u16::from_le_bytes([data[8], data[9]])));
+        for (i, s) in h.holes().enumerate() {
+            assert_eq!(s, le32(12 + 4 * i));
+        }
     }
 });
