@@ -284,7 +284,10 @@ pub struct RecoveryConfig {
     /// does not move) is dropped and reconnected after three request
     /// timeouts in a row and no sooner than this long after it last showed
     /// progress, so a publisher busy or descheduled for a moment keeps its
-    /// subscribers. 0: after the timeouts alone.
+    /// subscribers. 0: after the timeouts alone. On an RC fan-out channel
+    /// (`transport = "rc"`): a connection that brought nothing, not even a
+    /// heartbeat, for this long (at least ten `heartbeat_interval_ns`) is
+    /// given up and made again.
     pub dead_link_ns: u64,
 }
 
