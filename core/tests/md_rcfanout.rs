@@ -501,7 +501,13 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
     let mut sevents = Vec::new();
     let t0 = Instant::now();
     while stalled.connected() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "never saw the drop");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "never saw the drop: delivered {} {:?} {:?} events {sevents:?}",
+            sbook.count,
+            stalled.io_stats(),
+            stalled.counters()
+        );
         stalled.poll(now_ns(), &mut sbook).unwrap();
         while let Some(e) = stalled.poll_event() {
             sevents.push(e);

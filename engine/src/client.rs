@@ -807,6 +807,14 @@ impl EngineSession {
         &self.client
     }
 
+    /// The order book, to give up requests not taken ([`Client::take_not_taken`]) while
+    /// connected. Requests must go through the session's own methods: one encoded here is
+    /// numbered and tracked but never sent (the gateway lists it as a hole at the next
+    /// logon once it took a later number).
+    pub fn client_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
     /// The orders connection (stats, loss state).
     pub fn connection(&self) -> &Connection {
         &self.conn

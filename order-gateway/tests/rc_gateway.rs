@@ -853,7 +853,7 @@ fn rc_a_request_lost_below_a_taken_one_is_listed_at_logon_and_taken_once() {
     let mut client = e.s.into_client();
     // Request 2: numbered, never sent (lost with the connection).
     let (lost, _) = client.new_order(ACCOUNT, msft, Side::Buy, 300, 100 * PRICE_SCALE);
-    let e = resume_when_gone(&gw, ENGINE, client);
+    let mut e = resume_when_gone(&gw, ENGINE, client);
     let listed: Vec<u64> =
         e.s.client()
             .not_taken()
@@ -862,9 +862,7 @@ fn rc_a_request_lost_below_a_taken_one_is_listed_at_logon_and_taken_once() {
             .collect();
     assert_eq!(listed, [lost], "above the gateway's last: not taken");
     // Sent again... and lost again: the copy never leaves.
-    let mut client = e.s.into_client();
-    assert_eq!(client.take_not_taken().len(), 1);
-    let mut e = resume_when_gone(&gw, ENGINE, client);
+    assert_eq!(e.s.client_mut().take_not_taken().len(), 1);
     // Request 3 is taken.
     let third = e.send(ACCOUNT, aapl, Side::Sell, 50, 100);
     e.s.flush().unwrap();
