@@ -414,7 +414,11 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
             }
             p.poll(now_ns(), &book).unwrap();
             while let Some(e) = p.poll_event() {
-                if matches!(e, FanoutEvent::SubscriberDropped { .. }) {
+                // The stalled one's drop, not the healthy one leaving
+                // (`Lost`): polled before the publisher dropped it, the
+                // stalled one would take credit back and catch up.
+                if matches!(e, FanoutEvent::SubscriberDropped { reason, .. } if reason != FanoutDrop::Lost)
+                {
                     // ORDERING: Release, pairs with the test thread's Acquire.
                     pdropped.store(true, Ordering::Release);
                 }
@@ -431,7 +435,11 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
         while !pstop.load(Ordering::Acquire) {
             p.poll(now_ns(), &book).unwrap();
             while let Some(e) = p.poll_event() {
-                if matches!(e, FanoutEvent::SubscriberDropped { .. }) {
+                // The stalled one's drop, not the healthy one leaving
+                // (`Lost`): polled before the publisher dropped it, the
+                // stalled one would take credit back and catch up.
+                if matches!(e, FanoutEvent::SubscriberDropped { reason, .. } if reason != FanoutDrop::Lost)
+                {
                     // ORDERING: Release, pairs with the test thread's Acquire.
                     pdropped.store(true, Ordering::Release);
                 }
