@@ -336,7 +336,7 @@ impl<S: StagingMemory> Sender<S> {
     /// of staging (one bounds check): header, payload, seal. Anything else
     /// (padding first, back-pressure, too large) goes through
     /// [`claim`](Self::claim) and [`commit`](Self::commit) out of line.
-    #[inline]
+    #[inline(always)]
     pub fn offer<M: RingMemory>(
         &mut self,
         stream_id: u16,
@@ -454,7 +454,7 @@ impl Receiver {
     /// then type, length and room, one compare each) and one bounds check
     /// of the memory for the seal and the payload together; padding and
     /// anything impossible go through [`frame::validate`] out of line.
-    #[inline]
+    #[inline(always)]
     pub fn poll<M: RingMemory>(
         &mut self,
         mem: &M,
