@@ -476,6 +476,10 @@ pub fn orders_part(
         "reap",
         "post_ring_writes",
         "take_flush",
+        "take_run",
+        "flush_rest",
+        "flush_runs",
+        "post_staged",
         "range_sge",
         "inline",
         "write",
@@ -486,6 +490,12 @@ pub fn orders_part(
         "poll",
         "load_control",
         "read_header",
+        "poll_slow",
+        "load_header",
+        "take_sealed",
+        "copy_words",
+        "copy_relaxed",
+        "word_at",
         "copy_payload",
         "check_cm",
         "advance",
@@ -496,6 +506,10 @@ pub fn orders_part(
     ];
     const SEAL: &[&str] = &[
         "claim",
+        "claim_fast",
+        "commit_fast",
+        "offer_slow",
+        "refused",
         "try_claim",
         "commit",
         "offer",
@@ -516,13 +530,18 @@ pub fn orders_part(
         if file.ends_with("ring/frame.rs") {
             return "frame checks/seal";
         }
+        let f = func.unwrap_or("");
+        // The ring's loads (header, seal, the payload copy) are polling;
+        // the rest of `ring/mem.rs` (staging, the prepared post) is posting.
+        if file.ends_with("ring/mem.rs") && POLL.contains(&f) {
+            return "poll/frame detection";
+        }
         if file.ends_with("verbs/qp.rs")
             || file.ends_with("verbs/cq.rs")
             || file.ends_with("ring/mem.rs")
         {
             return "post/doorbell/completions";
         }
-        let f = func.unwrap_or("");
         if CREDIT.contains(&f) {
             return "credit";
         }
@@ -878,6 +897,14 @@ totals: 45
                 None,
                 "rocebus::orders::Connection::post"
             ),
+            "post/doorbell/completions"
+        );
+        assert_eq!(
+            orders_part("b", "/w/core/src/ring/mem.rs", Some("take_sealed"), "x"),
+            "poll/frame detection"
+        );
+        assert_eq!(
+            orders_part("b", "/w/core/src/ring/mem.rs", Some("post"), "x"),
             "post/doorbell/completions"
         );
         assert_eq!(orders_part("b", "???", None, "main"), "other");

@@ -139,7 +139,12 @@ pub(super) struct Link {
     sq: SendQueue,
     pub(super) lost: Option<PeerLost>,
     max_inline: usize,
+    /// Longest single WRITE (`usize::MAX` when the configuration sets no
+    /// limit: decided once, not per flush).
     max_write: usize,
+    /// Requests one prepared post puts on the send queue (the write, and
+    /// the fan-in mark when granted).
+    requests: u64,
 }
 
 /// The send queue's accounting, without I/O: which posts ask for a
@@ -450,6 +455,7 @@ impl Connection {
             peer.ring_rkey.get(),
             fanin.1.map(|m| (m.addr, m.rkey)),
         );
+        let requests = write.requests();
         Ok(Self {
             send: SendSide {
                 tx,
@@ -470,7 +476,11 @@ impl Connection {
                 sq: SendQueue::new(cfg.signal_every, caps.max_send_wr as u64),
                 lost: None,
                 max_inline: caps.max_inline_data.min(cfg.max_inline) as usize,
-                max_write: cfg.max_write_bytes,
+                max_write: match cfg.max_write_bytes {
+                    0 => usize::MAX,
+                    m => m,
+                },
+                requests,
                 qp: res.qp,
                 cq: res.cq,
             },
@@ -623,7 +633,15 @@ impl Connection {
 
     /// Counters.
     pub fn stats(&self) -> ConnStats {
-        self.stats
+        let tx = &self.send.tx;
+        let rx = &self.recv.rx;
+        ConnStats {
+            frames_sent: tx.frames(),
+            bytes_sent: tx.bytes(),
+            frames_received: rx.frames(),
+            bytes_received: rx.bytes(),
+            ..self.stats
+        }
     }
 
     /// Bytes written into the peer's ring that it has not consumed yet, as
@@ -642,7 +660,39 @@ impl Connection {
     /// Writes everything claimed since the last flush: one RDMA WRITE per
     /// contiguous run (two when it wraps), inline when small, one doorbell.
     /// With nothing to write it only reaps send completions.
+    #[inline]
     pub fn flush(&mut self) -> Result<(), OfferError> {
+        let Self {
+            link, send, stats, ..
+        } = self;
+        // The usual case, one run that fits one write, is posted through
+        // the prepared WRITE; the fan-in mark, if granted, rides the same
+        // doorbell after the frames (RC places it after them: see
+        // crate::ring::fanin).
+        if let Some((off, len)) = send.tx.take_run(link.max_write) {
+            stats.flushes += 1;
+            return link
+                .post_staged(send.tx.staging(), off, len)
+                .map_err(OfferError::Lost);
+        }
+        self.flush_rest()
+    }
+
+    /// A flush with nothing to write (reaps send completions) or more
+    /// than one write.
+    #[inline(never)]
+    fn flush_rest(&mut self) -> Result<(), OfferError> {
+        if self.send.tx.state().unflushed() == 0 {
+            return self.link.reap().map_err(OfferError::Lost);
+        }
+        self.flush_runs()
+    }
+
+    /// A flush that wraps or exceeds `max_write`: the runs cut into writes
+    /// posted from arrays, then the mark.
+    #[cold]
+    #[inline(never)]
+    fn flush_runs(&mut self) -> Result<(), OfferError> {
         let Self {
             link,
             send,
@@ -650,29 +700,17 @@ impl Connection {
             stats,
             ..
         } = self;
-        if send.tx.state().unflushed() == 0 {
-            return link.reap().map_err(OfferError::Lost);
-        }
         let (ranges, n) = send.tx.take_flush();
         let (remote, rkey) = (send.remote_addr, send.remote_rkey);
-        let max = if link.max_write == 0 {
-            usize::MAX
-        } else {
-            link.max_write
-        };
-        // The usual case, one run that fits one write, is posted as a single
-        // request built on the stack, without the chunk arrays (whose frame
-        // alone cost ~100 instructions per post under callgrind).
-        let r = if n == 1 && ranges[0].1 <= max {
-            // The prepared WRITE; the fan-in mark, if granted, rides the
-            // same doorbell after the frames (RC places it after them: see
-            // crate::ring::fanin).
-            let (off, len) = ranges[0];
-            link.post_staged(send.tx.staging(), off, len)
-        } else {
-            link.post_runs(send.tx.staging(), remote, rkey, &ranges[..n], max)
-                .and_then(|()| link.post_mark(*mark))
-        };
+        let r = link
+            .post_runs(
+                send.tx.staging(),
+                remote,
+                rkey,
+                &ranges[..n],
+                link.max_write,
+            )
+            .and_then(|()| link.post_mark(*mark));
         stats.flushes += 1;
         r.map_err(OfferError::Lost)
     }
@@ -802,7 +840,7 @@ impl Link {
     /// through the prepared WRITE, with the fan-in mark if granted.
     #[inline]
     fn post_staged(&mut self, staging: &Staging, off: usize, len: usize) -> Result<(), PeerLost> {
-        let n = self.write.requests();
+        let n = self.requests;
         let signaled = if self.sq.fast(n) {
             false
         } else {

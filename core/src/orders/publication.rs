@@ -110,28 +110,41 @@ impl Connection {
         }
         match self.send.tx.claim(stream_id, msg_type, len, &self.ring) {
             Ok(()) => Ok(Claim { conn: self, len }),
-            Err(ClaimRefused::TooLarge) => Err(OfferError::TooLarge),
-            Err(ClaimRefused::ReservedType) => Err(OfferError::ReservedType),
-            Err(ClaimRefused::BackPressured) => {
+            Err(e) => Err(self.refused(e)),
+        }
+    }
+
+    /// Counts and converts a refused claim.
+    #[cold]
+    fn refused(&mut self, e: ClaimRefused) -> OfferError {
+        match e {
+            ClaimRefused::TooLarge => OfferError::TooLarge,
+            ClaimRefused::ReservedType => OfferError::ReservedType,
+            ClaimRefused::BackPressured => {
                 self.stats.back_pressured += 1;
-                Err(OfferError::BackPressured)
+                OfferError::BackPressured
             }
         }
     }
 
     /// Copies `payload` into a frame of type `msg_type` on `stream_id` and
     /// commits it (not yet flushed).
-    #[inline]
+    #[inline(always)]
     pub fn offer(
         &mut self,
         stream_id: u16,
         msg_type: u16,
         payload: &[u8],
     ) -> Result<(), OfferError> {
-        let mut c = self.try_claim(stream_id, msg_type, payload.len())?;
-        c.copy_from_slice(payload);
-        c.commit();
-        Ok(())
+        if let Some(l) = self.link.lost {
+            return Err(OfferError::Lost(l));
+        }
+        // Claim, copy and seal in one go (`Sender::offer`): what a claim
+        // that is filled and committed at once amounts to.
+        match self.send.tx.offer(stream_id, msg_type, payload, &self.ring) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.refused(e)),
+        }
     }
 }
 
@@ -139,10 +152,8 @@ impl Claim<'_> {
     /// Commits the frame: it goes out with the next flush.
     #[inline]
     pub fn commit(self) {
+        // The sender counts the frame and its bytes (`Connection::stats`).
         self.conn.send.tx.commit();
-        let st = &mut self.conn.stats;
-        st.frames_sent += 1;
-        st.bytes_sent += self.len as u64;
     }
 }
 

@@ -50,7 +50,6 @@ impl<'c> Subscription<'c> {
             return Err(OrdersError::PeerLost(l));
         }
         let mut delivered = 0;
-        let mut bytes = 0u64;
         let recv = &mut conn.recv;
         while delivered < limit {
             let info = match recv.rx.poll(&conn.ring, &mut recv.scratch) {
@@ -65,12 +64,9 @@ impl<'c> Subscription<'c> {
                 payload: &recv.scratch[..info.len as usize],
             });
             delivered += 1;
-            bytes += info.len as u64;
         }
-        if delivered > 0 {
-            conn.stats.frames_received += delivered as u64;
-            conn.stats.bytes_received += bytes;
-        }
+        // The frame and byte counts are the receiver's own (read by
+        // `Connection::stats`): nothing to add up here.
         if let Some(c) = conn.recv.rx.take_credit(delivered) {
             conn.send_credit(c).map_err(OrdersError::PeerLost)?;
         }

@@ -86,6 +86,25 @@ pub const fn frame_len(payload: usize) -> usize {
     (HEADER_LEN + payload + TRAILER_LEN + FRAME_ALIGN - 1) & !(FRAME_ALIGN - 1)
 }
 
+/// Writes frame `seq` carrying `payload` into `frame`, the bytes it
+/// occupies ([`frame_len`] of the payload): header, payload, then the seal
+/// in the last 8 bytes. Panics if `frame` cannot hold them (the caller
+/// claimed exactly this room).
+#[inline]
+pub fn write_frame(frame: &mut [u8], stream_id: u16, msg_type: u16, seq: u64, payload: &[u8]) {
+    let word0 = payload.len() as u32 as u64 | (stream_id as u64) << 32 | (msg_type as u64) << 48;
+    let (head, rest) = frame
+        .split_first_chunk_mut::<HEADER_LEN>()
+        .expect("a frame holds a header");
+    head[..8].copy_from_slice(&word0.to_le_bytes());
+    head[8..].copy_from_slice(&header_check(seq, word0).to_le_bytes());
+    let (body, seal) = rest
+        .split_last_chunk_mut::<TRAILER_LEN>()
+        .expect("a frame holds a seal");
+    body[..payload.len()].copy_from_slice(payload);
+    seal.copy_from_slice(&trailer_value(seq).to_le_bytes());
+}
+
 /// Why a frame (or the producer position) read from the ring is refused.
 /// Any of these means the peer is broken or hostile: the connection is
 /// closed, nothing past the bad frame is delivered.

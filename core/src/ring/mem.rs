@@ -27,7 +27,7 @@
 #![allow(unsafe_code)]
 
 use super::fanin::ActivityMemory;
-use super::frame::{CONTROL_LEN, PROOF_OFF, PROOF_SEAL};
+use super::frame::{CONTROL_LEN, HEADER_LEN, PROOF_OFF, PROOF_SEAL, TRAILER_LEN};
 use super::proto::{RingMemory, StagingMemory};
 use crate::auth::{Tag, TAG_LEN};
 use crate::verbs::{
@@ -123,14 +123,85 @@ impl RingMemory for IncomingRing {
                     .checked_add(dst.len())
                     .is_some_and(|e| e <= self.size + CONTROL_LEN)
         );
+        self.copy_words(at, dst);
+    }
+    #[inline]
+    fn load_header(&self, off: usize) -> (u64, u64) {
+        // One check for both words (the header lies in the data).
+        assert!(off % 16 == 0 && off < self.size);
         let base = self.mr.as_ptr() as *const AtomicU64;
-        for (i, c) in dst.chunks_exact_mut(8).enumerate() {
-            // SAFETY: as `word_at`, for every word of the range checked once
-            // above: in bounds of the mapping that lives as long as self.mr,
-            // 8-byte aligned, any bit pattern valid; only loaded.
+        // SAFETY: as `word_at`, for the two words at `off` and `off + 8`:
+        // `off` is 16-aligned and below the data size, a multiple of 16, so
+        // both lie in the mapping (which lives as long as self.mr), 8-byte
+        // aligned, any bit pattern valid; only loaded.
+        let (w0, check) = unsafe { (&*base.add(off / 8), &*base.add(off / 8 + 1)) };
+        // ORDERING: Acquire, pairs with the device placing the header's first
+        // bytes before its check word; the load of word 0 follows.
+        let check = check.load(Ordering::Acquire);
+        // ORDERING: Relaxed: ordered after the Acquire above.
+        (w0.load(Ordering::Relaxed), check)
+    }
+    #[inline]
+    fn take_sealed(&self, off: usize, total: usize, seal: u64, dst: &mut [u8]) -> bool {
+        // One check for the seal and every payload word: the frame lies in
+        // the data, and the payload words end at or before the seal.
+        assert!(
+            (off | total | dst.len()) % 8 == 0
+                && off < self.size
+                && total <= self.size - off
+                && total >= HEADER_LEN + TRAILER_LEN + dst.len()
+        );
+        let base = self.mr.as_ptr() as *const AtomicU64;
+        // SAFETY: as `word_at`: the seal's word, at `off + total - 8` (a
+        // multiple of 8, as `off` and `total` are; `total` is at least 24),
+        // ends at `off + total`, within the data (checked above) and so the
+        // mapping that lives as long as self.mr; any bit pattern valid;
+        // only loaded.
+        let seal_word = unsafe { &*base.add((off + total) / 8 - 1) };
+        // ORDERING: Acquire, pairs with the device placing the frame's bytes
+        // in ascending address order: the payload loads come after it.
+        if seal_word.load(Ordering::Acquire) != seal {
+            return false;
+        }
+        // ORDERING: Relaxed loads, after the Acquire above saw the frame
+        // complete (see `copy_words`).
+        self.copy_words(off + HEADER_LEN, dst);
+        true
+    }
+}
+
+impl IncomingRing {
+    /// The words from `at` into `dst`, Relaxed; the caller checked that
+    /// `at` is 8-aligned, `dst` a multiple of 8 long and the range inside
+    /// the region.
+    #[inline(always)]
+    fn copy_words(&self, at: usize, dst: &mut [u8]) {
+        debug_assert!(at % 8 == 0 && at + dst.len() <= self.size + CONTROL_LEN);
+        let base = self.mr.as_ptr() as *const AtomicU64;
+        // Word `i` of the range (`i` below `dst.len() / 8`: both loops below
+        // count the words they fill).
+        let load = |i: usize| {
+            // SAFETY: as `word_at`, for every word of the range the caller
+            // checked once: in bounds of the mapping that lives as long as
+            // self.mr, 8-byte aligned, any bit pattern valid; only loaded.
             let w = unsafe { &*base.add(at / 8 + i) };
             // ORDERING: Relaxed, as `load_relaxed`.
-            c.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+            w.load(Ordering::Relaxed)
+        };
+        // Four words per step (a 64-byte payload is two steps), then the rest.
+        let mut blocks = dst.chunks_exact_mut(32);
+        let mut i = 0;
+        for b in &mut blocks {
+            let (w0, w1, w2, w3) = (load(i), load(i + 1), load(i + 2), load(i + 3));
+            b[..8].copy_from_slice(&w0.to_ne_bytes());
+            b[8..16].copy_from_slice(&w1.to_ne_bytes());
+            b[16..24].copy_from_slice(&w2.to_ne_bytes());
+            b[24..].copy_from_slice(&w3.to_ne_bytes());
+            i += 4;
+        }
+        for c in blocks.into_remainder().chunks_exact_mut(8) {
+            c.copy_from_slice(&load(i).to_ne_bytes());
+            i += 1;
         }
     }
 }

@@ -61,6 +61,42 @@ pub trait RingMemory {
             c.copy_from_slice(&self.load_relaxed(at + 8 * i).to_ne_bytes());
         }
     }
+    /// The frame header at 16-aligned offset `off` (`off + 16 <= data_len()`,
+    /// else panics) as `(word0, check)`: the check word (its last 8 bytes)
+    /// loaded first, with Acquire, then word 0, Relaxed (see
+    /// [`read_header`]). An implementation may check the bounds once for
+    /// both.
+    #[inline]
+    fn load_header(&self, off: usize) -> (u64, u64) {
+        // ORDERING: Acquire, pairs with the writer placing the header's first
+        // bytes before its check word; the load of word 0 follows.
+        let check = self.load_acquire(off + 8);
+        // ORDERING: Relaxed: ordered after the Acquire above.
+        (self.load_relaxed(off), check)
+    }
+    /// The body of the frame of `total` bytes at 8-aligned offset `off`: loads
+    /// its seal (the last word, at `off + total - 8`) with Acquire and, only
+    /// if it equals `seal`, copies the words from `off + 16` into `dst` (a
+    /// multiple of 8 bytes, ending at or before the seal) with Relaxed loads
+    /// ordered after it; returns whether it did. Panics when the frame
+    /// leaves the data or `dst` does not fit before the seal. An
+    /// implementation may check the bounds once for all of it.
+    #[inline]
+    fn take_sealed(&self, off: usize, total: usize, seal: u64, dst: &mut [u8]) -> bool {
+        assert!(
+            dst.len() % 8 == 0
+                && total >= HEADER_LEN + TRAILER_LEN + dst.len()
+                && off.checked_add(total).is_some_and(|e| e <= self.data_len())
+        );
+        // ORDERING: Acquire, pairs with the writer placing the frame's bytes
+        // in ascending order: the payload loads come after it.
+        if self.load_acquire(off + total - TRAILER_LEN) != seal {
+            return false;
+        }
+        // ORDERING: Relaxed: after the Acquire above saw the frame complete.
+        self.copy_relaxed(off + HEADER_LEN, dst);
+        true
+    }
 }
 
 /// Our own staging bytes (nobody else writes them; a device may read a
@@ -150,6 +186,11 @@ pub struct Sender<S> {
     state: SenderState,
     staging: S,
     open: Option<OpenClaim>,
+    /// Padding frames written (frames sent are the sequences used less
+    /// these: no per-frame count on the hot path).
+    paddings: u64,
+    /// Payload bytes committed.
+    bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -168,7 +209,17 @@ impl<S: StagingMemory> Sender<S> {
             state: SenderState::new(staging.len(), max_payload),
             staging,
             open: None,
+            paddings: 0,
+            bytes: 0,
         }
+    }
+    /// Application frames committed (padding not counted).
+    pub fn frames(&self) -> u64 {
+        self.state.next_seq() - 1 - self.paddings
+    }
+    /// Payload bytes committed.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
     /// Positions and credit.
     pub fn state(&self) -> &SenderState {
@@ -262,6 +313,7 @@ impl<S: StagingMemory> Sender<S> {
             self.staging
                 .bytes_mut(off, HEADER_LEN)
                 .copy_from_slice(h.as_bytes());
+            self.paddings += 1;
         }
         let seq = self.state.next_seq() + pos.padding.is_some() as u64;
         let h = FrameHeader::new(c.len as u32, c.stream_id, c.msg_type, seq);
@@ -273,12 +325,50 @@ impl<S: StagingMemory> Sender<S> {
             .copy_from_slice(&frame::trailer_value(seq).to_le_bytes());
         let used = self.state.commit(&pos);
         debug_assert_eq!(used, seq);
+        self.bytes += c.len as u64;
         Some(seq)
     }
 
-    /// Claims, fills and commits one frame.
-    #[inline]
+    /// Claims, fills and commits one frame (replacing a claim left open).
+    ///
+    /// The usual frame, one that fits before the ring's end within the
+    /// credit ([`SenderState::claim_fast`]), is written through one slice
+    /// of staging (one bounds check): header, payload, seal. Anything else
+    /// (padding first, back-pressure, too large) goes through
+    /// [`claim`](Self::claim) and [`commit`](Self::commit) out of line.
+    #[inline(always)]
     pub fn offer<M: RingMemory>(
+        &mut self,
+        stream_id: u16,
+        msg_type: u16,
+        payload: &[u8],
+        credit_mem: &M,
+    ) -> Result<u64, ClaimRefused> {
+        if msg_type >= TYPE_RESERVED_MIN {
+            return Err(ClaimRefused::ReservedType);
+        }
+        let len = payload.len();
+        let Some((off, total)) = self.state.claim_fast(len) else {
+            return self.offer_slow(stream_id, msg_type, payload, credit_mem);
+        };
+        let seq = self.state.next_seq();
+        frame::write_frame(
+            self.staging.bytes_mut(off, total),
+            stream_id,
+            msg_type,
+            seq,
+            payload,
+        );
+        self.state.commit_fast(total);
+        self.open = None;
+        self.bytes += len as u64;
+        Ok(seq)
+    }
+
+    /// [`offer`](Self::offer) when the fast claim does not decide.
+    #[cold]
+    #[inline(never)]
+    fn offer_slow<M: RingMemory>(
         &mut self,
         stream_id: u16,
         msg_type: u16,
@@ -298,6 +388,13 @@ impl<S: StagingMemory> Sender<S> {
     pub fn take_flush(&mut self) -> ([(usize, usize); 2], usize) {
         self.state.take_flush()
     }
+
+    /// [`SenderState::take_run`]: everything unflushed when it is one run
+    /// of at most `max` bytes (else `None`, nothing marked).
+    #[inline]
+    pub fn take_run(&mut self, max: usize) -> Option<(usize, usize)> {
+        self.state.take_run(max)
+    }
 }
 
 /// The receiving half of a ring connection: finds frames in ring memory
@@ -306,7 +403,16 @@ impl<S: StagingMemory> Sender<S> {
 pub struct Receiver {
     state: ReceiverState,
     violations: u64,
+    /// Padding frames skipped (so frames delivered are the sequences
+    /// consumed less these: no per-frame count on the hot path).
+    paddings: u64,
+    /// Payload bytes delivered.
+    bytes: u64,
 }
+
+/// The lowest first header word of a reserved type (padding included): the
+/// type is the word's top 16 bits, so one compare tells an application frame.
+const RESERVED_WORD0: u64 = (TYPE_RESERVED_MIN as u64) << 48;
 
 impl Receiver {
     /// A receiver of a ring of `size` data bytes accepting payloads up to
@@ -315,6 +421,8 @@ impl Receiver {
         Self {
             state: ReceiverState::new(size, max_payload, credit_every),
             violations: 0,
+            paddings: 0,
+            bytes: 0,
         }
     }
     /// Consumer position and sequence.
@@ -326,19 +434,77 @@ impl Receiver {
     pub fn violations(&self) -> u64 {
         self.violations
     }
+    /// Application frames delivered (padding not counted).
+    pub fn frames(&self) -> u64 {
+        self.state.expected_seq() - 1 - self.paddings
+    }
+    /// Payload bytes delivered.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
 
     /// The next frame, if it is complete: its payload copied into `dst`
     /// (at least `max_payload` rounded up to 8 bytes), padding skipped.
     /// `Ok(None)`: not arrived or still being placed. An error means the
     /// peer is broken or hostile; nothing past the bad frame is read, and
     /// every later poll returns the same error.
-    #[inline]
+    ///
+    /// The usual frame, an application frame that fits, is taken with one
+    /// check of its header (the check word against the expected sequence,
+    /// then type, length and room, one compare each) and one bounds check
+    /// of the memory for the seal and the payload together; padding and
+    /// anything impossible go through [`frame::validate`] out of line.
+    #[inline(always)]
     pub fn poll<M: RingMemory>(
         &mut self,
         mem: &M,
         dst: &mut [u8],
     ) -> Result<Option<FrameInfo>, FrameError> {
         debug_assert_eq!(mem.data_len(), self.state.size());
+        let off = self.state.offset();
+        let seq = self.state.expected_seq();
+        let (w0, check) = mem.load_header(off);
+        if check != frame::header_check(seq, w0) {
+            // Not arrived (or leftover bytes of an earlier lap).
+            return Ok(None);
+        }
+        let len = w0 as u32 as usize;
+        let total = frame::frame_len(len);
+        // `len <= max_payload` also keeps `frame_len` from overflowing.
+        if w0 >= RESERVED_WORD0 || len > self.state.max_payload() || total > self.state.size() - off
+        {
+            return self.poll_slow(mem, dst);
+        }
+        // The seal is the frame's last word: until it holds this frame's
+        // value the frame is still being placed.
+        if !mem.take_sealed(
+            off,
+            total,
+            frame::trailer_value(seq),
+            &mut dst[..len.next_multiple_of(8)],
+        ) {
+            return Ok(None);
+        }
+        self.state.advance(total);
+        self.bytes += len as u64;
+        Ok(Some(FrameInfo {
+            len: len as u32,
+            stream_id: (w0 >> 32) as u16,
+            msg_type: (w0 >> 48) as u16,
+            seq,
+            total,
+        }))
+    }
+
+    /// [`poll`](Self::poll) for a header that is padding or impossible (or
+    /// anything else the fast path does not take): the full validation.
+    #[cold]
+    #[inline(never)]
+    fn poll_slow<M: RingMemory>(
+        &mut self,
+        mem: &M,
+        dst: &mut [u8],
+    ) -> Result<Option<FrameInfo>, FrameError> {
         loop {
             let off = self.state.offset();
             let h = read_header(mem, off);
@@ -359,6 +525,7 @@ impl Receiver {
             };
             if info.msg_type == TYPE_PADDING {
                 self.state.advance(info.total);
+                self.paddings += 1;
                 continue;
             }
             // The seal is the frame's last word: until it holds this
@@ -371,6 +538,7 @@ impl Receiver {
             }
             copy_payload(mem, off + HEADER_LEN, info.len as usize, dst);
             self.state.advance(info.total);
+            self.bytes += info.len as u64;
             return Ok(Some(info));
         }
     }
