@@ -199,16 +199,14 @@ impl Client {
     fn number<T: Numbered>(&mut self, mut m: T) -> T {
         m.header_mut().seq = zerocopy::little_endian::U32::new(self.next_request);
         self.next_request = self.next_request.wrapping_add(1).max(1);
-        if self.unconfirmed.len() == UNCONFIRMED_MAX {
-            self.unconfirmed.pop_front();
-        }
-        self.unconfirmed.push_back(m.request());
+        self.track(m.request());
         m
     }
 
-    /// `req`, listed as not taken, was sent again: it is in flight until a logon answer
-    /// says it was taken (or a reject says it was not, again).
-    fn resent(&mut self, req: Request) {
+    /// `req` was sent (first, or again after it was listed as not taken): it is in flight
+    /// until a logon answer says it was taken (or a reject says it was not). The oldest
+    /// are dropped past [`UNCONFIRMED_MAX`].
+    fn track(&mut self, req: Request) {
         if self.unconfirmed.len() == UNCONFIRMED_MAX {
             self.unconfirmed.pop_front();
         }
@@ -242,7 +240,7 @@ impl Client {
         let not_taken =
             |seq: u32| seq > last_request_seq || seq > beyond || holes.binary_search(&seq).is_ok();
         // Each request is in at most one of `unconfirmed` (fate unknown) and `not_taken`;
-        // one sent again goes back to `unconfirmed` (see `resent`), so neither is in order.
+        // one sent again goes back to `unconfirmed` (see `track`), so neither is in order.
         // The rest was taken.
         for r in self.unconfirmed.drain(..) {
             if not_taken(r.seq()) {
@@ -268,7 +266,7 @@ impl Client {
     pub fn take_not_taken(&mut self) -> Vec<Request> {
         let taken = std::mem::take(&mut self.not_taken);
         for r in &taken {
-            self.resent(*r);
+            self.track(*r);
         }
         taken
     }
@@ -852,7 +850,7 @@ impl EngineSession {
             claim.copy_from_slice(bytes);
             claim.commit();
             self.client.not_taken.remove(0);
-            self.client.resent(req);
+            self.client.track(req);
             sent += 1;
         }
         Ok(sent)
@@ -1011,9 +1009,8 @@ mod tests {
         let not: Vec<u32> = c.not_taken().iter().map(|r| r.seq()).collect();
         assert_eq!(not, [4, 5, 6], "holes below a taken number are kept");
         // Sent again (as resend_not_taken does) and confirmed by a later logon: cleared.
-        for r in c.take_not_taken() {
-            c.resent(r);
-        }
+        // take_not_taken counts as sending them again.
+        assert_eq!(c.take_not_taken().len(), 3);
         c.on_logon(7);
         assert!(c.not_taken().is_empty());
         // Sent again and the connection lost before the answer: a logon that did not take
@@ -1023,9 +1020,7 @@ mod tests {
             d.new_order(1, sym, Side::Buy, 10, 5);
         }
         d.on_logon(1);
-        for r in d.take_not_taken() {
-            d.resent(r);
-        }
+        assert_eq!(d.take_not_taken().len(), 2);
         d.on_logon(1);
         let not: Vec<u32> = d.not_taken().iter().map(|r| r.seq()).collect();
         assert_eq!(not, [2, 3]);

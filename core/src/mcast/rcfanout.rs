@@ -89,7 +89,7 @@ const POLL_LIMIT: usize = 64;
 const CM_CHECK_NS: u64 = 1_000_000;
 /// The same while a handshake is under way (the publisher's accepts, a
 /// subscriber's connect).
-pub const CM_STEP_NS: u64 = 50_000;
+const CM_STEP_NS: u64 = 50_000;
 /// Events kept for [`RcFanoutPublisher::poll_event`]; older ones are dropped (counted).
 const MAX_EVENTS: usize = 256;
 
@@ -1094,7 +1094,7 @@ impl RcFanoutSubscriber {
     /// allocates or logs per message. A lost connection is reported once,
     /// as [`Event::RecoveryLost`], not as an error, and made again by later
     /// polls (see [`new`](Self::new)); while it is down a poll only steps
-    /// the connection's set-up, at most once per [`CM_STEP_NS`].
+    /// the connection's set-up, at most once per 50 us.
     pub fn poll<A: Handler + SnapshotSink + ?Sized>(
         &mut self,
         now: u64,
