@@ -210,7 +210,6 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             ENGINE_TOKEN,
             1,
             (total as usize + 16) * a.engines.len().max(1),
-            Duration::from_secs(10),
         )?;
         let idle_cfg = OrdersConfig {
             ring_size: IDLE_RING,
@@ -229,7 +228,6 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
                     &format!("idle-engine-{id}"),
                     1,
                     16,
-                    Duration::from_secs(10),
                 )?);
             }
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;

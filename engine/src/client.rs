@@ -26,11 +26,10 @@
 //! use rocebus_engine::client::EngineSession;
 //! use rocebus_engine::proto::{Side, Symbol, PRICE_SCALE};
 //! use rocebus::orders::OrdersConfig;
-//! use std::time::Duration;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let cfg = OrdersConfig { token: "s3cret".into(), ..OrdersConfig::default() };
 //! let mut s = EngineSession::connect(
-//!     "198.18.0.1:7470".parse()?, &cfg, 1, "engine-1-secret", 1, Duration::from_secs(5),
+//!     "198.18.0.1:7470".parse()?, &cfg, 1, "engine-1-secret", 1,
 //! )?;
 //! let id = s.new_order(1, Symbol::new("AAPL").unwrap(), Side::Buy, 100, 189 * PRICE_SCALE)?;
 //! s.flush()?;
@@ -41,10 +40,12 @@
 //! ```
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use rocebus::orders::{Connection, OfferError, OrdersConfig, OrdersError, PeerLost};
+use rocebus::orders::{
+    ConnectProgress, Connecting, Connection, OfferError, OrdersConfig, OrdersError, PeerLost,
+};
 use rustc_hash::FxHashMap;
 use zerocopy::{Immutable, IntoBytes};
 
@@ -281,6 +282,11 @@ impl Client {
     /// The number the next request will carry.
     pub fn next_request_seq(&self) -> u32 {
         self.next_request
+    }
+
+    /// The id the next new order will get.
+    pub fn next_order_id(&self) -> u64 {
+        self.next_id
     }
 
     /// Encodes a new order and starts tracking it; returns its id and frame.
@@ -528,30 +534,231 @@ pub struct EngineSession {
     gateway_timeout: Duration,
 }
 
-/// What an accepted logon told us.
-struct LogonOk {
-    conn: Connection,
-    replay_until: u32,
-    last_request: u32,
-    heartbeat: Duration,
+/// A logon under way without blocking ([`EngineSession::start`]): the orders connection is
+/// made, then the logon sent and the gateway's answer read, each step in
+/// [`poll`](Self::poll). Dropping it abandons the attempt.
+pub struct LoggingOn {
+    /// Always `Some` between calls.
+    step: Option<LogonStep>,
+    client: Client,
+    addr: SocketAddr,
+    engine: u32,
+    key: rocebus::auth::Key,
+    /// The whole logon, set-up included, ends here (`connect_timeout_ms` after its start).
+    deadline: Instant,
+    timeout: Duration,
+    /// The gateway's holes, which come before its answer.
     holes: Vec<u32>,
     more_holes: bool,
 }
 
+#[allow(clippy::large_enum_variant)]
+enum LogonStep {
+    Connecting(Connecting),
+    Answer(Connection),
+}
+
+impl std::fmt::Debug for LoggingOn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let step = match self.step {
+            Some(LogonStep::Connecting(_)) => "connecting",
+            _ => "awaiting the logon answer",
+        };
+        f.debug_struct("LoggingOn")
+            .field("addr", &self.addr)
+            .field("engine", &self.engine)
+            .field("step", &step)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a non-blocking logon stands ([`LoggingOn::poll`]).
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum LogonProgress {
+    /// No answer yet: poll again later.
+    Pending(LoggingOn),
+    /// Accepted: the session is ready.
+    Done(EngineSession),
+}
+
+/// Frames read per [`LoggingOn::poll`] while waiting for the answer (the holes come first).
+const LOGON_FRAMES_PER_POLL: usize = 32;
+
+impl LoggingOn {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        step: LogonStep,
+        addr: SocketAddr,
+        cfg: &OrdersConfig,
+        engine: u32,
+        token: &str,
+        client: Client,
+        started: Instant,
+    ) -> Result<LoggingOn, ResumeError> {
+        let timeout = Duration::from_millis(cfg.connect_timeout_ms);
+        let mut l = LoggingOn {
+            step: Some(step),
+            client,
+            addr,
+            engine,
+            key: engine_key(token.as_bytes()),
+            deadline: started + timeout,
+            timeout,
+            holes: Vec::new(),
+            more_holes: false,
+        };
+        if let Some(LogonStep::Answer(conn)) = &mut l.step {
+            if let Err(error) = send_logon(conn, engine, &l.key, &l.client) {
+                return Err(l.fail(error));
+            }
+        }
+        Ok(l)
+    }
+
+    fn fail(self, error: SessionError) -> ResumeError {
+        ResumeError {
+            error,
+            client: Box::new(self.client),
+        }
+    }
+
+    /// Takes the steps that can be taken now, without blocking: the connection's set-up,
+    /// sending the logon, reading the gateway's answer (frames after it, such as replayed
+    /// responses, stay for [`EngineSession::poll`]). Past the config's `connect_timeout_ms`
+    /// from the start, on a refusal or a lost connection it is an error that hands the book
+    /// back, to try again with.
+    pub fn poll(mut self) -> Result<LogonProgress, ResumeError> {
+        if Instant::now() > self.deadline {
+            let t = self.timeout;
+            return Err(self.fail(SessionError::Timeout(t)));
+        }
+        let mut conn = match self.step.take() {
+            Some(LogonStep::Answer(conn)) => conn,
+            Some(LogonStep::Connecting(c)) => match c.poll() {
+                Ok(ConnectProgress::Pending(c)) => {
+                    self.step = Some(LogonStep::Connecting(c));
+                    return Ok(LogonProgress::Pending(self));
+                }
+                Ok(ConnectProgress::Done(mut conn)) => {
+                    if let Err(e) = send_logon(&mut conn, self.engine, &self.key, &self.client) {
+                        return Err(self.fail(e));
+                    }
+                    conn
+                }
+                Err(source) => {
+                    let addr = self.addr;
+                    return Err(self.fail(SessionError::Connect { addr, source }));
+                }
+            },
+            // Not reachable: `step` is put back before every return that keeps `self`.
+            None => {
+                let t = self.timeout;
+                return Err(self.fail(SessionError::Timeout(t)));
+            }
+        };
+        let mut answer: Option<Result<(LogonAck, LogonStatus), DecodeError>> = None;
+        for _ in 0..LOGON_FRAMES_PER_POLL {
+            let (holes, more_holes) = (&mut self.holes, &mut self.more_holes);
+            // One frame at a time: what follows the answer is the session's.
+            let read = conn.subscription().poll(
+                |f| {
+                    if f.msg_type != u16::from(msg_type::REQUEST_HOLES) {
+                        answer = Some(LogonAck::decode(f.payload));
+                        return;
+                    }
+                    match RequestHoles::decode(f.payload) {
+                        // Bounded as the requests they can name are.
+                        Ok(h) if holes.len() < UNCONFIRMED_MAX => {
+                            holes.extend(h.holes());
+                            *more_holes |= h.more.get() == 1;
+                        }
+                        Ok(_) => *more_holes = true,
+                        Err(e) => answer = Some(Err(e)),
+                    }
+                },
+                1,
+            );
+            match read {
+                Err(e) => return Err(self.fail(SessionError::Lost(e))),
+                Ok(0) => break,
+                Ok(_) if answer.is_some() => break,
+                Ok(_) => {}
+            }
+        }
+        match answer {
+            None => {
+                self.step = Some(LogonStep::Answer(conn));
+                Ok(LogonProgress::Pending(self))
+            }
+            Some(Ok((ack, LogonStatus::Accepted))) => {
+                let LoggingOn {
+                    mut client,
+                    engine,
+                    holes,
+                    more_holes,
+                    ..
+                } = self;
+                client.on_logon_with_holes(ack.last_request_seq.get(), &holes, more_holes);
+                let heartbeat = Duration::from_millis(u64::from(ack.heartbeat_ms.get()));
+                let mut s = EngineSession {
+                    conn,
+                    client,
+                    engine,
+                    replay_until: ack.last_response_seq.get(),
+                    stray_frames: 0,
+                    live: Liveness::new(0, 0, 0),
+                    heard: false,
+                    polls: 0,
+                    epoch: Instant::now(),
+                    heartbeat,
+                    gateway_timeout: DEFAULT_GATEWAY_TIMEOUT,
+                };
+                s.set_gateway_timeout(DEFAULT_GATEWAY_TIMEOUT);
+                Ok(LogonProgress::Done(s))
+            }
+            Some(Ok((_, status))) => {
+                let engine = self.engine;
+                Err(self.fail(SessionError::Refused { engine, status }))
+            }
+            Some(Err(e)) => Err(self.fail(SessionError::BadAnswer(e))),
+        }
+    }
+}
+
+/// Sends the logon on a new connection. The token stays here: the logon carries a proof
+/// bound to this connection.
+fn send_logon(
+    conn: &mut Connection,
+    engine: u32,
+    key: &rocebus::auth::Key,
+    client: &Client,
+) -> Result<(), SessionError> {
+    let logon = Logon::new(
+        engine,
+        key,
+        client.last_response_seq(),
+        &conn.session_binding(),
+    )
+    .with_oldest_unsure(client.oldest_unsure());
+    conn.publication(ORDERS_STREAM)
+        .offer_and_flush(u16::from(msg_type::LOGON), logon.as_bytes())
+        .map_err(SessionError::Send)
+}
+
 impl EngineSession {
     /// Connects to the gateway at `addr`, logs on as `engine` with its `token` and waits for
-    /// the answer. Order ids start at `first_order_id`. The connection's set-up is bounded by
-    /// `cfg.connect_timeout_ms` (as every orders connection); `timeout` bounds the whole
-    /// logon, set-up included.
+    /// the answer. Order ids start at `first_order_id`. The whole logon, the connection's
+    /// set-up included, is bounded by `cfg.connect_timeout_ms`. Blocks until then;
+    /// [`start`](Self::start) does not.
     pub fn connect(
         addr: SocketAddr,
         cfg: &OrdersConfig,
         engine: u32,
         token: &str,
         first_order_id: u64,
-        timeout: Duration,
     ) -> Result<EngineSession, SessionError> {
-        Self::connect_with_capacity(addr, cfg, engine, token, first_order_id, 1 << 16, timeout)
+        Self::connect_with_capacity(addr, cfg, engine, token, first_order_id, 1 << 16)
     }
 
     /// [`connect`](Self::connect) with room for `expected_orders` tracked orders.
@@ -562,10 +769,9 @@ impl EngineSession {
         token: &str,
         first_order_id: u64,
         expected_orders: usize,
-        timeout: Duration,
     ) -> Result<EngineSession, SessionError> {
         let client = Client::with_capacity(first_order_id, expected_orders);
-        Self::resume(addr, cfg, engine, token, client, timeout).map_err(|e| e.error)
+        Self::resume(addr, cfg, engine, token, client).map_err(|e| e.error)
     }
 
     /// Logs on again with the book of an earlier session (see [`into_client`]): the gateway
@@ -574,7 +780,8 @@ impl EngineSession {
     /// are listed in [`Client::not_taken`] ([`resend_not_taken`](Self::resend_not_taken)
     /// sends them again safely). On failure the book comes back
     /// in the error, to try again with (the gateway refuses a second connection of an engine
-    /// with `AlreadyConnected` until it has noticed the first one is gone).
+    /// with `AlreadyConnected` until it has noticed the first one is gone). Blocks for at
+    /// most `cfg.connect_timeout_ms`; [`start`](Self::start) is the same without blocking.
     ///
     /// [`into_client`]: Self::into_client
     pub fn resume(
@@ -582,117 +789,75 @@ impl EngineSession {
         cfg: &OrdersConfig,
         engine: u32,
         token: &str,
-        mut client: Client,
-        timeout: Duration,
+        client: Client,
     ) -> Result<EngineSession, ResumeError> {
-        match Self::logon(
+        let started = Instant::now();
+        let bad = |error, client| ResumeError {
+            error,
+            client: Box::new(client),
+        };
+        if pad_token(token.as_bytes()).is_none() {
+            return Err(bad(SessionError::BadToken, client));
+        }
+        let conn = match Connection::connect(addr, cfg) {
+            Ok(c) => c,
+            Err(source) => return Err(bad(SessionError::Connect { addr, source }, client)),
+        };
+        let mut l = LoggingOn::new(
+            LogonStep::Answer(conn),
             addr,
             cfg,
             engine,
             token,
-            client.last_response_seq(),
-            client.oldest_unsure(),
-            timeout,
-        ) {
-            Ok(LogonOk {
-                conn,
-                replay_until,
-                last_request,
-                heartbeat,
-                holes,
-                more_holes,
-            }) => {
-                client.on_logon_with_holes(last_request, &holes, more_holes);
-                let mut s = EngineSession {
-                    conn,
-                    client,
-                    engine,
-                    replay_until,
-                    stray_frames: 0,
-                    live: Liveness::new(0, 0, 0),
-                    heard: false,
-                    polls: 0,
-                    epoch: Instant::now(),
-                    heartbeat,
-                    gateway_timeout: DEFAULT_GATEWAY_TIMEOUT,
-                };
-                s.set_gateway_timeout(DEFAULT_GATEWAY_TIMEOUT);
-                Ok(s)
+            client,
+            started,
+        )?;
+        loop {
+            match l.poll()? {
+                LogonProgress::Pending(p) => {
+                    l = p;
+                    std::hint::spin_loop();
+                }
+                LogonProgress::Done(s) => return Ok(s),
             }
-            Err(error) => Err(ResumeError {
-                error,
-                client: Box::new(client),
-            }),
         }
     }
 
-    /// Connects and logs on; returns the connection, the gateway's last response number,
-    /// the last request number it took and its heartbeat interval.
-    fn logon(
+    /// Starts logging on to the gateway at `addr` from local address `local` (the address
+    /// whose RDMA device carries the connection) with the book `client` (a new
+    /// [`Client`], or one from [`into_client`](Self::into_client) to resume), without
+    /// waiting: the device is opened and the ring registered now; the connection, the logon
+    /// and its answer advance in [`LoggingOn::poll`]. The same logon as
+    /// [`resume`](Self::resume), bounded by `cfg.connect_timeout_ms`.
+    pub fn start(
         addr: SocketAddr,
+        local: IpAddr,
         cfg: &OrdersConfig,
         engine: u32,
         token: &str,
-        last_response_seq: u32,
-        oldest_unsure: u32,
-        timeout: Duration,
-    ) -> Result<LogonOk, SessionError> {
-        let deadline = Instant::now() + timeout;
-        pad_token(token.as_bytes()).ok_or(SessionError::BadToken)?;
-        let mut conn = Connection::connect(addr, cfg)
-            .map_err(|source| SessionError::Connect { addr, source })?;
-        // The token stays here: the logon carries a proof bound to this connection.
-        let logon = Logon::new(
+        client: Client,
+    ) -> Result<LoggingOn, ResumeError> {
+        let started = Instant::now();
+        let bad = |error, client| ResumeError {
+            error,
+            client: Box::new(client),
+        };
+        if pad_token(token.as_bytes()).is_none() {
+            return Err(bad(SessionError::BadToken, client));
+        }
+        let c = match Connection::start_connect(addr, local, cfg) {
+            Ok(c) => c,
+            Err(source) => return Err(bad(SessionError::Connect { addr, source }, client)),
+        };
+        LoggingOn::new(
+            LogonStep::Connecting(c),
+            addr,
+            cfg,
             engine,
-            &engine_key(token.as_bytes()),
-            last_response_seq,
-            &conn.session_binding(),
+            token,
+            client,
+            started,
         )
-        .with_oldest_unsure(oldest_unsure);
-        conn.publication(ORDERS_STREAM)
-            .offer_and_flush(u16::from(msg_type::LOGON), logon.as_bytes())
-            .map_err(SessionError::Send)?;
-        let mut answer: Option<Result<(LogonAck, LogonStatus), DecodeError>> = None;
-        // The gateway's holes come before its answer.
-        let (mut holes, mut more_holes) = (Vec::new(), false);
-        while answer.is_none() {
-            if Instant::now() > deadline {
-                return Err(SessionError::Timeout(timeout));
-            }
-            conn.subscription()
-                .poll(
-                    |f| {
-                        if f.msg_type != u16::from(msg_type::REQUEST_HOLES) {
-                            answer = Some(LogonAck::decode(f.payload));
-                            return;
-                        }
-                        match RequestHoles::decode(f.payload) {
-                            // Bounded as the requests they can name are.
-                            Ok(h) if holes.len() < UNCONFIRMED_MAX => {
-                                holes.extend(h.holes());
-                                more_holes |= h.more.get() == 1;
-                            }
-                            Ok(_) => more_holes = true,
-                            Err(e) => answer = Some(Err(e)),
-                        }
-                    },
-                    1,
-                )
-                .map_err(SessionError::Lost)?;
-        }
-        match answer {
-            Some(Ok((ack, LogonStatus::Accepted))) => Ok(LogonOk {
-                conn,
-                replay_until: ack.last_response_seq.get(),
-                last_request: ack.last_request_seq.get(),
-                heartbeat: Duration::from_millis(u64::from(ack.heartbeat_ms.get())),
-                holes,
-                more_holes,
-            }),
-            Some(Ok((_, status))) => Err(SessionError::Refused { engine, status }),
-            Some(Err(e)) => Err(SessionError::BadAnswer(e)),
-            None => Err(SessionError::Timeout(timeout)),
-        }
     }
 
     /// Declares the gateway dead after `timeout` of silence (an engine's

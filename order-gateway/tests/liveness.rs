@@ -57,6 +57,14 @@ const TOKEN: &str = "liveness-test";
 const ENGINE_TIMEOUT: Duration = Duration::from_millis(3000);
 const GATEWAY_TIMEOUT: Duration = Duration::from_millis(1000);
 
+/// An engine's: its logon (set-up and answer) may take longer than a stalled handshake.
+fn engine_cfg() -> OrdersConfig {
+    OrdersConfig {
+        connect_timeout_ms: 10_000,
+        ..orders_cfg()
+    }
+}
+
 fn orders_cfg() -> OrdersConfig {
     OrdersConfig {
         ring_size: 1 << 18,
@@ -144,14 +152,7 @@ impl Drop for Gw {
 }
 
 fn logon(addr: SocketAddr, first_id: u64) -> Result<EngineSession, SessionError> {
-    EngineSession::connect(
-        addr,
-        &orders_cfg(),
-        ENGINE,
-        ENGINE_TOKEN,
-        first_id,
-        Duration::from_secs(10),
-    )
+    EngineSession::connect(addr, &engine_cfg(), ENGINE, ENGINE_TOKEN, first_id)
 }
 
 /// Connects, retrying while the gateway is not up yet (another process or host).
@@ -610,14 +611,7 @@ fn engine_child(addr: SocketAddr, mode: &str) {
     let mut s = if mode == "first" {
         logon_retrying(addr, 1, 120)
     } else {
-        match EngineSession::resume(
-            addr,
-            &orders_cfg(),
-            ENGINE,
-            ENGINE_TOKEN,
-            Client::new(1000),
-            Duration::from_secs(10),
-        ) {
+        match EngineSession::resume(addr, &engine_cfg(), ENGINE, ENGINE_TOKEN, Client::new(1000)) {
             Ok(s) => s,
             Err(e) => panic!("logon again: {:?}", e.error),
         }

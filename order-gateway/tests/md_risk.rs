@@ -420,15 +420,8 @@ fn collar_halts_staleness_and_gaps_follow_the_bus() {
     let dir = scratch("md-risk");
     let gw = Gw::start(cfg, ip, dir.join("gw.journal"));
     let mut e = Engine {
-        s: EngineSession::connect(
-            gw.addr,
-            &orders_cfg(),
-            ENGINE,
-            ENGINE_TOKEN,
-            1,
-            Duration::from_secs(10),
-        )
-        .expect("engine logon"),
+        s: EngineSession::connect(gw.addr, &orders_cfg(), ENGINE, ENGINE_TOKEN, 1)
+            .expect("engine logon"),
     };
     use RejectReason::*;
 
@@ -618,15 +611,8 @@ fn forged_bus_datagrams_lift_no_halt_move_no_collar_and_keep_nothing_fresh() {
     let dir = scratch("md-forged");
     let gw = Gw::start(cfg.clone(), ip, dir.join("gw.journal"));
     let mut e = Engine {
-        s: EngineSession::connect(
-            gw.addr,
-            &orders_cfg(),
-            ENGINE,
-            ENGINE_TOKEN,
-            1,
-            Duration::from_secs(10),
-        )
-        .expect("engine logon"),
+        s: EngineSession::connect(gw.addr, &orders_cfg(), ENGINE, ENGINE_TOKEN, 1)
+            .expect("engine logon"),
     };
     use RejectReason::*;
     // What a sniffer learns: the session (here from a subscriber of our own).

@@ -351,7 +351,6 @@ fn gateway_counters_reach_metrics_endpoint() {
         ENGINE,
         ENGINE_TOKEN,
         1,
-        Duration::from_secs(10),
     )
     .expect("engine logon");
     for _ in 0..ORDERS {

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::*;
-use order_gateway::client::{Client, EngineSession, OrderState, SessionError};
+use order_gateway::client::{Client, EngineSession, LogonProgress, OrderState, SessionError};
 use order_gateway::driver::FixDriver;
 use order_gateway::gateway::{EngineId, GatewayCounters, OrderStatus};
 use order_gateway::journal::FsyncPolicy;
@@ -187,7 +187,6 @@ impl Gw {
             id,
             token_of(id),
             first_order_id,
-            Duration::from_secs(10),
         )
         .expect("engine logon");
         Engine::new(s)
@@ -198,15 +197,8 @@ impl Gw {
     fn resume(&self, id: u32, mut client: Client) -> Engine {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let t = Duration::from_secs(10);
-            match EngineSession::resume(
-                self.addr,
-                &orders_cfg("rc-test"),
-                id,
-                token_of(id),
-                client,
-                t,
-            ) {
+            match EngineSession::resume(self.addr, &orders_cfg("rc-test"), id, token_of(id), client)
+            {
                 Ok(s) => return Engine::new(s),
                 Err(e) => {
                     assert!(
@@ -536,10 +528,8 @@ fn rc_risk_rejects_and_logon_checks() {
     // token, wrong engine token, and one engine's token presented as another engine.
     e2.s.into_client();
     let cfg = orders_cfg("rc-test");
-    let t = Duration::from_secs(10);
     let refused =
-        |engine: u32, token: &str| match EngineSession::connect(gw.addr, &cfg, engine, token, 1, t)
-        {
+        |engine: u32, token: &str| match EngineSession::connect(gw.addr, &cfg, engine, token, 1) {
             Err(SessionError::Refused { status, .. }) => status,
             other => panic!("engine {engine} with token {token:?} accepted: {other:?}"),
         };
@@ -564,12 +554,93 @@ fn rc_risk_rejects_and_logon_checks() {
         LogonStatus::BadToken
     );
     assert!(
-        EngineSession::connect(gw.addr, &orders_cfg("wrong"), ENGINE2, ENGINE2_TOKEN, 1, t)
-            .is_err(),
+        EngineSession::connect(gw.addr, &orders_cfg("wrong"), ENGINE2, ENGINE2_TOKEN, 1).is_err(),
         "wrong transport token accepted"
     );
-    // With its own token engine 2 gets in.
-    gw.engine(ENGINE2, 100).s.into_client();
+    // With its own token engine 2 gets in, here without blocking: `start` returns at once
+    // and the logon advances in polls; a refusal the same way hands the book back.
+    let local = local_ip();
+    let logon = |engine: u32, client: Client| {
+        let mut l = EngineSession::start(gw.addr, local, &cfg, engine, token_of(engine), client)
+            .expect("start logon");
+        let mut pending = 0u32;
+        loop {
+            match l.poll() {
+                Ok(LogonProgress::Pending(p)) => {
+                    l = p;
+                    pending += 1;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Ok(LogonProgress::Done(s)) => return (Ok(s), pending),
+                Err(e) => return (Err(e), pending),
+            }
+        }
+    };
+    let (refused42, pending) = logon(42, Client::new(500));
+    let e42 = refused42.expect_err("unknown engine logged on");
+    assert!(
+        matches!(
+            e42.error,
+            SessionError::Refused {
+                status: LogonStatus::UnknownEngine,
+                ..
+            }
+        ),
+        "{:?}",
+        e42.error
+    );
+    assert!(pending > 0, "a refusal came back from `start` itself");
+    assert_eq!(e42.client.next_order_id(), 500, "the book came back");
+    let (e2_session, pending) = logon(ENGINE2, Client::new(100));
+    let mut e2 = Engine::new(e2_session.map_err(|e| e.error).expect("engine 2 logon"));
+    assert!(pending > 0, "the logon completed inside `start`");
+    let small = e2.send(OTHER_ACCOUNT, aapl, Side::Buy, 5, 100);
+    e2.s.flush().unwrap();
+    e2.wait_final(&[small], 30);
+    assert_eq!(e2.state(small), OrderState::Filled);
+    e2.s.into_client();
+    // A peer that takes the connection but never answers the logon: the logon gives up
+    // after the config's connect timeout, in a poll, and hands the book back.
+    let mut mute =
+        rocebus::orders::OrdersListener::bind(SocketAddr::new(local, 0), orders_cfg("rc-test"))
+            .expect("mute listener");
+    let mute_addr = SocketAddr::new(local, mute.local_port());
+    let quick = OrdersConfig {
+        connect_timeout_ms: 1000,
+        ..orders_cfg("rc-test")
+    };
+    let started = Instant::now();
+    let mut l = EngineSession::start(
+        mute_addr,
+        local,
+        &quick,
+        ENGINE2,
+        ENGINE2_TOKEN,
+        Client::new(7),
+    )
+    .expect("start logon");
+    let mut held = None;
+    let timed_out = loop {
+        if held.is_none() {
+            held = mute.accept(Duration::from_millis(1)).expect("mute accept");
+        }
+        match l.poll() {
+            Ok(LogonProgress::Pending(p)) => l = p,
+            Ok(LogonProgress::Done(_)) => panic!("a mute peer accepted the logon"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        held.is_some(),
+        "the mute listener never took the connection"
+    );
+    assert!(
+        matches!(timed_out.error, SessionError::Timeout(t) if t == Duration::from_secs(1)),
+        "{:?}",
+        timed_out.error
+    );
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(timed_out.client.next_order_id(), 7);
     // The operator's kill switch, through the running service's control socket: new orders
     // are rejected until `resume`, and nothing reaches the venue.
     let ctl = |line: &str| {

@@ -171,7 +171,6 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
                 &cfg.gateway.engine_token,
                 first_id,
                 capacity,
-                Duration::from_secs(5),
             )
         },
     )?;
