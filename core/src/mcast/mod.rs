@@ -24,6 +24,7 @@
 //! Sequences start at 1 and are contiguous per publisher session; a
 //! restarted publisher takes a greater session id.
 
+pub mod backoff;
 pub mod config;
 pub mod fragment;
 pub mod io;

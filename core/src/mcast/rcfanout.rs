@@ -54,6 +54,7 @@ use serde::Deserialize;
 use zerocopy::byteorder::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+use super::backoff::Backoff;
 use super::config::{ConfigError, McastConfig, Transport};
 use super::io::{NetError, PublishError, SNAPSHOT_CHUNK};
 use super::publisher::{Pacer, PublisherState};
@@ -378,8 +379,6 @@ struct FanoutSub {
     doomed: Option<FanoutDrop>,
     /// When a datagram or heartbeat frame was last written to it.
     written_at: u64,
-    /// Scratch of [`RcFanoutPublisher::heartbeats`].
-    heartbeat_due: bool,
 }
 
 /// Limits applied to requests, from the configuration.
@@ -605,20 +604,23 @@ impl RcFanoutPublisher {
     fn heartbeats(&mut self, now: u64) {
         let end = self.state.unflushed_seq();
         let (hb_ns, quiet_ns) = (self.limits.heartbeat_ns, self.limits.quiet_ns);
-        let mut due = false;
-        for sub in &mut self.subs {
+        let due = |sub: &mut FanoutSub| {
             let idle = now.saturating_sub(sub.written_at);
-            sub.heartbeat_due = sub.doomed.is_none()
+            sub.doomed.is_none()
                 && sub.cursor.next() >= end
                 && idle >= hb_ns
-                && (idle >= quiet_ns || sub.conn.unconsumed() == 0);
-            due |= sub.heartbeat_due;
-        }
-        if !due {
+                && (idle >= quiet_ns || sub.conn.unconsumed() == 0)
+        };
+        // Most calls find no subscriber due and build no heartbeat.
+        let Some(first) = self.subs.iter_mut().position(due) else {
             return;
-        }
+        };
         let bytes = self.state.heartbeat();
-        for sub in self.subs.iter_mut().filter(|s| s.heartbeat_due) {
+        // The first one is tested again: writing to one subscriber changes no other's.
+        for sub in self.subs[first..].iter_mut() {
+            if !due(sub) {
+                continue;
+            }
             match sub
                 .conn
                 .publication(STREAM)
@@ -691,7 +693,6 @@ impl RcFanoutPublisher {
             snapshots: Pacer::new(l.snapshots_per_sec, l.snapshot_burst),
             doomed: None,
             written_at: now,
-            heartbeat_due: false,
         });
         self.stats.subscribers_joined += 1;
         tracing::info!(%peer, id = self.next_id, from_seq = cursor, "rc fan-out: subscriber joined");
@@ -950,11 +951,9 @@ struct Dial {
     publisher: SocketAddr,
     local: IpAddr,
     cfg: OrdersConfig,
-    min_ns: u64,
-    max_ns: u64,
-    backoff_ns: u64,
-    /// Next look at the connection's set-up (attempt or handshake step).
-    next_check: u64,
+    /// Next look at the connection's set-up (attempt or handshake step), and
+    /// the wait after a failed attempt.
+    backoff: Backoff,
 }
 
 /// A market-data subscriber for one `transport = "rc"` channel: the same
@@ -1043,10 +1042,7 @@ impl RcFanoutSubscriber {
                 publisher: SocketAddr::new(publisher, port),
                 local,
                 cfg: ocfg,
-                min_ns: cfg.recovery.reconnect_min_ns,
-                max_ns: cfg.recovery.reconnect_max_ns,
-                backoff_ns: cfg.recovery.reconnect_min_ns,
-                next_check: 0,
+                backoff: Backoff::new(cfg.recovery.reconnect_min_ns, cfg.recovery.reconnect_max_ns),
             },
             heard_at: 0,
             silence_ns: silence_bound(cfg),
@@ -1101,7 +1097,7 @@ impl RcFanoutSubscriber {
         app: &mut A,
     ) -> Result<usize, FanoutError> {
         let FanLink::Up(conn) = &mut self.link else {
-            if now >= self.dial.next_check {
+            if self.dial.backoff.due(now) {
                 self.manage_link(now);
             }
             return Ok(0);
@@ -1183,9 +1179,7 @@ impl RcFanoutSubscriber {
             }
             self.stats.connections_lost += 1;
             self.state.set_recovery_link(now, false);
-            let d = &mut self.dial;
-            d.backoff_ns = d.min_ns;
-            d.next_check = now.saturating_add(d.min_ns);
+            self.dial.backoff.lost(now);
         }
         Ok(taken)
     }
@@ -1207,13 +1201,13 @@ impl RcFanoutSubscriber {
         match step {
             Ok(ConnectProgress::Pending(c)) => {
                 self.link = FanLink::Connecting(c);
-                d.next_check = now.saturating_add(CM_STEP_NS);
+                d.backoff.check_after(now, CM_STEP_NS);
             }
             Ok(ConnectProgress::Done(conn)) => {
                 self.link = FanLink::Up(conn);
                 self.heard_at = now;
                 self.stats.reconnects += 1;
-                d.backoff_ns = d.min_ns;
+                d.backoff.connected();
                 self.state.set_recovery_link(now, true);
             }
             Err(e) => {
@@ -1222,8 +1216,7 @@ impl RcFanoutSubscriber {
                     tracing::warn!(publisher = %d.publisher, error = %e, failures = self.stats.reconnect_failures,
                         "market data over RC: cannot connect to the publisher; retrying");
                 }
-                d.next_check = now.saturating_add(d.backoff_ns);
-                d.backoff_ns = d.backoff_ns.saturating_mul(2).min(d.max_ns);
+                d.backoff.failed(now);
             }
         }
     }

@@ -117,6 +117,9 @@ pub enum MdSubscriber {
     Rc(RcFanoutSubscriber),
 }
 
+/// A subscriber constructor of one transport: config, channel, local and publisher address.
+type Ctor<T, E> = fn(&McastConfig, u16, IpAddr, IpAddr) -> Result<T, E>;
+
 impl MdSubscriber {
     /// Opens the subscriber for `channel` on its configured transport
     /// without waiting for the publisher at `publisher`: the connection is
@@ -128,14 +131,11 @@ impl MdSubscriber {
         local: IpAddr,
         publisher: IpAddr,
     ) -> Result<Self, FanoutError> {
-        Ok(match transport_of(cfg, channel)? {
-            Transport::Multicast => {
-                MdSubscriber::Multicast(McastSubscriber::new(cfg, channel, local, publisher)?)
-            }
-            Transport::Rc => {
-                MdSubscriber::Rc(RcFanoutSubscriber::new(cfg, channel, local, publisher)?)
-            }
-        })
+        Self::open(
+            (cfg, channel, local, publisher),
+            McastSubscriber::new,
+            RcFanoutSubscriber::new,
+        )
     }
 
     /// As [`new`](Self::new), then waits for the connection to the
@@ -147,13 +147,24 @@ impl MdSubscriber {
         local: IpAddr,
         publisher: IpAddr,
     ) -> Result<Self, FanoutError> {
+        Self::open(
+            (cfg, channel, local, publisher),
+            McastSubscriber::connect,
+            RcFanoutSubscriber::connect,
+        )
+    }
+
+    /// The channel's transport, made by the matching constructor.
+    fn open(
+        (cfg, channel, local, publisher): (&McastConfig, u16, IpAddr, IpAddr),
+        multicast: Ctor<McastSubscriber, NetError>,
+        rc: Ctor<RcFanoutSubscriber, FanoutError>,
+    ) -> Result<Self, FanoutError> {
         Ok(match transport_of(cfg, channel)? {
             Transport::Multicast => {
-                MdSubscriber::Multicast(McastSubscriber::connect(cfg, channel, local, publisher)?)
+                MdSubscriber::Multicast(multicast(cfg, channel, local, publisher)?)
             }
-            Transport::Rc => {
-                MdSubscriber::Rc(RcFanoutSubscriber::connect(cfg, channel, local, publisher)?)
-            }
+            Transport::Rc => MdSubscriber::Rc(rc(cfg, channel, local, publisher)?),
         })
     }
 

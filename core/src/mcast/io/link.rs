@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::common::{INLINE_MAX, RC_MSG_LEN};
 use super::error::NetError;
 use crate::auth::Key;
+use crate::mcast::backoff::Backoff;
 use crate::mcast::server::{Admission, ClientHandshake};
 use crate::verbs::cm::{self, Connection};
 use crate::verbs::{Dest, PoolConfig, PooledQp, ProtectionDomain, QpType, RcOptions};
@@ -58,12 +59,9 @@ pub(super) struct Reconnect {
     pub(super) opts: RcOptions,
     /// Bound of one connection attempt (`connect_timeout_ms`).
     pub(super) timeout: Duration,
-    pub(super) min_ns: u64,
-    pub(super) max_ns: u64,
-    pub(super) backoff_ns: u64,
     /// Next look at connection management (attempt, handshake step, or
-    /// disconnect check).
-    pub(super) next_check: u64,
+    /// disconnect check), and the wait after a failed attempt.
+    pub(super) backoff: Backoff,
 }
 
 pub(super) fn recovery_qp(pd: &Arc<ProtectionDomain>) -> Result<PooledQp, NetError> {

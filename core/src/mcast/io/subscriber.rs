@@ -13,6 +13,7 @@ use super::common::{
 };
 use super::error::NetError;
 use super::link::{admit, recovery_qp, send_proof, Link, Reconnect};
+use crate::mcast::backoff::Backoff;
 use crate::mcast::config::McastConfig;
 use crate::mcast::server::ClientHandshake;
 use crate::mcast::snapshot::{Handler, SnapshotSink};
@@ -230,10 +231,7 @@ impl McastSubscriber {
                 local,
                 opts: rc_options(cfg),
                 timeout: cfg.connect_timeout(),
-                min_ns: cfg.recovery.reconnect_min_ns,
-                max_ns: cfg.recovery.reconnect_max_ns,
-                backoff_ns: cfg.recovery.reconnect_min_ns,
-                next_check: 0,
+                backoff: Backoff::new(cfg.recovery.reconnect_min_ns, cfg.recovery.reconnect_max_ns),
             },
             stats: SubscriberIoStats::default(),
             watch: LinkWatch::new(cfg.recovery.dead_link_ns),
@@ -364,7 +362,7 @@ impl McastSubscriber {
         if !link_ok {
             self.link_lost(now);
         }
-        if now >= self.reconnect.next_check {
+        if self.reconnect.backoff.due(now) {
             self.manage_link(now);
         }
         Ok(taken)
@@ -374,16 +372,13 @@ impl McastSubscriber {
         self.link = Link::Down;
         self.stats.connections_lost += 1;
         self.state.set_recovery_link(now, false);
-        self.reconnect.backoff_ns = self.reconnect.min_ns;
-        self.reconnect.next_check = now + self.reconnect.min_ns;
+        self.reconnect.backoff.lost(now);
     }
 
     fn reconnect_failed(&mut self, now: u64) {
         self.link = Link::Down;
         self.stats.reconnect_failures += 1;
-        let r = &mut self.reconnect;
-        r.next_check = now + r.backoff_ns;
-        r.backoff_ns = (r.backoff_ns * 2).min(r.max_ns);
+        self.reconnect.backoff.failed(now);
     }
 
     /// Connection management, at most once per [`CM_CHECK_NS`] (more often
@@ -397,7 +392,7 @@ impl McastSubscriber {
             if conn.poll_disconnected().unwrap_or(true) {
                 return self.link_lost(now);
             }
-            r.next_check = now + CM_CHECK_NS;
+            r.backoff.check_after(now, CM_CHECK_NS);
             return;
         }
         match std::mem::replace(&mut self.link, Link::Down) {
@@ -416,7 +411,7 @@ impl McastSubscriber {
                             connecting,
                             handshake,
                         };
-                        r.next_check = now + CM_STEP_NS;
+                        r.backoff.check_after(now, CM_STEP_NS);
                     }
                     Err(_) => self.reconnect_failed(now),
                 }
@@ -437,7 +432,7 @@ impl McastSubscriber {
                         connecting,
                         handshake,
                     };
-                    r.next_check = now + CM_STEP_NS;
+                    r.backoff.check_after(now, CM_STEP_NS);
                 }
                 Ok(cm::ConnectProgress::Done(conn, welcome)) => {
                     let admitted = match admit(&handshake, &welcome, r.publisher) {
@@ -454,8 +449,8 @@ impl McastSubscriber {
                     self.link = Link::Up { rc, conn };
                     self.source = (Gid(admitted.gid), admitted.qpn);
                     self.stats.reconnects += 1;
-                    r.backoff_ns = r.min_ns;
-                    r.next_check = now + CM_CHECK_NS;
+                    r.backoff.connected();
+                    r.backoff.check_after(now, CM_CHECK_NS);
                     // A restarted publisher announces its new session here
                     // (reset and resync); the same one changes nothing.
                     self.state.announce_session(now, admitted.session);
