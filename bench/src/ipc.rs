@@ -7,6 +7,7 @@
 use crate::report::Summary;
 use anyhow::{bail, Result};
 use hdrhistogram::Histogram;
+use rocebus::clock::now_ns;
 use rocebus::ipc::{IpcConfig, IpcEvent, IpcOfferError, IpcPublisher, IpcSubscriber};
 use std::time::{Duration, Instant};
 
@@ -56,7 +57,11 @@ fn connect(s: &mut IpcSubscriber) -> Result<()> {
     let t = Instant::now();
     let mut ok = false;
     while !ok {
-        s.poll(|e| ok |= matches!(e, IpcEvent::Connected { .. }), 1);
+        s.poll(
+            now_ns(),
+            |e| ok |= matches!(e, IpcEvent::Connected { .. }),
+            1,
+        );
         if t.elapsed() > Duration::from_secs(10) {
             bail!("the IPC stream never appeared");
         }
@@ -93,9 +98,18 @@ pub fn latency(a: &IpcArgs) -> Result<()> {
     let echo = std::thread::spawn(move || -> Result<()> {
         pin(&cores, 1);
         let mut done = 0;
+        // The clock only paces the subscriber's looks for its publisher: one
+        // read per thousand turns, as a spinning engine would.
+        let mut now = now_ns();
+        let mut turns = 0u32;
         while done < total {
+            turns = turns.wrapping_add(1);
+            if turns % 1024 == 0 {
+                now = now_ns();
+            }
             let mut err = None;
             ping_sub.poll(
+                now,
                 |e| {
                     if let IpcEvent::Message(m) = e {
                         // Echo in place: claim, copy, commit, as Aeron's pong does.
@@ -117,12 +131,15 @@ pub fn latency(a: &IpcArgs) -> Result<()> {
     let mut h = Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3)?;
     let mut msg = vec![0u8; a.size.max(8)];
     for i in 0..total {
+        // Read outside the timed round trip (it only paces liveness looks).
+        let now = now_ns();
         let t0 = Instant::now();
         msg[..8].copy_from_slice(&i.to_le_bytes());
         offer_spin(&mut ping_pub, &msg)?;
         let mut got = false;
         while !got {
             pong_sub.poll(
+                now,
                 |e| {
                     if let IpcEvent::Message(m) = e {
                         got = m.payload[..8] == i.to_le_bytes();
@@ -157,8 +174,15 @@ pub fn throughput(a: &IpcArgs) -> Result<()> {
         let mut n = 0u64;
         let mut start = None;
         let mut sum = 0u64;
+        let mut now = now_ns();
+        let mut turns = 0u32;
         while n < total {
+            turns = turns.wrapping_add(1);
+            if turns % 1024 == 0 {
+                now = now_ns();
+            }
             sub.poll(
+                now,
                 |e| {
                     if let IpcEvent::Message(m) = e {
                         sum = sum.wrapping_add(m.payload[0] as u64);

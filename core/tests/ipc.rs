@@ -80,7 +80,11 @@ fn child_stuck_subscriber() {
     let mut s = IpcSubscriber::new("x", &cfg(&dir)).unwrap();
     let mut connected = false;
     while !connected {
-        s.poll(|e| connected |= matches!(e, IpcEvent::Connected { .. }), 0);
+        s.poll(
+            now_ns(),
+            |e| connected |= matches!(e, IpcEvent::Connected { .. }),
+            0,
+        );
     }
     std::fs::write(dir.join("joined"), b"").unwrap();
     loop {
@@ -97,6 +101,7 @@ fn a_subscriber_in_another_process_gets_every_message_then_sees_the_publisher_di
     let t = Instant::now();
     while next != 100_000 {
         s.poll(
+            now_ns(),
             |e| match e {
                 IpcEvent::Connected { publisher_pid, .. } => assert_eq!(publisher_pid, kid.0.id()),
                 IpcEvent::Message(m) => {
@@ -121,6 +126,7 @@ fn a_subscriber_in_another_process_gets_every_message_then_sees_the_publisher_di
     let mut gone = None;
     while gone.is_none() {
         s.poll(
+            now_ns(),
             |e| match e {
                 IpcEvent::PublisherGone { clean } => gone = Some(clean),
                 other => panic!("{other:?}"),
@@ -148,6 +154,7 @@ fn a_killed_publisher_not_yet_reaped_is_gone() {
     let mut got = 0u64;
     while got == 0 {
         s.poll(
+            now_ns(),
             |e| {
                 if let IpcEvent::Message(_) = e {
                     got += 1
@@ -163,6 +170,7 @@ fn a_killed_publisher_not_yet_reaped_is_gone() {
     let mut gone = None;
     while gone.is_none() {
         s.poll(
+            now_ns(),
             |e| match e {
                 IpcEvent::PublisherGone { clean } => gone = Some(clean),
                 IpcEvent::Message(_) => {}

@@ -105,6 +105,7 @@ mod tests {
     use crate::generate::{generate, GenConfig};
     use crate::itch::decode_exact;
     use crate::publish::Publisher;
+    use rocebus::clock::now_ns;
     use rocebus::ipc::{FlowControl, IpcEvent, IpcSubscriber};
 
     fn cfg(dir: &std::path::Path) -> IpcConfig {
@@ -153,7 +154,7 @@ mod tests {
             .map(|&id| IpcSubscriber::new(&stream_name("md", id), &cfg).unwrap())
             .collect();
         for s in &mut subs {
-            s.poll(|_| {}, 16);
+            s.poll(now_ns(), |_| {}, 16);
         }
         let sink = IpcSink::create("md", &ids, &cfg).unwrap();
         let mut got: Vec<Vec<Vec<u8>>> = vec![Vec::new(); ids.len()];
@@ -162,6 +163,7 @@ mod tests {
         for _ in 0..1000 {
             for (i, s) in subs.iter_mut().enumerate() {
                 s.poll(
+                    now_ns(),
                     |ev| {
                         if let IpcEvent::Connected { .. } = ev {
                             connected[i] = true;
@@ -186,6 +188,7 @@ mod tests {
             loop {
                 let mut n = 0;
                 s.poll(
+                    now_ns(),
                     |ev| match ev {
                         IpcEvent::Message(m) => {
                             assert_eq!(m.msg_type, MSG_TYPE);

@@ -352,6 +352,7 @@ impl IpcReader {
                 let mut n = 0;
                 for (s, v) in subs.iter_mut().zip(views.iter_mut()) {
                     n += s.poll(
+                        now_ns(),
                         |ev| match ev {
                             IpcEvent::Message(m) => v.apply(m.payload).expect("normalized message"),
                             // The feed handler exits at the end of the session: orderly.

@@ -55,13 +55,14 @@ impl IpcChannel {
     /// ring behind, junk in the ring, the feed handler gone) makes the view forget its
     /// quotes, as a re-synchronisation on the bus does: the engine never quotes from a book
     /// it may have missed updates of.
-    fn poll(&mut self, view: &mut MdView) -> usize {
+    fn poll(&mut self, now: u64, view: &mut MdView) -> usize {
         let IpcChannel {
             stream,
             sub,
             counts,
         } = self;
         sub.poll(
+            now,
             |ev| match ev {
                 IpcEvent::Message(m) => {
                     counts.messages += 1;
@@ -132,7 +133,7 @@ impl MdSubscribers {
         loop {
             for c in chans.iter_mut().filter(|c| !c.sub.is_connected()) {
                 // A limit of 0 joins without taking a message.
-                c.sub.poll(|_| {}, 0);
+                c.sub.poll(rocebus::clock::now_ns(), |_| {}, 0);
             }
             let Some(missing) = chans.iter().find(|c| !c.sub.is_connected()) else {
                 return Ok(());
@@ -168,7 +169,7 @@ impl MdSubscribers {
             }
             MdSubscribers::Ipc(chans) => {
                 for c in chans {
-                    work += c.poll(view);
+                    work += c.poll(now, view);
                 }
             }
         }

@@ -17,7 +17,7 @@
 //!
 //! // In another process: never blocks, connects when the publisher is there.
 //! let mut subscriber = IpcSubscriber::new("quotes", &cfg)?;
-//! subscriber.poll(|event| match event {
+//! subscriber.poll(rocebus::clock::now_ns(), |event| match event {
 //!     IpcEvent::Message(m) => println!("type {} {} bytes", m.msg_type, m.payload.len()),
 //!     other => println!("{other:?}"),
 //! }, 16);
@@ -84,7 +84,7 @@ use shm::Shm;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::clock::now_ns;
 
@@ -873,9 +873,9 @@ struct Joined {
 #[derive(Debug)]
 pub struct IpcSubscriber {
     path: PathBuf,
-    liveness: Duration,
+    liveness_ns: u64,
     joined: Option<Joined>,
-    last_check: Option<Instant>,
+    last_check: Option<u64>,
     idle_polls: u32,
     /// Copy of a frame in Drop mode (allocated once).
     scratch: Vec<u8>,
@@ -891,7 +891,7 @@ impl IpcSubscriber {
         }
         Ok(IpcSubscriber {
             path: cfg.path(name),
-            liveness: Duration::from_millis(cfg.liveness_ms),
+            liveness_ns: cfg.liveness_ms.saturating_mul(1_000_000),
             joined: None,
             last_check: None,
             idle_polls: 0,
@@ -1005,14 +1005,17 @@ impl IpcSubscriber {
     }
 
     /// Delivers up to `limit` messages and any events to `f`; returns how
-    /// many events it delivered. Never blocks. Handler first, then limit,
-    /// as in the orders path's `Subscription::poll`.
+    /// many events it delivered. Never blocks. `now` is [`now_ns`], as every
+    /// state machine of the crate takes it; it only paces the looks for a
+    /// publisher (joining, and whether it is gone, at most every
+    /// `liveness_ms`), so a spinning loop may pass one read for many turns.
     #[inline]
-    pub fn poll(&mut self, mut f: impl FnMut(IpcEvent<'_>), limit: usize) -> usize {
+    pub fn poll(&mut self, now: u64, mut f: impl FnMut(IpcEvent<'_>), limit: usize) -> usize {
+        let liveness_ns = self.liveness_ns;
+        let due = |last: Option<u64>| last.is_none_or(|t| now.saturating_sub(t) >= liveness_ns);
         let Some(j) = self.joined.as_mut() else {
-            let due = self.last_check.is_none_or(|t| t.elapsed() >= self.liveness);
-            if due {
-                self.last_check = Some(Instant::now());
+            if due(self.last_check) {
+                self.last_check = Some(now);
                 if let Some((session, publisher_pid)) = self.try_join() {
                     f(IpcEvent::Connected {
                         session,
@@ -1033,8 +1036,8 @@ impl IpcSubscriber {
                 self.idle_polls += 1;
                 if self.idle_polls >= 1024 {
                     self.idle_polls = 0;
-                    if self.last_check.is_none_or(|t| t.elapsed() >= self.liveness) {
-                        self.last_check = Some(Instant::now());
+                    if due(self.last_check) {
+                        self.last_check = Some(now);
                         if let Some(clean) = self.publisher_gone() {
                             // Deliver what is left first: after CLOSED
                             // (Release after the last frame) every frame is

@@ -1,6 +1,7 @@
 use super::*;
 use rand::{Rng, SeedableRng};
 use std::os::unix::fs::FileExt;
+use std::time::Instant;
 
 fn cfg(dir: &Path, ring: usize, flow: FlowControl) -> IpcConfig {
     IpcConfig {
@@ -35,6 +36,7 @@ fn connect(s: &mut IpcSubscriber) -> u64 {
     let mut session = None;
     while session.is_none() {
         s.poll(
+            now_ns(),
             |e| {
                 if let IpcEvent::Connected { session: id, .. } = e {
                     session = Some(id)
@@ -67,6 +69,7 @@ fn every_message_arrives_in_order_across_hundreds_of_wraps() {
                 let mut lens = 0usize;
                 while next < N {
                     s.poll(
+                        now_ns(),
                         |e| match e {
                             IpcEvent::Message(m) => {
                                 assert_eq!(m.msg_type, (next % 7) as u16);
@@ -121,13 +124,14 @@ fn a_subscriber_started_first_connects_and_follows_a_restarted_publisher() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
     let mut s = IpcSubscriber::new("feed", &c).unwrap();
-    assert_eq!(s.poll(|e| panic!("{e:?}"), 10), 0);
+    assert_eq!(s.poll(now_ns(), |e| panic!("{e:?}"), 10), 0);
     assert!(!s.is_connected());
     let mut p = IpcPublisher::create("feed", &c).unwrap();
     let first = connect(&mut s);
     p.offer(3, b"hello").unwrap();
     let mut got = Vec::new();
     s.poll(
+        now_ns(),
         |e| {
             if let IpcEvent::Message(m) = e {
                 got.push(m.payload.to_vec())
@@ -145,6 +149,7 @@ fn a_subscriber_started_first_connects_and_follows_a_restarted_publisher() {
     let mut gone = None;
     while gone.is_none() {
         s.poll(
+            now_ns(),
             |e| {
                 if let IpcEvent::PublisherGone { clean } = e {
                     gone = Some(clean)
@@ -175,6 +180,7 @@ fn the_slowest_subscriber_holds_the_publisher_in_block_mode() {
     assert!(sent >= 60, "only {sent} fit a 64 KiB ring");
     let mut got = 0u64;
     s.poll(
+        now_ns(),
         |e| {
             assert!(matches!(e, IpcEvent::Message(m) if m.payload == msg));
             got += 1;
@@ -207,6 +213,7 @@ fn a_subscriber_a_ring_behind_is_dropped_and_continues_in_drop_mode() {
     ));
     let mut dropped = 0;
     slow.poll(
+        now_ns(),
         |e| match e {
             IpcEvent::Dropped { skipped_bytes } => {
                 assert!(skipped_bytes > 0);
@@ -228,6 +235,7 @@ fn a_subscriber_a_ring_behind_is_dropped_and_continues_in_drop_mode() {
     }
     let mut next = 1000;
     slow.poll(
+        now_ns(),
         |e| match e {
             IpcEvent::Message(m) => {
                 check(next, m.payload);
@@ -251,6 +259,7 @@ fn an_abandoned_claim_is_skipped() {
     p.offer(1, b"after").unwrap();
     let mut got = Vec::new();
     s.poll(
+        now_ns(),
         |e| {
             if let IpcEvent::Message(m) = e {
                 got.push(m.payload.to_vec())
@@ -276,7 +285,7 @@ fn junk_written_into_the_ring_is_reported_not_followed() {
     let f = OpenOptions::new().write(true).open(c.path("j")).unwrap();
     f.write_at(&h.to_le_bytes(), next).unwrap();
     let mut events = Vec::new();
-    s.poll(|e| events.push(format!("{e:?}")), 10);
+    s.poll(now_ns(), |e| events.push(format!("{e:?}")), 10);
     assert_eq!(events.len(), 2, "{events:?}");
     assert!(events[1].starts_with("Corrupt"), "{events:?}");
     assert!(!s.is_connected());
