@@ -209,17 +209,10 @@ fn silence_bound(cfg: &McastConfig) -> u64 {
         .max(cfg.heartbeat_interval_ns.saturating_mul(10))
 }
 
-/// Errors of the fan-out's set-up.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FanoutError {
-    /// No such channel, wrong transport, or a verbs failure.
-    #[error(transparent)]
-    Net(#[from] NetError),
-    /// The RC connection (handshake, token, ring) failed.
-    #[error(transparent)]
-    Orders(#[from] OrdersError),
-}
+/// The fan-out's errors are the market-data path's one error type (an RC
+/// connection's failure is [`NetError::Orders`]); the name is kept for
+/// code written against it.
+pub type FanoutError = NetError;
 
 fn rc_channel(cfg: &McastConfig, channel: u16) -> Result<u16, NetError> {
     let ch = cfg.channel(channel).ok_or(NetError::NoChannel(channel))?;

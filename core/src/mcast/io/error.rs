@@ -1,9 +1,12 @@
-//! The errors of the market-data I/O shell: [`NetError`] for set-up and
-//! polling, [`PublishError`] for a refused message.
+//! The errors of the market-data path, whatever its transport (multicast or
+//! RC fan-out): [`NetError`] for set-up and polling, [`PublishError`] for a
+//! refused message (as the orders path has `OrdersError` and `OfferError`,
+//! and shared memory `IpcError` and `IpcOfferError`).
 
 use std::net::SocketAddr;
 
 use crate::mcast::publisher::ClaimError;
+use crate::orders::OrdersError;
 use crate::verbs::{PoolError, VerbsError};
 
 /// Why the market-data I/O failed.
@@ -43,6 +46,9 @@ pub enum NetError {
         /// Its configured transport.
         configured: &'static str,
     },
+    /// An RC fan-out connection (handshake, token, ring) failed.
+    #[error(transparent)]
+    Orders(#[from] OrdersError),
     /// Both lines of a channel came out of their joins with the same
     /// multicast GID: the A/B copies would land on one queue pair twice.
     #[error("lines A and B of channel {channel} joined the same multicast GID {mgid}")]
