@@ -586,19 +586,20 @@ pub enum LogonProgress {
 const LOGON_FRAMES_PER_POLL: usize = 32;
 
 impl LoggingOn {
-    #[allow(clippy::too_many_arguments)]
+    /// Checks the token, makes the first step with `connect` (a connection made, or one
+    /// being made) and, once connected, sends the logon.
     fn new(
-        step: LogonStep,
         addr: SocketAddr,
         cfg: &OrdersConfig,
         engine: u32,
         token: &str,
         client: Client,
-        started: Instant,
+        connect: impl FnOnce() -> Result<LogonStep, OrdersError>,
     ) -> Result<LoggingOn, ResumeError> {
+        let started = Instant::now();
         let timeout = Duration::from_millis(cfg.connect_timeout_ms);
         let mut l = LoggingOn {
-            step: Some(step),
+            step: None,
             client,
             addr,
             engine,
@@ -608,10 +609,18 @@ impl LoggingOn {
             holes: Vec::new(),
             more_holes: false,
         };
-        if let Some(LogonStep::Answer(conn)) = &mut l.step {
-            if let Err(error) = send_logon(conn, engine, &l.key, &l.client) {
-                return Err(l.fail(error));
+        if pad_token(token.as_bytes()).is_none() {
+            return Err(l.fail(SessionError::BadToken));
+        }
+        match connect() {
+            Ok(LogonStep::Answer(mut conn)) => {
+                if let Err(error) = send_logon(&mut conn, engine, &l.key, &l.client) {
+                    return Err(l.fail(error));
+                }
+                l.step = Some(LogonStep::Answer(conn));
             }
+            Ok(step) => l.step = Some(step),
+            Err(source) => return Err(l.fail(SessionError::Connect { addr, source })),
         }
         Ok(l)
     }
@@ -791,27 +800,9 @@ impl EngineSession {
         token: &str,
         client: Client,
     ) -> Result<EngineSession, ResumeError> {
-        let started = Instant::now();
-        let bad = |error, client| ResumeError {
-            error,
-            client: Box::new(client),
-        };
-        if pad_token(token.as_bytes()).is_none() {
-            return Err(bad(SessionError::BadToken, client));
-        }
-        let conn = match Connection::connect(addr, cfg) {
-            Ok(c) => c,
-            Err(source) => return Err(bad(SessionError::Connect { addr, source }, client)),
-        };
-        let mut l = LoggingOn::new(
-            LogonStep::Answer(conn),
-            addr,
-            cfg,
-            engine,
-            token,
-            client,
-            started,
-        )?;
+        let mut l = LoggingOn::new(addr, cfg, engine, token, client, || {
+            Connection::connect(addr, cfg).map(LogonStep::Answer)
+        })?;
         loop {
             match l.poll()? {
                 LogonProgress::Pending(p) => {
@@ -837,27 +828,9 @@ impl EngineSession {
         token: &str,
         client: Client,
     ) -> Result<LoggingOn, ResumeError> {
-        let started = Instant::now();
-        let bad = |error, client| ResumeError {
-            error,
-            client: Box::new(client),
-        };
-        if pad_token(token.as_bytes()).is_none() {
-            return Err(bad(SessionError::BadToken, client));
-        }
-        let c = match Connection::start_connect(addr, local, cfg) {
-            Ok(c) => c,
-            Err(source) => return Err(bad(SessionError::Connect { addr, source }, client)),
-        };
-        LoggingOn::new(
-            LogonStep::Connecting(c),
-            addr,
-            cfg,
-            engine,
-            token,
-            client,
-            started,
-        )
+        LoggingOn::new(addr, cfg, engine, token, client, || {
+            Connection::start_connect(addr, local, cfg).map(LogonStep::Connecting)
+        })
     }
 
     /// Declares the gateway dead after `timeout` of silence (an engine's
