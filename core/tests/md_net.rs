@@ -203,6 +203,9 @@ struct PubPlan {
     /// After publishing, stop once no recovery request came for this long.
     quiet_exit: Option<Duration>,
     deadline: Duration,
+    /// Messages per second at most (the stream's pace whatever the
+    /// emulator's speed); `None`: as fast as pacing and the CPU allow.
+    max_rate: Option<u64>,
 }
 
 fn run_publisher(cfg: &McastConfig, ip: IpAddr, plan: PubPlan) -> (Book, McastPublisher) {
@@ -221,6 +224,7 @@ fn run_publisher(cfg: &McastConfig, ip: IpAddr, plan: PubPlan) -> (Book, McastPu
         poll(&mut p, &book);
     }
     let mut seq = 1;
+    let started = Instant::now();
     while seq <= plan.total {
         // Publish a few messages per poll; the pacer bounds the rate.
         for _ in 0..32 {
@@ -248,6 +252,13 @@ fn run_publisher(cfg: &McastConfig, ip: IpAddr, plan: PubPlan) -> (Book, McastPu
             seq += 1;
         }
         poll(&mut p, &book);
+        if let Some(rate) = plan.max_rate {
+            // Hold the pace: message `seq` is not due before seq / rate s.
+            let due = Duration::from_nanos(seq.saturating_mul(1_000_000_000) / rate.max(1));
+            while started.elapsed() < due {
+                poll(&mut p, &book);
+            }
+        }
         assert!(t0.elapsed() < plan.deadline, "publisher too slow");
     }
     p.flush(now_ns()).unwrap();
@@ -404,6 +415,7 @@ fn one_guest(
         stop: stop.clone(),
         quiet_exit: None,
         deadline: Duration::from_secs(50),
+        max_rate: None,
     };
     let publisher = std::thread::spawn(move || run_publisher(&pub_cfg, ip, plan));
     let r = run_subscriber(&cfg, ip, ip, total, Duration::from_secs(50), None);
@@ -465,6 +477,7 @@ fn rdma_md_late_join_after_100k_converges() {
         stop: stop.clone(),
         quiet_exit: None,
         deadline: Duration::from_secs(55),
+        max_rate: None,
     };
     let pub_cfg = cfg.clone();
     let publisher = std::thread::spawn(move || run_publisher(&pub_cfg, ip, plan));
@@ -817,6 +830,7 @@ fn two_hosts(
                 stop: Arc::new(AtomicBool::new(false)),
                 quiet_exit: Some(Duration::from_secs(5)),
                 deadline: Duration::from_secs(58),
+                max_rate: None,
             },
         );
         assert_eq!(book.digest(), expected(total).digest());
@@ -1188,6 +1202,7 @@ fn rdma_md_three_hosts_shared_loss_repaired_on_multicast() {
             // Longer than the subscribers' longest wait between two asks.
             quiet_exit: Some(Duration::from_secs(20)),
             deadline,
+            max_rate: None,
         },
     );
     assert_eq!(book.digest(), expected(total).digest());
@@ -1235,14 +1250,16 @@ fn rdma_md_three_hosts_shared_loss_repaired_on_multicast() {
 fn rdma_md_three_hosts_stopped_subscriber_reported_lagging() {
     use rocebus::mcast::PublisherEvent;
     let total = 60_000;
-    // Messages behind that count as lagging. The stopped subscriber falls
-    // min(55,000, rate x 30 s) behind: all the rest of the stream at the
-    // ~2,400 messages a second the publisher makes with three emulated
-    // guests on two cores, and past the bound at any rate above ~850 a
-    // second. The one that keeps up would have to stall for 25,000
-    // messages (10 s at that rate) to be reported: a clear margin, where
-    // the 10 s stop against a 10,000 bound this test had at first was not
-    // (a running subscriber was seen 10,000 behind under load).
+    // Messages behind that count as lagging. The stream is held to RATE
+    // messages a second whatever the emulator's speed, so the stopped
+    // subscriber falls min(55,000, RATE x 30 s) = 55,000 behind, and the one
+    // that keeps up would have to stall for 25,000 messages (12.5 s) to be
+    // reported. Unpaced, on a faster emulator, the test once failed with
+    // both subscribers reported at a lag of 25,001: the publisher was at
+    // message 25,002 while neither position (as reported, or none yet) had
+    // passed the first message, most likely a start-up stall no longer than
+    // the unpaced stream took to make 25,000 messages.
+    const RATE: u64 = 2_000;
     const BOUND: u64 = 25_000;
     const STOP: Duration = Duration::from_secs(30);
     let mut cfg = config("239.7.11.1", None, 7611, 16384);
@@ -1269,6 +1286,7 @@ fn rdma_md_three_hosts_stopped_subscriber_reported_lagging() {
                     // sleeps; serve it when it wakes.
                     quiet_exit: Some(STOP + Duration::from_secs(15)),
                     deadline,
+                    max_rate: Some(RATE),
                 },
             );
             // A connection dropped and made again during the catch-up
