@@ -184,9 +184,17 @@ enum Cmd {
 /// link dropped packets by itself (sysexits' EX_TEMPFAIL: try again).
 const EXIT_INCONCLUSIVE: i32 = 75;
 
-/// The workspace root (xtask lives one level below it).
+/// The workspace root (xtask lives one level below it): from the
+/// `CARGO_MANIFEST_DIR` that `cargo xtask` (`cargo run`) sets when it
+/// starts us, else the one this binary was built from. The build-time
+/// path alone is wrong whenever one target directory serves several
+/// checkouts: cargo does not rebuild an up-to-date xtask for another
+/// checkout, which then built and tested the first checkout's code.
 pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.join("Cargo.toml").is_file())
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
         .parent()
         .expect("xtask is inside the workspace")
         .to_path_buf()
