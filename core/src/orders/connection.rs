@@ -141,7 +141,7 @@ pub(super) struct Link {
     max_inline: usize,
     /// Longest single WRITE (`usize::MAX` when the configuration sets no
     /// limit: decided once, not per flush).
-    max_write: usize,
+    pub(super) max_write: usize,
     /// Requests one prepared post puts on the send queue (the write, and
     /// the fan-in mark when granted).
     requests: u64,
@@ -678,6 +678,17 @@ impl Connection {
         self.flush_rest()
     }
 
+    /// Posts the run `off..off + len` of staging the sender just marked
+    /// flushed (one unwrapped run of at most `max_write` bytes), as
+    /// [`flush`](Self::flush) does.
+    #[inline(always)]
+    pub(super) fn post_run(&mut self, off: usize, len: usize) -> Result<(), OfferError> {
+        self.stats.flushes += 1;
+        self.link
+            .post_staged(self.send.tx.staging(), off, len)
+            .map_err(OfferError::Lost)
+    }
+
     /// A flush with nothing to write (reaps send completions) or more
     /// than one write.
     #[inline(never)]
@@ -838,7 +849,7 @@ impl Link {
 
     /// Posts staging bytes `off..off + len` (one run, at most `max_write`)
     /// through the prepared WRITE, with the fan-in mark if granted.
-    #[inline]
+    #[inline(always)]
     fn post_staged(&mut self, staging: &Staging, off: usize, len: usize) -> Result<(), PeerLost> {
         let n = self.requests;
         let signaled = if self.sq.fast(n) {

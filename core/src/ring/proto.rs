@@ -365,6 +365,44 @@ impl<S: StagingMemory> Sender<S> {
         Ok(seq)
     }
 
+    /// [`offer`](Self::offer) of a frame that is flushed at once and alone
+    /// (`offer` then [`take_run`](Self::take_run) in one step): when
+    /// nothing else is unflushed and the frame is the usual one
+    /// ([`SenderState::claim_fast`]) of at most `max` bytes, writes it,
+    /// marks it flushed and returns its run `(offset, len)` for the shell
+    /// to write now. `None`: nothing was done (the caller offers and
+    /// flushes the general way, which also reports a reserved type or a
+    /// payload too large).
+    #[inline(always)]
+    pub fn offer_run(
+        &mut self,
+        stream_id: u16,
+        msg_type: u16,
+        payload: &[u8],
+        max: usize,
+    ) -> Option<(usize, usize)> {
+        if msg_type >= TYPE_RESERVED_MIN || self.state.unflushed() != 0 {
+            return None;
+        }
+        let len = payload.len();
+        let (off, total) = self.state.claim_fast(len)?;
+        if total > max {
+            return None;
+        }
+        let seq = self.state.next_seq();
+        frame::write_frame(
+            self.staging.bytes_mut(off, total),
+            stream_id,
+            msg_type,
+            seq,
+            payload,
+        );
+        self.state.commit_flushed(total);
+        self.open = None;
+        self.bytes += len as u64;
+        Some((off, total))
+    }
+
     /// [`offer`](Self::offer) when the fast claim does not decide.
     #[cold]
     #[inline(never)]
@@ -470,8 +508,11 @@ impl Receiver {
         }
         let len = w0 as u32 as usize;
         let total = frame::frame_len(len);
-        // `len <= max_payload` also keeps `frame_len` from overflowing.
-        if w0 >= RESERVED_WORD0 || len > self.state.max_payload() || total > self.state.size() - off
+        // `len <= max_payload` also keeps `frame_len` from overflowing. The
+        // room is checked against the memory's size (the state's, asserted
+        // above), the same compare `take_sealed` makes for its bounds, so
+        // the compiler makes it once.
+        if w0 >= RESERVED_WORD0 || len > self.state.max_payload() || total > mem.data_len() - off
         {
             return self.poll_slow(mem, dst);
         }
