@@ -512,8 +512,7 @@ impl Receiver {
         // room is checked against the memory's size (the state's, asserted
         // above), the same compare `take_sealed` makes for its bounds, so
         // the compiler makes it once.
-        if w0 >= RESERVED_WORD0 || len > self.state.max_payload() || total > mem.data_len() - off
-        {
+        if w0 >= RESERVED_WORD0 || len > self.state.max_payload() || total > mem.data_len() - off {
             return self.poll_slow(mem, dst);
         }
         // The seal is the frame's last word: until it holds this frame's
