@@ -848,15 +848,42 @@ impl Link {
     }
 
     /// Posts staging bytes `off..off + len` (one run, at most `max_write`)
-    /// through the prepared WRITE, with the fan-in mark if granted.
+    /// through the prepared WRITE, with the fan-in mark if granted. The
+    /// usual post (unsignaled, room known: [`SendQueue::fast`]) is inlined
+    /// with its flags decided here; a signal due, room short or a lost
+    /// connection go through [`post_staged_slow`](Self::post_staged_slow).
     #[inline(always)]
     fn post_staged(&mut self, staging: &Staging, off: usize, len: usize) -> Result<(), PeerLost> {
         let n = self.requests;
-        let signaled = if self.sq.fast(n) {
-            false
-        } else {
-            self.admit_slow(n)?
-        };
+        if !self.sq.fast(n) {
+            return self.post_staged_slow(staging, off, len);
+        }
+        self.post_staged_as(staging, off, len, false)
+    }
+
+    /// [`post_staged`](Self::post_staged) off its fast path: admits the
+    /// post first (reaps, waits for room, decides the signal).
+    #[inline(never)]
+    fn post_staged_slow(
+        &mut self,
+        staging: &Staging,
+        off: usize,
+        len: usize,
+    ) -> Result<(), PeerLost> {
+        let signaled = self.admit_slow(self.requests)?;
+        self.post_staged_as(staging, off, len, signaled)
+    }
+
+    /// Posts the run as admitted, signaled or not.
+    #[inline(always)]
+    fn post_staged_as(
+        &mut self,
+        staging: &Staging,
+        off: usize,
+        len: usize,
+        signaled: bool,
+    ) -> Result<(), PeerLost> {
+        let n = self.requests;
         let flags = WriteFlags {
             inline: len <= self.max_inline,
             signaled,
@@ -867,10 +894,17 @@ impl Link {
             .post(&self.qp, staging, off, len, flags, wr_id)
             .is_err()
         {
-            return Err(self.fail(PeerLost::Completion(WcStatus::Other(0))));
+            return Err(self.post_failed());
         }
         self.sq.on_posted(n, signaled);
         Ok(())
+    }
+
+    /// A post the provider refused: the connection is lost.
+    #[cold]
+    #[inline(never)]
+    fn post_failed(&mut self) -> PeerLost {
+        self.fail(PeerLost::Completion(WcStatus::Other(0)))
     }
 
     /// The slow path of a post of `n` requests: reports a lost connection,

@@ -507,21 +507,30 @@ impl Receiver {
             return Ok(None);
         }
         let len = w0 as u32 as usize;
+        // Each refusal its own branch (the slow path is cold): an
+        // application type, a length within `max_payload` (a `u32`, so
+        // `frame_len` cannot overflow), room before the ring's end.
+        if w0 >= RESERVED_WORD0 {
+            return self.poll_slow(mem, dst);
+        }
+        if len > self.state.max_payload() {
+            return self.poll_slow(mem, dst);
+        }
         let total = frame::frame_len(len);
-        // `len <= max_payload` also keeps `frame_len` from overflowing. The
-        // room is checked against the memory's size (the state's, asserted
-        // above), the same compare `take_sealed` makes for its bounds, so
-        // the compiler makes it once.
-        if w0 >= RESERVED_WORD0 || len > self.state.max_payload() || total > mem.data_len() - off {
+        // The room is checked against the memory's size (the state's,
+        // asserted above), the same compare `take_sealed` makes for its
+        // bounds, so the compiler makes it once.
+        if total > mem.data_len() - off {
             return self.poll_slow(mem, dst);
         }
         // The seal is the frame's last word: until it holds this frame's
-        // value the frame is still being placed.
+        // value the frame is still being placed. The payload's words: its
+        // length rounded up to 8 (`len` is below 2^32: no overflow).
         if !mem.take_sealed(
             off,
             total,
             frame::trailer_value(seq),
-            &mut dst[..len.next_multiple_of(8)],
+            &mut dst[..(len + 7) & !7],
         ) {
             return Ok(None);
         }
