@@ -153,7 +153,9 @@ impl Connection {
     /// frame that fits before the ring's end within the credit, is one
     /// step: the frame is written to staging and posted as its own run
     /// through the prepared WRITE, without working out the flush range.
-    #[inline]
+    /// Always inlined: a call would save and restore as many registers as
+    /// the step has instructions of its own.
+    #[inline(always)]
     pub fn offer_and_flush(
         &mut self,
         stream_id: u16,
