@@ -141,7 +141,7 @@ pub(super) struct Link {
     max_inline: usize,
     /// Longest single WRITE (`usize::MAX` when the configuration sets no
     /// limit: decided once, not per flush).
-    max_write: usize,
+    pub(super) max_write: usize,
     /// Requests one prepared post puts on the send queue (the write, and
     /// the fan-in mark when granted).
     requests: u64,
@@ -678,6 +678,17 @@ impl Connection {
         self.flush_rest()
     }
 
+    /// Posts the run `off..off + len` of staging the sender just marked
+    /// flushed (one unwrapped run of at most `max_write` bytes), as
+    /// [`flush`](Self::flush) does.
+    #[inline(always)]
+    pub(super) fn post_run(&mut self, off: usize, len: usize) -> Result<(), OfferError> {
+        self.stats.flushes += 1;
+        self.link
+            .post_staged(self.send.tx.staging(), off, len)
+            .map_err(OfferError::Lost)
+    }
+
     /// A flush with nothing to write (reaps send completions) or more
     /// than one write.
     #[inline(never)]
@@ -837,15 +848,42 @@ impl Link {
     }
 
     /// Posts staging bytes `off..off + len` (one run, at most `max_write`)
-    /// through the prepared WRITE, with the fan-in mark if granted.
-    #[inline]
+    /// through the prepared WRITE, with the fan-in mark if granted. The
+    /// usual post (unsignaled, room known: [`SendQueue::fast`]) is inlined
+    /// with its flags decided here; a signal due, room short or a lost
+    /// connection go through [`post_staged_slow`](Self::post_staged_slow).
+    #[inline(always)]
     fn post_staged(&mut self, staging: &Staging, off: usize, len: usize) -> Result<(), PeerLost> {
         let n = self.requests;
-        let signaled = if self.sq.fast(n) {
-            false
-        } else {
-            self.admit_slow(n)?
-        };
+        if !self.sq.fast(n) {
+            return self.post_staged_slow(staging, off, len);
+        }
+        self.post_staged_as(staging, off, len, false)
+    }
+
+    /// [`post_staged`](Self::post_staged) off its fast path: admits the
+    /// post first (reaps, waits for room, decides the signal).
+    #[inline(never)]
+    fn post_staged_slow(
+        &mut self,
+        staging: &Staging,
+        off: usize,
+        len: usize,
+    ) -> Result<(), PeerLost> {
+        let signaled = self.admit_slow(self.requests)?;
+        self.post_staged_as(staging, off, len, signaled)
+    }
+
+    /// Posts the run as admitted, signaled or not.
+    #[inline(always)]
+    fn post_staged_as(
+        &mut self,
+        staging: &Staging,
+        off: usize,
+        len: usize,
+        signaled: bool,
+    ) -> Result<(), PeerLost> {
+        let n = self.requests;
         let flags = WriteFlags {
             inline: len <= self.max_inline,
             signaled,
@@ -856,10 +894,17 @@ impl Link {
             .post(&self.qp, staging, off, len, flags, wr_id)
             .is_err()
         {
-            return Err(self.fail(PeerLost::Completion(WcStatus::Other(0))));
+            return Err(self.post_failed());
         }
         self.sq.on_posted(n, signaled);
         Ok(())
+    }
+
+    /// A post the provider refused: the connection is lost.
+    #[cold]
+    #[inline(never)]
+    fn post_failed(&mut self) -> PeerLost {
+        self.fail(PeerLost::Completion(WcStatus::Other(0)))
     }
 
     /// The slow path of a post of `n` requests: reports a lost connection,

@@ -88,8 +88,7 @@ impl<'c> Publication<'c> {
     /// [`offer`](Self::offer) then [`flush`](Self::flush).
     #[inline]
     pub fn offer_and_flush(&mut self, msg_type: u16, payload: &[u8]) -> Result<(), OfferError> {
-        self.offer(msg_type, payload)?;
-        self.conn.flush()
+        self.conn.offer_and_flush(self.stream_id, msg_type, payload)
     }
 }
 
@@ -145,6 +144,46 @@ impl Connection {
             Ok(_) => Ok(()),
             Err(e) => Err(self.refused(e)),
         }
+    }
+}
+
+impl Connection {
+    /// [`offer`](Connection::offer) then [`flush`](Connection::flush) on
+    /// `stream_id`. The usual case, nothing else waiting for a flush and a
+    /// frame that fits before the ring's end within the credit, is one
+    /// step: the frame is written to staging and posted as its own run
+    /// through the prepared WRITE, without working out the flush range.
+    /// Always inlined: a call would save and restore as many registers as
+    /// the step has instructions of its own.
+    #[inline(always)]
+    pub fn offer_and_flush(
+        &mut self,
+        stream_id: u16,
+        msg_type: u16,
+        payload: &[u8],
+    ) -> Result<(), OfferError> {
+        if self.link.lost.is_none() {
+            if let Some((off, len)) =
+                self.send
+                    .tx
+                    .offer_run(stream_id, msg_type, payload, self.link.max_write)
+            {
+                return self.post_run(off, len);
+            }
+        }
+        self.offer_and_flush_slow(stream_id, msg_type, payload)
+    }
+
+    /// [`offer_and_flush`](Self::offer_and_flush) the general way.
+    #[inline(never)]
+    fn offer_and_flush_slow(
+        &mut self,
+        stream_id: u16,
+        msg_type: u16,
+        payload: &[u8],
+    ) -> Result<(), OfferError> {
+        self.offer(stream_id, msg_type, payload)?;
+        self.flush()
     }
 }
 

@@ -178,8 +178,8 @@ impl IncomingRing {
     fn copy_words(&self, at: usize, dst: &mut [u8]) {
         debug_assert!(at % 8 == 0 && at + dst.len() <= self.size + CONTROL_LEN);
         let base = self.mr.as_ptr() as *const AtomicU64;
-        // Word `i` of the range (`i` below `dst.len() / 8`: both loops below
-        // count the words they fill).
+        // Word `i` of the range (`i` below `dst.len() / 8`: every caller
+        // below counts from 0 to below it).
         let load = |i: usize| {
             // SAFETY: as `word_at`, for every word of the range the caller
             // checked once: in bounds of the mapping that lives as long as
@@ -188,20 +188,39 @@ impl IncomingRing {
             // ORDERING: Relaxed, as `load_relaxed`.
             w.load(Ordering::Relaxed)
         };
-        // Four words per step (a 64-byte payload is two steps), then the rest.
-        let mut blocks = dst.chunks_exact_mut(32);
-        let mut i = 0;
-        for b in &mut blocks {
-            let (w0, w1, w2, w3) = (load(i), load(i + 1), load(i + 2), load(i + 3));
-            b[..8].copy_from_slice(&w0.to_ne_bytes());
-            b[8..16].copy_from_slice(&w1.to_ne_bytes());
-            b[16..24].copy_from_slice(&w2.to_ne_bytes());
-            b[24..].copy_from_slice(&w3.to_ne_bytes());
-            i += 4;
+        let n = dst.len() / 8;
+        let d = dst.as_mut_ptr();
+        // Word `i` of `dst` (`i` below `n`: every caller below counts from
+        // 0 to below `n`).
+        let store = |i: usize, w: u64| {
+            debug_assert!(i < n);
+            // SAFETY: `i < n`, so bytes `8 * i..8 * i + 8` lie in `dst`, which
+            // we borrow mutably; unaligned write (dst has byte alignment).
+            unsafe { d.add(8 * i).cast::<u64>().write_unaligned(w) }
+        };
+        if n < 4 {
+            for i in 0..n {
+                store(i, load(i));
+            }
+            return;
         }
-        for c in blocks.into_remainder().chunks_exact_mut(8) {
-            c.copy_from_slice(&load(i).to_ne_bytes());
-            i += 1;
+        // Four words per step (a 64-byte payload is two steps), the last step
+        // moved back to end at the last word when `n` is not a multiple of
+        // four (it copies up to three words twice, which only rereads them:
+        // a peer rewriting the frame meanwhile can make the copy
+        // inconsistent, as it always could, never undefined).
+        let mut i = 0;
+        loop {
+            let j = i.min(n - 4);
+            let (w0, w1, w2, w3) = (load(j), load(j + 1), load(j + 2), load(j + 3));
+            store(j, w0);
+            store(j + 1, w1);
+            store(j + 2, w2);
+            store(j + 3, w3);
+            i += 4;
+            if i >= n {
+                break;
+            }
         }
     }
 }

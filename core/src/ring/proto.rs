@@ -365,6 +365,44 @@ impl<S: StagingMemory> Sender<S> {
         Ok(seq)
     }
 
+    /// [`offer`](Self::offer) of a frame that is flushed at once and alone
+    /// (`offer` then [`take_run`](Self::take_run) in one step): when
+    /// nothing else is unflushed and the frame is the usual one
+    /// ([`SenderState::claim_fast`]) of at most `max` bytes, writes it,
+    /// marks it flushed and returns its run `(offset, len)` for the shell
+    /// to write now. `None`: nothing was done (the caller offers and
+    /// flushes the general way, which also reports a reserved type or a
+    /// payload too large).
+    #[inline(always)]
+    pub fn offer_run(
+        &mut self,
+        stream_id: u16,
+        msg_type: u16,
+        payload: &[u8],
+        max: usize,
+    ) -> Option<(usize, usize)> {
+        if msg_type >= TYPE_RESERVED_MIN || self.state.unflushed() != 0 {
+            return None;
+        }
+        let len = payload.len();
+        let (off, total) = self.state.claim_fast(len)?;
+        if total > max {
+            return None;
+        }
+        let seq = self.state.next_seq();
+        frame::write_frame(
+            self.staging.bytes_mut(off, total),
+            stream_id,
+            msg_type,
+            seq,
+            payload,
+        );
+        self.state.commit_flushed(total);
+        self.open = None;
+        self.bytes += len as u64;
+        Some((off, total))
+    }
+
     /// [`offer`](Self::offer) when the fast claim does not decide.
     #[cold]
     #[inline(never)]
@@ -469,19 +507,30 @@ impl Receiver {
             return Ok(None);
         }
         let len = w0 as u32 as usize;
+        // Each refusal its own branch (the slow path is cold): an
+        // application type, a length within `max_payload` (a `u32`, so
+        // `frame_len` cannot overflow), room before the ring's end.
+        if w0 >= RESERVED_WORD0 {
+            return self.poll_slow(mem, dst);
+        }
+        if len > self.state.max_payload() {
+            return self.poll_slow(mem, dst);
+        }
         let total = frame::frame_len(len);
-        // `len <= max_payload` also keeps `frame_len` from overflowing.
-        if w0 >= RESERVED_WORD0 || len > self.state.max_payload() || total > self.state.size() - off
-        {
+        // The room is checked against the memory's size (the state's,
+        // asserted above), the same compare `take_sealed` makes for its
+        // bounds, so the compiler makes it once.
+        if total > mem.data_len() - off {
             return self.poll_slow(mem, dst);
         }
         // The seal is the frame's last word: until it holds this frame's
-        // value the frame is still being placed.
+        // value the frame is still being placed. The payload's words: its
+        // length rounded up to 8 (`len` is below 2^32: no overflow).
         if !mem.take_sealed(
             off,
             total,
             frame::trailer_value(seq),
-            &mut dst[..len.next_multiple_of(8)],
+            &mut dst[..(len + 7) & !7],
         ) {
             return Ok(None);
         }

@@ -147,6 +147,18 @@ impl SenderState {
         seq
     }
 
+    /// [`commit_fast`](Self::commit_fast) of a frame that is also the
+    /// whole of the next flush (nothing else was unflushed: the caller
+    /// checked [`unflushed`](Self::unflushed) is zero): marks it flushed
+    /// too. Returns its sequence.
+    #[inline]
+    pub fn commit_flushed(&mut self, total: usize) -> u64 {
+        debug_assert_eq!(self.unflushed(), 0);
+        let seq = self.commit_fast(total);
+        self.flushed = self.tail;
+        seq
+    }
+
     /// Commits a claim made by [`claim`](Self::claim) (with no other
     /// change in between); returns the sequences used (padding first).
     pub fn commit(&mut self, pos: &ClaimPos) -> u64 {

@@ -71,10 +71,28 @@ mod host {
             let mut tx = Sender::new(staging(SIZE), MAX);
             let mut buf = vec![0u8; MAX];
             let mut pressured = 0u64;
+            let mut one_step = 0u64;
             let mut batch = SmallRng::seed_from_u64(99);
             for i in 0..FRAMES {
                 let len = payload(i, MAX, &mut buf);
                 loop {
+                    // A third of the frames try the shell's one-step
+                    // offer-and-flush first (half of them with a limit on
+                    // the write's size); it declines whenever `offer` and a
+                    // flush of several runs would be needed.
+                    if batch.gen_ratio(1, 3) {
+                        flush(&mut tx, &ring2, false);
+                        let max = if i % 2 == 0 { usize::MAX } else { 160 };
+                        let before = tx.state().next_seq();
+                        if let Some((off, n)) = tx.offer_run(3, 5, &buf[..len], max) {
+                            assert!(n <= max && tx.state().unflushed() == 0);
+                            assert_eq!(tx.state().next_seq(), before + 1);
+                            ring2.write(off, tx.staging().bytes(off, n));
+                            one_step += 1;
+                            break;
+                        }
+                        assert_eq!(tx.state().next_seq(), before, "declined, nothing done");
+                    }
                     match tx.offer(3, 5, &buf[..len], &back2) {
                         Ok(seq) => {
                             assert!(seq > i);
@@ -95,6 +113,7 @@ mod host {
                 }
             }
             flush(&mut tx, &ring2, false);
+            assert!(one_step > FRAMES / 10, "one-step offers: {one_step}");
             (pressured, tx.state().tail())
         });
         let mut rx = Receiver::new(SIZE, MAX, SIZE / 4);
