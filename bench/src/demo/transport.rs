@@ -301,7 +301,7 @@ mod tests {
     fn poll_until(subs: &mut MdSubscribers, view: &mut MdView, messages: u64) {
         let t = Instant::now();
         while subs.bus_counts().delivered < messages {
-            subs.poll(0, view).unwrap();
+            subs.poll(rocebus::clock::now_ns(), view).unwrap();
             assert!(
                 t.elapsed() < Duration::from_secs(5),
                 "{:?}",
@@ -356,7 +356,7 @@ mod tests {
         }
         let t = Instant::now();
         while subs.bus_counts().unrecoverable == 0 {
-            subs.poll(0, &mut view).unwrap();
+            subs.poll(rocebus::clock::now_ns(), &mut view).unwrap();
             assert!(
                 t.elapsed() < Duration::from_secs(5),
                 "{:?}",
@@ -385,7 +385,7 @@ mod tests {
         };
         let t = Instant::now();
         while gone(&subs) < 2 {
-            subs.poll(0, &mut view).unwrap();
+            subs.poll(rocebus::clock::now_ns(), &mut view).unwrap();
             assert!(t.elapsed() < Duration::from_secs(5), "publisher never gone");
         }
         assert_eq!(
