@@ -351,6 +351,23 @@ impl<S: StagingMemory> Sender<S> {
         let Some((off, total)) = self.state.claim_fast(len) else {
             return self.offer_slow(stream_id, msg_type, payload, credit_mem);
         };
+        let seq = self.write_usual(off, total, stream_id, msg_type, payload);
+        self.state.commit_fast(total);
+        Ok(seq)
+    }
+
+    /// Writes the usual frame [`SenderState::claim_fast`] placed at
+    /// `off..off + total` of staging (the caller commits it); returns its
+    /// sequence.
+    #[inline(always)]
+    fn write_usual(
+        &mut self,
+        off: usize,
+        total: usize,
+        stream_id: u16,
+        msg_type: u16,
+        payload: &[u8],
+    ) -> u64 {
         let seq = self.state.next_seq();
         frame::write_frame(
             self.staging.bytes_mut(off, total),
@@ -359,10 +376,9 @@ impl<S: StagingMemory> Sender<S> {
             seq,
             payload,
         );
-        self.state.commit_fast(total);
         self.open = None;
-        self.bytes += len as u64;
-        Ok(seq)
+        self.bytes += payload.len() as u64;
+        seq
     }
 
     /// [`offer`](Self::offer) of a frame that is flushed at once and alone
@@ -389,17 +405,8 @@ impl<S: StagingMemory> Sender<S> {
         if total > max {
             return None;
         }
-        let seq = self.state.next_seq();
-        frame::write_frame(
-            self.staging.bytes_mut(off, total),
-            stream_id,
-            msg_type,
-            seq,
-            payload,
-        );
+        self.write_usual(off, total, stream_id, msg_type, payload);
         self.state.commit_flushed(total);
-        self.open = None;
-        self.bytes += len as u64;
         Some((off, total))
     }
 
