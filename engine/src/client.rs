@@ -523,12 +523,11 @@ pub struct EngineSession {
     engine: u32,
     replay_until: u32,
     stray_frames: u64,
-    /// Heartbeats and silence, on `epoch`'s clock (nanoseconds).
+    /// Heartbeats and silence, on [`rocebus::clock::now_ns`] (nanoseconds).
     live: Liveness,
     /// A frame arrived since the last liveness check.
     heard: bool,
     polls: u32,
-    epoch: Instant,
     /// The heartbeat interval the gateway announced (zero: it sends none).
     heartbeat: Duration,
     gateway_timeout: Duration,
@@ -538,8 +537,12 @@ pub struct EngineSession {
 /// made, then the logon sent and the gateway's answer read, each step in
 /// [`poll`](Self::poll). Dropping it abandons the attempt.
 pub struct LoggingOn {
-    /// Always `Some` between calls.
-    step: Option<LogonStep>,
+    step: LogonStep,
+    ctx: LogonCtx,
+}
+
+/// What a logon keeps from step to step.
+struct LogonCtx {
     client: Client,
     addr: SocketAddr,
     engine: u32,
@@ -561,12 +564,12 @@ enum LogonStep {
 impl std::fmt::Debug for LoggingOn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let step = match self.step {
-            Some(LogonStep::Connecting(_)) => "connecting",
-            _ => "awaiting the logon answer",
+            LogonStep::Connecting(_) => "connecting",
+            LogonStep::Answer(_) => "awaiting the logon answer",
         };
         f.debug_struct("LoggingOn")
-            .field("addr", &self.addr)
-            .field("engine", &self.engine)
+            .field("addr", &self.ctx.addr)
+            .field("engine", &self.ctx.engine)
             .field("step", &step)
             .finish_non_exhaustive()
     }
@@ -598,8 +601,7 @@ impl LoggingOn {
     ) -> Result<LoggingOn, ResumeError> {
         let started = Instant::now();
         let timeout = Duration::from_millis(cfg.connect_timeout_ms);
-        let mut l = LoggingOn {
-            step: None,
+        let ctx = LogonCtx {
             client,
             addr,
             engine,
@@ -610,26 +612,19 @@ impl LoggingOn {
             more_holes: false,
         };
         if pad_token(token.as_bytes()).is_none() {
-            return Err(l.fail(SessionError::BadToken));
+            return Err(ctx.fail(SessionError::BadToken));
         }
-        match connect() {
+        let step = match connect() {
             Ok(LogonStep::Answer(mut conn)) => {
-                if let Err(error) = send_logon(&mut conn, engine, &l.key, &l.client) {
-                    return Err(l.fail(error));
+                if let Err(error) = send_logon(&mut conn, engine, &ctx.key, &ctx.client) {
+                    return Err(ctx.fail(error));
                 }
-                l.step = Some(LogonStep::Answer(conn));
+                LogonStep::Answer(conn)
             }
-            Ok(step) => l.step = Some(step),
-            Err(source) => return Err(l.fail(SessionError::Connect { addr, source })),
-        }
-        Ok(l)
-    }
-
-    fn fail(self, error: SessionError) -> ResumeError {
-        ResumeError {
-            error,
-            client: Box::new(self.client),
-        }
+            Ok(step) => step,
+            Err(source) => return Err(ctx.fail(SessionError::Connect { addr, source })),
+        };
+        Ok(LoggingOn { step, ctx })
     }
 
     /// Takes the steps that can be taken now, without blocking: the connection's set-up,
@@ -637,39 +632,92 @@ impl LoggingOn {
     /// responses, stay for [`EngineSession::poll`]). Past the config's `connect_timeout_ms`
     /// from the start, on a refusal or a lost connection it is an error that hands the book
     /// back, to try again with.
-    pub fn poll(mut self) -> Result<LogonProgress, ResumeError> {
-        if Instant::now() > self.deadline {
-            let t = self.timeout;
-            return Err(self.fail(SessionError::Timeout(t)));
+    pub fn poll(self) -> Result<LogonProgress, ResumeError> {
+        let LoggingOn { step, mut ctx } = self;
+        if Instant::now() > ctx.deadline {
+            let t = ctx.timeout;
+            return Err(ctx.fail(SessionError::Timeout(t)));
         }
-        let mut conn = match self.step.take() {
-            Some(LogonStep::Answer(conn)) => conn,
-            Some(LogonStep::Connecting(c)) => match c.poll() {
+        let mut conn = match step {
+            LogonStep::Answer(conn) => conn,
+            LogonStep::Connecting(c) => match c.poll() {
                 Ok(ConnectProgress::Pending(c)) => {
-                    self.step = Some(LogonStep::Connecting(c));
-                    return Ok(LogonProgress::Pending(self));
+                    let step = LogonStep::Connecting(c);
+                    return Ok(LogonProgress::Pending(LoggingOn { step, ctx }));
                 }
                 Ok(ConnectProgress::Done(mut conn)) => {
-                    if let Err(e) = send_logon(&mut conn, self.engine, &self.key, &self.client) {
-                        return Err(self.fail(e));
+                    if let Err(e) = send_logon(&mut conn, ctx.engine, &ctx.key, &ctx.client) {
+                        return Err(ctx.fail(e));
                     }
                     conn
                 }
                 Err(source) => {
-                    let addr = self.addr;
-                    return Err(self.fail(SessionError::Connect { addr, source }));
+                    let addr = ctx.addr;
+                    return Err(ctx.fail(SessionError::Connect { addr, source }));
                 }
             },
-            // Not reachable: `step` is put back before every return that keeps `self`.
-            None => {
-                let t = self.timeout;
-                return Err(self.fail(SessionError::Timeout(t)));
-            }
         };
-        let mut answer: Option<Result<(LogonAck, LogonStatus), DecodeError>> = None;
+        let answer = match ctx.read_answer(&mut conn) {
+            Ok(a) => a,
+            Err(e) => return Err(ctx.fail(SessionError::Lost(e))),
+        };
+        match answer {
+            None => {
+                let step = LogonStep::Answer(conn);
+                Ok(LogonProgress::Pending(LoggingOn { step, ctx }))
+            }
+            Some(Ok((ack, LogonStatus::Accepted))) => {
+                let LogonCtx {
+                    mut client,
+                    engine,
+                    holes,
+                    more_holes,
+                    ..
+                } = ctx;
+                client.on_logon_with_holes(ack.last_request_seq.get(), &holes, more_holes);
+                let heartbeat = Duration::from_millis(u64::from(ack.heartbeat_ms.get()));
+                let mut s = EngineSession {
+                    conn,
+                    client,
+                    engine,
+                    replay_until: ack.last_response_seq.get(),
+                    stray_frames: 0,
+                    live: Liveness::new(0, 0, 0),
+                    heard: false,
+                    polls: 0,
+                    heartbeat,
+                    gateway_timeout: DEFAULT_GATEWAY_TIMEOUT,
+                };
+                s.set_gateway_timeout(DEFAULT_GATEWAY_TIMEOUT);
+                Ok(LogonProgress::Done(s))
+            }
+            Some(Ok((_, status))) => {
+                let engine = ctx.engine;
+                Err(ctx.fail(SessionError::Refused { engine, status }))
+            }
+            Some(Err(e)) => Err(ctx.fail(SessionError::BadAnswer(e))),
+        }
+    }
+}
+
+impl LogonCtx {
+    fn fail(self, error: SessionError) -> ResumeError {
+        ResumeError {
+            error,
+            client: Box::new(self.client),
+        }
+    }
+
+    /// Reads what has arrived of the gateway's holes and answer, one frame at a time (what
+    /// follows the answer is the session's): the answer once it is there.
+    #[allow(clippy::type_complexity)]
+    fn read_answer(
+        &mut self,
+        conn: &mut Connection,
+    ) -> Result<Option<Result<(LogonAck, LogonStatus), DecodeError>>, OrdersError> {
+        let mut answer = None;
         for _ in 0..LOGON_FRAMES_PER_POLL {
             let (holes, more_holes) = (&mut self.holes, &mut self.more_holes);
-            // One frame at a time: what follows the answer is the session's.
             let read = conn.subscription().poll(
                 |f| {
                     if f.msg_type != u16::from(msg_type::REQUEST_HOLES) {
@@ -687,51 +735,12 @@ impl LoggingOn {
                     }
                 },
                 1,
-            );
-            match read {
-                Err(e) => return Err(self.fail(SessionError::Lost(e))),
-                Ok(0) => break,
-                Ok(_) if answer.is_some() => break,
-                Ok(_) => {}
+            )?;
+            if read == 0 || answer.is_some() {
+                break;
             }
         }
-        match answer {
-            None => {
-                self.step = Some(LogonStep::Answer(conn));
-                Ok(LogonProgress::Pending(self))
-            }
-            Some(Ok((ack, LogonStatus::Accepted))) => {
-                let LoggingOn {
-                    mut client,
-                    engine,
-                    holes,
-                    more_holes,
-                    ..
-                } = self;
-                client.on_logon_with_holes(ack.last_request_seq.get(), &holes, more_holes);
-                let heartbeat = Duration::from_millis(u64::from(ack.heartbeat_ms.get()));
-                let mut s = EngineSession {
-                    conn,
-                    client,
-                    engine,
-                    replay_until: ack.last_response_seq.get(),
-                    stray_frames: 0,
-                    live: Liveness::new(0, 0, 0),
-                    heard: false,
-                    polls: 0,
-                    epoch: Instant::now(),
-                    heartbeat,
-                    gateway_timeout: DEFAULT_GATEWAY_TIMEOUT,
-                };
-                s.set_gateway_timeout(DEFAULT_GATEWAY_TIMEOUT);
-                Ok(LogonProgress::Done(s))
-            }
-            Some(Ok((_, status))) => {
-                let engine = self.engine;
-                Err(self.fail(SessionError::Refused { engine, status }))
-            }
-            Some(Err(e)) => Err(self.fail(SessionError::BadAnswer(e))),
-        }
+        Ok(answer)
     }
 }
 
@@ -873,8 +882,10 @@ impl EngineSession {
         self.conn.lost() == Some(PeerLost::Silent)
     }
 
+    /// The crate's one clock ([`rocebus::clock::now_ns`]), which the liveness state machine
+    /// takes as `now` like every other.
     fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        rocebus::clock::now_ns()
     }
 
     /// Heartbeat when due, and (`judge`: only right after reading the ring, so frames
