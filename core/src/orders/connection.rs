@@ -444,10 +444,11 @@ impl Connection {
         // Our sender writes into the peer's ring with our max_payload
         // (checked against its size in check_hello); its receiver enforces
         // its own max_payload, ours ours.
-        let tx = Sender::new(
+        let mut tx = Sender::new(
             staging,
             cfg.max_payload.min(peer.max_payload.get() as usize),
         );
+        tx.set_max_write(max_write(cfg));
         let caps = res.qp.caps();
         let write = StagingWrite::new(
             tx.staging(),
@@ -476,10 +477,7 @@ impl Connection {
                 sq: SendQueue::new(cfg.signal_every, caps.max_send_wr as u64),
                 lost: None,
                 max_inline: caps.max_inline_data.min(cfg.max_inline) as usize,
-                max_write: match cfg.max_write_bytes {
-                    0 => usize::MAX,
-                    m => m,
-                },
+                max_write: max_write(cfg),
                 requests,
                 qp: res.qp,
                 cq: res.cq,
@@ -1000,6 +998,14 @@ impl Link {
         };
         let sge = [Sge::inline(&fanin::MARK_BYTE)];
         self.post(&mut [SendWr::write(0, &sge, m.addr, m.rkey).inline()])
+    }
+}
+
+/// The largest single WRITE the config allows (`max_write_bytes`, 0: no limit).
+fn max_write(cfg: &OrdersConfig) -> usize {
+    match cfg.max_write_bytes {
+        0 => usize::MAX,
+        m => m,
     }
 }
 

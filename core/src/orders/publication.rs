@@ -163,11 +163,7 @@ impl Connection {
         payload: &[u8],
     ) -> Result<(), OfferError> {
         if self.link.lost.is_none() {
-            if let Some((off, len)) =
-                self.send
-                    .tx
-                    .offer_run(stream_id, msg_type, payload, self.link.max_write)
-            {
+            if let Some((off, len)) = self.send.tx.offer_run(stream_id, msg_type, payload) {
                 return self.post_run(off, len);
             }
         }

@@ -13,7 +13,7 @@
 //! not first checked against the ring's bounds ([`frame::validate`]).
 
 use super::frame::{
-    self, FrameError, FrameHeader, FrameInfo, HEADER_LEN, TRAILER_LEN, TYPE_PADDING,
+    self, FrameError, FrameHeader, FrameInfo, FRAME_ALIGN, HEADER_LEN, TRAILER_LEN, TYPE_PADDING,
     TYPE_RESERVED_MIN,
 };
 use super::state::{ClaimPos, ClaimRefused, ReceiverState, SenderState};
@@ -191,6 +191,10 @@ pub struct Sender<S> {
     paddings: u64,
     /// Payload bytes committed.
     bytes: u64,
+    /// [`offer_run`](Self::offer_run) takes payloads shorter than this:
+    /// at most the maximum payload, and short enough for the frame to fit
+    /// the shell's largest write ([`set_max_write`](Self::set_max_write)).
+    run_limit: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -211,7 +215,21 @@ impl<S: StagingMemory> Sender<S> {
             open: None,
             paddings: 0,
             bytes: 0,
+            run_limit: max_payload + 1,
         }
+    }
+
+    /// The shell writes at most `max_write` bytes at once: from now on
+    /// [`offer_run`](Self::offer_run) takes only frames of at most that
+    /// many bytes (one compare of the payload's length, decided here).
+    pub fn set_max_write(&mut self, max_write: usize) {
+        // The frame of a payload of `len` bytes is `len` plus header and
+        // trailer rounded up to `FRAME_ALIGN` (`frame::frame_len`): it fits
+        // `max_write` exactly when it fits `max_write` rounded down to that.
+        let fits = (max_write & !(FRAME_ALIGN - 1))
+            .checked_sub(HEADER_LEN + TRAILER_LEN)
+            .map_or(0, |l| l + 1);
+        self.run_limit = fits.min(self.state.max_payload() + 1);
     }
     /// Application frames committed (padding not counted).
     pub fn frames(&self) -> u64 {
@@ -384,27 +402,24 @@ impl<S: StagingMemory> Sender<S> {
     /// [`offer`](Self::offer) of a frame that is flushed at once and alone
     /// (`offer` then [`take_run`](Self::take_run) in one step): when
     /// nothing else is unflushed and the frame is the usual one
-    /// ([`SenderState::claim_fast`]) of at most `max` bytes, writes it,
-    /// marks it flushed and returns its run `(offset, len)` for the shell
-    /// to write now. `None`: nothing was done (the caller offers and
-    /// flushes the general way, which also reports a reserved type or a
-    /// payload too large).
+    /// ([`SenderState::claim_fast`]) of at most the shell's largest write
+    /// ([`set_max_write`](Self::set_max_write)), writes it, marks it
+    /// flushed and returns its run `(offset, len)` for the shell to write
+    /// now. `None`: nothing was done (the caller offers and flushes the
+    /// general way, which also reports a reserved type or a payload too
+    /// large).
     #[inline(always)]
     pub fn offer_run(
         &mut self,
         stream_id: u16,
         msg_type: u16,
         payload: &[u8],
-        max: usize,
     ) -> Option<(usize, usize)> {
-        if msg_type >= TYPE_RESERVED_MIN || self.state.unflushed() != 0 {
-            return None;
-        }
         let len = payload.len();
-        let (off, total) = self.state.claim_fast(len)?;
-        if total > max {
+        if msg_type >= TYPE_RESERVED_MIN || len >= self.run_limit || self.state.unflushed() != 0 {
             return None;
         }
+        let (off, total) = self.state.claim_fast_fitting(len)?;
         self.write_usual(off, total, stream_id, msg_type, payload);
         self.state.commit_flushed(total);
         Some((off, total))

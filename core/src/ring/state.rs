@@ -41,6 +41,12 @@ pub struct SenderState {
     credit: u64,
     /// Sequence of the next frame.
     next_seq: u64,
+    /// The end of `tail`'s lap of the ring (`tail` rounded up to the next
+    /// multiple of the size, a whole lap when `tail` is on a boundary),
+    /// kept so the usual claim is two compares.
+    lap_end: u64,
+    /// How far the receiver's credit lets us write: `credit + size`.
+    credit_end: u64,
 }
 
 impl SenderState {
@@ -54,6 +60,8 @@ impl SenderState {
             flushed: 0,
             credit: 0,
             next_seq: 1,
+            lap_end: size as u64,
+            credit_end: size as u64,
         }
     }
     /// Ring size.
@@ -89,6 +97,7 @@ impl SenderState {
             return consumed == self.credit;
         }
         self.credit = consumed;
+        self.credit_end = consumed + self.size as u64;
         true
     }
 
@@ -115,25 +124,30 @@ impl SenderState {
         })
     }
 
-    /// The usual claim, decided with one compare: a frame of `len` payload
-    /// bytes (at most the maximum) that fits before the ring's end and
-    /// within the credit. Returns its ring offset and total bytes; `None`
-    /// means [`claim`](Self::claim) decides (padding first, back-pressure,
-    /// too large).
+    /// The usual claim: a frame of `len` payload bytes (at most the
+    /// maximum) that fits before the ring's end and within the credit.
+    /// Returns its ring offset and total bytes; `None` means
+    /// [`claim`](Self::claim) decides (padding first, back-pressure, too
+    /// large).
     #[inline]
     pub fn claim_fast(&self, len: usize) -> Option<(usize, usize)> {
         if len > self.max_payload {
             return None;
         }
+        self.claim_fast_fitting(len)
+    }
+
+    /// [`claim_fast`](Self::claim_fast) of a `len` the caller already
+    /// knows to be at most the maximum payload: two compares.
+    #[inline]
+    pub(super) fn claim_fast_fitting(&self, len: usize) -> Option<(usize, usize)> {
+        debug_assert!(len <= self.max_payload);
         let total = frame_len(len);
-        let size = self.size as u64;
         // The end of the frame may reach, but not pass, the end of this
-        // lap of the ring (`tail` rounded up to the next multiple of the
-        // size, a whole lap when `tail` is on a boundary) and the credit's
-        // limit: no padding needed, no frame overwritten.
-        let lap_end = (self.tail | (size - 1)) + 1;
+        // lap of the ring and the credit's limit: no padding needed, no
+        // frame overwritten.
         let end = self.tail + total as u64;
-        (end <= lap_end.min(self.credit + size))
+        (end <= self.lap_end && end <= self.credit_end)
             .then_some(((self.tail as usize) & (self.size - 1), total))
     }
 
@@ -142,6 +156,11 @@ impl SenderState {
     #[inline]
     pub fn commit_fast(&mut self, total: usize) -> u64 {
         self.tail += total as u64;
+        // The frame ended at or before the lap's end: on it, the next lap
+        // is a whole one.
+        if self.tail == self.lap_end {
+            self.lap_end += self.size as u64;
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         seq
@@ -167,6 +186,7 @@ impl SenderState {
             self.next_seq += 1;
         }
         self.tail += pos.total as u64;
+        self.lap_end = (self.tail | (self.size as u64 - 1)) + 1;
         let seq = self.next_seq;
         self.next_seq += 1;
         seq

@@ -83,8 +83,9 @@ mod host {
                     if batch.gen_ratio(1, 3) {
                         flush(&mut tx, &ring2, false);
                         let max = if i % 2 == 0 { usize::MAX } else { 160 };
+                        tx.set_max_write(max);
                         let before = tx.state().next_seq();
-                        if let Some((off, n)) = tx.offer_run(3, 5, &buf[..len], max) {
+                        if let Some((off, n)) = tx.offer_run(3, 5, &buf[..len]) {
                             assert!(n <= max && tx.state().unflushed() == 0);
                             assert_eq!(tx.state().next_seq(), before + 1);
                             ring2.write(off, tx.staging().bytes(off, n));
@@ -204,6 +205,42 @@ mod host {
             tx.offer(1, 1, &[0; 201], &back),
             Err(ClaimRefused::TooLarge)
         );
+    }
+
+    /// `offer_run` takes exactly the payloads whose frame fits the largest
+    /// write and the maximum payload, whatever the limit, and nothing when
+    /// no frame fits.
+    #[test]
+    fn one_step_offers_follow_the_largest_write() {
+        use crate::ring::frame::frame_len;
+        const SIZE: usize = 4096;
+        const MAX: usize = 200;
+        for max_write in [
+            0,
+            16,
+            31,
+            32,
+            33,
+            47,
+            48,
+            100,
+            224,
+            225,
+            240,
+            1000,
+            usize::MAX,
+        ] {
+            for len in [0, 1, 7, 8, 9, 24, 25, 72, 184, 199, 200, 201] {
+                let mut tx = Sender::new(staging(SIZE), MAX);
+                tx.set_max_write(max_write);
+                let took = tx.offer_run(1, 1, &[7; 201][..len]);
+                let fits = len <= MAX && frame_len(len) <= max_write;
+                assert_eq!(took.is_some(), fits, "max_write {max_write} len {len}");
+                if let Some((off, n)) = took {
+                    assert_eq!((off, n), (0, frame_len(len)));
+                }
+            }
+        }
     }
 
     /// Every prefix of a frame's placement (bytes in ascending order, the

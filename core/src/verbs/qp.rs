@@ -841,6 +841,9 @@ struct PreparedInner {
 pub struct PreparedWrite {
     inner: Box<PreparedInner>,
     chained: bool,
+    /// The data WRITE's own signal flag: `IBV_SEND_SIGNALED` when it is the
+    /// last request, 0 when the mark follows it (and is signaled instead).
+    data_signal: u32,
 }
 
 impl fmt::Debug for PreparedWrite {
@@ -895,6 +898,11 @@ impl PreparedWrite {
         Self {
             inner,
             chained: mark.is_some(),
+            data_signal: if mark.is_some() {
+                0
+            } else {
+                sys::ibv_send_flags::IBV_SEND_SIGNALED.0
+            },
         }
     }
 
@@ -938,14 +946,15 @@ impl PreparedWrite {
         } else {
             0
         };
-        let last = self.chained as usize;
-        if self.chained {
-            p.wr[0].send_flags = inline;
-            p.wr[1].send_flags = sys::ibv_send_flags::IBV_SEND_INLINE.0 | signaled;
-        } else {
-            p.wr[0].send_flags = inline | signaled;
-        }
-        p.wr[last].wr_id = wr_id;
+        // Both requests' flags and ids are written whether the mark is
+        // chained or not (unchained, the second is never posted): no branch
+        // on what the connection's set-up decided. Only the last request
+        // can be signaled; an unsignaled one never completes successfully,
+        // so its `wr_id` is never read.
+        p.wr[0].send_flags = inline | (signaled & self.data_signal);
+        p.wr[1].send_flags = sys::ibv_send_flags::IBV_SEND_INLINE.0 | signaled;
+        p.wr[0].wr_id = wr_id;
+        p.wr[1].wr_id = wr_id;
         let first: *mut sys::ibv_send_wr = &mut p.wr[0];
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the chain (set up in `new`) points into `self.inner`, alive
