@@ -204,24 +204,27 @@ impl IncomingRing {
             }
             return;
         }
-        // Four words per step (a 64-byte payload is two steps), the last step
-        // moved back to end at the last word when `n` is not a multiple of
-        // four (it copies up to three words twice, which only rereads them:
-        // a peer rewriting the frame meanwhile can make the copy
-        // inconsistent, as it always could, never undefined).
-        let mut i = 0;
-        loop {
-            let j = i.min(n - 4);
+        // Four words at `j..j + 4` (`j + 4 <= n`).
+        let copy4 = |j: usize| {
             let (w0, w1, w2, w3) = (load(j), load(j + 1), load(j + 2), load(j + 3));
             store(j, w0);
             store(j + 1, w1);
             store(j + 2, w2);
             store(j + 3, w3);
-            i += 4;
-            if i >= n {
-                break;
-            }
+        };
+        // Four-word steps, the last one moved back to end at the last word
+        // when `n` is not a multiple of four; up to eight words (a 64-byte
+        // payload) are the first four and the last four, with no loop. A
+        // step that overlaps the one before rereads up to three words: a
+        // peer rewriting the frame meanwhile can make the copy
+        // inconsistent, as it always could, never undefined.
+        let mut j = 0;
+        while j + 8 < n {
+            copy4(j);
+            j += 4;
         }
+        copy4(j);
+        copy4(n - 4);
     }
 }
 

@@ -228,6 +228,8 @@ impl SenderState {
 #[derive(Debug, Clone)]
 pub struct ReceiverState {
     size: usize,
+    /// `size - 1`: the ring offset of a position is `pos & mask`.
+    mask: usize,
     max_payload: usize,
     consumed: u64,
     expected_seq: u64,
@@ -252,8 +254,10 @@ impl ReceiverState {
     /// A fresh ring of `size` bytes; credits are returned every
     /// `credit_every` consumed bytes (and when idle).
     pub fn new(size: usize, max_payload: usize, credit_every: usize) -> Self {
+        assert!(size.is_power_of_two());
         Self {
             size,
+            mask: size - 1,
             max_payload,
             consumed: 0,
             expected_seq: 1,
@@ -281,11 +285,13 @@ impl ReceiverState {
     }
 
     /// Ring offset of the consumer position.
+    #[inline]
     pub fn offset(&self) -> usize {
-        (self.consumed as usize) & (self.size - 1)
+        (self.consumed as usize) & self.mask
     }
 
     /// Records a consumed frame of `total` bytes.
+    #[inline]
     pub fn advance(&mut self, total: usize) {
         self.consumed += total as u64;
         self.expected_seq += 1;
