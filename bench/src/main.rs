@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod feed;
 mod gateway;
 mod journal;
+mod tagcost;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -65,6 +66,9 @@ enum Cmd {
     /// one-host guest, eth0's egress sunk): what perftest's multicast mode
     /// needs on RoCE v2 to take the same path as rocebus.
     WithGroups(rocebus_bench::md::WithGroupsArgs),
+    /// Per-datagram tag (keyed BLAKE3, `auth::Key::tag`/`verify`) cost on this CPU, no RDMA:
+    /// ns per tag and per verify for md-path datagram sizes, and the hasher's parts.
+    TagCost(tagcost::TagCostArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -88,6 +92,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::GatewayRestart(a) => journal::restart(&a),
         Cmd::GatewayReplay(a) => journal::replay(&a),
         Cmd::FeedE2e(a) => feed::run(&a),
+        Cmd::TagCost(a) => tagcost::run(&a),
         Cmd::WithGroups(a) => {
             let status = rocebus_bench::md::with_groups(&a)?;
             std::process::exit(status.code().unwrap_or(1));

@@ -263,4 +263,25 @@ mod tests {
         assert!(!a.verify(&[b"x"], &[0u8; 15]));
         assert_eq!(format!("{a:?}"), "Key(..)");
     }
+
+    /// The tag's definition is on the wire (datagram tags, handshakes): any change to how
+    /// it is computed, however it is optimised, must leave these bytes alone.
+    #[test]
+    fn tags_are_pinned_to_their_wire_definition() {
+        let k = Key::derive(b"pinned secret", Purpose::Datagram);
+        let body: Vec<u8> = (0..100u8).collect();
+        assert_eq!(k.tag(&[&body]), PINNED_DATAGRAM);
+        let k = Key::derive(b"pinned secret", Purpose::Orders);
+        assert_eq!(
+            k.tag(&[RESPONDER, &[1; NONCE_LEN], &[2; NONCE_LEN], b"ctx"]),
+            PINNED_HANDSHAKE
+        );
+    }
+
+    const PINNED_DATAGRAM: Tag = [
+        246, 117, 152, 220, 40, 77, 128, 147, 71, 98, 233, 158, 180, 112, 64, 137,
+    ];
+    const PINNED_HANDSHAKE: Tag = [
+        109, 167, 136, 195, 2, 39, 79, 147, 245, 157, 21, 207, 252, 236, 25, 16,
+    ];
 }

@@ -1,0 +1,89 @@
+//! `tag-cost`: what one per-datagram tag costs on this CPU (host or guest), with no
+//! RDMA involved. Times `rocebus::auth::Key::tag` and `Key::verify` (the real code the
+//! market-data publisher and subscriber call) over datagram sizes typical of the md path,
+//! and, to see where the time goes, the parts of the keyed BLAKE3 behind them:
+//! `Hasher::new_keyed` alone, cloning a keyed hasher, and `reset` + the two `update`s
+//! (8-byte length prefix, body) + `finalize` on a hasher that already exists.
+//!
+//! Absolute figures: in an emulated guest they vary run to run; compare lines of one run.
+
+use rocebus::auth::{Key, Purpose};
+use std::hint::black_box;
+use std::time::Instant;
+
+/// Options of `tag-cost`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TagCostArgs {
+    /// Calls timed per operation and size.
+    #[arg(short = 'n', long, default_value_t = 200_000)]
+    pub iterations: u32,
+    /// Datagram sizes in bytes, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "64,128,512,1400")]
+    pub sizes: Vec<usize>,
+}
+
+/// Nanoseconds per call of `f`, over `n` calls (after `n / 10` warm-up calls).
+fn per_call(n: u32, mut f: impl FnMut()) -> f64 {
+    for _ in 0..n / 10 {
+        f();
+    }
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    t.elapsed().as_nanos() as f64 / f64::from(n.max(1))
+}
+
+/// Runs the measurement and prints one line per size, then a `RESULT` line.
+pub fn run(a: &TagCostArgs) -> anyhow::Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    println!(
+        "cpu: sse2={} sse4.1={} avx2={} avx512f={} avx512vl={}",
+        std::arch::is_x86_feature_detected!("sse2"),
+        std::arch::is_x86_feature_detected!("sse4.1"),
+        std::arch::is_x86_feature_detected!("avx2"),
+        std::arch::is_x86_feature_detected!("avx512f"),
+        std::arch::is_x86_feature_detected!("avx512vl"),
+    );
+    let key = Key::derive(b"tag-cost secret", Purpose::Datagram);
+    // A key of the same shape for the parts (the real key's bytes are private).
+    let raw = blake3::derive_key("rocebus tag-cost parts", b"tag-cost secret");
+    let n = a.iterations;
+    println!(
+        "{:>6} {:>10} {:>10} {:>10} {:>10} {:>14}  (ns per call, {n} calls each)",
+        "bytes", "tag", "verify", "new_keyed", "clone", "reset+upd+fin"
+    );
+    let mut result = String::from("RESULT");
+    for &size in &a.sizes {
+        let body: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        let tag = key.tag(&[&body]);
+        let t_tag = per_call(n, || {
+            black_box(key.tag(&[black_box(&body[..])]));
+        });
+        let t_verify = per_call(n, || {
+            assert!(black_box(key.verify(&[black_box(&body[..])], &tag)));
+        });
+        let t_new = per_call(n, || {
+            black_box(blake3::Hasher::new_keyed(black_box(&raw)));
+        });
+        let keyed = blake3::Hasher::new_keyed(&raw);
+        let t_clone = per_call(n, || {
+            black_box(black_box(&keyed).clone());
+        });
+        let mut h = blake3::Hasher::new_keyed(&raw);
+        let t_hash = per_call(n, || {
+            h.reset();
+            h.update(&(size as u64).to_le_bytes());
+            h.update(black_box(&body[..]));
+            black_box(h.finalize());
+        });
+        println!(
+            "{size:>6} {t_tag:>10.1} {t_verify:>10.1} {t_new:>10.1} {t_clone:>10.1} {t_hash:>14.1}"
+        );
+        result.push_str(&format!(
+            " tag_ns_{size}={t_tag:.1} verify_ns_{size}={t_verify:.1} new_keyed_ns_{size}={t_new:.1} hash_ns_{size}={t_hash:.1}"
+        ));
+    }
+    println!("{result}");
+    Ok(())
+}
