@@ -1,5 +1,7 @@
 //! Instruction counts per message from callgrind profiles, for
-//! `cargo xtask bench rc-instructions`.
+//! `cargo xtask bench rc-instructions` and `md-instructions` (the same
+//! accounting; only the parts the instructions are broken down into differ:
+//! [`orders_part`], [`md_part`]).
 //!
 //! [`Profile::parse`] reads callgrind's output format (version 1) as written
 //! with `--dump-instr=yes`: the self cost (`Ir`, instructions executed) of
@@ -618,6 +620,144 @@ pub fn orders_part(
     "other"
 }
 
+/// The parts of rocebus's market-data path (md-ping: a publisher and a
+/// subscriber in one loop), by the function whose source line an
+/// instruction comes from (`func`, from [`enclosing_fn`]) and its source
+/// file; for code without rocebus source, by the function callgrind
+/// attributes it to and its `object`, as [`orders_part`] does. The verbs
+/// library and the rxe provider are stripped: their post, CQ polls and
+/// receive reposts are one part.
+pub fn md_part(object: &str, file: &str, func: Option<&str>, callgrind_fn: &str) -> &'static str {
+    const SEND: &str = "post/send";
+    const RECV: &str = "poll/receive";
+    const CHECKS: &str = "frame checks";
+    const SEQ: &str = "sequencing/gap logic";
+    const TIMERS: &str = "timers/status/requests";
+    const HANDLER: &str = "handler";
+    // The subscriber state machine's functions that run on a clock or
+    // report, not on a datagram's sequence.
+    const SUB_TIMERS: &[&str] = &[
+        "poll_timeout",
+        "handle_timeout",
+        "expects_recovery",
+        "poll_transmit",
+        "poll_event",
+        "check",
+        "timeouts",
+        "retry_wait_ns",
+        "receive_queue_low",
+        "track_stall",
+        "push_event",
+        "counters",
+        "session",
+        "next_seq",
+    ];
+    // The publisher's functions that are timers (heartbeats, the flush
+    // interval, pacing) and recovery answers, not the send of a message.
+    const PUB_TIMERS: &[&str] = &[
+        "is_due",
+        "heartbeat",
+        "answer_retransmit",
+        "poll",
+        "poll_recovery",
+        "send_multicast_repairs",
+        "handle_timeout",
+        "poll_timeout",
+        "idle",
+        "poll_event",
+        "accept",
+        "progress",
+        "release",
+        "send_answers",
+    ];
+    let ours = (file.contains("core/src/") || file.contains("bench/src/"))
+        && !file.contains("/library/")
+        && !file.starts_with("/rustc/");
+    if ours {
+        let f = func.unwrap_or("");
+        if file.ends_with("bench/src/md.rs") {
+            return if matches!(f, "on_message" | "message") {
+                HANDLER
+            } else {
+                "other"
+            };
+        }
+        if file.ends_with("mcast/wire.rs")
+            || file.ends_with("mcast/fragment.rs")
+            || file.ends_with("src/auth.rs")
+            || f == "check_datagram"
+        {
+            return CHECKS;
+        }
+        if file.ends_with("mcast/subscriber.rs") {
+            return if SUB_TIMERS.contains(&f) { TIMERS } else { SEQ };
+        }
+        if file.ends_with("mcast/status.rs")
+            || file.ends_with("mcast/backoff.rs")
+            || file.ends_with("mcast/repair.rs")
+            || file.ends_with("io/recovery.rs")
+            || file.ends_with("io/link.rs")
+        {
+            return TIMERS;
+        }
+        if file.ends_with("io/subscriber.rs") {
+            return if f == "poll" { RECV } else { TIMERS };
+        }
+        if file.ends_with("mcast/publisher.rs")
+            || file.ends_with("io/publisher.rs")
+            || file.ends_with("mcast/schedule.rs")
+        {
+            return if PUB_TIMERS.contains(&f) {
+                TIMERS
+            } else {
+                SEND
+            };
+        }
+        if file.contains("verbs/") {
+            return if f.contains("recv") || f.contains("receive") || f == "replenish" {
+                RECV
+            } else {
+                SEND
+            };
+        }
+    }
+    let g = callgrind_fn.to_ascii_lowercase();
+    if object.contains("librxe") || object.contains("libibverbs") {
+        return "verbs provider (post, CQ polls, receive reposts)";
+    }
+    if g.contains("memcpy") || g.contains("memmove") {
+        return "payload copy (memcpy)";
+    }
+    // Standard-library code inlined into rocebus's functions counts
+    // towards the function it is in.
+    for (name, part) in [
+        ("on_message", HANDLER),
+        ("subscriberstate::on_datagram", SEQ),
+        ("subscriberstate::accept", SEQ),
+        ("mcastsubscriber::poll", RECV),
+        ("poll_recv", RECV),
+        ("mcastpublisher::poll", TIMERS),
+        ("mcastpublisher::publish", SEND),
+        ("mcastpublisher::flush", SEND),
+        ("post_send", SEND),
+        ("poll_cq", RECV),
+    ] {
+        if g.contains(name) {
+            return part;
+        }
+    }
+    "other"
+}
+
+/// Which parts `callgrind-account` breaks rocebus's instructions down into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Parts {
+    /// The orders path's ([`orders_part`]).
+    Orders,
+    /// The market-data path's ([`md_part`]).
+    Md,
+}
+
 /// Options of `rocebus-bench callgrind-account`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AccountArgs {
@@ -636,10 +776,10 @@ pub struct AccountArgs {
     /// N: the short run's round trips (the long and slow runs made 2N).
     #[arg(long, short = 'n')]
     pub round_trips: u64,
-    /// Break the instructions down by part of rocebus's orders path (from
-    /// the source lines; else by object).
-    #[arg(long)]
-    pub orders_parts: bool,
+    /// Break the instructions down by part of rocebus's orders or
+    /// market-data path (from the source lines; else by object).
+    #[arg(long, value_enum)]
+    pub parts: Option<Parts>,
     /// Functions listed, largest first.
     #[arg(long, default_value_t = 20)]
     pub top: usize,
@@ -673,14 +813,18 @@ pub fn report(args: &AccountArgs) -> anyhow::Result<()> {
     let (short, long, slow) = (read(&args.short)?, read(&args.long)?, read(&args.slow)?);
     let mut sources: HashMap<Rc<str>, Option<String>> = HashMap::new();
     let mut by_part = |k: &Key, pl: &Place| -> String {
-        if !args.orders_parts {
+        let Some(parts) = args.parts else {
             return object_name(k);
-        }
+        };
         let src = sources
             .entry(pl.file.clone())
             .or_insert_with(|| read_source(&pl.file));
         let func = src.as_deref().and_then(|s| enclosing_fn(s, pl.line));
-        orders_part(&k.0, &pl.file, func.as_deref(), &pl.function).to_owned()
+        let part = match parts {
+            Parts::Orders => orders_part,
+            Parts::Md => md_part,
+        };
+        part(&k.0, &pl.file, func.as_deref(), &pl.function).to_owned()
     };
     let a = account(
         &short,
@@ -691,7 +835,7 @@ pub fn report(args: &AccountArgs) -> anyhow::Result<()> {
         &mut by_part,
     );
     let mut by_object: Vec<(String, f64)> = Vec::new();
-    if args.orders_parts {
+    if args.parts.is_some() {
         let again = account(
             &short,
             &long,
@@ -966,6 +1110,65 @@ totals: 45
             "post/doorbell/completions"
         );
         assert_eq!(orders_part("b", "???", None, "main"), "other");
+    }
+
+    #[test]
+    fn finds_the_market_data_parts() {
+        let part = |file: &str, f: &str| md_part("b", file, Some(f), "x");
+        assert_eq!(
+            part("/w/core/src/mcast/io/subscriber.rs", "poll"),
+            "poll/receive"
+        );
+        assert_eq!(
+            part("/w/core/src/mcast/io/subscriber.rs", "send_status"),
+            "timers/status/requests"
+        );
+        assert_eq!(
+            part("/w/core/src/mcast/subscriber.rs", "accept"),
+            "sequencing/gap logic"
+        );
+        assert_eq!(
+            part("/w/core/src/mcast/subscriber.rs", "poll_timeout"),
+            "timers/status/requests"
+        );
+        assert_eq!(
+            part("/w/core/src/mcast/subscriber.rs", "check_datagram"),
+            "frame checks"
+        );
+        assert_eq!(part("/w/core/src/mcast/wire.rs", "parse"), "frame checks");
+        assert_eq!(
+            part("/w/core/src/mcast/io/publisher.rs", "flush"),
+            "post/send"
+        );
+        assert_eq!(
+            part("/w/core/src/mcast/io/publisher.rs", "poll"),
+            "timers/status/requests"
+        );
+        assert_eq!(
+            part("/w/core/src/mcast/publisher.rs", "commit"),
+            "post/send"
+        );
+        assert_eq!(
+            part("/w/core/src/verbs/pool.rs", "poll_recv_from"),
+            "poll/receive"
+        );
+        assert_eq!(part("/w/core/src/verbs/pool.rs", "send"), "post/send");
+        assert_eq!(part("/w/bench/src/md.rs", "on_message"), "handler");
+        assert_eq!(part("/w/bench/src/md.rs", "ping_loop"), "other");
+        assert_eq!(
+            md_part("/lib/librxe-rdmav34.so", "???", None, "0x3cc0"),
+            "verbs provider (post, CQ polls, receive reposts)"
+        );
+        assert_eq!(
+            md_part(
+                "b",
+                "/rustc/x/library/core/src/slice/mod.rs",
+                None,
+                "rocebus::mcast::subscriber::SubscriberState::accept"
+            ),
+            "sequencing/gap logic"
+        );
+        assert_eq!(md_part("b", "???", None, "memcpy"), "payload copy (memcpy)");
         assert_eq!(short_name("a::b<c<d>>::e"), "a::b<..>::e");
     }
 }

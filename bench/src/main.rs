@@ -42,6 +42,9 @@ enum Cmd {
     MdThroughput(rocebus_bench::md::MdArgs),
     /// Market data: publish-to-handler latency, ping-pong over two groups (vs ib_send_lat -c UD -g, two groups).
     MdLatency(rocebus_bench::md::MdArgs),
+    /// Market data ping-pong client (md-latency's, echo in a second process): -n round trips
+    /// and nothing else (run under callgrind by `cargo xtask bench md-instructions`).
+    MdPing(rocebus_bench::md::MdArgs),
     /// Market data: time to recover one lost datagram, in RC round trips.
     MdRecovery(rocebus_bench::md::MdArgs),
     /// Market data: publisher CPU per message, multicast vs RC fan-out, 1/2/4 subscribers.
@@ -83,6 +86,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::RcFaninThroughput(a) => rocebus_bench::rc::fanin_throughput(&a),
         Cmd::MdThroughput(a) => rocebus_bench::md::throughput(&a),
         Cmd::MdLatency(a) => rocebus_bench::md::latency(&a),
+        Cmd::MdPing(a) => rocebus_bench::md::ping(&a),
         Cmd::MdRecovery(a) => rocebus_bench::md::recovery(&a),
         Cmd::MdFanout(a) => rocebus_bench::fanout::run(&a),
         Cmd::IpcLatency(a) => rocebus_bench::ipc::latency(&a),

@@ -276,6 +276,9 @@ impl Snapshot for Seq {
 struct Pong {
     sink: Sink,
     at: u64,
+    /// Whether the handler reads the clock into `at` (md-ping's does not:
+    /// it counts instructions, not time).
+    timed: bool,
     echo: Option<EchoOut>,
 }
 
@@ -292,6 +295,7 @@ impl Pong {
         Pong {
             sink: Sink::default(),
             at: 0,
+            timed: true,
             echo,
         }
     }
@@ -299,7 +303,9 @@ impl Pong {
 
 impl Handler for Pong {
     fn on_message(&mut self, seq: u64, msg: &[u8]) {
-        self.at = clock::now();
+        if self.timed {
+            self.at = clock::now();
+        }
         self.sink.on_message(seq, msg);
         let Some(e) = &mut self.echo else { return };
         if e.err.is_some() {
@@ -452,42 +458,8 @@ pub fn latency(args: &MdArgs) -> Result<()> {
     if args.raw {
         return raw_latency(args, ip, n, warmup);
     }
-    let cfg = config(
-        &[(1, "239.9.2.1", args.port), (2, "239.9.2.2", args.port + 1)],
-        args,
-    )?;
-    let (echo_cfg, cores, size) = (cfg.clone(), args.cores.clone(), args.size);
-    let mut echo_idle = idler(args);
-    // The echo side: every message on channel 1 goes back on channel 2,
-    // published from inside the handler as a strategy reacting to market
-    // data would.
-    let echo_body = move |echo_stop: Arc<AtomicBool>| -> Result<()> {
-        pin(&cores, 1);
-        let p = McastPublisher::new(&echo_cfg, 2, clock::now(), ip)?;
-        let mut s1 = subscribe(&echo_cfg, 1, ip)?;
-        let mut app = Pong::new(Some(EchoOut {
-            p,
-            snap: Seq(0),
-            msg: vec![0u8; size],
-            err: None,
-        }));
-        // One clock read per turn, as an application's loop would.
-        // ORDERING: Acquire, pairs with the Release store after the last round.
-        while !echo_stop.load(Ordering::Acquire) {
-            // Idle last, as an agent's duty cycle does: after a yield the
-            // next thing done is the multicast poll.
-            let now = clock::now();
-            let mut work = s1.poll(now, &mut app)?;
-            if let Some(e) = &mut app.echo {
-                if let Some(err) = e.err.take() {
-                    return Err(err);
-                }
-                work += e.p.poll(now, &e.snap)?;
-            }
-            echo_idle.idle(work);
-        }
-        Ok(())
-    };
+    let cfg = latency_config(args)?;
+    let echo_body = echo_side(args, &cfg, ip);
     if args.echo_only {
         return echo_only(echo_body);
     }
@@ -533,6 +505,140 @@ pub fn latency(args: &MdArgs) -> Result<()> {
     println!("subscriber: {:?}", s2.counters());
     println!("{}", s.result_line());
     Ok(())
+}
+
+/// md-latency's (and md-ping's) configuration: channel 1 carries the
+/// pings, channel 2 the echoes.
+fn latency_config(args: &MdArgs) -> Result<McastConfig> {
+    config(
+        &[(1, "239.9.2.1", args.port), (2, "239.9.2.2", args.port + 1)],
+        args,
+    )
+}
+
+/// The echo side of md-latency and md-ping: every message on channel 1
+/// goes back on channel 2, published from inside the handler as a strategy
+/// reacting to market data would. Runs until its stop flag is set.
+fn echo_side(
+    args: &MdArgs,
+    cfg: &McastConfig,
+    ip: IpAddr,
+) -> impl FnOnce(Arc<AtomicBool>) -> Result<()> + Send + 'static {
+    let (echo_cfg, cores, size) = (cfg.clone(), args.cores.clone(), args.size);
+    let mut echo_idle = idler(args);
+    move |echo_stop: Arc<AtomicBool>| -> Result<()> {
+        pin(&cores, 1);
+        let p = McastPublisher::new(&echo_cfg, 2, clock::now(), ip)?;
+        let mut s1 = subscribe(&echo_cfg, 1, ip)?;
+        let mut app = Pong::new(Some(EchoOut {
+            p,
+            snap: Seq(0),
+            msg: vec![0u8; size],
+            err: None,
+        }));
+        // One clock read per turn, as an application's loop would.
+        // ORDERING: Acquire, pairs with the Release store after the last round.
+        while !echo_stop.load(Ordering::Acquire) {
+            // Idle last, as an agent's duty cycle does: after a yield the
+            // next thing done is the multicast poll.
+            let now = clock::now();
+            let mut work = s1.poll(now, &mut app)?;
+            if let Some(e) = &mut app.echo {
+                if let Some(err) = e.err.take() {
+                    return Err(err);
+                }
+                work += e.p.poll(now, &e.snap)?;
+            }
+            echo_idle.idle(work);
+        }
+        Ok(())
+    }
+}
+
+/// `md-ping`: md-latency's ping-pong with nothing else, for
+/// `cargo xtask bench md-instructions` (under callgrind): `-n` round trips
+/// of publish, flush and a busy poll of the echo channel (the publisher
+/// polled on the turns that delivered nothing, as md-latency's loop does),
+/// no warm-up, no histogram, and one clock read per round trip (md-latency
+/// reads it on every turn and in the handler, to time; here the time is
+/// only the `now` the protocol's timers need, and a read per turn would
+/// put a timing-dependent count into the figure). The echo is a second
+/// process, as md-latency's; run under valgrind, that child runs natively
+/// (valgrind does not trace children by default).
+pub fn ping(args: &MdArgs) -> Result<()> {
+    if args.size < 16 {
+        bail!("--size must be at least 16 (sequence and timestamp)");
+    }
+    let n = args.iterations.unwrap_or(5000);
+    let _sink = sink(args.no_sink);
+    let ip = local_ip(args.addr)?;
+    let cfg = latency_config(args)?;
+    let echo_body = echo_side(args, &cfg, ip);
+    if args.echo_only {
+        return echo_only(echo_body);
+    }
+    let echo = Echo::start(args, echo_body)?;
+    let mut p1 = McastPublisher::new(&cfg, 1, clock::now(), ip)?;
+    let mut snap = Seq(0);
+    wait_connected(&mut p1, &snap)?;
+    let mut s2 = subscribe(&cfg, 2, ip)?;
+    let mut app = Pong {
+        timed: false,
+        ..Pong::new(None)
+    };
+    let mut msg = vec![0u8; args.size];
+    let empty = ping_loop(&mut p1, &mut s2, &mut app, &mut snap, &mut msg, n)?;
+    echo.stop()?;
+    println!(
+        "md-ping: {n} round trips of {} B, {empty} empty polls; subscriber: {:?}",
+        args.size,
+        s2.counters()
+    );
+    println!("RESULT round_trips={n} empty_polls={empty}");
+    Ok(())
+}
+
+/// The measured loop of `md-ping`: publish and flush one message, poll the
+/// echo channel until its echo is handled; returns the empty polls.
+#[inline(never)]
+fn ping_loop(
+    p1: &mut McastPublisher,
+    s2: &mut McastSubscriber,
+    app: &mut Pong,
+    snap: &mut Seq,
+    msg: &mut [u8],
+    n: u64,
+) -> Result<u64> {
+    let mut empty = 0u64;
+    let start = clock::now();
+    for i in 1..=n {
+        let mut now = clock::now();
+        message(msg, i, 0);
+        p1.publish(now, msg)?;
+        snap.0 = i;
+        p1.flush(now)?;
+        loop {
+            s2.poll(now, app)?;
+            if app.sink.next > i && app.sink.last[..8] == i.to_le_bytes() {
+                break;
+            }
+            empty += 1;
+            p1.poll(now, snap)?;
+            // A long wait reads the clock again now and then, so that the
+            // timers (recovery, heartbeats) still run.
+            if empty % 256 != 0 {
+                continue;
+            }
+            now = clock::now();
+            if now - start > 3_600_000_000_000 {
+                bail!(
+                    "md-ping: round trip {i} not done after an hour: {:?}",
+                    s2.counters()
+                );
+            }
+        }
+    }
+    Ok(empty)
 }
 
 /// Records half the round trip that started at `t0` and ended, in the

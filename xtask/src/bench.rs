@@ -209,7 +209,7 @@ pub fn names() -> Vec<&'static str> {
         .map(|s| s.name)
         .chain(HOST_ONLY.iter().copied())
         .chain(["books", "ipc", "md-repair", "rc-fanin"])
-        .chain(["md-fanout", "rc-instructions"])
+        .chain(["md-fanout", "rc-instructions", "md-instructions"])
         .collect()
 }
 
@@ -436,11 +436,16 @@ pub fn run(
     if name == "rc-fanin" {
         return run_fanin(root, rounds, size, iterations, ours_extra);
     }
-    if name == "rc-instructions" {
+    let counted = match name {
+        "rc-instructions" => Some(&crate::rc_instructions::RC),
+        "md-instructions" => Some(&crate::md_instructions::MD),
+        _ => None,
+    };
+    if let Some(c) = counted {
         if rounds.is_some() {
-            bail!("rc-instructions counts instructions once: --rounds does not apply");
+            bail!("{name} counts instructions once: --rounds does not apply");
         }
-        return crate::rc_instructions::run(root, size, iterations);
+        return crate::rc_instructions::run(c, root, size, iterations);
     }
     let rounds = rounds.unwrap_or(5);
     let spec = SPECS

@@ -8,6 +8,7 @@ mod demo;
 mod fuzz;
 mod ipc;
 mod md_fanout;
+mod md_instructions;
 mod md_repair;
 mod rc_instructions;
 mod setup;
@@ -100,7 +101,10 @@ enum Cmd {
     /// rc-instructions: user-space instructions per one-way message of the orders path against
     /// ib_write_lat, counted by callgrind in the guest (clients under callgrind, echoes native;
     /// runs of -n round trips, default 5000, and twice as many; set-up and waiting excluded).
-    /// Ends with `rc-instructions: rocebus X, perftest Y per one-way message`.
+    /// Ends with `rc-instructions: rocebus X, perftest Y per one-way message`. md-instructions:
+    /// the same for the market-data path (md-latency's ping-pong, `rocebus-bench md-ping`)
+    /// against ib_send_lat -c UD -g; ends with `md-instructions: rocebus X, perftest Y per
+    /// one-way message`.
     ///
     /// On the host, no RDMA needed: gateway-journal (orders/s per journal fsync policy, tmpfs
     /// and disk) and gateway-restart (open + replay of a journal of -n orders, default 1M);

@@ -29,38 +29,97 @@ use std::time::Duration;
 /// Round trips of the short run (the long runs make twice as many).
 pub const DEFAULT_ROUND_TRIPS: u64 = 5000;
 
-/// The goal: rocebus at most this many times perftest's instructions.
-const GOAL: f64 = 1.25;
+/// One instruction count: a rocebus ping-pong client against perftest's,
+/// both under callgrind in the same guest. `rc-instructions` and
+/// `md-instructions` differ only in these.
+pub(crate) struct Counted {
+    /// The benchmark's name, which starts its printed lines.
+    pub name: &'static str,
+    /// rocebus-bench's echo, started natively before each client run and
+    /// ready when its output says `listening`; empty when the client starts
+    /// its own echo process (md-ping does, as md-latency does).
+    pub ours_echo: &'static str,
+    /// rocebus-bench's client (takes `-s SIZE -n ROUND_TRIPS`).
+    pub ours_client: &'static str,
+    /// perftest's tool, its arguments on both sides, and those of its
+    /// server and its client alone.
+    pub perftest: &'static str,
+    pub perftest_extra: &'static str,
+    pub perftest_server: &'static str,
+    pub perftest_client: &'static str,
+    /// Multicast groups held joined at the IP level while perftest runs
+    /// (`rocebus-bench with-groups`, as md-latency does); empty for none.
+    pub ip_groups: &'static str,
+    /// `callgrind-account --parts` for rocebus's side.
+    pub parts: &'static str,
+    /// The goal: rocebus at most this many times perftest's instructions.
+    pub goal: f64,
+}
+
+/// `rc-instructions`.
+pub(crate) const RC: Counted = Counted {
+    name: "rc-instructions",
+    ours_echo: "rc-pong",
+    ours_client: "rc-ping",
+    perftest: "ib_write_lat",
+    perftest_extra: "",
+    perftest_server: "",
+    perftest_client: "",
+    ip_groups: "",
+    parts: "orders",
+    goal: 1.25,
+};
 
 /// The guest's shell script: three runs of each client, alternating, then
 /// the accounting of both.
-fn script(exe: &str, size: usize, n: u64) -> String {
+fn script(c: &Counted, exe: &str, size: usize, n: u64) -> String {
     let n2 = 2 * n;
+    let echo = if c.ours_echo.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "  timeout 2400 $exe {} -s {size} >$out/pong-$1.txt 2>&1 &\n  \
+             for t in $(seq 1 300); do grep -q listening $out/pong-$1.txt && break; sleep 0.2; done\n",
+            c.ours_echo
+        )
+    };
+    let wrap = if c.ip_groups.is_empty() {
+        String::new()
+    } else {
+        format!("$exe with-groups --groups {} -- ", c.ip_groups)
+    };
+    let (tool, extra) = (c.perftest, c.perftest_extra);
+    let (server, client) = (c.perftest_server, c.perftest_client);
+    // perftest's runs are a script of their own, so that `with-groups` can
+    // hold the groups joined around both of its sides.
     let mut s = format!(
         r#"dev=${{ROCEBUS_RDMA_DEVICE:-rxe0}}; gid=${{ROCEBUS_GID_INDEX:-1}}; addr=${{ROCEBUS_GUEST_ADDR:?}}
 out=${{ROCEBUS_OUT:-$(mktemp -d)}}
 exe={exe}
 if ! command -v valgrind >/dev/null; then echo '@@error valgrind is not installed'; exit 1; fi
 cg="valgrind --tool=callgrind --dump-instr=yes --toggle-collect=qsort --collect-atstart=yes"
+export dev gid addr out exe cg
 ours() {{
-  timeout 2400 $exe rc-pong -s {size} >$out/pong-$1.txt 2>&1 &
-  for t in $(seq 1 300); do grep -q listening $out/pong-$1.txt && break; sleep 0.2; done
-  ok=1
-  timeout 1800 $cg $3 --callgrind-out-file=$out/rocebus-$1.cg $exe rc-ping -s {size} -n $2 >$out/ping-$1.txt 2>$out/ping-$1.log && ok=0
+{echo}  ok=1
+  timeout 1800 $cg $3 --callgrind-out-file=$out/rocebus-$1.cg $exe {ours} -s {size} -n $2 >$out/ping-$1.txt 2>$out/ping-$1.log && ok=0
   wait
   echo "@@run rocebus $1 $ok"; cat $out/ping-$1.txt; grep -h 'Collected' $out/ping-$1.log
 }}
+cat >$out/theirs.sh <<'EOF'
+timeout 2400 {tool} -d $dev -x $gid -s {size} -n $2 -F {extra} {server} >$out/pt-server-$1.txt 2>&1 &
+ok=1
+for t in 1 2 3 4 5; do
+  sleep 2
+  if timeout 1800 $cg $3 --callgrind-out-file=$out/perftest-$1.cg {tool} -d $dev -x $gid -s {size} -n $2 -F {extra} {client} $addr >$out/pt-client-$1.txt 2>$out/pt-client-$1.log; then ok=0; break; fi
+done
+wait
+echo "@@run perftest $1 $ok"; grep -h 'Collected' $out/pt-client-$1.log
+EOF
 theirs() {{
-  timeout 2400 ib_write_lat -d $dev -x $gid -s {size} -n $2 -F >$out/pt-server-$1.txt 2>&1 &
-  ok=1
-  for t in 1 2 3 4 5; do
-    sleep 2
-    if timeout 1800 $cg $3 --callgrind-out-file=$out/perftest-$1.cg ib_write_lat -d $dev -x $gid -s {size} -n $2 -F $addr >$out/pt-client-$1.txt 2>$out/pt-client-$1.log; then ok=0; break; fi
-  done
-  wait
-  echo "@@run perftest $1 $ok"; grep -h 'Collected' $out/pt-client-$1.log
+  {wrap}sh $out/theirs.sh "$1" "$2" "$3"
 }}
-"#
+"#,
+        ours = c.ours_client
     );
     for (name, count, extra) in [
         ("short", n, ""),
@@ -71,7 +130,10 @@ theirs() {{
             "ours {name} {count} '{extra}'\ntheirs {name} {count} '{extra}'\n"
         ));
     }
-    for (label, flags) in [("rocebus", "--orders-parts"), ("perftest", "")] {
+    for (label, flags) in [
+        ("rocebus", format!("--parts {}", c.parts)),
+        ("perftest", String::new()),
+    ] {
         s.push_str(&format!(
             "$exe callgrind-account --label {label} -n {n} --short $out/{label}-short.cg --long $out/{label}-long.cg --slow $out/{label}-slow.cg {flags}\n"
         ));
@@ -93,14 +155,17 @@ fn result(lines: &[String], label: &str) -> Option<f64> {
 }
 
 /// The closing line.
-fn figure_line(ours: f64, theirs: f64) -> String {
-    format!("rc-instructions: rocebus {ours:.0}, perftest {theirs:.0} per one-way message")
+fn figure_line(name: &str, ours: f64, theirs: f64) -> String {
+    format!("{name}: rocebus {ours:.0}, perftest {theirs:.0} per one-way message")
 }
 
-pub fn run(root: &Path, size: usize, iterations: Option<u64>) -> Result<()> {
+/// Runs `c` in one guest and prints its figures: rocebus's instructions
+/// per one-way message by part, perftest's by object, and the closing line.
+pub(crate) fn run(c: &Counted, root: &Path, size: usize, iterations: Option<u64>) -> Result<()> {
+    let name = c.name;
     let (exe, _) = bench::build_bench(root)?;
     let n = iterations.unwrap_or(DEFAULT_ROUND_TRIPS).max(1);
-    let script = script(&vm::shell_quote(&exe.display().to_string()), size, n);
+    let script = script(c, &vm::shell_quote(&exe.display().to_string()), size, n);
     let lines = bench::run_script(root, &script, Duration::from_secs(4 * 3600))?;
     let failed: Vec<&String> = lines
         .iter()
@@ -108,7 +173,7 @@ pub fn run(root: &Path, size: usize, iterations: Option<u64>) -> Result<()> {
         .collect();
     if !failed.is_empty() {
         bail!(
-            "rc-instructions: runs failed in the guest ({}); their logs are in the guest's \
+            "{name}: runs failed in the guest ({}); their logs are in the guest's \
              output folder (ROCEBUS_OUT)",
             failed
                 .iter()
@@ -118,11 +183,11 @@ pub fn run(root: &Path, size: usize, iterations: Option<u64>) -> Result<()> {
         );
     }
     let (Some(ours), Some(theirs)) = (result(&lines, "rocebus"), result(&lines, "perftest")) else {
-        bail!("rc-instructions: the accounting printed no RESULT line for both sides");
+        bail!("{name}: the accounting printed no RESULT line for both sides");
     };
     println!();
     println!(
-        "rc-instructions: {size} B, {n} and {} round trips under callgrind, user space only, \
+        "{name}: {size} B, {n} and {} round trips under callgrind, user space only, \
          set-up and waiting excluded (see the README)",
         2 * n
     );
@@ -135,10 +200,11 @@ pub fn run(root: &Path, size: usize, iterations: Option<u64>) -> Result<()> {
         }
     }
     println!(
-        "rc-instructions: ratio {:.2} (goal <= {GOAL})",
-        ours / theirs.max(1e-9)
+        "{name}: ratio {:.2} (goal <= {})",
+        ours / theirs.max(1e-9),
+        c.goal
     );
-    println!("{}", figure_line(ours, theirs));
+    println!("{}", figure_line(name, ours, theirs));
     Ok(())
 }
 
@@ -148,7 +214,7 @@ mod tests {
 
     #[test]
     fn script_runs_three_sizes_of_each_client_and_accounts_both() {
-        let s = script("/x/rocebus-bench", 64, 1000);
+        let s = script(&RC, "/x/rocebus-bench", 64, 1000);
         for (name, n) in [("short", 1000), ("long", 2000), ("slow", 2000)] {
             assert!(s.contains(&format!("ours {name} {n} ")), "{s}");
             assert!(s.contains(&format!("theirs {name} {n} ")), "{s}");
@@ -158,6 +224,21 @@ mod tests {
         assert!(s.contains("--label perftest -n 1000 "));
         assert!(s.contains("--dump-instr=yes"));
         assert!(s.contains("$out/rocebus-$1.cg"));
+        assert!(s.contains("$exe rc-pong -s 64 "));
+        assert!(s.contains("$exe rc-ping -s 64 -n $2 "));
+        assert!(s.contains("--parts orders"));
+        assert!(s.contains("ib_write_lat -d $dev -x $gid -s 64 -n $2 -F"));
+        assert!(s.contains("\n  sh $out/theirs.sh "), "{s}");
+    }
+
+    #[test]
+    fn md_script_starts_no_echo_and_wraps_perftest_in_the_groups() {
+        let s = script(&crate::md_instructions::MD, "/x/rocebus-bench", 64, 1000);
+        assert!(!s.contains("listening"), "{s}");
+        assert!(s.contains("$exe md-ping -s 64 -n $2 "));
+        assert!(s.contains("--parts md"));
+        assert!(s.contains("ib_send_lat -d $dev -x $gid -s 64 -n $2 -F -c UD -g -M "));
+        assert!(s.contains("$exe with-groups --groups 239.9.4.1,239.9.4.2 -- sh $out/theirs.sh"));
     }
 
     #[test]
@@ -174,7 +255,7 @@ mod tests {
         assert_eq!(result(&lines, "perftest"), Some(401.0));
         assert_eq!(result(&lines, "other"), None);
         assert_eq!(
-            figure_line(612.4, 401.0),
+            figure_line("rc-instructions", 612.4, 401.0),
             "rc-instructions: rocebus 612, perftest 401 per one-way message"
         );
     }

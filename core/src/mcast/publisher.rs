@@ -509,29 +509,26 @@ impl PublisherState {
             self.open_len,
         );
         let (channel, session) = (self.cfg.channel, self.cfg.session);
+        // The slot is worked out once (a division: the history holds
+        // history_depth + 1 slots).
+        let slot = self.slot_of(open);
+        let start = slot * self.cfg.max_datagram;
+        let datagram = &mut self.slots[start..start + self.cfg.max_datagram];
         // The slot is max_datagram >= header bytes long: cannot fail.
-        let _ = wire::write_datagram_header(
-            self.slot_bytes_mut(open),
-            Line::A,
-            channel,
-            session,
-            first,
-            count,
-        );
+        let _ = wire::write_datagram_header(datagram, Line::A, channel, session, first, count);
         if self.fragment_open {
             self.fragment_open = false;
-            let _ = wire::set_fragment_version(self.slot_bytes_mut(open));
+            let _ = wire::set_fragment_version(datagram);
         }
         let len = if let Some(key) = &self.key {
-            let start = self.slot_of(open) * self.cfg.max_datagram;
-            let bytes = &mut self.slots[start..start + len + TAG_LEN];
+            // Claims leave room for the tag: len + TAG_LEN <= max_datagram.
+            let bytes = &mut datagram[..len + TAG_LEN];
             let tag = key.tag(&[&bytes[..len]]);
             bytes[len..].copy_from_slice(&tag);
             len + TAG_LEN
         } else {
             len
         };
-        let slot = self.slot_of(open);
         self.meta[slot] = SlotMeta {
             first_seq: first,
             count,
@@ -545,7 +542,7 @@ impl PublisherState {
         self.open_len = DATAGRAM_HEADER_LEN;
         self.open_count = 0;
         self.counters.datagrams += 1;
-        Some(self.sealed(open).0)
+        Some(&self.slots[start..start + len])
     }
 
     /// Flushes the open datagram if it has waited `flush_interval_ns` since

@@ -530,6 +530,13 @@ impl SubscriberState {
         self.events.pop_front()
     }
 
+    /// Whether [`poll_transmit`](Self::poll_transmit) may have a request
+    /// (it has none when this is false): two compares, for an I/O layer's
+    /// turn to skip the request path in the steady state.
+    pub fn may_transmit(&self) -> bool {
+        self.link_up && (!self.outstanding.is_empty() || self.snapshot.needs_send)
+    }
+
     /// Next request to send over RC, if any. Call after each input.
     pub fn poll_transmit(&mut self) -> Option<Request> {
         if !self.link_up {
@@ -559,6 +566,15 @@ impl SubscriberState {
     /// Earliest deadline at which [`handle_timeout`](Self::handle_timeout)
     /// has work.
     pub fn poll_timeout(&self) -> Option<u64> {
+        // The steady state (nothing requested, not resyncing, no stall or
+        // skip pending) has no deadline: four compares, no scan.
+        if self.outstanding.is_empty()
+            && self.phase != Phase::Resyncing
+            && !self.skip_due
+            && self.stall_since.is_none()
+        {
+            return None;
+        }
         let retransmit = self.outstanding.iter().map(|o| o.deadline).min();
         // No snapshot timer while the link is down: coming back asks anyway.
         let snapshot =
@@ -1646,6 +1662,31 @@ mod tests {
         assert_eq!(c.max_buffered, 3);
         assert_eq!(s.outstanding(), 0);
         assert_eq!(s.poll_timeout(), None);
+    }
+
+    /// The I/O layer's turn skips the request path and the timers when
+    /// these say there is nothing: they must never hide a request or a
+    /// deadline.
+    #[test]
+    fn steady_state_has_no_request_or_deadline_and_a_gap_has_both() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 4);
+        let mut s = announced(cfg());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[1], &mut app);
+        assert!(!s.may_transmit());
+        assert_eq!(s.poll_timeout(), None);
+        s.on_datagram(0, Line::A, &ds[3], &mut app); // hole
+        assert!(s.may_transmit());
+        assert!(s.poll_timeout().is_some());
+        assert_eq!(transmits(&mut s).len(), 1);
+        // Requested: nothing more to send, but the deadline stays.
+        assert!(s.poll_transmit().is_none());
+        assert!(s.poll_timeout().is_some());
+        s.set_recovery_link(0, false);
+        assert!(!s.may_transmit());
+        assert!(s.poll_transmit().is_none());
     }
 
     #[test]

@@ -353,37 +353,29 @@ impl McastPublisher {
 
     /// Seals the open datagram now and sends what pacing allows.
     pub fn flush(&mut self, now: u64) -> Result<(), NetError> {
-        self.state.flush();
-        if self.send_direct(now)? {
-            return Ok(());
+        let first = self.state.unflushed_seq();
+        // The latency path: when the datagram just sealed is the only one
+        // unsent (the schedule has sent up to its first sequence), nothing
+        // is staged and it fits inline, it is posted straight from the
+        // history (no copy into a send slot), from the bytes the seal
+        // returned (no search of the history for them).
+        if let Some(bytes) = self.state.flush() {
+            if !self.ud.has_staged()
+                && self.ud.sends_in_flight() < self.ud.send_slots()
+                && bytes.len() <= self.ud.max_inline()
+                && self.schedule.try_direct(now, first)
+            {
+                // Cannot decline now (nothing staged, it fits, a slot is
+                // free) but for no enabled line, where the datagram counts
+                // as sent, as in pump.
+                self.ud.send_inline(bytes, &dests_of(&self.lines))?;
+                self.schedule.sent(now, self.state.unflushed_seq());
+                return Ok(());
+            }
         }
         self.pump(now);
         self.ud.post_staged(&dests_of(&self.lines))?;
         Ok(())
-    }
-
-    /// The latency path: when the datagram just sealed is the only one
-    /// unsent, nothing is staged and it fits inline, it is posted straight
-    /// from the history (no copy into a send slot). `Ok(false)`: not
-    /// applicable, nothing done.
-    fn send_direct(&mut self, now: u64) -> Result<bool, NetError> {
-        if self.ud.has_staged() || self.ud.sends_in_flight() >= self.ud.send_slots() {
-            return Ok(false);
-        }
-        let Some((first, end, bytes)) = self.state.sealed_from(self.schedule.sent_upto()) else {
-            return Ok(false);
-        };
-        if end != self.state.unflushed_seq()
-            || bytes.len() > self.ud.max_inline()
-            || !self.schedule.try_direct(now, first)
-        {
-            return Ok(false);
-        }
-        // Cannot decline now (nothing staged, it fits, a slot is free) but
-        // for no enabled line, where the datagram counts as sent, as in pump.
-        self.ud.send_inline(bytes, &dests_of(&self.lines))?;
-        self.schedule.sent(now, end);
-        Ok(true)
     }
 
     /// Stages what the schedule lets out (flushed datagrams as pacing

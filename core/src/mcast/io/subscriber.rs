@@ -357,7 +357,15 @@ impl McastSubscriber {
                     link_ok &= send_status(rc, &st, &mut self.stats).is_ok();
                 }
             }
-            link_ok &= send_requests(rc, state, &mut self.stats).is_ok();
+            // The request path only when the state machine may have a
+            // request; otherwise the send ring is reclaimed only while sends
+            // (status reports, earlier requests) are in flight: with none,
+            // no completion, not even an error, can be waiting.
+            if state.may_transmit() {
+                link_ok &= send_requests(rc, state, &mut self.stats).is_ok();
+            } else if rc.sends_in_flight() != 0 {
+                link_ok &= rc.reclaim().is_ok();
+            }
         }
         if !link_ok {
             self.link_lost(now);
