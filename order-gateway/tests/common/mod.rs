@@ -33,12 +33,32 @@ pub fn local_ip() -> IpAddr {
     IpAddr::V4(ctx.query_gid(1, i).unwrap().ipv4().expect("IPv4 GID"))
 }
 
+/// A port for a listener of a test: one no TCP socket holds, that this process has not
+/// handed out before, and below the kernel's ephemeral range (32768 and up by default).
+/// The tests bind rdma_cm ports, which the TCP port allocator does not see, and rdma_cm
+/// takes the ports of its own connecting ids from that ephemeral range: a port the TCP
+/// allocator offers there can be one an rdma_cm connection holds, or one this process
+/// handed out a moment ago to another rdma_cm listener ("Address already in use" from
+/// `rdma_bind_addr`, seen in a CI run).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    // A start that differs between the processes of one guest (tests run one process at
+    // a time, but a port may linger in a listener's teardown).
+    let seed = std::process::id() as u64 * 7919
+        + std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::from(d.subsec_nanos()));
+    const LOW: u64 = 20_000;
+    const SPAN: u64 = 12_000;
+    for i in 0..SPAN {
+        let port = (LOW + (seed + i * 97) % SPAN) as u16;
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}..{}", LOW + SPAN);
 }
 
 /// A fresh scratch directory under the system temp dir (`/tmp`, writable in the guest too).
