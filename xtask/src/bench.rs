@@ -146,6 +146,8 @@ enum Side {
     Ours = 0,
     Perftest = 1,
     Reference = 2,
+    /// rocebus again with the variant's arguments (e.g. `--datagram-tag`).
+    Variant = 3,
 }
 
 /// The shell lines of one perftest round: the server in the background, the
@@ -408,69 +410,35 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Runs `name` for `rounds` alternating rounds; prints the figures and the
-/// closing ratio line.
-pub fn run(
-    root: &Path,
-    name: &str,
-    rounds: Option<u32>,
+/// The guest's script: `rounds` rounds of rocebus (and its `variant`, if
+/// any), perftest and perftest's reference, each after an `@@SIDE ROUND`
+/// marker line.
+fn rounds_script(
+    spec: &Spec,
+    exe_q: &str,
     size: usize,
-    iterations: Option<u64>,
-    ours_extra: &str,
-) -> Result<()> {
-    if HOST_ONLY.contains(&name) {
-        return run_host(root, name, rounds, iterations);
-    }
-    if name == "books" {
-        return crate::books::run(root, rounds, iterations);
-    }
-    if name == "ipc" {
-        return crate::ipc::run(root, rounds, iterations);
-    }
-    if name == "md-repair" {
-        return crate::md_repair::run(root);
-    }
-    if name == "md-fanout" {
-        return crate::md_fanout::run(root, iterations, ours_extra);
-    }
-    if name == "rc-fanin" {
-        return run_fanin(root, rounds, size, iterations, ours_extra);
-    }
-    let counted = match name {
-        "rc-instructions" => Some(&crate::rc_instructions::RC),
-        "md-instructions" => Some(&crate::md_instructions::MD),
-        _ => None,
-    };
-    if let Some(c) = counted {
-        if rounds.is_some() {
-            bail!("{name} counts instructions once: --rounds does not apply");
-        }
-        return crate::rc_instructions::run(c, root, size, iterations);
-    }
-    let rounds = rounds.unwrap_or(5);
-    let spec = SPECS
-        .iter()
-        .find(|s| s.name == name)
-        .with_context(|| format!("unknown benchmark {name:?}; known: {}", names().join(", ")))?;
-    let n = iterations.unwrap_or(spec.default_iterations);
-    let (exe, _) = build_bench(root)?;
-    // Each side runs under `timeout`: perftest occasionally hangs under
-    // emulation; a hung round is reported as missing, not waited for.
-    let exe_q = vm::shell_quote(&exe.display().to_string());
+    n: u64,
+    rounds: u32,
+    variant: &str,
+) -> String {
     let mut script = String::from(
         "dev=${ROCEBUS_RDMA_DEVICE:-rxe0}; gid=${ROCEBUS_GID_INDEX:-1}; addr=${ROCEBUS_GUEST_ADDR:?}\nexport dev gid addr\n",
     );
+    let ours = format!(
+        "timeout 300 {exe_q} {} {} -n {n} {}",
+        spec.ours,
+        if spec.sized {
+            format!("-s {size}")
+        } else {
+            String::new()
+        },
+        spec.ours_extra
+    );
     for r in 1..=rounds {
-        script.push_str(&format!(
-            "echo '@@ours {r}'\ntimeout 300 {exe_q} {ours} {sz} -n {n} {extra} {ours_extra}\n",
-            ours = spec.ours,
-            sz = if spec.sized {
-                format!("-s {size}")
-            } else {
-                String::new()
-            },
-            extra = spec.ours_extra
-        ));
+        script.push_str(&format!("echo '@@ours {r}'\n{ours}\n"));
+        if !variant.is_empty() {
+            script.push_str(&format!("echo '@@variant {r}'\n{ours} {variant}\n"));
+        }
         let main = perftest_pair(
             spec.perftest,
             &format!("-s {size} -n {n} -F {}", spec.perftest_extra),
@@ -497,19 +465,20 @@ pub fn run(
             ));
         }
     }
-    let out = run_script(
-        root,
-        &script,
-        Duration::from_secs(600 * rounds as u64 + 120),
-    )?;
+    script
+}
+
+/// The figures of each side's runs, in round order, from the guest's output
+/// (by [`Side`]; `None` for a run that printed no figures).
+fn split_runs(out: Vec<String>, kind: Kind) -> [Vec<Option<Figures>>; 4] {
     // Split the output by round markers.
-    let mut runs: [Vec<Option<Figures>>; 3] = Default::default();
+    let mut runs: [Vec<Option<Figures>>; 4] = Default::default();
     let mut current: Option<(Side, Vec<String>)> = None;
     let mut flush = |c: Option<(Side, Vec<String>)>| {
         if let Some((side, lines)) = c {
             runs[side as usize].push(match side {
-                Side::Ours => parse_ours(&lines),
-                Side::Perftest | Side::Reference => parse_perftest(&lines, spec.kind),
+                Side::Ours | Side::Variant => parse_ours(&lines),
+                Side::Perftest | Side::Reference => parse_perftest(&lines, kind),
             });
         }
     };
@@ -518,6 +487,8 @@ pub fn run(
             flush(current.take());
             let side = if rest.starts_with("ours") {
                 Side::Ours
+            } else if rest.starts_with("variant") {
+                Side::Variant
             } else if rest.starts_with("reference") {
                 Side::Reference
             } else {
@@ -529,7 +500,72 @@ pub fn run(
         }
     }
     flush(current.take());
-    let [ours, theirs, reference] = runs;
+    runs
+}
+
+/// Runs `name` for `rounds` alternating rounds; prints the figures and the
+/// closing ratio line. A non-empty `variant` (arguments of rocebus's side,
+/// such as `--datagram-tag`) adds a third run per round, rocebus with them,
+/// right after the plain one, and its own ratio line `NAME VARIANT: ...`:
+/// what the variant costs is then measured in the same guest, against the
+/// same perftest rounds, not across runs that vary 2x.
+pub fn run(
+    root: &Path,
+    name: &str,
+    rounds: Option<u32>,
+    size: usize,
+    iterations: Option<u64>,
+    variant: &str,
+) -> Result<()> {
+    if HOST_ONLY.contains(&name) {
+        return run_host(root, name, rounds, iterations);
+    }
+    if name == "books" {
+        return crate::books::run(root, rounds, iterations);
+    }
+    if name == "ipc" {
+        return crate::ipc::run(root, rounds, iterations);
+    }
+    if name == "md-repair" {
+        return crate::md_repair::run(root);
+    }
+    if name == "md-fanout" {
+        return crate::md_fanout::run(root, iterations, variant);
+    }
+    if name == "rc-fanin" {
+        return run_fanin(root, rounds, size, iterations, variant);
+    }
+    let counted = match name {
+        "rc-instructions" => Some(&crate::rc_instructions::RC),
+        "md-instructions" => Some(&crate::md_instructions::MD),
+        _ => None,
+    };
+    if let Some(c) = counted {
+        if rounds.is_some() {
+            bail!("{name} counts instructions once: --rounds does not apply");
+        }
+        if name == "rc-instructions" && !variant.is_empty() {
+            bail!("rc-instructions: {variant} does not apply to the orders path");
+        }
+        return crate::rc_instructions::run(c, root, size, iterations, variant);
+    }
+    let rounds = rounds.unwrap_or(5);
+    let spec = SPECS
+        .iter()
+        .find(|s| s.name == name)
+        .with_context(|| format!("unknown benchmark {name:?}; known: {}", names().join(", ")))?;
+    let n = iterations.unwrap_or(spec.default_iterations);
+    let (exe, _) = build_bench(root)?;
+    // Each side runs under `timeout`: perftest occasionally hangs under
+    // emulation; a hung round is reported as missing, not waited for.
+    let exe_q = vm::shell_quote(&exe.display().to_string());
+    let script = rounds_script(spec, &exe_q, size, n, rounds, variant);
+    let out = run_script(
+        root,
+        &script,
+        Duration::from_secs(600 * rounds as u64 + 120),
+    )?;
+    let [ours, theirs, reference, with_variant] = split_runs(out, spec.kind);
     println!();
     println!("{name}: {rounds} alternating rounds, {size} B, {n} iterations (soft-RoCE; ratios only are meaningful)");
     let label = format!("{} {}", spec.perftest, spec.perftest_extra);
@@ -543,10 +579,29 @@ pub fn run(
             println!("{}", ratio_line(&head, spec.kind, r50, r99));
         }
     }
+    let variant_line = if variant.is_empty() {
+        None
+    } else {
+        let head = format!("{name} {variant}");
+        println!("  rocebus {variant}, against {label}:");
+        let (v50, v99) = compare(spec.kind, &with_variant, &theirs, &label);
+        println!("  rocebus {variant} against plain rocebus, same rounds:");
+        let (c50, c99) = compare(spec.kind, &with_variant, &ours, "plain rocebus");
+        (!v50.is_empty()).then(|| {
+            format!(
+                "{}\n{}",
+                ratio_line(&head, spec.kind, v50, v99),
+                ratio_line(&format!("{head} over plain"), spec.kind, c50, c99)
+            )
+        })
+    };
     if ratios50.is_empty() {
         bail!("{name}: no round produced figures on both sides");
     }
     println!("{}", ratio_line(name, spec.kind, ratios50, ratios99));
+    if let Some(l) = variant_line {
+        println!("{l}");
+    }
     Ok(())
 }
 
@@ -591,6 +646,32 @@ mod tests {
         assert_ne!(srv, cli, "one group per direction, as in rocebus's harness");
         assert_eq!(spec.ip_groups, format!("{srv},{cli}"));
         assert!(spec.perftest_extra.contains("-g"));
+    }
+
+    /// `--datagram-tag` runs rocebus twice a round, plain then tagged, and
+    /// each run's figures land on its own side.
+    #[test]
+    fn a_variant_runs_beside_plain_rocebus_every_round() {
+        let spec = SPECS.iter().find(|s| s.name == "md-latency").unwrap();
+        let s = rounds_script(spec, "B", 64, 100, 2, "--datagram-tag");
+        for r in 1..=2 {
+            let ours = s.find(&format!("@@ours {r}'")).unwrap();
+            let variant = s.find(&format!("@@variant {r}'")).unwrap();
+            let perftest = s.find(&format!("@@perftest {r}'")).unwrap();
+            assert!(ours < variant && variant < perftest, "{s}");
+        }
+        assert_eq!(s.matches("B md-latency -s 64 -n 100 ").count(), 4);
+        assert_eq!(s.matches(" --datagram-tag\n").count(), 2);
+        assert!(!rounds_script(spec, "B", 64, 100, 2, "").contains("@@variant"));
+        let out = lines(
+            "@@ours 1\nRESULT p50_ns=1000 p99_ns=2000\n@@variant 1\nRESULT p50_ns=1500 p99_ns=2500\n\
+             @@perftest 1\nnothing\n@@reference 1\n",
+        );
+        let [ours, theirs, reference, variant] = split_runs(out, Kind::Latency);
+        assert_eq!(ours[0].unwrap().p50_us, 1.0);
+        assert_eq!(variant[0].unwrap().p50_us, 1.5);
+        assert_eq!((theirs.len(), theirs[0]), (1, None));
+        assert_eq!((reference.len(), reference[0]), (1, None));
     }
 
     #[test]

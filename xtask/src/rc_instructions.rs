@@ -72,7 +72,8 @@ pub(crate) const RC: Counted = Counted {
 
 /// The guest's shell script: three runs of each client, alternating, then
 /// the accounting of both.
-fn script(c: &Counted, exe: &str, size: usize, n: u64) -> String {
+/// `client_extra`: arguments for rocebus's client (e.g. `--datagram-tag`).
+fn script(c: &Counted, exe: &str, size: usize, n: u64, client_extra: &str) -> String {
     let n2 = 2 * n;
     let echo = if c.ours_echo.is_empty() {
         String::new()
@@ -101,7 +102,7 @@ cg="valgrind --tool=callgrind --dump-instr=yes --toggle-collect=qsort --collect-
 export dev gid addr out exe cg
 ours() {{
 {echo}  ok=1
-  timeout 1800 $cg $3 --callgrind-out-file=$out/rocebus-$1.cg $exe {ours} -s {size} -n $2 >$out/ping-$1.txt 2>$out/ping-$1.log && ok=0
+  timeout 1800 $cg $3 --callgrind-out-file=$out/rocebus-$1.cg $exe {ours} -s {size} -n $2{extra_ours} >$out/ping-$1.txt 2>$out/ping-$1.log && ok=0
   wait
   echo "@@run rocebus $1 $ok"; cat $out/ping-$1.txt; grep -h 'Collected' $out/ping-$1.log
 }}
@@ -119,7 +120,12 @@ theirs() {{
   {wrap}sh $out/theirs.sh "$1" "$2" "$3"
 }}
 "#,
-        ours = c.ours_client
+        ours = c.ours_client,
+        extra_ours = if client_extra.is_empty() {
+            String::new()
+        } else {
+            format!(" {client_extra}")
+        }
     );
     for (name, count, extra) in [
         ("short", n, ""),
@@ -161,11 +167,24 @@ fn figure_line(name: &str, ours: f64, theirs: f64) -> String {
 
 /// Runs `c` in one guest and prints its figures: rocebus's instructions
 /// per one-way message by part, perftest's by object, and the closing line.
-pub(crate) fn run(c: &Counted, root: &Path, size: usize, iterations: Option<u64>) -> Result<()> {
+/// `extra`: arguments for rocebus's client, printed in the closing line.
+pub(crate) fn run(
+    c: &Counted,
+    root: &Path,
+    size: usize,
+    iterations: Option<u64>,
+    extra: &str,
+) -> Result<()> {
     let name = c.name;
     let (exe, _) = bench::build_bench(root)?;
     let n = iterations.unwrap_or(DEFAULT_ROUND_TRIPS).max(1);
-    let script = script(c, &vm::shell_quote(&exe.display().to_string()), size, n);
+    let script = script(
+        c,
+        &vm::shell_quote(&exe.display().to_string()),
+        size,
+        n,
+        extra,
+    );
     let lines = bench::run_script(root, &script, Duration::from_secs(4 * 3600))?;
     let failed: Vec<&String> = lines
         .iter()
@@ -199,12 +218,17 @@ pub(crate) fn run(c: &Counted, root: &Path, size: usize, iterations: Option<u64>
             println!("  {l}");
         }
     }
+    let name = if extra.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name} {extra}")
+    };
     println!(
         "{name}: ratio {:.2} (goal <= {})",
         ours / theirs.max(1e-9),
         c.goal
     );
-    println!("{}", figure_line(name, ours, theirs));
+    println!("{}", figure_line(&name, ours, theirs));
     Ok(())
 }
 
@@ -214,7 +238,7 @@ mod tests {
 
     #[test]
     fn script_runs_three_sizes_of_each_client_and_accounts_both() {
-        let s = script(&RC, "/x/rocebus-bench", 64, 1000);
+        let s = script(&RC, "/x/rocebus-bench", 64, 1000, "");
         for (name, n) in [("short", 1000), ("long", 2000), ("slow", 2000)] {
             assert!(s.contains(&format!("ours {name} {n} ")), "{s}");
             assert!(s.contains(&format!("theirs {name} {n} ")), "{s}");
@@ -233,9 +257,23 @@ mod tests {
 
     #[test]
     fn md_script_starts_no_echo_and_wraps_perftest_in_the_groups() {
-        let s = script(&crate::md_instructions::MD, "/x/rocebus-bench", 64, 1000);
+        let s = script(
+            &crate::md_instructions::MD,
+            "/x/rocebus-bench",
+            64,
+            1000,
+            "",
+        );
         assert!(!s.contains("listening"), "{s}");
-        assert!(s.contains("$exe md-ping -s 64 -n $2 "));
+        assert!(s.contains("$exe md-ping -s 64 -n $2 >"));
+        let tagged = script(
+            &crate::md_instructions::MD,
+            "/x/rocebus-bench",
+            64,
+            1000,
+            "--datagram-tag",
+        );
+        assert!(tagged.contains("$exe md-ping -s 64 -n $2 --datagram-tag >"));
         assert!(s.contains("--parts md"));
         assert!(s.contains("ib_send_lat -d $dev -x $gid -s 64 -n $2 -F -c UD -g -M "));
         assert!(s.contains("$exe with-groups --groups 239.9.4.1,239.9.4.2 -- sh $out/theirs.sh"));
