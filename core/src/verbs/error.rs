@@ -155,6 +155,11 @@ pub enum VerbsError {
         /// The QP's limit.
         max: u32,
     },
+    /// A prepared UD send was given an address handle of another
+    /// protection domain than its queue pair's, or more destinations than
+    /// it holds.
+    #[error("prepared UD send: {0}")]
+    PreparedUdSend(&'static str),
     /// `ibv_create_ah` failed.
     #[error("creating an address handle failed")]
     CreateAh(#[source] io::Error),

@@ -43,7 +43,7 @@ pub use pool::{
     Dest, PoolConfig, PoolError, PoolStats, PooledQp, RecvPoll, RecvSource, StageError,
 };
 pub use qp::{
-    AddressHandle, AhAttr, LocalPath, Mtu, PreparedWrite, QpCaps, QueuePair, RcOptions, RcPeer,
-    RecvWr, SendWr, Sge, WriteFlags,
+    AddressHandle, AhAttr, LocalPath, Mtu, PreparedRecvs, PreparedUdSend, PreparedWrite, QpCaps,
+    QueuePair, RcOptions, RcPeer, RecvWr, SendWr, Sge, UdDest, WriteFlags, PREPARED_UD_DESTS,
 };
 pub use types::{QpState, QpType, GRH_LEN, RDMA_UDP_QKEY};

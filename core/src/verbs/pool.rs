@@ -23,13 +23,22 @@
 //! so it is destroyed (every posted request flushed, the device done with our
 //! memory) before the regions are deregistered and unmapped.
 //!
-//! Nothing here allocates after [`PooledQp::new`].
+//! Work requests that do not change are built once: a receive request per
+//! slot (reposting only links the free slots' requests), and the inline UD
+//! send to fixed destinations ([`PooledQp::prepare_ud_dests`], then
+//! [`PooledQp::send_prepared`] writes only the data's address and length,
+//! the `wr_id` and the signal flag per send).
+//!
+//! Nothing here allocates after [`PooledQp::new`] but
+//! [`PooledQp::prepare_ud_dests`], a set-up call.
 
 use super::cq::{CompletionQueue, WcStatus, WorkCompletion};
 use super::device::Gid;
 use super::error::VerbsError;
 use super::memory::{Access, MemoryRegion, ProtectionDomain};
-use super::qp::{AddressHandle, QpCaps, QueuePair, RecvWr, SendWr, Sge};
+use super::qp::{
+    AddressHandle, PreparedRecvs, PreparedUdSend, QpCaps, QueuePair, SendWr, Sge, UdDest,
+};
 use super::types::QpType;
 use super::types::GRH_LEN;
 use arrayvec::ArrayVec;
@@ -222,6 +231,11 @@ pub struct PooledQp {
     posted: u32,
     /// Slots not posted (completed, waiting to be re-posted).
     free_recv: Vec<u32>,
+    /// A receive request per slot, built once: reposting links and posts.
+    recvs: PreparedRecvs,
+    /// The inline UD send to the destinations given to
+    /// [`PooledQp::prepare_ud_dests`] (none until then).
+    ud_send: PreparedUdSend,
     send_slot: usize,
     send_slots: u32,
     signal_every: u64,
@@ -299,6 +313,8 @@ impl PooledQp {
             Access::LOCAL_WRITE,
         )?;
         let send_mr = MemoryRegion::new(pd, send_slot * send_slots.max(1) as usize, Access::LOCAL)?;
+        let recvs = PreparedRecvs::new(&recv_mr, recv_slot, cfg.recv_slots)?;
+        let ud_send = PreparedUdSend::new(pd, &[])?;
         Ok(PooledQp {
             qp,
             recv_mr,
@@ -310,6 +326,8 @@ impl PooledQp {
             recv_low_water: cfg.recv_low_water.min(cfg.recv_slots),
             posted: 0,
             free_recv: (0..cfg.recv_slots).rev().collect(),
+            recvs,
+            ud_send,
             send_slot,
             send_slots,
             signal_every: u64::from(cfg.signal_every),
@@ -360,50 +378,39 @@ impl PooledQp {
         self.max_inline as usize
     }
 
-    /// Posts every free receive slot, in batches of up to [`MAX_BATCH`] per
-    /// doorbell. The QP must be in INIT or later.
+    /// Posts every free receive slot with one doorbell. The QP must be in
+    /// INIT or later. The requests were built once (see
+    /// [`PreparedRecvs`]): this only links the free slots' requests.
     pub fn post_receives(&mut self) -> Result<(), PoolError> {
-        while !self.free_recv.is_empty() {
-            let n = self.free_recv.len().min(MAX_BATCH);
-            let start = self.free_recv.len() - n;
-            let mut sges: ArrayVec<[Sge<'_>; 1], MAX_BATCH> = ArrayVec::new();
-            for &slot in &self.free_recv[start..] {
-                sges.push([Sge::new(
-                    &self.recv_mr,
-                    slot as usize * self.recv_slot,
-                    self.recv_slot,
-                )?]);
+        if self.free_recv.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: each slot is in `free_recv` (once: a slot is pushed there
+        // only when its receive completes, and leaves it when posted), so
+        // no receive using it is posted and no borrow of it is live
+        // (borrows handed out by poll_recv end before the slot returns to
+        // the free list). `recvs` was built over `recv_mr`, which outlives
+        // the QP (field order, see the type docs), so it stays registered
+        // until the receive completes or is flushed.
+        let res = unsafe { self.recvs.post(&self.qp, &self.free_recv) };
+        match res {
+            Ok(()) => {
+                let n = self.free_recv.len();
+                self.free_recv.clear();
+                self.posted += n as u32;
+                self.stats.recv_posted += n as u64;
+                Ok(())
             }
-            let mut wrs: ArrayVec<RecvWr<'_>, MAX_BATCH> = ArrayVec::new();
-            for (s, &slot) in sges.iter().zip(&self.free_recv[start..]) {
-                wrs.push(RecvWr::new(u64::from(slot), s));
-            }
-            // SAFETY: each slot is in `free_recv`, so no receive using it is
-            // posted and no borrow of it is live (borrows handed out by
-            // poll_recv end before the slot returns to the free list). The
-            // region outlives the QP (field order, see the type docs), so it
-            // stays registered until the receive completes or is flushed.
-            let res = unsafe { self.qp.post_recv(&mut wrs) };
-            drop(wrs);
-            drop(sges);
-            match res {
-                Ok(()) => {
-                    self.free_recv.truncate(start);
-                    self.posted += n as u32;
-                    self.stats.recv_posted += n as u64;
+            Err(e) => {
+                if let VerbsError::PostRecv { index, .. } = e {
+                    // The first `index` were posted.
+                    self.free_recv.drain(..index);
+                    self.posted += index as u32;
+                    self.stats.recv_posted += index as u64;
                 }
-                Err(e) => {
-                    if let VerbsError::PostRecv { index, .. } = e {
-                        // The first `index` were posted.
-                        self.free_recv.drain(start..start + index);
-                        self.posted += index as u32;
-                        self.stats.recv_posted += index as u64;
-                    }
-                    return Err(e.into());
-                }
+                Err(e.into())
             }
         }
-        Ok(())
     }
 
     /// Polls up to [`MAX_BATCH`] receive completions, handing each received
@@ -660,6 +667,55 @@ impl PooledQp {
             wrs.push(self.wr(seq, &sge, dest, d, dests.len()));
         }
         self.qp.post_send_inline(&mut wrs)?;
+        self.send_head += 1;
+        self.stats.sent += 1;
+        self.stats.send_doorbells += 1;
+        Ok(true)
+    }
+
+    /// Sets the destinations of [`send_prepared`](Self::send_prepared)
+    /// (at most [`MAX_DESTS`], each enabled, address handles of this
+    /// queue pair's protection domain), building their work requests once.
+    pub fn prepare_ud_dests(&mut self, dests: &[UdDest]) -> Result<(), PoolError> {
+        if dests.len() > MAX_DESTS {
+            return Err(PoolError::Config("at most MAX_DESTS destinations"));
+        }
+        self.ud_send = PreparedUdSend::new(self.qp.pd(), dests)?;
+        Ok(())
+    }
+
+    /// Stops (or resumes) [`send_prepared`](Self::send_prepared) sending to
+    /// the `index`-th destination given to
+    /// [`prepare_ud_dests`](Self::prepare_ud_dests); the requests are
+    /// re-linked here, not per send.
+    pub fn set_ud_dest_enabled(&mut self, index: usize, enabled: bool) {
+        self.ud_send.set_enabled(index, enabled);
+    }
+
+    /// [`send_inline`](Self::send_inline) to the prepared destinations:
+    /// per send only the data's address and length, the `wr_id` and the
+    /// signal flag are written into requests built once.
+    ///
+    /// `Ok(false)`: not sent, for the same reasons as `send_inline` (no
+    /// enabled destination among them).
+    pub fn send_prepared(&mut self, data: &[u8]) -> Result<bool, PoolError> {
+        if !self.staged.is_empty()
+            || data.len() > self.max_inline as usize
+            || self.ud_send.is_empty()
+        {
+            return Ok(false);
+        }
+        if self.send_head - self.send_tail >= u64::from(self.send_slots) {
+            self.poll_send()?;
+            if self.send_head - self.send_tail >= u64::from(self.send_slots) {
+                self.stats.send_ring_full += 1;
+                return Ok(false);
+            }
+        }
+        let seq = self.send_head;
+        // As `wr`: every `signal_every`-th slot's last request is signaled.
+        let signaled = (seq + 1) % self.signal_every == 0;
+        self.ud_send.post(&self.qp, data, seq, signaled)?;
         self.send_head += 1;
         self.stats.sent += 1;
         self.stats.send_doorbells += 1;

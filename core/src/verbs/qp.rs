@@ -970,3 +970,428 @@ impl PreparedWrite {
         Ok(())
     }
 }
+
+/// Most destinations a [`PreparedUdSend`] holds (lines A and B).
+pub const PREPARED_UD_DESTS: usize = 2;
+
+/// One destination of a [`PreparedUdSend`]: the address handle is shared,
+/// so the prepared requests that point at it keep it alive.
+#[derive(Debug, Clone)]
+pub struct UdDest {
+    /// Address handle (of the queue pair's protection domain).
+    pub ah: Arc<AddressHandle>,
+    /// Remote QPN (0xFFFFFF for a multicast group).
+    pub qpn: u32,
+    /// Remote QKey.
+    pub qkey: u32,
+}
+
+/// The C side of a [`PreparedUdSend`]: one request per destination, all
+/// pointing at the same entry, at a heap address that never changes.
+struct PreparedUdInner {
+    wr: [sys::ibv_send_wr; PREPARED_UD_DESTS],
+    sge: sys::ibv_sge,
+}
+
+/// An inline UD SEND to a fixed set of destinations (e.g. a channel's
+/// lines), built once and posted many times: each post writes only the
+/// data's address and length, the `wr_id` and the flags, and calls the
+/// provider's post directly (no zeroed requests, no chain walk, no check
+/// loop). Destinations can be switched off and on again
+/// ([`set_enabled`](Self::set_enabled)): that re-links the chain once, not
+/// per post.
+///
+/// Every post is inline (the provider copies the data during the call), the
+/// address handles are owned (`Arc`) and of the queue pair's protection
+/// domain (checked when built and at each post), so posting is safe.
+pub struct PreparedUdSend {
+    inner: Box<PreparedUdInner>,
+    dests: arrayvec::ArrayVec<UdDest, PREPARED_UD_DESTS>,
+    pd: Arc<ProtectionDomain>,
+    enabled: [bool; PREPARED_UD_DESTS],
+    /// The first enabled request (None: no destination enabled).
+    first: Option<usize>,
+    /// Per request: `IBV_SEND_SIGNALED` for the last enabled one, else 0
+    /// (only the last request of a post asks for a completion).
+    signal_mask: [u32; PREPARED_UD_DESTS],
+}
+
+impl fmt::Debug for PreparedUdSend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedUdSend")
+            .field("dests", &self.dests.len())
+            .field("enabled", &self.enabled)
+            .finish()
+    }
+}
+
+// SAFETY: the raw pointers inside point into the same heap block (which
+// moves with the value) or at address handles the value owns through `Arc`
+// (address handles are Send and Sync); nothing is shared with another
+// thread.
+unsafe impl Send for PreparedUdSend {}
+
+impl PreparedUdSend {
+    /// Requests to each of `dests` (at most [`PREPARED_UD_DESTS`], every
+    /// one enabled) from a queue pair of protection domain `pd`.
+    pub fn new(pd: &Arc<ProtectionDomain>, dests: &[UdDest]) -> Result<Self> {
+        if dests.len() > PREPARED_UD_DESTS {
+            return Err(VerbsError::PreparedUdSend("too many destinations"));
+        }
+        if dests.iter().any(|d| !Arc::ptr_eq(&d.ah._pd, pd)) {
+            return Err(VerbsError::PreparedUdSend(
+                "address handle of another protection domain",
+            ));
+        }
+        // SAFETY: plain C data; zero is valid for every field.
+        let mut inner: Box<PreparedUdInner> = Box::new(unsafe { std::mem::zeroed() });
+        let p = &mut *inner;
+        let sge: *mut sys::ibv_sge = &mut p.sge;
+        for (wr, d) in p.wr.iter_mut().zip(dests) {
+            wr.sg_list = sge;
+            wr.num_sge = 1;
+            wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND;
+            wr.send_flags = sys::ibv_send_flags::IBV_SEND_INLINE.0;
+            wr.wr.ud = sys::ud_t {
+                ah: d.ah.as_raw(),
+                remote_qpn: d.qpn,
+                remote_qkey: d.qkey,
+            };
+        }
+        let mut s = Self {
+            inner,
+            dests: dests.iter().cloned().collect(),
+            pd: pd.clone(),
+            enabled: [false; PREPARED_UD_DESTS],
+            first: None,
+            signal_mask: [0; PREPARED_UD_DESTS],
+        };
+        for i in 0..dests.len() {
+            s.enabled[i] = true;
+        }
+        s.link();
+        Ok(s)
+    }
+
+    /// Destinations held (enabled or not).
+    pub fn dests(&self) -> usize {
+        self.dests.len()
+    }
+
+    /// Whether no destination is enabled (a post would send nothing).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    /// Enables or disables destination `index` (ignored if out of range).
+    pub fn set_enabled(&mut self, index: usize, enabled: bool) {
+        if index < self.dests.len() {
+            self.enabled[index] = enabled;
+            self.link();
+        }
+    }
+
+    /// Chains the enabled requests in order (see [`ud_chain`]); the last
+    /// one gets the signal bit (per post) and a NULL `next`.
+    fn link(&mut self) {
+        let plan = ud_chain(&self.enabled[..self.dests.len()]);
+        let p = &mut *self.inner;
+        let base = p.wr.as_mut_ptr();
+        self.signal_mask = [0; PREPARED_UD_DESTS];
+        for (i, next) in plan.next.iter().enumerate() {
+            p.wr[i].next = match *next {
+                // In bounds: `ud_chain` returns indices below its input's
+                // length, which is at most PREPARED_UD_DESTS.
+                Some(j) => base.wrapping_add(j),
+                None => std::ptr::null_mut(),
+            };
+        }
+        if let Some(last) = plan.last {
+            self.signal_mask[last] = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        self.first = plan.first;
+    }
+
+    /// Posts `data` inline to every enabled destination with one doorbell,
+    /// each request carrying `wr_id`; if `signaled`, the last one asks for
+    /// a completion. Sends nothing if no destination is enabled.
+    #[inline]
+    pub fn post(&mut self, qp: &QueuePair, data: &[u8], wr_id: u64, signaled: bool) -> Result<()> {
+        let Some(first) = self.first else {
+            return Ok(());
+        };
+        if data.len() > qp.caps.max_inline_data as usize {
+            return Err(VerbsError::InlineTooLarge {
+                len: data.len(),
+                max: qp.caps.max_inline_data,
+            });
+        }
+        if !Arc::ptr_eq(&self.pd, &qp.pd) {
+            return Err(VerbsError::PreparedUdSend(
+                "posted to a queue pair of another protection domain",
+            ));
+        }
+        let p = &mut *self.inner;
+        p.sge.addr = data.as_ptr() as u64;
+        p.sge.length = data.len() as u32;
+        let signal = if signaled {
+            sys::ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        };
+        // Both requests' flags and ids are written whether enabled or not
+        // (a disabled one is not in the chain): no branch on the set-up.
+        for (wr, mask) in p.wr.iter_mut().zip(self.signal_mask) {
+            wr.send_flags = sys::ibv_send_flags::IBV_SEND_INLINE.0 | (signal & mask);
+            wr.wr_id = wr_id;
+        }
+        let head: *mut sys::ibv_send_wr = &mut p.wr[first % PREPARED_UD_DESTS];
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the chain (linked in `link`) points into `self.inner`,
+        // alive for the call; every request is an inline SEND (the
+        // provider copies `data` during the call and keeps no reference to
+        // it) of at most the QP's inline size; the address handles are
+        // owned through `self.dests` and of the QP's protection domain.
+        let rc = unsafe { sys::ibv_post_send(qp.as_raw(), head, &mut bad) };
+        if rc != 0 {
+            return Err(VerbsError::PostSend {
+                index: (!bad.is_null() && bad != head) as usize,
+                wr_id,
+                source: errno(rc),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How the requests of a [`PreparedUdSend`] are chained: the enabled ones
+/// in order, from `first` through `next` to `last` (whose `next` is None).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct UdChain {
+    first: Option<usize>,
+    last: Option<usize>,
+    next: [Option<usize>; PREPARED_UD_DESTS],
+}
+
+/// The chain of the enabled destinations (`enabled` holds at most
+/// [`PREPARED_UD_DESTS`] flags; more are ignored).
+fn ud_chain(enabled: &[bool]) -> UdChain {
+    let mut c = UdChain {
+        first: None,
+        last: None,
+        next: [None; PREPARED_UD_DESTS],
+    };
+    for (i, _) in enabled
+        .iter()
+        .take(PREPARED_UD_DESTS)
+        .enumerate()
+        .filter(|(_, &on)| on)
+    {
+        match c.last {
+            Some(prev) => c.next[prev] = Some(i),
+            None => c.first = Some(i),
+        }
+        c.last = Some(i);
+    }
+    c
+}
+
+/// A receive request per slot of a region cut into equal slots, built once
+/// (`wr_id` = slot index, one entry covering the slot), so that reposting
+/// slots only links their requests and rings the doorbell: nothing is
+/// zeroed or rebuilt per receive.
+pub struct PreparedRecvs {
+    wrs: Box<[sys::ibv_recv_wr]>,
+    /// The entries the requests point at (never moved: boxed once).
+    _sges: Box<[sys::ibv_sge]>,
+    slot_len: usize,
+    region_len: usize,
+}
+
+impl fmt::Debug for PreparedRecvs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedRecvs")
+            .field("slots", &self.wrs.len())
+            .field("slot_len", &self.slot_len)
+            .finish()
+    }
+}
+
+// SAFETY: the raw pointers inside point into the value's own heap blocks
+// (which move with it) or are addresses in a region the owner keeps
+// registered (`post`'s contract); nothing is shared with another thread.
+unsafe impl Send for PreparedRecvs {}
+
+impl PreparedRecvs {
+    /// Requests receiving into `slots` slots of `slot_len` bytes of `mr`.
+    pub fn new(mr: &MemoryRegion, slot_len: usize, slots: u32) -> Result<Self> {
+        Self::over(mr.addr(), mr.lkey(), mr.len(), slot_len, slots)
+    }
+
+    /// [`new`](Self::new) from the region's address, key and length (pure
+    /// data: nothing is read or written there).
+    fn over(addr: u64, lkey: u32, region_len: usize, slot_len: usize, slots: u32) -> Result<Self> {
+        let total = slot_len.checked_mul(slots as usize);
+        if total.is_none_or(|t| t > region_len) || slot_len > u32::MAX as usize {
+            return Err(VerbsError::SgeOutOfBounds {
+                offset: 0,
+                len: total.unwrap_or(usize::MAX),
+                region_len,
+            });
+        }
+        let mut sges: Box<[sys::ibv_sge]> = (0..slots as usize)
+            .map(|i| sys::ibv_sge {
+                addr: addr + (i * slot_len) as u64,
+                length: slot_len as u32,
+                lkey,
+            })
+            .collect();
+        let wrs: Box<[sys::ibv_recv_wr]> = sges
+            .iter_mut()
+            .enumerate()
+            .map(|(i, sge)| sys::ibv_recv_wr {
+                wr_id: i as u64,
+                next: std::ptr::null_mut(),
+                sg_list: sge,
+                num_sge: 1,
+            })
+            .collect();
+        Ok(Self {
+            wrs,
+            _sges: sges,
+            slot_len,
+            region_len,
+        })
+    }
+
+    /// Links the requests of `slots`, in order, into one chain and returns
+    /// its head (NULL for none). A slot out of range is refused before
+    /// anything is posted.
+    fn link(&mut self, slots: &[u32]) -> Result<*mut sys::ibv_recv_wr> {
+        let mut head: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        for &s in slots.iter().rev() {
+            let Some(w) = self.wrs.get_mut(s as usize) else {
+                return Err(VerbsError::SgeOutOfBounds {
+                    offset: s as usize * self.slot_len,
+                    len: self.slot_len,
+                    region_len: self.region_len,
+                });
+            };
+            w.next = head;
+            head = w;
+        }
+        Ok(head)
+    }
+
+    /// Posts a receive into each of `slots` with one doorbell. On
+    /// [`VerbsError::PostRecv`], the slots before `index` were posted.
+    ///
+    /// # Safety
+    /// As [`QueuePair::post_recv`]: the region given to [`new`](Self::new)
+    /// stays registered and allocated, and the slots unread by the caller,
+    /// until their receives complete (or the QP is destroyed); no slot in
+    /// `slots` is posted already, nor listed twice.
+    pub unsafe fn post(&mut self, qp: &QueuePair, slots: &[u32]) -> Result<()> {
+        let head = self.link(slots)?;
+        if head.is_null() {
+            return Ok(());
+        }
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: the chain (just linked) points into `self.wrs`, alive for
+        // the call; the memory's validity is the caller's obligation.
+        let rc = unsafe { sys::ibv_post_recv(qp.as_raw(), head, &mut bad) };
+        if rc != 0 {
+            // `bad` is the refused request; its slot's position in `slots`
+            // is how many were posted before it.
+            let index = if bad.is_null() {
+                0
+            } else {
+                let slot = (bad as usize - self.wrs.as_ptr() as usize)
+                    / std::mem::size_of::<sys::ibv_recv_wr>();
+                slots.iter().position(|&s| s as usize == slot).unwrap_or(0)
+            };
+            return Err(VerbsError::PostRecv {
+                index,
+                source: errno(rc),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod prepared_tests {
+    use super::*;
+
+    #[test]
+    fn ud_chain_links_the_enabled_destinations_in_order() {
+        let both = ud_chain(&[true, true]);
+        assert_eq!(
+            both,
+            UdChain {
+                first: Some(0),
+                last: Some(1),
+                next: [Some(1), None]
+            }
+        );
+        let b_only = ud_chain(&[false, true]);
+        assert_eq!((b_only.first, b_only.last), (Some(1), Some(1)));
+        assert_eq!(b_only.next, [None, None]);
+        let a_only = ud_chain(&[true, false]);
+        assert_eq!((a_only.first, a_only.last), (Some(0), Some(0)));
+        assert_eq!(a_only.next, [None, None]);
+        let one = ud_chain(&[true]);
+        assert_eq!((one.first, one.last), (Some(0), Some(0)));
+        for none in [&[false, false][..], &[false], &[]] {
+            let c = ud_chain(none);
+            assert_eq!((c.first, c.last), (None, None));
+        }
+        // Flags beyond the requests held are ignored.
+        assert_eq!(ud_chain(&[false, false, true]).first, None);
+    }
+
+    /// The requests a chain links, from its head.
+    fn walk(r: &PreparedRecvs, mut w: *mut sys::ibv_recv_wr) -> Vec<(u64, u64, u32, u32)> {
+        let mut out = Vec::new();
+        while !w.is_null() {
+            // SAFETY: `w` is the head or a `next` set by `link`, which point
+            // into `r.wrs` (alive, borrowed) or are NULL.
+            let wr = unsafe { &*w };
+            // SAFETY: each request's sg_list points at its own entry in
+            // `r._sges`, set in `over` and never changed.
+            let sge = unsafe { &*wr.sg_list };
+            assert_eq!(wr.num_sge, 1);
+            out.push((wr.wr_id, sge.addr, sge.length, sge.lkey));
+            w = wr.next;
+        }
+        let _ = r;
+        out
+    }
+
+    #[test]
+    fn prepared_recvs_link_the_given_slots_in_order() {
+        let mut r = PreparedRecvs::over(0x1000, 7, 4 * 128, 128, 4).unwrap();
+        let head = r.link(&[3, 0, 2]).unwrap();
+        assert_eq!(
+            walk(&r, head),
+            vec![
+                (3, 0x1000 + 3 * 128, 128, 7),
+                (0, 0x1000, 128, 7),
+                (2, 0x1000 + 2 * 128, 128, 7)
+            ]
+        );
+        // Re-linking another set overwrites the old links.
+        let head = r.link(&[1]).unwrap();
+        assert_eq!(walk(&r, head), vec![(1, 0x1000 + 128, 128, 7)]);
+        assert!(r.link(&[]).unwrap().is_null());
+        // A slot out of range is refused.
+        assert!(matches!(
+            r.link(&[0, 4]),
+            Err(VerbsError::SgeOutOfBounds { offset: 512, .. })
+        ));
+        // Slots that do not fit the region are refused up front.
+        assert!(PreparedRecvs::over(0, 0, 4 * 128 - 1, 128, 4).is_err());
+        assert!(PreparedRecvs::over(0, 0, 0, 128, 0).is_ok());
+    }
+}

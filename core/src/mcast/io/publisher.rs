@@ -4,6 +4,7 @@
 //! counters, [`PublisherIoStats`].
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use arrayvec::ArrayVec;
 
@@ -24,7 +25,7 @@ use crate::mcast::wire::{Line, Welcome};
 use crate::verbs::cm::{self, Listener, McastMembership};
 use crate::verbs::{
     AddressHandle, Context, Dest, PoolConfig, PoolError, PooledQp, ProtectionDomain, QpType,
-    StageError,
+    StageError, UdDest,
 };
 
 /// I/O counters of a publisher (plain values).
@@ -91,7 +92,8 @@ pub struct PublisherIoStats {
 }
 
 struct LineTx {
-    ah: AddressHandle,
+    /// Shared with the send pool's prepared requests, which point at it.
+    ah: Arc<AddressHandle>,
     qpn: u32,
     qkey: u32,
     enabled: bool,
@@ -139,7 +141,7 @@ impl McastPublisher {
         warn_if_open(cfg, channel);
         let ctx = Context::open_for_ip(local)?;
         let pd = ProtectionDomain::new(&ctx)?;
-        let ud = PooledQp::new(
+        let mut ud = PooledQp::new(
             &pd,
             QpType::Ud,
             PoolConfig {
@@ -162,13 +164,24 @@ impl McastPublisher {
                 ud.qp().activate_ud(m.port_num(), ch.qkey, 0)?;
             }
             lines.push(LineTx {
-                ah: m.address_handle(&pd)?,
+                ah: Arc::new(m.address_handle(&pd)?),
                 qpn: m.remote_qpn(),
                 qkey: ch.qkey,
                 enabled: true,
                 _membership: m,
             });
         }
+        // The latency path's sends (see flush) go to the lines through
+        // requests built once, here; set_line_enabled re-links them.
+        let dests: ArrayVec<UdDest, 2> = lines
+            .iter()
+            .map(|l: &LineTx| UdDest {
+                ah: l.ah.clone(),
+                qpn: l.qpn,
+                qkey: l.qkey,
+            })
+            .collect();
+        ud.prepare_ud_dests(&dests)?;
         let addr = SocketAddr::new(local, ch.port);
         let listener = Listener::bind(addr)?;
         let mut state = PublisherState::new(cfg.publisher(channel, session));
@@ -295,6 +308,7 @@ impl McastPublisher {
     pub fn set_line_enabled(&mut self, line: Line, enabled: bool) {
         if let Some(l) = self.lines.get_mut(line as usize) {
             l.enabled = enabled;
+            self.ud.set_ud_dest_enabled(line as usize, enabled);
         }
     }
 
@@ -367,8 +381,9 @@ impl McastPublisher {
             {
                 // Cannot decline now (nothing staged, it fits, a slot is
                 // free) but for no enabled line, where the datagram counts
-                // as sent, as in pump.
-                self.ud.send_inline(bytes, &dests_of(&self.lines))?;
+                // as sent, as in pump. The requests to the enabled lines
+                // were built when the lines were set up or switched.
+                self.ud.send_prepared(bytes)?;
                 self.schedule.sent(now, self.state.unflushed_seq());
                 return Ok(());
             }
