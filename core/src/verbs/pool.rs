@@ -239,6 +239,9 @@ pub struct PooledQp {
     send_slot: usize,
     send_slots: u32,
     signal_every: u64,
+    /// `signal_every` is a power of two (every configuration in the tree):
+    /// then whether a send is signaled takes a mask, not a division.
+    signal_pow2: bool,
     /// Sends up to this length are posted inline.
     max_inline: u32,
     /// Sequence of the next send slot; slot = seq % send_slots.
@@ -331,6 +334,7 @@ impl PooledQp {
             send_slot,
             send_slots,
             signal_every: u64::from(cfg.signal_every),
+            signal_pow2: cfg.signal_every.is_power_of_two(),
             max_inline,
             send_head: 0,
             send_tail: 0,
@@ -587,10 +591,22 @@ impl PooledQp {
         if let Dest::Ud { ah, qpn, qkey } = *dest {
             wr = wr.ud(ah, qpn, qkey);
         }
-        if (seq + 1) % self.signal_every == 0 && d + 1 == n {
+        if self.signals(seq) && d + 1 == n {
             wr = wr.signaled();
         }
         wr
+    }
+
+    /// Whether the requests of slot `seq` end with a signaled one: every
+    /// `signal_every`-th slot's.
+    #[inline]
+    fn signals(&self, seq: u64) -> bool {
+        let n = seq + 1;
+        if self.signal_pow2 {
+            n & (self.signal_every - 1) == 0
+        } else {
+            n % self.signal_every == 0
+        }
     }
 
     /// Posts one staged slot to each of `dests` (at most [`MAX_DESTS`]):
@@ -714,7 +730,7 @@ impl PooledQp {
         }
         let seq = self.send_head;
         // As `wr`: every `signal_every`-th slot's last request is signaled.
-        let signaled = (seq + 1) % self.signal_every == 0;
+        let signaled = self.signals(seq);
         self.ud_send.post(&self.qp, data, seq, signaled)?;
         self.send_head += 1;
         self.stats.sent += 1;
