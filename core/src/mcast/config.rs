@@ -335,7 +335,8 @@ pub struct RecoveryServerConfig {
     pub snapshot_burst: u64,
     /// A serialised snapshot is reused for every request within this time
     /// of its making (and for as long as its sequence is current), so
-    /// clients asking at once cost one serialisation.
+    /// clients asking at once cost one serialisation; not once the history
+    /// has lost a message after it (the client could not catch up from it).
     pub snapshot_reuse_ns: u64,
     /// Bytes of answers queued on one connection beyond which its requests
     /// are dropped (counted).

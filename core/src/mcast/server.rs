@@ -213,9 +213,10 @@ pub(crate) fn recovery_len(bytes: &[u8]) -> Option<usize> {
 
 /// Serialised snapshots for snapshot requests: one serialisation serves
 /// every request while its sequence is current, and for `reuse_ns` after it
-/// was made whatever the sequence (a subscriber fetches what came after it
-/// from the history). The recovery server and the RC fan-out both answer
-/// through it.
+/// was made whatever the sequence, as long as the history still holds every
+/// message after it (a subscriber fetches those from the history; an older
+/// snapshot than that would only send it back into another resync). The
+/// recovery server and the RC fan-out both answer through it.
 #[derive(Debug, Default)]
 pub(crate) struct SnapshotCache {
     scratch: Vec<u8>,
@@ -237,9 +238,11 @@ impl SnapshotCache {
         snapshot: &S,
     ) -> (&[u8], bool) {
         let seq = snapshot.snapshot_seq();
-        let fresh = self
-            .at
-            .is_some_and(|(at_seq, at)| at_seq == seq || now.saturating_sub(at) < reuse_ns);
+        let oldest = state.oldest_available();
+        let fresh = self.at.is_some_and(|(at_seq, at)| {
+            at_seq == seq
+                || (now.saturating_sub(at) < reuse_ns && at_seq.saturating_add(1) >= oldest)
+        });
         if !fresh {
             self.scratch.clear();
             snapshot.write_snapshot(&mut self.scratch);
@@ -949,8 +952,8 @@ mod tests {
     }
 
     /// A publisher with 100 one-message datagrams sealed (sequences 1..=100).
-    fn publisher() -> PublisherState {
-        let mut p = PublisherState::new(PublisherConfig {
+    fn p_config() -> PublisherConfig {
+        PublisherConfig {
             channel: CHANNEL,
             session: SESSION,
             max_datagram: 64,
@@ -958,7 +961,11 @@ mod tests {
             flush_interval_ns: 0,
             history_depth: 1000,
             max_message_bytes: 0,
-        });
+        }
+    }
+
+    fn publisher() -> PublisherState {
+        let mut p = PublisherState::new(p_config());
         for i in 0..100u64 {
             let _ = p.publish_flushing(&i.to_le_bytes()).unwrap();
         }
@@ -1242,6 +1249,44 @@ mod tests {
         // After the reuse window, a new one is made.
         s.on_receive(2_000_000, b, &snapshot_request(), &mut p, &App(60));
         assert_eq!(s.counters().snapshots_built, 2);
+    }
+
+    /// Within the reuse window, a snapshot whose successors have left the
+    /// history is not reused: the subscriber could not fetch what came
+    /// after it and would have to resync again (seen in a guest test as a
+    /// snapshot older than the loss it answered).
+    #[test]
+    fn a_snapshot_older_than_the_history_is_not_reused() {
+        let mut s = server(limits());
+        let mut p = PublisherState::new(PublisherConfig {
+            history_depth: 4,
+            ..p_config()
+        });
+        let publish = |p: &mut PublisherState, n: u64| {
+            for i in 0..n {
+                let _ = p.publish_flushing(&i.to_le_bytes()).unwrap();
+            }
+            p.flush();
+        };
+        publish(&mut p, 10);
+        let a = admit(&mut s, &mut p, 0);
+        let b = admit(&mut s, &mut p, 0);
+        let c = admit(&mut s, &mut p, 0);
+        s.on_receive(0, a, &snapshot_request(), &mut p, &App(10));
+        assert_eq!(s.counters().snapshots_built, 1);
+        // Two messages later the history (four datagrams of one message)
+        // still holds 11 and 12: the snapshot of 10 is reused.
+        publish(&mut p, 2);
+        assert!(p.oldest_available() <= 11, "{}", p.oldest_available());
+        s.on_receive(1_000, b, &snapshot_request(), &mut p, &App(12));
+        assert_eq!(s.counters().snapshots_built, 1);
+        // Ten more: 11 has left the history, so a new one is made, though
+        // still within the reuse window (10 us here).
+        publish(&mut p, 10);
+        assert!(p.oldest_available() > 11, "{}", p.oldest_available());
+        s.on_receive(5_000, c, &snapshot_request(), &mut p, &App(22));
+        let k = s.counters();
+        assert_eq!((k.snapshots_served, k.snapshots_built), (3, 2), "{k:?}");
     }
 
     #[test]
