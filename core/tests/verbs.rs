@@ -637,17 +637,10 @@ fn no_device_is_a_typed_error_not_a_crash() {
     }
 }
 
-/// `PooledQp::send_inline` posts without copying into a send slot but still
-/// takes the slot's sequence until a signaled completion frees it, so the
-/// send queue never holds more requests than the ring (which devices that
-/// retire work only on completions, unlike soft-RoCE, need): many more
-/// datagrams than slots all arrive, in order. Staged messages and messages
-/// over the inline limit are declined (the caller stages instead).
-#[test]
-#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
-fn rdma_pool_send_inline_keeps_the_send_queue_bounded() {
-    let d = dev();
-    let mut tx = PooledQp::new(
+/// A UD pool that only sends: 8 slots of 512 bytes, every fourth signaled,
+/// up to 128 bytes inline, `dests_per_send` destinations per send.
+fn inline_sender(d: &Dev, dests_per_send: u32) -> PooledQp {
+    PooledQp::new(
         &d.pd,
         QpType::Ud,
         PoolConfig {
@@ -658,11 +651,24 @@ fn rdma_pool_send_inline_keeps_the_send_queue_bounded() {
             send_slots: 8,
             send_len: 512,
             signal_every: 4,
-            dests_per_send: 1,
+            dests_per_send,
             max_inline: 128,
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// `PooledQp::send_inline` posts without copying into a send slot but still
+/// takes the slot's sequence until a signaled completion frees it, so the
+/// send queue never holds more requests than the ring (which devices that
+/// retire work only on completions, unlike soft-RoCE, need): many more
+/// datagrams than slots all arrive, in order. Staged messages and messages
+/// over the inline limit are declined (the caller stages instead).
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_pool_send_inline_keeps_the_send_queue_bounded() {
+    let d = dev();
+    let mut tx = inline_sender(&d, 1);
     let mut rx = PooledQp::new(
         &d.pd,
         QpType::Ud,
@@ -752,22 +758,7 @@ fn rdma_pool_send_inline_keeps_the_send_queue_bounded() {
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_pool_send_prepared_follows_enabled_destinations() {
     let d = dev();
-    let mut tx = PooledQp::new(
-        &d.pd,
-        QpType::Ud,
-        PoolConfig {
-            recv_slots: 0,
-            recv_len: 0,
-            recv_batch: 1,
-            recv_low_water: 0,
-            send_slots: 8,
-            send_len: 512,
-            signal_every: 4,
-            dests_per_send: 2,
-            max_inline: 128,
-        },
-    )
-    .unwrap();
+    let mut tx = inline_sender(&d, 2);
     let rx_cfg = PoolConfig {
         recv_slots: 64,
         recv_len: 512,

@@ -668,12 +668,8 @@ impl PooledQp {
         {
             return Ok(false);
         }
-        if self.send_head - self.send_tail >= u64::from(self.send_slots) {
-            self.poll_send()?;
-            if self.send_head - self.send_tail >= u64::from(self.send_slots) {
-                self.stats.send_ring_full += 1;
-                return Ok(false);
-            }
+        if !self.free_send_slot()? {
+            return Ok(false);
         }
         let seq = self.send_head;
         let sge = [Sge::inline(data)];
@@ -687,6 +683,21 @@ impl PooledQp {
         self.stats.sent += 1;
         self.stats.send_doorbells += 1;
         Ok(true)
+    }
+
+    /// Whether a send slot is free for an unstaged send, reclaiming
+    /// completed ones if none is (a full ring is counted).
+    #[inline]
+    fn free_send_slot(&mut self) -> Result<bool, PoolError> {
+        if self.send_head - self.send_tail < u64::from(self.send_slots) {
+            return Ok(true);
+        }
+        self.poll_send()?;
+        if self.send_head - self.send_tail < u64::from(self.send_slots) {
+            return Ok(true);
+        }
+        self.stats.send_ring_full += 1;
+        Ok(false)
     }
 
     /// Sets the destinations of [`send_prepared`](Self::send_prepared)
@@ -721,12 +732,8 @@ impl PooledQp {
         {
             return Ok(false);
         }
-        if self.send_head - self.send_tail >= u64::from(self.send_slots) {
-            self.poll_send()?;
-            if self.send_head - self.send_tail >= u64::from(self.send_slots) {
-                self.stats.send_ring_full += 1;
-                return Ok(false);
-            }
+        if !self.free_send_slot()? {
+            return Ok(false);
         }
         let seq = self.send_head;
         // As `wr`: every `signal_every`-th slot's last request is signaled.
