@@ -44,9 +44,12 @@ impl Listener {
     /// Waits up to `timeout` for a connect request (`None` on timeout).
     /// Other events on the listening id are skipped.
     pub fn next_request(&self, timeout: Duration) -> Result<Option<ConnectRequest>> {
-        let deadline = Instant::now() + timeout;
+        // A zero timeout (a look from a polling loop) reads no clock.
+        let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(Duration::ZERO, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
             let Some(ev) = self.id.ch.next_event(left)? else {
                 return Ok(None);
             };
