@@ -79,8 +79,9 @@ fn source_gid(grh: &[u8]) -> Gid {
 /// call).
 pub const MAX_BATCH: usize = 32;
 
-/// Most destinations one slot can be sent to in one post.
-pub const MAX_DESTS: usize = 2;
+/// Most destinations one slot can be sent to in one post (the lines of a
+/// channel; the same limit as the prepared send's).
+pub const MAX_DESTS: usize = super::qp::PREPARED_UD_DESTS;
 
 /// Sizes of a [`PooledQp`]'s buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -704,9 +705,6 @@ impl PooledQp {
     /// (at most [`MAX_DESTS`], each enabled, address handles of this
     /// queue pair's protection domain), building their work requests once.
     pub fn prepare_ud_dests(&mut self, dests: &[UdDest]) -> Result<(), PoolError> {
-        if dests.len() > MAX_DESTS {
-            return Err(PoolError::Config("at most MAX_DESTS destinations"));
-        }
         self.ud_send = PreparedUdSend::new(self.qp.pd(), dests)?;
         Ok(())
     }
