@@ -69,8 +69,8 @@ enum Cmd {
     /// one-host guest, eth0's egress sunk): what perftest's multicast mode
     /// needs on RoCE v2 to take the same path as rocebus.
     WithGroups(rocebus_bench::md::WithGroupsArgs),
-    /// Per-datagram tag (keyed BLAKE3, `auth::Key::tag`/`verify`) cost on this CPU, no RDMA:
-    /// ns per tag and per verify for md-path datagram sizes, and the hasher's parts.
+    /// Per-datagram tag (SipHash-2-4, `auth::DatagramKey::tag`/`verify`) cost on this CPU, no
+    /// RDMA: ns per tag and per verify for md-path datagram sizes, beside keyed BLAKE3's.
     TagCost(tagcost::TagCostArgs),
 }
 

@@ -104,7 +104,7 @@ pub struct MdArgs {
     /// posts this many too).
     #[arg(long, default_value_t = 4096)]
     pub recv_depth: u32,
-    /// Tag every datagram with a keyed 16-byte tag and check it on receipt
+    /// Tag every datagram with a keyed 8-byte tag (SipHash-2-4) and check it on receipt
     /// (`auth.datagram_tag`), to measure what it costs.
     #[arg(long)]
     pub datagram_tag: bool,

@@ -54,7 +54,7 @@
 //!
 //! [auth]
 //! secret = "..."                # shared by publisher and subscribers (recovery admission)
-//! datagram_tag = false          # a 16-byte tag on every datagram (untrusted fabrics)
+//! datagram_tag = false          # an 8-byte tag on every datagram (untrusted fabrics)
 //!
 //! [[channels]]
 //! id = 1
@@ -508,7 +508,7 @@ impl McastConfig {
     /// Checks ranges and cross-field rules; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let tag = if self.auth.datagram_tag {
-            crate::auth::TAG_LEN
+            crate::auth::DATAGRAM_TAG_LEN
         } else {
             0
         };
@@ -769,10 +769,10 @@ impl McastConfig {
     }
 
     /// The datagram tag key, when `auth.datagram_tag` is on.
-    pub fn datagram_key(&self) -> Option<crate::auth::Key> {
-        self.auth.datagram_tag.then(|| {
-            crate::auth::Key::derive(self.auth.secret.as_bytes(), crate::auth::Purpose::Datagram)
-        })
+    pub fn datagram_key(&self) -> Option<crate::auth::DatagramKey> {
+        self.auth
+            .datagram_tag
+            .then(|| crate::auth::DatagramKey::derive(self.auth.secret.as_bytes()))
     }
 }
 

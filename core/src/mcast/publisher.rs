@@ -20,7 +20,7 @@ use super::wire::{
     self, Line, NotAvailable, RetransmitRequest, DATAGRAM_HEADER_LEN, FRAGMENT_HEADER_LEN,
     MSG_PREFIX_LEN,
 };
-use crate::auth::{Key, TAG_LEN};
+use crate::auth::{DatagramKey, DATAGRAM_TAG_LEN as TAG_LEN};
 
 /// Static parameters of one publisher.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,7 +159,7 @@ pub struct PublisherState {
     heartbeat: [u8; DATAGRAM_HEADER_LEN + TAG_LEN],
     counters: PublisherCounters,
     /// Datagram tag key; bytes reserved for the tag in every datagram.
-    key: Option<Key>,
+    key: Option<DatagramKey>,
     tag_len: usize,
 }
 
@@ -204,7 +204,7 @@ impl PublisherState {
     /// Tags every datagram sealed from now on (and every heartbeat) with
     /// `key`; `None` stops tagging. Set it before the first publish: the
     /// open datagram must have room for the tag.
-    pub fn set_datagram_key(&mut self, key: Option<Key>) {
+    pub fn set_datagram_key(&mut self, key: Option<DatagramKey>) {
         self.tag_len = if key.is_some() { TAG_LEN } else { 0 };
         self.key = key;
     }
@@ -523,7 +523,7 @@ impl PublisherState {
         let len = if let Some(key) = &self.key {
             // Claims leave room for the tag: len + TAG_LEN <= max_datagram.
             let bytes = &mut datagram[..len + TAG_LEN];
-            let tag = key.tag(&[&bytes[..len]]);
+            let tag = key.tag(&bytes[..len]);
             bytes[len..].copy_from_slice(&tag);
             len + TAG_LEN
         } else {
@@ -574,7 +574,7 @@ impl PublisherState {
         self.counters.heartbeats += 1;
         if let Some(key) = &self.key {
             let (body, tag) = self.heartbeat.split_at_mut(DATAGRAM_HEADER_LEN);
-            tag.copy_from_slice(&key.tag(&[body]));
+            tag.copy_from_slice(&key.tag(body));
             &self.heartbeat
         } else {
             &self.heartbeat[..DATAGRAM_HEADER_LEN]

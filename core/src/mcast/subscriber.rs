@@ -57,7 +57,7 @@ use std::collections::VecDeque;
 use super::fragment::{Push, Reassembler};
 use super::snapshot::{Handler, SnapshotSink};
 use super::wire::{self, BufferTooSmall, Datagram, Line, RecoveryMsg, RetransmitRequest};
-use crate::auth::{Key, TAG_LEN};
+use crate::auth::{DatagramKey, DATAGRAM_TAG_LEN};
 
 /// Static parameters of one subscriber.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,7 +344,7 @@ pub struct SubscriberState {
     /// A session was announced: datagrams of `session` only are accepted.
     announced: bool,
     /// Datagram tag key (tags required when set).
-    key: Option<Key>,
+    key: Option<DatagramKey>,
     /// Large message reassembly.
     reasm: Reassembler,
     /// Gap-tolerant: since when delivery has waited at `stall_seq`.
@@ -405,7 +405,7 @@ impl SubscriberState {
 
     /// Requires a valid tag made with `key` at the end of every datagram
     /// (`None`: no tags). Set before the first datagram.
-    pub fn set_datagram_key(&mut self, key: Option<Key>) {
+    pub fn set_datagram_key(&mut self, key: Option<DatagramKey>) {
         self.key = key;
     }
 
@@ -725,12 +725,12 @@ impl SubscriberState {
         let bytes = match &self.key {
             None => bytes,
             Some(key) => {
-                let Some(split) = bytes.len().checked_sub(TAG_LEN) else {
+                let Some(split) = bytes.len().checked_sub(DATAGRAM_TAG_LEN) else {
                     self.counters.bad_tag_dropped += 1;
                     return None;
                 };
                 let (body, tag) = bytes.split_at(split);
-                if !key.verify(&[body], tag) {
+                if !key.verify(body, tag) {
                     self.counters.bad_tag_dropped += 1;
                     return None;
                 }
@@ -2132,7 +2132,7 @@ mod tests {
 
     #[test]
     fn datagram_tags_are_required_when_on() {
-        let key = Key::derive(b"s3cret", crate::auth::Purpose::Datagram);
+        let key = DatagramKey::derive(b"s3cret");
         let mut p = publisher(1);
         p.set_datagram_key(Some(key.clone()));
         let ds = datagrams(&mut p, 3);
@@ -2144,7 +2144,7 @@ mod tests {
         let untagged = datagrams(&mut plain, 1);
         assert!(!s.on_datagram(0, Line::A, &untagged[0], &mut app));
         let mut other = publisher(1);
-        other.set_datagram_key(Some(Key::derive(b"guess", crate::auth::Purpose::Datagram)));
+        other.set_datagram_key(Some(DatagramKey::derive(b"guess")));
         let wrong = datagrams(&mut other, 1);
         assert!(!s.on_datagram(0, Line::A, &wrong[0], &mut app));
         let mut altered = ds[0].clone();
