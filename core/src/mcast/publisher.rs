@@ -12,7 +12,7 @@
 //! hands out a staging buffer allocated once, fragmented at commit.
 //!
 //! With a datagram key ([`PublisherState::set_datagram_key`]) every sealed
-//! datagram and heartbeat ends with a 16-byte keyed tag over the rest of
+//! datagram and heartbeat ends with an 8-byte keyed tag over the rest of
 //! it, computed once at sealing: the history holds the tagged bytes, so
 //! retransmissions carry the same tag.
 

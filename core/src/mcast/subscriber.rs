@@ -28,7 +28,7 @@
 //! state and re-synchronises from a snapshot.
 //!
 //! Datagram tags: with a key set ([`SubscriberState::set_datagram_key`]),
-//! every datagram must end with the publisher's 16-byte tag over the rest of
+//! every datagram must end with the publisher's 8-byte tag over the rest of
 //! it; a datagram without a valid tag is dropped and counted before anything
 //! else is looked at.
 //!
