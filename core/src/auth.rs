@@ -32,11 +32,12 @@
 //! trusted: SipHash-2-4 (a keyed pseudorandom function designed for
 //! authenticating short network messages) with a 128-bit key derived from
 //! the secret, 64-bit tags. A forger's chance is 2^-64 per datagram, and
-//! every failure is counted by the subscriber. SipHash runs about 26 rounds
-//! of scalar adds, rotates and xors over a 90-byte datagram; keyed BLAKE3,
-//! used before, ran two 64-byte compressions for a tag and two for a check
-//! (about 2,250 against 1,380 instructions per one-way message in the
-//! guest's `md-instructions`, and 11 us of its p50 there).
+//! every failure is counted by the subscriber. SipHash runs 28 rounds of
+//! scalar adds, rotates and xors over a 90-byte datagram (about 500
+//! instructions); keyed BLAKE3, used before, ran two 64-byte SIMD
+//! compressions for a tag and two for a check: about as many instructions,
+//! but 5-7x the time on the host and 8-20x in the emulated guest
+//! (`rocebus-bench tag-cost`), where it cost 11 us of md-latency's p50.
 
 use std::fmt;
 
