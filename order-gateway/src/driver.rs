@@ -1100,11 +1100,11 @@ mod tests {
         };
         assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
         assert!(t.elapsed() >= CONNECT_TIMEOUT, "gave up early");
-        // Each call answers at once; the deadline is the only wait.
-        assert!(
-            slowest < Duration::from_millis(50),
-            "a poll took {slowest:?}"
-        );
+        // Each call answers at once; the deadline is the only wait. A call
+        // that blocked would wait out the whole timeout: the bound is a
+        // quarter of it, far above a loaded machine's scheduling delays
+        // (50 ms failed once with two test binaries and builds running).
+        assert!(slowest < CONNECT_TIMEOUT / 4, "a poll took {slowest:?}");
         assert!(!link.is_open() && !link.is_opening());
     }
 
