@@ -330,6 +330,65 @@ impl<'a> Datagram<'a> {
     }
 }
 
+/// The same 24 bytes as [`DatagramHeader`], as three little-endian words:
+/// magic, version, line, channel and count in the first, for
+/// [`OneMessageHeader`]'s compares.
+#[derive(FromBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct HeaderWords {
+    head: U64,
+    session: U64,
+    first_seq: U64,
+}
+const _: () = assert!(core::mem::size_of::<HeaderWords>() == DATAGRAM_HEADER_LEN);
+
+/// The header a subscriber expects in front of a datagram carrying one
+/// message (a latency-bound publisher's usual datagram), prebuilt from its
+/// channel and session: [`match_datagram`](Self::match_datagram) checks a
+/// datagram against it with two compares of the header, where
+/// [`Datagram::parse`] and the caller's channel and session checks take a
+/// dozen. It accepts only datagrams that `parse` accepts with this channel
+/// and session, and answers `None` for everything else, which the caller
+/// then takes through `parse` (to drop and count it by its reason, or to
+/// take a heartbeat, a batch or a fragment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OneMessageHeader {
+    /// The first header word with the line byte 0: magic, version 1,
+    /// channel, count 1.
+    head: u64,
+    session: u64,
+}
+
+impl OneMessageHeader {
+    /// The line byte's low bit, which is masked out: line A (0) and B (1)
+    /// both match, any other value does not.
+    const LINE_BIT: u64 = 1 << 24;
+
+    /// The header of a one-message datagram of `channel` and `session`.
+    pub fn new(channel: u16, session: u64) -> Self {
+        let head = u64::from(DATAGRAM_MAGIC)
+            | u64::from(VERSION) << 16
+            | u64::from(channel) << 32
+            | 1 << 48;
+        OneMessageHeader { head, session }
+    }
+
+    /// The sequence and the message of `bytes` if it is a version-1
+    /// datagram of this channel and session (line A or B) holding exactly
+    /// one message that ends where `bytes` ends; `None` otherwise.
+    pub fn match_datagram<'a>(&self, bytes: &'a [u8]) -> Option<(u64, &'a [u8])> {
+        let (h, body) = HeaderWords::ref_from_prefix(bytes).ok()?;
+        let (len, msg) = U16::ref_from_prefix(body).ok()?;
+        let seq = h.first_seq.get();
+        // seq + 1 must not overflow, as parse checks.
+        (h.head.get() & !Self::LINE_BIT == self.head
+            && h.session.get() == self.session
+            && usize::from(len.get()) == msg.len()
+            && seq != u64::MAX)
+            .then_some((seq, msg))
+    }
+}
+
 fn split_len(bytes: &[u8]) -> Option<(usize, &[u8])> {
     let (len, tail) = U16::ref_from_prefix(bytes).ok()?;
     Some((usize::from(len.get()), tail))
@@ -1321,6 +1380,88 @@ mod tests {
         for n in 0..RETRANSMIT_REQUEST_BYTES.len() {
             assert!(decode_recovery(&RETRANSMIT_REQUEST_BYTES[..n]).is_err());
         }
+    }
+
+    /// One message "abc", sequence 42, line A, channel 7, session 0x0102..08.
+    const ONE_MESSAGE_BYTES: [u8; 29] = [
+        0x52, 0x42, 1, 0, 7, 0, 1, 0, // magic, version, line A, channel 7, count 1
+        8, 7, 6, 5, 4, 3, 2, 1, // session
+        42, 0, 0, 0, 0, 0, 0, 0, // first_seq
+        3, 0, b'a', b'b', b'c',
+    ];
+
+    #[test]
+    fn one_message_header_matches_fixed_bytes() {
+        let expect = OneMessageHeader::new(7, 0x0102_0304_0506_0708);
+        assert_eq!(
+            expect.match_datagram(&ONE_MESSAGE_BYTES),
+            Some((42, &b"abc"[..]))
+        );
+        let mut b = ONE_MESSAGE_BYTES;
+        b[3] = Line::B as u8;
+        assert_eq!(expect.match_datagram(&b), Some((42, &b"abc"[..])));
+        // Another channel or session, a bad line, a batch, a fragment, a
+        // short or long body, a sequence at the end: all left to parse.
+        assert_eq!(
+            OneMessageHeader::new(8, 0x0102_0304_0506_0708).match_datagram(&b),
+            None
+        );
+        assert_eq!(OneMessageHeader::new(7, 1).match_datagram(&b), None);
+        for (at, v) in [
+            (3, 2),
+            (3, 3),
+            (6, 2),
+            (6, 0),
+            (2, FRAGMENT_VERSION),
+            (0, 0),
+        ] {
+            let mut b = ONE_MESSAGE_BYTES;
+            b[at] = v;
+            assert_eq!(expect.match_datagram(&b), None, "byte {at} = {v}");
+        }
+        assert_eq!(expect.match_datagram(&ONE_MESSAGE_BYTES[..28]), None);
+        assert_eq!(expect.match_datagram(&ONE_MESSAGE_BYTES[..24]), None);
+        let mut long = [0u8; 30];
+        long[..29].copy_from_slice(&ONE_MESSAGE_BYTES);
+        assert_eq!(expect.match_datagram(&long), None);
+        let mut b = ONE_MESSAGE_BYTES;
+        b[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(expect.match_datagram(&b), None);
+        assert!(Datagram::parse(&b).is_err());
+    }
+
+    /// What the latency path accepts, parse accepts with the same fields.
+    #[test]
+    fn one_message_header_accepts_only_what_parse_accepts() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
+        let expect = OneMessageHeader::new(7, 0x0102_0304_0506_0708);
+        let mut matched = 0;
+        for _ in 0..50_000 {
+            let mut b = ONE_MESSAGE_BYTES;
+            // Change one to three bytes, mostly to a near value.
+            for _ in 0..rng.gen_range(1..=3) {
+                let at = rng.gen_range(0..b.len());
+                b[at] = if rng.gen_bool(0.5) {
+                    b[at] ^ (1 << rng.gen_range(0..8))
+                } else {
+                    rng.gen()
+                };
+            }
+            let n = rng.gen_range(b.len() - 2..=b.len());
+            if let Some((seq, msg)) = expect.match_datagram(&b[..n]) {
+                matched += 1;
+                let d = Datagram::parse(&b[..n]).expect("the latency path took a bad datagram");
+                assert_eq!(
+                    (d.channel(), d.session(), d.count()),
+                    (7, 0x0102_0304_0506_0708, 1)
+                );
+                assert!(!d.is_fragment());
+                assert_eq!(d.messages().collect::<Vec<_>>(), vec![(seq, msg)]);
+            }
+        }
+        // Changes to the sequence and the payload keep it matching.
+        assert!(matched > 1_000, "{matched}");
     }
 
     #[test]

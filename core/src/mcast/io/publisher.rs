@@ -451,14 +451,18 @@ impl McastPublisher {
     /// server and the server's answers out, then closing what it closed.
     fn poll_recovery(&mut self, now: u64, snapshot: &impl Snapshot) {
         let (io, server, state) = (&mut self.io, &mut self.server, &mut self.state);
-        // Connection management costs a system call (poll on the rdma_cm
-        // channel): at most once per CM_CHECK_NS, not per loop.
-        let check_cm = now >= io.next_cm_check;
-        if check_cm {
-            if io.accept(now, server).is_err() {
-                self.stats.connections_failed += 1;
+        // Connection management costs system calls (a poll and reads on the
+        // rdma_cm channels): at most once per CM_CHECK_NS, not per loop, and
+        // only past one poll over all the channels (see cm_events).
+        let mut check_cm = false;
+        if now >= io.next_cm_check {
+            check_cm = io.cm_events();
+            if check_cm {
+                if io.accept(now, server).is_err() {
+                    self.stats.connections_failed += 1;
+                }
+                io.progress(now, server);
             }
-            io.progress(now, server);
             let step = if io.pending.is_empty() {
                 CM_CHECK_NS
             } else {

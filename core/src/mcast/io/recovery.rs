@@ -12,7 +12,7 @@ use zerocopy::IntoBytes;
 use super::common::{INLINE_MAX, RC_MSG_LEN};
 use super::error::NetError;
 use crate::mcast::server::{refusal_message, RecoveryServer};
-use crate::verbs::cm::{self, Connection, Listener};
+use crate::verbs::cm::{self, Connection, EventChannel, Listener};
 use crate::verbs::{
     Access, Dest, PoolConfig, PooledQp, ProtectionDomain, QpType, RcOptions, StageError,
 };
@@ -47,6 +47,21 @@ pub(super) struct RecoveryIo {
 }
 
 impl RecoveryIo {
+    /// Whether connection management has anything to do: a handshake under
+    /// way, or an event (a connect request, a disconnect) waiting on the
+    /// listener's or a connection's rdma_cm channel, found with one poll
+    /// system call for all of them; most looks find nothing, and a look per
+    /// channel cost a call each. A failed poll counts as something to do:
+    /// the looks that follow meet the error.
+    pub(super) fn cm_events(&self) -> bool {
+        if !self.pending.is_empty() {
+            return true;
+        }
+        let listener = self.listener.iter().map(|l| l.events());
+        let conns = self.conns.iter().map(|c| c.conn.events());
+        EventChannel::any_event(listener.chain(conns)).unwrap_or(true)
+    }
+
     /// Takes one connect request, if any, to the server: rejects it with
     /// the server's reason, or answers it with the server's welcome without
     /// waiting for the handshake to finish (see [`Self::progress`]).

@@ -24,6 +24,10 @@ pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
 /// Private data received with an event.
 pub type PrivateData = ArrayVec<u8, MAX_PRIVATE_DATA>;
 
+/// Most channels [`EventChannel::any_event`] polls in one call (a
+/// listener and a recovery service's default 32 connections fit).
+pub const ANY_EVENT_MAX: usize = 64;
+
 /// An rdma_cm event channel.
 pub struct EventChannel {
     pub(super) ch: NonNull<sys::rdma_event_channel>,
@@ -58,6 +62,39 @@ impl EventChannel {
     pub fn fd(&self) -> i32 {
         // SAFETY: valid channel; fd is immutable.
         unsafe { self.ch.as_ref().fd }
+    }
+
+    /// Whether any of `channels` has an event waiting, without waiting:
+    /// one `poll` system call for all of them, for a polling loop's
+    /// periodic look, which usually finds nothing (a look per channel costs
+    /// a call each). True, without looking, for more channels than
+    /// [`ANY_EVENT_MAX`]: the caller then looks at each.
+    pub fn any_event<'a>(channels: impl IntoIterator<Item = &'a EventChannel>) -> Result<bool> {
+        let mut fds = ArrayVec::<libc::pollfd, ANY_EVENT_MAX>::new();
+        for ch in channels {
+            let pfd = libc::pollfd {
+                fd: ch.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            if fds.try_push(pfd).is_err() {
+                return Ok(true);
+            }
+        }
+        loop {
+            // SAFETY: `fds` holds fds.len() valid pollfds.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+            if rc >= 0 {
+                return Ok(rc > 0);
+            }
+            let e = last_err();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(VerbsError::Cm {
+                    op: "poll",
+                    source: e,
+                });
+            }
+        }
     }
 
     /// Waits up to `timeout` for the next event (`None` on timeout).
@@ -500,6 +537,11 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// The event channel [`poll_disconnected`](Self::poll_disconnected)
+    /// reads (for [`EventChannel::any_event`]).
+    pub fn events(&self) -> &EventChannel {
+        &self.id.ch
+    }
     /// Checks, without blocking, whether the peer disconnected.
     pub fn poll_disconnected(&self) -> Result<bool> {
         while let Some(ev) = self.id.ch.next_event(Duration::ZERO)? {

@@ -41,6 +41,12 @@ impl Listener {
         u16::from_be(unsafe { sys::rdma_get_src_port(self.id.id.as_ptr()) })
     }
 
+    /// The event channel [`next_request`](Self::next_request) reads (for
+    /// [`EventChannel::any_event`]).
+    pub fn events(&self) -> &EventChannel {
+        &self.id.ch
+    }
+
     /// Waits up to `timeout` for a connect request (`None` on timeout).
     /// Other events on the listening id are skipped.
     pub fn next_request(&self, timeout: Duration) -> Result<Option<ConnectRequest>> {
