@@ -36,6 +36,13 @@ pub struct RcArgs {
     /// Pin the two threads to these cores (e.g. 0,1).
     #[arg(long, value_delimiter = ',')]
     pub cores: Vec<usize>,
+    /// rc-latency diagnostic: also print one `TRACE` line per round trip
+    /// (index, RTT/2 in ns, and per side the empty polls waited and the
+    /// credit writes posted in that round trip), to look for periodic slow
+    /// round trips. Off by default: it adds a counter per poll and a store
+    /// per message on both sides.
+    #[arg(long)]
+    pub trace: bool,
 }
 
 /// The local IP of the RDMA device: `a`, else `ROCEBUS_GUEST_ADDR`, else the
@@ -110,6 +117,9 @@ fn wait_lost(conn: &mut Connection) -> Result<()> {
 /// Ping-pong: the client sends a message, the server echoes it, the
 /// client records RTT/2 (what ib_write_lat reports).
 pub fn latency(args: &RcArgs) -> Result<()> {
+    if args.trace {
+        return latency_traced(args);
+    }
     let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
     let cores = args.cores.clone();
     let server = serve(addr, move |mut conn| {
@@ -148,6 +158,105 @@ pub fn latency(args: &RcArgs) -> Result<()> {
     println!(
         "client: {} frames sent, {} received, {} credit writes",
         stats.frames_sent, stats.frames_received, stats.credits_sent
+    );
+    println!("{}", s.result_line());
+    Ok(())
+}
+
+/// What one side of the traced ping-pong noted about one round trip.
+#[derive(Debug, Clone, Copy, Default)]
+struct Turn {
+    /// Polls that found nothing before the message arrived.
+    empty_polls: u32,
+    /// Credit writes this side posted during the round trip.
+    credits: u32,
+}
+
+/// [`latency`] with `--trace`: the same ping-pong, plus per round trip
+/// the client's and the echo's empty polls and credit writes, printed as
+/// `TRACE index rtt2_ns c_empty c_credits s_empty s_credits` lines (warm-up
+/// included, its indices first), then the usual summary. A diagnostic:
+/// the counting is not free, so its figures are not the benchmark's.
+fn latency_traced(args: &RcArgs) -> Result<()> {
+    let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
+    let cores = args.cores.clone();
+    let warmup = (args.iterations / 10).max(100);
+    let total = (warmup + args.iterations) as usize;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = serve(addr, move |mut conn| {
+        pin(&cores, 1);
+        let mut turns = vec![Turn::default(); total];
+        let mut buf = [0u8; 4096];
+        let (mut i, mut empty) = (0usize, 0u32);
+        loop {
+            let mut got = 0usize;
+            match conn.subscription().poll(
+                |f| {
+                    got = f.payload.len();
+                    buf[..got].copy_from_slice(f.payload);
+                },
+                1,
+            ) {
+                Ok(0) => empty += 1,
+                Ok(_) => {
+                    let before = conn.stats().credits_sent;
+                    conn.publication(2).offer_and_flush(1, &buf[..got])?;
+                    if let Some(t) = turns.get_mut(i) {
+                        *t = Turn {
+                            empty_polls: empty,
+                            credits: (conn.stats().credits_sent - before) as u32,
+                        };
+                    }
+                    i += 1;
+                    empty = 0;
+                }
+                Err(OrdersError::PeerLost(PeerLost::Disconnected)) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        tx.send(turns).ok();
+        Ok(())
+    })?;
+    let mut conn = Connection::connect(addr, &config())?;
+    pin(&args.cores, 0);
+    let msg = vec![0x5au8; args.size];
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut rtts = vec![0u64; total];
+    let mut turns = vec![Turn::default(); total];
+    for i in 0..total {
+        let before = conn.stats().credits_sent;
+        let mut empty = 0u32;
+        let t0 = Instant::now();
+        conn.publication(1).offer_and_flush(1, &msg)?;
+        while conn.subscription().poll(|_| {}, 1)? == 0 {
+            empty += 1;
+        }
+        let rtt2 = (t0.elapsed().as_nanos() as u64 / 2).max(1);
+        rtts[i] = rtt2;
+        turns[i] = Turn {
+            empty_polls: empty,
+            credits: (conn.stats().credits_sent - before) as u32,
+        };
+        if i as u64 >= warmup {
+            hist.record(rtt2)?;
+        }
+    }
+    conn.close();
+    drop(conn);
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("server panicked"))??;
+    let echo = rx.recv().context("the echo's trace")?;
+    for (i, (r, (c, s))) in rtts.iter().zip(turns.iter().zip(&echo)).enumerate() {
+        println!(
+            "TRACE {i} {r} {} {} {} {}",
+            c.empty_polls, c.credits, s.empty_polls, s.credits
+        );
+    }
+    let s = Summary::of(&hist);
+    println!(
+        "rc-latency (traced, warm-up {warmup}): {} B, {} round trips, one-way (RTT/2)\n{s}",
+        args.size, args.iterations
     );
     println!("{}", s.result_line());
     Ok(())
