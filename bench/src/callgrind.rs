@@ -513,7 +513,6 @@ pub fn orders_part(
     const POLL: &[&str] = &[
         "poll",
         "load_control",
-        "read_header",
         "poll_slow",
         "load_header",
         "take_sealed",

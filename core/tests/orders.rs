@@ -9,7 +9,7 @@ use rocebus::orders::{
     Connection, ListenerStats, OfferError, OrdersConfig, OrdersError, OrdersListener, PeerLost,
 };
 use rocebus::ring::frame::{
-    handshake_context, proof_bytes, trailer_value, AcceptHello, ConnectHello, FrameHeader, Hello,
+    frame_len, handshake_context, proof_bytes, AcceptHello, ConnectHello, FrameHeader, Hello,
     CONTROL_LEN, HELLO_MAGIC, PROOF_LEN, PROOF_OFF,
 };
 use rocebus::verbs::cm;
@@ -790,15 +790,26 @@ fn rdma_orders_garbage_from_a_hostile_peer_is_rejected() {
     );
     let qp = &raw.qp;
     let mut bytes = Vec::new();
-    let good = FrameHeader::new(4, 1, 1, 1);
+    let good = FrameHeader::new(4, 1, 1);
     bytes.extend_from_slice(good.as_bytes());
-    bytes.extend_from_slice(b"good\0\0\0\0");
-    bytes.extend_from_slice(&trailer_value(1).to_le_bytes());
-    let evil = FrameHeader::new(60_000, 1, 1, 2);
+    bytes.extend_from_slice(b"good");
+    bytes.extend_from_slice(&[0; 12]);
+    bytes.extend_from_slice(&good.seal(1).to_le_bytes());
+    assert_eq!(bytes.len(), frame_len(4));
+    let evil = FrameHeader::new(60_000, 1, 1);
     bytes.extend_from_slice(evil.as_bytes());
     bytes.extend_from_slice(&[0xAB; 16]);
+    // The evil frame's seal, where its length puts it (inside the ring).
+    let evil_seal = evil.seal(2).to_le_bytes();
+    let seal_at = frame_len(4) + frame_len(60_000) - 8;
     let s1 = [Sge::inline(&bytes)];
-    let mut wrs = [SendWr::write(1, &s1, raddr, rkey).inline().signaled()];
+    let s2 = [Sge::inline(&evil_seal)];
+    let mut wrs = [
+        SendWr::write(1, &s1, raddr, rkey).inline(),
+        SendWr::write(2, &s2, raddr + seal_at as u64, rkey)
+            .inline()
+            .signaled(),
+    ];
     qp.post_send_inline(&mut wrs).unwrap();
     let (err, delivered, lost) = h.join().unwrap();
     assert_eq!(

@@ -1,10 +1,10 @@
 //! Orders-ring frame validation on an arbitrary ring image: walking the ring the way the
-//! consumer does never panics, and every frame `validate` accepts lies inside the ring,
-//! aligned, and carries the expected sequence's check word.
+//! consumer does never panics, and every frame taken (`validate` accepts it and its seal is
+//! the expected sequence's for that header) lies inside the ring, aligned.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rocebus::ring::frame::{validate, FrameHeader, FRAME_ALIGN, HEADER_LEN};
+use rocebus::ring::frame::{validate, FrameHeader, FRAME_ALIGN, HEADER_LEN, TRAILER_LEN};
 use zerocopy::FromBytes;
 
 fuzz_target!(|data: &[u8]| {
@@ -32,13 +32,20 @@ fuzz_target!(|data: &[u8]| {
         let Ok(h) = FrameHeader::read_from_bytes(&ring[off..off + HEADER_LEN]) else {
             unreachable!("offsets are 16-aligned in a ring of a multiple of 16 bytes");
         };
-        let Ok(Some(info)) = validate(&h, pos, off, ring_size, seq, max_payload) else {
+        let Some((total, verdict)) = validate(&h, pos, off, ring_size, seq, max_payload) else {
             break;
         };
-        assert_eq!(info.seq, seq);
-        assert!(h.is_frame(seq));
-        assert!(info.total >= HEADER_LEN && info.total % FRAME_ALIGN == 0);
-        assert!(off + info.total <= ring_size);
+        assert!(total >= HEADER_LEN + TRAILER_LEN && total % FRAME_ALIGN == 0);
+        assert!(off + total <= ring_size);
+        let seal = &ring[off + total - TRAILER_LEN..off + total];
+        if seal != h.seal(seq).to_le_bytes() {
+            break;
+        }
+        let Ok(info) = verdict else {
+            break;
+        };
+        assert_eq!((info.seq, info.total), (seq, total));
+        assert!(HEADER_LEN + info.len as usize + TRAILER_LEN <= info.total);
         let payload = &ring[off + HEADER_LEN..off + HEADER_LEN + info.len as usize];
         std::hint::black_box(payload);
         pos += info.total as u64;

@@ -10,17 +10,24 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// at least a header (which a padding frame then fills).
 pub const FRAME_ALIGN: usize = 16;
 
-/// Bytes of frame header.
-pub const HEADER_LEN: usize = 16;
+/// Bytes of frame header: one word (length, stream, type).
+pub const HEADER_LEN: usize = 8;
 
-/// Bytes of frame trailer (the seal: [`trailer_value`] of the sequence).
+/// Bytes of frame trailer (the seal: [`trailer_value`] of the sequence and
+/// the header's word).
 pub const TRAILER_LEN: usize = 8;
 
-/// The trailer sealing frame `seq`: the sequence mixed so that application
-/// bytes left in the ring by an earlier lap are unlikely to look like it.
+/// The trailer sealing frame `seq` whose header word is `word0`: both
+/// mixed (a bijection of the sequence for any one header word, so two
+/// frames with the same header never share a seal), so that bytes left in
+/// the ring by an earlier lap, a header of an earlier lap included, are
+/// unlikely to look like it. It is what tells a frame from leftovers: the
+/// header word is read first, tells where the seal is, and counts only
+/// when the seal there is the one of this sequence *and* this header.
 #[inline]
-pub const fn trailer_value(seq: u64) -> u64 {
-    seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5EA1_ED0F_F5E7_0000
+pub const fn trailer_value(seq: u64, word0: u64) -> u64 {
+    (seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ word0).wrapping_mul(0xD6E8_FEB8_6659_FD93)
+        ^ 0x5EA1_ED0F_F5E7_0000
 }
 
 /// The message type of a padding frame (fills the ring's tail on wrap).
@@ -28,7 +35,9 @@ pub const TYPE_PADDING: u16 = 0xFFFF;
 /// Types from here up are reserved for rocebus itself.
 pub const TYPE_RESERVED_MIN: u16 = 0xFF00;
 
-/// The header in front of every frame in the ring.
+/// The header in front of every frame in the ring: one little-endian word.
+/// It carries no check of its own: the frame's seal covers it (see
+/// [`trailer_value`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
 pub struct FrameHeader {
@@ -38,49 +47,36 @@ pub struct FrameHeader {
     pub stream_id: U16,
     /// Application message type (`TYPE_PADDING` for padding).
     pub msg_type: U16,
-    /// [`header_check`] of the frame's connection sequence (starting at 1,
-    /// no gaps, padding frames included) and the first 8 header bytes. The
-    /// sequence itself is implied: the receiver knows which one comes next.
-    pub check: U64,
 }
 
 impl FrameHeader {
-    /// The header of frame `seq`.
-    pub fn new(len: u32, stream_id: u16, msg_type: u16, seq: u64) -> Self {
-        let mut h = FrameHeader {
+    /// A header.
+    pub fn new(len: u32, stream_id: u16, msg_type: u16) -> Self {
+        FrameHeader {
             len: len.into(),
             stream_id: stream_id.into(),
             msg_type: msg_type.into(),
-            check: 0.into(),
-        };
-        h.check = header_check(seq, h.word0()).into();
-        h
+        }
     }
-    /// The first 8 bytes (length, stream, type) as one little-endian word.
+    /// The header read from its word.
+    pub fn from_word(word0: u64) -> Self {
+        Self::new(word0 as u32, (word0 >> 32) as u16, (word0 >> 48) as u16)
+    }
+    /// The header's bytes (length, stream, type) as one little-endian word.
     pub fn word0(&self) -> u64 {
-        u64::from_le_bytes(self.as_bytes()[..8].try_into().expect("8 bytes"))
+        u64::from_le_bytes(self.as_bytes().try_into().expect("8 bytes"))
     }
-    /// Whether this is the header of frame `seq` (and not leftover bytes).
-    pub fn is_frame(&self, seq: u64) -> bool {
-        self.check.get() == header_check(seq, self.word0())
+    /// The seal of frame `seq` with this header.
+    pub fn seal(&self, seq: u64) -> u64 {
+        trailer_value(seq, self.word0())
     }
-}
-
-/// The header's check word: the sequence scrambled (a bijection, so
-/// distinct sequences never share it) and mixed with the header's first
-/// word. The receiver looks for the *expected* frame at its position, where
-/// the ring may still hold anything an earlier lap left (payload bytes as
-/// often as headers); a header is taken only when its check matches, which
-/// leftover application bytes do with probability 2^-64 unless built for it.
-#[inline]
-pub const fn header_check(seq: u64, word0: u64) -> u64 {
-    (seq.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ 0xC0DE_F00D_0000_0001).rotate_left(17) ^ word0
 }
 const _: () = assert!(std::mem::size_of::<FrameHeader>() == HEADER_LEN);
 
 /// Total ring bytes of a frame with `payload` bytes: header, payload,
 /// trailer, rounded up to [`FRAME_ALIGN`] (the trailer is always the last
-/// 8 bytes). A padding frame is a header alone.
+/// 8 bytes). A 64-byte payload takes 80 bytes; a padding frame with no
+/// payload, 16.
 #[inline]
 pub const fn frame_len(payload: usize) -> usize {
     (HEADER_LEN + payload + TRAILER_LEN + FRAME_ALIGN - 1) & !(FRAME_ALIGN - 1)
@@ -96,13 +92,12 @@ pub fn write_frame(frame: &mut [u8], stream_id: u16, msg_type: u16, seq: u64, pa
     let (head, rest) = frame
         .split_first_chunk_mut::<HEADER_LEN>()
         .expect("a frame holds a header");
-    head[..8].copy_from_slice(&word0.to_le_bytes());
-    head[8..].copy_from_slice(&header_check(seq, word0).to_le_bytes());
+    *head = word0.to_le_bytes();
     let (body, seal) = rest
         .split_last_chunk_mut::<TRAILER_LEN>()
         .expect("a frame holds a seal");
     copy_small(&mut body[..payload.len()], payload);
-    seal.copy_from_slice(&trailer_value(seq).to_le_bytes());
+    *seal = trailer_value(seq, word0).to_le_bytes();
 }
 
 /// `dst.copy_from_slice(src)` (equal lengths), without a call for the
@@ -163,12 +158,21 @@ pub struct FrameInfo {
     pub total: usize,
 }
 
-/// Looks at the header found at ring position `pos` (offset `off` in a
-/// ring of `ring_size`). `Ok(None)`: frame `expected_seq` has not arrived
-/// (the bytes are left from an earlier lap, zero, or still being placed).
-/// A genuine header with an impossible length or type is an error. Pure
-/// function: the caller read the header out of the ring first (check word
-/// last, see `ring::mem`).
+/// Looks at the header word found at ring position `pos` (offset `off`
+/// in a ring of `ring_size`) while frame `expected_seq` is awaited there,
+/// and says where that frame's seal would be. `None`: no frame of this
+/// length fits before the ring's end, so the word is not a header (bytes
+/// of an earlier lap, or zeros): the frame has not arrived. Else
+/// `Some((total, verdict))`: the header counts only if the word at
+/// `off + total - TRAILER_LEN` is [`FrameHeader::seal`] of the expected
+/// sequence (the caller loads it, with Acquire); if it is, `verdict` is
+/// the frame, or why a sealed header is impossible (a reserved type other
+/// than padding, padding that does not end at the ring's end, a payload
+/// over `max_payload`). Pure function.
+///
+/// A peer that writes a header whose length runs past the ring's end
+/// cannot seal it: the receiver sees no frame, and the connection carries
+/// nothing more from that peer (which then stalls only itself).
 pub fn validate(
     h: &FrameHeader,
     pos: u64,
@@ -176,46 +180,40 @@ pub fn validate(
     ring_size: usize,
     expected_seq: u64,
     max_payload: usize,
-) -> Result<Option<FrameInfo>, FrameError> {
-    if !h.is_frame(expected_seq) {
-        return Ok(None);
-    }
+) -> Option<(usize, Result<FrameInfo, FrameError>)> {
     let seq = expected_seq;
     let len = h.len.get();
     let msg_type = h.msg_type.get();
     let to_end = ring_size - off;
-    let total = if msg_type == TYPE_PADDING {
-        // A padding frame fills the ring to its end; its length field
-        // counts the bytes after the header.
-        if len as usize != to_end.wrapping_sub(HEADER_LEN) {
-            return Err(FrameError::BadType { pos, msg_type });
-        }
-        to_end
+    // `len` is a u32: `frame_len` cannot overflow.
+    let total = frame_len(len as usize);
+    if total > to_end {
+        return None;
+    }
+    let verdict = if msg_type == TYPE_PADDING && total != to_end
+        || msg_type != TYPE_PADDING && msg_type >= TYPE_RESERVED_MIN
+    {
+        // A padding frame fills the ring to its end.
+        Err(FrameError::BadType { pos, msg_type })
+    } else if msg_type != TYPE_PADDING && len as usize > max_payload {
+        Err(FrameError::BadLength { pos, len })
     } else {
-        if msg_type >= TYPE_RESERVED_MIN {
-            return Err(FrameError::BadType { pos, msg_type });
-        }
-        if len as usize > max_payload
-            || len as usize > ring_size
-            || frame_len(len as usize) > to_end
-        {
-            return Err(FrameError::BadLength { pos, len });
-        }
-        frame_len(len as usize)
+        Ok(FrameInfo {
+            len,
+            stream_id: h.stream_id.get(),
+            msg_type,
+            seq,
+            total,
+        })
     };
-    Ok(Some(FrameInfo {
-        len,
-        stream_id: h.stream_id.get(),
-        msg_type,
-        seq,
-        total,
-    }))
+    Some((total, verdict))
 }
 
-/// Magic of the connection handshake ("RBO2": the challenge-response
-/// version; a peer still sending "RBO1" and a token hash is refused as a
-/// bad handshake).
-pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"RBO2");
+/// Magic of the connection handshake ("RBO3": the challenge-response
+/// version with 8-byte frame headers sealed by the trailer; a peer still
+/// sending "RBO1" (a token hash) or "RBO2" (16-byte headers with their own
+/// check word) is refused as a bad handshake).
+pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"RBO3");
 
 /// What each side tells the other about its incoming ring. 32 bytes; both
 /// hellos, as sent, are the context the challenge-response binds
@@ -357,99 +355,86 @@ pub fn handshake_context_with(
 mod tests {
     use super::*;
 
-    // The header of a 5-byte payload frame, stream 7, type 3, seq 1, as it
-    // sits in the ring (the check word computed independently).
-    static FRAME_BYTES: [u8; 16] = [5, 0, 0, 0, 7, 0, 3, 0, 105, 44, 36, 251, 180, 204, 105, 29];
+    // Frame 1 carrying 5 payload bytes (1..=5) on stream 7, type 3, as it
+    // sits in the ring: header word, payload, zero padding, seal (computed
+    // independently from the formula).
+    static FRAME_BYTES: [u8; 32] = [
+        5, 0, 0, 0, 7, 0, 3, 0, // length, stream, type
+        1, 2, 3, 4, 5, 0, 0, 0, // payload, padding
+        0, 0, 0, 0, 0, 0, 0, 0, // padding
+        48, 13, 22, 192, 12, 203, 39, 127, // seal
+    ];
 
     #[test]
-    fn header_fixed_bytes() {
-        let h = FrameHeader::read_from_bytes(&FRAME_BYTES[..]).unwrap();
+    fn frame_fixed_bytes() {
+        let h = FrameHeader::read_from_bytes(&FRAME_BYTES[..8]).unwrap();
         assert_eq!(
             (h.len.get(), h.stream_id.get(), h.msg_type.get()),
             (5, 7, 3)
         );
-        assert!(h.is_frame(1));
-        assert!(!h.is_frame(2));
-        assert_eq!(FrameHeader::new(5, 7, 3, 1).as_bytes(), &FRAME_BYTES);
+        assert_eq!(FrameHeader::new(5, 7, 3).as_bytes(), &FRAME_BYTES[..8]);
+        assert_eq!(FrameHeader::from_word(h.word0()), h);
+        assert_eq!(h.seal(1).to_le_bytes(), FRAME_BYTES[24..]);
+        let mut f = [0u8; 32];
+        write_frame(&mut f, 7, 3, 1, &[1, 2, 3, 4, 5]);
+        assert_eq!(f, FRAME_BYTES);
         assert_eq!(frame_len(5), 32);
-        assert_eq!(frame_len(0), 32);
+        assert_eq!(frame_len(0), 16);
         assert_eq!(frame_len(8), 32);
-        assert_eq!(frame_len(9), 48);
-        assert_eq!(frame_len(64), 96);
-        assert_ne!(trailer_value(1), 1);
-        assert_ne!(trailer_value(1), trailer_value(2));
+        assert_eq!(frame_len(16), 32);
+        assert_eq!(frame_len(17), 48);
+        assert_eq!(frame_len(64), 80);
+        // The seal binds the sequence and every header field.
+        assert_ne!(h.seal(1), h.seal(2));
+        assert_ne!(h.seal(1), FrameHeader::new(6, 7, 3).seal(1));
+        assert_ne!(h.seal(1), FrameHeader::new(5, 8, 3).seal(1));
+        assert_ne!(h.seal(1), FrameHeader::new(5, 7, 4).seal(1));
+        assert_ne!(trailer_value(1, 0), 0);
     }
 
-    fn hdr(len: u32, t: u16, seq: u64) -> FrameHeader {
-        FrameHeader::new(len, 1, t, seq)
+    fn hdr(len: u32, t: u16) -> FrameHeader {
+        FrameHeader::new(len, 1, t)
     }
 
     #[test]
     fn validation_rejects_impossible_frames() {
-        let ok = validate(&hdr(5, 3, 9), 0, 0, 1024, 9, 512)
-            .unwrap()
-            .unwrap();
-        assert_eq!(ok.total, 32);
-        // Another frame's header, zeros, or leftover payload bytes: frame
-        // 9 has not arrived (never an error: the bytes are not a header).
-        assert_eq!(validate(&hdr(5, 3, 8), 0, 0, 1024, 9, 512), Ok(None));
-        assert_eq!(validate(&hdr(5, 3, 10), 0, 0, 1024, 9, 512), Ok(None));
-        let zeros = FrameHeader::read_from_bytes(&[0u8; 16][..]).unwrap();
-        assert_eq!(validate(&zeros, 0, 0, 1024, 9, 512), Ok(None));
-        let leftover =
-            FrameHeader::read_from_bytes(&[9u8, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0][..])
-                .unwrap();
-        assert_eq!(validate(&leftover, 0, 0, 1024, 9, 512), Ok(None));
-        // A header whose length word was changed after sealing is not one.
-        let mut torn = hdr(5, 3, 9);
-        torn.len = 6.into();
-        assert_eq!(validate(&torn, 0, 0, 1024, 9, 512), Ok(None));
-        // Past the ring's end.
+        let (total, ok) = validate(&hdr(5, 3), 0, 0, 1024, 9, 512).unwrap();
+        assert_eq!((total, ok.unwrap().total, ok.unwrap().seq), (32, 32, 9));
+        // Zeros: a frame with no payload, whose seal decides.
+        let zeros = FrameHeader::read_from_bytes(&[0u8; 8][..]).unwrap();
+        assert_eq!(validate(&zeros, 0, 0, 1024, 9, 512).unwrap().0, 16);
+        // Past the ring's end, or a huge length (which would overflow
+        // naive arithmetic): no seal can exist, so not a header.
+        assert_eq!(validate(&hdr(40, 3), 992, 992, 1024, 9, 512), None);
+        assert_eq!(validate(&hdr(u32::MAX, 3), 0, 0, 1024, 9, 512), None);
+        assert_eq!(validate(&hdr(2000, 3), 0, 0, 1024, 9, 512), None);
+        // Sealed but over max payload.
         assert!(matches!(
-            validate(&hdr(40, 3, 9), 992, 992, 1024, 9, 512),
-            Err(FrameError::BadLength { .. })
-        ));
-        // Huge length (would overflow naive arithmetic).
-        assert!(matches!(
-            validate(&hdr(u32::MAX, 3, 9), 0, 0, 1024, 9, 512),
-            Err(FrameError::BadLength { .. })
-        ));
-        // Over max payload.
-        assert!(matches!(
-            validate(&hdr(600, 3, 9), 0, 0, 1024, 9, 512),
-            Err(FrameError::BadLength { .. })
+            validate(&hdr(600, 3), 0, 0, 1024, 9, 512),
+            Some((624, Err(FrameError::BadLength { len: 600, .. })))
         ));
         // Reserved type.
         assert!(matches!(
-            validate(&hdr(5, 0xFF01, 9), 0, 0, 1024, 9, 512),
-            Err(FrameError::BadType { .. })
+            validate(&hdr(5, 0xFF01), 0, 0, 1024, 9, 512),
+            Some((32, Err(FrameError::BadType { .. })))
         ));
         // Padding that does not end exactly at the ring's end.
         assert!(matches!(
-            validate(&hdr(0, TYPE_PADDING, 9), 0, 0, 1024, 9, 512),
-            Err(FrameError::BadType { .. })
+            validate(&hdr(0, TYPE_PADDING), 0, 0, 1024, 9, 512),
+            Some((16, Err(FrameError::BadType { .. })))
         ));
-        // Padding that does, even a bare 16-byte header.
-        assert_eq!(
-            validate(&hdr(16, TYPE_PADDING, 9), 992, 992, 1024, 9, 512)
-                .unwrap()
-                .unwrap()
-                .total,
-            32
-        );
-        assert_eq!(
-            validate(&hdr(0, TYPE_PADDING, 9), 1008, 1008, 1024, 9, 512)
-                .unwrap()
-                .unwrap()
-                .total,
-            16
-        );
+        // Padding that does (its length is not held to max payload), even
+        // a bare header and seal.
+        let (total, p) = validate(&hdr(1008, TYPE_PADDING), 0, 0, 1024, 9, 512).unwrap();
+        assert_eq!((total, p.unwrap().total), (1024, 1024));
+        let (total, p) = validate(&hdr(0, TYPE_PADDING), 1008, 1008, 1024, 9, 512).unwrap();
+        assert_eq!((total, p.unwrap().total), (16, 16));
     }
 
-    // An initiator's connect data as it travels: magic "RBO2", ring 2^20,
+    // An initiator's connect data as it travels: magic "RBO3", ring 2^20,
     // address, rkey, max payload, id, then the nonce.
     static CONNECT_BYTES: [u8; 48] = [
-        b'R', b'B', b'O', b'2', 20, 0, 0, 0, // magic, ring_log2, flags
+        b'R', b'B', b'O', b'3', 20, 0, 0, 0, // magic, ring_log2, flags
         0, 0x10, 0, 0, 0, 0x7f, 0, 0, // ring_addr
         0x34, 0x12, 0, 0, 0, 0, 1, 0, // rkey, max_payload
         42, 0, 0, 0, 0, 0, 0, 0, // conn_id

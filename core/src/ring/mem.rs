@@ -126,22 +126,6 @@ impl RingMemory for IncomingRing {
         self.copy_words(at, dst);
     }
     #[inline]
-    fn load_header(&self, off: usize) -> (u64, u64) {
-        // One check for both words (the header lies in the data).
-        assert!(off % 16 == 0 && off < self.size);
-        let base = self.mr.as_ptr() as *const AtomicU64;
-        // SAFETY: as `word_at`, for the two words at `off` and `off + 8`:
-        // `off` is 16-aligned and below the data size, a multiple of 16, so
-        // both lie in the mapping (which lives as long as self.mr), 8-byte
-        // aligned, any bit pattern valid; only loaded.
-        let (w0, check) = unsafe { (&*base.add(off / 8), &*base.add(off / 8 + 1)) };
-        // ORDERING: Acquire, pairs with the device placing the header's first
-        // bytes before its check word; the load of word 0 follows.
-        let check = check.load(Ordering::Acquire);
-        // ORDERING: Relaxed: ordered after the Acquire above.
-        (w0.load(Ordering::Relaxed), check)
-    }
-    #[inline]
     fn take_sealed(&self, off: usize, total: usize, seal: u64, dst: &mut [u8]) -> bool {
         // One check for the seal and every payload word: the frame lies in
         // the data, and the payload words end at or before the seal.
@@ -153,7 +137,7 @@ impl RingMemory for IncomingRing {
         );
         let base = self.mr.as_ptr() as *const AtomicU64;
         // SAFETY: as `word_at`: the seal's word, at `off + total - 8` (a
-        // multiple of 8, as `off` and `total` are; `total` is at least 24),
+        // multiple of 8, as `off` and `total` are; `total` is at least 16),
         // ends at `off + total`, within the data (checked above) and so the
         // mapping that lives as long as self.mr; any bit pattern valid;
         // only loaded.

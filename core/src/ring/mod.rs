@@ -4,21 +4,25 @@
 //!
 //! # Why a frame is never consumed half-written
 //!
-//! Each frame is `header | payload | trailer`: the header (length, stream,
-//! type, then in its last 8 bytes a check word mixing the connection
-//! sequence with the first 8 header bytes, [`frame::header_check`]) and a
-//! trailer, the frame's last 8 bytes, holding a seal derived from the same
-//! sequence ([`frame::trailer_value`]). The sequence itself is never sent:
-//! the receiver knows which one comes next. The sender writes each
+//! Each frame is `header | payload | trailer`: the header, one 8-byte
+//! word (length, stream, type), and the trailer, the frame's last 8 bytes
+//! (the frame is padded to a multiple of 16), holding a seal that mixes
+//! the connection sequence with the header word ([`frame::trailer_value`]).
+//! The sequence itself is never sent: the receiver knows which one comes
+//! next. A 64-byte message is an 80-byte frame. The sender writes each
 //! contiguous run of frames with one RDMA WRITE (inline when small). The
-//! receiver polls the header at its consumer position and takes it only
-//! when its check word matches the *expected* sequence; anything else
-//! (a header of an earlier lap, leftover payload bytes) means the frame
-//! has not arrived yet. A matching header makes it read the trailer, and
-//! only a trailer holding this frame's seal makes the frame deliverable.
-//! The check word and the seal are read with `Acquire` loads, the rest of
-//! the header and the payload after them ([`proto::read_header`],
-//! [`Receiver::poll`]).
+//! receiver reads the header word at its consumer position, which tells
+//! it where this frame's seal would be, and takes the frame only when the
+//! word there is the seal of the *expected* sequence and of that header
+//! word; anything else (a header of an earlier lap, leftover payload
+//! bytes, a frame still being placed) means the frame has not arrived
+//! yet. The seal is read with an `Acquire` load and the payload after it;
+//! the header word is read before, and its value counts only because the
+//! seal covers it ([`Receiver::poll`]). Sixteen bytes of header (a word
+//! of fields and a check word) were the format until 2026-12: the seal
+//! covering the header's word makes the check word redundant, and a
+//! 64-byte message went out as 96 bytes instead of 80, which soft-RoCE's
+//! per-byte work turned into about 6% of `ib_write_lat`'s round trip.
 //!
 //! The argument rests on two placement facts:
 //!
@@ -37,9 +41,10 @@
 //! The ring torture test (millions of frames of random sizes, wrapping
 //! thousands of times, a CRC in every payload) checks it on soft-RoCE.
 //! Stale bytes of an earlier lap cannot pass for a new frame: sequences
-//! only grow, and both the header check and the seal are the expected
-//! sequence scrambled, so leftover bytes are unlikely to imitate them (a peer that writes such bytes on
-//! purpose only garbles its own connection; the receiver never reads
+//! only grow, and the seal is the expected sequence and the header word
+//! scrambled together (a bijection of the sequence for each header), so
+//! leftover bytes are unlikely to imitate it (a peer that writes such bytes
+//! on purpose only garbles its own connection; the receiver never reads
 //! outside its ring either way).
 //!
 //! Schemes weighed and not chosen: a separate commit word written by a
@@ -61,11 +66,14 @@
 //! overwritten before it was consumed, and a full ring is reported as
 //! back-pressure.
 //!
-//! The receiver trusts nothing it reads: once a header's check matches, its
-//! length must fit in the ring and the connection's maximum and its type
-//! must be an application type or padding that ends the lap exactly
-//! ([`frame::validate`]). Any violation closes the connection with
-//! [`FrameError`]; the receiver never reads outside its ring.
+//! The receiver trusts nothing it reads: a header word counts only with
+//! its seal in place, where its length puts it, so a length running past
+//! the ring's end is never taken (no seal can be there: the peer has
+//! stalled its own connection); a sealed header must have a length within
+//! the connection's maximum and an application type, or be padding that
+//! ends the lap exactly ([`frame::validate`]). Any violation closes the
+//! connection with [`FrameError`]; the receiver never reads outside its
+//! ring.
 //!
 //! # Where each part lives
 //!

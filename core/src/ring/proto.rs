@@ -17,7 +17,7 @@ use super::frame::{
     TYPE_RESERVED_MIN,
 };
 use super::state::{ClaimPos, ClaimRefused, ReceiverState, SenderState};
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::IntoBytes;
 
 /// Offset, after the ring's data, of the credit word (16 bytes: the value
 /// and its complement).
@@ -61,22 +61,20 @@ pub trait RingMemory {
             c.copy_from_slice(&self.load_relaxed(at + 8 * i).to_ne_bytes());
         }
     }
-    /// The frame header at 16-aligned offset `off` (`off + 16 <= data_len()`,
-    /// else panics) as `(word0, check)`: the check word (its last 8 bytes)
-    /// loaded first, with Acquire, then word 0, Relaxed (see
-    /// [`read_header`]). An implementation may check the bounds once for
-    /// both.
+    /// The frame header's word at 16-aligned offset `off` (`off + 8 <=
+    /// data_len()`, else panics), `Relaxed`, before any Acquire: its value
+    /// counts only once the frame's seal, which covers it
+    /// ([`frame::trailer_value`]), is seen with Acquire
+    /// ([`take_sealed`](Self::take_sealed)); until then it may be anything.
     #[inline]
-    fn load_header(&self, off: usize) -> (u64, u64) {
-        // ORDERING: Acquire, pairs with the writer placing the header's first
-        // bytes before its check word; the load of word 0 follows.
-        let check = self.load_acquire(off + 8);
-        // ORDERING: Relaxed: ordered after the Acquire above.
-        (self.load_relaxed(off), check)
+    fn load_header(&self, off: usize) -> u64 {
+        // ORDERING: Relaxed: the value is checked against the seal, loaded
+        // with Acquire after it; nothing else is read on its strength.
+        self.load_relaxed(off)
     }
     /// The body of the frame of `total` bytes at 8-aligned offset `off`: loads
     /// its seal (the last word, at `off + total - 8`) with Acquire and, only
-    /// if it equals `seal`, copies the words from `off + 16` into `dst` (a
+    /// if it equals `seal`, copies the words from `off + 8` into `dst` (a
     /// multiple of 8 bytes, ending at or before the seal) with Relaxed loads
     /// ordered after it; returns whether it did. Panics when the frame
     /// leaves the data or `dst` does not fit before the seal. An
@@ -138,25 +136,6 @@ pub fn load_control<M: RingMemory>(mem: &M, off: usize) -> Option<u64> {
     let v = mem.load_acquire(at);
     let c = mem.load_acquire(at + 8);
     (v == !c).then_some(v)
-}
-
-/// Reads the frame header at 16-aligned offset `off`: its check word (the
-/// last 8 bytes) first, with Acquire, then the first 8 bytes. The header's
-/// bytes are placed in ascending order, so once a check word matching the
-/// expected frame is seen, the length, stream and type before it are
-/// placed too (and the check covers them).
-#[inline]
-pub fn read_header<M: RingMemory>(mem: &M, off: usize) -> FrameHeader {
-    debug_assert!(off % 16 == 0 && off + HEADER_LEN <= mem.data_len());
-    // ORDERING: Acquire, pairs with the writer placing the header's first
-    // bytes before its check word; the load of word 0 follows.
-    let check = mem.load_acquire(off + 8);
-    // ORDERING: Relaxed: ordered after the Acquire above.
-    let w0 = mem.load_relaxed(off);
-    let mut buf = [0u8; HEADER_LEN];
-    buf[..8].copy_from_slice(&w0.to_le_bytes());
-    buf[8..].copy_from_slice(&check.to_le_bytes());
-    FrameHeader::read_from_bytes(&buf).expect("16 bytes")
 }
 
 /// Copies `len` payload bytes at 8-aligned offset `off` into `dst` (which
@@ -326,25 +305,31 @@ impl<S: StagingMemory> Sender<S> {
         let c = self.open.take()?;
         let pos = c.pos;
         if let Some((off, pad)) = pos.padding {
+            // Header and seal, nothing between (`pad` is at least 16).
             let seq = self.state.next_seq();
-            let h = FrameHeader::new((pad - HEADER_LEN) as u32, 0, TYPE_PADDING, seq);
-            self.staging
-                .bytes_mut(off, HEADER_LEN)
-                .copy_from_slice(h.as_bytes());
+            let h = FrameHeader::new((pad - HEADER_LEN - TRAILER_LEN) as u32, 0, TYPE_PADDING);
+            self.seal_frame(off, pad, h, seq);
             self.paddings += 1;
         }
         let seq = self.state.next_seq() + pos.padding.is_some() as u64;
-        let h = FrameHeader::new(c.len as u32, c.stream_id, c.msg_type, seq);
-        self.staging
-            .bytes_mut(pos.offset, HEADER_LEN)
-            .copy_from_slice(h.as_bytes());
-        self.staging
-            .bytes_mut(pos.offset + pos.total - TRAILER_LEN, TRAILER_LEN)
-            .copy_from_slice(&frame::trailer_value(seq).to_le_bytes());
+        let h = FrameHeader::new(c.len as u32, c.stream_id, c.msg_type);
+        self.seal_frame(pos.offset, pos.total, h, seq);
         let used = self.state.commit(&pos);
         debug_assert_eq!(used, seq);
         self.bytes += c.len as u64;
         Some(seq)
+    }
+
+    /// Writes header `h` and the seal of frame `seq` around the payload of
+    /// the frame at `off..off + total` of staging.
+    #[inline]
+    fn seal_frame(&mut self, off: usize, total: usize, h: FrameHeader, seq: u64) {
+        self.staging
+            .bytes_mut(off, HEADER_LEN)
+            .copy_from_slice(h.as_bytes());
+        self.staging
+            .bytes_mut(off + total - TRAILER_LEN, TRAILER_LEN)
+            .copy_from_slice(&h.seal(seq).to_le_bytes());
     }
 
     /// Claims, fills and commits one frame (replacing a claim left open).
@@ -510,10 +495,12 @@ impl Receiver {
     /// every later poll returns the same error.
     ///
     /// The usual frame, an application frame that fits, is taken with one
-    /// check of its header (the check word against the expected sequence,
-    /// then type, length and room, one compare each) and one bounds check
-    /// of the memory for the seal and the payload together; padding and
-    /// anything impossible go through [`frame::validate`] out of line.
+    /// look at its header word (type, length and room, one compare each),
+    /// one bounds check of the memory for the seal and the payload
+    /// together, and one compare of the seal with the value of the
+    /// expected sequence and that header word; padding, anything
+    /// impossible and the words an earlier lap left that do not look like
+    /// such a header go through [`frame::validate`] out of line.
     #[inline(always)]
     pub fn poll<M: RingMemory>(
         &mut self,
@@ -523,11 +510,9 @@ impl Receiver {
         debug_assert_eq!(mem.data_len(), self.state.size());
         let off = self.state.offset();
         let seq = self.state.expected_seq();
-        let (w0, check) = mem.load_header(off);
-        if check != frame::header_check(seq, w0) {
-            // Not arrived (or leftover bytes of an earlier lap).
-            return Ok(None);
-        }
+        // What the header word says counts only if the seal it points to
+        // is this frame's, which covers the word (see `take_sealed`).
+        let w0 = mem.load_header(off);
         let len = w0 as u32 as usize;
         // Each refusal its own branch (the slow path is cold): an
         // application type, a length within `max_payload` (a `u32`, so
@@ -545,13 +530,15 @@ impl Receiver {
         if total > mem.data_len() - off {
             return self.poll_slow(mem, dst);
         }
-        // The seal is the frame's last word: until it holds this frame's
-        // value the frame is still being placed. The payload's words: its
-        // length rounded up to 8 (`len` is below 2^32: no overflow).
+        // The seal is the frame's last word: until it holds the value of
+        // this sequence and this header word, the frame has not arrived
+        // (the word is left from an earlier lap) or is still being placed.
+        // The payload's words: its length rounded up to 8 (`len` is below
+        // 2^32: no overflow).
         if !mem.take_sealed(
             off,
             total,
-            frame::trailer_value(seq),
+            frame::trailer_value(seq, w0),
             &mut dst[..(len + 7) & !7],
         ) {
             return Ok(None);
@@ -578,17 +565,30 @@ impl Receiver {
     ) -> Result<Option<FrameInfo>, FrameError> {
         loop {
             let off = self.state.offset();
-            let h = read_header(mem, off);
-            let info = match frame::validate(
+            let w0 = mem.load_header(off);
+            let h = FrameHeader::from_word(w0);
+            let Some((total, verdict)) = frame::validate(
                 &h,
                 self.state.consumed(),
                 off,
                 self.state.size(),
                 self.state.expected_seq(),
                 self.state.max_payload(),
-            ) {
-                Ok(Some(i)) => i,
-                Ok(None) => return Ok(None),
+            ) else {
+                // No frame of that length fits: not a header.
+                return Ok(None);
+            };
+            // The seal is the frame's last word: until it holds the value
+            // of this sequence and this header word, the frame has not
+            // arrived or is still being placed.
+            // ORDERING: Acquire, pairs with the writer placing the frame's
+            // bytes in ascending order: the payload loads come after it.
+            let seal = mem.load_acquire(off + total - TRAILER_LEN);
+            if seal != h.seal(self.state.expected_seq()) {
+                return Ok(None);
+            }
+            let info = match verdict {
+                Ok(i) => i,
                 Err(e) => {
                     self.violations += 1;
                     return Err(e);
@@ -598,14 +598,6 @@ impl Receiver {
                 self.state.advance(info.total);
                 self.paddings += 1;
                 continue;
-            }
-            // The seal is the frame's last word: until it holds this
-            // frame's value the frame is still being placed.
-            // ORDERING: Acquire, pairs with the writer placing the frame's
-            // bytes in ascending order: the payload loads come after it.
-            let seal = mem.load_acquire(off + info.total - TRAILER_LEN);
-            if seal != frame::trailer_value(info.seq) {
-                return Ok(None);
             }
             copy_payload(mem, off + HEADER_LEN, info.len as usize, dst);
             self.state.advance(info.total);

@@ -38,7 +38,7 @@ fn staging(size: usize) -> Box<[u8]> {
 #[cfg(not(loom))]
 mod host {
     use super::*;
-    use crate::ring::frame::{FrameHeader, HEADER_LEN};
+    use crate::ring::frame::{frame_len, FrameHeader, HEADER_LEN, TRAILER_LEN};
     use crate::ring::FrameError;
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
@@ -297,21 +297,23 @@ mod host {
             rng.fill(&mut junk[..]);
             ring.write(off, &junk);
             assert_eq!(rx.poll(&ring, &mut scratch), Ok(None), "round {round}");
-            // A header forged for the expected sequence, any length or type.
+            // A header forged for the expected sequence, any length or
+            // type, sealed where its length puts the seal when that lies
+            // in the ring.
             let len: u32 = match round % 3 {
                 0 => rng.gen(),
                 1 => rng.gen_range(0..1100),
-                _ => (SIZE - off - HEADER_LEN) as u32,
+                _ => (SIZE - off - HEADER_LEN - TRAILER_LEN) as u32,
             };
             let ty: u16 = if round % 2 == 0 { 0xFFFF } else { rng.gen() };
             let seq = rx.state().expected_seq();
-            ring.write(off, FrameHeader::new(len, 1, ty, seq).as_bytes());
+            let sealed = forge(&ring, off, len, ty, seq);
             match rx.poll(&ring, &mut scratch) {
-                // Valid but not sealed (or padding to the end, then junk).
+                // Not sealed (no room for it), or padding to the end then junk.
                 Ok(None) => {}
-                // The junk happened to hold the seal: still within bounds.
-                Ok(Some(f)) => assert!(f.len as usize <= 512),
+                Ok(Some(f)) => assert!(sealed && f.len as usize <= 512),
                 Err(_) => {
+                    assert!(sealed);
                     assert_eq!(rx.violations(), 1);
                     // Stuck on the bad frame: the same answer, counted.
                     assert!(rx.poll(&ring, &mut scratch).is_err());
@@ -322,32 +324,56 @@ mod host {
         // The cases a hostile peer picks on purpose.
         let ring = LoopbackMemory::new(SIZE);
         let mut rx = Receiver::new(SIZE, 512, 256);
-        ring.write(0, FrameHeader::new(u32::MAX, 1, 1, 1).as_bytes());
+        // A length past the ring's end cannot be sealed: no frame, nothing
+        // read past the ring, nothing counted (the peer stalls itself).
+        assert!(!forge(&ring, 0, u32::MAX, 1, 1));
+        assert_eq!(rx.poll(&ring, &mut scratch), Ok(None));
+        assert!(!forge(&ring, 0, SIZE as u32, 1, 1));
+        assert_eq!(rx.poll(&ring, &mut scratch), Ok(None));
+        assert_eq!(rx.violations(), 0);
+        assert!(forge(&ring, 0, 1000, 1, 1));
         assert!(matches!(
             rx.poll(&ring, &mut scratch),
-            Err(FrameError::BadLength { .. })
+            Err(FrameError::BadLength { len: 1000, .. })
         ));
-        ring.write(0, FrameHeader::new(1000, 1, 1, 1).as_bytes());
-        assert!(matches!(
-            rx.poll(&ring, &mut scratch),
-            Err(FrameError::BadLength { .. })
-        ));
-        ring.write(0, FrameHeader::new(0, 1, 0xFF01, 1).as_bytes());
+        assert!(forge(&ring, 0, 0, 0xFF01, 1));
         assert!(matches!(
             rx.poll(&ring, &mut scratch),
             Err(FrameError::BadType { .. })
         ));
         // Padding that does not reach the ring's end.
-        ring.write(0, FrameHeader::new(16, 1, 0xFFFF, 1).as_bytes());
+        assert!(forge(&ring, 0, 16, 0xFFFF, 1));
         assert!(matches!(
             rx.poll(&ring, &mut scratch),
             Err(FrameError::BadType { .. })
         ));
-        assert_eq!(rx.violations(), 4);
-        // A header of a later sequence (a peer skipping ahead) is not a frame.
+        assert_eq!(rx.violations(), 3);
+        // A frame of a later sequence (a peer skipping ahead), and a header
+        // changed after its frame was sealed, are not frames.
+        let mut rx = Receiver::new(SIZE, 512, 256);
         let ring = LoopbackMemory::new(SIZE);
-        ring.write(0, FrameHeader::new(8, 1, 1, 2).as_bytes());
+        assert!(forge(&ring, 0, 8, 1, 2));
         assert_eq!(rx.poll(&ring, &mut scratch), Ok(None));
+        assert!(forge(&ring, 0, 8, 1, 1));
+        ring.write(0, FrameHeader::new(9, 1, 1).as_bytes());
+        assert_eq!(rx.poll(&ring, &mut scratch), Ok(None));
+        ring.write(0, FrameHeader::new(8, 1, 1).as_bytes());
+        assert_eq!(rx.poll(&ring, &mut scratch).unwrap().unwrap().len, 8);
+        assert_eq!(rx.violations(), 0);
+    }
+
+    /// Writes a header of `len`, `ty` at `off` and, if a frame of that
+    /// length fits before the ring's end, the seal of frame `seq` where the
+    /// length puts it; returns whether it did.
+    fn forge(ring: &LoopbackMemory, off: usize, len: u32, ty: u16, seq: u64) -> bool {
+        let h = FrameHeader::new(len, 1, ty);
+        ring.write(off, h.as_bytes());
+        let total = frame_len(len as usize);
+        let fits = total <= crate::ring::proto::RingMemory::data_len(ring) - off;
+        if fits {
+            ring.write(off + total - TRAILER_LEN, &h.seal(seq).to_le_bytes());
+        }
+        fits
     }
 }
 
