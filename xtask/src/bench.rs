@@ -37,7 +37,8 @@ struct Spec {
     ip_groups: &'static str,
     /// A second perftest run per round with these arguments instead of the
     /// extra, server and client ones, reported for reference beside the
-    /// main ratio.
+    /// main ratio. `{frame}` stands for the bytes of the orders ring's
+    /// frame of one message ([`ring_frame_len`]).
     reference: Option<&'static str>,
     default_iterations: u64,
 }
@@ -70,6 +71,10 @@ const SPECS: &[Spec] = &[
         ours: "rc-latency",
         ours_extra: "--cores 0,1",
         perftest: "ib_write_lat",
+        // The WRITE rocebus posts carries a frame, not the bare message:
+        // perftest writing as many bytes splits the ratio into what the
+        // bytes cost and what the code costs.
+        reference: Some("-s {frame}"),
         ..BASE
     },
     Spec {
@@ -126,6 +131,20 @@ const SPECS: &[Spec] = &[
         ..BASE
     },
 ];
+
+/// Bytes of the orders ring's frame of a `size`-byte message: 8 of header,
+/// the message, 8 of seal, rounded up to 16 (`rocebus::ring::frame::
+/// frame_len`, which xtask does not link; a test pins the two together
+/// through the figures the ring's own tests pin).
+fn ring_frame_len(size: usize) -> usize {
+    (8 + size + 8 + 15) & !15
+}
+
+/// A spec's reference arguments for a `size`-byte message.
+fn reference_args(spec: &Spec, size: usize) -> Option<String> {
+    spec.reference
+        .map(|r| r.replace("{frame}", &ring_frame_len(size).to_string()))
+}
 
 /// `HEAD: p50 ratio X, p99 ratio Y` (latency) or `HEAD: ratio X`
 /// (throughput), from the medians of the per-round ratios.
@@ -455,7 +474,7 @@ fn rounds_script(
                 vm::shell_quote(&main)
             ));
         }
-        if let Some(reference) = spec.reference {
+        if let Some(reference) = reference_args(spec, size) {
             script.push_str(&format!("echo '@@reference {r}'\n"));
             script.push_str(&perftest_pair(
                 spec.perftest,
@@ -570,7 +589,7 @@ pub fn run(
     println!("{name}: {rounds} alternating rounds, {size} B, {n} iterations (soft-RoCE; ratios only are meaningful)");
     let label = format!("{} {}", spec.perftest, spec.perftest_extra);
     let (ratios50, ratios99) = compare(spec.kind, &ours, &theirs, &label);
-    if let Some(r) = spec.reference {
+    if let Some(r) = reference_args(spec, size) {
         let label = format!("{} {r}", spec.perftest);
         println!("  for reference, against {label}:");
         let (r50, r99) = compare(spec.kind, &ours, &reference, &label);
@@ -624,6 +643,19 @@ mod tests {
             " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 64         200000           0.00               0.62   \t\t   0.010215\n",
         );
         assert!((parse_perftest(&bw, Kind::Throughput).unwrap().rate - 10215.0).abs() < 1e-6);
+    }
+
+    /// rc-latency's reference writes as many bytes as the ring's frame:
+    /// 80 for 64 (the figure `frame_len` is pinned to in the ring's tests).
+    #[test]
+    fn rc_latency_reference_is_the_frame_size() {
+        let spec = SPECS.iter().find(|s| s.name == "rc-latency").unwrap();
+        assert_eq!(reference_args(spec, 64).as_deref(), Some("-s 80"));
+        assert_eq!(ring_frame_len(0), 16);
+        assert_eq!(ring_frame_len(5), 32);
+        assert_eq!(ring_frame_len(17), 48);
+        let script = rounds_script(spec, "rb", 64, 100, 1, "");
+        assert!(script.contains("-s 64 -n 100 -F -s 80"), "{script}");
     }
 
     /// perftest's -M takes 16 decimal bytes; the IPv4-mapped groups in the
