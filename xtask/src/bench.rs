@@ -37,9 +37,13 @@ struct Spec {
     ip_groups: &'static str,
     /// A second perftest run per round with these arguments instead of the
     /// extra, server and client ones, reported for reference beside the
-    /// main ratio. `{frame}` stands for the bytes of the orders ring's
-    /// frame of one message ([`ring_frame_len`]).
+    /// main ratio.
     reference: Option<&'static str>,
+    /// The bytes rocebus puts on the wire for one message of a given size
+    /// (a ring frame, a datagram): if set, each round runs perftest again,
+    /// same arguments, at that size, and rocebus is compared with it too,
+    /// which separates what the extra bytes cost from what the code costs.
+    wire_size: Option<fn(usize) -> usize>,
     default_iterations: u64,
 }
 
@@ -56,6 +60,7 @@ const BASE: Spec = Spec {
     perftest_client: "",
     ip_groups: "",
     reference: None,
+    wire_size: None,
     default_iterations: 5000,
 };
 
@@ -71,10 +76,8 @@ const SPECS: &[Spec] = &[
         ours: "rc-latency",
         ours_extra: "--cores 0,1",
         perftest: "ib_write_lat",
-        // The WRITE rocebus posts carries a frame, not the bare message:
-        // perftest writing as many bytes splits the ratio into what the
-        // bytes cost and what the code costs.
-        reference: Some("-s {frame}"),
+        // The WRITE rocebus posts carries a frame, not the bare message.
+        wire_size: Some(ring_frame_len),
         ..BASE
     },
     Spec {
@@ -121,6 +124,8 @@ const SPECS: &[Spec] = &[
         perftest_client: "-M 0:0:0:0:0:0:0:0:0:0:255:255:239:9:4:2",
         ip_groups: "239.9.4.1,239.9.4.2",
         reference: Some("-c UD"),
+        // The datagram carries a header and a length prefix too.
+        wire_size: Some(md_datagram_len),
         ..BASE
     },
     Spec {
@@ -134,16 +139,17 @@ const SPECS: &[Spec] = &[
 
 /// Bytes of the orders ring's frame of a `size`-byte message: 8 of header,
 /// the message, 8 of seal, rounded up to 16 (`rocebus::ring::frame::
-/// frame_len`, which xtask does not link; a test pins the two together
-/// through the figures the ring's own tests pin).
+/// frame_len`, which xtask does not link; the ring's tests pin the same
+/// figures as the test here).
 fn ring_frame_len(size: usize) -> usize {
     (8 + size + 8 + 15) & !15
 }
 
-/// A spec's reference arguments for a `size`-byte message.
-fn reference_args(spec: &Spec, size: usize) -> Option<String> {
-    spec.reference
-        .map(|r| r.replace("{frame}", &ring_frame_len(size).to_string()))
+/// Bytes of the market-data datagram carrying one `size`-byte message
+/// without a tag: the 24-byte header and the 2-byte length prefix
+/// (`rocebus::mcast::wire::{DATAGRAM_HEADER_LEN, MSG_PREFIX_LEN}`).
+fn md_datagram_len(size: usize) -> usize {
+    24 + 2 + size
 }
 
 /// `HEAD: p50 ratio X, p99 ratio Y` (latency) or `HEAD: ratio X`
@@ -167,6 +173,8 @@ enum Side {
     Reference = 2,
     /// rocebus again with the variant's arguments (e.g. `--datagram-tag`).
     Variant = 3,
+    /// perftest again at rocebus's bytes on the wire (`Spec::wire_size`).
+    Wire = 4,
 }
 
 /// The shell lines of one perftest round: the server in the background, the
@@ -458,23 +466,27 @@ fn rounds_script(
         if !variant.is_empty() {
             script.push_str(&format!("echo '@@variant {r}'\n{ours} {variant}\n"));
         }
-        let main = perftest_pair(
-            spec.perftest,
-            &format!("-s {size} -n {n} -F {}", spec.perftest_extra),
-            spec.perftest_server,
-            spec.perftest_client,
-        );
-        script.push_str(&format!("echo '@@perftest {r}'\n"));
-        if spec.ip_groups.is_empty() {
-            script.push_str(&main);
-        } else {
-            script.push_str(&format!(
-                "{exe_q} with-groups --groups {} -- sh -c {}\n",
-                spec.ip_groups,
-                vm::shell_quote(&main)
-            ));
+        let sizes =
+            std::iter::once(("perftest", size)).chain(spec.wire_size.map(|w| ("wire", w(size))));
+        for (marker, bytes) in sizes {
+            let main = perftest_pair(
+                spec.perftest,
+                &format!("-s {bytes} -n {n} -F {}", spec.perftest_extra),
+                spec.perftest_server,
+                spec.perftest_client,
+            );
+            script.push_str(&format!("echo '@@{marker} {r}'\n"));
+            if spec.ip_groups.is_empty() {
+                script.push_str(&main);
+            } else {
+                script.push_str(&format!(
+                    "{exe_q} with-groups --groups {} -- sh -c {}\n",
+                    spec.ip_groups,
+                    vm::shell_quote(&main)
+                ));
+            }
         }
-        if let Some(reference) = reference_args(spec, size) {
+        if let Some(reference) = spec.reference {
             script.push_str(&format!("echo '@@reference {r}'\n"));
             script.push_str(&perftest_pair(
                 spec.perftest,
@@ -489,15 +501,15 @@ fn rounds_script(
 
 /// The figures of each side's runs, in round order, from the guest's output
 /// (by [`Side`]; `None` for a run that printed no figures).
-fn split_runs(out: Vec<String>, kind: Kind) -> [Vec<Option<Figures>>; 4] {
+fn split_runs(out: Vec<String>, kind: Kind) -> [Vec<Option<Figures>>; 5] {
     // Split the output by round markers.
-    let mut runs: [Vec<Option<Figures>>; 4] = Default::default();
+    let mut runs: [Vec<Option<Figures>>; 5] = Default::default();
     let mut current: Option<(Side, Vec<String>)> = None;
     let mut flush = |c: Option<(Side, Vec<String>)>| {
         if let Some((side, lines)) = c {
             runs[side as usize].push(match side {
                 Side::Ours | Side::Variant => parse_ours(&lines),
-                Side::Perftest | Side::Reference => parse_perftest(&lines, kind),
+                Side::Perftest | Side::Reference | Side::Wire => parse_perftest(&lines, kind),
             });
         }
     };
@@ -510,6 +522,8 @@ fn split_runs(out: Vec<String>, kind: Kind) -> [Vec<Option<Figures>>; 4] {
                 Side::Variant
             } else if rest.starts_with("reference") {
                 Side::Reference
+            } else if rest.starts_with("wire") {
+                Side::Wire
             } else {
                 Side::Perftest
             };
@@ -584,12 +598,30 @@ pub fn run(
         &script,
         Duration::from_secs(600 * rounds as u64 + 120),
     )?;
-    let [ours, theirs, reference, with_variant] = split_runs(out, spec.kind);
+    let [ours, theirs, reference, with_variant, wire] = split_runs(out, spec.kind);
     println!();
     println!("{name}: {rounds} alternating rounds, {size} B, {n} iterations (soft-RoCE; ratios only are meaningful)");
     let label = format!("{} {}", spec.perftest, spec.perftest_extra);
     let (ratios50, ratios99) = compare(spec.kind, &ours, &theirs, &label);
-    if let Some(r) = reference_args(spec, size) {
+    if let Some(w) = spec.wire_size {
+        let label = [
+            spec.perftest,
+            spec.perftest_extra,
+            &format!("-s {}", w(size)),
+        ]
+        .iter()
+        .filter(|p| !p.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
+        println!("  against {label}, as many bytes as rocebus puts on the wire:");
+        let (w50, w99) = compare(spec.kind, &ours, &wire, &label);
+        if !w50.is_empty() {
+            let head = format!("{name} against {label} (same bytes)");
+            println!("{}", ratio_line(&head, spec.kind, w50, w99));
+        }
+    }
+    if let Some(r) = spec.reference {
         let label = format!("{} {r}", spec.perftest);
         println!("  for reference, against {label}:");
         let (r50, r99) = compare(spec.kind, &ours, &reference, &label);
@@ -645,17 +677,35 @@ mod tests {
         assert!((parse_perftest(&bw, Kind::Throughput).unwrap().rate - 10215.0).abs() < 1e-6);
     }
 
-    /// rc-latency's reference writes as many bytes as the ring's frame:
-    /// 80 for 64 (the figure `frame_len` is pinned to in the ring's tests).
+    /// rc-latency also runs perftest at the ring frame's size (80 bytes
+    /// for 64, the figure `frame_len` is pinned to in the ring's tests),
+    /// md-latency at the datagram's, with its groups joined as the main run.
     #[test]
-    fn rc_latency_reference_is_the_frame_size() {
-        let spec = SPECS.iter().find(|s| s.name == "rc-latency").unwrap();
-        assert_eq!(reference_args(spec, 64).as_deref(), Some("-s 80"));
+    fn wire_size_rounds_run_perftest_at_rocebus_bytes() {
+        let rc = SPECS.iter().find(|s| s.name == "rc-latency").unwrap();
+        assert_eq!(ring_frame_len(64), 80);
         assert_eq!(ring_frame_len(0), 16);
         assert_eq!(ring_frame_len(5), 32);
         assert_eq!(ring_frame_len(17), 48);
-        let script = rounds_script(spec, "rb", 64, 100, 1, "");
-        assert!(script.contains("-s 64 -n 100 -F -s 80"), "{script}");
+        let script = rounds_script(rc, "rb", 64, 100, 1, "");
+        assert!(script.contains("@@perftest 1"), "{script}");
+        assert!(script.contains("-s 64 -n 100 -F "), "{script}");
+        assert!(script.contains("@@wire 1"), "{script}");
+        assert!(script.contains("-s 80 -n 100 -F "), "{script}");
+        let md = SPECS.iter().find(|s| s.name == "md-latency").unwrap();
+        let script = rounds_script(md, "rb", 64, 100, 2, "");
+        let wire = script.split("@@wire 2").nth(1).unwrap();
+        assert!(wire.contains("-s 90 -n 100 -F -c UD -g"), "{wire}");
+        assert!(
+            wire.contains("with-groups --groups 239.9.4.1,239.9.4.2"),
+            "{wire}"
+        );
+        let out = lines(
+            "@@ours 1\nRESULT p50_ns=10000 p99_ns=20000\n@@perftest 1\nnothing\n@@wire 1\nnothing\n",
+        );
+        let runs = split_runs(out, Kind::Latency);
+        assert_eq!(runs[Side::Wire as usize].len(), 1);
+        assert_eq!(runs[Side::Perftest as usize].len(), 1);
     }
 
     /// perftest's -M takes 16 decimal bytes; the IPv4-mapped groups in the
@@ -699,7 +749,7 @@ mod tests {
             "@@ours 1\nRESULT p50_ns=1000 p99_ns=2000\n@@variant 1\nRESULT p50_ns=1500 p99_ns=2500\n\
              @@perftest 1\nnothing\n@@reference 1\n",
         );
-        let [ours, theirs, reference, variant] = split_runs(out, Kind::Latency);
+        let [ours, theirs, reference, variant, _] = split_runs(out, Kind::Latency);
         assert_eq!(ours[0].unwrap().p50_us, 1.0);
         assert_eq!(variant[0].unwrap().p50_us, 1.5);
         assert_eq!((theirs.len(), theirs[0]), (1, None));
