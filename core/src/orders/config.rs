@@ -87,7 +87,7 @@ impl OrdersConfig {
         }
         if frame_len(self.max_payload) * 4 > self.ring_size {
             return Err(format!(
-                "max_payload: {} is more than a quarter of ring_size {} (minus the 16-byte header)",
+                "max_payload: {} is more than a quarter of ring_size {} (a frame adds an 8-byte header and an 8-byte seal)",
                 self.max_payload, self.ring_size
             ));
         }

@@ -62,7 +62,7 @@ impl LoopbackMemory {
             let old = w.load(Ordering::Relaxed);
             let new = (old & !(0xFF << shift)) | ((b as u64) << shift);
             // ORDERING: Release, pairs with the reader's Acquire load of a
-            // later word (header check, seal, control complement): every
+            // later word (a seal, a control complement): every
             // byte placed before it is visible once it is seen.
             w.store(new, Ordering::Release);
         }
