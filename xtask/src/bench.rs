@@ -152,6 +152,18 @@ fn md_datagram_len(size: usize) -> usize {
     24 + 2 + size
 }
 
+/// Rounds when none are asked for. Under emulation a process runs a whole
+/// run in one of two speeds (a p50 of about 10 us or 13-17 us for the
+/// same `ib_write_lat`, on either side), so a latency round's ratio is
+/// often 0.7 or 1.4: the median of 10 such rounds is far steadier than of
+/// 5. Throughput rounds vary less.
+fn default_rounds(kind: Kind) -> u32 {
+    match kind {
+        Kind::Latency => 10,
+        Kind::Throughput => 5,
+    }
+}
+
 /// `HEAD: p50 ratio X, p99 ratio Y` (latency) or `HEAD: ratio X`
 /// (throughput), from the medians of the per-round ratios.
 fn ratio_line(head: &str, kind: Kind, r50: Vec<f64>, r99: Vec<f64>) -> String {
@@ -582,11 +594,11 @@ pub fn run(
         }
         return crate::rc_instructions::run(c, root, size, iterations, variant);
     }
-    let rounds = rounds.unwrap_or(5);
     let spec = SPECS
         .iter()
         .find(|s| s.name == name)
         .with_context(|| format!("unknown benchmark {name:?}; known: {}", names().join(", ")))?;
+    let rounds = rounds.unwrap_or(default_rounds(spec.kind));
     let n = iterations.unwrap_or(spec.default_iterations);
     let (exe, _) = build_bench(root)?;
     // Each side runs under `timeout`: perftest occasionally hangs under

@@ -115,8 +115,8 @@ enum Cmd {
     Bench {
         /// Which benchmark.
         name: String,
-        /// Alternating rounds (each: rocebus, then perftest); default 5 (3 for the host-only
-        /// gateway-journal and gateway-restart).
+        /// Alternating rounds (each: rocebus, then perftest); default 10 for latency, 5 for
+        /// throughput (3 for the host-only gateway-journal and gateway-restart).
         #[arg(long)]
         rounds: Option<u32>,
         /// Message size in bytes.
