@@ -89,6 +89,9 @@ enum Cmd {
     /// Benchmarks: rc-latency (vs ib_write_lat), rc-throughput (vs ib_write_bw), md-throughput
     /// (vs ib_send_bw -c UD), md-latency (vs ib_send_lat -c UD), gateway-rtt (next to
     /// ib_write_lat). Ends with e.g. `rc-latency: p50 ratio X.XX, p99 ratio Y.YY`.
+    /// rc-latency and md-latency also run perftest, each round, at the bytes rocebus puts on
+    /// the wire for one message (the 80-byte frame, the 90-byte datagram) and print the ratio
+    /// against it too: what the bytes cost apart from what the code costs.
     ///
     /// Orders-path scale: rc-fanin (one active connection among N = 1, 16, 64, 256 idle ones;
     /// ends with `rc-fanin: N=256 p50 ratio X, p99 ratio Y` against N = 1) and
