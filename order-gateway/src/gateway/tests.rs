@@ -244,6 +244,31 @@ fn malformed_engine_and_fix_input_is_counted_not_fatal() {
     assert_eq!(gw.session().state(), SessionState::Active);
 }
 
+/// MsgType not the third field makes a message garbled (FIX 4.4 Vol. 2): it is ignored, not
+/// rejected, and its sequence number stays expected so the venue's resend brings it back.
+#[test]
+fn a_frame_without_msg_type_third_is_garbled_not_consumed() {
+    let (mut gw, mut v, mut out) = active();
+    let seq = gw.session().next_in();
+    // MessageWriter always writes MsgType first: the frame is built by hand.
+    let body = format!("34={seq}\x0135=8\x0149=VENUE\x0156=GW\x0152=20240102-15:00:00.000\x01");
+    let mut raw = format!("8=FIX.4.4\x019={}\x01{body}", body.len()).into_bytes();
+    let sum = raw.iter().map(|&b| u32::from(b)).sum::<u32>() % 256;
+    raw.extend_from_slice(format!("10={sum:03}\x01").as_bytes());
+    assert_eq!(split_frame(&raw), Ok(raw.len()));
+    out.clear();
+    gw.on_fix_bytes(&raw, T0, &mut out);
+    assert!(out.fix.is_empty(), "no Reject for a garbled message");
+    assert!(out.journal.is_empty(), "nothing journaled");
+    assert_eq!(gw.session().next_in(), seq);
+    assert_eq!(gw.session().counters().garbled, 1);
+    // The good copy of that number is still taken in sequence.
+    v.seq = seq;
+    gw.on_fix_bytes(&v.frame(b"0", &[]), T0, &mut out);
+    assert_eq!(gw.session().next_in(), seq + 1);
+    assert_eq!(gw.session().counters().resend_requests_sent, 0);
+}
+
 #[test]
 fn cancel_replace_and_cancel_on_disconnect() {
     let (mut gw, mut v, mut out) = active();

@@ -128,6 +128,17 @@ impl Gateway {
         let start = out.fix.len();
         let m = match Message::parse(frame) {
             Ok(m) => m,
+            Err(
+                crate::fix::FixError::MissingTag(tag::MSG_TYPE) | crate::fix::FixError::BadField(0),
+            ) => {
+                // MsgType not the third field: a garbled message (FIX 4.4 Vol. 2), ignored
+                // like a bad CheckSum, neither rejected nor given its sequence number, so
+                // the gap it leaves is resent.
+                self.counters.malformed_fix += 1;
+                self.session.count_garbled();
+                tracing::warn!(seq = find_seq(frame), "garbled FIX message ignored");
+                return;
+            }
             Err(e) => {
                 self.counters.malformed_fix += 1;
                 let seq = find_seq(frame);
