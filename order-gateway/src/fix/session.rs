@@ -693,19 +693,16 @@ impl Session {
             b"A" => SessionEvent::LoggedOn,
             b"0" | b"2" | b"4" => SessionEvent::None,
             b"1" => {
-                let id = m.get(tag::TEST_REQ_ID).unwrap_or(b"");
-                // Copied out: the id borrows the inbound frame, the writer is borrowed below.
-                let id_owned: [u8; 32] = {
-                    let mut a = [0u8; 32];
-                    let n = id.len().min(32);
-                    a[..n].copy_from_slice(&id[..n]);
-                    a
-                };
-                let n = id.len().min(32);
+                // Echoed whole (the venue matches it against the one it sent); the id
+                // borrows the inbound frame, not `self`. Left out when absent rather than
+                // sent empty (a tag without a value is rejected by a validating venue).
+                let id = m.get(tag::TEST_REQ_ID);
                 self.send_admin(
                     b"0",
                     |w| {
-                        w.field(tag::TEST_REQ_ID, &id_owned[..n]);
+                        if let Some(id) = id {
+                            w.field(tag::TEST_REQ_ID, id);
+                        }
                     },
                     now,
                     out,
@@ -1198,6 +1195,79 @@ mod tests {
             SessionEvent::Disconnect
         ));
         assert_eq!(frames(&out).len(), 1);
+    }
+}
+
+#[cfg(test)]
+mod interop_tests {
+    use super::super::split_frame;
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+    const T0: u64 = 1_704_207_600 * SEC;
+
+    fn cfg() -> SessionConfig {
+        SessionConfig {
+            sender_comp_id: "GW".into(),
+            target_comp_id: "VENUE".into(),
+            heartbeat_secs: 30,
+            resend_timeout_ms: 0,
+        }
+    }
+
+    fn venue(ty: &[u8], seq: u64, extra: &[(u32, &[u8])]) -> Vec<u8> {
+        let mut w = MessageWriter::default();
+        w.start(ty)
+            .field(49, b"VENUE")
+            .field(56, b"GW")
+            .uint(34, seq)
+            .timestamp(52, T0);
+        for (t, v) in extra {
+            w.field(*t, v);
+        }
+        let mut out = Vec::new();
+        w.finish(&mut out);
+        out
+    }
+
+    fn parsed(out: &[u8]) -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        let mut rest = out;
+        while !rest.is_empty() {
+            let n = split_frame(rest).unwrap();
+            v.push(rest[..n].to_vec());
+            rest = &rest[n..];
+        }
+        v
+    }
+
+    fn active() -> Session {
+        let mut s = Session::new(cfg());
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        let f = venue(b"A", 1, &[(98, b"0"), (108, b"30")]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.state(), SessionState::Active);
+        s
+    }
+
+    /// The Heartbeat answering a TestRequest carries its TestReqID exactly, however long.
+    #[test]
+    fn test_req_id_is_echoed_whole() {
+        let mut s = active();
+        let mut out = Vec::new();
+        let id = b"20240102-15:00:00.000-VENUE-TEST-REQUEST-0001";
+        let f = venue(b"1", 2, &[(112, id)]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        let hb = parsed(&out);
+        let m = Message::parse(&hb[0]).unwrap();
+        assert_eq!((m.msg_type(), m.get(112)), (&b"0"[..], Some(&id[..])));
+        // Without a TestReqID: a Heartbeat without one, not an empty 112.
+        out.clear();
+        let f = venue(b"1", 3, &[]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        let hb = parsed(&out);
+        assert_eq!(Message::parse(&hb[0]).unwrap().get(112), None);
     }
 }
 
