@@ -881,8 +881,11 @@ impl Session {
 
     fn gap_fill(&mut self, seq: u64, new_seq: u64, now: u64, out: &mut Vec<u8>) {
         self.header(b"4", seq, now);
+        // PossDupFlag=Y requires OrigSendingTime; for a gap fill there is no original, so
+        // it is SendingTime (FIX 4.4 Vol. 2, as QuickFIX sends it).
         self.writer
             .field(tag::POSS_DUP_FLAG, b"Y")
+            .timestamp(tag::ORIG_SENDING_TIME, now)
             .field(tag::GAP_FILL_FLAG, b"Y")
             .uint(tag::NEW_SEQ_NO, new_seq);
         self.writer.finish(out);
@@ -1268,6 +1271,25 @@ mod interop_tests {
         s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
         let hb = parsed(&out);
         assert_eq!(Message::parse(&hb[0]).unwrap().get(112), None);
+    }
+
+    /// A gap fill is sent with PossDupFlag=Y, so it carries OrigSendingTime as FIX 4.4
+    /// requires of every message with PossDupFlag=Y (QuickFIX includes it too).
+    #[test]
+    fn gap_fill_carries_orig_sending_time() {
+        let mut s = active();
+        let mut out = Vec::new();
+        s.on_timer(T0 + 31 * SEC, &mut out); // heartbeat 2
+        out.clear();
+        let rr = venue(b"2", 2, &[(7, b"1"), (16, b"0")]);
+        s.on_message(Message::parse(&rr).unwrap(), T0 + 32 * SEC, &mut out);
+        let f = parsed(&out);
+        assert!(!f.is_empty());
+        for f in &f {
+            let m = Message::parse(f).unwrap();
+            assert_eq!((m.msg_type(), m.poss_dup()), (&b"4"[..], true));
+            assert!(m.get(tag::ORIG_SENDING_TIME).is_some(), "no 122");
+        }
     }
 }
 
