@@ -600,6 +600,11 @@ impl Session {
         }
         let ty = m.msg_type();
         if ty == b"5" {
+            if seq == self.next_in {
+                // Takes its number (QuickFIX's nextLogout), or the next session starts by
+                // asking for it again.
+                self.advance_in(&m);
+            }
             if self.state != SessionState::LogoutSent {
                 self.send_admin(b"5", |_| {}, now, out);
             }
@@ -1290,6 +1295,25 @@ mod interop_tests {
             assert_eq!((m.msg_type(), m.poss_dup()), (&b"4"[..], true));
             assert!(m.get(tag::ORIG_SENDING_TIME).is_some(), "no 122");
         }
+    }
+
+    /// The venue's Logout takes its sequence number (QuickFIX's nextLogout), so the next
+    /// session does not start with a ResendRequest for it.
+    #[test]
+    fn venue_logout_consumes_its_sequence_number() {
+        let mut s = active();
+        let mut out = Vec::new();
+        let before = s.accepted_in();
+        let f = venue(b"5", 2, &[]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::Disconnect
+        ));
+        assert_eq!(s.next_in(), 3);
+        assert_eq!(s.accepted_in(), before + 1, "journaled");
+        // Our Logout answer went out.
+        let m = parsed(&out);
+        assert_eq!(Message::parse(&m[0]).unwrap().msg_type(), b"5");
     }
 }
 
