@@ -576,9 +576,30 @@ impl Session {
         self.last_recv = now;
         self.test_request_at = None;
         let Some(seq) = m.seq() else {
-            // Without MsgSeqNum there is nothing to reference; count it and drop.
-            self.reject(0, Some(tag::MSG_SEQ_NUM), 1, "MsgSeqNum missing", now, out);
-            return SessionEvent::None;
+            if m.get(tag::MSG_SEQ_NUM).is_some() {
+                // Present but not a number: nothing to reference; rejected and dropped.
+                self.reject(
+                    0,
+                    Some(tag::MSG_SEQ_NUM),
+                    6,
+                    "MsgSeqNum not a number",
+                    now,
+                    out,
+                );
+                return SessionEvent::None;
+            }
+            // FIX 4.4 Vol. 2: a message without MsgSeqNum is a serious error on the other
+            // side; a Logout ends the connection.
+            self.send_admin(
+                b"5",
+                |w| {
+                    w.field(tag::TEXT, b"MsgSeqNum missing");
+                },
+                now,
+                out,
+            );
+            self.state = SessionState::Disconnected;
+            return SessionEvent::Disconnect;
         };
         if m.get(tag::SENDER_COMP_ID) != Some(self.cfg.target_comp_id.as_bytes())
             || m.get(tag::TARGET_COMP_ID) != Some(self.cfg.sender_comp_id.as_bytes())
@@ -1314,6 +1335,29 @@ mod interop_tests {
         // Our Logout answer went out.
         let m = parsed(&out);
         assert_eq!(Message::parse(&m[0]).unwrap().msg_type(), b"5");
+    }
+
+    /// MsgSeqNum missing: Logout and disconnect (FIX 4.4 Vol. 2, garbled message rules), not
+    /// a Reject referencing sequence number 0.
+    #[test]
+    fn missing_msg_seq_num_logs_out() {
+        let mut s = active();
+        let mut out = Vec::new();
+        let mut w = MessageWriter::default();
+        w.start(b"0")
+            .field(49, b"VENUE")
+            .field(56, b"GW")
+            .timestamp(52, T0);
+        let mut f = Vec::new();
+        w.finish(&mut f);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::Disconnect
+        ));
+        let m = parsed(&out);
+        assert_eq!(m.len(), 1);
+        assert_eq!(Message::parse(&m[0]).unwrap().msg_type(), b"5");
+        assert_eq!(s.counters().rejects_sent, 0);
     }
 }
 
