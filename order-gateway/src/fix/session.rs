@@ -601,21 +601,36 @@ impl Session {
             self.state = SessionState::Disconnected;
             return SessionEvent::Disconnect;
         };
-        if m.get(tag::SENDER_COMP_ID) != Some(self.cfg.target_comp_id.as_bytes())
-            || m.get(tag::TARGET_COMP_ID) != Some(self.cfg.sender_comp_id.as_bytes())
-        {
-            self.reject(
+        let sender_ok = m.get(tag::SENDER_COMP_ID) == Some(self.cfg.target_comp_id.as_bytes());
+        if !sender_ok || m.get(tag::TARGET_COMP_ID) != Some(self.cfg.sender_comp_id.as_bytes()) {
+            // FIX 4.4 Vol. 2 (and QuickFIX's doBadCompID): Reject 373=9, take the number if
+            // it was the expected one (never skip a gap for it), then Logout and wait for the
+            // answer (or the logout timeout).
+            let ref_tag = if sender_ok {
+                tag::TARGET_COMP_ID
+            } else {
+                tag::SENDER_COMP_ID
+            };
+            self.reject_typed(
                 seq,
-                Some(tag::SENDER_COMP_ID),
+                m.msg_type(),
+                Some(ref_tag),
                 9,
                 "CompID problem",
                 now,
                 out,
             );
-            if seq >= self.next_in {
-                self.next_in = seq + 1;
-                self.accepted_in += 1;
-                self.resend_progress();
+            self.consume_rejected(seq);
+            if self.state != SessionState::LogoutSent {
+                self.send_admin(
+                    b"5",
+                    |w| {
+                        w.field(tag::TEXT, b"CompID problem");
+                    },
+                    now,
+                    out,
+                );
+                self.state = SessionState::LogoutSent;
             }
             return SessionEvent::None;
         }
@@ -1358,6 +1373,47 @@ mod interop_tests {
         assert_eq!(m.len(), 1);
         assert_eq!(Message::parse(&m[0]).unwrap().msg_type(), b"5");
         assert_eq!(s.counters().rejects_sent, 0);
+    }
+
+    fn bad_comp_id(seq: u64) -> Vec<u8> {
+        let mut w = MessageWriter::default();
+        w.start(b"8")
+            .field(49, b"EVIL")
+            .field(56, b"GW")
+            .uint(34, seq)
+            .timestamp(52, T0);
+        let mut f = Vec::new();
+        w.finish(&mut f);
+        f
+    }
+
+    /// A CompID problem is answered with Reject 373=9 and then Logout (FIX 4.4 Vol. 2 test
+    /// case 2.j, QuickFIX's doBadCompID), and a number ahead of a gap does not skip it.
+    #[test]
+    fn bad_comp_id_rejects_then_logs_out_without_skipping_a_gap() {
+        let mut s = active();
+        let mut out = Vec::new();
+        s.on_message(Message::parse(&bad_comp_id(2)).unwrap(), T0, &mut out);
+        let m = parsed(&out);
+        let types: Vec<&[u8]> = m
+            .iter()
+            .map(|f| Message::parse(f).unwrap().msg_type())
+            .collect();
+        assert_eq!(types, [&b"3"[..], &b"5"[..]]);
+        let rej = Message::parse(&m[0]).unwrap();
+        assert_eq!((rej.uint(45), rej.uint(373)), (Ok(2), Ok(9)));
+        assert_eq!(s.next_in(), 3);
+        assert_eq!(s.state(), SessionState::LogoutSent);
+        let f = venue(b"5", 3, &[]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::Disconnect
+        ));
+
+        let mut s = active();
+        out.clear();
+        s.on_message(Message::parse(&bad_comp_id(9)).unwrap(), T0, &mut out);
+        assert_eq!(s.next_in(), 2, "messages 2..8 are still owed");
     }
 }
 
