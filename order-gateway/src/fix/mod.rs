@@ -69,4 +69,5 @@ pub mod tag {
     pub const REF_MSG_TYPE: u32 = 372;
     pub const EXEC_REF_ID: u32 = 19;
     pub const POSS_RESEND: u32 = 97;
+    pub const NEXT_EXPECTED_MSG_SEQ_NUM: u32 = 789;
 }

@@ -661,6 +661,11 @@ impl Session {
         let logon = ty == b"A";
         if logon {
             self.state = SessionState::Active;
+            if seq >= self.next_in {
+                if let Some(ev) = self.on_next_expected(&m, now, out) {
+                    return ev;
+                }
+            }
         }
         if seq > self.next_in {
             // Ahead of a gap: kept for when the gap is filled (QuickFIX's doTargetTooHigh).
@@ -814,6 +819,35 @@ impl Session {
         self.resend_at = now;
     }
 
+    /// NextExpectedMsgSeqNum (789) on the venue's Logon: the number it expects from us. Below
+    /// ours it is an implicit ResendRequest (QuickFIX/J with EnableNextExpectedMsgSeqNum
+    /// then sends no ResendRequest of its own), served at once; above ours it asks for
+    /// what we never sent, which nothing can recover: Logout (FIX 4.4 Vol. 2).
+    fn on_next_expected<'a>(
+        &mut self,
+        m: &Message<'_>,
+        now: u64,
+        out: &mut Vec<u8>,
+    ) -> Option<SessionEvent<'a>> {
+        let next = super::codec::parse_uint(m.get(tag::NEXT_EXPECTED_MSG_SEQ_NUM)?)?;
+        if next > self.next_out {
+            self.send_admin(
+                b"5",
+                |w| {
+                    w.field(tag::TEXT, b"NextExpectedMsgSeqNum higher than sent");
+                },
+                now,
+                out,
+            );
+            self.state = SessionState::Disconnected;
+            return Some(SessionEvent::Disconnect);
+        }
+        if next < self.next_out {
+            self.serve_range(next, 0, now, out);
+        }
+        None
+    }
+
     /// Logon with ResetSeqNumFlag=Y (QuickFIX `Session::nextLogon`).
     fn on_reset_logon<'a>(
         &mut self,
@@ -894,6 +928,12 @@ impl Session {
             );
             return;
         };
+        self.serve_range(begin, end, now, out);
+    }
+
+    /// Resends `begin..=end` (`end` 0: everything sent): held application messages with
+    /// PossDupFlag, gap fills over the rest.
+    fn serve_range(&mut self, begin: u64, end: u64, now: u64, out: &mut Vec<u8>) {
         let last = self.next_out - 1;
         let end = if end == 0 || end > last { last } else { end };
         let mut gap_from = begin.max(1);
@@ -1414,6 +1454,72 @@ mod interop_tests {
         out.clear();
         s.on_message(Message::parse(&bad_comp_id(9)).unwrap(), T0, &mut out);
         assert_eq!(s.next_in(), 2, "messages 2..8 are still owed");
+    }
+
+    /// Our session before: Logon 1, order 2 (never reached the venue). Reconnect: Logon 3.
+    fn reconnected() -> (Session, Vec<u8>) {
+        let mut s = active();
+        let mut out = Vec::new();
+        s.send_app(b"D", b"11=1\x0155=AAPL\x01", T0, &mut out);
+        s.on_disconnect();
+        out.clear();
+        s.on_connect(T0 + SEC, &mut out);
+        assert_eq!(s.next_out(), 4);
+        (s, out)
+    }
+
+    /// A venue Logon with NextExpectedMsgSeqNum (789) below our next number is an implicit
+    /// ResendRequest from it (QuickFIX/J with EnableNextExpectedMsgSeqNum sends no
+    /// ResendRequest of its own then): we resend from there.
+    #[test]
+    fn logon_next_expected_msg_seq_num_is_served_as_a_resend() {
+        let (mut s, mut out) = reconnected();
+        out.clear();
+        let f = venue(b"A", 2, &[(98, b"0"), (108, b"30"), (789, b"2")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0 + SEC, &mut out),
+            SessionEvent::LoggedOn
+        ));
+        let got: Vec<(Vec<u8>, u64, bool, Option<u64>)> = parsed(&out)
+            .iter()
+            .map(|f| {
+                let m = Message::parse(f).unwrap();
+                (
+                    m.msg_type().to_vec(),
+                    m.seq().unwrap(),
+                    m.poss_dup(),
+                    m.uint(36).ok(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (b"D".to_vec(), 2, true, None),
+                (b"4".to_vec(), 3, true, Some(4)),
+            ]
+        );
+        // In step: nothing to resend.
+        let (mut s, mut out) = reconnected();
+        out.clear();
+        let f = venue(b"A", 2, &[(98, b"0"), (108, b"30"), (789, b"4")]);
+        s.on_message(Message::parse(&f).unwrap(), T0 + SEC, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(s.state(), SessionState::Active);
+    }
+
+    /// 789 above anything we sent cannot be recovered: Logout and disconnect.
+    #[test]
+    fn logon_next_expected_msg_seq_num_too_high_logs_out() {
+        let (mut s, mut out) = reconnected();
+        out.clear();
+        let f = venue(b"A", 2, &[(98, b"0"), (108, b"30"), (789, b"9")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0 + SEC, &mut out),
+            SessionEvent::Disconnect
+        ));
+        let m = parsed(&out);
+        assert_eq!(Message::parse(&m[0]).unwrap().msg_type(), b"5");
     }
 }
 
