@@ -322,6 +322,7 @@ const CORE_COUNTERS: &[(&str, ReadCounter)] = &[
     ("fix trade cancels", |g| g.counters().trade_cancels),
     ("fix trade corrections", |g| g.counters().trade_corrections),
     ("fix late venue answers", |g| g.counters().late_answers),
+    ("fix order messages refused", |g| g.counters().venue_refused),
     ("fix garbled frames", |g| g.session().counters().garbled),
     ("fix session rejects sent", |g| {
         g.session().counters().rejects_sent

@@ -70,4 +70,5 @@ pub mod tag {
     pub const EXEC_REF_ID: u32 = 19;
     pub const POSS_RESEND: u32 = 97;
     pub const NEXT_EXPECTED_MSG_SEQ_NUM: u32 = 789;
+    pub const BUSINESS_REJECT_REF_ID: u32 = 379;
 }

@@ -158,20 +158,61 @@ impl Gateway {
                     }
                 }
             }
-            b"8" => {
-                let leaves = o.params.qty.saturating_sub(o.cum_qty);
-                o.status = OrderStatus::Done;
-                self.open_orders -= 1;
-                let p = o.params;
-                self.risk.on_order_done(&p, leaves);
-                out.engine.push((
-                    engine,
-                    Response::reject(cl, msg_type::NEW_ORDER, RejectReason::VenueReject),
-                ));
-            }
+            b"8" => self.new_order_refused(oid, out),
             _ => {}
         }
         Ok(())
+    }
+
+    /// The venue refused new order `oid` (ExecType 8, or a reject of its NewOrderSingle).
+    fn new_order_refused(&mut self, oid: u64, out: &mut Outputs) {
+        let Some(o) = self.orders.get_mut(&oid) else {
+            return;
+        };
+        if o.status == OrderStatus::Done {
+            return;
+        }
+        let leaves = o.params.qty.saturating_sub(o.cum_qty);
+        o.status = OrderStatus::Done;
+        self.open_orders -= 1;
+        let p = o.params;
+        self.risk.on_order_done(&p, leaves);
+        out.engine.push((
+            o.engine,
+            Response::reject(o.cl_ord_id, msg_type::NEW_ORDER, RejectReason::VenueReject),
+        ));
+    }
+
+    /// The venue refused our order message `ref_type` (D, F or G) whose ClOrdID is `req`
+    /// without an ExecutionReport or OrderCancelReject (BusinessMessageReject, or a session
+    /// Reject): a new order not yet acknowledged is rejected, a pending cancel or replace
+    /// is answered as cancel-rejected. Anything else (a refused OrderStatusRequest, a late
+    /// reject of a request already answered) changes nothing.
+    pub(super) fn on_request_refused(&mut self, ref_type: &[u8], req: u64, out: &mut Outputs) {
+        let Some(&oid) = self.by_request.get(&req) else {
+            return;
+        };
+        let Some(o) = self.orders.get(&oid) else {
+            return;
+        };
+        self.counters.venue_refused += 1;
+        if !self.replaying {
+            tracing::warn!(
+                order = oid,
+                request = req,
+                msg_type = %String::from_utf8_lossy(ref_type),
+                "venue refused an order message"
+            );
+        }
+        match ref_type {
+            b"D" if req == oid && o.status == OrderStatus::PendingNew => {
+                self.new_order_refused(oid, out);
+            }
+            b"F" | b"G" if o.pending.is_some_and(|(rid, _)| rid == req) => {
+                self.change_refused(oid, out);
+            }
+            _ => {}
+        }
     }
 
     /// Quantity of `o` still reserved in risk: what is open while it is live.
@@ -390,7 +431,7 @@ impl Gateway {
         let Some(o) = self.orders.get_mut(&oid) else {
             return Ok(());
         };
-        let Some((rid, change)) = o.pending else {
+        let Some((rid, _)) = o.pending else {
             self.counters.late_answers += 1;
             return Ok(());
         };
@@ -398,6 +439,18 @@ impl Gateway {
             self.counters.late_answers += 1;
             return Ok(());
         }
+        self.change_refused(oid, out);
+        Ok(())
+    }
+
+    /// The pending cancel or replace of `oid` was refused by the venue.
+    fn change_refused(&mut self, oid: u64, out: &mut Outputs) {
+        let Some(o) = self.orders.get_mut(&oid) else {
+            return;
+        };
+        let Some((_, change)) = o.pending else {
+            return;
+        };
         // Answered even when a fill or cancel made the order final meanwhile: the engine
         // learns its request failed, and its client takes a cancel/replace reject of a
         // final order as information.
@@ -411,6 +464,5 @@ impl Gateway {
             engine,
             Response::reject(cl, request, RejectReason::VenueCancelReject),
         ));
-        Ok(())
     }
 }

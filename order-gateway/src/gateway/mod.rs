@@ -169,6 +169,8 @@ pub struct GatewayCounters {
     pub trade_refs_unknown: u64,
     /// Venue answers after the order was final that changed nothing (late cancel or reject).
     pub late_answers: u64,
+    /// Order messages the venue refused with a BusinessMessageReject or a session Reject.
+    pub venue_refused: u64,
     /// OrderStatusRequests sent at logon for orders in doubt.
     pub status_requests: u64,
     /// Engine connections cut off for sending `max_malformed_frames` malformed frames.

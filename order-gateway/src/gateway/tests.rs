@@ -269,6 +269,47 @@ fn a_frame_without_msg_type_third_is_garbled_not_consumed() {
     assert_eq!(gw.session().counters().resend_requests_sent, 0);
 }
 
+/// A BusinessMessageReject (j) of our NewOrderSingle or cancel is the venue's answer to
+/// it: the engine hears of it, and the order does not wait forever for an ack.
+#[test]
+fn business_message_reject_answers_the_refused_request() {
+    let (mut gw, mut v, mut out) = active();
+    gw.on_engine_message(1, new_order(1, 10, 100).as_bytes(), T0, &mut out);
+    gw.on_engine_message(1, new_order(2, 10, 100).as_bytes(), T0, &mut out);
+    let id1 = gw.order(1, 1).unwrap().venue_cl_ord_id.to_string();
+    let id2 = gw.order(1, 2).unwrap().venue_cl_ord_id;
+    out.clear();
+    let bmr = v.frame(
+        b"j",
+        &[(45, b"2"), (372, b"D"), (379, id1.as_bytes()), (380, b"0")],
+    );
+    gw.on_fix_bytes(&bmr, T0, &mut out);
+    assert!(matches!(
+        out.engine.last().unwrap().1,
+        Response::Reject(r) if r.reason() == RejectReason::VenueReject
+    ));
+    assert_eq!(gw.order(1, 1).unwrap().status, OrderStatus::Done);
+    assert_eq!(gw.open_order_count(), 1);
+    // A cancel refused the same way.
+    gw.on_fix_bytes(&v.exec(id2, b"0", 0, 0, 10), T0, &mut out);
+    gw.on_engine_message(1, Cancel::new(2).as_bytes(), T0, &mut out);
+    let rid = Message::parse(&last_fix(&out))
+        .unwrap()
+        .uint(tag::CL_ORD_ID)
+        .unwrap()
+        .to_string();
+    out.clear();
+    let bmr = v.frame(b"j", &[(372, b"F"), (379, rid.as_bytes()), (380, b"0")]);
+    gw.on_fix_bytes(&bmr, T0, &mut out);
+    assert!(matches!(
+        out.engine.last().unwrap().1,
+        Response::Reject(r) if r.reason() == RejectReason::VenueCancelReject
+    ));
+    assert!(gw.order(1, 2).unwrap().pending.is_none());
+    assert_eq!(gw.order(1, 2).unwrap().status, OrderStatus::Open);
+    assert_eq!(gw.counters().venue_refused, 2);
+}
+
 #[test]
 fn cancel_replace_and_cancel_on_disconnect() {
     let (mut gw, mut v, mut out) = active();

@@ -242,6 +242,16 @@ impl Gateway {
         match m.msg_type() {
             b"8" => self.on_execution_report(m, out),
             b"9" => self.on_cancel_reject(m, out),
+            b"j" => {
+                // BusinessMessageReject: BusinessRejectRefID (379) is the ClOrdID of the
+                // order message refused (a venue's throttle, an unsupported field value...).
+                let ref_type = m.get(tag::REF_MSG_TYPE).unwrap_or(b"");
+                let req = m.get(tag::BUSINESS_REJECT_REF_ID);
+                if let Some(req) = req.and_then(crate::fix::codec::parse_uint) {
+                    self.on_request_refused(ref_type, req, out);
+                }
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
