@@ -279,6 +279,11 @@ impl Session {
         self.resend_until.is_some()
     }
 
+    /// The application message we sent as number `seq`, if still held for resends.
+    pub fn sent_message(&self, seq: u64) -> Option<&[u8]> {
+        self.store.get(seq)
+    }
+
     /// Counts a frame dropped by the framing layer.
     pub fn count_garbled(&mut self) {
         self.counters.garbled += 1;

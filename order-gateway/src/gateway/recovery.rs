@@ -337,6 +337,9 @@ impl Gateway {
                     return;
                 };
                 self.session.replay_inbound(&m);
+                if m.msg_type() == b"3" {
+                    self.on_session_reject(&m, scratch);
+                }
                 if !matches!(m.msg_type(), b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A") {
                     let _ = self.apply_app(&m, scratch);
                 }

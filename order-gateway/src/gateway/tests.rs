@@ -310,6 +310,44 @@ fn business_message_reject_answers_the_refused_request() {
     assert_eq!(gw.counters().venue_refused, 2);
 }
 
+/// A session Reject (3) whose RefSeqNum is our NewOrderSingle (a venue validating against
+/// its dictionary refuses it that way) answers the order: rejected, not PendingNew for
+/// ever; and a replay of the journal comes to the same state.
+#[test]
+fn session_reject_of_a_new_order_rejects_it_live_and_on_replay() {
+    let (mut gw, mut v, mut out) = active();
+    gw.on_engine_message(1, new_order(1, 10, 100).as_bytes(), T0, &mut out);
+    let sent = Message::parse(&last_fix(&out))
+        .unwrap()
+        .seq()
+        .unwrap()
+        .to_string();
+    let rej = v.frame(
+        b"3",
+        &[
+            (45, sent.as_bytes()),
+            (372, b"D"),
+            (371, b"59"),
+            (373, b"5"),
+        ],
+    );
+    gw.on_fix_bytes(&rej, T0, &mut out);
+    assert!(matches!(
+        out.engine.last().unwrap().1,
+        Response::Reject(r) if r.reason() == RejectReason::VenueReject
+    ));
+    assert_eq!(gw.order(1, 1).unwrap().status, OrderStatus::Done);
+    assert_eq!((gw.open_order_count(), gw.risk().open_orders(7)), (0, 0));
+    let r = replay(&out.journal);
+    assert_eq!(r.order(1, 1).unwrap().status, OrderStatus::Done);
+    assert_eq!(r.open_order_count(), 0);
+    // A Reject of an admin message of ours changes no order.
+    gw.on_engine_message(1, new_order(2, 10, 100).as_bytes(), T0, &mut out);
+    let rej = v.frame(b"3", &[(45, b"1"), (373, b"0")]);
+    gw.on_fix_bytes(&rej, T0, &mut out);
+    assert_eq!(gw.order(1, 2).unwrap().status, OrderStatus::PendingNew);
+}
+
 #[test]
 fn cancel_replace_and_cancel_on_disconnect() {
     let (mut gw, mut v, mut out) = active();

@@ -173,6 +173,9 @@ impl Gateway {
         };
         if self.session.accepted_in() != before {
             out.record(record::FIX_IN, &[frame]);
+            if m.msg_type() == b"3" {
+                self.on_session_reject(&m, out);
+            }
         }
         match ev {
             SessionEvent::App(m) => {
@@ -254,6 +257,37 @@ impl Gateway {
             }
             _ => Ok(()),
         }
+    }
+
+    /// A session Reject (35=3) taken in sequence (live and replay): when RefSeqNum is one
+    /// of our order messages, the venue refused it at the session level (a required tag
+    /// missing, a value out of range for its dictionary) and no other answer will come.
+    pub(super) fn on_session_reject(&mut self, m: &Message<'_>, out: &mut Outputs) {
+        let Some(ref_seq) = m
+            .get(tag::REF_SEQ_NUM)
+            .and_then(crate::fix::codec::parse_uint)
+        else {
+            return;
+        };
+        let Some(sent) = self.session.sent_message(ref_seq) else {
+            return;
+        };
+        let Ok(sent) = Message::parse(sent) else {
+            return;
+        };
+        let ty = match sent.msg_type() {
+            b"D" => b"D",
+            b"F" => b"F",
+            b"G" => b"G",
+            _ => return,
+        };
+        let Some(req) = sent
+            .get(tag::CL_ORD_ID)
+            .and_then(crate::fix::codec::parse_uint)
+        else {
+            return;
+        };
+        self.on_request_refused(ty, req, out);
     }
 
     pub(super) fn lookup(&mut self, m: &Message<'_>) -> Result<Option<(u64, u64)>, AppReject> {
