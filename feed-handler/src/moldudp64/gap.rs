@@ -284,15 +284,28 @@ impl GapTracker {
             return Ok(Outcome::Delivered);
         }
         if seq > next {
-            if self.buffer.contains_key(&seq) {
+            if packet.kind() != Kind::Data {
+                // A heartbeat or end of session ahead of a gap has nothing to keep: how far
+                // the stream goes is in `high` already. Kept, it would take the buffer slot
+                // of the data packet that starts at the same sequence number.
+                return Ok(Outcome::Delivered);
+            }
+            // A packet already kept at this sequence number is replaced only by one that
+            // reaches further (a short retransmission answer, then the full packet).
+            let kept = self.buffer.get(&seq).map(|b| {
+                let end = Packet::parse(b).map_or(seq, |p| p.end_sequence());
+                (end, b.len())
+            });
+            if kept.is_some_and(|(kept_end, _)| kept_end >= end) {
                 self.counters.duplicates += 1;
                 return Ok(Outcome::Duplicate);
             }
-            if self.buffered_bytes + bytes.len() > self.config.max_buffered_bytes {
+            let freed = kept.map_or(0, |(_, len)| len);
+            if self.buffered_bytes - freed + bytes.len() > self.config.max_buffered_bytes {
                 self.counters.buffer_overflows += 1;
                 return Ok(Outcome::Dropped);
             }
-            self.buffered_bytes += bytes.len();
+            self.buffered_bytes = self.buffered_bytes - freed + bytes.len();
             self.buffer.insert(seq, bytes.to_vec());
             return Ok(Outcome::Buffered);
         }

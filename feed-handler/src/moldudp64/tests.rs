@@ -559,3 +559,65 @@ fn reordered_packet_within_the_wait_is_no_loss() {
     assert_eq!(g.next_timeout(), None);
     assert_eq!(g.counters().unrecoverable, 0);
 }
+
+#[test]
+fn heartbeat_ahead_of_a_gap_does_not_hide_the_data_after_it() {
+    // 2 is lost; the sender then idles (heartbeat saying 3 is next) and sends 3..=4. The
+    // heartbeat carries nothing to keep: the data packet at the same sequence must be kept,
+    // not taken for a duplicate of it.
+    let t0 = Instant::now();
+    let cfg = GapConfig {
+        retransmission: false,
+        retransmit_timeout: Duration::from_millis(10),
+        ..GapConfig::default()
+    };
+    let mut g = GapTracker::new(cfg);
+    let mut got = Vec::new();
+    g.on_packet(t0, &packet(1, 1), &mut collect(&mut got))
+        .expect("ok");
+    g.on_packet(
+        t0,
+        &empty_packet(session("T"), 3, HEARTBEAT),
+        &mut collect(&mut got),
+    )
+    .expect("ok");
+    assert_eq!(
+        g.on_packet(t0, &packet(3, 2), &mut collect(&mut got)),
+        Ok(Outcome::Buffered)
+    );
+    assert_eq!(g.poll_request(t0), None);
+    let due = g.next_timeout().expect("waits for reordered packets");
+    let mut released = Released::default();
+    g.handle_timeout(due, &mut released);
+    assert_eq!(released.0, [Err(Loss { from: 2, to: 3 }), Ok(3), Ok(4)]);
+    assert_eq!(g.next_sequence(), Some(5));
+    let c = *g.counters();
+    assert_eq!((c.lost, c.duplicates, c.unrecoverable), (1, 0, 1));
+}
+
+#[test]
+fn longer_packet_at_a_buffered_sequence_replaces_the_shorter() {
+    // A short retransmission answer (5..=5) is buffered ahead of a gap, then the multicast
+    // packet 5..=7 arrives: it holds messages the short one lacks and must be kept.
+    let t = Instant::now();
+    let mut g = GapTracker::new(GapConfig::default());
+    let mut got = Vec::new();
+    g.on_packet(t, &packet(1, 1), &mut collect(&mut got))
+        .expect("ok");
+    g.on_packet(t, &packet(5, 1), &mut collect(&mut got))
+        .expect("ok");
+    assert_eq!(
+        g.on_packet(t, &packet(5, 3), &mut collect(&mut got)),
+        Ok(Outcome::Buffered)
+    );
+    assert_eq!(
+        g.on_packet(t, &packet(5, 2), &mut collect(&mut got)),
+        Ok(Outcome::Duplicate)
+    );
+    let r = g.poll_request(t).expect("request");
+    assert_eq!((r.sequence_number, r.count), (2, 3));
+    g.on_packet(t, &packet(2, 3), &mut collect(&mut got))
+        .expect("ok");
+    assert_eq!(got, [1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(g.poll_request(t), None, "nothing left to ask");
+}
