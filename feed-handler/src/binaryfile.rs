@@ -35,10 +35,41 @@ pub enum DetectError {
         /// Offset of the first record that did not fit.
         offset: usize,
     },
+    /// The file starts with the magic number of another format (a packet capture, a
+    /// compressed file): read as length-prefixed records it would be garbage, some of which
+    /// could decode as messages by chance.
+    #[error("this is a {0} file{hint}", hint = other_format_hint(.0))]
+    OtherFormat(&'static str),
 }
+
+fn other_format_hint(format: &str) -> &'static str {
+    if format == "gzip" {
+        ": decompress it first (e.g. with gunzip)"
+    } else {
+        ": packet captures are not read, extract the ITCH messages as BinaryFILE first"
+    }
+}
+
+/// Formats a capture is mistaken for, by their leading bytes. None can start a BinaryFILE:
+/// a first length prefix of 0x0a0d, 0x1f8b, 0x4d3c, 0xa1b2 or 0xd4c3 is far longer than any
+/// ITCH message.
+const OTHER_FORMATS: [(&[u8], &str); 6] = [
+    (&[0xd4, 0xc3, 0xb2, 0xa1], "pcap"),
+    (&[0xa1, 0xb2, 0xc3, 0xd4], "pcap"),
+    (&[0x4d, 0x3c, 0xb2, 0xa1], "pcap (nanosecond)"),
+    (&[0xa1, 0xb2, 0x3c, 0x4d], "pcap (nanosecond)"),
+    (&[0x0a, 0x0d, 0x0d, 0x0a], "pcapng"),
+    (&[0x1f, 0x8b, 0x08], "gzip"),
+];
 
 /// Decides the framing of `data` from its first records.
 pub fn detect(data: &[u8]) -> Result<Framing, DetectError> {
+    if let Some(&(_, format)) = OTHER_FORMATS
+        .iter()
+        .find(|(magic, _)| data.starts_with(magic))
+    {
+        return Err(DetectError::OtherFormat(format));
+    }
     let Some(prefix) = data.get(..2) else {
         return Ok(Framing::LengthPrefixed);
     };
@@ -383,6 +414,30 @@ mod tests {
                 r.for_each(drop);
             }
         }
+    }
+
+    #[test]
+    fn packet_captures_and_compressed_files_are_refused() {
+        // Headers as tcpdump (microsecond and nanosecond, either byte order), pcapng and gzip
+        // write them, each followed by bytes that would read as a record if the magic were
+        // taken for a length prefix.
+        let mut tail = Vec::new();
+        push_record(&mut tail, &SYSTEM_EVENT);
+        for (magic, format) in [
+            (&[0xd4, 0xc3, 0xb2, 0xa1][..], "pcap"),
+            (&[0xa1, 0xb2, 0xc3, 0xd4], "pcap"),
+            (&[0x4d, 0x3c, 0xb2, 0xa1], "pcap (nanosecond)"),
+            (&[0xa1, 0xb2, 0x3c, 0x4d], "pcap (nanosecond)"),
+            (&[0x0a, 0x0d, 0x0d, 0x0a], "pcapng"),
+            (&[0x1f, 0x8b, 0x08], "gzip"),
+        ] {
+            let mut f = magic.to_vec();
+            f.extend_from_slice(&tail);
+            assert_eq!(detect(&f), Err(DetectError::OtherFormat(format)));
+            assert!(Reader::new(&f).is_err());
+        }
+        // A real capture's first record is unaffected.
+        assert_eq!(detect(&tail), Ok(Framing::LengthPrefixed));
     }
 
     #[test]
