@@ -30,6 +30,32 @@ pub const fn trailer_value(seq: u64, word0: u64) -> u64 {
         ^ 0x5EA1_ED0F_F5E7_0000
 }
 
+/// The header word of a frame: the payload length in the low 32 bits, the
+/// stream in the next 16, the type in the top 16 (the little-endian bytes
+/// of [`FrameHeader`]). The one place that layout is written down: the
+/// sender's hot path, [`FrameHeader::word0`] and the receiver's fast path
+/// (which reads the fields back with [`word_len`], [`word_stream`] and
+/// [`word_type`]) all use it.
+#[inline(always)]
+pub const fn header_word(len: u32, stream_id: u16, msg_type: u16) -> u64 {
+    len as u64 | (stream_id as u64) << 32 | (msg_type as u64) << 48
+}
+/// The payload length a [`header_word`] carries.
+#[inline(always)]
+pub const fn word_len(word0: u64) -> u32 {
+    word0 as u32
+}
+/// The stream a [`header_word`] carries.
+#[inline(always)]
+pub const fn word_stream(word0: u64) -> u16 {
+    (word0 >> 32) as u16
+}
+/// The message type a [`header_word`] carries.
+#[inline(always)]
+pub const fn word_type(word0: u64) -> u16 {
+    (word0 >> 48) as u16
+}
+
 /// The message type of a padding frame (fills the ring's tail on wrap).
 pub const TYPE_PADDING: u16 = 0xFFFF;
 /// Types from here up are reserved for rocebus itself.
@@ -60,11 +86,11 @@ impl FrameHeader {
     }
     /// The header read from its word.
     pub fn from_word(word0: u64) -> Self {
-        Self::new(word0 as u32, (word0 >> 32) as u16, (word0 >> 48) as u16)
+        Self::new(word_len(word0), word_stream(word0), word_type(word0))
     }
     /// The header's bytes (length, stream, type) as one little-endian word.
     pub fn word0(&self) -> u64 {
-        u64::from_le_bytes(self.as_bytes().try_into().expect("8 bytes"))
+        header_word(self.len.get(), self.stream_id.get(), self.msg_type.get())
     }
     /// The seal of frame `seq` with this header.
     pub fn seal(&self, seq: u64) -> u64 {
@@ -88,7 +114,7 @@ pub const fn frame_len(payload: usize) -> usize {
 /// claimed exactly this room).
 #[inline]
 pub fn write_frame(frame: &mut [u8], stream_id: u16, msg_type: u16, seq: u64, payload: &[u8]) {
-    let word0 = payload.len() as u32 as u64 | (stream_id as u64) << 32 | (msg_type as u64) << 48;
+    let word0 = header_word(payload.len() as u32, stream_id, msg_type);
     let (head, rest) = frame
         .split_first_chunk_mut::<HEADER_LEN>()
         .expect("a frame holds a header");
@@ -374,6 +400,16 @@ mod tests {
         );
         assert_eq!(FrameHeader::new(5, 7, 3).as_bytes(), &FRAME_BYTES[..8]);
         assert_eq!(FrameHeader::from_word(h.word0()), h);
+        // The word is the header's little-endian bytes, field by field.
+        let w = u64::from_le_bytes(FRAME_BYTES[..8].try_into().unwrap());
+        assert_eq!(h.word0(), w);
+        assert_eq!(header_word(5, 7, 3), w);
+        assert_eq!((word_len(w), word_stream(w), word_type(w)), (5, 7, 3));
+        let top = header_word(u32::MAX, 0xABCD, TYPE_PADDING);
+        assert_eq!(
+            FrameHeader::from_word(top).as_bytes(),
+            &top.to_le_bytes()[..]
+        );
         assert_eq!(h.seal(1).to_le_bytes(), FRAME_BYTES[24..]);
         let mut f = [0u8; 32];
         write_frame(&mut f, 7, 3, 1, &[1, 2, 3, 4, 5]);

@@ -457,7 +457,7 @@ pub struct Receiver {
 
 /// The lowest first header word of a reserved type (padding included): the
 /// type is the word's top 16 bits, so one compare tells an application frame.
-const RESERVED_WORD0: u64 = (TYPE_RESERVED_MIN as u64) << 48;
+const RESERVED_WORD0: u64 = frame::header_word(0, 0, TYPE_RESERVED_MIN);
 
 impl Receiver {
     /// A receiver of a ring of `size` data bytes accepting payloads up to
@@ -513,7 +513,7 @@ impl Receiver {
         // What the header word says counts only if the seal it points to
         // is this frame's, which covers the word (see `take_sealed`).
         let w0 = mem.load_header(off);
-        let len = w0 as u32 as usize;
+        let len = frame::word_len(w0) as usize;
         // Each refusal its own branch (the slow path is cold): an
         // application type, a length within `max_payload` (a `u32`, so
         // `frame_len` cannot overflow), room before the ring's end.
@@ -547,8 +547,8 @@ impl Receiver {
         self.bytes += len as u64;
         Ok(Some(FrameInfo {
             len: len as u32,
-            stream_id: (w0 >> 32) as u16,
-            msg_type: (w0 >> 48) as u16,
+            stream_id: frame::word_stream(w0),
+            msg_type: frame::word_type(w0),
             seq,
             total,
         }))
