@@ -37,29 +37,36 @@ pub enum DetectError {
     },
     /// The file starts with the magic number of another format (a packet capture, a
     /// compressed file): read as length-prefixed records it would be garbage, some of which
-    /// could decode as messages by chance.
+    /// could decode as messages by chance. [`crate::capture`] reads pcap, pcapng and gzip
+    /// into BinaryFILE bytes first; other compressions are refused.
     #[error("this is a {0} file{hint}", hint = other_format_hint(.0))]
     OtherFormat(&'static str),
 }
 
 fn other_format_hint(format: &str) -> &'static str {
-    if format == "gzip" {
-        ": decompress it first (e.g. with gunzip)"
-    } else {
-        ": packet captures are not read, extract the ITCH messages as BinaryFILE first"
+    match format {
+        "gzip" | "pcap" | "pcap (nanosecond)" | "pcapng" => {
+            ": open it with feed_handler::capture, which reads it (every command does)"
+        }
+        _ => ": only gzip compression is read, decompress it first",
     }
 }
 
 /// Formats a capture is mistaken for, by their leading bytes. None can start a BinaryFILE:
-/// a first length prefix of 0x0a0d, 0x1f8b, 0x4d3c, 0xa1b2 or 0xd4c3 is far longer than any
-/// ITCH message.
-const OTHER_FORMATS: [(&[u8], &str); 6] = [
+/// a first length prefix of 0x0a0d, 0x1f8b, 0x4d3c, 0xa1b2, 0xd4c3, 0x28b5, 0x425a, 0xfd37
+/// or 0x504b is far longer than any ITCH message. Packet captures and gzip are read by
+/// [`crate::capture`], which hands this module BinaryFILE bytes; the others are refused.
+const OTHER_FORMATS: [(&[u8], &str); 10] = [
     (&[0xd4, 0xc3, 0xb2, 0xa1], "pcap"),
     (&[0xa1, 0xb2, 0xc3, 0xd4], "pcap"),
     (&[0x4d, 0x3c, 0xb2, 0xa1], "pcap (nanosecond)"),
     (&[0xa1, 0xb2, 0x3c, 0x4d], "pcap (nanosecond)"),
     (&[0x0a, 0x0d, 0x0d, 0x0a], "pcapng"),
     (&[0x1f, 0x8b, 0x08], "gzip"),
+    (&[0x28, 0xb5, 0x2f, 0xfd], "zstd-compressed"),
+    (b"BZh", "bzip2-compressed"),
+    (&[0xfd, b'7', b'z', b'X', b'Z', 0], "xz-compressed"),
+    (b"PK\x03\x04", "zip"),
 ];
 
 /// Decides the framing of `data` from its first records.
@@ -430,6 +437,10 @@ mod tests {
             (&[0xa1, 0xb2, 0x3c, 0x4d], "pcap (nanosecond)"),
             (&[0x0a, 0x0d, 0x0d, 0x0a], "pcapng"),
             (&[0x1f, 0x8b, 0x08], "gzip"),
+            (&[0x28, 0xb5, 0x2f, 0xfd], "zstd-compressed"),
+            (b"BZh", "bzip2-compressed"),
+            (&[0xfd, b'7', b'z', b'X', b'Z', 0], "xz-compressed"),
+            (b"PK\x03\x04", "zip"),
         ] {
             let mut f = magic.to_vec();
             f.extend_from_slice(&tail);

@@ -55,10 +55,19 @@ pub struct FeedConfig {
     /// on the bus as a feed loss).
     #[serde(default)]
     pub retrans_server: Option<SocketAddr>,
-    /// Read this BinaryFILE capture instead of the network (relative to the working
-    /// directory).
+    /// Read this capture instead of the network (relative to the working directory):
+    /// BinaryFILE, or a pcap/pcapng capture of the MoldUDP64 feed, either possibly
+    /// gzip-compressed (see [`crate::capture`]).
     #[serde(default)]
     pub capture: Option<PathBuf>,
+    /// With a packet capture in `capture`: read only UDP datagrams to these destination
+    /// ports (empty: every port).
+    #[serde(default)]
+    pub capture_dst_ports: Vec<u16>,
+    /// With a packet capture in `capture`: read only UDP datagrams to these destination
+    /// addresses, e.g. the A and B groups (empty: every address).
+    #[serde(default)]
+    pub capture_dst_addrs: Vec<std::net::IpAddr>,
     /// Receive buffer of the feed socket, bytes (capped by the kernel's
     /// `net.core.rmem_max`; 0 keeps the OS default).
     #[serde(default = "default_recv_buffer")]

@@ -11,11 +11,13 @@ use crate::badinput::RateLimitedLog;
 use crate::binaryfile::{self, DetectError, Framing, Reader};
 use crate::book::Book;
 use crate::bus::BusSink;
+use crate::capture;
 use crate::config::Config;
 use crate::ipcsink::IpcSink;
 use crate::itch;
 use crate::moldudp64::Loss;
 use crate::normalized::FeedLoss;
+use crate::pcap::WireFilter;
 use crate::publish::{MdSink, PublishCounters, Publisher};
 use crate::udp::{FeedSink, ReceiverConfig, UdpReceiver};
 use rocebus::counters::{Counter, CountersError, CountersFile};
@@ -219,11 +221,16 @@ struct Capture {
 const CAPTURE_BATCH: usize = 64;
 
 impl Capture {
-    fn open(path: &Path) -> Result<Self, ServiceError> {
-        let data = std::fs::read(path).map_err(|source| ServiceError::ReadCapture {
+    fn open(path: &Path, filter: &WireFilter) -> Result<Self, ServiceError> {
+        // Any supported capture (BinaryFILE, pcap, pcapng, gzipped) as BinaryFILE bytes.
+        let loaded = capture::load(path, filter).map_err(|source| ServiceError::ReadCapture {
             path: path.into(),
             source,
         })?;
+        if let Some(summary) = loaded.summary() {
+            tracing::info!(path = %path.display(), "{summary}");
+        }
+        let data = loaded.data;
         let framing = binaryfile::detect(&data).map_err(|source| ServiceError::CaptureFormat {
             path: path.into(),
             source,
@@ -364,7 +371,13 @@ impl Service {
     /// (`rocebus::counters::counters_path(&default_dir(), "feed-handler")` in production).
     pub fn new(config: Config, counters: Option<&Path>) -> Result<Self, ServiceError> {
         let source = match &config.feed.capture {
-            Some(path) => Source::Capture(Capture::open(path)?),
+            Some(path) => Source::Capture(Capture::open(
+                path,
+                &WireFilter {
+                    dst_ports: config.feed.capture_dst_ports.clone(),
+                    dst_addrs: config.feed.capture_dst_addrs.clone(),
+                },
+            )?),
             None => {
                 let f = &config.feed;
                 let udp_err = |source| ServiceError::Udp {
@@ -814,7 +827,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("day.itch");
         std::fs::write(&path, &data).unwrap();
-        let mut c = Capture::open(&path).unwrap();
+        let mut c = Capture::open(&path, &WireFilter::default()).unwrap();
         let mut got = 0u64;
         let mut passes = 0;
         while !c.done() {
@@ -824,7 +837,7 @@ mod tests {
         assert_eq!((got, c.messages, c.bad_records), (messages, messages, 1));
         assert!(passes > 500 / CAPTURE_BATCH);
         assert!(matches!(
-            Capture::open(&dir.path().join("missing")),
+            Capture::open(&dir.path().join("missing"), &WireFilter::default()),
             Err(ServiceError::ReadCapture { .. })
         ));
     }
