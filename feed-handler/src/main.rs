@@ -4,16 +4,18 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use feed_handler::binaryfile::Reader;
+use feed_handler::capture::{self, Loaded};
 use feed_handler::config::Config;
 use feed_handler::generate::{generate_binaryfile, GenConfig};
 use feed_handler::inspect::{self, Symbols, TimeOfDay};
 use feed_handler::itch;
+use feed_handler::pcap::WireFilter;
 use feed_handler::service::{RunOptions, Service};
 use feed_handler::udp::{Pacing, ReplayConfig, Replayer};
 use rocebus::counters::{counters_path, default_dir};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use std::io::{BufWriter, Write};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -23,23 +25,67 @@ use std::time::{Duration, Instant};
 /// NASDAQ TotalView-ITCH 5.0 feed handler and tools: run the service, inspect captures,
 /// generate synthetic days, play the exchange.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version, about, after_long_help = CAPTURE_FORMATS)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+/// What every command that takes a capture file reads.
+const CAPTURE_FORMATS: &str = "\
+Capture files (decode, book, bbo, export, throughput, replay, run --capture), told apart by \
+their first bytes, not their names:
+  - BinaryFILE: a 2-byte big-endian length before each ITCH 5.0 message (or all-zero \
+prefixes, detected);
+  - pcap (microsecond or nanosecond, either byte order) and pcapng captures of MoldUDP64 over \
+UDP: Ethernet with or without VLAN tags (802.1Q, QinQ), Linux cooked (SLL, SLL2), raw IP or \
+loopback; IPv4 fragments reassembled. The ITCH messages of the first MoldUDP64 session with \
+data are read in sequence order: an A and a B feed in one file are delivered once, packets \
+of other sessions dropped. A summary goes to stderr: the session and sequences read, \
+sequence ranges missing from every feed (count, first and last missing), and the counts of \
+what was skipped (non-UDP frames, payloads that are not MoldUDP64, records cut by the snap \
+length). --dst-port and --dst-addr keep only the feed's datagrams;
+  - any of these gzip-compressed (e.g. NASDAQ's sample files as downloaded, .gz).";
+
+/// Which datagrams of a packet capture (pcap, pcapng) are read; BinaryFILE ignores these.
+#[derive(Debug, Clone, Default, clap::Args)]
+struct WireArgs {
+    /// Packet captures only: read UDP datagrams to this destination port alone (repeat the
+    /// option, or separate with commas, for an A and a B feed on two ports); default: every
+    /// port. Datagrams left out are counted in the summary on stderr.
+    #[arg(long = "dst-port", value_name = "PORT", value_delimiter = ',')]
+    dst_port: Vec<u16>,
+    /// Packet captures only: read UDP datagrams to this destination address alone, e.g. the
+    /// feed's multicast group (repeat, or separate with commas, for the A and B groups);
+    /// default: every address.
+    #[arg(long = "dst-addr", value_name = "IP", value_delimiter = ',')]
+    dst_addr: Vec<IpAddr>,
+}
+
+impl WireArgs {
+    fn filter(&self) -> WireFilter {
+        WireFilter {
+            dst_ports: self.dst_port.clone(),
+            dst_addrs: self.dst_addr.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print every message of a BinaryFILE capture as one JSON object per line.
+    /// Print every message of a capture as one JSON object per line.
     ///
     /// Field names are the specification's in snake case; prices are decimal strings with
     /// their implied decimals; timestamps are nanoseconds since midnight. Files whose length
     /// prefixes are all zero are detected and read by message type. Bad records are counted
     /// and reported on stderr.
     Decode {
-        /// The capture (BinaryFILE: 2-byte big-endian length before each message).
+        /// The capture: BinaryFILE (2-byte big-endian length before each message), or a pcap
+        /// or pcapng capture of MoldUDP64, either possibly gzip-compressed (see `--help` of
+        /// `feed-handler` itself).
         file: PathBuf,
+        #[command(flatten)]
+        wire: WireArgs,
     },
     /// Print the full-depth order book of one or all symbols at a time of day.
     ///
@@ -49,8 +95,10 @@ enum Command {
     /// side by side, best first: bid size, orders and price | ask price, size and orders.
     /// Without `--symbol`, every symbol with at least one resting order is printed.
     Book {
-        /// The capture (BinaryFILE, as for `decode`).
+        /// The capture (BinaryFILE, pcap or pcapng, possibly gzipped; as for `decode`).
         file: PathBuf,
+        #[command(flatten)]
+        wire: WireArgs,
         /// Only this symbol (e.g. AAPL); an error if the capture has no such symbol by then.
         #[arg(long)]
         symbol: Option<String>,
@@ -70,8 +118,10 @@ enum Command {
     /// timestamps in nanoseconds since midnight, prices as decimals with 4 places, and an
     /// empty side as empty fields. Progress goes to stderr about every second on long files.
     Bbo {
-        /// The capture (BinaryFILE, as for `decode`).
+        /// The capture (BinaryFILE, pcap or pcapng, possibly gzipped; as for `decode`).
         file: PathBuf,
+        #[command(flatten)]
+        wire: WireArgs,
         /// Write the CSV here instead of stdout.
         #[arg(short, long, value_name = "OUT.csv")]
         output: Option<PathBuf>,
@@ -85,8 +135,10 @@ enum Command {
     /// F_BAD_TS_RECV. Prices are DBN fixed point (1e-9). An output name ending in `.zst` is
     /// Zstandard-compressed. The README's "DBN export" section has the record conventions.
     Export {
-        /// The capture (BinaryFILE, as for `decode`).
+        /// The capture (BinaryFILE, pcap or pcapng, possibly gzipped; as for `decode`).
         file: PathBuf,
+        #[command(flatten)]
+        wire: WireArgs,
         /// Record schema.
         #[arg(long, value_enum)]
         schema: feed_handler::dbnexport::ExportSchema,
@@ -105,8 +157,10 @@ enum Command {
     /// opening the file to the last message. `cargo xtask bench books` runs it against
     /// itch-book.
     Throughput {
-        /// The capture (BinaryFILE, as for `decode`).
+        /// The capture (BinaryFILE, pcap or pcapng, possibly gzipped; as for `decode`).
         file: PathBuf,
+        #[command(flatten)]
+        wire: WireArgs,
     },
     /// Write a deterministic, seeded ITCH 5.0 day as a BinaryFILE capture.
     Generate {
@@ -134,8 +188,11 @@ enum Command {
     /// serving retransmissions and snapshots of what it published to late joiners. The
     /// README's "Record and replay" section says what survives the round trip.
     Replay {
-        /// The capture (BinaryFILE) or DBN recording.
+        /// The capture (BinaryFILE, pcap or pcapng, possibly gzipped; as for `decode`) or DBN
+        /// recording.
         file: PathBuf,
+        #[command(flatten)]
+        wire: WireArgs,
         /// Capture: destination, e.g. 239.1.1.1:26477 (multicast, TTL 1, loopback on) or a
         /// unicast address.
         #[arg(long)]
@@ -184,9 +241,14 @@ enum Command {
         /// The service configuration (TOML; unknown keys are errors).
         #[arg(long, default_value = "configs/feed-handler.toml")]
         config: PathBuf,
-        /// Read this BinaryFILE capture instead of the network (overrides `feed.capture`).
+        /// Read this capture instead of the network (overrides `feed.capture`): BinaryFILE,
+        /// pcap or pcapng, possibly gzipped (as for `decode`).
         #[arg(long)]
         capture: Option<PathBuf>,
+        /// With a packet capture: as `--dst-port`/`--dst-addr` of `decode` (override
+        /// `feed.capture_dst_ports` / `feed.capture_dst_addrs`).
+        #[command(flatten)]
+        wire: WireArgs,
         /// Stop after this many seconds (fractions allowed).
         #[arg(long)]
         duration: Option<f64>,
@@ -207,21 +269,23 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Command::Decode { file } => decode(&file),
+        Command::Decode { file, wire } => decode(&file, &wire.filter()),
         Command::Book {
             file,
+            wire,
             symbol,
             depth,
             at,
-        } => book(&file, symbol.as_deref(), depth, at),
-        Command::Bbo { file, output } => bbo(&file, output.as_deref()),
-        Command::Throughput { file } => throughput(&file),
+        } => book(&file, &wire.filter(), symbol.as_deref(), depth, at),
+        Command::Bbo { file, wire, output } => bbo(&file, &wire.filter(), output.as_deref()),
+        Command::Throughput { file, wire } => throughput(&file, &wire.filter()),
         Command::Export {
             file,
+            wire,
             schema,
             date,
             output,
-        } => export(&file, schema, date, &output),
+        } => export(&file, &wire.filter(), schema, date, &output),
         Command::Generate {
             seed,
             messages,
@@ -238,6 +302,7 @@ fn main() -> Result<()> {
         }
         Command::Replay {
             file,
+            wire,
             group,
             config,
             rate,
@@ -256,8 +321,9 @@ fn main() -> Result<()> {
                     file.display()
                 );
             };
-            let data = read(&file)?;
-            let mut reader = capture(&file, &data)?;
+            let loaded = load(&file, &wire.filter())?;
+            report_wire(&file, &loaded);
+            let mut reader = capture(&file, &loaded.data)?;
             let messages: Vec<&[u8]> = reader
                 .by_ref()
                 .filter_map(Result::ok)
@@ -288,16 +354,25 @@ fn main() -> Result<()> {
         Command::Run {
             config,
             capture,
+            wire,
             duration,
             exit_on_end_of_session,
             counters,
-        } => run(&config, capture, duration, exit_on_end_of_session, counters),
+        } => run(
+            &config,
+            capture,
+            &wire,
+            duration,
+            exit_on_end_of_session,
+            counters,
+        ),
     }
 }
 
 fn run(
     config: &Path,
     capture: Option<PathBuf>,
+    wire: &WireArgs,
     duration: Option<f64>,
     exit_on_end_of_session: bool,
     counters: Option<PathBuf>,
@@ -305,6 +380,12 @@ fn run(
     let mut cfg = Config::load(config)?;
     if capture.is_some() {
         cfg.feed.capture = capture;
+    }
+    if !wire.dst_port.is_empty() {
+        cfg.feed.capture_dst_ports = wire.dst_port.clone();
+    }
+    if !wire.dst_addr.is_empty() {
+        cfg.feed.capture_dst_addrs = wire.dst_addr.clone();
     }
     let duration = match duration {
         Some(d) if !(d.is_finite() && d > 0.0) => {
@@ -394,8 +475,16 @@ fn replay_dbn(
     Ok(())
 }
 
-fn read(file: &Path) -> Result<Vec<u8>> {
-    std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))
+/// The capture at `file` as BinaryFILE bytes, whatever its format (see `CAPTURE_FORMATS`).
+fn load(file: &Path, filter: &WireFilter) -> Result<Loaded> {
+    capture::load(file, filter).with_context(|| format!("cannot read {}", file.display()))
+}
+
+/// For a packet capture: what was read, skipped and missing, on stderr.
+fn report_wire(file: &Path, loaded: &Loaded) {
+    if let Some(summary) = loaded.summary() {
+        eprintln!("{}: {summary}", file.display());
+    }
 }
 
 fn capture<'a>(file: &Path, data: &'a [u8]) -> Result<Reader<'a>> {
@@ -421,13 +510,22 @@ fn check_read(file: &Path, counters: &feed_handler::binaryfile::ReaderCounters) 
 fn no_messages(file: &Path) -> anyhow::Error {
     anyhow::anyhow!(
         "no ITCH message could be read from {} (expected a BinaryFILE capture: a 2-byte \
-         big-endian length before each ITCH 5.0 message)",
+         big-endian length before each ITCH 5.0 message; or a pcap/pcapng capture of \
+         MoldUDP64 carrying ITCH 5.0, whose datagrams --dst-port/--dst-addr select)",
         file.display()
     )
 }
 
-fn book(file: &Path, symbol: Option<&str>, depth: u32, at: Option<u64>) -> Result<()> {
-    let data = read(file)?;
+fn book(
+    file: &Path,
+    filter: &WireFilter,
+    symbol: Option<&str>,
+    depth: u32,
+    at: Option<u64>,
+) -> Result<()> {
+    let loaded = load(file, filter)?;
+    report_wire(file, &loaded);
+    let data = loaded.data;
     let got = inspect::book_at(capture(file, &data)?, at);
     // With `--at` only what was read is judged; that includes the first later message.
     check_read(file, &got.reader)?;
@@ -474,8 +572,10 @@ fn book(file: &Path, symbol: Option<&str>, depth: u32, at: Option<u64>) -> Resul
     .or_else(quiet_broken_pipe)
 }
 
-fn bbo(file: &Path, output: Option<&Path>) -> Result<()> {
-    let data = read(file)?;
+fn bbo(file: &Path, filter: &WireFilter, output: Option<&Path>) -> Result<()> {
+    let loaded = load(file, filter)?;
+    report_wire(file, &loaded);
+    let data = loaded.data;
     let reader = capture(file, &data)?;
     // Refuse a file that is no capture before creating the output or writing the header.
     if capture(file, &data)?.flatten().next().is_none() {
@@ -541,13 +641,18 @@ fn thread_cpu_ns() -> Option<u64> {
         .ok()
 }
 
-fn throughput(file: &Path) -> Result<()> {
+fn throughput(file: &Path, filter: &WireFilter) -> Result<()> {
     let cpu = thread_cpu_ns();
     let start = Instant::now();
-    let f = std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+    // Streamed, whatever the format: a gzip or packet capture is decoded chunk by chunk.
+    let mut f =
+        capture::open(file, filter).with_context(|| format!("cannot open {}", file.display()))?;
     let totals =
-        inspect::books_pass(f).with_context(|| format!("cannot read {}", file.display()))?;
+        inspect::books_pass(&mut f).with_context(|| format!("cannot read {}", file.display()))?;
     let secs = start.elapsed().as_secs_f64();
+    if let Some(w) = f.wire_report() {
+        eprintln!("{}: {}: {w}", file.display(), f.kind());
+    }
     let cpu = match (cpu, thread_cpu_ns()) {
         (Some(a), Some(b)) => format!(" cpu_secs={:.6}", b.saturating_sub(a) as f64 / 1e9),
         _ => String::new(),
@@ -564,12 +669,15 @@ fn throughput(file: &Path) -> Result<()> {
 
 fn export(
     file: &Path,
+    filter: &WireFilter,
     schema: feed_handler::dbnexport::ExportSchema,
     date: feed_handler::dbnexport::Date,
     output: &Path,
 ) -> Result<()> {
     use feed_handler::dbnexport::{export, ExportError, ExportOptions};
-    let data = read(file)?;
+    let loaded = load(file, filter)?;
+    report_wire(file, &loaded);
+    let data = loaded.data;
     capture(file, &data)?;
     let zstd = output.extension().is_some_and(|e| e == "zst");
     let out = BufWriter::new(
@@ -608,8 +716,10 @@ fn quiet_broken_pipe(e: std::io::Error) -> Result<()> {
     }
 }
 
-fn decode(file: &Path) -> Result<()> {
-    let data = read(file)?;
+fn decode(file: &Path, filter: &WireFilter) -> Result<()> {
+    let loaded = load(file, filter)?;
+    report_wire(file, &loaded);
+    let data = loaded.data;
     let mut reader = capture(file, &data)?;
     let stdout = std::io::stdout().lock();
     let mut out = BufWriter::new(stdout);
@@ -630,7 +740,7 @@ fn decode(file: &Path) -> Result<()> {
             c.unread_bytes
         );
     }
-    if c.messages == 0 && !data.is_empty() {
+    if c.messages == 0 && (!data.is_empty() || loaded.wire.is_some()) {
         bail!("no ITCH message could be decoded from {}", file.display());
     }
     Ok(())
