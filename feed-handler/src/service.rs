@@ -841,4 +841,57 @@ mod tests {
             Err(ServiceError::ReadCapture { .. })
         ));
     }
+    #[test]
+    fn capture_may_be_a_gzipped_pcap_of_two_feeds_filtered_by_port() {
+        use crate::moldudp64::session;
+        use crate::pcap::synth::{self, Frame, PcapFile};
+        use std::io::Write as _;
+        let mut messages = Vec::new();
+        generate(
+            &GenConfig {
+                seed: 4,
+                messages: 500,
+                symbols: 4,
+            },
+            |m| messages.push(m.to_vec()),
+        );
+        let packets = synth::moldudp64_packets(session("S"), 1, &messages, 500);
+        let mut pcap = PcapFile::new(1, false, false);
+        for (i, (_, p)) in packets.iter().enumerate() {
+            for port in [26477, 26478] {
+                // Packet 2 only on port 26478.
+                if i != 2 || port == 26478 {
+                    let f = Frame {
+                        dst_port: port,
+                        ..Frame::default()
+                    };
+                    pcap.record(i as u64 * 1000, &synth::udp_frame(&f, p), None);
+                }
+            }
+        }
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&pcap.into_bytes()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("day.pcap.gz");
+        std::fs::write(&path, gz.finish().unwrap()).unwrap();
+        let read = |filter: &WireFilter| {
+            let mut c = Capture::open(&path, filter).unwrap();
+            let mut got = Vec::new();
+            while !c.done() {
+                c.feed(|m| got.push(m.to_vec()));
+            }
+            got
+        };
+        assert_eq!(
+            read(&WireFilter::default()),
+            messages,
+            "A/B duplicates once"
+        );
+        let only_a = read(&WireFilter {
+            dst_ports: vec![26477],
+            dst_addrs: vec![],
+        });
+        let lost = packets[3].0 - packets[2].0;
+        assert_eq!(only_a.len() as u64, messages.len() as u64 - lost);
+    }
 }
