@@ -50,10 +50,11 @@ pub const GAP_WAIT: Duration = Duration::from_millis(100);
 /// timestamps stand still (all zero, or going backwards) still gives gaps up.
 const MIN_TICK: Duration = Duration::from_micros(1);
 
-/// Initial size of the container reader's buffer; it grows for larger records.
-const READ_BUFFER: usize = 1 << 20;
-/// Largest record accepted (bytes); larger means a corrupt file.
-const MAX_RECORD: usize = 64 << 20;
+/// Initial size of the container reader's buffer; it doubles for larger records.
+const READ_BUFFER: usize = 128 << 10;
+/// Largest record accepted (bytes); larger means a corrupt file (an IP datagram is at most
+/// 64 KiB, pcap snap lengths at most 256 KiB).
+const MAX_RECORD: usize = 4 << 20;
 /// BinaryFILE bytes produced before [`WireReader`] hands them out.
 const OUT_BATCH: usize = 256 << 10;
 /// Capture time after which an incomplete IP fragment train is dropped.
@@ -348,7 +349,7 @@ impl Extractor {
             }
             (None, _) => 0,
         };
-        self.clock = at.max(self.clock + step);
+        self.clock = at.max(self.clock.saturating_add(step));
     }
 
     /// One captured frame of link type `link`; `truncated` when the record holds less than
@@ -557,6 +558,8 @@ pub struct WireReader<R: Read> {
     done: bool,
     /// Bytes of the capture consumed.
     consumed: u64,
+    /// Size of the container reader's buffer.
+    capacity: usize,
 }
 
 impl<R: Read> fmt::Debug for WireReader<R> {
@@ -601,6 +604,7 @@ impl<R: Read> WireReader<R> {
             out_pos: 0,
             done: false,
             consumed: 0,
+            capacity: READ_BUFFER,
         })
     }
 
@@ -697,13 +701,14 @@ impl<R: Read> WireReader<R> {
                 None
             }
             Err(PcapError::BufferTooSmall) => {
-                let size = reader.data().len().max(READ_BUFFER) * 2;
+                let size = self.capacity * 2;
                 if size > MAX_RECORD || !reader.grow(size) {
                     Some(Some(format!(
                         "record at byte {} is larger than {MAX_RECORD} bytes",
                         self.consumed
                     )))
                 } else {
+                    self.capacity = size;
                     reader
                         .refill()
                         .map_err(|_| io::Error::other("cannot read the capture"))?;

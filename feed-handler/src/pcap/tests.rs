@@ -330,10 +330,26 @@ fn cut_files_and_garbage_never_panic() {
     for n in (0..small.len()).step_by(5) {
         let _ = capture::load_bytes(&small[..n], &WireFilter::default());
     }
-    for i in (0..small.len()).step_by(11) {
-        let mut bad = small.clone();
-        bad[i] ^= 0x5a;
-        let _ = capture::load_bytes(&bad, &WireFilter::default());
+    let mut ng = PcapNgFile::new();
+    ng.interface(1, true);
+    for (ts, f, snap) in s.frames.iter().take(8) {
+        ng.packet(0, *ts, f, *snap);
+    }
+    // A timestamp at the end of time, then an ordinary one.
+    ng.packet(0, u64::MAX, &s.frames[9].1, None);
+    ng.packet(0, 1, &s.frames[10].1, None);
+    let ng = ng.into_bytes();
+    for file in [&small, &ng] {
+        for i in (0..file.len()).step_by(11) {
+            for flip in [0x5a, 0xff, 0x01] {
+                let mut bad = file.clone();
+                bad[i] ^= flip;
+                let _ = capture::load_bytes(&bad, &WireFilter::default());
+            }
+        }
+    }
+    for n in (0..ng.len()).step_by(7) {
+        let _ = capture::load_bytes(&ng[..n], &WireFilter::default());
     }
 }
 
@@ -377,4 +393,24 @@ fn a_gap_is_given_up_while_reading_not_only_at_the_end() {
             .map(|(_, m)| m),
     );
     assert!(x.out == expected, "released before finish()");
+}
+
+#[test]
+fn records_larger_than_the_read_buffer_are_read() {
+    // A 60 KB MoldUDP64 packet (in one raw IP datagram) after a 300 KB non-IP record:
+    // both exceed the reader's initial buffer.
+    let msgs = day();
+    let packets = synth::moldudp64_packets(session("BIG"), 1, &msgs, 60_000);
+    let mut f = PcapFile::new(101, false, false);
+    f.record(T0, &vec![0u8; 300_000], None);
+    let mut n = 0;
+    for (i, (_, p)) in packets.iter().enumerate() {
+        f.record(T0 + 1 + i as u64, &synth::ipv4_udp(A, 26477, p), None);
+        n += 1;
+    }
+    assert!(n >= 2);
+    let got = load(&f.into_bytes());
+    let w = got.wire.unwrap();
+    assert_eq!(w.malformed_frames, 1, "{w}");
+    assert!(got.data == binaryfile_of(&msgs), "{w}");
 }
