@@ -493,13 +493,13 @@ pub fn check_state(gw: &Gateway) {
 /// The monotonic part of the state, as of the previous step.
 #[derive(Debug)]
 struct Seen {
-    gateway: [u64; 17],
+    gateway: [u64; 18],
     session: [u64; 13],
     last_response: [u32; 3],
     last_request: [u32; 3],
 }
 
-fn gateway_counters(c: GatewayCounters) -> [u64; 17] {
+fn gateway_counters(c: GatewayCounters) -> [u64; 18] {
     // Destructured without `..`: a new counter has to be added here.
     let GatewayCounters {
         malformed_engine,
@@ -514,6 +514,7 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 17] {
         trade_corrections,
         trade_refs_unknown,
         late_answers,
+        venue_refused,
         deferred_cancel_on_disconnect,
         status_requests,
         malformed_disconnects,
@@ -533,6 +534,7 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 17] {
         trade_corrections,
         trade_refs_unknown,
         late_answers,
+        venue_refused,
         deferred_cancel_on_disconnect,
         status_requests,
         malformed_disconnects,
