@@ -102,6 +102,7 @@ impl OrderPath {
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
             resend_timeout_ms: 0,
+            ..Default::default()
         });
         OrderPath {
             risk,

@@ -156,6 +156,7 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
             resend_timeout_ms: 0,
+            ..Default::default()
         };
         let driver = FixDriver::with_link(SimVenue::new(), session, &risk, &journal, fsync)?;
         let mut orders = orders_config();

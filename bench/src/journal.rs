@@ -108,6 +108,7 @@ fn session() -> SessionConfig {
         target_comp_id: "VENUE".into(),
         heartbeat_secs: 30,
         resend_timeout_ms: 0,
+        ..Default::default()
     }
 }
 

@@ -8,7 +8,7 @@ use rocebus::idle::IdleStrategy;
 use rocebus::orders::OrdersConfig;
 use serde::Deserialize;
 
-use crate::fix::SessionConfig;
+use crate::fix::{Secret, SessionConfig};
 use crate::journal::FsyncPolicy;
 use crate::market::MarketDataConfig;
 use crate::proto::{Symbol, PRICE_SCALE};
@@ -142,6 +142,24 @@ pub struct FixConfig {
     /// the reconnect). At least 65536. Default 4194304 (4 MiB).
     #[serde(default = "default_max_unsent_bytes")]
     pub max_unsent_bytes: usize,
+    /// Optional: Username (553) sent on every Logon.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Optional: Password (554) sent on every Logon. Exclusive with `password_env`.
+    /// Redacted in `Debug`, never logged, and journaled redacted.
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// Optional: the environment variable holding the Password, read when the config is
+    /// loaded (a variable that is not set is a config error). Exclusive with `password`.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// Optional, default false: every Logon we send carries ResetSeqNumFlag (141=Y) with
+    /// MsgSeqNum 1 and both directions start again at 1 (QuickFIX's ResetOnLogon=Y).
+    #[serde(default)]
+    pub reset_on_logon: bool,
+    /// The Password read from `password_env` by [`Config::load`].
+    #[serde(skip)]
+    env_password: Option<Secret>,
 }
 
 fn default_max_unsent_bytes() -> usize {
@@ -161,8 +179,83 @@ impl FixConfig {
             target_comp_id: self.target_comp_id.clone(),
             heartbeat_secs: self.heartbeat_secs,
             resend_timeout_ms: self.resend_timeout_ms,
+            username: self.username.clone(),
+            password: self.password.clone().or_else(|| self.env_password.clone()),
+            reset_on_logon: self.reset_on_logon,
         }
     }
+
+    /// Reads the Password from `password_env` (at start, so a missing variable stops the
+    /// start with the key named). The value is never part of an error or a log line.
+    fn resolve_password(&mut self) -> Result<(), Invalid> {
+        self.env_password = None;
+        let Some(var) = &self.password_env else {
+            return Ok(());
+        };
+        if self.password.is_some() {
+            return Err(both_passwords());
+        }
+        match std::env::var(var) {
+            Ok(v) if !v.is_empty() => {
+                self.env_password = Some(Secret::new(v));
+                Ok(())
+            }
+            Ok(_) => Err((
+                "fix.password_env".into(),
+                format!("environment variable {var} is empty"),
+            )),
+            Err(std::env::VarError::NotPresent) => Err((
+                "fix.password_env".into(),
+                format!("environment variable {var} is not set"),
+            )),
+            Err(std::env::VarError::NotUnicode(_)) => Err((
+                "fix.password_env".into(),
+                format!("environment variable {var} is not valid UTF-8"),
+            )),
+        }
+    }
+
+    /// Username and Password: not both password keys, no empty values, no SOH (the FIX
+    /// field separator would cut the Logon).
+    fn validate_logon(&self) -> Result<(), Invalid> {
+        if self.password.is_some() && self.password_env.is_some() {
+            return Err(both_passwords());
+        }
+        let bad = |v: &str| v.is_empty() || v.contains('\x01');
+        if self.username.as_deref().is_some_and(bad) {
+            return Err((
+                "fix.username".into(),
+                "must not be empty or contain SOH (\\x01)".into(),
+            ));
+        }
+        if self.password.as_ref().is_some_and(|p| bad(p.expose()))
+            || self.env_password.as_ref().is_some_and(|p| bad(p.expose()))
+        {
+            let key = if self.password.is_some() {
+                "fix.password"
+            } else {
+                "fix.password_env"
+            };
+            return Err((
+                key.into(),
+                "the password must not be empty or contain SOH (\\x01)".into(),
+            ));
+        }
+        if self.password_env.as_deref().is_some_and(str::is_empty) {
+            return Err((
+                "fix.password_env".into(),
+                "must name an environment variable".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn both_passwords() -> Invalid {
+    (
+        "fix.password".into(),
+        "set either password or password_env, not both".into(),
+    )
 }
 
 /// `[journal]`.
@@ -240,7 +333,9 @@ impl Config {
                 md.config = path.parent().unwrap_or(Path::new(".")).join(&md.config);
             }
         }
-        cfg.validate()
+        cfg.fix
+            .resolve_password()
+            .and_then(|()| cfg.validate())
             .map_err(|(key, problem)| ConfigError::Invalid {
                 path: path.to_owned(),
                 key,
@@ -282,6 +377,7 @@ impl Config {
                 ),
             ));
         }
+        self.fix.validate_logon()?;
         if self.fix.max_unsent_bytes < 65536 {
             return Err((
                 "fix.max_unsent_bytes".into(),
@@ -371,6 +467,83 @@ mod tests {
             "{:#}",
             anyhow::Error::from(Config::load(&path).unwrap_err())
         )
+    }
+
+    /// Loads the example with `extra` added to `[fix]`.
+    fn with_fix(extra: &str) -> Result<Config, String> {
+        let text = std::fs::read_to_string(example()).unwrap();
+        let at = "max_unsent_bytes = 4194304\n";
+        assert!(text.contains(at));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw-fix.toml");
+        // The example sets reset_on_logon (to its default): `extra` may set it instead.
+        let text = text.replacen("\nreset_on_logon = false\n", "\n", 1);
+        std::fs::write(&path, text.replacen(at, &format!("{at}{extra}\n"), 1)).unwrap();
+        Config::load(&path).map_err(|e| format!("{:#}", anyhow::Error::from(e)))
+    }
+
+    #[test]
+    fn logon_keys_default_off_and_reach_the_session() {
+        let c = Config::load(&example()).unwrap();
+        let s = c.fix.session();
+        assert_eq!(
+            (s.username, s.password, s.reset_on_logon),
+            (None, None, false)
+        );
+        let c =
+            with_fix("username = \"trader1\"\npassword = \"pw-in-toml\"\nreset_on_logon = true")
+                .unwrap();
+        let s = c.fix.session();
+        assert_eq!(s.username.as_deref(), Some("trader1"));
+        assert_eq!(s.password.as_ref().map(Secret::expose), Some("pw-in-toml"));
+        assert!(s.reset_on_logon);
+        // Debug (of the config, and of what the session gets) never shows the password.
+        let dbg = format!("{c:?} {s:?}");
+        assert!(
+            !dbg.contains("pw-in-toml") && dbg.contains("redacted"),
+            "{dbg}"
+        );
+        let m = with_fix("reset_on_logon = \"yes\"").unwrap_err();
+        assert!(
+            m.contains("reset_on_logon") && m.contains("gw-fix.toml"),
+            "{m}"
+        );
+        let m = with_fix("passwd = \"x\"").unwrap_err();
+        assert!(m.contains("unknown field `passwd`"), "{m}");
+        let m = with_fix("username = \"\"").unwrap_err();
+        assert!(m.contains("fix.username"), "{m}");
+        let m = with_fix("password = \"a\\u0001b\"").unwrap_err();
+        assert!(m.contains("fix.password") && !m.contains("a\u{1}b"), "{m}");
+    }
+
+    #[test]
+    fn password_env_is_read_at_load_and_checked() {
+        // Names unique to this test: the environment is shared by the test threads.
+        let var = "ORDER_GATEWAY_TEST_FIX_PASSWORD";
+        std::env::set_var(var, "pw-from-env");
+        let c = with_fix(&format!("password_env = \"{var}\"")).unwrap();
+        let s = c.fix.session();
+        assert_eq!(s.password.as_ref().map(Secret::expose), Some("pw-from-env"));
+        assert!(!format!("{c:?}").contains("pw-from-env"));
+        // Both: refused, whatever the variable holds.
+        let m = with_fix(&format!("password = \"x\"\npassword_env = \"{var}\"")).unwrap_err();
+        assert!(
+            m.contains("gw-fix.toml") && m.contains("fix.password") && m.contains("not both"),
+            "{m}"
+        );
+        assert!(!m.contains("pw-from-env"), "{m}");
+        // A variable that is not set, or empty: the key and the variable are named.
+        let missing = "ORDER_GATEWAY_TEST_FIX_PASSWORD_UNSET";
+        std::env::remove_var(missing);
+        let m = with_fix(&format!("password_env = \"{missing}\"")).unwrap_err();
+        assert!(
+            m.contains("fix.password_env") && m.contains(missing) && m.contains("not set"),
+            "{m}"
+        );
+        let empty = "ORDER_GATEWAY_TEST_FIX_PASSWORD_EMPTY";
+        std::env::set_var(empty, "");
+        let m = with_fix(&format!("password_env = \"{empty}\"")).unwrap_err();
+        assert!(m.contains("fix.password_env") && m.contains("empty"), "{m}");
     }
 
     #[test]

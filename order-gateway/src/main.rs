@@ -47,7 +47,8 @@ enum Cmd {
     /// Run the gateway until killed.
     Run {
         /// Configuration file (configs/order-gateway.toml documents every key, including
-        /// the optional `[market_data]` section).
+        /// the optional `[market_data]` section). `[fix] password_env` names an environment
+        /// variable read at start for the FIX Logon's Password.
         #[arg(short, long, default_value = "configs/order-gateway.toml")]
         config: PathBuf,
         /// The venue: `fix` (the FIX acceptor at `[fix] venue_addr`) or `sim` (the

@@ -1302,6 +1302,7 @@ mod tests {
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
             resend_timeout_ms: 0,
+            ..Default::default()
         };
         Gateway::new(session, &risk).unwrap()
     }

@@ -240,6 +240,7 @@ mod tests {
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
             resend_timeout_ms: 0,
+            ..Default::default()
         };
         let path = std::env::temp_dir().join(format!("gw-sim-{}.journal", std::process::id()));
         let _ = std::fs::remove_file(&path);
@@ -320,6 +321,7 @@ mod tests {
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
             resend_timeout_ms: 0,
+            ..Default::default()
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gw.journal");

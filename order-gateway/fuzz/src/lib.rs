@@ -87,6 +87,7 @@ pub fn session_config() -> SessionConfig {
         target_comp_id: "VENUE".into(),
         heartbeat_secs: 30,
         resend_timeout_ms: 0,
+        ..Default::default()
     }
 }
 

@@ -19,7 +19,7 @@ pub mod codec;
 pub mod session;
 
 pub use codec::{split_frame, FixError, Message, MessageWriter};
-pub use session::{Session, SessionConfig, SessionCounters, SessionEvent, SessionState};
+pub use session::{Secret, Session, SessionConfig, SessionCounters, SessionEvent, SessionState};
 
 /// FIX tag numbers used by the gateway.
 #[allow(missing_docs)]
@@ -71,4 +71,6 @@ pub mod tag {
     pub const POSS_RESEND: u32 = 97;
     pub const NEXT_EXPECTED_MSG_SEQ_NUM: u32 = 789;
     pub const BUSINESS_REJECT_REF_ID: u32 = 379;
+    pub const USERNAME: u32 = 553;
+    pub const PASSWORD: u32 = 554;
 }

@@ -35,8 +35,32 @@
 use super::codec::{Message, MessageWriter, SOH};
 use super::tag;
 
+/// A secret (the FIX Password): its `Debug` never shows it, and it has no `Display`, so
+/// it cannot end up in a log line or an error message by accident.
+#[derive(Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+
+    /// The secret itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
 /// Session parameters.
-#[derive(Clone, Debug, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionConfig {
     /// Our SenderCompID.
@@ -48,6 +72,16 @@ pub struct SessionConfig {
     /// How long an unanswered ResendRequest waits before it is sent again, milliseconds
     /// (0: one heartbeat interval).
     pub resend_timeout_ms: u32,
+    /// Username (553) on every Logon we send; none when absent.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Password (554) on every Logon we send; none when absent.
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// Every Logon we send carries ResetSeqNumFlag (141=Y) with MsgSeqNum 1 and both
+    /// directions start again at 1, as QuickFIX's ResetOnLogon=Y.
+    #[serde(default)]
+    pub reset_on_logon: bool,
 }
 
 /// Session state.
@@ -194,7 +228,8 @@ pub struct Session {
     resend_at: u64,
     /// How long an outstanding ResendRequest may make no progress (ns).
     resend_timeout: Option<u64>,
-    /// We answered a venue's reset Logon with ours; its next Logon 141=Y confirms it.
+    /// Our last Logon carried 141=Y (an answer to the venue's reset Logon, or our own reset
+    /// with `reset_on_logon`): the venue's next in-sequence Logon 141=Y confirms it.
     answered_reset: bool,
     /// Inbound messages accepted (in sequence, resets, rejected-and-consumed).
     accepted_in: u64,
@@ -346,20 +381,39 @@ impl Session {
     }
 
     fn reset_numbers(&mut self) {
+        self.restart_numbers();
+        self.counters.resets_received += 1;
+    }
+
+    /// Both directions start again at 1 (a Logon 141=Y, the venue's or ours): what was sent
+    /// before is no longer resent (a ResendRequest below the reset is gap-filled), and
+    /// nothing queued is in sequence any more.
+    fn restart_numbers(&mut self) {
         self.next_out = 1;
         self.next_in = 1;
         self.store.slots.fill((0, 0));
         self.queue.clear();
         self.resend_until = None;
-        self.counters.resets_received += 1;
     }
 
     /// Recovery: a frame (or several) we sent before the restart.
+    ///
+    /// A Logon with 141=Y is either our answer to the venue's reset Logon (journaled right
+    /// after it, which already restarted both directions: `answered_reset` with nothing
+    /// sent since, `next_out` 1) or our own reset (`reset_on_logon`), which restarts both
+    /// directions here as [`on_connect`](Self::on_connect) did live.
     pub fn replay_outbound(&mut self, frames: &[u8]) {
         let mut rest = frames;
         while let Ok(n) = super::split_frame(rest) {
             if let Ok(m) = Message::parse(&rest[..n]) {
                 if let (Some(seq), false) = (m.seq(), m.poss_dup()) {
+                    if m.msg_type() == b"A"
+                        && m.get(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y")
+                        && !(self.answered_reset && self.next_out == 1)
+                    {
+                        self.restart_numbers();
+                        self.answered_reset = true;
+                    }
                     self.next_out = self.next_out.max(seq + 1);
                     if is_app(m.msg_type()) {
                         let _ = self.store.push(seq, &rest[..n]);
@@ -442,23 +496,43 @@ impl Session {
         seq
     }
 
-    /// Transport connected: send Logon.
-    pub fn on_connect(&mut self, now: u64, out: &mut Vec<u8>) {
+    /// Sends a Logon: EncryptMethod, HeartBtInt, ResetSeqNumFlag when `reset`, then
+    /// Username and Password when configured (FIX 4.4 field order).
+    fn send_logon(&mut self, reset: bool, now: u64, out: &mut Vec<u8>) {
         let hb = u64::from(self.cfg.heartbeat_secs);
-        self.send_admin(
-            b"A",
-            |w| {
-                w.uint(tag::ENCRYPT_METHOD, 0).uint(tag::HEART_BT_INT, hb);
-            },
-            now,
-            out,
-        );
+        let seq = self.next_out;
+        self.next_out += 1;
+        self.header(b"A", seq, now);
+        let w = &mut self.writer;
+        w.uint(tag::ENCRYPT_METHOD, 0).uint(tag::HEART_BT_INT, hb);
+        if reset {
+            w.field(tag::RESET_SEQ_NUM_FLAG, b"Y");
+        }
+        if let Some(user) = &self.cfg.username {
+            w.field(tag::USERNAME, user.as_bytes());
+        }
+        if let Some(password) = &self.cfg.password {
+            w.field(tag::PASSWORD, password.expose().as_bytes());
+        }
+        w.finish(out);
+        self.last_sent = now;
+    }
+
+    /// Transport connected: send Logon. With `reset_on_logon` it carries 141=Y with
+    /// MsgSeqNum 1 and both directions start again at 1; the venue's Logon 141=Y answering
+    /// it confirms the reset.
+    pub fn on_connect(&mut self, now: u64, out: &mut Vec<u8>) {
+        let reset = self.cfg.reset_on_logon;
+        if reset {
+            self.restart_numbers();
+        }
+        self.send_logon(reset, now, out);
         self.state = SessionState::LogonSent;
         self.logon_sent_at = now;
         self.last_recv = now;
         self.test_request_at = None;
         self.resend_until = None;
-        self.answered_reset = false;
+        self.answered_reset = reset;
         // As QuickFIX's disconnect(): what was queued comes back with the next resend.
         self.queue.clear();
     }
@@ -867,18 +941,8 @@ impl Session {
             return SessionEvent::LoggedOn;
         }
         self.advance_in(m);
-        let hb = u64::from(self.cfg.heartbeat_secs);
         // Our answer is number 1 on the reset session.
-        self.send_admin(
-            b"A",
-            |w| {
-                w.uint(tag::ENCRYPT_METHOD, 0)
-                    .uint(tag::HEART_BT_INT, hb)
-                    .field(tag::RESET_SEQ_NUM_FLAG, b"Y");
-            },
-            now,
-            out,
-        );
+        self.send_logon(true, now, out);
         self.logon_sent_at = now;
         SessionEvent::LoggedOn
     }
@@ -1006,6 +1070,39 @@ impl Session {
     }
 }
 
+/// What the journal keeps of a Password (554).
+pub const REDACTED: &[u8] = b"<redacted>";
+
+/// For the journal: a copy of `frame` with the value of Password (554) replaced by
+/// [`REDACTED`], framed again (BodyLength, CheckSum), when `frame` is a Logon carrying one;
+/// `None` otherwise (the frame is journaled as sent). Replay reads a Logon's type, numbers
+/// and flags only, so nothing recovery needs is lost, and the secret never reaches the disk.
+pub fn redact_password(frame: &[u8]) -> Option<Vec<u8>> {
+    // Cheap test first: every outbound frame passes here, and only Logons carry 554.
+    if !frame.windows(6).take(32).any(|w| w == b"\x0135=A\x01")
+        || !frame.windows(5).any(|w| w == b"\x01554=")
+    {
+        return None;
+    }
+    let m = Message::parse(frame).ok()?;
+    let mut w = MessageWriter::default();
+    w.start(m.msg_type());
+    for (t, v) in m.fields().flatten() {
+        match t {
+            tag::MSG_TYPE => {}
+            tag::PASSWORD => {
+                w.field(t, REDACTED);
+            }
+            _ => {
+                w.field(t, v);
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(frame.len() + REDACTED.len());
+    w.finish(&mut out);
+    Some(out)
+}
+
 /// Appends `tag=value\x01` to a body buffer (for building [`Session::send_app`] bodies).
 pub fn push_field(body: &mut Vec<u8>, tag: u32, value: &[u8]) {
     push_uint_raw(body, u64::from(tag));
@@ -1078,6 +1175,7 @@ mod tests {
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
             resend_timeout_ms: 0,
+            ..Default::default()
         }
     }
 
@@ -1301,6 +1399,7 @@ mod interop_tests {
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
             resend_timeout_ms: 0,
+            ..Default::default()
         }
     }
 
@@ -1541,6 +1640,7 @@ mod store_tests {
             target_comp_id: "VENUE".into(),
             heartbeat_secs: 30,
             resend_timeout_ms: 0,
+            ..Default::default()
         });
         let mut out = Vec::new();
         s.on_connect(T0, &mut out);
@@ -1614,5 +1714,251 @@ mod store_tests {
         assert_eq!(s.counters().too_long_to_keep, 1);
         let got = resend_request(&mut s, 2);
         assert_eq!(got, [(b"4".to_vec(), 2, Some(3)), (b"D".to_vec(), 3, None)]);
+    }
+}
+
+#[cfg(test)]
+mod logon_tests {
+    use super::super::split_frame;
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+    const T0: u64 = 1_704_207_600 * SEC;
+
+    fn cfg(reset: bool, credentials: bool) -> SessionConfig {
+        SessionConfig {
+            sender_comp_id: "GW".into(),
+            target_comp_id: "VENUE".into(),
+            heartbeat_secs: 30,
+            resend_timeout_ms: 0,
+            username: credentials.then(|| "trader1".into()),
+            password: credentials.then(|| Secret::new("s3cret-pw")),
+            reset_on_logon: reset,
+        }
+    }
+
+    fn venue(ty: &[u8], seq: u64, extra: &[(u32, &[u8])]) -> Vec<u8> {
+        let mut w = MessageWriter::default();
+        w.start(ty)
+            .field(49, b"VENUE")
+            .field(56, b"GW")
+            .uint(34, seq)
+            .timestamp(52, T0);
+        for (t, v) in extra {
+            w.field(*t, v);
+        }
+        let mut out = Vec::new();
+        w.finish(&mut out);
+        out
+    }
+
+    fn frames(out: &[u8]) -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        let mut rest = out;
+        while !rest.is_empty() {
+            let n = split_frame(rest).unwrap();
+            v.push(rest[..n].to_vec());
+            rest = &rest[n..];
+        }
+        v
+    }
+
+    /// (tag, value) of every body field after the header.
+    fn body(frame: &[u8]) -> Vec<(u32, Vec<u8>)> {
+        Message::parse(frame)
+            .unwrap()
+            .fields()
+            .flatten()
+            .filter(|(t, _)| !matches!(t, 35 | 49 | 56 | 34 | 52))
+            .map(|(t, v)| (t, v.to_vec()))
+            .collect()
+    }
+
+    /// Logged on with an order and a few venue messages behind it: both numbers past 1.
+    fn busy(cfg: SessionConfig) -> (Session, Vec<u8>) {
+        let mut s = Session::new(cfg);
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        let first = Message::parse(&frames(&out)[0]).unwrap().seq().unwrap();
+        let f = venue(b"A", first, &[(98, b"0"), (108, b"30"), (141, b"Y")]);
+        let f = if s.cfg.reset_on_logon {
+            f
+        } else {
+            venue(b"A", 1, &[(98, b"0"), (108, b"30")])
+        };
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.state(), SessionState::Active);
+        s.send_app(b"D", b"11=1\x0155=AAPL\x01", T0, &mut out);
+        for seq in 2..6 {
+            s.on_message(
+                Message::parse(&venue(b"0", seq, &[])).unwrap(),
+                T0,
+                &mut out,
+            );
+        }
+        assert_eq!((s.next_out(), s.next_in()), (3, 6));
+        (s, out)
+    }
+
+    #[test]
+    fn logon_carries_username_and_password_after_encrypt_method_and_heartbeat() {
+        let mut s = Session::new(cfg(false, true));
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        let f = frames(&out);
+        assert_eq!(
+            body(&f[0]),
+            [
+                (98, b"0".to_vec()),
+                (108, b"30".to_vec()),
+                (553, b"trader1".to_vec()),
+                (554, b"s3cret-pw".to_vec()),
+            ]
+        );
+        assert_eq!(Message::parse(&f[0]).unwrap().seq(), Some(1));
+        // Not configured: neither tag, and no reset flag.
+        let mut s = Session::new(cfg(false, false));
+        out.clear();
+        s.on_connect(T0, &mut out);
+        assert_eq!(
+            body(&frames(&out)[0]),
+            [(98, b"0".to_vec()), (108, b"30".to_vec())]
+        );
+        // The password shows in no Debug output of the session or its config.
+        let s = Session::new(cfg(true, true));
+        let dbg = format!("{s:?} {:?}", cfg(true, true));
+        assert!(!dbg.contains("s3cret"), "{dbg}");
+        assert!(dbg.contains("trader1"), "{dbg}");
+    }
+
+    /// A reconnect without `reset_on_logon` keeps counting; with it, the Logon is number 1
+    /// with 141=Y (before Username and Password) and both directions start again.
+    #[test]
+    fn reset_on_logon_sends_141_with_seq_1_on_every_logon_and_restarts_both_directions() {
+        let (mut s, mut out) = busy(cfg(false, false));
+        s.on_disconnect();
+        out.clear();
+        s.on_connect(T0 + SEC, &mut out);
+        let m = frames(&out);
+        let logon = Message::parse(&m[0]).unwrap();
+        assert_eq!((logon.seq(), logon.get(141)), (Some(3), None));
+
+        let (mut s, mut out) = busy(cfg(true, true));
+        s.on_disconnect();
+        out.clear();
+        s.on_connect(T0 + SEC, &mut out);
+        let m = frames(&out);
+        assert_eq!(m.len(), 1);
+        let logon = Message::parse(&m[0]).unwrap();
+        assert_eq!((logon.msg_type(), logon.seq()), (&b"A"[..], Some(1)));
+        assert_eq!(
+            body(&m[0]),
+            [
+                (98, b"0".to_vec()),
+                (108, b"30".to_vec()),
+                (141, b"Y".to_vec()),
+                (553, b"trader1".to_vec()),
+                (554, b"s3cret-pw".to_vec()),
+            ]
+        );
+        assert_eq!((s.next_out(), s.next_in()), (2, 1));
+        // The venue's Logon 141=Y (its number 1) confirms: logged on, not answered again.
+        out.clear();
+        let f = venue(b"A", 1, &[(98, b"0"), (108, b"30"), (141, b"Y")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0 + SEC, &mut out),
+            SessionEvent::LoggedOn
+        ));
+        assert!(out.is_empty(), "no second Logon");
+        assert_eq!(s.state(), SessionState::Active);
+        assert_eq!((s.next_out(), s.next_in()), (2, 2));
+        assert_eq!(s.counters().resets_received, 0);
+        // The order sent before the reset (old number 2) is not resent: a ResendRequest
+        // from 1 is one gap fill over the Logon.
+        let rr = venue(b"2", 2, &[(7, b"1"), (16, b"0")]);
+        s.on_message(Message::parse(&rr).unwrap(), T0 + SEC, &mut out);
+        let got: Vec<(Vec<u8>, u64, Option<u64>)> = frames(&out)
+            .iter()
+            .map(|f| {
+                let m = Message::parse(f).unwrap();
+                (m.msg_type().to_vec(), m.seq().unwrap(), m.uint(36).ok())
+            })
+            .collect();
+        assert_eq!(got, [(b"4".to_vec(), 1, Some(2))]);
+        assert!(s.sent_message(2).is_none());
+    }
+
+    /// Replaying what a reset-on-logon session sent and took gives the live numbers, also
+    /// when the venue reset on its own before (its reset Logon, then our answer).
+    #[test]
+    fn replay_of_our_reset_logon_lands_on_the_live_numbers() {
+        let (mut s, mut out) = busy(cfg(true, false));
+        let mut journal: Vec<(bool, Vec<u8>)> =
+            frames(&out).into_iter().map(|f| (true, f)).collect();
+        // What `busy` took from the venue, in order: its Logon, then heartbeats 2..=5.
+        journal.insert(
+            1,
+            (
+                false,
+                venue(b"A", 1, &[(98, b"0"), (108, b"30"), (141, b"Y")]),
+            ),
+        );
+        for seq in 2..6 {
+            journal.push((false, venue(b"0", seq, &[])));
+        }
+        s.on_disconnect();
+        out.clear();
+        s.on_connect(T0 + SEC, &mut out);
+        journal.extend(frames(&out).into_iter().map(|f| (true, f)));
+        let f = venue(b"A", 1, &[(98, b"0"), (108, b"30"), (141, b"Y")]);
+        out.clear();
+        s.on_message(Message::parse(&f).unwrap(), T0 + SEC, &mut out);
+        journal.push((false, f));
+        s.send_app(b"D", b"11=2\x0155=AAPL\x01", T0 + SEC, &mut out);
+        journal.extend(frames(&out).into_iter().map(|f| (true, f)));
+        assert_eq!((s.next_out(), s.next_in()), (3, 2));
+
+        let mut r = Session::new(cfg(true, false));
+        for (outbound, f) in &journal {
+            if *outbound {
+                r.replay_outbound(f);
+            } else {
+                r.replay_inbound(&Message::parse(f).unwrap());
+            }
+        }
+        assert_eq!((r.next_out(), r.next_in()), (s.next_out(), s.next_in()));
+        assert!(r
+            .sent_message(2)
+            .is_some_and(|m| m.windows(4).any(|w| w == b"11=2")));
+        assert_eq!(r.store.slots.iter().filter(|x| x.0 != 0).count(), 1);
+    }
+
+    #[test]
+    fn the_journal_copy_of_a_logon_has_the_password_redacted() {
+        let mut s = Session::new(cfg(true, true));
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        let redacted = redact_password(&out).unwrap();
+        assert!(!redacted.windows(9).any(|w| w == b"s3cret-pw"));
+        assert_eq!(split_frame(&redacted), Ok(redacted.len()), "framed again");
+        let m = Message::parse(&redacted).unwrap();
+        assert_eq!(
+            (m.msg_type(), m.seq(), m.get(141), m.get(553), m.get(554)),
+            (
+                &b"A"[..],
+                Some(1),
+                Some(&b"Y"[..]),
+                Some(&b"trader1"[..]),
+                Some(REDACTED)
+            )
+        );
+        // Anything else is journaled as sent.
+        let mut out = Vec::new();
+        s.send_app(b"D", b"11=1\x01554=x\x01", T0, &mut out);
+        assert!(redact_password(&out).is_none());
+        let mut s = Session::new(cfg(false, false));
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        assert!(redact_password(&out).is_none());
     }
 }

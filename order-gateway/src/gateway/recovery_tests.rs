@@ -192,6 +192,106 @@ fn client_with(n: u64) -> Client {
 
 // --- 1. resets -----------------------------------------------------------------------------
 
+fn reset_on_logon() -> SessionConfig {
+    SessionConfig {
+        reset_on_logon: true,
+        username: Some("trader1".into()),
+        password: Some(crate::fix::Secret::new("pw-s3cret")),
+        ..session()
+    }
+}
+
+fn replay_with(cfg: SessionConfig, journal: &[u8]) -> Gateway {
+    let mut r = Gateway::new(cfg, &risk()).unwrap();
+    let mut rest = journal;
+    while let Some((k, p, n)) = decode_record(rest) {
+        r.replay_record(k, p);
+        rest = &rest[n..];
+    }
+    assert!(rest.is_empty());
+    r
+}
+
+/// `reset_on_logon`: every Logon we send restarts both directions at 1; the journal holds
+/// it (our Logon 141=Y, the venue's confirming Logon) so a crash at any point replays to
+/// the live numbers, the order in doubt is asked about after the reset, and the password is
+/// not in the journal.
+#[test]
+fn reset_on_logon_replays_to_the_live_numbers_after_a_crash() {
+    let mut gw = Gateway::new(reset_on_logon(), &risk()).unwrap();
+    let mut out = Outputs::default();
+    gw.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+    gw.on_connect(T0, &mut out);
+    assert_eq!(sent(&out), [(b"A".to_vec(), 1)]);
+    let mut v = Venue { seq: 1 };
+    let logon: &[(u32, &[u8])] = &[(98, b"0"), (108, b"30"), (141, b"Y")];
+    gw.on_fix_bytes(&v.frame(b"A", logon), T0, &mut out);
+    assert_eq!(gw.session().state(), SessionState::Active);
+    acked_order(&mut gw, &mut v, &mut out, 1, 10);
+    // Order 2 goes out and is never answered: in doubt.
+    gw.on_engine_message(
+        1,
+        zerocopy::IntoBytes::as_bytes(&new_order(2, 10)),
+        T0,
+        &mut out,
+    );
+    let doubt = gw.order(1, 2).unwrap().venue_cl_ord_id;
+    for _ in 0..3 {
+        gw.on_fix_bytes(&v.frame(b"0", &[]), T0, &mut out);
+    }
+    assert_eq!((gw.session().next_out(), gw.session().next_in()), (4, 6));
+    same_state(&replay_with(reset_on_logon(), &out.journal), &gw);
+
+    // The link drops; the reconnect's Logon restarts both directions.
+    gw.on_disconnect();
+    fresh(&mut out);
+    gw.on_connect(T0 + SEC, &mut out);
+    assert_eq!(sent(&out), [(b"A".to_vec(), 1)]);
+    assert_eq!((gw.session().next_out(), gw.session().next_in()), (2, 1));
+    // A crash before the venue answered.
+    same_state(&replay_with(reset_on_logon(), &out.journal), &gw);
+
+    let mut v = Venue { seq: 1 };
+    fresh(&mut out);
+    gw.on_fix_bytes(&v.frame(b"A", logon), T0 + SEC, &mut out);
+    assert_eq!(gw.session().state(), SessionState::Active);
+    // No second Logon; the order in doubt is asked about, number 2 of the new session.
+    assert_eq!(sent(&out), [(b"H".to_vec(), 2)]);
+    let f = frames(&out.fix);
+    let h = Message::parse(&f[0]).unwrap();
+    assert_eq!(h.get(11), Some(doubt.to_string().as_bytes()));
+    assert_eq!((gw.session().next_out(), gw.session().next_in()), (3, 2));
+    same_state(&replay_with(reset_on_logon(), &out.journal), &gw);
+
+    // The venue asks from 1: the Logon and what was sent before the reset are gap-filled,
+    // only the status request (new number 2) is resent.
+    fresh(&mut out);
+    gw.on_fix_bytes(&v.frame(b"2", &[(7, b"1"), (16, b"0")]), T0 + SEC, &mut out);
+    assert_eq!(sent(&out), [(b"4".to_vec(), 1), (b"H".to_vec(), 2)]);
+    // Its answer acknowledges the order in doubt.
+    let ack = v.exec(doubt, "st2", b"I", 0, "0", 0, 10, &[(39, b"0")]);
+    gw.on_fix_bytes(&ack, T0 + SEC, &mut out);
+    assert_eq!(gw.order(1, 2).unwrap().status, OrderStatus::Open);
+    assert_eq!((gw.session().next_out(), gw.session().next_in()), (3, 4));
+    let r = replay_with(reset_on_logon(), &out.journal);
+    same_state(&r, &gw);
+    assert_eq!(r.order(1, 2).unwrap().status, OrderStatus::Open);
+
+    // The password is sent, but never journaled.
+    assert!(!out.journal.windows(9).any(|w| w == b"pw-s3cret"));
+    // A restart logs on with a reset again.
+    let mut r = r;
+    let mut o = Outputs::default();
+    r.on_connect(T0 + 2 * SEC, &mut o);
+    assert_eq!(sent(&o), [(b"A".to_vec(), 1)]);
+    let f = frames(&o.fix);
+    let m = Message::parse(&f[0]).unwrap();
+    assert_eq!(
+        (m.get(141), m.get(554)),
+        (Some(&b"Y"[..]), Some(&b"pw-s3cret"[..]))
+    );
+}
+
 #[test]
 fn venue_logon_with_reset_flag_resets_both_numbers_and_is_answered_once() {
     let (mut gw, mut v, mut out) = active();
@@ -214,6 +314,8 @@ fn venue_logon_with_reset_flag_resets_both_numbers_and_is_answered_once() {
     assert_eq!(answer.get(141), Some(&b"Y"[..]));
     assert_eq!((gw.session().next_out(), gw.session().next_in()), (2, 2));
     assert_eq!(gw.session().counters().resets_received, 1);
+    // Journaled as the venue's Logon then our answer: replay lands on the same numbers.
+    same_state(&replay(&out.journal), &gw);
     let journal_after_reset = out.journal.clone();
     // A QuickFIX acceptor answers our answer with another Logon 141=Y (number 2): that
     // confirms the reset, it is not a new one, so it is neither reset nor answered again.
@@ -225,6 +327,7 @@ fn venue_logon_with_reset_flag_resets_both_numbers_and_is_answered_once() {
     );
     assert!(out.fix.is_empty(), "no Logon ping-pong: {:?}", sent(&out));
     assert_eq!((gw.session().next_out(), gw.session().next_in()), (2, 3));
+    same_state(&replay(&out.journal), &gw);
     // The session goes on at the new numbers.
     gw.on_fix_bytes(&frame_at(b"0", 3, &[]), T0, &mut out);
     assert_eq!(gw.session().next_in(), 4);

@@ -45,6 +45,7 @@ pub(crate) fn session() -> SessionConfig {
         target_comp_id: "VENUE".into(),
         heartbeat_secs: 30,
         resend_timeout_ms: 0,
+        ..Default::default()
     }
 }
 

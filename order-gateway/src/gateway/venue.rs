@@ -8,7 +8,7 @@
 use super::orders::side_fix;
 use super::records::record;
 use super::{Gateway, OrderStatus, Outputs};
-use crate::fix::session::{push_field, push_uint};
+use crate::fix::session::{push_field, push_uint, redact_password};
 use crate::fix::{split_frame, tag, Message, SessionEvent, SessionState};
 use crate::journal::encode_record;
 
@@ -64,13 +64,19 @@ impl Gateway {
     }
 
     /// Journals the FIX frames written since `start`, one record per frame, so a record is
-    /// never larger than one message whatever a resend answers with.
+    /// never larger than one message whatever a resend answers with. A Logon's Password is
+    /// journaled redacted ([`redact_password`]).
     pub(super) fn journal_out(out: &mut Outputs, start: usize) {
         let mut rest = &out.fix[start..];
         while !rest.is_empty() {
             // The session writes whole frames; should one ever not split, it goes whole.
             let n = split_frame(rest).map_or(rest.len(), |n| n.clamp(1, rest.len()));
-            encode_record(&mut out.journal, record::FIX_OUT, &[&rest[..n]]);
+            match redact_password(&rest[..n]) {
+                Some(redacted) => {
+                    encode_record(&mut out.journal, record::FIX_OUT, &[&redacted]);
+                }
+                None => encode_record(&mut out.journal, record::FIX_OUT, &[&rest[..n]]),
+            }
             out.journal_records += 1;
             rest = &rest[n..];
         }

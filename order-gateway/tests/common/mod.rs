@@ -190,6 +190,7 @@ pub fn session_config() -> SessionConfig {
         target_comp_id: "VENUE".into(),
         heartbeat_secs: 5,
         resend_timeout_ms: 0,
+        ..Default::default()
     }
 }
 
