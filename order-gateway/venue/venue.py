@@ -20,6 +20,10 @@ Commands on stdin, one a line, make the venue do what a test needs (QuickFIX doe
 work: numbering, persisting, answering):
   reset          send Logon with ResetSeqNumFlag=Y (both sides start again at 1)
   seqreset N     send SequenceReset-Reset jumping our MsgSeqNum N ahead
+
+--reset-on-logon sets QuickFIX's ResetOnLogon=Y (both sides start at 1 at every logon);
+--username/--password make the venue refuse a Logon without that Username (553) and
+Password (554).
 (Nothing is printed: the test harness stops reading stdout after READY.)
 """
 import argparse
@@ -45,8 +49,10 @@ def find_dictionary():
 
 
 class Venue(fix.Application):
-    def __init__(self, directory):
+    def __init__(self, directory, username=None, password=None):
         super().__init__()
+        self.username = username
+        self.password = password
         self.lock = threading.Lock()
         self.log_path = os.path.join(directory, "received.log")
         self.seen = set()
@@ -70,7 +76,13 @@ class Venue(fix.Application):
         self.sid = sid
     def onLogout(self, sid): pass
     def toAdmin(self, msg, sid): pass
-    def fromAdmin(self, msg, sid): pass
+    def fromAdmin(self, msg, sid):
+        if msg.getHeader().getField(35) != "A" or self.username is None:
+            return
+        user = msg.getField(553) if msg.isSetField(553) else None
+        password = msg.getField(554) if msg.isSetField(554) else None
+        if user != self.username or password != self.password:
+            raise fix.RejectLogon("bad Username or Password")
     def toApp(self, msg, sid): pass
 
     def fromApp(self, msg, sid):
@@ -220,6 +232,9 @@ def main():
     ap.add_argument("--dir", required=True, help="state directory (store, logs, received.log)")
     ap.add_argument("--sender", default="VENUE")
     ap.add_argument("--target", default="GW")
+    ap.add_argument("--reset-on-logon", action="store_true")
+    ap.add_argument("--username")
+    ap.add_argument("--password")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     cfg = os.path.join(a.dir, "venue.cfg")
@@ -235,7 +250,7 @@ UseDataDictionary=Y
 DataDictionary={dd}
 SocketAcceptPort={port}
 SocketAcceptHost=127.0.0.1
-ResetOnLogon=N
+ResetOnLogon={reset}
 ResetOnLogout=N
 ResetOnDisconnect=N
 PersistMessages=Y
@@ -243,8 +258,9 @@ PersistMessages=Y
 BeginString=FIX.4.4
 SenderCompID={s}
 TargetCompID={t}
-""".format(d=a.dir, dd=find_dictionary(), port=a.port, s=a.sender, t=a.target))
-    app = Venue(a.dir)
+""".format(d=a.dir, dd=find_dictionary(), port=a.port, s=a.sender, t=a.target,
+           reset="Y" if a.reset_on_logon else "N"))
+    app = Venue(a.dir, a.username, a.password)
     settings = fix.SessionSettings(cfg)
     acceptor = fix.SocketAcceptor(app, fix.FileStoreFactory(settings), settings, fix.FileLogFactory(settings))
     acceptor.start()

@@ -89,6 +89,11 @@ pub struct Venue {
 impl Venue {
     /// Starts `venue/venue.py`; fails the test with instructions if Python or QuickFIX is absent.
     pub fn start(dir: &Path, port: u16) -> Venue {
+        Venue::start_with(dir, port, &[])
+    }
+
+    /// [`Venue::start`] with more venue.py options (`--reset-on-logon`, `--username U`...).
+    pub fn start_with(dir: &Path, port: u16, args: &[&str]) -> Venue {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("venue/venue.py");
         let python = python();
         let mut child = Command::new(&python)
@@ -97,6 +102,7 @@ impl Venue {
             .arg(port.to_string())
             .arg("--dir")
             .arg(dir)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -209,9 +215,19 @@ pub fn gateway(port: u16, journal: &Path) -> FixDriver {
 
 /// [`gateway`] with a sync policy.
 pub fn gateway_with(port: u16, journal: &Path, fsync: FsyncPolicy) -> FixDriver {
+    gateway_session(port, journal, fsync, session_config())
+}
+
+/// [`gateway`] with a sync policy and session parameters.
+pub fn gateway_session(
+    port: u16,
+    journal: &Path,
+    fsync: FsyncPolicy,
+    session: SessionConfig,
+) -> FixDriver {
     let mut d = FixDriver::open_with(
         &format!("127.0.0.1:{port}"),
-        session_config(),
+        session,
         &risk_config(),
         journal,
         fsync,
