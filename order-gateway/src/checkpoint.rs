@@ -56,6 +56,18 @@ pub struct GatewayState {
     pub risk: RiskState,
     /// FIX session.
     pub session: SessionState,
+    /// Executed notional of the kept orders with executions: `(id, sum of qty x price)`.
+    /// Encoded after the rest (a [`Trailer`]), so checkpoints of the same version written
+    /// before it existed still read (their orders' notional is then estimated from their
+    /// limit price), and a gateway that does not know it reads past it.
+    #[serde(skip)]
+    pub notional: Vec<(u64, i128)>,
+}
+
+/// What follows [`GatewayState`] in a checkpoint payload (absent in older ones).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Trailer {
+    notional: Vec<(u64, i128)>,
 }
 
 /// One order.
@@ -190,6 +202,10 @@ pub enum CheckpointError {
 pub fn encode(state: &GatewayState) -> Result<Vec<u8>, CheckpointError> {
     let mut buf = vec![VERSION];
     postcard::to_io(state, &mut buf).map_err(|e| CheckpointError::Encode(e.to_string()))?;
+    let trailer = Trailer {
+        notional: state.notional.clone(),
+    };
+    postcard::to_io(&trailer, &mut buf).map_err(|e| CheckpointError::Encode(e.to_string()))?;
     Ok(buf)
 }
 
@@ -197,7 +213,14 @@ pub fn encode(state: &GatewayState) -> Result<Vec<u8>, CheckpointError> {
 pub fn decode(payload: &[u8]) -> Result<GatewayState, CheckpointError> {
     match payload.split_first() {
         Some((&VERSION, rest)) => {
-            postcard::from_bytes(rest).map_err(|e| CheckpointError::Decode(e.to_string()))
+            let (mut state, rest): (GatewayState, _) = postcard::take_from_bytes(rest)
+                .map_err(|e| CheckpointError::Decode(e.to_string()))?;
+            if !rest.is_empty() {
+                let t: Trailer = postcard::from_bytes(rest)
+                    .map_err(|e| CheckpointError::Decode(e.to_string()))?;
+                state.notional = t.notional;
+            }
+            Ok(state)
         }
         Some((&found, _)) => Err(CheckpointError::Version { found }),
         None => Err(CheckpointError::Decode("empty".into())),

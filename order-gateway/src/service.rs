@@ -298,6 +298,14 @@ const CORE_COUNTERS: &[(&str, ReadCounter)] = &[
         |g| g.counters().inconsistent_fills,
     ),
     (
+        "venue fills known only from a status answer (reports never read)",
+        |g| g.counters().status_fills,
+    ),
+    (
+        "venue status answers with CumQty below what was applied (not applied)",
+        |g| g.counters().status_mismatch,
+    ),
+    (
         "repeated-order check: orders forgotten early (too many)",
         |g| g.risk().identical_evictions(),
     ),

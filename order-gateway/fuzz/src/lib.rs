@@ -494,13 +494,13 @@ pub fn check_state(gw: &Gateway) {
 /// The monotonic part of the state, as of the previous step.
 #[derive(Debug)]
 struct Seen {
-    gateway: [u64; 18],
+    gateway: [u64; 20],
     session: [u64; 13],
     last_response: [u32; 3],
     last_request: [u32; 3],
 }
 
-fn gateway_counters(c: GatewayCounters) -> [u64; 18] {
+fn gateway_counters(c: GatewayCounters) -> [u64; 20] {
     // Destructured without `..`: a new counter has to be added here.
     let GatewayCounters {
         malformed_engine,
@@ -515,9 +515,11 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 18] {
         trade_corrections,
         trade_refs_unknown,
         late_answers,
-        venue_refused,
         deferred_cancel_on_disconnect,
+        venue_refused,
         status_requests,
+        status_fills,
+        status_mismatch,
         malformed_disconnects,
         frames_after_cutoff,
         inconsistent_fills,
@@ -535,9 +537,11 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 18] {
         trade_corrections,
         trade_refs_unknown,
         late_answers,
-        venue_refused,
         deferred_cancel_on_disconnect,
+        venue_refused,
         status_requests,
+        status_fills,
+        status_mismatch,
         malformed_disconnects,
         frames_after_cutoff,
         inconsistent_fills,

@@ -518,6 +518,17 @@ impl Session {
         self.last_sent = now;
     }
 
+    /// Our last Logon carried 141=Y and the venue has not confirmed it yet: a Logon 141=Y
+    /// from the venue now confirms the reset rather than making a new one.
+    pub fn reset_unconfirmed(&self) -> bool {
+        self.answered_reset
+    }
+
+    /// Whether every Logon we send resets sequence numbers (`reset_on_logon`).
+    pub fn resets_on_logon(&self) -> bool {
+        self.cfg.reset_on_logon
+    }
+
     /// Transport connected: send Logon. With `reset_on_logon` it carries 141=Y with
     /// MsgSeqNum 1 and both directions start again at 1; the venue's Logon 141=Y answering
     /// it confirms the reset.

@@ -83,9 +83,24 @@ impl Gateway {
         } else {
             b""
         };
+        let avg_px = match m.get(tag::AVG_PX) {
+            Some(_) if exec_type == b"I" => Some(
+                m.price(tag::AVG_PX)
+                    .map_err(|_| (tag::AVG_PX, 6, "incorrect data format"))?,
+            ),
+            _ => None,
+        };
         let Some((req, oid)) = self.lookup(m)? else {
             return Ok(());
         };
+        if exec_type == b"I" {
+            // A status answer is not deduplicated by ExecID: venues often give every status
+            // answer the same ExecID (or "0"), and applying one twice changes nothing (it
+            // only applies what its CumQty is above what the order has).
+            let ord_status = m.get(tag::ORD_STATUS).unwrap_or(b"");
+            self.on_status_answer(oid, exec_id, ord_status, cum, leaves, avg_px, out);
+            return Ok(());
+        }
         if !self.execs.insert(oid, exec_id, (last_qty, last_px)) {
             // PossDup/PossResend copy, or the venue repeating itself: applied once already.
             self.counters.duplicate_execs += 1;
@@ -112,14 +127,6 @@ impl Gateway {
         let engine = o.engine;
         match exec_type {
             b"0" if o.status == OrderStatus::PendingNew => {
-                o.status = OrderStatus::Open;
-                out.engine.push((engine, Response::ack(cl, oid)));
-            }
-            // Answer to an OrderStatusRequest: the venue has the order live (executions
-            // arrive as their own reports, resent if need be).
-            b"I" if o.status == OrderStatus::PendingNew
-                && matches!(m.get(tag::ORD_STATUS), Some(b"0" | b"1" | b"2")) =>
-            {
                 o.status = OrderStatus::Open;
                 out.engine.push((engine, Response::ack(cl, oid)));
             }
@@ -162,6 +169,111 @@ impl Gateway {
             _ => {}
         }
         Ok(())
+    }
+
+    /// An answer to an OrderStatusRequest (ExecType I): the venue's view of the order.
+    ///
+    /// - The venue has it and it is PendingNew here: acknowledged.
+    /// - CumQty above what the order has applied: the difference is executions whose
+    ///   reports we never read (sent before a sequence reset, or otherwise unrecoverable).
+    ///   It is applied as one fill through the path of real fills (positions, credit, the
+    ///   engine's Fill; the report itself is in the journal as FIX_IN, so replay applies it
+    ///   again the same way), priced so the order's average is the venue's AvgPx. A real
+    ///   report for those shares cannot come after it: the venue sends its status answer
+    ///   after the reports it covers, and we process messages in sequence, so any such
+    ///   report was applied already (and is in `cum_qty`), or was lost for good. Should a
+    ///   venue resend one anyway (PossDup from before a reset), its CumQty is not above
+    ///   the order's and `on_trade` drops it as a duplicate.
+    /// - OrdStatus final: the order is closed as the matching report would (Canceled with
+    ///   what was left open; Rejected as a venue reject).
+    /// - CumQty below what the order has applied: counted (`status_mismatch`) and logged,
+    ///   nothing changed (the venue forgot executions? an operator must look).
+    #[allow(clippy::too_many_arguments)]
+    fn on_status_answer(
+        &mut self,
+        oid: u64,
+        exec_id: &[u8],
+        ord_status: &[u8],
+        cum: u32,
+        leaves: u32,
+        avg_px: Option<i64>,
+        out: &mut Outputs,
+    ) {
+        let Some(o) = self.orders.get_mut(&oid) else {
+            return;
+        };
+        if cum < o.cum_qty {
+            self.counters.status_mismatch += 1;
+            if !self.replaying {
+                tracing::warn!(
+                    order = oid,
+                    venue_cum = cum,
+                    applied = o.cum_qty,
+                    ord_status = %String::from_utf8_lossy(ord_status),
+                    "status answer's CumQty is below what the gateway applied: not applied"
+                );
+            }
+            return;
+        }
+        // OrdStatus 2 Filled, 3 DoneForDay, 4 Canceled, 8 Rejected, C Expired.
+        let is_final = matches!(ord_status, b"2" | b"3" | b"4" | b"8" | b"C");
+        let (engine, cl) = (o.engine, o.cl_ord_id);
+        if o.status == OrderStatus::PendingNew && !matches!(ord_status, b"8" | b"A") {
+            o.status = OrderStatus::Open;
+            out.engine.push((engine, Response::ack(cl, oid)));
+        }
+        if cum > o.cum_qty {
+            let diff = cum - o.cum_qty;
+            let px = avg_px.map_or(o.params.price, |avg| {
+                status_fill_price(avg, cum, o.notional, diff)
+            });
+            // Final: what the venue left open goes with the close below (a fill of all
+            // closes the order itself); live: what the venue says is open.
+            let trade_leaves = match ord_status {
+                b"2" => 0,
+                _ if is_final => o.params.qty.saturating_sub(cum),
+                _ => leaves,
+            };
+            self.counters.status_fills += 1;
+            if !self.replaying {
+                tracing::warn!(
+                    order = oid,
+                    qty = diff,
+                    px,
+                    cum,
+                    prev_cum = o.cum_qty,
+                    ord_status = %String::from_utf8_lossy(ord_status),
+                    "executions known only from a status answer (their reports were never \
+                     read): applied as one fill"
+                );
+            }
+            // Remembered under a key no venue ExecID can be (SOH never occurs in a FIX
+            // value): it can neither pass for a real execution nor make one a duplicate.
+            let mut key = Vec::with_capacity(exec_id.len() + 8);
+            key.extend_from_slice(b"\x01status:");
+            key.extend_from_slice(exec_id);
+            self.execs.insert(oid, &key, (diff, px));
+            let _ = self.on_trade(oid, diff, px, cum, trade_leaves, out);
+        }
+        if !is_final {
+            return;
+        }
+        let Some(o) = self.orders.get_mut(&oid) else {
+            return;
+        };
+        if o.status == OrderStatus::Done {
+            return;
+        }
+        if ord_status == b"8" {
+            // Rejected while we took it for live: as a venue reject.
+            return self.new_order_refused(oid, out);
+        }
+        let left = o.params.qty.saturating_sub(o.cum_qty);
+        o.status = OrderStatus::Done;
+        self.open_orders -= 1;
+        let p = o.params;
+        self.risk.on_order_done(&p, left);
+        out.engine.push((engine, Response::canceled(cl, left)));
     }
 
     /// The venue refused new order `oid` (ExecType 8, or a reject of its NewOrderSingle).
@@ -268,6 +380,7 @@ impl Gateway {
             );
         }
         o.cum_qty = cum;
+        o.notional += i128::from(last_qty) * i128::from(last_px);
         if o.status == OrderStatus::PendingNew {
             o.status = OrderStatus::Open;
         }
@@ -362,6 +475,8 @@ impl Gateway {
         let new_reserved = if now_open { p.qty - cum } else { 0 };
         if let Some(o) = self.orders.get_mut(&oid) {
             o.cum_qty = cum;
+            o.notional +=
+                i128::from(new_qty) * i128::from(new_px) - i128::from(old.0) * i128::from(old.1);
             if was_open && !now_open {
                 o.status = OrderStatus::Done;
             } else if !was_open && now_open {
@@ -465,4 +580,24 @@ impl Gateway {
             Response::reject(cl, request, RejectReason::VenueCancelReject),
         ));
     }
+}
+
+/// Price of `diff` executions that make an order's average `avg` over `cum` when those
+/// already applied came to `known` (quantity x price): `(avg*cum - known) / diff`, rounded
+/// to the nearest unit of the gateway's price (1/[`crate::proto::PRICE_SCALE`]), halves
+/// away from zero; `avg` itself if that does not fit.
+fn status_fill_price(avg: i64, cum: u32, known: i128, diff: u32) -> i64 {
+    let num = i128::from(avg) * i128::from(cum) - known;
+    let d = i128::from(diff.max(1));
+    let q = if num >= 0 {
+        (2 * num + d) / (2 * d)
+    } else {
+        -((-2 * num + d) / (2 * d))
+    };
+    i64::try_from(q).unwrap_or(avg)
+}
+
+#[cfg(test)]
+pub(super) fn status_fill_price_for_tests(avg: i64, cum: u32, known: i128, diff: u32) -> i64 {
+    status_fill_price(avg, cum, known, diff)
 }

@@ -135,6 +135,9 @@ pub struct Order {
     pub status: OrderStatus,
     /// FIX ClOrdID the venue currently knows the order by.
     pub venue_cl_ord_id: u64,
+    /// Sum of quantity x price (in [`crate::proto::PRICE_SCALE`] units) of the executions
+    /// applied: with the venue's AvgPx it prices executions only a status answer reports.
+    pub notional: i128,
     pending: Option<(u64, Change)>,
 }
 
@@ -171,8 +174,14 @@ pub struct GatewayCounters {
     pub late_answers: u64,
     /// Order messages the venue refused with a BusinessMessageReject or a session Reject.
     pub venue_refused: u64,
-    /// OrderStatusRequests sent at logon for orders in doubt.
+    /// OrderStatusRequests sent at logon: for orders in doubt, or for every live order
+    /// after a logon that reset sequence numbers.
     pub status_requests: u64,
+    /// Executions applied from a status answer (ExecType I) whose CumQty was above what
+    /// the gateway had applied: reports it never read (lost in a sequence reset).
+    pub status_fills: u64,
+    /// Status answers whose CumQty was below what the gateway had applied: not applied.
+    pub status_mismatch: u64,
     /// Engine connections cut off for sending `max_malformed_frames` malformed frames.
     pub malformed_disconnects: u64,
     /// Frames from an engine cut off, before it logged on again: neither taken nor journaled.

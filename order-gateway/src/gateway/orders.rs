@@ -357,6 +357,7 @@ impl Gateway {
                         cum_qty: 0,
                         status: OrderStatus::PendingNew,
                         venue_cl_ord_id: oid,
+                        notional: 0,
                         pending: None,
                     },
                 );

@@ -110,6 +110,16 @@ impl Gateway {
             connected,
             malformed,
             execs: self.execs.checkpoint_state(|id| keep(&id)),
+            notional: {
+                let mut n: Vec<(u64, i128)> = self
+                    .orders
+                    .iter()
+                    .filter(|&(&id, o)| o.cum_qty > 0 && self.kept(id, o))
+                    .map(|(&id, o)| (id, o.notional))
+                    .collect();
+                n.sort_unstable();
+                n
+            },
             risk: self.risk.checkpoint_state(),
             session: self.session.checkpoint_state(),
         };
@@ -150,6 +160,7 @@ impl Gateway {
         self.by_request.clear();
         self.retired.clear();
         self.open_orders = 0;
+        let notional: rustc_hash::FxHashMap<u64, i128> = s.notional.iter().copied().collect();
         for (id, o) in &s.orders {
             let symbol = Symbol(o.symbol);
             let side = if o.side == Side::Sell as u8 {
@@ -184,6 +195,12 @@ impl Gateway {
                 cum_qty: o.cum_qty,
                 status,
                 venue_cl_ord_id: o.venue_cl_ord_id,
+                // Every order with executions has its notional in the checkpoint, except in
+                // one written before it was kept: estimated at the limit price then.
+                notional: notional
+                    .get(id)
+                    .copied()
+                    .unwrap_or(i128::from(o.cum_qty) * i128::from(o.price)),
                 pending,
             };
             if status == OrderStatus::Done {

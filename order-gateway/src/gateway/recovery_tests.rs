@@ -181,6 +181,14 @@ fn same_state(a: &Gateway, b: &Gateway) {
     assert_eq!(a.open_order_count(), b.open_order_count());
 }
 
+/// Positions, exposure and open orders (not sequence numbers: `a` and `b` had different
+/// sessions).
+fn same_book(a: &Gateway, b: &Gateway) {
+    assert_eq!(a.risk().position(7, aapl()), b.risk().position(7, aapl()));
+    assert_eq!(a.risk().exposure(7), b.risk().exposure(7));
+    assert_eq!(a.open_order_count(), b.open_order_count());
+}
+
 /// Every engine response applied by an engine-side client that sent orders 1..=n.
 fn client_with(n: u64) -> Client {
     let mut c = Client::new(1);
@@ -255,24 +263,28 @@ fn reset_on_logon_replays_to_the_live_numbers_after_a_crash() {
     fresh(&mut out);
     gw.on_fix_bytes(&v.frame(b"A", logon), T0 + SEC, &mut out);
     assert_eq!(gw.session().state(), SessionState::Active);
-    // No second Logon; the order in doubt is asked about, number 2 of the new session.
-    assert_eq!(sent(&out), [(b"H".to_vec(), 2)]);
+    // No second Logon; every live order is asked about (the reset loses the reports sent
+    // before it), the acknowledged one and the one in doubt, numbers 2 and 3.
+    assert_eq!(sent(&out), [(b"H".to_vec(), 2), (b"H".to_vec(), 3)]);
     let f = frames(&out.fix);
-    let h = Message::parse(&f[0]).unwrap();
+    let h = Message::parse(&f[1]).unwrap();
     assert_eq!(h.get(11), Some(doubt.to_string().as_bytes()));
-    assert_eq!((gw.session().next_out(), gw.session().next_in()), (3, 2));
+    assert_eq!((gw.session().next_out(), gw.session().next_in()), (4, 2));
     same_state(&replay_with(reset_on_logon(), &out.journal), &gw);
 
     // The venue asks from 1: the Logon and what was sent before the reset are gap-filled,
-    // only the status request (new number 2) is resent.
+    // only the status requests (new numbers 2 and 3) are resent.
     fresh(&mut out);
     gw.on_fix_bytes(&v.frame(b"2", &[(7, b"1"), (16, b"0")]), T0 + SEC, &mut out);
-    assert_eq!(sent(&out), [(b"4".to_vec(), 1), (b"H".to_vec(), 2)]);
+    assert_eq!(
+        sent(&out),
+        [(b"4".to_vec(), 1), (b"H".to_vec(), 2), (b"H".to_vec(), 3)]
+    );
     // Its answer acknowledges the order in doubt.
     let ack = v.exec(doubt, "st2", b"I", 0, "0", 0, 10, &[(39, b"0")]);
     gw.on_fix_bytes(&ack, T0 + SEC, &mut out);
     assert_eq!(gw.order(1, 2).unwrap().status, OrderStatus::Open);
-    assert_eq!((gw.session().next_out(), gw.session().next_in()), (3, 4));
+    assert_eq!((gw.session().next_out(), gw.session().next_in()), (4, 4));
     let r = replay_with(reset_on_logon(), &out.journal);
     same_state(&r, &gw);
     assert_eq!(r.order(1, 2).unwrap().status, OrderStatus::Open);
@@ -308,11 +320,13 @@ fn venue_logon_with_reset_flag_resets_both_numbers_and_is_answered_once() {
         &mut out,
     );
     assert!(!out.disconnect, "no 'MsgSeqNum too low' logout");
-    assert_eq!(sent(&out), [(b"A".to_vec(), 1)]);
+    // Our answer, then a status request for the live order (the reset loses the reports
+    // sent before it).
+    assert_eq!(sent(&out), [(b"A".to_vec(), 1), (b"H".to_vec(), 2)]);
     let answer_frame = frames(&out.fix).remove(0);
     let answer = Message::parse(&answer_frame).unwrap();
     assert_eq!(answer.get(141), Some(&b"Y"[..]));
-    assert_eq!((gw.session().next_out(), gw.session().next_in()), (2, 2));
+    assert_eq!((gw.session().next_out(), gw.session().next_in()), (3, 2));
     assert_eq!(gw.session().counters().resets_received, 1);
     // Journaled as the venue's Logon then our answer: replay lands on the same numbers.
     same_state(&replay(&out.journal), &gw);
@@ -325,8 +339,9 @@ fn venue_logon_with_reset_flag_resets_both_numbers_and_is_answered_once() {
         T0,
         &mut out,
     );
+    // Nor are the orders asked about again.
     assert!(out.fix.is_empty(), "no Logon ping-pong: {:?}", sent(&out));
-    assert_eq!((gw.session().next_out(), gw.session().next_in()), (2, 3));
+    assert_eq!((gw.session().next_out(), gw.session().next_in()), (3, 3));
     same_state(&replay(&out.journal), &gw);
     // The session goes on at the new numbers.
     gw.on_fix_bytes(&frame_at(b"0", 3, &[]), T0, &mut out);
@@ -336,7 +351,9 @@ fn venue_logon_with_reset_flag_resets_both_numbers_and_is_answered_once() {
     fresh(&mut out);
     gw.on_fix_bytes(&frame_at(b"2", 4, &[(7, b"1"), (16, b"0")]), T0, &mut out);
     assert!(
-        sent(&out).iter().all(|(t, _)| t == b"4"),
+        sent(&out)
+            .iter()
+            .all(|(t, n)| t == b"4" || (t == b"H" && *n == 2)),
         "{:?}",
         sent(&out)
     );
@@ -363,7 +380,8 @@ fn journal_replay_after_a_reset_logon_gives_the_same_numbers() {
     gw.on_fix_bytes(&frame_at(b"0", 3, &[]), T0, &mut out);
     let r = replay(&out.journal);
     same_state(&gw, &r);
-    assert_eq!((r.session().next_out(), r.session().next_in()), (2, 4));
+    // Our answer (1) and the status request for order 1 (2).
+    assert_eq!((r.session().next_out(), r.session().next_in()), (3, 4));
 }
 
 #[test]
@@ -1034,4 +1052,254 @@ fn responses_to_an_unconfigured_engine_survive_a_checkpoint() {
     let r = restored(&rec);
     assert_eq!(r.last_response_seq(9), 1);
     assert_eq!(r.responses_after(9, 0).map(|i| i.count()).ok(), Some(1));
+}
+
+// --- status answers: executions never read --------------------------------------------------
+
+/// An ExecType I status answer with OrdStatus `status`, CumQty `cum`, LeavesQty `leaves`
+/// and AvgPx `avg`, under ExecID "0" as many venues give every status answer.
+fn status_answer(
+    v: &mut Venue,
+    cl: u64,
+    status: &[u8],
+    cum: u32,
+    leaves: u32,
+    avg: &str,
+) -> Vec<u8> {
+    let (cl, cum, leaves) = (cl.to_string(), cum.to_string(), leaves.to_string());
+    v.frame(
+        b"8",
+        &[
+            (37, b"V1"),
+            (17, b"0"),
+            (11, cl.as_bytes()),
+            (150, b"I"),
+            (39, status),
+            (55, b"AAPL"),
+            (54, b"1"),
+            (14, cum.as_bytes()),
+            (151, leaves.as_bytes()),
+            (6, avg.as_bytes()),
+        ],
+    )
+}
+
+fn fills(out: &Outputs) -> Vec<(u32, i64, u32, u32)> {
+    out.engine
+        .iter()
+        .filter_map(|(_, r)| match r {
+            Response::Fill(f) => Some((
+                f.last_qty.get(),
+                f.last_px.get(),
+                f.cum_qty.get(),
+                f.leaves_qty.get(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A status answer whose CumQty is above what the gateway applied: the difference is
+/// applied as a fill priced so the order's average is AvgPx, exactly as the real fill
+/// would have been (position, credit, the engine's Fill), and replays the same. Repeated
+/// (same ExecID, or none new), it changes nothing; a final one closes the order.
+#[test]
+fn status_answer_applies_executions_whose_reports_were_never_read() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    gw.on_fix_bytes(
+        &v.exec(id, "f1", b"F", 200, "101", 200, 800, &[]),
+        T0,
+        &mut out,
+    );
+    // The same with the missed fill as a real report: what the status answer must match.
+    let (mut twin, mut tv, mut tout) = active();
+    acked_order(&mut twin, &mut tv, &mut tout, 1, 1000);
+    twin.on_fix_bytes(
+        &tv.exec(id, "f1", b"F", 200, "101", 200, 800, &[]),
+        T0,
+        &mut tout,
+    );
+    twin.on_fix_bytes(
+        &tv.exec(id, "f2", b"F", 400, "101.75", 600, 400, &[]),
+        T0,
+        &mut tout,
+    );
+
+    fresh(&mut out);
+    // Venue: 600 done at an average of 101.5, so the 400 we never saw were at 101.75.
+    gw.on_fix_bytes(
+        &status_answer(&mut v, id, b"1", 600, 400, "101.5"),
+        T0,
+        &mut out,
+    );
+    let px = 101 * PRICE_SCALE + 3 * PRICE_SCALE / 4;
+    assert_eq!(fills(&out), [(400, px, 600, 400)]);
+    let o = *gw.order(1, 1).unwrap();
+    assert_eq!((o.cum_qty, o.status), (600, OrderStatus::Open));
+    assert_eq!(gw.counters().status_fills, 1);
+    assert_eq!(gw.risk().position(7, aapl()), 600);
+    same_book(&gw, &twin);
+    let r = replay(&out.journal);
+    same_state(&r, &gw);
+    assert_eq!(r.order(1, 1).unwrap().cum_qty, 600);
+    assert_eq!(r.counters().status_fills, 1);
+
+    // The same answer again (ExecID "0" again): nothing new.
+    fresh(&mut out);
+    gw.on_fix_bytes(
+        &status_answer(&mut v, id, b"1", 600, 400, "101.5"),
+        T0,
+        &mut out,
+    );
+    assert!(out.engine.is_empty(), "{:?}", out.engine);
+    // A real report for shares the answer covered cannot double-count them.
+    gw.on_fix_bytes(
+        &v.exec(id, "f2", b"F", 400, "101.75", 600, 400, &[]),
+        T0,
+        &mut out,
+    );
+    assert!(out.engine.is_empty(), "{:?}", out.engine);
+    same_book(&gw, &twin);
+
+    // Filled at the venue: the rest applied, the order final.
+    gw.on_fix_bytes(
+        &status_answer(&mut v, id, b"2", 1000, 0, "101.3"),
+        T0,
+        &mut out,
+    );
+    // (101.3 * 1000 - 101.5 * 600) / 400 = 101.0
+    assert_eq!(fills(&out), [(400, 101 * PRICE_SCALE, 1000, 0)]);
+    assert_eq!(gw.order(1, 1).unwrap().status, OrderStatus::Done);
+    assert_eq!(gw.open_order_count(), 0);
+    assert_eq!(gw.risk().position(7, aapl()), 1000);
+    assert_eq!(gw.risk().exposure(7).0, 0);
+    same_state(&replay(&out.journal), &gw);
+}
+
+/// The fill's price is rounded to the gateway's 1/PRICE_SCALE, halves away from zero.
+#[test]
+fn status_fill_price_rounds_to_the_price_unit() {
+    // 3 at 100.0001 average, 1 known at 100.0000: the other 2 at 100.00015 -> 100.0002.
+    assert_eq!(
+        super::fills::status_fill_price_for_tests(1_000_001, 3, 1_000_000, 2),
+        1_000_002
+    );
+    assert_eq!(super::fills::status_fill_price_for_tests(-5, 1, 0, 2), -3);
+}
+
+/// Final OrdStatus in a status answer closes the order as the report it stands for:
+/// Canceled (after the executions it adds) or Expired -> Canceled with what was left,
+/// Rejected while we took it for live -> a venue reject.
+#[test]
+fn final_status_answers_close_the_order() {
+    let (mut gw, mut v, mut out) = active();
+    let a = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    let c = acked_order(&mut gw, &mut v, &mut out, 3, 100);
+    gw.on_engine_message(
+        1,
+        zerocopy::IntoBytes::as_bytes(&new_order(2, 10)),
+        T0,
+        &mut out,
+    );
+    let b = gw.order(1, 2).unwrap().venue_cl_ord_id;
+    fresh(&mut out);
+    gw.on_fix_bytes(&status_answer(&mut v, a, b"4", 300, 0, "100"), T0, &mut out);
+    assert_eq!(fills(&out), [(300, 100 * PRICE_SCALE, 300, 700)]);
+    assert!(
+        matches!(out.engine.last(), Some((1, Response::Canceled(x))) if x.canceled_qty.get() == 700)
+    );
+    gw.on_fix_bytes(&status_answer(&mut v, b, b"8", 0, 0, "0"), T0, &mut out);
+    assert!(matches!(out.engine.last(), Some((1, Response::Reject(x)))
+        if x.reason() == crate::proto::RejectReason::VenueReject));
+    gw.on_fix_bytes(&status_answer(&mut v, c, b"C", 0, 0, "0"), T0, &mut out);
+    assert!(
+        matches!(out.engine.last(), Some((1, Response::Canceled(x))) if x.canceled_qty.get() == 100)
+    );
+    for cl in 1..=3 {
+        assert_eq!(gw.order(1, cl).unwrap().status, OrderStatus::Done, "{cl}");
+    }
+    assert_eq!(gw.open_order_count(), 0);
+    assert_eq!(gw.risk().position(7, aapl()), 300);
+    assert_eq!(gw.risk().exposure(7).0, 0);
+    let r = replay(&out.journal);
+    same_state(&r, &gw);
+    assert_eq!(r.order(1, 1).unwrap().cum_qty, 300);
+}
+
+/// A status answer whose CumQty is below what the gateway applied is counted and changes
+/// nothing, not even a final OrdStatus.
+#[test]
+fn status_answer_below_what_was_applied_is_counted_and_not_applied() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    gw.on_fix_bytes(
+        &v.exec(id, "f1", b"F", 500, "100", 500, 500, &[]),
+        T0,
+        &mut out,
+    );
+    fresh(&mut out);
+    gw.on_fix_bytes(
+        &status_answer(&mut v, id, b"4", 300, 0, "100"),
+        T0,
+        &mut out,
+    );
+    assert!(out.engine.is_empty(), "{:?}", out.engine);
+    assert_eq!(gw.counters().status_mismatch, 1);
+    let o = *gw.order(1, 1).unwrap();
+    assert_eq!((o.cum_qty, o.status), (500, OrderStatus::Open));
+    assert_eq!(gw.risk().position(7, aapl()), 500);
+    let r = replay(&out.journal);
+    same_state(&r, &gw);
+    assert_eq!(r.counters().status_mismatch, 1);
+}
+
+/// After a logon that resets sequence numbers every live order is asked about (the
+/// reports sent before the reset are never resent); after a normal one only those in doubt.
+#[test]
+fn a_reset_logon_queries_every_live_order() {
+    let (mut gw, mut v, mut out) = active();
+    let acked = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    gw.on_engine_message(
+        1,
+        zerocopy::IntoBytes::as_bytes(&new_order(2, 10)),
+        T0,
+        &mut out,
+    );
+    let doubt = gw.order(1, 2).unwrap().venue_cl_ord_id;
+    let done = acked_order(&mut gw, &mut v, &mut out, 3, 10);
+    gw.on_fix_bytes(
+        &v.exec(done, "f3", b"F", 10, "100", 10, 0, &[]),
+        T0,
+        &mut out,
+    );
+    let queried = |out: &Outputs| -> Vec<u64> {
+        frames(&out.fix)
+            .iter()
+            .filter_map(|f| {
+                let m = Message::parse(f).unwrap();
+                (m.msg_type() == b"H").then(|| m.uint(11).unwrap())
+            })
+            .collect()
+    };
+    // A normal reconnect: the order in doubt only.
+    gw.on_disconnect();
+    fresh(&mut out);
+    gw.on_connect(T0 + SEC, &mut out);
+    let logon = v.frame(b"A", &[(98, b"0"), (108, b"30")]);
+    gw.on_fix_bytes(&logon, T0 + SEC, &mut out);
+    assert_eq!(queried(&out), [doubt]);
+    // The venue resets: every order not final.
+    fresh(&mut out);
+    let mut v = Venue { seq: 1 };
+    let reset: &[(u32, &[u8])] = &[(98, b"0"), (108, b"30"), (141, b"Y")];
+    gw.on_fix_bytes(&v.frame(b"A", reset), T0 + SEC, &mut out);
+    assert_eq!(queried(&out), [acked, doubt]);
+    // Ours (reset_on_logon) too.
+    let mut gw = replay_with(reset_on_logon(), &out.journal);
+    let mut o = Outputs::default();
+    gw.on_connect(T0 + 2 * SEC, &mut o);
+    let mut v = Venue { seq: 1 };
+    gw.on_fix_bytes(&v.frame(b"A", reset), T0 + 2 * SEC, &mut o);
+    assert_eq!(queried(&o), [acked, doubt]);
 }

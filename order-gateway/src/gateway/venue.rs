@@ -171,6 +171,14 @@ impl Gateway {
                 return;
             }
         };
+        // A Logon that restarts sequence numbers (the venue's 141=Y, or ours answered):
+        // what the venue sent before it is never resent.
+        // A QuickFIX peer confirms our answer to its reset with a second Logon 141=Y while
+        // the session is up: the orders were asked about at the first.
+        let confirmation =
+            self.session.state() == SessionState::Active && self.session.reset_unconfirmed();
+        let reset_logon = m.msg_type() == b"A"
+            && (m.get(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y") || self.session.resets_on_logon());
         let before = self.session.accepted_in();
         let ev = if queued {
             self.session.on_queued(m, now, &mut out.fix)
@@ -207,22 +215,35 @@ impl Gateway {
                 }
             }
             SessionEvent::Disconnect => out.disconnect = true,
-            SessionEvent::LoggedOn => self.query_orders_in_doubt(now, out),
+            SessionEvent::LoggedOn if reset_logon && confirmation => {}
+            SessionEvent::LoggedOn => self.query_order_status(reset_logon, now, out),
             SessionEvent::None => {}
         }
         Self::journal_out(out, start);
     }
 
-    /// At logon: an OrderStatusRequest (35=H) for every order sent and not yet acknowledged
-    /// (after a crash or a lost connection the venue may or may not have it). The venue's
-    /// answer (ExecType I) acknowledges those it has; for the others the session's resend
-    /// handling delivers what is missing either way. Bounded per logon.
-    fn query_orders_in_doubt(&mut self, now: u64, out: &mut Outputs) {
+    /// At logon: an OrderStatusRequest (35=H) per order whose state the venue must tell us.
+    ///
+    /// After a normal logon, the orders sent and not yet acknowledged (after a crash or a
+    /// lost connection the venue may or may not have them): the answer (ExecType I)
+    /// acknowledges those it has, and the session's resend handling delivers every other
+    /// report missed. Querying every live order then would only repeat what the resends
+    /// bring, at the cost of one message each way per resting order at every reconnect.
+    ///
+    /// After a logon that reset sequence numbers (`all`), every order not final: the
+    /// reports the venue sent before the reset that we never read (fills, cancels) are
+    /// never resent, and only the answers' CumQty and OrdStatus recover them
+    /// (`on_status_answer`). Bounded per logon, lowest order ids first.
+    fn query_order_status(&mut self, all: bool, now: u64, out: &mut Outputs) {
         const MAX_QUERIES: usize = 10_000;
         let mut doubt: Vec<(u64, u64)> = self
             .orders
             .iter()
-            .filter(|(_, o)| o.status == OrderStatus::PendingNew)
+            .filter(|(_, o)| match o.status {
+                OrderStatus::PendingNew => true,
+                OrderStatus::Open => all,
+                OrderStatus::Done => false,
+            })
             .map(|(&oid, o)| (oid, o.venue_cl_ord_id))
             .collect();
         doubt.sort_unstable();
