@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use order_gateway::fix::{Secret, SessionConfig, SessionState};
+use order_gateway::gateway::OrderStatus;
 use order_gateway::journal::FsyncPolicy;
+use order_gateway::proto::PRICE_SCALE;
 
 /// Sends orders `from..=to` and waits until all are final.
 fn round_trip(d: &mut order_gateway::driver::FixDriver, e: &mut Engine, from: u64, to: u64) {
@@ -154,4 +156,123 @@ fn reset_on_logon_with_credentials_resumes_from_1_after_a_gateway_restart() {
     // The password went to the venue, never to the journal.
     let bytes = std::fs::read(&journal).unwrap();
     assert!(!bytes.windows(12).any(|w| w == b"pw-it-s3cret"));
+}
+
+/// `reset_on_logon` against QuickFIX: executions the venue makes while the gateway is down
+/// are reported before the next logon's reset and never read. The status requests sent
+/// after the reset (for every live order, acknowledged ones included) recover them: no
+/// order the venue filled stays open, the engine receives the fills, at the prices that
+/// make the venue's average, and positions follow.
+#[test]
+fn reset_on_logon_recovers_fills_the_venue_made_while_the_gateway_was_down() {
+    let dir = scratch("fix-reset-fills");
+    let mut venue = Venue::start_with(&dir.join("venue"), free_port(), &["--reset-on-logon"]);
+    let cfg = SessionConfig {
+        reset_on_logon: true,
+        ..session_config()
+    };
+    let journal = dir.join("gw.journal");
+    let port = venue.port;
+    let open =
+        |cfg: &SessionConfig| gateway_session(port, &journal, FsyncPolicy::Never, cfg.clone());
+    let mut d = open(&cfg);
+    let mut e = Engine::new(1);
+    round_trip(&mut d, &mut e, 1, 10);
+    // Three resting sells of 2000 AAPL at 100, acknowledged.
+    let ids: Vec<u64> = [19, 39, 59].iter().map(|&i| e.send(&mut d, i)).collect();
+    pump(&mut d, &mut e, 30, |e| {
+        ids.iter().all(|&id| {
+            e.client
+                .order(id)
+                .is_some_and(|o| o.state == order_gateway::client::OrderState::New)
+        })
+    });
+    let venue_id = |d: &order_gateway::driver::FixDriver, id: u64| {
+        d.gateway().order(ENGINE, id).unwrap().venue_cl_ord_id
+    };
+    let v: Vec<u64> = ids.iter().map(|&id| venue_id(&d, id)).collect();
+    // One is partly filled while the gateway is up: that report is read.
+    venue.command(&format!("fill {} 500 101", v[0]));
+    pump(&mut d, &mut e, 30, |e| {
+        e.client.order(ids[0]).is_some_and(|o| o.cum_qty == 500)
+    });
+    let [aapl, _, _] = symbols();
+    let position_before = d.gateway().risk().position(ACCOUNT, aapl);
+    drop(d);
+
+    // While the gateway is down the venue fills the rest of the first, all of the second,
+    // part of the third. Those reports are sent (QuickFIX stores them) and lost in the
+    // reset of the next logon.
+    venue.command(&format!("fill {} 1500 102", v[0]));
+    venue.command(&format!("fill {} 2000 99.5", v[1]));
+    venue.command(&format!("fill {} 800 100", v[2]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while venue.received().iter().filter(|l| l[0] == "fill").count() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "venue fills: {:?}",
+            venue.received()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let mut d = open(&cfg);
+    let before = e.responses;
+    pump(&mut d, &mut e, 30, |e| {
+        e.client.order(ids[0]).is_some_and(|o| o.state.is_final())
+            && e.client.order(ids[1]).is_some_and(|o| o.state.is_final())
+            && e.client.order(ids[2]).is_some_and(|o| o.cum_qty == 800)
+    });
+    assert!(e.responses > before);
+    assert!(e.errors.is_empty(), "{:?}", e.errors);
+    let g = d.gateway();
+    for (id, cum) in [(ids[0], 2000), (ids[1], 2000), (ids[2], 800)] {
+        let o = g.order(ENGINE, id).unwrap();
+        assert_eq!(o.cum_qty, cum, "order {id}");
+        assert_eq!(
+            e.client.order(id).unwrap().cum_qty,
+            cum,
+            "engine's order {id}"
+        );
+    }
+    assert_eq!(g.order(ENGINE, ids[0]).unwrap().status, OrderStatus::Done);
+    assert_eq!(g.order(ENGINE, ids[1]).unwrap().status, OrderStatus::Done);
+    assert_eq!(g.order(ENGINE, ids[2]).unwrap().status, OrderStatus::Open);
+    // Sells: the position fell by what was executed while down.
+    assert_eq!(
+        g.risk().position(ACCOUNT, aapl),
+        position_before - 1500 - 2000 - 800
+    );
+    assert_eq!(g.counters().status_fills, 3);
+    // The first order's average is the venue's: 500 at 101, so the 1500 at 102.
+    assert_eq!(
+        g.order(ENGINE, ids[0]).unwrap().notional,
+        i128::from(500 * 101 * PRICE_SCALE + 1500 * 102 * PRICE_SCALE)
+    );
+    // The session goes on (the partly filled order is cancelled: Canceled with the 1200
+    // left); a restart from the journal lands on the same book.
+    let c = e.client.cancel(ids[2]);
+    d.engine_message(ENGINE, zerocopy::IntoBytes::as_bytes(&c))
+        .unwrap();
+    round_trip(&mut d, &mut e, 60, 70);
+    assert_eq!(
+        d.gateway().order(ENGINE, ids[2]).unwrap().status,
+        OrderStatus::Done
+    );
+    let position = d.gateway().risk().position(ACCOUNT, aapl);
+    let open_orders = d.gateway().open_order_count();
+    drop(d);
+    // Recovery only (no connection): the journal's status answers replay into the book.
+    let r = order_gateway::driver::FixDriver::open_with(
+        &format!("127.0.0.1:{port}"),
+        cfg.clone(),
+        &risk_config(),
+        &journal,
+        FsyncPolicy::Never,
+    )
+    .unwrap();
+    let r = r.gateway();
+    assert_eq!(r.risk().position(ACCOUNT, aapl), position);
+    assert_eq!(r.open_order_count(), open_orders);
+    assert_eq!(r.order(ENGINE, ids[1]).unwrap().cum_qty, 2000);
 }

@@ -20,6 +20,10 @@ Commands on stdin, one a line, make the venue do what a test needs (QuickFIX doe
 work: numbering, persisting, answering):
   reset          send Logon with ResetSeqNumFlag=Y (both sides start again at 1)
   seqreset N     send SequenceReset-Reset jumping our MsgSeqNum N ahead
+  fill CL Q PX   execute Q of resting order CL at PX (a Fill, 150=F), sent whether the
+                 gateway is logged on or not (QuickFIX stores it for a resend; a reset at
+                 the next logon loses it, and only the status answer tells); logged as
+                 "fill|CL|Q|PX" once sent
 
 --reset-on-logon sets QuickFIX's ResetOnLogon=Y (both sides start at 1 at every logon);
 --username/--password make the venue refuse a Logon without that Username (553) and
@@ -111,7 +115,7 @@ class Venue(fix.Application):
         r.setField(fix.LastPx(float(last_px)))
         r.setField(fix.LeavesQty(max(o["qty"] - o["cum"], 0) if status not in ("4", "8", "2") else 0))
         r.setField(fix.CumQty(o["cum"]))
-        r.setField(fix.AvgPx(float(o["price"]) if o["cum"] else 0.0))
+        r.setField(fix.AvgPx(avg_px(o)))
         if rej_reason is not None:
             r.setField(fix.OrdRejReason(rej_reason))
         fix.Session.sendToTarget(r, sid)
@@ -176,12 +180,15 @@ class Venue(fix.Application):
             self.report(sid, o, cl, "0", "0")
             if qty <= 100:
                 o["cum"] = qty
+                o["notional"] = qty * float(o["price"])
                 self.report(sid, o, cl, "F", "2", qty, o["price"])
             elif qty <= 1000:
                 half = qty // 2
                 o["cum"] = half
+                o["notional"] = half * float(o["price"])
                 self.report(sid, o, cl, "F", "1", half, o["price"])
                 o["cum"] = qty
+                o["notional"] = qty * float(o["price"])
                 self.report(sid, o, cl, "F", "2", qty - half, o["price"])
             else:
                 self.resting[cl] = o
@@ -205,11 +212,37 @@ class Venue(fix.Application):
             self.report(sid, o, cl, "5", "0", orig=orig)
 
 
+def avg_px(o):
+    """AvgPx (6): executed notional over CumQty, 0 before any execution."""
+    if not o["cum"]:
+        return 0.0
+    return round(o.get("notional", o["cum"] * float(o["price"])) / o["cum"], 6)
+
+
+def fill(app, cl, qty, px):
+    """Executes `qty` of resting order `cl` at `px` (command `fill`; the caller holds
+    app.lock)."""
+    o = app.resting.get(cl)
+    if o is None:
+        app.log.write("nofill|%s\n" % cl)
+        return
+    qty = min(qty, o["qty"] - o["cum"])
+    o["cum"] += qty
+    o["notional"] = o.get("notional", 0.0) + qty * float(px)
+    done = o["cum"] >= o["qty"]
+    if done:
+        del app.resting[cl]
+    app.report(app.sid, o, cl, "F", "2" if done else "1", qty, px)
+    app.log.write("fill|%s|%d|%s\n" % (cl, qty, px))
+
+
 def command(app, line):
     parts = line.split()
     if not parts or app.sid is None:
         return
-    if parts[0] == "reset":
+    if parts[0] == "fill":
+        fill(app, parts[1], int(parts[2]), parts[3])
+    elif parts[0] == "reset":
         m = fix.Message()
         m.getHeader().setField(fix.MsgType(fix.MsgType_Logon))
         m.setField(fix.EncryptMethod(0))
