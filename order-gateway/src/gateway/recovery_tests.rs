@@ -1303,3 +1303,47 @@ fn a_reset_logon_queries_every_live_order() {
     gw.on_fix_bytes(&v.frame(b"A", reset), T0 + 2 * SEC, &mut o);
     assert_eq!(queried(&o), [acked, doubt]);
 }
+
+/// An order's executed notional survives a checkpoint, so a status answer after a restart
+/// from it prices the executions it adds as the live gateway would; a checkpoint written
+/// before notional was kept still reads (its notional estimated at the limit price).
+#[test]
+fn executed_notional_survives_a_checkpoint() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    gw.on_fix_bytes(
+        &v.exec(id, "f1", b"F", 200, "101", 200, 800, &[]),
+        T0,
+        &mut out,
+    );
+    let notional = i128::from(200 * 101 * PRICE_SCALE);
+    assert_eq!(gw.order(1, 1).unwrap().notional, notional);
+    let rec = checkpoint(&mut gw);
+    let mut r = restored(&rec);
+    assert_eq!(r.order(1, 1).unwrap().notional, notional);
+    let mut o = Outputs::default();
+    let answer = status_answer(&mut v, id, b"1", 600, 400, "101.5");
+    r.on_fix_bytes(&answer, T0, &mut o);
+    gw.on_fix_bytes(&answer, T0, &mut out);
+    let px = 101 * PRICE_SCALE + 3 * PRICE_SCALE / 4;
+    assert_eq!(fills(&o), [(400, px, 600, 400)]);
+    assert_eq!(
+        r.order(1, 1).unwrap().notional,
+        gw.order(1, 1).unwrap().notional
+    );
+
+    // The layout without the trailer: the state alone behind the version byte.
+    let payload = gw.checkpoint().unwrap();
+    let state = crate::checkpoint::decode(&payload).unwrap();
+    let mut old = vec![crate::checkpoint::VERSION];
+    old.extend(postcard::to_allocvec(&state).unwrap());
+    let mut rec = Vec::new();
+    crate::journal::encode_record(&mut rec, crate::gateway::record::CHECKPOINT, &[&old]);
+    let r = restored(&rec);
+    assert_eq!(r.order(1, 1).unwrap().cum_qty, 600);
+    // 600 at the limit price 100.
+    assert_eq!(
+        r.order(1, 1).unwrap().notional,
+        i128::from(600 * 100 * PRICE_SCALE)
+    );
+}
