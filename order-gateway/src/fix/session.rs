@@ -1177,10 +1177,10 @@ mod tests {
     use super::super::split_frame;
     use super::*;
 
-    const SEC: u64 = 1_000_000_000;
-    const T0: u64 = 1_704_207_600 * SEC;
+    pub(super) const SEC: u64 = 1_000_000_000;
+    pub(super) const T0: u64 = 1_704_207_600 * SEC;
 
-    fn cfg() -> SessionConfig {
+    pub(super) fn cfg() -> SessionConfig {
         SessionConfig {
             sender_comp_id: "GW".into(),
             target_comp_id: "VENUE".into(),
@@ -1191,7 +1191,7 @@ mod tests {
     }
 
     /// Builds a venue → gateway frame.
-    fn venue(ty: &[u8], seq: u64, extra: &[(u32, &[u8])]) -> Vec<u8> {
+    pub(super) fn venue(ty: &[u8], seq: u64, extra: &[(u32, &[u8])]) -> Vec<u8> {
         let mut w = MessageWriter::default();
         w.start(ty)
             .field(49, b"VENUE")
@@ -1206,7 +1206,7 @@ mod tests {
         out
     }
 
-    fn frames(out: &[u8]) -> Vec<Vec<u8>> {
+    pub(super) fn frames(out: &[u8]) -> Vec<Vec<u8>> {
         let mut v = Vec::new();
         let mut rest = out;
         while !rest.is_empty() {
@@ -1217,7 +1217,7 @@ mod tests {
         v
     }
 
-    fn active() -> Session {
+    pub(super) fn active() -> Session {
         let mut s = Session::new(cfg());
         let mut out = Vec::new();
         s.on_connect(T0, &mut out);
@@ -1398,57 +1398,9 @@ mod tests {
 
 #[cfg(test)]
 mod interop_tests {
-    use super::super::split_frame;
     use super::*;
 
-    const SEC: u64 = 1_000_000_000;
-    const T0: u64 = 1_704_207_600 * SEC;
-
-    fn cfg() -> SessionConfig {
-        SessionConfig {
-            sender_comp_id: "GW".into(),
-            target_comp_id: "VENUE".into(),
-            heartbeat_secs: 30,
-            resend_timeout_ms: 0,
-            ..Default::default()
-        }
-    }
-
-    fn venue(ty: &[u8], seq: u64, extra: &[(u32, &[u8])]) -> Vec<u8> {
-        let mut w = MessageWriter::default();
-        w.start(ty)
-            .field(49, b"VENUE")
-            .field(56, b"GW")
-            .uint(34, seq)
-            .timestamp(52, T0);
-        for (t, v) in extra {
-            w.field(*t, v);
-        }
-        let mut out = Vec::new();
-        w.finish(&mut out);
-        out
-    }
-
-    fn parsed(out: &[u8]) -> Vec<Vec<u8>> {
-        let mut v = Vec::new();
-        let mut rest = out;
-        while !rest.is_empty() {
-            let n = split_frame(rest).unwrap();
-            v.push(rest[..n].to_vec());
-            rest = &rest[n..];
-        }
-        v
-    }
-
-    fn active() -> Session {
-        let mut s = Session::new(cfg());
-        let mut out = Vec::new();
-        s.on_connect(T0, &mut out);
-        let f = venue(b"A", 1, &[(98, b"0"), (108, b"30")]);
-        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
-        assert_eq!(s.state(), SessionState::Active);
-        s
-    }
+    use super::tests::{active, frames as parsed, venue, SEC, T0};
 
     /// The Heartbeat answering a TestRequest carries its TestReqID exactly, however long.
     #[test]
@@ -1733,8 +1685,7 @@ mod logon_tests {
     use super::super::split_frame;
     use super::*;
 
-    const SEC: u64 = 1_000_000_000;
-    const T0: u64 = 1_704_207_600 * SEC;
+    use super::tests::{frames, venue, SEC, T0};
 
     fn cfg(reset: bool, credentials: bool) -> SessionConfig {
         SessionConfig {
@@ -1746,32 +1697,6 @@ mod logon_tests {
             password: credentials.then(|| Secret::new("s3cret-pw")),
             reset_on_logon: reset,
         }
-    }
-
-    fn venue(ty: &[u8], seq: u64, extra: &[(u32, &[u8])]) -> Vec<u8> {
-        let mut w = MessageWriter::default();
-        w.start(ty)
-            .field(49, b"VENUE")
-            .field(56, b"GW")
-            .uint(34, seq)
-            .timestamp(52, T0);
-        for (t, v) in extra {
-            w.field(*t, v);
-        }
-        let mut out = Vec::new();
-        w.finish(&mut out);
-        out
-    }
-
-    fn frames(out: &[u8]) -> Vec<Vec<u8>> {
-        let mut v = Vec::new();
-        let mut rest = out;
-        while !rest.is_empty() {
-            let n = split_frame(rest).unwrap();
-            v.push(rest[..n].to_vec());
-            rest = &rest[n..];
-        }
-        v
     }
 
     /// (tag, value) of every body field after the header.
