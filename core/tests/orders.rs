@@ -3,6 +3,8 @@
 //! xtask test` runs them in one guest, and the `two_hosts` ones in two
 //! linked guests (the `loss10pct` one under 10% netem loss).
 
+mod common;
+
 use rand::{Rng, SeedableRng};
 use rocebus::auth::{Initiator, Key, Purpose};
 use rocebus::orders::{
@@ -286,6 +288,73 @@ fn rdma_two_hosts_orders_loss10pct_nothing_lost() {
         retries > 0,
         "no RC retransmission seen despite {dropped} drops"
     );
+}
+
+/// The initiator's rdma_cm ready-to-use message never reaches the listener
+/// (a filter on guest 1's egress drops every one). The initiator, connected
+/// once it has the accept, writes its proof; the listener's CM would learn
+/// of the connection only from retries of its accept, each answered by an
+/// RTU dropped again, and the handshake would run out of time. The proof in
+/// the ring is the sign the listener goes by: admitted, and the connection
+/// echoes. Before, it was refused "no proof in time".
+#[test]
+#[ignore = "rdma: needs two soft-RoCE guests (cargo xtask test)"]
+fn rdma_two_hosts_orders_lost_rtu_still_admitted() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    const PORT: u16 = 7498;
+    const DONE_PORT: u16 = 7499;
+    let idx = std::env::var("ROCEBUS_GUEST_INDEX").expect("run by cargo xtask test in two guests");
+    let mut c = cfg(1 << 16, 1024);
+    c.connect_timeout_ms = 3_000;
+    if idx == "0" {
+        let srv = Server::start(SocketAddr::new(local_ip(), PORT), c);
+        let tcp = TcpListener::bind(SocketAddr::new(local_ip(), DONE_PORT)).unwrap();
+        tcp.set_nonblocking(true).unwrap();
+        let t = Instant::now();
+        let mut s = loop {
+            match tcp.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // Guest 1 fails on its own if the listener never admits it.
+                    assert!(
+                        t.elapsed() < Duration::from_secs(90),
+                        "guest 1 never finished; admitted {}",
+                        srv.accepted()
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        s.set_nonblocking(false).unwrap();
+        let mut done = [0u8; 1];
+        s.read_exact(&mut done).unwrap();
+        let r = srv.stop();
+        eprintln!("listener: {r:?}");
+        assert_eq!((r.stats.accepted, r.pending), (1, 0), "{r:?}");
+        return;
+    }
+    common::drop_cm_rtu();
+    let peer: IpAddr = std::env::var("ROCEBUS_PEER_ADDR").unwrap().parse().unwrap();
+    let t = Instant::now();
+    let mut conn = loop {
+        match Connection::connect(SocketAddr::new(peer, PORT), &c) {
+            Ok(conn) => break conn,
+            Err(e) => {
+                assert!(t.elapsed() < Duration::from_secs(60), "connect: {e}");
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        }
+    };
+    for i in 0..10 {
+        ping(&mut conn, i);
+    }
+    let (_, rtus_dropped) = common::netem_stats(Some("10:"));
+    assert!(rtus_dropped >= 1, "the filter dropped no RTU");
+    let mut s = TcpStream::connect(SocketAddr::new(peer, DONE_PORT)).expect("tell guest 0");
+    s.write_all(b"d").unwrap();
+    conn.close();
 }
 
 fn two_hosts_torture(port: u16, frames: u64) {

@@ -401,6 +401,15 @@ impl OrdersListener {
             let stage = p.stage.take().expect("a pending handshake has a stage");
             let outcome = match stage {
                 Stage::Accepting(a) => match a.poll() {
+                    // The proof is the initiator's first write: it has our
+                    // accept even if the CM has not heard its ready-to-use
+                    // message (lost: the CM would wait seconds for it).
+                    Ok(cm::AcceptProgress::Pending(a)) if p.res.ring.load_proof().is_some() => {
+                        match a.established_by_traffic() {
+                            Ok(c) => Step::Wait(Stage::Proving(c)),
+                            Err(e) => Step::Fail(Refusal::HandshakeFailed, e.to_string()),
+                        }
+                    }
                     Ok(cm::AcceptProgress::Pending(a)) => Step::Wait(Stage::Accepting(a)),
                     Ok(cm::AcceptProgress::Done(c)) => Step::Wait(Stage::Proving(c)),
                     Err(e) => Step::Fail(Refusal::HandshakeFailed, e.to_string()),

@@ -24,12 +24,12 @@ pub const SNAPSHOT_CHUNK: usize = RC_MSG_LEN - wire::snapshot_chunk_len(0);
 pub const INLINE_MAX: u32 = 220;
 
 /// How long the publisher keeps an accepted connection waiting for
-/// ESTABLISHED (at least; `connect_timeout_ms` when that is longer). Longer
-/// than a subscriber's usual attempt: when the subscriber's RTU
-/// is lost, rdma_cm resends its REP only after the CM response timeout
-/// (about 4 s by default), and a connection dropped before that is
-/// established on the subscriber's side only, a link that takes requests
-/// and never answers.
+/// ESTABLISHED or the subscriber's first message (at least;
+/// `connect_timeout_ms` when that is longer). Longer than a subscriber's
+/// usual attempt: when our accept (REP) is lost, rdma_cm resends it only
+/// after the CM response timeout (about 4 s by default). A lost RTU does
+/// not wait for that: the subscriber's proof establishes the connection
+/// (see `RecoveryIo::progress`).
 pub(super) const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often connection management (new, closed and half-set-up

@@ -476,6 +476,11 @@ impl McastPublisher {
                 continue;
             }
             let id = c.id;
+            if !c.early.is_empty() {
+                for bytes in std::mem::take(&mut c.early) {
+                    server.on_receive(now, id, &bytes, state, snapshot);
+                }
+            }
             let recv =
                 c.qp.poll_recv(|bytes| server.on_receive(now, id, bytes, state, snapshot));
             if recv.is_err() {

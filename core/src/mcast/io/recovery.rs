@@ -31,6 +31,9 @@ pub(super) struct ConnIo {
     pub(super) id: u32,
     pub(super) qp: PooledQp,
     pub(super) conn: Connection,
+    /// Messages that arrived before the CM reported the connection
+    /// established (see [`RecoveryIo::progress`]), for the server first.
+    pub(super) early: Vec<Vec<u8>>,
 }
 
 /// The recovery port's I/O: the rdma_cm listener and each connection's
@@ -117,20 +120,44 @@ impl RecoveryIo {
 
     /// Moves established connections to `conns` and tells the server; a
     /// failed set-up is reported to it (it also times out slow ones).
-    /// Connection set-up only, so the Vec shuffle does not matter.
+    /// Connection set-up only, so the Vec shuffle and the copies of early
+    /// messages do not matter.
+    ///
+    /// A connection is established when the CM says so, or when the
+    /// subscriber's first message (its proof) reached the queue pair: the
+    /// subscriber sends only once it has our accept, and if its
+    /// ready-to-use message was lost the CM would hear of the connection
+    /// only at the retry of the accept, seconds later, while the
+    /// subscriber's requests went unanswered and it gave the link up.
     pub(super) fn progress(&mut self, now: u64, server: &mut RecoveryServer) {
-        for p in std::mem::take(&mut self.pending) {
-            match p.accepting.poll() {
-                Ok(cm::AcceptProgress::Done(conn)) => {
+        for mut p in std::mem::take(&mut self.pending) {
+            let established = match p.accepting.poll() {
+                Ok(cm::AcceptProgress::Done(conn)) => Ok((conn, Vec::new())),
+                Ok(cm::AcceptProgress::Pending(accepting)) => {
+                    let mut early = Vec::new();
+                    match p.qp.poll_recv(|bytes| early.push(bytes.to_vec())) {
+                        Ok(_) if early.is_empty() => {
+                            self.pending.push(PendingIo { accepting, ..p });
+                            continue;
+                        }
+                        Ok(_) => accepting
+                            .established_by_traffic()
+                            .map(|conn| (conn, early))
+                            .map_err(NetError::from),
+                        Err(e) => Err(NetError::from(e)),
+                    }
+                }
+                Err(e) => Err(NetError::from(e)),
+            };
+            match established {
+                Ok((conn, early)) => {
                     server.on_established(now, p.id);
                     self.conns.push(ConnIo {
                         id: p.id,
                         qp: p.qp,
                         conn,
+                        early,
                     });
-                }
-                Ok(cm::AcceptProgress::Pending(accepting)) => {
-                    self.pending.push(PendingIo { accepting, ..p });
                 }
                 Err(_) => server.on_transport_error(p.id, false),
             }

@@ -197,4 +197,34 @@ impl Accepting {
         drop(ev);
         Ok(AcceptProgress::Done(Connection { id: self.id }))
     }
+
+    /// The peer is established: something it sent reached the queue pair
+    /// (it sends only once it has our accept). Its ready-to-use message may
+    /// have been lost on the way, and the CM would learn of the connection
+    /// only from the retry of our accept, seconds later (rdma_cm's CM
+    /// response timeout is ~4 s); meanwhile the peer's messages go
+    /// unanswered. This tells the CM what the traffic shows
+    /// (`rdma_notify(IBV_EVENT_COMM_EST)`, what the InfiniBand
+    /// "communication established" event is for) and returns the
+    /// connection. Call it only on such evidence: an accept whose reply was
+    /// lost would otherwise stop being retried.
+    pub fn established_by_traffic(self) -> Result<Connection> {
+        // SAFETY: valid id.
+        let rc = unsafe {
+            sys::rdma_notify(self.id.id.as_ptr(), sys::ibv_event_type::IBV_EVENT_COMM_EST)
+        };
+        if rc != 0 {
+            let err = crate::verbs::error::last_err();
+            // EISCONN: the ready-to-use message came first after all.
+            if err.raw_os_error() != Some(libc::EISCONN) {
+                return Err(VerbsError::Cm {
+                    op: "rdma_notify",
+                    source: err,
+                });
+            }
+        }
+        // The ESTABLISHED event still comes, on the connection's channel,
+        // where only a disconnect is looked for.
+        Ok(Connection { id: self.id })
+    }
 }
