@@ -1182,10 +1182,10 @@ fn status_answer_applies_executions_whose_reports_were_never_read() {
 fn status_fill_price_rounds_to_the_price_unit() {
     // 3 at 100.0001 average, 1 known at 100.0000: the other 2 at 100.00015 -> 100.0002.
     assert_eq!(
-        super::fills::status_fill_price_for_tests(1_000_001, 3, 1_000_000, 2),
+        super::fills::status_fill_price(1_000_001, 3, 1_000_000, 2),
         1_000_002
     );
-    assert_eq!(super::fills::status_fill_price_for_tests(-5, 1, 0, 2), -3);
+    assert_eq!(super::fills::status_fill_price(-5, 1, 0, 2), -3);
 }
 
 /// Final OrdStatus in a status answer closes the order as the report it stands for:
