@@ -776,15 +776,21 @@ impl Session {
             };
         }
         if seq < self.next_in {
-            if m.poss_dup() || ty == b"4" {
+            if m.poss_dup() {
                 self.counters.duplicates_ignored += 1;
                 return SessionEvent::None;
             }
-            // A lower sequence number without PossDup is unrecoverable (FIX spec): log out.
+            // A lower sequence number without PossDup is unrecoverable (FIX 4.4 Vol. 2),
+            // a SequenceReset-GapFill included: log out, in QuickFIX's words (a venue's
+            // operator searches for them).
+            let text = format!(
+                "MsgSeqNum too low, expecting {} but received {seq}",
+                self.next_in
+            );
             self.send_admin(
                 b"5",
                 |w| {
-                    w.field(tag::TEXT, b"MsgSeqNum too low");
+                    w.field(tag::TEXT, text.as_bytes());
                 },
                 now,
                 out,
@@ -1896,5 +1902,63 @@ mod logon_tests {
         let mut out = Vec::new();
         s.on_connect(T0, &mut out);
         assert!(redact_password(&out).is_none());
+    }
+}
+
+#[cfg(test)]
+mod checks_tests {
+    use super::*;
+
+    use super::tests::{active, frames as parsed, venue, T0};
+
+    fn texts(out: &[u8]) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        parsed(out)
+            .iter()
+            .map(|f| {
+                let m = Message::parse(f).unwrap();
+                (m.msg_type().to_vec(), m.get(tag::TEXT).map(<[u8]>::to_vec))
+            })
+            .collect()
+    }
+
+    /// A SequenceReset-GapFill below the expected number without PossDupFlag is as serious
+    /// as any other low message (FIX 4.4 Vol. 2): Logout in QuickFIX's words; with
+    /// PossDupFlag=Y it is a duplicate, ignored.
+    #[test]
+    fn low_gap_fill_without_poss_dup_logs_out() {
+        let mut s = active();
+        let mut out = Vec::new();
+        let f = venue(b"0", 2, &[]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.next_in(), 3);
+        let dup = venue(
+            b"4",
+            1,
+            &[
+                (43, b"Y"),
+                (122, b"20240102-15:00:00.000"),
+                (123, b"Y"),
+                (36, b"3"),
+            ],
+        );
+        assert!(matches!(
+            s.on_message(Message::parse(&dup).unwrap(), T0, &mut out),
+            SessionEvent::None
+        ));
+        assert!(out.is_empty());
+        assert_eq!(s.counters().duplicates_ignored, 1);
+        let low = venue(b"4", 1, &[(123, b"Y"), (36, b"3")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&low).unwrap(), T0, &mut out),
+            SessionEvent::Disconnect
+        ));
+        assert_eq!(
+            texts(&out),
+            [(
+                b"5".to_vec(),
+                Some(b"MsgSeqNum too low, expecting 3 but received 1".to_vec())
+            )]
+        );
+        assert_eq!(s.state(), SessionState::Disconnected);
     }
 }
