@@ -356,6 +356,10 @@ const CORE_COUNTERS: &[(&str, ReadCounter)] = &[
     ("fix queue overflows", |g| {
         g.session().counters().queue_overflow
     }),
+    (
+        "fix messages refused for SendingTime/OrigSendingTime",
+        |g| g.session().counters().sending_time_problems,
+    ),
 ];
 
 impl Counters {
@@ -375,7 +379,7 @@ impl Counters {
             local()
         };
         let alloc = |label: &str, kind: Kind| {
-            // 1024 slots for 45 labels under 104 bytes: allocation cannot fail.
+            // 1024 slots for fewer than 64 labels under 104 bytes: allocation cannot fail.
             table
                 .allocate_counter(label, kind, 0)
                 .expect("counter slot")

@@ -321,6 +321,59 @@ pub fn write_utc_timestamp(out: &mut Vec<u8>, unix_nanos: u64) {
     out.extend_from_slice(s.as_bytes());
 }
 
+/// Parses a FIX UTCTimestamp `YYYYMMDD-HH:MM:SS` with optional fractional seconds (`.sss`,
+/// `.ssssss` or `.sssssssss`, as FIX 4.4 and later and QuickFIX accept) into nanoseconds
+/// since the epoch. `None` for anything else, out-of-range fields included (a leap second,
+/// `:60`, is accepted and counts as the next second).
+pub fn parse_utc_timestamp(v: &[u8]) -> Option<u64> {
+    if v.len() < 17 || v[8] != b'-' || v[11] != b':' || v[14] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| parse_uint(&v[r]);
+    let (y, mo, d) = (num(0..4)?, num(4..6)?, num(6..8)?);
+    let (h, mi, sec) = (num(9..11)?, num(12..14)?, num(15..17)?);
+    let frac = match &v[17..] {
+        [] => 0,
+        [b'.', digits @ ..] if matches!(digits.len(), 3 | 6 | 9) => {
+            parse_uint(digits)? * 10u64.pow(9 - digits.len() as u32)
+        }
+        _ => return None,
+    };
+    let leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+    let month_days = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1970..=9999).contains(&y)
+        || !(1..=12).contains(&mo)
+        || d == 0
+        || d > month_days[(mo - 1) as usize]
+        || h > 23
+        || mi > 59
+        || sec > 60
+    {
+        return None;
+    }
+    // Howard Hinnant's days_from_civil.
+    let (y, m) = (y as i64 - i64::from(mo <= 2), mo as i64);
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
+    Some(((days * 86_400 + h * 3600 + mi * 60 + sec) * 1_000_000_000) + frac)
+}
+
 /// A fixed-capacity string on the stack, so formatting timestamps does not allocate.
 fn arrayvec_string() -> StackStr {
     StackStr {
@@ -603,5 +656,61 @@ mod tests {
         let mut v = Vec::new();
         write_utc_timestamp(&mut v, 951_782_400_123_000_000); // 2000-02-29 00:00:00.123
         assert_eq!(v, b"20000229-00:00:00.123");
+    }
+
+    /// UTCTimestamps read back what `write_utc_timestamp` writes, with seconds only, or
+    /// micro/nanoseconds; malformed or out-of-range ones are refused.
+    #[test]
+    fn timestamps_parse() {
+        for t in [
+            0,
+            951_782_400_123_000_000,
+            1_704_207_600_999_000_000,
+            4_102_444_799_001_000_000,
+        ] {
+            let mut v = Vec::new();
+            write_utc_timestamp(&mut v, t);
+            assert_eq!(
+                parse_utc_timestamp(&v),
+                Some(t),
+                "{}",
+                String::from_utf8_lossy(&v)
+            );
+        }
+        assert_eq!(
+            parse_utc_timestamp(b"20000229-00:00:00"),
+            Some(951_782_400_000_000_000)
+        );
+        assert_eq!(
+            parse_utc_timestamp(b"20000229-00:00:00.123456789"),
+            Some(951_782_400_123_456_789)
+        );
+        assert_eq!(
+            parse_utc_timestamp(b"20000229-00:00:00.123456"),
+            Some(951_782_400_123_456_000)
+        );
+        for bad in [
+            &b""[..],
+            b"20000229",
+            b"20000229 00:00:00",
+            b"20010229-00:00:00",
+            b"20001301-00:00:00",
+            b"20000229-24:00:00",
+            b"20000229-00:60:00",
+            b"20000229-00:00:61",
+            b"20000229-00:00:00.1",
+            b"20000229-00:00:00.",
+            b"20000229-00:00:00.12a",
+            b"2000022x-00:00:00",
+            b"19691231-23:59:59",
+            b"+0000229-00:00:00",
+        ] {
+            assert_eq!(
+                parse_utc_timestamp(bad),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 }

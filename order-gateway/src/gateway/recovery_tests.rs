@@ -1347,3 +1347,76 @@ fn executed_notional_survives_a_checkpoint() {
         i128::from(600 * 100 * PRICE_SCALE)
     );
 }
+
+// --- session rejects that take a sequence number ---------------------------------------------
+
+/// A report refused at the session level for its header (here PossDupFlag=Y without
+/// OrigSendingTime, Reject 373=1 as QuickFIX) takes its sequence number and nothing else:
+/// not applied live, journaled so replay takes the number without applying it either.
+#[test]
+fn a_report_rejected_for_its_header_takes_its_number_and_is_not_replayed() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    fresh(&mut out);
+    let next = gw.session().next_in();
+    gw.on_fix_bytes(
+        &v.exec(id, "f1", b"F", 100, "100", 100, 900, &[(43, b"Y")]),
+        T0,
+        &mut out,
+    );
+    let f = frames(&out.fix);
+    let rej = Message::parse(&f[0]).unwrap();
+    assert_eq!(
+        (rej.msg_type(), rej.uint(45), rej.uint(371), rej.uint(373)),
+        (&b"3"[..], Ok(next), Ok(122), Ok(1))
+    );
+    assert_eq!(gw.session().next_in(), next + 1);
+    assert!(fills(&out).is_empty());
+    assert_eq!(gw.order(1, 1).unwrap().cum_qty, 0);
+    let r = replay(&out.journal);
+    same_state(&r, &gw);
+    assert_eq!(r.order(1, 1).unwrap().cum_qty, 0);
+    assert_eq!(r.risk().position(7, aapl()), 0);
+}
+
+/// `max_latency_secs`: a report whose SendingTime is further from our clock is rejected
+/// (373=10) and the session logged out; nothing of it is applied, live or in replay.
+#[test]
+fn a_report_with_a_stale_sending_time_is_rejected_and_logs_out() {
+    let cfg = SessionConfig {
+        max_latency_secs: 120,
+        ..session()
+    };
+    let mut gw = Gateway::new(cfg.clone(), &risk()).unwrap();
+    let mut out = Outputs::default();
+    gw.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+    gw.on_connect(T0, &mut out);
+    let mut v = Venue { seq: 1 };
+    gw.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut out);
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    fresh(&mut out);
+    // Stamped T0, read 121 s later.
+    let late = T0 + 121 * SEC;
+    gw.on_fix_bytes(
+        &v.exec(id, "f1", b"F", 100, "100", 100, 900, &[]),
+        late,
+        &mut out,
+    );
+    let sent: Vec<_> = frames(&out.fix)
+        .iter()
+        .map(|f| {
+            let m = Message::parse(f).unwrap();
+            (m.msg_type().to_vec(), m.get(373).map(<[u8]>::to_vec))
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [(b"3".to_vec(), Some(b"10".to_vec())), (b"5".to_vec(), None)]
+    );
+    assert_eq!(gw.session().state(), SessionState::LogoutSent);
+    assert!(fills(&out).is_empty());
+    assert_eq!(gw.session().counters().sending_time_problems, 1);
+    let r = replay_with(cfg, &out.journal);
+    same_state(&r, &gw);
+    assert_eq!(r.order(1, 1).unwrap().cum_qty, 0);
+}

@@ -180,12 +180,16 @@ impl Gateway {
         let reset_logon = m.msg_type() == b"A"
             && (m.get(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y") || self.session.resets_on_logon());
         let before = self.session.accepted_in();
+        let rejected_before = self.session.rejected_in();
         let ev = if queued {
             self.session.on_queued(m, now, &mut out.fix)
         } else {
             self.session.on_message(m, now, &mut out.fix)
         };
-        if self.session.accepted_in() != before {
+        if self.session.rejected_in() != rejected_before {
+            // Rejected (CompID, SendingTime) but numbered: replay must not apply it.
+            out.record(record::FIX_IN_REJECTED, &[frame]);
+        } else if self.session.accepted_in() != before {
             out.record(record::FIX_IN, &[frame]);
             if m.msg_type() == b"3" {
                 self.on_session_reject(&m, out);
