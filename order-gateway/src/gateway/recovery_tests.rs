@@ -1420,3 +1420,54 @@ fn a_report_with_a_stale_sending_time_is_rejected_and_logs_out() {
     same_state(&r, &gw);
     assert_eq!(r.order(1, 1).unwrap().cum_qty, 0);
 }
+
+// --- data fields holding SOH ---------------------------------------------------------------
+
+/// A report carrying EncodedText (354/355) and XmlData (212/213) with SOH inside is applied
+/// like any other, live and on replay; one whose declared length runs past the message is
+/// garbled: counted and ignored, not rejected, its number not taken (the venue resends it).
+#[test]
+fn reports_with_data_fields_holding_soh() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    fresh(&mut out);
+    let next = gw.session().next_in();
+    let f = v.exec(
+        id,
+        "f1",
+        b"F",
+        100,
+        "100",
+        100,
+        900,
+        &[
+            (354, b"5"),
+            (355, b"a\x01b\x01c"),
+            (212, b"8"),
+            (213, b"<x>\x0110=1"),
+        ],
+    );
+    gw.on_fix_bytes(&f, T0, &mut out);
+    assert_eq!(fills(&out), [(100, 100 * PRICE_SCALE, 100, 900)]);
+    assert_eq!(gw.session().next_in(), next + 1);
+    let garbled = gw.session().counters().garbled;
+    let f = v.exec(
+        id,
+        "f2",
+        b"F",
+        100,
+        "100",
+        200,
+        800,
+        &[(95, b"400"), (96, b"a\x01b")],
+    );
+    fresh(&mut out);
+    gw.on_fix_bytes(&f, T0, &mut out);
+    assert!(out.fix.is_empty(), "neither rejected nor answered");
+    assert!(fills(&out).is_empty());
+    assert_eq!(gw.session().next_in(), next + 1);
+    assert_eq!(gw.session().counters().garbled, garbled + 1);
+    let r = replay(&out.journal);
+    same_state(&r, &gw);
+    assert_eq!(r.order(1, 1).unwrap().cum_qty, 100);
+}

@@ -135,9 +135,12 @@ impl Gateway {
         let m = match Message::parse(frame) {
             Ok(m) => m,
             Err(
-                crate::fix::FixError::MissingTag(tag::MSG_TYPE) | crate::fix::FixError::BadField(0),
+                crate::fix::FixError::MissingTag(tag::MSG_TYPE)
+                | crate::fix::FixError::BadField(0)
+                | crate::fix::FixError::BadDataLength(_),
             ) => {
-                // MsgType not the third field: a garbled message (FIX 4.4 Vol. 2), ignored
+                // MsgType not the third field, or a data field (RawData, XmlData...) not
+                // matching its declared length: a garbled message (FIX 4.4 Vol. 2), ignored
                 // like a bad CheckSum, neither rejected nor given its sequence number, so
                 // the gap it leaves is resent.
                 self.counters.malformed_fix += 1;
