@@ -1471,3 +1471,47 @@ fn reports_with_data_fields_holding_soh() {
     same_state(&r, &gw);
     assert_eq!(r.order(1, 1).unwrap().cum_qty, 100);
 }
+
+/// A mid-session SequenceReset-Reset from the venue may skip reports we never read: every
+/// live order is asked about, as after a reset logon. A GapFill (the venue's own admin
+/// messages) does not trigger it.
+#[test]
+fn a_sequence_reset_queries_every_live_order() {
+    let (mut gw, mut v, mut out) = active();
+    let acked = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    gw.on_engine_message(
+        1,
+        zerocopy::IntoBytes::as_bytes(&new_order(2, 10)),
+        T0,
+        &mut out,
+    );
+    let doubt = gw.order(1, 2).unwrap().venue_cl_ord_id;
+    let done = acked_order(&mut gw, &mut v, &mut out, 3, 10);
+    gw.on_fix_bytes(
+        &v.exec(done, "f3", b"F", 10, "100", 10, 0, &[]),
+        T0,
+        &mut out,
+    );
+    let queried = |out: &Outputs| -> Vec<u64> {
+        frames(&out.fix)
+            .iter()
+            .filter_map(|f| {
+                let m = Message::parse(f).unwrap();
+                (m.msg_type() == b"H").then(|| m.uint(11).unwrap())
+            })
+            .collect()
+    };
+    fresh(&mut out);
+    let gap = (v.seq + 3).to_string();
+    let f = v.frame(b"4", &[(43, b"Y"), (123, b"Y"), (36, gap.as_bytes())]);
+    gw.on_fix_bytes(&f, T0, &mut out);
+    assert!(queried(&out).is_empty());
+    v.seq += 2;
+    let new = (v.seq + 100).to_string();
+    let f = v.frame(b"4", &[(36, new.as_bytes())]);
+    gw.on_fix_bytes(&f, T0, &mut out);
+    assert_eq!(gw.session().next_in(), v.seq + 99);
+    assert_eq!(queried(&out), [acked, doubt]);
+    let r = replay(&out.journal);
+    same_state(&r, &gw);
+}

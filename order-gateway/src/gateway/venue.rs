@@ -184,6 +184,7 @@ impl Gateway {
             && (m.get(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y") || self.session.resets_on_logon());
         let before = self.session.accepted_in();
         let rejected_before = self.session.rejected_in();
+        let resets_before = self.session.counters().resets_received;
         let ev = if queued {
             self.session.on_queued(m, now, &mut out.fix)
         } else {
@@ -221,6 +222,21 @@ impl Gateway {
                     );
                 }
             }
+            SessionEvent::None
+                if m.msg_type() == b"4"
+                    && self.session.counters().resets_received != resets_before =>
+            {
+                // A SequenceReset-Reset from the venue moved the expected number on: the
+                // messages it skipped are never resent, so every live order is asked
+                // about, as after a reset logon.
+                if !self.replaying {
+                    tracing::warn!(
+                        next_in = self.session.next_in(),
+                        "venue SequenceReset-Reset: querying every live order"
+                    );
+                }
+                self.query_order_status(true, now, out);
+            }
             SessionEvent::Disconnect => out.disconnect = true,
             SessionEvent::LoggedOn if reset_logon && confirmation => {}
             SessionEvent::LoggedOn => self.query_order_status(reset_logon, now, out),
@@ -237,9 +253,9 @@ impl Gateway {
     /// report missed. Querying every live order then would only repeat what the resends
     /// bring, at the cost of one message each way per resting order at every reconnect.
     ///
-    /// After a logon that reset sequence numbers (`all`), every order not final: the
-    /// reports the venue sent before the reset that we never read (fills, cancels) are
-    /// never resent, and only the answers' CumQty and OrdStatus recover them
+    /// After a logon that reset sequence numbers, or a mid-session SequenceReset-Reset from
+    /// the venue (`all`), every order not final: the reports the venue sent before the reset
+    /// (or in the numbers it skipped) that we never read (fills, cancels) are never resent, and only the answers' CumQty and OrdStatus recover them
     /// (`on_status_answer`). Bounded per logon, lowest order ids first.
     fn query_order_status(&mut self, all: bool, now: u64, out: &mut Outputs) {
         const MAX_QUERIES: usize = 10_000;
