@@ -165,6 +165,11 @@ pub struct SessionCounters {
     /// `max_latency_secs` from our clock) or, with PossDupFlag=Y, their OrigSendingTime
     /// (missing, malformed, later than SendingTime).
     pub sending_time_problems: u64,
+    /// Logouts from the venue answering our Logon (the venue refused the session).
+    pub logons_refused: u64,
+    /// Logouts from the venue saying our MsgSeqNum is too low ("MsgSeqNum too low,
+    /// expecting N but received M"): resending the same Logon cannot help.
+    pub seq_too_low_logouts: u64,
 }
 
 /// Messages ahead of a gap held at most (each a few hundred bytes).
@@ -257,6 +262,9 @@ pub struct Session {
     /// Our last Logon carried 141=Y (an answer to the venue's reset Logon, or our own reset
     /// with `reset_on_logon`): the venue's next in-sequence Logon 141=Y confirms it.
     answered_reset: bool,
+    /// The venue logged us out saying it expects this MsgSeqNum from us, above what we
+    /// sent: set until [`Session::clear_venue_expects`].
+    venue_expects: Option<u64>,
     /// Inbound messages accepted (in sequence, resets, rejected-and-consumed).
     accepted_in: u64,
     /// Of those, rejected-and-consumed: their numbers were taken, their contents not.
@@ -284,6 +292,7 @@ impl Session {
             resend_at: 0,
             resend_timeout: None,
             answered_reset: false,
+            venue_expects: None,
             accepted_in: 0,
             rejected_in: 0,
             queue: std::collections::BTreeMap::new(),
@@ -338,6 +347,20 @@ impl Session {
     /// be journaled so that replay takes the number and nothing else.
     pub fn rejected_in(&self) -> u64 {
         self.rejected_in
+    }
+
+    /// The MsgSeqNum the venue said it expects from us when it logged us out for a number
+    /// too low ("MsgSeqNum too low, expecting N but received M", QuickFIX's words), if it
+    /// did since [`clear_venue_expects`](Self::clear_venue_expects). Logging on again with
+    /// the same numbers would be refused the same way; raising ours to N would skip
+    /// messages the venue never got, so that is left to an operator.
+    pub fn venue_expects(&self) -> Option<u64> {
+        self.venue_expects
+    }
+
+    /// Forgets [`venue_expects`](Self::venue_expects) (an operator dealt with it).
+    pub fn clear_venue_expects(&mut self) {
+        self.venue_expects = None;
     }
 
     /// Messages held ahead of a gap.
@@ -780,6 +803,13 @@ impl Session {
         }
         let ty = m.msg_type();
         if ty == b"5" {
+            if self.state == SessionState::LogonSent {
+                self.counters.logons_refused += 1;
+            }
+            if let Some(n) = m.get(tag::TEXT).and_then(expected_in_text) {
+                self.counters.seq_too_low_logouts += 1;
+                self.venue_expects = Some(n);
+            }
             if seq == self.next_in {
                 // Takes its number (QuickFIX's nextLogout), or the next session starts by
                 // asking for it again.
@@ -1307,6 +1337,21 @@ impl Session {
         w.finish(out);
         self.counters.messages_resent += 1;
     }
+}
+
+/// N in a Logout text "MsgSeqNum too low, expecting N but received M" (QuickFIX's, the
+/// commonest wording; "expecting N" anywhere after "too low" is taken).
+fn expected_in_text(text: &[u8]) -> Option<u64> {
+    let low = text
+        .windows(7)
+        .position(|w| w.eq_ignore_ascii_case(b"too low"))?;
+    let rest = &text[low..];
+    let at = rest
+        .windows(10)
+        .position(|w| w.eq_ignore_ascii_case(b"expecting "))?
+        + 10;
+    let digits = rest[at..].iter().take_while(|c| c.is_ascii_digit()).count();
+    super::codec::parse_uint(&rest[at..at + digits])
 }
 
 /// What the journal keeps of a Password (554).
@@ -2428,5 +2473,49 @@ mod sending_time_tests {
         ));
         assert!(out.is_empty(), "{:?}", sent(&out));
         assert_eq!(s.next_in(), 4);
+    }
+}
+
+#[cfg(test)]
+mod seq_too_low_tests {
+    use super::*;
+
+    use super::tests::{active, cfg, venue, T0};
+
+    /// The venue's Logout answering our Logon, saying our number is too low: counted, the
+    /// number it expects kept for the operator, ours never raised from its text.
+    #[test]
+    fn venue_logout_for_our_number_too_low_is_kept_not_obeyed() {
+        let mut s = Session::new(cfg());
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        let ours = s.next_out();
+        let f = venue(
+            b"5",
+            1,
+            &[(58, b"MsgSeqNum too low, expecting 105 but received 2")],
+        );
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::Disconnect
+        ));
+        let c = s.counters();
+        assert_eq!((c.logons_refused, c.seq_too_low_logouts), (1, 1));
+        assert_eq!(s.venue_expects(), Some(105));
+        assert_eq!(s.next_out(), ours + 1, "only our Logout answer was added");
+        s.clear_venue_expects();
+        assert_eq!(s.venue_expects(), None);
+        // Mid-session, in other words: kept too; a Logout without it is not.
+        let mut s = active();
+        let f = venue(b"5", 2, &[(58, b"Sequence number too low: expecting 7")]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.venue_expects(), Some(7));
+        assert_eq!(s.counters().logons_refused, 0);
+        let mut s = active();
+        let f = venue(b"5", 2, &[(58, b"bye")]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.venue_expects(), None);
+        assert_eq!(expected_in_text(b"MsgSeqNum too low, expecting x"), None);
+        assert_eq!(expected_in_text(b"expecting 5, too low"), None);
     }
 }

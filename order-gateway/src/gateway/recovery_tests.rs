@@ -1515,3 +1515,24 @@ fn a_sequence_reset_queries_every_live_order() {
     let r = replay(&out.journal);
     same_state(&r, &gw);
 }
+
+/// The venue logs us out for a MsgSeqNum too low: the gateway holds its reconnects (the
+/// same Logon would be refused for ever) until an operator releases them, and never
+/// raises its own number from the venue's text.
+#[test]
+fn a_logout_for_our_number_too_low_holds_reconnects() {
+    let (mut gw, mut v, mut out) = active();
+    let ours = gw.session().next_out();
+    fresh(&mut out);
+    let f = v.frame(
+        b"5",
+        &[(58, b"MsgSeqNum too low, expecting 105 but received 100")],
+    );
+    gw.on_fix_bytes(&f, T0, &mut out);
+    assert!(out.disconnect);
+    assert_eq!(gw.reconnect_hold(), Some(105));
+    assert_eq!(gw.session().next_out(), ours + 1, "our Logout answer only");
+    gw.on_disconnect();
+    gw.release_reconnect_hold();
+    assert_eq!(gw.reconnect_hold(), None);
+}

@@ -185,6 +185,7 @@ impl Gateway {
         let before = self.session.accepted_in();
         let rejected_before = self.session.rejected_in();
         let resets_before = self.session.counters().resets_received;
+        let too_low_before = self.session.counters().seq_too_low_logouts;
         let ev = if queued {
             self.session.on_queued(m, now, &mut out.fix)
         } else {
@@ -237,7 +238,20 @@ impl Gateway {
                 }
                 self.query_order_status(true, now, out);
             }
-            SessionEvent::Disconnect => out.disconnect = true,
+            SessionEvent::Disconnect => {
+                out.disconnect = true;
+                let too_low = self.session.counters().seq_too_low_logouts != too_low_before;
+                if let (true, Some(expected)) = (too_low, self.session.venue_expects()) {
+                    tracing::error!(
+                        venue_expects = expected,
+                        our_next = self.session.next_out().saturating_sub(1),
+                        times = self.session.counters().seq_too_low_logouts,
+                        "venue logged us out: our MsgSeqNum is too low. Not logging on again \
+                         until an operator acts (`order-gateway control venue-reconnect` \
+                         once the venue's expected number is sorted out)"
+                    );
+                }
+            }
             SessionEvent::LoggedOn if reset_logon && confirmation => {}
             SessionEvent::LoggedOn => self.query_order_status(reset_logon, now, out),
             SessionEvent::None => {}
