@@ -157,9 +157,19 @@ pub struct FixConfig {
     /// MsgSeqNum 1 and both directions start again at 1 (QuickFIX's ResetOnLogon=Y).
     #[serde(default)]
     pub reset_on_logon: bool,
+    /// Optional, default 120 (QuickFIX's MaxLatency): a venue message whose SendingTime (52)
+    /// is further than this many seconds from our clock is rejected (SessionRejectReason 10,
+    /// SendingTime accuracy problem) and the session logged out (FIX 4.4 Vol. 2, QuickFIX's
+    /// CheckLatency=Y). 0 turns the check off. At most 86400.
+    #[serde(default = "default_max_latency_secs")]
+    pub max_latency_secs: u32,
     /// The Password read from `password_env` by [`Config::load`].
     #[serde(skip)]
     env_password: Option<Secret>,
+}
+
+fn default_max_latency_secs() -> u32 {
+    120
 }
 
 fn default_max_unsent_bytes() -> usize {
@@ -182,6 +192,7 @@ impl FixConfig {
             username: self.username.clone(),
             password: self.password.clone().or_else(|| self.env_password.clone()),
             reset_on_logon: self.reset_on_logon,
+            max_latency_secs: self.max_latency_secs,
         }
     }
 
@@ -378,6 +389,12 @@ impl Config {
             ));
         }
         self.fix.validate_logon()?;
+        if self.fix.max_latency_secs > 86_400 {
+            return Err((
+                "fix.max_latency_secs".into(),
+                "must be at most 86400 (a day); 0 turns the check off".into(),
+            ));
+        }
         if self.fix.max_unsent_bytes < 65536 {
             return Err((
                 "fix.max_unsent_bytes".into(),
@@ -471,7 +488,11 @@ mod tests {
 
     /// Loads the example with `extra` added to `[fix]`.
     fn with_fix(extra: &str) -> Result<Config, String> {
-        let text = std::fs::read_to_string(example()).unwrap();
+        with_fix_text(&std::fs::read_to_string(example()).unwrap(), extra)
+    }
+
+    /// Loads config `text` (the example, edited) with `extra` added to `[fix]`.
+    fn with_fix_text(text: &str, extra: &str) -> Result<Config, String> {
         let at = "max_unsent_bytes = 4194304\n";
         assert!(text.contains(at));
         let dir = tempfile::tempdir().unwrap();
@@ -514,6 +535,37 @@ mod tests {
         assert!(m.contains("fix.username"), "{m}");
         let m = with_fix("password = \"a\\u0001b\"").unwrap_err();
         assert!(m.contains("fix.password") && !m.contains("a\u{1}b"), "{m}");
+    }
+
+    /// `max_latency_secs`: QuickFIX's 120 unless set, 0 turns the check off, a day at most;
+    /// it reaches the session.
+    #[test]
+    fn max_latency_secs_defaults_to_120_and_reaches_the_session() {
+        let text = std::fs::read_to_string(example()).unwrap();
+        let without = text.replacen("\nmax_latency_secs = 120\n", "\n", 1);
+        assert_ne!(text, without, "the example documents max_latency_secs");
+        let c = Config::parse(&without).unwrap();
+        assert_eq!(c.fix.session().max_latency_secs, 120);
+        assert_eq!(
+            with_fix_text(&without, "max_latency_secs = 0")
+                .unwrap()
+                .fix
+                .session()
+                .max_latency_secs,
+            0
+        );
+        assert_eq!(
+            with_fix_text(&without, "max_latency_secs = 30")
+                .unwrap()
+                .fix
+                .session()
+                .max_latency_secs,
+            30
+        );
+        let m = with_fix_text(&without, "max_latency_secs = 86401").unwrap_err();
+        assert!(m.contains("fix.max_latency_secs"), "{m}");
+        let m = with_fix_text(&without, "max_latency_secs = -1").unwrap_err();
+        assert!(m.contains("max_latency_secs"), "{m}");
     }
 
     #[test]

@@ -9,6 +9,10 @@
 //!   Journaled: it survives a restart.
 //! - `resume [--account A]`: turns it off again.
 //! - `cancel-all [--account A]`: cancels the open orders in scope, without blocking new ones.
+//! - `venue-reconnect`: lets the gateway log on to the venue again after the venue logged
+//!   it out for a MsgSeqNum too low (it does not retry by itself: the same Logon would be
+//!   refused the same way). Sequence numbers are not changed here: settle them with the
+//!   venue first (there is no command to set ours).
 //! - `status`: venue session, journal, engines, open orders, kill switches, firm-wide
 //!   exposure against the firm limits, and per account open orders and notional against the
 //!   credit limit and what its throttle windows hold.
@@ -45,6 +49,8 @@ pub enum Command {
     CancelAll(Option<u32>),
     /// Report.
     Status,
+    /// Allow logging on to the venue again after a "MsgSeqNum too low" Logout.
+    VenueReconnect,
 }
 
 /// Parses a command line (`kill`, `kill --account 7`, `status`, ...).
@@ -65,10 +71,11 @@ pub fn parse(line: &str) -> Result<Command, String> {
         ["resume", rest @ ..] => Ok(Command::Resume(account(rest)?)),
         ["cancel-all", rest @ ..] => Ok(Command::CancelAll(account(rest)?)),
         ["status"] => Ok(Command::Status),
+        ["venue-reconnect"] => Ok(Command::VenueReconnect),
         [] => Err("empty command".into()),
         [w, ..] => Err(format!(
             "unknown command {w:?}: kill [--account A], resume [--account A], \
-             cancel-all [--account A], status"
+             cancel-all [--account A], status, venue-reconnect"
         )),
     }
 }
@@ -118,6 +125,22 @@ pub fn execute<L: VenueLink>(
             format!("ok: cancelling the open orders of {}\n", what(a))
         }
         Command::Status => status(driver, engines_connected, now),
+        Command::VenueReconnect => match driver.gateway().reconnect_hold() {
+            Some(expected) => {
+                let ours = driver.gateway().session().next_out();
+                driver.stage(|gw, _| gw.release_reconnect_hold());
+                tracing::warn!(
+                    venue_expects = expected,
+                    our_next = ours,
+                    "venue reconnect allowed (control socket)"
+                );
+                format!(
+                    "ok: logging on to the venue again (it last said it expects MsgSeqNum \
+                     {expected}; our next is {ours})\n"
+                )
+            }
+            None => "ok: nothing held; the gateway reconnects by itself\n".into(),
+        },
     }
 }
 
@@ -131,6 +154,13 @@ fn status<L: VenueLink>(driver: &FixDriver<L>, engines_connected: usize, now: u6
         _ => "down",
     };
     s.push_str(&format!("venue session       {session}\n"));
+    if let Some(expected) = gw.reconnect_hold() {
+        s.push_str(&format!(
+            "venue logon held    the venue expects MsgSeqNum {expected}, our next is {}: \
+             settle it with the venue, then `venue-reconnect`\n",
+            gw.session().next_out()
+        ));
+    }
     s.push_str(&format!(
         "journal             {}\n",
         if driver.is_degraded() {
@@ -315,6 +345,7 @@ mod tests {
         assert_eq!(parse("resume --account 7"), Ok(Command::Resume(Some(7))));
         assert_eq!(parse("cancel-all"), Ok(Command::CancelAll(None)));
         assert_eq!(parse("status"), Ok(Command::Status));
+        assert_eq!(parse("venue-reconnect"), Ok(Command::VenueReconnect));
         assert!(parse("kil").unwrap_err().contains("unknown command"));
         assert!(parse("kill --account x")
             .unwrap_err()
@@ -413,6 +444,7 @@ mod tests {
             .any(|r| matches!(r, Response::Fill(_))));
         assert!(execute("cancel-all", &mut d, 0, unix_nanos()).starts_with("ok"));
         assert!(execute("bogus", &mut d, 0, 0).starts_with("error: unknown command"));
+        assert!(execute("venue-reconnect", &mut d, 0, 0).contains("nothing held"));
     }
 
     #[test]

@@ -112,6 +112,7 @@ fn kind_name(kind: usize) -> String {
         record::KILL => "kill switches".into(),
         record::ENGINE_MALFORMED => "malformed engine frames".into(),
         record::CHECKPOINT => "checkpoints".into(),
+        record::FIX_IN_REJECTED => "FIX in, rejected".into(),
         k => format!("kind {k}"),
     }
 }

@@ -356,6 +356,16 @@ const CORE_COUNTERS: &[(&str, ReadCounter)] = &[
     ("fix queue overflows", |g| {
         g.session().counters().queue_overflow
     }),
+    ("fix logons refused by the venue", |g| {
+        g.session().counters().logons_refused
+    }),
+    ("fix logouts for our MsgSeqNum too low", |g| {
+        g.session().counters().seq_too_low_logouts
+    }),
+    (
+        "fix messages refused for SendingTime/OrigSendingTime",
+        |g| g.session().counters().sending_time_problems,
+    ),
 ];
 
 impl Counters {
@@ -375,7 +385,7 @@ impl Counters {
             local()
         };
         let alloc = |label: &str, kind: Kind| {
-            // 1024 slots for 45 labels under 104 bytes: allocation cannot fail.
+            // 1024 slots for fewer than 64 labels under 104 bytes: allocation cannot fail.
             table
                 .allocate_counter(label, kind, 0)
                 .expect("counter slot")
@@ -643,6 +653,9 @@ pub struct Service<L: VenueLink = TcpLink> {
     lost: Vec<EngineId>,
     /// Venue connect attempts failed in a row (for the back-off).
     venue_failures: u32,
+    /// The session's `logons_refused` when last looked at: a Logon the venue answered
+    /// with a Logout counts as a failed connect for the back-off.
+    logons_refused_seen: u64,
     /// The service's monotonic clock starts here (liveness runs on it: a step of the
     /// wall clock must not disconnect every engine).
     epoch: Instant,
@@ -739,6 +752,7 @@ impl<L: VenueLink> Service<L> {
             closing: Vec::new(),
             lost: Vec::new(),
             venue_failures: 0,
+            logons_refused_seen: 0,
             epoch: Instant::now(),
             counters: Counters::new(opts.counters_file),
             opts,
@@ -931,7 +945,24 @@ impl<L: VenueLink> Service<L> {
 
     /// Starts a venue connect when due and drives one under way; never waits. Failures
     /// in a row back off (`reconnect`, doubling up to [`MAX_BACKOFF_FACTOR`] times it).
+    ///
+    /// A Logon the venue refused (answered with a Logout) counts as a failure too, so a
+    /// venue that refuses us is not sent the same Logon every `reconnect`; and after a
+    /// "MsgSeqNum too low" Logout nothing is tried until an operator releases it
+    /// ([`Gateway::reconnect_hold`]).
     fn poll_venue_connect(&mut self, t: Instant, next_connect: &mut Instant) {
+        if !self.driver.is_connecting() && !self.driver.is_connected() {
+            let gw = self.driver.gateway();
+            if gw.reconnect_hold().is_some() {
+                return;
+            }
+            let refused = gw.session().counters().logons_refused;
+            if refused != self.logons_refused_seen {
+                self.logons_refused_seen = refused;
+                let wait = self.back_off(t, next_connect);
+                tracing::warn!(refused, "the venue refused our Logon; retrying in {wait:?}");
+            }
+        }
         let result = if self.driver.is_connecting() {
             self.driver.poll_connect()
         } else if !self.driver.is_connected() && t >= *next_connect {
@@ -949,14 +980,21 @@ impl<L: VenueLink> Service<L> {
             }
             Ok(false) => {}
             Err(e) => {
-                self.venue_failures = self.venue_failures.saturating_add(1);
                 self.counters.venue_connect_failures.inc();
-                let factor = 1u32 << self.venue_failures.saturating_sub(1).min(2);
-                let wait = self.opts.reconnect * factor.min(MAX_BACKOFF_FACTOR);
-                *next_connect = t + wait;
+                let wait = self.back_off(t, next_connect);
                 tracing::warn!("{:#}; retrying in {:?}", anyhow::Error::from(e), wait);
             }
         }
+    }
+
+    /// One more venue failure in a row: the next connect waits `reconnect`, doubling up to
+    /// [`MAX_BACKOFF_FACTOR`] times it.
+    fn back_off(&mut self, t: Instant, next_connect: &mut Instant) -> Duration {
+        self.venue_failures = self.venue_failures.saturating_add(1);
+        let factor = 1u32 << self.venue_failures.saturating_sub(1).min(2);
+        let wait = self.opts.reconnect * factor.min(MAX_BACKOFF_FACTOR);
+        *next_connect = t + wait;
+        wait
     }
 
     /// New connections, never waiting on a peer: the listener checks requests and moves

@@ -495,7 +495,7 @@ pub fn check_state(gw: &Gateway) {
 #[derive(Debug)]
 struct Seen {
     gateway: [u64; 20],
-    session: [u64; 13],
+    session: [u64; 16],
     last_response: [u32; 3],
     last_request: [u32; 3],
 }
@@ -548,7 +548,7 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 20] {
     ]
 }
 
-fn session_counters(c: SessionCounters) -> [u64; 13] {
+fn session_counters(c: SessionCounters) -> [u64; 16] {
     let SessionCounters {
         garbled,
         rejects_sent,
@@ -563,6 +563,9 @@ fn session_counters(c: SessionCounters) -> [u64; 13] {
         resend_timeouts,
         queued,
         queue_overflow,
+        sending_time_problems,
+        logons_refused,
+        seq_too_low_logouts,
     } = c;
     [
         garbled,
@@ -578,6 +581,9 @@ fn session_counters(c: SessionCounters) -> [u64; 13] {
         resend_timeouts,
         queued,
         queue_overflow,
+        sending_time_problems,
+        logons_refused,
+        seq_too_low_logouts,
     ]
 }
 

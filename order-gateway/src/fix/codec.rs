@@ -2,7 +2,8 @@
 //!
 //! [`split_frame`] finds one complete message at the front of a byte stream and validates
 //! BeginString, BodyLength and CheckSum; [`Message`] is a zero-copy view of a validated frame
-//! whose fields are iterated in place. [`MessageWriter`] encodes into a reused buffer and
+//! whose fields are iterated in place; a data field (RawData, XmlData, EncodedText...) is
+//! read by the length its length field declares, so it may hold SOH. [`MessageWriter`] encodes into a reused buffer and
 //! computes BodyLength and CheckSum; it never allocates once its buffer has grown.
 
 use std::fmt::Write as _;
@@ -39,6 +40,11 @@ pub enum FixError {
     /// A field is not `tag=value` with a numeric tag.
     #[error("malformed field at byte {0}")]
     BadField(usize),
+    /// A data field (RawData, XmlData, EncodedText...) whose length field is not a number,
+    /// or whose declared length runs past the message or does not end at a SOH: a garbled
+    /// message.
+    #[error("data field at byte {0} does not match its declared length")]
+    BadDataLength(usize),
     /// A required field is missing.
     #[error("missing tag {0}")]
     MissingTag(u32),
@@ -130,11 +136,65 @@ pub struct Message<'a> {
     complete: bool,
 }
 
-/// Iterator over `(tag, value)` of a message body.
+/// The data field a FIX 4.4 length field announces: its value is read by that length, as
+/// it may hold SOH (FIX 4.4 Vol. 1, data type `data`; QuickFIX does the same).
+pub fn data_field_of(length_tag: u32) -> Option<u32> {
+    Some(match length_tag {
+        90 => 91,   // SecureDataLen -> SecureData
+        93 => 89,   // SignatureLength -> Signature
+        95 => 96,   // RawDataLength -> RawData
+        212 => 213, // XmlDataLen -> XmlData
+        348 => 349, // EncodedIssuerLen -> EncodedIssuer
+        350 => 351, // EncodedSecurityDescLen -> EncodedSecurityDesc
+        352 => 353, // EncodedListExecInstLen -> EncodedListExecInst
+        354 => 355, // EncodedTextLen -> EncodedText
+        356 => 357, // EncodedSubjectLen -> EncodedSubject
+        358 => 359, // EncodedHeadlineLen -> EncodedHeadline
+        360 => 361, // EncodedAllocTextLen -> EncodedAllocText
+        362 => 363, // EncodedUnderlyingIssuerLen -> EncodedUnderlyingIssuer
+        364 => 365, // EncodedUnderlyingSecurityDescLen -> EncodedUnderlyingSecurityDesc
+        445 => 446, // EncodedListStatusTextLen -> EncodedListStatusText
+        618 => 619, // EncodedLegIssuerLen -> EncodedLegIssuer
+        621 => 622, // EncodedLegSecurityDescLen -> EncodedLegSecurityDesc
+        _ => return None,
+    })
+}
+
+/// Iterator over `(tag, value)` of a message body. A data field announced by the length
+/// field before it ([`data_field_of`]) is read by that length, SOH included.
 #[derive(Debug, Clone)]
 pub struct Fields<'a> {
     rest: &'a [u8],
     offset: usize,
+    /// After a length field: the data tag it announces and its value (`None`: not a
+    /// number).
+    data: Option<(u32, Option<usize>)>,
+}
+
+impl<'a> Fields<'a> {
+    /// The field at the front is the data field announced, of `len` bytes (`None`: the
+    /// length was not a number): its value, or a garbled message.
+    fn data_value(
+        &mut self,
+        at: usize,
+        eq: usize,
+        len: Option<usize>,
+    ) -> Result<&'a [u8], FixError> {
+        let start = eq + 1;
+        let end = len.and_then(|n| start.checked_add(n));
+        match end {
+            Some(end) if end > start && self.rest.get(end) == Some(&SOH) => {
+                let value = &self.rest[start..end];
+                self.rest = &self.rest[end + 1..];
+                self.offset += end + 1;
+                Ok(value)
+            }
+            _ => {
+                self.rest = &[];
+                Err(FixError::BadDataLength(at))
+            }
+        }
+    }
 }
 
 impl<'a> Iterator for Fields<'a> {
@@ -145,6 +205,15 @@ impl<'a> Iterator for Fields<'a> {
             return None;
         }
         let at = self.offset;
+        if let Some((data_tag, len)) = self.data {
+            let eq = self.rest.iter().position(|&c| c == b'=' || c == SOH);
+            if let Some(eq) = eq.filter(|&eq| self.rest[eq] == b'=') {
+                if parse_uint(&self.rest[..eq]) == Some(u64::from(data_tag)) {
+                    self.data = None;
+                    return Some(self.data_value(at, eq, len).map(|v| (data_tag, v)));
+                }
+            }
+        }
         let Some(end) = self.rest.iter().position(|&c| c == SOH) else {
             self.rest = &[];
             return Some(Err(FixError::BadField(at)));
@@ -157,7 +226,12 @@ impl<'a> Iterator for Fields<'a> {
         };
         match parse_uint(&field[..eq]) {
             Some(tag) if tag > 0 && tag < u64::from(u32::MAX) && eq + 1 < field.len() => {
-                Some(Ok((tag as u32, &field[eq + 1..])))
+                let (tag, value) = (tag as u32, &field[eq + 1..]);
+                if let Some(data_tag) = data_field_of(tag) {
+                    let len = parse_uint(value).and_then(|n| usize::try_from(n).ok());
+                    self.data = Some((data_tag, len));
+                }
+                Some(Ok((tag, value)))
             }
             _ => Some(Err(FixError::BadField(at))),
         }
@@ -219,6 +293,7 @@ impl<'a> Message<'a> {
         Fields {
             rest: self.body,
             offset: 0,
+            data: None,
         }
     }
 
@@ -319,6 +394,59 @@ pub fn write_utc_timestamp(out: &mut Vec<u8>, unix_nanos: u64) {
         sod % 60
     );
     out.extend_from_slice(s.as_bytes());
+}
+
+/// Parses a FIX UTCTimestamp `YYYYMMDD-HH:MM:SS` with optional fractional seconds (`.sss`,
+/// `.ssssss` or `.sssssssss`, as FIX 4.4 and later and QuickFIX accept) into nanoseconds
+/// since the epoch. `None` for anything else, out-of-range fields included (a leap second,
+/// `:60`, is accepted and counts as the next second).
+pub fn parse_utc_timestamp(v: &[u8]) -> Option<u64> {
+    if v.len() < 17 || v[8] != b'-' || v[11] != b':' || v[14] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| parse_uint(&v[r]);
+    let (y, mo, d) = (num(0..4)?, num(4..6)?, num(6..8)?);
+    let (h, mi, sec) = (num(9..11)?, num(12..14)?, num(15..17)?);
+    let frac = match &v[17..] {
+        [] => 0,
+        [b'.', digits @ ..] if matches!(digits.len(), 3 | 6 | 9) => {
+            parse_uint(digits)? * 10u64.pow(9 - digits.len() as u32)
+        }
+        _ => return None,
+    };
+    let leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+    let month_days = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1970..=9999).contains(&y)
+        || !(1..=12).contains(&mo)
+        || d == 0
+        || d > month_days[(mo - 1) as usize]
+        || h > 23
+        || mi > 59
+        || sec > 60
+    {
+        return None;
+    }
+    // Howard Hinnant's days_from_civil.
+    let (y, m) = (y as i64 - i64::from(mo <= 2), mo as i64);
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
+    Some(((days * 86_400 + h * 3600 + mi * 60 + sec) * 1_000_000_000) + frac)
 }
 
 /// A fixed-capacity string on the stack, so formatting timestamps does not allocate.
@@ -582,6 +710,96 @@ mod tests {
         assert_eq!(Message::parse(&f).unwrap_err(), FixError::MissingTag(35));
     }
 
+    /// A body with `fields` (values written as given, SOH included), framed.
+    fn framed(fields: &[(u32, &[u8])]) -> Vec<u8> {
+        let mut w = MessageWriter::default();
+        w.start(b"8").field(49, b"V").field(56, b"G").uint(34, 7);
+        for (t, v) in fields {
+            w.field(*t, v);
+        }
+        let mut out = Vec::new();
+        w.finish(&mut out);
+        out
+    }
+
+    /// RawData and XmlData holding SOH (and what looks like fields, a CheckSum included) are
+    /// read by their declared lengths; the fields after them are read as usual, and
+    /// BodyLength and CheckSum cover the data.
+    #[test]
+    fn data_fields_are_read_by_their_declared_length() {
+        let raw: &[u8] = b"a\x0110=123\x01b";
+        let xml: &[u8] = b"<x>\x01</x>";
+        let enc: &[u8] = b"\x01\x01";
+        let (raw_len, xml_len) = (raw.len().to_string(), xml.len().to_string());
+        let f = framed(&[
+            (95, raw_len.as_bytes()),
+            (96, raw),
+            (58, b"after"),
+            (212, xml_len.as_bytes()),
+            (213, xml),
+            (354, b"2"),
+            (355, enc),
+            (11, b"42"),
+        ]);
+        assert_eq!(split_frame(&f), Ok(f.len()));
+        let m = Message::parse(&f).unwrap();
+        assert_eq!(m.get(96), Some(raw));
+        assert_eq!(m.get(213), Some(xml));
+        assert_eq!(m.get(355), Some(enc));
+        assert_eq!(
+            (m.get(58), m.get(11)),
+            (Some(&b"after"[..]), Some(&b"42"[..]))
+        );
+        assert_eq!(m.get(10), None);
+        let tags: Vec<u32> = m.fields().map(|f| f.unwrap().0).collect();
+        assert_eq!(tags, [35, 49, 56, 34, 95, 96, 58, 212, 213, 354, 355, 11]);
+        // Past the index (24 fields) too.
+        let mut many: Vec<(u32, &[u8])> = vec![(5000, b"x"); 30];
+        many.extend_from_slice(&[(95, raw_len.as_bytes()), (96, raw), (58, b"end")]);
+        let f = framed(&many);
+        let m = Message::parse(&f).unwrap();
+        assert_eq!((m.get(96), m.get(58)), (Some(raw), Some(&b"end"[..])));
+        // A data field without its length field before it is an ordinary field.
+        let f = framed(&[(96, b"plain"), (58, b"t")]);
+        assert_eq!(Message::parse(&f).unwrap().get(96), Some(&b"plain"[..]));
+    }
+
+    /// A declared length that runs past the message, stops short of a SOH, or is not a
+    /// number makes the message garbled; never a panic.
+    #[test]
+    fn bad_data_lengths_are_garbled() {
+        for (len, data) in [
+            (&b"200"[..], &b"ab\x01cd"[..]),
+            (b"18446744073709551615", b"ab"),
+            (b"3", b"ab\x01cd"),
+            (b"1", b"ab"),
+            (b"x", b"ab"),
+            (b"0", b"ab"),
+        ] {
+            let f = framed(&[(95, len), (96, data), (58, b"t")]);
+            assert_eq!(split_frame(&f), Ok(f.len()));
+            assert!(
+                matches!(Message::parse(&f), Err(FixError::BadDataLength(_))),
+                "95={} 96={:?}",
+                String::from_utf8_lossy(len),
+                data
+            );
+        }
+        // Every truncation and every one-byte change of a frame with data parses or fails
+        // without a panic.
+        let f = framed(&[(95, b"5"), (96, b"a\x01b\x01c"), (58, b"t")]);
+        for i in 0..f.len() {
+            let _ = split_frame(&f[..i]);
+            let mut g = f.clone();
+            for b in [0u8, 1, b'=', b'9', 0xff] {
+                g[i] = b;
+                if split_frame(&g).is_ok() {
+                    let _ = Message::parse(&g).map(|m| m.fields().count());
+                }
+            }
+        }
+    }
+
     #[test]
     fn prices() {
         let mut w = MessageWriter::default();
@@ -603,5 +821,61 @@ mod tests {
         let mut v = Vec::new();
         write_utc_timestamp(&mut v, 951_782_400_123_000_000); // 2000-02-29 00:00:00.123
         assert_eq!(v, b"20000229-00:00:00.123");
+    }
+
+    /// UTCTimestamps read back what `write_utc_timestamp` writes, with seconds only, or
+    /// micro/nanoseconds; malformed or out-of-range ones are refused.
+    #[test]
+    fn timestamps_parse() {
+        for t in [
+            0,
+            951_782_400_123_000_000,
+            1_704_207_600_999_000_000,
+            4_102_444_799_001_000_000,
+        ] {
+            let mut v = Vec::new();
+            write_utc_timestamp(&mut v, t);
+            assert_eq!(
+                parse_utc_timestamp(&v),
+                Some(t),
+                "{}",
+                String::from_utf8_lossy(&v)
+            );
+        }
+        assert_eq!(
+            parse_utc_timestamp(b"20000229-00:00:00"),
+            Some(951_782_400_000_000_000)
+        );
+        assert_eq!(
+            parse_utc_timestamp(b"20000229-00:00:00.123456789"),
+            Some(951_782_400_123_456_789)
+        );
+        assert_eq!(
+            parse_utc_timestamp(b"20000229-00:00:00.123456"),
+            Some(951_782_400_123_456_000)
+        );
+        for bad in [
+            &b""[..],
+            b"20000229",
+            b"20000229 00:00:00",
+            b"20010229-00:00:00",
+            b"20001301-00:00:00",
+            b"20000229-24:00:00",
+            b"20000229-00:60:00",
+            b"20000229-00:00:61",
+            b"20000229-00:00:00.1",
+            b"20000229-00:00:00.",
+            b"20000229-00:00:00.12a",
+            b"2000022x-00:00:00",
+            b"19691231-23:59:59",
+            b"+0000229-00:00:00",
+        ] {
+            assert_eq!(
+                parse_utc_timestamp(bad),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 }

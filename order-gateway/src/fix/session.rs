@@ -19,6 +19,17 @@
 //! - Messages ahead of a gap are queued ([`QUEUE_LIMIT`] at most; beyond that they are dropped
 //!   and come back with the resend, which asks up to infinity) and handed back in order by
 //!   [`Session::next_queued`] once the gap is filled, as QuickFIX's `nextQueued` does.
+//! - SendingTime (52) is checked as QuickFIX's `verify` does, before the CompIDs and the
+//!   sequence number: missing, Reject 373=1; not a UTCTimestamp, 373=6; further than
+//!   `max_latency_secs` from `now` (CheckLatency/MaxLatency), 373=10 then Logout. A
+//!   PossDupFlag=Y message other than a SequenceReset needs OrigSendingTime (122): missing,
+//!   373=1; later than SendingTime, 373=10 then Logout (QuickFIX's doPossDup, QuickFIX/J's
+//!   validatePossDup in sequence too). A rejected message takes its number when it was the
+//!   expected one (not a Logon or SequenceReset), and [`Session::rejected_in`] tells the
+//!   caller to journal it as taken but not processed. The clock is the caller's `now`.
+//! - A message below the expected number without PossDupFlag=Y, a SequenceReset-GapFill
+//!   included, ends the session with QuickFIX's Logout text "MsgSeqNum too low, expecting
+//!   N but received M".
 //! - A ResendRequest that is not being answered (`next_in` does not move for the resend
 //!   timeout, by default the heartbeat interval) is sent again and counted; QuickFIX itself
 //!   has no such timer and waits for the next message from the venue instead.
@@ -82,6 +93,12 @@ pub struct SessionConfig {
     /// directions start again at 1, as QuickFIX's ResetOnLogon=Y.
     #[serde(default)]
     pub reset_on_logon: bool,
+    /// Largest difference between an inbound message's SendingTime (52) and our clock,
+    /// seconds, beyond which the message is rejected (373=10) and the session logged out,
+    /// as QuickFIX's CheckLatency=Y / MaxLatency. 0: not checked. The session's default is
+    /// 0; the config file's (`[fix] max_latency_secs`) is QuickFIX's 120.
+    #[serde(default)]
+    pub max_latency_secs: u32,
 }
 
 /// Session state.
@@ -144,6 +161,15 @@ pub struct SessionCounters {
     /// Messages ahead of a gap dropped because the queue was full (they come back with the
     /// resend).
     pub queue_overflow: u64,
+    /// Messages refused for their SendingTime (missing, malformed, further than
+    /// `max_latency_secs` from our clock) or, with PossDupFlag=Y, their OrigSendingTime
+    /// (missing, malformed, later than SendingTime).
+    pub sending_time_problems: u64,
+    /// Logouts from the venue answering our Logon (the venue refused the session).
+    pub logons_refused: u64,
+    /// Logouts from the venue saying our MsgSeqNum is too low ("MsgSeqNum too low,
+    /// expecting N but received M"): resending the same Logon cannot help.
+    pub seq_too_low_logouts: u64,
 }
 
 /// Messages ahead of a gap held at most (each a few hundred bytes).
@@ -207,6 +233,11 @@ impl SentStore {
 
 const _: () = assert!(RESEND_SLOT_LEN <= u16::MAX as usize);
 
+/// Reject texts, QuickFIX's.
+const SENDING_TIME_MISSING: &str = "Required tag missing";
+const SENDING_TIME_FORMAT: &str = "Incorrect data format for value";
+const SENDING_TIME_ACCURACY: &str = "SendingTime accuracy problem";
+
 fn is_app(msg_type: &[u8]) -> bool {
     !matches!(msg_type, b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A")
 }
@@ -231,8 +262,13 @@ pub struct Session {
     /// Our last Logon carried 141=Y (an answer to the venue's reset Logon, or our own reset
     /// with `reset_on_logon`): the venue's next in-sequence Logon 141=Y confirms it.
     answered_reset: bool,
+    /// The venue logged us out saying it expects this MsgSeqNum from us, above what we
+    /// sent: set until [`Session::clear_venue_expects`].
+    venue_expects: Option<u64>,
     /// Inbound messages accepted (in sequence, resets, rejected-and-consumed).
     accepted_in: u64,
+    /// Of those, rejected-and-consumed: their numbers were taken, their contents not.
+    rejected_in: u64,
     /// Messages ahead of a gap, by sequence number (raw frames).
     queue: std::collections::BTreeMap<u64, Vec<u8>>,
     store: SentStore,
@@ -256,7 +292,9 @@ impl Session {
             resend_at: 0,
             resend_timeout: None,
             answered_reset: false,
+            venue_expects: None,
             accepted_in: 0,
+            rejected_in: 0,
             queue: std::collections::BTreeMap::new(),
             store: SentStore::default(),
             writer: MessageWriter::default(),
@@ -304,6 +342,27 @@ impl Session {
         self.accepted_in
     }
 
+    /// Increases whenever an inbound message was rejected and took its sequence number
+    /// without being processed (with [`accepted_in`](Self::accepted_in)): such a frame must
+    /// be journaled so that replay takes the number and nothing else.
+    pub fn rejected_in(&self) -> u64 {
+        self.rejected_in
+    }
+
+    /// The MsgSeqNum the venue said it expects from us when it logged us out for a number
+    /// too low ("MsgSeqNum too low, expecting N but received M", QuickFIX's words), if it
+    /// did since [`clear_venue_expects`](Self::clear_venue_expects). Logging on again with
+    /// the same numbers would be refused the same way; raising ours to N would skip
+    /// messages the venue never got, so that is left to an operator.
+    pub fn venue_expects(&self) -> Option<u64> {
+        self.venue_expects
+    }
+
+    /// Forgets [`venue_expects`](Self::venue_expects) (an operator dealt with it).
+    pub fn clear_venue_expects(&mut self) {
+        self.venue_expects = None;
+    }
+
     /// Messages held ahead of a gap.
     pub fn queued_len(&self) -> usize {
         self.queue.len()
@@ -329,6 +388,7 @@ impl Session {
         if seq == self.next_in {
             self.next_in += 1;
             self.accepted_in += 1;
+            self.rejected_in += 1;
             self.resend_progress();
         }
     }
@@ -663,6 +723,19 @@ impl Session {
         now: u64,
         out: &mut Vec<u8>,
     ) -> SessionEvent<'a> {
+        self.on_inbound(m, false, now, out)
+    }
+
+    /// [`on_message`](Self::on_message); `queued`: a message held ahead of a gap, whose
+    /// SendingTime was checked against our clock when it arrived (a gap may take longer
+    /// than `max_latency_secs` to fill).
+    fn on_inbound<'a>(
+        &mut self,
+        m: Message<'a>,
+        queued: bool,
+        now: u64,
+        out: &mut Vec<u8>,
+    ) -> SessionEvent<'a> {
         self.last_recv = now;
         self.test_request_at = None;
         let Some(seq) = m.seq() else {
@@ -691,6 +764,10 @@ impl Session {
             self.state = SessionState::Disconnected;
             return SessionEvent::Disconnect;
         };
+        // QuickFIX's `verify` checks the time before the CompIDs and the sequence number.
+        if let Some(ev) = self.check_sending_time(&m, seq, !queued, now, out) {
+            return ev;
+        }
         let sender_ok = m.get(tag::SENDER_COMP_ID) == Some(self.cfg.target_comp_id.as_bytes());
         if !sender_ok || m.get(tag::TARGET_COMP_ID) != Some(self.cfg.sender_comp_id.as_bytes()) {
             // FIX 4.4 Vol. 2 (and QuickFIX's doBadCompID): Reject 373=9, take the number if
@@ -726,6 +803,13 @@ impl Session {
         }
         let ty = m.msg_type();
         if ty == b"5" {
+            if self.state == SessionState::LogonSent {
+                self.counters.logons_refused += 1;
+            }
+            if let Some(n) = m.get(tag::TEXT).and_then(expected_in_text) {
+                self.counters.seq_too_low_logouts += 1;
+                self.venue_expects = Some(n);
+            }
             if seq == self.next_in {
                 // Takes its number (QuickFIX's nextLogout), or the next session starts by
                 // asking for it again.
@@ -776,21 +860,38 @@ impl Session {
             };
         }
         if seq < self.next_in {
-            if m.poss_dup() || ty == b"4" {
+            if m.poss_dup() {
+                // QuickFIX's doPossDup: a duplicate must still be a well-formed one.
+                if let Some(ev) = self.check_orig_sending_time(&m, seq, now, out) {
+                    return ev;
+                }
                 self.counters.duplicates_ignored += 1;
                 return SessionEvent::None;
             }
-            // A lower sequence number without PossDup is unrecoverable (FIX spec): log out.
+            // A lower sequence number without PossDup is unrecoverable (FIX 4.4 Vol. 2),
+            // a SequenceReset-GapFill included: log out, in QuickFIX's words (a venue's
+            // operator searches for them).
+            let text = format!(
+                "MsgSeqNum too low, expecting {} but received {seq}",
+                self.next_in
+            );
             self.send_admin(
                 b"5",
                 |w| {
-                    w.field(tag::TEXT, b"MsgSeqNum too low");
+                    w.field(tag::TEXT, text.as_bytes());
                 },
                 now,
                 out,
             );
             self.state = SessionState::Disconnected;
             return SessionEvent::Disconnect;
+        }
+        if m.poss_dup() {
+            // In sequence too (QuickFIX/J's validatePossDup, FIX 4.4 Vol. 2 test cases
+            // 2f and 2g).
+            if let Some(ev) = self.check_orig_sending_time(&m, seq, now, out) {
+                return ev;
+            }
         }
         if ty == b"4" {
             // GapFill in sequence: NewSeqNo must move forward (QuickFIX rejects it otherwise
@@ -869,7 +970,7 @@ impl Session {
             self.resend_at = now;
             return SessionEvent::None;
         }
-        self.on_message(m, now, out)
+        self.on_inbound(m, true, now, out)
     }
 
     /// After each inbound frame: the next queued message now in sequence (to process with
@@ -890,6 +991,163 @@ impl Session {
             }
             return None;
         }
+    }
+
+    /// SendingTime (52) as QuickFIX checks it: missing, Reject 373=1; not a UTCTimestamp,
+    /// 373=6; further than `max_latency_secs` from `now` (when `latency` and the check is
+    /// on), 373=10 then Logout (FIX 4.4 Vol. 2, QuickFIX's doBadTime). `None`: good.
+    fn check_sending_time<'a>(
+        &mut self,
+        m: &Message<'_>,
+        seq: u64,
+        latency: bool,
+        now: u64,
+        out: &mut Vec<u8>,
+    ) -> Option<SessionEvent<'a>> {
+        let Some(v) = m.get(tag::SENDING_TIME) else {
+            return Some(self.refuse(
+                m,
+                seq,
+                tag::SENDING_TIME,
+                1,
+                SENDING_TIME_MISSING,
+                false,
+                now,
+                out,
+            ));
+        };
+        let Some(sent) = super::codec::parse_utc_timestamp(v) else {
+            return Some(self.refuse(
+                m,
+                seq,
+                tag::SENDING_TIME,
+                6,
+                SENDING_TIME_FORMAT,
+                false,
+                now,
+                out,
+            ));
+        };
+        let max = u64::from(self.cfg.max_latency_secs) * 1_000_000_000;
+        if latency && max > 0 && now.abs_diff(sent) > max {
+            return Some(self.refuse(
+                m,
+                seq,
+                tag::SENDING_TIME,
+                10,
+                SENDING_TIME_ACCURACY,
+                true,
+                now,
+                out,
+            ));
+        }
+        None
+    }
+
+    /// OrigSendingTime (122) of a PossDupFlag=Y message other than a SequenceReset (QuickFIX
+    /// accepts one without it there, and so do we): missing, Reject 373=1; malformed,
+    /// 373=6; later than SendingTime, 373=10 then Logout (QuickFIX's doPossDup).
+    fn check_orig_sending_time<'a>(
+        &mut self,
+        m: &Message<'_>,
+        seq: u64,
+        now: u64,
+        out: &mut Vec<u8>,
+    ) -> Option<SessionEvent<'a>> {
+        if m.msg_type() == b"4" {
+            return None;
+        }
+        let Some(v) = m.get(tag::ORIG_SENDING_TIME) else {
+            return Some(self.refuse(
+                m,
+                seq,
+                tag::ORIG_SENDING_TIME,
+                1,
+                SENDING_TIME_MISSING,
+                false,
+                now,
+                out,
+            ));
+        };
+        let Some(orig) = super::codec::parse_utc_timestamp(v) else {
+            return Some(self.refuse(
+                m,
+                seq,
+                tag::ORIG_SENDING_TIME,
+                6,
+                SENDING_TIME_FORMAT,
+                false,
+                now,
+                out,
+            ));
+        };
+        // check_sending_time has seen a good SendingTime.
+        let sent = m
+            .get(tag::SENDING_TIME)
+            .and_then(super::codec::parse_utc_timestamp)
+            .unwrap_or(u64::MAX);
+        if orig > sent {
+            return Some(self.refuse(
+                m,
+                seq,
+                tag::ORIG_SENDING_TIME,
+                10,
+                SENDING_TIME_ACCURACY,
+                true,
+                now,
+                out,
+            ));
+        }
+        None
+    }
+
+    /// A message refused for a header field: Reject naming `ref_tag` with `reason`, its
+    /// number taken when it was the expected one (not for a Logon or SequenceReset, as
+    /// QuickFIX's generateReject), then a Logout when `logout`. A Logon answering ours is
+    /// not rejected (there is no session to reject in, QuickFIX disconnects): Logout with
+    /// the reason and disconnect.
+    #[allow(clippy::too_many_arguments)]
+    fn refuse<'a>(
+        &mut self,
+        m: &Message<'_>,
+        seq: u64,
+        ref_tag: u32,
+        reason: u32,
+        text: &str,
+        logout: bool,
+        now: u64,
+        out: &mut Vec<u8>,
+    ) -> SessionEvent<'a> {
+        self.counters.sending_time_problems += 1;
+        let ty = m.msg_type();
+        if ty == b"A" && self.state == SessionState::LogonSent {
+            self.send_admin(
+                b"5",
+                |w| {
+                    w.field(tag::TEXT, text.as_bytes());
+                },
+                now,
+                out,
+            );
+            self.state = SessionState::Disconnected;
+            return SessionEvent::Disconnect;
+        }
+        self.reject_typed(seq, ty, Some(ref_tag), reason, text, now, out);
+        if ty != b"A" && ty != b"4" {
+            self.consume_rejected(seq);
+        }
+        if logout && self.state != SessionState::LogoutSent {
+            self.send_admin(
+                b"5",
+                |w| {
+                    w.field(tag::TEXT, text.as_bytes());
+                },
+                now,
+                out,
+            );
+            self.state = SessionState::LogoutSent;
+        }
+        SessionEvent::None
     }
 
     /// Asks for everything from `next_in` on (EndSeqNo 0 = infinity in FIX 4.2+), satisfied
@@ -1079,6 +1337,21 @@ impl Session {
         w.finish(out);
         self.counters.messages_resent += 1;
     }
+}
+
+/// N in a Logout text "MsgSeqNum too low, expecting N but received M" (QuickFIX's, the
+/// commonest wording; "expecting N" anywhere after "too low" is taken).
+fn expected_in_text(text: &[u8]) -> Option<u64> {
+    let low = text
+        .windows(7)
+        .position(|w| w.eq_ignore_ascii_case(b"too low"))?;
+    let rest = &text[low..];
+    let at = rest
+        .windows(10)
+        .position(|w| w.eq_ignore_ascii_case(b"expecting "))?
+        + 10;
+    let digits = rest[at..].iter().take_while(|c| c.is_ascii_digit()).count();
+    super::codec::parse_uint(&rest[at..at + digits])
 }
 
 /// What the journal keeps of a Password (554).
@@ -1293,13 +1566,15 @@ mod tests {
         let f = venue(b"4", 2, &[(43, b"Y"), (123, b"Y"), (36, b"5")]);
         s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
         assert_eq!(s.next_in(), 5);
-        let f = venue(b"8", 5, &[(43, b"Y")]);
+        // PossDupFlag=Y comes with OrigSendingTime (FIX 4.4; rejected without it).
+        let dup: &[(u32, &[u8])] = &[(43, b"Y"), (122, b"20240102-15:00:00.000")];
+        let f = venue(b"8", 5, dup);
         assert!(matches!(
             s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
             SessionEvent::App(_)
         ));
         // A PossDup duplicate is ignored, a plain low sequence number logs out.
-        let f = venue(b"8", 5, &[(43, b"Y")]);
+        let f = venue(b"8", 5, dup);
         assert!(matches!(
             s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
             SessionEvent::None
@@ -1696,6 +1971,7 @@ mod logon_tests {
             username: credentials.then(|| "trader1".into()),
             password: credentials.then(|| Secret::new("s3cret-pw")),
             reset_on_logon: reset,
+            max_latency_secs: 0,
         }
     }
 
@@ -1896,5 +2172,350 @@ mod logon_tests {
         let mut out = Vec::new();
         s.on_connect(T0, &mut out);
         assert!(redact_password(&out).is_none());
+    }
+}
+
+#[cfg(test)]
+mod checks_tests {
+    use super::*;
+
+    use super::tests::{active, frames as parsed, venue, T0};
+
+    fn texts(out: &[u8]) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        parsed(out)
+            .iter()
+            .map(|f| {
+                let m = Message::parse(f).unwrap();
+                (m.msg_type().to_vec(), m.get(tag::TEXT).map(<[u8]>::to_vec))
+            })
+            .collect()
+    }
+
+    /// A SequenceReset-GapFill below the expected number without PossDupFlag is as serious
+    /// as any other low message (FIX 4.4 Vol. 2): Logout in QuickFIX's words; with
+    /// PossDupFlag=Y it is a duplicate, ignored.
+    #[test]
+    fn low_gap_fill_without_poss_dup_logs_out() {
+        let mut s = active();
+        let mut out = Vec::new();
+        let f = venue(b"0", 2, &[]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.next_in(), 3);
+        let dup = venue(
+            b"4",
+            1,
+            &[
+                (43, b"Y"),
+                (122, b"20240102-15:00:00.000"),
+                (123, b"Y"),
+                (36, b"3"),
+            ],
+        );
+        assert!(matches!(
+            s.on_message(Message::parse(&dup).unwrap(), T0, &mut out),
+            SessionEvent::None
+        ));
+        assert!(out.is_empty());
+        assert_eq!(s.counters().duplicates_ignored, 1);
+        let low = venue(b"4", 1, &[(123, b"Y"), (36, b"3")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&low).unwrap(), T0, &mut out),
+            SessionEvent::Disconnect
+        ));
+        assert_eq!(
+            texts(&out),
+            [(
+                b"5".to_vec(),
+                Some(b"MsgSeqNum too low, expecting 3 but received 1".to_vec())
+            )]
+        );
+        assert_eq!(s.state(), SessionState::Disconnected);
+    }
+}
+
+#[cfg(test)]
+mod sending_time_tests {
+    use super::*;
+
+    use super::tests::{frames as parsed, venue, SEC, T0};
+
+    const STAMP: &[u8] = b"20240102-15:00:00.000";
+
+    fn cfg(max_latency_secs: u32) -> SessionConfig {
+        SessionConfig {
+            max_latency_secs,
+            ..super::tests::cfg()
+        }
+    }
+
+    fn active(max_latency_secs: u32) -> Session {
+        let mut s = Session::new(cfg(max_latency_secs));
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        let f = venue(b"A", 1, &[(98, b"0"), (108, b"30")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::LoggedOn
+        ));
+        s
+    }
+
+    /// A venue frame with SendingTime `sending` (absent when `None`).
+    fn venue_at(ty: &[u8], seq: u64, sending: Option<&[u8]>, extra: &[(u32, &[u8])]) -> Vec<u8> {
+        let mut w = MessageWriter::default();
+        w.start(ty)
+            .field(49, b"VENUE")
+            .field(56, b"GW")
+            .uint(34, seq);
+        if let Some(t) = sending {
+            w.field(52, t);
+        }
+        for (t, v) in extra {
+            w.field(*t, v);
+        }
+        let mut out = Vec::new();
+        w.finish(&mut out);
+        out
+    }
+
+    /// (MsgType, RefSeqNum, RefTagID, SessionRejectReason, Text) of every frame sent.
+    #[allow(clippy::type_complexity)]
+    fn sent(out: &[u8]) -> Vec<(String, Option<u64>, Option<u64>, Option<u64>, String)> {
+        parsed(out)
+            .iter()
+            .map(|f| {
+                let m = Message::parse(f).unwrap();
+                let s = |t| String::from_utf8_lossy(m.get(t).unwrap_or(b"")).into_owned();
+                (
+                    s(35),
+                    m.uint(45).ok(),
+                    m.uint(371).ok(),
+                    m.uint(373).ok(),
+                    s(58),
+                )
+            })
+            .collect()
+    }
+
+    fn reject(
+        seq: u64,
+        tag: u64,
+        reason: u64,
+        text: &str,
+    ) -> (String, Option<u64>, Option<u64>, Option<u64>, String) {
+        ("3".into(), Some(seq), Some(tag), Some(reason), text.into())
+    }
+
+    fn logout(text: &str) -> (String, Option<u64>, Option<u64>, Option<u64>, String) {
+        ("5".into(), None, None, None, text.into())
+    }
+
+    /// SendingTime further than `max_latency_secs` from our clock, either way: Reject
+    /// 373=10, the number taken, then Logout (FIX 4.4 Vol. 2, QuickFIX's doBadTime); at the
+    /// bound it is accepted.
+    #[test]
+    fn sending_time_beyond_max_latency_is_rejected_then_logged_out() {
+        for late in [T0 + 121 * SEC, T0 - 121 * SEC] {
+            let mut s = active(120);
+            let mut out = Vec::new();
+            let f = venue(b"8", 2, &[]);
+            assert!(matches!(
+                s.on_message(Message::parse(&f).unwrap(), late, &mut out),
+                SessionEvent::None
+            ));
+            assert_eq!(
+                sent(&out),
+                [
+                    reject(2, 52, 10, "SendingTime accuracy problem"),
+                    logout("SendingTime accuracy problem")
+                ]
+            );
+            assert_eq!(s.next_in(), 3);
+            assert_eq!(s.state(), SessionState::LogoutSent);
+            assert_eq!(s.counters().sending_time_problems, 1);
+        }
+        let mut s = active(120);
+        let mut out = Vec::new();
+        let f = venue(b"8", 2, &[]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0 + 120 * SEC, &mut out),
+            SessionEvent::App(_)
+        ));
+        assert!(out.is_empty());
+    }
+
+    /// `max_latency_secs = 0`: no accuracy check (the format is still checked).
+    #[test]
+    fn max_latency_zero_disables_the_check() {
+        let mut s = active(0);
+        let mut out = Vec::new();
+        let f = venue(b"8", 2, &[]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0 + 86_400 * SEC, &mut out),
+            SessionEvent::App(_)
+        ));
+        assert!(out.is_empty());
+    }
+
+    /// SendingTime missing: Reject 373=1 (371=52); not a UTCTimestamp: 373=6. Both take
+    /// the number (QuickFIX's generateReject) and keep the session up.
+    #[test]
+    fn sending_time_missing_or_malformed_is_rejected() {
+        let mut s = active(120);
+        let mut out = Vec::new();
+        let f = venue_at(b"8", 2, None, &[]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::None
+        ));
+        let f = venue_at(b"8", 3, Some(b"2024-01-02 15:00:00"), &[]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::None
+        ));
+        assert_eq!(
+            sent(&out),
+            [
+                reject(2, 52, 1, "Required tag missing"),
+                reject(3, 52, 6, "Incorrect data format for value")
+            ]
+        );
+        assert_eq!((s.next_in(), s.state()), (4, SessionState::Active));
+        assert_eq!(s.counters().sending_time_problems, 2);
+    }
+
+    /// PossDupFlag=Y: OrigSendingTime missing, Reject 373=1 (371=122); later than
+    /// SendingTime, 373=10 and Logout (QuickFIX's doPossDup). A SequenceReset-GapFill
+    /// without it is accepted, as QuickFIX accepts it.
+    #[test]
+    fn poss_dup_needs_a_sound_orig_sending_time() {
+        let mut s = active(120);
+        let mut out = Vec::new();
+        let f = venue(b"8", 2, &[(43, b"Y")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::None
+        ));
+        assert_eq!(sent(&out), [reject(2, 122, 1, "Required tag missing")]);
+        assert_eq!(s.next_in(), 3);
+        out.clear();
+        let f = venue(b"4", 3, &[(43, b"Y"), (123, b"Y"), (36, b"5")]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(s.next_in(), 5);
+        // Well formed: accepted.
+        let f = venue(b"8", 5, &[(43, b"Y"), (122, STAMP)]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::App(_)
+        ));
+        // A too-low duplicate is checked the same way before it is ignored.
+        let f = venue(b"8", 4, &[(43, b"Y")]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(sent(&out), [reject(4, 122, 1, "Required tag missing")]);
+        assert_eq!(s.next_in(), 6);
+        out.clear();
+        let f = venue(b"8", 6, &[(43, b"Y"), (122, b"20240102-15:00:00.001")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::None
+        ));
+        assert_eq!(
+            sent(&out),
+            [
+                reject(6, 122, 10, "SendingTime accuracy problem"),
+                logout("SendingTime accuracy problem")
+            ]
+        );
+        assert_eq!((s.next_in(), s.state()), (7, SessionState::LogoutSent));
+    }
+
+    /// The venue's Logon answering ours with a SendingTime out of bounds: no session to
+    /// reject in, so Logout with the reason and disconnect (QuickFIX disconnects).
+    #[test]
+    fn logon_answer_with_a_bad_sending_time_logs_out_and_disconnects() {
+        let mut s = Session::new(cfg(120));
+        let mut out = Vec::new();
+        s.on_connect(T0 + 600 * SEC, &mut out);
+        out.clear();
+        let f = venue(b"A", 1, &[(98, b"0"), (108, b"30")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0 + 600 * SEC, &mut out),
+            SessionEvent::Disconnect
+        ));
+        assert_eq!(sent(&out), [logout("SendingTime accuracy problem")]);
+        assert_eq!((s.state(), s.next_in()), (SessionState::Disconnected, 1));
+    }
+
+    /// A message held ahead of a gap was checked when it arrived: the gap taking longer
+    /// than `max_latency_secs` to fill does not make it stale.
+    #[test]
+    fn queued_messages_are_not_stale_when_the_gap_fills_late() {
+        let mut s = active(120);
+        let mut out = Vec::new();
+        let f = venue(b"8", 3, &[]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.queued_len(), 1);
+        out.clear();
+        let later = T0 + 300 * SEC;
+        let gap = venue_at(
+            b"4",
+            2,
+            Some(b"20240102-15:05:00.000"),
+            &[(43, b"Y"), (123, b"Y"), (36, b"3")],
+        );
+        s.on_message(Message::parse(&gap).unwrap(), later, &mut out);
+        assert_eq!(s.next_in(), 3);
+        let q = s.next_queued(later, &mut out).unwrap();
+        assert!(matches!(
+            s.on_queued(Message::parse(&q).unwrap(), later, &mut out),
+            SessionEvent::App(_)
+        ));
+        assert!(out.is_empty(), "{:?}", sent(&out));
+        assert_eq!(s.next_in(), 4);
+    }
+}
+
+#[cfg(test)]
+mod seq_too_low_tests {
+    use super::*;
+
+    use super::tests::{active, cfg, venue, T0};
+
+    /// The venue's Logout answering our Logon, saying our number is too low: counted, the
+    /// number it expects kept for the operator, ours never raised from its text.
+    #[test]
+    fn venue_logout_for_our_number_too_low_is_kept_not_obeyed() {
+        let mut s = Session::new(cfg());
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        let ours = s.next_out();
+        let f = venue(
+            b"5",
+            1,
+            &[(58, b"MsgSeqNum too low, expecting 105 but received 2")],
+        );
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::Disconnect
+        ));
+        let c = s.counters();
+        assert_eq!((c.logons_refused, c.seq_too_low_logouts), (1, 1));
+        assert_eq!(s.venue_expects(), Some(105));
+        assert_eq!(s.next_out(), ours + 1, "only our Logout answer was added");
+        s.clear_venue_expects();
+        assert_eq!(s.venue_expects(), None);
+        // Mid-session, in other words: kept too; a Logout without it is not.
+        let mut s = active();
+        let f = venue(b"5", 2, &[(58, b"Sequence number too low: expecting 7")]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.venue_expects(), Some(7));
+        assert_eq!(s.counters().logons_refused, 0);
+        let mut s = active();
+        let f = venue(b"5", 2, &[(58, b"bye")]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.venue_expects(), None);
+        assert_eq!(expected_in_text(b"MsgSeqNum too low, expecting x"), None);
+        assert_eq!(expected_in_text(b"expecting 5, too low"), None);
     }
 }

@@ -21,6 +21,21 @@ fn parse_u32(m: &Message<'_>, t: u32) -> Result<u32, AppReject> {
         .ok_or((t, 6, "incorrect data format"))
 }
 
+/// What a status answer (ExecType I) says of an order.
+#[derive(Clone, Copy, Debug)]
+struct StatusAnswer<'a> {
+    /// ExecID (venues often give every status answer the same one).
+    exec_id: &'a [u8],
+    /// OrdStatus (39).
+    ord_status: &'a [u8],
+    /// CumQty (14).
+    cum: u32,
+    /// LeavesQty (151).
+    leaves: u32,
+    /// AvgPx (6), when present.
+    avg_px: Option<i64>,
+}
+
 impl Gateway {
     pub(super) fn on_execution_report(
         &mut self,
@@ -97,8 +112,14 @@ impl Gateway {
             // A status answer is not deduplicated by ExecID: venues often give every status
             // answer the same ExecID (or "0"), and applying one twice changes nothing (it
             // only applies what its CumQty is above what the order has).
-            let ord_status = m.get(tag::ORD_STATUS).unwrap_or(b"");
-            self.on_status_answer(oid, exec_id, ord_status, cum, leaves, avg_px, out);
+            let answer = StatusAnswer {
+                exec_id,
+                ord_status: m.get(tag::ORD_STATUS).unwrap_or(b""),
+                cum,
+                leaves,
+                avg_px,
+            };
+            self.on_status_answer(oid, &answer, out);
             return Ok(());
         }
         if !self.execs.insert(oid, exec_id, (last_qty, last_px)) {
@@ -188,17 +209,14 @@ impl Gateway {
     ///   what was left open; Rejected as a venue reject).
     /// - CumQty below what the order has applied: counted (`status_mismatch`) and logged,
     ///   nothing changed (the venue forgot executions? an operator must look).
-    #[allow(clippy::too_many_arguments)]
-    fn on_status_answer(
-        &mut self,
-        oid: u64,
-        exec_id: &[u8],
-        ord_status: &[u8],
-        cum: u32,
-        leaves: u32,
-        avg_px: Option<i64>,
-        out: &mut Outputs,
-    ) {
+    fn on_status_answer(&mut self, oid: u64, a: &StatusAnswer<'_>, out: &mut Outputs) {
+        let StatusAnswer {
+            exec_id,
+            ord_status,
+            cum,
+            leaves,
+            avg_px,
+        } = *a;
         let Some(o) = self.orders.get_mut(&oid) else {
             return;
         };
@@ -586,7 +604,7 @@ impl Gateway {
 /// already applied came to `known` (quantity x price): `(avg*cum - known) / diff`, rounded
 /// to the nearest unit of the gateway's price (1/[`crate::proto::PRICE_SCALE`]), halves
 /// away from zero; `avg` itself if that does not fit.
-fn status_fill_price(avg: i64, cum: u32, known: i128, diff: u32) -> i64 {
+pub(super) fn status_fill_price(avg: i64, cum: u32, known: i128, diff: u32) -> i64 {
     let num = i128::from(avg) * i128::from(cum) - known;
     let d = i128::from(diff.max(1));
     let q = if num >= 0 {
@@ -595,9 +613,4 @@ fn status_fill_price(avg: i64, cum: u32, known: i128, diff: u32) -> i64 {
         -((-2 * num + d) / (2 * d))
     };
     i64::try_from(q).unwrap_or(avg)
-}
-
-#[cfg(test)]
-pub(super) fn status_fill_price_for_tests(avg: i64, cum: u32, known: i128, diff: u32) -> i64 {
-    status_fill_price(avg, cum, known, diff)
 }

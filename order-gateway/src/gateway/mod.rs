@@ -315,6 +315,21 @@ impl Gateway {
         self.counters
     }
 
+    /// The venue logged us out because our MsgSeqNum is too low and said which it expects:
+    /// the driver must not log on again with the same numbers (it would be refused the
+    /// same way, for ever) until an operator acts ([`release_reconnect_hold`]).
+    ///
+    /// [`release_reconnect_hold`]: Self::release_reconnect_hold
+    pub fn reconnect_hold(&self) -> Option<u64> {
+        self.session.venue_expects()
+    }
+
+    /// An operator dealt with [`reconnect_hold`](Self::reconnect_hold): logging on again is
+    /// allowed.
+    pub fn release_reconnect_hold(&mut self) {
+        self.session.clear_venue_expects();
+    }
+
     /// Order of `engine` with the engine's id `cl_ord_id`.
     pub fn order(&self, engine: EngineId, cl_ord_id: u64) -> Option<&Order> {
         self.by_engine

@@ -33,6 +33,10 @@ pub mod record {
     /// A checkpoint: the whole recoverable state ([`crate::checkpoint`]), first record of a
     /// journal segment.
     pub const CHECKPOINT: u8 = 8;
+    /// One FIX frame received and rejected at the session level (a CompID or SendingTime
+    /// problem) whose sequence number was taken: replay takes the number, and applies
+    /// nothing of the message.
+    pub const FIX_IN_REJECTED: u8 = 9;
 }
 
 /// Bytes of a malformed engine frame the journal keeps.

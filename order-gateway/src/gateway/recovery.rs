@@ -342,6 +342,16 @@ impl Gateway {
                 }
             },
             record::FIX_OUT => self.session.replay_outbound(payload),
+            record::FIX_IN_REJECTED => {
+                let seq = split_frame(payload)
+                    .ok()
+                    .and_then(|_| Message::parse(payload).ok())
+                    .and_then(|m| m.seq())
+                    .or_else(|| find_seq(payload));
+                if let Some(seq) = seq {
+                    self.session.consume_rejected(seq);
+                }
+            }
             record::FIX_IN => {
                 if split_frame(payload).is_err() {
                     return;

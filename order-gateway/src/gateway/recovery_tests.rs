@@ -1182,10 +1182,10 @@ fn status_answer_applies_executions_whose_reports_were_never_read() {
 fn status_fill_price_rounds_to_the_price_unit() {
     // 3 at 100.0001 average, 1 known at 100.0000: the other 2 at 100.00015 -> 100.0002.
     assert_eq!(
-        super::fills::status_fill_price_for_tests(1_000_001, 3, 1_000_000, 2),
+        super::fills::status_fill_price(1_000_001, 3, 1_000_000, 2),
         1_000_002
     );
-    assert_eq!(super::fills::status_fill_price_for_tests(-5, 1, 0, 2), -3);
+    assert_eq!(super::fills::status_fill_price(-5, 1, 0, 2), -3);
 }
 
 /// Final OrdStatus in a status answer closes the order as the report it stands for:
@@ -1346,4 +1346,193 @@ fn executed_notional_survives_a_checkpoint() {
         r.order(1, 1).unwrap().notional,
         i128::from(600 * 100 * PRICE_SCALE)
     );
+}
+
+// --- session rejects that take a sequence number ---------------------------------------------
+
+/// A report refused at the session level for its header (here PossDupFlag=Y without
+/// OrigSendingTime, Reject 373=1 as QuickFIX) takes its sequence number and nothing else:
+/// not applied live, journaled so replay takes the number without applying it either.
+#[test]
+fn a_report_rejected_for_its_header_takes_its_number_and_is_not_replayed() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    fresh(&mut out);
+    let next = gw.session().next_in();
+    gw.on_fix_bytes(
+        &v.exec(id, "f1", b"F", 100, "100", 100, 900, &[(43, b"Y")]),
+        T0,
+        &mut out,
+    );
+    let f = frames(&out.fix);
+    let rej = Message::parse(&f[0]).unwrap();
+    assert_eq!(
+        (rej.msg_type(), rej.uint(45), rej.uint(371), rej.uint(373)),
+        (&b"3"[..], Ok(next), Ok(122), Ok(1))
+    );
+    assert_eq!(gw.session().next_in(), next + 1);
+    assert!(fills(&out).is_empty());
+    assert_eq!(gw.order(1, 1).unwrap().cum_qty, 0);
+    let r = replay(&out.journal);
+    same_state(&r, &gw);
+    assert_eq!(r.order(1, 1).unwrap().cum_qty, 0);
+    assert_eq!(r.risk().position(7, aapl()), 0);
+}
+
+/// `max_latency_secs`: a report whose SendingTime is further from our clock is rejected
+/// (373=10) and the session logged out; nothing of it is applied, live or in replay.
+#[test]
+fn a_report_with_a_stale_sending_time_is_rejected_and_logs_out() {
+    let cfg = SessionConfig {
+        max_latency_secs: 120,
+        ..session()
+    };
+    let mut gw = Gateway::new(cfg.clone(), &risk()).unwrap();
+    let mut out = Outputs::default();
+    gw.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+    gw.on_connect(T0, &mut out);
+    let mut v = Venue { seq: 1 };
+    gw.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut out);
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    fresh(&mut out);
+    // Stamped T0, read 121 s later.
+    let late = T0 + 121 * SEC;
+    gw.on_fix_bytes(
+        &v.exec(id, "f1", b"F", 100, "100", 100, 900, &[]),
+        late,
+        &mut out,
+    );
+    let sent: Vec<_> = frames(&out.fix)
+        .iter()
+        .map(|f| {
+            let m = Message::parse(f).unwrap();
+            (m.msg_type().to_vec(), m.get(373).map(<[u8]>::to_vec))
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [(b"3".to_vec(), Some(b"10".to_vec())), (b"5".to_vec(), None)]
+    );
+    assert_eq!(gw.session().state(), SessionState::LogoutSent);
+    assert!(fills(&out).is_empty());
+    assert_eq!(gw.session().counters().sending_time_problems, 1);
+    let r = replay_with(cfg, &out.journal);
+    same_state(&r, &gw);
+    assert_eq!(r.order(1, 1).unwrap().cum_qty, 0);
+}
+
+// --- data fields holding SOH ---------------------------------------------------------------
+
+/// A report carrying EncodedText (354/355) and XmlData (212/213) with SOH inside is applied
+/// like any other, live and on replay; one whose declared length runs past the message is
+/// garbled: counted and ignored, not rejected, its number not taken (the venue resends it).
+#[test]
+fn reports_with_data_fields_holding_soh() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    fresh(&mut out);
+    let next = gw.session().next_in();
+    let f = v.exec(
+        id,
+        "f1",
+        b"F",
+        100,
+        "100",
+        100,
+        900,
+        &[
+            (354, b"5"),
+            (355, b"a\x01b\x01c"),
+            (212, b"8"),
+            (213, b"<x>\x0110=1"),
+        ],
+    );
+    gw.on_fix_bytes(&f, T0, &mut out);
+    assert_eq!(fills(&out), [(100, 100 * PRICE_SCALE, 100, 900)]);
+    assert_eq!(gw.session().next_in(), next + 1);
+    let garbled = gw.session().counters().garbled;
+    let f = v.exec(
+        id,
+        "f2",
+        b"F",
+        100,
+        "100",
+        200,
+        800,
+        &[(95, b"400"), (96, b"a\x01b")],
+    );
+    fresh(&mut out);
+    gw.on_fix_bytes(&f, T0, &mut out);
+    assert!(out.fix.is_empty(), "neither rejected nor answered");
+    assert!(fills(&out).is_empty());
+    assert_eq!(gw.session().next_in(), next + 1);
+    assert_eq!(gw.session().counters().garbled, garbled + 1);
+    let r = replay(&out.journal);
+    same_state(&r, &gw);
+    assert_eq!(r.order(1, 1).unwrap().cum_qty, 100);
+}
+
+/// A mid-session SequenceReset-Reset from the venue may skip reports we never read: every
+/// live order is asked about, as after a reset logon. A GapFill (the venue's own admin
+/// messages) does not trigger it.
+#[test]
+fn a_sequence_reset_queries_every_live_order() {
+    let (mut gw, mut v, mut out) = active();
+    let acked = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
+    gw.on_engine_message(
+        1,
+        zerocopy::IntoBytes::as_bytes(&new_order(2, 10)),
+        T0,
+        &mut out,
+    );
+    let doubt = gw.order(1, 2).unwrap().venue_cl_ord_id;
+    let done = acked_order(&mut gw, &mut v, &mut out, 3, 10);
+    gw.on_fix_bytes(
+        &v.exec(done, "f3", b"F", 10, "100", 10, 0, &[]),
+        T0,
+        &mut out,
+    );
+    let queried = |out: &Outputs| -> Vec<u64> {
+        frames(&out.fix)
+            .iter()
+            .filter_map(|f| {
+                let m = Message::parse(f).unwrap();
+                (m.msg_type() == b"H").then(|| m.uint(11).unwrap())
+            })
+            .collect()
+    };
+    fresh(&mut out);
+    let gap = (v.seq + 3).to_string();
+    let f = v.frame(b"4", &[(43, b"Y"), (123, b"Y"), (36, gap.as_bytes())]);
+    gw.on_fix_bytes(&f, T0, &mut out);
+    assert!(queried(&out).is_empty());
+    v.seq += 2;
+    let new = (v.seq + 100).to_string();
+    let f = v.frame(b"4", &[(36, new.as_bytes())]);
+    gw.on_fix_bytes(&f, T0, &mut out);
+    assert_eq!(gw.session().next_in(), v.seq + 99);
+    assert_eq!(queried(&out), [acked, doubt]);
+    let r = replay(&out.journal);
+    same_state(&r, &gw);
+}
+
+/// The venue logs us out for a MsgSeqNum too low: the gateway holds its reconnects (the
+/// same Logon would be refused for ever) until an operator releases them, and never
+/// raises its own number from the venue's text.
+#[test]
+fn a_logout_for_our_number_too_low_holds_reconnects() {
+    let (mut gw, mut v, mut out) = active();
+    let ours = gw.session().next_out();
+    fresh(&mut out);
+    let f = v.frame(
+        b"5",
+        &[(58, b"MsgSeqNum too low, expecting 105 but received 100")],
+    );
+    gw.on_fix_bytes(&f, T0, &mut out);
+    assert!(out.disconnect);
+    assert_eq!(gw.reconnect_hold(), Some(105));
+    assert_eq!(gw.session().next_out(), ours + 1, "our Logout answer only");
+    gw.on_disconnect();
+    gw.release_reconnect_hold();
+    assert_eq!(gw.reconnect_hold(), None);
 }

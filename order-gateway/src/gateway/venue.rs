@@ -135,9 +135,12 @@ impl Gateway {
         let m = match Message::parse(frame) {
             Ok(m) => m,
             Err(
-                crate::fix::FixError::MissingTag(tag::MSG_TYPE) | crate::fix::FixError::BadField(0),
+                crate::fix::FixError::MissingTag(tag::MSG_TYPE)
+                | crate::fix::FixError::BadField(0)
+                | crate::fix::FixError::BadDataLength(_),
             ) => {
-                // MsgType not the third field: a garbled message (FIX 4.4 Vol. 2), ignored
+                // MsgType not the third field, or a data field (RawData, XmlData...) not
+                // matching its declared length: a garbled message (FIX 4.4 Vol. 2), ignored
                 // like a bad CheckSum, neither rejected nor given its sequence number, so
                 // the gap it leaves is resent.
                 self.counters.malformed_fix += 1;
@@ -180,12 +183,18 @@ impl Gateway {
         let reset_logon = m.msg_type() == b"A"
             && (m.get(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y") || self.session.resets_on_logon());
         let before = self.session.accepted_in();
+        let rejected_before = self.session.rejected_in();
+        let resets_before = self.session.counters().resets_received;
+        let too_low_before = self.session.counters().seq_too_low_logouts;
         let ev = if queued {
             self.session.on_queued(m, now, &mut out.fix)
         } else {
             self.session.on_message(m, now, &mut out.fix)
         };
-        if self.session.accepted_in() != before {
+        if self.session.rejected_in() != rejected_before {
+            // Rejected (CompID, SendingTime) but numbered: replay must not apply it.
+            out.record(record::FIX_IN_REJECTED, &[frame]);
+        } else if self.session.accepted_in() != before {
             out.record(record::FIX_IN, &[frame]);
             if m.msg_type() == b"3" {
                 self.on_session_reject(&m, out);
@@ -214,7 +223,35 @@ impl Gateway {
                     );
                 }
             }
-            SessionEvent::Disconnect => out.disconnect = true,
+            SessionEvent::None
+                if m.msg_type() == b"4"
+                    && self.session.counters().resets_received != resets_before =>
+            {
+                // A SequenceReset-Reset from the venue moved the expected number on: the
+                // messages it skipped are never resent, so every live order is asked
+                // about, as after a reset logon.
+                if !self.replaying {
+                    tracing::warn!(
+                        next_in = self.session.next_in(),
+                        "venue SequenceReset-Reset: querying every live order"
+                    );
+                }
+                self.query_order_status(true, now, out);
+            }
+            SessionEvent::Disconnect => {
+                out.disconnect = true;
+                let too_low = self.session.counters().seq_too_low_logouts != too_low_before;
+                if let (true, Some(expected)) = (too_low, self.session.venue_expects()) {
+                    tracing::error!(
+                        venue_expects = expected,
+                        our_next = self.session.next_out().saturating_sub(1),
+                        times = self.session.counters().seq_too_low_logouts,
+                        "venue logged us out: our MsgSeqNum is too low. Not logging on again \
+                         until an operator acts (`order-gateway control venue-reconnect` \
+                         once the venue's expected number is sorted out)"
+                    );
+                }
+            }
             SessionEvent::LoggedOn if reset_logon && confirmation => {}
             SessionEvent::LoggedOn => self.query_order_status(reset_logon, now, out),
             SessionEvent::None => {}
@@ -230,9 +267,9 @@ impl Gateway {
     /// report missed. Querying every live order then would only repeat what the resends
     /// bring, at the cost of one message each way per resting order at every reconnect.
     ///
-    /// After a logon that reset sequence numbers (`all`), every order not final: the
-    /// reports the venue sent before the reset that we never read (fills, cancels) are
-    /// never resent, and only the answers' CumQty and OrdStatus recover them
+    /// After a logon that reset sequence numbers, or a mid-session SequenceReset-Reset from
+    /// the venue (`all`), every order not final: the reports the venue sent before the reset
+    /// (or in the numbers it skipped) that we never read (fills, cancels) are never resent, and only the answers' CumQty and OrdStatus recover them
     /// (`on_status_answer`). Bounded per logon, lowest order ids first.
     fn query_order_status(&mut self, all: bool, now: u64, out: &mut Outputs) {
         const MAX_QUERIES: usize = 10_000;
