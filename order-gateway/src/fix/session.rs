@@ -238,6 +238,56 @@ const SENDING_TIME_MISSING: &str = "Required tag missing";
 const SENDING_TIME_FORMAT: &str = "Incorrect data format for value";
 const SENDING_TIME_ACCURACY: &str = "SendingTime accuracy problem";
 
+/// A header field that makes a message refused: the Reject's RefTagID (371),
+/// SessionRejectReason (373) and Text, and whether a Logout follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HeaderProblem {
+    ref_tag: u32,
+    reason: u32,
+    text: &'static str,
+    logout: bool,
+}
+
+impl HeaderProblem {
+    /// 373=10, then Logout.
+    fn inaccurate(ref_tag: u32) -> Self {
+        HeaderProblem {
+            ref_tag,
+            reason: 10,
+            text: SENDING_TIME_ACCURACY,
+            logout: true,
+        }
+    }
+}
+
+/// The UTCTimestamp in field `t`: missing, 373=1; malformed, 373=6.
+fn timestamp(m: &Message<'_>, t: u32) -> Result<u64, HeaderProblem> {
+    let problem = |reason, text| HeaderProblem {
+        ref_tag: t,
+        reason,
+        text,
+        logout: false,
+    };
+    let v = m.get(t).ok_or(problem(1, SENDING_TIME_MISSING))?;
+    super::codec::parse_utc_timestamp(v).ok_or(problem(6, SENDING_TIME_FORMAT))
+}
+
+/// OrigSendingTime (122) of a PossDupFlag=Y message other than a SequenceReset (QuickFIX
+/// accepts one without it there, and so do we): missing, Reject 373=1; malformed, 373=6;
+/// later than SendingTime, 373=10 then Logout (QuickFIX's doPossDup). `None`: good.
+fn orig_sending_time_problem(m: &Message<'_>) -> Option<HeaderProblem> {
+    if m.msg_type() == b"4" {
+        return None;
+    }
+    let orig = match timestamp(m, tag::ORIG_SENDING_TIME) {
+        Ok(t) => t,
+        Err(p) => return Some(p),
+    };
+    // The SendingTime check came first: a bad one never gets here.
+    let sent = timestamp(m, tag::SENDING_TIME).unwrap_or(u64::MAX);
+    (orig > sent).then_some(HeaderProblem::inaccurate(tag::ORIG_SENDING_TIME))
+}
+
 fn is_app(msg_type: &[u8]) -> bool {
     !matches!(msg_type, b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A")
 }
@@ -765,8 +815,8 @@ impl Session {
             return SessionEvent::Disconnect;
         };
         // QuickFIX's `verify` checks the time before the CompIDs and the sequence number.
-        if let Some(ev) = self.check_sending_time(&m, seq, !queued, now, out) {
-            return ev;
+        if let Some(p) = self.sending_time_problem(&m, !queued, now) {
+            return self.refuse(&m, seq, p, now, out);
         }
         let sender_ok = m.get(tag::SENDER_COMP_ID) == Some(self.cfg.target_comp_id.as_bytes());
         if !sender_ok || m.get(tag::TARGET_COMP_ID) != Some(self.cfg.sender_comp_id.as_bytes()) {
@@ -862,8 +912,8 @@ impl Session {
         if seq < self.next_in {
             if m.poss_dup() {
                 // QuickFIX's doPossDup: a duplicate must still be a well-formed one.
-                if let Some(ev) = self.check_orig_sending_time(&m, seq, now, out) {
-                    return ev;
+                if let Some(p) = orig_sending_time_problem(&m) {
+                    return self.refuse(&m, seq, p, now, out);
                 }
                 self.counters.duplicates_ignored += 1;
                 return SessionEvent::None;
@@ -889,8 +939,8 @@ impl Session {
         if m.poss_dup() {
             // In sequence too (QuickFIX/J's validatePossDup, FIX 4.4 Vol. 2 test cases
             // 2f and 2g).
-            if let Some(ev) = self.check_orig_sending_time(&m, seq, now, out) {
-                return ev;
+            if let Some(p) = orig_sending_time_problem(&m) {
+                return self.refuse(&m, seq, p, now, out);
             }
         }
         if ty == b"4" {
@@ -996,109 +1046,19 @@ impl Session {
     /// SendingTime (52) as QuickFIX checks it: missing, Reject 373=1; not a UTCTimestamp,
     /// 373=6; further than `max_latency_secs` from `now` (when `latency` and the check is
     /// on), 373=10 then Logout (FIX 4.4 Vol. 2, QuickFIX's doBadTime). `None`: good.
-    fn check_sending_time<'a>(
-        &mut self,
+    fn sending_time_problem(
+        &self,
         m: &Message<'_>,
-        seq: u64,
         latency: bool,
         now: u64,
-        out: &mut Vec<u8>,
-    ) -> Option<SessionEvent<'a>> {
-        let Some(v) = m.get(tag::SENDING_TIME) else {
-            return Some(self.refuse(
-                m,
-                seq,
-                tag::SENDING_TIME,
-                1,
-                SENDING_TIME_MISSING,
-                false,
-                now,
-                out,
-            ));
-        };
-        let Some(sent) = super::codec::parse_utc_timestamp(v) else {
-            return Some(self.refuse(
-                m,
-                seq,
-                tag::SENDING_TIME,
-                6,
-                SENDING_TIME_FORMAT,
-                false,
-                now,
-                out,
-            ));
+    ) -> Option<HeaderProblem> {
+        let sent = match timestamp(m, tag::SENDING_TIME) {
+            Ok(t) => t,
+            Err(p) => return Some(p),
         };
         let max = u64::from(self.cfg.max_latency_secs) * 1_000_000_000;
-        if latency && max > 0 && now.abs_diff(sent) > max {
-            return Some(self.refuse(
-                m,
-                seq,
-                tag::SENDING_TIME,
-                10,
-                SENDING_TIME_ACCURACY,
-                true,
-                now,
-                out,
-            ));
-        }
-        None
-    }
-
-    /// OrigSendingTime (122) of a PossDupFlag=Y message other than a SequenceReset (QuickFIX
-    /// accepts one without it there, and so do we): missing, Reject 373=1; malformed,
-    /// 373=6; later than SendingTime, 373=10 then Logout (QuickFIX's doPossDup).
-    fn check_orig_sending_time<'a>(
-        &mut self,
-        m: &Message<'_>,
-        seq: u64,
-        now: u64,
-        out: &mut Vec<u8>,
-    ) -> Option<SessionEvent<'a>> {
-        if m.msg_type() == b"4" {
-            return None;
-        }
-        let Some(v) = m.get(tag::ORIG_SENDING_TIME) else {
-            return Some(self.refuse(
-                m,
-                seq,
-                tag::ORIG_SENDING_TIME,
-                1,
-                SENDING_TIME_MISSING,
-                false,
-                now,
-                out,
-            ));
-        };
-        let Some(orig) = super::codec::parse_utc_timestamp(v) else {
-            return Some(self.refuse(
-                m,
-                seq,
-                tag::ORIG_SENDING_TIME,
-                6,
-                SENDING_TIME_FORMAT,
-                false,
-                now,
-                out,
-            ));
-        };
-        // check_sending_time has seen a good SendingTime.
-        let sent = m
-            .get(tag::SENDING_TIME)
-            .and_then(super::codec::parse_utc_timestamp)
-            .unwrap_or(u64::MAX);
-        if orig > sent {
-            return Some(self.refuse(
-                m,
-                seq,
-                tag::ORIG_SENDING_TIME,
-                10,
-                SENDING_TIME_ACCURACY,
-                true,
-                now,
-                out,
-            ));
-        }
-        None
+        (latency && max > 0 && now.abs_diff(sent) > max)
+            .then_some(HeaderProblem::inaccurate(tag::SENDING_TIME))
     }
 
     /// A message refused for a header field: Reject naming `ref_tag` with `reason`, its
@@ -1106,18 +1066,20 @@ impl Session {
     /// QuickFIX's generateReject), then a Logout when `logout`. A Logon answering ours is
     /// not rejected (there is no session to reject in, QuickFIX disconnects): Logout with
     /// the reason and disconnect.
-    #[allow(clippy::too_many_arguments)]
     fn refuse<'a>(
         &mut self,
         m: &Message<'_>,
         seq: u64,
-        ref_tag: u32,
-        reason: u32,
-        text: &str,
-        logout: bool,
+        problem: HeaderProblem,
         now: u64,
         out: &mut Vec<u8>,
     ) -> SessionEvent<'a> {
+        let HeaderProblem {
+            ref_tag,
+            reason,
+            text,
+            logout,
+        } = problem;
         self.counters.sending_time_problems += 1;
         let ty = m.msg_type();
         if ty == b"A" && self.state == SessionState::LogonSent {
