@@ -1254,10 +1254,9 @@ fn status_answer_below_what_was_applied_is_counted_and_not_applied() {
     assert_eq!(r.counters().status_mismatch, 1);
 }
 
-/// After a logon that resets sequence numbers every live order is asked about (the
-/// reports sent before the reset are never resent); after a normal one only those in doubt.
-#[test]
-fn a_reset_logon_queries_every_live_order() {
+/// An active session with three orders of engine 1: one acknowledged (live), one never
+/// answered (in doubt), one filled (done); their venue ClOrdIDs in that order.
+fn live_doubtful_and_done() -> (Gateway, Venue, Outputs, [u64; 3]) {
     let (mut gw, mut v, mut out) = active();
     let acked = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
     gw.on_engine_message(
@@ -1273,15 +1272,25 @@ fn a_reset_logon_queries_every_live_order() {
         T0,
         &mut out,
     );
-    let queried = |out: &Outputs| -> Vec<u64> {
-        frames(&out.fix)
-            .iter()
-            .filter_map(|f| {
-                let m = Message::parse(f).unwrap();
-                (m.msg_type() == b"H").then(|| m.uint(11).unwrap())
-            })
-            .collect()
-    };
+    (gw, v, out, [acked, doubt, done])
+}
+
+/// The ClOrdIDs of the OrderStatusRequests (35=H) in `out`.
+fn queried(out: &Outputs) -> Vec<u64> {
+    frames(&out.fix)
+        .iter()
+        .filter_map(|f| {
+            let m = Message::parse(f).unwrap();
+            (m.msg_type() == b"H").then(|| m.uint(11).unwrap())
+        })
+        .collect()
+}
+
+/// After a logon that resets sequence numbers every live order is asked about (the
+/// reports sent before the reset are never resent); after a normal one only those in doubt.
+#[test]
+fn a_reset_logon_queries_every_live_order() {
+    let (mut gw, mut v, mut out, [acked, doubt, _done]) = live_doubtful_and_done();
     // A normal reconnect: the order in doubt only.
     gw.on_disconnect();
     fresh(&mut out);
@@ -1477,30 +1486,7 @@ fn reports_with_data_fields_holding_soh() {
 /// messages) does not trigger it.
 #[test]
 fn a_sequence_reset_queries_every_live_order() {
-    let (mut gw, mut v, mut out) = active();
-    let acked = acked_order(&mut gw, &mut v, &mut out, 1, 1000);
-    gw.on_engine_message(
-        1,
-        zerocopy::IntoBytes::as_bytes(&new_order(2, 10)),
-        T0,
-        &mut out,
-    );
-    let doubt = gw.order(1, 2).unwrap().venue_cl_ord_id;
-    let done = acked_order(&mut gw, &mut v, &mut out, 3, 10);
-    gw.on_fix_bytes(
-        &v.exec(done, "f3", b"F", 10, "100", 10, 0, &[]),
-        T0,
-        &mut out,
-    );
-    let queried = |out: &Outputs| -> Vec<u64> {
-        frames(&out.fix)
-            .iter()
-            .filter_map(|f| {
-                let m = Message::parse(f).unwrap();
-                (m.msg_type() == b"H").then(|| m.uint(11).unwrap())
-            })
-            .collect()
-    };
+    let (mut gw, mut v, mut out, [acked, doubt, _done]) = live_doubtful_and_done();
     fresh(&mut out);
     let gap = (v.seq + 3).to_string();
     let f = v.frame(b"4", &[(43, b"Y"), (123, b"Y"), (36, gap.as_bytes())]);
