@@ -9,6 +9,7 @@
 //! file, is a bad record: counted and reported, never silently reinterpreted.
 
 use crate::badinput::RateLimitedLog;
+use crate::capture::{self, Magic};
 use crate::itch::{self, DecodeError, Message};
 use std::io::{self, Write};
 use std::time::Instant;
@@ -38,44 +39,16 @@ pub enum DetectError {
     /// The file starts with the magic number of another format (a packet capture, a
     /// compressed file): read as length-prefixed records it would be garbage, some of which
     /// could decode as messages by chance. [`crate::capture`] reads pcap, pcapng and gzip
-    /// into BinaryFILE bytes first; other compressions are refused.
-    #[error("this is a {0} file{hint}", hint = other_format_hint(.0))]
-    OtherFormat(&'static str),
+    /// into BinaryFILE bytes first; other formats are refused. The formats are those of
+    /// [`crate::capture::MAGIC_NUMBERS`].
+    #[error("this is a {} file: {}", .0.name, .0.hint())]
+    OtherFormat(&'static Magic),
 }
-
-fn other_format_hint(format: &str) -> &'static str {
-    match format {
-        "gzip" | "pcap" | "pcap (nanosecond)" | "pcapng" => {
-            ": open it with feed_handler::capture, which reads it (every command does)"
-        }
-        _ => ": only gzip compression is read, decompress it first",
-    }
-}
-
-/// Formats a capture is mistaken for, by their leading bytes. None can start a BinaryFILE:
-/// a first length prefix of 0x0a0d, 0x1f8b, 0x4d3c, 0xa1b2, 0xd4c3, 0x28b5, 0x425a, 0xfd37
-/// or 0x504b is far longer than any ITCH message. Packet captures and gzip are read by
-/// [`crate::capture`], which hands this module BinaryFILE bytes; the others are refused.
-const OTHER_FORMATS: [(&[u8], &str); 10] = [
-    (&[0xd4, 0xc3, 0xb2, 0xa1], "pcap"),
-    (&[0xa1, 0xb2, 0xc3, 0xd4], "pcap"),
-    (&[0x4d, 0x3c, 0xb2, 0xa1], "pcap (nanosecond)"),
-    (&[0xa1, 0xb2, 0x3c, 0x4d], "pcap (nanosecond)"),
-    (&[0x0a, 0x0d, 0x0d, 0x0a], "pcapng"),
-    (&[0x1f, 0x8b, 0x08], "gzip"),
-    (&[0x28, 0xb5, 0x2f, 0xfd], "zstd-compressed"),
-    (b"BZh", "bzip2-compressed"),
-    (&[0xfd, b'7', b'z', b'X', b'Z', 0], "xz-compressed"),
-    (b"PK\x03\x04", "zip"),
-];
 
 /// Decides the framing of `data` from its first records.
 pub fn detect(data: &[u8]) -> Result<Framing, DetectError> {
-    if let Some(&(_, format)) = OTHER_FORMATS
-        .iter()
-        .find(|(magic, _)| data.starts_with(magic))
-    {
-        return Err(DetectError::OtherFormat(format));
+    if let Some(magic) = capture::identify(data) {
+        return Err(DetectError::OtherFormat(magic));
     }
     let Some(prefix) = data.get(..2) else {
         return Ok(Framing::LengthPrefixed);
@@ -425,27 +398,62 @@ mod tests {
 
     #[test]
     fn packet_captures_and_compressed_files_are_refused() {
-        // Headers as tcpdump (microsecond and nanosecond, either byte order), pcapng and gzip
-        // write them, each followed by bytes that would read as a record if the magic were
-        // taken for a length prefix.
+        // Headers as tcpdump (microsecond, nanosecond and Kuznetsov's modified pcap, either
+        // byte order), pcapng and gzip write them, each followed by bytes that would read as
+        // a record if the magic were taken for a length prefix.
         let mut tail = Vec::new();
         push_record(&mut tail, &SYSTEM_EVENT);
-        for (magic, format) in [
-            (&[0xd4, 0xc3, 0xb2, 0xa1][..], "pcap"),
-            (&[0xa1, 0xb2, 0xc3, 0xd4], "pcap"),
-            (&[0x4d, 0x3c, 0xb2, 0xa1], "pcap (nanosecond)"),
-            (&[0xa1, 0xb2, 0x3c, 0x4d], "pcap (nanosecond)"),
-            (&[0x0a, 0x0d, 0x0d, 0x0a], "pcapng"),
-            (&[0x1f, 0x8b, 0x08], "gzip"),
-            (&[0x28, 0xb5, 0x2f, 0xfd], "zstd-compressed"),
-            (b"BZh", "bzip2-compressed"),
-            (&[0xfd, b'7', b'z', b'X', b'Z', 0], "xz-compressed"),
-            (b"PK\x03\x04", "zip"),
+        let read_by_capture = "feed_handler::capture";
+        for (magic, format, hint) in [
+            (&[0xd4, 0xc3, 0xb2, 0xa1][..], "pcap", read_by_capture),
+            (&[0xa1, 0xb2, 0xc3, 0xd4], "pcap", read_by_capture),
+            (
+                &[0x4d, 0x3c, 0xb2, 0xa1],
+                "pcap (nanosecond)",
+                read_by_capture,
+            ),
+            (
+                &[0xa1, 0xb2, 0x3c, 0x4d],
+                "pcap (nanosecond)",
+                read_by_capture,
+            ),
+            (&[0x34, 0xcd, 0xb2, 0xa1], "modified pcap", read_by_capture),
+            (
+                &[0xa1, 0xb2, 0xcd, 0x34],
+                "big-endian modified pcap",
+                "editcap",
+            ),
+            (&[0x0a, 0x0d, 0x0d, 0x0a], "pcapng", read_by_capture),
+            (&[0x1f, 0x8b, 0x08], "gzip", read_by_capture),
+            (&[0x28, 0xb5, 0x2f, 0xfd], "zstd-compressed", "decompress"),
+            (b"BZh", "bzip2-compressed", "decompress"),
+            (
+                &[0xfd, b'7', b'z', b'X', b'Z', 0],
+                "xz-compressed",
+                "decompress",
+            ),
+            (b"PK\x03\x04", "zip", "decompress"),
         ] {
             let mut f = magic.to_vec();
             f.extend_from_slice(&tail);
-            assert_eq!(detect(&f), Err(DetectError::OtherFormat(format)));
+            let e = detect(&f).expect_err(format);
+            assert!(
+                matches!(e, DetectError::OtherFormat(m) if m.name == format),
+                "{e}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.starts_with(&format!("this is a {format} file: ")),
+                "{msg}"
+            );
+            assert!(msg.contains(hint), "{msg}");
             assert!(Reader::new(&f).is_err());
+        }
+        // Whatever capture reads or refuses by its magic, detect refuses too.
+        for m in capture::MAGIC_NUMBERS {
+            let mut f = m.bytes.to_vec();
+            f.extend_from_slice(&tail);
+            assert_eq!(detect(&f), Err(DetectError::OtherFormat(m)));
         }
         // A real capture's first record is unaffected.
         assert_eq!(detect(&tail), Ok(Framing::LengthPrefixed));

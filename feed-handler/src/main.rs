@@ -37,8 +37,8 @@ Capture files (decode, book, bbo, export, throughput, replay, run --capture), to
 their first bytes, not their names:
   - BinaryFILE: a 2-byte big-endian length before each ITCH 5.0 message (or all-zero \
 prefixes, detected);
-  - pcap (microsecond or nanosecond, either byte order) and pcapng captures of MoldUDP64 over \
-UDP: Ethernet with or without VLAN tags (802.1Q, QinQ), Linux cooked (SLL, SLL2), raw IP or \
+  - pcap (microsecond or nanosecond, either byte order; little-endian \"modified\" pcap) and \
+pcapng captures of MoldUDP64 over UDP: Ethernet with or without VLAN tags (802.1Q, QinQ), Linux cooked (SLL, SLL2), raw IP or \
 loopback; IPv4 fragments reassembled. The ITCH messages of the first MoldUDP64 session with \
 data are read in sequence order: an A and a B feed in one file are delivered once, packets \
 of other sessions dropped. A summary goes to stderr: the session and sequences read, \

@@ -127,18 +127,33 @@ pub struct PcapFile {
     bytes: Vec<u8>,
     nanos: bool,
     big_endian: bool,
+    modified: bool,
 }
 
 impl PcapFile {
     /// A file of `link_type` (1: Ethernet), nanosecond or microsecond timestamps, in either
     /// byte order.
     pub fn new(link_type: u32, nanos: bool, big_endian: bool) -> Self {
+        Self::with_magic(
+            if nanos { 0xa1b2_3c4d } else { 0xa1b2_c3d4 },
+            link_type,
+            big_endian,
+        )
+    }
+
+    /// A file in Alexey Kuznetsov's "modified" pcap format (microseconds; 24-byte record
+    /// headers with interface index, protocol and packet type), as old Linux tcpdumps wrote.
+    pub fn modified(link_type: u32, big_endian: bool) -> Self {
+        Self::with_magic(0xa1b2_cd34, link_type, big_endian)
+    }
+
+    fn with_magic(magic: u32, link_type: u32, big_endian: bool) -> Self {
         let mut f = Self {
             bytes: Vec::new(),
-            nanos,
+            nanos: magic == 0xa1b2_3c4d,
             big_endian,
+            modified: magic == 0xa1b2_cd34,
         };
-        let magic: u32 = if nanos { 0xa1b2_3c4d } else { 0xa1b2_c3d4 };
         f.u32(magic);
         f.u16(2);
         f.u16(4);
@@ -175,6 +190,11 @@ impl PcapFile {
         self.u32(if self.nanos { frac } else { frac / 1000 } as u32);
         self.u32(cap as u32);
         self.u32(frame.len() as u32);
+        if self.modified {
+            self.u32(2); // interface index
+            self.u16(0x0800); // protocol
+            self.bytes.extend_from_slice(&[2, 0]); // packet type (multicast), padding
+        }
         self.bytes.extend_from_slice(&frame[..cap]);
         self
     }
