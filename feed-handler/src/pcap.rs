@@ -35,7 +35,9 @@ use etherparse::defrag::IpDefragPool;
 use etherparse::{EtherType, NetSlice, SlicedPacket, TransportSlice, UdpSlice};
 use pcap_parser::pcapng::Block;
 use pcap_parser::traits::{PcapNGPacketBlock, PcapReaderIterator};
-use pcap_parser::{LegacyPcapReader, Linktype, PcapBlockOwned, PcapError, PcapNGReader};
+use pcap_parser::{
+    LegacyPcapReader, Linktype, OptionCode, PcapBlockOwned, PcapError, PcapNGReader,
+};
 use std::fmt;
 use std::io::{self, Read};
 use std::net::IpAddr;
@@ -265,6 +267,55 @@ struct Interface {
     resolution: u64,
     /// Seconds added to every timestamp.
     offset: i64,
+}
+
+/// Units per second of a pcapng `if_tsresol` value: 10^n, or 2^n when the high bit is set;
+/// `None` for one too fine to count in 64 bits.
+fn ts_units(tsresol: u8) -> Option<u64> {
+    let n = u32::from(tsresol & 0x7f);
+    if tsresol & 0x80 == 0 {
+        10u64.checked_pow(n)
+    } else {
+        1u64.checked_shl(n)
+    }
+}
+
+impl Interface {
+    /// The interface an IDB describes, in a section of the given byte order. Its timestamp
+    /// options are read here: pcap_parser 0.17 takes a 2^-n `if_tsresol` for none (so for
+    /// microseconds) and reads `if_tsoffset` little-endian in every section.
+    fn new(idb: &pcap_parser::InterfaceDescriptionBlock<'_>, big_endian: bool) -> Self {
+        let mut resolution = 1_000_000;
+        let mut offset = 0;
+        for opt in &idb.options {
+            let value = opt.value.get(..usize::from(opt.len)).unwrap_or_default();
+            match (opt.code, value) {
+                (OptionCode::IfTsresol, [r]) => {
+                    resolution = ts_units(*r).unwrap_or_else(|| {
+                        tracing::warn!(
+                            if_tsresol = r,
+                            "pcapng interface timestamp resolution too fine, taken as µs"
+                        );
+                        1_000_000
+                    })
+                }
+                (OptionCode::IfTsoffset, &[a, b, c, d, e, f, g, h]) => {
+                    let bytes = [a, b, c, d, e, f, g, h];
+                    offset = if big_endian {
+                        i64::from_be_bytes(bytes)
+                    } else {
+                        i64::from_le_bytes(bytes)
+                    };
+                }
+                _ => {}
+            }
+        }
+        Self {
+            link: idb.linktype,
+            resolution,
+            offset,
+        }
+    }
 }
 
 /// The per-datagram state: filter, defragmentation, sequencing and the output.
@@ -552,6 +603,8 @@ pub struct WireReader<R: Read> {
     /// Link type of a pcap file; the interfaces of the current pcapng section.
     link: Linktype,
     nanos: bool,
+    /// Byte order of the current pcapng section.
+    big_endian: bool,
     interfaces: Vec<Interface>,
     x: Extractor,
     out_pos: usize,
@@ -599,6 +652,7 @@ impl<R: Read> WireReader<R> {
             container,
             link: Linktype::ETHERNET,
             nanos: false,
+            big_endian: false,
             interfaces: Vec::new(),
             x: Extractor::new(filter),
             out_pos: 0,
@@ -646,13 +700,12 @@ impl<R: Read> WireReader<R> {
                         let truncated = b.caplen < b.origlen;
                         self.x.frame(self.link, b.data, truncated);
                     }
-                    PcapBlockOwned::NG(Block::SectionHeader(_)) => self.interfaces.clear(),
+                    PcapBlockOwned::NG(Block::SectionHeader(shb)) => {
+                        self.interfaces.clear();
+                        self.big_endian = shb.big_endian();
+                    }
                     PcapBlockOwned::NG(Block::InterfaceDescription(idb)) => {
-                        self.interfaces.push(Interface {
-                            link: idb.linktype,
-                            resolution: idb.ts_resolution().unwrap_or(1_000_000),
-                            offset: idb.ts_offset(),
-                        })
+                        self.interfaces.push(Interface::new(&idb, self.big_endian))
                     }
                     PcapBlockOwned::NG(Block::EnhancedPacket(epb)) => {
                         match self.interfaces.get(epb.if_id as usize).copied() {
@@ -762,3 +815,5 @@ pub mod synth;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_wire;
