@@ -16,7 +16,9 @@
 //!   addresses (an A and a B feed are two groups or ports of one session).
 //! - **Sequencing**: each datagram goes through the feed handler's own
 //!   [`GapTracker`](crate::moldudp64::GapTracker), locked onto the first MoldUDP64 session
-//!   whose data packet carries ITCH messages: A/B duplicates are delivered once, packets of
+//!   whose data packet carries ITCH messages and started at the lowest sequence of that
+//!   session seen in its first [`GAP_WAIT`] of capture time (packets reordered at the start,
+//!   by the feeds or by fragments, lose nothing): A/B duplicates are delivered once, packets of
 //!   other sessions are counted and dropped, and a range missing from both feeds is given
 //!   up once the capture has moved [`GAP_WAIT`] past it (or at the end of the file) and
 //!   reported in [`WireReport::losses`].
@@ -120,7 +122,8 @@ pub struct WireReport {
     pub foreign_session: u64,
     /// The session read (first MoldUDP64 data packet carrying ITCH messages).
     pub session: Option<[u8; 10]>,
-    /// Sequence number of the first message read.
+    /// Sequence number of the first message read: the lowest of the session's first
+    /// [`GAP_WAIT`] of capture time.
     pub first_sequence: Option<u64>,
     /// One past the last sequence number delivered.
     pub next_sequence: Option<u64>,
@@ -323,6 +326,8 @@ struct Extractor {
     filter: WireFilter,
     report: WireReport,
     tracker: Option<GapTracker>,
+    /// Before the tracker: the session's first packets, held while the start is chosen.
+    warmup: Option<Warmup>,
     defrag: IpDefragPool<u64, ()>,
     /// Start of the virtual clock the tracker runs on.
     base: Instant,
@@ -333,6 +338,22 @@ struct Extractor {
     out: Vec<u8>,
     log: RateLimitedLog,
 }
+
+/// The first [`GAP_WAIT`] of a session's packets, held until its first sequence is known.
+struct Warmup {
+    session: [u8; 10],
+    /// Lowest sequence of a data packet of the session with messages.
+    first: u64,
+    /// Virtual time at which the tracker starts.
+    until: u64,
+    /// (virtual time, MoldUDP64 packet) of every datagram that passed the filter.
+    held: Vec<(u64, Vec<u8>)>,
+    /// Bytes in `held`.
+    bytes: usize,
+}
+
+/// Most bytes held during the warm-up; past that the tracker starts early.
+const WARMUP_BYTES: usize = 64 << 20;
 
 /// Collects what the tracker releases into the BinaryFILE output.
 struct Sink<'a> {
@@ -380,6 +401,7 @@ impl Extractor {
             filter,
             report: WireReport::default(),
             tracker: None,
+            warmup: None,
             defrag: IpDefragPool::new(),
             base: Instant::now(),
             first_ts: None,
@@ -512,31 +534,71 @@ impl Extractor {
             Ok(p) => p,
             Err(e) => return self.not_mold(dst, port, e),
         };
-        let tracker = match &mut self.tracker {
-            Some(t) => t,
-            None if carries_itch(&packet) => {
-                self.report.session = Some(packet.session());
-                self.report.first_sequence = Some(packet.sequence_number());
-                self.tracker.insert(GapTracker::new(GapConfig {
-                    start: StartPolicy::FirstSeen,
-                    session: Some(packet.session()),
-                    retransmission: false,
-                    retransmit_timeout: GAP_WAIT,
-                    max_buffered_bytes: 256 << 20,
-                    ..GapConfig::default()
-                }))
-            }
-            None => {
-                self.report.before_session += 1;
-                return;
-            }
-        };
-        if packet.kind() == Kind::EndOfSession && Some(packet.session()) == self.report.session {
-            self.report.end_of_session = true;
+        if self.tracker.is_some() {
+            return self.track(self.clock, payload);
         }
-        let now = self.base + Duration::from_nanos(self.clock);
+        if let Some(w) = &mut self.warmup {
+            // Packets reordered at the start of the capture (the other feed ahead, fragments
+            // reassembled out of order): the session starts at the lowest sequence seen in
+            // its first GAP_WAIT, not at whichever packet came first.
+            if packet.session() == w.session && carries_itch(&packet) {
+                w.first = w.first.min(packet.sequence_number());
+            }
+            w.bytes += payload.len();
+            w.held.push((self.clock, payload.to_vec()));
+            if self.clock >= w.until || w.bytes > WARMUP_BYTES {
+                self.start_tracking();
+            }
+            return;
+        }
+        if carries_itch(&packet) {
+            self.report.session = Some(packet.session());
+            self.warmup = Some(Warmup {
+                session: packet.session(),
+                first: packet.sequence_number(),
+                until: self.clock.saturating_add(GAP_WAIT.as_nanos() as u64),
+                bytes: payload.len(),
+                held: vec![(self.clock, payload.to_vec())],
+            });
+        } else {
+            self.report.before_session += 1;
+        }
+    }
+
+    /// Ends the warm-up: the tracker starts at the lowest sequence seen and is handed the
+    /// packets held meanwhile, at their capture times.
+    fn start_tracking(&mut self) {
+        let Some(w) = self.warmup.take() else {
+            return;
+        };
+        self.report.first_sequence = Some(w.first);
+        self.tracker = Some(GapTracker::new(GapConfig {
+            start: StartPolicy::Sequence(w.first),
+            session: Some(w.session),
+            retransmission: false,
+            retransmit_timeout: GAP_WAIT,
+            max_buffered_bytes: 256 << 20,
+            ..GapConfig::default()
+        }));
+        for (at, payload) in w.held {
+            self.track(at, &payload);
+        }
+    }
+
+    /// One MoldUDP64 packet (already parsed once) to the tracker, at virtual time `at`.
+    fn track(&mut self, at: u64, payload: &[u8]) {
+        let Some(tracker) = &mut self.tracker else {
+            return;
+        };
+        if let Ok(packet) = Packet::parse(payload) {
+            if packet.kind() == Kind::EndOfSession && Some(packet.session()) == self.report.session
+            {
+                self.report.end_of_session = true;
+            }
+        }
+        let now = self.base + Duration::from_nanos(at);
         let out = &mut self.out;
-        // Malformed packets were refused by `Packet::parse` above.
+        // Malformed packets were refused by `Packet::parse` before.
         let _ = tracker.on_packet(now, payload, &mut |_, m| push_record(out, m));
         tracker.poll_request(now);
         if tracker.next_timeout().is_some_and(|t| t <= now) {
@@ -558,6 +620,7 @@ impl Extractor {
 
     /// The end of the capture: whatever is still missing is missing.
     fn finish(&mut self) {
+        self.start_tracking();
         let Some(tracker) = &mut self.tracker else {
             return;
         };

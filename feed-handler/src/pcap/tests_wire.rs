@@ -48,6 +48,28 @@ fn load(bytes: &[u8]) -> capture::Loaded {
     load_with(bytes, WireFilter::default())
 }
 
+/// Splits the payload of an IPv4 packet (20-byte header) into fragments of at most `size`
+/// bytes (a multiple of 8), identification `id`, in offset order.
+fn ipv4_fragments(ip: &[u8], id: u16, size: usize) -> Vec<Vec<u8>> {
+    let payload = &ip[20..];
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off < payload.len() {
+        let end = (off + size).min(payload.len());
+        let more = end < payload.len();
+        let mut h = ip[..20].to_vec();
+        h[2..4].copy_from_slice(&((20 + end - off) as u16).to_be_bytes());
+        h[4..6].copy_from_slice(&id.to_be_bytes());
+        let flags = ((off / 8) as u16) | if more { 0x2000 } else { 0 };
+        h[6..8].copy_from_slice(&flags.to_be_bytes());
+        h[10..12].copy_from_slice(&[0, 0]);
+        h.extend_from_slice(&payload[off..end]);
+        out.push(h);
+        off = end;
+    }
+    out
+}
+
 /// A day on an A and a B feed over IPv6 multicast, with hop-by-hop and destination options
 /// headers on some packets and some A packets fragmented (fragments sent last first).
 /// Packet 5 is missing from A, packet 20 from both.
@@ -416,4 +438,55 @@ fn cut_captures_are_read_up_to_the_cut_and_reported() {
     );
     let lost = |i: usize| (packets[i].0, packets[i + 1].0 - 1);
     assert!(got.data == expected(&msgs, &[lost(3), lost(4)]), "{w}");
+}
+
+#[test]
+fn ipv4_fragments_out_of_order_interleaved_and_duplicated() {
+    let msgs = day(3000);
+    let packets = synth::moldudp64_packets(session("FRAG"), 1, &msgs, 1400);
+    assert!(packets.len() > 20);
+    // Each datagram of both feeds in fragments of 200 bytes; per pair of datagrams the
+    // fragments are interleaved and reversed, and one is sent twice.
+    let mut records: Vec<Vec<u8>> = Vec::new();
+    for pair in packets.chunks(2).enumerate() {
+        let (k, pair) = pair;
+        for (feed, dst) in [(0u16, A4), (1, Ipv4Addr::new(233, 49, 196, 111))] {
+            let mut frags: Vec<Vec<u8>> = Vec::new();
+            let lists: Vec<Vec<Vec<u8>>> = pair
+                .iter()
+                .enumerate()
+                .map(|(j, (_, p))| {
+                    let id = (k * 4 + j * 2) as u16 + feed;
+                    ipv4_fragments(&synth::ipv4_udp(dst, 26477, p), id, 200)
+                })
+                .collect();
+            let longest = lists.iter().map(Vec::len).max().unwrap();
+            for n in 0..longest {
+                for l in &lists {
+                    if let Some(f) = l.get(n) {
+                        frags.push(f.clone());
+                    }
+                }
+            }
+            frags.reverse();
+            frags.insert(2, frags[0].clone());
+            records.extend(
+                frags
+                    .into_iter()
+                    .map(|ip| synth::ethernet(&[9], 0x0800, &ip, 60)),
+            );
+        }
+    }
+    let mut f = PcapFile::new(1, false, false);
+    for (i, r) in records.iter().enumerate() {
+        f.record(T0 + i as u64 * 10_000, r, None);
+    }
+    let got = load(&f.into_bytes());
+    let w = got.wire.as_ref().unwrap();
+    assert_eq!(w.reassembled, 2 * packets.len() as u64, "{w}");
+    // The first datagram completed is the second packet: the session still starts at 1.
+    assert_eq!(w.first_sequence, Some(1), "{w}");
+    assert_eq!(w.losses + w.bad_fragments + w.malformed_frames, 0, "{w}");
+    assert_eq!(w.duplicate_packets, packets.len() as u64, "{w}");
+    assert!(got.data == expected(&msgs, &[]), "{w}");
 }
