@@ -39,7 +39,7 @@ their first bytes, not their names:
 prefixes, detected);
   - pcap (microsecond or nanosecond, either byte order; little-endian \"modified\" pcap) and \
 pcapng captures of MoldUDP64 over UDP: Ethernet with or without VLAN tags (802.1Q, QinQ), Linux cooked (SLL, SLL2), raw IP or \
-loopback; IPv4 fragments reassembled. The ITCH messages of the first MoldUDP64 session with \
+loopback; IPv4 and IPv6 (extension headers too), fragments reassembled. The ITCH messages of the first MoldUDP64 session with \
 data are read in sequence order: an A and a B feed in one file are delivered once, packets \
 of other sessions dropped. A summary goes to stderr: the session and sequences read, \
 sequence ranges missing from every feed (count, first and last missing), and the counts of \

@@ -6,11 +6,13 @@
 //! capture the same way. Per record:
 //!
 //! - **Container**: [`pcap_parser`] reads the blocks (pcap with microsecond or nanosecond
-//!   timestamps in either byte order, pcapng with any number of sections and interfaces),
-//!   streaming, with memory bounded by the largest record.
+//!   timestamps in either byte order, little-endian "modified" pcap, pcapng with any number
+//!   of sections in either byte order and interfaces of any link types; an interface's
+//!   `if_tsresol` and `if_tsoffset` are read here), streaming, with memory bounded by the
+//!   largest record.
 //! - **Link and network layers**: Ethernet II with up to three VLAN tags (802.1Q, QinQ),
-//!   Linux cooked capture v1 and v2, raw IP, BSD loopback; IPv4 (fragments are reassembled)
-//!   and IPv6; the UDP payload is cut to the UDP length, so Ethernet padding after a short
+//!   Linux cooked capture v1 and v2, raw IP, BSD loopback; IPv4 and IPv6 (extension headers
+//!   such as hop-by-hop skipped), fragments of either reassembled in any order; the UDP payload is cut to the UDP length, so Ethernet padding after a short
 //!   frame never reaches the MoldUDP64 parser. [`etherparse`] does the slicing.
 //! - **Filter**: [`WireFilter`] keeps only datagrams to the given destination ports and/or
 //!   addresses (an A and a B feed are two groups or ports of one session).
