@@ -11,7 +11,8 @@
 use crate::badinput::RateLimitedLog;
 use crate::capture::{self, Magic};
 use crate::itch::{self, DecodeError, Message};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::ops::ControlFlow;
 use std::time::Instant;
 
 /// How a capture frames its messages.
@@ -132,6 +133,8 @@ pub struct Reader<'a> {
     framing: Framing,
     counters: ReaderCounters,
     log: RateLimitedLog,
+    /// Offset of `data` in the stream it was cut from (for [`BadRecord::offset`]).
+    base: usize,
 }
 
 impl<'a> Reader<'a> {
@@ -148,6 +151,7 @@ impl<'a> Reader<'a> {
             framing,
             counters: ReaderCounters::default(),
             log: RateLimitedLog::new(10),
+            base: 0,
         }
     }
 
@@ -181,7 +185,10 @@ impl<'a> Reader<'a> {
             }
             _ => {}
         }
-        let bad = BadRecord { offset, error };
+        let bad = BadRecord {
+            offset: self.base + offset,
+            error,
+        };
         if let Some(suppressed) = self.log.allow(Instant::now()) {
             tracing::warn!(%bad, suppressed, "skipping bad BinaryFILE record");
         }
@@ -270,6 +277,246 @@ impl<'a> Iterator for Reader<'a> {
 
     fn next(&mut self) -> Option<Self::Item> {
         self.next_record()
+    }
+}
+
+/// The end of the last whole record in `data` (what follows is the start of a record whose
+/// rest is in the next chunk). A record whose size cannot be known (an unknown type in a
+/// zero-prefixed capture) or a zero length ends the walk at the end of `data`: the reader
+/// reports it and stops there.
+fn whole_records(data: &[u8], framing: Framing) -> usize {
+    let mut pos = 0;
+    while let Some(prefix) = data.get(pos..pos + 2) {
+        let len = match framing {
+            Framing::LengthPrefixed => usize::from(u16::from_be_bytes([prefix[0], prefix[1]])),
+            Framing::ZeroPrefixed => match data.get(pos + 2).map(|&t| itch::message_size(t)) {
+                Some(Some(n)) => n,
+                Some(None) => return data.len(),
+                None => break,
+            },
+        };
+        if len == 0 {
+            return data.len();
+        }
+        if pos + 2 + len > data.len() {
+            break;
+        }
+        pos += 2 + len;
+    }
+    pos
+}
+
+/// Bytes a [`StreamReader`] reads at a time by default.
+pub const STREAM_CHUNK: usize = 8 << 20;
+
+/// Smallest chunk of a [`StreamReader`]: the records [`detect`] examines must fit in the first
+/// (no ITCH message is longer than 64 bytes).
+pub const MIN_CHUNK: usize = DETECT_RECORDS * (2 + 64);
+
+/// Reads the records of a BinaryFILE stream chunk by chunk: a file, or a gzip or packet
+/// capture through [`crate::capture::open`]. Memory is one chunk (grown only for a record
+/// longer than it) whatever the stream's size, and the records, bad ones and counters are
+/// those a [`Reader`] over the whole stream gives.
+#[derive(Debug)]
+pub struct StreamReader<R> {
+    input: R,
+    buf: Vec<u8>,
+    /// Records not handed out yet are `buf[pos..end]`; `buf[end..filled]` starts a record
+    /// the chunk cut.
+    pos: usize,
+    end: usize,
+    filled: usize,
+    eof: bool,
+    /// Reading stopped at a record after which there is no next one to find.
+    stopped: bool,
+    framing: Option<Framing>,
+    counters: ReaderCounters,
+    /// Bytes of the stream before `buf[0]`.
+    offset: u64,
+}
+
+impl<R: Read> StreamReader<R> {
+    /// A reader of `input` in [`STREAM_CHUNK`] pieces.
+    pub fn new(input: R) -> Self {
+        Self::with_chunk(input, STREAM_CHUNK)
+    }
+
+    /// A reader of `input` in `chunk`-byte pieces (at least [`MIN_CHUNK`]).
+    pub fn with_chunk(input: R, chunk: usize) -> Self {
+        Self {
+            input,
+            buf: vec![0; chunk.max(MIN_CHUNK)],
+            pos: 0,
+            end: 0,
+            filled: 0,
+            eof: false,
+            stopped: false,
+            framing: None,
+            counters: ReaderCounters::default(),
+            offset: 0,
+        }
+    }
+
+    /// The framing, once the first chunk was read.
+    pub fn framing(&self) -> Option<Framing> {
+        self.framing
+    }
+
+    /// Totals so far.
+    pub fn counters(&self) -> &ReaderCounters {
+        &self.counters
+    }
+
+    /// Bytes of the stream consumed so far.
+    pub fn position(&self) -> u64 {
+        self.offset + self.pos as u64
+    }
+
+    /// The input, e.g. to ask a [`crate::capture::CaptureReader`] for its report.
+    pub fn get_ref(&self) -> &R {
+        &self.input
+    }
+
+    /// Reads the first chunk, if not yet, and gives the framing (`None` for an empty
+    /// stream): a stream that is no BinaryFILE fails here rather than at the first records.
+    pub fn start(&mut self) -> io::Result<Option<Framing>> {
+        if self.framing.is_none() && self.pos == self.end {
+            self.refill()?;
+        }
+        Ok(self.framing)
+    }
+
+    /// Hands up to `max` records to `f`, in order, and returns how many: 0 only at the end.
+    /// Errors are the input's, and [`io::ErrorKind::InvalidData`] for a stream that is no
+    /// BinaryFILE ([`detect`]'s error).
+    pub fn read_records(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(Result<Message<'_>, BadRecord>),
+    ) -> io::Result<usize> {
+        self.records(max, |r| {
+            f(r);
+            ControlFlow::Continue(())
+        })
+    }
+
+    /// Hands every remaining record to `f`.
+    pub fn for_each(
+        &mut self,
+        mut f: impl FnMut(Result<Message<'_>, BadRecord>),
+    ) -> io::Result<()> {
+        while self.read_records(usize::MAX, &mut f)? > 0 {}
+        Ok(())
+    }
+
+    /// Hands records to `f` until it breaks (after the record it broke on) or the stream
+    /// ends.
+    pub fn try_for_each(
+        &mut self,
+        mut f: impl FnMut(Result<Message<'_>, BadRecord>) -> ControlFlow<()>,
+    ) -> io::Result<()> {
+        let mut stop = false;
+        while !stop
+            && self.records(usize::MAX, |r| {
+                let flow = f(r);
+                stop = flow.is_break();
+                flow
+            })? > 0
+        {}
+        Ok(())
+    }
+
+    /// Up to `max` records to `f`, fewer if it breaks; how many it was handed.
+    fn records(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(Result<Message<'_>, BadRecord>) -> ControlFlow<()>,
+    ) -> io::Result<usize> {
+        if self.pos == self.end {
+            self.refill()?;
+        }
+        let Some(framing) = self.framing else {
+            return Ok(0);
+        };
+        let base = self.offset as usize + self.pos;
+        let mut r = Reader::with_framing(&self.buf[self.pos..self.end], framing);
+        r.base = base;
+        let mut n = 0;
+        for record in r.by_ref().take(max) {
+            n += 1;
+            if f(record).is_break() {
+                break;
+            }
+        }
+        let c = r.counters();
+        let stopped = c.unread_bytes > 0;
+        self.counters.messages += c.messages;
+        self.counters.bad_records += c.bad_records;
+        self.counters.unknown_types += c.unknown_types;
+        self.counters.length_mismatches += c.length_mismatches;
+        self.counters.unread_bytes += c.unread_bytes;
+        self.pos += r.position();
+        if stopped {
+            // As a reader over the whole stream would: the rest is unread.
+            self.stop()?;
+        }
+        Ok(n)
+    }
+
+    /// Counts what is left of the stream as unread and ends it.
+    fn stop(&mut self) -> io::Result<()> {
+        let copied = io::copy(&mut self.input, &mut io::sink())?;
+        self.counters.unread_bytes += (self.filled - self.pos) as u64 + copied;
+        self.offset += self.filled as u64 + copied;
+        self.pos = 0;
+        self.end = 0;
+        self.filled = 0;
+        self.eof = true;
+        self.stopped = true;
+        Ok(())
+    }
+
+    /// Moves the cut record to the front and reads until the chunk is full or the input ends.
+    fn refill(&mut self) -> io::Result<()> {
+        if self.stopped {
+            return Ok(());
+        }
+        loop {
+            self.buf.copy_within(self.end..self.filled, 0);
+            self.offset += self.end as u64;
+            self.filled -= self.end;
+            self.pos = 0;
+            self.end = 0;
+            while !self.eof && self.filled < self.buf.len() {
+                match self.input.read(&mut self.buf[self.filled..]) {
+                    Ok(0) => self.eof = true,
+                    Ok(n) => self.filled += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let data = &self.buf[..self.filled];
+            if data.is_empty() {
+                return Ok(());
+            }
+            let framing = match self.framing {
+                Some(f) => f,
+                None => *self.framing.insert(
+                    detect(data).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
+                ),
+            };
+            self.end = if self.eof {
+                self.filled
+            } else {
+                whole_records(data, framing)
+            };
+            if self.end > 0 {
+                return Ok(());
+            }
+            // A record longer than the chunk: a larger chunk.
+            let size = self.buf.len() * 2;
+            self.buf.resize(size, 0);
+        }
     }
 }
 
@@ -457,6 +704,12 @@ mod tests {
         }
         // A real capture's first record is unaffected.
         assert_eq!(detect(&tail), Ok(Framing::LengthPrefixed));
+    }
+
+    #[test]
+    fn detect_sees_its_records_in_a_stream_s_first_chunk() {
+        let longest = (0..=255u8).filter_map(itch::message_size).max().unwrap();
+        assert!(DETECT_RECORDS * (2 + longest) <= MIN_CHUNK);
     }
 
     #[test]

@@ -344,3 +344,6 @@ fn read_all(mut r: CaptureReader) -> io::Result<Loaded> {
         },
     })
 }
+
+#[cfg(test)]
+mod tests;

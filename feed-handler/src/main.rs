@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use feed_handler::binaryfile::Reader;
-use feed_handler::capture::{self, Loaded};
+use feed_handler::binaryfile::{Reader, StreamReader};
+use feed_handler::capture::{self, CaptureReader, Loaded};
 use feed_handler::config::Config;
 use feed_handler::generate::{generate_binaryfile, GenConfig};
 use feed_handler::inspect::{self, Symbols, TimeOfDay};
@@ -16,6 +16,7 @@ use rocebus::counters::{counters_path, default_dir};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use std::io::{BufWriter, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ops::ControlFlow;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -480,6 +481,31 @@ fn load(file: &Path, filter: &WireFilter) -> Result<Loaded> {
     capture::load(file, filter).with_context(|| format!("cannot read {}", file.display()))
 }
 
+/// The capture at `file` as a stream of BinaryFILE bytes (see `CAPTURE_FORMATS`).
+fn open(file: &Path, filter: &WireFilter) -> Result<CaptureReader> {
+    capture::open(file, filter).with_context(|| format!("cannot read {}", file.display()))
+}
+
+/// An error reading a capture stream: a file that is no capture says so as `capture` does.
+fn read_error(file: &Path, e: std::io::Error) -> anyhow::Error {
+    let not_binaryfile = e
+        .get_ref()
+        .is_some_and(|inner| inner.is::<feed_handler::binaryfile::DetectError>());
+    let what = if not_binaryfile {
+        format!("{} is not a BinaryFILE capture", file.display())
+    } else {
+        format!("cannot read {}", file.display())
+    };
+    anyhow::Error::new(e).context(what)
+}
+
+/// For a packet capture read as a stream: what was read, skipped and missing, on stderr.
+fn report_stream(file: &Path, input: &CaptureReader) {
+    if let Some(w) = input.wire_report() {
+        eprintln!("{}: {}: {w}", file.display(), input.kind());
+    }
+}
+
 /// For a packet capture: what was read, skipped and missing, on stderr.
 fn report_wire(file: &Path, loaded: &Loaded) {
     if let Some(summary) = loaded.summary() {
@@ -523,10 +549,11 @@ fn book(
     depth: u32,
     at: Option<u64>,
 ) -> Result<()> {
-    let loaded = load(file, filter)?;
-    report_wire(file, &loaded);
-    let data = loaded.data;
-    let got = inspect::book_at(capture(file, &data)?, at);
+    // Streamed: memory is the books and a chunk, whatever the capture's size.
+    let mut input = open(file, filter)?;
+    let got = inspect::book_at(&mut input, at).map_err(|e| read_error(file, e))?;
+    // With `--at`, a packet capture's summary covers what was read up to that time.
+    report_stream(file, &input);
     // With `--at` only what was read is judged; that includes the first later message.
     check_read(file, &got.reader)?;
     let symbols = match symbol {
@@ -650,9 +677,7 @@ fn throughput(file: &Path, filter: &WireFilter) -> Result<()> {
     let totals =
         inspect::books_pass(&mut f).with_context(|| format!("cannot read {}", file.display()))?;
     let secs = start.elapsed().as_secs_f64();
-    if let Some(w) = f.wire_report() {
-        eprintln!("{}: {}: {w}", file.display(), f.kind());
-    }
+    report_stream(file, &f);
     let cpu = match (cpu, thread_cpu_ns()) {
         (Some(a), Some(b)) => format!(" cpu_secs={:.6}", b.saturating_sub(a) as f64 / 1e9),
         _ => String::new(),
@@ -717,20 +742,35 @@ fn quiet_broken_pipe(e: std::io::Error) -> Result<()> {
 }
 
 fn decode(file: &Path, filter: &WireFilter) -> Result<()> {
-    let loaded = load(file, filter)?;
-    report_wire(file, &loaded);
-    let data = loaded.data;
-    let mut reader = capture(file, &data)?;
+    // Streamed: memory is one chunk, whatever the capture's size.
+    let mut input = open(file, filter)?;
+    let mut reader = StreamReader::new(&mut input);
     let stdout = std::io::stdout().lock();
     let mut out = BufWriter::new(stdout);
-    for m in reader.by_ref() {
-        // Bad records are counted and logged (rate-limited) by the reader.
-        let Ok(m) = m else { continue };
-        serde_json::to_writer(&mut out, &itch::to_json(&m))?;
-        out.write_all(b"\n")?;
-    }
-    out.flush()?;
-    let c = reader.counters();
+    let mut written = Ok(());
+    reader
+        .try_for_each(|m| {
+            // Bad records are counted and logged (rate-limited) by the reader.
+            let Ok(m) = m else {
+                return ControlFlow::Continue(());
+            };
+            written = serde_json::to_writer(&mut out, &itch::to_json(&m))
+                .map_err(std::io::Error::from)
+                .and_then(|()| out.write_all(b"\n"));
+            if written.is_ok() {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
+        })
+        .map_err(|e| read_error(file, e))?;
+    let c = *reader.counters();
+    let read_bytes = reader.position();
+    drop(reader);
+    report_stream(file, &input);
+    written
+        .and_then(|()| out.flush())
+        .or_else(quiet_broken_pipe)?;
     if c.bad_records > 0 || c.unread_bytes > 0 {
         eprintln!(
             "{}: {} messages, {} bad records, {} bytes unread",
@@ -740,7 +780,7 @@ fn decode(file: &Path, filter: &WireFilter) -> Result<()> {
             c.unread_bytes
         );
     }
-    if c.messages == 0 && (!data.is_empty() || loaded.wire.is_some()) {
+    if c.messages == 0 && (read_bytes > 0 || input.wire_report().is_some()) {
         bail!("no ITCH message could be decoded from {}", file.display());
     }
     Ok(())

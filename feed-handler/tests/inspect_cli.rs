@@ -76,7 +76,7 @@ fn book_and_bbo_on_a_generated_day() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).unwrap();
     let at = inspect::parse_time_of_day("09:30:00.1").unwrap();
-    let expected = inspect::book_at(Reader::new(&bytes).unwrap(), Some(at));
+    let expected = inspect::book_at(&bytes[..], Some(at)).unwrap();
     let mut body = Vec::new();
     inspect::write_book(&mut body, &expected.book, inspect::Symbols::Named("B"), 3).unwrap();
     let body = String::from_utf8(body).unwrap();
