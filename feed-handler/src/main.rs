@@ -220,6 +220,10 @@ enum Command {
         /// Testing: drop every Nth data packet on first send to exercise re-requests.
         #[arg(long, hide = true)]
         drop_every: Option<u32>,
+        /// Capture: megabytes of the most recent messages kept to answer re-requests (the
+        /// capture is read as it is sent; older requests go unanswered and are counted).
+        #[arg(long, value_name = "MB", default_value_t = 256)]
+        history_mb: usize,
     },
     /// Run the feed handler: MoldUDP64 → ITCH → order books → normalized market data on the bus.
     ///
@@ -312,6 +316,7 @@ fn main() -> Result<()> {
             session,
             linger_ms,
             drop_every,
+            history_mb,
         } => {
             if is_dbn(&file)? {
                 return replay_dbn(&file, &config, rate, realtime, linger_ms);
@@ -322,14 +327,10 @@ fn main() -> Result<()> {
                     file.display()
                 );
             };
-            let loaded = load(&file, &wire.filter())?;
-            report_wire(&file, &loaded);
-            let mut reader = capture(&file, &loaded.data)?;
-            let messages: Vec<&[u8]> = reader
-                .by_ref()
-                .filter_map(Result::ok)
-                .map(|m| m.as_bytes())
-                .collect();
+            // Streamed: memory is a chunk of the capture and the retransmission history.
+            let mut input = open(&file, &wire.filter())?;
+            let mut reader = StreamReader::new(&mut input);
+            reader.start().map_err(|e| read_error(&file, e))?;
             let mut cfg = ReplayConfig::new(group);
             cfg.retrans_bind = SocketAddr::from((Ipv4Addr::UNSPECIFIED, retrans_port));
             cfg.session = session;
@@ -340,16 +341,21 @@ fn main() -> Result<()> {
                 (Some(r), _) => Pacing::MessagesPerSecond(r),
                 (None, false) => Pacing::Unpaced,
             };
+            cfg.history_bytes = history_mb.saturating_mul(1 << 20);
             let mut replayer = Replayer::new(cfg).context("cannot open UDP sockets for replay")?;
             eprintln!(
-                "replaying {} messages to {group}; retransmission server on {}",
-                messages.len(),
+                "replaying {} to {group}; retransmission server on {}",
+                file.display(),
                 replayer.retrans_addr()?
             );
             let stats = replayer
-                .run(&messages)
+                .run_stream(reader)
                 .with_context(|| format!("sending to {group} failed"))?;
+            report_stream(&file, &input);
             eprintln!("{stats:?}");
+            if stats.messages == 0 {
+                return Err(no_messages(&file));
+            }
             Ok(())
         }
         Command::Run {
