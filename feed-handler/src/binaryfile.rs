@@ -394,7 +394,7 @@ impl<R: Read> StreamReader<R> {
         max: usize,
         mut f: impl FnMut(Result<Message<'_>, BadRecord>),
     ) -> io::Result<usize> {
-        self.records(max, |r| {
+        self.try_read_records(max, |r| {
             f(r);
             ControlFlow::Continue(())
         })
@@ -417,7 +417,7 @@ impl<R: Read> StreamReader<R> {
     ) -> io::Result<()> {
         let mut stop = false;
         while !stop
-            && self.records(usize::MAX, |r| {
+            && self.try_read_records(usize::MAX, |r| {
                 let flow = f(r);
                 stop = flow.is_break();
                 flow
@@ -426,8 +426,9 @@ impl<R: Read> StreamReader<R> {
         Ok(())
     }
 
-    /// Up to `max` records to `f`, fewer if it breaks; how many it was handed.
-    fn records(
+    /// Hands up to `max` records to `f`, fewer if it breaks (after the record it broke on),
+    /// and returns how many: 0 only at the end.
+    pub fn try_read_records(
         &mut self,
         max: usize,
         mut f: impl FnMut(Result<Message<'_>, BadRecord>) -> ControlFlow<()>,

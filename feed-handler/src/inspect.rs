@@ -3,12 +3,13 @@
 //! measuring it (`feed-handler throughput`).
 //!
 //! Owns the time-of-day syntax, the text layout of a printed book and the BBO CSV format. It
-//! reads messages with [`crate::binaryfile::Reader`] and keeps state in [`crate::book::Book`]
-//! only: there is no second ITCH reader or book here, so what these tools show is what the
-//! service would have built from the same bytes. No file or terminal I/O: callers hand in the
-//! capture's bytes and a writer.
+//! reads messages with [`crate::binaryfile::StreamReader`] and keeps state in
+//! [`crate::book::Book`] only: there is no second ITCH reader or book here, so what these tools
+//! show is what the service would have built from the same bytes. No file or terminal I/O:
+//! callers hand in a stream of BinaryFILE bytes (read in chunks, so memory does not grow with
+//! the capture) and a writer.
 
-use crate::binaryfile::{Reader, ReaderCounters, StreamReader};
+use crate::binaryfile::{ReaderCounters, StreamReader};
 use crate::book::{Book, Event, Level, Side, SymbolBook};
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -271,10 +272,10 @@ pub fn bbo_row(locate: u16, timestamp: u64, bid: Option<Level>, ask: Option<Leve
 /// How far [`write_bbo`] got, for progress reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
-    /// Bytes of the capture consumed.
-    pub bytes: usize,
-    /// Size of the capture.
-    pub total_bytes: usize,
+    /// Bytes of the BinaryFILE stream consumed.
+    pub bytes: u64,
+    /// Size of the stream, if known (an uncompressed BinaryFILE's file size).
+    pub total_bytes: Option<u64>,
     /// Messages applied.
     pub messages: u64,
     /// Rows written.
@@ -298,52 +299,68 @@ pub struct BboTotals {
 /// Writes [`BBO_HEADER`] and one row per top-of-book change: every [`Event::Bbo`] the book
 /// emits, i.e. each time the best bid or ask of a symbol changes price, size or order count
 /// (a replace that moves an order within the top level and leaves it as it was makes none).
-/// Calls `progress` every [`PROGRESS_EVERY`] messages.
+/// Reads the BinaryFILE stream `input` in chunks (memory is the books and one chunk); the
+/// header is written with the first message, so a stream without one writes nothing. Calls
+/// `progress` about every [`PROGRESS_EVERY`] records, `total_bytes` being the stream's size
+/// if known. A stream that is no BinaryFILE is an [`io::ErrorKind::InvalidData`] error.
 pub fn write_bbo(
-    mut reader: Reader<'_>,
+    input: impl Read,
+    total_bytes: Option<u64>,
     out: &mut impl Write,
     mut progress: impl FnMut(Progress),
 ) -> io::Result<BboTotals> {
-    writeln!(out, "{BBO_HEADER}")?;
-    let total_bytes = reader.len_bytes();
+    let mut reader = StreamReader::new(input);
     let mut book = Book::new();
     let mut messages = 0u64;
     let mut rows = 0u64;
     let mut result = Ok(());
-    // Not `for m in reader.by_ref()`: the loop reads `reader.position()` for progress.
-    while let Some(m) = reader.next() {
-        // Bad records are counted by the reader and skipped, as `decode` does.
-        let Ok(m) = m else { continue };
-        book.apply(&m, &mut |e: &Event| {
-            if let Event::Bbo {
-                locate,
-                timestamp,
-                bid,
-                ask,
-                ..
-            } = *e
-            {
-                if result.is_ok() {
-                    result = writeln!(out, "{}", bbo_row(locate, timestamp, bid, ask));
-                    rows += 1;
-                }
+    loop {
+        let n = reader.try_read_records(PROGRESS_EVERY as usize, |m| {
+            // Bad records are counted by the reader and skipped, as `decode` does.
+            let Ok(m) = m else {
+                return ControlFlow::Continue(());
+            };
+            if messages == 0 {
+                result = writeln!(out, "{BBO_HEADER}");
             }
-        });
-        std::mem::replace(&mut result, Ok(()))?;
-        messages += 1;
-        if messages % PROGRESS_EVERY == 0 {
-            progress(Progress {
-                bytes: reader.position(),
-                total_bytes,
-                messages,
-                rows,
+            book.apply(&m, &mut |e: &Event| {
+                if let Event::Bbo {
+                    locate,
+                    timestamp,
+                    bid,
+                    ask,
+                    ..
+                } = *e
+                {
+                    if result.is_ok() {
+                        result = writeln!(out, "{}", bbo_row(locate, timestamp, bid, ask));
+                        rows += 1;
+                    }
+                }
             });
+            messages += 1;
+            if result.is_ok() {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
+        })?;
+        std::mem::replace(&mut result, Ok(()))?;
+        if n == 0 {
+            break;
         }
+        progress(Progress {
+            bytes: reader.position(),
+            total_bytes,
+            messages,
+            rows,
+        });
     }
+    let reader = *reader.counters();
     Ok(BboTotals {
         messages,
         rows,
-        reader: *reader.counters(),
+        reader,
     })
 }
 

@@ -606,20 +606,20 @@ fn book(
 }
 
 fn bbo(file: &Path, filter: &WireFilter, output: Option<&Path>) -> Result<()> {
-    let loaded = load(file, filter)?;
-    report_wire(file, &loaded);
-    let data = loaded.data;
-    let reader = capture(file, &data)?;
-    // Refuse a file that is no capture before creating the output or writing the header.
-    if capture(file, &data)?.flatten().next().is_none() {
-        return Err(no_messages(file));
-    }
-    let mut out: Box<dyn Write> = match output {
-        Some(path) => Box::new(BufWriter::new(
-            std::fs::File::create(path)
-                .with_context(|| format!("cannot create {}", path.display()))?,
-        )),
-        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+    // Streamed: memory is the books and a chunk, whatever the capture's size.
+    let mut input = open(file, filter)?;
+    let kind = input.kind();
+    let total_bytes = if kind.format == capture::Format::BinaryFile && !kind.gzip {
+        std::fs::metadata(file).ok().map(|m| m.len())
+    } else {
+        None
+    };
+    // The output is created with the header, at the first message: a file that is no
+    // capture, or holds no message, creates none.
+    let mut out = LazyOutput {
+        path: output,
+        out: None,
+        failed: None,
     };
     let start = Instant::now();
     let mut last_report = start;
@@ -627,9 +627,12 @@ fn bbo(file: &Path, filter: &WireFilter, output: Option<&Path>) -> Result<()> {
         let now = Instant::now();
         if now.duration_since(last_report) >= Duration::from_secs(1) {
             last_report = now;
+            let done = match p.total_bytes {
+                Some(total) => format!("{:.0}%", 100.0 * p.bytes as f64 / total.max(1) as f64),
+                None => format!("{} MB", p.bytes >> 20),
+            };
             eprintln!(
-                "bbo: {:.0}% of {}, {} messages, {} rows, {:.0} s",
-                100.0 * p.bytes as f64 / p.total_bytes.max(1) as f64,
+                "bbo: {done} of {}, {} messages, {} rows, {:.0} s",
                 file.display(),
                 p.messages,
                 p.rows,
@@ -637,19 +640,21 @@ fn bbo(file: &Path, filter: &WireFilter, output: Option<&Path>) -> Result<()> {
             );
         }
     };
-    let totals = match inspect::write_bbo(reader, &mut out, progress).and_then(|t| {
-        out.flush()?;
-        Ok(t)
-    }) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-        Err(e) => {
-            return Err(e).with_context(|| match output {
-                Some(path) => format!("cannot write {}", path.display()),
-                None => "cannot write to stdout".to_owned(),
-            })
-        }
-    };
+    let totals =
+        match inspect::write_bbo(&mut input, total_bytes, &mut out, progress).and_then(|t| {
+            out.flush()?;
+            Ok(t)
+        }) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(e) => {
+                return Err(match out.failed {
+                    Some(what) => anyhow::Error::new(e).context(what),
+                    None => read_error(file, e),
+                })
+            }
+        };
+    report_stream(file, &input);
     check_read(file, &totals.reader)?;
     if start.elapsed() >= Duration::from_secs(1) {
         eprintln!(
@@ -660,6 +665,57 @@ fn bbo(file: &Path, filter: &WireFilter, output: Option<&Path>) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `bbo`'s output, created at the first write; remembers what failed on its side.
+struct LazyOutput<'a> {
+    /// The file, or stdout.
+    path: Option<&'a Path>,
+    out: Option<Box<dyn Write>>,
+    /// What failed, if the output did.
+    failed: Option<String>,
+}
+
+impl LazyOutput<'_> {
+    fn get(&mut self) -> std::io::Result<&mut Box<dyn Write>> {
+        let out: Box<dyn Write> = match (self.out.take(), self.path) {
+            (Some(out), _) => out,
+            (None, Some(path)) => match std::fs::File::create(path) {
+                Ok(f) => Box::new(BufWriter::new(f)),
+                Err(e) => {
+                    self.failed = Some(format!("cannot create {}", path.display()));
+                    return Err(e);
+                }
+            },
+            (None, None) => Box::new(BufWriter::new(std::io::stdout().lock())),
+        };
+        Ok(self.out.insert(out))
+    }
+
+    fn failed<T>(&mut self, r: std::io::Result<T>) -> std::io::Result<T> {
+        if r.is_err() && self.failed.is_none() {
+            self.failed = Some(match self.path {
+                Some(path) => format!("cannot write {}", path.display()),
+                None => "cannot write to stdout".to_owned(),
+            });
+        }
+        r
+    }
+}
+
+impl Write for LazyOutput<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let r = self.get().and_then(|o| o.write(buf));
+        self.failed(r)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let r = match &mut self.out {
+            Some(o) => o.flush(),
+            None => Ok(()),
+        };
+        self.failed(r)
+    }
 }
 
 /// CPU time of this thread so far as the scheduler counts it (first field of

@@ -20,7 +20,7 @@ fn day() -> Vec<u8> {
 
 fn bbo_csv(data: &[u8]) -> (String, BboTotals) {
     let mut out = Vec::new();
-    let totals = write_bbo(Reader::new(data).unwrap(), &mut out, |_| {}).unwrap();
+    let totals = write_bbo(data, None, &mut out, |_| {}).unwrap();
     (String::from_utf8(out).unwrap(), totals)
 }
 
