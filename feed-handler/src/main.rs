@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use feed_handler::binaryfile::{Reader, StreamReader};
-use feed_handler::capture::{self, CaptureReader, Loaded};
+use feed_handler::binaryfile::{StreamReader, MIN_CHUNK};
+use feed_handler::capture::{self, CaptureReader};
 use feed_handler::config::Config;
 use feed_handler::generate::{generate_binaryfile, GenConfig};
 use feed_handler::inspect::{self, Symbols, TimeOfDay};
@@ -482,17 +482,12 @@ fn replay_dbn(
     Ok(())
 }
 
-/// The capture at `file` as BinaryFILE bytes, whatever its format (see `CAPTURE_FORMATS`).
-fn load(file: &Path, filter: &WireFilter) -> Result<Loaded> {
-    capture::load(file, filter).with_context(|| format!("cannot read {}", file.display()))
-}
-
 /// The capture at `file` as a stream of BinaryFILE bytes (see `CAPTURE_FORMATS`).
 fn open(file: &Path, filter: &WireFilter) -> Result<CaptureReader> {
     capture::open(file, filter).with_context(|| format!("cannot read {}", file.display()))
 }
 
-/// An error reading a capture stream: a file that is no capture says so as `capture` does.
+/// An error reading a capture stream; a file that is no BinaryFILE (`detect`'s error) says so.
 fn read_error(file: &Path, e: std::io::Error) -> anyhow::Error {
     let not_binaryfile = e
         .get_ref()
@@ -510,17 +505,6 @@ fn report_stream(file: &Path, input: &CaptureReader) {
     if let Some(w) = input.wire_report() {
         eprintln!("{}: {}: {w}", file.display(), input.kind());
     }
-}
-
-/// For a packet capture: what was read, skipped and missing, on stderr.
-fn report_wire(file: &Path, loaded: &Loaded) {
-    if let Some(summary) = loaded.summary() {
-        eprintln!("{}: {summary}", file.display());
-    }
-}
-
-fn capture<'a>(file: &Path, data: &'a [u8]) -> Result<Reader<'a>> {
-    Reader::new(data).with_context(|| format!("{} is not a BinaryFILE capture", file.display()))
 }
 
 /// After `book` or `bbo` read a whole file: a file without one ITCH message is not a capture.
@@ -761,21 +745,31 @@ fn export(
     date: feed_handler::dbnexport::Date,
     output: &Path,
 ) -> Result<()> {
-    use feed_handler::dbnexport::{export, ExportError, ExportOptions};
-    let loaded = load(file, filter)?;
-    report_wire(file, &loaded);
-    let data = loaded.data;
-    capture(file, &data)?;
+    use feed_handler::dbnexport::{export_stream, ExportError, ExportOptions};
+    // Streamed, in two passes over the file (the DBN metadata comes first and covers the
+    // whole day): memory is the export's state and a chunk, whatever the capture's size.
+    let (mut first, mut second) = (open(file, filter)?, open(file, filter)?);
+    // A file that is no capture is refused before the output is created.
+    StreamReader::with_chunk(open(file, filter)?, MIN_CHUNK)
+        .start()
+        .map_err(|e| read_error(file, e))?;
     let zstd = output.extension().is_some_and(|e| e == "zst");
     let out = BufWriter::new(
         std::fs::File::create(output)
             .with_context(|| format!("cannot create {}", output.display()))?,
     );
-    let totals = match export(&data, &ExportOptions { schema, date, zstd }, out) {
+    let opts = ExportOptions { schema, date, zstd };
+    let result = export_stream(&mut first, &mut second, &opts, out);
+    report_stream(file, &second);
+    let totals = match result {
         Ok(t) => t,
         Err(ExportError::Empty) => {
             let _ = std::fs::remove_file(output);
             return Err(no_messages(file));
+        }
+        Err(ExportError::Read(e)) => {
+            let _ = std::fs::remove_file(output);
+            return Err(read_error(file, e));
         }
         Err(e) => return Err(e).with_context(|| format!("cannot write {}", output.display())),
     };
