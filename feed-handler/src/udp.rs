@@ -104,14 +104,25 @@ trait Source {
     fn peek(&mut self) -> io::Result<Option<&[u8]>>;
     /// The peeked message was sent (or skipped): the next one.
     fn advance(&mut self);
-    /// A retransmission packet for `req`, if any of it can be answered.
-    fn answer<'b>(
-        &mut self,
-        builder: &'b mut PacketBuilder,
-        session: [u8; 10],
-        req: &Request,
-        stats: &mut ReplayStats,
-    ) -> Option<&'b [u8]>;
+    /// The messages re-requests can be answered from, and the sequence of the first.
+    fn history(&mut self) -> (u64, &[impl AsRef<[u8]>]);
+}
+
+/// The retransmission packet answering `req` from `source`'s history, if any of it can be
+/// answered; a request for messages no longer held is counted in [`ReplayStats::unserved`].
+fn answer_request<'b>(
+    builder: &'b mut PacketBuilder,
+    session: [u8; 10],
+    source: &mut impl Source,
+    req: &Request,
+    stats: &mut ReplayStats,
+) -> Option<&'b [u8]> {
+    let (first, history) = source.history();
+    if req.sequence_number < first {
+        stats.unserved += 1;
+        return None;
+    }
+    build_retransmission(builder, session, first, history, req)
 }
 
 /// A capture in memory: every message can be retransmitted.
@@ -129,14 +140,8 @@ impl<M: AsRef<[u8]>> Source for Slice<'_, M> {
         self.next += 1;
     }
 
-    fn answer<'b>(
-        &mut self,
-        builder: &'b mut PacketBuilder,
-        session: [u8; 10],
-        req: &Request,
-        _stats: &mut ReplayStats,
-    ) -> Option<&'b [u8]> {
-        build_retransmission(builder, session, 1, self.messages, req)
+    fn history(&mut self) -> (u64, &[impl AsRef<[u8]>]) {
+        (1, self.messages)
     }
 }
 
@@ -186,24 +191,8 @@ impl<R: Read> Source for Stream<R> {
         }
     }
 
-    fn answer<'b>(
-        &mut self,
-        builder: &'b mut PacketBuilder,
-        session: [u8; 10],
-        req: &Request,
-        stats: &mut ReplayStats,
-    ) -> Option<&'b [u8]> {
-        if req.sequence_number < self.first {
-            stats.unserved += 1;
-            return None;
-        }
-        build_retransmission(
-            builder,
-            session,
-            self.first,
-            self.history.make_contiguous(),
-            req,
-        )
+    fn history(&mut self) -> (u64, &[impl AsRef<[u8]>]) {
+        (self.first, self.history.make_contiguous())
     }
 }
 
@@ -353,7 +342,7 @@ impl Replayer {
                 }
             };
             self.stats.requests += 1;
-            if let Some(p) = source.answer(answer, self.session, &req, &mut self.stats) {
+            if let Some(p) = answer_request(answer, self.session, source, &req, &mut self.stats) {
                 self.retrans.send_to(p, from)?;
                 self.stats.retransmissions += 1;
             }
@@ -716,18 +705,16 @@ mod tests {
         .unwrap()
         .to_vec();
         assert_eq!(
-            s.answer(&mut b, session, &req(96, 5), &mut stats).unwrap(),
+            answer_request(&mut b, session, &mut s, &req(96, 5), &mut stats).unwrap(),
             &want[..]
         );
         let p = Packet::parse(&want).unwrap();
         assert_eq!((p.sequence_number(), p.message_count()), (96, 5));
         // Evicted: not answered, counted.
-        assert!(s.answer(&mut b, session, &req(1, 5), &mut stats).is_none());
+        assert!(answer_request(&mut b, session, &mut s, &req(1, 5), &mut stats).is_none());
         assert_eq!(stats.unserved, 1);
         // Beyond what was sent: nothing.
-        assert!(s
-            .answer(&mut b, session, &req(101, 1), &mut stats)
-            .is_none());
+        assert!(answer_request(&mut b, session, &mut s, &req(101, 1), &mut stats).is_none());
         assert_eq!(stats.unserved, 1);
     }
 }
