@@ -12,7 +12,8 @@
 //!   largest record.
 //! - **Link and network layers**: Ethernet II with up to three VLAN tags (802.1Q, QinQ),
 //!   Linux cooked capture v1 and v2, raw IP, BSD loopback; IPv4 and IPv6 (extension headers
-//!   such as hop-by-hop skipped), fragments of either reassembled in any order; the UDP payload is cut to the UDP length, so Ethernet padding after a short
+//!   such as hop-by-hop skipped), fragments of either reassembled in any order (copies
+//!   dropped); the UDP payload is cut to the UDP length, so Ethernet padding after a short
 //!   frame never reaches the MoldUDP64 parser. [`etherparse`] does the slicing.
 //! - **Filter**: [`WireFilter`] keeps only datagrams to the given destination ports and/or
 //!   addresses (an A and a B feed are two groups or ports of one session).
@@ -36,13 +37,15 @@ use crate::moldudp64::{
     Deliver, GapConfig, GapTracker, Kind, Loss, Packet, PacketError, StartPolicy,
 };
 use etherparse::defrag::IpDefragPool;
-use etherparse::{EtherType, NetSlice, SlicedPacket, TransportSlice, UdpSlice};
+use etherparse::{EtherType, Ipv6ExtensionSlice, NetSlice, SlicedPacket, TransportSlice, UdpSlice};
 use pcap_parser::pcapng::Block;
 use pcap_parser::traits::{PcapNGPacketBlock, PcapReaderIterator};
 use pcap_parser::{
     LegacyPcapReader, Linktype, OptionCode, PcapBlockOwned, PcapError, PcapNGReader,
 };
+use rustc_hash::{FxHashMap, FxHasher};
 use std::fmt;
+use std::hash::Hasher;
 use std::io::{self, Read};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -112,6 +115,9 @@ pub struct WireReport {
     pub reassembled: u64,
     /// Fragments that could not be reassembled (overlapping, inconsistent).
     pub bad_fragments: u64,
+    /// Copies of fragments seen already (the same bytes at the same place of the same
+    /// datagram), dropped.
+    pub duplicate_fragments: u64,
     /// UDP datagrams (whole or reassembled).
     pub udp_datagrams: u64,
     /// Of those, not to the `--dst-port` / `--dst-addr` asked for.
@@ -226,6 +232,7 @@ impl fmt::Display for WireReport {
             (self.ip_fragments, "IP fragments"),
             (self.reassembled, "datagrams reassembled"),
             (self.bad_fragments, "bad IP fragments"),
+            (self.duplicate_fragments, "duplicate IP fragments dropped"),
             (self.far_ahead, "packets far ahead of the sequence dropped"),
             (
                 self.before_session,
@@ -323,6 +330,56 @@ impl Interface {
     }
 }
 
+/// An IP datagram being fragmented: source, destination, identification.
+type DatagramId = (IpAddr, IpAddr, u32);
+/// One fragment of it: offset, more fragments, and a hash of its bytes.
+type FragmentPlace = (u16, bool, u64);
+
+/// Which datagram a fragment belongs to and which fragment it is.
+fn fragment_of(packet: &SlicedPacket<'_>) -> Option<(DatagramId, FragmentPlace)> {
+    let hash = |bytes: &[u8]| {
+        let mut h = FxHasher::default();
+        h.write(bytes);
+        h.finish()
+    };
+    match &packet.net {
+        Some(NetSlice::Ipv4(ip)) => {
+            let h = ip.header();
+            Some((
+                (
+                    IpAddr::V4(h.source_addr()),
+                    IpAddr::V4(h.destination_addr()),
+                    u32::from(h.identification()),
+                ),
+                (
+                    h.fragments_offset().value(),
+                    h.more_fragments(),
+                    hash(ip.payload().payload),
+                ),
+            ))
+        }
+        Some(NetSlice::Ipv6(ip)) => {
+            let frag = ip.extensions().clone().into_iter().find_map(|e| match e {
+                Ipv6ExtensionSlice::Fragment(f) => Some(f),
+                _ => None,
+            })?;
+            Some((
+                (
+                    IpAddr::V6(ip.header().source_addr()),
+                    IpAddr::V6(ip.header().destination_addr()),
+                    frag.identification(),
+                ),
+                (
+                    frag.fragment_offset().value(),
+                    frag.more_fragments(),
+                    hash(ip.payload().payload),
+                ),
+            ))
+        }
+        _ => None,
+    }
+}
+
 /// The per-datagram state: filter, defragmentation, sequencing and the output.
 struct Extractor {
     filter: WireFilter,
@@ -330,7 +387,13 @@ struct Extractor {
     tracker: Option<GapTracker>,
     /// Before the tracker: the session's first packets, held while the start is chosen.
     warmup: Option<Warmup>,
-    defrag: IpDefragPool<u64, ()>,
+    /// Fragments being reassembled, by capture time and the generation of their datagram.
+    defrag: IpDefragPool<u64, u32>,
+    /// Fragments of the last [`FRAGMENT_TIMEOUT_NS`], to drop copies.
+    fragments_seen: FxHashMap<(DatagramId, FragmentPlace), u64>,
+    /// Datagrams whose reassembly failed: (generation, when), the generation starting a
+    /// fresh buffer for their later fragments.
+    fragment_generation: FxHashMap<DatagramId, (u32, u64)>,
     /// Start of the virtual clock the tracker runs on.
     base: Instant,
     /// Capture time of the first record, ns.
@@ -405,6 +468,8 @@ impl Extractor {
             tracker: None,
             warmup: None,
             defrag: IpDefragPool::new(),
+            fragments_seen: FxHashMap::default(),
+            fragment_generation: FxHashMap::default(),
             base: Instant::now(),
             first_ts: None,
             clock: 0,
@@ -434,6 +499,8 @@ impl Extractor {
         if self.report.records % 4096 == 0 {
             let horizon = self.clock.saturating_sub(FRAGMENT_TIMEOUT_NS);
             self.defrag.retain(|&t| t >= horizon);
+            self.fragments_seen.retain(|_, t| *t >= horizon);
+            self.fragment_generation.retain(|_, g| g.1 >= horizon);
         }
         let sliced = match link {
             Linktype::ETHERNET => SlicedPacket::from_ethernet(data),
@@ -490,7 +557,25 @@ impl Extractor {
         };
         if fragmented {
             self.report.ip_fragments += 1;
-            match self.defrag.process_sliced_packet(&packet, self.clock, ()) {
+            let Some((datagram, fragment)) = fragment_of(&packet) else {
+                return self.bad_frame(false);
+            };
+            // A copy of a fragment seen already (both legs of a bond captured, a SPAN
+            // duplicate): after its datagram was complete it would start a new one that the
+            // next datagram with the same identification (it wraps) would be merged into.
+            if self
+                .fragments_seen
+                .insert((datagram, fragment), self.clock)
+                .is_some()
+            {
+                self.report.duplicate_fragments += 1;
+                return;
+            }
+            let generation = self.fragment_generation.get(&datagram).map_or(0, |g| g.0);
+            match self
+                .defrag
+                .process_sliced_packet(&packet, self.clock, generation)
+            {
                 Ok(Some(whole)) => {
                     if whole.ip_number == etherparse::IpNumber::UDP {
                         if let Ok(udp) = UdpSlice::from_slice(&whole.payload) {
@@ -505,7 +590,13 @@ impl Extractor {
                     self.defrag.return_buf(whole);
                 }
                 Ok(None) => {}
-                Err(_) => self.report.bad_fragments += 1,
+                Err(_) => {
+                    // The datagram's buffer is inconsistent: its later fragments start a new
+                    // one (the old one is dropped with the incomplete ones).
+                    self.report.bad_fragments += 1;
+                    let g = self.fragment_generation.entry(datagram).or_insert((0, 0));
+                    *g = (g.0.wrapping_add(1), self.clock);
+                }
             }
             return;
         }

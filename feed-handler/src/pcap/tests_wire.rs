@@ -490,3 +490,53 @@ fn ipv4_fragments_out_of_order_interleaved_and_duplicated() {
     assert_eq!(w.duplicate_packets, packets.len() as u64, "{w}");
     assert!(got.data == expected(&msgs, &[]), "{w}");
 }
+
+#[test]
+fn a_stray_fragment_does_not_spoil_a_later_datagram_with_its_id() {
+    // Datagrams whose IP identification repeats (it wraps every 65,536 datagrams), and a
+    // stray copy of a fragment after its datagram was complete (a capture of both legs of a
+    // bond, a SPAN duplicate): the next datagram with that id is still reassembled.
+    let msgs = day(3000);
+    let packets = synth::moldudp64_packets(session("STRAY"), 1, &msgs, 1400);
+    assert!(packets.len() > 6);
+    let mut f = PcapFile::new(1, false, false);
+    let mut t = T0;
+    for (i, (_, p)) in packets.iter().enumerate() {
+        // Sizes differ from packet to packet: a stale fragment's end never fits.
+        let frags = ipv4_fragments(&synth::ipv4_udp(A4, 26477, p), 7, 200 + 8 * (i % 5));
+        for fr in &frags {
+            t += 1_000_000;
+            f.record(t, &synth::ethernet(&[], 0x0800, fr, 60), None);
+        }
+        // The first and the last fragment again, after the datagram was complete.
+        for fr in [&frags[0], &frags[frags.len() - 1]] {
+            t += 1_000_000;
+            f.record(t, &synth::ethernet(&[], 0x0800, fr, 60), None);
+        }
+        if i == 2 {
+            // A last fragment of some other datagram with that id, ending past the next one:
+            // the next one cannot be reassembled, but the one after it must be.
+            let mut other = synth::ipv4_udp(A4, 26477, &[0x55; 3000]);
+            other[4..6].copy_from_slice(&7u16.to_be_bytes());
+            let last = ipv4_fragments(&other, 7, 1496).pop().unwrap();
+            t += 1_000_000;
+            f.record(t, &synth::ethernet(&[], 0x0800, &last, 60), None);
+        }
+    }
+    let got = load(&f.into_bytes());
+    let w = got.wire.as_ref().unwrap();
+    assert_eq!(w.duplicate_fragments, 2 * packets.len() as u64, "{w}");
+    assert_eq!(w.bad_fragments, 1, "{w}");
+    assert_eq!(w.losses, 1, "{w}");
+    let lost = (packets[3].0, packets[4].0 - 1);
+    assert_eq!(
+        (w.first_missing, w.last_missing),
+        (Some(lost.0), Some(lost.1)),
+        "{w}"
+    );
+    assert!(got.data == expected(&msgs, &[lost]), "{w}");
+    assert!(
+        w.to_string().contains("duplicate IP fragments dropped"),
+        "{w}"
+    );
+}
