@@ -9,8 +9,10 @@
 //! file, is a bad record: counted and reported, never silently reinterpreted.
 
 use crate::badinput::RateLimitedLog;
+use crate::capture::{self, Magic};
 use crate::itch::{self, DecodeError, Message};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::ops::ControlFlow;
 use std::time::Instant;
 
 /// How a capture frames its messages.
@@ -38,44 +40,16 @@ pub enum DetectError {
     /// The file starts with the magic number of another format (a packet capture, a
     /// compressed file): read as length-prefixed records it would be garbage, some of which
     /// could decode as messages by chance. [`crate::capture`] reads pcap, pcapng and gzip
-    /// into BinaryFILE bytes first; other compressions are refused.
-    #[error("this is a {0} file{hint}", hint = other_format_hint(.0))]
-    OtherFormat(&'static str),
+    /// into BinaryFILE bytes first; other formats are refused. The formats are those of
+    /// [`crate::capture::MAGIC_NUMBERS`].
+    #[error("this is a {} file: {}", .0.name, .0.hint())]
+    OtherFormat(&'static Magic),
 }
-
-fn other_format_hint(format: &str) -> &'static str {
-    match format {
-        "gzip" | "pcap" | "pcap (nanosecond)" | "pcapng" => {
-            ": open it with feed_handler::capture, which reads it (every command does)"
-        }
-        _ => ": only gzip compression is read, decompress it first",
-    }
-}
-
-/// Formats a capture is mistaken for, by their leading bytes. None can start a BinaryFILE:
-/// a first length prefix of 0x0a0d, 0x1f8b, 0x4d3c, 0xa1b2, 0xd4c3, 0x28b5, 0x425a, 0xfd37
-/// or 0x504b is far longer than any ITCH message. Packet captures and gzip are read by
-/// [`crate::capture`], which hands this module BinaryFILE bytes; the others are refused.
-const OTHER_FORMATS: [(&[u8], &str); 10] = [
-    (&[0xd4, 0xc3, 0xb2, 0xa1], "pcap"),
-    (&[0xa1, 0xb2, 0xc3, 0xd4], "pcap"),
-    (&[0x4d, 0x3c, 0xb2, 0xa1], "pcap (nanosecond)"),
-    (&[0xa1, 0xb2, 0x3c, 0x4d], "pcap (nanosecond)"),
-    (&[0x0a, 0x0d, 0x0d, 0x0a], "pcapng"),
-    (&[0x1f, 0x8b, 0x08], "gzip"),
-    (&[0x28, 0xb5, 0x2f, 0xfd], "zstd-compressed"),
-    (b"BZh", "bzip2-compressed"),
-    (&[0xfd, b'7', b'z', b'X', b'Z', 0], "xz-compressed"),
-    (b"PK\x03\x04", "zip"),
-];
 
 /// Decides the framing of `data` from its first records.
 pub fn detect(data: &[u8]) -> Result<Framing, DetectError> {
-    if let Some(&(_, format)) = OTHER_FORMATS
-        .iter()
-        .find(|(magic, _)| data.starts_with(magic))
-    {
-        return Err(DetectError::OtherFormat(format));
+    if let Some(magic) = capture::identify(data) {
+        return Err(DetectError::OtherFormat(magic));
     }
     let Some(prefix) = data.get(..2) else {
         return Ok(Framing::LengthPrefixed);
@@ -159,6 +133,8 @@ pub struct Reader<'a> {
     framing: Framing,
     counters: ReaderCounters,
     log: RateLimitedLog,
+    /// Offset of `data` in the stream it was cut from (for [`BadRecord::offset`]).
+    base: usize,
 }
 
 impl<'a> Reader<'a> {
@@ -175,6 +151,7 @@ impl<'a> Reader<'a> {
             framing,
             counters: ReaderCounters::default(),
             log: RateLimitedLog::new(10),
+            base: 0,
         }
     }
 
@@ -208,7 +185,10 @@ impl<'a> Reader<'a> {
             }
             _ => {}
         }
-        let bad = BadRecord { offset, error };
+        let bad = BadRecord {
+            offset: self.base + offset,
+            error,
+        };
         if let Some(suppressed) = self.log.allow(Instant::now()) {
             tracing::warn!(%bad, suppressed, "skipping bad BinaryFILE record");
         }
@@ -297,6 +277,247 @@ impl<'a> Iterator for Reader<'a> {
 
     fn next(&mut self) -> Option<Self::Item> {
         self.next_record()
+    }
+}
+
+/// The end of the last whole record in `data` (what follows is the start of a record whose
+/// rest is in the next chunk). A record whose size cannot be known (an unknown type in a
+/// zero-prefixed capture) or a zero length ends the walk at the end of `data`: the reader
+/// reports it and stops there.
+fn whole_records(data: &[u8], framing: Framing) -> usize {
+    let mut pos = 0;
+    while let Some(prefix) = data.get(pos..pos + 2) {
+        let len = match framing {
+            Framing::LengthPrefixed => usize::from(u16::from_be_bytes([prefix[0], prefix[1]])),
+            Framing::ZeroPrefixed => match data.get(pos + 2).map(|&t| itch::message_size(t)) {
+                Some(Some(n)) => n,
+                Some(None) => return data.len(),
+                None => break,
+            },
+        };
+        if len == 0 {
+            return data.len();
+        }
+        if pos + 2 + len > data.len() {
+            break;
+        }
+        pos += 2 + len;
+    }
+    pos
+}
+
+/// Bytes a [`StreamReader`] reads at a time by default.
+pub const STREAM_CHUNK: usize = 8 << 20;
+
+/// Smallest chunk of a [`StreamReader`]: the records [`detect`] examines must fit in the first
+/// (no ITCH message is longer than 64 bytes).
+pub const MIN_CHUNK: usize = DETECT_RECORDS * (2 + 64);
+
+/// Reads the records of a BinaryFILE stream chunk by chunk: a file, or a gzip or packet
+/// capture through [`crate::capture::open`]. Memory is one chunk (grown only for a record
+/// longer than it) whatever the stream's size, and the records, bad ones and counters are
+/// those a [`Reader`] over the whole stream gives.
+#[derive(Debug)]
+pub struct StreamReader<R> {
+    input: R,
+    buf: Vec<u8>,
+    /// Records not handed out yet are `buf[pos..end]`; `buf[end..filled]` starts a record
+    /// the chunk cut.
+    pos: usize,
+    end: usize,
+    filled: usize,
+    eof: bool,
+    /// Reading stopped at a record after which there is no next one to find.
+    stopped: bool,
+    framing: Option<Framing>,
+    counters: ReaderCounters,
+    /// Bytes of the stream before `buf[0]`.
+    offset: u64,
+}
+
+impl<R: Read> StreamReader<R> {
+    /// A reader of `input` in [`STREAM_CHUNK`] pieces.
+    pub fn new(input: R) -> Self {
+        Self::with_chunk(input, STREAM_CHUNK)
+    }
+
+    /// A reader of `input` in `chunk`-byte pieces (at least [`MIN_CHUNK`]).
+    pub fn with_chunk(input: R, chunk: usize) -> Self {
+        Self {
+            input,
+            buf: vec![0; chunk.max(MIN_CHUNK)],
+            pos: 0,
+            end: 0,
+            filled: 0,
+            eof: false,
+            stopped: false,
+            framing: None,
+            counters: ReaderCounters::default(),
+            offset: 0,
+        }
+    }
+
+    /// The framing, once the first chunk was read.
+    pub fn framing(&self) -> Option<Framing> {
+        self.framing
+    }
+
+    /// Totals so far.
+    pub fn counters(&self) -> &ReaderCounters {
+        &self.counters
+    }
+
+    /// Bytes of the stream consumed so far.
+    pub fn position(&self) -> u64 {
+        self.offset + self.pos as u64
+    }
+
+    /// The input, e.g. to ask a [`crate::capture::CaptureReader`] for its report.
+    pub fn get_ref(&self) -> &R {
+        &self.input
+    }
+
+    /// Reads the first chunk, if not yet, and gives the framing (`None` for an empty
+    /// stream): a stream that is no BinaryFILE fails here rather than at the first records.
+    pub fn start(&mut self) -> io::Result<Option<Framing>> {
+        if self.framing.is_none() && self.pos == self.end {
+            self.refill()?;
+        }
+        Ok(self.framing)
+    }
+
+    /// Hands up to `max` records to `f`, in order, and returns how many: 0 only at the end.
+    /// Errors are the input's, and [`io::ErrorKind::InvalidData`] for a stream that is no
+    /// BinaryFILE ([`detect`]'s error).
+    pub fn read_records(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(Result<Message<'_>, BadRecord>),
+    ) -> io::Result<usize> {
+        self.try_read_records(max, |r| {
+            f(r);
+            ControlFlow::Continue(())
+        })
+    }
+
+    /// Hands every remaining record to `f`.
+    pub fn for_each(
+        &mut self,
+        mut f: impl FnMut(Result<Message<'_>, BadRecord>),
+    ) -> io::Result<()> {
+        while self.read_records(usize::MAX, &mut f)? > 0 {}
+        Ok(())
+    }
+
+    /// Hands records to `f` until it breaks (after the record it broke on) or the stream
+    /// ends.
+    pub fn try_for_each(
+        &mut self,
+        mut f: impl FnMut(Result<Message<'_>, BadRecord>) -> ControlFlow<()>,
+    ) -> io::Result<()> {
+        let mut stop = false;
+        while !stop
+            && self.try_read_records(usize::MAX, |r| {
+                let flow = f(r);
+                stop = flow.is_break();
+                flow
+            })? > 0
+        {}
+        Ok(())
+    }
+
+    /// Hands up to `max` records to `f`, fewer if it breaks (after the record it broke on),
+    /// and returns how many: 0 only at the end.
+    pub fn try_read_records(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(Result<Message<'_>, BadRecord>) -> ControlFlow<()>,
+    ) -> io::Result<usize> {
+        if self.pos == self.end {
+            self.refill()?;
+        }
+        let Some(framing) = self.framing else {
+            return Ok(0);
+        };
+        let base = self.offset as usize + self.pos;
+        let mut r = Reader::with_framing(&self.buf[self.pos..self.end], framing);
+        r.base = base;
+        let mut n = 0;
+        for record in r.by_ref().take(max) {
+            n += 1;
+            if f(record).is_break() {
+                break;
+            }
+        }
+        let c = r.counters();
+        let stopped = c.unread_bytes > 0;
+        self.counters.messages += c.messages;
+        self.counters.bad_records += c.bad_records;
+        self.counters.unknown_types += c.unknown_types;
+        self.counters.length_mismatches += c.length_mismatches;
+        self.counters.unread_bytes += c.unread_bytes;
+        self.pos += r.position();
+        if stopped {
+            // As a reader over the whole stream would: the rest is unread.
+            self.stop()?;
+        }
+        Ok(n)
+    }
+
+    /// Counts what is left of the stream as unread and ends it.
+    fn stop(&mut self) -> io::Result<()> {
+        let copied = io::copy(&mut self.input, &mut io::sink())?;
+        self.counters.unread_bytes += (self.filled - self.pos) as u64 + copied;
+        self.offset += self.filled as u64 + copied;
+        self.pos = 0;
+        self.end = 0;
+        self.filled = 0;
+        self.eof = true;
+        self.stopped = true;
+        Ok(())
+    }
+
+    /// Moves the cut record to the front and reads until the chunk is full or the input ends.
+    fn refill(&mut self) -> io::Result<()> {
+        if self.stopped {
+            return Ok(());
+        }
+        loop {
+            self.buf.copy_within(self.end..self.filled, 0);
+            self.offset += self.end as u64;
+            self.filled -= self.end;
+            self.pos = 0;
+            self.end = 0;
+            while !self.eof && self.filled < self.buf.len() {
+                match self.input.read(&mut self.buf[self.filled..]) {
+                    Ok(0) => self.eof = true,
+                    Ok(n) => self.filled += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let data = &self.buf[..self.filled];
+            if data.is_empty() {
+                return Ok(());
+            }
+            let framing = match self.framing {
+                Some(f) => f,
+                None => *self.framing.insert(
+                    detect(data).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
+                ),
+            };
+            self.end = if self.eof {
+                self.filled
+            } else {
+                whole_records(data, framing)
+            };
+            if self.end > 0 {
+                return Ok(());
+            }
+            // A record longer than the chunk: a larger chunk.
+            let size = self.buf.len() * 2;
+            self.buf.resize(size, 0);
+        }
     }
 }
 
@@ -425,30 +646,71 @@ mod tests {
 
     #[test]
     fn packet_captures_and_compressed_files_are_refused() {
-        // Headers as tcpdump (microsecond and nanosecond, either byte order), pcapng and gzip
-        // write them, each followed by bytes that would read as a record if the magic were
-        // taken for a length prefix.
+        // Headers as tcpdump (microsecond, nanosecond and Kuznetsov's modified pcap, either
+        // byte order), pcapng and gzip write them, each followed by bytes that would read as
+        // a record if the magic were taken for a length prefix.
         let mut tail = Vec::new();
         push_record(&mut tail, &SYSTEM_EVENT);
-        for (magic, format) in [
-            (&[0xd4, 0xc3, 0xb2, 0xa1][..], "pcap"),
-            (&[0xa1, 0xb2, 0xc3, 0xd4], "pcap"),
-            (&[0x4d, 0x3c, 0xb2, 0xa1], "pcap (nanosecond)"),
-            (&[0xa1, 0xb2, 0x3c, 0x4d], "pcap (nanosecond)"),
-            (&[0x0a, 0x0d, 0x0d, 0x0a], "pcapng"),
-            (&[0x1f, 0x8b, 0x08], "gzip"),
-            (&[0x28, 0xb5, 0x2f, 0xfd], "zstd-compressed"),
-            (b"BZh", "bzip2-compressed"),
-            (&[0xfd, b'7', b'z', b'X', b'Z', 0], "xz-compressed"),
-            (b"PK\x03\x04", "zip"),
+        let read_by_capture = "feed_handler::capture";
+        for (magic, format, hint) in [
+            (&[0xd4, 0xc3, 0xb2, 0xa1][..], "pcap", read_by_capture),
+            (&[0xa1, 0xb2, 0xc3, 0xd4], "pcap", read_by_capture),
+            (
+                &[0x4d, 0x3c, 0xb2, 0xa1],
+                "pcap (nanosecond)",
+                read_by_capture,
+            ),
+            (
+                &[0xa1, 0xb2, 0x3c, 0x4d],
+                "pcap (nanosecond)",
+                read_by_capture,
+            ),
+            (&[0x34, 0xcd, 0xb2, 0xa1], "modified pcap", read_by_capture),
+            (
+                &[0xa1, 0xb2, 0xcd, 0x34],
+                "big-endian modified pcap",
+                "editcap",
+            ),
+            (&[0x0a, 0x0d, 0x0d, 0x0a], "pcapng", read_by_capture),
+            (&[0x1f, 0x8b, 0x08], "gzip", read_by_capture),
+            (&[0x28, 0xb5, 0x2f, 0xfd], "zstd-compressed", "decompress"),
+            (b"BZh", "bzip2-compressed", "decompress"),
+            (
+                &[0xfd, b'7', b'z', b'X', b'Z', 0],
+                "xz-compressed",
+                "decompress",
+            ),
+            (b"PK\x03\x04", "zip", "decompress"),
         ] {
             let mut f = magic.to_vec();
             f.extend_from_slice(&tail);
-            assert_eq!(detect(&f), Err(DetectError::OtherFormat(format)));
+            let e = detect(&f).expect_err(format);
+            assert!(
+                matches!(e, DetectError::OtherFormat(m) if m.name == format),
+                "{e}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.starts_with(&format!("this is a {format} file: ")),
+                "{msg}"
+            );
+            assert!(msg.contains(hint), "{msg}");
             assert!(Reader::new(&f).is_err());
+        }
+        // Whatever capture reads or refuses by its magic, detect refuses too.
+        for m in capture::MAGIC_NUMBERS {
+            let mut f = m.bytes.to_vec();
+            f.extend_from_slice(&tail);
+            assert_eq!(detect(&f), Err(DetectError::OtherFormat(m)));
         }
         // A real capture's first record is unaffected.
         assert_eq!(detect(&tail), Ok(Framing::LengthPrefixed));
+    }
+
+    #[test]
+    fn detect_sees_its_records_in_a_stream_s_first_chunk() {
+        let longest = (0..=255u8).filter_map(itch::message_size).max().unwrap();
+        assert!(DETECT_RECORDS * (2 + longest) <= MIN_CHUNK);
     }
 
     #[test]

@@ -11,18 +11,19 @@
 //!
 //! The kind is told from the first bytes, never from the file name. Whatever the input,
 //! what comes out is BinaryFILE bytes, which [`crate::binaryfile::Reader`] (and so every
-//! command) reads as before; other formats (zstd, bzip2, xz, zip, unknown data) go through
-//! as they are and are refused there by [`crate::binaryfile::detect`].
+//! command) reads as before. The magic numbers are in one table, [`MAGIC_NUMBERS`]: the
+//! formats it names but nothing reads (zstd, bzip2, xz, zip, big-endian "modified" pcap) are
+//! refused here with the error [`crate::binaryfile::detect`] gives for them, and `detect`
+//! refuses every format of the table, so a packet capture handed to a BinaryFILE reader is
+//! never taken for records. Unknown data goes through as it is, for `detect` to judge.
 
+use crate::binaryfile::DetectError;
 use crate::pcap::{Container, WireFilter, WireReader, WireReport};
 use flate2::read::MultiGzDecoder;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufReader, Cursor, Read};
 use std::path::Path;
-
-/// Leading bytes of a gzip member.
-const GZIP_MAGIC: [u8; 3] = [0x1f, 0x8b, 0x08];
 
 /// What a capture file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,24 +54,129 @@ impl fmt::Display for Kind {
     }
 }
 
-/// The container a file starting with `head` is, if it is a packet capture.
+/// What a format told by its magic number is to this crate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MagicKind {
+    /// A packet capture that [`WireReader`] reads.
+    Wire(Container),
+    /// gzip, decompressed while reading.
+    Gzip,
+    /// A format nothing here reads; the text says what to do with it.
+    Unread(&'static str),
+}
+
+/// One capture format recognised by its leading bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Magic {
+    /// The leading bytes.
+    pub bytes: &'static [u8],
+    /// The format's name, for messages.
+    pub name: &'static str,
+    /// Whether and how it is read.
+    pub kind: MagicKind,
+}
+
+const DECOMPRESS_FIRST: &str = "only gzip compression is read, decompress it first";
+
+/// Every format told apart by its first bytes: the one table [`CaptureReader`] (which reads
+/// the packet captures and gzip) and [`crate::binaryfile::detect`] (which refuses them all, as
+/// a BinaryFILE reader must) consult. None of these can start a BinaryFILE: as a first length
+/// prefix each is far longer than any ITCH message.
+pub const MAGIC_NUMBERS: &[Magic] = &[
+    magic(
+        &[0xd4, 0xc3, 0xb2, 0xa1],
+        "pcap",
+        MagicKind::Wire(Container::Pcap),
+    ),
+    magic(
+        &[0xa1, 0xb2, 0xc3, 0xd4],
+        "pcap",
+        MagicKind::Wire(Container::Pcap),
+    ),
+    magic(
+        &[0x4d, 0x3c, 0xb2, 0xa1],
+        "pcap (nanosecond)",
+        MagicKind::Wire(Container::Pcap),
+    ),
+    magic(
+        &[0xa1, 0xb2, 0x3c, 0x4d],
+        "pcap (nanosecond)",
+        MagicKind::Wire(Container::Pcap),
+    ),
+    // Alexey Kuznetsov's "modified" pcap, as old Linux tcpdumps wrote it (longer record
+    // headers); pcap_parser reads the little-endian one only.
+    magic(
+        &[0x34, 0xcd, 0xb2, 0xa1],
+        "modified pcap",
+        MagicKind::Wire(Container::Pcap),
+    ),
+    magic(
+        &[0xa1, 0xb2, 0xcd, 0x34],
+        "big-endian modified pcap",
+        MagicKind::Unread(
+            "it is not read, convert it to standard pcap first \
+             (`editcap -F pcap IN OUT`, or `tcpdump -r IN -w OUT`)",
+        ),
+    ),
+    magic(
+        &[0x0a, 0x0d, 0x0d, 0x0a],
+        "pcapng",
+        MagicKind::Wire(Container::PcapNg),
+    ),
+    magic(&[0x1f, 0x8b, 0x08], "gzip", MagicKind::Gzip),
+    magic(
+        &[0x28, 0xb5, 0x2f, 0xfd],
+        "zstd-compressed",
+        MagicKind::Unread(DECOMPRESS_FIRST),
+    ),
+    magic(
+        b"BZh",
+        "bzip2-compressed",
+        MagicKind::Unread(DECOMPRESS_FIRST),
+    ),
+    magic(
+        &[0xfd, b'7', b'z', b'X', b'Z', 0],
+        "xz-compressed",
+        MagicKind::Unread(DECOMPRESS_FIRST),
+    ),
+    magic(b"PK\x03\x04", "zip", MagicKind::Unread(DECOMPRESS_FIRST)),
+];
+
+const fn magic(bytes: &'static [u8], name: &'static str, kind: MagicKind) -> Magic {
+    Magic { bytes, name, kind }
+}
+
+impl Magic {
+    /// What to do with a file of this format, for an error message about it.
+    pub fn hint(&self) -> &'static str {
+        match self.kind {
+            MagicKind::Wire(_) | MagicKind::Gzip => {
+                "BinaryFILE readers take BinaryFILE bytes only: read it through \
+                 feed_handler::capture (`load` or `open`), as every feed-handler command that \
+                 takes a capture does (decode, book, bbo, export, throughput, replay, \
+                 run --capture; --dst-port/--dst-addr choose the feed of a packet capture)"
+            }
+            MagicKind::Unread(hint) => hint,
+        }
+    }
+}
+
+/// The format whose magic number `head` starts with, if any.
+pub fn identify(head: &[u8]) -> Option<&'static Magic> {
+    MAGIC_NUMBERS.iter().find(|m| head.starts_with(m.bytes))
+}
+
+/// The container a file starting with `head` is, if it is a packet capture this crate reads.
 pub fn sniff_wire(head: &[u8]) -> Option<Container> {
-    let magic = head.get(..4)?;
-    match magic {
-        [0xd4, 0xc3, 0xb2, 0xa1]
-        | [0xa1, 0xb2, 0xc3, 0xd4]
-        | [0x4d, 0x3c, 0xb2, 0xa1]
-        | [0xa1, 0xb2, 0x3c, 0x4d]
-        // Alexey Kuznetsov's "modified" pcap, as old Linux tcpdumps wrote it.
-        | [0x34, 0xcd, 0xb2, 0xa1] => Some(Container::Pcap),
-        [0x0a, 0x0d, 0x0d, 0x0a] => Some(Container::PcapNg),
+    match identify(head)?.kind {
+        MagicKind::Wire(c) => Some(c),
         _ => None,
     }
 }
 
 /// Whether a file starting with `head` is gzip-compressed.
 pub fn is_gzip(head: &[u8]) -> bool {
-    head.starts_with(&GZIP_MAGIC)
+    identify(head).is_some_and(|m| m.kind == MagicKind::Gzip)
 }
 
 /// Reads up to `N` leading bytes of `r` (fewer only at the end of the input).
@@ -129,17 +235,26 @@ impl CaptureReader {
             })?;
             input = Box::new(Cursor::new(head).take(n as u64).chain(unzipped));
         }
-        let inner = match sniff_wire(&head[..n]) {
-            Some(container) => Inner::Wire(Box::new(
-                WireReader::new(input, container, filter.clone()).map_err(|e| {
-                    io::Error::new(e.kind(), format!("not a readable {container:?} file: {e}"))
-                })?,
-            )),
-            None => Inner::BinaryFile(input),
-        };
-        let format = match &inner {
-            Inner::BinaryFile(_) => Format::BinaryFile,
-            Inner::Wire(_) => Format::Wire(sniff_wire(&head[..n]).unwrap_or(Container::Pcap)),
+        let (inner, format) = match identify(&head[..n]) {
+            None => (Inner::BinaryFile(input), Format::BinaryFile),
+            Some(Magic {
+                kind: MagicKind::Wire(container),
+                ..
+            }) => (
+                Inner::Wire(Box::new(
+                    WireReader::new(input, *container, filter.clone()).map_err(|e| {
+                        io::Error::new(e.kind(), format!("not a readable {container:?} file: {e}"))
+                    })?,
+                )),
+                Format::Wire(*container),
+            ),
+            // Another format, or gzip inside gzip: refused as BinaryFILE readers refuse it.
+            Some(other) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    DetectError::OtherFormat(other),
+                ))
+            }
         };
         Ok(Self {
             inner,
@@ -198,7 +313,7 @@ impl Loaded {
 pub fn load(path: &Path, filter: &WireFilter) -> io::Result<Loaded> {
     let mut f = File::open(path)?;
     let (head, n) = read_head::<4>(&mut f)?;
-    if !is_gzip(&head[..n]) && sniff_wire(&head[..n]).is_none() {
+    if identify(&head[..n]).is_none() {
         return Ok(Loaded {
             data: std::fs::read(path)?,
             kind: Kind {
@@ -229,3 +344,6 @@ fn read_all(mut r: CaptureReader) -> io::Result<Loaded> {
         },
     })
 }
+
+#[cfg(test)]
+mod tests;

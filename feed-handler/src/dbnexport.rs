@@ -34,7 +34,7 @@
 //! - `definition`: one `InstrumentDefMsg` per stock directory message (R): raw symbol,
 //!   instrument class `K` (stock), exchange `XNAS`, currency `USD`, round lot size.
 
-use crate::binaryfile::Reader;
+use crate::binaryfile::StreamReader;
 use crate::book::{Book, Event, Level, Side};
 use crate::itch::{Message, Stock};
 use dbn::encode::{DbnEncodable, DbnEncoder, DynWriter, EncodeRecord};
@@ -44,8 +44,9 @@ use dbn::{
     Mbp1Msg, Metadata, RecordHeader, StatusMsg, SymbolMapping, SymbolMappingMsg, TradeMsg,
 };
 use rustc_hash::FxHashMap;
-use std::io::Write;
+use std::io::{self, Read, Write};
 use std::num::NonZeroU64;
+use std::ops::ControlFlow;
 
 /// The DBN dataset we write.
 pub const DATASET: &str = "XNAS.ITCH";
@@ -205,6 +206,10 @@ pub enum ExportError {
     /// The DBN encoder refused or could not write.
     #[error("DBN encoding failed")]
     Dbn(#[source] dbn::Error),
+    /// The capture could not be read (or is no BinaryFILE: the source is then a
+    /// [`crate::binaryfile::DetectError`]).
+    #[error("cannot read the capture")]
+    Read(#[source] io::Error),
 }
 
 impl From<dbn::Error> for ExportError {
@@ -268,14 +273,28 @@ pub fn export(
     opts: &ExportOptions,
     out: impl Write,
 ) -> Result<ExportTotals, ExportError> {
+    export_stream(data, data, opts, out)
+}
+
+/// [`export`] of a capture read as a stream twice, `first` and `second` each reading it
+/// from the start (e.g. two [`crate::capture::open`]s of the file): the DBN metadata, written
+/// first, holds the stock directory and time span of the whole day. Memory is the export's
+/// state and a chunk of the stream, whatever the capture's size.
+pub fn export_stream(
+    first: impl Read,
+    second: impl Read,
+    opts: &ExportOptions,
+    out: impl Write,
+) -> Result<ExportTotals, ExportError> {
     let midnight = opts.date.eastern_midnight_unix_ns();
     // First pass: the directory and the time span, which the metadata holds up front.
     let mut directory: Vec<(u16, Stock, u64)> = Vec::new();
-    let (mut first, mut last) = (None, 0u64);
-    if let Ok(reader) = Reader::new(data) {
-        for m in reader.flatten() {
+    let (mut first_ts, mut last) = (None, 0u64);
+    StreamReader::new(first)
+        .for_each(|m| {
+            let Ok(m) = m else { return };
             let t = m.header().timestamp.nanos();
-            first.get_or_insert(t);
+            first_ts.get_or_insert(t);
             last = last.max(t);
             if let Message::StockDirectory(d) = m {
                 let locate = d.header.stock_locate.get();
@@ -283,8 +302,9 @@ pub fn export(
                     directory.push((locate, d.stock, t));
                 }
             }
-        }
-    }
+        })
+        .map_err(ExportError::Read)?;
+    let first = first_ts;
     let Some(first) = first else {
         return Err(ExportError::Empty);
     };
@@ -354,12 +374,23 @@ pub fn export(
         sequence: 0,
         totals,
     };
-    let reader = Reader::new(data).map_err(|_| ExportError::Empty)?;
-    for m in reader.flatten() {
-        state.totals.messages += 1;
-        state.sequence = state.sequence.wrapping_add(1);
-        state.message(&m, &mut enc)?;
-    }
+    let mut failed = Ok(());
+    StreamReader::new(second)
+        .try_for_each(|m| {
+            let Ok(m) = m else {
+                return ControlFlow::Continue(());
+            };
+            state.totals.messages += 1;
+            state.sequence = state.sequence.wrapping_add(1);
+            failed = state.message(&m, &mut enc);
+            if failed.is_ok() {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
+        })
+        .map_err(ExportError::Read)?;
+    failed?;
     enc.get_mut().finish()?;
     Ok(state.totals)
 }

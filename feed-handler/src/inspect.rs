@@ -3,15 +3,17 @@
 //! measuring it (`feed-handler throughput`).
 //!
 //! Owns the time-of-day syntax, the text layout of a printed book and the BBO CSV format. It
-//! reads messages with [`crate::binaryfile::Reader`] and keeps state in [`crate::book::Book`]
-//! only: there is no second ITCH reader or book here, so what these tools show is what the
-//! service would have built from the same bytes. No file or terminal I/O: callers hand in the
-//! capture's bytes and a writer.
+//! reads messages with [`crate::binaryfile::StreamReader`] and keeps state in
+//! [`crate::book::Book`] only: there is no second ITCH reader or book here, so what these tools
+//! show is what the service would have built from the same bytes. No file or terminal I/O:
+//! callers hand in a stream of BinaryFILE bytes (read in chunks, so memory does not grow with
+//! the capture) and a writer.
 
-use crate::binaryfile::{self, Framing, Reader, ReaderCounters};
+use crate::binaryfile::{ReaderCounters, StreamReader};
 use crate::book::{Book, Event, Level, Side, SymbolBook};
 use std::fmt;
 use std::io::{self, Read, Write};
+use std::ops::ControlFlow;
 
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 
@@ -102,30 +104,37 @@ pub struct BookAt {
     pub reader: ReaderCounters,
 }
 
-/// Applies the messages of `reader` to a fresh [`Book`] up to and including the last one
-/// whose timestamp is at most `at` (all of them when `at` is `None`). Reading stops at the
-/// first later message: ITCH timestamps do not go back within a day.
-pub fn book_at(mut reader: Reader<'_>, at: Option<u64>) -> BookAt {
+/// Applies the messages of the BinaryFILE stream `input` (a file, or any capture through
+/// [`crate::capture::open`]) to a fresh [`Book`] up to and including the last one whose
+/// timestamp is at most `at` (all of them when `at` is `None`), reading it in chunks: memory
+/// is the books and one chunk. Reading stops at the first later message: ITCH timestamps do
+/// not go back within a day. A stream that is no BinaryFILE is an
+/// [`io::ErrorKind::InvalidData`] error.
+pub fn book_at(input: impl Read, at: Option<u64>) -> io::Result<BookAt> {
     let mut book = Book::new();
     let mut applied = 0;
     let mut last_timestamp = None;
     let mut discard = |_: &Event| {};
-    for m in reader.by_ref() {
-        let Ok(m) = m else { continue };
+    let mut reader = StreamReader::new(input);
+    reader.try_for_each(|m| {
+        let Ok(m) = m else {
+            return ControlFlow::Continue(());
+        };
         let ts = m.header().timestamp.nanos();
         if at.is_some_and(|at| ts > at) {
-            break;
+            return ControlFlow::Break(());
         }
         book.apply(&m, &mut discard);
         applied += 1;
         last_timestamp = Some(ts);
-    }
-    BookAt {
+        ControlFlow::Continue(())
+    })?;
+    Ok(BookAt {
         book,
         applied,
         last_timestamp,
         reader: *reader.counters(),
-    }
+    })
 }
 
 /// Which symbols [`write_book`] prints.
@@ -263,10 +272,10 @@ pub fn bbo_row(locate: u16, timestamp: u64, bid: Option<Level>, ask: Option<Leve
 /// How far [`write_bbo`] got, for progress reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
-    /// Bytes of the capture consumed.
-    pub bytes: usize,
-    /// Size of the capture.
-    pub total_bytes: usize,
+    /// Bytes of the BinaryFILE stream consumed.
+    pub bytes: u64,
+    /// Size of the stream, if known (an uncompressed BinaryFILE's file size).
+    pub total_bytes: Option<u64>,
     /// Messages applied.
     pub messages: u64,
     /// Rows written.
@@ -290,52 +299,68 @@ pub struct BboTotals {
 /// Writes [`BBO_HEADER`] and one row per top-of-book change: every [`Event::Bbo`] the book
 /// emits, i.e. each time the best bid or ask of a symbol changes price, size or order count
 /// (a replace that moves an order within the top level and leaves it as it was makes none).
-/// Calls `progress` every [`PROGRESS_EVERY`] messages.
+/// Reads the BinaryFILE stream `input` in chunks (memory is the books and one chunk); the
+/// header is written with the first message, so a stream without one writes nothing. Calls
+/// `progress` about every [`PROGRESS_EVERY`] records, `total_bytes` being the stream's size
+/// if known. A stream that is no BinaryFILE is an [`io::ErrorKind::InvalidData`] error.
 pub fn write_bbo(
-    mut reader: Reader<'_>,
+    input: impl Read,
+    total_bytes: Option<u64>,
     out: &mut impl Write,
     mut progress: impl FnMut(Progress),
 ) -> io::Result<BboTotals> {
-    writeln!(out, "{BBO_HEADER}")?;
-    let total_bytes = reader.len_bytes();
+    let mut reader = StreamReader::new(input);
     let mut book = Book::new();
     let mut messages = 0u64;
     let mut rows = 0u64;
     let mut result = Ok(());
-    // Not `for m in reader.by_ref()`: the loop reads `reader.position()` for progress.
-    while let Some(m) = reader.next() {
-        // Bad records are counted by the reader and skipped, as `decode` does.
-        let Ok(m) = m else { continue };
-        book.apply(&m, &mut |e: &Event| {
-            if let Event::Bbo {
-                locate,
-                timestamp,
-                bid,
-                ask,
-                ..
-            } = *e
-            {
-                if result.is_ok() {
-                    result = writeln!(out, "{}", bbo_row(locate, timestamp, bid, ask));
-                    rows += 1;
-                }
+    loop {
+        let n = reader.try_read_records(PROGRESS_EVERY as usize, |m| {
+            // Bad records are counted by the reader and skipped, as `decode` does.
+            let Ok(m) = m else {
+                return ControlFlow::Continue(());
+            };
+            if messages == 0 {
+                result = writeln!(out, "{BBO_HEADER}");
             }
-        });
-        std::mem::replace(&mut result, Ok(()))?;
-        messages += 1;
-        if messages % PROGRESS_EVERY == 0 {
-            progress(Progress {
-                bytes: reader.position(),
-                total_bytes,
-                messages,
-                rows,
+            book.apply(&m, &mut |e: &Event| {
+                if let Event::Bbo {
+                    locate,
+                    timestamp,
+                    bid,
+                    ask,
+                    ..
+                } = *e
+                {
+                    if result.is_ok() {
+                        result = writeln!(out, "{}", bbo_row(locate, timestamp, bid, ask));
+                        rows += 1;
+                    }
+                }
             });
+            messages += 1;
+            if result.is_ok() {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
+        })?;
+        std::mem::replace(&mut result, Ok(()))?;
+        if n == 0 {
+            break;
         }
+        progress(Progress {
+            bytes: reader.position(),
+            total_bytes,
+            messages,
+            rows,
+        });
     }
+    let reader = *reader.counters();
     Ok(BboTotals {
         messages,
         rows,
-        reader: *reader.counters(),
+        reader,
     })
 }
 
@@ -354,33 +379,6 @@ pub struct PassTotals {
     pub reader: ReaderCounters,
 }
 
-/// The end of the last whole record in `data` (what follows is the start of a record whose
-/// rest is in the next chunk). A record whose size cannot be known (an unknown type in a
-/// zero-prefixed capture) ends the walk where it starts: the reader reports it.
-fn whole_records(data: &[u8], framing: Framing) -> usize {
-    let mut pos = 0;
-    while let Some(prefix) = data.get(pos..pos + 2) {
-        let len = match framing {
-            Framing::LengthPrefixed => usize::from(u16::from_be_bytes([prefix[0], prefix[1]])),
-            Framing::ZeroPrefixed => match data.get(pos + 2).map(|&t| crate::itch::message_size(t))
-            {
-                Some(Some(n)) => n,
-                Some(None) => return data.len(),
-                None => break,
-            },
-        };
-        if len == 0 || pos + 2 + len > data.len() {
-            // A zero length is the reader's to report; a longer one is cut by the chunk.
-            if len == 0 {
-                return data.len();
-            }
-            break;
-        }
-        pos += 2 + len;
-    }
-    pos
-}
-
 /// Decodes a capture and applies it to full-depth books, counting top-of-book changes and
 /// nothing else: the work of `feed-handler bbo` without the CSV. Reads `input` in
 /// [`PASS_CHUNK`] pieces, so memory is the books plus one chunk whatever the capture's size.
@@ -390,65 +388,26 @@ pub fn books_pass(input: impl Read) -> io::Result<PassTotals> {
     pass_in_chunks(input, PASS_CHUNK)
 }
 
-/// [`books_pass`] with `chunk` bytes at a time; `chunk` must exceed the longest record
-/// (2 + 65,535 bytes) or a record longer than it is reported truncated.
-fn pass_in_chunks(mut input: impl Read, chunk: usize) -> io::Result<PassTotals> {
-    let mut buf = vec![0u8; chunk];
-    let mut filled = 0;
-    let mut framing = None;
+/// [`books_pass`] with `chunk` bytes at a time.
+fn pass_in_chunks(input: impl Read, chunk: usize) -> io::Result<PassTotals> {
     let mut book = Book::new();
     let mut bbo_changes = 0u64;
-    let mut reader_totals = ReaderCounters::default();
     let mut sink = |e: &Event| {
         if let Event::Bbo { .. } = e {
             bbo_changes += 1;
         }
     };
-    loop {
-        let n = match input.read(&mut buf[filled..]) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        filled += n;
-        let eof = n == 0;
-        if filled < buf.len() && !eof {
-            continue;
-        }
-        let data = &buf[..filled];
-        let framing = match framing {
-            Some(f) => f,
-            None => *framing.insert(
-                binaryfile::detect(data)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
-            ),
-        };
-        let end = if eof {
-            filled
-        } else {
-            whole_records(data, framing)
-        };
-        let mut reader = Reader::with_framing(&data[..end], framing);
-        // Bad records are counted by the reader and skipped, as `bbo` does.
-        for m in reader.by_ref().flatten() {
+    let mut reader = StreamReader::with_chunk(input, chunk);
+    // Bad records are counted by the reader and skipped, as `bbo` does.
+    reader.for_each(|m| {
+        if let Ok(m) = m {
             book.apply(&m, &mut sink);
         }
-        let c = reader.counters();
-        reader_totals.messages += c.messages;
-        reader_totals.bad_records += c.bad_records;
-        reader_totals.unknown_types += c.unknown_types;
-        reader_totals.length_mismatches += c.length_mismatches;
-        reader_totals.unread_bytes += c.unread_bytes;
-        if eof {
-            break;
-        }
-        buf.copy_within(end..filled, 0);
-        filled -= end;
-    }
+    })?;
     Ok(PassTotals {
         messages: book.counters().messages,
         bbo_changes,
-        reader: reader_totals,
+        reader: *reader.counters(),
     })
 }
 

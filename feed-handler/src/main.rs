@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use feed_handler::binaryfile::Reader;
-use feed_handler::capture::{self, Loaded};
+use feed_handler::binaryfile::{StreamReader, MIN_CHUNK};
+use feed_handler::capture::{self, CaptureReader};
 use feed_handler::config::Config;
 use feed_handler::generate::{generate_binaryfile, GenConfig};
 use feed_handler::inspect::{self, Symbols, TimeOfDay};
@@ -16,6 +16,7 @@ use rocebus::counters::{counters_path, default_dir};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use std::io::{BufWriter, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ops::ControlFlow;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -37,9 +38,9 @@ Capture files (decode, book, bbo, export, throughput, replay, run --capture), to
 their first bytes, not their names:
   - BinaryFILE: a 2-byte big-endian length before each ITCH 5.0 message (or all-zero \
 prefixes, detected);
-  - pcap (microsecond or nanosecond, either byte order) and pcapng captures of MoldUDP64 over \
-UDP: Ethernet with or without VLAN tags (802.1Q, QinQ), Linux cooked (SLL, SLL2), raw IP or \
-loopback; IPv4 fragments reassembled. The ITCH messages of the first MoldUDP64 session with \
+  - pcap (microsecond or nanosecond, either byte order; little-endian \"modified\" pcap) and \
+pcapng captures of MoldUDP64 over UDP: Ethernet with or without VLAN tags (802.1Q, QinQ), Linux cooked (SLL, SLL2), raw IP or \
+loopback; IPv4 and IPv6 (extension headers too), fragments reassembled. The ITCH messages of the first MoldUDP64 session with \
 data are read in sequence order: an A and a B feed in one file are delivered once, packets \
 of other sessions dropped. A summary goes to stderr: the session and sequences read, \
 sequence ranges missing from every feed (count, first and last missing), and the counts of \
@@ -219,6 +220,10 @@ enum Command {
         /// Testing: drop every Nth data packet on first send to exercise re-requests.
         #[arg(long, hide = true)]
         drop_every: Option<u32>,
+        /// Capture: megabytes of the most recent messages kept to answer re-requests (the
+        /// capture is read as it is sent; older requests go unanswered and are counted).
+        #[arg(long, value_name = "MB", default_value_t = 256)]
+        history_mb: usize,
     },
     /// Run the feed handler: MoldUDP64 → ITCH → order books → normalized market data on the bus.
     ///
@@ -311,6 +316,7 @@ fn main() -> Result<()> {
             session,
             linger_ms,
             drop_every,
+            history_mb,
         } => {
             if is_dbn(&file)? {
                 return replay_dbn(&file, &config, rate, realtime, linger_ms);
@@ -321,14 +327,10 @@ fn main() -> Result<()> {
                     file.display()
                 );
             };
-            let loaded = load(&file, &wire.filter())?;
-            report_wire(&file, &loaded);
-            let mut reader = capture(&file, &loaded.data)?;
-            let messages: Vec<&[u8]> = reader
-                .by_ref()
-                .filter_map(Result::ok)
-                .map(|m| m.as_bytes())
-                .collect();
+            // Streamed: memory is a chunk of the capture and the retransmission history.
+            let mut input = open(&file, &wire.filter())?;
+            let mut reader = StreamReader::new(&mut input);
+            reader.start().map_err(|e| read_error(&file, e))?;
             let mut cfg = ReplayConfig::new(group);
             cfg.retrans_bind = SocketAddr::from((Ipv4Addr::UNSPECIFIED, retrans_port));
             cfg.session = session;
@@ -339,16 +341,21 @@ fn main() -> Result<()> {
                 (Some(r), _) => Pacing::MessagesPerSecond(r),
                 (None, false) => Pacing::Unpaced,
             };
+            cfg.history_bytes = history_mb.saturating_mul(1 << 20);
             let mut replayer = Replayer::new(cfg).context("cannot open UDP sockets for replay")?;
             eprintln!(
-                "replaying {} messages to {group}; retransmission server on {}",
-                messages.len(),
+                "replaying {} to {group}; retransmission server on {}",
+                file.display(),
                 replayer.retrans_addr()?
             );
             let stats = replayer
-                .run(&messages)
+                .run_stream(reader)
                 .with_context(|| format!("sending to {group} failed"))?;
+            report_stream(&file, &input);
             eprintln!("{stats:?}");
+            if stats.messages == 0 {
+                return Err(no_messages(&file));
+            }
             Ok(())
         }
         Command::Run {
@@ -475,20 +482,29 @@ fn replay_dbn(
     Ok(())
 }
 
-/// The capture at `file` as BinaryFILE bytes, whatever its format (see `CAPTURE_FORMATS`).
-fn load(file: &Path, filter: &WireFilter) -> Result<Loaded> {
-    capture::load(file, filter).with_context(|| format!("cannot read {}", file.display()))
+/// The capture at `file` as a stream of BinaryFILE bytes (see `CAPTURE_FORMATS`).
+fn open(file: &Path, filter: &WireFilter) -> Result<CaptureReader> {
+    capture::open(file, filter).with_context(|| format!("cannot read {}", file.display()))
 }
 
-/// For a packet capture: what was read, skipped and missing, on stderr.
-fn report_wire(file: &Path, loaded: &Loaded) {
-    if let Some(summary) = loaded.summary() {
-        eprintln!("{}: {summary}", file.display());
+/// An error reading a capture stream; a file that is no BinaryFILE (`detect`'s error) says so.
+fn read_error(file: &Path, e: std::io::Error) -> anyhow::Error {
+    let not_binaryfile = e
+        .get_ref()
+        .is_some_and(|inner| inner.is::<feed_handler::binaryfile::DetectError>());
+    let what = if not_binaryfile {
+        format!("{} is not a BinaryFILE capture", file.display())
+    } else {
+        format!("cannot read {}", file.display())
+    };
+    anyhow::Error::new(e).context(what)
+}
+
+/// For a packet capture read as a stream: what was read, skipped and missing, on stderr.
+fn report_stream(file: &Path, input: &CaptureReader) {
+    if let Some(w) = input.wire_report() {
+        eprintln!("{}: {}: {w}", file.display(), input.kind());
     }
-}
-
-fn capture<'a>(file: &Path, data: &'a [u8]) -> Result<Reader<'a>> {
-    Reader::new(data).with_context(|| format!("{} is not a BinaryFILE capture", file.display()))
 }
 
 /// After `book` or `bbo` read a whole file: a file without one ITCH message is not a capture.
@@ -523,10 +539,11 @@ fn book(
     depth: u32,
     at: Option<u64>,
 ) -> Result<()> {
-    let loaded = load(file, filter)?;
-    report_wire(file, &loaded);
-    let data = loaded.data;
-    let got = inspect::book_at(capture(file, &data)?, at);
+    // Streamed: memory is the books and a chunk, whatever the capture's size.
+    let mut input = open(file, filter)?;
+    let got = inspect::book_at(&mut input, at).map_err(|e| read_error(file, e))?;
+    // With `--at`, a packet capture's summary covers what was read up to that time.
+    report_stream(file, &input);
     // With `--at` only what was read is judged; that includes the first later message.
     check_read(file, &got.reader)?;
     let symbols = match symbol {
@@ -573,20 +590,20 @@ fn book(
 }
 
 fn bbo(file: &Path, filter: &WireFilter, output: Option<&Path>) -> Result<()> {
-    let loaded = load(file, filter)?;
-    report_wire(file, &loaded);
-    let data = loaded.data;
-    let reader = capture(file, &data)?;
-    // Refuse a file that is no capture before creating the output or writing the header.
-    if capture(file, &data)?.flatten().next().is_none() {
-        return Err(no_messages(file));
-    }
-    let mut out: Box<dyn Write> = match output {
-        Some(path) => Box::new(BufWriter::new(
-            std::fs::File::create(path)
-                .with_context(|| format!("cannot create {}", path.display()))?,
-        )),
-        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+    // Streamed: memory is the books and a chunk, whatever the capture's size.
+    let mut input = open(file, filter)?;
+    let kind = input.kind();
+    let total_bytes = if kind.format == capture::Format::BinaryFile && !kind.gzip {
+        std::fs::metadata(file).ok().map(|m| m.len())
+    } else {
+        None
+    };
+    // The output is created with the header, at the first message: a file that is no
+    // capture, or holds no message, creates none.
+    let mut out = LazyOutput {
+        path: output,
+        out: None,
+        failed: None,
     };
     let start = Instant::now();
     let mut last_report = start;
@@ -594,9 +611,12 @@ fn bbo(file: &Path, filter: &WireFilter, output: Option<&Path>) -> Result<()> {
         let now = Instant::now();
         if now.duration_since(last_report) >= Duration::from_secs(1) {
             last_report = now;
+            let done = match p.total_bytes {
+                Some(total) => format!("{:.0}%", 100.0 * p.bytes as f64 / total.max(1) as f64),
+                None => format!("{} MB", p.bytes >> 20),
+            };
             eprintln!(
-                "bbo: {:.0}% of {}, {} messages, {} rows, {:.0} s",
-                100.0 * p.bytes as f64 / p.total_bytes.max(1) as f64,
+                "bbo: {done} of {}, {} messages, {} rows, {:.0} s",
                 file.display(),
                 p.messages,
                 p.rows,
@@ -604,19 +624,21 @@ fn bbo(file: &Path, filter: &WireFilter, output: Option<&Path>) -> Result<()> {
             );
         }
     };
-    let totals = match inspect::write_bbo(reader, &mut out, progress).and_then(|t| {
-        out.flush()?;
-        Ok(t)
-    }) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-        Err(e) => {
-            return Err(e).with_context(|| match output {
-                Some(path) => format!("cannot write {}", path.display()),
-                None => "cannot write to stdout".to_owned(),
-            })
-        }
-    };
+    let totals =
+        match inspect::write_bbo(&mut input, total_bytes, &mut out, progress).and_then(|t| {
+            out.flush()?;
+            Ok(t)
+        }) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(e) => {
+                return Err(match out.failed {
+                    Some(what) => anyhow::Error::new(e).context(what),
+                    None => read_error(file, e),
+                })
+            }
+        };
+    report_stream(file, &input);
     check_read(file, &totals.reader)?;
     if start.elapsed() >= Duration::from_secs(1) {
         eprintln!(
@@ -627,6 +649,57 @@ fn bbo(file: &Path, filter: &WireFilter, output: Option<&Path>) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `bbo`'s output, created at the first write; remembers what failed on its side.
+struct LazyOutput<'a> {
+    /// The file, or stdout.
+    path: Option<&'a Path>,
+    out: Option<Box<dyn Write>>,
+    /// What failed, if the output did.
+    failed: Option<String>,
+}
+
+impl LazyOutput<'_> {
+    fn get(&mut self) -> std::io::Result<&mut Box<dyn Write>> {
+        let out: Box<dyn Write> = match (self.out.take(), self.path) {
+            (Some(out), _) => out,
+            (None, Some(path)) => match std::fs::File::create(path) {
+                Ok(f) => Box::new(BufWriter::new(f)),
+                Err(e) => {
+                    self.failed = Some(format!("cannot create {}", path.display()));
+                    return Err(e);
+                }
+            },
+            (None, None) => Box::new(BufWriter::new(std::io::stdout().lock())),
+        };
+        Ok(self.out.insert(out))
+    }
+
+    fn failed<T>(&mut self, r: std::io::Result<T>) -> std::io::Result<T> {
+        if r.is_err() && self.failed.is_none() {
+            self.failed = Some(match self.path {
+                Some(path) => format!("cannot write {}", path.display()),
+                None => "cannot write to stdout".to_owned(),
+            });
+        }
+        r
+    }
+}
+
+impl Write for LazyOutput<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let r = self.get().and_then(|o| o.write(buf));
+        self.failed(r)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let r = match &mut self.out {
+            Some(o) => o.flush(),
+            None => Ok(()),
+        };
+        self.failed(r)
+    }
 }
 
 /// CPU time of this thread so far as the scheduler counts it (first field of
@@ -650,9 +723,7 @@ fn throughput(file: &Path, filter: &WireFilter) -> Result<()> {
     let totals =
         inspect::books_pass(&mut f).with_context(|| format!("cannot read {}", file.display()))?;
     let secs = start.elapsed().as_secs_f64();
-    if let Some(w) = f.wire_report() {
-        eprintln!("{}: {}: {w}", file.display(), f.kind());
-    }
+    report_stream(file, &f);
     let cpu = match (cpu, thread_cpu_ns()) {
         (Some(a), Some(b)) => format!(" cpu_secs={:.6}", b.saturating_sub(a) as f64 / 1e9),
         _ => String::new(),
@@ -674,21 +745,31 @@ fn export(
     date: feed_handler::dbnexport::Date,
     output: &Path,
 ) -> Result<()> {
-    use feed_handler::dbnexport::{export, ExportError, ExportOptions};
-    let loaded = load(file, filter)?;
-    report_wire(file, &loaded);
-    let data = loaded.data;
-    capture(file, &data)?;
+    use feed_handler::dbnexport::{export_stream, ExportError, ExportOptions};
+    // Streamed, in two passes over the file (the DBN metadata comes first and covers the
+    // whole day): memory is the export's state and a chunk, whatever the capture's size.
+    let (mut first, mut second) = (open(file, filter)?, open(file, filter)?);
+    // A file that is no capture is refused before the output is created.
+    StreamReader::with_chunk(open(file, filter)?, MIN_CHUNK)
+        .start()
+        .map_err(|e| read_error(file, e))?;
     let zstd = output.extension().is_some_and(|e| e == "zst");
     let out = BufWriter::new(
         std::fs::File::create(output)
             .with_context(|| format!("cannot create {}", output.display()))?,
     );
-    let totals = match export(&data, &ExportOptions { schema, date, zstd }, out) {
+    let opts = ExportOptions { schema, date, zstd };
+    let result = export_stream(&mut first, &mut second, &opts, out);
+    report_stream(file, &second);
+    let totals = match result {
         Ok(t) => t,
         Err(ExportError::Empty) => {
             let _ = std::fs::remove_file(output);
             return Err(no_messages(file));
+        }
+        Err(ExportError::Read(e)) => {
+            let _ = std::fs::remove_file(output);
+            return Err(read_error(file, e));
         }
         Err(e) => return Err(e).with_context(|| format!("cannot write {}", output.display())),
     };
@@ -717,20 +798,35 @@ fn quiet_broken_pipe(e: std::io::Error) -> Result<()> {
 }
 
 fn decode(file: &Path, filter: &WireFilter) -> Result<()> {
-    let loaded = load(file, filter)?;
-    report_wire(file, &loaded);
-    let data = loaded.data;
-    let mut reader = capture(file, &data)?;
+    // Streamed: memory is one chunk, whatever the capture's size.
+    let mut input = open(file, filter)?;
+    let mut reader = StreamReader::new(&mut input);
     let stdout = std::io::stdout().lock();
     let mut out = BufWriter::new(stdout);
-    for m in reader.by_ref() {
-        // Bad records are counted and logged (rate-limited) by the reader.
-        let Ok(m) = m else { continue };
-        serde_json::to_writer(&mut out, &itch::to_json(&m))?;
-        out.write_all(b"\n")?;
-    }
-    out.flush()?;
-    let c = reader.counters();
+    let mut written = Ok(());
+    reader
+        .try_for_each(|m| {
+            // Bad records are counted and logged (rate-limited) by the reader.
+            let Ok(m) = m else {
+                return ControlFlow::Continue(());
+            };
+            written = serde_json::to_writer(&mut out, &itch::to_json(&m))
+                .map_err(std::io::Error::from)
+                .and_then(|()| out.write_all(b"\n"));
+            if written.is_ok() {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
+        })
+        .map_err(|e| read_error(file, e))?;
+    let c = *reader.counters();
+    let read_bytes = reader.position();
+    drop(reader);
+    report_stream(file, &input);
+    written
+        .and_then(|()| out.flush())
+        .or_else(quiet_broken_pipe)?;
     if c.bad_records > 0 || c.unread_bytes > 0 {
         eprintln!(
             "{}: {} messages, {} bad records, {} bytes unread",
@@ -740,7 +836,7 @@ fn decode(file: &Path, filter: &WireFilter) -> Result<()> {
             c.unread_bytes
         );
     }
-    if c.messages == 0 && (!data.is_empty() || loaded.wire.is_some()) {
+    if c.messages == 0 && (read_bytes > 0 || input.wire_report().is_some()) {
         bail!("no ITCH message could be decoded from {}", file.display());
     }
     Ok(())

@@ -6,17 +6,22 @@
 //! capture the same way. Per record:
 //!
 //! - **Container**: [`pcap_parser`] reads the blocks (pcap with microsecond or nanosecond
-//!   timestamps in either byte order, pcapng with any number of sections and interfaces),
-//!   streaming, with memory bounded by the largest record.
+//!   timestamps in either byte order, little-endian "modified" pcap, pcapng with any number
+//!   of sections in either byte order and interfaces of any link types; an interface's
+//!   `if_tsresol` and `if_tsoffset` are read here), streaming, with memory bounded by the
+//!   largest record.
 //! - **Link and network layers**: Ethernet II with up to three VLAN tags (802.1Q, QinQ),
-//!   Linux cooked capture v1 and v2, raw IP, BSD loopback; IPv4 (fragments are reassembled)
-//!   and IPv6; the UDP payload is cut to the UDP length, so Ethernet padding after a short
+//!   Linux cooked capture v1 and v2, raw IP, BSD loopback; IPv4 and IPv6 (extension headers
+//!   such as hop-by-hop skipped), fragments of either reassembled in any order (copies
+//!   dropped); the UDP payload is cut to the UDP length, so Ethernet padding after a short
 //!   frame never reaches the MoldUDP64 parser. [`etherparse`] does the slicing.
 //! - **Filter**: [`WireFilter`] keeps only datagrams to the given destination ports and/or
 //!   addresses (an A and a B feed are two groups or ports of one session).
 //! - **Sequencing**: each datagram goes through the feed handler's own
 //!   [`GapTracker`](crate::moldudp64::GapTracker), locked onto the first MoldUDP64 session
-//!   whose data packet carries ITCH messages: A/B duplicates are delivered once, packets of
+//!   whose data packet carries ITCH messages and started at the lowest sequence of that
+//!   session seen in its first [`GAP_WAIT`] of capture time (packets reordered at the start,
+//!   by the feeds or by fragments, lose nothing): A/B duplicates are delivered once, packets of
 //!   other sessions are counted and dropped, and a range missing from both feeds is given
 //!   up once the capture has moved [`GAP_WAIT`] past it (or at the end of the file) and
 //!   reported in [`WireReport::losses`].
@@ -32,11 +37,15 @@ use crate::moldudp64::{
     Deliver, GapConfig, GapTracker, Kind, Loss, Packet, PacketError, StartPolicy,
 };
 use etherparse::defrag::IpDefragPool;
-use etherparse::{EtherType, NetSlice, SlicedPacket, TransportSlice, UdpSlice};
+use etherparse::{EtherType, Ipv6ExtensionSlice, NetSlice, SlicedPacket, TransportSlice, UdpSlice};
 use pcap_parser::pcapng::Block;
 use pcap_parser::traits::{PcapNGPacketBlock, PcapReaderIterator};
-use pcap_parser::{LegacyPcapReader, Linktype, PcapBlockOwned, PcapError, PcapNGReader};
+use pcap_parser::{
+    LegacyPcapReader, Linktype, OptionCode, PcapBlockOwned, PcapError, PcapNGReader,
+};
+use rustc_hash::{FxHashMap, FxHasher};
 use std::fmt;
+use std::hash::Hasher;
 use std::io::{self, Read};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -106,6 +115,9 @@ pub struct WireReport {
     pub reassembled: u64,
     /// Fragments that could not be reassembled (overlapping, inconsistent).
     pub bad_fragments: u64,
+    /// Copies of fragments seen already (the same bytes at the same place of the same
+    /// datagram), dropped.
+    pub duplicate_fragments: u64,
     /// UDP datagrams (whole or reassembled).
     pub udp_datagrams: u64,
     /// Of those, not to the `--dst-port` / `--dst-addr` asked for.
@@ -118,7 +130,8 @@ pub struct WireReport {
     pub foreign_session: u64,
     /// The session read (first MoldUDP64 data packet carrying ITCH messages).
     pub session: Option<[u8; 10]>,
-    /// Sequence number of the first message read.
+    /// Sequence number of the first message read: the lowest of the session's first
+    /// [`GAP_WAIT`] of capture time.
     pub first_sequence: Option<u64>,
     /// One past the last sequence number delivered.
     pub next_sequence: Option<u64>,
@@ -219,6 +232,7 @@ impl fmt::Display for WireReport {
             (self.ip_fragments, "IP fragments"),
             (self.reassembled, "datagrams reassembled"),
             (self.bad_fragments, "bad IP fragments"),
+            (self.duplicate_fragments, "duplicate IP fragments dropped"),
             (self.far_ahead, "packets far ahead of the sequence dropped"),
             (
                 self.before_session,
@@ -267,12 +281,119 @@ struct Interface {
     offset: i64,
 }
 
+/// Units per second of a pcapng `if_tsresol` value: 10^n, or 2^n when the high bit is set;
+/// `None` for one too fine to count in 64 bits.
+fn ts_units(tsresol: u8) -> Option<u64> {
+    let n = u32::from(tsresol & 0x7f);
+    if tsresol & 0x80 == 0 {
+        10u64.checked_pow(n)
+    } else {
+        1u64.checked_shl(n)
+    }
+}
+
+impl Interface {
+    /// The interface an IDB describes, in a section of the given byte order. Its timestamp
+    /// options are read here: pcap_parser 0.17 takes a 2^-n `if_tsresol` for none (so for
+    /// microseconds) and reads `if_tsoffset` little-endian in every section.
+    fn new(idb: &pcap_parser::InterfaceDescriptionBlock<'_>, big_endian: bool) -> Self {
+        let mut resolution = 1_000_000;
+        let mut offset = 0;
+        for opt in &idb.options {
+            let value = opt.value.get(..usize::from(opt.len)).unwrap_or_default();
+            match (opt.code, value) {
+                (OptionCode::IfTsresol, [r]) => {
+                    resolution = ts_units(*r).unwrap_or_else(|| {
+                        tracing::warn!(
+                            if_tsresol = r,
+                            "pcapng interface timestamp resolution too fine, taken as µs"
+                        );
+                        1_000_000
+                    })
+                }
+                (OptionCode::IfTsoffset, &[a, b, c, d, e, f, g, h]) => {
+                    let bytes = [a, b, c, d, e, f, g, h];
+                    offset = if big_endian {
+                        i64::from_be_bytes(bytes)
+                    } else {
+                        i64::from_le_bytes(bytes)
+                    };
+                }
+                _ => {}
+            }
+        }
+        Self {
+            link: idb.linktype,
+            resolution,
+            offset,
+        }
+    }
+}
+
+/// An IP datagram being fragmented: source, destination, identification.
+type DatagramId = (IpAddr, IpAddr, u32);
+/// One fragment of it: offset, more fragments, and a hash of its bytes.
+type FragmentPlace = (u16, bool, u64);
+
+/// Which datagram a fragment belongs to and which fragment it is.
+fn fragment_of(packet: &SlicedPacket<'_>) -> Option<(DatagramId, FragmentPlace)> {
+    let hash = |bytes: &[u8]| {
+        let mut h = FxHasher::default();
+        h.write(bytes);
+        h.finish()
+    };
+    match &packet.net {
+        Some(NetSlice::Ipv4(ip)) => {
+            let h = ip.header();
+            Some((
+                (
+                    IpAddr::V4(h.source_addr()),
+                    IpAddr::V4(h.destination_addr()),
+                    u32::from(h.identification()),
+                ),
+                (
+                    h.fragments_offset().value(),
+                    h.more_fragments(),
+                    hash(ip.payload().payload),
+                ),
+            ))
+        }
+        Some(NetSlice::Ipv6(ip)) => {
+            let frag = ip.extensions().clone().into_iter().find_map(|e| match e {
+                Ipv6ExtensionSlice::Fragment(f) => Some(f),
+                _ => None,
+            })?;
+            Some((
+                (
+                    IpAddr::V6(ip.header().source_addr()),
+                    IpAddr::V6(ip.header().destination_addr()),
+                    frag.identification(),
+                ),
+                (
+                    frag.fragment_offset().value(),
+                    frag.more_fragments(),
+                    hash(ip.payload().payload),
+                ),
+            ))
+        }
+        _ => None,
+    }
+}
+
 /// The per-datagram state: filter, defragmentation, sequencing and the output.
 struct Extractor {
     filter: WireFilter,
     report: WireReport,
     tracker: Option<GapTracker>,
-    defrag: IpDefragPool<u64, ()>,
+    /// Before the tracker: the session's first packets, held while the start is chosen.
+    warmup: Option<Warmup>,
+    /// Fragments being reassembled, by capture time and the generation of their datagram.
+    defrag: IpDefragPool<u64, u32>,
+    /// Fragments of the last [`FRAGMENT_TIMEOUT_NS`], to drop copies.
+    fragments_seen: FxHashMap<(DatagramId, FragmentPlace), u64>,
+    /// Datagrams whose reassembly failed: (generation, when), the generation starting a
+    /// fresh buffer for their later fragments.
+    fragment_generation: FxHashMap<DatagramId, (u32, u64)>,
     /// Start of the virtual clock the tracker runs on.
     base: Instant,
     /// Capture time of the first record, ns.
@@ -282,6 +403,22 @@ struct Extractor {
     out: Vec<u8>,
     log: RateLimitedLog,
 }
+
+/// The first [`GAP_WAIT`] of a session's packets, held until its first sequence is known.
+struct Warmup {
+    session: [u8; 10],
+    /// Lowest sequence of a data packet of the session with messages.
+    first: u64,
+    /// Virtual time at which the tracker starts.
+    until: u64,
+    /// (virtual time, MoldUDP64 packet) of every datagram that passed the filter.
+    held: Vec<(u64, Vec<u8>)>,
+    /// Bytes in `held`.
+    bytes: usize,
+}
+
+/// Most bytes held during the warm-up; past that the tracker starts early.
+const WARMUP_BYTES: usize = 64 << 20;
 
 /// Collects what the tracker releases into the BinaryFILE output.
 struct Sink<'a> {
@@ -329,7 +466,10 @@ impl Extractor {
             filter,
             report: WireReport::default(),
             tracker: None,
+            warmup: None,
             defrag: IpDefragPool::new(),
+            fragments_seen: FxHashMap::default(),
+            fragment_generation: FxHashMap::default(),
             base: Instant::now(),
             first_ts: None,
             clock: 0,
@@ -359,6 +499,8 @@ impl Extractor {
         if self.report.records % 4096 == 0 {
             let horizon = self.clock.saturating_sub(FRAGMENT_TIMEOUT_NS);
             self.defrag.retain(|&t| t >= horizon);
+            self.fragments_seen.retain(|_, t| *t >= horizon);
+            self.fragment_generation.retain(|_, g| g.1 >= horizon);
         }
         let sliced = match link {
             Linktype::ETHERNET => SlicedPacket::from_ethernet(data),
@@ -415,7 +557,25 @@ impl Extractor {
         };
         if fragmented {
             self.report.ip_fragments += 1;
-            match self.defrag.process_sliced_packet(&packet, self.clock, ()) {
+            let Some((datagram, fragment)) = fragment_of(&packet) else {
+                return self.bad_frame(false);
+            };
+            // A copy of a fragment seen already (both legs of a bond captured, a SPAN
+            // duplicate): after its datagram was complete it would start a new one that the
+            // next datagram with the same identification (it wraps) would be merged into.
+            if self
+                .fragments_seen
+                .insert((datagram, fragment), self.clock)
+                .is_some()
+            {
+                self.report.duplicate_fragments += 1;
+                return;
+            }
+            let generation = self.fragment_generation.get(&datagram).map_or(0, |g| g.0);
+            match self
+                .defrag
+                .process_sliced_packet(&packet, self.clock, generation)
+            {
                 Ok(Some(whole)) => {
                     if whole.ip_number == etherparse::IpNumber::UDP {
                         if let Ok(udp) = UdpSlice::from_slice(&whole.payload) {
@@ -430,7 +590,13 @@ impl Extractor {
                     self.defrag.return_buf(whole);
                 }
                 Ok(None) => {}
-                Err(_) => self.report.bad_fragments += 1,
+                Err(_) => {
+                    // The datagram's buffer is inconsistent: its later fragments start a new
+                    // one (the old one is dropped with the incomplete ones).
+                    self.report.bad_fragments += 1;
+                    let g = self.fragment_generation.entry(datagram).or_insert((0, 0));
+                    *g = (g.0.wrapping_add(1), self.clock);
+                }
             }
             return;
         }
@@ -461,31 +627,71 @@ impl Extractor {
             Ok(p) => p,
             Err(e) => return self.not_mold(dst, port, e),
         };
-        let tracker = match &mut self.tracker {
-            Some(t) => t,
-            None if carries_itch(&packet) => {
-                self.report.session = Some(packet.session());
-                self.report.first_sequence = Some(packet.sequence_number());
-                self.tracker.insert(GapTracker::new(GapConfig {
-                    start: StartPolicy::FirstSeen,
-                    session: Some(packet.session()),
-                    retransmission: false,
-                    retransmit_timeout: GAP_WAIT,
-                    max_buffered_bytes: 256 << 20,
-                    ..GapConfig::default()
-                }))
-            }
-            None => {
-                self.report.before_session += 1;
-                return;
-            }
-        };
-        if packet.kind() == Kind::EndOfSession && Some(packet.session()) == self.report.session {
-            self.report.end_of_session = true;
+        if self.tracker.is_some() {
+            return self.track(self.clock, payload);
         }
-        let now = self.base + Duration::from_nanos(self.clock);
+        if let Some(w) = &mut self.warmup {
+            // Packets reordered at the start of the capture (the other feed ahead, fragments
+            // reassembled out of order): the session starts at the lowest sequence seen in
+            // its first GAP_WAIT, not at whichever packet came first.
+            if packet.session() == w.session && carries_itch(&packet) {
+                w.first = w.first.min(packet.sequence_number());
+            }
+            w.bytes += payload.len();
+            w.held.push((self.clock, payload.to_vec()));
+            if self.clock >= w.until || w.bytes > WARMUP_BYTES {
+                self.start_tracking();
+            }
+            return;
+        }
+        if carries_itch(&packet) {
+            self.report.session = Some(packet.session());
+            self.warmup = Some(Warmup {
+                session: packet.session(),
+                first: packet.sequence_number(),
+                until: self.clock.saturating_add(GAP_WAIT.as_nanos() as u64),
+                bytes: payload.len(),
+                held: vec![(self.clock, payload.to_vec())],
+            });
+        } else {
+            self.report.before_session += 1;
+        }
+    }
+
+    /// Ends the warm-up: the tracker starts at the lowest sequence seen and is handed the
+    /// packets held meanwhile, at their capture times.
+    fn start_tracking(&mut self) {
+        let Some(w) = self.warmup.take() else {
+            return;
+        };
+        self.report.first_sequence = Some(w.first);
+        self.tracker = Some(GapTracker::new(GapConfig {
+            start: StartPolicy::Sequence(w.first),
+            session: Some(w.session),
+            retransmission: false,
+            retransmit_timeout: GAP_WAIT,
+            max_buffered_bytes: 256 << 20,
+            ..GapConfig::default()
+        }));
+        for (at, payload) in w.held {
+            self.track(at, &payload);
+        }
+    }
+
+    /// One MoldUDP64 packet (already parsed once) to the tracker, at virtual time `at`.
+    fn track(&mut self, at: u64, payload: &[u8]) {
+        let Some(tracker) = &mut self.tracker else {
+            return;
+        };
+        if let Ok(packet) = Packet::parse(payload) {
+            if packet.kind() == Kind::EndOfSession && Some(packet.session()) == self.report.session
+            {
+                self.report.end_of_session = true;
+            }
+        }
+        let now = self.base + Duration::from_nanos(at);
         let out = &mut self.out;
-        // Malformed packets were refused by `Packet::parse` above.
+        // Malformed packets were refused by `Packet::parse` before.
         let _ = tracker.on_packet(now, payload, &mut |_, m| push_record(out, m));
         tracker.poll_request(now);
         if tracker.next_timeout().is_some_and(|t| t <= now) {
@@ -507,6 +713,7 @@ impl Extractor {
 
     /// The end of the capture: whatever is still missing is missing.
     fn finish(&mut self) {
+        self.start_tracking();
         let Some(tracker) = &mut self.tracker else {
             return;
         };
@@ -552,6 +759,8 @@ pub struct WireReader<R: Read> {
     /// Link type of a pcap file; the interfaces of the current pcapng section.
     link: Linktype,
     nanos: bool,
+    /// Byte order of the current pcapng section.
+    big_endian: bool,
     interfaces: Vec<Interface>,
     x: Extractor,
     out_pos: usize,
@@ -599,6 +808,7 @@ impl<R: Read> WireReader<R> {
             container,
             link: Linktype::ETHERNET,
             nanos: false,
+            big_endian: false,
             interfaces: Vec::new(),
             x: Extractor::new(filter),
             out_pos: 0,
@@ -646,13 +856,12 @@ impl<R: Read> WireReader<R> {
                         let truncated = b.caplen < b.origlen;
                         self.x.frame(self.link, b.data, truncated);
                     }
-                    PcapBlockOwned::NG(Block::SectionHeader(_)) => self.interfaces.clear(),
+                    PcapBlockOwned::NG(Block::SectionHeader(shb)) => {
+                        self.interfaces.clear();
+                        self.big_endian = shb.big_endian();
+                    }
                     PcapBlockOwned::NG(Block::InterfaceDescription(idb)) => {
-                        self.interfaces.push(Interface {
-                            link: idb.linktype,
-                            resolution: idb.ts_resolution().unwrap_or(1_000_000),
-                            offset: idb.ts_offset(),
-                        })
+                        self.interfaces.push(Interface::new(&idb, self.big_endian))
                     }
                     PcapBlockOwned::NG(Block::EnhancedPacket(epb)) => {
                         match self.interfaces.get(epb.if_id as usize).copied() {
@@ -762,3 +971,5 @@ pub mod synth;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_wire;

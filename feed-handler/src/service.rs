@@ -8,10 +8,10 @@
 //! [`crate::moldudp64::GapTracker`]'s, bus sequencing and recovery are rocebus's.
 
 use crate::badinput::RateLimitedLog;
-use crate::binaryfile::{self, DetectError, Framing, Reader};
+use crate::binaryfile::{DetectError, StreamReader};
 use crate::book::Book;
 use crate::bus::BusSink;
-use crate::capture;
+use crate::capture::{self, CaptureReader};
 use crate::config::Config;
 use crate::ipcsink::IpcSink;
 use crate::itch;
@@ -207,12 +207,13 @@ enum Source {
     Capture(Capture),
 }
 
-/// A capture in memory, read a batch of records per loop pass.
+/// A capture read as a stream, a batch of records per loop pass: memory is one chunk of
+/// BinaryFILE bytes (and, for a packet capture, the reader's buffers), whatever its size.
 #[derive(Debug)]
 struct Capture {
-    data: Vec<u8>,
-    pos: usize,
-    framing: Framing,
+    reader: StreamReader<CaptureReader>,
+    path: PathBuf,
+    done: bool,
     messages: u64,
     bad_records: u64,
 }
@@ -223,45 +224,68 @@ const CAPTURE_BATCH: usize = 64;
 impl Capture {
     fn open(path: &Path, filter: &WireFilter) -> Result<Self, ServiceError> {
         // Any supported capture (BinaryFILE, pcap, pcapng, gzipped) as BinaryFILE bytes.
-        let loaded = capture::load(path, filter).map_err(|source| ServiceError::ReadCapture {
+        let input = capture::open(path, filter).map_err(|source| ServiceError::ReadCapture {
             path: path.into(),
             source,
         })?;
-        if let Some(summary) = loaded.summary() {
-            tracing::info!(path = %path.display(), "{summary}");
-        }
-        let data = loaded.data;
-        let framing = binaryfile::detect(&data).map_err(|source| ServiceError::CaptureFormat {
-            path: path.into(),
-            source,
+        let mut reader = StreamReader::new(input);
+        // The first chunk tells the framing: a file that is no capture fails here.
+        reader.start().map_err(|source| {
+            match source
+                .get_ref()
+                .and_then(|e| e.downcast_ref::<DetectError>())
+            {
+                Some(&source) => ServiceError::CaptureFormat {
+                    path: path.into(),
+                    source,
+                },
+                None => ServiceError::ReadCapture {
+                    path: path.into(),
+                    source,
+                },
+            }
         })?;
         Ok(Self {
-            data,
-            pos: 0,
-            framing,
+            reader,
+            path: path.into(),
+            done: false,
             messages: 0,
             bad_records: 0,
         })
     }
 
     fn done(&self) -> bool {
-        self.pos >= self.data.len()
+        self.done
     }
 
     /// Hands up to [`CAPTURE_BATCH`] messages to `deliver`; returns how many records it read.
     fn feed(&mut self, mut deliver: impl FnMut(&[u8])) -> usize {
-        let mut r = Reader::with_framing(&self.data[self.pos..], self.framing);
-        let mut n = 0;
-        for record in r.by_ref().take(CAPTURE_BATCH) {
-            n += 1;
+        if self.done {
+            return 0;
+        }
+        let read = self.reader.read_records(CAPTURE_BATCH, |record| {
             // Bad records are counted and logged (rate-limited) by the reader.
             if let Ok(m) = record {
                 deliver(m.as_bytes());
             }
+        });
+        let c = self.reader.counters();
+        (self.messages, self.bad_records) = (c.messages, c.bad_records);
+        let n = match read {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(path = %self.path.display(), error = %e,
+                    "capture read failed: the rest of it is not read");
+                0
+            }
+        };
+        if n == 0 {
+            self.done = true;
+            let input = self.reader.get_ref();
+            if let Some(w) = input.wire_report() {
+                tracing::info!(path = %self.path.display(), "{}: {w}", input.kind());
+            }
         }
-        self.messages += r.counters().messages;
-        self.bad_records += r.counters().bad_records;
-        self.pos += r.position();
         n
     }
 }
@@ -641,6 +665,7 @@ fn wall_clock_session() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::binaryfile::{self, Reader};
     use crate::generate::{generate, GenConfig};
     use crate::view::{book_l2, MarketView};
 

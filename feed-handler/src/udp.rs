@@ -9,13 +9,15 @@
 //! in the lead's `run`.
 
 use crate::badinput::RateLimitedLog;
+use crate::binaryfile::StreamReader;
 use crate::moldudp64::{
     build_retransmission, empty_packet, session, Deliver, GapConfig, GapTracker, Ingress,
     IngressConfig, Loss, Origin, PacketBuilder, Request, SourceAddr, Verdict, END_OF_SESSION,
     HEARTBEAT,
 };
 use nix::sys::socket::sockopt;
-use std::io;
+use std::collections::VecDeque;
+use std::io::{self, Read};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -53,6 +55,9 @@ pub struct ReplayConfig {
     /// Loss injection for tests and demos: drop every Nth data packet on first send
     /// (retransmissions are never dropped).
     pub drop_every: Option<u32>,
+    /// [`Replayer::run_stream`] only: bytes of the most recent messages kept to answer
+    /// re-requests (older ones go unanswered, counted in [`ReplayStats::unserved`]).
+    pub history_bytes: usize,
 }
 
 impl ReplayConfig {
@@ -69,6 +74,7 @@ impl ReplayConfig {
             multicast_ttl: 1,
             multicast_loop: true,
             drop_every: None,
+            history_bytes: 256 << 20,
         }
     }
 }
@@ -86,6 +92,108 @@ pub struct ReplayStats {
     pub retransmissions: u64,
     /// Requests that were malformed or for another session.
     pub bad_requests: u64,
+    /// Messages sent (first sends, counting dropped ones).
+    pub messages: u64,
+    /// Requests for messages no longer in the history of [`Replayer::run_stream`].
+    pub unserved: u64,
+}
+
+/// Where a replay's messages come from and its re-requests are answered from.
+trait Source {
+    /// The next message to send, without taking it; `None` at the end.
+    fn peek(&mut self) -> io::Result<Option<&[u8]>>;
+    /// The peeked message was sent (or skipped): the next one.
+    fn advance(&mut self);
+    /// The messages re-requests can be answered from, and the sequence of the first.
+    fn history(&mut self) -> (u64, &[impl AsRef<[u8]>]);
+}
+
+/// The retransmission packet answering `req` from `source`'s history, if any of it can be
+/// answered; a request for messages no longer held is counted in [`ReplayStats::unserved`].
+fn answer_request<'b>(
+    builder: &'b mut PacketBuilder,
+    session: [u8; 10],
+    source: &mut impl Source,
+    req: &Request,
+    stats: &mut ReplayStats,
+) -> Option<&'b [u8]> {
+    let (first, history) = source.history();
+    if req.sequence_number < first {
+        stats.unserved += 1;
+        return None;
+    }
+    build_retransmission(builder, session, first, history, req)
+}
+
+/// A capture in memory: every message can be retransmitted.
+struct Slice<'a, M> {
+    messages: &'a [M],
+    next: usize,
+}
+
+impl<M: AsRef<[u8]>> Source for Slice<'_, M> {
+    fn peek(&mut self) -> io::Result<Option<&[u8]>> {
+        Ok(self.messages.get(self.next).map(AsRef::as_ref))
+    }
+
+    fn advance(&mut self) {
+        self.next += 1;
+    }
+
+    fn history(&mut self) -> (u64, &[impl AsRef<[u8]>]) {
+        (1, self.messages)
+    }
+}
+
+/// Messages read ahead from a stream, before they are sent.
+const READ_AHEAD: usize = 1024;
+
+/// A BinaryFILE stream: the most recent `limit` bytes of messages can be retransmitted.
+struct Stream<R> {
+    reader: StreamReader<R>,
+    ahead: VecDeque<Vec<u8>>,
+    /// Sent messages, the first of sequence `first`.
+    history: VecDeque<Vec<u8>>,
+    first: u64,
+    bytes: usize,
+    limit: usize,
+}
+
+impl<R: Read> Source for Stream<R> {
+    fn peek(&mut self) -> io::Result<Option<&[u8]>> {
+        while self.ahead.is_empty() {
+            let ahead = &mut self.ahead;
+            // Bad records are counted and logged by the reader, and not sent.
+            let n = self.reader.read_records(READ_AHEAD, |r| {
+                if let Ok(m) = r {
+                    ahead.push_back(m.as_bytes().to_vec());
+                }
+            })?;
+            if n == 0 {
+                break;
+            }
+        }
+        Ok(self.ahead.front().map(Vec::as_slice))
+    }
+
+    fn advance(&mut self) {
+        let Some(m) = self.ahead.pop_front() else {
+            return;
+        };
+        self.bytes += m.len();
+        self.history.push_back(m);
+        while self.bytes > self.limit {
+            let Some(old) = self.history.pop_front() else {
+                break;
+            };
+            self.bytes -= old.len();
+            self.first += 1;
+        }
+    }
+
+    fn history(&mut self) -> (u64, &[impl AsRef<[u8]>]) {
+        (self.first, self.history.make_contiguous())
+    }
 }
 
 /// Plays a capture as a MoldUDP64 exchange feed.
@@ -132,28 +240,56 @@ impl Replayer {
     /// Sends `messages` (sequence numbers from 1), the end of session, then serves
     /// re-requests until `linger` passes without one.
     pub fn run<M: AsRef<[u8]>>(&mut self, messages: &[M]) -> io::Result<ReplayStats> {
+        self.play(&mut Slice { messages, next: 0 })
+    }
+
+    /// [`Replayer::run`] for the records of a BinaryFILE stream (e.g. a capture through
+    /// [`crate::capture::open`]), read as they are sent: memory is a chunk of the stream and
+    /// the last [`ReplayConfig::history_bytes`] of messages, kept for re-requests. Bad
+    /// records are skipped (the reader counts them).
+    pub fn run_stream<R: Read>(&mut self, reader: StreamReader<R>) -> io::Result<ReplayStats> {
+        let limit = self.config.history_bytes;
+        self.play(&mut Stream {
+            reader,
+            ahead: VecDeque::new(),
+            history: VecDeque::new(),
+            first: 1,
+            bytes: 0,
+            limit,
+        })
+    }
+
+    fn play(&mut self, source: &mut impl Source) -> io::Result<ReplayStats> {
         let mut builder = PacketBuilder::new(self.config.max_packet);
         let mut answer = PacketBuilder::new(self.config.max_packet);
         let mut buf = [0u8; 64];
         let start = Instant::now();
-        let first_ts = messages.first().map_or(0, |m| itch_ts(m.as_ref()));
-        let mut i = 0;
-        while i < messages.len() {
-            builder.start(self.session, i as u64 + 1);
-            while i < messages.len() && builder.push(messages[i].as_ref()).is_ok() {
-                i += 1;
+        let realtime = self.config.pacing == Pacing::Realtime;
+        let mut first_ts = None;
+        // Sequence number of the next message.
+        let mut next = 1u64;
+        while source.peek()?.is_some() {
+            builder.start(self.session, next);
+            let mut last_ts = 0;
+            while let Some(m) = source.peek()? {
+                if builder.push(m).is_err() {
+                    break;
+                }
+                if realtime {
+                    last_ts = itch_ts(m);
+                    first_ts.get_or_insert(last_ts);
+                }
+                source.advance();
+                next += 1;
             }
             if builder.count() == 0 {
                 // A message larger than a packet: skip it rather than loop forever.
-                i += 1;
+                source.advance();
+                next += 1;
                 continue;
             }
-            self.pace(
-                start,
-                i as u64,
-                messages.get(i - 1).map_or(0, |m| itch_ts(m.as_ref())),
-                first_ts,
-            );
+            self.stats.messages += u64::from(builder.count());
+            self.pace(start, next - 1, last_ts, first_ts.unwrap_or(0));
             self.stats.packets += 1;
             let drop = self
                 .config
@@ -164,9 +300,9 @@ impl Replayer {
             } else {
                 self.data.send_to(builder.bytes(), self.config.group)?;
             }
-            self.serve(&mut answer, messages, &mut buf)?;
+            self.serve(&mut answer, source, &mut buf)?;
         }
-        let end = empty_packet(self.session, messages.len() as u64 + 1, END_OF_SESSION);
+        let end = empty_packet(self.session, next, END_OF_SESSION);
         let mut last_activity = Instant::now();
         let mut last_eos = None::<Instant>;
         while last_activity.elapsed() < self.config.linger {
@@ -174,7 +310,7 @@ impl Replayer {
                 self.data.send_to(&end, self.config.group)?;
                 last_eos = Some(Instant::now());
             }
-            if self.serve(&mut answer, messages, &mut buf)? {
+            if self.serve(&mut answer, source, &mut buf)? {
                 last_activity = Instant::now();
             } else {
                 std::thread::sleep(Duration::from_micros(200));
@@ -184,10 +320,10 @@ impl Replayer {
     }
 
     /// Answers pending re-requests; returns whether there were any.
-    fn serve<M: AsRef<[u8]>>(
+    fn serve(
         &mut self,
         answer: &mut PacketBuilder,
-        messages: &[M],
+        source: &mut impl Source,
         buf: &mut [u8; 64],
     ) -> io::Result<bool> {
         let mut any = false;
@@ -206,7 +342,7 @@ impl Replayer {
                 }
             };
             self.stats.requests += 1;
-            if let Some(p) = build_retransmission(answer, self.session, 1, messages, &req) {
+            if let Some(p) = answer_request(answer, self.session, source, &req, &mut self.stats) {
                 self.retrans.send_to(p, from)?;
                 self.stats.retransmissions += 1;
             }
@@ -508,4 +644,77 @@ fn log_rejected(verdict: Verdict, origin: Origin, from: SocketAddr, len: usize, 
 /// The heartbeat a replayer would send while idle (exposed for tools).
 pub fn heartbeat(session_name: &str, next_sequence: u64) -> [u8; 20] {
     empty_packet(session(session_name), next_sequence, HEARTBEAT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binaryfile::push_record;
+    use crate::moldudp64::Packet;
+
+    /// A streamed replay keeps the last `limit` bytes of what it sent: requests within are
+    /// answered as from the whole capture, older ones are counted and go unanswered.
+    #[test]
+    fn stream_history_is_bounded_and_answers_what_it_holds() {
+        let mut messages: Vec<Vec<u8>> = Vec::new();
+        crate::generate::generate(
+            &crate::generate::GenConfig {
+                seed: 2,
+                messages: 100,
+                symbols: 3,
+            },
+            |m| messages.push(m.to_vec()),
+        );
+        assert_eq!(messages.len(), 100);
+        let mut file = Vec::new();
+        for m in &messages {
+            push_record(&mut file, m);
+        }
+        let mut s = Stream {
+            reader: StreamReader::with_chunk(&file[..], 64),
+            ahead: VecDeque::new(),
+            history: VecDeque::new(),
+            first: 1,
+            bytes: 0,
+            limit: 1000,
+        };
+        let mut sent = 0;
+        while let Some(m) = s.peek().unwrap() {
+            assert_eq!(m, &messages[sent][..]);
+            s.advance();
+            sent += 1;
+        }
+        assert_eq!(sent, messages.len());
+        assert!(s.bytes <= 1000 && s.bytes + messages[s.first as usize - 2].len() > 1000);
+        let session = session("ROCEBUS001");
+        let mut stats = ReplayStats::default();
+        let mut b = PacketBuilder::new(1400);
+        let req = |sequence_number, count| Request {
+            session,
+            sequence_number,
+            count,
+        };
+        // The last five messages: as from the whole list.
+        let want = build_retransmission(
+            &mut PacketBuilder::new(1400),
+            session,
+            1,
+            &messages,
+            &req(96, 5),
+        )
+        .unwrap()
+        .to_vec();
+        assert_eq!(
+            answer_request(&mut b, session, &mut s, &req(96, 5), &mut stats).unwrap(),
+            &want[..]
+        );
+        let p = Packet::parse(&want).unwrap();
+        assert_eq!((p.sequence_number(), p.message_count()), (96, 5));
+        // Evicted: not answered, counted.
+        assert!(answer_request(&mut b, session, &mut s, &req(1, 5), &mut stats).is_none());
+        assert_eq!(stats.unserved, 1);
+        // Beyond what was sent: nothing.
+        assert!(answer_request(&mut b, session, &mut s, &req(101, 1), &mut stats).is_none());
+        assert_eq!(stats.unserved, 1);
+    }
 }

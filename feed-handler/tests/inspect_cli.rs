@@ -1,7 +1,6 @@
 //! `feed-handler book` and `feed-handler bbo` as a user runs them: help, output on a small
 //! generated day, and the errors for a bad file, a bad time and an unknown symbol.
 
-use feed_handler::binaryfile::Reader;
 use feed_handler::generate::{generate_binaryfile, GenConfig};
 use feed_handler::inspect;
 use std::path::{Path, PathBuf};
@@ -76,7 +75,7 @@ fn book_and_bbo_on_a_generated_day() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).unwrap();
     let at = inspect::parse_time_of_day("09:30:00.1").unwrap();
-    let expected = inspect::book_at(Reader::new(&bytes).unwrap(), Some(at));
+    let expected = inspect::book_at(&bytes[..], Some(at)).unwrap();
     let mut body = Vec::new();
     inspect::write_book(&mut body, &expected.book, inspect::Symbols::Named("B"), 3).unwrap();
     let body = String::from_utf8(body).unwrap();
@@ -98,7 +97,7 @@ fn book_and_bbo_on_a_generated_day() {
 
     // bbo: -o writes the file, stdout by default, both as the library writes them.
     let mut expected = Vec::new();
-    inspect::write_bbo(Reader::new(&bytes).unwrap(), &mut expected, |_| {}).unwrap();
+    inspect::write_bbo(&bytes[..], None, &mut expected, |_| {}).unwrap();
     let csv = dir.path().join("bbo.csv");
     let out = feed_handler(&["bbo", file, "-o", csv.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));

@@ -1,5 +1,6 @@
 //! replay -> MoldUDP64 over UDP on loopback -> receiver, with injected loss fully recovered.
 
+use feed_handler::binaryfile::{push_record, StreamReader};
 use feed_handler::book::{Book, Event};
 use feed_handler::generate::{generate, GenConfig};
 use feed_handler::itch::decode_exact;
@@ -10,6 +11,17 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn loss_is_recovered_and_books_match() {
+    replay_with_loss(false);
+}
+
+/// The same from a capture read as it is sent (`feed-handler replay`'s path), its
+/// re-requests answered from the streamed replay's history.
+#[test]
+fn streamed_capture_loss_is_recovered_and_books_match() {
+    replay_with_loss(true);
+}
+
+fn replay_with_loss(streamed: bool) {
     let mut messages: Vec<Vec<u8>> = Vec::new();
     generate(
         &GenConfig {
@@ -54,7 +66,19 @@ fn loss_is_recovered_and_books_match() {
     }
 
     let sent = messages.clone();
-    let sender = std::thread::spawn(move || replayer.run(&sent).expect("replay"));
+    let sender = std::thread::spawn(move || {
+        if streamed {
+            let mut file = Vec::new();
+            for m in &sent {
+                push_record(&mut file, m);
+            }
+            replayer
+                .run_stream(StreamReader::new(std::io::Cursor::new(file)))
+                .expect("replay")
+        } else {
+            replayer.run(&sent).expect("replay")
+        }
+    });
 
     let mut got: Vec<Vec<u8>> = Vec::new();
     let mut live_book = Book::new();
@@ -76,6 +100,8 @@ fn loss_is_recovered_and_books_match() {
         "loss was injected and re-requested: {stats:?}"
     );
     assert_eq!(got, messages);
+    assert_eq!(stats.messages, messages.len() as u64);
+    assert_eq!(stats.unserved, 0, "{stats:?}");
     let c = receiver.tracker().counters();
     assert!(c.gaps > 0 && c.recovered > 0 && c.lost == 0, "{c:?}");
     assert_eq!(c.malformed, 3, "every junk packet counted: {c:?}");

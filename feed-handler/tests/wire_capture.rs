@@ -12,9 +12,9 @@
 use feed_handler::binaryfile::{push_record, Reader};
 use feed_handler::generate::{generate_binaryfile, GenConfig};
 use feed_handler::moldudp64::{empty_packet, session};
-use feed_handler::pcap::synth::{self, Frame, PcapFile, PcapNgFile};
+use feed_handler::pcap::synth::{self, Frame, Ipv6Ext, PcapFile, PcapNgFile};
 use std::io::Write as _;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -354,6 +354,72 @@ fn gzipped_binaryfile_and_refused_formats() {
     let out = feed_handler(&["bbo", s(&zst)]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("zstd"));
+}
+
+#[test]
+fn ipv6_feeds_are_picked_by_group_and_port() {
+    // The day's A and B feeds over IPv6 (ff0e:: and ff02:: groups, hop-by-hop options on A),
+    // with packet 70 on neither and packet 40 on B only.
+    let f = files();
+    let a6: Ipv6Addr = "ff0e::db8:1:111".parse().unwrap();
+    let b6: Ipv6Addr = "ff02::1:3".parse().unwrap();
+    let mut pcap = PcapFile::new(1, true, true);
+    for (i, (_, p)) in f.packets.iter().enumerate() {
+        let t = T0 + i as u64 * 10_000;
+        if i == 70 {
+            continue;
+        }
+        if i != 40 {
+            pcap.record(
+                t,
+                &synth::udp6_frame(a6, 26477, &[Ipv6Ext::HopByHop], p),
+                None,
+            );
+        }
+        pcap.record(t + 1, &synth::udp6_frame(b6, 26478, &[], p), None);
+    }
+    let cap = write(&f.dir, "v6.pcap", &pcap.into_bytes());
+    let ref_bbo = ok(&["bbo", s(&f.reference)]).stdout;
+    for args in [
+        &[][..],
+        &["--dst-addr", "ff02::1:3"],
+        &[
+            "--dst-addr",
+            "ff0e::db8:1:111,ff02::1:3",
+            "--dst-port",
+            "26478",
+        ],
+    ] {
+        let mut a = vec!["bbo", s(&cap)];
+        a.extend_from_slice(args);
+        let out = ok(&a);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.stdout == ref_bbo, "{args:?}: {err}");
+        assert!(err.contains("GAPS: 1 ranges"), "{args:?}: {err}");
+    }
+    let out = ok(&["bbo", s(&cap), "--dst-addr", "ff0e::db8:1:111"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("GAPS: 2 ranges"), "{err}");
+    // A group of the capture's other scope is not the same address.
+    let out = feed_handler(&["bbo", s(&cap), "--dst-addr", "ff0e::1:3"]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn big_endian_modified_pcap_is_refused_by_name() {
+    let f = files();
+    let mut m = PcapFile::modified(1, true);
+    m.record(
+        T0,
+        &synth::udp_frame(&Frame::default(), &f.packets[0].1),
+        None,
+    );
+    let m = write(&f.dir, "old.pcap", &m.into_bytes());
+    let out = feed_handler(&["decode", s(&m)]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("big-endian modified pcap"), "{err}");
+    assert!(err.contains("editcap"), "{err}");
 }
 
 fn have(tool: &str) -> bool {

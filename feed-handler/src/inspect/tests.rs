@@ -20,7 +20,7 @@ fn day() -> Vec<u8> {
 
 fn bbo_csv(data: &[u8]) -> (String, BboTotals) {
     let mut out = Vec::new();
-    let totals = write_bbo(Reader::new(data).unwrap(), &mut out, |_| {}).unwrap();
+    let totals = write_bbo(data, None, &mut out, |_| {}).unwrap();
     (String::from_utf8(out).unwrap(), totals)
 }
 
@@ -209,7 +209,7 @@ fn book_text(book: &Book, symbols: Symbols<'_>, depth: usize) -> String {
 #[test]
 fn book_of_a_hand_built_sequence_at_a_time() {
     let data = hand_built();
-    let at = book_at(Reader::new(&data).unwrap(), Some(4000));
+    let at = book_at(&data[..], Some(4000)).unwrap();
     assert_eq!(at.applied, 6);
     assert_eq!(at.last_timestamp, Some(4000));
     let expected = "\
@@ -257,7 +257,7 @@ fn book_at_a_time_is_the_book_after_exactly_the_messages_up_to_it() {
         expected.apply(m, &mut |_: &Event| {});
     }
 
-    let got = book_at(Reader::new(&data).unwrap(), Some(at));
+    let got = book_at(&data[..], Some(at)).unwrap();
     assert_eq!(got.applied as usize, k);
     assert_eq!(got.last_timestamp, Some(at));
     assert!(got.book == expected);
@@ -267,13 +267,13 @@ fn book_at_a_time_is_the_book_after_exactly_the_messages_up_to_it() {
     );
 
     // One nanosecond earlier leaves out the messages at `at`; the end of the file is another book.
-    let before = book_at(Reader::new(&data).unwrap(), Some(at - 1));
+    let before = book_at(&data[..], Some(at - 1)).unwrap();
     let first_at = messages
         .iter()
         .position(|m| m.header().timestamp.nanos() == at)
         .unwrap();
     assert_eq!(before.applied as usize, first_at);
-    let end = book_at(Reader::new(&data).unwrap(), None);
+    let end = book_at(&data[..], None).unwrap();
     assert_eq!(end.applied as usize, messages.len());
     assert!(end.book != got.book);
 }

@@ -414,3 +414,34 @@ fn records_larger_than_the_read_buffer_are_read() {
     assert_eq!(w.malformed_frames, 1, "{w}");
     assert!(got.data == binaryfile_of(&msgs), "{w}");
 }
+
+#[test]
+fn modified_pcap_is_read_and_its_big_endian_form_refused_by_name() {
+    let s = scenario();
+    let mut f = PcapFile::modified(1, false);
+    for (ts, frame, snap) in &s.frames {
+        f.record(*ts, frame, *snap);
+    }
+    let got = load(&f.into_bytes());
+    assert_eq!(got.kind.format, Format::Wire(Container::Pcap));
+    check_report(got.wire.as_ref().unwrap(), &s);
+    assert!(got.data == s.expected);
+
+    // pcap_parser reads no big-endian modified pcap: refused, saying what it is, never taken
+    // for BinaryFILE records.
+    let mut f = PcapFile::modified(1, true);
+    f.record(T0, &s.frames[3].1, None);
+    let f = f.into_bytes();
+    let e = capture::load_bytes(&f, &WireFilter::default()).expect_err("refused");
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    assert!(
+        e.to_string()
+            .starts_with("this is a big-endian modified pcap file: "),
+        "{e}"
+    );
+    // Other formats in the table are refused the same way, also inside gzip.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(b"BZh91AY&SY").unwrap();
+    let e = capture::load_bytes(&gz.finish().unwrap(), &WireFilter::default()).unwrap_err();
+    assert!(e.to_string().contains("bzip2-compressed"), "{e}");
+}
