@@ -651,11 +651,8 @@ pub struct Service<L: VenueLink = TcpLink> {
     pending: Vec<PendingConn>,
     closing: Vec<Closing>,
     lost: Vec<EngineId>,
-    /// Venue connect attempts failed in a row (for the back-off).
-    venue_failures: u32,
-    /// The session's `logons_refused` when last looked at: a Logon the venue answered
-    /// with a Logout counts as a failed connect for the back-off.
-    logons_refused_seen: u64,
+    /// When the venue is connected to next.
+    venue_reconnect: VenueReconnect,
     /// The service's monotonic clock starts here (liveness runs on it: a step of the
     /// wall clock must not disconnect every engine).
     epoch: Instant,
@@ -663,6 +660,97 @@ pub struct Service<L: VenueLink = TcpLink> {
     counters: Counters,
     control: Arc<ServiceControl>,
     operator: Option<ControlServer>,
+}
+
+/// When the service (re)connects to the venue: at once at start, then after each failure
+/// `reconnect` later, doubling up to [`MAX_BACKOFF_FACTOR`] times it for failures in a row.
+/// A Logon the venue refused (answered with a Logout) counts as a failure too, so a venue
+/// that refuses us is not sent the same Logon every `reconnect`; and after a "MsgSeqNum too
+/// low" Logout nothing is tried until an operator releases it
+/// ([`Gateway::reconnect_hold`], `venue-reconnect` on the control socket).
+///
+/// The service polls it every millisecond with its driver; public so that tests can drive
+/// it against a venue with a [`FixDriver`] of their own (the service needs an RDMA device
+/// for its engine listener).
+#[derive(Debug)]
+pub struct VenueReconnect {
+    reconnect: Duration,
+    /// Venue connect attempts failed in a row (for the back-off).
+    failures: u32,
+    /// The session's `logons_refused` when last looked at.
+    logons_refused_seen: u64,
+    /// No connect starts before this.
+    next: Instant,
+}
+
+/// What a [`VenueReconnect::poll`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VenueConnect {
+    /// Nothing completed or failed (connected, waiting, held, or a connect under way).
+    Idle,
+    /// A connect completed: the Logon was sent.
+    Connected,
+    /// A connect failed; the next one backs off.
+    Failed,
+}
+
+impl VenueReconnect {
+    /// The first connect is due at `now`; `reconnect` is the back-off's first wait.
+    pub fn new(reconnect: Duration, now: Instant) -> VenueReconnect {
+        VenueReconnect {
+            reconnect,
+            failures: 0,
+            logons_refused_seen: 0,
+            next: now,
+        }
+    }
+
+    /// Starts a connect of `driver` when one is due (not connected, not held, the back-off
+    /// elapsed at `t`) and drives one under way; never waits.
+    pub fn poll<L: VenueLink>(&mut self, driver: &mut FixDriver<L>, t: Instant) -> VenueConnect {
+        if !driver.is_connecting() && !driver.is_connected() {
+            let gw = driver.gateway();
+            if gw.reconnect_hold().is_some() {
+                return VenueConnect::Idle;
+            }
+            let refused = gw.session().counters().logons_refused;
+            if refused != self.logons_refused_seen {
+                self.logons_refused_seen = refused;
+                let wait = self.back_off(t);
+                tracing::warn!(refused, "the venue refused our Logon; retrying in {wait:?}");
+            }
+        }
+        let result = if driver.is_connecting() {
+            driver.poll_connect()
+        } else if !driver.is_connected() && t >= self.next {
+            driver.start_connect().and_then(|()| driver.poll_connect())
+        } else {
+            return VenueConnect::Idle;
+        };
+        match result {
+            Ok(true) => {
+                self.failures = 0;
+                tracing::info!(venue = %driver.link().describe(), "venue connected, logon sent");
+                VenueConnect::Connected
+            }
+            Ok(false) => VenueConnect::Idle,
+            Err(e) => {
+                let wait = self.back_off(t);
+                tracing::warn!("{:#}; retrying in {:?}", anyhow::Error::from(e), wait);
+                VenueConnect::Failed
+            }
+        }
+    }
+
+    /// One more venue failure in a row: the next connect waits `reconnect`, doubling up to
+    /// [`MAX_BACKOFF_FACTOR`] times it.
+    fn back_off(&mut self, t: Instant) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let factor = 1u32 << self.failures.saturating_sub(1).min(2);
+        let wait = self.reconnect * factor.min(MAX_BACKOFF_FACTOR);
+        self.next = t + wait;
+        wait
+    }
 }
 
 impl<L: VenueLink> std::fmt::Debug for Service<L> {
@@ -751,8 +839,7 @@ impl<L: VenueLink> Service<L> {
             pending: Vec::new(),
             closing: Vec::new(),
             lost: Vec::new(),
-            venue_failures: 0,
-            logons_refused_seen: 0,
+            venue_reconnect: VenueReconnect::new(opts.reconnect, Instant::now()),
             epoch: Instant::now(),
             counters: Counters::new(opts.counters_file),
             opts,
@@ -784,7 +871,6 @@ impl<L: VenueLink> Service<L> {
         }
         let mut idler = Idler::new(self.opts.idle);
         let mut next_housekeeping = Instant::now();
-        let mut next_connect = Instant::now();
         while !self.control.stopping() {
             let mut work = 0;
             let now = unix_nanos();
@@ -805,7 +891,7 @@ impl<L: VenueLink> Service<L> {
             work += self.poll_venue(now)?;
             if t >= next_housekeeping {
                 next_housekeeping = t + Duration::from_millis(1);
-                self.poll_venue_connect(t, &mut next_connect);
+                self.poll_venue_connect(t);
                 work += self.housekeeping(now, mono)?;
                 market.update_counters();
             }
@@ -943,58 +1029,14 @@ impl<L: VenueLink> Service<L> {
         Ok(())
     }
 
-    /// Starts a venue connect when due and drives one under way; never waits. Failures
-    /// in a row back off (`reconnect`, doubling up to [`MAX_BACKOFF_FACTOR`] times it).
-    ///
-    /// A Logon the venue refused (answered with a Logout) counts as a failure too, so a
-    /// venue that refuses us is not sent the same Logon every `reconnect`; and after a
-    /// "MsgSeqNum too low" Logout nothing is tried until an operator releases it
-    /// ([`Gateway::reconnect_hold`]).
-    fn poll_venue_connect(&mut self, t: Instant, next_connect: &mut Instant) {
-        if !self.driver.is_connecting() && !self.driver.is_connected() {
-            let gw = self.driver.gateway();
-            if gw.reconnect_hold().is_some() {
-                return;
-            }
-            let refused = gw.session().counters().logons_refused;
-            if refused != self.logons_refused_seen {
-                self.logons_refused_seen = refused;
-                let wait = self.back_off(t, next_connect);
-                tracing::warn!(refused, "the venue refused our Logon; retrying in {wait:?}");
-            }
+    /// Starts a venue connect when due and drives one under way ([`VenueReconnect`]);
+    /// never waits.
+    fn poll_venue_connect(&mut self, t: Instant) {
+        match self.venue_reconnect.poll(&mut self.driver, t) {
+            VenueConnect::Connected => self.counters.venue_connects.inc(),
+            VenueConnect::Failed => self.counters.venue_connect_failures.inc(),
+            VenueConnect::Idle => {}
         }
-        let result = if self.driver.is_connecting() {
-            self.driver.poll_connect()
-        } else if !self.driver.is_connected() && t >= *next_connect {
-            self.driver
-                .start_connect()
-                .and_then(|()| self.driver.poll_connect())
-        } else {
-            return;
-        };
-        match result {
-            Ok(true) => {
-                self.venue_failures = 0;
-                self.counters.venue_connects.inc();
-                tracing::info!(venue = %self.driver.link().describe(), "venue connected, logon sent");
-            }
-            Ok(false) => {}
-            Err(e) => {
-                self.counters.venue_connect_failures.inc();
-                let wait = self.back_off(t, next_connect);
-                tracing::warn!("{:#}; retrying in {:?}", anyhow::Error::from(e), wait);
-            }
-        }
-    }
-
-    /// One more venue failure in a row: the next connect waits `reconnect`, doubling up to
-    /// [`MAX_BACKOFF_FACTOR`] times it.
-    fn back_off(&mut self, t: Instant, next_connect: &mut Instant) -> Duration {
-        self.venue_failures = self.venue_failures.saturating_add(1);
-        let factor = 1u32 << self.venue_failures.saturating_sub(1).min(2);
-        let wait = self.opts.reconnect * factor.min(MAX_BACKOFF_FACTOR);
-        *next_connect = t + wait;
-        wait
     }
 
     /// New connections, never waiting on a peer: the listener checks requests and moves
