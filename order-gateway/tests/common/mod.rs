@@ -147,6 +147,34 @@ impl Venue {
     pub fn received(&self) -> Vec<Vec<String>> {
         received(&self.dir)
     }
+
+    /// See [`logons_received`].
+    pub fn logons_received(&self) -> usize {
+        logons_received(&self.dir)
+    }
+}
+
+/// Logons from the gateway (35=A from GW) that reached QuickFIX, accepted or not: its FileLog
+/// records every incoming message (`<dir>/log/*.messages.current.log`) before checking it.
+pub fn logons_received(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir.join("log")) else {
+        return 0;
+    };
+    let mut n = 0;
+    for p in entries.map(|e| e.unwrap().path()) {
+        if !p.to_string_lossy().ends_with("messages.current.log") {
+            continue;
+        }
+        n += std::fs::read_to_string(&p)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                let fields: Vec<&str> = l.split('\x01').collect();
+                fields.contains(&"35=A") && fields.contains(&"49=GW")
+            })
+            .count();
+    }
+    n
 }
 
 pub fn received(dir: &Path) -> Vec<Vec<String>> {

@@ -1,0 +1,192 @@
+//! The service's venue reconnects against a real QuickFIX acceptor (`venue/venue.py`): the
+//! gateway loses its journal and comes back at MsgSeqNum 1; QuickFIX logs it out ("MsgSeqNum
+//! too low, expecting N"). It does not log on again by itself; `status` on the control
+//! socket shows the hold and N; after the operator's `venue-reconnect` it tries once more
+//! (and is held again: nobody settled the numbers).
+//!
+//! The service's engine listener needs an RDMA device, so these tests run the service's
+//! venue reconnect policy ([`VenueReconnect`]) and its control socket ([`ControlServer`]
+//! answering with `control::execute`) around a driver of their own, as the service loop does,
+//! and talk to the socket with the real `order-gateway control`. Logons are counted at the
+//! venue (QuickFIX's message log). Needs Python 3 with `quickfix-ssl`, like `venue_e2e`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use order_gateway::control::{self, ControlServer};
+use order_gateway::driver::FixDriver;
+use order_gateway::journal::FsyncPolicy;
+use order_gateway::service::VenueReconnect;
+use order_gateway::unix_nanos;
+
+/// The first wait of the back-off: short, so a gateway that retries by itself would do it
+/// several times within the windows below.
+const RECONNECT: Duration = Duration::from_secs(1);
+
+/// What the service loop does for the venue: reconnect policy, venue bytes and timers,
+/// control socket.
+struct Loop {
+    d: FixDriver,
+    reconnect: VenueReconnect,
+    control: ControlServer,
+    /// A gateway configuration naming the control socket, for `order-gateway control`.
+    config: PathBuf,
+}
+
+impl Loop {
+    fn new(d: FixDriver, dir: &Path) -> Loop {
+        let socket = dir.join("gw.control");
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/order-gateway.toml");
+        let cfg = std::fs::read_to_string(example).unwrap().replace(
+            "control_socket = \".rocebus/order-gateway.control\"",
+            &format!("control_socket = {:?}", socket.display().to_string()),
+        );
+        let config = dir.join("gw.toml");
+        std::fs::write(&config, cfg).unwrap();
+        Loop {
+            d,
+            reconnect: VenueReconnect::new(RECONNECT, Instant::now()),
+            control: ControlServer::bind(&socket).unwrap(),
+            config,
+        }
+    }
+
+    fn turn(&mut self) {
+        self.reconnect.poll(&mut self.d, Instant::now());
+        self.d.poll(Duration::from_millis(2)).unwrap();
+        let d = &mut self.d;
+        self.control
+            .poll(|line| control::execute(line, d, 0, unix_nanos()));
+    }
+
+    fn run_for(&mut self, d: Duration) {
+        let t = Instant::now();
+        while t.elapsed() < d {
+            self.turn();
+        }
+    }
+
+    fn run_until(&mut self, what: &str, mut done: impl FnMut(&FixDriver) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done(&self.d) {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; counters {:?}",
+                self.d.gateway().session().counters()
+            );
+            self.turn();
+        }
+    }
+
+    /// `order-gateway control <line>` while the loop turns: its output.
+    fn operator(&mut self, line: &str) -> String {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_order-gateway"))
+            .args(["control", "--config"])
+            .arg(&self.config)
+            .args(line.split(' '))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "`control {line}` hangs");
+            self.turn();
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "`control {line}`: {text}");
+        text
+    }
+}
+
+fn seq_too_low(d: &FixDriver) -> u64 {
+    d.gateway().session().counters().seq_too_low_logouts
+}
+
+#[test]
+fn a_lost_journal_logs_on_too_low_once_then_waits_for_the_operator() {
+    let dir = scratch("venue-hold");
+    let venue = Venue::start(&dir.join("venue"), free_port());
+    // The journal in a directory of its own, lost whole below.
+    let journal_dir = dir.join("gw");
+    let journal = journal_dir.join("gw.journal");
+
+    // A session with traffic: both sides' numbers well above 1.
+    let mut d = gateway(venue.port, &journal);
+    let mut e = Engine::new(1);
+    for i in 1..=10 {
+        e.send(&mut d, i);
+    }
+    pump(&mut d, &mut e, 30, |e| {
+        e.open().is_empty() && e.finals.len() == 10
+    });
+    assert!(e.errors.is_empty(), "engine errors: {:?}", e.errors);
+    let expected = d.gateway().session().next_out();
+    assert!(expected > 10, "our next MsgSeqNum {expected}");
+    assert_eq!(venue.logons_received(), 1);
+    drop(d);
+
+    // The journal is lost: the gateway comes back at MsgSeqNum 1.
+    std::fs::remove_dir_all(&journal_dir).unwrap();
+    let d = FixDriver::open_with(
+        &format!("127.0.0.1:{}", venue.port),
+        session_config(),
+        &risk_config(),
+        &journal,
+        FsyncPolicy::Never,
+    )
+    .unwrap();
+    assert_eq!(d.gateway().session().next_out(), 1);
+    let mut gw = Loop::new(d, &dir);
+    gw.run_until("QuickFIX's \"MsgSeqNum too low\" Logout", |d| {
+        seq_too_low(d) >= 1
+    });
+    assert_eq!(venue.logons_received(), 2, "our Logon at 1");
+
+    // (a) Not by itself: a gateway that retried, backing off from `RECONNECT`, would have
+    // logged on again several times in this window.
+    gw.run_for(Duration::from_secs(6));
+    assert_eq!(
+        venue.logons_received(),
+        2,
+        "the gateway logged on again by itself after \"MsgSeqNum too low\""
+    );
+    assert!(!gw.d.is_connected() && !gw.d.is_connecting());
+    // (c) Counted once: the counter the counters file publishes ("fix logouts for our
+    // MsgSeqNum too low"), and the Logon counts as refused.
+    let c = gw.d.gateway().session().counters();
+    assert_eq!((c.seq_too_low_logouts, c.logons_refused), (1, 1));
+    assert_eq!(gw.d.gateway().reconnect_hold(), Some(expected));
+
+    // (b) The operator sees the hold and the number the venue expects.
+    let status = gw.operator("status");
+    assert!(
+        status.contains(&format!(
+            "venue logon held    the venue expects MsgSeqNum {expected}, our next is "
+        )),
+        "{status}"
+    );
+
+    // (d) Released: one more Logon, refused the same way (the numbers were not settled),
+    // and held again.
+    let answer = gw.operator("venue-reconnect");
+    assert!(
+        answer.starts_with("ok: logging on to the venue again")
+            && answer.contains(&format!("expects MsgSeqNum {expected}")),
+        "{answer}"
+    );
+    gw.run_until("the Logon after venue-reconnect", |d| seq_too_low(d) >= 2);
+    assert_eq!(
+        venue.logons_received(),
+        3,
+        "one Logon after venue-reconnect"
+    );
+    gw.run_for(Duration::from_secs(3));
+    assert_eq!(venue.logons_received(), 3, "held again");
+    assert_eq!(seq_too_low(&gw.d), 2);
+    assert!(gw.operator("status").contains("venue logon held"));
+}
