@@ -65,7 +65,9 @@ enum Cmd {
     /// Control a running gateway through its control socket (`service.control_socket`):
     /// `kill [--account A]` (cancel open orders at the venue and reject new ones until
     /// `resume`; survives a restart), `resume [--account A]`, `cancel-all [--account A]`,
-    /// `status` (venue session, journal, engines, open orders, kill switches, limits used).
+    /// `status` (venue session, journal, engines, open orders, kill switches, limits used),
+    /// `venue-reconnect` (log on to the venue again after it logged us out for a MsgSeqNum
+    /// too low).
     Control {
         /// The gateway's configuration file (for the socket path).
         #[arg(short, long, default_value = "configs/order-gateway.toml")]
