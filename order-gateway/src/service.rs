@@ -708,16 +708,29 @@ impl VenueReconnect {
     /// Starts a connect of `driver` when one is due (not connected, not held, the back-off
     /// elapsed at `t`) and drives one under way; never waits.
     pub fn poll<L: VenueLink>(&mut self, driver: &mut FixDriver<L>, t: Instant) -> VenueConnect {
+        // Failures in a row end when the venue accepts our Logon, not when the socket
+        // opens: a venue that refuses every Logon is backed off like one that refuses the
+        // connection.
+        if self.failures != 0
+            && driver.is_connected()
+            && driver.gateway().session().state() == SessionState::Active
+        {
+            self.failures = 0;
+        }
         if !driver.is_connecting() && !driver.is_connected() {
             let gw = driver.gateway();
-            if gw.reconnect_hold().is_some() {
-                return VenueConnect::Idle;
-            }
+            // Counted even while held, so the operator's release connects at once (the
+            // wait has run meanwhile) and the back-off goes on from there.
             let refused = gw.session().counters().logons_refused;
             if refused != self.logons_refused_seen {
                 self.logons_refused_seen = refused;
                 let wait = self.back_off(t);
-                tracing::warn!(refused, "the venue refused our Logon; retrying in {wait:?}");
+                if gw.reconnect_hold().is_none() {
+                    tracing::warn!(refused, "the venue refused our Logon; retrying in {wait:?}");
+                }
+            }
+            if gw.reconnect_hold().is_some() {
+                return VenueConnect::Idle;
             }
         }
         let result = if driver.is_connecting() {
@@ -729,7 +742,6 @@ impl VenueReconnect {
         };
         match result {
             Ok(true) => {
-                self.failures = 0;
                 tracing::info!(venue = %driver.link().describe(), "venue connected, logon sent");
                 VenueConnect::Connected
             }
@@ -740,6 +752,12 @@ impl VenueReconnect {
                 VenueConnect::Failed
             }
         }
+    }
+
+    /// Venue failures in a row (failed connects and refused Logons); 0 once a Logon is
+    /// accepted.
+    pub fn failures(&self) -> u32 {
+        self.failures
     }
 
     /// One more venue failure in a row: the next connect waits `reconnect`, doubling up to

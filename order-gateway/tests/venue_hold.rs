@@ -189,4 +189,7 @@ fn a_lost_journal_logs_on_too_low_once_then_waits_for_the_operator() {
     assert_eq!(venue.logons_received(), 3, "held again");
     assert_eq!(seq_too_low(&gw.d), 2);
     assert!(gw.operator("status").contains("venue logon held"));
+    // Both refused Logons count as failures in a row: opening the socket between them
+    // did not reset the back-off (only an accepted Logon does).
+    assert_eq!(gw.reconnect.failures(), 2);
 }
