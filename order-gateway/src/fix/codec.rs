@@ -396,6 +396,9 @@ pub fn write_utc_timestamp(out: &mut Vec<u8>, unix_nanos: u64) {
     out.extend_from_slice(s.as_bytes());
 }
 
+/// The Julian day number of 1970-01-01.
+const UNIX_EPOCH_JULIAN_DAY: i32 = 2_440_588;
+
 /// Parses a FIX UTCTimestamp `YYYYMMDD-HH:MM:SS` with optional fractional seconds (`.sss`,
 /// `.ssssss` or `.sssssssss`, as FIX 4.4 and later and QuickFIX accept) into nanoseconds
 /// since the epoch. `None` for anything else, out-of-range fields included (a leap second,
@@ -414,38 +417,13 @@ pub fn parse_utc_timestamp(v: &[u8]) -> Option<u64> {
         }
         _ => return None,
     };
-    let leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
-    let month_days = [
-        31,
-        if leap { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    if !(1970..=9999).contains(&y)
-        || !(1..=12).contains(&mo)
-        || d == 0
-        || d > month_days[(mo - 1) as usize]
-        || h > 23
-        || mi > 59
-        || sec > 60
-    {
+    if !(1970..=9999).contains(&y) || h > 23 || mi > 59 || sec > 60 {
         return None;
     }
-    // Howard Hinnant's days_from_civil.
-    let (y, m) = (y as i64 - i64::from(mo <= 2), mo as i64);
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d as i64 - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
+    // The calendar (month lengths, leap years) is the `time` crate's.
+    let month = time::Month::try_from(u8::try_from(mo).ok()?).ok()?;
+    let date = time::Date::from_calendar_date(y as i32, month, u8::try_from(d).ok()?).ok()?;
+    let days = u64::try_from(date.to_julian_day() - UNIX_EPOCH_JULIAN_DAY).ok()?;
     Some(((days * 86_400 + h * 3600 + mi * 60 + sec) * 1_000_000_000) + frac)
 }
 
