@@ -94,26 +94,12 @@ pub fn eastern_midnight_of(unix_ns: u64) -> u64 {
     // The Eastern date is the UTC date or the day before.
     let mut best = 0;
     for d in [days - 1, days] {
-        let m = date_of_days(d).eastern_midnight_unix_ns();
+        let m = Date::from_days_since_epoch(d).eastern_midnight_unix_ns();
         if m <= unix_ns {
             best = m;
         }
     }
     best
-}
-
-/// The calendar date `days` days after 1970-01-01 (Howard Hinnant's civil_from_days).
-fn date_of_days(days: i64) -> Date {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u8;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u8;
-    let year = (yoe + era * 400 + i64::from(month <= 2)) as i32;
-    Date { year, month, day }
 }
 
 fn px(p: u32) -> i64 {
@@ -794,20 +780,21 @@ mod tests {
         assert_eq!(eastern_midnight_of(m + DAY_NS - 1), m);
         assert_eq!(eastern_midnight_of(m - 1), m - DAY_NS);
         // 2026-01-15, standard time (UTC-5).
-        let d = Date {
-            year: 2026,
-            month: 1,
-            day: 15,
-        };
+        let d = Date::new(2026, 1, 15).unwrap();
         let m = d.eastern_midnight_unix_ns();
         assert_eq!(eastern_midnight_of(m + 23 * 3_600_000_000_000), m);
         assert_eq!(
-            date_of_days(0),
-            Date {
-                year: 1970,
-                month: 1,
-                day: 1
-            }
+            Date::from_days_since_epoch(0),
+            Date::new(1970, 1, 1).unwrap()
+        );
+        assert_eq!(
+            Date::from_days_since_epoch(20_522),
+            Date::new(2026, 3, 10).unwrap()
+        );
+        // Clamped to the years a Date may fall in.
+        assert_eq!(
+            Date::from_days_since_epoch(-5),
+            Date::new(1970, 1, 1).unwrap()
         );
     }
 

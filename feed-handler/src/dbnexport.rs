@@ -87,18 +87,30 @@ impl ExportSchema {
     }
 }
 
-/// A calendar date (the capture's trading day).
+/// A calendar date (the capture's trading day), 1970 to 2200. The calendar is the `time`
+/// crate's (already the workspace's); this adds ITCH's time zero, midnight US Eastern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Date {
-    /// Year.
-    pub year: i32,
-    /// Month, 1-12.
-    pub month: u8,
-    /// Day, 1-31.
-    pub day: u8,
-}
+pub struct Date(time::Date);
+
+/// The years a [`Date`] may fall in.
+const YEARS: std::ops::RangeInclusive<i32> = 1970..=2200;
+
+/// Julian day number of 1970-01-01.
+const UNIX_EPOCH_JULIAN_DAY: i64 = 2_440_588;
 
 impl Date {
+    /// The date `year`-`month`-`day`, if it exists and falls in 1970-2200.
+    pub fn new(year: i32, month: u8, day: u8) -> Result<Self, String> {
+        let month_ =
+            time::Month::try_from(month).map_err(|_| format!("month {month} is not 1-12"))?;
+        let d = time::Date::from_calendar_date(year, month_, day)
+            .map_err(|_| format!("{year}-{month:02}-{day:02} is not a date"))?;
+        if !YEARS.contains(&year) {
+            return Err(format!("{year}: year out of range (1970-2200)"));
+        }
+        Ok(Self(d))
+    }
+
     /// Parses `YYYY-MM-DD`.
     pub fn parse(s: &str) -> Result<Self, String> {
         let bad = || format!("`{s}` is not a date of the form YYYY-MM-DD");
@@ -106,37 +118,43 @@ impl Date {
         let (Some(y), Some(m), Some(d), None) = (it.next(), it.next(), it.next(), it.next()) else {
             return Err(bad());
         };
-        let date = Self {
-            year: y.parse().map_err(|_| bad())?,
-            month: m.parse().map_err(|_| bad())?,
-            day: d.parse().map_err(|_| bad())?,
-        };
-        date.to_time().map_err(|_| bad())?;
-        if !(1970..=2200).contains(&date.year) {
-            return Err(format!("{s}: year out of range (1970-2200)"));
-        }
-        Ok(date)
+        let (y, m, d) = (
+            y.parse().map_err(|_| bad())?,
+            m.parse().map_err(|_| bad())?,
+            d.parse().map_err(|_| bad())?,
+        );
+        Self::new(y, m, d)
+            .map_err(|_| format!("`{s}` is no date from 1970-01-01 to 2200-12-31 (YYYY-MM-DD)"))
     }
 
-    fn to_time(self) -> Result<time::Date, time::error::ComponentRange> {
-        let month = time::Month::try_from(self.month)?;
-        time::Date::from_calendar_date(self.year, month, self.day)
+    /// The date `days` days after 1970-01-01, clamped to 1970-2200.
+    pub fn from_days_since_epoch(days: i64) -> Self {
+        let lo = time::Date::from_calendar_date(*YEARS.start(), time::Month::January, 1);
+        let hi = time::Date::from_calendar_date(*YEARS.end(), time::Month::December, 31);
+        let (lo, hi) = (lo.expect("a real date"), hi.expect("a real date"));
+        let jd = (days + UNIX_EPOCH_JULIAN_DAY)
+            .clamp(i64::from(lo.to_julian_day()), i64::from(hi.to_julian_day()));
+        // In range by the clamp: from_julian_day cannot fail.
+        Self(time::Date::from_julian_day(jd as i32).unwrap_or(lo))
+    }
+
+    /// Year.
+    pub fn year(self) -> i32 {
+        self.0.year()
+    }
+
+    /// Month, 1-12.
+    pub fn month(self) -> u8 {
+        self.0.month().into()
+    }
+
+    /// Day of the month, 1-31.
+    pub fn day(self) -> u8 {
+        self.0.day()
     }
 
     fn days_since_epoch(self) -> i64 {
-        // Howard Hinnant's days_from_civil.
-        let (m, d) = (i64::from(self.month), i64::from(self.day));
-        let y = i64::from(self.year) - i64::from(m <= 2);
-        let era = y.div_euclid(400);
-        let yoe = y - era * 400;
-        let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-        era * 146_097 + doe - 719_468
-    }
-
-    /// Day of the week, 0 = Sunday.
-    fn weekday(self) -> i64 {
-        (self.days_since_epoch() + 4).rem_euclid(7)
+        i64::from(self.0.to_julian_day()) - UNIX_EPOCH_JULIAN_DAY
     }
 
     /// UTC offset of US Eastern time at midnight starting this date, in hours (-4 or -5):
@@ -144,18 +162,22 @@ impl Date {
     /// of November (the rule since 2007), so midnight of the first of those Sundays is still
     /// standard time and midnight of the second still daylight time.
     pub fn eastern_offset_hours(self) -> i64 {
-        let nth_sunday = |month: u8, n: i64| {
-            let first = Date {
-                year: self.year,
-                month,
-                day: 1,
-            };
-            1 + (7 - first.weekday()) % 7 + 7 * (n - 1)
+        let nth_sunday = |month: time::Month, n: u8| {
+            // The first of a month of a year in range always exists.
+            let first = time::Date::from_calendar_date(self.0.year(), month, 1).unwrap_or(self.0);
+            1 + (7 - first.weekday().number_days_from_sunday()) % 7 + 7 * (n - 1)
         };
-        let dst = match self.month {
-            4..=10 => true,
-            3 => i64::from(self.day) > nth_sunday(3, 2),
-            11 => i64::from(self.day) <= nth_sunday(11, 1),
+        let day = self.0.day();
+        let dst = match self.0.month() {
+            time::Month::April
+            | time::Month::May
+            | time::Month::June
+            | time::Month::July
+            | time::Month::August
+            | time::Month::September
+            | time::Month::October => true,
+            time::Month::March => day > nth_sunday(time::Month::March, 2),
+            time::Month::November => day <= nth_sunday(time::Month::November, 1),
             _ => false,
         };
         if dst {
@@ -308,12 +330,7 @@ pub fn export_stream(
     let Some(first) = first else {
         return Err(ExportError::Empty);
     };
-    let date = opts.date.to_time().map_err(|e| {
-        ExportError::Dbn(dbn::Error::Conversion {
-            input: e.to_string(),
-            desired_type: "date",
-        })
-    })?;
+    let date = opts.date.0;
     let next_day = date.next_day().unwrap_or(date);
     let metadata = Metadata::builder()
         .dataset(DATASET)
