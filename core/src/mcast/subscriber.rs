@@ -348,8 +348,7 @@ pub struct SubscriberState {
     /// Datagram tag key (tags required when set).
     key: Option<DatagramKey>,
     /// The latency path's prebuilt header (see [`Self::on_datagram`]): set
-    /// once a session is announced, with tags off (a tagged datagram is
-    /// checked in full).
+    /// once a session is announced.
     one_message: Option<OneMessageHeader>,
     /// Large message reassembly.
     reasm: Reassembler,
@@ -418,9 +417,10 @@ impl SubscriberState {
     }
 
     /// What the latency path compares a datagram's header with: this
-    /// channel and the announced session, while tags are off.
+    /// channel and the announced session.
     fn prebuild_header(&mut self) {
-        self.one_message = (self.announced && self.key.is_none())
+        self.one_message = self
+            .announced
             .then(|| OneMessageHeader::new(self.cfg.channel, self.session));
     }
 
@@ -629,11 +629,22 @@ impl SubscriberState {
         // in the steady state (live, nothing buffered, requested or known
         // to be missing). Two compares against the prebuilt header stand for
         // the format, channel and session checks, and the message goes to the
-        // handler as `accept` would hand it out; anything else (tags on, a
-        // heartbeat, a batch, a gap, a malformed or foreign datagram) takes
-        // the full path, which counts the drops.
+        // handler as `accept` would hand it out; anything else (a heartbeat,
+        // a batch, a gap, a malformed or foreign datagram) takes the full
+        // path, which counts the drops.
         if let Some(expect) = &self.one_message {
-            if let Some((seq, msg)) = expect.match_datagram(bytes) {
+            // With tags on, the header and message are matched without the
+            // tag, and the tag is checked before anything is delivered or
+            // counted as received (a wrong one is dropped as the full path
+            // drops it).
+            let body = match &self.key {
+                None => Some(bytes),
+                Some(_) => bytes
+                    .len()
+                    .checked_sub(DATAGRAM_TAG_LEN)
+                    .map(|n| &bytes[..n]),
+            };
+            if let Some((seq, msg)) = body.and_then(|b| expect.match_datagram(b)) {
                 if seq == self.next_seq
                     && bytes.len() <= self.cfg.max_datagram
                     && self.high == seq
@@ -641,6 +652,13 @@ impl SubscriberState {
                     && self.order.is_empty()
                     && self.outstanding.is_empty()
                 {
+                    if let Some(key) = &self.key {
+                        let (body, tag) = bytes.split_at(bytes.len() - DATAGRAM_TAG_LEN);
+                        if !key.verify(body, tag) {
+                            self.counters.bad_tag_dropped += 1;
+                            return false;
+                        }
+                    }
                     match line {
                         Line::A => self.counters.received_a += 1,
                         Line::B => self.counters.received_b += 1,
@@ -1646,13 +1664,21 @@ mod tests {
     /// The latency path (one-message datagrams in the steady state) and the
     /// full path (`one_message` unset) agree on what is delivered, counted,
     /// requested and raised, over a stream with duplicates, a gap and its
-    /// repair, heartbeats, foreign, stale and malformed datagrams.
+    /// repair, heartbeats, foreign, stale and malformed datagrams; with
+    /// tags on, also over datagrams whose tag is wrong or missing where the
+    /// latency path would otherwise take them.
     #[test]
     fn latency_path_agrees_with_the_full_path() {
+        latency_path_agrees(None);
+        latency_path_agrees(Some(DatagramKey::derive(b"s3cret")));
+    }
+
+    fn latency_path_agrees(key: Option<DatagramKey>) {
         let mut p = PublisherState::new(PublisherConfig {
             max_messages: 1,
             ..publisher_config(1)
         });
+        p.set_datagram_key(key.clone());
         let one: Vec<Vec<u8>> = (0..12)
             .map(|_| {
                 let seq = p.next_seq();
@@ -1660,27 +1686,52 @@ mod tests {
                 p.flush().unwrap().to_vec()
             })
             .collect();
-        let mut foreign = one[0].clone();
-        foreign[4] = 9; // channel 9
-        let mut stale = one[1].clone();
-        stale[8] = 7; // session 7
-        let mut bad_line = one[1].clone();
-        bad_line[3] = 5;
-        let mut short = one[1].clone();
-        short.pop();
+        // A changed datagram, tagged again by whoever holds the key (the
+        // foreign, stale and malformed ones are well tagged: the checks
+        // after the tag's are what they exercise).
+        let tag_len = if key.is_some() { DATAGRAM_TAG_LEN } else { 0 };
+        let change = |d: &[u8], f: &dyn Fn(&mut Vec<u8>)| {
+            let mut body = d[..d.len() - tag_len].to_vec();
+            f(&mut body);
+            if let Some(key) = &key {
+                let tag = key.tag(&body);
+                body.extend_from_slice(&tag);
+            }
+            body
+        };
+        let foreign = change(&one[0], &|d| d[4] = 9); // channel 9
+        let stale = change(&one[1], &|d| d[8] = 7); // session 7
+        let bad_line = change(&one[1], &|d| d[3] = 5);
+        let short = change(&one[1], &|d| {
+            d.pop();
+        });
         let heartbeat = {
             let mut h = vec![0u8; wire::DATAGRAM_HEADER_LEN];
             wire::write_datagram_header(&mut h, Line::A, 3, 1, 5, 0).unwrap();
+            if let Some(key) = &key {
+                let tag = key.tag(&h);
+                h.extend_from_slice(&tag);
+            }
             h
         };
-        let script: Vec<(Line, &[u8])> = vec![
+        // Wrong and missing tags on the next datagram in order.
+        let mut bad_tag = one[1].clone();
+        *bad_tag.last_mut().unwrap() ^= 1;
+        let untagged = one[1][..one[1].len() - tag_len].to_vec();
+        let mut script: Vec<(Line, &[u8])> = vec![
             (Line::A, &one[0]),
             (Line::B, &one[0]),
             (Line::A, &foreign),
             (Line::A, &stale),
             (Line::A, &bad_line),
             (Line::A, &short),
-            (Line::B, &one[1]),
+        ];
+        if key.is_some() {
+            script.extend([(Line::A, &bad_tag[..]), (Line::B, &untagged[..])]);
+        }
+        let repair_at = script.len() + 9;
+        script.extend([
+            (Line::B, &one[1][..]),
             (Line::A, &one[1]),
             (Line::A, &one[3]), // 3 missing
             (Line::A, &heartbeat),
@@ -1692,9 +1743,12 @@ mod tests {
             (Line::A, &one[9]),
             (Line::A, &one[10]),
             (Line::A, &one[11]),
-        ];
+        ]);
         let run = |fast: bool| {
             let mut s = announced(cfg());
+            s.set_datagram_key(key.clone());
+            // Tags or not, an announced session has the latency path.
+            assert!(s.one_message.is_some());
             if !fast {
                 s.one_message = None;
             }
@@ -1704,7 +1758,7 @@ mod tests {
             for (i, (line, d)) in script.iter().enumerate() {
                 taken.push(s.on_datagram(i as u64, *line, d, &mut app));
                 requests.extend(transmits(&mut s));
-                if i == 15 {
+                if i == repair_at {
                     let mut buf = [0u8; 512];
                     let n = wire::encode_retransmit_data(&mut buf, 3, 1, &one[7]).unwrap();
                     s.on_recovery(i as u64, &buf[..n], &mut app);
@@ -1727,6 +1781,8 @@ mod tests {
         assert_eq!(fast.4.malformed_dropped, 2);
         assert_eq!(fast.4.duplicates_b, 1);
         assert_eq!(fast.4.duplicates_a, 1);
+        assert_eq!(fast.4.bad_tag_dropped, if key.is_some() { 2 } else { 0 });
+        assert_eq!(fast.4.delivered, 12);
     }
 
     #[test]
