@@ -13,9 +13,10 @@
 //!   it out for a MsgSeqNum too low (it does not retry by itself: the same Logon would be
 //!   refused the same way). Sequence numbers are not changed here: settle them with the
 //!   venue first (there is no command to set ours).
-//! - `status`: venue session, journal, engines, open orders, kill switches, firm-wide
-//!   exposure against the firm limits, and per account open orders and notional against the
-//!   credit limit and what its throttle windows hold.
+//! - `status`: venue session (and how often and why the venue refused our Logon, if it
+//!   did), journal, engines, open orders, kill switches, firm-wide exposure against the firm
+//!   limits, and per account open orders and notional against the credit limit and what
+//!   its throttle windows hold.
 //!
 //! The server side never blocks the service thread: accepts and reads are non-blocking and
 //! polled from the loop; a client that sends no full line within [`CLIENT_TIMEOUT`] is
@@ -154,6 +155,16 @@ fn status<L: VenueLink>(driver: &FixDriver<L>, engines_connected: usize, now: u6
         _ => "down",
     };
     s.push_str(&format!("venue session       {session}\n"));
+    let refused = gw.session().counters().logons_refused;
+    match (refused, gw.session().logon_refusal()) {
+        (0, _) | (_, None) => {}
+        (_, Some("")) => s.push_str(&format!(
+            "venue logons refused {refused}, the last with no reason given\n"
+        )),
+        (_, Some(reason)) => s.push_str(&format!(
+            "venue logons refused {refused}, the last: {reason:?}\n"
+        )),
+    }
     if let Some(expected) = gw.reconnect_hold() {
         s.push_str(&format!(
             "venue logon held    the venue expects MsgSeqNum {expected}, our next is {}: \

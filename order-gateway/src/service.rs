@@ -726,7 +726,12 @@ impl VenueReconnect {
                 self.logons_refused_seen = refused;
                 let wait = self.back_off(t);
                 if gw.reconnect_hold().is_none() {
-                    tracing::warn!(refused, "the venue refused our Logon; retrying in {wait:?}");
+                    let reason = gw.session().logon_refusal().unwrap_or_default();
+                    tracing::warn!(
+                        refused,
+                        reason,
+                        "the venue refused our Logon; retrying in {wait:?}"
+                    );
                 }
             }
             if gw.reconnect_hold().is_some() {

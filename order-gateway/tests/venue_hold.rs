@@ -2,7 +2,9 @@
 //! gateway loses its journal and comes back at MsgSeqNum 1; QuickFIX logs it out ("MsgSeqNum
 //! too low, expecting N"). It does not log on again by itself; `status` on the control
 //! socket shows the hold and N; after the operator's `venue-reconnect` it tries once more
-//! (and is held again: nobody settled the numbers).
+//! (and is held again: nobody settled the numbers). A venue that refuses our Username and
+//! Password is tried again backing off 1x, 2x, 4x, 4x the reconnect interval, its reason
+//! shown to the operator, and stays up to accept the right ones later.
 //!
 //! The service's engine listener needs an RDMA device, so these tests run the service's
 //! venue reconnect policy ([`VenueReconnect`]) and its control socket ([`ControlServer`]
@@ -19,8 +21,10 @@ use std::time::{Duration, Instant};
 use common::*;
 use order_gateway::control::{self, ControlServer};
 use order_gateway::driver::FixDriver;
+use order_gateway::fix::{Secret, SessionConfig, SessionState};
 use order_gateway::journal::FsyncPolicy;
-use order_gateway::service::VenueReconnect;
+use order_gateway::proto::PRICE_SCALE;
+use order_gateway::service::{VenueConnect, VenueReconnect};
 use order_gateway::unix_nanos;
 
 /// The first wait of the back-off: short, so a gateway that retries by itself would do it
@@ -35,6 +39,8 @@ struct Loop {
     control: ControlServer,
     /// A gateway configuration naming the control socket, for `order-gateway control`.
     config: PathBuf,
+    /// When each venue connect completed (its Logon sent).
+    connects: Vec<Instant>,
 }
 
 impl Loop {
@@ -52,11 +58,14 @@ impl Loop {
             reconnect: VenueReconnect::new(RECONNECT, Instant::now()),
             control: ControlServer::bind(&socket).unwrap(),
             config,
+            connects: Vec::new(),
         }
     }
 
     fn turn(&mut self) {
-        self.reconnect.poll(&mut self.d, Instant::now());
+        if self.reconnect.poll(&mut self.d, Instant::now()) == VenueConnect::Connected {
+            self.connects.push(Instant::now());
+        }
         self.d.poll(Duration::from_millis(2)).unwrap();
         let d = &mut self.d;
         self.control
@@ -192,4 +201,115 @@ fn a_lost_journal_logs_on_too_low_once_then_waits_for_the_operator() {
     // Both refused Logons count as failures in a row: opening the socket between them
     // did not reset the back-off (only an accepted Logon does).
     assert_eq!(gw.reconnect.failures(), 2);
+}
+
+/// The gateway's session as the test venue knows it, logging on as `trader1`.
+fn with_password(password: &str) -> SessionConfig {
+    SessionConfig {
+        username: Some("trader1".into()),
+        password: Some(Secret::new(password)),
+        ..session_config()
+    }
+}
+
+#[test]
+fn a_venue_refusing_our_password_is_backed_off_and_stays_up_for_the_right_one() {
+    let dir = scratch("venue-refuses");
+    let mut venue = Venue::start_with(
+        &dir.join("venue"),
+        free_port(),
+        &["--username", "trader1", "--password", "right"],
+    );
+    let journal = dir.join("gw").join("gw.journal");
+    let port = venue.port;
+    let open = |password: &str| {
+        let mut d = FixDriver::open_with(
+            &format!("127.0.0.1:{port}"),
+            with_password(password),
+            &risk_config(),
+            &journal,
+            FsyncPolicy::Never,
+        )
+        .unwrap();
+        d.with_gateway(|gw, _| {
+            for s in symbols() {
+                gw.on_reference_price(s, 100 * PRICE_SCALE, unix_nanos());
+            }
+        })
+        .unwrap();
+        d
+    };
+    let mut gw = Loop::new(open("wrong"), &dir);
+
+    // Five Logons, each answered with the venue's Logout (QuickFIX's RejectLogon): the
+    // waits between them double from RECONNECT up to 4x it.
+    const REFUSALS: u64 = 5;
+    let refused = |d: &FixDriver| d.gateway().session().counters().logons_refused;
+    for n in 1..=REFUSALS {
+        gw.run_until("the venue's refusal of our Logon", |d| refused(d) >= n);
+        assert!(
+            venue.is_running(),
+            "the venue died refusing Logon {n} (see its stderr above)"
+        );
+    }
+    // The last refusal reaches the back-off at the turn after the disconnect.
+    gw.run_for(Duration::from_millis(100));
+    let waits: Vec<Duration> = gw.connects.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(waits.len() as u64, REFUSALS - 1, "connects: {waits:?}");
+    for (wait, factor) in waits.iter().zip([1, 2, 4, 4]) {
+        // At least the back-off; not much more (the refusal comes within milliseconds).
+        let due = RECONNECT * factor;
+        assert!(
+            *wait >= due && *wait < due + Duration::from_millis(900),
+            "waits between refused Logons {waits:?}, expected 1x, 2x, 4x, 4x {RECONNECT:?}"
+        );
+    }
+    assert_eq!(gw.reconnect.failures(), REFUSALS as u32);
+    assert_eq!(gw.d.gateway().reconnect_hold(), None, "refused is not held");
+    // The venue saw each Logon and refused each; the gateway knows why.
+    assert_eq!(venue.logons_received(), REFUSALS as usize);
+    let refusals = venue
+        .received()
+        .iter()
+        .filter(|l| l[0] == "refused")
+        .count();
+    assert_eq!(refusals as u64, REFUSALS);
+    assert_eq!(
+        gw.d.gateway().session().logon_refusal(),
+        Some("bad Username or Password")
+    );
+    assert_eq!(gw.d.gateway().session().counters().seq_too_low_logouts, 0);
+    let status = gw.operator("status");
+    assert!(
+        status.contains("venue session       down\n")
+            && status.contains(&format!(
+                "venue logons refused {REFUSALS}, the last: \"bad Username or Password\"\n"
+            )),
+        "{status}"
+    );
+
+    // The operator fixes the password and restarts the gateway: the venue, still up, lets
+    // it in (its numbers recovered over the refusals) and orders go through.
+    drop(gw);
+    assert!(venue.is_running());
+    let mut gw = Loop::new(open("right"), &dir);
+    gw.run_until("the Logon with the right password", |d| {
+        d.is_connected() && d.gateway().session().state() == SessionState::Active
+    });
+    gw.turn();
+    assert_eq!(
+        gw.reconnect.failures(),
+        0,
+        "an accepted Logon ends the failures"
+    );
+    let mut e = Engine::new(1);
+    for i in 1..=3 {
+        e.send(&mut gw.d, i);
+    }
+    pump(&mut gw.d, &mut e, 20, |e| {
+        e.open().is_empty() && e.finals.len() == 3
+    });
+    assert!(e.errors.is_empty(), "engine errors: {:?}", e.errors);
+    assert!(venue.is_running());
+    assert_eq!(venue.logons_received(), REFUSALS as usize + 1);
 }

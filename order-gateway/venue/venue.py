@@ -27,7 +27,10 @@ work: numbering, persisting, answering):
 
 --reset-on-logon sets QuickFIX's ResetOnLogon=Y (both sides start at 1 at every logon);
 --username/--password make the venue refuse a Logon without that Username (553) and
-Password (554).
+Password (554) as QuickFIX's RejectLogon would: a Logout with Text "bad Username or
+Password" instead of the Logon answer, then the connection is closed; the venue keeps
+running and accepts a later Logon that has them (each refusal is logged to received.log as
+"refused|MsgSeqNum").
 (Nothing is printed: the test harness stops reading stdout after READY.)
 """
 import argparse
@@ -65,28 +68,65 @@ class Venue(fix.Application):
         self.orders = {}  # every order of this run by ClOrdID, for OrderStatusRequests
         self.next_exec = int(time.time() * 1000) * 1000
         self.sid = None
+        # Session (as a string) -> Text of the Logout refusing the Logon being handled.
+        self.refusing = {}
         if os.path.exists(self.log_path):
             with open(self.log_path) as f:
                 for line in f:
                     parts = line.strip().split("|")
                     if len(parts) >= 2 and parts[0] == "ok":
                         self.done.add(parts[1])
-                    elif len(parts) >= 2 and parts[0] not in ("dup", "redo", "H"):
+                    elif len(parts) >= 2 and parts[0] not in ("dup", "redo", "H", "refused"):
                         self.seen.add(parts[1])
         self.log = open(self.log_path, "a", buffering=1)
 
     def onCreate(self, sid): pass
+
     def onLogon(self, sid):
+        if self.refusing.pop(sid.toString(), None) is not None:
+            # QuickFIX went on with the refused Logon (its answer and any ResendRequest
+            # were stored, not sent: the connection was already closed): reset the
+            # session's logon state, so the next connection is judged afresh.
+            fix.Session.lookupSession(sid).disconnect()
+            return
         self.sid = sid
+
     def onLogout(self, sid): pass
-    def toAdmin(self, msg, sid): pass
+
+    def toAdmin(self, msg, sid):
+        # The Logon fromAdmin sends for a refusal goes out as a Logout with the reason: a
+        # Logon is the only admin message QuickFIX transmits before the session is logged on.
+        key = sid.toString()
+        reason = self.refusing.get(key)
+        if not reason or msg.getHeader().getField(35) != "A":
+            return
+        self.refusing[key] = ""  # sent: QuickFIX's own answer that follows stays a Logon
+        msg.getHeader().setField(fix.MsgType(fix.MsgType_Logout))
+        for tag in (98, 108, 141, 789):
+            if msg.isSetField(tag):
+                msg.removeField(tag)
+        msg.setField(fix.Text(reason))
+
     def fromAdmin(self, msg, sid):
         if msg.getHeader().getField(35) != "A" or self.username is None:
             return
         user = msg.getField(553) if msg.isSetField(553) else None
         password = msg.getField(554) if msg.isSetField(554) else None
-        if user != self.username or password != self.password:
-            raise fix.RejectLogon("bad Username or Password")
+        if user == self.username and password == self.password:
+            return
+        # QuickFIX's way is `raise fix.RejectLogon(text)`, but in the quickfix-ssl wheel that
+        # C++ exception cannot leave Session::verify: std::terminate kills the venue. So
+        # refuse by hand, as RejectLogon does: a Logout with the reason (sent as a Logon
+        # that toAdmin rewrites), then close the connection. QuickFIX then finishes the
+        # Logon with nobody to send to; onLogon clears the state it leaves.
+        reason = "bad Username or Password"
+        self.log.write("refused|%s\n" % msg.getHeader().getField(34))
+        self.refusing[sid.toString()] = reason
+        logout = fix.Message()
+        logout.getHeader().setField(fix.MsgType(fix.MsgType_Logon))
+        fix.Session.sendToTarget(logout, sid)
+        fix.Session.lookupSession(sid).disconnect()
+
     def toApp(self, msg, sid): pass
 
     def fromApp(self, msg, sid):

@@ -315,6 +315,9 @@ pub struct Session {
     /// The venue logged us out saying it expects this MsgSeqNum from us, above what we
     /// sent: set until [`Session::clear_venue_expects`].
     venue_expects: Option<u64>,
+    /// The Text (58) of the venue's last Logout answering our Logon, cleaned and cut to
+    /// [`REFUSAL_TEXT_MAX`] bytes ("" when it had none).
+    logon_refusal: Option<Box<str>>,
     /// Inbound messages accepted (in sequence, resets, rejected-and-consumed).
     accepted_in: u64,
     /// Of those, rejected-and-consumed: their numbers were taken, their contents not.
@@ -343,6 +346,7 @@ impl Session {
             resend_timeout: None,
             answered_reset: false,
             venue_expects: None,
+            logon_refusal: None,
             accepted_in: 0,
             rejected_in: 0,
             queue: std::collections::BTreeMap::new(),
@@ -406,6 +410,14 @@ impl Session {
     /// messages the venue never got, so that is left to an operator.
     pub fn venue_expects(&self) -> Option<u64> {
         self.venue_expects
+    }
+
+    /// Why the venue last refused our Logon: the Text (58) of its Logout answering it
+    /// (its first [`REFUSAL_TEXT_MAX`] bytes, cleaned; "" if it gave none), for the logs and the
+    /// operator's `status`. `None` until a Logon is refused; kept after a later one is
+    /// accepted (the counters say how many were refused).
+    pub fn logon_refusal(&self) -> Option<&str> {
+        self.logon_refusal.as_deref()
     }
 
     /// Forgets [`venue_expects`](Self::venue_expects) (an operator dealt with it).
@@ -855,6 +867,7 @@ impl Session {
         if ty == b"5" {
             if self.state == SessionState::LogonSent {
                 self.counters.logons_refused += 1;
+                self.logon_refusal = Some(refusal_text(m.get(tag::TEXT).unwrap_or_default()));
             }
             if let Some(n) = m.get(tag::TEXT).and_then(expected_in_text) {
                 self.counters.seq_too_low_logouts += 1;
@@ -1299,6 +1312,19 @@ impl Session {
         w.finish(out);
         self.counters.messages_resent += 1;
     }
+}
+
+/// Longest refusal text kept ([`Session::logon_refusal`]); a venue's reason is a line.
+pub const REFUSAL_TEXT_MAX: usize = 200;
+
+/// A venue's Text as a line to log or show: its first [`REFUSAL_TEXT_MAX`] bytes, control
+/// characters and bad UTF-8 replaced.
+fn refusal_text(text: &[u8]) -> Box<str> {
+    let text = String::from_utf8_lossy(&text[..text.len().min(REFUSAL_TEXT_MAX)]);
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect::<String>()
+        .into_boxed_str()
 }
 
 /// N in a Logout text "MsgSeqNum too low, expecting N but received M" (QuickFIX's, the
@@ -2479,5 +2505,44 @@ mod seq_too_low_tests {
         assert_eq!(s.venue_expects(), None);
         assert_eq!(expected_in_text(b"MsgSeqNum too low, expecting x"), None);
         assert_eq!(expected_in_text(b"expecting 5, too low"), None);
+    }
+
+    /// The reason a venue gives for refusing our Logon is kept for the logs and `status`;
+    /// a Logout mid-session is no refusal and leaves it as it was.
+    #[test]
+    fn the_text_of_a_logout_refusing_our_logon_is_kept() {
+        let mut s = Session::new(cfg());
+        let mut out = Vec::new();
+        assert_eq!(s.logon_refusal(), None);
+        s.on_connect(T0, &mut out);
+        let f = venue(b"5", 1, &[(58, b"bad Username or Password")]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.counters().logons_refused, 1);
+        assert_eq!(s.logon_refusal(), Some("bad Username or Password"));
+        // Without a Text: refused all the same, for no reason given.
+        s.on_disconnect();
+        s.on_connect(T0, &mut out);
+        let f = venue(b"5", 2, &[]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(
+            (s.counters().logons_refused, s.logon_refusal()),
+            (2, Some(""))
+        );
+        // A venue's text is a line: control characters replaced, cut to a bounded length.
+        s.on_disconnect();
+        s.on_connect(T0, &mut out);
+        let long = [b"no\tway ".as_slice(), &[b'x'; 300]].concat();
+        let f = venue(b"5", 3, &[(58, &long)]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        let kept = s.logon_refusal().unwrap();
+        assert!(
+            kept.starts_with("no?way x") && kept.len() == REFUSAL_TEXT_MAX,
+            "{kept}"
+        );
+        // Mid-session: not a refusal.
+        let mut s = active();
+        let f = venue(b"5", 2, &[(58, b"end of day")]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.logon_refusal(), None);
     }
 }

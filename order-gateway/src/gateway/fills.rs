@@ -206,7 +206,11 @@ impl Gateway {
     ///   venue resend one anyway (PossDup from before a reset), its CumQty is not above
     ///   the order's and `on_trade` drops it as a duplicate.
     /// - OrdStatus final: the order is closed as the matching report would (Canceled with
-    ///   what was left open; Rejected as a venue reject).
+    ///   what was left open; Rejected as a venue reject). A cancel or replace still pending
+    ///   on an order the answer closes is answered too: a cancel by that Canceled, anything
+    ///   else refused (`VenueCancelReject`). The answer stands for reports the venue may
+    ///   never send again (those before a sequence reset), its answer to the change among
+    ///   them; should that answer come after all, it is late (counted, not forwarded).
     /// - CumQty below what the order has applied: counted (`status_mismatch`) and logged,
     ///   nothing changed (the venue forgot executions? an operator must look).
     fn on_status_answer(&mut self, oid: u64, a: &StatusAnswer<'_>, out: &mut Outputs) {
@@ -220,6 +224,7 @@ impl Gateway {
         let Some(o) = self.orders.get_mut(&oid) else {
             return;
         };
+        let was_done = o.status == OrderStatus::Done;
         if cum < o.cum_qty {
             self.counters.status_mismatch += 1;
             if !self.replaying {
@@ -273,28 +278,42 @@ impl Gateway {
             self.execs.insert(oid, &key, (diff, px));
             let _ = self.on_trade(oid, diff, px, cum, trade_leaves, out);
         }
-        if !is_final {
+        if !is_final || was_done {
             return;
         }
         let Some(o) = self.orders.get_mut(&oid) else {
             return;
         };
-        if o.status == OrderStatus::Done {
+        if o.status != OrderStatus::Done {
+            if ord_status == b"8" {
+                // Rejected while we took it for live: as a venue reject (which answers a
+                // pending change too).
+                return self.new_order_refused(oid, out);
+            }
+            let left = o.params.qty.saturating_sub(o.cum_qty);
+            o.status = OrderStatus::Done;
+            self.open_orders -= 1;
+            let p = o.params;
+            self.risk.on_order_done(&p, left);
+            out.engine.push((engine, Response::canceled(cl, left)));
+        }
+        // Closed by this answer (a fill of the rest above, or the close just made).
+        let Some(o) = self.orders.get_mut(&oid) else {
             return;
+        };
+        match o.pending {
+            Some((_, Change::Cancel)) if matches!(ord_status, b"3" | b"4" | b"C") => {
+                o.pending = None;
+            }
+            Some(_) => self.change_refused(oid, out),
+            None => {}
         }
-        if ord_status == b"8" {
-            // Rejected while we took it for live: as a venue reject.
-            return self.new_order_refused(oid, out);
-        }
-        let left = o.params.qty.saturating_sub(o.cum_qty);
-        o.status = OrderStatus::Done;
-        self.open_orders -= 1;
-        let p = o.params;
-        self.risk.on_order_done(&p, left);
-        out.engine.push((engine, Response::canceled(cl, left)));
     }
 
-    /// The venue refused new order `oid` (ExecType 8, or a reject of its NewOrderSingle).
+    /// The venue refused new order `oid` (ExecType 8, a status answer saying Rejected, or a
+    /// reject of its NewOrderSingle). A cancel or replace pending on it is refused too: the
+    /// venue has no order to change, and after a status answer its own reply to the change
+    /// may never come (a later one is a late answer, counted and not forwarded).
     fn new_order_refused(&mut self, oid: u64, out: &mut Outputs) {
         let Some(o) = self.orders.get_mut(&oid) else {
             return;
@@ -311,6 +330,7 @@ impl Gateway {
             o.engine,
             Response::reject(o.cl_ord_id, msg_type::NEW_ORDER, RejectReason::VenueReject),
         ));
+        self.change_refused(oid, out);
     }
 
     /// The venue refused our order message `ref_type` (D, F or G) whose ClOrdID is `req`

@@ -9,7 +9,8 @@ use crate::fix::{split_frame, Message, MessageWriter, SessionConfig, SessionStat
 use crate::gateway::{Gateway, OrderStatus, Outputs};
 use crate::journal::decode_record;
 use crate::proto::{
-    msg_type, Cancel, NewOrder, NoticeKind, Response, Side, TimeInForce, PRICE_SCALE,
+    msg_type, Cancel, NewOrder, NoticeKind, RejectReason, Replace, Response, Side, TimeInForce,
+    PRICE_SCALE,
 };
 
 use crate::gateway::tests::{aapl, risk, session, SEC, T0};
@@ -1225,6 +1226,143 @@ fn final_status_answers_close_the_order() {
     let r = replay(&out.journal);
     same_state(&r, &gw);
     assert_eq!(r.order(1, 1).unwrap().cum_qty, 300);
+}
+
+/// The engine's requests and the gateway's answers to each of them in `out`: (order,
+/// request type, answer) with Reject's reason, Canceled or Replaced.
+fn answers(out: &Outputs) -> Vec<(u64, u8, Option<RejectReason>)> {
+    out.engine
+        .iter()
+        .filter_map(|(_, r)| match r {
+            Response::Reject(x) => Some((x.cl_ord_id.get(), x.request, Some(x.reason()))),
+            Response::Canceled(x) => Some((x.cl_ord_id.get(), msg_type::CANCEL, None)),
+            Response::Replaced(x) => Some((x.cl_ord_id.get(), msg_type::REPLACE, None)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// An acknowledged order with a cancel or replace pending, that a status answer (after a
+/// reset: the venue's reply to the change is never resent) says is Rejected: the engine
+/// gets the order's reject and the change's, the order is closed with nothing pending and
+/// replays the same; the venue's own reply to the change, should it come after all, is a
+/// late answer. An ExecutionReport rejecting the order (ExecType 8) does the same. A status
+/// answer that closes the order otherwise answers the change too: a cancel by the Canceled,
+/// a replace refused.
+#[test]
+fn a_final_status_answer_answers_the_pending_cancel_or_replace() {
+    let (mut gw, mut v, mut out) = active();
+    let [a, b, c, d, e] =
+        [1, 2, 3, 4, 5].map(|cl| acked_order(&mut gw, &mut v, &mut out, cl, 1000));
+    let change = |gw: &mut Gateway, out: &mut Outputs, cl: u64, cancel: bool| {
+        let m = if cancel {
+            zerocopy::IntoBytes::as_bytes(&Cancel::new(cl)).to_vec()
+        } else {
+            zerocopy::IntoBytes::as_bytes(&Replace::new(cl, 900, 99 * PRICE_SCALE)).to_vec()
+        };
+        gw.on_engine_message(1, &m, T0, out);
+        assert!(gw.order(1, cl).unwrap().pending.is_some(), "{cl}");
+        Message::parse(frames(&out.fix).last().unwrap())
+            .unwrap()
+            .uint(11)
+            .unwrap()
+    };
+    let cancel_a = change(&mut gw, &mut out, 1, true);
+    change(&mut gw, &mut out, 2, false);
+    change(&mut gw, &mut out, 3, true);
+    change(&mut gw, &mut out, 4, false);
+    change(&mut gw, &mut out, 5, true);
+    // The engine's client takes every response; what it got since the last look.
+    let mut client = Client::new(1);
+    for _ in 1..=5 {
+        client.new_order(7, aapl(), Side::Buy, 1000, 100 * PRICE_SCALE);
+    }
+    let mut deliver = |out: &mut Outputs| {
+        for (_, r) in &out.engine {
+            client
+                .on_response(r.as_bytes())
+                .unwrap_or_else(|e| panic!("client refused {r:?}: {e:?}"));
+        }
+        let got = (answers(out), fills(out));
+        fresh(out);
+        got
+    };
+    deliver(&mut out);
+
+    let (venue, cancel, replace) = (
+        Some(RejectReason::VenueReject),
+        Some(RejectReason::VenueCancelReject),
+        msg_type::REPLACE,
+    );
+    gw.on_fix_bytes(&status_answer(&mut v, a, b"8", 0, 0, "0"), T0, &mut out);
+    gw.on_fix_bytes(&status_answer(&mut v, b, b"8", 0, 0, "0"), T0, &mut out);
+    let (got, _) = deliver(&mut out);
+    assert_eq!(
+        got,
+        [
+            (1, msg_type::NEW_ORDER, venue),
+            (1, msg_type::CANCEL, cancel),
+            (2, msg_type::NEW_ORDER, venue),
+            (2, replace, cancel),
+        ]
+    );
+    gw.on_fix_bytes(&v.exec(e, "rej5", b"8", 0, "0", 0, 0, &[]), T0, &mut out);
+    let (got, _) = deliver(&mut out);
+    assert_eq!(
+        got,
+        [
+            (5, msg_type::NEW_ORDER, venue),
+            (5, msg_type::CANCEL, cancel)
+        ]
+    );
+    // Canceled at the venue: the pending cancel's answer; filled: the replace refused.
+    gw.on_fix_bytes(&status_answer(&mut v, c, b"4", 0, 0, "0"), T0, &mut out);
+    gw.on_fix_bytes(
+        &status_answer(&mut v, d, b"2", 1000, 0, "100"),
+        T0,
+        &mut out,
+    );
+    let (got, filled) = deliver(&mut out);
+    assert_eq!(got, [(3, msg_type::CANCEL, None), (4, replace, cancel)]);
+    assert_eq!(filled, [(1000, 100 * PRICE_SCALE, 1000, 0)]);
+    for cl in 1..=5 {
+        let o = gw.order(1, cl).unwrap();
+        assert_eq!(
+            (o.status, o.pending.is_none()),
+            (OrderStatus::Done, true),
+            "{cl}"
+        );
+    }
+    assert_eq!(gw.open_order_count(), 0);
+    assert_eq!(gw.risk().exposure(7).0, 0);
+
+    // The venue's cancel reject arriving after all is late and not forwarded.
+    let before = gw.last_response_seq(1);
+    let (cl, orig) = (cancel_a.to_string(), a.to_string());
+    let late = [
+        (37, &b"V1"[..]),
+        (11, cl.as_bytes()),
+        (41, orig.as_bytes()),
+        (39, b"8"),
+        (434, b"1"),
+    ];
+    gw.on_fix_bytes(&v.frame(b"9", &late), T0, &mut out);
+    assert_eq!(deliver(&mut out).0, []);
+    assert_eq!(gw.last_response_seq(1), before);
+    assert_eq!(gw.counters().late_answers, 1);
+
+    // Replayed from the journal: the same orders, answers and numbers.
+    let r = replay(&out.journal);
+    same_state(&r, &gw);
+    assert_eq!(r.last_response_seq(1), gw.last_response_seq(1));
+    for cl in 1..=5 {
+        let o = r.order(1, cl).unwrap();
+        assert_eq!(
+            (o.status, o.pending.is_none()),
+            (OrderStatus::Done, true),
+            "{cl}"
+        );
+    }
 }
 
 /// A status answer whose CumQty is below what the gateway applied is counted and changes

@@ -137,6 +137,11 @@ impl Venue {
         self.stdin.flush().unwrap();
     }
 
+    /// Whether the venue process is still running (QuickFIX has not killed it).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// SIGKILL, like a crash.
     pub fn kill(mut self) {
         let _ = self.child.kill();
