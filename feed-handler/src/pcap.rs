@@ -18,7 +18,7 @@
 //! - **Filter**: [`WireFilter`] keeps only datagrams to the given destination ports and/or
 //!   addresses (an A and a B feed are two groups or ports of one session).
 //! - **Sequencing**: each datagram goes through the feed handler's own
-//!   [`GapTracker`](crate::moldudp64::GapTracker), locked onto the first MoldUDP64 session
+//!   [`GapTracker`], locked onto the first MoldUDP64 session
 //!   whose data packet carries ITCH messages and started at the lowest sequence of that
 //!   session seen in its first [`GAP_WAIT`] of capture time (packets reordered at the start,
 //!   by the feeds or by fragments, lose nothing): A/B duplicates are delivered once, packets of

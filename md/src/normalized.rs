@@ -50,7 +50,7 @@ pub struct Header {
     /// Messages held back behind a gap carry the stamp of the packet that released them (the
     /// time they became deliverable); a [`FeedLoss`] the time the loss was declared. Read
     /// from a capture file (`feed.capture`): the time the service read the batch of records.
-    /// 0: unknown (e.g. encoded by [`encode`] outside the feed handler).
+    /// 0: unknown (e.g. a [`header`] built outside the feed handler with no receive time).
     pub ts_recv: U64,
 }
 const _: () = assert!(core::mem::size_of::<Header>() == 28);

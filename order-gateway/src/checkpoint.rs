@@ -57,7 +57,7 @@ pub struct GatewayState {
     /// FIX session.
     pub session: SessionState,
     /// Executed notional of the kept orders with executions: `(id, sum of qty x price)`.
-    /// Encoded after the rest (a [`Trailer`]), so checkpoints of the same version written
+    /// Encoded after the rest (a trailer), so checkpoints of the same version written
     /// before it existed still read (their orders' notional is then estimated from their
     /// limit price), and a gateway that does not know it reads past it.
     #[serde(skip)]

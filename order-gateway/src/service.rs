@@ -539,7 +539,7 @@ const REFUSAL_LINGER: Duration = Duration::from_millis(100);
 /// Connect requests looked at per housekeeping turn (more wait for the next turn).
 const REQUESTS_PER_TURN: usize = 4;
 /// A venue reconnect waits `reconnect` after a failure, doubling up to this many times it.
-const MAX_BACKOFF_FACTOR: u32 = 4;
+pub const MAX_BACKOFF_FACTOR: u32 = 4;
 
 impl EngineConn {
     /// Queues `r` behind the backlog; returns false if the connection is lost or must be
