@@ -221,15 +221,40 @@ fn kill_then_restart(name: &str, policy: &str, orders: u64, power_loss: bool) {
             l[1]
         );
     }
+    // A SIGKILL can cut the journal's write of the last batch short (Linux stops a write to
+    // a file at a page boundary when a fatal signal is pending): the restart then cuts the
+    // torn record, and an order whose decision was whole but whose NewOrderSingle record was
+    // torn is known and was never sent (the journal is written before the venue). Seen once
+    // in CI. That order is the last one or two; the restarted gateway asks the venue about
+    // it (it was never acknowledged) and the venue's "unknown order" closes it as rejected
+    // (checked Done above). Every other journaled order reached the venue exactly once.
+    let highest_sent = venue_ids
+        .iter()
+        .map(|id| id.parse::<u64>().unwrap())
+        .max()
+        .unwrap_or(0);
+    let never_sent: Vec<u64> = (highest_sent + 1..=last).collect();
+    assert!(
+        never_sent.len() <= 2,
+        "orders {never_sent:?} journaled and never sent: more than the kill can explain"
+    );
+    for id in &never_sent {
+        assert!(
+            lines.iter().any(|l| l[0] == "H" && l[1] == id.to_string()),
+            "order {id}, never sent, was not asked about at logon"
+        );
+    }
     if segments {
         // Orders final two checkpoints ago are no longer held: count instead. Every id
         // went to the venue once (the venue rejects every tenth, its symbol).
         assert_eq!(
-            venue_ids.len() as u64,
+            venue_ids.len() as u64 + never_sent.len() as u64,
             last,
             "every journaled order reached the venue exactly once"
         );
-        assert!(gw_ids.is_subset(&venue_ids));
+        assert!(gw_ids
+            .iter()
+            .all(|id| venue_ids.contains(id) || never_sent.contains(&id.parse().unwrap())));
         // A clean stop writes a checkpoint; the next start replays nothing else.
         assert!(d.checkpoint());
         let next_out = d.gateway().session().next_out();
@@ -239,9 +264,15 @@ fn kill_then_restart(name: &str, policy: &str, orders: u64, power_loss: bool) {
         assert!(d.gateway().session().next_out() >= next_out);
         assert!(seen(&d, last) && !seen(&d, last + 1));
     } else {
+        let sent: HashSet<String> = gw_ids
+            .iter()
+            .filter(|id| !never_sent.contains(&id.parse().unwrap()))
+            .cloned()
+            .collect();
         assert_eq!(
-            venue_ids, gw_ids,
+            venue_ids, sent,
             "every journaled order reached the venue exactly once"
         );
+        assert_eq!(gw_ids.len(), sent.len() + never_sent.len());
     }
 }
