@@ -40,8 +40,11 @@
 //! The header word holds the payload length (bits 0-31), the message type
 //! (32-47) and a lap tag (48-63: the ring lap of the frame's position, low
 //! 15 bits, with bit 15 always set so that a header is never zero). The
-//! publisher fills the payload, sets the *next* frame's header word to zero,
-//! then stores this frame's header with `Release`. A subscriber loads the
+//! publisher keeps the ring zeroed a little ahead of its tail (up to the
+//! next frame's header word before a claim is handed out, and
+//! [`CLEAN_AHEAD`] bytes after each commit, never past what every live
+//! subscriber has consumed), fills the payload, then stores the frame's
+//! header with `Release`. A subscriber loads the
 //! header at its position with `Acquire`: zero is "nothing yet", a tag of
 //! this lap is a frame whose bytes are all visible, a tag of a later lap
 //! means the subscriber was overtaken. Because the word after the newest
@@ -123,6 +126,9 @@ const SLOT_LIVE: u64 = 1;
 const SLOT_DROPPED: u64 = 2;
 
 const HEADER_LEN: usize = 8;
+/// Bytes of ring the publisher keeps zeroed ahead of its tail after each
+/// commit (four cache lines).
+const CLEAN_AHEAD: u64 = 256;
 
 /// How the publisher treats slow subscribers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -401,6 +407,10 @@ pub struct IpcPublisher {
     tail: u64,
     /// Claims may end (plus the next header word) at most here.
     limit: u64,
+    /// Ring positions from `tail` up to here are zero in memory: the next
+    /// frame's header word is zeroed before a commit needs it, so a commit
+    /// stores nothing past its own frame (see [`CLEAN_AHEAD`]).
+    clean: u64,
     liveness: Duration,
     /// When the subscribers' processes were last looked at, on
     /// [`now_ns`]'s clock.
@@ -509,6 +519,7 @@ impl IpcPublisher {
             flow: cfg.flow,
             tail: 0,
             limit: 0,
+            clean: 0,
             liveness: Duration::from_millis(cfg.liveness_ms),
             last_check: now_ns(),
             refusals: 0,
@@ -678,6 +689,11 @@ impl IpcPublisher {
                 }
             }
         }
+        if end > self.clean {
+            // The frame, its padding and the next header word (end <= limit:
+            // no live subscriber reads these positions' bytes any more).
+            self.clean_to(end);
+        }
         if pad > 0 {
             self.write_pad(self.tail, pad);
             self.tail += pad;
@@ -688,6 +704,31 @@ impl IpcPublisher {
             msg_type,
             publisher: self,
         })
+    }
+
+    /// Zeroes the ring's words for positions `clean..to` (`to` at most
+    /// `limit`, a multiple of 8) and moves `clean` there.
+    #[inline]
+    fn clean_to(&mut self, to: u64) {
+        while self.clean < to {
+            let off = self.data + (self.clean & self.mask) as usize;
+            // Whole cache lines at a time where it can (a line never straddles
+            // the ring's end: the ring is a power of two of at least a page).
+            let words = if self.clean % 64 == 0 && to - self.clean >= 64 {
+                8
+            } else {
+                1
+            };
+            for i in 0..words {
+                self.shm
+                    .word_unchecked(off + i * 8)
+                    // ORDERING: Relaxed: published by the Release store of the
+                    // header of a frame before these positions (a subscriber
+                    // reads a header word only after the frame before it).
+                    .store(0, Ordering::Relaxed);
+            }
+            self.clean += words as u64 * 8;
+        }
     }
 
     /// Writes a padding frame of `bytes` at `pos` and publishes it.
@@ -755,11 +796,7 @@ impl IpcClaim<'_> {
         let p = &mut *self.publisher;
         let pos = self.pos;
         let need = frame_len(self.len) as u64;
-        let next = (pos + need) & p.mask;
-        p.shm
-            .word_unchecked(p.data + next as usize)
-            // ORDERING: Relaxed: published by the Release store of the header below.
-            .store(0, Ordering::Relaxed);
+        // The next header word is already zero: try_claim cleaned up to it.
         let h = self.len as u64 | ((self.msg_type as u64) << 32) | (lap_tag(pos, p.log2) << 48);
         // ORDERING: Release: a subscriber that loads this header (Acquire)
         // sees the payload and the zeroed next header.
@@ -770,6 +807,17 @@ impl IpcClaim<'_> {
         // ORDERING: Release, as in write_pad: joiners start at a position whose frames are visible.
         p.shm.word(H_TAIL).store(p.tail, Ordering::Release);
         p.stats.messages += 1;
+        // Zero ahead now, after the header is out: the next small frame's
+        // header word is then zero before its claim, and its commit touches
+        // no cache line beyond its own frame (the subscriber waits on the
+        // next header's line; writing it at every commit cost a transfer).
+        // Whole lines: the loop above then stores a line per pass. The claim
+        // cleaned past this frame, so nothing behind the tail is touched.
+        debug_assert!(p.clean >= p.tail);
+        let ahead = ((p.tail + CLEAN_AHEAD) & !63).min(p.limit);
+        if ahead > p.clean {
+            p.clean_to(ahead);
+        }
         std::mem::forget(self);
     }
 

@@ -119,6 +119,86 @@ fn every_message_arrives_in_order_across_hundreds_of_wraps() {
     );
 }
 
+/// Every payload word is a well-formed header of the lap in which its position
+/// comes round again, so a frame of the next lap whose following header word
+/// was not zeroed would be followed into stale payload: the subscriber checks
+/// every message's number, type and length over many wraps of varied lengths.
+#[test]
+fn stale_payload_that_looks_like_next_lap_headers_is_never_read_as_a_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let ring = 64 << 10;
+    let c = cfg(dir.path(), ring, FlowControl::Block);
+    let mut publisher = IpcPublisher::create("h", &c).unwrap();
+    let mut sub = IpcSubscriber::new("h", &c).unwrap();
+    connect(&mut sub);
+    const N: u64 = 60_000;
+    // Mostly short frames (the publisher zeroes a few lines ahead after each
+    // commit), every 50th up to 2 KiB (its claim zeroes up to its end first).
+    let len_of = |i: u64| {
+        let words = if i % 50 == 0 { 250 } else { 23 };
+        8 + (i.wrapping_mul(2_654_435_761) % words) as usize * 8
+    };
+    let start = Instant::now();
+    let reader = std::thread::spawn(move || {
+        let mut next = 0u64;
+        while next < N {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "stuck at message {next}"
+            );
+            sub.poll(
+                now_ns(),
+                |e| match e {
+                    IpcEvent::Message(m) => {
+                        assert_eq!(
+                            (m.msg_type, m.payload.len()),
+                            (1, len_of(next)),
+                            "message {next}"
+                        );
+                        assert_eq!(m.payload[..8], next.to_le_bytes(), "message {next}");
+                        next += 1;
+                    }
+                    other => panic!("unexpected {other:?} at message {next}"),
+                },
+                64,
+            );
+        }
+    });
+    let log2 = ring.trailing_zeros();
+    'send: for i in 0..N {
+        let len = len_of(i);
+        loop {
+            match publisher.try_claim(1, len) {
+                Ok(mut claim) => {
+                    let pos = claim.pos;
+                    claim[..8].copy_from_slice(&i.to_le_bytes());
+                    for w in 1..len / 8 {
+                        let x = pos + HEADER_LEN as u64 + 8 * w as u64;
+                        let forged = 8 | (3 << 32) | (lap_tag(x + ring as u64, log2) << 48);
+                        claim[8 * w..8 * w + 8].copy_from_slice(&forged.to_le_bytes());
+                    }
+                    claim.commit();
+                    break;
+                }
+                // A reader that failed holds the ring for ever: stop and
+                // report its failure.
+                Err(IpcOfferError::BackPressured)
+                    if reader.is_finished() || start.elapsed() > Duration::from_secs(40) =>
+                {
+                    break 'send
+                }
+                Err(IpcOfferError::BackPressured) => std::hint::spin_loop(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    reader.join().unwrap();
+    assert!(
+        publisher.stats().back_pressured > 0,
+        "the ring never filled"
+    );
+}
+
 #[test]
 fn a_subscriber_started_first_connects_and_follows_a_restarted_publisher() {
     let dir = tempfile::tempdir().unwrap();
