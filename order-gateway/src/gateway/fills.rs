@@ -151,14 +151,7 @@ impl Gateway {
                 o.status = OrderStatus::Open;
                 out.engine.push((engine, Response::ack(cl, oid)));
             }
-            b"4" | b"C" => {
-                let leaves = o.params.qty.saturating_sub(o.cum_qty);
-                o.status = OrderStatus::Done;
-                self.open_orders -= 1;
-                let p = o.params;
-                self.risk.on_order_done(&p, leaves);
-                out.engine.push((engine, Response::canceled(cl, leaves)));
-            }
+            b"4" | b"C" => self.close_canceled(oid, out),
             b"5" => {
                 if let Some((rid, Change::Replace { qty, price })) = o.pending {
                     if rid == req {
@@ -290,12 +283,7 @@ impl Gateway {
                 // pending change too).
                 return self.new_order_refused(oid, out);
             }
-            let left = o.params.qty.saturating_sub(o.cum_qty);
-            o.status = OrderStatus::Done;
-            self.open_orders -= 1;
-            let p = o.params;
-            self.risk.on_order_done(&p, left);
-            out.engine.push((engine, Response::canceled(cl, left)));
+            self.close_canceled(oid, out);
         }
         // Closed by this answer (a fill of the rest above, or the close just made).
         let Some(o) = self.orders.get_mut(&oid) else {
@@ -308,6 +296,21 @@ impl Gateway {
             Some(_) => self.change_refused(oid, out),
             None => {}
         }
+    }
+
+    /// Closes live order `oid` as Canceled with what was left open: its exposure released,
+    /// the engine told (a venue's Canceled or Expired, or a status answer saying so).
+    fn close_canceled(&mut self, oid: u64, out: &mut Outputs) {
+        let Some(o) = self.orders.get_mut(&oid) else {
+            return;
+        };
+        let left = o.params.qty.saturating_sub(o.cum_qty);
+        o.status = OrderStatus::Done;
+        self.open_orders -= 1;
+        let p = o.params;
+        self.risk.on_order_done(&p, left);
+        out.engine
+            .push((o.engine, Response::canceled(o.cl_ord_id, left)));
     }
 
     /// The venue refused new order `oid` (ExecType 8, a status answer saying Rejected, or a
