@@ -732,12 +732,10 @@ impl IpcPublisher {
     }
 
     /// Writes a padding frame of `bytes` at `pos` and publishes it.
+    /// The header word after it is zero already: the claim that led here (a
+    /// frame wrapping to the ring's start, or one abandoned) cleaned past it.
     fn write_pad(&mut self, pos: u64, bytes: u64) {
-        let next = (pos + bytes) & self.mask;
-        self.shm
-            .word_unchecked(self.data + next as usize)
-            // ORDERING: Relaxed: published by the Release store of the header that follows.
-            .store(0, Ordering::Relaxed);
+        debug_assert!(self.clean >= pos + bytes + HEADER_LEN as u64);
         let h = (bytes - HEADER_LEN as u64)
             | ((PAD_TYPE as u64) << 32)
             | (lap_tag(pos, self.log2) << 48);
