@@ -637,14 +637,11 @@ impl SubscriberState {
             // tag, and the tag is checked before anything is delivered or
             // counted as received (a wrong one is dropped as the full path
             // drops it).
-            let body = match &self.key {
-                None => Some(bytes),
-                Some(_) => bytes
-                    .len()
-                    .checked_sub(DATAGRAM_TAG_LEN)
-                    .map(|n| &bytes[..n]),
+            let split = match &self.key {
+                None => Some((bytes, &[][..])),
+                Some(_) => split_tag(bytes),
             };
-            if let Some((seq, msg)) = body.and_then(|b| expect.match_datagram(b)) {
+            if let Some((seq, msg)) = split.and_then(|(body, _)| expect.match_datagram(body)) {
                 if seq == self.next_seq
                     && bytes.len() <= self.cfg.max_datagram
                     && self.high == seq
@@ -652,8 +649,7 @@ impl SubscriberState {
                     && self.order.is_empty()
                     && self.outstanding.is_empty()
                 {
-                    if let Some(key) = &self.key {
-                        let (body, tag) = bytes.split_at(bytes.len() - DATAGRAM_TAG_LEN);
+                    if let (Some(key), Some((body, tag))) = (&self.key, split) {
                         if !key.verify(body, tag) {
                             self.counters.bad_tag_dropped += 1;
                             return false;
@@ -797,11 +793,10 @@ impl SubscriberState {
         let bytes = match &self.key {
             None => bytes,
             Some(key) => {
-                let Some(split) = bytes.len().checked_sub(DATAGRAM_TAG_LEN) else {
+                let Some((body, tag)) = split_tag(bytes) else {
                     self.counters.bad_tag_dropped += 1;
                     return None;
                 };
-                let (body, tag) = bytes.split_at(split);
                 if !key.verify(body, tag) {
                     self.counters.bad_tag_dropped += 1;
                     return None;
@@ -1522,6 +1517,11 @@ impl LinkWatch {
         }
         false
     }
+}
+
+/// A tagged datagram's body and tag (`None` if shorter than a tag).
+fn split_tag(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    bytes.split_at_checked(bytes.len().checked_sub(DATAGRAM_TAG_LEN)?)
 }
 
 #[cfg(test)]
