@@ -96,7 +96,7 @@ pub struct Date(time::Date);
 const YEARS: std::ops::RangeInclusive<i32> = 1970..=2200;
 
 /// Julian day number of 1970-01-01.
-const UNIX_EPOCH_JULIAN_DAY: i64 = 2_440_588;
+const UNIX_EPOCH_JULIAN_DAY: i64 = time::OffsetDateTime::UNIX_EPOCH.to_julian_day() as i64;
 
 impl Date {
     /// The date `year`-`month`-`day`, if it exists and falls in 1970-2200.

@@ -397,7 +397,7 @@ pub fn write_utc_timestamp(out: &mut Vec<u8>, unix_nanos: u64) {
 }
 
 /// The Julian day number of 1970-01-01.
-const UNIX_EPOCH_JULIAN_DAY: i32 = 2_440_588;
+const UNIX_EPOCH_JULIAN_DAY: i32 = time::OffsetDateTime::UNIX_EPOCH.to_julian_day();
 
 /// Parses a FIX UTCTimestamp `YYYYMMDD-HH:MM:SS` with optional fractional seconds (`.sss`,
 /// `.ssssss` or `.sssssssss`, as FIX 4.4 and later and QuickFIX accept) into nanoseconds
