@@ -23,7 +23,10 @@ pub struct IpcArgs {
     /// Pin the two threads to these cores.
     #[arg(long, value_delimiter = ',', default_value = "0,1")]
     pub cores: Vec<usize>,
-    /// Ring bytes per stream (Aeron's IPC default is three 64 KiB terms).
+    /// Ring bytes per stream. Aeron C's IPC default is three 64 MiB terms, of which a
+    /// publisher may run half a term (32 MiB) ahead of its subscriber; this ring lets the
+    /// rocebus publisher run at most its own size ahead, so the stream comparison never
+    /// favours rocebus by buffering.
     #[arg(long, default_value_t = 128 << 10)]
     pub ring_bytes: usize,
     /// Folder of the stream files.
