@@ -249,13 +249,19 @@ pub enum RejectReason {
     /// The same order (account, symbol, side, quantity, price) was accepted too many times
     /// within the repeated-order window.
     RepeatedOrder = 30,
+    /// Decided and journaled, but the gateway stopped before the FIX message carrying it
+    /// reached the journal, so it never went to the venue (the journal is written before
+    /// anything is sent): nothing happened there. Answered when the gateway starts again,
+    /// for a new order (the order is closed) or a cancel or replace (the order stands as it
+    /// was); the same request may be sent again under a new id.
+    NotSent = 31,
 }
 
 impl RejectReason {
     /// Decodes the wire value.
     pub fn from_u16(v: u16) -> Option<RejectReason> {
         use RejectReason::*;
-        const ALL: [RejectReason; 30] = [
+        const ALL: [RejectReason; 31] = [
             AccountNotGranted,
             UnknownAccount,
             MaxQuantity,
@@ -286,6 +292,7 @@ impl RejectReason {
             FirmGrossNotional,
             FirmMaxOpenOrders,
             RepeatedOrder,
+            NotSent,
         ];
         ALL.into_iter().find(|r| *r as u16 == v)
     }

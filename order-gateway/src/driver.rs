@@ -597,7 +597,7 @@ impl<L: VenueLink> FixDriver<L> {
         };
         let journal = journal_file;
         let segment_start = journal.len();
-        Ok(FixDriver {
+        let mut d = FixDriver {
             gw,
             journal,
             link,
@@ -617,7 +617,11 @@ impl<L: VenueLink> FixDriver<L> {
             segments: SegmentStats::default(),
             segment_start,
             opening: false,
-        })
+        };
+        // Requests whose order message the journal lost with a torn last write never went
+        // out: answered now (and journaled), before anything else happens.
+        d.with_gateway(|gw, out| gw.close_unsent(out))?;
+        Ok(d)
     }
 
     /// What recovery found in the journal.
@@ -780,6 +784,9 @@ impl<L: VenueLink> FixDriver<L> {
             Ok(()) => {
                 tracing::warn!("journal writable again: taking requests, reconnecting the venue");
                 self.degraded = None;
+                // Requests never sent that the start could not journal as such (the journal
+                // failed then), and none else: every failed append was rolled back whole.
+                self.gw.close_unsent(&mut self.out);
                 for engine in std::mem::take(&mut self.deferred_disconnects) {
                     self.gw.on_engine_disconnect(engine, now, &mut self.out);
                 }

@@ -115,6 +115,7 @@ fn kind_name(kind: usize) -> String {
         record::ENGINE_MALFORMED => "malformed engine frames".into(),
         record::CHECKPOINT => "checkpoints".into(),
         record::FIX_IN_REJECTED => "FIX in, rejected".into(),
+        record::NOT_SENT => "never sent".into(),
         k => format!("kind {k}"),
     }
 }

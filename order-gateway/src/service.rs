@@ -331,6 +331,10 @@ const CORE_COUNTERS: &[(&str, ReadCounter)] = &[
     ("fix trade corrections", |g| g.counters().trade_corrections),
     ("fix late venue answers", |g| g.counters().late_answers),
     ("fix order messages refused", |g| g.counters().venue_refused),
+    (
+        "requests journaled but never sent, rejected at a restart",
+        |g| g.counters().not_sent,
+    ),
     ("fix garbled frames", |g| g.session().counters().garbled),
     ("fix session rejects sent", |g| {
         g.session().counters().rejects_sent

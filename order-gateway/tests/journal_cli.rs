@@ -1,6 +1,8 @@
 //! The journal as an operator meets it: `journal verify`, `journal repair`, and `run`
 //! refusing a damaged or locked journal before it looks for an RDMA device.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -163,4 +165,113 @@ fn journal_help_explains_verify_and_repair() {
         .output()
         .unwrap();
     assert!(text(&out).contains("quarantine"), "{}", text(&out));
+}
+
+/// A kill in the middle of the journal write that holds an order's decision and its
+/// NewOrderSingle can leave the decision whole and the message torn off (the torn tail
+/// is cut at open). The next open answers the order `NotSent` before anything else, and
+/// journals it: the open after that replays the answer and gives it no second time.
+#[test]
+fn an_order_message_torn_off_the_journal_is_answered_not_sent_at_open() {
+    use order_gateway::journal::decode_record;
+    use order_gateway::proto::{NewOrder, RejectReason, Response, Side, TimeInForce, PRICE_SCALE};
+    use order_gateway::sim::SimVenue;
+    use order_gateway::{driver::FixDriver, gateway::OrderStatus, unix_nanos};
+    use zerocopy::IntoBytes;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gw.journal");
+    let risk = common::risk_config();
+    let open = || {
+        FixDriver::with_link(
+            SimVenue::new(),
+            common::session_config(),
+            &risk,
+            &path,
+            FsyncPolicy::Never,
+        )
+        .unwrap()
+    };
+    let mut d = open();
+    let [aapl, ..] = common::symbols();
+    d.stage(|gw, _| gw.on_reference_price(aapl, 100 * PRICE_SCALE, unix_nanos()));
+    d.connect().unwrap();
+    d.poll_with(unix_nanos(), |_, _| {}).unwrap();
+    for cl in [1, 2] {
+        let m = NewOrder::new(
+            cl,
+            common::ACCOUNT,
+            aapl,
+            Side::Buy,
+            10,
+            100 * PRICE_SCALE,
+            TimeInForce::Day,
+        );
+        d.engine_message(common::ENGINE, m.as_bytes()).unwrap();
+        d.poll_with(unix_nanos(), |_, _| {}).unwrap();
+    }
+    drop(d);
+    // Cut the file just past order 2's decision, as the kill would have.
+    let bytes = std::fs::read(&path).unwrap();
+    let (mut at, mut end_of_last_decision) = (8, 0);
+    while let Some((kind, _, n)) = decode_record(&bytes[at..]) {
+        at += n;
+        if kind == record::DECISION {
+            end_of_last_decision = at;
+        }
+    }
+    assert_eq!(at, bytes.len());
+    // A torn piece of the NewOrderSingle record stays behind; the open cuts it.
+    let torn = end_of_last_decision + 20;
+    std::fs::write(&path, &bytes[..torn]).unwrap();
+
+    let mut d = open();
+    assert_eq!(d.recovery().truncated_bytes, 20);
+    let gw = d.gateway();
+    assert_eq!(
+        gw.order(common::ENGINE, 1).unwrap().status,
+        OrderStatus::Done,
+        "filled"
+    );
+    assert_eq!(
+        gw.order(common::ENGINE, 2).unwrap().status,
+        OrderStatus::Done,
+        "closed"
+    );
+    assert_eq!((gw.counters().not_sent, gw.open_order_count()), (1, 0));
+    let got = d.take_engine_responses();
+    assert!(
+        matches!(got[..], [(common::ENGINE, Response::Reject(r))]
+            if r.cl_ord_id.get() == 2 && r.reason() == RejectReason::NotSent),
+        "{got:?}"
+    );
+    let seq = got[0].1.seq();
+    let scan = order_gateway::journal::verify(&path).unwrap();
+    assert_eq!(scan.by_kind[usize::from(record::NOT_SENT)], 1);
+    drop(d);
+    let v = gateway()
+        .args(["journal", "verify"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        text(&v)
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["never", "sent", "1"]),
+        "{}",
+        text(&v)
+    );
+
+    let mut d = open();
+    assert!(d.take_engine_responses().is_empty(), "answered once");
+    assert_eq!(d.gateway().counters().not_sent, 1, "replayed");
+    let kept: Vec<_> = d
+        .gateway()
+        .responses_after(common::ENGINE, seq - 1)
+        .unwrap()
+        .collect();
+    assert!(matches!(kept[..], [Response::Reject(r)] if r.reason() == RejectReason::NotSent));
+    assert_eq!(
+        order_gateway::journal::verify(&path).unwrap().by_kind[usize::from(record::NOT_SENT)],
+        1
+    );
 }

@@ -42,7 +42,7 @@
 //! 15 bits, with bit 15 always set so that a header is never zero). The
 //! publisher keeps the ring zeroed a little ahead of its tail (up to the
 //! next frame's header word before a claim is handed out, and
-//! [`CLEAN_AHEAD`] bytes after each commit, never past what every live
+//! `CLEAN_AHEAD` (256) bytes after each commit, never past what every live
 //! subscriber has consumed), fills the payload, then stores the frame's
 //! header with `Release`. A subscriber loads the
 //! header at its position with `Acquire`: zero is "nothing yet", a tag of

@@ -21,6 +21,35 @@ fn parse_u32(m: &Message<'_>, t: u32) -> Result<u32, AppReject> {
         .ok_or((t, 6, "incorrect data format"))
 }
 
+/// Why a request is refused without the venue's report of it, which decides what the
+/// engine is told.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Refusal {
+    /// The venue refused it (ExecType 8, a status answer, a reject of the message).
+    Venue,
+    /// It never reached the venue: the gateway stopped before its order message was
+    /// journaled ([`Gateway::close_unsent`]).
+    NotSent,
+}
+
+impl Refusal {
+    /// The reason a refused new order is given.
+    fn order(self) -> RejectReason {
+        match self {
+            Refusal::Venue => RejectReason::VenueReject,
+            Refusal::NotSent => RejectReason::NotSent,
+        }
+    }
+
+    /// The reason a refused cancel or replace is given.
+    fn change(self) -> RejectReason {
+        match self {
+            Refusal::Venue => RejectReason::VenueCancelReject,
+            Refusal::NotSent => RejectReason::NotSent,
+        }
+    }
+}
+
 /// What a status answer (ExecType I) says of an order.
 #[derive(Clone, Copy, Debug)]
 struct StatusAnswer<'a> {
@@ -179,7 +208,7 @@ impl Gateway {
                     }
                 }
             }
-            b"8" => self.new_order_refused(oid, out),
+            b"8" => self.new_order_refused(oid, Refusal::Venue, out),
             _ => {}
         }
         Ok(())
@@ -281,7 +310,7 @@ impl Gateway {
             if ord_status == b"8" {
                 // Rejected while we took it for live: as a venue reject (which answers a
                 // pending change too).
-                return self.new_order_refused(oid, out);
+                return self.new_order_refused(oid, Refusal::Venue, out);
             }
             self.close_canceled(oid, out);
         }
@@ -293,7 +322,7 @@ impl Gateway {
             Some((_, Change::Cancel)) if matches!(ord_status, b"3" | b"4" | b"C") => {
                 o.pending = None;
             }
-            Some(_) => self.change_refused(oid, out),
+            Some(_) => self.change_refused(oid, Refusal::Venue, out),
             None => {}
         }
     }
@@ -317,7 +346,7 @@ impl Gateway {
     /// reject of its NewOrderSingle). A cancel or replace pending on it is refused too: the
     /// venue has no order to change, and after a status answer its own reply to the change
     /// may never come (a later one is a late answer, counted and not forwarded).
-    fn new_order_refused(&mut self, oid: u64, out: &mut Outputs) {
+    pub(super) fn new_order_refused(&mut self, oid: u64, by: Refusal, out: &mut Outputs) {
         let Some(o) = self.orders.get_mut(&oid) else {
             return;
         };
@@ -331,9 +360,9 @@ impl Gateway {
         self.risk.on_order_done(&p, leaves);
         out.engine.push((
             o.engine,
-            Response::reject(o.cl_ord_id, msg_type::NEW_ORDER, RejectReason::VenueReject),
+            Response::reject(o.cl_ord_id, msg_type::NEW_ORDER, by.order()),
         ));
-        self.change_refused(oid, out);
+        self.change_refused(oid, by, out);
     }
 
     /// The venue refused our order message `ref_type` (D, F or G) whose ClOrdID is `req`
@@ -359,10 +388,10 @@ impl Gateway {
         }
         match ref_type {
             b"D" if req == oid && o.status == OrderStatus::PendingNew => {
-                self.new_order_refused(oid, out);
+                self.new_order_refused(oid, Refusal::Venue, out);
             }
             b"F" | b"G" if o.pending.is_some_and(|(rid, _)| rid == req) => {
-                self.change_refused(oid, out);
+                self.change_refused(oid, Refusal::Venue, out);
             }
             _ => {}
         }
@@ -595,12 +624,12 @@ impl Gateway {
             self.counters.late_answers += 1;
             return Ok(());
         }
-        self.change_refused(oid, out);
+        self.change_refused(oid, Refusal::Venue, out);
         Ok(())
     }
 
-    /// The pending cancel or replace of `oid` was refused by the venue.
-    fn change_refused(&mut self, oid: u64, out: &mut Outputs) {
+    /// The pending cancel or replace of `oid` was refused (by the venue, or never sent).
+    pub(super) fn change_refused(&mut self, oid: u64, by: Refusal, out: &mut Outputs) {
         let Some(o) = self.orders.get_mut(&oid) else {
             return;
         };
@@ -616,10 +645,8 @@ impl Gateway {
             Change::Replace { .. } => msg_type::REPLACE,
         };
         let (engine, cl) = (o.engine, o.cl_ord_id);
-        out.engine.push((
-            engine,
-            Response::reject(cl, request, RejectReason::VenueCancelReject),
-        ));
+        out.engine
+            .push((engine, Response::reject(cl, request, by.change())));
     }
 }
 

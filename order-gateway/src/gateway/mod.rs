@@ -174,6 +174,9 @@ pub struct GatewayCounters {
     pub late_answers: u64,
     /// Order messages the venue refused with a BusinessMessageReject or a session Reject.
     pub venue_refused: u64,
+    /// Accepted requests whose order message never reached the journal (the gateway
+    /// stopped in between, so it never went out), rejected `NotSent` at the next start.
+    pub not_sent: u64,
     /// OrderStatusRequests sent at logon: for orders in doubt, or for every live order
     /// after a logon that reset sequence numbers.
     pub status_requests: u64,
@@ -249,6 +252,10 @@ pub struct Gateway {
     retired: FxHashSet<u64>,
     /// A checkpoint record replay could not read (the start must stop).
     replay_error: Option<crate::checkpoint::CheckpointError>,
+    /// Replay: FIX ClOrdIDs of accepted requests whose order message (D, F or G) the
+    /// journal has not shown yet. Left over at the end, they were never sent
+    /// ([`Gateway::close_unsent`]).
+    unsent: FxHashSet<u64>,
 }
 
 impl ResponseLog {
@@ -291,6 +298,7 @@ impl Gateway {
             scratch: Outputs::default(),
             retired: FxHashSet::default(),
             replay_error: None,
+            unsent: FxHashSet::default(),
         })
     }
 

@@ -37,6 +37,10 @@ pub mod record {
     /// problem) whose sequence number was taken: replay takes the number, and applies
     /// nothing of the message.
     pub const FIX_IN_REJECTED: u8 = 9;
+    /// An accepted request whose order message never reached the journal (the gateway
+    /// stopped between the two records), answered `NotSent` at the next start: its FIX
+    /// ClOrdID, `u64 LE`. Replayed, it closes the request again, so the answer is given once.
+    pub const NOT_SENT: u8 = 10;
 }
 
 /// Bytes of a malformed engine frame the journal keeps.

@@ -6,12 +6,14 @@
 
 use zerocopy::FromBytes;
 
+use super::fills::Refusal;
 use super::records::{
     record, Decision, DecisionTrailer, ORIGIN_ENGINE, SESSION_DISCONNECT, SESSION_LOGON,
 };
 use super::venue::find_seq;
 use super::{Change, Gateway, Order, OrderStatus, Outputs, ResponseLog};
-use crate::fix::{split_frame, Message};
+use crate::fix::codec::parse_uint;
+use crate::fix::{split_frame, tag, Message};
 use crate::proto::{msg_type, RejectReason, Request, Response, Side, Symbol};
 use crate::risk::{KillScope, OrderParams, RequestKind};
 
@@ -286,6 +288,10 @@ impl Gateway {
                         .push((engine, Response::reject(cl, d.request, reason)));
                 }
                 self.apply_decision(&d);
+                if d.reason.get() == 0 && d.request_id.get() != 0 {
+                    // Its order message follows in the same write; see `close_unsent`.
+                    self.unsent.insert(d.request_id.get());
+                }
                 let trailer = payload
                     .get(size_of::<Decision>()..)
                     .and_then(|t| DecisionTrailer::read_from_prefix(t).ok())
@@ -334,14 +340,30 @@ impl Gateway {
                 }
             }
             record::CHECKPOINT => match crate::checkpoint::decode(payload) {
-                Ok(state) => self.restore_checkpoint(&state),
+                Ok(state) => {
+                    // Written between batches: every decision before it had its message.
+                    self.unsent.clear();
+                    self.restore_checkpoint(&state);
+                }
                 Err(e) => {
                     if self.replay_error.is_none() {
                         self.replay_error = Some(e);
                     }
                 }
             },
-            record::FIX_OUT => self.session.replay_outbound(payload),
+            record::FIX_OUT => {
+                if !self.unsent.is_empty() {
+                    self.note_sent(payload);
+                }
+                self.session.replay_outbound(payload);
+            }
+            record::NOT_SENT => {
+                if let Ok(req) = <[u8; 8]>::try_from(payload) {
+                    let req = u64::from_le_bytes(req);
+                    self.unsent.remove(&req);
+                    self.refuse_unsent(req, scratch);
+                }
+            }
             record::FIX_IN_REJECTED => {
                 let seq = split_frame(payload)
                     .ok()
@@ -372,6 +394,72 @@ impl Gateway {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Replay: the order messages (D, F, G) in a FIX_OUT record went out.
+    fn note_sent(&mut self, frames: &[u8]) {
+        let mut rest = frames;
+        while let Ok(n) = split_frame(rest) {
+            if let Ok(m) = Message::parse(&rest[..n]) {
+                if matches!(m.msg_type(), b"D" | b"F" | b"G") {
+                    let id = m.get(tag::CL_ORD_ID).and_then(parse_uint);
+                    if let Some(id) = id {
+                        self.unsent.remove(&id);
+                    }
+                }
+            }
+            rest = &rest[n..];
+        }
+    }
+
+    /// After the journal is replayed: rejects, with [`RejectReason::NotSent`], every
+    /// accepted request whose order message the journal does not hold, and journals that
+    /// it did ([`record::NOT_SENT`]), so a later replay gives the same answers once.
+    ///
+    /// A decision and its order message are written together, the journal before anything
+    /// is sent, and a failed append is rolled back whole; only a gateway killed in the
+    /// middle of that write (the kernel stops a write at a page boundary when a fatal
+    /// signal is pending) leaves a decision without its message, in the torn last batch.
+    /// Such a request never reached the venue. Closing it here, rather than asking the
+    /// venue about an order it never saw, does not depend on how a venue answers an
+    /// OrderStatusRequest for an unknown ClOrdID (some ignore it, and the order would stay
+    /// pending, its risk reserved, for the day).
+    pub fn close_unsent(&mut self, out: &mut Outputs) {
+        if self.unsent.is_empty() {
+            return;
+        }
+        let mut reqs: Vec<u64> = self.unsent.drain().collect();
+        reqs.sort_unstable();
+        for req in reqs {
+            out.record(record::NOT_SENT, &[&req.to_le_bytes()]);
+            self.refuse_unsent(req, out);
+        }
+        self.seal(out);
+    }
+
+    /// Request `req` never went out: a new order is closed, a cancel or replace answered,
+    /// each with [`RejectReason::NotSent`] (live and replay).
+    fn refuse_unsent(&mut self, req: u64, out: &mut Outputs) {
+        let Some(&oid) = self.by_request.get(&req) else {
+            return;
+        };
+        let Some(&o) = self.orders.get(&oid) else {
+            return;
+        };
+        self.counters.not_sent += 1;
+        if !self.replaying {
+            tracing::warn!(
+                order = oid,
+                request = req,
+                "request journaled but never sent (the gateway stopped before its order \
+                 message was journaled): rejected NotSent"
+            );
+        }
+        if req == oid && o.status == OrderStatus::PendingNew {
+            self.new_order_refused(oid, Refusal::NotSent, out);
+        } else if o.pending.is_some_and(|(rid, _)| rid == req) {
+            self.change_refused(oid, Refusal::NotSent, out);
         }
     }
 

@@ -1660,3 +1660,108 @@ fn a_logout_for_our_number_too_low_holds_reconnects() {
     gw.release_reconnect_hold();
     assert_eq!(gw.reconnect_hold(), None);
 }
+
+/// A gateway killed in the middle of its journal write can leave an accepted request's
+/// decision whole and its order message (written right after it) torn off: the request
+/// never went out. The next start rejects it `NotSent` at once, without asking the venue
+/// about an order it never saw: a new order is closed with its reservation released, a
+/// cancel or replace is answered and the order stands as it was. The answer is journaled,
+/// so a later replay gives it once, under the same response number, and asks nothing again.
+#[test]
+fn a_request_whose_order_message_was_torn_off_is_rejected_not_sent_once() {
+    type Case = (u64, u8, fn(u64) -> Vec<u8>);
+    let cases: [Case; 3] = [
+        (2, msg_type::NEW_ORDER, |cl| {
+            zerocopy::IntoBytes::as_bytes(&new_order(cl, 10)).to_vec()
+        }),
+        (1, msg_type::CANCEL, |cl| {
+            zerocopy::IntoBytes::as_bytes(&Cancel::new(cl)).to_vec()
+        }),
+        (1, msg_type::REPLACE, |cl| {
+            zerocopy::IntoBytes::as_bytes(&Replace::new(cl, 20, 99 * PRICE_SCALE)).to_vec()
+        }),
+    ];
+    for (cl, request, frame) in cases {
+        let (mut gw, mut v, mut out) = active();
+        acked_order(&mut gw, &mut v, &mut out, 1, 10);
+        let before = replay(&out.journal);
+        let whole = out.journal.len();
+        fresh(&mut out);
+        gw.on_engine_message(1, &frame(cl), T0, &mut out);
+        assert_eq!(sent(&out).len(), 1, "the request went out live");
+        // The torn journal: everything up to the request's decision, its FIX_OUT cut off.
+        let mut cut = out.journal[..whole].to_vec();
+        let mut rest = &out.journal[whole..];
+        while let Some((k, _, n)) = decode_record(rest) {
+            if k == crate::gateway::record::FIX_OUT {
+                break;
+            }
+            cut.extend_from_slice(&rest[..n]);
+            rest = &rest[n..];
+        }
+        assert!(!rest.is_empty(), "{request}: a FIX_OUT was cut off");
+
+        let mut r = replay(&cut);
+        let mut closed = Outputs::default();
+        r.close_unsent(&mut closed);
+        assert_eq!(
+            answers(&closed),
+            [(cl, request, Some(RejectReason::NotSent))],
+            "{request}"
+        );
+        assert!(closed.fix.is_empty(), "{request}: nothing for the venue");
+        assert_eq!(closed.journal_records, 1, "{request}");
+        assert_eq!(r.counters().not_sent, 1);
+        let o = *r.order(1, cl).unwrap();
+        assert!(o.pending.is_none(), "{request}: nothing left pending");
+        if request == msg_type::NEW_ORDER {
+            assert_eq!(o.status, OrderStatus::Done);
+        } else {
+            assert_eq!((o.status, o.params.qty), (OrderStatus::Open, 10));
+        }
+        // Risk as before the request: reservation released, terms unchanged.
+        same_book(&r, &before);
+        let seq = closed.engine[0].1.seq();
+        assert!(seq > 0, "numbered and kept for the engine's logon replay");
+        let bytes = |g: &Gateway| -> Vec<Vec<u8>> {
+            g.responses_after(1, seq - 1)
+                .unwrap()
+                .map(|r| r.as_bytes().to_vec())
+                .collect()
+        };
+        let kept = bytes(&r);
+        assert_eq!(kept, [closed.engine[0].1.as_bytes().to_vec()]);
+
+        // Restarted again: the NOT_SENT record replays the answer; nothing is left to close
+        // and the logon asks the venue nothing about it.
+        cut.extend_from_slice(&closed.journal);
+        let mut again = replay(&cut);
+        let mut none = Outputs::default();
+        again.close_unsent(&mut none);
+        assert!(
+            none.engine.is_empty() && none.journal_records == 0,
+            "{request}"
+        );
+        assert_eq!(again.counters().not_sent, 1);
+        same_book(&again, &r);
+        assert_eq!(
+            bytes(&again),
+            kept,
+            "{request}: the same answer, same number"
+        );
+        assert!(again.responses_after(1, seq).unwrap().next().is_none());
+        assert_eq!(
+            format!("{:?}", again.order(1, cl).unwrap()),
+            format!("{o:?}")
+        );
+        let mut logon = Outputs::default();
+        again.on_connect(T0 + SEC, &mut logon);
+        let mut v2 = Venue { seq: v.seq };
+        again.on_fix_bytes(&v2.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut logon);
+        assert_eq!(again.session().state(), SessionState::Active);
+        assert!(
+            !sent(&logon).iter().any(|(ty, _)| ty == b"H"),
+            "{request}: no status request for what never went out"
+        );
+    }
+}
