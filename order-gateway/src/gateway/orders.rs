@@ -69,6 +69,24 @@ impl Gateway {
         }
     }
 
+    /// At every logon: cancels the open orders a kill switch covers. Normally there are
+    /// none (turning a switch on cancels them), but some stay open when the switch went on
+    /// while the venue session was down (their cancels were refused `SessionDown`), when a
+    /// restart answered a kill's cancel `NotSent`, or when the venue refused one. So a kill
+    /// switch holds across venue outages and restarts.
+    pub(super) fn cancel_killed(&mut self, now: u64, out: &mut Outputs) {
+        let (global, engines, accounts) = self.risk.kills();
+        if self.session.state() != SessionState::Active
+            || !(global || !engines.is_empty() || !accounts.is_empty())
+        {
+            return;
+        }
+        self.cancel_where(now, out, |o| {
+            global || engines.contains(&o.engine) || accounts.contains(&o.params.account)
+        });
+        self.seal(out);
+    }
+
     fn decision(out: &mut Outputs, d: &Decision, t: DecisionTrailer) {
         out.record(record::DECISION, &[d.as_bytes(), t.as_bytes()]);
     }

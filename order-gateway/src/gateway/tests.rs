@@ -716,6 +716,98 @@ fn cancel_on_disconnect_waits_for_the_venue_session() {
     assert!(gw.restart_deadlines().is_empty());
 }
 
+/// A kill switch turned on while the venue session is down cannot cancel at once (the
+/// engine hears `SessionDown` for those cancels); its orders are cancelled at the next
+/// logon, and a replay of the journal reaches the same state. Orders outside its scope are
+/// left alone, and a logon with nothing killed cancels nothing.
+#[test]
+fn a_kill_switch_turned_on_while_the_venue_is_down_cancels_at_the_next_logon() {
+    let account = |id| {
+        format!(
+            "[[accounts]]\nid = {id}\nmax_order_qty = 1000\nmax_order_notional = 1000000\n\
+             credit_limit = 10000000\nmax_position = 100000\nmax_open_orders = 100\n\
+             max_orders_per_interval = 100\ncollar_bps = 500\n"
+        )
+    };
+    let text = format!(
+        "reference_max_age_ms = 5000\nthrottle_interval_ms = 1000\n{}{}[[engines]]\nid = 1\naccounts = [7, 8]\ntoken = \"e1\"\n",
+        account(7),
+        account(8)
+    );
+    let risk: RiskConfig = toml::from_str(&text).unwrap();
+    let mut gw = Gateway::new(session(), &risk).unwrap();
+    let mut out = Outputs::default();
+    gw.on_reference_price(aapl(), 100 * PRICE_SCALE, T0);
+    gw.on_connect(T0, &mut out);
+    let mut v = Venue { seq: 1 };
+    gw.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut out);
+    let mut ids = Vec::new();
+    for (cl, account) in [(1, 7), (2, 8)] {
+        let mut m = new_order(cl, 300, 100);
+        m.account = account.into();
+        gw.on_engine_message(1, &numbered(&m, cl as u32), T0, &mut out);
+        let id = gw.order(1, cl).unwrap().venue_cl_ord_id;
+        gw.on_fix_bytes(&v.exec(id, b"0", 0, 0, 300), T0, &mut out);
+        ids.push(id);
+    }
+    assert_eq!(gw.open_order_count(), 2);
+    // A logon with nothing killed cancels nothing.
+    gw.on_disconnect();
+    gw.on_connect(T0, &mut out);
+    out.fix.clear();
+    gw.on_fix_bytes(&v.frame(b"A", &[(98, b"0"), (108, b"30")]), T0, &mut out);
+    assert!(!fix_types(&out).contains(&b"F".to_vec()));
+
+    gw.on_disconnect();
+    let kept = (std::mem::take(&mut out.journal), out.journal_records);
+    out.clear();
+    (out.journal, out.journal_records) = kept;
+    gw.set_kill(KillScope::Account(7), true, T0, &mut out);
+    assert!(
+        matches!(out.engine[..], [(1, Response::Reject(x))]
+            if x.reason() == RejectReason::SessionDown && x.request == msg_type::CANCEL),
+        "{:?}",
+        out.engine
+    );
+    assert_eq!(gw.order(1, 1).unwrap().status, OrderStatus::Open);
+    gw.on_connect(T0 + SEC, &mut out);
+    out.fix.clear();
+    gw.on_fix_bytes(
+        &v.frame(b"A", &[(98, b"0"), (108, b"30")]),
+        T0 + SEC,
+        &mut out,
+    );
+    let mut cancels: Vec<Vec<u8>> = Vec::new();
+    let mut rest = &out.fix[..];
+    while let Ok(n) = split_frame(rest) {
+        let m = Message::parse(&rest[..n]).unwrap();
+        if m.msg_type() == b"F" {
+            cancels.push(m.get(tag::ORIG_CL_ORD_ID).unwrap().to_vec());
+        }
+        rest = &rest[n..];
+    }
+    assert_eq!(
+        cancels,
+        [ids[0].to_string().into_bytes()],
+        "account 7's order only"
+    );
+    assert!(gw.order(1, 1).unwrap().pending.is_some());
+    assert!(gw.order(1, 2).unwrap().pending.is_none());
+    let r = replay_like(&risk, &out.journal);
+    assert!(r.order(1, 1).unwrap().pending.is_some(), "replayed");
+    assert_eq!(r.open_order_count(), 2);
+    // Once cancelled (pending, then done), the next logon sends nothing more.
+    gw.on_disconnect();
+    gw.on_connect(T0 + 2 * SEC, &mut out);
+    out.fix.clear();
+    gw.on_fix_bytes(
+        &v.frame(b"A", &[(98, b"0"), (108, b"30")]),
+        T0 + 2 * SEC,
+        &mut out,
+    );
+    assert!(!fix_types(&out).contains(&b"F".to_vec()), "already pending");
+}
+
 /// At a logon the venue is asked about every order sent and not yet acknowledged; an
 /// ExecType I answer that it has the order acknowledges it to the engine.
 #[test]

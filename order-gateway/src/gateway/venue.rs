@@ -200,6 +200,7 @@ impl Gateway {
                 self.on_session_reject(&m, out);
             }
         }
+        let logged_on = matches!(ev, SessionEvent::LoggedOn) && !(reset_logon && confirmation);
         match ev {
             SessionEvent::App(m) => {
                 if let Err((t, reason, text)) = self.apply_app(&m, out) {
@@ -257,6 +258,10 @@ impl Gateway {
             SessionEvent::None => {}
         }
         Self::journal_out(out, start);
+        if logged_on {
+            // After the frames above are journaled: each cancel journals its own.
+            self.cancel_killed(now, out);
+        }
     }
 
     /// At logon: an OrderStatusRequest (35=H) per order whose state the venue must tell us.
