@@ -494,13 +494,13 @@ pub fn check_state(gw: &Gateway) {
 /// The monotonic part of the state, as of the previous step.
 #[derive(Debug)]
 struct Seen {
-    gateway: [u64; 20],
+    gateway: [u64; 21],
     session: [u64; 16],
     last_response: [u32; 3],
     last_request: [u32; 3],
 }
 
-fn gateway_counters(c: GatewayCounters) -> [u64; 20] {
+fn gateway_counters(c: GatewayCounters) -> [u64; 21] {
     // Destructured without `..`: a new counter has to be added here.
     let GatewayCounters {
         malformed_engine,
@@ -517,6 +517,7 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 20] {
         late_answers,
         deferred_cancel_on_disconnect,
         venue_refused,
+        not_sent,
         status_requests,
         status_fills,
         status_mismatch,
@@ -539,6 +540,7 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 20] {
         late_answers,
         deferred_cancel_on_disconnect,
         venue_refused,
+        not_sent,
         status_requests,
         status_fills,
         status_mismatch,
