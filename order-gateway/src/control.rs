@@ -6,9 +6,11 @@
 //!
 //! - `kill [--account A]`: turns the global (or the account's) kill switch on, cancels the
 //!   open orders in its scope at the venue, and rejects new ones with `KillSwitch*`.
-//!   Journaled: it survives a restart.
+//!   Journaled: it survives a restart. With the venue session down, its cancels go out at
+//!   the next logon (the gateway cancels what a kill switch covers at every logon).
 //! - `resume [--account A]`: turns it off again.
 //! - `cancel-all [--account A]`: cancels the open orders in scope, without blocking new ones.
+//!   Refused while the venue session is down (nothing would be cancelled).
 //! - `venue-reconnect`: lets the gateway log on to the venue again after the venue logged
 //!   it out for a MsgSeqNum too low (it does not retry by itself: the same Logon would be
 //!   refused the same way). Sequence numbers are not changed here: settle them with the
@@ -107,11 +109,17 @@ pub fn execute<L: VenueLink>(
         }
         Command::Kill(a) => {
             let before = driver.gateway().open_order_count();
+            let venue_up = driver.gateway().session().state() == SessionState::Active;
             driver.stage(|gw, out| gw.set_kill(scope(a), true, now, out));
-            tracing::warn!(scope = %what(a), "kill switch ON (control socket)");
+            tracing::warn!(scope = %what(a), venue_up, "kill switch ON (control socket)");
+            let cancels = if venue_up {
+                "cancelling open orders"
+            } else {
+                "the venue session is down: open orders are cancelled as soon as it logs on again"
+            };
             format!(
-                "ok: kill switch on for {}; cancelling open orders ({before} open in all); new \
-                 orders are rejected until `resume`\n",
+                "ok: kill switch on for {}; {cancels} ({before} open in all); new orders are \
+                 rejected until `resume`\n",
                 what(a)
             )
         }
@@ -119,6 +127,11 @@ pub fn execute<L: VenueLink>(
             driver.stage(|gw, out| gw.set_kill(scope(a), false, now, out));
             tracing::warn!(scope = %what(a), "kill switch off (control socket)");
             format!("ok: kill switch off for {}\n", what(a))
+        }
+        Command::CancelAll(_) if driver.gateway().session().state() != SessionState::Active => {
+            "error: the venue session is down: nothing cancelled; send `cancel-all` again once \
+             it is up, or use `kill`, whose cancels go out as soon as it logs on again\n"
+                .to_owned()
         }
         Command::CancelAll(a) => {
             driver.stage(|gw, out| gw.cancel_all(a, now, out));
@@ -407,6 +420,16 @@ mod tests {
         .unwrap();
         let aapl = Symbol::new("AAPL").unwrap();
         d.stage(|gw, _| gw.on_reference_price(aapl, 100 * PRICE_SCALE, unix_nanos()));
+        // Before the venue session is up: a kill says when its cancels go out, a
+        // cancel-all that nothing was cancelled.
+        let k = execute("kill --account 7", &mut d, 0, unix_nanos());
+        assert!(
+            k.starts_with("ok") && k.contains("as soon as it logs on"),
+            "{k}"
+        );
+        assert!(execute("resume --account 7", &mut d, 0, unix_nanos()).starts_with("ok"));
+        let c = execute("cancel-all", &mut d, 0, unix_nanos());
+        assert!(c.starts_with("error: the venue session is down"), "{c}");
         d.connect().unwrap();
         d.poll_with(unix_nanos(), |_, _| {}).unwrap();
         let order = |d: &mut FixDriver<SimVenue>, id: u64| {
@@ -442,7 +465,11 @@ mod tests {
             "{st}"
         );
         assert!(execute("kill --account 9", &mut d, 0, 0).starts_with("error"));
-        assert!(execute("kill --account 7", &mut d, 0, unix_nanos()).starts_with("ok"));
+        let k = execute("kill --account 7", &mut d, 0, unix_nanos());
+        assert!(
+            k.starts_with("ok: kill switch on for account 7; cancelling"),
+            "{k}"
+        );
         let r = order(&mut d, 2);
         assert!(
             matches!(r[..], [Response::Reject(x)] if x.reason() == RejectReason::KillSwitchAccount),
@@ -453,7 +480,8 @@ mod tests {
         assert!(order(&mut d, 3)
             .iter()
             .any(|r| matches!(r, Response::Fill(_))));
-        assert!(execute("cancel-all", &mut d, 0, unix_nanos()).starts_with("ok"));
+        let c = execute("cancel-all", &mut d, 0, unix_nanos());
+        assert!(c.starts_with("ok: cancelling"), "{c}");
         assert!(execute("bogus", &mut d, 0, 0).starts_with("error: unknown command"));
         assert!(execute("venue-reconnect", &mut d, 0, 0).contains("nothing held"));
     }
