@@ -195,6 +195,11 @@ fn status<L: VenueLink>(driver: &FixDriver<L>, engines_connected: usize, now: u6
     ));
     s.push_str(&format!("engines connected   {engines_connected}\n"));
     s.push_str(&format!("open orders         {}\n", gw.open_order_count()));
+    let (new, changes) = gw.unacknowledged();
+    s.push_str(&format!(
+        "unacknowledged      {new} new orders, {changes} cancels or replaces (sent, no venue \
+         answer yet)\n"
+    ));
     s.push_str(&format!(
         "kill switches       global {}, engines {engines:?}, accounts {accounts:?}\n",
         if global { "ON" } else { "off" }
@@ -455,6 +460,10 @@ mod tests {
         assert!(st.starts_with("ok"), "{st}");
         assert!(st.contains("venue session       active"), "{st}");
         assert!(st.contains("engines connected   3"), "{st}");
+        assert!(
+            st.contains("unacknowledged      0 new orders, 0 cancels or replaces"),
+            "{st}"
+        );
         assert!(
             st.contains("account 7") && st.contains("credit limit 1000000"),
             "{st}"

@@ -355,6 +355,17 @@ impl Gateway {
         self.open_orders
     }
 
+    /// Requests sent and not yet answered by the venue: new orders not acknowledged, and
+    /// cancels or replaces pending (a scan of the day's orders: for the operator's status).
+    pub fn unacknowledged(&self) -> (usize, usize) {
+        self.orders.values().fold((0, 0), |(n, c), o| {
+            (
+                n + usize::from(o.status == OrderStatus::PendingNew),
+                c + usize::from(o.pending.is_some()),
+            )
+        })
+    }
+
     /// [`Self::open_order_count`] counted the slow way, to check the kept count in tests.
     #[cfg(test)]
     fn open_order_scan(&self) -> usize {

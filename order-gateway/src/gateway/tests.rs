@@ -716,6 +716,21 @@ fn cancel_on_disconnect_waits_for_the_venue_session() {
     assert!(gw.restart_deadlines().is_empty());
 }
 
+/// What the operator's status calls unacknowledged: a new order until the venue's ack, a
+/// cancel until the venue's answer.
+#[test]
+fn unacknowledged_counts_requests_the_venue_has_not_answered() {
+    let (mut gw, mut v, mut out) = active();
+    assert_eq!(gw.unacknowledged(), (0, 0));
+    gw.on_engine_message(1, &numbered(&new_order(1, 300, 100), 1), T0, &mut out);
+    assert_eq!(gw.unacknowledged(), (1, 0));
+    let id = gw.order(1, 1).unwrap().venue_cl_ord_id;
+    gw.on_fix_bytes(&v.exec(id, b"0", 0, 0, 300), T0, &mut out);
+    assert_eq!(gw.unacknowledged(), (0, 0));
+    gw.on_engine_message(1, &numbered(&Cancel::new(1), 2), T0, &mut out);
+    assert_eq!(gw.unacknowledged(), (0, 1));
+}
+
 /// A kill switch turned on while the venue session is down cannot cancel at once (the
 /// engine hears `SessionDown` for those cancels); its orders are cancelled at the next
 /// logon, and a replay of the journal reaches the same state. Orders outside its scope are
