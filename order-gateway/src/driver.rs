@@ -620,8 +620,31 @@ impl<L: VenueLink> FixDriver<L> {
         };
         // Requests whose order message the journal lost with a torn last write never went
         // out: answered now (and journaled), before anything else happens.
-        d.with_gateway(|gw, out| gw.close_unsent(out))?;
+        d.close_unsent();
+        d.flush()?;
         Ok(d)
+    }
+
+    /// Answers the requests replay found without their order message
+    /// ([`Gateway::close_unsent`]), when the sync policy proves they never went out: with
+    /// group commit nothing leaves before the write that holds it is durable, so a decision
+    /// whose message is missing was never sent. With `never` or `every_n` a power loss can
+    /// keep the decision and lose the message of an order that did reach the venue: those
+    /// stay in doubt, and the logon asks the venue about them (as about any order sent and
+    /// not acknowledged).
+    fn close_unsent(&mut self) {
+        if self.journal.policy() == FsyncPolicy::Group {
+            self.gw.close_unsent(&mut self.out);
+        } else {
+            let n = self.gw.leave_unsent_in_doubt();
+            if n > 0 {
+                tracing::warn!(
+                    requests = n,
+                    "requests journaled without their order message, under a sync policy \
+                     that may have sent them: the venue is asked about them at logon"
+                );
+            }
+        }
     }
 
     /// What recovery found in the journal.
@@ -786,7 +809,7 @@ impl<L: VenueLink> FixDriver<L> {
                 self.degraded = None;
                 // Requests never sent that the start could not journal as such (the journal
                 // failed then), and none else: every failed append was rolled back whole.
-                self.gw.close_unsent(&mut self.out);
+                self.close_unsent();
                 for engine in std::mem::take(&mut self.deferred_disconnects) {
                     self.gw.on_engine_disconnect(engine, now, &mut self.out);
                 }

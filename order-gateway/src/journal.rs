@@ -567,6 +567,11 @@ impl Journal {
         ))
     }
 
+    /// The sync policy it was opened with.
+    pub fn policy(&self) -> FsyncPolicy {
+        self.policy
+    }
+
     /// Appends `records` (whole records from [`encode_record`], `count` of them) and syncs
     /// per policy; a synced append ends with a commit record. Must complete before the
     /// effects the records describe leave the process. On an error nothing of this append

@@ -169,8 +169,11 @@ fn journal_help_explains_verify_and_repair() {
 
 /// A kill in the middle of the journal write that holds an order's decision and its
 /// NewOrderSingle can leave the decision whole and the message torn off (the torn tail
-/// is cut at open). The next open answers the order `NotSent` before anything else, and
-/// journals it: the open after that replays the answer and gives it no second time.
+/// is cut at open). With group commit (nothing is sent before its write is durable) the
+/// next open answers the order `NotSent` before anything else, and journals it: the open
+/// after that replays the answer and gives it no second time. With `never` (a power loss
+/// could have kept the decision of an order that was sent) the order stays in doubt for
+/// the logon's status request.
 #[test]
 fn an_order_message_torn_off_the_journal_is_answered_not_sent_at_open() {
     use order_gateway::journal::decode_record;
@@ -181,16 +184,17 @@ fn an_order_message_torn_off_the_journal_is_answered_not_sent_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gw.journal");
     let risk = common::risk_config();
-    let open = || {
+    let open_with = |fsync| {
         FixDriver::with_link(
             SimVenue::new(),
             common::session_config(),
             &risk,
             &path,
-            FsyncPolicy::Never,
+            fsync,
         )
         .unwrap()
     };
+    let open = || open_with(FsyncPolicy::Group);
     let mut d = open();
     let [aapl, ..] = common::symbols();
     d.stage(|gw, _| gw.on_reference_price(aapl, 100 * PRICE_SCALE, unix_nanos()));
@@ -224,8 +228,19 @@ fn an_order_message_torn_off_the_journal_is_answered_not_sent_at_open() {
     let torn = end_of_last_decision + 20;
     std::fs::write(&path, &bytes[..torn]).unwrap();
 
-    let mut d = open();
+    // Under `never`: left in doubt, nothing answered or journaled.
+    let mut d = open_with(FsyncPolicy::Never);
     assert_eq!(d.recovery().truncated_bytes, 20);
+    assert_eq!(
+        d.gateway().order(common::ENGINE, 2).unwrap().status,
+        OrderStatus::PendingNew
+    );
+    assert!(d.take_engine_responses().is_empty());
+    assert_eq!(d.gateway().counters().not_sent, 0);
+    drop(d);
+
+    let mut d = open();
+    assert_eq!(d.recovery().truncated_bytes, 0, "cut by the open before");
     let gw = d.gateway();
     assert_eq!(
         gw.order(common::ENGINE, 1).unwrap().status,

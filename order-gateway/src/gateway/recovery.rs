@@ -386,6 +386,12 @@ impl Gateway {
                     return;
                 };
                 self.session.replay_inbound(&m);
+                if !self.unsent.is_empty() && matches!(m.msg_type(), b"8" | b"9") {
+                    // The venue answered it: it went out, whatever the journal lost.
+                    if let Some(id) = m.get(tag::CL_ORD_ID).and_then(parse_uint) {
+                        self.unsent.remove(&id);
+                    }
+                }
                 if m.msg_type() == b"3" {
                     self.on_session_reject(&m, scratch);
                 }
@@ -436,6 +442,15 @@ impl Gateway {
             self.refuse_unsent(req, out);
         }
         self.seal(out);
+    }
+
+    /// Requests replay found without their order message are left in doubt (the sync
+    /// policy cannot prove they were never sent): they are asked about at logon like any
+    /// order sent and not acknowledged. Returns how many.
+    pub fn leave_unsent_in_doubt(&mut self) -> usize {
+        let n = self.unsent.len();
+        self.unsent.clear();
+        n
     }
 
     /// Request `req` never went out: a new order is closed, a cancel or replace answered,

@@ -1765,3 +1765,29 @@ fn a_request_whose_order_message_was_torn_off_is_rejected_not_sent_once() {
         );
     }
 }
+
+/// A journal that lost an order's NewOrderSingle but holds the venue's answer to it (what
+/// a power loss can leave under `fsync = "never"`): the order did go out, and nothing is
+/// answered `NotSent`.
+#[test]
+fn a_request_the_venue_answered_is_never_taken_for_unsent() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 10);
+    let mut lost = Vec::new();
+    let mut rest = &out.journal[..];
+    while let Some((k, p, n)) = decode_record(rest) {
+        let is_d = k == crate::gateway::record::FIX_OUT
+            && Message::parse(p).is_ok_and(|m| m.msg_type() == b"D");
+        if !is_d {
+            lost.extend_from_slice(&rest[..n]);
+        }
+        rest = &rest[n..];
+    }
+    assert!(lost.len() < out.journal.len(), "the D record was left out");
+    let mut r = replay(&lost);
+    let mut closed = Outputs::default();
+    r.close_unsent(&mut closed);
+    assert!(closed.engine.is_empty() && closed.journal_records == 0);
+    assert_eq!(r.order(1, 1).unwrap().status, OrderStatus::Open);
+    assert_eq!(r.order(1, 1).unwrap().venue_cl_ord_id, id);
+}
