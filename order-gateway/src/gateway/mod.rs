@@ -256,6 +256,9 @@ pub struct Gateway {
     /// journal has not shown yet. Left over at the end, they were never sent
     /// ([`Gateway::close_unsent`]).
     unsent: FxHashSet<u64>,
+    /// Live only: orders a gateway cancel (kill switch, cancel-all, mass cancel,
+    /// cancel-on-disconnect) found with a replace in flight, cancelled once it is answered.
+    cancel_after_change: Vec<u64>,
 }
 
 impl ResponseLog {
@@ -299,6 +302,7 @@ impl Gateway {
             retired: FxHashSet::default(),
             replay_error: None,
             unsent: FxHashSet::default(),
+            cancel_after_change: Vec::new(),
         })
     }
 

@@ -67,6 +67,47 @@ impl Gateway {
         for (engine, cl) in targets {
             self.handle_cancel(engine, cl, ORIGIN_GATEWAY, now, out);
         }
+        // An order with a replace in flight cannot be cancelled until the venue answers
+        // the replace (one change at a time): it is cancelled then.
+        let mut waiting: Vec<u64> = self
+            .orders
+            .iter()
+            .filter(|(_, o)| {
+                o.status != OrderStatus::Done
+                    && matches!(o.pending, Some((_, Change::Replace { .. })))
+                    && pred(o)
+            })
+            .map(|(&id, _)| id)
+            .filter(|id| !self.cancel_after_change.contains(id))
+            .collect();
+        waiting.sort_unstable();
+        self.cancel_after_change.extend(waiting);
+    }
+
+    /// Live, after venue messages: cancels the orders [`cancel_where`](Self::cancel_where)
+    /// found with a replace in flight, once the venue has answered it (replaced or refused).
+    /// Not journaled as such (each cancel is, as a decision); a restart in between leaves
+    /// them to the kill switch's logon sweep and the restart's cancel-on-disconnect
+    /// deadline.
+    pub(super) fn cancel_after_changes(&mut self, now: u64, out: &mut Outputs) {
+        let mut i = 0;
+        while i < self.cancel_after_change.len() {
+            let oid = self.cancel_after_change[i];
+            let state = self
+                .orders
+                .get(&oid)
+                .map(|o| (o.status, o.pending.is_some(), o.engine, o.cl_ord_id));
+            match state {
+                Some((status, true, _, _)) if status != OrderStatus::Done => i += 1,
+                Some((status, false, engine, cl)) if status != OrderStatus::Done => {
+                    self.cancel_after_change.remove(i);
+                    self.handle_cancel(engine, cl, ORIGIN_GATEWAY, now, out);
+                }
+                _ => {
+                    self.cancel_after_change.remove(i);
+                }
+            }
+        }
     }
 
     /// At every logon: cancels the open orders a kill switch covers. Normally there are

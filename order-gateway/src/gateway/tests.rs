@@ -716,6 +716,79 @@ fn cancel_on_disconnect_waits_for_the_venue_session() {
     assert!(gw.restart_deadlines().is_empty());
 }
 
+/// A gateway cancel (here the kill switch, then cancel-on-disconnect) that finds an order
+/// with a replace in flight cancels it once the venue has answered the replace, replaced
+/// or refused; the journal replays to the same state.
+#[test]
+fn a_gateway_cancel_waits_for_a_replace_in_flight_then_cancels() {
+    for refused in [false, true] {
+        let (mut gw, mut v, mut out) = active();
+        gw.on_engine_message(1, &numbered(&new_order(1, 300, 100), 1), T0, &mut out);
+        let id = gw.order(1, 1).unwrap().venue_cl_ord_id;
+        gw.on_fix_bytes(&v.exec(id, b"0", 0, 0, 300), T0, &mut out);
+        gw.on_engine_message(
+            1,
+            &numbered(&Replace::new(1, 200, 100 * PRICE_SCALE), 2),
+            T0,
+            &mut out,
+        );
+        let rid = Message::parse(&last_fix(&out)).unwrap().uint(11).unwrap();
+        out.fix.clear();
+        gw.set_kill(KillScope::Account(7), true, T0, &mut out);
+        assert!(
+            !fix_types(&out).contains(&b"F".to_vec()),
+            "one change at a time"
+        );
+        let answer = if refused {
+            v.frame(
+                b"9",
+                &[
+                    (37, b"V1"),
+                    (11, rid.to_string().as_bytes()),
+                    (41, id.to_string().as_bytes()),
+                    (39, b"0"),
+                    (434, b"2"),
+                ],
+            )
+        } else {
+            v.exec(rid, b"5", 0, 0, 200)
+        };
+        gw.on_fix_bytes(&answer, T0, &mut out);
+        let last = last_fix(&out);
+        let m = Message::parse(&last).unwrap();
+        let orig = if refused { id } else { rid };
+        assert_eq!(
+            (m.msg_type(), m.uint(41)),
+            (&b"F"[..], Ok(orig)),
+            "refused {refused}"
+        );
+        let r = replay(&out.journal);
+        assert!(
+            r.order(1, 1).unwrap().pending.is_some(),
+            "the cancel replayed"
+        );
+        // Cancel-on-disconnect waits the same way.
+        let (mut gw, mut v, mut out) = active();
+        gw.on_engine_message(1, &numbered(&new_order(1, 300, 100), 1), T0, &mut out);
+        let id = gw.order(1, 1).unwrap().venue_cl_ord_id;
+        gw.on_fix_bytes(&v.exec(id, b"0", 0, 0, 300), T0, &mut out);
+        gw.on_engine_message(
+            1,
+            &numbered(&Replace::new(1, 200, 100 * PRICE_SCALE), 2),
+            T0,
+            &mut out,
+        );
+        let rid = Message::parse(&last_fix(&out)).unwrap().uint(11).unwrap();
+        out.fix.clear();
+        gw.on_engine_disconnect(1, T0, &mut out);
+        assert!(out.fix.is_empty());
+        gw.on_fix_bytes(&v.exec(rid, b"5", 0, 0, 200), T0, &mut out);
+        let last = last_fix(&out);
+        let m = Message::parse(&last).unwrap();
+        assert_eq!((m.msg_type(), m.uint(41)), (&b"F"[..], Ok(rid)));
+    }
+}
+
 /// What the operator's status calls unacknowledged: a new order until the venue's ack, a
 /// cancel until the venue's answer.
 #[test]

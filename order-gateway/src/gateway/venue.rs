@@ -116,6 +116,9 @@ impl Gateway {
         }
         buf.drain(..pos.min(buf.len()));
         self.inbuf = buf;
+        if !self.cancel_after_change.is_empty() && self.session.state() == SessionState::Active {
+            self.cancel_after_changes(now, out);
+        }
         self.seal(out);
     }
 
