@@ -474,6 +474,15 @@ pub fn enclosing_fn(source: &str, line: u64) -> Option<String> {
 /// line an instruction comes from (`func`, from [`enclosing_fn`]) and its
 /// source file; for code without rocebus source (the standard library
 /// inlined into rocebus's functions, libibverbs, the rxe provider, libc),
+/// Whether `file` is rocebus's own source (or the vendored verbs binding's). The
+/// standard library's files (`/rustc/HASH/library/core/src/..`) are not, though their
+/// path also holds `core/src/`.
+fn is_ours(file: &str) -> bool {
+    (file.contains("core/src/") || file.contains("bench/src/") || file.contains("rdma-sys/src/"))
+        && !file.contains("/library/")
+        && !file.starts_with("/rustc/")
+}
+
 /// by the function callgrind attributes it to and its `object`.
 pub fn orders_part(
     object: &str,
@@ -554,14 +563,7 @@ pub fn orders_part(
         "offer_run",
         "commit_flushed",
     ];
-    // The standard library's files (`/rustc/HASH/library/core/src/..`) are
-    // not ours, though their path also holds `core/src/`.
-    let ours = (file.contains("core/src/")
-        || file.contains("bench/src/")
-        || file.contains("rdma-sys/src/"))
-        && !file.contains("/library/")
-        && !file.starts_with("/rustc/");
-    if ours {
+    if is_ours(file) {
         if file.ends_with("ring/frame.rs") {
             return "frame checks/seal";
         }
@@ -695,12 +697,7 @@ pub fn md_part(object: &str, file: &str, func: Option<&str>, callgrind_fn: &str)
         "release",
         "send_answers",
     ];
-    let ours = (file.contains("core/src/")
-        || file.contains("bench/src/")
-        || file.contains("rdma-sys/src/"))
-        && !file.contains("/library/")
-        && !file.starts_with("/rustc/");
-    if ours {
+    if is_ours(file) {
         let f = func.unwrap_or("");
         if file.ends_with("bench/src/md.rs") {
             return if matches!(f, "on_message" | "message") {

@@ -57,31 +57,28 @@ impl Gateway {
         out: &mut Outputs,
         pred: impl Fn(&Order) -> bool,
     ) {
-        let mut targets: Vec<(EngineId, u64)> = self
-            .orders
-            .values()
-            .filter(|o| o.status != OrderStatus::Done && o.pending.is_none() && pred(o))
-            .map(|o| (o.engine, o.cl_ord_id))
-            .collect();
+        // One pass over the orders. An order with a replace in flight cannot be cancelled
+        // until the venue answers the replace (one change at a time): it waits for that.
+        let mut targets: Vec<(EngineId, u64)> = Vec::new();
+        let mut waiting: Vec<u64> = Vec::new();
+        for (&id, o) in &self.orders {
+            if o.status == OrderStatus::Done || !pred(o) {
+                continue;
+            }
+            match o.pending {
+                None => targets.push((o.engine, o.cl_ord_id)),
+                Some((_, Change::Replace { .. })) if !self.cancel_after_change.contains(&id) => {
+                    waiting.push(id)
+                }
+                Some(_) => {}
+            }
+        }
         targets.sort_unstable();
+        waiting.sort_unstable();
+        self.cancel_after_change.extend(waiting);
         for (engine, cl) in targets {
             self.handle_cancel(engine, cl, ORIGIN_GATEWAY, now, out);
         }
-        // An order with a replace in flight cannot be cancelled until the venue answers
-        // the replace (one change at a time): it is cancelled then.
-        let mut waiting: Vec<u64> = self
-            .orders
-            .iter()
-            .filter(|(_, o)| {
-                o.status != OrderStatus::Done
-                    && matches!(o.pending, Some((_, Change::Replace { .. })))
-                    && pred(o)
-            })
-            .map(|(&id, _)| id)
-            .filter(|id| !self.cancel_after_change.contains(id))
-            .collect();
-        waiting.sort_unstable();
-        self.cancel_after_change.extend(waiting);
     }
 
     /// Live, after venue messages: cancels the orders [`cancel_where`](Self::cancel_where)

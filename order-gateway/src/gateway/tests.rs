@@ -716,24 +716,34 @@ fn cancel_on_disconnect_waits_for_the_venue_session() {
     assert!(gw.restart_deadlines().is_empty());
 }
 
+/// An acked order of 300 with a replace to 200 in flight: the gateway, the venue, the
+/// outputs, the order's ClOrdID and the replace's.
+fn replace_in_flight() -> (Gateway, Venue, Outputs, u64, u64) {
+    let (mut gw, mut v, mut out) = active();
+    gw.on_engine_message(1, &numbered(&new_order(1, 300, 100), 1), T0, &mut out);
+    let id = gw.order(1, 1).unwrap().venue_cl_ord_id;
+    gw.on_fix_bytes(&v.exec(id, b"0", 0, 0, 300), T0, &mut out);
+    let replace = Replace::new(1, 200, 100 * PRICE_SCALE);
+    gw.on_engine_message(1, &numbered(&replace, 2), T0, &mut out);
+    let rid = Message::parse(&last_fix(&out)).unwrap().uint(11).unwrap();
+    out.fix.clear();
+    (gw, v, out, id, rid)
+}
+
+/// The last FIX message sent: (MsgType, OrigClOrdID).
+fn last_type_and_orig(out: &Outputs) -> (Vec<u8>, Option<u64>) {
+    let last = last_fix(out);
+    let m = Message::parse(&last).unwrap();
+    (m.msg_type().to_vec(), m.uint(41).ok())
+}
+
 /// A gateway cancel (here the kill switch, then cancel-on-disconnect) that finds an order
 /// with a replace in flight cancels it once the venue has answered the replace, replaced
 /// or refused; the journal replays to the same state.
 #[test]
 fn a_gateway_cancel_waits_for_a_replace_in_flight_then_cancels() {
     for refused in [false, true] {
-        let (mut gw, mut v, mut out) = active();
-        gw.on_engine_message(1, &numbered(&new_order(1, 300, 100), 1), T0, &mut out);
-        let id = gw.order(1, 1).unwrap().venue_cl_ord_id;
-        gw.on_fix_bytes(&v.exec(id, b"0", 0, 0, 300), T0, &mut out);
-        gw.on_engine_message(
-            1,
-            &numbered(&Replace::new(1, 200, 100 * PRICE_SCALE), 2),
-            T0,
-            &mut out,
-        );
-        let rid = Message::parse(&last_fix(&out)).unwrap().uint(11).unwrap();
-        out.fix.clear();
+        let (mut gw, mut v, mut out, id, rid) = replace_in_flight();
         gw.set_kill(KillScope::Account(7), true, T0, &mut out);
         assert!(
             !fix_types(&out).contains(&b"F".to_vec()),
@@ -754,12 +764,10 @@ fn a_gateway_cancel_waits_for_a_replace_in_flight_then_cancels() {
             v.exec(rid, b"5", 0, 0, 200)
         };
         gw.on_fix_bytes(&answer, T0, &mut out);
-        let last = last_fix(&out);
-        let m = Message::parse(&last).unwrap();
         let orig = if refused { id } else { rid };
         assert_eq!(
-            (m.msg_type(), m.uint(41)),
-            (&b"F"[..], Ok(orig)),
+            last_type_and_orig(&out),
+            (b"F".to_vec(), Some(orig)),
             "refused {refused}"
         );
         let r = replay(&out.journal);
@@ -767,26 +775,13 @@ fn a_gateway_cancel_waits_for_a_replace_in_flight_then_cancels() {
             r.order(1, 1).unwrap().pending.is_some(),
             "the cancel replayed"
         );
-        // Cancel-on-disconnect waits the same way.
-        let (mut gw, mut v, mut out) = active();
-        gw.on_engine_message(1, &numbered(&new_order(1, 300, 100), 1), T0, &mut out);
-        let id = gw.order(1, 1).unwrap().venue_cl_ord_id;
-        gw.on_fix_bytes(&v.exec(id, b"0", 0, 0, 300), T0, &mut out);
-        gw.on_engine_message(
-            1,
-            &numbered(&Replace::new(1, 200, 100 * PRICE_SCALE), 2),
-            T0,
-            &mut out,
-        );
-        let rid = Message::parse(&last_fix(&out)).unwrap().uint(11).unwrap();
-        out.fix.clear();
-        gw.on_engine_disconnect(1, T0, &mut out);
-        assert!(out.fix.is_empty());
-        gw.on_fix_bytes(&v.exec(rid, b"5", 0, 0, 200), T0, &mut out);
-        let last = last_fix(&out);
-        let m = Message::parse(&last).unwrap();
-        assert_eq!((m.msg_type(), m.uint(41)), (&b"F"[..], Ok(rid)));
     }
+    // Cancel-on-disconnect waits the same way.
+    let (mut gw, mut v, mut out, _, rid) = replace_in_flight();
+    gw.on_engine_disconnect(1, T0, &mut out);
+    assert!(out.fix.is_empty());
+    gw.on_fix_bytes(&v.exec(rid, b"5", 0, 0, 200), T0, &mut out);
+    assert_eq!(last_type_and_orig(&out), (b"F".to_vec(), Some(rid)));
 }
 
 /// What the operator's status calls unacknowledged: a new order until the venue's ack, a
