@@ -253,8 +253,9 @@ pub struct Gateway {
     /// A checkpoint record replay could not read (the start must stop).
     replay_error: Option<crate::checkpoint::CheckpointError>,
     /// Replay: FIX ClOrdIDs of accepted requests whose order message (D, F or G) the
-    /// journal has not shown yet. Left over at the end, they were never sent
-    /// ([`Gateway::close_unsent`]).
+    /// journal has not shown yet, nor any venue answer to them. Left over at the end, they
+    /// were never sent if the journal was group-committed ([`Gateway::close_unsent`]),
+    /// and are in doubt otherwise ([`Gateway::leave_unsent_in_doubt`]).
     unsent: FxHashSet<u64>,
     /// Live only: orders a gateway cancel (kill switch, cancel-all, mass cancel,
     /// cancel-on-disconnect) found with a replace in flight, cancelled once it is answered.
