@@ -127,10 +127,7 @@ fn risk_with_idle(idle: u32) -> Result<RiskConfig> {
 pub fn run(a: &GatewayRttArgs) -> Result<()> {
     if std::env::var_os("RUST_LOG").is_some() {
         // The gateway's own log (engine logons, disconnects) on stderr.
-        let _ = tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .try_init();
+        rocebus_bin_support::init_logging("error")?;
     }
     let addr = SocketAddr::new(local_ip(a.addr)?, a.port);
     let journal_dir = tempfile_dir()?;

@@ -74,7 +74,11 @@ enum Cmd {
     TagCost(tagcost::TagCostArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    rocebus_bin_support::main(|| run().map(|()| std::process::ExitCode::SUCCESS))
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::RcLatency(a) => rocebus_bench::rc::latency(&a),

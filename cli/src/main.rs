@@ -74,7 +74,11 @@ struct StatArgs {
     sysfs: PathBuf,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    rocebus_bin_support::main(|| run().map(|()| std::process::ExitCode::SUCCESS))
+}
+
+fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Stat(args) => stat(&args),
         Command::Record(args) => record::record(&args),

@@ -42,16 +42,19 @@ fn spawn(child: &str, dir: &Path) -> Kid {
         .unwrap())
 }
 
-fn child_dir() -> Option<std::path::PathBuf> {
-    std::env::var_os("ROCEBUS_IPC_CHILD").map(Into::into)
+/// The folder a child process works in; a child run by hand (not by its test) fails.
+fn child_dir() -> std::path::PathBuf {
+    std::env::var_os("ROCEBUS_IPC_CHILD")
+        .expect("child process of the ipc tests: run by them with ROCEBUS_IPC_CHILD set")
+        .into()
 }
 
 /// Child: publishes `n` numbered messages on "x", then keeps the stream
 /// open until killed.
 #[test]
-#[ignore = "child process of the tests below"]
+#[ignore = "child: process of the tests below, run by them"]
 fn child_publisher() {
-    let Some(dir) = child_dir() else { return };
+    let dir = child_dir();
     let mut p = IpcPublisher::create("x", &cfg(&dir)).unwrap();
     // Publish once the parent joined, so that it must see all of them.
     while p.subscribers().is_empty() {
@@ -74,9 +77,9 @@ fn child_publisher() {
 
 /// Child: joins "x" and never reads.
 #[test]
-#[ignore = "child process of the tests below"]
+#[ignore = "child: process of the tests below, run by them"]
 fn child_stuck_subscriber() {
-    let Some(dir) = child_dir() else { return };
+    let dir = child_dir();
     let mut s = IpcSubscriber::new("x", &cfg(&dir)).unwrap();
     let mut connected = false;
     while !connected {

@@ -268,11 +268,12 @@ enum Command {
     },
 }
 
-fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+fn main() -> std::process::ExitCode {
+    rocebus_bin_support::main(|| dispatch().map(|()| std::process::ExitCode::SUCCESS))
+}
+
+fn dispatch() -> Result<()> {
+    rocebus_bin_support::init_logging("error")?;
     match Cli::parse().command {
         Command::Decode { file, wire } => decode(&file, &wire.filter()),
         Command::Book {

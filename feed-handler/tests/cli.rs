@@ -67,3 +67,23 @@ fn bad_config_names_the_file_and_the_key() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does/not/exist.toml"));
 }
+
+/// An error is one line of message and causes, without a backtrace, though the user's
+/// environment asks for backtraces (`RUST_BACKTRACE=1`, common among Rust developers).
+#[test]
+fn an_error_is_one_line_whatever_rust_backtrace_says() {
+    let out = Command::new(env!("CARGO_BIN_EXE_feed-handler"))
+        .args(["decode", "no/such/capture.itch"])
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains("no/such/capture.itch"),
+        "{err}"
+    );
+    assert!(!err.to_lowercase().contains("backtrace"), "{err}");
+}

@@ -1,4 +1,5 @@
-//! The two shared ITCH samples written elsewhere decode fully, with their known quirks.
+//! The two ITCH samples written by other implementations (`tests/data/itch/`, with a note of
+//! where each came from) decode fully, with their known quirks.
 
 use feed_handler::binaryfile::{Framing, Reader};
 use feed_handler::book::{Book, Event};
@@ -7,7 +8,7 @@ use std::path::PathBuf;
 
 fn sample(name: &str) -> Vec<u8> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/data/itch")
+        .join("tests/data/itch")
         .join(name);
     std::fs::read(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
 }

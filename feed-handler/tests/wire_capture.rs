@@ -433,10 +433,11 @@ fn have(tool: &str) -> bool {
 /// pcapng and as nanosecond pcap: captures written by real tools read the same.
 #[test]
 fn captures_written_by_wireshark_tools_read_the_same() {
-    if !have("text2pcap") || !have("tshark") {
-        println!("SKIPPED: text2pcap and tshark (Wireshark) are not both installed");
-        return;
-    }
+    // Never a pass without having compared: without the tools the test fails and says why.
+    assert!(
+        have("text2pcap") && have("tshark"),
+        "this test needs text2pcap and tshark (Debian's tshark package): run `cargo xtask setup`"
+    );
     let f = files();
     let mut hex = String::new();
     for (_, p) in &f.packets {

@@ -228,14 +228,12 @@ fn serve<L: VenueLink>(mut service: Service<L>, cfg: &Config) -> anyhow::Result<
     Ok(())
 }
 
-fn main() -> anyhow::Result<std::process::ExitCode> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+fn main() -> std::process::ExitCode {
+    rocebus_bin_support::main(run)
+}
+
+fn run() -> anyhow::Result<std::process::ExitCode> {
+    rocebus_bin_support::init_logging("info")?;
     // A file-size limit (RLIMIT_FSIZE) must not kill the gateway: with SIGXFSZ caught, a
     // journal write past it fails with EFBIG and the gateway degrades like on a full disk.
     let _ = signal_hook::flag::register(
@@ -280,8 +278,8 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             };
             let rdma_hint = || {
                 format!(
-                    "listen for engines on {}: is an RDMA device up (`cargo xtask vm`, or \
-                     `rdma link add`) with that address?",
+                    "no engine can reach this gateway: is an RDMA device up (`cargo xtask vm`, \
+                     or `rdma link add`) with the address of service.listen ({})?",
                     cfg.service.listen
                 )
             };

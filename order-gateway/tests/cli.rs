@@ -158,3 +158,70 @@ fn control_without_a_running_gateway_names_the_socket_and_bad_commands_say_why()
         "{text}"
     );
 }
+
+/// What an operator sees when the start fails, whatever their environment: the error as one
+/// line of message and causes (no backtrace, though `RUST_BACKTRACE=1` is set, as it is for
+/// many Rust developers), and log lines without colour codes when stderr is a pipe; with
+/// `ROCEBUS_LOG_COLOR=always` they are coloured all the same.
+#[test]
+fn errors_are_one_line_and_logs_plain_in_a_pipe_whatever_rust_backtrace_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gw.toml");
+    let journal = dir.path().join("gw.journal");
+    let control = dir.path().join("gw.control");
+    let text = example()
+        // TEST-NET-1: no device anywhere has it, so the start fails after the journal.
+        .replace(
+            "listen = \"198.18.0.1:7470\"",
+            "listen = \"192.0.2.1:7470\"",
+        )
+        .replace(
+            "path = \".rocebus/order-gateway.journal\"",
+            &format!("path = {:?}", journal.display().to_string()),
+        )
+        .replace(
+            "control_socket = \".rocebus/order-gateway.control\"",
+            &format!("control_socket = {:?}", control.display().to_string()),
+        );
+    std::fs::write(&path, text).unwrap();
+    let run = |color: Option<&str>| {
+        let mut c = gateway();
+        c.args(["run", "--venue", "sim", "--config"])
+            .arg(&path)
+            .env("RUST_BACKTRACE", "1")
+            .env("RUST_LIB_BACKTRACE", "1")
+            .env("RUST_LOG", "info")
+            .env_remove("NO_COLOR");
+        match color {
+            Some(v) => c.env("ROCEBUS_LOG_COLOR", v),
+            None => c.env_remove("ROCEBUS_LOG_COLOR"),
+        };
+        let out = c.output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(None);
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines.iter().any(|l| l.contains("journal replayed")),
+        "{err}"
+    );
+    let last = lines.last().copied().unwrap_or("");
+    assert!(
+        last.starts_with("error: no engine can reach this gateway") && last.contains("192.0.2.1"),
+        "{err}"
+    );
+    assert!(
+        lines.iter().filter(|l| l.starts_with("error:")).count() == 1
+            && !err.to_lowercase().contains("backtrace")
+            && !err.contains("Caused by"),
+        "{err}"
+    );
+    assert!(!err.contains('\x1b'), "colour codes in a pipe: {err:?}");
+    assert!(run(Some("always")).contains('\x1b'), "forced colour");
+    let bad = run(Some("sometimes"));
+    assert!(
+        bad.contains("ROCEBUS_LOG_COLOR=\"sometimes\": expected always, never or auto"),
+        "{bad}"
+    );
+}

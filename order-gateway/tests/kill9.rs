@@ -1,7 +1,7 @@
 //! `kill -9` of a gateway process in mid-stream, then restart from its journal: no order lost,
 //! none sent twice to the venue (QuickFIX's message log and the venue's record are witnesses).
 //!
-//! The gateway process is this test binary re-executed with `GW_KILL9_CHILD` set, so no extra
+//! The gateway process is this test binary re-executed with `GW_KILL9_CHILD` set (its entry point, `child_kill9`, is an ignored test), so no extra
 //! binary is needed. Needs Python 3 with `quickfix-ssl`, like `venue_e2e`.
 
 mod common;
@@ -22,12 +22,13 @@ const CHILD_ENV: &str = "GW_KILL9_CHILD";
 /// in the middle of starting one).
 const SEGMENT_BYTES: u64 = 48 << 10;
 
-/// The child: a gateway streaming orders until it is killed. Does nothing in a normal run.
+/// The child: a gateway streaming orders until it is killed. An entry point, not a test:
+/// ignored, and run only by the tests below (`--ignored --exact child_kill9`).
 #[test]
-fn kill9_child() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+#[ignore = "child: the gateway process of the kill -9 tests, run by them"]
+fn child_kill9() {
+    let spec = std::env::var(CHILD_ENV)
+        .unwrap_or_else(|_| panic!("child process of the kill -9 tests: run with {CHILD_ENV}"));
     let mut parts = spec.split(' ');
     let (port, journal, policy) = (
         parts.next().unwrap(),
@@ -70,9 +71,6 @@ fn kill9_child() {
 
 #[test]
 fn kill_dash_nine_mid_stream_then_restart() {
-    if std::env::var(CHILD_ENV).is_ok() {
-        return;
-    }
     kill_then_restart("kill9", "never", 3000, false);
 }
 
@@ -82,9 +80,6 @@ fn kill_dash_nine_mid_stream_then_restart() {
 /// MsgSeqNum is reused after the restart.
 #[test]
 fn kill_dash_nine_then_power_loss_cut_to_the_durable_point() {
-    if std::env::var(CHILD_ENV).is_ok() {
-        return;
-    }
     kill_then_restart("powerloss", "group", 1500, true);
 }
 
@@ -94,9 +89,6 @@ fn kill_dash_nine_then_power_loss_cut_to_the_durable_point() {
 /// still reaches the venue exactly once.
 #[test]
 fn kill_dash_nine_across_journal_segments_then_power_loss() {
-    if std::env::var(CHILD_ENV).is_ok() {
-        return;
-    }
     kill_then_restart("segments", "group+segments", 1200, true);
 }
 
@@ -106,7 +98,13 @@ fn kill_then_restart(name: &str, policy: &str, orders: u64, power_loss: bool) {
     let venue = Venue::start(&dir.join("venue"), free_port());
     let journal = dir.join("gw.journal");
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "kill9_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--ignored",
+            "--exact",
+            "child_kill9",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(
             CHILD_ENV,
             format!("{} {} {policy}", venue.port, journal.display()),

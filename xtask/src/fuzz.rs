@@ -233,8 +233,8 @@ fn new_files(dir: &Path, since: SystemTime) -> Vec<PathBuf> {
 /// Writes the seeds of `target` into `dir`; returns how many.
 fn write_seeds(root: &Path, target: &str, dir: &Path) -> Result<usize> {
     let seeds: Vec<Vec<u8>> = match target {
-        "itch" => itch_seeds(root),
-        "moldudp64" => moldudp64_seeds(root),
+        "itch" => itch_seeds(root)?,
+        "moldudp64" => moldudp64_seeds(root)?,
         "fix_decode" => fix_seeds(),
         "gateway_venue" => gateway_venue_seeds(),
         "gateway_engine" => gateway_engine_seeds(),
@@ -250,12 +250,19 @@ fn write_seeds(root: &Path, target: &str, dir: &Path) -> Result<usize> {
     Ok(seeds.len())
 }
 
-/// The ITCH samples shipped beside the repository (see `shared/data/itch/README.md`).
-fn itch_samples(root: &Path) -> Vec<Vec<u8>> {
-    let d = root.join("../shared/data/itch");
+/// Where the ITCH samples written by other implementations live (see its `README.md`).
+const ITCH_SAMPLES: &str = "feed-handler/tests/data/itch";
+
+/// The ITCH samples written by other implementations, checked into the feed handler's
+/// tests. A missing one is an error: a fuzzer seeded with nothing still "passes".
+fn itch_samples(root: &Path) -> Result<Vec<Vec<u8>>> {
+    let d = root.join(ITCH_SAMPLES);
     ["sample.itch50", "ex20101224.TEST_ITCH_50"]
         .iter()
-        .filter_map(|f| fs::read(d.join(f)).ok())
+        .map(|f| {
+            let p = d.join(f);
+            fs::read(&p).with_context(|| format!("read the ITCH fuzz seed {}", p.display()))
+        })
         .collect()
 }
 
@@ -302,10 +309,10 @@ fn itch_messages(file: &[u8]) -> Vec<&[u8]> {
 }
 
 /// One message of each type found in the samples, plus short whole-file prefixes.
-fn itch_seeds(root: &Path) -> Vec<Vec<u8>> {
+fn itch_seeds(root: &Path) -> Result<Vec<Vec<u8>>> {
     let mut seeds = Vec::new();
     let mut seen = [false; 256];
-    for file in itch_samples(root) {
+    for file in itch_samples(root)? {
         for m in itch_messages(&file) {
             if let Some(&t) = m.first() {
                 if !seen[usize::from(t)] {
@@ -316,7 +323,7 @@ fn itch_seeds(root: &Path) -> Vec<Vec<u8>> {
         }
         seeds.push(file[..file.len().min(2048)].to_vec());
     }
-    seeds
+    Ok(seeds)
 }
 
 /// A MoldUDP64 downstream packet: session, sequence, count, length-prefixed messages.
@@ -332,8 +339,8 @@ fn mold_packet(seq: u64, count: u16, messages: &[&[u8]]) -> Vec<u8> {
     p
 }
 
-fn moldudp64_seeds(root: &Path) -> Vec<Vec<u8>> {
-    let samples = itch_samples(root);
+fn moldudp64_seeds(root: &Path) -> Result<Vec<Vec<u8>>> {
+    let samples = itch_samples(root)?;
     let msgs: Vec<&[u8]> = samples
         .first()
         .map(|f| itch_messages(f))
@@ -358,7 +365,7 @@ fn moldudp64_seeds(root: &Path) -> Vec<Vec<u8>> {
     let mut request = b"SESSION001".to_vec();
     request.extend_from_slice(&2u64.to_be_bytes());
     request.extend_from_slice(&5u16.to_be_bytes());
-    vec![first, next, heartbeat, end, stream, request]
+    Ok(vec![first, next, heartbeat, end, stream, request])
 }
 
 /// A FIX 4.4 message with correct BodyLength and CheckSum from `body` (fields after 9=).

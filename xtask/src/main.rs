@@ -11,8 +11,10 @@ mod md_fanout;
 mod md_instructions;
 mod md_repair;
 mod rc_instructions;
+mod self_contained;
 mod setup;
 mod test;
+mod test_lint;
 mod venue;
 mod vm;
 
@@ -209,7 +211,11 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    rocebus_bin_support::main(|| run().map(|()| std::process::ExitCode::SUCCESS))
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     let root = workspace_root();
     match cli.cmd {

@@ -1,9 +1,13 @@
 //! `cargo xtask test`: host tests, then the RDMA tests in soft-RoCE guests.
 //!
-//! Convention: every `#[ignore]`d test in the workspace needs an RDMA device
-//! (its ignore reason starts with "rdma"), so a plain `cargo test` reports it
-//! as ignored, never as passed. This runner lists them per test binary and
-//! runs exactly those with `--ignored` in a guest. Tests whose name contains
+//! Convention: every `#[ignore]`d test in the workspace either needs an RDMA
+//! device (its ignore reason starts with "rdma"), or is the entry point of a
+//! child process that a test starts by re-executing its own binary (its name
+//! starts with `child_`, its reason with "child"; run alone it fails, it never
+//! passes by returning early). A plain `cargo test` reports both as ignored,
+//! never as passed. This runner lists the RDMA ones per test binary and runs
+//! exactly those, by name, with `--ignored --exact` in a guest; the `child_`
+//! ones run only inside their parents. Tests whose name contains
 //! `two_hosts` run in two linked guests, `three_hosts`/`four_hosts` in three
 //! or four guests on one emulated switch ([`MULTI_HOST`]; every guest runs
 //! the test; it reads `ROCEBUS_GUEST_INDEX` to pick its role), optionally
@@ -37,6 +41,13 @@ const TWO_HOST_NETEM: &[(&str, &str)] = &[
     ("loss10pct", "loss 10%"),
     ("loss30pct", "loss 30%"),
 ];
+
+/// Whether `name` is the entry point of a test's child process (`child_*`), not a test.
+fn is_child_entry(name: &str) -> bool {
+    name.rsplit("::")
+        .next()
+        .is_some_and(|n| n.starts_with("child_"))
+}
 
 #[derive(Debug)]
 pub(crate) struct TestBin {
@@ -84,6 +95,7 @@ pub(crate) fn rdma_test_binaries(root: &Path) -> Result<Vec<TestBin>> {
         let tests: Vec<String> = String::from_utf8_lossy(&list.stdout)
             .lines()
             .filter_map(|l| l.strip_suffix(": test"))
+            .filter(|t| !is_child_entry(t))
             .map(str::to_owned)
             .collect();
         if !tests.is_empty() {
@@ -96,31 +108,43 @@ pub(crate) fn rdma_test_binaries(root: &Path) -> Result<Vec<TestBin>> {
     Ok(bins)
 }
 
+/// Sums of libtest's `test result:` lines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
 /// Sums libtest's `test result:` lines.
-fn count_results(lines: &[String]) -> (u64, u64) {
-    let (mut passed, mut failed) = (0, 0);
+fn tally(lines: &[String]) -> Tally {
+    let mut t = Tally::default();
     for l in lines {
         let Some(rest) = l.trim().strip_prefix("test result: ") else {
             continue;
         };
         for part in rest.split(';') {
             let words: Vec<&str> = part.split_whitespace().collect();
-            let n = |w: &str| words.iter().position(|x| x.trim_end_matches('.') == w);
-            if let Some(i) = n("passed") {
-                passed += words
-                    .get(i.wrapping_sub(1))
+            let count = |w: &str| {
+                words
+                    .iter()
+                    .position(|x| x.trim_end_matches('.') == w)
+                    .and_then(|i| words.get(i.wrapping_sub(1)))
                     .and_then(|s| s.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-            if let Some(i) = n("failed") {
-                failed += words
-                    .get(i.wrapping_sub(1))
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
+                    .unwrap_or(0)
+            };
+            t.passed += count("passed");
+            t.failed += count("failed");
+            t.ignored += count("ignored");
         }
     }
-    (passed, failed)
+    t
+}
+
+/// Passed and failed of libtest's `test result:` lines.
+fn count_results(lines: &[String]) -> (u64, u64) {
+    let t = tally(lines);
+    (t.passed, t.failed)
 }
 
 fn host_has_rdma() -> bool {
@@ -172,19 +196,31 @@ const CI_FUZZ_SECONDS: u64 = 10;
 
 pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Result<()> {
     let t0 = Instant::now();
+    // First and cheap: a clone alone must have everything the run reads.
+    let outside = crate::self_contained::scan(root)?;
+    if !outside.is_empty() {
+        for o in &outside {
+            eprintln!("{o}");
+        }
+        bail!(
+            "{} reference(s) to paths outside the repository: a fresh clone has nothing \
+             beside it; move what they read into the repository",
+            outside.len()
+        );
+    }
+    let early = crate::test_lint::scan(root)?;
+    if !early.is_empty() {
+        bail!(
+            "tests that return before checking anything (they would count as passed):\n{}",
+            early.join("\n")
+        );
+    }
     setup::ensure_packages()?;
     venue::ensure_venue()?;
     let envs = [("ROCEBUS_PYTHON", venue::python())];
     if !rdma_only {
         eprintln!("== host tests (cargo test --workspace)");
-        let st = Command::new(env!("CARGO"))
-            .args(["test", "--workspace"])
-            .envs(envs.iter().map(|(k, v)| (k, v.as_os_str())))
-            .current_dir(root)
-            .status()?;
-        if !st.success() {
-            bail!("host tests failed");
-        }
+        host_tests(root, &envs)?;
         // The build above used one libclang; if others are installed, check
         // rdma-sys builds with each (issue 15). Seconds once bindgen is built.
         crate::check_build::host(root, true)?;
@@ -204,19 +240,25 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
                 two_host.push((b.path.clone(), t.clone()));
             }
         }
-        if b.rdma_tests.iter().any(|t| hosts_of(t) == 1 && matches(t)) {
-            one_host.push(b.path.clone());
+        let names: Vec<String> = b
+            .rdma_tests
+            .iter()
+            .filter(|t| hosts_of(t) == 1 && matches(t))
+            .cloned()
+            .collect();
+        if !names.is_empty() {
+            one_host.push((b.path.clone(), names));
         }
     }
-    let filter_arg = filter.map(vm::shell_quote).unwrap_or_default();
     let mut script = String::from("st=0\n");
-    for exe in &one_host {
+    for (exe, names) in &one_host {
+        // By exact name: only the tests counted as RDMA tests run, never a child entry.
         script.push_str(&format!(
-            "echo \"== rdma tests in $(basename {exe})\"\n{exe} --ignored --test-threads=1 {skips} {filter_arg} || st=1\n",
+            "echo \"== rdma tests in $(basename {exe})\"\n{exe} --ignored --exact --test-threads=1 {names} || st=1\n",
             exe = vm::shell_quote(&exe.display().to_string()),
-            skips = MULTI_HOST
+            names = names
                 .iter()
-                .map(|(k, _)| format!("--skip {k}"))
+                .map(|n| vm::shell_quote(n))
                 .collect::<Vec<_>>()
                 .join(" ")
         ));
@@ -348,6 +390,44 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
     Ok(())
 }
 
+/// `cargo test --workspace`, its output passed through, then one line with the sums: how
+/// many tests ran and passed, and how many were ignored (RDMA tests, which the guests run
+/// below, and child-process entry points, which their tests run).
+fn host_tests(root: &Path, envs: &[(&str, PathBuf)]) -> Result<()> {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO"))
+        .args(["test", "--workspace"])
+        .envs(envs.iter().map(|(k, v)| (k, v.as_os_str())))
+        .current_dir(root)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("cargo test --workspace")?;
+    let mut lines = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        for line in std::io::BufReader::new(out).lines() {
+            let line = line.context("reading cargo test's output")?;
+            println!("{line}");
+            if line.trim_start().starts_with("test result: ") {
+                lines.push(line);
+            }
+        }
+    }
+    let st = child.wait()?;
+    let t = tally(&lines);
+    println!(
+        "host tests: {} passed, {} failed, {} ignored (RDMA tests for the guests, and child \
+         processes run by their tests)",
+        t.passed, t.failed, t.ignored
+    );
+    if !st.success() {
+        bail!("host tests failed");
+    }
+    if t.passed == 0 {
+        bail!("no host test ran");
+    }
+    Ok(())
+}
+
 /// The runner's own promises, checked for real before anything relies on
 /// them: a failing guest command fails the run with its status, and a guest
 /// that never finishes is ended by the timeout.
@@ -391,6 +471,22 @@ mod tests {
         .map(|s| s.to_string())
         .collect();
         assert_eq!(count_results(&lines), (5, 1));
+        assert_eq!(
+            tally(&lines),
+            Tally {
+                passed: 5,
+                failed: 1,
+                ignored: 1
+            }
+        );
+    }
+
+    #[test]
+    fn child_entry_points_are_not_rdma_tests() {
+        assert!(is_child_entry("child_kill9"));
+        assert!(is_child_entry("tests::child_publisher"));
+        assert!(!is_child_entry("rdma_child_count"));
+        assert!(!is_child_entry("rc_live_two_hosts_frozen_engine"));
     }
 
     #[test]

@@ -38,7 +38,11 @@ struct Cli {
     check: bool,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    rocebus_bin_support::main(|| engine().map(|()| std::process::ExitCode::SUCCESS))
+}
+
+fn engine() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let mut cfg =
         EngineConfig::load(&cli.config).context("fix the configuration file and start again")?;
