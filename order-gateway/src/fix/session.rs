@@ -170,6 +170,12 @@ pub struct SessionCounters {
     /// Logouts from the venue saying our MsgSeqNum is too low ("MsgSeqNum too low,
     /// expecting N but received M"): resending the same Logon cannot help.
     pub seq_too_low_logouts: u64,
+    /// Connections dropped for a message the session state does not allow (QuickFIX's
+    /// `validLogonState`): anything but Logon, Logout, SequenceReset or Reject before the
+    /// venue's Logon, or a second Logon without ResetSeqNumFlag.
+    pub out_of_state: u64,
+    /// Well-framed messages with a BeginString other than FIX.4.4 (logged out).
+    pub wrong_begin_string: u64,
 }
 
 /// Messages ahead of a gap held at most (each a few hundred bytes).
@@ -826,6 +832,15 @@ impl Session {
             self.state = SessionState::Disconnected;
             return SessionEvent::Disconnect;
         };
+        if !self.valid_logon_state(&m) {
+            // QuickFIX's `validLogonState` failing: it logs the event and disconnects
+            // without a Logout; nothing of the message is processed and its number is not
+            // taken (the next session asks for it again). FIX 4.4 Vol. 2 test cases 1B and
+            // 2Q: the first message must be a Logon; a Logon is not accepted twice.
+            self.counters.out_of_state += 1;
+            self.state = SessionState::Disconnected;
+            return SessionEvent::Disconnect;
+        }
         // QuickFIX's `verify` checks the time before the CompIDs and the sequence number.
         if let Some(p) = self.sending_time_problem(&m, !queued, now) {
             return self.refuse(&m, seq, p, now, out);
@@ -993,16 +1008,27 @@ impl Session {
             b"A" => SessionEvent::LoggedOn,
             b"0" | b"2" | b"4" => SessionEvent::None,
             b"1" => {
+                // TestReqID is required (FIX 4.4): without it there is nothing to echo, so
+                // a session Reject, 373=1 required tag missing, as QuickFIX's validation
+                // answers; the number stays taken.
+                let Some(id) = m.get(tag::TEST_REQ_ID) else {
+                    self.reject_typed(
+                        seq,
+                        b"1",
+                        Some(tag::TEST_REQ_ID),
+                        1,
+                        "Required tag missing",
+                        now,
+                        out,
+                    );
+                    return SessionEvent::None;
+                };
                 // Echoed whole (the venue matches it against the one it sent); the id
-                // borrows the inbound frame, not `self`. Left out when absent rather than
-                // sent empty (a tag without a value is rejected by a validating venue).
-                let id = m.get(tag::TEST_REQ_ID);
+                // borrows the inbound frame, not `self`.
                 self.send_admin(
                     b"0",
                     |w| {
-                        if let Some(id) = id {
-                            w.field(tag::TEST_REQ_ID, id);
-                        }
+                        w.field(tag::TEST_REQ_ID, id);
                     },
                     now,
                     out,
@@ -1015,6 +1041,41 @@ impl Session {
             }
             _ => SessionEvent::App(m),
         }
+    }
+
+    /// Whether the session state allows `m` now, as QuickFIX's `validLogonState`: before
+    /// the venue's Logon only a Logon, a Logout (a refusal), a SequenceReset or a Reject;
+    /// once logged on (or logging out), no second Logon unless it resets sequence numbers (141=Y, handled
+    /// as a reset) or is a PossDup resend.
+    fn valid_logon_state(&self, m: &Message<'_>) -> bool {
+        let ty = m.msg_type();
+        match self.state {
+            SessionState::LogonSent => matches!(ty, b"A" | b"5" | b"4" | b"3"),
+            SessionState::Active | SessionState::LogoutSent => {
+                ty != b"A" || m.get(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y") || m.poss_dup()
+            }
+            SessionState::Disconnected => true,
+        }
+    }
+
+    /// A well-framed message whose BeginString is not FIX.4.4
+    /// ([`FixError::WrongBeginString`](super::FixError::WrongBeginString)): Logout saying
+    /// so, then disconnect (FIX 4.4 Vol. 2 test case 2R; QuickFIX's UnsupportedVersion
+    /// answers "Incorrect BeginString"). Its number is not taken: the session ends here.
+    pub fn on_wrong_begin_string(&mut self, now: u64, out: &mut Vec<u8>) -> SessionEvent<'static> {
+        self.counters.wrong_begin_string += 1;
+        if matches!(self.state, SessionState::Active | SessionState::LogonSent) {
+            self.send_admin(
+                b"5",
+                |w| {
+                    w.field(tag::TEXT, b"Incorrect BeginString");
+                },
+                now,
+                out,
+            );
+        }
+        self.state = SessionState::Disconnected;
+        SessionEvent::Disconnect
     }
 
     /// A queued message handed back by [`Session::next_queued`]: like
@@ -1676,12 +1737,14 @@ mod interop_tests {
         let hb = parsed(&out);
         let m = Message::parse(&hb[0]).unwrap();
         assert_eq!((m.msg_type(), m.get(112)), (&b"0"[..], Some(&id[..])));
-        // Without a TestReqID: a Heartbeat without one, not an empty 112.
+        // Without a TestReqID: a session Reject, never an empty 112
+        // (`a_test_request_without_its_id_is_rejected_not_answered`).
         out.clear();
         let f = venue(b"1", 3, &[]);
         s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
-        let hb = parsed(&out);
-        assert_eq!(Message::parse(&hb[0]).unwrap().get(112), None);
+        let answer = parsed(&out);
+        let m = Message::parse(&answer[0]).unwrap();
+        assert_eq!((m.msg_type(), m.get(112)), (&b"3"[..], None));
     }
 
     /// A gap fill is sent with PossDupFlag=Y, so it carries OrigSendingTime as FIX 4.4
@@ -2544,5 +2607,129 @@ mod seq_too_low_tests {
         let f = venue(b"5", 2, &[(58, b"end of day")]);
         s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
         assert_eq!(s.logon_refusal(), None);
+    }
+}
+
+/// FIX 4.4 session rules on what the session state allows, TestRequest validation and
+/// BeginString (issue 40).
+#[cfg(test)]
+mod session_rules_tests {
+    use super::super::split_frame;
+    use super::*;
+
+    use super::tests::{active, cfg, frames, venue, T0};
+
+    /// Before the venue's Logon nothing but a Logon, Logout, SequenceReset or Reject is
+    /// processed (QuickFIX's validLogonState; FIX 4.4 Vol. 2 test case 1B): an application
+    /// message, a Heartbeat or a TestRequest drops the connection unanswered, and its number
+    /// is not taken.
+    #[test]
+    fn messages_before_the_venues_logon_are_not_processed() {
+        for ty in [&b"8"[..], b"0", b"1", b"2"] {
+            let mut s = Session::new(cfg());
+            let mut out = Vec::new();
+            s.on_connect(T0, &mut out);
+            out.clear();
+            let f = venue(ty, 1, &[(112, b"t1"), (7, b"1"), (16, b"0")]);
+            assert!(
+                matches!(
+                    s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+                    SessionEvent::Disconnect
+                ),
+                "{ty:?} before the Logon"
+            );
+            assert_eq!(s.state(), SessionState::Disconnected);
+            assert_eq!(s.next_in(), 1, "its number is not taken");
+            assert!(out.is_empty(), "nothing is answered");
+            assert_eq!(s.counters().out_of_state, 1);
+        }
+        // The venue's Logon still logs on, and a Logout still reads as a refusal.
+        let s = active();
+        assert_eq!(s.state(), SessionState::Active);
+        let mut s = Session::new(cfg());
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        let f = venue(b"5", 1, &[(58, b"no")]);
+        s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+        assert_eq!(s.counters().logons_refused, 1);
+    }
+
+    /// A Logon while logged on (or logging out) without ResetSeqNumFlag does not make a
+    /// new session: the connection is dropped, as QuickFIX does (FIX 4.4 Vol. 2 test case
+    /// 2Q), its number not taken.
+    #[test]
+    fn a_second_logon_without_reset_does_not_reactivate_the_session() {
+        let mut s = active();
+        let mut out = Vec::new();
+        let f = venue(b"A", 2, &[(98, b"0"), (108, b"30")]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::Disconnect
+        ));
+        assert_eq!(s.state(), SessionState::Disconnected);
+        assert_eq!(s.next_in(), 2);
+        assert!(out.is_empty());
+        // After our Logout: the venue's Logon does not bring the session back either.
+        let mut s = active();
+        s.logout(T0, &mut out);
+        assert_eq!(s.state(), SessionState::LogoutSent);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::Disconnect
+        ));
+        assert_ne!(s.state(), SessionState::Active);
+        assert_eq!(s.counters().out_of_state, 1);
+    }
+
+    /// A TestRequest without TestReqID (112) is answered with a session Reject, 373=1
+    /// (required tag missing) naming 112, not with a Heartbeat; its number is taken.
+    #[test]
+    fn a_test_request_without_its_id_is_rejected_not_answered() {
+        let mut s = active();
+        let mut out = Vec::new();
+        let f = venue(b"1", 2, &[]);
+        assert!(matches!(
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out),
+            SessionEvent::None
+        ));
+        let f = frames(&out);
+        assert_eq!(f.len(), 1, "one answer");
+        let m = Message::parse(&f[0]).unwrap();
+        assert_eq!(m.msg_type(), b"3");
+        assert_eq!(m.uint(45), Ok(2), "RefSeqNum");
+        assert_eq!(m.uint(371), Ok(112), "RefTagID");
+        assert_eq!(m.get(372), Some(&b"1"[..]), "RefMsgType");
+        assert_eq!(m.uint(373), Ok(1), "required tag missing");
+        assert_eq!(s.next_in(), 3);
+        assert_eq!(s.counters().rejects_sent, 1);
+    }
+
+    /// A sound frame of another FIX version is not garbled: the framing says so
+    /// (`WrongBeginString`) and the session logs out saying why, then disconnects (FIX 4.4
+    /// Vol. 2 test case 2R; QuickFIX's "Incorrect BeginString").
+    #[test]
+    fn a_wrong_begin_string_is_logged_out_not_dropped_as_garbled() {
+        let mut f = venue(b"0", 2, &[]);
+        f[7] = b'2'; // 8=FIX.4.2
+        let trailer = f.len() - 7;
+        let sum = f[..trailer].iter().map(|&b| u32::from(b)).sum::<u32>() % 256;
+        f[trailer + 3..trailer + 6].copy_from_slice(format!("{sum:03}").as_bytes());
+        assert_eq!(
+            split_frame(&f),
+            Err(super::super::FixError::WrongBeginString { len: f.len() })
+        );
+        let mut s = active();
+        let mut out = Vec::new();
+        assert!(matches!(
+            s.on_wrong_begin_string(T0, &mut out),
+            SessionEvent::Disconnect
+        ));
+        let f = frames(&out);
+        let m = Message::parse(&f[0]).unwrap();
+        assert_eq!(m.msg_type(), b"5");
+        assert_eq!(m.get(58), Some(&b"Incorrect BeginString"[..]));
+        assert_eq!(s.state(), SessionState::Disconnected);
+        assert_eq!(s.counters().wrong_begin_string, 1);
+        assert_eq!(s.counters().garbled, 0);
     }
 }
