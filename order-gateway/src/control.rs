@@ -20,6 +20,13 @@
 //!   limits, and per account open orders and notional against the credit limit and what
 //!   its throttle windows hold.
 //!
+//! Commands that change state (`kill`, `resume`, `cancel-all`) are answered `ok` only once
+//! their journal records are durable ([`FixDriver::operator_command`]): when the journal
+//! cannot be written the answer is an `error` and nothing changed (no request is taken
+//! meanwhile either), and the operator sends the command again once `status` shows the
+//! journal ok. `venue-reconnect` changes nothing the journal holds (it lifts a hold that
+//! lives in memory; a restart logs on anyway).
+//!
 //! The server side never blocks the service thread: accepts and reads are non-blocking and
 //! polled from the loop; a client that sends no full line within [`CLIENT_TIMEOUT`] is
 //! dropped; at most [`MAX_CLIENTS`] are served at once.
@@ -83,8 +90,8 @@ pub fn parse(line: &str) -> Result<Command, String> {
     }
 }
 
-/// Runs `line` against the gateway; returns the answer (first word `ok` or `error`).
-/// Orders cancelled go out with the driver's next flush (the service loop's next turn).
+/// Runs `line` against the gateway; returns the answer (first word `ok` or `error`). A
+/// command that changes state is answered `ok` only once it is durable in the journal.
 pub fn execute<L: VenueLink>(
     line: &str,
     driver: &mut FixDriver<L>,
@@ -110,7 +117,11 @@ pub fn execute<L: VenueLink>(
         Command::Kill(a) => {
             let before = driver.gateway().open_order_count();
             let venue_up = driver.gateway().session().state() == SessionState::Active;
-            driver.stage(|gw, out| gw.set_kill(scope(a), true, now, out));
+            if let Err(e) = driver.operator_command(|gw, out| gw.set_kill(scope(a), true, now, out))
+            {
+                tracing::error!(scope = %what(a), error = %e, "kill switch NOT set (control socket)");
+                return format!("error: kill switch not set: {e}\n");
+            }
             tracing::warn!(scope = %what(a), venue_up, "kill switch ON (control socket)");
             let cancels = if venue_up {
                 "cancelling open orders"
@@ -124,7 +135,12 @@ pub fn execute<L: VenueLink>(
             )
         }
         Command::Resume(a) => {
-            driver.stage(|gw, out| gw.set_kill(scope(a), false, now, out));
+            if let Err(e) =
+                driver.operator_command(|gw, out| gw.set_kill(scope(a), false, now, out))
+            {
+                tracing::error!(scope = %what(a), error = %e, "resume NOT done (control socket)");
+                return format!("error: kill switch still on: {e}\n");
+            }
             tracing::warn!(scope = %what(a), "kill switch off (control socket)");
             format!("ok: kill switch off for {}\n", what(a))
         }
@@ -134,7 +150,10 @@ pub fn execute<L: VenueLink>(
                 .to_owned()
         }
         Command::CancelAll(a) => {
-            driver.stage(|gw, out| gw.cancel_all(a, now, out));
+            if let Err(e) = driver.operator_command(|gw, out| gw.cancel_all(a, now, out)) {
+                tracing::error!(scope = %what(a), error = %e, "cancel-all NOT done (control socket)");
+                return format!("error: nothing cancelled: {e}\n");
+            }
             tracing::warn!(scope = %what(a), "cancel-all (control socket)");
             format!("ok: cancelling the open orders of {}\n", what(a))
         }
