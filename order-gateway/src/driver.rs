@@ -92,6 +92,17 @@ pub enum CommandError {
     Driver(#[from] DriverError),
 }
 
+/// What a clean stop ([`FixDriver::stop`]) did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StopReport {
+    /// A FIX Logout was sent to the venue.
+    pub logout_sent: bool,
+    /// The venue answered with its Logout within the wait.
+    pub logout_answered: bool,
+    /// A checkpoint started a new journal segment.
+    pub checkpoint: bool,
+}
+
 /// What a [`VenueLink::read`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinkRead {
@@ -919,6 +930,52 @@ impl<L: VenueLink> FixDriver<L> {
         self.held = held;
         r?;
         Ok(result)
+    }
+
+    /// Clean stop: logs out of the venue and waits at most `wait` for its Logout (reading
+    /// and journaling what it sends meanwhile), closes the link, syncs the journal and
+    /// writes a checkpoint ([`checkpoint_at_stop`](Self::checkpoint_at_stop)), so the next
+    /// start resumes the same sequence numbers from one record. Engine responses produced
+    /// meanwhile go to `deliver`.
+    pub fn stop(
+        &mut self,
+        wait: Duration,
+        mut deliver: impl FnMut(EngineId, &Response),
+    ) -> Result<StopReport, DriverError> {
+        use crate::fix::SessionState;
+        let mut report = StopReport::default();
+        self.opening = false;
+        if self.link.is_open() && self.gw.session().state() == SessionState::Active {
+            let now = unix_nanos();
+            self.gw.logout(now, &mut self.out);
+            self.flush_into(&mut deliver)?;
+            report.logout_sent = true;
+            let deadline = Instant::now() + wait;
+            while self.link.is_open() && Instant::now() < deadline {
+                if let Err(e) = self.link.poll_write() {
+                    tracing::warn!(venue = %self.link.describe(), error = %e, "venue link dropped");
+                    self.gw.on_disconnect();
+                    break;
+                }
+                self.read_venue(Duration::from_millis(10));
+                self.flush_into(&mut deliver)?;
+                if self.gw.session().state() == SessionState::Disconnected {
+                    report.logout_answered = true;
+                    break;
+                }
+            }
+            if !report.logout_answered {
+                tracing::warn!(?wait, "the venue did not answer our Logout in time");
+            }
+        }
+        self.link.close();
+        self.gw.on_disconnect();
+        self.flush_into(&mut deliver)?;
+        self.sync()?;
+        let before = self.segments.rotations;
+        self.checkpoint_at_stop();
+        report.checkpoint = self.segments.rotations > before;
+        Ok(report)
     }
 
     /// Waits up to `timeout` for venue bytes, processes them and the timers, and queues the
