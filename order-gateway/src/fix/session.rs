@@ -2617,7 +2617,7 @@ mod session_rules_tests {
     use super::super::split_frame;
     use super::*;
 
-    use super::tests::{active, cfg, frames, venue, T0};
+    use super::tests::{active, cfg, frames, venue, SEC, T0};
 
     /// Before the venue's Logon nothing but a Logon, Logout, SequenceReset or Reject is
     /// processed (QuickFIX's validLogonState; FIX 4.4 Vol. 2 test case 1B): an application
@@ -2731,5 +2731,29 @@ mod session_rules_tests {
         assert_eq!(s.state(), SessionState::Disconnected);
         assert_eq!(s.counters().wrong_begin_string, 1);
         assert_eq!(s.counters().garbled, 0);
+    }
+
+    /// Our Logon, or our Logout, unanswered for two heartbeat intervals: the connection is
+    /// dropped (FIX 4.4 Vol. 2 suggests a timeout; QuickFIX's LogonTimeout/LogoutTimeout).
+    #[test]
+    fn an_unanswered_logon_or_logout_times_out() {
+        let mut s = Session::new(cfg());
+        let mut out = Vec::new();
+        s.on_connect(T0, &mut out);
+        assert!(matches!(
+            s.on_timer(T0 + 60 * SEC, &mut out),
+            SessionEvent::None
+        ));
+        assert!(matches!(
+            s.on_timer(T0 + 61 * SEC, &mut out),
+            SessionEvent::Disconnect
+        ));
+        let mut s = active();
+        s.logout(T0, &mut out);
+        assert!(matches!(
+            s.on_timer(T0 + 61 * SEC, &mut out),
+            SessionEvent::Disconnect
+        ));
+        assert_eq!(s.state(), SessionState::Disconnected);
     }
 }
