@@ -97,7 +97,8 @@ pub enum CommandError {
 pub struct StopReport {
     /// A FIX Logout was sent to the venue.
     pub logout_sent: bool,
-    /// The venue answered with its Logout within the wait.
+    /// The session ended within the wait: the venue answered with its Logout (or, less
+    /// politely, closed the connection).
     pub logout_answered: bool,
     /// A checkpoint started a new journal segment.
     pub checkpoint: bool,
