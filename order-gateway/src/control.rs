@@ -15,10 +15,19 @@
 //!   it out for a MsgSeqNum too low (it does not retry by itself: the same Logon would be
 //!   refused the same way). Sequence numbers are not changed here: settle them with the
 //!   venue first (there is no command to set ours).
+//! - `stop`: a clean stop, as SIGTERM: FIX Logout to the venue (its answer awaited a
+//!   moment), a checkpoint, engines disconnected, exit 0. Answered before it starts.
 //! - `status`: venue session (and how often and why the venue refused our Logon, if it
 //!   did), journal, engines, open orders, kill switches, firm-wide exposure against the firm
 //!   limits, and per account open orders and notional against the credit limit and what
 //!   its throttle windows hold.
+//!
+//! Commands that change state (`kill`, `resume`, `cancel-all`) are answered `ok` only once
+//! their journal records are durable ([`FixDriver::operator_command`]): when the journal
+//! cannot be written the answer is an `error` and nothing changed (no request is taken
+//! meanwhile either), and the operator sends the command again once `status` shows the
+//! journal ok. `venue-reconnect` changes nothing the journal holds (it lifts a hold that
+//! lives in memory; a restart logs on anyway).
 //!
 //! The server side never blocks the service thread: accepts and reads are non-blocking and
 //! polled from the loop; a client that sends no full line within [`CLIENT_TIMEOUT`] is
@@ -54,6 +63,8 @@ pub enum Command {
     Status,
     /// Allow logging on to the venue again after a "MsgSeqNum too low" Logout.
     VenueReconnect,
+    /// Clean stop (as SIGTERM).
+    Stop,
 }
 
 /// Parses a command line (`kill`, `kill --account 7`, `status`, ...).
@@ -75,16 +86,18 @@ pub fn parse(line: &str) -> Result<Command, String> {
         ["cancel-all", rest @ ..] => Ok(Command::CancelAll(account(rest)?)),
         ["status"] => Ok(Command::Status),
         ["venue-reconnect"] => Ok(Command::VenueReconnect),
+        ["stop"] => Ok(Command::Stop),
         [] => Err("empty command".into()),
         [w, ..] => Err(format!(
             "unknown command {w:?}: kill [--account A], resume [--account A], \
-             cancel-all [--account A], status, venue-reconnect"
+             cancel-all [--account A], status, venue-reconnect, stop"
         )),
     }
 }
 
-/// Runs `line` against the gateway; returns the answer (first word `ok` or `error`).
-/// Orders cancelled go out with the driver's next flush (the service loop's next turn).
+/// Runs `line` against the gateway; returns the answer (first word `ok` or `error`). A
+/// command that changes state is answered `ok` only once it is durable in the journal.
+/// `stop` is only answered here: the caller stops (see [`parse`]).
 pub fn execute<L: VenueLink>(
     line: &str,
     driver: &mut FixDriver<L>,
@@ -110,7 +123,11 @@ pub fn execute<L: VenueLink>(
         Command::Kill(a) => {
             let before = driver.gateway().open_order_count();
             let venue_up = driver.gateway().session().state() == SessionState::Active;
-            driver.stage(|gw, out| gw.set_kill(scope(a), true, now, out));
+            if let Err(e) = driver.operator_command(|gw, out| gw.set_kill(scope(a), true, now, out))
+            {
+                tracing::error!(scope = %what(a), error = %e, "kill switch NOT set (control socket)");
+                return format!("error: kill switch not set: {e}\n");
+            }
             tracing::warn!(scope = %what(a), venue_up, "kill switch ON (control socket)");
             let cancels = if venue_up {
                 "cancelling open orders"
@@ -124,7 +141,12 @@ pub fn execute<L: VenueLink>(
             )
         }
         Command::Resume(a) => {
-            driver.stage(|gw, out| gw.set_kill(scope(a), false, now, out));
+            if let Err(e) =
+                driver.operator_command(|gw, out| gw.set_kill(scope(a), false, now, out))
+            {
+                tracing::error!(scope = %what(a), error = %e, "resume NOT done (control socket)");
+                return format!("error: kill switch still on: {e}\n");
+            }
             tracing::warn!(scope = %what(a), "kill switch off (control socket)");
             format!("ok: kill switch off for {}\n", what(a))
         }
@@ -134,11 +156,18 @@ pub fn execute<L: VenueLink>(
                 .to_owned()
         }
         Command::CancelAll(a) => {
-            driver.stage(|gw, out| gw.cancel_all(a, now, out));
+            if let Err(e) = driver.operator_command(|gw, out| gw.cancel_all(a, now, out)) {
+                tracing::error!(scope = %what(a), error = %e, "cancel-all NOT done (control socket)");
+                return format!("error: nothing cancelled: {e}\n");
+            }
             tracing::warn!(scope = %what(a), "cancel-all (control socket)");
             format!("ok: cancelling the open orders of {}\n", what(a))
         }
         Command::Status => status(driver, engines_connected, now),
+        Command::Stop => {
+            tracing::warn!("clean stop requested (control socket)");
+            "ok: stopping: FIX Logout to the venue, checkpoint, engines disconnected\n".into()
+        }
         Command::VenueReconnect => match driver.gateway().reconnect_hold() {
             Some(expected) => {
                 let ours = driver.gateway().session().next_out();
@@ -375,6 +404,7 @@ mod tests {
         assert_eq!(parse("cancel-all"), Ok(Command::CancelAll(None)));
         assert_eq!(parse("status"), Ok(Command::Status));
         assert_eq!(parse("venue-reconnect"), Ok(Command::VenueReconnect));
+        assert_eq!(parse("stop"), Ok(Command::Stop));
         assert!(parse("kil").unwrap_err().contains("unknown command"));
         assert!(parse("kill --account x")
             .unwrap_err()
@@ -493,6 +523,8 @@ mod tests {
         assert!(c.starts_with("ok: cancelling"), "{c}");
         assert!(execute("bogus", &mut d, 0, 0).starts_with("error: unknown command"));
         assert!(execute("venue-reconnect", &mut d, 0, 0).contains("nothing held"));
+        // `stop` is answered here; the service loop sees the command and stops.
+        assert!(execute("stop", &mut d, 0, 0).starts_with("ok: stopping"));
     }
 
     #[test]

@@ -62,6 +62,48 @@ pub enum DriverError {
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
 }
 
+/// Why an operator command ([`FixDriver::operator_command`]) was not acknowledged.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// The journal was already known to be unwritable: the command was not run.
+    #[error(
+        "the journal cannot be written (disk full or failing): nothing changed; no request \
+         is taken while it is; send the command again once `status` shows the journal ok"
+    )]
+    JournalUnavailable,
+    /// Appending the command's records failed: they were rolled back and the core rebuilt
+    /// from the journal, so nothing changed.
+    #[error(
+        "the command could not be journaled: nothing changed; the gateway takes no request \
+         until the journal is writable again; send the command again once `status` shows \
+         the journal ok"
+    )]
+    Append(#[source] JournalError),
+    /// The records were appended but the sync failed: the command is in effect now, but it
+    /// survives a crash only if the disk kept it.
+    #[error(
+        "the command was journaled but the journal could not be synced: it is in effect \
+         now and may not survive a crash; send it again once `status` shows the journal ok"
+    )]
+    Sync(#[source] JournalError),
+    /// The core could not be rebuilt after the failure (the gateway must stop).
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+}
+
+/// What a clean stop ([`FixDriver::stop`]) did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StopReport {
+    /// A FIX Logout was sent to the venue.
+    pub logout_sent: bool,
+    /// The session ended within the wait: the venue answered with its Logout (or, less
+    /// politely, closed the connection).
+    pub logout_answered: bool,
+    /// A checkpoint started a new journal segment.
+    pub checkpoint: bool,
+}
+
 /// What a [`VenueLink::read`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinkRead {
@@ -494,6 +536,8 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     opening: bool,
     /// Journal length when this segment was opened or started.
     segment_start: u64,
+    /// Engine responses produced by operator commands, delivered at the next flush.
+    held: Vec<(EngineId, Response)>,
 }
 
 /// Journal segments started by this driver.
@@ -617,6 +661,7 @@ impl<L: VenueLink> FixDriver<L> {
             segments: SegmentStats::default(),
             segment_start,
             opening: false,
+            held: Vec::new(),
         };
         // Requests whose order message the journal lost with a torn last write never went
         // out: answered now (and journaled), before anything else happens.
@@ -822,9 +867,116 @@ impl<L: VenueLink> FixDriver<L> {
         }
     }
 
-    /// Runs `f` against the core without flushing (market data, kill switches in a batch).
+    /// Runs `f` against the core without flushing (market data; operator commands
+    /// go through [`operator_command`](Self::operator_command)).
     pub fn stage<R>(&mut self, f: impl FnOnce(&mut Gateway, &mut Outputs) -> R) -> R {
         f(&mut self.gw, &mut self.out)
+    }
+
+    /// Runs an operator command (kill switch, cancel-all) against the core and returns only
+    /// once its journal records are durable (appended and synced, whatever the sync policy):
+    /// an operator is never told "done" about something a crash can undo. What it sends to
+    /// the venue leaves after that; its engine responses go with the next flush.
+    ///
+    /// Refused while the journal is known to be unwritable (the command is not run: nothing
+    /// changes, and no request is taken meanwhile anyway). If the append fails, it is rolled
+    /// back and the core rebuilt from the journal, as for any failed batch: the command did
+    /// not happen, and the operator sends it again once the journal is writable. Anything
+    /// staged before goes in its own batch first, so this command's failure takes nothing
+    /// else with it.
+    pub fn operator_command<R>(
+        &mut self,
+        f: impl FnOnce(&mut Gateway, &mut Outputs) -> R,
+    ) -> Result<R, CommandError> {
+        if self.degraded.is_some() {
+            return Err(CommandError::JournalUnavailable);
+        }
+        let mut held = std::mem::take(&mut self.held);
+        let r = self.flush_into(&mut |e, r| held.push((e, *r)));
+        held.append(&mut self.held);
+        self.held = held;
+        r?;
+        if self.degraded.is_some() {
+            return Err(CommandError::JournalUnavailable);
+        }
+        let result = f(&mut self.gw, &mut self.out);
+        if self.out.journal_records > 0 {
+            let mut held = std::mem::take(&mut self.held);
+            let mut keep = |e: EngineId, r: &Response| held.push((e, *r));
+            if let Err(e) = self
+                .journal
+                .append(&self.out.journal, self.out.journal_records)
+            {
+                let r = self.journal_failed(&e, &mut keep);
+                self.held = held;
+                r?;
+                return Err(CommandError::Append(e));
+            }
+            if self.journal.durable_len() < self.journal.len() {
+                if let Err(e) = self.journal.sync() {
+                    let r = self.journal_failed(&e, &mut keep);
+                    self.held = held;
+                    r?;
+                    return Err(CommandError::Sync(e));
+                }
+            }
+            self.held = held;
+            self.out.journal.clear();
+            self.out.journal_records = 0;
+        }
+        // The FIX it produced goes out now; responses wait in `held` for the next flush.
+        let mut held = std::mem::take(&mut self.held);
+        let r = self.flush_into(&mut |e, r| held.push((e, *r)));
+        held.append(&mut self.held);
+        self.held = held;
+        r?;
+        Ok(result)
+    }
+
+    /// Clean stop: logs out of the venue and waits at most `wait` for its Logout (reading
+    /// and journaling what it sends meanwhile), closes the link, syncs the journal and
+    /// writes a checkpoint ([`checkpoint_at_stop`](Self::checkpoint_at_stop)), so the next
+    /// start resumes the same sequence numbers from one record. Engine responses produced
+    /// meanwhile go to `deliver`.
+    pub fn stop(
+        &mut self,
+        wait: Duration,
+        mut deliver: impl FnMut(EngineId, &Response),
+    ) -> Result<StopReport, DriverError> {
+        use crate::fix::SessionState;
+        let mut report = StopReport::default();
+        self.opening = false;
+        if self.link.is_open() && self.gw.session().state() == SessionState::Active {
+            let now = unix_nanos();
+            self.gw.logout(now, &mut self.out);
+            self.flush_into(&mut deliver)?;
+            report.logout_sent = true;
+            let deadline = Instant::now() + wait;
+            while self.link.is_open() && Instant::now() < deadline {
+                if let Err(e) = self.link.poll_write() {
+                    tracing::warn!(venue = %self.link.describe(), error = %e, "venue link dropped");
+                    self.gw.on_disconnect();
+                    break;
+                }
+                self.read_venue(Duration::from_millis(10));
+                self.flush_into(&mut deliver)?;
+                if self.gw.session().state() == SessionState::Disconnected {
+                    report.logout_answered = true;
+                    break;
+                }
+            }
+            if !report.logout_answered {
+                tracing::warn!(?wait, "the venue did not answer our Logout in time");
+            }
+        }
+        self.link.close();
+        self.gw.on_disconnect();
+        self.flush_into(&mut deliver)?;
+        self.sync()?;
+        let before = self.segments.rotations;
+        self.checkpoint_at_stop();
+        report.checkpoint = self.segments.rotations > before;
+        Ok(report)
     }
 
     /// Waits up to `timeout` for venue bytes, processes them and the timers, and queues the
@@ -906,10 +1058,14 @@ impl<L: VenueLink> FixDriver<L> {
         &mut self,
         deliver: &mut dyn FnMut(EngineId, &Response),
     ) -> Result<(), DriverError> {
+        // Durable already (see `operator_command`): they go first, in the order produced.
+        for (e, r) in self.held.drain(..) {
+            deliver(e, &r);
+        }
         let out = &mut self.out;
         if out.journal_records > 0 {
             if let Err(e) = self.journal.append(&out.journal, out.journal_records) {
-                return self.journal_failed(e, deliver);
+                return self.journal_failed(&e, deliver);
             }
         }
         if self.degraded.is_some() {
@@ -1025,12 +1181,12 @@ impl<L: VenueLink> FixDriver<L> {
 
     fn journal_failed(
         &mut self,
-        e: JournalError,
+        e: &JournalError,
         deliver: &mut dyn FnMut(EngineId, &Response),
     ) -> Result<(), DriverError> {
         self.journal_failures += 1;
         tracing::error!(
-            error = %anyhow_chain(&e),
+            error = %anyhow_chain(e),
             journal = %self.rebuild.path.display(),
             "journal append failed: new requests are answered JournalUnavailable, the venue \
              is disconnected until the journal is writable again (nothing recorded is lost)"

@@ -44,7 +44,8 @@ enum Venue {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Run the gateway until killed.
+    /// Run the gateway until SIGTERM, SIGINT or `control stop` (a clean stop: FIX Logout,
+    /// checkpoint, engines disconnected, exit 0).
     Run {
         /// Configuration file (configs/order-gateway.toml documents every key, including
         /// the optional `[market_data]` section). `[fix] password_env` names an environment
@@ -67,7 +68,8 @@ enum Cmd {
     /// `resume`; survives a restart), `resume [--account A]`, `cancel-all [--account A]`,
     /// `status` (venue session, journal, engines, open orders, kill switches, limits used),
     /// `venue-reconnect` (log on to the venue again after it logged us out for a MsgSeqNum
-    /// too low).
+    /// too low), `stop` (a clean stop, as SIGTERM). State changes are answered once
+    /// journaled durably; an `error` answer means nothing changed.
     Control {
         /// The gateway's configuration file (for the socket path).
         #[arg(short, long, default_value = "configs/order-gateway.toml")]
@@ -289,8 +291,12 @@ fn run() -> anyhow::Result<std::process::ExitCode> {
             match venue {
                 Venue::Fix => {
                     let driver = FixDriver::open(&cfg).with_context(journal_hint)?;
-                    let service = Service::new(driver, &cfg.risk, opts, ServiceControl::new())
-                        .with_context(rdma_hint)?;
+                    let control = ServiceControl::new();
+                    control
+                        .stop_on_signals()
+                        .context("install the SIGTERM/SIGINT handlers")?;
+                    let service =
+                        Service::new(driver, &cfg.risk, opts, control).with_context(rdma_hint)?;
                     tracing::info!(listen = %cfg.service.listen, venue = %cfg.fix.venue_addr, "order gateway running");
                     serve(service, &cfg)?;
                 }
@@ -303,8 +309,12 @@ fn run() -> anyhow::Result<std::process::ExitCode> {
                         cfg.journal.fsync,
                     )
                     .with_context(journal_hint)?;
-                    let service = Service::new(driver, &cfg.risk, opts, ServiceControl::new())
-                        .with_context(rdma_hint)?;
+                    let control = ServiceControl::new();
+                    control
+                        .stop_on_signals()
+                        .context("install the SIGTERM/SIGINT handlers")?;
+                    let service =
+                        Service::new(driver, &cfg.risk, opts, control).with_context(rdma_hint)?;
                     tracing::info!(listen = %cfg.service.listen, "order gateway running with the venue simulator");
                     serve(service, &cfg)?;
                 }

@@ -793,19 +793,14 @@ impl RiskEngine {
         self.identical.evicted = s.identical_evicted;
     }
 
-    /// Takes from `old` what the journal does not hold: reference prices, halts and kill
-    /// switches (used when the gateway rebuilds its state from the journal while running,
-    /// so a rebuild never lifts a halt or a kill).
+    /// Takes from `old` what the journal does not hold: reference prices and halts (used
+    /// when the gateway rebuilds its state from the journal while running, so a rebuild
+    /// never lifts a halt). Kill switches are not taken: one is acknowledged only once its
+    /// record is durable, so the journal holds every kill switch in effect, and a kill
+    /// whose record failed to append did not happen (its operator was told so).
     pub fn inherit_live_state(&mut self, old: &RiskEngine) {
         self.halted.clone_from(&old.halted);
         self.references.clone_from(&old.references);
-        self.global_kill = old.global_kill;
-        for (id, e) in &mut self.engines {
-            e.killed = old.engines.get(id).is_some_and(|o| o.killed);
-        }
-        for (id, a) in &mut self.accounts {
-            a.killed = old.accounts.get(id).is_some_and(|o| o.killed);
-        }
     }
 
     /// The kill switches that are on: global, then engines, then accounts (sorted).

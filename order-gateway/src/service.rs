@@ -116,6 +116,29 @@ impl ServiceControl {
         self.stop.load(Ordering::Acquire)
     }
 
+    /// True once [`stop`](Self::stop) was called (by a signal, `control stop`, a thread).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping()
+    }
+
+    /// From now on SIGTERM and SIGINT call [`stop`](Self::stop): the clean stop (FIX
+    /// Logout, checkpoint, engines disconnected; `order-gateway run` then exits 0). A thread
+    /// waits for the signals, so nothing runs inside a signal handler.
+    pub fn stop_on_signals(self: &Arc<Self>) -> std::io::Result<()> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+        let control = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                for signal in signals.forever() {
+                    tracing::warn!(signal, "clean stop requested by a signal");
+                    control.stop();
+                }
+            })?;
+        Ok(())
+    }
+
     /// True while the FIX session is logged on (updated every millisecond).
     pub fn is_fix_active(&self) -> bool {
         // ORDERING: Relaxed; a status flag, no other memory is read on its strength.
@@ -1176,8 +1199,14 @@ impl<L: VenueLink> Service<L> {
         work += self.poll_logons(mono);
         self.poll_liveness(mono);
         if let Some(op) = &mut self.operator {
-            let (driver, engines) = (&mut self.driver, self.engines.len());
-            work += op.poll(|line| crate::control::execute(line, driver, engines, now));
+            let (driver, engines, control) = (&mut self.driver, self.engines.len(), &self.control);
+            work += op.poll(|line| {
+                let answer = crate::control::execute(line, driver, engines, now);
+                if crate::control::parse(line) == Ok(crate::control::Command::Stop) {
+                    control.stop();
+                }
+                answer
+            });
         }
         let gw = self.driver.gateway();
         let active = gw.session().state() == SessionState::Active;
@@ -1334,26 +1363,38 @@ impl<L: VenueLink> Service<L> {
         }
     }
 
+    /// The clean stop ([`ServiceControl::stop`]: SIGTERM, SIGINT, `control stop`): FIX
+    /// Logout and a bounded wait for the venue's ([`STOP_LOGOUT_WAIT`]), journal synced and
+    /// a checkpoint (the next start reads one record instead of today's), then the engines
+    /// get what is still queued for them and their connections are closed: the engine
+    /// protocol has no goodbye frame, a closed connection is how an engine learns the
+    /// gateway went away (it reconnects and logs on again to a restarted one). No
+    /// cancel-on-disconnect runs for them: the restart's deadlines guard their orders.
     fn shutdown(&mut self) -> Result<(), ServiceError> {
-        if self.driver.gateway().session().state() == SessionState::Active {
-            let now = unix_nanos();
-            self.driver.stage(|gw, out| gw.logout(now, out));
-            let (engines, c) = (&mut self.engines, &self.counters);
-            self.driver.flush_with(|engine, r| {
-                if let Some(e) = engines.iter_mut().find(|e| e.id == engine) {
-                    e.send(r, c);
-                }
-            })?;
-        }
+        let (engines, c) = (&mut self.engines, &self.counters);
+        let report = self.driver.stop(STOP_LOGOUT_WAIT, |engine, r| {
+            if let Some(e) = engines.iter_mut().find(|e| e.id == engine) {
+                e.send(r, c);
+            }
+        })?;
         for e in &mut self.engines {
             let _ = e.conn.drain(Duration::from_millis(100));
+            e.conn.close();
         }
-        self.driver.sync()?;
-        // Session end: the next start reads one checkpoint instead of today's records.
-        self.driver.checkpoint_at_stop();
+        tracing::info!(
+            logout_sent = report.logout_sent,
+            logout_answered = report.logout_answered,
+            checkpoint = report.checkpoint,
+            engines = self.engines.len(),
+            "stopped cleanly"
+        );
         Ok(())
     }
 }
+
+/// How long a clean stop waits for the venue's Logout answering ours (FIX 4.4 Vol. 2
+/// suggests a few seconds; the engines' gateway timeout is longer).
+pub const STOP_LOGOUT_WAIT: Duration = Duration::from_secs(2);
 
 /// Hole frames an accepting logon answer is preceded by at most; past them the last frame
 /// says there were more ([`RequestHoles::more`]).

@@ -51,6 +51,14 @@ pub enum FixError {
     /// A field value does not parse.
     #[error("bad value for tag {0}")]
     BadValue(u32),
+    /// A well-framed message (BodyLength and CheckSum right) whose BeginString is another
+    /// FIX version's: not garbled, the peer speaks another version (FIX 4.4 Vol. 2: Logout,
+    /// then disconnect).
+    #[error("BeginString is not FIX.4.4")]
+    WrongBeginString {
+        /// Length of the frame.
+        len: usize,
+    },
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -71,16 +79,30 @@ pub(crate) fn parse_uint(v: &[u8]) -> Option<u64> {
     })
 }
 
-/// Validates the message at the front of `buf` and returns its length.
+/// Longest BeginString field framed (`8=FIXT.1.1` and its SOH is 11 bytes).
+const MAX_BEGIN: usize = 16;
+
+/// Validates the message at the front of `buf` and returns its length. A frame that is
+/// whole and sound but whose BeginString is not `FIX.4.4` is
+/// [`FixError::WrongBeginString`], not garbled.
 pub fn split_frame(buf: &[u8]) -> Result<usize, FixError> {
-    let n = buf.len().min(BEGIN.len());
-    if buf[..n] != BEGIN[..n] {
+    const PREFIX: &[u8] = b"8=FIX";
+    let n = buf.len().min(PREFIX.len());
+    if buf[..n] != PREFIX[..n] {
         return Err(FixError::BadBeginString { skip: resync(buf) });
     }
-    if buf.len() < BEGIN.len() + 2 {
+    let Some(soh) = buf.iter().take(MAX_BEGIN).position(|&c| c == SOH) else {
+        return if buf.len() >= MAX_BEGIN {
+            Err(FixError::BadBeginString { skip: resync(buf) })
+        } else {
+            Err(FixError::Incomplete)
+        };
+    };
+    let begin_len = soh + 1;
+    if buf.len() < begin_len + 2 {
         return Err(FixError::Incomplete);
     }
-    let rest = &buf[BEGIN.len()..];
+    let rest = &buf[begin_len..];
     if &rest[..2] != b"9=" {
         return Err(FixError::BadBodyLength { skip: resync(buf) });
     }
@@ -95,7 +117,7 @@ pub fn split_frame(buf: &[u8]) -> Result<usize, FixError> {
         Some(v) if v <= 1 << 20 => v as usize,
         _ => return Err(FixError::BadBodyLength { skip: resync(buf) }),
     };
-    let body_start = BEGIN.len() + soh + 1;
+    let body_start = begin_len + soh + 1;
     let trailer = body_start + body_len;
     let end = trailer + 7;
     if buf.len() < end {
@@ -111,6 +133,9 @@ pub fn split_frame(buf: &[u8]) -> Result<usize, FixError> {
     let sum = buf[..trailer].iter().fold(0u32, |a, &b| a + u32::from(b)) % 256;
     if u64::from(sum) != declared {
         return Err(FixError::BadChecksum { skip: end });
+    }
+    if buf[..begin_len] != *BEGIN {
+        return Err(FixError::WrongBeginString { len: end });
     }
     Ok(end)
 }
@@ -657,10 +682,21 @@ mod tests {
         let l = bad.len();
         bad[l - 2] = if bad[l - 2] == b'9' { b'8' } else { b'9' };
         assert_eq!(split_frame(&bad), Err(FixError::BadChecksum { skip: l }));
+        // Another version's BeginString: garbled if its CheckSum is wrong, otherwise a
+        // sound frame of the wrong version.
         let mut bad = good.clone();
         bad[7] = b'2'; // FIX.4.2
         assert!(matches!(
             split_frame(&bad),
+            Err(FixError::BadChecksum { .. })
+        ));
+        let fix42 = with_checksum(bad[..bad.len() - 4].to_vec());
+        assert_eq!(
+            split_frame(&fix42),
+            Err(FixError::WrongBeginString { len: fix42.len() })
+        );
+        assert!(matches!(
+            split_frame(b"8=FIX.4.4.4.4.4.4.4.4\x019=5\x01"),
             Err(FixError::BadBeginString { .. })
         ));
         let mut short = heartbeat();

@@ -307,10 +307,15 @@ impl Gateway {
         })
     }
 
-    /// Takes from `old` the live state the journal does not hold (references, halts, kill
-    /// switches), after a rebuild from the journal.
+    /// Takes from `old` the live state the journal does not hold, after a rebuild from the
+    /// journal: references and halts, and the cancel-on-disconnect deadlines armed at the
+    /// start ([`arm_restart_cancel_on_disconnect`](Self::arm_restart_cancel_on_disconnect)
+    /// runs once, so a rebuild without them would leave those engines' orders open at the
+    /// venue for good). Kill switches come from the journal (they are durable before they
+    /// are acknowledged).
     pub fn inherit_live_state(&mut self, old: &Gateway) {
         self.risk.inherit_live_state(&old.risk);
+        self.cod_deadlines.clone_from(&old.cod_deadlines);
     }
 
     /// Risk state.

@@ -1339,3 +1339,25 @@ fn firm_limits_reject_and_rebuild_from_the_journal() {
     let r = replay_like(&risk, &out.journal);
     assert_eq!(r.risk().firm_exposure(), (2, 20_100, 0));
 }
+
+/// A frame of another FIX version from the venue: Logout ("Incorrect BeginString"),
+/// journaled like any frame sent, then the link is closed; not counted as garbled.
+#[test]
+fn a_wrong_begin_string_from_the_venue_logs_out_and_disconnects() {
+    let (mut gw, mut v, mut out) = active();
+    out.clear();
+    let mut f = v.frame(b"0", &[]);
+    f[7] = b'2'; // 8=FIX.4.2
+    let trailer = f.len() - 7;
+    let sum = f[..trailer].iter().map(|&b| u32::from(b)).sum::<u32>() % 256;
+    f[trailer + 3..trailer + 6].copy_from_slice(format!("{sum:03}").as_bytes());
+    gw.on_fix_bytes(&f, T0, &mut out);
+    let logout = last_fix(&out);
+    let m = Message::parse(&logout).unwrap();
+    assert_eq!(m.msg_type(), b"5");
+    assert_eq!(m.get(tag::TEXT), Some(&b"Incorrect BeginString"[..]));
+    assert!(out.disconnect, "the link is closed after the Logout");
+    assert_eq!(out.journal_records, 1, "the Logout is journaled");
+    assert_eq!(gw.session().counters().garbled, 0);
+    assert_eq!(gw.session().state(), SessionState::Disconnected);
+}

@@ -95,6 +95,22 @@ impl Gateway {
                     pos += n;
                 }
                 Err(crate::fix::FixError::Incomplete) => break,
+                Err(crate::fix::FixError::WrongBeginString { .. }) => {
+                    // Not garbled: the venue speaks another version. Logout, disconnect.
+                    self.counters.malformed_fix += 1;
+                    tracing::warn!(
+                        "FIX message with a BeginString other than FIX.4.4: logging out"
+                    );
+                    let start = out.fix.len();
+                    if matches!(
+                        self.session.on_wrong_begin_string(now, &mut out.fix),
+                        SessionEvent::Disconnect
+                    ) {
+                        out.disconnect = true;
+                    }
+                    Self::journal_out(out, start);
+                    pos = buf.len();
+                }
                 Err(
                     crate::fix::FixError::BadBeginString { skip }
                     | crate::fix::FixError::BadBodyLength { skip }
