@@ -51,9 +51,13 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct StatArgs {
     /// Directory of `*.counters` files [default: $ROCEBUS_DIR, else /dev/shm/rocebus].
-    #[arg(long, conflicts_with = "files")]
+    #[arg(long)]
     dir: Option<PathBuf>,
-    /// Counters files to show instead of a directory.
+    /// Components to show instead of the whole directory: a NAME (`order-gateway`,
+    /// `feed-handler`: the file NAME.counters in the directory) or a PATH to a counters file
+    /// (anything with a `/` or ending in `.counters`). With `--once` or `--prometheus`, a
+    /// component that cannot be read makes the command exit 1 after printing the others.
+    #[arg(value_name = "NAME|PATH")]
     files: Vec<PathBuf>,
     /// Refresh interval in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
@@ -85,6 +89,17 @@ fn run() -> anyhow::Result<()> {
     }
 }
 
+/// A component NAME (`order-gateway`) is its counters file in `dir`; a PATH (with a `/`, or
+/// ending in `.counters`) is taken as it is.
+fn component_path(dir: &Path, arg: &Path) -> PathBuf {
+    let s = arg.as_os_str().to_string_lossy();
+    if s.contains('/') || arg.extension().is_some_and(|x| x == "counters") {
+        arg.to_path_buf()
+    } else {
+        dir.join(format!("{s}.counters"))
+    }
+}
+
 fn unix_now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -94,7 +109,7 @@ fn unix_now_ns() -> u64 {
 /// The files to show, found again at each refresh so new processes appear.
 fn paths(args: &StatArgs, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     if !args.files.is_empty() {
-        return Ok(args.files.clone());
+        return Ok(args.files.iter().map(|f| component_path(dir, f)).collect());
     }
     match discover(dir) {
         Ok(paths) => Ok(paths),
@@ -183,6 +198,15 @@ fn stat(args: &StatArgs) -> anyhow::Result<()> {
         stdout
             .write_all(text.as_bytes())
             .context("cannot write to stdout")?;
+        // Named components that cannot be read are a failure, not a quiet empty answer.
+        if !args.files.is_empty() && !snap.errors.is_empty() {
+            let what: Vec<String> = snap
+                .errors
+                .iter()
+                .map(|(p, e)| format!("{}: {e}", p.display()))
+                .collect();
+            bail!("cannot read {}", what.join("; "));
+        }
         return Ok(());
     }
     let interval = Duration::from_millis(args.interval);

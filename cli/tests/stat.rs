@@ -266,3 +266,51 @@ fn stat_listen_on_a_bad_address_says_so() {
     assert!(!ok);
     assert!(err.contains("--listen"), "{err}");
 }
+
+/// `rocebus stat NAME` is the component's file in the directory, `rocebus stat PATH` the file
+/// itself; a component that cannot be read is an error (exit 1) naming it, after the
+/// readable ones are printed.
+#[test]
+fn stat_by_name_or_path_and_unreadable_components_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = CountersFile::create(counters_path(dir.path(), "order-gateway"), 16).unwrap();
+    file.allocate("orders").unwrap().add(7);
+    let dir_s = dir.path().to_str().unwrap();
+    let sysfs = dir.path().join("sys");
+    let sysfs_s = sysfs.to_str().unwrap();
+    let by_name = [
+        "stat",
+        "--dir",
+        dir_s,
+        "--once",
+        "--sysfs",
+        sysfs_s,
+        "order-gateway",
+    ];
+    let (ok, out, err) = run(&by_name);
+    assert!(ok && out.contains("order-gateway  pid"), "{out}{err}");
+    let path = counters_path(dir.path(), "order-gateway");
+    let (ok, out, err) = run(&["stat", "--once", "--sysfs", sysfs_s, path.to_str().unwrap()]);
+    assert!(ok && out.contains("order-gateway  pid"), "{out}{err}");
+    for mode in ["--once", "--prometheus"] {
+        let (ok, out, err) = run(&[
+            "stat",
+            "--dir",
+            dir_s,
+            mode,
+            "--sysfs",
+            sysfs_s,
+            "order-gateway",
+            "feed-handler",
+        ]);
+        assert!(!ok, "{mode}: a missing component must fail: {out}");
+        assert!(
+            err.starts_with("error: cannot read ") && err.contains("feed-handler.counters"),
+            "{mode}: {err}"
+        );
+        assert!(
+            out.contains("order-gateway"),
+            "{mode}: the readable one is printed: {out}"
+        );
+    }
+}
