@@ -837,7 +837,11 @@ fn decode(file: &Path, filter: &WireFilter) -> Result<()> {
             c.unread_bytes
         );
     }
-    if c.messages == 0 && (read_bytes > 0 || input.wire_report().is_some()) {
+    // An empty input is an error too: "nothing to decode" is never a silent success.
+    if c.messages == 0 {
+        if read_bytes == 0 && input.wire_report().is_none() {
+            bail!("{} is empty: nothing to decode", file.display());
+        }
         bail!("no ITCH message could be decoded from {}", file.display());
     }
     Ok(())

@@ -87,3 +87,18 @@ fn an_error_is_one_line_whatever_rust_backtrace_says() {
     );
     assert!(!err.to_lowercase().contains("backtrace"), "{err}");
 }
+
+/// An empty input is an error for every command that reads a capture, never a silent exit 0.
+#[test]
+fn an_empty_capture_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.itch");
+    std::fs::write(&empty, b"").unwrap();
+    let path = empty.to_str().unwrap();
+    for cmd in ["decode", "book", "bbo"] {
+        let out = feed_handler(&[cmd, path]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{cmd}: exit 0 on an empty file: {err}");
+        assert!(err.contains("empty.itch"), "{cmd}: {err}");
+    }
+}
