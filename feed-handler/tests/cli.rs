@@ -98,7 +98,10 @@ fn an_empty_capture_is_an_error() {
     for cmd in ["decode", "book", "bbo"] {
         let out = feed_handler(&[cmd, path]);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{cmd}: exit 0 on an empty file: {err}");
+        assert!(
+            !out.status.success(),
+            "{cmd}: exit 0 on an empty file: {err}"
+        );
         assert!(err.contains("empty.itch"), "{cmd}: {err}");
     }
 }

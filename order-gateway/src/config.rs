@@ -329,6 +329,32 @@ pub enum ConfigError {
 pub use crate::invalid::Invalid;
 
 impl Config {
+    /// The control socket's path in the configuration file at `path`, read without the rest
+    /// of the configuration (no FIX password, no risk limits): `order-gateway control` needs
+    /// only the socket. A missing `[service] control_socket` is the default.
+    pub fn control_socket_of(path: &Path) -> Result<PathBuf, ConfigError> {
+        #[derive(serde::Deserialize)]
+        struct Service {
+            #[serde(default = "default_control_socket")]
+            control_socket: PathBuf,
+        }
+        #[derive(serde::Deserialize)]
+        struct Only {
+            service: Option<Service>,
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let only: Only = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(only
+            .service
+            .map_or_else(default_control_socket, |s| s.control_socket))
+    }
+
     /// Reads, parses and validates `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

@@ -71,9 +71,13 @@ enum Cmd {
     /// too low), `stop` (a clean stop, as SIGTERM). State changes are answered once
     /// journaled durably; an `error` answer means nothing changed.
     Control {
-        /// The gateway's configuration file (for the socket path).
+        /// The gateway's configuration file: only `[service] control_socket` is read (no
+        /// password or other setting is needed).
         #[arg(short, long, default_value = "configs/order-gateway.toml")]
         config: PathBuf,
+        /// The control socket itself, instead of reading it from the configuration.
+        #[arg(long, value_name = "PATH", conflicts_with = "config")]
+        socket: Option<PathBuf>,
         /// The command and its options, e.g. `kill --account 7`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -249,9 +253,16 @@ fn run() -> anyhow::Result<std::process::ExitCode> {
             Ok(std::process::ExitCode::SUCCESS)
         }
         Cmd::Journal { cmd } => journal_cmd(cmd),
-        Cmd::Control { config, command } => {
-            let cfg = load(&config)?;
-            let path = &cfg.service.control_socket;
+        Cmd::Control {
+            config,
+            socket,
+            command,
+        } => {
+            let path = &match socket {
+                Some(s) => s,
+                None => Config::control_socket_of(&config)
+                    .context("find the control socket (or give it with --socket PATH)")?,
+            };
             let line = command.join(" ");
             order_gateway::control::parse(&line).map_err(|e| anyhow::anyhow!("{e}"))?;
             let answer =

@@ -225,3 +225,50 @@ fn errors_are_one_line_and_logs_plain_in_a_pipe_whatever_rust_backtrace_says() {
         "{bad}"
     );
 }
+
+/// `control` reads only the socket's path from the configuration: a configuration whose FIX
+/// password comes from an environment variable that is not set in the operator's shell (or
+/// that does not even validate) still finds the socket; `--socket PATH` needs no file.
+#[test]
+fn control_needs_only_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("gw.control");
+    let cfg = example()
+        .replace(
+            "control_socket = \".rocebus/order-gateway.control\"",
+            &format!("control_socket = {:?}", sock.display().to_string()),
+        )
+        .replace(
+            "# password_env = \"ORDER_GATEWAY_FIX_PASSWORD\"",
+            "password_env = \"ROCEBUS_TEST_UNSET_PASSWORD_VARIABLE\"",
+        );
+    let path = dir.path().join("gw.toml");
+    std::fs::write(&path, cfg).unwrap();
+    let (ok, msg) = check(&std::fs::read_to_string(&path).unwrap());
+    assert!(!ok, "the full configuration needs the password: {msg}");
+    // No gateway runs: the error names the socket read from the file, not the password.
+    let out = gateway()
+        .args(["control", "--config"])
+        .arg(&path)
+        .arg("status")
+        .env_remove("ROCEBUS_TEST_UNSET_PASSWORD_VARIABLE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&sock.display().to_string()) && !err.contains("password"),
+        "{err}"
+    );
+    let out = gateway()
+        .args(["control", "--socket"])
+        .arg(&sock)
+        .arg("status")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(&sock.display().to_string()),
+        "{err}"
+    );
+}
