@@ -40,7 +40,7 @@ enum Command {
     /// from the publisher's snapshot. Every delivered normalized message becomes one DBN
     /// record (BBO and level changes as MBP-1, trades, status); snapshots are recorded as
     /// delivered (flag F_SNAPSHOT); exchange feed losses and the bus's own unrecoverable
-    /// losses become ErrorMsg records a DBN reader sees. The README's "Record and replay"
+    /// losses become ErrorMsg records a DBN reader sees. docs/feed-handler.md's "Record and replay"
     /// section has the conventions; `feed-handler replay FILE.dbn` publishes a recording again.
     ///
     /// Stops on SIGINT or SIGTERM (or after --duration), finishing the file (a `.zst` name

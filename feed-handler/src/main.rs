@@ -134,7 +134,7 @@ enum Command {
     /// since midnight US Eastern time: `--date` gives the day, DBN times are UNIX
     /// nanoseconds. A capture has no receive time: `ts_recv` is `ts_event`, flagged
     /// F_BAD_TS_RECV. Prices are DBN fixed point (1e-9). An output name ending in `.zst` is
-    /// Zstandard-compressed. The README's "DBN export" section has the record conventions.
+    /// Zstandard-compressed. docs/feed-handler.md's "DBN export" section has the record conventions.
     Export {
         /// The capture (BinaryFILE, pcap or pcapng, possibly gzipped; as for `decode`).
         file: PathBuf,
@@ -186,8 +186,8 @@ enum Command {
     /// `feed-handler export`) is published on the channels of `[market_data]` of `--config`
     /// from `publish.local_ip`, as normalized messages (symbols partitioned by stock locate as
     /// `feed-handler run` does, feed and bus losses as feed-loss messages on every channel),
-    /// serving retransmissions and snapshots of what it published to late joiners. The
-    /// README's "Record and replay" section says what survives the round trip.
+    /// serving retransmissions and snapshots of what it published to late joiners.
+    /// docs/feed-handler.md's "Record and replay" section says what survives the round trip.
     Replay {
         /// The capture (BinaryFILE, pcap or pcapng, possibly gzipped; as for `decode`) or DBN
         /// recording.
