@@ -91,9 +91,36 @@ impl Idler {
 /// Pins the calling thread to `core` (an index into the cores the process
 /// may use). Returns false if the core does not exist or pinning failed.
 pub fn pin_current_thread(core: usize) -> bool {
-    core_affinity::get_core_ids()
-        .and_then(|ids| ids.into_iter().find(|c| c.id == core))
-        .is_some_and(core_affinity::set_for_current)
+    pin_to(core).is_ok()
+}
+
+/// A configured core the thread could not be pinned to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cannot pin this thread to core {core}: this process may run on cores {allowed:?} \
+     (taskset, cgroups or isolcpus decide): name one of those, or remove the core setting \
+     to run unpinned"
+)]
+pub struct PinError {
+    /// The core asked for.
+    pub core: usize,
+    /// The cores the process may run on.
+    pub allowed: Vec<usize>,
+}
+
+/// Pins the calling thread to `core`; an error says which cores the process may use. A
+/// service whose configuration names a core fails its start with it: a trading thread that
+/// silently runs unpinned shares its core and its cache with whatever the scheduler puts
+/// there, and its tail latency shows it.
+pub fn pin_to(core: usize) -> Result<(), PinError> {
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    match ids.iter().find(|c| c.id == core) {
+        Some(&c) if core_affinity::set_for_current(c) => Ok(()),
+        _ => Err(PinError {
+            core,
+            allowed: ids.iter().map(|c| c.id).collect(),
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -145,6 +172,10 @@ mod tests {
     #[test]
     fn pinning_to_a_missing_core_fails() {
         assert!(!pin_current_thread(100_000));
+        let e = pin_to(100_000).unwrap_err();
+        assert_eq!(e.core, 100_000);
+        assert!(e.allowed.contains(&0), "{e}");
+        assert!(e.to_string().contains("cannot pin this thread to core 100000"), "{e}");
         assert!(pin_current_thread(0));
     }
 }

@@ -21,7 +21,7 @@ use crate::pcap::WireFilter;
 use crate::publish::{MdSink, PublishCounters, Publisher};
 use crate::udp::{FeedSink, ReceiverConfig, UdpReceiver};
 use rocebus::counters::{Counter, CountersError, CountersFile};
-use rocebus::idle::{pin_current_thread, Idler};
+use rocebus::idle::Idler;
 use rocebus::mcast::{now_ns, NetError};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -148,6 +148,9 @@ impl<S: MdSink> FeedSink for Pipeline<S> {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServiceError {
+    /// `service.core` names a core this thread cannot be pinned to.
+    #[error("service.core")]
+    Pin(#[source] rocebus::idle::PinError),
     /// The capture file could not be read.
     #[error("cannot read capture {path}")]
     ReadCapture {
@@ -577,9 +580,7 @@ impl Service {
     /// served. Pins the thread first if `service.core` says so.
     pub fn run(&mut self, opts: &RunOptions, stop: &AtomicBool) -> Result<Totals, ServiceError> {
         if let Some(core) = self.config.service.core {
-            if !pin_current_thread(core) {
-                tracing::warn!(core, "could not pin the feed handler to its core");
-            }
+            rocebus::idle::pin_to(core).map_err(ServiceError::Pin)?;
         }
         let local_ip = self.config.publish.local_ip;
         let bus_err = |source| ServiceError::Bus { local_ip, source };

@@ -41,7 +41,7 @@ use rocebus::counters::{
     counters_path, default_dir, AllocateCounter, Counter, CountersError, CountersFile, Kind,
     LocalCounters,
 };
-use rocebus::idle::{pin_current_thread, IdleStrategy, Idler};
+use rocebus::idle::{IdleStrategy, Idler};
 use rocebus::orders::{Connection, FanIn, OfferError, OrdersConfig, OrdersError, OrdersListener};
 use rocebus::ring::fanin::Visit;
 use zerocopy::IntoBytes;
@@ -156,6 +156,9 @@ impl ServiceControl {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServiceError {
+    /// `service.core` names a core this thread cannot be pinned to.
+    #[error("service.core")]
+    Pin(#[source] rocebus::idle::PinError),
     /// Journal, risk or venue set-up failed.
     #[error(transparent)]
     Driver(#[from] DriverError),
@@ -912,9 +915,7 @@ impl<L: VenueLink> Service<L> {
     /// venue. Pins the thread first if the options name a core.
     pub fn run(&mut self, market: &mut dyn MarketDataInput) -> Result<(), ServiceError> {
         if let Some(core) = self.opts.core {
-            if !pin_current_thread(core) {
-                tracing::warn!(core, "could not pin the gateway thread");
-            }
+            rocebus::idle::pin_to(core).map_err(ServiceError::Pin)?;
         }
         if let Err(e) = market.register_counters(&self.counters.table) {
             tracing::warn!(error = %e, "market-data counters not published");
