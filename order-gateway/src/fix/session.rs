@@ -16,7 +16,8 @@
 //! - SequenceReset-Reset (123 absent or N) ignores MsgSeqNum and sets the next expected
 //!   number to NewSeqNo; a NewSeqNo below it is answered with Reject 373=5 (QuickFIX does the
 //!   same), as is a GapFill going backwards.
-//! - Messages ahead of a gap are queued ([`QUEUE_LIMIT`] at most; beyond that they are dropped
+//! - Messages ahead of a gap are queued ([`QUEUE_LIMIT`] messages and [`QUEUE_MAX_BYTES`]
+//!   bytes at most, see [`Session::set_queue_max_bytes`]; beyond either they are dropped
 //!   and come back with the resend, which asks up to infinity) and handed back in order by
 //!   [`Session::next_queued`] once the gap is filled, as QuickFIX's `nextQueued` does.
 //! - SendingTime (52) is checked as QuickFIX's `verify` does, before the CompIDs and the
@@ -174,6 +175,11 @@ pub struct SessionCounters {
 
 /// Messages ahead of a gap held at most (each a few hundred bytes).
 pub const QUEUE_LIMIT: usize = 1 << 13;
+/// Bytes of messages ahead of a gap held at most by default (64 MiB): without it the count
+/// alone let a venue, or anyone between, make the queue hold 8,192 messages of up to 1 MiB.
+/// A message that would pass it is dropped (counted in `queue_overflow`) and comes back
+/// with the resend, which asks up to infinity.
+pub const QUEUE_MAX_BYTES: usize = 64 << 20;
 
 /// Application messages kept for resends: the last this many sequence numbers.
 pub const RESEND_SLOTS: usize = 1 << 14;
@@ -324,6 +330,10 @@ pub struct Session {
     rejected_in: u64,
     /// Messages ahead of a gap, by sequence number (raw frames).
     queue: std::collections::BTreeMap<u64, Vec<u8>>,
+    /// Bytes of the frames in `queue`.
+    queue_bytes: usize,
+    /// Bound of `queue_bytes`.
+    queue_max_bytes: usize,
     store: SentStore,
     writer: MessageWriter,
     counters: SessionCounters,
@@ -350,6 +360,8 @@ impl Session {
             accepted_in: 0,
             rejected_in: 0,
             queue: std::collections::BTreeMap::new(),
+            queue_bytes: 0,
+            queue_max_bytes: QUEUE_MAX_BYTES,
             store: SentStore::default(),
             writer: MessageWriter::default(),
             counters: SessionCounters::default(),
@@ -428,6 +440,29 @@ impl Session {
     /// Messages held ahead of a gap.
     pub fn queued_len(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Bytes of the messages held ahead of a gap.
+    pub fn queued_bytes(&self) -> usize {
+        self.queue_bytes
+    }
+
+    /// Bounds the bytes held ahead of a gap (default [`QUEUE_MAX_BYTES`]); messages beyond
+    /// are dropped and come back with the resend.
+    pub fn set_queue_max_bytes(&mut self, bytes: usize) {
+        self.queue_max_bytes = bytes;
+    }
+
+    /// The first queued frame, taken out.
+    fn queue_pop_first(&mut self) -> Option<Vec<u8>> {
+        let (_, f) = self.queue.pop_first()?;
+        self.queue_bytes -= f.len();
+        Some(f)
+    }
+
+    fn queue_clear(&mut self) {
+        self.queue.clear();
+        self.queue_bytes = 0;
     }
 
     /// True while a ResendRequest of ours is outstanding.
@@ -514,7 +549,7 @@ impl Session {
         self.next_out = 1;
         self.next_in = 1;
         self.store.slots.fill((0, 0));
-        self.queue.clear();
+        self.queue_clear();
         self.resend_until = None;
     }
 
@@ -667,7 +702,7 @@ impl Session {
         self.resend_until = None;
         self.answered_reset = reset;
         // As QuickFIX's disconnect(): what was queued comes back with the next resend.
-        self.queue.clear();
+        self.queue_clear();
     }
 
     /// Transport lost.
@@ -906,7 +941,10 @@ impl Session {
         }
         if seq > self.next_in {
             // Ahead of a gap: kept for when the gap is filled (QuickFIX's doTargetTooHigh).
-            if self.queue.len() < QUEUE_LIMIT || self.queue.contains_key(&seq) {
+            let kept = self.queue.get(&seq).map_or(0, Vec::len);
+            let bytes = self.queue_bytes - kept + m.raw().len();
+            if (self.queue.len() < QUEUE_LIMIT || kept > 0) && bytes <= self.queue_max_bytes {
+                self.queue_bytes = bytes;
                 if self.queue.insert(seq, m.raw().to_vec()).is_none() {
                     self.counters.queued += 1;
                 }
@@ -1043,11 +1081,11 @@ impl Session {
         loop {
             let (&seq, _) = self.queue.first_key_value()?;
             if seq < self.next_in {
-                self.queue.pop_first();
+                self.queue_pop_first();
                 continue;
             }
             if seq == self.next_in {
-                return self.queue.pop_first().map(|(_, f)| f);
+                return self.queue_pop_first();
             }
             if self.resend_until.is_none() && self.state == SessionState::Active {
                 self.request_resend(seq, now, out);
@@ -2544,5 +2582,66 @@ mod seq_too_low_tests {
         let f = venue(b"5", 2, &[(58, b"end of day")]);
         s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
         assert_eq!(s.logon_refusal(), None);
+    }
+}
+
+#[cfg(test)]
+mod queue_bytes_tests {
+    use super::tests::{active, frames, venue, T0};
+    use super::*;
+
+    /// Large messages ahead of a gap stop being queued at the byte bound; the resend (which
+    /// asks up to infinity) brings them back, in order.
+    #[test]
+    fn the_out_of_order_queue_is_bounded_in_bytes_and_the_rest_comes_with_the_resend() {
+        let mut s = active();
+        s.set_queue_max_bytes(1 << 20);
+        let mut out = Vec::new();
+        let text = vec![b'x'; 100_000];
+        let next = s.next_in();
+        // `next` is lost; the 39 after it arrive, 100 KB each: about ten fit in 1 MiB.
+        for seq in next + 1..next + 40 {
+            let f = venue(b"8", seq, &[(58, &text)]);
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+            assert!(
+                s.queued_bytes() <= 1 << 20,
+                "{} bytes queued",
+                s.queued_bytes()
+            );
+        }
+        let held = s.queued_len() as u64;
+        assert!((9..=10).contains(&held), "{held}");
+        let c = s.counters();
+        assert_eq!((c.queued, c.queue_overflow), (held, 39 - held));
+        // One ResendRequest, from the gap up to infinity (EndSeqNo 0).
+        let asked: Vec<_> = frames(&out)
+            .iter()
+            .filter_map(|f| {
+                let m = Message::parse(f).unwrap();
+                (m.msg_type() == b"2").then(|| (m.uint(7).ok(), m.uint(16).ok()))
+            })
+            .collect();
+        assert_eq!(asked, [(Some(next), Some(0))]);
+        // The venue resends from the gap on: the queue drains in order, and what was
+        // dropped comes in sequence.
+        let mut delivered = Vec::new();
+        for seq in next..next + 40 {
+            if seq < s.next_in() {
+                continue;
+            }
+            let f = venue(b"8", seq, &[(58, &text)]);
+            if let SessionEvent::App(_) = s.on_message(Message::parse(&f).unwrap(), T0, &mut out) {
+                delivered.push(seq);
+            }
+            while let Some(q) = s.next_queued(T0, &mut out) {
+                let m = Message::parse(&q).unwrap();
+                let seq = m.seq().unwrap();
+                if let SessionEvent::App(_) = s.on_queued(m, T0, &mut out) {
+                    delivered.push(seq);
+                }
+            }
+        }
+        assert_eq!(delivered, (next..next + 40).collect::<Vec<_>>());
+        assert_eq!((s.queued_len(), s.queued_bytes()), (0, 0));
     }
 }
