@@ -104,7 +104,7 @@ pub struct RecoveryConfig {
     pub claim_threshold: u64,
     /// Far-ahead packets that must back a claim before it is accepted.
     pub claim_packets: u32,
-    /// How long a claim must stand with no packet at the head of the stream before it is
+    /// How long a claim must stand with no new packet of the stream before it is
     /// accepted, milliseconds (keep it above the exchange's heartbeat interval).
     pub claim_timeout_ms: u64,
 }

@@ -27,10 +27,10 @@
 //!   from the exchange's IP can forge a header. A packet (data, heartbeat or end of session)
 //!   starting more than [`GapConfig::claim_threshold`] beyond the highest sequence known is
 //!   only a *claim*: it is counted ([`Counters::claimed`]) and dropped, opens no gap, sends
-//!   no request and declares no loss. The stream's own packets decide: a packet at the head
-//!   of the stream (data delivering the next message, or a heartbeat at it) disproves the
+//!   no request and declares no loss. The stream's own packets decide: new data within the
+//!   threshold, or a heartbeat at (or just past) the highest sequence known, disproves the
 //!   claim ([`Counters::claims_disproved`]), since a source that really skipped sends
-//!   nothing there any more; a claim that has stood [`GapConfig::claim_timeout`] with no
+//!   neither any more; a claim that has stood [`GapConfig::claim_timeout`] with no
 //!   such packet and is backed by [`GapConfig::claim_packets`] far-ahead packets of the
 //!   session is accepted ([`Counters::claims_accepted`]), and the packet that confirms it is
 //!   taken as an ordinary gap. A real jump is recovered `claim_timeout` late (the packets
@@ -83,8 +83,8 @@ pub struct GapConfig {
     /// Far-ahead packets of the session (the first included) that must back a claim
     /// before it is accepted.
     pub claim_packets: u32,
-    /// How long a claim must stand with no packet at the head of the stream before it is
-    /// accepted (zero, with `claim_packets` 1, accepts any jump at once).
+    /// How long a claim must stand with no packet of the stream (see the module docs)
+    /// before it is accepted (zero, with `claim_packets` 1, accepts any jump at once).
     pub claim_timeout: Duration,
 }
 
@@ -158,7 +158,8 @@ pub struct Counters {
     pub reanchors: u64,
     /// Packets beyond the claim threshold held as an unconfirmed claim (dropped).
     pub claimed: u64,
-    /// Claims disproved by a packet at the head of the stream.
+    /// Claims disproved by the stream's own packets (new data, or a heartbeat at the
+    /// highest sequence known).
     pub claims_disproved: u64,
     /// Claims accepted as a real jump (corroborated and unanswered by the stream).
     pub claims_accepted: u64,
@@ -191,7 +192,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, Copy)]
 struct Claim {
     session: [u8; 10],
-    /// When the first packet of the claim arrived (no head-of-stream packet since).
+    /// When the first packet of the claim arrived (no packet of the stream since).
     since: Instant,
     /// Far-ahead packets backing it.
     packets: u32,
@@ -318,8 +319,13 @@ impl GapTracker {
         let seq = packet.sequence_number();
         let end = packet.end_sequence();
         let next = *self.next.get_or_insert(seq);
-        let at_head = seq <= next && (end > next || (seq == next && packet.kind() != Kind::Data));
-        if at_head && self.claim.take().is_some() {
+        // The stream's own packets: new data, or a heartbeat at (or just past) the highest
+        // sequence known. A source that really skipped sends neither any more.
+        let of_stream = match packet.kind() {
+            Kind::Data => end > next,
+            _ => seq >= self.high.max(next),
+        };
+        if of_stream && self.claim.take().is_some() {
             self.counters.claims_disproved += 1;
         }
         if self.high < next {
@@ -412,7 +418,7 @@ impl GapTracker {
 
     /// Whether `packet` starts beyond the claim threshold and is to be held as a claim (not
     /// acted on). Says `false` (accept) once the claim has stood `claim_timeout` backed by
-    /// `claim_packets` packets; a packet at the head of the stream clears it in `on_packet`.
+    /// `claim_packets` packets; a packet of the stream clears it in `on_packet`.
     fn is_claim(&mut self, now: Instant, packet: &Packet<'_>) -> bool {
         let Some(next) = self.next else {
             return false;
