@@ -81,6 +81,9 @@ fn mcast(c: &mut Criterion) {
         max_request_messages: 4096,
         max_message_bytes: 0,
         gap_tolerance_ns: 0,
+        claim_threshold: 4096,
+        claim_packets: 3,
+        claim_timeout_ns: 20_000_000,
     });
     s.announce_session(0, 1);
     let mut sink = Sink(0);

@@ -29,8 +29,8 @@ pub struct IpcArgs {
     /// favours rocebus by buffering.
     #[arg(long, default_value_t = 128 << 10)]
     pub ring_bytes: usize,
-    /// Folder of the stream files.
-    #[arg(long, default_value = "/dev/shm")]
+    /// Folder of the stream files (created 0700; one others can write is refused).
+    #[arg(long, default_value = "/dev/shm/rocebus-bench-ipc")]
     pub dir: std::path::PathBuf,
 }
 

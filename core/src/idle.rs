@@ -175,7 +175,11 @@ mod tests {
         let e = pin_to(100_000).unwrap_err();
         assert_eq!(e.core, 100_000);
         assert!(e.allowed.contains(&0), "{e}");
-        assert!(e.to_string().contains("cannot pin this thread to core 100000"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("cannot pin this thread to core 100000"),
+            "{e}"
+        );
         assert!(pin_current_thread(0));
     }
 }

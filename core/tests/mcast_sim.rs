@@ -233,6 +233,9 @@ fn sub_config() -> SubscriberConfig {
         max_request_messages: 1 << 20,
         max_message_bytes: 0,
         gap_tolerance_ns: 0,
+        claim_threshold: 4096,
+        claim_packets: 3,
+        claim_timeout_ns: 20_000_000,
     }
 }
 

@@ -99,6 +99,14 @@ pub struct RecoveryConfig {
     pub max_sequence_ahead: u64,
     /// Consecutive, agreeing far-ahead packets after which a jump is accepted as real.
     pub reanchor_packets: u32,
+    /// Packets starting more than this many messages beyond the highest sequence known are
+    /// an unconfirmed claim: not acted on until the stream corroborates them.
+    pub claim_threshold: u64,
+    /// Far-ahead packets that must back a claim before it is accepted.
+    pub claim_packets: u32,
+    /// How long a claim must stand with no new packet of the stream before it is
+    /// accepted, milliseconds (keep it above the exchange's heartbeat interval).
+    pub claim_timeout_ms: u64,
 }
 
 impl Default for RecoveryConfig {
@@ -111,6 +119,9 @@ impl Default for RecoveryConfig {
             max_buffered_bytes: g.max_buffered_bytes,
             max_sequence_ahead: g.max_sequence_ahead,
             reanchor_packets: g.reanchor_packets,
+            claim_threshold: g.claim_threshold,
+            claim_packets: g.claim_packets,
+            claim_timeout_ms: g.claim_timeout.as_millis() as u64,
         }
     }
 }
@@ -227,6 +238,9 @@ impl Config {
         if c.recovery.reanchor_packets == 0 {
             return Err(invalid("recovery.reanchor_packets", "must be at least 1"));
         }
+        if c.recovery.claim_packets == 0 {
+            return Err(invalid("recovery.claim_packets", "must be at least 1"));
+        }
         if c.recovery.max_sequence_ahead == 0 {
             return Err(invalid("recovery.max_sequence_ahead", "must be at least 1"));
         }
@@ -303,6 +317,9 @@ impl Config {
             max_buffered_bytes: r.max_buffered_bytes,
             max_sequence_ahead: r.max_sequence_ahead,
             reanchor_packets: r.reanchor_packets,
+            claim_threshold: r.claim_threshold,
+            claim_packets: r.claim_packets,
+            claim_timeout: Duration::from_millis(r.claim_timeout_ms),
         }
     }
 

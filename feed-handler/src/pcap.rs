@@ -671,6 +671,10 @@ impl Extractor {
             retransmission: false,
             retransmit_timeout: GAP_WAIT,
             max_buffered_bytes: 256 << 20,
+            // A capture is evidence, not a live feed to defend: a jump in it is taken at
+            // once, so what follows it is not counted lost.
+            claim_packets: 1,
+            claim_timeout: std::time::Duration::ZERO,
             ..GapConfig::default()
         }));
         for (at, payload) in w.held {

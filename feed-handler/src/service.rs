@@ -328,6 +328,8 @@ pub struct Totals {
     pub wrong_session: u64,
     /// Packets beyond the sequence window: dropped.
     pub far_ahead: u64,
+    /// Packets beyond the claim threshold held as an unconfirmed jump: dropped.
+    pub claimed: u64,
     /// Bad input skipped: invalid packets, undecodable messages, bad capture records.
     pub malformed: u64,
     /// Normalized messages published on the bus.
@@ -365,6 +367,7 @@ const EXPORTED: &[(&str, Field)] = &[
     ("foreign_source", |t| t.foreign_source),
     ("wrong_session", |t| t.wrong_session),
     ("far_ahead", |t| t.far_ahead),
+    ("claimed", |t| t.claimed),
     ("malformed", |t| t.malformed),
     ("published", |t| t.published),
     ("bus_back_pressure", |t| t.bus_back_pressure),
@@ -527,6 +530,7 @@ impl Service {
                 t.unrecoverable_gaps = c.unrecoverable;
                 t.wrong_session = c.wrong_session;
                 t.far_ahead = c.far_ahead;
+                t.claimed = c.claimed;
                 t.foreign_source = r.ingress().foreign_source();
                 t.malformed = c.malformed;
             }

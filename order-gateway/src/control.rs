@@ -32,9 +32,24 @@
 //! The server side never blocks the service thread: accepts and reads are non-blocking and
 //! polled from the loop; a client that sends no full line within [`CLIENT_TIMEOUT`] is
 //! dropped; at most [`MAX_CLIENTS`] are served at once.
+//!
+//! # Who may talk to it
+//! - The socket lives in a directory only the gateway's user can write: created 0700 when
+//!   missing, refused when it is a symlink, belongs to another user (root aside), or group
+//!   or others can write it. Nobody else can then put a file at the path, or swap it.
+//! - Every connection's peer credentials (`SO_PEERCRED`) are checked against an allow-list
+//!   of uids (by default the gateway's own and root): anyone else is answered an error and
+//!   nothing it sends is run.
+//! - A file found at the path is removed only if it is a socket of the gateway's user that
+//!   nobody answers on (a crashed gateway's); anything else (another user's socket, a plain
+//!   file, a symlink) is refused and left in place. On exit the socket is removed only if
+//!   the path is still the one the gateway bound.
+//! - The client ([`request`]) checks the server's credentials the same way (its uid must
+//!   be the client's own or root, or one of those it is told to trust) before it sends a
+//!   command: a squatter cannot answer `kill` with a fake "ok".
 
 use std::io::{self, Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -49,6 +64,84 @@ pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const MAX_CLIENTS: usize = 8;
 /// Longest command line accepted.
 const MAX_LINE: usize = 256;
+
+/// This process's user.
+fn my_uid() -> u32 {
+    rustix::process::getuid().as_raw()
+}
+
+/// The uid of the process at the other end of `s` (`SO_PEERCRED`: for a client, the
+/// server's at the time it listened; for the server, the client's at connect).
+fn peer_uid(s: &UnixStream) -> io::Result<u32> {
+    Ok(rustix::net::sockopt::socket_peercred(s)?.uid.as_raw())
+}
+
+/// Whether a client of uid `peer` may use a control socket that allows `allowed` (an
+/// empty list allows the gateway's own user `me` and root).
+pub fn peer_allowed(peer: u32, me: u32, allowed: &[u32]) -> bool {
+    if allowed.is_empty() {
+        peer == me || peer == 0
+    } else {
+        allowed.contains(&peer)
+    }
+}
+
+/// Whether a client of uid `me` may believe a control server of uid `server`: its own user
+/// or root, or one of `trusted` when given (replacing that default).
+pub fn server_trusted(server: u32, me: u32, trusted: &[u32]) -> bool {
+    peer_allowed(server, me, trusted)
+}
+
+/// Why directory `dir` (owner `owner`, `mode`, `is_dir`) may not hold the control socket of
+/// user `me`, if it may not: it must be a real directory of `me` or root that neither group
+/// nor others can write (OpenSSH `StrictModes`).
+pub fn dir_problem(is_dir: bool, owner: u32, mode: u32, me: u32) -> Option<String> {
+    if !is_dir {
+        return Some("is not a directory (a symlink?)".into());
+    }
+    if owner != me && owner != 0 {
+        return Some(format!("belongs to uid {owner}, not to uid {me} or root"));
+    }
+    if mode & 0o022 != 0 {
+        return Some(format!(
+            "has mode {:o}: group or others can write it",
+            mode & 0o7777
+        ));
+    }
+    None
+}
+
+fn refuse(path: &Path, why: impl std::fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!("control socket {}: {why}", path.display()),
+    )
+}
+
+/// Makes (0700) or checks the directory of the control socket `path`.
+fn private_dir(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if std::fs::symlink_metadata(dir).is_err() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    let m = std::fs::symlink_metadata(dir)?;
+    match dir_problem(m.is_dir(), m.uid(), m.mode(), my_uid()) {
+        Some(why) => Err(refuse(
+            path,
+            format!(
+                "its directory {} {why}: use a directory only the gateway's user can write                  (mode 0700)",
+                dir.display()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
 
 /// A control command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -263,6 +356,9 @@ struct Client {
     stream: UnixStream,
     line: Vec<u8>,
     since: Instant,
+    /// The answer to a peer whose uid is not allowed: its line is read (closing on unread
+    /// input would reset the connection and lose the answer) but never run.
+    denied: Option<String>,
 }
 
 /// The listening side, polled from the service loop.
@@ -270,6 +366,12 @@ struct Client {
 pub struct ControlServer {
     listener: UnixListener,
     path: PathBuf,
+    /// Device and inode of the socket file bound: only that file is removed on exit.
+    bound: (u64, u64),
+    /// Uids allowed to connect (empty: the gateway's own and root).
+    allowed: Vec<u32>,
+    /// Connections refused for their peer credentials.
+    refused: u64,
     clients: Vec<Client>,
 }
 
@@ -282,10 +384,25 @@ impl std::fmt::Debug for Client {
 }
 
 impl ControlServer {
-    /// Binds `path` with mode 0600. A leftover socket file nobody answers on is replaced;
-    /// one a live process answers on is an error (another gateway?).
+    /// Binds `path` with mode 0600 in a private directory, for the gateway's own user and
+    /// root (see the module docs). A leftover socket of ours nobody answers on is replaced;
+    /// one a live process answers on is an error (another gateway?); anything else at the
+    /// path is refused and left alone.
     pub fn bind(path: &Path) -> io::Result<ControlServer> {
-        if path.exists() {
+        Self::bind_allowing(path, &[])
+    }
+
+    /// [`Self::bind`] for clients of the uids in `allowed` only (empty: the gateway's own
+    /// and root).
+    pub fn bind_allowing(path: &Path, allowed: &[u32]) -> io::Result<ControlServer> {
+        private_dir(path)?;
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            if !m.file_type().is_socket() {
+                return Err(refuse(
+                    path,
+                    "something that is not a socket is in the way; the gateway did not                      create it and leaves it in place: remove it yourself if it is safe",
+                ));
+            }
             if UnixStream::connect(path).is_ok() {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
@@ -295,19 +412,36 @@ impl ControlServer {
                     ),
                 ));
             }
+            if m.uid() != my_uid() {
+                return Err(refuse(
+                    path,
+                    format!(
+                        "a socket of uid {} is in the way; the gateway did not create it and                          leaves it in place: remove it yourself if it is safe",
+                        m.uid()
+                    ),
+                ));
+            }
+            // Ours, in our private directory, and dead: a crashed gateway's.
             std::fs::remove_file(path)?;
         }
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
         let listener = UnixListener::bind(path)?;
+        // No window: nobody but us can enter the directory before this.
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         listener.set_nonblocking(true)?;
+        let m = std::fs::symlink_metadata(path)?;
         Ok(ControlServer {
             listener,
             path: path.to_owned(),
+            bound: (m.dev(), m.ino()),
+            allowed: allowed.to_vec(),
+            refused: 0,
             clients: Vec::new(),
         })
+    }
+
+    /// Connections refused so far because of their peer's uid.
+    pub fn refused(&self) -> u64 {
+        self.refused
     }
 
     /// The socket's path.
@@ -322,11 +456,23 @@ impl ControlServer {
         while self.clients.len() < MAX_CLIENTS {
             match self.listener.accept() {
                 Ok((stream, _)) => {
+                    let denied = match peer_uid(&stream) {
+                        Ok(uid) if peer_allowed(uid, my_uid(), &self.allowed) => None,
+                        other => {
+                            self.refused += 1;
+                            let who = other.map_or("unknown".into(), |u| u.to_string());
+                            tracing::warn!(uid = %who, "control connection refused: uid not allowed");
+                            Some(format!(
+                                "error: uid {who} may not use this control socket\n"
+                            ))
+                        }
+                    };
                     if stream.set_nonblocking(true).is_ok() {
                         self.clients.push(Client {
                             stream,
                             line: Vec::new(),
                             since: Instant::now(),
+                            denied,
                         });
                     }
                 }
@@ -356,6 +502,7 @@ impl ControlServer {
             let mut c = self.clients.swap_remove(i);
             let end = c.line.iter().position(|&b| b == b'\n');
             let answer = match (end, std::str::from_utf8(&c.line[..end.unwrap_or(0)])) {
+                (Some(_), _) if c.denied.is_some() => c.denied.take().unwrap_or_default(),
                 (Some(_), Ok(line)) => {
                     handled += 1;
                     handle(line.trim())
@@ -376,13 +523,36 @@ impl ControlServer {
 
 impl Drop for ControlServer {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        // Only the file we bound: not one someone put there since.
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.bound) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
-/// Client side: sends `line` to the gateway's control socket at `path` and returns its answer.
+/// Client side: sends `line` to the gateway's control socket at `path` and returns its
+/// answer, once the server's credentials show it runs as this user or root.
 pub fn request(path: &Path, line: &str, timeout: Duration) -> io::Result<String> {
+    request_trusting(path, line, timeout, &[])
+}
+
+/// [`request`] believing only servers of the uids in `trusted` (empty: this user and root).
+pub fn request_trusting(
+    path: &Path,
+    line: &str,
+    timeout: Duration,
+    trusted: &[u32],
+) -> io::Result<String> {
     let mut s = UnixStream::connect(path)?;
+    let server = peer_uid(&s)?;
+    if !server_trusted(server, my_uid(), trusted) {
+        return Err(refuse(
+            path,
+            format!(
+                "served by uid {server}, not by this user or root: refusing to send the                  command (someone else's process may be squatting the path)"
+            ),
+        ));
+    }
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     s.write_all(line.trim().as_bytes())?;
@@ -564,5 +734,173 @@ mod tests {
         drop(silent);
         drop(server);
         assert!(!path.exists(), "socket file left behind");
+    }
+
+    #[test]
+    fn credential_and_directory_rules_by_value() {
+        // Default: the gateway's own user and root.
+        assert!(peer_allowed(1000, 1000, &[]));
+        assert!(peer_allowed(0, 1000, &[]));
+        assert!(!peer_allowed(1001, 1000, &[]));
+        // A list replaces the default.
+        assert!(peer_allowed(1001, 1000, &[1001]));
+        assert!(!peer_allowed(1000, 1000, &[1001]));
+        assert!(server_trusted(0, 1000, &[]));
+        assert!(!server_trusted(65534, 1000, &[]));
+        assert!(!server_trusted(65534, 0, &[]));
+        assert!(server_trusted(65534, 0, &[65534]));
+        assert_eq!(dir_problem(true, 1000, 0o40700, 1000), None);
+        assert_eq!(dir_problem(true, 0, 0o40755, 1000), None);
+        assert!(dir_problem(true, 1000, 0o41777, 1000).is_some());
+        assert!(dir_problem(true, 1000, 0o40770, 1000).is_some());
+        assert!(dir_problem(true, 1001, 0o40700, 1000).is_some());
+        assert!(dir_problem(false, 1000, 0o120777, 1000).is_some());
+    }
+
+    #[test]
+    fn the_directory_is_made_private_and_one_others_can_write_is_refused() {
+        let base = tempfile::tempdir().unwrap();
+        let path = base.path().join("run/gw.control");
+        let server = ControlServer::bind(&path).unwrap();
+        let mode = std::fs::metadata(base.path().join("run")).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o700);
+        drop(server);
+        let open = base.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let err = ControlServer::bind(&open.join("gw.control")).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+        assert!(
+            err.to_string().contains("group or others can write it"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_squatted_path_is_refused_with_a_clear_error_and_left_in_place() {
+        let base = tempfile::tempdir().unwrap();
+        let path = base.path().join("gw.control");
+        // A plain file: never the gateway's.
+        std::fs::write(&path, b"not yours").unwrap();
+        let err = ControlServer::bind(&path).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+        assert!(err.to_string().contains("leaves it in place"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"not yours");
+        std::fs::remove_file(&path).unwrap();
+        // A dead socket of another user (made with chown: these tests run as root).
+        drop(UnixListener::bind(&path).unwrap());
+        rustix::fs::chown(
+            &path,
+            Some(rustix::process::Uid::from_raw(65534)),
+            Some(rustix::process::Gid::from_raw(65534)),
+        )
+        .expect("chown needs root");
+        let err = ControlServer::bind(&path).unwrap_err();
+        assert!(err.to_string().contains("a socket of uid 65534"), "{err}");
+        assert!(path.exists(), "another user's socket was deleted");
+        // Our own dead socket (a crashed gateway's) is replaced.
+        std::fs::remove_file(&path).unwrap();
+        drop(UnixListener::bind(&path).unwrap());
+        let server = ControlServer::bind(&path).unwrap();
+        // Replaced by someone meanwhile: not removed on exit.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"later").unwrap();
+        drop(server);
+        assert_eq!(std::fs::read(&path).unwrap(), b"later");
+    }
+
+    /// Polls `server` until `n` connections were refused or a command ran.
+    fn serve_until(server: &mut ControlServer, refused: u64, ran: &mut Vec<String>) {
+        let t = Instant::now();
+        while server.refused() < refused && ran.is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(5), "nothing arrived");
+            server.poll(|l| {
+                ran.push(l.to_owned());
+                "ok: done\n".into()
+            });
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn a_client_of_a_uid_not_allowed_is_answered_an_error_and_not_obeyed() {
+        let base = tempfile::tempdir().unwrap();
+        let path = base.path().join("gw.control");
+        // Only uid 4242 allowed: this test's own user (root) is not.
+        let mut server = ControlServer::bind_allowing(&path, &[4242]).unwrap();
+        let p = path.clone();
+        let client = std::thread::spawn(move || request(&p, "kill", Duration::from_secs(5)));
+        let mut ran = Vec::new();
+        serve_until(&mut server, 1, &mut ran);
+        let answer = client.join().unwrap().unwrap();
+        assert!(answer.starts_with("error: uid 0 may not use"), "{answer}");
+        assert_eq!(ran, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_client_refuses_a_server_of_a_uid_it_does_not_trust() {
+        let base = tempfile::tempdir().unwrap();
+        let path = base.path().join("gw.control");
+        let mut server = ControlServer::bind(&path).unwrap();
+        // The real server runs as root; a client told to trust only uid 4242 refuses it
+        // before sending anything.
+        let err = request_trusting(&path, "kill", Duration::from_secs(5), &[4242]).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+        assert!(err.to_string().contains("served by uid 0"), "{err}");
+        let mut ran = Vec::new();
+        for _ in 0..20 {
+            server.poll(|l| {
+                ran.push(l.to_owned());
+                "ok\n".into()
+            });
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(ran, Vec::<String>::new());
+    }
+
+    /// Child: a squatter of another user answering "ok" to anything (run as nobody).
+    #[test]
+    #[ignore = "child: run by a_squatter_of_another_user_is_not_believed"]
+    fn child_squatter() {
+        let path = std::env::var_os("ROCEBUS_SQUAT")
+            .expect("child process of a_squatter_of_another_user_is_not_believed");
+        let listener = UnixListener::bind(&path).unwrap();
+        loop {
+            let (mut s, _) = listener.accept().unwrap();
+            let _ = s.write_all(b"ok: kill switch on (not really)\n");
+        }
+    }
+
+    #[test]
+    fn a_squatter_of_another_user_is_not_believed() {
+        use std::os::unix::process::CommandExt;
+        let base = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let open = base.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let path = open.join("gw.control");
+        let mut kid = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["control::tests::child_squatter", "--exact", "--ignored"])
+            .env("ROCEBUS_SQUAT", &path)
+            .uid(65534)
+            .gid(65534)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("running the squatter as nobody needs root");
+        let t = Instant::now();
+        while !path.exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the squatter never bound"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let got = request(&path, "kill", Duration::from_secs(5));
+        let _ = kid.kill();
+        let _ = kid.wait();
+        let err = got.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
+        assert!(err.to_string().contains("served by uid 65534"), "{err}");
     }
 }

@@ -78,12 +78,13 @@ if [ "$MARKET_DATA" = ipc ]; then
         || die "configs/demo/feed-handler.toml has no '#ipc_stream = ' line to enable"
     grep -q '^transport = "ipc"' "$WORK/sample-engine.toml" \
         || die "configs/demo/sample-engine.toml has no '#transport = \"ipc\"' line to enable"
-    # The streams' folder: /dev/shm where there is one; the guest's /dev (devtmpfs) has no
-    # shm folder, so there they go in this run's scratch folder (a tmpfs in the guest).
-    ipc_dir=/dev/shm
+    # The streams' folder, private to this user (rocebus::ipc refuses one others can write):
+    # in /dev/shm where there is one; the guest's /dev (devtmpfs) has no shm folder, so there
+    # they go in this run's scratch folder (a tmpfs in the guest).
+    ipc_dir="/dev/shm/rocebus-ipc-$(id -u)"
     if [ ! -d /dev/shm ] || [ ! -w /dev/shm ]; then
         ipc_dir="$WORK/ipc"
-        mkdir -p "$ipc_dir"
+        mkdir -p -m 700 "$ipc_dir"
     fi
     printf '\n[ipc]\ndir = "%s"\nflow = "drop"\n' "$ipc_dir" >> "$WORK/feed-handler.toml"
 fi

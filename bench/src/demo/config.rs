@@ -294,7 +294,7 @@ fn valid_stream_prefix(name: &str) -> bool {
 pub struct IpcSource {
     /// The feed handler's `publish.ipc_stream`.
     pub prefix: String,
-    /// Its `[ipc]` table, or the defaults (`/dev/shm`) when it has none.
+    /// Its `[ipc]` table, or the defaults (`/dev/shm/rocebus-ipc-UID`) when it has none.
     pub config: IpcConfig,
 }
 

@@ -3,19 +3,24 @@
 //!
 //! What to answer is decided by [`respond`], a pure function of the request head; the
 //! [`MetricsServer`] around it only moves bytes: it accepts connections, gives each one a
-//! thread (at most [`Limits::max_connections`] at a time), reads at most
-//! [`Limits::max_request_bytes`] of request head within [`Limits::read_timeout`], writes
-//! one answer and closes. A slow or malicious client can hold one thread for one timeout,
-//! never the accept loop or another scrape. No keep-alive, no request bodies, no TLS: the
+//! thread (at most [`Limits::max_connections`] at a time, and at most
+//! [`Limits::max_per_address`] from one IP address), reads at most
+//! [`Limits::max_request_bytes`] of request head within [`Limits::read_timeout`] (1 s: a
+//! scraper sends its head at once), writes one answer and closes. A slow or malicious
+//! client can hold one thread for one short timeout, never the accept loop or another
+//! scrape, and one address holding slow connections cannot take the slots a scraper from
+//! another address needs (it is answered 503 beyond its share). No keep-alive, no request bodies, no TLS: the
 //! endpoint is meant for a scraper on a trusted network (bind it to loopback or the
 //! management interface).
 //!
 //! This module reads no counters itself: the caller's closure renders the page for each
 //! scrape (so components that start or exit in between appear or disappear).
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// `Content-Type` of the Prometheus text exposition format.
@@ -35,15 +40,19 @@ pub struct Limits {
     pub write_timeout: Duration,
     /// Connections served at once; more are answered 503 at once.
     pub max_connections: usize,
+    /// Connections served at once from one IP address; more from it are answered 503 at
+    /// once, so one address cannot take every slot.
+    pub max_per_address: usize,
 }
 
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
             max_request_bytes: 8192,
-            read_timeout: Duration::from_secs(5),
+            read_timeout: Duration::from_secs(1),
             write_timeout: Duration::from_secs(5),
             max_connections: 16,
+            max_per_address: 4,
         }
     }
 }
@@ -283,13 +292,15 @@ impl MetricsServer {
         metrics: &(dyn Fn() -> Result<String, String> + Sync),
     ) -> io::Result<()> {
         let active = AtomicUsize::new(0);
+        // Connections in progress per client address (entries removed at zero).
+        let per_address: Mutex<HashMap<IpAddr, usize>> = Mutex::new(HashMap::new());
         let limits = self.limits;
         std::thread::scope(|scope| {
             // ORDERING: Relaxed; the flag publishes nothing but itself (a signal handler or
             // another thread asks us to stop; nothing else is read on its strength).
             while !stop.load(Ordering::Relaxed) {
-                let stream = match self.listener.accept() {
-                    Ok((stream, _)) => stream,
+                let (stream, peer) = match self.listener.accept() {
+                    Ok(accepted) => accepted,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         std::thread::sleep(STOP_POLL);
                         continue;
@@ -307,24 +318,50 @@ impl MetricsServer {
                 if stream.set_nonblocking(false).is_err() {
                     continue;
                 }
+                let ip = peer.ip();
+                let from_ip = lock(&per_address).get(&ip).copied().unwrap_or(0);
+                if from_ip >= limits.max_per_address {
+                    refuse(
+                        stream,
+                        &format!(
+                            "more than {} connections at once from {ip}\n",
+                            limits.max_per_address
+                        ),
+                    );
+                    continue;
+                }
                 // ORDERING: Relaxed; a plain count of threads, no data hangs off it.
                 if active.load(Ordering::Relaxed) >= limits.max_connections {
-                    refuse(stream, &limits);
+                    refuse(
+                        stream,
+                        &format!("more than {} connections at once\n", limits.max_connections),
+                    );
                     continue;
                 }
                 // ORDERING: Relaxed; as above.
                 active.fetch_add(1, Ordering::Relaxed);
-                let active = &active;
+                *lock(&per_address).entry(ip).or_insert(0) += 1;
+                let (active, per_address) = (&active, &per_address);
+                let done = move || {
+                    // ORDERING: Relaxed; as above.
+                    active.fetch_sub(1, Ordering::Relaxed);
+                    let mut m = lock(per_address);
+                    if let Some(n) = m.get_mut(&ip) {
+                        *n -= 1;
+                        if *n == 0 {
+                            m.remove(&ip);
+                        }
+                    }
+                };
                 let spawned = std::thread::Builder::new()
                     .name("metrics-conn".into())
                     .spawn_scoped(scope, move || {
                         serve_connection(stream, &limits, metrics);
-                        // ORDERING: Relaxed; as above.
-                        active.fetch_sub(1, Ordering::Relaxed);
+                        done();
                     });
                 if spawned.is_err() {
-                    // ORDERING: Relaxed; as above. The stream went with the failed closure.
-                    active.fetch_sub(1, Ordering::Relaxed);
+                    // The stream went with the failed closure; its counts are given back.
+                    done();
                 }
             }
             Ok(())
@@ -345,12 +382,15 @@ fn is_transient(e: &io::Error) -> bool {
     )
 }
 
-/// Answers 503 without reading the request (too many connections already).
-fn refuse(mut stream: TcpStream, limits: &Limits) {
-    let r = Response::text(
-        503,
-        format!("more than {} connections at once\n", limits.max_connections),
-    );
+/// The per-address counts, whatever a panicking connection thread left (they are plain
+/// counts: a poisoned lock holds nothing half-changed that matters).
+fn lock(m: &Mutex<HashMap<IpAddr, usize>>) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Answers 503 with `why` without reading the request (too many connections already).
+fn refuse(mut stream: TcpStream, why: &str) {
+    let r = Response::text(503, why);
     // On the accept loop's thread: nothing here may block for long.
     let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
     if stream.write_all(&r.encode()).is_err() || stream.shutdown(Shutdown::Write).is_err() {
@@ -549,5 +589,105 @@ mod tests {
         let mut out = String::new();
         held.read_to_string(&mut out).unwrap();
         assert!(out.starts_with("HTTP/1.1 200 "), "{out}");
+    }
+
+    /// A TCP connection to `dst` from the loopback address `src` (127.0.0.0/8 is all
+    /// local, so several client addresses need no set-up).
+    #[allow(unsafe_code)]
+    fn connect_from(src: std::net::Ipv4Addr, dst: SocketAddr) -> TcpStream {
+        use std::os::fd::FromRawFd;
+        let sin = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(ip).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let SocketAddr::V4(dst) = dst else {
+            panic!("IPv4 only")
+        };
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: socket() has no preconditions; the descriptor is checked below.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        assert!(fd >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: fd is a socket nobody else owns; the TcpStream closes it once.
+        let stream = unsafe { TcpStream::from_raw_fd(fd) };
+        let (from, to) = (sin(src, 0), sin(*dst.ip(), dst.port()));
+        // SAFETY: `from` is a valid sockaddr_in of `len` bytes, alive for the call.
+        let rc = unsafe { libc::bind(fd, (&from as *const libc::sockaddr_in).cast(), len) };
+        assert_eq!(rc, 0, "bind {src}: {}", io::Error::last_os_error());
+        // SAFETY: as above, for `to`.
+        let rc = unsafe { libc::connect(fd, (&to as *const libc::sockaddr_in).cast(), len) };
+        assert_eq!(rc, 0, "connect: {}", io::Error::last_os_error());
+        stream
+    }
+
+    fn scrape_from(src: std::net::Ipv4Addr, dst: SocketAddr) -> String {
+        let mut c = connect_from(src, dst);
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
+    }
+
+    /// Sixteen slow connections from one address (the global cap) with a long read
+    /// deadline: a scraper from another address is still answered 200, and the slow
+    /// address is answered 503 beyond its share.
+    #[test]
+    fn one_address_holding_slow_connections_cannot_keep_the_scraper_out() {
+        let limits = Limits {
+            read_timeout: Duration::from_secs(10),
+            ..Limits::default()
+        };
+        let s = Running::start(limits);
+        let attacker = std::net::Ipv4Addr::new(127, 0, 0, 2);
+        let slow: Vec<TcpStream> = (0..limits.max_connections)
+            .map(|_| {
+                let mut c = connect_from(attacker, s.addr);
+                c.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+                c
+            })
+            .collect();
+        // Let the accept loop take them all in.
+        std::thread::sleep(Duration::from_millis(300));
+        let t = Instant::now();
+        let out = scrape_from(std::net::Ipv4Addr::new(127, 0, 0, 1), s.addr);
+        assert!(out.starts_with("HTTP/1.1 200 "), "{out}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        let out = scrape_from(attacker, s.addr);
+        assert!(out.starts_with("HTTP/1.1 503 "), "{out}");
+        assert!(out.contains("from 127.0.0.2"), "{out}");
+        drop(slow);
+    }
+
+    /// With the default limits, slow connections from the scraper's own address are cut
+    /// by the short read deadline: the scraper, retrying as Prometheus does at its next
+    /// interval, is answered 200 within about one deadline.
+    #[test]
+    fn slow_connections_from_the_scrapers_own_address_are_cut_short() {
+        let s = Running::start(Limits::default());
+        let me = std::net::Ipv4Addr::new(127, 0, 0, 3);
+        let _slow: Vec<TcpStream> = (0..16)
+            .map(|_| {
+                let mut c = connect_from(me, s.addr);
+                c.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+                c
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let t = Instant::now();
+        loop {
+            let out = scrape_from(me, s.addr);
+            if out.starts_with("HTTP/1.1 200 ") {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(3),
+                "no 200 within 3 s: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }

@@ -79,12 +79,39 @@
 //! publisher appears. The publisher checks its subscribers' processes as
 //! often, and whenever one holds it back, and frees the slots of dead ones
 //! ([`IpcPubEvent::SubscriberGone`]).
+//!
+//! # Who can touch a stream
+//! Only processes of the stream's owner (the publisher's user):
+//! - the directory ([`IpcConfig::dir`], by default `/dev/shm/rocebus-ipc-UID`)
+//!   is created mode 0700 when missing, and refused (OpenSSH `StrictModes`
+//!   style) when it is a symlink, is not owned by the user, or group or
+//!   others can write it;
+//! - the file is built under a random temporary name opened with
+//!   `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600, then renamed into place;
+//! - a subscriber opens it with `O_NOFOLLOW`, refuses a file whose owner is
+//!   not its own user (or the one given to [`IpcSubscriber::expect_owner`]),
+//!   that group or others can access, or that is shorter than its header
+//!   says (checked with `fstat` before mapping, so a truncated file is an
+//!   error, not a `SIGBUS`); it maps the ring read-only and only the header
+//!   and slot pages read-write (see `shm.rs`);
+//! - a slot counts only while its process maps the stream file (read from
+//!   `/proc/PID/maps` once per slot and process): a slot written by hand
+//!   naming a live process that is no subscriber (pid 1, say) is freed at
+//!   the next check, so it cannot hold a `Block` publisher;
+//! - at each check (every `liveness_ms`, and when back-pressured) the
+//!   publisher `fstat`s its file and grows it back if it was truncated.
+//!
+//! A stream file is not sealed: a process of the owner can still shrink it
+//! between two checks and make the parties that touch the cut pages die of
+//! `SIGBUS`. That is no new power (the same user can signal or ptrace those
+//! processes); a sealed memfd would close it, but cannot be opened by path.
 
 mod shm;
 
 use serde::Deserialize;
 use shm::Shm;
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, Ordering};
 use std::time::Duration;
@@ -145,7 +172,9 @@ pub enum FlowControl {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IpcConfig {
-    /// Folder of the stream files: `/dev/shm`, or a hugetlbfs mount.
+    /// Folder of the stream files, only the owner may write it (created
+    /// 0700 when missing): by default `/dev/shm/rocebus-ipc-UID`, or a
+    /// folder in a hugetlbfs mount.
     pub dir: PathBuf,
     /// Bytes of the ring (a power of two, at least 64 KiB).
     pub ring_bytes: usize,
@@ -163,7 +192,7 @@ pub struct IpcConfig {
 impl Default for IpcConfig {
     fn default() -> Self {
         IpcConfig {
-            dir: PathBuf::from("/dev/shm"),
+            dir: PathBuf::from(format!("/dev/shm/rocebus-ipc-{}", current_uid())),
             ring_bytes: 1 << 20,
             max_payload: 64 << 10,
             max_subscribers: 16,
@@ -230,6 +259,43 @@ pub enum IpcError {
         path: PathBuf,
         /// The publisher's process.
         pid: u32,
+    },
+    /// The stream directory is not private to its owner.
+    #[error("IPC directory {path} {why}: use a directory only its owner can write (mode 0700), e.g. /dev/shm/rocebus-ipc-UID")]
+    UnsafeDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The stream file is not one its owner alone can touch, or is not a
+    /// regular file.
+    #[error("IPC stream {path} {why}: refusing it (remove it if it is not yours)")]
+    UnsafeFile {
+        /// The stream file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The stream file belongs to another user.
+    #[error("IPC stream {path} is owned by uid {owner}, not uid {expected}: refusing it (another user may be squatting the name)")]
+    NotOwner {
+        /// The stream file.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// The owner expected.
+        expected: u32,
+    },
+    /// The stream file is shorter than its header says (truncated).
+    #[error("IPC stream {path} holds {len} bytes, its header needs {need}: truncated")]
+    Truncated {
+        /// The stream file.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+        /// The length its header needs.
+        need: u64,
     },
     /// Creating or mapping the stream file failed.
     #[error("IPC stream {path}: {source}")]
@@ -334,6 +400,181 @@ pub struct IpcPubStats {
     pub dropped_subscribers: u64,
     /// Slots freed because their process died.
     pub dead_subscribers: u64,
+    /// Slots freed because their process, though alive, does not map the
+    /// stream (written by something that is no subscriber).
+    pub impostor_slots: u64,
+    /// Times the stream file was found truncated and grown back.
+    pub truncations: u64,
+}
+
+fn current_uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::getuid()
+    }
+}
+
+/// Whether a file of owner `owner` and mode `mode` may be used by a party
+/// that expects owner `expected`: owned by it, nothing for group or others.
+fn check_owner(path: &Path, owner: u32, mode: u32, expected: u32) -> Result<(), IpcError> {
+    if owner != expected {
+        return Err(IpcError::NotOwner {
+            path: path.into(),
+            owner,
+            expected,
+        });
+    }
+    if mode & 0o077 != 0 {
+        return Err(IpcError::UnsafeFile {
+            path: path.into(),
+            why: format!(
+                "has mode {:o} (group or others may access it)",
+                mode & 0o7777
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Why a directory of owner `owner` and mode `mode` (`is_dir`) is not
+/// private to `expected`, if it is not (OpenSSH `StrictModes`).
+fn dir_problem(is_dir: bool, owner: u32, mode: u32, expected: u32) -> Option<String> {
+    if !is_dir {
+        return Some("is not a directory (a symlink?)".into());
+    }
+    if owner != expected {
+        return Some(format!("is owned by uid {owner}, not uid {expected}"));
+    }
+    if mode & 0o022 != 0 {
+        return Some(format!(
+            "has mode {:o}: group or others can write it",
+            mode & 0o7777
+        ));
+    }
+    None
+}
+
+/// Checks the stream directory `dir` is private to `owner`; creates it
+/// (0700) when missing and `create`. `Ok(false)`: missing, not created.
+fn private_dir(dir: &Path, owner: u32, create: bool) -> Result<bool, IpcError> {
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dir)
+                .map_err(|source| IpcError::Io {
+                    path: dir.into(),
+                    source,
+                })?;
+            std::fs::symlink_metadata(dir).map_err(|source| IpcError::Io {
+                path: dir.into(),
+                source,
+            })?
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(source) => {
+            return Err(IpcError::Io {
+                path: dir.into(),
+                source,
+            })
+        }
+    };
+    match dir_problem(meta.is_dir(), meta.uid(), meta.mode(), owner) {
+        Some(why) => Err(IpcError::UnsafeDir {
+            path: dir.into(),
+            why,
+        }),
+        None => Ok(true),
+    }
+}
+
+/// Opens `path` read-write, never through a symlink. `Ok(None)`: missing.
+fn open_nofollow(path: &Path) -> Result<Option<File>, IpcError> {
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(IpcError::UnsafeFile {
+            path: path.into(),
+            why: "is a symlink".into(),
+        }),
+        Err(source) => Err(IpcError::Io {
+            path: path.into(),
+            source,
+        }),
+    }
+}
+
+/// The first `SLOTS_OFF` bytes of a stream file as words (read with
+/// `pread`, before anything is mapped).
+fn read_header(f: &File) -> Option<[u64; SLOTS_OFF / 8]> {
+    let mut b = [0u8; SLOTS_OFF];
+    f.read_exact_at(&mut b, 0).ok()?;
+    let mut w = [0u64; SLOTS_OFF / 8];
+    for (i, c) in b.chunks_exact(8).enumerate() {
+        w[i] = u64::from_le_bytes(c.try_into().ok()?);
+    }
+    Some(w)
+}
+
+/// Whether process `pid` maps the file of inode `ino` (from
+/// `/proc/PID/maps`; unreadable, e.g. another user's process: no).
+fn maps_inode(pid: u64, ino: u64) -> bool {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    maps.lines().any(|l| {
+        l.split_ascii_whitespace()
+            .nth(4)
+            .and_then(|i| i.parse().ok())
+            == Some(ino)
+    })
+}
+
+impl IpcError {
+    /// A copy (an `io::Error` is rebuilt from its kind and message).
+    fn clone_checks(&self) -> IpcError {
+        match self {
+            IpcError::Config(s) => IpcError::Config(s.clone()),
+            IpcError::Name(s) => IpcError::Name(s.clone()),
+            IpcError::AlreadyPublished { path, pid } => IpcError::AlreadyPublished {
+                path: path.clone(),
+                pid: *pid,
+            },
+            IpcError::UnsafeDir { path, why } => IpcError::UnsafeDir {
+                path: path.clone(),
+                why: why.clone(),
+            },
+            IpcError::UnsafeFile { path, why } => IpcError::UnsafeFile {
+                path: path.clone(),
+                why: why.clone(),
+            },
+            IpcError::NotOwner {
+                path,
+                owner,
+                expected,
+            } => IpcError::NotOwner {
+                path: path.clone(),
+                owner: *owner,
+                expected: *expected,
+            },
+            IpcError::Truncated { path, len, need } => IpcError::Truncated {
+                path: path.clone(),
+                len: *len,
+                need: *need,
+            },
+            IpcError::Io { path, source } => IpcError::Io {
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+        }
+    }
 }
 
 fn lap_tag(pos: u64, log2: u32) -> u64 {
@@ -394,8 +635,13 @@ fn slot_off(i: usize) -> usize {
 #[derive(Debug)]
 pub struct IpcPublisher {
     shm: Shm,
+    /// The stream file, to check its length (truncation) at each reap.
+    file: File,
     path: PathBuf,
     ino: u64,
+    /// Per slot, the (pid, start) found mapping the stream: a slot is
+    /// looked up in `/proc/PID/maps` once per process.
+    verified: Vec<(u64, u64)>,
     data: usize,
     ring: usize,
     log2: u32,
@@ -443,7 +689,8 @@ impl IpcPublisher {
             path: path.clone(),
             source,
         };
-        if let Ok(f) = OpenOptions::new().read(true).write(true).open(&path) {
+        private_dir(&cfg.dir, current_uid(), true)?;
+        if let Some(f) = open_nofollow(&path)? {
             if let Some((pid, start, state)) = Self::owner(&f) {
                 if state == STATE_LIVE && alive(pid, start) && pid != std::process::id() as u64 {
                     return Err(IpcError::AlreadyPublished {
@@ -459,15 +706,21 @@ impl IpcPublisher {
             total = total.next_multiple_of(2 << 20);
         }
         // Built under a temporary name and renamed into place: a subscriber
-        // never maps a half-initialised stream.
-        let tmp = cfg
-            .dir
-            .join(format!(".rocebus-{name}.{}.tmp", std::process::id()));
+        // never maps a half-initialised stream. The name is random and the
+        // open exclusive and not through a symlink: nothing planted at it
+        // is opened or truncated.
+        let mut rnd = [0u8; 8];
+        getrandom::getrandom(&mut rnd).map_err(|e| io(std::io::Error::other(e.to_string())))?;
+        let tmp = cfg.dir.join(format!(
+            ".rocebus-{name}.{:016x}.tmp",
+            u64::from_le_bytes(rnd)
+        ));
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)
             .map_err(io)?;
         let prep = (|| {
@@ -508,8 +761,10 @@ impl IpcPublisher {
         let log2 = cfg.ring_bytes.trailing_zeros();
         let mut p = IpcPublisher {
             shm,
+            file,
             path,
             ino,
+            verified: vec![(0, 0); cfg.max_subscribers],
             data,
             ring: cfg.ring_bytes,
             log2,
@@ -531,13 +786,9 @@ impl IpcPublisher {
     }
 
     fn owner(f: &File) -> Option<(u64, u64, u64)> {
-        let len = f.metadata().ok()?.len();
-        if len < SLOTS_OFF as u64 {
-            return None;
-        }
-        let shm = Shm::map(f).ok()?;
-        // ORDERING: Acquire pairs with the creator's Release of H_STATE: a LIVE state comes with the header it wrote.
-        let w = |off| shm.word(off).load(Ordering::Acquire);
+        // Read, not mapped: a file someone truncated cannot SIGBUS us.
+        let h = read_header(f)?;
+        let w = |off: usize| h[off / 8];
         (w(H_MAGIC) == MAGIC).then(|| (w(H_PID), w(H_PID_START), w(H_STATE)))
     }
 
@@ -620,10 +871,19 @@ impl IpcPublisher {
         Duration::from_nanos(now.saturating_sub(self.last_check)) >= self.liveness
     }
 
-    /// Frees the slots of subscribers whose process is gone.
+    /// Frees the slots of subscribers whose process is gone, or does not
+    /// map the stream; grows the file back if it was truncated.
     #[cold]
     fn reap(&mut self, now: u64) {
         self.last_check = now;
+        if self
+            .file
+            .metadata()
+            .is_ok_and(|m| m.len() < self.shm.len() as u64)
+            && self.file.set_len(self.shm.len() as u64).is_ok()
+        {
+            self.stats.truncations += 1;
+        }
         for i in 0..self.slots {
             let s = slot_off(i);
             // ORDERING: Acquire on state, pid and start pairs with the subscriber's Release at join; the CAS below frees only the state we read, so a slot re-taken meanwhile is left alone.
@@ -633,14 +893,23 @@ impl IpcPublisher {
             }
             let pid = self.shm.word(s + S_PID).load(Ordering::Acquire);
             let start = self.shm.word(s + S_PID_START).load(Ordering::Acquire);
-            if !alive(pid, start)
-                && self
-                    .shm
-                    .word(s + S_STATE)
-                    .compare_exchange(st, SLOT_FREE, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
+            let alive = alive(pid, start);
+            let impostor = alive && self.verified[i] != (pid, start) && !maps_inode(pid, self.ino);
+            if alive && !impostor {
+                self.verified[i] = (pid, start);
+                continue;
+            }
+            if self
+                .shm
+                .word(s + S_STATE)
+                .compare_exchange(st, SLOT_FREE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
             {
-                self.stats.dead_subscribers += 1;
+                if impostor {
+                    self.stats.impostor_slots += 1;
+                } else {
+                    self.stats.dead_subscribers += 1;
+                }
                 self.pending.push(IpcPubEvent::SubscriberGone {
                     slot: i,
                     pid: pid as u32,
@@ -901,6 +1170,8 @@ enum Head {
 #[derive(Debug)]
 struct Joined {
     shm: Shm,
+    /// The stream file, to notice a truncation at the liveness checks.
+    file: File,
     ino: u64,
     data: usize,
     ring: usize,
@@ -919,6 +1190,11 @@ struct Joined {
 #[derive(Debug)]
 pub struct IpcSubscriber {
     path: PathBuf,
+    dir: PathBuf,
+    /// The user the stream's directory and file must belong to.
+    owner: u32,
+    /// Why the last attempt to join was refused, if it was.
+    refused: Option<IpcError>,
     liveness_ns: u64,
     joined: Option<Joined>,
     last_check: Option<u64>,
@@ -937,6 +1213,9 @@ impl IpcSubscriber {
         }
         Ok(IpcSubscriber {
             path: cfg.path(name),
+            dir: cfg.dir.clone(),
+            owner: current_uid(),
+            refused: None,
             liveness_ns: cfg.liveness_ms.saturating_mul(1_000_000),
             joined: None,
             last_check: None,
@@ -950,48 +1229,112 @@ impl IpcSubscriber {
         self.joined.is_some()
     }
 
+    /// Accepts streams of user `uid` instead of this process's own (the
+    /// directory and the file must both belong to it).
+    pub fn expect_owner(mut self, uid: u32) -> Self {
+        self.owner = uid;
+        self
+    }
+
+    /// Why the last attempt to join was refused (an unsafe directory or
+    /// file, another owner, a truncated file); `None` once joined, or when
+    /// there was simply no publisher yet. [`Self::poll`] keeps trying.
+    pub fn refused(&self) -> Option<&IpcError> {
+        self.refused.as_ref()
+    }
+
+    /// Tries to join the stream's publisher now: `Ok(None)` when there is
+    /// none (yet), `Err` when the stream is there but must not be used.
+    pub fn try_connect(&mut self) -> Result<Option<(u64, u32)>, IpcError> {
+        let r = self.try_join();
+        self.refused = r.as_ref().err().map(IpcError::clone_checks);
+        r
+    }
+
     /// Tries to join the stream's publisher.
-    fn try_join(&mut self) -> Option<(u64, u32)> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&self.path)
-            .ok()?;
-        let len = f.metadata().ok()?.len() as usize;
-        if len < SLOTS_OFF {
-            return None;
+    fn try_join(&mut self) -> Result<Option<(u64, u32)>, IpcError> {
+        if self.joined.is_some() {
+            return Ok(None);
         }
-        let shm = Shm::map(&f).ok()?;
-        // ORDERING: Acquire pairs with the publisher's Release of H_STATE (header fields) and of H_TAIL (frames before it).
-        let w = |off| shm.word(off).load(Ordering::Acquire);
-        if w(H_MAGIC) != MAGIC || w(H_VERSION) != VERSION || w(H_STATE) != STATE_LIVE {
-            return None;
+        if !private_dir(&self.dir, self.owner, false)? {
+            return Ok(None);
+        }
+        let Some(f) = open_nofollow(&self.path)? else {
+            return Ok(None);
+        };
+        let meta = f.metadata().map_err(|source| IpcError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        if !meta.is_file() {
+            return Err(IpcError::UnsafeFile {
+                path: self.path.clone(),
+                why: "is not a regular file".into(),
+            });
+        }
+        check_owner(&self.path, meta.uid(), meta.mode(), self.owner)?;
+        let len = meta.len() as usize;
+        // The header is read, not mapped, and the length it implies checked
+        // against fstat before anything is mapped: a short file is an error.
+        let truncated = |need: usize| IpcError::Truncated {
+            path: self.path.clone(),
+            len: len as u64,
+            need: need as u64,
+        };
+        if len < SLOTS_OFF {
+            return Err(truncated(SLOTS_OFF));
+        }
+        let Some(h) = read_header(&f) else {
+            return Err(truncated(SLOTS_OFF));
+        };
+        let hw = |off: usize| h[off / 8];
+        if hw(H_MAGIC) != MAGIC || hw(H_VERSION) != VERSION || hw(H_STATE) != STATE_LIVE {
+            return Ok(None);
         }
         let (ring, slots, max_payload) = (
-            w(H_RING) as usize,
-            w(H_SLOTS) as usize,
-            w(H_MAX_PAYLOAD) as usize,
+            hw(H_RING) as usize,
+            hw(H_SLOTS) as usize,
+            hw(H_MAX_PAYLOAD) as usize,
         );
-        if !ring.is_power_of_two() || slots == 0 || slots > 1024 || max_payload > ring / 4 {
-            return None;
+        if !ring.is_power_of_two()
+            || ring > 1 << 40
+            || slots == 0
+            || slots > 1024
+            || max_payload > ring / 4
+        {
+            return Ok(None);
         }
         let data = data_off(slots);
         if data + ring + 64 > len {
-            return None;
+            return Err(truncated(data + ring + 64));
         }
+        let map = if is_hugetlbfs(&self.dir) {
+            // Huge pages cannot be mapped from an offset inside one.
+            Shm::map(&f)
+        } else {
+            Shm::map_split(&f, data, len)
+        };
+        let shm = map.map_err(|source| IpcError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        // ORDERING: Acquire pairs with the publisher's Release of H_STATE (header fields) and of H_TAIL (frames before it).
+        let w = |off| shm.word(off).load(Ordering::Acquire);
         let (pid, pid_start) = (w(H_PID), w(H_PID_START));
-        if !alive(pid, pid_start) {
-            return None;
+        if w(H_STATE) != STATE_LIVE || !alive(pid, pid_start) {
+            return Ok(None);
         }
         let me = std::process::id() as u64;
         let my_start = process_start(me as u32).unwrap_or(0);
-        let slot = (0..slots).find(|&i| {
+        let Some(slot) = (0..slots).find(|&i| {
             let s = slot_off(i);
             shm.word(s + S_STATE)
                 // ORDERING: AcqRel CAS reserves a free slot (DROPPED = not counted by the publisher yet); pid, start and position are written Relaxed and published by the Release store of LIVE below.
                 .compare_exchange(SLOT_FREE, SLOT_DROPPED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
-        })?;
+        }) else {
+            return Ok(None);
+        };
         let s = slot_off(slot);
         shm.word(s + S_PID).store(me, Ordering::Relaxed);
         shm.word(s + S_PID_START).store(my_start, Ordering::Relaxed);
@@ -1005,10 +1348,8 @@ impl IpcSubscriber {
         let session = w(H_SESSION);
         self.scratch = vec![0u8; max_payload.next_multiple_of(8)];
         self.joined = Some(Joined {
-            ino: {
-                use std::os::unix::fs::MetadataExt;
-                f.metadata().map(|m| m.ino()).unwrap_or(0)
-            },
+            ino: meta.ino(),
+            file: f,
             data,
             ring,
             log2: ring.trailing_zeros(),
@@ -1021,7 +1362,7 @@ impl IpcSubscriber {
             pos,
             shm,
         });
-        Some((session, pid as u32))
+        Ok(Some((session, pid as u32)))
     }
 
     fn leave(&mut self) {
@@ -1050,6 +1391,15 @@ impl IpcSubscriber {
         None
     }
 
+    /// Whether the joined stream's file is shorter than our mapping.
+    fn truncated(&self) -> bool {
+        self.joined.as_ref().is_some_and(|j| {
+            j.file
+                .metadata()
+                .is_ok_and(|m| m.len() < j.shm.len() as u64)
+        })
+    }
+
     /// Delivers up to `limit` messages and any events to `f`; returns how
     /// many events it delivered. Never blocks. `now` is [`now_ns`], as every
     /// state machine of the crate takes it; it only paces the looks for a
@@ -1062,7 +1412,7 @@ impl IpcSubscriber {
         let Some(j) = self.joined.as_mut() else {
             if due(self.last_check) {
                 self.last_check = Some(now);
-                if let Some((session, publisher_pid)) = self.try_join() {
+                if let Ok(Some((session, publisher_pid))) = self.try_connect() {
                     f(IpcEvent::Connected {
                         session,
                         publisher_pid,
@@ -1084,6 +1434,11 @@ impl IpcSubscriber {
                     self.idle_polls = 0;
                     if due(self.last_check) {
                         self.last_check = Some(now);
+                        if self.truncated() {
+                            self.leave();
+                            f(IpcEvent::Corrupt("the stream file was truncated"));
+                            return 1;
+                        }
                         if let Some(clean) = self.publisher_gone() {
                             // Deliver what is left first: after CLOSED
                             // (Release after the last frame) every frame is

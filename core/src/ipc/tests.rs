@@ -1,6 +1,6 @@
 use super::*;
 use rand::{Rng, SeedableRng};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::time::Instant;
 
 fn cfg(dir: &Path, ring: usize, flow: FlowControl) -> IpcConfig {
@@ -432,4 +432,205 @@ fn a_zombie_process_is_not_alive() {
         std::process::id().into(),
         process_start(std::process::id()).unwrap()
     ));
+}
+
+fn mode_of(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+}
+
+#[test]
+fn stream_files_are_0600_in_a_0700_directory_made_for_them() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("streams");
+    let c = cfg(&dir, 64 << 10, FlowControl::Block);
+    // Whatever the umask (the old code's file was 0644 under the usual 022).
+    let p = IpcPublisher::create("s", &c).unwrap();
+    assert_eq!(mode_of(&dir), 0o700);
+    assert_eq!(mode_of(p.path()), 0o600);
+    // No temporary file is left behind, and its name was not the pid.
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, ["rocebus-s.ipc"]);
+}
+
+#[test]
+fn a_directory_others_can_write_is_refused_by_both_sides() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("open");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let c = cfg(&dir, 64 << 10, FlowControl::Block);
+    let err = IpcPublisher::create("s", &c).unwrap_err();
+    assert!(matches!(err, IpcError::UnsafeDir { .. }), "{err}");
+    assert!(
+        err.to_string().contains("group or others can write it"),
+        "{err}"
+    );
+    let mut s = IpcSubscriber::new("s", &c).unwrap();
+    assert!(matches!(s.try_connect(), Err(IpcError::UnsafeDir { .. })));
+    assert!(matches!(s.refused(), Some(IpcError::UnsafeDir { .. })));
+    // A symlink to a private directory is refused too (it could be
+    // swapped for another).
+    let private = base.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    let link = base.path().join("link");
+    std::os::unix::fs::symlink(&private, &link).unwrap();
+    let err = IpcPublisher::create("s", &cfg(&link, 64 << 10, FlowControl::Block)).unwrap_err();
+    assert!(err.to_string().contains("not a directory"), "{err}");
+}
+
+#[test]
+fn a_symlink_at_the_stream_path_is_refused_and_its_target_untouched() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("streams");
+    let c = cfg(&dir, 64 << 10, FlowControl::Block);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let victim = base.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, c.path("s")).unwrap();
+    let mut s = IpcSubscriber::new("s", &c).unwrap();
+    let err = s.try_connect().unwrap_err();
+    assert!(err.to_string().contains("is a symlink"), "{err}");
+    let err = IpcPublisher::create("s", &c).unwrap_err();
+    assert!(err.to_string().contains("is a symlink"), "{err}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}
+
+#[test]
+fn owner_and_mode_checks_by_value() {
+    let p = Path::new("f");
+    assert!(check_owner(p, 1000, 0o100600, 1000).is_ok());
+    assert!(matches!(
+        check_owner(p, 0, 0o100600, 1000),
+        Err(IpcError::NotOwner {
+            owner: 0,
+            expected: 1000,
+            ..
+        })
+    ));
+    assert!(matches!(
+        check_owner(p, 1000, 0o100644, 1000),
+        Err(IpcError::UnsafeFile { .. })
+    ));
+    assert_eq!(dir_problem(true, 7, 0o40700, 7), None);
+    assert_eq!(dir_problem(true, 7, 0o40755, 7), None);
+    assert!(dir_problem(true, 7, 0o41777, 7).is_some());
+    assert!(dir_problem(true, 7, 0o40770, 7).is_some());
+    assert!(dir_problem(true, 8, 0o40700, 7).is_some());
+    assert!(dir_problem(false, 7, 0o120777, 7).is_some());
+}
+
+#[test]
+fn a_stream_of_another_user_or_readable_by_others_is_refused() {
+    let base = tempfile::tempdir().unwrap();
+    let c = cfg(base.path(), 64 << 10, FlowControl::Block);
+    let p = IpcPublisher::create("s", &c).unwrap();
+    // A subscriber told to expect another user refuses ours (the directory
+    // is ours, so that is what it finds first).
+    let mut s = IpcSubscriber::new("s", &c).unwrap().expect_owner(4242);
+    let err = s.try_connect().unwrap_err();
+    assert!(err.to_string().contains("not uid 4242"), "{err}");
+    // A file others can read is refused.
+    std::fs::set_permissions(
+        p.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let mut s = IpcSubscriber::new("s", &c).unwrap();
+    assert!(matches!(s.try_connect(), Err(IpcError::UnsafeFile { .. })));
+    std::fs::set_permissions(
+        p.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    // A file squatted by another user, in our directory: needs root to
+    // make (chown), which these tests run as.
+    let path = std::ffi::CString::new(p.path().as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::chown(path.as_ptr(), 65534, 65534) };
+    assert_eq!(
+        rc,
+        0,
+        "chown needs root: {}",
+        std::io::Error::last_os_error()
+    );
+    let err = s.try_connect().unwrap_err();
+    assert!(
+        matches!(err, IpcError::NotOwner { owner: 65534, .. }),
+        "{err}"
+    );
+    assert!(!s.is_connected());
+}
+
+#[test]
+fn a_slot_of_a_live_process_that_is_no_subscriber_cannot_hold_the_publisher() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
+    let mut p = IpcPublisher::create("s", &c).unwrap();
+    // Another process of the owner writes a slot naming pid 1 (alive for
+    // ever, its start time right) at position 0.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p.path())
+        .unwrap();
+    let s0 = slot_off(0);
+    for (off, v) in [
+        (S_PID, 1),
+        (S_PID_START, process_start(1).unwrap()),
+        (S_POS, 0),
+        (S_STATE, SLOT_LIVE),
+    ] {
+        f.write_all_at(&v.to_le_bytes(), (s0 + off) as u64).unwrap();
+    }
+    let msg = [1u8; 1000];
+    while p.offer(1, &msg).is_ok() {}
+    assert_eq!(p.offer(1, &msg), Err(IpcOfferError::BackPressured));
+    let t = Instant::now();
+    while p.offer(1, &msg).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "held by a slot naming pid 1"
+        );
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let mut events = Vec::new();
+    p.poll(now_ns(), |e| events.push(e));
+    assert_eq!(events, [IpcPubEvent::SubscriberGone { slot: 0, pid: 1 }]);
+    assert_eq!(p.stats().impostor_slots, 1);
+    // A real subscriber is still seen and kept.
+    let mut s = IpcSubscriber::new("s", &c).unwrap();
+    connect(&mut s);
+    std::thread::sleep(Duration::from_millis(10));
+    p.poll(now_ns(), |_| {});
+    assert_eq!(p.subscribers().len(), 1);
+}
+
+#[test]
+fn a_subscriber_maps_the_ring_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
+    let _p = IpcPublisher::create("s", &c).unwrap();
+    let mut s = IpcSubscriber::new("s", &c).unwrap();
+    connect(&mut s);
+    let j = s.joined.as_ref().unwrap();
+    let ring = j.data;
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let mine: Vec<&str> = maps
+        .lines()
+        .filter(|l| l.split_ascii_whitespace().nth(4) == Some(&j.ino.to_string()))
+        .collect();
+    // The publisher's whole mapping (rw, offset 0), the subscriber's
+    // header and slots (rw, offset 0) and its ring (read-only, at `data`).
+    let ro: Vec<&&str> = mine
+        .iter()
+        .filter(|l| l.split_ascii_whitespace().nth(1) == Some("r--s"))
+        .collect();
+    assert_eq!(ro.len(), 1, "{mine:?}");
+    let off = u64::from_str_radix(ro[0].split_ascii_whitespace().nth(2).unwrap(), 16).unwrap();
+    assert_eq!(off, ring as u64);
 }

@@ -289,6 +289,16 @@ pub struct RecoveryConfig {
     /// heartbeat, for this long (at least ten `heartbeat_interval_ns`) is
     /// given up and made again.
     pub dead_link_ns: u64,
+    /// Untagged datagrams (no `auth.secret`) starting more than this many
+    /// messages beyond the highest sequence known are an unconfirmed claim:
+    /// no hole is requested and nothing is declared lost until the stream
+    /// corroborates the jump, so one forged heartbeat cannot skip the feed.
+    pub claim_threshold: u64,
+    /// Far-ahead datagrams that must back a claim before it is accepted.
+    pub claim_packets: u32,
+    /// How long a claim must stand with no new datagram of the stream
+    /// before it is accepted (keep it well above `heartbeat_interval_ns`).
+    pub claim_timeout_ns: u64,
 }
 
 impl Default for RecoveryConfig {
@@ -309,6 +319,9 @@ impl Default for RecoveryConfig {
             status_interval_ns: 100_000_000,
             gap_tolerance_ns: 0,
             dead_link_ns: 1_000_000_000,
+            claim_threshold: 4096,
+            claim_packets: 3,
+            claim_timeout_ns: 20_000_000,
         }
     }
 }
@@ -760,6 +773,9 @@ impl McastConfig {
             max_request_messages: self.recovery.max_request_messages,
             max_message_bytes: self.max_message_bytes,
             gap_tolerance_ns: self.recovery.gap_tolerance_ns,
+            claim_threshold: self.recovery.claim_threshold,
+            claim_packets: self.recovery.claim_packets,
+            claim_timeout_ns: self.recovery.claim_timeout_ns,
         }
     }
 

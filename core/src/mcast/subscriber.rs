@@ -51,6 +51,21 @@
 //! [`Handler::on_gap`] and an [`Event::GapSkipped`] report the lost range,
 //! a large message cut by the hole is dropped, and delivery goes on after
 //! it. Strict subscribers never skip.
+//!
+//! Jumps need corroboration (without datagram tags, anyone who can put a
+//! datagram of the announced session on the fabric can forge a header): a
+//! live datagram or heartbeat starting more than `claim_threshold` beyond
+//! the highest sequence known is only a claim. It is counted
+//! ([`SubscriberCounters::claimed`]) and dropped: no hole, no request, no
+//! loss. New data of the stream, or a heartbeat at the highest sequence
+//! known, disproves it; it is accepted once it has stood `claim_timeout_ns`
+//! with no such datagram, backed by `claim_packets` far-ahead datagrams.
+//! Retransmissions (over the authenticated recovery connection) and tagged
+//! datagrams are never claims. While re-synchronising, nothing is known to
+//! anchor a jump against, so heartbeats do not raise the highest sequence
+//! and, once the snapshot is applied, it is recomputed from the snapshot
+//! and the buffered datagrams that follow it within the threshold; buffered
+//! datagrams beyond are dropped as claims.
 
 use std::collections::VecDeque;
 
@@ -107,6 +122,15 @@ pub struct SubscriberConfig {
     /// (or known unrecoverable) is skipped and reported instead of
     /// re-synchronising. 0: strict (never skip).
     pub gap_tolerance_ns: u64,
+    /// Untagged datagrams starting more than this many messages beyond the
+    /// highest sequence known are claims (see the module documentation).
+    pub claim_threshold: u64,
+    /// Far-ahead datagrams (the first included) that must back a claim
+    /// before it is accepted.
+    pub claim_packets: u32,
+    /// How long a claim must stand with no new datagram of the stream
+    /// before it is accepted (longer than a few heartbeat intervals).
+    pub claim_timeout_ns: u64,
 }
 
 /// Where the subscriber stands.
@@ -264,6 +288,13 @@ pub struct SubscriberCounters {
     pub gaps_skipped: u64,
     /// Sequences skipped by gap-tolerant delivery.
     pub sequences_skipped: u64,
+    /// Datagrams beyond the claim threshold held as an unconfirmed jump
+    /// (dropped), including buffered ones dropped after a snapshot.
+    pub claimed: u64,
+    /// Claims disproved by new datagrams of the stream.
+    pub claims_disproved: u64,
+    /// Claims accepted as a real jump.
+    pub claims_accepted: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,6 +354,15 @@ struct SnapshotProgress {
 
 const EVENT_CAPACITY: usize = 64;
 
+/// A jump beyond the claim threshold not yet corroborated.
+#[derive(Debug, Clone, Copy)]
+struct Claim {
+    /// When its first datagram arrived (no new datagram of the stream since).
+    since: u64,
+    /// Far-ahead datagrams backing it.
+    packets: u32,
+}
+
 /// The subscriber's protocol state. See the module documentation.
 #[derive(Debug)]
 pub struct SubscriberState {
@@ -367,6 +407,8 @@ pub struct SubscriberState {
     /// The current wait before asking again (see
     /// [`SubscriberConfig::max_recovery_timeout_ns`]).
     rto: u64,
+    /// An unconfirmed jump (see the module documentation).
+    claim: Option<Claim>,
 }
 
 impl SubscriberState {
@@ -405,6 +447,7 @@ impl SubscriberState {
             srtt: 0,
             rttvar: 0,
             rto: cfg.recovery_timeout_ns,
+            claim: None,
             cfg,
         }
     }
@@ -648,6 +691,7 @@ impl SubscriberState {
                     && self.phase == Phase::Live
                     && self.order.is_empty()
                     && self.outstanding.is_empty()
+                    && self.claim.is_none()
                 {
                     if let (Some(key), Some((body, tag))) = (&self.key, split) {
                         if !key.verify(body, tag) {
@@ -888,6 +932,19 @@ impl SubscriberState {
         handler: &mut H,
     ) {
         // The session is the announced one (check_datagram).
+        if self.phase == Phase::Live && src != Source::Retransmit && self.key.is_none() {
+            let known = self.high.max(self.next_seq);
+            if d.first_seq() > known.saturating_add(self.cfg.claim_threshold) {
+                if self.hold_claim(now) {
+                    return;
+                }
+            } else if ((d.is_heartbeat() && d.first_seq() >= known)
+                || (!d.is_heartbeat() && d.end_seq() > self.next_seq))
+                && self.claim.take().is_some()
+            {
+                self.counters.claims_disproved += 1;
+            }
+        }
         if self.phase == Phase::Idle {
             if d.first_seq() <= 1 + self.cfg.join_replay_max {
                 // Present from the start of the stream: nothing to restore;
@@ -899,7 +956,9 @@ impl SubscriberState {
         }
 
         if d.is_heartbeat() {
-            if d.first_seq() > self.high {
+            // While resyncing there is nothing to check a heartbeat's claim
+            // against: the snapshot and the buffered datagrams set `high`.
+            if self.phase == Phase::Live && d.first_seq() > self.high {
                 if self.phase == Phase::Live {
                     self.counters.gaps_detected += 1;
                 }
@@ -1019,6 +1078,55 @@ impl SubscriberState {
         } else {
             self.high = self.high.max(d.end_seq());
         }
+    }
+
+    /// Counts a far-ahead datagram towards the claim; says whether it is
+    /// to be dropped (`false` once the claim is accepted).
+    fn hold_claim(&mut self, now: u64) -> bool {
+        let claim = match self.claim {
+            Some(c) => Claim {
+                packets: c.packets.saturating_add(1),
+                ..c
+            },
+            None => Claim {
+                since: now,
+                packets: 1,
+            },
+        };
+        if claim.packets >= self.cfg.claim_packets
+            && now.saturating_sub(claim.since) >= self.cfg.claim_timeout_ns
+        {
+            self.claim = None;
+            self.counters.claims_accepted += 1;
+            return false;
+        }
+        self.claim = Some(claim);
+        self.counters.claimed += 1;
+        true
+    }
+
+    /// After a snapshot: one past the last sequence that follows `next_seq`
+    /// in the buffered datagrams without a jump beyond the claim threshold
+    /// (any jump when tags are on). Buffered datagrams beyond it were never
+    /// corroborated: they are dropped and counted as claims.
+    fn verify_high(&mut self) {
+        let mut high = self.next_seq;
+        let mut keep = 0;
+        for b in &self.order {
+            if self.key.is_none() && b.first > high.saturating_add(self.cfg.claim_threshold) {
+                break;
+            }
+            high = high.max(b.end);
+            keep += 1;
+        }
+        while self.order.len() > keep {
+            if let Some(b) = self.order.pop_back() {
+                self.free.push(b.slot);
+                self.counters.claimed += 1;
+            }
+        }
+        self.high = high;
+        self.claim = None;
     }
 
     fn count_duplicate(&mut self, src: Source) {
@@ -1369,6 +1477,7 @@ impl SubscriberState {
         self.outstanding.clear();
         self.next_seq = 1;
         self.high = 1;
+        self.claim = None;
         self.stall_since = None;
         self.skip_due = false;
         self.reasm.abandon();
@@ -1436,7 +1545,7 @@ impl SubscriberState {
         });
         self.phase = Phase::Live;
         self.next_seq = end.snapshot_seq + 1;
-        self.high = self.high.max(self.next_seq);
+        self.verify_high();
         self.drain(app);
         if self.next_hole(self.next_seq).is_some() {
             // Live data buffered during the resync starts after the snapshot.
@@ -1548,6 +1657,9 @@ mod tests {
             max_request_messages: 1 << 20,
             max_message_bytes: 1 << 16,
             gap_tolerance_ns: 0,
+            claim_threshold: 1 << 20,
+            claim_packets: 1,
+            claim_timeout_ns: 0,
         }
     }
 
@@ -2839,5 +2951,118 @@ mod tests {
         let c = s.counters();
         assert_eq!(c.partial_messages_dropped, 1, "{c:?}");
         assert_eq!(c.fragments_dropped, 2, "{c:?}");
+    }
+
+    fn claiming() -> SubscriberConfig {
+        SubscriberConfig {
+            claim_threshold: 100,
+            claim_packets: 3,
+            claim_timeout_ns: 50 * TIMEOUT,
+            max_buffered: 64,
+            ..cfg()
+        }
+    }
+
+    /// A heartbeat of session 1 on channel 3 claiming `first_seq`, as anyone
+    /// on the fabric can send it when tags are off.
+    fn forged_heartbeat(first_seq: u64) -> Vec<u8> {
+        let mut hb = vec![0; wire::DATAGRAM_HEADER_LEN];
+        wire::write_datagram_header(&mut hb, Line::A, 3, 1, first_seq, 0).expect("fits");
+        hb
+    }
+
+    #[test]
+    fn forged_far_ahead_heartbeat_loses_no_real_message() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 300);
+        let mut s = announced(claiming());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        let forged = forged_heartbeat(3 + 999_000);
+        let mut now = 0;
+        let mut asked = Vec::new();
+        for (i, d) in ds.iter().enumerate().skip(1) {
+            if i % 10 == 1 {
+                s.on_datagram(now, Line::A, &forged, &mut app);
+            }
+            // Slow enough that an open request would time out and give up.
+            now += 2 * TIMEOUT;
+            s.handle_timeout(now, &mut app);
+            asked.extend(transmits(&mut s));
+            s.on_datagram(now, Line::A, d, &mut app);
+            asked.extend(transmits(&mut s));
+        }
+        assert_eq!(
+            app.seqs,
+            (1..=600).collect::<Vec<_>>(),
+            "every real message"
+        );
+        assert_eq!(asked, [], "no request");
+        assert_eq!(events(&mut s), [], "no loss, no resync");
+        let c = s.counters();
+        assert_eq!(
+            (c.gaps_detected, c.unrecoverable, c.claims_accepted),
+            (0, 0, 0)
+        );
+        assert_eq!((c.claimed, c.claims_disproved), (30, 30));
+    }
+
+    #[test]
+    fn a_real_jump_on_the_bus_is_requested_after_the_claim_timeout() {
+        let mut p = publisher(1);
+        // All within the publisher's history (64 datagrams).
+        let ds = datagrams(&mut p, 64);
+        let mut s = announced(claiming());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        // 54 datagrams (108 messages, beyond the threshold of 100) lost on
+        // the fabric: what follows is a claim until it has stood long enough.
+        let mut now = 0;
+        let mut taken = None;
+        for (i, d) in ds.iter().enumerate().skip(55) {
+            now += 10 * TIMEOUT;
+            s.on_datagram(now, Line::A, d, &mut app);
+            if s.outstanding() > 0 {
+                taken = Some(i);
+                break;
+            }
+        }
+        let i = taken.expect("the jump is taken");
+        assert!(now >= 50 * TIMEOUT, "not before the claim timeout");
+        assert_eq!(s.counters().claims_accepted, 1);
+        // The datagrams dropped as claims are part of the one hole asked for.
+        serve(&mut p, &mut s, &mut app, now);
+        assert_eq!(s.counters().retransmit_requests, 1);
+        assert_eq!(app.seqs, (1..=2 * i as u64 + 2).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_heartbeat_seen_while_resyncing_does_not_survive_the_snapshot() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 5);
+        let mut s = announced(claiming());
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[3], &mut app); // [7,9): late join
+        assert_eq!(s.phase(), Phase::Resyncing);
+        s.on_datagram(0, Line::A, &forged_heartbeat(1_000_000), &mut app);
+        s.on_datagram(0, Line::A, &ds[4], &mut app);
+        transmits(&mut s);
+        let mut msgs = Vec::new();
+        encode_snapshot(3, 1, 4, &[7; 10], 30, |m| msgs.push(m.to_vec()));
+        for m in &msgs {
+            s.on_recovery(1, m, &mut app);
+        }
+        assert_eq!(s.phase(), Phase::Live);
+        serve(&mut p, &mut s, &mut app, 2);
+        assert_eq!(app.seqs, (5..=10).collect::<Vec<_>>());
+        // Only the hole before the buffered datagrams was asked for.
+        assert_eq!(s.counters().retransmit_requests, 1);
+        assert_eq!(transmits(&mut s), []);
+        s.handle_timeout(100 * TIMEOUT, &mut app);
+        assert_eq!(transmits(&mut s), [], "nothing beyond 10 is missing");
+        assert_eq!(
+            events(&mut s).last(),
+            Some(&Event::SnapshotApplied { seq: 4 })
+        );
     }
 }

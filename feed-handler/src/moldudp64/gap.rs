@@ -23,6 +23,21 @@
 //!   once [`GapConfig::reanchor_packets`] consecutive far-ahead packets of the session agree
 //!   (each starting at or after the previous one, within the window of it): the range
 //!   before them becomes an ordinary gap, re-requested or reported lost.
+//! - **Jumps need corroboration**: the source filter is by address, so anyone who can send
+//!   from the exchange's IP can forge a header. A packet (data, heartbeat or end of session)
+//!   starting more than [`GapConfig::claim_threshold`] beyond the highest sequence known is
+//!   only a *claim*: it is counted ([`Counters::claimed`]) and dropped, opens no gap, sends
+//!   no request and declares no loss. The stream's own packets decide: new data within the
+//!   threshold, or a heartbeat at (or just past) the highest sequence known, disproves the
+//!   claim ([`Counters::claims_disproved`]), since a source that really skipped sends
+//!   neither any more; a claim that has stood [`GapConfig::claim_timeout`] with no
+//!   such packet and is backed by [`GapConfig::claim_packets`] far-ahead packets of the
+//!   session is accepted ([`Counters::claims_accepted`]), and the packet that confirms it is
+//!   taken as an ordinary gap. A real jump is recovered `claim_timeout` late (the packets
+//!   dropped meanwhile are re-requested with the gap); a forger has to silence the real
+//!   source, heartbeats included, for `claim_timeout` to move the stream. The timeout is
+//!   longer than the exchange's heartbeat interval (1 s for NASDAQ) so an idle feed
+//!   disproves a claim in time.
 
 use super::{Kind, Packet, PacketError, Request};
 use std::collections::BTreeMap;
@@ -62,6 +77,15 @@ pub struct GapConfig {
     /// Consecutive, agreeing far-ahead packets after which the tracker accepts the jump
     /// (1 accepts any jump at once).
     pub reanchor_packets: u32,
+    /// Largest distance, in messages, a packet may start beyond the highest sequence known
+    /// and be acted on at once; farther packets are claims (see the module docs).
+    pub claim_threshold: u64,
+    /// Far-ahead packets of the session (the first included) that must back a claim
+    /// before it is accepted.
+    pub claim_packets: u32,
+    /// How long a claim must stand with no packet of the stream (see the module docs)
+    /// before it is accepted (zero, with `claim_packets` 1, accepts any jump at once).
+    pub claim_timeout: Duration,
 }
 
 impl Default for GapConfig {
@@ -76,6 +100,9 @@ impl Default for GapConfig {
             max_buffered_bytes: 16 << 20,
             max_sequence_ahead: 1_000_000,
             reanchor_packets: 3,
+            claim_threshold: 1000,
+            claim_packets: 3,
+            claim_timeout: Duration::from_millis(2500),
         }
     }
 }
@@ -129,6 +156,13 @@ pub struct Counters {
     pub far_ahead: u64,
     /// Jumps beyond the window accepted after agreeing far-ahead packets.
     pub reanchors: u64,
+    /// Packets beyond the claim threshold held as an unconfirmed claim (dropped).
+    pub claimed: u64,
+    /// Claims disproved by the stream's own packets (new data, or a heartbeat at the
+    /// highest sequence known).
+    pub claims_disproved: u64,
+    /// Claims accepted as a real jump (corroborated and unanswered by the stream).
+    pub claims_accepted: u64,
     /// Gaps given up as lost (each handed on as a [`Loss`]).
     pub unrecoverable: u64,
     /// Out-of-order packets dropped because the buffer was full.
@@ -150,6 +184,18 @@ pub enum Outcome {
     WrongSession,
     /// It starts too far beyond the highest sequence known to exist: ignored.
     FarAhead,
+    /// It starts beyond the claim threshold: held as an unconfirmed claim, not acted on.
+    Claimed,
+}
+
+/// A jump beyond the claim threshold not yet corroborated by the stream.
+#[derive(Debug, Clone, Copy)]
+struct Claim {
+    session: [u8; 10],
+    /// When the first packet of the claim arrived (no packet of the stream since).
+    since: Instant,
+    /// Far-ahead packets backing it.
+    packets: u32,
 }
 
 /// Far-ahead packets seen in a row: a jump is accepted once enough of them agree.
@@ -181,6 +227,7 @@ pub struct GapTracker {
     buffered_bytes: usize,
     outstanding: Option<Outstanding>,
     far_run: Option<FarRun>,
+    claim: Option<Claim>,
     ended: bool,
     counters: Counters,
 }
@@ -201,6 +248,7 @@ impl GapTracker {
             buffered_bytes: 0,
             outstanding: None,
             far_run: None,
+            claim: None,
             ended: false,
             counters: Counters::default(),
         }
@@ -234,7 +282,7 @@ impl GapTracker {
     /// Feeds one received packet; new messages go to `deliver(sequence_number, message)` in order.
     pub fn on_packet(
         &mut self,
-        _now: Instant,
+        now: Instant,
         bytes: &[u8],
         deliver: &mut impl FnMut(u64, &[u8]),
     ) -> Result<Outcome, PacketError> {
@@ -257,6 +305,10 @@ impl GapTracker {
             self.counters.far_ahead += 1;
             return Ok(Outcome::FarAhead);
         }
+        if self.is_claim(now, &packet) {
+            self.counters.claimed += 1;
+            return Ok(Outcome::Claimed);
+        }
         self.session.get_or_insert(packet.session());
         self.counters.packets += 1;
         match packet.kind() {
@@ -267,6 +319,15 @@ impl GapTracker {
         let seq = packet.sequence_number();
         let end = packet.end_sequence();
         let next = *self.next.get_or_insert(seq);
+        // The stream's own packets: new data, or a heartbeat at (or just past) the highest
+        // sequence known. A source that really skipped sends neither any more.
+        let of_stream = match packet.kind() {
+            Kind::Data => end > next,
+            _ => seq >= self.high.max(next),
+        };
+        if of_stream && self.claim.take().is_some() {
+            self.counters.claims_disproved += 1;
+        }
         if self.high < next {
             self.high = next;
         }
@@ -352,6 +413,44 @@ impl GapTracker {
             last: seq,
             count,
         });
+        true
+    }
+
+    /// Whether `packet` starts beyond the claim threshold and is to be held as a claim (not
+    /// acted on). Says `false` (accept) once the claim has stood `claim_timeout` backed by
+    /// `claim_packets` packets; a packet of the stream clears it in `on_packet`.
+    fn is_claim(&mut self, now: Instant, packet: &Packet<'_>) -> bool {
+        let Some(next) = self.next else {
+            return false;
+        };
+        let seq = packet.sequence_number();
+        if seq
+            <= self
+                .high
+                .max(next)
+                .saturating_add(self.config.claim_threshold)
+        {
+            return false;
+        }
+        let claim = match self.claim {
+            Some(c) if c.session == packet.session() => Claim {
+                packets: c.packets.saturating_add(1),
+                ..c
+            },
+            _ => Claim {
+                session: packet.session(),
+                since: now,
+                packets: 1,
+            },
+        };
+        if claim.packets >= self.config.claim_packets
+            && now.saturating_duration_since(claim.since) >= self.config.claim_timeout
+        {
+            self.claim = None;
+            self.counters.claims_accepted += 1;
+            return false;
+        }
+        self.claim = Some(claim);
         true
     }
 

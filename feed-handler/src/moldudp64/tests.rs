@@ -421,6 +421,9 @@ fn agreeing_far_ahead_packets_are_a_real_jump() {
     let cfg = GapConfig {
         max_sequence_ahead: 100,
         reanchor_packets: 3,
+        // The jump is taken as soon as the window agrees; claims are tested on their own.
+        claim_packets: 1,
+        claim_timeout: Duration::ZERO,
         ..GapConfig::default()
     };
     let mut g = GapTracker::new(cfg);
@@ -620,4 +623,172 @@ fn longer_packet_at_a_buffered_sequence_replaces_the_shorter() {
         .expect("ok");
     assert_eq!(got, [1, 2, 3, 4, 5, 6, 7]);
     assert_eq!(g.poll_request(t), None, "nothing left to ask");
+}
+
+/// Runs the tracker as the shell does between packets: requests, and every timeout due
+/// up to `until`, at its time.
+fn turn(g: &mut GapTracker, until: Instant, out: &mut Released, requests: &mut Vec<Request>) {
+    let mut now = until;
+    loop {
+        while let Some(r) = g.poll_request(now) {
+            requests.push(r);
+        }
+        match g.next_timeout() {
+            Some(due) if due <= until => {
+                now = due;
+                g.handle_timeout(due, out);
+            }
+            _ => return,
+        }
+    }
+}
+
+#[test]
+fn forged_far_ahead_heartbeat_loses_no_real_message() {
+    // The attack of issue 41: one heartbeat from the exchange's address claiming
+    // next + 999,000 (inside the sequence window), then the real feed goes on in order.
+    let t0 = Instant::now();
+    let mut g = GapTracker::new(GapConfig::default());
+    let mut out = Released::default();
+    let mut requests = Vec::new();
+    let mut now = t0;
+    for seq in 1..=10 {
+        g.on_packet(now, &packet(seq, 1), &mut |s, m| out.message(s, m))
+            .expect("ok");
+    }
+    let forged = empty_packet(session("T"), 11 + 999_000, HEARTBEAT);
+    assert_eq!(
+        g.on_packet(now, &forged, &mut |s, m| out.message(s, m)),
+        Ok(Outcome::Claimed)
+    );
+    // Real packets, one every 10 ms, then a quiet stretch of one every 400 ms (longer
+    // than a request's retries take to run out), with a forged heartbeat every tenth.
+    let mut forged_sent = 1;
+    for i in 0..600u64 {
+        now += Duration::from_millis(if i < 500 { 10 } else { 400 });
+        turn(&mut g, now, &mut out, &mut requests);
+        g.on_packet(now, &packet(11 + i, 1), &mut |s, m| out.message(s, m))
+            .expect("ok");
+        if i % 10 == 0 {
+            g.on_packet(now, &forged, &mut |s, m| out.message(s, m))
+                .expect("ok");
+            forged_sent += 1;
+        }
+        turn(&mut g, now, &mut out, &mut requests);
+    }
+    let want: Vec<_> = (1..=610).map(Ok).collect();
+    assert_eq!(out.0, want, "every real message, no loss");
+    assert_eq!(requests, [], "no re-request");
+    let c = *g.counters();
+    assert_eq!((c.lost, c.gaps, c.requests, c.duplicates), (0, 0, 0, 0));
+    assert_eq!((c.claimed, c.claims_accepted), (forged_sent, 0));
+    assert_eq!(c.claims_disproved, forged_sent);
+}
+
+#[test]
+fn forged_burst_inside_the_claim_timeout_is_not_a_jump() {
+    // Several agreeing forged packets in a row are not enough: the real feed keeps
+    // arriving at the head within the timeout.
+    let t0 = Instant::now();
+    let mut g = GapTracker::new(GapConfig::default());
+    let mut got = Vec::new();
+    g.on_packet(t0, &packet(1, 1), &mut collect(&mut got))
+        .expect("ok");
+    for s in 0..50 {
+        assert_eq!(
+            g.on_packet(t0, &packet(500_000 + s, 1), &mut collect(&mut got)),
+            Ok(Outcome::Claimed)
+        );
+    }
+    g.on_packet(
+        t0 + Duration::from_secs(1),
+        &packet(2, 1),
+        &mut collect(&mut got),
+    )
+    .expect("ok");
+    // Long after the first forged packet, one more: the claim started over at the head.
+    assert_eq!(
+        g.on_packet(
+            t0 + Duration::from_secs(3),
+            &packet(500_050, 1),
+            &mut collect(&mut got)
+        ),
+        Ok(Outcome::Claimed)
+    );
+    assert_eq!(g.poll_request(t0 + Duration::from_secs(3)), None);
+    assert_eq!(got, [1, 2]);
+}
+
+#[test]
+fn real_jump_is_still_detected_after_the_claim_timeout() {
+    // The source really skipped from 11 to 5011: nothing arrives at the head any more.
+    let t0 = Instant::now();
+    let cfg = GapConfig {
+        retransmission: false,
+        ..GapConfig::default()
+    };
+    let timeout = cfg.claim_timeout;
+    let mut g = GapTracker::new(cfg);
+    let mut out = Released::default();
+    let mut requests = Vec::new();
+    for seq in 1..=10 {
+        g.on_packet(t0, &packet(seq, 1), &mut |s, m| out.message(s, m))
+            .expect("ok");
+    }
+    let mut now = t0;
+    let mut seq = 5011;
+    while now <= t0 + timeout + Duration::from_millis(200) {
+        let o = g
+            .on_packet(now, &packet(seq, 1), &mut |s, m| out.message(s, m))
+            .expect("ok");
+        if now < t0 + timeout {
+            assert_eq!(o, Outcome::Claimed, "not before the timeout");
+        }
+        turn(&mut g, now, &mut out, &mut requests);
+        seq += 1;
+        now += Duration::from_millis(10);
+    }
+    let c = *g.counters();
+    assert_eq!(c.claims_accepted, 1);
+    assert_eq!(c.unrecoverable, 1, "{c:?}");
+    // The range before the packet that confirmed the claim is declared lost, then the
+    // stream goes on from there.
+    let first_taken = 5011 + c.claimed;
+    assert_eq!(
+        out.0[10],
+        Err(Loss {
+            from: 11,
+            to: first_taken
+        })
+    );
+    assert_eq!(out.0[11], Ok(first_taken));
+    assert_eq!(out.0.last(), Some(&Ok(seq - 1)));
+}
+
+#[test]
+fn real_jump_is_re_requested_with_a_retransmission_server() {
+    let t0 = Instant::now();
+    let cfg = GapConfig {
+        claim_packets: 2,
+        claim_timeout: Duration::from_millis(100),
+        ..GapConfig::default()
+    };
+    let mut g = GapTracker::new(cfg);
+    let mut got = Vec::new();
+    g.on_packet(t0, &packet(1, 1), &mut collect(&mut got))
+        .expect("ok");
+    let later = t0 + Duration::from_millis(100);
+    for (now, s, want) in [
+        (t0, 3000, Outcome::Claimed),
+        (t0 + Duration::from_millis(50), 3001, Outcome::Claimed),
+        (later, 3002, Outcome::Buffered),
+    ] {
+        assert_eq!(
+            g.on_packet(now, &packet(s, 1), &mut collect(&mut got)),
+            Ok(want),
+            "{s}"
+        );
+    }
+    let r = g.poll_request(later).expect("request");
+    assert_eq!((r.sequence_number, r.count), (2, 1000));
 }

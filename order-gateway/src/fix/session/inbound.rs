@@ -197,7 +197,10 @@ impl Session {
         }
         if seq > self.next_in {
             // Ahead of a gap: kept for when the gap is filled (QuickFIX's doTargetTooHigh).
-            if self.queue.len() < QUEUE_LIMIT || self.queue.contains_key(&seq) {
+            let kept = self.queue.get(&seq).map_or(0, Vec::len);
+            let bytes = self.queue_bytes - kept + m.raw().len();
+            if (self.queue.len() < QUEUE_LIMIT || kept > 0) && bytes <= self.queue_max_bytes {
+                self.queue_bytes = bytes;
                 if self.queue.insert(seq, m.raw().to_vec()).is_none() {
                     self.counters.queued += 1;
                 }
@@ -380,11 +383,11 @@ impl Session {
         loop {
             let (&seq, _) = self.queue.first_key_value()?;
             if seq < self.next_in {
-                self.queue.pop_first();
+                self.queue_pop_first();
                 continue;
             }
             if seq == self.next_in {
-                return self.queue.pop_first().map(|(_, f)| f);
+                return self.queue_pop_first();
             }
             if self.resend_until.is_none() && self.state == SessionState::Active {
                 self.request_resend(seq, now, out);

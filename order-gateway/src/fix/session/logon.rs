@@ -99,7 +99,7 @@ impl Session {
         self.next_out = 1;
         self.next_in = 1;
         self.store.slots.fill((0, 0));
-        self.queue.clear();
+        self.queue_clear();
         self.resend_until = None;
     }
 
@@ -152,7 +152,7 @@ impl Session {
         self.resend_until = None;
         self.answered_reset = reset;
         // As QuickFIX's disconnect(): what was queued comes back with the next resend.
-        self.queue.clear();
+        self.queue_clear();
     }
 
     /// NextExpectedMsgSeqNum (789) on the venue's Logon: the number it expects from us. Below

@@ -16,7 +16,8 @@
 //! - SequenceReset-Reset (123 absent or N) ignores MsgSeqNum and sets the next expected
 //!   number to NewSeqNo; a NewSeqNo below it is answered with Reject 373=5 (QuickFIX does the
 //!   same), as is a GapFill going backwards.
-//! - Messages ahead of a gap are queued ([`QUEUE_LIMIT`] at most; beyond that they are dropped
+//! - Messages ahead of a gap are queued ([`QUEUE_LIMIT`] messages and [`QUEUE_MAX_BYTES`]
+//!   bytes at most, see [`Session::set_queue_max_bytes`]; beyond either they are dropped
 //!   and come back with the resend, which asks up to infinity) and handed back in order by
 //!   [`Session::next_queued`] once the gap is filled, as QuickFIX's `nextQueued` does.
 //! - SendingTime (52) is checked as QuickFIX's `verify` does, before the CompIDs and the
@@ -199,6 +200,11 @@ pub struct SessionCounters {
 
 /// Messages ahead of a gap held at most (each a few hundred bytes).
 pub const QUEUE_LIMIT: usize = 1 << 13;
+/// Bytes of messages ahead of a gap held at most by default (64 MiB): without it the count
+/// alone let a venue, or anyone between, make the queue hold 8,192 messages of up to 1 MiB.
+/// A message that would pass it is dropped (counted in `queue_overflow`) and comes back
+/// with the resend, which asks up to infinity.
+pub const QUEUE_MAX_BYTES: usize = 64 << 20;
 
 fn is_app(msg_type: &[u8]) -> bool {
     !matches!(msg_type, b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A")
@@ -236,6 +242,10 @@ pub struct Session {
     rejected_in: u64,
     /// Messages ahead of a gap, by sequence number (raw frames).
     queue: std::collections::BTreeMap<u64, Vec<u8>>,
+    /// Bytes of the frames in `queue`.
+    queue_bytes: usize,
+    /// Bound of `queue_bytes`.
+    queue_max_bytes: usize,
     store: SentStore,
     writer: MessageWriter,
     counters: SessionCounters,
@@ -262,6 +272,8 @@ impl Session {
             accepted_in: 0,
             rejected_in: 0,
             queue: std::collections::BTreeMap::new(),
+            queue_bytes: 0,
+            queue_max_bytes: QUEUE_MAX_BYTES,
             store: SentStore::default(),
             writer: MessageWriter::default(),
             counters: SessionCounters::default(),
@@ -304,6 +316,29 @@ impl Session {
     /// Messages held ahead of a gap.
     pub fn queued_len(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Bytes of the messages held ahead of a gap.
+    pub fn queued_bytes(&self) -> usize {
+        self.queue_bytes
+    }
+
+    /// Bounds the bytes held ahead of a gap (default [`QUEUE_MAX_BYTES`]); messages beyond
+    /// are dropped and come back with the resend.
+    pub fn set_queue_max_bytes(&mut self, bytes: usize) {
+        self.queue_max_bytes = bytes;
+    }
+
+    /// The first queued frame, taken out.
+    fn queue_pop_first(&mut self) -> Option<Vec<u8>> {
+        let (_, f) = self.queue.pop_first()?;
+        self.queue_bytes -= f.len();
+        Some(f)
+    }
+
+    fn queue_clear(&mut self) {
+        self.queue.clear();
+        self.queue_bytes = 0;
     }
 
     /// Counts a frame dropped by the framing layer.

@@ -1251,3 +1251,64 @@ mod session_rules_tests {
         assert_eq!(s.state(), SessionState::Disconnected);
     }
 }
+
+mod queue_bytes_tests {
+    use super::*;
+
+    use super::{active, frames, venue, T0};
+
+    /// Large messages ahead of a gap stop being queued at the byte bound; the resend (which
+    /// asks up to infinity) brings them back, in order.
+    #[test]
+    fn the_out_of_order_queue_is_bounded_in_bytes_and_the_rest_comes_with_the_resend() {
+        let mut s = active();
+        s.set_queue_max_bytes(1 << 20);
+        let mut out = Vec::new();
+        let text = vec![b'x'; 100_000];
+        let next = s.next_in();
+        // `next` is lost; the 39 after it arrive, 100 KB each: about ten fit in 1 MiB.
+        for seq in next + 1..next + 40 {
+            let f = venue(b"8", seq, &[(58, &text)]);
+            s.on_message(Message::parse(&f).unwrap(), T0, &mut out);
+            assert!(
+                s.queued_bytes() <= 1 << 20,
+                "{} bytes queued",
+                s.queued_bytes()
+            );
+        }
+        let held = s.queued_len() as u64;
+        assert!((9..=10).contains(&held), "{held}");
+        let c = s.counters();
+        assert_eq!((c.queued, c.queue_overflow), (held, 39 - held));
+        // One ResendRequest, from the gap up to infinity (EndSeqNo 0).
+        let asked: Vec<_> = frames(&out)
+            .iter()
+            .filter_map(|f| {
+                let m = Message::parse(f).unwrap();
+                (m.msg_type() == b"2").then(|| (m.uint(7).ok(), m.uint(16).ok()))
+            })
+            .collect();
+        assert_eq!(asked, [(Some(next), Some(0))]);
+        // The venue resends from the gap on: the queue drains in order, and what was
+        // dropped comes in sequence.
+        let mut delivered = Vec::new();
+        for seq in next..next + 40 {
+            if seq < s.next_in() {
+                continue;
+            }
+            let f = venue(b"8", seq, &[(58, &text)]);
+            if let SessionEvent::App(_) = s.on_message(Message::parse(&f).unwrap(), T0, &mut out) {
+                delivered.push(seq);
+            }
+            while let Some(q) = s.next_queued(T0, &mut out) {
+                let m = Message::parse(&q).unwrap();
+                let seq = m.seq().unwrap();
+                if let SessionEvent::App(_) = s.on_queued(m, T0, &mut out) {
+                    delivered.push(seq);
+                }
+            }
+        }
+        assert_eq!(delivered, (next..next + 40).collect::<Vec<_>>());
+        assert_eq!((s.queued_len(), s.queued_bytes()), (0, 0));
+    }
+}
