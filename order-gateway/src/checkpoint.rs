@@ -177,7 +177,7 @@ pub struct SessionState {
     pub sent: Vec<(u64, Vec<u8>)>,
 }
 
-/// A checkpoint that cannot be read.
+/// A checkpoint, or any journal record, that replay cannot read.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
@@ -193,6 +193,14 @@ pub enum CheckpointError {
     /// Encoding failed (a bug: the state is plain data).
     #[error("journal checkpoint could not be encoded: {0}")]
     Encode(String),
+    /// A journal record replay does not know (written by a newer gateway?): the start stops
+    /// rather than half-read the journal.
+    #[error(
+        "the journal holds {0}, which this gateway does not know (written by a newer \
+         version?): run the gateway version that wrote it; `order-gateway journal dump` shows \
+         the record"
+    )]
+    UnknownRecord(String),
     /// The bytes do not decode (the record's CRC passed, so this is a bug, not damage).
     #[error("journal checkpoint does not decode: {0}")]
     Decode(String),

@@ -18,7 +18,8 @@ use crate::proto::{msg_type, RejectReason, Request, Response, Side, Symbol};
 use crate::risk::{KillScope, OrderParams, RequestKind};
 
 impl Gateway {
-    /// A checkpoint record replay could not read: the journal must not be used as if
+    /// A record replay could not read (a checkpoint of another layout, a record kind, kill
+    /// scope or engine session event it does not know): the journal must not be used as if
     /// replayed (the caller stops the start with it).
     pub fn take_replay_error(&mut self) -> Option<crate::checkpoint::CheckpointError> {
         self.replay_error.take()
@@ -279,7 +280,11 @@ impl Gateway {
             }
             record::DECISION => {
                 let Ok((d, _)) = Decision::read_from_prefix(payload) else {
-                    return;
+                    return self.refuse_record(format!(
+                        "a decision of {} bytes (at least {} expected)",
+                        payload.len(),
+                        size_of::<Decision>()
+                    ));
                 };
                 if let Some(reason) = RejectReason::from_u16(d.reason.get()) {
                     let (engine, cl) = (d.engine.get(), d.cl_ord_id.get());
@@ -317,10 +322,13 @@ impl Gateway {
                         2 => Some(KillScope::Account(id)),
                         _ => None,
                     };
-                    if let Some(scope) = scope {
-                        // The cancels it caused are journaled as their own decisions.
-                        self.risk.set_kill(scope, on != 0);
-                    }
+                    let Some(scope) = scope else {
+                        return self.refuse_record(format!("a kill switch of scope {tag}"));
+                    };
+                    // The cancels it caused are journaled as their own decisions.
+                    self.risk.set_kill(scope, on != 0);
+                } else {
+                    self.refuse_record(format!("a kill switch record of {} bytes", payload.len()));
                 }
             }
             record::ENGINE_SESSION => {
@@ -335,8 +343,13 @@ impl Gateway {
                             self.connected.remove(&engine);
                             self.reset_malformed(engine);
                         }
-                        _ => {}
+                        ev => self.refuse_record(format!("an engine session event {ev}")),
                     }
+                } else {
+                    self.refuse_record(format!(
+                        "an engine session record of {} bytes",
+                        payload.len()
+                    ));
                 }
             }
             record::CHECKPOINT => match crate::checkpoint::decode(payload) {
@@ -399,7 +412,15 @@ impl Gateway {
                     let _ = self.apply_app(&m, scratch);
                 }
             }
-            _ => {}
+            kind => self.refuse_record(format!("a record of kind {kind}")),
+        }
+    }
+
+    /// Replay met a record it does not know: the start stops rather than half-read a journal
+    /// a newer gateway wrote.
+    fn refuse_record(&mut self, what: String) {
+        if self.replay_error.is_none() {
+            self.replay_error = Some(crate::checkpoint::CheckpointError::UnknownRecord(what));
         }
     }
 
