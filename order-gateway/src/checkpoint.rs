@@ -59,7 +59,8 @@ pub struct GatewayState {
     /// Executed notional of the kept orders with executions: `(id, sum of qty x price)`.
     /// Encoded after the rest (a trailer), so checkpoints of the same version written
     /// before it existed still read (their orders' notional is then estimated from their
-    /// limit price), and a gateway that does not know it reads past it.
+    /// limit price). Bytes after the trailer are fields this gateway does not know: the
+    /// start stops on them rather than half-read the checkpoint.
     #[serde(skip)]
     pub notional: Vec<(u64, i128)>,
 }
@@ -224,8 +225,15 @@ pub fn decode(payload: &[u8]) -> Result<GatewayState, CheckpointError> {
             let (mut state, rest): (GatewayState, _) = postcard::take_from_bytes(rest)
                 .map_err(|e| CheckpointError::Decode(e.to_string()))?;
             if !rest.is_empty() {
-                let t: Trailer = postcard::from_bytes(rest)
+                let (t, rest): (Trailer, _) = postcard::take_from_bytes(rest)
                     .map_err(|e| CheckpointError::Decode(e.to_string()))?;
+                if !rest.is_empty() {
+                    // Fields a newer gateway added: never half-read.
+                    return Err(CheckpointError::UnknownRecord(format!(
+                        "a checkpoint with {} bytes of fields after its last known one",
+                        rest.len()
+                    )));
+                }
                 state.notional = t.notional;
             }
             Ok(state)

@@ -167,6 +167,12 @@ pub fn describe(kind: u8, payload: &[u8]) -> Result<Vec<(&'static str, Field)>, 
         }
         record::DECISION => {
             let (d, rest) = Decision::read_from_prefix(payload).map_err(|_| short())?;
+            if !rest.is_empty() && rest.len() != size_of::<DecisionTrailer>() {
+                return Err(format!(
+                    "a decision of {} bytes (fields after its trailer)",
+                    payload.len()
+                ));
+            }
             let sym = String::from_utf8_lossy(&d.symbol.0)
                 .trim_end_matches(['\0', ' '])
                 .to_owned();

@@ -297,6 +297,13 @@ impl Gateway {
                     // Its order message follows in the same write; see `close_unsent`.
                     self.unsent.insert(d.request_id.get());
                 }
+                let extra = payload.len() - size_of::<Decision>();
+                if extra != 0 && extra != size_of::<DecisionTrailer>() {
+                    return self.refuse_record(format!(
+                        "a decision of {} bytes (fields after its trailer)",
+                        payload.len()
+                    ));
+                }
                 let trailer = payload
                     .get(size_of::<Decision>()..)
                     .and_then(|t| DecisionTrailer::read_from_prefix(t).ok())

@@ -1033,6 +1033,11 @@ fn unknown_record_kinds_kill_scopes_and_session_events_stop_the_replay() {
         ("kill length", record::KILL, vec![0, 1, 0, 0, 0, 1, 9]),
         ("session event", record::ENGINE_SESSION, vec![1, 0, 0, 0, 9]),
         ("short decision", record::DECISION, vec![0; 10]),
+        (
+            "decision with more fields",
+            record::DECISION,
+            vec![0; 56 + 9 + 4],
+        ),
     ] {
         let mut r = Gateway::new(session(), &risk()).unwrap();
         r.replay_record(kind, &payload);
@@ -1046,6 +1051,14 @@ fn unknown_record_kinds_kill_scopes_and_session_events_stop_the_replay() {
     r.replay_record(record::KILL, &[0, 0, 0, 0, 0, 1]);
     r.replay_record(record::ENGINE_SESSION, &[1, 0, 0, 0, 1]);
     assert!(r.take_replay_error().is_none());
+    // A checkpoint with fields after the last one this gateway knows.
+    let (gw, _, _) = active();
+    let mut payload = gw.checkpoint().unwrap();
+    payload.extend_from_slice(&[1, 2, 3]);
+    let mut r = Gateway::new(session(), &risk()).unwrap();
+    r.replay_record(record::CHECKPOINT, &payload);
+    let e = r.take_replay_error().expect("unknown checkpoint fields");
+    assert!(e.to_string().contains("does not know"), "{e}");
 }
 
 #[test]
