@@ -1149,20 +1149,23 @@ mod tests {
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gw.journal");
-        let mut d = FixDriver::with_link(
-            crate::sim::SimVenue::new(),
-            session,
-            &risk,
-            &path,
-            FsyncPolicy::Group,
-        )
-        .unwrap();
+        // No venue is needed: an engine request is journaled (and rejected) all the same.
+        let mut d =
+            FixDriver::open_with("127.0.0.1:9", session, &risk, &path, FsyncPolicy::Group).unwrap();
         d.set_segment_bytes(1);
         // The next segment cannot be created: a directory is in its way.
         std::fs::create_dir(dir.path().join("gw.journal.next")).unwrap();
-        d.connect().unwrap();
+        let m = crate::proto::NewOrder::new(
+            1,
+            7,
+            crate::proto::Symbol::new("AAPL").unwrap(),
+            crate::proto::Side::Buy,
+            10,
+            100,
+            crate::proto::TimeInForce::Day,
+        );
+        d.stage_engine_message(1, zerocopy::IntoBytes::as_bytes(&m), unix_nanos());
         for _ in 0..200 {
-            d.poll_with(unix_nanos(), |_, _| {}).unwrap();
             d.flush_with(|_, _| {}).unwrap();
         }
         assert_eq!(d.segment_stats().failures, 1, "retried every loop turn");
