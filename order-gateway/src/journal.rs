@@ -46,6 +46,11 @@
 //! is missing, empty, a bare magic or a partial header is refused, the file unchanged: the
 //! day is in the archives and a fresh journal would start an empty day.
 //!
+//! [`repair`] (an operator's decision, the gateway stopped) moves a damaged suffix to
+//! `FILE.quarantine.N` (never deletes) and cuts the file there, except where that would
+//! start an empty day: a segment whose checkpoint is damaged is rebuilt from the archive it
+//! was started from, or the repair is refused.
+//!
 //! # Format 1
 //! Journals of format 1 (`RBGWJNL1`, no chain, no superblock) are refused with
 //! [`JournalError::OldFormat`]: finish the day with the gateway version that wrote it, or
@@ -830,16 +835,20 @@ pub struct Repair {
     pub scan: Scan,
     /// Where the damaged suffix went, and from which offset (None: the journal was clean).
     pub moved: Option<(PathBuf, u64)>,
+    /// The archive the current segment was rebuilt from, when its checkpoint was damaged.
+    pub rebuilt_from: Option<PathBuf>,
 }
 
 /// Moves everything from the first damaged record to the end into `FILE.quarantine.N` (the
 /// first N not taken), synced, then cuts the journal there and rewrites its superblock.
 /// Takes the journal's lock: the gateway must be stopped. Never deletes anything.
 ///
-/// Refuses, changing nothing, what it cannot repair without starting an empty day: damage
-/// in a segment's first record (its checkpoint) when the segment is not the journal's first,
-/// both superblock copies bad, archives that do not chain, a current segment missing or
-/// empty while archives exist.
+/// Never leaves a journal that starts an empty day. Damage in a segment's first record (its
+/// checkpoint) when the segment is not the journal's first is not cut: the segment is rebuilt
+/// from the archive it was started from (see `rebuild_from_archive`), the damaged file going
+/// to quarantine whole. It refuses, changing nothing, what it cannot repair that way: such
+/// damage without that archive intact, both superblock copies bad, archives that do not
+/// chain, a current segment missing or empty while archives exist.
 pub fn repair(path: &Path) -> Result<Repair, JournalError> {
     let open_err = |source| JournalError::Open {
         path: path.to_owned(),
@@ -867,7 +876,13 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
         why,
     };
     let (offset, sb) = match (scan.damage, scan.superblock) {
-        (None, _) => return Ok(Repair { scan, moved: None }),
+        (None, _) => {
+            return Ok(Repair {
+                scan,
+                moved: None,
+                rebuilt_from: None,
+            })
+        }
         (Some(Damage::Segments { archive, what }), _) => {
             return Err(refuse(format!(
                 "{what} (at {}.{archive}): the segments are put back by hand, not cut; \
@@ -894,29 +909,33 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
         }
     };
     if offset <= HEADER_LEN && (sb.segment > 1 || !nums.is_empty()) {
+        let why = if sb.segment > 1 && nums.last() == Some(&(sb.segment - 1)) {
+            match rebuild_from_archive(path, &file, &sb, scan.file_len)? {
+                Ok((qpath, archive)) => {
+                    return Ok(Repair {
+                        scan,
+                        moved: Some((qpath, 0)),
+                        rebuilt_from: Some(archive),
+                    })
+                }
+                Err(why) => why,
+            }
+        } else {
+            format!(
+                "the archived segment {}.{} it follows is not there",
+                path.display(),
+                sb.segment.saturating_sub(1)
+            )
+        };
         return Err(refuse(format!(
             "the first record of segment {} (its checkpoint, which holds the day up to the \
-             segment's start) is damaged, and cutting it would start an empty day. The day \
-             up to that checkpoint is in the archived segment {}.{}; keep every file and \
-             restore this one from a backup",
+             segment's start) is damaged, and cutting it would start an empty day; it cannot \
+             be rebuilt from the archives: {why}. Keep every file and restore this one from a \
+             backup",
             sb.segment,
-            path.display(),
-            sb.segment.saturating_sub(1)
         )));
     }
-    let (qpath, mut q) = (1u32..)
-        .find_map(|n| {
-            let mut p = path.as_os_str().to_owned();
-            p.push(format!(".quarantine.{n}"));
-            let p = PathBuf::from(p);
-            match OpenOptions::new().write(true).create_new(true).open(&p) {
-                Ok(f) => Some(Ok((p, f))),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => None,
-                Err(e) => Some(Err(e)),
-            }
-        })
-        .expect("an unbounded range finds a free name or an error")
-        .map_err(open_err)?;
+    let (qpath, mut q) = new_quarantine(path)?;
     file.seek(SeekFrom::Start(offset))
         .map_err(JournalError::Read)?;
     io::copy(&mut (&file).take(scan.file_len - offset), &mut q).map_err(JournalError::Append)?;
@@ -935,7 +954,102 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
     Ok(Repair {
         scan,
         moved: Some((qpath, offset)),
+        rebuilt_from: None,
     })
+}
+
+/// A new `FILE.quarantine.N`, the first N not taken.
+fn new_quarantine(path: &Path) -> Result<(PathBuf, File), JournalError> {
+    (1u32..)
+        .find_map(|n| {
+            let mut p = path.as_os_str().to_owned();
+            p.push(format!(".quarantine.{n}"));
+            let p = PathBuf::from(p);
+            match OpenOptions::new().write(true).create_new(true).open(&p) {
+                Ok(f) => Some(Ok((p, f))),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => None,
+                Err(e) => Some(Err(e)),
+            }
+        })
+        .expect("an unbounded range finds a free name or an error")
+        .map_err(|source| JournalError::Open {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// Rebuilds segment `sb.segment`, whose checkpoint is damaged, from the archive it was
+/// started from: that archive's records (its own checkpoint and everything after it) replay
+/// to the state the damaged checkpoint held. The archive must be intact and be the one the
+/// superblock names (number, sealed length, chain value). The whole damaged file goes to
+/// `FILE.quarantine.N` first; the new segment is written as `FILE.next`, synced and renamed
+/// over `FILE`. Records of the damaged segment after its checkpoint are not carried over
+/// (they stay in the quarantine). Holds the archive's records in memory (one segment).
+/// `Ok(Err(why))` when the archive does not allow it; nothing was changed then.
+fn rebuild_from_archive(
+    path: &Path,
+    file: &File,
+    sb: &Superblock,
+    file_len: u64,
+) -> Result<Result<(PathBuf, PathBuf), String>, JournalError> {
+    let archive = archive_name(path, sb.segment - 1);
+    let mut records = Vec::new();
+    let ascan = match read_records(&archive, |r| {
+        if r.kind != META {
+            encode_record(&mut records, r.kind, &[r.payload]);
+        }
+    }) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(format!("{} cannot be read: {e}", archive.display()))),
+    };
+    if let Some(d) = ascan.damage {
+        return Ok(Err(format!("{} is damaged too ({d:?})", archive.display())));
+    }
+    let Some(asb) = ascan.superblock else {
+        return Ok(Err(format!("{} has no header", archive.display())));
+    };
+    if asb.segment != sb.segment - 1
+        || ascan.file_len != sb.prev_len
+        || ascan.chain != sb.prev_chain
+    {
+        return Ok(Err(format!(
+            "{} is not the segment this one was started from",
+            archive.display()
+        )));
+    }
+    let Some(chain) = rechain(&mut records, sb.prev_chain) else {
+        return Ok(Err("the archive's records do not re-encode".into()));
+    };
+    let (qpath, mut q) = new_quarantine(path)?;
+    let mut from = file;
+    from.seek(SeekFrom::Start(0)).map_err(JournalError::Read)?;
+    io::copy(&mut from.take(file_len), &mut q).map_err(JournalError::Append)?;
+    q.sync_all().map_err(JournalError::Sync)?;
+    let end = HEADER_LEN + (records.len() + MARK_LEN) as u64;
+    let commit = commit_record(end, chain);
+    let new = Superblock {
+        seq: 1,
+        durable: end,
+        chain: record_crc(&commit),
+        ..*sb
+    };
+    let mut bytes = header_bytes(&new);
+    bytes.extend_from_slice(&records);
+    bytes.extend_from_slice(&commit);
+    let next = next_segment_path(path);
+    let write = || -> io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&next)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&next, path)?;
+        sync_dir(path)
+    };
+    write().map_err(JournalError::Append)?;
+    Ok(Ok((qpath, archive)))
 }
 
 /// Writes `sb` to its copy (`seq` picks which: the two alternate). Not synced.
@@ -1805,24 +1919,26 @@ mod tests {
     /// superblock's durable extent covers the checkpoint: the open stops, the file unchanged,
     /// and repair refuses to cut it.
     #[test]
-    fn a_torn_or_bad_checkpoint_at_a_segment_start_stops_the_open_and_repair_refuses() {
-        let (_dir, p) = three_archives();
-        let full = std::fs::read(&p).unwrap();
+    fn a_torn_or_bad_checkpoint_at_a_segment_start_stops_the_open_and_repair_rebuilds_it() {
         let first = HEADER_LEN as usize;
         let cp_len = rec(8, 300).len();
-        for (what, data) in [
-            ("torn", full[..first + cp_len - 2].to_vec()),
-            ("bad checksum", {
-                let mut d = full.clone();
+        type Breaker = fn(Vec<u8>, usize, usize) -> Vec<u8>;
+        let cases: [(&str, Breaker); 3] = [
+            ("torn", |full, first, cp_len| {
+                full[..first + cp_len - 2].to_vec()
+            }),
+            ("bad checksum", |mut d, first, _| {
                 d[first + RECORD_HEADER + 2] ^= 0x10;
                 d
             }),
-            ("zeroed", {
-                let mut d = full.clone();
+            ("zeroed", |mut d, first, _| {
                 d[first..].fill(0);
                 d
             }),
-        ] {
+        ];
+        for (what, damage) in cases {
+            let (_dir, p) = three_archives();
+            let data = damage(std::fs::read(&p).unwrap(), first, cp_len);
             std::fs::write(&p, &data).unwrap();
             match open_err(&p) {
                 JournalError::Damaged { offset, .. } => assert_eq!(offset, HEADER_LEN, "{what}"),
@@ -1836,6 +1952,9 @@ mod tests {
                     ..
                 })
             ));
+            // Without the archive it follows, repair refuses and changes nothing.
+            let (a3, aside) = (archive(&p, 3), archive(&p, 3).with_extension("aside"));
+            std::fs::rename(&a3, &aside).unwrap();
             let e = repair(&p).unwrap_err();
             assert!(
                 matches!(&e, JournalError::RepairRefused { why, .. } if why.contains("empty day")),
@@ -1846,6 +1965,16 @@ mod tests {
                 data,
                 "{what}: repair changed it"
             );
+            std::fs::rename(&aside, &a3).unwrap();
+            // With it, the segment is rebuilt from it: the day up to the segment's start.
+            let r = repair(&p).unwrap();
+            assert_eq!(r.rebuilt_from, Some(a3.clone()), "{what}");
+            let (q, from) = r.moved.unwrap();
+            assert_eq!((std::fs::read(&q).unwrap(), from), (data, 0), "{what}");
+            let scan = verify(&p).unwrap();
+            assert_eq!(scan.damage, None, "{what}");
+            assert_eq!(scan.superblock.unwrap().segment, 4);
+            assert_eq!(replayed(&p), [(8, 200), (1, 4)], "{what}");
         }
     }
 
@@ -1878,7 +2007,16 @@ mod tests {
                 None => assert!(!p.exists(), "a fresh journal was created"),
                 Some(d) => assert_eq!(&std::fs::read(&p).unwrap(), d, "{what}: file changed"),
             }
-            assert!(repair(&p).is_err(), "{what}");
+            match repair(&p) {
+                // A partial header still holding a superblock names its segment: rebuilt
+                // from the archive it follows, never an empty day.
+                Ok(r) if what == "only a partial header" => {
+                    assert!(r.rebuilt_from.is_some());
+                    assert_eq!(replayed(&p), [(8, 200), (1, 4)]);
+                }
+                Ok(r) => panic!("{what}: repaired {r:?}"),
+                Err(_) => {}
+            }
         }
     }
 

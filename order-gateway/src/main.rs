@@ -364,9 +364,18 @@ fn journal_cmd(cmd: JournalCmd) -> anyhow::Result<std::process::ExitCode> {
         JournalCmd::Repair { file } => {
             let r = journal::repair(&file)?;
             print_scan(&file, &r.scan);
-            match r.moved {
-                None => println!("  clean: nothing moved"),
-                Some((q, offset)) => {
+            match (r.moved, r.rebuilt_from) {
+                (Some((q, _)), Some(archive)) => println!(
+                    "  the segment's checkpoint was damaged: rebuilt it from {} (the day up to \
+                     this segment's start); the damaged file, with any records after its \
+                     checkpoint, was moved to {} (those records are no longer replayed: order \
+                     ids and FIX sequence numbers in them may be reused, reconcile with the \
+                     venue)",
+                    archive.display(),
+                    q.display()
+                ),
+                (None, _) => println!("  clean: nothing moved"),
+                (Some((q, offset)), None) => {
                     let kind = match r.scan.damage {
                         Some(Damage::TornTail { .. }) => "a torn tail",
                         _ => "damaged records and everything after them",

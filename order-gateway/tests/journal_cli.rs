@@ -405,9 +405,10 @@ fn segmented(dir: &Path) -> PathBuf {
 }
 
 /// Found by review: a checkpoint with a bad checksum was refused, but `journal repair`
-/// then left a bare journal and the next start was an empty day. Repair refuses and
-/// changes nothing; so does a missing current segment beside its archives, and `run`
-/// creates no fresh journal in its place.
+/// then left a bare journal and the next start was an empty day. Repair rebuilds the
+/// segment from the archive it was started from, or, without that archive, refuses and
+/// changes nothing; a missing current segment beside its archives is refused by verify,
+/// run and repair, and none of them creates a fresh journal in its place.
 #[test]
 fn repair_never_leaves_an_empty_day_when_the_day_is_in_the_archives() {
     let dir = tempfile::tempdir().unwrap();
@@ -417,11 +418,17 @@ fn repair_never_leaves_an_empty_day_when_the_day_is_in_the_archives() {
     std::fs::write(&j, &data).unwrap();
     let (code, out) = verify_code(&j);
     assert_eq!(code, Some(2), "{out}");
-    let r = gateway()
-        .args(["journal", "repair"])
-        .arg(&j)
-        .output()
-        .unwrap();
+    let repair = || {
+        gateway()
+            .args(["journal", "repair"])
+            .arg(&j)
+            .output()
+            .unwrap()
+    };
+    let a2 = PathBuf::from(format!("{}.2", j.display()));
+    let aside = dir.path().join("aside");
+    std::fs::rename(&a2, &aside).unwrap();
+    let r = repair();
     assert!(!r.status.success());
     assert!(text(&r).contains("empty day"), "{}", text(&r));
     assert_eq!(
@@ -430,6 +437,29 @@ fn repair_never_leaves_an_empty_day_when_the_day_is_in_the_archives() {
         "repair changed the journal"
     );
     assert!(!PathBuf::from(format!("{}.quarantine.1", j.display())).exists());
+    std::fs::rename(&aside, &a2).unwrap();
+
+    let r = repair();
+    assert!(r.status.success(), "{}", text(&r));
+    assert!(text(&r).contains("rebuilt it from"), "{}", text(&r));
+    assert_eq!(
+        std::fs::read(format!("{}.quarantine.1", j.display())).unwrap(),
+        data
+    );
+    assert_eq!(verify_code(&j).0, Some(0));
+    // The rebuilt segment holds the archive's day: its checkpoint and request 2.
+    let dump = gateway()
+        .args(["journal", "dump", "--json"])
+        .arg(&j)
+        .output()
+        .unwrap();
+    let t = String::from_utf8(dump.stdout).unwrap();
+    assert!(t.contains("\"kind_name\":\"checkpoint\""), "{t}");
+    assert_eq!(
+        t.matches("\"kind_name\":\"engine_request\"").count(),
+        1,
+        "{t}"
+    );
 
     std::fs::remove_file(&j).unwrap();
     let (code, out) = verify_code(&j);
@@ -444,12 +474,7 @@ fn repair_never_leaves_an_empty_day_when_the_day_is_in_the_archives() {
     assert!(!run.status.success());
     assert!(text(&run).contains("empty day"), "{}", text(&run));
     assert!(!j.exists(), "run created a fresh journal");
-    let r = gateway()
-        .args(["journal", "repair"])
-        .arg(&j)
-        .output()
-        .unwrap();
-    assert!(!r.status.success());
+    assert!(!repair().status.success());
     assert!(!j.exists(), "repair created a fresh journal");
 }
 
