@@ -111,10 +111,12 @@ enum JournalCmd {
     /// Move everything from the first damaged record to the end into FILE.quarantine.N
     /// (never deletes), then cut the journal there so the gateway can start. Records moved
     /// aside are no longer replayed: order ids and FIX sequence numbers recorded in them may
-    /// be reused, so reconcile with the venue. The gateway must be stopped. Refuses, changing
-    /// nothing, whatever a cut would turn into an empty day: a damaged checkpoint at the start
-    /// of a segment, a current segment missing or empty beside its archives, segments that
-    /// do not chain, both superblock copies bad.
+    /// be reused, so reconcile with the venue. The gateway must be stopped. Never leaves an
+    /// empty day: a segment whose checkpoint is damaged is rebuilt from the archive FILE.N it
+    /// was started from (the damaged file goes to quarantine whole); it refuses, changing
+    /// nothing, what it cannot rebuild (that archive missing or damaged, a current segment
+    /// missing or empty beside its archives, segments that do not chain, both superblock
+    /// copies bad).
     Repair {
         /// Journal file.
         file: PathBuf,

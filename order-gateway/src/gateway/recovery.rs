@@ -259,7 +259,10 @@ impl Gateway {
         match kind {
             record::ENGINE_REQUEST => {
                 let (Some(engine), Some(bytes)) = (payload.get(..4), payload.get(4..)) else {
-                    return;
+                    return self.refuse_record(format!(
+                        "an engine request record of {} bytes",
+                        payload.len()
+                    ));
                 };
                 let id = u32::from_le_bytes(engine.try_into().unwrap_or_default());
                 self.note_request_seq(id, bytes);
@@ -271,7 +274,10 @@ impl Gateway {
             }
             record::ENGINE_MALFORMED => {
                 let (Some(engine), Some(kept)) = (payload.get(..4), payload.get(8..)) else {
-                    return;
+                    return self.refuse_record(format!(
+                        "a malformed-frame record of {} bytes",
+                        payload.len()
+                    ));
                 };
                 let engine = u32::from_le_bytes(engine.try_into().unwrap_or_default());
                 self.note_request_seq(engine, kept);
@@ -378,11 +384,13 @@ impl Gateway {
                 self.session.replay_outbound(payload);
             }
             record::NOT_SENT => {
-                if let Ok(req) = <[u8; 8]>::try_from(payload) {
-                    let req = u64::from_le_bytes(req);
-                    self.unsent.remove(&req);
-                    self.refuse_unsent(req, scratch);
-                }
+                let Ok(req) = <[u8; 8]>::try_from(payload) else {
+                    return self
+                        .refuse_record(format!("a never-sent record of {} bytes", payload.len()));
+                };
+                let req = u64::from_le_bytes(req);
+                self.unsent.remove(&req);
+                self.refuse_unsent(req, scratch);
             }
             record::FIX_IN_REJECTED => {
                 let seq = split_frame(payload)

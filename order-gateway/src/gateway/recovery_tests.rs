@@ -1038,6 +1038,8 @@ fn unknown_record_kinds_kill_scopes_and_session_events_stop_the_replay() {
             record::DECISION,
             vec![0; 56 + 9 + 4],
         ),
+        ("short engine request", record::ENGINE_REQUEST, vec![1, 0]),
+        ("never sent of 9 bytes", record::NOT_SENT, vec![0; 9]),
     ] {
         let mut r = Gateway::new(session(), &risk()).unwrap();
         r.replay_record(kind, &payload);
