@@ -11,6 +11,8 @@
 //!   `prev` is the CRC of the record before it (the segment's first record: the CRC of the
 //!   previous segment's last record, named in the superblock; 0 for segment 1). The CRCs
 //!   form a chain: a record that is replaced, moved or taken from another segment breaks it.
+//!   CRC-32 is chosen for speed on the append path: it catches what storage does (torn,
+//!   zeroed, misdirected or stale blocks), not a forger.
 //!
 //! Records are built by the I/O-free gateway with [`encode_record`] (with `prev` 0, so a
 //! buffer of them decodes on its own with [`decode_record`]); [`Journal::append`] chains them
@@ -1055,6 +1057,13 @@ fn rebuild_from_archive(
 /// Writes `sb` to its copy (`seq` picks which: the two alternate). Not synced.
 fn write_superblock(file: &File, sb: &Superblock) -> io::Result<()> {
     file.write_all_at(&sb.encode(), SLOTS[(sb.seq % 2) as usize])
+}
+
+/// The first [`HEADER_LEN`] bytes of a segment whose superblock is `sb`: the magic and both
+/// superblock copies (`sb.seq` and one more). For tools and tests that build journals byte
+/// by byte.
+pub fn segment_header(sb: &Superblock) -> Vec<u8> {
+    header_bytes(sb)
 }
 
 /// A new segment's header: the magic and both superblock copies (`sb.seq` and one more).
