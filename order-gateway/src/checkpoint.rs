@@ -5,7 +5,11 @@
 //! `journal.segment_bytes`, and when the gateway stops, the driver asks the core for a
 //! checkpoint and starts a new *segment*: a fresh journal file whose first record
 //! ([`crate::gateway::record::CHECKPOINT`]) holds everything replay would have rebuilt from
-//! the old one. The old file is kept beside it as `FILE.N` (never deleted by the gateway).
+//! the old one. The old file is kept beside it as `FILE.N`, N its segment number (never
+//! deleted by the gateway); the new segment's superblock names it by number, sealed length
+//! and chain value, so an archive that goes missing or is replaced is seen at the next
+//! start ([`crate::journal`]), and `journal repair` can rebuild a segment whose checkpoint
+//! is damaged from it.
 //! Restart reads the checkpoint and replays only the records after it.
 //!
 //! What a checkpoint holds, and what it leaves out on purpose:

@@ -320,7 +320,7 @@ fn verify_code(path: &Path) -> (Option<i32>, String) {
 fn verify_exit_codes_are_distinct() {
     let dir = tempfile::tempdir().unwrap();
     let j = dir.path().join("gw.journal");
-    make_journal(&j, 10);
+    let rec = make_journal(&j, 10);
     assert_eq!(verify_code(&j).0, Some(0));
     // 1: a torn tail only.
     let data = std::fs::read(&j).unwrap();
@@ -328,7 +328,7 @@ fn verify_exit_codes_are_distinct() {
     assert_eq!(verify_code(&j).0, Some(1));
     // 2: damaged.
     let mut bad = data.clone();
-    bad[record_at(3, 24 + 12) + 14] ^= 1;
+    bad[record_at(3, rec) + 14] ^= 1;
     std::fs::write(&j, &bad).unwrap();
     assert_eq!(verify_code(&j).0, Some(2));
     // 2: a record kind this gateway does not know (a newer gateway's journal), and `run`
