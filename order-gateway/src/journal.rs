@@ -837,8 +837,9 @@ pub struct Repair {
     pub scan: Scan,
     /// Where the damaged suffix went, and from which offset (None: the journal was clean).
     pub moved: Option<(PathBuf, u64)>,
-    /// The archive the current segment was rebuilt from, when its checkpoint was damaged.
-    pub rebuilt_from: Option<PathBuf>,
+    /// The archive the current segment was rebuilt from, when its checkpoint was damaged,
+    /// and how many records after that checkpoint were carried over.
+    pub rebuilt_from: Option<(PathBuf, u64)>,
 }
 
 /// Moves everything from the first damaged record to the end into `FILE.quarantine.N` (the
@@ -913,11 +914,11 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
     if offset <= HEADER_LEN && (sb.segment > 1 || !nums.is_empty()) {
         let why = if sb.segment > 1 && nums.last() == Some(&(sb.segment - 1)) {
             match rebuild_from_archive(path, &file, &sb, scan.file_len)? {
-                Ok((qpath, archive)) => {
+                Ok((qpath, archive, carried)) => {
                     return Ok(Repair {
                         scan,
                         moved: Some((qpath, 0)),
-                        rebuilt_from: Some(archive),
+                        rebuilt_from: Some((archive, carried)),
                     })
                 }
                 Err(why) => why,
@@ -985,15 +986,18 @@ fn new_quarantine(path: &Path) -> Result<(PathBuf, File), JournalError> {
 /// to the state the damaged checkpoint held. The archive must be intact and be the one the
 /// superblock names (number, sealed length, chain value). The whole damaged file goes to
 /// `FILE.quarantine.N` first; the new segment is written as `FILE.next`, synced and renamed
-/// over `FILE`. Records of the damaged segment after its checkpoint are not carried over
-/// (they stay in the quarantine). Holds the archive's records in memory (one segment).
-/// `Ok(Err(why))` when the archive does not allow it; nothing was changed then.
+/// over `FILE`. Records of the damaged segment after its checkpoint are carried over when
+/// the chain proves them its continuation: the checkpoint's length field leads to a record
+/// whose `prev` is the checkpoint's CRC field (both unharmed), and they are taken up to the
+/// first one that is not intact; the rest stays in the quarantine only. Holds the archive's
+/// records in memory (one segment). Returns the quarantine, the archive and the records
+/// carried over; `Ok(Err(why))` when the archive does not allow it: nothing was changed then.
 fn rebuild_from_archive(
     path: &Path,
     file: &File,
     sb: &Superblock,
     file_len: u64,
-) -> Result<Result<(PathBuf, PathBuf), String>, JournalError> {
+) -> Result<Result<(PathBuf, PathBuf, u64), String>, JournalError> {
     let archive = archive_name(path, sb.segment - 1);
     let mut records = Vec::new();
     let ascan = match read_records(&archive, |r| {
@@ -1019,6 +1023,7 @@ fn rebuild_from_archive(
             archive.display()
         )));
     }
+    let carried = continuation(file, file_len, &mut records).map_err(JournalError::Read)?;
     let Some(chain) = rechain(&mut records, sb.prev_chain) else {
         return Ok(Err("the archive's records do not re-encode".into()));
     };
@@ -1051,7 +1056,42 @@ fn rebuild_from_archive(
         sync_dir(path)
     };
     write().map_err(JournalError::Append)?;
-    Ok(Ok((qpath, archive)))
+    Ok(Ok((qpath, archive, carried)))
+}
+
+/// The records after a segment's damaged first record that its chain proves are the
+/// segment's own (see `rebuild_from_archive`), appended to `out` (commit records left out);
+/// returns how many.
+fn continuation(file: &File, file_len: u64, out: &mut Vec<u8>) -> io::Result<u64> {
+    let mut h = [0u8; RECORD_HEADER];
+    if file_len < HEADER_LEN + RECORD_HEADER as u64 {
+        return Ok(0);
+    }
+    file.read_exact_at(&mut h, HEADER_LEN)?;
+    let len = u64::from(u32::from_le_bytes([h[0], h[1], h[2], h[3]]));
+    let mut chain = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+    let mut pos = HEADER_LEN + RECORD_HEADER as u64 + len;
+    if len == 0 || pos >= file_len {
+        return Ok(0);
+    }
+    let mut r = io::BufReader::with_capacity(1 << 16, file);
+    r.seek(SeekFrom::Start(pos))?;
+    let (mut body, mut n) = (Vec::new(), 0);
+    while pos < file_len {
+        let Ok((prev, crc)) = read_record(&mut r, pos, file_len, &mut body)? else {
+            break;
+        };
+        if prev != chain {
+            break;
+        }
+        if body[4] != META {
+            encode_record(out, body[4], &[&body[5..]]);
+            n += 1;
+        }
+        pos += (RECORD_HEADER + body.len() - 4) as u64;
+        chain = crc;
+    }
+    Ok(n)
 }
 
 /// Writes `sb` to its copy (`seq` picks which: the two alternate). Not synced.
@@ -1977,13 +2017,21 @@ mod tests {
             std::fs::rename(&aside, &a3).unwrap();
             // With it, the segment is rebuilt from it: the day up to the segment's start.
             let r = repair(&p).unwrap();
-            assert_eq!(r.rebuilt_from, Some(a3.clone()), "{what}");
+            // A bad checksum leaves the chain to the records after the checkpoint intact:
+            // they are carried over. A torn or zeroed checkpoint has nothing after it.
+            let carried = u64::from(what == "bad checksum");
+            assert_eq!(r.rebuilt_from, Some((a3.clone(), carried)), "{what}");
             let (q, from) = r.moved.unwrap();
             assert_eq!((std::fs::read(&q).unwrap(), from), (data, 0), "{what}");
             let scan = verify(&p).unwrap();
             assert_eq!(scan.damage, None, "{what}");
             assert_eq!(scan.superblock.unwrap().segment, 4);
-            assert_eq!(replayed(&p), [(8, 200), (1, 4)], "{what}");
+            let day: &[(u8, u32)] = if carried == 1 {
+                &[(8, 200), (1, 4), (1, 5)]
+            } else {
+                &[(8, 200), (1, 4)]
+            };
+            assert_eq!(replayed(&p), day, "{what}");
         }
     }
 

@@ -367,12 +367,12 @@ fn journal_cmd(cmd: JournalCmd) -> anyhow::Result<std::process::ExitCode> {
             let r = journal::repair(&file)?;
             print_scan(&file, &r.scan);
             match (r.moved, r.rebuilt_from) {
-                (Some((q, _)), Some(archive)) => println!(
+                (Some((q, _)), Some((archive, carried))) => println!(
                     "  the segment's checkpoint was damaged: rebuilt it from {} (the day up to \
-                     this segment's start); the damaged file, with any records after its \
-                     checkpoint, was moved to {} (those records are no longer replayed: order \
-                     ids and FIX sequence numbers in them may be reused, reconcile with the \
-                     venue)",
+                     this segment's start) and the {carried} records after the checkpoint that \
+                     its chain proves; the damaged file was moved whole to {} (records of it \
+                     not carried over are no longer replayed: order ids and FIX sequence \
+                     numbers in them may be reused, reconcile with the venue)",
                     archive.display(),
                     q.display()
                 ),

@@ -447,7 +447,8 @@ fn repair_never_leaves_an_empty_day_when_the_day_is_in_the_archives() {
         data
     );
     assert_eq!(verify_code(&j).0, Some(0));
-    // The rebuilt segment holds the archive's day: its checkpoint and request 2.
+    // The rebuilt segment holds the archive's day (its checkpoint and request 2) and, its
+    // chain proving it, request 3 that followed the damaged checkpoint.
     let dump = gateway()
         .args(["journal", "dump", "--json"])
         .arg(&j)
@@ -457,7 +458,7 @@ fn repair_never_leaves_an_empty_day_when_the_day_is_in_the_archives() {
     assert!(t.contains("\"kind_name\":\"checkpoint\""), "{t}");
     assert_eq!(
         t.matches("\"kind_name\":\"engine_request\"").count(),
-        1,
+        2,
         "{t}"
     );
 
