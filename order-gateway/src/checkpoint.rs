@@ -5,7 +5,11 @@
 //! `journal.segment_bytes`, and when the gateway stops, the driver asks the core for a
 //! checkpoint and starts a new *segment*: a fresh journal file whose first record
 //! ([`crate::gateway::record::CHECKPOINT`]) holds everything replay would have rebuilt from
-//! the old one. The old file is kept beside it as `FILE.N` (never deleted by the gateway).
+//! the old one. The old file is kept beside it as `FILE.N`, N its segment number (never
+//! deleted by the gateway); the new segment's superblock names it by number, sealed length
+//! and chain value, so an archive that goes missing or is replaced is seen at the next
+//! start ([`crate::journal`]), and `journal repair` can rebuild a segment whose checkpoint
+//! is damaged from it.
 //! Restart reads the checkpoint and replays only the records after it.
 //!
 //! What a checkpoint holds, and what it leaves out on purpose:
@@ -59,7 +63,8 @@ pub struct GatewayState {
     /// Executed notional of the kept orders with executions: `(id, sum of qty x price)`.
     /// Encoded after the rest (a trailer), so checkpoints of the same version written
     /// before it existed still read (their orders' notional is then estimated from their
-    /// limit price), and a gateway that does not know it reads past it.
+    /// limit price). Bytes after the trailer are fields this gateway does not know: the
+    /// start stops on them rather than half-read the checkpoint.
     #[serde(skip)]
     pub notional: Vec<(u64, i128)>,
 }
@@ -177,7 +182,7 @@ pub struct SessionState {
     pub sent: Vec<(u64, Vec<u8>)>,
 }
 
-/// A checkpoint that cannot be read.
+/// A checkpoint, or any journal record, that replay cannot read.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
@@ -193,6 +198,14 @@ pub enum CheckpointError {
     /// Encoding failed (a bug: the state is plain data).
     #[error("journal checkpoint could not be encoded: {0}")]
     Encode(String),
+    /// A journal record replay does not know (written by a newer gateway?): the start stops
+    /// rather than half-read the journal.
+    #[error(
+        "the journal holds {0}, which this gateway does not know (written by a newer \
+         version?): run the gateway version that wrote it; `order-gateway journal dump` shows \
+         the record"
+    )]
+    UnknownRecord(String),
     /// The bytes do not decode (the record's CRC passed, so this is a bug, not damage).
     #[error("journal checkpoint does not decode: {0}")]
     Decode(String),
@@ -216,8 +229,15 @@ pub fn decode(payload: &[u8]) -> Result<GatewayState, CheckpointError> {
             let (mut state, rest): (GatewayState, _) = postcard::take_from_bytes(rest)
                 .map_err(|e| CheckpointError::Decode(e.to_string()))?;
             if !rest.is_empty() {
-                let t: Trailer = postcard::from_bytes(rest)
+                let (t, rest): (Trailer, _) = postcard::take_from_bytes(rest)
                     .map_err(|e| CheckpointError::Decode(e.to_string()))?;
+                if !rest.is_empty() {
+                    // Fields a newer gateway added: never half-read.
+                    return Err(CheckpointError::UnknownRecord(format!(
+                        "a checkpoint with {} bytes of fields after its last known one",
+                        rest.len()
+                    )));
+                }
                 state.notional = t.notional;
             }
             Ok(state)

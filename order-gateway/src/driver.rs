@@ -538,6 +538,8 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     segment_start: u64,
     /// Engine responses produced by operator commands, delivered at the next flush.
     held: Vec<(EngineId, Response)>,
+    /// After a failed rotation: when the next may be tried, and the wait after that one.
+    rotation_retry: Option<(Instant, Duration)>,
 }
 
 /// Journal segments started by this driver.
@@ -573,6 +575,13 @@ struct Rebuild {
 struct Degraded {
     next_probe: Instant,
 }
+
+/// The wait before retrying a failed rotation; it doubles per failure up to
+/// [`ROTATION_BACKOFF_MAX`], so a rotation that keeps failing (a full disk, a directory in
+/// the way) costs one checkpoint build and one log line per attempt, not per loop turn.
+const ROTATION_BACKOFF_MIN: Duration = Duration::from_secs(1);
+/// The longest wait between rotation attempts.
+const ROTATION_BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// How often a degraded gateway checks whether the journal can be written again.
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
@@ -662,6 +671,7 @@ impl<L: VenueLink> FixDriver<L> {
             segment_start,
             opening: false,
             held: Vec::new(),
+            rotation_retry: None,
         };
         // Requests whose order message the journal lost with a torn last write never went
         // out: answered now (and journaled), before anything else happens.
@@ -1102,6 +1112,9 @@ impl<L: VenueLink> FixDriver<L> {
         if self.segment_bytes > 0
             && self.journal.len() - self.segment_start >= self.segment_bytes
             && self.degraded.is_none()
+            && self
+                .rotation_retry
+                .is_none_or(|(at, _)| Instant::now() >= at)
         {
             self.checkpoint();
         }
@@ -1154,6 +1167,14 @@ impl<L: VenueLink> FixDriver<L> {
             });
         match result {
             Ok(archive) => {
+                self.rotation_retry = None;
+                if self.journal.dir_sync_pending() {
+                    tracing::warn!(
+                        journal = %self.rebuild.path.display(),
+                        "journal: the new segment is in place but its directory could not be \
+                         synced; synced appends retry that and fail (degraded) until it works"
+                    );
+                }
                 self.gw.checkpoint_written();
                 self.segment_start = self.journal.len();
                 self.segments.rotations += 1;
@@ -1170,8 +1191,12 @@ impl<L: VenueLink> FixDriver<L> {
             }
             Err(e) => {
                 self.segments.failures += 1;
+                let wait = self.rotation_retry.map_or(ROTATION_BACKOFF_MIN, |(_, w)| w);
+                self.rotation_retry =
+                    Some((Instant::now() + wait, (wait * 2).min(ROTATION_BACKOFF_MAX)));
                 tracing::error!(
                     error = %anyhow_chain(&e),
+                    retry_in_s = wait.as_secs(),
                     "journal: checkpoint failed; the current segment stays in use"
                 );
                 false
@@ -1246,6 +1271,83 @@ mod tests {
 
     /// A listener whose accept queue is full, so the kernel drops further SYNs: a venue that
     /// never answers a connect, on the loopback.
+    /// Found by review: a rotation that keeps failing was retried on every loop turn,
+    /// rebuilding the checkpoint each time (4,998 failures a second). It backs off: 1 s,
+    /// doubling to 60 s, one attempt (and one log line) each.
+    #[test]
+    fn a_failing_rotation_backs_off() {
+        let risk: crate::risk::RiskConfig = toml::from_str(
+            r#"
+            reference_max_age_ms = 60000
+            throttle_interval_ms = 1000
+            [[accounts]]
+            id = 7
+            max_order_qty = 1000
+            max_order_notional = 1000000
+            credit_limit = 100000000
+            max_position = 100000
+            max_open_orders = 100
+            max_orders_per_interval = 1000
+            collar_bps = 500
+            [[engines]]
+            id = 1
+            accounts = [7]
+            token = "e1"
+            "#,
+        )
+        .unwrap();
+        let session = crate::fix::SessionConfig {
+            sender_comp_id: "GW".into(),
+            target_comp_id: "VENUE".into(),
+            heartbeat_secs: 30,
+            resend_timeout_ms: 0,
+            ..Default::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        // No venue is needed: an engine request is journaled (and rejected) all the same.
+        let mut d =
+            FixDriver::open_with("127.0.0.1:9", session, &risk, &path, FsyncPolicy::Group).unwrap();
+        d.set_segment_bytes(1);
+        // The next segment cannot be created: a directory is in its way.
+        std::fs::create_dir(dir.path().join("gw.journal.next")).unwrap();
+        let m = crate::proto::NewOrder::new(
+            1,
+            7,
+            crate::proto::Symbol::new("AAPL").unwrap(),
+            crate::proto::Side::Buy,
+            10,
+            100,
+            crate::proto::TimeInForce::Day,
+        );
+        d.stage_engine_message(1, zerocopy::IntoBytes::as_bytes(&m), unix_nanos());
+        for _ in 0..200 {
+            d.flush_with(|_, _| {}).unwrap();
+        }
+        assert_eq!(d.segment_stats().failures, 1, "retried every loop turn");
+        assert_eq!(
+            d.rotation_retry.map(|(_, w)| w),
+            Some(Duration::from_secs(2))
+        );
+        // The retry is due: one more attempt, and the wait doubles.
+        for expect in [4, 8, 16, 32, 60, 60] {
+            d.rotation_retry = d.rotation_retry.map(|(_, w)| (Instant::now(), w));
+            d.flush_with(|_, _| {}).unwrap();
+            d.flush_with(|_, _| {}).unwrap();
+            assert_eq!(
+                d.rotation_retry.map(|(_, w)| w),
+                Some(Duration::from_secs(expect))
+            );
+        }
+        assert_eq!(d.segment_stats().failures, 7);
+        // The cause goes away: the next due attempt succeeds and the back-off ends.
+        std::fs::remove_dir(dir.path().join("gw.journal.next")).unwrap();
+        d.rotation_retry = d.rotation_retry.map(|(_, w)| (Instant::now(), w));
+        d.flush_with(|_, _| {}).unwrap();
+        assert_eq!(d.segment_stats().rotations, 1);
+        assert!(d.rotation_retry.is_none());
+    }
+
     fn syn_dropping_listener() -> (rustix::fd::OwnedFd, SocketAddr, Vec<TcpStream>) {
         use rustix::net::{AddressFamily, SocketType};
         let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();

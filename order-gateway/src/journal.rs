@@ -1,28 +1,66 @@
-//! Append-only journal of every gateway event, checksummed and length-prefixed.
+//! Append-only journal of every gateway event: checksummed, hash-chained, with a redundant
+//! superblock that knows the durable extent. Format 2 (`RBGWJNL2`).
 //!
-//! File layout: an 8-byte magic `RBGWJNL1`, then records
-//! `[len: u32 LE][crc32: u32 LE][kind: u8][payload: len - 1 bytes]`, where the CRC (crc32fast,
-//! IEEE) covers kind and payload. Records are built by the I/O-free gateway with
-//! [`encode_record`] into a byte buffer; [`Journal::append`] writes that buffer and applies the
-//! sync policy.
+//! # File layout
+//! - bytes 0..8: the magic `RBGWJNL2`;
+//! - two copies of the [superblock](Superblock), at bytes 64 and 512 (separate 512-byte
+//!   sectors, so one torn or corrupt sector cannot take both), each with its own CRC and a
+//!   sequence number: the valid copy with the higher sequence number is the superblock;
+//! - records from byte 1024: `[len: u32 LE][crc: u32 LE][prev: u32 LE][kind: u8][payload:
+//!   len - 1 bytes]`, where the CRC (crc32fast, IEEE) covers `prev`, kind and payload, and
+//!   `prev` is the CRC of the record before it (the segment's first record: the CRC of the
+//!   previous segment's last record, named in the superblock; 0 for segment 1). The CRCs
+//!   form a chain: a record that is replaced, moved or taken from another segment breaks it.
+//!   CRC-32 is chosen for speed on the append path: it catches what storage does (torn,
+//!   zeroed, misdirected or stale blocks), not a forger.
 //!
-//! **Nothing written is dropped on read.** The reader takes every record the writer can
-//! write (any `len` that fits in the file; memory is bounded by the largest record, the file
-//! is streamed). On open, a bad record (torn, bad CRC, impossible length) is cut only when no
-//! intact record follows it anywhere in the file: that is the one shape a crash or power
-//! loss leaves (the tail of the last, unsynced write; appends that fail are rolled back, so
-//! no partial record ever sits before a later one). Any other damage stops the open with
-//! [`JournalError::Damaged`] naming the file, the offset and what to do, and leaves the file
-//! byte for byte unchanged; [`repair`] moves a damaged suffix aside to `FILE.quarantine.N`
-//! (never deletes) when an operator decides to.
+//! Records are built by the I/O-free gateway with [`encode_record`] (with `prev` 0, so a
+//! buffer of them decodes on its own with [`decode_record`]); [`Journal::append`] chains them
+//! as it writes them.
 //!
+//! # The durable extent
 //! Kind [`META`] is the journal's own: every append that is synced ends with a *commit
-//! record* holding the file length at its own end, written in the same `write` and covered by
-//! the same `fdatasync`. Nothing an append describes leaves the process before that sync
-//! returns, so the end of the last intact commit record is the file's durable point: what a
-//! power loss is guaranteed to keep, and all the gateway ever acted on under group commit.
-//! `journal verify` reports it; cutting a file back to it is how the tests simulate a power
-//! loss.
+//! record* holding the file length at its own end, written in the same `write` and covered
+//! by the same `fdatasync`. Each synced append also rewrites one superblock copy (the two
+//! alternate, so a torn superblock write leaves the other intact) with the extent the
+//! *previous* completed `fdatasync` made durable and the chain value there; it is a `pwrite`
+//! covered by the append's own `fdatasync` (no extra sync). The superblock never claims
+//! bytes whose `fdatasync` had not returned, so a power loss cannot make it lie; the last
+//! append's records are vouched for by their commit record alone.
+//!
+//! The durable point is the larger of the superblock's extent and the end of the last intact
+//! commit record. **Inside it nothing is guessed**: a bad record there (torn, zeroed, bad
+//! CRC, broken chain) or a file shorter than the superblock's extent stops the open with
+//! [`JournalError::Damaged`] naming the file, the offset and the repair command, and leaves
+//! the file byte for byte unchanged. Past it, a bad record is cut only when no intact record
+//! follows it anywhere in the file (the tail of the last, unsynced write; appends that fail
+//! are rolled back, so no partial record ever sits before a later one).
+//!
+//! # Segments
+//! [`Journal::rotate`] starts a new segment: the old file is sealed (a commit record, then
+//! its superblock claims its whole length), kept as `FILE.N` where N is its segment number,
+//! and a new file whose superblock names segment N+1, the sealed length of `FILE.N` and the
+//! chain value at its end replaces `FILE`. At open every archive `FILE.N` beside the journal
+//! is checked against the segment after it (number, length, chain value): a missing (gap),
+//! replaced, reordered, truncated or extended archive stops the open. Archives older than
+//! the oldest one present may have been pruned by an operator: that is not an error (the
+//! current segment's checkpoint holds the day). When archives exist, a current segment that
+//! is missing, empty, a bare magic or a partial header is refused, the file unchanged: the
+//! day is in the archives and a fresh journal would start an empty day.
+//!
+//! [`repair`] (an operator's decision, the gateway stopped) moves a damaged suffix to
+//! `FILE.quarantine.N` (never deletes) and cuts the file there, except where that would
+//! start an empty day: a segment whose checkpoint is damaged is rebuilt from the archive it
+//! was started from, or the repair is refused.
+//!
+//! # Format 1
+//! Journals of format 1 (`RBGWJNL1`, no chain, no superblock) are refused with
+//! [`JournalError::OldFormat`]: finish the day with the gateway version that wrote it, or
+//! start the new day with a fresh journal path.
+//!
+//! # What the journal does not know
+//! Record kinds are the gateway's ([`crate::gateway::record`]): replay refuses kinds and
+//! fields it does not know, so a newer gateway's journal is never half-read.
 //!
 //! A journal is held under an exclusive `flock` for as long as it is open: a second gateway
 //! on the same file fails with [`JournalError::Locked`].
@@ -35,9 +73,16 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use zerocopy::byteorder::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-const MAGIC: &[u8; 8] = b"RBGWJNL1";
-const RECORD_HEADER: usize = 8;
+const MAGIC: &[u8; 8] = b"RBGWJNL2";
+const MAGIC_V1: &[u8; 8] = b"RBGWJNL1";
+/// Where the two superblock copies sit.
+const SLOTS: [u64; 2] = [64, 512];
+/// Where records start.
+pub const HEADER_LEN: u64 = 1024;
+const RECORD_HEADER: usize = 12;
 /// Record kind reserved for the journal's own records (commit records); never handed to the
 /// caller's replay and never written by [`encode_record`]'s callers.
 pub const META: u8 = 0;
@@ -87,6 +132,43 @@ pub enum JournalError {
     /// The file exists but is not a journal.
     #[error("{0} is not a gateway journal (bad magic)")]
     BadMagic(PathBuf),
+    /// A journal of format 1, which this gateway does not read.
+    #[error(
+        "{0} is a journal of format 1 (RBGWJNL1), written by an earlier gateway; this one \
+         reads format 2 only. Nothing was changed: finish the day with the gateway version \
+         that wrote it, or start a new day with a fresh journal path (move {0} and its \
+         archives {0}.N away first)"
+    )]
+    OldFormat(PathBuf),
+    /// Archived segments exist but the current one cannot hold the day.
+    #[error(
+        "journal {path} is {state}, but archived segments up to {archive} exist: the day is \
+         in them and a fresh journal would start an empty day (MsgSeqNum 1, no orders). \
+         Nothing was changed. Restore {path} from a backup; if this really is a new day, move \
+         {path} and its archives {path}.N away first"
+    )]
+    NoCurrentSegment {
+        /// File.
+        path: PathBuf,
+        /// What the current segment is: "missing", "empty", ...
+        state: &'static str,
+        /// The newest archive.
+        archive: PathBuf,
+    },
+    /// The segments do not chain (an archive missing, replaced, reordered or truncated).
+    #[error(
+        "journal {path}: {what} (at {path}.{archive}); nothing was changed. Inspect with \
+         `order-gateway journal verify {path}`; put the archived segments back as they were \
+         written (never renamed or cut) and start again"
+    )]
+    Segments {
+        /// File.
+        path: PathBuf,
+        /// The archive's number.
+        archive: u64,
+        /// What does not match.
+        what: &'static str,
+    },
     /// A damaged record that is not a torn tail: history would be lost by cutting it.
     #[error(
         "journal {path} is damaged at byte {offset} ({what}){after}; nothing was changed. \
@@ -107,6 +189,14 @@ pub enum JournalError {
         what: &'static str,
         /// Offset of the first intact record after it, if any.
         next_intact: Option<u64>,
+    },
+    /// `journal repair` would leave a journal that starts an empty day: nothing was changed.
+    #[error("journal {path} was not repaired, nothing was changed: {why}")]
+    RepairRefused {
+        /// File.
+        path: PathBuf,
+        /// Why, and what to do.
+        why: String,
     },
     /// Reading during recovery failed.
     #[error("read journal")]
@@ -143,45 +233,180 @@ pub struct RecoveryStats {
     pub truncated_bytes: u64,
 }
 
-/// Appends one record to `buf`. `kind` must not be [`META`].
+/// Appends one record to `buf` (with `prev` 0: [`Journal::append`] chains it). `kind` must
+/// not be [`META`].
 pub fn encode_record(buf: &mut Vec<u8>, kind: u8, parts: &[&[u8]]) {
     debug_assert_ne!(kind, META, "kind 0 is the journal's own");
     let len: usize = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
     let mut h = crc32fast::Hasher::new();
+    h.update(&[0; 4]);
     h.update(&[kind]);
     for p in parts {
         h.update(p);
     }
     buf.extend_from_slice(&(len as u32).to_le_bytes());
     buf.extend_from_slice(&h.finalize().to_le_bytes());
+    buf.extend_from_slice(&[0; 4]);
     buf.push(kind);
     for p in parts {
         buf.extend_from_slice(p);
     }
 }
 
-/// Splits the first intact record off `bytes`: `(kind, payload, total length)`.
+/// Splits the first intact record off `bytes`: `(kind, payload, total length)`. Checks the
+/// record's own CRC, not its place in a chain.
 pub fn decode_record(bytes: &[u8]) -> Option<(u8, &[u8], usize)> {
     let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
     let crc = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
     if len == 0 {
         return None;
     }
-    let body = bytes.get(RECORD_HEADER..RECORD_HEADER.checked_add(len)?)?;
-    (crc32fast::hash(body) == crc).then(|| (body[0], &body[1..], RECORD_HEADER + len))
+    let covered = bytes.get(8..RECORD_HEADER.checked_add(len)?)?;
+    (crc32fast::hash(covered) == crc).then(|| (covered[4], &covered[5..], RECORD_HEADER + len))
 }
 
-/// The commit record that ends an append finishing at `end` (this record included).
-fn commit_record(end: u64) -> [u8; MARK_LEN] {
-    let mut body = [0u8; 10];
-    body[0] = META;
-    body[1] = META_COMMIT;
-    body[2..].copy_from_slice(&end.to_le_bytes());
+/// Chains whole records in `buf` after `chain`: sets each one's `prev` and CRC. Returns the
+/// chain value after the last, or `None` if `buf` is not whole records (a caller's bug).
+fn rechain(buf: &mut [u8], mut chain: u32) -> Option<u32> {
+    let mut at = 0;
+    while at < buf.len() {
+        let len = u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?) as usize;
+        let end = at.checked_add(RECORD_HEADER)?.checked_add(len)?;
+        if len == 0 || end > buf.len() {
+            return None;
+        }
+        buf[at + 8..at + 12].copy_from_slice(&chain.to_le_bytes());
+        chain = crc32fast::hash(&buf[at + 8..end]);
+        buf[at + 4..at + 8].copy_from_slice(&chain.to_le_bytes());
+        at = end;
+    }
+    Some(chain)
+}
+
+/// The commit record that ends an append finishing at `end` (this record included), chained
+/// after `prev`. Its CRC is the chain value after it.
+fn commit_record(end: u64, prev: u32) -> [u8; MARK_LEN] {
     let mut rec = [0u8; MARK_LEN];
-    rec[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
-    rec[4..8].copy_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    rec[8..].copy_from_slice(&body);
+    rec[..4].copy_from_slice(&((MARK_LEN - RECORD_HEADER) as u32).to_le_bytes());
+    rec[8..12].copy_from_slice(&prev.to_le_bytes());
+    rec[12] = META;
+    rec[13] = META_COMMIT;
+    rec[14..].copy_from_slice(&end.to_le_bytes());
+    let crc = crc32fast::hash(&rec[8..]);
+    rec[4..8].copy_from_slice(&crc.to_le_bytes());
     rec
+}
+
+fn record_crc(rec: &[u8]) -> u32 {
+    u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]])
+}
+
+/// One superblock copy on disk: little-endian, 44 bytes, CRC last.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct SuperblockBytes {
+    seq: U64,
+    durable: U64,
+    chain: U32,
+    segment: U64,
+    prev_len: U64,
+    prev_chain: U32,
+    /// CRC of the 40 bytes before it.
+    crc: U32,
+}
+
+const _: () = assert!(size_of::<SuperblockBytes>() == 44);
+
+/// What a segment knows about itself independently of its records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Superblock {
+    /// Write count (the valid copy with the higher one wins).
+    pub seq: u64,
+    /// Bytes of the file a completed `fdatasync` made durable.
+    pub durable: u64,
+    /// The chain value at `durable` (the CRC of the record that ends there).
+    pub chain: u32,
+    /// Segment number: 1 for a journal's first file; `FILE.N` is segment N.
+    pub segment: u64,
+    /// Length of segment `segment - 1` when it was sealed (0 for segment 1).
+    pub prev_len: u64,
+    /// Chain value at the end of segment `segment - 1` (0 for segment 1).
+    pub prev_chain: u32,
+}
+
+impl Superblock {
+    fn encode(&self) -> [u8; 44] {
+        let mut b = SuperblockBytes {
+            seq: self.seq.into(),
+            durable: self.durable.into(),
+            chain: self.chain.into(),
+            segment: self.segment.into(),
+            prev_len: self.prev_len.into(),
+            prev_chain: self.prev_chain.into(),
+            crc: 0.into(),
+        };
+        b.crc = crc32fast::hash(&b.as_bytes()[..40]).into();
+        let mut out = [0u8; 44];
+        out.copy_from_slice(b.as_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Superblock> {
+        let (b, _) = SuperblockBytes::ref_from_prefix(bytes).ok()?;
+        (crc32fast::hash(&b.as_bytes()[..40]) == b.crc.get()).then(|| Superblock {
+            seq: b.seq.get(),
+            durable: b.durable.get(),
+            chain: b.chain.get(),
+            segment: b.segment.get(),
+            prev_len: b.prev_len.get(),
+            prev_chain: b.prev_chain.get(),
+        })
+    }
+}
+
+/// What the first [`HEADER_LEN`] bytes of a file say.
+enum Header {
+    /// No header yet (a new file, or a crash while the first segment's header was written).
+    Fresh,
+    Superblock(Superblock),
+    BothCopiesBad,
+}
+
+fn read_header(file: &File, path: &Path, file_len: u64) -> Result<Header, JournalError> {
+    let have = file_len.min(HEADER_LEN) as usize;
+    let mut head = vec![0u8; have];
+    file.read_exact_at(&mut head, 0)
+        .map_err(JournalError::Read)?;
+    let m = have.min(MAGIC.len());
+    if head[..m] != MAGIC[..m] {
+        if have >= MAGIC_V1.len() && head[..8] == MAGIC_V1[..] {
+            return Err(JournalError::OldFormat(path.to_owned()));
+        }
+        return Err(JournalError::BadMagic(path.to_owned()));
+    }
+    let copies = SLOTS.map(|at| {
+        head.get(at as usize..at as usize + 44)
+            .and_then(Superblock::decode)
+    });
+    let best = match copies {
+        [Some(a), Some(b)] => Some(if a.seq >= b.seq { a } else { b }),
+        [a, b] => a.or(b),
+    };
+    Ok(match best {
+        Some(sb) => Header::Superblock(sb),
+        None if file_len <= HEADER_LEN => Header::Fresh,
+        None => Header::BothCopiesBad,
+    })
+}
+
+/// Reads a segment's superblock and length (archives at open).
+fn read_superblock(path: &Path) -> io::Result<Option<(Superblock, u64)>> {
+    let file = File::open(path)?;
+    let len = file.metadata()?.len();
+    Ok(match read_header(&file, path, len) {
+        Ok(Header::Superblock(sb)) => Some((sb, len)),
+        _ => None,
+    })
 }
 
 /// Where a scan stopped, when the journal is not clean.
@@ -204,6 +429,20 @@ pub enum Damage {
         /// First intact record after it, if any.
         next_intact: Option<u64>,
     },
+    /// The segments do not chain: archive `FILE.archive` and the segment after it.
+    Segments {
+        /// The archive's number.
+        archive: u64,
+        /// What does not match.
+        what: &'static str,
+    },
+    /// Archives exist but the current segment has no header (missing, empty, bare magic).
+    NoCurrentSegment {
+        /// What the current segment is.
+        state: &'static str,
+        /// The newest archive's number.
+        archive: u64,
+    },
 }
 
 /// What a full read of a journal found.
@@ -213,10 +452,15 @@ pub struct Scan {
     pub by_kind: Box<[u64; 256]>,
     /// End of the last intact record before any damage.
     pub valid_len: u64,
-    /// End of the last commit record: the durable point (what a power loss keeps).
+    /// The durable point: the larger of the superblock's extent and the end of the last
+    /// commit record (what a power loss keeps).
     pub durable_len: u64,
     /// The file's length.
     pub file_len: u64,
+    /// The superblock, when the file has a valid one.
+    pub superblock: Option<Superblock>,
+    /// Chain value at `valid_len`.
+    pub chain: u32,
     /// Damage, if the file is not clean.
     pub damage: Option<Damage>,
 }
@@ -228,14 +472,28 @@ impl Scan {
     }
 }
 
-/// Reads one record header and body at `pos` of a file of `end` bytes into `body`.
-/// `Ok(Err(what))` for a bad record.
+/// One record as [`read_records`] hands it out.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordView<'a> {
+    /// Offset of its first byte in the file.
+    pub offset: u64,
+    /// Bytes it takes in the file (header included).
+    pub len: u64,
+    /// Its kind ([`META`] for the journal's own).
+    pub kind: u8,
+    /// Its payload.
+    pub payload: &'a [u8],
+}
+
+/// Reads one record header and body at `pos` of a file of `end` bytes: `body` gets
+/// `prev` (4 bytes), kind and payload. `Ok(Err(what))` for a bad record; `Ok(Ok((prev,
+/// crc)))` for an intact one.
 fn read_record(
     r: &mut impl Read,
     pos: u64,
     end: u64,
     body: &mut Vec<u8>,
-) -> io::Result<Result<(), &'static str>> {
+) -> io::Result<Result<(u32, u32), &'static str>> {
     if end - pos < RECORD_HEADER as u64 {
         return Ok(Err("record header cut short"));
     }
@@ -244,17 +502,23 @@ fn read_record(
     let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as u64;
     let crc = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
     if len == 0 {
-        return Ok(Err("zero length"));
+        return Ok(Err(if h == [0; RECORD_HEADER] {
+            "zeroed bytes"
+        } else {
+            "zero length"
+        }));
     }
     if len > end - pos - RECORD_HEADER as u64 {
         return Ok(Err("length runs past the end of the file"));
     }
-    body.resize(len as usize, 0);
-    r.read_exact(body)?;
+    body.clear();
+    body.extend_from_slice(&h[8..12]);
+    body.resize(4 + len as usize, 0);
+    r.read_exact(&mut body[4..])?;
     if crc32fast::hash(body) != crc {
         return Ok(Err("checksum mismatch"));
     }
-    Ok(Ok(()))
+    Ok(Ok((u32::from_le_bytes([h[8], h[9], h[10], h[11]]), crc)))
 }
 
 /// Offset of the first intact record that starts after `from`, reading in bounded windows.
@@ -266,7 +530,7 @@ fn find_intact_after(file: &File, from: u64, end: u64) -> io::Result<Option<u64>
     while base + (RECORD_HEADER as u64) < end {
         let n = ((end - base) as usize).min(WINDOW);
         file.read_exact_at(&mut window[..n], base)?;
-        // Candidate headers whose 8 bytes lie in the window.
+        // Candidate headers whose bytes lie in the window.
         let candidates = n.saturating_sub(RECORD_HEADER - 1);
         for i in 0..candidates {
             let h = &window[i..i + RECORD_HEADER];
@@ -276,8 +540,8 @@ fn find_intact_after(file: &File, from: u64, end: u64) -> io::Result<Option<u64>
                 continue;
             }
             let crc = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-            body.resize(len as usize, 0);
-            file.read_exact_at(&mut body, at + RECORD_HEADER as u64)?;
+            body.resize(4 + len as usize, 0);
+            file.read_exact_at(&mut body, at + 8)?;
             if crc32fast::hash(&body) == crc {
                 return Ok(Some(at));
             }
@@ -290,57 +554,107 @@ fn find_intact_after(file: &File, from: u64, end: u64) -> io::Result<Option<u64>
     Ok(None)
 }
 
-/// Reads every record of an open journal from the start, handing intact non-meta records to
-/// `on_record(kind, payload)` in order, and classifies any damage. Memory: the largest record.
+/// Reads every record of an open journal from the start, handing each intact record (commit
+/// records included) to `on_record` in order, and classifies any damage inside the file.
+/// Memory: the largest record.
 fn scan_file(
     file: &mut File,
     path: &Path,
-    mut on_record: impl FnMut(u8, &[u8]),
+    on_record: &mut dyn FnMut(RecordView<'_>),
 ) -> Result<Scan, JournalError> {
     let file_len = file.metadata().map_err(JournalError::Read)?.len();
     let mut scan = Scan {
         by_kind: Box::new([0; 256]),
-        valid_len: file_len.min(MAGIC.len() as u64),
+        valid_len: file_len,
         durable_len: 0,
         file_len,
+        superblock: None,
+        chain: 0,
         damage: None,
     };
-    file.seek(SeekFrom::Start(0)).map_err(JournalError::Read)?;
-    let mut r = io::BufReader::with_capacity(1 << 16, &mut *file);
-    let mut magic = [0u8; 8];
-    let have = (file_len as usize).min(MAGIC.len());
-    r.read_exact(&mut magic[..have])
+    let sb = match read_header(file, path, file_len)? {
+        Header::Fresh => return Ok(scan),
+        Header::BothCopiesBad => {
+            scan.valid_len = 0;
+            scan.damage = Some(Damage::Corrupt {
+                offset: SLOTS[0],
+                what: "both superblock copies are bad",
+                next_intact: None,
+            });
+            return Ok(scan);
+        }
+        Header::Superblock(sb) if file_len < HEADER_LEN => {
+            scan.superblock = Some(sb);
+            scan.valid_len = 0;
+            scan.damage = Some(Damage::Corrupt {
+                offset: file_len,
+                what: "the header is cut short",
+                next_intact: None,
+            });
+            return Ok(scan);
+        }
+        Header::Superblock(sb) => sb,
+    };
+    scan.superblock = Some(sb);
+    file.seek(SeekFrom::Start(HEADER_LEN))
         .map_err(JournalError::Read)?;
-    if magic[..have] != MAGIC[..have] {
-        return Err(JournalError::BadMagic(path.to_owned()));
-    }
-    let mut pos = have as u64;
+    let mut r = io::BufReader::with_capacity(1 << 16, &mut *file);
+    let mut pos = HEADER_LEN;
+    let mut chain = sb.prev_chain;
+    let mut commits = 0;
     let mut body = Vec::new();
     let mut bad = None;
-    while pos < file_len {
+    // The chain value where the superblock's extent ends must be the superblock's.
+    let check_durable = |pos: u64, chain: u32| pos != sb.durable || chain == sb.chain;
+    if !check_durable(pos, chain) {
+        bad = Some("the chain value at the superblock's durable point differs");
+    }
+    while bad.is_none() && pos < file_len {
         match read_record(&mut r, pos, file_len, &mut body).map_err(JournalError::Read)? {
-            Ok(()) => {
-                let kind = body[0];
+            Ok((prev, crc)) => {
+                if prev != chain {
+                    bad = Some(
+                        "the record does not follow the one before it (chain broken: \
+                         replaced, reordered or from another segment)",
+                    );
+                    break;
+                }
+                let kind = body[4];
+                let len = (RECORD_HEADER + body.len() - 4) as u64;
+                if pos < sb.durable && pos + len > sb.durable {
+                    bad = Some("a record runs across the superblock's durable point");
+                    break;
+                }
                 scan.by_kind[kind as usize] += 1;
                 if kind == META {
-                    if let [META_COMMIT, l @ ..] = &body[1..] {
+                    if let [META_COMMIT, l @ ..] = &body[5..] {
                         if let Ok(l) = <[u8; 8]>::try_from(l) {
-                            scan.durable_len = scan.durable_len.max(u64::from_le_bytes(l));
+                            commits = commits.max(u64::from_le_bytes(l));
                         }
                     }
-                } else {
-                    on_record(kind, &body[1..]);
                 }
-                pos += (RECORD_HEADER + body.len()) as u64;
+                on_record(RecordView {
+                    offset: pos,
+                    len,
+                    kind,
+                    payload: &body[5..],
+                });
+                pos += len;
+                chain = crc;
+                if !check_durable(pos, chain) {
+                    bad = Some("the chain value at the superblock's durable point differs");
+                }
             }
-            Err(what) => {
-                bad = Some(what);
-                break;
-            }
+            Err(what) => bad = Some(what),
         }
     }
     drop(r);
     scan.valid_len = pos;
+    scan.chain = chain;
+    scan.durable_len = sb.durable.max(commits);
+    if bad.is_none() && pos < sb.durable {
+        bad = Some("the file ends before its durable extent (cut short)");
+    }
     if let Some(what) = bad {
         let next_intact = find_intact_after(file, pos, file_len).map_err(JournalError::Read)?;
         scan.damage = Some(if pos >= scan.durable_len && next_intact.is_none() {
@@ -359,13 +673,161 @@ fn scan_file(
     Ok(scan)
 }
 
-/// Reads a journal without changing it (or locking it): counts, durable length, damage.
+/// The numbers of the archives `path.N` beside `path`, ascending, leaving out a hard link to
+/// `path` itself (a rotation that crashed after linking).
+fn archives(path: &Path) -> io::Result<Vec<u64>> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let Some(name) = path.file_name() else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "journal path has no name",
+        ));
+    };
+    let prefix = format!("{}.", name.to_string_lossy());
+    let current = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    let mut found = Vec::new();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(found),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let n = entry.file_name();
+        let n = n.to_string_lossy();
+        let Some(k) = n.strip_prefix(&prefix).and_then(|k| k.parse::<u64>().ok()) else {
+            continue;
+        };
+        let m = entry.metadata()?;
+        if Some((m.dev(), m.ino())) != current {
+            found.push(k);
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
+fn archive_name(path: &Path, n: u64) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".{n}"));
+    PathBuf::from(p)
+}
+
+/// Checks that the archives beside `path` and the current segment (`current`, when it has a
+/// superblock) chain: `Err((archive, what))` for the first that does not.
+fn check_segments(
+    path: &Path,
+    nums: &[u64],
+    current: Option<&Superblock>,
+) -> Result<Result<(), (u64, &'static str)>, JournalError> {
+    for w in nums.windows(2) {
+        if w[1] != w[0] + 1 {
+            return Ok(Err((w[0] + 1, "an archived segment is missing")));
+        }
+    }
+    let mut next = current.copied();
+    for &n in nums.iter().rev() {
+        let Some((sb, len)) =
+            read_superblock(&archive_name(path, n)).map_err(JournalError::Read)?
+        else {
+            return Ok(Err((
+                n,
+                "an archived segment is not a readable format-2 journal",
+            )));
+        };
+        if sb.segment != n {
+            return Ok(Err((
+                n,
+                "an archived segment names another segment number (renamed or reordered)",
+            )));
+        }
+        if sb.durable != len {
+            return Ok(Err((
+                n,
+                "an archived segment's length is not the length it was sealed at (cut or \
+                 appended to)",
+            )));
+        }
+        if let Some(nx) = next {
+            if nx.segment != n + 1 {
+                return Ok(Err((
+                    n,
+                    "the segment after an archive does not follow it (a newer archive is \
+                     missing, or segments were renamed)",
+                )));
+            }
+            if nx.prev_len != len || nx.prev_chain != sb.chain {
+                return Ok(Err((
+                    n,
+                    "an archived segment is not the one the segment after it was started \
+                     from (replaced, reordered or cut)",
+                )));
+            }
+        }
+        next = Some(sb);
+    }
+    Ok(Ok(()))
+}
+
+/// Reads a journal without changing it (or locking it): counts, durable length, damage,
+/// and whether its archives `FILE.N` chain with it.
 pub fn verify(path: &Path) -> Result<Scan, JournalError> {
-    let mut file = File::open(path).map_err(|source| JournalError::Open {
-        path: path.to_owned(),
-        source,
-    })?;
-    scan_file(&mut file, path, |_, _| {})
+    read_records(path, |_| {})
+}
+
+/// [`verify`], handing every intact record (commit records included) to `on_record`
+/// (`journal dump`).
+pub fn read_records(
+    path: &Path,
+    mut on_record: impl FnMut(RecordView<'_>),
+) -> Result<Scan, JournalError> {
+    let nums = archives(path).map_err(JournalError::Read)?;
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !nums.is_empty() => {
+            return Err(JournalError::NoCurrentSegment {
+                path: path.to_owned(),
+                state: "missing",
+                archive: archive_name(path, nums[nums.len() - 1]),
+            })
+        }
+        Err(source) => {
+            return Err(JournalError::Open {
+                path: path.to_owned(),
+                source,
+            })
+        }
+    };
+    let mut scan = scan_file(&mut file, path, &mut on_record)?;
+    if scan.damage.is_none() {
+        scan.damage = segment_damage(path, &nums, &scan)?;
+    }
+    Ok(scan)
+}
+
+/// What a current segment without a header is.
+fn fresh_state(file_len: u64) -> &'static str {
+    match file_len {
+        0 => "empty",
+        8 => "only its magic",
+        _ => "only a partial header",
+    }
+}
+
+fn segment_damage(path: &Path, nums: &[u64], scan: &Scan) -> Result<Option<Damage>, JournalError> {
+    if scan.superblock.is_none() {
+        return Ok(nums.last().map(|&archive| Damage::NoCurrentSegment {
+            state: fresh_state(scan.file_len),
+            archive,
+        }));
+    }
+    Ok(check_segments(path, nums, scan.superblock.as_ref())?
+        .err()
+        .map(|(archive, what)| Damage::Segments { archive, what }))
 }
 
 /// What [`repair`] did.
@@ -375,28 +837,133 @@ pub struct Repair {
     pub scan: Scan,
     /// Where the damaged suffix went, and from which offset (None: the journal was clean).
     pub moved: Option<(PathBuf, u64)>,
+    /// The archive the current segment was rebuilt from, when its checkpoint was damaged,
+    /// and how many records after that checkpoint were carried over.
+    pub rebuilt_from: Option<(PathBuf, u64)>,
 }
 
 /// Moves everything from the first damaged record to the end into `FILE.quarantine.N` (the
-/// first N not taken), synced, then cuts the journal there. Takes the journal's lock: the
-/// gateway must be stopped. Never deletes anything.
+/// first N not taken), synced, then cuts the journal there and rewrites its superblock.
+/// Takes the journal's lock: the gateway must be stopped. Never deletes anything.
+///
+/// Never leaves a journal that starts an empty day. Damage in a segment's first record (its
+/// checkpoint) when the segment is not the journal's first is not cut: the segment is rebuilt
+/// from the archive it was started from (see `rebuild_from_archive`), the damaged file going
+/// to quarantine whole. It refuses, changing nothing, what it cannot repair that way: such
+/// damage without that archive intact, both superblock copies bad, archives that do not
+/// chain, a current segment missing or empty while archives exist.
 pub fn repair(path: &Path) -> Result<Repair, JournalError> {
     let open_err = |source| JournalError::Open {
         path: path.to_owned(),
         source,
     };
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(open_err)?;
-    lock(&file, path)?;
-    let scan = scan_file(&mut file, path, |_, _| {})?;
-    let offset = match scan.damage {
-        None => return Ok(Repair { scan, moved: None }),
-        Some(Damage::TornTail { offset, .. } | Damage::Corrupt { offset, .. }) => offset,
+    let nums = archives(path).map_err(JournalError::Read)?;
+    let mut file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !nums.is_empty() => {
+            return Err(JournalError::NoCurrentSegment {
+                path: path.to_owned(),
+                state: "missing",
+                archive: archive_name(path, nums[nums.len() - 1]),
+            })
+        }
+        Err(e) => return Err(open_err(e)),
     };
-    let (qpath, mut q) = (1u32..)
+    lock(&file, path)?;
+    let mut scan = scan_file(&mut file, path, &mut |_| {})?;
+    if scan.damage.is_none() {
+        scan.damage = segment_damage(path, &nums, &scan)?;
+    }
+    let refuse = |why: String| JournalError::RepairRefused {
+        path: path.to_owned(),
+        why,
+    };
+    let (offset, sb) = match (scan.damage, scan.superblock) {
+        (None, _) => {
+            return Ok(Repair {
+                scan,
+                moved: None,
+                rebuilt_from: None,
+            })
+        }
+        (Some(Damage::Segments { archive, what }), _) => {
+            return Err(refuse(format!(
+                "{what} (at {}.{archive}): the segments are put back by hand, not cut; \
+                 `order-gateway journal verify` says which",
+                path.display()
+            )))
+        }
+        (Some(Damage::NoCurrentSegment { state, archive }), _) => {
+            return Err(refuse(format!(
+                "it is {state} while archived segments up to {}.{archive} exist: cutting \
+                 cannot bring the day back. Restore it from a backup",
+                path.display()
+            )))
+        }
+        (Some(Damage::TornTail { offset, .. } | Damage::Corrupt { offset, .. }), Some(sb)) => {
+            (offset, sb)
+        }
+        (Some(_), None) => {
+            return Err(refuse(
+                "both superblock copies are bad: the journal cannot say which segment it is \
+                 or how much of it was durable. Keep the file and restore from a backup"
+                    .into(),
+            ))
+        }
+    };
+    if offset <= HEADER_LEN && (sb.segment > 1 || !nums.is_empty()) {
+        let why = if sb.segment > 1 && nums.last() == Some(&(sb.segment - 1)) {
+            match rebuild_from_archive(path, &file, &sb, scan.file_len)? {
+                Ok((qpath, archive, carried)) => {
+                    return Ok(Repair {
+                        scan,
+                        moved: Some((qpath, 0)),
+                        rebuilt_from: Some((archive, carried)),
+                    })
+                }
+                Err(why) => why,
+            }
+        } else {
+            format!(
+                "the archived segment {}.{} it follows is not there",
+                path.display(),
+                sb.segment.saturating_sub(1)
+            )
+        };
+        return Err(refuse(format!(
+            "the first record of segment {} (its checkpoint, which holds the day up to the \
+             segment's start) is damaged, and cutting it would start an empty day; it cannot \
+             be rebuilt from the archives: {why}. Keep every file and restore this one from a \
+             backup",
+            sb.segment,
+        )));
+    }
+    let (qpath, mut q) = new_quarantine(path)?;
+    file.seek(SeekFrom::Start(offset))
+        .map_err(JournalError::Read)?;
+    io::copy(&mut (&file).take(scan.file_len - offset), &mut q).map_err(JournalError::Append)?;
+    q.sync_all().map_err(JournalError::Sync)?;
+    file.set_len(offset).map_err(JournalError::Truncate)?;
+    file.sync_all().map_err(JournalError::Sync)?;
+    // The operator moved the rest aside: the durable extent now ends where the file does.
+    let cut = Superblock {
+        seq: sb.seq + 1,
+        durable: offset,
+        chain: scan.chain,
+        ..sb
+    };
+    write_superblock(&file, &cut).map_err(JournalError::Append)?;
+    file.sync_all().map_err(JournalError::Sync)?;
+    Ok(Repair {
+        scan,
+        moved: Some((qpath, offset)),
+        rebuilt_from: None,
+    })
+}
+
+/// A new `FILE.quarantine.N`, the first N not taken.
+fn new_quarantine(path: &Path) -> Result<(PathBuf, File), JournalError> {
+    (1u32..)
         .find_map(|n| {
             let mut p = path.as_os_str().to_owned();
             p.push(format!(".quarantine.{n}"));
@@ -408,17 +975,146 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
             }
         })
         .expect("an unbounded range finds a free name or an error")
-        .map_err(open_err)?;
-    file.seek(SeekFrom::Start(offset))
-        .map_err(JournalError::Read)?;
-    io::copy(&mut (&file).take(scan.file_len - offset), &mut q).map_err(JournalError::Append)?;
+        .map_err(|source| JournalError::Open {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// Rebuilds segment `sb.segment`, whose checkpoint is damaged, from the archive it was
+/// started from: that archive's records (its own checkpoint and everything after it) replay
+/// to the state the damaged checkpoint held. The archive must be intact and be the one the
+/// superblock names (number, sealed length, chain value). The whole damaged file goes to
+/// `FILE.quarantine.N` first; the new segment is written as `FILE.next`, synced and renamed
+/// over `FILE`. Records of the damaged segment after its checkpoint are carried over when
+/// the chain proves them its continuation: the checkpoint's length field leads to a record
+/// whose `prev` is the checkpoint's CRC field (both unharmed), and they are taken up to the
+/// first one that is not intact; the rest stays in the quarantine only. Holds the archive's
+/// records in memory (one segment). Returns the quarantine, the archive and the records
+/// carried over; `Ok(Err(why))` when the archive does not allow it: nothing was changed then.
+fn rebuild_from_archive(
+    path: &Path,
+    file: &File,
+    sb: &Superblock,
+    file_len: u64,
+) -> Result<Result<(PathBuf, PathBuf, u64), String>, JournalError> {
+    let archive = archive_name(path, sb.segment - 1);
+    let mut records = Vec::new();
+    let ascan = match read_records(&archive, |r| {
+        if r.kind != META {
+            encode_record(&mut records, r.kind, &[r.payload]);
+        }
+    }) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(format!("{} cannot be read: {e}", archive.display()))),
+    };
+    if let Some(d) = ascan.damage {
+        return Ok(Err(format!("{} is damaged too ({d:?})", archive.display())));
+    }
+    let Some(asb) = ascan.superblock else {
+        return Ok(Err(format!("{} has no header", archive.display())));
+    };
+    if asb.segment != sb.segment - 1
+        || ascan.file_len != sb.prev_len
+        || ascan.chain != sb.prev_chain
+    {
+        return Ok(Err(format!(
+            "{} is not the segment this one was started from",
+            archive.display()
+        )));
+    }
+    let carried = continuation(file, file_len, &mut records).map_err(JournalError::Read)?;
+    let Some(chain) = rechain(&mut records, sb.prev_chain) else {
+        return Ok(Err("the archive's records do not re-encode".into()));
+    };
+    let (qpath, mut q) = new_quarantine(path)?;
+    let mut from = file;
+    from.seek(SeekFrom::Start(0)).map_err(JournalError::Read)?;
+    io::copy(&mut from.take(file_len), &mut q).map_err(JournalError::Append)?;
     q.sync_all().map_err(JournalError::Sync)?;
-    file.set_len(offset).map_err(JournalError::Truncate)?;
-    file.sync_all().map_err(JournalError::Sync)?;
-    Ok(Repair {
-        scan,
-        moved: Some((qpath, offset)),
-    })
+    let end = HEADER_LEN + (records.len() + MARK_LEN) as u64;
+    let commit = commit_record(end, chain);
+    let new = Superblock {
+        seq: 1,
+        durable: end,
+        chain: record_crc(&commit),
+        ..*sb
+    };
+    let mut bytes = header_bytes(&new);
+    bytes.extend_from_slice(&records);
+    bytes.extend_from_slice(&commit);
+    let next = next_segment_path(path);
+    let write = || -> io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&next)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&next, path)?;
+        sync_dir(path)
+    };
+    write().map_err(JournalError::Append)?;
+    Ok(Ok((qpath, archive, carried)))
+}
+
+/// The records after a segment's damaged first record that its chain proves are the
+/// segment's own (see `rebuild_from_archive`), appended to `out` (commit records left out);
+/// returns how many.
+fn continuation(file: &File, file_len: u64, out: &mut Vec<u8>) -> io::Result<u64> {
+    let mut h = [0u8; RECORD_HEADER];
+    if file_len < HEADER_LEN + RECORD_HEADER as u64 {
+        return Ok(0);
+    }
+    file.read_exact_at(&mut h, HEADER_LEN)?;
+    let len = u64::from(u32::from_le_bytes([h[0], h[1], h[2], h[3]]));
+    let mut chain = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+    let mut pos = HEADER_LEN + RECORD_HEADER as u64 + len;
+    if len == 0 || pos >= file_len {
+        return Ok(0);
+    }
+    let mut r = io::BufReader::with_capacity(1 << 16, file);
+    r.seek(SeekFrom::Start(pos))?;
+    let (mut body, mut n) = (Vec::new(), 0);
+    while pos < file_len {
+        let Ok((prev, crc)) = read_record(&mut r, pos, file_len, &mut body)? else {
+            break;
+        };
+        if prev != chain {
+            break;
+        }
+        if body[4] != META {
+            encode_record(out, body[4], &[&body[5..]]);
+            n += 1;
+        }
+        pos += (RECORD_HEADER + body.len() - 4) as u64;
+        chain = crc;
+    }
+    Ok(n)
+}
+
+/// Writes `sb` to its copy (`seq` picks which: the two alternate). Not synced.
+fn write_superblock(file: &File, sb: &Superblock) -> io::Result<()> {
+    file.write_all_at(&sb.encode(), SLOTS[(sb.seq % 2) as usize])
+}
+
+/// The first [`HEADER_LEN`] bytes of a segment whose superblock is `sb`: the magic and both
+/// superblock copies (`sb.seq` and one more). For tools and tests that build journals byte
+/// by byte.
+pub fn segment_header(sb: &Superblock) -> Vec<u8> {
+    header_bytes(sb)
+}
+
+/// A new segment's header: the magic and both superblock copies (`sb.seq` and one more).
+fn header_bytes(sb: &Superblock) -> Vec<u8> {
+    let mut head = vec![0u8; HEADER_LEN as usize];
+    head[..8].copy_from_slice(MAGIC);
+    for s in [sb.seq, sb.seq + 1] {
+        let at = SLOTS[(s % 2) as usize] as usize;
+        head[at..at + 44].copy_from_slice(&Superblock { seq: s, ..*sb }.encode());
+    }
+    head
 }
 
 fn lock(file: &File, path: &Path) -> Result<(), JournalError> {
@@ -442,40 +1138,6 @@ fn next_segment_path(path: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// The archive name for the current segment of `path`: `path.N` with N one more than the
-/// highest there, or the highest itself when it already is a link to `path` (a rotation
-/// that crashed after linking). The flag says which.
-fn archive_path(path: &Path) -> io::Result<(PathBuf, bool)> {
-    use std::os::unix::fs::MetadataExt;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "journal path has no name"))?
-        .to_string_lossy()
-        .into_owned();
-    let prefix = format!("{name}.");
-    let mut highest = 0u64;
-    for entry in std::fs::read_dir(&dir)? {
-        let entry = entry?;
-        let n = entry.file_name();
-        let n = n.to_string_lossy();
-        if let Some(k) = n.strip_prefix(&prefix).and_then(|k| k.parse::<u64>().ok()) {
-            highest = highest.max(k);
-        }
-    }
-    let at = |k: u64| dir.join(format!("{name}.{k}"));
-    if highest > 0 {
-        let (a, b) = (std::fs::metadata(at(highest))?, std::fs::metadata(path)?);
-        if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
-            return Ok((at(highest), true));
-        }
-    }
-    Ok((at(highest + 1), false))
-}
-
 /// Makes a rename in `path`'s directory durable.
 fn sync_dir(path: &Path) -> io::Result<()> {
     let dir = match path.parent() {
@@ -489,82 +1151,165 @@ fn sync_dir(path: &Path) -> io::Result<()> {
 #[derive(Debug)]
 pub struct Journal {
     file: File,
+    path: PathBuf,
     policy: FsyncPolicy,
     unsynced: u32,
     /// Bytes written (the append position).
     len: u64,
+    /// Chain value at `len`.
+    chain: u32,
     /// Bytes a completed fdatasync made durable.
     durable: u64,
+    /// Chain value at `durable`.
+    durable_chain: u32,
+    /// The superblock last written (its `seq` picks the next copy).
+    sb: Superblock,
+    /// A rotation's rename is not known durable yet: synced appends retry the directory
+    /// sync first and fail while it fails.
+    dir_sync_pending: bool,
     poisoned: bool,
+    scratch: Vec<u8>,
+    /// Tests: the next directory syncs fail.
+    #[cfg(test)]
+    fail_dir_syncs: u32,
 }
 
 impl Journal {
-    /// Opens (or creates) `path` under an exclusive lock, replays every intact record into
-    /// `on_record(kind, payload)` and cuts a torn tail. Any other damage is an error and the
-    /// file is left unchanged.
+    /// Opens (or creates) `path` under an exclusive lock, checks that its archives chain
+    /// with it, replays every intact record but commit records into `on_record(kind,
+    /// payload)` and cuts a torn tail past the durable point. Anything else is an error and
+    /// the file is left unchanged.
     pub fn open(
         path: &Path,
         policy: FsyncPolicy,
-        on_record: impl FnMut(u8, &[u8]),
+        mut on_record: impl FnMut(u8, &[u8]),
     ) -> Result<(Journal, RecoveryStats), JournalError> {
         let open_err = |source| JournalError::Open {
             path: path.to_owned(),
             source,
         };
-        let mut file = OpenOptions::new()
+        let nums = archives(path).map_err(JournalError::Read)?;
+        let newest = || archive_name(path, nums[nums.len() - 1]);
+        let mut file = match OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
+            .create(nums.is_empty())
             .truncate(false)
             .open(path)
-            .map_err(open_err)?;
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !nums.is_empty() => {
+                return Err(JournalError::NoCurrentSegment {
+                    path: path.to_owned(),
+                    state: "missing",
+                    archive: newest(),
+                })
+            }
+            Err(e) => return Err(open_err(e)),
+        };
         lock(&file, path)?;
         // A segment a crash interrupted before it replaced this file: never in use.
         let _ = std::fs::remove_file(next_segment_path(path));
         let mut stats = RecoveryStats::default();
-        let scan = scan_file(&mut file, path, on_record)?;
-        if scan.file_len < MAGIC.len() as u64 {
-            // New file, or a crash while writing the magic.
-            file.set_len(0).map_err(JournalError::Truncate)?;
-            file.seek(SeekFrom::Start(0))
-                .map_err(JournalError::Truncate)?;
-            file.write_all(MAGIC).map_err(JournalError::Append)?;
-        } else {
-            stats.records = scan.records();
-            match scan.damage {
-                None => {}
-                Some(Damage::TornTail { offset, bytes }) => {
-                    stats.truncated_bytes = bytes;
-                    file.set_len(offset).map_err(JournalError::Truncate)?;
-                }
-                Some(Damage::Corrupt {
-                    offset,
-                    what,
-                    next_intact,
-                }) => {
-                    return Err(JournalError::Damaged {
+        let file_len = file.metadata().map_err(JournalError::Read)?.len();
+        let (sb, chain) = match read_header(&file, path, file_len)? {
+            Header::Fresh => {
+                if !nums.is_empty() {
+                    return Err(JournalError::NoCurrentSegment {
                         path: path.to_owned(),
+                        state: fresh_state(file_len),
+                        archive: newest(),
+                    });
+                }
+                // A new journal, or a crash while its header was written: no record ever was.
+                let sb = Superblock {
+                    seq: 1,
+                    durable: HEADER_LEN,
+                    chain: 0,
+                    segment: 1,
+                    prev_len: 0,
+                    prev_chain: 0,
+                };
+                file.set_len(0).map_err(JournalError::Truncate)?;
+                file.write_all_at(&header_bytes(&sb), 0)
+                    .map_err(JournalError::Append)?;
+                file.sync_all().map_err(JournalError::Sync)?;
+                sync_dir(path).map_err(JournalError::Sync)?;
+                (Superblock { seq: 2, ..sb }, 0)
+            }
+            header => {
+                // The archives first: a segment that does not chain is not read at all.
+                if let Header::Superblock(sb) = &header {
+                    if let Err((archive, what)) = check_segments(path, &nums, Some(sb))? {
+                        return Err(JournalError::Segments {
+                            path: path.to_owned(),
+                            archive,
+                            what,
+                        });
+                    }
+                }
+                // Records are handed out as they are read: on damage the open fails and the
+                // caller drops what it built; a torn tail is never handed out.
+                let scan = scan_file(&mut file, path, &mut |r| {
+                    if r.kind != META {
+                        on_record(r.kind, r.payload)
+                    }
+                })?;
+                match scan.damage {
+                    None => {}
+                    Some(Damage::TornTail { offset, bytes }) => {
+                        stats.truncated_bytes = bytes;
+                        file.set_len(offset).map_err(JournalError::Truncate)?;
+                    }
+                    Some(Damage::Corrupt {
                         offset,
                         what,
                         next_intact,
-                    })
+                    }) => {
+                        return Err(JournalError::Damaged {
+                            path: path.to_owned(),
+                            offset,
+                            what,
+                            next_intact,
+                        })
+                    }
+                    Some(Damage::Segments { .. } | Damage::NoCurrentSegment { .. }) => {
+                        unreachable!("scan_file reads one file")
+                    }
                 }
+                stats.records = scan.records();
+                let sb = scan
+                    .superblock
+                    .expect("a scan without damage has a superblock");
+                (sb, scan.chain)
             }
-        }
-        // Whatever the last run left in the page cache is made durable now.
+        };
+        // Whatever the last run left in the page cache is made durable now, and the
+        // superblock says so.
         file.sync_all().map_err(JournalError::Sync)?;
         let len = file.seek(SeekFrom::End(0)).map_err(JournalError::Read)?;
-        Ok((
-            Journal {
-                file,
-                policy,
-                unsynced: 0,
-                len,
-                durable: len,
-                poisoned: false,
-            },
-            stats,
-        ))
+        let mut j = Journal {
+            file,
+            path: path.to_owned(),
+            policy,
+            unsynced: 0,
+            len,
+            chain,
+            durable: len,
+            durable_chain: chain,
+            sb,
+            dir_sync_pending: false,
+            poisoned: false,
+            scratch: Vec::new(),
+            #[cfg(test)]
+            fail_dir_syncs: 0,
+        };
+        j.sb.seq += 1;
+        j.sb.durable = len;
+        j.sb.chain = chain;
+        write_superblock(&j.file, &j.sb).map_err(JournalError::Append)?;
+        j.file.sync_data().map_err(JournalError::Sync)?;
+        Ok((j, stats))
     }
 
     /// The sync policy it was opened with.
@@ -572,10 +1317,22 @@ impl Journal {
         self.policy
     }
 
+    /// This segment's number (1 for a journal's first file; `FILE.N` is segment N).
+    pub fn segment(&self) -> u64 {
+        self.sb.segment
+    }
+
+    /// A rotation renamed its new segment into place but the directory sync failed: synced
+    /// appends fail until a retry of it succeeds.
+    pub fn dir_sync_pending(&self) -> bool {
+        self.dir_sync_pending
+    }
+
     /// Appends `records` (whole records from [`encode_record`], `count` of them) and syncs
-    /// per policy; a synced append ends with a commit record. Must complete before the
-    /// effects the records describe leave the process. On an error nothing of this append
-    /// stays in the file (the gateway may go on once the cause, such as a full disk, is gone).
+    /// per policy; a synced append ends with a commit record and rewrites a superblock copy
+    /// with the extent the previous sync made durable. Must complete before the effects the
+    /// records describe leave the process. On an error nothing of this append stays in the
+    /// file (the gateway may go on once the cause, such as a full disk, is gone).
     pub fn append(&mut self, records: &[u8], count: u32) -> Result<(), JournalError> {
         if records.is_empty() {
             return Ok(());
@@ -589,28 +1346,78 @@ impl Journal {
             FsyncPolicy::Group => true,
             FsyncPolicy::EveryN(n) => unsynced >= n.max(1),
         };
+        if sync {
+            self.sync_dir_if_pending()?;
+        }
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        buf.extend_from_slice(records);
+        let Some(chain) = rechain(&mut buf, self.chain) else {
+            self.scratch = buf;
+            return Err(JournalError::Append(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not whole journal records",
+            )));
+        };
         let start = self.len;
         let end = start + records.len() as u64 + if sync { MARK_LEN as u64 } else { 0 };
+        let commit = commit_record(end, chain);
         let written = if sync {
-            self.write_both(records, &commit_record(end))
+            self.write_superblock()
+                .and_then(|()| self.write_both(&buf, &commit))
         } else {
-            self.file.write_all(records)
+            self.file.write_all(&buf)
         };
+        self.scratch = buf;
         if let Err(e) = written {
             self.roll_back(start);
             return Err(JournalError::Append(e));
         }
+        let before = (self.len, self.chain);
         self.len = end;
+        self.chain = if sync { record_crc(&commit) } else { chain };
         self.unsynced = unsynced;
         if sync {
             if let Err(e) = self.sync_data() {
                 // The commit record may or may not be on disk: take the whole append back
                 // so the file never claims a durability it did not get.
                 self.roll_back(start);
+                (self.len, self.chain) = before;
                 return Err(e);
             }
         }
         Ok(())
+    }
+
+    /// Rewrites the next superblock copy with what the last completed sync made durable.
+    fn write_superblock(&mut self) -> io::Result<()> {
+        let sb = Superblock {
+            seq: self.sb.seq + 1,
+            durable: self.durable,
+            chain: self.durable_chain,
+            ..self.sb
+        };
+        write_superblock(&self.file, &sb)?;
+        self.sb = sb;
+        Ok(())
+    }
+
+    fn sync_dir_if_pending(&mut self) -> Result<(), JournalError> {
+        if !self.dir_sync_pending {
+            return Ok(());
+        }
+        self.sync_dir_now().map_err(JournalError::Sync)?;
+        self.dir_sync_pending = false;
+        Ok(())
+    }
+
+    fn sync_dir_now(&mut self) -> io::Result<()> {
+        #[cfg(test)]
+        if self.fail_dir_syncs > 0 {
+            self.fail_dir_syncs -= 1;
+            return Err(io::Error::from_raw_os_error(5));
+        }
+        sync_dir(&self.path)
     }
 
     fn write_both(&mut self, first: &[u8], second: &[u8]) -> io::Result<()> {
@@ -643,22 +1450,35 @@ impl Journal {
     /// Forces an fdatasync of everything appended.
     /// Unsynced records get their commit record first.
     pub fn sync(&mut self) -> Result<(), JournalError> {
+        self.sync_dir_if_pending()?;
         if self.len > self.durable && !self.poisoned {
-            let start = self.len;
-            let end = start + MARK_LEN as u64;
-            if let Err(e) = self.file.write_all(&commit_record(end)) {
-                self.roll_back(start);
-                return Err(JournalError::Append(e));
-            }
-            self.len = end;
+            self.append_commit()?;
         }
         self.sync_data()
+    }
+
+    /// Writes a commit record (and a superblock copy) at the end; not synced.
+    fn append_commit(&mut self) -> Result<(), JournalError> {
+        let start = self.len;
+        let end = start + MARK_LEN as u64;
+        let commit = commit_record(end, self.chain);
+        if let Err(e) = self
+            .write_superblock()
+            .and_then(|()| self.file.write_all(&commit))
+        {
+            self.roll_back(start);
+            return Err(JournalError::Append(e));
+        }
+        self.len = end;
+        self.chain = record_crc(&commit);
+        Ok(())
     }
 
     fn sync_data(&mut self) -> Result<(), JournalError> {
         self.file.sync_data().map_err(JournalError::Sync)?;
         self.unsynced = 0;
         self.durable = self.len;
+        self.durable_chain = self.chain;
         Ok(())
     }
 
@@ -668,12 +1488,16 @@ impl Journal {
     pub fn replay(
         &mut self,
         path: &Path,
-        on_record: impl FnMut(u8, &[u8]),
+        mut on_record: impl FnMut(u8, &[u8]),
     ) -> Result<(), JournalError> {
         if self.poisoned {
             return Err(JournalError::Poisoned);
         }
-        scan_file(&mut self.file, path, on_record)?;
+        scan_file(&mut self.file, path, &mut |r| {
+            if r.kind != META {
+                on_record(r.kind, r.payload)
+            }
+        })?;
         self.file
             .seek(SeekFrom::Start(self.len))
             .map_err(JournalError::Read)?;
@@ -688,6 +1512,7 @@ impl Journal {
         if self.poisoned {
             return Err(JournalError::Poisoned);
         }
+        self.sync_dir_if_pending()?;
         use rustix::fs::{fallocate, FallocateFlags};
         // A KEEP_SIZE fallocate is not held to the file-size limit (RLIMIT_FSIZE): checked
         // here, or a journal at its limit would pass whenever a commit record still fits,
@@ -703,28 +1528,31 @@ impl Journal {
             Err(e) if e == rustix::io::Errno::OPNOTSUPP => {}
             Err(e) => return Err(JournalError::Append(e.into())),
         }
-        let start = self.len;
-        let end = start + MARK_LEN as u64;
-        if let Err(e) = self.file.write_all(&commit_record(end)) {
-            self.roll_back(start);
-            return Err(JournalError::Append(e));
-        }
-        self.len = end;
+        let (start, chain) = (self.len, self.chain);
+        self.append_commit()?;
         if let Err(e) = self.sync_data() {
             self.roll_back(start);
+            (self.len, self.chain) = (start, chain);
             return Err(e);
         }
         Ok(())
     }
 
-    /// Starts a new segment: a fresh file at `path` holding `first` (whole records from
-    /// [`encode_record`]: a checkpoint) and a commit record, made durable before it replaces the current file,
-    /// which is kept as `path.N` (N one more than the highest there). Returns that name.
+    /// Starts a new segment: seals this one (a commit record, then a superblock that claims
+    /// all of it, each synced), keeps it as `path.N` (N: its segment number), and puts a new
+    /// file at `path` holding `first` (whole records from [`encode_record`]: a checkpoint) and
+    /// a commit record, made durable before it replaces the current file, its superblock
+    /// naming segment N+1 and the sealed length and chain value of `path.N`. Returns the
+    /// archive's name.
     ///
     /// Crash-safe at every step: the new file is written and synced as `path.next` and
     /// renamed over `path` only then (a leftover `path.next` is removed at open); the old
     /// file is hard-linked to `path.N` before the rename, so `path` always names a complete
-    /// journal. On an error the current file stays in use, unchanged.
+    /// journal. On an error before the rename the current file stays in use, unchanged but
+    /// for its seal. Once the rename is done the new file is in use whatever follows: if the
+    /// directory sync then fails, synced appends retry it and fail (the gateway degrades)
+    /// until it succeeds ([`dir_sync_pending`](Self::dir_sync_pending)), so nothing is ever
+    /// appended to the archive, and the lock is held on the file at `path`.
     pub fn rotate(&mut self, path: &Path, first: &[u8]) -> Result<PathBuf, JournalError> {
         if self.poisoned {
             return Err(JournalError::Poisoned);
@@ -733,9 +1561,14 @@ impl Journal {
             path: path.to_owned(),
             source,
         };
+        // Seal: everything durable, then a superblock that claims the whole file.
+        self.sync()?;
+        self.write_superblock().map_err(rotate_err)?;
+        self.file.sync_data().map_err(rotate_err)?;
+        let archive = archive_name(path, self.sb.segment);
         let next = next_segment_path(path);
-        let result = (|| -> Result<(File, u64, PathBuf), JournalError> {
-            let mut file = OpenOptions::new()
+        let result = (|| -> Result<(File, Superblock, u64, u32), JournalError> {
+            let file = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
@@ -743,27 +1576,47 @@ impl Journal {
                 .open(&next)
                 .map_err(rotate_err)?;
             lock(&file, &next)?;
-            let end = (MAGIC.len() + first.len() + MARK_LEN) as u64;
-            let mut bytes = Vec::with_capacity(end as usize);
-            bytes.extend_from_slice(MAGIC);
-            bytes.extend_from_slice(first);
-            bytes.extend_from_slice(&commit_record(end));
-            file.write_all(&bytes).map_err(rotate_err)?;
+            let mut records = first.to_vec();
+            let chain = rechain(&mut records, self.chain).ok_or_else(|| {
+                rotate_err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "not whole journal records",
+                ))
+            })?;
+            let end = HEADER_LEN + (records.len() + MARK_LEN) as u64;
+            let commit = commit_record(end, chain);
+            let sb = Superblock {
+                seq: 1,
+                durable: end,
+                chain: record_crc(&commit),
+                segment: self.sb.segment + 1,
+                prev_len: self.len,
+                prev_chain: self.chain,
+            };
+            let mut bytes = header_bytes(&sb);
+            bytes.extend_from_slice(&records);
+            bytes.extend_from_slice(&commit);
+            file.write_all_at(&bytes, 0).map_err(rotate_err)?;
             file.sync_all().map_err(rotate_err)?;
-            let archive = archive_path(path).map_err(rotate_err)?;
-            if !archive.1 {
-                std::fs::hard_link(path, &archive.0).map_err(rotate_err)?;
-            }
+            link_archive(path, &archive).map_err(rotate_err)?;
             std::fs::rename(&next, path).map_err(rotate_err)?;
-            sync_dir(path).map_err(rotate_err)?;
-            Ok((file, end, archive.0))
+            Ok((file, Superblock { seq: 2, ..sb }, end, sb.chain))
         })();
         match result {
-            Ok((file, end, archive)) => {
+            Ok((mut file, sb, end, chain)) => {
+                // The new file is at `path` now: it is the journal, whatever follows.
+                file.seek(SeekFrom::Start(end)).map_err(rotate_err)?;
                 self.file = file;
+                self.sb = sb;
                 self.len = end;
+                self.chain = chain;
                 self.durable = end;
+                self.durable_chain = chain;
                 self.unsynced = 0;
+                self.path = path.to_owned();
+                if self.sync_dir_now().is_err() {
+                    self.dir_sync_pending = true;
+                }
                 Ok(archive)
             }
             Err(e) => {
@@ -778,7 +1631,7 @@ impl Journal {
         self.len
     }
 
-    /// Always false: a journal holds at least its magic.
+    /// Always false: a journal holds at least its header.
     pub fn is_empty(&self) -> bool {
         false
     }
@@ -786,6 +1639,24 @@ impl Journal {
     /// Bytes made durable by the last completed sync: what survives a power loss.
     pub fn durable_len(&self) -> u64 {
         self.durable
+    }
+}
+
+/// Hard-links the current segment at `path` to `archive`, unless a rotation that crashed
+/// after linking left that link already.
+fn link_archive(path: &Path, archive: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::hard_link(path, archive) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let (a, b) = (std::fs::metadata(archive)?, std::fs::metadata(path)?);
+            if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -898,7 +1769,7 @@ mod tests {
         let p = tmp("mid");
         write_with(&p, 100, b"payload", FsyncPolicy::Never);
         // Never: no commit records.
-        let (base, rec) = (MAGIC.len(), RECORD_HEADER + 1 + 4 + 7);
+        let (base, rec) = (HEADER_LEN as usize, RECORD_HEADER + 1 + 4 + 7);
         let mut data = std::fs::read(&p).unwrap();
         for (what, at) in [
             ("payload", base + 50 * rec + RECORD_HEADER + 3),
@@ -1031,7 +1902,7 @@ mod tests {
         let p = dir.path().join("gw.journal");
         write_with(&p, 3, b"x", FsyncPolicy::Group);
         // Crashed after writing the next segment, before linking or renaming.
-        std::fs::write(dir.path().join("gw.journal.next"), b"RBGWJNL1 half").unwrap();
+        std::fs::write(dir.path().join("gw.journal.next"), b"RBGWJNL2 half").unwrap();
         assert_eq!(read_all(&p).0, [0, 1, 2]);
         assert!(!dir.path().join("gw.journal.next").exists());
         // Crashed after linking the archive, before the rename: the next rotation reuses
@@ -1044,6 +1915,399 @@ mod tests {
         drop(j);
         assert_eq!(replayed(&p), [(7, 9)]);
         assert_eq!(read_all(&dir.path().join("gw.journal.1")).0, [0, 1, 2]);
+    }
+
+    /// A journal of three segments: `gw.journal.1` (records 1, 2), `gw.journal.2`
+    /// (checkpoint 100, record 3), `gw.journal.3` (checkpoint 200, record 4) and the current
+    /// one (checkpoint 300, record 5), all under group commit.
+    fn three_archives() -> (tempfile::TempDir, PathBuf) {
+        three_archives_with(3)
+    }
+
+    /// [`three_archives`] with `r3` for record 3 (another day of the same shape).
+    fn three_archives_with(r3: u32) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("gw.journal");
+        let (mut j, _) = Journal::open(&p, FsyncPolicy::Group, |_, _| {}).unwrap();
+        j.append(&[rec(1, 1), rec(1, 2)].concat(), 2).unwrap();
+        for (cp, r) in [(100, r3), (200, 4), (300, 5)] {
+            j.rotate(&p, &rec(8, cp)).unwrap();
+            j.append(&rec(1, r), 1).unwrap();
+        }
+        (dir, p)
+    }
+
+    fn archive(p: &Path, n: u64) -> PathBuf {
+        archive_name(p, n)
+    }
+
+    fn open_err(p: &Path) -> JournalError {
+        Journal::open(p, FsyncPolicy::Group, |_, _| {}).unwrap_err()
+    }
+
+    #[test]
+    fn segments_chain_and_replay_from_the_last_checkpoint() {
+        let (_dir, p) = three_archives();
+        assert_eq!(replayed(&p), [(8, 300), (1, 5)]);
+        let scan = verify(&p).unwrap();
+        assert_eq!(scan.damage, None);
+        assert_eq!(scan.superblock.unwrap().segment, 4);
+        for n in 1..=3 {
+            let s = verify(&archive(&p, n)).unwrap();
+            assert_eq!(s.superblock.unwrap().segment, n);
+            assert_eq!(
+                s.superblock.unwrap().durable,
+                s.file_len,
+                "archive {n} sealed"
+            );
+        }
+    }
+
+    /// Found by review: a segment whose first record (its checkpoint) is torn was cut as a
+    /// torn tail, and the gateway started an empty day while `PATH.1` held the day. The
+    /// superblock's durable extent covers the checkpoint: the open stops, the file unchanged,
+    /// and repair refuses to cut it.
+    #[test]
+    fn a_torn_or_bad_checkpoint_at_a_segment_start_stops_the_open_and_repair_rebuilds_it() {
+        let first = HEADER_LEN as usize;
+        let cp_len = rec(8, 300).len();
+        type Breaker = fn(Vec<u8>, usize, usize) -> Vec<u8>;
+        let cases: [(&str, Breaker); 3] = [
+            ("torn", |full, first, cp_len| {
+                full[..first + cp_len - 2].to_vec()
+            }),
+            ("bad checksum", |mut d, first, _| {
+                d[first + RECORD_HEADER + 2] ^= 0x10;
+                d
+            }),
+            ("zeroed", |mut d, first, _| {
+                d[first..].fill(0);
+                d
+            }),
+        ];
+        for (what, damage) in cases {
+            let (_dir, p) = three_archives();
+            let data = damage(std::fs::read(&p).unwrap(), first, cp_len);
+            std::fs::write(&p, &data).unwrap();
+            match open_err(&p) {
+                JournalError::Damaged { offset, .. } => assert_eq!(offset, HEADER_LEN, "{what}"),
+                e => panic!("{what}: {e}"),
+            }
+            assert_eq!(std::fs::read(&p).unwrap(), data, "{what}: file changed");
+            assert!(matches!(
+                verify(&p).unwrap().damage,
+                Some(Damage::Corrupt {
+                    offset: HEADER_LEN,
+                    ..
+                })
+            ));
+            // Without the archive it follows, repair refuses and changes nothing.
+            let (a3, aside) = (archive(&p, 3), archive(&p, 3).with_extension("aside"));
+            std::fs::rename(&a3, &aside).unwrap();
+            let e = repair(&p).unwrap_err();
+            assert!(
+                matches!(&e, JournalError::RepairRefused { why, .. } if why.contains("empty day")),
+                "{what}: {e}"
+            );
+            assert_eq!(
+                std::fs::read(&p).unwrap(),
+                data,
+                "{what}: repair changed it"
+            );
+            std::fs::rename(&aside, &a3).unwrap();
+            // With it, the segment is rebuilt from it: the day up to the segment's start.
+            let r = repair(&p).unwrap();
+            // A bad checksum leaves the chain to the records after the checkpoint intact:
+            // they are carried over. A torn or zeroed checkpoint has nothing after it.
+            let carried = u64::from(what == "bad checksum");
+            assert_eq!(r.rebuilt_from, Some((a3.clone(), carried)), "{what}");
+            let (q, from) = r.moved.unwrap();
+            assert_eq!((std::fs::read(&q).unwrap(), from), (data, 0), "{what}");
+            let scan = verify(&p).unwrap();
+            assert_eq!(scan.damage, None, "{what}");
+            assert_eq!(scan.superblock.unwrap().segment, 4);
+            let day: &[(u8, u32)] = if carried == 1 {
+                &[(8, 200), (1, 4), (1, 5)]
+            } else {
+                &[(8, 200), (1, 4)]
+            };
+            assert_eq!(replayed(&p), day, "{what}");
+        }
+    }
+
+    /// Found by review: the current segment missing, empty or a bare magic while archives
+    /// exist made a fresh journal, an empty day.
+    #[test]
+    fn a_missing_empty_or_bare_current_segment_beside_archives_is_refused() {
+        let (_dir, p) = three_archives();
+        let full = std::fs::read(&p).unwrap();
+        for (what, data) in [
+            ("missing", None),
+            ("empty", Some(Vec::new())),
+            ("only its magic", Some(MAGIC.to_vec())),
+            ("only a partial header", Some(full[..600].to_vec())),
+        ] {
+            let _ = std::fs::remove_file(&p);
+            if let Some(d) = &data {
+                std::fs::write(&p, d).unwrap();
+            }
+            let e = open_err(&p);
+            match &e {
+                JournalError::NoCurrentSegment { state, archive, .. } => {
+                    assert_eq!(*state, what);
+                    assert!(archive.to_string_lossy().ends_with("gw.journal.3"));
+                }
+                JournalError::Damaged { .. } if what == "only a partial header" => {}
+                e => panic!("{what}: {e}"),
+            }
+            match &data {
+                None => assert!(!p.exists(), "a fresh journal was created"),
+                Some(d) => assert_eq!(&std::fs::read(&p).unwrap(), d, "{what}: file changed"),
+            }
+            match repair(&p) {
+                // A partial header still holding a superblock names its segment: rebuilt
+                // from the archive it follows, never an empty day.
+                Ok(r) if what == "only a partial header" => {
+                    assert!(r.rebuilt_from.is_some());
+                    assert_eq!(replayed(&p), [(8, 200), (1, 4)]);
+                }
+                Ok(r) => panic!("{what}: repaired {r:?}"),
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Found by review: committed records that read back as zeros (never-written blocks
+    /// after a power loss) were cut as a torn tail, because the durable length was only
+    /// known from the commit records read before the damage. The superblock knows it.
+    #[test]
+    fn zeroed_committed_records_stop_the_open() {
+        let p = tmp("zeroed");
+        write_with(&p, 40, b"payload", FsyncPolicy::Group);
+        let mut data = std::fs::read(&p).unwrap();
+        let durable = verify(&p).unwrap().durable_len;
+        assert_eq!(durable, data.len() as u64);
+        // Everything from the 20th record on reads back as zeros.
+        let rec = RECORD_HEADER + 1 + 4 + 7 + MARK_LEN;
+        let at = HEADER_LEN as usize + 19 * rec;
+        data[at..].fill(0);
+        std::fs::write(&p, &data).unwrap();
+        match open_err(&p) {
+            JournalError::Damaged {
+                offset,
+                next_intact: None,
+                ..
+            } => assert_eq!(offset, at as u64),
+            e => panic!("{e}"),
+        }
+        assert_eq!(std::fs::read(&p).unwrap(), data, "file changed");
+        assert!(matches!(
+            verify(&p).unwrap().damage,
+            Some(Damage::Corrupt { .. })
+        ));
+        // The last append alone is not vouched for by the superblock (its fdatasync may
+        // not have returned): zeros there are a torn tail.
+        let p2 = tmp("zeroed-last");
+        write_with(&p2, 3, b"payload", FsyncPolicy::Group);
+        let mut d2 = std::fs::read(&p2).unwrap();
+        let l = d2.len();
+        d2[l - rec..].fill(0);
+        std::fs::write(&p2, &d2).unwrap();
+        assert_eq!(read_all(&p2).0, [0, 1]);
+    }
+
+    /// A file shorter than its superblock's extent (cut inside the durable part) is damage,
+    /// not a torn tail.
+    #[test]
+    fn a_file_cut_inside_its_durable_extent_stops_the_open() {
+        let p = tmp("cut-durable");
+        write_with(&p, 10, b"payload", FsyncPolicy::Group);
+        let data = std::fs::read(&p).unwrap();
+        let rec = RECORD_HEADER + 1 + 4 + 7 + MARK_LEN;
+        let cut = HEADER_LEN as usize + 5 * rec;
+        std::fs::write(&p, &data[..cut]).unwrap();
+        assert!(matches!(open_err(&p), JournalError::Damaged { .. }));
+        assert_eq!(std::fs::read(&p).unwrap().len(), cut);
+    }
+
+    /// Two records that swap places each still pass their own CRC; the chain catches it.
+    #[test]
+    fn swapped_records_break_the_chain() {
+        let p = tmp("swap");
+        write_with(&p, 6, b"payload", FsyncPolicy::Never);
+        let mut data = std::fs::read(&p).unwrap();
+        let rec = RECORD_HEADER + 1 + 4 + 7;
+        let (a, b) = (HEADER_LEN as usize + 2 * rec, HEADER_LEN as usize + 3 * rec);
+        let ra = data[a..b].to_vec();
+        data.copy_within(b..b + rec, a);
+        data[b..b + rec].copy_from_slice(&ra);
+        std::fs::write(&p, &data).unwrap();
+        match open_err(&p) {
+            JournalError::Damaged { offset, what, .. } => {
+                assert_eq!(offset, a as u64);
+                assert!(what.contains("chain"), "{what}");
+            }
+            e => panic!("{e}"),
+        }
+        assert_eq!(std::fs::read(&p).unwrap(), data);
+    }
+
+    #[test]
+    fn reordered_replaced_missing_or_cut_archives_stop_the_open() {
+        type Breaker = fn(&Path);
+        let cases: [(&str, Breaker); 5] = [
+            ("reordered", |p| {
+                let (a, b, t) = (archive(p, 1), archive(p, 2), archive(p, 9));
+                std::fs::rename(&a, &t).unwrap();
+                std::fs::rename(&b, &a).unwrap();
+                std::fs::rename(&t, &b).unwrap();
+            }),
+            ("missing in the middle", |p| {
+                std::fs::remove_file(archive(p, 2)).unwrap()
+            }),
+            ("newest missing", |p| {
+                std::fs::remove_file(archive(p, 3)).unwrap()
+            }),
+            ("replaced", |p| {
+                // The same segment of another day's journal of the same shape.
+                let (_other, q) = three_archives_with(7);
+                std::fs::copy(archive(&q, 2), archive(p, 2)).unwrap();
+            }),
+            ("cut", |p| {
+                let a = archive(p, 2);
+                let len = std::fs::metadata(&a).unwrap().len();
+                OpenOptions::new()
+                    .write(true)
+                    .open(&a)
+                    .unwrap()
+                    .set_len(len - 3)
+                    .unwrap();
+            }),
+        ];
+        for (what, damage) in cases {
+            let (_dir, p) = three_archives();
+            damage(&p);
+            let before = std::fs::read(&p).unwrap();
+            let e = open_err(&p);
+            assert!(matches!(e, JournalError::Segments { .. }), "{what}: {e}");
+            assert!(e.to_string().contains("journal verify"), "{what}");
+            assert_eq!(std::fs::read(&p).unwrap(), before, "{what}: file changed");
+            assert!(
+                matches!(verify(&p).unwrap().damage, Some(Damage::Segments { .. })),
+                "{what}"
+            );
+        }
+        // Archives older than the oldest one kept may be pruned: not an error.
+        let (_dir, p) = three_archives();
+        std::fs::remove_file(archive(&p, 1)).unwrap();
+        assert_eq!(replayed(&p), [(8, 300), (1, 5)]);
+    }
+
+    /// A fresh journal where the day's journal was, beside its archives: refused.
+    #[test]
+    fn a_new_first_segment_beside_archives_is_refused() {
+        let (_dir, p) = three_archives();
+        std::fs::remove_file(&p).unwrap();
+        let other = tmp("fresh-first");
+        write(&other, 2);
+        std::fs::copy(&other, &p).unwrap();
+        assert!(matches!(open_err(&p), JournalError::Segments { .. }));
+    }
+
+    /// One superblock copy bad: the other one serves; both bad: the open stops.
+    #[test]
+    fn a_bad_superblock_copy_is_survived_and_two_stop_the_open() {
+        let p = tmp("sb");
+        write_with(&p, 5, b"payload", FsyncPolicy::Group);
+        let mut data = std::fs::read(&p).unwrap();
+        for slot in SLOTS {
+            let mut d = data.clone();
+            d[slot as usize + 3] ^= 0xff;
+            std::fs::write(&p, &d).unwrap();
+            assert_eq!(read_all(&p).0, [0, 1, 2, 3, 4], "slot at {slot}");
+        }
+        for slot in SLOTS {
+            data[slot as usize..slot as usize + 44].fill(0);
+        }
+        std::fs::write(&p, &data).unwrap();
+        match open_err(&p) {
+            JournalError::Damaged { what, .. } => assert!(what.contains("superblock")),
+            e => panic!("{e}"),
+        }
+        assert_eq!(std::fs::read(&p).unwrap(), data);
+        assert!(matches!(
+            repair(&p),
+            Err(JournalError::RepairRefused { .. })
+        ));
+    }
+
+    /// The superblock in fixed bytes: a change of layout is a change of format.
+    #[test]
+    fn superblock_bytes() {
+        let sb = Superblock {
+            seq: 2,
+            durable: 0x0403,
+            chain: 0xaabb_ccdd,
+            segment: 5,
+            prev_len: 0x10,
+            prev_chain: 0x0102_0304,
+        };
+        const BYTES: [u8; 44] = [
+            2, 0, 0, 0, 0, 0, 0, 0, // seq
+            3, 4, 0, 0, 0, 0, 0, 0, // durable
+            0xdd, 0xcc, 0xbb, 0xaa, // chain
+            5, 0, 0, 0, 0, 0, 0, 0, // segment
+            0x10, 0, 0, 0, 0, 0, 0, 0, // prev_len
+            4, 3, 2, 1, // prev_chain
+            0, 0, 0, 0, // crc, checked below
+        ];
+        let enc = sb.encode();
+        assert_eq!(enc[..40], BYTES[..40]);
+        assert_eq!(enc[40..], crc32fast::hash(&BYTES[..40]).to_le_bytes());
+        assert_eq!(Superblock::decode(&enc), Some(sb));
+        let mut bad = enc;
+        bad[9] ^= 1;
+        assert_eq!(Superblock::decode(&bad), None);
+    }
+
+    #[test]
+    fn a_format_1_journal_is_refused_unchanged() {
+        let p = tmp("v1");
+        let v1 = [&MAGIC_V1[..], &[9, 0, 0, 0, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0]].concat();
+        std::fs::write(&p, &v1).unwrap();
+        let e = open_err(&p);
+        assert!(matches!(e, JournalError::OldFormat(_)), "{e}");
+        assert!(e.to_string().contains("format 1"));
+        assert_eq!(std::fs::read(&p).unwrap(), v1);
+    }
+
+    /// Found by review: a directory-sync error after the rename left the gateway appending
+    /// to the archive with `gw.journal` unlocked. The new file is the journal from the
+    /// rename on: appends go to it (synced ones fail until the directory sync succeeds),
+    /// and its lock is held.
+    #[test]
+    fn a_directory_sync_error_after_the_rename_never_leaves_appends_on_the_archive() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("gw.journal");
+        let (mut j, _) = Journal::open(&p, FsyncPolicy::Group, |_, _| {}).unwrap();
+        j.append(&rec(1, 1), 1).unwrap();
+        j.fail_dir_syncs = 2;
+        let archived = j.rotate(&p, &rec(8, 10)).unwrap();
+        assert!(j.dir_sync_pending());
+        let archived_len = std::fs::metadata(&archived).unwrap().len();
+        // Still failing: the synced append fails and is rolled back, nothing on the archive.
+        assert!(matches!(
+            j.append(&rec(1, 2), 1),
+            Err(JournalError::Sync(_))
+        ));
+        // The file at the path is locked by this journal.
+        assert!(matches!(open_err(&p), JournalError::Locked { .. }));
+        j.append(&rec(1, 3), 1).unwrap();
+        assert!(!j.dir_sync_pending());
+        assert_eq!(std::fs::metadata(&archived).unwrap().len(), archived_len);
+        drop(j);
+        assert_eq!(replayed(&p), [(8, 10), (1, 3)]);
+        assert_eq!(replayed(&archived), [(1, 1)]);
     }
 
     #[test]
@@ -1071,7 +2335,7 @@ mod tests {
         let _ = std::fs::remove_file(format!("{}.quarantine.1", p.display()));
         write_with(&p, 10, b"payload", FsyncPolicy::Never);
         // Never: no commit records.
-        let (base, rec) = (MAGIC.len(), RECORD_HEADER + 1 + 4 + 7);
+        let (base, rec) = (HEADER_LEN as usize, RECORD_HEADER + 1 + 4 + 7);
         let mut data = std::fs::read(&p).unwrap();
         let at = base + 4 * rec + 10;
         data[at] ^= 0xff;
@@ -1081,7 +2345,11 @@ mod tests {
         assert!(q.to_string_lossy().ends_with(".quarantine.1"));
         assert_eq!(off, (base + 4 * rec) as u64);
         assert_eq!(std::fs::read(&q).unwrap(), &data[off as usize..]);
-        assert_eq!(std::fs::read(&p).unwrap(), &data[..off as usize]);
+        // The records are cut at the offset; the superblock now says the file ends there.
+        let after = std::fs::read(&p).unwrap();
+        assert_eq!(after.len() as u64, off);
+        assert_eq!(&after[base..], &data[base..off as usize]);
+        assert_eq!(verify(&p).unwrap().superblock.unwrap().durable, off);
         assert_eq!(read_all(&p).0, [0, 1, 2, 3]);
         assert_eq!(repair(&p).unwrap().moved, None);
         let _ = std::fs::remove_file(q);

@@ -92,16 +92,37 @@ enum Cmd {
 #[derive(Debug, Subcommand)]
 enum JournalCmd {
     /// Read a journal without changing it: records per kind, the durable length, the first
-    /// bad offset. Exits 0 only for a clean journal (a torn tail, which the gateway cuts on
-    /// start, exits 1; damage it refuses to start on exits 2).
+    /// bad offset, whether its archived segments FILE.N chain with it, and records this
+    /// gateway does not know.
+    ///
+    /// Exit codes: 0 clean; 1 a torn tail only (an interrupted last write past the durable
+    /// point: the gateway cuts it on start, safe to open); 2 damaged (the gateway refuses to
+    /// start: damage inside the durable part, segments that do not chain, a current segment
+    /// that lost the day its archives hold, or records it does not know); 3 not a journal or
+    /// unreadable (missing file, bad magic, format 1, I/O error). Usage errors exit 64.
     Verify {
         /// Journal file (`[journal] path` of the gateway's config).
         file: PathBuf,
     },
+    /// Print every readable record: offset, length, kind and decoded fields, one line each
+    /// (with --json one JSON object per line), then where reading stopped. Exit codes as for
+    /// `verify`.
+    Dump {
+        /// Journal file (the current segment or an archive FILE.N).
+        file: PathBuf,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Move everything from the first damaged record to the end into FILE.quarantine.N
     /// (never deletes), then cut the journal there so the gateway can start. Records moved
     /// aside are no longer replayed: order ids and FIX sequence numbers recorded in them may
-    /// be reused, so reconcile with the venue. The gateway must be stopped.
+    /// be reused, so reconcile with the venue. The gateway must be stopped. Never leaves an
+    /// empty day: a segment whose checkpoint is damaged is rebuilt from the archive FILE.N it
+    /// was started from (the damaged file goes to quarantine whole); it refuses, changing
+    /// nothing, what it cannot rebuild (that archive missing or damaged, a current segment
+    /// missing or empty beside its archives, segments that do not chain, both superblock
+    /// copies bad).
     Repair {
         /// Journal file.
         file: PathBuf,
@@ -128,6 +149,12 @@ fn kind_name(kind: usize) -> String {
 
 fn print_scan(file: &std::path::Path, scan: &order_gateway::journal::Scan) {
     println!("{}: {} bytes", file.display(), scan.file_len);
+    if let Some(sb) = &scan.superblock {
+        println!(
+            "  segment          {} (superblock: durable to byte {})",
+            sb.segment, sb.durable
+        );
+    }
     for (kind, n) in scan.by_kind.iter().enumerate().filter(|(_, n)| **n > 0) {
         println!("  {:<16} {n}", kind_name(kind));
     }
@@ -139,51 +166,224 @@ fn print_scan(file: &std::path::Path, scan: &order_gateway::journal::Scan) {
     println!("  intact length    {}", scan.valid_len);
 }
 
+/// `journal verify` and `dump` exit codes (documented on `verify`).
+const EXIT_TORN: u8 = 1;
+const EXIT_DAMAGED: u8 = 2;
+const EXIT_UNREADABLE: u8 = 3;
+/// Usage errors (EX_USAGE), apart from every verify outcome.
+const EXIT_USAGE: u8 = 64;
+
+/// Reads `file` for `verify`/`dump`, handing each record to `each`; prints what is wrong
+/// and returns the exit code.
+fn read_journal(
+    file: &std::path::Path,
+    mut each: impl FnMut(order_gateway::journal::RecordView<'_>),
+    summary: bool,
+) -> u8 {
+    // With --json the records alone go to stdout; what is wrong goes to stderr.
+    let mut lines = Vec::new();
+    let code = read_journal_into(file, &mut each, summary, &mut lines);
+    for l in lines {
+        if summary {
+            println!("{l}");
+        } else {
+            eprintln!("{l}");
+        }
+    }
+    code
+}
+
+fn read_journal_into(
+    file: &std::path::Path,
+    each: &mut dyn FnMut(order_gateway::journal::RecordView<'_>),
+    summary: bool,
+    out: &mut Vec<String>,
+) -> u8 {
+    use order_gateway::gateway::describe;
+    use order_gateway::journal::{self, Damage, JournalError};
+    let mut unknown: Option<(u64, String)> = None;
+    let scan = match journal::read_records(file, |r| {
+        if let Err(what) = describe(r.kind, r.payload) {
+            unknown.get_or_insert((r.offset, what));
+        }
+        each(r)
+    }) {
+        Ok(scan) => scan,
+        Err(e @ JournalError::NoCurrentSegment { .. }) => {
+            // The file itself is missing: unreadable, and the day is in the archives.
+            eprintln!("{}", anyhow_chain(&e));
+            return EXIT_UNREADABLE;
+        }
+        Err(e) => {
+            eprintln!(
+                "{}: not readable as a journal: {}",
+                file.display(),
+                anyhow_chain(&e)
+            );
+            return EXIT_UNREADABLE;
+        }
+    };
+    if summary {
+        print_scan(file, &scan);
+    }
+    let mut code = match scan.damage {
+        None => {
+            if unknown.is_none() {
+                out.push("  clean".to_owned());
+            }
+            0
+        }
+        Some(Damage::TornTail { offset, bytes }) => {
+            out.push(format!(
+                "  torn tail: {bytes} bytes from byte {offset} (an interrupted last write past \
+                 the durable point; the gateway cuts it on start)"
+            ));
+            EXIT_TORN
+        }
+        Some(Damage::Corrupt {
+            offset,
+            what,
+            next_intact,
+        }) => {
+            match next_intact {
+                Some(n) => out.push(format!(
+                    "  DAMAGED at byte {offset} ({what}); intact records follow at byte {n}: \
+                     the gateway will not start on it"
+                )),
+                None => out.push(format!(
+                    "  DAMAGED at byte {offset} ({what}), inside the durable part: the gateway \
+                     will not start on it"
+                )),
+            }
+            out.push(format!(
+                "  `order-gateway journal repair {}` moves bytes {offset}.. aside (it refuses \
+                 if that would start an empty day)",
+                file.display()
+            ));
+            EXIT_DAMAGED
+        }
+        Some(Damage::Segments { archive, what }) => {
+            out.push(format!(
+                "  DAMAGED segments: {what} (at {}.{archive}): the gateway will not start on it",
+                file.display()
+            ));
+            EXIT_DAMAGED
+        }
+        Some(Damage::NoCurrentSegment { state, archive }) => {
+            out.push(format!(
+                "  DAMAGED: this segment is {state} while archived segments up to {}.{archive} \
+                 hold the day: the gateway will not start on it",
+                file.display()
+            ));
+            EXIT_DAMAGED
+        }
+    };
+    if let Some((offset, what)) = unknown {
+        out.push(format!(
+            "  UNKNOWN at byte {offset}: {what}, which this gateway does not know (written by \
+             a newer version?): the gateway will not start on it"
+        ));
+        code = code.max(EXIT_DAMAGED);
+    }
+    code
+}
+
+fn anyhow_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn dump_record(r: order_gateway::journal::RecordView<'_>, json: bool) {
+    use order_gateway::gateway::{describe, kind_name, Field};
+    let name = kind_name(r.kind)
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("unknown_{}", r.kind));
+    let fields = describe(r.kind, r.payload);
+    if json {
+        let mut line = format!(
+            "{{\"offset\":{},\"len\":{},\"kind\":{},\"kind_name\":{}",
+            r.offset,
+            r.len,
+            r.kind,
+            json_str(&name)
+        );
+        match &fields {
+            Ok(fields) => {
+                for (k, v) in fields {
+                    match v {
+                        Field::Int(n) => line.push_str(&format!(",{}:{n}", json_str(k))),
+                        Field::Text(t) => {
+                            line.push_str(&format!(",{}:{}", json_str(k), json_str(t)))
+                        }
+                    }
+                }
+            }
+            Err(what) => line.push_str(&format!(",\"unknown\":{}", json_str(what))),
+        }
+        line.push('}');
+        println!("{line}");
+    } else {
+        let mut line = format!("{:>12} {:>6} {name}", r.offset, r.len);
+        match &fields {
+            Ok(fields) => {
+                for (k, v) in fields {
+                    match v {
+                        Field::Int(n) => line.push_str(&format!(" {k}={n}")),
+                        Field::Text(t) => line.push_str(&format!(" {k}={t:?}")),
+                    }
+                }
+            }
+            Err(what) => line.push_str(&format!(" UNKNOWN: {what}")),
+        }
+        println!("{line}");
+    }
+}
+
 fn journal_cmd(cmd: JournalCmd) -> anyhow::Result<std::process::ExitCode> {
     use order_gateway::journal::{self, Damage};
     use std::process::ExitCode;
     match cmd {
-        JournalCmd::Verify { file } => {
-            let scan = journal::verify(&file)?;
-            print_scan(&file, &scan);
-            Ok(match scan.damage {
-                None => {
-                    println!("  clean");
-                    ExitCode::SUCCESS
-                }
-                Some(Damage::TornTail { offset, bytes }) => {
-                    println!(
-                        "  torn tail: {bytes} bytes from byte {offset} (an interrupted last \
-                         write; the gateway cuts it on start)"
-                    );
-                    ExitCode::from(1)
-                }
-                Some(Damage::Corrupt {
-                    offset,
-                    what,
-                    next_intact,
-                }) => {
-                    match next_intact {
-                        Some(n) => println!(
-                            "  DAMAGED at byte {offset} ({what}); intact records follow at \
-                             byte {n}: the gateway will not start on it"
-                        ),
-                        None => println!("  DAMAGED at byte {offset} ({what})"),
-                    }
-                    println!(
-                        "  `order-gateway journal repair {}` moves bytes {offset}.. aside",
-                        file.display()
-                    );
-                    ExitCode::from(2)
-                }
-            })
+        JournalCmd::Verify { file } => Ok(ExitCode::from(read_journal(&file, |_| {}, true))),
+        JournalCmd::Dump { file, json } => {
+            let code = read_journal(&file, |r| dump_record(r, json), !json);
+            Ok(ExitCode::from(code))
         }
         JournalCmd::Repair { file } => {
             let r = journal::repair(&file)?;
             print_scan(&file, &r.scan);
-            match r.moved {
-                None => println!("  clean: nothing moved"),
-                Some((q, offset)) => {
+            match (r.moved, r.rebuilt_from) {
+                (Some((q, _)), Some((archive, carried))) => println!(
+                    "  the segment's checkpoint was damaged: rebuilt it from {} (the day up to \
+                     this segment's start) and the {carried} records after the checkpoint that \
+                     its chain proves; the damaged file was moved whole to {} (records of it \
+                     not carried over are no longer replayed: order ids and FIX sequence \
+                     numbers in them may be reused, reconcile with the venue)",
+                    archive.display(),
+                    q.display()
+                ),
+                (None, _) => println!("  clean: nothing moved"),
+                (Some((q, offset)), None) => {
                     let kind = match r.scan.damage {
                         Some(Damage::TornTail { .. }) => "a torn tail",
                         _ => "damaged records and everything after them",
@@ -246,7 +446,16 @@ fn run() -> anyhow::Result<std::process::ExitCode> {
         signal_hook::consts::SIGXFSZ,
         std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
     );
-    match Cli::parse().cmd {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(), // --help, --version: exit 0
+        Err(e) => {
+            // Usage errors exit 64 (EX_USAGE), apart from `journal verify`'s outcomes 1-3.
+            let _ = e.print();
+            return Ok(std::process::ExitCode::from(EXIT_USAGE));
+        }
+    };
+    match cli.cmd {
         Cmd::Check { config } => {
             load(&config)?;
             println!("{}: ok", config.display());

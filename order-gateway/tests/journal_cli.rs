@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use order_gateway::gateway::record;
-use order_gateway::journal::{encode_record, FsyncPolicy, Journal};
+use order_gateway::journal::{encode_record, FsyncPolicy, Journal, HEADER_LEN};
 
 fn gateway() -> Command {
     Command::new(env!("CARGO_BIN_EXE_order-gateway"))
@@ -32,9 +32,9 @@ fn make_journal(path: &Path, n: u32) -> usize {
     buf.len() / n as usize
 }
 
-/// Byte offset of record `i` (after the 8-byte magic; `never` writes no commit records).
+/// Byte offset of record `i` (after the header; `never` writes no commit records).
 fn record_at(i: usize, rec: usize) -> usize {
-    8 + i * rec
+    HEADER_LEN as usize + i * rec
 }
 
 fn config_with_journal(dir: &Path, journal: &Path) -> PathBuf {
@@ -114,7 +114,13 @@ fn a_damaged_journal_is_reported_refused_by_run_unchanged_and_repaired_into_quar
     let q = PathBuf::from(format!("{}.quarantine.1", j.display()));
     assert!(text(&r).contains(&q.display().to_string()), "{}", text(&r));
     assert_eq!(std::fs::read(&q).unwrap(), &data[bad..]);
-    assert_eq!(std::fs::read(&j).unwrap(), &data[..bad]);
+    // The records before the damage stay byte for byte; the superblock now ends there.
+    let after = std::fs::read(&j).unwrap();
+    assert_eq!(after.len(), bad);
+    assert_eq!(
+        &after[HEADER_LEN as usize..],
+        &data[HEADER_LEN as usize..bad]
+    );
     let v = gateway()
         .args(["journal", "verify"])
         .arg(&j)
@@ -200,7 +206,13 @@ fn an_order_message_torn_off_the_journal_is_answered_not_sent_at_open() {
     d.stage(|gw, _| gw.on_reference_price(aapl, 100 * PRICE_SCALE, unix_nanos()));
     d.connect().unwrap();
     d.poll_with(unix_nanos(), |_, _| {}).unwrap();
+    // The header as it was before order 2's write: the kill below happens in that write,
+    // so nothing after it ever updated the superblock.
+    let mut header_before = Vec::new();
     for cl in [1, 2] {
+        if cl == 2 {
+            header_before = std::fs::read(&path).unwrap()[..HEADER_LEN as usize].to_vec();
+        }
         let m = NewOrder::new(
             cl,
             common::ACCOUNT,
@@ -216,7 +228,7 @@ fn an_order_message_torn_off_the_journal_is_answered_not_sent_at_open() {
     drop(d);
     // Cut the file just past order 2's decision, as the kill would have.
     let bytes = std::fs::read(&path).unwrap();
-    let (mut at, mut end_of_last_decision) = (8, 0);
+    let (mut at, mut end_of_last_decision) = (HEADER_LEN as usize, 0);
     while let Some((kind, _, n)) = decode_record(&bytes[at..]) {
         at += n;
         if kind == record::DECISION {
@@ -226,7 +238,9 @@ fn an_order_message_torn_off_the_journal_is_answered_not_sent_at_open() {
     assert_eq!(at, bytes.len());
     // A torn piece of the NewOrderSingle record stays behind; the open cuts it.
     let torn = end_of_last_decision + 20;
-    std::fs::write(&path, &bytes[..torn]).unwrap();
+    let mut cut = bytes[..torn].to_vec();
+    cut[..HEADER_LEN as usize].copy_from_slice(&header_before);
+    std::fs::write(&path, &cut).unwrap();
 
     // Under `never`: left in doubt, nothing answered or journaled.
     let mut d = open_with(FsyncPolicy::Never);
@@ -289,4 +303,223 @@ fn an_order_message_torn_off_the_journal_is_answered_not_sent_at_open() {
         order_gateway::journal::verify(&path).unwrap().by_kind[usize::from(record::NOT_SENT)],
         1
     );
+}
+
+fn verify_code(path: &Path) -> (Option<i32>, String) {
+    let v = gateway()
+        .args(["journal", "verify"])
+        .arg(path)
+        .output()
+        .unwrap();
+    (v.status.code(), text(&v))
+}
+
+/// Found by review: verify's exit codes mixed a torn tail (1) with a file that is not a
+/// journal, a missing file and usage errors; unknown records verified clean.
+#[test]
+fn verify_exit_codes_are_distinct() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = dir.path().join("gw.journal");
+    let rec = make_journal(&j, 10);
+    assert_eq!(verify_code(&j).0, Some(0));
+    // 1: a torn tail only.
+    let data = std::fs::read(&j).unwrap();
+    std::fs::write(&j, &data[..data.len() - 5]).unwrap();
+    assert_eq!(verify_code(&j).0, Some(1));
+    // 2: damaged.
+    let mut bad = data.clone();
+    bad[record_at(3, rec) + 14] ^= 1;
+    std::fs::write(&j, &bad).unwrap();
+    assert_eq!(verify_code(&j).0, Some(2));
+    // 2: a record kind this gateway does not know (a newer gateway's journal), and `run`
+    // refuses it.
+    std::fs::remove_file(&j).unwrap();
+    {
+        let (mut jn, _) = Journal::open(&j, FsyncPolicy::Group, |_, _| {}).unwrap();
+        let mut buf = Vec::new();
+        encode_record(&mut buf, 77, &[b"from the future"]);
+        jn.append(&buf, 1).unwrap();
+    }
+    let (code, out) = verify_code(&j);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("UNKNOWN") && out.contains("kind 77"), "{out}");
+    let cfg = config_with_journal(dir.path(), &j);
+    let run = gateway()
+        .args(["run", "--venue", "sim", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    assert!(text(&run).contains("does not know"), "{}", text(&run));
+    // 3: not a journal, a format-1 journal, a missing file.
+    std::fs::write(&j, b"something else entirely").unwrap();
+    assert_eq!(verify_code(&j).0, Some(3));
+    std::fs::write(&j, b"RBGWJNL1").unwrap();
+    let (code, out) = verify_code(&j);
+    assert_eq!(code, Some(3));
+    assert!(out.contains("format 1"), "{out}");
+    assert_eq!(verify_code(&dir.path().join("nothing-here")).0, Some(3));
+    // Usage errors are none of these.
+    for args in [
+        &["journal", "verify"][..],
+        &["journal", "verify", "--bogus", "x"],
+    ] {
+        let u = gateway().args(args).output().unwrap();
+        assert_eq!(u.status.code(), Some(64), "{args:?}: {}", text(&u));
+    }
+    let help = gateway()
+        .args(["journal", "verify", "--help"])
+        .output()
+        .unwrap();
+    assert!(help.status.success());
+    assert!(
+        text(&help).contains("torn tail") && text(&help).contains("64"),
+        "{}",
+        text(&help)
+    );
+}
+
+/// A journal whose current segment (segment 3) starts with a checkpoint, beside archives
+/// `gw.journal.1` and `.2`.
+fn segmented(dir: &Path) -> PathBuf {
+    let j = dir.join("gw.journal");
+    let (mut jn, _) = Journal::open(&j, FsyncPolicy::Group, |_, _| {}).unwrap();
+    let req = |i: u64| {
+        let mut b = Vec::new();
+        encode_record(
+            &mut b,
+            record::ENGINE_REQUEST,
+            &[&1u32.to_le_bytes(), &i.to_le_bytes(), &[0u8; 12]],
+        );
+        b
+    };
+    jn.append(&req(1), 1).unwrap();
+    for i in 2..4 {
+        let mut cp = Vec::new();
+        // A checkpoint record's bytes; the journal does not read them.
+        encode_record(&mut cp, record::CHECKPOINT, &[&[1, 2, 3, 4]]);
+        jn.rotate(&j, &cp).unwrap();
+        jn.append(&req(i), 1).unwrap();
+    }
+    j
+}
+
+/// Found by review: a checkpoint with a bad checksum was refused, but `journal repair`
+/// then left a bare journal and the next start was an empty day. Repair rebuilds the
+/// segment from the archive it was started from, or, without that archive, refuses and
+/// changes nothing; a missing current segment beside its archives is refused by verify,
+/// run and repair, and none of them creates a fresh journal in its place.
+#[test]
+fn repair_never_leaves_an_empty_day_when_the_day_is_in_the_archives() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = segmented(dir.path());
+    let mut data = std::fs::read(&j).unwrap();
+    data[HEADER_LEN as usize + 14] ^= 0x01;
+    std::fs::write(&j, &data).unwrap();
+    let (code, out) = verify_code(&j);
+    assert_eq!(code, Some(2), "{out}");
+    let repair = || {
+        gateway()
+            .args(["journal", "repair"])
+            .arg(&j)
+            .output()
+            .unwrap()
+    };
+    let a2 = PathBuf::from(format!("{}.2", j.display()));
+    let aside = dir.path().join("aside");
+    std::fs::rename(&a2, &aside).unwrap();
+    let r = repair();
+    assert!(!r.status.success());
+    assert!(text(&r).contains("empty day"), "{}", text(&r));
+    assert_eq!(
+        std::fs::read(&j).unwrap(),
+        data,
+        "repair changed the journal"
+    );
+    assert!(!PathBuf::from(format!("{}.quarantine.1", j.display())).exists());
+    std::fs::rename(&aside, &a2).unwrap();
+
+    let r = repair();
+    assert!(r.status.success(), "{}", text(&r));
+    assert!(text(&r).contains("rebuilt it from"), "{}", text(&r));
+    assert_eq!(
+        std::fs::read(format!("{}.quarantine.1", j.display())).unwrap(),
+        data
+    );
+    assert_eq!(verify_code(&j).0, Some(0));
+    // The rebuilt segment holds the archive's day (its checkpoint and request 2) and, its
+    // chain proving it, request 3 that followed the damaged checkpoint.
+    let dump = gateway()
+        .args(["journal", "dump", "--json"])
+        .arg(&j)
+        .output()
+        .unwrap();
+    let t = String::from_utf8(dump.stdout).unwrap();
+    assert!(t.contains("\"kind_name\":\"checkpoint\""), "{t}");
+    assert_eq!(
+        t.matches("\"kind_name\":\"engine_request\"").count(),
+        2,
+        "{t}"
+    );
+
+    std::fs::remove_file(&j).unwrap();
+    let (code, out) = verify_code(&j);
+    assert_eq!(code, Some(3), "{out}");
+    assert!(out.contains("gw.journal.2"), "{out}");
+    let cfg = config_with_journal(dir.path(), &j);
+    let run = gateway()
+        .args(["run", "--venue", "sim", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    assert!(text(&run).contains("empty day"), "{}", text(&run));
+    assert!(!j.exists(), "run created a fresh journal");
+    assert!(!repair().status.success());
+    assert!(!j.exists(), "repair created a fresh journal");
+}
+
+#[test]
+fn dump_prints_every_record_as_text_or_json_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = segmented(dir.path());
+    let out = gateway()
+        .args(["journal", "dump"])
+        .arg(&j)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(t.contains(&format!("{:>12}", HEADER_LEN)), "{t}");
+    assert!(t.contains("checkpoint version=1 bytes=4"), "{t}");
+    assert!(t.contains("engine_request engine=1"), "{t}");
+    assert!(t.contains("commit end="), "{t}");
+    let out = gateway()
+        .args(["journal", "dump", "--json"])
+        .arg(&j)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let lines: Vec<_> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    // Checkpoint, its commit, the request, its commit.
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert!(lines
+        .iter()
+        .all(|l| l.starts_with("{\"offset\":") && l.ends_with('}')));
+    assert!(
+        lines[2].contains("\"kind_name\":\"engine_request\"") && lines[2].contains("\"engine\":1"),
+        "{}",
+        lines[2]
+    );
+    // An archive dumps too.
+    let out = gateway()
+        .args(["journal", "dump", "--json"])
+        .arg(format!("{}.1", j.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
 }

@@ -505,7 +505,7 @@ fn journal_replay_seeds() -> Vec<Vec<u8>> {
     ];
     let flipped = [&clean[..], &[3, 12, 0, 0x10]].concat();
     let cut = [&clean[..], &[4, 5]].concat();
-    let mut raw = b"RBGWJNL1".to_vec();
+    let mut raw = b"RBGWJNL2".to_vec();
     raw.insert(0, 0);
     vec![clean, flipped, cut, raw]
 }

@@ -1,22 +1,23 @@
 //! Opening a journal file of arbitrary bytes: `verify` and `Journal::open` never panic and
 //! agree with each other; damage that is not a torn tail stops the open and leaves the file
 //! byte for byte unchanged; a successful open replays what a second open replays again, and
-//! only ever cuts a torn tail.
+//! only ever cuts a torn tail past the durable point.
 //!
-//! Input: the first byte picks how the rest becomes the file: as it is (0), behind the magic
-//! (1), or (2) as operations building a journal with correct checksums (records, commit
-//! records with true or false lengths, then bit flips, cuts and raw bytes), because CRCs are
-//! out of the fuzzer's reach.
+//! Input: the first byte picks how the rest becomes the file: as it is (0), behind a valid
+//! format-2 header (1), or (2) as operations building a journal with correct checksums and
+//! chain (records, commit records with true or false lengths, a superblock claiming some
+//! durable length, then bit flips, cuts and raw bytes), because CRCs are out of the
+//! fuzzer's reach.
 #![no_main]
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use order_gateway::journal::{self, encode_record, Damage, FsyncPolicy, Journal, JournalError};
+use order_gateway::journal::{
+    self, segment_header, Damage, FsyncPolicy, Journal, JournalError, Superblock, HEADER_LEN,
+};
 use order_gateway_fuzz::Input;
-
-const MAGIC: &[u8; 8] = b"RBGWJNL1";
 
 /// One file per process, in memory where there is a tmpfs: every open syncs it.
 fn path() -> &'static PathBuf {
@@ -32,45 +33,59 @@ fn path() -> &'static PathBuf {
     })
 }
 
-/// A record of any kind, kind 0 (the journal's own) included.
-fn record(file: &mut Vec<u8>, kind: u8, payload: &[u8]) {
-    if kind != 0 {
-        return encode_record(file, kind, &[payload]);
-    }
-    let mut body = vec![0];
-    body.extend_from_slice(payload);
-    file.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    file.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    file.extend_from_slice(&body);
+/// The header of a first segment whose superblock claims `durable` bytes (chain `chain`).
+fn header(durable: u64, chain: u32) -> Vec<u8> {
+    segment_header(&Superblock {
+        seq: 1,
+        durable,
+        chain,
+        segment: 1,
+        prev_len: 0,
+        prev_chain: 0,
+    })
+}
+
+/// A record of any kind, kind 0 (the journal's own) included, chained after `chain`;
+/// returns the chain value after it.
+fn record(file: &mut Vec<u8>, chain: u32, kind: u8, payload: &[u8]) -> u32 {
+    let mut covered = chain.to_le_bytes().to_vec();
+    covered.push(kind);
+    covered.extend_from_slice(payload);
+    let crc = crc32fast::hash(&covered);
+    file.extend_from_slice(&(covered.len() as u32 - 4).to_le_bytes());
+    file.extend_from_slice(&crc.to_le_bytes());
+    file.extend_from_slice(&covered);
+    crc
 }
 
 /// A commit record (meta tag 1) claiming the file is durable up to `end`.
-fn commit(file: &mut Vec<u8>, end: u64) {
+fn commit(file: &mut Vec<u8>, chain: u32, end: u64) -> u32 {
     let mut p = vec![1];
     p.extend_from_slice(&end.to_le_bytes());
-    record(file, 0, &p);
+    record(file, chain, 0, &p)
 }
 
 fn build(data: &[u8]) -> Vec<u8> {
     let mut input = Input::new(data);
     match input.u8() % 3 {
         0 => input.bytes(data.len()).to_vec(),
-        1 => [&MAGIC[..], input.bytes(data.len())].concat(),
+        1 => [&header(HEADER_LEN, 0)[..], input.bytes(data.len())].concat(),
         _ => {
-            let mut f = MAGIC.to_vec();
+            let mut f = header(HEADER_LEN, 0);
+            let mut chain = 0;
             while !input.is_empty() {
                 let op = input.u8();
-                match op % 6 {
+                match op % 7 {
                     0 => {
                         let (kind, len) = (input.u8(), usize::from(input.u8() % 48));
-                        record(&mut f, kind, input.bytes(len));
+                        chain = record(&mut f, chain, kind, input.bytes(len));
                     }
                     // What an append that is synced writes last: the file length at its end.
                     1 => {
-                        let end = f.len() as u64 + 18;
-                        commit(&mut f, end);
+                        let end = f.len() as u64 + 22;
+                        chain = commit(&mut f, chain, end);
                     }
-                    2 => commit(&mut f, u64::from(input.u16())),
+                    2 => chain = commit(&mut f, chain, u64::from(input.u16())),
                     3 => {
                         let (at, x) = (usize::from(input.u16()), input.u8() | 1);
                         if !f.is_empty() {
@@ -79,6 +94,13 @@ fn build(data: &[u8]) -> Vec<u8> {
                         }
                     }
                     4 => f.truncate(f.len().saturating_sub(usize::from(input.u8() % 24))),
+                    // The superblock claims the file up to here durable (what a later
+                    // append's superblock write says), with the true chain value.
+                    5 => {
+                        let h = header(f.len() as u64, chain);
+                        let n = h.len().min(f.len());
+                        f[..n].copy_from_slice(&h[..n]);
+                    }
                     _ => {
                         let len = usize::from(input.u8() % 16);
                         f.extend_from_slice(input.bytes(len));
@@ -104,6 +126,11 @@ fn open() -> Result<(Records, u64), JournalError> {
     Ok((records, stats.truncated_bytes))
 }
 
+/// The records part of a file (open rewrites the superblock, never the records).
+fn body(f: &[u8]) -> &[u8] {
+    f.get(HEADER_LEN as usize..).unwrap_or(&[])
+}
+
 fuzz_target!(|data: &[u8]| {
     let bytes = build(data);
     std::fs::write(path(), &bytes).expect("writing the journal file");
@@ -112,30 +139,31 @@ fuzz_target!(|data: &[u8]| {
     match (open(), scan) {
         (Ok((records, cut)), scan) => {
             let after = read();
-            if bytes.len() < MAGIC.len() {
-                // New, or a crash while writing the magic: a fresh journal.
-                assert!(MAGIC.starts_with(&bytes));
-                assert_eq!(after, MAGIC);
+            let scan = scan.expect("verify reads what open read");
+            if scan.superblock.is_none() {
+                // New, or a crash while writing the first header: a fresh journal.
+                assert!(bytes.len() as u64 <= HEADER_LEN);
+                assert_eq!(after.len() as u64, HEADER_LEN);
                 assert!(records.is_empty());
             } else {
-                // Only a torn tail is ever cut, and verify saw the same file.
-                let scan = scan.expect("verify reads what open read");
+                // Only a torn tail past the durable point is ever cut, and verify saw the
+                // same file.
                 assert_eq!(scan.records(), records.len() as u64);
                 match scan.damage {
                     None => assert_eq!(cut, 0),
                     Some(Damage::TornTail { offset, bytes: n }) => {
                         assert_eq!((offset + n, n), (bytes.len() as u64, cut));
+                        assert!(offset >= scan.durable_len);
                     }
                     Some(d) => panic!("open succeeded on a journal verify calls corrupt: {d:?}"),
                 }
-                // (A commit record may claim more than the file holds: nothing can tell.)
-                assert_eq!(after[..], bytes[..bytes.len() - cut as usize]);
+                assert_eq!(body(&after), body(&bytes[..bytes.len() - cut as usize]));
             }
-            // A second open finds a clean journal with the same records, and changes nothing.
+            // A second open finds a clean journal with the same records, and changes none.
             let (again, cut) = open().expect("a journal opened once opens again");
             assert_eq!(cut, 0);
             assert_eq!(again, records);
-            assert_eq!(read(), after);
+            assert_eq!(body(&read()), body(&after));
         }
         (Err(JournalError::Damaged { offset, .. }), scan) => {
             assert_eq!(read(), bytes, "a damaged journal was changed");
@@ -149,6 +177,10 @@ fuzz_target!(|data: &[u8]| {
         (Err(JournalError::BadMagic(_)), scan) => {
             assert_eq!(read(), bytes, "a file that is not a journal was changed");
             assert!(matches!(scan, Err(JournalError::BadMagic(_))));
+        }
+        (Err(JournalError::OldFormat(_)), scan) => {
+            assert_eq!(read(), bytes, "a format-1 journal was changed");
+            assert!(matches!(scan, Err(JournalError::OldFormat(_))));
         }
         (Err(e), _) => panic!("unexpected journal error on a healthy file system: {e}"),
     }

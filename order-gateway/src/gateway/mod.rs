@@ -52,8 +52,8 @@ mod recovery;
 mod venue;
 
 pub use records::{
-    record, Decision, DecisionTrailer, MALFORMED_KEPT, ORIGIN_ENGINE, ORIGIN_GATEWAY,
-    SESSION_DISCONNECT, SESSION_LOGON,
+    describe, kind_name, record, Decision, DecisionTrailer, Field, MALFORMED_KEPT, ORIGIN_ENGINE,
+    ORIGIN_GATEWAY, SESSION_DISCONNECT, SESSION_LOGON,
 };
 // Owned by risk, with `risk.response_history`; the gateway's path stays.
 pub use crate::risk::RESPONSE_HISTORY;

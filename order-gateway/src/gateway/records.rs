@@ -100,3 +100,164 @@ pub struct Decision {
 }
 
 const _: () = assert!(size_of::<Decision>() == 56);
+
+/// One decoded field of a record, for `order-gateway journal dump`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// A number.
+    Int(i128),
+    /// Text (FIX frames with SOH shown as `|`, names, symbols).
+    Text(String),
+}
+
+/// The name of a record kind this gateway writes, `None` for a kind it does not know
+/// (`journal verify` and `dump`; kind 0 is the journal's own commit record).
+pub fn kind_name(kind: u8) -> Option<&'static str> {
+    Some(match kind {
+        crate::journal::META => "commit",
+        record::ENGINE_REQUEST => "engine_request",
+        record::DECISION => "decision",
+        record::FIX_OUT => "fix_out",
+        record::FIX_IN => "fix_in",
+        record::ENGINE_SESSION => "engine_session",
+        record::KILL => "kill",
+        record::ENGINE_MALFORMED => "engine_malformed",
+        record::CHECKPOINT => "checkpoint",
+        record::FIX_IN_REJECTED => "fix_in_rejected",
+        record::NOT_SENT => "not_sent",
+        _ => return None,
+    })
+}
+
+/// Decodes a record's fields as far as its layout allows. `Err` says what replay would
+/// refuse in it: a kind, kill scope or engine session event this gateway does not know, or
+/// a payload too short for its kind (the same checks as replay's, so `journal verify`
+/// reports what the start would stop on).
+pub fn describe(kind: u8, payload: &[u8]) -> Result<Vec<(&'static str, Field)>, String> {
+    let int = |v: i128| Field::Int(v);
+    let u32_at = |at: usize| -> Option<i128> {
+        Some(u32::from_le_bytes(payload.get(at..at + 4)?.try_into().ok()?).into())
+    };
+    let fix = |p: &[u8]| Field::Text(String::from_utf8_lossy(p).replace('\u{1}', "|"));
+    let short = || {
+        format!(
+            "a {} record of {} bytes",
+            kind_name(kind).unwrap_or("?"),
+            payload.len()
+        )
+    };
+    Ok(match kind {
+        crate::journal::META => match payload {
+            [1, end @ ..] if end.len() == 8 => vec![(
+                "end",
+                int(u64::from_le_bytes(end.try_into().unwrap_or_default()).into()),
+            )],
+            _ => return Err(short()),
+        },
+        record::ENGINE_REQUEST | record::ENGINE_MALFORMED => {
+            let engine = u32_at(0).ok_or_else(short)?;
+            let mut f = vec![("engine", int(engine))];
+            if kind == record::ENGINE_MALFORMED {
+                f.push(("frame_len", int(u32_at(4).ok_or_else(short)?)));
+                f.push(("kept", int(payload.len().saturating_sub(8) as i128)));
+            } else {
+                f.push(("frame_len", int(payload.len() as i128 - 4)));
+            }
+            f
+        }
+        record::DECISION => {
+            let (d, rest) = Decision::read_from_prefix(payload).map_err(|_| short())?;
+            if !rest.is_empty() && rest.len() != size_of::<DecisionTrailer>() {
+                return Err(format!(
+                    "a decision of {} bytes (fields after its trailer)",
+                    payload.len()
+                ));
+            }
+            let sym = String::from_utf8_lossy(&d.symbol.0)
+                .trim_end_matches(['\0', ' '])
+                .to_owned();
+            let mut f = vec![
+                ("engine", int(d.engine.get().into())),
+                ("account", int(d.account.get().into())),
+                ("cl_ord_id", int(d.cl_ord_id.get().into())),
+                ("order_id", int(d.order_id.get().into())),
+                ("request_id", int(d.request_id.get().into())),
+                ("request", Field::Text(char::from(d.request).to_string())),
+                ("side", int(d.side.into())),
+                ("symbol", Field::Text(sym)),
+                ("qty", int(d.qty.get().into())),
+                ("price", int(d.price.get().into())),
+                ("reason", int(d.reason.get().into())),
+            ];
+            if let Ok((t, _)) = DecisionTrailer::read_from_prefix(rest) {
+                f.push(("now_ns", int(t.now.get().into())));
+                f.push(("origin", int(t.origin.into())));
+            }
+            f
+        }
+        record::FIX_OUT | record::FIX_IN | record::FIX_IN_REJECTED => vec![("fix", fix(payload))],
+        record::ENGINE_SESSION => {
+            let engine = u32_at(0).ok_or_else(short)?;
+            let event = match payload.get(4) {
+                Some(&SESSION_LOGON) => "logon",
+                Some(&SESSION_DISCONNECT) => "disconnect",
+                Some(ev) => return Err(format!("an engine session event {ev}")),
+                None => return Err(short()),
+            };
+            vec![
+                ("engine", int(engine)),
+                ("event", Field::Text(event.into())),
+            ]
+        }
+        record::KILL => {
+            let [tag, a, b, c, d, on] = *payload else {
+                return Err(format!("a kill switch record of {} bytes", payload.len()));
+            };
+            let scope = match tag {
+                0 => "global",
+                1 => "engine",
+                2 => "account",
+                _ => return Err(format!("a kill switch of scope {tag}")),
+            };
+            vec![
+                ("scope", Field::Text(scope.into())),
+                ("id", int(u32::from_le_bytes([a, b, c, d]).into())),
+                ("on", int((on != 0).into())),
+            ]
+        }
+        record::CHECKPOINT => vec![
+            ("version", int((*payload.first().ok_or_else(short)?).into())),
+            ("bytes", int(payload.len() as i128)),
+        ],
+        record::NOT_SENT => {
+            let id = <[u8; 8]>::try_from(payload).map_err(|_| short())?;
+            vec![("request_id", int(u64::from_le_bytes(id).into()))]
+        }
+        k => return Err(format!("a record of kind {k}")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describe_refuses_what_replay_refuses_and_reads_the_rest() {
+        assert!(describe(99, &[]).is_err());
+        assert!(describe(record::KILL, &[7, 0, 0, 0, 0, 1]).is_err());
+        assert!(describe(record::ENGINE_SESSION, &[1, 0, 0, 0, 9]).is_err());
+        assert!(describe(record::DECISION, &[0; 10]).is_err());
+        assert_eq!(
+            describe(record::KILL, &[2, 7, 0, 0, 0, 1]).unwrap(),
+            [
+                ("scope", Field::Text("account".into())),
+                ("id", Field::Int(7)),
+                ("on", Field::Int(1))
+            ]
+        );
+        assert_eq!(
+            describe(record::FIX_OUT, b"8=FIX.4.4\x019=5\x01").unwrap(),
+            [("fix", Field::Text("8=FIX.4.4|9=5|".into()))]
+        );
+    }
+}

@@ -18,7 +18,8 @@ use crate::proto::{msg_type, RejectReason, Request, Response, Side, Symbol};
 use crate::risk::{KillScope, OrderParams, RequestKind};
 
 impl Gateway {
-    /// A checkpoint record replay could not read: the journal must not be used as if
+    /// A record replay could not read (a checkpoint of another layout, a record kind, kill
+    /// scope or engine session event it does not know): the journal must not be used as if
     /// replayed (the caller stops the start with it).
     pub fn take_replay_error(&mut self) -> Option<crate::checkpoint::CheckpointError> {
         self.replay_error.take()
@@ -258,7 +259,10 @@ impl Gateway {
         match kind {
             record::ENGINE_REQUEST => {
                 let (Some(engine), Some(bytes)) = (payload.get(..4), payload.get(4..)) else {
-                    return;
+                    return self.refuse_record(format!(
+                        "an engine request record of {} bytes",
+                        payload.len()
+                    ));
                 };
                 let id = u32::from_le_bytes(engine.try_into().unwrap_or_default());
                 self.note_request_seq(id, bytes);
@@ -270,7 +274,10 @@ impl Gateway {
             }
             record::ENGINE_MALFORMED => {
                 let (Some(engine), Some(kept)) = (payload.get(..4), payload.get(8..)) else {
-                    return;
+                    return self.refuse_record(format!(
+                        "a malformed-frame record of {} bytes",
+                        payload.len()
+                    ));
                 };
                 let engine = u32::from_le_bytes(engine.try_into().unwrap_or_default());
                 self.note_request_seq(engine, kept);
@@ -279,7 +286,11 @@ impl Gateway {
             }
             record::DECISION => {
                 let Ok((d, _)) = Decision::read_from_prefix(payload) else {
-                    return;
+                    return self.refuse_record(format!(
+                        "a decision of {} bytes (at least {} expected)",
+                        payload.len(),
+                        size_of::<Decision>()
+                    ));
                 };
                 if let Some(reason) = RejectReason::from_u16(d.reason.get()) {
                     let (engine, cl) = (d.engine.get(), d.cl_ord_id.get());
@@ -291,6 +302,13 @@ impl Gateway {
                 if d.reason.get() == 0 && d.request_id.get() != 0 {
                     // Its order message follows in the same write; see `close_unsent`.
                     self.unsent.insert(d.request_id.get());
+                }
+                let extra = payload.len() - size_of::<Decision>();
+                if extra != 0 && extra != size_of::<DecisionTrailer>() {
+                    return self.refuse_record(format!(
+                        "a decision of {} bytes (fields after its trailer)",
+                        payload.len()
+                    ));
                 }
                 let trailer = payload
                     .get(size_of::<Decision>()..)
@@ -317,10 +335,13 @@ impl Gateway {
                         2 => Some(KillScope::Account(id)),
                         _ => None,
                     };
-                    if let Some(scope) = scope {
-                        // The cancels it caused are journaled as their own decisions.
-                        self.risk.set_kill(scope, on != 0);
-                    }
+                    let Some(scope) = scope else {
+                        return self.refuse_record(format!("a kill switch of scope {tag}"));
+                    };
+                    // The cancels it caused are journaled as their own decisions.
+                    self.risk.set_kill(scope, on != 0);
+                } else {
+                    self.refuse_record(format!("a kill switch record of {} bytes", payload.len()));
                 }
             }
             record::ENGINE_SESSION => {
@@ -335,8 +356,13 @@ impl Gateway {
                             self.connected.remove(&engine);
                             self.reset_malformed(engine);
                         }
-                        _ => {}
+                        ev => self.refuse_record(format!("an engine session event {ev}")),
                     }
+                } else {
+                    self.refuse_record(format!(
+                        "an engine session record of {} bytes",
+                        payload.len()
+                    ));
                 }
             }
             record::CHECKPOINT => match crate::checkpoint::decode(payload) {
@@ -358,11 +384,13 @@ impl Gateway {
                 self.session.replay_outbound(payload);
             }
             record::NOT_SENT => {
-                if let Ok(req) = <[u8; 8]>::try_from(payload) {
-                    let req = u64::from_le_bytes(req);
-                    self.unsent.remove(&req);
-                    self.refuse_unsent(req, scratch);
-                }
+                let Ok(req) = <[u8; 8]>::try_from(payload) else {
+                    return self
+                        .refuse_record(format!("a never-sent record of {} bytes", payload.len()));
+                };
+                let req = u64::from_le_bytes(req);
+                self.unsent.remove(&req);
+                self.refuse_unsent(req, scratch);
             }
             record::FIX_IN_REJECTED => {
                 let seq = split_frame(payload)
@@ -399,7 +427,15 @@ impl Gateway {
                     let _ = self.apply_app(&m, scratch);
                 }
             }
-            _ => {}
+            kind => self.refuse_record(format!("a record of kind {kind}")),
+        }
+    }
+
+    /// Replay met a record it does not know: the start stops rather than half-read a journal
+    /// a newer gateway wrote.
+    fn refuse_record(&mut self, what: String) {
+        if self.replay_error.is_none() {
+            self.replay_error = Some(crate::checkpoint::CheckpointError::UnknownRecord(what));
         }
     }
 

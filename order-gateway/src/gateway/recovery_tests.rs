@@ -1022,6 +1022,47 @@ fn a_gateway_restored_from_a_checkpoint_behaves_as_the_live_one() {
     );
 }
 
+/// Found by review: unknown record kinds, kill scopes and engine session events were
+/// skipped, so a newer gateway's journal was half-read.
+#[test]
+fn unknown_record_kinds_kill_scopes_and_session_events_stop_the_replay() {
+    use crate::gateway::record;
+    for (what, kind, payload) in [
+        ("kind", 99u8, vec![1, 2, 3]),
+        ("kill scope", record::KILL, vec![7, 1, 0, 0, 0, 1]),
+        ("kill length", record::KILL, vec![0, 1, 0, 0, 0, 1, 9]),
+        ("session event", record::ENGINE_SESSION, vec![1, 0, 0, 0, 9]),
+        ("short decision", record::DECISION, vec![0; 10]),
+        (
+            "decision with more fields",
+            record::DECISION,
+            vec![0; 56 + 9 + 4],
+        ),
+        ("short engine request", record::ENGINE_REQUEST, vec![1, 0]),
+        ("never sent of 9 bytes", record::NOT_SENT, vec![0; 9]),
+    ] {
+        let mut r = Gateway::new(session(), &risk()).unwrap();
+        r.replay_record(kind, &payload);
+        let e = r
+            .take_replay_error()
+            .unwrap_or_else(|| panic!("{what}: skipped"));
+        assert!(e.to_string().contains("does not know"), "{what}: {e}");
+    }
+    // The known shapes still replay.
+    let mut r = Gateway::new(session(), &risk()).unwrap();
+    r.replay_record(record::KILL, &[0, 0, 0, 0, 0, 1]);
+    r.replay_record(record::ENGINE_SESSION, &[1, 0, 0, 0, 1]);
+    assert!(r.take_replay_error().is_none());
+    // A checkpoint with fields after the last one this gateway knows.
+    let (gw, _, _) = active();
+    let mut payload = gw.checkpoint().unwrap();
+    payload.extend_from_slice(&[1, 2, 3]);
+    let mut r = Gateway::new(session(), &risk()).unwrap();
+    r.replay_record(record::CHECKPOINT, &payload);
+    let e = r.take_replay_error().expect("unknown checkpoint fields");
+    assert!(e.to_string().contains("does not know"), "{e}");
+}
+
 #[test]
 fn a_checkpoint_of_another_layout_version_stops_the_replay() {
     let (mut gw, _, _) = active();
