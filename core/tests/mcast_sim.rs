@@ -1162,3 +1162,48 @@ fn a_large_multicast_repair_is_spread_over_time() {
         last - first
     );
 }
+
+/// A lossy subscriber recovers everything, under the default budget, while
+/// two admitted peers ask for the same ranges over and over, the second
+/// right after the first (the attack of
+/// `two_admitted_peers_cannot_make_the_publisher_send_more_than_the_bound`).
+/// A guard that the budget does not starve the honest: it passes without
+/// the budget too (the flood then only costs bandwidth here).
+#[test]
+fn a_lossy_subscriber_recovers_everything_while_two_peers_flood_repairs() {
+    let limits = RecoveryServerConfig {
+        multicast_repair: true,
+        ..server_limits()
+    };
+    let mut sim = Sim::with_limits(15, 4096, limits);
+    let s = sim.add_sub(LineModel::lossy(0.01), LineModel::lossy(0.01), 0);
+    let peers = [sim.admit_peer(), sim.admit_peer()];
+    let interval = 500_000;
+    let mut next_attack = 0;
+    let target = sim.publisher.next_seq() + N;
+    let mut k = 0u64;
+    while sim.publisher.next_seq() < target {
+        sim.publish_one();
+        sim.tick();
+        if sim.now >= next_attack {
+            let from = sim.publisher.oldest_available();
+            let (a, b) = if k % 2 == 0 {
+                (peers[0], peers[1])
+            } else {
+                (peers[1], peers[0])
+            };
+            sim.ask(a, from, 4096);
+            sim.ask(b, from, 4096);
+            for p in peers {
+                sim.drain(p);
+            }
+            k += 1;
+            next_attack = sim.now + interval;
+        }
+    }
+    sim.flush();
+    sim.converge();
+    assert_lossless(&sim, s);
+    assert!(sim.subs[s].injected.lost_datagrams > 0);
+    assert!(sim.server.repair_counters().multicast > 0);
+}
