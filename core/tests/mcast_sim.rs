@@ -26,7 +26,7 @@ use rocebus::mcast::schedule::{SendSchedule, Transmit};
 use rocebus::mcast::server::{ClientHandshake, RecoveryServer, ServerConfig};
 use rocebus::mcast::snapshot::RestoreError;
 use rocebus::mcast::subscriber::Request;
-use rocebus::mcast::wire::{self, Datagram, RecoveryMsg, Welcome};
+use rocebus::mcast::wire::{self, Datagram, RecoveryMsg, RetransmitRequest, Welcome};
 use rocebus::mcast::{
     Event, Handler, Line, Phase, Snapshot, SnapshotSink, SubscriberConfig, SubscriberState,
 };
@@ -215,6 +215,8 @@ struct Sim {
     heartbeats: u64,
     /// Datagrams the recovery server had multicast again.
     repairs_multicast: u64,
+    /// Their bytes (on each line).
+    repair_bytes_multicast: u64,
 }
 
 fn sub_config() -> SubscriberConfig {
@@ -275,6 +277,7 @@ impl Sim {
                 snapshot_chunk: 900,
                 setup_timeout_ns: 10_000_000,
                 outbox_capacity: RC_MSG,
+                lines: 2,
             },
             Key::derive(SECRET, Purpose::Recovery),
             identity,
@@ -297,6 +300,7 @@ impl Sim {
             paused_until: 0,
             heartbeats: 0,
             repairs_multicast: 0,
+            repair_bytes_multicast: 0,
         }
     }
 
@@ -344,6 +348,59 @@ impl Sim {
             first_request_at: None,
         });
         self.subs.len() - 1
+    }
+
+    /// A recovery connection that proves the secret and then does what a
+    /// test makes it do (no subscriber behind it): its id.
+    fn admit_peer(&mut self) -> u32 {
+        let handshake =
+            ClientHandshake::new(Key::derive(SECRET, Purpose::Recovery), CHANNEL, false);
+        let (conn, welcome) = self
+            .server
+            .on_connect_request(self.now, "10.6.6.6:1".into(), handshake.hello().as_bytes())
+            .expect("admitted");
+        self.server.on_established(self.now, conn);
+        let proof = handshake
+            .on_welcome(welcome.as_bytes())
+            .expect("welcome")
+            .proof;
+        self.server
+            .on_receive(self.now, conn, &proof, &mut self.publisher, &self.reference);
+        assert!(self.server.is_open(conn));
+        conn
+    }
+
+    /// Peer `conn` asks for `count` messages from `from`: the bytes it sent.
+    fn ask(&mut self, conn: u32, from: u64, count: u64) -> u64 {
+        let mut b = [0u8; 64];
+        let n = RetransmitRequest {
+            channel: CHANNEL,
+            session: SESSION,
+            from_seq: from,
+            count,
+        }
+        .encode(&mut b)
+        .expect("fits");
+        self.server.on_receive(
+            self.now,
+            conn,
+            &b[..n],
+            &mut self.publisher,
+            &self.reference,
+        );
+        n as u64
+    }
+
+    /// Takes everything the server queued on `conn`, as a peer that reads
+    /// at once: its bytes.
+    fn drain(&mut self, conn: u32) -> u64 {
+        let mut total = 0;
+        while let Some(bytes) = self.server.poll_transmit(conn, RC_MSG) {
+            let n = bytes.len();
+            total += n as u64;
+            self.server.transmitted(self.now, conn, n);
+        }
+        total
     }
 
     fn schedule(&mut self, at: u64, sub: usize, ev: Ev) {
@@ -467,17 +524,17 @@ impl Sim {
         for r in replies {
             self.schedule(self.now + RC_LATENCY, s, Ev::ToSubscriber(r));
         }
-        while let Some((from, to)) = self.server.poll_repair() {
-            let mut seq = from;
-            while let Some((first, end, bytes)) = self.publisher.sealed_from(seq) {
-                if first >= to {
-                    break;
-                }
-                let d = bytes.to_vec();
-                self.repairs_multicast += 1;
-                self.multicast_copy(d, true);
-                seq = end;
-            }
+        self.pump_repairs();
+    }
+
+    /// Multicasts the repair datagrams the server's pacing lets out now.
+    fn pump_repairs(&mut self) {
+        while let Some((first, _)) = self.server.poll_repair(self.now, &self.publisher) {
+            let (_, _, bytes) = self.publisher.sealed_from(first).expect("in the history");
+            let d = bytes.to_vec();
+            self.repairs_multicast += 1;
+            self.repair_bytes_multicast += d.len() as u64;
+            self.multicast_copy(d, true);
         }
     }
 
@@ -571,6 +628,7 @@ impl Sim {
         if let Some((conn, why)) = self.server.poll_closed(self.now) {
             panic!("the server closed connection {conn}: {why:?}");
         }
+        self.pump_repairs();
         self.deliver_due();
         for s in 0..self.subs.len() {
             self.collect_outputs(s);
@@ -982,4 +1040,173 @@ fn a_client_without_the_secret_is_never_served() {
     assert_eq!(sim.server.counters().auth_failures, 1);
     sim.run(1_000);
     assert_lossless(&sim, 0);
+}
+
+/// Fills the history (4096 datagrams) with nobody listening.
+fn full_history(limits: RecoveryServerConfig) -> Sim {
+    let mut sim = Sim::with_limits(14, 4096, limits);
+    while sim.publisher.counters().datagrams < 4200 {
+        sim.publish_one();
+    }
+    sim.flush();
+    sim
+}
+
+/// The finding of issue 41: two admitted peers ask for the same ranges over
+/// and over, the second right after the first, so the planner takes every
+/// loss for a shared one and answers each first request with a multicast
+/// retransmit of the whole range on both lines. For one simulated second,
+/// at the request rate the server admits, the publisher sends no more than
+/// the bound of `rocebus::mcast::server`: per peer, `repair_burst_bytes +
+/// repair_bytes_per_sec * 1 s + lines * repair_request_bytes`.
+#[test]
+fn two_admitted_peers_cannot_make_the_publisher_send_more_than_the_bound() {
+    let limits = RecoveryServerConfig {
+        multicast_repair: true,
+        ..RecoveryServerConfig::default()
+    };
+    let mut sim = full_history(limits);
+    let peers = [sim.admit_peer(), sim.admit_peer()];
+    let (mut bytes_in, mut unicast_out) = (0u64, 0u64);
+    let oldest = sim.publisher.oldest_available();
+    let end = sim.publisher.unflushed_seq();
+    // Ranges of 4096 messages (recovery.max_request_messages), taken in
+    // turn: each comes back long after the planner forgot it.
+    let ranges = (end - oldest) / 4096;
+    let interval = 1_000_000_000 / limits.requests_per_sec;
+    let t0 = sim.now;
+    let mut k = 0u64;
+    while sim.now < t0 + 1_000_000_000 {
+        sim.server.handle_timeout(sim.now, &sim.publisher);
+        let from = oldest + (k % ranges) * 4096;
+        // Each leads in turn, so both budgets are spent.
+        let (a, b) = if k % 2 == 0 {
+            (peers[0], peers[1])
+        } else {
+            (peers[1], peers[0])
+        };
+        bytes_in += sim.ask(a, from, 4096);
+        bytes_in += sim.ask(b, from, 4096);
+        for p in peers {
+            unicast_out += sim.drain(p);
+        }
+        sim.pump_repairs();
+        k += 1;
+        sim.now += interval;
+    }
+    let multicast_out = 2 * sim.repair_bytes_multicast;
+    let out = unicast_out + multicast_out;
+    let per_peer =
+        limits.repair_burst_bytes + limits.repair_bytes_per_sec + 2 * limits.repair_request_bytes;
+    let bound = 2 * per_peer;
+    let r = sim.server.repair_counters();
+    let k = sim.server.counters();
+    println!(
+        "md-repair-amplification: in {bytes_in} out {out} (unicast {unicast_out}, multicast {multicast_out} on 2 lines) ratio {:.0} bound {bound} ratio-bound {:.0}",
+        out as f64 / bytes_in as f64,
+        bound as f64 / bytes_in as f64
+    );
+    assert!(
+        r.multicast > 10 && sim.server.repair_counters().covered > 10,
+        "{r:?}"
+    );
+    assert!(
+        out <= bound,
+        "{out} bytes out for {bytes_in} in (bound {bound}): {r:?} {k:?}"
+    );
+    assert!(k.repair_budget_dropped > 0, "{k:?}");
+}
+
+/// A multicast retransmit larger than the burst goes out at the budget's
+/// rate, not at once.
+#[test]
+fn a_large_multicast_repair_is_spread_over_time() {
+    let limits = RecoveryServerConfig {
+        multicast_repair: true,
+        repair_bytes_per_sec: 1 << 20,
+        repair_burst_bytes: 64 << 10,
+        repair_request_bytes: 1 << 20,
+        ..RecoveryServerConfig::default()
+    };
+    let mut sim = full_history(limits);
+    let (a, b) = (sim.admit_peer(), sim.admit_peer());
+    sim.server.handle_timeout(sim.now, &sim.publisher);
+    let from = sim.publisher.oldest_available();
+    // The second asker of a range turns it into a multicast retransmit.
+    sim.ask(a, from, 1 << 20);
+    sim.drain(a);
+    sim.ask(b, from, 1 << 20);
+    assert_eq!(sim.server.repair_counters().multicast, 1);
+    let t0 = sim.now;
+    let mut released = Vec::new();
+    while sim.now < t0 + 5_000_000_000 {
+        sim.pump_repairs();
+        released.push((sim.now - t0, 2 * sim.repair_bytes_multicast));
+        if sim.server.poll_timeout().is_none() {
+            break;
+        }
+        sim.now += 1_000_000;
+    }
+    let total = released.last().unwrap().1;
+    // About 1 MiB on each of two lines: two seconds at 1 MiB/s.
+    assert!(total > 3 << 19, "{total}");
+    for &(t, bytes) in &released {
+        let allowed = (64 << 10) + t * (1 << 20) / 1_000_000_000 + 2 * MAX_DATAGRAM as u64;
+        assert!(
+            bytes <= allowed,
+            "{bytes} bytes out {t} ns in (at most {allowed})"
+        );
+    }
+    let first = released.iter().find(|r| r.1 > 0).unwrap().0;
+    let last = released.iter().find(|r| r.1 == total).unwrap().0;
+    assert!(
+        last - first > 1_500_000_000,
+        "spread over {} ns",
+        last - first
+    );
+}
+
+/// A lossy subscriber recovers everything, under the default budget, while
+/// two admitted peers ask for the same ranges over and over, the second
+/// right after the first (the attack of
+/// `two_admitted_peers_cannot_make_the_publisher_send_more_than_the_bound`).
+/// A guard that the budget does not starve the honest: it passes without
+/// the budget too (the flood then only costs bandwidth here).
+#[test]
+fn a_lossy_subscriber_recovers_everything_while_two_peers_flood_repairs() {
+    let limits = RecoveryServerConfig {
+        multicast_repair: true,
+        ..server_limits()
+    };
+    let mut sim = Sim::with_limits(15, 4096, limits);
+    let s = sim.add_sub(LineModel::lossy(0.01), LineModel::lossy(0.01), 0);
+    let peers = [sim.admit_peer(), sim.admit_peer()];
+    let interval = 500_000;
+    let mut next_attack = 0;
+    let target = sim.publisher.next_seq() + N;
+    let mut k = 0u64;
+    while sim.publisher.next_seq() < target {
+        sim.publish_one();
+        sim.tick();
+        if sim.now >= next_attack {
+            let from = sim.publisher.oldest_available();
+            let (a, b) = if k % 2 == 0 {
+                (peers[0], peers[1])
+            } else {
+                (peers[1], peers[0])
+            };
+            sim.ask(a, from, 4096);
+            sim.ask(b, from, 4096);
+            for p in peers {
+                sim.drain(p);
+            }
+            k += 1;
+            next_attack = sim.now + interval;
+        }
+    }
+    sim.flush();
+    sim.converge();
+    assert_lossless(&sim, s);
+    assert!(sim.subs[s].injected.lost_datagrams > 0);
+    assert!(sim.server.repair_counters().multicast > 0);
 }

@@ -100,7 +100,9 @@ enum Cmd {
     /// rc-fanin-throughput (4 senders into one receiver vs ib_write_bw -q 4).
     ///
     /// Market data at scale, in 2 to 4 guests: md-repair (repair datagrams per lost datagram
-    /// with 1, 2 and 3 subscribers, multicast repair and unicast only) and md-fanout
+    /// with 1, 2 and 3 subscribers, multicast repair and unicast only; first, on the host, the
+    /// bytes of repair per byte of request two admitted peers get, against the stated
+    /// bound) and md-fanout
     /// (publisher CPU per message, multicast and RC fan-out, 1, 2 and 4 subscribers).
     ///
     /// rc-instructions: user-space instructions per one-way message of the orders path against

@@ -14,13 +14,94 @@
 //! figure is not below the goal of 1.5. Figures are counts, not times, so
 //! the debug build the test runner uses is fine. A configuration that fails
 //! is reported and the others still run; the bench fails at the end.
+//!
+//! First, on the host (no RDMA, no guest), it prints the amplification
+//! figure of issue 41: bytes the publisher sends in repair per byte of
+//! request when two admitted peers ask for the same ranges over and over
+//! for one simulated second, and the bound the recovery server states
+//! (`rocebus::mcast::server`). The figure comes from the simulator test
+//! that asserts the bound, driving the shipped `RecoveryServer` and
+//! `PublisherState`.
 
 use crate::{setup, test, vm};
 use anyhow::{bail, Context, Result};
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 const TEST: &str = "rdma_md_three_hosts_shared_loss_repaired_on_multicast";
+
+/// The host simulator test that measures the amplification.
+const AMPLIFICATION_TEST: &str =
+    "two_admitted_peers_cannot_make_the_publisher_send_more_than_the_bound";
+
+/// Bytes in and out of the amplification run, and the bound.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Amplification {
+    bytes_in: u64,
+    bytes_out: u64,
+    bound: u64,
+}
+
+/// Parses the `md-repair-amplification: ...` line the simulator test
+/// prints.
+fn parse_amplification(lines: &str) -> Option<Amplification> {
+    let l = lines
+        .lines()
+        .find_map(|l| l.split_once("md-repair-amplification: ").map(|(_, r)| r))?;
+    let w: Vec<&str> = l.split_whitespace().collect();
+    let after = |key: &str| {
+        w.iter()
+            .position(|x| *x == key)
+            .and_then(|i| w.get(i + 1))
+            .and_then(|v| v.parse().ok())
+    };
+    Some(Amplification {
+        bytes_in: after("in")?,
+        bytes_out: after("out")?,
+        bound: after("bound")?,
+    })
+}
+
+/// Runs the host simulator test and prints the amplification figure.
+fn amplification(root: &Path) -> Result<()> {
+    eprintln!("== md-repair: amplification by two admitted peers, on the host (no RDMA)");
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "test",
+            "-p",
+            "rocebus",
+            "--test",
+            "mcast_sim",
+            "--",
+            "--exact",
+        ])
+        .arg(AMPLIFICATION_TEST)
+        .arg("--nocapture")
+        .current_dir(root)
+        .output()
+        .context("running cargo test")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let a = parse_amplification(&stdout);
+    if let Some(a) = a {
+        let ratio = |b: u64| b as f64 / a.bytes_in.max(1) as f64;
+        println!(
+            "md-repair amplification: {:.0} bytes of repair per byte of request \
+             ({} out for {} in, two admitted peers, one simulated second; \
+             stated bound {} bytes, {:.0} per byte)",
+            ratio(a.bytes_out),
+            a.bytes_out,
+            a.bytes_in,
+            a.bound,
+            ratio(a.bound)
+        );
+    }
+    if !out.status.success() {
+        bail!("{AMPLIFICATION_TEST} failed ({})", out.status);
+    }
+    a.map(|_| ())
+        .context("the simulator printed no md-repair-amplification line")
+}
 
 /// The publisher's figures of one run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -68,6 +149,10 @@ pub fn run(root: &Path) -> Result<()> {
     let messages = std::env::var("ROCEBUS_MD_REPAIR_MESSAGES").ok();
     let mut results = Vec::new();
     let mut failed = Vec::new();
+    if let Err(e) = amplification(root) {
+        eprintln!("   failed: {e:#}");
+        failed.push(format!("amplification: {e:#}"));
+    }
     for unicast in [false, true] {
         for subs in 1..=3u8 {
             let mode = if unicast {
@@ -191,5 +276,21 @@ mod tests {
             })
         );
         assert_eq!(parse(&["md-repair-figures: lost x".to_string()]), None);
+    }
+
+    #[test]
+    fn parses_the_amplification_line() {
+        let out = "running 1 test\nmd-repair-amplification: in 160000 out 83996389 \
+                   (unicast 48927421, multicast 35068968 on 2 lines) ratio 525 \
+                   bound 88080384 ratio-bound 551\ntest ... ok\n";
+        assert_eq!(
+            parse_amplification(out),
+            Some(Amplification {
+                bytes_in: 160000,
+                bytes_out: 83996389,
+                bound: 88080384
+            })
+        );
+        assert_eq!(parse_amplification("md-repair-amplification: in x"), None);
     }
 }

@@ -50,6 +50,11 @@
 //! multicast_repair = true       # a loss several subscribers share: one multicast retransmit
 //! repair_window_ns = 2000000    # requests this close for one range are the same loss
 //! repair_holdoff_ns = 100000    # a retry this soon after its answer crossed it: dropped
+//! repair_bytes_per_sec = 33554432 # the repair budget of one connection: unicast answers,
+//!                               # the multicast retransmits it caused (every line) and
+//!                               # snapshots; also the pace of multicast retransmits
+//! repair_burst_bytes = 8388608  # of which this much at once
+//! repair_request_bytes = 1048576 # one retransmit request is answered with at most this
 //! lag_alert_messages = 0        # report a subscriber this far behind (0 = never)
 //!
 //! [auth]
@@ -81,6 +86,10 @@ pub const DEFAULT_QKEY: u32 = 0x0123_4567;
 pub const MAX_PATH_MTU: usize = 4096;
 /// Upper bound of `max_message_bytes` (64 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// Upper bound of `recovery_server.repair_bytes_per_sec` and
+/// `repair_burst_bytes` (1 TiB: no limit in practice, and far from
+/// overflowing the budget's arithmetic).
+pub const MAX_REPAIR_BYTES_PER_SEC: u64 = 1 << 40;
 
 /// Why a configuration was rejected.
 #[derive(Debug, thiserror::Error)]
@@ -379,6 +388,20 @@ pub struct RecoveryServerConfig {
     /// they take to read the answer; at most `repair_window_ns` in effect.
     /// 0: every retry is answered.
     pub repair_holdoff_ns: u64,
+    /// The repair budget of one connection, bytes per second: every byte
+    /// sent on its behalf (unicast answers with their headers, the
+    /// multicast retransmits its requests caused, once per line, and
+    /// snapshots) is charged to it, and a request that finds it spent is
+    /// dropped (counted `repair_budget_dropped`). Multicast retransmits are
+    /// also paced at this rate, whoever caused them. See
+    /// [`super::server`] for the bound it gives.
+    pub repair_bytes_per_sec: u64,
+    /// Bytes of the repair budget a connection may spend at once.
+    pub repair_burst_bytes: u64,
+    /// Bytes one retransmit request is answered with, at most (whole
+    /// datagrams, at least one): the rest of its range is cut (counted
+    /// `repair_requests_cut`) and asked for again by the subscriber.
+    pub repair_request_bytes: u64,
     /// A subscriber more than this many messages behind the publisher is
     /// reported once ([`super::status::PublisherEvent::SubscriberLagging`]);
     /// 0: never.
@@ -402,6 +425,9 @@ impl Default for RecoveryServerConfig {
             multicast_repair: true,
             repair_window_ns: 2_000_000,
             repair_holdoff_ns: 100_000,
+            repair_bytes_per_sec: 32 << 20,
+            repair_burst_bytes: 8 << 20,
+            repair_request_bytes: 1 << 20,
             lag_alert_messages: 0,
         }
     }
@@ -668,6 +694,32 @@ impl McastConfig {
             return Err(invalid(
                 "recovery_server.stall_timeout_ns",
                 "must be greater than 0",
+            ));
+        }
+        if !(1..=MAX_REPAIR_BYTES_PER_SEC).contains(&rs.repair_bytes_per_sec) {
+            return Err(invalid(
+                "recovery_server.repair_bytes_per_sec",
+                format!("must be within 1..={MAX_REPAIR_BYTES_PER_SEC} (bytes per second)"),
+            ));
+        }
+        if rs.repair_request_bytes < self.max_datagram_payload as u64 {
+            return Err(invalid(
+                "recovery_server.repair_request_bytes",
+                format!(
+                    "must be at least max_datagram_payload ({}): a request is answered with whole datagrams",
+                    self.max_datagram_payload
+                ),
+            ));
+        }
+        if rs.repair_burst_bytes < rs.repair_request_bytes
+            || rs.repair_burst_bytes > MAX_REPAIR_BYTES_PER_SEC
+        {
+            return Err(invalid(
+                "recovery_server.repair_burst_bytes",
+                format!(
+                    "must be within recovery_server.repair_request_bytes ({})..={MAX_REPAIR_BYTES_PER_SEC}",
+                    rs.repair_request_bytes
+                ),
             ));
         }
         if self.channels.is_empty() {
@@ -973,6 +1025,18 @@ qkey = 0x11111111
             ("snapshot_burst = 0", "recovery_server.snapshot_burst"),
             ("max_outbox_bytes = 1", "recovery_server.max_outbox_bytes"),
             ("stall_timeout_ns = 0", "recovery_server.stall_timeout_ns"),
+            (
+                "repair_bytes_per_sec = 0",
+                "recovery_server.repair_bytes_per_sec",
+            ),
+            (
+                "repair_request_bytes = 100",
+                "recovery_server.repair_request_bytes",
+            ),
+            (
+                "repair_burst_bytes = 65536",
+                "recovery_server.repair_burst_bytes",
+            ),
         ] {
             let text = format!("{FULL}\n[recovery_server]\n{bad}\n");
             assert_eq!(key_of(&text), key, "{bad}");

@@ -6,7 +6,8 @@
 //! and hands back bytes, events and deadlines. It owns the wire formats
 //! ([`wire`]), the publisher's batching and history ([`publisher`]), the
 //! subscriber's sequencing and recovery ([`subscriber`]), how the publisher
-//! answers retransmit requests, unicast or multicast ([`repair`]), when
+//! answers retransmit requests, unicast or multicast ([`repair`]), within
+//! what budget ([`budget`]), when
 //! datagrams and heartbeats go out ([`schedule`]), the recovery service's
 //! admission, limits and answers ([`server`]), the
 //! subscribers' status reports and the publisher's view of them
@@ -25,6 +26,7 @@
 //! restarted publisher takes a greater session id.
 
 pub mod backoff;
+pub mod budget;
 pub mod config;
 pub mod fragment;
 pub mod io;

@@ -309,6 +309,35 @@ impl PublisherState {
         Some(lo)
     }
 
+    /// How much of `[from, to)` a repair of at most `max_bytes` covers,
+    /// counting each sealed datagram of the history it overlaps as its
+    /// length plus `overhead` (a recovery header, for a unicast answer):
+    /// the end of the covered part (`to`, or the first sequence of the
+    /// first datagram that did not fit; whole datagrams, at least one) and
+    /// the datagrams' own bytes. What lies before the history or after the
+    /// last flushed datagram costs nothing here.
+    pub fn repair_extent(&self, from: u64, to: u64, max_bytes: u64, overhead: u64) -> (u64, u64) {
+        let Some(mut idx) = self.sealed_index_from(from) else {
+            return (to, 0);
+        };
+        let (mut cost, mut bytes) = (0u64, 0u64);
+        while idx < self.open {
+            let (b, m) = self.sealed(idx);
+            if m.first_seq >= to {
+                break;
+            }
+            let len = b.len() as u64;
+            if cost > 0 && cost.saturating_add(len + overhead) > max_bytes {
+                // A datagram was taken, so this one starts after `from`.
+                return (m.first_seq, bytes);
+            }
+            cost = cost.saturating_add(len + overhead);
+            bytes += len;
+            idx += 1;
+        }
+        (to, bytes)
+    }
+
     /// First sequence not yet flushed (that of the open datagram).
     pub fn unflushed_seq(&self) -> u64 {
         self.open_first_seq()
@@ -908,6 +937,25 @@ mod tests {
             },
             |r| assert_eq!(r, RetransmitReply::Data(&out[2])),
         );
+    }
+
+    #[test]
+    fn repair_extent_cuts_at_whole_datagrams() {
+        let mut p = PublisherState::new(cfg(4));
+        let mut out = Vec::new();
+        // Datagrams [1,4) [4,7) [7,10) [10,13), 54 bytes each; 13 open.
+        publish_n(&mut p, 13, &mut out);
+        let len = out[0].len() as u64;
+        assert_eq!(p.repair_extent(1, 13, u64::MAX, 0), (13, 4 * len));
+        // Room for two and a half: two, the range cut at the third.
+        assert_eq!(p.repair_extent(2, 13, 2 * len + len / 2, 0), (7, 2 * len));
+        // With 24 bytes of header each, only one fits.
+        assert_eq!(p.repair_extent(2, 13, 2 * len + len / 2, 40), (4, len));
+        // At least one datagram, whatever the limit.
+        assert_eq!(p.repair_extent(5, 13, 1, 0), (7, len));
+        // Nothing flushed in the range: nothing to cut.
+        assert_eq!(p.repair_extent(13, 20, 1, 0), (20, 0));
+        assert_eq!(p.repair_extent(5, 6, 1, 0), (6, len));
     }
 
     #[test]

@@ -39,6 +39,13 @@
 //! The multicast retransmit is the original datagram, byte for byte (its tag
 //! still verifies): subscribers take it as a normal datagram, fill their
 //! hole with it, and drop it by sequence if they had it.
+//!
+//! The planner decides how, not how much: the recovery server
+//! ([`super::server`]) charges every answer it decides, unicast or
+//! multicast, to the repair budget of the connection that asked, cuts each
+//! request to `repair_request_bytes`, and paces multicast retransmits; the
+//! bound on what one admitted peer can make the publisher send is stated
+//! there.
 
 use arrayvec::ArrayVec;
 

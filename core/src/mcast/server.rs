@@ -22,13 +22,48 @@
 //! - snapshot requests: a token bucket per connection (`snapshots_per_sec`,
 //!   `snapshot_burst`), one serialisation reused for `snapshot_reuse_ns`
 //!   (or as long as its sequence is current) whoever asks;
+//! - the repair budget: every byte sent on a connection's behalf (unicast
+//!   answers, the multicast retransmits its requests caused, on every
+//!   line, snapshots) is charged to its [`ByteBudget`]
+//!   (`repair_bytes_per_sec`, `repair_burst_bytes`); a request that finds
+//!   it spent is dropped; one retransmit request is answered with at most
+//!   `repair_request_bytes` (on the connection, or on each line);
+//! - multicast retransmits wait in a queue, charged to the connection that
+//!   caused them and counted in its outbox until sent, and
+//!   [`poll_repair`](RecoveryServer::poll_repair) lets them out one
+//!   datagram at a time at the budget's rate, so a large one is spread
+//!   over time instead of flooding the lines;
 //! - answers queue in a per-connection outbox; beyond `max_outbox_bytes`
-//!   requests are dropped; [`poll_transmit`](RecoveryServer::poll_transmit)
-//!   packs whole messages into the shell's send buffers;
+//!   (multicast retransmits still queued included) requests are dropped;
+//!   [`poll_transmit`](RecoveryServer::poll_transmit) packs whole messages
+//!   into the shell's send buffers;
 //! - a client that takes nothing (answers queued, none sent for
 //!   `stall_timeout_ns`, or its queue pair's RNR retries exhausted, which
 //!   the shell reports) is dropped;
 //! - subscriber status reports feed the [`SubscriberTable`].
+//!
+//! **The amplification bound.** Over any `T` seconds, the bytes the
+//! publisher sends on behalf of one admitted connection (unicast answers
+//! with their recovery headers, multicast retransmits counted once per
+//! line, snapshots) are at most
+//! `repair_burst_bytes + repair_bytes_per_sec * T + max(lines *
+//! repair_request_bytes, one snapshot)`; with the defaults and two lines,
+//! 8 MiB + 32 MiB/s * T + 2 MiB (42 MiB in one second) plus one snapshot,
+//! whatever it sends. A retransmit request is 40 bytes and the request
+//! rate limit (`requests_per_sec`, `request_burst`) lets in at most
+//! 2,256 of them in that second (90 KB), so per byte of request the
+//! amplification is at most `repair_request_bytes * lines / 40` (52,429 x
+//! with the defaults) for one request, and falls with every further one:
+//! a peer that keeps asking for one second gets at most 42 MiB / 90 KB,
+//! about 490 x, and the figure falls as it asks more. Two or more peers
+//! acting together get no more than the sum of their budgets: a multicast
+//! retransmit is charged to the connection whose request caused it, and
+//! multicast retransmits together go out at most at
+//! `repair_bytes_per_sec` after a burst of `repair_burst_bytes`. The
+//! publisher does not know what a subscriber lost; it knows what it sent,
+//! so a request is answered only from the history (never the unflushed
+//! datagram), and a range is multicast again only for a request that
+//! covers it.
 //!
 //! Each refusal and drop is counted ([`RecoveryCounters`]) and logged at
 //! most `log_per_sec` times a second. Connection set-up allocates (the
@@ -38,6 +73,9 @@
 use arrayvec::ArrayVec;
 use zerocopy::{FromBytes, IntoBytes};
 
+use std::collections::VecDeque;
+
+use super::budget::ByteBudget;
 use super::config::RecoveryServerConfig;
 use super::publisher::{Pacer, PublisherState, RetransmitReply};
 use super::repair::{RepairConfig, RepairCounters, RepairDecision, RepairPlanner};
@@ -67,6 +105,9 @@ pub struct ServerConfig {
     pub setup_timeout_ns: u64,
     /// Bytes preallocated for each connection's outbox.
     pub outbox_capacity: usize,
+    /// Lines a multicast retransmit goes out on (1 or 2): its bytes are
+    /// charged once per line.
+    pub lines: usize,
 }
 
 /// Counters of the recovery service (plain values).
@@ -102,6 +143,14 @@ pub struct RecoveryCounters {
     pub clients_stalled: u64,
     /// Datagrams queued for unicast retransmission.
     pub repair_unicast_datagrams: u64,
+    /// Datagrams let out for multicast retransmission
+    /// ([`RecoveryServer::poll_repair`]), each once on every line.
+    pub repair_multicast_datagrams: u64,
+    /// Retransmit and snapshot requests dropped because the connection's
+    /// repair budget was spent.
+    pub repair_budget_dropped: u64,
+    /// Retransmit requests whose answer was cut to `repair_request_bytes`.
+    pub repair_requests_cut: u64,
     /// Requests a recent multicast retransmit covered.
     pub repair_requests_covered: u64,
     /// Retries that crossed their answer.
@@ -172,6 +221,11 @@ struct Conn {
     snapshots: Pacer,
     /// Last time the outbox was empty or something of it was sent.
     progress_at: u64,
+    /// Bytes sent on its behalf: its repair budget.
+    budget: ByteBudget,
+    /// Bytes of multicast retransmits it caused still waiting to go out
+    /// (counted in its outbox for `max_outbox_bytes`).
+    mcast_queued: u64,
     peer: String,
     closing: Option<CloseReason>,
 }
@@ -299,6 +353,21 @@ pub(crate) fn queue_retransmit(
     datagrams
 }
 
+/// A multicast retransmit waiting for the pacing: `[from, to)` still to
+/// send, caused by connection `owner`, which has `left` of its bytes still
+/// counted in its outbox.
+#[derive(Debug, Clone, Copy)]
+struct McastJob {
+    from: u64,
+    to: u64,
+    owner: u32,
+    left: u64,
+}
+
+/// Multicast retransmits queued at once; beyond, a request is answered by
+/// unicast (the planner is told there is one subscriber).
+const MCAST_JOBS: usize = 256;
+
 /// The publisher's recovery service. See the module documentation.
 pub struct RecoveryServer {
     cfg: ServerConfig,
@@ -310,6 +379,10 @@ pub struct RecoveryServer {
     snapshots: SnapshotCache,
     log: LogBudget,
     planner: RepairPlanner,
+    /// Multicast retransmits waiting for `mcast_pacer`, oldest first.
+    mcast_jobs: VecDeque<McastJob>,
+    /// Paces multicast retransmits, whoever caused them.
+    mcast_pacer: ByteBudget,
     /// Admitted connections, as of the last timer run.
     subscribers: usize,
     table: SubscriberTable,
@@ -343,6 +416,8 @@ impl RecoveryServer {
                 window_ns: l.repair_window_ns,
                 holdoff_ns: l.repair_holdoff_ns,
             }),
+            mcast_jobs: VecDeque::with_capacity(MCAST_JOBS),
+            mcast_pacer: ByteBudget::new(l.repair_bytes_per_sec, l.repair_burst_bytes),
             subscribers: 0,
             table: SubscriberTable::new(l.lag_alert_messages),
             counters: RecoveryCounters::default(),
@@ -448,6 +523,8 @@ impl RecoveryServer {
             requests: Pacer::new(l.requests_per_sec, l.request_burst),
             snapshots: Pacer::new(l.snapshots_per_sec, l.snapshot_burst),
             progress_at: now,
+            budget: ByteBudget::new(l.repair_bytes_per_sec, l.repair_burst_bytes),
+            mcast_queued: 0,
             peer,
             closing: None,
         });
@@ -545,13 +622,60 @@ impl RecoveryServer {
                 }
                 Phase::Admitted => None,
             })
+            .chain((!self.mcast_jobs.is_empty()).then(|| self.mcast_pacer.ready_at(0)))
             .min()
     }
 
-    /// A multicast retransmit the planner chose: `[from, to)` to send again
-    /// on the lines, from the history.
-    pub fn poll_repair(&mut self) -> Option<(u64, u64)> {
-        self.planner.poll_transmit()
+    /// The next datagram of a multicast retransmit the planner chose, if
+    /// the pacing lets one out at `now`: `[first, end)`, the sequences of
+    /// one sealed datagram of `state`'s history, to send again on every
+    /// line ([`PublisherState::sealed_from`]`(first)` has its bytes). Call
+    /// it until `None` each poll; [`poll_timeout`](Self::poll_timeout)
+    /// says when the pacing lets out the next one.
+    pub fn poll_repair(&mut self, now: u64, state: &PublisherState) -> Option<(u64, u64)> {
+        let lines = self.cfg.lines as u64;
+        loop {
+            let job = self.mcast_jobs.front_mut()?;
+            let next = state
+                .sealed_from(job.from)
+                .filter(|(first, _, _)| *first < job.to);
+            let Some((first, end, bytes)) = next else {
+                // Done, or gone from the history while it waited.
+                let (owner, left) = (job.owner, job.left);
+                self.mcast_jobs.pop_front();
+                self.release_mcast(owner, left);
+                continue;
+            };
+            if !self.mcast_pacer.ready(now) {
+                return None;
+            }
+            let cost = bytes.len() as u64 * lines;
+            self.mcast_pacer.charge(cost);
+            let paid = cost.min(job.left);
+            job.left -= paid;
+            job.from = end;
+            let (owner, done, left) = (job.owner, end >= job.to, job.left);
+            if done {
+                self.mcast_jobs.pop_front();
+            }
+            self.release_mcast(owner, if done { paid + left } else { paid });
+            self.counters.repair_multicast_datagrams += 1;
+            return Some((first, end));
+        }
+    }
+
+    /// `bytes` of the multicast retransmits `owner` caused are sent (or
+    /// dropped): no longer in its outbox.
+    fn release_mcast(&mut self, owner: u32, bytes: u64) {
+        if let Some(c) = self.conn_mut(owner) {
+            c.mcast_queued = c.mcast_queued.saturating_sub(bytes);
+        }
+    }
+
+    /// Bytes of answers queued for connection `c`, multicast retransmits it
+    /// caused included: what `max_outbox_bytes` bounds.
+    fn outbox_len(c: &Conn) -> u64 {
+        c.outbox.len() as u64 + c.mcast_queued
     }
 
     /// Bytes received on connection `id` (one receive buffer: one or more
@@ -639,36 +763,77 @@ impl RecoveryServer {
     ) {
         let c = &mut self.conns[i];
         let counters = &mut self.counters;
+        let limits = &self.cfg.limits;
         if !c.requests.try_acquire(now) {
             counters.requests_rate_limited += 1;
             return;
         }
-        if c.outbox.len() > self.cfg.limits.max_outbox_bytes {
+        if Self::outbox_len(c) > limits.max_outbox_bytes as u64 {
             counters.requests_dropped += 1;
+            return;
+        }
+        if !c.budget.ready(now) {
+            counters.repair_budget_dropped += 1;
             return;
         }
         counters.retransmit_requests += 1;
         self.table.on_request(c.id);
-        let (r, clamped) = clamp_request(r, self.cfg.max_request_messages);
+        let (mut r, clamped) = clamp_request(r, self.cfg.max_request_messages);
         counters.requests_clamped += u64::from(clamped);
         let (channel, session) = (state.config().channel, state.session());
+        let ours = r.channel == channel && r.session == session;
+        if ours {
+            // One request, at most repair_request_bytes of answer (each
+            // datagram with its recovery header; on multicast, that or
+            // less on each line).
+            let end = r.from_seq.saturating_add(r.count);
+            let (cut, _) = state.repair_extent(
+                r.from_seq,
+                end,
+                limits.repair_request_bytes,
+                RECOVERY_HEADER_LEN as u64,
+            );
+            if cut < end {
+                counters.repair_requests_cut += 1;
+                r.count = cut - r.from_seq;
+            }
+        }
         // What is ours and still in the history may be answered on
         // multicast; the rest goes back by unicast, with its NotAvailable.
-        let r = if r.channel == channel
-            && r.session == session
-            && r.from_seq >= state.oldest_available()
-        {
+        let r = if ours && r.from_seq >= state.oldest_available() {
             let end = r.from_seq.saturating_add(r.count);
+            // No room to queue a multicast retransmit: unicast, as to a
+            // lone subscriber.
+            let subscribers = if self.mcast_jobs.len() < MCAST_JOBS {
+                self.subscribers
+            } else {
+                1
+            };
             match self
                 .planner
-                .on_request(now, c.id, r.from_seq, end, self.subscribers)
+                .on_request(now, c.id, r.from_seq, end, subscribers)
             {
                 RepairDecision::Unicast { from, to } => RetransmitRequest {
                     from_seq: from,
                     count: to - from,
                     ..r
                 },
-                RepairDecision::Multicast { .. } => return,
+                RepairDecision::Multicast { from, to } => {
+                    // The planner's queue is ours: taken here, with who
+                    // caused it, and let out by poll_repair at the pace.
+                    while self.planner.poll_transmit().is_some() {}
+                    let (_, bytes) = state.repair_extent(from, to, u64::MAX, 0);
+                    let cost = bytes * self.cfg.lines as u64;
+                    c.budget.charge(cost);
+                    c.mcast_queued += cost;
+                    self.mcast_jobs.push_back(McastJob {
+                        from,
+                        to,
+                        owner: c.id,
+                        left: cost,
+                    });
+                    return;
+                }
                 RepairDecision::Covered => {
                     counters.repair_requests_covered += 1;
                     return;
@@ -684,7 +849,9 @@ impl RecoveryServer {
         if c.out_pos >= c.outbox.len() {
             c.progress_at = now;
         }
+        let before = c.outbox.len();
         counters.repair_unicast_datagrams += queue_retransmit(state, &r, &mut c.outbox);
+        c.budget.charge((c.outbox.len() - before) as u64);
     }
 
     fn on_snapshot<S: Snapshot + ?Sized>(
@@ -699,8 +866,12 @@ impl RecoveryServer {
             self.counters.snapshots_rate_limited += 1;
             return;
         }
-        if c.outbox.len() > self.cfg.limits.max_outbox_bytes {
+        if Self::outbox_len(c) > self.cfg.limits.max_outbox_bytes as u64 {
             self.counters.requests_dropped += 1;
+            return;
+        }
+        if !c.budget.ready(now) {
+            self.counters.repair_budget_dropped += 1;
             return;
         }
         self.counters.snapshots_served += 1;
@@ -715,6 +886,9 @@ impl RecoveryServer {
         if c.out_pos >= c.outbox.len() {
             c.progress_at = now;
         }
+        // Served whole (a cut snapshot is useless): the budget may go into
+        // debt by one snapshot.
+        c.budget.charge(encoded.len() as u64);
         c.outbox.extend_from_slice(encoded);
     }
 
@@ -945,6 +1119,7 @@ mod tests {
                 snapshot_chunk: 1000,
                 setup_timeout_ns: 50_000,
                 outbox_capacity: 4096,
+                lines: 2,
             },
             key(),
             identity(),
@@ -1187,6 +1362,57 @@ mod tests {
         assert_eq!(k.requests_clamped, 1);
         assert_eq!(k.requests_rate_limited, 1);
         assert_eq!(s.subscribers()[0].requests_received, 4);
+    }
+
+    /// Unicast answers and snapshots draw on one budget per connection; a
+    /// request is answered with at most `repair_request_bytes`.
+    #[test]
+    fn the_repair_budget_covers_answers_and_snapshots() {
+        let mut s = server(RecoveryServerConfig {
+            repair_bytes_per_sec: 1_000,
+            repair_burst_bytes: 1_000,
+            repair_request_bytes: 200,
+            request_burst: 100,
+            snapshot_burst: 10,
+            ..limits()
+        });
+        let mut p = publisher();
+        let id = admit(&mut s, &mut p, 0);
+        let mut sent = 0;
+        for k in 0..10 {
+            // Distinct ranges (a repeat would be a retry within the holdoff).
+            s.on_receive(0, id, &retransmit(1 + 3 * k, 20), &mut p, &App(0));
+            while let Some(b) = s.poll_transmit(id, 4096) {
+                let n = b.len();
+                sent += n;
+                s.transmitted(0, id, n);
+            }
+        }
+        // One answer: a datagram of 34 bytes with its header of 24, three
+        // of them fit 200 bytes.
+        let one = RECOVERY_HEADER_LEN + 34;
+        let k = s.counters();
+        assert_eq!(
+            (k.retransmit_requests, k.repair_requests_cut),
+            (6, 6),
+            "{k:?}"
+        );
+        assert_eq!(k.repair_budget_dropped, 4);
+        assert_eq!(sent, 6 * 3 * one);
+        // The burst, and at most one answer beyond it.
+        assert!(sent <= 1_000 + 200);
+        // Spent: a snapshot waits too.
+        s.on_receive(0, id, &snapshot_request(), &mut p, &App(0));
+        assert_eq!(s.counters().repair_budget_dropped, 5);
+        // A second later the balance is positive: the snapshot is served
+        // whole, and the debt keeps the next requests out.
+        s.on_receive(1_000_000_000, id, &snapshot_request(), &mut p, &App(0));
+        let (_, _, ends) = take(&mut s, id, 4096, 1_000_000_000);
+        assert_eq!((ends, s.counters().snapshots_served), (1, 1));
+        s.on_receive(2_000_000_000, id, &retransmit(1, 1), &mut p, &App(0));
+        assert_eq!(s.counters().repair_budget_dropped, 6);
+        s.on_receive(4_000_000_000, id, &retransmit(1, 1), &mut p, &App(0));
+        assert_eq!(take(&mut s, id, 4096, 0).0, vec![1]);
     }
 
     #[test]

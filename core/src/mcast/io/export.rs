@@ -125,6 +125,8 @@ const PUBLISHER_EXPORTED: &[(&str, PublisherField)] = &[
     ("repair_requests_suppressed", |s| {
         s.repair_requests_suppressed
     }),
+    ("repair_budget_dropped", |s| s.repair_budget_dropped),
+    ("repair_requests_cut", |s| s.repair_requests_cut),
     ("status_reports", |s| s.status_reports),
     ("status_invalid", |s| s.status_invalid),
 ];

@@ -77,6 +77,12 @@ pub struct PublisherIoStats {
     /// Datagrams retransmitted on multicast (a loss several subscribers
     /// shared, see [`crate::mcast::repair`]), each once on every enabled line.
     pub repair_multicast_datagrams: u64,
+    /// Retransmit and snapshot requests dropped because the connection's
+    /// repair budget (`recovery_server.repair_bytes_per_sec`) was spent.
+    pub repair_budget_dropped: u64,
+    /// Retransmit requests whose answer was cut to
+    /// `recovery_server.repair_request_bytes`.
+    pub repair_requests_cut: u64,
     /// Retransmit requests answered by nothing because a multicast
     /// retransmit had just covered them.
     pub repair_requests_covered: u64,
@@ -200,6 +206,7 @@ impl McastPublisher {
                 snapshot_chunk: SNAPSHOT_CHUNK,
                 setup_timeout_ns: PENDING_TIMEOUT.max(cfg.connect_timeout()).as_nanos() as u64,
                 outbox_capacity: RC_MSG_LEN * 4,
+                lines: lines.len(),
             },
             cfg.recovery_key(),
             identity,
@@ -260,6 +267,8 @@ impl McastPublisher {
             clients_stalled: k.clients_stalled,
             repair_unicast_datagrams: k.repair_unicast_datagrams,
             repair_requests_covered: k.repair_requests_covered,
+            repair_budget_dropped: k.repair_budget_dropped,
+            repair_requests_cut: k.repair_requests_cut,
             repair_requests_suppressed: k.repair_requests_suppressed,
             status_reports: k.status_reports,
             status_invalid: k.status_invalid,
@@ -442,7 +451,7 @@ impl McastPublisher {
         }
         self.ud.reclaim()?;
         self.poll_recovery(now, snapshot);
-        self.send_multicast_repairs()?;
+        self.send_multicast_repairs(now)?;
         Ok((self.schedule.counters().datagrams_sent - before) as usize)
     }
 
@@ -507,16 +516,16 @@ impl McastPublisher {
         }
     }
 
-    /// Multicasts the ranges the repair planner chose, from the history (the
-    /// original datagrams, byte for byte), as far as the send ring takes;
-    /// the rest goes on in the next poll. Pacing does not apply: a repair
-    /// replaces datagrams that were paced once already.
-    fn send_multicast_repairs(&mut self) -> Result<(), NetError> {
+    /// Multicasts the datagrams of the repairs the planner chose, from the
+    /// history (the original datagrams, byte for byte), as the server's
+    /// pacing lets them out and the send ring takes them; the rest goes on
+    /// in the next poll.
+    fn send_multicast_repairs(&mut self, now: u64) -> Result<(), NetError> {
         let mut staged = false;
         loop {
             let (from, to) = match self.mcast_repair {
                 Some(r) => r,
-                None => match self.server.poll_repair() {
+                None => match self.server.poll_repair(now, &self.state) {
                     Some(r) => r,
                     None => break,
                 },
