@@ -39,13 +39,18 @@ pub struct RecordArgs {
     /// Default: today in US Eastern time.
     #[arg(long, value_parser = Date::parse)]
     date: Option<Date>,
-    /// Stop after this many seconds (fractions allowed).
+    /// Stop this many seconds after the command starts (fractions allowed), waiting for the
+    /// publishers included: a publisher that never answers ends the command with an error
+    /// when the time is up.
     #[arg(long)]
     duration: Option<f64>,
     /// Progress line on stderr every this many milliseconds (0: none).
     #[arg(long, default_value_t = 1000)]
     progress_ms: u64,
 }
+
+/// Where the kernel lists RDMA devices.
+const RDMA_SYSFS: &str = "/sys/class/infiniband";
 
 /// The `[market_data]` table of `path`, or the whole file when it has none.
 fn load_bus(path: &Path) -> anyhow::Result<McastConfig> {
@@ -95,6 +100,8 @@ pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
     if ids.is_empty() {
         bail!("{} has no channel", args.config.display());
     }
+    // The duration counts from the start: waiting for a publisher is part of it.
+    let start = Instant::now();
     let duration = match args.duration {
         Some(d) if !(d.is_finite() && d > 0.0) => {
             bail!("--duration must be a positive number of seconds")
@@ -105,6 +112,15 @@ pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
         || eastern_midnight_of(unix_now_ns()),
         |d| d.eastern_midnight_unix_ns(),
     );
+    // Without any RDMA device no publisher can ever be reached: say so now instead of
+    // waiting (for ever without --duration).
+    if !std::fs::read_dir(RDMA_SYSFS).is_ok_and(|mut d| d.next().is_some()) {
+        bail!(
+            "no RDMA device ({RDMA_SYSFS} is empty or missing): run where {} is the address \
+             of an RDMA device (`cargo xtask vm`, or `rdma link add`)",
+            args.local
+        );
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))
@@ -130,6 +146,13 @@ pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
                     if stop.load(Ordering::Relaxed) {
                         bail!("stopped before the publisher of channel {id} answered");
                     }
+                    if duration.is_some_and(|d| start.elapsed() >= d) {
+                        bail!(
+                            "the publisher of channel {id} at {} did not answer within \
+                             --duration ({e})",
+                            args.publisher
+                        );
+                    }
                     if !said {
                         said = true;
                         eprintln!(
@@ -148,10 +171,10 @@ pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
         "rocebus record: recording channels {ids:?} to {}; stop with SIGINT or SIGTERM",
         args.output.display()
     );
-    let start = Instant::now();
+    let recording = Instant::now();
     let progress = Duration::from_millis(args.progress_ms);
-    let mut next_progress = start + progress;
-    let mut next_flush = start + Duration::from_secs(1);
+    let mut next_progress = recording + progress;
+    let mut next_flush = recording + Duration::from_secs(1);
     // ORDERING: Relaxed: a flag with no data attached; re-read every pass.
     while !stop.load(Ordering::Relaxed) && duration.is_none_or(|d| start.elapsed() < d) {
         let now = now_ns();

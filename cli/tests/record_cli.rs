@@ -74,3 +74,44 @@ fn record_refuses_a_bad_config_or_channel() {
     let err = run(args(&bad.display().to_string(), &[]));
     assert!(err.contains("bad.toml"), "{err}");
 }
+
+/// `--duration` counts from the start, waiting for publishers included, and a host without an
+/// RDMA device fails at once: `record --duration 1` never waits for ever.
+#[test]
+fn record_with_no_device_or_no_publisher_ends_within_its_duration() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_file = dir.path().join("out.dbn");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/md.toml");
+    let t = std::time::Instant::now();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rocebus"))
+        .args(["record", "--config"])
+        .arg(&example)
+        // TEST-NET-1: no device has it, no publisher answers there.
+        .args([
+            "--local",
+            "192.0.2.1",
+            "--publisher",
+            "192.0.2.2",
+            "--duration",
+            "1",
+            "-o",
+        ])
+        .arg(&out_file)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("record --duration 1 still waits after 20 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("no RDMA device") || err.contains("did not answer within --duration"),
+        "{err}"
+    );
+}
