@@ -338,7 +338,7 @@ impl Session {
     }
 
     /// A well-framed message whose BeginString is not FIX.4.4
-    /// ([`FixError::WrongBeginString`](super::FixError::WrongBeginString)): Logout saying
+    /// ([`FixError::WrongBeginString`](crate::fix::FixError::WrongBeginString)): Logout saying
     /// so, then disconnect (FIX 4.4 Vol. 2 test case 2R; QuickFIX's UnsupportedVersion
     /// answers "Incorrect BeginString"). Its number is not taken: the session ends here.
     pub fn on_wrong_begin_string(&mut self, now: u64, out: &mut Vec<u8>) -> SessionEvent<'static> {
