@@ -56,9 +56,29 @@
 //! gateway's sync policy is group commit only (under `never`/`every_n` a power loss may
 //! lose acknowledged orders by design).
 //!
-//! # Measured
-//! See [`FAULT_NAMES`] for the kinds counted; figures for the default run are in the
-//! repository's README section on the simulator and in the commit that added it.
+//! # Measured (session of issue 40, shared 2-core build host, journal on tmpfs)
+//! 400 steps a seed. Release build (`cargo xtask sim`): about 190–200 seeds/s; debug build
+//! about 35 seeds/s (CI's 200 seeds take some 6 s). Faults injected per 1,000 seeds of
+//! the default run (seeds 0..10,000):
+//!
+//! | fault | per 1,000 seeds |
+//! |---|---:|
+//! | crash (kill -9) | 3,990 |
+//! | crash mid-write: torn write | 404 |
+//! | crash mid-write: power loss | 174 |
+//! | zeroed sector / corrupt byte past durable | 99 / 102 |
+//! | zeroed sector / corrupt byte inside durable | 154 / 149 |
+//! | current segment lost (archives exist) | 34 |
+//! | venue link drop / freeze | 3,246 / 1,652 |
+//! | venue replies delayed / duplicated / reordered | 2,478 / 4,243 / 1,996 |
+//! | engine disconnect | 1,253 |
+//! | clock jump | 1,662 |
+//!
+//! Of those 10,000 seeds, 2,895 ended in a correct refusal and 639 failed, every one on the
+//! journal format of today (the findings of issue 40: damage inside the durable extent or
+//! a lost current segment accepted, damage past the durable point refused; regression
+//! seeds in `tests`). With [`SimConfig::known_journal_limits`], 10,000 seeds (10,000..
+//! 20,000) held every invariant.
 
 mod disk;
 mod net;
