@@ -40,6 +40,12 @@ pub struct SimVenue {
     keep_history: bool,
     /// Orders received, by ClOrdID: (quantity, price), for status answers.
     known: std::collections::HashMap<Vec<u8>, (u64, Vec<u8>)>,
+    /// Orders above this quantity rest (acknowledged, never filled) until canceled (only
+    /// with `keep_history`; see [`SimVenue::rest_above`]).
+    rest_above: Option<u64>,
+    /// ClOrdIDs of resting orders, and of those canceled.
+    resting: std::collections::HashSet<Vec<u8>>,
+    canceled: std::collections::HashSet<Vec<u8>>,
     /// The MsgSeqNum expected next from the gateway (0: none yet; only with `keep_history`).
     next_in: u64,
     /// ClOrdIDs of cancels and replaces received (only with `keep_history`).
@@ -61,6 +67,13 @@ impl SimVenue {
     /// OrderStatusRequests (memory grows with the day: not for benchmarks).
     pub fn keep_history(mut self) -> SimVenue {
         self.keep_history = true;
+        self
+    }
+
+    /// With `keep_history`: an order above `qty` is acknowledged and rests, unfilled, until
+    /// it is canceled (so cancels, cancel-on-disconnect and kill switches find live orders).
+    pub fn rest_above(mut self, qty: u64) -> SimVenue {
+        self.rest_above = Some(qty);
         self
     }
 
@@ -265,6 +278,12 @@ impl SimVenue {
                 // Every order this venue took was filled at once; one it never got is
                 // rejected (OrdStatus 8) with nothing executed.
                 match self.known.get(cl).cloned() {
+                    Some((qty, px)) if self.resting.contains(cl) => {
+                        self.exec(&m, b"I", b"0", 0, 0, qty, &px, now)
+                    }
+                    Some((_, px)) if self.canceled.contains(cl) => {
+                        self.exec(&m, b"I", b"4", 0, 0, 0, &px, now)
+                    }
                     Some((qty, px)) => self.exec(&m, b"I", b"2", 0, qty, 0, &px, now),
                     None => self.exec(&m, b"I", b"8", 0, 0, 0, b"0", now),
                 }
@@ -294,18 +313,36 @@ impl SimVenue {
                 self.orders += 1;
                 let qty = m.uint(tag::ORDER_QTY).unwrap_or(0);
                 let px = m.get(tag::PRICE).unwrap_or(b"0");
+                let mut rests = false;
                 if self.keep_history {
                     let cl = m.get(tag::CL_ORD_ID).unwrap_or(b"0");
                     self.known.insert(cl.to_vec(), (qty, px.to_vec()));
+                    rests = self.rest_above.is_some_and(|r| qty > r);
+                    if rests {
+                        self.resting.insert(cl.to_vec());
+                    }
                 }
                 self.exec(&m, b"0", b"0", 0, 0, qty, px, now);
-                self.exec(&m, b"F", b"2", qty, qty, 0, px, now);
+                if !rests {
+                    self.exec(&m, b"F", b"2", qty, qty, 0, px, now);
+                }
+            }
+            b"F" if self
+                .resting
+                .contains(m.get(tag::ORIG_CL_ORD_ID).unwrap_or(b"")) =>
+            {
+                let orig = m.get(tag::ORIG_CL_ORD_ID).unwrap_or(b"").to_vec();
+                self.resting.remove(&orig);
+                self.canceled.insert(orig);
+                self.exec(&m, b"4", b"4", 0, 0, 0, b"0", now);
             }
             b"F" | b"G" if self.keep_history => {
-                // Every order was filled at once: too late to cancel or replace (FIX 4.4
-                // OrderCancelReject, CxlRejReason 0), or an order it never had (1).
+                // Filled or canceled already: too late to cancel (FIX 4.4 OrderCancelReject,
+                // CxlRejReason 0; replaces are not supported); an order it never had (1).
                 let orig = m.get(tag::ORIG_CL_ORD_ID).unwrap_or(b"0");
-                let (status, reason): (&[u8], &[u8]) = if self.known.contains_key(orig) {
+                let (status, reason): (&[u8], &[u8]) = if self.canceled.contains(orig) {
+                    (b"4", b"0")
+                } else if self.known.contains_key(orig) {
                     (b"2", b"0")
                 } else {
                     (b"8", b"1")

@@ -28,6 +28,9 @@
 //!   swapped: a gap that fills itself, which a TCP stream cannot do but a venue's sender
 //!   can), or frozen for up to 20 s (the session's TestRequest must notice). The venue
 //!   serves ResendRequests and answers OrderStatusRequests.
+//! - **The venue** acknowledges every order; those above [`REST_ABOVE`] shares rest
+//!   until canceled, the others fill at once (so cancels, cancel-on-disconnect and kill
+//!   switches meet live orders, and cancels race fills).
 //! - **Engines** disconnect (cancel-on-disconnect) and log on again with their last response
 //!   number; after a gateway restart every engine is disconnected and logs on again within
 //!   0–8 s (the restart's cancel-on-disconnect deadline is 5 s).
@@ -52,7 +55,8 @@
 //! # Not injected in phase A
 //! EIO/ENOSPC on write, fsync, rename, link and directory sync, misdirected writes and
 //! damage to archived segments need a storage trait inside the journal (phase B). The venue
-//! always fills at once, so partial fills, replaces and trade busts are not exercised; the
+//! never fills partially and does not take replaces or bust trades, so those paths are not
+//! exercised; the
 //! gateway's sync policy is group commit only (under `never`/`every_n` a power loss may
 //! lose acknowledged orders by design).
 //!
@@ -93,7 +97,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use zerocopy::IntoBytes;
 
-pub use net::{Net, NetFaults, SimLink, VenueRecord};
+pub use net::{Net, NetFaults, SimLink, VenueRecord, REST_ABOVE};
 
 use crate::client::Client;
 use crate::driver::FixDriver;
@@ -618,6 +622,27 @@ impl World {
         self.flush()
     }
 
+    /// Every engine cancels every order it holds open (at the end: resting orders end so).
+    fn cancel_all_open(&mut self) -> Result<(), String> {
+        let now = self.now();
+        for i in 0..self.engines.len() {
+            let mut open: Vec<u64> = self.engines[i]
+                .client
+                .orders()
+                .filter(|(_, o)| !o.state.is_final())
+                .map(|(id, _)| id)
+                .collect();
+            open.sort_unstable();
+            for cl in open {
+                let e = &mut self.engines[i];
+                let c = e.client.cancel(cl);
+                let id = e.id;
+                self.driver().stage_engine_message(id, c.as_bytes(), now);
+            }
+        }
+        self.flush()
+    }
+
     fn engine_disconnect(&mut self) -> Result<(), String> {
         let Some(i) = self.pick_engine() else {
             return Ok(());
@@ -918,9 +943,14 @@ impl World {
             (n.delay_ppm, n.dup_ppm, n.reorder_ppm) = (0, 0, 0);
         }
         let mut quiet = false;
-        for _ in 0..3_000 {
+        for turn in 0..3_000 {
             self.advance(10_000_000);
             self.reconnect_engines(true)?;
+            let active = self.driver().gateway().session().state() == SessionState::Active;
+            if active && turn % 50 == 0 {
+                // Orders resting at the venue end when their engine cancels them.
+                self.cancel_all_open()?;
+            }
             self.poll()?;
             self.check_venue()?;
             let gw = self.driver.as_ref().expect("a running gateway").gateway();

@@ -18,6 +18,9 @@ use crate::driver::{LinkRead, VenueLink};
 use crate::fix::{split_frame, tag, Message};
 use crate::sim::SimVenue;
 
+/// Orders above this quantity rest at the simulated venue until canceled.
+pub const REST_ABOVE: u64 = 70;
+
 /// The venue's view of the gateway, kept across gateway restarts.
 #[derive(Debug, Default)]
 pub struct VenueRecord {
@@ -80,9 +83,12 @@ impl VenueRecord {
         }
     }
 
-    /// The venue fills every order it takes, at once.
+    /// The venue fills every order it takes at once, except those that rest.
     fn fill(&mut self, m: &Message<'_>) {
         let qty = m.uint(tag::ORDER_QTY).unwrap_or(0) as i64;
+        if qty > REST_ABOVE as i64 {
+            return;
+        }
         let sign = if m.get(tag::SIDE) == Some(b"1") {
             1
         } else {
@@ -136,7 +142,7 @@ impl Net {
     /// A closed network at `now`.
     pub fn new(now: u64, rng: ChaCha8Rng) -> Net {
         Net {
-            venue: SimVenue::new().keep_history(),
+            venue: SimVenue::new().keep_history().rest_above(REST_ABOVE),
             now,
             up: false,
             to_gw: VecDeque::new(),

@@ -94,3 +94,11 @@ fn seed_1078_an_empty_current_segment_is_refused() {
 fn seed_1160_a_missing_current_segment_is_refused() {
     run_seed(1160, &SimConfig::default()).unwrap();
 }
+
+/// Found by the simulator once the venue let orders rest: a cancel the venue answered
+/// Canceled stayed pending on the done order for ever, so the operator's status counted
+/// it unanswered (and the run never settled). Fixed in the gateway's `close_canceled`.
+#[test]
+fn seed_0_a_cancel_answered_canceled_is_no_longer_pending() {
+    run_seed(0, &SimConfig::known_journal_limits()).unwrap();
+}
