@@ -61,24 +61,24 @@
 //! lose acknowledged orders by design).
 //!
 //! # Measured (session of issue 40, shared 2-core build host, journal on tmpfs)
-//! 400 steps a seed. Release build (`cargo xtask sim`): about 190–200 seeds/s; debug build
+//! 400 steps a seed. Release build (`cargo xtask sim`): 250–310 seeds/s; debug build
 //! about 35 seeds/s (CI's 200 seeds take some 6 s). Faults injected per 1,000 seeds of
 //! the default run (seeds 0..10,000):
 //!
 //! | fault | per 1,000 seeds |
 //! |---|---:|
-//! | crash (kill -9) | 3,990 |
-//! | crash mid-write: torn write | 404 |
+//! | crash (kill -9) | 3,997 |
+//! | crash mid-write: torn write | 403 |
 //! | crash mid-write: power loss | 174 |
 //! | zeroed sector / corrupt byte past durable | 99 / 102 |
-//! | zeroed sector / corrupt byte inside durable | 154 / 149 |
+//! | zeroed sector / corrupt byte inside durable | 152 / 147 |
 //! | current segment lost (archives exist) | 34 |
-//! | venue link drop / freeze | 3,246 / 1,652 |
-//! | venue replies delayed / duplicated / reordered | 2,478 / 4,243 / 1,996 |
-//! | engine disconnect | 1,253 |
-//! | clock jump | 1,662 |
+//! | venue link drop / freeze | 3,256 / 1,663 |
+//! | venue replies delayed / duplicated / reordered | 2,576 / 4,121 / 1,724 |
+//! | engine disconnect | 1,255 |
+//! | clock jump | 1,668 |
 //!
-//! Of those 10,000 seeds, 2,895 ended in a correct refusal and 639 failed, every one on the
+//! Of those 10,000 seeds, 2,855 ended in a correct refusal and 632 failed, every one on the
 //! journal format of today (the findings of issue 40: damage inside the durable extent or
 //! a lost current segment accepted, damage past the durable point refused; regression
 //! seeds in `tests`). With [`SimConfig::known_journal_limits`], 10,000 seeds (10,000..
