@@ -77,6 +77,7 @@
 //! | venue replies delayed / duplicated / reordered | 2,576 / 4,121 / 1,724 |
 //! | engine disconnect | 1,255 |
 //! | clock jump | 1,668 |
+//! | kill switch acknowledged (an operator action, not a fault) | 541 |
 //!
 //! Of those 10,000 seeds, 2,855 ended in a correct refusal and 632 failed, every one on the
 //! journal format of today (the findings of issue 40: damage inside the durable extent or
@@ -109,7 +110,7 @@ use crate::risk::{KillScope, RiskConfig};
 use disk::Damage;
 
 /// Kinds of fault counted, in the order of [`SeedReport::faults`].
-pub const FAULT_NAMES: [&str; 15] = [
+pub const FAULT_NAMES: [&str; 16] = [
     "crash (kill -9)",
     "crash mid-write: torn write",
     "crash mid-write: power loss",
@@ -125,6 +126,7 @@ pub const FAULT_NAMES: [&str; 15] = [
     "venue messages reordered",
     "engine disconnect",
     "clock jump",
+    "kill switch acknowledged",
 ];
 const CRASH: usize = 0;
 const TORN: usize = 1;
@@ -141,6 +143,7 @@ const DUPLICATE: usize = 11;
 const REORDER: usize = 12;
 const ENGINE_DISCONNECT: usize = 13;
 const CLOCK_JUMP: usize = 14;
+const KILL: usize = 15;
 
 /// Journal segments this small rotate every few dozen orders, so archives exist.
 const SEGMENT_BYTES: u64 = 16 << 10;
@@ -696,6 +699,7 @@ impl World {
             .driver()
             .operator_command(|gw, out| gw.set_kill(KillScope::Account(account), true, now, out));
         if r.is_ok() {
+            self.report.faults[KILL] += 1;
             self.kills.push(account);
         }
         self.flush()
