@@ -4,7 +4,9 @@
 //! behind a faulty [`SimLink`]) and a simulated clock, all drawn from one seed
 //! (`rand_chacha`). Nothing in a run reads the wall clock: the driver takes `now` from the
 //! simulator ([`FixDriver::poll_with`], [`FixDriver::poll_connect_at`]), and so does the
-//! venue ([`SimVenue::set_now`](crate::sim::SimVenue::set_now)). A failing seed prints the
+//! venue ([`SimVenue::set_now`](crate::sim::SimVenue::set_now)); the driver's remaining
+//! `Instant` reads time its degraded-mode probe (phase A never fails a write) and its
+//! rotation statistics, neither of which a run's decisions depend on. A failing seed prints the
 //! one line that replays it: `cargo xtask sim --seed S`.
 //!
 //! This module owns the simulated world and its checks; it must not change what the
@@ -292,6 +294,8 @@ struct World {
 
 /// Runs one seed; `Err` names the first broken invariant.
 pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, Box<Failure>> {
+    // tmpfs where there is one: group commit syncs every batch, and what is simulated is
+    // the disk's lies, not its speed (failing seeds leave their files there to inspect).
     let base = if Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")
     } else {
