@@ -771,6 +771,12 @@ impl<L: VenueLink> FixDriver<L> {
     /// Logon was sent), `Ok(false)` while it goes on or when none is under way, an error
     /// when the attempt failed or timed out.
     pub fn poll_connect(&mut self) -> Result<bool, DriverError> {
+        self.poll_connect_at(unix_nanos())
+    }
+
+    /// [`poll_connect`](Self::poll_connect) at `now` (the Logon's SendingTime and the
+    /// session's timers start from it).
+    pub fn poll_connect_at(&mut self, now: u64) -> Result<bool, DriverError> {
         if !self.opening {
             return Ok(false);
         }
@@ -778,7 +784,7 @@ impl<L: VenueLink> FixDriver<L> {
             Ok(false) => Ok(false),
             Ok(true) => {
                 self.opening = false;
-                self.gw.on_connect(unix_nanos(), &mut self.out);
+                self.gw.on_connect(now, &mut self.out);
                 self.flush()?;
                 Ok(true)
             }
@@ -968,7 +974,7 @@ impl<L: VenueLink> FixDriver<L> {
                     self.gw.on_disconnect();
                     break;
                 }
-                self.read_venue(Duration::from_millis(10));
+                self.read_venue(Duration::from_millis(10), unix_nanos());
                 self.flush_into(&mut deliver)?;
                 if self.gw.session().state() == SessionState::Disconnected {
                     report.logout_answered = true;
@@ -993,7 +999,7 @@ impl<L: VenueLink> FixDriver<L> {
     /// engine responses for [`take_engine_responses`](Self::take_engine_responses).
     pub fn poll(&mut self, timeout: Duration) -> Result<(), DriverError> {
         if self.link.is_open() {
-            self.read_venue(timeout.max(Duration::from_micros(10)));
+            self.read_venue(timeout.max(Duration::from_micros(10)), unix_nanos());
         } else {
             std::thread::sleep(timeout);
         }
@@ -1015,7 +1021,7 @@ impl<L: VenueLink> FixDriver<L> {
                 tracing::warn!(venue = %self.link.describe(), error = %e, "venue link dropped");
                 self.gw.on_disconnect();
             }
-            self.read_venue(Duration::ZERO)
+            self.read_venue(Duration::ZERO, now)
         } else {
             0
         };
@@ -1025,11 +1031,10 @@ impl<L: VenueLink> FixDriver<L> {
         Ok(n)
     }
 
-    fn read_venue(&mut self, wait: Duration) -> usize {
+    fn read_venue(&mut self, wait: Duration, now: u64) -> usize {
         match self.link.read(&mut self.rbuf, wait) {
             LinkRead::Data(n) => {
-                self.gw
-                    .on_fix_bytes(&self.rbuf[..n], unix_nanos(), &mut self.out);
+                self.gw.on_fix_bytes(&self.rbuf[..n], now, &mut self.out);
                 n
             }
             LinkRead::Idle => 0,

@@ -34,6 +34,7 @@ pub mod market;
 pub mod risk;
 pub mod service;
 pub mod sim;
+pub mod simulator;
 
 // The engine protocol is its own crate (an engine embeds it without the gateway); the
 // gateway keeps the old paths.

@@ -3,7 +3,12 @@
 //! is acknowledged (ExecType New) and completely filled at its limit price in the same
 //! reply; a cancel or replace of an order it still knows is answered Canceled/Replaced.
 //! Logon, TestRequest and Logout get their session answers; its sequence numbers go on
-//! across reconnects (it does not serve ResendRequests).
+//! across reconnects. With [`SimVenue::keep_history`] (the deterministic simulator,
+//! [`crate::simulator`]) it also serves ResendRequests (execution reports again with
+//! PossDupFlag=Y, session messages as a gap fill) and answers OrderStatusRequests, and
+//! [`SimVenue::set_now`] gives it a clock other than the wall clock. In that mode it also
+//! asks for a resend when the gateway's MsgSeqNum jumps (messages lost on the way) and
+//! takes a PossDupFlag=Y order, cancel or replace only if it never had its ClOrdID.
 //!
 //! It exists for the gateway round-trip benchmark (`rocebus-bench gateway-rtt`), where it
 //! stands in for the venue so the figure is ours: engine → RC → risk → journal → FIX encode
@@ -30,6 +35,23 @@ pub struct SimVenue {
     /// Frames received that did not parse (should stay zero).
     malformed: u64,
     orders: u64,
+    /// Every message sent, by MsgSeqNum - 1 (only with `keep_history`).
+    sent: Vec<Vec<u8>>,
+    keep_history: bool,
+    /// Orders received, by ClOrdID: (quantity, price), for status answers.
+    known: std::collections::HashMap<Vec<u8>, (u64, Vec<u8>)>,
+    /// Orders above this quantity rest (acknowledged, never filled) until canceled (only
+    /// with `keep_history`; see [`SimVenue::rest_above`]).
+    rest_above: Option<u64>,
+    /// ClOrdIDs of resting orders, and of those canceled.
+    resting: std::collections::HashSet<Vec<u8>>,
+    canceled: std::collections::HashSet<Vec<u8>>,
+    /// The MsgSeqNum expected next from the gateway (0: none yet; only with `keep_history`).
+    next_in: u64,
+    /// ClOrdIDs of cancels and replaces received (only with `keep_history`).
+    changes: std::collections::HashSet<Vec<u8>>,
+    /// The clock set by [`SimVenue::set_now`]; the wall clock when `None`.
+    now: Option<u64>,
 }
 
 impl SimVenue {
@@ -39,6 +61,112 @@ impl SimVenue {
             pending: Vec::with_capacity(1 << 16),
             ..SimVenue::default()
         }
+    }
+
+    /// Keeps every message sent, to serve ResendRequests, and every order, to answer
+    /// OrderStatusRequests (memory grows with the day: not for benchmarks).
+    pub fn keep_history(mut self) -> SimVenue {
+        self.keep_history = true;
+        self
+    }
+
+    /// With `keep_history`: an order above `qty` is acknowledged and rests, unfilled, until
+    /// it is canceled (so cancels, cancel-on-disconnect and kill switches find live orders).
+    pub fn rest_above(mut self, qty: u64) -> SimVenue {
+        self.rest_above = Some(qty);
+        self
+    }
+
+    /// The time the venue stamps its messages with from now on (a simulated clock).
+    pub fn set_now(&mut self, now: u64) {
+        self.now = Some(now);
+    }
+
+    /// A copy of `frame` (one this venue sent) marked PossDupFlag=Y with OrigSendingTime,
+    /// as a resend carries it.
+    pub fn poss_dup_copy(frame: &[u8], now: u64) -> Option<Vec<u8>> {
+        let m = Message::parse(frame).ok()?;
+        let mut w = MessageWriter::default();
+        w.start(m.msg_type())
+            .field(tag::SENDER_COMP_ID, m.get(tag::SENDER_COMP_ID)?)
+            .field(tag::TARGET_COMP_ID, m.get(tag::TARGET_COMP_ID)?)
+            .uint(tag::MSG_SEQ_NUM, m.seq()?)
+            .field(tag::POSS_DUP_FLAG, b"Y")
+            .timestamp(tag::SENDING_TIME, now)
+            .field(tag::ORIG_SENDING_TIME, m.get(tag::SENDING_TIME)?);
+        for (t, v) in m.fields().flatten() {
+            if !matches!(t, 8 | 9 | 10 | 35 | 49 | 56 | 34 | 43 | 52 | 122) {
+                w.field(t, v);
+            }
+        }
+        let mut out = Vec::new();
+        w.finish(&mut out);
+        Some(out)
+    }
+
+    /// Moves what the last call wrote into `pending` to the history.
+    fn keep(&mut self, from: usize) {
+        if !self.keep_history {
+            return;
+        }
+        let mut rest = &self.pending[from..];
+        while let Ok(n) = split_frame(rest) {
+            if n == 0 || n > rest.len() {
+                break;
+            }
+            // Resent copies and gap fills keep the numbers of the originals.
+            if !Message::parse(&rest[..n]).is_ok_and(|m| m.poss_dup()) {
+                self.sent.push(rest[..n].to_vec());
+            }
+            rest = &rest[n..];
+        }
+    }
+
+    fn resend(&mut self, m: &Message<'_>, now: u64) {
+        let begin = m.uint(tag::BEGIN_SEQ_NO).unwrap_or(1).max(1);
+        let end = match m.uint(tag::END_SEQ_NO).unwrap_or(0) {
+            0 => self.sent.len() as u64,
+            e => e.min(self.sent.len() as u64),
+        };
+        let mut seq = begin;
+        while seq <= end {
+            let frame = &self.sent[(seq - 1) as usize];
+            let app = Message::parse(frame).is_ok_and(|f| matches!(f.msg_type(), b"8" | b"9"));
+            if app {
+                if let Some(copy) = SimVenue::poss_dup_copy(frame, now) {
+                    self.pending.extend_from_slice(&copy);
+                }
+                seq += 1;
+                continue;
+            }
+            // Session messages are not resent: one gap fill up to the next report.
+            let mut next = seq + 1;
+            while next <= end
+                && !Message::parse(&self.sent[(next - 1) as usize])
+                    .is_ok_and(|f| matches!(f.msg_type(), b"8" | b"9"))
+            {
+                next += 1;
+            }
+            let sender = m.get(tag::TARGET_COMP_ID).unwrap_or(b"VENUE");
+            let target = m.get(tag::SENDER_COMP_ID).unwrap_or(b"GW");
+            self.writer
+                .start(b"4")
+                .field(tag::SENDER_COMP_ID, sender)
+                .field(tag::TARGET_COMP_ID, target)
+                .uint(tag::MSG_SEQ_NUM, seq)
+                .field(tag::POSS_DUP_FLAG, b"Y")
+                .timestamp(tag::SENDING_TIME, now)
+                .timestamp(tag::ORIG_SENDING_TIME, now)
+                .field(tag::GAP_FILL_FLAG, b"Y")
+                .uint(tag::NEW_SEQ_NO, next);
+            self.writer.finish(&mut self.pending);
+            seq = next;
+        }
+    }
+
+    /// Messages sent and kept for resends (with `keep_history`).
+    pub fn sent_len(&self) -> usize {
+        self.sent.len()
     }
 
     /// NewOrderSingles received.
@@ -105,7 +233,61 @@ impl SimVenue {
             self.malformed += 1;
             return;
         };
+        let from = self.pending.len();
+        if !self.keep_history || self.in_sequence(&m, now) {
+            self.answer(&m, now);
+        }
+        self.keep(from);
+    }
+
+    /// Sequence rules of a venue that keeps history: a jump in the gateway's numbers gets a
+    /// ResendRequest for the missing ones; a resent order, cancel or replace it already
+    /// had is not taken again. False: drop the message.
+    fn in_sequence(&mut self, m: &Message<'_>, now: u64) -> bool {
+        let seq = m.seq().unwrap_or(0);
+        if m.poss_dup() {
+            let cl = m.get(tag::CL_ORD_ID).unwrap_or(b"");
+            return match m.msg_type() {
+                b"D" => !self.known.contains_key(cl),
+                b"F" | b"G" => !self.changes.contains(cl),
+                b"4" | b"2" | b"0" | b"1" | b"5" | b"A" => false,
+                _ => true,
+            };
+        }
+        if self.next_in > 0 && seq > self.next_in {
+            self.header(b"2", m, now);
+            self.writer
+                .uint(tag::BEGIN_SEQ_NO, self.next_in)
+                .uint(tag::END_SEQ_NO, seq - 1);
+            self.writer.finish(&mut self.pending);
+        }
+        self.next_in = self.next_in.max(seq + 1);
+        if matches!(m.msg_type(), b"F" | b"G") {
+            let cl = m.get(tag::CL_ORD_ID).unwrap_or(b"");
+            self.changes.insert(cl.to_vec());
+        }
+        true
+    }
+
+    fn answer(&mut self, m: &Message<'_>, now: u64) {
+        let m = *m;
         match m.msg_type() {
+            b"2" if self.keep_history => self.resend(&m, now),
+            b"H" if self.keep_history => {
+                let cl = m.get(tag::CL_ORD_ID).unwrap_or(b"0");
+                // Every order this venue took was filled at once; one it never got is
+                // rejected (OrdStatus 8) with nothing executed.
+                match self.known.get(cl).cloned() {
+                    Some((qty, px)) if self.resting.contains(cl) => {
+                        self.exec(&m, b"I", b"0", 0, 0, qty, &px, now)
+                    }
+                    Some((_, px)) if self.canceled.contains(cl) => {
+                        self.exec(&m, b"I", b"4", 0, 0, 0, &px, now)
+                    }
+                    Some((qty, px)) => self.exec(&m, b"I", b"2", 0, qty, 0, &px, now),
+                    None => self.exec(&m, b"I", b"8", 0, 0, 0, b"0", now),
+                }
+            }
             b"A" => {
                 // Sequence numbers last for the simulator's life, as a venue's last for the
                 // day: a gateway that reconnects continues where it was.
@@ -131,8 +313,50 @@ impl SimVenue {
                 self.orders += 1;
                 let qty = m.uint(tag::ORDER_QTY).unwrap_or(0);
                 let px = m.get(tag::PRICE).unwrap_or(b"0");
+                let mut rests = false;
+                if self.keep_history {
+                    let cl = m.get(tag::CL_ORD_ID).unwrap_or(b"0");
+                    self.known.insert(cl.to_vec(), (qty, px.to_vec()));
+                    rests = self.rest_above.is_some_and(|r| qty > r);
+                    if rests {
+                        self.resting.insert(cl.to_vec());
+                    }
+                }
                 self.exec(&m, b"0", b"0", 0, 0, qty, px, now);
-                self.exec(&m, b"F", b"2", qty, qty, 0, px, now);
+                if !rests {
+                    self.exec(&m, b"F", b"2", qty, qty, 0, px, now);
+                }
+            }
+            b"F" if self
+                .resting
+                .contains(m.get(tag::ORIG_CL_ORD_ID).unwrap_or(b"")) =>
+            {
+                let orig = m.get(tag::ORIG_CL_ORD_ID).unwrap_or(b"").to_vec();
+                self.resting.remove(&orig);
+                self.canceled.insert(orig);
+                self.exec(&m, b"4", b"4", 0, 0, 0, b"0", now);
+            }
+            b"F" | b"G" if self.keep_history => {
+                // Filled or canceled already: too late to cancel (FIX 4.4 OrderCancelReject,
+                // CxlRejReason 0; replaces are not supported); an order it never had (1).
+                let orig = m.get(tag::ORIG_CL_ORD_ID).unwrap_or(b"0");
+                let (status, reason): (&[u8], &[u8]) = if self.canceled.contains(orig) {
+                    (b"4", b"0")
+                } else if self.known.contains_key(orig) {
+                    (b"2", b"0")
+                } else {
+                    (b"8", b"1")
+                };
+                let to: &[u8] = if m.msg_type() == b"F" { b"1" } else { b"2" };
+                self.header(b"9", &m, now);
+                self.writer
+                    .field(tag::ORDER_ID, orig)
+                    .field(tag::CL_ORD_ID, m.get(tag::CL_ORD_ID).unwrap_or(b"0"))
+                    .field(tag::ORIG_CL_ORD_ID, orig)
+                    .field(tag::ORD_STATUS, status)
+                    .field(tag::CXL_REJ_RESPONSE_TO, to)
+                    .field(102, reason);
+                self.writer.finish(&mut self.pending);
             }
             b"F" => self.exec(&m, b"4", b"4", 0, 0, 0, b"0", now),
             b"G" => {
@@ -183,7 +407,7 @@ impl VenueLink for SimVenue {
         if !self.open {
             return Err(io::ErrorKind::NotConnected.into());
         }
-        let now = unix_nanos();
+        let now = self.now.unwrap_or_else(unix_nanos);
         // The gateway writes whole frames; anything else is counted and dropped.
         while !bytes.is_empty() {
             match split_frame(bytes) {

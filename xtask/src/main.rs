@@ -182,6 +182,25 @@ enum Cmd {
         #[arg(long, requires = "trixie")]
         mirror: Option<String>,
     },
+    /// The deterministic simulator (order-gateway's `simulator` module), release build:
+    /// the gateway against simulated engines, venue, network, disk damage and clock.
+    ///
+    /// Prints one replay line per failing seed, seeds/second and the faults injected per
+    /// 1,000 seeds; fails if any seed broke an invariant.
+    Sim {
+        /// Replay this one seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Number of seeds to run from --base.
+        #[arg(long, default_value_t = 10_000)]
+        seeds: u64,
+        /// First seed of a --seeds run.
+        #[arg(long, default_value_t = 0)]
+        base: u64,
+        /// Only the faults today's journal format is known to handle (what CI runs).
+        #[arg(long)]
+        known_journal_limits: bool,
+    },
     /// Run every cargo-fuzz target for a bounded time (installs cargo-fuzz if missing).
     Fuzz {
         /// Seconds of fuzzing per target.
@@ -295,6 +314,46 @@ fn run() -> Result<()> {
                 check_build::debian(&root, "trixie", mirror.as_deref())?;
             } else {
                 check_build::host(&root, false)?;
+            }
+        }
+        Cmd::Sim {
+            seed,
+            seeds,
+            base,
+            known_journal_limits,
+        } => {
+            let mut args = vec![
+                "run".to_owned(),
+                "--release".into(),
+                "-q".into(),
+                "-p".into(),
+                "order-gateway".into(),
+                "--bin".into(),
+                "order-gateway-sim".into(),
+                "--".into(),
+            ];
+            match seed {
+                Some(s) => args.extend(["--seed".into(), s.to_string()]),
+                None => args.extend([
+                    "--seeds".into(),
+                    seeds.to_string(),
+                    "--base".into(),
+                    base.to_string(),
+                ]),
+            }
+            if known_journal_limits {
+                args.push("--known-journal-limits".into());
+            }
+            let status =
+                std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+                    .args(&args)
+                    .current_dir(&root)
+                    .status()
+                    .context("run cargo for the simulator")?;
+            if !status.success() {
+                anyhow::bail!(
+                    "the simulator found broken invariants: replay a seed with the line it printed"
+                );
             }
         }
         Cmd::Fuzz { seconds, target } => {

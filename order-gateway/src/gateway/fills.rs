@@ -335,6 +335,11 @@ impl Gateway {
         };
         let left = o.params.qty.saturating_sub(o.cum_qty);
         o.status = OrderStatus::Done;
+        // A pending cancel is answered by this (else it counted as unanswered for ever); a
+        // pending replace still gets the venue's reject, which tells the engine it failed.
+        if matches!(o.pending, Some((_, Change::Cancel))) {
+            o.pending = None;
+        }
         self.open_orders -= 1;
         let p = o.params;
         self.risk.on_order_done(&p, left);

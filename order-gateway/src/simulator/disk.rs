@@ -1,0 +1,61 @@
+//! Damage to the journal files between a crash and the restart, as a disk that lies would
+//! leave them (TigerBeetle's storage fault model, phase A: what can be done to the files
+//! from outside the journal code).
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+/// What was done to the journal, and what the restart must therefore do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Damage {
+    /// Nothing, or only bytes past the durable point (the start must accept the journal).
+    Cuttable,
+    /// Bytes inside the durable extent, or the current segment lost while archives exist:
+    /// the start must be refused.
+    MustRefuse(String),
+}
+
+/// Sector size of the damage.
+const SECTOR: u64 = 512;
+
+/// Zeroes the sector holding a byte drawn in `[from, to)`, clipped to that range (`false`
+/// if those bytes were all zero already: no damage).
+pub fn zero_sector(path: &Path, from: u64, to: u64, rng: &mut ChaCha8Rng) -> io::Result<bool> {
+    let at = rng.gen_range(from..to);
+    let start = (at / SECTOR * SECTOR).max(from);
+    let end = ((at / SECTOR + 1) * SECTOR).min(to);
+    let f = OpenOptions::new().read(true).write(true).open(path)?;
+    let mut buf = vec![0u8; (end - start) as usize];
+    f.read_exact_at(&mut buf, start)?;
+    if buf.iter().all(|b| *b == 0) {
+        return Ok(false);
+    }
+    f.write_all_at(&vec![0u8; buf.len()], start)?;
+    Ok(true)
+}
+
+/// Flips bits of one byte drawn in `[from, to)`; returns its offset.
+pub fn corrupt_byte(path: &Path, from: u64, to: u64, rng: &mut ChaCha8Rng) -> io::Result<u64> {
+    let at = rng.gen_range(from..to);
+    let f = OpenOptions::new().read(true).write(true).open(path)?;
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at)?;
+    b[0] ^= rng.gen_range(1..=255u8);
+    f.write_all_at(&b, at)?;
+    Ok(at)
+}
+
+/// Cuts the file to `len` bytes.
+pub fn cut(path: &Path, len: u64) -> io::Result<()> {
+    OpenOptions::new().write(true).open(path)?.set_len(len)
+}
+
+/// The length of the file (0 if it is missing).
+pub fn len(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}

@@ -1,0 +1,1080 @@
+//! The deterministic simulator (phase A of issue 40): the shipped gateway — [`FixDriver`],
+//! [`Gateway`](crate::gateway::Gateway) and the real [`journal`](crate::journal) on real
+//! files — against simulated engines, a simulated venue ([`SimVenue`](crate::sim::SimVenue)
+//! behind a faulty [`SimLink`]) and a simulated clock, all drawn from one seed
+//! (`rand_chacha`). Nothing in a run reads the wall clock: the driver takes `now` from the
+//! simulator ([`FixDriver::poll_with`], [`FixDriver::poll_connect_at`]), and so does the
+//! venue ([`SimVenue::set_now`](crate::sim::SimVenue::set_now)); the driver's remaining
+//! `Instant` reads time its degraded-mode probe (phase A never fails a write) and its
+//! rotation statistics, neither of which a run's decisions depend on. A failing seed prints the
+//! one line that replays it: `cargo xtask sim --seed S`.
+//!
+//! This module owns the simulated world and its checks; it must not change what the
+//! gateway decides, and it reaches the journal only through its files and public API.
+//!
+//! # Fault model
+//! - **Crashes at any step**: the driver is dropped without a stop (kill -9) and a new one
+//!   is built from the files ([`FixDriver::with_link`]). Half of them happen in the middle of
+//!   a batch: its write reached the disk partly (a torn write, cut at any byte between the
+//!   journal's end before the batch and its end), or not at all (a power loss under group
+//!   commit: cut back to the durable point), and nothing of it reached the venue or an
+//!   engine. The sync policy is drawn per seed ([`sync_policy`]: group commit for three
+//!   seeds in four, else `every_n` or `never`, where a torn batch leaves orders in doubt
+//!   for the logon's status requests).
+//! - **Disk damage between crash and restart**, on the journal files in a per-seed
+//!   directory, with the durable point learnt from [`FixDriver::journal_durable_len`]: a zeroed
+//!   sector or a corrupted byte past the durable point (the start must accept the journal:
+//!   only a torn tail is cut); a zeroed sector or a corrupted byte inside the durable extent,
+//!   and a missing, empty or bare-magic current segment while archives exist (the start must
+//!   be refused, with an error naming the journal, never silently shortened: counted as
+//!   "refused correctly", and the seed ends there).
+//! - **Network**: the link drops (what is on the wire is lost); the venue's replies are
+//!   delayed, duplicated (a copy with PossDupFlag=Y), reordered (two adjacent messages
+//!   swapped: a gap that fills itself, which a TCP stream cannot do but a venue's sender
+//!   can), or frozen for up to 20 s (the session's TestRequest must notice). The venue
+//!   serves ResendRequests and answers OrderStatusRequests.
+//! - **The venue** acknowledges every order; those above [`REST_ABOVE`] shares rest
+//!   until canceled, the others fill at once (so cancels, cancel-on-disconnect and kill
+//!   switches meet live orders, and cancels race fills).
+//! - **Engines** disconnect (cancel-on-disconnect) and log on again with their last response
+//!   number; after a gateway restart every engine is disconnected and logs on again within
+//!   0–8 s (the restart's cancel-on-disconnect deadline is 5 s).
+//! - **Clock**: jumps of 5 s to 5 min forward (heartbeats, test requests, deadlines).
+//! - **Operator**: an account kill switch, journaled before it is acknowledged.
+//!
+//! # Invariants (checked after every restart, every step for the venue's, and at the end)
+//! - An order acknowledged to an engine is never lost: after every restart the gateway
+//!   knows it (or retired it done at a checkpoint), one the engine saw final is final there,
+//!   and at the end every acknowledged order has reached its final state at its engine.
+//! - No ClOrdID and no MsgSeqNum is used twice at the venue (the venue's record lives
+//!   across restarts; PossDup resends excepted).
+//! - Every response reaches its engine exactly once: responses are numbered per engine and
+//!   each engine must see 1, 2, 3, … across reconnects and restarts, by the gateway's replay
+//!   ([`Gateway::responses_after`](crate::gateway::Gateway::responses_after)); a gateway that
+//!   no longer has a response the engine saw fails.
+//! - Positions equal the sum of fills: at the end, the gateway's position per account
+//!   equals what the engine was told and what the venue filled; open notional is zero once
+//!   no order is open.
+//! - A kill switch once acknowledged stays on.
+//! - A journal damaged inside its durable extent is refused with an error naming it.
+//!
+//! # Not injected in phase A
+//! EIO/ENOSPC on write, fsync, rename, link and directory sync, misdirected writes and
+//! damage to archived segments need a storage trait inside the journal (phase B). The venue
+//! never fills partially and does not take replaces or bust trades, so those paths are not
+//! exercised. Under `never`/`every_n` no power loss is simulated (it may lose acknowledged
+//! orders by design).
+//!
+//! # Measured (session of issue 40, shared 2-core build host, journal on tmpfs)
+//! 400 steps a seed. Release build (`cargo xtask sim`): 160–310 seeds/s as the shared
+//! host's load goes; debug build about 35 seeds/s (CI's 200 seeds take some 6–12 s).
+//! Faults injected per 1,000 seeds of the default run (seeds 0..10,000):
+//!
+//! | fault | per 1,000 seeds |
+//! |---|---:|
+//! | crash (kill -9) | 3,988 |
+//! | crash mid-write: torn write | 445 |
+//! | crash mid-write: power loss (group commit only) | 129 |
+//! | zeroed sector / corrupt byte past durable | 108 / 114 |
+//! | zeroed sector / corrupt byte inside durable | 151 / 147 |
+//! | current segment lost (archives exist) | 35 |
+//! | venue link drop / freeze | 3,254 / 1,660 |
+//! | venue replies delayed / duplicated / reordered | 2,576 / 4,115 / 1,718 |
+//! | engine disconnect | 1,252 |
+//! | clock jump | 1,664 |
+//! | kill switch acknowledged (an operator action, not a fault) | 540 |
+//!
+//! Of those 10,000 seeds, 2,881 ended in a correct refusal and 621 failed, every one on the
+//! journal format of today (the findings of issue 40: damage inside the durable extent or
+//! a lost current segment accepted, damage past the durable point refused; regression
+//! seeds in `tests`). With [`SimConfig::known_journal_limits`], 10,000 seeds (20,000..
+//! 30,000) held every invariant.
+
+mod disk;
+mod net;
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use zerocopy::IntoBytes;
+
+pub use net::{Net, NetFaults, SimLink, VenueRecord, REST_ABOVE};
+
+use crate::client::Client;
+use crate::driver::FixDriver;
+use crate::fix::{SessionConfig, SessionState};
+use crate::gateway::{EngineId, OrderStatus};
+use crate::journal::FsyncPolicy;
+use crate::proto::{Response, Side, Symbol, PRICE_SCALE};
+use crate::risk::{KillScope, RiskConfig};
+use disk::Damage;
+
+/// Kinds of fault counted, in the order of [`SeedReport::faults`].
+pub const FAULT_NAMES: [&str; 16] = [
+    "crash (kill -9)",
+    "crash mid-write: torn write",
+    "crash mid-write: power loss",
+    "zeroed sector past durable",
+    "corrupt byte past durable",
+    "zeroed sector inside durable",
+    "corrupt byte inside durable",
+    "current segment lost (archives exist)",
+    "venue link drop",
+    "venue link freeze",
+    "venue replies delayed",
+    "venue report duplicated",
+    "venue messages reordered",
+    "engine disconnect",
+    "clock jump",
+    "kill switch acknowledged",
+];
+const CRASH: usize = 0;
+const TORN: usize = 1;
+const POWER: usize = 2;
+const ZERO_OUT: usize = 3;
+const CORRUPT_OUT: usize = 4;
+const ZERO_IN: usize = 5;
+const CORRUPT_IN: usize = 6;
+const SEGMENT_LOST: usize = 7;
+const LINK_DROP: usize = 8;
+const FREEZE: usize = 9;
+const DELAY: usize = 10;
+const DUPLICATE: usize = 11;
+const REORDER: usize = 12;
+const ENGINE_DISCONNECT: usize = 13;
+const CLOCK_JUMP: usize = 14;
+const KILL: usize = 15;
+
+/// Journal segments this small rotate every few dozen orders, so archives exist.
+const SEGMENT_BYTES: u64 = 16 << 10;
+/// How long an engine has to log on again after a restart.
+const RESTART_COD_NS: u64 = 5_000_000_000;
+/// The simulated clock starts here (2027-01-15, nanoseconds since the UNIX epoch).
+const EPOCH: u64 = 1_800_000_000_000_000_000;
+
+/// What one run does.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Steps before the run settles and checks the end state.
+    pub steps: u32,
+    /// Inject damage the start must refuse (inside the durable extent, lost segment).
+    pub must_refuse_damage: bool,
+    /// Zero or corrupt bytes of a torn write past the durable point, with intact records
+    /// possibly after them (the start must cut them).
+    pub damage_past_durable: bool,
+    /// A disk that loses this many bytes it had made durable at each power loss, without
+    /// the checks being told: a run that holds every invariant with it would mean the
+    /// checks see nothing (the simulator's own test; 0 in every real run).
+    pub lose_durable_bytes: u64,
+}
+
+impl SimConfig {
+    /// Only the faults today's journal format is known to handle: no damage it must refuse
+    /// and no damage past the durable point (the format being written for issue 40 is
+    /// meant to handle both; [`SimConfig::default`] injects them). What CI runs.
+    pub fn known_journal_limits() -> SimConfig {
+        SimConfig {
+            must_refuse_damage: false,
+            damage_past_durable: false,
+            ..SimConfig::default()
+        }
+    }
+}
+
+impl Default for SimConfig {
+    fn default() -> SimConfig {
+        SimConfig {
+            steps: 400,
+            must_refuse_damage: true,
+            damage_past_durable: true,
+            lose_durable_bytes: 0,
+        }
+    }
+}
+
+/// How a seed ended without a violation.
+#[derive(Clone, Debug, Default)]
+pub struct SeedReport {
+    /// The seed.
+    pub seed: u64,
+    /// Faults injected, by kind ([`FAULT_NAMES`]).
+    pub faults: [u64; FAULT_NAMES.len()],
+    /// The start refused damage it had to refuse (the seed ends there): the error.
+    pub refused: Option<String>,
+    /// Gateway restarts.
+    pub restarts: u32,
+    /// Orders the venue received.
+    pub venue_orders: u64,
+}
+
+/// A broken invariant.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// The seed.
+    pub seed: u64,
+    /// The step it was found at.
+    pub step: u32,
+    /// What broke.
+    pub what: String,
+    /// Faults injected up to then, by kind.
+    pub faults: [u64; FAULT_NAMES.len()],
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "seed {} step {}: {}\n  replay: cargo xtask sim --seed {}",
+            self.seed, self.step, self.what, self.seed
+        )
+    }
+}
+
+/// The simulator's engines: one account and one symbol each.
+const ENGINES: [(EngineId, u32, &str); 2] = [(1, 7, "AAPL"), (2, 8, "MSFT")];
+
+fn risk_config() -> RiskConfig {
+    let mut s = String::from(
+        "reference_max_age_ms = 86400000\nthrottle_interval_ms = 1000\nmax_identical_orders = 0\n",
+    );
+    for (e, a, _) in ENGINES {
+        s.push_str(&format!(
+            "[[accounts]]\nid = {a}\nmax_order_qty = 100000\nmax_order_notional = 100000000\n\
+             credit_limit = 1000000000000\nmax_position = 1000000000\nmax_open_orders = 100000\n\
+             max_orders_per_interval = 1000000\ncollar_bps = 1000\n\
+             [[engines]]\nid = {e}\naccounts = [{a}]\ntoken = \"e{e}\"\n"
+        ));
+    }
+    toml::from_str(&s).expect("the simulator's risk configuration parses")
+}
+
+fn session_config() -> SessionConfig {
+    SessionConfig {
+        sender_comp_id: "GW".into(),
+        target_comp_id: "VENUE".into(),
+        heartbeat_secs: 5,
+        resend_timeout_ms: 0,
+        ..Default::default()
+    }
+}
+
+/// The journal's sync policy of a seed: group commit for three seeds in four, else
+/// `every_n` or `never` (drawn apart from the run's stream, so adding it moved no seed).
+/// Under those two a crash never loses what was written (no power loss is simulated for
+/// them), but a torn last batch leaves orders in doubt for the logon's status requests.
+pub fn sync_policy(seed: u64) -> FsyncPolicy {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_5eed_5eed_5eed);
+    match rng.gen_range(0..8) {
+        0 => FsyncPolicy::EveryN(8),
+        1 => FsyncPolicy::Never,
+        _ => FsyncPolicy::Group,
+    }
+}
+
+/// One engine as the simulator plays it, with what it was told.
+#[derive(Debug)]
+struct SimEngine {
+    id: EngineId,
+    account: u32,
+    symbol: Symbol,
+    client: Client,
+    connected: bool,
+    reconnect_at: u64,
+    /// Number of the last response received.
+    last_seq: u32,
+    acked: HashSet<u64>,
+    finals: HashSet<u64>,
+    /// Net quantity the engine was told was filled.
+    position: i64,
+}
+
+struct World {
+    cfg: SimConfig,
+    rng: ChaCha8Rng,
+    dir: PathBuf,
+    path: PathBuf,
+    net: Rc<RefCell<Net>>,
+    driver: Option<FixDriver<SimLink>>,
+    engines: Vec<SimEngine>,
+    /// Accounts whose kill switch was acknowledged.
+    kills: Vec<u32>,
+    report: SeedReport,
+    step: u32,
+    risk: RiskConfig,
+    /// The journal's sync policy for this seed.
+    policy: FsyncPolicy,
+}
+
+/// Runs one seed; `Err` names the first broken invariant.
+pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, Box<Failure>> {
+    // tmpfs where there is one: group commit syncs every batch, and what is simulated is
+    // the disk's lies, not its speed (failing seeds leave their files there to inspect).
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    // One directory per run, even for one seed run twice at once (parallel tests).
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    // ORDERING: Relaxed: only the number's uniqueness matters; nothing is published by it.
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
+    let dir = base.join(format!("rocebus-sim-{}-{run}-{seed}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut w = World::new(seed, cfg, dir.clone()).map_err(|what| {
+        Box::new(Failure {
+            seed,
+            step: 0,
+            what,
+            faults: [0; FAULT_NAMES.len()],
+        })
+    })?;
+    let r = w.run();
+    w.finish_counts();
+    let (step, faults) = (w.step, w.report.faults);
+    drop(w);
+    match r {
+        Ok(report) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            Ok(report)
+        }
+        Err(what) => Err(Box::new(Failure {
+            seed,
+            step,
+            what: format!("{what} (journal files left in {})", dir.display()),
+            faults,
+        })),
+    }
+}
+
+/// Totals over many seeds.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    /// Seeds run.
+    pub seeds: u64,
+    /// Seeds that ended with a correct refusal of a damaged journal.
+    pub refused: u64,
+    /// Faults injected, by kind.
+    pub faults: [u64; FAULT_NAMES.len()],
+    /// Restarts.
+    pub restarts: u64,
+    /// Broken invariants, one per failing seed.
+    pub failures: Vec<Failure>,
+}
+
+impl Summary {
+    /// Adds one seed's result.
+    pub fn add(&mut self, r: Result<SeedReport, Box<Failure>>) {
+        self.seeds += 1;
+        let faults = match &r {
+            Ok(r) => r.faults,
+            Err(f) => f.faults,
+        };
+        for (t, n) in self.faults.iter_mut().zip(faults) {
+            *t += n;
+        }
+        match r {
+            Ok(r) => {
+                self.refused += u64::from(r.refused.is_some());
+                self.restarts += u64::from(r.restarts);
+            }
+            Err(f) => self.failures.push(*f),
+        }
+    }
+
+    /// One line per fault kind: injected per 1,000 seeds.
+    pub fn faults_per_1000(&self) -> String {
+        let mut s = String::new();
+        for (name, n) in FAULT_NAMES.iter().zip(self.faults) {
+            let per = n as f64 * 1000.0 / self.seeds.max(1) as f64;
+            s.push_str(&format!("  {per:>9.1}  {name}\n"));
+        }
+        s
+    }
+}
+
+/// Runs seeds `base..base + n`.
+pub fn run_seeds(base: u64, n: u64, cfg: &SimConfig) -> Summary {
+    let mut s = Summary::default();
+    for seed in base..base + n {
+        s.add(run_seed(seed, cfg));
+    }
+    s
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+impl World {
+    fn new(seed: u64, cfg: &SimConfig, dir: PathBuf) -> Result<World, String> {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let net_rng = ChaCha8Rng::seed_from_u64(rng.gen());
+        let net = Rc::new(RefCell::new(Net::new(EPOCH, net_rng)));
+        let engines = ENGINES
+            .iter()
+            .map(|&(id, account, sym)| SimEngine {
+                id,
+                account,
+                symbol: Symbol::new(sym).expect("a valid symbol"),
+                client: Client::new(1),
+                connected: false,
+                reconnect_at: 0,
+                last_seq: 0,
+                acked: HashSet::new(),
+                finals: HashSet::new(),
+                position: 0,
+            })
+            .collect();
+        let mut w = World {
+            cfg: cfg.clone(),
+            rng,
+            path: dir.join("gw.journal"),
+            dir,
+            net,
+            driver: None,
+            engines,
+            kills: Vec::new(),
+            report: SeedReport {
+                seed,
+                ..SeedReport::default()
+            },
+            step: 0,
+            risk: risk_config(),
+            policy: sync_policy(seed),
+        };
+        if !w.start(Damage::Cuttable)? {
+            return Err("the first start was refused".into());
+        }
+        Ok(w)
+    }
+
+    fn now(&self) -> u64 {
+        self.net.borrow().now
+    }
+
+    fn advance(&mut self, ns: u64) {
+        self.net.borrow_mut().now += ns;
+    }
+
+    fn driver(&mut self) -> &mut FixDriver<SimLink> {
+        self.driver.as_mut().expect("a running gateway")
+    }
+
+    fn run(&mut self) -> Result<SeedReport, String> {
+        for step in 0..self.cfg.steps {
+            self.step = step;
+            if !self.step_once()? {
+                self.finish_counts();
+                return Ok(self.report.clone());
+            }
+            self.check_venue()?;
+        }
+        self.step = self.cfg.steps;
+        self.settle()?;
+        self.finish_counts();
+        Ok(self.report.clone())
+    }
+
+    fn finish_counts(&mut self) {
+        let n = self.net.borrow();
+        self.report.faults[DELAY] = n.faults.delays;
+        self.report.faults[DUPLICATE] = n.faults.duplicates;
+        self.report.faults[REORDER] = n.faults.reorders;
+        self.report.venue_orders = n.venue.orders();
+    }
+
+    /// One step; `false`: the seed ended (a correct refusal).
+    fn step_once(&mut self) -> Result<bool, String> {
+        let roll = self.rng.gen_range(0..1000u32);
+        match roll {
+            0..=449 => self.new_order()?,
+            450..=519 => self.cancel()?,
+            520..=529 => {
+                if self.net.borrow().up {
+                    self.report.faults[LINK_DROP] += 1;
+                    self.net.borrow_mut().cut();
+                }
+            }
+            530..=534 => {
+                self.report.faults[FREEZE] += 1;
+                let d = self.rng.gen_range(1..20_000u64) * 1_000_000;
+                let mut n = self.net.borrow_mut();
+                n.frozen_until = n.now + d;
+            }
+            535..=549 => {
+                let mut pick = || [0, 20_000, 200_000][self.rng.gen_range(0..3)];
+                let (d, u, r) = (pick(), pick(), pick());
+                let mut n = self.net.borrow_mut();
+                (n.delay_ppm, n.dup_ppm, n.reorder_ppm) = (d, u, r);
+            }
+            550..=564 => self.engine_disconnect()?,
+            565..=569 => {
+                self.report.faults[CLOCK_JUMP] += 1;
+                let s = self.rng.gen_range(5..300u64);
+                self.advance(s * 1_000_000_000);
+            }
+            570..=571 => self.kill_switch()?,
+            572..=585 => {
+                if !self.crash()? {
+                    return Ok(false);
+                }
+            }
+            _ => {
+                let ms = self.rng.gen_range(1..50u64);
+                self.advance(ms * 1_000_000);
+            }
+        }
+        self.reconnect_engines(false)?;
+        self.poll()?;
+        Ok(true)
+    }
+
+    // ---- engines ----
+
+    fn deliver(&mut self, got: Vec<(EngineId, Response)>) -> Result<(), String> {
+        for (id, r) in got {
+            let Some(e) = self.engines.iter_mut().find(|e| e.id == id) else {
+                return Err(format!("a response for unknown engine {id}"));
+            };
+            if !e.connected {
+                // Its connection is gone: the logon's replay brings it.
+                continue;
+            }
+            let seq = r.seq();
+            if seq != 0 {
+                if seq != e.last_seq + 1 {
+                    return Err(format!(
+                        "engine {id} got response {seq} after {} (each response exactly once)",
+                        e.last_seq
+                    ));
+                }
+                e.last_seq = seq;
+            }
+            let cl = r.cl_ord_id();
+            let side = e.client.order(cl).map(|o| o.side);
+            match r {
+                Response::Ack(_) => {
+                    e.acked.insert(cl);
+                }
+                Response::Fill(f) => {
+                    let q = i64::from(f.last_qty.get());
+                    e.position += if side == Some(Side::Buy) { q } else { -q };
+                }
+                Response::Notice(n) => {
+                    let q = n.exec_qty_delta.get();
+                    e.position += if side == Some(Side::Buy) { q } else { -q };
+                }
+                _ => {}
+            }
+            let _ = e.client.on_response(r.as_bytes());
+            if e.client.order(cl).is_some_and(|o| o.state.is_final()) {
+                e.finals.insert(cl);
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        let mut got = Vec::new();
+        self.driver()
+            .flush_with(|e, r| got.push((e, *r)))
+            .map_err(|e| format!("flush: {}", chain(&e)))?;
+        self.deliver(got)
+    }
+
+    fn pick_engine(&mut self) -> Option<usize> {
+        let live: Vec<usize> = (0..self.engines.len())
+            .filter(|&i| self.engines[i].connected)
+            .collect();
+        (!live.is_empty()).then(|| live[self.rng.gen_range(0..live.len())])
+    }
+
+    /// Stages a new order of a connected engine (not flushed); false if none is connected.
+    fn stage_new_order(&mut self) -> bool {
+        let Some(i) = self.pick_engine() else {
+            return false;
+        };
+        let qty = self.rng.gen_range(1..100u32);
+        let side = if self.rng.gen_bool(0.5) {
+            Side::Buy
+        } else {
+            Side::Sell
+        };
+        let px = 100 * PRICE_SCALE + self.rng.gen_range(-50..50i64) * PRICE_SCALE / 100;
+        let now = self.now();
+        let e = &mut self.engines[i];
+        let (_, m) = e.client.new_order(e.account, e.symbol, side, qty, px);
+        let id = e.id;
+        self.driver().stage_engine_message(id, m.as_bytes(), now);
+        true
+    }
+
+    fn new_order(&mut self) -> Result<(), String> {
+        if self.stage_new_order() {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn cancel(&mut self) -> Result<(), String> {
+        let Some(i) = self.pick_engine() else {
+            return Ok(());
+        };
+        let mut open: Vec<u64> = self.engines[i]
+            .client
+            .orders()
+            .filter(|(_, o)| !o.state.is_final())
+            .map(|(id, _)| id)
+            .collect();
+        if open.is_empty() {
+            return Ok(());
+        }
+        open.sort_unstable();
+        let cl = open[self.rng.gen_range(0..open.len())];
+        let now = self.now();
+        let e = &mut self.engines[i];
+        let c = e.client.cancel(cl);
+        let id = e.id;
+        self.driver().stage_engine_message(id, c.as_bytes(), now);
+        self.flush()
+    }
+
+    /// Every engine cancels every order it holds open (at the end: resting orders end so).
+    fn cancel_all_open(&mut self) -> Result<(), String> {
+        let now = self.now();
+        for i in 0..self.engines.len() {
+            let mut open: Vec<u64> = self.engines[i]
+                .client
+                .orders()
+                .filter(|(_, o)| !o.state.is_final())
+                .map(|(id, _)| id)
+                .collect();
+            open.sort_unstable();
+            for cl in open {
+                let e = &mut self.engines[i];
+                let c = e.client.cancel(cl);
+                let id = e.id;
+                self.driver().stage_engine_message(id, c.as_bytes(), now);
+            }
+        }
+        self.flush()
+    }
+
+    fn engine_disconnect(&mut self) -> Result<(), String> {
+        let Some(i) = self.pick_engine() else {
+            return Ok(());
+        };
+        self.report.faults[ENGINE_DISCONNECT] += 1;
+        let now = self.now();
+        let back = self.rng.gen_range(0..8_000u64) * 1_000_000;
+        let e = &mut self.engines[i];
+        e.connected = false;
+        e.reconnect_at = now + back;
+        let id = e.id;
+        self.driver().stage_engine_disconnect(id, now);
+        self.flush()
+    }
+
+    /// Engines whose time has come log on again (all of them with `all`), replay first.
+    fn reconnect_engines(&mut self, all: bool) -> Result<(), String> {
+        let now = self.now();
+        for i in 0..self.engines.len() {
+            let e = &self.engines[i];
+            if e.connected || (!all && now < e.reconnect_at) {
+                continue;
+            }
+            let (id, after) = (e.id, e.last_seq);
+            let d = self.driver();
+            d.stage(|gw, out| gw.on_engine_logon(id, out));
+            let missed: Vec<(EngineId, Response)> = match d.gateway().responses_after(id, after) {
+                Ok(it) => it.map(|r| (id, *r)).collect(),
+                Err(s) => {
+                    return Err(format!(
+                        "engine {id} logs on after response {after}: {s:?} (the gateway \
+                         lost responses the engine had)"
+                    ))
+                }
+            };
+            self.engines[i].connected = true;
+            self.deliver(missed)?;
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn kill_switch(&mut self) -> Result<(), String> {
+        let i = self.rng.gen_range(0..self.engines.len());
+        let account = self.engines[i].account;
+        if self.kills.contains(&account) {
+            return Ok(());
+        }
+        let now = self.now();
+        let r = self
+            .driver()
+            .operator_command(|gw, out| gw.set_kill(KillScope::Account(account), true, now, out));
+        if r.is_ok() {
+            self.report.faults[KILL] += 1;
+            self.kills.push(account);
+        }
+        self.flush()
+    }
+
+    // ---- the venue side ----
+
+    fn poll(&mut self) -> Result<(), String> {
+        let now = self.now();
+        let d = self.driver();
+        if !d.is_connected() && !d.is_connecting() && d.gateway().reconnect_hold().is_none() {
+            let _ = d.start_connect();
+        }
+        if d.is_connecting() {
+            let _ = d.poll_connect_at(now);
+        }
+        let mut got = Vec::new();
+        self.driver()
+            .poll_with(now, |e, r| got.push((e, *r)))
+            .map_err(|e| format!("poll: {}", chain(&e)))?;
+        while self.driver().pop_kicked().is_some() {}
+        self.deliver(got)
+    }
+
+    fn check_venue(&self) -> Result<(), String> {
+        match self.net.borrow().record.violations.first() {
+            Some(v) => Err(format!("at the venue: {v}")),
+            None => Ok(()),
+        }
+    }
+
+    // ---- crashes, damage, restarts ----
+
+    /// Kills the gateway, damages the disk as drawn, restarts; `false`: the start refused
+    /// damage it had to refuse (the seed ends).
+    fn crash(&mut self) -> Result<bool, String> {
+        let mut durable = 0;
+        let mut torn: Option<(u64, u64)> = None;
+        let durable_before = self.driver().journal_durable_len();
+        if self.rng.gen_bool(0.5) {
+            // In the middle of a batch: its write reaches the disk partly, nothing leaves.
+            let rotations = self.driver().segment_stats().rotations;
+            let before = disk::len(&self.path);
+            self.net.borrow_mut().blackhole = true;
+            let staged = self.stage_new_order();
+            if staged {
+                let _ = self.driver().flush_with(|_, _| {});
+            }
+            let after = disk::len(&self.path);
+            if staged && self.driver().segment_stats().rotations == rotations && after > before {
+                torn = Some((before, after));
+            }
+        }
+        if torn.is_none() {
+            // (A batch that started a new segment counts as a plain kill.)
+            durable = self.driver().journal_durable_len();
+        }
+        self.driver = None;
+        {
+            let mut n = self.net.borrow_mut();
+            n.blackhole = false;
+            n.cut();
+        }
+        for e in &mut self.engines {
+            e.connected = false;
+            e.reconnect_at = 0;
+        }
+        let io = |e: std::io::Error| format!("damaging the journal: {e}");
+        let mut damage = Damage::Cuttable;
+        match torn {
+            None => self.report.faults[CRASH] += 1,
+            Some((before, after)) => {
+                durable = durable_before;
+                // A power loss under `never`/`every_n` may lose what was acknowledged (by
+                // design): only a group-commit journal loses its unsynced batch here.
+                let power = self.rng.gen_bool(0.3) && self.policy == FsyncPolicy::Group;
+                let at = if power {
+                    self.report.faults[POWER] += 1;
+                    // (Never into the magic: that is a refusal, not a silent loss.)
+                    before.saturating_sub(self.cfg.lose_durable_bytes).max(8)
+                } else {
+                    self.report.faults[TORN] += 1;
+                    self.rng.gen_range(before..=after)
+                };
+                disk::cut(&self.path, at).map_err(io)?;
+                if self.cfg.damage_past_durable && at > before && self.rng.gen_bool(0.5) {
+                    if self.rng.gen_bool(0.5) {
+                        if disk::zero_sector(&self.path, before, at, &mut self.rng).map_err(io)? {
+                            self.report.faults[ZERO_OUT] += 1;
+                        }
+                    } else {
+                        disk::corrupt_byte(&self.path, before, at, &mut self.rng).map_err(io)?;
+                        self.report.faults[CORRUPT_OUT] += 1;
+                    }
+                }
+            }
+        }
+        if self.cfg.must_refuse_damage && self.rng.gen_bool(0.1) {
+            let archive = self.dir.join("gw.journal.1");
+            match self.rng.gen_range(0..3) {
+                0 if durable > 0 => {
+                    let zeroed =
+                        disk::zero_sector(&self.path, 0, durable, &mut self.rng).map_err(io)?;
+                    if zeroed {
+                        self.report.faults[ZERO_IN] += 1;
+                        damage = Damage::MustRefuse(format!(
+                            "a zeroed sector inside the durable extent (0..{durable})"
+                        ));
+                    }
+                }
+                1 if durable > 0 => {
+                    let at =
+                        disk::corrupt_byte(&self.path, 0, durable, &mut self.rng).map_err(io)?;
+                    self.report.faults[CORRUPT_IN] += 1;
+                    damage = Damage::MustRefuse(format!(
+                        "a corrupt byte at {at}, inside the durable extent (0..{durable})"
+                    ));
+                }
+                _ if archive.exists() => {
+                    self.report.faults[SEGMENT_LOST] += 1;
+                    let what = match self.rng.gen_range(0..3) {
+                        0 => {
+                            std::fs::remove_file(&self.path).map_err(io)?;
+                            "missing"
+                        }
+                        1 => {
+                            disk::cut(&self.path, 0).map_err(io)?;
+                            "empty"
+                        }
+                        _ => {
+                            disk::cut(&self.path, 8).map_err(io)?;
+                            "only its magic"
+                        }
+                    };
+                    damage = Damage::MustRefuse(format!(
+                        "the current segment {what} while archives exist"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        self.report.restarts += 1;
+        self.start(damage)
+    }
+
+    /// Builds a gateway from the files; `false`: refused, as it had to be.
+    fn start(&mut self, damage: Damage) -> Result<bool, String> {
+        let link = SimLink(self.net.clone());
+        let opened =
+            FixDriver::with_link(link, session_config(), &self.risk, &self.path, self.policy);
+        let d = match (opened, damage) {
+            (Err(e), Damage::MustRefuse(what)) => {
+                let msg = chain(&e);
+                if !msg.contains("gw.journal") {
+                    return Err(format!(
+                        "the start refused {what}, but its error does not name the \
+                         journal: {msg}"
+                    ));
+                }
+                self.report.refused = Some(format!("{what}: {msg}"));
+                return Ok(false);
+            }
+            (Err(e), Damage::Cuttable) => {
+                return Err(format!(
+                    "the start refused a journal whose damage lies past its durable point: {}",
+                    chain(&e)
+                ))
+            }
+            (Ok(d), Damage::MustRefuse(what)) => {
+                return Err(format!(
+                    "the start accepted a journal with {what} (recovered {:?}): it must \
+                     refuse it, never shorten it silently",
+                    d.recovery()
+                ))
+            }
+            (Ok(d), Damage::Cuttable) => d,
+        };
+        self.driver = Some(d);
+        let now = self.now();
+        let symbols: Vec<Symbol> = self.engines.iter().map(|e| e.symbol).collect();
+        let d = self.driver();
+        d.set_segment_bytes(SEGMENT_BYTES);
+        d.stage(|gw, _| {
+            for s in symbols {
+                gw.on_reference_price(s, 100 * PRICE_SCALE, now);
+            }
+            gw.arm_restart_cancel_on_disconnect(now, RESTART_COD_NS);
+        });
+        self.flush()?;
+        for e in &mut self.engines {
+            e.reconnect_at = now + self.rng.gen_range(0..8_000u64) * 1_000_000;
+        }
+        self.check_state()?;
+        Ok(true)
+    }
+
+    /// What must hold after every restart and at the end.
+    fn check_state(&mut self) -> Result<(), String> {
+        let gw = self.driver.as_ref().expect("a running gateway").gateway();
+        for e in &self.engines {
+            let mut acked: Vec<u64> = e.acked.iter().copied().collect();
+            acked.sort_unstable();
+            for cl in acked {
+                match gw.order(e.id, cl) {
+                    // Retired after a checkpoint (only done orders are): its final answer
+                    // is in the replay, and the end checks that the engine got it.
+                    None => {}
+                    Some(o) if e.finals.contains(&cl) && o.status != OrderStatus::Done => {
+                        return Err(format!(
+                            "order {cl} of engine {} was final to the engine and is {:?} \
+                             in the gateway",
+                            e.id, o.status
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
+            if gw.last_response_seq(e.id) < e.last_seq {
+                return Err(format!(
+                    "engine {} had response {}, the gateway's last is {}",
+                    e.id,
+                    e.last_seq,
+                    gw.last_response_seq(e.id)
+                ));
+            }
+        }
+        let (_, _, killed) = gw.risk().kills();
+        for a in &self.kills {
+            if !killed.contains(a) {
+                return Err(format!(
+                    "the kill switch of account {a} was acknowledged and is off"
+                ));
+            }
+        }
+        self.check_venue()
+    }
+
+    /// No more faults: everything reconnects and every order comes to an end; then the
+    /// positions must add up.
+    fn settle(&mut self) -> Result<(), String> {
+        {
+            let mut n = self.net.borrow_mut();
+            n.frozen_until = 0;
+            (n.delay_ppm, n.dup_ppm, n.reorder_ppm) = (0, 0, 0);
+        }
+        let mut quiet = false;
+        for turn in 0..3_000 {
+            self.advance(10_000_000);
+            self.reconnect_engines(true)?;
+            let active = self.driver().gateway().session().state() == SessionState::Active;
+            if active && turn % 50 == 0 {
+                // Orders resting at the venue end when their engine cancels them.
+                self.cancel_all_open()?;
+            }
+            self.poll()?;
+            self.check_venue()?;
+            let gw = self.driver.as_ref().expect("a running gateway").gateway();
+            if gw.session().state() == SessionState::Active
+                && gw.open_order_count() == 0
+                && gw.unacknowledged() == (0, 0)
+                && self.net.borrow().to_gw.is_empty()
+            {
+                quiet = true;
+                break;
+            }
+        }
+        if !quiet {
+            let gw = self.driver.as_ref().expect("a running gateway").gateway();
+            let net = self.net.borrow();
+            let mut stuck: Vec<String> = gw
+                .orders()
+                .filter(|(_, o)| o.status != OrderStatus::Done)
+                .map(|(id, o)| {
+                    let at_venue = net
+                        .record
+                        .cl_ord_ids
+                        .contains(o.venue_cl_ord_id.to_string().as_bytes());
+                    format!("{id} ({:?}, venue has it: {at_venue})", o.status)
+                })
+                .collect();
+            stuck.sort();
+            stuck.truncate(5);
+            return Err(format!(
+                "did not settle in 30 s of quiet: session {:?}, open orders {}, unanswered \
+                 {:?}; first: {}; session next_in {} next_out {} queued {} resend {} \
+                 {:?}; venue next_in {} sent {}; gateway {:?}",
+                gw.session().state(),
+                gw.open_order_count(),
+                gw.unacknowledged(),
+                stuck.join(", "),
+                gw.session().next_in(),
+                gw.session().next_out(),
+                gw.session().queued_len(),
+                gw.session().resend_pending(),
+                gw.session().counters(),
+                net.record.next_in,
+                net.venue.sent_len(),
+                gw.counters(),
+            ));
+        }
+        self.check_state()?;
+        let net = self.net.borrow();
+        let gw = self.driver.as_ref().expect("a running gateway").gateway();
+        let mut fails = Vec::new();
+        for e in &self.engines {
+            let pos = gw.risk().position(e.account, e.symbol);
+            let venue = net
+                .record
+                .filled
+                .get(e.symbol.as_bytes())
+                .copied()
+                .unwrap_or(0);
+            if pos != e.position || pos != venue {
+                fails.push(format!(
+                    "account {} {}: gateway position {pos}, engine told {}, venue filled {venue}",
+                    e.account,
+                    String::from_utf8_lossy(e.symbol.as_bytes()),
+                    e.position
+                ));
+            }
+            let unfinished: Vec<u64> = e
+                .acked
+                .iter()
+                .filter(|cl| !e.finals.contains(cl))
+                .copied()
+                .collect();
+            if !unfinished.is_empty() {
+                fails.push(format!(
+                    "engine {}: acknowledged orders never final to the engine: {unfinished:?}",
+                    e.id
+                ));
+            }
+            let (open, _) = gw.risk().exposure(e.account);
+            if open != 0 {
+                fails.push(format!(
+                    "account {}: open notional {open} with no open order",
+                    e.account
+                ));
+            }
+        }
+        if fails.is_empty() {
+            Ok(())
+        } else {
+            Err(fails.join("; "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
