@@ -101,7 +101,8 @@ pub struct ServiceConfig {
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
     /// Connections in their handshake, and connections waiting for their logon, at once
-    /// (each capped by it; it lowers `orders.max_pending_handshakes` when smaller): a connect
+    /// (each capped by it; it lowers `orders.max_pending_handshakes` when smaller, never
+    /// below 2, and `orders.max_pending_per_peer` below that): a connect
     /// request beyond it is rejected, a completed connection beyond it closed, counted and
     /// logged at a bounded rate. At least 1. Default 16.
     #[serde(default = "default_max_pending_connections")]
