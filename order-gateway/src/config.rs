@@ -356,6 +356,24 @@ impl Config {
         Ok(cfg)
     }
 
+    /// Checks that the transport token and every engine token are keys that resist
+    /// guessing ([`rocebus::auth::check_secret`]: at least 128 bits of key material, none of
+    /// the shipped sample values). `order-gateway check` and `run` ask it; the error names
+    /// the key and `rocebus keygen`.
+    pub fn check_secrets(&self) -> Result<(), Invalid> {
+        rocebus::auth::check_secret(&self.service.orders.token)
+            .map_err(|e| ("service.orders.token".to_owned(), e.to_string()))?;
+        for e in &self.risk.engines {
+            rocebus::auth::check_secret(&e.token).map_err(|w| {
+                (
+                    format!("risk.engines: engine {}: token", e.id),
+                    w.to_string(),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     /// Checks values serde cannot: the orders path, the risk tables, reference prices.
     pub fn validate(&self) -> Result<(), Invalid> {
         if self.service.orders.token.is_empty() {
