@@ -43,7 +43,10 @@ fn sample_engine_bad_config_names_file_key_and_problem() {
             "expected u64",
         ),
         (
-            good.replace("token = \"demo-token\"", "token = \"\""),
+            good.replace(
+                "token = \"9d41c0e7b25a8f63d1e04b7c29a58f3e6b0d2c71a4e98f05c3b67d1a2e9f4c08\"",
+                "token = \"\"",
+            ),
             "gateway.orders.token",
             "empty",
         ),

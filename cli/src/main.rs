@@ -46,6 +46,20 @@ enum Command {
     /// Stops on SIGINT or SIGTERM (or after --duration), finishing the file (a `.zst` name
     /// is Zstandard-compressed) and printing the counts; progress goes to stderr.
     Record(record::RecordArgs),
+    /// Print a random key for a secret or token (`[service.orders] token`, `[auth] secret`,
+    /// `[[risk.engines]] token`): BITS bits from the OS generator, as hex.
+    ///
+    /// Secrets must be random keys: anyone who captured one handshake can test guesses
+    /// offline, so the gateway refuses tokens with fewer than 128 bits of key material and
+    /// the shipped sample values. Engine tokens hold at most 32 bytes: use `--bits 128`.
+    Keygen(KeygenArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct KeygenArgs {
+    /// Bits of the key (128 to 256, a multiple of 8).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(128..=256))]
+    bits: u16,
 }
 
 #[derive(Debug, clap::Args)]
@@ -86,6 +100,13 @@ fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Stat(args) => stat(&args),
         Command::Record(args) => record::record(&args),
+        Command::Keygen(args) => {
+            if args.bits % 8 != 0 {
+                bail!("--bits {} is not a multiple of 8", args.bits);
+            }
+            println!("{}", rocebus::auth::generate_secret(usize::from(args.bits)));
+            Ok(())
+        }
     }
 }
 

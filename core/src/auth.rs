@@ -23,6 +23,14 @@
 //! A captured handshake replayed later fails at step 3: the responder's
 //! `Nr` is new every time. Tags are compared in constant time.
 //!
+//! # Secrets
+//! Every key here is derived from a configured secret, and a captured
+//! handshake lets anyone test guesses of that secret offline as fast as
+//! BLAKE3 runs: the derivation is no defence against a guessable secret,
+//! only the secret's own entropy is. [`check_secret`] refuses secrets of
+//! fewer than [`MIN_SECRET_BITS`] bits of key material and the shipped
+//! sample values; [`generate_secret`] (`rocebus keygen`) makes one.
+//!
 //! What it does not do: encrypt. RoCE carries payloads in clear; anyone
 //! who can read the fabric reads the orders. The handshake MAC is keyed
 //! BLAKE3 truncated to 128 bits.
@@ -237,6 +245,70 @@ impl Responder {
     }
 }
 
+/// Key material a configured secret or token must carry, in bits.
+pub const MIN_SECRET_BITS: usize = 128;
+
+/// Bits of key material `value` carries at most, read conservatively: hex
+/// text 4 bits a character, base64 (standard or URL-safe, padding not
+/// counted) 6, anything else 4 (a passphrase is not a key).
+pub fn secret_bits(value: &str) -> usize {
+    let b = value.as_bytes();
+    if b.iter().all(u8::is_ascii_hexdigit) {
+        4 * b.len()
+    } else if b
+        .iter()
+        .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'-' | b'_' | b'='))
+    {
+        6 * b.iter().filter(|&&c| c != b'=').count()
+    } else {
+        4 * b.len()
+    }
+}
+
+/// Parts of the sample values the shipped configs carry (`change-me`,
+/// `demo-token`, ...): a config that still has one was never given a key.
+const SAMPLE_SECRETS: [&str; 3] = ["change-me", "changeme", "demo-"];
+
+/// Why a configured secret is refused ([`check_secret`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WeakSecret {
+    /// Fewer than [`MIN_SECRET_BITS`] bits of key material.
+    #[error("has at most {bits} bits of key material, fewer than {MIN_SECRET_BITS}: use a random key, e.g. the output of `rocebus keygen` (`rocebus keygen --bits 128` where at most 32 bytes fit)")]
+    TooShort {
+        /// What [`secret_bits`] counted.
+        bits: usize,
+    },
+    /// A sample value of the shipped configs.
+    #[error("is a sample value of the shipped configs: replace it with a random key, e.g. the output of `rocebus keygen`")]
+    Sample,
+}
+
+/// Checks a configured secret or token: at least [`MIN_SECRET_BITS`] of key
+/// material and none of the shipped sample values. Handshakes and tags are
+/// only as strong as the secret: anyone who saw one handshake can test
+/// guesses offline, so a secret must be a random key, not a word.
+pub fn check_secret(value: &str) -> Result<(), WeakSecret> {
+    let lower = value.to_ascii_lowercase();
+    if SAMPLE_SECRETS.iter().any(|s| lower.contains(s)) {
+        return Err(WeakSecret::Sample);
+    }
+    let bits = secret_bits(value);
+    if bits < MIN_SECRET_BITS {
+        return Err(WeakSecret::TooShort { bits });
+    }
+    Ok(())
+}
+
+/// A random key of `bits` bits (a multiple of 8) from the OS generator, as
+/// lowercase hex: what `rocebus keygen` prints.
+pub fn generate_secret(bits: usize) -> String {
+    let mut k = vec![0u8; bits / 8];
+    // As for nonces: no key from a generator that is not there.
+    getrandom::getrandom(&mut k).expect("the OS random generator is unavailable");
+    k.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,6 +380,42 @@ mod tests {
         assert!(a.verify(&[b"x"], &a.tag(&[b"x"])));
         assert!(!a.verify(&[b"x"], &[0u8; 15]));
         assert_eq!(format!("{a:?}"), "Key(..)");
+    }
+
+    #[test]
+    fn weak_and_sample_secrets_are_refused() {
+        for weak in [
+            "",
+            "s3cret",
+            "test-token",
+            "0123456789abcdef0123456789abcde",
+        ] {
+            assert!(
+                matches!(check_secret(weak), Err(WeakSecret::TooShort { .. })),
+                "{weak}"
+            );
+        }
+        for sample in ["change-me", "change-me-engine-1", "CHANGEME", "demo-token"] {
+            assert_eq!(check_secret(sample), Err(WeakSecret::Sample), "{sample}");
+        }
+        // 32 hex characters, 22 base64 characters: 128 bits and more.
+        assert_eq!(check_secret("0123456789abcdef0123456789abcdef"), Ok(()));
+        assert_eq!(check_secret("AAECAwQFBgcICQoLDA0ODw"), Ok(()));
+        assert_eq!(secret_bits("AAECAwQFBgcICQoLDA0ODw=="), 132);
+        // A long passphrase counts 4 bits a character.
+        assert!(check_secret("correct horse battery staple").is_err());
+        let msg = check_secret("s3cret").unwrap_err().to_string();
+        assert!(msg.contains("rocebus keygen"), "{msg}");
+    }
+
+    #[test]
+    fn generated_secrets_pass_and_differ() {
+        let a = generate_secret(256);
+        assert_eq!(a.len(), 64);
+        assert_eq!(check_secret(&a), Ok(()));
+        assert_eq!(generate_secret(128).len(), 32);
+        assert_eq!(check_secret(&generate_secret(128)), Ok(()));
+        assert_ne!(a, generate_secret(256));
     }
 
     /// SipHash-2-4 as its authors define it: the reference test vector for

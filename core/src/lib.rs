@@ -70,6 +70,7 @@
 //! market data [`mcast::MdPublisher`].
 #![deny(unsafe_code)]
 
+pub mod admission;
 pub mod auth;
 pub mod clock;
 pub mod counters;

@@ -377,6 +377,19 @@ fn dispatch() -> Result<()> {
     }
 }
 
+/// A publisher never starts with a guessable `[market_data.auth] secret`: it keys the
+/// recovery port's admission and the datagram tags, and one captured handshake lets anyone
+/// test guesses offline. Empty (no authentication, for a trusted fabric) stays allowed.
+fn check_secret(path: &Path, cfg: &Config) -> Result<()> {
+    let secret = &cfg.market_data.auth.secret;
+    if secret.is_empty() {
+        return Ok(());
+    }
+    rocebus::auth::check_secret(secret)
+        .with_context(|| format!("{}: market_data.auth.secret", path.display()))
+        .context("fix the configuration file and start again")
+}
+
 fn run(
     config: &Path,
     capture: Option<PathBuf>,
@@ -386,6 +399,7 @@ fn run(
     counters: Option<PathBuf>,
 ) -> Result<()> {
     let mut cfg = Config::load(config)?;
+    check_secret(config, &cfg)?;
     if capture.is_some() {
         cfg.feed.capture = capture;
     }
@@ -448,6 +462,7 @@ fn replay_dbn(
 ) -> Result<()> {
     use feed_handler::busreplay::{replay, ReplayPace};
     let cfg = Config::load(config)?;
+    check_secret(config, &cfg)?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [SIGINT, SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop))

@@ -105,3 +105,31 @@ fn an_empty_capture_is_an_error() {
         assert!(err.contains("empty.itch"), "{cmd}: {err}");
     }
 }
+
+/// Issue 41: the shipped sample secret, and any secret with fewer than 128 bits of key
+/// material, stops the start before anything is opened, naming the key and `rocebus keygen`.
+#[test]
+fn a_guessable_market_data_secret_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/feed-handler.toml");
+    let text = std::fs::read_to_string(example).unwrap();
+    assert!(text.contains("secret = \"change-me-md\""));
+    for (i, bad) in [
+        text.clone(),
+        text.replace("secret = \"change-me-md\"", "secret = \"0123456789abcdef\""),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let path = dir.path().join(format!("weak{i}.toml"));
+        std::fs::write(&path, bad).unwrap();
+        let out = feed_handler(&["run", "--config", path.to_str().unwrap()]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("market_data.auth.secret") && err.contains("rocebus keygen"),
+            "case {i}: {err}"
+        );
+    }
+}

@@ -101,7 +101,8 @@ pub struct ServiceConfig {
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
     /// Connections in their handshake, and connections waiting for their logon, at once
-    /// (each capped by it; it lowers `orders.max_pending_handshakes` when smaller): a connect
+    /// (each capped by it; it lowers `orders.max_pending_handshakes` when smaller, never
+    /// below 2, and `orders.max_pending_per_peer` below that): a connect
     /// request beyond it is rejected, a completed connection beyond it closed, counted and
     /// logged at a bounded rate. At least 1. Default 16.
     #[serde(default = "default_max_pending_connections")]
@@ -379,6 +380,24 @@ impl Config {
                 problem,
             })?;
         Ok(cfg)
+    }
+
+    /// Checks that the transport token and every engine token are keys that resist
+    /// guessing ([`rocebus::auth::check_secret`]: at least 128 bits of key material, none of
+    /// the shipped sample values). `order-gateway check` and `run` ask it; the error names
+    /// the key and `rocebus keygen`.
+    pub fn check_secrets(&self) -> Result<(), Invalid> {
+        rocebus::auth::check_secret(&self.service.orders.token)
+            .map_err(|e| ("service.orders.token".to_owned(), e.to_string()))?;
+        for e in &self.risk.engines {
+            rocebus::auth::check_secret(&e.token).map_err(|w| {
+                (
+                    format!("risk.engines: engine {}: token", e.id),
+                    w.to_string(),
+                )
+            })?;
+        }
+        Ok(())
     }
 
     /// Checks values serde cannot: the orders path, the risk tables, reference prices.

@@ -401,8 +401,14 @@ fn journal_cmd(cmd: JournalCmd) -> anyhow::Result<std::process::ExitCode> {
     }
 }
 
+/// Loads and checks the configuration, secrets included: a gateway never starts (and
+/// `check` never passes) with a guessable token.
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
-    Config::load(path).context("fix the configuration file and start again")
+    let cfg = Config::load(path).context("fix the configuration file and start again")?;
+    cfg.check_secrets()
+        .map_err(|(key, problem)| anyhow::anyhow!("{}: {key} {problem}", path.display()))
+        .context("fix the configuration file and start again")?;
+    Ok(cfg)
 }
 
 /// The market-data input the config asks for; joins the bus before the service starts (the

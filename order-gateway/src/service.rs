@@ -845,9 +845,15 @@ impl<L: VenueLink> Service<L> {
         if orders.fanin_slots == 0 {
             orders.fanin_slots = DEFAULT_FANIN_SLOTS;
         }
+        // At least 2, and one address's cap below the total, so one address
+        // can never hold every handshake slot (rocebus::admission).
         orders.max_pending_handshakes = orders
             .max_pending_handshakes
-            .min(opts.max_pending_connections);
+            .min(opts.max_pending_connections)
+            .max(2);
+        orders.max_pending_per_peer = orders
+            .max_pending_per_peer
+            .min(orders.max_pending_handshakes - 1);
         let listener =
             OrdersListener::bind(opts.listen, orders).map_err(|source| ServiceError::Listen {
                 addr: opts.listen,

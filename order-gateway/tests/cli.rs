@@ -6,9 +6,26 @@ fn gateway() -> Command {
     Command::new(env!("CARGO_BIN_EXE_order-gateway"))
 }
 
-fn example() -> String {
+fn shipped() -> String {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/order-gateway.toml");
     std::fs::read_to_string(p).unwrap()
+}
+
+fn example() -> String {
+    with_keys(&shipped())
+}
+
+/// The shipped example with its sample tokens replaced by keys (the gateway refuses the
+/// samples: see `the_shipped_sample_tokens_are_refused`).
+fn with_keys(text: &str) -> String {
+    text.replace(
+        "token = \"change-me\"",
+        "token = \"4c1e7a0d9b3f62e58a17c4d0b9e36f21a5d87c04e2b91f3a6c58d07e4b29a1f3\"",
+    )
+    .replace(
+        "token = \"change-me-engine-1\"",
+        "token = \"8f2b5c7e1a9d04c36e8b2f1d7a5c90e4\"",
+    )
 }
 
 fn check(text: &str) -> (bool, String) {
@@ -31,6 +48,38 @@ fn check(text: &str) -> (bool, String) {
 fn example_config_checks_ok() {
     let (ok, msg) = check(&example());
     assert!(ok, "{msg}");
+}
+
+/// Issue 41: tokens that can be guessed offline from one captured handshake are refused,
+/// the shipped samples first, with the key and the way to make a real one.
+#[test]
+fn the_shipped_sample_tokens_are_refused() {
+    let (ok, msg) = check(&shipped());
+    assert!(!ok);
+    assert!(
+        msg.contains("service.orders.token") && msg.contains("rocebus keygen"),
+        "{msg}"
+    );
+    let engine_only = shipped().replace(
+        "token = \"change-me\"",
+        &format!(
+            "token = {:?}",
+            "4c1e7a0d9b3f62e58a17c4d0b9e36f21a5d87c04e2b91f3a6c58d07e4b29a1f3"
+        ),
+    );
+    let (ok, msg) = check(&engine_only);
+    assert!(!ok);
+    assert!(
+        msg.contains("engine 1: token") && msg.contains("rocebus keygen"),
+        "{msg}"
+    );
+    let short = example().replace(
+        "4c1e7a0d9b3f62e58a17c4d0b9e36f21a5d87c04e2b91f3a6c58d07e4b29a1f3",
+        "0123456789abcdef",
+    );
+    let (ok, msg) = check(&short);
+    assert!(!ok);
+    assert!(msg.contains("64 bits") && msg.contains("128"), "{msg}");
 }
 
 #[test]

@@ -41,7 +41,16 @@ fn config_with_journal(dir: &Path, journal: &Path) -> PathBuf {
     let example = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/order-gateway.toml"),
     )
-    .unwrap();
+    .unwrap()
+    // Keys, not the shipped samples (which the gateway refuses).
+    .replace(
+        "token = \"change-me\"",
+        "token = \"4c1e7a0d9b3f62e58a17c4d0b9e36f21a5d87c04e2b91f3a6c58d07e4b29a1f3\"",
+    )
+    .replace(
+        "token = \"change-me-engine-1\"",
+        "token = \"8f2b5c7e1a9d04c36e8b2f1d7a5c90e4\"",
+    );
     let cfg = example.replace(
         "path = \".rocebus/order-gateway.journal\"",
         &format!("path = {:?}", journal.display().to_string()),

@@ -449,7 +449,9 @@ fn rc_live_service_never_waits_on_a_silent_venue_a_stalled_engine_or_a_down_feed
 }
 
 /// Connections in their handshake count against `max_pending_connections`; one more is
-/// rejected at once, and once the stalled ones are given up a new engine gets in.
+/// rejected at once, and once the stalled ones are given up a new engine gets in. (With a
+/// cap of 2 the listener lets one address hold only 1 handshake (rocebus::admission), so
+/// here, all from one address, the second stall and the logon meet the per-address cap.)
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test)"]
 fn rc_live_pending_connections_beyond_the_cap_are_rejected() {

@@ -47,10 +47,21 @@ impl Loop {
     fn new(d: FixDriver, dir: &Path) -> Loop {
         let socket = dir.join("gw.control");
         let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/order-gateway.toml");
-        let cfg = std::fs::read_to_string(example).unwrap().replace(
-            "control_socket = \".rocebus/order-gateway.control\"",
-            &format!("control_socket = {:?}", socket.display().to_string()),
-        );
+        // Keys, not the shipped samples (which the gateway refuses).
+        let cfg = std::fs::read_to_string(example)
+            .unwrap()
+            .replace(
+                "token = \"change-me\"",
+                "token = \"4c1e7a0d9b3f62e58a17c4d0b9e36f21a5d87c04e2b91f3a6c58d07e4b29a1f3\"",
+            )
+            .replace(
+                "token = \"change-me-engine-1\"",
+                "token = \"8f2b5c7e1a9d04c36e8b2f1d7a5c90e4\"",
+            )
+            .replace(
+                "control_socket = \".rocebus/order-gateway.control\"",
+                &format!("control_socket = {:?}", socket.display().to_string()),
+            );
         let config = dir.join("gw.toml");
         std::fs::write(&config, cfg).unwrap();
         Loop {

@@ -37,6 +37,7 @@
 //!
 //! [recovery_server]             # the publisher's recovery port (strangers cost little)
 //! max_connections = 32          # recovery connections, handshakes included
+//! max_pending_per_address = 2   # handshakes from one address (checked first, < max_connections)
 //! handshake_timeout_ns = 1000000000
 //! requests_per_sec = 2000       # retransmit requests per connection
 //! request_burst = 256
@@ -343,6 +344,11 @@ pub struct RecoveryServerConfig {
     /// Recovery connections at once, handshakes in progress included; a
     /// request beyond is rejected ("busy").
     pub max_connections: usize,
+    /// Handshakes in progress (connections that have not proved the
+    /// secret) from one address at once, checked before `max_connections`
+    /// and less than it, so one address never holds every slot
+    /// ([`crate::admission`]).
+    pub max_pending_per_address: usize,
     /// A connection whose proof of the shared secret has not arrived this
     /// long after the accept is dropped.
     pub handshake_timeout_ns: u64,
@@ -408,10 +414,21 @@ pub struct RecoveryServerConfig {
     pub lag_alert_messages: u64,
 }
 
+impl RecoveryServerConfig {
+    /// The caps on connections that have not proved the secret yet.
+    pub fn pending_caps(&self) -> crate::admission::PendingCaps {
+        crate::admission::PendingCaps {
+            per_address: self.max_pending_per_address,
+            total: self.max_connections,
+        }
+    }
+}
+
 impl Default for RecoveryServerConfig {
     fn default() -> Self {
         RecoveryServerConfig {
             max_connections: 32,
+            max_pending_per_address: 2,
             handshake_timeout_ns: 1_000_000_000,
             requests_per_sec: 2000,
             request_burst: 256,
@@ -653,6 +670,12 @@ impl McastConfig {
             return Err(invalid(
                 "recovery_server.max_connections",
                 "must be at least 1",
+            ));
+        }
+        if let Err(e) = rs.pending_caps().validate() {
+            return Err(invalid(
+                "recovery_server.max_pending_per_address",
+                format!("{e} (recovery_server.max_connections)"),
             ));
         }
         if rs.handshake_timeout_ns == 0 {

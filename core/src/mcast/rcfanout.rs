@@ -197,6 +197,10 @@ fn orders_config(cfg: &McastConfig) -> OrdersConfig {
         connect_timeout_ms: cfg.connect_timeout_ms,
         max_peer_ring_size: f.ring_size,
         max_connections_per_peer: f.max_subscribers,
+        // Strangers' handshakes: the orders listener's caps, one address
+        // checked first and never holding every slot (crate::admission).
+        max_pending_handshakes: 8,
+        max_pending_per_peer: 2,
         ..OrdersConfig::default()
     }
 }

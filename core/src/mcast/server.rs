@@ -9,7 +9,10 @@
 //!
 //! What it decides, per connection (see `[recovery_server]` in
 //! [`super::config`]):
-//! - admission: at most `max_connections` at once (set-ups included), a
+//! - admission: at most `max_pending_per_address` connections that have
+//!   not proved the secret from one address, checked first and less than
+//!   `max_connections` ([`crate::admission`]: one address never holds every
+//!   slot), at most `max_connections` at once (set-ups included), a
 //!   hello for our channel and datagram-tag setting, then a proof of the
 //!   shared secret ([`crate::auth`]) as the first message, within
 //!   `handshake_timeout_ns` of the connection being established; nothing
@@ -85,6 +88,7 @@ use super::wire::{
     self, Hello, RecoveryHeader, RecoveryMsg, RetransmitRequest, Welcome, RECOVERY_HEADER_LEN,
     WELCOME_SIGNED_LEN,
 };
+use crate::admission::PendingRefusal;
 use crate::auth::{Initiator, Key, Responder};
 
 const HELLO_LEN: usize = std::mem::size_of::<Hello>();
@@ -478,7 +482,18 @@ impl RecoveryServer {
         peer: String,
         private_data: &[u8],
     ) -> Result<(u32, Welcome), Refused> {
-        let hello = if self.conns.len() >= self.cfg.limits.max_connections {
+        let caps = self.cfg.limits.pending_caps();
+        let addr = address_of(&peer);
+        let pending = self
+            .conns
+            .iter()
+            .filter(|c| !matches!(c.phase, Phase::Admitted))
+            .map(|c| address_of(&c.peer));
+        // The address first: a stranger's flood is refused as that, and
+        // never takes the last slots (crate::admission).
+        let hello = if caps.check(&addr, pending) == Err(PendingRefusal::AddressFull) {
+            Err("busy: too many handshakes in progress from this address")
+        } else if self.conns.len() >= self.cfg.limits.max_connections {
             Err("busy: recovery connection limit reached")
         } else {
             match Hello::read_from_prefix(private_data) {
@@ -974,6 +989,15 @@ impl RecoveryServer {
     }
 }
 
+/// The address part of a peer's `ip:port` text (the whole text when it has
+/// no port), the key of the per-address cap.
+fn address_of(peer: &str) -> &str {
+    match peer.parse::<std::net::SocketAddr>() {
+        Ok(_) => peer.rsplit_once(':').map_or(peer, |(a, _)| a),
+        Err(_) => peer,
+    }
+}
+
 /// The refusal text sent back with a rejected connect request.
 pub fn refusal_message(reason: Refused) -> ArrayVec<u8, 96> {
     let mut msg = ArrayVec::<u8, 96>::new();
@@ -1077,6 +1101,54 @@ mod tests {
 
     const CHANNEL: u16 = 4;
     const SESSION: u64 = 77;
+
+    /// One address flooding handshakes it never completes holds at most
+    /// `max_pending_per_address` (2 of 3) slots: a subscriber at another
+    /// address is admitted while the flood goes on; the flooder is told
+    /// its address is the problem, before the total is looked at. Admitted
+    /// connections from the address do not count against it.
+    #[test]
+    fn one_address_never_holds_every_handshake_slot() {
+        let mut s = server(limits());
+        let mut p = publisher();
+        let h = ClientHandshake::new(key(), CHANNEL, false);
+        let mut flood = Vec::new();
+        for i in 0..100u16 {
+            let peer = format!("198.18.0.101:{}", 1000 + i);
+            if let Ok((id, _)) = s.on_connect_request(0, peer, h.hello().as_bytes()) {
+                s.on_established(0, id);
+                flood.push(id);
+            }
+        }
+        assert_eq!(flood.len(), 2);
+        assert_eq!(s.counters().connections_refused, 98);
+        assert_eq!(
+            s.on_connect_request(0, "198.18.0.101:9".into(), h.hello().as_bytes())
+                .err(),
+            Some(Refused(
+                "busy: too many handshakes in progress from this address"
+            ))
+        );
+        let id = admit(&mut s, &mut p, 0);
+        assert!(s.is_open(id));
+        assert_eq!(s.admitted_connections(), 1);
+        // Full now (3): a third address is told the total.
+        assert_eq!(
+            s.on_connect_request(0, "198.18.0.7:1".into(), h.hello().as_bytes())
+                .err(),
+            Some(Refused("busy: recovery connection limit reached"))
+        );
+        // The flood's handshakes time out and are closed; the address may
+        // try again, within its cap.
+        s.handle_timeout(2_000, &p);
+        while s.poll_closed(2_000).is_some() {}
+        assert!(s
+            .on_connect_request(2_000, "198.18.0.101:5".into(), h.hello().as_bytes())
+            .is_ok());
+        assert_eq!(address_of("198.18.0.1:4791"), "198.18.0.1");
+        assert_eq!(address_of("[fe80::1]:4791"), "[fe80::1]");
+        assert_eq!(address_of("a"), "a");
+    }
 
     struct App(u64);
     impl Snapshot for App {
@@ -1233,13 +1305,13 @@ mod tests {
             .on_connect_request(0, "a".into(), tagged.hello().as_bytes())
             .is_err());
         assert!(s.on_connect_request(0, "a".into(), &[1, 2, 3]).is_err());
-        for _ in 0..3 {
+        for peer in ["a", "b", "c"] {
             assert!(s
-                .on_connect_request(0, "a".into(), good.hello().as_bytes())
+                .on_connect_request(0, peer.into(), good.hello().as_bytes())
                 .is_ok());
         }
         assert_eq!(
-            s.on_connect_request(0, "a".into(), good.hello().as_bytes())
+            s.on_connect_request(0, "d".into(), good.hello().as_bytes())
                 .err(),
             Some(Refused("busy: recovery connection limit reached"))
         );

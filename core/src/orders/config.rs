@@ -46,6 +46,11 @@ pub struct OrdersConfig {
     /// Listener: connections (pending and established) from one IP address;
     /// one more request from it is refused.
     pub max_connections_per_peer: usize,
+    /// Listener: handshakes in progress from one IP address at once, checked
+    /// before `max_pending_handshakes` and less than it, so one address (a
+    /// stranger that never completes a handshake) can never hold every slot
+    /// ([`crate::admission`]).
+    pub max_pending_per_peer: usize,
     /// Listener: slots of its fan-in activity summary (0: off). Each
     /// accepted connection gets one while they last and marks it after
     /// every flush (one more one-byte WRITE), so a [`ConnectionSet`](super::ConnectionSet) or
@@ -68,12 +73,21 @@ impl Default for OrdersConfig {
             max_peer_ring_size: 16 << 20,
             max_pending_handshakes: 8,
             max_connections_per_peer: 16,
+            max_pending_per_peer: 2,
             fanin_slots: 0,
         }
     }
 }
 
 impl OrdersConfig {
+    /// The listener's caps on handshakes in progress.
+    pub fn pending_caps(&self) -> crate::admission::PendingCaps {
+        crate::admission::PendingCaps {
+            per_address: self.max_pending_per_peer,
+            total: self.max_pending_handshakes,
+        }
+    }
+
     /// Checks the values; the error names the key.
     pub fn validate(&self) -> Result<(), String> {
         if !self.ring_size.is_power_of_two() || self.ring_size < 4096 {
@@ -114,9 +128,12 @@ impl OrdersConfig {
                 self.max_peer_ring_size, self.ring_size
             ));
         }
-        if self.max_pending_handshakes == 0 || self.max_pending_handshakes > 1024 {
-            return Err("max_pending_handshakes: must be between 1 and 1024".into());
+        if self.max_pending_handshakes < 2 || self.max_pending_handshakes > 1024 {
+            return Err("max_pending_handshakes: must be between 2 and 1024".into());
         }
+        self.pending_caps()
+            .validate()
+            .map_err(|e| format!("max_pending_per_peer: {e} (max_pending_handshakes)"))?;
         if self.fanin_slots > 1 << 16 {
             return Err(format!("fanin_slots: {} is above 65536", self.fanin_slots));
         }
@@ -146,6 +163,10 @@ mod tests {
         bad(|c| c.max_peer_ring_size = 1 << 19, "max_peer_ring_size");
         bad(|c| c.max_peer_ring_size = 1 << 32, "max_peer_ring_size");
         bad(|c| c.max_pending_handshakes = 0, "max_pending_handshakes");
+        bad(|c| c.max_pending_handshakes = 1, "max_pending_handshakes");
+        bad(|c| c.max_pending_per_peer = 0, "max_pending_per_peer");
+        bad(|c| c.max_pending_per_peer = 8, "max_pending_per_peer");
+        assert_eq!(c.max_pending_per_peer, 2);
         bad(
             |c| c.max_connections_per_peer = 0,
             "max_connections_per_peer",

@@ -2,9 +2,18 @@
 //! challenge-response, the per-address and pending-handshake limits) is
 //! decided here, before a peer gets anything but a bounded amount of our
 //! memory; what an accepted connection does is [`Connection`]'s.
+//!
+//! Per-address caps come before the global one ([`crate::admission`]): a
+//! request from an address that already has `max_pending_per_peer`
+//! handshakes in progress (default 2, less than `max_pending_handshakes`)
+//! or `max_connections_per_peer` connections is refused before the total
+//! of handshakes in progress is looked at, so one address that floods
+//! requests and never completes one holds at most `max_pending_per_peer`
+//! slots and peers at other addresses still get in.
 
 use super::connection::{check_hello, hello, resources, Resources};
 use super::{fanin, Connection, FanIn, OrdersConfig, OrdersError};
+use crate::admission::PendingRefusal;
 use crate::auth::{self, Purpose, Responder};
 use crate::ring::frame::{
     handshake_context_with, AcceptHello, ConnectHello, FanInGrant, HandshakeContext, Hello,
@@ -24,6 +33,7 @@ enum Refusal {
     BadHello,
     RingTooLarge,
     PendingFull,
+    PeerPending,
     PeerLimit,
     BadProof,
     HandshakeFailed,
@@ -36,6 +46,9 @@ impl Refusal {
             Refusal::BadHello => "rocebus: bad handshake",
             Refusal::RingTooLarge => "rocebus: ring larger than the listener's max_peer_ring_size",
             Refusal::PendingFull => "rocebus: too many pending handshakes, try again",
+            Refusal::PeerPending => {
+                "rocebus: too many pending handshakes from this address, try again"
+            }
             Refusal::PeerLimit => "rocebus: too many connections from this address",
             Refusal::BadProof => "rocebus: wrong proof",
             Refusal::HandshakeFailed => "rocebus: handshake failed",
@@ -57,6 +70,9 @@ pub struct ListenerStats {
     /// Requests refused because `max_pending_handshakes` were in progress.
     pub pending_full: u64,
     /// Requests refused because their address already had
+    /// `max_pending_per_peer` handshakes in progress.
+    pub peer_pending: u64,
+    /// Requests refused because their address already had
     /// `max_connections_per_peer` connections.
     pub peer_limit: u64,
     /// Handshakes whose initiator proof was wrong: no shared secret, a
@@ -73,6 +89,7 @@ impl ListenerStats {
             Refusal::BadHello => &mut self.bad_hello,
             Refusal::RingTooLarge => &mut self.ring_too_large,
             Refusal::PendingFull => &mut self.pending_full,
+            Refusal::PeerPending => &mut self.peer_pending,
             Refusal::PeerLimit => &mut self.peer_limit,
             Refusal::BadProof => &mut self.bad_proof,
             Refusal::HandshakeFailed => &mut self.handshake_failed,
@@ -147,6 +164,7 @@ struct Pending {
     ctx: HandshakeContext,
     binding: [u8; 2 * auth::NONCE_LEN],
     peer: String,
+    ip: IpAddr,
     slot: PeerSlot,
     fanin: Option<fanin::GrantedSlot>,
     deadline: Instant,
@@ -237,7 +255,12 @@ impl OrdersListener {
     /// wrong proof.
     pub fn refused(&self) -> u64 {
         let s = self.stats;
-        s.bad_hello + s.ring_too_large + s.pending_full + s.peer_limit + s.bad_proof
+        s.bad_hello
+            + s.ring_too_large
+            + s.pending_full
+            + s.peer_pending
+            + s.peer_limit
+            + s.bad_proof
     }
 
     /// Accepted requests whose handshake then failed: the peer's
@@ -316,21 +339,29 @@ impl OrdersListener {
             self.reject(req, why, &e);
             return Ok(());
         }
-        if self.pending.len() >= self.cfg.max_pending_handshakes {
-            let max = self.cfg.max_pending_handshakes;
-            self.reject(
-                req,
-                Refusal::PendingFull,
-                &format_args!("{max} in progress"),
-            );
+        // The address's caps first, then the total: one address can never
+        // hold every slot (crate::admission).
+        let ip = req.peer_ip().unwrap_or(IpAddr::from([0u8; 4]));
+        let caps = self.cfg.pending_caps();
+        let room = caps.check(&ip, self.pending.iter().map(|p| p.ip));
+        if room == Err(PendingRefusal::AddressFull) {
+            let max = caps.per_address;
+            let detail = format_args!("{max} in progress from {ip}");
+            self.reject(req, Refusal::PeerPending, &detail);
             return Ok(());
         }
-        let ip = req.peer_ip().unwrap_or(IpAddr::from([0u8; 4]));
         let Some(slot) = PeerSlot::take(&self.peers, ip, self.cfg.max_connections_per_peer) else {
             let max = self.cfg.max_connections_per_peer;
             self.reject(req, Refusal::PeerLimit, &format_args!("{max} from {ip}"));
             return Ok(());
         };
+        if room.is_err() {
+            drop(slot);
+            let max = caps.total;
+            let detail = format_args!("{max} in progress");
+            self.reject(req, Refusal::PendingFull, &detail);
+            return Ok(());
+        }
         let ctx = Context::open(req.device_name().as_deref())?;
         let res = resources(&ctx, &self.cfg)?;
         // A fan-in slot for an initiator that will mark it, while slots last
@@ -382,6 +413,7 @@ impl OrdersListener {
                 ctx: hctx,
                 binding,
                 peer,
+                ip,
                 slot,
                 fanin: granted,
                 deadline: Instant::now() + Duration::from_millis(self.cfg.connect_timeout_ms),
