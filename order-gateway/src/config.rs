@@ -428,7 +428,8 @@ impl Config {
             return Err((
                 "service.engine_timeout_ms".into(),
                 format!(
-                    "must be at least twice heartbeat_ms ({}), or a healthy engine whose                      heartbeat is a little late is disconnected",
+                    "must be at least twice heartbeat_ms ({}), or a healthy engine whose \
+                     heartbeat is a little late is disconnected",
                     s.heartbeat_ms
                 ),
             ));

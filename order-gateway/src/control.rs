@@ -135,7 +135,8 @@ fn private_dir(path: &Path) -> io::Result<()> {
         Some(why) => Err(refuse(
             path,
             format!(
-                "its directory {} {why}: use a directory only the gateway's user can write                  (mode 0700)",
+                "its directory {} {why}: use a directory only the gateway's user can write \
+                 (mode 0700)",
                 dir.display()
             ),
         )),
@@ -400,7 +401,8 @@ impl ControlServer {
             if !m.file_type().is_socket() {
                 return Err(refuse(
                     path,
-                    "something that is not a socket is in the way; the gateway did not                      create it and leaves it in place: remove it yourself if it is safe",
+                    "something that is not a socket is in the way; the gateway did not \
+                     create it and leaves it in place: remove it yourself if it is safe",
                 ));
             }
             if UnixStream::connect(path).is_ok() {
@@ -416,7 +418,8 @@ impl ControlServer {
                 return Err(refuse(
                     path,
                     format!(
-                        "a socket of uid {} is in the way; the gateway did not create it and                          leaves it in place: remove it yourself if it is safe",
+                        "a socket of uid {} is in the way; the gateway did not create it and \
+                         leaves it in place: remove it yourself if it is safe",
                         m.uid()
                     ),
                 ));
@@ -549,7 +552,8 @@ pub fn request_trusting(
         return Err(refuse(
             path,
             format!(
-                "served by uid {server}, not by this user or root: refusing to send the                  command (someone else's process may be squatting the path)"
+                "served by uid {server}, not by this user or root: refusing to send the \
+                 command (someone else's process may be squatting the path)"
             ),
         ));
     }
