@@ -1281,33 +1281,10 @@ mod tests {
     /// doubling to 60 s, one attempt (and one log line) each.
     #[test]
     fn a_failing_rotation_backs_off() {
-        let risk: crate::risk::RiskConfig = toml::from_str(
-            r#"
-            reference_max_age_ms = 60000
-            throttle_interval_ms = 1000
-            [[accounts]]
-            id = 7
-            max_order_qty = 1000
-            max_order_notional = 1000000
-            credit_limit = 100000000
-            max_position = 100000
-            max_open_orders = 100
-            max_orders_per_interval = 1000
-            collar_bps = 500
-            [[engines]]
-            id = 1
-            accounts = [7]
-            token = "e1"
-            "#,
-        )
-        .unwrap();
-        let session = crate::fix::SessionConfig {
-            sender_comp_id: "GW".into(),
-            target_comp_id: "VENUE".into(),
-            heartbeat_secs: 30,
-            resend_timeout_ms: 0,
-            ..Default::default()
-        };
+        let (risk, session) = (
+            crate::gateway::tests::risk(),
+            crate::gateway::tests::session(),
+        );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gw.journal");
         // No venue is needed: an engine request is journaled (and rejected) all the same.
