@@ -841,6 +841,9 @@ fn rdma_orders_one_address_flooding_handshakes_never_keeps_another_out() {
             let mut held = Vec::new();
             let (mut reasons, mut other) = (Vec::new(), 0u64);
             let mut i = 0u64;
+            // ORDERING: Relaxed, for `stop` and `refused` alike: flags and a count read for
+            // their own value; no other memory is published through them (the thread's
+            // results come back through join).
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
                 let nonce = [i as u8; 16];
