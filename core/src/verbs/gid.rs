@@ -148,6 +148,23 @@ pub enum GidError {
         /// The used entries.
         table: String,
     },
+    /// An explicit `gid_index` holds another address than the connection's.
+    #[error(
+        "gid_index {index} on {device} port {port} holds {gid}, but the connection is bound to \
+         {bound}: the peer would drop its packets; pick the RoCE v2 entry of {bound}"
+    )]
+    AddressMismatch {
+        /// Device name.
+        device: String,
+        /// Port.
+        port: u8,
+        /// The index asked for.
+        index: u32,
+        /// Its GID.
+        gid: Gid,
+        /// The GID of the address rdma_cm bound.
+        bound: Gid,
+    },
 }
 
 /// What to select a GID by. The default takes the first RoCE v2 entry
@@ -210,16 +227,44 @@ fn read_trimmed(path: &Path) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+fn port_dir(root: &Path, device: &str, port: u8) -> PathBuf {
+    root.join("class/infiniband")
+        .join(device)
+        .join("ports")
+        .join(port.to_string())
+}
+
+/// Entry `index` under a port directory; `None` if unused or unreadable.
+fn read_entry(base: &Path, index: u32) -> Option<GidEntry> {
+    let n = index.to_string();
+    let gid: Ipv6Addr = read_trimmed(&base.join("gids").join(&n))?.parse().ok()?;
+    let gid = Gid(gid.octets());
+    if gid.is_zero() {
+        return None;
+    }
+    let gid_type = read_trimmed(&base.join("gid_attrs/types").join(&n))
+        .map_or(GidType::Unknown, |t| GidType::parse(&t));
+    let netdev = read_trimmed(&base.join("gid_attrs/ndevs").join(&n));
+    Some(GidEntry {
+        index,
+        gid,
+        gid_type,
+        netdev,
+    })
+}
+
 impl GidTable {
+    /// Reads one entry (three small files, not the whole table: for a
+    /// connection's report); `None` if unused or unreadable.
+    pub fn read_sysfs_entry(root: &Path, device: &str, port: u8, index: u32) -> Option<GidEntry> {
+        read_entry(&port_dir(root, device, port), index)
+    }
+
     /// Reads `<root>/class/infiniband/<device>/ports/<port>/` (`root` is
     /// `/sys` on a host, a fake tree in tests). Zero and unreadable GIDs are
     /// skipped.
     pub fn read_sysfs(root: &Path, device: &str, port: u8) -> Result<GidTable, GidError> {
-        let base = root
-            .join("class/infiniband")
-            .join(device)
-            .join("ports")
-            .join(port.to_string());
+        let base = port_dir(root, device, port);
         let gids = base.join("gids");
         let dir = fs::read_dir(&gids).map_err(|source| GidError::ReadTable {
             device: device.to_owned(),
@@ -229,27 +274,10 @@ impl GidTable {
         })?;
         let mut entries = Vec::new();
         for ent in dir.flatten() {
-            let Some(index) = ent.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-                continue;
-            };
-            let Some(gid) = read_trimmed(&ent.path()).and_then(|t| t.parse::<Ipv6Addr>().ok())
-            else {
-                continue;
-            };
-            let gid = Gid(gid.octets());
-            if gid.is_zero() {
-                continue;
+            let index = ent.file_name().to_str().and_then(|n| n.parse::<u32>().ok());
+            if let Some(e) = index.and_then(|i| read_entry(&base, i)) {
+                entries.push(e);
             }
-            let n = index.to_string();
-            let gid_type = read_trimmed(&base.join("gid_attrs/types").join(&n))
-                .map_or(GidType::Unknown, |t| GidType::parse(&t));
-            let netdev = read_trimmed(&base.join("gid_attrs/ndevs").join(&n));
-            entries.push(GidEntry {
-                index,
-                gid,
-                gid_type,
-                netdev,
-            });
         }
         entries.sort_by_key(|e| e.index);
         Ok(GidTable {
@@ -339,6 +367,34 @@ pub fn select_gid(table: &GidTable, policy: &GidPolicy) -> Result<GidChoice, Gid
             table: table.listing(),
         }),
     }
+}
+
+/// Checks an explicit index for a connection rdma_cm resolved to entry
+/// `resolved`: it must be a used RoCE v2 entry holding the same address
+/// (rdma_cm told the peer that address, and the peer drops packets from
+/// another one; rxe checks it), so only the entry's type may differ, which
+/// is the point of choosing (v2 over v1).
+pub fn check_connection_index(
+    table: &GidTable,
+    index: u32,
+    resolved: u32,
+) -> Result<GidChoice, GidError> {
+    let policy = GidPolicy {
+        gid_index: Some(index),
+        ..GidPolicy::default()
+    };
+    let choice = select_gid(table, &policy)?;
+    let bound = table.entries.iter().find(|e| e.index == resolved);
+    if let Some(b) = bound.filter(|b| b.gid != choice.entry.gid) {
+        return Err(GidError::AddressMismatch {
+            device: table.device.clone(),
+            port: table.port,
+            index,
+            gid: choice.entry.gid,
+            bound: b.gid,
+        });
+    }
+    Ok(choice)
 }
 
 fn describe(policy: &GidPolicy) -> String {

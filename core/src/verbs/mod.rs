@@ -52,8 +52,8 @@ pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{device_names, Context, Gid, PortInfo, PortState};
 pub use error::{Result, VerbsError};
 pub use gid::{
-    env_gid_index, gid_matches_ip, select_gid, GidChoice, GidEntry, GidError, GidPolicy, GidTable,
-    GidType,
+    check_connection_index, env_gid_index, gid_matches_ip, select_gid, GidChoice, GidEntry,
+    GidError, GidPolicy, GidTable, GidType,
 };
 pub use memory::{Access, MemoryRegion, ProtectionDomain, SharedMemory};
 pub use pool::{

@@ -231,6 +231,23 @@ fn explicit_index_wins_and_is_validated() {
 }
 
 #[test]
+fn connection_index_may_change_the_type_not_the_address() {
+    let (_r, t) = mlx5();
+    // rdma_cm resolved 198.18.0.1 to its v1 entry (default_roce_mode v1).
+    assert_eq!(check_connection_index(&t, 3, 2).unwrap().index(), 3);
+    assert!(matches!(
+        check_connection_index(&t, 2, 3),
+        Err(GidError::NotRoceV2 { index: 2, .. })
+    ));
+    let e = check_connection_index(&t, 5, 3).unwrap_err();
+    assert!(
+        matches!(e, GidError::AddressMismatch { index: 5, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("::ffff:198.18.0.1"), "{e}");
+}
+
+#[test]
 fn entry_without_type_file_is_not_taken_as_v2() {
     let root = tree("old0", &[(A1, None, Some("eth0\n"))]);
     let t = GidTable::read_sysfs(root.path(), "old0", 1).unwrap();
@@ -251,4 +268,12 @@ fn type_text_parses() {
     assert_eq!(GidType::parse("RoCE v2\n"), GidType::RoceV2);
     assert_eq!(GidType::parse("\n"), GidType::Unknown);
     assert_eq!(GidType::parse("x"), GidType::Other("x".into()));
+}
+
+#[test]
+fn one_entry_reads_like_the_table() {
+    let (r, t) = mlx5();
+    let e = GidTable::read_sysfs_entry(r.path(), "mlx5_0", 1, 3).unwrap();
+    assert_eq!(e, t.entries[3]);
+    assert_eq!(GidTable::read_sysfs_entry(r.path(), "mlx5_0", 1, 9), None);
 }
