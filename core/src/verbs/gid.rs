@@ -162,7 +162,7 @@ pub enum GidError {
         index: u32,
         /// Its GID.
         gid: Gid,
-        /// The GID of the address rdma_cm bound.
+        /// The GID of the address the service is bound to.
         bound: Gid,
     },
 }
@@ -306,8 +306,8 @@ pub fn gid_matches_ip(gid: Gid, ip: IpAddr) -> bool {
 }
 
 /// Chooses the GID `policy` asks for from `table`:
-/// 1. an explicit `gid_index` wins, if it is a used entry and RoCE v2 (or
-///    `allow_roce_v1`);
+/// 1. an explicit `gid_index` wins, if it is a used entry, RoCE v2 (or
+///    `allow_roce_v1`) and holds `local_ip` when that is set;
 /// 2. else entries are filtered by `local_ip` (without it, by holding an
 ///    IPv4 address) and `netdev`, RoCE v2 ones first, then RoCE v1 ones only
 ///    if `allow_roce_v1`; the lowest index wins.
@@ -336,6 +336,20 @@ pub fn select_gid(table: &GidTable, policy: &GidPolicy) -> Result<GidChoice, Gid
                 index,
                 gid_type: e.gid_type.clone(),
                 table: table.listing(),
+            });
+        }
+        // An index holding another address than the one bound sends
+        // packets the peer drops: refuse rather than send from it.
+        if let Some(ip) = policy.local_ip.filter(|ip| !gid_matches_ip(e.gid, *ip)) {
+            return Err(GidError::AddressMismatch {
+                device: table.device.clone(),
+                port: table.port,
+                index,
+                gid: e.gid,
+                bound: Gid(match ip {
+                    IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+                    IpAddr::V6(v6) => v6.octets(),
+                }),
             });
         }
         return Ok(choice(e, true));

@@ -216,8 +216,18 @@ fn explicit_index_wins_and_is_validated() {
         allow_roce_v1: v1,
         ..GidPolicy::default()
     };
-    let c = select_gid(&t, &p(5, false)).unwrap();
-    assert_eq!((c.index(), c.explicit), (5, true));
+    let c = select_gid(&t, &p(3, false)).unwrap();
+    assert_eq!((c.index(), c.explicit), (3, true));
+    let e = select_gid(&t, &p(5, false)).unwrap_err();
+    assert!(
+        matches!(e, GidError::AddressMismatch { index: 5, .. }),
+        "{e}"
+    );
+    let no_ip = GidPolicy {
+        gid_index: Some(5),
+        ..GidPolicy::default()
+    };
+    assert_eq!(select_gid(&t, &no_ip).unwrap().index(), 5);
     assert!(matches!(
         select_gid(&t, &p(2, false)),
         Err(GidError::NotRoceV2 { index: 2, .. })
