@@ -46,7 +46,7 @@ pub struct RcArgs {
 }
 
 /// The local IP of the RDMA device: `a`, else `ROCEBUS_GUEST_ADDR`, else the
-/// device's first IPv4-mapped GID.
+/// address of the device's first RoCE v2 IPv4 GID (or of `ROCEBUS_GID_INDEX`).
 pub fn local_ip(a: Option<IpAddr>) -> Result<IpAddr> {
     if let Some(a) = a {
         return Ok(a);

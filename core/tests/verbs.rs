@@ -489,8 +489,11 @@ fn rdma_two_hosts_ud_multicast() {
 }
 
 fn cm_exchange(listen_ip: IpAddr, port: u16, server: bool) {
+    cm_exchange_with(listen_ip, port, server, RcOptions::default())
+}
+
+fn cm_exchange_with(listen_ip: IpAddr, port: u16, server: bool, opts: RcOptions) {
     let d = dev();
-    let opts = RcOptions::default();
     let cq = CompletionQueue::new(&d.ctx, 64).unwrap();
     let qp = QueuePair::new(&d.pd, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
     let mr = MemoryRegion::new(&d.pd, 4096, Access::REMOTE_WRITE).unwrap();
@@ -552,6 +555,35 @@ fn rdma_cm_connect_accept_private_data_disconnect() {
     let server = std::thread::spawn(move || cm_exchange(ip, 7471, true));
     std::thread::sleep(Duration::from_millis(500));
     cm_exchange(ip, 7471, false);
+    server.join().unwrap();
+}
+
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_gid_selected_by_address_is_roce_v2_and_pins_a_cm_connection() {
+    let ip = local_ip();
+    let d = dev();
+    let policy = GidPolicy {
+        local_ip: Some(ip),
+        ..GidPolicy::default()
+    };
+    let table = d.ctx.gid_table(1).expect("sysfs GID table");
+    let choice = select_gid(&table, &policy).expect("a RoCE v2 GID for the local address");
+    eprintln!("{choice}; table: {}", table.listing());
+    assert_eq!(choice.entry.gid_type, GidType::RoceV2);
+    assert!(gid_matches_ip(choice.entry.gid, ip));
+    assert_eq!(
+        d.ctx.query_gid(1, choice.index() as i32).unwrap(),
+        choice.entry.gid
+    );
+    // Both ends pin the chosen index; rdma_cm resolved the same address.
+    let opts = RcOptions {
+        gid_index: Some(choice.index() as u8),
+        ..RcOptions::default()
+    };
+    let server = std::thread::spawn(move || cm_exchange_with(ip, 7474, true, opts));
+    std::thread::sleep(Duration::from_millis(500));
+    cm_exchange_with(ip, 7474, false, opts);
     server.join().unwrap();
 }
 

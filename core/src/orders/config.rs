@@ -149,6 +149,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn rc_gid_index_is_a_config_key() {
+        let c: OrdersConfig = toml::from_str("[rc]\ngid_index = 3\n").unwrap();
+        assert_eq!(c.rc.gid_index, Some(3));
+        assert_eq!(OrdersConfig::default().rc.gid_index, None);
+        assert!(toml::from_str::<OrdersConfig>("[rc]\ngid_index = 300\n").is_err());
+    }
+
+    #[test]
     fn limits_have_safe_defaults_and_are_validated() {
         let c = OrdersConfig::default();
         assert_eq!(c.validate(), Ok(()));

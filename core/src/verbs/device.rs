@@ -2,10 +2,12 @@
 
 use super::error::Result;
 use super::error::{last_err, VerbsError};
+use super::gid::{env_gid_index, select_gid, GidChoice, GidPolicy, GidTable};
 use rdma_sys as sys;
 use std::ffi::CStr;
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -297,21 +299,38 @@ impl Context {
         Ok(out)
     }
 
-    /// The GID index to use: `ROCEBUS_GID_INDEX` if set, else the first
-    /// IPv4-mapped GID (RoCE v2 over IPv4), else 0.
+    /// The used entries of a port's GID table with their RoCE type and
+    /// netdev, read from `/sys/class/infiniband/<dev>/ports/<port>/`.
+    pub fn gid_table(&self, port: u8) -> Result<GidTable> {
+        Ok(GidTable::read_sysfs(Path::new("/sys"), &self.name, port)?)
+    }
+
+    /// Chooses the GID `policy` asks for on `port` (see [`select_gid`]).
+    /// Without an index in the policy, `ROCEBUS_GID_INDEX` is the explicit
+    /// index. The choice (index, GID, type, netdev) is logged at info level.
+    pub fn select_gid(&self, port: u8, policy: &GidPolicy) -> Result<GidChoice> {
+        let mut policy = policy.clone();
+        policy.gid_index = policy.gid_index.or_else(env_gid_index);
+        let choice = select_gid(&self.gid_table(port)?, &policy)?;
+        tracing::info!(
+            device = %choice.device,
+            port = choice.port,
+            gid_index = choice.entry.index,
+            gid = %choice.entry.gid,
+            gid_type = %choice.entry.gid_type,
+            netdev = choice.entry.netdev.as_deref().unwrap_or("-"),
+            explicit = choice.explicit,
+            "GID selected"
+        );
+        Ok(choice)
+    }
+
+    /// The GID index with the default policy: `ROCEBUS_GID_INDEX` if set
+    /// (checked to be a used RoCE v2 entry), else the first RoCE v2 entry
+    /// holding an IPv4 address. On mlx5 that is the v2 twin of the address,
+    /// not its v1 entry that comes first.
     pub fn default_gid_index(&self, port: u8) -> Result<i32> {
-        if let Some(i) = std::env::var("ROCEBUS_GID_INDEX")
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
-            return Ok(i);
-        }
-        Ok(self
-            .gids(port)?
-            .into_iter()
-            .find(|(_, g)| g.ipv4().is_some())
-            .map(|(i, _)| i)
-            .unwrap_or(0))
+        Ok(self.select_gid(port, &GidPolicy::default())?.index() as i32)
     }
 }
 

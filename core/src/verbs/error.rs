@@ -54,6 +54,9 @@ pub enum VerbsError {
         #[source]
         source: io::Error,
     },
+    /// No GID could be chosen (see [`GidError`](super::GidError)).
+    #[error(transparent)]
+    Gid(#[from] super::gid::GidError),
     /// `ibv_alloc_pd` failed.
     #[error("allocating a protection domain failed")]
     AllocPd(#[source] io::Error),

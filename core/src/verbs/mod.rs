@@ -22,12 +22,25 @@
 //! post, so [`QueuePair::post_send`] and [`QueuePair::post_recv`] are `unsafe fn`s
 //! that state it; inline sends copy their data at post time and are safe.
 //!
+//! # GID selection
+//!
+//! Which GID table entry a queue pair sends from decides whether traffic is
+//! RoCE v2 (routable UDP/IP) or RoCE v1. [`Context::select_gid`] reads the
+//! port's table with its types and netdevs from sysfs ([`GidTable`]) and
+//! picks with [`select_gid`], a pure function: by the service's local IP or
+//! interface, RoCE v2 only unless [`GidPolicy::allow_roce_v1`]; an explicit
+//! index (a `gid_index` config key, else `ROCEBUS_GID_INDEX`) wins but is
+//! checked. The choice is logged once and returned as a [`GidChoice`] to
+//! print. rdma_cm connections pick their own GID from the bound address
+//! (RoCE v2 by the kernel's `default_roce_mode`); [`cm::CmId::sgid`] shows it.
+//!
 //! This module must not know about rings, frames or market data.
 #![allow(unsafe_code)]
 
 mod cq;
 mod device;
 mod error;
+mod gid;
 mod memory;
 mod qp;
 mod types;
@@ -38,6 +51,10 @@ pub mod pool;
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{device_names, Context, Gid, PortInfo, PortState};
 pub use error::{Result, VerbsError};
+pub use gid::{
+    check_connection_index, env_gid_index, gid_matches_ip, select_gid, GidChoice, GidEntry,
+    GidError, GidPolicy, GidTable, GidType,
+};
 pub use memory::{Access, MemoryRegion, ProtectionDomain, SharedMemory};
 pub use pool::{
     Dest, PoolConfig, PoolError, PoolStats, PooledQp, RecvPoll, RecvSource, StageError,

@@ -75,6 +75,11 @@ pub struct RcOptions {
     pub min_rnr_timer: u8,
     /// Outstanding RDMA READ/atomic as initiator and responder.
     pub max_rd_atomic: u8,
+    /// Source GID index for connections set up through rdma_cm; `None`
+    /// keeps the one rdma_cm resolved for the bound address (RoCE v2 by the
+    /// kernel's default). Checked at connect/accept to be a used RoCE v2
+    /// entry of the port: see [`GidPolicy`](super::GidPolicy).
+    pub gid_index: Option<u8>,
 }
 
 impl Default for RcOptions {
@@ -88,6 +93,7 @@ impl Default for RcOptions {
             rnr_retry: 7,
             min_rnr_timer: 12,
             max_rd_atomic: 1,
+            gid_index: None,
         }
     }
 }

@@ -3,6 +3,7 @@
 use crate::verbs::device::{Context, Gid};
 use crate::verbs::error::Result;
 use crate::verbs::error::{errno, last_err, VerbsError};
+use crate::verbs::gid::{check_connection_index, GidTable, GidType};
 use crate::verbs::memory::Access;
 use crate::verbs::qp::{Mtu, QueuePair, RcOptions};
 use crate::verbs::types::QpState;
@@ -11,6 +12,7 @@ use rdma_sys as sys;
 use std::ffi::CStr;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -416,6 +418,7 @@ impl CmId {
     pub(super) fn to_rts(&self, qp: &QueuePair, opts: &RcOptions) -> Result<()> {
         use sys::ibv_qp_attr_mask as M;
         let (mut a, mask) = self.init_qp_attr(sys::ibv_qp_state::IBV_QPS_RTR)?;
+        a.ah_attr.grh.sgid_index = self.source_gid(a.ah_attr.grh.sgid_index, opts.gid_index)?;
         if let Some(m) = opts.path_mtu {
             // Only ever lower the MTU below what the route supports.
             a.path_mtu = a.path_mtu.min(mtu_raw(m));
@@ -441,6 +444,38 @@ impl CmId {
                 .0,
             QpState::Rts,
         )
+    }
+
+    /// The source GID index for this connection: `explicit` if given
+    /// (checked to be a used RoCE v2 entry: an error otherwise), else
+    /// `resolved`, rdma_cm's. Logs the choice (index, GID, type, netdev)
+    /// once per connection, and warns when rdma_cm's choice is not RoCE v2.
+    fn source_gid(&self, resolved: u8, explicit: Option<u8>) -> Result<u8> {
+        let device = self.device_name().unwrap_or_default();
+        let port = self.port_num();
+        let sys = Path::new("/sys");
+        let Some(index) = explicit else {
+            let entry = GidTable::read_sysfs_entry(sys, &device, port, u32::from(resolved));
+            match entry {
+                Some(e) if e.gid_type == GidType::RoceV2 => {
+                    tracing::info!(%device, port, gid = %e, peer = %self.peer(), "rdma_cm GID")
+                }
+                Some(e) => {
+                    tracing::warn!(%device, port, gid = %e, peer = %self.peer(), "rdma_cm chose a GID that is not RoCE v2: set rc.gid_index or the port's default_roce_mode")
+                }
+                None => {
+                    tracing::info!(%device, port, gid_index = resolved, peer = %self.peer(), "rdma_cm GID (type unknown: sysfs GID table unreadable)")
+                }
+            }
+            return Ok(resolved);
+        };
+        let choice = check_connection_index(
+            &GidTable::read_sysfs(sys, &device, port)?,
+            u32::from(index),
+            u32::from(resolved),
+        )?;
+        tracing::info!(gid = %choice, resolved, peer = %self.peer(), "configured GID");
+        Ok(index)
     }
 
     pub(super) fn conn_param(qp: &QueuePair, opts: &RcOptions, pd: &[u8]) -> sys::rdma_conn_param {
