@@ -495,7 +495,7 @@ pub fn check_state(gw: &Gateway) {
 #[derive(Debug)]
 struct Seen {
     gateway: [u64; 21],
-    session: [u64; 16],
+    session: [u64; 18],
     last_response: [u32; 3],
     last_request: [u32; 3],
 }
@@ -550,7 +550,7 @@ fn gateway_counters(c: GatewayCounters) -> [u64; 21] {
     ]
 }
 
-fn session_counters(c: SessionCounters) -> [u64; 16] {
+fn session_counters(c: SessionCounters) -> [u64; 18] {
     let SessionCounters {
         garbled,
         rejects_sent,
@@ -568,6 +568,8 @@ fn session_counters(c: SessionCounters) -> [u64; 16] {
         sending_time_problems,
         logons_refused,
         seq_too_low_logouts,
+        out_of_state,
+        wrong_begin_string,
     } = c;
     [
         garbled,
@@ -586,6 +588,8 @@ fn session_counters(c: SessionCounters) -> [u64; 16] {
         sending_time_problems,
         logons_refused,
         seq_too_low_logouts,
+        out_of_state,
+        wrong_begin_string,
     ]
 }
 
