@@ -36,6 +36,13 @@
 //! follows it anywhere in the file (the tail of the last, unsynced write; appends that fail
 //! are rolled back, so no partial record ever sits before a later one).
 //!
+//! An fdatasync that fails is never retried as if it had written anything (the kernel may
+//! have dropped the pages it could not write and marked them clean, so a later fdatasync
+//! that succeeds says nothing about them): until one succeeds again, every append and sync
+//! first re-reads the bytes past the durable point, checks that they are still the records
+//! appended (their chain) and writes them again; if they are not, the journal is poisoned
+//! and a restart reads what is durable.
+//!
 //! # Segments
 //! [`Journal::rotate`] starts a new segment: the old file is sealed (a commit record, then
 //! its superblock claims its whole length), kept as `FILE.N` where N is its segment number,
@@ -208,7 +215,10 @@ pub enum JournalError {
     #[error("append to journal")]
     Append(#[source] io::Error),
     /// An append failed and could not be rolled back: the journal takes no more appends.
-    #[error("journal append failed and could not be rolled back; restart to recover")]
+    #[error(
+        "journal append failed and could not be rolled back, or records not yet synced no \
+         longer read back after a failed fsync; restart to recover what is durable"
+    )]
     Poisoned,
     /// fsync failed.
     #[error("fsync journal")]
@@ -279,6 +289,22 @@ fn rechain(buf: &mut [u8], mut chain: u32) -> Option<u32> {
         chain = crc32fast::hash(&buf[at + 8..end]);
         buf[at + 4..at + 8].copy_from_slice(&chain.to_le_bytes());
         at = end;
+    }
+    Some(chain)
+}
+
+/// Checks that `buf` is whole intact records chained after `chain`, without changing it.
+/// Returns the chain value after the last.
+fn chain_of(buf: &[u8], mut chain: u32) -> Option<u32> {
+    let mut at = 0;
+    while at < buf.len() {
+        let (_, _, n) = decode_record(&buf[at..])?;
+        let rec = &buf[at..at + n];
+        if u32::from_le_bytes(rec[8..12].try_into().ok()?) != chain {
+            return None;
+        }
+        chain = record_crc(rec);
+        at += n;
     }
     Some(chain)
 }
@@ -1167,11 +1193,19 @@ pub struct Journal {
     /// A rotation's rename is not known durable yet: synced appends retry the directory
     /// sync first and fail while it fails.
     dir_sync_pending: bool,
+    /// An fdatasync of this file failed. The kernel may have dropped the dirty pages it could
+    /// not write and marked them clean ("fsyncgate"): a later fdatasync that succeeds says
+    /// nothing about them. Until one succeeds, bytes past `durable` are re-read, checked
+    /// against the chain and written again before each fdatasync.
+    resync: bool,
     poisoned: bool,
     scratch: Vec<u8>,
     /// Tests: the next directory syncs fail.
     #[cfg(test)]
     fail_dir_syncs: u32,
+    /// Tests: the next fdatasyncs fail.
+    #[cfg(test)]
+    fail_syncs: u32,
 }
 
 impl Journal {
@@ -1299,10 +1333,13 @@ impl Journal {
             durable_chain: chain,
             sb,
             dir_sync_pending: false,
+            resync: false,
             poisoned: false,
             scratch: Vec::new(),
             #[cfg(test)]
             fail_dir_syncs: 0,
+            #[cfg(test)]
+            fail_syncs: 0,
         };
         j.sb.seq += 1;
         j.sb.durable = len;
@@ -1340,6 +1377,9 @@ impl Journal {
         if self.poisoned {
             return Err(JournalError::Poisoned);
         }
+        // After a failed fsync nothing is written past bytes that may be lost: an intact
+        // record after them would make a restart refuse the file as damaged.
+        self.check_unsynced()?;
         let unsynced = self.unsynced.saturating_add(count);
         let sync = match self.policy {
             FsyncPolicy::Never => false,
@@ -1450,6 +1490,7 @@ impl Journal {
     /// Forces an fdatasync of everything appended.
     /// Unsynced records get their commit record first.
     pub fn sync(&mut self) -> Result<(), JournalError> {
+        self.check_unsynced()?;
         self.sync_dir_if_pending()?;
         if self.len > self.durable && !self.poisoned {
             self.append_commit()?;
@@ -1475,11 +1516,65 @@ impl Journal {
     }
 
     fn sync_data(&mut self) -> Result<(), JournalError> {
-        self.file.sync_data().map_err(JournalError::Sync)?;
+        self.fdatasync()?;
         self.unsynced = 0;
         self.durable = self.len;
         self.durable_chain = self.chain;
         Ok(())
+    }
+
+    /// fdatasync of the file, never retried as if a failed one had written anything: after a
+    /// failure (`resync`), the bytes past the durable point are re-read and must still be
+    /// the records this journal appended (their chain from `durable_chain` to `chain`), and
+    /// are written again, so the next fdatasync covers them; if they are not, the journal
+    /// is poisoned (what is durable is on disk; a restart reads it and says what is not).
+    fn fdatasync(&mut self) -> Result<(), JournalError> {
+        if self.poisoned {
+            return Err(JournalError::Poisoned);
+        }
+        if self.resync {
+            self.rewrite_unsynced()?;
+        }
+        #[cfg(test)]
+        if self.fail_syncs > 0 {
+            self.fail_syncs -= 1;
+            self.resync = true;
+            return Err(JournalError::Sync(io::Error::from_raw_os_error(5)));
+        }
+        if let Err(e) = self.file.sync_data() {
+            self.resync = true;
+            return Err(JournalError::Sync(e));
+        }
+        self.resync = false;
+        Ok(())
+    }
+
+    /// After a failed fsync: the bytes past the durable point must still read back as
+    /// written before anything is appended after them.
+    fn check_unsynced(&mut self) -> Result<(), JournalError> {
+        if self.resync {
+            self.rewrite_unsynced()?;
+        }
+        Ok(())
+    }
+
+    fn rewrite_unsynced(&mut self) -> Result<(), JournalError> {
+        let mut bytes = vec![0; (self.len - self.durable) as usize];
+        let read = self.file.read_exact_at(&mut bytes, self.durable);
+        if read.is_err() || chain_of(&bytes, self.durable_chain) != Some(self.chain) {
+            self.poisoned = true;
+            tracing::error!(
+                journal = %self.path.display(),
+                from = self.durable,
+                to = self.len,
+                "journal: after a failed fsync the unsynced records no longer read back as \
+                 written; the journal takes no more appends (restart to recover what is durable)"
+            );
+            return Err(JournalError::Poisoned);
+        }
+        self.file
+            .write_all_at(&bytes, self.durable)
+            .map_err(JournalError::Append)
     }
 
     /// Replays the whole journal again into `on_record` (to rebuild state after an append
@@ -1512,6 +1607,7 @@ impl Journal {
         if self.poisoned {
             return Err(JournalError::Poisoned);
         }
+        self.check_unsynced()?;
         self.sync_dir_if_pending()?;
         use rustix::fs::{fallocate, FallocateFlags};
         // A KEEP_SIZE fallocate is not held to the file-size limit (RLIMIT_FSIZE): checked
@@ -1564,7 +1660,10 @@ impl Journal {
         // Seal: everything durable, then a superblock that claims the whole file.
         self.sync()?;
         self.write_superblock().map_err(rotate_err)?;
-        self.file.sync_data().map_err(rotate_err)?;
+        self.fdatasync().map_err(|e| match e {
+            JournalError::Sync(source) => rotate_err(source),
+            e => e,
+        })?;
         let archive = archive_name(path, self.sb.segment);
         let next = next_segment_path(path);
         let result = (|| -> Result<(File, Superblock, u64, u32), JournalError> {
@@ -2308,6 +2407,49 @@ mod tests {
         drop(j);
         assert_eq!(replayed(&p), [(8, 10), (1, 3)]);
         assert_eq!(replayed(&archived), [(1, 1)]);
+    }
+
+    #[test]
+    fn a_failed_fsync_is_not_retried_as_if_the_data_were_safe() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("gw.journal");
+        let (mut j, _) = Journal::open(&p, FsyncPolicy::EveryN(100), |_, _| {}).unwrap();
+        j.append(&rec(1, 1), 1).unwrap();
+        j.sync().unwrap();
+        let durable = std::fs::metadata(&p).unwrap().len();
+        j.append(&rec(1, 2), 1).unwrap();
+        j.append(&rec(1, 3), 1).unwrap();
+        j.fail_syncs = 1;
+        assert!(matches!(j.sync(), Err(JournalError::Sync(_))));
+        // The retry re-reads what was not synced, finds it intact and writes it again.
+        j.sync().unwrap();
+        drop(j);
+        assert_eq!(replayed(&p), [(1, 1), (1, 2), (1, 3)]);
+
+        // Again, but the kernel dropped the pages it could not write (they read back as
+        // zeros here): the retry must not claim them durable.
+        let (mut j, _) = Journal::open(&p, FsyncPolicy::EveryN(100), |_, _| {}).unwrap();
+        let before = std::fs::metadata(&p).unwrap().len();
+        assert!(before > durable);
+        j.append(&rec(1, 4), 1).unwrap();
+        j.fail_syncs = 1;
+        assert!(matches!(j.sync(), Err(JournalError::Sync(_))));
+        let len = std::fs::metadata(&p).unwrap().len();
+        let zeros = vec![0u8; (len - before) as usize];
+        OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .write_all_at(&zeros, before)
+            .unwrap();
+        assert!(matches!(j.sync(), Err(JournalError::Poisoned)));
+        assert!(matches!(
+            j.append(&rec(1, 5), 1),
+            Err(JournalError::Poisoned)
+        ));
+        drop(j);
+        // What was durable is all there; the zeros past it are a torn tail, not a claim.
+        assert_eq!(replayed(&p), [(1, 1), (1, 2), (1, 3)]);
     }
 
     #[test]
