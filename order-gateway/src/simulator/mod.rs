@@ -125,7 +125,7 @@ use crate::risk::{KillScope, RiskConfig};
 use disk::Damage;
 
 /// Kinds of fault counted, in the order of [`SeedReport::faults`].
-pub const FAULT_NAMES: [&str; 16] = [
+pub const FAULT_NAMES: [&str; 17] = [
     "crash (kill -9)",
     "crash mid-write: torn write",
     "crash mid-write: power loss",
@@ -142,6 +142,7 @@ pub const FAULT_NAMES: [&str; 16] = [
     "engine disconnect",
     "clock jump",
     "kill switch acknowledged",
+    "archived segment damaged",
 ];
 const CRASH: usize = 0;
 const TORN: usize = 1;
@@ -159,6 +160,7 @@ const REORDER: usize = 12;
 const ENGINE_DISCONNECT: usize = 13;
 const CLOCK_JUMP: usize = 14;
 const KILL: usize = 15;
+const ARCHIVE_DAMAGED: usize = 16;
 
 /// Journal segments this small rotate every few dozen orders, so archives exist.
 const SEGMENT_BYTES: u64 = 16 << 10;
@@ -320,6 +322,9 @@ struct World {
     policy: FsyncPolicy,
     /// The journal's durable point at the last crash.
     durable_at_crash: u64,
+    /// Draws damage to archived segments (phase B), apart from the run's stream so that
+    /// adding it moved no earlier seed.
+    archive_rng: ChaCha8Rng,
 }
 
 /// Runs one seed; `Err` names the first broken invariant.
@@ -467,6 +472,7 @@ impl World {
             risk: risk_config(),
             policy: sync_policy(seed),
             durable_at_crash: 0,
+            archive_rng: ChaCha8Rng::seed_from_u64(seed ^ 0xa4c4_1e5e_a4c4_1e5e),
         };
         if !w.start(Damage::Cuttable)? {
             return Err("the first start was refused".into());
@@ -887,6 +893,14 @@ impl World {
                     ));
                 }
                 _ => {}
+            }
+        }
+        if self.cfg.must_refuse_damage && damage == Damage::Cuttable {
+            if let Some(what) =
+                disk::damage_archive(&self.path, &mut self.archive_rng).map_err(io)?
+            {
+                self.report.faults[ARCHIVE_DAMAGED] += 1;
+                damage = Damage::MustRefuse(what);
             }
         }
         self.report.restarts += 1;

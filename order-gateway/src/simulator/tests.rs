@@ -149,3 +149,22 @@ fn default_faults_break_nothing_but_the_known_last_batch_limit() {
         assert!(last_batch, "seed {}: {m}", f.seed);
     }
 }
+
+/// Phase B: damaged archives (cut short, swapped, one missing that is not the oldest) are
+/// refused at the start, with an error naming the journal.
+#[test]
+fn seeds_72_149_171_damaged_archives_are_refused() {
+    for (seed, what) in [
+        (72, "cut from"),
+        (149, "swapped"),
+        (171, "missing (not the oldest)"),
+    ] {
+        let r = run_seed(seed, &SimConfig::default()).unwrap_or_else(|f| panic!("{f}"));
+        assert_eq!(r.faults[ARCHIVE_DAMAGED], 1, "seed {seed}");
+        let refused = r.refused.unwrap_or_default();
+        assert!(
+            refused.contains(what) && refused.contains("gw.journal"),
+            "seed {seed}: {refused}"
+        );
+    }
+}
