@@ -737,6 +737,38 @@ fn archives(path: &Path) -> io::Result<Vec<u64>> {
     Ok(found)
 }
 
+/// An archive name `path.N` that is another name of the file at `path` (a rotation that
+/// linked it and then failed before its rename), if any.
+fn linked_archive(path: &Path) -> io::Result<Option<PathBuf>> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(path) else {
+        return Ok(None);
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let prefix = match path.file_name() {
+        Some(n) => format!("{}.", n.to_string_lossy()),
+        None => return Ok(None),
+    };
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let n = entry.file_name();
+        let numbered = n
+            .to_string_lossy()
+            .strip_prefix(&prefix)
+            .is_some_and(|k| k.parse::<u64>().is_ok());
+        if numbered {
+            let a = entry.metadata()?;
+            if (a.dev(), a.ino()) == (m.dev(), m.ino()) {
+                return Ok(Some(entry.path()));
+            }
+        }
+    }
+    Ok(None)
+}
+
 fn archive_name(path: &Path, n: u64) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(format!(".{n}"));
@@ -1173,6 +1205,29 @@ fn sync_dir(path: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// A file operation of an open journal that storage may fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StorageOp {
+    /// A write of records, a commit record or a superblock copy.
+    Write,
+    /// An fdatasync of the journal file or of a new segment.
+    Fsync,
+    /// The rename of a new segment over the journal.
+    Rename,
+    /// The hard link that keeps the old segment as an archive.
+    Link,
+    /// The sync of the journal's directory.
+    DirSync,
+}
+
+/// Faults injected into an open journal's file operations (the simulator's; the gateway
+/// runs with none). Called before each operation: an error fails it before it touches the
+/// disk, as EIO or ENOSPC would. Its cost when none is set: one branch per operation.
+pub trait StorageFaults: Send + std::fmt::Debug {
+    /// `Err` fails `op`.
+    fn check(&mut self, op: StorageOp) -> io::Result<()>;
+}
+
 /// An open journal, positioned at its end, held under an exclusive lock.
 #[derive(Debug)]
 pub struct Journal {
@@ -1206,6 +1261,7 @@ pub struct Journal {
     /// Tests: the next fdatasyncs fail.
     #[cfg(test)]
     fail_syncs: u32,
+    faults: Option<Box<dyn StorageFaults>>,
 }
 
 impl Journal {
@@ -1253,6 +1309,16 @@ impl Journal {
                         path: path.to_owned(),
                         state: fresh_state(file_len),
                         archive: newest(),
+                    });
+                }
+                // A rotation that linked this file as `path.N` and failed before its rename
+                // left that name: the file was a sealed journal, so a fresh-looking one is
+                // damage (and `path.N`, the same file, is damaged with it).
+                if let Some(archive) = linked_archive(path).map_err(JournalError::Read)? {
+                    return Err(JournalError::NoCurrentSegment {
+                        path: path.to_owned(),
+                        state: fresh_state(file_len),
+                        archive,
                     });
                 }
                 // A new journal, or a crash while its header was written: no record ever was.
@@ -1340,6 +1406,7 @@ impl Journal {
             fail_dir_syncs: 0,
             #[cfg(test)]
             fail_syncs: 0,
+            faults: None,
         };
         j.sb.seq += 1;
         j.sb.durable = len;
@@ -1347,6 +1414,18 @@ impl Journal {
         write_superblock(&j.file, &j.sb).map_err(JournalError::Append)?;
         j.file.sync_data().map_err(JournalError::Sync)?;
         Ok((j, stats))
+    }
+
+    /// Injects storage faults from now on (`None`: none).
+    pub fn set_faults(&mut self, faults: Option<Box<dyn StorageFaults>>) {
+        self.faults = faults;
+    }
+
+    fn fault(&mut self, op: StorageOp) -> io::Result<()> {
+        match &mut self.faults {
+            None => Ok(()),
+            Some(f) => f.check(op),
+        }
     }
 
     /// The sync policy it was opened with.
@@ -1402,12 +1481,14 @@ impl Journal {
         let start = self.len;
         let end = start + records.len() as u64 + if sync { MARK_LEN as u64 } else { 0 };
         let commit = commit_record(end, chain);
-        let written = if sync {
-            self.write_superblock()
-                .and_then(|()| self.write_both(&buf, &commit))
-        } else {
-            self.file.write_all(&buf)
-        };
+        let written = self.fault(StorageOp::Write).and_then(|()| {
+            if sync {
+                self.write_superblock()
+                    .and_then(|()| self.write_both(&buf, &commit))
+            } else {
+                self.file.write_all(&buf)
+            }
+        });
         self.scratch = buf;
         if let Err(e) = written {
             self.roll_back(start);
@@ -1457,6 +1538,7 @@ impl Journal {
             self.fail_dir_syncs -= 1;
             return Err(io::Error::from_raw_os_error(5));
         }
+        self.fault(StorageOp::DirSync)?;
         sync_dir(&self.path)
     }
 
@@ -1504,7 +1586,8 @@ impl Journal {
         let end = start + MARK_LEN as u64;
         let commit = commit_record(end, self.chain);
         if let Err(e) = self
-            .write_superblock()
+            .fault(StorageOp::Write)
+            .and_then(|()| self.write_superblock())
             .and_then(|()| self.file.write_all(&commit))
         {
             self.roll_back(start);
@@ -1541,7 +1624,10 @@ impl Journal {
             self.resync = true;
             return Err(JournalError::Sync(io::Error::from_raw_os_error(5)));
         }
-        if let Err(e) = self.file.sync_data() {
+        if let Err(e) = self
+            .fault(StorageOp::Fsync)
+            .and_then(|()| self.file.sync_data())
+        {
             self.resync = true;
             return Err(JournalError::Sync(e));
         }
@@ -1666,6 +1752,8 @@ impl Journal {
         })?;
         let archive = archive_name(path, self.sb.segment);
         let next = next_segment_path(path);
+        let mut faults = self.faults.take();
+        let mut fault = |op| faults.as_mut().map_or(Ok(()), |f| f.check(op));
         let result = (|| -> Result<(File, Superblock, u64, u32), JournalError> {
             let file = OpenOptions::new()
                 .read(true)
@@ -1695,12 +1783,21 @@ impl Journal {
             let mut bytes = header_bytes(&sb);
             bytes.extend_from_slice(&records);
             bytes.extend_from_slice(&commit);
-            file.write_all_at(&bytes, 0).map_err(rotate_err)?;
-            file.sync_all().map_err(rotate_err)?;
-            link_archive(path, &archive).map_err(rotate_err)?;
-            std::fs::rename(&next, path).map_err(rotate_err)?;
+            fault(StorageOp::Write)
+                .and_then(|()| file.write_all_at(&bytes, 0))
+                .map_err(rotate_err)?;
+            fault(StorageOp::Fsync)
+                .and_then(|()| file.sync_all())
+                .map_err(rotate_err)?;
+            fault(StorageOp::Link)
+                .and_then(|()| link_archive(path, &archive))
+                .map_err(rotate_err)?;
+            fault(StorageOp::Rename)
+                .and_then(|()| std::fs::rename(&next, path))
+                .map_err(rotate_err)?;
             Ok((file, Superblock { seq: 2, ..sb }, end, sb.chain))
         })();
+        self.faults = faults;
         match result {
             Ok((mut file, sb, end, chain)) => {
                 // The new file is at `path` now: it is the journal, whatever follows.
@@ -2450,6 +2547,48 @@ mod tests {
         drop(j);
         // What was durable is all there; the zeros past it are a torn tail, not a claim.
         assert_eq!(replayed(&p), [(1, 1), (1, 2), (1, 3)]);
+    }
+
+    #[derive(Debug)]
+    struct FailRenames;
+    impl StorageFaults for FailRenames {
+        fn check(&mut self, op: StorageOp) -> io::Result<()> {
+            if op == StorageOp::Rename {
+                return Err(io::Error::from_raw_os_error(28));
+            }
+            Ok(())
+        }
+    }
+
+    /// Simulator seed 1119 (phase B): a rotation whose rename failed left `FILE.1` as a
+    /// second name of the current file; the current file then read back empty (or a bare
+    /// magic) and the start created a fresh journal: an empty day, said nowhere.
+    #[test]
+    fn a_fresh_looking_journal_linked_by_a_failed_rotation_is_refused() {
+        for keep in [0, 8] {
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("gw.journal");
+            let (mut j, _) = Journal::open(&p, FsyncPolicy::Group, |_, _| {}).unwrap();
+            j.append(&rec(1, 1), 1).unwrap();
+            j.set_faults(Some(Box::new(FailRenames)));
+            assert!(matches!(
+                j.rotate(&p, &rec(7, 1)),
+                Err(JournalError::Rotate { .. })
+            ));
+            drop(j);
+            assert!(archive(&p, 1).exists(), "the rotation linked the archive");
+            OpenOptions::new()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_len(keep)
+                .unwrap();
+            assert!(matches!(
+                open_err(&p),
+                JournalError::NoCurrentSegment { .. }
+            ));
+            assert_eq!(std::fs::metadata(&p).unwrap().len(), keep, "file changed");
+        }
     }
 
     #[test]
