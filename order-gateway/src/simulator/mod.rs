@@ -28,6 +28,10 @@
 //!   and a missing, empty or bare-magic current segment while archives exist (the start must
 //!   be refused, with an error naming the journal, never silently shortened: counted as
 //!   "refused correctly", and the seed ends there).
+//! - **Damage to archived segments** (phase B, `disk::damage_archive`, drawn from a stream
+//!   of its own so that no earlier seed moved): at one restart in twelve where archives
+//!   exist, one `gw.journal.N` is cut short, two neighbours are swapped, or one that is not
+//!   the oldest is removed (the oldest may have been pruned); the start must refuse each.
 //! - **Network**: the link drops (what is on the wire is lost); the venue's replies are
 //!   delayed, duplicated (a copy with PossDupFlag=Y), reordered (two adjacent messages
 //!   swapped: a gap that fills itself, which a TCP stream cannot do but a venue's sender
@@ -58,9 +62,17 @@
 //! - A kill switch once acknowledged stays on.
 //! - A journal damaged inside its durable extent is refused with an error naming it.
 //!
-//! # Not injected in phase A
-//! EIO/ENOSPC on write, fsync, rename, link and directory sync, misdirected writes and
-//! damage to archived segments need a storage trait inside the journal (phase B). The venue
+//! # Not injected yet
+//! EIO/ENOSPC on write, fsync, rename, link and directory sync, misdirected writes, lost
+//! unsynced writes after a failed fsync and damage inside an archived segment's records
+//! need a storage trait inside the journal with a simulated disk (durable and volatile
+//! views); phase B has not written it yet. What phase B has done: archive damage (above),
+//! and, found by reading rather than by a run, a journal that retried a failed fsync as if
+//! the data were safe (fsyncgate; fixed in the journal, which now re-reads, checks and
+//! rewrites what is past its durable point before the next fsync may claim it, or refuses
+//! further appends: `journal::tests::a_failed_fsync_is_not_retried_as_if_the_data_were_safe`).
+//! The driver's degraded-mode probe still times itself with `Instant`, which a run that
+//! fails writes would have to take from the simulated clock first. The venue
 //! never fills partially and does not take replaces or bust trades, so those paths are not
 //! exercised. Under `never`/`every_n` no power loss is simulated (it may lose acknowledged
 //! orders by design).
@@ -108,6 +120,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -119,13 +133,13 @@ use crate::client::Client;
 use crate::driver::{DriverError, FixDriver};
 use crate::fix::{SessionConfig, SessionState};
 use crate::gateway::{EngineId, OrderStatus};
-use crate::journal::{FsyncPolicy, JournalError, HEADER_LEN};
+use crate::journal::{FsyncPolicy, JournalError, StorageFaults, StorageOp, HEADER_LEN};
 use crate::proto::{Response, Side, Symbol, PRICE_SCALE};
 use crate::risk::{KillScope, RiskConfig};
 use disk::Damage;
 
 /// Kinds of fault counted, in the order of [`SeedReport::faults`].
-pub const FAULT_NAMES: [&str; 17] = [
+pub const FAULT_NAMES: [&str; 27] = [
     "crash (kill -9)",
     "crash mid-write: torn write",
     "crash mid-write: power loss",
@@ -143,6 +157,16 @@ pub const FAULT_NAMES: [&str; 17] = [
     "clock jump",
     "kill switch acknowledged",
     "archived segment damaged",
+    "EIO on write",
+    "ENOSPC on write",
+    "EIO on fsync",
+    "ENOSPC on fsync",
+    "EIO on rename",
+    "ENOSPC on rename",
+    "EIO on link",
+    "ENOSPC on link",
+    "EIO on directory sync",
+    "ENOSPC on directory sync",
 ];
 const CRASH: usize = 0;
 const TORN: usize = 1;
@@ -161,6 +185,64 @@ const ENGINE_DISCONNECT: usize = 13;
 const CLOCK_JUMP: usize = 14;
 const KILL: usize = 15;
 const ARCHIVE_DAMAGED: usize = 16;
+/// The first of the ten storage-error kinds: `STORAGE + 2 * op + (ENOSPC as usize)`.
+const STORAGE: usize = 17;
+
+/// A disk outage (phase B): while one is on, every journal operation of its kind fails
+/// with its error; counted per failed operation.
+#[derive(Debug, Default)]
+struct Outage {
+    on: Option<(StorageOp, bool)>,
+    failed: [u64; 10],
+}
+
+#[derive(Debug)]
+struct SimStorageFaults(Arc<Mutex<Outage>>);
+
+impl StorageFaults for SimStorageFaults {
+    fn check(&mut self, op: StorageOp) -> std::io::Result<()> {
+        let mut o = self.0.lock().expect("one thread");
+        match o.on {
+            Some((failing, enospc)) if failing == op => {
+                let i = 2 * STORAGE_OPS.iter().position(|x| *x == op).unwrap_or(0);
+                o.failed[i + usize::from(enospc)] += 1;
+                Err(std::io::Error::from_raw_os_error(if enospc {
+                    28
+                } else {
+                    5
+                }))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+const STORAGE_OPS: [StorageOp; 5] = [
+    StorageOp::Write,
+    StorageOp::Fsync,
+    StorageOp::Rename,
+    StorageOp::Link,
+    StorageOp::DirSync,
+];
+
+thread_local! {
+    /// The simulated monotonic clock the driver's probe and rotation back-off read: an
+    /// `Instant` of this thread plus the run's simulated nanoseconds (only differences
+    /// matter, so a run is the same whatever the real clock).
+    static MONO: std::cell::Cell<(Option<Instant>, u64)> = const { std::cell::Cell::new((None, 0)) };
+}
+
+fn sim_mono() -> Instant {
+    MONO.with(|c| {
+        let (base, ns) = c.get();
+        let base = base.unwrap_or_else(|| {
+            let b = Instant::now();
+            c.set((Some(b), ns));
+            b
+        });
+        base + Duration::from_nanos(ns)
+    })
+}
 
 /// Journal segments this small rotate every few dozen orders, so archives exist.
 const SEGMENT_BYTES: u64 = 16 << 10;
@@ -183,6 +265,9 @@ pub struct SimConfig {
     /// the checks being told: a run that holds every invariant with it would mean the
     /// checks see nothing (the simulator's own test; 0 in every real run).
     pub lose_durable_bytes: u64,
+    /// Disk outages: EIO or ENOSPC on write, fsync, rename, link or directory sync for a
+    /// few steps (phase B).
+    pub storage_errors: bool,
 }
 
 impl SimConfig {
@@ -205,6 +290,7 @@ impl Default for SimConfig {
             must_refuse_damage: true,
             damage_past_durable: true,
             lose_durable_bytes: 0,
+            storage_errors: true,
         }
     }
 }
@@ -325,6 +411,11 @@ struct World {
     /// Draws damage to archived segments (phase B), apart from the run's stream so that
     /// adding it moved no earlier seed.
     archive_rng: ChaCha8Rng,
+    /// Draws disk outages, apart from the run's stream.
+    disk_rng: ChaCha8Rng,
+    outage: Arc<Mutex<Outage>>,
+    /// The step the current outage ends at.
+    outage_until: u32,
 }
 
 /// Runs one seed; `Err` names the first broken invariant.
@@ -440,6 +531,7 @@ impl World {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let net_rng = ChaCha8Rng::seed_from_u64(rng.gen());
         let net = Rc::new(RefCell::new(Net::new(EPOCH, net_rng)));
+        MONO.with(|c| c.set((c.get().0, 0)));
         let engines = ENGINES
             .iter()
             .map(|&(id, account, sym)| SimEngine {
@@ -473,6 +565,9 @@ impl World {
             policy: sync_policy(seed),
             durable_at_crash: 0,
             archive_rng: ChaCha8Rng::seed_from_u64(seed ^ 0xa4c4_1e5e_a4c4_1e5e),
+            disk_rng: ChaCha8Rng::seed_from_u64(seed ^ 0xd15c_0e10_d15c_0e10),
+            outage: Arc::default(),
+            outage_until: 0,
         };
         if !w.start(Damage::Cuttable)? {
             return Err("the first start was refused".into());
@@ -485,7 +580,32 @@ impl World {
     }
 
     fn advance(&mut self, ns: u64) {
-        self.net.borrow_mut().now += ns;
+        let now = {
+            let mut n = self.net.borrow_mut();
+            n.now += ns;
+            n.now
+        };
+        MONO.with(|c| c.set((c.get().0, now - EPOCH)));
+    }
+
+    /// Starts or ends a disk outage, drawn per step.
+    fn draw_outage(&mut self) {
+        let mut o = self.outage.lock().expect("one thread");
+        if o.on.is_some() {
+            if self.step >= self.outage_until {
+                o.on = None;
+            }
+        } else if self.cfg.storage_errors && self.disk_rng.gen_bool(0.01) {
+            let op = STORAGE_OPS[self.disk_rng.gen_range(0..STORAGE_OPS.len())];
+            o.on = Some((op, self.disk_rng.gen_bool(0.5)));
+            // Rename, link and directory sync happen only at a rotation (every few dozen
+            // orders): their outages last longer, or they would rarely meet one.
+            let steps = match op {
+                StorageOp::Write | StorageOp::Fsync => 30,
+                _ => 150,
+            };
+            self.outage_until = self.step + self.disk_rng.gen_range(1..=steps);
+        }
     }
 
     fn driver(&mut self) -> &mut FixDriver<SimLink> {
@@ -508,6 +628,8 @@ impl World {
     }
 
     fn finish_counts(&mut self) {
+        let failed = self.outage.lock().expect("one thread").failed;
+        self.report.faults[STORAGE..STORAGE + 10].copy_from_slice(&failed);
         let n = self.net.borrow();
         self.report.faults[DELAY] = n.faults.delays;
         self.report.faults[DUPLICATE] = n.faults.duplicates;
@@ -517,6 +639,7 @@ impl World {
 
     /// One step; `false`: the seed ended (a correct refusal).
     fn step_once(&mut self) -> Result<bool, String> {
+        self.draw_outage();
         let roll = self.rng.gen_range(0..1000u32);
         match roll {
             0..=449 => self.new_order()?,
@@ -787,7 +910,10 @@ impl World {
         let durable_before = self.driver().journal_durable_len();
         if self.rng.gen_bool(0.5) {
             // In the middle of a batch: its write reaches the disk partly, nothing leaves.
-            let rotations = self.driver().segment_stats().rotations;
+            let (rotations, rotation_failures) = {
+                let s = self.driver().segment_stats();
+                (s.rotations, s.failures)
+            };
             let before = disk::len(&self.path);
             self.net.borrow_mut().blackhole = true;
             let staged = self.stage_new_order();
@@ -795,12 +921,18 @@ impl World {
                 let _ = self.driver().flush_with(|_, _| {});
             }
             let after = disk::len(&self.path);
-            if staged && self.driver().segment_stats().rotations == rotations && after > before {
+            // A rotation attempt, even one that failed (phase B: a link or rename error),
+            // sealed the batch: its superblock claims it, so it cannot be torn.
+            let s = self.driver().segment_stats();
+            if staged
+                && (s.rotations, s.failures) == (rotations, rotation_failures)
+                && after > before
+            {
                 torn = Some((before, after));
             }
         }
         if torn.is_none() {
-            // (A batch that started a new segment counts as a plain kill.)
+            // (A batch that started, or tried to start, a new segment counts as a plain kill.)
             durable = self.driver().journal_durable_len();
         }
         self.driver = None;
@@ -961,6 +1093,9 @@ impl World {
             (Ok(d), Damage::Cuttable) => d,
         };
         self.driver = Some(d);
+        let faults = SimStorageFaults(self.outage.clone());
+        self.driver()
+            .set_storage_faults(Some(Box::new(faults)), sim_mono);
         let now = self.now();
         let symbols: Vec<Symbol> = self.engines.iter().map(|e| e.symbol).collect();
         let d = self.driver();
@@ -1023,6 +1158,8 @@ impl World {
     /// No more faults: everything reconnects and every order comes to an end; then the
     /// positions must add up.
     fn settle(&mut self) -> Result<(), String> {
+        // The disk works again: the gateway must recover by itself.
+        self.outage.lock().expect("one thread").on = None;
         {
             let mut n = self.net.borrow_mut();
             n.frozen_until = 0;
@@ -1048,6 +1185,9 @@ impl World {
                 quiet = true;
                 break;
             }
+        }
+        if self.driver().is_degraded() {
+            return Err("the disk works again, but the gateway stayed degraded".into());
         }
         if !quiet {
             let gw = self.driver.as_ref().expect("a running gateway").gateway();
