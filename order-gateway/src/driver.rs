@@ -923,22 +923,21 @@ impl<L: VenueLink> FixDriver<L> {
         if self.out.journal_records > 0 {
             let mut held = std::mem::take(&mut self.held);
             let mut keep = |e: EngineId, r: &Response| held.push((e, *r));
+            // One synced append: if it fails, nothing of the command stays in the journal
+            // the core is rebuilt from (an append then a separate sync left it there when
+            // the sync failed: the rebuilt core held the command and its cancels, never sent;
+            // simulator seed 4809).
             if let Err(e) = self
                 .journal
-                .append(&self.out.journal, self.out.journal_records)
+                .append_durable(&self.out.journal, self.out.journal_records)
             {
                 let r = self.journal_failed(&e, &mut keep);
                 self.held = held;
                 r?;
-                return Err(CommandError::Append(e));
-            }
-            if self.journal.durable_len() < self.journal.len() {
-                if let Err(e) = self.journal.sync() {
-                    let r = self.journal_failed(&e, &mut keep);
-                    self.held = held;
-                    r?;
-                    return Err(CommandError::Sync(e));
-                }
+                return Err(match e {
+                    JournalError::Sync(e) => CommandError::Sync(JournalError::Sync(e)),
+                    e => CommandError::Append(e),
+                });
             }
             self.held = held;
             self.out.journal.clear();

@@ -1450,6 +1450,23 @@ impl Journal {
     /// records describe leave the process. On an error nothing of this append stays in the
     /// file (the gateway may go on once the cause, such as a full disk, is gone).
     pub fn append(&mut self, records: &[u8], count: u32) -> Result<(), JournalError> {
+        self.append_inner(records, count, false)
+    }
+
+    /// [`append`](Self::append), synced whatever the policy (an operator command: durable
+    /// before it is acknowledged). On an error nothing of *this* append stays in the file,
+    /// so a rebuild from the journal does not hold a command reported failed (with a
+    /// separate [`sync`](Self::sync) it would: a failed sync takes nothing back).
+    pub fn append_durable(&mut self, records: &[u8], count: u32) -> Result<(), JournalError> {
+        self.append_inner(records, count, true)
+    }
+
+    fn append_inner(
+        &mut self,
+        records: &[u8],
+        count: u32,
+        force_sync: bool,
+    ) -> Result<(), JournalError> {
         if records.is_empty() {
             return Ok(());
         }
@@ -1460,11 +1477,12 @@ impl Journal {
         // record after them would make a restart refuse the file as damaged.
         self.check_unsynced()?;
         let unsynced = self.unsynced.saturating_add(count);
-        let sync = match self.policy {
-            FsyncPolicy::Never => false,
-            FsyncPolicy::Group => true,
-            FsyncPolicy::EveryN(n) => unsynced >= n.max(1),
-        };
+        let sync = force_sync
+            || match self.policy {
+                FsyncPolicy::Never => false,
+                FsyncPolicy::Group => true,
+                FsyncPolicy::EveryN(n) => unsynced >= n.max(1),
+            };
         if sync {
             self.sync_dir_if_pending()?;
         }

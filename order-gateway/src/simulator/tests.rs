@@ -205,3 +205,15 @@ fn seed_1119_a_lost_segment_linked_by_a_failed_rotation_is_refused() {
     assert!(r.faults[STORAGE..STORAGE + 10].iter().sum::<u64>() > 0);
     assert!(r.refused.is_some_and(|e| e.contains("only its magic")));
 }
+
+/// Phase B, found by seeds 4809, 5421, 5678, 6607, 8827 and 11921 with disk outages: an
+/// operator command was appended, then synced apart; when the sync failed the command was
+/// reported failed and the core rebuilt from the journal, which still held it (a failed
+/// sync takes nothing back): the kill switch's cancels were in the core, never sent, and
+/// the run never settled. Fixed in the driver (one synced append, rolled back on failure).
+#[test]
+fn seeds_4809_5421_an_operator_command_whose_sync_failed_is_not_half_kept() {
+    for seed in [4809, 5421] {
+        run_seed(seed, &SimConfig::default()).unwrap_or_else(|f| panic!("{f}"));
+    }
+}
