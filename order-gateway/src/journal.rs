@@ -72,6 +72,10 @@
 //! A journal is held under an exclusive `flock` for as long as it is open: a second gateway
 //! on the same file fails with [`JournalError::Locked`].
 //!
+//! The simulator fails an open journal's writes, fsyncs, renames, links and directory syncs
+//! through [`StorageFaults`] ([`Journal::set_faults`]); the gateway runs with none (one
+//! branch per operation). Opening, `verify` and `repair` use `std::fs` directly.
+//!
 //! This module owns the file format and durability only; what records mean is the gateway's.
 
 use std::fs::{File, OpenOptions};
