@@ -540,6 +540,9 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     held: Vec<(EngineId, Response)>,
     /// After a failed rotation: when the next may be tried, and the wait after that one.
     rotation_retry: Option<(Instant, Duration)>,
+    /// The monotonic clock of the degraded-mode probe and the rotation back-off
+    /// (`Instant::now` but in the simulator).
+    mono: fn() -> Instant,
 }
 
 /// Journal segments started by this driver.
@@ -672,6 +675,7 @@ impl<L: VenueLink> FixDriver<L> {
             opening: false,
             held: Vec::new(),
             rotation_retry: None,
+            mono: Instant::now,
         };
         // Requests whose order message the journal lost with a torn last write never went
         // out: answered now (and journaled), before anything else happens.
@@ -860,7 +864,7 @@ impl<L: VenueLink> FixDriver<L> {
     /// In degraded mode, every [`PROBE_INTERVAL`]: can the journal be written again?
     fn probe(&mut self, now: u64) {
         let Some(d) = self.degraded else { return };
-        let t = Instant::now();
+        let t = (self.mono)();
         if t < d.next_probe {
             return;
         }
@@ -919,22 +923,21 @@ impl<L: VenueLink> FixDriver<L> {
         if self.out.journal_records > 0 {
             let mut held = std::mem::take(&mut self.held);
             let mut keep = |e: EngineId, r: &Response| held.push((e, *r));
+            // One synced append: if it fails, nothing of the command stays in the journal
+            // the core is rebuilt from (an append then a separate sync left it there when
+            // the sync failed: the rebuilt core held the command and its cancels, never sent;
+            // simulator seed 4809).
             if let Err(e) = self
                 .journal
-                .append(&self.out.journal, self.out.journal_records)
+                .append_durable(&self.out.journal, self.out.journal_records)
             {
                 let r = self.journal_failed(&e, &mut keep);
                 self.held = held;
                 r?;
-                return Err(CommandError::Append(e));
-            }
-            if self.journal.durable_len() < self.journal.len() {
-                if let Err(e) = self.journal.sync() {
-                    let r = self.journal_failed(&e, &mut keep);
-                    self.held = held;
-                    r?;
-                    return Err(CommandError::Sync(e));
-                }
+                return Err(match e {
+                    JournalError::Sync(e) => CommandError::Sync(JournalError::Sync(e)),
+                    e => CommandError::Append(e),
+                });
             }
             self.held = held;
             self.out.journal.clear();
@@ -1119,7 +1122,7 @@ impl<L: VenueLink> FixDriver<L> {
             && self.degraded.is_none()
             && self
                 .rotation_retry
-                .is_none_or(|(at, _)| Instant::now() >= at)
+                .is_none_or(|(at, _)| (self.mono)() >= at)
         {
             self.checkpoint();
         }
@@ -1198,7 +1201,7 @@ impl<L: VenueLink> FixDriver<L> {
                 self.segments.failures += 1;
                 let wait = self.rotation_retry.map_or(ROTATION_BACKOFF_MIN, |(_, w)| w);
                 self.rotation_retry =
-                    Some((Instant::now() + wait, (wait * 2).min(ROTATION_BACKOFF_MAX)));
+                    Some(((self.mono)() + wait, (wait * 2).min(ROTATION_BACKOFF_MAX)));
                 tracing::error!(
                     error = %anyhow_chain(&e),
                     retry_in_s = wait.as_secs(),
@@ -1241,7 +1244,7 @@ impl<L: VenueLink> FixDriver<L> {
         self.deferred_disconnects
             .append(&mut self.batch_disconnects);
         self.degraded = Some(Degraded {
-            next_probe: Instant::now() + PROBE_INTERVAL,
+            next_probe: (self.mono)() + PROBE_INTERVAL,
         });
         Ok(())
     }
@@ -1256,6 +1259,17 @@ impl<L: VenueLink> FixDriver<L> {
     /// Takes the engine responses produced so far.
     pub fn take_engine_responses(&mut self) -> Vec<(EngineId, Response)> {
         std::mem::take(&mut self.responses)
+    }
+
+    /// The simulator's: storage faults injected into the journal's file operations, and
+    /// the monotonic clock its degraded-mode probe and rotation back-off read.
+    pub fn set_storage_faults(
+        &mut self,
+        faults: Option<Box<dyn crate::journal::StorageFaults>>,
+        mono: fn() -> Instant,
+    ) {
+        self.journal.set_faults(faults);
+        self.mono = mono;
     }
 
     /// Journal bytes a completed sync made durable (what survives a power loss).

@@ -36,6 +36,13 @@
 //! follows it anywhere in the file (the tail of the last, unsynced write; appends that fail
 //! are rolled back, so no partial record ever sits before a later one).
 //!
+//! An fdatasync that fails is never retried as if it had written anything (the kernel may
+//! have dropped the pages it could not write and marked them clean, so a later fdatasync
+//! that succeeds says nothing about them): until one succeeds again, every append and sync
+//! first re-reads the bytes past the durable point, checks that they are still the records
+//! appended (their chain) and writes them again; if they are not, the journal is poisoned
+//! and a restart reads what is durable.
+//!
 //! # Segments
 //! [`Journal::rotate`] starts a new segment: the old file is sealed (a commit record, then
 //! its superblock claims its whole length), kept as `FILE.N` where N is its segment number,
@@ -64,6 +71,10 @@
 //!
 //! A journal is held under an exclusive `flock` for as long as it is open: a second gateway
 //! on the same file fails with [`JournalError::Locked`].
+//!
+//! The simulator fails an open journal's writes, fsyncs, renames, links and directory syncs
+//! through [`StorageFaults`] ([`Journal::set_faults`]); the gateway runs with none (one
+//! branch per operation). Opening, `verify` and `repair` use `std::fs` directly.
 //!
 //! This module owns the file format and durability only; what records mean is the gateway's.
 
@@ -208,7 +219,10 @@ pub enum JournalError {
     #[error("append to journal")]
     Append(#[source] io::Error),
     /// An append failed and could not be rolled back: the journal takes no more appends.
-    #[error("journal append failed and could not be rolled back; restart to recover")]
+    #[error(
+        "journal append failed and could not be rolled back, or records not yet synced no \
+         longer read back after a failed fsync; restart to recover what is durable"
+    )]
     Poisoned,
     /// fsync failed.
     #[error("fsync journal")]
@@ -279,6 +293,22 @@ fn rechain(buf: &mut [u8], mut chain: u32) -> Option<u32> {
         chain = crc32fast::hash(&buf[at + 8..end]);
         buf[at + 4..at + 8].copy_from_slice(&chain.to_le_bytes());
         at = end;
+    }
+    Some(chain)
+}
+
+/// Checks that `buf` is whole intact records chained after `chain`, without changing it.
+/// Returns the chain value after the last.
+fn chain_of(buf: &[u8], mut chain: u32) -> Option<u32> {
+    let mut at = 0;
+    while at < buf.len() {
+        let (_, _, n) = decode_record(&buf[at..])?;
+        let rec = &buf[at..at + n];
+        if u32::from_le_bytes(rec[8..12].try_into().ok()?) != chain {
+            return None;
+        }
+        chain = record_crc(rec);
+        at += n;
     }
     Some(chain)
 }
@@ -709,6 +739,38 @@ fn archives(path: &Path) -> io::Result<Vec<u64>> {
     }
     found.sort_unstable();
     Ok(found)
+}
+
+/// An archive name `path.N` that is another name of the file at `path` (a rotation that
+/// linked it and then failed before its rename), if any.
+fn linked_archive(path: &Path) -> io::Result<Option<PathBuf>> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(path) else {
+        return Ok(None);
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let prefix = match path.file_name() {
+        Some(n) => format!("{}.", n.to_string_lossy()),
+        None => return Ok(None),
+    };
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let n = entry.file_name();
+        let numbered = n
+            .to_string_lossy()
+            .strip_prefix(&prefix)
+            .is_some_and(|k| k.parse::<u64>().is_ok());
+        if numbered {
+            let a = entry.metadata()?;
+            if (a.dev(), a.ino()) == (m.dev(), m.ino()) {
+                return Ok(Some(entry.path()));
+            }
+        }
+    }
+    Ok(None)
 }
 
 fn archive_name(path: &Path, n: u64) -> PathBuf {
@@ -1147,6 +1209,29 @@ fn sync_dir(path: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// A file operation of an open journal that storage may fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StorageOp {
+    /// A write of records, a commit record or a superblock copy.
+    Write,
+    /// An fdatasync of the journal file or of a new segment.
+    Fsync,
+    /// The rename of a new segment over the journal.
+    Rename,
+    /// The hard link that keeps the old segment as an archive.
+    Link,
+    /// The sync of the journal's directory.
+    DirSync,
+}
+
+/// Faults injected into an open journal's file operations (the simulator's; the gateway
+/// runs with none). Called before each operation: an error fails it before it touches the
+/// disk, as EIO or ENOSPC would. Its cost when none is set: one branch per operation.
+pub trait StorageFaults: Send + std::fmt::Debug {
+    /// `Err` fails `op`.
+    fn check(&mut self, op: StorageOp) -> io::Result<()>;
+}
+
 /// An open journal, positioned at its end, held under an exclusive lock.
 #[derive(Debug)]
 pub struct Journal {
@@ -1167,11 +1252,20 @@ pub struct Journal {
     /// A rotation's rename is not known durable yet: synced appends retry the directory
     /// sync first and fail while it fails.
     dir_sync_pending: bool,
+    /// An fdatasync of this file failed. The kernel may have dropped the dirty pages it could
+    /// not write and marked them clean ("fsyncgate"): a later fdatasync that succeeds says
+    /// nothing about them. Until one succeeds, bytes past `durable` are re-read, checked
+    /// against the chain and written again before each fdatasync.
+    resync: bool,
     poisoned: bool,
     scratch: Vec<u8>,
     /// Tests: the next directory syncs fail.
     #[cfg(test)]
     fail_dir_syncs: u32,
+    /// Tests: the next fdatasyncs fail.
+    #[cfg(test)]
+    fail_syncs: u32,
+    faults: Option<Box<dyn StorageFaults>>,
 }
 
 impl Journal {
@@ -1219,6 +1313,16 @@ impl Journal {
                         path: path.to_owned(),
                         state: fresh_state(file_len),
                         archive: newest(),
+                    });
+                }
+                // A rotation that linked this file as `path.N` and failed before its rename
+                // left that name: the file was a sealed journal, so a fresh-looking one is
+                // damage (and `path.N`, the same file, is damaged with it).
+                if let Some(archive) = linked_archive(path).map_err(JournalError::Read)? {
+                    return Err(JournalError::NoCurrentSegment {
+                        path: path.to_owned(),
+                        state: fresh_state(file_len),
+                        archive,
                     });
                 }
                 // A new journal, or a crash while its header was written: no record ever was.
@@ -1299,10 +1403,14 @@ impl Journal {
             durable_chain: chain,
             sb,
             dir_sync_pending: false,
+            resync: false,
             poisoned: false,
             scratch: Vec::new(),
             #[cfg(test)]
             fail_dir_syncs: 0,
+            #[cfg(test)]
+            fail_syncs: 0,
+            faults: None,
         };
         j.sb.seq += 1;
         j.sb.durable = len;
@@ -1310,6 +1418,18 @@ impl Journal {
         write_superblock(&j.file, &j.sb).map_err(JournalError::Append)?;
         j.file.sync_data().map_err(JournalError::Sync)?;
         Ok((j, stats))
+    }
+
+    /// Injects storage faults from now on (`None`: none).
+    pub fn set_faults(&mut self, faults: Option<Box<dyn StorageFaults>>) {
+        self.faults = faults;
+    }
+
+    fn fault(&mut self, op: StorageOp) -> io::Result<()> {
+        match &mut self.faults {
+            None => Ok(()),
+            Some(f) => f.check(op),
+        }
     }
 
     /// The sync policy it was opened with.
@@ -1334,18 +1454,39 @@ impl Journal {
     /// records describe leave the process. On an error nothing of this append stays in the
     /// file (the gateway may go on once the cause, such as a full disk, is gone).
     pub fn append(&mut self, records: &[u8], count: u32) -> Result<(), JournalError> {
+        self.append_inner(records, count, false)
+    }
+
+    /// [`append`](Self::append), synced whatever the policy (an operator command: durable
+    /// before it is acknowledged). On an error nothing of *this* append stays in the file,
+    /// so a rebuild from the journal does not hold a command reported failed (with a
+    /// separate [`sync`](Self::sync) it would: a failed sync takes nothing back).
+    pub fn append_durable(&mut self, records: &[u8], count: u32) -> Result<(), JournalError> {
+        self.append_inner(records, count, true)
+    }
+
+    fn append_inner(
+        &mut self,
+        records: &[u8],
+        count: u32,
+        force_sync: bool,
+    ) -> Result<(), JournalError> {
         if records.is_empty() {
             return Ok(());
         }
         if self.poisoned {
             return Err(JournalError::Poisoned);
         }
+        // After a failed fsync nothing is written past bytes that may be lost: an intact
+        // record after them would make a restart refuse the file as damaged.
+        self.check_unsynced()?;
         let unsynced = self.unsynced.saturating_add(count);
-        let sync = match self.policy {
-            FsyncPolicy::Never => false,
-            FsyncPolicy::Group => true,
-            FsyncPolicy::EveryN(n) => unsynced >= n.max(1),
-        };
+        let sync = force_sync
+            || match self.policy {
+                FsyncPolicy::Never => false,
+                FsyncPolicy::Group => true,
+                FsyncPolicy::EveryN(n) => unsynced >= n.max(1),
+            };
         if sync {
             self.sync_dir_if_pending()?;
         }
@@ -1362,12 +1503,14 @@ impl Journal {
         let start = self.len;
         let end = start + records.len() as u64 + if sync { MARK_LEN as u64 } else { 0 };
         let commit = commit_record(end, chain);
-        let written = if sync {
-            self.write_superblock()
-                .and_then(|()| self.write_both(&buf, &commit))
-        } else {
-            self.file.write_all(&buf)
-        };
+        let written = self.fault(StorageOp::Write).and_then(|()| {
+            if sync {
+                self.write_superblock()
+                    .and_then(|()| self.write_both(&buf, &commit))
+            } else {
+                self.file.write_all(&buf)
+            }
+        });
         self.scratch = buf;
         if let Err(e) = written {
             self.roll_back(start);
@@ -1417,6 +1560,7 @@ impl Journal {
             self.fail_dir_syncs -= 1;
             return Err(io::Error::from_raw_os_error(5));
         }
+        self.fault(StorageOp::DirSync)?;
         sync_dir(&self.path)
     }
 
@@ -1450,6 +1594,7 @@ impl Journal {
     /// Forces an fdatasync of everything appended.
     /// Unsynced records get their commit record first.
     pub fn sync(&mut self) -> Result<(), JournalError> {
+        self.check_unsynced()?;
         self.sync_dir_if_pending()?;
         if self.len > self.durable && !self.poisoned {
             self.append_commit()?;
@@ -1463,7 +1608,8 @@ impl Journal {
         let end = start + MARK_LEN as u64;
         let commit = commit_record(end, self.chain);
         if let Err(e) = self
-            .write_superblock()
+            .fault(StorageOp::Write)
+            .and_then(|()| self.write_superblock())
             .and_then(|()| self.file.write_all(&commit))
         {
             self.roll_back(start);
@@ -1475,11 +1621,68 @@ impl Journal {
     }
 
     fn sync_data(&mut self) -> Result<(), JournalError> {
-        self.file.sync_data().map_err(JournalError::Sync)?;
+        self.fdatasync()?;
         self.unsynced = 0;
         self.durable = self.len;
         self.durable_chain = self.chain;
         Ok(())
+    }
+
+    /// fdatasync of the file, never retried as if a failed one had written anything: after a
+    /// failure (`resync`), the bytes past the durable point are re-read and must still be
+    /// the records this journal appended (their chain from `durable_chain` to `chain`), and
+    /// are written again, so the next fdatasync covers them; if they are not, the journal
+    /// is poisoned (what is durable is on disk; a restart reads it and says what is not).
+    fn fdatasync(&mut self) -> Result<(), JournalError> {
+        if self.poisoned {
+            return Err(JournalError::Poisoned);
+        }
+        if self.resync {
+            self.rewrite_unsynced()?;
+        }
+        #[cfg(test)]
+        if self.fail_syncs > 0 {
+            self.fail_syncs -= 1;
+            self.resync = true;
+            return Err(JournalError::Sync(io::Error::from_raw_os_error(5)));
+        }
+        if let Err(e) = self
+            .fault(StorageOp::Fsync)
+            .and_then(|()| self.file.sync_data())
+        {
+            self.resync = true;
+            return Err(JournalError::Sync(e));
+        }
+        self.resync = false;
+        Ok(())
+    }
+
+    /// After a failed fsync: the bytes past the durable point must still read back as
+    /// written before anything is appended after them.
+    fn check_unsynced(&mut self) -> Result<(), JournalError> {
+        if self.resync {
+            self.rewrite_unsynced()?;
+        }
+        Ok(())
+    }
+
+    fn rewrite_unsynced(&mut self) -> Result<(), JournalError> {
+        let mut bytes = vec![0; (self.len - self.durable) as usize];
+        let read = self.file.read_exact_at(&mut bytes, self.durable);
+        if read.is_err() || chain_of(&bytes, self.durable_chain) != Some(self.chain) {
+            self.poisoned = true;
+            tracing::error!(
+                journal = %self.path.display(),
+                from = self.durable,
+                to = self.len,
+                "journal: after a failed fsync the unsynced records no longer read back as \
+                 written; the journal takes no more appends (restart to recover what is durable)"
+            );
+            return Err(JournalError::Poisoned);
+        }
+        self.file
+            .write_all_at(&bytes, self.durable)
+            .map_err(JournalError::Append)
     }
 
     /// Replays the whole journal again into `on_record` (to rebuild state after an append
@@ -1512,6 +1715,7 @@ impl Journal {
         if self.poisoned {
             return Err(JournalError::Poisoned);
         }
+        self.check_unsynced()?;
         self.sync_dir_if_pending()?;
         use rustix::fs::{fallocate, FallocateFlags};
         // A KEEP_SIZE fallocate is not held to the file-size limit (RLIMIT_FSIZE): checked
@@ -1564,9 +1768,14 @@ impl Journal {
         // Seal: everything durable, then a superblock that claims the whole file.
         self.sync()?;
         self.write_superblock().map_err(rotate_err)?;
-        self.file.sync_data().map_err(rotate_err)?;
+        self.fdatasync().map_err(|e| match e {
+            JournalError::Sync(source) => rotate_err(source),
+            e => e,
+        })?;
         let archive = archive_name(path, self.sb.segment);
         let next = next_segment_path(path);
+        let mut faults = self.faults.take();
+        let mut fault = |op| faults.as_mut().map_or(Ok(()), |f| f.check(op));
         let result = (|| -> Result<(File, Superblock, u64, u32), JournalError> {
             let file = OpenOptions::new()
                 .read(true)
@@ -1596,12 +1805,21 @@ impl Journal {
             let mut bytes = header_bytes(&sb);
             bytes.extend_from_slice(&records);
             bytes.extend_from_slice(&commit);
-            file.write_all_at(&bytes, 0).map_err(rotate_err)?;
-            file.sync_all().map_err(rotate_err)?;
-            link_archive(path, &archive).map_err(rotate_err)?;
-            std::fs::rename(&next, path).map_err(rotate_err)?;
+            fault(StorageOp::Write)
+                .and_then(|()| file.write_all_at(&bytes, 0))
+                .map_err(rotate_err)?;
+            fault(StorageOp::Fsync)
+                .and_then(|()| file.sync_all())
+                .map_err(rotate_err)?;
+            fault(StorageOp::Link)
+                .and_then(|()| link_archive(path, &archive))
+                .map_err(rotate_err)?;
+            fault(StorageOp::Rename)
+                .and_then(|()| std::fs::rename(&next, path))
+                .map_err(rotate_err)?;
             Ok((file, Superblock { seq: 2, ..sb }, end, sb.chain))
         })();
+        self.faults = faults;
         match result {
             Ok((mut file, sb, end, chain)) => {
                 // The new file is at `path` now: it is the journal, whatever follows.
@@ -2308,6 +2526,91 @@ mod tests {
         drop(j);
         assert_eq!(replayed(&p), [(8, 10), (1, 3)]);
         assert_eq!(replayed(&archived), [(1, 1)]);
+    }
+
+    #[test]
+    fn a_failed_fsync_is_not_retried_as_if_the_data_were_safe() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("gw.journal");
+        let (mut j, _) = Journal::open(&p, FsyncPolicy::EveryN(100), |_, _| {}).unwrap();
+        j.append(&rec(1, 1), 1).unwrap();
+        j.sync().unwrap();
+        let durable = std::fs::metadata(&p).unwrap().len();
+        j.append(&rec(1, 2), 1).unwrap();
+        j.append(&rec(1, 3), 1).unwrap();
+        j.fail_syncs = 1;
+        assert!(matches!(j.sync(), Err(JournalError::Sync(_))));
+        // The retry re-reads what was not synced, finds it intact and writes it again.
+        j.sync().unwrap();
+        drop(j);
+        assert_eq!(replayed(&p), [(1, 1), (1, 2), (1, 3)]);
+
+        // Again, but the kernel dropped the pages it could not write (they read back as
+        // zeros here): the retry must not claim them durable.
+        let (mut j, _) = Journal::open(&p, FsyncPolicy::EveryN(100), |_, _| {}).unwrap();
+        let before = std::fs::metadata(&p).unwrap().len();
+        assert!(before > durable);
+        j.append(&rec(1, 4), 1).unwrap();
+        j.fail_syncs = 1;
+        assert!(matches!(j.sync(), Err(JournalError::Sync(_))));
+        let len = std::fs::metadata(&p).unwrap().len();
+        let zeros = vec![0u8; (len - before) as usize];
+        OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .write_all_at(&zeros, before)
+            .unwrap();
+        assert!(matches!(j.sync(), Err(JournalError::Poisoned)));
+        assert!(matches!(
+            j.append(&rec(1, 5), 1),
+            Err(JournalError::Poisoned)
+        ));
+        drop(j);
+        // What was durable is all there; the zeros past it are a torn tail, not a claim.
+        assert_eq!(replayed(&p), [(1, 1), (1, 2), (1, 3)]);
+    }
+
+    #[derive(Debug)]
+    struct FailRenames;
+    impl StorageFaults for FailRenames {
+        fn check(&mut self, op: StorageOp) -> io::Result<()> {
+            if op == StorageOp::Rename {
+                return Err(io::Error::from_raw_os_error(28));
+            }
+            Ok(())
+        }
+    }
+
+    /// Simulator seed 1119 (phase B): a rotation whose rename failed left `FILE.1` as a
+    /// second name of the current file; the current file then read back empty (or a bare
+    /// magic) and the start created a fresh journal: an empty day, said nowhere.
+    #[test]
+    fn a_fresh_looking_journal_linked_by_a_failed_rotation_is_refused() {
+        for keep in [0, 8] {
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("gw.journal");
+            let (mut j, _) = Journal::open(&p, FsyncPolicy::Group, |_, _| {}).unwrap();
+            j.append(&rec(1, 1), 1).unwrap();
+            j.set_faults(Some(Box::new(FailRenames)));
+            assert!(matches!(
+                j.rotate(&p, &rec(7, 1)),
+                Err(JournalError::Rotate { .. })
+            ));
+            drop(j);
+            assert!(archive(&p, 1).exists(), "the rotation linked the archive");
+            OpenOptions::new()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_len(keep)
+                .unwrap();
+            assert!(matches!(
+                open_err(&p),
+                JournalError::NoCurrentSegment { .. }
+            ));
+            assert_eq!(std::fs::metadata(&p).unwrap().len(), keep, "file changed");
+        }
     }
 
     #[test]

@@ -59,3 +59,48 @@ pub fn cut(path: &Path, len: u64) -> io::Result<()> {
 pub fn len(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |m| m.len())
 }
+
+/// Damages an archived segment `PATH.N`, at one restart in twelve where archives exist, in
+/// a way the start must refuse (the archives are checked against the segment after each at
+/// open): one cut short (its length is not the length it was sealed at), one missing that
+/// is not the oldest (a gap; the oldest may have been pruned by an operator), or two swapped
+/// (reordered). Damage inside an archive's records is not drawn: the start does not read
+/// them (the current segment's checkpoint holds the day). Returns what was done.
+pub fn damage_archive(path: &Path, rng: &mut ChaCha8Rng) -> io::Result<Option<String>> {
+    if !rng.gen_bool(1.0 / 12.0) {
+        return Ok(None);
+    }
+    let name = |n: u64| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(format!(".{n}"));
+        std::path::PathBuf::from(p)
+    };
+    let nums: Vec<u64> = (1..).take_while(|&n| name(n).exists()).collect();
+    let Some(&newest) = nums.last() else {
+        return Ok(None);
+    };
+    let what = match rng.gen_range(0..3) {
+        0 => {
+            let n = rng.gen_range(1..=newest);
+            let l = len(&name(n));
+            let to = rng.gen_range(crate::journal::HEADER_LEN..l);
+            cut(&name(n), to)?;
+            format!("archived segment {n} cut from {l} to {to} bytes")
+        }
+        1 if newest >= 2 => {
+            let n = rng.gen_range(2..=newest);
+            std::fs::remove_file(name(n))?;
+            format!("archived segment {n} missing (not the oldest)")
+        }
+        2 if newest >= 2 => {
+            let n = rng.gen_range(2..=newest);
+            let tmp = name(0);
+            std::fs::rename(name(n), &tmp)?;
+            std::fs::rename(name(n - 1), name(n))?;
+            std::fs::rename(&tmp, name(n - 1))?;
+            format!("archived segments {} and {n} swapped", n - 1)
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(what))
+}
