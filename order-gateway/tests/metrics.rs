@@ -32,7 +32,8 @@ use rocebus::mcast::{now_ns, Handler, McastPublisher};
 use rocebus::orders::OrdersConfig;
 
 const CHANNEL: u16 = 17;
-const ORDERS_TOKEN: &str = "metrics-test";
+/// Keys of 128 bits (`rocebus keygen --bits 128`): the binary refuses guessable ones.
+const ORDERS_TOKEN: &str = "6f1d3a9c0b7e42d58a1f9c3e7b2d4a60";
 /// Orders the engine sends: the value `engine requests` must reach Prometheus with.
 const ORDERS: u64 = 4;
 

@@ -75,7 +75,18 @@ pub fn damage_archive(path: &Path, rng: &mut ChaCha8Rng) -> io::Result<Option<St
         p.push(format!(".{n}"));
         std::path::PathBuf::from(p)
     };
-    let nums: Vec<u64> = (1..).take_while(|&n| name(n).exists()).collect();
+    // A rotation whose rename failed leaves the current file linked as `PATH.N` too: that
+    // name is not an archive (removing it loses nothing; cutting it cuts the current
+    // segment), so it is left out, as the journal leaves it out.
+    let inode = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+    };
+    let current = inode(path);
+    let nums: Vec<u64> = (1..)
+        .take_while(|&n| name(n).exists())
+        .filter(|&n| current.is_none() || inode(&name(n)) != current)
+        .collect();
     let Some(&newest) = nums.last() else {
         return Ok(None);
     };

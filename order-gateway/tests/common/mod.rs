@@ -18,7 +18,8 @@ use order_gateway::unix_nanos;
 
 pub const ENGINE: u32 = 1;
 pub const ACCOUNT: u32 = 7;
-pub const ENGINE_TOKEN: &str = "engine-1-token";
+/// A 128-bit key, as `rocebus keygen --bits 128` prints: the binary refuses guessable tokens.
+pub const ENGINE_TOKEN: &str = "0c4e8a2f6b1d9e3a5c7f0b2d4e6a8c1f";
 
 /// The guest's address (`ROCEBUS_GUEST_ADDR`), else the RDMA device's IPv4 GID.
 pub fn local_ip() -> IpAddr {
