@@ -10,7 +10,7 @@
 //! shell or Python script), resolved from where that construct resolves it: the file's own
 //! folder for `include_*!`, the crate's folder for `CARGO_MANIFEST_DIR` and manifests, the
 //! repository root otherwise (xtask's `root`, scripts run from the root). Also any absolute
-//! path into a build machine's own layout (`/work/`, `/home/`).
+//! path into a build machine's own layout (a user's home: `/home/`, `/Users/`).
 
 use anyhow::{Context, Result};
 use std::fs;
@@ -51,7 +51,7 @@ const SKIP_DIRS: &[&str] = &[
 ];
 
 /// Machine layouts no file may name (the project's files speak of the project alone).
-const MACHINE_PREFIXES: &[&str] = &["/work/", "/home/"];
+const MACHINE_PREFIXES: &[&str] = &["/home/", "/Users/"];
 
 fn is_source(p: &Path) -> bool {
     let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -257,8 +257,8 @@ mod tests {
             vec!["../../other"]
         );
         assert_eq!(
-            outside("core/src/a.rs", r#"let d = Path::new("/work/x/data");"#),
-            vec!["/work/x/data"]
+            outside("core/src/a.rs", r#"let d = Path::new("/home/dev/data");"#),
+            vec!["/home/dev/data"]
         );
     }
 
