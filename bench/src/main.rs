@@ -5,6 +5,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod admission;
 mod feed;
 mod gateway;
 mod journal;
@@ -72,6 +73,9 @@ enum Cmd {
     /// Per-datagram tag (SipHash-2-4, `auth::DatagramKey::tag`/`verify`) cost on this CPU, no
     /// RDMA: ns per tag and per verify for md-path datagram sizes, beside keyed BLAKE3's.
     TagCost(tagcost::TagCostArgs),
+    /// An orders listener's cost per connect request before it answers anything (first
+    /// proof, cookie, admission), for each kind of request a flood brings; no RDMA.
+    AdmissionCost(admission::AdmissionCostArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -101,6 +105,7 @@ fn run() -> anyhow::Result<()> {
         Cmd::GatewayReplay(a) => journal::replay(&a),
         Cmd::FeedE2e(a) => feed::run(&a),
         Cmd::TagCost(a) => tagcost::run(&a),
+        Cmd::AdmissionCost(a) => admission::run(&a),
         Cmd::WithGroups(a) => {
             let status = rocebus_bench::md::with_groups(&a)?;
             std::process::exit(status.code().unwrap_or(1));

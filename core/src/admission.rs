@@ -9,12 +9,19 @@
 //! that floods connect requests and never completes a handshake holds at
 //! most `per_address` slots; the other `total - per_address` stay free for
 //! peers at other addresses, and a healthy peer gets one within one
-//! handshake time. (Many addresses can still fill the total: that needs an
-//! address-validating cookie before any slot is taken, which this module
-//! does not do.)
+//! handshake time.
+//!
+//! Many addresses can still fill the total, but only with requests that
+//! prove knowledge of the secret (a stranger's request is refused silently
+//! before it is counted anywhere: [`crate::auth`]'s initiator-first proof).
+//! What is left is a captured request replayed from many addresses, or a
+//! holder of the secret flooding: under load the listener demands a
+//! [`CookieJar`] cookie, a stateless, address-bound, time-limited value the
+//! initiator must fold into its next request's proof, before any slot is
+//! taken (WireGuard's cookie reply, QUIC's Retry, TCP's SYN cookies).
 //!
 //! Pure values: the callers keep their pending handshakes and pass what
-//! they hold; nothing here touches a device or a clock.
+//! they hold and the time; nothing here touches a device or reads a clock.
 
 /// Why a pending slot was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +78,119 @@ impl PendingCaps {
             return Err(PendingRefusal::Full);
         }
         Ok(())
+    }
+}
+
+/// Bytes of an admission cookie.
+pub const COOKIE_LEN: usize = 16;
+
+/// An admission cookie: proof that its holder receives at an address.
+pub type Cookie = [u8; COOKIE_LEN];
+
+/// Mints and checks admission cookies without keeping any state per peer.
+///
+/// A cookie is `BLAKE3-keyed(R, "rocebus cookie", address, epoch)` truncated
+/// to 128 bits, where `R` is a random key of this jar (made at start, never
+/// derived from the shared secret and never sent: a cookie tells nobody
+/// anything about the secret) and `epoch = now / period`. A cookie minted
+/// in the current or the previous epoch is valid, so it lives between one
+/// and two periods; one made for another address is never valid for this
+/// one. Nothing is stored: a flood of requests costs one keyed hash each.
+#[derive(Clone)]
+pub struct CookieJar {
+    key: [u8; 32],
+    period_ns: u64,
+}
+
+impl std::fmt::Debug for CookieJar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CookieJar")
+            .field("period_ns", &self.period_ns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CookieJar {
+    /// A jar with a fresh random key; cookies live `period_ns` to twice that.
+    pub fn new(period_ns: u64) -> Self {
+        let mut key = [0u8; 32];
+        // As for nonces: no cookie key from a generator that is not there.
+        getrandom::getrandom(&mut key).expect("the OS random generator is unavailable");
+        Self::with_key(key, period_ns)
+    }
+
+    /// A jar with a given key (tests, benchmarks).
+    pub fn with_key(key: [u8; 32], period_ns: u64) -> Self {
+        CookieJar {
+            key,
+            period_ns: period_ns.max(1),
+        }
+    }
+
+    fn cookie(&self, addr: &std::net::IpAddr, epoch: u64) -> Cookie {
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        h.update(b"rocebus cookie");
+        match addr {
+            std::net::IpAddr::V4(a) => h.update(&a.to_ipv6_mapped().octets()),
+            std::net::IpAddr::V6(a) => h.update(&a.octets()),
+        };
+        h.update(&epoch.to_le_bytes());
+        let mut c = [0u8; COOKIE_LEN];
+        c.copy_from_slice(&h.finalize().as_bytes()[..COOKIE_LEN]);
+        c
+    }
+
+    /// The cookie to hand a request from `addr` at `now_ns`.
+    pub fn mint(&self, addr: &std::net::IpAddr, now_ns: u64) -> Cookie {
+        self.cookie(addr, now_ns / self.period_ns)
+    }
+
+    /// The cookies valid for `addr` at `now_ns`: this epoch's, then the
+    /// previous one's. A caller that folds the cookie into a proof checks
+    /// the proof against each.
+    pub fn valid(&self, addr: &std::net::IpAddr, now_ns: u64) -> [Cookie; 2] {
+        let e = now_ns / self.period_ns;
+        [self.cookie(addr, e), self.cookie(addr, e.saturating_sub(1))]
+    }
+
+    /// Whether `cookie` is valid for `addr` at `now_ns` (constant time).
+    pub fn check(&self, addr: &std::net::IpAddr, cookie: &[u8], now_ns: u64) -> bool {
+        use subtle::ConstantTimeEq;
+        let [a, b] = self.valid(addr, now_ns);
+        cookie.len() == COOKIE_LEN && bool::from(a.ct_eq(cookie) | b.ct_eq(cookie))
+    }
+}
+
+/// What a listener does with a connect request whose initiator proved
+/// knowledge of the secret, in the order the checks are made: cookie (only
+/// under load), then the address's cap, then the total.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Take a slot and answer.
+    Slot,
+    /// Under load and no valid cookie: answer with a cookie, keep nothing.
+    SendCookie,
+    /// Refused by a cap.
+    Refuse(PendingRefusal),
+}
+
+/// The admission decision for a proved request from `addr`: under load
+/// (`pending.len() >= cookie_when_pending`) a request must carry a valid
+/// cookie (`cookie_ok`) before any cap is looked at or slot taken; then the
+/// address's cap; then the total ([`PendingCaps::check`]).
+pub fn admit<A: PartialEq + Clone>(
+    caps: &PendingCaps,
+    cookie_when_pending: usize,
+    cookie_ok: bool,
+    addr: &A,
+    pending: &[A],
+) -> Admit {
+    if pending.len() >= cookie_when_pending && !cookie_ok {
+        return Admit::SendCookie;
+    }
+    match caps.check(addr, pending.iter().cloned()) {
+        Ok(()) => Admit::Slot,
+        Err(r) => Admit::Refuse(r),
     }
 }
 
@@ -166,5 +286,81 @@ mod tests {
                 assert!(held.iter().filter(|h| h.0 == attacker).count() <= 2);
             }
         }
+    }
+
+    const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_cookie_is_valid_for_its_address_for_one_to_two_periods() {
+        let jar = CookieJar::with_key([7; 32], 5 * SEC);
+        let a = IpAddr::from([198, 18, 0, 1]);
+        let b = IpAddr::from([198, 18, 0, 2]);
+        // Minted early in an epoch: valid to the end of the next one.
+        let t = 10 * SEC + 1;
+        let c = jar.mint(&a, t);
+        assert!(jar.check(&a, &c, t));
+        assert!(jar.check(&a, &c, 15 * SEC - 1));
+        assert!(jar.check(&a, &c, 20 * SEC - 1));
+        assert!(!jar.check(&a, &c, 20 * SEC), "expired after two periods");
+        // Minted at the end of an epoch: still valid one period on.
+        let late = jar.mint(&a, 15 * SEC - 1);
+        assert!(jar.check(&a, &late, 20 * SEC - 1));
+        // Bound to the address, the key and its length.
+        assert!(!jar.check(&b, &c, t), "another address");
+        let v6 = IpAddr::from([0xfe80u16, 0, 0, 0, 0, 0, 0, 1]);
+        assert!(!jar.check(&v6, &c, t));
+        assert!(!CookieJar::with_key([8; 32], 5 * SEC).check(&a, &c, t));
+        assert!(!jar.check(&a, &c[..15], t));
+        let mut bad = c;
+        bad[3] ^= 1;
+        assert!(!jar.check(&a, &bad, t));
+        // Not valid before it was minted (a clock read earlier).
+        assert!(!jar.check(&a, &jar.mint(&a, 30 * SEC), t));
+        assert_eq!(jar.valid(&a, t)[0], c);
+        assert!(format!("{jar:?}").contains("period_ns"));
+        assert!(!format!("{jar:?}").contains("key"));
+    }
+
+    #[test]
+    fn two_jars_never_agree_and_ipv4_is_not_its_mapped_v6_twin_by_accident() {
+        let a = IpAddr::from([198, 18, 0, 1]);
+        let (j1, j2) = (CookieJar::new(SEC), CookieJar::new(SEC));
+        assert_ne!(j1.mint(&a, 0), j2.mint(&a, 0), "fresh random keys");
+        // IPv4 is hashed as its v4-mapped v6 form: the same host either way.
+        let mapped = IpAddr::V6(std::net::Ipv4Addr::new(198, 18, 0, 1).to_ipv6_mapped());
+        assert_eq!(j1.mint(&a, 0), j1.mint(&mapped, 0));
+    }
+
+    /// The order of the checks: under load the cookie comes before any cap
+    /// (a stranger replaying a captured request is answered a cookie and
+    /// takes nothing), then the address, then the total.
+    #[test]
+    fn under_load_a_cookie_comes_before_any_cap_then_address_then_total() {
+        let a = IpAddr::from([198, 18, 0, 9]);
+        let b = IpAddr::from([198, 18, 0, 1]);
+        let c = IpAddr::from([198, 18, 0, 3]);
+        // Not under load: no cookie needed.
+        assert_eq!(admit(&CAPS, 4, false, &a, &[b]), Admit::Slot);
+        assert_eq!(
+            admit(&CAPS, 4, false, &a, &[a, a]),
+            Admit::Refuse(PendingRefusal::AddressFull)
+        );
+        // Under load (4 pending): a cookie first, even for an address at its cap.
+        let load = [a, a, b, b];
+        assert_eq!(admit(&CAPS, 4, false, &a, &load), Admit::SendCookie);
+        assert_eq!(admit(&CAPS, 4, false, &c, &load), Admit::SendCookie);
+        assert_eq!(
+            admit(&CAPS, 4, true, &a, &load),
+            Admit::Refuse(PendingRefusal::AddressFull)
+        );
+        assert_eq!(admit(&CAPS, 4, true, &c, &load), Admit::Slot);
+        let full = [a, a, b, b, b, b, b, b];
+        assert_eq!(
+            admit(&CAPS, 4, true, &c, &full),
+            Admit::Refuse(PendingRefusal::Full)
+        );
+        // 0: a cookie always.
+        assert_eq!(admit(&CAPS, 0, false, &c, &[]), Admit::SendCookie);
+        assert_eq!(admit(&CAPS, 0, true, &c, &[]), Admit::Slot);
     }
 }

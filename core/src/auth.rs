@@ -10,8 +10,14 @@
 //! one purpose (keys for different purposes are unrelated, so a tag made
 //! for one handshake is worthless in another).
 //!
-//! 1. The initiator sends a fresh nonce `Ni` (16 bytes from the OS) with its
-//!    hello.
+//! 1. The initiator proves first: with its hello it sends a fresh nonce
+//!    `Ni` (16 bytes from the OS) and `T0 = MAC(K, "initiator first", Ni,
+//!    hello, cookie)` ([`Initiator::first_proof`]; `cookie` is empty unless
+//!    the responder asked for one). The responder checks `T0`
+//!    ([`check_first_proof`]) before it answers, allocates or counts
+//!    anything: a peer that cannot make `T0` gets nothing keyed by the
+//!    secret, and nothing that names the responder (WireGuard's "silent to
+//!    anyone who has not proved").
 //! 2. The responder answers with its own fresh nonce `Nr` and
 //!    `Tr = MAC(K, "responder", Ni, Nr, ctx)`: proof that it knows the key,
 //!    bound to this attempt.
@@ -20,16 +26,24 @@
 //!
 //! `ctx` is whatever both sides must agree on (the two hellos: ring
 //! addresses, sizes), so a man in the middle cannot change it unnoticed.
-//! A captured handshake replayed later fails at step 3: the responder's
+//! A captured step 1 replayed later does get an answer (step 1 has nothing
+//! fresh from the responder in it), but fails at step 3: the responder's
 //! `Nr` is new every time. Tags are compared in constant time.
 //!
-//! # Secrets
-//! Every key here is derived from a configured secret, and a captured
-//! handshake lets anyone test guesses of that secret offline as fast as
-//! BLAKE3 runs: the derivation is no defence against a guessable secret,
-//! only the secret's own entropy is. [`check_secret`] refuses secrets of
-//! fewer than [`MIN_SECRET_BITS`] bits of key material and the shipped
-//! sample values; [`generate_secret`] (`rocebus keygen`) makes one.
+//! # Secrets, and what a capture reveals
+//! Every key here is derived from a configured secret. Whoever captures a
+//! full handshake holds `T0`, `Tr` and `Ti` over known inputs: each lets
+//! them test a guess of the secret offline, as fast as BLAKE3 runs. No
+//! scheme with a shared symmetric secret and no password-authenticated key
+//! exchange can avoid that; what makes it useless is the secret's entropy:
+//! [`check_secret`] refuses secrets of fewer than [`MIN_SECRET_BITS`] bits of
+//! key material and the shipped sample values, and [`generate_secret`]
+//! (`rocebus keygen`) makes one, so a guess succeeds with probability
+//! 2^-128 (2^-256 for keygen's default). A stranger who only connects (no
+//! capture) gets no tag at all: nothing to test a guess against, not even
+//! one per connect request. A capture reveals no key, no session key (they
+//! are derived, never sent), and nothing of one purpose's key that helps
+//! with another's.
 //!
 //! What it does not do: encrypt. RoCE carries payloads in clear; anyone
 //! who can read the fabric reads the orders. The handshake MAC is keyed
@@ -184,6 +198,14 @@ pub enum AuthError {
 
 const RESPONDER: &[u8] = b"responder";
 const INITIATOR: &[u8] = b"initiator";
+const INITIATOR_FIRST: &[u8] = b"initiator first";
+
+/// Whether `proof` is the initiator's first proof ([`Initiator::first_proof`])
+/// for nonce `ni`, `hello` and `cookie` (empty when none): what a responder
+/// checks before it answers anything.
+pub fn check_first_proof(key: &Key, ni: &Nonce, hello: &[u8], cookie: &[u8], proof: &[u8]) -> bool {
+    key.verify(&[INITIATOR_FIRST, ni, hello, cookie], proof)
+}
 
 /// The initiator's side of the challenge-response.
 #[derive(Debug)]
@@ -201,6 +223,13 @@ impl Initiator {
     /// The nonce to send.
     pub fn nonce(&self) -> Nonce {
         self.ni
+    }
+
+    /// The proof that goes with the hello, before the responder has said
+    /// anything: over the nonce, the hello as sent and the responder's
+    /// cookie (empty when none was asked for). See [`check_first_proof`].
+    pub fn first_proof(&self, hello: &[u8], cookie: &[u8]) -> Tag {
+        self.key.tag(&[INITIATOR_FIRST, &self.ni, hello, cookie])
     }
 
     /// Checks the responder's answer; on success returns the proof to send
@@ -328,6 +357,32 @@ mod tests {
         let (ti, si) = ini.on_response(&resp.nonce(), &tr, b"ctx").unwrap();
         let sr = resp.on_proof(&ti, b"ctx").unwrap();
         assert_eq!(si.0, sr.0);
+    }
+
+    #[test]
+    fn the_first_proof_binds_key_nonce_hello_and_cookie() {
+        let (ki, kr) = pair(b"s3cret", b"s3cret");
+        let ini = Initiator::new(ki);
+        let t0 = ini.first_proof(b"hello", b"");
+        let ni = ini.nonce();
+        assert!(check_first_proof(&kr, &ni, b"hello", b"", &t0));
+        assert!(!check_first_proof(&kr, &ni, b"hellp", b"", &t0));
+        assert!(!check_first_proof(&kr, &[0; NONCE_LEN], b"hello", b"", &t0));
+        assert!(!check_first_proof(&kr, &ni, b"hello", b"cookie", &t0));
+        assert!(!check_first_proof(
+            &Key::derive(b"s3cres", Purpose::Orders),
+            &ni,
+            b"hello",
+            b"",
+            &t0
+        ));
+        let tc = ini.first_proof(b"hello", b"cookie");
+        assert!(check_first_proof(&kr, &ni, b"hello", b"cookie", &tc));
+        // Unrelated to the later proofs: one is never the other.
+        let (resp, tr) = Responder::new(kr, ni, b"hello");
+        assert_ne!(t0, tr);
+        let (ti, _) = ini.on_response(&resp.nonce(), &tr, b"hello").unwrap();
+        assert_ne!(t0, ti);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use rocebus::auth::{Key, Purpose};
 use rocebus::mcast::config::RecoveryServerConfig;
 use rocebus::mcast::publisher::{PublisherConfig, PublisherState};
 use rocebus::mcast::schedule::{SendSchedule, Transmit};
-use rocebus::mcast::server::{ClientHandshake, RecoveryServer, ServerConfig};
+use rocebus::mcast::server::{ClientHandshake, RecoveryServer, ServerConfig, UNPROVED};
 use rocebus::mcast::snapshot::RestoreError;
 use rocebus::mcast::subscriber::Request;
 use rocebus::mcast::wire::{self, Datagram, RecoveryMsg, RetransmitRequest, Welcome};
@@ -1006,22 +1006,27 @@ fn shared_loss_is_repaired_on_multicast_by_the_server() {
     assert_eq!(sim.server.admitted_connections(), 4);
 }
 
-/// The server's admission holds in the simulation too: a client whose
-/// first message is not a valid proof is closed, and its requests are
-/// never answered.
+/// The server's admission holds in the simulation too: a client without
+/// the secret gets no welcome at all (the subscriber proves first), and a
+/// client whose first message on the connection is not its final proof is
+/// closed; neither's requests are ever answered.
 #[test]
 fn a_client_without_the_secret_is_never_served() {
     let mut sim = Sim::new(13, 4096);
     sim.add_sub(LineModel::default(), LineModel::cut(), 0);
     let stranger = ClientHandshake::new(Key::derive(b"wrong", Purpose::Recovery), CHANNEL, false);
-    let (conn, welcome) = sim
-        .server
-        .on_connect_request(0, "10.9.9.9:1".into(), stranger.hello().as_bytes())
-        .unwrap();
-    assert!(
-        stranger.on_welcome(welcome.as_bytes()).is_err(),
-        "it cannot check our proof either"
+    assert_eq!(
+        sim.server
+            .on_connect_request(0, "10.9.9.9:1".into(), stranger.hello().as_bytes())
+            .err(),
+        Some(UNPROVED)
     );
+    assert_eq!(sim.server.counters().connections_unproved, 1);
+    let skipper = ClientHandshake::new(Key::derive(SECRET, Purpose::Recovery), CHANNEL, false);
+    let (conn, _) = sim
+        .server
+        .on_connect_request(0, "10.9.9.9:2".into(), skipper.hello().as_bytes())
+        .unwrap();
     sim.server.on_established(0, conn);
     let mut req = [0u8; 64];
     let n = wire::RetransmitRequest {

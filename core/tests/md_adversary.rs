@@ -19,7 +19,7 @@ use rocebus::mcast::wire::{
 use rocebus::mcast::{now_ns, Event, McastPublisher, McastSubscriber, Phase, Snapshot};
 use rocebus::verbs::cm::{self, Connection, McastMembership};
 use rocebus::verbs::{
-    Access, Context, Dest, PoolConfig, PooledQp, ProtectionDomain, QpType, RcOptions,
+    Access, Context, Dest, PoolConfig, PooledQp, ProtectionDomain, QpType, RcOptions, VerbsError,
 };
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -439,15 +439,20 @@ impl RawClient {
     }
 }
 
+/// A hello with `initiator`'s nonce and first proof (the subscriber proves
+/// first: without the proof the publisher answers nothing).
 fn hello(initiator: &Initiator, flags: u8) -> Hello {
-    Hello {
+    let mut h = Hello {
         magic: wire::HELLO_MAGIC.into(),
         version: wire::VERSION,
         flags,
         channel: CHANNEL.into(),
         reserved: 0.into(),
         nonce: initiator.nonce(),
-    }
+        proof: [0; 16],
+    };
+    h.proof = initiator.first_proof(&h.as_bytes()[..wire::HELLO_SIGNED_LEN], &[]);
+    h
 }
 
 fn ctx_of(hello: &Hello, welcome: &Welcome) -> Vec<u8> {
@@ -556,12 +561,22 @@ fn rdma_mdsec_replayed_recovery_handshake_fails() {
     assert_eq!(c.received_within(Duration::from_millis(300)), 0);
     assert!(c.conn.wait_disconnected(TIMEOUT).unwrap());
 
-    // The wrong secret: the subscriber refuses the publisher's proof.
+    // The wrong secret: the publisher does not answer it (a reject with no
+    // private data: no Welcome, so no proof, session, QPN or GID).
     let mut wrong = cfg.clone();
     wrong.auth.secret = "guess".into();
     match McastSubscriber::connect(&wrong, CHANNEL, ip, ip) {
-        Err(NetError::Admission { .. }) => {}
-        other => panic!("admitted with the wrong secret: {other:?}"),
+        Err(NetError::Verbs(VerbsError::ConnectionRejected { private_data, .. })) => {
+            assert!(private_data.iter().all(|&b| b == 0), "{private_data:?}")
+        }
+        other => panic!("expected a silent reject for the wrong secret: {other:?}"),
+    }
+    // A raw stranger's hello (another key): the same silence.
+    let stranger = Initiator::new(Key::derive(b"another secret", Purpose::Recovery));
+    match raw_connect(ip, port, hello(&stranger, 0).as_bytes(), true) {
+        // The reason the CM layer gives a reject whose private data is all zeros.
+        Err(e) => assert!(e.contains("without a reason"), "{e}"),
+        Ok(c) => panic!("a stranger got a welcome: {:?}", &c.welcome[..]),
     }
     // Its connection (established, then closed by the subscriber) is gone
     // from the publisher's count by the time the cap is tested.

@@ -854,6 +854,9 @@ impl<L: VenueLink> Service<L> {
         orders.max_pending_per_peer = orders
             .max_pending_per_peer
             .min(orders.max_pending_handshakes - 1);
+        orders.cookie_when_pending = orders
+            .cookie_when_pending
+            .min(orders.max_pending_handshakes - 1);
         let listener =
             OrdersListener::bind(opts.listen, orders).map_err(|source| ServiceError::Listen {
                 addr: opts.listen,

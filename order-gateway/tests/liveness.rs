@@ -31,6 +31,7 @@ use order_gateway::service::{
     MarketDataInput, MarketEvent, Service, ServiceControl, ServiceOptions,
 };
 use order_gateway::sim::SimVenue;
+use rocebus::auth::{Initiator, Key, Purpose};
 use rocebus::counters::{AllocateCounter, CountersError};
 use rocebus::idle::IdleStrategy;
 use rocebus::mcast::config::McastConfig;
@@ -238,9 +239,11 @@ fn stall_handshake(gw: SocketAddr) -> StalledHandshake {
         },
     )
     .unwrap();
-    // A well-formed connect hello: the listener answers it and then waits for the
-    // connection's confirmation (and the proof) that never come.
-    let hello = ConnectHello {
+    // A well-formed connect hello with a valid first proof of the token: the listener
+    // answers it and then waits for the connection's confirmation (and the final proof)
+    // that never come. (Without the proof it would be refused at once, silently.)
+    let ini = Initiator::new(Key::derive(TOKEN.as_bytes(), Purpose::Orders));
+    let mut hello = ConnectHello {
         hello: Hello {
             magic: HELLO_MAGIC.into(),
             ring_log2: 18.into(),
@@ -248,10 +251,13 @@ fn stall_handshake(gw: SocketAddr) -> StalledHandshake {
             ring_addr: 0.into(),
             ring_rkey: 0.into(),
             max_payload: 1024.into(),
-            conn_id: 7.into(),
+            conn_id: 0.into(),
         },
-        nonce: [7; 16],
+        nonce_tail: [0; 8],
+        proof: [0; 16],
     };
+    hello.set_nonce(&ini.nonce());
+    hello.proof = ini.first_proof(hello.hello.as_bytes(), &[]);
     let mut c = cm::start_connect(gw, None, Duration::from_secs(60)).unwrap();
     let t = Instant::now();
     while !c.is_requested() {

@@ -258,7 +258,7 @@ pub fn names() -> Vec<&'static str> {
 /// gateway's journal against the in-process venue simulator. Each prints its
 /// own figures; their journals go to the target directory (disk-backed) and,
 /// for `gateway-journal`, also to /dev/shm (tmpfs).
-pub const HOST_ONLY: &[&str] = &["gateway-journal", "gateway-restart"];
+pub const HOST_ONLY: &[&str] = &["gateway-journal", "gateway-restart", "admission-cost"];
 
 /// The arguments `cargo xtask bench NAME` passes to a [`HOST_ONLY`] harness.
 fn host_args(
@@ -281,6 +281,11 @@ fn host_args(
             args.extend(["--dir".into(), target.display().to_string()]);
             if let Some(n) = iterations {
                 args.extend(["--orders".into(), n.to_string()]);
+            }
+        }
+        "admission-cost" => {
+            if let Some(n) = iterations {
+                args.extend(["-n".into(), n.to_string()]);
             }
         }
         _ => bail!("{name} is not a host-only benchmark"),
@@ -780,8 +785,13 @@ mod tests {
             host_args("gateway-restart", t, None, Some(1000)).unwrap(),
             ["gateway-restart", "--dir", "tgt", "--orders", "1000"]
         );
+        assert_eq!(
+            host_args("admission-cost", t, Some(3), Some(1000)).unwrap(),
+            ["admission-cost", "-n", "1000", "--rounds", "3"]
+        );
         assert!(host_args("rc-latency", t, None, None).is_err());
         assert!(names().contains(&"gateway-restart"));
+        assert!(names().contains(&"admission-cost"));
     }
 
     #[test]

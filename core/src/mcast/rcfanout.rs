@@ -55,6 +55,7 @@ use zerocopy::byteorder::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::backoff::Backoff;
+use super::budget::ByteBudget;
 use super::config::{ConfigError, McastConfig, Transport};
 use super::io::{NetError, PublishError, SNAPSHOT_CHUNK};
 use super::publisher::{Pacer, PublisherState};
@@ -295,6 +296,12 @@ pub struct FanoutStats {
     pub requests_dropped: u64,
     /// Retransmit requests cut to `recovery.max_request_messages`.
     pub requests_clamped: u64,
+    /// Retransmit and snapshot requests dropped because the subscriber's
+    /// repair budget (`recovery_server.repair_bytes_per_sec`,
+    /// `repair_burst_bytes`) was spent.
+    pub repair_budget_dropped: u64,
+    /// Retransmit answers cut to `recovery_server.repair_request_bytes`.
+    pub repair_requests_cut: u64,
     /// Local failures taking a connection (no resources).
     pub accept_errors: u64,
     /// Events dropped because nobody took them.
@@ -373,6 +380,8 @@ struct FanoutSub {
     out_pos: usize,
     requests: Pacer,
     snapshots: Pacer,
+    /// Bytes of recovery answers written on its behalf: its repair budget.
+    budget: ByteBudget,
     doomed: Option<FanoutDrop>,
     /// When a datagram or heartbeat frame was last written to it.
     written_at: u64,
@@ -389,6 +398,9 @@ struct Limits {
     snapshots_per_sec: u64,
     snapshot_burst: u64,
     snapshot_reuse_ns: u64,
+    repair_bytes_per_sec: u64,
+    repair_burst_bytes: u64,
+    repair_request_bytes: u64,
     heartbeat_ns: u64,
     /// A heartbeat goes out this long after the last write even if the
     /// subscriber has not returned credit for it (a quarter of its silence
@@ -459,6 +471,9 @@ impl RcFanoutPublisher {
                 snapshots_per_sec: rs.snapshots_per_sec,
                 snapshot_burst: rs.snapshot_burst,
                 snapshot_reuse_ns: rs.snapshot_reuse_ns,
+                repair_bytes_per_sec: rs.repair_bytes_per_sec,
+                repair_burst_bytes: rs.repair_burst_bytes,
+                repair_request_bytes: rs.repair_request_bytes,
                 heartbeat_ns: cfg.heartbeat_interval_ns,
                 quiet_ns: silence_bound(cfg) / 4,
                 slow_ns: cfg.rc_fanout.slow_subscriber_ns,
@@ -688,6 +703,7 @@ impl RcFanoutPublisher {
             out_pos: 0,
             requests: Pacer::new(l.requests_per_sec, l.request_burst),
             snapshots: Pacer::new(l.snapshots_per_sec, l.snapshot_burst),
+            budget: ByteBudget::new(l.repair_bytes_per_sec, l.repair_burst_bytes),
             doomed: None,
             written_at: now,
         });
@@ -790,6 +806,99 @@ fn recovery_len(bytes: &[u8]) -> Option<usize> {
         .then_some(len)
 }
 
+/// What limits one subscriber's requests: its rate limits and its repair
+/// budget.
+struct RequestPacers<'a> {
+    requests: &'a mut Pacer,
+    snapshots: &'a mut Pacer,
+    budget: &'a mut ByteBudget,
+}
+
+/// Answers one decoded request of a subscriber into its `outbox`, I/O-free:
+/// rate limits, the outbox cap, then the repair budget (the recovery
+/// server's: every byte of answer is charged; a retransmit answer is cut to
+/// `repair_request_bytes`; a snapshot is served whole and may put the
+/// budget into debt; a spent budget drops the request). Over `T` seconds a
+/// subscriber gets at most `repair_burst_bytes + repair_bytes_per_sec * T +
+/// max(repair_request_bytes, one snapshot)` of answers, as on the recovery
+/// port ([`super::server`]).
+#[allow(clippy::too_many_arguments)]
+fn answer_request(
+    msg: RecoveryMsg<'_>,
+    now: u64,
+    state: &mut PublisherState,
+    snapshot: &impl Snapshot,
+    cache: &mut SnapshotCache,
+    limits: &Limits,
+    stats: &mut FanoutStats,
+    p: &mut RequestPacers<'_>,
+    outbox: &mut Vec<u8>,
+) {
+    let our_channel = state.config().channel;
+    match msg {
+        RecoveryMsg::RetransmitRequest(r) => {
+            if !p.requests.try_acquire(now) {
+                stats.requests_rate_limited += 1;
+                return;
+            }
+            if outbox.len() > limits.max_outbox {
+                stats.requests_dropped += 1;
+                return;
+            }
+            if !p.budget.ready(now) {
+                stats.repair_budget_dropped += 1;
+                return;
+            }
+            stats.retransmit_requests += 1;
+            let (mut r, clamped) = clamp_request(r, limits.max_request_messages);
+            stats.requests_clamped += u64::from(clamped);
+            if r.channel == our_channel && r.session == state.session() {
+                let end = r.from_seq.saturating_add(r.count);
+                let (cut, _) = state.repair_extent(
+                    r.from_seq,
+                    end,
+                    limits.repair_request_bytes,
+                    RECOVERY_HEADER_LEN as u64,
+                );
+                if cut < end {
+                    stats.repair_requests_cut += 1;
+                    r.count = cut - r.from_seq;
+                }
+            }
+            let before = outbox.len();
+            queue_retransmit(state, &r, outbox);
+            p.budget.charge((outbox.len() - before) as u64);
+        }
+        RecoveryMsg::SnapshotRequest { channel, .. } if channel == our_channel => {
+            if !p.snapshots.try_acquire(now) {
+                stats.requests_rate_limited += 1;
+                return;
+            }
+            if outbox.len() > limits.max_outbox {
+                stats.requests_dropped += 1;
+                return;
+            }
+            if !p.budget.ready(now) {
+                stats.repair_budget_dropped += 1;
+                return;
+            }
+            stats.snapshots_served += 1;
+            let (encoded, built) = cache.get(
+                now,
+                limits.snapshot_reuse_ns,
+                state,
+                SNAPSHOT_CHUNK,
+                snapshot,
+            );
+            stats.snapshots_built += u64::from(built);
+            outbox.extend_from_slice(encoded);
+            // Served whole (a cut snapshot is useless).
+            p.budget.charge(encoded.len() as u64);
+        }
+        _ => stats.requests_dropped += 1,
+    }
+}
+
 /// Takes one subscriber's requests, answers them into its outbox, and
 /// writes what of the outbox its ring takes.
 fn serve(
@@ -807,10 +916,15 @@ fn serve(
         out_pos,
         requests,
         snapshots,
+        budget,
         doomed,
         ..
     } = sub;
-    let our_channel = state.config().channel;
+    let mut pacers = RequestPacers {
+        requests,
+        snapshots,
+        budget,
+    };
     let r = conn.subscription().poll(
         |f| {
             if f.msg_type != FRAME_REQUEST {
@@ -824,43 +938,17 @@ fn serve(
                     return;
                 };
                 bytes = &bytes[used..];
-                match msg {
-                    RecoveryMsg::RetransmitRequest(r) => {
-                        if !requests.try_acquire(now) {
-                            stats.requests_rate_limited += 1;
-                            continue;
-                        }
-                        if outbox.len() > limits.max_outbox {
-                            stats.requests_dropped += 1;
-                            continue;
-                        }
-                        stats.retransmit_requests += 1;
-                        let (r, clamped) = clamp_request(r, limits.max_request_messages);
-                        stats.requests_clamped += u64::from(clamped);
-                        queue_retransmit(state, &r, outbox);
-                    }
-                    RecoveryMsg::SnapshotRequest { channel, .. } if channel == our_channel => {
-                        if !snapshots.try_acquire(now) {
-                            stats.requests_rate_limited += 1;
-                            continue;
-                        }
-                        if outbox.len() > limits.max_outbox {
-                            stats.requests_dropped += 1;
-                            continue;
-                        }
-                        stats.snapshots_served += 1;
-                        let (encoded, built) = cache.get(
-                            now,
-                            limits.snapshot_reuse_ns,
-                            state,
-                            SNAPSHOT_CHUNK,
-                            snapshot,
-                        );
-                        stats.snapshots_built += u64::from(built);
-                        outbox.extend_from_slice(encoded);
-                    }
-                    _ => stats.requests_dropped += 1,
-                }
+                answer_request(
+                    msg,
+                    now,
+                    state,
+                    snapshot,
+                    cache,
+                    limits,
+                    stats,
+                    &mut pacers,
+                    outbox,
+                );
             }
         },
         POLL_LIMIT,
@@ -1222,6 +1310,152 @@ impl RcFanoutSubscriber {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 41: RC fan-out answers draw on the same repair budget as the
+    /// recovery port: every byte of retransmit answers and snapshots is
+    /// charged, a retransmit answer is cut to `repair_request_bytes`, a spent
+    /// budget drops requests, and over the run the subscriber got at most
+    /// burst + rate x T + one item. Without the budget the 50 requests below
+    /// were all answered (about 50 x 3 x 58 bytes).
+    #[test]
+    fn rc_fanout_answers_draw_on_the_repair_budget() {
+        use crate::mcast::publisher::PublisherConfig;
+        use crate::mcast::wire::RetransmitRequest;
+        struct App;
+        impl Snapshot for App {
+            fn snapshot_seq(&self) -> u64 {
+                100
+            }
+            fn write_snapshot(&self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&[7u8; 2500]);
+            }
+        }
+        let mut state = PublisherState::new(PublisherConfig {
+            channel: 3,
+            session: 77,
+            max_datagram: 64,
+            max_messages: 1,
+            flush_interval_ns: 0,
+            history_depth: 1000,
+            max_message_bytes: 0,
+        });
+        for i in 0..100u64 {
+            let _ = state.publish_flushing(&i.to_le_bytes()).unwrap();
+        }
+        state.flush();
+        let limits = Limits {
+            max_outbox: 1 << 20,
+            max_request_messages: 20,
+            max_frame: 4096,
+            requests_per_sec: 1_000_000,
+            request_burst: 1_000,
+            snapshots_per_sec: 1_000_000,
+            snapshot_burst: 1_000,
+            snapshot_reuse_ns: 0,
+            repair_bytes_per_sec: 1_000,
+            repair_burst_bytes: 1_000,
+            repair_request_bytes: 200,
+            heartbeat_ns: 1,
+            quiet_ns: 1,
+            slow_ns: 1,
+            max_subscribers: 1,
+            tags: false,
+        };
+        let (mut requests, mut snapshots) =
+            (Pacer::new(1_000_000, 1_000), Pacer::new(1_000_000, 1_000));
+        let mut budget = ByteBudget::new(limits.repair_bytes_per_sec, limits.repair_burst_bytes);
+        let mut p = RequestPacers {
+            requests: &mut requests,
+            snapshots: &mut snapshots,
+            budget: &mut budget,
+        };
+        let (mut cache, mut stats, mut outbox) =
+            (SnapshotCache::default(), FanoutStats::default(), Vec::new());
+        for k in 0..50u64 {
+            let r = RetransmitRequest {
+                channel: 3,
+                session: 77,
+                from_seq: 1 + k,
+                count: 20,
+            };
+            answer_request(
+                RecoveryMsg::RetransmitRequest(r),
+                0,
+                &mut state,
+                &App,
+                &mut cache,
+                &limits,
+                &mut stats,
+                &mut p,
+                &mut outbox,
+            );
+        }
+        // One answer: a datagram of 34 bytes with its header, three fit 200.
+        let one = RECOVERY_HEADER_LEN + 34;
+        assert_eq!(
+            (stats.retransmit_requests, stats.repair_requests_cut),
+            (6, 6),
+            "{stats:?}"
+        );
+        assert_eq!(stats.repair_budget_dropped, 44);
+        assert_eq!(outbox.len(), 6 * 3 * one);
+        assert!(outbox.len() <= 1_000 + 200, "burst + one item");
+        // Spent: a snapshot waits; a second later it is served whole.
+        let snap = RecoveryMsg::SnapshotRequest {
+            channel: 3,
+            session: 77,
+        };
+        answer_request(
+            snap,
+            0,
+            &mut state,
+            &App,
+            &mut cache,
+            &limits,
+            &mut stats,
+            &mut p,
+            &mut outbox,
+        );
+        assert_eq!(
+            (stats.snapshots_served, stats.repair_budget_dropped),
+            (0, 45)
+        );
+        let snap = RecoveryMsg::SnapshotRequest {
+            channel: 3,
+            session: 77,
+        };
+        answer_request(
+            snap,
+            1_000_000_000,
+            &mut state,
+            &App,
+            &mut cache,
+            &limits,
+            &mut stats,
+            &mut p,
+            &mut outbox,
+        );
+        assert_eq!(stats.snapshots_served, 1);
+        // ... and its debt keeps the next request out.
+        let r = RetransmitRequest {
+            channel: 3,
+            session: 77,
+            from_seq: 1,
+            count: 1,
+        };
+        answer_request(
+            RecoveryMsg::RetransmitRequest(r),
+            2_000_000_000,
+            &mut state,
+            &App,
+            &mut cache,
+            &limits,
+            &mut stats,
+            &mut p,
+            &mut outbox,
+        );
+        assert_eq!(stats.repair_budget_dropped, 46);
+    }
 
     const RC: &str = "[auth]\nsecret = \"s\"\n[[channels]]\nid = 3\nname = \"bbo\"\ntransport = \"rc\"\nport = 7700\n";
 

@@ -123,8 +123,12 @@ pub struct RecoveryCounters {
     pub connections_failed: u64,
     /// Established connections closed (for any reason).
     pub connections_closed: u64,
-    /// Connect requests refused (connection cap, wrong hello).
+    /// Proved connect requests refused (connection caps, wrong channel or
+    /// tag setting), told why.
     pub connections_refused: u64,
+    /// Connect requests without a valid first proof of the secret
+    /// (strangers, junk, older subscribers): rejected with no private data.
+    pub connections_unproved: u64,
     /// Connections dropped for a wrong first message (not a valid proof).
     pub auth_failures: u64,
     /// Connections dropped for no proof within `handshake_timeout_ns`.
@@ -168,6 +172,11 @@ pub struct RecoveryCounters {
 /// Why a connect request was refused (the shell sends the reason back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refused(pub &'static str);
+
+/// The refusal of a request without a valid first proof of the secret:
+/// the shell rejects it with no private data at all ([`refusal_message`]
+/// is empty).
+pub const UNPROVED: Refused = Refused("");
 
 /// Why a connection was closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -482,6 +491,32 @@ impl RecoveryServer {
         peer: String,
         private_data: &[u8],
     ) -> Result<(u32, Welcome), Refused> {
+        // The initiator proves first: without a valid first proof of the
+        // secret, silence (no Welcome: no proof, session, QPN or GID), and
+        // the request is counted nowhere but `connections_unproved`.
+        let proved = match Hello::read_from_prefix(private_data) {
+            Ok((h, _))
+                if h.magic.get() == wire::HELLO_MAGIC
+                    && h.version == wire::VERSION
+                    && crate::auth::check_first_proof(
+                        &self.key,
+                        &h.nonce,
+                        &h.as_bytes()[..wire::HELLO_SIGNED_LEN],
+                        &[],
+                        &h.proof,
+                    ) =>
+            {
+                Some(h)
+            }
+            _ => None,
+        };
+        let Some(proved) = proved else {
+            self.counters.connections_unproved += 1;
+            if self.log.allow(now) {
+                tracing::warn!(%peer, unproved = self.counters.connections_unproved, "recovery connect request without a valid proof of the secret: rejected silently");
+            }
+            return Err(UNPROVED);
+        };
         let caps = self.cfg.limits.pending_caps();
         let addr = address_of(&peer);
         let pending = self
@@ -489,24 +524,18 @@ impl RecoveryServer {
             .iter()
             .filter(|c| !matches!(c.phase, Phase::Admitted))
             .map(|c| address_of(&c.peer));
-        // The address first: a stranger's flood is refused as that, and
-        // never takes the last slots (crate::admission).
+        // The address first: a flood is refused as that, and never takes
+        // the last slots (crate::admission).
         let hello = if caps.check(&addr, pending) == Err(PendingRefusal::AddressFull) {
             Err("busy: too many handshakes in progress from this address")
         } else if self.conns.len() >= self.cfg.limits.max_connections {
             Err("busy: recovery connection limit reached")
+        } else if proved.channel != self.identity.channel {
+            Err("wrong channel")
+        } else if proved.flags != self.identity.flags {
+            Err("auth.datagram_tag differs between publisher and subscriber")
         } else {
-            match Hello::read_from_prefix(private_data) {
-                Err(_) => Err("not a rocebus recovery hello"),
-                Ok((h, _)) if h.magic.get() != wire::HELLO_MAGIC || h.version != wire::VERSION => {
-                    Err("not a rocebus recovery hello")
-                }
-                Ok((h, _)) if h.channel != self.identity.channel => Err("wrong channel"),
-                Ok((h, _)) if h.flags != self.identity.flags => {
-                    Err("auth.datagram_tag differs between publisher and subscriber")
-                }
-                Ok((h, _)) => Ok(h),
-            }
+            Ok(proved)
         };
         let hello = match hello {
             Ok(h) => h,
@@ -998,9 +1027,13 @@ fn address_of(peer: &str) -> &str {
     }
 }
 
-/// The refusal text sent back with a rejected connect request.
+/// The refusal text sent back with a rejected connect request (nothing for
+/// [`UNPROVED`]).
 pub fn refusal_message(reason: Refused) -> ArrayVec<u8, 96> {
     let mut msg = ArrayVec::<u8, 96>::new();
+    if reason == UNPROVED {
+        return msg;
+    }
     let _ = msg.try_extend_from_slice(b"rocebus: ");
     let _ = msg.try_extend_from_slice(&reason.0.as_bytes()[..reason.0.len().min(80)]);
     msg
@@ -1041,14 +1074,16 @@ impl ClientHandshake {
     /// tagged datagrams (`auth.datagram_tag`).
     pub fn new(key: Key, channel: u16, tags: bool) -> Self {
         let initiator = Initiator::new(key);
-        let hello = Hello {
+        let mut hello = Hello {
             magic: wire::HELLO_MAGIC.into(),
             version: wire::VERSION,
             flags: if tags { wire::FLAG_DATAGRAM_TAG } else { 0 },
             channel: channel.into(),
             reserved: 0.into(),
             nonce: initiator.nonce(),
+            proof: [0; crate::auth::TAG_LEN],
         };
+        hello.proof = initiator.first_proof(&hello.as_bytes()[..wire::HELLO_SIGNED_LEN], &[]);
         ClientHandshake { initiator, hello }
     }
 
@@ -1287,13 +1322,51 @@ mod tests {
         (data, na, ends)
     }
 
+    /// Issue 41: the subscriber proves first. A connect request without a
+    /// valid first proof of the secret (another secret, a proof altered or
+    /// moved to another hello, an older subscriber's 24-byte hello) gets no
+    /// Welcome (no proof, session, QPN or GID), an empty reject and no
+    /// connection; on fedf468 every well-formed hello got the Welcome.
+    #[test]
+    fn a_stranger_gets_no_welcome_and_an_empty_reject() {
+        let mut s = server(limits());
+        let stranger = ClientHandshake::new(
+            Key::derive(b"another secret", Purpose::Recovery),
+            CHANNEL,
+            false,
+        );
+        let good = ClientHandshake::new(key(), CHANNEL, false);
+        let mut altered = *good.hello();
+        altered.channel = (CHANNEL + 1).into();
+        let mut old = [0u8; 56];
+        old[..24].copy_from_slice(&good.hello().as_bytes()[..24]);
+        let asks: [&[u8]; 4] = [stranger.hello().as_bytes(), altered.as_bytes(), &old, &[]];
+        for ask in asks {
+            assert_eq!(
+                s.on_connect_request(0, "198.18.0.66:1".into(), ask).err(),
+                Some(UNPROVED)
+            );
+        }
+        assert!(refusal_message(UNPROVED).is_empty());
+        assert_eq!(s.counters().connections_unproved, 4);
+        assert_eq!(s.counters().connections_refused, 0);
+        assert_eq!(s.conns.len(), 0, "nothing set up for the strangers");
+        let (_, w) = s
+            .on_connect_request(0, "198.18.0.66:2".into(), good.hello().as_bytes())
+            .expect("a proved hello is answered");
+        assert!(good.on_welcome(w.as_bytes()).is_ok());
+    }
+
     #[test]
     fn wrong_hellos_and_the_cap_are_refused() {
         let mut s = server(limits());
         let good = ClientHandshake::new(key(), CHANNEL, false);
         let mut bad = *good.hello();
         bad.magic = 1.into();
-        assert!(s.on_connect_request(0, "a".into(), bad.as_bytes()).is_err());
+        assert_eq!(
+            s.on_connect_request(0, "a".into(), bad.as_bytes()).err(),
+            Some(UNPROVED)
+        );
         let other = ClientHandshake::new(key(), CHANNEL + 1, false);
         assert_eq!(
             s.on_connect_request(0, "a".into(), other.hello().as_bytes())
@@ -1304,7 +1377,10 @@ mod tests {
         assert!(s
             .on_connect_request(0, "a".into(), tagged.hello().as_bytes())
             .is_err());
-        assert!(s.on_connect_request(0, "a".into(), &[1, 2, 3]).is_err());
+        assert_eq!(
+            s.on_connect_request(0, "a".into(), &[1, 2, 3]).err(),
+            Some(UNPROVED)
+        );
         for peer in ["a", "b", "c"] {
             assert!(s
                 .on_connect_request(0, peer.into(), good.hello().as_bytes())
@@ -1315,7 +1391,8 @@ mod tests {
                 .err(),
             Some(Refused("busy: recovery connection limit reached"))
         );
-        assert_eq!(s.counters().connections_refused, 5);
+        assert_eq!(s.counters().connections_refused, 3);
+        assert_eq!(s.counters().connections_unproved, 2);
         assert_eq!(
             &refusal_message(Refused("wrong channel"))[..],
             b"rocebus: wrong channel"
@@ -1338,13 +1415,19 @@ mod tests {
         assert_eq!(s.poll_transmit(id, 4096), None);
         assert_eq!(s.poll_closed(0), Some((id, CloseReason::AuthFailed)));
         assert_eq!(s.poll_closed(0), None);
-        // A proof of another secret, or one replayed from another handshake.
+        // Another secret: no welcome at all (the subscriber proves first).
         let stranger =
             ClientHandshake::new(Key::derive(b"other", Purpose::Recovery), CHANNEL, false);
-        let (id2, w2) = s
-            .on_connect_request(0, "b".into(), stranger.hello().as_bytes())
+        assert_eq!(
+            s.on_connect_request(0, "b".into(), stranger.hello().as_bytes())
+                .err(),
+            Some(UNPROVED)
+        );
+        // A final proof replayed from another handshake.
+        let second = ClientHandshake::new(key(), CHANNEL, false);
+        let (id2, _) = s
+            .on_connect_request(0, "b".into(), second.hello().as_bytes())
             .unwrap();
-        assert!(stranger.on_welcome(w2.as_bytes()).is_err());
         let first = ClientHandshake::new(key(), CHANNEL, false);
         let (id3, w3) = s
             .on_connect_request(0, "c".into(), first.hello().as_bytes())

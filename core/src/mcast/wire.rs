@@ -980,7 +980,8 @@ pub const WELCOME_MAGIC: u16 = u16::from_le_bytes(*b"RW");
 /// Hello/Welcome flag: datagrams carry a tag.
 pub const FLAG_DATAGRAM_TAG: u8 = 1;
 
-/// The subscriber's connect request private data.
+/// The subscriber's connect request private data (40 of the 56 bytes a
+/// connect request carries).
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]
 #[repr(C)]
 pub struct Hello {
@@ -996,8 +997,18 @@ pub struct Hello {
     pub reserved: U16,
     /// The initiator's nonce.
     pub nonce: [u8; crate::auth::NONCE_LEN],
+    /// The initiator's first proof over the 24 bytes before it
+    /// ([`HELLO_SIGNED_LEN`]): `MAC(K, "initiator first", nonce, those
+    /// bytes, "")` ([`crate::auth::Initiator::first_proof`]). The publisher
+    /// checks it before it answers anything: without it a connect request is
+    /// rejected with no private data (no Welcome: no proof, session, QPN or
+    /// GID).
+    pub proof: [u8; crate::auth::TAG_LEN],
 }
-const _: () = assert!(core::mem::size_of::<Hello>() == 24);
+const _: () = assert!(core::mem::size_of::<Hello>() == 40);
+
+/// Bytes of a [`Hello`] its first proof covers (everything before it).
+pub const HELLO_SIGNED_LEN: usize = 24;
 
 /// The publisher's accept private data.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug, Clone, Copy)]

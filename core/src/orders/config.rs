@@ -51,6 +51,13 @@ pub struct OrdersConfig {
     /// stranger that never completes a handshake) can never hold every slot
     /// ([`crate::admission`]).
     pub max_pending_per_peer: usize,
+    /// Listener: with this many handshakes in progress, a request (already
+    /// proved) must echo an admission cookie before it takes a slot: it is
+    /// answered a reject carrying a cookie bound to its address, valid one
+    /// to two `connect_timeout_ms`, and [`Connection::connect`](super::Connection::connect)
+    /// connects again with it ([`crate::admission::CookieJar`]). 0: always.
+    /// Less than `max_pending_handshakes`.
+    pub cookie_when_pending: usize,
     /// Listener: slots of its fan-in activity summary (0: off). Each
     /// accepted connection gets one while they last and marks it after
     /// every flush (one more one-byte WRITE), so a [`ConnectionSet`](super::ConnectionSet) or
@@ -74,6 +81,7 @@ impl Default for OrdersConfig {
             max_pending_handshakes: 8,
             max_connections_per_peer: 16,
             max_pending_per_peer: 2,
+            cookie_when_pending: 4,
             fanin_slots: 0,
         }
     }
@@ -134,6 +142,12 @@ impl OrdersConfig {
         self.pending_caps()
             .validate()
             .map_err(|e| format!("max_pending_per_peer: {e} (max_pending_handshakes)"))?;
+        if self.cookie_when_pending >= self.max_pending_handshakes {
+            return Err(format!(
+                "cookie_when_pending: {} must be less than max_pending_handshakes ({}): a cookie is demanded before the listener is full",
+                self.cookie_when_pending, self.max_pending_handshakes
+            ));
+        }
         if self.fanin_slots > 1 << 16 {
             return Err(format!("fanin_slots: {} is above 65536", self.fanin_slots));
         }
@@ -175,6 +189,8 @@ mod tests {
         bad(|c| c.max_pending_per_peer = 0, "max_pending_per_peer");
         bad(|c| c.max_pending_per_peer = 8, "max_pending_per_peer");
         assert_eq!(c.max_pending_per_peer, 2);
+        bad(|c| c.cookie_when_pending = 8, "cookie_when_pending");
+        assert_eq!(c.cookie_when_pending, 4);
         bad(
             |c| c.max_connections_per_peer = 0,
             "max_connections_per_peer",

@@ -12,10 +12,11 @@
 use super::fanin;
 use super::listener::PeerSlot;
 use super::{OfferError, OrdersConfig};
+use crate::admission::Cookie;
 use crate::auth::{self, Initiator, Purpose};
 use crate::ring::frame::{
-    self, frame_len, handshake_context_with, AcceptHello, ConnectHello, FanInGrant, Hello,
-    FLAG_FANIN, HELLO_MAGIC, PROOF_OFF,
+    self, frame_len, handshake_context_with, AcceptHello, ConnectHello, CookieReply, FanInGrant,
+    Hello, FLAG_COOKIE, FLAG_FANIN, HELLO_MAGIC, PROOF_OFF,
 };
 use crate::ring::mem::{IncomingRing, Staging, StagingWrite};
 use crate::ring::proto::{control_word, CREDIT_OFF};
@@ -54,6 +55,14 @@ pub enum OrdersError {
     /// token (or replayed an old handshake, or the hellos were altered).
     #[error("peer {peer} failed to prove it holds the orders token")]
     WrongToken {
+        /// Who.
+        peer: String,
+    },
+    /// The listener refused our connect request without a word: it did not
+    /// accept our proof of the token. A listener says nothing more to a
+    /// peer that has not proved it holds the token.
+    #[error("the listener at {peer} refused us without a reason: it did not accept our proof of the orders token (check that both sides have the same `token`, and the same rocebus version)")]
+    Unproved {
         /// Who.
         peer: String,
     },
@@ -337,7 +346,7 @@ pub(super) fn check_hello(peer: &str, h: &Hello, cfg: &OrdersConfig) -> Result<(
     if h.magic.get() != HELLO_MAGIC {
         return Err(OrdersError::BadHello {
             peer: peer.into(),
-            why: "bad magic (not a rocebus RBO2 handshake)",
+            why: "bad magic (not a rocebus RBO4 handshake)",
         });
     }
     let log2 = h.ring_log2.get();
@@ -363,15 +372,46 @@ fn bad_hello(peer: &str, why: &'static str) -> OrdersError {
     }
 }
 
-/// Our challenge and hello for a connect request. We always offer to mark
-/// a fan-in slot: it costs nothing unless the listener grants one.
-fn initiate(cfg: &OrdersConfig, res: &Resources) -> (Initiator, ConnectHello) {
+/// Our hello, nonce and first proof for a connect request (over `cookie`
+/// when the listener asked for one). We always offer to mark a fan-in
+/// slot: it costs nothing unless the listener grants one.
+fn initiate(
+    cfg: &OrdersConfig,
+    res: &Resources,
+    cookie: Option<&Cookie>,
+) -> (Initiator, ConnectHello) {
     let ini = Initiator::new(auth::Key::derive(cfg.token.as_bytes(), Purpose::Orders));
-    let mine = ConnectHello {
-        hello: hello(cfg, &res.ring, FLAG_FANIN),
-        nonce: ini.nonce(),
+    let flags = FLAG_FANIN | if cookie.is_some() { FLAG_COOKIE } else { 0 };
+    let mut mine = ConnectHello {
+        hello: hello(cfg, &res.ring, flags),
+        nonce_tail: [0; 8],
+        proof: [0; auth::TAG_LEN],
     };
+    mine.set_nonce(&ini.nonce());
+    mine.proof = ini.first_proof(mine.hello.as_bytes(), cookie.map_or(&[][..], |c| &c[..]));
     (ini, mine)
+}
+
+/// What a failed connect attempt means for the next one: the listener
+/// asked for a cookie (connect again, once, with it), or refused.
+fn after_reject(e: VerbsError, cookie: &Option<Cookie>) -> Result<Cookie, OrdersError> {
+    match &e {
+        VerbsError::ConnectionRejected {
+            private_data,
+            status: 28,
+            peer,
+            ..
+        } => {
+            if let (None, Some(c)) = (cookie, CookieReply::parse(private_data)) {
+                return Ok(c);
+            }
+            if private_data.iter().all(|&b| b == 0) {
+                return Err(OrdersError::Unproved { peer: peer.clone() });
+            }
+            Err(e.into())
+        }
+        _ => Err(e.into()),
+    }
 }
 
 /// A connection being made without blocking (see
@@ -383,6 +423,9 @@ pub struct Connecting {
     ini: Initiator,
     mine: ConnectHello,
     cfg: OrdersConfig,
+    to: (SocketAddr, IpAddr),
+    /// The listener's cookie, once it asked for one (one retry with it).
+    cookie: Option<Cookie>,
 }
 
 impl std::fmt::Debug for Connecting {
@@ -414,18 +457,42 @@ impl Connecting {
             ini,
             mine,
             cfg,
+            to,
+            cookie,
         } = self;
-        match cm.poll(&res.qp, &cfg.rc, Access::REMOTE_WRITE, mine.as_bytes())? {
-            cm::ConnectProgress::Pending(cm) => Ok(ConnectProgress::Pending(Connecting {
+        match cm.poll(&res.qp, &cfg.rc, Access::REMOTE_WRITE, mine.as_bytes()) {
+            Ok(cm::ConnectProgress::Pending(cm)) => Ok(ConnectProgress::Pending(Connecting {
                 res,
                 cm,
                 ini,
                 mine,
                 cfg,
+                to,
+                cookie,
             })),
-            cm::ConnectProgress::Done(conn, theirs) => Ok(ConnectProgress::Done(
+            Ok(cm::ConnectProgress::Done(conn, theirs)) => Ok(ConnectProgress::Done(
                 Connection::finish_connect(res, conn, &theirs, &ini, &mine, &cfg)?,
             )),
+            // The listener is under load and asks us to prove our address:
+            // again, from the start, with its cookie.
+            Err(e) => {
+                let c = after_reject(e, &cookie)?;
+                let ctx = res.pd.context().clone();
+                drop(res);
+                let res = resources(&ctx, &cfg)?;
+                let (ini, mine) = initiate(&cfg, &res, Some(&c));
+                let timeout = Duration::from_millis(cfg.connect_timeout_ms);
+                let cm = cm::start_connect(to.0, Some(to.1), timeout)?;
+                Ok(ConnectProgress::Pending(Connecting {
+                    res,
+                    cm,
+                    ini,
+                    mine,
+                    cfg,
+                    to,
+                    cookie: Some(c),
+                }))
+            }
         }
     }
 }
@@ -506,18 +573,26 @@ impl Connection {
     pub fn connect(addr: SocketAddr, cfg: &OrdersConfig) -> Result<Self, OrdersError> {
         cfg.validate().map_err(OrdersError::Config)?;
         let timeout = Duration::from_millis(cfg.connect_timeout_ms);
-        let resolved = cm::resolve(addr, None, timeout)?;
-        let ctx = Context::open(resolved.device_name().as_deref())?;
-        let res = resources(&ctx, cfg)?;
-        let (ini, mine) = initiate(cfg, &res);
-        let (conn, theirs) = resolved.connect(
-            &res.qp,
-            &cfg.rc,
-            Access::REMOTE_WRITE,
-            mine.as_bytes(),
-            timeout,
-        )?;
-        Self::finish_connect(res, conn, &theirs, &ini, &mine, cfg)
+        let mut cookie = None;
+        loop {
+            let resolved = cm::resolve(addr, None, timeout)?;
+            let ctx = Context::open(resolved.device_name().as_deref())?;
+            let res = resources(&ctx, cfg)?;
+            let (ini, mine) = initiate(cfg, &res, cookie.as_ref());
+            match resolved.connect(
+                &res.qp,
+                &cfg.rc,
+                Access::REMOTE_WRITE,
+                mine.as_bytes(),
+                timeout,
+            ) {
+                Ok((conn, theirs)) => {
+                    return Self::finish_connect(res, conn, &theirs, &ini, &mine, cfg)
+                }
+                // Under load: once more, with the listener's cookie.
+                Err(e) => cookie = Some(after_reject(e, &cookie)?),
+            }
+        }
     }
 
     /// Starts connecting to the listener at `addr` from local address
@@ -535,7 +610,7 @@ impl Connection {
         let timeout = Duration::from_millis(cfg.connect_timeout_ms);
         let ctx = Context::open_for_ip(local)?;
         let res = resources(&ctx, cfg)?;
-        let (ini, mine) = initiate(cfg, &res);
+        let (ini, mine) = initiate(cfg, &res, None);
         let cm = cm::start_connect(addr, Some(local), timeout)?;
         Ok(Connecting {
             res,
@@ -543,6 +618,8 @@ impl Connection {
             ini,
             mine,
             cfg: cfg.clone(),
+            to: (addr, local),
+            cookie: None,
         })
     }
 
@@ -582,7 +659,7 @@ impl Connection {
             }
         };
         let mut binding = [0u8; 2 * auth::NONCE_LEN];
-        binding[..auth::NONCE_LEN].copy_from_slice(&mine.nonce);
+        binding[..auth::NONCE_LEN].copy_from_slice(&mine.nonce());
         binding[auth::NONCE_LEN..].copy_from_slice(&theirs.nonce);
         let mark = grant.map(|g| fanin::Mark {
             addr: g.addr.get(),

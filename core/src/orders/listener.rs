@@ -1,23 +1,26 @@
-//! [`OrdersListener`]: accepting orders connections. Admission (the
-//! challenge-response, the per-address and pending-handshake limits) is
-//! decided here, before a peer gets anything but a bounded amount of our
-//! memory; what an accepted connection does is [`Connection`]'s.
+//! [`OrdersListener`]: accepting orders connections. Admission is decided
+//! here, before a peer gets anything; what an accepted connection does is
+//! [`Connection`]'s.
 //!
-//! Per-address caps come before the global one ([`crate::admission`]): a
-//! request from an address that already has `max_pending_per_peer`
-//! handshakes in progress (default 2, less than `max_pending_handshakes`)
-//! or `max_connections_per_peer` connections is refused before the total
-//! of handshakes in progress is looked at, so one address that floods
-//! requests and never completes one holds at most `max_pending_per_peer`
-//! slots and peers at other addresses still get in.
+//! The initiator proves first ([`crate::auth`]): a connect request whose
+//! first proof of the token does not check out is rejected with no private
+//! data, before any queue pair, CQ, PD or memory region is made and before
+//! it is counted against any cap; a stranger learns nothing keyed by the
+//! token and nothing naming our rings or queue pairs. For a proved request
+//! ([`crate::admission`]): under load (`cookie_when_pending` handshakes in
+//! progress) it must echo an address-bound cookie first (else it is
+//! answered a reject carrying one, and nothing is kept); then the
+//! per-address caps (`max_pending_per_peer`, below `max_pending_handshakes`,
+//! and `max_connections_per_peer`), then the total. Only then are verbs
+//! resources made and the accept, with the responder's proof, sent.
 
 use super::connection::{check_hello, hello, resources, Resources};
 use super::{fanin, Connection, FanIn, OrdersConfig, OrdersError};
-use crate::admission::PendingRefusal;
+use crate::admission::{self, Admit, CookieJar, PendingRefusal};
 use crate::auth::{self, Purpose, Responder};
 use crate::ring::frame::{
-    handshake_context_with, AcceptHello, ConnectHello, FanInGrant, HandshakeContext, Hello,
-    ACCEPT_FANIN_LEN, FLAG_FANIN,
+    handshake_context_with, AcceptHello, ConnectHello, CookieReply, FanInGrant, HandshakeContext,
+    Hello, ACCEPT_FANIN_LEN, COOKIE_MAGIC, FLAG_COOKIE, FLAG_FANIN, HELLO_MAGIC,
 };
 use crate::verbs::cm::{self, Listener};
 use crate::verbs::{Access, Context};
@@ -30,6 +33,7 @@ use zerocopy::{FromBytes, IntoBytes};
 /// Why a listener refused or dropped a peer, counted in [`ListenerStats`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refusal {
+    Unproved,
     BadHello,
     RingTooLarge,
     PendingFull,
@@ -43,6 +47,7 @@ impl Refusal {
     /// What the peer is told in the reject's private data.
     fn reason(self) -> &'static str {
         match self {
+            Refusal::Unproved => "",
             Refusal::BadHello => "rocebus: bad handshake",
             Refusal::RingTooLarge => "rocebus: ring larger than the listener's max_peer_ring_size",
             Refusal::PendingFull => "rocebus: too many pending handshakes, try again",
@@ -61,8 +66,17 @@ impl Refusal {
 pub struct ListenerStats {
     /// Connections handed to the application.
     pub accepted: u64,
-    /// Requests that were not a rocebus RBO2 hello, or whose ring is too
-    /// small for our frames (rejected with a reason).
+    /// Requests without a valid first proof of the token: strangers,
+    /// junk, an older version, a cookie from another address or too old.
+    /// Rejected with no private data; nothing allocated or kept.
+    pub unproved: u64,
+    /// Proved requests answered a cookie (the listener was under load and
+    /// they carried none): nothing allocated or kept.
+    pub cookies_sent: u64,
+    /// Proved requests that echoed a valid cookie and were answered.
+    pub cookies_echoed: u64,
+    /// Proved requests whose ring is too small for our frames (rejected
+    /// with a reason).
     pub bad_hello: u64,
     /// Requests for a ring above `max_peer_ring_size` (rejected before
     /// anything was allocated).
@@ -75,8 +89,8 @@ pub struct ListenerStats {
     /// Requests refused because their address already had
     /// `max_connections_per_peer` connections.
     pub peer_limit: u64,
-    /// Handshakes whose initiator proof was wrong: no shared secret, a
-    /// replayed handshake, or altered hellos (disconnected).
+    /// Answered handshakes whose final initiator proof was wrong: a
+    /// replayed connect request, or altered hellos (disconnected).
     pub bad_proof: u64,
     /// Accepted requests that never completed: no ESTABLISHED, no proof in
     /// time, or the peer went away (its connect fails; it may retry).
@@ -86,6 +100,7 @@ pub struct ListenerStats {
 impl ListenerStats {
     fn count(&mut self, r: Refusal) -> u64 {
         let c = match r {
+            Refusal::Unproved => &mut self.unproved,
             Refusal::BadHello => &mut self.bad_hello,
             Refusal::RingTooLarge => &mut self.ring_too_large,
             Refusal::PendingFull => &mut self.pending_full,
@@ -187,7 +202,10 @@ pub struct OrdersListener {
     listener: Listener,
     cfg: OrdersConfig,
     key: auth::Key,
+    cookies: CookieJar,
     pending: Vec<Pending>,
+    /// The addresses of `pending`, rebuilt for each request's admission.
+    pending_ips: Vec<IpAddr>,
     peers: PeerCounts,
     stats: ListenerStats,
     /// The fan-in activity summary (`fanin_slots > 0`).
@@ -217,6 +235,9 @@ impl OrdersListener {
             listener: Listener::bind(addr)?,
             key: auth::Key::derive(cfg.token.as_bytes(), Purpose::Orders),
             pending: Vec::with_capacity(cfg.max_pending_handshakes),
+            pending_ips: Vec::with_capacity(cfg.max_pending_handshakes),
+            // A cookie lives one to two handshake times.
+            cookies: CookieJar::new(cfg.connect_timeout_ms.max(1) * 1_000_000),
             peers: Arc::new(Mutex::new(HashMap::new())),
             stats: ListenerStats::default(),
             cfg,
@@ -255,7 +276,8 @@ impl OrdersListener {
     /// wrong proof.
     pub fn refused(&self) -> u64 {
         let s = self.stats;
-        s.bad_hello
+        s.unproved
+            + s.bad_hello
             + s.ring_too_large
             + s.pending_full
             + s.peer_pending
@@ -314,23 +336,45 @@ impl OrdersListener {
         }
     }
 
-    /// Refuses `req`, telling the peer why.
+    /// Refuses `req`, telling the peer why (a peer that proved the secret).
     fn reject(&mut self, req: cm::ConnectRequest, why: Refusal, detail: &dyn std::fmt::Display) {
         self.refuse(why, &req.peer(), detail);
         let _ = req.reject(why.reason().as_bytes());
     }
 
-    /// Checks a new request and answers it, or refuses it with a reason.
-    /// Everything a stranger can make us do before it proves anything is
-    /// bounded: no allocation for a refused request, and at most
-    /// `max_pending_handshakes` answered ones (one queue pair and one ring
-    /// of our `ring_size` each).
+    /// Refuses `req` with no private data at all: what anyone who has not
+    /// proved knowledge of the secret gets (no reason, no nonce, no proof,
+    /// nothing that names this listener's queue pairs or rings).
+    fn silence(&mut self, req: cm::ConnectRequest, detail: &dyn std::fmt::Display) {
+        self.refuse(Refusal::Unproved, &req.peer(), detail);
+        let _ = req.reject(&[]);
+    }
+
+    /// Checks a new request and answers it, or refuses it. The order is
+    /// the admission's ([`crate::admission`]): the initiator's first proof
+    /// (wrong: silence, nothing kept, nothing allocated), its hello, under
+    /// load the cookie (missing: a reject carrying one, nothing kept), the
+    /// address's pending cap, its connection cap, the total. Only then are
+    /// a queue pair and a ring made and the accept, with the responder's
+    /// proof, sent: at most `max_pending_handshakes` of them, each for a
+    /// peer that proved it holds the token.
     fn on_request(&mut self, req: cm::ConnectRequest) -> Result<(), OrdersError> {
         let peer = req.peer();
+        let ip = req.peer_ip().unwrap_or(IpAddr::from([0u8; 4]));
         let Ok((theirs, _)) = ConnectHello::read_from_prefix(req.private_data()) else {
-            self.reject(req, Refusal::BadHello, &"connect data too short");
+            self.silence(req, &"connect data too short");
             return Ok(());
         };
+        if theirs.hello.magic.get() != HELLO_MAGIC {
+            self.silence(req, &"not a rocebus RBO4 hello");
+            return Ok(());
+        }
+        let now = crate::clock::now_ns();
+        let Some(cookie_ok) = first_proof(&self.key, &self.cookies, &theirs, &ip, now) else {
+            self.silence(req, &"no valid proof of the token");
+            return Ok(());
+        };
+        // Proved: from here on the peer may be told why it is refused.
         if let Err(e) = check_hello(&peer, &theirs.hello, &self.cfg) {
             let why = match e {
                 OrdersError::RingTooLarge { .. } => Refusal::RingTooLarge,
@@ -339,17 +383,35 @@ impl OrdersListener {
             self.reject(req, why, &e);
             return Ok(());
         }
-        // The address's caps first, then the total: one address can never
-        // hold every slot (crate::admission).
-        let ip = req.peer_ip().unwrap_or(IpAddr::from([0u8; 4]));
         let caps = self.cfg.pending_caps();
-        let room = caps.check(&ip, self.pending.iter().map(|p| p.ip));
-        if room == Err(PendingRefusal::AddressFull) {
-            let max = caps.per_address;
-            let detail = format_args!("{max} in progress from {ip}");
-            self.reject(req, Refusal::PeerPending, &detail);
-            return Ok(());
-        }
+        self.pending_ips.clear();
+        self.pending_ips.extend(self.pending.iter().map(|p| p.ip));
+        let verdict = admission::admit(
+            &caps,
+            self.cfg.cookie_when_pending,
+            cookie_ok,
+            &ip,
+            &self.pending_ips,
+        );
+        let room = match verdict {
+            Admit::SendCookie => {
+                self.stats.cookies_sent += 1;
+                let reply = CookieReply {
+                    magic: COOKIE_MAGIC.into(),
+                    cookie: self.cookies.mint(&ip, now),
+                };
+                let _ = req.reject(reply.as_bytes());
+                return Ok(());
+            }
+            Admit::Refuse(PendingRefusal::AddressFull) => {
+                let max = caps.per_address;
+                let detail = format_args!("{max} in progress from {ip}");
+                self.reject(req, Refusal::PeerPending, &detail);
+                return Ok(());
+            }
+            Admit::Refuse(PendingRefusal::Full) => Err(()),
+            Admit::Slot => Ok(()),
+        };
         let Some(slot) = PeerSlot::take(&self.peers, ip, self.cfg.max_connections_per_peer) else {
             let max = self.cfg.max_connections_per_peer;
             self.reject(req, Refusal::PeerLimit, &format_args!("{max} from {ip}"));
@@ -361,6 +423,9 @@ impl OrdersListener {
             let detail = format_args!("{max} in progress");
             self.reject(req, Refusal::PendingFull, &detail);
             return Ok(());
+        }
+        if cookie_ok {
+            self.stats.cookies_echoed += 1;
         }
         let ctx = Context::open(req.device_name().as_deref())?;
         let res = resources(&ctx, &self.cfg)?;
@@ -381,7 +446,8 @@ impl OrdersListener {
         let flags = if grant.is_some() { FLAG_FANIN } else { 0 };
         let mine = hello(&self.cfg, &res.ring, flags);
         let hctx = handshake_context_with(&theirs.hello, &mine, grant.as_ref());
-        let (responder, tr) = Responder::new(self.key.clone(), theirs.nonce, hctx.as_bytes());
+        let ni = theirs.nonce();
+        let (responder, tr) = Responder::new(self.key.clone(), ni, hctx.as_bytes());
         let reply = AcceptHello {
             hello: mine,
             nonce: responder.nonce(),
@@ -397,7 +463,7 @@ impl OrdersListener {
             None => std::mem::size_of::<AcceptHello>(),
         };
         let mut binding = [0u8; 2 * auth::NONCE_LEN];
-        binding[..auth::NONCE_LEN].copy_from_slice(&theirs.nonce);
+        binding[..auth::NONCE_LEN].copy_from_slice(&ni);
         binding[auth::NONCE_LEN..].copy_from_slice(&reply.nonce);
         match req.start_accept(
             &res.qp,
@@ -500,9 +566,94 @@ impl OrdersListener {
     }
 }
 
+/// Whether a connect request's first proof checks out, as an
+/// [`OrdersListener`] decides it before anything else: `None` if not (a
+/// stranger, an old version, a cookie from another address or too old),
+/// `Some(true)` if it covers a valid cookie of `ip`, `Some(false)` if it
+/// carries none. One keyed hash or, with [`FLAG_COOKIE`], up to four;
+/// nothing kept. Public for benchmarks (`rocebus-bench admission-cost`).
+pub fn first_proof(
+    key: &auth::Key,
+    cookies: &CookieJar,
+    theirs: &ConnectHello,
+    ip: &IpAddr,
+    now: u64,
+) -> Option<bool> {
+    let ni = theirs.nonce();
+    let hello = theirs.hello.as_bytes();
+    if theirs.hello.flags.get() & FLAG_COOKIE == 0 {
+        return auth::check_first_proof(key, &ni, hello, &[], &theirs.proof).then_some(false);
+    }
+    cookies
+        .valid(ip, now)
+        .iter()
+        .any(|c| auth::check_first_proof(key, &ni, hello, c, &theirs.proof))
+        .then_some(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zerocopy::FromZeros;
+
+    /// A connect request as an initiator with `token` makes it, over
+    /// `cookie` if any.
+    fn request(token: &[u8], cookie: Option<&[u8]>) -> ConnectHello {
+        let ini = auth::Initiator::new(auth::Key::derive(token, Purpose::Orders));
+        let mut c = ConnectHello::new_zeroed();
+        c.hello.magic = HELLO_MAGIC.into();
+        c.hello.ring_log2 = 16.into();
+        c.hello.flags = if cookie.is_some() { FLAG_COOKIE } else { 0 }.into();
+        c.set_nonce(&ini.nonce());
+        c.proof = ini.first_proof(c.hello.as_bytes(), cookie.unwrap_or(&[]));
+        c
+    }
+
+    #[test]
+    fn only_a_first_proof_of_the_token_gets_past_the_first_check() {
+        const SEC: u64 = 1_000_000_000;
+        let key = auth::Key::derive(b"the token", Purpose::Orders);
+        let jar = CookieJar::with_key([3; 32], 5 * SEC);
+        let ip = IpAddr::from([198, 18, 0, 1]);
+        let other = IpAddr::from([198, 18, 0, 2]);
+        let now = 100 * SEC;
+        assert_eq!(
+            first_proof(&key, &jar, &request(b"the token", None), &ip, now),
+            Some(false)
+        );
+        // A stranger: another token, junk, an all-zero request.
+        assert_eq!(
+            first_proof(&key, &jar, &request(b"not it", None), &ip, now),
+            None
+        );
+        assert_eq!(
+            first_proof(&key, &jar, &ConnectHello::new_zeroed(), &ip, now),
+            None
+        );
+        // Altered on the way (a bigger ring): the proof no longer fits.
+        let mut r = request(b"the token", None);
+        r.hello.ring_log2 = 30.into();
+        assert_eq!(first_proof(&key, &jar, &r, &ip, now), None);
+        // With the cookie of its own address, minted now or one period ago.
+        let c = jar.mint(&ip, now);
+        let with = request(b"the token", Some(&c));
+        assert_eq!(first_proof(&key, &jar, &with, &ip, now), Some(true));
+        assert_eq!(
+            first_proof(&key, &jar, &with, &ip, now + 5 * SEC),
+            Some(true)
+        );
+        // Too old, another address's, or claimed without one.
+        assert_eq!(first_proof(&key, &jar, &with, &ip, now + 10 * SEC), None);
+        assert_eq!(first_proof(&key, &jar, &with, &other, now), None);
+        let mut claimed = request(b"the token", None);
+        claimed.hello.flags = FLAG_COOKIE.into();
+        assert_eq!(first_proof(&key, &jar, &claimed, &ip, now), None);
+        // A stranger echoing a real cookie still has no proof.
+        assert_eq!(
+            first_proof(&key, &jar, &request(b"not it", Some(&c)), &ip, now),
+            None
+        );
+    }
 
     #[test]
     fn refusals_are_counted_per_reason() {

@@ -104,6 +104,6 @@ pub use connection::{
     ConnStats, ConnectProgress, Connecting, Connection, OrdersError, PeerLost, CM_CHECK_IDLE_POLLS,
 };
 pub use fanin::{ConnId, ConnectionSet, FanIn, SetError, SetStats};
-pub use listener::{ListenerStats, OrdersListener};
+pub use listener::{first_proof, ListenerStats, OrdersListener};
 pub use publication::{Claim, OfferError, Publication};
 pub use subscription::{Frame, Subscription};

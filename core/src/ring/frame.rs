@@ -235,11 +235,10 @@ pub fn validate(
     Some((total, verdict))
 }
 
-/// Magic of the connection handshake ("RBO3": the challenge-response
-/// version with 8-byte frame headers sealed by the trailer; a peer still
-/// sending "RBO1" (a token hash) or "RBO2" (16-byte headers with their own
-/// check word) is refused as a bad handshake).
-pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"RBO3");
+/// Magic of the connection handshake ("RBO4": the initiator proves first,
+/// in its connect request; a peer still sending "RBO3" (the responder
+/// proved first), "RBO2" or "RBO1" is refused silently, like a stranger).
+pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"RBO4");
 
 /// What each side tells the other about its incoming ring. 32 bytes; both
 /// hellos, as sent, are the context the challenge-response binds
@@ -264,20 +263,82 @@ pub struct Hello {
 }
 const _: () = assert!(std::mem::size_of::<Hello>() == 32);
 
-/// The connect request's private data: the initiator's hello and its
-/// nonce. 48 bytes, within the 56 a connect request can carry.
+/// The connect request's private data: the initiator's hello, the second
+/// half of its nonce and its first proof. 56 bytes, all a connect request
+/// can carry.
+///
+/// The initiator's 16-byte nonce `Ni` is its hello's `conn_id` (8 random
+/// bytes, not a counter, from an initiator) followed by `nonce_tail`
+/// ([`ConnectHello::nonce`]). `proof` is
+/// [`Initiator::first_proof`](crate::auth::Initiator::first_proof) over the
+/// hello's 32 bytes and, when [`FLAG_COOKIE`] is set, the cookie the
+/// listener handed out: a listener checks it before it answers, allocates
+/// or counts anything, and refuses a wrong one with no private data at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
 pub struct ConnectHello {
-    /// The initiator's ring.
+    /// The initiator's ring; `conn_id` is the first half of `Ni`.
     pub hello: Hello,
-    /// The initiator's fresh nonce `Ni`.
-    pub nonce: [u8; crate::auth::NONCE_LEN],
+    /// The second half of the initiator's fresh nonce `Ni`.
+    pub nonce_tail: [u8; 8],
+    /// The initiator's first proof (see above).
+    pub proof: [u8; crate::auth::TAG_LEN],
 }
-const _: () = assert!(std::mem::size_of::<ConnectHello>() == 48);
+const _: () = assert!(std::mem::size_of::<ConnectHello>() == 56);
 
-/// The accept reply's private data: the responder's hello, its nonce and
-/// its proof `Tr` that it knows the secret. 64 bytes (a reply carries 196).
+impl ConnectHello {
+    /// The initiator's nonce `Ni`: `conn_id`'s bytes, then `nonce_tail`.
+    pub fn nonce(&self) -> crate::auth::Nonce {
+        let mut n = [0u8; crate::auth::NONCE_LEN];
+        n[..8].copy_from_slice(self.hello.conn_id.as_bytes());
+        n[8..].copy_from_slice(&self.nonce_tail);
+        n
+    }
+
+    /// Splits `nonce` into the hello's `conn_id` and `nonce_tail`.
+    pub fn set_nonce(&mut self, nonce: &crate::auth::Nonce) {
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&nonce[..8]);
+        self.hello.conn_id = U64::from_bytes(head);
+        self.nonce_tail.copy_from_slice(&nonce[8..]);
+    }
+}
+
+/// [`Hello::flags`] bit of a connect request: its proof covers the cookie
+/// of a [`CookieReply`] (the cookie itself does not travel again: the
+/// listener recomputes it from the request's address and the time).
+pub const FLAG_COOKIE: u16 = 2;
+
+/// Magic of a [`CookieReply`] ("RBC1").
+pub const COOKIE_MAGIC: u32 = u32::from_le_bytes(*b"RBC1");
+
+/// The private data of a reject that asks for a cookie: a listener under
+/// load answers a proved request it has no slot-free pass for with this,
+/// and keeps nothing. The initiator connects again with [`FLAG_COOKIE`]
+/// and its proof over `cookie`. 20 bytes. The cookie is keyed by a random
+/// key of the listener, not by the shared secret
+/// ([`crate::admission::CookieJar`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct CookieReply {
+    /// [`COOKIE_MAGIC`].
+    pub magic: U32,
+    /// The cookie, bound to the initiator's address and the time.
+    pub cookie: crate::admission::Cookie,
+}
+const _: () = assert!(std::mem::size_of::<CookieReply>() == 20);
+
+impl CookieReply {
+    /// The cookie in a reject's private data, if it is a cookie reply.
+    pub fn parse(data: &[u8]) -> Option<crate::admission::Cookie> {
+        let (r, _) = CookieReply::read_from_prefix(data).ok()?;
+        (r.magic.get() == COOKIE_MAGIC).then_some(r.cookie)
+    }
+}
+
+/// The accept reply's private data, sent only to an initiator whose first
+/// proof checked out: the responder's hello, its nonce and its proof `Tr`
+/// that it knows the secret. 64 bytes (a reply carries 196).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
 pub struct AcceptHello {
@@ -467,32 +528,59 @@ mod tests {
         assert_eq!((total, p.unwrap().total), (16, 16));
     }
 
-    // An initiator's connect data as it travels: magic "RBO3", ring 2^20,
-    // address, rkey, max payload, id, then the nonce.
-    static CONNECT_BYTES: [u8; 48] = [
-        b'R', b'B', b'O', b'3', 20, 0, 0, 0, // magic, ring_log2, flags
+    // An initiator's connect data as it travels: magic "RBO4", ring 2^20,
+    // flags (cookie), address, rkey, max payload, id (the nonce's first
+    // half), the nonce's second half, then the first proof.
+    static CONNECT_BYTES: [u8; 56] = [
+        b'R', b'B', b'O', b'4', 20, 0, 2, 0, // magic, ring_log2, flags
         0, 0x10, 0, 0, 0, 0x7f, 0, 0, // ring_addr
         0x34, 0x12, 0, 0, 0, 0, 1, 0, // rkey, max_payload
-        42, 0, 0, 0, 0, 0, 0, 0, // conn_id
-        1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, // nonce
+        1, 2, 3, 4, 5, 6, 7, 8, // conn_id: nonce 1..=8
+        9, 10, 11, 12, 13, 14, 15, 16, // nonce 9..=16
+        0xa0, 0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, // proof
+        0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf,
     ];
+
+    // A reject asking for a cookie: "RBC1", then the cookie.
+    static COOKIE_BYTES: [u8; 20] = [
+        b'R', b'B', b'C', b'1', 0xc0, 0xc1, 0xc2, 0xc3, 0xc4, 0xc5, 0xc6, 0xc7, 0xc8, 0xc9, 0xca,
+        0xcb, 0xcc, 0xcd, 0xce, 0xcf,
+    ];
+
+    #[test]
+    fn cookie_reply_fixed_bytes() {
+        let r = CookieReply {
+            magic: COOKIE_MAGIC.into(),
+            cookie: std::array::from_fn(|i| 0xc0 + i as u8),
+        };
+        assert_eq!(r.as_bytes(), &COOKIE_BYTES);
+        assert_eq!(CookieReply::parse(&COOKIE_BYTES), Some(r.cookie));
+        assert_eq!(CookieReply::parse(&COOKIE_BYTES[..19]), None);
+        assert_eq!(CookieReply::parse(b""), None, "a silent reject");
+        assert_eq!(CookieReply::parse(b"rocebus: too many connections"), None);
+    }
 
     #[test]
     fn hello_fixed_bytes_and_context() {
         let h = Hello {
             magic: HELLO_MAGIC.into(),
             ring_log2: 20.into(),
-            flags: 0.into(),
+            flags: FLAG_COOKIE.into(),
             ring_addr: 0x7f00_0000_1000.into(),
             ring_rkey: 0x1234.into(),
             max_payload: 65536.into(),
-            conn_id: 42.into(),
+            conn_id: 0.into(),
         };
-        let c = ConnectHello {
+        let mut c = ConnectHello {
             hello: h,
-            nonce: std::array::from_fn(|i| i as u8 + 1),
+            nonce_tail: [0; 8],
+            proof: std::array::from_fn(|i| 0xa0 + i as u8),
         };
+        let nonce: crate::auth::Nonce = std::array::from_fn(|i| i as u8 + 1);
+        c.set_nonce(&nonce);
+        assert_eq!(c.nonce(), nonce);
         assert_eq!(c.as_bytes(), &CONNECT_BYTES);
+        let h = c.hello;
         assert_eq!(
             ConnectHello::read_from_bytes(&CONNECT_BYTES[..]).unwrap(),
             c

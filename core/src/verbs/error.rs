@@ -197,6 +197,10 @@ pub enum VerbsError {
         status: i32,
         /// Why, as far as known.
         reason: String,
+        /// The reject's private data as it came (zeros past what the
+        /// listener sent: the CM carries a fixed-size field). Boxed: a
+        /// reject is rare, and errors stay small.
+        private_data: Box<[u8]>,
     },
     /// No rdma_cm event arrived in time.
     #[error("rdma_cm: timed out after {ms} ms waiting for {expected}")]

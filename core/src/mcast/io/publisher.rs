@@ -50,9 +50,10 @@ pub struct PublisherIoStats {
     /// Requests dropped because the connection's outbox was full, or
     /// undecodable.
     pub requests_dropped: u64,
-    /// Connect requests refused before any set-up: the connection cap was
-    /// reached, or the hello was not a rocebus hello for this channel with
-    /// the same datagram-tag setting.
+    /// Connect requests refused before any set-up: without a valid first
+    /// proof of the secret (rejected silently), the connection cap was
+    /// reached, or the hello was not for this channel with the same
+    /// datagram-tag setting.
     pub connections_refused: u64,
     /// Connections dropped because their first message was not a valid
     /// proof of the shared secret (a wrong secret or a replayed handshake).
@@ -257,7 +258,7 @@ impl McastPublisher {
             retransmit_requests: k.retransmit_requests,
             snapshots_served: k.snapshots_served,
             requests_dropped: k.requests_dropped,
-            connections_refused: k.connections_refused,
+            connections_refused: k.connections_refused + k.connections_unproved,
             auth_failures: k.auth_failures,
             handshake_timeouts: k.handshake_timeouts,
             requests_rate_limited: k.requests_rate_limited,

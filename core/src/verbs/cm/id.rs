@@ -228,6 +228,9 @@ impl CmEvent {
             let reason = match self.status() {
                 4 => "the handshake timed out (CM messages lost or unanswered)".to_owned(),
                 8 => "nobody listens on that port".to_owned(),
+                28 if self.private_data().iter().all(|&b| b == 0) => {
+                    "refused by the listener without a reason".to_owned()
+                }
                 28 => format!(
                     "refused by the listener: {}",
                     String::from_utf8_lossy(&self.private_data()).trim_end_matches('\0')
@@ -240,6 +243,7 @@ impl CmEvent {
                 peer,
                 status: self.status(),
                 reason,
+                private_data: self.private_data().as_slice().into(),
             };
         }
         VerbsError::CmUnexpectedEvent {

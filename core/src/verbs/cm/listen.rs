@@ -156,13 +156,18 @@ impl ConnectRequest {
         Ok(Accepting { id: self.id })
     }
 
-    /// Refuses the request, telling the peer why in private data.
+    /// Refuses the request, telling the peer why in private data (empty:
+    /// nothing; the peer's CM still reports the reject, with zeros where
+    /// the private data would be).
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
         let len = private_data.len().min(148);
-        // SAFETY: valid id; private_data readable for len bytes.
-        let rc = unsafe {
-            sys::rdma_reject(self.id.id.as_ptr(), private_data.as_ptr().cast(), len as u8)
+        let data = if len == 0 {
+            std::ptr::null()
+        } else {
+            private_data.as_ptr().cast()
         };
+        // SAFETY: valid id; data is null with length 0, or readable for len bytes.
+        let rc = unsafe { sys::rdma_reject(self.id.id.as_ptr(), data, len as u8) };
         cm_ok(rc, "rdma_reject")?;
         Ok(())
     }
