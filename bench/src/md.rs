@@ -313,12 +313,13 @@ impl Handler for Pong {
         }
         let n = msg.len().min(16);
         e.msg[..n].copy_from_slice(&msg[..n]);
-        let sent = match e.p.publish(self.at, &e.msg) {
+        // Published and sent in one step, as the originator does.
+        let sent = match e.p.publish_and_flush(self.at, &e.msg) {
             Ok(_) => {
                 e.snap.0 += 1;
-                e.p.flush(self.at).map_err(anyhow::Error::from)
+                Ok(())
             }
-            Err(err) => Err(err.into()),
+            Err(err) => Err(anyhow::Error::from(err)),
         };
         if let Err(err) = sent {
             e.err = Some(err);
@@ -477,9 +478,9 @@ pub fn latency(args: &MdArgs) -> Result<()> {
     for i in 1..=(warmup + n) {
         let t0 = clock::now();
         message(&mut msg, i, t0);
-        p1.publish(t0, &msg)?;
+        // Publish and flush in one step (the latency path).
+        p1.publish_and_flush(t0, &msg)?;
         snap.0 = i;
-        p1.flush(t0)?;
         let deadline = t0 + 5_000_000_000;
         loop {
             let now = clock::now();
@@ -628,9 +629,9 @@ fn ping_loop(
     for i in 1..=n {
         let mut now = clock::now();
         message(msg, i, 0);
-        p1.publish(now, msg)?;
+        // As md-latency: publish and flush in one step.
+        p1.publish_and_flush(now, msg)?;
         snap.0 = i;
-        p1.flush(now)?;
         loop {
             s2.poll(now, app)?;
             if app.sink.next > i && app.sink.last[..8] == i.to_le_bytes() {

@@ -309,8 +309,21 @@ pub(crate) fn build_bench(root: &Path) -> Result<(std::path::PathBuf, std::path:
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let exe = target.join("release/rocebus-bench").canonicalize()?;
-    Ok((exe, target.canonicalize()?))
+    // The target folder may be shared by several checkouts (one cache for
+    // parallel work): another checkout's build can replace
+    // `release/rocebus-bench` while this run's guest is still starting it.
+    // Runs use a copy of their own, named after this checkout, taken right
+    // after the build.
+    let built = target.join("release/rocebus-bench");
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&root.canonicalize()?, &mut h);
+    let exe = target.join(format!(
+        "release/rocebus-bench-run-{:016x}",
+        std::hash::Hasher::finish(&h)
+    ));
+    std::fs::copy(&built, &exe)
+        .with_context(|| format!("copying {} to {}", built.display(), exe.display()))?;
+    Ok((exe.canonicalize()?, target.canonicalize()?))
 }
 
 /// Runs the shell `script` natively when this host has an RDMA device, else in one

@@ -141,6 +141,9 @@ pub struct PublisherState {
     meta: Box<[SlotMeta]>,
     /// Index of the open datagram; sealed datagrams are `oldest..open`.
     open: u64,
+    /// `open`'s slot (`open % slots`), kept as `open` advances: a claim and
+    /// a flush find the open datagram with no division.
+    open_slot: usize,
     oldest: u64,
     open_len: usize,
     open_count: u16,
@@ -187,6 +190,7 @@ impl PublisherState {
             slots: super::prefaulted(nslots * cfg.max_datagram),
             meta: vec![SlotMeta::default(); nslots].into_boxed_slice(),
             open: 0,
+            open_slot: 0,
             oldest: 0,
             open_len: DATAGRAM_HEADER_LEN,
             open_count: 0,
@@ -262,8 +266,10 @@ impl PublisherState {
     fn open_first_seq(&self) -> u64 {
         self.next_seq - u64::from(self.open_count)
     }
-    fn slot_bytes_mut(&mut self, idx: u64) -> &mut [u8] {
-        let start = self.slot_of(idx) * self.cfg.max_datagram;
+    /// The open datagram's slot.
+    fn open_bytes_mut(&mut self) -> &mut [u8] {
+        debug_assert_eq!(self.open_slot, self.slot_of(self.open));
+        let start = self.open_slot * self.cfg.max_datagram;
         &mut self.slots[start..start + self.cfg.max_datagram]
     }
     fn sealed(&self, idx: u64) -> (&[u8], SlotMeta) {
@@ -362,8 +368,7 @@ impl PublisherState {
         }
         self.claimed = Some(len);
         let at = self.open_len;
-        let open = self.open;
-        let slot = self.slot_bytes_mut(open);
+        let slot = self.open_bytes_mut();
         // len <= max_message_len < u16::MAX (max_datagram is clamped).
         slot[at..at + MSG_PREFIX_LEN].copy_from_slice(&(len as u16).to_le_bytes());
         Ok(&mut slot[at + MSG_PREFIX_LEN..at + MSG_PREFIX_LEN + len])
@@ -399,6 +404,38 @@ impl PublisherState {
         }
         self.try_claim(msg.len())?.copy_from_slice(msg);
         Ok(self.commit().unwrap_or(0))
+    }
+
+    /// [`publish`](Self::publish) then [`flush`](Self::flush) of a message
+    /// that goes out alone, in one step: when no message is open (nothing
+    /// to seal first) and `msg` fits one datagram, writes its prefix and
+    /// bytes into the open datagram and seals it; returns the message's
+    /// sequence and the datagram, as `flush` does. `None`: nothing was
+    /// done (the caller publishes and flushes the general way).
+    #[inline]
+    pub fn publish_alone(&mut self, msg: &[u8]) -> Option<(u64, &[u8])> {
+        let len = msg.len();
+        if self.open_count != 0 || len > self.max_message_len() {
+            return None;
+        }
+        // Nothing open: the datagram holds only its header so far, and the
+        // message fits after it (len <= max_message_len, the room of an
+        // empty datagram, tag included).
+        debug_assert_eq!(self.open_len, DATAGRAM_HEADER_LEN);
+        self.claimed = None;
+        self.claimed_large = false;
+        let slot = self.open_bytes_mut();
+        let body = &mut slot[DATAGRAM_HEADER_LEN..DATAGRAM_HEADER_LEN + MSG_PREFIX_LEN + len];
+        // len <= max_message_len < u16::MAX (max_datagram is clamped).
+        body[..MSG_PREFIX_LEN].copy_from_slice(&(len as u16).to_le_bytes());
+        body[MSG_PREFIX_LEN..].copy_from_slice(msg);
+        self.open_len = DATAGRAM_HEADER_LEN + MSG_PREFIX_LEN + len;
+        self.open_count = 1;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.counters.messages += 1;
+        let bytes = self.flush()?;
+        Some((seq, bytes))
     }
 
     /// [`publish`](Self::publish) for an I/O layer: a full open datagram
@@ -499,8 +536,7 @@ impl PublisherState {
         let mut offset = 0usize;
         for piece in msg.chunks(chunk) {
             let at = self.open_len;
-            let open = self.open;
-            let slot = self.slot_bytes_mut(open);
+            let slot = self.open_bytes_mut();
             let len = FRAGMENT_HEADER_LEN + piece.len();
             // len <= max_message_len < u16::MAX (max_datagram is clamped).
             slot[at..at + MSG_PREFIX_LEN].copy_from_slice(&(len as u16).to_le_bytes());
@@ -538,9 +574,8 @@ impl PublisherState {
             self.open_len,
         );
         let (channel, session) = (self.cfg.channel, self.cfg.session);
-        // The slot is worked out once (a division: the history holds
-        // history_depth + 1 slots).
-        let slot = self.slot_of(open);
+        debug_assert_eq!(self.open_slot, self.slot_of(open));
+        let slot = self.open_slot;
         let start = slot * self.cfg.max_datagram;
         let datagram = &mut self.slots[start..start + self.cfg.max_datagram];
         // The slot is max_datagram >= header bytes long: cannot fail.
@@ -565,6 +600,11 @@ impl PublisherState {
             len: len as u16,
         };
         self.open += 1;
+        self.open_slot = if slot + 1 == self.meta.len() {
+            0
+        } else {
+            slot + 1
+        };
         if self.open - self.oldest > self.cfg.history_depth as u64 {
             self.oldest += 1;
         }
@@ -748,6 +788,48 @@ mod tests {
                 }
             }
             assert_eq!(p.commit(), Some(seq));
+        }
+    }
+
+    /// `publish_alone` is `publish` then `flush`: the same datagrams byte
+    /// for byte (header, prefix, message, tag), sequences, counters and
+    /// history, over more datagrams than the history holds (the open slot
+    /// kept without a division wraps); with a message already open it
+    /// declines and changes nothing.
+    #[test]
+    fn publish_alone_is_publish_then_flush() {
+        for key in [None, Some(crate::auth::DatagramKey::derive(b"alone"))] {
+            let mut cfg = cfg(3);
+            cfg.max_datagram = 24 + 2 + 16 + TAG_LEN;
+            let (mut a, mut b) = (PublisherState::new(cfg), PublisherState::new(cfg));
+            a.set_datagram_key(key.clone());
+            b.set_datagram_key(key.clone());
+            for i in 0..11u64 {
+                let msg: Vec<u8> = (0..(i % 17) as u8).map(|x| x ^ i as u8).collect();
+                let (seq, got) = a.publish_alone(&msg).expect("nothing open, fits");
+                let got = got.to_vec();
+                assert_eq!(b.publish(&msg), Ok(seq));
+                assert_eq!(
+                    b.flush().expect("one message open"),
+                    &got[..],
+                    "datagram {i}"
+                );
+                assert_eq!(a.counters(), b.counters());
+                assert_eq!(a.next_seq(), b.next_seq());
+                assert_eq!(a.oldest_available(), b.oldest_available());
+                for from in 1..=seq {
+                    assert_eq!(a.sealed_from(from), b.sealed_from(from), "{from}");
+                }
+            }
+            // Open message: declined, nothing changed; too large: declined.
+            a.publish(&[1, 2]).unwrap();
+            let before = (a.counters(), a.next_seq(), a.pending_messages());
+            assert!(a.publish_alone(&[3]).is_none());
+            assert_eq!(before, (a.counters(), a.next_seq(), a.pending_messages()));
+            a.flush().unwrap();
+            let too_large = vec![0u8; a.max_message_len() + 1];
+            assert!(a.publish_alone(&too_large).is_none());
+            assert_eq!(a.pending_messages(), 0);
         }
     }
 

@@ -750,9 +750,7 @@ impl Connection {
         // crate::ring::fanin).
         if let Some((off, len)) = send.tx.take_run(link.max_write) {
             stats.flushes += 1;
-            return link
-                .post_staged(send.tx.staging(), off, len)
-                .map_err(OfferError::Lost);
+            return link.post_staged(send.tx.staging(), off, len);
         }
         self.flush_rest()
     }
@@ -763,9 +761,7 @@ impl Connection {
     #[inline(always)]
     pub(super) fn post_run(&mut self, off: usize, len: usize) -> Result<(), OfferError> {
         self.stats.flushes += 1;
-        self.link
-            .post_staged(self.send.tx.staging(), off, len)
-            .map_err(OfferError::Lost)
+        self.link.post_staged(self.send.tx.staging(), off, len)
     }
 
     /// A flush with nothing to write (reaps send completions) or more
@@ -944,8 +940,10 @@ impl Link {
     /// usual post (unsignaled, room known: [`SendQueue::fast`]) is inlined
     /// with its flags decided here; a signal due, room short or a lost
     /// connection go through [`post_staged_slow`](Self::post_staged_slow).
+    /// The error is already the publication's (a connection lost), so the
+    /// caller's `?` has no conversion to make.
     #[inline(always)]
-    fn post_staged(&mut self, staging: &Staging, off: usize, len: usize) -> Result<(), PeerLost> {
+    fn post_staged(&mut self, staging: &Staging, off: usize, len: usize) -> Result<(), OfferError> {
         let n = self.requests;
         if !self.sq.fast(n) {
             return self.post_staged_slow(staging, off, len);
@@ -961,8 +959,8 @@ impl Link {
         staging: &Staging,
         off: usize,
         len: usize,
-    ) -> Result<(), PeerLost> {
-        let signaled = self.admit_slow(self.requests)?;
+    ) -> Result<(), OfferError> {
+        let signaled = self.admit_slow(self.requests).map_err(OfferError::Lost)?;
         self.post_staged_as(staging, off, len, signaled)
     }
 
@@ -974,7 +972,7 @@ impl Link {
         off: usize,
         len: usize,
         signaled: bool,
-    ) -> Result<(), PeerLost> {
+    ) -> Result<(), OfferError> {
         let n = self.requests;
         let flags = WriteFlags {
             inline: len <= self.max_inline,
@@ -986,7 +984,7 @@ impl Link {
             .post(&self.qp, staging, off, len, flags, wr_id)
             .is_err()
         {
-            return Err(self.post_failed());
+            return Err(OfferError::Lost(self.post_failed()));
         }
         self.sq.on_posted(n, signaled);
         Ok(())

@@ -48,7 +48,7 @@ impl IncomingRing {
     /// Registers a ring of `size` data bytes (power of two) with remote
     /// write access only.
     pub fn new(pd: &Arc<ProtectionDomain>, size: usize) -> Result<Self, VerbsError> {
-        assert!(size.is_power_of_two());
+        assert!(size.is_power_of_two() && size >= 16);
         let mr = MemoryRegion::new(pd, size + CONTROL_LEN, Access::REMOTE_WRITE)?;
         Ok(Self { mr, size })
     }
@@ -107,6 +107,24 @@ impl RingMemory for IncomingRing {
         // ORDERING: Acquire, as the trait documents: pairs with the
         // device placing the peer's WRITE in ascending address order.
         self.word_at(at).load(Ordering::Acquire)
+    }
+    #[inline]
+    fn load_header(&self, off: usize) -> u64 {
+        debug_assert!(off % 8 == 0 && off + 8 <= self.size);
+        // The offset masked into the data and down to a word (`size` is a
+        // power of two of at least 16, asserted in `new`): the mask stands
+        // in for the bounds check, and an offset the receiver keeps (always
+        // in the data, 16-aligned) is unchanged by it.
+        let at = off & (self.size - 8);
+        let base = self.mr.as_ptr() as *const AtomicU64;
+        // SAFETY: `at` is a multiple of 8 at most `size - 8`, so the word
+        // lies in the data, inside the mapping that lives as long as
+        // self.mr; 8-byte aligned (page-aligned mapping); any bit pattern
+        // is a valid u64; only loaded (the device writes it by DMA).
+        let w = unsafe { &*base.add(at / 8) };
+        // ORDERING: Relaxed, as the trait documents: the value counts only
+        // once the seal that covers it is seen with Acquire.
+        w.load(Ordering::Relaxed)
     }
     #[inline]
     fn load_relaxed(&self, at: usize) -> u64 {

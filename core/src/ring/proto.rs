@@ -62,7 +62,8 @@ pub trait RingMemory {
         }
     }
     /// The frame header's word at 16-aligned offset `off` (`off + 8 <=
-    /// data_len()`, else panics), `Relaxed`, before any Acquire: its value
+    /// data_len()`; otherwise an implementation panics or loads another
+    /// word of the data), `Relaxed`, before any Acquire: its value
     /// counts only once the frame's seal, which covers it
     /// ([`frame::trailer_value`]), is seen with Acquire
     /// ([`take_sealed`](Self::take_sealed)); until then it may be anything.

@@ -11,6 +11,10 @@ use std::sync::Arc;
 /// A completion queue, polled (never armed for events): rocebus busy-polls.
 pub struct CompletionQueue {
     cq: NonNull<sys::ibv_cq>,
+    /// The provider's `poll_cq`, read once from the context's ops (filled
+    /// when the device was opened, never changed): a poll per turn then
+    /// makes no two loads and `None` check to find it.
+    poll_fn: PollCqFn,
     depth: u32,
     ctx: Arc<Context>,
 }
@@ -27,6 +31,22 @@ impl fmt::Debug for CompletionQueue {
             .field("depth", &self.depth)
             .finish()
     }
+}
+
+/// `ibv_context_ops::poll_cq`.
+type PollCqFn = unsafe extern "C" fn(
+    *mut sys::ibv_cq,
+    std::os::raw::c_int,
+    *mut sys::ibv_wc,
+) -> std::os::raw::c_int;
+
+/// Stands in for a provider without `poll_cq`: every poll fails.
+unsafe extern "C" fn no_poll_cq(
+    _: *mut sys::ibv_cq,
+    _: std::os::raw::c_int,
+    _: *mut sys::ibv_wc,
+) -> std::os::raw::c_int {
+    -libc::EOPNOTSUPP
 }
 
 impl CompletionQueue {
@@ -46,8 +66,12 @@ impl CompletionQueue {
             depth,
             source: last_err(),
         })?;
+        // SAFETY: a CQ made by ibv_create_cq points at its live context; the
+        // ops table is the provider's, filled when the device was opened.
+        let poll_fn = unsafe { (*cq.as_ref().context).ops.poll_cq }.unwrap_or(no_poll_cq);
         Ok(Arc::new(Self {
             cq,
+            poll_fn,
             depth,
             ctx: ctx.clone(),
         }))
@@ -71,7 +95,8 @@ impl CompletionQueue {
         let n = out.len().min(i32::MAX as usize) as i32;
         // SAFETY: WorkCompletion is repr(transparent) over ibv_wc, and `out`
         // has room for `n` of them.
-        let rc = unsafe { sys::ibv_poll_cq(self.cq.as_ptr(), n, out.as_mut_ptr().cast()) };
+        // The provider's poll_cq, as ibv_poll_cq calls it.
+        let rc = unsafe { (self.poll_fn)(self.cq.as_ptr(), n, out.as_mut_ptr().cast()) };
         if rc < 0 {
             return Err(VerbsError::PollCq(errno(rc)));
         }

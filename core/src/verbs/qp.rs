@@ -150,6 +150,11 @@ impl Default for QpCaps {
 /// A queue pair. Holds its PD and CQs so they outlive it.
 pub struct QueuePair {
     qp: NonNull<sys::ibv_qp>,
+    /// The provider's post functions, read once from the context's ops
+    /// (set when the device was opened, never changed): a post per
+    /// message then makes no two loads and `None` check to find them.
+    post_send_fn: PostSendFn,
+    post_recv_fn: PostRecvFn,
     qp_type: QpType,
     caps: QpCaps,
     pd: Arc<ProtectionDomain>,
@@ -170,6 +175,36 @@ impl fmt::Debug for QueuePair {
             .field("type", &self.qp_type)
             .finish()
     }
+}
+
+/// `ibv_context_ops::post_send`.
+type PostSendFn = unsafe extern "C" fn(
+    *mut sys::ibv_qp,
+    *mut sys::ibv_send_wr,
+    *mut *mut sys::ibv_send_wr,
+) -> std::os::raw::c_int;
+/// `ibv_context_ops::post_recv`.
+type PostRecvFn = unsafe extern "C" fn(
+    *mut sys::ibv_qp,
+    *mut sys::ibv_recv_wr,
+    *mut *mut sys::ibv_recv_wr,
+) -> std::os::raw::c_int;
+
+/// Stands in for a provider without `post_send`: every post fails.
+unsafe extern "C" fn no_post_send(
+    _: *mut sys::ibv_qp,
+    _: *mut sys::ibv_send_wr,
+    _: *mut *mut sys::ibv_send_wr,
+) -> std::os::raw::c_int {
+    libc::EOPNOTSUPP
+}
+/// Stands in for a provider without `post_recv`: every post fails.
+unsafe extern "C" fn no_post_recv(
+    _: *mut sys::ibv_qp,
+    _: *mut sys::ibv_recv_wr,
+    _: *mut *mut sys::ibv_recv_wr,
+) -> std::os::raw::c_int {
+    libc::EOPNOTSUPP
 }
 
 impl QueuePair {
@@ -202,6 +237,12 @@ impl QueuePair {
             qp_type,
             source: last_err(),
         })?;
+        // SAFETY: a QP made by ibv_create_qp points at its live context;
+        // the ops table is the provider's, filled when the device was
+        // opened and not changed after.
+        let ops = unsafe { &(*qp.as_ref().context).ops };
+        let post_send_fn = ops.post_send.unwrap_or(no_post_send);
+        let post_recv_fn = ops.post_recv.unwrap_or(no_post_recv);
         let granted = QpCaps {
             max_send_wr: init.cap.max_send_wr,
             max_recv_wr: init.cap.max_recv_wr,
@@ -211,6 +252,8 @@ impl QueuePair {
         };
         Ok(Self {
             qp,
+            post_send_fn,
+            post_recv_fn,
             qp_type,
             caps: granted,
             pd: pd.clone(),
@@ -247,6 +290,37 @@ impl QueuePair {
     /// The raw QP.
     pub fn as_raw(&self) -> *mut sys::ibv_qp {
         self.qp.as_ptr()
+    }
+
+    /// `ibv_post_send` through the function read at creation.
+    ///
+    /// # Safety
+    /// As `ibv_post_send`: `wr` heads a valid chain of requests whose
+    /// memory stays valid as [`post_send`](Self::post_send) documents.
+    #[inline(always)]
+    unsafe fn raw_post_send(
+        &self,
+        wr: *mut sys::ibv_send_wr,
+        bad: *mut *mut sys::ibv_send_wr,
+    ) -> std::os::raw::c_int {
+        // SAFETY: the provider's own function for this QP's context, called
+        // as ibv_post_send would; the requests are the caller's obligation.
+        unsafe { (self.post_send_fn)(self.qp.as_ptr(), wr, bad) }
+    }
+
+    /// `ibv_post_recv` through the function read at creation.
+    ///
+    /// # Safety
+    /// As `ibv_post_recv`: `wr` heads a valid chain of receive requests
+    /// whose buffers stay valid until their completions are polled.
+    #[inline(always)]
+    unsafe fn raw_post_recv(
+        &self,
+        wr: *mut sys::ibv_recv_wr,
+        bad: *mut *mut sys::ibv_recv_wr,
+    ) -> std::os::raw::c_int {
+        // SAFETY: as raw_post_send.
+        unsafe { (self.post_recv_fn)(self.qp.as_ptr(), wr, bad) }
     }
 
     /// Current state as the device sees it (a QP whose retries ran out
@@ -429,7 +503,7 @@ impl QueuePair {
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the chain points into `wrs`, alive for the call; SGE memory
         // validity is the caller's obligation (see # Safety).
-        let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), base.cast(), &mut bad) };
+        let rc = unsafe { self.raw_post_send(base.cast(), &mut bad) };
         if rc != 0 {
             let index = if bad.is_null() {
                 0
@@ -489,7 +563,7 @@ impl QueuePair {
         }
         let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
         // SAFETY: chain points into `wrs`; memory validity is the caller's.
-        let rc = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), base.cast(), &mut bad) };
+        let rc = unsafe { self.raw_post_recv(base.cast(), &mut bad) };
         if rc != 0 {
             let index = if bad.is_null() {
                 0
@@ -965,7 +1039,7 @@ impl PreparedWrite {
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the chain (set up in `new`) points into `self.inner`, alive
         // for the call; the data's validity is the caller's obligation.
-        let rc = unsafe { sys::ibv_post_send(qp.as_raw(), first, &mut bad) };
+        let rc = unsafe { qp.raw_post_send(first, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::PostSend {
                 index: (!bad.is_null() && bad != first) as usize,
@@ -1159,7 +1233,7 @@ impl PreparedUdSend {
         // provider copies `data` during the call and keeps no reference to
         // it) of at most the QP's inline size; the address handles are
         // owned through `self.dests` and of the QP's protection domain.
-        let rc = unsafe { sys::ibv_post_send(qp.as_raw(), head, &mut bad) };
+        let rc = unsafe { qp.raw_post_send(head, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::PostSend {
                 index: (!bad.is_null() && bad != head) as usize,
@@ -1306,7 +1380,7 @@ impl PreparedRecvs {
         let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
         // SAFETY: the chain (just linked) points into `self.wrs`, alive for
         // the call; the memory's validity is the caller's obligation.
-        let rc = unsafe { sys::ibv_post_recv(qp.as_raw(), head, &mut bad) };
+        let rc = unsafe { qp.raw_post_recv(head, &mut bad) };
         if rc != 0 {
             // `bad` is the refused request; its slot's position in `slots`
             // is how many were posted before it.

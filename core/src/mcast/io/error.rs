@@ -22,6 +22,10 @@ pub enum NetError {
     /// A buffer pool failed (including failed send completions).
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// The message was refused
+    /// ([`McastPublisher::publish_and_flush`](super::McastPublisher::publish_and_flush)).
+    #[error(transparent)]
+    Publish(#[from] PublishError),
     /// The publisher's answer to the recovery handshake was refused: it
     /// does not know the shared secret (or is not a rocebus publisher), or
     /// the two sides disagree on the channel or on datagram tags.

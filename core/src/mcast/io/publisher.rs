@@ -337,6 +337,35 @@ impl McastPublisher {
         Ok(p.seq)
     }
 
+    /// [`publish`](Self::publish) then [`flush`](Self::flush), in one step
+    /// for the latency path: a message published alone (nothing else open)
+    /// that fits one datagram is sealed with its header at once and, when
+    /// it is the only datagram unsent, fits inline and a send slot is free,
+    /// posted straight from the history as `flush` does. Anything else
+    /// takes `publish` and `flush`.
+    pub fn publish_and_flush(&mut self, now: u64, msg: &[u8]) -> Result<u64, NetError> {
+        let first = self.state.unflushed_seq();
+        let Some((seq, bytes)) = self.state.publish_alone(msg) else {
+            let seq = self.publish(now, msg)?;
+            self.flush(now)?;
+            return Ok(seq);
+        };
+        if !self.ud.has_staged()
+            && self.ud.sends_in_flight() < self.ud.send_slots()
+            && bytes.len() <= self.ud.max_inline()
+            && self.schedule.try_direct(now, first)
+        {
+            // As in flush: the requests to the enabled lines were built
+            // when the lines were set up or switched.
+            self.ud.send_prepared(bytes)?;
+            self.schedule.sent(now, seq + 1);
+            return Ok(seq);
+        }
+        self.pump(now);
+        self.ud.post_staged(&dests_of(&self.lines))?;
+        Ok(seq)
+    }
+
     /// Claims `len` bytes for the next message (flushing a full datagram
     /// first): write the message into the slice, then
     /// [`commit`](Self::commit). A claim larger than one datagram (up to
