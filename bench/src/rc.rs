@@ -351,7 +351,7 @@ fn latency_traced(args: &RcArgs) -> Result<()> {
 
 /// The receiving end of rc-throughput: counts `n` messages of `size` bytes,
 /// timed from the first to the last; returns (count, wrong lengths, seconds)
-/// once all arrived, then waits for the sender to disconnect.
+/// once all arrived (the caller then waits for the sender to disconnect).
 fn receive(conn: &mut Connection, n: u64, size: usize) -> Result<(u64, u64, f64)> {
     let mut count = 0u64;
     let mut bad = 0u64;
