@@ -43,6 +43,74 @@ pub struct RcArgs {
     /// per message on both sides.
     #[arg(long)]
     pub trace: bool,
+    /// Two hosts, this one the server: listen on `--addr`:`--port` (the
+    /// echo for rc-latency, the receiver for rc-throughput), serve one
+    /// client, then exit. perftest's counterpart runs with no address.
+    #[arg(long, conflicts_with = "client")]
+    pub server: bool,
+    /// Two hosts, this one the client: connect to the server at HOST (its
+    /// `--addr`), retrying for `--connect-secs` while it starts; the client
+    /// prints the figures, like perftest's client.
+    #[arg(long, value_name = "HOST")]
+    pub client: Option<IpAddr>,
+    /// How long `--client` keeps retrying and `--server` waits for its client.
+    #[arg(long, default_value_t = 120)]
+    pub connect_secs: u64,
+}
+
+/// Which ends of a harness this process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ends {
+    /// Both, on two threads (one host).
+    Both,
+    /// The server alone (`--server`).
+    Server,
+    /// The client alone, connecting to this host (`--client HOST`).
+    Client(IpAddr),
+}
+
+impl RcArgs {
+    fn ends(&self) -> Ends {
+        match (self.server, self.client) {
+            (true, _) => Ends::Server,
+            (false, Some(h)) => Ends::Client(h),
+            (false, None) => Ends::Both,
+        }
+    }
+
+    /// Refuses `--server`/`--client` in a harness that runs on one host only.
+    pub fn one_host_only(&self, name: &str) -> Result<()> {
+        if self.ends() != Ends::Both {
+            bail!("{name} runs both ends in one process: --server/--client do not apply");
+        }
+        Ok(())
+    }
+}
+
+/// Connects to the server at `addr`, retrying while it is not listening yet
+/// (the two hosts start their scripts at about the same time).
+fn connect_retrying(addr: SocketAddr, secs: u64) -> Result<Connection> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match Connection::connect(addr, &config()) {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("connecting to {addr}: {e}; retrying");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("no server at {addr} within {secs} s"))
+            }
+        }
+    }
+}
+
+/// Accepts one client on this thread (`--server`).
+fn accept_one(addr: SocketAddr, secs: u64) -> Result<Connection> {
+    let mut l = OrdersListener::bind(addr, config())?;
+    eprintln!("listening on {addr}");
+    l.accept(Duration::from_secs(secs))?
+        .with_context(|| format!("no client within {secs} s"))
 }
 
 /// The local IP of the RDMA device: `a`, else `ROCEBUS_GUEST_ADDR`, else the
@@ -120,13 +188,29 @@ pub fn latency(args: &RcArgs) -> Result<()> {
     if args.trace {
         return latency_traced(args);
     }
-    let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
-    let cores = args.cores.clone();
-    let server = serve(addr, move |mut conn| {
-        pin(&cores, 1);
-        echo(&mut conn).map(|_| ())
-    })?;
-    let mut conn = Connection::connect(addr, &config())?;
+    let (mut conn, server) = match args.ends() {
+        Ends::Server => {
+            let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
+            let mut conn = accept_one(addr, args.connect_secs)?;
+            pin(&args.cores, 0);
+            let echoed = echo(&mut conn)?;
+            println!("rc-latency server: echoed {echoed} messages");
+            return Ok(());
+        }
+        Ends::Client(host) => {
+            let conn = connect_retrying(SocketAddr::new(host, args.port), args.connect_secs)?;
+            (conn, None)
+        }
+        Ends::Both => {
+            let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
+            let cores = args.cores.clone();
+            let server = serve(addr, move |mut conn| {
+                pin(&cores, 1);
+                echo(&mut conn).map(|_| ())
+            })?;
+            (Connection::connect(addr, &config())?, Some(server))
+        }
+    };
     pin(&args.cores, 0);
     let msg = vec![0x5au8; args.size];
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
@@ -147,9 +231,11 @@ pub fn latency(args: &RcArgs) -> Result<()> {
     let stats = conn.stats();
     conn.close();
     drop(conn);
-    server
-        .join()
-        .map_err(|_| anyhow::anyhow!("server panicked"))??;
+    if let Some(server) = server {
+        server
+            .join()
+            .map_err(|_| anyhow::anyhow!("server panicked"))??;
+    }
     let s = Summary::of(&hist);
     println!(
         "rc-latency: {} B, {} round trips, one-way (RTT/2)\n{s}",
@@ -178,6 +264,7 @@ struct Turn {
 /// included, its indices first), then the usual summary. A diagnostic:
 /// the counting is not free, so its figures are not the benchmark's.
 fn latency_traced(args: &RcArgs) -> Result<()> {
+    args.one_host_only("rc-latency --trace")?;
     let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
     let cores = args.cores.clone();
     let warmup = (args.iterations / 10).max(100);
@@ -262,38 +349,62 @@ fn latency_traced(args: &RcArgs) -> Result<()> {
     Ok(())
 }
 
+/// The receiving end of rc-throughput: counts `n` messages of `size` bytes,
+/// timed from the first to the last; returns (count, wrong lengths, seconds)
+/// once all arrived (the caller then waits for the sender to disconnect).
+fn receive(conn: &mut Connection, n: u64, size: usize) -> Result<(u64, u64, f64)> {
+    let mut count = 0u64;
+    let mut bad = 0u64;
+    let mut start = None;
+    while count < n {
+        conn.subscription().poll(
+            |f| {
+                if f.payload.len() != size {
+                    bad += 1;
+                }
+                count += 1;
+            },
+            256,
+        )?;
+        if count > 0 && start.is_none() {
+            start = Some(Instant::now());
+        }
+    }
+    Ok((count, bad, start.map_or(0.0, |s| s.elapsed().as_secs_f64())))
+}
+
 /// One-way stream of messages, flushed `batch` at a time; the rate is
-/// measured at the receiver from first to last message.
+/// measured at the receiver from first to last message. Across two hosts
+/// the receiver is the server and prints the rate (the sender only knows
+/// when its ring drained).
 pub fn throughput(args: &RcArgs) -> Result<()> {
-    let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
     let n = args.iterations;
     let size = args.size;
-    let cores = args.cores.clone();
     let (tx, rx) = std::sync::mpsc::channel();
-    let server = serve(addr, move |mut conn| {
-        pin(&cores, 1);
-        let mut count = 0u64;
-        let mut bad = 0u64;
-        let mut start = None;
-        while count < n {
-            conn.subscription().poll(
-                |f| {
-                    if f.payload.len() != size {
-                        bad += 1;
-                    }
-                    count += 1;
-                },
-                256,
-            )?;
-            if count > 0 && start.is_none() {
-                start = Some(Instant::now());
-            }
+    let (mut conn, server) = match args.ends() {
+        Ends::Server => {
+            let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
+            let mut conn = accept_one(addr, args.connect_secs)?;
+            pin(&args.cores, 0);
+            let (count, bad, secs) = receive(&mut conn, n, size)?;
+            wait_lost(&mut conn)?;
+            return report_throughput(count, bad, secs, n, size, None);
         }
-        let secs = start.map_or(0.0, |s| s.elapsed().as_secs_f64());
-        tx.send((count, bad, secs)).ok();
-        wait_lost(&mut conn)
-    })?;
-    let mut conn = Connection::connect(addr, &config())?;
+        Ends::Client(host) => {
+            let conn = connect_retrying(SocketAddr::new(host, args.port), args.connect_secs)?;
+            (conn, None)
+        }
+        Ends::Both => {
+            let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
+            let cores = args.cores.clone();
+            let server = serve(addr, move |mut conn| {
+                pin(&cores, 1);
+                tx.send(receive(&mut conn, n, size)?).ok();
+                wait_lost(&mut conn)
+            })?;
+            (Connection::connect(addr, &config())?, Some(server))
+        }
+    };
     pin(&args.cores, 0);
     let msg = vec![0x5au8; size];
     let mut pending = 0;
@@ -324,24 +435,55 @@ pub fn throughput(args: &RcArgs) -> Result<()> {
     let stats = conn.stats();
     conn.close();
     drop(conn);
+    let Some(server) = server else {
+        println!(
+            "rc-throughput client: sent {n} x {size} B, {} flushes, back-pressured {backpressured} times; the server prints the rate",
+            stats.flushes
+        );
+        return Ok(());
+    };
     let (count, bad, secs) = rx
         .recv_timeout(Duration::from_secs(60))
         .context("receiver result")?;
     server
         .join()
         .map_err(|_| anyhow::anyhow!("server panicked"))??;
+    report_throughput(
+        count,
+        bad,
+        secs,
+        n,
+        size,
+        Some((stats.flushes, backpressured)),
+    )
+}
+
+/// Prints rc-throughput's figures and `RESULT` line (the sender's flush
+/// counts when this process was the sender too).
+fn report_throughput(
+    count: u64,
+    bad: u64,
+    secs: f64,
+    n: u64,
+    size: usize,
+    sender: Option<(u64, u64)>,
+) -> Result<()> {
     if bad > 0 || count != n {
         bail!("receiver got {count} of {n} messages, {bad} with a wrong length");
     }
     let rate = count as f64 / secs.max(1e-9);
-    println!(
-        "rc-throughput: {count} x {size} B in {secs:.3} s, {rate:.0} msg/s, {} flushes, back-pressured {backpressured} times",
-        stats.flushes
-    );
-    println!(
-        "RESULT msgs_per_sec={rate:.1} lost=0 flushes={}",
-        stats.flushes
-    );
+    match sender {
+        Some((flushes, backpressured)) => {
+            println!(
+                "rc-throughput: {count} x {size} B in {secs:.3} s, {rate:.0} msg/s, {flushes} flushes, back-pressured {backpressured} times"
+            );
+            println!("RESULT msgs_per_sec={rate:.1} lost=0 flushes={flushes}");
+        }
+        None => {
+            println!("rc-throughput server: {count} x {size} B in {secs:.3} s, {rate:.0} msg/s");
+            println!("RESULT msgs_per_sec={rate:.1} lost=0");
+        }
+    }
     Ok(())
 }
 
@@ -601,6 +743,7 @@ const FANIN_SENDERS: usize = 4;
 /// ([`ConnectionSet`]); the total rate is measured at the receiver from
 /// its first message to its last (compare `ib_write_bw -q 4`).
 pub fn fanin_throughput(args: &RcArgs) -> Result<()> {
+    args.one_host_only("rc-fanin-throughput")?;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let addr = SocketAddr::new(local_ip(args.addr)?, args.port);

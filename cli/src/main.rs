@@ -7,6 +7,7 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -18,6 +19,7 @@ use rocebus::counters::hw::SYSFS_ROOT;
 use rocebus::counters::stat::{discover, render_prometheus, render_table, Snapshot};
 use rocebus::counters::{default_dir, DIR_ENV};
 
+mod doctor;
 mod record;
 
 #[derive(Debug, Parser)]
@@ -53,6 +55,13 @@ enum Command {
     /// offline, so the gateway refuses tokens with fewer than 128 bits of key material and
     /// the shipped sample values. Engine tokens hold at most 32 bytes: use `--bits 128`.
     Keygen(KeygenArgs),
+    /// Check this host for the configs given: RDMA device and port, GID table, MTU,
+    /// memlock, huge pages, isolated cores, CPU governor, NUMA, IRQ affinity, PFC and ECN.
+    ///
+    /// Prints PASS, WARN or FAIL per item with the fix (docs/deploy.md explains each);
+    /// exits 1 if anything failed, 0 otherwise. Reads /sys and /proc and runs the read-only
+    /// `mlnx_qos -i IF` or `dcb pfc show` when installed; changes nothing.
+    Doctor(doctor::DoctorArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -92,21 +101,22 @@ struct StatArgs {
     sysfs: PathBuf,
 }
 
-fn main() -> std::process::ExitCode {
-    rocebus_bin_support::main(|| run().map(|()| std::process::ExitCode::SUCCESS))
+fn main() -> ExitCode {
+    rocebus_bin_support::main(run)
 }
 
-fn run() -> anyhow::Result<()> {
+fn run() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
-        Command::Stat(args) => stat(&args),
-        Command::Record(args) => record::record(&args),
+        Command::Stat(args) => stat(&args).map(|()| ExitCode::SUCCESS),
+        Command::Record(args) => record::record(&args).map(|()| ExitCode::SUCCESS),
         Command::Keygen(args) => {
             if args.bits % 8 != 0 {
                 bail!("--bits {} is not a multiple of 8", args.bits);
             }
             println!("{}", rocebus::auth::generate_secret(usize::from(args.bits)));
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
+        Command::Doctor(args) => doctor::doctor(&args),
     }
 }
 

@@ -300,6 +300,24 @@ fn page_value(page: &str, name: &str) -> Option<u64> {
         .ok()
 }
 
+/// The soft-RoCE device the guest runs on and its `sent_pkts` counter file.
+fn rxe_sent_pkts() -> (String, PathBuf) {
+    let root = Path::new("/sys/class/infiniband");
+    let mut devices: Vec<_> = std::fs::read_dir(root)
+        .expect("an RDMA device")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    devices.sort();
+    devices
+        .into_iter()
+        .map(|d| {
+            let f = root.join(&d).join("ports/1/hw_counters/sent_pkts");
+            (d, f)
+        })
+        .find(|(_, f)| f.exists())
+        .expect("a soft-RoCE device with hw_counters/sent_pkts")
+}
+
 #[test]
 #[ignore = "rdma: runs order-gateway on an RDMA device, its counters served by rocebus stat --listen"]
 fn gateway_counters_reach_metrics_endpoint() {
@@ -407,7 +425,35 @@ fn gateway_counters_reach_metrics_endpoint() {
         md_delivered >= md_count,
         "subscriber delivered {md_delivered}"
     );
+    // The NIC's own counters ride along as one labelled metric: soft-RoCE's packets sent,
+    // which the RC traffic above moved, read from sysfs around the scrape.
+    let (nic, sent_file) = rxe_sent_pkts();
+    let read_sent = || -> u64 {
+        std::fs::read_to_string(&sent_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let sent_before = read_sent();
     let page = http_get(target, "/metrics").expect("GET /metrics");
+    let sent_after = read_sent();
+    let series = format!(
+        "rocebus_nic_counter_total{{device=\"{nic}\",port=\"1\",group=\"hw_counters\",counter=\"sent_pkts\"}} "
+    );
+    let sent: u64 = page
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} on /metrics:\n{page}"));
+    assert!(
+        sent > 0 && sent_before <= sent && sent <= sent_after,
+        "{nic} sent_pkts {sent} on the page, {sent_before}..{sent_after} in sysfs"
+    );
+    assert!(
+        page.contains("# TYPE rocebus_nic_counter_total counter\n"),
+        "{page}"
+    );
     let expect = [
         ("rocebus_engine_requests_total".to_string(), ORDERS),
         ("rocebus_engine_logons_total".to_string(), 1),

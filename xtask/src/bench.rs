@@ -566,6 +566,103 @@ fn split_runs(out: Vec<String>, kind: Kind) -> [Vec<Option<Figures>>; 5] {
     runs
 }
 
+/// Benchmarks with a two-host mode: their harness takes `--server` /
+/// `--client HOST`, and their perftest tool runs as server and client on
+/// the same two guests.
+pub const TWO_HOSTS: &[&str] = &["rc-latency", "rc-throughput"];
+
+/// The script both guests run for `cargo xtask bench --hosts 2 NAME`: guest
+/// 0 is the server of every run, guest 1 the client; each round runs
+/// rocebus, then perftest, each after an `@@SIDE ROUND` marker. The client
+/// retries until the server of that run listens, so the two guests need no
+/// other synchronisation (rocebus and perftest listen on different ports:
+/// a client cannot reach the other tool's server).
+fn two_hosts_script(spec: &Spec, exe_q: &str, size: usize, n: u64, rounds: u32) -> String {
+    let mut script = String::from(
+        "dev=${ROCEBUS_RDMA_DEVICE:-rxe0}; gid=${ROCEBUS_GID_INDEX:-1}; \
+         addr=${ROCEBUS_GUEST_ADDR:?}; peer=${ROCEBUS_PEER_ADDR:?}\n",
+    );
+    let ours = format!(
+        "timeout 300 {exe_q} {} -s {size} -n {n} --cores 0",
+        spec.ours
+    );
+    let tool = format!(
+        "timeout 300 {} -d $dev -x $gid -s {size} -n {n} -F {}",
+        spec.perftest, spec.perftest_extra
+    );
+    for r in 1..=rounds {
+        script.push_str(&format!(
+            "echo '@@ours {r}'\n\
+             if [ \"$ROCEBUS_GUEST_INDEX\" = 0 ]; then {ours} --server --addr $addr; \
+             else {ours} --client $peer; fi\n\
+             echo '@@perftest {r}'\n\
+             if [ \"$ROCEBUS_GUEST_INDEX\" = 0 ]; then {tool}; \
+             else for t in $(seq 1 60); do sleep 1; {tool} $peer && break; done; fi\n"
+        ));
+    }
+    script
+}
+
+/// `cargo xtask bench --hosts 2 NAME`: the harness and its perftest
+/// counterpart between two linked guests (one vCPU each, a UDP socket on the
+/// host as the wire), in alternating rounds. Latency figures come from the
+/// clients (both print RTT/2); throughput from the receivers (rocebus's
+/// server, perftest's client, which is where each tool prints its rate).
+fn run_two_hosts(spec: &Spec, root: &Path, rounds: u32, size: usize, n: u64) -> Result<()> {
+    if !TWO_HOSTS.contains(&spec.name) {
+        bail!(
+            "{} has no two-host mode yet; --hosts 2 runs: {}",
+            spec.name,
+            TWO_HOSTS.join(", ")
+        );
+    }
+    let (built, target) = build_bench(root)?;
+    // The guests boot for a while after the build: a private copy keeps another build in
+    // the same target directory (another worktree's) from swapping the binary under them.
+    let private = target.join(format!("bench-two-hosts-{}", std::process::id()));
+    std::fs::create_dir_all(&private)?;
+    let exe = private.join("rocebus-bench");
+    std::fs::copy(&built, &exe)
+        .with_context(|| format!("cannot copy {} to {}", built.display(), exe.display()))?;
+    let exe_q = vm::shell_quote(&exe.display().to_string());
+    let script = two_hosts_script(spec, &exe_q, size, n, rounds);
+    let img = setup::guest_image()?;
+    let opts = vm::VmOptions {
+        hosts: 2,
+        timeout: Duration::from_secs(700 * rounds as u64 + 180),
+        ..Default::default()
+    };
+    let outcome = vm::run(&img, root, &script, &opts);
+    std::fs::remove_dir_all(&private).ok();
+    let outcome = outcome?;
+    let mut outputs = outcome.output;
+    let client = outputs.pop().unwrap_or_default();
+    let server = outputs.pop().unwrap_or_default();
+    let [c_ours, c_theirs, ..] = split_runs(client, spec.kind);
+    let [s_ours, ..] = split_runs(server, spec.kind);
+    let ours = match spec.kind {
+        Kind::Latency => c_ours,
+        Kind::Throughput => s_ours,
+    };
+    println!();
+    println!(
+        "{}: two hosts (two soft-RoCE guests linked by a UDP socket on one machine: emulated, \
+         ratios only are meaningful), {rounds} alternating rounds, {size} B, {n} iterations",
+        spec.name
+    );
+    if let Some(note) = outcome.link.as_ref().and_then(|l| l.inconclusive()) {
+        println!("  {note}");
+    }
+    let label = format!("{} {}", spec.perftest, spec.perftest_extra);
+    let (r50, r99) = compare(spec.kind, &ours, &c_theirs, label.trim());
+    if r50.is_empty() {
+        bail!("{}: no round produced figures on both sides", spec.name);
+    }
+    let head = format!("{} --hosts 2", spec.name);
+    println!("{}", ratio_line(&head, spec.kind, r50, r99));
+    Ok(())
+}
+
 /// Runs `name` for `rounds` alternating rounds; prints the figures and the
 /// closing ratio line. A non-empty `variant` (arguments of rocebus's side,
 /// such as `--datagram-tag`) adds a third run per round, rocebus with them,
@@ -579,7 +676,34 @@ pub fn run(
     size: usize,
     iterations: Option<u64>,
     variant: &str,
+    hosts: u8,
 ) -> Result<()> {
+    if hosts == 2 {
+        let spec = SPECS
+            .iter()
+            .find(|s| s.name == name)
+            .filter(|s| TWO_HOSTS.contains(&s.name))
+            .with_context(|| {
+                format!(
+                    "{name} has no two-host mode; --hosts 2 runs: {}",
+                    TWO_HOSTS.join(", ")
+                )
+            })?;
+        if !variant.is_empty() {
+            bail!("{name} --hosts 2: {variant} does not apply");
+        }
+        let rounds = rounds.unwrap_or(default_rounds(spec.kind));
+        return run_two_hosts(
+            spec,
+            root,
+            rounds,
+            size,
+            iterations.unwrap_or(spec.default_iterations),
+        );
+    }
+    if hosts != 1 {
+        bail!("--hosts is 1 (one guest, or this host) or 2 (two guests)");
+    }
     if HOST_ONLY.contains(&name) {
         return run_host(root, name, rounds, iterations);
     }
@@ -762,6 +886,36 @@ mod tests {
 
     /// `--datagram-tag` runs rocebus twice a round, plain then tagged, and
     /// each run's figures land on its own side.
+    #[test]
+    fn two_hosts_script_serves_on_guest_0_and_connects_from_guest_1() {
+        let spec = SPECS.iter().find(|s| s.name == "rc-latency").unwrap();
+        let s = two_hosts_script(spec, "B", 64, 100, 2);
+        for r in 1..=2 {
+            let ours = s.find(&format!("@@ours {r}'")).unwrap();
+            let perftest = s.find(&format!("@@perftest {r}'")).unwrap();
+            assert!(ours < perftest, "{s}");
+        }
+        assert_eq!(
+            s.matches("B rc-latency -s 64 -n 100 --cores 0 --server --addr $addr;")
+                .count(),
+            2,
+            "{s}"
+        );
+        assert_eq!(
+            s.matches("B rc-latency -s 64 -n 100 --cores 0 --client $peer;")
+                .count(),
+            2,
+            "{s}"
+        );
+        // perftest's client retries until the server of that round listens.
+        assert_eq!(
+            s.matches("do sleep 1; timeout 300 ib_write_lat -d $dev -x $gid -s 64 -n 100 -F  $peer && break; done")
+                .count(),
+            2,
+            "{s}"
+        );
+    }
+
     #[test]
     fn a_variant_runs_beside_plain_rocebus_every_round() {
         let spec = SPECS.iter().find(|s| s.name == "md-latency").unwrap();

@@ -138,6 +138,11 @@ enum Cmd {
         /// beside the usual line, so the tag's cost is measured in the same guest.
         #[arg(long)]
         datagram_tag: bool,
+        /// 2: run the harness's `--server` in one guest and its `--client` in a second
+        /// linked guest, against perftest's server and client on the same two guests
+        /// (rc-latency, rc-throughput). Emulated: ratios only.
+        #[arg(long, default_value_t = 1)]
+        hosts: u8,
     },
     /// The main job: the whole pipeline on soft-RoCE, then the latency report.
     ///
@@ -285,9 +290,10 @@ fn run() -> Result<()> {
             size,
             iterations,
             datagram_tag,
+            hosts,
         } => {
             let variant = if datagram_tag { "--datagram-tag" } else { "" };
-            bench::run(&root, &name, rounds, size, iterations, variant)?;
+            bench::run(&root, &name, rounds, size, iterations, variant, hosts)?;
         }
         Cmd::Demo {
             seconds,

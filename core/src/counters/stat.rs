@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::hw::{read_hw_counters, HwCounter};
+use super::hw::{read_hw_counters, render_nic_prometheus, HwCounter};
 use super::{CounterEntry, CountersReader, FileInfo, Kind, FILE_EXTENSION};
 
 /// The counters files (`*.counters`) in `dir`, sorted by name.
@@ -256,8 +256,9 @@ struct Sample {
 /// Renders `snap` in the Prometheus text exposition format (version 0.0.4).
 ///
 /// Our counters become `rocebus_<label>_total` (kind counter) or `rocebus_<label>` (gauge)
-/// with labels `component` and `pid`; the device's become `rocebus_rdma_<name>_total` with
-/// labels `device`, `port` and `group`. Samples of one metric are grouped under one
+/// with labels `component` and `pid`; the device's are one metric,
+/// [`NIC_METRIC`](super::hw::NIC_METRIC), with labels `device`, `port`, `group` and `counter`
+/// ([`render_nic_prometheus`]). Samples of one metric are grouped under one
 /// `# HELP`/`# TYPE`; if two counters of one process share a label, an `id` label keeps the
 /// series distinct.
 pub fn render_prometheus(snap: &Snapshot) -> String {
@@ -289,22 +290,6 @@ pub fn render_prometheus(snap: &Snapshot) -> String {
             });
         }
     }
-    for c in &snap.hw {
-        let base = sanitize_metric_name(&c.name);
-        samples.push(Sample {
-            name: format!("rocebus_rdma_{base}_total"),
-            kind: Kind::Counter,
-            help: format!("RDMA device counter {}/{}", c.group, c.name),
-            labels: format!(
-                "device=\"{}\",port=\"{}\",group=\"{}\"",
-                escape_label_value(&c.device),
-                escape_label_value(&c.port),
-                c.group
-            ),
-            id: None,
-            value: c.value,
-        });
-    }
     samples.sort_by(|a, b| a.name.cmp(&b.name));
 
     let mut out = String::new();
@@ -333,6 +318,7 @@ pub fn render_prometheus(snap: &Snapshot) -> String {
         }
         .expect("writing to a String cannot fail");
     }
+    out.push_str(&render_nic_prometheus(&snap.hw));
     out
 }
 
@@ -452,10 +438,10 @@ mod tests {
         assert!(table.contains("hw_counters/rcvd_pkts"), "{table}");
         let prom = render_prometheus(&snap);
         assert!(
-            prom.contains("# TYPE rocebus_rdma_rcvd_pkts_total counter\n"),
+            prom.contains("# TYPE rocebus_nic_counter_total counter\n"),
             "{prom}"
         );
-        assert!(prom.contains("rocebus_rdma_rcvd_pkts_total{device=\"rxe0\",port=\"1\",group=\"hw_counters\"} 12\n"), "{prom}");
+        assert!(prom.contains("rocebus_nic_counter_total{device=\"rxe0\",port=\"1\",group=\"hw_counters\",counter=\"rcvd_pkts\"} 12\n"), "{prom}");
     }
 
     #[test]
