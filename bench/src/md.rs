@@ -771,7 +771,7 @@ impl RawSide {
         qp.post_receives()?;
         Ok(RawSide {
             qp,
-            ah: tx.address_handle(&pd)?,
+            ah: tx.address_handle(&pd, &rocebus::verbs::UdClass::default())?,
             qpn: tx.remote_qpn(),
             qkey: tx.qkey(),
             _rx: rx,

@@ -15,6 +15,7 @@ use feed_handler::dbnexport::Date;
 use feed_handler::udp::unix_now_ns;
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::{now_ns, Event, McastSubscriber};
+use rocebus::rdma_settings::RdmaSettings;
 
 #[derive(Debug, clap::Args)]
 pub struct RecordArgs {
@@ -58,13 +59,18 @@ fn load_bus(path: &Path) -> anyhow::Result<McastConfig> {
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut table: toml::Table =
         toml::from_str(&text).with_context(|| format!("{} is not TOML", path.display()))?;
+    // The file's top-level [rdma] (a feed handler's config, or md.toml's own).
+    let rdma = RdmaSettings::from_table(&table)
+        .with_context(|| format!("{}: invalid [rdma] table", path.display()))?;
     let bus = match table.remove("market_data") {
         Some(toml::Value::Table(t)) => toml::to_string(&t)?,
         Some(_) => bail!("{}: market_data is not a table", path.display()),
         None => text,
     };
-    McastConfig::from_toml_str(&bus)
-        .with_context(|| format!("{}: not a market-data configuration", path.display()))
+    let mut bus = McastConfig::from_toml_str(&bus)
+        .with_context(|| format!("{}: not a market-data configuration", path.display()))?;
+    rdma.apply_to_mcast(&mut bus);
+    Ok(bus)
 }
 
 fn summary(c: &RecordCounters) -> String {
@@ -100,6 +106,9 @@ pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
     if ids.is_empty() {
         bail!("{} has no channel", args.config.display());
     }
+    cfg.rdma
+        .prepare_process(cfg.subscriber_pinned_bytes(ids.len()))
+        .with_context(|| format!("cannot record the bus of {}", args.config.display()))?;
     // The duration counts from the start: waiting for a publisher is part of it.
     let start = Instant::now();
     let duration = match args.duration {

@@ -78,5 +78,6 @@ pub mod idle;
 pub mod ipc;
 pub mod mcast;
 pub mod orders;
+pub mod rdma_settings;
 pub mod ring;
 pub mod verbs;

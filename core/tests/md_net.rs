@@ -1677,3 +1677,111 @@ fn rdma_md_gap_tolerant_delivers_past_an_unrepairable_hole() {
     assert_eq!(strict_c.gaps_skipped, 0);
     assert_eq!(strict_book.digest(), book.digest());
 }
+
+/// `[rdma] traffic_class` on the wire, market-data path: guest 0 publishes
+/// 1,000 messages, starts capturing eth0 with dumpcap, tells guest 1 (over
+/// TCP) to subscribe, and publishes 2,000 more; guest 1 joins late, so its
+/// recovery connection carries a late-join request and the publisher's
+/// answer. Every RoCE v2 packet (the multicast datagrams, the recovery
+/// connection's SENDs both ways, their ACKs, the CM's messages) must carry
+/// the configured traffic class (DSCP 34, ECT(0): not the default), and
+/// guest 0's must leave from the configured GID index.
+#[test]
+#[ignore = "rdma: needs two soft-RoCE guests (cargo xtask test)"]
+fn rdma_md_two_hosts_traffic_class_on_the_wire() {
+    const TC: u8 = (34 << 2) | 0b10;
+    const EARLY: u64 = 1000;
+    const TOTAL: u64 = 3000;
+    const GO_PORT: u16 = 7610;
+    let mut cfg = config("239.7.9.1", None, 7609, 16384);
+    rocebus::rdma_settings::RdmaSettings {
+        traffic_class: TC,
+        gid_index: Some(1),
+        ..Default::default()
+    }
+    .apply_to_mcast(&mut cfg);
+    if guest_index() == 1 {
+        common::wait_for_go(peer_ip(), GO_PORT);
+        let r = run_subscriber(
+            &cfg,
+            local_ip(),
+            peer_ip(),
+            TOTAL,
+            Duration::from_secs(90),
+            None,
+        );
+        assert_eq!(
+            r.book.digest(),
+            expected(TOTAL).digest(),
+            "final state differs"
+        );
+        assert_eq!(r.book.order_errors, 0);
+        return; // checked: guest 1's book
+    }
+    let mut p = McastPublisher::new(&cfg, 7, now_ns() + 1, local_ip()).expect("publisher");
+    let mut book = Book::new();
+    let t0 = Instant::now();
+    let publish = |p: &mut McastPublisher, book: &mut Book, upto: u64| {
+        while book.last_seq < upto {
+            let seq = book.last_seq + 1;
+            let m = Book::msg(seq);
+            assert_eq!(p.publish(now_ns(), &m).unwrap(), seq);
+            book.apply(seq, &m);
+            if seq % 32 == 0 {
+                p.poll(now_ns(), &*book).unwrap();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "publisher too slow");
+        }
+        p.flush(now_ns()).unwrap();
+    };
+    publish(&mut p, &mut book, EARLY);
+    let capture = common::Capture::start("md-wire");
+    common::signal_go(local_ip(), GO_PORT);
+    while p.admitted_connections() < 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "no subscriber connected"
+        );
+        p.poll(now_ns(), &book).unwrap();
+    }
+    publish(&mut p, &mut book, TOTAL);
+    // Serve the late joiner until it leaves (or a quiet 5 s).
+    let (mut served, mut quiet_since) = (u64::MAX, Instant::now());
+    while p.connections() > 0 && quiet_since.elapsed() < Duration::from_secs(5) {
+        let io = p.io_stats();
+        if io.retransmit_requests + io.snapshots_served != served {
+            served = io.retransmit_requests + io.snapshots_served;
+            quiet_since = Instant::now();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "subscriber never finished"
+        );
+        p.poll(now_ns(), &book).unwrap();
+    }
+    eprintln!("publisher: {:?}", p.io_stats());
+    let packets = capture.stop();
+    let (IpAddr::V4(me), IpAddr::V4(them)) = (local_ip(), peer_ip()) else {
+        panic!("IPv4 guests")
+    };
+    common::assert_capture(&packets, me, them, TC, 1);
+    let n = |f: fn(&common::RocePacket) -> bool, from| {
+        packets.iter().filter(|p| f(p) && p.src == from).count()
+    };
+    assert!(
+        n(|p| p.is_ud_send() && p.is_multicast(), me) > 0,
+        "no multicast datagram captured"
+    );
+    assert!(
+        n(common::RocePacket::is_rc_send, them) > 0,
+        "no recovery request captured"
+    );
+    assert!(
+        n(common::RocePacket::is_rc_send, me) > 0,
+        "no recovery answer captured"
+    );
+    assert!(
+        n(common::RocePacket::is_cm, me) > 0,
+        "no CM message of ours captured"
+    );
+}

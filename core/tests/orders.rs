@@ -1700,3 +1700,99 @@ fn rdma_orders_fanin_some_active_of_many_every_frame_once_in_order() {
     );
     drop(conns);
 }
+
+/// `[rdma] traffic_class` on the wire, orders path: guest 0 listens, starts
+/// capturing eth0 with dumpcap, then tells guest 1 (over TCP) to connect
+/// and send frames; every RoCE v2 packet both ways (the frames' RC WRITEs,
+/// the credit WRITEs back, their ACKs and the CM's messages) must carry the
+/// configured traffic class (DSCP 34, ECT(0): not the default, so the value
+/// is the configuration's), and guest 0's must leave from the configured
+/// GID index.
+#[test]
+#[ignore = "rdma: needs two soft-RoCE guests (cargo xtask test)"]
+fn rdma_orders_two_hosts_traffic_class_on_the_wire() {
+    const TC: u8 = (34 << 2) | 0b10;
+    const FRAMES: u64 = 2000;
+    let (port, go_port) = (7497, 7498);
+    let idx = std::env::var("ROCEBUS_GUEST_INDEX").expect("run by cargo xtask test in two guests");
+    let mut c = cfg(1 << 16, 256);
+    c.connect_timeout_ms = 30_000;
+    let rdma = rocebus::rdma_settings::RdmaSettings {
+        traffic_class: TC,
+        gid_index: Some(1),
+        ..Default::default()
+    };
+    rdma.apply_to_orders(&mut c);
+    let peer: IpAddr = std::env::var("ROCEBUS_PEER_ADDR").unwrap().parse().unwrap();
+    if idx == "0" {
+        let mut l = OrdersListener::bind(SocketAddr::new(local_ip(), port), c).unwrap();
+        let capture = common::Capture::start("orders-wire");
+        common::signal_go(local_ip(), go_port);
+        let mut conn = l.accept(Duration::from_secs(90)).unwrap().expect("peer");
+        let mut next = 0u64;
+        let t = Instant::now();
+        while next < FRAMES {
+            conn.subscription()
+                .poll(
+                    |f| {
+                        assert!(check(f.payload, next), "frame {next} torn or reordered");
+                        next += 1;
+                    },
+                    64,
+                )
+                .unwrap();
+            assert!(t.elapsed() < Duration::from_secs(120), "stalled at {next}");
+        }
+        // Credits for the last frames go back while the sender drains.
+        let t2 = Instant::now();
+        while t2.elapsed() < Duration::from_secs(3) {
+            match conn.subscription().poll(|_| panic!("extra frame"), 64) {
+                Ok(_) => {}
+                Err(OrdersError::PeerLost(_)) => break,
+                Err(e) => panic!("after the last frame: {e}"),
+            }
+        }
+        let packets = capture.stop();
+        let (IpAddr::V4(me), IpAddr::V4(them)) = (local_ip(), peer) else {
+            panic!("IPv4 guests")
+        };
+        common::assert_capture(&packets, me, them, TC, 1);
+        let writes = |from| {
+            packets
+                .iter()
+                .filter(|p| p.is_rc_write() && p.src == from)
+                .count()
+        };
+        assert!(writes(them) > 0, "no frame WRITE captured");
+        assert!(writes(me) > 0, "no credit WRITE captured");
+        assert!(
+            packets.iter().any(|p| p.is_cm() && p.src == me),
+            "no CM message of ours captured"
+        );
+    } else {
+        common::wait_for_go(peer, go_port);
+        let mut conn = Connection::connect(SocketAddr::new(peer, port), &c).expect("connect");
+        for i in 0..FRAMES {
+            loop {
+                match conn.try_claim(1, 1, 64) {
+                    Ok(mut cl) => {
+                        fill(&mut cl, i);
+                        cl.commit();
+                        break;
+                    }
+                    Err(OfferError::BackPressured) => {
+                        conn.flush().unwrap();
+                        conn.subscription().poll(|_| {}, 1).unwrap();
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            if i % 8 == 7 {
+                conn.flush().unwrap();
+            }
+        }
+        assert!(conn.drain(Duration::from_secs(60)).unwrap());
+        println!("sender: {:?}", conn.stats());
+        conn.close();
+    }
+}

@@ -413,7 +413,9 @@ fn ud_mcast_roundtrip(group: IpAddr, send: bool, recv: bool, count: u32) {
         if std::env::var("ROCEBUS_HOSTS").as_deref() == Ok("2") {
             std::thread::sleep(Duration::from_secs(2)); // let the peer join and post receives
         }
-        let ah = m.address_handle(&d.pd).unwrap();
+        let ah = m
+            .address_handle(&d.pd, &rocebus::verbs::UdClass::default())
+            .unwrap();
         for i in 0..count {
             let msg = format!("mcast {i}");
             let s = [Sge::inline(msg.as_bytes())];

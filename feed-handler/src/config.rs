@@ -7,6 +7,7 @@ use crate::moldudp64::{session, GapConfig, SourceAddr, StartPolicy};
 use rocebus::idle::IdleStrategy;
 use rocebus::ipc::{FlowControl, IpcConfig};
 use rocebus::mcast::config::{ConfigError as McastConfigError, McastConfig};
+use rocebus::rdma_settings::RdmaSettings;
 use serde::Deserialize;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -32,6 +33,10 @@ pub struct Config {
     /// with `flow = "drop"`).
     #[serde(default)]
     pub ipc: Option<IpcConfig>,
+    /// RoCE transport settings (traffic class, service level, RC knobs, GID, huge pages),
+    /// applied to `market_data` when the file is parsed.
+    #[serde(default)]
+    pub rdma: RdmaSettings,
 }
 
 /// `[feed]`: where the MoldUDP64 feed arrives and where re-requests go.
@@ -209,10 +214,11 @@ pub enum ConfigError {
 impl Config {
     /// Parses TOML text; `path` is only used in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let c: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+        let mut c: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
             path: path.into(),
             source,
         })?;
+        c.rdma.apply_to_mcast(&mut c.market_data);
         let invalid = |key: &str, reason: &str| ConfigError::Invalid {
             path: path.into(),
             key: key.into(),
@@ -352,6 +358,26 @@ mod tests {
         let c = Config::load(&p).expect("example config is valid");
         assert!(c.feed.group.ip().is_multicast());
         assert!(c.partitions() >= 1);
+        assert_eq!(c.market_data.rdma, c.rdma, "[rdma] reaches the bus");
+        assert_eq!(c.rdma.traffic_class, 106);
+    }
+
+    #[test]
+    fn rdma_table_reaches_the_bus_and_bad_values_name_the_key() {
+        let c = Config::parse(
+            &format!("{MINIMAL}[rdma]\ntraffic_class = 138\ngid_index = 3\n"),
+            Path::new("z"),
+        )
+        .unwrap();
+        assert_eq!(c.market_data.rdma.traffic_class, 138);
+        assert_eq!(c.market_data.rdma.ud_class().gid_index, Some(3));
+        let e = Config::parse(
+            &format!("{MINIMAL}[rdma]\nservice_level = 16\n"),
+            Path::new("z"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("rdma.service_level 16"), "{e}");
     }
 
     #[test]

@@ -420,6 +420,9 @@ fn run(
         signal_hook::flag::register(signal, Arc::clone(&stop))
             .context("cannot install the SIGINT/SIGTERM handlers")?;
     }
+    cfg.rdma
+        .prepare_process(cfg.market_data.publisher_pinned_bytes())
+        .with_context(|| format!("cannot start the feed handler ({})", config.display()))?;
     let counters = counters.unwrap_or_else(|| counters_path(&default_dir(), "feed-handler"));
     let local_ip = cfg.publish.local_ip;
     let mut service = Service::new(cfg, Some(&counters)).with_context(|| {

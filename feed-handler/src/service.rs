@@ -23,6 +23,7 @@ use crate::udp::{FeedSink, ReceiverConfig, UdpReceiver};
 use rocebus::counters::{Counter, CountersError, CountersFile};
 use rocebus::idle::Idler;
 use rocebus::mcast::{now_ns, NetError};
+use rocebus::rdma_settings::export::RdmaCountersExport;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -389,7 +390,27 @@ pub struct Service {
     /// Per channel: the bus publisher's repair counters and subscriber rows
     /// (`md.pub.ch<i>.*`).
     bus_counters: Vec<rocebus::mcast::net::PublisherCountersExport>,
+    /// The GID, traffic class and registered memory (`rdma.*`).
+    rdma: Option<RdmaCountersExport>,
     _counters_file: Option<CountersFile>,
+}
+
+/// The `rdma.*` lines of `rocebus stat`; the GID the bus sends from is
+/// logged here too (a GID that cannot be read leaves its lines out, with a
+/// warning: the publishers already joined, so the service runs).
+fn rdma_export(file: &CountersFile, config: &Config) -> Result<RdmaCountersExport, ServiceError> {
+    let gid = match rocebus::verbs::cm::local_gid(config.publish.local_ip, config.rdma.gid_index) {
+        Ok(g) => {
+            tracing::info!(gid = %g.choice, active_mtu = g.active_mtu, "bus GID");
+            Some(g)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the bus's GID for rocebus stat");
+            None
+        }
+    };
+    RdmaCountersExport::new(file, "rdma", &config.rdma, gid.as_ref())
+        .map_err(ServiceError::Counters)
 }
 
 /// Subscriber rows each channel's publisher shows in the counters file.
@@ -474,12 +495,13 @@ impl Service {
             config.partitions(),
             config.service.bad_input_log_per_sec,
         );
+        let mut rdma = None;
         let (file, counters, bus_counters) = match counters {
             Some(path) => {
                 let channels = pipeline.sink().channels();
                 // Each channel: 8 totals and a row of 5 per subscriber slot.
                 let per_channel = 8 + 5 * SUBSCRIBER_SLOTS as u32;
-                let file = CountersFile::create(path, 64 + u32::from(channels) * per_channel)
+                let file = CountersFile::create(path, 80 + u32::from(channels) * per_channel)
                     .map_err(ServiceError::Counters)?;
                 let c = EXPORTED
                     .iter()
@@ -496,6 +518,7 @@ impl Service {
                     })
                     .collect::<Result<Vec<_>, CountersError>>()
                     .map_err(ServiceError::Counters)?;
+                rdma = Some(rdma_export(&file, &config)?);
                 (Some(file), c, b)
             }
             None => (None, Vec::new(), Vec::new()),
@@ -506,6 +529,7 @@ impl Service {
             source,
             counters,
             bus_counters,
+            rdma,
             _counters_file: file,
         })
     }
@@ -569,6 +593,9 @@ impl Service {
             if let Some(p) = self.pipeline.sink().publisher(i as u16) {
                 b.update(p);
             }
+        }
+        if let Some(r) = &self.rdma {
+            r.update();
         }
     }
 

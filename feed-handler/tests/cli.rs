@@ -133,3 +133,52 @@ fn a_guessable_market_data_secret_is_refused() {
         );
     }
 }
+
+/// Issue 43: a memlock limit (RLIMIT_MEMLOCK) below what the configured rings pin stops the
+/// start before any device is opened, naming the bytes needed and how to raise the limit.
+/// The child runs with `ulimit -l 64` (and without CAP_IPC_LOCK, which pins past any limit,
+/// when the test runs as root).
+#[test]
+fn a_memlock_limit_below_the_rings_is_a_start_up_error_naming_the_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/feed-handler.toml");
+    let text = std::fs::read_to_string(example).unwrap().replace(
+        "secret = \"change-me-md\"",
+        "secret = \"b27984bb334881df4564221f4c19a30d\"",
+    );
+    let path = dir.path().join("fh.toml");
+    std::fs::write(&path, &text).unwrap();
+    let cfg = feed_handler::config::Config::load(&path).unwrap();
+    let needed = cfg.market_data.publisher_pinned_bytes();
+    assert!(
+        needed > 65536,
+        "the example's rings exceed 64 KiB: {needed}"
+    );
+    let ipc_lock = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|c| c & (1 << 14) != 0);
+    let drop_cap = if ipc_lock {
+        "setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock"
+    } else {
+        ""
+    };
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -l 64 && exec {drop_cap} \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_feed-handler"))
+        .args(["run", "--config", path.to_str().unwrap()])
+        .output()
+        .expect("run feed-handler under ulimit -l 64");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("memlock limit (RLIMIT_MEMLOCK) is 65536 bytes")
+            && err.contains(&format!("at least {needed} bytes"))
+            && err.contains("ulimit -l"),
+        "{err}"
+    );
+}

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use rocebus::idle::IdleStrategy;
 use rocebus::orders::OrdersConfig;
+use rocebus::rdma_settings::RdmaSettings;
 use serde::Deserialize;
 
 use crate::fix::{Secret, SessionConfig};
@@ -35,6 +36,10 @@ pub struct Config {
     /// (see [`crate::market`]). Exclusive with `[reference_prices]`.
     #[serde(default)]
     pub market_data: Option<MarketDataConfig>,
+    /// RoCE transport settings (traffic class, service level, RC knobs, GID, huge pages) of
+    /// the engine listener and the market-data subscription.
+    #[serde(default)]
+    pub rdma: RdmaSettings,
 }
 
 fn default_reconnect_secs() -> u64 {
@@ -496,8 +501,12 @@ impl Config {
     }
 
     /// Parses TOML text.
+    /// `[rdma]` is applied to `service.orders` here (and to the market-data bus by
+    /// [`MarketDataConfig::load_bus`]'s caller).
     pub fn parse(text: &str) -> Result<Config, toml::de::Error> {
-        toml::from_str(text)
+        let mut cfg: Config = toml::from_str(text)?;
+        cfg.rdma.apply_to_orders(&mut cfg.service.orders);
+        Ok(cfg)
     }
 }
 

@@ -419,10 +419,12 @@ fn market_input(cfg: &Config) -> anyhow::Result<Box<dyn MarketDataInput>> {
         tracing::info!("no [market_data]: reference prices from [reference_prices] only");
         return Ok(Box::new(NoMarketData));
     };
-    let bus = md
+    let mut bus = md
         .load_bus()
         .map_err(|(key, problem)| anyhow::anyhow!("{key}: {problem}"))
         .context("fix the configuration file and start again")?;
+    // This host's transport settings, not the publisher's file's.
+    cfg.rdma.apply_to_mcast(&mut bus);
     let mut input = BusMarketData::new(md, bus);
     let subscribed = input.start();
     tracing::info!(
@@ -512,6 +514,17 @@ fn run() -> anyhow::Result<std::process::ExitCode> {
                 )
             };
             let opts = ServiceOptions::from_config(&cfg).context("fix the configuration")?;
+            // Every configured engine connected, and the bus's receive rings.
+            let engines = cfg.risk.engines.len().max(1) as u64;
+            let pinned = engines * cfg.service.orders.pinned_bytes_per_connection()
+                + cfg.market_data.as_ref().map_or(0, |md| {
+                    md.load_bus().map_or(0, |bus| {
+                        bus.subscriber_pinned_bytes(md.channels.len().max(1))
+                    })
+                });
+            cfg.rdma
+                .prepare_process(pinned)
+                .context("fix the gateway's host or configuration and start again")?;
             // The journal first: a damaged or locked journal fails the start with its own
             // error before any device or venue is looked at.
             match venue {

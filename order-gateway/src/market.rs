@@ -159,8 +159,8 @@ impl MarketDataConfig {
             Err(e) => return invalid(e.to_string()),
         };
         let bus: Result<McastConfig, _> = match table.remove("market_data") {
-            Some(v) => v.try_into(),
-            None => toml::Value::Table(table).try_into(),
+            Some(v) => McastConfig::from_value(v),
+            None => McastConfig::from_value(toml::Value::Table(table)),
         };
         let bus = match bus {
             Ok(b) => b,

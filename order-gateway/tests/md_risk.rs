@@ -545,7 +545,9 @@ impl Forger {
         .expect("ud qp");
         ud.qp().activate_ud(m.port_num(), ch.qkey, 0).expect("rts");
         Forger {
-            ah: m.address_handle(&pd).expect("ah"),
+            ah: m
+                .address_handle(&pd, &rocebus::verbs::UdClass::default())
+                .expect("ah"),
             qpn: m.remote_qpn(),
             qkey: ch.qkey,
             ud,

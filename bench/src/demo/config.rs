@@ -9,6 +9,7 @@ use rocebus::idle::IdleStrategy;
 use rocebus::ipc::IpcConfig;
 use rocebus::mcast::config::McastConfig;
 use rocebus::orders::OrdersConfig;
+use rocebus::rdma_settings::RdmaSettings;
 use rocebus_engine::proto::Symbol;
 use serde::Deserialize;
 
@@ -26,6 +27,10 @@ pub struct EngineConfig {
     /// The polling thread.
     #[serde(default)]
     pub engine: LoopConfig,
+    /// RoCE transport settings (traffic class, service level, RC knobs, GID, huge pages) of
+    /// the gateway connection and the market-data subscription.
+    #[serde(default)]
+    pub rdma: RdmaSettings,
 }
 
 /// `[gateway]`.
@@ -214,8 +219,9 @@ impl EngineConfig {
     }
 
     fn parse(text: &str) -> Result<EngineConfig, ParseError> {
-        let cfg: EngineConfig =
+        let mut cfg: EngineConfig =
             toml::from_str(text).map_err(|e| ParseError::Toml(e.to_string()))?;
+        cfg.rdma.apply_to_orders(&mut cfg.gateway.orders);
         let invalid = |key, problem: &str| Err(ParseError::Invalid(key, problem.to_owned()));
         let s = &cfg.strategy;
         if s.symbols.is_empty() || s.symbols.len() > MAX_SYMBOLS {
@@ -356,8 +362,8 @@ pub fn load_market_data(path: &Path) -> anyhow::Result<McastConfig> {
     let text = std::fs::read_to_string(path).with_context(what)?;
     let mut table: toml::Table = toml::from_str(&text).with_context(what)?;
     let cfg: McastConfig = match table.remove("market_data") {
-        Some(v) => v.try_into(),
-        None => toml::Value::Table(table).try_into(),
+        Some(v) => McastConfig::from_value(v),
+        None => McastConfig::from_value(toml::Value::Table(table)),
     }
     .with_context(what)?;
     cfg.validate().with_context(what)?;

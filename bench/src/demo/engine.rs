@@ -110,7 +110,13 @@ fn retry<T, E: std::fmt::Display>(
 /// Runs the engine: subscribes, connects, trades for `opts.duration`, and returns what the
 /// report needs. Prints a progress line every `opts.progress`.
 pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
-    let md_cfg = load_market_data(&cfg.market_data.config)?;
+    let mut md_cfg = load_market_data(&cfg.market_data.config)?;
+    // This host's transport settings, not the publisher's file's.
+    cfg.rdma.apply_to_mcast(&mut md_cfg);
+    cfg.rdma.prepare_process(
+        cfg.gateway.orders.pinned_bytes_per_connection()
+            + md_cfg.subscriber_pinned_bytes(cfg.market_data.channels.len().max(1)),
+    )?;
     let channels: Vec<u16> = if cfg.market_data.channels.is_empty() {
         md_cfg.channels.iter().map(|c| c.id).collect()
     } else {

@@ -527,6 +527,12 @@ pub struct McastConfig {
     pub rc_fanout: super::rcfanout::RcFanoutConfig,
     /// Channels.
     pub channels: Vec<ChannelConfig>,
+    /// Transport settings (traffic class, service level, RC knobs, GID):
+    /// the service's top-level `[rdma]` table, set by
+    /// [`RdmaSettings::apply_to_mcast`](crate::rdma_settings::RdmaSettings::apply_to_mcast)
+    /// or by [`from_toml_str`](Self::from_toml_str) from a file's `[rdma]`.
+    #[serde(skip)]
+    pub rdma: crate::rdma_settings::RdmaSettings,
 }
 
 fn default_payload() -> usize {
@@ -545,10 +551,57 @@ fn default_connect_timeout() -> u64 {
 
 impl McastConfig {
     /// Parses and validates TOML text.
+    /// A top-level `[rdma]` table is read into [`rdma`](Self::rdma).
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        let cfg: McastConfig = toml::from_str(text).map_err(ConfigError::Parse)?;
+        let mut table: toml::Table = toml::from_str(text).map_err(ConfigError::Parse)?;
+        let cfg: McastConfig = match table.remove("rdma") {
+            // Parsed from the text itself, so errors keep their line.
+            None => toml::from_str(text).map_err(ConfigError::Parse)?,
+            Some(rdma) => {
+                let mut cfg: McastConfig = toml::Value::Table(table)
+                    .try_into()
+                    .map_err(ConfigError::Parse)?;
+                cfg.rdma = rdma.try_into().map_err(ConfigError::Parse)?;
+                cfg
+            }
+        };
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Parses (without validating) a TOML table already read, its `[rdma]`
+    /// table, if any, into [`rdma`](Self::rdma): for loaders that take the
+    /// market-data table out of a larger file.
+    pub fn from_value(value: toml::Value) -> Result<Self, toml::de::Error> {
+        let mut table = match value {
+            toml::Value::Table(t) => t,
+            other => return other.try_into(),
+        };
+        let rdma = table.remove("rdma").map(|v| v.try_into()).transpose()?;
+        let mut cfg: McastConfig = toml::Value::Table(table).try_into()?;
+        cfg.rdma = rdma.unwrap_or_default();
+        Ok(cfg)
+    }
+
+    /// Registered (pinned) bytes a subscriber to `channels` channels holds
+    /// at least: each line's receive slots (payload and GRH). For the
+    /// memlock check at start-up.
+    pub fn subscriber_pinned_bytes(&self, channels: usize) -> u64 {
+        let lines: usize = self
+            .channels
+            .iter()
+            .take(channels)
+            .map(|c| 1 + usize::from(c.line_b.is_some()))
+            .sum();
+        let slot = (self.max_datagram_payload + crate::verbs::GRH_LEN).next_multiple_of(64);
+        (lines * slot * self.receive.depth as usize) as u64
+    }
+
+    /// Registered (pinned) bytes a publisher of every channel holds at
+    /// least: each channel's send slots (256 datagrams).
+    pub fn publisher_pinned_bytes(&self) -> u64 {
+        let slot = self.max_datagram_payload.next_multiple_of(64);
+        (self.channels.len() * 256 * slot) as u64
     }
 
     /// Reads, parses and validates a TOML file.

@@ -191,10 +191,10 @@ fn orders_config(cfg: &McastConfig) -> OrdersConfig {
         max_payload: max_frame_payload(cfg.max_datagram_payload),
         // Domain-separated from an orders token of the same string.
         token: format!("rocebus market data over RC fan-out\0{}", cfg.auth.secret),
-        rc: RcOptions {
+        rc: cfg.rdma.rc_options(RcOptions {
             timeout: cfg.recovery.rc_timeout,
             ..RcOptions::default()
-        },
+        }),
         connect_timeout_ms: cfg.connect_timeout_ms,
         max_peer_ring_size: f.ring_size,
         max_connections_per_peer: f.max_subscribers,

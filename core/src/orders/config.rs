@@ -88,6 +88,14 @@ impl Default for OrdersConfig {
 }
 
 impl OrdersConfig {
+    /// Registered (pinned) bytes one connection holds at least: our ring
+    /// and a staging area for the peer's, counted as large as ours (it is
+    /// the peer's size, up to `max_peer_ring_size`). For the memlock check
+    /// at start-up ([`RdmaSettings::prepare_process`](crate::rdma_settings::RdmaSettings::prepare_process)).
+    pub fn pinned_bytes_per_connection(&self) -> u64 {
+        2 * self.ring_size as u64
+    }
+
     /// The listener's caps on handshakes in progress.
     pub fn pending_caps(&self) -> crate::admission::PendingCaps {
         crate::admission::PendingCaps {
@@ -168,6 +176,28 @@ mod tests {
         assert_eq!(c.rc.gid_index, Some(3));
         assert_eq!(OrdersConfig::default().rc.gid_index, None);
         assert!(toml::from_str::<OrdersConfig>("[rc]\ngid_index = 300\n").is_err());
+    }
+
+    #[test]
+    fn traffic_class_comes_from_the_rdma_table_only() {
+        // Parsed RC options keep the default class (a skipped key takes the
+        // container's default, not 0) and refuse the key itself.
+        let c: OrdersConfig = toml::from_str("[rc]\ntimeout = 12\n").unwrap();
+        assert_eq!(
+            c.rc.traffic_class,
+            crate::rdma_settings::DEFAULT_TRAFFIC_CLASS
+        );
+        assert!(toml::from_str::<OrdersConfig>("[rc]\ntraffic_class = 1\n").is_err());
+        let mut c = c;
+        let rdma: crate::rdma_settings::RdmaSettings = toml::from_str::<toml::Table>(
+            "[rdma]\ntraffic_class = 138\nservice_level = 2\nmax_inline = 64\nack_timeout = 9\n",
+        )
+        .map(|t| crate::rdma_settings::RdmaSettings::from_table(&t).unwrap())
+        .unwrap();
+        rdma.apply_to_orders(&mut c);
+        assert_eq!((c.rc.traffic_class, c.rc.service_level), (138, 2));
+        assert_eq!((c.max_inline, c.rc.timeout), (64, 9));
+        c.validate().unwrap();
     }
 
     #[test]

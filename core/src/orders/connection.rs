@@ -575,7 +575,7 @@ impl Connection {
         let timeout = Duration::from_millis(cfg.connect_timeout_ms);
         let mut cookie = None;
         loop {
-            let resolved = cm::resolve(addr, None, timeout)?;
+            let resolved = cm::resolve_with_tos(addr, None, timeout, cfg.rc.traffic_class)?;
             let ctx = Context::open(resolved.device_name().as_deref())?;
             let res = resources(&ctx, cfg)?;
             let (ini, mine) = initiate(cfg, &res, cookie.as_ref());

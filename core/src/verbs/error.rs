@@ -69,6 +69,18 @@ pub enum VerbsError {
         #[source]
         source: io::Error,
     },
+    /// `hugepages = "on"` and no 2 MiB huge page mapping could be made.
+    #[error(
+        "hugepages = \"on\": no 2 MiB huge pages for {len} bytes of registered memory; reserve \
+         them (sysctl vm.nr_hugepages=N, each 2 MiB) or set hugepages = \"auto\""
+    )]
+    HugePages {
+        /// Bytes asked for.
+        len: usize,
+        /// OS error of the `MAP_HUGETLB` mapping.
+        #[source]
+        source: io::Error,
+    },
     /// `ibv_reg_mr` failed.
     #[error("registering a memory region of {len} bytes failed")]
     RegisterMemoryRegion {

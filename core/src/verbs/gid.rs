@@ -196,6 +196,16 @@ pub struct GidChoice {
     pub explicit: bool,
 }
 
+/// The GID a service bound to a local address sends from, with its port's
+/// active MTU ([`local_gid`](super::cm::local_gid)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalGid {
+    /// The entry (index, GID, type, netdev) and its device and port.
+    pub choice: GidChoice,
+    /// The port's active MTU, bytes.
+    pub active_mtu: u32,
+}
+
 impl GidChoice {
     /// The index as `ibv_ah_attr.grh.sgid_index` takes it.
     pub fn index(&self) -> u32 {

@@ -3,10 +3,90 @@
 use super::device::Context;
 use super::error::Result;
 use super::error::{last_err, VerbsError};
+use crate::rdma_settings::HugePages;
 use rdma_sys as sys;
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
+
+/// Size of a huge page (the x86_64 and aarch64 default).
+pub const HUGE_PAGE: usize = 2 << 20;
+/// Mappings at least this large (rings, staging areas, receive pools) go on
+/// huge pages when the policy allows; smaller ones (credit words, activity
+/// slots) stay on 4 KiB pages rather than round up to 2 MiB each.
+pub const HUGE_PAGE_MIN: usize = 1 << 20;
+
+// The process-wide page policy: 0 off, 1 auto, 2 on. Set once at start-up
+// by the service from `[rdma] hugepages`; read at each allocation (set-up
+// only, never per message).
+static PAGE_POLICY: AtomicU8 = AtomicU8::new(0);
+static REGISTERED_BYTES: AtomicU64 = AtomicU64::new(0);
+static HUGE_PAGE_BYTES: AtomicU64 = AtomicU64::new(0);
+static HUGE_PAGE_FALLBACKS: AtomicU64 = AtomicU64::new(0);
+static FALLBACK_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// Sets where this process's registered memory lives from now on (a
+/// service calls it once, from `[rdma] hugepages`; the library's own
+/// default is [`HugePages::Off`]).
+pub fn set_huge_pages(policy: HugePages) {
+    let v = match policy {
+        HugePages::Off => 0,
+        HugePages::Auto => 1,
+        HugePages::On => 2,
+    };
+    // ORDERING: Relaxed: a lone setting read by later allocations of the
+    // thread that set it, or of threads it spawned afterwards (spawn orders).
+    PAGE_POLICY.store(v, Ordering::Relaxed);
+}
+
+/// The page policy [`set_huge_pages`] set.
+pub fn huge_pages() -> HugePages {
+    // ORDERING: Relaxed, as in set_huge_pages.
+    match PAGE_POLICY.load(Ordering::Relaxed) {
+        1 => HugePages::Auto,
+        2 => HugePages::On,
+        _ => HugePages::Off,
+    }
+}
+
+/// This process's registered memory now, for `rocebus stat` and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RegisteredMemory {
+    /// Bytes registered with the device (pinned), all regions.
+    pub bytes: u64,
+    /// Of those, bytes on 2 MiB huge pages.
+    pub huge_page_bytes: u64,
+    /// Allocations that asked for huge pages and got 4 KiB pages
+    /// (`hugepages = "auto"` with no free huge pages).
+    pub huge_page_fallbacks: u64,
+}
+
+/// This process's registered memory now.
+pub fn registered_memory() -> RegisteredMemory {
+    // ORDERING: Relaxed: statistics, no data is published through them.
+    RegisteredMemory {
+        bytes: REGISTERED_BYTES.load(Ordering::Relaxed),
+        huge_page_bytes: HUGE_PAGE_BYTES.load(Ordering::Relaxed),
+        huge_page_fallbacks: HUGE_PAGE_FALLBACKS.load(Ordering::Relaxed),
+    }
+}
+
+fn count_registered(bytes: usize, huge: bool, add: bool) {
+    let b = bytes as u64;
+    // ORDERING: Relaxed: statistics only.
+    let apply = |c: &AtomicU64| {
+        if add {
+            c.fetch_add(b, Ordering::Relaxed)
+        } else {
+            c.fetch_sub(b, Ordering::Relaxed)
+        }
+    };
+    apply(&REGISTERED_BYTES);
+    if huge {
+        apply(&HUGE_PAGE_BYTES);
+    }
+}
 
 /// A protection domain.
 pub struct ProtectionDomain {
@@ -114,6 +194,10 @@ pub struct MemoryRegion {
     /// memory ([`MemoryRegion::register_shared`]); dropped (and unmapped
     /// by its last owner) after the region is deregistered.
     shared: Option<Arc<SharedMemory>>,
+    /// Registered bytes on huge pages (counted in [`registered_memory`]).
+    huge: bool,
+    /// Registered bytes (counted in [`registered_memory`]).
+    registered: usize,
 }
 
 /// Page-aligned anonymous memory (zeroed) that several memory regions
@@ -125,6 +209,7 @@ pub struct SharedMemory {
     ptr: NonNull<u8>,
     len: usize,
     map_len: usize,
+    huge: bool,
 }
 
 // SAFETY: the mapping is owned by this value; every access to its bytes
@@ -143,41 +228,75 @@ impl fmt::Debug for SharedMemory {
     }
 }
 
-fn map_anonymous(len: usize) -> Result<(NonNull<u8>, usize)> {
-    let page = 4096usize;
-    let map_len = len.max(1).div_ceil(page) * page;
+fn mmap_anon(map_len: usize, extra_flags: i32) -> std::result::Result<NonNull<u8>, std::io::Error> {
     // SAFETY: anonymous private mapping, no file, no fixed address.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             map_len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE | extra_flags,
             -1,
             0,
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(VerbsError::AllocMemory {
-            len,
-            source: last_err(),
-        });
+        return Err(last_err());
     }
-    Ok((
-        NonNull::new(p.cast::<u8>()).expect("mmap never returns NULL on success"),
-        map_len,
-    ))
+    Ok(NonNull::new(p.cast::<u8>()).expect("mmap never returns NULL on success"))
+}
+
+/// Maps `len` zeroed bytes: on 2 MiB huge pages when the policy asks for
+/// them and `len` is at least [`HUGE_PAGE_MIN`], else on 4 KiB pages.
+/// Returns the mapping, its length and whether it is on huge pages.
+fn map_anonymous(len: usize) -> Result<(NonNull<u8>, usize, bool)> {
+    let policy = huge_pages();
+    if policy != HugePages::Off && len >= HUGE_PAGE_MIN {
+        let map_len = len.div_ceil(HUGE_PAGE) * HUGE_PAGE;
+        match mmap_anon(map_len, libc::MAP_HUGETLB) {
+            Ok(p) => return Ok((p, map_len, true)),
+            Err(source) if policy == HugePages::On => {
+                return Err(VerbsError::HugePages { len, source });
+            }
+            Err(e) => {
+                // ORDERING: Relaxed: statistics and a log-once flag.
+                HUGE_PAGE_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                if !FALLBACK_LOGGED.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        bytes = len,
+                        error = %e,
+                        "hugepages = \"auto\": no free 2 MiB huge pages, so registered memory \
+                         falls back to 4 KiB pages (reserve some: sysctl vm.nr_hugepages=N; \
+                         logged once, `rocebus stat` counts every fallback)"
+                    );
+                }
+            }
+        }
+    }
+    let page = 4096usize;
+    let map_len = len.max(1).div_ceil(page) * page;
+    let p = mmap_anon(map_len, 0).map_err(|source| VerbsError::AllocMemory { len, source })?;
+    Ok((p, map_len, false))
 }
 
 impl SharedMemory {
     /// Maps `len` zeroed bytes (rounded up to whole pages).
     pub fn new(len: usize) -> Result<Arc<Self>> {
-        let (ptr, map_len) = map_anonymous(len)?;
-        Ok(Arc::new(Self { ptr, len, map_len }))
+        let (ptr, map_len, huge) = map_anonymous(len)?;
+        Ok(Arc::new(Self {
+            ptr,
+            len,
+            map_len,
+            huge,
+        }))
     }
     /// Usable length in bytes (as asked for).
     pub fn len(&self) -> usize {
         self.len
+    }
+    /// Whether the mapping is on 2 MiB huge pages.
+    pub fn is_huge(&self) -> bool {
+        self.huge
     }
     /// Whether empty (never: at least one page is mapped).
     pub fn is_empty(&self) -> bool {
@@ -220,7 +339,7 @@ impl MemoryRegion {
     /// Allocates `len` zeroed bytes (rounded up to whole pages) and registers
     /// them with exactly `access`.
     pub fn new(pd: &Arc<ProtectionDomain>, len: usize, access: Access) -> Result<Self> {
-        let (ptr, map_len) = map_anonymous(len)?;
+        let (ptr, map_len, huge) = map_anonymous(len)?;
         let p = ptr.as_ptr().cast::<libc::c_void>();
         // SAFETY: [ptr, ptr+map_len) is our fresh mapping; the PD is valid.
         let mr = unsafe { sys::ibv_reg_mr(pd.as_raw(), p, map_len, access.0 as i32) };
@@ -230,6 +349,7 @@ impl MemoryRegion {
             unsafe { libc::munmap(p, map_len) };
             return Err(VerbsError::RegisterMemoryRegion { len, source: e });
         };
+        count_registered(map_len, huge, true);
         Ok(Self {
             mr,
             ptr,
@@ -238,6 +358,8 @@ impl MemoryRegion {
             access,
             pd: pd.clone(),
             shared: None,
+            huge,
+            registered: map_len,
         })
     }
 
@@ -270,6 +392,7 @@ impl MemoryRegion {
                 source: last_err(),
             });
         };
+        count_registered(len, mem.huge, true);
         Ok(Self {
             mr,
             ptr: NonNull::new(p).expect("inside a mapping"),
@@ -278,6 +401,8 @@ impl MemoryRegion {
             access,
             pd: pd.clone(),
             shared: Some(mem.clone()),
+            huge: mem.huge,
+            registered: len,
         })
     }
 
@@ -367,6 +492,7 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
+        count_registered(self.registered, self.huge, false);
         // SAFETY: deregister first (the device loses access), then unmap
         // our own mapping, both exactly once; a shared mapping is unmapped
         // by its last owner, after this (the field drops after this body).
@@ -377,4 +503,29 @@ impl Drop for MemoryRegion {
             }
         }
     }
+}
+
+/// This process's `RLIMIT_MEMLOCK` soft limit in bytes (`None`: unlimited),
+/// and whether it holds `CAP_IPC_LOCK`, which lets it pin memory past the
+/// limit (root usually does).
+pub fn memlock_limit() -> std::io::Result<(Option<u64>, bool)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out pointer to a plain struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
+        return Err(last_err());
+    }
+    let limit = (r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur);
+    // CapEff in /proc/self/status, bit 14 (CAP_IPC_LOCK).
+    let ipc_lock = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << 14) != 0);
+    Ok((limit, ipc_lock))
 }

@@ -53,14 +53,18 @@ pub use device::{device_names, Context, Gid, PortInfo, PortState};
 pub use error::{Result, VerbsError};
 pub use gid::{
     check_connection_index, env_gid_index, gid_matches_ip, select_gid, GidChoice, GidEntry,
-    GidError, GidPolicy, GidTable, GidType,
+    GidError, GidPolicy, GidTable, GidType, LocalGid,
 };
-pub use memory::{Access, MemoryRegion, ProtectionDomain, SharedMemory};
+pub use memory::{
+    huge_pages, memlock_limit, registered_memory, set_huge_pages, Access, MemoryRegion,
+    ProtectionDomain, RegisteredMemory, SharedMemory, HUGE_PAGE, HUGE_PAGE_MIN,
+};
 pub use pool::{
     Dest, PoolConfig, PoolError, PoolStats, PooledQp, RecvPoll, RecvSource, StageError,
 };
 pub use qp::{
     AddressHandle, AhAttr, LocalPath, Mtu, PreparedRecvs, PreparedUdSend, PreparedWrite, QpCaps,
-    QueuePair, RcOptions, RcPeer, RecvWr, SendWr, Sge, UdDest, WriteFlags, PREPARED_UD_DESTS,
+    QueuePair, RcOptions, RcPeer, RecvWr, SendWr, Sge, UdClass, UdDest, WriteFlags,
+    PREPARED_UD_DESTS,
 };
 pub use types::{QpState, QpType, GRH_LEN, RDMA_UDP_QKEY};

@@ -80,6 +80,38 @@ pub struct RcOptions {
     /// kernel's default). Checked at connect/accept to be a used RoCE v2
     /// entry of the port: see [`GidPolicy`](super::GidPolicy).
     pub gid_index: Option<u8>,
+    /// IP traffic class of the connection's packets (`dscp << 2 | ecn`),
+    /// set through rdma_cm (`RDMA_OPTION_ID_TOS`) and the QP's address
+    /// vector. Set from the service's `[rdma]` table
+    /// ([`RdmaSettings`](crate::rdma_settings::RdmaSettings)), not here.
+    #[serde(skip)]
+    pub traffic_class: u8,
+    /// Service level (0..=15) of the QP's address vector; from `[rdma]`.
+    #[serde(skip)]
+    pub service_level: u8,
+}
+
+/// What a UD address handle carries besides its destination: the traffic
+/// class and service level of every datagram, and the source GID index when
+/// one is configured (else the one rdma_cm resolved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdClass {
+    /// IP traffic class (`dscp << 2 | ecn`).
+    pub traffic_class: u8,
+    /// Service level (0..=15).
+    pub service_level: u8,
+    /// Source GID index; `None` keeps rdma_cm's.
+    pub gid_index: Option<u8>,
+}
+
+impl Default for UdClass {
+    fn default() -> Self {
+        Self {
+            traffic_class: crate::rdma_settings::DEFAULT_TRAFFIC_CLASS,
+            service_level: 0,
+            gid_index: None,
+        }
+    }
 }
 
 impl Default for RcOptions {
@@ -94,6 +126,8 @@ impl Default for RcOptions {
             min_rnr_timer: 12,
             max_rd_atomic: 1,
             gid_index: None,
+            traffic_class: crate::rdma_settings::DEFAULT_TRAFFIC_CLASS,
+            service_level: 0,
         }
     }
 }
@@ -399,6 +433,8 @@ impl QueuePair {
             hop_limit: 64,
         }
         .to_sys();
+        a.ah_attr.grh.traffic_class = opts.traffic_class;
+        a.ah_attr.sl = opts.service_level;
         self.modify(
             &mut a,
             (M::IBV_QP_STATE

@@ -55,14 +55,15 @@ pub(super) fn channel_of(cfg: &McastConfig, channel: u16) -> Result<&ChannelConf
 }
 
 pub(super) fn rc_options(cfg: &McastConfig) -> RcOptions {
-    RcOptions {
+    cfg.rdma.rc_options(RcOptions {
         timeout: cfg.recovery.rc_timeout,
         ..RcOptions::default()
-    }
+    })
 }
 
 /// The recovery port's queue pairs: RNR retries bounded, so a client that
-/// never posts a receive fails our sends instead of holding them for ever.
+/// never posts a receive fails our sends instead of holding them for ever
+/// (`recovery_server.rnr_retry` wins over `[rdma] rnr_retry` here).
 pub(super) fn server_rc_options(cfg: &McastConfig) -> RcOptions {
     RcOptions {
         rnr_retry: cfg.recovery_server.rnr_retry,

@@ -171,7 +171,7 @@ impl McastPublisher {
                 ud.qp().activate_ud(m.port_num(), ch.qkey, 0)?;
             }
             lines.push(LineTx {
-                ah: Arc::new(m.address_handle(&pd)?),
+                ah: Arc::new(m.address_handle(&pd, &cfg.rdma.ud_class())?),
                 qpn: m.remote_qpn(),
                 qkey: ch.qkey,
                 enabled: true,

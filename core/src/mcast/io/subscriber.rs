@@ -115,7 +115,12 @@ impl McastSubscriber {
     ) -> Result<Self, NetError> {
         let mut s = Self::join_lines(cfg, channel, local, publisher)?;
         let publisher = s.reconnect.publisher;
-        let resolved = cm::resolve(publisher, Some(local), cfg.connect_timeout())?;
+        let resolved = cm::resolve_with_tos(
+            publisher,
+            Some(local),
+            cfg.connect_timeout(),
+            cfg.rdma.traffic_class,
+        )?;
         let mut rc = recovery_qp(&s.reconnect.pd)?;
         let handshake =
             ClientHandshake::new(s.reconnect.key.clone(), channel, cfg.auth.datagram_tag);

@@ -37,8 +37,30 @@ fn start_resolve(dst: SocketAddr, src: Option<IpAddr>, timeout: Duration) -> Res
     Ok(id)
 }
 
-/// Resolves `dst` (optionally from local `src`) within `timeout`.
+/// Resolves `dst` (optionally from local `src`) within `timeout`, with
+/// rdma_cm's default type of service (see [`resolve_with_tos`]).
 pub fn resolve(dst: SocketAddr, src: Option<IpAddr>, timeout: Duration) -> Result<Resolved> {
+    resolve_tos(dst, src, timeout, None)
+}
+
+/// Resolves `dst` (optionally from local `src`) within `timeout`, the
+/// route (and the connection messages over it) marked with IP traffic
+/// class `tos` (`RDMA_OPTION_ID_TOS`; pass [`RcOptions::traffic_class`]).
+pub fn resolve_with_tos(
+    dst: SocketAddr,
+    src: Option<IpAddr>,
+    timeout: Duration,
+    tos: u8,
+) -> Result<Resolved> {
+    resolve_tos(dst, src, timeout, Some(tos))
+}
+
+fn resolve_tos(
+    dst: SocketAddr,
+    src: Option<IpAddr>,
+    timeout: Duration,
+    tos: Option<u8>,
+) -> Result<Resolved> {
     let deadline = Instant::now() + timeout;
     let ms = timeout.as_millis().clamp(1, 60_000) as i32;
     let id = start_resolve(dst, src, timeout)?;
@@ -47,6 +69,10 @@ pub fn resolve(dst: SocketAddr, src: Option<IpAddr>, timeout: Duration) -> Resul
         sys::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED,
         deadline,
     )?;
+    if let Some(tos) = tos {
+        // Before the route: rdma_cm copies the TOS into the path it resolves.
+        id.set_tos(tos)?;
+    }
     // SAFETY: address-resolved id.
     let rc = unsafe { sys::rdma_resolve_route(id.id.as_ptr(), ms) };
     cm_ok(rc, "rdma_resolve_route")?;
@@ -219,6 +245,8 @@ impl Connecting {
             match (self.step, ev.kind()) {
                 (ConnectStep::Address, RDMA_CM_EVENT_ADDR_RESOLVED) => {
                     drop(ev);
+                    // Before the route: rdma_cm copies the TOS into the path.
+                    self.id.set_tos(opts.traffic_class)?;
                     // SAFETY: address-resolved id.
                     let rc = unsafe { sys::rdma_resolve_route(self.id.id.as_ptr(), self.ms) };
                     cm_ok(rc, "rdma_resolve_route")?;

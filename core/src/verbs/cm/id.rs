@@ -17,6 +17,12 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// `rdma_set_option` level for id options (`<rdma/rdma_cma.h>`; the
+/// bindings leave these enums out).
+const RDMA_OPTION_ID: i32 = 0;
+/// The id option that sets the IP type of service (one byte).
+const RDMA_OPTION_ID_TOS: i32 = 0;
+
 /// Largest private data we accept or send (the REP limit; a REQ carries at
 /// most 56 bytes, which [`connect`](super::Resolved::connect) checks).
 pub const MAX_PRIVATE_DATA: usize = 196;
@@ -399,6 +405,8 @@ impl CmId {
 
     /// Drives `qp` from RESET to RTS with rdma_cm's attributes and `opts`.
     pub(super) fn bring_up(&self, qp: &QueuePair, opts: &RcOptions, remote: Access) -> Result<()> {
+        // The passive side's id: marks what rdma_cm sends for it from now on.
+        self.set_tos(opts.traffic_class)?;
         self.to_init(qp, remote)?;
         self.to_rts(qp, opts)
     }
@@ -423,6 +431,10 @@ impl CmId {
         use sys::ibv_qp_attr_mask as M;
         let (mut a, mask) = self.init_qp_attr(sys::ibv_qp_state::IBV_QPS_RTR)?;
         a.ah_attr.grh.sgid_index = self.source_gid(a.ah_attr.grh.sgid_index, opts.gid_index)?;
+        // Both sides mark their packets whatever rdma_cm derived (the
+        // passive side's id never had the option set).
+        a.ah_attr.grh.traffic_class = opts.traffic_class;
+        a.ah_attr.sl = opts.service_level;
         if let Some(m) = opts.path_mtu {
             // Only ever lower the MTU below what the route supports.
             a.path_mtu = a.path_mtu.min(mtu_raw(m));
@@ -482,6 +494,25 @@ impl CmId {
         Ok(index)
     }
 
+    /// Sets the IP type of service (traffic class) rdma_cm uses for this
+    /// id's route and connection messages (`RDMA_OPTION_ID_TOS`). On the
+    /// active side it must precede `rdma_resolve_route`; on the passive side
+    /// it is set on the connect request's id before the accept.
+    pub(super) fn set_tos(&self, tos: u8) -> Result<()> {
+        let mut v = tos;
+        // SAFETY: valid id; the option value is one byte that outlives the call.
+        let rc = unsafe {
+            sys::rdma_set_option(
+                self.id.as_ptr(),
+                RDMA_OPTION_ID,
+                RDMA_OPTION_ID_TOS,
+                (&mut v as *mut u8).cast(),
+                std::mem::size_of::<u8>(),
+            )
+        };
+        cm_ok(rc, "rdma_set_option(RDMA_OPTION_ID_TOS)")
+    }
+
     pub(super) fn conn_param(qp: &QueuePair, opts: &RcOptions, pd: &[u8]) -> sys::rdma_conn_param {
         // SAFETY: plain C data.
         let mut p: sys::rdma_conn_param = unsafe { std::mem::zeroed() };
@@ -527,6 +558,11 @@ impl Context {
 
 /// The name of the RDMA device that owns local address `addr`.
 pub fn device_for_addr(addr: IpAddr) -> Result<String> {
+    bound_port(addr).map(|(device, _)| device)
+}
+
+/// The RDMA device and port that own local address `addr`.
+fn bound_port(addr: IpAddr) -> Result<(String, u8)> {
     let id = CmId::new(sys::rdma_port_space::RDMA_PS_TCP)?;
     let mut ss = std_to_sockaddr(SocketAddr::new(addr, 0));
     // SAFETY: valid id and a sockaddr of the right family.
@@ -542,10 +578,29 @@ pub fn device_for_addr(addr: IpAddr) -> Result<String> {
             source: last_err(),
         });
     }
-    id.device_name().ok_or(VerbsError::NoDeviceForAddr {
+    let device = id.device_name().ok_or(VerbsError::NoDeviceForAddr {
         addr,
         source: std::io::Error::from_raw_os_error(libc::ENODEV),
-    })
+    })?;
+    Ok((device, id.port_num()))
+}
+
+/// The GID a service bound to local address `addr` sends from: the port's
+/// RoCE v2 entry holding `addr`, or entry `gid_index` when given (checked
+/// to be a used RoCE v2 entry holding `addr`), with the port's active MTU.
+/// For start-up logs and `rocebus stat`; reads sysfs and binds an id, no
+/// traffic.
+pub fn local_gid(addr: IpAddr, gid_index: Option<u8>) -> Result<crate::verbs::LocalGid> {
+    let (device, port) = bound_port(addr)?;
+    let policy = crate::verbs::GidPolicy {
+        local_ip: Some(addr),
+        gid_index: gid_index.map(u32::from),
+        ..Default::default()
+    };
+    let table = GidTable::read_sysfs(Path::new("/sys"), &device, port)?;
+    let choice = crate::verbs::select_gid(&table, &policy)?;
+    let active_mtu = Context::open(Some(&device))?.query_port(port)?.active_mtu;
+    Ok(crate::verbs::LocalGid { choice, active_mtu })
 }
 
 /// An rdma_cm call's return code as a result: nonzero is the error `errno`

@@ -3,11 +3,13 @@
 use super::id::*;
 use crate::verbs::device::Gid;
 use crate::verbs::error::Result;
+use crate::verbs::gid::{check_connection_index, GidTable};
 use crate::verbs::memory::ProtectionDomain;
-use crate::verbs::qp::{AddressHandle, QueuePair};
+use crate::verbs::qp::{AddressHandle, QueuePair, UdClass};
 use rdma_sys as sys;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -126,9 +128,48 @@ impl McastMembership {
     pub fn detach(&self, qp: &QueuePair) -> Result<()> {
         qp.detach_mcast(self.mgid(), self.mlid())
     }
-    /// An address handle for sending to the group.
-    pub fn address_handle(&self, pd: &Arc<ProtectionDomain>) -> Result<AddressHandle> {
-        AddressHandle::from_sys(pd, self.ah_attr)
+    /// An address handle for sending to the group, its datagrams marked
+    /// with `class`'s traffic class and service level, and sent from its
+    /// GID index when one is set (checked to be a used RoCE v2 entry holding
+    /// the address the group was joined from, which is the one rdma_cm
+    /// resolved; an error otherwise).
+    pub fn address_handle(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        class: &UdClass,
+    ) -> Result<AddressHandle> {
+        let mut attr = self.ah_attr;
+        attr.grh.traffic_class = class.traffic_class;
+        attr.sl = class.service_level;
+        let device = self.device_name().unwrap_or_default();
+        let port = self.port_num();
+        let resolved = u32::from(attr.grh.sgid_index);
+        let sys = Path::new("/sys");
+        match class.gid_index {
+            Some(index) => {
+                let choice = check_connection_index(
+                    &GidTable::read_sysfs(sys, &device, port)?,
+                    u32::from(index),
+                    resolved,
+                )?;
+                tracing::info!(gid = %choice, resolved, group = %self.group, traffic_class = class.traffic_class, "multicast send GID (configured)");
+                attr.grh.sgid_index = index;
+            }
+            None => match GidTable::read_sysfs_entry(sys, &device, port, resolved) {
+                Some(e) => {
+                    tracing::info!(%device, port, gid = %e, group = %self.group, traffic_class = class.traffic_class, "multicast send GID (rdma_cm)")
+                }
+                None => {
+                    tracing::info!(%device, port, gid_index = resolved, group = %self.group, "multicast send GID (type unknown: sysfs GID table unreadable)")
+                }
+            },
+        }
+        AddressHandle::from_sys(pd, attr)
+    }
+
+    /// The source GID index rdma_cm resolved for the group.
+    pub fn sgid_index(&self) -> u8 {
+        self.ah_attr.grh.sgid_index
     }
 }
 
