@@ -106,10 +106,10 @@ impl Gateway {
     pub fn arm_restart_cancel_on_disconnect(&mut self, now: u64, timeout_ns: u64) {
         let mut engines: Vec<EngineId> = self.connected.iter().copied().collect();
         engines.extend(
-            self.orders
-                .values()
-                .filter(|o| o.status != OrderStatus::Done)
-                .map(|o| o.engine),
+            self.book
+                .iter()
+                .filter(|(_, o)| o.status != OrderStatus::Done)
+                .map(|(_, o)| o.engine),
         );
         engines.sort_unstable();
         engines.dedup();

@@ -41,16 +41,19 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::fix::{Session, SessionConfig};
 use crate::journal::encode_record;
 use crate::proto::{Response, Symbol};
-use crate::risk::{OrderParams, RiskConfig, RiskConfigError, RiskEngine};
+use crate::risk::{RiskConfig, RiskConfigError, RiskEngine};
 
 mod engine;
 mod fills;
 pub mod holes;
+mod order_book;
 mod orders;
 mod records;
 mod recovery;
 mod venue;
 
+use order_book::Change;
+pub use order_book::{Order, OrderBook, OrderStatus};
 pub use records::{
     describe, kind_name, record, Decision, DecisionTrailer, Field, MALFORMED_KEPT, ORIGIN_ENGINE,
     ORIGIN_GATEWAY, SESSION_DISCONNECT, SESSION_LOGON,
@@ -101,44 +104,6 @@ impl Outputs {
         encode_record(&mut self.journal, kind, parts);
         self.journal_records += 1;
     }
-}
-
-/// Where an order is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OrderStatus {
-    /// Sent to the venue, not acknowledged.
-    PendingNew,
-    /// Live at the venue.
-    Open,
-    /// Filled, canceled or rejected.
-    Done,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Change {
-    Cancel,
-    Replace { qty: u32, price: i64 },
-}
-
-/// A gateway order.
-#[derive(Clone, Copy, Debug)]
-pub struct Order {
-    /// Owning engine.
-    pub engine: EngineId,
-    /// The engine's id.
-    pub cl_ord_id: u64,
-    /// Current terms.
-    pub params: OrderParams,
-    /// Executed quantity.
-    pub cum_qty: u32,
-    /// Status.
-    pub status: OrderStatus,
-    /// FIX ClOrdID the venue currently knows the order by.
-    pub venue_cl_ord_id: u64,
-    /// Sum of quantity x price (in [`crate::proto::PRICE_SCALE`] units) of the executions
-    /// applied: with the venue's AvgPx it prices executions only a status answer reports.
-    pub notional: i128,
-    pending: Option<(u64, Change)>,
 }
 
 /// Gateway counters.
@@ -217,12 +182,8 @@ struct ResponseLog {
 pub struct Gateway {
     risk: RiskEngine,
     session: Session,
-    orders: FxHashMap<u64, Order>,
-    /// Orders in `orders` whose status is not Done, kept as they change: the service reads
-    /// it every millisecond, and `orders` keeps every order of the day.
-    open_orders: usize,
-    by_engine: FxHashMap<(EngineId, u64), u64>,
-    by_request: FxHashMap<u64, u64>,
+    /// Every order of the day and its indexes.
+    book: OrderBook,
     responses: FxHashMap<EngineId, ResponseLog>,
     /// Per engine, the highest request sequence number journaled.
     last_request: FxHashMap<EngineId, u32>,
@@ -248,8 +209,6 @@ pub struct Gateway {
     replaying: bool,
     /// Discard sink for replay.
     scratch: Outputs,
-    /// Orders already final at the last checkpoint: the next one leaves them out.
-    retired: FxHashSet<u64>,
     /// A checkpoint record replay could not read (the start must stop).
     replay_error: Option<crate::checkpoint::CheckpointError>,
     /// Replay: FIX ClOrdIDs of accepted requests whose order message (D, F or G) the
@@ -277,10 +236,7 @@ impl Gateway {
         Ok(Gateway {
             risk: RiskEngine::new(risk)?,
             session: Session::new(session),
-            orders: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
-            open_orders: 0,
-            by_engine: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
-            by_request: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
+            book: OrderBook::new(),
             responses: risk
                 .engines
                 .iter()
@@ -300,7 +256,6 @@ impl Gateway {
             max_malformed: risk.max_malformed_frames,
             replaying: false,
             scratch: Outputs::default(),
-            retired: FxHashSet::default(),
             replay_error: None,
             unsent: FxHashSet::default(),
             cancel_after_change: Vec::new(),
@@ -350,39 +305,29 @@ impl Gateway {
 
     /// Order of `engine` with the engine's id `cl_ord_id`.
     pub fn order(&self, engine: EngineId, cl_ord_id: u64) -> Option<&Order> {
-        self.by_engine
-            .get(&(engine, cl_ord_id))
-            .and_then(|id| self.orders.get(id))
+        self.book.by_engine(engine, cl_ord_id)
     }
 
     /// Every order, keyed by gateway order id.
     pub fn orders(&self) -> impl Iterator<Item = (u64, &Order)> {
-        self.orders.iter().map(|(k, v)| (*k, v))
+        self.book.iter()
     }
 
     /// Orders not yet final.
     pub fn open_order_count(&self) -> usize {
-        self.open_orders
+        self.book.open_count()
     }
 
     /// Requests sent and not yet answered by the venue: new orders not acknowledged, and
     /// cancels or replaces pending (a scan of the day's orders: for the operator's status).
     pub fn unacknowledged(&self) -> (usize, usize) {
-        self.orders.values().fold((0, 0), |(n, c), o| {
-            (
-                n + usize::from(o.status == OrderStatus::PendingNew),
-                c + usize::from(o.pending.is_some()),
-            )
-        })
+        self.book.unacknowledged()
     }
 
     /// [`Self::open_order_count`] counted the slow way, to check the kept count in tests.
     #[cfg(test)]
     fn open_order_scan(&self) -> usize {
-        self.orders
-            .values()
-            .filter(|o| o.status != OrderStatus::Done)
-            .count()
+        self.book.open_scan()
     }
 
     /// Reference price from the market-data bus.

@@ -25,22 +25,16 @@ impl Gateway {
         self.replay_error.take()
     }
 
-    /// Whether a checkpoint keeps order `id`: live orders, and orders that became final
-    /// since the previous checkpoint.
-    fn kept(&self, id: u64, o: &Order) -> bool {
-        o.status != OrderStatus::Done || !self.retired.contains(&id)
-    }
-
     /// The recoverable state as a checkpoint payload ([`crate::checkpoint`]), for the first
     /// record ([`record::CHECKPOINT`]) of a new journal segment. Nothing changes until the
     /// driver has made it durable and calls [`checkpoint_written`](Self::checkpoint_written).
     pub fn checkpoint(&self) -> Result<Vec<u8>, crate::checkpoint::CheckpointError> {
         use crate::checkpoint::{GatewayState, OrderState};
         let mut orders: Vec<(u64, OrderState)> = self
-            .orders
+            .book
             .iter()
-            .filter(|&(&id, o)| self.kept(id, o))
-            .map(|(&id, o)| {
+            .filter(|&(id, o)| self.book.kept(id, o))
+            .map(|(id, o)| {
                 let status = match o.status {
                     OrderStatus::PendingNew => 0,
                     OrderStatus::Open => 1,
@@ -75,13 +69,9 @@ impl Gateway {
             })
             .collect();
         orders.sort_unstable_by_key(|(id, _)| *id);
-        let keep = |id: &u64| self.orders.get(id).is_some_and(|o| self.kept(*id, o));
-        let mut by_request: Vec<(u64, u64)> = self
-            .by_request
-            .iter()
-            .filter(|(_, id)| keep(id))
-            .map(|(&r, &id)| (r, id))
-            .collect();
+        let keep = |id: &u64| self.book.keeps(*id);
+        let mut by_request: Vec<(u64, u64)> =
+            self.book.requests().filter(|(_, id)| keep(id)).collect();
         by_request.sort_unstable();
         let mut responses: Vec<(u32, u32, Vec<Vec<u8>>)> = self
             .responses
@@ -115,10 +105,10 @@ impl Gateway {
             execs: self.execs.checkpoint_state(|id| keep(&id)),
             notional: {
                 let mut n: Vec<(u64, i128)> = self
-                    .orders
+                    .book
                     .iter()
-                    .filter(|&(&id, o)| o.cum_qty > 0 && self.kept(id, o))
-                    .map(|(&id, o)| (id, o.notional))
+                    .filter(|&(id, o)| o.cum_qty > 0 && self.book.kept(id, o))
+                    .map(|(id, o)| (id, o.notional))
                     .collect();
                 n.sort_unstable();
                 n
@@ -132,37 +122,15 @@ impl Gateway {
     /// The checkpoint from [`checkpoint`](Self::checkpoint) is durable: drop what it left
     /// out, so the live state is exactly what a restart from it rebuilds.
     pub fn checkpoint_written(&mut self) {
-        let drop: Vec<u64> = self
-            .orders
-            .iter()
-            .filter(|&(&id, o)| !self.kept(id, o))
-            .map(|(&id, _)| id)
-            .collect();
-        for id in &drop {
-            if let Some(o) = self.orders.remove(id) {
-                self.by_engine.remove(&(o.engine, o.cl_ord_id));
-            }
-        }
-        let orders = &self.orders;
-        self.by_request.retain(|_, id| orders.contains_key(id));
-        self.by_engine.retain(|_, id| orders.contains_key(id));
-        self.retired = self
-            .orders
-            .iter()
-            .filter(|(_, o)| o.status == OrderStatus::Done)
-            .map(|(&id, _)| id)
-            .collect();
-        let state = self.execs.checkpoint_state(|id| orders.contains_key(&id));
+        self.book.checkpoint_written();
+        let book = &self.book;
+        let state = self.execs.checkpoint_state(|id| book.contains(id));
         self.execs.restore_state(&state);
     }
 
     /// Replaces the whole recoverable state with a checkpoint's.
     fn restore_checkpoint(&mut self, s: &crate::checkpoint::GatewayState) {
-        self.orders.clear();
-        self.by_engine.clear();
-        self.by_request.clear();
-        self.retired.clear();
-        self.open_orders = 0;
+        self.book.clear();
         let notional: rustc_hash::FxHashMap<u64, i128> = s.notional.iter().copied().collect();
         for (id, o) in &s.orders {
             let symbol = Symbol(o.symbol);
@@ -206,15 +174,11 @@ impl Gateway {
                     .unwrap_or(i128::from(o.cum_qty) * i128::from(o.price)),
                 pending,
             };
-            if status == OrderStatus::Done {
-                self.retired.insert(*id);
-            } else {
-                self.open_orders += 1;
-            }
-            self.by_engine.insert((o.engine, o.cl_ord_id), *id);
-            self.orders.insert(*id, order);
+            self.book.restore(*id, order);
         }
-        self.by_request.extend(s.by_request.iter().copied());
+        for &(request, id) in &s.by_request {
+            self.book.note_request(request, id);
+        }
         self.next_id = s.next_id;
         let history = self.history;
         for (engine, last, kept) in &s.responses {
@@ -315,7 +279,7 @@ impl Gateway {
                     .and_then(|t| DecisionTrailer::read_from_prefix(t).ok())
                     .map(|(t, _)| t);
                 if d.reason.get() == 0 {
-                    let p = self.orders.get(&d.order_id.get()).map(|o| o.params);
+                    let p = self.book.get(d.order_id.get()).map(|o| o.params);
                     if let Some(p) = p {
                         if d.request == msg_type::NEW_ORDER {
                             self.risk.restore_open(&p);
@@ -492,10 +456,10 @@ impl Gateway {
     /// Request `req` never went out: a new order is closed, a cancel or replace answered,
     /// each with [`RejectReason::NotSent`] (live and replay).
     fn refuse_unsent(&mut self, req: u64, out: &mut Outputs) {
-        let Some(&oid) = self.by_request.get(&req) else {
+        let Some(oid) = self.book.order_of_request(req) else {
             return;
         };
-        let Some(&o) = self.orders.get(&oid) else {
+        let Some(&o) = self.book.get(oid) else {
             return;
         };
         self.counters.not_sent += 1;

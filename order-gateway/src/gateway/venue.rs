@@ -298,19 +298,19 @@ impl Gateway {
     fn query_order_status(&mut self, all: bool, now: u64, out: &mut Outputs) {
         const MAX_QUERIES: usize = 10_000;
         let mut doubt: Vec<(u64, u64)> = self
-            .orders
+            .book
             .iter()
             .filter(|(_, o)| match o.status {
                 OrderStatus::PendingNew => true,
                 OrderStatus::Open => all,
                 OrderStatus::Done => false,
             })
-            .map(|(&oid, o)| (oid, o.venue_cl_ord_id))
+            .map(|(oid, o)| (oid, o.venue_cl_ord_id))
             .collect();
         doubt.sort_unstable();
         doubt.truncate(MAX_QUERIES);
         for (oid, venue_cl) in doubt {
-            let Some(o) = self.orders.get(&oid) else {
+            let Some(o) = self.book.get(oid) else {
                 continue;
             };
             let (symbol, side) = (o.params.symbol, o.params.side);
@@ -384,8 +384,8 @@ impl Gateway {
             .map_err(|_| (tag::CL_ORD_ID, 1, "required tag missing"))?;
         // A ClOrdID that is not one of our numbers is an unknown order, not a bad message.
         let req = crate::fix::codec::parse_uint(req).unwrap_or(0);
-        match self.by_request.get(&req) {
-            Some(&oid) => Ok(Some((req, oid))),
+        match self.book.order_of_request(req) {
+            Some(oid) => Ok(Some((req, oid))),
             None => {
                 self.counters.unknown_exec += 1;
                 // Not ours, or an order final before the previous checkpoint: nothing to
