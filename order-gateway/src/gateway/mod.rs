@@ -34,9 +34,7 @@
 //! - `tests` and `recovery_tests`: unit tests (the latter: FIX session recovery and the
 //!   venue's execution reports).
 
-use std::collections::VecDeque;
-
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use crate::fix::{Session, SessionConfig};
 use crate::journal::encode_record;
@@ -44,6 +42,7 @@ use crate::proto::{Response, Symbol};
 use crate::risk::{RiskConfig, RiskConfigError, RiskEngine};
 
 mod engine;
+mod engine_sessions;
 mod fills;
 pub mod holes;
 mod order_book;
@@ -52,6 +51,7 @@ mod records;
 mod recovery;
 mod venue;
 
+pub use engine_sessions::{EngineSessions, MalformedVerdict};
 use order_book::Change;
 pub use order_book::{Order, OrderBook, OrderStatus};
 pub use records::{
@@ -158,25 +158,6 @@ pub struct GatewayCounters {
     pub inconsistent_fills: u64,
 }
 
-/// Per engine, malformed frames since its logon and the rate-limited log of them.
-#[derive(Clone, Copy, Debug, Default)]
-struct MalformedLog {
-    /// Since the engine's last logon (journaled, so replay rebuilds it).
-    count: u32,
-    /// Live only: when the last line was logged, and frames not logged since.
-    logged_at: u64,
-    unlogged: u64,
-}
-
-/// One engine's numbered responses.
-#[derive(Debug)]
-struct ResponseLog {
-    /// Sequence number of the newest response (0: none yet).
-    last: u32,
-    /// The newest responses, oldest first: seqs `last - len + 1 ..= last`.
-    kept: VecDeque<Response>,
-}
-
 /// The gateway state machine.
 #[derive(Debug)]
 pub struct Gateway {
@@ -184,27 +165,15 @@ pub struct Gateway {
     session: Session,
     /// Every order of the day and its indexes.
     book: OrderBook,
-    responses: FxHashMap<EngineId, ResponseLog>,
-    /// Per engine, the highest request sequence number journaled.
-    last_request: FxHashMap<EngineId, u32>,
-    /// Numbers below `last_request` never taken (a not-taken request sent again late).
-    request_holes: holes::Holes,
-    /// Engines logged on, as the journal says (after a crash: those that were).
-    connected: FxHashSet<EngineId>,
-    /// After a restart: engines whose open orders are cancelled unless they log on again
-    /// by the deadline (cancel-on-disconnect across crashes).
-    cod_deadlines: Vec<(EngineId, u64)>,
-    history: usize,
+    /// Per engine: logon, response numbering and history, request numbers, malformed
+    /// frames, cancel-on-disconnect deadlines.
+    engines: EngineSessions,
     next_id: u64,
     inbuf: Vec<u8>,
     body: Vec<u8>,
     counters: GatewayCounters,
     /// ExecIDs applied (duplicates, trade cancel/correct references).
     execs: crate::execs::ExecLog,
-    /// Malformed frames per engine.
-    malformed: FxHashMap<EngineId, MalformedLog>,
-    /// Malformed frames that cut an engine off.
-    max_malformed: u32,
     /// Replaying the journal: state changes only, no logging.
     replaying: bool,
     /// Discard sink for replay.
@@ -221,15 +190,6 @@ pub struct Gateway {
     cancel_after_change: Vec<u64>,
 }
 
-impl ResponseLog {
-    fn new(history: usize) -> ResponseLog {
-        ResponseLog {
-            last: 0,
-            kept: VecDeque::with_capacity(history),
-        }
-    }
-}
-
 impl Gateway {
     /// Builds a gateway with fresh state (replay the journal next).
     pub fn new(session: SessionConfig, risk: &RiskConfig) -> Result<Gateway, RiskConfigError> {
@@ -237,23 +197,16 @@ impl Gateway {
             risk: RiskEngine::new(risk)?,
             session: Session::new(session),
             book: OrderBook::new(),
-            responses: risk
-                .engines
-                .iter()
-                .map(|e| (e.id, ResponseLog::new(risk.response_history)))
-                .collect(),
-            last_request: FxHashMap::default(),
-            request_holes: Default::default(),
-            connected: FxHashSet::default(),
-            cod_deadlines: Vec::new(),
-            history: risk.response_history,
+            engines: EngineSessions::new(
+                risk.engines.iter().map(|e| e.id),
+                risk.response_history,
+                risk.max_malformed_frames,
+            ),
             next_id: 1,
             inbuf: Vec::with_capacity(1 << 16),
             body: Vec::with_capacity(512),
             counters: GatewayCounters::default(),
             execs: crate::execs::ExecLog::default(),
-            malformed: FxHashMap::default(),
-            max_malformed: risk.max_malformed_frames,
             replaying: false,
             scratch: Outputs::default(),
             replay_error: None,
@@ -270,7 +223,7 @@ impl Gateway {
     /// are acknowledged).
     pub fn inherit_live_state(&mut self, old: &Gateway) {
         self.risk.inherit_live_state(&old.risk);
-        self.cod_deadlines.clone_from(&old.cod_deadlines);
+        self.engines.inherit_live_state(&old.engines);
     }
 
     /// Risk state.

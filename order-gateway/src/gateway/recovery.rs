@@ -11,7 +11,7 @@ use super::records::{
     record, Decision, DecisionTrailer, ORIGIN_ENGINE, SESSION_DISCONNECT, SESSION_LOGON,
 };
 use super::venue::find_seq;
-use super::{Change, Gateway, Order, OrderStatus, Outputs, ResponseLog};
+use super::{Change, Gateway, Order, OrderStatus, Outputs};
 use crate::fix::codec::parse_uint;
 use crate::fix::{split_frame, tag, Message};
 use crate::proto::{msg_type, RejectReason, Request, Response, Side, Symbol};
@@ -73,27 +73,10 @@ impl Gateway {
         let mut by_request: Vec<(u64, u64)> =
             self.book.requests().filter(|(_, id)| keep(id)).collect();
         by_request.sort_unstable();
-        let mut responses: Vec<(u32, u32, Vec<Vec<u8>>)> = self
-            .responses
-            .iter()
-            .map(|(&e, log)| {
-                let kept = log.kept.iter().map(|r| r.as_bytes().to_vec()).collect();
-                (e, log.last, kept)
-            })
-            .collect();
-        responses.sort_unstable_by_key(|r| r.0);
-        let mut last_request: Vec<(u32, u32)> =
-            self.last_request.iter().map(|(&e, &n)| (e, n)).collect();
-        last_request.sort_unstable();
-        let mut connected: Vec<u32> = self.connected.iter().copied().collect();
-        connected.sort_unstable();
-        let mut malformed: Vec<(u32, u32)> = self
-            .malformed
-            .iter()
-            .filter(|(_, m)| m.count > 0)
-            .map(|(&e, m)| (e, m.count))
-            .collect();
-        malformed.sort_unstable();
+        let responses = self.engines.checkpoint_responses();
+        let last_request = self.engines.checkpoint_last_request();
+        let connected = self.engines.checkpoint_connected();
+        let malformed = self.engines.checkpoint_malformed();
         let state = GatewayState {
             next_id: self.next_id,
             orders,
@@ -180,28 +163,7 @@ impl Gateway {
             self.book.note_request(request, id);
         }
         self.next_id = s.next_id;
-        let history = self.history;
-        for (engine, last, kept) in &s.responses {
-            // Engines get a log with their first response, configured or not (see `seal`).
-            let log = self
-                .responses
-                .entry(*engine)
-                .or_insert_with(|| ResponseLog::new(history));
-            log.last = *last;
-            log.kept.clear();
-            let skip = kept.len().saturating_sub(history);
-            for bytes in &kept[skip..] {
-                if let Ok((r, _)) = Response::decode(bytes) {
-                    log.kept.push_back(r);
-                }
-            }
-        }
-        self.last_request = s.last_request.iter().copied().collect();
-        self.connected = s.connected.iter().copied().collect();
-        self.malformed.clear();
-        for &(engine, count) in &s.malformed {
-            self.malformed.entry(engine).or_default().count = count;
-        }
+        self.engines.restore_checkpoint(s);
         self.execs.restore_state(&s.execs);
         self.risk.restore_state(&s.risk);
         self.session.restore_state(&s.session);
@@ -312,14 +274,8 @@ impl Gateway {
                 if let (Some(e), Some(&ev)) = (payload.get(..4), payload.get(4)) {
                     let engine = u32::from_le_bytes(e.try_into().unwrap_or_default());
                     match ev {
-                        SESSION_LOGON => {
-                            self.connected.insert(engine);
-                            self.reset_malformed(engine);
-                        }
-                        SESSION_DISCONNECT => {
-                            self.connected.remove(&engine);
-                            self.reset_malformed(engine);
-                        }
+                        SESSION_LOGON => self.engines.handle_logon(engine),
+                        SESSION_DISCONNECT => self.engines.handle_disconnect(engine),
                         ev => self.refuse_record(format!("an engine session event {ev}")),
                     }
                 } else {

@@ -5,6 +5,8 @@
 //!
 //! Must not touch sockets or files: the driver owns the link.
 
+use rocebus::clock::Wall;
+
 use super::orders::side_fix;
 use super::records::record;
 use super::{Gateway, OrderStatus, Outputs};
@@ -41,17 +43,10 @@ impl Gateway {
         Self::journal_out(out, start);
         // Cancels need the venue: a deadline that passed while it was down fires once the
         // session is up.
-        if !self.cod_deadlines.is_empty() && self.session.state() == SessionState::Active {
-            let mut i = 0;
-            while i < self.cod_deadlines.len() {
-                let (engine, deadline) = self.cod_deadlines[i];
-                if now >= deadline {
-                    self.cod_deadlines.swap_remove(i);
-                    self.counters.deferred_cancel_on_disconnect += 1;
-                    self.on_engine_disconnect(engine, now, out);
-                } else {
-                    i += 1;
-                }
+        if self.session.state() == SessionState::Active {
+            while let Some(engine) = self.engines.poll_due(Wall::from_nanos(now)) {
+                self.counters.deferred_cancel_on_disconnect += 1;
+                self.on_engine_disconnect(engine, now, out);
             }
         }
     }
