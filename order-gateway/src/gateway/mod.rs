@@ -1,11 +1,55 @@
 //! The gateway core: an I/O-free state machine joining engines, risk, journal and FIX.
 //!
-//! Inputs are method calls carrying bytes and `now` (nanoseconds since the UNIX epoch);
-//! outputs go into an [`Outputs`] the driver drains **in this order**: append
-//! `Outputs::journal` to the [`crate::journal::Journal`] (write-ahead), then send
-//! `Outputs::fix` to the venue, then deliver `Outputs::engine`. Recovery feeds every journal
-//! record back through [`Gateway::replay_record`], which applies the same state transitions
-//! as live operation without emitting anything.
+//! # Sub-machines
+//! [`Gateway`] is the composition of four owned sub-machines, each with its state in its own
+//! file(s) and its own unit tests, and a little glue (identifiers, counters, the outputs):
+//! - [`OrderBook`] (`order_book.rs`): every order of the day, its indexes (the engine's id,
+//!   each request's FIX ClOrdID) and the open count;
+//! - [`EngineSessions`] (`engine_sessions.rs`): per engine, logon as journaled, the
+//!   numbered responses and their history (the replay cursor a reconnecting engine names),
+//!   request numbers and holes, malformed frames and the cut-off, and the
+//!   cancel-on-disconnect deadlines;
+//! - the FIX [`Session`] (`crate::fix::session`): sequence numbers, logon, resend, timers,
+//!   with its own snapshot;
+//! - [`RiskEngine`] (`crate::risk`): checks, accounting, throttles.
+//!
+//! The engine's live link (heartbeats, silence, its response backlog) is the service's, the
+//! journal's retry timers are [`crate::journal_health::JournalHealth`]'s.
+//!
+//! # The one contract
+//! Every machine here, and the gateway they make up, follows quinn-proto's `Connection`
+//! shape:
+//! - **events in**: method calls carrying bytes or values and the time (`handle_*`, and the
+//!   `on_*` entry points of [`Gateway`]: [`Gateway::on_engine_message`],
+//!   [`Gateway::on_fix_bytes`], [`Gateway::on_engine_logon`], [`Gateway::on_timer`], ...);
+//!   none of them reads a clock, touches a socket or a file;
+//! - **outputs out**: what must leave goes into an [`Outputs`] (or is taken with a `poll_*`
+//!   call, [`EngineSessions::poll_due`], [`crate::journal_health::JournalHealth::poll_probe`]);
+//! - **time**: `poll_timeout()` says when the machine next needs a timer call, in the time
+//!   type of its deadlines (see below); the shell calls the timer entry point at or after it;
+//! - **time values**: [`rocebus::clock::Now`] is read **once per loop turn** by the I/O
+//!   shell (the service's loop, or the driver's entry points for tools) and passed in.
+//!   Journal-fed machines (this one and its sub-machines) run on [`rocebus::clock::Wall`]
+//!   (nanoseconds since the UNIX epoch, carried here as `u64`): the journal records the time
+//!   of every decision and replay must decide the same, on this host or another; live-only
+//!   timers run on [`rocebus::clock::Mono`] (a wall-clock step must not expire them).
+//!
+//! The order to call them, per turn: read `Now`; feed the events of the turn (engine frames,
+//! venue bytes, market data, operator commands); call the timer entry point
+//! ([`Gateway::on_timer`]); then drain the [`Outputs`] in the **write-ahead order**: append
+//! `Outputs::journal` to the [`crate::journal::Journal`], then send `Outputs::fix` to the
+//! venue, then deliver `Outputs::engine` (then `Outputs::info`). Nothing leaves before the
+//! journal holds it.
+//!
+//! # Replay, and a replicated log
+//! Recovery feeds every journal record back through [`Gateway::replay_record`], which applies
+//! the same state transitions as live operation (the same sub-machine calls:
+//! [`EngineSessions::handle_logon`], the [`OrderBook`] moves, the risk and session
+//! restores) without emitting anything. A standby fed from a replicated log instead of the
+//! journal uses the same entry point, record by record, in log order: nothing in a replayed
+//! transition depends on a clock reading or on I/O, only on the record (which carries its
+//! decision time). What is not in the log is live-only and says so
+//! ([`Gateway::inherit_live_state`]: halts, references, the restart deadlines).
 //!
 //! Engine responses are numbered per engine, starting at one (the [`crate::proto::Header::seq`] of
 //! each response), and the last `risk.response_history` (default [`RESPONSE_HISTORY`]) of
@@ -21,10 +65,10 @@
 //! This module must not touch sockets or files.
 //!
 //! # Layout
-//! [`Gateway`] and the types it hands out are defined here; its methods are split by
-//! responsibility, each file an `impl Gateway` block over the same private state:
-//! - `engine`: engine sessions and frames (logon, disconnect, malformed frames, re-sent
-//!   requests) and the numbering and history of responses;
+//! [`Gateway`]'s methods are split by the flow they handle, each file an `impl Gateway`
+//! block that moves the sub-machines above (they own the state):
+//! - `engine`: engine frames in (malformed ones bounded, re-sent ones answered with a
+//!   status), logons and disconnects (cancel-on-disconnect, also across restarts);
 //! - `orders`: requests turned into decisions (risk checks, rejects) and the FIX orders and
 //!   cancels that go out, the gateway's own cancels (kill switch, cancel-all) included;
 //! - `venue`: the FIX side: transport events, framing, the session, application messages;

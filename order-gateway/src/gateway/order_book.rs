@@ -43,7 +43,7 @@ pub struct Order {
     pub params: OrderParams,
     /// Executed quantity.
     pub cum_qty: u32,
-    /// Status (to or from Done through [`OrderBook::set_status`] only, which keeps the
+    /// Status (to or from Done through `OrderBook::set_status` only, which keeps the
     /// open count).
     pub status: OrderStatus,
     /// FIX ClOrdID the venue currently knows the order by.
