@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::fix::SessionConfig;
-use crate::gateway::{EngineId, Gateway, Outputs};
+use crate::gateway::{EngineFrame, EngineId, Gateway, Outputs};
 use crate::journal::{FsyncPolicy, Journal, JournalError, RecoveryStats};
 use crate::proto::{RejectReason, Response};
 
@@ -524,9 +524,9 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     recovery: RecoveryStats,
     /// What the core is rebuilt from when an append fails.
     rebuild: Rebuild,
-    /// Engine requests staged since the last flush: `(engine, cl_ord_id, request type)`,
-    /// to answer "not taken" if the flush cannot journal them.
-    batch: Vec<(EngineId, u64, u8)>,
+    /// Engine requests staged since the last flush, with the "not taken" reject each gets
+    /// if the flush cannot journal them ([`EngineFrame::reject`]).
+    batch: Vec<(EngineId, Response)>,
     /// Degraded mode and the rotation back-off: when the journal may be touched again.
     health: JournalHealth,
     /// Engine disconnects staged since the last flush (redone if the flush fails).
@@ -829,14 +829,12 @@ impl<L: VenueLink> FixDriver<L> {
         let now = now.as_nanos();
         self.frame.clear();
         self.frame.extend_from_slice(bytes);
-        let f = &self.frame;
-        let cl = f
-            .get(8..16)
-            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
+        // Decoded once, here; the core takes the value.
+        let f = EngineFrame::decode(&self.frame);
         self.batch
-            .push((engine, cl, f.first().copied().unwrap_or(0)));
+            .push((engine, f.reject(RejectReason::JournalUnavailable)));
         if !self.health.is_degraded() {
-            self.gw.on_engine_message(engine, f, now, &mut self.out);
+            self.gw.on_engine_frame(engine, &f, now, &mut self.out);
         }
     }
 
@@ -1096,11 +1094,8 @@ impl<L: VenueLink> FixDriver<L> {
         }
         if self.health.is_degraded() {
             // Requests staged while degraded were not taken.
-            for &(engine, cl, ty) in &self.batch {
-                deliver(
-                    engine,
-                    &Response::reject(cl, ty, RejectReason::JournalUnavailable),
-                );
+            for (engine, reject) in &self.batch {
+                deliver(*engine, reject);
             }
         }
         self.batch.clear();
@@ -1235,11 +1230,8 @@ impl<L: VenueLink> FixDriver<L> {
             .replay(&self.rebuild.path, |k, p| gw.replay_record(k, p))?;
         gw.inherit_live_state(&self.gw);
         self.gw = gw;
-        for &(engine, cl, ty) in &self.batch {
-            deliver(
-                engine,
-                &Response::reject(cl, ty, RejectReason::JournalUnavailable),
-            );
+        for (engine, reject) in &self.batch {
+            deliver(*engine, reject);
         }
         self.batch.clear();
         // Their cancel-on-disconnect was not journaled either: it runs once the journal

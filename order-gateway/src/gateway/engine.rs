@@ -6,7 +6,7 @@
 //! Must not touch sockets or files.
 
 use super::records::{record, MALFORMED_KEPT, ORIGIN_ENGINE, SESSION_DISCONNECT, SESSION_LOGON};
-use super::{EngineId, EngineSessions, Gateway, OrderStatus, Outputs};
+use super::{EngineFrame, EngineId, EngineSessions, Gateway, OrderStatus, Outputs};
 use crate::fix::SessionState;
 use crate::proto::{msg_type, LogonStatus, OrdState, RejectReason, Request, Response};
 
@@ -40,11 +40,6 @@ impl Gateway {
     /// lists ([`crate::proto::RequestHoles`]).
     pub fn request_holes(&self, engine: EngineId, from: u32, max: usize) -> (Vec<u32>, bool) {
         self.engines.request_holes(engine, from, max)
-    }
-
-    /// Notes the request number of a journaled frame (live and replay).
-    pub(super) fn note_request_seq(&mut self, engine: EngineId, bytes: &[u8]) {
-        self.engines.handle_request_seq(engine, request_seq(bytes));
     }
 
     /// The responses to `engine` after sequence number `after`, oldest first, for an engine
@@ -125,7 +120,18 @@ impl Gateway {
         now: u64,
         out: &mut Outputs,
     ) {
-        self.engine_message(engine, bytes, now, out);
+        self.on_engine_frame(engine, &EngineFrame::decode(bytes), now, out);
+    }
+
+    /// One engine frame, decoded once by the caller.
+    pub fn on_engine_frame(
+        &mut self,
+        engine: EngineId,
+        frame: &EngineFrame<'_>,
+        now: u64,
+        out: &mut Outputs,
+    ) {
+        self.engine_message(engine, frame, now, out);
         self.seal(out);
     }
 
@@ -181,41 +187,40 @@ impl Gateway {
 
     /// A request that does not decode is answered with a Malformed reject (live and replay).
     pub(super) fn malformed(engine: EngineId, bytes: &[u8], out: &mut Outputs) {
-        let cl = bytes
-            .get(8..16)
-            .and_then(|b| b.try_into().ok())
-            .map_or(0, u64::from_le_bytes);
-        let ty = bytes.first().copied().unwrap_or(0);
+        let frame = EngineFrame::decode(bytes);
         out.engine
-            .push((engine, Response::reject(cl, ty, RejectReason::Malformed)));
+            .push((engine, frame.reject(RejectReason::Malformed)));
     }
 
-    fn engine_message(&mut self, engine: EngineId, bytes: &[u8], now: u64, out: &mut Outputs) {
+    fn engine_message(
+        &mut self,
+        engine: EngineId,
+        frame: &EngineFrame<'_>,
+        now: u64,
+        out: &mut Outputs,
+    ) {
+        let bytes = frame.bytes();
         if self.engines.is_cut_off(engine) {
             // Cut off (its connection is being closed): nothing is taken, and its logon
             // answer will say so (last request taken).
             self.counters.frames_after_cutoff += 1;
             return;
         }
-        let seq = request_seq(bytes);
-        if self.engines.is_taken(engine, seq) {
+        if self.engines.is_taken(engine, frame.seq) {
             // Taken before (the engine could not know: it lost our answer or its state).
             // Answered with where the order stands; never acted on, nor journaled, again.
-            if let Ok((req, _)) = Request::decode(bytes) {
-                self.answer_resend(engine, &req, out);
+            if let Some(req) = &frame.request {
+                self.answer_resend(engine, req, out);
             }
             self.counters.resent_requests += 1;
             return;
         }
-        let req = match Request::decode(bytes) {
-            Ok((r, _)) => r,
-            Err(_) => {
-                self.note_request_seq(engine, bytes);
-                return self.on_malformed(engine, bytes, now, out);
-            }
+        let Some(req) = frame.request else {
+            self.engines.handle_request_seq(engine, frame.seq);
+            return self.on_malformed(engine, bytes, now, out);
         };
         out.record(record::ENGINE_REQUEST, &[&engine.to_le_bytes(), bytes]);
-        self.note_request_seq(engine, bytes);
+        self.engines.handle_request_seq(engine, frame.seq);
         match req {
             Request::NewOrder(m) => self.handle_new(engine, &m, now, out),
             Request::Cancel(m) => {
@@ -286,12 +291,4 @@ impl Gateway {
         };
         out.info.push((engine, status));
     }
-}
-
-/// The request sequence number in an engine frame's header (0: unnumbered or no header).
-fn request_seq(frame: &[u8]) -> u32 {
-    frame
-        .get(4..8)
-        .and_then(|b| b.try_into().ok())
-        .map_or(0, u32::from_le_bytes)
 }

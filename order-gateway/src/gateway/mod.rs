@@ -86,6 +86,7 @@ use crate::proto::{Response, Symbol};
 use crate::risk::{RiskConfig, RiskConfigError, RiskEngine};
 
 mod engine;
+mod engine_frame;
 mod engine_sessions;
 mod fills;
 pub mod holes;
@@ -95,6 +96,7 @@ mod records;
 mod recovery;
 mod venue;
 
+pub use engine_frame::EngineFrame;
 pub use engine_sessions::{EngineSessions, MalformedVerdict};
 use order_book::Change;
 pub use order_book::{Order, OrderBook, OrderStatus};

@@ -11,10 +11,10 @@ use super::records::{
     record, Decision, DecisionTrailer, ORIGIN_ENGINE, SESSION_DISCONNECT, SESSION_LOGON,
 };
 use super::venue::find_seq;
-use super::{Change, Gateway, Order, OrderStatus, Outputs};
+use super::{Change, EngineFrame, Gateway, Order, OrderStatus, Outputs};
 use crate::fix::codec::parse_uint;
 use crate::fix::{split_frame, tag, Message};
-use crate::proto::{msg_type, RejectReason, Request, Response, Side, Symbol};
+use crate::proto::{msg_type, RejectReason, Response, Side, Symbol};
 use crate::risk::{KillScope, OrderParams, RequestKind};
 
 impl Gateway {
@@ -191,8 +191,10 @@ impl Gateway {
                     ));
                 };
                 let id = u32::from_le_bytes(engine.try_into().unwrap_or_default());
-                self.note_request_seq(id, bytes);
-                if Request::decode(bytes).is_err() {
+                // The same reading of the frame as live (EngineFrame::decode).
+                let frame = EngineFrame::decode(bytes);
+                self.engines.handle_request_seq(id, frame.seq);
+                if frame.request.is_none() {
                     // Journals of earlier versions keep malformed frames whole, here.
                     self.counters.malformed_engine += 1;
                     Self::malformed(id, bytes, scratch);
@@ -206,7 +208,8 @@ impl Gateway {
                     ));
                 };
                 let engine = u32::from_le_bytes(engine.try_into().unwrap_or_default());
-                self.note_request_seq(engine, kept);
+                self.engines
+                    .handle_request_seq(engine, EngineFrame::decode(kept).seq);
                 // `replaying` keeps it quiet; the cut-off is the same as live.
                 self.on_malformed(engine, kept, 0, scratch);
             }
