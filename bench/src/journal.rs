@@ -128,7 +128,7 @@ impl Rig {
             .with_context(|| format!("open journal {}", path.display()))?;
         driver.stage(|gw, _| gw.on_reference_price(symbol(), PRICE, unix_nanos()));
         driver.connect()?;
-        driver.poll_with(unix_nanos(), |_, _| {})?;
+        driver.poll_with(rocebus::clock::Now::read(), |_, _| {})?;
         ensure!(
             driver.gateway().session().state() == SessionState::Active,
             "the gateway did not log on to the venue simulator"
@@ -146,7 +146,7 @@ impl Rig {
     /// answers to the previous turn, the journal append and sync, FIX out, responses).
     /// Returns the time of the `poll_with`.
     fn turn(&mut self, batch: usize) -> Result<Duration> {
-        let now = unix_nanos();
+        let now = rocebus::clock::Now::read();
         for _ in 0..batch {
             let id = self.next;
             self.next += 1;
@@ -163,7 +163,7 @@ impl Rig {
             // Numbered as the engine client numbers its requests: 1, 2, …
             req.set_seq(id as u32);
             self.driver
-                .stage_engine_message(ENGINE, req.as_bytes(), now);
+                .stage_engine_message(ENGINE, req.as_bytes(), now.wall);
         }
         self.sent += batch as u64;
         let (filled, rejected) = (&mut self.filled, &mut self.rejected);

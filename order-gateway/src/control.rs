@@ -640,7 +640,7 @@ mod tests {
         let c = execute("cancel-all", &mut d, 0, unix_nanos());
         assert!(c.starts_with("error: the venue session is down"), "{c}");
         d.connect().unwrap();
-        d.poll_with(unix_nanos(), |_, _| {}).unwrap();
+        d.poll_with(rocebus::clock::Now::read(), |_, _| {}).unwrap();
         let order = |d: &mut FixDriver<SimVenue>, id: u64| {
             let m = NewOrder::new(
                 id,
@@ -652,9 +652,10 @@ mod tests {
                 TimeInForce::Day,
             );
             let mut got = Vec::new();
-            d.stage_engine_message(1, m.as_bytes(), unix_nanos());
+            d.stage_engine_message(1, m.as_bytes(), rocebus::clock::Wall::now());
             d.flush_with(|_, r| got.push(*r)).unwrap();
-            d.poll_with(unix_nanos(), |_, r| got.push(*r)).unwrap();
+            d.poll_with(rocebus::clock::Now::read(), |_, r| got.push(*r))
+                .unwrap();
             got
         };
         assert!(order(&mut d, 1)

@@ -6,6 +6,14 @@
 //!
 //! The venue link is a [`VenueLink`]: [`TcpLink`] for a real venue, or the in-process
 //! [`crate::sim::SimVenue`] for benchmarks.
+//!
+//! An I/O shell: it decides nothing. What to send and journal is the core's
+//! ([`Gateway`]); when to probe a failed journal and when to retry a failed rotation is
+//! [`JournalHealth`]'s. Time comes in as a [`Now`] read once per turn: the service's loop
+//! passes it ([`FixDriver::poll_with`], [`FixDriver::poll_connect_at`]); the entry points
+//! for tools and tests that take none ([`FixDriver::engine_message`], [`FixDriver::poll`],
+//! [`FixDriver::poll_connect`], [`FixDriver::stop`], the recovery at open) are a turn of
+//! their own and read the driver's one clock ([`FixDriver::set_clock`]) once.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -14,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::fix::SessionConfig;
-use crate::gateway::{EngineId, Gateway, Outputs};
+use crate::gateway::{EngineFrame, EngineId, Gateway, Outputs};
 use crate::journal::{FsyncPolicy, Journal, JournalError, RecoveryStats};
 use crate::proto::{RejectReason, Response};
 
@@ -29,8 +37,9 @@ fn anyhow_chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+use crate::journal_health::JournalHealth;
 use crate::risk::{RiskConfig, RiskConfigError};
-use crate::unix_nanos;
+use rocebus::clock::{Now, Wall};
 
 /// Driver errors.
 #[derive(Debug, thiserror::Error)]
@@ -515,11 +524,11 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     recovery: RecoveryStats,
     /// What the core is rebuilt from when an append fails.
     rebuild: Rebuild,
-    /// Engine requests staged since the last flush: `(engine, cl_ord_id, request type)`,
-    /// to answer "not taken" if the flush cannot journal them.
-    batch: Vec<(EngineId, u64, u8)>,
-    /// Set while the journal cannot be written (disk full or failing).
-    degraded: Option<Degraded>,
+    /// Engine requests staged since the last flush, with the "not taken" reject each gets
+    /// if the flush cannot journal them ([`EngineFrame::reject`]).
+    batch: Vec<(EngineId, Response)>,
+    /// Degraded mode and the rotation back-off: when the journal may be touched again.
+    health: JournalHealth,
     /// Engine disconnects staged since the last flush (redone if the flush fails).
     batch_disconnects: Vec<EngineId>,
     /// Cancel-on-disconnects that arrived while degraded, run once the journal is back.
@@ -538,11 +547,13 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     segment_start: u64,
     /// Engine responses produced by operator commands, delivered at the next flush.
     held: Vec<(EngineId, Response)>,
-    /// After a failed rotation: when the next may be tried, and the wait after that one.
-    rotation_retry: Option<(Instant, Duration)>,
-    /// The monotonic clock of the degraded-mode probe and the rotation back-off
-    /// (`Instant::now` but in the simulator).
-    mono: fn() -> Instant,
+    /// The time of the current turn: given by the caller ([`poll_with`](Self::poll_with),
+    /// [`poll_connect_at`](Self::poll_connect_at)) or read once from `clock` by an entry
+    /// point that takes none.
+    turn: Now,
+    /// The one clock the driver reads, for entry points not handed a [`Now`]
+    /// ([`Now::read`] but in the simulator).
+    clock: fn() -> Now,
 }
 
 /// Journal segments started by this driver.
@@ -573,21 +584,6 @@ struct Rebuild {
     path: PathBuf,
 }
 
-/// The journal could not be written: since when, and when to try again.
-#[derive(Clone, Copy, Debug)]
-struct Degraded {
-    next_probe: Instant,
-}
-
-/// The wait before retrying a failed rotation; it doubles per failure up to
-/// [`ROTATION_BACKOFF_MAX`], so a rotation that keeps failing (a full disk, a directory in
-/// the way) costs one checkpoint build and one log line per attempt, not per loop turn.
-const ROTATION_BACKOFF_MIN: Duration = Duration::from_secs(1);
-/// The longest wait between rotation attempts.
-const ROTATION_BACKOFF_MAX: Duration = Duration::from_secs(60);
-
-/// How often a degraded gateway checks whether the journal can be written again.
-const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// Space a probe reserves past the journal's end before it declares the journal writable.
 const PROBE_HEADROOM: u64 = 1 << 20;
 
@@ -664,7 +660,7 @@ impl<L: VenueLink> FixDriver<L> {
             recovery,
             rebuild,
             batch: Vec::with_capacity(256),
-            degraded: None,
+            health: JournalHealth::default(),
             batch_disconnects: Vec::new(),
             deferred_disconnects: Vec::new(),
             kicked: Vec::new(),
@@ -674,8 +670,8 @@ impl<L: VenueLink> FixDriver<L> {
             segment_start,
             opening: false,
             held: Vec::new(),
-            rotation_retry: None,
-            mono: Instant::now,
+            turn: Now::read(),
+            clock: Now::read,
         };
         // Requests whose order message the journal lost with a torn last write never went
         // out: answered now (and journaled), before anything else happens.
@@ -752,7 +748,7 @@ impl<L: VenueLink> FixDriver<L> {
     /// Starts connecting to the venue without waiting; the Logon goes out when
     /// [`poll_connect`](Self::poll_connect) finds the link open.
     pub fn start_connect(&mut self) -> Result<(), DriverError> {
-        if self.degraded.is_some() {
+        if self.health.is_degraded() {
             return Err(DriverError::JournalUnavailable);
         }
         self.opening = true;
@@ -775,12 +771,15 @@ impl<L: VenueLink> FixDriver<L> {
     /// Logon was sent), `Ok(false)` while it goes on or when none is under way, an error
     /// when the attempt failed or timed out.
     pub fn poll_connect(&mut self) -> Result<bool, DriverError> {
-        self.poll_connect_at(unix_nanos())
+        let now = self.read_clock();
+        self.poll_connect_at(now)
     }
 
     /// [`poll_connect`](Self::poll_connect) at `now` (the Logon's SendingTime and the
     /// session's timers start from it).
-    pub fn poll_connect_at(&mut self, now: u64) -> Result<bool, DriverError> {
+    pub fn poll_connect_at(&mut self, now: Now) -> Result<bool, DriverError> {
+        self.turn = now;
+        let now = now.wall.as_nanos();
         if !self.opening {
             return Ok(false);
         }
@@ -812,7 +811,8 @@ impl<L: VenueLink> FixDriver<L> {
 
     /// One engine frame, flushed at once.
     pub fn engine_message(&mut self, engine: EngineId, bytes: &[u8]) -> Result<(), DriverError> {
-        self.stage_engine_message(engine, bytes, unix_nanos());
+        let now = self.read_clock();
+        self.stage_engine_message(engine, bytes, now.wall);
         self.flush()
     }
 
@@ -825,24 +825,24 @@ impl<L: VenueLink> FixDriver<L> {
     ///
     /// While the journal cannot be written the request is not taken: it is answered with an
     /// unnumbered `JournalUnavailable` reject at the flush, and the engine may send it again.
-    pub fn stage_engine_message(&mut self, engine: EngineId, bytes: &[u8], now: u64) {
+    pub fn stage_engine_message(&mut self, engine: EngineId, bytes: &[u8], now: Wall) {
+        let now = now.as_nanos();
         self.frame.clear();
         self.frame.extend_from_slice(bytes);
-        let f = &self.frame;
-        let cl = f
-            .get(8..16)
-            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
+        // Decoded once, here; the core takes the value.
+        let f = EngineFrame::decode(&self.frame);
         self.batch
-            .push((engine, cl, f.first().copied().unwrap_or(0)));
-        if self.degraded.is_none() {
-            self.gw.on_engine_message(engine, f, now, &mut self.out);
+            .push((engine, f.reject(RejectReason::JournalUnavailable)));
+        if !self.health.is_degraded() {
+            self.gw.on_engine_frame(engine, &f, now, &mut self.out);
         }
     }
 
     /// Cancel-on-disconnect for `engine`, processed but not flushed (deferred until the
     /// journal is writable again if it is not).
-    pub fn stage_engine_disconnect(&mut self, engine: EngineId, now: u64) {
-        if self.degraded.is_some() {
+    pub fn stage_engine_disconnect(&mut self, engine: EngineId, now: Wall) {
+        let now = now.as_nanos();
+        if self.health.is_degraded() {
             self.deferred_disconnects.push(engine);
         } else {
             self.batch_disconnects.push(engine);
@@ -853,7 +853,7 @@ impl<L: VenueLink> FixDriver<L> {
     /// True while the journal cannot be written: requests are answered "not taken" and the
     /// venue stays disconnected until a probe succeeds.
     pub fn is_degraded(&self) -> bool {
-        self.degraded.is_some()
+        self.health.is_degraded()
     }
 
     /// Journal appends that failed (each put the gateway in degraded mode).
@@ -861,28 +861,23 @@ impl<L: VenueLink> FixDriver<L> {
         self.journal_failures
     }
 
-    /// In degraded mode, every [`PROBE_INTERVAL`]: can the journal be written again?
-    fn probe(&mut self, now: u64) {
-        let Some(d) = self.degraded else { return };
-        let t = (self.mono)();
-        if t < d.next_probe {
+    /// In degraded mode, when [`JournalHealth`] says a probe is due: can the journal be
+    /// written again?
+    fn probe(&mut self) {
+        let t = self.turn.mono;
+        if !self.health.poll_probe(t) {
             return;
         }
-        match self.journal.probe(PROBE_HEADROOM) {
-            Ok(()) => {
-                tracing::warn!("journal writable again: taking requests, reconnecting the venue");
-                self.degraded = None;
-                // Requests never sent that the start could not journal as such (the journal
-                // failed then), and none else: every failed append was rolled back whole.
-                self.close_unsent();
-                for engine in std::mem::take(&mut self.deferred_disconnects) {
-                    self.gw.on_engine_disconnect(engine, now, &mut self.out);
-                }
-            }
-            Err(_) => {
-                self.degraded = Some(Degraded {
-                    next_probe: t + PROBE_INTERVAL,
-                });
+        let now = self.turn.wall.as_nanos();
+        let ok = self.journal.probe(PROBE_HEADROOM).is_ok();
+        self.health.handle_probe(ok, t);
+        if ok {
+            tracing::warn!("journal writable again: taking requests, reconnecting the venue");
+            // Requests never sent that the start could not journal as such (the journal
+            // failed then), and none else: every failed append was rolled back whole.
+            self.close_unsent();
+            for engine in std::mem::take(&mut self.deferred_disconnects) {
+                self.gw.on_engine_disconnect(engine, now, &mut self.out);
             }
         }
     }
@@ -908,7 +903,7 @@ impl<L: VenueLink> FixDriver<L> {
         &mut self,
         f: impl FnOnce(&mut Gateway, &mut Outputs) -> R,
     ) -> Result<R, CommandError> {
-        if self.degraded.is_some() {
+        if self.health.is_degraded() {
             return Err(CommandError::JournalUnavailable);
         }
         let mut held = std::mem::take(&mut self.held);
@@ -916,7 +911,7 @@ impl<L: VenueLink> FixDriver<L> {
         held.append(&mut self.held);
         self.held = held;
         r?;
-        if self.degraded.is_some() {
+        if self.health.is_degraded() {
             return Err(CommandError::JournalUnavailable);
         }
         let result = f(&mut self.gw, &mut self.out);
@@ -966,18 +961,19 @@ impl<L: VenueLink> FixDriver<L> {
         let mut report = StopReport::default();
         self.opening = false;
         if self.link.is_open() && self.gw.session().state() == SessionState::Active {
-            let now = unix_nanos();
-            self.gw.logout(now, &mut self.out);
+            let now = self.read_clock();
+            self.gw.logout(now.wall.as_nanos(), &mut self.out);
             self.flush_into(&mut deliver)?;
             report.logout_sent = true;
-            let deadline = Instant::now() + wait;
-            while self.link.is_open() && Instant::now() < deadline {
+            let deadline = now.mono + wait;
+            // One turn per pass, each with its one clock read.
+            while self.link.is_open() && self.read_clock().mono < deadline {
                 if let Err(e) = self.link.poll_write() {
                     tracing::warn!(venue = %self.link.describe(), error = %e, "venue link dropped");
                     self.gw.on_disconnect();
                     break;
                 }
-                self.read_venue(Duration::from_millis(10), unix_nanos());
+                self.read_venue(Duration::from_millis(10), self.turn.wall.as_nanos());
                 self.flush_into(&mut deliver)?;
                 if self.gw.session().state() == SessionState::Disconnected {
                     report.logout_answered = true;
@@ -1001,13 +997,14 @@ impl<L: VenueLink> FixDriver<L> {
     /// Waits up to `timeout` for venue bytes, processes them and the timers, and queues the
     /// engine responses for [`take_engine_responses`](Self::take_engine_responses).
     pub fn poll(&mut self, timeout: Duration) -> Result<(), DriverError> {
+        let now = self.read_clock().wall.as_nanos();
         if self.link.is_open() {
-            self.read_venue(timeout.max(Duration::from_micros(10)), unix_nanos());
+            self.read_venue(timeout.max(Duration::from_micros(10)), now);
         } else {
             std::thread::sleep(timeout);
         }
-        self.probe(unix_nanos());
-        self.gw.on_timer(unix_nanos(), &mut self.out);
+        self.probe();
+        self.gw.on_timer(now, &mut self.out);
         self.flush()
     }
 
@@ -1016,9 +1013,11 @@ impl<L: VenueLink> FixDriver<L> {
     /// number of venue bytes read (work done, for the idle strategy).
     pub fn poll_with(
         &mut self,
-        now: u64,
+        now: Now,
         deliver: impl FnMut(EngineId, &Response),
     ) -> Result<usize, DriverError> {
+        self.turn = now;
+        let now = now.wall.as_nanos();
         let n = if self.link.is_open() {
             if let Err(e) = self.link.poll_write() {
                 tracing::warn!(venue = %self.link.describe(), error = %e, "venue link dropped");
@@ -1028,10 +1027,17 @@ impl<L: VenueLink> FixDriver<L> {
         } else {
             0
         };
-        self.probe(now);
+        self.probe();
         self.gw.on_timer(now, &mut self.out);
         self.flush_with(deliver)?;
         Ok(n)
+    }
+
+    /// The time of this turn, read from the driver's one clock: for the entry points that
+    /// are not handed a [`Now`] (each is a turn of its own).
+    fn read_clock(&mut self) -> Now {
+        self.turn = (self.clock)();
+        self.turn
     }
 
     fn read_venue(&mut self, wait: Duration, now: u64) -> usize {
@@ -1086,13 +1092,10 @@ impl<L: VenueLink> FixDriver<L> {
                 return self.journal_failed(&e, deliver);
             }
         }
-        if self.degraded.is_some() {
+        if self.health.is_degraded() {
             // Requests staged while degraded were not taken.
-            for &(engine, cl, ty) in &self.batch {
-                deliver(
-                    engine,
-                    &Response::reject(cl, ty, RejectReason::JournalUnavailable),
-                );
+            for (engine, reject) in &self.batch {
+                deliver(*engine, reject);
             }
         }
         self.batch.clear();
@@ -1119,10 +1122,7 @@ impl<L: VenueLink> FixDriver<L> {
         out.clear();
         if self.segment_bytes > 0
             && self.journal.len() - self.segment_start >= self.segment_bytes
-            && self.degraded.is_none()
-            && self
-                .rotation_retry
-                .is_none_or(|(at, _)| (self.mono)() >= at)
+            && self.health.poll_rotation(self.turn.mono)
         {
             self.checkpoint();
         }
@@ -1154,7 +1154,7 @@ impl<L: VenueLink> FixDriver<L> {
     /// have been flushed. A failure is logged and counted; the current segment stays in
     /// use and nothing is lost. Returns whether a new segment was started.
     pub fn checkpoint(&mut self) -> bool {
-        if self.degraded.is_some() {
+        if self.health.is_degraded() {
             return false;
         }
         let t0 = Instant::now();
@@ -1175,7 +1175,7 @@ impl<L: VenueLink> FixDriver<L> {
             });
         match result {
             Ok(archive) => {
-                self.rotation_retry = None;
+                self.health.handle_rotation(true, self.turn.mono);
                 if self.journal.dir_sync_pending() {
                     tracing::warn!(
                         journal = %self.rebuild.path.display(),
@@ -1199,9 +1199,7 @@ impl<L: VenueLink> FixDriver<L> {
             }
             Err(e) => {
                 self.segments.failures += 1;
-                let wait = self.rotation_retry.map_or(ROTATION_BACKOFF_MIN, |(_, w)| w);
-                self.rotation_retry =
-                    Some(((self.mono)() + wait, (wait * 2).min(ROTATION_BACKOFF_MAX)));
+                let wait = self.health.handle_rotation(false, self.turn.mono);
                 tracing::error!(
                     error = %anyhow_chain(&e),
                     retry_in_s = wait.as_secs(),
@@ -1232,20 +1230,15 @@ impl<L: VenueLink> FixDriver<L> {
             .replay(&self.rebuild.path, |k, p| gw.replay_record(k, p))?;
         gw.inherit_live_state(&self.gw);
         self.gw = gw;
-        for &(engine, cl, ty) in &self.batch {
-            deliver(
-                engine,
-                &Response::reject(cl, ty, RejectReason::JournalUnavailable),
-            );
+        for (engine, reject) in &self.batch {
+            deliver(*engine, reject);
         }
         self.batch.clear();
         // Their cancel-on-disconnect was not journaled either: it runs once the journal
         // is back.
         self.deferred_disconnects
             .append(&mut self.batch_disconnects);
-        self.degraded = Some(Degraded {
-            next_probe: (self.mono)() + PROBE_INTERVAL,
-        });
+        self.health.handle_append_failed(self.turn.mono);
         Ok(())
     }
 
@@ -1262,14 +1255,22 @@ impl<L: VenueLink> FixDriver<L> {
     }
 
     /// The simulator's: storage faults injected into the journal's file operations, and
-    /// the monotonic clock its degraded-mode probe and rotation back-off read.
+    /// the clock the driver reads for entry points not handed a [`Now`]
+    /// ([`set_clock`](Self::set_clock)).
     pub fn set_storage_faults(
         &mut self,
         faults: Option<Box<dyn crate::journal::StorageFaults>>,
-        mono: fn() -> Instant,
+        clock: fn() -> Now,
     ) {
         self.journal.set_faults(faults);
-        self.mono = mono;
+        self.set_clock(clock);
+    }
+
+    /// The one clock the driver reads, once per turn, in the entry points that are not
+    /// handed a [`Now`] ([`Now::read`] unless set: a simulator sets its own).
+    pub fn set_clock(&mut self, clock: fn() -> Now) {
+        self.clock = clock;
+        self.turn = clock();
     }
 
     /// Journal bytes a completed sync made durable (what survives a power loss).
@@ -1316,32 +1317,32 @@ mod tests {
             100,
             crate::proto::TimeInForce::Day,
         );
-        d.stage_engine_message(1, zerocopy::IntoBytes::as_bytes(&m), unix_nanos());
+        d.stage_engine_message(1, zerocopy::IntoBytes::as_bytes(&m), Wall::now());
         for _ in 0..200 {
             d.flush_with(|_, _| {}).unwrap();
         }
         assert_eq!(d.segment_stats().failures, 1, "retried every loop turn");
         assert_eq!(
-            d.rotation_retry.map(|(_, w)| w),
+            d.health.rotation_retry.map(|(_, w)| w),
             Some(Duration::from_secs(2))
         );
         // The retry is due: one more attempt, and the wait doubles.
         for expect in [4, 8, 16, 32, 60, 60] {
-            d.rotation_retry = d.rotation_retry.map(|(_, w)| (Instant::now(), w));
+            d.health.rotation_retry = d.health.rotation_retry.map(|(_, w)| (d.turn.mono, w));
             d.flush_with(|_, _| {}).unwrap();
             d.flush_with(|_, _| {}).unwrap();
             assert_eq!(
-                d.rotation_retry.map(|(_, w)| w),
+                d.health.rotation_retry.map(|(_, w)| w),
                 Some(Duration::from_secs(expect))
             );
         }
         assert_eq!(d.segment_stats().failures, 7);
         // The cause goes away: the next due attempt succeeds and the back-off ends.
         std::fs::remove_dir(dir.path().join("gw.journal.next")).unwrap();
-        d.rotation_retry = d.rotation_retry.map(|(_, w)| (Instant::now(), w));
+        d.health.rotation_retry = d.health.rotation_retry.map(|(_, w)| (d.turn.mono, w));
         d.flush_with(|_, _| {}).unwrap();
         assert_eq!(d.segment_stats().rotations, 1);
-        assert!(d.rotation_retry.is_none());
+        assert!(d.health.rotation_retry.is_none());
     }
 
     fn syn_dropping_listener() -> (rustix::fd::OwnedFd, SocketAddr, Vec<TcpStream>) {

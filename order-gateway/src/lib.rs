@@ -30,6 +30,7 @@ pub mod fix;
 pub mod gateway;
 mod invalid;
 pub mod journal;
+pub mod journal_health;
 pub mod market;
 pub mod risk;
 pub mod service;

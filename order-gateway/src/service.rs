@@ -35,7 +35,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rocebus::counters::{
     counters_path, default_dir, AllocateCounter, Counter, CountersError, CountersFile, Kind,
@@ -57,7 +57,7 @@ use crate::proto::{
     HOLES_PER_FRAME, ORDERS_STREAM,
 };
 use crate::risk::RiskConfig;
-use crate::unix_nanos;
+use rocebus::clock::{Mono, Now, Wall};
 
 // The market-data contract lives in `market` (which must not import the service); the
 // service's paths stay.
@@ -511,13 +511,13 @@ struct EngineConn {
 /// A connection that has not sent its logon yet.
 struct PendingConn {
     conn: Connection,
-    since: Instant,
+    since: Mono,
 }
 
 /// A connection whose logon was refused: closed once the answer was read, or at `until`.
 struct Closing {
     conn: Connection,
-    until: Instant,
+    until: Mono,
 }
 
 /// Fan-in slots when `service.orders.fanin_slots` is 0: the gateway always polls its
@@ -533,8 +533,7 @@ fn poll_engine<L: VenueLink>(
     driver: &mut FixDriver<L>,
     c: &Counters,
     lost: &mut Vec<EngineId>,
-    now: u64,
-    mono: u64,
+    now: Now,
 ) -> usize {
     let id = e.id;
     let r = e.conn.subscription().poll(
@@ -543,7 +542,7 @@ fn poll_engine<L: VenueLink>(
                 c.stray_frames.inc();
             } else if f.msg_type != u16::from(msg_type::HEARTBEAT) {
                 c.requests.inc();
-                driver.stage_engine_message(id, f.payload, now);
+                driver.stage_engine_message(id, f.payload, now.wall);
             }
         },
         ENGINE_BATCH,
@@ -551,7 +550,7 @@ fn poll_engine<L: VenueLink>(
     match r {
         Ok(0) => 0,
         Ok(n) => {
-            e.live.on_heard(mono);
+            e.live.on_heard(now.mono.as_nanos());
             n
         }
         // Closed by us for its silence already (then listed in `lost`).
@@ -683,9 +682,6 @@ pub struct Service<L: VenueLink = TcpLink> {
     lost: Vec<EngineId>,
     /// When the venue is connected to next.
     venue_reconnect: VenueReconnect,
-    /// The service's monotonic clock starts here (liveness runs on it: a step of the
-    /// wall clock must not disconnect every engine).
-    epoch: Instant,
     opts: ServiceOptions,
     counters: Counters,
     control: Arc<ServiceControl>,
@@ -710,7 +706,7 @@ pub struct VenueReconnect {
     /// The session's `logons_refused` when last looked at.
     logons_refused_seen: u64,
     /// No connect starts before this.
-    next: Instant,
+    next: Mono,
 }
 
 /// What a [`VenueReconnect::poll`] did.
@@ -726,7 +722,7 @@ pub enum VenueConnect {
 
 impl VenueReconnect {
     /// The first connect is due at `now`; `reconnect` is the back-off's first wait.
-    pub fn new(reconnect: Duration, now: Instant) -> VenueReconnect {
+    pub fn new(reconnect: Duration, now: Mono) -> VenueReconnect {
         VenueReconnect {
             reconnect,
             failures: 0,
@@ -736,8 +732,9 @@ impl VenueReconnect {
     }
 
     /// Starts a connect of `driver` when one is due (not connected, not held, the back-off
-    /// elapsed at `t`) and drives one under way; never waits.
-    pub fn poll<L: VenueLink>(&mut self, driver: &mut FixDriver<L>, t: Instant) -> VenueConnect {
+    /// elapsed at `now`) and drives one under way; never waits.
+    pub fn poll<L: VenueLink>(&mut self, driver: &mut FixDriver<L>, now: Now) -> VenueConnect {
+        let t = now.mono;
         // Failures in a row end when the venue accepts our Logon, not when the socket
         // opens: a venue that refuses every Logon is backed off like one that refuses the
         // connection.
@@ -769,9 +766,11 @@ impl VenueReconnect {
             }
         }
         let result = if driver.is_connecting() {
-            driver.poll_connect()
+            driver.poll_connect_at(now)
         } else if !driver.is_connected() && t >= self.next {
-            driver.start_connect().and_then(|()| driver.poll_connect())
+            driver
+                .start_connect()
+                .and_then(|()| driver.poll_connect_at(now))
         } else {
             return VenueConnect::Idle;
         };
@@ -797,7 +796,7 @@ impl VenueReconnect {
 
     /// One more venue failure in a row: the next connect waits `reconnect`, doubling up to
     /// [`MAX_BACKOFF_FACTOR`] times it.
-    fn back_off(&mut self, t: Instant) -> Duration {
+    fn back_off(&mut self, t: Mono) -> Duration {
         self.failures = self.failures.saturating_add(1);
         let factor = 1u32 << self.failures.saturating_sub(1).min(2);
         let wait = self.reconnect * factor.min(MAX_BACKOFF_FACTOR);
@@ -874,7 +873,9 @@ impl<L: VenueLink> Service<L> {
             None => None,
         };
         let timeout = opts.engine_timeout.as_nanos() as u64;
-        driver.stage(|gw, _| gw.arm_restart_cancel_on_disconnect(unix_nanos(), timeout));
+        // Building the service is a turn of its own: its one clock read.
+        let now = Now::read();
+        driver.stage(|gw, _| gw.arm_restart_cancel_on_disconnect(now.wall.as_nanos(), timeout));
         for (engine, _) in driver.gateway().restart_deadlines() {
             tracing::info!(
                 engine,
@@ -901,8 +902,7 @@ impl<L: VenueLink> Service<L> {
             pending: Vec::new(),
             closing: Vec::new(),
             lost: Vec::new(),
-            venue_reconnect: VenueReconnect::new(opts.reconnect, Instant::now()),
-            epoch: Instant::now(),
+            venue_reconnect: VenueReconnect::new(opts.reconnect, now.mono),
             counters: Counters::new(opts.counters_file),
             opts,
             control,
@@ -930,29 +930,28 @@ impl<L: VenueLink> Service<L> {
             tracing::warn!(error = %e, "market-data counters not published");
         }
         let mut idler = Idler::new(self.opts.idle);
-        let mut next_housekeeping = Instant::now();
+        let mut next_housekeeping = Mono::ZERO;
         while !self.control.stopping() {
             let mut work = 0;
-            let now = unix_nanos();
-            let t = Instant::now();
-            let mono = self.mono(t);
+            // The turn's one clock read: every machine below gets this time.
+            let now = Now::read();
             let driver = &mut self.driver;
             work += market.poll(&mut |ev| {
                 driver.stage(|gw, _| match ev {
                     MarketEvent::Reference { symbol, price } => {
-                        gw.on_reference_price(symbol, price, now)
+                        gw.on_reference_price(symbol, price, now.wall.as_nanos())
                     }
                     MarketEvent::Halt { symbol, halted } => gw.on_halt(symbol, halted),
                     // Observed at the epoch: older than any age limit, so stale at once.
                     MarketEvent::Stale { symbol } => gw.on_reference_price(symbol, 0, 0),
                 })
             });
-            work += self.poll_engines(now, mono);
+            work += self.poll_engines(now);
             work += self.poll_venue(now)?;
-            if t >= next_housekeeping {
-                next_housekeeping = t + Duration::from_millis(1);
-                self.poll_venue_connect(t);
-                work += self.housekeeping(now, mono)?;
+            if now.mono >= next_housekeeping {
+                next_housekeeping = now.mono + Duration::from_millis(1);
+                self.poll_venue_connect(now);
+                work += self.housekeeping(now)?;
                 market.update_counters();
             }
             idler.idle(work);
@@ -960,17 +959,12 @@ impl<L: VenueLink> Service<L> {
         self.shutdown()
     }
 
-    /// Nanoseconds of the service's monotonic clock at `t`.
-    fn mono(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.epoch).as_nanos() as u64
-    }
-
     /// Engine frames into the gateway, batched per engine; any frame is a sign of life,
     /// heartbeats are nothing more. Engines are found through the fan-in summary (those
     /// that marked it since the last turn), plus engines without a slot, plus one engine
     /// swept per turn whatever its mark (its idle poll returns credit and notices a
     /// disconnect).
-    fn poll_engines(&mut self, now: u64, mono: u64) -> usize {
+    fn poll_engines(&mut self, now: Now) -> usize {
         let Service {
             engines,
             driver,
@@ -985,7 +979,7 @@ impl<L: VenueLink> Service<L> {
         let count = engines.len();
         let mut work = 0;
         let mut wasted = 0;
-        let mut poll = |i: usize| poll_engine(&mut engines[i], driver, c, lost, now, mono);
+        let mut poll = |i: usize| poll_engine(&mut engines[i], driver, c, lost, now);
         fanin.scan(|slot| {
             let i = by_slot[slot];
             if i == usize::MAX {
@@ -1030,7 +1024,7 @@ impl<L: VenueLink> Service<L> {
     }
 
     /// Venue bytes, timers, then the write-ahead flush that hands responses to engines.
-    fn poll_venue(&mut self, now: u64) -> Result<usize, ServiceError> {
+    fn poll_venue(&mut self, now: Now) -> Result<usize, ServiceError> {
         let (engines, lost, c) = (&mut self.engines, &mut self.lost, &self.counters);
         let n = self.driver.poll_with(now, |engine, r| {
             match engines.iter_mut().find(|e| e.id == engine) {
@@ -1059,13 +1053,13 @@ impl<L: VenueLink> Service<L> {
             }
         }
         if !self.lost.is_empty() {
-            self.reap_lost(now)?;
+            self.reap_lost(now.wall)?;
         }
         Ok(n)
     }
 
     /// Cancel-on-disconnect for every engine found lost.
-    fn reap_lost(&mut self, now: u64) -> Result<(), ServiceError> {
+    fn reap_lost(&mut self, now: Wall) -> Result<(), ServiceError> {
         while let Some(id) = self.lost.pop() {
             self.engines.retain(|e| e.id != id);
             self.reindex_engines();
@@ -1091,8 +1085,8 @@ impl<L: VenueLink> Service<L> {
 
     /// Starts a venue connect when due and drives one under way ([`VenueReconnect`]);
     /// never waits.
-    fn poll_venue_connect(&mut self, t: Instant) {
-        match self.venue_reconnect.poll(&mut self.driver, t) {
+    fn poll_venue_connect(&mut self, now: Now) {
+        match self.venue_reconnect.poll(&mut self.driver, now) {
             VenueConnect::Connected => self.counters.venue_connects.inc(),
             VenueConnect::Failed => self.counters.venue_connect_failures.inc(),
             VenueConnect::Idle => {}
@@ -1105,7 +1099,7 @@ impl<L: VenueLink> Service<L> {
     /// rejected by the listener with the reason); a completed one that would make more
     /// than `max_pending_connections` connections wait for their logon is closed at once
     /// and counted as rejected. Then refused ones being closed.
-    fn poll_connections(&mut self) -> usize {
+    fn poll_connections(&mut self, now: Mono) -> usize {
         let mut work = 0;
         for _ in 0..REQUESTS_PER_TURN {
             let mut conn = match self.listener.accept(Duration::ZERO) {
@@ -1132,12 +1126,8 @@ impl<L: VenueLink> Service<L> {
                 continue;
             }
             tracing::info!(peer = %conn.peer(), "engine connection, waiting for logon");
-            self.pending.push(PendingConn {
-                conn,
-                since: Instant::now(),
-            });
+            self.pending.push(PendingConn { conn, since: now });
         }
-        let now = Instant::now();
         self.closing.retain_mut(|c| {
             let done = !matches!(c.conn.drain(Duration::ZERO), Ok(false)) || now >= c.until;
             if done {
@@ -1150,7 +1140,8 @@ impl<L: VenueLink> Service<L> {
 
     /// Heartbeats to every engine when due; an engine silent past `engine_timeout` is
     /// disconnected (cancel-on-disconnect runs in the next pass).
-    fn poll_liveness(&mut self, mono: u64) {
+    fn poll_liveness(&mut self, now: Now) {
+        let mono = now.mono.as_nanos();
         let c = &self.counters;
         for e in &mut self.engines {
             if e.live.is_expired(mono) {
@@ -1168,7 +1159,7 @@ impl<L: VenueLink> Service<L> {
                 continue;
             }
             if e.live.poll_transmit(mono) {
-                let hb = Heartbeat::new(unix_nanos());
+                let hb = Heartbeat::new(now.wall.as_nanos());
                 let sent = e
                     .conn
                     .try_claim(
@@ -1199,19 +1190,19 @@ impl<L: VenueLink> Service<L> {
 
     /// The parts that make system calls: accept, logons, heartbeats, static prices,
     /// counters.
-    fn housekeeping(&mut self, now: u64, mono: u64) -> Result<usize, ServiceError> {
+    fn housekeeping(&mut self, now: Now) -> Result<usize, ServiceError> {
         let mut work = 0;
         for &(symbol, price) in &self.opts.static_prices {
             self.driver
-                .stage(|gw, _| gw.on_reference_price(symbol, price, now));
+                .stage(|gw, _| gw.on_reference_price(symbol, price, now.wall.as_nanos()));
         }
-        work += self.poll_connections();
-        work += self.poll_logons(mono);
-        self.poll_liveness(mono);
+        work += self.poll_connections(now.mono);
+        work += self.poll_logons(now.mono);
+        self.poll_liveness(now);
         if let Some(op) = &mut self.operator {
             let (driver, engines, control) = (&mut self.driver, self.engines.len(), &self.control);
             work += op.poll(|line| {
-                let answer = crate::control::execute(line, driver, engines, now);
+                let answer = crate::control::execute(line, driver, engines, now.wall.as_nanos());
                 if crate::control::parse(line) == Ok(crate::control::Command::Stop) {
                     control.stop();
                 }
@@ -1247,7 +1238,7 @@ impl<L: VenueLink> Service<L> {
     }
 
     /// First frames of new connections: logon or refusal.
-    fn poll_logons(&mut self, mono: u64) -> usize {
+    fn poll_logons(&mut self, now: Mono) -> usize {
         let mut work = 0;
         let mut i = 0;
         while i < self.pending.len() {
@@ -1263,7 +1254,7 @@ impl<L: VenueLink> Service<L> {
                 },
                 1,
             );
-            let expired = p.since.elapsed() > self.opts.logon_timeout;
+            let expired = now.saturating_since(p.since) > self.opts.logon_timeout;
             match (r, logon) {
                 (Ok(_), None) if !expired => {
                     i += 1;
@@ -1272,7 +1263,7 @@ impl<L: VenueLink> Service<L> {
                 (Ok(_), Some(l)) => {
                     work += 1;
                     let p = self.pending.swap_remove(i);
-                    self.logon(p.conn, l, mono);
+                    self.logon(p.conn, l, now);
                 }
                 (Ok(_), None) => {
                     tracing::warn!(peer = %p.conn.peer(), "no logon in time: closing");
@@ -1287,7 +1278,7 @@ impl<L: VenueLink> Service<L> {
         work
     }
 
-    fn logon(&mut self, mut conn: Connection, logon: Option<Logon>, mono: u64) {
+    fn logon(&mut self, mut conn: Connection, logon: Option<Logon>, now: Mono) {
         let id = logon.map_or(0, |l| l.engine_id.get());
         let (status, last) = logon_verdict(
             &self.engine_keys,
@@ -1325,7 +1316,7 @@ impl<L: VenueLink> Service<L> {
                 slot,
                 conn,
                 live: Liveness::new(
-                    mono,
+                    now.as_nanos(),
                     self.opts.heartbeat.as_nanos() as u64,
                     self.opts.engine_timeout.as_nanos() as u64,
                 ),
@@ -1368,7 +1359,7 @@ impl<L: VenueLink> Service<L> {
             // the connection is closed by a later turn once the answer was read.
             self.closing.push(Closing {
                 conn,
-                until: Instant::now() + REFUSAL_LINGER,
+                until: now + REFUSAL_LINGER,
             });
         }
     }

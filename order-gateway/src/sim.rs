@@ -475,7 +475,7 @@ mod tests {
         d.stage(|gw, _| gw.on_reference_price(aapl, 100 * PRICE_SCALE, unix_nanos()));
         d.connect().unwrap();
         let mut got = Vec::new();
-        d.poll_with(unix_nanos(), |_, _| {}).unwrap();
+        d.poll_with(rocebus::clock::Now::read(), |_, _| {}).unwrap();
         assert_eq!(
             d.gateway().session().state(),
             crate::fix::SessionState::Active
@@ -490,10 +490,10 @@ mod tests {
                 100 * PRICE_SCALE,
                 TimeInForce::Day,
             );
-            d.stage_engine_message(1, m.as_bytes(), unix_nanos());
+            d.stage_engine_message(1, m.as_bytes(), rocebus::clock::Wall::now());
         }
         d.flush_with(|_, _| {}).unwrap();
-        d.poll_with(unix_nanos(), |e, r: &Response| {
+        d.poll_with(rocebus::clock::Now::read(), |e, r: &Response| {
             got.push((e, r.as_bytes()[0], r.cl_ord_id()))
         })
         .unwrap();
@@ -553,7 +553,7 @@ mod tests {
             FixDriver::with_link(SimVenue::new(), session, &risk, &path, FsyncPolicy::Never)
                 .unwrap();
         for _ in 0..5 {
-            d.stage_engine_message(1, &[1, 2, 3], unix_nanos());
+            d.stage_engine_message(1, &[1, 2, 3], rocebus::clock::Wall::now());
             d.flush_with(|_, _| {}).unwrap();
         }
         assert_eq!(d.pop_kicked(), Some(1));

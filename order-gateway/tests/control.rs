@@ -74,7 +74,7 @@ fn open(path: &Path) -> FixDriver<SimVenue> {
 
 fn logged_on(d: &mut FixDriver<SimVenue>) {
     d.connect().unwrap();
-    d.poll_with(unix_nanos(), |_, _| {}).unwrap();
+    d.poll_with(rocebus::clock::Now::read(), |_, _| {}).unwrap();
     assert_eq!(d.gateway().session().state(), SessionState::Active);
 }
 
@@ -101,7 +101,7 @@ fn disk_back(d: &mut FixDriver<SimVenue>) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while d.is_degraded() {
         assert!(Instant::now() < deadline, "still degraded");
-        d.poll_with(unix_nanos(), |_, _| {}).unwrap();
+        d.poll_with(rocebus::clock::Now::read(), |_, _| {}).unwrap();
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -234,7 +234,11 @@ fn child_deadlines_through_a_failed_append() {
         100 * PRICE_SCALE,
         TimeInForce::Day,
     );
-    d.stage_engine_message(ENGINE, order.as_bytes(), now);
+    d.stage_engine_message(
+        ENGINE,
+        order.as_bytes(),
+        rocebus::clock::Wall::from_nanos(now),
+    );
     d.flush_with(|_, _| {}).unwrap();
     assert_eq!(d.journal_failures(), 1);
     assert_eq!(
@@ -246,7 +250,11 @@ fn child_deadlines_through_a_failed_append() {
     // runs as it would have without the failure.
     disk_back(&mut d);
     logged_on(&mut d);
-    d.poll_with(now + timeout + 1, |_, _| {}).unwrap();
+    let later = rocebus::clock::Now {
+        mono: rocebus::clock::Mono::now(),
+        wall: rocebus::clock::Wall::from_nanos(now + timeout + 1),
+    };
+    d.poll_with(later, |_, _| {}).unwrap();
     assert!(d.gateway().restart_deadlines().is_empty());
     assert_eq!(d.gateway().counters().deferred_cancel_on_disconnect, 1);
     println!("CONTROL-DEADLINE-OK");

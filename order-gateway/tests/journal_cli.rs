@@ -214,7 +214,7 @@ fn an_order_message_torn_off_the_journal_is_answered_not_sent_at_open() {
     let [aapl, ..] = common::symbols();
     d.stage(|gw, _| gw.on_reference_price(aapl, 100 * PRICE_SCALE, unix_nanos()));
     d.connect().unwrap();
-    d.poll_with(unix_nanos(), |_, _| {}).unwrap();
+    d.poll_with(rocebus::clock::Now::read(), |_, _| {}).unwrap();
     // The header as it was before order 2's write: the kill below happens in that write,
     // so nothing after it ever updated the superblock.
     let mut header_before = Vec::new();
@@ -232,7 +232,7 @@ fn an_order_message_torn_off_the_journal_is_answered_not_sent_at_open() {
             TimeInForce::Day,
         );
         d.engine_message(common::ENGINE, m.as_bytes()).unwrap();
-        d.poll_with(unix_nanos(), |_, _| {}).unwrap();
+        d.poll_with(rocebus::clock::Now::read(), |_, _| {}).unwrap();
     }
     drop(d);
     // Cut the file just past order 2's decision, as the kill would have.

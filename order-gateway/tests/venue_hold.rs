@@ -66,7 +66,7 @@ impl Loop {
         std::fs::write(&config, cfg).unwrap();
         Loop {
             d,
-            reconnect: VenueReconnect::new(RECONNECT, Instant::now()),
+            reconnect: VenueReconnect::new(RECONNECT, rocebus::clock::Mono::now()),
             control: ControlServer::bind(&socket).unwrap(),
             config,
             connects: Vec::new(),
@@ -74,7 +74,11 @@ impl Loop {
     }
 
     fn turn(&mut self) {
-        if self.reconnect.poll(&mut self.d, Instant::now()) == VenueConnect::Connected {
+        if self
+            .reconnect
+            .poll(&mut self.d, rocebus::clock::Now::read())
+            == VenueConnect::Connected
+        {
             self.connects.push(Instant::now());
         }
         self.d.poll(Duration::from_millis(2)).unwrap();

@@ -165,7 +165,7 @@ impl Gateway {
             }
             _ => {}
         }
-        let Some(o) = self.orders.get_mut(&oid) else {
+        let Some(o) = self.book.get_mut(oid) else {
             return Ok(());
         };
         if o.status == OrderStatus::Done {
@@ -243,7 +243,7 @@ impl Gateway {
             leaves,
             avg_px,
         } = *a;
-        let Some(o) = self.orders.get_mut(&oid) else {
+        let Some(o) = self.book.get_mut(oid) else {
             return;
         };
         let was_done = o.status == OrderStatus::Done;
@@ -303,7 +303,7 @@ impl Gateway {
         if !is_final || was_done {
             return;
         }
-        let Some(o) = self.orders.get_mut(&oid) else {
+        let Some(o) = self.book.get_mut(oid) else {
             return;
         };
         if o.status != OrderStatus::Done {
@@ -315,7 +315,7 @@ impl Gateway {
             self.close_canceled(oid, out);
         }
         // Closed by this answer (a fill of the rest above, or the close just made).
-        let Some(o) = self.orders.get_mut(&oid) else {
+        let Some(o) = self.book.get_mut(oid) else {
             return;
         };
         match o.pending {
@@ -330,21 +330,19 @@ impl Gateway {
     /// Closes live order `oid` as Canceled with what was left open: its exposure released,
     /// the engine told (a venue's Canceled or Expired, or a status answer saying so).
     fn close_canceled(&mut self, oid: u64, out: &mut Outputs) {
-        let Some(o) = self.orders.get_mut(&oid) else {
+        let Some(o) = self.book.get_mut(oid) else {
             return;
         };
         let left = o.params.qty.saturating_sub(o.cum_qty);
-        o.status = OrderStatus::Done;
         // A pending cancel is answered by this (else it counted as unanswered for ever); a
         // pending replace still gets the venue's reject, which tells the engine it failed.
         if matches!(o.pending, Some((_, Change::Cancel))) {
             o.pending = None;
         }
-        self.open_orders -= 1;
-        let p = o.params;
+        let (p, engine, cl) = (o.params, o.engine, o.cl_ord_id);
+        self.book.set_status(oid, OrderStatus::Done);
         self.risk.on_order_done(&p, left);
-        out.engine
-            .push((o.engine, Response::canceled(o.cl_ord_id, left)));
+        out.engine.push((engine, Response::canceled(cl, left)));
     }
 
     /// The venue refused new order `oid` (ExecType 8, a status answer saying Rejected, or a
@@ -352,20 +350,19 @@ impl Gateway {
     /// venue has no order to change, and after a status answer its own reply to the change
     /// may never come (a later one is a late answer, counted and not forwarded).
     pub(super) fn new_order_refused(&mut self, oid: u64, by: Refusal, out: &mut Outputs) {
-        let Some(o) = self.orders.get_mut(&oid) else {
+        let Some(o) = self.book.get_mut(oid) else {
             return;
         };
         if o.status == OrderStatus::Done {
             return;
         }
         let leaves = o.params.qty.saturating_sub(o.cum_qty);
-        o.status = OrderStatus::Done;
-        self.open_orders -= 1;
-        let p = o.params;
+        let (p, engine, cl) = (o.params, o.engine, o.cl_ord_id);
+        self.book.set_status(oid, OrderStatus::Done);
         self.risk.on_order_done(&p, leaves);
         out.engine.push((
-            o.engine,
-            Response::reject(o.cl_ord_id, msg_type::NEW_ORDER, by.order()),
+            engine,
+            Response::reject(cl, msg_type::NEW_ORDER, by.order()),
         ));
         self.change_refused(oid, by, out);
     }
@@ -376,10 +373,10 @@ impl Gateway {
     /// is answered as cancel-rejected. Anything else (a refused OrderStatusRequest, a late
     /// reject of a request already answered) changes nothing.
     pub(super) fn on_request_refused(&mut self, ref_type: &[u8], req: u64, out: &mut Outputs) {
-        let Some(&oid) = self.by_request.get(&req) else {
+        let Some(oid) = self.book.order_of_request(req) else {
             return;
         };
-        let Some(o) = self.orders.get(&oid) else {
+        let Some(o) = self.book.get(oid) else {
             return;
         };
         self.counters.venue_refused += 1;
@@ -421,7 +418,7 @@ impl Gateway {
         leaves: u32,
         out: &mut Outputs,
     ) -> Result<(), AppReject> {
-        let Some(o) = self.orders.get_mut(&oid) else {
+        let Some(o) = self.book.get_mut(oid) else {
             return Ok(());
         };
         if cum <= o.cum_qty {
@@ -484,10 +481,7 @@ impl Gateway {
         let leaves = if overfill { 0 } else { leaves };
         if leaves == 0 {
             // Final: whatever was reserved beyond this execution (an IOC remainder) goes too.
-            if let Some(o) = self.orders.get_mut(&oid) {
-                o.status = OrderStatus::Done;
-            }
-            self.open_orders -= 1;
+            self.book.set_status(oid, OrderStatus::Done);
             self.risk.on_order_done(&p, reserved - released);
         }
         out.engine
@@ -522,7 +516,7 @@ impl Gateway {
         leaves: u32,
         out: &mut Outputs,
     ) -> Result<(), AppReject> {
-        let Some(o) = self.orders.get(&oid) else {
+        let Some(o) = self.book.get(oid) else {
             return Ok(());
         };
         let (p, cl, engine, old_cum) = (o.params, o.cl_ord_id, o.engine, o.cum_qty);
@@ -548,15 +542,15 @@ impl Gateway {
         self.execs.set_trade(oid, exec_ref, (new_qty, new_px));
         let now_open = leaves > 0 && p.qty > cum;
         let new_reserved = if now_open { p.qty - cum } else { 0 };
-        if let Some(o) = self.orders.get_mut(&oid) {
+        if let Some(o) = self.book.get_mut(oid) {
             o.cum_qty = cum;
             o.notional +=
                 i128::from(new_qty) * i128::from(new_px) - i128::from(old.0) * i128::from(old.1);
-            if was_open && !now_open {
-                o.status = OrderStatus::Done;
-            } else if !was_open && now_open {
-                o.status = OrderStatus::Open;
-            }
+        }
+        if was_open && !now_open {
+            self.book.set_status(oid, OrderStatus::Done);
+        } else if !was_open && now_open {
+            self.book.set_status(oid, OrderStatus::Open);
         }
         match (was_open, now_open) {
             (true, true) => self.risk.move_reservation(
@@ -570,11 +564,9 @@ impl Gateway {
                 },
             ),
             (true, false) => {
-                self.open_orders -= 1;
                 self.risk.on_order_done(&p, old_reserved);
             }
             (false, true) => {
-                self.open_orders += 1;
                 self.risk.restore_open(&OrderParams {
                     qty: new_reserved,
                     ..p
@@ -618,7 +610,7 @@ impl Gateway {
         let Some((req, oid)) = self.lookup(m)? else {
             return Ok(());
         };
-        let Some(o) = self.orders.get_mut(&oid) else {
+        let Some(o) = self.book.get_mut(oid) else {
             return Ok(());
         };
         let Some((rid, _)) = o.pending else {
@@ -635,7 +627,7 @@ impl Gateway {
 
     /// The pending cancel or replace of `oid` was refused (by the venue, or never sent).
     pub(super) fn change_refused(&mut self, oid: u64, by: Refusal, out: &mut Outputs) {
-        let Some(o) = self.orders.get_mut(&oid) else {
+        let Some(o) = self.book.get_mut(oid) else {
             return;
         };
         let Some((_, change)) = o.pending else {

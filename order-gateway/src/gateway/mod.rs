@@ -1,11 +1,55 @@
 //! The gateway core: an I/O-free state machine joining engines, risk, journal and FIX.
 //!
-//! Inputs are method calls carrying bytes and `now` (nanoseconds since the UNIX epoch);
-//! outputs go into an [`Outputs`] the driver drains **in this order**: append
-//! `Outputs::journal` to the [`crate::journal::Journal`] (write-ahead), then send
-//! `Outputs::fix` to the venue, then deliver `Outputs::engine`. Recovery feeds every journal
-//! record back through [`Gateway::replay_record`], which applies the same state transitions
-//! as live operation without emitting anything.
+//! # Sub-machines
+//! [`Gateway`] is the composition of four owned sub-machines, each with its state in its own
+//! file(s) and its own unit tests, and a little glue (identifiers, counters, the outputs):
+//! - [`OrderBook`] (`order_book.rs`): every order of the day, its indexes (the engine's id,
+//!   each request's FIX ClOrdID) and the open count;
+//! - [`EngineSessions`] (`engine_sessions.rs`): per engine, logon as journaled, the
+//!   numbered responses and their history (the replay cursor a reconnecting engine names),
+//!   request numbers and holes, malformed frames and the cut-off, and the
+//!   cancel-on-disconnect deadlines;
+//! - the FIX [`Session`] (`crate::fix::session`): sequence numbers, logon, resend, timers,
+//!   with its own snapshot;
+//! - [`RiskEngine`] (`crate::risk`): checks, accounting, throttles.
+//!
+//! The engine's live link (heartbeats, silence, its response backlog) is the service's, the
+//! journal's retry timers are [`crate::journal_health::JournalHealth`]'s.
+//!
+//! # The one contract
+//! Every machine here, and the gateway they make up, follows quinn-proto's `Connection`
+//! shape:
+//! - **events in**: method calls carrying bytes or values and the time (`handle_*`, and the
+//!   `on_*` entry points of [`Gateway`]: [`Gateway::on_engine_message`],
+//!   [`Gateway::on_fix_bytes`], [`Gateway::on_engine_logon`], [`Gateway::on_timer`], ...);
+//!   none of them reads a clock, touches a socket or a file;
+//! - **outputs out**: what must leave goes into an [`Outputs`] (or is taken with a `poll_*`
+//!   call, [`EngineSessions::poll_due`], [`crate::journal_health::JournalHealth::poll_probe`]);
+//! - **time**: `poll_timeout()` says when the machine next needs a timer call, in the time
+//!   type of its deadlines (see below); the shell calls the timer entry point at or after it;
+//! - **time values**: [`rocebus::clock::Now`] is read **once per loop turn** by the I/O
+//!   shell (the service's loop, or the driver's entry points for tools) and passed in.
+//!   Journal-fed machines (this one and its sub-machines) run on [`rocebus::clock::Wall`]
+//!   (nanoseconds since the UNIX epoch, carried here as `u64`): the journal records the time
+//!   of every decision and replay must decide the same, on this host or another; live-only
+//!   timers run on [`rocebus::clock::Mono`] (a wall-clock step must not expire them).
+//!
+//! The order to call them, per turn: read `Now`; feed the events of the turn (engine frames,
+//! venue bytes, market data, operator commands); call the timer entry point
+//! ([`Gateway::on_timer`]); then drain the [`Outputs`] in the **write-ahead order**: append
+//! `Outputs::journal` to the [`crate::journal::Journal`], then send `Outputs::fix` to the
+//! venue, then deliver `Outputs::engine` (then `Outputs::info`). Nothing leaves before the
+//! journal holds it.
+//!
+//! # Replay, and a replicated log
+//! Recovery feeds every journal record back through [`Gateway::replay_record`], which applies
+//! the same state transitions as live operation (the same sub-machine calls:
+//! [`EngineSessions::handle_logon`], the [`OrderBook`] moves, the risk and session
+//! restores) without emitting anything. A standby fed from a replicated log instead of the
+//! journal uses the same entry point, record by record, in log order: nothing in a replayed
+//! transition depends on a clock reading or on I/O, only on the record (which carries its
+//! decision time). What is not in the log is live-only and says so
+//! ([`Gateway::inherit_live_state`]: halts, references, the restart deadlines).
 //!
 //! Engine responses are numbered per engine, starting at one (the [`crate::proto::Header::seq`] of
 //! each response), and the last `risk.response_history` (default [`RESPONSE_HISTORY`]) of
@@ -21,10 +65,10 @@
 //! This module must not touch sockets or files.
 //!
 //! # Layout
-//! [`Gateway`] and the types it hands out are defined here; its methods are split by
-//! responsibility, each file an `impl Gateway` block over the same private state:
-//! - `engine`: engine sessions and frames (logon, disconnect, malformed frames, re-sent
-//!   requests) and the numbering and history of responses;
+//! [`Gateway`]'s methods are split by the flow they handle, each file an `impl Gateway`
+//! block that moves the sub-machines above (they own the state):
+//! - `engine`: engine frames in (malformed ones bounded, re-sent ones answered with a
+//!   status), logons and disconnects (cancel-on-disconnect, also across restarts);
 //! - `orders`: requests turned into decisions (risk checks, rejects) and the FIX orders and
 //!   cancels that go out, the gateway's own cancels (kill switch, cancel-all) included;
 //! - `venue`: the FIX side: transport events, framing, the session, application messages;
@@ -34,23 +78,28 @@
 //! - `tests` and `recovery_tests`: unit tests (the latter: FIX session recovery and the
 //!   venue's execution reports).
 
-use std::collections::VecDeque;
-
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use crate::fix::{Session, SessionConfig};
 use crate::journal::encode_record;
 use crate::proto::{Response, Symbol};
-use crate::risk::{OrderParams, RiskConfig, RiskConfigError, RiskEngine};
+use crate::risk::{RiskConfig, RiskConfigError, RiskEngine};
 
 mod engine;
+mod engine_frame;
+mod engine_sessions;
 mod fills;
 pub mod holes;
+mod order_book;
 mod orders;
 mod records;
 mod recovery;
 mod venue;
 
+pub use engine_frame::EngineFrame;
+pub use engine_sessions::{EngineSessions, MalformedVerdict};
+use order_book::Change;
+pub use order_book::{Order, OrderBook, OrderStatus};
 pub use records::{
     describe, kind_name, record, Decision, DecisionTrailer, Field, MALFORMED_KEPT, ORIGIN_ENGINE,
     ORIGIN_GATEWAY, SESSION_DISCONNECT, SESSION_LOGON,
@@ -101,44 +150,6 @@ impl Outputs {
         encode_record(&mut self.journal, kind, parts);
         self.journal_records += 1;
     }
-}
-
-/// Where an order is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OrderStatus {
-    /// Sent to the venue, not acknowledged.
-    PendingNew,
-    /// Live at the venue.
-    Open,
-    /// Filled, canceled or rejected.
-    Done,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Change {
-    Cancel,
-    Replace { qty: u32, price: i64 },
-}
-
-/// A gateway order.
-#[derive(Clone, Copy, Debug)]
-pub struct Order {
-    /// Owning engine.
-    pub engine: EngineId,
-    /// The engine's id.
-    pub cl_ord_id: u64,
-    /// Current terms.
-    pub params: OrderParams,
-    /// Executed quantity.
-    pub cum_qty: u32,
-    /// Status.
-    pub status: OrderStatus,
-    /// FIX ClOrdID the venue currently knows the order by.
-    pub venue_cl_ord_id: u64,
-    /// Sum of quantity x price (in [`crate::proto::PRICE_SCALE`] units) of the executions
-    /// applied: with the venue's AvgPx it prices executions only a status answer reports.
-    pub notional: i128,
-    pending: Option<(u64, Change)>,
 }
 
 /// Gateway counters.
@@ -193,63 +204,26 @@ pub struct GatewayCounters {
     pub inconsistent_fills: u64,
 }
 
-/// Per engine, malformed frames since its logon and the rate-limited log of them.
-#[derive(Clone, Copy, Debug, Default)]
-struct MalformedLog {
-    /// Since the engine's last logon (journaled, so replay rebuilds it).
-    count: u32,
-    /// Live only: when the last line was logged, and frames not logged since.
-    logged_at: u64,
-    unlogged: u64,
-}
-
-/// One engine's numbered responses.
-#[derive(Debug)]
-struct ResponseLog {
-    /// Sequence number of the newest response (0: none yet).
-    last: u32,
-    /// The newest responses, oldest first: seqs `last - len + 1 ..= last`.
-    kept: VecDeque<Response>,
-}
-
 /// The gateway state machine.
 #[derive(Debug)]
 pub struct Gateway {
     risk: RiskEngine,
     session: Session,
-    orders: FxHashMap<u64, Order>,
-    /// Orders in `orders` whose status is not Done, kept as they change: the service reads
-    /// it every millisecond, and `orders` keeps every order of the day.
-    open_orders: usize,
-    by_engine: FxHashMap<(EngineId, u64), u64>,
-    by_request: FxHashMap<u64, u64>,
-    responses: FxHashMap<EngineId, ResponseLog>,
-    /// Per engine, the highest request sequence number journaled.
-    last_request: FxHashMap<EngineId, u32>,
-    /// Numbers below `last_request` never taken (a not-taken request sent again late).
-    request_holes: holes::Holes,
-    /// Engines logged on, as the journal says (after a crash: those that were).
-    connected: FxHashSet<EngineId>,
-    /// After a restart: engines whose open orders are cancelled unless they log on again
-    /// by the deadline (cancel-on-disconnect across crashes).
-    cod_deadlines: Vec<(EngineId, u64)>,
-    history: usize,
+    /// Every order of the day and its indexes.
+    book: OrderBook,
+    /// Per engine: logon, response numbering and history, request numbers, malformed
+    /// frames, cancel-on-disconnect deadlines.
+    engines: EngineSessions,
     next_id: u64,
     inbuf: Vec<u8>,
     body: Vec<u8>,
     counters: GatewayCounters,
     /// ExecIDs applied (duplicates, trade cancel/correct references).
     execs: crate::execs::ExecLog,
-    /// Malformed frames per engine.
-    malformed: FxHashMap<EngineId, MalformedLog>,
-    /// Malformed frames that cut an engine off.
-    max_malformed: u32,
     /// Replaying the journal: state changes only, no logging.
     replaying: bool,
     /// Discard sink for replay.
     scratch: Outputs,
-    /// Orders already final at the last checkpoint: the next one leaves them out.
-    retired: FxHashSet<u64>,
     /// A checkpoint record replay could not read (the start must stop).
     replay_error: Option<crate::checkpoint::CheckpointError>,
     /// Replay: FIX ClOrdIDs of accepted requests whose order message (D, F or G) the
@@ -262,45 +236,25 @@ pub struct Gateway {
     cancel_after_change: Vec<u64>,
 }
 
-impl ResponseLog {
-    fn new(history: usize) -> ResponseLog {
-        ResponseLog {
-            last: 0,
-            kept: VecDeque::with_capacity(history),
-        }
-    }
-}
-
 impl Gateway {
     /// Builds a gateway with fresh state (replay the journal next).
     pub fn new(session: SessionConfig, risk: &RiskConfig) -> Result<Gateway, RiskConfigError> {
         Ok(Gateway {
             risk: RiskEngine::new(risk)?,
             session: Session::new(session),
-            orders: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
-            open_orders: 0,
-            by_engine: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
-            by_request: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
-            responses: risk
-                .engines
-                .iter()
-                .map(|e| (e.id, ResponseLog::new(risk.response_history)))
-                .collect(),
-            last_request: FxHashMap::default(),
-            request_holes: Default::default(),
-            connected: FxHashSet::default(),
-            cod_deadlines: Vec::new(),
-            history: risk.response_history,
+            book: OrderBook::new(),
+            engines: EngineSessions::new(
+                risk.engines.iter().map(|e| e.id),
+                risk.response_history,
+                risk.max_malformed_frames,
+            ),
             next_id: 1,
             inbuf: Vec::with_capacity(1 << 16),
             body: Vec::with_capacity(512),
             counters: GatewayCounters::default(),
             execs: crate::execs::ExecLog::default(),
-            malformed: FxHashMap::default(),
-            max_malformed: risk.max_malformed_frames,
             replaying: false,
             scratch: Outputs::default(),
-            retired: FxHashSet::default(),
             replay_error: None,
             unsent: FxHashSet::default(),
             cancel_after_change: Vec::new(),
@@ -315,7 +269,7 @@ impl Gateway {
     /// are acknowledged).
     pub fn inherit_live_state(&mut self, old: &Gateway) {
         self.risk.inherit_live_state(&old.risk);
-        self.cod_deadlines.clone_from(&old.cod_deadlines);
+        self.engines.inherit_live_state(&old.engines);
     }
 
     /// Risk state.
@@ -350,39 +304,29 @@ impl Gateway {
 
     /// Order of `engine` with the engine's id `cl_ord_id`.
     pub fn order(&self, engine: EngineId, cl_ord_id: u64) -> Option<&Order> {
-        self.by_engine
-            .get(&(engine, cl_ord_id))
-            .and_then(|id| self.orders.get(id))
+        self.book.by_engine(engine, cl_ord_id)
     }
 
     /// Every order, keyed by gateway order id.
     pub fn orders(&self) -> impl Iterator<Item = (u64, &Order)> {
-        self.orders.iter().map(|(k, v)| (*k, v))
+        self.book.iter()
     }
 
     /// Orders not yet final.
     pub fn open_order_count(&self) -> usize {
-        self.open_orders
+        self.book.open_count()
     }
 
     /// Requests sent and not yet answered by the venue: new orders not acknowledged, and
     /// cancels or replaces pending (a scan of the day's orders: for the operator's status).
     pub fn unacknowledged(&self) -> (usize, usize) {
-        self.orders.values().fold((0, 0), |(n, c), o| {
-            (
-                n + usize::from(o.status == OrderStatus::PendingNew),
-                c + usize::from(o.pending.is_some()),
-            )
-        })
+        self.book.unacknowledged()
     }
 
     /// [`Self::open_order_count`] counted the slow way, to check the kept count in tests.
     #[cfg(test)]
     fn open_order_scan(&self) -> usize {
-        self.orders
-            .values()
-            .filter(|o| o.status != OrderStatus::Done)
-            .count()
+        self.book.open_scan()
     }
 
     /// Reference price from the market-data bus.

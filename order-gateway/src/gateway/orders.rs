@@ -61,7 +61,7 @@ impl Gateway {
         // until the venue answers the replace (one change at a time): it waits for that.
         let mut targets: Vec<(EngineId, u64)> = Vec::new();
         let mut waiting: Vec<u64> = Vec::new();
-        for (&id, o) in &self.orders {
+        for (id, o) in self.book.iter() {
             if o.status == OrderStatus::Done || !pred(o) {
                 continue;
             }
@@ -91,8 +91,8 @@ impl Gateway {
         while i < self.cancel_after_change.len() {
             let oid = self.cancel_after_change[i];
             let state = self
-                .orders
-                .get(&oid)
+                .book
+                .get(oid)
                 .map(|o| (o.status, o.pending.is_some(), o.engine, o.cl_ord_id));
             match state {
                 Some((status, true, _, _)) if status != OrderStatus::Done => i += 1,
@@ -255,7 +255,7 @@ impl Gateway {
         out: &mut Outputs,
     ) {
         let t = trailer(now, origin);
-        let Some(&oid) = self.by_engine.get(&(engine, cl)) else {
+        let Some(oid) = self.book.id_of(engine, cl) else {
             return Self::reject_request(
                 engine,
                 cl,
@@ -266,7 +266,9 @@ impl Gateway {
                 t,
             );
         };
-        let o = self.orders[&oid];
+        let Some(&o) = self.book.get(oid) else {
+            return;
+        };
         let reason = if o.status == OrderStatus::Done {
             Some(RejectReason::UnknownOrder)
         } else if o.pending.is_some() {
@@ -315,7 +317,7 @@ impl Gateway {
     ) {
         let cl = m.cl_ord_id.get();
         let t = trailer(now, ORIGIN_ENGINE);
-        let Some(&oid) = self.by_engine.get(&(engine, cl)) else {
+        let Some(oid) = self.book.id_of(engine, cl) else {
             return Self::reject_request(
                 engine,
                 cl,
@@ -326,7 +328,9 @@ impl Gateway {
                 t,
             );
         };
-        let o = self.orders[&oid];
+        let Some(&o) = self.book.get(oid) else {
+            return;
+        };
         let new = OrderParams {
             qty: m.qty.get(),
             price: m.price.get(),
@@ -389,7 +393,7 @@ impl Gateway {
         }
         let (oid, rid) = (d.order_id.get(), d.request_id.get());
         self.next_id = self.next_id.max(rid + 1);
-        self.by_request.insert(rid, oid);
+        self.book.note_request(rid, oid);
         match d.request {
             msg_type::NEW_ORDER => {
                 let side = if d.side == Side::Sell as u8 {
@@ -404,7 +408,7 @@ impl Gateway {
                     qty: d.qty.get(),
                     price: d.price.get(),
                 };
-                let replaced = self.orders.insert(
+                self.book.insert_new(
                     oid,
                     Order {
                         engine,
@@ -417,20 +421,16 @@ impl Gateway {
                         pending: None,
                     },
                 );
-                if replaced.is_none_or(|o| o.status == OrderStatus::Done) {
-                    self.open_orders += 1;
-                }
-                self.by_engine.insert((engine, cl), oid);
                 // Live, check_new already reserved; replay has to. Reserve here only on replay:
                 // see replay_record.
             }
             msg_type::CANCEL => {
-                if let Some(o) = self.orders.get_mut(&oid) {
+                if let Some(o) = self.book.get_mut(oid) {
                     o.pending = Some((rid, Change::Cancel));
                 }
             }
             msg_type::REPLACE => {
-                if let Some(o) = self.orders.get_mut(&oid) {
+                if let Some(o) = self.book.get_mut(oid) {
                     // The reservation stays on the old terms until the venue confirms the replace.
                     o.pending = Some((
                         rid,

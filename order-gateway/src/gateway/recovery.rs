@@ -11,10 +11,10 @@ use super::records::{
     record, Decision, DecisionTrailer, ORIGIN_ENGINE, SESSION_DISCONNECT, SESSION_LOGON,
 };
 use super::venue::find_seq;
-use super::{Change, Gateway, Order, OrderStatus, Outputs, ResponseLog};
+use super::{Change, EngineFrame, Gateway, Order, OrderStatus, Outputs};
 use crate::fix::codec::parse_uint;
 use crate::fix::{split_frame, tag, Message};
-use crate::proto::{msg_type, RejectReason, Request, Response, Side, Symbol};
+use crate::proto::{msg_type, RejectReason, Response, Side, Symbol};
 use crate::risk::{KillScope, OrderParams, RequestKind};
 
 impl Gateway {
@@ -25,22 +25,16 @@ impl Gateway {
         self.replay_error.take()
     }
 
-    /// Whether a checkpoint keeps order `id`: live orders, and orders that became final
-    /// since the previous checkpoint.
-    fn kept(&self, id: u64, o: &Order) -> bool {
-        o.status != OrderStatus::Done || !self.retired.contains(&id)
-    }
-
     /// The recoverable state as a checkpoint payload ([`crate::checkpoint`]), for the first
     /// record ([`record::CHECKPOINT`]) of a new journal segment. Nothing changes until the
     /// driver has made it durable and calls [`checkpoint_written`](Self::checkpoint_written).
     pub fn checkpoint(&self) -> Result<Vec<u8>, crate::checkpoint::CheckpointError> {
         use crate::checkpoint::{GatewayState, OrderState};
         let mut orders: Vec<(u64, OrderState)> = self
-            .orders
+            .book
             .iter()
-            .filter(|&(&id, o)| self.kept(id, o))
-            .map(|(&id, o)| {
+            .filter(|&(id, o)| self.book.kept(id, o))
+            .map(|(id, o)| {
                 let status = match o.status {
                     OrderStatus::PendingNew => 0,
                     OrderStatus::Open => 1,
@@ -75,35 +69,14 @@ impl Gateway {
             })
             .collect();
         orders.sort_unstable_by_key(|(id, _)| *id);
-        let keep = |id: &u64| self.orders.get(id).is_some_and(|o| self.kept(*id, o));
-        let mut by_request: Vec<(u64, u64)> = self
-            .by_request
-            .iter()
-            .filter(|(_, id)| keep(id))
-            .map(|(&r, &id)| (r, id))
-            .collect();
+        let keep = |id: &u64| self.book.keeps(*id);
+        let mut by_request: Vec<(u64, u64)> =
+            self.book.requests().filter(|(_, id)| keep(id)).collect();
         by_request.sort_unstable();
-        let mut responses: Vec<(u32, u32, Vec<Vec<u8>>)> = self
-            .responses
-            .iter()
-            .map(|(&e, log)| {
-                let kept = log.kept.iter().map(|r| r.as_bytes().to_vec()).collect();
-                (e, log.last, kept)
-            })
-            .collect();
-        responses.sort_unstable_by_key(|r| r.0);
-        let mut last_request: Vec<(u32, u32)> =
-            self.last_request.iter().map(|(&e, &n)| (e, n)).collect();
-        last_request.sort_unstable();
-        let mut connected: Vec<u32> = self.connected.iter().copied().collect();
-        connected.sort_unstable();
-        let mut malformed: Vec<(u32, u32)> = self
-            .malformed
-            .iter()
-            .filter(|(_, m)| m.count > 0)
-            .map(|(&e, m)| (e, m.count))
-            .collect();
-        malformed.sort_unstable();
+        let responses = self.engines.checkpoint_responses();
+        let last_request = self.engines.checkpoint_last_request();
+        let connected = self.engines.checkpoint_connected();
+        let malformed = self.engines.checkpoint_malformed();
         let state = GatewayState {
             next_id: self.next_id,
             orders,
@@ -115,10 +88,10 @@ impl Gateway {
             execs: self.execs.checkpoint_state(|id| keep(&id)),
             notional: {
                 let mut n: Vec<(u64, i128)> = self
-                    .orders
+                    .book
                     .iter()
-                    .filter(|&(&id, o)| o.cum_qty > 0 && self.kept(id, o))
-                    .map(|(&id, o)| (id, o.notional))
+                    .filter(|&(id, o)| o.cum_qty > 0 && self.book.kept(id, o))
+                    .map(|(id, o)| (id, o.notional))
                     .collect();
                 n.sort_unstable();
                 n
@@ -132,37 +105,15 @@ impl Gateway {
     /// The checkpoint from [`checkpoint`](Self::checkpoint) is durable: drop what it left
     /// out, so the live state is exactly what a restart from it rebuilds.
     pub fn checkpoint_written(&mut self) {
-        let drop: Vec<u64> = self
-            .orders
-            .iter()
-            .filter(|&(&id, o)| !self.kept(id, o))
-            .map(|(&id, _)| id)
-            .collect();
-        for id in &drop {
-            if let Some(o) = self.orders.remove(id) {
-                self.by_engine.remove(&(o.engine, o.cl_ord_id));
-            }
-        }
-        let orders = &self.orders;
-        self.by_request.retain(|_, id| orders.contains_key(id));
-        self.by_engine.retain(|_, id| orders.contains_key(id));
-        self.retired = self
-            .orders
-            .iter()
-            .filter(|(_, o)| o.status == OrderStatus::Done)
-            .map(|(&id, _)| id)
-            .collect();
-        let state = self.execs.checkpoint_state(|id| orders.contains_key(&id));
+        self.book.checkpoint_written();
+        let book = &self.book;
+        let state = self.execs.checkpoint_state(|id| book.contains(id));
         self.execs.restore_state(&state);
     }
 
     /// Replaces the whole recoverable state with a checkpoint's.
     fn restore_checkpoint(&mut self, s: &crate::checkpoint::GatewayState) {
-        self.orders.clear();
-        self.by_engine.clear();
-        self.by_request.clear();
-        self.retired.clear();
-        self.open_orders = 0;
+        self.book.clear();
         let notional: rustc_hash::FxHashMap<u64, i128> = s.notional.iter().copied().collect();
         for (id, o) in &s.orders {
             let symbol = Symbol(o.symbol);
@@ -206,38 +157,13 @@ impl Gateway {
                     .unwrap_or(i128::from(o.cum_qty) * i128::from(o.price)),
                 pending,
             };
-            if status == OrderStatus::Done {
-                self.retired.insert(*id);
-            } else {
-                self.open_orders += 1;
-            }
-            self.by_engine.insert((o.engine, o.cl_ord_id), *id);
-            self.orders.insert(*id, order);
+            self.book.restore(*id, order);
         }
-        self.by_request.extend(s.by_request.iter().copied());
+        for &(request, id) in &s.by_request {
+            self.book.note_request(request, id);
+        }
         self.next_id = s.next_id;
-        let history = self.history;
-        for (engine, last, kept) in &s.responses {
-            // Engines get a log with their first response, configured or not (see `seal`).
-            let log = self
-                .responses
-                .entry(*engine)
-                .or_insert_with(|| ResponseLog::new(history));
-            log.last = *last;
-            log.kept.clear();
-            let skip = kept.len().saturating_sub(history);
-            for bytes in &kept[skip..] {
-                if let Ok((r, _)) = Response::decode(bytes) {
-                    log.kept.push_back(r);
-                }
-            }
-        }
-        self.last_request = s.last_request.iter().copied().collect();
-        self.connected = s.connected.iter().copied().collect();
-        self.malformed.clear();
-        for &(engine, count) in &s.malformed {
-            self.malformed.entry(engine).or_default().count = count;
-        }
+        self.engines.restore_checkpoint(s);
         self.execs.restore_state(&s.execs);
         self.risk.restore_state(&s.risk);
         self.session.restore_state(&s.session);
@@ -265,8 +191,10 @@ impl Gateway {
                     ));
                 };
                 let id = u32::from_le_bytes(engine.try_into().unwrap_or_default());
-                self.note_request_seq(id, bytes);
-                if Request::decode(bytes).is_err() {
+                // The same reading of the frame as live (EngineFrame::decode).
+                let frame = EngineFrame::decode(bytes);
+                self.engines.handle_request_seq(id, frame.seq);
+                if frame.request.is_none() {
                     // Journals of earlier versions keep malformed frames whole, here.
                     self.counters.malformed_engine += 1;
                     Self::malformed(id, bytes, scratch);
@@ -280,7 +208,8 @@ impl Gateway {
                     ));
                 };
                 let engine = u32::from_le_bytes(engine.try_into().unwrap_or_default());
-                self.note_request_seq(engine, kept);
+                self.engines
+                    .handle_request_seq(engine, EngineFrame::decode(kept).seq);
                 // `replaying` keeps it quiet; the cut-off is the same as live.
                 self.on_malformed(engine, kept, 0, scratch);
             }
@@ -315,7 +244,7 @@ impl Gateway {
                     .and_then(|t| DecisionTrailer::read_from_prefix(t).ok())
                     .map(|(t, _)| t);
                 if d.reason.get() == 0 {
-                    let p = self.orders.get(&d.order_id.get()).map(|o| o.params);
+                    let p = self.book.get(d.order_id.get()).map(|o| o.params);
                     if let Some(p) = p {
                         if d.request == msg_type::NEW_ORDER {
                             self.risk.restore_open(&p);
@@ -348,14 +277,8 @@ impl Gateway {
                 if let (Some(e), Some(&ev)) = (payload.get(..4), payload.get(4)) {
                     let engine = u32::from_le_bytes(e.try_into().unwrap_or_default());
                     match ev {
-                        SESSION_LOGON => {
-                            self.connected.insert(engine);
-                            self.reset_malformed(engine);
-                        }
-                        SESSION_DISCONNECT => {
-                            self.connected.remove(&engine);
-                            self.reset_malformed(engine);
-                        }
+                        SESSION_LOGON => self.engines.handle_logon(engine),
+                        SESSION_DISCONNECT => self.engines.handle_disconnect(engine),
                         ev => self.refuse_record(format!("an engine session event {ev}")),
                     }
                 } else {
@@ -492,10 +415,10 @@ impl Gateway {
     /// Request `req` never went out: a new order is closed, a cancel or replace answered,
     /// each with [`RejectReason::NotSent`] (live and replay).
     fn refuse_unsent(&mut self, req: u64, out: &mut Outputs) {
-        let Some(&oid) = self.by_request.get(&req) else {
+        let Some(oid) = self.book.order_of_request(req) else {
             return;
         };
-        let Some(&o) = self.orders.get(&oid) else {
+        let Some(&o) = self.book.get(oid) else {
             return;
         };
         self.counters.not_sent += 1;

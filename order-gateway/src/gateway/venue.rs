@@ -5,6 +5,8 @@
 //!
 //! Must not touch sockets or files: the driver owns the link.
 
+use rocebus::clock::Wall;
+
 use super::orders::side_fix;
 use super::records::record;
 use super::{Gateway, OrderStatus, Outputs};
@@ -41,17 +43,10 @@ impl Gateway {
         Self::journal_out(out, start);
         // Cancels need the venue: a deadline that passed while it was down fires once the
         // session is up.
-        if !self.cod_deadlines.is_empty() && self.session.state() == SessionState::Active {
-            let mut i = 0;
-            while i < self.cod_deadlines.len() {
-                let (engine, deadline) = self.cod_deadlines[i];
-                if now >= deadline {
-                    self.cod_deadlines.swap_remove(i);
-                    self.counters.deferred_cancel_on_disconnect += 1;
-                    self.on_engine_disconnect(engine, now, out);
-                } else {
-                    i += 1;
-                }
+        if self.session.state() == SessionState::Active {
+            while let Some(engine) = self.engines.poll_due(Wall::from_nanos(now)) {
+                self.counters.deferred_cancel_on_disconnect += 1;
+                self.on_engine_disconnect(engine, now, out);
             }
         }
     }
@@ -298,19 +293,19 @@ impl Gateway {
     fn query_order_status(&mut self, all: bool, now: u64, out: &mut Outputs) {
         const MAX_QUERIES: usize = 10_000;
         let mut doubt: Vec<(u64, u64)> = self
-            .orders
+            .book
             .iter()
             .filter(|(_, o)| match o.status {
                 OrderStatus::PendingNew => true,
                 OrderStatus::Open => all,
                 OrderStatus::Done => false,
             })
-            .map(|(&oid, o)| (oid, o.venue_cl_ord_id))
+            .map(|(oid, o)| (oid, o.venue_cl_ord_id))
             .collect();
         doubt.sort_unstable();
         doubt.truncate(MAX_QUERIES);
         for (oid, venue_cl) in doubt {
-            let Some(o) = self.orders.get(&oid) else {
+            let Some(o) = self.book.get(oid) else {
                 continue;
             };
             let (symbol, side) = (o.params.symbol, o.params.side);
@@ -384,8 +379,8 @@ impl Gateway {
             .map_err(|_| (tag::CL_ORD_ID, 1, "required tag missing"))?;
         // A ClOrdID that is not one of our numbers is an unknown order, not a bad message.
         let req = crate::fix::codec::parse_uint(req).unwrap_or(0);
-        match self.by_request.get(&req) {
-            Some(&oid) => Ok(Some((req, oid))),
+        match self.book.order_of_request(req) {
+            Some(oid) => Ok(Some((req, oid))),
             None => {
                 self.counters.unknown_exec += 1;
                 // Not ours, or an order final before the previous checkpoint: nothing to

@@ -4,8 +4,8 @@
 //! behind a faulty [`SimLink`]) and a simulated clock, all drawn from one seed
 //! (`rand_chacha`). Nothing in a run reads the wall clock: the driver takes `now` from the
 //! simulator ([`FixDriver::poll_with`], [`FixDriver::poll_connect_at`]), and so does the
-//! venue ([`SimVenue::set_now`](crate::sim::SimVenue::set_now)); the driver's degraded-mode
-//! probe and rotation back-off read a monotonic clock the simulator sets
+//! venue ([`SimVenue::set_now`](crate::sim::SimVenue::set_now)); the driver's one clock,
+//! read by its entry points that take no `now`, is the simulated one
 //! ([`FixDriver::set_storage_faults`]), and its remaining `Instant` reads time rotation
 //! statistics, which no decision depends on. A failing seed prints the
 //! one line that replays it: `cargo xtask sim --seed S`.
@@ -159,7 +159,6 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -175,6 +174,7 @@ use crate::journal::{FsyncPolicy, JournalError, StorageFaults, StorageOp, HEADER
 use crate::proto::{Response, Side, Symbol, PRICE_SCALE};
 use crate::risk::{KillScope, RiskConfig};
 use disk::Damage;
+use rocebus::clock::{Mono, Now, Wall};
 
 /// Kinds of fault counted, in the order of [`SeedReport::faults`].
 pub const FAULT_NAMES: [&str; 27] = [
@@ -264,22 +264,18 @@ const STORAGE_OPS: [StorageOp; 5] = [
 ];
 
 thread_local! {
-    /// The simulated monotonic clock the driver's probe and rotation back-off read: an
-    /// `Instant` of this thread plus the run's simulated nanoseconds (only differences
-    /// matter, so a run is the same whatever the real clock).
-    static MONO: std::cell::Cell<(Option<Instant>, u64)> = const { std::cell::Cell::new((None, 0)) };
+    /// The run's simulated nanoseconds since its start: the driver's clock ([`sim_clock`]).
+    static MONO: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-fn sim_mono() -> Instant {
-    MONO.with(|c| {
-        let (base, ns) = c.get();
-        let base = base.unwrap_or_else(|| {
-            let b = Instant::now();
-            c.set((Some(b), ns));
-            b
-        });
-        base + Duration::from_nanos(ns)
-    })
+/// The driver's clock in a run: the simulated time, both readings (the monotonic one
+/// counts from the run's start).
+fn sim_clock() -> Now {
+    let ns = MONO.with(|c| c.get());
+    Now {
+        mono: Mono::from_nanos(ns),
+        wall: Wall::from_nanos(EPOCH + ns),
+    }
 }
 
 /// Journal segments this small rotate every few dozen orders, so archives exist.
@@ -569,7 +565,7 @@ impl World {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let net_rng = ChaCha8Rng::seed_from_u64(rng.gen());
         let net = Rc::new(RefCell::new(Net::new(EPOCH, net_rng)));
-        MONO.with(|c| c.set((c.get().0, 0)));
+        MONO.with(|c| c.set(0));
         let engines = ENGINES
             .iter()
             .map(|&(id, account, sym)| SimEngine {
@@ -623,7 +619,7 @@ impl World {
             n.now += ns;
             n.now
         };
-        MONO.with(|c| c.set((c.get().0, now - EPOCH)));
+        MONO.with(|c| c.set(now - EPOCH));
     }
 
     /// Starts or ends a disk outage, drawn per step.
@@ -798,7 +794,8 @@ impl World {
         let e = &mut self.engines[i];
         let (_, m) = e.client.new_order(e.account, e.symbol, side, qty, px);
         let id = e.id;
-        self.driver().stage_engine_message(id, m.as_bytes(), now);
+        self.driver()
+            .stage_engine_message(id, m.as_bytes(), Wall::from_nanos(now));
         true
     }
 
@@ -828,7 +825,8 @@ impl World {
         let e = &mut self.engines[i];
         let c = e.client.cancel(cl);
         let id = e.id;
-        self.driver().stage_engine_message(id, c.as_bytes(), now);
+        self.driver()
+            .stage_engine_message(id, c.as_bytes(), Wall::from_nanos(now));
         self.flush()
     }
 
@@ -847,7 +845,8 @@ impl World {
                 let e = &mut self.engines[i];
                 let c = e.client.cancel(cl);
                 let id = e.id;
-                self.driver().stage_engine_message(id, c.as_bytes(), now);
+                self.driver()
+                    .stage_engine_message(id, c.as_bytes(), Wall::from_nanos(now));
             }
         }
         self.flush()
@@ -864,7 +863,8 @@ impl World {
         e.connected = false;
         e.reconnect_at = now + back;
         let id = e.id;
-        self.driver().stage_engine_disconnect(id, now);
+        self.driver()
+            .stage_engine_disconnect(id, Wall::from_nanos(now));
         self.flush()
     }
 
@@ -915,7 +915,7 @@ impl World {
     // ---- the venue side ----
 
     fn poll(&mut self) -> Result<(), String> {
-        let now = self.now();
+        let now = sim_clock();
         let d = self.driver();
         if !d.is_connected() && !d.is_connecting() && d.gateway().reconnect_hold().is_none() {
             let _ = d.start_connect();
@@ -1133,7 +1133,7 @@ impl World {
         self.driver = Some(d);
         let faults = SimStorageFaults(self.outage.clone());
         self.driver()
-            .set_storage_faults(Some(Box::new(faults)), sim_mono);
+            .set_storage_faults(Some(Box::new(faults)), sim_clock);
         let now = self.now();
         let symbols: Vec<Symbol> = self.engines.iter().map(|e| e.symbol).collect();
         let d = self.driver();
