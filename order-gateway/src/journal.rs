@@ -21,12 +21,20 @@
 //! # The durable extent
 //! Kind [`META`] is the journal's own: every append that is synced ends with a *commit
 //! record* holding the file length at its own end, written in the same `write` and covered
-//! by the same `fdatasync`. Each synced append also rewrites one superblock copy (the two
-//! alternate, so a torn superblock write leaves the other intact) with the extent the
-//! *previous* completed `fdatasync` made durable and the chain value there; it is a `pwrite`
-//! covered by the append's own `fdatasync` (no extra sync). The superblock never claims
-//! bytes whose `fdatasync` had not returned, so a power loss cannot make it lie; the last
-//! append's records are vouched for by their commit record alone.
+//! by the same `fdatasync`. Once that `fdatasync` has returned, one superblock copy (the two
+//! alternate, so a torn superblock write leaves the other intact) is rewritten with the
+//! extent it made durable and the chain value there, and synced by a second `fdatasync`;
+//! only then does the append return, so nothing the records describe leaves the process
+//! before the superblock claims them. Two ordered steps because one cannot do: the pages of
+//! one `fdatasync` reach the disk in any order, so a claim written beside the records it
+//! claims could land without them (a torn sync would then read as damage), and a claim
+//! written only with the *next* sync (format 2's first release) left the last synced batch
+//! vouched for by its own commit record alone: damage confined to it read exactly as a torn
+//! write and was cut. The superblock never claims bytes whose `fdatasync` had not returned,
+//! so a power loss cannot make it lie. What the second step costs is measured in
+//! `docs/benchmarks.md` ("journal durability cost"). If the claim's own write or sync fails
+//! the append still succeeds (its records are durable, vouched for by their commit record
+//! as before) and the next sync claims them.
 //!
 //! The durable point is the larger of the superblock's extent and the end of the last intact
 //! commit record. **Inside it nothing is guessed**: a bad record there (torn, zeroed, bad
@@ -1278,6 +1286,9 @@ pub struct Journal {
     /// nothing about them. Until one succeeds, bytes past `durable` are re-read, checked
     /// against the chain and written again before each fdatasync.
     resync: bool,
+    /// The superblock's claim of the last sync could not be written or synced: the next
+    /// sync writes it again.
+    claim_pending: bool,
     poisoned: bool,
     scratch: Vec<u8>,
     /// Tests: the next directory syncs fail.
@@ -1435,6 +1446,7 @@ impl Journal {
             sb,
             dir_sync_pending: false,
             resync: false,
+            claim_pending: false,
             poisoned: false,
             scratch: Vec::new(),
             #[cfg(test)]
@@ -1537,11 +1549,8 @@ impl Journal {
         let written = self.fault(StorageOp::Write).and_then(|()| {
             if sync {
                 buf.extend_from_slice(&commit);
-                self.write_superblock()
-                    .and_then(|()| self.file.write_all_at(&buf, start))
-            } else {
-                self.file.write_all_at(&buf, start)
             }
+            self.file.write_all_at(&buf, start)
         });
         self.scratch = buf;
         if let Err(e) = written {
@@ -1614,14 +1623,13 @@ impl Journal {
         self.sync_data()
     }
 
-    /// Writes a commit record (and a superblock copy) at the end; not synced.
+    /// Writes a commit record at the end; not synced.
     fn append_commit(&mut self) -> Result<(), JournalError> {
         let start = self.len;
         let end = start + MARK_LEN as u64;
         let commit = commit_record(end, self.chain);
         if let Err(e) = self
             .fault(StorageOp::Write)
-            .and_then(|()| self.write_superblock())
             .and_then(|()| self.file.write_all_at(&commit, start))
         {
             self.roll_back(start);
@@ -1637,7 +1645,27 @@ impl Journal {
         self.unsynced = 0;
         self.durable = self.len;
         self.durable_chain = self.chain;
+        self.claim();
         Ok(())
+    }
+
+    /// The second ordered step of a sync: once the records' fdatasync has returned, a
+    /// superblock copy claims them (the extent and the chain value there), and a second
+    /// fdatasync makes the claim durable before anything the records describe leaves the
+    /// process. Damage to those records found later is then inside the durable extent,
+    /// told apart from a torn write. If the claim cannot be written or synced, the records
+    /// stay vouched for by their commit record alone (as the last batch was in the first
+    /// release of format 2) and the next sync claims them again.
+    fn claim(&mut self) {
+        if !self.claim_pending
+            && (self.sb.durable, self.sb.chain) == (self.durable, self.durable_chain)
+        {
+            return;
+        }
+        let written = self
+            .fault(StorageOp::Write)
+            .and_then(|()| self.write_superblock());
+        self.claim_pending = written.is_err() || self.fdatasync().is_err();
     }
 
     /// fdatasync of the file, never retried as if a failed one had written anything: after a
@@ -2316,15 +2344,46 @@ mod tests {
             verify(&p).unwrap().damage,
             Some(Damage::Corrupt { .. })
         ));
-        // The last append alone is not vouched for by the superblock (its fdatasync may
-        // not have returned): zeros there are a torn tail.
-        let p2 = tmp("zeroed-last");
-        write_with(&p2, 3, b"payload", FsyncPolicy::Group);
-        let mut d2 = std::fs::read(&p2).unwrap();
-        let l = d2.len();
-        d2[l - rec..].fill(0);
-        std::fs::write(&p2, &d2).unwrap();
-        assert_eq!(read_all(&p2).0, [0, 1]);
+    }
+
+    /// Simulator seed 1269 (format 2's first release): damage confined to the last synced
+    /// batch (zeros over it, or one corrupt byte of its commit record) was cut as a torn
+    /// tail, because the superblock claimed only what the sync before it made durable. The
+    /// superblock now claims each batch in a second ordered step before the append returns:
+    /// the open stops, the file unchanged. Bytes appended and never synced are still a torn
+    /// tail, cut.
+    #[test]
+    fn damage_confined_to_the_last_synced_batch_stops_the_open() {
+        let rec = RECORD_HEADER + 1 + 4 + 7 + MARK_LEN;
+        for (what, at_end, bad) in [("zeroed", rec, rec), ("commit record", 3, MARK_LEN)] {
+            let p = tmp("last-batch");
+            write_with(&p, 3, b"payload", FsyncPolicy::Group);
+            let mut data = std::fs::read(&p).unwrap();
+            let l = data.len();
+            assert_eq!(verify(&p).unwrap().superblock.unwrap().durable, l as u64);
+            if what == "zeroed" {
+                data[l - at_end..].fill(0);
+            } else {
+                data[l - at_end] ^= 0x40;
+            }
+            std::fs::write(&p, &data).unwrap();
+            match open_err(&p) {
+                JournalError::Damaged { offset, .. } => {
+                    assert_eq!(offset, (l - bad) as u64, "{what}")
+                }
+                e => panic!("{what}: {e}"),
+            }
+            assert_eq!(std::fs::read(&p).unwrap(), data, "{what}: file changed");
+        }
+        // Appended and never synced: a torn tail.
+        let p = tmp("last-unsynced");
+        write_with(&p, 2, b"payload", FsyncPolicy::Group);
+        write_with(&p, 1, b"payload", FsyncPolicy::Never);
+        let mut data = std::fs::read(&p).unwrap();
+        let l = data.len();
+        data[l - 3] ^= 0x40;
+        std::fs::write(&p, &data).unwrap();
+        assert_eq!(read_all(&p).0, [0, 1]);
     }
 
     /// A file shorter than its superblock's extent (cut inside the durable part) is damage,
