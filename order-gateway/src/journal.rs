@@ -1430,8 +1430,12 @@ impl Journal {
             }
         };
         // Whatever the last run left in the page cache is made durable now, and the
-        // superblock says so.
+        // superblock says so; so is the file's name: a rotation before a crash may have
+        // renamed this file into place without its directory sync (simulator seed 868: the
+        // restart acknowledged appends on it, a power loss then brought the old segment
+        // back under the name).
         file.sync_all().map_err(JournalError::Sync)?;
+        sync_dir(&*fs, path).map_err(JournalError::Sync)?;
         let len = file.len().map_err(JournalError::Read)?;
         let mut j = Journal {
             fs,
