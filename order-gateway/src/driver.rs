@@ -623,12 +623,25 @@ impl<L: VenueLink> FixDriver<L> {
         journal: &Path,
         fsync: FsyncPolicy,
     ) -> Result<FixDriver<L>, DriverError> {
+        let os = std::sync::Arc::new(crate::journal::OsStorage);
+        FixDriver::with_link_in(os, link, session, risk, journal, fsync)
+    }
+
+    /// [`with_link`](Self::with_link) with the journal on `storage` (the simulator's disk).
+    pub fn with_link_in(
+        storage: std::sync::Arc<dyn crate::journal::Storage>,
+        link: L,
+        session: SessionConfig,
+        risk: &RiskConfig,
+        journal: &Path,
+        fsync: FsyncPolicy,
+    ) -> Result<FixDriver<L>, DriverError> {
         let mut gw = Gateway::new(session.clone(), risk)?;
         if let Some(dir) = journal.parent().filter(|d| !d.as_os_str().is_empty()) {
-            let _ = std::fs::create_dir_all(dir);
+            let _ = storage.create_dir_all(dir);
         }
         let (journal_file, recovery) =
-            Journal::open(journal, fsync, |k, p| gw.replay_record(k, p))?;
+            Journal::open_in(storage, journal, fsync, |k, p| gw.replay_record(k, p))?;
         if let Some(e) = gw.take_replay_error() {
             return Err(e.into());
         }

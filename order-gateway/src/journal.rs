@@ -21,12 +21,20 @@
 //! # The durable extent
 //! Kind [`META`] is the journal's own: every append that is synced ends with a *commit
 //! record* holding the file length at its own end, written in the same `write` and covered
-//! by the same `fdatasync`. Each synced append also rewrites one superblock copy (the two
-//! alternate, so a torn superblock write leaves the other intact) with the extent the
-//! *previous* completed `fdatasync` made durable and the chain value there; it is a `pwrite`
-//! covered by the append's own `fdatasync` (no extra sync). The superblock never claims
-//! bytes whose `fdatasync` had not returned, so a power loss cannot make it lie; the last
-//! append's records are vouched for by their commit record alone.
+//! by the same `fdatasync`. Once that `fdatasync` has returned, one superblock copy (the two
+//! alternate, so a torn superblock write leaves the other intact) is rewritten with the
+//! extent it made durable and the chain value there, and synced by a second `fdatasync`;
+//! only then does the append return, so nothing the records describe leaves the process
+//! before the superblock claims them. Two ordered steps because one cannot do: the pages of
+//! one `fdatasync` reach the disk in any order, so a claim written beside the records it
+//! claims could land without them (a torn sync would then read as damage), and a claim
+//! written only with the *next* sync (format 2's first release) left the last synced batch
+//! vouched for by its own commit record alone: damage confined to it read exactly as a torn
+//! write and was cut. The superblock never claims bytes whose `fdatasync` had not returned,
+//! so a power loss cannot make it lie. What the second step costs is measured in
+//! `docs/benchmarks.md` ("journal durability cost"). If the claim's own write or sync fails
+//! the append still succeeds (its records are durable, vouched for by their commit record
+//! as before) and the next sync claims them.
 //!
 //! The durable point is the larger of the superblock's extent and the end of the last intact
 //! commit record. **Inside it nothing is guessed**: a bad record there (torn, zeroed, bad
@@ -74,18 +82,23 @@
 //!
 //! The simulator fails an open journal's writes, fsyncs, renames, links and directory syncs
 //! through [`StorageFaults`] ([`Journal::set_faults`]); the gateway runs with none (one
-//! branch per operation). Opening, `verify` and `repair` use `std::fs` directly.
+//! branch per operation). Every file operation goes through [`Storage`]: [`OsStorage`] for
+//! the gateway and its tools, the simulator's disk for the simulator ([`Journal::open_in`]).
 //!
 //! This module owns the file format and durability only; what records mean is the gateway's.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, IoSlice, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileExt;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use zerocopy::byteorder::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+pub mod storage;
+
+use storage::ReadFrom;
+pub use storage::{OpenMode, OsStorage, Storage, StorageFile};
 
 const MAGIC: &[u8; 8] = b"RBGWJNL2";
 const MAGIC_V1: &[u8; 8] = b"RBGWJNL1";
@@ -402,7 +415,7 @@ enum Header {
     BothCopiesBad,
 }
 
-fn read_header(file: &File, path: &Path, file_len: u64) -> Result<Header, JournalError> {
+fn read_header(file: &dyn StorageFile, path: &Path, file_len: u64) -> Result<Header, JournalError> {
     let have = file_len.min(HEADER_LEN) as usize;
     let mut head = vec![0u8; have];
     file.read_exact_at(&mut head, 0)
@@ -430,10 +443,10 @@ fn read_header(file: &File, path: &Path, file_len: u64) -> Result<Header, Journa
 }
 
 /// Reads a segment's superblock and length (archives at open).
-fn read_superblock(path: &Path) -> io::Result<Option<(Superblock, u64)>> {
-    let file = File::open(path)?;
-    let len = file.metadata()?.len();
-    Ok(match read_header(&file, path, len) {
+fn read_superblock(fs: &dyn Storage, path: &Path) -> io::Result<Option<(Superblock, u64)>> {
+    let file = fs.open(path, OpenMode::Read)?;
+    let len = file.len()?;
+    Ok(match read_header(&*file, path, len) {
         Ok(Header::Superblock(sb)) => Some((sb, len)),
         _ => None,
     })
@@ -552,7 +565,7 @@ fn read_record(
 }
 
 /// Offset of the first intact record that starts after `from`, reading in bounded windows.
-fn find_intact_after(file: &File, from: u64, end: u64) -> io::Result<Option<u64>> {
+fn find_intact_after(file: &dyn StorageFile, from: u64, end: u64) -> io::Result<Option<u64>> {
     const WINDOW: usize = 1 << 20;
     let mut window = vec![0u8; WINDOW];
     let mut body = Vec::new();
@@ -588,11 +601,11 @@ fn find_intact_after(file: &File, from: u64, end: u64) -> io::Result<Option<u64>
 /// records included) to `on_record` in order, and classifies any damage inside the file.
 /// Memory: the largest record.
 fn scan_file(
-    file: &mut File,
+    file: &dyn StorageFile,
     path: &Path,
     on_record: &mut dyn FnMut(RecordView<'_>),
 ) -> Result<Scan, JournalError> {
-    let file_len = file.metadata().map_err(JournalError::Read)?.len();
+    let file_len = file.len().map_err(JournalError::Read)?;
     let mut scan = Scan {
         by_kind: Box::new([0; 256]),
         valid_len: file_len,
@@ -626,9 +639,7 @@ fn scan_file(
         Header::Superblock(sb) => sb,
     };
     scan.superblock = Some(sb);
-    file.seek(SeekFrom::Start(HEADER_LEN))
-        .map_err(JournalError::Read)?;
-    let mut r = io::BufReader::with_capacity(1 << 16, &mut *file);
+    let mut r = io::BufReader::with_capacity(1 << 16, ReadFrom::new(file, HEADER_LEN));
     let mut pos = HEADER_LEN;
     let mut chain = sb.prev_chain;
     let mut commits = 0;
@@ -705,8 +716,7 @@ fn scan_file(
 
 /// The numbers of the archives `path.N` beside `path`, ascending, leaving out a hard link to
 /// `path` itself (a rotation that crashed after linking).
-fn archives(path: &Path) -> io::Result<Vec<u64>> {
-    use std::os::unix::fs::MetadataExt;
+fn archives(fs: &dyn Storage, path: &Path) -> io::Result<Vec<u64>> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
         _ => PathBuf::from("."),
@@ -718,22 +728,19 @@ fn archives(path: &Path) -> io::Result<Vec<u64>> {
         ));
     };
     let prefix = format!("{}.", name.to_string_lossy());
-    let current = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    let current = fs.file_id(path).ok();
     let mut found = Vec::new();
-    let entries = match std::fs::read_dir(&dir) {
+    let entries = match fs.read_dir(&dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(found),
         Err(e) => return Err(e),
     };
-    for entry in entries {
-        let entry = entry?;
-        let n = entry.file_name();
+    for (n, id) in entries {
         let n = n.to_string_lossy();
         let Some(k) = n.strip_prefix(&prefix).and_then(|k| k.parse::<u64>().ok()) else {
             continue;
         };
-        let m = entry.metadata()?;
-        if Some((m.dev(), m.ino())) != current {
+        if Some(id) != current {
             found.push(k);
         }
     }
@@ -743,9 +750,8 @@ fn archives(path: &Path) -> io::Result<Vec<u64>> {
 
 /// An archive name `path.N` that is another name of the file at `path` (a rotation that
 /// linked it and then failed before its rename), if any.
-fn linked_archive(path: &Path) -> io::Result<Option<PathBuf>> {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(m) = std::fs::metadata(path) else {
+fn linked_archive(fs: &dyn Storage, path: &Path) -> io::Result<Option<PathBuf>> {
+    let Ok(m) = fs.file_id(path) else {
         return Ok(None);
     };
     let dir = match path.parent() {
@@ -756,18 +762,13 @@ fn linked_archive(path: &Path) -> io::Result<Option<PathBuf>> {
         Some(n) => format!("{}.", n.to_string_lossy()),
         None => return Ok(None),
     };
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let n = entry.file_name();
+    for (n, id) in fs.read_dir(&dir)? {
         let numbered = n
             .to_string_lossy()
             .strip_prefix(&prefix)
             .is_some_and(|k| k.parse::<u64>().is_ok());
-        if numbered {
-            let a = entry.metadata()?;
-            if (a.dev(), a.ino()) == (m.dev(), m.ino()) {
-                return Ok(Some(entry.path()));
-            }
+        if numbered && id == m {
+            return Ok(Some(dir.join(n)));
         }
     }
     Ok(None)
@@ -782,6 +783,7 @@ fn archive_name(path: &Path, n: u64) -> PathBuf {
 /// Checks that the archives beside `path` and the current segment (`current`, when it has a
 /// superblock) chain: `Err((archive, what))` for the first that does not.
 fn check_segments(
+    fs: &dyn Storage,
     path: &Path,
     nums: &[u64],
     current: Option<&Superblock>,
@@ -794,7 +796,7 @@ fn check_segments(
     let mut next = current.copied();
     for &n in nums.iter().rev() {
         let Some((sb, len)) =
-            read_superblock(&archive_name(path, n)).map_err(JournalError::Read)?
+            read_superblock(fs, &archive_name(path, n)).map_err(JournalError::Read)?
         else {
             return Ok(Err((
                 n,
@@ -841,14 +843,27 @@ pub fn verify(path: &Path) -> Result<Scan, JournalError> {
     read_records(path, |_| {})
 }
 
+/// [`verify`] on another [`Storage`] (the simulator's disk).
+pub fn verify_in(fs: &dyn Storage, path: &Path) -> Result<Scan, JournalError> {
+    read_records_in(fs, path, &mut |_| {})
+}
+
 /// [`verify`], handing every intact record (commit records included) to `on_record`
 /// (`journal dump`).
 pub fn read_records(
     path: &Path,
     mut on_record: impl FnMut(RecordView<'_>),
 ) -> Result<Scan, JournalError> {
-    let nums = archives(path).map_err(JournalError::Read)?;
-    let mut file = match File::open(path) {
+    read_records_in(&OsStorage, path, &mut on_record)
+}
+
+fn read_records_in(
+    fs: &dyn Storage,
+    path: &Path,
+    on_record: &mut dyn FnMut(RecordView<'_>),
+) -> Result<Scan, JournalError> {
+    let nums = archives(fs, path).map_err(JournalError::Read)?;
+    let file = match fs.open(path, OpenMode::Read) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound && !nums.is_empty() => {
             return Err(JournalError::NoCurrentSegment {
@@ -864,9 +879,9 @@ pub fn read_records(
             })
         }
     };
-    let mut scan = scan_file(&mut file, path, &mut on_record)?;
+    let mut scan = scan_file(&*file, path, on_record)?;
     if scan.damage.is_none() {
-        scan.damage = segment_damage(path, &nums, &scan)?;
+        scan.damage = segment_damage(fs, path, &nums, &scan)?;
     }
     Ok(scan)
 }
@@ -880,14 +895,19 @@ fn fresh_state(file_len: u64) -> &'static str {
     }
 }
 
-fn segment_damage(path: &Path, nums: &[u64], scan: &Scan) -> Result<Option<Damage>, JournalError> {
+fn segment_damage(
+    fs: &dyn Storage,
+    path: &Path,
+    nums: &[u64],
+    scan: &Scan,
+) -> Result<Option<Damage>, JournalError> {
     if scan.superblock.is_none() {
         return Ok(nums.last().map(|&archive| Damage::NoCurrentSegment {
             state: fresh_state(scan.file_len),
             archive,
         }));
     }
-    Ok(check_segments(path, nums, scan.superblock.as_ref())?
+    Ok(check_segments(fs, path, nums, scan.superblock.as_ref())?
         .err()
         .map(|(archive, what)| Damage::Segments { archive, what }))
 }
@@ -919,8 +939,9 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
         path: path.to_owned(),
         source,
     };
-    let nums = archives(path).map_err(JournalError::Read)?;
-    let mut file = match OpenOptions::new().read(true).write(true).open(path) {
+    let fs = &OsStorage;
+    let nums = archives(fs, path).map_err(JournalError::Read)?;
+    let file = match fs.open(path, OpenMode::ReadWrite) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound && !nums.is_empty() => {
             return Err(JournalError::NoCurrentSegment {
@@ -931,10 +952,10 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
         }
         Err(e) => return Err(open_err(e)),
     };
-    lock(&file, path)?;
-    let mut scan = scan_file(&mut file, path, &mut |_| {})?;
+    lock(&*file, path)?;
+    let mut scan = scan_file(&*file, path, &mut |_| {})?;
     if scan.damage.is_none() {
-        scan.damage = segment_damage(path, &nums, &scan)?;
+        scan.damage = segment_damage(fs, path, &nums, &scan)?;
     }
     let refuse = |why: String| JournalError::RepairRefused {
         path: path.to_owned(),
@@ -975,7 +996,7 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
     };
     if offset <= HEADER_LEN && (sb.segment > 1 || !nums.is_empty()) {
         let why = if sb.segment > 1 && nums.last() == Some(&(sb.segment - 1)) {
-            match rebuild_from_archive(path, &file, &sb, scan.file_len)? {
+            match rebuild_from_archive(fs, path, &*file, &sb, scan.file_len)? {
                 Ok((qpath, archive, carried)) => {
                     return Ok(Repair {
                         scan,
@@ -1000,10 +1021,8 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
             sb.segment,
         )));
     }
-    let (qpath, mut q) = new_quarantine(path)?;
-    file.seek(SeekFrom::Start(offset))
-        .map_err(JournalError::Read)?;
-    io::copy(&mut (&file).take(scan.file_len - offset), &mut q).map_err(JournalError::Append)?;
+    let (qpath, q) = new_quarantine(fs, path)?;
+    copy_to(&*file, offset, scan.file_len, &*q).map_err(JournalError::Append)?;
     q.sync_all().map_err(JournalError::Sync)?;
     file.set_len(offset).map_err(JournalError::Truncate)?;
     file.sync_all().map_err(JournalError::Sync)?;
@@ -1014,7 +1033,7 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
         chain: scan.chain,
         ..sb
     };
-    write_superblock(&file, &cut).map_err(JournalError::Append)?;
+    write_superblock(&*file, &cut).map_err(JournalError::Append)?;
     file.sync_all().map_err(JournalError::Sync)?;
     Ok(Repair {
         scan,
@@ -1023,14 +1042,30 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
     })
 }
 
+/// Copies bytes `from..to` of `src` to the start of `dst`.
+fn copy_to(src: &dyn StorageFile, from: u64, to: u64, dst: &dyn StorageFile) -> io::Result<()> {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut at = from;
+    while at < to {
+        let n = ((to - at) as usize).min(buf.len());
+        src.read_exact_at(&mut buf[..n], at)?;
+        dst.write_all_at(&buf[..n], at - from)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
 /// A new `FILE.quarantine.N`, the first N not taken.
-fn new_quarantine(path: &Path) -> Result<(PathBuf, File), JournalError> {
+fn new_quarantine(
+    fs: &dyn Storage,
+    path: &Path,
+) -> Result<(PathBuf, Box<dyn StorageFile>), JournalError> {
     (1u32..)
         .find_map(|n| {
             let mut p = path.as_os_str().to_owned();
             p.push(format!(".quarantine.{n}"));
             let p = PathBuf::from(p);
-            match OpenOptions::new().write(true).create_new(true).open(&p) {
+            match fs.open(&p, OpenMode::CreateNew) {
                 Ok(f) => Some(Ok((p, f))),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => None,
                 Err(e) => Some(Err(e)),
@@ -1055,14 +1090,15 @@ fn new_quarantine(path: &Path) -> Result<(PathBuf, File), JournalError> {
 /// records in memory (one segment). Returns the quarantine, the archive and the records
 /// carried over; `Ok(Err(why))` when the archive does not allow it: nothing was changed then.
 fn rebuild_from_archive(
+    fs: &dyn Storage,
     path: &Path,
-    file: &File,
+    file: &dyn StorageFile,
     sb: &Superblock,
     file_len: u64,
 ) -> Result<Result<(PathBuf, PathBuf, u64), String>, JournalError> {
     let archive = archive_name(path, sb.segment - 1);
     let mut records = Vec::new();
-    let ascan = match read_records(&archive, |r| {
+    let ascan = match read_records_in(fs, &archive, &mut |r| {
         if r.kind != META {
             encode_record(&mut records, r.kind, &[r.payload]);
         }
@@ -1089,10 +1125,8 @@ fn rebuild_from_archive(
     let Some(chain) = rechain(&mut records, sb.prev_chain) else {
         return Ok(Err("the archive's records do not re-encode".into()));
     };
-    let (qpath, mut q) = new_quarantine(path)?;
-    let mut from = file;
-    from.seek(SeekFrom::Start(0)).map_err(JournalError::Read)?;
-    io::copy(&mut from.take(file_len), &mut q).map_err(JournalError::Append)?;
+    let (qpath, q) = new_quarantine(fs, path)?;
+    copy_to(file, 0, file_len, &*q).map_err(JournalError::Append)?;
     q.sync_all().map_err(JournalError::Sync)?;
     let end = HEADER_LEN + (records.len() + MARK_LEN) as u64;
     let commit = commit_record(end, chain);
@@ -1107,15 +1141,11 @@ fn rebuild_from_archive(
     bytes.extend_from_slice(&commit);
     let next = next_segment_path(path);
     let write = || -> io::Result<()> {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&next)?;
-        f.write_all(&bytes)?;
+        let f = fs.open(&next, OpenMode::CreateTruncate)?;
+        f.write_all_at(&bytes, 0)?;
         f.sync_all()?;
-        std::fs::rename(&next, path)?;
-        sync_dir(path)
+        fs.rename(&next, path)?;
+        sync_dir(fs, path)
     };
     write().map_err(JournalError::Append)?;
     Ok(Ok((qpath, archive, carried)))
@@ -1124,7 +1154,7 @@ fn rebuild_from_archive(
 /// The records after a segment's damaged first record that its chain proves are the
 /// segment's own (see `rebuild_from_archive`), appended to `out` (commit records left out);
 /// returns how many.
-fn continuation(file: &File, file_len: u64, out: &mut Vec<u8>) -> io::Result<u64> {
+fn continuation(file: &dyn StorageFile, file_len: u64, out: &mut Vec<u8>) -> io::Result<u64> {
     let mut h = [0u8; RECORD_HEADER];
     if file_len < HEADER_LEN + RECORD_HEADER as u64 {
         return Ok(0);
@@ -1136,8 +1166,7 @@ fn continuation(file: &File, file_len: u64, out: &mut Vec<u8>) -> io::Result<u64
     if len == 0 || pos >= file_len {
         return Ok(0);
     }
-    let mut r = io::BufReader::with_capacity(1 << 16, file);
-    r.seek(SeekFrom::Start(pos))?;
+    let mut r = io::BufReader::with_capacity(1 << 16, ReadFrom::new(file, pos));
     let (mut body, mut n) = (Vec::new(), 0);
     while pos < file_len {
         let Ok((prev, crc)) = read_record(&mut r, pos, file_len, &mut body)? else {
@@ -1157,7 +1186,7 @@ fn continuation(file: &File, file_len: u64, out: &mut Vec<u8>) -> io::Result<u64
 }
 
 /// Writes `sb` to its copy (`seq` picks which: the two alternate). Not synced.
-fn write_superblock(file: &File, sb: &Superblock) -> io::Result<()> {
+fn write_superblock(file: &dyn StorageFile, sb: &Superblock) -> io::Result<()> {
     file.write_all_at(&sb.encode(), SLOTS[(sb.seq % 2) as usize])
 }
 
@@ -1179,16 +1208,15 @@ fn header_bytes(sb: &Superblock) -> Vec<u8> {
     head
 }
 
-fn lock(file: &File, path: &Path) -> Result<(), JournalError> {
-    use rustix::fs::{flock, FlockOperation};
-    match flock(file, FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(()),
-        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(JournalError::Locked {
+fn lock(file: &dyn StorageFile, path: &Path) -> Result<(), JournalError> {
+    match file.try_lock() {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(JournalError::Locked {
             path: path.to_owned(),
         }),
-        Err(e) => Err(JournalError::Open {
+        Err(source) => Err(JournalError::Open {
             path: path.to_owned(),
-            source: e.into(),
+            source,
         }),
     }
 }
@@ -1201,12 +1229,12 @@ fn next_segment_path(path: &Path) -> PathBuf {
 }
 
 /// Makes a rename in `path`'s directory durable.
-fn sync_dir(path: &Path) -> io::Result<()> {
+fn sync_dir(fs: &dyn Storage, path: &Path) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    File::open(dir)?.sync_all()
+    fs.sync_dir(dir)
 }
 
 /// A file operation of an open journal that storage may fail.
@@ -1235,7 +1263,8 @@ pub trait StorageFaults: Send + std::fmt::Debug {
 /// An open journal, positioned at its end, held under an exclusive lock.
 #[derive(Debug)]
 pub struct Journal {
-    file: File,
+    fs: Arc<dyn Storage>,
+    file: Box<dyn StorageFile>,
     path: PathBuf,
     policy: FsyncPolicy,
     unsynced: u32,
@@ -1257,6 +1286,9 @@ pub struct Journal {
     /// nothing about them. Until one succeeds, bytes past `durable` are re-read, checked
     /// against the chain and written again before each fdatasync.
     resync: bool,
+    /// The superblock's claim of the last sync could not be written or synced: the next
+    /// sync writes it again.
+    claim_pending: bool,
     poisoned: bool,
     scratch: Vec<u8>,
     /// Tests: the next directory syncs fail.
@@ -1276,21 +1308,30 @@ impl Journal {
     pub fn open(
         path: &Path,
         policy: FsyncPolicy,
+        on_record: impl FnMut(u8, &[u8]),
+    ) -> Result<(Journal, RecoveryStats), JournalError> {
+        Journal::open_in(Arc::new(OsStorage), path, policy, on_record)
+    }
+
+    /// [`open`](Self::open) on another [`Storage`] (the simulator's disk).
+    pub fn open_in(
+        fs: Arc<dyn Storage>,
+        path: &Path,
+        policy: FsyncPolicy,
         mut on_record: impl FnMut(u8, &[u8]),
     ) -> Result<(Journal, RecoveryStats), JournalError> {
         let open_err = |source| JournalError::Open {
             path: path.to_owned(),
             source,
         };
-        let nums = archives(path).map_err(JournalError::Read)?;
+        let nums = archives(&*fs, path).map_err(JournalError::Read)?;
         let newest = || archive_name(path, nums[nums.len() - 1]);
-        let mut file = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(nums.is_empty())
-            .truncate(false)
-            .open(path)
-        {
+        let mode = if nums.is_empty() {
+            OpenMode::Create
+        } else {
+            OpenMode::ReadWrite
+        };
+        let file = match fs.open(path, mode) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound && !nums.is_empty() => {
                 return Err(JournalError::NoCurrentSegment {
@@ -1301,12 +1342,12 @@ impl Journal {
             }
             Err(e) => return Err(open_err(e)),
         };
-        lock(&file, path)?;
+        lock(&*file, path)?;
         // A segment a crash interrupted before it replaced this file: never in use.
-        let _ = std::fs::remove_file(next_segment_path(path));
+        let _ = fs.remove(&next_segment_path(path));
         let mut stats = RecoveryStats::default();
-        let file_len = file.metadata().map_err(JournalError::Read)?.len();
-        let (sb, chain) = match read_header(&file, path, file_len)? {
+        let file_len = file.len().map_err(JournalError::Read)?;
+        let (sb, chain) = match read_header(&*file, path, file_len)? {
             Header::Fresh => {
                 if !nums.is_empty() {
                     return Err(JournalError::NoCurrentSegment {
@@ -1318,7 +1359,7 @@ impl Journal {
                 // A rotation that linked this file as `path.N` and failed before its rename
                 // left that name: the file was a sealed journal, so a fresh-looking one is
                 // damage (and `path.N`, the same file, is damaged with it).
-                if let Some(archive) = linked_archive(path).map_err(JournalError::Read)? {
+                if let Some(archive) = linked_archive(&*fs, path).map_err(JournalError::Read)? {
                     return Err(JournalError::NoCurrentSegment {
                         path: path.to_owned(),
                         state: fresh_state(file_len),
@@ -1338,13 +1379,13 @@ impl Journal {
                 file.write_all_at(&header_bytes(&sb), 0)
                     .map_err(JournalError::Append)?;
                 file.sync_all().map_err(JournalError::Sync)?;
-                sync_dir(path).map_err(JournalError::Sync)?;
+                sync_dir(&*fs, path).map_err(JournalError::Sync)?;
                 (Superblock { seq: 2, ..sb }, 0)
             }
             header => {
                 // The archives first: a segment that does not chain is not read at all.
                 if let Header::Superblock(sb) = &header {
-                    if let Err((archive, what)) = check_segments(path, &nums, Some(sb))? {
+                    if let Err((archive, what)) = check_segments(&*fs, path, &nums, Some(sb))? {
                         return Err(JournalError::Segments {
                             path: path.to_owned(),
                             archive,
@@ -1354,7 +1395,7 @@ impl Journal {
                 }
                 // Records are handed out as they are read: on damage the open fails and the
                 // caller drops what it built; a torn tail is never handed out.
-                let scan = scan_file(&mut file, path, &mut |r| {
+                let scan = scan_file(&*file, path, &mut |r| {
                     if r.kind != META {
                         on_record(r.kind, r.payload)
                     }
@@ -1389,10 +1430,15 @@ impl Journal {
             }
         };
         // Whatever the last run left in the page cache is made durable now, and the
-        // superblock says so.
+        // superblock says so; so is the file's name: a rotation before a crash may have
+        // renamed this file into place without its directory sync (simulator seed 868: the
+        // restart acknowledged appends on it, a power loss then brought the old segment
+        // back under the name).
         file.sync_all().map_err(JournalError::Sync)?;
-        let len = file.seek(SeekFrom::End(0)).map_err(JournalError::Read)?;
+        sync_dir(&*fs, path).map_err(JournalError::Sync)?;
+        let len = file.len().map_err(JournalError::Read)?;
         let mut j = Journal {
+            fs,
             file,
             path: path.to_owned(),
             policy,
@@ -1404,6 +1450,7 @@ impl Journal {
             sb,
             dir_sync_pending: false,
             resync: false,
+            claim_pending: false,
             poisoned: false,
             scratch: Vec::new(),
             #[cfg(test)]
@@ -1415,7 +1462,7 @@ impl Journal {
         j.sb.seq += 1;
         j.sb.durable = len;
         j.sb.chain = chain;
-        write_superblock(&j.file, &j.sb).map_err(JournalError::Append)?;
+        write_superblock(&*j.file, &j.sb).map_err(JournalError::Append)?;
         j.file.sync_data().map_err(JournalError::Sync)?;
         Ok((j, stats))
     }
@@ -1505,11 +1552,9 @@ impl Journal {
         let commit = commit_record(end, chain);
         let written = self.fault(StorageOp::Write).and_then(|()| {
             if sync {
-                self.write_superblock()
-                    .and_then(|()| self.write_both(&buf, &commit))
-            } else {
-                self.file.write_all(&buf)
+                buf.extend_from_slice(&commit);
             }
+            self.file.write_all_at(&buf, start)
         });
         self.scratch = buf;
         if let Err(e) = written {
@@ -1540,7 +1585,7 @@ impl Journal {
             chain: self.durable_chain,
             ..self.sb
         };
-        write_superblock(&self.file, &sb)?;
+        write_superblock(&*self.file, &sb)?;
         self.sb = sb;
         Ok(())
     }
@@ -1561,32 +1606,12 @@ impl Journal {
             return Err(io::Error::from_raw_os_error(5));
         }
         self.fault(StorageOp::DirSync)?;
-        sync_dir(&self.path)
-    }
-
-    fn write_both(&mut self, first: &[u8], second: &[u8]) -> io::Result<()> {
-        let (mut a, mut b) = (first, second);
-        while !a.is_empty() || !b.is_empty() {
-            let n = match self
-                .file
-                .write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
-            {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            let from_a = n.min(a.len());
-            a = &a[from_a..];
-            b = &b[n - from_a..];
-        }
-        Ok(())
+        sync_dir(&*self.fs, &self.path)
     }
 
     /// Cuts a failed append off, so no partial record sits before later ones.
     fn roll_back(&mut self, start: u64) {
-        let ok = self.file.set_len(start).is_ok() && self.file.seek(SeekFrom::Start(start)).is_ok();
-        if !ok {
+        if self.file.set_len(start).is_err() {
             self.poisoned = true;
         }
     }
@@ -1602,15 +1627,14 @@ impl Journal {
         self.sync_data()
     }
 
-    /// Writes a commit record (and a superblock copy) at the end; not synced.
+    /// Writes a commit record at the end; not synced.
     fn append_commit(&mut self) -> Result<(), JournalError> {
         let start = self.len;
         let end = start + MARK_LEN as u64;
         let commit = commit_record(end, self.chain);
         if let Err(e) = self
             .fault(StorageOp::Write)
-            .and_then(|()| self.write_superblock())
-            .and_then(|()| self.file.write_all(&commit))
+            .and_then(|()| self.file.write_all_at(&commit, start))
         {
             self.roll_back(start);
             return Err(JournalError::Append(e));
@@ -1625,7 +1649,27 @@ impl Journal {
         self.unsynced = 0;
         self.durable = self.len;
         self.durable_chain = self.chain;
+        self.claim();
         Ok(())
+    }
+
+    /// The second ordered step of a sync: once the records' fdatasync has returned, a
+    /// superblock copy claims them (the extent and the chain value there), and a second
+    /// fdatasync makes the claim durable before anything the records describe leaves the
+    /// process. Damage to those records found later is then inside the durable extent,
+    /// told apart from a torn write. If the claim cannot be written or synced, the records
+    /// stay vouched for by their commit record alone (as the last batch was in the first
+    /// release of format 2) and the next sync claims them again.
+    fn claim(&mut self) {
+        if !self.claim_pending
+            && (self.sb.durable, self.sb.chain) == (self.durable, self.durable_chain)
+        {
+            return;
+        }
+        let written = self
+            .fault(StorageOp::Write)
+            .and_then(|()| self.write_superblock());
+        self.claim_pending = written.is_err() || self.fdatasync().is_err();
     }
 
     /// fdatasync of the file, never retried as if a failed one had written anything: after a
@@ -1696,14 +1740,11 @@ impl Journal {
         if self.poisoned {
             return Err(JournalError::Poisoned);
         }
-        scan_file(&mut self.file, path, &mut |r| {
+        scan_file(&*self.file, path, &mut |r| {
             if r.kind != META {
                 on_record(r.kind, r.payload)
             }
         })?;
-        self.file
-            .seek(SeekFrom::Start(self.len))
-            .map_err(JournalError::Read)?;
         Ok(())
     }
 
@@ -1717,21 +1758,9 @@ impl Journal {
         }
         self.check_unsynced()?;
         self.sync_dir_if_pending()?;
-        use rustix::fs::{fallocate, FallocateFlags};
-        // A KEEP_SIZE fallocate is not held to the file-size limit (RLIMIT_FSIZE): checked
-        // here, or a journal at its limit would pass whenever a commit record still fits,
-        // and the gateway would take requests again only to fail the next append.
-        let limit = rustix::process::getrlimit(rustix::process::Resource::Fsize).current;
-        if limit.is_some_and(|l| self.len.saturating_add(headroom) > l) {
-            return Err(JournalError::Append(io::Error::from_raw_os_error(
-                rustix::io::Errno::FBIG.raw_os_error(),
-            )));
-        }
-        match fallocate(&self.file, FallocateFlags::KEEP_SIZE, self.len, headroom) {
-            Ok(()) => {}
-            Err(e) if e == rustix::io::Errno::OPNOTSUPP => {}
-            Err(e) => return Err(JournalError::Append(e.into())),
-        }
+        self.file
+            .reserve(self.len, headroom)
+            .map_err(JournalError::Append)?;
         let (start, chain) = (self.len, self.chain);
         self.append_commit()?;
         if let Err(e) = self.sync_data() {
@@ -1776,15 +1805,12 @@ impl Journal {
         let next = next_segment_path(path);
         let mut faults = self.faults.take();
         let mut fault = |op| faults.as_mut().map_or(Ok(()), |f| f.check(op));
-        let result = (|| -> Result<(File, Superblock, u64, u32), JournalError> {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&next)
+        let fs = self.fs.clone();
+        let result = (|| -> Result<(Box<dyn StorageFile>, Superblock, u64, u32), JournalError> {
+            let file = fs
+                .open(&next, OpenMode::CreateTruncate)
                 .map_err(rotate_err)?;
-            lock(&file, &next)?;
+            lock(&*file, &next)?;
             let mut records = first.to_vec();
             let chain = rechain(&mut records, self.chain).ok_or_else(|| {
                 rotate_err(io::Error::new(
@@ -1812,18 +1838,17 @@ impl Journal {
                 .and_then(|()| file.sync_all())
                 .map_err(rotate_err)?;
             fault(StorageOp::Link)
-                .and_then(|()| link_archive(path, &archive))
+                .and_then(|()| link_archive(&*fs, path, &archive))
                 .map_err(rotate_err)?;
             fault(StorageOp::Rename)
-                .and_then(|()| std::fs::rename(&next, path))
+                .and_then(|()| fs.rename(&next, path))
                 .map_err(rotate_err)?;
             Ok((file, Superblock { seq: 2, ..sb }, end, sb.chain))
         })();
         self.faults = faults;
         match result {
-            Ok((mut file, sb, end, chain)) => {
+            Ok((file, sb, end, chain)) => {
                 // The new file is at `path` now: it is the journal, whatever follows.
-                file.seek(SeekFrom::Start(end)).map_err(rotate_err)?;
                 self.file = file;
                 self.sb = sb;
                 self.len = end;
@@ -1838,7 +1863,7 @@ impl Journal {
                 Ok(archive)
             }
             Err(e) => {
-                let _ = std::fs::remove_file(&next);
+                let _ = fs.remove(&next);
                 Err(e)
             }
         }
@@ -1862,13 +1887,11 @@ impl Journal {
 
 /// Hard-links the current segment at `path` to `archive`, unless a rotation that crashed
 /// after linking left that link already.
-fn link_archive(path: &Path, archive: &Path) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    match std::fs::hard_link(path, archive) {
+fn link_archive(fs: &dyn Storage, path: &Path, archive: &Path) -> io::Result<()> {
+    match fs.hard_link(path, archive) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            let (a, b) = (std::fs::metadata(archive)?, std::fs::metadata(path)?);
-            if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
+            if fs.file_id(archive)? == fs.file_id(path)? {
                 Ok(())
             } else {
                 Err(e)
@@ -1881,6 +1904,8 @@ fn link_archive(path: &Path, archive: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
+    use std::os::unix::fs::FileExt;
 
     fn tmp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("gw-journal-{}-{name}", std::process::id()));
@@ -2323,15 +2348,46 @@ mod tests {
             verify(&p).unwrap().damage,
             Some(Damage::Corrupt { .. })
         ));
-        // The last append alone is not vouched for by the superblock (its fdatasync may
-        // not have returned): zeros there are a torn tail.
-        let p2 = tmp("zeroed-last");
-        write_with(&p2, 3, b"payload", FsyncPolicy::Group);
-        let mut d2 = std::fs::read(&p2).unwrap();
-        let l = d2.len();
-        d2[l - rec..].fill(0);
-        std::fs::write(&p2, &d2).unwrap();
-        assert_eq!(read_all(&p2).0, [0, 1]);
+    }
+
+    /// Simulator seed 1269 (format 2's first release): damage confined to the last synced
+    /// batch (zeros over it, or one corrupt byte of its commit record) was cut as a torn
+    /// tail, because the superblock claimed only what the sync before it made durable. The
+    /// superblock now claims each batch in a second ordered step before the append returns:
+    /// the open stops, the file unchanged. Bytes appended and never synced are still a torn
+    /// tail, cut.
+    #[test]
+    fn damage_confined_to_the_last_synced_batch_stops_the_open() {
+        let rec = RECORD_HEADER + 1 + 4 + 7 + MARK_LEN;
+        for (what, at_end, bad) in [("zeroed", rec, rec), ("commit record", 3, MARK_LEN)] {
+            let p = tmp("last-batch");
+            write_with(&p, 3, b"payload", FsyncPolicy::Group);
+            let mut data = std::fs::read(&p).unwrap();
+            let l = data.len();
+            assert_eq!(verify(&p).unwrap().superblock.unwrap().durable, l as u64);
+            if what == "zeroed" {
+                data[l - at_end..].fill(0);
+            } else {
+                data[l - at_end] ^= 0x40;
+            }
+            std::fs::write(&p, &data).unwrap();
+            match open_err(&p) {
+                JournalError::Damaged { offset, .. } => {
+                    assert_eq!(offset, (l - bad) as u64, "{what}")
+                }
+                e => panic!("{what}: {e}"),
+            }
+            assert_eq!(std::fs::read(&p).unwrap(), data, "{what}: file changed");
+        }
+        // Appended and never synced: a torn tail.
+        let p = tmp("last-unsynced");
+        write_with(&p, 2, b"payload", FsyncPolicy::Group);
+        write_with(&p, 1, b"payload", FsyncPolicy::Never);
+        let mut data = std::fs::read(&p).unwrap();
+        let l = data.len();
+        data[l - 3] ^= 0x40;
+        std::fs::write(&p, &data).unwrap();
+        assert_eq!(read_all(&p).0, [0, 1]);
     }
 
     /// A file shorter than its superblock's extent (cut inside the durable part) is damage,
@@ -2681,7 +2737,7 @@ mod tests {
         let len = j.len();
         // A partial write followed by an error: a read-only descriptor gives the error; the
         // roll-back path must restore the length regardless. Simulate through roll_back.
-        j.file.write_all(b"partial").unwrap();
+        j.file.write_all_at(b"partial", len).unwrap();
         j.roll_back(len);
         j.append(&ok, 1).unwrap();
         drop(j);

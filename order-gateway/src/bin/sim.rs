@@ -47,6 +47,15 @@ fn main() -> std::process::ExitCode {
         let r = run_seed(seed, &cfg);
         if let Err(f) = &r {
             println!("FAIL {f}");
+        } else if std::env::var_os("SIM_REFUSALS").is_some() {
+            if let Ok(r) = &r {
+                if let Some(w) = &r.refused {
+                    println!(
+                        "REFUSED {seed}: {}",
+                        w.chars().take(160).collect::<String>()
+                    );
+                }
+            }
         } else if args.seed.is_some() {
             println!("seed {seed}: ok {r:?}");
         }

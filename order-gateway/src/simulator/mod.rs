@@ -155,10 +155,9 @@ mod net;
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -170,14 +169,14 @@ use crate::client::Client;
 use crate::driver::{DriverError, FixDriver};
 use crate::fix::{SessionConfig, SessionState};
 use crate::gateway::{EngineId, OrderStatus};
-use crate::journal::{FsyncPolicy, JournalError, StorageFaults, StorageOp, HEADER_LEN};
+use crate::journal::{FsyncPolicy, JournalError, StorageOp, HEADER_LEN};
 use crate::proto::{Response, Side, Symbol, PRICE_SCALE};
 use crate::risk::{KillScope, RiskConfig};
-use disk::Damage;
+use disk::{Damage, SimDisk, DISK_FAULTS, OUTAGE_OPS};
 use rocebus::clock::{Mono, Now, Wall};
 
 /// Kinds of fault counted, in the order of [`SeedReport::faults`].
-pub const FAULT_NAMES: [&str; 27] = [
+pub const FAULT_NAMES: [&str; 37] = [
     "crash (kill -9)",
     "crash mid-write: torn write",
     "crash mid-write: power loss",
@@ -205,6 +204,16 @@ pub const FAULT_NAMES: [&str; 27] = [
     "ENOSPC on link",
     "EIO on directory sync",
     "ENOSPC on directory sync",
+    "archived segment's records damaged",
+    "power loss between steps",
+    DISK_FAULTS[0],
+    DISK_FAULTS[1],
+    DISK_FAULTS[2],
+    DISK_FAULTS[3],
+    DISK_FAULTS[4],
+    DISK_FAULTS[5],
+    DISK_FAULTS[6],
+    DISK_FAULTS[7],
 ];
 const CRASH: usize = 0;
 const TORN: usize = 1;
@@ -225,43 +234,10 @@ const KILL: usize = 15;
 const ARCHIVE_DAMAGED: usize = 16;
 /// The first of the ten storage-error kinds: `STORAGE + 2 * op + (ENOSPC as usize)`.
 const STORAGE: usize = 17;
-
-/// A disk outage (phase B): while one is on, every journal operation of its kind fails
-/// with its error; counted per failed operation.
-#[derive(Debug, Default)]
-struct Outage {
-    on: Option<(StorageOp, bool)>,
-    failed: [u64; 10],
-}
-
-#[derive(Debug)]
-struct SimStorageFaults(Arc<Mutex<Outage>>);
-
-impl StorageFaults for SimStorageFaults {
-    fn check(&mut self, op: StorageOp) -> std::io::Result<()> {
-        let mut o = self.0.lock().expect("one thread");
-        match o.on {
-            Some((failing, enospc)) if failing == op => {
-                let i = 2 * STORAGE_OPS.iter().position(|x| *x == op).unwrap_or(0);
-                o.failed[i + usize::from(enospc)] += 1;
-                Err(std::io::Error::from_raw_os_error(if enospc {
-                    28
-                } else {
-                    5
-                }))
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-const STORAGE_OPS: [StorageOp; 5] = [
-    StorageOp::Write,
-    StorageOp::Fsync,
-    StorageOp::Rename,
-    StorageOp::Link,
-    StorageOp::DirSync,
-];
+const ARCHIVE_RECORDS: usize = 27;
+const POWER_BETWEEN: usize = 28;
+/// The first of the simulated disk's own fault kinds ([`DISK_FAULTS`]).
+const DISK: usize = 29;
 
 thread_local! {
     /// The run's simulated nanoseconds since its start: the driver's clock ([`sim_clock`]).
@@ -330,7 +306,7 @@ impl Default for SimConfig {
 }
 
 /// How a seed ended without a violation.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct SeedReport {
     /// The seed.
     pub seed: u64,
@@ -447,27 +423,21 @@ struct World {
     archive_rng: ChaCha8Rng,
     /// Draws disk outages, apart from the run's stream.
     disk_rng: ChaCha8Rng,
-    outage: Arc<Mutex<Outage>>,
+    /// Draws damage inside archived segments' records, apart from the run's stream.
+    records_rng: ChaCha8Rng,
+    /// The simulated disk the journal is on.
+    disk: SimDisk,
+    /// Draws power losses between steps, apart from the run's stream.
+    power_rng: ChaCha8Rng,
     /// The step the current outage ends at.
     outage_until: u32,
 }
 
 /// Runs one seed; `Err` names the first broken invariant.
 pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, Box<Failure>> {
-    // tmpfs where there is one: group commit syncs every batch, and what is simulated is
-    // the disk's lies, not its speed (failing seeds leave their files there to inspect).
-    let base = if Path::new("/dev/shm").is_dir() {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    };
-    // One directory per run, even for one seed run twice at once (parallel tests).
-    static RUNS: AtomicU64 = AtomicU64::new(0);
-    // ORDERING: Relaxed: only the number's uniqueness matters; nothing is published by it.
-    let run = RUNS.fetch_add(1, Ordering::Relaxed);
-    let dir = base.join(format!("rocebus-sim-{}-{run}-{seed}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut w = World::new(seed, cfg, dir.clone()).map_err(|what| {
+    // The journal lives on the simulated disk: the directory is only a name.
+    let dir = PathBuf::from("/sim");
+    let mut w = World::new(seed, cfg, dir).map_err(|what| {
         Box::new(Failure {
             seed,
             step: 0,
@@ -479,22 +449,18 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<SeedReport, Box<Failure>> 
     w.finish_counts();
     let (step, faults) = (w.step, w.report.faults);
     drop(w);
-    match r {
-        Ok(report) => {
-            let _ = std::fs::remove_dir_all(&dir);
-            Ok(report)
-        }
-        Err(what) => Err(Box::new(Failure {
+    r.map_err(|what| {
+        Box::new(Failure {
             seed,
             step,
-            what: format!("{what} (journal files left in {})", dir.display()),
+            what,
             faults,
-        })),
-    }
+        })
+    })
 }
 
 /// Totals over many seeds.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Summary {
     /// Seeds run.
     pub seeds: u64,
@@ -506,6 +472,30 @@ pub struct Summary {
     pub restarts: u64,
     /// Broken invariants, one per failing seed.
     pub failures: Vec<Failure>,
+}
+
+impl Default for Summary {
+    fn default() -> Summary {
+        Summary {
+            seeds: 0,
+            refused: 0,
+            faults: [0; FAULT_NAMES.len()],
+            restarts: 0,
+            failures: Vec::new(),
+        }
+    }
+}
+
+impl Default for SeedReport {
+    fn default() -> SeedReport {
+        SeedReport {
+            seed: 0,
+            faults: [0; FAULT_NAMES.len()],
+            refused: None,
+            restarts: 0,
+            venue_orders: 0,
+        }
+    }
 }
 
 impl Summary {
@@ -561,7 +551,6 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 impl World {
     fn new(seed: u64, cfg: &SimConfig, dir: PathBuf) -> Result<World, String> {
-        std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let net_rng = ChaCha8Rng::seed_from_u64(rng.gen());
         let net = Rc::new(RefCell::new(Net::new(EPOCH, net_rng)));
@@ -600,9 +589,12 @@ impl World {
             durable_at_crash: 0,
             archive_rng: ChaCha8Rng::seed_from_u64(seed ^ 0xa4c4_1e5e_a4c4_1e5e),
             disk_rng: ChaCha8Rng::seed_from_u64(seed ^ 0xd15c_0e10_d15c_0e10),
-            outage: Arc::default(),
+            records_rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7ec0_4d5d_7ec0_4d5d),
+            disk: SimDisk::new(seed ^ 0xd15c_d15c_d15c_d15c),
+            power_rng: ChaCha8Rng::seed_from_u64(seed ^ 0x90e4_90e4_90e4_90e4),
             outage_until: 0,
         };
+        w.disk.set_evict(w.policy == FsyncPolicy::Group);
         if !w.start(Damage::Cuttable)? {
             return Err("the first start was refused".into());
         }
@@ -624,14 +616,14 @@ impl World {
 
     /// Starts or ends a disk outage, drawn per step.
     fn draw_outage(&mut self) {
-        let mut o = self.outage.lock().expect("one thread");
-        if o.on.is_some() {
+        if self.disk.outage().is_some() {
             if self.step >= self.outage_until {
-                o.on = None;
+                self.disk.set_outage(None);
             }
         } else if self.cfg.storage_errors && self.disk_rng.gen_bool(0.01) {
-            let op = STORAGE_OPS[self.disk_rng.gen_range(0..STORAGE_OPS.len())];
-            o.on = Some((op, self.disk_rng.gen_bool(0.5)));
+            let op = OUTAGE_OPS[self.disk_rng.gen_range(0..OUTAGE_OPS.len())];
+            self.disk
+                .set_outage(Some((op, self.disk_rng.gen_bool(0.5))));
             // Rename, link and directory sync happen only at a rotation (every few dozen
             // orders): their outages last longer, or they would rarely meet one.
             let steps = match op {
@@ -662,8 +654,10 @@ impl World {
     }
 
     fn finish_counts(&mut self) {
-        let failed = self.outage.lock().expect("one thread").failed;
+        let failed = self.disk.failed();
         self.report.faults[STORAGE..STORAGE + 10].copy_from_slice(&failed);
+        let counts = self.disk.counts();
+        self.report.faults[DISK..DISK + DISK_FAULTS.len()].copy_from_slice(&counts);
         let n = self.net.borrow();
         self.report.faults[DELAY] = n.faults.delays;
         self.report.faults[DUPLICATE] = n.faults.duplicates;
@@ -943,37 +937,35 @@ impl World {
     /// Kills the gateway, damages the disk as drawn, restarts; `false`: the start refused
     /// damage it had to refuse (the seed ends).
     fn crash(&mut self) -> Result<bool, String> {
-        let mut durable = 0;
         let mut torn: Option<(u64, u64)> = None;
-        let durable_before = self.driver().journal_durable_len();
-        if self.rng.gen_bool(0.5) {
-            // In the middle of a batch: its write reaches the disk partly, nothing leaves.
+        let mid_batch = self.rng.gen_bool(0.5);
+        if mid_batch {
+            // In the middle of a batch: the process dies inside the batch's first sync (or
+            // its write, when the policy does not sync it), nothing leaves.
             let (rotations, rotation_failures) = {
                 let s = self.driver().segment_stats();
                 (s.rotations, s.failures)
             };
-            let before = disk::len(&self.path);
+            let before = self.disk.len(&self.path);
             self.net.borrow_mut().blackhole = true;
+            self.disk.arm_crash(0);
             let staged = self.stage_new_order();
             if staged {
                 let _ = self.driver().flush_with(|_, _| {});
             }
-            let after = disk::len(&self.path);
             // A rotation attempt, even one that failed (phase B: a link or rename error),
             // sealed the batch: its superblock claims it, so it cannot be torn.
             let s = self.driver().segment_stats();
-            if staged
-                && (s.rotations, s.failures) == (rotations, rotation_failures)
-                && after > before
-            {
+            let rotated = (s.rotations, s.failures) != (rotations, rotation_failures);
+            self.driver = None;
+            self.disk.kill();
+            let after = self.disk.len(&self.path);
+            if staged && !rotated && after > before {
                 torn = Some((before, after));
             }
         }
-        if torn.is_none() {
-            // (A batch that started, or tried to start, a new segment counts as a plain kill.)
-            durable = self.driver().journal_durable_len();
-        }
         self.driver = None;
+        self.disk.kill();
         {
             let mut n = self.net.borrow_mut();
             n.blackhole = false;
@@ -984,40 +976,58 @@ impl World {
             e.reconnect_at = 0;
         }
         let io = |e: std::io::Error| format!("damaging the journal: {e}");
-        let mut damage = Damage::Cuttable;
-        self.durable_at_crash = if torn.is_some() {
-            durable_before
-        } else {
-            durable
-        };
+        let lie = (self.cfg.lose_durable_bytes > 0)
+            .then_some((self.path.as_path(), self.cfg.lose_durable_bytes));
         match torn {
-            None => self.report.faults[CRASH] += 1,
+            None => {
+                self.report.faults[CRASH] += 1;
+                // A power loss between two steps (group commit only: under `never` or
+                // `every_n` it may lose what was acknowledged, by design): what a failed
+                // sync or a rolled-back append left dirty is kept or lost page by page.
+                if self.policy == FsyncPolicy::Group && self.power_rng.gen_bool(0.2) {
+                    self.report.faults[POWER_BETWEEN] += 1;
+                    self.disk.power_loss(None);
+                }
+            }
             Some((before, after)) => {
-                durable = durable_before;
                 // A power loss under `never`/`every_n` may lose what was acknowledged (by
                 // design): only a group-commit journal loses its unsynced batch here.
                 let power = self.rng.gen_bool(0.3) && self.policy == FsyncPolicy::Group;
                 let at = if power {
                     self.report.faults[POWER] += 1;
-                    // (Never into the magic: that is a refusal, not a silent loss.)
-                    before.saturating_sub(self.cfg.lose_durable_bytes).max(8)
+                    self.disk.power_loss(lie);
+                    self.disk.len(&self.path).max(before)
                 } else {
                     self.report.faults[TORN] += 1;
-                    self.rng.gen_range(before..=after)
+                    let at = self.rng.gen_range(before..=after);
+                    self.disk.tear(&self.path, at).map_err(io)?;
+                    at
                 };
-                disk::cut(&self.path, at).map_err(io)?;
                 if self.cfg.damage_past_durable && at > before && self.rng.gen_bool(0.5) {
                     if self.rng.gen_bool(0.5) {
-                        if disk::zero_sector(&self.path, before, at, &mut self.rng).map_err(io)? {
+                        if self
+                            .disk
+                            .zero_sector(&self.path, before, at, &mut self.rng)
+                            .map_err(io)?
+                        {
                             self.report.faults[ZERO_OUT] += 1;
                         }
                     } else {
-                        disk::corrupt_byte(&self.path, before, at, &mut self.rng).map_err(io)?;
+                        self.disk
+                            .corrupt_byte(&self.path, before, at, &mut self.rng)
+                            .map_err(io)?;
                         self.report.faults[CORRUPT_OUT] += 1;
                     }
                 }
             }
         }
+        // What the journal was promised by the disk's last sync of the current file.
+        let durable = self
+            .disk
+            .promised_len(&self.path)
+            .min(self.disk.len(&self.path));
+        let mut what: Option<String> = None;
+        let mut must_refuse: Option<String> = None;
         if self.cfg.must_refuse_damage && self.rng.gen_bool(0.1) {
             let archive = self.dir.join("gw.journal.1");
             match self.rng.gen_range(0..3) {
@@ -1025,65 +1035,98 @@ impl World {
                 // magic and two redundant superblock copies, one of which the journal is
                 // built to survive losing (its own tests cover that).
                 0 if durable > HEADER_LEN => {
-                    let zeroed = disk::zero_sector(&self.path, HEADER_LEN, durable, &mut self.rng)
+                    let zeroed = self
+                        .disk
+                        .zero_sector(&self.path, HEADER_LEN, durable, &mut self.rng)
                         .map_err(io)?;
                     if zeroed {
                         self.report.faults[ZERO_IN] += 1;
-                        damage = Damage::MustRefuse(format!(
+                        what = Some(format!(
                             "a zeroed sector inside the durable extent ({HEADER_LEN}..{durable})"
                         ));
                     }
                 }
                 1 if durable > HEADER_LEN => {
-                    let at = disk::corrupt_byte(&self.path, HEADER_LEN, durable, &mut self.rng)
+                    let at = self
+                        .disk
+                        .corrupt_byte(&self.path, HEADER_LEN, durable, &mut self.rng)
                         .map_err(io)?;
                     self.report.faults[CORRUPT_IN] += 1;
-                    damage = Damage::MustRefuse(format!(
+                    what = Some(format!(
                         "a corrupt byte at {at}, inside the durable extent ({HEADER_LEN}..{durable})"
                     ));
                 }
-                _ if archive.exists() => {
+                _ if self.disk.exists(&archive) => {
                     self.report.faults[SEGMENT_LOST] += 1;
-                    let what = match self.rng.gen_range(0..3) {
+                    let state = match self.rng.gen_range(0..3) {
                         0 => {
-                            std::fs::remove_file(&self.path).map_err(io)?;
+                            self.disk.remove_now(&self.path).map_err(io)?;
                             "missing"
                         }
                         1 => {
-                            disk::cut(&self.path, 0).map_err(io)?;
+                            self.disk.cut(&self.path, 0).map_err(io)?;
                             "empty"
                         }
                         _ => {
-                            disk::cut(&self.path, 8).map_err(io)?;
+                            self.disk.cut(&self.path, 8).map_err(io)?;
                             "only its magic"
                         }
                     };
-                    damage = Damage::MustRefuse(format!(
-                        "the current segment {what} while archives exist"
-                    ));
+                    must_refuse = Some(format!("the current segment {state} while archives exist"));
                 }
                 _ => {}
             }
         }
-        if self.cfg.must_refuse_damage && damage == Damage::Cuttable {
+        if self.cfg.must_refuse_damage && must_refuse.is_none() {
             if let Some(what) =
-                disk::damage_archive(&self.path, &mut self.archive_rng).map_err(io)?
+                disk::damage_archive(&self.disk, &self.path, &mut self.archive_rng).map_err(io)?
             {
                 self.report.faults[ARCHIVE_DAMAGED] += 1;
-                damage = Damage::MustRefuse(what);
+                must_refuse = Some(what);
             }
         }
+        if self.cfg.must_refuse_damage && must_refuse.is_none() {
+            // Inside an archive's records: the start does not read them and must accept.
+            if disk::damage_archive_records(&self.disk, &self.path, &mut self.records_rng)
+                .map_err(io)?
+                .is_some()
+            {
+                self.report.faults[ARCHIVE_RECORDS] += 1;
+            }
+        }
+        // The oracle: what the disk promised and no longer holds.
+        self.durable_at_crash = self.disk.promised_len(&self.path);
+        let damage = match (must_refuse, self.disk.broken_promise(&self.path)) {
+            (Some(w), _) => Damage::MustRefuse(w),
+            (None, Some(at)) if at >= HEADER_LEN => Damage::MustRefuse(what.unwrap_or_else(|| {
+                format!(
+                    "a byte at {at} inside the durable extent changed (power loss after \
+                     a misdirected write)"
+                )
+            })),
+            (None, Some(at)) => Damage::MayRefuse(format!("the header changed at byte {at}")),
+            (None, None) => Damage::Cuttable,
+        };
         self.report.restarts += 1;
+        // An outage ends at a restart (a start that fails on I/O errors, and is restarted
+        // until the disk works, is not simulated).
+        self.disk.set_outage(None);
         self.start(damage)
     }
 
     /// Builds a gateway from the files; `false`: refused, as it had to be.
     fn start(&mut self, damage: Damage) -> Result<bool, String> {
         let link = SimLink(self.net.clone());
-        let opened =
-            FixDriver::with_link(link, session_config(), &self.risk, &self.path, self.policy);
+        let opened = FixDriver::with_link_in(
+            Arc::new(self.disk.clone()),
+            link,
+            session_config(),
+            &self.risk,
+            &self.path,
+            self.policy,
+        );
         let d = match (opened, damage) {
-            (Err(e), Damage::MustRefuse(what)) => {
+            (Err(e), Damage::MustRefuse(what) | Damage::MayRefuse(what)) => {
                 let msg = chain(&e);
                 if !msg.contains("gw.journal") {
                     return Err(format!(
@@ -1128,12 +1171,10 @@ impl World {
                     d.recovery()
                 ))
             }
-            (Ok(d), Damage::Cuttable) => d,
+            (Ok(d), Damage::Cuttable | Damage::MayRefuse(_)) => d,
         };
         self.driver = Some(d);
-        let faults = SimStorageFaults(self.outage.clone());
-        self.driver()
-            .set_storage_faults(Some(Box::new(faults)), sim_clock);
+        self.driver().set_storage_faults(None, sim_clock);
         let now = self.now();
         let symbols: Vec<Symbol> = self.engines.iter().map(|e| e.symbol).collect();
         let d = self.driver();
@@ -1197,7 +1238,7 @@ impl World {
     /// positions must add up.
     fn settle(&mut self) -> Result<(), String> {
         // The disk works again: the gateway must recover by itself.
-        self.outage.lock().expect("one thread").on = None;
+        self.disk.set_outage(None);
         {
             let mut n = self.net.borrow_mut();
             n.frozen_until = 0;
