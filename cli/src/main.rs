@@ -13,11 +13,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
-use rocebus::counters::http::{Limits, MetricsServer, METRICS_PATH};
+use http::{Limits, MetricsServer, METRICS_PATH};
 use rocebus::counters::hw::SYSFS_ROOT;
 use rocebus::counters::stat::{discover, render_prometheus, render_table, Snapshot};
 use rocebus::counters::{default_dir, DIR_ENV};
 
+mod http;
 mod record;
 
 #[derive(Debug, Parser)]
