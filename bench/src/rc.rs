@@ -159,7 +159,7 @@ pub fn latency(args: &RcArgs) -> Result<()> {
         "client: {} frames sent, {} received, {} credit writes",
         stats.frames_sent, stats.frames_received, stats.credits_sent
     );
-    println!("{}", s.result_line());
+    crate::report::emit_result(&s.result_line());
     Ok(())
 }
 
@@ -258,7 +258,7 @@ fn latency_traced(args: &RcArgs) -> Result<()> {
         "rc-latency (traced, warm-up {warmup}): {} B, {} round trips, one-way (RTT/2)\n{s}",
         args.size, args.iterations
     );
-    println!("{}", s.result_line());
+    crate::report::emit_result(&s.result_line());
     Ok(())
 }
 
@@ -338,10 +338,10 @@ pub fn throughput(args: &RcArgs) -> Result<()> {
         "rc-throughput: {count} x {size} B in {secs:.3} s, {rate:.0} msg/s, {} flushes, back-pressured {backpressured} times",
         stats.flushes
     );
-    println!(
+    crate::report::emit_result(&format!(
         "RESULT msgs_per_sec={rate:.1} lost=0 flushes={}",
         stats.flushes
-    );
+    ));
     Ok(())
 }
 
@@ -727,7 +727,7 @@ pub fn fanin_throughput(args: &RcArgs) -> Result<()> {
          back-pressured {backpressured} times; receiver {} scans, {} marked visits ({} found nothing), {} sweeps",
         st.scan.scans, st.scan.visits, st.scan.wasted, st.sweeps
     );
-    println!("RESULT msgs_per_sec={rate:.1} lost=0");
+    crate::report::emit_result(&format!("RESULT msgs_per_sec={rate:.1} lost=0"));
     Ok(())
 }
 
@@ -809,10 +809,10 @@ pub fn ping(args: &PingArgs) -> Result<()> {
         "rc-ping: {} round trips of {} B, {empty} empty polls, {} frames received, {} credit writes, {} flushes",
         args.iterations, args.size, stats.frames_received, stats.credits_sent, stats.flushes
     );
-    println!(
+    crate::report::emit_result(&format!(
         "RESULT round_trips={} empty_polls={empty} credits_sent={}",
         args.iterations, stats.credits_sent
-    );
+    ));
     Ok(())
 }
 
