@@ -86,8 +86,11 @@ impl OrderPath {
             identical_order_window_ms: 1_000,
             max_malformed_frames: 100,
             response_history: 1 << 16,
-            trading_start_utc: Some("09:00".into()),
-            trading_end_utc: Some("21:00".into()),
+            trading_start: Some("09:00".into()),
+            trading_end: Some("21:00".into()),
+            timezone: None,
+            trading_start_utc: None,
+            trading_end_utc: None,
         };
         let mut risk = RiskEngine::new(&cfg).expect("benchmark risk config is valid");
         let symbols: Vec<Symbol> = SYMBOLS

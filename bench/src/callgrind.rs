@@ -896,10 +896,10 @@ pub fn report(args: &AccountArgs) -> anyhow::Result<()> {
     for (name, v) in a.top.iter().take(args.top) {
         println!("{l} function {name}: {v:.1}");
     }
-    println!(
+    crate::report::emit_result(&format!(
         "RESULT label={l} instructions={:.1} waiting={:.1} wait_loops={} noise={:.2}",
         a.per_round_trip, a.waiting, a.wait_loops, a.noise
-    );
+    ));
     Ok(())
 }
 

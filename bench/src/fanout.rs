@@ -252,6 +252,7 @@ pub fn run(args: &FanoutArgs) -> Result<()> {
             let ns = one(&cfg, ip, subs, args).with_context(|| format!("{t} N={subs}"))?;
             println!("{t} N={subs}: {ns:.0} ns publisher CPU per message");
             figures.push(format!("{t} N={subs} {ns:.0} ns/msg"));
+            crate::report::figure(&format!("{t}_n{subs}_ns_per_msg"), format!("{ns:.0}"));
         }
     }
     println!(

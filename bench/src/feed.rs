@@ -309,6 +309,6 @@ pub fn run(a: &FeedE2eArgs) -> Result<()> {
         app.view.counters(),
         app.unstamped
     );
-    println!("{}", s.result_line());
+    rocebus_bench::report::emit_result(&s.result_line());
     Ok(())
 }

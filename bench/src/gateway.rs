@@ -268,7 +268,7 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
     if let Some(p) = &a.hgrm {
         write_hgrm_file(p, first)?;
     }
-    println!("{}", Summary::of(first).result_line());
+    rocebus_bench::report::emit_result(&Summary::of(first).result_line());
     Ok(())
 }
 

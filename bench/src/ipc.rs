@@ -158,7 +158,7 @@ pub fn latency(a: &IpcArgs) -> Result<()> {
     echo.join().expect("echo thread")?;
     let s = Summary::of(&h);
     println!("rocebus ipc round trip, {} B: {s}", a.size);
-    println!("{}", s.result_line());
+    crate::report::emit_result(&s.result_line());
     Ok(())
 }
 
@@ -208,6 +208,6 @@ pub fn throughput(a: &IpcArgs) -> Result<()> {
     }
     let rate = reader.join().expect("reader thread");
     println!("rocebus ipc throughput, {} B: {rate:.0} msg/s", a.size);
-    println!("RESULT msgs_per_sec={rate:.0}");
+    crate::report::emit_result(&format!("RESULT msgs_per_sec={rate:.0}"));
     Ok(())
 }

@@ -387,6 +387,16 @@ pub fn run(a: &GatewayJournalArgs) -> Result<()> {
                         .collect(),
                 )
             };
+            for (k, policy) in policies.iter().enumerate().take(3) {
+                let key = format!("batch{batch}_{place}_{}", policy_name(*policy));
+                rocebus_bench::report::figure(&format!("{key}_orders_per_sec"), rate(k).round());
+                if k > 0 {
+                    rocebus_bench::report::figure(
+                        &format!("{key}_ratio_to_never"),
+                        format!("{:.3}", ratio(k)),
+                    );
+                }
+            }
             println!(
                 "{batch:>5}  {:<16} {:>10.0} {:>10.0} {:>12.0} {:>12.3} {:>14.3}",
                 format!("{place} ({ty})"),
@@ -596,6 +606,18 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
         a.orders
     );
     let (w, c) = (median(warm), median(cold));
+    {
+        use rocebus_bench::report::figure;
+        figure("orders", a.orders);
+        figure("records", records);
+        figure("replay_warm_seconds", format!("{w:.3}"));
+        figure("replay_cold_seconds", format!("{c:.3}"));
+        figure("replay_cpu_seconds", format!("{:.3}", median(cpu.clone())));
+        figure(
+            "peak_rss_mib",
+            format!("{:.0}", median(hwm.clone()) / 1024.0),
+        );
+    }
     println!();
     println!(
         "gateway-restart: {} orders, {segments}: {records} records, {:.1} MiB on {ty}; open + replay (median of {} rounds): {w:.2} s in the page cache ({:.0} records/s), {c:.2} s dropped from it ({:.0} records/s); {:.2} s on CPU; peak RSS {:.0} MiB",
@@ -653,6 +675,8 @@ pub fn replay(a: &GatewayReplayArgs) -> Result<()> {
         .take_while(|&i| risk.is_seen(ENGINE, i))
         .last()
         .unwrap_or(0);
+    rocebus_bench::report::figure("seconds", format!("{secs:.6}"));
+    rocebus_bench::report::figure("records", driver.recovery().records);
     println!(
         "REPLAY seconds={secs:.6} cpu_seconds={:.6} runnable_seconds={:.6} records={} orders={orders} last_id={last_id} vm_hwm_kb={}",
         (s1.0 - s0.0) as f64 / 1e9,

@@ -3,7 +3,7 @@
 //! machine-readable line, `RESULT key=value ...`, that `cargo xtask bench`
 //! parses and sets beside perftest's figures from the same guest.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 mod admission;
 mod feed;
@@ -17,6 +17,10 @@ mod tagcost;
     about = "rocebus latency and throughput harnesses (run under `cargo xtask bench`)"
 )]
 struct Cli {
+    /// End with one more line: a JSON object `{"bench": NAME, "figures": {...}}` holding the
+    /// figures of the `RESULT` line (and of harnesses without one).
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -83,8 +87,19 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    match cli.cmd {
+    let matches = Cli::command().get_matches();
+    let name = matches.subcommand_name().unwrap_or_default().to_owned();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let json = cli.json;
+    harness(cli.cmd)?;
+    if json {
+        println!("{}", rocebus_bench::report::json_line(&name));
+    }
+    Ok(())
+}
+
+fn harness(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
         Cmd::RcLatency(a) => rocebus_bench::rc::latency(&a),
         Cmd::RcThroughput(a) => rocebus_bench::rc::throughput(&a),
         Cmd::RcPing(a) => rocebus_bench::rc::ping(&a),

@@ -431,10 +431,10 @@ pub fn throughput(args: &MdArgs) -> Result<()> {
     if ooo != 0 {
         bail!("{ooo} messages out of order");
     }
-    println!(
+    crate::report::emit_result(&format!(
         "RESULT msgs_per_sec={rate:.1} lost={lost} recovered={} unrecoverable={}",
         c.messages_recovered, c.unrecoverable
-    );
+    ));
     Ok(())
 }
 
@@ -504,7 +504,7 @@ pub fn latency(args: &MdArgs) -> Result<()> {
         args.size
     );
     println!("subscriber: {:?}", s2.counters());
-    println!("{}", s.result_line());
+    crate::report::emit_result(&s.result_line());
     Ok(())
 }
 
@@ -609,7 +609,7 @@ pub fn ping(args: &MdArgs) -> Result<()> {
         args.size,
         s2.counters()
     );
-    println!("RESULT round_trips={n} empty_polls={empty}");
+    crate::report::emit_result(&format!("RESULT round_trips={n} empty_polls={empty}"));
     Ok(())
 }
 
@@ -870,7 +870,7 @@ fn raw_latency(args: &MdArgs, ip: IpAddr, n: u64, warmup: u64) -> Result<()> {
         "md-latency --raw: {} B, {n} round trips of bare UD multicast datagrams over two groups (RTT/2)\n{s:?}",
         args.size
     );
-    println!("{}", s.result_line());
+    crate::report::emit_result(&s.result_line());
     Ok(())
 }
 
@@ -999,7 +999,7 @@ pub fn recovery(args: &MdArgs) -> Result<()> {
         p50(&gap_hist),
         p50(&serve_hist)
     );
-    println!("RESULT recovery_ns={rec} rc_rtt_ns={rc_rtt}");
+    crate::report::emit_result(&format!("RESULT recovery_ns={rec} rc_rtt_ns={rc_rtt}"));
     Ok(())
 }
 

@@ -245,7 +245,7 @@ pub fn latency(args: &RcArgs) -> Result<()> {
         "client: {} frames sent, {} received, {} credit writes",
         stats.frames_sent, stats.frames_received, stats.credits_sent
     );
-    println!("{}", s.result_line());
+    crate::report::emit_result(&s.result_line());
     Ok(())
 }
 
@@ -345,7 +345,7 @@ fn latency_traced(args: &RcArgs) -> Result<()> {
         "rc-latency (traced, warm-up {warmup}): {} B, {} round trips, one-way (RTT/2)\n{s}",
         args.size, args.iterations
     );
-    println!("{}", s.result_line());
+    crate::report::emit_result(&s.result_line());
     Ok(())
 }
 
@@ -477,11 +477,11 @@ fn report_throughput(
             println!(
                 "rc-throughput: {count} x {size} B in {secs:.3} s, {rate:.0} msg/s, {flushes} flushes, back-pressured {backpressured} times"
             );
-            println!("RESULT msgs_per_sec={rate:.1} lost=0 flushes={flushes}");
+            crate::report::emit_result(&format!("RESULT msgs_per_sec={rate:.1} lost=0 flushes={flushes}"));
         }
         None => {
             println!("rc-throughput server: {count} x {size} B in {secs:.3} s, {rate:.0} msg/s");
-            println!("RESULT msgs_per_sec={rate:.1} lost=0");
+            crate::report::emit_result(&format!("RESULT msgs_per_sec={rate:.1} lost=0"));
         }
     }
     Ok(())
@@ -870,7 +870,7 @@ pub fn fanin_throughput(args: &RcArgs) -> Result<()> {
          back-pressured {backpressured} times; receiver {} scans, {} marked visits ({} found nothing), {} sweeps",
         st.scan.scans, st.scan.visits, st.scan.wasted, st.sweeps
     );
-    println!("RESULT msgs_per_sec={rate:.1} lost=0");
+    crate::report::emit_result(&format!("RESULT msgs_per_sec={rate:.1} lost=0"));
     Ok(())
 }
 
@@ -952,10 +952,10 @@ pub fn ping(args: &PingArgs) -> Result<()> {
         "rc-ping: {} round trips of {} B, {empty} empty polls, {} frames received, {} credit writes, {} flushes",
         args.iterations, args.size, stats.frames_received, stats.credits_sent, stats.flushes
     );
-    println!(
+    crate::report::emit_result(&format!(
         "RESULT round_trips={} empty_polls={empty} credits_sent={}",
         args.iterations, stats.credits_sent
-    );
+    ));
     Ok(())
 }
 

@@ -112,6 +112,75 @@ pub struct Summary {
     pub max_ns: u64,
 }
 
+/// The figures a harness reports, gathered for `rocebus-bench --json`'s final line: every
+/// `RESULT` line goes through [`emit_result`], harnesses without one add theirs with
+/// [`figure`].
+static FIGURES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// Prints a `RESULT key=value ...` line (what `cargo xtask bench` parses) and keeps its
+/// pairs for [`json_line`].
+pub fn emit_result(line: &str) {
+    println!("{line}");
+    let pairs = line.strip_prefix("RESULT").unwrap_or(line);
+    for kv in pairs.split_whitespace() {
+        if let Some((k, v)) = kv.split_once('=') {
+            figure(k, v);
+        }
+    }
+}
+
+/// Keeps one figure for [`json_line`] (a later figure with the same key replaces it).
+pub fn figure(key: &str, value: impl std::fmt::Display) {
+    let mut f = FIGURES.lock().unwrap_or_else(|p| p.into_inner());
+    let value = value.to_string();
+    match f.iter_mut().find(|(k, _)| k == key) {
+        Some(slot) => slot.1 = value,
+        None => f.push((key.to_owned(), value)),
+    }
+}
+
+/// The final line of `rocebus-bench --json`: one JSON object, `{"bench": NAME, "figures":
+/// {...}}`, numbers as JSON numbers and anything else as strings.
+pub fn json_line(bench: &str) -> String {
+    let f = FIGURES.lock().unwrap_or_else(|p| p.into_inner());
+    json_of(bench, &f)
+}
+
+fn json_of(bench: &str, figures: &[(String, String)]) -> String {
+    let escape = |s: &str| {
+        let mut out = String::from("\"");
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                c if (c as u32) < 0x20 => {
+                    let _ = write!(out, "\\u{:04x}", c as u32);
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+        out
+    };
+    let mut out = format!("{{\"bench\":{},\"figures\":{{", escape(bench));
+    for (i, (k, v)) in figures.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let number = v.parse::<f64>().is_ok_and(f64::is_finite)
+            && !v.starts_with('+')
+            && !v.starts_with('.')
+            && !v.ends_with('.');
+        if number {
+            let _ = write!(out, "{}:{v}", escape(k));
+        } else {
+            let _ = write!(out, "{}:{}", escape(k), escape(v));
+        }
+    }
+    out.push_str("}}");
+    out
+}
+
 impl Summary {
     /// The machine-readable line a latency harness ends with, which
     /// `cargo xtask bench` parses: `RESULT p50_ns=.. p90_ns=.. p99_ns=..
@@ -719,6 +788,23 @@ mod tests {
             h.record(v).unwrap();
         }
         h
+    }
+
+    #[test]
+    fn json_line_holds_the_figures() {
+        let line = json_of(
+            "rc-latency",
+            &[
+                ("p50_ns".into(), "5003".into()),
+                ("msgs_per_sec".into(), "1234.5".into()),
+                ("label".into(), "rocebus \"x\"".into()),
+                ("odd".into(), "1e999".into()),
+            ],
+        );
+        assert_eq!(
+            line,
+            r#"{"bench":"rc-latency","figures":{"p50_ns":5003,"msgs_per_sec":1234.5,"label":"rocebus \"x\"","odd":"1e999"}}"#
+        );
     }
 
     #[test]

@@ -73,6 +73,6 @@ pub fn run(a: &TagCostArgs) -> anyhow::Result<()> {
             " tag_ns_{size}={t_tag:.1} verify_ns_{size}={t_verify:.1} blake3_tag_ns_{size}={t_btag:.1} blake3_verify_ns_{size}={t_bverify:.1}"
         ));
     }
-    println!("{result}");
+    rocebus_bench::report::emit_result(&result);
     Ok(())
 }

@@ -14,12 +14,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
-use rocebus::counters::http::{Limits, MetricsServer, METRICS_PATH};
+use http::{Limits, MetricsServer, METRICS_PATH};
 use rocebus::counters::hw::SYSFS_ROOT;
 use rocebus::counters::stat::{discover, render_prometheus, render_table, Snapshot};
 use rocebus::counters::{default_dir, DIR_ENV};
 
 mod doctor;
+mod http;
 mod record;
 
 #[derive(Debug, Parser)]
@@ -89,8 +90,14 @@ struct StatArgs {
     #[arg(long)]
     once: bool,
     /// Print the Prometheus text exposition format once and exit.
-    #[arg(long, conflicts_with = "listen")]
+    #[arg(long, conflicts_with_all = ["listen", "json"])]
     prometheus: bool,
+    /// Print one JSON object once and exit: `components` (each file's `component`, `pid`,
+    /// `running`, `start_unix_ns`, `path` and `counters` with `id`, `label`, `kind`,
+    /// `value`), `errors` (files that could not be read, with `path` and `error`) and
+    /// `rdma` (the device's counters). Exit codes as for `--once`.
+    #[arg(long, conflicts_with = "listen")]
+    json: bool,
     /// Serve the Prometheus text format on http://ADDR/metrics (read afresh at each
     /// scrape) until SIGINT or SIGTERM; port 0 picks a free port. The address served is
     /// printed on stdout.
@@ -213,15 +220,70 @@ fn listen(args: &StatArgs, dir: &Path, addr: SocketAddr) -> anyhow::Result<()> {
         .with_context(|| format!("serving metrics on {bound} failed"))
 }
 
+/// `rocebus stat --json`: the snapshot as one JSON object.
+fn render_json(snap: &Snapshot) -> String {
+    use serde_json::json;
+    let components: Vec<_> = snap
+        .files
+        .iter()
+        .map(|f| {
+            let counters: Vec<_> = f
+                .entries
+                .iter()
+                .map(|e| {
+                    json!({
+                        "id": e.id,
+                        "label": e.label.as_str(),
+                        "kind": match e.kind {
+                            rocebus::counters::Kind::Gauge => "gauge",
+                            _ => "counter",
+                        },
+                        "value": e.value,
+                    })
+                })
+                .collect();
+            json!({
+                "component": f.info.component.as_str(),
+                "pid": f.info.pid,
+                "running": f.alive,
+                "start_unix_ns": f.info.start_unix_ns,
+                "path": f.path.display().to_string(),
+                "counters": counters,
+            })
+        })
+        .collect();
+    let errors: Vec<_> = snap
+        .errors
+        .iter()
+        .map(|(p, e)| json!({ "path": p.display().to_string(), "error": e }))
+        .collect();
+    let rdma: Vec<_> = snap
+        .hw
+        .iter()
+        .map(|c| {
+            json!({
+                "device": c.device,
+                "port": c.port,
+                "group": c.group,
+                "name": c.name,
+                "value": c.value,
+            })
+        })
+        .collect();
+    json!({ "components": components, "errors": errors, "rdma": rdma }).to_string()
+}
+
 fn stat(args: &StatArgs) -> anyhow::Result<()> {
     let dir = args.dir.clone().unwrap_or_else(default_dir);
     if let Some(addr) = args.listen {
         return listen(args, &dir, addr);
     }
     let mut stdout = std::io::stdout().lock();
-    if args.prometheus || args.once {
+    if args.prometheus || args.once || args.json {
         let snap = Snapshot::take(&paths(args, &dir)?, &args.sysfs);
-        let text = if args.prometheus {
+        let text = if args.json {
+            render_json(&snap) + "\n"
+        } else if args.prometheus {
             render_prometheus(&snap)
         } else {
             render_table(&snap, None, unix_now_ns(), &args.sysfs)

@@ -69,7 +69,6 @@
 //! ```
 #![allow(unsafe_code)] // the mapping and the atomics over it; each block argues its case.
 
-pub mod http;
 pub mod hw;
 pub mod stat;
 

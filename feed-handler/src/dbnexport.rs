@@ -153,45 +153,41 @@ impl Date {
         self.0.day()
     }
 
-    fn days_since_epoch(self) -> i64 {
-        i64::from(self.0.to_julian_day()) - UNIX_EPOCH_JULIAN_DAY
-    }
-
-    /// UTC offset of US Eastern time at midnight starting this date, in hours (-4 or -5):
-    /// daylight time runs from 2:00 on the second Sunday of March to 2:00 on the first Sunday
-    /// of November (the rule since 2007), so midnight of the first of those Sundays is still
-    /// standard time and midnight of the second still daylight time.
+    /// UTC offset of US Eastern time (`America/New_York`) at midnight starting this date, in
+    /// hours (-4 or -5), from the IANA time-zone database jiff carries (so every year's rule:
+    /// daylight time from the second Sunday of March to the first of November since 2007,
+    /// the first Sunday of April to the last of October before; midnight of a switching
+    /// Sunday is still the time before the switch, which happens at 2:00).
     pub fn eastern_offset_hours(self) -> i64 {
-        let nth_sunday = |month: time::Month, n: u8| {
-            // The first of a month of a year in range always exists.
-            let first = time::Date::from_calendar_date(self.0.year(), month, 1).unwrap_or(self.0);
-            1 + (7 - first.weekday().number_days_from_sunday()) % 7 + 7 * (n - 1)
-        };
-        let day = self.0.day();
-        let dst = match self.0.month() {
-            time::Month::April
-            | time::Month::May
-            | time::Month::June
-            | time::Month::July
-            | time::Month::August
-            | time::Month::September
-            | time::Month::October => true,
-            time::Month::March => day > nth_sunday(time::Month::March, 2),
-            time::Month::November => day <= nth_sunday(time::Month::November, 1),
-            _ => false,
-        };
-        if dst {
-            -4
-        } else {
-            -5
-        }
+        i64::from(self.eastern_midnight().offset().seconds()) / 3600
     }
 
     /// UNIX nanoseconds of midnight US Eastern time on this date: ITCH's time zero.
     pub fn eastern_midnight_unix_ns(self) -> u64 {
-        let secs = self.days_since_epoch() * 86_400 - self.eastern_offset_hours() * 3600;
-        u64::try_from(secs).unwrap_or(0) * 1_000_000_000
+        u64::try_from(self.eastern_midnight().timestamp().as_nanosecond()).unwrap_or(0)
     }
+
+    /// Midnight starting this date in `America/New_York`.
+    fn eastern_midnight(self) -> jiff::Zoned {
+        let civil =
+            jiff::civil::Date::new(self.0.year() as i16, self.month() as i8, self.day() as i8)
+                .expect("1970-2200 dates exist in jiff's calendar");
+        // Midnight is never skipped nor repeated in New York (the switches are at 2:00).
+        civil
+            .to_zoned(us_eastern().clone())
+            .expect("a 1970-2200 midnight is in jiff's range")
+    }
+}
+
+/// `America/New_York` from the time-zone database compiled into the binary (jiff's
+/// `tzdb-bundle-always`): no system tzdata needed.
+pub fn us_eastern() -> &'static jiff::tz::TimeZone {
+    static TZ: std::sync::OnceLock<jiff::tz::TimeZone> = std::sync::OnceLock::new();
+    TZ.get_or_init(|| {
+        jiff::tz::db()
+            .get("America/New_York")
+            .expect("the bundled time-zone database has America/New_York")
+    })
 }
 
 /// How to export.

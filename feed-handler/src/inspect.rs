@@ -11,6 +11,7 @@
 
 use crate::binaryfile::{ReaderCounters, StreamReader};
 use crate::book::{Book, Event, Level, Side, SymbolBook};
+use crate::itch::Stock;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::ops::ControlFlow;
@@ -255,18 +256,44 @@ pub fn check_symbol(book: &Book, name: &str, at: Option<u64>) -> Result<(), Unkn
 
 /// The header line of the BBO CSV.
 pub const BBO_HEADER: &str =
-    "locate,timestamp,bid_price,bid_size,bid_orders,ask_price,ask_size,ask_orders";
+    "locate,symbol,timestamp,bid_price,bid_size,bid_orders,ask_price,ask_size,ask_orders";
 
-/// One BBO CSV row (without the newline): prices with 4 decimals, an empty side as three
-/// empty fields.
-pub fn bbo_row(locate: u16, timestamp: u64, bid: Option<Level>, ask: Option<Level>) -> String {
+/// A symbol as a CSV field: without its padding; empty before the stock directory named it
+/// (all zero bytes) or when it is not UTF-8; quoted if it holds a comma or a quote.
+fn symbol_field(stock: Stock) -> String {
+    let s = stock
+        .as_str()
+        .unwrap_or("")
+        .trim_end_matches('\0')
+        .trim_end_matches(' ');
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
+
+/// One BBO CSV row (without the newline): the locate and the symbol, prices with 4
+/// decimals, an empty side as three empty fields.
+pub fn bbo_row(
+    locate: u16,
+    stock: Stock,
+    timestamp: u64,
+    bid: Option<Level>,
+    ask: Option<Level>,
+) -> String {
     let side = |l: Option<Level>| {
         l.map_or_else(
             || ",,".to_owned(),
             |l| format!("{},{},{}", price(l.price), l.shares, l.orders),
         )
     };
-    format!("{locate},{timestamp},{},{}", side(bid), side(ask))
+    format!(
+        "{locate},{},{timestamp},{},{}",
+        symbol_field(stock),
+        side(bid),
+        side(ask)
+    )
 }
 
 /// How far [`write_bbo`] got, for progress reports.
@@ -326,14 +353,14 @@ pub fn write_bbo(
             book.apply(&m, &mut |e: &Event| {
                 if let Event::Bbo {
                     locate,
+                    stock,
                     timestamp,
                     bid,
                     ask,
-                    ..
                 } = *e
                 {
                     if result.is_ok() {
-                        result = writeln!(out, "{}", bbo_row(locate, timestamp, bid, ask));
+                        result = writeln!(out, "{}", bbo_row(locate, stock, timestamp, bid, ask));
                         rows += 1;
                     }
                 }

@@ -115,7 +115,7 @@ enum Command {
     ///
     /// One row each time the best bid or best ask of a symbol changes price, size or order
     /// count, after the message that changed it, in feed order. Columns:
-    /// locate,timestamp,bid_price,bid_size,bid_orders,ask_price,ask_size,ask_orders, with
+    /// locate,symbol,timestamp,bid_price,bid_size,bid_orders,ask_price,ask_size,ask_orders, with
     /// timestamps in nanoseconds since midnight, prices as decimals with 4 places, and an
     /// empty side as empty fields. Progress goes to stderr about every second on long files.
     Bbo {

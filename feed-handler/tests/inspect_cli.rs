@@ -164,3 +164,57 @@ fn book_and_bbo_errors_say_what_is_wrong() {
     // A rejected file leaves no half-written output behind.
     assert!(!csv.exists());
 }
+
+/// `bbo` rows carry the symbol beside the stock locate, on files written by other
+/// implementations (tests/data/itch): each row's symbol is the one the file's Stock Directory
+/// message gave its locate.
+#[test]
+fn bbo_rows_carry_the_symbol_on_the_itch_fixtures() {
+    use feed_handler::binaryfile::Reader;
+    use feed_handler::itch::Message;
+    use std::collections::BTreeMap;
+
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/itch");
+    for (file, symbols) in [
+        ("sample.itch50", Some(&["MEAT", "PYTH"][..])),
+        ("ex20101224.TEST_ITCH_50", None),
+    ] {
+        let path = data.join(file);
+        let bytes = std::fs::read(&path).unwrap();
+        // The file's own directory: locate → symbol.
+        let mut directory = BTreeMap::new();
+        for m in Reader::new(&bytes).unwrap().flatten() {
+            if let Message::StockDirectory(d) = m {
+                directory.insert(
+                    m.header().stock_locate.get(),
+                    d.stock.as_str().unwrap().to_owned(),
+                );
+            }
+        }
+        assert!(!directory.is_empty(), "{file}: no stock directory");
+        let out = feed_handler(&["bbo", path.to_str().unwrap()]);
+        assert!(out.status.success(), "{file}: {}", stderr(&out));
+        let csv = String::from_utf8(out.stdout).unwrap();
+        let mut lines = csv.lines();
+        assert_eq!(lines.next(), Some(inspect::BBO_HEADER), "{file}");
+        assert!(inspect::BBO_HEADER.starts_with("locate,symbol,timestamp,"));
+        let mut seen = std::collections::BTreeSet::new();
+        let mut rows = 0;
+        for row in lines {
+            let f: Vec<&str> = row.split(',').collect();
+            assert_eq!(f.len(), 9, "{file}: {row}");
+            let locate: u16 = f[0].parse().unwrap();
+            assert_eq!(
+                Some(f[1]),
+                directory.get(&locate).map(String::as_str),
+                "{file}: {row}"
+            );
+            seen.insert(f[1].to_owned());
+            rows += 1;
+        }
+        assert!(rows > 0, "{file}: no rows");
+        if let Some(symbols) = symbols {
+            assert_eq!(seen.iter().map(String::as_str).collect::<Vec<_>>(), symbols);
+        }
+    }
+}

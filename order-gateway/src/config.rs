@@ -713,11 +713,8 @@ mod tests {
         assert!(m.contains("risk.engines") && m.contains("account 2"), "{m}");
         let m = broken("listen = \"", "listen = \"nowhere");
         assert!(m.contains("listen") && m.contains("gw-bad.toml"), "{m}");
-        let m = broken(
-            "trading_start_utc = \"13:30\"",
-            "trading_start_utc = \"25:99\"",
-        );
-        assert!(m.contains("risk.trading_start_utc"), "{m}");
+        let m = broken("trading_start = \"09:30\"", "trading_start = \"25:99\"");
+        assert!(m.contains("risk.trading_start"), "{m}");
         let m = broken("token = \"", "token = \"\" #");
         assert!(m.contains("service.orders.token"), "{m}");
         let m = broken("token = \"change-me-engine-1\"", "token = \"\"");

@@ -153,8 +153,11 @@ pub enum Command {
     Resume(Option<u32>),
     /// Cancel open orders, do not block new ones.
     CancelAll(Option<u32>),
-    /// Report.
-    Status,
+    /// Report: text, or (`status --json`) one JSON object.
+    Status {
+        /// Answer `ok` then one line holding a JSON object ([`StatusReport`]).
+        json: bool,
+    },
     /// Allow logging on to the venue again after a "MsgSeqNum too low" Logout.
     VenueReconnect,
     /// Clean stop (as SIGTERM).
@@ -178,13 +181,14 @@ pub fn parse(line: &str) -> Result<Command, String> {
         ["kill", rest @ ..] => Ok(Command::Kill(account(rest)?)),
         ["resume", rest @ ..] => Ok(Command::Resume(account(rest)?)),
         ["cancel-all", rest @ ..] => Ok(Command::CancelAll(account(rest)?)),
-        ["status"] => Ok(Command::Status),
+        ["status"] => Ok(Command::Status { json: false }),
+        ["status", "--json"] => Ok(Command::Status { json: true }),
         ["venue-reconnect"] => Ok(Command::VenueReconnect),
         ["stop"] => Ok(Command::Stop),
         [] => Err("empty command".into()),
         [w, ..] => Err(format!(
             "unknown command {w:?}: kill [--account A], resume [--account A], \
-             cancel-all [--account A], status, venue-reconnect, stop"
+             cancel-all [--account A], status [--json], venue-reconnect, stop"
         )),
     }
 }
@@ -257,7 +261,14 @@ pub fn execute<L: VenueLink>(
             tracing::warn!(scope = %what(a), "cancel-all (control socket)");
             format!("ok: cancelling the open orders of {}\n", what(a))
         }
-        Command::Status => status(driver, engines_connected, now),
+        Command::Status { json: false } => status(driver, engines_connected, now),
+        Command::Status { json: true } => {
+            let report = StatusReport::of(driver, engines_connected, now);
+            match serde_json::to_string(&report) {
+                Ok(j) => format!("ok\n{j}\n"),
+                Err(e) => format!("error: cannot encode the status: {e}\n"),
+            }
+        }
         Command::Stop => {
             tracing::warn!("clean stop requested (control socket)");
             "ok: stopping: FIX Logout to the venue, checkpoint, engines disconnected\n".into()
@@ -278,6 +289,136 @@ pub fn execute<L: VenueLink>(
             }
             None => "ok: nothing held; the gateway reconnects by itself\n".into(),
         },
+    }
+}
+
+/// What `status --json` answers (after its `ok` line): the facts of the text `status`, as
+/// numbers and names.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StatusReport {
+    /// `"active"` or `"down"`.
+    pub venue_session: &'static str,
+    /// Logons the venue refused, and the reason it gave for the last one.
+    pub venue_logons_refused: u64,
+    /// The last refusal's reason (`None`: no refusal; `""`: none given).
+    pub venue_last_refusal: Option<String>,
+    /// When the venue logged us out for a MsgSeqNum too low: the MsgSeqNum it expects.
+    pub venue_logon_held_expects: Option<u64>,
+    /// Our next outgoing MsgSeqNum.
+    pub fix_next_out: u64,
+    /// `false` when the journal is unwritable and requests are not taken.
+    pub journal_ok: bool,
+    /// Engines logged on.
+    pub engines_connected: usize,
+    /// Open orders, all accounts.
+    pub open_orders: usize,
+    /// New orders sent without a venue answer yet.
+    pub unacknowledged_new: usize,
+    /// Cancels or replaces sent without a venue answer yet.
+    pub unacknowledged_changes: usize,
+    /// The global kill switch.
+    pub kill_global: bool,
+    /// Engines whose kill switch is on.
+    pub kill_engines: Vec<u32>,
+    /// Accounts whose kill switch is on.
+    pub kill_accounts: Vec<u32>,
+    /// Firm-wide use and limits.
+    pub firm: FirmStatus,
+    /// Each configured account.
+    pub accounts: Vec<AccountStatus>,
+}
+
+/// Firm-wide part of [`StatusReport`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FirmStatus {
+    /// Open orders.
+    pub open_orders: u64,
+    /// Their limit.
+    pub max_open_orders: u64,
+    /// Open notional.
+    pub open_notional: i64,
+    /// Its limit.
+    pub max_gross_notional: i64,
+    /// Open plus executed notional.
+    pub used_notional: i64,
+    /// Its limit (credit).
+    pub credit_limit: i64,
+}
+
+/// One account of [`StatusReport`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct AccountStatus {
+    /// Account number.
+    pub account: u32,
+    /// Open orders.
+    pub open_orders: u64,
+    /// Open notional.
+    pub open_notional: i64,
+    /// Executed notional.
+    pub executed_notional: i64,
+    /// Credit limit (0: none).
+    pub credit_limit: i64,
+    /// New orders, cancels and replaces in the current throttle window.
+    pub throttle_new: u64,
+    /// Cancels in the window.
+    pub throttle_cancels: u64,
+    /// Replaces in the window.
+    pub throttle_replaces: u64,
+}
+
+impl StatusReport {
+    /// Reads the report off the gateway.
+    pub fn of<L: VenueLink>(driver: &FixDriver<L>, engines_connected: usize, now: u64) -> Self {
+        let gw = driver.gateway();
+        let risk = gw.risk();
+        let (global, engines, accounts) = risk.kills();
+        let (new, changes) = gw.unacknowledged();
+        let (orders, open, executed) = risk.firm_exposure();
+        let (max_orders, max_gross, credit) = risk.firm_limits();
+        StatusReport {
+            venue_session: match gw.session().state() {
+                SessionState::Active => "active",
+                _ => "down",
+            },
+            venue_logons_refused: gw.session().counters().logons_refused,
+            venue_last_refusal: gw.session().logon_refusal().map(str::to_owned),
+            venue_logon_held_expects: gw.reconnect_hold(),
+            fix_next_out: gw.session().next_out(),
+            journal_ok: !driver.is_degraded(),
+            engines_connected,
+            open_orders: gw.open_order_count(),
+            unacknowledged_new: new,
+            unacknowledged_changes: changes,
+            kill_global: global,
+            kill_engines: engines.to_vec(),
+            kill_accounts: accounts.to_vec(),
+            firm: FirmStatus {
+                open_orders: orders,
+                max_open_orders: max_orders,
+                open_notional: open,
+                max_gross_notional: max_gross,
+                used_notional: open + executed,
+                credit_limit: credit,
+            },
+            accounts: risk
+                .account_ids()
+                .into_iter()
+                .map(|a| {
+                    let [new, cancels, replaces] = risk.throttle_usage(a, now);
+                    let (open, executed) = risk.exposure(a);
+                    AccountStatus {
+                        account: a,
+                        open_orders: u64::from(risk.open_orders(a)),
+                        open_notional: open,
+                        executed_notional: executed,
+                        credit_limit: risk.credit_limit(a),
+                        throttle_new: new,
+                        throttle_cancels: cancels,
+                        throttle_replaces: replaces,
+                    }
+                })
+                .collect(),
+        }
     }
 }
 
@@ -576,7 +717,8 @@ mod tests {
         assert_eq!(parse(" kill --account 7 "), Ok(Command::Kill(Some(7))));
         assert_eq!(parse("resume --account 7"), Ok(Command::Resume(Some(7))));
         assert_eq!(parse("cancel-all"), Ok(Command::CancelAll(None)));
-        assert_eq!(parse("status"), Ok(Command::Status));
+        assert_eq!(parse("status"), Ok(Command::Status { json: false }));
+        assert_eq!(parse("status --json"), Ok(Command::Status { json: true }));
         assert_eq!(parse("venue-reconnect"), Ok(Command::VenueReconnect));
         assert_eq!(parse("stop"), Ok(Command::Stop));
         assert!(parse("kil").unwrap_err().contains("unknown command"));

@@ -100,9 +100,17 @@ enum JournalCmd {
     /// start: damage inside the durable part, segments that do not chain, a current segment
     /// that lost the day its archives hold, or records it does not know); 3 not a journal or
     /// unreadable (missing file, bad magic, format 1, I/O error). Usage errors exit 64.
+    ///
+    /// With --json, one JSON object on stdout instead (same exit codes): `file`,
+    /// `exit_code`, `verdict` (`clean`, `torn_tail`, `damaged` or `unreadable`), `file_len`,
+    /// `segment`, `records`, `by_kind`, `durable_len`, `intact_len`, `problems` (the lines
+    /// the text output would print) and, when unreadable, `error`.
     Verify {
         /// Journal file (`[journal] path` of the gateway's config).
         file: PathBuf,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
     },
     /// Print every readable record: offset, length, kind and decoded fields, one line each
     /// (with --json one JSON object per line), then where reading stopped. Exit codes as for
@@ -182,7 +190,14 @@ fn read_journal(
 ) -> u8 {
     // With --json the records alone go to stdout; what is wrong goes to stderr.
     let mut lines = Vec::new();
-    let code = read_journal_into(file, &mut each, summary, &mut lines);
+    let read = read_journal_into(file, &mut each, &mut lines);
+    if let Some(e) = &read.error {
+        eprintln!("{e}");
+        return read.code;
+    }
+    if let (true, Some(scan)) = (summary, &read.scan) {
+        print_scan(file, scan);
+    }
     for l in lines {
         if summary {
             println!("{l}");
@@ -190,15 +205,68 @@ fn read_journal(
             eprintln!("{l}");
         }
     }
-    code
+    read.code
+}
+
+/// What reading a journal found.
+struct JournalRead {
+    /// The exit code.
+    code: u8,
+    /// The scan, when the file could be read as a journal.
+    scan: Option<order_gateway::journal::Scan>,
+    /// Why it could not be.
+    error: Option<String>,
+}
+
+/// `journal verify --json`: one object on stdout; returns the exit code.
+fn verify_json(file: &std::path::Path) -> u8 {
+    let mut problems = Vec::new();
+    let read = read_journal_into(file, &mut |_| {}, &mut problems);
+    let verdict = match read.code {
+        0 => "clean",
+        EXIT_TORN => "torn_tail",
+        EXIT_DAMAGED => "damaged",
+        _ => "unreadable",
+    };
+    let problems: Vec<String> = problems
+        .iter()
+        .map(|l| l.trim().to_owned())
+        .filter(|l| l != "clean")
+        .collect();
+    let mut v = serde_json::json!({
+        "file": file.display().to_string(),
+        "exit_code": read.code,
+        "verdict": verdict,
+        "problems": problems,
+    });
+    if let Some(e) = read.error {
+        v["error"] = e.into();
+    }
+    if let Some(scan) = &read.scan {
+        let by_kind: serde_json::Map<String, serde_json::Value> = scan
+            .by_kind
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, n)| (kind_name(k), (*n).into()))
+            .collect();
+        v["file_len"] = scan.file_len.into();
+        v["segment"] = scan.superblock.as_ref().map(|sb| sb.segment).into();
+        v["superblock_durable"] = scan.superblock.as_ref().map(|sb| sb.durable).into();
+        v["records"] = scan.records().into();
+        v["by_kind"] = by_kind.into();
+        v["durable_len"] = scan.durable_len.into();
+        v["intact_len"] = scan.valid_len.into();
+    }
+    println!("{v}");
+    read.code
 }
 
 fn read_journal_into(
     file: &std::path::Path,
     each: &mut dyn FnMut(order_gateway::journal::RecordView<'_>),
-    summary: bool,
     out: &mut Vec<String>,
-) -> u8 {
+) -> JournalRead {
     use order_gateway::gateway::describe;
     use order_gateway::journal::{self, Damage, JournalError};
     let mut unknown: Option<(u64, String)> = None;
@@ -211,21 +279,24 @@ fn read_journal_into(
         Ok(scan) => scan,
         Err(e @ JournalError::NoCurrentSegment { .. }) => {
             // The file itself is missing: unreadable, and the day is in the archives.
-            eprintln!("{}", anyhow_chain(&e));
-            return EXIT_UNREADABLE;
+            return JournalRead {
+                code: EXIT_UNREADABLE,
+                scan: None,
+                error: Some(anyhow_chain(&e)),
+            };
         }
         Err(e) => {
-            eprintln!(
-                "{}: not readable as a journal: {}",
-                file.display(),
-                anyhow_chain(&e)
-            );
-            return EXIT_UNREADABLE;
+            return JournalRead {
+                code: EXIT_UNREADABLE,
+                scan: None,
+                error: Some(format!(
+                    "{}: not readable as a journal: {}",
+                    file.display(),
+                    anyhow_chain(&e)
+                )),
+            };
         }
     };
-    if summary {
-        print_scan(file, &scan);
-    }
     let mut code = match scan.damage {
         None => {
             if unknown.is_none() {
@@ -285,7 +356,11 @@ fn read_journal_into(
         ));
         code = code.max(EXIT_DAMAGED);
     }
-    code
+    JournalRead {
+        code,
+        scan: Some(scan),
+        error: None,
+    }
 }
 
 fn anyhow_chain(e: &dyn std::error::Error) -> String {
@@ -364,7 +439,10 @@ fn journal_cmd(cmd: JournalCmd) -> anyhow::Result<std::process::ExitCode> {
     use order_gateway::journal::{self, Damage};
     use std::process::ExitCode;
     match cmd {
-        JournalCmd::Verify { file } => Ok(ExitCode::from(read_journal(&file, |_| {}, true))),
+        JournalCmd::Verify { file, json: false } => {
+            Ok(ExitCode::from(read_journal(&file, |_| {}, true)))
+        }
+        JournalCmd::Verify { file, json: true } => Ok(ExitCode::from(verify_json(&file))),
         JournalCmd::Dump { file, json } => {
             let code = read_journal(&file, |r| dump_record(r, json), !json);
             Ok(ExitCode::from(code))
@@ -481,7 +559,9 @@ fn run() -> anyhow::Result<std::process::ExitCode> {
                     .context("find the control socket (or give it with --socket PATH)")?,
             };
             let line = command.join(" ");
-            order_gateway::control::parse(&line).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let parsed =
+                order_gateway::control::parse(&line).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let json = parsed == order_gateway::control::Command::Status { json: true };
             let answer =
                 order_gateway::control::request(path, &line, std::time::Duration::from_secs(5))
                     .with_context(|| {
@@ -491,7 +571,18 @@ fn run() -> anyhow::Result<std::process::ExitCode> {
                             path.display()
                         )
                     })?;
-            print!("{answer}");
+            if json {
+                // One JSON object: the report after the `ok` line, or the error.
+                match answer.strip_prefix("ok\n") {
+                    Some(report) => print!("{report}"),
+                    None => println!(
+                        "{}",
+                        serde_json::json!({ "error": answer.trim_end().trim_start_matches("error: ") })
+                    ),
+                }
+            } else {
+                print!("{answer}");
+            }
             Ok(if answer.starts_with("ok") {
                 std::process::ExitCode::SUCCESS
             } else {

@@ -321,3 +321,76 @@ fn control_needs_only_the_socket() {
         "{err}"
     );
 }
+
+/// `control status --json` prints one JSON object (the gateway's report, from the real
+/// control socket and the real `status` of a gateway with the venue simulator); exit codes
+/// stay those of the text form.
+#[test]
+fn control_status_json_is_one_object() {
+    use order_gateway::control::{execute, ControlServer};
+    use order_gateway::driver::FixDriver;
+    use order_gateway::journal::FsyncPolicy;
+    use order_gateway::sim::SimVenue;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = order_gateway::config::Config::parse(&example()).unwrap();
+    let sock = dir.path().join("gw.control");
+    let mut server = ControlServer::bind(&sock).unwrap();
+    let journal = dir.path().join("gw.journal");
+    let done = Arc::new(AtomicBool::new(false));
+    let stop = Arc::clone(&done);
+    let gw = std::thread::spawn(move || {
+        let mut d = FixDriver::with_link(
+            SimVenue::new(),
+            cfg.fix.session(),
+            &cfg.risk,
+            &journal,
+            FsyncPolicy::Never,
+        )
+        .unwrap();
+        d.connect().unwrap();
+        d.poll_with(rocebus::clock::Now::read(), |_, _| {}).unwrap();
+        // ORDERING: Relaxed: a stop flag, no data published with it.
+        while !stop.load(Ordering::Relaxed) {
+            server.poll(|line| execute(line, &mut d, 2, order_gateway::unix_nanos()));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    });
+    let control = |args: &[&str]| {
+        gateway()
+            .args(["control", "--socket"])
+            .arg(&sock)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = control(&["status", "--json"]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{stdout}");
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["venue_session"], "active", "{v}");
+    assert_eq!(v["engines_connected"], 2, "{v}");
+    assert_eq!(v["journal_ok"], true, "{v}");
+    assert_eq!(v["kill_global"], false, "{v}");
+    assert!(
+        v["accounts"].as_array().is_some_and(|a| !a.is_empty()),
+        "{v}"
+    );
+    assert!(v["firm"]["max_open_orders"].as_u64().unwrap() > 0, "{v}");
+    // The text form is unchanged.
+    let out = control(&["status"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success() && text.starts_with("ok\nvenue session       active\n"),
+        "{text}"
+    );
+    // A refused command still exits 1.
+    let out = control(&["kill", "--account", "999999"]);
+    assert_eq!(out.status.code(), Some(1));
+    // ORDERING: Relaxed: see the loop.
+    done.store(true, Ordering::Relaxed);
+    gw.join().unwrap();
+}

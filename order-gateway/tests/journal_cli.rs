@@ -388,6 +388,72 @@ fn verify_exit_codes_are_distinct() {
     );
 }
 
+/// `journal verify --json`: exactly one JSON object on stdout, whose `exit_code` and
+/// `verdict` match the process's exit code (the same codes as the text output).
+fn verify_json(path: &Path) -> (Option<i32>, serde_json::Value) {
+    let v = gateway()
+        .args(["journal", "verify", "--json"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let out = String::from_utf8(v.stdout).unwrap();
+    assert_eq!(out.lines().count(), 1, "one line: {out}");
+    let obj: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(obj.is_object(), "{out}");
+    assert_eq!(
+        obj["exit_code"].as_i64().map(|c| c as i32),
+        v.status.code(),
+        "{out}"
+    );
+    (v.status.code(), obj)
+}
+
+#[test]
+fn verify_json_is_one_object_with_the_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = dir.path().join("gw.journal");
+    let rec = make_journal(&j, 10);
+    let (code, v) = verify_json(&j);
+    assert_eq!(code, Some(0));
+    assert_eq!(v["verdict"], "clean");
+    assert_eq!(v["records"], 10);
+    assert_eq!(v["by_kind"]["engine requests"], 10);
+    assert_eq!(v["problems"], serde_json::json!([]));
+    let data = std::fs::read(&j).unwrap();
+    std::fs::write(&j, &data[..data.len() - 5]).unwrap();
+    let (code, v) = verify_json(&j);
+    assert_eq!(
+        (code, v["verdict"].as_str()),
+        (Some(1), Some("torn_tail")),
+        "{v}"
+    );
+    let mut bad = data.clone();
+    bad[record_at(3, rec) + 14] ^= 1;
+    std::fs::write(&j, &bad).unwrap();
+    let (code, v) = verify_json(&j);
+    assert_eq!(
+        (code, v["verdict"].as_str()),
+        (Some(2), Some("damaged")),
+        "{v}"
+    );
+    assert!(
+        v["problems"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("DAMAGED at byte"),
+        "{v}"
+    );
+    std::fs::write(&j, b"something else entirely").unwrap();
+    let (code, v) = verify_json(&j);
+    assert_eq!(
+        (code, v["verdict"].as_str()),
+        (Some(3), Some("unreadable")),
+        "{v}"
+    );
+    assert!(v["error"].as_str().unwrap().contains("not readable"), "{v}");
+}
+
 /// A journal whose current segment (segment 3) starts with a checkpoint, beside archives
 /// `gw.journal.1` and `.2`.
 fn segmented(dir: &Path) -> PathBuf {

@@ -290,8 +290,9 @@ fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
 }
 
 /// The value of the sample `name{component="order-gateway",...}` on a Prometheus page.
-fn page_value(page: &str, name: &str) -> Option<u64> {
-    let prefix = format!("{name}{{component=\"order-gateway\",");
+/// The value of the gateway's series `name` with the extra labels `labels` (`,k="v"`...).
+fn page_value(page: &str, name: &str, labels: &str) -> Option<u64> {
+    let prefix = format!("{name}{{component=\"order-gateway\"{labels}}} ");
     page.lines()
         .find(|l| l.starts_with(&prefix))?
         .rsplit(' ')
@@ -454,30 +455,29 @@ fn gateway_counters_reach_metrics_endpoint() {
         page.contains("# TYPE rocebus_nic_counter_total counter\n"),
         "{page}"
     );
+    let channel = format!(",channel=\"{CHANNEL}\"");
     let expect = [
-        ("rocebus_engine_requests_total".to_string(), ORDERS),
-        ("rocebus_engine_logons_total".to_string(), 1),
-        ("rocebus_fix_session_active".to_string(), 1),
-        ("rocebus_md_messages_total".to_string(), md_count),
-        ("rocebus_md_channels_subscribed".to_string(), 1),
-        (
-            format!("rocebus_md_ch{CHANNEL}_delivered_total"),
-            md_delivered,
-        ),
+        ("rocebus_engine_requests_total", "", ORDERS),
+        ("rocebus_engine_logons_total", "", 1),
+        ("rocebus_fix_session_active", "", 1),
+        ("rocebus_md_messages_total", "", md_count),
+        ("rocebus_md_channels_subscribed", "", 1),
+        ("rocebus_md_delivered_total", channel.as_str(), md_delivered),
+        ("rocebus_process_up", "", 1),
     ];
-    for (name, want) in &expect {
+    for (name, labels, want) in &expect {
         assert_eq!(
-            page_value(&page, name),
+            page_value(&page, name, labels),
             Some(*want),
-            "{name} on /metrics:\n{page}"
+            "{name}{{{labels}}} on /metrics:\n{page}"
         );
     }
+    // Stable names: the channel is a label, never part of the name; no pid label.
     assert!(
-        page.contains(&format!(
-            "# TYPE rocebus_md_ch{CHANNEL}_delivered_total counter\n"
-        )),
+        page.contains("# TYPE rocebus_md_delivered_total counter\n"),
         "{page}"
     );
+    assert!(!page.contains("pid=\""), "{page}");
 
     // SIGTERM stops the endpoint cleanly.
     assert!(

@@ -11,6 +11,7 @@ mod md_fanout;
 mod md_instructions;
 mod md_repair;
 mod rc_instructions;
+mod reference;
 mod self_contained;
 mod setup;
 mod test;
@@ -172,6 +173,14 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = demo::MarketData::Rdma)]
         market_data: demo::MarketData,
     },
+    /// Write the generated CLI and configuration reference (docs/reference/: every binary's
+    /// --help from its clap definitions, every serde configuration struct's keys and doc
+    /// comments); with --check, fail if the checked-in files differ (`test` runs the check).
+    Reference {
+        /// Compare instead of writing.
+        #[arg(long)]
+        check: bool,
+    },
     /// Check that the verbs binding (rdma-sys) builds with every libclang installed here.
     ///
     /// Builds rdma-sys once per /usr/lib/llvm-N (library and headers) with LIBCLANG_PATH
@@ -315,6 +324,7 @@ fn run() -> Result<()> {
                 },
             )?;
         }
+        Cmd::Reference { check } => reference::run(&root, check)?,
         Cmd::CheckBuild { trixie, mirror } => {
             if trixie {
                 check_build::debian(&root, "trixie", mirror.as_deref())?;

@@ -221,6 +221,8 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
     if !rdma_only {
         eprintln!("== host tests (cargo test --workspace)");
         host_tests(root, &envs)?;
+        eprintln!("== the generated CLI and configuration reference is up to date");
+        crate::reference::run(root, true)?;
         // The build above used one libclang; if others are installed, check
         // rdma-sys builds with each (issue 15). Seconds once bindgen is built.
         crate::check_build::host(root, true)?;

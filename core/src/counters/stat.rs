@@ -5,7 +5,7 @@
 //! Kept out of the binary so it is tested here; it reads files and formats strings, and
 //! never writes to a counters file.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -243,49 +243,145 @@ pub fn escape_label_value(s: &str) -> String {
     out
 }
 
+/// A counter label split into a stable metric name and its label pairs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricId {
+    /// The name fragment after `rocebus_` (sanitized, without `_total`).
+    pub base: String,
+    /// The words the name came from (the label without what became label pairs), for
+    /// `# HELP`.
+    pub text: String,
+    /// `channel`, `peer` and `reason` pairs taken out of the label, in that order.
+    pub labels: Vec<(&'static str, String)>,
+}
+
+/// Splits a counter label into a stable metric name and labels, so that a channel, a
+/// subscriber slot or a reason never makes a new metric name:
+///
+/// - dot-separated parts `ch<N>` become `channel="N"` and `sub<N>` become `peer="N"` (the
+///   part itself reads `subscriber` in the name): `md.ch3.delivered` is
+///   `md_delivered{channel="3"}`, `md.pub.ch0.sub1.lag` is
+///   `md_pub_subscriber_lag{channel="0",peer="1"}`;
+/// - `WHAT: REASON` and `WHAT[REASON]` become `WHAT` with `reason="REASON"`:
+///   `engines disconnected: silent past engine_timeout_ms` is `engines_disconnected`
+///   with `reason="silent past engine_timeout_ms"`.
+pub fn metric_id(label: &str) -> MetricId {
+    let mut labels = Vec::new();
+    let (what, reason) = match label.split_once(": ") {
+        Some((what, reason)) if !what.is_empty() && !reason.is_empty() => (what, Some(reason)),
+        _ => match label.strip_suffix(']').and_then(|l| l.split_once('[')) {
+            Some((what, reason)) if !what.is_empty() && !reason.is_empty() => (what, Some(reason)),
+            _ => (label, None),
+        },
+    };
+    let numbered = |part: &str, prefix: &str| -> Option<String> {
+        let n = part.strip_prefix(prefix)?;
+        (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then(|| n.to_string())
+    };
+    let mut parts = Vec::new();
+    let (mut channel, mut peer) = (None, None);
+    for part in what.split('.') {
+        if channel.is_none() {
+            if let Some(n) = numbered(part, "ch") {
+                channel = Some(n);
+                continue;
+            }
+        }
+        if peer.is_none() {
+            if let Some(n) = numbered(part, "sub") {
+                peer = Some(n);
+                parts.push("subscriber");
+                continue;
+            }
+        }
+        parts.push(part);
+    }
+    if let Some(c) = channel {
+        labels.push(("channel", c));
+    }
+    if let Some(p) = peer {
+        labels.push(("peer", p));
+    }
+    if let Some(r) = reason {
+        labels.push(("reason", r.to_string()));
+    }
+    let text = parts.join(".");
+    MetricId {
+        base: sanitize_metric_name(&text),
+        text,
+        labels,
+    }
+}
+
 struct Sample {
     name: String,
-    kind: Kind,
+    kind: &'static str,
     help: String,
     labels: String,
-    /// Record id, added as a label only when two of a process's counters share a name.
-    id: Option<u32>,
     value: u64,
+}
+
+fn label_set(pairs: &[(&str, &str)]) -> String {
+    let mut out = String::new();
+    for (k, v) in pairs {
+        if !out.is_empty() {
+            out.push(',');
+        }
+        let _ = write!(out, "{k}=\"{}\"", escape_label_value(v));
+    }
+    out
 }
 
 /// Renders `snap` in the Prometheus text exposition format (version 0.0.4).
 ///
-/// Our counters become `rocebus_<label>_total` (kind counter) or `rocebus_<label>` (gauge)
-/// with labels `component` and `pid`; the device's are one metric,
-/// [`NIC_METRIC`](super::hw::NIC_METRIC), with labels `device`, `port`, `group` and `counter`
-/// ([`render_nic_prometheus`]). Samples of one metric are grouped under one
-/// `# HELP`/`# TYPE`; if two counters of one process share a label, an `id` label keeps the
-/// series distinct.
+/// Names are stable across restarts, channels and reasons (see [`metric_id`]): our counters
+/// become `rocebus_<name>_total` (kind counter) or `rocebus_<name>` (gauge) with a
+/// `component` label and the `channel`, `peer` and `reason` labels their counter label
+/// carries; there is no `pid` label, so a restarted process continues its series (its
+/// counters starting again from zero read as a counter reset). Every counters file adds
+/// `rocebus_process_up{component}` (1 while its writer runs, 0 once it exited: the file
+/// stays, with its final values) and `rocebus_process_start_time_seconds{component}`. The
+/// device's are one metric, [`NIC_METRIC`](super::hw::NIC_METRIC), with labels `device`,
+/// `port`, `group` and `counter` ([`render_nic_prometheus`]). Samples of one metric are grouped under one `# HELP`/`# TYPE`; if two series
+/// would be identical (two counters of one process with one label), an `id` label keeps them
+/// apart. Files that could not be read are listed as comments.
 pub fn render_prometheus(snap: &Snapshot) -> String {
     let mut samples = Vec::new();
     for f in &snap.files {
+        let component = f.info.component.as_str();
+        samples.push(Sample {
+            name: "rocebus_process_up".into(),
+            kind: "gauge",
+            help: "1 while the process writing the counters file runs, 0 once it exited".into(),
+            labels: label_set(&[("component", component)]),
+            value: u64::from(f.alive),
+        });
+        samples.push(Sample {
+            name: "rocebus_process_start_time_seconds".into(),
+            kind: "gauge",
+            help: "Start time of the process writing the counters file, Unix seconds".into(),
+            labels: label_set(&[("component", component)]),
+            value: f.info.start_unix_ns / 1_000_000_000,
+        });
         for e in &f.entries {
-            let base = sanitize_metric_name(&e.label);
-            let base = if base.is_empty() {
+            let id = metric_id(&e.label);
+            let base = if id.base.is_empty() {
                 format!("counter_{}", e.id)
             } else {
-                base
+                id.base
             };
-            let name = match e.kind {
-                Kind::Gauge => format!("rocebus_{base}"),
-                _ if base.ends_with("_total") => format!("rocebus_{base}"),
-                _ => format!("rocebus_{base}_total"),
+            let (name, kind) = match e.kind {
+                Kind::Gauge => (format!("rocebus_{base}"), "gauge"),
+                _ if base.ends_with("_total") => (format!("rocebus_{base}"), "counter"),
+                _ => (format!("rocebus_{base}_total"), "counter"),
             };
+            let mut pairs: Vec<(&str, &str)> = vec![("component", component)];
+            pairs.extend(id.labels.iter().map(|(k, v)| (*k, v.as_str())));
             samples.push(Sample {
                 name,
-                kind: e.kind,
-                help: format!("rocebus counter \"{}\"", e.label),
-                labels: format!(
-                    "component=\"{}\",pid=\"{}\"",
-                    escape_label_value(&f.info.component),
-                    f.info.pid
-                ),
-                id: Some(e.id),
+                kind,
+                help: format!("rocebus counter \"{}\"", id.text),
+                labels: label_set(&pairs),
                 value: e.value,
             });
         }
@@ -293,30 +389,37 @@ pub fn render_prometheus(snap: &Snapshot) -> String {
     samples.sort_by(|a, b| a.name.cmp(&b.name));
 
     let mut out = String::new();
-    let mut seen: HashSet<(&str, &str)> = HashSet::new();
-    let mut current: Option<&str> = None;
+    for (path, err) in &snap.errors {
+        let _ = writeln!(
+            out,
+            "# unreadable counters file {}: {}",
+            path.display(),
+            err.replace('\n', " ")
+        );
+    }
+    let mut seen: HashMap<(&str, &str), u32> = HashMap::new();
+    let mut current: Option<(&str, &str)> = None;
     for s in &samples {
-        if current != Some(&s.name) {
-            let kind = if s.kind == Kind::Gauge {
-                "gauge"
-            } else {
-                "counter"
-            };
+        if current.map(|(n, _)| n) != Some(&s.name) {
             let help = s.help.replace('\\', "\\\\").replace('\n', "\\n");
             let _ = writeln!(out, "# HELP {} {help}", s.name);
-            let _ = writeln!(out, "# TYPE {} {kind}", s.name);
-            current = Some(&s.name);
+            let _ = writeln!(out, "# TYPE {} {}", s.name, s.kind);
+            current = Some((&s.name, s.kind));
         }
-        let dup_id = if seen.insert((&s.name, &s.labels)) {
-            None
+        let n = seen.entry((&s.name, &s.labels)).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            let _ = writeln!(out, "{}{{{}}} {}", s.name, s.labels, s.value);
         } else {
-            s.id
-        };
-        match dup_id {
-            Some(id) => writeln!(out, "{}{{{},id=\"{id}\"}} {}", s.name, s.labels, s.value),
-            None => writeln!(out, "{}{{{}}} {}", s.name, s.labels, s.value),
+            let _ = writeln!(
+                out,
+                "{}{{{},id=\"{}\"}} {}",
+                s.name,
+                s.labels,
+                *n - 1,
+                s.value
+            );
         }
-        .expect("writing to a String cannot fail");
     }
     out.push_str(&render_nic_prometheus(&snap.hw));
     out
@@ -412,17 +515,88 @@ mod tests {
             .set(9);
         let snap = Snapshot::take(&discover(dir.path()).unwrap(), &dir.path().join("none"));
         let text = render_prometheus(&snap);
-        let pid = std::process::id();
+        let start = snap.files[0].info.start_unix_ns / 1_000_000_000;
         let expected = format!(
             "# HELP rocebus_gaps_total rocebus counter \"gaps\"\n\
              # TYPE rocebus_gaps_total counter\n\
-             rocebus_gaps_total{{component=\"engine\",pid=\"{pid}\"}} 3\n\
-             rocebus_gaps_total{{component=\"engine\",pid=\"{pid}\",id=\"1\"}} 4\n\
+             rocebus_gaps_total{{component=\"engine\"}} 3\n\
+             rocebus_gaps_total{{component=\"engine\",id=\"1\"}} 4\n\
+             # HELP rocebus_process_start_time_seconds Start time of the process writing the counters file, Unix seconds\n\
+             # TYPE rocebus_process_start_time_seconds gauge\n\
+             rocebus_process_start_time_seconds{{component=\"engine\"}} {start}\n\
+             # HELP rocebus_process_up 1 while the process writing the counters file runs, 0 once it exited\n\
+             # TYPE rocebus_process_up gauge\n\
+             rocebus_process_up{{component=\"engine\"}} 1\n\
              # HELP rocebus_rq_low_water rocebus counter \"rq low water\"\n\
              # TYPE rocebus_rq_low_water gauge\n\
-             rocebus_rq_low_water{{component=\"engine\",pid=\"{pid}\"}} 9\n"
+             rocebus_rq_low_water{{component=\"engine\"}} 9\n"
         );
         assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn channels_peers_and_reasons_are_labels_not_names() {
+        let id = metric_id("md.ch3.delivered");
+        assert_eq!(id.base, "md_delivered");
+        assert_eq!(id.labels, [("channel", "3".to_string())]);
+        let id = metric_id("md.pub.ch0.sub12.lag");
+        assert_eq!(id.base, "md_pub_subscriber_lag");
+        assert_eq!(
+            id.labels,
+            [("channel", "0".to_string()), ("peer", "12".to_string())]
+        );
+        // Not a number: part of the name.
+        assert_eq!(
+            metric_id("md.pub.ch0.subscribers").base,
+            "md_pub_subscribers"
+        );
+        assert_eq!(metric_id("md.check.x").base, "md_check_x");
+        let id = metric_id("engines disconnected: silent past engine_timeout_ms");
+        assert_eq!(id.base, "engines_disconnected");
+        assert_eq!(
+            id.labels,
+            [("reason", "silent past engine_timeout_ms".to_string())]
+        );
+        let id = metric_id("risk.rejects[max-qty]");
+        assert_eq!(id.base, "risk_rejects");
+        assert_eq!(id.labels, [("reason", "max-qty".to_string())]);
+        assert_eq!(metric_id("open orders").labels, []);
+
+        // Two channels and two reasons: one metric each, told apart by labels.
+        let (dir, file) = fixture();
+        file.allocate("md.ch1.delivered").unwrap().add(5);
+        file.allocate("md.ch2.delivered").unwrap().add(6);
+        file.allocate("engines disconnected: too many malformed frames")
+            .unwrap()
+            .add(1);
+        file.allocate("engines disconnected: silent past engine_timeout_ms")
+            .unwrap()
+            .add(2);
+        let snap = Snapshot::take(&discover(dir.path()).unwrap(), &dir.path().join("none"));
+        let text = render_prometheus(&snap);
+        assert_eq!(
+            text.matches("# TYPE rocebus_md_delivered_total counter\n")
+                .count(),
+            1,
+            "{text}"
+        );
+        assert!(
+            text.contains("rocebus_md_delivered_total{component=\"engine\",channel=\"1\"} 5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rocebus_md_delivered_total{component=\"engine\",channel=\"2\"} 6\n"),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("# TYPE rocebus_engines_disconnected_total counter\n")
+                .count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("rocebus_engines_disconnected_total{component=\"engine\",reason=\"silent past engine_timeout_ms\"} 2\n"), "{text}");
+        assert!(!text.contains("pid="), "{text}");
+        assert!(!text.contains("_ch1_"), "{text}");
     }
 
     #[test]

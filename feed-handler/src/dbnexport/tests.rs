@@ -26,6 +26,26 @@ fn midnight_eastern_follows_daylight_saving() {
     assert_eq!(date("2024-12-31").eastern_offset_hours(), -5);
 }
 
+/// Before 2007 the US rule was different (first Sunday of April to last Sunday of October),
+/// and in 1974 daylight time ran all winter: the hand-written 2007 rule got these wrong, the
+/// time-zone database does not.
+#[test]
+fn midnight_eastern_before_2007_follows_that_years_rule() {
+    // 2006: DST from Sunday 2006-04-02 to Sunday 2006-10-29.
+    assert_eq!(date("2006-03-20").eastern_offset_hours(), -5);
+    assert_eq!(date("2006-04-02").eastern_offset_hours(), -5);
+    assert_eq!(date("2006-04-03").eastern_offset_hours(), -4);
+    assert_eq!(date("2006-10-29").eastern_offset_hours(), -4);
+    assert_eq!(date("2006-10-30").eastern_offset_hours(), -5);
+    // 2006-03-20 00:00 EST = 05:00 UTC.
+    assert_eq!(
+        date("2006-03-20").eastern_midnight_unix_ns(),
+        1_142_830_800_000_000_000
+    );
+    // The 1974 energy crisis: daylight time from 1974-01-06.
+    assert_eq!(date("1974-01-10").eastern_offset_hours(), -4);
+}
+
 #[test]
 fn dates_are_checked() {
     assert!(Date::parse("2024-02-29").is_ok());

@@ -53,7 +53,8 @@ fn bbo_rows_match_the_top_of_book_after_each_message() {
                     None => ",,".to_owned(),
                 };
                 expected.push(format!(
-                    "{locate},{},{},{}",
+                    "{locate},{},{},{},{}",
+                    b.stock.as_str().unwrap(),
                     m.header().timestamp.nanos(),
                     side(now.0),
                     side(now.1)
@@ -182,18 +183,18 @@ fn hand_built() -> Vec<u8> {
 fn bbo_of_a_hand_built_sequence() {
     let (csv, totals) = bbo_csv(&hand_built());
     let expected = "\
-locate,timestamp,bid_price,bid_size,bid_orders,ask_price,ask_size,ask_orders
-1,1000,100.0000,100,1,,,
-1,2000,100.0000,100,1,101.0000,200,1
-1,4000,100.0000,130,2,101.0000,200,1
-1,5000,100.0000,90,2,101.0000,200,1
-1,6000,100.0000,90,2,101.0000,150,1
-1,7000,100.0000,60,1,101.0000,150,1
-1,8000,100.0000,60,1,100.5000,100,1
-1,9000,99.0000,40,1,100.5000,100,1
-1,10000,,,,100.5000,100,1
-2,12000,,,,50.0000,10,1
-1,13000,,,,,,
+locate,symbol,timestamp,bid_price,bid_size,bid_orders,ask_price,ask_size,ask_orders
+1,AAPL,1000,100.0000,100,1,,,
+1,AAPL,2000,100.0000,100,1,101.0000,200,1
+1,AAPL,4000,100.0000,130,2,101.0000,200,1
+1,AAPL,5000,100.0000,90,2,101.0000,200,1
+1,AAPL,6000,100.0000,90,2,101.0000,150,1
+1,AAPL,7000,100.0000,60,1,101.0000,150,1
+1,AAPL,8000,100.0000,60,1,100.5000,100,1
+1,AAPL,9000,99.0000,40,1,100.5000,100,1
+1,AAPL,10000,,,,100.5000,100,1
+2,MSFT,12000,,,,50.0000,10,1
+1,AAPL,13000,,,,,,
 ";
     assert_eq!(csv, expected);
     assert_eq!(totals.messages, 17);

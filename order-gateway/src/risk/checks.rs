@@ -163,14 +163,8 @@ impl RiskEngine {
         if self.halted.contains(&o.symbol) {
             return Err(RejectReason::Halted);
         }
-        if let Some((start, end)) = self.window {
-            let sec = ((now / 1_000_000_000) % 86_400) as u32;
-            let open = if start <= end {
-                sec >= start && sec < end
-            } else {
-                sec >= start || sec < end
-            };
-            if !open {
+        if let Some(w) = &self.window {
+            if !w.is_open(now) {
                 return Err(RejectReason::OutsideTradingHours);
             }
         }

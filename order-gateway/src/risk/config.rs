@@ -136,10 +136,22 @@ pub struct RiskConfig {
     /// Responses kept per engine for replay on reconnect (1..=2^24). Default 65536.
     #[serde(default = "default_response_history")]
     pub response_history: usize,
-    /// Trading window start, "HH:MM" or "HH:MM:SS" UTC. Absent: no window.
+    /// Trading window start, "HH:MM" or "HH:MM:SS" local time in `timezone`. Absent (with
+    /// `trading_end`): no window.
+    #[serde(default)]
+    pub trading_start: Option<String>,
+    /// Trading window end (exclusive), in `timezone`; may be before the start to wrap
+    /// midnight.
+    #[serde(default)]
+    pub trading_end: Option<String>,
+    /// IANA time zone of `trading_start`/`trading_end`, e.g. "America/New_York" (the
+    /// database is built in). Default "UTC".
+    #[serde(default)]
+    pub timezone: Option<String>,
+    /// The older form: trading window start in UTC (not with `trading_start` or `timezone`).
     #[serde(default)]
     pub trading_start_utc: Option<String>,
-    /// Trading window end (exclusive), UTC; may be before the start to wrap midnight.
+    /// The older form: trading window end in UTC.
     #[serde(default)]
     pub trading_end_utc: Option<String>,
 }
@@ -160,8 +172,17 @@ pub enum RiskConfigError {
         value: String,
     },
     /// Only one end of the trading window is set.
-    #[error("risk: trading_start_utc and trading_end_utc must be set together")]
+    #[error("risk: trading_start and trading_end must be set together")]
     HalfWindow,
+    /// `timezone` names no zone of the IANA database.
+    #[error("risk.timezone: {0:?} is not an IANA time zone (e.g. \"America/New_York\", \"UTC\")")]
+    BadTimeZone(String),
+    /// The UTC-only keys beside `trading_start`/`trading_end` or `timezone`.
+    #[error(
+        "risk: trading_start_utc/trading_end_utc are UTC: with a timezone, use trading_start \
+         and trading_end instead"
+    )]
+    MixedWindowKeys,
     /// An engine's token is empty or longer than 32 bytes.
     #[error("risk.engines: engine {0}: token must be 1..=32 bytes")]
     BadEngineToken(u32),
@@ -184,29 +205,3 @@ pub enum RiskConfigError {
     },
 }
 
-pub(super) fn parse_time_of_day(key: &'static str, s: &str) -> Result<u32, RiskConfigError> {
-    let bad = || RiskConfigError::BadTime {
-        key,
-        value: s.to_owned(),
-    };
-    let mut parts = s.split(':');
-    let mut field = |max: u32| -> Result<u32, RiskConfigError> {
-        let v: u32 = parts.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
-        if v > max {
-            Err(bad())
-        } else {
-            Ok(v)
-        }
-    };
-    let h = field(23)?;
-    let m = field(59)?;
-    let sec = if s.matches(':').count() == 2 {
-        field(59)?
-    } else {
-        0
-    };
-    if s.matches(':').count() > 2 {
-        return Err(bad());
-    }
-    Ok(h * 3600 + m * 60 + sec)
-}

@@ -44,7 +44,6 @@ mod throttles;
 
 use accounting::scaled;
 use accounting::{Account, Firm, Position};
-use config::parse_time_of_day;
 pub use config::{
     AccountLimits, EngineGrant, FirmLimits, RiskConfig, RiskConfigError, MAX_RESPONSE_HISTORY,
     RESPONSE_HISTORY,
@@ -99,8 +98,8 @@ pub struct RiskEngine {
     throttle_slot_ns: u64,
     firm: Firm,
     identical: Identical,
-    /// Seconds of the UTC day, `[start, end)`.
-    window: Option<(u32, u32)>,
+    /// The trading window, in its time zone.
+    window: Option<crate::trading_window::TradingWindow>,
 }
 
 impl RiskEngine {
@@ -110,14 +109,7 @@ impl RiskEngine {
         for s in &cfg.restricted_symbols {
             restricted.insert(Symbol::new(s).ok_or_else(|| RiskConfigError::BadSymbol(s.clone()))?);
         }
-        let window = match (&cfg.trading_start_utc, &cfg.trading_end_utc) {
-            (None, None) => None,
-            (Some(s), Some(e)) => Some((
-                parse_time_of_day("trading_start_utc", s)?,
-                parse_time_of_day("trading_end_utc", e)?,
-            )),
-            _ => return Err(RiskConfigError::HalfWindow),
-        };
+        let window = crate::trading_window::TradingWindow::from_config(cfg)?;
         let accounts: FxHashMap<u32, Account> = cfg
             .accounts
             .iter()
