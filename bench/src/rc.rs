@@ -477,7 +477,9 @@ fn report_throughput(
             println!(
                 "rc-throughput: {count} x {size} B in {secs:.3} s, {rate:.0} msg/s, {flushes} flushes, back-pressured {backpressured} times"
             );
-            crate::report::emit_result(&format!("RESULT msgs_per_sec={rate:.1} lost=0 flushes={flushes}"));
+            crate::report::emit_result(&format!(
+                "RESULT msgs_per_sec={rate:.1} lost=0 flushes={flushes}"
+            ));
         }
         None => {
             println!("rc-throughput server: {count} x {size} B in {secs:.3} s, {rate:.0} msg/s");

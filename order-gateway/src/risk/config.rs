@@ -204,4 +204,3 @@ pub enum RiskConfigError {
         account: u32,
     },
 }
-
