@@ -305,7 +305,7 @@ fn promtool_accepts_stat_prometheus() {
         "rocebus_process_up{component=\"order-gateway\"} 1\n",
         "rocebus_process_up{component=\"sample-engine\"} 0\n",
         "rocebus_orders_sent_total{component=\"sample-engine\"} 9\n",
-        "rocebus_rdma_rcvd_pkts_total{device=\"rxe0\",port=\"1\",group=\"hw_counters\"} 12\n",
+        "rocebus_nic_total{device=\"rxe0\",port=\"1\",group=\"hw_counters\",counter=\"rcvd_pkts\"} 12\n",
     ] {
         assert!(page.contains(want), "no {want:?} in\n{page}");
     }

@@ -36,7 +36,6 @@ pub mod risk;
 pub mod service;
 pub mod sim;
 pub mod simulator;
-pub mod trading_window;
 
 // The engine protocol is its own crate (an engine embeds it without the gateway); the
 // gateway keeps the old paths.

@@ -440,7 +440,7 @@ fn gateway_counters_reach_metrics_endpoint() {
     let page = http_get(target, "/metrics").expect("GET /metrics");
     let sent_after = read_sent();
     let series = format!(
-        "rocebus_nic_counter_total{{device=\"{nic}\",port=\"1\",group=\"hw_counters\",counter=\"sent_pkts\"}} "
+        "rocebus_nic_total{{device=\"{nic}\",port=\"1\",group=\"hw_counters\",counter=\"sent_pkts\"}} "
     );
     let sent: u64 = page
         .lines()
@@ -452,7 +452,7 @@ fn gateway_counters_reach_metrics_endpoint() {
         "{nic} sent_pkts {sent} on the page, {sent_before}..{sent_after} in sysfs"
     );
     assert!(
-        page.contains("# TYPE rocebus_nic_counter_total counter\n"),
+        page.contains("# TYPE rocebus_nic_total counter\n"),
         "{page}"
     );
     let channel = format!(",channel=\"{CHANNEL}\"");

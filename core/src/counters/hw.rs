@@ -74,11 +74,11 @@ pub fn read_hw_counters(root: &Path) -> Vec<HwCounter> {
 }
 
 /// The Prometheus metric all NIC counters share, one series per device, port, group and
-/// counter (`rocebus_nic_counter_total{device="rxe0",port="1",group="hw_counters",
+/// counter (`rocebus_nic_total{device="rxe0",port="1",group="hw_counters",
 /// counter="rcvd_seq_err"}`): one name with labels rather than one name per file, so a
 /// query or alert works across drivers (`sum by (counter)`, `rate(...)`) and a counter a
 /// new driver adds appears without a code change.
-pub const NIC_METRIC: &str = "rocebus_nic_counter_total";
+pub const NIC_METRIC: &str = "rocebus_nic_total";
 
 /// Files under the counter folders that are settings, not counts: left out of the metrics.
 /// mlx5's `hw_counters/lifespan` is how long, in ms, the driver caches the values.
@@ -148,17 +148,17 @@ mod tests {
         std::fs::write(rxe.join("retry_exceeded_err"), "1\n").unwrap();
         let page = render_nic_prometheus(&read_hw_counters(root.path()));
         let want = "\
-# HELP rocebus_nic_counter_total RDMA NIC counter, from /sys/class/infiniband/DEVICE/ports/PORT/GROUP/COUNTER
-# TYPE rocebus_nic_counter_total counter
-rocebus_nic_counter_total{device=\"mlx5_0\",port=\"1\",group=\"counters\",counter=\"port_rcv_packets\"} 1000
-rocebus_nic_counter_total{device=\"mlx5_0\",port=\"1\",group=\"counters\",counter=\"port_xmit_discards\"} 0
-rocebus_nic_counter_total{device=\"mlx5_0\",port=\"1\",group=\"hw_counters\",counter=\"np_cnp_sent\"} 7
-rocebus_nic_counter_total{device=\"mlx5_0\",port=\"1\",group=\"hw_counters\",counter=\"np_ecn_marked_roce_packets\"} 9
-rocebus_nic_counter_total{device=\"mlx5_0\",port=\"1\",group=\"hw_counters\",counter=\"out_of_sequence\"} 3
-rocebus_nic_counter_total{device=\"mlx5_0\",port=\"1\",group=\"hw_counters\",counter=\"packet_seq_err\"} 2
-rocebus_nic_counter_total{device=\"mlx5_0\",port=\"1\",group=\"hw_counters\",counter=\"rp_cnp_handled\"} 5
-rocebus_nic_counter_total{device=\"rxe0\",port=\"1\",group=\"hw_counters\",counter=\"rcvd_seq_err\"} 4
-rocebus_nic_counter_total{device=\"rxe0\",port=\"1\",group=\"hw_counters\",counter=\"retry_exceeded_err\"} 1
+# HELP rocebus_nic_total RDMA NIC counter, from /sys/class/infiniband/DEVICE/ports/PORT/GROUP/COUNTER
+# TYPE rocebus_nic_total counter
+rocebus_nic_total{device=\"mlx5_0\",port=\"1\",group=\"counters\",counter=\"port_rcv_packets\"} 1000
+rocebus_nic_total{device=\"mlx5_0\",port=\"1\",group=\"counters\",counter=\"port_xmit_discards\"} 0
+rocebus_nic_total{device=\"mlx5_0\",port=\"1\",group=\"hw_counters\",counter=\"np_cnp_sent\"} 7
+rocebus_nic_total{device=\"mlx5_0\",port=\"1\",group=\"hw_counters\",counter=\"np_ecn_marked_roce_packets\"} 9
+rocebus_nic_total{device=\"mlx5_0\",port=\"1\",group=\"hw_counters\",counter=\"out_of_sequence\"} 3
+rocebus_nic_total{device=\"mlx5_0\",port=\"1\",group=\"hw_counters\",counter=\"packet_seq_err\"} 2
+rocebus_nic_total{device=\"mlx5_0\",port=\"1\",group=\"hw_counters\",counter=\"rp_cnp_handled\"} 5
+rocebus_nic_total{device=\"rxe0\",port=\"1\",group=\"hw_counters\",counter=\"rcvd_seq_err\"} 4
+rocebus_nic_total{device=\"rxe0\",port=\"1\",group=\"hw_counters\",counter=\"retry_exceeded_err\"} 1
 ";
         assert_eq!(page, want);
         assert_eq!(render_nic_prometheus(&[]), "");

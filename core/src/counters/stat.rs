@@ -612,10 +612,10 @@ mod tests {
         assert!(table.contains("hw_counters/rcvd_pkts"), "{table}");
         let prom = render_prometheus(&snap);
         assert!(
-            prom.contains("# TYPE rocebus_nic_counter_total counter\n"),
+            prom.contains("# TYPE rocebus_nic_total counter\n"),
             "{prom}"
         );
-        assert!(prom.contains("rocebus_nic_counter_total{device=\"rxe0\",port=\"1\",group=\"hw_counters\",counter=\"rcvd_pkts\"} 12\n"), "{prom}");
+        assert!(prom.contains("rocebus_nic_total{device=\"rxe0\",port=\"1\",group=\"hw_counters\",counter=\"rcvd_pkts\"} 12\n"), "{prom}");
     }
 
     #[test]

@@ -26,6 +26,7 @@
 //! - `checks`: the pre-trade checks that accept or reject a request;
 //! - `accounting`: open and executed notional, positions, open-order counts, firm totals;
 //! - `throttles`: the sliding-window throttles and the repeated-order check;
+//! - `window`: the daily trading window in its time zone;
 //! - `tests`: the rules end to end through [`RiskEngine`].
 //!
 //! [`RiskEngine`] follows the gateway's one contract (see [`crate::gateway`]): every input
@@ -41,6 +42,7 @@ mod accounting;
 mod checks;
 mod config;
 mod throttles;
+pub mod window;
 
 use accounting::scaled;
 use accounting::{Account, Firm, Position};
@@ -99,7 +101,7 @@ pub struct RiskEngine {
     firm: Firm,
     identical: Identical,
     /// The trading window, in its time zone.
-    window: Option<crate::trading_window::TradingWindow>,
+    window: Option<crate::risk::window::TradingWindow>,
 }
 
 impl RiskEngine {
@@ -109,7 +111,7 @@ impl RiskEngine {
         for s in &cfg.restricted_symbols {
             restricted.insert(Symbol::new(s).ok_or_else(|| RiskConfigError::BadSymbol(s.clone()))?);
         }
-        let window = crate::trading_window::TradingWindow::from_config(cfg)?;
+        let window = crate::risk::window::TradingWindow::from_config(cfg)?;
         let accounts: FxHashMap<u32, Account> = cfg
             .accounts
             .iter()

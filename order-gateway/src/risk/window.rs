@@ -10,7 +10,7 @@
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
 
-use crate::risk::{RiskConfig, RiskConfigError};
+use super::{RiskConfig, RiskConfigError};
 
 /// Seconds in a day.
 const DAY: i64 = 86_400;
