@@ -59,7 +59,7 @@ use super::budget::ByteBudget;
 use super::config::{ConfigError, McastConfig, Transport};
 use super::io::{NetError, PublishError, SNAPSHOT_CHUNK};
 use super::publisher::{Pacer, PublisherState};
-use super::server::{clamp_request, queue_retransmit, SnapshotCache};
+use super::server::{clamp_request, cut_to_request_bytes, queue_retransmit, SnapshotCache};
 use super::snapshot::{Handler, Snapshot, SnapshotSink};
 use super::subscriber::{Event, SubscriberCounters, SubscriberState};
 use super::wire::{
@@ -852,18 +852,11 @@ fn answer_request(
             stats.retransmit_requests += 1;
             let (mut r, clamped) = clamp_request(r, limits.max_request_messages);
             stats.requests_clamped += u64::from(clamped);
-            if r.channel == our_channel && r.session == state.session() {
-                let end = r.from_seq.saturating_add(r.count);
-                let (cut, _) = state.repair_extent(
-                    r.from_seq,
-                    end,
-                    limits.repair_request_bytes,
-                    RECOVERY_HEADER_LEN as u64,
-                );
-                if cut < end {
-                    stats.repair_requests_cut += 1;
-                    r.count = cut - r.from_seq;
-                }
+            if r.channel == our_channel
+                && r.session == state.session()
+                && cut_to_request_bytes(state, &mut r, limits.repair_request_bytes)
+            {
+                stats.repair_requests_cut += 1;
             }
             let before = outbox.len();
             queue_retransmit(state, &r, outbox);

@@ -338,6 +338,23 @@ pub(crate) fn clamp_request(r: RetransmitRequest, max: u64) -> (RetransmitReques
     }
 }
 
+/// Cuts `r` (a request for our channel and session) to what `limit_bytes` of
+/// answer hold, each datagram with its recovery header (on multicast, that or
+/// less on each line); returns whether it was cut. Shared by the recovery
+/// server and the RC fan-out, so one request costs both the same.
+pub(crate) fn cut_to_request_bytes(
+    state: &PublisherState,
+    r: &mut RetransmitRequest,
+    limit_bytes: u64,
+) -> bool {
+    let end = r.from_seq.saturating_add(r.count);
+    let (cut, _) = state.repair_extent(r.from_seq, end, limit_bytes, RECOVERY_HEADER_LEN as u64);
+    if cut < end {
+        r.count = cut - r.from_seq;
+    }
+    cut < end
+}
+
 /// Appends the answer to `r` to `outbox`: each datagram the history holds
 /// as retransmitted data, what it does not as `NotAvailable`. Returns the
 /// datagrams appended. Shared by the recovery server and the RC fan-out.
@@ -826,21 +843,8 @@ impl RecoveryServer {
         counters.requests_clamped += u64::from(clamped);
         let (channel, session) = (state.config().channel, state.session());
         let ours = r.channel == channel && r.session == session;
-        if ours {
-            // One request, at most repair_request_bytes of answer (each
-            // datagram with its recovery header; on multicast, that or
-            // less on each line).
-            let end = r.from_seq.saturating_add(r.count);
-            let (cut, _) = state.repair_extent(
-                r.from_seq,
-                end,
-                limits.repair_request_bytes,
-                RECOVERY_HEADER_LEN as u64,
-            );
-            if cut < end {
-                counters.repair_requests_cut += 1;
-                r.count = cut - r.from_seq;
-            }
+        if ours && cut_to_request_bytes(state, &mut r, limits.repair_request_bytes) {
+            counters.repair_requests_cut += 1;
         }
         // What is ours and still in the history may be answered on
         // multicast; the rest goes back by unicast, with its NotAvailable.
