@@ -497,12 +497,12 @@ fn cm_exchange(listen_ip: IpAddr, port: u16, server: bool) {
 fn cm_exchange_with(listen_ip: IpAddr, port: u16, server: bool, opts: RcOptions) {
     let d = dev();
     let cq = CompletionQueue::new(&d.ctx, 64).unwrap();
-    let qp = QueuePair::new(&d.pd, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
     let mr = MemoryRegion::new(&d.pd, 4096, Access::REMOTE_WRITE).unwrap();
     let mut mine = Vec::new();
     mine.extend_from_slice(&mr.addr().to_le_bytes());
     mine.extend_from_slice(&mr.rkey().to_le_bytes());
     if server {
+        let qp = QueuePair::new(&d.pd, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
         let l = Listener::bind(SocketAddr::new(listen_ip, port)).unwrap();
         let req = l
             .next_request(Duration::from_secs(30))
@@ -529,17 +529,30 @@ fn cm_exchange_with(listen_ip: IpAddr, port: u16, server: bool, opts: RcOptions)
             "no DISCONNECTED event"
         );
     } else {
-        let r = cm::resolve(
-            SocketAddr::new(listen_ip, port),
-            None,
-            Duration::from_secs(10),
-        )
-        .unwrap();
         let mut hello = b"hello".to_vec();
         hello.extend_from_slice(&[0; 20]);
-        let (conn, theirs) = r
-            .connect(&qp, &opts, Access::LOCAL, &hello, Duration::from_secs(10))
+        // The server thread may not listen yet (a loaded host takes more than a moment to
+        // open the device and bind): "nobody listens on that port" is retried with a fresh
+        // queue pair, anything else fails the test.
+        let started = Instant::now();
+        let (qp, conn, theirs) = loop {
+            let qp = QueuePair::new(&d.pd, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
+            let r = cm::resolve(
+                SocketAddr::new(listen_ip, port),
+                None,
+                Duration::from_secs(10),
+            )
             .unwrap();
+            match r.connect(&qp, &opts, Access::LOCAL, &hello, Duration::from_secs(10)) {
+                Ok((conn, theirs)) => break (qp, conn, theirs),
+                Err(VerbsError::ConnectionRejected { status: 8, .. })
+                    if started.elapsed() < Duration::from_secs(30) =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("connect: {e}"),
+            }
+        };
         let addr = u64::from_le_bytes(theirs[..8].try_into().unwrap());
         let rkey = u32::from_le_bytes(theirs[8..12].try_into().unwrap());
         let s = [Sge::inline(b"wrote!")];
@@ -630,13 +643,18 @@ fn rdma_cm_connect_to_nobody_is_rejected() {
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_listener_rejects_with_reason() {
     let ip = local_ip();
+    let (bound, is_bound) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || {
         let l = Listener::bind(SocketAddr::new(ip, 7473)).unwrap();
+        bound.send(()).unwrap();
         let req = l.next_request(Duration::from_secs(30)).unwrap().unwrap();
         req.reject(b"bad token").unwrap();
         std::thread::sleep(Duration::from_millis(500));
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // Connect only once the listener is bound (a fixed sleep lost that race on a loaded host).
+    is_bound
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the listener binds");
     let d = dev();
     let cq = CompletionQueue::new(&d.ctx, 16).unwrap();
     let qp = QueuePair::new(&d.pd, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
