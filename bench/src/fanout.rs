@@ -19,6 +19,7 @@
 use crate::md::sink;
 use crate::rc::local_ip;
 use anyhow::{bail, Context, Result};
+use rocebus::clock::Mono;
 use rocebus::idle::{IdleStrategy, Idler};
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::{Handler, MdPublisher, MdSubscriber, RestoreError, Snapshot, SnapshotSink};
@@ -168,14 +169,14 @@ fn one(cfg: &McastConfig, ip: IpAddr, subs: usize, args: &FanoutArgs) -> Result<
             let mut idle = Idler::new(IdleStrategy::Yield);
             // ORDERING: Acquire, pairs with the publisher's Release store.
             while app.next < n && !stop.load(Ordering::Acquire) {
-                idle.idle(s.poll(rocebus::mcast::now_ns(), &mut app)?);
+                idle.idle(s.poll(Mono::now(), &mut app, 64)?);
             }
             done.fetch_add(1, Ordering::AcqRel);
             s.disconnect();
             Ok((app.next, app.out_of_order))
         }));
     }
-    let now = rocebus::mcast::now_ns;
+    let now = rocebus::clock::now_ns;
     let mut p = MdPublisher::new(cfg, 1, now(), ip)?;
     let mut snap = Seq(0);
     let t0 = Instant::now();
@@ -184,7 +185,7 @@ fn one(cfg: &McastConfig, ip: IpAddr, subs: usize, args: &FanoutArgs) -> Result<
             stop.store(true, Ordering::Release);
             bail!("only {} of {subs} subscribers connected", p.connections());
         }
-        p.poll(now(), &snap)?;
+        p.poll(Mono::from_nanos(now()), &snap)?;
     }
     let mut msg = vec![0u8; args.size.max(8)];
     const BURST: u64 = 64;
@@ -196,19 +197,19 @@ fn one(cfg: &McastConfig, ip: IpAddr, subs: usize, args: &FanoutArgs) -> Result<
     while seq <= n {
         for _ in 0..BURST.min(n - seq + 1) {
             msg[..8].copy_from_slice(&seq.to_le_bytes());
-            p.publish(now(), &msg)?;
+            p.offer(Mono::from_nanos(now()), &msg)?;
             snap.0 = seq;
             seq += 1;
         }
-        p.poll(now(), &snap)?;
+        p.poll(Mono::from_nanos(now()), &snap)?;
         due += burst_ns;
         let t = now();
         if due > t {
             std::thread::sleep(Duration::from_nanos(due - t));
         }
     }
-    p.flush(now())?;
-    p.poll(now(), &snap)?;
+    p.flush(Mono::from_nanos(now()))?;
+    p.poll(Mono::from_nanos(now()), &snap)?;
     let cpu = thread_cpu_ns() - cpu0;
     let wall = now() - start;
     // Not measured: serve until every subscriber has everything.
@@ -217,7 +218,7 @@ fn one(cfg: &McastConfig, ip: IpAddr, subs: usize, args: &FanoutArgs) -> Result<
         if t0.elapsed() > Duration::from_secs(60) {
             break;
         }
-        p.poll(now(), &snap)?;
+        p.poll(Mono::from_nanos(now()), &snap)?;
         std::thread::yield_now();
     }
     // ORDERING: Release, pairs with the subscribers' Acquire loads.

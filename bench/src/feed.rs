@@ -23,6 +23,7 @@ use feed_handler::service::Pipeline;
 use feed_handler::udp::{Pacing, ReceiverConfig, ReplayConfig, Replayer, UdpReceiver};
 use feed_handler::view::MarketView;
 use hdrhistogram::Histogram;
+use rocebus::clock::Mono;
 use rocebus::idle::{IdleStrategy, Idler};
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::net::PublishError;
@@ -235,10 +236,10 @@ pub fn run(a: &FeedE2eArgs) -> Result<()> {
             }
             let got = receiver.poll_timed(&mut clock::now, &mut p)?;
             let (book, sink) = p.parts_mut();
-            let sent = sink.bus.poll(clock::now(), book)?;
+            let sent = sink.bus.poll(Mono::from_nanos(clock::now()), book)?;
             if !ended && receiver.tracker().is_complete() {
                 ended = true;
-                sink.bus.flush(clock::now())?;
+                sink.bus.flush(Mono::from_nanos(clock::now()))?;
                 last_tx.send(sink.bus.last_seq(0))?;
             }
             idler.idle(usize::from(got) + sent);
@@ -276,7 +277,7 @@ pub fn run(a: &FeedE2eArgs) -> Result<()> {
     let mut last = None;
     let deadline = t0 + Duration::from_secs(50) + Duration::from_secs(a.messages / a.rate.max(1));
     while last.is_none_or(|l| app.view.last_seq() < l) {
-        idler.idle(sub.poll(clock::now(), &mut app)?);
+        idler.idle(sub.poll(Mono::from_nanos(clock::now()), &mut app, 64)?);
         if last.is_none() {
             last = last_rx.try_recv().ok();
         }

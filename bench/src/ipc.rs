@@ -7,7 +7,7 @@
 use crate::report::Summary;
 use anyhow::{bail, Result};
 use hdrhistogram::Histogram;
-use rocebus::clock::now_ns;
+use rocebus::clock::Mono;
 use rocebus::ipc::{IpcConfig, IpcEvent, IpcOfferError, IpcPublisher, IpcSubscriber};
 use std::time::{Duration, Instant};
 
@@ -60,11 +60,8 @@ fn connect(s: &mut IpcSubscriber) -> Result<()> {
     let t = Instant::now();
     let mut ok = false;
     while !ok {
-        s.poll(
-            now_ns(),
-            |e| ok |= matches!(e, IpcEvent::Connected { .. }),
-            1,
-        );
+        s.poll(Mono::now(), |_| {}, 1).unwrap();
+        ok |= matches!(s.poll_event(), Some(IpcEvent::Connected { .. }));
         if t.elapsed() > Duration::from_secs(10) {
             bail!("the IPC stream never appeared");
         }
@@ -90,10 +87,10 @@ fn offer_spin(p: &mut IpcPublisher, payload: &[u8]) -> Result<()> {
 pub fn latency(a: &IpcArgs) -> Result<()> {
     let cfg = config(a);
     let (ping, pong) = names();
-    let mut ping_pub = IpcPublisher::create(&ping, &cfg)?;
-    let mut pong_pub = IpcPublisher::create(&pong, &cfg)?;
-    let mut ping_sub = IpcSubscriber::new(&ping, &cfg)?;
-    let mut pong_sub = IpcSubscriber::new(&pong, &cfg)?;
+    let mut ping_pub = IpcPublisher::new(&cfg, &ping)?;
+    let mut pong_pub = IpcPublisher::new(&cfg, &pong)?;
+    let mut ping_sub = IpcSubscriber::new(&cfg, &ping)?;
+    let mut pong_sub = IpcSubscriber::new(&cfg, &pong)?;
     connect(&mut ping_sub)?;
     connect(&mut pong_sub)?;
     let total = a.iterations + a.iterations / 10;
@@ -103,27 +100,27 @@ pub fn latency(a: &IpcArgs) -> Result<()> {
         let mut done = 0;
         // The clock only paces the subscriber's looks for its publisher: one
         // read per thousand turns, as a spinning engine would.
-        let mut now = now_ns();
+        let mut now = Mono::now();
         let mut turns = 0u32;
         while done < total {
             turns = turns.wrapping_add(1);
             if turns % 1024 == 0 {
-                now = now_ns();
+                now = Mono::now();
             }
             let mut err = None;
-            ping_sub.poll(
-                now,
-                |e| {
-                    if let IpcEvent::Message(m) = e {
+            ping_sub
+                .poll(
+                    now,
+                    |m| {
                         // Echo in place: claim, copy, commit, as Aeron's pong does.
                         if let Err(x) = offer_spin(&mut pong_pub, m.payload) {
                             err = Some(x);
                         }
                         done += 1;
-                    }
-                },
-                16,
-            );
+                    },
+                    16,
+                )
+                .unwrap();
             if let Some(e) = err {
                 return Err(e);
             }
@@ -135,21 +132,15 @@ pub fn latency(a: &IpcArgs) -> Result<()> {
     let mut msg = vec![0u8; a.size.max(8)];
     for i in 0..total {
         // Read outside the timed round trip (it only paces liveness looks).
-        let now = now_ns();
+        let now = Mono::now();
         let t0 = Instant::now();
         msg[..8].copy_from_slice(&i.to_le_bytes());
         offer_spin(&mut ping_pub, &msg)?;
         let mut got = false;
         while !got {
-            pong_sub.poll(
-                now,
-                |e| {
-                    if let IpcEvent::Message(m) = e {
-                        got = m.payload[..8] == i.to_le_bytes();
-                    }
-                },
-                16,
-            );
+            pong_sub
+                .poll(now, |m| got = m.payload[..8] == i.to_le_bytes(), 16)
+                .unwrap();
         }
         if i >= a.iterations / 10 {
             h.record(t0.elapsed().as_nanos() as u64)?;
@@ -166,8 +157,8 @@ pub fn latency(a: &IpcArgs) -> Result<()> {
 pub fn throughput(a: &IpcArgs) -> Result<()> {
     let cfg = config(a);
     let (name, _) = names();
-    let mut publisher = IpcPublisher::create(&name, &cfg)?;
-    let mut sub = IpcSubscriber::new(&name, &cfg)?;
+    let mut publisher = IpcPublisher::new(&cfg, &name)?;
+    let mut sub = IpcSubscriber::new(&cfg, &name)?;
     connect(&mut sub)?;
     let total = a.iterations + a.iterations / 10;
     let warm = a.iterations / 10;
@@ -177,26 +168,25 @@ pub fn throughput(a: &IpcArgs) -> Result<()> {
         let mut n = 0u64;
         let mut start = None;
         let mut sum = 0u64;
-        let mut now = now_ns();
+        let mut now = Mono::now();
         let mut turns = 0u32;
         while n < total {
             turns = turns.wrapping_add(1);
             if turns % 1024 == 0 {
-                now = now_ns();
+                now = Mono::now();
             }
             sub.poll(
                 now,
-                |e| {
-                    if let IpcEvent::Message(m) = e {
-                        sum = sum.wrapping_add(m.payload[0] as u64);
-                        n += 1;
-                        if n == warm {
-                            start = Some(Instant::now());
-                        }
+                |m| {
+                    sum = sum.wrapping_add(m.payload[0] as u64);
+                    n += 1;
+                    if n == warm {
+                        start = Some(Instant::now());
                     }
                 },
                 256,
-            );
+            )
+            .unwrap();
         }
         std::hint::black_box(sum);
         (total - warm) as f64 / start.expect("warm-up").elapsed().as_secs_f64()

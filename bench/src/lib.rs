@@ -33,5 +33,6 @@ pub mod demo;
 pub mod fanout;
 pub mod ipc;
 pub mod md;
+pub mod pages;
 pub mod rc;
 pub mod report;

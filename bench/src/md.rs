@@ -15,6 +15,14 @@
 //! - `md-recovery`: time to recover one lost datagram (gap detected to the
 //!   missing message delivered), in multiples of a 64-byte RC round trip.
 //!
+//! Across two hosts, md-latency and md-throughput run one side each: `--server` (the echo,
+//! the subscriber) and `--client HOST` (the originator, the publisher), like perftest's
+//! `ib_send_lat -c UD -g` and `ib_send_bw -c UD` (`cargo xtask bench --hosts 2 NAME`). A
+//! TCP connection on `--oob-port`, perftest's out-of-band exchange in small, gives the server
+//! the client's address (a subscriber connects to its publisher for recovery), tells
+//! md-throughput's publisher when everything arrived and, closed by md-latency's client,
+//! ends the server's echo.
+//!
 //! In one soft-RoCE guest the NIC's QEMU hub has no other port, so multicast
 //! frames handed to eth0 are never taken and rxe stalls after 64 of them;
 //! local receivers get their copy from the kernel's multicast loopback before
@@ -25,6 +33,7 @@ use crate::rc::local_ip;
 use crate::report::Summary;
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
+use rocebus::clock::Mono;
 use rocebus::idle::{IdleStrategy, Idler};
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::net::INLINE_MAX;
@@ -35,7 +44,8 @@ use rocebus::verbs::cm::{self, Listener};
 use rocebus::verbs::{
     Access, Context as RdmaContext, Dest, PoolConfig, PooledQp, ProtectionDomain, QpType, RcOptions,
 };
-use std::net::{IpAddr, SocketAddr};
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,6 +118,120 @@ pub struct MdArgs {
     /// (`auth.datagram_tag`), to measure what it costs.
     #[arg(long)]
     pub datagram_tag: bool,
+    /// md-latency, md-throughput: two hosts, this one the server (md-latency's echo,
+    /// md-throughput's subscriber). It waits for the client on `--oob-port` (TCP), learns
+    /// the client's address there (its subscriber connects to the client's publisher for
+    /// recovery), serves one run and exits. perftest's counterpart runs with no address.
+    #[arg(long, conflicts_with = "client")]
+    pub server: bool,
+    /// md-latency, md-throughput: two hosts, this one the client (md-latency's originator,
+    /// md-throughput's publisher), reaching the server at HOST (its `--addr`), retrying for
+    /// `--connect-secs` while it starts. md-latency's client prints the figures, like
+    /// perftest's; md-throughput's server does (the receiver).
+    #[arg(long, value_name = "HOST", conflicts_with_all = ["threads", "raw"])]
+    pub client: Option<IpAddr>,
+    /// TCP port of the two-host handshake (perftest's out-of-band connection in small: the
+    /// client's address one way, "all received" the other; closing it ends the server's run).
+    #[arg(long, default_value_t = 7790)]
+    pub oob_port: u16,
+    /// How long `--client` keeps retrying and `--server` waits for its client.
+    #[arg(long, default_value_t = 120)]
+    pub connect_secs: u64,
+    /// Registered memory on 2 MiB huge pages (`[rdma] hugepages` of the services); the
+    /// guest needs free ones (`cargo xtask bench NAME --hugepages` reserves them).
+    #[arg(long, value_enum, default_value_t = crate::pages::Pages::Off)]
+    pub hugepages: crate::pages::Pages,
+}
+
+/// Which ends of a two-sided harness this process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ends {
+    /// Both (one host).
+    Both,
+    /// The server alone (`--server`).
+    Server,
+    /// The client alone, its server at this host (`--client HOST`).
+    Client(IpAddr),
+}
+
+impl MdArgs {
+    fn ends(&self) -> Ends {
+        match (self.server, self.client) {
+            (true, _) => Ends::Server,
+            (false, Some(h)) => Ends::Client(h),
+            (false, None) => Ends::Both,
+        }
+    }
+
+    /// Refuses `--server`/`--client` in a harness that runs on one host only.
+    pub fn one_host_only(&self, name: &str) -> Result<()> {
+        if self.ends() != Ends::Both {
+            bail!("{name} runs on one host: --server/--client do not apply");
+        }
+        Ok(())
+    }
+}
+
+/// The server's end of the two-host handshake: accepts one client on `ip`:`--oob-port`
+/// within `--connect-secs`; returns the connection and the client's address (where its
+/// publisher listens for recovery connections).
+fn oob_accept(args: &MdArgs, ip: IpAddr) -> Result<(TcpStream, IpAddr)> {
+    let l = TcpListener::bind((ip, args.oob_port))
+        .with_context(|| format!("listening on {ip}:{} (TCP)", args.oob_port))?;
+    l.set_nonblocking(true)?;
+    eprintln!("waiting for the client on {ip}:{} (TCP)", args.oob_port);
+    let deadline = std::time::Instant::now() + Duration::from_secs(args.connect_secs);
+    loop {
+        match l.accept() {
+            Ok((stream, peer)) => {
+                stream.set_nonblocking(false)?;
+                stream.set_nodelay(true)?;
+                return Ok((stream, peer.ip()));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if std::time::Instant::now() > deadline {
+                    bail!("no client within {} s", args.connect_secs);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e).context("accepting the client"),
+        }
+    }
+}
+
+/// The client's end of the two-host handshake: connects to `host`:`--oob-port`, retrying
+/// for `--connect-secs` while the server starts.
+fn oob_connect(args: &MdArgs, host: IpAddr) -> Result<TcpStream> {
+    let addr = SocketAddr::new(host, args.oob_port);
+    let deadline = std::time::Instant::now() + Duration::from_secs(args.connect_secs);
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("connecting to {addr} (TCP): {e}; retrying");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("no server at {addr} within {} s", args.connect_secs))
+            }
+        }
+    }
+}
+
+/// A flag set when `stream` reaches its end (or fails): the peer is done.
+fn closed_flag(mut stream: TcpStream) -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = flag.clone();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut stream, &mut std::io::sink());
+        // ORDERING: Release, pairs with the Acquire loads of the loop it stops.
+        set.store(true, Ordering::Release);
+    });
+    flag
 }
 
 fn idler(args: &MdArgs) -> Idler {
@@ -314,7 +438,7 @@ impl Handler for Pong {
         let n = msg.len().min(16);
         e.msg[..n].copy_from_slice(&msg[..n]);
         // Published and sent in one step, as the originator does.
-        let sent = match e.p.publish_and_flush(self.at, &e.msg) {
+        let sent = match e.p.offer_and_flush(Mono::from_nanos(self.at), &e.msg) {
             Ok(_) => {
                 e.snap.0 += 1;
                 Ok(())
@@ -338,9 +462,20 @@ impl SnapshotSink for Pong {
 }
 
 fn subscribe(cfg: &McastConfig, channel: u16, ip: IpAddr) -> Result<McastSubscriber> {
+    subscribe_from(cfg, channel, ip, ip)
+}
+
+/// Subscribes on `local` to `channel`, whose publisher (recovery) is at `publisher`,
+/// retrying for 20 s while it starts.
+fn subscribe_from(
+    cfg: &McastConfig,
+    channel: u16,
+    local: IpAddr,
+    publisher: IpAddr,
+) -> Result<McastSubscriber> {
     let t = std::time::Instant::now();
     loop {
-        match McastSubscriber::connect(cfg, channel, ip, ip) {
+        match McastSubscriber::connect(cfg, channel, local, publisher) {
             Ok(s) => return Ok(s),
             Err(e) if t.elapsed() > Duration::from_secs(20) => return Err(e.into()),
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
@@ -351,12 +486,40 @@ fn subscribe(cfg: &McastConfig, channel: u16, ip: IpAddr) -> Result<McastSubscri
 fn wait_connected(p: &mut McastPublisher, snap: &Seq) -> Result<()> {
     let t = clock::now();
     while p.connections() == 0 {
-        p.poll(clock::now(), snap)?;
+        p.poll(Mono::from_nanos(clock::now()), snap)?;
         if clock::now() - t > 30_000_000_000 {
             bail!("no subscriber connected within 30 s");
         }
     }
     Ok(())
+}
+
+/// md-throughput's publishing burst, on one host or as `--client`: pins, waits for a
+/// subscriber, publishes `n` messages of `args.size` bytes (polling every 16) and flushes.
+/// Returns the publisher (it still serves recovery), the snapshot position, and the clock
+/// at the first and after the last message.
+fn publish_burst(
+    args: &MdArgs,
+    cfg: &McastConfig,
+    ip: IpAddr,
+    n: u64,
+) -> Result<(McastPublisher, Seq, u64, u64)> {
+    pin(&args.cores, 0);
+    let mut p = McastPublisher::new(cfg, 1, clock::now(), ip)?;
+    let mut snap = Seq(0);
+    wait_connected(&mut p, &snap)?;
+    let mut msg = vec![0u8; args.size];
+    let start = clock::now();
+    for seq in 1..=n {
+        message(&mut msg, seq, 0);
+        p.offer(Mono::from_nanos(clock::now()), &msg)?;
+        snap.0 = seq;
+        if seq % 16 == 0 {
+            p.poll(Mono::from_nanos(clock::now()), &snap)?;
+        }
+    }
+    p.flush(Mono::from_nanos(clock::now()))?;
+    Ok((p, snap, start, clock::now()))
 }
 
 fn message(buf: &mut [u8], seq: u64, ts: u64) {
@@ -369,10 +532,16 @@ pub fn throughput(args: &MdArgs) -> Result<()> {
     if args.size < 16 {
         bail!("--size must be at least 16 (sequence and timestamp)");
     }
+    args.hugepages.apply();
     let n = args.iterations.unwrap_or(300_000);
     let _sink = sink(args.no_sink);
     let ip = local_ip(args.addr)?;
     let cfg = config(&[(1, "239.9.1.1", args.port)], args)?;
+    match args.ends() {
+        Ends::Server => return throughput_server(args, &cfg, ip, n),
+        Ends::Client(host) => return throughput_client(args, &cfg, ip, host, n),
+        Ends::Both => {}
+    }
     let done = Arc::new(AtomicU64::new(0));
     let sub_cfg = cfg.clone();
     let (cores, sub_done, mut idle) = (args.cores.clone(), done.clone(), idler(args));
@@ -382,7 +551,7 @@ pub fn throughput(args: &MdArgs) -> Result<()> {
         let mut app = Sink::default();
         let deadline = clock::now() + 120_000_000_000;
         while s.counters().delivered + skipped(&s) < n {
-            idle.idle(s.poll(clock::now(), &mut app)?);
+            idle.idle(s.poll(Mono::from_nanos(clock::now()), &mut app, 64)?);
             if clock::now() > deadline {
                 break;
             }
@@ -393,26 +562,11 @@ pub fn throughput(args: &MdArgs) -> Result<()> {
         let _ = s.disconnect();
         Ok((end, s.counters(), s.io_stats(), app.out_of_order))
     });
-    pin(&args.cores, 0);
-    let mut p = McastPublisher::new(&cfg, 1, clock::now(), ip)?;
-    let mut snap = Seq(0);
-    wait_connected(&mut p, &snap)?;
-    let mut msg = vec![0u8; args.size];
-    let start = clock::now();
-    for seq in 1..=n {
-        message(&mut msg, seq, 0);
-        p.publish(clock::now(), &msg)?;
-        snap.0 = seq;
-        if seq % 16 == 0 {
-            p.poll(clock::now(), &snap)?;
-        }
-    }
-    p.flush(clock::now())?;
-    let published = clock::now();
+    let (mut p, snap, start, published) = publish_burst(args, &cfg, ip, n)?;
     let mut idle = idler(args);
     // ORDERING: Acquire, pairs with the subscriber's Release store.
     while done.load(Ordering::Acquire) == 0 {
-        idle.idle(p.poll(clock::now(), &snap)?);
+        idle.idle(p.poll(Mono::from_nanos(clock::now()), &snap)?);
     }
     let (end, c, io, ooo) = sub
         .join()
@@ -438,6 +592,88 @@ pub fn throughput(args: &MdArgs) -> Result<()> {
     Ok(())
 }
 
+/// md-throughput's receiving end across two hosts (`--server`): subscribes to channel 1 of
+/// the client's publisher, takes `n` messages, timed from the first poll that delivered to
+/// the last (as rc-throughput's server does: the publisher's start is on another clock),
+/// tells the client it has them all and prints the rate.
+fn throughput_server(args: &MdArgs, cfg: &McastConfig, ip: IpAddr, n: u64) -> Result<()> {
+    let (mut oob, peer) = oob_accept(args, ip)?;
+    pin(&args.cores, 0);
+    let mut s = subscribe_from(cfg, 1, ip, peer)?;
+    let mut app = Sink::default();
+    let mut idle = idler(args);
+    let mut start = None;
+    let deadline = clock::now() + 120_000_000_000;
+    while s.counters().delivered + skipped(&s) < n {
+        let now = clock::now();
+        idle.idle(s.poll(Mono::from_nanos(now), &mut app, 64)?);
+        if start.is_none() && s.counters().delivered > 0 {
+            start = Some(now);
+        }
+        if now > deadline {
+            break;
+        }
+    }
+    let end = clock::now();
+    // All received (or the deadline): the client may stop serving recovery.
+    oob.write_all(b"d").context("telling the client")?;
+    let c = s.counters();
+    let _ = s.disconnect();
+    let secs = (end - start.unwrap_or(end)) as f64 / 1e9;
+    let rate = c.delivered as f64 / secs.max(1e-9);
+    let lost = n - c.delivered.min(n);
+    println!(
+        "md-throughput server: {} B messages from {peer}, delivered {} of {n} in {secs:.3} s, {rate:.0} msg/s",
+        args.size, c.delivered
+    );
+    println!("subscriber: {c:?}\n{:?}", s.io_stats());
+    if app.out_of_order != 0 {
+        bail!("{} messages out of order", app.out_of_order);
+    }
+    crate::report::emit_result(&format!(
+        "RESULT msgs_per_sec={rate:.1} lost={lost} recovered={} unrecoverable={}",
+        c.messages_recovered, c.unrecoverable
+    ));
+    Ok(())
+}
+
+/// md-throughput's publishing end across two hosts (`--client HOST`): publishes `n`
+/// messages on channel 1 once the server's subscriber is connected, then serves recovery
+/// until the server says it has them all (the server prints the rate).
+fn throughput_client(
+    args: &MdArgs,
+    cfg: &McastConfig,
+    ip: IpAddr,
+    host: IpAddr,
+    n: u64,
+) -> Result<()> {
+    let mut oob = oob_connect(args, host)?;
+    let (mut p, snap, start, published) = publish_burst(args, cfg, ip, n)?;
+    oob.set_nonblocking(true)?;
+    let mut idle = idler(args);
+    let deadline = published + 150_000_000_000;
+    let mut byte = [0u8; 1];
+    loop {
+        match oob.read(&mut byte) {
+            // A byte ("all received") or the end (the server gave up): either way, done.
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e).context("the server's handshake connection"),
+        }
+        idle.idle(p.poll(Mono::from_nanos(clock::now()), &snap)?);
+        if clock::now() > deadline {
+            bail!("the server did not report within 150 s of the last message");
+        }
+    }
+    println!(
+        "md-throughput client: published {n} x {} B in {:.3} s ({} datagrams); the server prints the rate",
+        args.size,
+        (published - start) as f64 / 1e9,
+        p.io_stats().datagrams_sent
+    );
+    Ok(())
+}
+
 /// Messages a subscriber skipped through a snapshot (counted as lost).
 fn skipped(s: &McastSubscriber) -> u64 {
     if s.counters().snapshots_applied > 0 && s.state().phase() == Phase::Live {
@@ -452,25 +688,42 @@ pub fn latency(args: &MdArgs) -> Result<()> {
     if args.size < 16 {
         bail!("--size must be at least 16 (sequence and timestamp)");
     }
+    args.hugepages.apply();
     let n = args.iterations.unwrap_or(20_000);
     let warmup = (n / 10).max(100);
     let _sink = sink(args.no_sink);
     let ip = local_ip(args.addr)?;
     if args.raw {
+        args.one_host_only("md-latency --raw")?;
         return raw_latency(args, ip, n, warmup);
     }
     let cfg = latency_config(args)?;
-    let echo_body = echo_side(args, &cfg, ip);
-    if args.echo_only {
-        return echo_only(echo_body);
-    }
-    let echo = Echo::start(args, echo_body)?;
+    // The echo (a thread or a second process on one host, nothing here with two), where
+    // the echo's publisher is, and the handshake connection whose end stops a remote echo.
+    let (echo, echo_host, oob) = match args.ends() {
+        Ends::Server => {
+            // The echo alone: the client's address from the handshake is where channel 1's
+            // publisher is; the client closing the connection ends the run.
+            let (oob, peer) = oob_accept(args, ip)?;
+            echo_side(args, &cfg, ip, peer, 0)(closed_flag(oob))?;
+            println!("md-latency server: echoed for {peer} until it closed the connection");
+            return Ok(());
+        }
+        Ends::Client(host) => (None, host, Some(oob_connect(args, host)?)),
+        Ends::Both => {
+            let echo_body = echo_side(args, &cfg, ip, ip, 1);
+            if args.echo_only {
+                return echo_only(echo_body);
+            }
+            (Some(Echo::start(args, echo_body)?), ip, None)
+        }
+    };
     pin(&args.cores, 0);
     let mut p1 = McastPublisher::new(&cfg, 1, clock::now(), ip)?;
     let mut snap = Seq(0);
     wait_connected(&mut p1, &snap)?;
-    // Connecting blocks until the echo thread's publisher accepts; it polls.
-    let mut s2 = subscribe(&cfg, 2, ip)?;
+    // Connecting blocks until the echo's publisher accepts; it polls.
+    let mut s2 = subscribe_from(&cfg, 2, ip, echo_host)?;
     let mut app = Pong::new(None);
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let mut msg = vec![0u8; args.size];
@@ -479,25 +732,30 @@ pub fn latency(args: &MdArgs) -> Result<()> {
         let t0 = clock::now();
         message(&mut msg, i, t0);
         // Publish and flush in one step (the latency path).
-        p1.publish_and_flush(t0, &msg)?;
+        p1.offer_and_flush(Mono::from_nanos(t0), &msg)?;
         snap.0 = i;
         let deadline = t0 + 5_000_000_000;
         loop {
             let now = clock::now();
-            let work = s2.poll(now, &mut app)?;
+            let work = s2.poll(Mono::from_nanos(now), &mut app, 64)?;
             if app.sink.next > i && u64::from_le_bytes(app.sink.last[..8].try_into()?) == i {
                 break;
             }
             if now > deadline {
                 bail!("round trip {i} got no echo within 5 s: {:?}", s2.counters());
             }
-            idle.idle(work + p1.poll(now, &snap)?);
+            idle.idle(work + p1.poll(Mono::from_nanos(now), &snap)?);
         }
         if i > warmup {
             record_one_way(&mut hist, t0, app.at)?;
         }
     }
-    echo.stop()?;
+    crate::pages::report("md-latency");
+    if let Some(echo) = echo {
+        echo.stop()?;
+    }
+    // Closing the handshake connection ends a remote echo's run.
+    drop(oob);
     let s = Summary::of(&hist);
     println!(
         "md-latency: {} B, {n} round trips over two multicast groups, publish-to-handler (RTT/2)\n{s:?}",
@@ -520,17 +778,21 @@ fn latency_config(args: &MdArgs) -> Result<McastConfig> {
 /// The echo side of md-latency and md-ping: every message on channel 1
 /// goes back on channel 2, published from inside the handler as a strategy
 /// reacting to market data would. Runs until its stop flag is set.
+/// `publisher` is where channel 1's publisher is (this host, or the client across two);
+/// the echo pins itself to `--cores`' entry `core`.
 fn echo_side(
     args: &MdArgs,
     cfg: &McastConfig,
     ip: IpAddr,
+    publisher: IpAddr,
+    core: usize,
 ) -> impl FnOnce(Arc<AtomicBool>) -> Result<()> + Send + 'static {
     let (echo_cfg, cores, size) = (cfg.clone(), args.cores.clone(), args.size);
     let mut echo_idle = idler(args);
     move |echo_stop: Arc<AtomicBool>| -> Result<()> {
-        pin(&cores, 1);
+        pin(&cores, core);
         let p = McastPublisher::new(&echo_cfg, 2, clock::now(), ip)?;
-        let mut s1 = subscribe(&echo_cfg, 1, ip)?;
+        let mut s1 = subscribe_from(&echo_cfg, 1, ip, publisher)?;
         let mut app = Pong::new(Some(EchoOut {
             p,
             snap: Seq(0),
@@ -543,12 +805,12 @@ fn echo_side(
             // Idle last, as an agent's duty cycle does: after a yield the
             // next thing done is the multicast poll.
             let now = clock::now();
-            let mut work = s1.poll(now, &mut app)?;
+            let mut work = s1.poll(Mono::from_nanos(now), &mut app, 64)?;
             if let Some(e) = &mut app.echo {
                 if let Some(err) = e.err.take() {
                     return Err(err);
                 }
-                work += e.p.poll(now, &e.snap)?;
+                work += e.p.poll(Mono::from_nanos(now), &e.snap)?;
             }
             echo_idle.idle(work);
         }
@@ -584,11 +846,12 @@ pub fn ping(args: &MdArgs) -> Result<()> {
     if args.size < 16 {
         bail!("--size must be at least 16 (sequence and timestamp)");
     }
+    args.one_host_only("md-ping")?;
     let n = args.iterations.unwrap_or(5000);
     let _sink = sink(args.no_sink);
     let ip = local_ip(args.addr)?;
     let cfg = counted_config(latency_config(args)?);
-    let echo_body = echo_side(args, &cfg, ip);
+    let echo_body = echo_side(args, &cfg, ip, ip, 1);
     if args.echo_only {
         return echo_only(echo_body);
     }
@@ -630,15 +893,15 @@ fn ping_loop(
         let mut now = clock::now();
         message(msg, i, 0);
         // As md-latency: publish and flush in one step.
-        p1.publish_and_flush(now, msg)?;
+        p1.offer_and_flush(Mono::from_nanos(now), msg)?;
         snap.0 = i;
         loop {
-            s2.poll(now, app)?;
+            s2.poll(Mono::from_nanos(now), app, 64)?;
             if app.sink.next > i && app.sink.last[..8] == i.to_le_bytes() {
                 break;
             }
             empty += 1;
-            p1.poll(now, snap)?;
+            p1.poll(Mono::from_nanos(now), snap)?;
             // A long wait reads the clock again now and then, so that the
             // timers (recovery) still run; rarely, because these reads run
             // the same instructions as the one per round trip above and
@@ -880,6 +1143,7 @@ fn raw_latency(args: &MdArgs, ip: IpAddr, n: u64, warmup: u64) -> Result<()> {
 /// lost-message-delivered, and the median 64-byte RC round trip measured with
 /// the same buffer pools.
 pub fn recovery(args: &MdArgs) -> Result<()> {
+    args.one_host_only("md-recovery")?;
     let rounds = args.iterations.unwrap_or(300);
     let _sink = sink(args.no_sink);
     let ip = local_ip(args.addr)?;
@@ -906,7 +1170,7 @@ pub fn recovery(args: &MdArgs) -> Result<()> {
             // request leaves inside that poll), so recovery time includes
             // the whole detect-request-answer-deliver path.
             let before = clock::now();
-            sub_idle.idle(s.poll(before, &mut app)?);
+            sub_idle.idle(s.poll(Mono::from_nanos(before), &mut app, 64)?);
             let now = clock::now();
             if s.counters().gaps_detected > gaps {
                 gaps = s.counters().gaps_detected;
@@ -957,20 +1221,20 @@ pub fn recovery(args: &MdArgs) -> Result<()> {
         let lost = 2 * r - 1;
         p.set_line_enabled(Line::A, false);
         message(&mut msg, lost, 0);
-        p.publish(clock::now(), &msg)?;
-        p.flush(clock::now())?;
+        p.offer(Mono::from_nanos(clock::now()), &msg)?;
+        p.flush(Mono::from_nanos(clock::now()))?;
         p.set_line_enabled(Line::A, true);
         message(&mut msg, lost + 1, 0);
-        p.publish(clock::now(), &msg)?;
+        p.offer(Mono::from_nanos(clock::now()), &msg)?;
         snap.0 = lost + 1;
-        p.flush(clock::now())?;
+        p.flush(Mono::from_nanos(clock::now()))?;
         // ORDERING: Acquire, pairs with the subscriber's Release store.
         let mut idle = idler(args);
         let mut last_end = clock::now();
         while recovered.load(Ordering::Acquire) < lost + 1 {
             let start = clock::now();
             gap_hist.record((start - last_end).max(1))?;
-            idle.idle(p.poll(start, &snap)?);
+            idle.idle(p.poll(Mono::from_nanos(start), &snap)?);
             last_end = clock::now();
             if p.io_stats().retransmit_requests > served {
                 served = p.io_stats().retransmit_requests;
@@ -1076,4 +1340,86 @@ fn rc_round_trip(ip: IpAddr, port: u16, iterations: usize) -> Result<u64> {
         .map_err(|_| anyhow::anyhow!("RC echo server panicked"))??;
     rtts.sort_unstable();
     Ok(rtts[rtts.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        md: MdArgs,
+    }
+
+    fn args(line: &str) -> MdArgs {
+        Cli::try_parse_from(std::iter::once("md").chain(line.split_whitespace()))
+            .unwrap()
+            .md
+    }
+
+    /// The two-host handshake: the server learns the client's address (where the
+    /// client's publisher is), "all received" reaches the client, and the client
+    /// closing the connection is what stops the server's echo.
+    #[test]
+    fn the_handshake_gives_the_server_the_client_address_and_ends_with_the_client() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        // A free port: bind one, then let the server take it.
+        let port = TcpListener::bind((lo, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let a = args(&format!("--oob-port {port} --connect-secs 10"));
+        let server = std::thread::spawn(move || oob_accept(&a, lo).unwrap());
+        let b = args(&format!("--oob-port {port} --connect-secs 10"));
+        let mut client = oob_connect(&b, lo).unwrap();
+        let (mut conn, peer) = server.join().unwrap();
+        assert_eq!(peer, lo);
+        conn.write_all(b"d").unwrap();
+        let mut byte = [0u8; 1];
+        client.read_exact(&mut byte).unwrap();
+        assert_eq!(&byte, b"d");
+        let closed = closed_flag(conn);
+        std::thread::sleep(Duration::from_millis(50));
+        // ORDERING: Acquire, pairs with closed_flag's Release store.
+        assert!(
+            !closed.load(Ordering::Acquire),
+            "set before the client closed"
+        );
+        drop(client);
+        let t = std::time::Instant::now();
+        // ORDERING: Acquire, as above.
+        while !closed.load(Ordering::Acquire) {
+            assert!(t.elapsed() < Duration::from_secs(5), "never set");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A server with no client gives up after `--connect-secs`, with an error.
+    #[test]
+    fn a_server_without_a_client_gives_up() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let port = TcpListener::bind((lo, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let e = oob_accept(&args(&format!("--oob-port {port} --connect-secs 1")), lo).unwrap_err();
+        assert!(e.to_string().contains("no client within 1 s"), "{e}");
+    }
+
+    #[test]
+    fn two_host_roles_are_refused_where_they_do_not_apply() {
+        assert!(args("--server").one_host_only("md-ping").is_err());
+        assert!(args("--client 10.0.0.1").one_host_only("md-ping").is_err());
+        assert!(args("").one_host_only("md-ping").is_ok());
+        assert_eq!(
+            args("--client 10.0.0.1").ends(),
+            Ends::Client("10.0.0.1".parse().unwrap())
+        );
+        assert!(Cli::try_parse_from(["md", "--server", "--client", "10.0.0.1"]).is_err());
+        assert!(Cli::try_parse_from(["md", "--client", "10.0.0.1", "--raw"]).is_err());
+    }
 }

@@ -56,6 +56,10 @@ pub struct RcArgs {
     /// How long `--client` keeps retrying and `--server` waits for its client.
     #[arg(long, default_value_t = 120)]
     pub connect_secs: u64,
+    /// Registered memory on 2 MiB huge pages (`[rdma] hugepages` of the services); the
+    /// guest needs free ones (`cargo xtask bench NAME --hugepages` reserves them).
+    #[arg(long, value_enum, default_value_t = crate::pages::Pages::Off)]
+    pub hugepages: crate::pages::Pages,
 }
 
 /// Which ends of a harness this process runs.
@@ -92,7 +96,7 @@ impl RcArgs {
 fn connect_retrying(addr: SocketAddr, secs: u64) -> Result<Connection> {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
-        match Connection::connect(addr, &config()) {
+        match Connection::connect(&config(), addr) {
             Ok(c) => return Ok(c),
             Err(e) if Instant::now() < deadline => {
                 eprintln!("connecting to {addr}: {e}; retrying");
@@ -107,7 +111,7 @@ fn connect_retrying(addr: SocketAddr, secs: u64) -> Result<Connection> {
 
 /// Accepts one client on this thread (`--server`).
 fn accept_one(addr: SocketAddr, secs: u64) -> Result<Connection> {
-    let mut l = OrdersListener::bind(addr, config())?;
+    let mut l = OrdersListener::bind(config(), addr)?;
     eprintln!("listening on {addr}");
     l.accept(Duration::from_secs(secs))?
         .with_context(|| format!("no client within {secs} s"))
@@ -157,7 +161,7 @@ where
 {
     let (tx, rx) = std::sync::mpsc::channel();
     let h = std::thread::spawn(move || -> Result<()> {
-        let mut l = OrdersListener::bind(addr, config())?;
+        let mut l = OrdersListener::bind(config(), addr)?;
         tx.send(()).ok();
         let conn = l
             .accept(Duration::from_secs(30))?
@@ -185,6 +189,7 @@ fn wait_lost(conn: &mut Connection) -> Result<()> {
 /// Ping-pong: the client sends a message, the server echoes it, the
 /// client records RTT/2 (what ib_write_lat reports).
 pub fn latency(args: &RcArgs) -> Result<()> {
+    args.hugepages.apply();
     if args.trace {
         return latency_traced(args);
     }
@@ -194,6 +199,7 @@ pub fn latency(args: &RcArgs) -> Result<()> {
             let mut conn = accept_one(addr, args.connect_secs)?;
             pin(&args.cores, 0);
             let echoed = echo(&mut conn)?;
+            crate::pages::report("rc-latency server");
             println!("rc-latency server: echoed {echoed} messages");
             return Ok(());
         }
@@ -208,7 +214,7 @@ pub fn latency(args: &RcArgs) -> Result<()> {
                 pin(&cores, 1);
                 echo(&mut conn).map(|_| ())
             })?;
-            (Connection::connect(addr, &config())?, Some(server))
+            (Connection::connect(&config(), addr)?, Some(server))
         }
     };
     pin(&args.cores, 0);
@@ -228,6 +234,7 @@ pub fn latency(args: &RcArgs) -> Result<()> {
             hist.record((rtt / 2).max(1))?;
         }
     }
+    crate::pages::report("rc-latency");
     let stats = conn.stats();
     conn.close();
     drop(conn);
@@ -304,7 +311,7 @@ fn latency_traced(args: &RcArgs) -> Result<()> {
         tx.send(turns).ok();
         Ok(())
     })?;
-    let mut conn = Connection::connect(addr, &config())?;
+    let mut conn = Connection::connect(&config(), addr)?;
     pin(&args.cores, 0);
     let msg = vec![0x5au8; args.size];
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
@@ -378,6 +385,7 @@ fn receive(conn: &mut Connection, n: u64, size: usize) -> Result<(u64, u64, f64)
 /// the receiver is the server and prints the rate (the sender only knows
 /// when its ring drained).
 pub fn throughput(args: &RcArgs) -> Result<()> {
+    args.hugepages.apply();
     let n = args.iterations;
     let size = args.size;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -402,7 +410,7 @@ pub fn throughput(args: &RcArgs) -> Result<()> {
                 tx.send(receive(&mut conn, n, size)?).ok();
                 wait_lost(&mut conn)
             })?;
-            (Connection::connect(addr, &config())?, Some(server))
+            (Connection::connect(&config(), addr)?, Some(server))
         }
     };
     pin(&args.cores, 0);
@@ -607,7 +615,7 @@ pub fn fanin(args: &FanInArgs) -> Result<()> {
     let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
     let cfg = fanin_config(args, max_n);
     cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
-    let listener = OrdersListener::bind(addr, cfg.clone())?;
+    let listener = OrdersListener::bind(cfg.clone(), addr)?;
     let mode = Arc::new(AtomicU8::new(MODE_ACCEPT));
     let count = Arc::new(AtomicUsize::new(0));
     let (m2, c2, cores) = (mode.clone(), count.clone(), args.cores.clone());
@@ -626,7 +634,7 @@ pub fn fanin(args: &FanInArgs) -> Result<()> {
         }
         Ok(())
     };
-    let mut active = Connection::connect(addr, &cfg)?;
+    let mut active = Connection::connect(&cfg, addr)?;
     wait_count(1)?;
     let mut idle: Vec<Connection> = Vec::new();
     let msg = vec![0x5au8; args.size];
@@ -659,7 +667,7 @@ pub fn fanin(args: &FanInArgs) -> Result<()> {
             rss_before = Some((rss_kib(), 1 + idle.len()));
         }
         while 1 + idle.len() < n {
-            idle.push(Connection::connect(addr, &cfg)?);
+            idle.push(Connection::connect(&cfg, addr)?);
             wait_count(1 + idle.len())?;
         }
         let mut fan = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
@@ -756,7 +764,7 @@ pub fn fanin_throughput(args: &RcArgs) -> Result<()> {
         fanin_slots: 16,
         ..config()
     };
-    let mut listener = OrdersListener::bind(addr, cfg.clone())?;
+    let mut listener = OrdersListener::bind(cfg.clone(), addr)?;
     let done = Arc::new(AtomicBool::new(false));
     let done2 = done.clone();
     let cores = args.cores.clone();
@@ -815,7 +823,7 @@ pub fn fanin_throughput(args: &RcArgs) -> Result<()> {
         let (cfg, done, cores, batch) = (cfg.clone(), done.clone(), args.cores.clone(), args.batch);
         senders.push(std::thread::spawn(move || -> Result<u64> {
             pin(&cores, 2 + i);
-            let mut conn = Connection::connect(addr, &cfg)?;
+            let mut conn = Connection::connect(&cfg, addr)?;
             if !conn.marks_fanin() {
                 bail!("sender {i}: the listener granted no fan-in slot");
             }
@@ -923,7 +931,7 @@ fn echo(conn: &mut Connection) -> Result<u64> {
 /// client disconnects (the native peer of `rc-ping`).
 pub fn pong(args: &PingArgs) -> Result<()> {
     let addr = SocketAddr::new(local_ip(args.addr)?, args.port);
-    let mut l = OrdersListener::bind(addr, config())?;
+    let mut l = OrdersListener::bind(config(), addr)?;
     println!("rc-pong: listening on {addr}");
     let mut conn = l
         .accept(Duration::from_secs(900))?
@@ -945,7 +953,7 @@ pub fn ping(args: &PingArgs) -> Result<()> {
         connect_timeout_ms: 30_000,
         ..config()
     };
-    let mut conn = Connection::connect(addr, &cfg)?;
+    let mut conn = Connection::connect(&cfg, addr)?;
     let msg = vec![0x5au8; args.size];
     let empty = ping_loop(&mut conn, &msg, args.iterations)?;
     let stats = conn.stats();

@@ -13,8 +13,9 @@ use anyhow::{bail, Context as _};
 use feed_handler::busrecord::{eastern_midnight_of, RecordCounters, Recorder};
 use feed_handler::dbnexport::Date;
 use feed_handler::udp::unix_now_ns;
+use rocebus::clock::Mono;
 use rocebus::mcast::config::McastConfig;
-use rocebus::mcast::{now_ns, Event, McastSubscriber};
+use rocebus::mcast::{Event, MdSubscriber};
 use rocebus::rdma_settings::RdmaSettings;
 
 #[derive(Debug, clap::Args)]
@@ -148,7 +149,8 @@ pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
     for &id in &ids {
         let mut said = false;
         let sub = loop {
-            match McastSubscriber::connect(&cfg, id, args.local, args.publisher) {
+            // Either transport, as the channel's `transport` says (multicast or rc).
+            match MdSubscriber::connect(&cfg, id, args.local, args.publisher) {
                 Ok(s) => break s,
                 Err(e) => {
                     // ORDERING: Relaxed: a flag with no data attached.
@@ -186,12 +188,12 @@ pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
     let mut next_flush = recording + Duration::from_secs(1);
     // ORDERING: Relaxed: a flag with no data attached; re-read every pass.
     while !stop.load(Ordering::Relaxed) && duration.is_none_or(|d| start.elapsed() < d) {
-        let now = now_ns();
+        let now = Mono::now();
         rec.set_ts_recv(unix_now_ns());
         let mut work = 0;
         for (i, (s, &id)) in subs.iter_mut().zip(&ids).enumerate() {
             work += s
-                .poll(now, &mut rec.channel(i))
+                .poll(now, &mut rec.channel(i), 64)
                 .with_context(|| format!("receiving channel {id} failed"))?;
             while let Some(ev) = s.poll_event() {
                 match ev {
@@ -220,8 +222,8 @@ pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_micros(20));
         }
     }
-    for s in &subs {
-        s.disconnect().ok();
+    for s in &mut subs {
+        s.disconnect();
     }
     let totals = rec
         .finish()

@@ -292,10 +292,30 @@ fn read(path: &Path) -> Read {
 #[test]
 #[ignore = "rdma: runs the feed handler, rocebus record and feed-handler replay on soft-RoCE"]
 fn rdma_record_replay_record_is_identical() {
+    record_replay_record(false);
+}
+
+/// The same over a channel with `transport = "rc"` (a fabric without multicast): the feed
+/// handler, `rocebus record` and `feed-handler replay` all take the channel's transport
+/// from the configuration. Before, all three refused it (`WrongTransport`).
+#[test]
+#[ignore = "rdma: runs the feed handler, rocebus record and feed-handler replay over RC fan-out"]
+fn rdma_record_replay_record_is_identical_over_rc() {
+    record_replay_record(true);
+}
+
+fn record_replay_record(rc: bool) {
     let ip = local_ip();
     let dir = tempfile::tempdir().expect("temp dir");
     let (capture, kinds) = day(dir.path());
-    let cfg = config(dir.path(), ip, &capture, "239.7.7.1", 7750, false);
+    let port = if rc { 7752 } else { 7750 };
+    let cfg = config(dir.path(), ip, &capture, "239.7.7.1", port, false);
+    if rc {
+        let text = std::fs::read_to_string(&cfg).expect("config");
+        let text = text.replace("line_a = \"239.7.7.1\"", "transport = \"rc\"");
+        assert!(text.contains("transport = \"rc\""), "{text}");
+        std::fs::write(&cfg, text).expect("config");
+    }
 
     let rec = Recording::start(&cfg, ip, dir.path().join("first.dbn.zst"));
     let published = run_feed_handler(&cfg, &dir.path().join("fh.counters"));

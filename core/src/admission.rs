@@ -153,11 +153,85 @@ impl CookieJar {
         [self.cookie(addr, e), self.cookie(addr, e.saturating_sub(1))]
     }
 
+    /// How a connect request's first proof checks out, the one check every
+    /// listener makes before anything else: `check(cookie)` says whether
+    /// the proof covers `cookie` (empty: none). A request that claims a
+    /// cookie (`claims_cookie`, its hello's flag) is checked against each
+    /// cookie valid for `addr` at `now_ns`, one that does not against none.
+    /// `None`: no valid proof (a stranger, or a cookie of another address or
+    /// too old); `Some(true)`: proved over a valid cookie of `addr`;
+    /// `Some(false)`: proved, no cookie. One keyed hash, or with a claimed
+    /// cookie up to two (plus the two cookies'); nothing kept.
+    pub fn proved(
+        &self,
+        addr: &std::net::IpAddr,
+        now_ns: u64,
+        claims_cookie: bool,
+        check: impl Fn(&[u8]) -> bool,
+    ) -> Option<bool> {
+        if !claims_cookie {
+            return check(&[]).then_some(false);
+        }
+        self.valid(addr, now_ns)
+            .iter()
+            .any(|c| check(c))
+            .then_some(true)
+    }
+
     /// Whether `cookie` is valid for `addr` at `now_ns` (constant time).
     pub fn check(&self, addr: &std::net::IpAddr, cookie: &[u8], now_ns: u64) -> bool {
         use subtle::ConstantTimeEq;
         let [a, b] = self.valid(addr, now_ns);
         cookie.len() == COOKIE_LEN && bool::from(a.ct_eq(cookie) | b.ct_eq(cookie))
+    }
+}
+
+/// Magic of a [`CookieReply`] ("RBC1").
+pub const COOKIE_MAGIC: u32 = u32::from_le_bytes(*b"RBC1");
+
+/// The private data of a reject that asks for a cookie, on every listener
+/// that hands them out (the orders listener, the market-data recovery
+/// port): a listener under load answers a proved request it has no
+/// slot-free pass for with this, and keeps nothing. The initiator connects
+/// again with its hello's cookie flag set and its first proof over
+/// `cookie` (the cookie itself does not travel again: the listener
+/// recomputes it from the request's address and the time). 20 bytes. The
+/// cookie is keyed by a random key of the listener, not by the shared
+/// secret ([`CookieJar`]).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    zerocopy::FromBytes,
+    zerocopy::IntoBytes,
+    zerocopy::KnownLayout,
+    zerocopy::Immutable,
+)]
+#[repr(C)]
+pub struct CookieReply {
+    /// [`COOKIE_MAGIC`].
+    pub magic: zerocopy::little_endian::U32,
+    /// The cookie, bound to the initiator's address and the time.
+    pub cookie: Cookie,
+}
+const _: () = assert!(std::mem::size_of::<CookieReply>() == 20);
+
+impl CookieReply {
+    /// The reply carrying `cookie`.
+    pub fn new(cookie: Cookie) -> Self {
+        CookieReply {
+            magic: COOKIE_MAGIC.into(),
+            cookie,
+        }
+    }
+
+    /// The cookie in a reject's private data, if it is a cookie reply.
+    pub fn parse(data: &[u8]) -> Option<Cookie> {
+        use zerocopy::FromBytes;
+        let (r, _) = CookieReply::read_from_prefix(data).ok()?;
+        (r.magic.get() == COOKIE_MAGIC).then_some(r.cookie)
     }
 }
 
@@ -191,6 +265,118 @@ pub fn admit<A: PartialEq + Clone>(
     match caps.check(addr, pending.iter().cloned()) {
         Ok(()) => Admit::Slot,
         Err(r) => Admit::Refuse(r),
+    }
+}
+
+/// Why [`ReplayGuard::check`] refused a proved request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// Made more than `max_age` ago, or at or before a time the guard has
+    /// forgotten requests of (it cannot tell it from a replay).
+    TooOld,
+    /// Made more than `max_age` in the future (the initiator's clock, or a
+    /// forged time: it is covered by the proof, so only a holder of the
+    /// secret can have made it).
+    FromTheFuture,
+    /// Its nonce and time were answered before: a captured request played
+    /// again.
+    Seen,
+}
+
+/// Requests a [`ReplayGuard`] remembers at most; beyond, it forgets the
+/// oldest and refuses everything made at or before it.
+pub const REPLAY_GUARD_CAPACITY: usize = 4096;
+
+/// Makes a captured connect request worthless: a listener answers each
+/// first proof at most once.
+///
+/// A first proof ([`crate::auth::check_first_proof`]) has nothing fresh
+/// from the listener in it, so a captured one checks out for anyone who
+/// plays it again; before this, a replay from an address without a cookie
+/// requirement took a pending slot (a queue pair, a ring) until
+/// `connect_timeout_ms` and got the responder's proof. Two parts make the
+/// refusal sound:
+/// - **Time-bound proofs.** The initiator's nonce ends with the wall-clock
+///   time it was made ([`crate::auth::nonce_time`]), covered by the proof:
+///   a request made more than `max_age` before (or after) the listener's
+///   clock is refused, so a capture expires and the guard only has to
+///   remember a window.
+/// - **A bounded memory of the window.** Every answered request's (time,
+///   nonce) is kept until it is `max_age` old; one seen again is refused.
+///   When more than [`REPLAY_GUARD_CAPACITY`] are inside the window (only
+///   holders of the secret can make them), the oldest is forgotten and
+///   every request made at or before its time is refused from then on
+///   (`floor`): forgetting never lets a replay in, at worst it refuses a
+///   late genuine request, which connects again with a fresh nonce.
+///
+/// A bounded cache alone (no time in the proof) is not sound: a capture
+/// older than what the cache holds would be answered again. A time bound
+/// alone leaves the window open. Both together need the hosts' clocks to
+/// agree within `max_age` (NTP or PTP do, by orders of magnitude).
+///
+/// Checked after the first proof (a stranger cannot make an entry or probe
+/// one) and before the cookie (a replay costs nothing, not even a cookie);
+/// a request is recorded only when it is answered. Pure value: the caller
+/// passes the wall-clock time.
+#[derive(Debug, Clone)]
+pub struct ReplayGuard {
+    seen: std::collections::BTreeSet<(u64, crate::auth::Nonce)>,
+    max_age_ns: u64,
+    capacity: usize,
+    /// Requests made at or before this were (possibly) forgotten.
+    floor: u64,
+}
+
+impl ReplayGuard {
+    /// A guard refusing requests more than `max_age_ns` off the listener's
+    /// clock, remembering at most `capacity` (at least 1).
+    pub fn new(max_age_ns: u64, capacity: usize) -> Self {
+        ReplayGuard {
+            seen: std::collections::BTreeSet::new(),
+            max_age_ns,
+            capacity: capacity.max(1),
+            floor: 0,
+        }
+    }
+
+    /// Whether a proved request with `nonce`, made at `made` (wall-clock
+    /// nanoseconds, from the nonce), may be answered at `now` (wall clock).
+    pub fn check(&self, nonce: &crate::auth::Nonce, made: u64, now: u64) -> Result<(), Replay> {
+        if made > now.saturating_add(self.max_age_ns) {
+            return Err(Replay::FromTheFuture);
+        }
+        if made < now.saturating_sub(self.max_age_ns) || (self.floor != 0 && made <= self.floor) {
+            return Err(Replay::TooOld);
+        }
+        if self.seen.contains(&(made, *nonce)) {
+            return Err(Replay::Seen);
+        }
+        Ok(())
+    }
+
+    /// Remembers a request that was answered (after [`check`](Self::check)
+    /// passed), and forgets those out of the window at `now`.
+    pub fn record(&mut self, nonce: &crate::auth::Nonce, made: u64, now: u64) {
+        let oldest = now.saturating_sub(self.max_age_ns);
+        while self.seen.first().is_some_and(|&(t, _)| t < oldest) {
+            self.seen.pop_first();
+        }
+        self.seen.insert((made, *nonce));
+        while self.seen.len() > self.capacity {
+            if let Some((t, _)) = self.seen.pop_first() {
+                self.floor = self.floor.max(t);
+            }
+        }
+    }
+
+    /// Requests remembered.
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Whether none is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
     }
 }
 
@@ -329,6 +515,112 @@ mod tests {
         // IPv4 is hashed as its v4-mapped v6 form: the same host either way.
         let mapped = IpAddr::V6(std::net::Ipv4Addr::new(198, 18, 0, 1).to_ipv6_mapped());
         assert_eq!(j1.mint(&a, 0), j1.mint(&mapped, 0));
+    }
+
+    fn nonce(i: u8) -> crate::auth::Nonce {
+        [i; crate::auth::NONCE_LEN]
+    }
+
+    /// A proved request is answered once: played again (same nonce and
+    /// time) it is refused, from any address, while its time is inside the
+    /// window; after, it is too old. Times too far either side are refused.
+    #[test]
+    fn a_request_is_answered_once_inside_its_window_and_never_after() {
+        let mut g = ReplayGuard::new(30 * SEC, 16);
+        let now = 1_000 * SEC;
+        let (n, made) = (nonce(1), now - SEC);
+        assert_eq!(g.check(&n, made, now), Ok(()));
+        g.record(&n, made, now);
+        assert_eq!(g.check(&n, made, now), Err(Replay::Seen));
+        assert_eq!(g.check(&n, made, now + 29 * SEC), Err(Replay::Seen));
+        // Out of the window: too old, forgotten or not.
+        assert_eq!(g.check(&n, made, now + 30 * SEC), Err(Replay::TooOld));
+        g.record(&nonce(2), now + 31 * SEC, now + 31 * SEC);
+        assert_eq!(g.len(), 1, "out-of-window entries are dropped");
+        assert_eq!(g.check(&n, made, now + 31 * SEC), Err(Replay::TooOld));
+        // Another nonce, or the same nonce at another time: a new request.
+        assert_eq!(g.check(&nonce(3), made, now), Ok(()));
+        assert_eq!(g.check(&n, made + 1, now), Ok(()));
+        // Clocks: 30 s either side.
+        assert_eq!(g.check(&nonce(4), now - 30 * SEC, now), Ok(()));
+        assert_eq!(
+            g.check(&nonce(4), now - 30 * SEC - 1, now),
+            Err(Replay::TooOld)
+        );
+        assert_eq!(g.check(&nonce(4), now + 30 * SEC, now), Ok(()));
+        assert_eq!(
+            g.check(&nonce(4), now + 30 * SEC + 1, now),
+            Err(Replay::FromTheFuture)
+        );
+        assert_eq!(g.check(&nonce(4), 0, now), Err(Replay::TooOld));
+    }
+
+    /// Past its capacity the guard forgets the oldest request, and from
+    /// then on refuses everything made at or before it: no forgotten
+    /// request can be answered again. Without the floor the first one
+    /// would be.
+    #[test]
+    fn forgetting_never_lets_a_replay_in() {
+        let mut g = ReplayGuard::new(30 * SEC, 4);
+        let now = 1_000 * SEC;
+        for i in 0..6u8 {
+            let made = now - 10 * SEC + u64::from(i) * SEC;
+            assert_eq!(g.check(&nonce(i), made, now), Ok(()));
+            g.record(&nonce(i), made, now);
+        }
+        assert_eq!(g.len(), 4);
+        for i in 0..6u8 {
+            let made = now - 10 * SEC + u64::from(i) * SEC;
+            let r = g.check(&nonce(i), made, now);
+            if i < 2 {
+                assert_eq!(r, Err(Replay::TooOld), "forgotten {i}");
+            } else {
+                assert_eq!(r, Err(Replay::Seen), "remembered {i}");
+            }
+        }
+        // A fresh request after the floor is answered.
+        assert_eq!(g.check(&nonce(9), now, now), Ok(()));
+        // The capacity is bounded, whatever arrives.
+        for i in 0..100u64 {
+            g.record(&nonce(7), now + i, now);
+        }
+        assert_eq!(g.len(), 4);
+        assert!(!g.is_empty());
+    }
+
+    #[test]
+    fn cookie_reply_fixed_bytes() {
+        // A reject asking for a cookie: "RBC1", then the cookie.
+        static COOKIE_BYTES: [u8; 20] = [
+            b'R', b'B', b'C', b'1', 0xc0, 0xc1, 0xc2, 0xc3, 0xc4, 0xc5, 0xc6, 0xc7, 0xc8, 0xc9,
+            0xca, 0xcb, 0xcc, 0xcd, 0xce, 0xcf,
+        ];
+        use zerocopy::IntoBytes;
+        let r = CookieReply::new(std::array::from_fn(|i| 0xc0 + i as u8));
+        assert_eq!(r.as_bytes(), &COOKIE_BYTES);
+        assert_eq!(CookieReply::parse(&COOKIE_BYTES), Some(r.cookie));
+        assert_eq!(CookieReply::parse(&COOKIE_BYTES[..19]), None);
+        assert_eq!(CookieReply::parse(b""), None, "a silent reject");
+        assert_eq!(CookieReply::parse(b"rocebus: too many connections"), None);
+    }
+
+    #[test]
+    fn a_claimed_cookie_is_checked_against_the_valid_ones_only() {
+        let jar = CookieJar::with_key([5; 32], SEC);
+        let a = IpAddr::from([198, 18, 0, 1]);
+        let c = jar.mint(&a, 10 * SEC);
+        let over = |want: Cookie| move |got: &[u8]| got == want;
+        assert_eq!(jar.proved(&a, 10 * SEC, true, over(c)), Some(true));
+        assert_eq!(jar.proved(&a, 11 * SEC, true, over(c)), Some(true));
+        assert_eq!(jar.proved(&a, 12 * SEC, true, over(c)), None, "too old");
+        let b = IpAddr::from([198, 18, 0, 2]);
+        assert_eq!(jar.proved(&b, 10 * SEC, true, over(c)), None, "elsewhere");
+        assert_eq!(
+            jar.proved(&a, 10 * SEC, false, |g| g.is_empty()),
+            Some(false)
+        );
+        assert_eq!(jar.proved(&a, 10 * SEC, true, |g| g.is_empty()), None);
+        assert_eq!(jar.proved(&a, 10 * SEC, false, |_| false), None);
     }
 
     /// The order of the checks: under load the cookie comes before any cap

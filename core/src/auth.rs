@@ -11,7 +11,8 @@
 //! for one handshake is worthless in another).
 //!
 //! 1. The initiator proves first: with its hello it sends a fresh nonce
-//!    `Ni` (16 bytes from the OS) and `T0 = MAC(K, "initiator first", Ni,
+//!    `Ni` (8 bytes from the OS, then the wall-clock time it was made:
+//!    [`Initiator::new_at`]) and `T0 = MAC(K, "initiator first", Ni,
 //!    hello, cookie)` ([`Initiator::first_proof`]; `cookie` is empty unless
 //!    the responder asked for one). The responder checks `T0`
 //!    ([`check_first_proof`]) before it answers, allocates or counts
@@ -26,9 +27,12 @@
 //!
 //! `ctx` is whatever both sides must agree on (the two hellos: ring
 //! addresses, sizes), so a man in the middle cannot change it unnoticed.
-//! A captured step 1 replayed later does get an answer (step 1 has nothing
-//! fresh from the responder in it), but fails at step 3: the responder's
-//! `Nr` is new every time. Tags are compared in constant time.
+//! Step 1 has nothing fresh from the responder in it, so a captured one
+//! checks out again; it can never pass step 3 (the responder's `Nr` is new
+//! every time), and a responder that must not even answer it (the orders
+//! listener) refuses a first proof it answered before or one made too long
+//! ago by the time in `Ni` ([`crate::admission::ReplayGuard`]). Tags are
+//! compared in constant time.
 //!
 //! # Secrets, and what a capture reveals
 //! Every key here is derived from a configured secret. Whoever captures a
@@ -187,6 +191,15 @@ pub fn nonce() -> Nonce {
     n
 }
 
+/// When an initiator's nonce says it was made (wall-clock nanoseconds
+/// since the UNIX epoch; see [`Initiator::new_at`]). Only a first proof
+/// that checked out makes it a time the initiator vouched for.
+pub fn nonce_time(ni: &Nonce) -> u64 {
+    let mut t = [0u8; 8];
+    t.copy_from_slice(&ni[8..]);
+    u64::from_le_bytes(t)
+}
+
 /// Why a handshake was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
@@ -215,9 +228,23 @@ pub struct Initiator {
 }
 
 impl Initiator {
-    /// Starts a handshake: send [`Initiator::nonce`] with the hello.
+    /// Starts a handshake now (the wall clock): send [`Initiator::nonce`]
+    /// with the hello.
     pub fn new(key: Key) -> Self {
-        Initiator { key, ni: nonce() }
+        Self::new_at(key, crate::clock::Wall::now())
+    }
+
+    /// Starts a handshake made at `made`: the nonce is 8 bytes from the OS
+    /// generator, then `made` in nanoseconds since the UNIX epoch (little
+    /// endian, [`nonce_time`]). The first proof covers both, so a responder
+    /// can refuse a captured request once it is older than it accepts and
+    /// only has to remember the nonces it answered inside that window
+    /// ([`crate::admission::ReplayGuard`]). 64 random bits with the time
+    /// never repeat in practice; the responder's nonce stays 128 random bits.
+    pub fn new_at(key: Key, made: crate::clock::Wall) -> Self {
+        let mut ni = nonce();
+        ni[8..].copy_from_slice(&made.as_nanos().to_le_bytes());
+        Initiator { key, ni }
     }
 
     /// The nonce to send.
@@ -383,6 +410,18 @@ mod tests {
         assert_ne!(t0, tr);
         let (ti, _) = ini.on_response(&resp.nonce(), &tr, b"hello").unwrap();
         assert_ne!(t0, ti);
+    }
+
+    #[test]
+    fn an_initiator_nonce_carries_its_time_and_random_bytes() {
+        let made = crate::clock::Wall::from_nanos(1_765_000_000_123_456_789);
+        let a = Initiator::new_at(Key::derive(b"s", Purpose::Orders), made);
+        let b = Initiator::new_at(Key::derive(b"s", Purpose::Orders), made);
+        assert_eq!(nonce_time(&a.nonce()), made.as_nanos());
+        assert_ne!(a.nonce(), b.nonce(), "random first half");
+        let now = crate::clock::Wall::now().as_nanos();
+        let t = nonce_time(&Initiator::new(Key::derive(b"s", Purpose::Orders)).nonce());
+        assert!(t >= now && t - now < 60_000_000_000, "{t} vs {now}");
     }
 
     #[test]

@@ -20,11 +20,13 @@
 //!
 //! An engine that reads market data and sends orders: one busy-polling
 //! thread owns both, each call returns at once (nothing blocks, locks or
-//! allocates per message), and `now` is [`mcast::now_ns`] throughout.
+//! allocates per message), and the clock is read once per turn
+//! ([`clock::Mono::now`]) and passed to every call that needs time.
 //!
 //! ```no_run
+//! use rocebus::clock::Mono;
 //! use rocebus::mcast::config::McastConfig;
-//! use rocebus::mcast::{now_ns, Handler, MdSubscriber, RestoreError, SnapshotSink};
+//! use rocebus::mcast::{Handler, MdSubscriber, RestoreError, SnapshotSink};
 //! use rocebus::orders::{Connection, OrdersConfig};
 //!
 //! /// What the engine keeps of the feed (here: the last message's sequence).
@@ -43,12 +45,13 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let md = McastConfig::load("configs/md.toml")?;
 //! let (me, feed) = ("198.18.0.2".parse()?, "198.18.0.1".parse()?);
-//! let mut market = MdSubscriber::new(&md, 1, me, feed)?; // channel 1
+//! let mut market = MdSubscriber::new(&md, 1, me, feed)?; // channel 1, multicast or rc
 //! let cfg = OrdersConfig { token: "s3cret".into(), ..OrdersConfig::default() };
-//! let mut gateway = Connection::connect("198.18.0.1:7470".parse()?, &cfg)?;
+//! let mut gateway = Connection::connect(&cfg, "198.18.0.1:7470".parse()?)?;
 //! let mut quotes = Quotes::default();
 //! loop {
-//!     market.poll(now_ns(), &mut quotes)?;
+//!     let now = Mono::now(); // the one clock read of this turn
+//!     market.poll(now, &mut quotes, 16)?;
 //!     while let Some(event) = market.poll_event() {
 //!         println!("market data: {event:?}"); // gaps, resyncs, recovery link up/down
 //!     }
@@ -63,6 +66,12 @@
 //! }
 //! # }
 //! ```
+//!
+//! Every transport has the same shape (`docs/architecture.md`, "One API
+//! shape across transports"): a subscription's `poll(.., handler,
+//! fragment_limit) -> Result<usize, _>` and `poll_event()`, a publication's
+//! `offer` and `try_claim` → claim → `commit()`/`abort()`, message types
+//! in [`RESERVED_TYPES`] refused everywhere.
 //!
 //! Processes on one host use [`ipc`] with the same claim/commit shape; the
 //! gateway side of the orders path is [`orders::OrdersListener`] (or
@@ -81,3 +90,8 @@ pub mod orders;
 pub mod rdma_settings;
 pub mod ring;
 pub mod verbs;
+
+/// Message types every transport keeps for itself (padding, control frames):
+/// `offer`/`try_claim` refuse them with `ReservedType` on orders, ipc and
+/// market data alike.
+pub const RESERVED_TYPES: std::ops::RangeInclusive<u16> = ring::frame::TYPE_RESERVED_MIN..=u16::MAX;

@@ -3,11 +3,11 @@
 //! the parent through `ROCEBUS_IPC_CHILD`), and the parent kills it to check
 //! that crashes are detected on both sides.
 
+use rocebus::clock::Mono;
 use rocebus::ipc::{
     FlowControl, IpcConfig, IpcError, IpcEvent, IpcOfferError, IpcPubEvent, IpcPublisher,
     IpcSubscriber,
 };
-use rocebus::mcast::now_ns;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -55,7 +55,7 @@ fn child_dir() -> std::path::PathBuf {
 #[ignore = "child: process of the tests below, run by them"]
 fn child_publisher() {
     let dir = child_dir();
-    let mut p = IpcPublisher::create("x", &cfg(&dir)).unwrap();
+    let mut p = IpcPublisher::new(&cfg(&dir), "x").unwrap();
     // Publish once the parent joined, so that it must see all of them.
     while p.subscribers().is_empty() {
         std::thread::sleep(Duration::from_millis(1));
@@ -71,7 +71,8 @@ fn child_publisher() {
         } else {
             std::thread::sleep(Duration::from_millis(1));
         }
-        p.poll(now_ns(), |_| {});
+        p.poll(Mono::now());
+        while p.poll_event().is_some() {}
     }
 }
 
@@ -80,14 +81,11 @@ fn child_publisher() {
 #[ignore = "child: process of the tests below, run by them"]
 fn child_stuck_subscriber() {
     let dir = child_dir();
-    let mut s = IpcSubscriber::new("x", &cfg(&dir)).unwrap();
+    let mut s = IpcSubscriber::new(&cfg(&dir), "x").unwrap();
     let mut connected = false;
     while !connected {
-        s.poll(
-            now_ns(),
-            |e| connected |= matches!(e, IpcEvent::Connected { .. }),
-            0,
-        );
+        s.poll(Mono::now(), |_| {}, 0).unwrap();
+        connected |= matches!(s.poll_event(), Some(IpcEvent::Connected { .. }));
     }
     std::fs::write(dir.join("joined"), b"").unwrap();
     loop {
@@ -98,28 +96,32 @@ fn child_stuck_subscriber() {
 #[test]
 fn a_subscriber_in_another_process_gets_every_message_then_sees_the_publisher_die() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = IpcSubscriber::new("x", &cfg(dir.path())).unwrap();
+    let mut s = IpcSubscriber::new(&cfg(dir.path()), "x").unwrap();
     let mut kid = spawn("child_publisher", dir.path());
     let mut next = 0u64;
     let t = Instant::now();
     while next != 100_000 {
         s.poll(
-            now_ns(),
-            |e| match e {
-                IpcEvent::Connected { publisher_pid, .. } => assert_eq!(publisher_pid, kid.0.id()),
-                IpcEvent::Message(m) => {
-                    let i = u64::from_le_bytes(m.payload.try_into().unwrap());
-                    assert_eq!(i, next, "a message was lost or reordered");
-                    next += 1;
-                }
-                other => panic!("{other:?}"),
+            Mono::now(),
+            |m| {
+                let i = u64::from_le_bytes(m.payload.try_into().unwrap());
+                assert_eq!(i, next, "a message was lost or reordered");
+                next += 1;
             },
             64,
-        );
+        )
+        .unwrap();
+        match s.poll_event() {
+            None => {}
+            Some(IpcEvent::Connected { publisher_pid, .. }) => {
+                assert_eq!(publisher_pid, kid.0.id())
+            }
+            other => panic!("{other:?}"),
+        }
         assert!(t.elapsed() < Duration::from_secs(60), "stuck at {next}");
     }
     // Being already published, a second publisher is refused.
-    match IpcPublisher::create("x", &cfg(dir.path())) {
+    match IpcPublisher::new(&cfg(dir.path()), "x") {
         Err(IpcError::AlreadyPublished { pid, .. }) => assert_eq!(pid, kid.0.id()),
         other => panic!("{other:?}"),
     }
@@ -128,14 +130,12 @@ fn a_subscriber_in_another_process_gets_every_message_then_sees_the_publisher_di
     let t = Instant::now();
     let mut gone = None;
     while gone.is_none() {
-        s.poll(
-            now_ns(),
-            |e| match e {
-                IpcEvent::PublisherGone { clean } => gone = Some(clean),
-                other => panic!("{other:?}"),
-            },
-            64,
-        );
+        s.poll(Mono::now(), |m| panic!("{m:?}"), 64).unwrap();
+        match s.poll_event() {
+            None => {}
+            Some(IpcEvent::PublisherGone { clean }) => gone = Some(clean),
+            other => panic!("{other:?}"),
+        }
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "the dead publisher was never noticed"
@@ -143,7 +143,7 @@ fn a_subscriber_in_another_process_gets_every_message_then_sees_the_publisher_di
     }
     assert_eq!(gone, Some(false), "killed, not closed");
     // Its stale file does not stop a new publisher.
-    let _p = IpcPublisher::create("x", &cfg(dir.path())).unwrap();
+    let _p = IpcPublisher::new(&cfg(dir.path()), "x").unwrap();
 }
 
 /// A publisher that died but whose parent has not reaped it yet (a zombie:
@@ -151,20 +151,12 @@ fn a_subscriber_in_another_process_gets_every_message_then_sees_the_publisher_di
 #[test]
 fn a_killed_publisher_not_yet_reaped_is_gone() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = IpcSubscriber::new("x", &cfg(dir.path())).unwrap();
+    let mut s = IpcSubscriber::new(&cfg(dir.path()), "x").unwrap();
     let mut kid = spawn("child_publisher", dir.path());
     let t = Instant::now();
     let mut got = 0u64;
     while got == 0 {
-        s.poll(
-            now_ns(),
-            |e| {
-                if let IpcEvent::Message(_) = e {
-                    got += 1
-                }
-            },
-            64,
-        );
+        got += s.poll(Mono::now(), |_| {}, 64).unwrap() as u64;
         assert!(t.elapsed() < Duration::from_secs(60), "never connected");
     }
     kid.0.kill().unwrap();
@@ -172,15 +164,12 @@ fn a_killed_publisher_not_yet_reaped_is_gone() {
     let t = Instant::now();
     let mut gone = None;
     while gone.is_none() {
-        s.poll(
-            now_ns(),
-            |e| match e {
-                IpcEvent::PublisherGone { clean } => gone = Some(clean),
-                IpcEvent::Message(_) => {}
-                other => panic!("{other:?}"),
-            },
-            64,
-        );
+        s.poll(Mono::now(), |_| {}, 64).unwrap();
+        match s.poll_event() {
+            None | Some(IpcEvent::Connected { .. }) => {}
+            Some(IpcEvent::PublisherGone { clean }) => gone = Some(clean),
+            other => panic!("{other:?}"),
+        }
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "the dead (zombie) publisher was never noticed"
@@ -191,13 +180,13 @@ fn a_killed_publisher_not_yet_reaped_is_gone() {
     let state = std::fs::read_to_string(&stat).unwrap();
     assert!(state.contains(") Z "), "not a zombie: {state}");
     // A new publisher is not refused by the zombie's stale file either.
-    let _p = IpcPublisher::create("x", &cfg(dir.path())).unwrap();
+    let _p = IpcPublisher::new(&cfg(dir.path()), "x").unwrap();
 }
 
 #[test]
 fn a_dead_subscriber_stops_holding_the_publisher_back() {
     let dir = tempfile::tempdir().unwrap();
-    let mut p = IpcPublisher::create("x", &cfg(dir.path())).unwrap();
+    let mut p = IpcPublisher::new(&cfg(dir.path()), "x").unwrap();
     let mut kid = spawn("child_stuck_subscriber", dir.path());
     let t = Instant::now();
     while !dir.path().join("joined").exists() {
@@ -217,15 +206,15 @@ fn a_dead_subscriber_stops_holding_the_publisher_back() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    let mut events = Vec::new();
-    p.poll(now_ns(), |e| events.push(e));
+    p.poll(Mono::now());
     assert_eq!(
-        events,
-        vec![IpcPubEvent::SubscriberGone {
+        p.poll_event(),
+        Some(IpcPubEvent::SubscriberGone {
             slot: 0,
             pid: kid.0.id()
-        }]
+        })
     );
+    assert_eq!(p.poll_event(), None);
     assert_eq!(p.stats().dead_subscribers, 1);
 }
 
@@ -236,8 +225,8 @@ fn a_dead_subscriber_stops_holding_the_publisher_back() {
 fn child_truncation() {
     let dir = child_dir();
     let c = cfg(&dir);
-    let mut p = IpcPublisher::create("t", &c).unwrap();
-    let mut joined = IpcSubscriber::new("t", &c).unwrap();
+    let mut p = IpcPublisher::new(&c, "t").unwrap();
+    let mut joined = IpcSubscriber::new(&c, "t").unwrap();
     assert!(joined.try_connect().unwrap().is_some());
     p.offer(1, b"before").unwrap();
     // Cut to 4 KiB from outside, as in the report.
@@ -247,7 +236,7 @@ fn child_truncation() {
         .unwrap();
     f.set_len(4096).unwrap();
     // A subscriber joining now is refused with an error, without mapping.
-    let mut late = IpcSubscriber::new("t", &c).unwrap();
+    let mut late = IpcSubscriber::new(&c, "t").unwrap();
     match late.try_connect() {
         Err(IpcError::Truncated { len: 4096, .. }) => {}
         other => panic!("expected Truncated, got {other:?}"),
@@ -255,12 +244,12 @@ fn child_truncation() {
     // The publisher finds it at its next check and grows the file back
     // before anyone touches the cut pages again.
     std::thread::sleep(Duration::from_millis(20));
-    p.poll(now_ns(), |_| {});
+    p.poll(Mono::now());
     assert_eq!(p.stats().truncations, 1);
     p.offer(1, b"after").unwrap();
     let mut n = 0;
     for _ in 0..10 {
-        n += joined.poll(now_ns(), |_| {}, 16);
+        n += joined.poll(Mono::now(), |_| {}, 16).unwrap();
     }
     let _ = n;
     std::fs::write(dir.join("done"), b"").unwrap();

@@ -541,7 +541,11 @@ impl Sim {
     /// Drains the subscribers' outputs after an input or a timeout.
     fn collect_outputs(&mut self, s: usize) {
         let sub = &mut self.subs[s];
-        if sub.state.poll_timeout().is_some_and(|t| t <= self.now) {
+        if sub
+            .state
+            .poll_timeout()
+            .is_some_and(|t| t.as_nanos() <= self.now)
+        {
             sub.state.handle_timeout(self.now, &mut sub.app);
         }
         if sub.first_gap_at.is_none() && sub.state.counters().gaps_detected > 0 {

@@ -12,11 +12,12 @@
 mod common;
 
 use common::{drop_cm_rtu, load_sched_modules, netem_stats, tc};
+use rocebus::clock::{now_ns, Mono};
 use rocebus::counters::{CountersFile, CountersReader};
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::net::SubscriberCountersExport;
 use rocebus::mcast::{
-    now_ns, Event, Handler, Line, McastPublisher, McastSubscriber, Phase, RestoreError, Snapshot,
+    Event, Handler, Line, McastPublisher, McastSubscriber, Phase, RestoreError, Snapshot,
     SnapshotSink, SubscriberCounters,
 };
 use std::net::IpAddr;
@@ -217,7 +218,7 @@ fn run_publisher(cfg: &McastConfig, ip: IpAddr, plan: PubPlan) -> (Book, McastPu
     let mut book = Book::new();
     let t0 = Instant::now();
     let poll = |p: &mut McastPublisher, book: &Book| {
-        p.poll(now_ns(), book).expect("publisher poll");
+        p.poll(Mono::now(), book).expect("publisher poll");
     };
     // Admitted, not merely accepted: a connection whose accept (REP) was
     // lost is established only at the CM's retransmission, seconds later.
@@ -242,7 +243,7 @@ fn run_publisher(cfg: &McastConfig, ip: IpAddr, plan: PubPlan) -> (Book, McastPu
             }
             if let Some((at, go, paused)) = &plan.pause_at {
                 if seq == at + 1 {
-                    p.flush(now_ns()).unwrap();
+                    p.flush(Mono::now()).unwrap();
                     // ORDERING: Release/Acquire pairs with the late subscriber.
                     paused.store(true, Ordering::Release);
                     while !go.load(Ordering::Acquire) {
@@ -252,11 +253,11 @@ fn run_publisher(cfg: &McastConfig, ip: IpAddr, plan: PubPlan) -> (Book, McastPu
                 }
             }
             if plan.cut_a_after == Some(seq - 1) {
-                p.flush(now_ns()).unwrap();
+                p.flush(Mono::now()).unwrap();
                 p.set_line_enabled(Line::A, false);
             }
             let m = Book::msg(seq);
-            assert_eq!(p.publish(now_ns(), &m).unwrap(), seq);
+            assert_eq!(p.offer(Mono::now(), &m).unwrap(), seq);
             book.apply(seq, &m);
             seq += 1;
         }
@@ -270,7 +271,7 @@ fn run_publisher(cfg: &McastConfig, ip: IpAddr, plan: PubPlan) -> (Book, McastPu
         }
         assert!(t0.elapsed() < plan.deadline, "publisher too slow");
     }
-    p.flush(now_ns()).unwrap();
+    p.flush(Mono::now()).unwrap();
     // Serve recovery until told to stop, or until every subscriber that
     // connected has gone.
     let (mut served, mut quiet_since) = (u64::MAX, Instant::now());
@@ -327,7 +328,7 @@ fn run_subscriber(
     let mut book = Book::new();
     let mut events = Vec::new();
     while !(book.last_seq == total && s.state().phase() == Phase::Live) {
-        s.poll(now_ns(), &mut book).expect("subscriber poll");
+        s.poll(Mono::now(), &mut book, 64).expect("subscriber poll");
         while let Some(ev) = s.poll_event() {
             events.push((book.last_seq, ev));
         }
@@ -342,7 +343,7 @@ fn run_subscriber(
     // Let in-flight duplicates arrive so the counters settle a little.
     let settle = Instant::now();
     while settle.elapsed() < Duration::from_millis(100) {
-        s.poll(now_ns(), &mut book).expect("subscriber poll");
+        s.poll(Mono::now(), &mut book, 64).expect("subscriber poll");
     }
     let counters = s.counters();
     eprintln!(
@@ -562,7 +563,7 @@ fn connected_publisher(cfg: &McastConfig, ip: IpAddr, book: &Book) -> McastPubli
     let t0 = Instant::now();
     while p.connections() == 0 {
         assert!(t0.elapsed() < Duration::from_secs(30), "no subscriber");
-        p.poll(now_ns(), book).expect("publisher poll");
+        p.poll(Mono::now(), book).expect("publisher poll");
     }
     p
 }
@@ -571,17 +572,17 @@ fn connected_publisher(cfg: &McastConfig, ip: IpAddr, book: &Book) -> McastPubli
 fn poll_for(p: &mut McastPublisher, book: &Book, d: Duration) {
     let t = Instant::now();
     while t.elapsed() < d {
-        p.poll(now_ns(), book).expect("publisher poll");
+        p.poll(Mono::now(), book).expect("publisher poll");
     }
 }
 
 /// Flushes what is published and keeps serving recovery until `stop`.
 fn serve_until_stopped(p: &mut McastPublisher, book: &Book, stop: &AtomicBool, deadline: Instant) {
-    p.flush(now_ns()).unwrap();
+    p.flush(Mono::now()).unwrap();
     // ORDERING: Acquire pairs with the Release after the subscriber ends.
     while !stop.load(Ordering::Acquire) {
         assert!(Instant::now() < deadline, "subscriber never finished");
-        p.poll(now_ns(), book).expect("publisher poll");
+        p.poll(Mono::now(), book).expect("publisher poll");
     }
 }
 
@@ -609,7 +610,7 @@ fn follow(
     let mut events = Vec::new();
     while !(book.last_seq == total && s.state().phase() == Phase::Live) {
         let before = book.count;
-        s.poll(now_ns(), &mut book).expect("subscriber poll");
+        s.poll(Mono::now(), &mut book, 64).expect("subscriber poll");
         each(&s, book.count - before);
         while let Some(ev) = s.poll_event() {
             events.push(ev);
@@ -651,7 +652,7 @@ fn rdma_md_recovery_connection_lost_degrades_then_reconnects() {
             if seq == HOLE.0 || seq == HOLE.1 {
                 // Let what was published go out on line A (paced) first;
                 // the subscriber sees the link down long before.
-                p.flush(now_ns()).unwrap();
+                p.flush(Mono::now()).unwrap();
                 poll_for(&mut p, &book, Duration::from_millis(100));
                 p.set_line_enabled(Line::A, seq == HOLE.1);
             }
@@ -662,14 +663,14 @@ fn rdma_md_recovery_connection_lost_degrades_then_reconnects() {
                 // The snapshot is taken here, at ON_AT.
                 while p.io_stats().snapshots_served == 0 {
                     assert!(t0.elapsed() < deadline, "no snapshot asked");
-                    p.poll(now_ns(), &book).expect("publisher poll");
+                    p.poll(Mono::now(), &book).expect("publisher poll");
                 }
             }
             let m = Book::msg(seq);
-            assert_eq!(p.publish(now_ns(), &m).unwrap(), seq);
+            assert_eq!(p.offer(Mono::now(), &m).unwrap(), seq);
             book.apply(seq, &m);
             if seq % 32 == 0 {
-                p.poll(now_ns(), &book).expect("publisher poll");
+                p.poll(Mono::now(), &book).expect("publisher poll");
                 assert!(t0.elapsed() < deadline, "publisher too slow");
             }
         }
@@ -746,28 +747,28 @@ fn rdma_md_unanswering_recovery_link_is_dropped_then_resyncs() {
         let deadline = Duration::from_secs(50);
         for seq in 1..=TOTAL {
             if seq == HOLE.0 {
-                p.flush(now_ns()).unwrap();
+                p.flush(Mono::now()).unwrap();
                 poll_for(&mut p, &book, Duration::from_millis(100));
                 p.set_line_enabled(Line::A, false);
             }
             if seq == HOLE.1 {
-                p.flush(now_ns()).unwrap();
+                p.flush(Mono::now()).unwrap();
                 p.set_line_enabled(Line::A, true);
             }
             let m = Book::msg(seq);
-            assert_eq!(p.publish(now_ns(), &m).unwrap(), seq);
+            assert_eq!(p.offer(Mono::now(), &m).unwrap(), seq);
             book.apply(seq, &m);
             if seq == HOLE.1 + 64 {
                 // Multicast goes on (flush only sends), recovery is not
                 // served: poll() is what reads and answers requests.
                 let t = Instant::now();
                 while t.elapsed() < SILENT {
-                    p.flush(now_ns()).unwrap();
+                    p.flush(Mono::now()).unwrap();
                 }
                 assert_eq!(p.io_stats().retransmit_requests, 0);
             }
             if seq % 32 == 0 && !(HOLE.0..HOLE.1 + 64).contains(&seq) {
-                p.poll(now_ns(), &book).expect("publisher poll");
+                p.poll(Mono::now(), &book).expect("publisher poll");
                 assert!(t0.elapsed() < deadline, "publisher too slow");
             }
         }
@@ -1259,7 +1260,7 @@ fn rdma_md_three_hosts_stopped_subscriber_reported_lagging() {
                 if n != seen {
                     (seen, quiet) = (n, Instant::now());
                 }
-                p.poll(now_ns(), &book).expect("publisher poll");
+                p.poll(Mono::now(), &book).expect("publisher poll");
             }
             assert_eq!(book.digest(), expected(total).digest());
             let io = p.io_stats();
@@ -1309,7 +1310,7 @@ fn rdma_md_three_hosts_stopped_subscriber_reported_lagging() {
             let mut book = Book::new();
             let mut paused = false;
             while !(book.last_seq == total && s.state().phase() == Phase::Live) {
-                s.poll(now_ns(), &mut book).expect("subscriber poll");
+                s.poll(Mono::now(), &mut book, 64).expect("subscriber poll");
                 if !paused && book.last_seq >= 5_000 {
                     // Stopped: no polls, so no status reports, no receives.
                     paused = true;
@@ -1320,7 +1321,7 @@ fn rdma_md_three_hosts_stopped_subscriber_reported_lagging() {
             // Report the final position before leaving.
             let settle = Instant::now();
             while settle.elapsed() < Duration::from_millis(300) {
-                s.poll(now_ns(), &mut book).expect("subscriber poll");
+                s.poll(Mono::now(), &mut book, 64).expect("subscriber poll");
             }
             assert_eq!(book.digest(), expected(total).digest());
             assert!(s.io_stats().status_sent > 3, "{:?}", s.io_stats());
@@ -1437,23 +1438,22 @@ fn rdma_md_two_hosts_loss1pct_large_messages_intact_in_order() {
         let t0 = Instant::now();
         while p.connections() == 0 {
             assert!(t0.elapsed() < Duration::from_secs(30), "no subscriber");
-            p.poll(now_ns(), &NoState).expect("publisher poll");
+            p.poll(Mono::now(), &NoState).expect("publisher poll");
         }
         for i in 0..MESSAGES {
             let msg = large_msg(i, large_len(i));
             if i % 2 == 0 {
-                p.publish(now_ns(), msg).expect("publish");
+                p.offer(Mono::now(), msg).expect("publish");
             } else {
                 // The claim API, through the state machine's staging buffer.
-                p.try_claim(now_ns(), msg.len())
-                    .expect("claim")
-                    .copy_from_slice(msg);
-                p.commit(now_ns()).expect("commit");
+                let mut claim = p.try_claim(Mono::now(), msg.len()).expect("claim");
+                claim.copy_from_slice(msg);
+                assert!(claim.commit() > 0, "commit");
             }
-            p.flush(now_ns()).expect("flush");
+            p.flush(Mono::now()).expect("flush");
             // Let the fragments out before the history is needed again.
             while p.unsent_datagrams() > 0 {
-                p.poll(now_ns(), &NoState).expect("publisher poll");
+                p.poll(Mono::now(), &NoState).expect("publisher poll");
                 assert!(t0.elapsed() < Duration::from_secs(50), "publisher stuck");
             }
         }
@@ -1464,7 +1464,7 @@ fn rdma_md_two_hosts_loss1pct_large_messages_intact_in_order() {
                 served = io.retransmit_requests;
                 quiet_since = Instant::now();
             }
-            p.poll(now_ns(), &NoState).expect("publisher poll");
+            p.poll(Mono::now(), &NoState).expect("publisher poll");
             assert!(
                 t0.elapsed() < Duration::from_secs(58),
                 "subscriber never finished"
@@ -1490,7 +1490,7 @@ fn rdma_md_two_hosts_loss1pct_large_messages_intact_in_order() {
     let mut app = LargeChecker::default();
     let mut events = Vec::new();
     while app.received < MESSAGES {
-        s.poll(now_ns(), &mut app).expect("subscriber poll");
+        s.poll(Mono::now(), &mut app, 64).expect("subscriber poll");
         while let Some(ev) = s.poll_event() {
             events.push(ev);
         }
@@ -1582,21 +1582,21 @@ fn rdma_md_gap_tolerant_delivers_past_an_unrepairable_hole() {
             let t0 = Instant::now();
             while p.connections() < 2 {
                 assert!(t0.elapsed() < Duration::from_secs(30), "no subscribers");
-                p.poll(now_ns(), &book).expect("publisher poll");
+                p.poll(Mono::now(), &book).expect("publisher poll");
             }
             for seq in 1..=TOTAL {
                 if seq == HOLE.0 || seq == HOLE.1 {
-                    p.flush(now_ns()).unwrap();
+                    p.flush(Mono::now()).unwrap();
                     while p.unsent_datagrams() > 0 {
-                        p.poll(now_ns(), &book).expect("publisher poll");
+                        p.poll(Mono::now(), &book).expect("publisher poll");
                     }
                     p.set_line_enabled(Line::A, seq == HOLE.1);
                 }
                 let m = Book::msg(seq);
-                assert_eq!(p.publish(now_ns(), &m).unwrap(), seq);
+                assert_eq!(p.offer(Mono::now(), &m).unwrap(), seq);
                 book.apply(seq, &m);
                 if seq % 64 == 0 {
-                    p.poll(now_ns(), &book).expect("publisher poll");
+                    p.poll(Mono::now(), &book).expect("publisher poll");
                 }
             }
             let deadline = Instant::now() + Duration::from_secs(50);
@@ -1621,7 +1621,7 @@ fn rdma_md_gap_tolerant_delivers_past_an_unrepairable_hole() {
     };
     let mut events = Vec::new();
     while app.book.last_seq < TOTAL {
-        s.poll(now_ns(), &mut app).expect("subscriber poll");
+        s.poll(Mono::now(), &mut app, 64).expect("subscriber poll");
         while let Some(ev) = s.poll_event() {
             events.push(ev);
         }
@@ -1725,14 +1725,14 @@ fn rdma_md_two_hosts_traffic_class_on_the_wire() {
         while book.last_seq < upto {
             let seq = book.last_seq + 1;
             let m = Book::msg(seq);
-            assert_eq!(p.publish(now_ns(), &m).unwrap(), seq);
+            assert_eq!(p.offer(Mono::now(), &m).unwrap(), seq);
             book.apply(seq, &m);
             if seq % 32 == 0 {
-                p.poll(now_ns(), &*book).unwrap();
+                p.poll(Mono::now(), &*book).unwrap();
             }
             assert!(t0.elapsed() < Duration::from_secs(60), "publisher too slow");
         }
-        p.flush(now_ns()).unwrap();
+        p.flush(Mono::now()).unwrap();
     };
     publish(&mut p, &mut book, EARLY);
     let capture = common::Capture::start("md-wire");
@@ -1742,7 +1742,7 @@ fn rdma_md_two_hosts_traffic_class_on_the_wire() {
             t0.elapsed() < Duration::from_secs(90),
             "no subscriber connected"
         );
-        p.poll(now_ns(), &book).unwrap();
+        p.poll(Mono::now(), &book).unwrap();
     }
     publish(&mut p, &mut book, TOTAL);
     // Serve the late joiner until it leaves (or a quiet 5 s).
@@ -1757,7 +1757,7 @@ fn rdma_md_two_hosts_traffic_class_on_the_wire() {
             t0.elapsed() < Duration::from_secs(120),
             "subscriber never finished"
         );
-        p.poll(now_ns(), &book).unwrap();
+        p.poll(Mono::now(), &book).unwrap();
     }
     eprintln!("publisher: {:?}", p.io_stats());
     let packets = capture.stop();

@@ -9,10 +9,11 @@
 //! same `Handler`/`SnapshotSink` a multicast subscriber takes; the final
 //! state, count and running checksum must equal the publisher's.
 
+use rocebus::clock::{now_ns, Mono};
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::{
-    now_ns, Event, FanoutDrop, FanoutEvent, Handler, MdPublisher, MdSubscriber, Phase,
-    RcFanoutPublisher, RcFanoutSubscriber, RestoreError, Snapshot, SnapshotSink,
+    Event, FanoutDrop, FanoutEvent, Handler, MdPublisher, MdSubscriber, Phase, RcFanoutPublisher,
+    RcFanoutSubscriber, RestoreError, Snapshot, SnapshotSink,
 };
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -185,7 +186,7 @@ fn follow(s: &mut MdSubscriber, book: &mut Book, total: u64, deadline: Duration)
     let t0 = Instant::now();
     let mut events = Vec::new();
     while !(book.last_seq == total && s.state().phase() == Phase::Live) {
-        s.poll(now_ns(), book).expect("subscriber poll");
+        s.poll(Mono::now(), book, 64).expect("subscriber poll");
         while let Some(e) = s.poll_event() {
             events.push(e);
         }
@@ -216,16 +217,16 @@ fn publish_range(
                 break;
             }
             let m = Book::msg(seq);
-            assert_eq!(p.publish(now_ns(), &m).unwrap(), seq);
+            assert_eq!(p.offer(Mono::now(), &m).unwrap(), seq);
             book.apply(seq, &m);
             seq += 1;
         }
-        p.poll(now_ns(), &*book).expect("publisher poll");
+        p.poll(Mono::now(), &*book).expect("publisher poll");
         if !pause.is_zero() {
             std::thread::sleep(pause);
         }
     }
-    p.flush(now_ns()).unwrap();
+    p.flush(Mono::now()).unwrap();
 }
 
 fn wait_connections(p: &mut MdPublisher, book: &Book, n: usize) {
@@ -236,7 +237,7 @@ fn wait_connections(p: &mut MdPublisher, book: &Book, n: usize) {
             "only {} of {n} subscribers connected",
             p.connections()
         );
-        p.poll(now_ns(), book).unwrap();
+        p.poll(Mono::now(), book).unwrap();
     }
 }
 
@@ -245,7 +246,7 @@ fn serve_until(p: &mut MdPublisher, book: &Book, stop: &AtomicBool, deadline: Du
     // ORDERING: Acquire, pairs with the Release store of the test thread.
     while !stop.load(Ordering::Acquire) {
         assert!(t0.elapsed() < deadline, "subscribers never finished");
-        p.poll(now_ns(), book).unwrap();
+        p.poll(Mono::now(), book).unwrap();
     }
 }
 
@@ -402,17 +403,17 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
         let t0 = Instant::now();
         while p.connections() < 2 {
             assert!(t0.elapsed() < Duration::from_secs(60), "subscribers");
-            p.poll(now_ns(), &book).unwrap();
+            p.poll(Mono::now(), &book).unwrap();
         }
         let mut seq = 1;
         while seq <= total {
             for _ in 0..32 {
                 let m = Book::msg(seq);
-                p.publish(now_ns(), &m).unwrap();
+                p.offer(Mono::now(), &m).unwrap();
                 book.apply(seq, &m);
                 seq += 1;
             }
-            p.poll(now_ns(), &book).unwrap();
+            p.poll(Mono::now(), &book).unwrap();
             while let Some(e) = p.poll_event() {
                 // The stalled one's drop, not the healthy one leaving
                 // (`Lost`): polled before the publisher dropped it, the
@@ -430,10 +431,10 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
                 "publisher too slow"
             );
         }
-        p.flush(now_ns()).unwrap();
+        p.flush(Mono::now()).unwrap();
         // ORDERING: Acquire, pairs with the test thread's Release store.
         while !pstop.load(Ordering::Acquire) {
-            p.poll(now_ns(), &book).unwrap();
+            p.poll(Mono::now(), &book).unwrap();
             while let Some(e) = p.poll_event() {
                 // The stalled one's drop, not the healthy one leaving
                 // (`Lost`): polled before the publisher dropped it, the
@@ -476,7 +477,7 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
         let mut events = Vec::new();
         // Until done, or dropped (reported by the assertions below).
         while book.last_seq < total && s.connected() && t0.elapsed() < Duration::from_secs(150) {
-            s.poll(now_ns(), &mut book).unwrap();
+            s.poll(Mono::now(), &mut book, 64).unwrap();
             while let Some(e) = s.poll_event() {
                 events.push(e);
             }
@@ -516,7 +517,7 @@ fn rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected() {
             stalled.io_stats(),
             stalled.counters()
         );
-        stalled.poll(now_ns(), &mut sbook).unwrap();
+        stalled.poll(Mono::now(), &mut sbook, 64).unwrap();
         while let Some(e) = stalled.poll_event() {
             sevents.push(e);
         }
@@ -588,7 +589,7 @@ fn rdma_md_rc_fanout_subscriber_never_waits_and_reconnects() {
     // Nobody listens yet: polls return nothing and fail no call.
     let t1 = Instant::now();
     while t1.elapsed() < Duration::from_millis(300) {
-        assert_eq!(s.poll(now_ns(), &mut book).expect("poll"), 0);
+        assert_eq!(s.poll(Mono::now(), &mut book, 64).expect("poll"), 0);
         while let Some(e) = s.poll_event() {
             events.push(e);
         }
@@ -615,7 +616,7 @@ fn rdma_md_rc_fanout_subscriber_never_waits_and_reconnects() {
     let mut closed = false;
     let t2 = Instant::now();
     while !(book.last_seq == total && s.state().phase() == Phase::Live) {
-        s.poll(now_ns(), &mut book).expect("poll");
+        s.poll(Mono::now(), &mut book, 64).expect("poll");
         while let Some(e) = s.poll_event() {
             events.push(e);
         }
@@ -685,7 +686,7 @@ fn rdma_md_rc_fanout_frozen_publisher_is_noticed_by_silence() {
         // Idle but alive for 3 s: heartbeats only.
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(3) {
-            p.poll(now_ns(), &book).unwrap();
+            p.poll(Mono::now(), &book).unwrap();
             std::thread::sleep(Duration::from_micros(200));
         }
         // Frozen for 3 s: nothing at all.
@@ -707,7 +708,7 @@ fn rdma_md_rc_fanout_frozen_publisher_is_noticed_by_silence() {
     let mut lost_at = None;
     let t0 = Instant::now();
     while !(book.last_seq == total && s.state().phase() == Phase::Live) {
-        s.poll(now_ns(), &mut book).expect("poll");
+        s.poll(Mono::now(), &mut book, 64).expect("poll");
         while let Some(e) = s.poll_event() {
             if e == Event::RecoveryLost && lost_at.is_none() {
                 lost_at = Some(book.last_seq);

@@ -6,14 +6,15 @@
 mod common;
 
 use rand::{Rng, SeedableRng};
-use rocebus::admission::Cookie;
+use rocebus::admission::{Cookie, CookieReply};
 use rocebus::auth::{Initiator, Key, Purpose};
 use rocebus::orders::{
-    Connection, ListenerStats, OfferError, OrdersConfig, OrdersError, OrdersListener, PeerLost,
+    Connection, ListenerStats, OfferError, OrdersConfig, OrdersError, OrdersEvent, OrdersListener,
+    PeerLost,
 };
 use rocebus::ring::frame::{
-    frame_len, handshake_context, proof_bytes, AcceptHello, ConnectHello, CookieReply, FrameHeader,
-    Hello, CONTROL_LEN, FLAG_COOKIE, HELLO_MAGIC, PROOF_LEN, PROOF_OFF,
+    frame_len, handshake_context, proof_bytes, AcceptHello, ConnectHello, FrameHeader, Hello,
+    CONTROL_LEN, FLAG_COOKIE, HELLO_MAGIC, PROOF_LEN, PROOF_OFF,
 };
 use rocebus::verbs::cm;
 use rocebus::verbs::*;
@@ -57,7 +58,7 @@ where
     let scfg = cfg.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let h = std::thread::spawn(move || {
-        let mut l = OrdersListener::bind(addr, scfg).expect("bind");
+        let mut l = OrdersListener::bind(scfg, addr).expect("bind");
         tx.send(()).unwrap();
         let conn = l
             .accept(Duration::from_secs(30))
@@ -66,7 +67,7 @@ where
         server(conn)
     });
     rx.recv().unwrap();
-    let conn = Connection::connect(addr, &cfg).expect("connect");
+    let conn = Connection::connect(&cfg, addr).expect("connect");
     client(conn);
     h.join().expect("server thread")
 }
@@ -340,7 +341,7 @@ fn rdma_two_hosts_orders_lost_rtu_still_admitted() {
     let peer: IpAddr = std::env::var("ROCEBUS_PEER_ADDR").unwrap().parse().unwrap();
     let t = Instant::now();
     let mut conn = loop {
-        match Connection::connect(SocketAddr::new(peer, PORT), &c) {
+        match Connection::connect(&c, SocketAddr::new(peer, PORT)) {
             Ok(conn) => break conn,
             Err(e) => {
                 assert!(t.elapsed() < Duration::from_secs(60), "connect: {e}");
@@ -370,7 +371,7 @@ fn two_hosts_torture(port: u16, frames: u64) {
         .unwrap_or(1024);
     let max = 4000;
     if idx == "0" {
-        let mut l = OrdersListener::bind(SocketAddr::new(local_ip(), port), c).unwrap();
+        let mut l = OrdersListener::bind(c, SocketAddr::new(local_ip(), port)).unwrap();
         let mut conn = l.accept(Duration::from_secs(60)).unwrap().expect("peer");
         let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
         let mut next = 0u64;
@@ -405,7 +406,7 @@ fn two_hosts_torture(port: u16, frames: u64) {
         std::thread::sleep(Duration::from_secs(1));
         let mut conn = (0..20)
             .find_map(
-                |_| match Connection::connect(SocketAddr::new(peer, port), &c) {
+                |_| match Connection::connect(&c, SocketAddr::new(peer, port)) {
                     Ok(c) => Some(c),
                     Err(_) => {
                         std::thread::sleep(Duration::from_millis(500));
@@ -498,8 +499,14 @@ fn rdma_orders_ping_pong_streams_and_zero_copy_claims() {
             // compiler sees to it: see the compile_fail examples of
             // rocebus::orders); a dropped one sends nothing.
             let mut p = conn.publication(1);
-            p.try_claim(1, 8).unwrap(); // dropped uncommitted: nothing is sent
-            assert_eq!(p.try_claim(1, 2000).unwrap_err(), OfferError::TooLarge);
+            p.try_claim(1, 8).unwrap().abort(); // nothing is sent
+            assert_eq!(
+                p.try_claim(1, 2000).unwrap_err(),
+                OfferError::TooLarge {
+                    len: 2000,
+                    max: 1024
+                }
+            );
             assert_eq!(
                 p.try_claim(0xFFFF, 8).unwrap_err(),
                 OfferError::ReservedType
@@ -513,13 +520,13 @@ fn rdma_orders_ping_pong_streams_and_zero_copy_claims() {
 fn rdma_orders_wrong_secret_fails_both_ways_and_is_counted() {
     let addr = SocketAddr::new(local_ip(), 7485);
     let srv = Server::start(addr, cfg(1 << 16, 1024));
-    let mut healthy = Connection::connect(addr, &cfg(1 << 16, 1024)).expect("good token");
+    let mut healthy = Connection::connect(&cfg(1 << 16, 1024), addr).expect("good token");
     ping(&mut healthy, 1);
     // A connector with another token: its first proof is wrong, so the
     // listener refuses it without a word (and proves nothing to it).
     let mut bad = cfg(1 << 16, 1024);
     bad.token = "not-the-token".into();
-    match Connection::connect(addr, &bad) {
+    match Connection::connect(&bad, addr) {
         Err(OrdersError::Unproved { .. }) => {}
         other => panic!("expected Unproved, got {other:?}"),
     }
@@ -551,7 +558,7 @@ fn rdma_orders_wrong_secret_fails_both_ways_and_is_counted() {
 fn rdma_orders_replayed_handshake_is_refused() {
     let addr = SocketAddr::new(local_ip(), 7490);
     let srv = Server::start(addr, cfg(1 << 16, 1024));
-    let mut healthy = Connection::connect(addr, &cfg(1 << 16, 1024)).expect("healthy peer");
+    let mut healthy = Connection::connect(&cfg(1 << 16, 1024), addr).expect("healthy peer");
     ping(&mut healthy, 1);
     // A genuine handshake by a raw peer, captured: its connect data and
     // the proof it wrote.
@@ -564,27 +571,21 @@ fn rdma_orders_replayed_handshake_is_refused() {
     let proof = proof_bytes(&ti);
     genuine.write_proof(&proof);
     wait_until(|| srv.accepted() == 2, "the genuine raw peer admitted");
-    // The replay: the same bytes from another queue pair and cm id.
-    // The captured request still carries a valid first proof, so it is
-    // answered (not under load), but with a fresh nonce.
-    let replay =
-        RawPeer::connect_with(addr, None, genuine.sent.as_bytes().to_vec()).expect("answered");
-    assert_ne!(
-        replay.reply.nonce, genuine.reply.nonce,
-        "a fresh nonce each time"
-    );
-    replay.write_proof(&proof);
-    assert!(
-        replay
-            .cm
-            .wait_disconnected(Duration::from_secs(10))
-            .unwrap(),
-        "the replayed proof must be disconnected"
-    );
+    // The replay: the same bytes from another queue pair and cm id. The
+    // captured request still carries a valid first proof, but it was
+    // answered once: silence, nothing kept (it would have had a fresh
+    // nonce, and its captured final proof would have been wrong).
+    match RawPeer::connect_with(addr, None, genuine.sent.as_bytes().to_vec()) {
+        Err(VerbsError::ConnectionRejected { private_data, .. }) => {
+            assert!(private_data.iter().all(|&b| b == 0), "{private_data:?}")
+        }
+        Err(e) => panic!("expected a silent reject, got {e}"),
+        Ok(p) => panic!("the replay was answered: {:?}", p.reply),
+    }
     ping(&mut healthy, 2);
     let r = srv.stop();
     assert_eq!(r.stats.accepted, 2, "{r:?}");
-    assert_eq!(r.stats.bad_proof, 1, "{r:?}");
+    assert_eq!((r.stats.replayed, r.stats.bad_proof), (1, 0), "{r:?}");
     assert_eq!((r.pending, r.from_here), (0, 2), "{r:?}");
     drop(genuine);
 }
@@ -592,9 +593,9 @@ fn rdma_orders_replayed_handshake_is_refused() {
 /// The replay comes from another host: guest 0 captures a genuine
 /// handshake (its connect data and the proof it wrote) and hands the bytes
 /// to guest 1 over TCP; guest 1 sends them from its own queue pair. The
-/// listener answers with a fresh nonce, so the captured proof is wrong and
-/// the connection is dropped, counted as a bad proof, while the genuine
-/// peer stays connected.
+/// listener answered that request once: the replay gets silence (a reject
+/// with no private data, nothing kept), counted `replayed`, while the
+/// genuine peer stays connected.
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in two soft-RoCE guests)"]
 fn rdma_two_hosts_orders_replayed_handshake_from_another_host_is_refused() {
@@ -624,11 +625,11 @@ fn rdma_two_hosts_orders_replayed_handshake_from_another_host_is_refused() {
         s.read_exact(&mut verdict).unwrap();
         assert_eq!(
             &verdict, b"y",
-            "guest 1 ({from}) saw its replay disconnected"
+            "guest 1 ({from}) saw its replay rejected silently"
         );
         let r = srv.stop();
         assert_eq!(r.stats.accepted, 1, "{r:?}");
-        assert_eq!(r.stats.bad_proof, 1, "{r:?}");
+        assert_eq!((r.stats.replayed, r.stats.bad_proof), (1, 0), "{r:?}");
         assert_eq!(r.pending, 0, "{r:?}");
         drop(genuine);
     } else {
@@ -647,15 +648,21 @@ fn rdma_two_hosts_orders_replayed_handshake_from_another_host_is_refused() {
         let mut proof = [0u8; PROOF_LEN];
         s.read_exact(&mut sent).unwrap();
         s.read_exact(&mut proof).unwrap();
-        let replay = RawPeer::connect_with(SocketAddr::new(peer, PORT), None, sent.to_vec())
-            .expect("answered");
-        replay.write_proof(&proof);
-        let dropped = replay
-            .cm
-            .wait_disconnected(Duration::from_secs(10))
-            .unwrap();
-        s.write_all(if dropped { b"y" } else { b"n" }).unwrap();
-        assert!(dropped, "the replayed proof must be disconnected");
+        let silenced = match RawPeer::connect_with(SocketAddr::new(peer, PORT), None, sent.to_vec())
+        {
+            Err(VerbsError::ConnectionRejected { private_data, .. }) => {
+                private_data.iter().all(|&b| b == 0)
+            }
+            Err(e) => panic!("expected a silent reject, got {e}"),
+            Ok(replay) => {
+                // Answered: at least its captured final proof must fail.
+                replay.write_proof(&proof);
+                let _ = replay.cm.wait_disconnected(Duration::from_secs(10));
+                false
+            }
+        };
+        s.write_all(if silenced { b"y" } else { b"n" }).unwrap();
+        assert!(silenced, "the replay must get silence");
     }
 }
 
@@ -664,7 +671,7 @@ fn rdma_two_hosts_orders_replayed_handshake_from_another_host_is_refused() {
 fn rdma_orders_huge_ring_requests_are_refused_without_memory_growth() {
     let addr = SocketAddr::new(local_ip(), 7491);
     let srv = Server::start(addr, cfg(1 << 16, 1024));
-    let mut healthy = Connection::connect(addr, &cfg(1 << 16, 1024)).expect("healthy peer");
+    let mut healthy = Connection::connect(&cfg(1 << 16, 1024), addr).expect("healthy peer");
     ping(&mut healthy, 0);
     // Warm up the raw peer's own allocations before measuring.
     let key = Key::derive(b"test-token", Purpose::Orders);
@@ -703,7 +710,7 @@ fn rdma_orders_pending_handshakes_and_per_address_connections_are_capped() {
     c.cookie_when_pending = 2;
     c.connect_timeout_ms = 1500;
     let srv = Server::start(addr, c.clone());
-    let mut healthy = Connection::connect(addr, &c).expect("healthy peer");
+    let mut healthy = Connection::connect(&c, addr).expect("healthy peer");
     ping(&mut healthy, 0);
     // Holders of the token that start a handshake and never finish it
     // (under load they echo the cookie they are asked for).
@@ -733,9 +740,9 @@ fn rdma_orders_pending_handshakes_and_per_address_connections_are_capped() {
     }
     // Per address: healthy (1) + 5 more = 6 allowed, the 7th refused.
     let mut more: Vec<Connection> = (0..5)
-        .map(|_| Connection::connect(addr, &c).expect("within the cap"))
+        .map(|_| Connection::connect(&c, addr).expect("within the cap"))
         .collect();
-    match Connection::connect(addr, &c) {
+    match Connection::connect(&c, addr) {
         Err(OrdersError::Verbs(VerbsError::ConnectionRejected { reason, .. })) => {
             assert!(reason.contains("too many connections"), "{reason}")
         }
@@ -745,7 +752,7 @@ fn rdma_orders_pending_handshakes_and_per_address_connections_are_capped() {
     more.pop().unwrap().close();
     let t = Instant::now();
     let mut last = loop {
-        match Connection::connect(addr, &c) {
+        match Connection::connect(&c, addr) {
             Ok(conn) => break conn,
             Err(_) if t.elapsed() < Duration::from_secs(10) => {
                 std::thread::sleep(Duration::from_millis(100))
@@ -770,60 +777,6 @@ fn rdma_orders_pending_handshakes_and_per_address_connections_are_capped() {
     drop(more);
 }
 
-/// A second IPv4 address on the RDMA device's netdev (the guest's eth0), for
-/// a peer that must come from another address than the test's own; removed
-/// on drop. Panics where it cannot be added: the test needs it.
-struct SecondAddress(std::net::Ipv4Addr);
-
-impl SecondAddress {
-    /// `near`'s address plus `offset` in the last byte.
-    fn add(near: IpAddr, offset: u8) -> SecondAddress {
-        let IpAddr::V4(v4) = near else {
-            panic!("an IPv4 address: {near}")
-        };
-        let o = v4.octets();
-        let a = std::net::Ipv4Addr::new(o[0], o[1], o[2], o[3].wrapping_add(offset));
-        let out = std::process::Command::new("ip")
-            .args(["addr", "add", &format!("{a}/24"), "dev", "eth0"])
-            .output()
-            .expect("run ip (iproute2)");
-        assert!(
-            out.status.success(),
-            "ip addr add {a}/24 dev eth0: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // rxe adds the address's GID asynchronously.
-        let want = format!(
-            "0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}",
-            o[0],
-            o[1],
-            o[2],
-            o[3].wrapping_add(offset)
-        );
-        wait_until(
-            || {
-                std::fs::read_dir("/sys/class/infiniband/rxe0/ports/1/gids")
-                    .map(|d| {
-                        d.flatten().any(|e| {
-                            std::fs::read_to_string(e.path()).is_ok_and(|g| g.trim() == want)
-                        })
-                    })
-                    .unwrap_or(false)
-            },
-            "rxe0 has a GID for the second address",
-        );
-        SecondAddress(a)
-    }
-}
-
-impl Drop for SecondAddress {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["addr", "del", &format!("{}/24", self.0), "dev", "eth0"])
-            .output();
-    }
-}
-
 /// What one flooding address got back.
 #[derive(Debug, Default)]
 struct FloodTally {
@@ -845,16 +798,19 @@ struct FloodTally {
 /// first proof, never the final one). An engine at another address
 /// reconnects meanwhile: it gets in within one second, well inside one
 /// handshake time (`connect_timeout_ms`, 5 s), and stays served. Strangers
-/// get silence: no accept, no proof, no private data. Replays take at most
-/// `cookie_when_pending` slots before every further one is asked for a
-/// cookie it cannot prove. On fedf468's code (the responder answered
+/// get silence: no accept, no proof, no private data. Replays of the
+/// captured request, answered once, get silence too and take no slot
+/// (`ReplayGuard`); before it they took `cookie_when_pending` slots, and
+/// then were asked for a cookie they could not prove. On fedf468's code (the responder answered
 /// everyone) and on the per-address cap alone, five addresses x 2 filled
 /// all 8 slots and the engine was refused "too many pending handshakes".
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_orders_strangers_flooding_from_many_addresses_never_keep_an_engine_out() {
     let ip = local_ip();
-    let extra: Vec<SecondAddress> = (0..5).map(|i| SecondAddress::add(ip, 100 + i)).collect();
+    let extra: Vec<common::SecondAddress> = (0..5)
+        .map(|i| common::SecondAddress::add(ip, 100 + i))
+        .collect();
     let addr = SocketAddr::new(ip, 7497);
     let c = cfg(1 << 16, 1024);
     assert_eq!(
@@ -928,7 +884,7 @@ fn rdma_orders_strangers_flooding_from_many_addresses_never_keep_an_engine_out()
     let mut tries = 0;
     let mut engine = loop {
         tries += 1;
-        match Connection::connect(addr, &c) {
+        match Connection::connect(&c, addr) {
             Ok(conn) => break conn,
             Err(e) if t.elapsed() < Duration::from_secs(1) => {
                 let _ = e;
@@ -949,6 +905,7 @@ fn rdma_orders_strangers_flooding_from_many_addresses_never_keep_an_engine_out()
     eprintln!("engine in after {took:?} ({tries} tries); flood: {tallies:#?}");
     for t in &tallies {
         assert_eq!(t.stranger_answered, 0, "a stranger got an answer: {t:?}");
+        assert_eq!(t.replays_answered, 0, "a replay got an answer: {t:?}");
         assert!(t.silenced > 0, "{t:?}");
     }
     engine.close();
@@ -957,8 +914,8 @@ fn rdma_orders_strangers_flooding_from_many_addresses_never_keep_an_engine_out()
     assert_eq!(r.stats.pending_full, 0, "{r:?}");
     assert!(r.stats.unproved > 0, "{r:?}");
     assert!(
-        r.stats.cookies_sent > 0,
-        "replays under load are asked for a cookie: {r:?}"
+        r.stats.replayed > 0,
+        "replays of an answered request get silence: {r:?}"
     );
     // Only the engine: neither the captured request's own peer nor any
     // replay of it ever sent the final proof.
@@ -978,7 +935,7 @@ fn rdma_orders_strangers_flooding_from_many_addresses_never_keep_an_engine_out()
 fn rdma_orders_a_stranger_gets_silence_no_proof_nonce_or_identity() {
     let addr = SocketAddr::new(local_ip(), 7498);
     let srv = Server::start(addr, cfg(1 << 16, 1024));
-    let mut healthy = Connection::connect(addr, &cfg(1 << 16, 1024)).expect("healthy peer");
+    let mut healthy = Connection::connect(&cfg(1 << 16, 1024), addr).expect("healthy peer");
     ping(&mut healthy, 0);
     let wrong = Initiator::new(Key::derive(b"not-the-token", Purpose::Orders));
     let mut old = raw_request(0x7f00_0000_0000, 0x1234, 16, None, None);
@@ -1049,13 +1006,13 @@ fn rdma_orders_a_stranger_gets_silence_no_proof_nonce_or_identity() {
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_orders_under_load_a_cookie_bound_to_the_address_must_be_echoed() {
     let ip = local_ip();
-    let second = SecondAddress::add(ip, 110);
+    let second = common::SecondAddress::add(ip, 110);
     let elsewhere = Some(IpAddr::V4(second.0));
     let addr = SocketAddr::new(ip, 7499);
     let mut c = cfg(1 << 16, 1024);
     c.cookie_when_pending = 0;
     let srv = Server::start(addr, c.clone());
-    let mut engine = Connection::connect(addr, &c).expect("the engine echoes the cookie");
+    let mut engine = Connection::connect(&c, addr).expect("the engine echoes the cookie");
     ping(&mut engine, 0);
     let key = Key::derive(b"test-token", Purpose::Orders);
     // A proved request without a cookie: answered a cookie, nothing kept.
@@ -1098,15 +1055,84 @@ fn rdma_orders_under_load_a_cookie_bound_to_the_address_must_be_echoed() {
     );
     drop(good);
     ping(&mut engine, 1);
+    // The non-blocking connect (an engine's loop) echoes it too.
+    let mut connecting = Connection::start(&c, addr, ip).expect("start");
+    let t = Instant::now();
+    let mut polled = loop {
+        match connecting
+            .poll()
+            .expect("the polled connect echoes the cookie")
+        {
+            rocebus::orders::ConnectProgress::Done(conn) => break conn,
+            rocebus::orders::ConnectProgress::Pending(p) => connecting = p,
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "never connected");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    ping(&mut polled, 2);
+    polled.close();
     engine.close();
     let r = srv.stop();
     assert_eq!(
-        r.stats.cookies_sent, 2,
-        "the engine's and the raw peer's: {r:?}"
+        r.stats.cookies_sent, 3,
+        "the engine's, the raw peer's and the polled one's: {r:?}"
     );
-    assert_eq!(r.stats.cookies_echoed, 2, "{r:?}");
+    assert_eq!(r.stats.cookies_echoed, 3, "{r:?}");
     assert_eq!(r.stats.unproved, 3, "{r:?}");
+    assert_eq!(r.stats.accepted, 2, "{r:?}");
+    drop(second);
+}
+
+/// Issue 41: a captured connect request (a valid first proof, answered
+/// once) played again, below the cookie threshold, from its own address
+/// and from another, gets silence: no accept, no responder proof, no slot
+/// (nothing pending), counted `replayed`. An engine connects as usual
+/// meanwhile. Before the replay guard each replay was answered with the
+/// listener's proof and held a pending slot, with a queue pair and a ring,
+/// until `connect_timeout_ms`.
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_orders_a_replayed_connect_request_gets_silence_and_no_slot() {
+    let ip = local_ip();
+    let second = common::SecondAddress::add(ip, 111);
+    let addr = SocketAddr::new(ip, 7493);
+    let c = cfg(1 << 16, 1024);
+    assert_eq!(c.cookie_when_pending, 4);
+    let srv = Server::start(addr, c.clone());
+    let mut engine = Connection::connect(&c, addr).expect("engine");
+    ping(&mut engine, 0);
+    // A genuine request, answered (its peer then goes away, never proving).
+    let ini = Initiator::new(Key::derive(b"test-token", Purpose::Orders));
+    let captured = {
+        let genuine = RawPeer::connect(addr, 16, &ini).expect("the genuine request is answered");
+        genuine.sent.as_bytes().to_vec()
+    };
+    wait_until(|| srv.pending() == 0, "the genuine handshake is given up");
+    for (what, src) in [
+        ("from its own address", Some(ip)),
+        ("from another address", Some(IpAddr::V4(second.0))),
+    ] {
+        match RawPeer::connect_with(addr, src, captured.clone()) {
+            Err(VerbsError::ConnectionRejected { private_data, .. }) => assert!(
+                private_data.iter().all(|&b| b == 0),
+                "{what}: the reject carried {private_data:?}"
+            ),
+            Err(e) => panic!("{what}: expected a silent reject, got {e}"),
+            Ok(p) => panic!(
+                "{what}: the replay was answered ({:?}) and holds a slot",
+                p.reply
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(srv.pending(), 0, "{what}: a slot held for a replay");
+        ping(&mut engine, 1);
+    }
+    engine.close();
+    let r = srv.stop();
+    eprintln!("{r:?}");
+    assert_eq!(r.stats.replayed, 2, "{r:?}");
     assert_eq!(r.stats.accepted, 1, "{r:?}");
+    assert_eq!(r.stats.cookies_sent, 0, "below the cookie threshold: {r:?}");
     drop(second);
 }
 
@@ -1119,12 +1145,12 @@ fn rdma_orders_peer_that_gives_up_mid_handshake_does_not_stop_the_listener() {
     // next peer instead of returning the error.
     let ip = local_ip();
     let addr = SocketAddr::new(ip, 7488);
-    let mut l = OrdersListener::bind(addr, cfg(1 << 16, 1024)).unwrap();
+    let mut l = OrdersListener::bind(cfg(1 << 16, 1024), addr).unwrap();
     let quick = OrdersConfig {
         connect_timeout_ms: 300,
         ..cfg(1 << 16, 1024)
     };
-    match Connection::connect(addr, &quick) {
+    match Connection::connect(&quick, addr) {
         Err(OrdersError::Verbs(
             e @ (VerbsError::CmTimeout { .. }
             | VerbsError::ConnectionRejected { .. }
@@ -1135,7 +1161,7 @@ fn rdma_orders_peer_that_gives_up_mid_handshake_does_not_stop_the_listener() {
     std::thread::sleep(Duration::from_millis(200));
     let h = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(1));
-        let mut conn = Connection::connect(addr, &cfg(1 << 16, 1024)).expect("second peer");
+        let mut conn = Connection::connect(&cfg(1 << 16, 1024), addr).expect("second peer");
         conn.publication(1)
             .offer_and_flush(0, b"after")
             .expect("an empty ring takes a frame");
@@ -1179,7 +1205,7 @@ fn rdma_orders_garbage_from_a_hostile_peer_is_rejected() {
     let addr = SocketAddr::new(ip, 7486);
     let (tx, rx) = std::sync::mpsc::channel();
     let h = std::thread::spawn(move || {
-        let mut l = OrdersListener::bind(addr, cfg(1 << 16, 1024)).unwrap();
+        let mut l = OrdersListener::bind(cfg(1 << 16, 1024), addr).unwrap();
         tx.send(()).unwrap();
         let mut conn = l.accept(Duration::from_secs(30)).unwrap().expect("peer");
         let mut delivered = Vec::new();
@@ -1254,7 +1280,7 @@ fn rdma_orders_peer_loss_is_detected_and_reconnect_works() {
     let addr = SocketAddr::new(ip, 7487);
     let (tx, rx) = std::sync::mpsc::channel();
     let h = std::thread::spawn(move || {
-        let mut l = OrdersListener::bind(addr, cfg(1 << 16, 1024)).unwrap();
+        let mut l = OrdersListener::bind(cfg(1 << 16, 1024), addr).unwrap();
         tx.send(()).unwrap();
         for round in 0..2u8 {
             let mut conn = l.accept(Duration::from_secs(30)).unwrap().expect("peer");
@@ -1276,11 +1302,14 @@ fn rdma_orders_peer_loss_is_detected_and_reconnect_works() {
             };
             assert_eq!(got, 5 + round as usize, "round {round}");
             assert_eq!(lost, PeerLost::Disconnected);
+            // The same loss, once, as the lifecycle event every transport has.
+            assert_eq!(conn.poll_event(), Some(OrdersEvent::PeerLost(lost)));
+            assert_eq!(conn.poll_event(), None);
         }
     });
     rx.recv().unwrap();
     for round in 0..2u8 {
-        let mut conn = Connection::connect(addr, &cfg(1 << 16, 1024)).unwrap();
+        let mut conn = Connection::connect(&cfg(1 << 16, 1024), addr).unwrap();
         conn.publication(1)
             .offer_and_flush(1, &[5 + round])
             .unwrap();
@@ -1318,7 +1347,7 @@ impl Server {
         let (tx, rx) = std::sync::mpsc::channel();
         let (st, acc, pend) = (stop.clone(), accepted.clone(), pending.clone());
         let handle = std::thread::spawn(move || {
-            let mut l = OrdersListener::bind(addr, cfg).expect("bind");
+            let mut l = OrdersListener::bind(cfg, addr).expect("bind");
             tx.send(()).unwrap();
             let mut conns: Vec<Connection> = Vec::new();
             let mut stopping: Option<Instant> = None;
@@ -1591,7 +1620,7 @@ fn rdma_orders_fanin_some_active_of_many_every_frame_once_in_order() {
     let done = Arc::new(AtomicBool::new(false));
     let done2 = done.clone();
     let server = std::thread::spawn(move || {
-        let mut l = OrdersListener::bind(addr, scfg).expect("bind");
+        let mut l = OrdersListener::bind(scfg, addr).expect("bind");
         ready_tx.send(()).unwrap();
         let mut set = ConnectionSet::new(&l);
         set.set_sweep_every(0);
@@ -1645,7 +1674,7 @@ fn rdma_orders_fanin_some_active_of_many_every_frame_once_in_order() {
     });
     ready_rx.recv().unwrap();
     let mut conns: Vec<Connection> = (0..CONNS)
-        .map(|_| Connection::connect(addr, &c).expect("connect"))
+        .map(|_| Connection::connect(&c, addr).expect("connect"))
         .collect();
     let marking = conns.iter().filter(|c| c.marks_fanin()).count();
     assert_eq!(marking, SLOTS, "granted slots are marked by the connector");
@@ -1725,7 +1754,7 @@ fn rdma_orders_two_hosts_traffic_class_on_the_wire() {
     rdma.apply_to_orders(&mut c);
     let peer: IpAddr = std::env::var("ROCEBUS_PEER_ADDR").unwrap().parse().unwrap();
     if idx == "0" {
-        let mut l = OrdersListener::bind(SocketAddr::new(local_ip(), port), c).unwrap();
+        let mut l = OrdersListener::bind(c, SocketAddr::new(local_ip(), port)).unwrap();
         let capture = common::Capture::start("orders-wire");
         common::signal_go(local_ip(), go_port);
         let mut conn = l.accept(Duration::from_secs(90)).unwrap().expect("peer");
@@ -1771,7 +1800,7 @@ fn rdma_orders_two_hosts_traffic_class_on_the_wire() {
         );
     } else {
         common::wait_for_go(peer, go_port);
-        let mut conn = Connection::connect(SocketAddr::new(peer, port), &c).expect("connect");
+        let mut conn = Connection::connect(&c, SocketAddr::new(peer, port)).expect("connect");
         for i in 0..FRAMES {
             loop {
                 match conn.try_claim(1, 1, 64) {

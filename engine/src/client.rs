@@ -810,7 +810,7 @@ impl EngineSession {
         client: Client,
     ) -> Result<EngineSession, ResumeError> {
         let mut l = LoggingOn::new(addr, cfg, engine, token, client, || {
-            Connection::connect(addr, cfg).map(LogonStep::Answer)
+            Connection::connect(cfg, addr).map(LogonStep::Answer)
         })?;
         loop {
             match l.poll()? {
@@ -838,7 +838,7 @@ impl EngineSession {
         client: Client,
     ) -> Result<LoggingOn, ResumeError> {
         LoggingOn::new(addr, cfg, engine, token, client, || {
-            Connection::start_connect(addr, local, cfg).map(LogonStep::Connecting)
+            Connection::start(cfg, addr, local).map(LogonStep::Connecting)
         })
     }
 
@@ -924,7 +924,7 @@ impl EngineSession {
                 }
                 // The gateway's ring is full of our requests: it has something to read.
                 Err(OfferError::BackPressured) => live.on_sent(now),
-                Err(OfferError::Lost(l)) => return Err(l),
+                Err(OfferError::PeerLost(l)) => return Err(l),
                 Err(_) => {}
             }
         }
@@ -1045,7 +1045,7 @@ impl EngineSession {
     /// Sends everything queued (and a heartbeat when one is due). Fails with
     /// [`PeerLost::Silent`] once a poll declared the gateway dead.
     pub fn flush(&mut self) -> Result<(), OfferError> {
-        self.check_liveness(false).map_err(OfferError::Lost)?;
+        self.check_liveness(false).map_err(OfferError::PeerLost)?;
         self.conn.flush()
     }
 

@@ -61,6 +61,16 @@ impl Liveness {
     pub fn timeout_ns(&self) -> u64 {
         self.timeout_ns
     }
+
+    /// When the next heartbeat is due (none: heartbeats are off): the caller's timer.
+    pub fn next_transmit(&self) -> Option<u64> {
+        (self.interval_ns > 0).then(|| self.last_sent.saturating_add(self.interval_ns))
+    }
+
+    /// When the peer counts as silent unless a frame comes first (none: no timeout).
+    pub fn expires_at(&self) -> Option<u64> {
+        (self.timeout_ns > 0).then(|| self.last_heard.saturating_add(self.timeout_ns))
+    }
 }
 
 #[cfg(test)]
@@ -110,5 +120,18 @@ mod tests {
         let l = Liveness::new(0, 0, 0);
         assert!(!l.poll_transmit(u64::MAX));
         assert!(!l.is_expired(u64::MAX));
+        assert_eq!((l.next_transmit(), l.expires_at()), (None, None));
+    }
+
+    /// The timers a caller sleeps until are exactly where the checks turn true.
+    #[test]
+    fn the_timers_are_where_the_checks_turn() {
+        let mut l = Liveness::new(1000 * MS, 100 * MS, 500 * MS);
+        l.on_heard(1200 * MS);
+        l.on_sent(1050 * MS);
+        let (tx, exp) = (l.next_transmit().unwrap(), l.expires_at().unwrap());
+        assert_eq!((tx, exp), (1150 * MS, 1700 * MS));
+        assert!(!l.poll_transmit(tx - 1) && l.poll_transmit(tx));
+        assert!(!l.is_expired(exp - 1) && l.is_expired(exp));
     }
 }

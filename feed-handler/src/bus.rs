@@ -1,6 +1,7 @@
 //! The feed handler on the rocebus market-data path: [`BusSink`] implements
-//! [`MdSink`] over one [`McastPublisher`] per channel, and [`ChannelSnapshot`] serves the
-//! books of a channel's symbols to late joiners.
+//! [`MdSink`] over one [`MdPublisher`] per channel (UD multicast or RC fan-out, as the
+//! channel's `transport` says), and [`ChannelSnapshot`] serves the books of a channel's
+//! symbols to late joiners.
 //!
 //! Owns the mapping from partition index (what [`crate::publish::Publisher`] computes from
 //! the stock locate) to bus channel, and the per-channel sequence a snapshot is taken at.
@@ -11,36 +12,38 @@ use crate::book::Book;
 use crate::ipcsink::IpcSink;
 use crate::publish::MdSink;
 use crate::view::write_book_l2;
+use rocebus::clock::Mono;
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::net::{PublishError, PublisherIoStats};
-use rocebus::mcast::{McastPublisher, NetError, Snapshot};
+use rocebus::mcast::{McastPublisher, MdPublisher, NetError, Snapshot};
 use std::net::IpAddr;
 
 /// Publishes normalized messages on the bus: partition `i` goes to the `i`-th channel of the
 /// market-data configuration.
 #[derive(Debug)]
 pub struct BusSink {
-    publishers: Vec<McastPublisher>,
+    publishers: Vec<MdPublisher>,
     /// Last sequence published per partition (0: none).
     last_seq: Vec<u64>,
-    now: u64,
+    now: Mono,
     /// The same messages on shared memory, when configured.
     ipc: Option<IpcSink>,
 }
 
 impl BusSink {
-    /// Opens one publisher per configured channel on the RDMA device owning `local`.
+    /// Opens one publisher per configured channel, on its configured transport, on the
+    /// RDMA device owning `local`.
     /// `session` must grow across restarts (e.g. derived from the wall clock).
     pub fn new(cfg: &McastConfig, session: u64, local: IpAddr) -> Result<Self, NetError> {
         let publishers = cfg
             .channels
             .iter()
-            .map(|c| McastPublisher::new(cfg, c.id, session, local))
+            .map(|c| MdPublisher::new(cfg, c.id, session, local))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             last_seq: vec![0; publishers.len()],
             publishers,
-            now: 0,
+            now: Mono::ZERO,
             ipc: None,
         })
     }
@@ -62,13 +65,21 @@ impl BusSink {
     }
 
     /// Sets the `now` given to the publishers by [`MdSink::publish`]; call once per loop.
-    pub fn set_now(&mut self, now: u64) {
+    pub fn set_now(&mut self, now: Mono) {
         self.now = now;
     }
 
     /// The publisher of partition `i`.
-    pub fn publisher(&self, i: u16) -> Option<&McastPublisher> {
+    pub fn publisher(&self, i: u16) -> Option<&MdPublisher> {
         self.publishers.get(usize::from(i))
+    }
+
+    /// The multicast publisher of partition `i` (`None` on an RC fan-out channel).
+    pub fn multicast(&self, i: u16) -> Option<&McastPublisher> {
+        match self.publishers.get(usize::from(i))? {
+            MdPublisher::Multicast(p) => Some(p),
+            MdPublisher::Rc(_) => None,
+        }
     }
 
     /// Last sequence published on partition `i` (0: none).
@@ -78,16 +89,34 @@ impl BusSink {
 
     /// Recovery connections open, over all channels.
     pub fn connections(&self) -> usize {
-        self.publishers
-            .iter()
-            .map(McastPublisher::connections)
-            .sum()
+        self.publishers.iter().map(MdPublisher::connections).sum()
     }
 
-    /// I/O counters summed over all channels.
+    /// I/O counters summed over all channels (an RC fan-out channel adds what its
+    /// counters share with multicast's: datagrams written once per datagram, heartbeats,
+    /// requests and snapshots served, refusals and rate limits).
     pub fn io_stats(&self) -> PublisherIoStats {
         let mut t = PublisherIoStats::default();
         for p in &self.publishers {
+            let p = match p {
+                MdPublisher::Multicast(p) => p,
+                MdPublisher::Rc(p) => {
+                    let f = p.stats();
+                    t.datagrams_sent += p.state().counters().datagrams;
+                    t.heartbeats_sent += f.heartbeats_written;
+                    t.connections_accepted += f.subscribers_joined;
+                    t.connections_closed += f.dropped_stalled + f.dropped_behind_history;
+                    t.connections_failed += f.subscribers_lost;
+                    t.connections_refused += f.subscribers_refused;
+                    t.retransmit_requests += f.retransmit_requests;
+                    t.snapshots_served += f.snapshots_served;
+                    t.snapshots_built += f.snapshots_built;
+                    t.requests_dropped += f.requests_dropped;
+                    t.requests_rate_limited += f.requests_rate_limited;
+                    t.requests_clamped += f.requests_clamped;
+                    continue;
+                }
+            };
             let s = p.io_stats();
             t.datagrams_sent += s.datagrams_sent;
             t.heartbeats_sent += s.heartbeats_sent;
@@ -116,7 +145,7 @@ impl BusSink {
 
     /// Sends, heartbeats and serves recovery on every channel, with `book` as the snapshot
     /// source. Returns the datagrams sent.
-    pub fn poll(&mut self, now: u64, book: &Book) -> Result<usize, NetError> {
+    pub fn poll(&mut self, now: Mono, book: &Book) -> Result<usize, NetError> {
         let channels = self.channels();
         let mut sent = 0;
         for (i, p) in self.publishers.iter_mut().enumerate() {
@@ -140,7 +169,7 @@ impl BusSink {
     pub fn poll_channel(
         &mut self,
         i: u16,
-        now: u64,
+        now: Mono,
         snapshot: &impl rocebus::mcast::Snapshot,
     ) -> Result<usize, NetError> {
         match self.publishers.get_mut(usize::from(i)) {
@@ -152,7 +181,9 @@ impl BusSink {
     /// Datagrams of partition `i` flushed but not yet sent (held back by pacing): a
     /// publisher that gets more than its history ahead overwrites them unsent.
     pub fn backlog(&self, i: u16) -> u64 {
-        self.publishers.get(usize::from(i)).map_or(0, |p| {
+        // RC fan-out writes every flushed datagram to each subscriber with room at once;
+        // one without room is dropped when it falls out of the history, not waited for.
+        self.multicast(i).map_or(0, |p| {
             p.state()
                 .counters()
                 .datagrams
@@ -161,7 +192,7 @@ impl BusSink {
     }
 
     /// Seals the open datagrams and sends them.
-    pub fn flush(&mut self, now: u64) -> Result<(), NetError> {
+    pub fn flush(&mut self, now: Mono) -> Result<(), NetError> {
         for p in &mut self.publishers {
             p.flush(now)?;
         }
@@ -182,7 +213,7 @@ impl MdSink for BusSink {
         if let Some(ipc) = &mut self.ipc {
             ipc.publish_at(i, message);
         }
-        self.last_seq[i] = p.publish(self.now, message)?;
+        self.last_seq[i] = p.offer(self.now, message)?;
         Ok(())
     }
 }

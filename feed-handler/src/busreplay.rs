@@ -16,8 +16,9 @@ use crate::udp::unix_now_ns;
 use crate::view::MarketView;
 use dbn::decode::{DecodeRecordRef, DynDecoder};
 use dbn::VersionUpgradePolicy;
+use rocebus::clock::{now_ns, Mono};
 use rocebus::mcast::config::McastConfig;
-use rocebus::mcast::{now_ns, NetError, Snapshot};
+use rocebus::mcast::{NetError, Snapshot};
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -100,7 +101,7 @@ fn poll(sink: &mut BusSink, views: &[MarketView], now: u64) -> Result<usize, Net
     for (i, v) in views.iter().enumerate() {
         let i = i as u16;
         let seq = sink.last_seq(i);
-        sent += sink.poll_channel(i, now, &ViewAt { view: v, seq })?;
+        sent += sink.poll_channel(i, Mono::from_nanos(now), &ViewAt { view: v, seq })?;
     }
     Ok(sent)
 }
@@ -157,7 +158,7 @@ pub fn replay(
         // Every POLL_EVERY records (publishing sends full datagrams itself), and while
         // waiting until the record is due or every publisher has room: poll the publishers.
         let mut now = now_ns();
-        sink.set_now(now);
+        sink.set_now(Mono::from_nanos(now));
         if totals.records % POLL_EVERY == 0 {
             poll(&mut sink, &views, now).map_err(bus_err)?;
         }
@@ -172,7 +173,7 @@ pub fn replay(
                 std::thread::sleep(Duration::from_micros(100));
             }
             now = now_ns();
-            sink.set_now(now);
+            sink.set_now(Mono::from_nanos(now));
             poll(&mut sink, &views, now).map_err(bus_err)?;
         }
         let mut publish = |sink: &mut BusSink, ch: u16, len: usize| {
@@ -206,7 +207,7 @@ pub fn replay(
             );
         }
     }
-    sink.flush(now_ns()).map_err(bus_err)?;
+    sink.flush(Mono::now()).map_err(bus_err)?;
     // Serve recovery (retransmissions, snapshots) to the subscribers before leaving.
     let until = Instant::now() + linger;
     // ORDERING: Relaxed: the stop flag carries no data (as above).
@@ -217,6 +218,6 @@ pub fn replay(
             std::thread::sleep(Duration::from_micros(100));
         }
     }
-    sink.flush(now_ns()).map_err(bus_err)?;
+    sink.flush(Mono::now()).map_err(bus_err)?;
     Ok(totals)
 }

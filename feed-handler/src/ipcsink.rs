@@ -10,6 +10,7 @@
 //! being [`MSG_TYPE`]; decode it with `rocebus_md` as from the bus.
 
 use crate::publish::MdSink;
+use rocebus::clock::Mono;
 use rocebus::ipc::{IpcConfig, IpcError, IpcOfferError, IpcPublisher};
 
 /// The IPC message type of a frame holding one normalized message.
@@ -44,7 +45,7 @@ impl IpcSink {
     pub fn create(prefix: &str, channel_ids: &[u16], cfg: &IpcConfig) -> Result<Self, IpcError> {
         let publishers = channel_ids
             .iter()
-            .map(|&id| IpcPublisher::create(&stream_name(prefix, id), cfg))
+            .map(|&id| IpcPublisher::new(cfg, &stream_name(prefix, id)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             publishers,
@@ -78,12 +79,15 @@ impl IpcSink {
     }
 
     /// Liveness and subscriber bookkeeping of every stream; call from the polling loop
-    /// with its `now` ([`rocebus::mcast::now_ns`], as for the market-data publishers).
-    /// Returns the events handled.
-    pub fn poll(&mut self, now: u64) -> usize {
+    /// with the turn's `now`, as for the market-data publishers. Returns the events handled.
+    pub fn poll(&mut self, now: Mono) -> usize {
         let mut n = 0;
         for p in &mut self.publishers {
-            n += p.poll(now, |ev| tracing::debug!(?ev, "ipc stream"));
+            p.poll(now);
+            while let Some(ev) = p.poll_event() {
+                tracing::debug!(?ev, "ipc stream");
+                n += 1;
+            }
         }
         n
     }
@@ -105,7 +109,7 @@ mod tests {
     use crate::generate::{generate, GenConfig};
     use crate::itch::decode_exact;
     use crate::publish::Publisher;
-    use rocebus::clock::now_ns;
+    use rocebus::clock::Mono;
     use rocebus::ipc::{FlowControl, IpcEvent, IpcSubscriber};
 
     fn cfg(dir: &std::path::Path) -> IpcConfig {
@@ -151,10 +155,10 @@ mod tests {
         // Subscribers first (they never block: they connect when the stream appears).
         let mut subs: Vec<IpcSubscriber> = ids
             .iter()
-            .map(|&id| IpcSubscriber::new(&stream_name("md", id), &cfg).unwrap())
+            .map(|&id| IpcSubscriber::new(&cfg, &stream_name("md", id)).unwrap())
             .collect();
         for s in &mut subs {
-            s.poll(now_ns(), |_| {}, 16);
+            s.poll(Mono::now(), |_| {}, 16).unwrap();
         }
         let sink = IpcSink::create("md", &ids, &cfg).unwrap();
         let mut got: Vec<Vec<Vec<u8>>> = vec![Vec::new(); ids.len()];
@@ -162,15 +166,10 @@ mod tests {
         // Connect before the first message, as a reader started before the feed does.
         for _ in 0..1000 {
             for (i, s) in subs.iter_mut().enumerate() {
-                s.poll(
-                    now_ns(),
-                    |ev| {
-                        if let IpcEvent::Connected { .. } = ev {
-                            connected[i] = true;
-                        }
-                    },
-                    16,
-                );
+                s.poll(Mono::now(), |_| {}, 16).unwrap();
+                if let Some(IpcEvent::Connected { .. }) = s.poll_event() {
+                    connected[i] = true;
+                }
             }
             if connected.iter().all(|c| *c) {
                 break;
@@ -186,19 +185,19 @@ mod tests {
         );
         for (i, s) in subs.iter_mut().enumerate() {
             loop {
-                let mut n = 0;
-                s.poll(
-                    now_ns(),
-                    |ev| match ev {
-                        IpcEvent::Message(m) => {
+                let n = s
+                    .poll(
+                        Mono::now(),
+                        |m| {
                             assert_eq!(m.msg_type, MSG_TYPE);
                             got[i].push(m.payload.to_vec());
-                            n += 1;
-                        }
-                        other => panic!("unexpected {other:?}"),
-                    },
-                    256,
-                );
+                        },
+                        256,
+                    )
+                    .unwrap();
+                if let Some(e) = s.poll_event() {
+                    panic!("unexpected {e:?}");
+                }
                 if n == 0 {
                     break;
                 }

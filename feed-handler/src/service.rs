@@ -20,9 +20,10 @@ use crate::normalized::FeedLoss;
 use crate::pcap::WireFilter;
 use crate::publish::{MdSink, PublishCounters, Publisher};
 use crate::udp::{FeedSink, ReceiverConfig, UdpReceiver};
+use rocebus::clock::{now_ns, Mono};
 use rocebus::counters::{Counter, CountersError, CountersFile};
 use rocebus::idle::Idler;
-use rocebus::mcast::{now_ns, NetError};
+use rocebus::mcast::NetError;
 use rocebus::rdma_settings::export::RdmaCountersExport;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -590,7 +591,9 @@ impl Service {
             c.set(f(&t));
         }
         for (i, b) in self.bus_counters.iter().enumerate() {
-            if let Some(p) = self.pipeline.sink().publisher(i as u16) {
+            // The per-subscriber rows are multicast's; an RC channel's totals are in
+            // the feed's own counters (`io_stats`).
+            if let Some(p) = self.pipeline.sink().multicast(i as u16) {
                 b.update(p);
             }
         }
@@ -636,7 +639,7 @@ impl Service {
             let now = now_ns();
             let mut work = 0;
             let pipeline = &mut self.pipeline;
-            pipeline.parts_mut().1.set_now(now);
+            pipeline.parts_mut().1.set_now(Mono::from_nanos(now));
             match &mut self.source {
                 Source::Udp(r) => {
                     let got = r.poll_timed(&mut now_ns, pipeline).map_err(udp_err)?;
@@ -649,7 +652,7 @@ impl Service {
                 }
             }
             let (book, bus) = pipeline.parts_mut();
-            work += bus.poll(now, book).map_err(bus_err)?;
+            work += bus.poll(Mono::from_nanos(now), book).map_err(bus_err)?;
             if now >= next_export {
                 next_export = now + counters_every;
                 self.export();
@@ -659,7 +662,11 @@ impl Service {
                 let served = io.retransmit_requests + io.snapshots_served;
                 match &mut draining {
                     None => {
-                        self.pipeline.parts_mut().1.flush(now).map_err(bus_err)?;
+                        self.pipeline
+                            .parts_mut()
+                            .1
+                            .flush(Mono::from_nanos(now))
+                            .map_err(bus_err)?;
                         tracing::info!("feed ended; serving bus recovery before exit");
                         draining = Some((served, Instant::now()));
                     }
@@ -679,7 +686,7 @@ impl Service {
         self.pipeline
             .parts_mut()
             .1
-            .flush(now_ns())
+            .flush(Mono::now())
             .map_err(bus_err)?;
         self.export();
         Ok(self.totals())

@@ -16,9 +16,10 @@ use feed_handler::generate::{generate, GenConfig};
 use feed_handler::itch::decode_exact;
 use feed_handler::udp::{Pacing, ReplayConfig, Replayer};
 use feed_handler::view::{book_l2, MarketView};
+use rocebus::clock::{now_ns, Mono};
 use rocebus::counters::CountersReader;
 use rocebus::mcast::config::McastConfig;
-use rocebus::mcast::{now_ns, McastSubscriber};
+use rocebus::mcast::McastSubscriber;
 use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -138,7 +139,8 @@ fn exchange_and_subscribers(plan: &Plan, mode: Mode) {
     loop {
         let now = now_ns();
         for (s, v) in subs.iter_mut().zip(views.iter_mut()) {
-            s.poll(now, v).expect("subscriber poll");
+            s.poll(Mono::from_nanos(now), v, 64)
+                .expect("subscriber poll");
         }
         if Instant::now() >= next_check {
             next_check = Instant::now() + Duration::from_millis(100);
@@ -340,7 +342,7 @@ impl IpcReader {
         let thread = std::thread::spawn(move || {
             let mut subs: Vec<IpcSubscriber> = (1..=2)
                 .map(|id| {
-                    IpcSubscriber::new(&format!("{IPC_PREFIX}.{id}"), &cfg).expect("ipc subscriber")
+                    IpcSubscriber::new(&cfg, &format!("{IPC_PREFIX}.{id}")).expect("ipc subscriber")
                 })
                 .collect();
             let mut views = [MarketView::new(), MarketView::new()];
@@ -351,17 +353,20 @@ impl IpcReader {
                 let last = flag.load(Ordering::Acquire);
                 let mut n = 0;
                 for (s, v) in subs.iter_mut().zip(views.iter_mut()) {
-                    n += s.poll(
-                        now_ns(),
-                        |ev| match ev {
-                            IpcEvent::Message(m) => v.apply(m.payload).expect("normalized message"),
-                            // The feed handler exits at the end of the session: orderly.
-                            IpcEvent::Connected { .. }
-                            | IpcEvent::PublisherGone { clean: true } => {}
-                            other => panic!("ipc reader: {other:?}"),
-                        },
-                        256,
-                    );
+                    n += s
+                        .poll(
+                            rocebus::clock::Mono::now(),
+                            |m| v.apply(m.payload).expect("normalized message"),
+                            256,
+                        )
+                        .unwrap();
+                    match s.poll_event() {
+                        // The feed handler exits at the end of the session: orderly.
+                        None
+                        | Some(IpcEvent::Connected { .. })
+                        | Some(IpcEvent::PublisherGone { clean: true }) => {}
+                        other => panic!("ipc reader: {other:?}"),
+                    }
                 }
                 if last && n == 0 {
                     return views;

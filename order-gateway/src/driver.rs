@@ -10,7 +10,9 @@
 //! An I/O shell: it decides nothing. What to send and journal is the core's
 //! ([`Gateway`]); when to probe a failed journal and when to retry a failed rotation is
 //! [`JournalHealth`]'s. Time comes in as a [`Now`] read once per turn: the service's loop
-//! passes it ([`FixDriver::poll_with`], [`FixDriver::poll_connect_at`]); the entry points
+//! passes it ([`FixDriver::poll_with`], [`FixDriver::start_connect_at`],
+//! [`FixDriver::poll_connect_at`]), and the driver hands the venue link the turn's [`Mono`]
+//! for its deadlines (a connect's, a write stall's); the entry points
 //! for tools and tests that take none ([`FixDriver::engine_message`], [`FixDriver::poll`],
 //! [`FixDriver::poll_connect`], [`FixDriver::stop`], the recovery at open) are a turn of
 //! their own and read the driver's one clock ([`FixDriver::set_clock`]) once.
@@ -39,7 +41,7 @@ fn anyhow_chain(e: &dyn std::error::Error) -> String {
 }
 use crate::journal_health::JournalHealth;
 use crate::risk::{RiskConfig, RiskConfigError};
-use rocebus::clock::{Now, Wall};
+use rocebus::clock::{Mono, Now, Wall};
 
 /// Driver errors.
 #[derive(Debug, thiserror::Error)]
@@ -129,13 +131,19 @@ pub enum LinkRead {
 /// Nothing here may wait on the venue: [`open`](Self::open) starts a connect that
 /// [`poll_open`](Self::poll_open) completes, and [`write_all`](Self::write_all) queues what
 /// the socket cannot take now for [`poll_write`](Self::poll_write).
+///
+/// Nothing here reads a clock either: the calls that have a deadline (a connect's, a write
+/// stall's) are handed the caller's turn time, a [`Mono`].
 pub trait VenueLink {
-    /// Starts opening the link (a TCP connect); it is open once [`is_open`](Self::is_open)
-    /// says so ([`poll_open`](Self::poll_open) drives it). An error: this attempt failed.
-    fn open(&mut self) -> io::Result<()>;
-    /// Drives an open under way without blocking: `Ok(true)` once open, `Ok(false)` while
-    /// still connecting, an error if the attempt failed or passed its deadline.
-    fn poll_open(&mut self) -> io::Result<bool> {
+    /// Starts opening the link (a TCP connect) at `now`; it is open once
+    /// [`is_open`](Self::is_open) says so ([`poll_open`](Self::poll_open) drives it). An
+    /// error: this attempt failed.
+    fn open(&mut self, now: Mono) -> io::Result<()>;
+    /// Drives an open under way at `now` without blocking: `Ok(true)` once open,
+    /// `Ok(false)` while still connecting, an error if the attempt failed or passed its
+    /// deadline.
+    fn poll_open(&mut self, now: Mono) -> io::Result<bool> {
+        let _ = now;
         Ok(self.is_open())
     }
     /// True while an open is under way.
@@ -148,12 +156,13 @@ pub trait VenueLink {
     fn is_open(&self) -> bool;
     /// Reads what is there, waiting at most `wait` (`Duration::ZERO`: never blocks).
     fn read(&mut self, buf: &mut [u8], wait: Duration) -> LinkRead;
-    /// Sends all of `bytes`, in order after anything queued: what the venue cannot take now
-    /// waits in the link (bounded); an error closes the link.
-    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()>;
-    /// Moves queued bytes to the venue without blocking; an error (the venue took nothing
-    /// for too long) closes the link.
-    fn poll_write(&mut self) -> io::Result<()> {
+    /// Sends all of `bytes` at `now`, in order after anything queued: what the venue cannot
+    /// take now waits in the link (bounded); an error closes the link.
+    fn write_all(&mut self, bytes: &[u8], now: Mono) -> io::Result<()>;
+    /// Moves queued bytes to the venue at `now` without blocking; an error (the venue took
+    /// nothing for too long) closes the link.
+    fn poll_write(&mut self, now: Mono) -> io::Result<()> {
+        let _ = now;
         Ok(())
     }
     /// Where it goes, for messages.
@@ -177,7 +186,7 @@ pub struct TcpLink {
     unsent: Vec<u8>,
     unsent_pos: usize,
     /// Since when queued bytes have made no progress.
-    stalled_since: Option<Instant>,
+    stalled_since: Option<Mono>,
     max_unsent: usize,
     /// Links dropped because the venue did not read (queue full or stalled).
     write_stalls: u64,
@@ -188,7 +197,7 @@ struct Connecting {
     stream: TcpStream,
     /// Addresses left to try after this one.
     rest: Vec<SocketAddr>,
-    deadline: Instant,
+    deadline: Mono,
 }
 
 /// How long a connect may take before it counts as failed.
@@ -268,8 +277,8 @@ impl TcpLink {
         self.stalled_since = None;
     }
 
-    /// Tries the next address; `Ok(true)` if connected at once.
-    fn try_next(&mut self, mut rest: Vec<SocketAddr>) -> io::Result<bool> {
+    /// Tries the next address at `now`; `Ok(true)` if connected at once.
+    fn try_next(&mut self, mut rest: Vec<SocketAddr>, now: Mono) -> io::Result<bool> {
         let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolves to nothing");
         while !rest.is_empty() {
             let a = rest.remove(0);
@@ -278,9 +287,9 @@ impl TcpLink {
                     self.connecting = Some(Connecting {
                         stream,
                         rest,
-                        deadline: Instant::now() + CONNECT_TIMEOUT,
+                        deadline: now + CONNECT_TIMEOUT,
                     });
-                    return self.poll_open();
+                    return self.poll_open(now);
                 }
                 Err(e) => last = e,
             }
@@ -288,8 +297,8 @@ impl TcpLink {
         Err(last)
     }
 
-    /// Writes queued bytes until the socket refuses; an error closes the link.
-    fn write_queued(&mut self) -> io::Result<()> {
+    /// Writes queued bytes at `now` until the socket refuses; an error closes the link.
+    fn write_queued(&mut self, now: Mono) -> io::Result<()> {
         let Some(s) = &mut self.stream else {
             return Err(io::ErrorKind::NotConnected.into());
         };
@@ -318,11 +327,10 @@ impl TcpLink {
             self.stalled_since = None;
             return Ok(());
         }
-        let now = Instant::now();
         if progressed {
             self.stalled_since = Some(now);
         }
-        if now.duration_since(*self.stalled_since.get_or_insert(now)) > WRITE_STALL {
+        if now.saturating_since(*self.stalled_since.get_or_insert(now)) > WRITE_STALL {
             self.write_stalls += 1;
             self.drop_stream();
             return Err(io::Error::new(
@@ -335,16 +343,16 @@ impl TcpLink {
 }
 
 impl VenueLink for TcpLink {
-    fn open(&mut self) -> io::Result<()> {
+    fn open(&mut self, now: Mono) -> io::Result<()> {
         self.close();
         let addrs: Vec<SocketAddr> = match self.addr.parse::<SocketAddr>() {
             Ok(a) => vec![a],
             Err(_) => self.addr.to_socket_addrs()?.collect(),
         };
-        self.try_next(addrs).map(|_| ())
+        self.try_next(addrs, now).map(|_| ())
     }
 
-    fn poll_open(&mut self) -> io::Result<bool> {
+    fn poll_open(&mut self, now: Mono) -> io::Result<bool> {
         let Some(c) = &self.connecting else {
             return Ok(self.stream.is_some());
         };
@@ -358,7 +366,7 @@ impl VenueLink for TcpLink {
             if rest.is_empty() {
                 return Err(e);
             }
-            return self.try_next(rest);
+            return self.try_next(rest, now);
         }
         match c.stream.peer_addr() {
             Ok(_) => {
@@ -371,7 +379,7 @@ impl VenueLink for TcpLink {
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::NotConnected => {
-                if Instant::now() < c.deadline {
+                if now < c.deadline {
                     return Ok(false);
                 }
                 let rest = self.connecting.take().map(|c| c.rest).unwrap_or_default();
@@ -381,7 +389,7 @@ impl VenueLink for TcpLink {
                         format!("no answer within {CONNECT_TIMEOUT:?}"),
                     ));
                 }
-                self.try_next(rest)
+                self.try_next(rest, now)
             }
             Err(e) => {
                 self.connecting = None;
@@ -442,7 +450,7 @@ impl VenueLink for TcpLink {
         }
     }
 
-    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+    fn write_all(&mut self, bytes: &[u8], now: Mono) -> io::Result<()> {
         if self.stream.is_none() {
             return Err(io::ErrorKind::NotConnected.into());
         }
@@ -475,7 +483,7 @@ impl VenueLink for TcpLink {
             }
             self.unsent.clear();
             self.unsent_pos = 0;
-            self.stalled_since = Some(Instant::now());
+            self.stalled_since = Some(now);
         } else if self.unsent_pos * 2 >= self.unsent.len() {
             self.unsent.drain(..self.unsent_pos);
             self.unsent_pos = 0;
@@ -495,14 +503,14 @@ impl VenueLink for TcpLink {
             ));
         }
         self.unsent.extend_from_slice(bytes);
-        self.write_queued()
+        self.write_queued(now)
     }
 
-    fn poll_write(&mut self) -> io::Result<()> {
+    fn poll_write(&mut self, now: Mono) -> io::Result<()> {
         if self.unsent_pos == self.unsent.len() {
             return Ok(());
         }
-        self.write_queued()
+        self.write_queued(now)
     }
 
     fn describe(&self) -> String {
@@ -761,11 +769,19 @@ impl<L: VenueLink> FixDriver<L> {
     /// Starts connecting to the venue without waiting; the Logon goes out when
     /// [`poll_connect`](Self::poll_connect) finds the link open.
     pub fn start_connect(&mut self) -> Result<(), DriverError> {
+        let now = self.read_clock();
+        self.start_connect_at(now)
+    }
+
+    /// [`start_connect`](Self::start_connect) at `now` (the connect's deadline runs from
+    /// it).
+    pub fn start_connect_at(&mut self, now: Now) -> Result<(), DriverError> {
+        self.turn = now;
         if self.health.is_degraded() {
             return Err(DriverError::JournalUnavailable);
         }
         self.opening = true;
-        if let Err(source) = self.link.open() {
+        if let Err(source) = self.link.open(now.mono) {
             self.opening = false;
             return Err(DriverError::Connect {
                 addr: self.link.describe(),
@@ -792,11 +808,12 @@ impl<L: VenueLink> FixDriver<L> {
     /// session's timers start from it).
     pub fn poll_connect_at(&mut self, now: Now) -> Result<bool, DriverError> {
         self.turn = now;
+        let mono = now.mono;
         let now = now.wall.as_nanos();
         if !self.opening {
             return Ok(false);
         }
-        match self.link.poll_open() {
+        match self.link.poll_open(mono) {
             Ok(false) => Ok(false),
             Ok(true) => {
                 self.opening = false;
@@ -981,7 +998,7 @@ impl<L: VenueLink> FixDriver<L> {
             let deadline = now.mono + wait;
             // One turn per pass, each with its one clock read.
             while self.link.is_open() && self.read_clock().mono < deadline {
-                if let Err(e) = self.link.poll_write() {
+                if let Err(e) = self.link.poll_write(self.turn.mono) {
                     tracing::warn!(venue = %self.link.describe(), error = %e, "venue link dropped");
                     self.gw.on_disconnect();
                     break;
@@ -1032,7 +1049,7 @@ impl<L: VenueLink> FixDriver<L> {
         self.turn = now;
         let now = now.wall.as_nanos();
         let n = if self.link.is_open() {
-            if let Err(e) = self.link.poll_write() {
+            if let Err(e) = self.link.poll_write(self.turn.mono) {
                 tracing::warn!(venue = %self.link.describe(), error = %e, "venue link dropped");
                 self.gw.on_disconnect();
             }
@@ -1115,7 +1132,7 @@ impl<L: VenueLink> FixDriver<L> {
         self.batch_disconnects.clear();
         let out = &mut self.out;
         if !out.fix.is_empty() && self.link.is_open() {
-            if let Err(e) = self.link.write_all(&out.fix) {
+            if let Err(e) = self.link.write_all(&out.fix, self.turn.mono) {
                 tracing::warn!(venue = %self.link.describe(), error = %e, "venue link dropped");
                 self.gw.on_disconnect();
             }
@@ -1382,28 +1399,50 @@ mod tests {
     fn connect_to_a_venue_that_never_answers_never_blocks_and_times_out() {
         let (_l, addr, _held) = syn_dropping_listener();
         let mut link = TcpLink::new(&addr.to_string());
+        // The deadline runs on the turn time handed in, not on a clock the link reads: the
+        // turns before it are still connecting, the turn at it has failed, and no call
+        // waits (the test takes no CONNECT_TIMEOUT of real time).
+        let t0 = Mono::from_nanos(1_000_000_000);
         let t = Instant::now();
-        link.open().unwrap();
+        link.open(t0).unwrap();
         assert!(link.is_opening());
-        let mut slowest = Duration::ZERO;
-        let err = loop {
-            let p = Instant::now();
-            let r = link.poll_open();
-            slowest = slowest.max(p.elapsed());
-            match r {
-                Ok(false) => std::thread::sleep(Duration::from_millis(5)),
-                Ok(true) => panic!("connected to a listener whose queue is full"),
-                Err(e) => break e,
-            }
-        };
+        for ms in [0, 1000, 1999] {
+            assert!(!link.poll_open(t0 + Duration::from_millis(ms)).unwrap());
+        }
+        let err = link.poll_open(t0 + CONNECT_TIMEOUT).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
-        assert!(t.elapsed() >= CONNECT_TIMEOUT, "gave up early");
-        // Each call answers at once; the deadline is the only wait. A call
-        // that blocked would wait out the whole timeout: the bound is a
-        // quarter of it, far above a loaded machine's scheduling delays
-        // (50 ms failed once with two test binaries and builds running).
-        assert!(slowest < CONNECT_TIMEOUT / 4, "a poll took {slowest:?}");
+        // A call that blocked would wait out the whole timeout: the bound is a quarter of
+        // it, far above a loaded machine's scheduling delays.
+        assert!(
+            t.elapsed() < CONNECT_TIMEOUT / 4,
+            "the calls took {:?}",
+            t.elapsed()
+        );
         assert!(!link.is_open() && !link.is_opening());
+    }
+
+    /// Queued bytes the venue takes none of for [`WRITE_STALL`] of turn time drop the link;
+    /// up to it they wait.
+    #[test]
+    fn a_venue_that_takes_nothing_for_write_stall_is_dropped() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut link = TcpLink::new(&l.local_addr().unwrap().to_string()).with_max_unsent(64 << 20);
+        let t0 = Mono::from_nanos(1_000_000_000);
+        link.open(t0).unwrap();
+        while !link.poll_open(t0).unwrap() {}
+        let (venue, _) = l.accept().unwrap();
+        let chunk = vec![b'x'; 1 << 16];
+        while link.unsent() == 0 {
+            link.write_all(&chunk, t0).unwrap();
+        }
+        link.poll_write(t0 + WRITE_STALL).unwrap();
+        let err = link
+            .poll_write(t0 + WRITE_STALL + Duration::from_millis(1))
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(!link.is_open());
+        assert_eq!(link.write_stalls(), 1);
+        drop(venue);
     }
 
     #[test]
@@ -1411,17 +1450,17 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let mut link = TcpLink::new(&addr.to_string());
-        link.open().unwrap();
+        link.open(Mono::now()).unwrap();
         let t = Instant::now();
-        while !link.poll_open().unwrap() {
+        while !link.poll_open(Mono::now()).unwrap() {
             assert!(t.elapsed() < Duration::from_secs(2));
             std::thread::sleep(Duration::from_millis(1));
         }
         assert!(link.is_open() && !link.is_opening());
         drop(l);
         let mut link = TcpLink::new(&addr.to_string());
-        let r = link.open().and_then(|()| loop {
-            if link.poll_open()? {
+        let r = link.open(Mono::now()).and_then(|()| loop {
+            if link.poll_open(Mono::now())? {
                 break Ok(());
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -1433,14 +1472,14 @@ mod tests {
     fn a_venue_that_does_not_read_is_queued_for_then_dropped_at_the_cap() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut link = TcpLink::new(&l.local_addr().unwrap().to_string()).with_max_unsent(1 << 16);
-        link.open().unwrap();
-        while !link.poll_open().unwrap() {}
+        link.open(Mono::now()).unwrap();
+        while !link.poll_open(Mono::now()).unwrap() {}
         let (venue, _) = l.accept().unwrap();
         let chunk = vec![b'x'; 8192];
         let t = Instant::now();
         let mut written = 0usize;
         let err = loop {
-            match link.write_all(&chunk) {
+            match link.write_all(&chunk, Mono::now()) {
                 Ok(()) => written += chunk.len(),
                 Err(e) => break e,
             }
@@ -1455,7 +1494,7 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::OutOfMemory, "{err}");
         assert!(!link.is_open());
         assert_eq!(link.write_stalls(), 1);
-        assert!(link.write_all(b"more").is_err());
+        assert!(link.write_all(b"more", Mono::now()).is_err());
         drop(venue);
     }
 
@@ -1463,8 +1502,8 @@ mod tests {
     fn queued_bytes_reach_a_slow_venue_in_order() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut link = TcpLink::new(&l.local_addr().unwrap().to_string());
-        link.open().unwrap();
-        while !link.poll_open().unwrap() {}
+        link.open(Mono::now()).unwrap();
+        while !link.poll_open(Mono::now()).unwrap() {}
         let (mut venue, _) = l.accept().unwrap();
         let total = 8 << 20;
         let reader = std::thread::spawn(move || {
@@ -1482,14 +1521,14 @@ mod tests {
         while sent < total {
             let chunk: Vec<u8> = (sent..sent + 4096).map(|i| (i % 251) as u8).collect();
             if link.unsent() < 1 << 20 {
-                link.write_all(&chunk).unwrap();
+                link.write_all(&chunk, Mono::now()).unwrap();
                 sent += chunk.len();
             } else {
-                link.poll_write().unwrap();
+                link.poll_write(Mono::now()).unwrap();
             }
         }
         while link.unsent() > 0 {
-            link.poll_write().unwrap();
+            link.poll_write(Mono::now()).unwrap();
         }
         let got = reader.join().unwrap();
         assert!(got.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));

@@ -3,7 +3,8 @@
 //! [`FeedState`] is the I/O-free part: it takes the feed handler's normalized messages
 //! ([`rocebus_md::normalized`]), its L2 snapshots and the subscriber's events, and turns
 //! them into [`MarketEvent`]s. [`BusMarketData`] is the thin shell that owns one
-//! [`McastSubscriber`] per channel and is polled by the service loop (no thread of its own;
+//! [`MdSubscriber`] per channel (UD multicast or RC fan-out, as the channel's `transport`
+//! says) and is polled by the service loop (no thread of its own;
 //! it neither allocates nor logs per message).
 //!
 //! # What the gateway believes
@@ -40,12 +41,11 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use rocebus::clock::{now_ns, Mono};
 use rocebus::counters::{AllocateCounter, Counter, CountersError, Kind};
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::net::SubscriberCountersExport;
-use rocebus::mcast::{
-    now_ns, Event, Handler, McastSubscriber, NetError, Phase, RestoreError, SnapshotSink,
-};
+use rocebus::mcast::{Event, Handler, MdSubscriber, NetError, Phase, RestoreError, SnapshotSink};
 use rocebus_md::normalized::{self, Normalized};
 use rocebus_md::view::MarketView;
 use serde::Deserialize;
@@ -587,7 +587,7 @@ fn symbol_of(stock: &[u8; 8]) -> Option<Symbol> {
     Symbol::from_bytes(&stock[..end])
 }
 
-/// Hands one channel's deliveries to the [`FeedState`] (what `McastSubscriber::poll` drives).
+/// Hands one channel's deliveries to the [`FeedState`] (what `MdSubscriber::poll` drives).
 struct Apply<'a> {
     feed: &'a mut FeedState,
     ch: usize,
@@ -617,7 +617,7 @@ impl SnapshotSink for Apply<'_> {
 /// One subscribed channel.
 struct ChannelIo {
     id: u16,
-    sub: Option<McastSubscriber>,
+    sub: Option<MdSubscriber>,
     /// Last time a datagram or recovery message arrived (monotonic ns).
     heard: u64,
     next_connect: u64,
@@ -716,20 +716,20 @@ impl BusMarketData {
     /// subscribed. Failures are logged and retried by `poll`. For tests and tools: the
     /// gateway uses [`start`](Self::start).
     pub fn connect(&mut self) -> usize {
-        self.subscribe(McastSubscriber::connect)
+        self.subscribe(MdSubscriber::connect)
     }
 
     /// Subscribes the channels not subscribed yet without waiting on the feed handler: the
     /// multicast lines are joined now, each recovery connection is made by later polls
-    /// ([`McastSubscriber::new`]); returns how many are subscribed. This is what the
+    /// ([`MdSubscriber::new`]); returns how many are subscribed. This is what the
     /// service's reconnects use, so a feed handler that is down never holds the order loop.
     pub fn start(&mut self) -> usize {
-        self.subscribe(McastSubscriber::new)
+        self.subscribe(MdSubscriber::new)
     }
 
     fn subscribe(
         &mut self,
-        open: fn(&McastConfig, u16, IpAddr, IpAddr) -> Result<McastSubscriber, NetError>,
+        open: fn(&McastConfig, u16, IpAddr, IpAddr) -> Result<MdSubscriber, NetError>,
     ) -> usize {
         let now = now_ns();
         for c in &mut self.channels {
@@ -819,7 +819,8 @@ impl MarketDataInput for BusMarketData {
     }
 
     fn poll(&mut self, sink: &mut dyn FnMut(MarketEvent)) -> usize {
-        let now = now_ns();
+        let mono = Mono::now();
+        let now = mono.as_nanos();
         let mut events = 0usize;
         let mut count = |ev: MarketEvent| {
             events += 1;
@@ -837,7 +838,7 @@ impl MarketDataInput for BusMarketData {
                 ch: i,
                 sink: &mut count,
             };
-            match sub.poll(now, &mut app) {
+            match sub.poll(mono, &mut app, 64) {
                 Ok(n) => {
                     if n > 0 {
                         c.heard = now;

@@ -27,10 +27,12 @@
 //! steady state; a response an engine's ring cannot take now waits in that engine's
 //! backlog (never dropped while the engine is connected).
 //!
-//! This module owns threads, the listener and the engine connections; risk, FIX and
-//! journal logic stay in the I/O-free [`Gateway`].
+//! This module owns threads, the listener and the engine connections, and decides nothing
+//! about them: risk, FIX and journal logic stay in the I/O-free [`Gateway`], and the
+//! engines' live links (logon timeout and the pending cap, heartbeats, silence, the
+//! response backlog and its cap) in the I/O-free [`EngineLinks`]; this shell reads the
+//! clock once per turn, feeds them events and carries out their outputs.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc;
@@ -50,14 +52,16 @@ use crate::config::Config;
 use crate::control::ControlServer;
 use crate::driver::{DriverError, FixDriver, TcpLink, VenueLink};
 use crate::fix::SessionState;
-use crate::gateway::{EngineId, Gateway};
-use crate::liveness::Liveness;
+use crate::gateway::{
+    Admission, CloseReason, ConnId, DisconnectReason, EngineId, EngineLinks, Gateway, LinkConfig,
+    LinkOutput, Offered,
+};
 use crate::proto::{
     engine_key, msg_type, Heartbeat, Logon, LogonAck, LogonStatus, RequestHoles, Response, Symbol,
     HOLES_PER_FRAME, ORDERS_STREAM,
 };
 use crate::risk::RiskConfig;
-use rocebus::clock::{Mono, Now, Wall};
+use rocebus::clock::{Mono, Now};
 
 // The market-data contract lives in `market` (which must not import the service); the
 // service's paths stay.
@@ -462,62 +466,22 @@ impl Counters {
     }
 }
 
-/// Responses an engine's ring could not take yet, in order, at most `cap` of them.
-#[derive(Debug)]
-struct Backlog {
-    queue: VecDeque<Response>,
-    cap: usize,
-    /// A push found it full (counted and logged once; the engine is being disconnected).
-    overflowed: bool,
-}
-
-impl Backlog {
-    fn new(cap: usize) -> Backlog {
-        Backlog {
-            queue: VecDeque::with_capacity(cap.min(4096)),
-            cap,
-            overflowed: false,
-        }
-    }
-
-    /// Queues `r`; `Err(first)` if the backlog is full (the engine is not reading: it is
-    /// disconnected, and gets what it missed replayed from the gateway's history when it
-    /// logs on again), `first` the first time.
-    fn push(&mut self, r: &Response) -> Result<(), bool> {
-        if self.queue.len() >= self.cap {
-            let first = !self.overflowed;
-            self.overflowed = true;
-            return Err(first);
-        }
-        self.queue.push_back(*r);
-        Ok(())
-    }
-}
-
-/// A logged-on engine.
+/// A logged-on engine's connection; its live link (heartbeats, silence, backlog) is
+/// [`EngineLinks`]'.
 struct EngineConn {
     id: EngineId,
     conn: Connection,
-    /// Its heartbeats and silence.
-    live: Liveness,
-    /// Responses its ring could not take yet.
-    backlog: Backlog,
     /// Something was committed since the last flush.
     dirty: bool,
     /// Its slot in the listener's fan-in summary (none: polled every turn).
     slot: Option<usize>,
 }
 
-/// A connection that has not sent its logon yet.
-struct PendingConn {
+/// A connection that has not become an engine: waiting for its logon, or refused and
+/// lingering for its answer to be read ([`EngineLinks`] decides when it goes).
+struct Waiting {
+    id: ConnId,
     conn: Connection,
-    since: Mono,
-}
-
-/// A connection whose logon was refused: closed once the answer was read, or at `until`.
-struct Closing {
-    conn: Connection,
-    until: Mono,
 }
 
 /// Fan-in slots when `service.orders.fanin_slots` is 0: the gateway always polls its
@@ -526,13 +490,13 @@ const DEFAULT_FANIN_SLOTS: usize = 256;
 /// Frames taken from one engine per poll.
 const ENGINE_BATCH: usize = 64;
 
-/// Polls one engine's ring: its requests go to the driver, any frame is a sign of life;
-/// a lost connection is listed in `lost`. Returns the frames taken.
+/// Polls one engine's ring: its requests go to the driver, any frame is a sign of life
+/// for its link, a lost connection is reported to it. Returns the frames taken.
 fn poll_engine<L: VenueLink>(
     e: &mut EngineConn,
     driver: &mut FixDriver<L>,
+    links: &mut EngineLinks,
     c: &Counters,
-    lost: &mut Vec<EngineId>,
     now: Now,
 ) -> usize {
     let id = e.id;
@@ -550,16 +514,73 @@ fn poll_engine<L: VenueLink>(
     match r {
         Ok(0) => 0,
         Ok(n) => {
-            e.live.on_heard(now.mono.as_nanos());
+            links.handle_frame(id, now.mono);
             n
         }
-        // Closed by us for its silence already (then listed in `lost`).
-        Err(_) if lost.contains(&id) => 0,
+        // Disconnected by the links already (closed, not yet reaped).
+        Err(_) if !links.is_linked(id) => 0,
         Err(err) => {
             tracing::warn!(engine = id, error = %err, "engine connection lost");
-            lost.push(id);
+            links.handle_lost(id);
             0
         }
+    }
+}
+
+/// Offers `e` the responses its link hands out, oldest first, until its ring is full;
+/// then flushes what was committed. A failure is a lost connection, reported to the link.
+fn offer_queued(e: &mut EngineConn, links: &mut EngineLinks) {
+    // `has_queued` first: the common turn has nothing queued, and costs no lookup.
+    while let Some(r) = links
+        .has_queued()
+        .then(|| links.poll_response(e.id))
+        .flatten()
+    {
+        match offer(&mut e.conn, &r) {
+            Ok(()) => {
+                e.dirty = true;
+                links.handle_offered(e.id, Offered::Accepted);
+            }
+            Err(OfferError::BackPressured) => {
+                links.handle_offered(e.id, Offered::BackPressured);
+                break;
+            }
+            Err(_) => {
+                links.handle_lost(e.id);
+                return;
+            }
+        }
+    }
+    if e.dirty {
+        e.dirty = false;
+        if e.conn.flush().is_err() {
+            links.handle_lost(e.id);
+        }
+    }
+}
+
+/// Writes a heartbeat stamped `now` into `e`'s ring; false if the connection is lost (a
+/// full ring is no failure: the engine has responses to read).
+fn send_heartbeat(e: &mut EngineConn, now: rocebus::clock::Wall) -> bool {
+    let hb = Heartbeat::new(now.as_nanos());
+    let sent = e
+        .conn
+        .try_claim(
+            ORDERS_STREAM,
+            u16::from(msg_type::HEARTBEAT),
+            size_of::<Heartbeat>(),
+        )
+        .map(|mut claim| {
+            claim.copy_from_slice(hb.as_bytes());
+            claim.commit();
+        });
+    match sent {
+        Ok(()) => {
+            e.dirty = true;
+            true
+        }
+        Err(OfferError::BackPressured) => true,
+        Err(_) => false,
     }
 }
 
@@ -569,54 +590,6 @@ const REFUSAL_LINGER: Duration = Duration::from_millis(100);
 const REQUESTS_PER_TURN: usize = 4;
 /// A venue reconnect waits `reconnect` after a failure, doubling up to this many times it.
 pub const MAX_BACKOFF_FACTOR: u32 = 4;
-
-impl EngineConn {
-    /// Queues `r` behind the backlog; returns false if the connection is lost or must be
-    /// closed (backlog full).
-    fn send(&mut self, r: &Response, c: &Counters) -> bool {
-        if self.backlog.queue.is_empty() {
-            match offer(&mut self.conn, r) {
-                Ok(()) => {
-                    self.dirty = true;
-                    c.responses.inc();
-                    return true;
-                }
-                Err(OfferError::BackPressured) => c.responses_backlogged.inc(),
-                Err(_) => return false,
-            }
-        }
-        match self.backlog.push(r) {
-            Ok(()) => true,
-            Err(first) => {
-                if first {
-                    c.backlog_disconnects.inc();
-                    tracing::warn!(
-                        engine = self.id,
-                        max_response_backlog = self.backlog.cap,
-                        "engine is not reading its responses: backlog full, disconnecting it"
-                    );
-                }
-                false
-            }
-        }
-    }
-
-    /// Moves backlog into the ring while it has room; returns false if the connection is lost.
-    fn drain_backlog(&mut self, c: &Counters) -> bool {
-        while let Some(r) = self.backlog.queue.front() {
-            match offer(&mut self.conn, r) {
-                Ok(()) => {
-                    self.backlog.queue.pop_front();
-                    self.dirty = true;
-                    c.responses.inc();
-                }
-                Err(OfferError::BackPressured) => break,
-                Err(_) => return false,
-            }
-        }
-        true
-    }
-}
 
 /// Writes a response straight into the connection's registered send memory.
 fn offer(conn: &mut Connection, r: &Response) -> Result<(), OfferError> {
@@ -662,9 +635,11 @@ fn logon_verdict(
 pub struct Service<L: VenueLink = TcpLink> {
     driver: FixDriver<L>,
     listener: OrdersListener,
-    /// Completed connections closed because `max_pending_connections` were waiting for
-    /// their logon (the listener counts the handshakes it rejected itself).
-    logon_over_cap: u64,
+    /// The engines' live links: every decision about heartbeats, silence, backlogs, logon
+    /// timeouts and the pending cap (this shell carries them out).
+    links: EngineLinks,
+    /// Logons refused by their verdict (the links count those that never came).
+    logons_refused: u64,
     /// Each configured engine and its token as the logon carries it.
     engine_keys: Vec<(EngineId, rocebus::auth::Key)>,
     engines: Vec<EngineConn>,
@@ -676,10 +651,10 @@ pub struct Service<L: VenueLink = TcpLink> {
     unslotted: Vec<usize>,
     /// The engine the next turn sweeps (polls whether marked or not: credit, disconnects).
     sweep: usize,
-    /// Answered connect requests whose handshake has not completed.
-    pending: Vec<PendingConn>,
-    closing: Vec<Closing>,
-    lost: Vec<EngineId>,
+    /// Connections waiting for their logon.
+    pending: Vec<Waiting>,
+    /// Connections refused, lingering for their answer to be read.
+    closing: Vec<Waiting>,
     /// When the venue is connected to next.
     venue_reconnect: VenueReconnect,
     opts: ServiceOptions,
@@ -769,7 +744,7 @@ impl VenueReconnect {
             driver.poll_connect_at(now)
         } else if !driver.is_connected() && t >= self.next {
             driver
-                .start_connect()
+                .start_connect_at(now)
                 .and_then(|()| driver.poll_connect_at(now))
         } else {
             return VenueConnect::Idle;
@@ -857,7 +832,7 @@ impl<L: VenueLink> Service<L> {
             .cookie_when_pending
             .min(orders.max_pending_handshakes - 1);
         let listener =
-            OrdersListener::bind(opts.listen, orders).map_err(|source| ServiceError::Listen {
+            OrdersListener::bind(orders, opts.listen).map_err(|source| ServiceError::Listen {
                 addr: opts.listen,
                 source,
             })?;
@@ -891,7 +866,15 @@ impl<L: VenueLink> Service<L> {
             fanin,
             driver,
             listener,
-            logon_over_cap: 0,
+            links: EngineLinks::new(LinkConfig {
+                logon_timeout: opts.logon_timeout,
+                engine_timeout: opts.engine_timeout,
+                heartbeat: opts.heartbeat,
+                max_pending: opts.max_pending_connections,
+                max_backlog: opts.max_response_backlog,
+                refusal_linger: REFUSAL_LINGER,
+            }),
+            logons_refused: 0,
             // RiskEngine::new (the driver's) has validated every token.
             engine_keys: risk
                 .engines
@@ -901,7 +884,6 @@ impl<L: VenueLink> Service<L> {
             engines: Vec::with_capacity(risk.engines.len()),
             pending: Vec::new(),
             closing: Vec::new(),
-            lost: Vec::new(),
             venue_reconnect: VenueReconnect::new(opts.reconnect, now.mono),
             counters: Counters::new(opts.counters_file),
             opts,
@@ -969,7 +951,7 @@ impl<L: VenueLink> Service<L> {
             engines,
             driver,
             counters: c,
-            lost,
+            links,
             fanin,
             by_slot,
             unslotted,
@@ -979,7 +961,7 @@ impl<L: VenueLink> Service<L> {
         let count = engines.len();
         let mut work = 0;
         let mut wasted = 0;
-        let mut poll = |i: usize| poll_engine(&mut engines[i], driver, c, lost, now);
+        let mut poll = |i: usize| poll_engine(&mut engines[i], driver, links, c, now);
         fanin.scan(|slot| {
             let i = by_slot[slot];
             if i == usize::MAX {
@@ -1023,64 +1005,111 @@ impl<L: VenueLink> Service<L> {
         }
     }
 
-    /// Venue bytes, timers, then the write-ahead flush that hands responses to engines.
+    /// Venue bytes, timers, then the write-ahead flush that hands responses to engines
+    /// (through their links), then what the links decided.
     fn poll_venue(&mut self, now: Now) -> Result<usize, ServiceError> {
-        let (engines, lost, c) = (&mut self.engines, &mut self.lost, &self.counters);
-        let n = self.driver.poll_with(now, |engine, r| {
-            match engines.iter_mut().find(|e| e.id == engine) {
-                Some(e) => {
-                    if !e.send(r, c) && !lost.contains(&engine) {
-                        lost.push(engine);
-                    }
-                }
-                None => c.responses_dropped.inc(),
-            }
-        })?;
+        let links = &mut self.links;
+        let n = self
+            .driver
+            .poll_with(now, |engine, r| links.queue_response(engine, r))?;
         while let Some(id) = self.driver.pop_kicked() {
-            if self.engines.iter().any(|e| e.id == id) && !self.lost.contains(&id) {
-                self.lost.push(id);
-            }
+            self.links.handle_cut_off(id);
         }
-        for e in &mut self.engines {
-            if !e.drain_backlog(c) && !self.lost.contains(&e.id) {
-                self.lost.push(e.id);
-            }
-            if e.dirty {
-                e.dirty = false;
-                if e.conn.flush().is_err() && !self.lost.contains(&e.id) {
-                    self.lost.push(e.id);
-                }
-            }
-        }
-        if !self.lost.is_empty() {
-            self.reap_lost(now.wall)?;
-        }
+        self.offer_responses();
+        self.carry_out(now)?;
         Ok(n)
     }
 
-    /// Cancel-on-disconnect for every engine found lost.
-    fn reap_lost(&mut self, now: Wall) -> Result<(), ServiceError> {
-        while let Some(id) = self.lost.pop() {
-            self.engines.retain(|e| e.id != id);
-            self.reindex_engines();
-            self.counters.engine_disconnects.inc();
-            self.driver.stage_engine_disconnect(id, now);
-            tracing::info!(
-                engine = id,
-                "engine disconnected: canceling its open orders"
-            );
+    /// Offers every engine what its link holds for it, and flushes.
+    fn offer_responses(&mut self) {
+        for e in &mut self.engines {
+            offer_queued(e, &mut self.links);
         }
-        // The cancels (and any responses to engines still connected) go out now.
-        let (engines, c) = (&mut self.engines, &self.counters);
-        self.driver.flush_with(
-            |engine, r| match engines.iter_mut().find(|e| e.id == engine) {
-                Some(e) => {
-                    e.send(r, c);
+    }
+
+    /// Carries out what the links decided, in order: heartbeats, closes, and disconnects,
+    /// each with its cancel-on-disconnect; the cancels (and any responses to engines still
+    /// connected) go out in this turn, and what that leads to is carried out too.
+    fn carry_out(&mut self, now: Now) -> Result<(), ServiceError> {
+        loop {
+            let mut disconnected = false;
+            while let Some(o) = self.links.poll_output() {
+                match o {
+                    LinkOutput::Heartbeat(id) => {
+                        if let Some(e) = self.engines.iter_mut().find(|e| e.id == id) {
+                            if !send_heartbeat(e, now.wall) {
+                                self.links.handle_lost(id);
+                            }
+                        }
+                    }
+                    LinkOutput::Disconnect(id, reason) => {
+                        self.disconnect(id, reason, now);
+                        disconnected = true;
+                    }
+                    LinkOutput::Close(id, reason) => self.close(id, reason),
                 }
-                None => c.responses_dropped.inc(),
-            },
-        )?;
-        Ok(())
+            }
+            if !disconnected {
+                return Ok(());
+            }
+            let links = &mut self.links;
+            self.driver
+                .flush_with(|engine, r| links.queue_response(engine, r))?;
+            self.offer_responses();
+        }
+    }
+
+    /// Closes a disconnected engine's connection and stages its cancel-on-disconnect.
+    fn disconnect(&mut self, id: EngineId, reason: DisconnectReason, now: Now) {
+        if let Some(i) = self.engines.iter().position(|e| e.id == id) {
+            let mut e = self.engines.remove(i);
+            match reason {
+                DisconnectReason::Silent(_) => e.conn.close_silent(),
+                _ => e.conn.close(),
+            }
+            self.reindex_engines();
+        }
+        let c = &self.counters;
+        c.engine_disconnects.inc();
+        match reason {
+            DisconnectReason::Silent(silent) => {
+                tracing::warn!(
+                    engine = id,
+                    silent_ms = silent.as_millis() as u64,
+                    engine_timeout_ms = self.opts.engine_timeout.as_millis() as u64,
+                    "engine silent (no frame, no heartbeat): disconnecting it, canceling its orders"
+                );
+            }
+            DisconnectReason::BacklogFull => {
+                tracing::warn!(
+                    engine = id,
+                    max_response_backlog = self.opts.max_response_backlog,
+                    "engine is not reading its responses: backlog full, disconnecting it, \
+                     canceling its orders"
+                );
+            }
+            DisconnectReason::CutOff | DisconnectReason::Lost => tracing::info!(
+                engine = id,
+                ?reason,
+                "engine disconnected: canceling its open orders"
+            ),
+        }
+        self.driver.stage_engine_disconnect(id, now.wall);
+    }
+
+    /// Closes a connection that never became an engine.
+    fn close(&mut self, id: ConnId, reason: CloseReason) {
+        let at = |v: &Vec<Waiting>| v.iter().position(|w| w.id == id);
+        let w = match (at(&self.pending), at(&self.closing)) {
+            (Some(i), _) => self.pending.swap_remove(i),
+            (None, Some(i)) => self.closing.swap_remove(i),
+            (None, None) => return,
+        };
+        let mut conn = w.conn;
+        if reason == CloseReason::LogonTimeout {
+            tracing::warn!(peer = %conn.peer(), "no logon in time: closing");
+        }
+        conn.close();
     }
 
     /// Starts a venue connect when due and drives one under way ([`VenueReconnect`]);
@@ -1096,9 +1125,9 @@ impl<L: VenueLink> Service<L> {
     /// New connections, never waiting on a peer: the listener checks requests and moves
     /// handshakes on without blocking (at most `max_pending_connections` of them, the
     /// `orders.max_pending_handshakes` cap lowered to it, are in progress: one more is
-    /// rejected by the listener with the reason); a completed one that would make more
-    /// than `max_pending_connections` connections wait for their logon is closed at once
-    /// and counted as rejected. Then refused ones being closed.
+    /// rejected by the listener with the reason); a completed one is admitted by the links
+    /// or, past `max_pending_connections` waiting, closed at once. Then refused ones whose
+    /// answer was read are reported to the links (which close them, or at their linger).
     fn poll_connections(&mut self, now: Mono) -> usize {
         let mut work = 0;
         for _ in 0..REQUESTS_PER_TURN {
@@ -1111,81 +1140,39 @@ impl<L: VenueLink> Service<L> {
                 }
             };
             work += 1;
-            if self.pending.len() + self.closing.len() >= self.opts.max_pending_connections {
-                self.logon_over_cap += 1;
-                // Logged at a bounded rate: the 1st, 2nd, 4th, 8th... rejection.
-                if self.logon_over_cap.is_power_of_two() {
-                    tracing::warn!(
-                        peer = %conn.peer(),
-                        max_pending_connections = self.opts.max_pending_connections,
-                        rejected = self.logon_over_cap,
-                        "orders connection closed: too many connections waiting for their logon"
-                    );
+            match self.links.handle_accepted(now) {
+                Admission::Pending(id) => {
+                    tracing::info!(peer = %conn.peer(), "engine connection, waiting for logon");
+                    self.pending.push(Waiting { id, conn });
                 }
-                conn.close();
-                continue;
+                Admission::OverCap { rejected, log } => {
+                    if log {
+                        tracing::warn!(
+                            peer = %conn.peer(),
+                            max_pending_connections = self.opts.max_pending_connections,
+                            rejected,
+                            "orders connection closed: too many connections waiting for their logon"
+                        );
+                    }
+                    conn.close();
+                }
             }
-            tracing::info!(peer = %conn.peer(), "engine connection, waiting for logon");
-            self.pending.push(PendingConn { conn, since: now });
         }
-        self.closing.retain_mut(|c| {
-            let done = !matches!(c.conn.drain(Duration::ZERO), Ok(false)) || now >= c.until;
-            if done {
-                c.conn.close();
+        for w in &mut self.closing {
+            if !matches!(w.conn.drain(Duration::ZERO), Ok(false)) {
+                self.links.handle_answer_read(w.id);
             }
-            !done
-        });
+        }
         work
     }
 
-    /// Heartbeats to every engine when due; an engine silent past `engine_timeout` is
-    /// disconnected (cancel-on-disconnect runs in the next pass).
-    fn poll_liveness(&mut self, now: Now) {
-        let mono = now.mono.as_nanos();
-        let c = &self.counters;
-        for e in &mut self.engines {
-            if e.live.is_expired(mono) {
-                if !self.lost.contains(&e.id) {
-                    c.engines_silent.inc();
-                    tracing::warn!(
-                        engine = e.id,
-                        silent_ms = e.live.silent_for(mono) / 1_000_000,
-                        engine_timeout_ms = self.opts.engine_timeout.as_millis() as u64,
-                        "engine silent (no frame, no heartbeat): disconnecting it, canceling its orders"
-                    );
-                    e.conn.close_silent();
-                    self.lost.push(e.id);
-                }
-                continue;
-            }
-            if e.live.poll_transmit(mono) {
-                let hb = Heartbeat::new(now.wall.as_nanos());
-                let sent = e
-                    .conn
-                    .try_claim(
-                        ORDERS_STREAM,
-                        u16::from(msg_type::HEARTBEAT),
-                        size_of::<Heartbeat>(),
-                    )
-                    .map(|mut claim| {
-                        claim.copy_from_slice(hb.as_bytes());
-                        claim.commit();
-                    });
-                match sent {
-                    Ok(()) => {
-                        e.live.on_sent(mono);
-                        e.dirty = true;
-                    }
-                    // Its ring is full of responses: it has something to read anyway.
-                    Err(OfferError::BackPressured) => e.live.on_sent(mono),
-                    Err(_) => {
-                        if !self.lost.contains(&e.id) {
-                            self.lost.push(e.id);
-                        }
-                    }
-                }
-            }
+    /// The links' timers when due (heartbeats, silence, logon timeouts, lingers), then
+    /// what the links decided, carried out.
+    fn poll_links(&mut self, now: Now) -> Result<(), ServiceError> {
+        if self.links.poll_timeout().is_some_and(|t| now.mono >= t) {
+            self.links.handle_timeout(now.mono);
         }
+        self.carry_out(now)
     }
 
     /// The parts that make system calls: accept, logons, heartbeats, static prices,
@@ -1198,7 +1185,7 @@ impl<L: VenueLink> Service<L> {
         }
         work += self.poll_connections(now.mono);
         work += self.poll_logons(now.mono);
-        self.poll_liveness(now);
+        self.poll_links(now)?;
         if let Some(op) = &mut self.operator {
             let (driver, engines, control) = (&mut self.driver, self.engines.len(), &self.control);
             work += op.poll(|line| {
@@ -1218,8 +1205,15 @@ impl<L: VenueLink> Service<L> {
         c.malformed_engine.set(gw.counters().malformed_engine);
         c.malformed_fix.set(gw.counters().malformed_fix);
         c.connections_refused.set(self.listener.refused());
+        let l = self.links.counters();
         c.pending_rejected
-            .set(self.listener.stats().pending_full + self.logon_over_cap);
+            .set(self.listener.stats().pending_full + l.over_cap);
+        c.logons_refused.set(self.logons_refused + l.logon_timeouts);
+        c.responses.set(l.responses_sent);
+        c.responses_backlogged.set(l.back_pressured);
+        c.responses_dropped.set(l.dropped);
+        c.engines_silent.set(l.silent);
+        c.backlog_disconnects.set(l.backlog_full);
         c.handshakes_failed.set(self.listener.failed_handshakes());
         c.journal_failures.set(self.driver.journal_failures());
         c.journal_degraded.set(u64::from(self.driver.is_degraded()));
@@ -1237,14 +1231,14 @@ impl<L: VenueLink> Service<L> {
         Ok(work)
     }
 
-    /// First frames of new connections: logon or refusal.
+    /// First frames of new connections: logon or refusal (their timeout is the links').
     fn poll_logons(&mut self, now: Mono) -> usize {
         let mut work = 0;
         let mut i = 0;
         while i < self.pending.len() {
-            let p = &mut self.pending[i];
+            let w = &mut self.pending[i];
             let mut logon = None;
-            let r = p.conn.subscription().poll(
+            let r = w.conn.subscription().poll(
                 |f| {
                     logon = Some(if u16::from(msg_type::LOGON) == f.msg_type {
                         Logon::decode(f.payload).ok()
@@ -1254,36 +1248,29 @@ impl<L: VenueLink> Service<L> {
                 },
                 1,
             );
-            let expired = now.saturating_since(p.since) > self.opts.logon_timeout;
             match (r, logon) {
-                (Ok(_), None) if !expired => {
-                    i += 1;
-                    continue;
-                }
+                (Ok(_), None) => i += 1,
                 (Ok(_), Some(l)) => {
                     work += 1;
-                    let p = self.pending.swap_remove(i);
-                    self.logon(p.conn, l, now);
-                }
-                (Ok(_), None) => {
-                    tracing::warn!(peer = %p.conn.peer(), "no logon in time: closing");
-                    self.counters.logons_refused.inc();
-                    self.pending.swap_remove(i).conn.close();
+                    let w = self.pending.swap_remove(i);
+                    self.logon(w, l, now);
                 }
                 (Err(_), _) => {
-                    self.pending.swap_remove(i);
+                    let w = self.pending.swap_remove(i);
+                    self.links.handle_conn_gone(w.id);
                 }
             }
         }
         work
     }
 
-    fn logon(&mut self, mut conn: Connection, logon: Option<Logon>, now: Mono) {
+    fn logon(&mut self, w: Waiting, logon: Option<Logon>, now: Mono) {
+        let Waiting { id: cid, mut conn } = w;
         let id = logon.map_or(0, |l| l.engine_id.get());
         let (status, last) = logon_verdict(
             &self.engine_keys,
             &conn.session_binding(),
-            |e| self.engines.iter().any(|c| c.id == e),
+            |e| self.links.is_linked(e),
             self.driver.gateway(),
             logon.as_ref(),
         );
@@ -1306,7 +1293,8 @@ impl<L: VenueLink> Service<L> {
             conn.publication(ORDERS_STREAM)
                 .offer_and_flush(u16::from(msg_type::LOGON_ACK), ack.as_bytes())
         });
-        if status == LogonStatus::Accepted && sent.is_ok() {
+        if status == LogonStatus::Accepted && sent.is_ok() && self.links.handle_logon(cid, id, now)
+        {
             self.driver.stage(|gw, out| gw.on_engine_logon(id, out));
             tracing::info!(engine = id, peer = %conn.peer(), last_response_seq = last, last_request_seq = taken, "engine logged on");
             self.counters.logons.inc();
@@ -1315,33 +1303,19 @@ impl<L: VenueLink> Service<L> {
                 id,
                 slot,
                 conn,
-                live: Liveness::new(
-                    now.as_nanos(),
-                    self.opts.heartbeat.as_nanos() as u64,
-                    self.opts.engine_timeout.as_nanos() as u64,
-                ),
-                backlog: Backlog::new(self.opts.max_response_backlog),
                 dirty: false,
             };
             // What it missed, oldest first, ahead of anything new (single thread: nothing
             // new can be produced in between). The ring takes what fits; the rest waits in
-            // the backlog, drained by the loop like live responses.
+            // its link's backlog, offered by the loop like live responses.
             let after = logon.map_or(0, |l| l.last_response_seq.get());
-            let c = &self.counters;
-            let mut alive = true;
             if let Ok(missed) = self.driver.gateway().responses_after(id, after) {
                 for r in missed {
-                    c.responses_replayed.inc();
-                    alive &= e.send(r, c);
+                    self.counters.responses_replayed.inc();
+                    self.links.queue_response(id, r);
                 }
             }
-            if e.dirty {
-                e.dirty = false;
-                alive &= e.conn.flush().is_ok();
-            }
-            if !alive {
-                self.lost.push(id);
-            }
+            offer_queued(&mut e, &mut self.links);
             self.engines.push(e);
             self.reindex_engines();
             if let Some(s) = slot {
@@ -1351,16 +1325,14 @@ impl<L: VenueLink> Service<L> {
             }
         } else {
             tracing::warn!(engine = id, peer = %conn.peer(), ?status, "engine logon refused");
-            self.counters.logons_refused.inc();
+            self.logons_refused += 1;
             if status == LogonStatus::BadToken {
                 self.counters.logons_bad_token.inc();
             }
             // Let the answer reach the engine before the disconnect, without waiting here:
-            // the connection is closed by a later turn once the answer was read.
-            self.closing.push(Closing {
-                conn,
-                until: now + REFUSAL_LINGER,
-            });
+            // the links close the connection once the answer was read, or at the linger.
+            self.links.handle_refused(cid, now);
+            self.closing.push(Waiting { id: cid, conn });
         }
     }
 
@@ -1372,12 +1344,11 @@ impl<L: VenueLink> Service<L> {
     /// gateway went away (it reconnects and logs on again to a restarted one). No
     /// cancel-on-disconnect runs for them: the restart's deadlines guard their orders.
     fn shutdown(&mut self) -> Result<(), ServiceError> {
-        let (engines, c) = (&mut self.engines, &self.counters);
+        let links = &mut self.links;
         let report = self.driver.stop(STOP_LOGOUT_WAIT, |engine, r| {
-            if let Some(e) = engines.iter_mut().find(|e| e.id == engine) {
-                e.send(r, c);
-            }
+            links.queue_response(engine, r)
         })?;
+        self.offer_responses();
         for e in &mut self.engines {
             let _ = e.conn.drain(Duration::from_millis(100));
             e.conn.close();
@@ -1511,19 +1482,6 @@ mod tests {
         assert_eq!(verdict(&gw, 1, b"alpha", 0), (LogonStatus::Accepted, 3));
         assert_eq!(verdict(&gw, 1, b"alpha", 3), (LogonStatus::Accepted, 3));
         assert_eq!(verdict(&gw, 1, b"alpha", 4).0, LogonStatus::BadSequence);
-    }
-
-    #[test]
-    fn response_backlog_is_capped() {
-        let mut b = Backlog::new(3);
-        let r = Response::reject(1, msg_type::NEW_ORDER, crate::proto::RejectReason::Halted);
-        for _ in 0..3 {
-            assert_eq!(b.push(&r), Ok(()));
-        }
-        // A full backlog refuses (the engine is disconnected), reported once.
-        assert_eq!(b.push(&r), Err(true));
-        assert_eq!(b.push(&r), Err(false));
-        assert_eq!(b.queue.len(), 3);
     }
 
     #[test]

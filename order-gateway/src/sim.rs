@@ -7,8 +7,12 @@
 //! [`crate::simulator`]) it also serves ResendRequests (execution reports again with
 //! PossDupFlag=Y, session messages as a gap fill) and answers OrderStatusRequests, and
 //! [`SimVenue::set_now`] gives it a clock other than the wall clock. In that mode it also
-//! asks for a resend when the gateway's MsgSeqNum jumps (messages lost on the way) and
-//! takes a PossDupFlag=Y order, cancel or replace only if it never had its ClOrdID.
+//! asks for a resend when the gateway's MsgSeqNum jumps (messages lost on the way), after its
+//! Logon answer when a Logon jumps (FIX 4.4 Vol. 2, as QuickFIX does), and asks again at
+//! every Logon while numbers it asked for have not come (its expected number stays at the
+//! gap, as QuickFIX's does); it takes a PossDupFlag=Y order, cancel or replace only if it
+//! never had its ClOrdID. Unlike QuickFIX it does not hold back the messages after a gap
+//! until the gap is filled: it answers them as they come.
 //!
 //! It exists for the gateway round-trip benchmark (`rocebus-bench gateway-rtt`), where it
 //! stands in for the venue so the figure is ours: engine → RC → risk → journal → FIX encode
@@ -21,6 +25,10 @@ use std::time::Duration;
 use crate::driver::{LinkRead, VenueLink};
 use crate::fix::{split_frame, tag, Message, MessageWriter};
 use crate::unix_nanos;
+
+/// The most skipped numbers the venue remembers (a gap larger than this is asked for only
+/// as far as this).
+const MAX_MISSING: usize = 100_000;
 
 /// The simulated venue.
 #[derive(Debug, Default)]
@@ -50,6 +58,9 @@ pub struct SimVenue {
     next_in: u64,
     /// ClOrdIDs of cancels and replaces received (only with `keep_history`).
     changes: std::collections::HashSet<Vec<u8>>,
+    /// The gateway's numbers skipped (asked for, never received, neither resent nor gap
+    /// filled), at most [`MAX_MISSING`] (only with `keep_history`).
+    missing: std::collections::BTreeSet<u64>,
     /// The clock set by [`SimVenue::set_now`]; the wall clock when `None`.
     now: Option<u64>,
 }
@@ -234,10 +245,38 @@ impl SimVenue {
             return;
         };
         let from = self.pending.len();
-        if !self.keep_history || self.in_sequence(&m, now) {
+        if self.keep_history {
+            self.note_received(&m);
+        }
+        if self.keep_history && m.msg_type() == b"A" && !m.poss_dup() {
+            // FIX 4.4 Vol. 2 and QuickFIX: the Logon answer first, then any ResendRequest. A
+            // gateway takes nothing before the Logon (it disconnects): a ResendRequest sent
+            // first was lost with the connection, and once gap filled among the venue's
+            // admin messages never asked again (simulator seeds 404219, 581703: a cancel
+            // lost in a crash was never resent, and stayed unanswered for ever).
+            self.answer(&m, now);
+            self.in_sequence(&m, now);
+        } else if !self.keep_history || self.in_sequence(&m, now) {
             self.answer(&m, now);
         }
         self.keep(from);
+    }
+
+    /// A skipped number arrived (resent, PossDupFlag=Y) or was gap filled: no longer asked
+    /// for. A SequenceReset-Reset forgets every number below its NewSeqNo.
+    fn note_received(&mut self, m: &Message<'_>) {
+        let Some(seq) = m.seq() else {
+            return;
+        };
+        self.missing.remove(&seq);
+        if m.msg_type() == b"4" {
+            let new = m.uint(tag::NEW_SEQ_NO).unwrap_or(0);
+            if m.get(tag::GAP_FILL_FLAG) == Some(b"Y") {
+                self.missing.retain(|&n| !(seq..new).contains(&n));
+            } else {
+                self.missing.retain(|&n| n >= new);
+            }
+        }
     }
 
     /// Sequence rules of a venue that keeps history: a jump in the gateway's numbers gets a
@@ -254,11 +293,26 @@ impl SimVenue {
                 _ => true,
             };
         }
-        if self.next_in > 0 && seq > self.next_in {
+        let jump = self.next_in > 0 && seq > self.next_in;
+        if jump {
+            for n in self.next_in..seq {
+                if self.missing.len() >= MAX_MISSING {
+                    break;
+                }
+                self.missing.insert(n);
+            }
+        }
+        // At a Logon: every number still missing, of this gap and of earlier ones.
+        let ask = match (self.missing.first(), self.missing.last()) {
+            (Some(&a), Some(&b)) if m.msg_type() == b"A" => Some((a, b)),
+            _ if jump => Some((self.next_in, seq - 1)),
+            _ => None,
+        };
+        if let Some((begin, end)) = ask {
             self.header(b"2", m, now);
             self.writer
-                .uint(tag::BEGIN_SEQ_NO, self.next_in)
-                .uint(tag::END_SEQ_NO, seq - 1);
+                .uint(tag::BEGIN_SEQ_NO, begin)
+                .uint(tag::END_SEQ_NO, end);
             self.writer.finish(&mut self.pending);
         }
         self.next_in = self.next_in.max(seq + 1);
@@ -370,7 +424,7 @@ impl SimVenue {
 }
 
 impl VenueLink for SimVenue {
-    fn open(&mut self) -> io::Result<()> {
+    fn open(&mut self, _now: rocebus::clock::Mono) -> io::Result<()> {
         self.open = true;
         self.pending.clear();
         self.read_at = 0;
@@ -403,7 +457,7 @@ impl VenueLink for SimVenue {
         LinkRead::Data(n)
     }
 
-    fn write_all(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+    fn write_all(&mut self, mut bytes: &[u8], _now: rocebus::clock::Mono) -> io::Result<()> {
         if !self.open {
             return Err(io::ErrorKind::NotConnected.into());
         }

@@ -516,12 +516,12 @@ fn rc_live_engine_refuses_orders_within_gateway_timeout_of_a_frozen_gateway() {
         match s.new_order(ACCOUNT, aapl, Side::Buy, 10, 100 * PRICE_SCALE) {
             Ok(_) => committed += 1,
             Err(OfferError::BackPressured) => {}
-            Err(OfferError::Lost(l)) => break OrdersError::PeerLost(l),
+            Err(OfferError::PeerLost(l)) => break OrdersError::PeerLost(l),
             Err(e) => panic!("send: {e}"),
         }
         if let Err(e) = s.flush() {
             break OrdersError::PeerLost(match e {
-                OfferError::Lost(l) => l,
+                OfferError::PeerLost(l) => l,
                 e => panic!("flush: {e}"),
             });
         }
@@ -551,7 +551,7 @@ fn rc_live_engine_refuses_orders_within_gateway_timeout_of_a_frozen_gateway() {
     assert_eq!(
         s.new_order(ACCOUNT, aapl, Side::Buy, 10, 100 * PRICE_SCALE)
             .unwrap_err(),
-        OfferError::Lost(PeerLost::Silent)
+        OfferError::PeerLost(PeerLost::Silent)
     );
     let _ = child.kill();
     let _ = child.wait();

@@ -26,9 +26,10 @@ use feed_handler::normalized;
 use feed_handler::view::MarketView;
 use order_gateway::client::EngineSession;
 use order_gateway::proto::{Side, Symbol, PRICE_SCALE};
+use rocebus::clock::{now_ns, Mono};
 use rocebus::counters::{counters_path, CountersReader};
 use rocebus::mcast::config::McastConfig;
-use rocebus::mcast::{now_ns, Handler, McastPublisher};
+use rocebus::mcast::{Handler, McastPublisher};
 use rocebus::orders::OrdersConfig;
 
 const CHANNEL: u16 = 17;
@@ -180,15 +181,15 @@ impl Feed {
                 match rx.try_recv() {
                     Ok(msgs) => {
                         for m in msgs {
-                            let seq = p.publish(now_ns(), &m).expect("publish");
+                            let seq = p.offer(Mono::now(), &m).expect("publish");
                             view.on_message(seq, &m);
                         }
-                        p.flush(now_ns()).unwrap();
+                        p.flush(Mono::now()).unwrap();
                     }
                     Err(mpsc::TryRecvError::Disconnected) => return,
                     Err(mpsc::TryRecvError::Empty) => {}
                 }
-                p.poll(now_ns(), &view).expect("publisher poll");
+                p.poll(Mono::now(), &view).expect("publisher poll");
                 std::thread::sleep(Duration::from_micros(200));
             }
         });

@@ -602,7 +602,7 @@ fn rc_risk_rejects_and_logon_checks() {
     // A peer that takes the connection but never answers the logon: the logon gives up
     // after the config's connect timeout, in a poll, and hands the book back.
     let mut mute =
-        rocebus::orders::OrdersListener::bind(SocketAddr::new(local, 0), orders_cfg("rc-test"))
+        rocebus::orders::OrdersListener::bind(orders_cfg("rc-test"), SocketAddr::new(local, 0))
             .expect("mute listener");
     let mute_addr = SocketAddr::new(local, mute.local_port());
     let quick = OrdersConfig {
@@ -790,6 +790,17 @@ fn rc_reconnecting_engine_gets_missed_responses_once_in_order() {
     while venue.received().iter().filter(|l| l[0] == "D").count() < 2 + missed_ids.len() {
         assert!(Instant::now() < deadline, "round 2 did not reach the venue");
         std::thread::sleep(Duration::from_millis(5));
+    }
+    // And the venue's fills applied, so only the resting orders are open: an engine gone
+    // before them has its cancel-on-disconnect race them, and the venue rejects the
+    // cancel of an order it filled (two extra rejects, seen once on a loaded host).
+    let resting_orders = format!("open orders         {}\n", missed_ids.len() / 3 + 1);
+    while !order_gateway::control::request(&gw.operator, "status", Duration::from_secs(10))
+        .expect("control socket")
+        .contains(&resting_orders)
+    {
+        assert!(Instant::now() < deadline, "round 2's fills never applied");
+        std::thread::sleep(Duration::from_millis(10));
     }
     let client = e.s.into_client();
     assert_eq!(client.last_response_seq(), last_seen);

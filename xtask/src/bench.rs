@@ -467,6 +467,29 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The variant of `cargo xtask bench NAME --hugepages`: rocebus's registered memory on
+/// 2 MiB huge pages, an error if the guest has too few.
+pub const HUGEPAGES_VARIANT: &str = "--hugepages on";
+
+/// Harnesses that take `--hugepages`.
+const HUGEPAGES_HARNESSES: &[&str] =
+    &["rc-latency", "rc-throughput", "md-latency", "md-throughput"];
+
+/// 2 MiB pages a guest reserves for a `--hugepages` run (512 MiB of its 2 GiB): md-latency's
+/// two processes register some 150 MiB (each publisher's 64 MiB history and each
+/// subscriber's receive pool), the orders path a few MiB.
+const GUEST_HUGE_PAGES: u32 = 256;
+
+/// Shell lines that reserve [`GUEST_HUGE_PAGES`] in a guest (`ROCEBUS_GUEST_ADDR` is set
+/// only there: a host with its own RDMA device keeps its own setting) and print what the
+/// kernel gave and has free.
+fn reserve_huge_pages() -> String {
+    format!(
+        "if [ -n \"$ROCEBUS_GUEST_ADDR\" ]; then echo {GUEST_HUGE_PAGES} > /proc/sys/vm/nr_hugepages; fi\n\
+         echo \"huge pages: $(grep -E 'HugePages_(Total|Free)' /proc/meminfo | tr -s ' ' | tr '\\n' ' ')\"\n"
+    )
+}
+
 /// The guest's script: `rounds` rounds of rocebus (and its `variant`, if
 /// any), perftest and perftest's reference, each after an `@@SIDE ROUND`
 /// marker line.
@@ -481,6 +504,9 @@ fn rounds_script(
     let mut script = String::from(
         "dev=${ROCEBUS_RDMA_DEVICE:-rxe0}; gid=${ROCEBUS_GID_INDEX:-1}; addr=${ROCEBUS_GUEST_ADDR:?}\nexport dev gid addr\n",
     );
+    if variant == HUGEPAGES_VARIANT {
+        script.push_str(&reserve_huge_pages());
+    }
     let ours = format!(
         "timeout 300 {exe_q} {} {} -n {n} {}",
         spec.ours,
@@ -569,35 +595,62 @@ fn split_runs(out: Vec<String>, kind: Kind) -> [Vec<Option<Figures>>; 5] {
 /// Benchmarks with a two-host mode: their harness takes `--server` /
 /// `--client HOST`, and their perftest tool runs as server and client on
 /// the same two guests.
-pub const TWO_HOSTS: &[&str] = &["rc-latency", "rc-throughput"];
+pub const TWO_HOSTS: &[&str] = &["rc-latency", "rc-throughput", "md-latency", "md-throughput"];
 
 /// The script both guests run for `cargo xtask bench --hosts 2 NAME`: guest
 /// 0 is the server of every run, guest 1 the client; each round runs
 /// rocebus, then perftest, each after an `@@SIDE ROUND` marker. The client
 /// retries until the server of that run listens, so the two guests need no
 /// other synchronisation (rocebus and perftest listen on different ports:
-/// a client cannot reach the other tool's server).
+/// a client cannot reach the other tool's server). perftest's server and
+/// client get their own arguments (md-latency's multicast group each), and
+/// with `ip_groups` run under `with-groups` on both guests, as in one guest.
 fn two_hosts_script(spec: &Spec, exe_q: &str, size: usize, n: u64, rounds: u32) -> String {
     let mut script = String::from(
         "dev=${ROCEBUS_RDMA_DEVICE:-rxe0}; gid=${ROCEBUS_GID_INDEX:-1}; \
-         addr=${ROCEBUS_GUEST_ADDR:?}; peer=${ROCEBUS_PEER_ADDR:?}\n",
+         addr=${ROCEBUS_GUEST_ADDR:?}; peer=${ROCEBUS_PEER_ADDR:?}\nexport dev gid addr peer\n",
     );
     let ours = format!(
         "timeout 300 {exe_q} {} -s {size} -n {n} --cores 0",
         spec.ours
     );
-    let tool = format!(
-        "timeout 300 {} -d $dev -x $gid -s {size} -n {n} -F {}",
-        spec.perftest, spec.perftest_extra
+    let tool = |own: &str| {
+        [
+            "timeout 300",
+            spec.perftest,
+            "-d $dev -x $gid",
+            &format!("-s {size} -n {n} -F"),
+            spec.perftest_extra,
+            own,
+        ]
+        .iter()
+        .filter(|p| !p.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ")
+    };
+    let server = tool(spec.perftest_server);
+    let client = format!(
+        "for t in $(seq 1 60); do sleep 1; {} $peer && break; done",
+        tool(spec.perftest_client)
     );
+    let (server, client) = if spec.ip_groups.is_empty() {
+        (server, client)
+    } else {
+        let with = format!("{exe_q} with-groups --groups {} --", spec.ip_groups);
+        (
+            format!("{with} {server}"),
+            format!("{with} sh -c {}", vm::shell_quote(&client)),
+        )
+    };
     for r in 1..=rounds {
         script.push_str(&format!(
             "echo '@@ours {r}'\n\
              if [ \"$ROCEBUS_GUEST_INDEX\" = 0 ]; then {ours} --server --addr $addr; \
              else {ours} --client $peer; fi\n\
              echo '@@perftest {r}'\n\
-             if [ \"$ROCEBUS_GUEST_INDEX\" = 0 ]; then {tool}; \
-             else for t in $(seq 1 60); do sleep 1; {tool} $peer && break; done; fi\n"
+             if [ \"$ROCEBUS_GUEST_INDEX\" = 0 ]; then {server}; \
+             else {client}; fi\n"
         ));
     }
     script
@@ -639,10 +692,19 @@ fn run_two_hosts(spec: &Spec, root: &Path, rounds: u32, size: usize, n: u64) -> 
     let client = outputs.pop().unwrap_or_default();
     let server = outputs.pop().unwrap_or_default();
     let [c_ours, c_theirs, ..] = split_runs(client, spec.kind);
-    let [s_ours, ..] = split_runs(server, spec.kind);
-    let ours = match spec.kind {
-        Kind::Latency => c_ours,
-        Kind::Throughput => s_ours,
+    let [s_ours, s_theirs, ..] = split_runs(server, spec.kind);
+    let (ours, theirs) = match spec.kind {
+        Kind::Latency => (c_ours, c_theirs),
+        // The receiver's rate where perftest prints one there (ib_send_bw's server),
+        // else its client's (ib_write_bw prints only there).
+        Kind::Throughput => (
+            s_ours,
+            s_theirs
+                .into_iter()
+                .zip(c_theirs)
+                .map(|(s, c)| s.or(c))
+                .collect(),
+        ),
     };
     println!();
     println!(
@@ -654,7 +716,7 @@ fn run_two_hosts(spec: &Spec, root: &Path, rounds: u32, size: usize, n: u64) -> 
         println!("  {note}");
     }
     let label = format!("{} {}", spec.perftest, spec.perftest_extra);
-    let (r50, r99) = compare(spec.kind, &ours, &c_theirs, label.trim());
+    let (r50, r99) = compare(spec.kind, &ours, &theirs, label.trim());
     if r50.is_empty() {
         bail!("{}: no round produced figures on both sides", spec.name);
     }
@@ -703,6 +765,12 @@ pub fn run(
     }
     if hosts != 1 {
         bail!("--hosts is 1 (one guest, or this host) or 2 (two guests)");
+    }
+    if variant == HUGEPAGES_VARIANT && !HUGEPAGES_HARNESSES.contains(&name) {
+        bail!(
+            "{name}: --hugepages applies to {}",
+            HUGEPAGES_HARNESSES.join(", ")
+        );
     }
     if HOST_ONLY.contains(&name) {
         return run_host(root, name, rounds, iterations);
@@ -909,11 +977,80 @@ mod tests {
         );
         // perftest's client retries until the server of that round listens.
         assert_eq!(
-            s.matches("do sleep 1; timeout 300 ib_write_lat -d $dev -x $gid -s 64 -n 100 -F  $peer && break; done")
+            s.matches("do sleep 1; timeout 300 ib_write_lat -d $dev -x $gid -s 64 -n 100 -F $peer && break; done")
                 .count(),
             2,
             "{s}"
         );
+    }
+
+    /// md-latency across two guests: rocebus's echo serves on guest 0, and
+    /// perftest's UD multicast ping-pong runs with each side's group, under
+    /// with-groups (an IP membership) on both guests, the client retried.
+    #[test]
+    fn two_hosts_md_latency_pairs_ib_send_lat_with_its_groups() {
+        let spec = SPECS.iter().find(|s| s.name == "md-latency").unwrap();
+        assert!(TWO_HOSTS.contains(&spec.name));
+        let s = two_hosts_script(spec, "B", 64, 100, 1);
+        assert!(
+            s.contains("B md-latency -s 64 -n 100 --cores 0 --server --addr $addr;"),
+            "{s}"
+        );
+        assert!(
+            s.contains("B md-latency -s 64 -n 100 --cores 0 --client $peer;"),
+            "{s}"
+        );
+        assert!(
+            s.contains(
+                "then B with-groups --groups 239.9.4.1,239.9.4.2 -- timeout 300 ib_send_lat \
+                 -d $dev -x $gid -s 64 -n 100 -F -c UD -g -M 0:0:0:0:0:0:0:0:0:0:255:255:239:9:4:1;"
+            ),
+            "{s}"
+        );
+        assert!(
+            s.contains(
+                "else B with-groups --groups 239.9.4.1,239.9.4.2 -- sh -c 'for t in $(seq 1 60); \
+                 do sleep 1; timeout 300 ib_send_lat -d $dev -x $gid -s 64 -n 100 -F -c UD -g \
+                 -M 0:0:0:0:0:0:0:0:0:0:255:255:239:9:4:2 $peer && break; done'; fi"
+            ),
+            "{s}"
+        );
+        // The client's loop runs in `sh -c`: the variables it uses are exported.
+        assert!(s.contains("export dev gid addr peer"), "{s}");
+        let t = SPECS.iter().find(|s| s.name == "md-throughput").unwrap();
+        let s = two_hosts_script(t, "B", 64, 100, 1);
+        assert!(
+            s.contains("B md-throughput -s 64 -n 100 --cores 0 --server"),
+            "{s}"
+        );
+        assert!(
+            s.contains("then timeout 300 ib_send_bw -d $dev -x $gid -s 64 -n 100 -F -c UD; else"),
+            "{s}"
+        );
+    }
+
+    /// `--hugepages`: the guest reserves huge pages before the first run, and every round
+    /// runs rocebus on 4 KiB pages, then on huge pages, then perftest.
+    #[test]
+    fn the_hugepages_variant_reserves_pages_in_the_guest_first() {
+        let spec = SPECS.iter().find(|s| s.name == "rc-latency").unwrap();
+        let s = rounds_script(spec, "rb", 64, 100, 2, HUGEPAGES_VARIANT);
+        let reserve = s
+            .find(&format!(
+                "echo {GUEST_HUGE_PAGES} > /proc/sys/vm/nr_hugepages"
+            ))
+            .unwrap();
+        assert!(reserve < s.find("@@ours 1").unwrap(), "{s}");
+        assert!(s.contains("if [ -n \"$ROCEBUS_GUEST_ADDR\" ]"), "{s}");
+        for r in 1..=2 {
+            let plain = s.find(&format!("@@ours {r}'")).unwrap();
+            let huge = s.find(&format!("@@variant {r}'")).unwrap();
+            assert!(plain < huge && huge < s.find(&format!("@@perftest {r}'")).unwrap());
+        }
+        assert_eq!(s.matches("--cores 0,1 --hugepages on\n").count(), 2, "{s}");
+        // Without the variant nothing is reserved.
+        let plain = rounds_script(spec, "rb", 64, 100, 2, "");
+        assert!(!plain.contains("nr_hugepages"), "{plain}");
     }
 
     #[test]

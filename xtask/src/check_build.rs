@@ -36,6 +36,10 @@ const CHROOT_PACKAGES: &[&str] = &[
     "libclang-dev",
 ];
 
+/// The vendored rdma-sys's package name: a name of its own, so that no registry crate can
+/// replace it where rocebus is a dependency (see [`embed`]).
+const VENDORED: &str = "rocebus-rdma-sys";
+
 /// An LLVM under `/usr/lib/llvm-N/lib` with both libclang and the builtin
 /// headers (`stddef.h` & co.) that bindgen needs; the same rule rdma-sys's
 /// build script uses to choose one when `LIBCLANG_PATH` is unset.
@@ -98,13 +102,13 @@ fn bindings_with(root: &Path, lib: &Path) -> Result<String> {
     // A target dir of its own, shared by all versions: bindgen builds once,
     // and only rdma-sys's build script re-runs when LIBCLANG_PATH changes.
     let out = Command::new(env!("CARGO"))
-        .args(["check", "-p", "rdma-sys", "--message-format=json"])
+        .args(["check", "-p", VENDORED, "--message-format=json"])
         .env("CARGO_TARGET_DIR", target_dir(root).join("check-build"))
         .env("LIBCLANG_PATH", lib)
         .current_dir(root)
         .stderr(Stdio::inherit())
         .output()
-        .context("cargo check -p rdma-sys")?;
+        .with_context(|| format!("cargo check -p {VENDORED}"))?;
     if !out.status.success() {
         bail!(
             "rdma-sys does not build with LIBCLANG_PATH={}",
@@ -118,7 +122,7 @@ fn bindings_with(root: &Path, lib: &Path) -> Result<String> {
         .filter(|v| {
             v["package_id"]
                 .as_str()
-                .is_some_and(|p| p.contains("rdma-sys"))
+                .is_some_and(|p| p.contains(VENDORED))
         })
         .find_map(|v| v["out_dir"].as_str().map(PathBuf::from))
         .context("cargo did not report rdma-sys's build script")?;
@@ -345,4 +349,178 @@ cargo build -p rocebus --offline --locked
         t0.elapsed()
     );
     Ok(())
+}
+
+/// The LLVM version [`embed`] builds with: Debian trixie's default, and one whose libclang the
+/// published rdma-sys 0.3.0 (bindgen 0.59) cannot use.
+pub const EMBED_LLVM: u32 = 19;
+
+/// The scratch engine's manifest: rocebus by path, its own (empty) `[workspace]` so no
+/// enclosing workspace applies, and no `[patch]` of any kind.
+fn embed_manifest(core: &Path) -> String {
+    format!(
+        "[package]\nname = \"scratch-engine\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\
+         publish = false\n\n[dependencies]\nrocebus = {{ path = {} }}\n\n[workspace]\n",
+        toml_string(&core.display().to_string())
+    )
+}
+
+/// `s` as a TOML basic string.
+fn toml_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The scratch engine: a rocebus type, and a call through the verbs binding into libibverbs
+/// (so the binding is linked and loaded, not only compiled). Needs no RDMA device.
+const EMBED_MAIN: &str = r#"//! The smallest engine that embeds rocebus from outside its workspace.
+use rocebus::verbs::{device_names, Gid};
+
+fn main() {
+    let gid = Gid([0; 16]);
+    assert!(gid.is_zero() && gid.ipv4().is_none());
+    let devices = match device_names() {
+        Ok(names) => names.join(","),
+        Err(e) => format!("none ({e})"),
+    };
+    println!("scratch-engine: rocebus linked; RDMA devices: {devices}");
+}
+"#;
+
+/// Removes a directory when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Embedding from another workspace (issue 42): creates a scratch engine crate in a
+/// temporary directory outside the repository, depending on the `rocebus` crate at `core`
+/// by path with no `[patch]`, builds it with `LIBCLANG_PATH` at LLVM [`EMBED_LLVM`] and runs
+/// it. Fails if libclang 19 is missing, the build fails or the engine does not print its line.
+///
+/// The published rdma-sys 0.3.0 panics in its build script with libclang 15 or newer; rocebus
+/// depends on its vendored copy under another name (`rocebus-rdma-sys`) by path, which no
+/// registry resolution can replace. `core` is normally this workspace's; `--rocebus PATH`
+/// points the same check at another checkout (an older one fails it).
+///
+/// Cost: about a minute on two cores the first time (rocebus and its dependencies in debug),
+/// seconds once built. The build has a target directory of its own, `embed/` in the
+/// workspace's: sharing the workspace's would rebuild the whole workspace after every run,
+/// since bindgen's build script re-runs whenever `LIBCLANG_PATH` changes and bindgen, a
+/// registry crate, has the same artifact name in both builds. The workspace's Cargo.lock is
+/// copied, so the versions are the tested ones and no registry look-up is needed.
+pub fn embed(root: &Path, core: &Path) -> Result<()> {
+    let t0 = Instant::now();
+    let llvm = installed_llvms()
+        .into_iter()
+        .find(|l| l.version == EMBED_LLVM && l.complete)
+        .with_context(|| {
+            format!(
+                "libclang {EMBED_LLVM} with its headers is not installed \
+                 (apt-get install libclang-{EMBED_LLVM}-dev; `cargo xtask setup` does)"
+            )
+        })?;
+    let core = core
+        .canonicalize()
+        .with_context(|| format!("no rocebus crate at {}", core.display()))?;
+    if !core.join("Cargo.toml").is_file() {
+        bail!("{} has no Cargo.toml", core.display());
+    }
+    let dir = std::env::temp_dir()
+        .canonicalize()
+        .context("the temporary directory")?
+        .join(format!("rocebus-embed-{}", std::process::id()));
+    let root_abs = root.canonicalize()?;
+    if dir.starts_with(&root_abs) {
+        bail!(
+            "the temporary directory {} is inside the repository: set TMPDIR elsewhere",
+            dir.display()
+        );
+    }
+    if dir.exists() {
+        fs::remove_dir_all(&dir)?;
+    }
+    fs::create_dir_all(dir.join("src"))
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    let _cleanup = RemoveOnDrop(dir.clone());
+    fs::write(dir.join("Cargo.toml"), embed_manifest(&core))?;
+    fs::write(dir.join("src/main.rs"), EMBED_MAIN)?;
+    // The workspace's versions: shared artifacts, and no registry look-up when they suffice.
+    let lock = core
+        .parent()
+        .map(|p| p.join("Cargo.lock"))
+        .filter(|l| l.is_file());
+    if let Some(lock) = lock {
+        fs::copy(&lock, dir.join("Cargo.lock"))?;
+    }
+    let target = target_dir(root).join("embed");
+    eprintln!(
+        "== embedding: a scratch engine in {} depends on {} by path, built with libclang {}",
+        dir.display(),
+        core.display(),
+        llvm.version
+    );
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "--quiet"])
+        .env("CARGO_TARGET_DIR", &target)
+        .env("LIBCLANG_PATH", &llvm.lib)
+        .env_remove("CARGO_MANIFEST_DIR")
+        .current_dir(&dir)
+        .status()
+        .context("cargo build (scratch engine)")?;
+    if !st.success() {
+        bail!(
+            "a scratch engine outside the workspace that depends on rocebus by path does not \
+             build with libclang {} ({st}): embedding needs a [patch] again?",
+            llvm.version
+        );
+    }
+    let t_build = t0.elapsed();
+    let exe = target.join("debug/scratch-engine");
+    let out = Command::new(&exe)
+        .output()
+        .with_context(|| format!("running {}", exe.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !stdout.starts_with("scratch-engine: rocebus linked") {
+        bail!(
+            "the scratch engine built but did not run ({}): {stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    eprintln!("{}", stdout.trim_end());
+    eprintln!(
+        "embedding: ok (build {:.0?}, total {:.0?})",
+        t_build,
+        t0.elapsed()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scratch_manifest_has_no_patch_and_its_own_workspace() {
+        let m = embed_manifest(Path::new("/x/my \"rocebus\"/core"));
+        assert!(!m.contains("patch"), "{m}");
+        assert!(m.contains("\n[workspace]\n"), "{m}");
+        assert!(
+            m.contains(r#"rocebus = { path = "/x/my \"rocebus\"/core" }"#),
+            "{m}"
+        );
+    }
 }

@@ -139,9 +139,16 @@ enum Cmd {
         /// beside the usual line, so the tag's cost is measured in the same guest.
         #[arg(long)]
         datagram_tag: bool,
+        /// rc-latency, rc-throughput, md-latency, md-throughput: add a third run to every
+        /// round, rocebus with its registered memory on 2 MiB huge pages (`--hugepages on`,
+        /// an error if there are too few), right after the plain run on 4 KiB pages; the
+        /// guest reserves huge pages first (vm.nr_hugepages). Prints `NAME --hugepages on:
+        /// ...` against perftest and against the 4 KiB run beside the usual line.
+        #[arg(long, conflicts_with = "datagram_tag")]
+        hugepages: bool,
         /// 2: run the harness's `--server` in one guest and its `--client` in a second
         /// linked guest, against perftest's server and client on the same two guests
-        /// (rc-latency, rc-throughput). Emulated: ratios only.
+        /// (rc-latency, rc-throughput, md-latency, md-throughput). Emulated: ratios only.
         #[arg(long, default_value_t = 1)]
         hosts: u8,
     },
@@ -188,10 +195,20 @@ enum Cmd {
     /// built). With --trixie, instead builds the rocebus crate in a Debian trixie chroot
     /// (libclang 19, Debian's rustc 1.85) from crates vendored here, offline: as root, a few
     /// minutes the first time (the chroot is cached under ~/.cache/rocebus).
+    ///
+    /// With --embed, instead builds and runs a scratch engine crate in a temporary directory
+    /// outside the repository that depends on rocebus by path, with no [patch], against
+    /// libclang 19 (what `test` runs): embedding from another workspace works.
     CheckBuild {
         /// Build in a Debian trixie chroot instead of checking this host's libclangs.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "embed")]
         trixie: bool,
+        /// Build a scratch engine outside the workspace that depends on rocebus by path.
+        #[arg(long)]
+        embed: bool,
+        /// With --embed: the rocebus crate to depend on (default: this checkout's core/).
+        #[arg(long, requires = "embed")]
+        rocebus: Option<PathBuf>,
         /// Debian mirror for debootstrap (default: debootstrap's own).
         #[arg(long, requires = "trixie")]
         mirror: Option<String>,
@@ -299,9 +316,16 @@ fn run() -> Result<()> {
             size,
             iterations,
             datagram_tag,
+            hugepages,
             hosts,
         } => {
-            let variant = if datagram_tag { "--datagram-tag" } else { "" };
+            let variant = if datagram_tag {
+                "--datagram-tag"
+            } else if hugepages {
+                bench::HUGEPAGES_VARIANT
+            } else {
+                ""
+            };
             bench::run(&root, &name, rounds, size, iterations, variant, hosts)?;
         }
         Cmd::Demo {
@@ -325,8 +349,16 @@ fn run() -> Result<()> {
             )?;
         }
         Cmd::Reference { check } => reference::run(&root, check)?,
-        Cmd::CheckBuild { trixie, mirror } => {
-            if trixie {
+        Cmd::CheckBuild {
+            trixie,
+            embed,
+            rocebus,
+            mirror,
+        } => {
+            if embed {
+                let core = rocebus.unwrap_or_else(|| root.join("core"));
+                check_build::embed(&root, &core)?;
+            } else if trixie {
                 check_build::debian(&root, "trixie", mirror.as_deref())?;
             } else {
                 check_build::host(&root, false)?;

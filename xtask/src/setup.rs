@@ -24,6 +24,10 @@ pub const PACKAGES: &[&str] = &[
     "perftest",
     "iproute2",
     "libclang-dev",
+    // libclang 19 (trixie's default; on bookworm beside 14): `cargo xtask test` builds a
+    // scratch engine that embeds rocebus with it (check_build::embed), and check-build
+    // compares the bindings of every libclang installed.
+    "libclang-19-dev",
     "pkg-config",
     "tshark",
     "python3-pip",

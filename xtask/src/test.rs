@@ -226,6 +226,9 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
         // The build above used one libclang; if others are installed, check
         // rdma-sys builds with each (issue 15). Seconds once bindgen is built.
         crate::check_build::host(root, true)?;
+        // An engine in its own workspace, depending on rocebus by path with no [patch], builds
+        // with libclang 19 (issue 42). About a minute the first time, seconds later.
+        crate::check_build::embed(root, &root.join("core"))?;
         ring_checks(root)?;
     }
     if fuzz && !rdma_only && filter.is_none() {

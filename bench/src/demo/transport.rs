@@ -4,6 +4,7 @@
 //! book handling, latency and counts do not depend on the transport; this module only moves
 //! bytes and reports each transport's losses in the same [`BusCounts`].
 
+use rocebus::clock::Mono;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -42,7 +43,7 @@ impl IpcChannel {
     /// A subscriber of `stream`; it connects when the feed handler's stream is there.
     pub(super) fn new(source: &IpcSource, channel: u16) -> anyhow::Result<IpcChannel> {
         let stream = source.stream(channel);
-        let sub = IpcSubscriber::new(&stream, &source.config)
+        let sub = IpcSubscriber::new(&source.config, &stream)
             .with_context(|| format!("shared-memory stream {stream} of channel {channel}"))?;
         Ok(IpcChannel {
             stream,
@@ -61,24 +62,28 @@ impl IpcChannel {
             sub,
             counts,
         } = self;
-        sub.poll(
-            now,
-            |ev| match ev {
-                IpcEvent::Message(m) => {
-                    counts.messages += 1;
-                    if m.msg_type == MSG_TYPE {
-                        view.on_message(counts.messages, m.payload);
-                    } else {
-                        view.on_foreign();
-                    }
+        let Ok(n) = sub.poll(
+            rocebus::clock::Mono::from_nanos(now),
+            |m| {
+                counts.messages += 1;
+                if m.msg_type == MSG_TYPE {
+                    view.on_message(counts.messages, m.payload);
+                } else {
+                    view.on_foreign();
                 }
+            },
+            64,
+        );
+        // Events close a poll: whatever it delivered came before them.
+        while let Some(ev) = sub.poll_event() {
+            match ev {
                 IpcEvent::Dropped { skipped_bytes } => {
                     counts.dropped += 1;
                     view.on_loss();
                     eprintln!(
-                    "sample-engine: stream {stream}: fell a ring behind, {skipped_bytes} bytes of \
-                     market data lost; continuing from the newest"
-                );
+                        "sample-engine: stream {stream}: fell a ring behind, {skipped_bytes} bytes \
+                         of market data lost; continuing from the newest"
+                    );
                 }
                 IpcEvent::Corrupt(why) => {
                     counts.corrupt += 1;
@@ -98,9 +103,9 @@ impl IpcChannel {
                         "sample-engine: stream {stream}: joined feed handler pid {publisher_pid}"
                     )
                 }
-            },
-            64,
-        )
+            }
+        }
+        n
     }
 }
 
@@ -133,7 +138,7 @@ impl MdSubscribers {
         loop {
             for c in chans.iter_mut().filter(|c| !c.sub.is_connected()) {
                 // A limit of 0 joins without taking a message.
-                c.sub.poll(rocebus::clock::now_ns(), |_| {}, 0);
+                let Ok(_) = c.sub.poll(rocebus::clock::Mono::now(), |_| {}, 0);
             }
             let Some(missing) = chans.iter().find(|c| !c.sub.is_connected()) else {
                 return Ok(());
@@ -157,7 +162,7 @@ impl MdSubscribers {
         match self {
             MdSubscribers::Rdma(subs) => {
                 for s in subs {
-                    work += s.poll(now, view)?;
+                    work += s.poll(Mono::from_nanos(now), view, 64)?;
                     while let Some(ev) = s.poll_event() {
                         if let Event::UnrecoverableLoss { from, to } = ev {
                             eprintln!(

@@ -8,30 +8,28 @@
 //! and read frames in place.
 //!
 //! ```no_run
-//! use rocebus::ipc::{IpcConfig, IpcEvent, IpcPublisher, IpcSubscriber};
+//! use rocebus::{clock::Mono, ipc::{IpcConfig, IpcPublisher, IpcSubscriber}};
 //! let cfg = IpcConfig::default();
-//! let mut publisher = IpcPublisher::create("quotes", &cfg)?;
-//! let mut claim = publisher.try_claim(1, 8)?;
-//! claim.copy_from_slice(&42u64.to_le_bytes());
-//! claim.commit();
-//!
-//! // In another process: never blocks, connects when the publisher is there.
-//! let mut subscriber = IpcSubscriber::new("quotes", &cfg)?;
-//! subscriber.poll(rocebus::clock::now_ns(), |event| match event {
-//!     IpcEvent::Message(m) => println!("type {} {} bytes", m.msg_type, m.payload.len()),
-//!     other => println!("{other:?}"),
-//! }, 16);
+//! let mut publisher = IpcPublisher::new(&cfg, "quotes")?;
+//! publisher.offer(1, &42u64.to_le_bytes())?; // message type 1
+//! // In another process: never blocks, joins when the publisher is there.
+//! let mut subscriber = IpcSubscriber::new(&cfg, "quotes")?;
+//! subscriber.poll(Mono::now(), |m| println!("type {} {} B", m.msg_type, m.payload.len()), 16)?;
+//! while let Some(event) = subscriber.poll_event() { println!("{event:?}"); } // joined, gone, ...
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! Zero copy: [`IpcPublisher::try_claim`] hands out the ring's bytes, then
+//! `commit()` (or `abort()`).
 //!
 //! A claim borrows the publisher mutably, so nothing else can be done with
 //! the publisher while a claim is open: the compiler refuses it.
 //!
 //! ```compile_fail,E0499
 //! use rocebus::ipc::{IpcConfig, IpcPublisher};
-//! let mut publisher = IpcPublisher::create("quotes", &IpcConfig::default()).unwrap();
+//! let mut publisher = IpcPublisher::new(&IpcConfig::default(), "quotes").unwrap();
 //! let claim = publisher.try_claim(1, 8).unwrap();
-//! publisher.poll(rocebus::mcast::now_ns(), |_| {}); // error: `publisher` is already borrowed by `claim`
+//! publisher.poll(rocebus::clock::Mono::now()); // error: `publisher` is already borrowed by `claim`
 //! claim.commit();
 //! ```
 //!
@@ -108,6 +106,7 @@
 
 mod shm;
 
+use arrayvec::ArrayVec;
 use serde::Deserialize;
 use shm::Shm;
 use std::fs::{File, OpenOptions};
@@ -116,9 +115,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, Ordering};
 use std::time::Duration;
 
-use crate::clock::now_ns;
+use crate::clock::{now_ns, Mono};
 
-/// Message type reserved for padding frames.
+/// Message type of padding frames (in [`crate::RESERVED_TYPES`], which
+/// claims refuse).
 pub const PAD_TYPE: u16 = 0xFFFF;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"RBIPC001");
@@ -322,8 +322,8 @@ pub enum IpcOfferError {
         /// Allowed.
         max: usize,
     },
-    /// [`PAD_TYPE`] is reserved.
-    #[error("message type 0xFFFF is reserved")]
+    /// The message type is in [`crate::RESERVED_TYPES`].
+    #[error("message type reserved for rocebus (0xFF00..=0xFFFF)")]
     ReservedType,
 }
 
@@ -342,9 +342,9 @@ pub struct Message<'a> {
     pub payload: &'a [u8],
 }
 
-/// What a subscriber's poll reports.
-#[derive(Debug)]
-pub enum IpcEvent<'a> {
+/// What happened to a subscriber's connection ([`IpcSubscriber::poll_event`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpcEvent {
     /// Joined a publisher's stream (at its newest frame).
     Connected {
         /// The publisher's random session id (new for every publisher).
@@ -352,8 +352,6 @@ pub enum IpcEvent<'a> {
         /// The publisher's process id.
         publisher_pid: u32,
     },
-    /// A message.
-    Message(Message<'a>),
     /// Fell a ring behind in [`FlowControl::Drop`] mode: messages were
     /// lost; delivery continues from the newest frame.
     Dropped {
@@ -679,7 +677,7 @@ pub struct IpcClaim<'p> {
 impl IpcPublisher {
     /// Creates stream `name` in `cfg.dir`, replacing the file of a publisher
     /// that is gone. Subscribers already waiting connect on their next poll.
-    pub fn create(name: &str, cfg: &IpcConfig) -> Result<Self, IpcError> {
+    pub fn new(cfg: &IpcConfig, name: &str) -> Result<Self, IpcError> {
         cfg.validate()?;
         if !valid_name(name) {
             return Err(IpcError::Name(name.into()));
@@ -855,8 +853,7 @@ impl IpcPublisher {
                 {
                     fence(Ordering::Release);
                     self.stats.dropped_subscribers += 1;
-                    self.pending
-                        .push(IpcPubEvent::SubscriberDropped { slot: i });
+                    self.push_event(IpcPubEvent::SubscriberDropped { slot: i });
                 }
                 continue;
             }
@@ -910,7 +907,7 @@ impl IpcPublisher {
                 } else {
                     self.stats.dead_subscribers += 1;
                 }
-                self.pending.push(IpcPubEvent::SubscriberGone {
+                self.push_event(IpcPubEvent::SubscriberGone {
                     slot: i,
                     pid: pid as u32,
                 });
@@ -927,7 +924,7 @@ impl IpcPublisher {
                 max: self.max_payload,
             });
         }
-        if msg_type == PAD_TYPE {
+        if msg_type >= *crate::RESERVED_TYPES.start() {
             return Err(IpcOfferError::ReservedType);
         }
         let need = frame_len(len) as u64;
@@ -1026,19 +1023,29 @@ impl IpcPublisher {
     }
 
     /// Housekeeping, for the publisher's duty cycle: finds subscribers
-    /// whose process died (at most every `liveness_ms`) and reports what
-    /// changed. `now` is [`now_ns`] (nanoseconds on the process-wide
-    /// monotonic clock), read once per loop by the caller as for the
-    /// market-data publishers' `poll(now, ..)`.
-    pub fn poll(&mut self, now: u64, mut f: impl FnMut(IpcPubEvent)) -> usize {
+    /// whose process died (at most every `liveness_ms`). `now` is the
+    /// turn's reading of [`Mono`], as every transport takes it. Returns how
+    /// many events wait in [`poll_event`](Self::poll_event).
+    pub fn poll(&mut self, now: Mono) -> usize {
+        let now = now.as_nanos();
         if self.check_due(now) {
             self.reap(now);
         }
-        let n = self.pending.len();
-        for e in self.pending.drain(..) {
-            f(e);
+        self.pending.len()
+    }
+
+    /// The next event (a subscriber gone or dropped), oldest first. At most
+    /// `max_subscribers` wait; later ones are counted in [`stats`](Self::stats) only.
+    pub fn poll_event(&mut self) -> Option<IpcPubEvent> {
+        (!self.pending.is_empty()).then(|| self.pending.remove(0))
+    }
+
+    /// Queues `e` unless `max_subscribers` events already wait (never grows).
+    #[cold]
+    fn push_event(&mut self, e: IpcPubEvent) {
+        if self.pending.len() < self.slots {
+            self.pending.push(e);
         }
-        n
     }
 }
 
@@ -1087,6 +1094,11 @@ impl IpcClaim<'_> {
         }
         std::mem::forget(self);
     }
+
+    /// Abandons the frame: subscribers skip it (what dropping the claim
+    /// does; this says so at the call site).
+    #[inline]
+    pub fn abort(self) {}
 
     /// Payload bytes of this frame.
     pub fn len(&self) -> usize {
@@ -1201,12 +1213,18 @@ pub struct IpcSubscriber {
     idle_polls: u32,
     /// Copy of a frame in Drop mode (allocated once).
     scratch: Vec<u8>,
+    /// Lifecycle events not yet taken by [`IpcSubscriber::poll_event`].
+    events: ArrayVec<IpcEvent, EVENTS>,
 }
+
+/// Lifecycle events a subscriber keeps for [`IpcSubscriber::poll_event`];
+/// past that, the oldest is discarded (each poll adds at most one).
+const EVENTS: usize = 16;
 
 impl IpcSubscriber {
     /// A subscriber of stream `name` in `cfg.dir`. Fails only on bad
     /// configuration; a missing publisher is not an error.
-    pub fn new(name: &str, cfg: &IpcConfig) -> Result<Self, IpcError> {
+    pub fn new(cfg: &IpcConfig, name: &str) -> Result<Self, IpcError> {
         cfg.validate()?;
         if !valid_name(name) {
             return Err(IpcError::Name(name.into()));
@@ -1221,6 +1239,7 @@ impl IpcSubscriber {
             last_check: None,
             idle_polls: 0,
             scratch: Vec::new(),
+            events: ArrayVec::new(),
         })
     }
 
@@ -1400,35 +1419,43 @@ impl IpcSubscriber {
         })
     }
 
-    /// Delivers up to `limit` messages and any events to `f`; returns how
-    /// many events it delivered. Never blocks. `now` is [`now_ns`], as every
-    /// state machine of the crate takes it; it only paces the looks for a
+    /// Delivers up to `fragment_limit` messages to `handler`, in order;
+    /// returns how many. Never blocks, and never fails: what happens to the
+    /// connection (joined, dropped, publisher gone, a corrupt stream, after
+    /// which it rejoins by itself) is an [`IpcEvent`] for
+    /// [`poll_event`](Self::poll_event). `now` is the turn's reading of
+    /// [`Mono`], as every transport takes it; it only paces the looks for a
     /// publisher (joining, and whether it is gone, at most every
     /// `liveness_ms`), so a spinning loop may pass one read for many turns.
     #[inline]
-    pub fn poll(&mut self, now: u64, mut f: impl FnMut(IpcEvent<'_>), limit: usize) -> usize {
+    pub fn poll(
+        &mut self,
+        now: Mono,
+        mut handler: impl FnMut(Message<'_>),
+        fragment_limit: usize,
+    ) -> Result<usize, std::convert::Infallible> {
+        let now = now.as_nanos();
         let liveness_ns = self.liveness_ns;
         let due = |last: Option<u64>| last.is_none_or(|t| now.saturating_sub(t) >= liveness_ns);
         let Some(j) = self.joined.as_mut() else {
             if due(self.last_check) {
                 self.last_check = Some(now);
                 if let Ok(Some((session, publisher_pid))) = self.try_connect() {
-                    f(IpcEvent::Connected {
+                    self.event(IpcEvent::Connected {
                         session,
                         publisher_pid,
                     });
-                    return 1;
                 }
             }
-            return 0;
+            return Ok(0);
         };
         let n = if j.drop_mode {
-            Self::poll_copy(j, &mut self.scratch, limit, &mut f)
+            Self::poll_copy(j, &mut self.scratch, fragment_limit, &mut handler)
         } else {
-            Self::poll_in_place(j, limit, &mut f)
+            Self::poll_in_place(j, fragment_limit, &mut handler)
         };
         match n {
-            Ok(0) => {
+            Ok((0, None)) => {
                 self.idle_polls += 1;
                 if self.idle_polls >= 1024 {
                     self.idle_polls = 0;
@@ -1436,31 +1463,45 @@ impl IpcSubscriber {
                         self.last_check = Some(now);
                         if self.truncated() {
                             self.leave();
-                            f(IpcEvent::Corrupt("the stream file was truncated"));
-                            return 1;
-                        }
-                        if let Some(clean) = self.publisher_gone() {
+                            self.event(IpcEvent::Corrupt("the stream file was truncated"));
+                        } else if let Some(clean) = self.publisher_gone() {
                             // Deliver what is left first: after CLOSED
                             // (Release after the last frame) every frame is
                             // visible, so a drained ring is complete.
                             self.leave();
-                            f(IpcEvent::PublisherGone { clean });
-                            return 1;
+                            self.event(IpcEvent::PublisherGone { clean });
                         }
                     }
                 }
-                0
+                Ok(0)
             }
-            Ok(n) => {
+            Ok((n, dropped)) => {
                 self.idle_polls = 0;
-                n
+                if let Some(skipped_bytes) = dropped {
+                    self.event(IpcEvent::Dropped { skipped_bytes });
+                }
+                Ok(n)
             }
             Err(why) => {
                 self.leave();
-                f(IpcEvent::Corrupt(why));
-                1
+                self.event(IpcEvent::Corrupt(why));
+                Ok(0)
             }
         }
+    }
+
+    /// The next lifecycle event, oldest first.
+    pub fn poll_event(&mut self) -> Option<IpcEvent> {
+        (!self.events.is_empty()).then(|| self.events.remove(0))
+    }
+
+    /// Queues `e`, discarding the oldest when [`EVENTS`] wait.
+    #[cold]
+    fn event(&mut self, e: IpcEvent) {
+        if self.events.is_full() {
+            self.events.remove(0);
+        }
+        self.events.push(e);
     }
 
     /// Reads the header at `j.pos`; `Err` when it breaks the protocol.
@@ -1511,8 +1552,8 @@ impl IpcSubscriber {
     fn poll_in_place(
         j: &mut Joined,
         limit: usize,
-        f: &mut impl FnMut(IpcEvent<'_>),
-    ) -> Result<usize, &'static str> {
+        f: &mut impl FnMut(Message<'_>),
+    ) -> Result<(usize, Option<u64>), &'static str> {
         let mut n = 0;
         let start = j.pos;
         while n < limit {
@@ -1535,7 +1576,7 @@ impl IpcSubscriber {
                 // the publisher does not write this frame again before our
                 // position, published after the callback, passes it.
                 let payload = unsafe { j.shm.slice(off, len) };
-                f(IpcEvent::Message(Message { msg_type, payload }));
+                f(Message { msg_type, payload });
                 n += 1;
             }
             j.pos += bytes;
@@ -1543,15 +1584,17 @@ impl IpcSubscriber {
         if j.pos != start {
             Self::publish_pos(j);
         }
-        Ok(n)
+        Ok((n, None))
     }
 
+    /// As [`poll_in_place`](Self::poll_in_place), copying; the second
+    /// value is the bytes skipped when it found itself dropped.
     fn poll_copy(
         j: &mut Joined,
         scratch: &mut [u8],
         limit: usize,
-        f: &mut impl FnMut(IpcEvent<'_>),
-    ) -> Result<usize, &'static str> {
+        f: &mut impl FnMut(Message<'_>),
+    ) -> Result<(usize, Option<u64>), &'static str> {
         let mut n = 0;
         let start = j.pos;
         let slot_state = slot_off(j.slot) + S_STATE;
@@ -1591,10 +1634,10 @@ impl IpcSubscriber {
                         true
                     } else {
                         if msg_type != PAD_TYPE {
-                            f(IpcEvent::Message(Message {
+                            f(Message {
                                 msg_type,
                                 payload: &scratch[..len],
-                            }));
+                            });
                             n += 1;
                         }
                         j.pos += bytes;
@@ -1614,16 +1657,13 @@ impl IpcSubscriber {
                 let skipped = now.saturating_sub(j.pos);
                 j.pos = now;
                 Self::publish_pos(j);
-                f(IpcEvent::Dropped {
-                    skipped_bytes: skipped,
-                });
-                return Ok(n + 1);
+                return Ok((n, Some(skipped)));
             }
         }
         if j.pos != start {
             Self::publish_pos(j);
         }
-        Ok(n)
+        Ok((n, None))
     }
 }
 

@@ -35,15 +35,13 @@ fn connect(s: &mut IpcSubscriber) -> u64 {
     let t = Instant::now();
     let mut session = None;
     while session.is_none() {
-        s.poll(
-            now_ns(),
-            |e| {
-                if let IpcEvent::Connected { session: id, .. } = e {
-                    session = Some(id)
-                }
-            },
-            1,
-        );
+        s.poll(Mono::now(), |m| panic!("{m:?} before Connected"), 1)
+            .unwrap();
+        while let Some(e) = s.poll_event() {
+            if let IpcEvent::Connected { session: id, .. } = e {
+                session = Some(id)
+            }
+        }
         assert!(t.elapsed() < Duration::from_secs(5), "never connected");
     }
     session.unwrap()
@@ -53,9 +51,9 @@ fn connect(s: &mut IpcSubscriber) -> u64 {
 fn every_message_arrives_in_order_across_hundreds_of_wraps() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
-    let mut publisher = IpcPublisher::create("s", &c).unwrap();
+    let mut publisher = IpcPublisher::new(&c, "s").unwrap();
     let mut subs: Vec<IpcSubscriber> = (0..2)
-        .map(|_| IpcSubscriber::new("s", &c).unwrap())
+        .map(|_| IpcSubscriber::new(&c, "s").unwrap())
         .collect();
     for s in &mut subs {
         connect(s);
@@ -73,18 +71,17 @@ fn every_message_arrives_in_order_across_hundreds_of_wraps() {
                         std::thread::sleep(Duration::from_millis(20));
                     }
                     s.poll(
-                        now_ns(),
-                        |e| match e {
-                            IpcEvent::Message(m) => {
-                                assert_eq!(m.msg_type, (next % 7) as u16);
-                                check(next, m.payload);
-                                lens += m.payload.len();
-                                next += 1;
-                            }
-                            other => panic!("unexpected {other:?}"),
+                        Mono::now(),
+                        |m| {
+                            assert_eq!(m.msg_type, (next % 7) as u16);
+                            check(next, m.payload);
+                            lens += m.payload.len();
+                            next += 1;
                         },
                         64,
-                    );
+                    )
+                    .unwrap();
+                    assert_eq!(s.poll_event(), None);
                 }
                 lens
             })
@@ -132,8 +129,8 @@ fn stale_payload_that_looks_like_next_lap_headers_is_never_read_as_a_frame() {
     let dir = tempfile::tempdir().unwrap();
     let ring = 64 << 10;
     let c = cfg(dir.path(), ring, FlowControl::Block);
-    let mut publisher = IpcPublisher::create("h", &c).unwrap();
-    let mut sub = IpcSubscriber::new("h", &c).unwrap();
+    let mut publisher = IpcPublisher::new(&c, "h").unwrap();
+    let mut sub = IpcSubscriber::new(&c, "h").unwrap();
     connect(&mut sub);
     const N: u64 = 60_000;
     // Mostly short frames (the publisher zeroes a few lines ahead after each
@@ -157,21 +154,22 @@ fn stale_payload_that_looks_like_next_lap_headers_is_never_read_as_a_frame() {
                 std::thread::sleep(Duration::from_millis(20));
             }
             sub.poll(
-                now_ns(),
-                |e| match e {
-                    IpcEvent::Message(m) => {
-                        assert_eq!(
-                            (m.msg_type, m.payload.len()),
-                            (1, len_of(next)),
-                            "message {next}"
-                        );
-                        assert_eq!(m.payload[..8], next.to_le_bytes(), "message {next}");
-                        next += 1;
-                    }
-                    other => panic!("unexpected {other:?} at message {next}"),
+                Mono::now(),
+                |m| {
+                    assert_eq!(
+                        (m.msg_type, m.payload.len()),
+                        (1, len_of(next)),
+                        "message {next}"
+                    );
+                    assert_eq!(m.payload[..8], next.to_le_bytes(), "message {next}");
+                    next += 1;
                 },
                 64,
-            );
+            )
+            .unwrap();
+            if let Some(e) = sub.poll_event() {
+                panic!("unexpected {e:?} at message {next}");
+            }
         }
     });
     let log2 = ring.trailing_zeros();
@@ -213,22 +211,16 @@ fn stale_payload_that_looks_like_next_lap_headers_is_never_read_as_a_frame() {
 fn a_subscriber_started_first_connects_and_follows_a_restarted_publisher() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
-    let mut s = IpcSubscriber::new("feed", &c).unwrap();
-    assert_eq!(s.poll(now_ns(), |e| panic!("{e:?}"), 10), 0);
+    let mut s = IpcSubscriber::new(&c, "feed").unwrap();
+    assert_eq!(s.poll(Mono::now(), |m| panic!("{m:?}"), 10), Ok(0));
+    assert_eq!(s.poll_event(), None);
     assert!(!s.is_connected());
-    let mut p = IpcPublisher::create("feed", &c).unwrap();
+    let mut p = IpcPublisher::new(&c, "feed").unwrap();
     let first = connect(&mut s);
     p.offer(3, b"hello").unwrap();
     let mut got = Vec::new();
-    s.poll(
-        now_ns(),
-        |e| {
-            if let IpcEvent::Message(m) = e {
-                got.push(m.payload.to_vec())
-            }
-        },
-        10,
-    );
+    s.poll(Mono::now(), |m| got.push(m.payload.to_vec()), 10)
+        .unwrap();
     assert_eq!(got, vec![b"hello".to_vec()]);
     drop(p);
     assert!(
@@ -238,19 +230,14 @@ fn a_subscriber_started_first_connects_and_follows_a_restarted_publisher() {
     let t = Instant::now();
     let mut gone = None;
     while gone.is_none() {
-        s.poll(
-            now_ns(),
-            |e| {
-                if let IpcEvent::PublisherGone { clean } = e {
-                    gone = Some(clean)
-                }
-            },
-            10,
-        );
+        s.poll(Mono::now(), |m| panic!("{m:?}"), 10).unwrap();
+        if let Some(IpcEvent::PublisherGone { clean }) = s.poll_event() {
+            gone = Some(clean)
+        }
         assert!(t.elapsed() < Duration::from_secs(5));
     }
     assert_eq!(gone, Some(true));
-    let _p2 = IpcPublisher::create("feed", &c).unwrap();
+    let _p2 = IpcPublisher::new(&c, "feed").unwrap();
     assert_ne!(connect(&mut s), first, "a new publisher has a new session");
 }
 
@@ -258,8 +245,8 @@ fn a_subscriber_started_first_connects_and_follows_a_restarted_publisher() {
 fn the_slowest_subscriber_holds_the_publisher_in_block_mode() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
-    let mut p = IpcPublisher::create("b", &c).unwrap();
-    let mut s = IpcSubscriber::new("b", &c).unwrap();
+    let mut p = IpcPublisher::new(&c, "b").unwrap();
+    let mut s = IpcSubscriber::new(&c, "b").unwrap();
     connect(&mut s);
     let msg = [7u8; 1000];
     let mut sent = 0u64;
@@ -270,13 +257,14 @@ fn the_slowest_subscriber_holds_the_publisher_in_block_mode() {
     assert!(sent >= 60, "only {sent} fit a 64 KiB ring");
     let mut got = 0u64;
     s.poll(
-        now_ns(),
-        |e| {
-            assert!(matches!(e, IpcEvent::Message(m) if m.payload == msg));
+        Mono::now(),
+        |m| {
+            assert_eq!(m.payload, msg);
             got += 1;
         },
         usize::MAX,
-    );
+    )
+    .unwrap();
     assert_eq!(got, sent);
     p.offer(1, &msg).unwrap();
     assert_eq!(p.subscribers().len(), 1);
@@ -286,8 +274,8 @@ fn the_slowest_subscriber_holds_the_publisher_in_block_mode() {
 fn a_subscriber_a_ring_behind_is_dropped_and_continues_in_drop_mode() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path(), 64 << 10, FlowControl::Drop);
-    let mut p = IpcPublisher::create("d", &c).unwrap();
-    let mut slow = IpcSubscriber::new("d", &c).unwrap();
+    let mut p = IpcPublisher::new(&c, "d").unwrap();
+    let mut slow = IpcSubscriber::new(&c, "d").unwrap();
     connect(&mut slow);
     let mut buf = [0u8; 500];
     for i in 0..1000u64 {
@@ -295,29 +283,27 @@ fn a_subscriber_a_ring_behind_is_dropped_and_continues_in_drop_mode() {
         p.offer(2, &buf).expect("drop mode never back-pressures");
     }
     assert_eq!(p.stats().dropped_subscribers, 1);
-    let mut events = Vec::new();
-    p.poll(now_ns(), |e| events.push(e));
+    assert_eq!(p.poll(Mono::now()), 1);
     assert!(matches!(
-        events[..],
-        [IpcPubEvent::SubscriberDropped { .. }]
+        p.poll_event(),
+        Some(IpcPubEvent::SubscriberDropped { .. })
     ));
-    let mut dropped = 0;
+    assert_eq!(p.poll_event(), None);
     slow.poll(
-        now_ns(),
-        |e| match e {
-            IpcEvent::Dropped { skipped_bytes } => {
-                assert!(skipped_bytes > 0);
-                dropped += 1
-            }
-            IpcEvent::Message(m) => check(
+        Mono::now(),
+        |m| {
+            check(
                 u64::from_le_bytes(m.payload[..8].try_into().unwrap()),
                 m.payload,
-            ),
-            other => panic!("{other:?}"),
+            )
         },
         usize::MAX,
+    )
+    .unwrap();
+    assert!(
+        matches!(slow.poll_event(), Some(IpcEvent::Dropped { skipped_bytes }) if skipped_bytes > 0)
     );
-    assert_eq!(dropped, 1);
+    assert_eq!(slow.poll_event(), None);
     // Caught up: new messages arrive whole.
     for i in 1000..1010u64 {
         payload(i, buf.len(), &mut buf);
@@ -325,16 +311,15 @@ fn a_subscriber_a_ring_behind_is_dropped_and_continues_in_drop_mode() {
     }
     let mut next = 1000;
     slow.poll(
-        now_ns(),
-        |e| match e {
-            IpcEvent::Message(m) => {
-                check(next, m.payload);
-                next += 1
-            }
-            other => panic!("{other:?}"),
+        Mono::now(),
+        |m| {
+            check(next, m.payload);
+            next += 1
         },
         usize::MAX,
-    );
+    )
+    .unwrap();
+    assert_eq!(slow.poll_event(), None);
     assert_eq!(next, 1010);
 }
 
@@ -342,21 +327,15 @@ fn a_subscriber_a_ring_behind_is_dropped_and_continues_in_drop_mode() {
 fn an_abandoned_claim_is_skipped() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
-    let mut p = IpcPublisher::create("a", &c).unwrap();
-    let mut s = IpcSubscriber::new("a", &c).unwrap();
+    let mut p = IpcPublisher::new(&c, "a").unwrap();
+    let mut s = IpcSubscriber::new(&c, "a").unwrap();
     connect(&mut s);
     drop(p.try_claim(1, 100).unwrap());
+    p.try_claim(1, 50).unwrap().abort();
     p.offer(1, b"after").unwrap();
     let mut got = Vec::new();
-    s.poll(
-        now_ns(),
-        |e| {
-            if let IpcEvent::Message(m) = e {
-                got.push(m.payload.to_vec())
-            }
-        },
-        10,
-    );
+    s.poll(Mono::now(), |m| got.push(m.payload.to_vec()), 10)
+        .unwrap();
     assert_eq!(got, vec![b"after".to_vec()]);
 }
 
@@ -364,8 +343,8 @@ fn an_abandoned_claim_is_skipped() {
 fn junk_written_into_the_ring_is_reported_not_followed() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
-    let mut p = IpcPublisher::create("j", &c).unwrap();
-    let mut s = IpcSubscriber::new("j", &c).unwrap();
+    let mut p = IpcPublisher::new(&c, "j").unwrap();
+    let mut s = IpcSubscriber::new(&c, "j").unwrap();
     connect(&mut s);
     p.offer(1, b"ok").unwrap();
     // A misbehaving process writes a header of this lap whose length runs
@@ -374,10 +353,11 @@ fn junk_written_into_the_ring_is_reported_not_followed() {
     let h: u64 = 0xFFFF_FF00 | (1 << 32) | (lap_tag(16, 16) << 48);
     let f = OpenOptions::new().write(true).open(c.path("j")).unwrap();
     f.write_at(&h.to_le_bytes(), next).unwrap();
-    let mut events = Vec::new();
-    s.poll(now_ns(), |e| events.push(format!("{e:?}")), 10);
-    assert_eq!(events.len(), 2, "{events:?}");
-    assert!(events[1].starts_with("Corrupt"), "{events:?}");
+    let mut got = Vec::new();
+    s.poll(Mono::now(), |m| got.push(m.payload.to_vec()), 10)
+        .unwrap();
+    assert_eq!(got, vec![b"ok".to_vec()]);
+    assert!(matches!(s.poll_event(), Some(IpcEvent::Corrupt(_))));
     assert!(!s.is_connected());
 }
 
@@ -386,22 +366,22 @@ fn bad_configuration_and_names_are_refused_with_reasons() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(dir.path(), 64 << 10, FlowControl::Block);
     c.ring_bytes = 100_000;
-    assert!(IpcPublisher::create("x", &c)
+    assert!(IpcPublisher::new(&c, "x")
         .unwrap_err()
         .to_string()
         .contains("power of two"));
     c.ring_bytes = 64 << 10;
     c.max_payload = 64 << 10;
-    assert!(IpcSubscriber::new("x", &c)
+    assert!(IpcSubscriber::new(&c, "x")
         .unwrap_err()
         .to_string()
         .contains("quarter"));
     c.max_payload = 1024;
     assert!(matches!(
-        IpcPublisher::create("../etc", &c),
+        IpcPublisher::new(&c, "../etc"),
         Err(IpcError::Name(_))
     ));
-    let mut p = IpcPublisher::create("x", &c).unwrap();
+    let mut p = IpcPublisher::new(&c, "x").unwrap();
     assert_eq!(
         p.offer(1, &[0; 2000]),
         Err(IpcOfferError::TooLarge {
@@ -409,7 +389,11 @@ fn bad_configuration_and_names_are_refused_with_reasons() {
             max: 1024
         })
     );
-    assert_eq!(p.offer(PAD_TYPE, b""), Err(IpcOfferError::ReservedType));
+    // The one reserved range of every transport, not only the padding type.
+    for t in [PAD_TYPE, 0xFF00, 0xFFFE] {
+        assert_eq!(p.offer(t, b""), Err(IpcOfferError::ReservedType), "{t:#x}");
+    }
+    assert_eq!(p.offer(0xFEFF, b""), Ok(()));
     let toml: IpcConfig = toml::from_str("ring_bytes = 131072\nflow = \"drop\"").unwrap();
     assert_eq!((toml.ring_bytes, toml.flow), (131072, FlowControl::Drop));
 }
@@ -454,7 +438,7 @@ fn stream_files_are_0600_in_a_0700_directory_made_for_them() {
     let dir = base.path().join("streams");
     let c = cfg(&dir, 64 << 10, FlowControl::Block);
     // Whatever the umask (the old code's file was 0644 under the usual 022).
-    let p = IpcPublisher::create("s", &c).unwrap();
+    let p = IpcPublisher::new(&c, "s").unwrap();
     assert_eq!(mode_of(&dir), 0o700);
     assert_eq!(mode_of(p.path()), 0o600);
     // No temporary file is left behind, and its name was not the pid.
@@ -472,13 +456,13 @@ fn a_directory_others_can_write_is_refused_by_both_sides() {
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
     let c = cfg(&dir, 64 << 10, FlowControl::Block);
-    let err = IpcPublisher::create("s", &c).unwrap_err();
+    let err = IpcPublisher::new(&c, "s").unwrap_err();
     assert!(matches!(err, IpcError::UnsafeDir { .. }), "{err}");
     assert!(
         err.to_string().contains("group or others can write it"),
         "{err}"
     );
-    let mut s = IpcSubscriber::new("s", &c).unwrap();
+    let mut s = IpcSubscriber::new(&c, "s").unwrap();
     assert!(matches!(s.try_connect(), Err(IpcError::UnsafeDir { .. })));
     assert!(matches!(s.refused(), Some(IpcError::UnsafeDir { .. })));
     // A symlink to a private directory is refused too (it could be
@@ -487,7 +471,7 @@ fn a_directory_others_can_write_is_refused_by_both_sides() {
     std::fs::create_dir(&private).unwrap();
     let link = base.path().join("link");
     std::os::unix::fs::symlink(&private, &link).unwrap();
-    let err = IpcPublisher::create("s", &cfg(&link, 64 << 10, FlowControl::Block)).unwrap_err();
+    let err = IpcPublisher::new(&cfg(&link, 64 << 10, FlowControl::Block), "s").unwrap_err();
     assert!(err.to_string().contains("not a directory"), "{err}");
 }
 
@@ -501,10 +485,10 @@ fn a_symlink_at_the_stream_path_is_refused_and_its_target_untouched() {
     let victim = base.path().join("victim");
     std::fs::write(&victim, b"precious").unwrap();
     std::os::unix::fs::symlink(&victim, c.path("s")).unwrap();
-    let mut s = IpcSubscriber::new("s", &c).unwrap();
+    let mut s = IpcSubscriber::new(&c, "s").unwrap();
     let err = s.try_connect().unwrap_err();
     assert!(err.to_string().contains("is a symlink"), "{err}");
-    let err = IpcPublisher::create("s", &c).unwrap_err();
+    let err = IpcPublisher::new(&c, "s").unwrap_err();
     assert!(err.to_string().contains("is a symlink"), "{err}");
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
 }
@@ -537,10 +521,10 @@ fn owner_and_mode_checks_by_value() {
 fn a_stream_of_another_user_or_readable_by_others_is_refused() {
     let base = tempfile::tempdir().unwrap();
     let c = cfg(base.path(), 64 << 10, FlowControl::Block);
-    let p = IpcPublisher::create("s", &c).unwrap();
+    let p = IpcPublisher::new(&c, "s").unwrap();
     // A subscriber told to expect another user refuses ours (the directory
     // is ours, so that is what it finds first).
-    let mut s = IpcSubscriber::new("s", &c).unwrap().expect_owner(4242);
+    let mut s = IpcSubscriber::new(&c, "s").unwrap().expect_owner(4242);
     let err = s.try_connect().unwrap_err();
     assert!(err.to_string().contains("not uid 4242"), "{err}");
     // A file others can read is refused.
@@ -549,7 +533,7 @@ fn a_stream_of_another_user_or_readable_by_others_is_refused() {
         std::os::unix::fs::PermissionsExt::from_mode(0o644),
     )
     .unwrap();
-    let mut s = IpcSubscriber::new("s", &c).unwrap();
+    let mut s = IpcSubscriber::new(&c, "s").unwrap();
     assert!(matches!(s.try_connect(), Err(IpcError::UnsafeFile { .. })));
     std::fs::set_permissions(
         p.path(),
@@ -580,7 +564,7 @@ fn a_stream_of_another_user_or_readable_by_others_is_refused() {
 fn a_slot_of_a_live_process_that_is_no_subscriber_cannot_hold_the_publisher() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
-    let mut p = IpcPublisher::create("s", &c).unwrap();
+    let mut p = IpcPublisher::new(&c, "s").unwrap();
     // Another process of the owner writes a slot naming pid 1 (alive for
     // ever, its start time right) at position 0.
     let f = OpenOptions::new()
@@ -608,15 +592,19 @@ fn a_slot_of_a_live_process_that_is_no_subscriber_cannot_hold_the_publisher() {
         );
         std::thread::sleep(Duration::from_micros(100));
     }
-    let mut events = Vec::new();
-    p.poll(now_ns(), |e| events.push(e));
-    assert_eq!(events, [IpcPubEvent::SubscriberGone { slot: 0, pid: 1 }]);
+    p.poll(Mono::now());
+    assert_eq!(
+        p.poll_event(),
+        Some(IpcPubEvent::SubscriberGone { slot: 0, pid: 1 })
+    );
+    assert_eq!(p.poll_event(), None);
     assert_eq!(p.stats().impostor_slots, 1);
     // A real subscriber is still seen and kept.
-    let mut s = IpcSubscriber::new("s", &c).unwrap();
+    let mut s = IpcSubscriber::new(&c, "s").unwrap();
     connect(&mut s);
     std::thread::sleep(Duration::from_millis(10));
-    p.poll(now_ns(), |_| {});
+    p.poll(Mono::now());
+    assert_eq!(p.poll_event(), None);
     assert_eq!(p.subscribers().len(), 1);
 }
 
@@ -624,8 +612,8 @@ fn a_slot_of_a_live_process_that_is_no_subscriber_cannot_hold_the_publisher() {
 fn a_subscriber_maps_the_ring_read_only() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path(), 64 << 10, FlowControl::Block);
-    let _p = IpcPublisher::create("s", &c).unwrap();
-    let mut s = IpcSubscriber::new("s", &c).unwrap();
+    let _p = IpcPublisher::new(&c, "s").unwrap();
+    let mut s = IpcSubscriber::new(&c, "s").unwrap();
     connect(&mut s);
     let j = s.joined.as_ref().unwrap();
     let ring = j.data;

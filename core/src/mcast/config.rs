@@ -38,6 +38,8 @@
 //! [recovery_server]             # the publisher's recovery port (strangers cost little)
 //! max_connections = 32          # recovery connections, handshakes included
 //! max_pending_per_address = 2   # handshakes from one address (checked first, < max_connections)
+//! cookie_when_pending = 4       # this many handshakes in progress: a proved hello must
+//!                               # echo an address-bound cookie first (< max_connections)
 //! handshake_timeout_ns = 1000000000
 //! requests_per_sec = 2000       # retransmit requests per connection
 //! request_burst = 256
@@ -349,6 +351,14 @@ pub struct RecoveryServerConfig {
     /// and less than it, so one address never holds every slot
     /// ([`crate::admission`]).
     pub max_pending_per_address: usize,
+    /// With this many handshakes in progress, a connect request (already
+    /// proved) must echo an admission cookie before it takes a slot: it is
+    /// answered a reject carrying a cookie bound to its address, valid one
+    /// to two `handshake_timeout_ns`, and the subscriber connects again
+    /// with it ([`crate::admission::CookieJar`]). A captured hello replayed
+    /// from other addresses then holds at most this many slots. 0: always.
+    /// Less than `max_connections`.
+    pub cookie_when_pending: usize,
     /// A connection whose proof of the shared secret has not arrived this
     /// long after the accept is dropped.
     pub handshake_timeout_ns: u64,
@@ -429,6 +439,7 @@ impl Default for RecoveryServerConfig {
         RecoveryServerConfig {
             max_connections: 32,
             max_pending_per_address: 2,
+            cookie_when_pending: 4,
             handshake_timeout_ns: 1_000_000_000,
             requests_per_sec: 2000,
             request_burst: 256,
@@ -729,6 +740,15 @@ impl McastConfig {
             return Err(invalid(
                 "recovery_server.max_pending_per_address",
                 format!("{e} (recovery_server.max_connections)"),
+            ));
+        }
+        if rs.cookie_when_pending >= rs.max_connections {
+            return Err(invalid(
+                "recovery_server.cookie_when_pending",
+                format!(
+                    "{} must be less than recovery_server.max_connections ({}): a cookie is demanded before the port is full",
+                    rs.cookie_when_pending, rs.max_connections
+                ),
             ));
         }
         if rs.handshake_timeout_ns == 0 {
@@ -1088,7 +1108,7 @@ qkey = 0x11111111
         assert!(!d.auth.datagram_tag && d.datagram_key().is_none());
         assert_eq!(d.recovery.max_request_messages, 4096);
         let text = format!(
-            "{FULL}\n[recovery_server]\nmax_connections = 4\nrnr_retry = 0\n\n[auth]\nsecret = \"s3cret\"\ndatagram_tag = true\n"
+            "{FULL}\n[recovery_server]\nmax_connections = 4\ncookie_when_pending = 2\nrnr_retry = 0\n\n[auth]\nsecret = \"s3cret\"\ndatagram_tag = true\n"
         );
         let cfg = McastConfig::from_toml_str(&text).unwrap();
         assert_eq!(cfg.recovery_server.max_connections, 4);
@@ -1097,6 +1117,10 @@ qkey = 0x11111111
         for (bad, key) in [
             ("rnr_retry = 7", "recovery_server.rnr_retry"),
             ("max_connections = 0", "recovery_server.max_connections"),
+            (
+                "cookie_when_pending = 32",
+                "recovery_server.cookie_when_pending",
+            ),
             ("requests_per_sec = 0", "recovery_server.requests_per_sec"),
             ("snapshot_burst = 0", "recovery_server.snapshot_burst"),
             ("max_outbox_bytes = 1", "recovery_server.max_outbox_bytes"),

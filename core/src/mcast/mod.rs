@@ -44,7 +44,7 @@ pub mod wire;
 // The I/O shell's name before it became the folder `io/`: the binaries,
 // benches and integration tests import `rocebus::mcast::net::...`.
 pub use io as net;
-pub use io::{now_ns, McastPublisher, McastSubscriber, NetError};
+pub use io::{McastPublisher, McastSubscriber, NetError};
 pub use publisher::{
     ClaimError, Output, Pacer, Published, PublisherConfig, PublisherState, RetransmitReply,
 };
@@ -57,7 +57,7 @@ pub use status::{PublisherEvent, StatusReporter, SubscriberRow, SubscriberTable}
 pub use subscriber::{
     Event, Phase, Request, SubscriberConfig, SubscriberCounters, SubscriberState,
 };
-pub use transport::{MdPublisher, MdSubscriber};
+pub use transport::{MdClaim, MdPublisher, MdPublisherEvent, MdSubscriber};
 pub use wire::{Datagram, Line};
 
 /// A zeroed buffer with every page already faulted in. The publisher's

@@ -272,6 +272,37 @@ impl PublisherState {
         let start = self.open_slot * self.cfg.max_datagram;
         &mut self.slots[start..start + self.cfg.max_datagram]
     }
+    /// The outstanding claim's bytes (empty when nothing is claimed).
+    pub fn claimed(&self) -> &[u8] {
+        let Some(len) = self.claimed else {
+            return &[];
+        };
+        if self.claimed_large {
+            return &self.large[..len];
+        }
+        let at = self.open_slot * self.cfg.max_datagram + self.open_len + MSG_PREFIX_LEN;
+        &self.slots[at..at + len]
+    }
+
+    /// [`claimed`](Self::claimed), to write.
+    pub fn claimed_mut(&mut self) -> &mut [u8] {
+        let Some(len) = self.claimed else {
+            return &mut [];
+        };
+        if self.claimed_large {
+            return &mut self.large[..len];
+        }
+        let at = self.open_slot * self.cfg.max_datagram + self.open_len + MSG_PREFIX_LEN;
+        &mut self.slots[at..at + len]
+    }
+
+    /// Abandons the outstanding claim: nothing is sequenced, the next claim
+    /// takes its room.
+    pub fn abort(&mut self) {
+        self.claimed = None;
+        self.claimed_large = false;
+    }
+
     fn sealed(&self, idx: u64) -> (&[u8], SlotMeta) {
         let slot = self.slot_of(idx);
         let meta = self.meta[slot];
@@ -367,6 +398,8 @@ impl PublisherState {
             return Err(ClaimError::Full);
         }
         self.claimed = Some(len);
+        // A large claim dropped uncommitted must not make this one a large one.
+        self.claimed_large = false;
         let at = self.open_len;
         let slot = self.open_bytes_mut();
         // len <= max_message_len < u16::MAX (max_datagram is clamped).
@@ -920,6 +953,40 @@ mod tests {
         let d = p.flush().unwrap().to_vec();
         let d = Datagram::parse(&d).unwrap();
         assert_eq!(d.messages().collect::<Vec<_>>(), vec![(1, &b"x"[..])]);
+    }
+
+    /// What an `MdClaim` reads and writes is the claim's bytes, small or large, and an
+    /// abandoned claim (aborted, or dropped) leaves nothing behind, not even its size.
+    #[test]
+    fn claimed_bytes_are_the_claim_and_an_abandoned_large_claim_is_forgotten() {
+        let mut p = PublisherState::new(PublisherConfig {
+            max_message_bytes: 200,
+            ..cfg(64)
+        });
+        assert!(p.claimed().is_empty(), "nothing claimed");
+        p.try_claim(5).unwrap();
+        p.claimed_mut().copy_from_slice(b"small");
+        assert_eq!(p.claimed(), b"small");
+        assert_eq!(p.commit(), Some(1));
+        p.try_claim(100).unwrap().fill(0xab); // larger than a datagram: staged
+        assert_eq!(p.claimed(), &[0xab; 100][..]);
+        p.abort();
+        assert!(p.claimed().is_empty());
+        assert_eq!(p.commit(), None, "aborted: nothing to commit");
+        // Dropped without commit or abort (what dropping an `MdClaim` does), then a
+        // small message: it goes out as itself, not as fragments of the staging buffer.
+        p.try_claim(150).unwrap().fill(0xcd);
+        assert_eq!(p.publish(b"x"), Ok(2));
+        let mut msgs = Vec::new();
+        while let Some(d) = p.flush() {
+            let d = Datagram::parse(d)
+                .unwrap()
+                .messages()
+                .map(|(s, m)| (s, m.to_vec()));
+            msgs.extend(d.collect::<Vec<_>>());
+        }
+        assert_eq!(msgs, vec![(1, b"small".to_vec()), (2, b"x".to_vec())]);
+        assert_eq!(p.counters().large_messages, 0);
     }
 
     #[test]

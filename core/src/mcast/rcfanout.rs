@@ -50,6 +50,8 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use crate::clock::Mono;
+
 use serde::Deserialize;
 use zerocopy::byteorder::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -59,9 +61,13 @@ use super::budget::ByteBudget;
 use super::config::{ConfigError, McastConfig, Transport};
 use super::io::{NetError, PublishError, SNAPSHOT_CHUNK};
 use super::publisher::{Pacer, PublisherState};
-use super::server::{clamp_request, cut_to_request_bytes, queue_retransmit, SnapshotCache};
+use super::server::{
+    clamp_request, cut_to_request_bytes, queue_retransmit, request_gate, GateCounters,
+    SnapshotCache,
+};
 use super::snapshot::{Handler, Snapshot, SnapshotSink};
 use super::subscriber::{Event, SubscriberCounters, SubscriberState};
+use super::transport::MdClaim;
 use super::wire::{
     self, Line, RecoveryHeader, RecoveryMsg, FLAG_DATAGRAM_TAG, RECOVERY_HEADER_LEN,
 };
@@ -454,7 +460,7 @@ impl RcFanoutPublisher {
                 "market data (rc fan-out): auth.secret is empty, so the handshake proves nothing: set a shared secret"
             );
         }
-        let listener = OrdersListener::bind(SocketAddr::new(local, port), orders_config(cfg))?;
+        let listener = OrdersListener::bind(orders_config(cfg), SocketAddr::new(local, port))?;
         let mut state = PublisherState::new(cfg.publisher(channel, session));
         state.set_datagram_key(cfg.datagram_key());
         let rs = &cfg.recovery_server;
@@ -524,8 +530,9 @@ impl RcFanoutPublisher {
     }
 
     /// Appends one message to the open datagram (writing out a full one
-    /// first) and returns its sequence, as [`super::McastPublisher::publish`].
-    pub fn publish(&mut self, now: u64, msg: &[u8]) -> Result<u64, PublishError> {
+    /// first) and returns its sequence, as [`super::McastPublisher::offer`].
+    pub fn offer(&mut self, now: Mono, msg: &[u8]) -> Result<u64, PublishError> {
+        let now = now.as_nanos();
         let p = self.state.publish_flushing(msg)?;
         if p.output.is_due() {
             self.fan_out(now);
@@ -535,24 +542,39 @@ impl RcFanoutPublisher {
 
     /// Claims `len` bytes for the next message, as
     /// [`super::McastPublisher::try_claim`].
-    pub fn try_claim(&mut self, now: u64, len: usize) -> Result<&mut [u8], PublishError> {
+    pub fn try_claim(&mut self, now: Mono, len: usize) -> Result<MdClaim<'_, Self>, PublishError> {
+        self.prepare_claim(now.as_nanos(), len)?;
+        Ok(MdClaim::new(self, now))
+    }
+
+    /// The protocol state, to fill and abandon a claim.
+    pub(crate) fn state_mut(&mut self) -> &mut PublisherState {
+        &mut self.state
+    }
+
+    /// Makes room for a claim of `len` bytes and claims it in the state.
+    pub(crate) fn prepare_claim(&mut self, now: u64, len: usize) -> Result<(), PublishError> {
         if self.state.make_room(len).is_due() {
             self.fan_out(now);
         }
-        Ok(self.state.try_claim(len)?)
+        self.state.try_claim(len)?;
+        Ok(())
     }
 
-    /// Commits the claimed message and returns its sequence.
-    pub fn commit(&mut self, now: u64) -> Option<u64> {
-        let p = self.state.commit_flushing()?;
+    /// Commits the claimed message; its sequence (0: nothing was claimed).
+    pub(crate) fn commit_claim(&mut self, now: u64) -> u64 {
+        let Some(p) = self.state.commit_flushing() else {
+            return 0;
+        };
         if p.output.is_due() {
             self.fan_out(now);
         }
-        Some(p.seq)
+        p.seq
     }
 
     /// Seals the open datagram and writes it to every subscriber that has room.
-    pub fn flush(&mut self, now: u64) -> Result<(), FanoutError> {
+    pub fn flush(&mut self, now: Mono) -> Result<(), FanoutError> {
+        let now = now.as_nanos();
         self.state.flush();
         self.fan_out(now);
         self.reap();
@@ -563,7 +585,8 @@ impl RcFanoutPublisher {
     /// what each subscriber is missing, serves their requests (snapshots
     /// from `snapshot`), admits new subscribers and drops slow or lost ones.
     /// Returns the datagram frames written. Never blocks.
-    pub fn poll(&mut self, now: u64, snapshot: &impl Snapshot) -> Result<usize, FanoutError> {
+    pub fn poll(&mut self, now: Mono, snapshot: &impl Snapshot) -> Result<usize, FanoutError> {
+        let now = now.as_nanos();
         let before = self.stats.datagrams_written;
         self.state.poll_flush(now);
         self.fan_out(now);
@@ -835,18 +858,18 @@ fn answer_request(
     outbox: &mut Vec<u8>,
 ) {
     let our_channel = state.config().channel;
+    let (queued, max_outbox) = (outbox.len() as u64, limits.max_outbox as u64);
+    let gate = |stats: &mut FanoutStats, rate: &mut Pacer, budget: &mut ByteBudget| {
+        let count = GateCounters {
+            rate_limited: &mut stats.requests_rate_limited,
+            outbox_full: &mut stats.requests_dropped,
+            budget_spent: &mut stats.repair_budget_dropped,
+        };
+        request_gate(now, rate, queued, max_outbox, budget, count)
+    };
     match msg {
         RecoveryMsg::RetransmitRequest(r) => {
-            if !p.requests.try_acquire(now) {
-                stats.requests_rate_limited += 1;
-                return;
-            }
-            if outbox.len() > limits.max_outbox {
-                stats.requests_dropped += 1;
-                return;
-            }
-            if !p.budget.ready(now) {
-                stats.repair_budget_dropped += 1;
+            if !gate(stats, p.requests, p.budget) {
                 return;
             }
             stats.retransmit_requests += 1;
@@ -863,16 +886,7 @@ fn answer_request(
             p.budget.charge((outbox.len() - before) as u64);
         }
         RecoveryMsg::SnapshotRequest { channel, .. } if channel == our_channel => {
-            if !p.snapshots.try_acquire(now) {
-                stats.requests_rate_limited += 1;
-                return;
-            }
-            if outbox.len() > limits.max_outbox {
-                stats.requests_dropped += 1;
-                return;
-            }
-            if !p.budget.ready(now) {
-                stats.repair_budget_dropped += 1;
+            if !gate(stats, p.snapshots, p.budget) {
                 return;
             }
             stats.snapshots_served += 1;
@@ -1096,7 +1110,7 @@ impl RcFanoutSubscriber {
         publisher: IpAddr,
     ) -> Result<Self, FanoutError> {
         let mut s = Self::unconnected(cfg, channel, local, publisher)?;
-        let conn = Connection::connect(s.dial.publisher, &s.dial.cfg)?;
+        let conn = Connection::connect(&s.dial.cfg, s.dial.publisher)?;
         s.link = FanLink::Up(conn);
         s.heard_at = crate::clock::now_ns();
         Ok(s)
@@ -1161,8 +1175,8 @@ impl RcFanoutSubscriber {
         self.state.poll_event()
     }
 
-    /// Does all pending work once: takes the frames the publisher wrote
-    /// into the state machine (delivering in order to `app`), handles
+    /// Does all pending work once: takes up to `fragment_limit` frames the
+    /// publisher wrote into the state machine (delivering in order to `app`), handles
     /// timers and sends the requests the state machine asks for. Returns
     /// the valid datagrams and recovery frames taken. Never blocks,
     /// allocates or logs per message. A lost connection is reported once,
@@ -1171,9 +1185,11 @@ impl RcFanoutSubscriber {
     /// the connection's set-up, at most once per 50 us.
     pub fn poll<A: Handler + SnapshotSink + ?Sized>(
         &mut self,
-        now: u64,
+        now: Mono,
         app: &mut A,
+        fragment_limit: usize,
     ) -> Result<usize, FanoutError> {
+        let now = now.as_nanos();
         let FanLink::Up(conn) = &mut self.link else {
             if self.dial.backoff.due(now) {
                 self.manage_link(now);
@@ -1214,7 +1230,7 @@ impl RcFanoutSubscriber {
                 },
                 _ => stats.bad_frames += 1,
             },
-            POLL_LIMIT,
+            fragment_limit,
         );
         // A live publisher writes at least a heartbeat every
         // `heartbeat_interval_ns` (see `RcFanoutPublisher::heartbeats`); one
@@ -1227,7 +1243,7 @@ impl RcFanoutSubscriber {
             stats.silent_links += 1;
         }
         let mut ok = r.is_ok() && !broken && !silent;
-        if ok && state.poll_timeout().is_some_and(|t| t <= now) {
+        if ok && state.poll_timeout().is_some_and(|t| t.as_nanos() <= now) {
             state.handle_timeout(now, app);
         }
         let mut sent = false;
@@ -1272,8 +1288,9 @@ impl RcFanoutSubscriber {
                 self.link = up;
                 return;
             }
-            FanLink::Down => Connection::start_connect(d.publisher, d.local, &d.cfg)
-                .map(ConnectProgress::Pending),
+            FanLink::Down => {
+                Connection::start(&d.cfg, d.publisher, d.local).map(ConnectProgress::Pending)
+            }
             FanLink::Connecting(c) => c.poll(),
         };
         match step {

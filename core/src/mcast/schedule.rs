@@ -22,6 +22,7 @@
 //! call, pacing permitting.
 
 use super::publisher::{Pacer, PublisherState};
+use crate::clock::Mono;
 
 /// What to send next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,15 +165,16 @@ impl SendSchedule {
     /// When to call [`poll_transmit`](Self::poll_transmit) (unsent
     /// datagrams: when pacing allows the next) or
     /// [`handle_timeout`](Self::handle_timeout) (idle: when the heartbeat
-    /// falls due).
-    pub fn poll_timeout(&self, now: u64, state: &PublisherState) -> u64 {
-        if self.heartbeat_due {
-            now
+    /// falls due). Always `Some`: an idle publisher still owes a
+    /// heartbeat; a deadline at or before `now` is due at once.
+    pub fn poll_timeout(&self, state: &PublisherState) -> Option<Mono> {
+        Some(Mono::from_nanos(if self.heartbeat_due {
+            0
         } else if self.idle(state) {
             self.last_send.saturating_add(self.heartbeat_interval_ns)
         } else {
-            self.pacer.next_allowed(now)
-        }
+            self.pacer.next_allowed(0)
+        }))
     }
 }
 
@@ -225,7 +227,7 @@ mod tests {
         );
         s.handle_timeout(1_500, &p);
         assert_eq!(drain(&mut s, &mut p, 1_500), (vec![], 0));
-        assert_eq!(s.poll_timeout(1_500, &p), 2_000);
+        assert_eq!(s.poll_timeout(&p), Some(Mono::from_nanos(2_000)));
         // Data resets the idle clock; a heartbeat never jumps the queue.
         let _ = p.publish_flushing(b"x").unwrap();
         p.flush();
@@ -251,7 +253,7 @@ mod tests {
         assert_eq!(s.unsent_datagrams(&p), 4);
         s.handle_timeout(10_000, &p);
         assert_eq!(drain(&mut s, &mut p, 10_000), (vec![2, 3], 0));
-        assert_eq!(s.poll_timeout(10_000, &p), 11_000);
+        assert_eq!(s.poll_timeout(&p), Some(Mono::from_nanos(11_000)));
         s.handle_timeout(11_000, &p);
         assert_eq!(drain(&mut s, &mut p, 11_000), (vec![4], 0));
         assert_eq!(drain(&mut s, &mut p, 12_000), (vec![5], 0));

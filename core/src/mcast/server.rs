@@ -9,14 +9,19 @@
 //!
 //! What it decides, per connection (see `[recovery_server]` in
 //! [`super::config`]):
-//! - admission: at most `max_pending_per_address` connections that have
-//!   not proved the secret from one address, checked first and less than
-//!   `max_connections` ([`crate::admission`]: one address never holds every
-//!   slot), at most `max_connections` at once (set-ups included), a
-//!   hello for our channel and datagram-tag setting, then a proof of the
-//!   shared secret ([`crate::auth`]) as the first message, within
-//!   `handshake_timeout_ns` of the connection being established; nothing
-//!   is served before;
+//! - admission ([`crate::admission`]): a hello whose first proof of the
+//!   secret does not check out gets an empty reject and nothing else; with
+//!   `cookie_when_pending` handshakes in progress, a proved hello must echo
+//!   an address-bound cookie first (else it is answered a reject carrying
+//!   one, and nothing is kept: a captured hello replayed from other
+//!   addresses holds at most that many slots); then at most
+//!   `max_pending_per_address` connections that have not proved the secret
+//!   from one address, checked before and less than `max_connections` (one
+//!   address never holds every slot), at most `max_connections` at once
+//!   (set-ups included), a hello for our channel and datagram-tag setting,
+//!   then the final proof of the shared secret ([`crate::auth`]) as the
+//!   first message, within `handshake_timeout_ns` of the connection being
+//!   established; nothing is served before;
 //! - retransmit requests: a token bucket per connection
 //!   (`requests_per_sec`, `request_burst`), at most
 //!   `recovery.max_request_messages` messages each, unicast or multicast
@@ -88,8 +93,9 @@ use super::wire::{
     self, Hello, RecoveryHeader, RecoveryMsg, RetransmitRequest, Welcome, RECOVERY_HEADER_LEN,
     WELCOME_SIGNED_LEN,
 };
-use crate::admission::PendingRefusal;
+use crate::admission::{self, Admit, Cookie, CookieJar, CookieReply, PendingRefusal};
 use crate::auth::{Initiator, Key, Responder};
+use crate::clock::Mono;
 
 const HELLO_LEN: usize = std::mem::size_of::<Hello>();
 
@@ -127,8 +133,14 @@ pub struct RecoveryCounters {
     /// tag setting), told why.
     pub connections_refused: u64,
     /// Connect requests without a valid first proof of the secret
-    /// (strangers, junk, older subscribers): rejected with no private data.
+    /// (strangers, junk, older subscribers, a cookie of another address or
+    /// too old): rejected with no private data.
     pub connections_unproved: u64,
+    /// Proved connect requests answered a cookie (`cookie_when_pending`
+    /// handshakes in progress and none echoed): nothing kept.
+    pub cookies_sent: u64,
+    /// Proved connect requests that echoed a valid cookie.
+    pub cookies_echoed: u64,
     /// Connections dropped for a wrong first message (not a valid proof).
     pub auth_failures: u64,
     /// Connections dropped for no proof within `handshake_timeout_ns`.
@@ -169,14 +181,24 @@ pub struct RecoveryCounters {
     pub status_invalid: u64,
 }
 
-/// Why a connect request was refused (the shell sends the reason back).
+/// Why a connect request was refused; the shell sends back
+/// [`refusal_message`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refused(pub &'static str);
+pub enum Refused {
+    /// No valid first proof of the secret: a reject with no private data
+    /// at all.
+    Unproved,
+    /// Proved, and refused for this reason (sent back as text).
+    Reason(&'static str),
+    /// Proved, under load and without a valid cookie: a reject carrying
+    /// this cookie ([`CookieReply`]), to be echoed in the next hello.
+    Cookie(Cookie),
+}
 
 /// The refusal of a request without a valid first proof of the secret:
 /// the shell rejects it with no private data at all ([`refusal_message`]
 /// is empty).
-pub const UNPROVED: Refused = Refused("");
+pub const UNPROVED: Refused = Refused::Unproved;
 
 /// Why a connection was closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,6 +351,44 @@ impl SnapshotCache {
     }
 }
 
+/// Where a request refused by [`request_gate`] is counted, by why.
+pub(crate) struct GateCounters<'a> {
+    /// Over its rate limit.
+    pub(crate) rate_limited: &'a mut u64,
+    /// The connection's outbox is over its cap.
+    pub(crate) outbox_full: &'a mut u64,
+    /// The connection's repair budget is spent.
+    pub(crate) budget_spent: &'a mut u64,
+}
+
+/// The gate every retransmit and snapshot request of one connection
+/// passes before it is answered, on the recovery server and the RC
+/// fan-out alike, in this order: its rate limit (`rate`, one slot taken
+/// if free), the outbox cap (`queued` bytes against `max_outbox`), the
+/// repair budget. A refused request is counted where `count` says and
+/// dropped (the subscriber asks again); `true`: answer it, charging what
+/// is sent to `budget`.
+pub(crate) fn request_gate(
+    now: u64,
+    rate: &mut Pacer,
+    queued: u64,
+    max_outbox: u64,
+    budget: &mut ByteBudget,
+    count: GateCounters<'_>,
+) -> bool {
+    let refused = if !rate.try_acquire(now) {
+        count.rate_limited
+    } else if queued > max_outbox {
+        count.outbox_full
+    } else if !budget.ready(now) {
+        count.budget_spent
+    } else {
+        return true;
+    };
+    *refused += 1;
+    false
+}
+
 /// `r` with its count cut to `max` messages, and whether it was cut.
 pub(crate) fn clamp_request(r: RetransmitRequest, max: u64) -> (RetransmitRequest, bool) {
     if r.count > max {
@@ -402,6 +462,8 @@ const MCAST_JOBS: usize = 256;
 pub struct RecoveryServer {
     cfg: ServerConfig,
     key: Key,
+    /// Cookies for hellos under load (`cookie_when_pending`).
+    cookies: CookieJar,
     /// The welcome without nonce and proof: channel, flags, session, QPN, GID.
     identity: Welcome,
     conns: Vec<Conn>,
@@ -436,6 +498,8 @@ impl RecoveryServer {
         RecoveryServer {
             cfg,
             key,
+            // A cookie lives one to two handshake times.
+            cookies: CookieJar::new(l.handshake_timeout_ns),
             identity,
             conns: Vec::with_capacity(l.max_connections),
             next_id: 0,
@@ -497,37 +561,44 @@ impl RecoveryServer {
         self.conns.iter_mut().find(|c| c.id == id)
     }
 
-    /// A connect request from `peer` with the hello `private_data`: refused
-    /// (counted, logged) if the connection cap is reached or the hello is
-    /// not ours, else a new connection `id` to be accepted with the returned
-    /// welcome (which carries our nonce and proof) and reported
-    /// [`on_established`](Self::on_established) within the set-up timeout.
+    /// A connect request from `peer` (`ip:port`) with the hello
+    /// `private_data`: refused (counted, logged) if its first proof does
+    /// not check out, if a cookie is due and missing, if a cap is reached
+    /// or the hello is not ours; else a new connection `id` to be accepted
+    /// with the returned welcome (which carries our nonce and proof) and
+    /// reported [`on_established`](Self::on_established) within the set-up
+    /// timeout. The order of the checks is [`crate::admission`]'s.
     pub fn on_connect_request(
         &mut self,
         now: u64,
         peer: String,
         private_data: &[u8],
     ) -> Result<(u32, Welcome), Refused> {
+        let addr = address_of(&peer);
+        // The cookie's address: what the transport reported (a peer that is
+        // not an address, in tests, shares the unspecified address's cookie).
+        let ip = peer
+            .parse::<std::net::SocketAddr>()
+            .map(|a| a.ip())
+            .or_else(|_| peer.parse::<std::net::IpAddr>())
+            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
         // The initiator proves first: without a valid first proof of the
-        // secret, silence (no Welcome: no proof, session, QPN or GID), and
-        // the request is counted nowhere but `connections_unproved`.
+        // secret (over a valid cookie of its address, if it claims one),
+        // silence (no Welcome: no proof, session, QPN or GID), and the
+        // request is counted nowhere but `connections_unproved`.
         let proved = match Hello::read_from_prefix(private_data) {
-            Ok((h, _))
-                if h.magic.get() == wire::HELLO_MAGIC
-                    && h.version == wire::VERSION
-                    && crate::auth::check_first_proof(
-                        &self.key,
-                        &h.nonce,
-                        &h.as_bytes()[..wire::HELLO_SIGNED_LEN],
-                        &[],
-                        &h.proof,
-                    ) =>
-            {
-                Some(h)
+            Ok((h, _)) if h.magic.get() == wire::HELLO_MAGIC && h.version == wire::VERSION => {
+                let claims = h.flags & wire::FLAG_COOKIE != 0;
+                let signed = &h.as_bytes()[..wire::HELLO_SIGNED_LEN];
+                self.cookies
+                    .proved(&ip, now, claims, |c| {
+                        crate::auth::check_first_proof(&self.key, &h.nonce, signed, c, &h.proof)
+                    })
+                    .map(|cookie_ok| (h, cookie_ok))
             }
             _ => None,
         };
-        let Some(proved) = proved else {
+        let Some((proved, cookie_ok)) = proved else {
             self.counters.connections_unproved += 1;
             if self.log.allow(now) {
                 tracing::warn!(%peer, unproved = self.counters.connections_unproved, "recovery connect request without a valid proof of the secret: rejected silently");
@@ -535,24 +606,38 @@ impl RecoveryServer {
             return Err(UNPROVED);
         };
         let caps = self.cfg.limits.pending_caps();
-        let addr = address_of(&peer);
-        let pending = self
+        let pending: Vec<&str> = self
             .conns
             .iter()
             .filter(|c| !matches!(c.phase, Phase::Admitted))
-            .map(|c| address_of(&c.peer));
-        // The address first: a flood is refused as that, and never takes
-        // the last slots (crate::admission).
-        let hello = if caps.check(&addr, pending) == Err(PendingRefusal::AddressFull) {
-            Err("busy: too many handshakes in progress from this address")
-        } else if self.conns.len() >= self.cfg.limits.max_connections {
-            Err("busy: recovery connection limit reached")
-        } else if proved.channel != self.identity.channel {
-            Err("wrong channel")
-        } else if proved.flags != self.identity.flags {
-            Err("auth.datagram_tag differs between publisher and subscriber")
-        } else {
-            Ok(proved)
+            .map(|c| address_of(&c.peer))
+            .collect();
+        // Under load a cookie first (a replayed hello from another address
+        // cannot make one), then the address (a flood is refused as that,
+        // and never takes the last slots), then the total.
+        let verdict = admission::admit(
+            &caps,
+            self.cfg.limits.cookie_when_pending,
+            cookie_ok,
+            &addr,
+            &pending,
+        );
+        let hello = match verdict {
+            Admit::SendCookie => {
+                self.counters.cookies_sent += 1;
+                return Err(Refused::Cookie(self.cookies.mint(&ip, now)));
+            }
+            Admit::Refuse(PendingRefusal::AddressFull) => {
+                Err("busy: too many handshakes in progress from this address")
+            }
+            _ if self.conns.len() >= self.cfg.limits.max_connections => {
+                Err("busy: recovery connection limit reached")
+            }
+            _ if proved.channel != self.identity.channel => Err("wrong channel"),
+            _ if proved.flags & wire::FLAG_DATAGRAM_TAG != self.identity.flags => {
+                Err("auth.datagram_tag differs between publisher and subscriber")
+            }
+            _ => Ok(proved),
         };
         let hello = match hello {
             Ok(h) => h,
@@ -561,9 +646,12 @@ impl RecoveryServer {
                 if self.log.allow(now) {
                     tracing::warn!(%peer, reason, refused = self.counters.connections_refused, "recovery connection refused");
                 }
-                return Err(Refused(reason));
+                return Err(Refused::Reason(reason));
             }
         };
+        if cookie_ok {
+            self.counters.cookies_echoed += 1;
+        }
         let mut ctx = [0u8; HELLO_LEN + WELCOME_SIGNED_LEN];
         ctx[..HELLO_LEN].copy_from_slice(hello.as_bytes());
         ctx[HELLO_LEN..].copy_from_slice(self.identity.signed());
@@ -669,7 +757,7 @@ impl RecoveryServer {
 
     /// The earliest deadline [`handle_timeout`](Self::handle_timeout)
     /// acts on (set-up, handshake, stall), if any connection has one.
-    pub fn poll_timeout(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<Mono> {
         let stall = self.cfg.limits.stall_timeout_ns;
         self.conns
             .iter()
@@ -685,6 +773,7 @@ impl RecoveryServer {
             })
             .chain((!self.mcast_jobs.is_empty()).then(|| self.mcast_pacer.ready_at(0)))
             .min()
+            .map(Mono::from_nanos)
     }
 
     /// The next datagram of a multicast retransmit the planner chose, if
@@ -825,16 +914,21 @@ impl RecoveryServer {
         let c = &mut self.conns[i];
         let counters = &mut self.counters;
         let limits = &self.cfg.limits;
-        if !c.requests.try_acquire(now) {
-            counters.requests_rate_limited += 1;
-            return;
-        }
-        if Self::outbox_len(c) > limits.max_outbox_bytes as u64 {
-            counters.requests_dropped += 1;
-            return;
-        }
-        if !c.budget.ready(now) {
-            counters.repair_budget_dropped += 1;
+        let queued = Self::outbox_len(c);
+        let gate = GateCounters {
+            rate_limited: &mut counters.requests_rate_limited,
+            outbox_full: &mut counters.requests_dropped,
+            budget_spent: &mut counters.repair_budget_dropped,
+        };
+        let max_outbox = limits.max_outbox_bytes as u64;
+        if !request_gate(
+            now,
+            &mut c.requests,
+            queued,
+            max_outbox,
+            &mut c.budget,
+            gate,
+        ) {
             return;
         }
         counters.retransmit_requests += 1;
@@ -910,16 +1004,21 @@ impl RecoveryServer {
         snapshot: &S,
     ) {
         let c = &mut self.conns[i];
-        if !c.snapshots.try_acquire(now) {
-            self.counters.snapshots_rate_limited += 1;
-            return;
-        }
-        if Self::outbox_len(c) > self.cfg.limits.max_outbox_bytes as u64 {
-            self.counters.requests_dropped += 1;
-            return;
-        }
-        if !c.budget.ready(now) {
-            self.counters.repair_budget_dropped += 1;
+        let queued = Self::outbox_len(c);
+        let gate = GateCounters {
+            rate_limited: &mut self.counters.snapshots_rate_limited,
+            outbox_full: &mut self.counters.requests_dropped,
+            budget_spent: &mut self.counters.repair_budget_dropped,
+        };
+        let max_outbox = self.cfg.limits.max_outbox_bytes as u64;
+        if !request_gate(
+            now,
+            &mut c.snapshots,
+            queued,
+            max_outbox,
+            &mut c.budget,
+            gate,
+        ) {
             return;
         }
         self.counters.snapshots_served += 1;
@@ -1031,16 +1130,32 @@ fn address_of(peer: &str) -> &str {
     }
 }
 
-/// The refusal text sent back with a rejected connect request (nothing for
-/// [`UNPROVED`]).
+/// The private data sent back with a rejected connect request: nothing
+/// for [`UNPROVED`], the reason's text, or a [`CookieReply`].
 pub fn refusal_message(reason: Refused) -> ArrayVec<u8, 96> {
     let mut msg = ArrayVec::<u8, 96>::new();
-    if reason == UNPROVED {
-        return msg;
+    match reason {
+        Refused::Unproved => {}
+        Refused::Reason(r) => {
+            let _ = msg.try_extend_from_slice(b"rocebus: ");
+            let _ = msg.try_extend_from_slice(&r.as_bytes()[..r.len().min(80)]);
+        }
+        Refused::Cookie(c) => {
+            let _ = msg.try_extend_from_slice(CookieReply::new(c).as_bytes());
+        }
     }
-    let _ = msg.try_extend_from_slice(b"rocebus: ");
-    let _ = msg.try_extend_from_slice(&reason.0.as_bytes()[..reason.0.len().min(80)]);
     msg
+}
+
+/// The cookie a publisher's reject asks us to echo, if it is a cookie
+/// reply (`private_data` of the reject) and we have not echoed one yet in
+/// this attempt: a subscriber connects again, at once and once, with
+/// [`ClientHandshake::with_cookie`].
+pub fn cookie_asked(private_data: &[u8], echoed: bool) -> Option<Cookie> {
+    if echoed {
+        return None;
+    }
+    CookieReply::parse(private_data)
 }
 
 /// The subscriber's half of the admission handshake, I/O-free: the hello
@@ -1077,23 +1192,42 @@ impl ClientHandshake {
     /// A handshake for `channel` with a fresh nonce; `tags`: we expect
     /// tagged datagrams (`auth.datagram_tag`).
     pub fn new(key: Key, channel: u16, tags: bool) -> Self {
+        Self::with_cookie(key, channel, tags, None)
+    }
+
+    /// As [`new`](Self::new), the first proof over the publisher's
+    /// `cookie` if it asked for one ([`cookie_asked`]).
+    pub fn with_cookie(key: Key, channel: u16, tags: bool, cookie: Option<&Cookie>) -> Self {
         let initiator = Initiator::new(key);
+        let tag_flag = if tags { wire::FLAG_DATAGRAM_TAG } else { 0 };
         let mut hello = Hello {
             magic: wire::HELLO_MAGIC.into(),
             version: wire::VERSION,
-            flags: if tags { wire::FLAG_DATAGRAM_TAG } else { 0 },
+            flags: tag_flag
+                | if cookie.is_some() {
+                    wire::FLAG_COOKIE
+                } else {
+                    0
+                },
             channel: channel.into(),
             reserved: 0.into(),
             nonce: initiator.nonce(),
             proof: [0; crate::auth::TAG_LEN],
         };
-        hello.proof = initiator.first_proof(&hello.as_bytes()[..wire::HELLO_SIGNED_LEN], &[]);
+        let signed = &hello.as_bytes()[..wire::HELLO_SIGNED_LEN];
+        hello.proof = initiator.first_proof(signed, cookie.map_or(&[][..], |c| &c[..]));
         ClientHandshake { initiator, hello }
     }
 
     /// The connect request's private data.
     pub fn hello(&self) -> &Hello {
         &self.hello
+    }
+
+    /// Whether its first proof covers a cookie (it is the retry the
+    /// publisher asked for: it is not asked again).
+    pub fn echoes_cookie(&self) -> bool {
+        self.hello.flags & wire::FLAG_COOKIE != 0
     }
 
     /// Checks the publisher's welcome against our hello: `Err` says why it
@@ -1116,7 +1250,7 @@ impl ClientHandshake {
         if w.channel != self.hello.channel {
             return Err("the publisher serves another channel");
         }
-        if w.flags != self.hello.flags {
+        if w.flags != self.hello.flags & wire::FLAG_DATAGRAM_TAG {
             return Err("auth.datagram_tag differs between publisher and subscriber");
         }
         let mut proof = [0u8; wire::AUTH_PROOF_LEN];
@@ -1164,7 +1298,7 @@ mod tests {
         assert_eq!(
             s.on_connect_request(0, "198.18.0.101:9".into(), h.hello().as_bytes())
                 .err(),
-            Some(Refused(
+            Some(Refused::Reason(
                 "busy: too many handshakes in progress from this address"
             ))
         );
@@ -1175,7 +1309,7 @@ mod tests {
         assert_eq!(
             s.on_connect_request(0, "198.18.0.7:1".into(), h.hello().as_bytes())
                 .err(),
-            Some(Refused("busy: recovery connection limit reached"))
+            Some(Refused::Reason("busy: recovery connection limit reached"))
         );
         // The flood's handshakes time out and are closed; the address may
         // try again, within its cap.
@@ -1187,6 +1321,89 @@ mod tests {
         assert_eq!(address_of("198.18.0.1:4791"), "198.18.0.1");
         assert_eq!(address_of("[fe80::1]:4791"), "[fe80::1]");
         assert_eq!(address_of("a"), "a");
+    }
+
+    /// Issue 41: a captured hello (a valid first proof) replayed from many
+    /// addresses, two per address (each address's cap), never completing:
+    /// with `cookie_when_pending` (4) handshakes in progress every further
+    /// replay is answered a cookie it cannot fold into the proof, and
+    /// nothing is kept, so the replays hold 4 of the 32 slots. A subscriber
+    /// elsewhere is answered a cookie, connects again with it and is
+    /// admitted. The cookie is its address's: echoed from another one it is
+    /// no proof at all. With no cookie (`cookie_when_pending` at the cap)
+    /// the replays fill all 32 slots and the subscriber is refused "busy".
+    #[test]
+    fn replays_of_a_captured_hello_from_many_addresses_hold_at_most_the_cookie_threshold() {
+        for with_cookie in [true, false] {
+            let mut l = RecoveryServerConfig {
+                max_connections: 32,
+                ..limits()
+            };
+            if !with_cookie {
+                l.cookie_when_pending = 32;
+            }
+            let mut s = server(l);
+            let mut p = publisher();
+            let captured = ClientHandshake::new(key(), CHANNEL, false);
+            let mut held = 0;
+            for a in 1..=100u8 {
+                for port in 0..2 {
+                    let peer = format!("198.18.1.{a}:{port}");
+                    match s.on_connect_request(0, peer, captured.hello().as_bytes()) {
+                        Ok((id, _)) => {
+                            s.on_established(0, id);
+                            held += 1;
+                        }
+                        Err(Refused::Cookie(_)) => {}
+                        Err(Refused::Reason(_)) => {}
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+            }
+            // The real subscriber, at another address, retrying with the
+            // cookie if asked (what McastSubscriber does).
+            let peer = "198.18.0.1:7000";
+            let h = ClientHandshake::new(key(), CHANNEL, false);
+            let answer = match s.on_connect_request(0, peer.into(), h.hello().as_bytes()) {
+                Err(Refused::Cookie(c)) => {
+                    assert_eq!(
+                        cookie_asked(&refusal_message(Refused::Cookie(c)), false),
+                        Some(c)
+                    );
+                    assert_eq!(
+                        cookie_asked(&refusal_message(Refused::Cookie(c)), true),
+                        None
+                    );
+                    let again = ClientHandshake::with_cookie(key(), CHANNEL, false, Some(&c));
+                    assert!(again.echoes_cookie());
+                    // From elsewhere the cookie proves nothing.
+                    assert_eq!(
+                        s.on_connect_request(0, "198.18.0.2:1".into(), again.hello().as_bytes())
+                            .err(),
+                        Some(UNPROVED)
+                    );
+                    s.on_connect_request(0, peer.into(), again.hello().as_bytes())
+                        .map(|(id, w)| (id, w, again))
+                }
+                other => other.map(|(id, w)| (id, w, h)),
+            };
+            let c = s.counters();
+            if with_cookie {
+                assert_eq!(held, 4, "{c:?}");
+                assert_eq!((c.cookies_sent, c.cookies_echoed), (197, 1), "{c:?}");
+                let (id, welcome, h) = answer.expect("the subscriber gets in");
+                let a = h.on_welcome(welcome.as_bytes()).unwrap();
+                s.on_established(0, id);
+                s.on_receive(0, id, &a.proof, &mut p, &App(0));
+                assert_eq!(s.admitted_connections(), 1);
+            } else {
+                assert_eq!(held, 32, "{c:?}");
+                assert_eq!(
+                    answer.err(),
+                    Some(Refused::Reason("busy: recovery connection limit reached"))
+                );
+            }
+        }
     }
 
     struct App(u64);
@@ -1375,7 +1592,7 @@ mod tests {
         assert_eq!(
             s.on_connect_request(0, "a".into(), other.hello().as_bytes())
                 .err(),
-            Some(Refused("wrong channel"))
+            Some(Refused::Reason("wrong channel"))
         );
         let tagged = ClientHandshake::new(key(), CHANNEL, true);
         assert!(s
@@ -1393,12 +1610,12 @@ mod tests {
         assert_eq!(
             s.on_connect_request(0, "d".into(), good.hello().as_bytes())
                 .err(),
-            Some(Refused("busy: recovery connection limit reached"))
+            Some(Refused::Reason("busy: recovery connection limit reached"))
         );
         assert_eq!(s.counters().connections_refused, 3);
         assert_eq!(s.counters().connections_unproved, 2);
         assert_eq!(
-            &refusal_message(Refused("wrong channel"))[..],
+            &refusal_message(Refused::Reason("wrong channel"))[..],
             b"rocebus: wrong channel"
         );
     }
@@ -1460,7 +1677,7 @@ mod tests {
             .on_connect_request(0, "b".into(), h.hello().as_bytes())
             .unwrap();
         s.on_established(100, silent);
-        assert_eq!(s.poll_timeout(), Some(1_100));
+        assert_eq!(s.poll_timeout(), Some(Mono::from_nanos(1_100)));
         s.handle_timeout(1_099, &p);
         assert_eq!(s.poll_closed(1_099), None);
         s.handle_timeout(1_100, &p);
@@ -1692,7 +1909,7 @@ mod tests {
             }
         }
         assert!(s.queued(stuck) > 0);
-        assert_eq!(s.poll_timeout(), Some(5_000));
+        assert_eq!(s.poll_timeout(), Some(Mono::from_nanos(5_000)));
         s.handle_timeout(4_999, &p);
         assert_eq!(s.poll_closed(4_999), None);
         s.handle_timeout(5_000, &p);

@@ -74,10 +74,10 @@ pub trait SnapshotSink {
 /// sequence + 1, the next one it gets.
 ///
 /// ```no_run
-/// # use rocebus::mcast::{McastSubscriber, snapshot::NoSnapshots, now_ns};
+/// # use rocebus::{clock::Mono, mcast::{McastSubscriber, snapshot::NoSnapshots}};
 /// # fn f(sub: &mut McastSubscriber) -> Result<(), rocebus::mcast::NetError> {
 /// let mut quotes = NoSnapshots::new(|seq: u64, msg: &[u8]| println!("{seq}: {} B", msg.len()));
-/// sub.poll(now_ns(), &mut quotes)?;
+/// sub.poll(Mono::now(), &mut quotes, 16)?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, Default)]

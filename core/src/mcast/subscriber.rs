@@ -75,6 +75,7 @@ use super::wire::{
     self, BufferTooSmall, Datagram, Line, OneMessageHeader, RecoveryMsg, RetransmitRequest,
 };
 use crate::auth::{DatagramKey, DATAGRAM_TAG_LEN};
+use crate::clock::Mono;
 
 /// Static parameters of one subscriber.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -626,7 +627,7 @@ impl SubscriberState {
     /// Earliest deadline at which [`handle_timeout`](Self::handle_timeout)
     /// has work.
     #[inline]
-    pub fn poll_timeout(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<Mono> {
         // The steady state (nothing requested, not resyncing, no stall or
         // skip pending) has no deadline: four compares, no scan, inlined
         // into the caller's turn (the call cost as much as the compares).
@@ -637,7 +638,7 @@ impl SubscriberState {
         {
             return None;
         }
-        self.earliest_deadline()
+        self.earliest_deadline().map(Mono::from_nanos)
     }
 
     /// [`poll_timeout`](Self::poll_timeout) with something pending: kept
@@ -1946,7 +1947,7 @@ mod tests {
         s.on_datagram(0, Line::A, &ds[5], &mut app);
         assert_eq!(s.counters().gaps_detected, 2);
         assert_eq!(transmits(&mut s), vec![retransmit(3, 2), retransmit(7, 2)]);
-        assert_eq!(s.poll_timeout(), Some(TIMEOUT));
+        assert_eq!(s.poll_timeout(), Some(Mono::from_nanos(TIMEOUT)));
         assert_eq!(app.seqs, vec![1, 2]);
         for req in [(3, 2), (7, 2)] {
             p.answer_retransmit(
@@ -2600,7 +2601,7 @@ mod tests {
         s.set_recovery_link(0, false);
         s.on_datagram(0, Line::A, &ds[0], &mut app);
         s.on_datagram(0, Line::A, &ds[2], &mut app);
-        assert_eq!(s.poll_timeout(), Some(100));
+        assert_eq!(s.poll_timeout(), Some(Mono::from_nanos(100)));
         s.on_datagram(50, Line::B, &ds[1], &mut app); // B fills it in time
         assert_eq!(app.seqs, (1..=6).collect::<Vec<_>>());
         assert_eq!(s.counters().gaps_filled_by_other_line, 1);
@@ -2863,7 +2864,7 @@ mod tests {
         // Nobody answers; requests time out and are repeated until the bound.
         let mut now = 0;
         while s.phase() == Phase::Live && app.gaps.is_empty() {
-            now = s.poll_timeout().expect("a deadline");
+            now = s.poll_timeout().expect("a deadline").as_nanos();
             assert!(now <= 5 * TIMEOUT, "skipped late: {now}");
             s.handle_timeout(now, &mut app);
             transmits(&mut s);

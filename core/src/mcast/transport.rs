@@ -6,21 +6,45 @@
 //! [`SnapshotSink`].
 //!
 //! ```no_run
-//! use rocebus::mcast::{config::McastConfig, now_ns, MdPublisher};
+//! use rocebus::{clock::Mono, mcast::{config::McastConfig, snapshot::NoSnapshots, MdPublisher, MdSubscriber}};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let cfg = McastConfig::load("configs/md.toml")?;
-//! let mut p = MdPublisher::new(&cfg, 1, now_ns(), "198.18.0.1".parse()?)?;
-//! p.publish(now_ns(), b"hello")?;
+//! let cfg = McastConfig::load("configs/md.toml")?; // channel 1: multicast or rc, the same code
+//! let mut publisher = MdPublisher::new(&cfg, 1, 7, "198.18.0.1".parse()?)?; // session 7
+//! publisher.offer(Mono::now(), b"hello")?;
+//! let mut subscriber = MdSubscriber::new(&cfg, 1, "198.18.0.2".parse()?, "198.18.0.1".parse()?)?;
+//! let mut app = NoSnapshots::new(|seq: u64, msg: &[u8]| println!("{seq}: {} B", msg.len()));
+//! subscriber.poll(Mono::now(), &mut app, 16)?;
+//! while let Some(event) = subscriber.poll_event() { println!("{event:?}"); }
 //! # Ok(()) }
 //! ```
+//!
+//! Zero copy: `try_claim(now, len)` hands out an [`MdClaim`] over the open
+//! datagram's bytes, which borrows the publisher until it is committed, so
+//! nothing else can be done with the publisher meanwhile:
+//!
+//! ```compile_fail,E0499
+//! # use rocebus::{clock::Mono, mcast::{config::McastConfig, MdPublisher}};
+//! # let cfg = McastConfig::load("configs/md.toml").unwrap();
+//! # let mut publisher = MdPublisher::new(&cfg, 1, 7, "198.18.0.1".parse().unwrap()).unwrap();
+//! let claim = publisher.try_claim(Mono::now(), 8).unwrap();
+//! publisher.flush(Mono::now()).unwrap(); // error: `publisher` is already borrowed by `claim`
+//! claim.commit();
+//! ```
+//!
+//! Market data carries no message type: a datagram holds length-prefixed
+//! messages, and a subscriber's [`Handler`] sees `(seq, bytes)`.
 
 use std::net::IpAddr;
+use std::ops::{Deref, DerefMut};
+
+use crate::clock::Mono;
 
 use super::config::{McastConfig, Transport};
 use super::io::{McastPublisher, McastSubscriber, NetError, PublishError};
 use super::publisher::PublisherState;
-use super::rcfanout::{FanoutError, RcFanoutPublisher, RcFanoutSubscriber};
+use super::rcfanout::{FanoutError, FanoutEvent, RcFanoutPublisher, RcFanoutSubscriber};
 use super::snapshot::{Handler, Snapshot, SnapshotSink};
+use super::status::PublisherEvent;
 use super::subscriber::{Event, SubscriberCounters, SubscriberState};
 
 fn transport_of(cfg: &McastConfig, channel: u16) -> Result<Transport, NetError> {
@@ -69,29 +93,32 @@ impl MdPublisher {
             MdPublisher::Rc(p) => p.connections(),
         }
     }
-    /// See [`McastPublisher::publish`].
-    pub fn publish(&mut self, now: u64, msg: &[u8]) -> Result<u64, PublishError> {
+    /// Copies `msg` in as the next message; its sequence. See [`McastPublisher::offer`].
+    #[inline]
+    pub fn offer(&mut self, now: Mono, msg: &[u8]) -> Result<u64, PublishError> {
         match self {
-            MdPublisher::Multicast(p) => p.publish(now, msg),
-            MdPublisher::Rc(p) => p.publish(now, msg),
+            MdPublisher::Multicast(p) => p.offer(now, msg),
+            MdPublisher::Rc(p) => p.offer(now, msg),
         }
     }
-    /// See [`McastPublisher::try_claim`].
-    pub fn try_claim(&mut self, now: u64, len: usize) -> Result<&mut [u8], PublishError> {
+    /// Claims `len` bytes for the next message; see [`McastPublisher::try_claim`].
+    pub fn try_claim(&mut self, now: Mono, len: usize) -> Result<MdClaim<'_, Self>, PublishError> {
         match self {
-            MdPublisher::Multicast(p) => p.try_claim(now, len),
-            MdPublisher::Rc(p) => p.try_claim(now, len),
+            MdPublisher::Multicast(p) => p.prepare_claim(now.as_nanos(), len)?,
+            MdPublisher::Rc(p) => p.prepare_claim(now.as_nanos(), len)?,
         }
+        Ok(MdClaim::new(self, now))
     }
-    /// See [`McastPublisher::commit`].
-    pub fn commit(&mut self, now: u64) -> Option<u64> {
+    /// The next event: a subscriber lagging or caught up (multicast), joined
+    /// or dropped (RC).
+    pub fn poll_event(&mut self) -> Option<MdPublisherEvent> {
         match self {
-            MdPublisher::Multicast(p) => p.commit(now),
-            MdPublisher::Rc(p) => p.commit(now),
+            MdPublisher::Multicast(p) => p.poll_event().map(MdPublisherEvent::Status),
+            MdPublisher::Rc(p) => p.poll_event().map(MdPublisherEvent::Fanout),
         }
     }
     /// See [`McastPublisher::flush`].
-    pub fn flush(&mut self, now: u64) -> Result<(), FanoutError> {
+    pub fn flush(&mut self, now: Mono) -> Result<(), FanoutError> {
         match self {
             MdPublisher::Multicast(p) => Ok(p.flush(now)?),
             MdPublisher::Rc(p) => p.flush(now),
@@ -99,7 +126,7 @@ impl MdPublisher {
     }
     /// See [`McastPublisher::poll`]; returns datagrams sent (multicast) or
     /// datagram frames written, summed over subscribers (RC).
-    pub fn poll(&mut self, now: u64, snapshot: &impl Snapshot) -> Result<usize, FanoutError> {
+    pub fn poll(&mut self, now: Mono, snapshot: &impl Snapshot) -> Result<usize, FanoutError> {
         match self {
             MdPublisher::Multicast(p) => Ok(p.poll(now, snapshot)?),
             MdPublisher::Rc(p) => p.poll(now, snapshot),
@@ -187,22 +214,26 @@ impl MdSubscriber {
     pub fn counters(&self) -> SubscriberCounters {
         self.state().counters()
     }
-    /// Next event.
+    /// The next lifecycle event (loss, resync, snapshot, recovery link
+    /// lost/restored), after the messages the polls before it delivered.
     pub fn poll_event(&mut self) -> Option<Event> {
         match self {
             MdSubscriber::Multicast(s) => s.poll_event(),
             MdSubscriber::Rc(s) => s.poll_event(),
         }
     }
-    /// Delivers in order to `app`; see [`McastSubscriber::poll`].
+    /// Delivers in order to `app`, taking at most `fragment_limit`
+    /// datagrams (frames on RC) from each line; see [`McastSubscriber::poll`].
+    #[inline]
     pub fn poll<A: Handler + SnapshotSink + ?Sized>(
         &mut self,
-        now: u64,
+        now: Mono,
         app: &mut A,
+        fragment_limit: usize,
     ) -> Result<usize, FanoutError> {
         match self {
-            MdSubscriber::Multicast(s) => Ok(s.poll(now, app)?),
-            MdSubscriber::Rc(s) => s.poll(now, app),
+            MdSubscriber::Multicast(s) => Ok(s.poll(now, app, fragment_limit)?),
+            MdSubscriber::Rc(s) => s.poll(now, app, fragment_limit),
         }
     }
     /// Closes the connection to the publisher (recovery connection, or the
@@ -213,6 +244,122 @@ impl MdSubscriber {
                 let _ = s.disconnect();
             }
             MdSubscriber::Rc(s) => s.disconnect(),
+        }
+    }
+}
+
+/// What a market-data publisher reports ([`MdPublisher::poll_event`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MdPublisherEvent {
+    /// Multicast: a subscriber's status reports (lagging, caught up).
+    Status(PublisherEvent),
+    /// RC fan-out: a subscriber joined or was dropped.
+    Fanout(FanoutEvent),
+}
+
+/// A claimed message in the publisher's open datagram (or its staging for a
+/// large one): fill it, then [`commit`](Self::commit). Dropping it (or
+/// [`abort`](Self::abort)) abandons it: nothing is sequenced and the next
+/// claim takes its room. While it lives, its publisher cannot be used.
+pub struct MdClaim<'p, P: sealed::Claimable + ?Sized> {
+    publisher: &'p mut P,
+    now: Mono,
+}
+
+impl<P: sealed::Claimable + ?Sized> std::fmt::Debug for MdClaim<'_, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MdClaim")
+            .field("len", &self.publisher.state_ref().claimed().len())
+            .finish()
+    }
+}
+
+impl<'p, P: sealed::Claimable + ?Sized> MdClaim<'p, P> {
+    pub(crate) fn new(publisher: &'p mut P, now: Mono) -> Self {
+        Self { publisher, now }
+    }
+
+    /// Sequences the message (a large one is sealed as fragments, sent as
+    /// pacing allows) and returns its sequence.
+    #[inline]
+    pub fn commit(self) -> u64 {
+        self.publisher.commit_claim(self.now.as_nanos())
+    }
+
+    /// Abandons the message: nothing is sequenced.
+    pub fn abort(self) {
+        self.publisher.state_mut_ref().abort();
+    }
+}
+
+impl<P: sealed::Claimable + ?Sized> Deref for MdClaim<'_, P> {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        self.publisher.state_ref().claimed()
+    }
+}
+
+impl<P: sealed::Claimable + ?Sized> DerefMut for MdClaim<'_, P> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.publisher.state_mut_ref().claimed_mut()
+    }
+}
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// A publisher an [`MdClaim`] commits into (not implementable outside
+    /// the crate).
+    pub trait Claimable {
+        /// The protocol state.
+        fn state_ref(&self) -> &PublisherState;
+        /// The protocol state, to write the claim and abandon it.
+        fn state_mut_ref(&mut self) -> &mut PublisherState;
+        /// Commits the claim, sending what it sealed; its sequence.
+        fn commit_claim(&mut self, now: u64) -> u64;
+    }
+
+    impl Claimable for McastPublisher {
+        fn state_ref(&self) -> &PublisherState {
+            self.state()
+        }
+        fn state_mut_ref(&mut self) -> &mut PublisherState {
+            self.state_mut()
+        }
+        fn commit_claim(&mut self, now: u64) -> u64 {
+            McastPublisher::commit_claim(self, now)
+        }
+    }
+
+    impl Claimable for RcFanoutPublisher {
+        fn state_ref(&self) -> &PublisherState {
+            self.state()
+        }
+        fn state_mut_ref(&mut self) -> &mut PublisherState {
+            self.state_mut()
+        }
+        fn commit_claim(&mut self, now: u64) -> u64 {
+            RcFanoutPublisher::commit_claim(self, now)
+        }
+    }
+
+    impl Claimable for MdPublisher {
+        fn state_ref(&self) -> &PublisherState {
+            self.state()
+        }
+        fn state_mut_ref(&mut self) -> &mut PublisherState {
+            match self {
+                MdPublisher::Multicast(p) => p.state_mut(),
+                MdPublisher::Rc(p) => p.state_mut(),
+            }
+        }
+        fn commit_claim(&mut self, now: u64) -> u64 {
+            match self {
+                MdPublisher::Multicast(p) => p.commit_claim(now),
+                MdPublisher::Rc(p) => p.commit_claim(now),
+            }
         }
     }
 }

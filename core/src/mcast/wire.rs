@@ -979,6 +979,11 @@ pub const HELLO_MAGIC: u16 = u16::from_le_bytes(*b"RH");
 pub const WELCOME_MAGIC: u16 = u16::from_le_bytes(*b"RW");
 /// Hello/Welcome flag: datagrams carry a tag.
 pub const FLAG_DATAGRAM_TAG: u8 = 1;
+/// Hello flag: the first proof covers the cookie of a
+/// [`CookieReply`](crate::admission::CookieReply) the publisher handed out
+/// under load (the cookie itself does not travel again: the publisher
+/// recomputes it from the request's address and the time).
+pub const FLAG_COOKIE: u8 = 2;
 
 /// The subscriber's connect request private data (40 of the 56 bytes a
 /// connect request carries).
@@ -989,7 +994,8 @@ pub struct Hello {
     pub magic: U16,
     /// [`VERSION`].
     pub version: u8,
-    /// [`FLAG_DATAGRAM_TAG`] if the subscriber expects tagged datagrams.
+    /// [`FLAG_DATAGRAM_TAG`] if the subscriber expects tagged datagrams;
+    /// [`FLAG_COOKIE`] if its proof covers a cookie.
     pub flags: u8,
     /// Channel id.
     pub channel: U16,
@@ -999,7 +1005,8 @@ pub struct Hello {
     pub nonce: [u8; crate::auth::NONCE_LEN],
     /// The initiator's first proof over the 24 bytes before it
     /// ([`HELLO_SIGNED_LEN`]): `MAC(K, "initiator first", nonce, those
-    /// bytes, "")` ([`crate::auth::Initiator::first_proof`]). The publisher
+    /// bytes, cookie)`, the cookie empty unless [`FLAG_COOKIE`] is set
+    /// ([`crate::auth::Initiator::first_proof`]). The publisher
     /// checks it before it answers anything: without it a connect request is
     /// rejected with no private data (no Welcome: no proof, session, QPN or
     /// GID).

@@ -58,6 +58,14 @@ pub struct OrdersConfig {
     /// connects again with it ([`crate::admission::CookieJar`]). 0: always.
     /// Less than `max_pending_handshakes`.
     pub cookie_when_pending: usize,
+    /// Listener: a connect request made (by the initiator's clock, carried
+    /// in its nonce and covered by its proof) more than this many
+    /// milliseconds before or after the listener's clock is refused
+    /// silently, and one answered before is refused silently while it is
+    /// younger ([`crate::admission::ReplayGuard`]): a captured request
+    /// played again costs no slot. The hosts' wall clocks must agree within
+    /// it. At least 1000.
+    pub request_max_age_ms: u64,
     /// Listener: slots of its fan-in activity summary (0: off). Each
     /// accepted connection gets one while they last and marks it after
     /// every flush (one more one-byte WRITE), so a [`ConnectionSet`](super::ConnectionSet) or
@@ -82,6 +90,7 @@ impl Default for OrdersConfig {
             max_connections_per_peer: 16,
             max_pending_per_peer: 2,
             cookie_when_pending: 4,
+            request_max_age_ms: 30_000,
             fanin_slots: 0,
         }
     }
@@ -156,6 +165,12 @@ impl OrdersConfig {
                 self.cookie_when_pending, self.max_pending_handshakes
             ));
         }
+        if self.request_max_age_ms < 1000 {
+            return Err(format!(
+                "request_max_age_ms: {} is below 1000: the hosts' clocks must agree within it, and a request must get there in it",
+                self.request_max_age_ms
+            ));
+        }
         if self.fanin_slots > 1 << 16 {
             return Err(format!("fanin_slots: {} is above 65536", self.fanin_slots));
         }
@@ -221,6 +236,8 @@ mod tests {
         assert_eq!(c.max_pending_per_peer, 2);
         bad(|c| c.cookie_when_pending = 8, "cookie_when_pending");
         assert_eq!(c.cookie_when_pending, 4);
+        bad(|c| c.request_max_age_ms = 999, "request_max_age_ms");
+        assert_eq!(c.request_max_age_ms, 30_000);
         bad(
             |c| c.max_connections_per_peer = 0,
             "max_connections_per_peer",

@@ -12,11 +12,11 @@
 use super::fanin;
 use super::listener::PeerSlot;
 use super::{OfferError, OrdersConfig};
-use crate::admission::Cookie;
+use crate::admission::{Cookie, CookieReply};
 use crate::auth::{self, Initiator, Purpose};
 use crate::ring::frame::{
-    self, frame_len, handshake_context_with, AcceptHello, ConnectHello, CookieReply, FanInGrant,
-    Hello, FLAG_COOKIE, FLAG_FANIN, HELLO_MAGIC, PROOF_OFF,
+    self, frame_len, handshake_context_with, AcceptHello, ConnectHello, FanInGrant, Hello,
+    FLAG_COOKIE, FLAG_FANIN, HELLO_MAGIC, PROOF_OFF,
 };
 use crate::ring::mem::{IncomingRing, Staging, StagingWrite};
 use crate::ring::proto::{control_word, CREDIT_OFF};
@@ -59,9 +59,10 @@ pub enum OrdersError {
         peer: String,
     },
     /// The listener refused our connect request without a word: it did not
-    /// accept our proof of the token. A listener says nothing more to a
-    /// peer that has not proved it holds the token.
-    #[error("the listener at {peer} refused us without a reason: it did not accept our proof of the orders token (check that both sides have the same `token`, and the same rocebus version)")]
+    /// accept our proof of the token (or took it for a replay: made too far
+    /// from its clock). A listener says nothing more to a peer that has not
+    /// proved it holds the token.
+    #[error("the listener at {peer} refused us without a reason: it did not accept our proof of the orders token (check that both sides have the same `token` and the same rocebus version, and that the two hosts' clocks agree within the listener's `request_max_age_ms`)")]
     Unproved {
         /// Who.
         peer: String,
@@ -276,6 +277,8 @@ pub struct Connection {
     idle_polls: u32,
     /// The consumer position the current run of empty polls started at.
     idle_since: u64,
+    /// Whether [`poll_event`](Self::poll_event) reported the loss already.
+    pub(super) loss_reported: bool,
     peer_credit_addr: u64,
     pub(super) ring: IncomingRing,
     _pd: Arc<ProtectionDomain>,
@@ -414,14 +417,59 @@ fn after_reject(e: VerbsError, cookie: &Option<Cookie>) -> Result<Cookie, Orders
     }
 }
 
-/// A connection being made without blocking (see
-/// [`Connection::start_connect`]). Dropping it abandons the attempt.
-/// Field order: the queue pair (in `res`) goes before the rdma_cm id.
-pub struct Connecting {
+/// One connect attempt's local half: our queue pair and ring, our
+/// initiator and the connect request made over them (over the listener's
+/// cookie on a retry). Both ways of connecting make and retry it here.
+struct Attempt {
     res: Resources,
-    cm: cm::Connecting,
     ini: Initiator,
     mine: ConnectHello,
+}
+
+impl Attempt {
+    fn new(
+        ctx: &Arc<Context>,
+        cfg: &OrdersConfig,
+        cookie: Option<&Cookie>,
+    ) -> Result<Self, OrdersError> {
+        let res = resources(ctx, cfg)?;
+        let (ini, mine) = initiate(cfg, &res, cookie);
+        Ok(Attempt { res, ini, mine })
+    }
+
+    /// After this attempt failed with `e`: the next one, if the listener
+    /// is under load and asked us to prove our address (once per connect,
+    /// `cookie` is what we echoed so far), made from the start with its
+    /// cookie on the same device; else the error.
+    fn retry(
+        self,
+        e: VerbsError,
+        cookie: &Option<Cookie>,
+        cfg: &OrdersConfig,
+    ) -> Result<(Attempt, Cookie), OrdersError> {
+        let c = after_reject(e, cookie)?;
+        let ctx = self.res.pd.context().clone();
+        drop(self);
+        Ok((Attempt::new(&ctx, cfg, Some(&c))?, c))
+    }
+
+    /// The listener answered: see [`Connection::finish_connect`].
+    fn finish(
+        self,
+        conn: cm::Connection,
+        theirs: &[u8],
+        cfg: &OrdersConfig,
+    ) -> Result<Connection, OrdersError> {
+        Connection::finish_connect(self.res, conn, theirs, &self.ini, &self.mine, cfg)
+    }
+}
+
+/// A connection being made without blocking (see
+/// [`Connection::start`]). Dropping it abandons the attempt.
+/// Field order: the queue pair (in `attempt`) goes before the rdma_cm id.
+pub struct Connecting {
+    attempt: Attempt,
+    cm: cm::Connecting,
     cfg: OrdersConfig,
     to: (SocketAddr, IpAddr),
     /// The listener's cookie, once it asked for one (one retry with it).
@@ -452,42 +500,33 @@ impl Connecting {
     /// admission it is an error, and the attempt is over.
     pub fn poll(self) -> Result<ConnectProgress, OrdersError> {
         let Connecting {
-            res,
+            attempt,
             cm,
-            ini,
-            mine,
             cfg,
             to,
             cookie,
         } = self;
-        match cm.poll(&res.qp, &cfg.rc, Access::REMOTE_WRITE, mine.as_bytes()) {
+        let mine = attempt.mine.as_bytes();
+        match cm.poll(&attempt.res.qp, &cfg.rc, Access::REMOTE_WRITE, mine) {
             Ok(cm::ConnectProgress::Pending(cm)) => Ok(ConnectProgress::Pending(Connecting {
-                res,
+                attempt,
                 cm,
-                ini,
-                mine,
                 cfg,
                 to,
                 cookie,
             })),
-            Ok(cm::ConnectProgress::Done(conn, theirs)) => Ok(ConnectProgress::Done(
-                Connection::finish_connect(res, conn, &theirs, &ini, &mine, &cfg)?,
-            )),
+            Ok(cm::ConnectProgress::Done(conn, theirs)) => {
+                Ok(ConnectProgress::Done(attempt.finish(conn, &theirs, &cfg)?))
+            }
             // The listener is under load and asks us to prove our address:
             // again, from the start, with its cookie.
             Err(e) => {
-                let c = after_reject(e, &cookie)?;
-                let ctx = res.pd.context().clone();
-                drop(res);
-                let res = resources(&ctx, &cfg)?;
-                let (ini, mine) = initiate(&cfg, &res, Some(&c));
+                let (attempt, c) = attempt.retry(e, &cookie, &cfg)?;
                 let timeout = Duration::from_millis(cfg.connect_timeout_ms);
                 let cm = cm::start_connect(to.0, Some(to.1), timeout)?;
                 Ok(ConnectProgress::Pending(Connecting {
-                    res,
+                    attempt,
                     cm,
-                    ini,
-                    mine,
                     cfg,
                     to,
                     cookie: Some(c),
@@ -540,6 +579,7 @@ impl Connection {
             stats: ConnStats::default(),
             idle_polls: 0,
             idle_since: 0,
+            loss_reported: false,
             peer_credit_addr: peer.ring_addr.get() + peer_size as u64 + CREDIT_OFF as u64,
             ring: res.ring,
             cm,
@@ -569,28 +609,29 @@ impl Connection {
     /// Address resolution and the handshake are each bounded by
     /// `cfg.connect_timeout_ms`, the same setting that bounds a listener's
     /// wait for a peer's handshake. Blocks until then;
-    /// [`start_connect`](Self::start_connect) does not.
-    pub fn connect(addr: SocketAddr, cfg: &OrdersConfig) -> Result<Self, OrdersError> {
+    /// [`start`](Self::start) does not.
+    pub fn connect(cfg: &OrdersConfig, addr: SocketAddr) -> Result<Self, OrdersError> {
         cfg.validate().map_err(OrdersError::Config)?;
         let timeout = Duration::from_millis(cfg.connect_timeout_ms);
-        let mut cookie = None;
+        let (mut attempt, mut cookie) = (None, None);
         loop {
             let resolved = cm::resolve_with_tos(addr, None, timeout, cfg.rc.traffic_class)?;
-            let ctx = Context::open(resolved.device_name().as_deref())?;
-            let res = resources(&ctx, cfg)?;
-            let (ini, mine) = initiate(cfg, &res, cookie.as_ref());
-            match resolved.connect(
-                &res.qp,
-                &cfg.rc,
-                Access::REMOTE_WRITE,
-                mine.as_bytes(),
-                timeout,
-            ) {
-                Ok((conn, theirs)) => {
-                    return Self::finish_connect(res, conn, &theirs, &ini, &mine, cfg)
-                }
+            let a = match attempt.take() {
+                Some(a) => a,
+                None => Attempt::new(
+                    &Context::open(resolved.device_name().as_deref())?,
+                    cfg,
+                    None,
+                )?,
+            };
+            let mine = a.mine.as_bytes();
+            match resolved.connect(&a.res.qp, &cfg.rc, Access::REMOTE_WRITE, mine, timeout) {
+                Ok((conn, theirs)) => return a.finish(conn, &theirs, cfg),
                 // Under load: once more, with the listener's cookie.
-                Err(e) => cookie = Some(after_reject(e, &cookie)?),
+                Err(e) => {
+                    let (next, c) = a.retry(e, &cookie, cfg)?;
+                    (attempt, cookie) = (Some(next), Some(c));
+                }
             }
         }
     }
@@ -601,22 +642,18 @@ impl Connection {
     /// the handshake advance in [`Connecting::poll`], the whole bounded by
     /// `cfg.connect_timeout_ms`. The same admission as
     /// [`connect`](Self::connect).
-    pub fn start_connect(
+    pub fn start(
+        cfg: &OrdersConfig,
         addr: SocketAddr,
         local: IpAddr,
-        cfg: &OrdersConfig,
     ) -> Result<Connecting, OrdersError> {
         cfg.validate().map_err(OrdersError::Config)?;
         let timeout = Duration::from_millis(cfg.connect_timeout_ms);
-        let ctx = Context::open_for_ip(local)?;
-        let res = resources(&ctx, cfg)?;
-        let (ini, mine) = initiate(cfg, &res, None);
+        let attempt = Attempt::new(&Context::open_for_ip(local)?, cfg, None)?;
         let cm = cm::start_connect(addr, Some(local), timeout)?;
         Ok(Connecting {
-            res,
+            attempt,
             cm,
-            ini,
-            mine,
             cfg: cfg.clone(),
             to: (addr, local),
             cookie: None,
@@ -769,7 +806,7 @@ impl Connection {
     #[inline(never)]
     fn flush_rest(&mut self) -> Result<(), OfferError> {
         if self.send.tx.state().unflushed() == 0 {
-            return self.link.reap().map_err(OfferError::Lost);
+            return self.link.reap().map_err(OfferError::PeerLost);
         }
         self.flush_runs()
     }
@@ -798,7 +835,7 @@ impl Connection {
             )
             .and_then(|()| link.post_mark(*mark));
         stats.flushes += 1;
-        r.map_err(OfferError::Lost)
+        r.map_err(OfferError::PeerLost)
     }
 
     /// Whether this connection marks a fan-in slot at its peer after each
@@ -858,7 +895,9 @@ impl Connection {
                 return Ok(false);
             }
             if self.subscription().poll(|_| {}, 0).is_err() {
-                return Err(OfferError::Lost(self.lost().unwrap_or(PeerLost::Closed)));
+                return Err(OfferError::PeerLost(
+                    self.lost().unwrap_or(PeerLost::Closed),
+                ));
             }
             std::thread::yield_now();
         }
@@ -960,7 +999,9 @@ impl Link {
         off: usize,
         len: usize,
     ) -> Result<(), OfferError> {
-        let signaled = self.admit_slow(self.requests).map_err(OfferError::Lost)?;
+        let signaled = self
+            .admit_slow(self.requests)
+            .map_err(OfferError::PeerLost)?;
         self.post_staged_as(staging, off, len, signaled)
     }
 
@@ -984,7 +1025,7 @@ impl Link {
             .post(&self.qp, staging, off, len, flags, wr_id)
             .is_err()
         {
-            return Err(OfferError::Lost(self.post_failed()));
+            return Err(OfferError::PeerLost(self.post_failed()));
         }
         self.sq.on_posted(n, signaled);
         Ok(())

@@ -223,7 +223,7 @@ struct Member {
 /// # use std::time::Duration;
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let cfg = OrdersConfig { token: "s3cret".into(), fanin_slots: 256, ..OrdersConfig::default() };
-/// let mut listener = OrdersListener::bind("198.18.0.1:7470".parse()?, cfg)?;
+/// let mut listener = OrdersListener::bind(cfg, "198.18.0.1:7470".parse()?)?;
 /// let mut set = ConnectionSet::new(&listener);
 /// while let Some(c) = listener.accept(Duration::from_secs(1))? {
 ///     set.insert(c);

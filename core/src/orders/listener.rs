@@ -16,11 +16,13 @@
 
 use super::connection::{check_hello, hello, resources, Resources};
 use super::{fanin, Connection, FanIn, OrdersConfig, OrdersError};
-use crate::admission::{self, Admit, CookieJar, PendingRefusal};
+use crate::admission::{
+    self, Admit, CookieJar, CookieReply, PendingRefusal, Replay, ReplayGuard, REPLAY_GUARD_CAPACITY,
+};
 use crate::auth::{self, Purpose, Responder};
 use crate::ring::frame::{
-    handshake_context_with, AcceptHello, ConnectHello, CookieReply, FanInGrant, HandshakeContext,
-    Hello, ACCEPT_FANIN_LEN, COOKIE_MAGIC, FLAG_COOKIE, FLAG_FANIN, HELLO_MAGIC,
+    handshake_context_with, AcceptHello, ConnectHello, FanInGrant, HandshakeContext, Hello,
+    ACCEPT_FANIN_LEN, FLAG_COOKIE, FLAG_FANIN, HELLO_MAGIC,
 };
 use crate::verbs::cm::{self, Listener};
 use crate::verbs::{Access, Context};
@@ -34,6 +36,7 @@ use zerocopy::{FromBytes, IntoBytes};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refusal {
     Unproved,
+    Replayed,
     BadHello,
     RingTooLarge,
     PendingFull,
@@ -47,7 +50,7 @@ impl Refusal {
     /// What the peer is told in the reject's private data.
     fn reason(self) -> &'static str {
         match self {
-            Refusal::Unproved => "",
+            Refusal::Unproved | Refusal::Replayed => "",
             Refusal::BadHello => "rocebus: bad handshake",
             Refusal::RingTooLarge => "rocebus: ring larger than the listener's max_peer_ring_size",
             Refusal::PendingFull => "rocebus: too many pending handshakes, try again",
@@ -70,6 +73,11 @@ pub struct ListenerStats {
     /// junk, an older version, a cookie from another address or too old.
     /// Rejected with no private data; nothing allocated or kept.
     pub unproved: u64,
+    /// Proved requests answered before (a captured request played again),
+    /// or made too long before or after the listener's clock: rejected with
+    /// no private data, before the cookie; nothing allocated or kept
+    /// ([`ReplayGuard`]).
+    pub replayed: u64,
     /// Proved requests answered a cookie (the listener was under load and
     /// they carried none): nothing allocated or kept.
     pub cookies_sent: u64,
@@ -101,6 +109,7 @@ impl ListenerStats {
     fn count(&mut self, r: Refusal) -> u64 {
         let c = match r {
             Refusal::Unproved => &mut self.unproved,
+            Refusal::Replayed => &mut self.replayed,
             Refusal::BadHello => &mut self.bad_hello,
             Refusal::RingTooLarge => &mut self.ring_too_large,
             Refusal::PendingFull => &mut self.pending_full,
@@ -203,6 +212,7 @@ pub struct OrdersListener {
     cfg: OrdersConfig,
     key: auth::Key,
     cookies: CookieJar,
+    replays: ReplayGuard,
     pending: Vec<Pending>,
     /// The addresses of `pending`, rebuilt for each request's admission.
     pending_ips: Vec<IpAddr>,
@@ -224,7 +234,7 @@ impl std::fmt::Debug for OrdersListener {
 
 impl OrdersListener {
     /// Listens on `addr`.
-    pub fn bind(addr: SocketAddr, cfg: OrdersConfig) -> Result<Self, OrdersError> {
+    pub fn bind(cfg: OrdersConfig, addr: SocketAddr) -> Result<Self, OrdersError> {
         cfg.validate().map_err(OrdersError::Config)?;
         let activity = match cfg.fanin_slots {
             0 => None,
@@ -238,6 +248,7 @@ impl OrdersListener {
             pending_ips: Vec::with_capacity(cfg.max_pending_handshakes),
             // A cookie lives one to two handshake times.
             cookies: CookieJar::new(cfg.connect_timeout_ms.max(1) * 1_000_000),
+            replays: ReplayGuard::new(cfg.request_max_age_ms * 1_000_000, REPLAY_GUARD_CAPACITY),
             peers: Arc::new(Mutex::new(HashMap::new())),
             stats: ListenerStats::default(),
             cfg,
@@ -277,6 +288,7 @@ impl OrdersListener {
     pub fn refused(&self) -> u64 {
         let s = self.stats;
         s.unproved
+            + s.replayed
             + s.bad_hello
             + s.ring_too_large
             + s.pending_full
@@ -346,7 +358,16 @@ impl OrdersListener {
     /// proved knowledge of the secret gets (no reason, no nonce, no proof,
     /// nothing that names this listener's queue pairs or rings).
     fn silence(&mut self, req: cm::ConnectRequest, detail: &dyn std::fmt::Display) {
-        self.refuse(Refusal::Unproved, &req.peer(), detail);
+        self.silence_for(req, Refusal::Unproved, detail);
+    }
+
+    fn silence_for(
+        &mut self,
+        req: cm::ConnectRequest,
+        why: Refusal,
+        detail: &dyn std::fmt::Display,
+    ) {
+        self.refuse(why, &req.peer(), detail);
         let _ = req.reject(&[]);
     }
 
@@ -374,6 +395,21 @@ impl OrdersListener {
             self.silence(req, &"no valid proof of the token");
             return Ok(());
         };
+        // A first proof answered before, or too old or too new to tell from
+        // one: silence, before the cookie (a replay costs nothing at all).
+        let (ni, made) = (theirs.nonce(), auth::nonce_time(&theirs.nonce()));
+        let wall = crate::clock::Wall::now().as_nanos();
+        if let Err(r) = self.replays.check(&ni, made, wall) {
+            let detail = match r {
+                Replay::Seen => "a connect request answered before (a replay)",
+                Replay::TooOld => "a connect request made too long ago (request_max_age_ms)",
+                Replay::FromTheFuture => {
+                    "a connect request made in the future (clocks differ by more than request_max_age_ms)"
+                }
+            };
+            self.silence_for(req, Refusal::Replayed, &detail);
+            return Ok(());
+        }
         // Proved: from here on the peer may be told why it is refused.
         if let Err(e) = check_hello(&peer, &theirs.hello, &self.cfg) {
             let why = match e {
@@ -396,10 +432,7 @@ impl OrdersListener {
         let room = match verdict {
             Admit::SendCookie => {
                 self.stats.cookies_sent += 1;
-                let reply = CookieReply {
-                    magic: COOKIE_MAGIC.into(),
-                    cookie: self.cookies.mint(&ip, now),
-                };
+                let reply = CookieReply::new(self.cookies.mint(&ip, now));
                 let _ = req.reject(reply.as_bytes());
                 return Ok(());
             }
@@ -446,7 +479,6 @@ impl OrdersListener {
         let flags = if grant.is_some() { FLAG_FANIN } else { 0 };
         let mine = hello(&self.cfg, &res.ring, flags);
         let hctx = handshake_context_with(&theirs.hello, &mine, grant.as_ref());
-        let ni = theirs.nonce();
         let (responder, tr) = Responder::new(self.key.clone(), ni, hctx.as_bytes());
         let reply = AcceptHello {
             hello: mine,
@@ -471,19 +503,23 @@ impl OrdersListener {
             Access::REMOTE_WRITE,
             &reply_bytes[..reply_len],
         ) {
-            Ok(a) => self.pending.push(Pending {
-                stage: Some(Stage::Accepting(a)),
-                res,
-                theirs: theirs.hello,
-                responder,
-                ctx: hctx,
-                binding,
-                peer,
-                ip,
-                slot,
-                fanin: granted,
-                deadline: Instant::now() + Duration::from_millis(self.cfg.connect_timeout_ms),
-            }),
+            Ok(a) => {
+                // Answered: this first proof is spent.
+                self.replays.record(&ni, made, wall);
+                self.pending.push(Pending {
+                    stage: Some(Stage::Accepting(a)),
+                    res,
+                    theirs: theirs.hello,
+                    responder,
+                    ctx: hctx,
+                    binding,
+                    peer,
+                    ip,
+                    slot,
+                    fanin: granted,
+                    deadline: Instant::now() + Duration::from_millis(self.cfg.connect_timeout_ms),
+                })
+            }
             // This one request failed (its id may be reset by the peer's
             // reject); local resources were made above.
             Err(e) => self.refuse(Refusal::HandshakeFailed, &peer, &e),
@@ -581,14 +617,10 @@ pub fn first_proof(
 ) -> Option<bool> {
     let ni = theirs.nonce();
     let hello = theirs.hello.as_bytes();
-    if theirs.hello.flags.get() & FLAG_COOKIE == 0 {
-        return auth::check_first_proof(key, &ni, hello, &[], &theirs.proof).then_some(false);
-    }
-    cookies
-        .valid(ip, now)
-        .iter()
-        .any(|c| auth::check_first_proof(key, &ni, hello, c, &theirs.proof))
-        .then_some(true)
+    let claims = theirs.hello.flags.get() & FLAG_COOKIE != 0;
+    cookies.proved(ip, now, claims, |c| {
+        auth::check_first_proof(key, &ni, hello, c, &theirs.proof)
+    })
 }
 
 #[cfg(test)]

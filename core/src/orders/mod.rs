@@ -8,9 +8,9 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let cfg = OrdersConfig { token: "s3cret".into(), ..OrdersConfig::default() };
 //! // Gateway side:
-//! let mut listener = OrdersListener::bind("198.18.0.1:7470".parse()?, cfg.clone())?;
+//! let mut listener = OrdersListener::bind(cfg.clone(), "198.18.0.1:7470".parse()?)?;
 //! // Engine side (another process or host):
-//! let mut conn = Connection::connect("198.18.0.1:7470".parse()?, &cfg)?;
+//! let mut conn = Connection::connect(&cfg, "198.18.0.1:7470".parse()?)?;
 //! let mut orders = conn.publication(1);
 //! let mut claim = orders.try_claim(7, 64)?; // message type 7, 64 bytes, in registered memory
 //! claim.copy_from_slice(&[0u8; 64]);
@@ -37,7 +37,7 @@
 //! ```compile_fail,E0499
 //! # use rocebus::orders::{Connection, OrdersConfig};
 //! #
-//! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default()).unwrap();
+//! # let mut conn = Connection::connect(&OrdersConfig::default(), "198.18.0.1:7470".parse().unwrap()).unwrap();
 //! let mut orders = conn.publication(1);
 //! let claim = orders.try_claim(7, 64).unwrap();
 //! conn.flush().unwrap(); // error: `conn` is already borrowed by `orders`, which `claim` holds
@@ -47,7 +47,7 @@
 //! ```compile_fail,E0499
 //! # use rocebus::orders::{Connection, OrdersConfig};
 //! #
-//! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default()).unwrap();
+//! # let mut conn = Connection::connect(&OrdersConfig::default(), "198.18.0.1:7470".parse().unwrap()).unwrap();
 //! let mut orders = conn.publication(1);
 //! let claim = orders.try_claim(7, 64).unwrap();
 //! orders.flush().unwrap(); // error: `orders` is already borrowed by `claim`
@@ -60,7 +60,7 @@
 //! ```compile_fail,E0499
 //! # use rocebus::orders::{Connection, OrdersConfig};
 //! #
-//! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default()).unwrap();
+//! # let mut conn = Connection::connect(&OrdersConfig::default(), "198.18.0.1:7470".parse().unwrap()).unwrap();
 //! let claim = conn.try_claim(1, 7, 64).unwrap();
 //! conn.subscription().poll(|_| {}, 16).unwrap(); // error: `conn` is already borrowed by `claim`
 //! claim.commit();
@@ -72,7 +72,7 @@
 //! ```no_run
 //! # use rocebus::orders::{Connection, OrdersConfig};
 //! #
-//! # let mut conn = Connection::connect("198.18.0.1:7470".parse().unwrap(), &OrdersConfig::default()).unwrap();
+//! # let mut conn = Connection::connect(&OrdersConfig::default(), "198.18.0.1:7470".parse().unwrap()).unwrap();
 //! let mut orders = conn.publication(1);
 //! let claim = orders.try_claim(7, 64).unwrap();
 //! claim.commit();
@@ -106,4 +106,4 @@ pub use connection::{
 pub use fanin::{ConnId, ConnectionSet, FanIn, SetError, SetStats};
 pub use listener::{first_proof, ListenerStats, OrdersListener};
 pub use publication::{Claim, OfferError, Publication};
-pub use subscription::{Frame, Subscription};
+pub use subscription::{Frame, OrdersEvent, Subscription};

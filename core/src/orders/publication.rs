@@ -16,14 +16,20 @@ pub enum OfferError {
     #[error("back-pressured: the peer's ring is full")]
     BackPressured,
     /// Larger than the connection's maximum payload.
-    #[error("message larger than max_payload")]
-    TooLarge,
-    /// The message type is reserved.
-    #[error("message type reserved for rocebus")]
+    #[error("payload of {len} bytes exceeds the connection's maximum of {max}")]
+    TooLarge {
+        /// Requested.
+        len: usize,
+        /// Allowed (the smaller of the two sides' `max_payload`).
+        max: usize,
+    },
+    /// The message type is in [`crate::RESERVED_TYPES`].
+    #[error("message type reserved for rocebus (0xFF00..=0xFFFF)")]
     ReservedType,
-    /// The connection is lost.
+    /// The connection is lost (the same reason [`Subscription::poll`](super::Subscription::poll)
+    /// returns as [`OrdersError::PeerLost`](super::OrdersError::PeerLost)).
     #[error("connection lost: {0}")]
-    Lost(PeerLost),
+    PeerLost(PeerLost),
 }
 
 /// Sends on one stream of a connection. Made by
@@ -105,19 +111,22 @@ impl Connection {
         len: usize,
     ) -> Result<Claim<'_>, OfferError> {
         if let Some(l) = self.link.lost {
-            return Err(OfferError::Lost(l));
+            return Err(OfferError::PeerLost(l));
         }
         match self.send.tx.claim(stream_id, msg_type, len, &self.ring) {
             Ok(()) => Ok(Claim { conn: self, len }),
-            Err(e) => Err(self.refused(e)),
+            Err(e) => Err(self.refused(e, len)),
         }
     }
 
     /// Counts and converts a refused claim.
     #[cold]
-    fn refused(&mut self, e: ClaimRefused) -> OfferError {
+    fn refused(&mut self, e: ClaimRefused, len: usize) -> OfferError {
         match e {
-            ClaimRefused::TooLarge => OfferError::TooLarge,
+            ClaimRefused::TooLarge => OfferError::TooLarge {
+                len,
+                max: self.send.tx.state().max_payload(),
+            },
             ClaimRefused::ReservedType => OfferError::ReservedType,
             ClaimRefused::BackPressured => {
                 self.stats.back_pressured += 1;
@@ -136,13 +145,13 @@ impl Connection {
         payload: &[u8],
     ) -> Result<(), OfferError> {
         if let Some(l) = self.link.lost {
-            return Err(OfferError::Lost(l));
+            return Err(OfferError::PeerLost(l));
         }
         // Claim, copy and seal in one go (`Sender::offer`): what a claim
         // that is filled and committed at once amounts to.
         match self.send.tx.offer(stream_id, msg_type, payload, &self.ring) {
             Ok(_) => Ok(()),
-            Err(e) => Err(self.refused(e)),
+            Err(e) => Err(self.refused(e, payload.len())),
         }
     }
 }
@@ -190,6 +199,11 @@ impl Claim<'_> {
         // The sender counts the frame and its bytes (`Connection::stats`).
         self.conn.send.tx.commit();
     }
+
+    /// Abandons the frame: nothing is sent and the next claim takes its room
+    /// (what dropping the claim does; this says so at the call site).
+    #[inline]
+    pub fn abort(self) {}
 }
 
 impl std::ops::Deref for Claim<'_> {

@@ -24,6 +24,19 @@ pub struct Frame<'a> {
 /// Receives everything the peer sends on a connection. Made by
 /// [`Connection::subscription`]; it borrows the connection mutably for as
 /// long as it lives.
+///
+/// Publish and poll, the shape of every rocebus transport:
+///
+/// ```no_run
+/// # use rocebus::orders::{Connection, OrdersConfig};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let cfg = OrdersConfig { token: "s3cret".into(), ..OrdersConfig::default() };
+/// let mut conn = Connection::connect(&cfg, "198.18.0.1:7470".parse()?)?;
+/// conn.publication(1).offer_and_flush(7, b"order")?; // stream 1, message type 7
+/// conn.subscription().poll(|f| println!("type {} {} B", f.msg_type, f.payload.len()), 16)?;
+/// while let Some(event) = conn.poll_event() { println!("{event:?}"); } // the peer lost, once
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Subscription<'c> {
     conn: &'c mut Connection,
@@ -77,6 +90,31 @@ impl<'c> Subscription<'c> {
             conn.check_cm().map_err(OrdersError::PeerLost)?;
         }
         Ok(delivered)
+    }
+}
+
+/// What happened to a connection ([`Connection::poll_event`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OrdersEvent {
+    /// The peer is gone for good: the same reason `poll` returns as
+    /// [`OrdersError::PeerLost`] and `offer`/`flush` as
+    /// [`OfferError::PeerLost`](super::OfferError::PeerLost).
+    PeerLost(PeerLost),
+}
+
+impl Connection {
+    /// The next lifecycle event, once each: the loss of the peer (noticed
+    /// by a poll, a flush or an offer). An application that handles errors
+    /// where they are returned may ignore it; one that drives several
+    /// transports alike reads it after each turn's polls, as on ipc and
+    /// market data.
+    pub fn poll_event(&mut self) -> Option<OrdersEvent> {
+        let lost = self.lost()?;
+        if std::mem::replace(&mut self.loss_reported, true) {
+            return None;
+        }
+        Some(OrdersEvent::PeerLost(lost))
     }
 }
 

@@ -305,36 +305,9 @@ impl ConnectHello {
 }
 
 /// [`Hello::flags`] bit of a connect request: its proof covers the cookie
-/// of a [`CookieReply`] (the cookie itself does not travel again: the
+/// of a [`CookieReply`](crate::admission::CookieReply) (the cookie itself does not travel again: the
 /// listener recomputes it from the request's address and the time).
 pub const FLAG_COOKIE: u16 = 2;
-
-/// Magic of a [`CookieReply`] ("RBC1").
-pub const COOKIE_MAGIC: u32 = u32::from_le_bytes(*b"RBC1");
-
-/// The private data of a reject that asks for a cookie: a listener under
-/// load answers a proved request it has no slot-free pass for with this,
-/// and keeps nothing. The initiator connects again with [`FLAG_COOKIE`]
-/// and its proof over `cookie`. 20 bytes. The cookie is keyed by a random
-/// key of the listener, not by the shared secret
-/// ([`crate::admission::CookieJar`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
-#[repr(C)]
-pub struct CookieReply {
-    /// [`COOKIE_MAGIC`].
-    pub magic: U32,
-    /// The cookie, bound to the initiator's address and the time.
-    pub cookie: crate::admission::Cookie,
-}
-const _: () = assert!(std::mem::size_of::<CookieReply>() == 20);
-
-impl CookieReply {
-    /// The cookie in a reject's private data, if it is a cookie reply.
-    pub fn parse(data: &[u8]) -> Option<crate::admission::Cookie> {
-        let (r, _) = CookieReply::read_from_prefix(data).ok()?;
-        (r.magic.get() == COOKIE_MAGIC).then_some(r.cookie)
-    }
-}
 
 /// The accept reply's private data, sent only to an initiator whose first
 /// proof checked out: the responder's hello, its nonce and its proof `Tr`
@@ -540,25 +513,6 @@ mod tests {
         0xa0, 0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, // proof
         0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf,
     ];
-
-    // A reject asking for a cookie: "RBC1", then the cookie.
-    static COOKIE_BYTES: [u8; 20] = [
-        b'R', b'B', b'C', b'1', 0xc0, 0xc1, 0xc2, 0xc3, 0xc4, 0xc5, 0xc6, 0xc7, 0xc8, 0xc9, 0xca,
-        0xcb, 0xcc, 0xcd, 0xce, 0xcf,
-    ];
-
-    #[test]
-    fn cookie_reply_fixed_bytes() {
-        let r = CookieReply {
-            magic: COOKIE_MAGIC.into(),
-            cookie: std::array::from_fn(|i| 0xc0 + i as u8),
-        };
-        assert_eq!(r.as_bytes(), &COOKIE_BYTES);
-        assert_eq!(CookieReply::parse(&COOKIE_BYTES), Some(r.cookie));
-        assert_eq!(CookieReply::parse(&COOKIE_BYTES[..19]), None);
-        assert_eq!(CookieReply::parse(b""), None, "a silent reject");
-        assert_eq!(CookieReply::parse(b"rocebus: too many connections"), None);
-    }
 
     #[test]
     fn hello_fixed_bytes_and_context() {

@@ -430,6 +430,16 @@ impl PooledQp {
     /// (from the GRH); on RC the source is meaningless (zero).
     pub fn poll_recv_from(
         &mut self,
+        f: impl FnMut(RecvSource, &[u8]),
+    ) -> Result<RecvPoll, PoolError> {
+        self.poll_recv_from_max(usize::MAX, f)
+    }
+
+    /// [`poll_recv_from`](Self::poll_recv_from), taking at most `max`
+    /// completions (a subscription's fragment limit).
+    pub fn poll_recv_from_max(
+        &mut self,
+        max: usize,
         mut f: impl FnMut(RecvSource, &[u8]),
     ) -> Result<RecvPoll, PoolError> {
         if self.recv_slots == 0 {
@@ -438,7 +448,8 @@ impl PooledQp {
                 low: false,
             });
         }
-        let n = self.qp.recv_cq().poll(&mut self.wcs)?;
+        let batch = max.min(self.wcs.len());
+        let n = self.qp.recv_cq().poll(&mut self.wcs[..batch])?;
         let mut received = 0;
         for i in 0..n {
             let w = &self.wcs[i];

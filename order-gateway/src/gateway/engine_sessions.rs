@@ -16,8 +16,9 @@
 //! [`EngineSessions::poll_timeout`] says when the next one is due and
 //! [`EngineSessions::poll_due`] hands out those that are.
 //!
-//! The engine's live link (its heartbeats and silence, its response backlog) is the
-//! service's, which owns the connection. Must not touch sockets or files.
+//! The engine's live link (its heartbeats and silence, its response backlog, the logon
+//! timeout) is [`EngineLinks`](super::EngineLinks)': live-only, on `Mono` time, owned by
+//! the service with the connection. Must not touch sockets or files.
 
 use std::collections::VecDeque;
 

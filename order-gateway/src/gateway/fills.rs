@@ -229,7 +229,7 @@ impl Gateway {
     ///   the order's and `on_trade` drops it as a duplicate.
     /// - OrdStatus final: the order is closed as the matching report would (Canceled with
     ///   what was left open; Rejected as a venue reject). A cancel or replace still pending
-    ///   on an order the answer closes is answered too: a cancel by that Canceled, anything
+    ///   on an order the answer closes, or on one already final here, is answered too: a cancel by that Canceled, anything
     ///   else refused (`VenueCancelReject`). The answer stands for reports the venue may
     ///   never send again (those before a sequence reset), its answer to the change among
     ///   them; should that answer come after all, it is late (counted, not forwarded).
@@ -300,13 +300,20 @@ impl Gateway {
             self.execs.insert(oid, &key, (diff, px));
             let _ = self.on_trade(oid, diff, px, cum, trade_leaves, out);
         }
-        if !is_final || was_done {
+        if !is_final {
             return;
         }
         let Some(o) = self.book.get_mut(oid) else {
             return;
         };
-        if o.status != OrderStatus::Done {
+        // An order already final here (its fill or cancel read before this answer) is not
+        // closed again, but a change still pending on it is answered below all the same: a
+        // final OrdStatus means no change can take effect any more, whichever came first,
+        // the report that closed the order or this answer. Returning early here left the
+        // change pending for ever when the venue never got it (simulator seed 404219: the
+        // cancel's MsgSeqNum lost in a crash, the venue's ResendRequest for it lost before
+        // its Logon; the status answer came after the resent fill).
+        if !was_done && o.status != OrderStatus::Done {
             if ord_status == b"8" {
                 // Rejected while we took it for live: as a venue reject (which answers a
                 // pending change too).
@@ -314,7 +321,8 @@ impl Gateway {
             }
             self.close_canceled(oid, out);
         }
-        // Closed by this answer (a fill of the rest above, or the close just made).
+        // Closed by this answer (a fill of the rest above, or the close just made), or final
+        // before it.
         let Some(o) = self.book.get_mut(oid) else {
             return;
         };

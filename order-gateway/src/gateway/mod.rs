@@ -13,8 +13,11 @@
 //!   with its own snapshot;
 //! - [`RiskEngine`] (`crate::risk`): checks, accounting, throttles.
 //!
-//! The engine's live link (heartbeats, silence, its response backlog) is the service's, the
-//! journal's retry timers are [`crate::journal_health::JournalHealth`]'s.
+//! Beside them, not inside [`Gateway`]: [`EngineLinks`] (`engine_link.rs`), the engines'
+//! live links (connections waiting for their logon and the logon timeout, heartbeats,
+//! silence, the response backlog and its cap), owned by the service, which owns the
+//! connections: live-only state on [`rocebus::clock::Mono`] time that replay never sees.
+//! The journal's retry timers are [`crate::journal_health::JournalHealth`]'s.
 //!
 //! # The one contract
 //! Every machine here, and the gateway they make up, follows quinn-proto's `Connection`
@@ -24,7 +27,8 @@
 //!   [`Gateway::on_fix_bytes`], [`Gateway::on_engine_logon`], [`Gateway::on_timer`], ...);
 //!   none of them reads a clock, touches a socket or a file;
 //! - **outputs out**: what must leave goes into an [`Outputs`] (or is taken with a `poll_*`
-//!   call, [`EngineSessions::poll_due`], [`crate::journal_health::JournalHealth::poll_probe`]);
+//!   call, [`EngineSessions::poll_due`], [`EngineLinks::poll_output`],
+//!   [`crate::journal_health::JournalHealth::poll_probe`]);
 //! - **time**: `poll_timeout()` says when the machine next needs a timer call, in the time
 //!   type of its deadlines (see below); the shell calls the timer entry point at or after it;
 //! - **time values**: [`rocebus::clock::Now`] is read **once per loop turn** by the I/O
@@ -40,6 +44,16 @@
 //! `Outputs::journal` to the [`crate::journal::Journal`], then send `Outputs::fix` to the
 //! venue, then deliver `Outputs::engine` (then `Outputs::info`). Nothing leaves before the
 //! journal holds it.
+//!
+//! The engines' live links ride the same turn: each engine frame is also
+//! [`EngineLinks::handle_frame`]; delivering a response is [`EngineLinks::queue_response`],
+//! and the shell offers what [`EngineLinks::poll_response`] hands out, reporting each
+//! offer's outcome ([`EngineLinks::handle_offered`]); engines the gateway cut off
+//! ([`Outputs::kick`]) are [`EngineLinks::handle_cut_off`]. When
+//! [`EngineLinks::poll_timeout`] is due the shell calls [`EngineLinks::handle_timeout`],
+//! then carries out every [`EngineLinks::poll_output`]: heartbeats, closes, and disconnects,
+//! each of which is fed back here as [`Gateway::on_engine_disconnect`] (its
+//! cancel-on-disconnect) and flushed in the same turn.
 //!
 //! # Replay, and a replicated log
 //! Recovery feeds every journal record back through [`Gateway::replay_record`], which applies
@@ -87,6 +101,7 @@ use crate::risk::{RiskConfig, RiskConfigError, RiskEngine};
 
 mod engine;
 mod engine_frame;
+mod engine_link;
 mod engine_sessions;
 mod fills;
 pub mod holes;
@@ -97,6 +112,10 @@ mod recovery;
 mod venue;
 
 pub use engine_frame::EngineFrame;
+pub use engine_link::{
+    Admission, CloseReason, ConnId, DisconnectReason, EngineLinks, LinkConfig, LinkCounters,
+    LinkOutput, Offered,
+};
 pub use engine_sessions::{EngineSessions, MalformedVerdict};
 use order_book::Change;
 pub use order_book::{Order, OrderBook, OrderStatus};

@@ -55,6 +55,13 @@ pub struct Order {
     pub(super) pending: Option<(u64, Change)>,
 }
 
+impl Order {
+    /// A cancel or replace of this order is in flight (unanswered by the venue).
+    pub fn has_pending_change(&self) -> bool {
+        self.pending.is_some()
+    }
+}
+
 /// The orders of the day and their indexes.
 #[derive(Debug)]
 pub struct OrderBook {

@@ -1406,6 +1406,48 @@ fn a_final_status_answer_answers_the_pending_cancel_or_replace() {
     }
 }
 
+/// Simulator seed 404219: a cancel the venue never got (its MsgSeqNum lost in a crash, the
+/// venue's ResendRequest for it lost too) on an order in doubt; the resent fill closes the
+/// order before the logon's status answer, which says Filled. The answer still answers the
+/// cancel (refused: nothing can cancel a filled order), exactly as when it comes before the
+/// fill; the gateway no longer keeps the cancel pending for ever. Replays the same.
+#[test]
+fn a_final_status_answer_after_the_closing_report_answers_the_pending_cancel() {
+    let (mut gw, mut v, mut out) = active();
+    let id = acked_order(&mut gw, &mut v, &mut out, 1, 100);
+    gw.on_engine_message(
+        1,
+        zerocopy::IntoBytes::as_bytes(&Cancel::new(1)),
+        T0,
+        &mut out,
+    );
+    assert_eq!(gw.unacknowledged(), (0, 1));
+    gw.on_fix_bytes(
+        &v.exec(id, "f", b"F", 100, "100", 100, 0, &[]),
+        T0,
+        &mut out,
+    );
+    assert_eq!(gw.order(1, 1).unwrap().status, OrderStatus::Done);
+    fresh(&mut out);
+    gw.on_fix_bytes(
+        &status_answer(&mut v, id, b"2", 100, 0, "100"),
+        T0,
+        &mut out,
+    );
+    assert_eq!(
+        answers(&out),
+        [(1, msg_type::CANCEL, Some(RejectReason::VenueCancelReject))]
+    );
+    assert!(fills(&out).is_empty(), "the fill was applied once");
+    assert_eq!(gw.unacknowledged(), (0, 0));
+    assert!(gw.order(1, 1).unwrap().pending.is_none());
+    assert_eq!(gw.risk().position(7, aapl()), 100);
+    let r = replay(&out.journal);
+    same_state(&r, &gw);
+    assert_eq!(r.unacknowledged(), (0, 0));
+    assert_eq!(r.last_response_seq(1), gw.last_response_seq(1));
+}
+
 /// A status answer whose CumQty is below what the gateway applied is counted and changes
 /// nothing, not even a final OrdStatus.
 #[test]

@@ -2,13 +2,14 @@
 //!
 //! [`RiskEngine`] is a pure state machine: the gateway feeds it orders, fills, reference
 //! prices, halts and the time (`now`, nanoseconds since the UNIX epoch) and it answers
-//! accept or a [`RejectReason`]. It keeps the accounting every rule needs (open and executed
-//! notional, positions with open quantity per side, open-order counts, throttle windows) and
-//! never does I/O. Symbols are fixed-size keys ([`Symbol`]), so the check path hashes 8 bytes
-//! and does not allocate except when a symbol is first seen on an account. The maps use
-//! FxHash (`rustc-hash`), not SipHash: keys are integers and symbols from our own config and
-//! engines, hashing is on the per-order path, and flooding resistance buys nothing here
-//! (an engine that floods is stopped by the throttle and its token).
+//! accept or a [`RejectReason`](crate::proto::RejectReason). It keeps the accounting every
+//! rule needs (open and executed notional, positions with open quantity per side,
+//! open-order counts, throttle windows) and never does I/O. Symbols are fixed-size keys
+//! ([`Symbol`]), so the check path hashes 8 bytes and does not allocate except when a
+//! symbol is first seen on an account. The maps use FxHash (`rustc-hash`), not SipHash:
+//! keys are integers and symbols from our own config and engines, hashing is on the
+//! per-order path, and flooding resistance buys nothing here (an engine that floods is
+//! stopped by the throttle and its token).
 //!
 //! Every check fails closed: an unknown account, a missing or stale reference price, a time
 //! outside the window all reject.

@@ -487,14 +487,20 @@ impl SimDisk {
     /// promised and that is no longer what it promised (bytes written since are not
     /// promised), if any.
     pub fn broken_promise(&self, path: &Path) -> Option<u64> {
+        self.broken_promise_in(path, 0, u64::MAX)
+    }
+
+    /// [`SimDisk::broken_promise`] over bytes `from..to` only.
+    pub fn broken_promise_in(&self, path: &Path, from: u64, to: u64) -> Option<u64> {
         let s = self.state();
         let ino = *s.fs.names.get(path)?;
         let node = &s.fs.inodes[ino];
         let upto = node
             .promised
             .len()
-            .min(node.cut_since_sync.map_or(usize::MAX, |c| c as usize));
-        (0..upto)
+            .min(node.cut_since_sync.map_or(usize::MAX, |c| c as usize))
+            .min(usize::try_from(to).unwrap_or(usize::MAX));
+        (usize::try_from(from).unwrap_or(usize::MAX).min(upto)..upto)
             .find(|&i| {
                 !node.since_sync.get(i).copied().unwrap_or(false)
                     && node.cache.get(i) != Some(&node.promised[i])
@@ -917,4 +923,51 @@ pub fn damage_archive_records(
             "a corrupt byte at {at} of archived segment {n}"
         )))
     }
+}
+
+/// The oracle for archived segments (`PATH.N`, as a restart sees the names, leaving out a
+/// name of the current file): a header whose promised bytes changed (a misdirected page
+/// write that landed on its first page, visible once a power loss drops the page cache).
+///
+/// An archive was fully synced before its rotation (the seal's superblock claims its whole
+/// length, fdatasync'ed before the rename), so every byte of it is inside the durable
+/// extent, and the start reads its header to check the chain of segments. Its magic
+/// changed, or both superblock copies changed: damage inside the durable extent that the
+/// start must refuse, naming the file (simulator seed 497354: the oracle looked at the
+/// current file's promises only and called the journal's correct refusal of such an archive
+/// a refusal of damage past the durable point). Other header bytes changed (one copy, or
+/// bytes no check covers): the start may refuse or accept. Changed records of an archive
+/// are not read by the start, which must accept them ([`damage_archive_records`]).
+pub fn archive_header_damage(disk: &SimDisk, path: &Path) -> Option<Damage> {
+    use crate::journal::HEADER_LEN;
+    /// The magic, then the two superblock copies' slots (`journal`'s SLOTS: 64 and 512).
+    const MAGIC: (u64, u64) = (0, 8);
+    const COPIES: [(u64, u64); 2] = [(64, 512), (512, HEADER_LEN)];
+    let current = disk.id(path);
+    let mut found: Option<Damage> = None;
+    for n in 1.. {
+        let mut p = path.as_os_str().to_owned();
+        p.push(format!(".{n}"));
+        let archive = PathBuf::from(p);
+        if !disk.exists(&archive) {
+            break;
+        }
+        if current.is_some() && disk.id(&archive) == current {
+            continue;
+        }
+        let Some(at) = disk.broken_promise_in(&archive, 0, HEADER_LEN) else {
+            continue;
+        };
+        let gone = |(a, b): (u64, u64)| disk.broken_promise_in(&archive, a, b).is_some();
+        if gone(MAGIC) || COPIES.iter().all(|&c| gone(c)) {
+            return Some(Damage::MustRefuse(format!(
+                "archived segment {n}'s header overwritten from byte {at} (a misdirected \
+                 write), inside its durable extent"
+            )));
+        }
+        found.get_or_insert(Damage::MayRefuse(format!(
+            "archived segment {n}'s header changed at byte {at}, one superblock copy left"
+        )));
+    }
+    found
 }

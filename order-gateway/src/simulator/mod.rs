@@ -37,7 +37,7 @@
 //!   an outage starts: every journal operation of one kind — write, fsync, rename, link or
 //!   directory sync — fails with EIO or ENOSPC for 1–30 steps (rename, link and directory
 //!   sync, which only a rotation does: 1–150), through
-//!   [`StorageFaults`], a hook the journal calls before each
+//!   [`StorageFaults`](crate::journal::StorageFaults), a hook the journal calls before each
 //!   file operation. The operation fails before it touches the file (what the kernel wrote
 //!   or dropped after a failed fsync is not modelled: see below). Counted per failed
 //!   operation. The seed-specific regression tests of phase A run without them.
@@ -1107,6 +1107,14 @@ impl World {
             (None, Some(at)) => Damage::MayRefuse(format!("the header changed at byte {at}")),
             (None, None) => Damage::Cuttable,
         };
+        // The archives' promises too: damage inside an archive's header is inside the
+        // durable extent (`disk::archive_header_damage` says why).
+        let damage = match (damage, disk::archive_header_damage(&self.disk, &self.path)) {
+            (d @ Damage::MustRefuse(_), _) | (d, None) => d,
+            (Damage::MayRefuse(_), Some(a @ Damage::MustRefuse(_))) => a,
+            (d @ Damage::MayRefuse(_), Some(_)) => d,
+            (Damage::Cuttable, Some(a)) => a,
+        };
         self.report.restarts += 1;
         // An outage ends at a restart (a start that fails on I/O errors, and is restarted
         // until the disk works, is not simulated).
@@ -1273,13 +1281,13 @@ impl World {
             let net = self.net.borrow();
             let mut stuck: Vec<String> = gw
                 .orders()
-                .filter(|(_, o)| o.status != OrderStatus::Done)
+                .filter(|(_, o)| o.status != OrderStatus::Done || o.has_pending_change())
                 .map(|(id, o)| {
                     let at_venue = net
                         .record
                         .cl_ord_ids
                         .contains(o.venue_cl_ord_id.to_string().as_bytes());
-                    format!("{id} ({:?}, venue has it: {at_venue})", o.status)
+                    format!("{id} ({o:?}, venue has it: {at_venue})")
                 })
                 .collect();
             stuck.sort();

@@ -214,11 +214,11 @@ impl Net {
 pub struct SimLink(pub Rc<RefCell<Net>>);
 
 impl VenueLink for SimLink {
-    fn open(&mut self) -> io::Result<()> {
+    fn open(&mut self, mono: rocebus::clock::Mono) -> io::Result<()> {
         let mut n = self.0.borrow_mut();
         n.cut();
         n.up = true;
-        n.venue.open()
+        n.venue.open(mono)
     }
 
     fn close(&mut self) {
@@ -253,7 +253,7 @@ impl VenueLink for SimLink {
         }
     }
 
-    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+    fn write_all(&mut self, bytes: &[u8], mono: rocebus::clock::Mono) -> io::Result<()> {
         let mut n = self.0.borrow_mut();
         if !n.up {
             return Err(io::ErrorKind::NotConnected.into());
@@ -271,7 +271,7 @@ impl VenueLink for SimLink {
         }
         let now = n.now;
         n.venue.set_now(now);
-        n.venue.write_all(bytes)?;
+        n.venue.write_all(bytes, mono)?;
         n.carry_replies();
         Ok(())
     }

@@ -40,7 +40,7 @@ pub const CM_CHECK_NS: u64 = 1_000_000;
 /// waits little.
 pub(super) const CM_STEP_NS: u64 = 50_000;
 
-pub use crate::clock::now_ns;
+pub(crate) use crate::clock::now_ns;
 
 pub(super) fn channel_of(cfg: &McastConfig, channel: u16) -> Result<&ChannelConfig, NetError> {
     let ch = cfg.channel(channel).ok_or(NetError::NoChannel(channel))?;

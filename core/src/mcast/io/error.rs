@@ -23,7 +23,7 @@ pub enum NetError {
     #[error(transparent)]
     Pool(#[from] PoolError),
     /// The message was refused
-    /// ([`McastPublisher::publish_and_flush`](super::McastPublisher::publish_and_flush)).
+    /// ([`McastPublisher::offer_and_flush`](super::McastPublisher::offer_and_flush)).
     #[error(transparent)]
     Publish(#[from] PublishError),
     /// The publisher's answer to the recovery handshake was refused: it
@@ -64,10 +64,31 @@ pub enum NetError {
     },
 }
 
-/// Why [`McastPublisher::publish`](super::McastPublisher::publish) refused a message.
+/// Why a market-data publisher's `offer`/`try_claim` refused a message
+/// (as `OfferError` on the orders path and `IpcOfferError` on shared memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PublishError {
-    /// Larger than fits in a datagram.
-    #[error(transparent)]
-    Claim(#[from] ClaimError),
+    /// Larger than `max_message_bytes` (or one datagram when large messages
+    /// are off).
+    #[error("message of {len} bytes exceeds the maximum of {max}")]
+    TooLarge {
+        /// Requested.
+        len: usize,
+        /// Allowed.
+        max: usize,
+    },
+}
+
+impl From<ClaimError> for PublishError {
+    #[cold]
+    fn from(e: ClaimError) -> Self {
+        match e {
+            ClaimError::TooLarge { len, max } => PublishError::TooLarge { len, max },
+            // The I/O shells make room (flush) before every claim, so a full
+            // datagram never reaches them: it would be a message that fits
+            // in no datagram.
+            ClaimError::Full => PublishError::TooLarge { len: 0, max: 0 },
+        }
+    }
 }

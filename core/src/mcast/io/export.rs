@@ -72,11 +72,55 @@ impl SubscriberCountersExport {
         Ok(SubscriberCountersExport { counters })
     }
 
-    /// Stores the subscriber's current values.
-    pub fn update(&self, s: &McastSubscriber) {
+    /// Stores the subscriber's current values (a [`McastSubscriber`] or an
+    /// [`MdSubscriber`](crate::mcast::MdSubscriber) of either transport).
+    pub fn update(&self, s: &impl SubscriberStats) {
         let (c, io) = (s.counters(), s.io_stats());
         for (counter, field) in &self.counters {
             counter.set(field(&c, &io));
+        }
+    }
+}
+
+/// A subscriber whose counters [`SubscriberCountersExport`] publishes.
+pub trait SubscriberStats {
+    /// Protocol counters.
+    fn counters(&self) -> SubscriberCounters;
+    /// I/O counters (an RC fan-out subscriber fills those it has).
+    fn io_stats(&self) -> SubscriberIoStats;
+}
+
+impl SubscriberStats for McastSubscriber {
+    fn counters(&self) -> SubscriberCounters {
+        McastSubscriber::counters(self)
+    }
+    fn io_stats(&self) -> SubscriberIoStats {
+        McastSubscriber::io_stats(self)
+    }
+}
+
+impl SubscriberStats for crate::mcast::MdSubscriber {
+    fn counters(&self) -> SubscriberCounters {
+        crate::mcast::MdSubscriber::counters(self)
+    }
+    fn io_stats(&self) -> SubscriberIoStats {
+        match self {
+            crate::mcast::MdSubscriber::Multicast(s) => s.io_stats(),
+            crate::mcast::MdSubscriber::Rc(s) => {
+                let f = s.io_stats();
+                SubscriberIoStats {
+                    // One stream: its datagrams count as line A's.
+                    datagrams_a: f.datagrams,
+                    recovery_messages: f.recovery_frames,
+                    requests_sent: f.requests_sent,
+                    requests_dropped: f.requests_dropped,
+                    connections_lost: f.connections_lost,
+                    reconnects: f.reconnects,
+                    reconnect_failures: f.reconnect_failures,
+                    unanswered_links: f.silent_links,
+                    ..SubscriberIoStats::default()
+                }
+            }
         }
     }
 }

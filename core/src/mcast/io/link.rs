@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use super::common::{INLINE_MAX, RC_MSG_LEN};
 use super::error::NetError;
+use crate::admission::Cookie;
 use crate::auth::Key;
 use crate::mcast::backoff::Backoff;
-use crate::mcast::server::{Admission, ClientHandshake};
+use crate::mcast::server::{cookie_asked, Admission, ClientHandshake};
 use crate::verbs::cm::{self, Connection};
-use crate::verbs::{Dest, PoolConfig, PooledQp, ProtectionDomain, QpType, RcOptions};
+use crate::verbs::{Dest, PoolConfig, PooledQp, ProtectionDomain, QpType, RcOptions, VerbsError};
 
 /// The subscriber's recovery connection. Variant fields are dropped in
 /// order: the queue pair before the rdma_cm id it was connected through.
@@ -41,6 +42,18 @@ pub(super) fn admit(
         .map_err(|reason| NetError::Admission { publisher, reason })
 }
 
+/// The cookie a failed connect asks `handshake`'s retry to echo: the
+/// publisher was under load and answered our (proved) hello with a cookie
+/// reply; `None` for any other failure, and for the retry itself.
+pub(super) fn cookie_of(e: &VerbsError, handshake: &ClientHandshake) -> Option<Cookie> {
+    match e {
+        VerbsError::ConnectionRejected { private_data, .. } => {
+            cookie_asked(private_data, handshake.echoes_cookie())
+        }
+        _ => None,
+    }
+}
+
 /// Sends the proof as the connection's first message.
 pub(super) fn send_proof(rc: &mut PooledQp, admitted: &Admission) -> Result<(), NetError> {
     // A fresh connection's send ring is empty: the send is taken.
@@ -62,6 +75,23 @@ pub(super) struct Reconnect {
     /// Next look at connection management (attempt, handshake step, or
     /// disconnect check), and the wait after a failed attempt.
     pub(super) backoff: Backoff,
+}
+
+impl Reconnect {
+    /// Starts one connection attempt without waiting: a fresh queue pair, a
+    /// fresh handshake (over the publisher's `cookie` when it asked for
+    /// one), address resolution under way.
+    pub(super) fn start_attempt(&self, cookie: Option<&Cookie>) -> Result<Link, NetError> {
+        let rc = recovery_qp(&self.pd)?;
+        let connecting = cm::start_connect(self.publisher, Some(self.local), self.timeout)?;
+        let handshake =
+            ClientHandshake::with_cookie(self.key.clone(), self.channel, self.tags, cookie);
+        Ok(Link::Connecting {
+            rc,
+            connecting,
+            handshake,
+        })
+    }
 }
 
 pub(super) fn recovery_qp(pd: &Arc<ProtectionDomain>) -> Result<PooledQp, NetError> {

@@ -14,6 +14,7 @@ use super::common::{
 };
 use super::error::{NetError, PublishError};
 use super::recovery::{send_answers, RecoveryIo};
+use crate::clock::Mono;
 use crate::mcast::config::McastConfig;
 use crate::mcast::publisher::{Output, PublisherState};
 use crate::mcast::repair::RepairCounters;
@@ -21,6 +22,7 @@ use crate::mcast::schedule::{SendSchedule, Transmit};
 use crate::mcast::server::{RecoveryServer, ServerConfig};
 use crate::mcast::snapshot::Snapshot;
 use crate::mcast::status::{PublisherEvent, SubscriberRow};
+use crate::mcast::transport::MdClaim;
 use crate::mcast::wire::{Line, Welcome};
 use crate::verbs::cm::{self, Listener, McastMembership};
 use crate::verbs::{
@@ -55,6 +57,10 @@ pub struct PublisherIoStats {
     /// reached, or the hello was not for this channel with the same
     /// datagram-tag setting.
     pub connections_refused: u64,
+    /// Proved connect requests answered a cookie to echo
+    /// (`recovery_server.cookie_when_pending` handshakes in progress):
+    /// nothing was kept for them.
+    pub cookies_sent: u64,
     /// Connections dropped because their first message was not a valid
     /// proof of the shared secret (a wrong secret or a replayed handshake).
     pub auth_failures: u64,
@@ -259,6 +265,7 @@ impl McastPublisher {
             snapshots_served: k.snapshots_served,
             requests_dropped: k.requests_dropped,
             connections_refused: k.connections_refused + k.connections_unproved,
+            cookies_sent: k.cookies_sent,
             auth_failures: k.auth_failures,
             handshake_timeouts: k.handshake_timeouts,
             requests_rate_limited: k.requests_rate_limited,
@@ -328,26 +335,28 @@ impl McastPublisher {
     ///
     /// A message larger than one datagram (up to `max_message_bytes`) is
     /// sealed as fragment datagrams at once and sent as pacing allows, here
-    /// and in later polls: publish the next one once
+    /// and in later polls: offer the next one once
     /// [`unsent_datagrams`](Self::unsent_datagrams) is small, or a history
     /// smaller than the backlog overwrites fragments before they are sent.
-    pub fn publish(&mut self, now: u64, msg: &[u8]) -> Result<u64, PublishError> {
+    pub fn offer(&mut self, now: Mono, msg: &[u8]) -> Result<u64, PublishError> {
+        let now = now.as_nanos();
         let p = self.state.publish_flushing(msg)?;
         self.send_output(now, p.output);
         Ok(p.seq)
     }
 
-    /// [`publish`](Self::publish) then [`flush`](Self::flush), in one step
+    /// [`offer`](Self::offer) then [`flush`](Self::flush), in one step
     /// for the latency path: a message published alone (nothing else open)
     /// that fits one datagram is sealed with its header at once and, when
     /// it is the only datagram unsent, fits inline and a send slot is free,
     /// posted straight from the history as `flush` does. Anything else
-    /// takes `publish` and `flush`.
-    pub fn publish_and_flush(&mut self, now: u64, msg: &[u8]) -> Result<u64, NetError> {
+    /// takes `offer` and `flush`.
+    pub fn offer_and_flush(&mut self, now: Mono, msg: &[u8]) -> Result<u64, NetError> {
+        let now = now.as_nanos();
         let first = self.state.unflushed_seq();
         let Some((seq, bytes)) = self.state.publish_alone(msg) else {
-            let seq = self.publish(now, msg)?;
-            self.flush(now)?;
+            let seq = self.offer(Mono::from_nanos(now), msg)?;
+            self.flush(Mono::from_nanos(now))?;
             return Ok(seq);
         };
         if !self.ud.has_staged()
@@ -367,22 +376,36 @@ impl McastPublisher {
     }
 
     /// Claims `len` bytes for the next message (flushing a full datagram
-    /// first): write the message into the slice, then
-    /// [`commit`](Self::commit). A claim larger than one datagram (up to
-    /// `max_message_bytes`) is staged and fragmented at commit.
-    pub fn try_claim(&mut self, now: u64, len: usize) -> Result<&mut [u8], PublishError> {
-        let output = self.state.make_room(len);
-        self.send_output(now, output);
-        Ok(self.state.try_claim(len)?)
+    /// first): write the message into the claim, then
+    /// [`commit`](MdClaim::commit) it (or [`abort`](MdClaim::abort)). A
+    /// claim larger than one datagram (up to `max_message_bytes`) is staged
+    /// and fragmented at commit, its fragments sent as pacing allows, then
+    /// and in later polls.
+    pub fn try_claim(&mut self, now: Mono, len: usize) -> Result<MdClaim<'_, Self>, PublishError> {
+        self.prepare_claim(now.as_nanos(), len)?;
+        Ok(MdClaim::new(self, now))
     }
 
-    /// Commits the claimed message and returns its sequence (`None` if
-    /// nothing was claimed). A large message's fragments are sent as pacing
-    /// allows, here and in later polls.
-    pub fn commit(&mut self, now: u64) -> Option<u64> {
-        let p = self.state.commit_flushing()?;
+    /// Makes room for a claim of `len` bytes and claims it in the state.
+    pub(crate) fn prepare_claim(&mut self, now: u64, len: usize) -> Result<(), PublishError> {
+        let output = self.state.make_room(len);
+        self.send_output(now, output);
+        self.state.try_claim(len)?;
+        Ok(())
+    }
+
+    /// Commits the claimed message; its sequence (0: nothing was claimed).
+    pub(crate) fn commit_claim(&mut self, now: u64) -> u64 {
+        let Some(p) = self.state.commit_flushing() else {
+            return 0;
+        };
         self.send_output(now, p.output);
-        Some(p.seq)
+        p.seq
+    }
+
+    /// The protocol state, to fill and abandon a claim.
+    pub(crate) fn state_mut(&mut self) -> &mut PublisherState {
+        &mut self.state
     }
 
     /// Sends what a publishing call sealed: a datagram sealed to make room
@@ -405,7 +428,8 @@ impl McastPublisher {
     }
 
     /// Seals the open datagram now and sends what pacing allows.
-    pub fn flush(&mut self, now: u64) -> Result<(), NetError> {
+    pub fn flush(&mut self, now: Mono) -> Result<(), NetError> {
+        let now = now.as_nanos();
         let first = self.state.unflushed_seq();
         // The latency path: when the datagram just sealed is the only one
         // unsent (the schedule has sent up to its first sequence), nothing
@@ -471,7 +495,8 @@ impl McastPublisher {
     /// (accepting connections, answering retransmit requests from the
     /// history and snapshot requests from `snapshot`). Returns the datagrams
     /// sent. Never blocks.
-    pub fn poll(&mut self, now: u64, snapshot: &impl Snapshot) -> Result<usize, NetError> {
+    pub fn poll(&mut self, now: Mono, snapshot: &impl Snapshot) -> Result<usize, NetError> {
+        let now = now.as_nanos();
         let before = self.schedule.counters().datagrams_sent;
         self.state.poll_flush(now);
         self.schedule.handle_timeout(now, &self.state);

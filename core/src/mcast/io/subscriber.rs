@@ -12,7 +12,8 @@ use super::common::{
     channel_of, now_ns, rc_options, warn_if_open, CM_CHECK_NS, CM_STEP_NS, INLINE_MAX,
 };
 use super::error::NetError;
-use super::link::{admit, recovery_qp, send_proof, Link, Reconnect};
+use super::link::{admit, cookie_of, recovery_qp, send_proof, Link, Reconnect};
+use crate::clock::Mono;
 use crate::mcast::backoff::Backoff;
 use crate::mcast::config::McastConfig;
 use crate::mcast::server::ClientHandshake;
@@ -115,22 +116,33 @@ impl McastSubscriber {
     ) -> Result<Self, NetError> {
         let mut s = Self::join_lines(cfg, channel, local, publisher)?;
         let publisher = s.reconnect.publisher;
-        let resolved = cm::resolve_with_tos(
-            publisher,
-            Some(local),
-            cfg.connect_timeout(),
-            cfg.rdma.traffic_class,
-        )?;
-        let mut rc = recovery_qp(&s.reconnect.pd)?;
-        let handshake =
-            ClientHandshake::new(s.reconnect.key.clone(), channel, cfg.auth.datagram_tag);
-        let (conn, welcome) = resolved.connect(
-            rc.qp(),
-            &s.reconnect.opts,
-            Access::LOCAL,
-            handshake.hello().as_bytes(),
-            cfg.connect_timeout(),
-        )?;
+        let r = &s.reconnect;
+        let mut cookie = None;
+        // Once more with the publisher's cookie if it is under load.
+        let (mut rc, handshake, conn, welcome) = loop {
+            let resolved = cm::resolve_with_tos(
+                publisher,
+                Some(local),
+                cfg.connect_timeout(),
+                cfg.rdma.traffic_class,
+            )?;
+            let rc = recovery_qp(&r.pd)?;
+            let handshake =
+                ClientHandshake::with_cookie(r.key.clone(), channel, r.tags, cookie.as_ref());
+            match resolved.connect(
+                rc.qp(),
+                &r.opts,
+                Access::LOCAL,
+                handshake.hello().as_bytes(),
+                cfg.connect_timeout(),
+            ) {
+                Ok((conn, welcome)) => break (rc, handshake, conn, welcome),
+                Err(e) => match cookie_of(&e, &handshake) {
+                    Some(c) => cookie = Some(c),
+                    None => return Err(e.into()),
+                },
+            }
+        };
         let admitted = match admit(&handshake, &welcome, publisher) {
             Ok(a) => a,
             Err(e) => {
@@ -281,9 +293,9 @@ impl McastSubscriber {
         self.state.poll_event()
     }
 
-    /// Does all pending work once: takes received datagrams from every line
-    /// and recovery messages from RC into the state machine (delivering in
-    /// order to `app`), handles timers and sends the requests the state
+    /// Does all pending work once: takes up to `fragment_limit` received
+    /// datagrams from each line and recovery messages from RC into the state
+    /// machine (delivering in order to `app`), handles timers and sends the requests the state
     /// machine asks for. Returns the valid datagrams (from the publisher,
     /// of its session, well formed and tagged if tags are on) and recovery
     /// messages taken: only those are a sign of life. Never blocks,
@@ -294,16 +306,18 @@ impl McastSubscriber {
     /// Errors are the multicast receive side's only.
     pub fn poll<A: Handler + SnapshotSink + ?Sized>(
         &mut self,
-        now: u64,
+        now: Mono,
         app: &mut A,
+        fragment_limit: usize,
     ) -> Result<usize, NetError> {
+        let now = now.as_nanos();
         let mut taken = 0;
         let state = &mut self.state;
         let (gid, qpn) = self.source;
         let mut foreign = 0;
         for l in &mut self.lines {
             let line = l.line;
-            let r = l.qp.poll_recv_from(|src, bytes| {
+            let r = l.qp.poll_recv_from_max(fragment_limit, |src, bytes| {
                 if src.qpn != qpn || src.gid != gid {
                     foreign += 1;
                 } else if state.on_datagram(now, line, bytes, app) {
@@ -336,7 +350,7 @@ impl McastSubscriber {
                 Err(_) => link_ok = false,
             }
         }
-        if state.poll_timeout().is_some_and(|t| t <= now) {
+        if state.poll_timeout().is_some_and(|t| t.as_nanos() <= now) {
             state.handle_timeout(now, app);
         }
         // The dead-link rule (see LinkWatch).
@@ -411,24 +425,13 @@ impl McastSubscriber {
         match std::mem::replace(&mut self.link, Link::Down) {
             // Handled above; put back as it was.
             up @ Link::Up { .. } => self.link = up,
-            Link::Down => {
-                let started = recovery_qp(&r.pd).and_then(|rc| {
-                    let connecting = cm::start_connect(r.publisher, Some(r.local), r.timeout)?;
-                    Ok((rc, connecting))
-                });
-                match started {
-                    Ok((rc, connecting)) => {
-                        let handshake = ClientHandshake::new(r.key.clone(), r.channel, r.tags);
-                        self.link = Link::Connecting {
-                            rc,
-                            connecting,
-                            handshake,
-                        };
-                        r.backoff.check_after(now, CM_STEP_NS);
-                    }
-                    Err(_) => self.reconnect_failed(now),
+            Link::Down => match r.start_attempt(None) {
+                Ok(link) => {
+                    self.link = link;
+                    r.backoff.check_after(now, CM_STEP_NS);
                 }
-            }
+                Err(_) => self.reconnect_failed(now),
+            },
             Link::Connecting {
                 mut rc,
                 connecting,
@@ -469,7 +472,18 @@ impl McastSubscriber {
                     self.state.announce_session(now, admitted.session);
                     self.state.set_recovery_link(now, true);
                 }
-                Err(_) => self.reconnect_failed(now),
+                // The publisher is under load and asks us to prove our
+                // address: again at once, with its cookie (not a failure).
+                Err(e) => match cookie_of(&e, &handshake) {
+                    Some(c) => match r.start_attempt(Some(&c)) {
+                        Ok(link) => {
+                            self.link = link;
+                            r.backoff.check_after(now, CM_STEP_NS);
+                        }
+                        Err(_) => self.reconnect_failed(now),
+                    },
+                    None => self.reconnect_failed(now),
+                },
             },
         }
     }
