@@ -16,12 +16,14 @@ pub struct RocebusIpcConfig(pub(crate) IpcConfig);
 pub struct RocebusOrdersConfig(pub(crate) OrdersConfig);
 
 /// Parses `text` as the config's own keys, or as a file whose `[table]`
-/// holds them (`ipc = { ... }` or an `[ipc]` section).
+/// holds them (an `[ipc]` section, say, beside other sections of a
+/// binary's configuration file, which are then not read). Neither config
+/// has a key named like its table, so the two readings cannot be confused.
 fn parse<T: serde::de::DeserializeOwned>(text: &str, table: &str) -> Result<T, Fail> {
     let value: toml::Table = toml::from_str(text)
         .map_err(|e| Fail::owned(RocebusStatus::Config, format!("invalid TOML: {e}")))?;
     let value = match value.get(table) {
-        Some(toml::Value::Table(t)) if value.len() == 1 => t.clone(),
+        Some(toml::Value::Table(t)) => t.clone(),
         _ => value,
     };
     toml::Value::Table(value)
@@ -63,7 +65,9 @@ fn orders_config(text: &str, out: *mut *mut RocebusOrdersConfig) -> Result<c_int
 /// Makes an ipc configuration from TOML text: the keys of the `[ipc]`
 /// table (`dir`, `ring_bytes`, `max_payload`, `max_subscribers`, `flow`,
 /// `liveness_ms`; missing keys take their defaults), either at the top
-/// level or inside an `[ipc]` table. An empty string gives the defaults.
+/// level or inside an `[ipc]` table (other tables are then ignored, so a
+/// binary's whole configuration file will do). An empty string gives the
+/// defaults.
 /// On success `*out` is a new configuration to free with
 /// `rocebus_ipc_config_free`.
 ///
@@ -112,7 +116,8 @@ pub unsafe extern "C" fn rocebus_ipc_config_free(cfg: *mut RocebusIpcConfig) {
 /// Makes an orders configuration from TOML text: the keys of the
 /// `[orders]` table (`token`, `ring_size`, `max_payload`,
 /// `connect_timeout_ms`, `[rc]`, ...; missing keys take their defaults),
-/// at the top level or inside an `[orders]` table. On success `*out` is a
+/// at the top level or inside an `[orders]` table (other tables are then
+/// ignored). On success `*out` is a
 /// new configuration to free with `rocebus_orders_config_free`.
 ///
 /// # Safety
@@ -166,6 +171,8 @@ mod tests {
         let b: IpcConfig = parse("[ipc]\nring_bytes = 131072\nflow = \"drop\"", "ipc").unwrap();
         assert_eq!(a, b);
         assert_eq!(a.ring_bytes, 131072);
+        let c: IpcConfig = parse("[other]\nx = 1\n[ipc]\nring_bytes = 131072", "ipc").unwrap();
+        assert_eq!(c.ring_bytes, 131072);
         let d: IpcConfig = parse("", "ipc").unwrap();
         assert_eq!(d, IpcConfig::default());
     }

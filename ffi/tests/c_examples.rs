@@ -1,6 +1,6 @@
-//! The C examples, compiled with the system's C compiler against
-//! `include/rocebus.h` and the shared library cargo built for these tests,
-//! then run: on the host under valgrind's memcheck (leaks, invalid reads
+//! The C and C++ examples, compiled by `build.rs` with the system's
+//! compilers against `include/rocebus.h`, linked here against the shared
+//! library cargo built for these tests, then run: on the host under valgrind's memcheck (leaks, invalid reads
 //! and writes across the boundary), and in the soft-RoCE guest for the
 //! orders path.
 
@@ -20,17 +20,17 @@ fn lib_dir() -> PathBuf {
     dir
 }
 
-/// Compiles `examples/NAME.c` (warnings are errors) into a folder of its
-/// own and returns the program.
-fn compile(name: &str, out: &Path) -> PathBuf {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+/// Links the object `build.rs` compiled from `examples/NAME.*` (warnings
+/// are errors there) against the library, into `out`; returns the program.
+fn link(name: &str, compiler: &str, out: &Path) -> PathBuf {
+    let built = Path::new(env!("OUT_DIR"));
+    let err = std::fs::read_to_string(built.join(format!("{name}.err")))
+        .expect("build.rs's report on the examples");
+    assert!(err.is_empty(), "build.rs failed to compile examples/{name}:\n{err}");
     let lib = lib_dir();
     let exe = out.join(name);
-    let st = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
-        .arg("-I")
-        .arg(crate_dir.join("include"))
-        .arg(crate_dir.join(format!("examples/{name}.c")))
+    let st = Command::new(compiler)
+        .arg(built.join(format!("{name}.o")))
         .arg("-o")
         .arg(&exe)
         .arg("-L")
@@ -38,16 +38,14 @@ fn compile(name: &str, out: &Path) -> PathBuf {
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .args(["-lrocebus_ffi", "-lpthread"])
         .status()
-        .expect("running cc (the system C compiler)");
-    assert!(st.success(), "cc failed to build examples/{name}.c");
+        .unwrap_or_else(|e| panic!("running {compiler} (the system compiler) to link: {e}"));
+    assert!(st.success(), "{compiler} failed to link examples/{name}");
     exe
 }
 
-#[test]
-fn c_ipc_pingpong_under_valgrind() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let exe = compile("ipc_pingpong", tmp.path());
-    let streams = tmp.path().join("streams");
+/// Runs `exe ARGS` under valgrind's memcheck (any error or leak fails it)
+/// and checks its output has `expect`.
+fn memcheck(exe: &Path, args: &[&std::ffi::OsStr], expect: &str) {
     let out = Command::new("valgrind")
         .args([
             "--leak-check=full",
@@ -55,16 +53,79 @@ fn c_ipc_pingpong_under_valgrind() {
             "--errors-for-leak-kinds=definite,possible",
             "--quiet",
         ])
-        .arg(&exe)
-        .arg(&streams)
-        .arg("200")
+        .arg(exe)
+        .args(args)
         .output()
         .expect("running valgrind (apt-get install valgrind)");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        out.status.success() && stdout.contains("ipc_pingpong: 200 round trips ok"),
-        "ipc_pingpong under valgrind: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status.success() && stdout.contains(expect),
+        "{} under valgrind: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        exe.display(),
+        out.status
+    );
+}
+
+#[test]
+fn c_ipc_pingpong_under_valgrind() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let exe = link("ipc_pingpong", "cc", tmp.path());
+    let streams = tmp.path().join("streams");
+    memcheck(
+        &exe,
+        &[streams.as_os_str(), "200".as_ref()],
+        "ipc_pingpong: 200 round trips ok",
+    );
+}
+
+#[test]
+fn cpp_ipc_wrapper_under_valgrind() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let exe = link("ipc_cpp", "c++", tmp.path());
+    let streams = tmp.path().join("streams");
+    memcheck(&exe, &[streams.as_os_str()], "ipc_cpp: ok");
+}
+
+/// The address of this host's RDMA device (in the guest: the runner's
+/// `ROCEBUS_GUEST_ADDR`).
+fn local_ip() -> std::net::IpAddr {
+    if let Some(a) = std::env::var("ROCEBUS_GUEST_ADDR")
+        .ok()
+        .and_then(|a| a.parse().ok())
+    {
+        return a;
+    }
+    let ctx = rocebus::verbs::Context::open(None).expect("an RDMA device");
+    let i = ctx.default_gid_index(1).expect("a GID");
+    std::net::IpAddr::V4(
+        ctx.query_gid(1, i)
+            .expect("GID")
+            .ipv4()
+            .expect("an IPv4 GID"),
+    )
+}
+
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_c_orders_echo() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let t = std::time::Instant::now();
+    let exe = link("orders_echo", "cc", tmp.path());
+    eprintln!("linked orders_echo in {:.1} s", t.elapsed().as_secs_f64());
+    let addr = std::net::SocketAddr::new(local_ip(), 7561);
+    let t = std::time::Instant::now();
+    let out = Command::new(&exe)
+        .arg(addr.to_string())
+        .arg("300")
+        .output()
+        .expect("running orders_echo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("orders_echo ran in {:.1} s", t.elapsed().as_secs_f64());
+    assert!(
+        out.status.success() && stdout.contains("orders_echo: 300 round trips ok"),
+        "orders_echo: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
         out.status
     );
 }

@@ -1,0 +1,380 @@
+// rocebus.hpp: a header-only C++17 wrapper of rocebus.h.
+//
+// - RAII: every handle closes itself; handles move, never copy.
+// - Set-up failures (a bad configuration, no device, a refused handshake)
+//   throw rocebus::error (code() and what()). The per-message calls never
+//   throw and never allocate: they return a rocebus::status (ok,
+//   back_pressured, ...), the way a polling loop wants it.
+// - Handlers are any callables (lambdas); payloads are rocebus::span (std::span
+//   under C++20) valid ONLY during the call. An exception thrown by a handler
+//   is caught before it can reach the C library and rethrown from poll()
+//   once the library has returned; the messages after it in that same poll
+//   are skipped (consumed, not delivered): poll with a limit of 1 where a
+//   handler may throw and no message may be missed.
+// - A claim is an RAII object: commit() publishes it, its destructor aborts it.
+//
+// Checked by ffi/tests/c_examples.rs (examples/ipc_cpp.cpp under valgrind).
+#ifndef ROCEBUS_HPP
+#define ROCEBUS_HPP
+
+#include "rocebus.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#if defined(__has_include)
+#if __has_include(<version>)
+#include <version>
+#endif
+#endif
+#if defined(__cpp_lib_span)
+#include <span>
+#endif
+
+namespace rocebus {
+
+#if defined(__cpp_lib_span)
+template <class T>
+using span = std::span<T>;
+#else
+/// A pointer and a length (std::span's shape, for C++17).
+template <class T>
+class span {
+  public:
+    constexpr span() noexcept = default;
+    constexpr span(T *data, std::size_t size) noexcept : data_(data), size_(size) {}
+    template <std::size_t N>
+    constexpr span(T (&a)[N]) noexcept : data_(a), size_(N) {}
+    template <class C, class = decltype(std::declval<C &>().data())>
+    constexpr span(C &c) noexcept : data_(c.data()), size_(c.size()) {}
+    constexpr T *data() const noexcept { return data_; }
+    constexpr std::size_t size() const noexcept { return size_; }
+    constexpr bool empty() const noexcept { return size_ == 0; }
+    constexpr T *begin() const noexcept { return data_; }
+    constexpr T *end() const noexcept { return data_ + size_; }
+    constexpr T &operator[](std::size_t i) const noexcept { return data_[i]; }
+
+  private:
+    T *data_ = nullptr;
+    std::size_t size_ = 0;
+};
+#endif
+
+/// What a call returned (rocebus_status_t).
+enum class status : int {
+    ok = ROCEBUS_STATUS_OK,
+    null_argument = ROCEBUS_STATUS_NULL_ARGUMENT,
+    invalid_argument = ROCEBUS_STATUS_INVALID_ARGUMENT,
+    config = ROCEBUS_STATUS_CONFIG,
+    io = ROCEBUS_STATUS_IO,
+    back_pressured = ROCEBUS_STATUS_BACK_PRESSURED,
+    too_large = ROCEBUS_STATUS_TOO_LARGE,
+    reserved_type = ROCEBUS_STATUS_RESERVED_TYPE,
+    peer_lost = ROCEBUS_STATUS_PEER_LOST,
+    claim_open = ROCEBUS_STATUS_CLAIM_OPEN,
+    no_claim = ROCEBUS_STATUS_NO_CLAIM,
+    busy = ROCEBUS_STATUS_BUSY,
+    poisoned = ROCEBUS_STATUS_POISONED,
+    timeout = ROCEBUS_STATUS_TIMEOUT,
+    refused = ROCEBUS_STATUS_REFUSED,
+    panic = ROCEBUS_STATUS_PANIC,
+    corrupt = ROCEBUS_STATUS_CORRUPT,
+};
+
+/// The status of a C return value (a count >= 0 is ok).
+inline status to_status(int rc) noexcept { return rc >= 0 ? status::ok : static_cast<status>(rc); }
+
+/// A failed call: its status and rocebus_last_error()'s message.
+class error : public std::runtime_error {
+  public:
+    explicit error(int rc)
+        : std::runtime_error(std::string(rocebus_status_name(rc)) + ": " + rocebus_last_error()),
+          code_(static_cast<status>(rc)) {}
+    status code() const noexcept { return code_; }
+
+  private:
+    status code_;
+};
+
+/// Throws rocebus::error when rc is negative; returns rc otherwise.
+inline int check(int rc) {
+    if (rc < 0) throw error(rc);
+    return rc;
+}
+
+/// rocebus_now_ns(): read once per turn of a polling loop.
+inline std::uint64_t now_ns() noexcept { return rocebus_now_ns(); }
+
+namespace detail {
+/// Owns a C handle; `Free` is its rocebus_*_free.
+template <class T, auto Free>
+class owned {
+  public:
+    owned() noexcept = default;
+    explicit owned(T *p) noexcept : p_(p) {}
+    owned(owned &&o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+    owned &operator=(owned &&o) noexcept {
+        if (this != &o) {
+            reset();
+            p_ = std::exchange(o.p_, nullptr);
+        }
+        return *this;
+    }
+    owned(const owned &) = delete;
+    owned &operator=(const owned &) = delete;
+    ~owned() { reset(); }
+    T *get() const noexcept { return p_; }
+
+  private:
+    void reset() noexcept {
+        if (p_) (void)Free(std::exchange(p_, nullptr));
+    }
+    T *p_ = nullptr;
+};
+
+/// Calls a handler, keeping an exception for after the C call returns.
+template <class F>
+struct call {
+    F &f;
+    std::exception_ptr err;
+};
+}  // namespace detail
+
+/// An ipc stream's configuration (TOML text or file, as `[ipc]`).
+class ipc_config {
+  public:
+    static ipc_config from_toml(const std::string &toml) {
+        rocebus_ipc_config_t *c = nullptr;
+        check(rocebus_ipc_config_from_toml(toml.c_str(), &c));
+        return ipc_config(c);
+    }
+    static ipc_config from_file(const std::string &path) {
+        rocebus_ipc_config_t *c = nullptr;
+        check(rocebus_ipc_config_from_file(path.c_str(), &c));
+        return ipc_config(c);
+    }
+    const rocebus_ipc_config_t *get() const noexcept { return h_.get(); }
+
+  private:
+    explicit ipc_config(rocebus_ipc_config_t *c) : h_(c) {}
+    static int free_(rocebus_ipc_config_t *c) noexcept {
+        rocebus_ipc_config_free(c);
+        return 0;
+    }
+    detail::owned<rocebus_ipc_config_t, free_> h_;
+};
+
+/// A claimed frame: fill data(), then commit(); destroyed uncommitted, it
+/// is aborted. `ok()` is false (and status() says why) when the claim
+/// was refused.
+template <class Handle, int (*Commit)(Handle *), int (*Abort)(Handle *)>
+class basic_claim {
+  public:
+    basic_claim(Handle *h, int rc, std::uint8_t *buf, std::size_t len) noexcept
+        : h_(rc == 0 ? h : nullptr), rc_(rc), data_(buf, rc == 0 ? len : 0) {}
+    basic_claim(basic_claim &&o) noexcept
+        : h_(std::exchange(o.h_, nullptr)), rc_(o.rc_), data_(o.data_) {}
+    basic_claim(const basic_claim &) = delete;
+    basic_claim &operator=(const basic_claim &) = delete;
+    basic_claim &operator=(basic_claim &&) = delete;
+    ~basic_claim() {
+        if (h_) (void)Abort(h_);
+    }
+    bool ok() const noexcept { return h_ != nullptr; }
+    explicit operator bool() const noexcept { return ok(); }
+    status state() const noexcept { return to_status(rc_); }
+    span<std::uint8_t> data() const noexcept { return data_; }
+    status commit() noexcept {
+        if (!h_) return status::no_claim;
+        return to_status(Commit(std::exchange(h_, nullptr)));
+    }
+    status abort() noexcept {
+        if (!h_) return status::no_claim;
+        return to_status(Abort(std::exchange(h_, nullptr)));
+    }
+
+  private:
+    Handle *h_;
+    int rc_;
+    span<std::uint8_t> data_;
+};
+
+/// Publishes on an ipc stream (closes it when destroyed).
+class ipc_publisher {
+  public:
+    using claim = basic_claim<rocebus_ipc_publisher_t, rocebus_ipc_publisher_commit,
+                              rocebus_ipc_publisher_abort>;
+    ipc_publisher(const ipc_config &cfg, const std::string &name) {
+        rocebus_ipc_publisher_t *p = nullptr;
+        check(rocebus_ipc_publisher_new(cfg.get(), name.c_str(), &p));
+        h_ = decltype(h_)(p);
+    }
+    /// Copies and publishes; status::back_pressured: try again.
+    status offer(std::uint16_t msg_type, span<const std::uint8_t> payload) noexcept {
+        return to_status(
+            rocebus_ipc_publisher_offer(h_.get(), msg_type, payload.data(), payload.size()));
+    }
+    /// A frame of `len` bytes in the ring itself.
+    claim try_claim(std::uint16_t msg_type, std::size_t len) noexcept {
+        std::uint8_t *buf = nullptr;
+        int rc = rocebus_ipc_publisher_try_claim(h_.get(), msg_type, len, &buf);
+        return claim(h_.get(), rc, buf, len);
+    }
+    /// Housekeeping (dead subscribers), once in a while.
+    int poll(std::uint64_t now = now_ns()) noexcept {
+        return rocebus_ipc_publisher_poll(h_.get(), now);
+    }
+    rocebus_ipc_publisher_t *get() const noexcept { return h_.get(); }
+
+  private:
+    detail::owned<rocebus_ipc_publisher_t, rocebus_ipc_publisher_free> h_;
+};
+
+/// Subscribes to an ipc stream (joins its publisher in a later poll).
+class ipc_subscriber {
+  public:
+    ipc_subscriber(const ipc_config &cfg, const std::string &name) {
+        rocebus_ipc_subscriber_t *s = nullptr;
+        check(rocebus_ipc_subscriber_new(cfg.get(), name.c_str(), &s));
+        h_ = decltype(h_)(s);
+    }
+    /// Calls `f(std::uint16_t msg_type, rocebus::span<const std::uint8_t>
+    /// payload)` for up to `limit` messages; returns how many. An
+    /// exception from `f` stops the poll and is rethrown here.
+    template <class F>
+    int poll(F &&f, std::size_t limit, std::uint64_t now = now_ns()) {
+        detail::call<F> c{f, nullptr};
+        int n = rocebus_ipc_subscriber_poll(h_.get(), now, &trampoline<F>, &c, limit);
+        if (c.err) std::rethrow_exception(c.err);
+        return check(n);
+    }
+    /// The next lifecycle event, if one waits.
+    bool poll_event(rocebus_ipc_event_t &out) {
+        return check(rocebus_ipc_subscriber_poll_event(h_.get(), &out)) == 1;
+    }
+    bool connected() const { return check(rocebus_ipc_subscriber_is_connected(h_.get())) == 1; }
+    rocebus_ipc_subscriber_t *get() const noexcept { return h_.get(); }
+
+  private:
+    template <class F>
+    static void trampoline(void *clientd, std::uint16_t msg_type, const std::uint8_t *payload,
+                           std::size_t len) noexcept {
+        auto *c = static_cast<detail::call<F> *>(clientd);
+        if (c->err) return;  // a handler threw: skip the rest of this poll's messages
+        try {
+            c->f(msg_type, span<const std::uint8_t>(payload, len));
+        } catch (...) {
+            c->err = std::current_exception();
+        }
+    }
+    detail::owned<rocebus_ipc_subscriber_t, rocebus_ipc_subscriber_free> h_;
+};
+
+/// An orders connection's configuration (TOML text or file, as `[orders]`).
+class orders_config {
+  public:
+    static orders_config from_toml(const std::string &toml) {
+        rocebus_orders_config_t *c = nullptr;
+        check(rocebus_orders_config_from_toml(toml.c_str(), &c));
+        return orders_config(c);
+    }
+    static orders_config from_file(const std::string &path) {
+        rocebus_orders_config_t *c = nullptr;
+        check(rocebus_orders_config_from_file(path.c_str(), &c));
+        return orders_config(c);
+    }
+    const rocebus_orders_config_t *get() const noexcept { return h_.get(); }
+
+  private:
+    explicit orders_config(rocebus_orders_config_t *c) : h_(c) {}
+    static int free_(rocebus_orders_config_t *c) noexcept {
+        rocebus_orders_config_free(c);
+        return 0;
+    }
+    detail::owned<rocebus_orders_config_t, free_> h_;
+};
+
+/// An orders connection (either end; disconnects when destroyed).
+class orders_connection {
+  public:
+    using claim = basic_claim<rocebus_orders_connection_t, rocebus_orders_connection_commit,
+                              rocebus_orders_connection_abort>;
+    /// Connects to the listener at "IP:PORT" (blocks, bounded by connect_timeout_ms).
+    static orders_connection connect(const orders_config &cfg, const std::string &addr) {
+        rocebus_orders_connection_t *c = nullptr;
+        check(rocebus_orders_connect(cfg.get(), addr.c_str(), &c));
+        return orders_connection(c);
+    }
+    explicit orders_connection(rocebus_orders_connection_t *c) noexcept : h_(c) {}
+    status offer(std::uint16_t stream, std::uint16_t msg_type,
+                 span<const std::uint8_t> payload) noexcept {
+        return to_status(rocebus_orders_connection_offer(h_.get(), stream, msg_type,
+                                                         payload.data(), payload.size()));
+    }
+    claim try_claim(std::uint16_t stream, std::uint16_t msg_type, std::size_t len) noexcept {
+        std::uint8_t *buf = nullptr;
+        int rc = rocebus_orders_connection_try_claim(h_.get(), stream, msg_type, len, &buf);
+        return claim(h_.get(), rc, buf, len);
+    }
+    status flush() noexcept { return to_status(rocebus_orders_connection_flush(h_.get())); }
+    /// Calls `f(const rocebus_frame_t &frame, rocebus::span<const std::uint8_t>
+    /// payload)` for up to `limit` frames; returns how many, or throws
+    /// rocebus::error (peer lost, corrupt). An exception from `f` stops
+    /// the poll and is rethrown here.
+    template <class F>
+    int poll(F &&f, std::size_t limit) {
+        detail::call<F> c{f, nullptr};
+        int n = rocebus_orders_connection_poll(h_.get(), &trampoline<F>, &c, limit);
+        if (c.err) std::rethrow_exception(c.err);
+        return check(n);
+    }
+    rocebus_orders_stats_t stats() const {
+        rocebus_orders_stats_t s{};
+        check(rocebus_orders_connection_stats(h_.get(), &s));
+        return s;
+    }
+    rocebus_orders_connection_t *get() const noexcept { return h_.get(); }
+
+  private:
+    template <class F>
+    static void trampoline(void *clientd, const rocebus_frame_t *frame) noexcept {
+        auto *c = static_cast<detail::call<F> *>(clientd);
+        if (c->err) return;
+        try {
+            c->f(*frame, span<const std::uint8_t>(frame->payload, frame->len));
+        } catch (...) {
+            c->err = std::current_exception();
+        }
+    }
+    detail::owned<rocebus_orders_connection_t, rocebus_orders_connection_free> h_;
+};
+
+/// Listens for orders connections (the gateway's side).
+class orders_listener {
+  public:
+    orders_listener(const orders_config &cfg, const std::string &addr) {
+        rocebus_orders_listener_t *l = nullptr;
+        check(rocebus_orders_listener_bind(cfg.get(), addr.c_str(), &l));
+        h_ = decltype(h_)(l);
+    }
+    int local_port() const { return check(rocebus_orders_listener_local_port(h_.get())); }
+    /// Waits up to timeout_ms for a peer; throws rocebus::error
+    /// (status::timeout when none came).
+    orders_connection accept(std::uint64_t timeout_ms) {
+        rocebus_orders_connection_t *c = nullptr;
+        check(rocebus_orders_listener_accept(h_.get(), timeout_ms, &c));
+        return orders_connection(c);
+    }
+
+  private:
+    detail::owned<rocebus_orders_listener_t, rocebus_orders_listener_free> h_;
+};
+
+}  // namespace rocebus
+
+#endif  // ROCEBUS_HPP
