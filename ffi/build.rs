@@ -18,10 +18,15 @@ fn main() {
     ] {
         println!("cargo:rerun-if-changed=examples/{file}");
         let name = file.split('.').next().unwrap();
-        let (obj, err) = (out.join(format!("{name}.o")), out.join(format!("{name}.err")));
+        let (obj, err) = (
+            out.join(format!("{name}.o")),
+            out.join(format!("{name}.err")),
+        );
         let _ = std::fs::remove_file(&obj);
         let result = Command::new(compiler)
-            .args([std, "-Wall", "-Wextra", "-Werror", "-O1", "-g", "-c", "-I", "include"])
+            .args([
+                std, "-Wall", "-Wextra", "-Werror", "-O1", "-g", "-c", "-I", "include",
+            ])
             .arg(format!("examples/{file}"))
             .arg("-o")
             .arg(&obj)

@@ -282,7 +282,9 @@ extern "C" {
  * Makes an ipc configuration from TOML text: the keys of the `[ipc]`
  * table (`dir`, `ring_bytes`, `max_payload`, `max_subscribers`, `flow`,
  * `liveness_ms`; missing keys take their defaults), either at the top
- * level or inside an `[ipc]` table. An empty string gives the defaults.
+ * level or inside an `[ipc]` table (other tables are then ignored, so a
+ * binary's whole configuration file will do). An empty string gives the
+ * defaults.
  * On success `*out` is a new configuration to free with
  * `rocebus_ipc_config_free`.
  *
@@ -312,7 +314,8 @@ void rocebus_ipc_config_free(struct rocebus_ipc_config_t *cfg);
  * Makes an orders configuration from TOML text: the keys of the
  * `[orders]` table (`token`, `ring_size`, `max_payload`,
  * `connect_timeout_ms`, `[rc]`, ...; missing keys take their defaults),
- * at the top level or inside an `[orders]` table. On success `*out` is a
+ * at the top level or inside an `[orders]` table (other tables are then
+ * ignored). On success `*out` is a
  * new configuration to free with `rocebus_orders_config_free`.
  *
  * # Safety
@@ -422,8 +425,8 @@ int rocebus_ipc_publisher_abort(struct rocebus_ipc_publisher_t *p);
 /**
  * Housekeeping for the publisher's loop: frees the slots of subscribers
  * whose process died (at most every `liveness_ms`). Returns how many
- * publisher events wait (subscribers gone or dropped; their counts are in
- * the publisher's statistics).
+ * subscriber events (one gone, one dropped for lagging) it found; the
+ * events themselves are not in the C API yet, and are discarded.
  *
  * # Safety
  * `p` is a live publisher.

@@ -156,7 +156,9 @@ fn panicked(payload: Box<dyn std::any::Any + Send>) -> c_int {
         .unwrap_or_else(|| "(no message)".into());
     // Dropping the payload runs foreign code of a sort (its Drop); guard it too.
     let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
-    set_last(Msg::Owned(format!("panic inside rocebus (a bug; please report it): {text}")));
+    set_last(Msg::Owned(format!(
+        "panic inside rocebus (a bug; please report it): {text}"
+    )));
     RocebusStatus::Panic as c_int
 }
 
@@ -228,9 +230,12 @@ pub(crate) unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str
     }
     // SAFETY: not NULL, and the caller promises a NUL-terminated string
     // that outlives the call.
-    unsafe { CStr::from_ptr(p) }
-        .to_str()
-        .map_err(|_| Fail::owned(RocebusStatus::InvalidArgument, format!("{what} is not UTF-8")))
+    unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| {
+        Fail::owned(
+            RocebusStatus::InvalidArgument,
+            format!("{what} is not UTF-8"),
+        )
+    })
 }
 
 /// Checks an out-pointer argument.
@@ -285,7 +290,10 @@ mod tests {
         for code in -16..=0 {
             // SAFETY: static strings, never NULL.
             let name = unsafe { CStr::from_ptr(rocebus_status_name(code)) };
-            assert!(name.to_str().unwrap().starts_with("ROCEBUS_STATUS_"), "{code}");
+            assert!(
+                name.to_str().unwrap().starts_with("ROCEBUS_STATUS_"),
+                "{code}"
+            );
         }
         // SAFETY: as above.
         let name = unsafe { CStr::from_ptr(rocebus_status_name(-17)) };

@@ -129,7 +129,11 @@ mod tests {
             Ok(h.with(|_| Ok(())).map_err(|f| f.code))
         });
         assert_eq!(inner.unwrap(), Err(RocebusStatus::Busy));
-        assert_eq!(h.with(|v| Ok(*v)).unwrap(), 6, "usable again after the call");
+        assert_eq!(
+            h.with(|v| Ok(*v)).unwrap(),
+            6,
+            "usable again after the call"
+        );
     }
 
     #[test]

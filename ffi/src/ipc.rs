@@ -250,8 +250,8 @@ pub unsafe extern "C" fn rocebus_ipc_publisher_abort(p: *mut RocebusIpcPublisher
 
 /// Housekeeping for the publisher's loop: frees the slots of subscribers
 /// whose process died (at most every `liveness_ms`). Returns how many
-/// publisher events wait (subscribers gone or dropped; their counts are in
-/// the publisher's statistics).
+/// subscriber events (one gone, one dropped for lagging) it found; the
+/// events themselves are not in the C API yet, and are discarded.
 ///
 /// # Safety
 /// `p` is a live publisher.
@@ -267,7 +267,6 @@ pub unsafe extern "C" fn rocebus_ipc_publisher_poll(
             .with(|p| {
                 let publisher = p.get()?;
                 let n = publisher.poll(Mono::from_nanos(now_ns));
-                // Events are counted in the statistics; C callers read those.
                 while publisher.poll_event().is_some() {}
                 Ok(n.min(c_int::MAX as usize) as c_int)
             })
@@ -321,8 +320,9 @@ pub unsafe extern "C" fn rocebus_ipc_subscriber_free(s: *mut RocebusIpcSubscribe
 /// The handler must not call rocebus functions on the same subscriber
 /// (they return `ROCEBUS_STATUS_BUSY`); other handles are fine. It must
 /// not unwind (no C++ exception may leave it).
-pub type RocebusIpcHandler =
-    Option<unsafe extern "C" fn(clientd: *mut c_void, msg_type: u16, payload: *const u8, len: usize)>;
+pub type RocebusIpcHandler = Option<
+    unsafe extern "C" fn(clientd: *mut c_void, msg_type: u16, payload: *const u8, len: usize),
+>;
 
 /// Delivers up to `fragment_limit` messages to `handler` (with `clientd`
 /// as its first argument), in order; returns how many (0 when none
@@ -342,10 +342,8 @@ pub unsafe extern "C" fn rocebus_ipc_subscriber_poll(
     fragment_limit: usize,
 ) -> c_int {
     guard(|| {
-        let handler = handler.ok_or(Fail::fixed(
-            RocebusStatus::NullArgument,
-            c"handler is NULL",
-        ))?;
+        let handler =
+            handler.ok_or(Fail::fixed(RocebusStatus::NullArgument, c"handler is NULL"))?;
         // SAFETY: the caller's promise.
         let n = unsafe { handle::from_ptr(s, c"subscriber is NULL") }?
             .0
@@ -450,7 +448,9 @@ pub unsafe extern "C" fn rocebus_ipc_subscriber_poll_event(
 /// # Safety
 /// `s` is a live subscriber.
 #[no_mangle]
-pub unsafe extern "C" fn rocebus_ipc_subscriber_is_connected(s: *mut RocebusIpcSubscriber) -> c_int {
+pub unsafe extern "C" fn rocebus_ipc_subscriber_is_connected(
+    s: *mut RocebusIpcSubscriber,
+) -> c_int {
     guard(|| {
         // SAFETY: the caller's promise.
         unsafe { handle::from_ptr(s, c"subscriber is NULL") }?

@@ -9,10 +9,10 @@
 //! across transports"): a publication's `offer` and `try_claim` →
 //! `commit`/`abort`, a subscription's `poll(handler, fragment_limit)` and
 //! `poll_event`. What Rust's borrow checker refuses at compile time is
-//! refused at run time with a code ([`handle`]): a call from inside a
+//! refused at run time with a code (`handle.rs`): a call from inside a
 //! handle's own callback, any call but commit/abort while a claim is open.
 //!
-//! Every entry point is one call to [`error::guard`]: an error is a
+//! Every entry point is one call to `guard` (`error.rs`): an error is a
 //! negative [`RocebusStatus`] plus a thread-local message
 //! ([`rocebus_last_error`]), and a Rust panic is caught there and returned
 //! as [`RocebusStatus::Panic`], never unwound into C. (The workspace's

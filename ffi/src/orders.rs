@@ -54,7 +54,9 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        drop(self.claim.take());
+        // The claim (which has no destructor: an abandoned claim is replaced
+        // by the next) goes first: nothing may borrow the connection below.
+        self.claim = None;
         // SAFETY: from Box::leak in `Conn::new`, freed only here, after the
         // claim that borrowed it.
         drop(unsafe { Box::from_raw(self.conn.as_ptr()) });
@@ -180,7 +182,9 @@ pub unsafe extern "C" fn rocebus_orders_listener_bind(
 /// # Safety
 /// `l` is a live listener.
 #[no_mangle]
-pub unsafe extern "C" fn rocebus_orders_listener_local_port(l: *mut RocebusOrdersListener) -> c_int {
+pub unsafe extern "C" fn rocebus_orders_listener_local_port(
+    l: *mut RocebusOrdersListener,
+) -> c_int {
     guard(|| {
         // SAFETY: the caller's promise.
         unsafe { handle::from_ptr(l, c"listener is NULL") }?
@@ -323,7 +327,9 @@ pub unsafe extern "C" fn rocebus_orders_connection_try_claim(
 /// # Safety
 /// `c` is a live connection.
 #[no_mangle]
-pub unsafe extern "C" fn rocebus_orders_connection_commit(c: *mut RocebusOrdersConnection) -> c_int {
+pub unsafe extern "C" fn rocebus_orders_connection_commit(
+    c: *mut RocebusOrdersConnection,
+) -> c_int {
     guard(|| {
         // SAFETY: the caller's promise.
         unsafe { handle::from_ptr(c, c"connection is NULL") }?
@@ -412,10 +418,8 @@ pub unsafe extern "C" fn rocebus_orders_connection_poll(
     fragment_limit: usize,
 ) -> c_int {
     guard(|| {
-        let handler = handler.ok_or(Fail::fixed(
-            RocebusStatus::NullArgument,
-            c"handler is NULL",
-        ))?;
+        let handler =
+            handler.ok_or(Fail::fixed(RocebusStatus::NullArgument, c"handler is NULL"))?;
         // SAFETY: the caller's promise.
         let n = unsafe { handle::from_ptr(c, c"connection is NULL") }?
             .0

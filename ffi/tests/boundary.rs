@@ -48,5 +48,8 @@ fn every_entry_point_is_guarded() {
         }
     }
     assert!(entry_points >= 30, "found only {entry_points} entry points");
-    assert!(unguarded.is_empty(), "entry points not wrapped in guard: {unguarded:#?}");
+    assert!(
+        unguarded.is_empty(),
+        "entry points not wrapped in guard: {unguarded:#?}"
+    );
 }

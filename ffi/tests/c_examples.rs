@@ -11,7 +11,11 @@ use std::process::Command;
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
     // target/debug/deps/c_examples-HASH -> target/debug
-    let dir = exe.parent().and_then(Path::parent).expect("target dir").to_path_buf();
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
     assert!(
         dir.join("librocebus_ffi.so").is_file(),
         "no librocebus_ffi.so in {}",
@@ -26,7 +30,10 @@ fn link(name: &str, compiler: &str, out: &Path) -> PathBuf {
     let built = Path::new(env!("OUT_DIR"));
     let err = std::fs::read_to_string(built.join(format!("{name}.err")))
         .expect("build.rs's report on the examples");
-    assert!(err.is_empty(), "build.rs failed to compile examples/{name}:\n{err}");
+    assert!(
+        err.is_empty(),
+        "build.rs failed to compile examples/{name}:\n{err}"
+    );
     let lib = lib_dir();
     let exe = out.join(name);
     let st = Command::new(compiler)

@@ -61,8 +61,8 @@ fn the_per_message_calls_do_not_allocate() {
     .unwrap();
     let name = c"noalloc";
     let (mut cfg, mut p, mut s) = (null_mut(), null_mut(), null_mut());
-    // SAFETY (all calls below): pointers made by the library and not freed,
-    // buffers of the lengths given.
+    // SAFETY: all calls below get pointers the library made and that are
+    // not freed yet, and buffers of the lengths given.
     unsafe {
         assert_eq!(rocebus_ipc_config_from_toml(toml.as_ptr(), &mut cfg), 0);
         assert_eq!(rocebus_ipc_publisher_new(cfg, name.as_ptr(), &mut p), 0);
@@ -78,7 +78,10 @@ fn the_per_message_calls_do_not_allocate() {
         let before = allocs();
         let mut sent = 0u64;
         for i in 0..2000u32 {
-            assert_eq!(rocebus_ipc_publisher_offer(p, 1, msg.as_ptr(), msg.len()), 0);
+            assert_eq!(
+                rocebus_ipc_publisher_offer(p, 1, msg.as_ptr(), msg.len()),
+                0
+            );
             assert_eq!(rocebus_ipc_publisher_try_claim(p, 2, 32, &mut buf), 0);
             *buf.add(31) = 3;
             // The errors of a claim left open and of a second commit.
@@ -87,13 +90,18 @@ fn the_per_message_calls_do_not_allocate() {
                 RocebusStatus::ClaimOpen as i32
             );
             assert_eq!(rocebus_ipc_publisher_commit(p), 0);
-            assert_eq!(rocebus_ipc_publisher_commit(p), RocebusStatus::NoClaim as i32);
+            assert_eq!(
+                rocebus_ipc_publisher_commit(p),
+                RocebusStatus::NoClaim as i32
+            );
             if i % 3 == 0 {
                 assert_eq!(rocebus_ipc_publisher_try_claim(p, 2, 32, &mut buf), 0);
                 assert_eq!(rocebus_ipc_publisher_abort(p), 0);
             }
             sent += 7 + 3;
-            assert!(rocebus_ipc_subscriber_poll(s, rocebus_now_ns(), Some(count), clientd, 16) >= 0);
+            assert!(
+                rocebus_ipc_subscriber_poll(s, rocebus_now_ns(), Some(count), clientd, 16) >= 0
+            );
         }
         while rocebus_ipc_subscriber_poll(s, rocebus_now_ns(), Some(count), clientd, 16) > 0 {}
         // Back-pressure: the subscriber stops polling and the ring fills.
