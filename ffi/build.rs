@@ -15,6 +15,7 @@ fn main() {
         ("ipc_pingpong.c", "cc", "-std=c11"),
         ("orders_echo.c", "cc", "-std=c11"),
         ("ipc_cpp.cpp", "c++", "-std=c++17"),
+        ("orders_cpp.cpp", "c++", "-std=c++17"),
     ] {
         println!("cargo:rerun-if-changed=examples/{file}");
         let name = file.split('.').next().unwrap();

@@ -113,26 +113,38 @@ fn local_ip() -> std::net::IpAddr {
     )
 }
 
-#[test]
-#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
-fn rdma_c_orders_echo() {
+/// Links example `name` with `compiler` and runs it against an orders
+/// listener on this host's RDMA device at `port`, for `rounds` round trips.
+fn orders_example(name: &str, compiler: &str, port: u16, rounds: u32) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let t = std::time::Instant::now();
-    let exe = link("orders_echo", "cc", tmp.path());
-    eprintln!("linked orders_echo in {:.1} s", t.elapsed().as_secs_f64());
-    let addr = std::net::SocketAddr::new(local_ip(), 7561);
+    let exe = link(name, compiler, tmp.path());
+    eprintln!("linked {name} in {:.1} s", t.elapsed().as_secs_f64());
+    let addr = std::net::SocketAddr::new(local_ip(), port);
     let t = std::time::Instant::now();
     let out = Command::new(&exe)
         .arg(addr.to_string())
-        .arg("300")
+        .arg(rounds.to_string())
         .output()
-        .expect("running orders_echo");
+        .unwrap_or_else(|e| panic!("running {name}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("orders_echo ran in {:.1} s", t.elapsed().as_secs_f64());
+    eprintln!("{name} ran in {:.1} s", t.elapsed().as_secs_f64());
     assert!(
-        out.status.success() && stdout.contains("orders_echo: 300 round trips ok"),
-        "orders_echo: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status.success() && stdout.contains(&format!("{name}: {rounds} round trips ok")),
+        "{name}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
         out.status
     );
+}
+
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_c_orders_echo() {
+    orders_example("orders_echo", "cc", 7561, 300);
+}
+
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_cpp_orders_echo() {
+    orders_example("orders_cpp", "c++", 7562, 200);
 }
