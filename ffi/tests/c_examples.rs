@@ -7,15 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The folder of the library cargo built with these tests (`target/debug`).
+/// The folder of the library cargo built with these tests: the test's own
+/// folder (`target/debug/deps`). Not `target/debug`: `cargo test` builds
+/// the cdylib into `deps` and leaves the copy in `target/debug` as the last
+/// `cargo build` made it, so linking that one would test a stale library.
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
-    // target/debug/deps/c_examples-HASH -> target/debug
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf();
+    let dir = exe.parent().expect("the test's folder").to_path_buf();
     assert!(
         dir.join("librocebus_ffi.so").is_file(),
         "no librocebus_ffi.so in {}",
