@@ -22,6 +22,14 @@ fn lib_dir() -> PathBuf {
     dir
 }
 
+/// A command running `program` with none of the library paths `cargo test`
+/// exports (they name `target/debug`, whose copy of the library is stale).
+fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new(program);
+    c.env_remove("LD_LIBRARY_PATH");
+    c
+}
+
 /// Links the object `build.rs` compiled from `examples/NAME.*` (warnings
 /// are errors there) against the library, into `out`; returns the program.
 fn link(name: &str, compiler: &str, out: &Path) -> PathBuf {
@@ -40,7 +48,9 @@ fn link(name: &str, compiler: &str, out: &Path) -> PathBuf {
         .arg(&exe)
         .arg("-L")
         .arg(&lib)
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        // DT_RPATH (not RUNPATH): it wins over LD_LIBRARY_PATH, which
+        // `cargo test` sets to folders holding stale copies of the library.
+        .arg(format!("-Wl,-rpath,{},--disable-new-dtags", lib.display()))
         .args(["-lrocebus_ffi", "-lpthread"])
         .status()
         .unwrap_or_else(|e| panic!("running {compiler} (the system compiler) to link: {e}"));
@@ -51,7 +61,7 @@ fn link(name: &str, compiler: &str, out: &Path) -> PathBuf {
 /// Runs `exe ARGS` under valgrind's memcheck (any error or leak fails it)
 /// and checks its output has `expect`.
 fn memcheck(exe: &Path, args: &[&std::ffi::OsStr], expect: &str) {
-    let out = Command::new("valgrind")
+    let out = command("valgrind")
         .args([
             "--leak-check=full",
             "--error-exitcode=1",
@@ -120,7 +130,7 @@ fn orders_example(name: &str, compiler: &str, port: u16, rounds: u32) {
     eprintln!("linked {name} in {:.1} s", t.elapsed().as_secs_f64());
     let addr = std::net::SocketAddr::new(local_ip(), port);
     let t = std::time::Instant::now();
-    let out = Command::new(&exe)
+    let out = command(&exe)
         .arg(addr.to_string())
         .arg(rounds.to_string())
         .output()
