@@ -94,6 +94,37 @@ fn c_ipc_pingpong_under_valgrind() {
     );
 }
 
+/// The static library works as well: the same example linked against
+/// `librocebus_ffi.a` (and what it needs from the system: libibverbs,
+/// librdmacm, libpthread, libdl, libm).
+#[test]
+fn c_ipc_pingpong_static_library() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let built = Path::new(env!("OUT_DIR"));
+    let exe = tmp.path().join("ipc_pingpong_static");
+    let st = Command::new("cc")
+        .arg(built.join("ipc_pingpong.o"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(lib_dir().join("librocebus_ffi.a"))
+        .args(["-libverbs", "-lrdmacm", "-lpthread", "-ldl", "-lm"])
+        .status()
+        .expect("running cc");
+    assert!(st.success(), "cc failed to link ipc_pingpong.o with librocebus_ffi.a");
+    let out = command(&exe)
+        .arg(tmp.path().join("streams"))
+        .arg("500")
+        .output()
+        .expect("running ipc_pingpong_static");
+    assert!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).contains("ipc_pingpong: 500 round trips ok"),
+        "ipc_pingpong (static): {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn cpp_ipc_wrapper_under_valgrind() {
     let tmp = tempfile::tempdir().expect("tempdir");
