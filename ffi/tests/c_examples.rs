@@ -110,7 +110,10 @@ fn c_ipc_pingpong_static_library() {
         .args(["-libverbs", "-lrdmacm", "-lpthread", "-ldl", "-lm"])
         .status()
         .expect("running cc");
-    assert!(st.success(), "cc failed to link ipc_pingpong.o with librocebus_ffi.a");
+    assert!(
+        st.success(),
+        "cc failed to link ipc_pingpong.o with librocebus_ffi.a"
+    );
     let out = command(&exe)
         .arg(tmp.path().join("streams"))
         .arg("500")
