@@ -30,6 +30,21 @@
 #include <stdint.h>
 
 /**
+ * What `rocebus_ipc_publisher_poll_event` reports.
+ */
+typedef enum rocebus_ipc_pub_event_kind {
+  /**
+   * A subscriber's process is gone: its slot (`slot`, `pid`) was freed.
+   */
+  ROCEBUS_IPC_PUB_EVENT_KIND_SUBSCRIBER_GONE = 1,
+  /**
+   * A subscriber fell a ring behind in `flow = "drop"` mode and was
+   * dropped (`slot`); it continues from the newest frame.
+   */
+  ROCEBUS_IPC_PUB_EVENT_KIND_SUBSCRIBER_DROPPED = 2,
+} rocebus_ipc_pub_event_kind;
+
+/**
  * What `rocebus_ipc_subscriber_poll_event` reports.
  */
 typedef enum rocebus_ipc_event_kind {
@@ -168,6 +183,24 @@ typedef struct rocebus_orders_connection_t rocebus_orders_connection_t;
  * A listener for orders connections (the gateway's side).
  */
 typedef struct rocebus_orders_listener_t rocebus_orders_listener_t;
+
+/**
+ * A publisher's event; `pid` is 0 for `SUBSCRIBER_DROPPED`.
+ */
+typedef struct rocebus_ipc_pub_event_t {
+  /**
+   * What happened.
+   */
+  enum rocebus_ipc_pub_event_kind kind;
+  /**
+   * The subscriber's slot.
+   */
+  uint32_t slot;
+  /**
+   * `SUBSCRIBER_GONE`: its process id.
+   */
+  uint32_t pid;
+} rocebus_ipc_pub_event_t;
 
 /**
  * A subscriber's handler: called once per message, in order.
@@ -425,13 +458,22 @@ int rocebus_ipc_publisher_abort(struct rocebus_ipc_publisher_t *p);
 /**
  * Housekeeping for the publisher's loop: frees the slots of subscribers
  * whose process died (at most every `liveness_ms`). Returns how many
- * subscriber events (one gone, one dropped for lagging) it found; the
- * events themselves are not in the C API yet, and are discarded.
+ * events wait for `rocebus_ipc_publisher_poll_event`.
  *
  * # Safety
  * `p` is a live publisher.
  */
 int rocebus_ipc_publisher_poll(struct rocebus_ipc_publisher_t *p, uint64_t now_ns);
+
+/**
+ * Takes the publisher's oldest event into `*out`: returns 1 if there was
+ * one, 0 if none waits. At most `max_subscribers` wait; later ones are
+ * lost (the Rust publisher's statistics count them).
+ *
+ * # Safety
+ * `p` is a live publisher; `out` is writable.
+ */
+int rocebus_ipc_publisher_poll_event(struct rocebus_ipc_publisher_t *p, struct rocebus_ipc_pub_event_t *out);
 
 /**
  * Makes a subscriber of stream `name`. It never blocks: it joins the

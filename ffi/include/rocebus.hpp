@@ -225,9 +225,14 @@ class ipc_publisher {
         int rc = rocebus_ipc_publisher_try_claim(h_.get(), msg_type, len, &buf);
         return claim(h_.get(), rc, buf, len);
     }
-    /// Housekeeping (dead subscribers), once in a while.
+    /// Housekeeping (dead subscribers), once in a while; returns how many
+    /// events wait.
     int poll(std::uint64_t now = now_ns()) noexcept {
         return rocebus_ipc_publisher_poll(h_.get(), now);
+    }
+    /// The next event (a subscriber gone or dropped), if one waits.
+    bool poll_event(rocebus_ipc_pub_event_t &out) {
+        return check(rocebus_ipc_publisher_poll_event(h_.get(), &out)) == 1;
     }
     rocebus_ipc_publisher_t *get() const noexcept { return h_.get(); }
 

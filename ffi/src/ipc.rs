@@ -6,7 +6,9 @@ use crate::config::RocebusIpcConfig;
 use crate::error::{guard, out_arg, str_arg, Fail, RocebusStatus};
 use crate::handle::{self, Handle};
 use rocebus::clock::Mono;
-use rocebus::ipc::{IpcClaim, IpcError, IpcEvent, IpcOfferError, IpcPublisher, IpcSubscriber};
+use rocebus::ipc::{
+    IpcClaim, IpcError, IpcEvent, IpcOfferError, IpcPubEvent, IpcPublisher, IpcSubscriber,
+};
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr::NonNull;
 
@@ -250,8 +252,7 @@ pub unsafe extern "C" fn rocebus_ipc_publisher_abort(p: *mut RocebusIpcPublisher
 
 /// Housekeeping for the publisher's loop: frees the slots of subscribers
 /// whose process died (at most every `liveness_ms`). Returns how many
-/// subscriber events (one gone, one dropped for lagging) it found; the
-/// events themselves are not in the C API yet, and are discarded.
+/// events wait for `rocebus_ipc_publisher_poll_event`.
 ///
 /// # Safety
 /// `p` is a live publisher.
@@ -265,11 +266,68 @@ pub unsafe extern "C" fn rocebus_ipc_publisher_poll(
         unsafe { handle::from_ptr(p, c"publisher is NULL") }?
             .0
             .with(|p| {
-                let publisher = p.get()?;
-                let n = publisher.poll(Mono::from_nanos(now_ns));
-                while publisher.poll_event().is_some() {}
+                let n = p.get()?.poll(Mono::from_nanos(now_ns));
                 Ok(n.min(c_int::MAX as usize) as c_int)
             })
+    })
+}
+
+/// What `rocebus_ipc_publisher_poll_event` reports.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RocebusIpcPubEventKind {
+    /// A subscriber's process is gone: its slot (`slot`, `pid`) was freed.
+    SubscriberGone = 1,
+    /// A subscriber fell a ring behind in `flow = "drop"` mode and was
+    /// dropped (`slot`); it continues from the newest frame.
+    SubscriberDropped = 2,
+}
+
+/// A publisher's event; `pid` is 0 for `SUBSCRIBER_DROPPED`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RocebusIpcPubEvent {
+    /// What happened.
+    pub kind: RocebusIpcPubEventKind,
+    /// The subscriber's slot.
+    pub slot: u32,
+    /// `SUBSCRIBER_GONE`: its process id.
+    pub pid: u32,
+}
+
+/// Takes the publisher's oldest event into `*out`: returns 1 if there was
+/// one, 0 if none waits. At most `max_subscribers` wait; later ones are
+/// lost (the Rust publisher's statistics count them).
+///
+/// # Safety
+/// `p` is a live publisher; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rocebus_ipc_publisher_poll_event(
+    p: *mut RocebusIpcPublisher,
+    out: *mut RocebusIpcPubEvent,
+) -> c_int {
+    guard(|| {
+        out_arg(out, c"out is NULL")?;
+        // SAFETY: the caller's promise.
+        let e = unsafe { handle::from_ptr(p, c"publisher is NULL") }?
+            .0
+            .with(|p| Ok(p.get()?.poll_event()))?;
+        let ev = match e {
+            None => return Ok(0),
+            Some(IpcPubEvent::SubscriberGone { slot, pid }) => RocebusIpcPubEvent {
+                kind: RocebusIpcPubEventKind::SubscriberGone,
+                slot: slot as u32,
+                pid,
+            },
+            Some(IpcPubEvent::SubscriberDropped { slot }) => RocebusIpcPubEvent {
+                kind: RocebusIpcPubEventKind::SubscriberDropped,
+                slot: slot as u32,
+                pid: 0,
+            },
+        };
+        // SAFETY: checked not NULL; the caller promises it is writable.
+        unsafe { *out = ev };
+        Ok(1)
     })
 }
 
