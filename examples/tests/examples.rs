@@ -1,0 +1,209 @@
+//! Every example runs here, end to end, as a user would run it: separate processes, the
+//! checks are the examples' own (each exits non-zero when a message is missing, duplicated or
+//! out of order) plus their last line. The RDMA ones run in the soft-RoCE guest
+//! (`cargo xtask test`); the ipc one on the host.
+use std::net::IpAddr;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn spawn(exe: &str, args: &[&str], envs: &[(&str, &str)]) -> Child {
+    Command::new(exe)
+        .args(args)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .envs(envs.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{exe}: {e}"))
+}
+
+/// Waits for `child` (killing it after `limit`), asserts it succeeded and returns its stdout.
+fn finish(what: &str, mut child: Child, limit: Duration) -> String {
+    let t = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let Output { status, stdout, .. } = child.wait_with_output().expect("output");
+    let out = String::from_utf8_lossy(&stdout).into_owned();
+    eprintln!("[{what}] {status}\n{out}");
+    assert!(status.success(), "{what} failed: {status}\n{out}");
+    out
+}
+
+fn last_line(out: &str) -> &str {
+    out.lines().last().unwrap_or_default()
+}
+
+#[test]
+fn ipc_example_one_publisher_two_subscribers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = dir.path().join("streams");
+    let envs = [("ROCEBUS_IPC_DIR", dir.to_str().unwrap())];
+    let exe = env!("CARGO_BIN_EXE_example-ipc");
+    // The stream's directory is made by the publisher; subscribers wait for it.
+    let subs: Vec<Child> = (0..2)
+        .map(|_| spawn(exe, &["subscribe", "quotes", "200000"], &envs))
+        .collect();
+    let publisher = spawn(exe, &["publish", "quotes", "200000", "2"], &envs);
+    let out = finish("publisher", publisher, Duration::from_secs(90));
+    assert_eq!(last_line(&out), "published 200000 messages");
+    for (i, s) in subs.into_iter().enumerate() {
+        let out = finish(&format!("subscriber {i}"), s, Duration::from_secs(30));
+        assert_eq!(last_line(&out), "received 200000 messages in order");
+    }
+}
+
+#[test]
+fn example_usage_errors_exit_non_zero_with_a_message() {
+    for exe in [
+        env!("CARGO_BIN_EXE_example-ipc"),
+        env!("CARGO_BIN_EXE_example-md"),
+        env!("CARGO_BIN_EXE_example-orders"),
+    ] {
+        let out = Command::new(exe).arg("nonsense").output().expect("run");
+        assert!(!out.status.success(), "{exe}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("usage:"),
+            "{exe}"
+        );
+    }
+    // A sample secret is refused before anything is opened.
+    let out = Command::new(env!("CARGO_BIN_EXE_example-md"))
+        .args(["publish", "../configs/md.toml", "1", "127.0.0.1", "1", "1"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("sample value"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A weak token is refused before anything is opened.
+    let out = Command::new(env!("CARGO_BIN_EXE_example-orders"))
+        .args(["send", "127.0.0.1:7480", "1"])
+        .env("ROCEBUS_ORDERS_TOKEN", "s3cret")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("bits of key material"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn local_ip() -> IpAddr {
+    std::env::var("ROCEBUS_GUEST_ADDR")
+        .ok()
+        .and_then(|a| a.parse().ok())
+        .expect("run by cargo xtask test in a soft-RoCE guest (ROCEBUS_GUEST_ADDR)")
+}
+
+#[test]
+#[ignore = "rdma: the orders example, listener and sender in two processes on soft-RoCE"]
+fn rdma_example_orders_send_and_listen() {
+    let ip = local_ip().to_string();
+    let addr = format!("{ip}:7480");
+    let token = rocebus::auth::generate_secret(128);
+    let envs = [("ROCEBUS_ORDERS_TOKEN", token.as_str())];
+    let exe = env!("CARGO_BIN_EXE_example-orders");
+    let listener = spawn(exe, &["listen", &addr, "5000"], &envs);
+    // The sender retries while the listener comes up (Connection::connect does not): give
+    // the listener its moment, then retry a refused connect a few times.
+    let t = Instant::now();
+    let sent = loop {
+        let out = Command::new(exe)
+            .args(["send", &addr, "5000"])
+            .envs(envs)
+            .output()
+            .expect("run");
+        if out.status.success() || t.elapsed() > Duration::from_secs(30) {
+            break out;
+        }
+        eprintln!("[sender] {}", String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let out = String::from_utf8_lossy(&sent.stdout);
+    assert!(sent.status.success(), "{out}");
+    assert!(
+        last_line(&out).starts_with("sent 5000 orders, 5000 acknowledged"),
+        "{out}"
+    );
+    let out = finish("listener", listener, Duration::from_secs(30));
+    assert_eq!(
+        last_line(&out),
+        "received 5000 orders in order, acknowledged each"
+    );
+}
+
+fn md_config(dir: &Path, transport: &str, port: u16) -> String {
+    let channel = match transport {
+        "rc" => format!("transport = \"rc\"\nport = {port}"),
+        _ => format!("line_a = \"239.9.8.1\"\nport = {port}"),
+    };
+    let text = format!(
+        r#"
+max_datagram_payload = 1024
+history_depth = 16384
+
+[pacing]
+# As an exchange feed is: a burst a two-vCPU guest's subscribers could not take would be
+# recovered, but this is an example, not a stress test (core/tests/md_net.rs is).
+max_datagrams_per_sec = 2000
+
+[recovery]
+# An emulated guest can hold a thread off its vCPU for a while: not a dead publisher.
+dead_link_ns = 10000000000
+
+[auth]
+secret = "{}"
+
+[[channels]]
+id = 1
+name = "example"
+{channel}
+"#,
+        rocebus::auth::generate_secret(128)
+    );
+    let path = dir.join(format!("md-{transport}.toml"));
+    std::fs::write(&path, text).expect("config");
+    path.to_str().unwrap().to_owned()
+}
+
+/// One publisher and two subscribers in three processes, on the transport given. (Over UD
+/// multicast the same run stalled both subscribers at 55-85% of the messages on a host loaded
+/// by a dozen builds, with the recovery link lost and restored: not understood yet, so there
+/// is no multicast test of the example; core/tests/md_net.rs tests the multicast path.)
+fn md_example(transport: &str, port: u16) {
+    let ip = local_ip().to_string();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = md_config(dir.path(), transport, port);
+    let exe = env!("CARGO_BIN_EXE_example-md");
+    let subs: Vec<Child> = (0..2)
+        .map(|_| spawn(exe, &["subscribe", &cfg, "1", &ip, &ip, "10000"], &[]))
+        .collect();
+    let publisher = spawn(exe, &["publish", &cfg, "1", &ip, "10000", "2"], &[]);
+    let out = finish("publisher", publisher, Duration::from_secs(120));
+    assert!(
+        last_line(&out).starts_with("published 10000 messages"),
+        "{out}"
+    );
+    for (i, s) in subs.into_iter().enumerate() {
+        let out = finish(&format!("subscriber {i}"), s, Duration::from_secs(30));
+        assert_eq!(last_line(&out), "received 10000 messages in order", "{out}");
+    }
+}
+
+#[test]
+#[ignore = "rdma: the market-data example on RC fan-out, the same code"]
+fn rdma_example_md_rc_fanout() {
+    md_example("rc", 7482);
+}
