@@ -40,6 +40,9 @@ pub const PACKAGES: &[&str] = &[
     "libbsd-dev",
     // `cargo xtask test` runs the ring's loopback tests under memcheck.
     "valgrind",
+    // ffi/: the C and C++ examples of the C ABI, built and run by its tests.
+    "gcc",
+    "g++",
 ];
 
 /// Modules the guest loads, in this order (dependencies are resolved by

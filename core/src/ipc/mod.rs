@@ -459,13 +459,17 @@ fn private_dir(dir: &Path, owner: u32, create: bool) -> Result<bool, IpcError> {
     let meta = match std::fs::symlink_metadata(dir) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
-            std::fs::DirBuilder::new()
-                .mode(0o700)
-                .create(dir)
-                .map_err(|source| IpcError::Io {
-                    path: dir.into(),
-                    source,
-                })?;
+            // Another party may create it between our look and our create (two publishers
+            // starting at once): AlreadyExists is fine, the checks below judge what is there.
+            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(IpcError::Io {
+                        path: dir.into(),
+                        source: e,
+                    })
+                }
+                _ => {}
+            }
             std::fs::symlink_metadata(dir).map_err(|source| IpcError::Io {
                 path: dir.into(),
                 source,

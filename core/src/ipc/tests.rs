@@ -632,3 +632,28 @@ fn a_subscriber_maps_the_ring_read_only() {
     let off = u64::from_str_radix(ro[0].split_ascii_whitespace().nth(2).unwrap(), 16).unwrap();
     assert_eq!(off, ring as u64);
 }
+
+/// Publishers of different streams starting at once in a stream directory that does not
+/// exist yet: each one's create races the others'. Before, the losers failed with EEXIST
+/// from `DirBuilder::create` (the C ABI's tests met it); now every one opens its stream.
+#[test]
+fn publishers_racing_to_create_the_stream_directory_all_start() {
+    for round in 0..20 {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join(format!("streams-{round}"));
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let (dir, barrier) = (dir.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let c = cfg(&dir, 1 << 16, FlowControl::Block);
+                    barrier.wait();
+                    IpcPublisher::new(&c, &format!("s{i}")).map(|_| ())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap().expect("every publisher starts");
+        }
+    }
+}
