@@ -47,7 +47,9 @@ pub struct LinkConfig {
     pub heartbeat: Duration,
     /// Connections waiting for their logon or lingering after a refusal, at most.
     pub max_pending: usize,
-    /// Responses that may wait for one engine whose ring is full; one more disconnects it.
+    /// Live responses that may wait for one engine whose ring is full; one more disconnects
+    /// it. A logon's replay does not count: it is the gateway's history already, bounded by
+    /// it, and an engine must be able to log on however far behind the history lets it be.
     pub max_backlog: usize,
     /// How long a refused connection is kept for its answer to be read.
     pub refusal_linger: Duration,
@@ -144,6 +146,9 @@ struct Link {
     engine: EngineId,
     live: Liveness,
     backlog: VecDeque<Response>,
+    /// The first `replay` responses of `backlog` are its logon's replay (not counted
+    /// against `max_backlog`).
+    replay: usize,
     /// The last offer was back-pressured (a backlog is under way).
     pressed: bool,
 }
@@ -259,6 +264,7 @@ impl EngineLinks {
             // Room for a burst up front: the response path does not allocate in steady
             // state (a longer backlog grows it once).
             backlog: VecDeque::with_capacity(self.cfg.max_backlog.min(64)),
+            replay: 0,
             pressed: false,
         });
         true
@@ -311,19 +317,38 @@ impl EngineLinks {
     /// A response for `engine`, in order after what waits for it: the shell offers it
     /// when [`poll_response`](Self::poll_response) hands it out. An engine with no link
     /// is gone: dropped (counted; its next logon replays it from the gateway's history).
-    /// A backlog already holding `max_backlog` disconnects the engine: it is not reading.
+    /// A backlog already holding `max_backlog` live responses (its logon's replay aside)
+    /// disconnects the engine: it is not reading.
     pub fn queue_response(&mut self, engine: EngineId, r: &Response) {
         let cap = self.cfg.max_backlog;
         let Some(l) = self.link(engine) else {
             self.counters.dropped += 1;
             return;
         };
-        if l.backlog.len() >= cap {
+        if l.backlog.len() - l.replay >= cap {
             self.counters.backlog_full += 1;
             self.disconnect(engine, DisconnectReason::BacklogFull);
             return;
         }
         l.backlog.push_back(*r);
+        self.queued += 1;
+    }
+
+    /// A response of `engine`'s logon replay, queued right after its logon and before any
+    /// live one ([`crate::engine_io::logon`]): not counted against `max_backlog` (the
+    /// replay is at most the gateway's response history, which holds it already). Found
+    /// by the simulator: counted, a replay longer than the cap disconnected the engine at
+    /// each logon, and with the cap at least the history (which the configuration then
+    /// required so the replay fit) an engine disconnected for its full backlog had missed
+    /// more than the history holds, and could never be replayed what it missed.
+    pub fn queue_replay(&mut self, engine: EngineId, r: &Response) {
+        let Some(l) = self.link(engine) else {
+            self.counters.dropped += 1;
+            return;
+        };
+        debug_assert_eq!(l.replay, l.backlog.len(), "the replay comes first");
+        l.backlog.push_back(*r);
+        l.replay += 1;
         self.queued += 1;
     }
 
@@ -351,6 +376,7 @@ impl EngineLinks {
                 if l.backlog.pop_front().is_some() {
                     self.queued -= 1;
                     self.counters.responses_sent += 1;
+                    l.replay = l.replay.saturating_sub(1);
                 }
                 if l.backlog.is_empty() {
                     l.pressed = false;
@@ -642,6 +668,37 @@ mod tests {
         l.queue_response(7, &response(6));
         assert_eq!(l.counters().backlog_full, 1);
         assert_eq!(l.counters().responses_sent, 1);
+    }
+
+    /// A logon's replay longer than `max_backlog` is queued whole and does not count
+    /// against the cap: the engine is not disconnected for it, and live responses after it
+    /// have the whole cap (fails with the replay counted: the 4th replayed response
+    /// disconnects the engine, at every logon).
+    #[test]
+    fn a_logon_replay_longer_than_the_backlog_cap_is_not_a_full_backlog() {
+        let mut l = linked(7);
+        for cl in 1..=10 {
+            l.queue_replay(7, &response(cl));
+        }
+        assert_eq!(outputs(&mut l), []);
+        assert!(l.is_linked(7));
+        // Three live responses fit behind the replay; the fourth is past the cap.
+        for cl in 11..=13 {
+            l.queue_response(7, &response(cl));
+        }
+        assert_eq!(outputs(&mut l), []);
+        // The ring takes the replay and the first live one: two live wait.
+        for _ in 0..11 {
+            l.handle_offered(7, Offered::Accepted);
+        }
+        assert_eq!(l.poll_response(7).map(|r| r.cl_ord_id()), Some(12));
+        l.queue_response(7, &response(14));
+        assert_eq!(outputs(&mut l), []);
+        l.queue_response(7, &response(15));
+        assert_eq!(
+            outputs(&mut l),
+            [LinkOutput::Disconnect(7, DisconnectReason::BacklogFull)]
+        );
     }
 
     /// The machine runs on `Mono` only: a turn whose time is earlier than one already seen
