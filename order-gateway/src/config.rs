@@ -532,23 +532,6 @@ mod tests {
         assert!(prices.contains(&(Symbol::new("AAPL").unwrap(), 1_895_000)));
     }
 
-    /// A backlog cap over half the response history is refused: an engine disconnected
-    /// for its full backlog would have missed more than the history keeps (found by the
-    /// simulator; the rule was "at least the history" before, which made it certain).
-    #[test]
-    fn a_response_backlog_over_half_the_history_is_refused() {
-        let e = broken(
-            "max_response_backlog = 32768",
-            "max_response_backlog = 32769",
-        );
-        assert!(
-            e.contains("service.max_response_backlog") && e.contains("half"),
-            "{e}"
-        );
-        let e = broken("max_response_backlog = 32768", "max_response_backlog = 0");
-        assert!(e.contains("service.max_response_backlog"), "{e}");
-    }
-
     /// Loads the example with `from` replaced by `to`; returns the error text.
     fn broken(from: &str, to: &str) -> String {
         let text = std::fs::read_to_string(example()).unwrap();

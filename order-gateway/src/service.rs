@@ -1464,16 +1464,31 @@ mod tests {
         assert_eq!(verdict(&gw, 1, b"alpha", 4).0, LogonStatus::BadSequence);
     }
 
+    /// The backlog cap is at most half the response history, so that what an engine
+    /// disconnected for a full backlog missed (the backlog, its unread ring, the cancels
+    /// that follow) is still kept for its replay. Found by the simulator: the rule was "at
+    /// least the history" (so a logon's replay fit in the backlog; it no longer counts), which
+    /// made such an engine's replay impossible (`simulator::tests::
+    /// a_backlog_cap_as_large_as_the_history_loses_responses`).
     #[test]
-    fn max_response_backlog_is_at_least_the_response_history() {
+    fn max_response_backlog_is_at_most_half_the_response_history() {
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/order-gateway.toml");
         let text = std::fs::read_to_string(path).unwrap();
         let mut cfg = Config::parse(&text).unwrap();
-        assert_eq!(cfg.service.max_response_backlog, 65536);
+        assert_eq!(cfg.service.max_response_backlog, 32768);
         cfg.validate().unwrap();
-        cfg.service.max_response_backlog = cfg.risk.response_history - 1;
-        let (key, _) = cfg.validate().unwrap_err();
-        assert_eq!(key, "service.max_response_backlog");
+        cfg.service.max_response_backlog = cfg.risk.response_history / 2;
+        cfg.validate().unwrap();
+        for bad in [
+            0,
+            cfg.risk.response_history / 2 + 1,
+            cfg.risk.response_history,
+        ] {
+            cfg.service.max_response_backlog = bad;
+            let (key, why) = cfg.validate().unwrap_err();
+            assert_eq!(key, "service.max_response_backlog", "{bad}");
+            assert!(why.contains("half"), "{why}");
+        }
     }
 }

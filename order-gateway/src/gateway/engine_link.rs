@@ -47,9 +47,11 @@ pub struct LinkConfig {
     pub heartbeat: Duration,
     /// Connections waiting for their logon or lingering after a refusal, at most.
     pub max_pending: usize,
-    /// Live responses that may wait for one engine whose ring is full; one more disconnects
-    /// it. A logon's replay does not count: it is the gateway's history already, bounded by
-    /// it, and an engine must be able to log on however far behind the history lets it be.
+    /// Responses that may wait for one engine whose ring is full; one more live response
+    /// disconnects it. A logon's replay is queued whatever its length (it is the gateway's
+    /// history already, bounded by it: an engine must be able to log on however far behind
+    /// the history lets it be), and counts: a live response behind a replay of `max_backlog`
+    /// or more waiting disconnects the engine.
     pub max_backlog: usize,
     /// How long a refused connection is kept for its answer to be read.
     pub refusal_linger: Duration,
@@ -146,9 +148,6 @@ struct Link {
     engine: EngineId,
     live: Liveness,
     backlog: VecDeque<Response>,
-    /// The first `replay` responses of `backlog` are its logon's replay (not counted
-    /// against `max_backlog`).
-    replay: usize,
     /// The last offer was back-pressured (a backlog is under way).
     pressed: bool,
 }
@@ -264,7 +263,6 @@ impl EngineLinks {
             // Room for a burst up front: the response path does not allocate in steady
             // state (a longer backlog grows it once).
             backlog: VecDeque::with_capacity(self.cfg.max_backlog.min(64)),
-            replay: 0,
             pressed: false,
         });
         true
@@ -317,7 +315,7 @@ impl EngineLinks {
     /// A response for `engine`, in order after what waits for it: the shell offers it
     /// when [`poll_response`](Self::poll_response) hands it out. An engine with no link
     /// is gone: dropped (counted; its next logon replays it from the gateway's history).
-    /// A backlog already holding `max_backlog` live responses (its logon's replay aside)
+    /// A backlog already holding `max_backlog` responses (its logon's replay included)
     /// disconnects the engine: it is not reading.
     pub fn queue_response(&mut self, engine: EngineId, r: &Response) {
         let cap = self.cfg.max_backlog;
@@ -325,7 +323,7 @@ impl EngineLinks {
             self.counters.dropped += 1;
             return;
         };
-        if l.backlog.len() - l.replay >= cap {
+        if l.backlog.len() >= cap {
             self.counters.backlog_full += 1;
             self.disconnect(engine, DisconnectReason::BacklogFull);
             return;
@@ -335,20 +333,23 @@ impl EngineLinks {
     }
 
     /// A response of `engine`'s logon replay, queued right after its logon and before any
-    /// live one ([`crate::engine_io::logon`]): not counted against `max_backlog` (the
-    /// replay is at most the gateway's response history, which holds it already). Found
-    /// by the simulator: counted, a replay longer than the cap disconnected the engine at
-    /// each logon, and with the cap at least the history (which the configuration then
-    /// required so the replay fit) an engine disconnected for its full backlog had missed
-    /// more than the history holds, and could never be replayed what it missed.
+    /// live one ([`crate::engine_io::logon`]), whatever the backlog holds: the replay is at
+    /// most the gateway's response history, which holds it already. A live response that
+    /// finds `max_backlog` or more waiting, replay included, still disconnects the engine,
+    /// so an engine's lag at a backlog-full disconnect is at most the larger of its lag at
+    /// logon and the cap, plus its ring: with the cap at most half the history (the
+    /// configuration's rule), what it missed is still kept for its next replay.
+    ///
+    /// Found by the simulator: through `queue_response`, a replay longer than the cap
+    /// disconnected the engine at each logon, so the configuration required the cap to be
+    /// at least the history; and then an engine disconnected for its full backlog had missed
+    /// more than the history keeps, and could never be replayed what it missed.
     pub fn queue_replay(&mut self, engine: EngineId, r: &Response) {
         let Some(l) = self.link(engine) else {
             self.counters.dropped += 1;
             return;
         };
-        debug_assert_eq!(l.replay, l.backlog.len(), "the replay comes first");
         l.backlog.push_back(*r);
-        l.replay += 1;
         self.queued += 1;
     }
 
@@ -376,7 +377,6 @@ impl EngineLinks {
                 if l.backlog.pop_front().is_some() {
                     self.queued -= 1;
                     self.counters.responses_sent += 1;
-                    l.replay = l.replay.saturating_sub(1);
                 }
                 if l.backlog.is_empty() {
                     l.pressed = false;
@@ -670,10 +670,11 @@ mod tests {
         assert_eq!(l.counters().responses_sent, 1);
     }
 
-    /// A logon's replay longer than `max_backlog` is queued whole and does not count
-    /// against the cap: the engine is not disconnected for it, and live responses after it
-    /// have the whole cap (fails with the replay counted: the 4th replayed response
-    /// disconnects the engine, at every logon).
+    /// A logon's replay longer than `max_backlog` is queued whole: the engine is not
+    /// disconnected for it (fails through `queue_response`: the 4th replayed response
+    /// disconnects the engine, at every logon). A live response while the replay still
+    /// holds the cap disconnects it; once the engine has read below the cap, live responses
+    /// queue again up to it.
     #[test]
     fn a_logon_replay_longer_than_the_backlog_cap_is_not_a_full_backlog() {
         let mut l = linked(7);
@@ -682,19 +683,24 @@ mod tests {
         }
         assert_eq!(outputs(&mut l), []);
         assert!(l.is_linked(7));
-        // Three live responses fit behind the replay; the fourth is past the cap.
-        for cl in 11..=13 {
-            l.queue_response(7, &response(cl));
-        }
-        assert_eq!(outputs(&mut l), []);
-        // The ring takes the replay and the first live one: two live wait.
-        for _ in 0..11 {
+        // The engine reads all but two: one live response fits, the next is past the cap.
+        for _ in 0..8 {
             l.handle_offered(7, Offered::Accepted);
         }
-        assert_eq!(l.poll_response(7).map(|r| r.cl_ord_id()), Some(12));
-        l.queue_response(7, &response(14));
+        assert_eq!(l.poll_response(7).map(|r| r.cl_ord_id()), Some(9));
+        l.queue_response(7, &response(11));
         assert_eq!(outputs(&mut l), []);
-        l.queue_response(7, &response(15));
+        l.queue_response(7, &response(12));
+        assert_eq!(
+            outputs(&mut l),
+            [LinkOutput::Disconnect(7, DisconnectReason::BacklogFull)]
+        );
+        // A live response behind a replay still at the cap disconnects at once.
+        let mut l = linked(7);
+        for cl in 1..=10 {
+            l.queue_replay(7, &response(cl));
+        }
+        l.queue_response(7, &response(11));
         assert_eq!(
             outputs(&mut l),
             [LinkOutput::Disconnect(7, DisconnectReason::BacklogFull)]

@@ -271,3 +271,57 @@ fn seed_497354_an_archive_header_hit_by_a_misdirected_write_is_refused() {
 fn seed_581703_a_gap_the_venue_asked_for_is_asked_again_at_the_next_logon() {
     run_seed(581703, &SimConfig::default()).unwrap_or_else(|f| panic!("{f}"));
 }
+
+// Phase C: the engines' live links (`EngineLinks`) driven through the service's own code
+// (`engine_io`), with frozen, silent and slow-reading engines, stalled logons and
+// connections that never log on.
+
+/// Every link decision is reached by the engine faults (silence, full backlog, lost
+/// connection, logon timeout, pending cap), and each checked disconnect had its
+/// cancel-on-disconnect: 100 seeds hold every invariant.
+#[test]
+fn engine_faults_reach_every_link_decision_and_break_nothing() {
+    let s = run_seeds(2000, 100, &SimConfig::known_journal_limits());
+    let failures: Vec<String> = s.failures.iter().map(|f| f.to_string()).collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let names = &FAULT_NAMES[ENGINE_FREEZE..=LINK_PRESSED];
+    for (name, n) in names.iter().zip(&s.faults[ENGINE_FREEZE..=LINK_PRESSED]) {
+        assert!(*n > 0, "{name} never happened");
+    }
+}
+
+/// Found by the simulator once engines could read slowly: with the backlog cap at least the
+/// response history, as the configuration required so that a logon's replay fit in the
+/// backlog, an engine disconnected for a full backlog had missed the backlog, its unread
+/// ring and the answers that followed — more than the history keeps — and its logon was
+/// refused `ReplayUnavailable` (seeds 23, 133). With the cap lowered and the replay queued as
+/// live responses, a replay longer than the cap disconnected the engine at each logon and it
+/// never caught up (seeds 18, 46: the run does not settle). Fixed in `EngineLinks` (a logon's
+/// replay does not count against the cap:
+/// `gateway::engine_link::tests::a_logon_replay_longer_than_the_backlog_cap_is_not_a_full_backlog`)
+/// and the configuration (the cap at most half the history:
+/// `service::tests::max_response_backlog_is_at_most_half_the_response_history`).
+#[test]
+fn seeds_18_23_46_133_an_engine_disconnected_for_a_full_backlog_gets_everything_replayed() {
+    for seed in [18, 23, 46, 133] {
+        let r = run_seed(seed, &SimConfig::default()).unwrap_or_else(|f| panic!("{f}"));
+        assert!(
+            r.faults[LINK_BACKLOG] > 0,
+            "seed {seed}: no backlog-full disconnect"
+        );
+    }
+}
+
+/// The old rule, kept as a check that the simulator sees it: a backlog cap as large as the
+/// response history loses responses for an engine disconnected for its full backlog.
+#[test]
+fn a_backlog_cap_as_large_as_the_history_loses_responses() {
+    let cfg = SimConfig {
+        max_backlog: HISTORY,
+        ..SimConfig::default()
+    };
+    for seed in [23, 133] {
+        let f = run_seed(seed, &cfg).expect_err("the old cap loses responses");
+        assert!(f.what.contains("ReplayUnavailable"), "seed {seed}: {f}");
+    }
+}
