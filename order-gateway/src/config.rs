@@ -121,7 +121,7 @@ pub struct ServiceConfig {
     pub counters: bool,
     /// Responses that may wait for an engine whose ring is full (it is not reading); one
     /// more disconnects it (cancel-on-disconnect) and it gets them replayed when it logs on
-    /// again (a logon's own replay does not count). At most half of
+    /// again (a logon's replay is queued whatever its length). At most half of
     /// `risk.response_history`, so what an engine disconnected for a full backlog missed
     /// (the backlog, its unread ring, the cancels that follow) is still kept for its replay.
     /// Default 32768.

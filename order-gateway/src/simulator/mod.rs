@@ -72,7 +72,12 @@
 //!   A reader disconnected for not reading comes back reading (one that never reads falls
 //!   behind the history whatever the gateway does, and is refused `ReplayUnavailable` by
 //!   design).
-//! - **Clock**: jumps of 5 s to 5 min forward (heartbeats, test requests, deadlines).
+//! - **Clock**: jumps of 5 s to 5 min forward (heartbeats, test requests, deadlines). Both
+//!   readings jump together (`Mono` and `Wall`: a stalled process or host); engines that
+//!   were alive through it have their heartbeat in the ring before the gateway's timers run,
+//!   as the service polls engines before its housekeeping. A wall clock stepped alone
+//!   (forward or back, `Mono` steady) is not injected; `EngineLinks` runs on `Mono` only
+//!   (`gateway::engine_link::tests::time_that_steps_back_changes_nothing`).
 //! - **Operator**: an account kill switch, journaled before it is acknowledged.
 //!
 //! # Invariants (checked after every restart, every step for the venue's, and at the end)
@@ -111,7 +116,12 @@
 //! found by reading: a failed fsync was retried as if earlier writes were safe). The venue
 //! never fills partially and does not take replaces or bust trades, so those paths are not
 //! exercised. Under `never`/`every_n` no power loss is simulated (it may lose acknowledged
-//! orders by design).
+//! orders by design). Engines (phase C): the listener's handshake (tokens, the handshake
+//! cap) and the logon's token check are not simulated (the logon verdict here is "already
+//! linked" or accepted); engines do not time the gateway out, nor resend requests the
+//! gateway never took (the logon's request holes); a frame the engine wrote is polled in
+//! the same step, so none is in flight when a connection ends; a wall clock stepped alone
+//! is not injected.
 //!
 //! # Measured (session of issue 40, shared 2-core build host, journal on tmpfs)
 //! 400 steps a seed. Release build (`cargo xtask sim`): 160–310 seeds/s as the shared
@@ -173,6 +183,15 @@
 //! Phase B (disk outages and archive damage on, after its fixes): 12,000 default seeds
 //! (0..12,000, debug build): 53 failed, every one the known last-batch limit above; no
 //! other invariant broken.
+//!
+//! Phase C (engines through `engine_io` and `EngineLinks`, engine faults on) found, once
+//! engines could read slowly: with the backlog cap at least the response history (the
+//! configuration's rule then, so a logon's replay fit), an engine disconnected for its full
+//! backlog had missed more than the history keeps, and its logon was refused
+//! `ReplayUnavailable` (seeds 18, 133); with a lower cap and the replay queued as live
+//! responses, a replay longer than the cap disconnected the engine at each logon (seeds 18,
+//! 58). Fixed: `EngineLinks::queue_replay` and the cap at most half the history (see
+//! `tests`). PHASE_C_RUN
 
 mod disk;
 mod engines;
@@ -792,7 +811,7 @@ impl World {
                 let mut n = self.net.borrow_mut();
                 (n.delay_ppm, n.dup_ppm, n.reorder_ppm) = (d, u, r);
             }
-            550..=564 => self.engine_disconnect(),
+            550..=564 => self.engine_disconnect()?,
             565..=569 => {
                 self.report.faults[CLOCK_JUMP] += 1;
                 let s = self.rng.gen_range(5..300u64);
@@ -905,6 +924,10 @@ impl World {
                         Admission::Pending(cid) => {
                             let logon_at = now + std::mem::take(&mut e.logon_stall);
                             e.conn = Conn::Pending { cid, logon_at };
+                            if logon_at <= now {
+                                // Its logon follows the handshake at once.
+                                self.engine_logon(i, cid)?;
+                            }
                         }
                         Admission::OverCap { .. } => e.reconnect_at = now + 100_000_000,
                     }
@@ -1054,7 +1077,28 @@ impl World {
         let (links, driver, mut wire) = self.wire();
         engine_io::flush(links, driver, &mut wire, now)
             .map_err(|e| format!("flush: {}", chain(&e)))?;
-        self.check_disconnects()
+        self.check_disconnects()?;
+        self.read_rings()
+    }
+
+    /// Engines that read (not frozen, not slow) take what their ring holds as it arrives,
+    /// as a busy-polling engine does.
+    fn read_rings(&mut self) -> Result<(), String> {
+        let now = self.now();
+        let mut got = Vec::new();
+        for e in &mut self.engines {
+            if now < e.frozen_until || now < e.slow_until {
+                continue;
+            }
+            if let Conn::Up { ring } = &mut e.conn {
+                for f in ring.drain(..) {
+                    if let Frame::Response(r) = f {
+                        got.push((e.id, r));
+                    }
+                }
+            }
+        }
+        self.deliver(got)
     }
 
     /// Cancel-on-disconnect fired for every engine the links disconnected: each of its
@@ -1200,11 +1244,11 @@ impl World {
         self.flush()
     }
 
-    /// An engine closes its connection (the gateway finds it lost at its next poll, and
+    /// An engine closes its connection (the gateway finds it lost at its poll, at once, and
     /// its cancel-on-disconnect runs), and logs on again 0–8 s later.
-    fn engine_disconnect(&mut self) {
+    fn engine_disconnect(&mut self) -> Result<(), String> {
         let Some(i) = self.pick_engine() else {
-            return;
+            return Ok(());
         };
         self.report.faults[ENGINE_DISCONNECT] += 1;
         let now = self.now();
@@ -1213,6 +1257,8 @@ impl World {
         e.conn = Conn::ClosedByEngine;
         e.out.clear();
         e.reconnect_at = now + back;
+        self.poll_engines();
+        self.flush()
     }
 
     fn kill_switch(&mut self) -> Result<(), String> {
@@ -1250,7 +1296,8 @@ impl World {
             .map_err(|e| format!("poll: {}", chain(&e)))?;
         engine_io::poll_links(links, driver, &mut wire, now)
             .map_err(|e| format!("poll: {}", chain(&e)))?;
-        self.check_disconnects()
+        self.check_disconnects()?;
+        self.read_rings()
     }
 
     fn check_venue(&self) -> Result<(), String> {
