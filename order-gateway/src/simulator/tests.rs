@@ -341,3 +341,19 @@ fn a_backlog_cap_as_large_as_the_history_loses_responses() {
         assert!(f.what.contains("ReplayUnavailable"), "seed {seed}: {f}");
     }
 }
+
+/// Known limit, found by the 20,000-seed run of phase C (seed 11184, not fixed): an engine
+/// that logs on 137 responses behind (above the 128 cap; its replay is queued whole) sends
+/// some 300 cancels in one batch before reading. The first live answer finds the cap
+/// reached and disconnects it (backlog full); the rest of the batch is answered to an engine
+/// gone, and it has then missed 527 responses, more than the 512 kept: its next logon is
+/// refused `ReplayUnavailable`. What an engine misses is bounded by the cap, its ring and
+/// the answers to its orders in flight only if its own requests are bounded too: the fix is
+/// flow control (take no request from an engine whose backlog is at the cap) or a history
+/// margin for a request batch. This test fails once that is fixed: turn it into a
+/// regression test then.
+#[test]
+fn known_limit_seed_11184_a_request_burst_behind_a_full_backlog_outruns_the_history() {
+    let f = run_seed(11184, &SimConfig::default()).expect_err("the known limit");
+    assert!(f.what.contains("ReplayUnavailable"), "{f}");
+}
