@@ -71,7 +71,7 @@ fn default_true() -> bool {
 }
 
 fn default_max_response_backlog() -> usize {
-    crate::risk::RESPONSE_HISTORY
+    crate::risk::RESPONSE_HISTORY / 2
 }
 
 /// `[service]`: where engines connect and how the polling thread runs.
@@ -121,8 +121,10 @@ pub struct ServiceConfig {
     pub counters: bool,
     /// Responses that may wait for an engine whose ring is full (it is not reading); one
     /// more disconnects it (cancel-on-disconnect) and it gets them replayed when it logs on
-    /// again. At least `risk.response_history`, so a logon's replay always fits. Default
-    /// 65536.
+    /// again (a logon's replay is queued whatever its length). At most half of
+    /// `risk.response_history`, so what an engine disconnected for a full backlog missed
+    /// (the backlog, its unread ring, the cancels that follow) is still kept for its replay.
+    /// Default 32768.
     #[serde(default = "default_max_response_backlog")]
     pub max_response_backlog: usize,
 }
@@ -458,12 +460,14 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
-        if self.service.max_response_backlog < self.risk.response_history {
+        let half = (self.risk.response_history / 2).max(1);
+        if self.service.max_response_backlog == 0 || self.service.max_response_backlog > half {
             return Err((
                 "service.max_response_backlog".into(),
                 format!(
-                    "must be at least risk.response_history ({}): the responses replayed at \
-                     a logon wait in the backlog",
+                    "must be 1..={half}, at most half of risk.response_history ({}): an \
+                     engine disconnected for a full backlog must still be able to get what \
+                     it missed replayed",
                     self.risk.response_history
                 ),
             ));

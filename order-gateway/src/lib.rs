@@ -25,6 +25,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod control;
 pub mod driver;
+pub mod engine_io;
 pub mod execs;
 pub mod fix;
 pub mod gateway;

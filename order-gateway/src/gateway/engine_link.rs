@@ -47,7 +47,11 @@ pub struct LinkConfig {
     pub heartbeat: Duration,
     /// Connections waiting for their logon or lingering after a refusal, at most.
     pub max_pending: usize,
-    /// Responses that may wait for one engine whose ring is full; one more disconnects it.
+    /// Responses that may wait for one engine whose ring is full; one more live response
+    /// disconnects it. A logon's replay is queued whatever its length (it is the gateway's
+    /// history already, bounded by it: an engine must be able to log on however far behind
+    /// the history lets it be), and counts: a live response behind a replay of `max_backlog`
+    /// or more waiting disconnects the engine.
     pub max_backlog: usize,
     /// How long a refused connection is kept for its answer to be read.
     pub refusal_linger: Duration,
@@ -311,7 +315,8 @@ impl EngineLinks {
     /// A response for `engine`, in order after what waits for it: the shell offers it
     /// when [`poll_response`](Self::poll_response) hands it out. An engine with no link
     /// is gone: dropped (counted; its next logon replays it from the gateway's history).
-    /// A backlog already holding `max_backlog` disconnects the engine: it is not reading.
+    /// A backlog already holding `max_backlog` responses (its logon's replay included)
+    /// disconnects the engine: it is not reading.
     pub fn queue_response(&mut self, engine: EngineId, r: &Response) {
         let cap = self.cfg.max_backlog;
         let Some(l) = self.link(engine) else {
@@ -323,6 +328,27 @@ impl EngineLinks {
             self.disconnect(engine, DisconnectReason::BacklogFull);
             return;
         }
+        l.backlog.push_back(*r);
+        self.queued += 1;
+    }
+
+    /// A response of `engine`'s logon replay, queued right after its logon and before any
+    /// live one ([`crate::engine_io::logon`]), whatever the backlog holds: the replay is at
+    /// most the gateway's response history, which holds it already. A live response that
+    /// finds `max_backlog` or more waiting, replay included, still disconnects the engine,
+    /// so an engine's lag at a backlog-full disconnect is at most the larger of its lag at
+    /// logon and the cap, plus its ring: with the cap at most half the history (the
+    /// configuration's rule), what it missed is still kept for its next replay.
+    ///
+    /// Found by the simulator: through `queue_response`, a replay longer than the cap
+    /// disconnected the engine at each logon, so the configuration required the cap to be
+    /// at least the history; and then an engine disconnected for its full backlog had missed
+    /// more than the history keeps, and could never be replayed what it missed.
+    pub fn queue_replay(&mut self, engine: EngineId, r: &Response) {
+        let Some(l) = self.link(engine) else {
+            self.counters.dropped += 1;
+            return;
+        };
         l.backlog.push_back(*r);
         self.queued += 1;
     }
@@ -642,6 +668,43 @@ mod tests {
         l.queue_response(7, &response(6));
         assert_eq!(l.counters().backlog_full, 1);
         assert_eq!(l.counters().responses_sent, 1);
+    }
+
+    /// A logon's replay longer than `max_backlog` is queued whole: the engine is not
+    /// disconnected for it (fails through `queue_response`: the 4th replayed response
+    /// disconnects the engine, at every logon). A live response while the replay still
+    /// holds the cap disconnects it; once the engine has read below the cap, live responses
+    /// queue again up to it.
+    #[test]
+    fn a_logon_replay_longer_than_the_backlog_cap_is_not_a_full_backlog() {
+        let mut l = linked(7);
+        for cl in 1..=10 {
+            l.queue_replay(7, &response(cl));
+        }
+        assert_eq!(outputs(&mut l), []);
+        assert!(l.is_linked(7));
+        // The engine reads all but two: one live response fits, the next is past the cap.
+        for _ in 0..8 {
+            l.handle_offered(7, Offered::Accepted);
+        }
+        assert_eq!(l.poll_response(7).map(|r| r.cl_ord_id()), Some(9));
+        l.queue_response(7, &response(11));
+        assert_eq!(outputs(&mut l), []);
+        l.queue_response(7, &response(12));
+        assert_eq!(
+            outputs(&mut l),
+            [LinkOutput::Disconnect(7, DisconnectReason::BacklogFull)]
+        );
+        // A live response behind a replay still at the cap disconnects at once.
+        let mut l = linked(7);
+        for cl in 1..=10 {
+            l.queue_replay(7, &response(cl));
+        }
+        l.queue_response(7, &response(11));
+        assert_eq!(
+            outputs(&mut l),
+            [LinkOutput::Disconnect(7, DisconnectReason::BacklogFull)]
+        );
     }
 
     /// The machine runs on `Mono` only: a turn whose time is earlier than one already seen

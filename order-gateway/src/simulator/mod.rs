@@ -49,10 +49,35 @@
 //! - **The venue** acknowledges every order; those above [`REST_ABOVE`] shares rest
 //!   until canceled, the others fill at once (so cancels, cancel-on-disconnect and kill
 //!   switches meet live orders, and cancels race fills).
-//! - **Engines** disconnect (cancel-on-disconnect) and log on again with their last response
-//!   number; after a gateway restart every engine is disconnected and logs on again within
-//!   0–8 s (the restart's cancel-on-disconnect deadline is 5 s).
-//! - **Clock**: jumps of 5 s to 5 min forward (heartbeats, test requests, deadlines).
+//! - **Engines** (phase C, [`engines`]) reach the gateway through the service's own engine
+//!   code ([`crate::engine_io`]: the same functions `service.rs` calls) and its live links
+//!   ([`EngineLinks`], with the service's limits shortened: 300 ms logon timeout, 400 ms
+//!   silence limit, 100 ms heartbeats, 3 pending connections, a backlog cap of 128, a
+//!   quarter of the 512-response history). Each has a ring of 16 frames it reads at its own pace and sends
+//!   its heartbeat every 100 ms. They close their connection (the gateway finds it lost at
+//!   its next poll; cancel-on-disconnect) and log on again with their last response number;
+//!   after a gateway restart every engine is disconnected and logs on again within 0–8 s
+//!   (the restart's cancel-on-disconnect deadline is 5 s). Drawn per step from a stream of
+//!   their own: an engine **frozen** 50 ms–1.5 s (reads and writes nothing; a third of them
+//!   close their connection when the freeze ends, the others resume), **silent** 0.1–1.2 s
+//!   (sends nothing, not even heartbeats, but reads), a **slow reader** for 0.3–3 s (reads
+//!   nothing, sends 6 orders a turn: its backlog fills; `max_open_orders` is 64, which
+//!   bounds what an engine misses while away), a **logon stalled** 50–800 ms after
+//!   the connection is accepted, and 1–3 **connections that never log on** (a hung process,
+//!   a stranger holding the orders token). An orders connection is a reliable connection
+//!   (RC): while it is up nothing on it is lost, doubled or reordered, so engine traffic is
+//!   not dropped, duplicated or reordered the way venue traffic is; what a reliable link can
+//!   do is modelled instead: stall (frozen, silent, slow) and end (either side closes it;
+//!   what the engine had not read goes with it, and the replay at its next logon brings it).
+//!   A reader disconnected for not reading comes back reading (one that never reads falls
+//!   behind the history whatever the gateway does, and is refused `ReplayUnavailable` by
+//!   design).
+//! - **Clock**: jumps of 5 s to 5 min forward (heartbeats, test requests, deadlines). Both
+//!   readings jump together (`Mono` and `Wall`: a stalled process or host); engines that
+//!   were alive through it have their heartbeat in the ring before the gateway's timers run,
+//!   as the service polls engines before its housekeeping. A wall clock stepped alone
+//!   (forward or back, `Mono` steady) is not injected; `EngineLinks` runs on `Mono` only
+//!   (`gateway::engine_link::tests::time_that_steps_back_changes_nothing`).
 //! - **Operator**: an account kill switch, journaled before it is acknowledged.
 //!
 //! # Invariants (checked after every restart, every step for the venue's, and at the end)
@@ -64,7 +89,12 @@
 //! - Every response reaches its engine exactly once: responses are numbered per engine and
 //!   each engine must see 1, 2, 3, … across reconnects and restarts, by the gateway's replay
 //!   ([`Gateway::responses_after`](crate::gateway::Gateway::responses_after)); a gateway that
-//!   no longer has a response the engine saw fails.
+//!   no longer has a response the engine saw, or that cannot replay what it missed, fails;
+//!   at the end every engine has read the gateway's last response to it (none lost).
+//! - Cancel-on-disconnect fires for every engine the links disconnect (silent, backlog full,
+//!   connection lost, cut off): right after the disconnect is carried out, each of its
+//!   orders not done has a cancel in flight, or waits for the venue session (its deadline
+//!   armed) or for the disk (the journal degraded: the disconnect is deferred).
 //! - Positions equal the sum of fills: at the end, the gateway's position per account
 //!   equals what the engine was told and what the venue filled; open notional is zero once
 //!   no order is open.
@@ -86,7 +116,12 @@
 //! found by reading: a failed fsync was retried as if earlier writes were safe). The venue
 //! never fills partially and does not take replaces or bust trades, so those paths are not
 //! exercised. Under `never`/`every_n` no power loss is simulated (it may lose acknowledged
-//! orders by design).
+//! orders by design). Engines (phase C): the listener's handshake (tokens, the handshake
+//! cap) and the logon's token check are not simulated (the logon verdict here is "already
+//! linked" or accepted); engines do not time the gateway out, nor resend requests the
+//! gateway never took (the logon's request holes); a frame the engine wrote is polled in
+//! the same step, so none is in flight when a connection ends; a wall clock stepped alone
+//! is not injected.
 //!
 //! # Measured (session of issue 40, shared 2-core build host, journal on tmpfs)
 //! 400 steps a seed. Release build (`cargo xtask sim`): 160–310 seeds/s as the shared
@@ -148,12 +183,34 @@
 //! Phase B (disk outages and archive damage on, after its fixes): 12,000 default seeds
 //! (0..12,000, debug build): 53 failed, every one the known last-batch limit above; no
 //! other invariant broken.
+//!
+//! Phase C (engines through `engine_io` and `EngineLinks`, engine faults on) found, once
+//! engines could read slowly: with the backlog cap at least the response history (the
+//! configuration's rule then, so a logon's replay fit), an engine disconnected for its full
+//! backlog had missed more than the history keeps, and its logon was refused
+//! `ReplayUnavailable` (seeds 18, 133); with a lower cap and the replay queued as live
+//! responses, a replay longer than the cap disconnected the engine at each logon (seeds 18,
+//! 58). Fixed: `EngineLinks::queue_replay` and the cap at most half the history (see
+//! `tests`).
+//!
+//! Phase C run (release, `db2f55c`'s simulator, two processes at 31.8 and 31.7 seeds/s on
+//! the shared 2-core host under load 20): seeds 0..20,000, 91,210 restarts, 7,446 correct
+//! refusals, **1 failed**: seed 11184, a known limit not fixed
+//! (`known_limit_seed_11184_a_request_burst_behind_a_full_backlog_outruns_the_history`: an
+//! engine's burst of requests while its backlog is at the cap outruns the history). Engine
+//! faults and link decisions per 1,000 seeds in that run (the other rows as before, within
+//! noise): engine frozen 404 (of which 140 then close their connection), silent 404, slow
+//! reader 314, logon stalled 856, connections that never log on 1,959; the links
+//! disconnected engines for silence 256, for a full backlog 216 and for a lost connection
+//! 1,050, closed 475 connections for no logon in time and rejected 230 at the pending cap;
+//! 735 responses were back-pressured by a full ring. Engine disconnects (the engine's own)
+//! 1,008; clock jumps 1,645.
 
 mod disk;
+mod engines;
 mod net;
 
 use std::cell::RefCell;
-use std::collections::HashSet;
 use std::fmt;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -165,18 +222,22 @@ use zerocopy::IntoBytes;
 
 pub use net::{Net, NetFaults, SimLink, VenueRecord, REST_ABOVE};
 
-use crate::client::Client;
 use crate::driver::{DriverError, FixDriver};
+use crate::engine_io;
 use crate::fix::{SessionConfig, SessionState};
-use crate::gateway::{EngineId, OrderStatus};
+use crate::gateway::{
+    Admission, CloseReason, DisconnectReason, EngineId, EngineLinks, LinkConfig, LinkCounters,
+    OrderStatus,
+};
 use crate::journal::{FsyncPolicy, JournalError, StorageOp, HEADER_LEN};
 use crate::proto::{Response, Side, Symbol, PRICE_SCALE};
 use crate::risk::{KillScope, RiskConfig};
 use disk::{Damage, SimDisk, DISK_FAULTS, OUTAGE_OPS};
+use engines::{Conn, Frame, SimEngine, Wire};
 use rocebus::clock::{Mono, Now, Wall};
 
 /// Kinds of fault counted, in the order of [`SeedReport::faults`].
-pub const FAULT_NAMES: [&str; 37] = [
+pub const FAULT_NAMES: [&str; 49] = [
     "crash (kill -9)",
     "crash mid-write: torn write",
     "crash mid-write: power loss",
@@ -214,6 +275,18 @@ pub const FAULT_NAMES: [&str; 37] = [
     DISK_FAULTS[5],
     DISK_FAULTS[6],
     DISK_FAULTS[7],
+    "engine frozen (reads and writes nothing)",
+    "engine frozen, then closes its connection",
+    "engine silent (sends nothing, reads)",
+    "engine slow reader (reads nothing, sends)",
+    "engine logon stalled",
+    "connection that never logs on",
+    "-> engine disconnected: silent past engine_timeout",
+    "-> engine disconnected: response backlog full",
+    "-> engine disconnected: connection lost",
+    "-> connection closed: no logon in time",
+    "-> connection rejected: pending cap",
+    "-> responses back-pressured (ring full)",
 ];
 const CRASH: usize = 0;
 const TORN: usize = 1;
@@ -238,6 +311,53 @@ const ARCHIVE_RECORDS: usize = 27;
 const POWER_BETWEEN: usize = 28;
 /// The first of the simulated disk's own fault kinds ([`DISK_FAULTS`]).
 const DISK: usize = 29;
+const ENGINE_FREEZE: usize = 37;
+const ENGINE_FREEZE_DROP: usize = 38;
+const ENGINE_SILENT: usize = 39;
+const ENGINE_SLOW: usize = 40;
+const LOGON_STALL: usize = 41;
+const STRANGER: usize = 42;
+/// The links' decisions, counted: silent, backlog full, lost, logon timeout, over cap,
+/// back-pressured.
+const LINK_SILENT: usize = 43;
+const LINK_BACKLOG: usize = 44;
+const LINK_LOST: usize = 45;
+const LINK_LOGON_TIMEOUT: usize = 46;
+const LINK_OVER_CAP: usize = 47;
+const LINK_PRESSED: usize = 48;
+
+/// The engines' live links in a run: the service's limits, shortened so that a run of a
+/// few simulated seconds meets each of them (`max_backlog` is [`SimConfig::max_backlog`]).
+const LINKS: LinkConfig = LinkConfig {
+    logon_timeout: std::time::Duration::from_millis(300),
+    engine_timeout: std::time::Duration::from_millis(400),
+    heartbeat: std::time::Duration::from_millis(100),
+    max_pending: 3,
+    // As the configuration allows at most: half the history.
+    max_backlog: 0,
+    refusal_linger: std::time::Duration::from_millis(100),
+};
+fn links_config(cfg: &SimConfig) -> LinkConfig {
+    LinkConfig {
+        max_backlog: cfg.max_backlog,
+        ..LINKS
+    }
+}
+
+/// Responses the gateway keeps per engine for replay (`risk.response_history`), small
+/// enough that a slow reader fills its backlog in a few steps, and larger than what an
+/// engine can miss while away: its backlog cap and ring, and the answers to its orders in
+/// flight (at most [`MAX_OPEN`] open: two answers each, an acknowledgment and a fill or a
+/// cancel).
+pub const HISTORY: usize = 512;
+/// Orders a slow-reading engine sends per turn (it keeps trading, it does not read).
+const SLOW_BURST: usize = 6;
+/// Open orders per account (`max_open_orders`): what an engine misses while away is
+/// bounded by it (without a bound, a history of any length can be outrun).
+const MAX_OPEN: usize = 64;
+/// How often a simulated engine sends its heartbeat (the gateway's interval, as the logon
+/// answer tells a real engine).
+const ENGINE_HEARTBEAT_NS: u64 = 100_000_000;
 
 thread_local! {
     /// The run's simulated nanoseconds since its start: the driver's clock ([`sim_clock`]).
@@ -278,6 +398,12 @@ pub struct SimConfig {
     /// Disk outages: EIO or ENOSPC on write, fsync, rename, link or directory sync for a
     /// few steps (phase B).
     pub storage_errors: bool,
+    /// Engine faults: frozen, silent, slow-reading engines, stalled logons, connections
+    /// that never log on (phase C).
+    pub engine_faults: bool,
+    /// The engines' backlog cap (`service.max_response_backlog`; the configuration allows
+    /// at most half the response history): [`HISTORY`]` / 4` by default.
+    pub max_backlog: usize,
 }
 
 impl SimConfig {
@@ -301,6 +427,8 @@ impl Default for SimConfig {
             damage_past_durable: true,
             lose_durable_bytes: 0,
             storage_errors: true,
+            engine_faults: true,
+            max_backlog: HISTORY / 4,
         }
     }
 }
@@ -347,13 +475,14 @@ impl fmt::Display for Failure {
 const ENGINES: [(EngineId, u32, &str); 2] = [(1, 7, "AAPL"), (2, 8, "MSFT")];
 
 fn risk_config() -> RiskConfig {
-    let mut s = String::from(
-        "reference_max_age_ms = 86400000\nthrottle_interval_ms = 1000\nmax_identical_orders = 0\n",
+    let mut s = format!(
+        "reference_max_age_ms = 86400000\nthrottle_interval_ms = 1000\nmax_identical_orders = 0\n\
+         response_history = {HISTORY}\n",
     );
     for (e, a, _) in ENGINES {
         s.push_str(&format!(
             "[[accounts]]\nid = {a}\nmax_order_qty = 100000\nmax_order_notional = 100000000\n\
-             credit_limit = 1000000000000\nmax_position = 1000000000\nmax_open_orders = 100000\n\
+             credit_limit = 1000000000000\nmax_position = 1000000000\nmax_open_orders = {MAX_OPEN}\n\
              max_orders_per_interval = 1000000\ncollar_bps = 1000\n\
              [[engines]]\nid = {e}\naccounts = [{a}]\ntoken = \"e{e}\"\n"
         ));
@@ -384,23 +513,6 @@ pub fn sync_policy(seed: u64) -> FsyncPolicy {
     }
 }
 
-/// One engine as the simulator plays it, with what it was told.
-#[derive(Debug)]
-struct SimEngine {
-    id: EngineId,
-    account: u32,
-    symbol: Symbol,
-    client: Client,
-    connected: bool,
-    reconnect_at: u64,
-    /// Number of the last response received.
-    last_seq: u32,
-    acked: HashSet<u64>,
-    finals: HashSet<u64>,
-    /// Net quantity the engine was told was filled.
-    position: i64,
-}
-
 struct World {
     cfg: SimConfig,
     rng: ChaCha8Rng,
@@ -408,7 +520,19 @@ struct World {
     path: PathBuf,
     net: Rc<RefCell<Net>>,
     driver: Option<FixDriver<SimLink>>,
+    /// The running gateway's engine links (built and lost with it, as the service's are).
+    links: EngineLinks,
+    /// What the links of gateways that ran before the current one decided.
+    links_before: LinkCounters,
     engines: Vec<SimEngine>,
+    /// Connections that never log on, still pending at the gateway.
+    strangers: Vec<crate::gateway::ConnId>,
+    /// Engines the links disconnected since the last check.
+    disconnected: Vec<(EngineId, DisconnectReason)>,
+    /// Connections the links closed since the last count.
+    closed: Vec<CloseReason>,
+    /// Draws the engine faults, apart from the run's stream.
+    engine_rng: ChaCha8Rng,
     /// Accounts whose kill switch was acknowledged.
     kills: Vec<u32>,
     report: SeedReport,
@@ -557,17 +681,8 @@ impl World {
         MONO.with(|c| c.set(0));
         let engines = ENGINES
             .iter()
-            .map(|&(id, account, sym)| SimEngine {
-                id,
-                account,
-                symbol: Symbol::new(sym).expect("a valid symbol"),
-                client: Client::new(1),
-                connected: false,
-                reconnect_at: 0,
-                last_seq: 0,
-                acked: HashSet::new(),
-                finals: HashSet::new(),
-                position: 0,
+            .map(|&(id, account, sym)| {
+                SimEngine::new(id, account, Symbol::new(sym).expect("a valid symbol"))
             })
             .collect();
         let mut w = World {
@@ -577,7 +692,13 @@ impl World {
             dir,
             net,
             driver: None,
+            links: EngineLinks::new(links_config(cfg)),
+            links_before: LinkCounters::default(),
             engines,
+            strangers: Vec::new(),
+            disconnected: Vec::new(),
+            closed: Vec::new(),
+            engine_rng: ChaCha8Rng::seed_from_u64(seed ^ 0xe091_4e11_e091_4e11),
             kills: Vec::new(),
             report: SeedReport {
                 seed,
@@ -663,11 +784,24 @@ impl World {
         self.report.faults[DUPLICATE] = n.faults.duplicates;
         self.report.faults[REORDER] = n.faults.reorders;
         self.report.venue_orders = n.venue.orders();
+        let l = self.links.counters();
+        self.report.faults[LINK_OVER_CAP] = self.links_before.over_cap + l.over_cap;
+        self.report.faults[LINK_PRESSED] = self.links_before.back_pressured + l.back_pressured;
+    }
+
+    /// The running gateway's links are about to go (a crash): what they decided is kept for
+    /// the counts, and the next gateway starts with none.
+    fn bank_links(&mut self) {
+        let l = self.links.counters();
+        self.links_before.over_cap += l.over_cap;
+        self.links_before.back_pressured += l.back_pressured;
+        self.links = EngineLinks::new(links_config(&self.cfg));
     }
 
     /// One step; `false`: the seed ended (a correct refusal).
     fn step_once(&mut self) -> Result<bool, String> {
         self.draw_outage();
+        self.draw_engine_fault();
         let roll = self.rng.gen_range(0..1000u32);
         match roll {
             0..=449 => self.new_order()?,
@@ -707,22 +841,188 @@ impl World {
                 self.advance(ms * 1_000_000);
             }
         }
-        self.reconnect_engines(false)?;
+        self.engine_turns()?;
         self.poll()?;
         Ok(true)
     }
 
     // ---- engines ----
 
+    /// Starts an engine fault, drawn per step from a stream of its own (phase C): an engine
+    /// frozen (reads and writes nothing; a third of them close their connection when the
+    /// freeze ends), silent (sends nothing, not even heartbeats, but reads), a slow reader
+    /// (reads nothing, sends), a logon that stalls past the logon timeout, or connections
+    /// that complete their handshake and never log on.
+    fn draw_engine_fault(&mut self) {
+        if !self.cfg.engine_faults {
+            return;
+        }
+        let roll = self.engine_rng.gen_range(0..1000u32);
+        let i = self.engine_rng.gen_range(0..self.engines.len());
+        let now = self.now();
+        let ms = 1_000_000;
+        let e = &mut self.engines[i];
+        match roll {
+            0..=7 if e.is_up() && now >= e.frozen_until => {
+                e.frozen_until = now + self.engine_rng.gen_range(50..1_500u64) * ms;
+                e.drop_after_freeze = self.engine_rng.gen_range(0..3) == 0;
+                self.report.faults[ENGINE_FREEZE] += 1;
+                if e.drop_after_freeze {
+                    self.report.faults[ENGINE_FREEZE_DROP] += 1;
+                }
+            }
+            8..=15 if e.is_up() && now >= e.silent_until => {
+                e.silent_until = now + self.engine_rng.gen_range(100..1_200u64) * ms;
+                self.report.faults[ENGINE_SILENT] += 1;
+            }
+            16..=21 if e.is_up() && now >= e.slow_until => {
+                e.slow_until = now + self.engine_rng.gen_range(300..3_000u64) * ms;
+                self.report.faults[ENGINE_SLOW] += 1;
+            }
+            22..=24 if e.logon_stall == 0 => {
+                e.logon_stall = self.engine_rng.gen_range(50..800u64) * ms;
+                self.report.faults[LOGON_STALL] += 1;
+            }
+            25..=27 => {
+                for _ in 0..self.engine_rng.gen_range(1..=3) {
+                    self.report.faults[STRANGER] += 1;
+                    if let Admission::Pending(cid) = self.links.handle_accepted(sim_clock().mono) {
+                        self.strangers.push(cid);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The gateway's view of the engines' connections, and its links and driver.
+    fn wire(&mut self) -> (&mut EngineLinks, &mut FixDriver<SimLink>, Wire<'_>) {
+        let now = self.net.borrow().now;
+        (
+            &mut self.links,
+            self.driver.as_mut().expect("a running gateway"),
+            Wire {
+                engines: &mut self.engines,
+                strangers: &mut self.strangers,
+                disconnected: &mut self.disconnected,
+                closed: &mut self.closed,
+                now,
+            },
+        )
+    }
+
+    /// Each engine's turn at the simulated time: a frozen one does nothing; others connect
+    /// when due, send their logon, notice a connection the gateway closed, read their ring
+    /// (unless slow) and send their heartbeat (unless silent).
+    fn engine_turns(&mut self) -> Result<(), String> {
+        let now = self.now();
+        for i in 0..self.engines.len() {
+            let e = &mut self.engines[i];
+            if now < e.frozen_until {
+                continue;
+            }
+            if e.drop_after_freeze {
+                // The freeze ended: it closes its connection (a process that comes back
+                // to a link it no longer trusts), and reconnects a little later.
+                e.drop_after_freeze = false;
+                if e.is_up() {
+                    e.conn = Conn::ClosedByEngine;
+                    e.reconnect_at = now + 200_000_000;
+                    continue;
+                }
+            }
+            match &mut e.conn {
+                Conn::Idle if now >= e.reconnect_at => {
+                    match self.links.handle_accepted(sim_clock().mono) {
+                        Admission::Pending(cid) => {
+                            let logon_at = now + std::mem::take(&mut e.logon_stall);
+                            e.conn = Conn::Pending { cid, logon_at };
+                            if logon_at <= now {
+                                // Its logon follows the handshake at once.
+                                self.engine_logon(i, cid)?;
+                            }
+                        }
+                        Admission::OverCap { .. } => e.reconnect_at = now + 100_000_000,
+                    }
+                }
+                Conn::Pending { cid, logon_at } if now >= *logon_at => {
+                    let cid = *cid;
+                    self.engine_logon(i, cid)?;
+                }
+                Conn::ClosedByGateway => {
+                    // A reader disconnected for not reading comes back reading (one that
+                    // never reads falls behind the history whatever the gateway does: its
+                    // logon is refused `ReplayUnavailable`, by design).
+                    e.slow_until = e.slow_until.min(now);
+                    e.conn = Conn::Idle;
+                    e.reconnect_at = now + self.engine_rng.gen_range(0..2_000u64) * 1_000_000;
+                }
+                Conn::Up { ring } => {
+                    let mut got = Vec::new();
+                    if now >= e.slow_until {
+                        for f in ring.drain(..) {
+                            if let Frame::Response(r) = f {
+                                got.push((e.id, r));
+                            }
+                        }
+                    }
+                    if now >= e.silent_until && now >= e.heartbeat_at + ENGINE_HEARTBEAT_NS {
+                        e.heartbeat_at = now;
+                        e.out
+                            .push_back((u16::from(crate::proto::msg_type::HEARTBEAT), Vec::new()));
+                    }
+                    let burst = now < e.slow_until && now >= e.silent_until;
+                    self.deliver(got)?;
+                    if burst {
+                        for _ in 0..SLOW_BURST {
+                            self.engine_order(i);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Engine `i` sends its logon on `cid`: refused if the gateway still links it (the
+    /// answer is read at once and the links close the connection), else logged on through
+    /// the service's path ([`engine_io::logon`]), replay first.
+    fn engine_logon(&mut self, i: usize, cid: crate::gateway::ConnId) -> Result<(), String> {
+        let now = self.now();
+        let (id, after) = (self.engines[i].id, self.engines[i].last_seq);
+        let mono = sim_clock().mono;
+        if let Err(s) = self.driver().gateway().responses_after(id, after) {
+            return Err(format!(
+                "engine {id} logs on after response {after}: {s:?} (the gateway lost \
+                 responses the engine had)"
+            ));
+        }
+        let accepted = !self.links.is_linked(id) && {
+            let (links, driver, _) = self.wire();
+            engine_io::logon(links, driver, cid, id, after, mono).is_some()
+        };
+        let e = &mut self.engines[i];
+        if accepted {
+            e.conn = Conn::Up {
+                ring: Default::default(),
+            };
+            e.heartbeat_at = now;
+            let (links, _, mut wire) = self.wire();
+            engine_io::offer_queued(links, &mut wire, id);
+        } else {
+            // AlreadyConnected: the gateway has not noticed its last connection went.
+            self.links.handle_refused(cid, mono);
+            self.links.handle_answer_read(cid);
+        }
+        self.flush()
+    }
+
     fn deliver(&mut self, got: Vec<(EngineId, Response)>) -> Result<(), String> {
         for (id, r) in got {
             let Some(e) = self.engines.iter_mut().find(|e| e.id == id) else {
                 return Err(format!("a response for unknown engine {id}"));
             };
-            if !e.connected {
-                // Its connection is gone: the logon's replay brings it.
-                continue;
-            }
             let seq = r.seq();
             if seq != 0 {
                 if seq != e.last_seq + 1 {
@@ -757,22 +1057,125 @@ impl World {
         Ok(())
     }
 
+    /// The gateway polls the engines' rings, as the service does: requests to the driver,
+    /// any frame a sign of life, a connection the engine closed found lost.
+    fn poll_engines(&mut self) {
+        let now = sim_clock();
+        let (links, driver, wire) = self.wire();
+        for e in wire.engines.iter_mut() {
+            let polled = match e.conn {
+                Conn::Up { .. } => {
+                    let n = e.out.len();
+                    for (ty, payload) in e.out.drain(..) {
+                        engine_io::take_frame(driver, e.id, ty, &payload, now.wall);
+                    }
+                    Ok(n)
+                }
+                Conn::ClosedByEngine if !links.is_linked(e.id) => {
+                    // The gateway let it go already: nothing left to notice.
+                    e.conn = Conn::Idle;
+                    continue;
+                }
+                Conn::ClosedByEngine => Err(()),
+                _ => continue,
+            };
+            engine_io::frames_polled(links, e.id, polled, now.mono);
+        }
+    }
+
+    /// What the driver holds for the engines, through the service's path, then the checks
+    /// on what the links decided.
     fn flush(&mut self) -> Result<(), String> {
-        let mut got = Vec::new();
-        self.driver()
-            .flush_with(|e, r| got.push((e, *r)))
+        let now = sim_clock();
+        let (links, driver, mut wire) = self.wire();
+        engine_io::flush(links, driver, &mut wire, now)
             .map_err(|e| format!("flush: {}", chain(&e)))?;
+        self.check_disconnects()?;
+        self.read_rings()
+    }
+
+    /// Engines that read (not frozen, not slow) take what their ring holds as it arrives,
+    /// as a busy-polling engine does.
+    fn read_rings(&mut self) -> Result<(), String> {
+        let now = self.now();
+        let mut got = Vec::new();
+        for e in &mut self.engines {
+            if now < e.frozen_until || now < e.slow_until {
+                continue;
+            }
+            if let Conn::Up { ring } = &mut e.conn {
+                for f in ring.drain(..) {
+                    if let Frame::Response(r) = f {
+                        got.push((e.id, r));
+                    }
+                }
+            }
+        }
         self.deliver(got)
     }
 
+    /// Cancel-on-disconnect fired for every engine the links disconnected: each of its
+    /// orders not done has a cancel in flight, or waits for the venue (its deadline armed:
+    /// the session was down), or for the disk (the journal degraded: the disconnect is
+    /// deferred until it can be journaled).
+    fn check_disconnects(&mut self) -> Result<(), String> {
+        let gone = std::mem::take(&mut self.disconnected);
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let d = self.driver.as_ref().expect("a running gateway");
+        let gw = d.gateway();
+        let deadlines = gw.restart_deadlines();
+        for (id, reason) in gone {
+            match reason {
+                DisconnectReason::Silent(_) => self.report.faults[LINK_SILENT] += 1,
+                DisconnectReason::BacklogFull => self.report.faults[LINK_BACKLOG] += 1,
+                DisconnectReason::Lost | DisconnectReason::CutOff => {
+                    self.report.faults[LINK_LOST] += 1
+                }
+            }
+            if d.is_degraded() || deadlines.iter().any(|(e, _)| *e == id) {
+                continue;
+            }
+            let mut stuck: Vec<u64> = gw
+                .orders()
+                .filter(|(_, o)| {
+                    o.engine == id && o.status != OrderStatus::Done && !o.has_pending_change()
+                })
+                .map(|(_, o)| o.cl_ord_id)
+                .collect();
+            if !stuck.is_empty() {
+                stuck.sort_unstable();
+                return Err(format!(
+                    "engine {id} disconnected ({reason:?}) but cancel-on-disconnect did not \
+                     fire for its open orders {stuck:?}"
+                ));
+            }
+        }
+        for reason in std::mem::take(&mut self.closed) {
+            if reason == CloseReason::LogonTimeout {
+                self.report.faults[LINK_LOGON_TIMEOUT] += 1;
+            }
+        }
+        Ok(())
+    }
+
     fn pick_engine(&mut self) -> Option<usize> {
+        let now = self.now();
         let live: Vec<usize> = (0..self.engines.len())
-            .filter(|&i| self.engines[i].connected)
+            .filter(|&i| self.engines[i].can_send(now))
             .collect();
         (!live.is_empty()).then(|| live[self.rng.gen_range(0..live.len())])
     }
 
-    /// Stages a new order of a connected engine (not flushed); false if none is connected.
+    /// Engine `i` writes a request for the gateway.
+    fn send(&mut self, i: usize, bytes: &[u8]) {
+        let ty = u16::from(bytes[0]);
+        self.engines[i].out.push_back((ty, bytes.to_vec()));
+    }
+
+    /// A connected engine writes a new order (the gateway has not polled it yet); false if
+    /// no engine can send.
     fn stage_new_order(&mut self) -> bool {
         let Some(i) = self.pick_engine() else {
             return false;
@@ -784,17 +1187,26 @@ impl World {
             Side::Sell
         };
         let px = 100 * PRICE_SCALE + self.rng.gen_range(-50..50i64) * PRICE_SCALE / 100;
-        let now = self.now();
         let e = &mut self.engines[i];
         let (_, m) = e.client.new_order(e.account, e.symbol, side, qty, px);
-        let id = e.id;
-        self.driver()
-            .stage_engine_message(id, m.as_bytes(), Wall::from_nanos(now));
+        self.send(i, m.as_bytes());
         true
+    }
+
+    /// Engine `i` writes a new order drawn from the engine faults' stream.
+    fn engine_order(&mut self, i: usize) {
+        let r = &mut self.engine_rng;
+        let (qty, buy) = (r.gen_range(1..100u32), r.gen_bool(0.5));
+        let px = 100 * PRICE_SCALE + r.gen_range(-50..50i64) * PRICE_SCALE / 100;
+        let side = if buy { Side::Buy } else { Side::Sell };
+        let e = &mut self.engines[i];
+        let (_, m) = e.client.new_order(e.account, e.symbol, side, qty, px);
+        self.send(i, m.as_bytes());
     }
 
     fn new_order(&mut self) -> Result<(), String> {
         if self.stage_new_order() {
+            self.poll_engines();
             self.flush()?;
         }
         Ok(())
@@ -815,19 +1227,20 @@ impl World {
         }
         open.sort_unstable();
         let cl = open[self.rng.gen_range(0..open.len())];
-        let now = self.now();
-        let e = &mut self.engines[i];
-        let c = e.client.cancel(cl);
-        let id = e.id;
-        self.driver()
-            .stage_engine_message(id, c.as_bytes(), Wall::from_nanos(now));
+        let c = self.engines[i].client.cancel(cl);
+        self.send(i, c.as_bytes());
+        self.poll_engines();
         self.flush()
     }
 
-    /// Every engine cancels every order it holds open (at the end: resting orders end so).
+    /// Every engine that can send cancels every order it holds open (at the end: resting
+    /// orders end so).
     fn cancel_all_open(&mut self) -> Result<(), String> {
         let now = self.now();
         for i in 0..self.engines.len() {
+            if !self.engines[i].can_send(now) {
+                continue;
+            }
             let mut open: Vec<u64> = self.engines[i]
                 .client
                 .orders()
@@ -836,16 +1249,16 @@ impl World {
                 .collect();
             open.sort_unstable();
             for cl in open {
-                let e = &mut self.engines[i];
-                let c = e.client.cancel(cl);
-                let id = e.id;
-                self.driver()
-                    .stage_engine_message(id, c.as_bytes(), Wall::from_nanos(now));
+                let c = self.engines[i].client.cancel(cl);
+                self.send(i, c.as_bytes());
             }
         }
+        self.poll_engines();
         self.flush()
     }
 
+    /// An engine closes its connection (the gateway finds it lost at its poll, at once, and
+    /// its cancel-on-disconnect runs), and logs on again 0–8 s later.
     fn engine_disconnect(&mut self) -> Result<(), String> {
         let Some(i) = self.pick_engine() else {
             return Ok(());
@@ -854,39 +1267,11 @@ impl World {
         let now = self.now();
         let back = self.rng.gen_range(0..8_000u64) * 1_000_000;
         let e = &mut self.engines[i];
-        e.connected = false;
+        e.conn = Conn::ClosedByEngine;
+        e.out.clear();
         e.reconnect_at = now + back;
-        let id = e.id;
-        self.driver()
-            .stage_engine_disconnect(id, Wall::from_nanos(now));
+        self.poll_engines();
         self.flush()
-    }
-
-    /// Engines whose time has come log on again (all of them with `all`), replay first.
-    fn reconnect_engines(&mut self, all: bool) -> Result<(), String> {
-        let now = self.now();
-        for i in 0..self.engines.len() {
-            let e = &self.engines[i];
-            if e.connected || (!all && now < e.reconnect_at) {
-                continue;
-            }
-            let (id, after) = (e.id, e.last_seq);
-            let d = self.driver();
-            d.stage(|gw, out| gw.on_engine_logon(id, out));
-            let missed: Vec<(EngineId, Response)> = match d.gateway().responses_after(id, after) {
-                Ok(it) => it.map(|r| (id, *r)).collect(),
-                Err(s) => {
-                    return Err(format!(
-                        "engine {id} logs on after response {after}: {s:?} (the gateway \
-                         lost responses the engine had)"
-                    ))
-                }
-            };
-            self.engines[i].connected = true;
-            self.deliver(missed)?;
-            self.flush()?;
-        }
-        Ok(())
     }
 
     fn kill_switch(&mut self) -> Result<(), String> {
@@ -917,12 +1302,15 @@ impl World {
         if d.is_connecting() {
             let _ = d.poll_connect_at(now);
         }
-        let mut got = Vec::new();
-        self.driver()
-            .poll_with(now, |e, r| got.push((e, *r)))
+        // The service's turn: engines, the venue, then the links' timers.
+        self.poll_engines();
+        let (links, driver, mut wire) = self.wire();
+        engine_io::poll_venue(links, driver, &mut wire, now)
             .map_err(|e| format!("poll: {}", chain(&e)))?;
-        while self.driver().pop_kicked().is_some() {}
-        self.deliver(got)
+        engine_io::poll_links(links, driver, &mut wire, now)
+            .map_err(|e| format!("poll: {}", chain(&e)))?;
+        self.check_disconnects()?;
+        self.read_rings()
     }
 
     fn check_venue(&self) -> Result<(), String> {
@@ -951,6 +1339,7 @@ impl World {
             self.disk.arm_crash(0);
             let staged = self.stage_new_order();
             if staged {
+                self.poll_engines();
                 let _ = self.driver().flush_with(|_, _| {});
             }
             // A rotation attempt, even one that failed (phase B: a link or rename error),
@@ -971,10 +1360,15 @@ impl World {
             n.blackhole = false;
             n.cut();
         }
+        // The links die with the process, and every connection with them.
+        self.bank_links();
         for e in &mut self.engines {
-            e.connected = false;
+            e.reset();
             e.reconnect_at = 0;
         }
+        self.strangers.clear();
+        self.disconnected.clear();
+        self.closed.clear();
         let io = |e: std::io::Error| format!("damaging the journal: {e}");
         let lie = (self.cfg.lose_durable_bytes > 0)
             .then_some((self.path.as_path(), self.cfg.lose_durable_bytes));
@@ -1252,10 +1646,19 @@ impl World {
             n.frozen_until = 0;
             (n.delay_ppm, n.dup_ppm, n.reorder_ppm) = (0, 0, 0);
         }
+        // Engines stop misbehaving: every one comes back and reads.
+        let now = self.now();
+        for e in &mut self.engines {
+            e.frozen_until = e.frozen_until.min(now);
+            e.silent_until = e.silent_until.min(now);
+            e.slow_until = e.slow_until.min(now);
+            e.logon_stall = 0;
+            e.reconnect_at = e.reconnect_at.min(now);
+        }
         let mut quiet = false;
         for turn in 0..3_000 {
             self.advance(10_000_000);
-            self.reconnect_engines(true)?;
+            self.engine_turns()?;
             let active = self.driver().gateway().session().state() == SessionState::Active;
             if active && turn % 50 == 0 {
                 // Orders resting at the venue end when their engine cancels them.
@@ -1264,10 +1667,17 @@ impl World {
             self.poll()?;
             self.check_venue()?;
             let gw = self.driver.as_ref().expect("a running gateway").gateway();
+            // Every engine logged on, with nothing left to read or to offer.
+            let engines_read = self.engines.iter().all(|e| {
+                matches!(&e.conn, Conn::Up { ring } if ring.is_empty())
+                    && e.last_seq == gw.last_response_seq(e.id)
+            });
             if gw.session().state() == SessionState::Active
                 && gw.open_order_count() == 0
                 && gw.unacknowledged() == (0, 0)
                 && self.net.borrow().to_gw.is_empty()
+                && engines_read
+                && !self.links.has_queued()
             {
                 quiet = true;
                 break;
@@ -1295,7 +1705,7 @@ impl World {
             return Err(format!(
                 "did not settle in 30 s of quiet: session {:?}, open orders {}, unanswered \
                  {:?}; first: {}; session next_in {} next_out {} queued {} resend {} \
-                 {:?}; venue next_in {} sent {}; gateway {:?}",
+                 {:?}; venue next_in {} sent {}; gateway {:?}; engines {}",
                 gw.session().state(),
                 gw.open_order_count(),
                 gw.unacknowledged(),
@@ -1308,6 +1718,17 @@ impl World {
                 net.record.next_in,
                 net.venue.sent_len(),
                 gw.counters(),
+                self.engines
+                    .iter()
+                    .map(|e| format!(
+                        "{}: {:?} read {} of {}",
+                        e.id,
+                        e.conn,
+                        e.last_seq,
+                        gw.last_response_seq(e.id)
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             ));
         }
         self.check_state()?;
