@@ -40,6 +40,10 @@ pub const PACKAGES: &[&str] = &[
     "libbsd-dev",
     // `cargo xtask test` runs the ring's loopback tests under memcheck.
     "valgrind",
+    // rdma-core's Python binding: the raw-verbs attackers of the guest tests
+    // (`core/tests/attackers/*.py`, run with /usr/bin/python3). The guests
+    // see it because they run in a chroot of this machine's root.
+    "python3-pyverbs",
 ];
 
 /// Modules the guest loads, in this order (dependencies are resolved by
