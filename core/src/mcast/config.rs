@@ -357,8 +357,10 @@ pub struct RecoveryServerConfig {
     /// proved) must echo an admission cookie before it takes a slot: it is
     /// answered a reject carrying a cookie bound to its address, valid one
     /// to two `handshake_timeout_ns`, and the subscriber connects again
-    /// with it ([`crate::admission::CookieJar`]). A captured hello replayed
-    /// from other addresses then holds at most this many slots. 0: always.
+    /// with it ([`crate::admission::CookieJar`]). Proved hellos that never
+    /// echo one (sent from addresses their sender cannot receive at) then
+    /// hold at most this many slots; a replayed hello gets silence before
+    /// this (`request_max_age_ms`). 0: always.
     /// Less than `max_connections`.
     pub cookie_when_pending: usize,
     /// A connection whose proof of the shared secret has not arrived this
