@@ -923,6 +923,189 @@ fn rdma_orders_strangers_flooding_from_many_addresses_never_keep_an_engine_out()
     drop(extra);
 }
 
+/// A pyverbs attacker (`tests/attackers/*.py`, Debian's python3-pyverbs,
+/// rdma-core's own Python binding) started with Debian's interpreter; its
+/// standard input is kept open (closing it stops the attacker) and its
+/// standard output read line by line.
+struct PyAttacker {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl PyAttacker {
+    fn start(script: &str, args: &[String]) -> PyAttacker {
+        use std::io::BufRead;
+        let path = format!("{}/tests/attackers/{script}", env!("CARGO_MANIFEST_DIR"));
+        // Debian's interpreter: the python3 first on PATH may be a build that does
+        // not see Debian's python3-pyverbs (`cargo xtask setup` installs it).
+        let mut child = std::process::Command::new("/usr/bin/python3")
+            .arg(&path)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {path} with /usr/bin/python3: {e}"));
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        PyAttacker { child, lines }
+    }
+
+    /// The next line it printed, within `within`.
+    fn line(&self, within: Duration) -> String {
+        self.lines.recv_timeout(within).unwrap_or_else(|e| {
+            panic!("the attacker printed nothing more within {within:?} ({e}): did python3-pyverbs load? (`cargo xtask setup` installs it)")
+        })
+    }
+
+    /// Waits for a line equal to `want`, within `within`.
+    fn wait_for(&self, want: &str, within: Duration) {
+        let t = Instant::now();
+        loop {
+            let l = self.line(within.saturating_sub(t.elapsed()));
+            eprintln!("attacker: {l}");
+            if l == want {
+                return;
+            }
+        }
+    }
+
+    /// Closes its standard input (it stops), and returns its last line (its
+    /// report), parsed.
+    fn stop(mut self) -> serde_json::Value {
+        drop(self.child.stdin.take());
+        let mut last = None;
+        let t = Instant::now();
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(60)) {
+            if l.starts_with('{') {
+                last = Some(l);
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the attacker never stopped"
+            );
+        }
+        let st = self.child.wait().expect("wait for the attacker");
+        assert!(st.success(), "the attacker failed: {st}");
+        let last = last.expect("the attacker's report");
+        serde_json::from_str(&last).unwrap_or_else(|e| panic!("{e}: {last}"))
+    }
+}
+
+/// Issue 41, with an attacker that is not rocebus: a raw rdma_cm/verbs
+/// stranger written in Python with rdma-core's own binding (pyverbs,
+/// `tests/attackers/cm_flood.py`) floods the orders listener from three
+/// addresses, one process each, with connect requests carrying a captured
+/// genuine request replayed byte for byte, that request with a random proof
+/// or an altered nonce, and random junk of 0 to 56 bytes; it keeps every
+/// connection the listener would establish. Meanwhile an engine that was
+/// connected drops its connection and reconnects: it is in again within one
+/// handshake time (`connect_timeout_ms`, 5 s), and served. Every request of
+/// the flood gets silence (a reject with no private data: no proof, nonce,
+/// cookie or reason), the replays included (`ReplayGuard`, counted
+/// `replayed`), and none takes a slot. Without the replay guard the replays
+/// were answered, with the listener's proof, and held slots.
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_orders_a_pyverbs_stranger_flooding_never_keeps_an_engine_out() {
+    let ip = local_ip();
+    let extra: Vec<common::SecondAddress> = (0..3)
+        .map(|i| common::SecondAddress::add(ip, 130 + i))
+        .collect();
+    let addr = SocketAddr::new(ip, 7482);
+    let c = cfg(1 << 16, 1024);
+    assert_eq!(c.connect_timeout_ms, 5000);
+    let srv = Server::start(addr, c.clone());
+    let mut engine = Connection::connect(&c, addr).expect("the engine, before the flood");
+    ping(&mut engine, 0);
+    // A genuine request, captured (its peer goes away at once, never proving).
+    let captured = {
+        let ini = Initiator::new(Key::derive(b"test-token", Purpose::Orders));
+        let genuine = RawPeer::connect(addr, 16, &ini).expect("genuine");
+        genuine.sent.as_bytes().to_vec()
+    };
+    let hex: String = captured.iter().map(|b| format!("{b:02x}")).collect();
+    let srcs: Vec<String> = extra.iter().map(|a| a.0.to_string()).collect();
+    let flood = PyAttacker::start(
+        "cm_flood.py",
+        &[
+            "--dst".into(),
+            ip.to_string(),
+            "--port".into(),
+            addr.port().to_string(),
+            "--src".into(),
+            srcs.join(","),
+            "--replay".into(),
+            hex,
+        ],
+    );
+    // Under emulation python and pyverbs take seconds to load.
+    flood.wait_for("flooding", Duration::from_secs(90));
+    flood.wait_for("progress 50", Duration::from_secs(90));
+    // The engine loses its connection and comes back while the flood goes on.
+    engine.close();
+    let t = Instant::now();
+    let mut tries = 0;
+    let mut engine = loop {
+        tries += 1;
+        match Connection::connect(&c, addr) {
+            Ok(conn) => break conn,
+            Err(e) if t.elapsed() < Duration::from_millis(c.connect_timeout_ms) => {
+                eprintln!("engine refused: {e}");
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!(
+                "the engine was kept out for {:?} ({tries} tries): {e}",
+                t.elapsed()
+            ),
+        }
+    };
+    let took = t.elapsed();
+    for i in 1..5 {
+        ping(&mut engine, i);
+    }
+    let report = flood.stop();
+    eprintln!("engine back in after {took:?} ({tries} tries); pyverbs flood: {report}");
+    let total = &report["total"];
+    let n = |v: &serde_json::Value| v.as_u64().expect("a count");
+    assert!(
+        n(&total["attempts"]) >= 50,
+        "the flood never got going: {report}"
+    );
+    assert_eq!(
+        n(&total["answered"]),
+        0,
+        "the listener answered the flood: {report}"
+    );
+    for kind in ["replay", "forged", "renonced", "garbage"] {
+        assert!(
+            n(&report["by_kind"][kind]["silenced"]) > 0,
+            "no {kind} request was silenced: {report}"
+        );
+    }
+    assert!(
+        took < Duration::from_millis(c.connect_timeout_ms),
+        "{took:?}"
+    );
+    engine.close();
+    let r = srv.stop();
+    eprintln!("{r:?}");
+    assert_eq!(r.stats.pending_full, 0, "{r:?}");
+    assert!(r.stats.replayed > 0, "replays get silence: {r:?}");
+    assert!(r.stats.unproved > 0, "{r:?}");
+    // The engine, twice: neither the captured request's own peer nor any
+    // request of the flood ever got that far.
+    assert_eq!(r.stats.accepted, 2, "{r:?}");
+    drop(extra);
+}
+
 /// Issue 41: whatever a stranger sends (a well-formed hello with a wrong or
 /// random proof, the previous version's hello, junk, nothing), what comes
 /// back is a reject with no private data: no nonce, no proof keyed by the

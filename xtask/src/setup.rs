@@ -43,6 +43,10 @@ pub const PACKAGES: &[&str] = &[
     // ffi/: the C and C++ examples of the C ABI, built and run by its tests.
     "gcc",
     "g++",
+    // rdma-core's Python binding: the raw-verbs attackers of the guest tests
+    // (`core/tests/attackers/*.py`, run with /usr/bin/python3). The guests
+    // see it because they run in a chroot of this machine's root.
+    "python3-pyverbs",
 ];
 
 /// Modules the guest loads, in this order (dependencies are resolved by

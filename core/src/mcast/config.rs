@@ -41,6 +41,8 @@
 //! cookie_when_pending = 4       # this many handshakes in progress: a proved hello must
 //!                               # echo an address-bound cookie first (< max_connections)
 //! handshake_timeout_ns = 1000000000
+//! request_max_age_ms = 30000    # a hello made longer ago (or ahead) is refused; one
+//!                               # answered before is refused inside this window (a replay)
 //! requests_per_sec = 2000       # retransmit requests per connection
 //! request_burst = 256
 //! snapshots_per_sec = 5         # snapshot requests per connection
@@ -355,13 +357,22 @@ pub struct RecoveryServerConfig {
     /// proved) must echo an admission cookie before it takes a slot: it is
     /// answered a reject carrying a cookie bound to its address, valid one
     /// to two `handshake_timeout_ns`, and the subscriber connects again
-    /// with it ([`crate::admission::CookieJar`]). A captured hello replayed
-    /// from other addresses then holds at most this many slots. 0: always.
+    /// with it ([`crate::admission::CookieJar`]). Proved hellos that never
+    /// echo one (sent from addresses their sender cannot receive at) then
+    /// hold at most this many slots; a replayed hello gets silence before
+    /// this (`request_max_age_ms`). 0: always.
     /// Less than `max_connections`.
     pub cookie_when_pending: usize,
     /// A connection whose proof of the shared secret has not arrived this
     /// long after the accept is dropped.
     pub handshake_timeout_ns: u64,
+    /// A proved hello made (by the time in its nonce, covered by its
+    /// proof) more than this long before or after the publisher's wall
+    /// clock is refused, and one answered before is refused inside this
+    /// window: a captured hello played again gets silence and no slot
+    /// ([`crate::admission::ReplayGuard`], as on the orders listener). The
+    /// hosts' clocks must agree within it. At least 1000.
+    pub request_max_age_ms: u64,
     /// Retransmit requests per second per connection (token bucket); the
     /// excess is dropped and counted.
     pub requests_per_sec: u64,
@@ -441,6 +452,7 @@ impl Default for RecoveryServerConfig {
             max_pending_per_address: 2,
             cookie_when_pending: 4,
             handshake_timeout_ns: 1_000_000_000,
+            request_max_age_ms: 30_000,
             requests_per_sec: 2000,
             request_burst: 256,
             snapshots_per_sec: 5,
@@ -755,6 +767,15 @@ impl McastConfig {
             return Err(invalid(
                 "recovery_server.handshake_timeout_ns",
                 "must be greater than 0",
+            ));
+        }
+        if rs.request_max_age_ms < 1000 {
+            return Err(invalid(
+                "recovery_server.request_max_age_ms",
+                format!(
+                    "{} is below 1000: the hosts' clocks must agree within it, and a hello must get there in it",
+                    rs.request_max_age_ms
+                ),
             ));
         }
         for (key, rate, burst) in [
@@ -1125,6 +1146,10 @@ qkey = 0x11111111
             ("snapshot_burst = 0", "recovery_server.snapshot_burst"),
             ("max_outbox_bytes = 1", "recovery_server.max_outbox_bytes"),
             ("stall_timeout_ns = 0", "recovery_server.stall_timeout_ns"),
+            (
+                "request_max_age_ms = 999",
+                "recovery_server.request_max_age_ms",
+            ),
             (
                 "repair_bytes_per_sec = 0",
                 "recovery_server.repair_bytes_per_sec",

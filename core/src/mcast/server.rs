@@ -10,7 +10,11 @@
 //! What it decides, per connection (see `[recovery_server]` in
 //! [`super::config`]):
 //! - admission ([`crate::admission`]): a hello whose first proof of the
-//!   secret does not check out gets an empty reject and nothing else; with
+//!   secret does not check out gets an empty reject and nothing else; so
+//!   does a proved hello answered before, or made further than
+//!   `request_max_age_ms` from our wall clock (a captured hello played
+//!   again: [`ReplayGuard`], checked before the cookie, counted
+//!   `connections_replayed`); with
 //!   `cookie_when_pending` handshakes in progress, a proved hello must echo
 //!   an address-bound cookie first (else it is answered a reject carrying
 //!   one, and nothing is kept: a captured hello replayed from other
@@ -93,7 +97,10 @@ use super::wire::{
     self, Hello, RecoveryHeader, RecoveryMsg, RetransmitRequest, Welcome, RECOVERY_HEADER_LEN,
     WELCOME_SIGNED_LEN,
 };
-use crate::admission::{self, Admit, Cookie, CookieJar, CookieReply, PendingRefusal};
+use crate::admission::{
+    self, Admit, Cookie, CookieJar, CookieReply, PendingRefusal, Replay, ReplayGuard,
+    REPLAY_GUARD_CAPACITY,
+};
 use crate::auth::{Initiator, Key, Responder};
 use crate::clock::Mono;
 
@@ -136,6 +143,11 @@ pub struct RecoveryCounters {
     /// (strangers, junk, older subscribers, a cookie of another address or
     /// too old): rejected with no private data.
     pub connections_unproved: u64,
+    /// Proved connect requests whose hello was answered before, or made
+    /// further than `request_max_age_ms` from the publisher's wall clock
+    /// (a captured hello played again): rejected with no private data,
+    /// no slot taken ([`ReplayGuard`]).
+    pub connections_replayed: u64,
     /// Proved connect requests answered a cookie (`cookie_when_pending`
     /// handshakes in progress and none echoed): nothing kept.
     pub cookies_sent: u64,
@@ -464,6 +476,9 @@ pub struct RecoveryServer {
     key: Key,
     /// Cookies for hellos under load (`cookie_when_pending`).
     cookies: CookieJar,
+    /// Hellos answered inside `request_max_age_ms`: each first proof is
+    /// answered at most once.
+    replays: ReplayGuard,
     /// The welcome without nonce and proof: channel, flags, session, QPN, GID.
     identity: Welcome,
     conns: Vec<Conn>,
@@ -500,6 +515,10 @@ impl RecoveryServer {
             key,
             // A cookie lives one to two handshake times.
             cookies: CookieJar::new(l.handshake_timeout_ns),
+            replays: ReplayGuard::new(
+                l.request_max_age_ms.saturating_mul(1_000_000),
+                REPLAY_GUARD_CAPACITY,
+            ),
             identity,
             conns: Vec::with_capacity(l.max_connections),
             next_id: 0,
@@ -567,10 +586,28 @@ impl RecoveryServer {
     /// or the hello is not ours; else a new connection `id` to be accepted
     /// with the returned welcome (which carries our nonce and proof) and
     /// reported [`on_established`](Self::on_established) within the set-up
-    /// timeout. The order of the checks is [`crate::admission`]'s.
+    /// timeout. The order of the checks is [`crate::admission`]'s. Reads
+    /// the wall clock for the replay guard; see
+    /// [`on_connect_request_at`](Self::on_connect_request_at).
     pub fn on_connect_request(
         &mut self,
         now: u64,
+        peer: String,
+        private_data: &[u8],
+    ) -> Result<(u32, Welcome), Refused> {
+        let wall = crate::clock::Wall::now().as_nanos();
+        self.on_connect_request_at(now, wall, peer, private_data)
+    }
+
+    /// [`on_connect_request`](Self::on_connect_request) at wall-clock time
+    /// `wall` (nanoseconds since the UNIX epoch): a proved hello made
+    /// further than `request_max_age_ms` from it, or answered before inside
+    /// that window, is refused as [`UNPROVED`] is (an empty reject, no
+    /// slot, counted `connections_replayed`) before any cookie or cap.
+    pub fn on_connect_request_at(
+        &mut self,
+        now: u64,
+        wall: u64,
         peer: String,
         private_data: &[u8],
     ) -> Result<(u32, Welcome), Refused> {
@@ -605,6 +642,24 @@ impl RecoveryServer {
             }
             return Err(UNPROVED);
         };
+        // A first proof answered before, or too old or too new to tell from
+        // one: silence, before the cookie (a replay costs nothing, not even
+        // a cookie) and before any slot.
+        let made = crate::auth::nonce_time(&proved.nonce);
+        if let Err(r) = self.replays.check(&proved.nonce, made, wall) {
+            self.counters.connections_replayed += 1;
+            if self.log.allow(now) {
+                let detail = match r {
+                    Replay::Seen => "a hello answered before (a replay)",
+                    Replay::TooOld => "a hello made too long ago (request_max_age_ms)",
+                    Replay::FromTheFuture => {
+                        "a hello made in the future (clocks differ by more than request_max_age_ms)"
+                    }
+                };
+                tracing::warn!(%peer, detail, replayed = self.counters.connections_replayed, "recovery connect request refused silently");
+            }
+            return Err(UNPROVED);
+        }
         let caps = self.cfg.limits.pending_caps();
         let pending: Vec<&str> = self
             .conns
@@ -652,6 +707,8 @@ impl RecoveryServer {
         if cookie_ok {
             self.counters.cookies_echoed += 1;
         }
+        // Answered: this first proof is spent.
+        self.replays.record(&hello.nonce, made, wall);
         let mut ctx = [0u8; HELLO_LEN + WELCOME_SIGNED_LEN];
         ctx[..HELLO_LEN].copy_from_slice(hello.as_bytes());
         ctx[HELLO_LEN..].copy_from_slice(self.identity.signed());
@@ -1198,7 +1255,24 @@ impl ClientHandshake {
     /// As [`new`](Self::new), the first proof over the publisher's
     /// `cookie` if it asked for one ([`cookie_asked`]).
     pub fn with_cookie(key: Key, channel: u16, tags: bool, cookie: Option<&Cookie>) -> Self {
-        let initiator = Initiator::new(key);
+        Self::with_cookie_at(key, channel, tags, cookie, crate::clock::Wall::now())
+    }
+
+    /// As [`new`](Self::new), made at wall-clock time `made` (the time
+    /// its nonce carries; simulators and tests).
+    pub fn new_at(key: Key, channel: u16, tags: bool, made: crate::clock::Wall) -> Self {
+        Self::with_cookie_at(key, channel, tags, None, made)
+    }
+
+    /// As [`with_cookie`](Self::with_cookie), made at wall-clock time `made`.
+    pub fn with_cookie_at(
+        key: Key,
+        channel: u16,
+        tags: bool,
+        cookie: Option<&Cookie>,
+        made: crate::clock::Wall,
+    ) -> Self {
+        let initiator = Initiator::new_at(key, made);
         let tag_flag = if tags { wire::FLAG_DATAGRAM_TAG } else { 0 };
         let mut hello = Hello {
             magic: wire::HELLO_MAGIC.into(),
@@ -1279,16 +1353,18 @@ mod tests {
     /// `max_pending_per_address` (2 of 3) slots: a subscriber at another
     /// address is admitted while the flood goes on; the flooder is told
     /// its address is the problem, before the total is looked at. Admitted
-    /// connections from the address do not count against it.
+    /// connections from the address do not count against it. (Each
+    /// request a fresh hello: the same one again is a replay, silenced
+    /// before any cap.)
     #[test]
     fn one_address_never_holds_every_handshake_slot() {
         let mut s = server(limits());
         let mut p = publisher();
-        let h = ClientHandshake::new(key(), CHANNEL, false);
+        let h = || ClientHandshake::new(key(), CHANNEL, false);
         let mut flood = Vec::new();
         for i in 0..100u16 {
             let peer = format!("198.18.0.101:{}", 1000 + i);
-            if let Ok((id, _)) = s.on_connect_request(0, peer, h.hello().as_bytes()) {
+            if let Ok((id, _)) = s.on_connect_request(0, peer, h().hello().as_bytes()) {
                 s.on_established(0, id);
                 flood.push(id);
             }
@@ -1296,7 +1372,7 @@ mod tests {
         assert_eq!(flood.len(), 2);
         assert_eq!(s.counters().connections_refused, 98);
         assert_eq!(
-            s.on_connect_request(0, "198.18.0.101:9".into(), h.hello().as_bytes())
+            s.on_connect_request(0, "198.18.0.101:9".into(), h().hello().as_bytes())
                 .err(),
             Some(Refused::Reason(
                 "busy: too many handshakes in progress from this address"
@@ -1307,7 +1383,7 @@ mod tests {
         assert_eq!(s.admitted_connections(), 1);
         // Full now (3): a third address is told the total.
         assert_eq!(
-            s.on_connect_request(0, "198.18.0.7:1".into(), h.hello().as_bytes())
+            s.on_connect_request(0, "198.18.0.7:1".into(), h().hello().as_bytes())
                 .err(),
             Some(Refused::Reason("busy: recovery connection limit reached"))
         );
@@ -1316,24 +1392,27 @@ mod tests {
         s.handle_timeout(2_000, &p);
         while s.poll_closed(2_000).is_some() {}
         assert!(s
-            .on_connect_request(2_000, "198.18.0.101:5".into(), h.hello().as_bytes())
+            .on_connect_request(2_000, "198.18.0.101:5".into(), h().hello().as_bytes())
             .is_ok());
         assert_eq!(address_of("198.18.0.1:4791"), "198.18.0.1");
         assert_eq!(address_of("[fe80::1]:4791"), "[fe80::1]");
         assert_eq!(address_of("a"), "a");
     }
 
-    /// Issue 41: a captured hello (a valid first proof) replayed from many
-    /// addresses, two per address (each address's cap), never completing:
-    /// with `cookie_when_pending` (4) handshakes in progress every further
-    /// replay is answered a cookie it cannot fold into the proof, and
-    /// nothing is kept, so the replays hold 4 of the 32 slots. A subscriber
-    /// elsewhere is answered a cookie, connects again with it and is
-    /// admitted. The cookie is its address's: echoed from another one it is
-    /// no proof at all. With no cookie (`cookie_when_pending` at the cap)
-    /// the replays fill all 32 slots and the subscriber is refused "busy".
+    /// Issue 41: proved hellos from many addresses, two per address (each
+    /// address's cap), never completing and never echoing a cookie (what
+    /// captures of many genuine hellos, each played once from addresses the
+    /// attacker cannot receive at, would be; the same hello again is
+    /// silenced by the replay guard before this): with `cookie_when_pending`
+    /// (4) handshakes in progress every further one is answered a cookie it
+    /// cannot fold into the proof, and nothing is kept, so they hold 4 of
+    /// the 32 slots. A subscriber elsewhere is answered a cookie, connects
+    /// again with it and is admitted. The cookie is its address's: echoed
+    /// from another one it is no proof at all. With no cookie
+    /// (`cookie_when_pending` at the cap) they fill all 32 slots and the
+    /// subscriber is refused "busy".
     #[test]
-    fn replays_of_a_captured_hello_from_many_addresses_hold_at_most_the_cookie_threshold() {
+    fn proved_hellos_from_many_addresses_never_echoing_a_cookie_hold_at_most_the_threshold() {
         for with_cookie in [true, false] {
             let mut l = RecoveryServerConfig {
                 max_connections: 32,
@@ -1344,11 +1423,11 @@ mod tests {
             }
             let mut s = server(l);
             let mut p = publisher();
-            let captured = ClientHandshake::new(key(), CHANNEL, false);
             let mut held = 0;
             for a in 1..=100u8 {
                 for port in 0..2 {
                     let peer = format!("198.18.1.{a}:{port}");
+                    let captured = ClientHandshake::new(key(), CHANNEL, false);
                     match s.on_connect_request(0, peer, captured.hello().as_bytes()) {
                         Ok((id, _)) => {
                             s.on_established(0, id);
@@ -1404,6 +1483,87 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Issue 41: a captured hello (a valid first proof of the secret),
+    /// answered once, played again from its own address and from others
+    /// gets what a stranger gets: an empty reject, no Welcome, no slot,
+    /// counted `connections_replayed`, before any cookie or cap. So does a
+    /// hello made more than `request_max_age_ms` ago, or that far ahead. A
+    /// fresh hello from the same subscriber is answered. Without the guard
+    /// every replay was welcomed and held a slot until the handshake
+    /// timeout.
+    #[test]
+    fn a_captured_hello_is_answered_once_then_gets_silence_from_any_address() {
+        let mut s = server(RecoveryServerConfig {
+            max_connections: 8,
+            ..limits()
+        });
+        let wall = crate::clock::Wall::now();
+        let captured = ClientHandshake::new(key(), CHANNEL, false);
+        assert!(s
+            .on_connect_request_at(
+                0,
+                wall.as_nanos(),
+                "198.18.0.5:1".into(),
+                captured.hello().as_bytes()
+            )
+            .is_ok());
+        for peer in ["198.18.0.5:2", "198.18.0.6:1", "198.18.0.7:1"] {
+            assert_eq!(
+                s.on_connect_request_at(
+                    0,
+                    wall.as_nanos() + 1_000,
+                    peer.into(),
+                    captured.hello().as_bytes()
+                )
+                .err(),
+                Some(UNPROVED),
+                "{peer}"
+            );
+        }
+        assert!(refusal_message(UNPROVED).is_empty());
+        assert_eq!(s.conns.len(), 1, "no slot for a replay");
+        let c = s.counters();
+        assert_eq!(
+            (
+                c.connections_replayed,
+                c.cookies_sent,
+                c.connections_refused
+            ),
+            (3, 0, 0),
+            "{c:?}"
+        );
+        // Made 31 s before the publisher's clock, or 31 s after it.
+        let age = std::time::Duration::from_secs(31);
+        for made in [
+            crate::clock::Wall::from_nanos(wall.as_nanos() - age.as_nanos() as u64),
+            wall + age,
+        ] {
+            let h = ClientHandshake::new_at(key(), CHANNEL, false, made);
+            assert_eq!(
+                s.on_connect_request_at(
+                    0,
+                    wall.as_nanos(),
+                    "198.18.0.8:1".into(),
+                    h.hello().as_bytes()
+                )
+                .err(),
+                Some(UNPROVED)
+            );
+        }
+        assert_eq!(s.counters().connections_replayed, 5);
+        // A fresh hello of the same subscriber is answered.
+        let fresh = ClientHandshake::new(key(), CHANNEL, false);
+        assert!(s
+            .on_connect_request_at(
+                0,
+                wall.as_nanos(),
+                "198.18.0.5:3".into(),
+                fresh.hello().as_bytes()
+            )
+            .is_ok());
+        assert_eq!(s.conns.len(), 2);
     }
 
     struct App(u64);
@@ -1603,8 +1763,9 @@ mod tests {
             Some(UNPROVED)
         );
         for peer in ["a", "b", "c"] {
+            let fresh = ClientHandshake::new(key(), CHANNEL, false);
             assert!(s
-                .on_connect_request(0, peer.into(), good.hello().as_bytes())
+                .on_connect_request(0, peer.into(), fresh.hello().as_bytes())
                 .is_ok());
         }
         assert_eq!(
@@ -1669,12 +1830,12 @@ mod tests {
     fn handshake_and_set_up_deadlines_close() {
         let mut s = server(limits());
         let p = publisher();
-        let h = ClientHandshake::new(key(), CHANNEL, false);
+        let h = || ClientHandshake::new(key(), CHANNEL, false);
         let (slow, _) = s
-            .on_connect_request(0, "a".into(), h.hello().as_bytes())
+            .on_connect_request(0, "a".into(), h().hello().as_bytes())
             .unwrap();
         let (silent, _) = s
-            .on_connect_request(0, "b".into(), h.hello().as_bytes())
+            .on_connect_request(0, "b".into(), h().hello().as_bytes())
             .unwrap();
         s.on_established(100, silent);
         assert_eq!(s.poll_timeout(), Some(Mono::from_nanos(1_100)));

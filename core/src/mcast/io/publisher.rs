@@ -53,7 +53,8 @@ pub struct PublisherIoStats {
     /// undecodable.
     pub requests_dropped: u64,
     /// Connect requests refused before any set-up: without a valid first
-    /// proof of the secret (rejected silently), the connection cap was
+    /// proof of the secret, or a hello answered before or too old (a
+    /// replay; both rejected silently), the connection cap was
     /// reached, or the hello was not for this channel with the same
     /// datagram-tag setting.
     pub connections_refused: u64,
@@ -264,7 +265,9 @@ impl McastPublisher {
             retransmit_requests: k.retransmit_requests,
             snapshots_served: k.snapshots_served,
             requests_dropped: k.requests_dropped,
-            connections_refused: k.connections_refused + k.connections_unproved,
+            connections_refused: k.connections_refused
+                + k.connections_unproved
+                + k.connections_replayed,
             cookies_sent: k.cookies_sent,
             auth_failures: k.auth_failures,
             handshake_timeouts: k.handshake_timeouts,
