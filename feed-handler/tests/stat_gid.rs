@@ -10,22 +10,9 @@
 mod gid_stat;
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gid_stat::{assert_stat_names, guest_addr, wait_for_label, KernelGid, SecondAddress, Service};
-
-/// The `rocebus` binary, built next to the feed handler (`cargo xtask test` builds every
-/// workspace binary first).
-fn rocebus_bin() -> PathBuf {
-    let p = Path::new(env!("CARGO_BIN_EXE_feed-handler")).with_file_name("rocebus");
-    assert!(
-        p.exists(),
-        "{} missing: build the workspace's binaries first (`cargo build --workspace --bins`)",
-        p.display()
-    );
-    p
-}
+use gid_stat::{second_address_gid, sibling_bin, Service};
 
 /// A feed handler waiting for a UDP feed that never comes, publishing one channel from `ip`
 /// and the GID table entry `gid_index`.
@@ -43,20 +30,13 @@ fn config(ip: IpAddr, gid_index: u32) -> String {
 #[test]
 #[ignore = "rdma: runs the feed handler on an RDMA device and reads its GID with rocebus stat"]
 fn rdma_feed_handler_stat_names_the_bus_gid() {
-    let ip = guest_addr();
-    let second = SecondAddress::add(ip, 144);
-    let want = KernelGid::of(second.ip());
-    assert_ne!(
-        want.index,
-        KernelGid::of(ip).index,
-        "the test needs an entry other than the first"
-    );
+    let exe = env!("CARGO_BIN_EXE_feed-handler");
+    let (second, want) = second_address_gid(144);
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("fh.toml");
     std::fs::write(&cfg, config(second.ip(), want.index)).unwrap();
-    let counters = dir.path().join("counters");
-    let file = counters.join("feed-handler.counters");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_feed-handler"));
+    let file = dir.path().join("counters/feed-handler.counters");
+    let mut cmd = Command::new(exe);
     cmd.arg("run")
         .arg("--config")
         .arg(&cfg)
@@ -65,7 +45,11 @@ fn rdma_feed_handler_stat_names_the_bus_gid() {
         // Its log's default is errors only.
         .env("RUST_LOG", "info");
     let fh = Service::spawn(cmd, dir.path().join("fh.log"));
-    wait_for_label(&file, "rdma.gid_index", &fh.log);
-    assert_stat_names(&rocebus_bin(), &counters, "feed-handler", &want);
-    fh.assert_logged("bus GID", &want);
+    fh.assert_reports(
+        &sibling_bin(exe, "rocebus"),
+        &file,
+        "feed-handler",
+        "bus GID",
+        &want,
+    );
 }

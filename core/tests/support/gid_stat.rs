@@ -239,6 +239,33 @@ pub fn assert_stat_names(rocebus: &Path, dir: &Path, component: &str, want: &Ker
     once
 }
 
+/// A second address on the guest's RDMA netdev (`guest_addr()` plus `offset`) and its GID
+/// table entry, checked to be another entry than the guest address's (the device's first
+/// IPv4 entry, which the old guess took: a service reporting that would not be caught).
+pub fn second_address_gid(offset: u8) -> (SecondAddress, KernelGid) {
+    let ip = guest_addr();
+    let second = SecondAddress::add(ip, offset);
+    let want = KernelGid::of(second.ip());
+    assert_ne!(
+        want.index,
+        KernelGid::of(ip).index,
+        "the test needs another entry than the first"
+    );
+    (second, want)
+}
+
+/// The workspace binary `name` next to the test's binary `exe` (an
+/// `env!("CARGO_BIN_EXE_...")`); `cargo xtask test` builds every workspace binary first.
+pub fn sibling_bin(exe: &str, name: &str) -> PathBuf {
+    let p = Path::new(exe).with_file_name(name);
+    assert!(
+        p.exists(),
+        "{} missing: build the workspace's binaries first (`cargo build --workspace --bins`)",
+        p.display()
+    );
+    p
+}
+
 /// The guest's address: `ROCEBUS_GUEST_ADDR` (set by `cargo xtask test`), else the IPv4
 /// address of rxe0 port 1's entry 1 (the first IPv4 entry on soft-RoCE).
 pub fn guest_addr() -> IpAddr {
@@ -290,6 +317,26 @@ impl Service {
         ] {
             assert!(line.contains(&part), "{part:?} missing from {line:?}");
         }
+    }
+}
+
+impl Service {
+    /// Waits for the counters file `file` (component `component` of its directory) to
+    /// carry the GID lines, then checks that `rocebus stat --once` and `--json` (`rocebus`)
+    /// and the log line containing `what` name `want`. Returns the `--once` text.
+    pub fn assert_reports(
+        &self,
+        rocebus: &Path,
+        file: &Path,
+        component: &str,
+        what: &str,
+        want: &KernelGid,
+    ) -> String {
+        wait_for_label(file, "rdma.gid_index", &self.log);
+        let dir = file.parent().expect("a counters file in a directory");
+        let shown = assert_stat_names(rocebus, dir, component, want);
+        self.assert_logged(what, want);
+        shown
     }
 }
 
