@@ -316,6 +316,22 @@ fn pipeline_end_to_end(market_data: &str) -> String {
         );
     }
     assert!(stat.contains("orders sent"), "{stat}");
+    // Each component names the RoCE v2 GID it sends from (issue 43): the bus, the gateway's
+    // engine listener, the engine's gateway connection.
+    for component in ["sample-engine", "feed-handler", "order-gateway"] {
+        let section: Vec<&str> = stat
+            .lines()
+            .skip_while(|l| !l.starts_with(&format!("{component}  pid ")))
+            .skip(1)
+            .take_while(|l| l.starts_with(' '))
+            .collect();
+        assert!(
+            section
+                .iter()
+                .any(|l| l.contains("rdma.gid ::ffff:") && l.contains(" RoCE v2 ")),
+            "rocebus stat shows no GID for {component}:\n{stat}"
+        );
+    }
     let prom = std::fs::read_to_string(out.join("stat.prom")).unwrap();
     assert!(
         prom.lines()

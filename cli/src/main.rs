@@ -115,7 +115,12 @@ fn main() -> ExitCode {
 fn run() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
         Command::Stat(args) => stat(&args).map(|()| ExitCode::SUCCESS),
-        Command::Record(args) => record::record(&args).map(|()| ExitCode::SUCCESS),
+        Command::Record(args) => {
+            // Warnings, and the transport settings and GID it receives on (as every service
+            // logs them); progress is its own lines.
+            rocebus_bin_support::init_logging(record::LOG_FILTER)?;
+            record::record(&args).map(|()| ExitCode::SUCCESS)
+        }
         Command::Keygen(args) => {
             if args.bits % 8 != 0 {
                 bail!("--bits {} is not a multiple of 8", args.bits);

@@ -14,8 +14,10 @@ use feed_handler::busrecord::{eastern_midnight_of, RecordCounters, Recorder};
 use feed_handler::dbnexport::Date;
 use feed_handler::udp::unix_now_ns;
 use rocebus::clock::Mono;
+use rocebus::counters::{counters_path, default_dir, CountersFile};
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::{Event, MdSubscriber};
+use rocebus::rdma_settings::export::RdmaCountersExport;
 use rocebus::rdma_settings::RdmaSettings;
 
 #[derive(Debug, clap::Args)]
@@ -49,7 +51,15 @@ pub struct RecordArgs {
     /// Progress line on stderr every this many milliseconds (0: none).
     #[arg(long, default_value_t = 1000)]
     progress_ms: u64,
+    /// Counters file for `rocebus stat` (the GID the recorder receives on, with its type,
+    /// netdev and MTU, the traffic class, registered memory: `rdma.*`)
+    /// [default: $ROCEBUS_DIR/record.counters].
+    #[arg(long, value_name = "PATH")]
+    counters: Option<PathBuf>,
 }
+
+/// `RUST_LOG` when unset: warnings, and the `rdma settings` and `recorder GID` lines.
+pub const LOG_FILTER: &str = "warn,rocebus::rdma_settings=info";
 
 /// Where the kernel lists RDMA devices.
 const RDMA_SYSFS: &str = "/sys/class/infiniband";
@@ -131,6 +141,25 @@ pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
             args.local
         );
     }
+    let counters = args
+        .counters
+        .clone()
+        .unwrap_or_else(|| counters_path(&default_dir(), "record"));
+    // The GID the subscribers join and connect from, logged too. A recording does not stop
+    // for want of its counters: a file that cannot be made is a warning.
+    let rdma = CountersFile::create(&counters, 16)
+        .and_then(|file| {
+            let e = RdmaCountersExport::for_address(
+                &file,
+                "rdma",
+                cfg.rdma.ud_class(),
+                args.local,
+                "recorder",
+            )?;
+            Ok((file, e))
+        })
+        .map_err(|e| eprintln!("rocebus record: no counters for rocebus stat: {e}"))
+        .ok();
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))
@@ -211,6 +240,9 @@ pub fn record(args: &RecordArgs) -> anyhow::Result<()> {
         let t = Instant::now();
         if t >= next_flush {
             next_flush = t + Duration::from_secs(1);
+            if let Some((_, r)) = &rdma {
+                r.update();
+            }
             rec.flush()
                 .with_context(|| format!("writing {} failed", args.output.display()))?;
         }

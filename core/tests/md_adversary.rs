@@ -803,8 +803,8 @@ fn rdma_mdsec_a_replayed_hello_gets_silence_and_no_slot() {
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_mdsec_replays_of_a_captured_hello_from_many_addresses_never_keep_a_subscriber_out() {
     let ip = local_ip();
-    let extra: Vec<common::SecondAddress> = (0..5)
-        .map(|i| common::SecondAddress::add(ip, 120 + i))
+    let extra: Vec<common::gid_stat::SecondAddress> = (0..5)
+        .map(|i| common::gid_stat::SecondAddress::add(ip, 120 + i))
         .collect();
     let port = 7906;
     let cfg = config(

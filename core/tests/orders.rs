@@ -808,8 +808,8 @@ struct FloodTally {
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_orders_strangers_flooding_from_many_addresses_never_keep_an_engine_out() {
     let ip = local_ip();
-    let extra: Vec<common::SecondAddress> = (0..5)
-        .map(|i| common::SecondAddress::add(ip, 100 + i))
+    let extra: Vec<common::gid_stat::SecondAddress> = (0..5)
+        .map(|i| common::gid_stat::SecondAddress::add(ip, 100 + i))
         .collect();
     let addr = SocketAddr::new(ip, 7497);
     let c = cfg(1 << 16, 1024);
@@ -1189,7 +1189,7 @@ fn rdma_orders_a_stranger_gets_silence_no_proof_nonce_or_identity() {
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_orders_under_load_a_cookie_bound_to_the_address_must_be_echoed() {
     let ip = local_ip();
-    let second = common::SecondAddress::add(ip, 110);
+    let second = common::gid_stat::SecondAddress::add(ip, 110);
     let elsewhere = Some(IpAddr::V4(second.0));
     let addr = SocketAddr::new(ip, 7499);
     let mut c = cfg(1 << 16, 1024);
@@ -1277,7 +1277,7 @@ fn rdma_orders_under_load_a_cookie_bound_to_the_address_must_be_echoed() {
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_orders_a_replayed_connect_request_gets_silence_and_no_slot() {
     let ip = local_ip();
-    let second = common::SecondAddress::add(ip, 111);
+    let second = common::gid_stat::SecondAddress::add(ip, 111);
     let addr = SocketAddr::new(ip, 7493);
     let c = cfg(1 << 16, 1024);
     assert_eq!(c.cookie_when_pending, 4);

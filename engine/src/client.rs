@@ -43,9 +43,12 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use rocebus::counters::{AllocateCounter, CountersError};
 use rocebus::orders::{
     ConnectProgress, Connecting, Connection, OfferError, OrdersConfig, OrdersError, PeerLost,
 };
+use rocebus::rdma_settings::export::RdmaCountersExport;
+use rocebus::verbs::RcOptions;
 use rustc_hash::FxHashMap;
 use zerocopy::{Immutable, IntoBytes};
 
@@ -965,6 +968,25 @@ impl EngineSession {
     /// The orders connection (stats, loss state).
     pub fn connection(&self) -> &Connection {
         &self.conn
+    }
+
+    /// The `rdma.*` lines of `rocebus stat` for the connection to the gateway, allocated in
+    /// `table` (the engine's counters file): the GID it sends from, as its queue pair names
+    /// it, with the port's MTU, and the marking of `rc` (the `[rdma]`-applied options it
+    /// connected with); the GID is logged once too (`gateway connection GID`). A GID that
+    /// cannot be read is a warning and leaves its lines out.
+    pub fn export_rdma(
+        &self,
+        table: &impl AllocateCounter,
+        rc: &RcOptions,
+    ) -> Result<RdmaCountersExport, CountersError> {
+        RdmaCountersExport::logged(
+            table,
+            "rdma",
+            rc.class(),
+            self.conn.local_gid(),
+            "gateway connection",
+        )
     }
 
     /// Frames received on another stream than [`ORDERS_STREAM`] (dropped).

@@ -396,24 +396,6 @@ pub struct Service {
     _counters_file: Option<CountersFile>,
 }
 
-/// The `rdma.*` lines of `rocebus stat`; the GID the bus sends from is
-/// logged here too (a GID that cannot be read leaves its lines out, with a
-/// warning: the publishers already joined, so the service runs).
-fn rdma_export(file: &CountersFile, config: &Config) -> Result<RdmaCountersExport, ServiceError> {
-    let gid = match rocebus::verbs::cm::local_gid(config.publish.local_ip, config.rdma.gid_index) {
-        Ok(g) => {
-            tracing::info!(gid = %g.choice, active_mtu = g.active_mtu, "bus GID");
-            Some(g)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the bus's GID for rocebus stat");
-            None
-        }
-    };
-    RdmaCountersExport::new(file, "rdma", &config.rdma, gid.as_ref())
-        .map_err(ServiceError::Counters)
-}
-
 /// Subscriber rows each channel's publisher shows in the counters file.
 const SUBSCRIBER_SLOTS: usize = 8;
 
@@ -519,7 +501,17 @@ impl Service {
                     })
                     .collect::<Result<Vec<_>, CountersError>>()
                     .map_err(ServiceError::Counters)?;
-                rdma = Some(rdma_export(&file, &config)?);
+                // The GID the bus sends from, logged too.
+                rdma = Some(
+                    RdmaCountersExport::for_address(
+                        &file,
+                        "rdma",
+                        config.rdma.ud_class(),
+                        config.publish.local_ip,
+                        "bus",
+                    )
+                    .map_err(ServiceError::Counters)?,
+                );
                 (Some(file), c, b)
             }
             None => (None, Vec::new(), Vec::new()),

@@ -45,6 +45,7 @@ use rocebus::counters::{
 };
 use rocebus::idle::{IdleStrategy, Idler};
 use rocebus::orders::{Connection, FanIn, OfferError, OrdersConfig, OrdersError, OrdersListener};
+use rocebus::rdma_settings::export::RdmaCountersExport;
 use rocebus::ring::fanin::Visit;
 use zerocopy::IntoBytes;
 
@@ -310,6 +311,8 @@ struct Counters {
     journal_durable_bytes: Counter,
     /// The core's and the FIX session's own counters, copied each housekeeping turn.
     core: Vec<(Counter, ReadCounter)>,
+    /// The listener's GID and marking, and the registered memory (`rdma.*`).
+    rdma: Option<RdmaCountersExport>,
 }
 
 /// Reads one of the core's counters.
@@ -403,7 +406,8 @@ const CORE_COUNTERS: &[(&str, ReadCounter)] = &[
 ];
 
 impl Counters {
-    fn new(file: bool) -> Counters {
+    fn new(opts: &ServiceOptions) -> Counters {
+        let file = opts.counters_file;
         let local =
             || Table::Local(LocalCounters::new(COUNTERS_CAPACITY).expect("a valid capacity"));
         let table = if file {
@@ -461,6 +465,16 @@ impl Counters {
                 .iter()
                 .map(|&(label, read)| (alloc(label, C), read))
                 .collect(),
+            // The GID engines reach the listener on, logged too.
+            rdma: RdmaCountersExport::for_address(
+                &table,
+                "rdma",
+                opts.orders.rc.class(),
+                opts.listen.ip(),
+                "engine listener",
+            )
+            .map_err(|e| tracing::warn!(error = %e, "rdma.* counters not published"))
+            .ok(),
             table,
         }
     }
@@ -959,7 +973,7 @@ impl<L: VenueLink> Service<L> {
             pending: Vec::new(),
             closing: Vec::new(),
             venue_reconnect: VenueReconnect::new(opts.reconnect, now.mono),
-            counters: Counters::new(opts.counters_file),
+            counters: Counters::new(&opts),
             opts,
             control,
             operator,
@@ -1182,6 +1196,9 @@ impl<L: VenueLink> Service<L> {
         let active = gw.session().state() == SessionState::Active;
         let c = &self.counters;
         c.fix_active.set(u64::from(active));
+        if let Some(r) = &c.rdma {
+            r.update();
+        }
         c.engines_connected.set(self.engines.len() as u64);
         c.open_orders.set(gw.open_order_count() as u64);
         c.malformed_engine.set(gw.counters().malformed_engine);

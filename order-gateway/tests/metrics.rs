@@ -5,11 +5,19 @@
 //! `/metrics`, and the page must carry the gateway's counters (service and market data)
 //! with the values the file holds.
 //!
+//! The GID each side of the orders path sends from is in `rocebus stat` too (issue 43): the
+//! gateway's engine listener and an engine's connection, each bound to an address added for
+//! the test (so its GID is not the device's first IPv4 entry) with `gid_index` naming that
+//! entry; what `rocebus stat --once` and `--json` must show (index, GID, type, netdev,
+//! device, port, MTU) is read from sysfs and `ibv_devinfo`.
+//!
 //! That a real Prometheus server scrapes and queries this endpoint is tested on the host
 //! (`cli/tests/prometheus.rs`): under the guest's emulation Prometheus was still not
 //! listening 60 s after it was started (`prometheus --version` alone took 14-26 s).
 
 mod common;
+#[path = "../../core/tests/support/gid_stat.rs"]
+mod gid_stat;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -24,10 +32,11 @@ use feed_handler::book::{Event as BookEvent, Level, Side as BookSide};
 use feed_handler::itch::Stock;
 use feed_handler::normalized;
 use feed_handler::view::MarketView;
-use order_gateway::client::EngineSession;
+use gid_stat::{assert_stat_names, second_address_gid, wait_for_label, KernelGid, Service};
+use order_gateway::client::{Client, EngineSession, LogonProgress};
 use order_gateway::proto::{Side, Symbol, PRICE_SCALE};
 use rocebus::clock::{now_ns, Mono};
-use rocebus::counters::{counters_path, CountersReader};
+use rocebus::counters::{counters_path, CountersFile, CountersReader};
 use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::{Handler, McastPublisher};
 use rocebus::orders::OrdersConfig;
@@ -72,7 +81,9 @@ port = {port}
     )
 }
 
-fn gateway_toml(listen: SocketAddr, dir: &Path, ip: IpAddr) -> String {
+/// The gateway binary's config with the venue simulator: `extra` ends it (`[market_data]`,
+/// `[rdma]`).
+fn gateway_toml(listen: SocketAddr, dir: &Path, extra: &str) -> String {
     format!(
         r#"
 [service]
@@ -110,15 +121,22 @@ collar_bps = 500
 id = {ENGINE}
 accounts = [{ACCOUNT}]
 token = "{ENGINE_TOKEN}"
-[market_data]
+{extra}"#,
+        dir = dir.display()
+    )
+}
+
+/// The gateway's `[market_data]`: reference prices from the bus of `bus.toml` on `ip`.
+fn market_data_toml(ip: IpAddr) -> String {
+    format!(
+        r#"[market_data]
 config = "bus.toml"
 channels = [{CHANNEL}]
 local = "{ip}"
 publisher = "{ip}"
 confirm_ms = 50
 reconnect_ms = 200
-"#,
-        dir = dir.display()
+"#
     )
 }
 
@@ -335,7 +353,11 @@ fn gateway_counters_reach_metrics_endpoint() {
 
     // The real gateway binary, with the venue simulator and the bus for reference prices.
     let listen = SocketAddr::new(ip, free_port());
-    std::fs::write(dir.join("gw.toml"), gateway_toml(listen, &dir, ip)).unwrap();
+    std::fs::write(
+        dir.join("gw.toml"),
+        gateway_toml(listen, &dir, &market_data_toml(ip)),
+    )
+    .unwrap();
     let gw_log = dir.join("gw.log");
     let mut gw = Proc(
         Command::new(env!("CARGO_BIN_EXE_order-gateway"))
@@ -487,5 +509,101 @@ fn gateway_counters_reach_metrics_endpoint() {
     );
     gw.stop(rustix::process::Signal::INT);
     drop(feed);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Starts `order-gateway run --venue sim` listening on `listen` from the entry of `gid`
+/// (`[rdma] gid_index`), its counters in `dir/counters`, logging at its own default.
+fn start_gid_gateway(dir: &Path, listen: SocketAddr, gid: &KernelGid) -> (Service, PathBuf) {
+    let config = dir.join("gw.toml");
+    let text = gateway_toml(listen, dir, &format!("[rdma]\ngid_index = {}\n", gid.index));
+    std::fs::write(&config, text).unwrap();
+    let counters = dir.join("counters");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_order-gateway"));
+    cmd.args(["run", "--venue", "sim", "--config"])
+        .arg(&config)
+        .env("ROCEBUS_DIR", &counters)
+        .env_remove("RUST_LOG");
+    let gw = Service::spawn(cmd, dir.join("gw.log"));
+    (gw, counters_path(&counters, "order-gateway"))
+}
+
+#[test]
+#[ignore = "rdma: runs order-gateway on an RDMA device and reads its GID with rocebus stat"]
+fn rdma_gateway_stat_names_the_listener_gid() {
+    let (second, want) = second_address_gid(141);
+    let dir = scratch("stat-gid-gw");
+    let listen = SocketAddr::new(second.ip(), free_port());
+    let (gw, file) = start_gid_gateway(&dir, listen, &want);
+    gw.assert_reports(
+        &rocebus_bin(),
+        &file,
+        "order-gateway",
+        "engine listener GID",
+        &want,
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The engine's side through the engine crate's `EngineSession::export_rdma`, as the demo's
+/// `sample-engine` calls it, connected from a third address with its `rc.gid_index` (what
+/// an engine's `[rdma] gid_index` sets): the entry its queue pair sends from.
+#[test]
+#[ignore = "rdma: connects an engine to order-gateway on an RDMA device and reads its GID with rocebus stat"]
+fn rdma_engine_stat_names_its_gateway_connection_gid() {
+    let (gw_addr, gw_gid) = second_address_gid(142);
+    let (engine_addr, want) = second_address_gid(143);
+    assert_ne!(want.index, gw_gid.index);
+    let dir = scratch("stat-gid-engine");
+    let listen = SocketAddr::new(gw_addr.ip(), free_port());
+    let (gw, gw_file) = start_gid_gateway(&dir, listen, &gw_gid);
+    wait_for_label(&gw_file, "rdma.gid_index", &gw.log);
+    let mut cfg = OrdersConfig {
+        ring_size: 65536,
+        max_payload: 1024,
+        token: ORDERS_TOKEN.into(),
+        // The gateway has only just started (under emulation, on a loaded host).
+        connect_timeout_ms: 30_000,
+        ..OrdersConfig::default()
+    };
+    cfg.rc.gid_index = Some(u8::try_from(want.index).unwrap());
+    let mut logon = EngineSession::start(
+        listen,
+        engine_addr.ip(),
+        &cfg,
+        ENGINE,
+        ENGINE_TOKEN,
+        Client::new(1),
+    )
+    .expect("engine logon starts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let session = loop {
+        let step = logon.poll().unwrap_or_else(|e| {
+            panic!(
+                "engine logon from {} failed: {e:?}; gateway log:\n{}",
+                engine_addr.0,
+                std::fs::read_to_string(&gw.log).unwrap_or_default()
+            )
+        });
+        match step {
+            LogonProgress::Done(s) => break s,
+            LogonProgress::Pending(p) => logon = p,
+        }
+        assert!(
+            Instant::now() < deadline,
+            "engine logon timed out; gateway log:\n{}",
+            std::fs::read_to_string(&gw.log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let counters = dir.join("engine-counters");
+    let file = CountersFile::create(counters_path(&counters, "engine"), 16).unwrap();
+    let _rdma = session.export_rdma(&file, &cfg.rc).unwrap();
+    let shown = assert_stat_names(&rocebus_bin(), &counters, "engine", &want);
+    // Its own entry, not the gateway's.
+    assert!(!shown.contains(&gw_gid.gid.to_string()), "{shown}");
+    drop(session);
+    drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -44,6 +44,9 @@ fn main() -> std::process::ExitCode {
 
 fn engine() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Warnings, and the transport settings and the GID of the gateway connection, as every
+    // service logs them; the rest is the engine's own lines.
+    rocebus_bin_support::init_logging("warn,rocebus::rdma_settings=info")?;
     let mut cfg =
         EngineConfig::load(&cli.config).context("fix the configuration file and start again")?;
     if let Some(rate) = cli.orders_per_second {

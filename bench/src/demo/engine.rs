@@ -9,6 +9,8 @@ use rocebus::counters::{counters_path, default_dir, Counter, CountersFile, Kind}
 use rocebus::idle::{pin_current_thread, Idler};
 use rocebus::mcast::McastSubscriber;
 use rocebus::orders::OfferError;
+use rocebus::rdma_settings::export::RdmaCountersExport;
+use rocebus::verbs::RcOptions;
 use rocebus_engine::client::{ClientError, EngineSession};
 use rocebus_engine::proto::{RejectReason, Response, Symbol};
 
@@ -53,10 +55,18 @@ struct EngineCounters {
     back_pressured: Counter,
     _file: CountersFile,
     channels: ChannelCounters,
+    /// The gateway connection's GID and marking, and the registered memory (`rdma.*`).
+    rdma: RdmaCountersExport,
 }
 
 impl EngineCounters {
-    fn open(dir: &Path, subs: &MdSubscribers, channels: &[u16]) -> anyhow::Result<EngineCounters> {
+    fn open(
+        dir: &Path,
+        subs: &MdSubscribers,
+        channels: &[u16],
+        session: &EngineSession,
+        rc: &RcOptions,
+    ) -> anyhow::Result<EngineCounters> {
         let path = counters_path(dir, "sample-engine");
         let file = CountersFile::create(&path, 256)
             .with_context(|| format!("cannot create counters file {}", path.display()))?;
@@ -72,6 +82,7 @@ impl EngineCounters {
             skipped: c("scheduled orders skipped (no quote)")?,
             back_pressured: c("orders back-pressured")?,
             channels,
+            rdma: session.export_rdma(&file, rc)?,
             _file: file,
         })
     }
@@ -86,6 +97,7 @@ impl EngineCounters {
         self.skipped.set(o.skipped_no_quote);
         self.back_pressured.set(o.back_pressured);
         self.channels.update(subs);
+        self.rdma.update();
     }
 }
 
@@ -182,7 +194,13 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
     )?;
     session.set_gateway_timeout(Duration::from_millis(cfg.gateway.gateway_timeout_ms));
     let counters = match &opts.counters_dir {
-        Some(dir) => Some(EngineCounters::open(dir, &subs, &channels)?),
+        Some(dir) => Some(EngineCounters::open(
+            dir,
+            &subs,
+            &channels,
+            &session,
+            &cfg.gateway.orders.rc,
+        )?),
         None => None,
     };
     eprintln!(

@@ -732,6 +732,14 @@ impl Connection {
         self.cm.peer()
     }
 
+    /// The GID this connection sends from (the entry its QP's address
+    /// vector names, however it was chosen) with the port's active MTU: for
+    /// start-up logs and `rocebus stat`
+    /// ([`RdmaCountersExport`](crate::rdma_settings::export::RdmaCountersExport)).
+    pub fn local_gid(&self) -> crate::verbs::Result<crate::verbs::LocalGid> {
+        self.cm.local_gid(self.link.qp.source_gid_index()?)
+    }
+
     /// A publication on `stream_id`. It borrows the connection mutably:
     /// make one where you send (it is free), not one per stream up front.
     #[inline]

@@ -1,10 +1,13 @@
 //! The transport settings and the GID chosen, as `rocebus stat` lines: a
-//! service that has a counters file publishes them next to its own.
+//! service that has a counters file publishes them next to its own. Every
+//! service goes through here (feed handler, order gateway, engines,
+//! `rocebus record`), so the lines and the start-up log read the same.
 
-use super::RdmaSettings;
-use crate::counters::{Counter, CountersError, CountersFile, Kind};
-use crate::verbs::registered_memory;
+use std::net::IpAddr;
+
+use crate::counters::{AllocateCounter, Counter, CountersError, Kind};
 pub use crate::verbs::LocalGid;
+use crate::verbs::{registered_memory, UdClass, VerbsError};
 
 /// Gauges in a counters file: the GID (index, and a label naming the GID,
 /// its type and netdev), the port's MTU, the traffic class and service
@@ -19,27 +22,67 @@ pub struct RdmaCountersExport {
 }
 
 impl RdmaCountersExport {
-    /// Allocates the gauges under `prefix` (e.g. `rdma`) and sets the fixed
-    /// ones; `gid` is `None` when it could not be read (no GID lines then).
-    pub fn new(
-        file: &CountersFile,
+    /// The lines of a service bound to `local_ip` (a listener's or
+    /// publisher's address, a subscriber's `--local`): the GID it sends from
+    /// is the port's RoCE v2 entry holding the address, or entry
+    /// `class.gid_index` when set ([`cm::local_gid`](crate::verbs::cm::local_gid)).
+    /// `what` names the path in the log line (`"bus"`, `"engine listener"`).
+    pub fn for_address(
+        table: &impl AllocateCounter,
         prefix: &str,
-        settings: &RdmaSettings,
+        class: UdClass,
+        local_ip: IpAddr,
+        what: &str,
+    ) -> Result<Self, CountersError> {
+        let gid = crate::verbs::cm::local_gid(local_ip, class.gid_index);
+        Self::logged(table, prefix, class, gid, what)
+    }
+
+    /// The lines of `gid`, logged once as `what`'s GID (with its MTU); a GID
+    /// that could not be read is a warning and leaves the GID lines out:
+    /// whatever path it describes is already up, so the service runs.
+    pub fn logged(
+        table: &impl AllocateCounter,
+        prefix: &str,
+        class: UdClass,
+        gid: Result<LocalGid, VerbsError>,
+        what: &str,
+    ) -> Result<Self, CountersError> {
+        let gid = match gid {
+            Ok(g) => {
+                tracing::info!(gid = %g.choice, active_mtu = g.active_mtu, "{what} GID");
+                Some(g)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the {what}'s GID for rocebus stat");
+                None
+            }
+        };
+        Self::new(table, prefix, class, gid.as_ref())
+    }
+
+    /// Allocates the gauges under `prefix` (e.g. `rdma`) and sets the fixed
+    /// ones: `class`'s traffic class and service level, and `gid`, `None`
+    /// when it could not be read (no GID lines then).
+    pub fn new(
+        table: &impl AllocateCounter,
+        prefix: &str,
+        class: UdClass,
         gid: Option<&LocalGid>,
     ) -> Result<Self, CountersError> {
         let gauge = |label: String, value: u64| -> Result<Counter, CountersError> {
-            let c = file.allocate_with(&label, Kind::Gauge, 0)?;
+            let c = table.allocate_counter(&label, Kind::Gauge, 0)?;
             c.set(value);
             Ok(c)
         };
         let mut fixed = vec![
             gauge(
                 format!("{prefix}.traffic_class"),
-                settings.traffic_class.into(),
+                class.traffic_class.into(),
             )?,
             gauge(
                 format!("{prefix}.service_level"),
-                settings.service_level.into(),
+                class.service_level.into(),
             )?,
         ];
         if let Some(g) = gid {

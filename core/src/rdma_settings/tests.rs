@@ -190,7 +190,7 @@ fn stat_shows_the_gid_the_class_and_registered_memory() {
         service_level: 3,
         ..RdmaSettings::default()
     };
-    let _e = export::RdmaCountersExport::new(&file, "rdma", &s, Some(&gid)).unwrap();
+    let _e = export::RdmaCountersExport::new(&file, "rdma", s.ud_class(), Some(&gid)).unwrap();
     let lines: Vec<(String, u64)> = CountersReader::open(&path)
         .unwrap()
         .iter()

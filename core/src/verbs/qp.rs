@@ -114,6 +114,18 @@ impl Default for UdClass {
     }
 }
 
+impl RcOptions {
+    /// The marking and source GID index these connections share with a UD
+    /// address handle's [`UdClass`] (for reporting both paths alike).
+    pub fn class(&self) -> UdClass {
+        UdClass {
+            traffic_class: self.traffic_class,
+            service_level: self.service_level,
+            gid_index: self.gid_index,
+        }
+    }
+}
+
 impl Default for RcOptions {
     fn default() -> Self {
         Self {
@@ -360,26 +372,33 @@ impl QueuePair {
     /// Current state as the device sees it (a QP whose retries ran out
     /// reports [`QpState::Error`]).
     pub fn state(&self) -> Result<QpState> {
+        let attr = self.query(sys::ibv_qp_attr_mask::IBV_QP_STATE)?;
+        Ok(QpState::from_raw(attr.qp_state))
+    }
+
+    /// The source GID index of the QP's address vector: the GID table entry
+    /// an RC QP past RTR sends from (`ah_attr.grh.sgid_index`).
+    pub fn source_gid_index(&self) -> Result<u8> {
+        let attr = self.query(sys::ibv_qp_attr_mask::IBV_QP_AV)?;
+        Ok(attr.ah_attr.grh.sgid_index)
+    }
+
+    /// `ibv_query_qp` of the attributes in `mask`.
+    fn query(&self, mask: sys::ibv_qp_attr_mask) -> Result<sys::ibv_qp_attr> {
         // SAFETY: plain C data.
         let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         // SAFETY: plain C data.
         let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         // SAFETY: valid QP and out pointers.
-        let rc = unsafe {
-            sys::ibv_query_qp(
-                self.qp.as_ptr(),
-                &mut attr,
-                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
-                &mut init,
-            )
-        };
+        let rc =
+            unsafe { sys::ibv_query_qp(self.qp.as_ptr(), &mut attr, mask.0 as i32, &mut init) };
         if rc != 0 {
             return Err(VerbsError::QueryQp {
                 qpn: self.qpn(),
                 source: errno(rc),
             });
         }
-        Ok(QpState::from_raw(attr.qp_state))
+        Ok(attr)
     }
 
     pub(crate) fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32, to: QpState) -> Result<()> {

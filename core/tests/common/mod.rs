@@ -365,58 +365,7 @@ pub fn wait_for_go(peer: std::net::IpAddr, port: u16) {
     s.read_exact(&mut b).expect("the start signal");
 }
 
-/// A second IPv4 address on the RDMA device's netdev (the guest's eth0), for
-/// a peer that must come from another address than the test's own; removed
-/// on drop. Panics where it cannot be added: the test needs it.
-pub struct SecondAddress(pub std::net::Ipv4Addr);
-
-impl SecondAddress {
-    /// `near`'s address plus `offset` in the last byte.
-    pub fn add(near: std::net::IpAddr, offset: u8) -> SecondAddress {
-        let std::net::IpAddr::V4(v4) = near else {
-            panic!("an IPv4 address: {near}")
-        };
-        let o = v4.octets();
-        let a = std::net::Ipv4Addr::new(o[0], o[1], o[2], o[3].wrapping_add(offset));
-        let out = std::process::Command::new("ip")
-            .args(["addr", "add", &format!("{a}/24"), "dev", "eth0"])
-            .output()
-            .expect("run ip (iproute2)");
-        assert!(
-            out.status.success(),
-            "ip addr add {a}/24 dev eth0: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // rxe adds the address's GID asynchronously.
-        let want = format!(
-            "0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}",
-            o[0],
-            o[1],
-            o[2],
-            o[3].wrapping_add(offset)
-        );
-        let t = std::time::Instant::now();
-        while !std::fs::read_dir("/sys/class/infiniband/rxe0/ports/1/gids")
-            .map(|d| {
-                d.flatten()
-                    .any(|e| std::fs::read_to_string(e.path()).is_ok_and(|g| g.trim() == want))
-            })
-            .unwrap_or(false)
-        {
-            assert!(
-                t.elapsed() < std::time::Duration::from_secs(10),
-                "rxe0 never got a GID for {a}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        SecondAddress(a)
-    }
-}
-
-impl Drop for SecondAddress {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["addr", "del", &format!("{}/24", self.0), "dev", "eth0"])
-            .output();
-    }
-}
+/// [`gid_stat::SecondAddress`] and the other GID helpers, shared with the
+/// other crates' tests.
+#[path = "../support/gid_stat.rs"]
+pub mod gid_stat;

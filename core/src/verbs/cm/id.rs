@@ -598,8 +598,14 @@ pub fn local_gid(addr: IpAddr, gid_index: Option<u8>) -> Result<crate::verbs::Lo
         ..Default::default()
     };
     let table = GidTable::read_sysfs(Path::new("/sys"), &device, port)?;
-    let choice = crate::verbs::select_gid(&table, &policy)?;
-    let active_mtu = Context::open(Some(&device))?.query_port(port)?.active_mtu;
+    with_active_mtu(crate::verbs::select_gid(&table, &policy)?)
+}
+
+/// `choice` with its port's active MTU.
+fn with_active_mtu(choice: crate::verbs::GidChoice) -> Result<crate::verbs::LocalGid> {
+    let active_mtu = Context::open(Some(&choice.device))?
+        .query_port(choice.port)?
+        .active_mtu;
     Ok(crate::verbs::LocalGid { choice, active_mtu })
 }
 
@@ -660,6 +666,27 @@ impl Connection {
     /// The peer's address.
     pub fn peer(&self) -> String {
         self.id.peer()
+    }
+    /// Entry `index` of this connection's port's GID table (pass the
+    /// index its QP sends from, [`QueuePair::source_gid_index`]) with the
+    /// port's active MTU: what the connection really uses, whoever chose
+    /// it. Any type is reported as it is (a RoCE v1 entry too); `explicit`
+    /// is false. Reads sysfs, no traffic.
+    pub fn local_gid(&self, index: u8) -> Result<crate::verbs::LocalGid> {
+        let device = self.id.device_name().ok_or_else(|| VerbsError::Cm {
+            op: "device of the connection's id",
+            source: std::io::Error::from_raw_os_error(libc::ENODEV),
+        })?;
+        let port = self.id.port_num();
+        let table = GidTable::read_sysfs(Path::new("/sys"), &device, port)?;
+        let policy = crate::verbs::GidPolicy {
+            gid_index: Some(u32::from(index)),
+            allow_roce_v1: true,
+            ..Default::default()
+        };
+        let mut choice = crate::verbs::select_gid(&table, &policy)?;
+        choice.explicit = false;
+        with_active_mtu(choice)
     }
     /// Sends a disconnect (the local QP goes to the error state).
     pub fn disconnect(&self) -> Result<()> {
