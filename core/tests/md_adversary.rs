@@ -708,7 +708,7 @@ struct ReplayTally {
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_mdsec_a_replayed_hello_gets_silence_and_no_slot() {
     let ip = local_ip();
-    let second = common::SecondAddress::add(ip, 126);
+    let second = common::gid_stat::SecondAddress::add(ip, 126);
     let port = 7907;
     let cfg = config(
         "239.9.7.1",

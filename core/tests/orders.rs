@@ -1016,8 +1016,8 @@ impl PyAttacker {
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_orders_a_pyverbs_stranger_flooding_never_keeps_an_engine_out() {
     let ip = local_ip();
-    let extra: Vec<common::SecondAddress> = (0..3)
-        .map(|i| common::SecondAddress::add(ip, 130 + i))
+    let extra: Vec<common::gid_stat::SecondAddress> = (0..3)
+        .map(|i| common::gid_stat::SecondAddress::add(ip, 130 + i))
         .collect();
     let addr = SocketAddr::new(ip, 7482);
     let c = cfg(1 << 16, 1024);
