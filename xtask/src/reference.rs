@@ -118,7 +118,9 @@ fn target_dir(root: &Path) -> Result<PathBuf> {
     ))
 }
 
-/// Every binary target of the workspace (xtask's included), sorted.
+/// Every binary target of the workspace (xtask's included), sorted; not the example
+/// programs of `examples/` (they are not tools, take positional arguments and print their
+/// usage when those are wrong: `examples/tests/examples.rs`).
 fn binaries(root: &Path) -> Result<Vec<String>> {
     let out = Command::new(env!("CARGO"))
         .args(["metadata", "--format-version", "1", "--no-deps"])
@@ -128,6 +130,9 @@ fn binaries(root: &Path) -> Result<Vec<String>> {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let mut bins = Vec::new();
     for p in v["packages"].as_array().context("no packages")? {
+        if p["name"] == "rocebus-examples" {
+            continue;
+        }
         for t in p["targets"].as_array().into_iter().flatten() {
             if t["kind"]
                 .as_array()
