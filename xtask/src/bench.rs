@@ -441,11 +441,15 @@ pub(crate) fn parse_perftest(lines: &[String], kind: Kind) -> Option<Figures> {
         })
         .find(|v| v.len() >= 5)?;
     match kind {
-        Kind::Latency if row.len() >= 9 => Some(Figures {
-            p50_us: row[4],
-            p99_us: row[7],
-            rate: 0.0,
-        }),
+        // perftest prints `inf` (and `-nan`) when its timing broke down (its "correlation
+        // coefficient" warning): no figure, rather than a ratio of 0.
+        Kind::Latency if row.len() >= 9 && row[4].is_finite() && row[7].is_finite() => {
+            Some(Figures {
+                p50_us: row[4],
+                p99_us: row[7],
+                rate: 0.0,
+            })
+        }
         Kind::Throughput => Some(Figures {
             rate: row[4] * 1e6,
             ..Figures::default()
@@ -974,6 +978,11 @@ mod tests {
             " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 64         200000           0.00               0.62   \t\t   0.010215\n",
         );
         assert!((parse_perftest(&bw, Kind::Throughput).unwrap().rate - 10215.0).abs() < 1e-6);
+        // A run whose timing broke down prints inf: no figure.
+        let broken = lines(
+            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \nCorrelation coefficient r^2: 0.797947 < 0.9\n 80      2000          inf            inf          inf      \t       inf         \t-nan   \t\tinf     \t\tinf    \n",
+        );
+        assert!(parse_perftest(&broken, Kind::Latency).is_none());
     }
 
     /// rc-latency also runs perftest at the ring frame's size (80 bytes
