@@ -3,7 +3,8 @@
 
 use hdrhistogram::Histogram;
 use rocebus_bench::report::{
-    plot_percentiles, summary_table, write_hgrm_file, PlotFormat, ReportError, Summary,
+    plot_percentiles_with, summary_table, write_hgrm_file, PlotFormat, Reference, ReportError,
+    Summary,
 };
 
 /// A deterministic long-tailed distribution around `base_ns`.
@@ -33,18 +34,20 @@ fn main() -> Result<(), ReportError> {
     write_hgrm_file(format!("{out}/rocebus.hgrm"), &ours)?;
     write_hgrm_file(format!("{out}/ib_write_lat.hgrm"), &theirs)?;
     let series = [("rocebus", &ours), ("ib_write_lat", &theirs)];
-    plot_percentiles(
-        format!("{out}/latency.png"),
-        PlotFormat::Png,
-        "round trip (synthetic)",
-        &series,
-    )?;
-    plot_percentiles(
-        format!("{out}/latency.svg"),
-        PlotFormat::Svg,
-        "round trip (synthetic)",
-        &series,
-    )?;
+    // perftest's median as the floor the series are read against.
+    let floor = Reference {
+        label: "ib_write_lat p50 (floor)",
+        ns: theirs.value_at_quantile(0.5),
+    };
+    for (ext, format) in [("png", PlotFormat::Png), ("svg", PlotFormat::Svg)] {
+        plot_percentiles_with(
+            format!("{out}/latency.{ext}"),
+            format,
+            "round trip (synthetic)",
+            &series,
+            Some(floor),
+        )?;
+    }
     println!("wrote {out}/rocebus.hgrm, ib_write_lat.hgrm, latency.png, latency.svg");
     Ok(())
 }

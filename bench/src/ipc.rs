@@ -1,14 +1,17 @@
 //! Shared-memory harnesses: `ipc-latency` (ping-pong round trip, two
 //! spinning threads pinned to two cores, as Aeron's embedded ping-pong
 //! sample does) and `ipc-throughput` (64-byte messages per second from one
-//! publisher to one spinning subscriber). `cargo xtask bench ipc` runs them
-//! beside the same harnesses on Aeron's `aeron:ipc`.
+//! publisher to one spinning subscriber), and `ipc-floor`, the hardware's floor under
+//! the first (a bare ping-pong of one cache line each way between the same two cores).
+//! `cargo xtask bench ipc` runs them beside the same harnesses on Aeron's `aeron:ipc`.
 
 use crate::report::Summary;
 use anyhow::{bail, Result};
 use hdrhistogram::Histogram;
 use rocebus::clock::Mono;
 use rocebus::ipc::{IpcConfig, IpcEvent, IpcOfferError, IpcPublisher, IpcSubscriber};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Options of the IPC harnesses.
@@ -199,5 +202,55 @@ pub fn throughput(a: &IpcArgs) -> Result<()> {
     let rate = reader.join().expect("reader thread");
     println!("rocebus ipc throughput, {} B: {rate:.0} msg/s", a.size);
     crate::report::emit_result(&format!("RESULT msgs_per_sec={rate:.0}"));
+    Ok(())
+}
+
+/// One word alone in its 128 bytes (the x86-64 prefetcher fetches lines in pairs), so the
+/// two directions of the floor's ping-pong never share a line.
+#[repr(align(128))]
+#[derive(Default)]
+struct Line(AtomicU64);
+
+/// The floor under [`latency`]: a bare ping-pong between the same two pinned cores, the
+/// main thread storing round `i` into one line and spinning until the echo thread has
+/// stored it into the other: two cache-line transfers a round trip and no other work.
+/// Timed like [`latency`] (one `Instant` pair a round trip, the same warm-up); prints the
+/// same `RESULT` line.
+pub fn floor(a: &IpcArgs) -> Result<()> {
+    let (ping, pong) = (Arc::new(Line::default()), Arc::new(Line::default()));
+    let total = a.iterations + a.iterations / 10;
+    let cores = a.cores.clone();
+    let echo = {
+        let (ping, pong) = (ping.clone(), pong.clone());
+        std::thread::spawn(move || {
+            pin(&cores, 1);
+            for i in 1..=total {
+                // ORDERING: nothing but the word itself is handed over, so Relaxed would
+                // do; Acquire/Release is what a real hand-over of a message costs (free on
+                // x86-64) and keeps the floor honest for other targets.
+                while ping.0.load(Ordering::Acquire) != i {
+                    std::hint::spin_loop();
+                }
+                pong.0.store(i, Ordering::Release);
+            }
+        })
+    };
+    pin(&a.cores, 0);
+    let mut h = Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3)?;
+    for i in 1..=total {
+        let t0 = Instant::now();
+        // ORDERING: as in the echo thread above.
+        ping.0.store(i, Ordering::Release);
+        while pong.0.load(Ordering::Acquire) != i {
+            std::hint::spin_loop();
+        }
+        if i > a.iterations / 10 {
+            h.record(t0.elapsed().as_nanos() as u64)?;
+        }
+    }
+    echo.join().expect("echo thread");
+    let s = Summary::of(&h);
+    println!("bare one-word ping-pong, two cache lines: {s}");
+    crate::report::emit_result(&s.result_line());
     Ok(())
 }

@@ -58,6 +58,9 @@ enum Cmd {
     IpcLatency(rocebus_bench::ipc::IpcArgs),
     /// Shared memory: 64-byte messages per second, one publisher to one subscriber.
     IpcThroughput(rocebus_bench::ipc::IpcArgs),
+    /// The floor under ipc-latency: a bare ping-pong of one word in each of two cache lines
+    /// between the same two pinned cores (two line transfers a round trip, nothing else).
+    IpcFloor(rocebus_bench::ipc::IpcArgs),
     /// Order gateway: engine → gateway (risk, journal, FIX) → in-process venue → engine, over RC.
     GatewayRtt(gateway::GatewayRttArgs),
     /// Order gateway journal, on the host: orders/s per fsync policy (group, never,
@@ -114,6 +117,7 @@ fn harness(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::MdFanout(a) => rocebus_bench::fanout::run(&a),
         Cmd::IpcLatency(a) => rocebus_bench::ipc::latency(&a),
         Cmd::IpcThroughput(a) => rocebus_bench::ipc::throughput(&a),
+        Cmd::IpcFloor(a) => rocebus_bench::ipc::floor(&a),
         Cmd::GatewayRtt(a) => gateway::run(&a),
         Cmd::GatewayJournal(a) => journal::run(&a),
         Cmd::GatewayRestart(a) => journal::restart(&a),

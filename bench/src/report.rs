@@ -499,7 +499,67 @@ fn percentile_label(x: f64) -> String {
     format!("{pct:.decimals$}%")
 }
 
-/// Points (1/(1-q), latency in µs) of one histogram, as the HdrHistogram plotter draws them;
+/// The unit of a plot's latency axis, chosen from the data so the largest value reads as a
+/// number below a thousand (`250 ms`, not `250000.0` µs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TimeUnit {
+    Ns,
+    Us,
+    Ms,
+    S,
+}
+
+impl TimeUnit {
+    /// The unit in which `max_ns` nanoseconds is at least 1 and below 1000 (seconds above).
+    fn for_max_ns(max_ns: f64) -> TimeUnit {
+        match max_ns {
+            m if m < 1e3 => TimeUnit::Ns,
+            m if m < 1e6 => TimeUnit::Us,
+            m if m < 1e9 => TimeUnit::Ms,
+            _ => TimeUnit::S,
+        }
+    }
+
+    /// Nanoseconds in one of this unit.
+    fn ns(self) -> f64 {
+        match self {
+            TimeUnit::Ns => 1.0,
+            TimeUnit::Us => 1e3,
+            TimeUnit::Ms => 1e6,
+            TimeUnit::S => 1e9,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            TimeUnit::Ns => "ns",
+            TimeUnit::Us => "µs",
+            TimeUnit::Ms => "ms",
+            TimeUnit::S => "s",
+        }
+    }
+}
+
+/// A latency tick label for `ns` nanoseconds in the unit that reads it best (`2 µs`,
+/// `250 ms`, `1.5 s`), never `250000.0`.
+fn latency_label(ns: f64) -> String {
+    let unit = TimeUnit::for_max_ns(ns * 1.000_001);
+    format!("{} {}", value_label(ns / unit.ns()), unit.name())
+}
+
+/// A latency tick label: at most three decimals and none that are zeros (`250`, `2.5`,
+/// `0.125`), never `250000.0`.
+fn value_label(v: f64) -> String {
+    let s = format!("{v:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".to_string()
+    } else {
+        s.to_string()
+    }
+}
+
+/// Points (1/(1-q), latency in ns) of one histogram, as the HdrHistogram plotter draws them;
 /// the 100% point (x infinite) is left out, its value is the summary's max.
 fn percentile_points(h: &Histogram<u64>) -> Vec<(f64, f64)> {
     if h.is_empty() {
@@ -510,7 +570,7 @@ fn percentile_points(h: &Histogram<u64>) -> Vec<(f64, f64)> {
         .map(|v| {
             (
                 1.0 / (1.0 - v.quantile_iterated_to()),
-                us(v.value_iterated_to()),
+                v.value_iterated_to() as f64,
             )
         })
         .collect()
@@ -518,39 +578,101 @@ fn percentile_points(h: &Histogram<u64>) -> Vec<(f64, f64)> {
 
 type Series<'a> = (&'a str, Vec<(f64, f64)>);
 
+/// Pixels the latency axis keeps for its tick labels and, left of them, its title: wide
+/// enough for the widest label at the label font's size so the two never overlap.
+fn y_label_area(widest_label_chars: usize) -> u32 {
+    // DejaVu Sans digits are 0.64 em wide; 16 px labels, a 20 px rotated title, margins.
+    (widest_label_chars as f64 * 16.0 * 0.64).ceil() as u32 + 20 + 36
+}
+
+/// The median one-way latency, ns, in the output of a perftest latency tool
+/// (`ib_write_lat`, `ib_send_lat`): the `t_typical[usec]` column of its result row.
+pub fn perftest_p50_ns(output: &str) -> Option<u64> {
+    let mut lines = output.lines();
+    let header = lines.find(|l| l.contains("#bytes") && l.contains("t_typical"))?;
+    let column = header
+        .split_whitespace()
+        .position(|w| w.starts_with("t_typical"))?;
+    let row: Vec<f64> = lines
+        .map(|l| {
+            l.split_whitespace()
+                .map_while(|w| w.parse::<f64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .find(|v| v.len() > column)?;
+    let us = row[column];
+    (us.is_finite() && us > 0.0).then(|| (us * 1000.0).round() as u64)
+}
+
+/// A horizontal reference line on a percentile plot: e.g. perftest's median round trip on
+/// the same hosts, the floor the measured series are read against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reference<'a> {
+    /// Legend text, e.g. `"ib_write_lat p50 (floor)"`.
+    pub label: &'a str,
+    /// The line's latency, nanoseconds.
+    pub ns: u64,
+}
+
+struct Axes {
+    x_max: f64,
+    /// The latency range, nanoseconds (log scale: `y_min` > 0).
+    y_min: f64,
+    y_max: f64,
+}
+
 fn draw<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     title: &str,
     series: &[Series<'_>],
-    x_max: f64,
-    y_max: f64,
+    reference: Option<Reference<'_>>,
+    axes: &Axes,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let widest = "999.5 µs".chars().count();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(root)
         .caption(title, (FONT_FAMILY, 26))
         .margin(20)
         .margin_right(60)
-        .x_label_area_size(50)
-        .y_label_area_size(80)
-        .build_cartesian_2d((1.0..x_max).log_scale(), 0.0..y_max)?;
+        .x_label_area_size(60)
+        .y_label_area_size(y_label_area(widest))
+        .build_cartesian_2d(
+            (1.0..axes.x_max).log_scale(),
+            (axes.y_min..axes.y_max).log_scale(),
+        )?;
     chart
         .configure_mesh()
         .x_desc("percentile")
-        .y_desc("latency (µs)")
+        .y_desc("latency (log scale)")
         .label_style((FONT_FAMILY, 16))
+        .axis_desc_style((FONT_FAMILY, 20))
         .x_label_formatter(&|x| percentile_label(*x))
+        .y_label_formatter(&|ns| latency_label(*ns))
         .draw()?;
     for (i, (name, points)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         chart
             .draw_series(LineSeries::new(
-                points.iter().copied(),
+                points.iter().map(|&(x, ns)| (x, ns.max(axes.y_min))),
                 color.stroke_width(2),
             ))?
             .label(*name)
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(2))
             });
+    }
+    if let Some(r) = reference {
+        let y = (r.ns as f64).max(axes.y_min);
+        let style = BLACK.mix(0.7).stroke_width(2);
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(1.0, y), (axes.x_max, y)],
+                10,
+                6,
+                style,
+            ))?
+            .label(r.label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
     }
     chart
         .configure_series_labels()
@@ -562,14 +684,27 @@ fn draw<DB: DrawingBackend>(
     root.present()
 }
 
-/// Draws a percentile plot of one or more named histograms (nanoseconds; plotted in µs) to
-/// `path`, creating the folder. The x axis is `1/(1-percentile)` on a log scale, labelled as
-/// percentiles, like HdrHistogram's plotter; e.g. series `("rocebus", &h1), ("ib_write_lat", &h2)`.
+/// Draws a percentile plot of one or more named histograms (nanoseconds) to `path`,
+/// creating the folder. The x axis is `1/(1-percentile)` on a log scale, labelled as
+/// percentiles, like HdrHistogram's plotter; the latency axis is in ns, µs, ms or s, whichever
+/// reads the data best. E.g. series `("rocebus", &h1), ("ib_write_lat", &h2)`.
 pub fn plot_percentiles(
     path: impl AsRef<Path>,
     format: PlotFormat,
     title: &str,
     series: &[(&str, &Histogram<u64>)],
+) -> Result<(), ReportError> {
+    plot_percentiles_with(path, format, title, series, None)
+}
+
+/// [`plot_percentiles`] with a horizontal [`Reference`] line (perftest's floor), drawn
+/// dashed and named in the legend.
+pub fn plot_percentiles_with(
+    path: impl AsRef<Path>,
+    format: PlotFormat,
+    title: &str,
+    series: &[(&str, &Histogram<u64>)],
+    reference: Option<Reference<'_>>,
 ) -> Result<(), ReportError> {
     let path = path.as_ref();
     ensure_font()?;
@@ -584,11 +719,31 @@ pub fn plot_percentiles(
         .fold(10.0_f64, f64::max);
     // Round the x range up to a power of ten so the last tick is a clean percentile.
     let x_max = 10f64.powf(x_max.log10().ceil()).min(1e12);
-    let y_max = series
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|&(_, y)| y))
-        .fold(0.0_f64, f64::max);
-    let y_max = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
+    let values = || {
+        series
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|&(_, y)| y))
+            .chain(reference.map(|r| r.ns as f64))
+            .filter(|&y| y > 0.0)
+    };
+    let (lo, hi) = values().fold((f64::INFINITY, 0.0_f64), |(lo, hi), y| {
+        (lo.min(y), hi.max(y))
+    });
+    // A log scale from a power of ten at or below the fastest value to one at or above the
+    // slowest: the body and the tail both readable, the floor line among them.
+    let (y_min, y_max) = if hi > 0.0 {
+        (
+            10f64.powf(lo.log10().floor()),
+            10f64.powf((hi * 1.0001).log10().ceil()),
+        )
+    } else {
+        (1.0, 1000.0)
+    };
+    let axes = Axes {
+        x_max,
+        y_min,
+        y_max,
+    };
     let plot_err = |message: String| ReportError::Plot {
         path: path.to_owned(),
         message,
@@ -596,11 +751,11 @@ pub fn plot_percentiles(
     match format {
         PlotFormat::Png => {
             let root = BitMapBackend::new(path, PLOT_SIZE).into_drawing_area();
-            draw(&root, title, &series, x_max, y_max).map_err(|e| plot_err(e.to_string()))
+            draw(&root, title, &series, reference, &axes).map_err(|e| plot_err(e.to_string()))
         }
         PlotFormat::Svg => {
             let root = SVGBackend::new(path, PLOT_SIZE).into_drawing_area();
-            draw(&root, title, &series, x_max, y_max).map_err(|e| plot_err(e.to_string()))
+            draw(&root, title, &series, reference, &axes).map_err(|e| plot_err(e.to_string()))
         }
     }
 }
@@ -999,6 +1154,128 @@ mod tests {
         let svg2 = dir.path().join("empty.svg");
         plot_percentiles(&svg2, PlotFormat::Svg, "empty", &[("none", &empty)]).unwrap();
         assert!(std::fs::metadata(&svg2).unwrap().len() > 0);
+    }
+
+    #[test]
+    fn the_latency_axis_reads_in_the_unit_of_the_data_without_spurious_decimals() {
+        assert_eq!(TimeUnit::for_max_ns(900.0), TimeUnit::Ns);
+        assert_eq!(TimeUnit::for_max_ns(2_500.0), TimeUnit::Us);
+        assert_eq!(TimeUnit::for_max_ns(250e6), TimeUnit::Ms);
+        assert_eq!(TimeUnit::for_max_ns(3e9), TimeUnit::S);
+        assert_eq!(value_label(250.0), "250");
+        assert_eq!(value_label(250000.0), "250000");
+        assert_eq!(value_label(2.5), "2.5");
+        assert_eq!(value_label(0.125), "0.125");
+        assert_eq!(value_label(1.0 / 3.0), "0.333");
+        assert_eq!(value_label(0.0), "0");
+        assert_eq!(value_label(-0.0001), "0");
+    }
+
+    /// The texts of an SVG plot: (x, font size, rotated, text).
+    fn svg_texts(svg: &str) -> Vec<(f64, f64, bool, String)> {
+        let mut out = Vec::new();
+        for part in svg.split("<text").skip(1) {
+            let (attrs, rest) = part.split_once('>').unwrap();
+            let text = rest.split("</text>").next().unwrap().trim().to_string();
+            let attr = |name: &str| {
+                let at = attrs.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+                attrs[at..]
+                    .split('"')
+                    .next()
+                    .unwrap()
+                    .parse::<f64>()
+                    .unwrap()
+            };
+            out.push((
+                attr("x"),
+                attr("font-size"),
+                attrs.contains("rotate("),
+                text,
+            ));
+        }
+        out
+    }
+
+    /// A body at a few microseconds and a tail at a quarter second (the issue's
+    /// "250000.0" µs): the latency axis is logarithmic, every tick names its unit with no
+    /// decimal it does not need, the axis title stays clear of the ticks, and the reference
+    /// line is named in the legend.
+    #[test]
+    fn a_long_tailed_plot_reads_in_units_with_its_title_clear_of_the_ticks() {
+        assert_eq!(latency_label(2_000.0), "2 µs");
+        assert_eq!(latency_label(250e6), "250 ms");
+        assert_eq!(latency_label(100.0), "100 ns");
+        assert_eq!(latency_label(1e9), "1 s");
+        assert_eq!(latency_label(1e6), "1 ms");
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = Histogram::<u64>::new_with_bounds(1, DEFAULT_HIGHEST_NS, 3).unwrap();
+        for v in 1..=10_000u64 {
+            h.record(2_000 + v % 500).unwrap();
+        }
+        h.record(250_000_000).unwrap();
+        let svg = dir.path().join("q.svg");
+        let floor = Reference {
+            label: "ib_write_lat p50 (floor)",
+            ns: 1_800,
+        };
+        plot_percentiles_with(
+            &svg,
+            PlotFormat::Svg,
+            "tail",
+            &[("rocebus", &h)],
+            Some(floor),
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        let texts = svg_texts(&text);
+        let title = texts
+            .iter()
+            .find(|t| t.3.starts_with("latency"))
+            .expect("a latency axis title");
+        assert!(title.2, "the latency title is rotated");
+        // The y ticks: a number and a unit.
+        let ticks: Vec<_> = texts
+            .iter()
+            .filter(|t| {
+                !t.2 && t.3.split_once(' ').is_some_and(|(n, u)| {
+                    n.parse::<f64>().is_ok() && ["ns", "µs", "ms", "s"].contains(&u)
+                })
+            })
+            .collect();
+        let shown: Vec<&str> = ticks.iter().map(|t| t.3.as_str()).collect();
+        for want in ["1 µs", "1 ms", "1 s"] {
+            assert!(shown.contains(&want), "no tick {want}: {shown:?}");
+        }
+        for t in &ticks {
+            let n: f64 = t.3.split_once(' ').unwrap().0.parse().unwrap();
+            assert!(n < 1000.0, "{t:?}");
+            assert!(!t.3.contains(".0 "), "a spurious decimal: {t:?}");
+        }
+        // Each tick's left edge (end-anchored: x minus its width at 0.64 em a character)
+        // is right of the rotated title's extent (its x plus one line of its font).
+        let title_right = title.0 + title.1;
+        for t in &ticks {
+            let left = t.0 - t.3.chars().count() as f64 * 0.64 * t.1;
+            assert!(
+                left > title_right + 4.0,
+                "tick {t:?} runs into the title {title:?}"
+            );
+        }
+        assert!(
+            text.contains("ib_write_lat p50 (floor)"),
+            "the reference line's legend"
+        );
+    }
+
+    #[test]
+    fn perftest_median_is_read_from_its_result_row() {
+        let out = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n 64      2000          20.68          40856.47      22.14    \t       242.62      \t1211.23\t\t6156.63 \t\t23394.54\n";
+        assert_eq!(perftest_p50_ns(out), Some(22_140));
+        assert_eq!(
+            perftest_p50_ns("ib_write_lat is not installed (perftest)"),
+            None
+        );
+        assert_eq!(perftest_p50_ns(""), None);
     }
 
     #[test]

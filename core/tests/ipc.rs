@@ -269,3 +269,129 @@ fn a_truncated_stream_file_is_an_error_not_a_sigbus() {
     assert!(status.success(), "{status}");
     assert!(dir.path().join("done").exists(), "the child ran the cases");
 }
+
+/// Child, run as `nobody` by the test below: tries to read, write, truncate
+/// and join the parent's stream (in `ROCEBUS_IPC_CHILD`), then squats the
+/// stream name in a directory everyone can write (`ROCEBUS_IPC_SQUAT`, like
+/// `/dev/shm`) with a publisher of its own and a forged message. Panics on
+/// anything the second user should not have managed.
+#[test]
+#[ignore = "child: process of the tests below, run by them"]
+fn child_second_user() {
+    let dir = child_dir();
+    let c = cfg(&dir);
+    let file = c.path("s");
+    let denied = |what: &str, r: std::io::Result<std::fs::File>| match r {
+        Ok(_) => panic!("a second user could {what} {}", file.display()),
+        Err(e) => assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::PermissionDenied,
+            "{what}: {e}"
+        ),
+    };
+    denied("read", std::fs::File::open(&file));
+    denied("write", std::fs::OpenOptions::new().write(true).open(&file));
+    denied(
+        "truncate",
+        std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&file),
+    );
+    assert!(
+        std::fs::read_dir(&dir).is_err(),
+        "a second user could list the stream directory"
+    );
+    // Joining takes a slot (the only thing a subscriber writes): refused.
+    let mut s = IpcSubscriber::new(&c, "s").unwrap().expect_owner(0);
+    assert!(s.try_connect().is_err(), "a second user joined the stream");
+    // The squat: first to make the directory in a shared place.
+    let squat =
+        std::path::PathBuf::from(std::env::var_os("ROCEBUS_IPC_SQUAT").expect("ROCEBUS_IPC_SQUAT"));
+    let mut p = IpcPublisher::new(&cfg(&squat), "s").unwrap();
+    p.offer(7, b"forged").unwrap();
+    println!("squatted {}", p.path().display());
+}
+
+/// A second local user (the child runs as `nobody`, so this needs root,
+/// which these tests run as) cannot read, write, truncate, join or stall a
+/// stream, and a stream name it squats in a shared directory is refused by
+/// the owner's publisher and subscriber with a clear error instead of being
+/// read; the real stream goes on delivering every message to its subscriber.
+#[test]
+fn a_second_local_user_cannot_read_truncate_join_stall_or_squat_a_stream() {
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::os::unix::process::CommandExt as _;
+    let base = tempfile::tempdir().unwrap();
+    // Others may pass through the base (as through /tmp) ...
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let streams = base.path().join("streams");
+    let c = cfg(&streams);
+    let mut p = IpcPublisher::new(&c, "s").unwrap();
+    let mut sub = IpcSubscriber::new(&c, "s").unwrap();
+    // It joins at the newest frame: publish once it has joined.
+    assert!(
+        sub.try_connect().unwrap().is_some(),
+        "the owner's subscriber joins"
+    );
+    let (mut sent, mut got) = (0u64, 0u64);
+    let mut pump = |p: &mut IpcPublisher, sub: &mut IpcSubscriber, upto: u64| {
+        let t = Instant::now();
+        while got < upto {
+            if sent < upto && p.offer(1, &sent.to_le_bytes()).is_ok() {
+                sent += 1;
+            }
+            p.poll(Mono::now());
+            while p.poll_event().is_some() {}
+            sub.poll(
+                Mono::now(),
+                |m| {
+                    assert_eq!(m.payload, got.to_le_bytes(), "message {got}");
+                    got += 1;
+                },
+                64,
+            )
+            .unwrap();
+            assert!(t.elapsed() < Duration::from_secs(10), "stalled at {got}");
+        }
+    };
+    pump(&mut p, &mut sub, 1000);
+    let len = std::fs::metadata(p.path()).unwrap().len();
+    // ... and into a shared directory, sticky and writable by all, like /dev/shm.
+    let open = base.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let squat = open.join("rocebus-ipc");
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["child_second_user", "--exact", "--ignored", "--nocapture"])
+        .env("ROCEBUS_IPC_CHILD", &streams)
+        .env("ROCEBUS_IPC_SQUAT", &squat)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("running the second user as nobody needs root");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the second user: {text}");
+    assert!(text.contains("squatted"), "{text}");
+    // The real stream: untouched, no slot taken, still delivering.
+    assert_eq!(std::fs::metadata(p.path()).unwrap().len(), len);
+    pump(&mut p, &mut sub, 20_000);
+    assert_eq!(p.subscribers().len(), 1);
+    assert_eq!(p.stats().impostor_slots, 0);
+    // The squatted name: the owner's subscriber and publisher refuse it,
+    // saying whose it is; the forged message is never read.
+    let sc = cfg(&squat);
+    let mut s = IpcSubscriber::new(&sc, "s").unwrap();
+    let err = s.try_connect().unwrap_err();
+    assert!(
+        matches!(err, IpcError::UnsafeDir { .. } | IpcError::NotOwner { .. }),
+        "{err}"
+    );
+    let err = IpcPublisher::new(&sc, "s").unwrap_err();
+    assert!(matches!(err, IpcError::UnsafeDir { .. }), "{err}");
+    assert!(
+        err.to_string().contains(&squat.display().to_string()),
+        "{err}"
+    );
+}

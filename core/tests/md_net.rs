@@ -1685,7 +1685,10 @@ fn rdma_md_gap_tolerant_delivers_past_an_unrepairable_hole() {
 /// answer. Every RoCE v2 packet (the multicast datagrams, the recovery
 /// connection's SENDs both ways, their ACKs, the CM's messages) must carry
 /// the configured traffic class (DSCP 34, ECT(0): not the default), and
-/// guest 0's must leave from the configured GID index.
+/// guest 0's must leave from the configured GID index. Guest 0 publishes
+/// from a second address (its own +141), whose GID entry is not rxe's
+/// first, and configures that entry's index: packets from the default
+/// entry's address would fail the check.
 #[test]
 #[ignore = "rdma: needs two soft-RoCE guests (cargo xtask test)"]
 fn rdma_md_two_hosts_traffic_class_on_the_wire() {
@@ -1693,19 +1696,25 @@ fn rdma_md_two_hosts_traffic_class_on_the_wire() {
     const EARLY: u64 = 1000;
     const TOTAL: u64 = 3000;
     const GO_PORT: u16 = 7610;
+    const SECOND: u8 = 141;
     let mut cfg = config("239.7.9.1", None, 7609, 16384);
-    rocebus::rdma_settings::RdmaSettings {
+    let class = |gid_index: u32| rocebus::rdma_settings::RdmaSettings {
         traffic_class: TC,
-        gid_index: Some(1),
+        gid_index: Some(u8::try_from(gid_index).expect("a small GID index")),
         ..Default::default()
-    }
-    .apply_to_mcast(&mut cfg);
+    };
     if guest_index() == 1 {
+        class(1).apply_to_mcast(&mut cfg);
         common::wait_for_go(peer_ip(), GO_PORT);
+        let IpAddr::V4(p) = peer_ip() else {
+            panic!("IPv4 guests")
+        };
+        let o = p.octets();
+        let publisher = std::net::Ipv4Addr::new(o[0], o[1], o[2], o[3].wrapping_add(SECOND));
         let r = run_subscriber(
             &cfg,
             local_ip(),
-            peer_ip(),
+            IpAddr::V4(publisher),
             TOTAL,
             Duration::from_secs(90),
             None,
@@ -1718,7 +1727,11 @@ fn rdma_md_two_hosts_traffic_class_on_the_wire() {
         assert_eq!(r.book.order_errors, 0);
         return; // checked: guest 1's book
     }
-    let mut p = McastPublisher::new(&cfg, 7, now_ns() + 1, local_ip()).expect("publisher");
+    let second = common::gid_stat::SecondAddress::add(local_ip(), SECOND);
+    let gid = common::gid_stat::KernelGid::of(second.ip());
+    assert_ne!(gid.index, 1, "the second address got rxe's default entry");
+    class(gid.index).apply_to_mcast(&mut cfg);
+    let mut p = McastPublisher::new(&cfg, 7, now_ns() + 1, second.ip()).expect("publisher");
     let mut book = Book::new();
     let t0 = Instant::now();
     let publish = |p: &mut McastPublisher, book: &mut Book, upto: u64| {
@@ -1761,10 +1774,10 @@ fn rdma_md_two_hosts_traffic_class_on_the_wire() {
     }
     eprintln!("publisher: {:?}", p.io_stats());
     let packets = capture.stop();
-    let (IpAddr::V4(me), IpAddr::V4(them)) = (local_ip(), peer_ip()) else {
+    let (IpAddr::V4(me), IpAddr::V4(them)) = (second.ip(), peer_ip()) else {
         panic!("IPv4 guests")
     };
-    common::assert_capture(&packets, me, them, TC, 1);
+    common::assert_capture(&packets, me, them, TC, gid.index);
     let n = |f: fn(&common::RocePacket) -> bool, from| {
         packets.iter().filter(|p| f(p) && p.src == from).count()
     };

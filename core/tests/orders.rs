@@ -1919,7 +1919,9 @@ fn rdma_orders_fanin_some_active_of_many_every_frame_once_in_order() {
 /// the credit WRITEs back, their ACKs and the CM's messages) must carry the
 /// configured traffic class (DSCP 34, ECT(0): not the default, so the value
 /// is the configuration's), and guest 0's must leave from the configured
-/// GID index.
+/// GID index. Guest 0 listens on a second address (its own +140), whose
+/// GID entry is not rxe's first, and configures that entry's index: packets
+/// from the default entry's address would fail the check.
 #[test]
 #[ignore = "rdma: needs two soft-RoCE guests (cargo xtask test)"]
 fn rdma_orders_two_hosts_traffic_class_on_the_wire() {
@@ -1929,15 +1931,31 @@ fn rdma_orders_two_hosts_traffic_class_on_the_wire() {
     let idx = std::env::var("ROCEBUS_GUEST_INDEX").expect("run by cargo xtask test in two guests");
     let mut c = cfg(1 << 16, 256);
     c.connect_timeout_ms = 30_000;
-    let rdma = rocebus::rdma_settings::RdmaSettings {
-        traffic_class: TC,
-        gid_index: Some(1),
-        ..Default::default()
+    const SECOND: u8 = 140;
+    let second_of = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            IpAddr::V4(std::net::Ipv4Addr::new(
+                o[0],
+                o[1],
+                o[2],
+                o[3].wrapping_add(SECOND),
+            ))
+        }
+        IpAddr::V6(_) => panic!("IPv4 guests"),
     };
-    rdma.apply_to_orders(&mut c);
     let peer: IpAddr = std::env::var("ROCEBUS_PEER_ADDR").unwrap().parse().unwrap();
     if idx == "0" {
-        let mut l = OrdersListener::bind(c, SocketAddr::new(local_ip(), port)).unwrap();
+        let second = common::gid_stat::SecondAddress::add(local_ip(), SECOND);
+        let gid = common::gid_stat::KernelGid::of(second.ip());
+        assert_ne!(gid.index, 1, "the second address got rxe's default entry");
+        rocebus::rdma_settings::RdmaSettings {
+            traffic_class: TC,
+            gid_index: Some(u8::try_from(gid.index).expect("a small GID index")),
+            ..Default::default()
+        }
+        .apply_to_orders(&mut c);
+        let mut l = OrdersListener::bind(c, SocketAddr::new(second.ip(), port)).unwrap();
         let capture = common::Capture::start("orders-wire");
         common::signal_go(local_ip(), go_port);
         let mut conn = l.accept(Duration::from_secs(90)).unwrap().expect("peer");
@@ -1965,10 +1983,10 @@ fn rdma_orders_two_hosts_traffic_class_on_the_wire() {
             }
         }
         let packets = capture.stop();
-        let (IpAddr::V4(me), IpAddr::V4(them)) = (local_ip(), peer) else {
+        let (IpAddr::V4(me), IpAddr::V4(them)) = (second.ip(), peer) else {
             panic!("IPv4 guests")
         };
-        common::assert_capture(&packets, me, them, TC, 1);
+        common::assert_capture(&packets, me, them, TC, gid.index);
         let writes = |from| {
             packets
                 .iter()
@@ -1982,8 +2000,15 @@ fn rdma_orders_two_hosts_traffic_class_on_the_wire() {
             "no CM message of ours captured"
         );
     } else {
+        rocebus::rdma_settings::RdmaSettings {
+            traffic_class: TC,
+            gid_index: Some(1),
+            ..Default::default()
+        }
+        .apply_to_orders(&mut c);
         common::wait_for_go(peer, go_port);
-        let mut conn = Connection::connect(&c, SocketAddr::new(peer, port)).expect("connect");
+        let listener = SocketAddr::new(second_of(peer), port);
+        let mut conn = Connection::connect(&c, listener).expect("connect");
         for i in 0..FRAMES {
             loop {
                 match conn.try_claim(1, 1, 64) {

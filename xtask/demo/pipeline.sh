@@ -148,7 +148,8 @@ alive $gw || die "order-gateway exited at start"
 
 "$DEMO_BIN/sample-engine" --config "$WORK/sample-engine.toml" --seconds "$SECONDS_" \
     ${DEMO_ORDER_RATE:+--orders-per-second "$DEMO_ORDER_RATE"} \
-    --out "$DEMO_OUT/report" 2> "$DEMO_OUT/sample-engine.log" &
+    --out "$DEMO_OUT/report" --floor-write "$DEMO_OUT/floor-write.txt" \
+    --floor-send "$DEMO_OUT/floor-send.txt" 2> "$DEMO_OUT/sample-engine.log" &
 engine=$!; pids="$pids $engine"
 # The exchange opens once the engine is subscribed and logged on (its counters appear then).
 i=0

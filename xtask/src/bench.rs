@@ -471,6 +471,59 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// 2 MiB huge pages, an error if the guest has too few.
 pub const HUGEPAGES_VARIANT: &str = "--hugepages on";
 
+/// Which API a harness goes through (`cargo xtask bench rc-latency --api c`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Api {
+    /// The Rust crate (the harnesses of `rocebus-bench`).
+    Rust,
+    /// The C ABI (`rocebus-ffi`), from a C program.
+    C,
+}
+
+/// The variant of `cargo xtask bench rc-latency --api c`: the ping-pong through the C API.
+pub const C_API_VARIANT: &str = "--api c";
+
+/// Port of the C harness's connection (the Rust harness's is another).
+const C_API_PORT: u16 = 7476;
+
+/// Builds the release static library of `rocebus-ffi` and links `bench/c/rc_latency.c`
+/// against it with the system's C compiler (`-O2`, warnings are errors), into a copy of
+/// its own like [`build_bench`]'s; returns the program.
+fn build_c_harness(root: &Path, target: &Path) -> Result<std::path::PathBuf> {
+    eprintln!("== building rocebus-ffi (release) and bench/c/rc_latency.c");
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "rocebus-ffi"])
+        .current_dir(root)
+        .status()?;
+    if !st.success() {
+        bail!("building rocebus-ffi failed");
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&root.canonicalize()?, &mut h);
+    let exe = target.join(format!(
+        "release/rc-latency-c-run-{:016x}",
+        std::hash::Hasher::finish(&h)
+    ));
+    let st = Command::new("cc")
+        .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(root.join("ffi/include"))
+        .arg(root.join("bench/c/rc_latency.c"))
+        .arg(target.join("release/librocebus_ffi.a"))
+        .args(["-libverbs", "-lrdmacm", "-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&exe)
+        .status()
+        .context("running cc (the system's C compiler: apt-get install gcc)")?;
+    if !st.success() {
+        bail!("compiling bench/c/rc_latency.c failed");
+    }
+    Ok(exe)
+}
+
+/// The C harness's command line for one run (`{exe} $addr:PORT -s SIZE -n N --cores 0,1`).
+fn c_harness_command(exe_q: &str, size: usize, n: u64) -> String {
+    format!("timeout 300 {exe_q} $addr:{C_API_PORT} -s {size} -n {n} --cores 0,1")
+}
+
 /// Harnesses that take `--hugepages`.
 const HUGEPAGES_HARNESSES: &[&str] =
     &["rc-latency", "rc-throughput", "md-latency", "md-throughput"];
@@ -500,6 +553,7 @@ fn rounds_script(
     n: u64,
     rounds: u32,
     variant: &str,
+    variant_cmd: Option<&str>,
 ) -> String {
     let mut script = String::from(
         "dev=${ROCEBUS_RDMA_DEVICE:-rxe0}; gid=${ROCEBUS_GID_INDEX:-1}; addr=${ROCEBUS_GUEST_ADDR:?}\nexport dev gid addr\n",
@@ -519,7 +573,9 @@ fn rounds_script(
     );
     for r in 1..=rounds {
         script.push_str(&format!("echo '@@ours {r}'\n{ours}\n"));
-        if !variant.is_empty() {
+        if let Some(cmd) = variant_cmd {
+            script.push_str(&format!("echo '@@variant {r}'\n{cmd}\n"));
+        } else if !variant.is_empty() {
             script.push_str(&format!("echo '@@variant {r}'\n{ours} {variant}\n"));
         }
         let sizes =
@@ -766,6 +822,9 @@ pub fn run(
     if hosts != 1 {
         bail!("--hosts is 1 (one guest, or this host) or 2 (two guests)");
     }
+    if variant == C_API_VARIANT && name != "rc-latency" {
+        bail!("{name}: --api c applies to rc-latency");
+    }
     if variant == HUGEPAGES_VARIANT && !HUGEPAGES_HARNESSES.contains(&name) {
         bail!(
             "{name}: --hugepages applies to {}",
@@ -810,11 +869,29 @@ pub fn run(
         .with_context(|| format!("unknown benchmark {name:?}; known: {}", names().join(", ")))?;
     let rounds = rounds.unwrap_or(default_rounds(spec.kind));
     let n = iterations.unwrap_or(spec.default_iterations);
-    let (exe, _) = build_bench(root)?;
+    let (exe, target) = build_bench(root)?;
     // Each side runs under `timeout`: perftest occasionally hangs under
     // emulation; a hung round is reported as missing, not waited for.
     let exe_q = vm::shell_quote(&exe.display().to_string());
-    let script = rounds_script(spec, &exe_q, size, n, rounds, variant);
+    let variant_cmd = if variant == C_API_VARIANT {
+        let c = build_c_harness(root, &target)?;
+        Some(c_harness_command(
+            &vm::shell_quote(&c.display().to_string()),
+            size,
+            n,
+        ))
+    } else {
+        None
+    };
+    let script = rounds_script(
+        spec,
+        &exe_q,
+        size,
+        n,
+        rounds,
+        variant,
+        variant_cmd.as_deref(),
+    );
     let out = run_script(
         root,
         &script,
@@ -909,13 +986,13 @@ mod tests {
         assert_eq!(ring_frame_len(0), 16);
         assert_eq!(ring_frame_len(5), 32);
         assert_eq!(ring_frame_len(17), 48);
-        let script = rounds_script(rc, "rb", 64, 100, 1, "");
+        let script = rounds_script(rc, "rb", 64, 100, 1, "", None);
         assert!(script.contains("@@perftest 1"), "{script}");
         assert!(script.contains("-s 64 -n 100 -F "), "{script}");
         assert!(script.contains("@@wire 1"), "{script}");
         assert!(script.contains("-s 80 -n 100 -F "), "{script}");
         let md = SPECS.iter().find(|s| s.name == "md-latency").unwrap();
-        let script = rounds_script(md, "rb", 64, 100, 2, "");
+        let script = rounds_script(md, "rb", 64, 100, 2, "", None);
         let wire = script.split("@@wire 2").nth(1).unwrap();
         assert!(wire.contains("-s 90 -n 100 -F -c UD -g"), "{wire}");
         assert!(
@@ -1034,7 +1111,7 @@ mod tests {
     #[test]
     fn the_hugepages_variant_reserves_pages_in_the_guest_first() {
         let spec = SPECS.iter().find(|s| s.name == "rc-latency").unwrap();
-        let s = rounds_script(spec, "rb", 64, 100, 2, HUGEPAGES_VARIANT);
+        let s = rounds_script(spec, "rb", 64, 100, 2, HUGEPAGES_VARIANT, None);
         let reserve = s
             .find(&format!(
                 "echo {GUEST_HUGE_PAGES} > /proc/sys/vm/nr_hugepages"
@@ -1049,14 +1126,38 @@ mod tests {
         }
         assert_eq!(s.matches("--cores 0,1 --hugepages on\n").count(), 2, "{s}");
         // Without the variant nothing is reserved.
-        let plain = rounds_script(spec, "rb", 64, 100, 2, "");
+        let plain = rounds_script(spec, "rb", 64, 100, 2, "", None);
         assert!(!plain.contains("nr_hugepages"), "{plain}");
+    }
+
+    /// `rc-latency --api c`: the C harness runs after the Rust one in every round, on its
+    /// own port, with the same size, iterations and cores.
+    #[test]
+    fn the_c_api_variant_runs_the_c_harness_beside_the_rust_one_every_round() {
+        let spec = SPECS.iter().find(|s| s.name == "rc-latency").unwrap();
+        let c = c_harness_command("C", 64, 100);
+        assert_eq!(
+            c,
+            format!("timeout 300 C $addr:{C_API_PORT} -s 64 -n 100 --cores 0,1")
+        );
+        let s = rounds_script(spec, "B", 64, 100, 2, C_API_VARIANT, Some(&c));
+        for r in 1..=2 {
+            let ours = s.find(&format!("@@ours {r}'")).unwrap();
+            let variant = s.find(&format!("@@variant {r}'")).unwrap();
+            let perftest = s.find(&format!("@@perftest {r}'")).unwrap();
+            assert!(ours < variant && variant < perftest, "{s}");
+        }
+        assert_eq!(s.matches(&format!("{c}\n")).count(), 2, "{s}");
+        assert!(
+            !s.contains("--api c"),
+            "the Rust harness takes no --api: {s}"
+        );
     }
 
     #[test]
     fn a_variant_runs_beside_plain_rocebus_every_round() {
         let spec = SPECS.iter().find(|s| s.name == "md-latency").unwrap();
-        let s = rounds_script(spec, "B", 64, 100, 2, "--datagram-tag");
+        let s = rounds_script(spec, "B", 64, 100, 2, "--datagram-tag", None);
         for r in 1..=2 {
             let ours = s.find(&format!("@@ours {r}'")).unwrap();
             let variant = s.find(&format!("@@variant {r}'")).unwrap();
@@ -1065,7 +1166,7 @@ mod tests {
         }
         assert_eq!(s.matches("B md-latency -s 64 -n 100 ").count(), 4);
         assert_eq!(s.matches(" --datagram-tag\n").count(), 2);
-        assert!(!rounds_script(spec, "B", 64, 100, 2, "").contains("@@variant"));
+        assert!(!rounds_script(spec, "B", 64, 100, 2, "", None).contains("@@variant"));
         let out = lines(
             "@@ours 1\nRESULT p50_ns=1000 p99_ns=2000\n@@variant 1\nRESULT p50_ns=1500 p99_ns=2500\n\
              @@perftest 1\nnothing\n@@reference 1\n",

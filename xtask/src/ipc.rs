@@ -115,6 +115,7 @@ pub fn run(root: &Path, rounds: Option<u32>, iterations: Option<u64>) -> Result<
     let (aeron, lib) = build_aeron(root, &target)?;
     let cores = "0,1";
     let (mut l50, mut l99, mut tr) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut f50, mut f99) = (Vec::new(), Vec::new());
     eprintln!("== ipc: {rounds} alternating rounds, 64-byte messages, {n} round trips / 10x messages, cores {cores}");
     for r in 1..=rounds {
         let ol = run_one(Command::new(&ours).args([
@@ -131,6 +132,14 @@ pub fn run(root: &Path, rounds: Option<u32>, iterations: Option<u64>) -> Result<
                 .args(["latency", &n.to_string(), "64", cores])
                 .env("LD_LIBRARY_PATH", &lib),
         );
+        // The floor, on the same two cores, right after rocebus's round trips.
+        let fl = run_one(Command::new(&ours).args([
+            "ipc-floor",
+            "-n",
+            &n.to_string(),
+            "--cores",
+            cores,
+        ]));
         let m = (n * 10).to_string();
         let ot = run_one(Command::new(&ours).args([
             "ipc-throughput",
@@ -157,6 +166,20 @@ pub fn run(root: &Path, rounds: Option<u32>, iterations: Option<u64>) -> Result<
             }
             _ => println!("  round {r}: latency missing"),
         }
+        match (ol, fl) {
+            (Some(o), Some(f)) => {
+                println!(
+                    "  round {r}: floor (bare one-line ping-pong) p50 {:6.0} ns p99 {:7.0} ns: rocebus {:.2} / {:.2} of it",
+                    f.p50,
+                    f.p99,
+                    o.p50 / f.p50,
+                    o.p99 / f.p99
+                );
+                f50.push(o.p50 / f.p50);
+                f99.push(o.p99 / f.p99);
+            }
+            _ => println!("  round {r}: floor missing"),
+        }
         match (ot, at) {
             (Some(o), Some(a)) => {
                 println!(
@@ -176,7 +199,18 @@ pub fn run(root: &Path, rounds: Option<u32>, iterations: Option<u64>) -> Result<
         median(l50),
         median(l99)
     );
-    println!("ipc-throughput: ratio {:.2}", median(tr));
+    let lowest = tr.iter().copied().fold(f64::INFINITY, f64::min);
+    println!(
+        "ipc-throughput: ratio {:.2} (lowest round {lowest:.2})",
+        median(tr)
+    );
+    if !f50.is_empty() {
+        println!(
+            "ipc-floor: p50 ratio {:.2}, p99 ratio {:.2}",
+            median(f50),
+            median(f99)
+        );
+    }
     Ok(())
 }
 

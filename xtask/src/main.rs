@@ -146,6 +146,13 @@ enum Cmd {
         /// ...` against perftest and against the 4 KiB run beside the usual line.
         #[arg(long, conflicts_with = "datagram_tag")]
         hugepages: bool,
+        /// rc-latency: `c` adds a third run to every round, the same ping-pong through the
+        /// C API (`bench/c/rc_latency.c`, built with the system's C compiler against
+        /// `ffi/include/rocebus.h` and the release static library `librocebus_ffi.a`),
+        /// right after the Rust harness. Prints `rc-latency --api c: ...` against perftest
+        /// and against the Rust harness beside the usual line.
+        #[arg(long, value_enum, default_value_t = bench::Api::Rust, conflicts_with_all = ["datagram_tag", "hugepages"])]
+        api: bench::Api,
         /// 2: run the harness's `--server` in one guest and its `--client` in a second
         /// linked guest, against perftest's server and client on the same two guests
         /// (rc-latency, rc-throughput, md-latency, md-throughput). Emulated: ratios only.
@@ -317,12 +324,15 @@ fn run() -> Result<()> {
             iterations,
             datagram_tag,
             hugepages,
+            api,
             hosts,
         } => {
             let variant = if datagram_tag {
                 "--datagram-tag"
             } else if hugepages {
                 bench::HUGEPAGES_VARIANT
+            } else if api == bench::Api::C {
+                bench::C_API_VARIANT
             } else {
                 ""
             };

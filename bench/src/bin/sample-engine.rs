@@ -8,7 +8,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use rocebus::counters::default_dir;
-use rocebus_bench::demo::{run, EngineConfig, RunOptions};
+use rocebus_bench::demo::{run, EngineConfig, Floors, RunOptions};
+use rocebus_bench::report::perftest_p50_ns;
 
 /// A sample trading engine on rocebus: subscribes to the feed handler's normalized market
 /// data, joins the book of its symbols on a fixed schedule through the order gateway, and
@@ -30,6 +31,14 @@ struct Cli {
     /// Folder for the report, `.hgrm` files and plots.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// `ib_write_lat`'s output on this host (a file): its median is drawn on the order
+    /// round-trip plot as the floor.
+    #[arg(long, value_name = "FILE")]
+    floor_write: Option<PathBuf>,
+    /// `ib_send_lat -c UD`'s output on this host (a file): its median is drawn on the
+    /// market-data plot as the floor.
+    #[arg(long, value_name = "FILE")]
+    floor_send: Option<PathBuf>,
     /// Orders per second (overrides `strategy.orders_per_second`).
     #[arg(long)]
     orders_per_second: Option<u64>,
@@ -69,8 +78,17 @@ fn engine() -> anyhow::Result<()> {
     match &cli.out {
         // Whoever asked for the files prints the report (cargo xtask demo does).
         Some(dir) => {
+            let floor = |f: &Option<PathBuf>| {
+                f.as_ref()
+                    .and_then(|p| std::fs::read_to_string(p).ok())
+                    .and_then(|t| perftest_p50_ns(&t))
+            };
+            let floors = Floors {
+                write_p50_ns: floor(&cli.floor_write),
+                send_p50_ns: floor(&cli.floor_send),
+            };
             let files = outcome
-                .write(dir)
+                .write(dir, &floors)
                 .with_context(|| format!("write the report into {}", dir.display()))?;
             println!(
                 "sample-engine: wrote the report and {} files into {}",

@@ -45,7 +45,7 @@ pub use config::{
 pub use engine::{run, RunOptions};
 pub use md::{BusCounts, MdCounts, MdView};
 pub use orders::{OrderCounts, OrderIntent, OrderTimes, Quote, Strategy};
-pub use report::Outcome;
+pub use report::{Floors, Outcome};
 
 /// The clocks of the report's figures, as named in the report.
 pub const CLOCK_NAME: &str = "order round trip on CLOCK_MONOTONIC (engine); market data from the \

@@ -10,7 +10,9 @@ use rocebus_engine::proto::RejectReason;
 use super::md::{BusCounts, MdCounts};
 use super::orders::OrderCounts;
 use super::CLOCK_NAME;
-use crate::report::{plot_percentiles, summary_table, write_hgrm_file, PlotFormat, Summary};
+use crate::report::{
+    plot_percentiles_with, summary_table, write_hgrm_file, PlotFormat, Reference, Summary,
+};
 
 /// Everything the report says.
 #[derive(Debug)]
@@ -31,6 +33,16 @@ pub struct Outcome {
     pub md_latency: Histogram<u64>,
     /// Order round-trip histogram.
     pub rtt: Histogram<u64>,
+}
+
+/// This host's raw-verbs floor, measured by perftest just before the run (the demo's
+/// `floor-write.txt` and `floor-send.txt`): drawn on the plots as reference lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Floors {
+    /// `ib_write_lat`'s median one-way latency, ns.
+    pub write_p50_ns: Option<u64>,
+    /// `ib_send_lat -c UD`'s median one-way latency, ns.
+    pub send_p50_ns: Option<u64>,
 }
 
 impl Outcome {
@@ -135,8 +147,9 @@ impl Outcome {
     }
 
     /// Writes `report.txt`, `result.txt`, the `.hgrm` files and the PNG and SVG plots of
-    /// each measured path into `dir`; returns the files written.
-    pub fn write(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    /// each measured path into `dir`, each plot with its perftest floor from `floors` as a
+    /// reference line when measured; returns the files written.
+    pub fn write(&self, dir: &Path, floors: &Floors) -> anyhow::Result<Vec<PathBuf>> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let mut files = Vec::new();
         let mut put = |name: &str, text: &str| -> anyhow::Result<()> {
@@ -147,16 +160,24 @@ impl Outcome {
         };
         put("report.txt", &self.report())?;
         put("result.txt", &(self.result_line() + "\n"))?;
-        for (stem, title, h) in [
+        for (stem, title, h, floor) in [
             (
                 "md-latency",
                 "market data: exchange packet arrival -> engine handler",
                 &self.md_latency,
+                floors.send_p50_ns.map(|ns| Reference {
+                    label: "ib_send_lat -c UD p50 (one UD send, floor)",
+                    ns,
+                }),
             ),
             (
                 "order-rtt",
                 "order round trip: intended send -> venue ack -> engine",
                 &self.rtt,
+                floors.write_p50_ns.map(|ns| Reference {
+                    label: "ib_write_lat p50 (one RDMA WRITE, floor)",
+                    ns,
+                }),
             ),
         ] {
             if h.is_empty() {
@@ -167,7 +188,7 @@ impl Outcome {
             files.push(hgrm);
             for (ext, format) in [("png", PlotFormat::Png), ("svg", PlotFormat::Svg)] {
                 let p = dir.join(format!("{stem}.{ext}"));
-                plot_percentiles(&p, format, title, &[("rocebus demo", h)])?;
+                plot_percentiles_with(&p, format, title, &[("rocebus demo", h)], floor)?;
                 files.push(p);
             }
         }
@@ -219,8 +240,14 @@ mod tests {
             "{line}"
         );
         let dir = tempfile::tempdir().unwrap();
-        match out.write(dir.path()) {
+        let floors = Floors {
+            write_p50_ns: Some(9_000),
+            send_p50_ns: None,
+        };
+        match out.write(dir.path(), &floors) {
             Ok(files) => {
+                let svg = std::fs::read_to_string(dir.path().join("order-rtt.svg")).unwrap();
+                assert!(svg.contains("ib_write_lat p50"), "the floor line is named");
                 for f in [
                     "report.txt",
                     "result.txt",
