@@ -121,10 +121,12 @@ pub struct ServiceConfig {
     pub counters: bool,
     /// Responses that may wait for an engine whose ring is full (it is not reading); one
     /// more disconnects it (cancel-on-disconnect) and it gets them replayed when it logs on
-    /// again (a logon's replay is queued whatever its length). At most half of
-    /// `risk.response_history`, so what an engine disconnected for a full backlog missed
-    /// (the backlog, its unread ring, the cancels that follow) is still kept for its replay.
-    /// Default 32768.
+    /// again (a logon's replay is queued whatever its length). Flow control: while half of
+    /// it waits, no request is taken from the engine (they stay in its ring, which holds the
+    /// engine back), so its own requests fill only that half; the other half is for what
+    /// comes unasked (fills, venue cancels). At most half of `risk.response_history`, so
+    /// what an engine disconnected for a full backlog missed (the backlog, its unread ring,
+    /// the cancels that follow) is still kept for its replay. Default 32768.
     #[serde(default = "default_max_response_backlog")]
     pub max_response_backlog: usize,
 }

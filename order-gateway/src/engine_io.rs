@@ -9,6 +9,11 @@
 //! over [`EngineWire`]: the service implements it on its RDMA connections, the simulator
 //! on simulated engines. What the simulator checks is then what the service runs.
 //!
+//! Flow control is the links' ([`EngineLinks::request_budget`]): a shell polling an
+//! engine's ring takes at most that many frames (zero: it leaves them all, and the reliable
+//! connection holds the engine back once its ring is full), and polls it again on the next
+//! turn whatever its activity mark says, since the frames left there will not mark it again.
+//!
 //! Owns no state; must not read a clock (time is the turn's [`Now`], passed in).
 
 use rocebus::clock::{Mono, Now, Wall};
@@ -118,9 +123,14 @@ pub fn logon<L: VenueLink>(
     Some(n)
 }
 
-/// Offers `engine` the responses its link hands out, oldest first, until its ring is full;
-/// then flushes. A failure is a lost connection, reported to the links.
-pub fn offer_queued(links: &mut EngineLinks, wire: &mut impl EngineWire, engine: EngineId) {
+/// Offers `engine` at `now` the responses its link hands out, oldest first, until its ring
+/// is full; then flushes. A failure is a lost connection, reported to the links.
+pub fn offer_queued(
+    links: &mut EngineLinks,
+    wire: &mut impl EngineWire,
+    engine: EngineId,
+    now: Mono,
+) {
     // `has_queued` first: the common turn has nothing queued, and costs no lookup.
     while let Some(r) = links
         .has_queued()
@@ -128,9 +138,9 @@ pub fn offer_queued(links: &mut EngineLinks, wire: &mut impl EngineWire, engine:
         .flatten()
     {
         match wire.offer(engine, &r) {
-            Ok(()) => links.handle_offered(engine, Offered::Accepted),
+            Ok(()) => links.handle_offered(engine, Offered::Accepted, now),
             Err(WireError::BackPressured) => {
-                links.handle_offered(engine, Offered::BackPressured);
+                links.handle_offered(engine, Offered::BackPressured, now);
                 break;
             }
             Err(WireError::Lost) => {
@@ -145,10 +155,10 @@ pub fn offer_queued(links: &mut EngineLinks, wire: &mut impl EngineWire, engine:
 }
 
 /// [`offer_queued`] for every engine of the wire.
-pub fn offer_all(links: &mut EngineLinks, wire: &mut impl EngineWire) {
+pub fn offer_all(links: &mut EngineLinks, wire: &mut impl EngineWire, now: Mono) {
     let mut i = 0;
     while let Some(engine) = wire.engine_at(i) {
-        offer_queued(links, wire, engine);
+        offer_queued(links, wire, engine, now);
         i += 1;
     }
 }
@@ -184,7 +194,7 @@ pub fn carry_out<L: VenueLink>(
             return Ok(());
         }
         driver.flush_with(|engine, r| links.queue_response(engine, r))?;
-        offer_all(links, wire);
+        offer_all(links, wire, now.mono);
     }
 }
 
@@ -197,7 +207,7 @@ pub fn flush<L: VenueLink>(
     now: Now,
 ) -> Result<(), DriverError> {
     driver.flush_with(|engine, r| links.queue_response(engine, r))?;
-    offer_all(links, wire);
+    offer_all(links, wire, now.mono);
     carry_out(links, driver, wire, now)
 }
 
@@ -214,7 +224,7 @@ pub fn poll_venue<L: VenueLink>(
     while let Some(id) = driver.pop_kicked() {
         links.handle_cut_off(id);
     }
-    offer_all(links, wire);
+    offer_all(links, wire, now.mono);
     carry_out(links, driver, wire, now)?;
     Ok(n)
 }

@@ -295,6 +295,7 @@ struct Counters {
     responses_dropped: Counter,
     responses_backlogged: Counter,
     backlog_disconnects: Counter,
+    requests_held: Counter,
     stray_frames: Counter,
     venue_connects: Counter,
     fix_active: Counter,
@@ -441,6 +442,7 @@ impl Counters {
             responses_dropped: alloc("engine responses dropped (engine gone)", C),
             responses_backlogged: alloc("engine responses back-pressured", C),
             backlog_disconnects: alloc("engines disconnected: response backlog full", C),
+            requests_held: alloc("engine requests held: response backlog at half the cap", C),
             stray_frames: alloc("engine frames on unknown streams", C),
             venue_connects: alloc("venue connects", C),
             fix_active: alloc("fix session active", G),
@@ -505,16 +507,19 @@ const DEFAULT_FANIN_SLOTS: usize = 256;
 const ENGINE_BATCH: usize = 64;
 
 /// Polls one engine's ring: its requests go to the driver, any frame is a sign of life
-/// for its link, a lost connection is reported to it ([`engine_io`]). Returns the frames
-/// taken.
+/// for its link, a lost connection is reported to it ([`engine_io`]). Takes at most
+/// [`ENGINE_BATCH`] frames and at most what flow control lets through
+/// ([`EngineLinks::request_budget`]; zero: the poll only notices a lost connection).
+/// Returns the frames taken, and whether it stopped at its limit (frames may be left).
 fn poll_engine<L: VenueLink>(
     e: &mut EngineConn,
     driver: &mut FixDriver<L>,
     links: &mut EngineLinks,
     c: &Counters,
     now: Now,
-) -> usize {
+) -> (usize, bool) {
     let id = e.id;
+    let limit = links.request_budget(id).min(ENGINE_BATCH);
     let r = e.conn.subscription().poll(
         |f| {
             if f.stream_id != ORDERS_STREAM {
@@ -523,13 +528,14 @@ fn poll_engine<L: VenueLink>(
                 c.requests.inc();
             }
         },
-        ENGINE_BATCH,
+        limit,
     );
     let n = *r.as_ref().unwrap_or(&0);
+    let at_limit = r.is_ok() && n == limit;
     if engine_io::frames_polled(links, id, r.map_err(|_| ()), now.mono) {
         tracing::warn!(engine = id, "engine connection lost");
     }
-    n
+    (n, at_limit)
 }
 
 /// The service's engine connections as [`engine_io`] writes to and closes them.
@@ -613,7 +619,8 @@ impl engine_io::EngineWire for Wire<'_> {
                     engine = id,
                     silent_ms = silent.as_millis() as u64,
                     engine_timeout_ms = self.opts.engine_timeout.as_millis() as u64,
-                    "engine silent (no frame, no heartbeat): disconnecting it, canceling its orders"
+                    "engine silent (no frame, no heartbeat; held: no response read): disconnecting it, \
+                     canceling its orders"
                 );
             }
             DisconnectReason::BacklogFull => {
@@ -1057,23 +1064,25 @@ impl<L: VenueLink> Service<L> {
                 wasted += 1;
                 return Visit::Done;
             }
-            let n = poll(i);
+            let (n, at_limit) = poll(i);
             work += n;
-            if n == 0 {
+            if n == 0 && !at_limit {
                 wasted += 1;
             }
-            if n == ENGINE_BATCH {
+            // At its limit (the batch, or flow control holding its requests): frames may
+            // be left that will not mark the slot again, so look again next turn.
+            if at_limit {
                 Visit::Again
             } else {
                 Visit::Done
             }
         });
         for &i in unslotted.iter() {
-            work += poll(i);
+            work += poll(i).0;
         }
         if count > 0 {
             *sweep = (*sweep + 1) % count;
-            work += poll(*sweep);
+            work += poll(*sweep).0;
         }
         for _ in 0..wasted {
             fanin.count_wasted();
@@ -1213,6 +1222,7 @@ impl<L: VenueLink> Service<L> {
         c.responses_dropped.set(l.dropped);
         c.engines_silent.set(l.silent);
         c.backlog_disconnects.set(l.backlog_full);
+        c.requests_held.set(l.held);
         c.handshakes_failed.set(self.listener.failed_handshakes());
         c.journal_failures.set(self.driver.journal_failures());
         c.journal_degraded.set(u64::from(self.driver.is_degraded()));
@@ -1313,7 +1323,7 @@ impl<L: VenueLink> Service<L> {
             });
             self.reindex_engines();
             let (links, _, mut wire) = self.parts();
-            engine_io::offer_queued(links, &mut wire, id);
+            engine_io::offer_queued(links, &mut wire, id, now);
             if let Some(s) = slot {
                 // Its marks before now were taken while it was logging on: look at it on
                 // the next turn whatever its mark.
@@ -1345,7 +1355,8 @@ impl<L: VenueLink> Service<L> {
             links.queue_response(engine, r)
         })?;
         let (links, _, mut wire) = self.parts();
-        engine_io::offer_all(links, &mut wire);
+        // The clean stop's last offers: the turn's clock is gone, read one.
+        engine_io::offer_all(links, &mut wire, Now::read().mono);
         for e in &mut self.engines {
             let _ = e.conn.drain(Duration::from_millis(100));
             e.conn.close();

@@ -6,6 +6,8 @@
 //!   drops every SYN, engines stall in mid-handshake and the feed handler does not answer;
 //! - connect requests beyond `max_pending_connections` are rejected;
 //! - an engine whose gateway froze gets an error within its gateway timeout;
+//! - an engine that sends without reading is held by flow control (its requests left in
+//!   its ring), not disconnected for a full backlog, and gets every answer once it reads;
 //! - (two hosts) a frozen engine is disconnected after `engine_timeout`, its orders are
 //!   cancelled at the venue, and it logs on again from a new process at once.
 //!
@@ -114,8 +116,17 @@ impl Gw {
         link: L,
         addr: SocketAddr,
         max_pending: usize,
+        market: Box<dyn MarketDataInput + Send>,
+    ) -> Gw {
+        Gw::start_with(link, opts(addr, max_pending), market)
+    }
+
+    fn start_with<L: VenueLink + Send + 'static>(
+        link: L,
+        opts: ServiceOptions,
         mut market: Box<dyn MarketDataInput + Send>,
     ) -> Gw {
+        let addr = opts.listen;
         let _ = tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
             .try_init();
@@ -128,7 +139,7 @@ impl Gw {
             let driver =
                 FixDriver::with_link(link, session_config(), &risk, &journal, FsyncPolicy::Never)
                     .unwrap();
-            let mut service = Service::new(driver, &risk, opts(addr, max_pending), c).unwrap();
+            let mut service = Service::new(driver, &risk, opts, c).unwrap();
             ready_tx.send(()).unwrap();
             service.run(&mut *market).unwrap();
         });
@@ -484,6 +495,83 @@ fn rc_live_pending_connections_beyond_the_cap_are_rejected() {
     // The stalled handshakes are given up after connect_timeout_ms (1.5 s); then there is room.
     let mut s = logon_retrying(gw.addr, 1, 10);
     s.set_gateway_timeout(Duration::from_secs(10));
+    round_trip(&mut s);
+}
+
+/// Flow control through the service: an engine sends orders the gateway answers at once
+/// (rejects) and reads nothing. Its receive ring fills, then its backlog reaches half the
+/// 64-response cap and the gateway stops taking its requests: its own ring to the gateway
+/// fills and stays full (the engine is held). Once it reads, every order is answered, on
+/// the same connection. Without flow control (checked: the service polling 64 frames
+/// whatever waits) the gateway takes every request, the 65th waiting answer disconnects the
+/// engine for a full backlog, and the engine finds its connection lost when it reads
+/// ("poll after 64 of 4093 answers: connection lost").
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test)"]
+fn rc_live_an_engine_sending_without_reading_is_held_not_disconnected() {
+    let mut o = opts(SocketAddr::new(local_ip(), 7494), 16);
+    o.max_response_backlog = 64;
+    let gw = Gw::start_with(
+        SimVenue::new(),
+        o,
+        Box::new(order_gateway::service::NoMarketData),
+    );
+    let mut s = logon_retrying(gw.addr, 1, 10);
+    s.set_gateway_timeout(Duration::from_secs(10));
+    let sym = Symbol::new("XXXX").unwrap();
+    let (mut sent, mut refused_since) = (0usize, None::<Instant>);
+    let t = Instant::now();
+    // Send, never read, until the gateway has taken nothing for 300 ms (well within its
+    // 3 s silence limit, which still runs for a held engine that reads nothing).
+    loop {
+        match s.new_order(ACCOUNT, sym, Side::Buy, 10, 100 * PRICE_SCALE) {
+            Ok(_) => {
+                sent += 1;
+                refused_since = None;
+                if sent % 64 == 0 {
+                    s.flush()
+                        .unwrap_or_else(|e| panic!("flush after {sent}: {e}"));
+                }
+            }
+            Err(OfferError::BackPressured) => {
+                s.flush()
+                    .unwrap_or_else(|e| panic!("flush after {sent}: {e}"));
+                let since = *refused_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_millis(300) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("send after {sent} orders, reading none: {e}"),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "the gateway kept taking requests ({sent}) from an engine reading nothing"
+        );
+    }
+    report!(
+        "held after {sent} orders sent without reading, in {:?}",
+        t.elapsed()
+    );
+    // Now it reads: every order answered, the connection kept.
+    let mut answered = 0usize;
+    let t = Instant::now();
+    while answered < sent {
+        s.poll(
+            |r| {
+                if let Ok(Response::Reject(_)) = r {
+                    answered += 1;
+                }
+            },
+            256,
+        )
+        .unwrap_or_else(|e| panic!("poll after {answered} of {sent} answers: {e}"));
+        s.flush().unwrap_or_else(|e| panic!("flush: {e}"));
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{answered} of {sent} answered"
+        );
+    }
     round_trip(&mut s);
 }
 

@@ -7,6 +7,17 @@
 //! a heartbeat goes out, when a connection is closed and when an engine is disconnected
 //! (its cancel-on-disconnect then runs), and says why; it sends and closes nothing itself.
 //!
+//! Flow control: it also decides how many requests the shell may take from an engine's
+//! ring ([`EngineLinks::request_budget`]): none while its backlog is at the request mark
+//! (half the cap), and never more than would bring it there. Requests not taken stay in the
+//! engine's ring, and the reliable connection holds the engine back once the ring is full:
+//! an engine that sends faster than it reads slows down instead of being answered into a
+//! backlog that would disconnect it (and lose it more than the history keeps: simulator
+//! seed 11184). The cap stays the hard limit for what comes unasked (fills, venue cancels,
+//! answers to orders in flight) and for memory. A held engine is not heard (its heartbeats
+//! wait behind its requests), so while held a response its ring takes counts as its sign
+//! of life: one that reads nothing is still disconnected at the silence limit.
+//!
 //! Why not in [`EngineSessions`](super::EngineSessions): the sessions are journal state on
 //! [`Wall`](rocebus::clock::Wall) time, rebuilt by replay (after a restart, after a failed
 //! append, on a standby) and identical wherever the journal is read. A link is none of that:
@@ -51,7 +62,9 @@ pub struct LinkConfig {
     /// disconnects it. A logon's replay is queued whatever its length (it is the gateway's
     /// history already, bounded by it: an engine must be able to log on however far behind
     /// the history lets it be), and counts: a live response behind a replay of `max_backlog`
-    /// or more waiting disconnects the engine.
+    /// or more waiting disconnects the engine. Half of it (rounded up) is the request mark:
+    /// no request is taken from an engine with that many waiting
+    /// ([`EngineLinks::request_budget`]).
     pub max_backlog: usize,
     /// How long a refused connection is kept for its answer to be read.
     pub refusal_linger: Duration,
@@ -60,7 +73,8 @@ pub struct LinkConfig {
 /// Why an engine is disconnected; every one runs its cancel-on-disconnect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DisconnectReason {
-    /// Silent (no frame, no heartbeat) for this long, past `engine_timeout`.
+    /// Silent (no frame, no heartbeat; while its requests were held, no response read
+    /// either) for this long, past `engine_timeout`.
     Silent(Duration),
     /// It is not reading its responses: its backlog held `max_backlog` and one more came.
     BacklogFull,
@@ -130,6 +144,9 @@ pub struct LinkCounters {
     pub silent: u64,
     /// Engines disconnected with their backlog full.
     pub backlog_full: u64,
+    /// Times an engine's backlog reached the request mark (flow control): its requests
+    /// waited in its ring until it read.
+    pub held: u64,
     /// Connections closed for sending no logon in time.
     pub logon_timeouts: u64,
     /// Connections closed at once: `max_pending` were waiting.
@@ -150,6 +167,18 @@ struct Link {
     backlog: VecDeque<Response>,
     /// The last offer was back-pressured (a backlog is under way).
     pressed: bool,
+    /// The backlog is at the request mark: no request is taken (flow control).
+    held: bool,
+}
+
+impl Link {
+    /// The backlog grew to `len`: held from `mark` on (counted once per hold).
+    fn grew(&mut self, mark: usize, counters: &mut LinkCounters) {
+        if !self.held && self.backlog.len() >= mark {
+            self.held = true;
+            counters.held += 1;
+        }
+    }
 }
 
 /// Every connection's live link; see the module documentation.
@@ -264,6 +293,7 @@ impl EngineLinks {
             // state (a longer backlog grows it once).
             backlog: VecDeque::with_capacity(self.cfg.max_backlog.min(64)),
             pressed: false,
+            held: false,
         });
         true
     }
@@ -318,8 +348,8 @@ impl EngineLinks {
     /// A backlog already holding `max_backlog` responses (its logon's replay included)
     /// disconnects the engine: it is not reading.
     pub fn queue_response(&mut self, engine: EngineId, r: &Response) {
-        let cap = self.cfg.max_backlog;
-        let Some(l) = self.link(engine) else {
+        let (cap, mark) = (self.cfg.max_backlog, self.request_mark());
+        let Some(l) = self.links.iter_mut().find(|l| l.engine == engine) else {
             self.counters.dropped += 1;
             return;
         };
@@ -329,6 +359,7 @@ impl EngineLinks {
             return;
         }
         l.backlog.push_back(*r);
+        l.grew(mark, &mut self.counters);
         self.queued += 1;
     }
 
@@ -345,12 +376,40 @@ impl EngineLinks {
     /// at least the history; and then an engine disconnected for its full backlog had missed
     /// more than the history keeps, and could never be replayed what it missed.
     pub fn queue_replay(&mut self, engine: EngineId, r: &Response) {
-        let Some(l) = self.link(engine) else {
+        let mark = self.request_mark();
+        let Some(l) = self.links.iter_mut().find(|l| l.engine == engine) else {
             self.counters.dropped += 1;
             return;
         };
         l.backlog.push_back(*r);
+        l.grew(mark, &mut self.counters);
         self.queued += 1;
+    }
+
+    /// The request mark: half the cap, rounded up (at least 1: a cap of 1 still takes one
+    /// request at a time).
+    pub fn request_mark(&self) -> usize {
+        self.cfg.max_backlog.div_ceil(2).max(1)
+    }
+
+    /// How many frames the shell may take from `engine`'s ring now (flow control): the
+    /// request mark less the responses waiting for it; zero for an engine with no link.
+    /// Frames beyond it stay in the ring (the reliable connection holds the engine back
+    /// once the ring is full) until the engine has read enough of what it was sent.
+    ///
+    /// Why: every request is answered, and a request taken while the backlog is at the cap
+    /// is an answer into a backlog that disconnects its engine; a burst of them answered to
+    /// an engine gone makes it miss more than the history keeps (simulator seed 11184: a
+    /// logon 137 responses behind, 300 cancels before reading, 527 missed against 512
+    /// kept). With the budget, what an engine's own requests add to its backlog stops at
+    /// the mark; the other half of the cap is left for what comes unasked. Counts every
+    /// frame (a heartbeat too): it is a bound, not an exact count of answers.
+    pub fn request_budget(&self, engine: EngineId) -> usize {
+        let mark = self.request_mark();
+        self.links
+            .iter()
+            .find(|l| l.engine == engine)
+            .map_or(0, |l| mark.saturating_sub(l.backlog.len()))
     }
 
     /// Whether any response waits to be offered.
@@ -367,8 +426,12 @@ impl EngineLinks {
             .and_then(|l| l.backlog.front().copied())
     }
 
-    /// How the offer of [`poll_response`](Self::poll_response)'s response went.
-    pub fn handle_offered(&mut self, engine: EngineId, how: Offered) {
+    /// How the offer at `now` of [`poll_response`](Self::poll_response)'s response went.
+    /// While `engine`'s requests are held (its backlog at the request mark), a response its
+    /// ring takes is its sign of life: its frames wait unread behind its requests, so what
+    /// it reads is all the gateway can see of it.
+    pub fn handle_offered(&mut self, engine: EngineId, how: Offered, now: Mono) {
+        let mark = self.request_mark();
         let Some(l) = self.links.iter_mut().find(|l| l.engine == engine) else {
             return;
         };
@@ -377,6 +440,10 @@ impl EngineLinks {
                 if l.backlog.pop_front().is_some() {
                     self.queued -= 1;
                     self.counters.responses_sent += 1;
+                }
+                if l.held {
+                    l.live.on_heard(now.as_nanos());
+                    l.held = l.backlog.len() >= mark;
                 }
                 if l.backlog.is_empty() {
                     l.pressed = false;
@@ -645,14 +712,14 @@ mod tests {
         let mut l = linked(7);
         l.queue_response(7, &response(1));
         assert_eq!(l.poll_response(7).map(|r| r.cl_ord_id()), Some(1));
-        l.handle_offered(7, Offered::BackPressured);
-        l.handle_offered(7, Offered::BackPressured);
+        l.handle_offered(7, Offered::BackPressured, T0);
+        l.handle_offered(7, Offered::BackPressured, T0);
         for cl in 2..=3 {
             l.queue_response(7, &response(cl));
         }
         assert_eq!(l.counters().back_pressured, 1);
         // The ring took one: the rest follow in order.
-        l.handle_offered(7, Offered::Accepted);
+        l.handle_offered(7, Offered::Accepted, T0);
         assert_eq!(l.poll_response(7).map(|r| r.cl_ord_id()), Some(2));
         l.queue_response(7, &response(4));
         assert_eq!(outputs(&mut l), []);
@@ -685,7 +752,7 @@ mod tests {
         assert!(l.is_linked(7));
         // The engine reads all but two: one live response fits, the next is past the cap.
         for _ in 0..8 {
-            l.handle_offered(7, Offered::Accepted);
+            l.handle_offered(7, Offered::Accepted, T0);
         }
         assert_eq!(l.poll_response(7).map(|r| r.cl_ord_id()), Some(9));
         l.queue_response(7, &response(11));
@@ -705,6 +772,98 @@ mod tests {
             outputs(&mut l),
             [LinkOutput::Disconnect(7, DisconnectReason::BacklogFull)]
         );
+    }
+
+    /// Flow control: requests are taken from an engine only while fewer responses than the
+    /// request mark (half the cap, rounded up: 2 of 3) wait for it, and no more than would
+    /// bring it there; a logon's replay longer than that holds its requests until it has
+    /// read down below the mark; an engine with no link gets none. Each hold is counted
+    /// once. Fails without the budget (every request taken, whatever waits: seed 11184).
+    #[test]
+    fn requests_are_held_while_the_backlog_is_at_half_the_cap() {
+        let mut l = linked(7);
+        assert_eq!(l.request_mark(), 2);
+        assert_eq!(l.request_budget(7), 2);
+        assert_eq!(l.request_budget(8), 0, "no link, no request");
+        // The ring is full: answers wait, and the budget shrinks with them.
+        l.queue_response(7, &response(1));
+        l.handle_offered(7, Offered::BackPressured, T0);
+        assert_eq!(l.request_budget(7), 1);
+        l.queue_response(7, &response(2));
+        assert_eq!(l.request_budget(7), 0);
+        assert_eq!(l.counters().held, 1);
+        // Still under the cap: nothing is disconnected, the engine is only held.
+        assert_eq!(outputs(&mut l), []);
+        // It reads one: one more request may come.
+        l.handle_offered(7, Offered::Accepted, at(10));
+        assert_eq!(l.request_budget(7), 1);
+        l.handle_offered(7, Offered::Accepted, at(20));
+        assert_eq!(l.request_budget(7), 2);
+        // A replay of 10 (above the cap) holds it until 1 waits.
+        let mut l = linked(7);
+        for cl in 1..=10 {
+            l.queue_replay(7, &response(cl));
+        }
+        for read in 1..=9 {
+            assert_eq!(l.request_budget(7), 0, "{read}");
+            l.handle_offered(7, Offered::Accepted, at(read));
+        }
+        assert_eq!(l.request_budget(7), 1);
+        assert_eq!(l.counters().held, 1);
+        // A cap of 1 still takes one request at a time.
+        let mut l = EngineLinks::new(LinkConfig {
+            max_backlog: 1,
+            ..cfg()
+        });
+        let Admission::Pending(c) = l.handle_accepted(T0) else {
+            panic!()
+        };
+        assert!(l.handle_logon(c, 7, T0));
+        assert_eq!(l.request_budget(7), 1);
+        l.queue_response(7, &response(1));
+        assert_eq!(l.request_budget(7), 0);
+    }
+
+    /// A held engine is not heard (its heartbeats wait behind its requests in its ring), so
+    /// a response its ring takes is its sign of life: one reading slowly through a long
+    /// replay stays linked past the silence limit (fails without it: disconnected silent at
+    /// 3 s while it reads); once it reads nothing it is disconnected a silence limit after
+    /// its last read, and its backlog goes with it. Not held, reads are not life: an engine
+    /// that reads and sends nothing is silent as before.
+    #[test]
+    fn a_held_engine_lives_while_it_reads_and_is_disconnected_once_it_reads_nothing() {
+        let mut l = linked(7);
+        for cl in 1..=10 {
+            l.queue_replay(7, &response(cl));
+        }
+        // One response read a second, past the 3 s silence limit: held and alive.
+        for s in 1..=6 {
+            l.handle_offered(7, Offered::Accepted, at(s * 1000));
+            l.handle_timeout(at(s * 1000 + 500));
+        }
+        assert!(l.is_linked(7));
+        assert_eq!(l.request_budget(7), 0);
+        // Frozen: its ring takes nothing more.
+        l.handle_offered(7, Offered::BackPressured, at(6500));
+        l.handle_timeout(at(8999));
+        assert!(l.is_linked(7));
+        l.handle_timeout(at(9000));
+        assert!(outputs(&mut l).contains(&LinkOutput::Disconnect(
+            7,
+            DisconnectReason::Silent(3000 * MS)
+        )));
+        assert!(!l.has_queued(), "its backlog went with it");
+        // Not held: reads alone keep nothing alive.
+        let mut l = linked(7);
+        for s in 1..=3 {
+            l.queue_response(7, &response(s));
+            l.handle_offered(7, Offered::Accepted, at(s * 1000));
+        }
+        l.handle_timeout(at(3000));
+        assert!(outputs(&mut l).contains(&LinkOutput::Disconnect(
+            7,
+            DisconnectReason::Silent(3000 * MS)
+        )));
     }
 
     /// The machine runs on `Mono` only: a turn whose time is earlier than one already seen

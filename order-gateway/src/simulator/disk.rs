@@ -356,6 +356,12 @@ impl SimDisk {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// One page written by a sync in `one_in` is misdirected (0: none;
+    /// [`MISDIRECT_ONE_IN`] by default).
+    pub fn set_misdirect_one_in(&self, one_in: u32) {
+        self.state().misdirect_one_in = one_in;
+    }
+
     /// Whether a failed sync may evict the pages it drops (they then read back as the disk
     /// holds them): losing unsynced writes while running, which `never` and `every_n` accept
     /// by design as they accept a power loss.
