@@ -1085,7 +1085,8 @@ impl RcFanoutSubscriber {
     /// `connect_timeout_ms`, retried after `recovery.reconnect_min_ns`
     /// doubling up to `recovery.reconnect_max_ns`, as is every connection
     /// lost later. It is reported as [`Event::RecoveryRestored`] when it
-    /// comes up. Errors are the configuration's only (no such channel, a
+    /// comes up (not preceded by [`Event::RecoveryLost`]: nothing was
+    /// lost). Errors are the configuration's only (no such channel, a
     /// multicast channel, bad values).
     pub fn new(
         cfg: &McastConfig,
@@ -1094,7 +1095,7 @@ impl RcFanoutSubscriber {
         publisher: IpAddr,
     ) -> Result<Self, FanoutError> {
         let mut s = Self::unconnected(cfg, channel, local, publisher)?;
-        s.state.set_recovery_link(0, false);
+        s.state.start_link_down();
         Ok(s)
     }
 

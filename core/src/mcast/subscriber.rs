@@ -547,6 +547,18 @@ impl SubscriberState {
         self.srtt
     }
 
+    /// For an I/O layer whose recovery connection is not made yet: marks
+    /// it down without [`Event::RecoveryLost`] or a `recovery_link_lost`
+    /// count, since no connection was lost (a subscriber made before its
+    /// publisher listens would otherwise start with a loss report). Its
+    /// coming up is reported as [`Event::RecoveryRestored`]. Only for a
+    /// state that has taken nothing yet: afterwards it is
+    /// [`set_recovery_link`](Self::set_recovery_link).
+    pub(crate) fn start_link_down(&mut self) {
+        debug_assert!(self.outstanding.is_empty() && self.events.is_empty());
+        self.link_up = false;
+    }
+
     /// The I/O layer's recovery connection went down (`up == false`) or
     /// came back. Down: raises [`Event::RecoveryLost`], and the holes
     /// requested so far (their answers will not come) are lost. Up: raises
@@ -2587,6 +2599,32 @@ mod tests {
         let c = s.counters();
         assert_eq!((c.recovery_link_lost, c.lost_while_link_down), (2, 2));
         assert_eq!(c.retransmit_requests, 1, "nothing asked while down");
+    }
+
+    #[test]
+    fn a_link_never_up_is_reported_when_it_comes_up_not_as_lost() {
+        let mut p = publisher(1);
+        let ds = datagrams(&mut p, 3);
+        let mut s = SubscriberState::new(cfg());
+        s.start_link_down();
+        assert!(!s.recovery_link_up());
+        assert_eq!(events(&mut s), vec![], "nothing was lost");
+        assert_eq!(s.counters().recovery_link_lost, 0);
+        // Down means down: nothing is requested until the link comes up.
+        s.announce_session(0, 1);
+        let mut app = App::default();
+        s.on_datagram(0, Line::A, &ds[0], &mut app);
+        s.on_datagram(0, Line::A, &ds[2], &mut app);
+        assert!(transmits(&mut s).is_empty());
+        s.set_recovery_link(1, true);
+        assert_eq!(
+            events(&mut s),
+            vec![
+                Event::UnrecoverableLoss { from: 3, to: 5 },
+                Event::ResyncStarted,
+                Event::RecoveryRestored
+            ]
+        );
     }
 
     #[test]

@@ -537,7 +537,6 @@ impl McastPublisher {
             };
             io.next_cm_check = now + step;
         }
-        server.handle_timeout(now, state);
         for c in &mut io.conns {
             if !server.is_open(c.id) {
                 continue;
@@ -569,6 +568,10 @@ impl McastPublisher {
                 server.on_transport_error(id, false);
             }
         }
+        // Timers after input: a proof (or request) that arrived before its
+        // deadline but is read late, after a turn that took long (a large
+        // message sealed, a descheduled thread), still counts.
+        server.handle_timeout(now, state);
         while let Some((id, _)) = server.poll_closed(now) {
             io.release(id);
         }

@@ -165,7 +165,8 @@ impl McastSubscriber {
     /// [`poll`](Self::poll), with the same back-off as a reconnect after a
     /// lost link, each attempt bounded by `connect_timeout_ms` (a publisher
     /// that is down costs the caller nothing). It is reported as
-    /// [`Event::RecoveryRestored`] when it comes up. Until then no datagram
+    /// [`Event::RecoveryRestored`] when it comes up (not preceded by
+    /// [`Event::RecoveryLost`]: nothing was lost). Until then no datagram
     /// is delivered: the publisher's welcome names the source and session
     /// to accept. [`connect`](Self::connect) waits for it instead.
     pub fn new(
@@ -175,7 +176,7 @@ impl McastSubscriber {
         publisher: IpAddr,
     ) -> Result<Self, NetError> {
         let mut s = Self::join_lines(cfg, channel, local, publisher)?;
-        s.state.set_recovery_link(0, false);
+        s.state.start_link_down();
         Ok(s)
     }
 
