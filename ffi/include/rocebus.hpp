@@ -380,6 +380,105 @@ class orders_listener {
     detail::owned<rocebus_orders_listener_t, rocebus_orders_listener_free> h_;
 };
 
+/// An engine's configuration for the order gateway: its config file's
+/// `[gateway]` and `[rdma]` tables (configs/demo/sample-engine.toml).
+class engine_config {
+  public:
+    static engine_config from_toml(const std::string &toml) {
+        rocebus_engine_config_t *c = nullptr;
+        check(rocebus_engine_config_from_toml(toml.c_str(), &c));
+        return engine_config(c);
+    }
+    static engine_config from_file(const std::string &path) {
+        rocebus_engine_config_t *c = nullptr;
+        check(rocebus_engine_config_from_file(path.c_str(), &c));
+        return engine_config(c);
+    }
+    const rocebus_engine_config_t *get() const noexcept { return h_.get(); }
+
+  private:
+    explicit engine_config(rocebus_engine_config_t *c) : h_(c) {}
+    static int free_(rocebus_engine_config_t *c) noexcept {
+        rocebus_engine_config_free(c);
+        return 0;
+    }
+    detail::owned<rocebus_engine_config_t, free_> h_;
+};
+
+/// A logged-on session with the order gateway (disconnects when destroyed:
+/// the gateway then cancels the engine's open orders).
+class engine_session {
+  public:
+    /// Connects and logs on (blocks, retrying for connect_timeout_ms while the
+    /// gateway starts); throws rocebus::error.
+    static engine_session connect(const engine_config &cfg, std::uint64_t first_order_id = 1,
+                                  std::size_t expected_orders = 0) {
+        rocebus_engine_session_t *s = nullptr;
+        check(rocebus_engine_connect(cfg.get(), first_order_id, expected_orders, &s));
+        return engine_session(s);
+    }
+    /// Queues a day limit order (price with 4 implied decimals; account 0:
+    /// the configuration's); `id` is its order id. status::back_pressured:
+    /// nothing was sent, poll and try again.
+    status new_order(const char *symbol, rocebus_side side, std::uint32_t qty, std::int64_t price,
+                     std::uint64_t &id, std::uint32_t account = 0) noexcept {
+        return to_status(rocebus_engine_session_new_order(h_.get(), account, symbol, side, qty,
+                                                          price, &id));
+    }
+    status cancel(std::uint64_t id) noexcept {
+        return to_status(rocebus_engine_session_cancel(h_.get(), id));
+    }
+    status replace(std::uint64_t id, std::uint32_t qty, std::int64_t price) noexcept {
+        return to_status(rocebus_engine_session_replace(h_.get(), id, qty, price));
+    }
+    /// Account 0: every account; symbol nullptr: every symbol.
+    status mass_cancel(std::uint32_t account = 0, const char *symbol = nullptr) noexcept {
+        return to_status(rocebus_engine_session_mass_cancel(h_.get(), account, symbol));
+    }
+    status flush() noexcept { return to_status(rocebus_engine_session_flush(h_.get())); }
+    /// Calls `f(const rocebus_engine_response_t &)` for up to `limit`
+    /// responses (valid only during the call); returns how many frames were
+    /// read, or throws rocebus::error (the gateway is gone). An exception from
+    /// `f` stops the poll and is rethrown here.
+    template <class F>
+    int poll(F &&f, std::size_t limit) {
+        detail::call<F> c{f, nullptr};
+        int n = rocebus_engine_session_poll(h_.get(), &trampoline<F>, &c, limit);
+        if (c.err) std::rethrow_exception(c.err);
+        return check(n);
+    }
+    /// Order `id` of the engine's book, if the session sent it.
+    bool order(std::uint64_t id, rocebus_engine_order_t &out) const {
+        return check(rocebus_engine_session_order(h_.get(), id, &out)) == 1;
+    }
+    /// Net position in `symbol` from the fills received.
+    std::int64_t position(const char *symbol) const {
+        std::int64_t p = 0;
+        check(rocebus_engine_session_position(h_.get(), symbol, &p));
+        return p;
+    }
+    rocebus_engine_stats_t stats() const {
+        rocebus_engine_stats_t s{};
+        check(rocebus_engine_session_stats(h_.get(), &s));
+        return s;
+    }
+    rocebus_engine_session_t *get() const noexcept { return h_.get(); }
+
+  private:
+    explicit engine_session(rocebus_engine_session_t *s) noexcept : h_(s) {}
+    template <class F>
+    static void trampoline(void *clientd, const rocebus_engine_response_t *r) noexcept {
+        auto *c = static_cast<detail::call<F> *>(clientd);
+        if (c->err) return;
+        try {
+            c->f(*r);
+        } catch (...) {
+            c->err = std::current_exception();
+        }
+    }
+    detail::owned<rocebus_engine_session_t, rocebus_engine_session_free> h_;
+};
+
 }  // namespace rocebus
 
 #endif  // ROCEBUS_HPP

@@ -79,7 +79,7 @@ fn lost_fail(l: PeerLost) -> Fail {
 }
 
 #[inline]
-fn offer_fail(e: OfferError) -> Fail {
+pub(crate) fn offer_fail(e: OfferError) -> Fail {
     match e {
         OfferError::BackPressured => Fail::fixed(
             RocebusStatus::BackPressured,
@@ -98,7 +98,7 @@ fn offer_fail(e: OfferError) -> Fail {
 }
 
 #[cold]
-fn orders_fail(e: OrdersError) -> Fail {
+pub(crate) fn orders_fail(e: OrdersError) -> Fail {
     let code = match &e {
         OrdersError::PeerLost(l) => return lost_fail(*l),
         OrdersError::Config(_) => RocebusStatus::Config,
@@ -476,16 +476,20 @@ pub unsafe extern "C" fn rocebus_orders_connection_stats(
             Ok(c.get()?.stats())
         })?;
         // SAFETY: checked not NULL; the caller promises it is writable.
-        unsafe {
-            *out = RocebusOrdersStats {
-                frames_sent: s.frames_sent,
-                bytes_sent: s.bytes_sent,
-                flushes: s.flushes,
-                back_pressured: s.back_pressured,
-                frames_received: s.frames_received,
-                bytes_received: s.bytes_received,
-            }
-        };
+        unsafe { *out = s.into() };
         Ok(0)
     })
+}
+
+impl From<rocebus::orders::ConnStats> for RocebusOrdersStats {
+    fn from(s: rocebus::orders::ConnStats) -> Self {
+        RocebusOrdersStats {
+            frames_sent: s.frames_sent,
+            bytes_sent: s.bytes_sent,
+            flushes: s.flushes,
+            back_pressured: s.back_pressured,
+            frames_received: s.frames_received,
+            bytes_received: s.bytes_received,
+        }
+    }
 }
