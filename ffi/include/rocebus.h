@@ -188,6 +188,40 @@ typedef enum rocebus_ipc_event_kind {
 } rocebus_ipc_event_kind;
 
 /**
+ * What a market-data event reports (`rocebus_md_event_t.kind`).
+ */
+typedef enum rocebus_md_event_kind {
+  /**
+   * Messages `[from, to)` cannot be recovered; a resync from a snapshot follows.
+   */
+  ROCEBUS_MD_EVENT_KIND_UNRECOVERABLE_LOSS = 1,
+  /**
+   * The publisher restarted: session `from` became `to`; state reset, snapshot asked.
+   */
+  ROCEBUS_MD_EVENT_KIND_SESSION_CHANGED = 2,
+  /**
+   * A re-synchronisation (or late join) started; a snapshot is requested.
+   */
+  ROCEBUS_MD_EVENT_KIND_RESYNC_STARTED = 3,
+  /**
+   * A snapshot was applied (`seq`); delivery resumes at `seq + 1`.
+   */
+  ROCEBUS_MD_EVENT_KIND_SNAPSHOT_APPLIED = 4,
+  /**
+   * The recovery connection is down: holes become unrecoverable until it is back.
+   */
+  ROCEBUS_MD_EVENT_KIND_RECOVERY_LOST = 5,
+  /**
+   * The recovery connection is up (also: first connected).
+   */
+  ROCEBUS_MD_EVENT_KIND_RECOVERY_RESTORED = 6,
+  /**
+   * Gap-tolerant delivery skipped `[from, to)` (the handler's `on_gap` saw it first).
+   */
+  ROCEBUS_MD_EVENT_KIND_GAP_SKIPPED = 7,
+} rocebus_md_event_kind;
+
+/**
  * What a call returns: 0 (`ROCEBUS_STATUS_OK`) or more on success (a
  * count, where the function says so), one of these negative codes on
  * failure, with a message in `rocebus_last_error()`.
@@ -295,6 +329,16 @@ typedef struct rocebus_ipc_publisher_t rocebus_ipc_publisher_t;
  * A subscriber of an ipc stream. Used by one thread at a time.
  */
 typedef struct rocebus_ipc_subscriber_t rocebus_ipc_subscriber_t;
+
+/**
+ * A market-data path's configuration (`rocebus_md_config_from_toml`).
+ */
+typedef struct rocebus_md_config_t rocebus_md_config_t;
+
+/**
+ * A subscriber of one market-data channel. Used by one thread at a time.
+ */
+typedef struct rocebus_md_subscriber_t rocebus_md_subscriber_t;
 
 /**
  * An orders connection's configuration (`rocebus_orders_config_from_toml`).
@@ -529,6 +573,131 @@ typedef struct rocebus_ipc_event_t {
    */
   uint8_t clean;
 } rocebus_ipc_event_t;
+
+/**
+ * A market-data lifecycle event; the fields that do not apply to its `kind` are 0.
+ */
+typedef struct rocebus_md_event_t {
+  /**
+   * What happened.
+   */
+  enum rocebus_md_event_kind kind;
+  /**
+   * First sequence of a range; the old session for `SESSION_CHANGED`.
+   */
+  uint64_t from;
+  /**
+   * One past the last sequence of a range; the new session for `SESSION_CHANGED`.
+   */
+  uint64_t to;
+  /**
+   * `SNAPSHOT_APPLIED`: the snapshot's sequence.
+   */
+  uint64_t seq;
+} rocebus_md_event_t;
+
+/**
+ * A subscriber's callbacks, with `clientd` as their first argument. Every pointer they
+ * receive is valid ONLY until they return (copy what you keep). They must not call
+ * functions on the same subscriber (`ROCEBUS_STATUS_BUSY`) and must not unwind.
+ *
+ * - `on_message` (required): one message, in sequence order: `seq` is one more than the
+ *   previous one's, except after a gap or a snapshot.
+ * - `on_gap` (optional): sequences `[from, to)` will never be delivered (gap-tolerant
+ *   delivery, or a snapshot the application does not restore).
+ * - `on_event` (optional): a lifecycle event, after the messages that came before it.
+ *   NULL: events wait for `rocebus_md_subscriber_poll_event`.
+ * - Snapshots (optional; all three or none): `on_snapshot_begin` starts a transfer
+ *   (discard what an earlier one staged), `on_snapshot_chunk` gets the next piece,
+ *   `on_snapshot_end` says all arrived (length and CRC checked) and the state now reflects
+ *   every message up to `seq`; the two return 0, or non-zero to refuse the snapshot (a
+ *   new one is requested). With none, a snapshot's bytes are skipped and `on_gap` tells
+ *   what was missed (the application keeps no state worth a snapshot).
+ */
+typedef struct rocebus_md_handler_t {
+  /**
+   * The callbacks' first argument.
+   */
+  void *clientd;
+  /**
+   * One message.
+   */
+  void (*on_message)(void *clientd, uint64_t seq, const uint8_t *msg, size_t len);
+  /**
+   * Sequences lost for good.
+   */
+  void (*on_gap)(void *clientd, uint64_t from, uint64_t to);
+  /**
+   * A lifecycle event.
+   */
+  void (*on_event)(void *clientd, const struct rocebus_md_event_t *event);
+  /**
+   * A snapshot transfer starts.
+   */
+  void (*on_snapshot_begin)(void *clientd);
+  /**
+   * The next piece of a snapshot; 0, or non-zero to refuse it.
+   */
+  int (*on_snapshot_chunk)(void *clientd, const uint8_t *data, size_t len);
+  /**
+   * A snapshot is complete at `seq`; 0, or non-zero to refuse it.
+   */
+  int (*on_snapshot_end)(void *clientd, uint64_t seq);
+} rocebus_md_handler_t;
+
+/**
+ * A subscriber's protocol counters (`rocebus_md_subscriber_counters`).
+ */
+typedef struct rocebus_md_counters_t {
+  /**
+   * Datagrams received on line A.
+   */
+  uint64_t received_a;
+  /**
+   * Datagrams received on line B.
+   */
+  uint64_t received_b;
+  /**
+   * Retransmitted datagrams received.
+   */
+  uint64_t received_retransmit;
+  /**
+   * Messages delivered to `on_message`.
+   */
+  uint64_t delivered;
+  /**
+   * Holes detected in the sequence.
+   */
+  uint64_t gaps_detected;
+  /**
+   * Messages that arrived by retransmission and were used.
+   */
+  uint64_t messages_recovered;
+  /**
+   * `UNRECOVERABLE_LOSS` events.
+   */
+  uint64_t unrecoverable;
+  /**
+   * Snapshots applied.
+   */
+  uint64_t snapshots_applied;
+  /**
+   * Snapshots rejected (bad length, CRC, or refused by the application).
+   */
+  uint64_t snapshots_rejected;
+  /**
+   * Undecodable input dropped.
+   */
+  uint64_t malformed_dropped;
+  /**
+   * Events lost because they were not taken often enough.
+   */
+  uint64_t events_dropped;
+  /**
+   * Sequences skipped by gap-tolerant delivery.
+   */
+  uint64_t sequences_skipped;
+} rocebus_md_counters_t;
 
 /**
  * One received frame, as a poll handler sees it.
@@ -926,6 +1095,103 @@ int rocebus_ipc_subscriber_poll_event(struct rocebus_ipc_subscriber_t *s, struct
  * `s` is a live subscriber.
  */
 int rocebus_ipc_subscriber_is_connected(struct rocebus_ipc_subscriber_t *s);
+
+/**
+ * Makes a market-data configuration from TOML text: the feed handler's configuration
+ * file (its `[market_data]` table: channels, groups, recovery, auth; the other tables are
+ * ignored), or a market-data file (`configs/md.toml`, the keys at the top level). A
+ * top-level `[rdma]` table gives the transport settings. On success `*out` is a new
+ * configuration to free with `rocebus_md_config_free`.
+ *
+ * # Safety
+ * `toml` is a NUL-terminated string; `out` is writable.
+ */
+int rocebus_md_config_from_toml(const char *toml, struct rocebus_md_config_t **out);
+
+/**
+ * As `rocebus_md_config_from_toml`, reading the file at `path`.
+ *
+ * # Safety
+ * `path` is a NUL-terminated string; `out` is writable.
+ */
+int rocebus_md_config_from_file(const char *path, struct rocebus_md_config_t **out);
+
+/**
+ * Frees a market-data configuration (NULL is ignored).
+ *
+ * # Safety
+ * `cfg` is NULL or a configuration not freed yet.
+ */
+void rocebus_md_config_free(struct rocebus_md_config_t *cfg);
+
+/**
+ * Subscribes to market-data `channel` from `local` (our address on the RDMA device) with
+ * the publisher (the feed handler's `publish.local_ip`) at `publisher`, without waiting:
+ * the connection to the publisher is made by later polls and reported as a
+ * `RECOVERY_RESTORED` event. On success `*out` is the subscriber, to free with
+ * `rocebus_md_subscriber_free`.
+ *
+ * # Safety
+ * `cfg` is a live configuration; `local` and `publisher` NUL-terminated strings; `out`
+ * writable.
+ */
+int rocebus_md_subscriber_new(const struct rocebus_md_config_t *cfg, uint16_t channel, const char *local, const char *publisher, struct rocebus_md_subscriber_t **out);
+
+/**
+ * As `rocebus_md_subscriber_new`, then waits for the connection to the publisher (up to
+ * the configuration's `connect_timeout_ms`).
+ *
+ * # Safety
+ * As `rocebus_md_subscriber_new`.
+ */
+int rocebus_md_subscriber_connect(const struct rocebus_md_config_t *cfg, uint16_t channel, const char *local, const char *publisher, struct rocebus_md_subscriber_t **out);
+
+/**
+ * Leaves the channel and frees the subscriber (NULL is ignored). Returns
+ * `ROCEBUS_STATUS_BUSY` (and frees nothing) from inside this subscriber's callbacks.
+ *
+ * # Safety
+ * `s` is NULL or a subscriber not freed yet.
+ */
+int rocebus_md_subscriber_free(struct rocebus_md_subscriber_t *s);
+
+/**
+ * Delivers what arrived, in sequence order, to `handler`'s callbacks, taking at most
+ * `fragment_limit` datagrams (frames on RC) from each line; returns the work done (0: none
+ * waited). Also keeps the protocol going: gap detection, retransmission and snapshot
+ * requests, the recovery connection. `now_ns` is the turn's `rocebus_now_ns()`. Events go
+ * to `on_event` when set. Never blocks. `ROCEBUS_STATUS_IO` when the device fails.
+ *
+ * # Safety
+ * `s` is a live subscriber; `handler` points to callbacks that do not unwind.
+ */
+int rocebus_md_subscriber_poll(struct rocebus_md_subscriber_t *s, uint64_t now_ns, const struct rocebus_md_handler_t *handler, size_t fragment_limit);
+
+/**
+ * Takes the subscriber's oldest lifecycle event into `*out` (when the poll handler has no
+ * `on_event`): returns 1 if there was one, 0 if none waits.
+ *
+ * # Safety
+ * `s` is a live subscriber; `out` is writable.
+ */
+int rocebus_md_subscriber_poll_event(struct rocebus_md_subscriber_t *s, struct rocebus_md_event_t *out);
+
+/**
+ * Whether the connection to the publisher is up (the recovery connection on multicast,
+ * the stream itself on RC): 1 or 0.
+ *
+ * # Safety
+ * `s` is a live subscriber.
+ */
+int rocebus_md_subscriber_is_connected(struct rocebus_md_subscriber_t *s);
+
+/**
+ * Copies the subscriber's counters into `*out`.
+ *
+ * # Safety
+ * `s` is a live subscriber; `out` is writable.
+ */
+int rocebus_md_subscriber_counters(struct rocebus_md_subscriber_t *s, struct rocebus_md_counters_t *out);
 
 /**
  * Connects to the orders listener at `addr` (`"IP:PORT"`): both sides

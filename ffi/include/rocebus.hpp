@@ -479,6 +479,123 @@ class engine_session {
     detail::owned<rocebus_engine_session_t, rocebus_engine_session_free> h_;
 };
 
+/// A market-data path's configuration: the feed handler's config file (its
+/// `[market_data]` table) or a market-data file.
+class md_config {
+  public:
+    static md_config from_toml(const std::string &toml) {
+        rocebus_md_config_t *c = nullptr;
+        check(rocebus_md_config_from_toml(toml.c_str(), &c));
+        return md_config(c);
+    }
+    static md_config from_file(const std::string &path) {
+        rocebus_md_config_t *c = nullptr;
+        check(rocebus_md_config_from_file(path.c_str(), &c));
+        return md_config(c);
+    }
+    const rocebus_md_config_t *get() const noexcept { return h_.get(); }
+
+  private:
+    explicit md_config(rocebus_md_config_t *c) : h_(c) {}
+    static int free_(rocebus_md_config_t *c) noexcept {
+        rocebus_md_config_free(c);
+        return 0;
+    }
+    detail::owned<rocebus_md_config_t, free_> h_;
+};
+
+/// Subscribes to one market-data channel of the bus (either transport).
+/// Snapshots are skipped (a late join or resync is a gap, reported as
+/// events); restore them through the C API's on_snapshot_* callbacks.
+class md_subscriber {
+  public:
+    /// Subscribes without waiting for the publisher (a later poll connects).
+    md_subscriber(const md_config &cfg, std::uint16_t channel, const std::string &local,
+                  const std::string &publisher) {
+        rocebus_md_subscriber_t *s = nullptr;
+        check(rocebus_md_subscriber_new(cfg.get(), channel, local.c_str(), publisher.c_str(),
+                                        &s));
+        h_ = decltype(h_)(s);
+    }
+    /// Subscribes and waits for the publisher (up to connect_timeout_ms).
+    static md_subscriber connect(const md_config &cfg, std::uint16_t channel,
+                                 const std::string &local, const std::string &publisher) {
+        rocebus_md_subscriber_t *s = nullptr;
+        check(rocebus_md_subscriber_connect(cfg.get(), channel, local.c_str(),
+                                            publisher.c_str(), &s));
+        return md_subscriber(s);
+    }
+    /// Calls `on_message(std::uint64_t seq, rocebus::span<const std::uint8_t>
+    /// msg)` for each message in order and `on_event(const rocebus_md_event_t
+    /// &)` for each lifecycle event after them, taking at most `limit`
+    /// datagrams per line; returns the work done or throws rocebus::error. An
+    /// exception from a handler stops the delivery and is rethrown here.
+    template <class M, class E>
+    int poll(M &&on_message, E &&on_event, std::size_t limit, std::uint64_t now = now_ns()) {
+        calls<M, E> c{on_message, on_event, nullptr};
+        rocebus_md_handler_t h{};
+        h.clientd = &c;
+        h.on_message = &message<M, E>;
+        h.on_event = &event<M, E>;
+        int n = rocebus_md_subscriber_poll(h_.get(), now, &h, limit);
+        if (c.err) std::rethrow_exception(c.err);
+        return check(n);
+    }
+    /// As above; events wait for poll_event().
+    template <class M>
+    int poll(M &&on_message, std::size_t limit, std::uint64_t now = now_ns()) {
+        auto none = [](const rocebus_md_event_t &) {};
+        calls<M, decltype(none)> c{on_message, none, nullptr};
+        rocebus_md_handler_t h{};
+        h.clientd = &c;
+        h.on_message = &message<M, decltype(none)>;
+        int n = rocebus_md_subscriber_poll(h_.get(), now, &h, limit);
+        if (c.err) std::rethrow_exception(c.err);
+        return check(n);
+    }
+    bool poll_event(rocebus_md_event_t &out) {
+        return check(rocebus_md_subscriber_poll_event(h_.get(), &out)) == 1;
+    }
+    bool connected() const { return check(rocebus_md_subscriber_is_connected(h_.get())) == 1; }
+    rocebus_md_counters_t counters() const {
+        rocebus_md_counters_t c{};
+        check(rocebus_md_subscriber_counters(h_.get(), &c));
+        return c;
+    }
+    rocebus_md_subscriber_t *get() const noexcept { return h_.get(); }
+
+  private:
+    explicit md_subscriber(rocebus_md_subscriber_t *s) noexcept : h_(s) {}
+    template <class M, class E>
+    struct calls {
+        M &m;
+        E &e;
+        std::exception_ptr err;
+    };
+    template <class M, class E>
+    static void message(void *clientd, std::uint64_t seq, const std::uint8_t *msg,
+                        std::size_t len) noexcept {
+        auto *c = static_cast<calls<M, E> *>(clientd);
+        if (c->err) return;
+        try {
+            c->m(seq, span<const std::uint8_t>(msg, len));
+        } catch (...) {
+            c->err = std::current_exception();
+        }
+    }
+    template <class M, class E>
+    static void event(void *clientd, const rocebus_md_event_t *e) noexcept {
+        auto *c = static_cast<calls<M, E> *>(clientd);
+        if (c->err) return;
+        try {
+            c->e(*e);
+        } catch (...) {
+            c->err = std::current_exception();
+        }
+    }
+    detail::owned<rocebus_md_subscriber_t, rocebus_md_subscriber_free> h_;
+};
+
 }  // namespace rocebus
 
 #endif  // ROCEBUS_HPP

@@ -30,10 +30,12 @@ mod engine;
 mod error;
 mod handle;
 mod ipc;
+mod md;
 mod orders;
 
 pub use config::*;
 pub use engine::*;
 pub use error::{rocebus_last_error, rocebus_status_name, RocebusStatus};
 pub use ipc::*;
+pub use md::*;
 pub use orders::*;
