@@ -1,0 +1,232 @@
+// engine_cpp: a trading engine in C++17 on the real bus, through rocebus.hpp.
+// It subscribes to the feed handler's market data (the normalized messages on
+// the rocebus bus), logs on to the order gateway with an engine's config file,
+// and for each fresh best bid and offer of a traded symbol sends a day limit
+// order at the touch (buy at the bid, sell at the ask, alternately) until it
+// has sent ORDERS; each must be acknowledged and filled by the gateway's venue
+// (the simulator fills every order at its limit price). Then it replaces and
+// cancels the last order (too late: each is answered), and checks its
+// positions against its fills.
+//
+//   engine_cpp ENGINE_TOML FEED_HANDLER_TOML LOCAL_IP PUBLISHER_IP [ORDERS]
+//
+// ENGINE_TOML is an engine's config (configs/demo/sample-engine.toml: its
+// [gateway] and [rdma] tables), FEED_HANDLER_TOML the feed handler's (its
+// [market_data] channels). Prints "engine_cpp: ready" once subscribed and
+// logged on, and "engine_cpp: N orders acknowledged and filled" at the end
+// (exit status 0) when every check held. Run in the soft-RoCE guest against
+// the real feed-handler and order-gateway by ffi/tests/c_examples.rs.
+#include "rocebus.hpp"
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define EXPECT(cond)                                                                   \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            std::fprintf(stderr, "engine_cpp: line %d: %s\n", __LINE__, #cond);        \
+            std::exit(3);                                                              \
+        }                                                                              \
+    } while (0)
+
+namespace {
+
+// The normalized market-data messages (md/src/normalized.rs): a 28-byte
+// header (kind, version, stock locate, 8-byte space-padded symbol, exchange
+// time, receive time), all integers little-endian; prices with 4 decimals.
+constexpr std::uint8_t kKindBbo = 1, kVersion = 2;
+constexpr std::size_t kBboLen = 60;
+
+std::uint32_t le32(const std::uint8_t *p) {
+    return std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 |
+           std::uint32_t(p[3]) << 24;
+}
+
+struct quote {
+    std::string symbol;
+    std::uint32_t bid = 0, ask = 0;
+    bool fresh = false;  // a BBO arrived since the last order on it
+};
+
+struct order {
+    std::uint64_t id;
+    std::size_t quote;
+    rocebus_side side;
+    std::uint32_t qty;
+    std::int64_t price;
+    bool acked = false, filled = false;
+};
+
+using clock_type = std::chrono::steady_clock;
+}  // namespace
+
+int main(int argc, char **argv) {
+    if (argc < 5) {
+        std::fprintf(stderr,
+                     "usage: engine_cpp ENGINE_TOML FEED_HANDLER_TOML LOCAL_IP PUBLISHER_IP "
+                     "[ORDERS]\n");
+        return 1;
+    }
+    const int target = argc > 5 ? std::atoi(argv[5]) : 20;
+    std::vector<quote> quotes;
+    for (const char *s : {"A", "B", "C", "D", "E", "F", "G", "H"}) quotes.push_back({s});
+    try {
+        // The five lines of the README: market data in, orders out.
+        auto md_cfg = rocebus::md_config::from_file(argv[2]);
+        std::vector<rocebus::md_subscriber> md;
+        for (std::uint16_t ch : {1, 2})
+            md.push_back(rocebus::md_subscriber::connect(md_cfg, ch, argv[3], argv[4]));
+        auto gw = rocebus::engine_session::connect(rocebus::engine_config::from_file(argv[1]));
+        std::printf("engine_cpp: ready\n");
+        std::fflush(stdout);
+
+        std::vector<order> orders;
+        orders.reserve(static_cast<std::size_t>(target));
+        std::uint64_t md_messages = 0, bbos = 0, events = 0, acks = 0, fills = 0, rejects = 0;
+        std::uint64_t late_answers = 0, bad = 0;
+        auto on_md = [&](std::uint64_t, rocebus::span<const std::uint8_t> m) {
+            md_messages++;
+            if (m.size() != kBboLen || m[0] != kKindBbo || m[1] != kVersion) return;
+            char sym[9] = {};
+            std::memcpy(sym, m.data() + 4, 8);
+            for (int i = 7; i >= 0 && sym[i] == ' '; i--) sym[i] = 0;
+            for (auto &q : quotes) {
+                if (q.symbol == sym) {
+                    q.bid = le32(m.data() + 28);
+                    q.ask = le32(m.data() + 32);
+                    q.fresh = true;
+                    bbos++;
+                }
+            }
+        };
+        auto on_event = [&](const rocebus_md_event_t &e) {
+            events++;
+            if (e.kind == ROCEBUS_MD_EVENT_KIND_UNRECOVERABLE_LOSS ||
+                e.kind == ROCEBUS_MD_EVENT_KIND_SNAPSHOT_APPLIED)
+                for (auto &q : quotes) q = {q.symbol};  // stale: wait for fresh BBOs
+        };
+        std::uint64_t late_id = 0;
+        int late_sent = 0;
+        auto on_response = [&](const rocebus_engine_response_t &r) {
+            // The answers to the late replace and cancel: a reject naming the request,
+            // or (had the venue taken them) a replaced or canceled the book refuses as
+            // coming for an order already final.
+            if (late_id != 0 && r.cl_ord_id == late_id &&
+                ((r.kind == ROCEBUS_RESPONSE_KIND_REJECT && r.request != 'N') ||
+                 r.error == ROCEBUS_RESPONSE_ERROR_ALREADY_FINAL)) {
+                late_answers++;
+                return;
+            }
+            if (r.error != ROCEBUS_RESPONSE_ERROR_NONE) {
+                bad++;
+                return;
+            }
+            order *o = nullptr;
+            for (auto &x : orders)
+                if (x.id == r.cl_ord_id) o = &x;
+            EXPECT(o != nullptr);
+            switch (r.kind) {
+                case ROCEBUS_RESPONSE_KIND_ACK:
+                    acks++;
+                    o->acked = true;
+                    break;
+                case ROCEBUS_RESPONSE_KIND_FILL:
+                    fills++;
+                    EXPECT(r.qty == o->qty && r.cum_qty == o->qty && r.leaves_qty == 0);
+                    EXPECT(r.price == o->price);
+                    o->filled = true;
+                    break;
+                case ROCEBUS_RESPONSE_KIND_REJECT:
+                    rejects++;
+                    std::fprintf(stderr, "engine_cpp: order %llu rejected, reason %u\n",
+                                 static_cast<unsigned long long>(r.cl_ord_id), r.reason);
+                    break;
+                default:
+                    bad++;
+            }
+        };
+
+        auto deadline = clock_type::now() + std::chrono::seconds(120);
+        auto done = [&] {
+            if (static_cast<int>(orders.size()) < target || late_answers < 2) return false;
+            for (auto &o : orders)
+                if (!o.acked || !o.filled) return false;
+            return true;
+        };
+        while (!done()) {
+            if (clock_type::now() > deadline) {
+                std::fprintf(stderr,
+                             "engine_cpp: timed out: %zu orders sent, %llu acks, %llu fills, "
+                             "%llu rejects, %llu late answers, %llu md messages, %llu BBOs\n",
+                             orders.size(), static_cast<unsigned long long>(acks),
+                             static_cast<unsigned long long>(fills),
+                             static_cast<unsigned long long>(rejects),
+                             static_cast<unsigned long long>(late_answers),
+                             static_cast<unsigned long long>(md_messages),
+                             static_cast<unsigned long long>(bbos));
+                return 4;
+            }
+            for (auto &s : md) s.poll(on_md, on_event, 64);
+            gw.poll(on_response, 64);
+            bool sent = false;
+            for (std::size_t i = 0; i < quotes.size(); i++) {
+                auto &q = quotes[i];
+                if (static_cast<int>(orders.size()) >= target) break;
+                if (!q.fresh || q.bid == 0 || q.ask == 0) continue;
+                q.fresh = false;
+                auto side = orders.size() % 2 ? ROCEBUS_SIDE_SELL : ROCEBUS_SIDE_BUY;
+                std::int64_t price = side == ROCEBUS_SIDE_BUY ? q.bid : q.ask;
+                std::uint64_t id = 0;
+                auto st = gw.new_order(q.symbol.c_str(), side, 100, price, id);
+                if (st == rocebus::status::back_pressured) break;
+                EXPECT(st == rocebus::status::ok);
+                orders.push_back({id, i, side, 100, price});
+                sent = true;
+            }
+            if (static_cast<int>(orders.size()) >= target && late_sent == 0 &&
+                orders.back().filled) {
+                // The last order is filled: a replace and a cancel come too late, and
+                // each is answered (a reject naming the request, or so the venue says).
+                late_id = orders.back().id;
+                EXPECT(gw.replace(late_id, 200, orders.back().price) == rocebus::status::ok);
+                EXPECT(gw.cancel(late_id) == rocebus::status::ok);
+                late_sent = 2;
+                sent = true;
+            }
+            if (sent) EXPECT(gw.flush() == rocebus::status::ok);
+        }
+        EXPECT(rejects == 0 && bad == 0);
+        // Positions from the fills, as the session's book has them.
+        for (std::size_t i = 0; i < quotes.size(); i++) {
+            std::int64_t want = 0;
+            for (auto &o : orders)
+                if (o.quote == i) want += o.side == ROCEBUS_SIDE_BUY ? o.qty : -std::int64_t(o.qty);
+            EXPECT(gw.position(quotes[i].symbol.c_str()) == want);
+        }
+        rocebus_engine_order_t o{};
+        EXPECT(gw.order(orders.front().id, o) && o.state == ROCEBUS_ORDER_STATE_FILLED);
+        EXPECT(o.cum_qty == 100 && std::string(o.symbol) == quotes[orders.front().quote].symbol);
+        EXPECT(!gw.order(orders.back().id + 1000, o));
+        auto st = gw.stats();
+        EXPECT(st.connection.frames_sent >= static_cast<std::uint64_t>(target) + 2);
+        EXPECT(st.next_order_id == orders.back().id + 1 && st.caught_up == 1);
+        std::uint64_t delivered = 0;
+        for (auto &s : md) delivered += s.counters().delivered;
+        EXPECT(delivered == md_messages);
+        std::printf(
+            "engine_cpp: %d orders acknowledged and filled (%llu market-data messages, %llu "
+            "BBOs, %llu events, %llu answers to the late replace and cancel)\n",
+            target, static_cast<unsigned long long>(md_messages),
+            static_cast<unsigned long long>(bbos), static_cast<unsigned long long>(events),
+            static_cast<unsigned long long>(late_answers));
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "engine_cpp: %s\n", e.what());
+        return 2;
+    }
+    return 0;
+}
