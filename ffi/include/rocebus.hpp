@@ -13,7 +13,8 @@
 //   handler may throw and no message may be missed.
 // - A claim is an RAII object: commit() publishes it, its destructor aborts it.
 //
-// Checked by ffi/tests/c_examples.rs (examples/ipc_cpp.cpp under valgrind).
+// Checked by ffi/tests/c_examples.rs (examples/ipc_cpp.cpp under valgrind;
+// orders_cpp.cpp and engine_cpp.cpp, the engine on the real bus, in the guest).
 #ifndef ROCEBUS_HPP
 #define ROCEBUS_HPP
 

@@ -205,12 +205,9 @@ impl Drop for Started {
 /// The last lines of a log file, for a failure's message.
 fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    format!(
-        "--- {}:\n{}",
-        path.display(),
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    )
+    let skip = text.lines().count().saturating_sub(20);
+    let last: Vec<&str> = text.lines().skip(skip).collect();
+    format!("--- {}:\n{}", path.display(), last.join("\n"))
 }
 
 /// The C++ engine example (`examples/engine_cpp.cpp`, through `rocebus.hpp`) against the
@@ -231,7 +228,10 @@ fn rdma_cpp_engine_against_feed_handler_and_gateway() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let work = tmp.path();
     let addr = local_ip().to_string();
-    let configs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/demo");
+    let configs = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("ffi is inside the workspace")
+        .join("configs/demo");
     for f in ["feed-handler", "sample-engine", "order-gateway"] {
         let text = std::fs::read_to_string(configs.join(format!("{f}.toml"))).unwrap();
         let text = text
