@@ -6,8 +6,9 @@
 // ORDERS were acknowledged and filled by the gateway's venue (the simulator
 // fills every order at its limit price). The gateway takes its reference
 // prices from the same bus: an order on a symbol whose first BBO reached us
-// before it reached the gateway is rejected for want of a reference price,
-// which is counted and allowed (any other reject fails). Then it replaces and
+// before it reached the gateway is rejected for want of a reference price
+// (or as halted, when a resumption reached us first), which is counted and
+// allowed; any other reject fails. It never trades a symbol it sees halted. Then it replaces and
 // cancels the last order (too late: each is answered), and checks its
 // positions against its fills.
 //
@@ -43,8 +44,8 @@ namespace {
 // The normalized market-data messages (md/src/normalized.rs): a 28-byte
 // header (kind, version, stock locate, 8-byte space-padded symbol, exchange
 // time, receive time), all integers little-endian; prices with 4 decimals.
-constexpr std::uint8_t kKindBbo = 1, kVersion = 2;
-constexpr std::size_t kBboLen = 60;
+constexpr std::uint8_t kKindBbo = 1, kKindStatus = 4, kVersion = 2;
+constexpr std::size_t kBboLen = 60, kStatusLen = 36;
 
 std::uint32_t le32(const std::uint8_t *p) {
     return std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 |
@@ -54,7 +55,8 @@ std::uint32_t le32(const std::uint8_t *p) {
 struct quote {
     std::string symbol;
     std::uint32_t bid = 0, ask = 0;
-    bool fresh = false;  // a BBO arrived since the last order on it
+    bool fresh = false;   // a BBO arrived since the last order on it
+    bool halted = false;  // trading status halted, paused or quotation only
 };
 
 struct order {
@@ -96,24 +98,29 @@ int main(int argc, char **argv) {
         std::uint64_t late_answers = 0, bad = 0;
         auto on_md = [&](std::uint64_t, rocebus::span<const std::uint8_t> m) {
             md_messages++;
-            if (m.size() != kBboLen || m[0] != kKindBbo || m[1] != kVersion) return;
+            bool bbo = m.size() == kBboLen && m[0] == kKindBbo;
+            bool status = m.size() == kStatusLen && m[0] == kKindStatus;
+            if (!(bbo || status) || m[1] != kVersion) return;
             char sym[9] = {};
             std::memcpy(sym, m.data() + 4, 8);
             for (int i = 7; i >= 0 && sym[i] == ' '; i--) sym[i] = 0;
             for (auto &q : quotes) {
-                if (q.symbol == sym) {
-                    q.bid = le32(m.data() + 28);
-                    q.ask = le32(m.data() + 32);
-                    q.fresh = true;
-                    bbos++;
+                if (q.symbol != sym) continue;
+                if (status) {
+                    q.halted = m[28] == 'H' || m[28] == 'P' || m[28] == 'Q';
+                    continue;
                 }
+                q.bid = le32(m.data() + 28);
+                q.ask = le32(m.data() + 32);
+                q.fresh = true;
+                bbos++;
             }
         };
         auto on_event = [&](const rocebus_md_event_t &e) {
             events++;
             if (e.kind == ROCEBUS_MD_EVENT_KIND_UNRECOVERABLE_LOSS ||
                 e.kind == ROCEBUS_MD_EVENT_KIND_SNAPSHOT_APPLIED)
-                for (auto &q : quotes) q = {q.symbol};  // stale: wait for fresh BBOs
+                for (auto &q : quotes) q = {q.symbol, 0, 0, false, q.halted};  // stale quotes
         };
         std::uint64_t late_id = 0;
         int late_sent = 0;
@@ -148,9 +155,10 @@ int main(int argc, char **argv) {
                     break;
                 case ROCEBUS_RESPONSE_KIND_REJECT:
                     o->rejected = true;
-                    // 6, 7: no reference price yet, or a stale one (the gateway's view
-                    // of the bus lags ours); anything else is a failure.
-                    if (r.reason == 6 || r.reason == 7) {
+                    // 6, 7, 14: no reference price yet, a stale one, halted (the
+                    // gateway's view of the bus lags ours: we never send on a symbol we
+                    // see halted); anything else is a failure.
+                    if (r.reason == 6 || r.reason == 7 || r.reason == 14) {
                         no_reference++;
                         break;
                     }
@@ -212,7 +220,7 @@ int main(int argc, char **argv) {
             for (std::size_t i = 0; i < quotes.size(); i++) {
                 auto &q = quotes[i];
                 if (live() >= target) break;
-                if (!q.fresh || q.bid == 0 || q.ask == 0) continue;
+                if (!q.fresh || q.halted || q.bid == 0 || q.ask == 0) continue;
                 q.fresh = false;
                 auto side = orders.size() % 2 ? ROCEBUS_SIDE_SELL : ROCEBUS_SIDE_BUY;
                 std::int64_t price = side == ROCEBUS_SIDE_BUY ? q.bid : q.ask;
@@ -250,7 +258,7 @@ int main(int argc, char **argv) {
         for (auto &x : orders)
             if (x.rejected)
                 EXPECT(gw.order(x.id, o) && o.state == ROCEBUS_ORDER_STATE_REJECTED &&
-                       (o.reject_reason == 6 || o.reject_reason == 7));
+                       (o.reject_reason == 6 || o.reject_reason == 7 || o.reject_reason == 14));
         EXPECT(!gw.order(orders.back().id + 1000, o));
         auto st = gw.stats();
         EXPECT(st.connection.frames_sent >= orders.size() + 2);
@@ -260,8 +268,8 @@ int main(int argc, char **argv) {
         for (auto &s : md) delivered += s.counters().delivered;
         EXPECT(delivered == md_messages);
         std::printf(
-            "engine_cpp: %d orders acknowledged and filled (%llu rejected for want of a "
-            "reference price; %llu market-data messages, %llu BBOs, %llu events, %llu answers "
+            "engine_cpp: %d orders acknowledged and filled (%llu rejected for the gateway's "
+            "lagging view of the bus; %llu market-data messages, %llu BBOs, %llu events, %llu answers "
             "to the late replace and cancel)\n",
             target, static_cast<unsigned long long>(no_reference),
             static_cast<unsigned long long>(md_messages),
