@@ -16,6 +16,7 @@ fn main() {
         ("orders_echo.c", "cc", "-std=c11"),
         ("ipc_cpp.cpp", "c++", "-std=c++17"),
         ("orders_cpp.cpp", "c++", "-std=c++17"),
+        ("engine_cpp.cpp", "c++", "-std=c++17"),
     ] {
         println!("cargo:rerun-if-changed=examples/{file}");
         let name = file.split('.').next().unwrap();

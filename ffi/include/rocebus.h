@@ -10,7 +10,7 @@
  * - Threads: a handle (publisher, subscriber, connection, listener) is used
  *   by one thread at a time; it may move between threads. Different handles
  *   may be used by different threads at once.
- * - Callbacks: the pointers a handler receives (payloads, frames) are valid
+ * - Callbacks: the pointers a handler receives (payloads, frames, responses) are valid
  *   ONLY until the handler returns; copy what you keep. A handler must not
  *   call functions on the handle that invoked it (ROCEBUS_STATUS_BUSY) and
  *   must not unwind (no C++ exception may leave it).
@@ -28,6 +28,123 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/**
+ * What a response is (`rocebus_engine_response_t.kind`).
+ */
+typedef enum rocebus_response_kind {
+  /**
+   * The frame was not a response (`error` is `DECODE`); nothing else is set.
+   */
+  ROCEBUS_RESPONSE_KIND_INVALID = 0,
+  /**
+   * The venue acknowledged the order: `order_id`.
+   */
+  ROCEBUS_RESPONSE_KIND_ACK = 1,
+  /**
+   * A request was refused: `reason` (a reject reason code), `request` (`'N'` new order,
+   * `'C'` cancel, `'R'` replace, `'M'` mass cancel). Only a rejected new order is final.
+   */
+  ROCEBUS_RESPONSE_KIND_REJECT = 2,
+  /**
+   * The order is completely filled: `qty` (this execution), `price`, `cum_qty`.
+   */
+  ROCEBUS_RESPONSE_KIND_FILL = 3,
+  /**
+   * A partial fill: `qty`, `price`, `cum_qty`, `leaves_qty`.
+   */
+  ROCEBUS_RESPONSE_KIND_PARTIAL_FILL = 4,
+  /**
+   * The order is canceled: `qty` (what was still open).
+   */
+  ROCEBUS_RESPONSE_KIND_CANCELED = 5,
+  /**
+   * The order was replaced: `qty` (new total), `price`, `leaves_qty`.
+   */
+  ROCEBUS_RESPONSE_KIND_REPLACED = 6,
+  /**
+   * Informational status of a re-sent request: `state` (0 unknown, 1 pending new, 2
+   * open, 3 filled, 4 canceled, 5 rejected), `qty`, `cum_qty`, `price`, `reason`,
+   * `request`.
+   */
+  ROCEBUS_RESPONSE_KIND_STATUS = 7,
+  /**
+   * Informational: the venue did something after the fact (`state` is the notice
+   * kind: 1 late fill, 2 overfill, 3 trade cancel, 4 trade correct), `exec_qty_delta`,
+   * `price`, `cum_qty`, `leaves_qty`.
+   */
+  ROCEBUS_RESPONSE_KIND_NOTICE = 8,
+} rocebus_response_kind;
+
+/**
+ * Why a response did not apply to the engine's book (`rocebus_engine_response_t.error`).
+ */
+typedef enum rocebus_response_error {
+  /**
+   * It applied.
+   */
+  ROCEBUS_RESPONSE_ERROR_NONE = 0,
+  /**
+   * The frame is not a response (counted by the caller, say).
+   */
+  ROCEBUS_RESPONSE_ERROR_DECODE = 1,
+  /**
+   * For an order this session never sent.
+   */
+  ROCEBUS_RESPONSE_ERROR_UNKNOWN_ORDER = 2,
+  /**
+   * For an order already final (a duplicate answer).
+   */
+  ROCEBUS_RESPONSE_ERROR_ALREADY_FINAL = 3,
+  /**
+   * Numbered at or below the last applied (a replay overlap); ignored.
+   */
+  ROCEBUS_RESPONSE_ERROR_DUPLICATE = 4,
+} rocebus_response_error;
+
+/**
+ * Where an order stands, as the engine's book has it (`rocebus_engine_order_t.state`).
+ */
+typedef enum rocebus_order_state {
+  /**
+   * Sent, no answer yet.
+   */
+  ROCEBUS_ORDER_STATE_PENDING_NEW = 1,
+  /**
+   * Acknowledged, nothing executed.
+   */
+  ROCEBUS_ORDER_STATE_NEW = 2,
+  /**
+   * Partially executed.
+   */
+  ROCEBUS_ORDER_STATE_PARTIALLY_FILLED = 3,
+  /**
+   * Completely executed (final).
+   */
+  ROCEBUS_ORDER_STATE_FILLED = 4,
+  /**
+   * Canceled (final).
+   */
+  ROCEBUS_ORDER_STATE_CANCELED = 5,
+  /**
+   * Rejected (final; `reject_reason` says why).
+   */
+  ROCEBUS_ORDER_STATE_REJECTED = 6,
+} rocebus_order_state;
+
+/**
+ * An order's side.
+ */
+typedef enum rocebus_side {
+  /**
+   * Buy.
+   */
+  ROCEBUS_SIDE_BUY = 1,
+  /**
+   * Sell.
+   */
+  ROCEBUS_SIDE_SELL = 2,
+} rocebus_side;
 
 /**
  * What `rocebus_ipc_publisher_poll_event` reports.
@@ -69,6 +186,40 @@ typedef enum rocebus_ipc_event_kind {
    */
   ROCEBUS_IPC_EVENT_KIND_CORRUPT = 4,
 } rocebus_ipc_event_kind;
+
+/**
+ * What a market-data event reports (`rocebus_md_event_t.kind`).
+ */
+typedef enum rocebus_md_event_kind {
+  /**
+   * Messages `[from, to)` cannot be recovered; a resync from a snapshot follows.
+   */
+  ROCEBUS_MD_EVENT_KIND_UNRECOVERABLE_LOSS = 1,
+  /**
+   * The publisher restarted: session `from` became `to`; state reset, snapshot asked.
+   */
+  ROCEBUS_MD_EVENT_KIND_SESSION_CHANGED = 2,
+  /**
+   * A re-synchronisation (or late join) started; a snapshot is requested.
+   */
+  ROCEBUS_MD_EVENT_KIND_RESYNC_STARTED = 3,
+  /**
+   * A snapshot was applied (`seq`); delivery resumes at `seq + 1`.
+   */
+  ROCEBUS_MD_EVENT_KIND_SNAPSHOT_APPLIED = 4,
+  /**
+   * The recovery connection is down: holes become unrecoverable until it is back.
+   */
+  ROCEBUS_MD_EVENT_KIND_RECOVERY_LOST = 5,
+  /**
+   * The recovery connection is up (also: first connected).
+   */
+  ROCEBUS_MD_EVENT_KIND_RECOVERY_RESTORED = 6,
+  /**
+   * Gap-tolerant delivery skipped `[from, to)` (the handler's `on_gap` saw it first).
+   */
+  ROCEBUS_MD_EVENT_KIND_GAP_SKIPPED = 7,
+} rocebus_md_event_kind;
 
 /**
  * What a call returns: 0 (`ROCEBUS_STATUS_OK`) or more on success (a
@@ -155,6 +306,16 @@ typedef enum rocebus_status {
 } rocebus_status;
 
 /**
+ * An engine's configuration for the gateway (`rocebus_engine_config_from_toml`).
+ */
+typedef struct rocebus_engine_config_t rocebus_engine_config_t;
+
+/**
+ * A logged-on session with the order gateway. Used by one thread at a time.
+ */
+typedef struct rocebus_engine_session_t rocebus_engine_session_t;
+
+/**
  * An ipc stream's configuration (`rocebus_ipc_config_from_toml`).
  */
 typedef struct rocebus_ipc_config_t rocebus_ipc_config_t;
@@ -170,6 +331,16 @@ typedef struct rocebus_ipc_publisher_t rocebus_ipc_publisher_t;
 typedef struct rocebus_ipc_subscriber_t rocebus_ipc_subscriber_t;
 
 /**
+ * A market-data path's configuration (`rocebus_md_config_from_toml`).
+ */
+typedef struct rocebus_md_config_t rocebus_md_config_t;
+
+/**
+ * A subscriber of one market-data channel. Used by one thread at a time.
+ */
+typedef struct rocebus_md_subscriber_t rocebus_md_subscriber_t;
+
+/**
  * An orders connection's configuration (`rocebus_orders_config_from_toml`).
  */
 typedef struct rocebus_orders_config_t rocebus_orders_config_t;
@@ -183,6 +354,169 @@ typedef struct rocebus_orders_connection_t rocebus_orders_connection_t;
  * A listener for orders connections (the gateway's side).
  */
 typedef struct rocebus_orders_listener_t rocebus_orders_listener_t;
+
+/**
+ * One response from the gateway, as a poll handler sees it. The fields that do not apply
+ * to its `kind` are 0.
+ */
+typedef struct rocebus_engine_response_t {
+  /**
+   * What it is.
+   */
+  enum rocebus_response_kind kind;
+  /**
+   * Whether it applied to the book.
+   */
+  enum rocebus_response_error error;
+  /**
+   * The gateway's response number (0: unnumbered).
+   */
+  uint32_t seq;
+  /**
+   * The engine's order id it is about.
+   */
+  uint64_t cl_ord_id;
+  /**
+   * `ACK`: the gateway's order id.
+   */
+  uint64_t order_id;
+  /**
+   * Quantity: this execution (fills), what was open (canceled), the new total
+   * (replaced, status).
+   */
+  uint32_t qty;
+  /**
+   * Executed so far.
+   */
+  uint32_t cum_qty;
+  /**
+   * Still open.
+   */
+  uint32_t leaves_qty;
+  /**
+   * `REJECT`, `STATUS`: the reject reason code.
+   */
+  uint16_t reason;
+  /**
+   * `REJECT`, `STATUS`: the request's message type (`'N'`, `'C'`, `'R'`, `'M'`).
+   */
+  uint8_t request;
+  /**
+   * `STATUS`: the order state; `NOTICE`: the notice kind.
+   */
+  uint8_t state;
+  /**
+   * Price (4 implied decimals): of this execution (fills, notices), the new one
+   * (replaced), the current one (status).
+   */
+  int64_t price;
+  /**
+   * `NOTICE`: change of the executed quantity (negative for a trade cancel).
+   */
+  int64_t exec_qty_delta;
+} rocebus_engine_response_t;
+
+/**
+ * A session's poll handler: called once per response, in order. `response` is valid
+ * ONLY until the handler returns (copy what you keep). The handler must not call
+ * functions on the same session (`ROCEBUS_STATUS_BUSY`: send after the poll returns);
+ * other handles are fine. It must not unwind (no C++ exception may leave it).
+ */
+typedef void (*rocebus_engine_response_handler_t)(void *clientd, const struct rocebus_engine_response_t *response);
+
+/**
+ * One order of the engine's book (`rocebus_engine_session_order`).
+ */
+typedef struct rocebus_engine_order_t {
+  /**
+   * Where it stands.
+   */
+  enum rocebus_order_state state;
+  /**
+   * `REJECTED`: the reject reason code.
+   */
+  uint16_t reject_reason;
+  /**
+   * Its side.
+   */
+  enum rocebus_side side;
+  /**
+   * Its total quantity (after replaces).
+   */
+  uint32_t qty;
+  /**
+   * Executed so far.
+   */
+  uint32_t cum_qty;
+  /**
+   * Its limit price (after replaces).
+   */
+  int64_t price;
+  /**
+   * Its symbol, NUL-terminated (space padding removed).
+   */
+  char symbol[9];
+} rocebus_engine_order_t;
+
+/**
+ * Counters of a connection (`rocebus_orders_connection_stats`).
+ */
+typedef struct rocebus_orders_stats_t {
+  /**
+   * Frames sent.
+   */
+  uint64_t frames_sent;
+  /**
+   * Payload bytes sent.
+   */
+  uint64_t bytes_sent;
+  /**
+   * Flushes.
+   */
+  uint64_t flushes;
+  /**
+   * Claims and offers refused for lack of credit.
+   */
+  uint64_t back_pressured;
+  /**
+   * Frames received.
+   */
+  uint64_t frames_received;
+  /**
+   * Payload bytes received.
+   */
+  uint64_t bytes_received;
+} rocebus_orders_stats_t;
+
+/**
+ * A session's counters (`rocebus_engine_session_stats`).
+ */
+typedef struct rocebus_engine_stats_t {
+  /**
+   * The orders connection's counters (frames, bytes, flushes, back-pressure).
+   */
+  struct rocebus_orders_stats_t connection;
+  /**
+   * The last response number applied.
+   */
+  uint32_t last_response_seq;
+  /**
+   * 1 once the responses missed before this logon were all applied.
+   */
+  uint32_t caught_up;
+  /**
+   * The id the next new order gets.
+   */
+  uint64_t next_order_id;
+  /**
+   * Frames received on another stream than the orders stream (dropped).
+   */
+  uint64_t stray_frames;
+  /**
+   * The heartbeat interval the gateway announced, ms (0: none).
+   */
+  uint64_t heartbeat_interval_ms;
+} rocebus_engine_stats_t;
 
 /**
  * A publisher's event; `pid` is 0 for `SUBSCRIBER_DROPPED`.
@@ -241,6 +575,131 @@ typedef struct rocebus_ipc_event_t {
 } rocebus_ipc_event_t;
 
 /**
+ * A market-data lifecycle event; the fields that do not apply to its `kind` are 0.
+ */
+typedef struct rocebus_md_event_t {
+  /**
+   * What happened.
+   */
+  enum rocebus_md_event_kind kind;
+  /**
+   * First sequence of a range; the old session for `SESSION_CHANGED`.
+   */
+  uint64_t from;
+  /**
+   * One past the last sequence of a range; the new session for `SESSION_CHANGED`.
+   */
+  uint64_t to;
+  /**
+   * `SNAPSHOT_APPLIED`: the snapshot's sequence.
+   */
+  uint64_t seq;
+} rocebus_md_event_t;
+
+/**
+ * A subscriber's callbacks, with `clientd` as their first argument. Every pointer they
+ * receive is valid ONLY until they return (copy what you keep). They must not call
+ * functions on the same subscriber (`ROCEBUS_STATUS_BUSY`) and must not unwind.
+ *
+ * - `on_message` (required): one message, in sequence order: `seq` is one more than the
+ *   previous one's, except after a gap or a snapshot.
+ * - `on_gap` (optional): sequences `[from, to)` will never be delivered (gap-tolerant
+ *   delivery, or a snapshot the application does not restore).
+ * - `on_event` (optional): a lifecycle event, after the messages that came before it.
+ *   NULL: events wait for `rocebus_md_subscriber_poll_event`.
+ * - Snapshots (optional; all three or none): `on_snapshot_begin` starts a transfer
+ *   (discard what an earlier one staged), `on_snapshot_chunk` gets the next piece,
+ *   `on_snapshot_end` says all arrived (length and CRC checked) and the state now reflects
+ *   every message up to `seq`; the two return 0, or non-zero to refuse the snapshot (a
+ *   new one is requested). With none, a snapshot's bytes are skipped and `on_gap` tells
+ *   what was missed (the application keeps no state worth a snapshot).
+ */
+typedef struct rocebus_md_handler_t {
+  /**
+   * The callbacks' first argument.
+   */
+  void *clientd;
+  /**
+   * One message.
+   */
+  void (*on_message)(void *clientd, uint64_t seq, const uint8_t *msg, size_t len);
+  /**
+   * Sequences lost for good.
+   */
+  void (*on_gap)(void *clientd, uint64_t from, uint64_t to);
+  /**
+   * A lifecycle event.
+   */
+  void (*on_event)(void *clientd, const struct rocebus_md_event_t *event);
+  /**
+   * A snapshot transfer starts.
+   */
+  void (*on_snapshot_begin)(void *clientd);
+  /**
+   * The next piece of a snapshot; 0, or non-zero to refuse it.
+   */
+  int (*on_snapshot_chunk)(void *clientd, const uint8_t *data, size_t len);
+  /**
+   * A snapshot is complete at `seq`; 0, or non-zero to refuse it.
+   */
+  int (*on_snapshot_end)(void *clientd, uint64_t seq);
+} rocebus_md_handler_t;
+
+/**
+ * A subscriber's protocol counters (`rocebus_md_subscriber_counters`).
+ */
+typedef struct rocebus_md_counters_t {
+  /**
+   * Datagrams received on line A.
+   */
+  uint64_t received_a;
+  /**
+   * Datagrams received on line B.
+   */
+  uint64_t received_b;
+  /**
+   * Retransmitted datagrams received.
+   */
+  uint64_t received_retransmit;
+  /**
+   * Messages delivered to `on_message`.
+   */
+  uint64_t delivered;
+  /**
+   * Holes detected in the sequence.
+   */
+  uint64_t gaps_detected;
+  /**
+   * Messages that arrived by retransmission and were used.
+   */
+  uint64_t messages_recovered;
+  /**
+   * `UNRECOVERABLE_LOSS` events.
+   */
+  uint64_t unrecoverable;
+  /**
+   * Snapshots applied.
+   */
+  uint64_t snapshots_applied;
+  /**
+   * Snapshots rejected (bad length, CRC, or refused by the application).
+   */
+  uint64_t snapshots_rejected;
+  /**
+   * Undecodable input dropped.
+   */
+  uint64_t malformed_dropped;
+  /**
+   * Events lost because they were not taken often enough.
+   */
+  uint64_t events_dropped;
+  /**
+   * Sequences skipped by gap-tolerant delivery.
+   */
+  uint64_t sequences_skipped;
+} rocebus_md_counters_t;
+
+/**
  * One received frame, as a poll handler sees it.
  */
 typedef struct rocebus_frame_t {
@@ -276,36 +735,6 @@ typedef struct rocebus_frame_t {
  * not unwind (no C++ exception may leave it).
  */
 typedef void (*rocebus_frame_handler_t)(void *clientd, const struct rocebus_frame_t *frame);
-
-/**
- * Counters of a connection (`rocebus_orders_connection_stats`).
- */
-typedef struct rocebus_orders_stats_t {
-  /**
-   * Frames sent.
-   */
-  uint64_t frames_sent;
-  /**
-   * Payload bytes sent.
-   */
-  uint64_t bytes_sent;
-  /**
-   * Flushes.
-   */
-  uint64_t flushes;
-  /**
-   * Claims and offers refused for lack of credit.
-   */
-  uint64_t back_pressured;
-  /**
-   * Frames received.
-   */
-  uint64_t frames_received;
-  /**
-   * Payload bytes received.
-   */
-  uint64_t bytes_received;
-} rocebus_orders_stats_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -371,6 +800,146 @@ int rocebus_orders_config_from_file(const char *path, struct rocebus_orders_conf
  * `cfg` is NULL or a configuration not freed yet.
  */
 void rocebus_orders_config_free(struct rocebus_orders_config_t *cfg);
+
+/**
+ * Makes an engine configuration from TOML text: an engine's configuration file
+ * (`configs/demo/sample-engine.toml`), of which the `[gateway]` table (`addr`,
+ * `engine_id`, `engine_token`, `account`, `connect_timeout_ms`, `gateway_timeout_ms`,
+ * `[gateway.orders]`) and the `[rdma]` table are read and the other tables ignored; or
+ * the `[gateway]` keys at the top level. Unknown keys in `[gateway]` are
+ * `ROCEBUS_STATUS_CONFIG`. On success `*out` is a new configuration to free with
+ * `rocebus_engine_config_free`.
+ *
+ * # Safety
+ * `toml` is a NUL-terminated string; `out` is writable.
+ */
+int rocebus_engine_config_from_toml(const char *toml, struct rocebus_engine_config_t **out);
+
+/**
+ * As `rocebus_engine_config_from_toml`, reading the file at `path`.
+ *
+ * # Safety
+ * `path` is a NUL-terminated string; `out` is writable.
+ */
+int rocebus_engine_config_from_file(const char *path, struct rocebus_engine_config_t **out);
+
+/**
+ * Frees an engine configuration (NULL is ignored).
+ *
+ * # Safety
+ * `cfg` is NULL or a configuration not freed yet.
+ */
+void rocebus_engine_config_free(struct rocebus_engine_config_t *cfg);
+
+/**
+ * Connects to the gateway at the configuration's `addr` and logs on as `engine_id` with
+ * `engine_token`; order ids start at `first_order_id` (they must stay unique across the
+ * engine's restarts); the book has room for `expected_orders` before it grows (0: 65536).
+ * Blocks: the gateway may still be starting, so a failed attempt is retried for up to
+ * `connect_timeout_ms` (a refused logon, but for `AlreadyConnected`, is not retried). The
+ * gateway is declared dead after `gateway_timeout_ms` of silence. On success `*out` is the
+ * session, to free with `rocebus_engine_session_free`.
+ *
+ * # Safety
+ * `cfg` is a live configuration; `out` is writable.
+ */
+int rocebus_engine_connect(const struct rocebus_engine_config_t *cfg, uint64_t first_order_id, size_t expected_orders, struct rocebus_engine_session_t **out);
+
+/**
+ * Disconnects (the gateway cancels the engine's open orders) and frees the session. NULL
+ * is ignored. Returns `ROCEBUS_STATUS_BUSY` (and frees nothing) from inside this
+ * session's poll handler.
+ *
+ * # Safety
+ * `s` is NULL or a session not freed yet.
+ */
+int rocebus_engine_session_free(struct rocebus_engine_session_t *s);
+
+/**
+ * Queues a new day limit order of `qty` `symbol` at `price` (4 implied decimals: 1890000
+ * is 189.00) for `account` (0: the configuration's `account`); `*id` is its order id. It
+ * goes out with the next `rocebus_engine_session_flush`. `ROCEBUS_STATUS_BACK_PRESSURED`:
+ * the gateway's ring is full, nothing was sent nor tracked; poll and try again. Does not
+ * allocate (unless the book outgrows `expected_orders`).
+ *
+ * # Safety
+ * `s` is a live session; `symbol` a NUL-terminated string; `id` writable or NULL.
+ */
+int rocebus_engine_session_new_order(struct rocebus_engine_session_t *s, uint32_t account, const char *symbol, int side, uint32_t qty, int64_t price, uint64_t *id);
+
+/**
+ * Queues a cancel of order `id` (the answer is a `CANCELED` response, or a `REJECT` whose
+ * `request` is `'C'` when it came too late).
+ *
+ * # Safety
+ * `s` is a live session.
+ */
+int rocebus_engine_session_cancel(struct rocebus_engine_session_t *s, uint64_t id);
+
+/**
+ * Queues a replace of order `id`: new total `qty` and `price` (a `REPLACED` response, or
+ * a `REJECT` whose `request` is `'R'`).
+ *
+ * # Safety
+ * `s` is a live session.
+ */
+int rocebus_engine_session_replace(struct rocebus_engine_session_t *s, uint64_t id, uint32_t qty, int64_t price);
+
+/**
+ * Queues a mass cancel of the engine's open orders in `account` (0: every account it is
+ * granted) and `symbol` (NULL: every symbol).
+ *
+ * # Safety
+ * `s` is a live session; `symbol` is NULL or a NUL-terminated string.
+ */
+int rocebus_engine_session_mass_cancel(struct rocebus_engine_session_t *s, uint32_t account, const char *symbol);
+
+/**
+ * Sends everything queued (and a heartbeat when one is due). `ROCEBUS_STATUS_PEER_LOST`
+ * once the gateway is gone (or was declared dead for its silence). Does not allocate.
+ *
+ * # Safety
+ * `s` is a live session.
+ */
+int rocebus_engine_session_flush(struct rocebus_engine_session_t *s);
+
+/**
+ * Applies up to `fragment_limit` responses to the engine's book, handing each (or why it
+ * did not apply) to `handler` with `clientd`; returns how many frames were read. When
+ * nothing arrived it also sends what is queued, and every few polls it sends a heartbeat
+ * when due and judges the gateway's silence. Never blocks; does not allocate.
+ * `ROCEBUS_STATUS_PEER_LOST` once the gateway is gone.
+ *
+ * # Safety
+ * `s` is a live session; `handler` is a function that does not unwind.
+ */
+int rocebus_engine_session_poll(struct rocebus_engine_session_t *s, rocebus_engine_response_handler_t handler, void *clientd, size_t fragment_limit);
+
+/**
+ * Copies order `id` of the engine's book into `*out`: returns 1, or 0 when the session
+ * never sent it.
+ *
+ * # Safety
+ * `s` is a live session; `out` is writable.
+ */
+int rocebus_engine_session_order(struct rocebus_engine_session_t *s, uint64_t id, struct rocebus_engine_order_t *out);
+
+/**
+ * The engine's net position in `symbol` from the fills received (bought minus sold)
+ * into `*out`.
+ *
+ * # Safety
+ * `s` is a live session; `symbol` a NUL-terminated string; `out` writable.
+ */
+int rocebus_engine_session_position(struct rocebus_engine_session_t *s, const char *symbol, int64_t *out);
+
+/**
+ * Copies the session's counters into `*out`.
+ *
+ * # Safety
+ * `s` is a live session; `out` is writable.
+ */
+int rocebus_engine_session_stats(struct rocebus_engine_session_t *s, struct rocebus_engine_stats_t *out);
 
 /**
  * The message of the last failed call on this thread (an empty string if
@@ -526,6 +1095,103 @@ int rocebus_ipc_subscriber_poll_event(struct rocebus_ipc_subscriber_t *s, struct
  * `s` is a live subscriber.
  */
 int rocebus_ipc_subscriber_is_connected(struct rocebus_ipc_subscriber_t *s);
+
+/**
+ * Makes a market-data configuration from TOML text: the feed handler's configuration
+ * file (its `[market_data]` table: channels, groups, recovery, auth; the other tables are
+ * ignored), or a market-data file (`configs/md.toml`, the keys at the top level). A
+ * top-level `[rdma]` table gives the transport settings. On success `*out` is a new
+ * configuration to free with `rocebus_md_config_free`.
+ *
+ * # Safety
+ * `toml` is a NUL-terminated string; `out` is writable.
+ */
+int rocebus_md_config_from_toml(const char *toml, struct rocebus_md_config_t **out);
+
+/**
+ * As `rocebus_md_config_from_toml`, reading the file at `path`.
+ *
+ * # Safety
+ * `path` is a NUL-terminated string; `out` is writable.
+ */
+int rocebus_md_config_from_file(const char *path, struct rocebus_md_config_t **out);
+
+/**
+ * Frees a market-data configuration (NULL is ignored).
+ *
+ * # Safety
+ * `cfg` is NULL or a configuration not freed yet.
+ */
+void rocebus_md_config_free(struct rocebus_md_config_t *cfg);
+
+/**
+ * Subscribes to market-data `channel` from `local` (our address on the RDMA device) with
+ * the publisher (the feed handler's `publish.local_ip`) at `publisher`, without waiting:
+ * the connection to the publisher is made by later polls and reported as a
+ * `RECOVERY_RESTORED` event. On success `*out` is the subscriber, to free with
+ * `rocebus_md_subscriber_free`.
+ *
+ * # Safety
+ * `cfg` is a live configuration; `local` and `publisher` NUL-terminated strings; `out`
+ * writable.
+ */
+int rocebus_md_subscriber_new(const struct rocebus_md_config_t *cfg, uint16_t channel, const char *local, const char *publisher, struct rocebus_md_subscriber_t **out);
+
+/**
+ * As `rocebus_md_subscriber_new`, then waits for the connection to the publisher (up to
+ * the configuration's `connect_timeout_ms`).
+ *
+ * # Safety
+ * As `rocebus_md_subscriber_new`.
+ */
+int rocebus_md_subscriber_connect(const struct rocebus_md_config_t *cfg, uint16_t channel, const char *local, const char *publisher, struct rocebus_md_subscriber_t **out);
+
+/**
+ * Leaves the channel and frees the subscriber (NULL is ignored). Returns
+ * `ROCEBUS_STATUS_BUSY` (and frees nothing) from inside this subscriber's callbacks.
+ *
+ * # Safety
+ * `s` is NULL or a subscriber not freed yet.
+ */
+int rocebus_md_subscriber_free(struct rocebus_md_subscriber_t *s);
+
+/**
+ * Delivers what arrived, in sequence order, to `handler`'s callbacks, taking at most
+ * `fragment_limit` datagrams (frames on RC) from each line; returns the work done (0: none
+ * waited). Also keeps the protocol going: gap detection, retransmission and snapshot
+ * requests, the recovery connection. `now_ns` is the turn's `rocebus_now_ns()`. Events go
+ * to `on_event` when set. Never blocks. `ROCEBUS_STATUS_IO` when the device fails.
+ *
+ * # Safety
+ * `s` is a live subscriber; `handler` points to callbacks that do not unwind.
+ */
+int rocebus_md_subscriber_poll(struct rocebus_md_subscriber_t *s, uint64_t now_ns, const struct rocebus_md_handler_t *handler, size_t fragment_limit);
+
+/**
+ * Takes the subscriber's oldest lifecycle event into `*out` (when the poll handler has no
+ * `on_event`): returns 1 if there was one, 0 if none waits.
+ *
+ * # Safety
+ * `s` is a live subscriber; `out` is writable.
+ */
+int rocebus_md_subscriber_poll_event(struct rocebus_md_subscriber_t *s, struct rocebus_md_event_t *out);
+
+/**
+ * Whether the connection to the publisher is up (the recovery connection on multicast,
+ * the stream itself on RC): 1 or 0.
+ *
+ * # Safety
+ * `s` is a live subscriber.
+ */
+int rocebus_md_subscriber_is_connected(struct rocebus_md_subscriber_t *s);
+
+/**
+ * Copies the subscriber's counters into `*out`.
+ *
+ * # Safety
+ * `s` is a live subscriber; `out` is writable.
+ */
+int rocebus_md_subscriber_counters(struct rocebus_md_subscriber_t *s, struct rocebus_md_counters_t *out);
 
 /**
  * Connects to the orders listener at `addr` (`"IP:PORT"`): both sides

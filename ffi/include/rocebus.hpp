@@ -13,7 +13,8 @@
 //   handler may throw and no message may be missed.
 // - A claim is an RAII object: commit() publishes it, its destructor aborts it.
 //
-// Checked by ffi/tests/c_examples.rs (examples/ipc_cpp.cpp under valgrind).
+// Checked by ffi/tests/c_examples.rs (examples/ipc_cpp.cpp under valgrind;
+// orders_cpp.cpp and engine_cpp.cpp, the engine on the real bus, in the guest).
 #ifndef ROCEBUS_HPP
 #define ROCEBUS_HPP
 
@@ -378,6 +379,222 @@ class orders_listener {
 
   private:
     detail::owned<rocebus_orders_listener_t, rocebus_orders_listener_free> h_;
+};
+
+/// An engine's configuration for the order gateway: its config file's
+/// `[gateway]` and `[rdma]` tables (configs/demo/sample-engine.toml).
+class engine_config {
+  public:
+    static engine_config from_toml(const std::string &toml) {
+        rocebus_engine_config_t *c = nullptr;
+        check(rocebus_engine_config_from_toml(toml.c_str(), &c));
+        return engine_config(c);
+    }
+    static engine_config from_file(const std::string &path) {
+        rocebus_engine_config_t *c = nullptr;
+        check(rocebus_engine_config_from_file(path.c_str(), &c));
+        return engine_config(c);
+    }
+    const rocebus_engine_config_t *get() const noexcept { return h_.get(); }
+
+  private:
+    explicit engine_config(rocebus_engine_config_t *c) : h_(c) {}
+    static int free_(rocebus_engine_config_t *c) noexcept {
+        rocebus_engine_config_free(c);
+        return 0;
+    }
+    detail::owned<rocebus_engine_config_t, free_> h_;
+};
+
+/// A logged-on session with the order gateway (disconnects when destroyed:
+/// the gateway then cancels the engine's open orders).
+class engine_session {
+  public:
+    /// Connects and logs on (blocks, retrying for connect_timeout_ms while the
+    /// gateway starts); throws rocebus::error.
+    static engine_session connect(const engine_config &cfg, std::uint64_t first_order_id = 1,
+                                  std::size_t expected_orders = 0) {
+        rocebus_engine_session_t *s = nullptr;
+        check(rocebus_engine_connect(cfg.get(), first_order_id, expected_orders, &s));
+        return engine_session(s);
+    }
+    /// Queues a day limit order (price with 4 implied decimals; account 0:
+    /// the configuration's); `id` is its order id. status::back_pressured:
+    /// nothing was sent, poll and try again.
+    status new_order(const char *symbol, rocebus_side side, std::uint32_t qty, std::int64_t price,
+                     std::uint64_t &id, std::uint32_t account = 0) noexcept {
+        return to_status(rocebus_engine_session_new_order(h_.get(), account, symbol, side, qty,
+                                                          price, &id));
+    }
+    status cancel(std::uint64_t id) noexcept {
+        return to_status(rocebus_engine_session_cancel(h_.get(), id));
+    }
+    status replace(std::uint64_t id, std::uint32_t qty, std::int64_t price) noexcept {
+        return to_status(rocebus_engine_session_replace(h_.get(), id, qty, price));
+    }
+    /// Account 0: every account; symbol nullptr: every symbol.
+    status mass_cancel(std::uint32_t account = 0, const char *symbol = nullptr) noexcept {
+        return to_status(rocebus_engine_session_mass_cancel(h_.get(), account, symbol));
+    }
+    status flush() noexcept { return to_status(rocebus_engine_session_flush(h_.get())); }
+    /// Calls `f(const rocebus_engine_response_t &)` for up to `limit`
+    /// responses (valid only during the call); returns how many frames were
+    /// read, or throws rocebus::error (the gateway is gone). An exception from
+    /// `f` stops the poll and is rethrown here.
+    template <class F>
+    int poll(F &&f, std::size_t limit) {
+        detail::call<F> c{f, nullptr};
+        int n = rocebus_engine_session_poll(h_.get(), &trampoline<F>, &c, limit);
+        if (c.err) std::rethrow_exception(c.err);
+        return check(n);
+    }
+    /// Order `id` of the engine's book, if the session sent it.
+    bool order(std::uint64_t id, rocebus_engine_order_t &out) const {
+        return check(rocebus_engine_session_order(h_.get(), id, &out)) == 1;
+    }
+    /// Net position in `symbol` from the fills received.
+    std::int64_t position(const char *symbol) const {
+        std::int64_t p = 0;
+        check(rocebus_engine_session_position(h_.get(), symbol, &p));
+        return p;
+    }
+    rocebus_engine_stats_t stats() const {
+        rocebus_engine_stats_t s{};
+        check(rocebus_engine_session_stats(h_.get(), &s));
+        return s;
+    }
+    rocebus_engine_session_t *get() const noexcept { return h_.get(); }
+
+  private:
+    explicit engine_session(rocebus_engine_session_t *s) noexcept : h_(s) {}
+    template <class F>
+    static void trampoline(void *clientd, const rocebus_engine_response_t *r) noexcept {
+        auto *c = static_cast<detail::call<F> *>(clientd);
+        if (c->err) return;
+        try {
+            c->f(*r);
+        } catch (...) {
+            c->err = std::current_exception();
+        }
+    }
+    detail::owned<rocebus_engine_session_t, rocebus_engine_session_free> h_;
+};
+
+/// A market-data path's configuration: the feed handler's config file (its
+/// `[market_data]` table) or a market-data file.
+class md_config {
+  public:
+    static md_config from_toml(const std::string &toml) {
+        rocebus_md_config_t *c = nullptr;
+        check(rocebus_md_config_from_toml(toml.c_str(), &c));
+        return md_config(c);
+    }
+    static md_config from_file(const std::string &path) {
+        rocebus_md_config_t *c = nullptr;
+        check(rocebus_md_config_from_file(path.c_str(), &c));
+        return md_config(c);
+    }
+    const rocebus_md_config_t *get() const noexcept { return h_.get(); }
+
+  private:
+    explicit md_config(rocebus_md_config_t *c) : h_(c) {}
+    static int free_(rocebus_md_config_t *c) noexcept {
+        rocebus_md_config_free(c);
+        return 0;
+    }
+    detail::owned<rocebus_md_config_t, free_> h_;
+};
+
+/// Subscribes to one market-data channel of the bus (either transport).
+/// Snapshots are skipped (a late join or resync is a gap, reported as
+/// events); restore them through the C API's on_snapshot_* callbacks.
+class md_subscriber {
+  public:
+    /// Subscribes without waiting for the publisher (a later poll connects).
+    md_subscriber(const md_config &cfg, std::uint16_t channel, const std::string &local,
+                  const std::string &publisher) {
+        rocebus_md_subscriber_t *s = nullptr;
+        check(rocebus_md_subscriber_new(cfg.get(), channel, local.c_str(), publisher.c_str(),
+                                        &s));
+        h_ = decltype(h_)(s);
+    }
+    /// Subscribes and waits for the publisher (up to connect_timeout_ms).
+    static md_subscriber connect(const md_config &cfg, std::uint16_t channel,
+                                 const std::string &local, const std::string &publisher) {
+        rocebus_md_subscriber_t *s = nullptr;
+        check(rocebus_md_subscriber_connect(cfg.get(), channel, local.c_str(),
+                                            publisher.c_str(), &s));
+        return md_subscriber(s);
+    }
+    /// Calls `on_message(std::uint64_t seq, rocebus::span<const std::uint8_t>
+    /// msg)` for each message in order and `on_event(const rocebus_md_event_t
+    /// &)` for each lifecycle event after them, taking at most `limit`
+    /// datagrams per line; returns the work done or throws rocebus::error. An
+    /// exception from a handler stops the delivery and is rethrown here.
+    template <class M, class E>
+    int poll(M &&on_message, E &&on_event, std::size_t limit, std::uint64_t now = now_ns()) {
+        calls<M, E> c{on_message, on_event, nullptr};
+        rocebus_md_handler_t h{};
+        h.clientd = &c;
+        h.on_message = &message<M, E>;
+        h.on_event = &event<M, E>;
+        int n = rocebus_md_subscriber_poll(h_.get(), now, &h, limit);
+        if (c.err) std::rethrow_exception(c.err);
+        return check(n);
+    }
+    /// As above; events wait for poll_event().
+    template <class M>
+    int poll(M &&on_message, std::size_t limit, std::uint64_t now = now_ns()) {
+        auto none = [](const rocebus_md_event_t &) {};
+        calls<M, decltype(none)> c{on_message, none, nullptr};
+        rocebus_md_handler_t h{};
+        h.clientd = &c;
+        h.on_message = &message<M, decltype(none)>;
+        int n = rocebus_md_subscriber_poll(h_.get(), now, &h, limit);
+        if (c.err) std::rethrow_exception(c.err);
+        return check(n);
+    }
+    bool poll_event(rocebus_md_event_t &out) {
+        return check(rocebus_md_subscriber_poll_event(h_.get(), &out)) == 1;
+    }
+    bool connected() const { return check(rocebus_md_subscriber_is_connected(h_.get())) == 1; }
+    rocebus_md_counters_t counters() const {
+        rocebus_md_counters_t c{};
+        check(rocebus_md_subscriber_counters(h_.get(), &c));
+        return c;
+    }
+    rocebus_md_subscriber_t *get() const noexcept { return h_.get(); }
+
+  private:
+    explicit md_subscriber(rocebus_md_subscriber_t *s) noexcept : h_(s) {}
+    template <class M, class E>
+    struct calls {
+        M &m;
+        E &e;
+        std::exception_ptr err;
+    };
+    template <class M, class E>
+    static void message(void *clientd, std::uint64_t seq, const std::uint8_t *msg,
+                        std::size_t len) noexcept {
+        auto *c = static_cast<calls<M, E> *>(clientd);
+        if (c->err) return;
+        try {
+            c->m(seq, span<const std::uint8_t>(msg, len));
+        } catch (...) {
+            c->err = std::current_exception();
+        }
+    }
+    template <class M, class E>
+    static void event(void *clientd, const rocebus_md_event_t *e) noexcept {
+        auto *c = static_cast<calls<M, E> *>(clientd);
+        if (c->err) return;
+        try {
+            c->e(*e);
+        } catch (...) {
+            c->err = std::current_exception();
+        }
+    }
+    detail::owned<rocebus_md_subscriber_t, rocebus_md_subscriber_free> h_;
 };
 
 }  // namespace rocebus

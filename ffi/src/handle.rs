@@ -83,14 +83,42 @@ const POISONED_FAIL: Fail = Fail::fixed(
     c"a panic happened in an earlier call on this handle: free it",
 );
 
-/// Turns a pointer from C into a reference to its handle.
-///
-/// # Safety
-/// `p` is NULL or a pointer this crate returned and that was not freed.
+/// A type C holds pointers to (`rocebus_*_t`): a [`Handle`] around its object.
+pub(crate) trait CHandle {
+    /// The rocebus object inside.
+    type Inner;
+    /// Its handle.
+    fn handle(&self) -> &Handle<Self::Inner>;
+}
+
+/// Implements [`CHandle`] for `pub struct Name(Handle<Inner>)` types.
+macro_rules! c_handle {
+    ($($outer:ty => $inner:ty),* $(,)?) => {$(
+        impl $crate::handle::CHandle for $outer {
+            type Inner = $inner;
+            #[inline(always)]
+            fn handle(&self) -> &$crate::handle::Handle<$inner> {
+                &self.0
+            }
+        }
+    )*};
+}
+pub(crate) use c_handle;
+
+/// Runs `f` on the object behind a C pointer, given as `p.as_ref()`
+/// ([`Handle::with`]: a re-entrant call is refused, a poisoned handle
+/// too); NULL is `ROCEBUS_STATUS_NULL_ARGUMENT` with the message `what`.
+/// The caller's `unsafe { p.as_ref() }` is the one unsafe step (the C
+/// caller's promise that `p` is NULL or live); `f` stays outside it.
 #[inline(always)]
-pub(crate) unsafe fn from_ptr<'a, H>(p: *mut H, what: &'static CStr) -> Result<&'a H, Fail> {
-    // SAFETY: the caller's promise: NULL or a live handle.
-    unsafe { p.as_ref() }.ok_or(Fail::fixed(RocebusStatus::NullArgument, what))
+pub(crate) fn with_handle<H: CHandle, R>(
+    h: Option<&H>,
+    what: &'static CStr,
+    f: impl FnOnce(&mut H::Inner) -> Result<R, Fail>,
+) -> Result<R, Fail> {
+    h.ok_or(Fail::fixed(RocebusStatus::NullArgument, what))?
+        .handle()
+        .with(f)
 }
 
 /// Frees a handle made by `Box::into_raw`; refuses (frees nothing) when a
@@ -98,13 +126,13 @@ pub(crate) unsafe fn from_ptr<'a, H>(p: *mut H, what: &'static CStr) -> Result<&
 ///
 /// # Safety
 /// `p` is NULL or a pointer `Box::into_raw` made for this crate's caller,
-/// not freed yet; `handle` gives its [`Handle`].
-pub(crate) unsafe fn free<H, T>(p: *mut H, handle: impl Fn(&H) -> &Handle<T>) -> Result<(), Fail> {
+/// not freed yet.
+pub(crate) unsafe fn free<H: CHandle>(p: *mut H) -> Result<(), Fail> {
     if p.is_null() {
         return Ok(());
     }
     // SAFETY: not NULL, live (the caller's promise).
-    if handle(unsafe { &*p }).busy() {
+    if unsafe { &*p }.handle().busy() {
         return Err(Fail::fixed(
             RocebusStatus::Busy,
             c"freeing a handle from inside its own callback: free it after the call returns",

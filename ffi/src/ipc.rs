@@ -4,7 +4,7 @@
 
 use crate::config::RocebusIpcConfig;
 use crate::error::{guard, out_arg, str_arg, Fail, RocebusStatus};
-use crate::handle::{self, Handle};
+use crate::handle::{self, c_handle, with_handle, Handle};
 use rocebus::clock::Mono;
 use rocebus::ipc::{
     IpcClaim, IpcError, IpcEvent, IpcOfferError, IpcPubEvent, IpcPublisher, IpcSubscriber,
@@ -20,6 +20,8 @@ pub struct RocebusIpcPublisher(Handle<Publisher>);
 #[derive(Debug)]
 pub struct RocebusIpcSubscriber(Handle<IpcSubscriber>);
 
+c_handle!(RocebusIpcPublisher => Publisher, RocebusIpcSubscriber => IpcSubscriber);
+
 /// The publisher and the claim open on it, if any.
 ///
 /// The claim borrows the publisher mutably, and both live in this one
@@ -29,7 +31,7 @@ pub struct RocebusIpcSubscriber(Handle<IpcSubscriber>);
 /// it, and while a claim is open the publisher is reached only through the
 /// claim (every other call returns `ROCEBUS_STATUS_CLAIM_OPEN`).
 #[derive(Debug)]
-struct Publisher {
+pub(crate) struct Publisher {
     claim: Option<IpcClaim<'static>>,
     publisher: NonNull<IpcPublisher>,
 }
@@ -147,7 +149,7 @@ pub unsafe extern "C" fn rocebus_ipc_publisher_new(
 #[no_mangle]
 pub unsafe extern "C" fn rocebus_ipc_publisher_free(p: *mut RocebusIpcPublisher) -> c_int {
     // SAFETY: the caller's promise.
-    guard(|| unsafe { handle::free(p, |h| &h.0) }.map(|()| 0))
+    guard(|| unsafe { handle::free(p) }.map(|()| 0))
 }
 
 /// Copies `len` bytes at `payload` into a frame of type `msg_type` (below
@@ -167,10 +169,10 @@ pub unsafe extern "C" fn rocebus_ipc_publisher_offer(
     guard(|| {
         // SAFETY: the caller's promise.
         let payload = unsafe { bytes(payload, len) }?;
-        // SAFETY: the caller's promise.
-        unsafe { handle::from_ptr(p, c"publisher is NULL") }?
-            .0
-            .with(|p| p.get()?.offer(msg_type, payload).map_err(offer_fail))?;
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { p.as_ref() }, c"publisher is NULL", |p| {
+            p.get()?.offer(msg_type, payload).map_err(offer_fail)
+        })?;
         Ok(0)
     })
 }
@@ -193,24 +195,22 @@ pub unsafe extern "C" fn rocebus_ipc_publisher_try_claim(
 ) -> c_int {
     guard(|| {
         out_arg(buf, c"buf is NULL")?;
-        // SAFETY: the caller's promise.
-        unsafe { handle::from_ptr(p, c"publisher is NULL") }?
-            .0
-            .with(|p| {
-                if p.claim.is_some() {
-                    return Err(CLAIM_OPEN);
-                }
-                // SAFETY: the claim made from this reference is stored in
-                // `p.claim` and dropped before the publisher (Drop above);
-                // until then no other reference to the publisher is made
-                // (`get` refuses while a claim is open).
-                let publisher: &'static mut IpcPublisher = unsafe { &mut *p.publisher.as_ptr() };
-                let mut claim = publisher.try_claim(msg_type, len).map_err(offer_fail)?;
-                // SAFETY: checked not NULL; the caller promises it is writable.
-                unsafe { *buf = claim.as_mut_ptr() };
-                p.claim = Some(claim);
-                Ok(())
-            })?;
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { p.as_ref() }, c"publisher is NULL", |p| {
+            if p.claim.is_some() {
+                return Err(CLAIM_OPEN);
+            }
+            // SAFETY: the claim made from this reference is stored in
+            // `p.claim` and dropped before the publisher (Drop above);
+            // until then no other reference to the publisher is made
+            // (`get` refuses while a claim is open).
+            let publisher: &'static mut IpcPublisher = unsafe { &mut *p.publisher.as_ptr() };
+            let mut claim = publisher.try_claim(msg_type, len).map_err(offer_fail)?;
+            // SAFETY: checked not NULL; the caller promises it is writable.
+            unsafe { *buf = claim.as_mut_ptr() };
+            p.claim = Some(claim);
+            Ok(())
+        })?;
         Ok(0)
     })
 }
@@ -222,13 +222,11 @@ pub unsafe extern "C" fn rocebus_ipc_publisher_try_claim(
 #[no_mangle]
 pub unsafe extern "C" fn rocebus_ipc_publisher_commit(p: *mut RocebusIpcPublisher) -> c_int {
     guard(|| {
-        // SAFETY: the caller's promise.
-        unsafe { handle::from_ptr(p, c"publisher is NULL") }?
-            .0
-            .with(|p| {
-                p.claim.take().ok_or(NO_CLAIM)?.commit();
-                Ok(0)
-            })
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { p.as_ref() }, c"publisher is NULL", |p| {
+            p.claim.take().ok_or(NO_CLAIM)?.commit();
+            Ok(0)
+        })
     })
 }
 
@@ -240,13 +238,11 @@ pub unsafe extern "C" fn rocebus_ipc_publisher_commit(p: *mut RocebusIpcPublishe
 #[no_mangle]
 pub unsafe extern "C" fn rocebus_ipc_publisher_abort(p: *mut RocebusIpcPublisher) -> c_int {
     guard(|| {
-        // SAFETY: the caller's promise.
-        unsafe { handle::from_ptr(p, c"publisher is NULL") }?
-            .0
-            .with(|p| {
-                p.claim.take().ok_or(NO_CLAIM)?.abort();
-                Ok(0)
-            })
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { p.as_ref() }, c"publisher is NULL", |p| {
+            p.claim.take().ok_or(NO_CLAIM)?.abort();
+            Ok(0)
+        })
     })
 }
 
@@ -262,13 +258,11 @@ pub unsafe extern "C" fn rocebus_ipc_publisher_poll(
     now_ns: u64,
 ) -> c_int {
     guard(|| {
-        // SAFETY: the caller's promise.
-        unsafe { handle::from_ptr(p, c"publisher is NULL") }?
-            .0
-            .with(|p| {
-                let n = p.get()?.poll(Mono::from_nanos(now_ns));
-                Ok(n.min(c_int::MAX as usize) as c_int)
-            })
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { p.as_ref() }, c"publisher is NULL", |p| {
+            let n = p.get()?.poll(Mono::from_nanos(now_ns));
+            Ok(n.min(c_int::MAX as usize) as c_int)
+        })
     })
 }
 
@@ -308,10 +302,10 @@ pub unsafe extern "C" fn rocebus_ipc_publisher_poll_event(
 ) -> c_int {
     guard(|| {
         out_arg(out, c"out is NULL")?;
-        // SAFETY: the caller's promise.
-        let e = unsafe { handle::from_ptr(p, c"publisher is NULL") }?
-            .0
-            .with(|p| Ok(p.get()?.poll_event()))?;
+        // SAFETY: the caller's promise: NULL or a live handle.
+        let e = with_handle(unsafe { p.as_ref() }, c"publisher is NULL", |p| {
+            Ok(p.get()?.poll_event())
+        })?;
         let ev = match e {
             None => return Ok(0),
             Some(IpcPubEvent::SubscriberGone { slot, pid }) => RocebusIpcPubEvent {
@@ -368,7 +362,7 @@ pub unsafe extern "C" fn rocebus_ipc_subscriber_new(
 #[no_mangle]
 pub unsafe extern "C" fn rocebus_ipc_subscriber_free(s: *mut RocebusIpcSubscriber) -> c_int {
     // SAFETY: the caller's promise.
-    guard(|| unsafe { handle::free(s, |h| &h.0) }.map(|()| 0))
+    guard(|| unsafe { handle::free(s) }.map(|()| 0))
 }
 
 /// A subscriber's handler: called once per message, in order.
@@ -402,23 +396,21 @@ pub unsafe extern "C" fn rocebus_ipc_subscriber_poll(
     guard(|| {
         let handler =
             handler.ok_or(Fail::fixed(RocebusStatus::NullArgument, c"handler is NULL"))?;
-        // SAFETY: the caller's promise.
-        let n = unsafe { handle::from_ptr(s, c"subscriber is NULL") }?
-            .0
-            .with(|s| {
-                let Ok(n) = s.poll(
-                    Mono::from_nanos(now_ns),
-                    |m| {
-                        // SAFETY: the payload is valid for this call (the
-                        // header says the pointer is valid only until the
-                        // handler returns); the handler does not unwind
-                        // (the caller's promise).
-                        unsafe { handler(clientd, m.msg_type, m.payload.as_ptr(), m.payload.len()) }
-                    },
-                    fragment_limit.min(c_int::MAX as usize),
-                );
-                Ok(n)
-            })?;
+        // SAFETY: the caller's promise: NULL or a live handle.
+        let n = with_handle(unsafe { s.as_ref() }, c"subscriber is NULL", |s| {
+            let Ok(n) = s.poll(
+                Mono::from_nanos(now_ns),
+                |m| {
+                    // SAFETY: the payload is valid for this call (the
+                    // header says the pointer is valid only until the
+                    // handler returns); the handler does not unwind
+                    // (the caller's promise).
+                    unsafe { handler(clientd, m.msg_type, m.payload.as_ptr(), m.payload.len()) }
+                },
+                fragment_limit.min(c_int::MAX as usize),
+            );
+            Ok(n)
+        })?;
         Ok(n as c_int)
     })
 }
@@ -470,10 +462,10 @@ pub unsafe extern "C" fn rocebus_ipc_subscriber_poll_event(
 ) -> c_int {
     guard(|| {
         out_arg(out, c"out is NULL")?;
-        // SAFETY: the caller's promise.
-        let e = unsafe { handle::from_ptr(s, c"subscriber is NULL") }?
-            .0
-            .with(|s| Ok(s.poll_event()))?;
+        // SAFETY: the caller's promise: NULL or a live handle.
+        let e = with_handle(unsafe { s.as_ref() }, c"subscriber is NULL", |s| {
+            Ok(s.poll_event())
+        })?;
         let Some(e) = e else { return Ok(0) };
         let mut ev = RocebusIpcEvent {
             kind: RocebusIpcEventKind::Connected,
@@ -510,10 +502,10 @@ pub unsafe extern "C" fn rocebus_ipc_subscriber_is_connected(
     s: *mut RocebusIpcSubscriber,
 ) -> c_int {
     guard(|| {
-        // SAFETY: the caller's promise.
-        unsafe { handle::from_ptr(s, c"subscriber is NULL") }?
-            .0
-            .with(|s| Ok(s.is_connected() as c_int))
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { s.as_ref() }, c"subscriber is NULL", |s| {
+            Ok(s.is_connected() as c_int)
+        })
     })
 }
 

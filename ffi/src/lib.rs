@@ -26,12 +26,16 @@
 #![allow(unsafe_code)]
 
 mod config;
+mod engine;
 mod error;
 mod handle;
 mod ipc;
+mod md;
 mod orders;
 
 pub use config::*;
+pub use engine::*;
 pub use error::{rocebus_last_error, rocebus_status_name, RocebusStatus};
 pub use ipc::*;
+pub use md::*;
 pub use orders::*;

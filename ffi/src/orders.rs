@@ -5,7 +5,7 @@
 
 use crate::config::RocebusOrdersConfig;
 use crate::error::{guard, out_arg, str_arg, Fail, RocebusStatus};
-use crate::handle::{self, Handle};
+use crate::handle::{self, c_handle, with_handle, Handle};
 use crate::ipc::{bytes, CLAIM_OPEN, NO_CLAIM};
 use rocebus::orders::{Claim, Connection, OfferError, OrdersError, OrdersListener, PeerLost};
 use std::ffi::{c_char, c_int, c_void};
@@ -21,12 +21,14 @@ pub struct RocebusOrdersConnection(Handle<Conn>);
 #[derive(Debug)]
 pub struct RocebusOrdersListener(Handle<OrdersListener>);
 
+c_handle!(RocebusOrdersConnection => Conn, RocebusOrdersListener => OrdersListener);
+
 /// The connection and the claim open on it, kept as `ipc.rs`'s
 /// `Publisher` keeps its claim: the connection in its own allocation (a raw
 /// pointer), the claim dropped first, the connection reached only through
 /// the claim while one is open.
 #[derive(Debug)]
-struct Conn {
+pub(crate) struct Conn {
     claim: Option<Claim<'static>>,
     conn: NonNull<Connection>,
 }
@@ -77,7 +79,7 @@ fn lost_fail(l: PeerLost) -> Fail {
 }
 
 #[inline]
-fn offer_fail(e: OfferError) -> Fail {
+pub(crate) fn offer_fail(e: OfferError) -> Fail {
     match e {
         OfferError::BackPressured => Fail::fixed(
             RocebusStatus::BackPressured,
@@ -96,7 +98,7 @@ fn offer_fail(e: OfferError) -> Fail {
 }
 
 #[cold]
-fn orders_fail(e: OrdersError) -> Fail {
+pub(crate) fn orders_fail(e: OrdersError) -> Fail {
     let code = match &e {
         OrdersError::PeerLost(l) => return lost_fail(*l),
         OrdersError::Config(_) => RocebusStatus::Config,
@@ -186,10 +188,10 @@ pub unsafe extern "C" fn rocebus_orders_listener_local_port(
     l: *mut RocebusOrdersListener,
 ) -> c_int {
     guard(|| {
-        // SAFETY: the caller's promise.
-        unsafe { handle::from_ptr(l, c"listener is NULL") }?
-            .0
-            .with(|l| Ok(l.local_port() as c_int))
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { l.as_ref() }, c"listener is NULL", |l| {
+            Ok(l.local_port() as c_int)
+        })
     })
 }
 
@@ -208,13 +210,11 @@ pub unsafe extern "C" fn rocebus_orders_listener_accept(
 ) -> c_int {
     guard(|| {
         out_arg(out, c"out is NULL")?;
-        // SAFETY: the caller's promise.
-        let c = unsafe { handle::from_ptr(l, c"listener is NULL") }?
-            .0
-            .with(|l| {
-                l.accept(Duration::from_millis(timeout_ms))
-                    .map_err(orders_fail)
-            })?;
+        // SAFETY: the caller's promise: NULL or a live handle.
+        let c = with_handle(unsafe { l.as_ref() }, c"listener is NULL", |l| {
+            l.accept(Duration::from_millis(timeout_ms))
+                .map_err(orders_fail)
+        })?;
         let c = c.ok_or(Fail::fixed(
             RocebusStatus::Timeout,
             c"no peer completed a handshake in time",
@@ -231,7 +231,7 @@ pub unsafe extern "C" fn rocebus_orders_listener_accept(
 #[no_mangle]
 pub unsafe extern "C" fn rocebus_orders_listener_free(l: *mut RocebusOrdersListener) -> c_int {
     // SAFETY: the caller's promise.
-    guard(|| unsafe { handle::free(l, |h| &h.0) }.map(|()| 0))
+    guard(|| unsafe { handle::free(l) }.map(|()| 0))
 }
 
 /// Disconnects and frees a connection (NULL is ignored); an open claim is
@@ -243,7 +243,7 @@ pub unsafe extern "C" fn rocebus_orders_listener_free(l: *mut RocebusOrdersListe
 #[no_mangle]
 pub unsafe extern "C" fn rocebus_orders_connection_free(c: *mut RocebusOrdersConnection) -> c_int {
     // SAFETY: the caller's promise.
-    guard(|| unsafe { handle::free(c, |h| &h.0) }.map(|()| 0))
+    guard(|| unsafe { handle::free(c) }.map(|()| 0))
 }
 
 /// Copies `len` bytes at `payload` into a frame of type `msg_type` (below
@@ -265,14 +265,12 @@ pub unsafe extern "C" fn rocebus_orders_connection_offer(
     guard(|| {
         // SAFETY: the caller's promise.
         let payload = unsafe { bytes(payload, len) }?;
-        // SAFETY: the caller's promise.
-        unsafe { handle::from_ptr(c, c"connection is NULL") }?
-            .0
-            .with(|c| {
-                c.get()?
-                    .offer(stream_id, msg_type, payload)
-                    .map_err(offer_fail)
-            })?;
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { c.as_ref() }, c"connection is NULL", |c| {
+            c.get()?
+                .offer(stream_id, msg_type, payload)
+                .map_err(offer_fail)
+        })?;
         Ok(0)
     })
 }
@@ -297,26 +295,24 @@ pub unsafe extern "C" fn rocebus_orders_connection_try_claim(
 ) -> c_int {
     guard(|| {
         out_arg(buf, c"buf is NULL")?;
-        // SAFETY: the caller's promise.
-        unsafe { handle::from_ptr(c, c"connection is NULL") }?
-            .0
-            .with(|c| {
-                if c.claim.is_some() {
-                    return Err(CLAIM_OPEN);
-                }
-                // SAFETY: the claim made from this reference is stored in
-                // `c.claim` and dropped before the connection (Drop
-                // above); until then no other reference to the connection
-                // is made (`get` refuses while a claim is open).
-                let conn: &'static mut Connection = unsafe { &mut *c.conn.as_ptr() };
-                let mut claim = conn
-                    .try_claim(stream_id, msg_type, len)
-                    .map_err(offer_fail)?;
-                // SAFETY: checked not NULL; the caller promises it is writable.
-                unsafe { *buf = claim.as_mut_ptr() };
-                c.claim = Some(claim);
-                Ok(())
-            })?;
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { c.as_ref() }, c"connection is NULL", |c| {
+            if c.claim.is_some() {
+                return Err(CLAIM_OPEN);
+            }
+            // SAFETY: the claim made from this reference is stored in
+            // `c.claim` and dropped before the connection (Drop
+            // above); until then no other reference to the connection
+            // is made (`get` refuses while a claim is open).
+            let conn: &'static mut Connection = unsafe { &mut *c.conn.as_ptr() };
+            let mut claim = conn
+                .try_claim(stream_id, msg_type, len)
+                .map_err(offer_fail)?;
+            // SAFETY: checked not NULL; the caller promises it is writable.
+            unsafe { *buf = claim.as_mut_ptr() };
+            c.claim = Some(claim);
+            Ok(())
+        })?;
         Ok(0)
     })
 }
@@ -331,13 +327,11 @@ pub unsafe extern "C" fn rocebus_orders_connection_commit(
     c: *mut RocebusOrdersConnection,
 ) -> c_int {
     guard(|| {
-        // SAFETY: the caller's promise.
-        unsafe { handle::from_ptr(c, c"connection is NULL") }?
-            .0
-            .with(|c| {
-                c.claim.take().ok_or(NO_CLAIM)?.commit();
-                Ok(0)
-            })
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { c.as_ref() }, c"connection is NULL", |c| {
+            c.claim.take().ok_or(NO_CLAIM)?.commit();
+            Ok(0)
+        })
     })
 }
 
@@ -349,13 +343,11 @@ pub unsafe extern "C" fn rocebus_orders_connection_commit(
 #[no_mangle]
 pub unsafe extern "C" fn rocebus_orders_connection_abort(c: *mut RocebusOrdersConnection) -> c_int {
     guard(|| {
-        // SAFETY: the caller's promise.
-        unsafe { handle::from_ptr(c, c"connection is NULL") }?
-            .0
-            .with(|c| {
-                c.claim.take().ok_or(NO_CLAIM)?.abort();
-                Ok(0)
-            })
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { c.as_ref() }, c"connection is NULL", |c| {
+            c.claim.take().ok_or(NO_CLAIM)?.abort();
+            Ok(0)
+        })
     })
 }
 
@@ -367,10 +359,10 @@ pub unsafe extern "C" fn rocebus_orders_connection_abort(c: *mut RocebusOrdersCo
 #[no_mangle]
 pub unsafe extern "C" fn rocebus_orders_connection_flush(c: *mut RocebusOrdersConnection) -> c_int {
     guard(|| {
-        // SAFETY: the caller's promise.
-        unsafe { handle::from_ptr(c, c"connection is NULL") }?
-            .0
-            .with(|c| c.get()?.flush().map_err(offer_fail))?;
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { c.as_ref() }, c"connection is NULL", |c| {
+            c.get()?.flush().map_err(offer_fail)
+        })?;
         Ok(0)
     })
 }
@@ -420,34 +412,32 @@ pub unsafe extern "C" fn rocebus_orders_connection_poll(
     guard(|| {
         let handler =
             handler.ok_or(Fail::fixed(RocebusStatus::NullArgument, c"handler is NULL"))?;
-        // SAFETY: the caller's promise.
-        let n = unsafe { handle::from_ptr(c, c"connection is NULL") }?
-            .0
-            .with(|c| {
-                c.get()?
-                    .subscription()
-                    .poll(
-                        |f| {
-                            let frame = RocebusFrame {
-                                stream_id: f.stream_id,
-                                msg_type: f.msg_type,
-                                seq: f.seq,
-                                payload: f.payload.as_ptr(),
-                                len: f.payload.len(),
-                            };
-                            // SAFETY: `frame` and its payload are valid for
-                            // this call (the header says only until the
-                            // handler returns); the handler does not unwind
-                            // (the caller's promise).
-                            unsafe { handler(clientd, &frame) }
-                        },
-                        fragment_limit.min(c_int::MAX as usize),
-                    )
-                    .map_err(|e| match e {
-                        OrdersError::PeerLost(l) => lost_fail(l),
-                        e => orders_fail(e),
-                    })
-            })?;
+        // SAFETY: the caller's promise: NULL or a live handle.
+        let n = with_handle(unsafe { c.as_ref() }, c"connection is NULL", |c| {
+            c.get()?
+                .subscription()
+                .poll(
+                    |f| {
+                        let frame = RocebusFrame {
+                            stream_id: f.stream_id,
+                            msg_type: f.msg_type,
+                            seq: f.seq,
+                            payload: f.payload.as_ptr(),
+                            len: f.payload.len(),
+                        };
+                        // SAFETY: `frame` and its payload are valid for
+                        // this call (the header says only until the
+                        // handler returns); the handler does not unwind
+                        // (the caller's promise).
+                        unsafe { handler(clientd, &frame) }
+                    },
+                    fragment_limit.min(c_int::MAX as usize),
+                )
+                .map_err(|e| match e {
+                    OrdersError::PeerLost(l) => lost_fail(l),
+                    e => orders_fail(e),
+                })
+        })?;
         Ok(n as c_int)
     })
 }
@@ -481,21 +471,25 @@ pub unsafe extern "C" fn rocebus_orders_connection_stats(
 ) -> c_int {
     guard(|| {
         out_arg(out, c"out is NULL")?;
-        // SAFETY: the caller's promise.
-        let s = unsafe { handle::from_ptr(c, c"connection is NULL") }?
-            .0
-            .with(|c| Ok(c.get()?.stats()))?;
+        // SAFETY: the caller's promise: NULL or a live handle.
+        let s = with_handle(unsafe { c.as_ref() }, c"connection is NULL", |c| {
+            Ok(c.get()?.stats())
+        })?;
         // SAFETY: checked not NULL; the caller promises it is writable.
-        unsafe {
-            *out = RocebusOrdersStats {
-                frames_sent: s.frames_sent,
-                bytes_sent: s.bytes_sent,
-                flushes: s.flushes,
-                back_pressured: s.back_pressured,
-                frames_received: s.frames_received,
-                bytes_received: s.bytes_received,
-            }
-        };
+        unsafe { *out = s.into() };
         Ok(0)
     })
+}
+
+impl From<rocebus::orders::ConnStats> for RocebusOrdersStats {
+    fn from(s: rocebus::orders::ConnStats) -> Self {
+        RocebusOrdersStats {
+            frames_sent: s.frames_sent,
+            bytes_sent: s.bytes_sent,
+            flushes: s.flushes,
+            back_pressured: s.back_pressured,
+            frames_received: s.frames_received,
+            bytes_received: s.bytes_received,
+        }
+    }
 }

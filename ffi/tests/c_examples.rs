@@ -190,3 +190,204 @@ fn rdma_c_orders_echo() {
 fn rdma_cpp_orders_echo() {
     orders_example("orders_cpp", "c++", 7562, 200);
 }
+
+/// A process this test started, killed (by its own handle) when the test ends, whatever
+/// way it ends.
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The last lines of a log file, for a failure's message.
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let skip = text.lines().count().saturating_sub(20);
+    let last: Vec<&str> = text.lines().skip(skip).collect();
+    format!("--- {}:\n{}", path.display(), last.join("\n"))
+}
+
+/// The C++ engine example (`examples/engine_cpp.cpp`, through `rocebus.hpp`) against the
+/// real feed handler and order gateway, as the demo pipeline runs them (its configs, with
+/// this host's address and a scratch folder): market data from the bus, orders through the
+/// gateway to its venue simulator, every one acknowledged and filled.
+#[test]
+#[ignore = "rdma: runs feed-handler and order-gateway on an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_cpp_engine_against_feed_handler_and_gateway() {
+    let bin = lib_dir().parent().expect("target/debug").to_path_buf();
+    for b in ["feed-handler", "order-gateway"] {
+        assert!(
+            bin.join(b).is_file(),
+            "{} missing: build the workspace's binaries first (`cargo build --workspace --bins`)",
+            bin.join(b).display()
+        );
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let work = tmp.path();
+    let addr = local_ip().to_string();
+    let configs = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("ffi is inside the workspace")
+        .join("configs/demo");
+    for f in ["feed-handler", "sample-engine", "order-gateway"] {
+        let text = std::fs::read_to_string(configs.join(format!("{f}.toml"))).unwrap();
+        let text = text
+            .replace("198.18.0.1", &addr)
+            .replace("/tmp/rocebus-demo", &work.display().to_string());
+        std::fs::write(work.join(format!("{f}.toml")), text).unwrap();
+    }
+    std::fs::create_dir_all(work.join("counters")).unwrap();
+    let day = work.join("day.itch50");
+    let st = command(bin.join("feed-handler"))
+        .args([
+            "generate",
+            "--seed",
+            "1",
+            "--symbols",
+            "100",
+            "--messages",
+            "40000",
+            "-o",
+        ])
+        .arg(&day)
+        .status()
+        .unwrap();
+    assert!(st.success(), "feed-handler generate");
+    let log = |name: &str| std::fs::File::create(work.join(format!("{name}.log"))).unwrap();
+    let spawn = |args: &[&std::ffi::OsStr], name: &str| {
+        let mut c = command(bin.join(args[0]));
+        c.args(&args[1..])
+            .env("ROCEBUS_DIR", work.join("counters"))
+            .env("RUST_LOG", "warn")
+            .stdout(log(&format!("{name}.out")))
+            .stderr(log(name));
+        Started(c.spawn().unwrap_or_else(|e| panic!("starting {name}: {e}")))
+    };
+    let logs = || {
+        ["feed-handler", "order-gateway", "replay", "engine_cpp"]
+            .iter()
+            .map(|n| tail(&work.join(format!("{n}.log"))))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let fh_cfg = work.join("feed-handler.toml");
+    let gw_cfg = work.join("order-gateway.toml");
+    // The feed handler first: the gateway subscribes to its bus for reference prices.
+    let mut fh = spawn(
+        &[
+            "feed-handler".as_ref(),
+            "run".as_ref(),
+            "--config".as_ref(),
+            fh_cfg.as_os_str(),
+        ],
+        "feed-handler",
+    );
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(
+        fh.0.try_wait().unwrap().is_none(),
+        "feed-handler exited at start\n{}",
+        logs()
+    );
+    let mut gw = spawn(
+        &[
+            "order-gateway".as_ref(),
+            "run".as_ref(),
+            "--venue".as_ref(),
+            "sim".as_ref(),
+            "--config".as_ref(),
+            gw_cfg.as_os_str(),
+        ],
+        "order-gateway",
+    );
+    let t = std::time::Instant::now();
+    let exe = link("engine_cpp", "c++", work);
+    eprintln!("linked engine_cpp in {:.1} s", t.elapsed().as_secs_f64());
+    assert!(
+        gw.0.try_wait().unwrap().is_none(),
+        "order-gateway exited at start\n{}",
+        logs()
+    );
+    let mut engine = Started(
+        command(&exe)
+            .arg(work.join("sample-engine.toml"))
+            .arg(&fh_cfg)
+            .arg(&addr)
+            .arg(&addr)
+            .arg("20")
+            .stdout(std::process::Stdio::piped())
+            .stderr(log("engine_cpp"))
+            .spawn()
+            .expect("starting engine_cpp"),
+    );
+    // Its stdout, line by line, to learn when it is subscribed and logged on.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = engine.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut stdout = Vec::new();
+    let ready = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while !stdout.iter().any(|l: &String| l == "engine_cpp: ready") {
+        let left = ready.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => stdout.push(l),
+            Err(_) => panic!(
+                "engine_cpp not ready in 90 s ({:?})\n{}",
+                engine.0.try_wait(),
+                logs()
+            ),
+        }
+    }
+    // The exchange opens once the engine is subscribed and logged on.
+    let _replay = spawn(
+        &[
+            "feed-handler".as_ref(),
+            "replay".as_ref(),
+            day.as_os_str(),
+            "--group".as_ref(),
+            "239.1.1.1:26477".as_ref(),
+            "--rate".as_ref(),
+            "2000".as_ref(),
+            "--retrans-port".as_ref(),
+            "26478".as_ref(),
+        ],
+        "replay",
+    );
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = engine.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(180),
+            "engine_cpp still running after 180 s\n{}",
+            logs()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    stdout.extend(rx.try_iter());
+    eprintln!("engine_cpp traded in {:.1} s", t.elapsed().as_secs_f64());
+    let stdout = stdout.join("\n");
+    assert!(
+        status.success() && stdout.contains("engine_cpp: 20 orders acknowledged and filled"),
+        "engine_cpp: {status}\nstdout:\n{stdout}\n{}",
+        logs()
+    );
+    eprintln!("{stdout}");
+    assert!(
+        gw.0.try_wait().unwrap().is_none(),
+        "order-gateway died\n{}",
+        logs()
+    );
+    assert!(
+        fh.0.try_wait().unwrap().is_none(),
+        "feed-handler died\n{}",
+        logs()
+    );
+}
