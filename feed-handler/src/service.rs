@@ -353,6 +353,9 @@ pub struct Totals {
     /// Bus recovery requests refused by the per-client limits (rate limits, full outbox),
     /// plus clients dropped for taking nothing.
     pub bus_recovery_limited: u64,
+    /// Credit words refused from RC fan-out subscribers (forged or corrupt: behind the
+    /// credit taken, or beyond what was sent, which also closes the connection).
+    pub bus_bad_credits: u64,
 }
 
 /// Reads one total.
@@ -379,6 +382,7 @@ const EXPORTED: &[(&str, Field)] = &[
     ("bus_connections", |t| t.bus_connections),
     ("bus_recovery_refused", |t| t.bus_recovery_refused),
     ("bus_recovery_limited", |t| t.bus_recovery_limited),
+    ("bus_bad_credits", |t| t.bus_bad_credits),
 ];
 
 /// The feed handler service. See the module docs.
@@ -571,6 +575,7 @@ impl Service {
             + io.snapshots_rate_limited
             + io.requests_dropped
             + io.clients_stalled;
+        t.bus_bad_credits = rocebus::orders::bad_credits_total();
         t
     }
 

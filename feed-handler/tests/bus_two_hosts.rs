@@ -432,3 +432,143 @@ fn rdma_feed_two_hosts_unrecoverable_exchange_gaps_reach_subscribers() {
         Mode::Unrecoverable,
     );
 }
+
+/// Issue 41 with the real binary, in one guest: the exchange (the replayer, multicast
+/// looped back to this host) feeds `feed-handler run`, which hears only the exchange's IP
+/// address (`feed.sources`, any port) and re-requests from its retransmission server. A
+/// forger on the same IP address, another port, sends a MoldUDP64 heartbeat of the same
+/// session every 100 ms of the replay claiming about the next sequence + 990,000, inside
+/// the sequence window. The feed handler takes each as an unconfirmed claim
+/// (`feed.claimed`), disproved by the real feed: no message lost, every message of the day
+/// decoded, and the books it publishes on shared memory equal the file's. `claims: false`
+/// runs it with claims disabled (`claim_threshold` at the window), fedf468's behaviour.
+fn forged_heartbeat_against_the_binary(claims: bool) {
+    use feed_handler::moldudp64::{empty_packet, session, HEARTBEAT};
+    const RATE: u64 = 10_000;
+    let plan = Plan {
+        feed_group: "239.6.7.1:26530",
+        retrans_port: 26531,
+        bus_groups: ["239.6.8.1", "239.6.8.2"],
+        bus_port: 7650,
+    };
+    let local = ip("ROCEBUS_GUEST_ADDR");
+    std::fs::write("/proc/sys/net/core/rmem_max", "8388608").expect("raise rmem_max");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("feed-handler.toml");
+    let counters = dir.path().join("feed-handler.counters");
+    let ipc = IpcReader::start(dir.path());
+    let no_claims = if claims {
+        ""
+    } else {
+        "claim_threshold = 1000000\n"
+    };
+    std::fs::write(
+        &config,
+        format!(
+            "[feed]\ngroup = \"{}\"\ninterface = \"{local}\"\nsources = [\"{local}\"]\n\
+             retrans_server = \"{local}:{}\"\n\
+             [recovery]\nretransmit_timeout_ms = 30\nmax_retries = 100\n{no_claims}\
+             [publish]\nlocal_ip = \"{local}\"\nipc_stream = \"{IPC_PREFIX}\"\n\
+             [service]\nidle = {{ kind = \"yield\" }}\nlinger_ms = 1000\n{}\
+             [ipc]\ndir = \"{}\"\nflow = \"drop\"\nring_bytes = 16777216\n",
+            plan.feed_group,
+            plan.retrans_port,
+            market_data(&plan),
+            dir.path().display()
+        ),
+    )
+    .expect("write config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_feed-handler"))
+        .args(["run", "--exit-on-end-of-session", "--config"])
+        .arg(&config)
+        .arg("--counters")
+        .arg(&counters)
+        .env("RUST_LOG", "info")
+        .spawn()
+        .expect("start feed-handler");
+    // Its feed socket is open before its counters file is made (seconds under emulation).
+    let t0 = Instant::now();
+    while !counters.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "feed-handler never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let mut rc = ReplayConfig::new(plan.feed_group.parse().expect("group"));
+    rc.retrans_bind = SocketAddr::new(local, plan.retrans_port);
+    rc.pacing = Pacing::MessagesPerSecond(RATE);
+    rc.multicast_loop = true;
+    rc.linger = Duration::from_secs(3);
+    let mut replayer = Replayer::new(rc).expect("replayer sockets");
+    let messages = day();
+    let sent = messages.clone();
+    let start = Instant::now();
+    let exchange = std::thread::spawn(move || replayer.run(&sent).expect("replay"));
+    let forger = std::net::UdpSocket::bind((local, 0)).expect("forger socket");
+    forger.set_multicast_loop_v4(true).expect("loop");
+    let group: SocketAddr = plan.feed_group.parse().expect("group");
+    let mut forged = 0;
+    while !exchange.is_finished() {
+        let next = 1 + start.elapsed().as_millis() as u64 * RATE / 1000;
+        if next < DAY.messages {
+            let hb = empty_packet(session("ROCEBUS001"), next + 990_000, HEARTBEAT);
+            forger.send_to(&hb, group).expect("forge");
+            forged += 1;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let stats = exchange.join().expect("exchange thread");
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(120) {
+            child.kill().ok();
+            break child.wait().expect("wait");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let views = ipc.finish();
+    let reader = CountersReader::open(&counters).expect("counters file");
+    let summary: Vec<(String, u64)> = reader
+        .iter()
+        .map(|e| (e.label.to_string(), e.value))
+        .collect();
+    let get = |name: &str| {
+        summary
+            .iter()
+            .find(|(l, _)| *l == format!("feed.{name}"))
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("counter feed.{name}"))
+    };
+    eprintln!("forged {forged} heartbeats; exchange {stats:?}; feed-handler {summary:?}");
+    assert!(forged >= 10, "the forger ran: {forged}");
+    assert!(status.success(), "feed-handler: {status}");
+    assert_eq!(
+        (
+            get("lost"),
+            get("unrecoverable_gaps"),
+            get("foreign_source")
+        ),
+        (0, 0, 0),
+        "{summary:?}"
+    );
+    assert!(get("claimed") > 0, "the forgeries were claims: {summary:?}");
+    assert_eq!(get("messages"), DAY.messages, "{summary:?}");
+    let expected = expected_l2();
+    for (c, v) in views.iter().enumerate() {
+        assert!(
+            v.l2() == expected[c],
+            "channel {}: the published books differ from the file's",
+            c + 1
+        );
+    }
+}
+
+#[test]
+#[ignore = "rdma: runs the feed handler's bus on an RDMA device (cargo xtask test)"]
+fn rdma_feed_handler_forged_far_ahead_heartbeat_from_the_exchanges_ip_loses_no_message() {
+    forged_heartbeat_against_the_binary(true);
+}

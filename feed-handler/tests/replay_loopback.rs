@@ -288,3 +288,92 @@ fn ts_recv_is_the_kernel_receive_stamp() {
         );
     }
 }
+
+/// Issue 41, over real sockets: while the exchange's replay runs (with loss, so real gaps
+/// and re-requests are under way), a forger sending from the exchange's own IP address
+/// (`feed.sources` lists the IP, any port: what the sources filter lets through) injects a
+/// MoldUDP64 heartbeat claiming the next sequence + 999,000, inside the sequence window,
+/// and again every 1,000 messages. The feed handler's receiver treats each as an
+/// unconfirmed claim: it is disproved by the real feed's next packet, no re-request is made
+/// for it and no loss declared; every real message arrives, in order, and the book built
+/// from them is the file's. On fedf468's code (no claims: `claim_threshold` at the window)
+/// the first forged heartbeat opened a gap of 999,000 messages, re-requested from the
+/// exchange and then declared lost, and the real messages after it were dropped.
+#[test]
+fn a_forged_far_ahead_heartbeat_from_the_exchanges_address_loses_no_real_message() {
+    use feed_handler::moldudp64::{empty_packet, session, SourceAddr, HEARTBEAT};
+    let mut messages: Vec<Vec<u8>> = Vec::new();
+    generate(
+        &GenConfig {
+            seed: 41,
+            messages: 20_000,
+            symbols: 20,
+        },
+        |m| messages.push(m.to_vec()),
+    );
+    let retrans_bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let mut receiver = UdpReceiver::new(&ReceiverConfig {
+        group: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        interface: Ipv4Addr::LOCALHOST,
+        sources: vec![SourceAddr::Ip(Ipv4Addr::LOCALHOST.into())],
+        retrans_server: Some(retrans_bind),
+        gap: GapConfig {
+            session: Some(session("ROCEBUS001")),
+            retransmit_timeout: Duration::from_millis(20),
+            max_retries: 50,
+            ..GapConfig::default()
+        },
+        // A burst of more than `claim_threshold` messages lost in the socket would itself
+        // be a jump the stream has to corroborate: keep the kernel from dropping any.
+        recv_buffer: 8 << 20,
+    })
+    .expect("receiver");
+    let to = receiver.local_addr().expect("addr");
+    let mut cfg = ReplayConfig::new(to);
+    cfg.retrans_bind = retrans_bind;
+    cfg.drop_every = Some(13);
+    cfg.linger = Duration::from_millis(300);
+    cfg.pacing = feed_handler::udp::Pacing::MessagesPerSecond(50_000);
+    let mut replayer = Replayer::new(cfg).expect("replayer");
+    receiver.set_retrans_server(replayer.retrans_addr().expect("addr"));
+    // The forger: the exchange's IP address, another port.
+    let forger = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+
+    let sent = messages.clone();
+    let sender = std::thread::spawn(move || replayer.run(&sent).expect("replay"));
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    let mut forged = 0u64;
+    let mut live_book = Book::new();
+    let complete = receiver
+        .run_until_complete(Instant::now() + Duration::from_secs(60), &mut |seq, m| {
+            assert_eq!(seq, got.len() as u64 + 1, "in order, no holes");
+            got.push(m.to_vec());
+            live_book.apply(&decode_exact(m).expect("valid ITCH"), &mut |_: &Event| {});
+            if got.len() % 1000 == 0 && got.len() < messages.len() {
+                let claim = seq + 1 + 999_000;
+                forger
+                    .send_to(&empty_packet(session("ROCEBUS001"), claim, HEARTBEAT), to)
+                    .expect("forge");
+                forged += 1;
+            }
+        })
+        .expect("receive");
+    let stats = sender.join().expect("sender thread");
+    let c = *receiver.tracker().counters();
+    eprintln!("forged {forged} heartbeats; receiver {c:?}; exchange {stats:?}");
+    assert!(complete, "session completed; counters {c:?}");
+    assert!(forged >= 19, "the forger ran: {forged}");
+    assert_eq!(got.len(), messages.len(), "{c:?}");
+    assert!(got == messages, "every real message, in order");
+    assert_eq!((c.lost, c.unrecoverable), (0, 0), "{c:?}");
+    assert_eq!(c.claims_accepted, 0, "{c:?}");
+    assert!(c.claimed >= forged / 2, "the forgeries were claims: {c:?}");
+    // Only the real losses were re-requested: no request reached past the feed's end.
+    assert!(stats.dropped > 0 && stats.requests > 0, "{stats:?}");
+    assert_eq!(stats.unserved, 0, "{stats:?}");
+    let mut file_book = Book::new();
+    for m in &messages {
+        file_book.apply(&decode_exact(m).expect("valid"), &mut |_: &Event| {});
+    }
+    assert_eq!(live_book.snapshot(), file_book.snapshot());
+}

@@ -304,6 +304,7 @@ struct Counters {
     malformed_fix: Counter,
     connections_refused: Counter,
     handshakes_failed: Counter,
+    bad_credits: Counter,
     pending_rejected: Counter,
     engines_silent: Counter,
     venue_connect_failures: Counter,
@@ -454,6 +455,10 @@ impl Counters {
                 C,
             ),
             handshakes_failed: alloc("orders connection handshakes failed", C),
+            bad_credits: alloc(
+                "engine credit words refused (forged or corrupt; beyond what was sent: closed)",
+                C,
+            ),
             pending_rejected: alloc(
                 "orders connections rejected: too many pending (max_pending_connections)",
                 C,
@@ -1224,6 +1229,7 @@ impl<L: VenueLink> Service<L> {
         c.backlog_disconnects.set(l.backlog_full);
         c.requests_held.set(l.held);
         c.handshakes_failed.set(self.listener.failed_handshakes());
+        c.bad_credits.set(rocebus::orders::bad_credits_total());
         c.journal_failures.set(self.driver.journal_failures());
         c.journal_degraded.set(u64::from(self.driver.is_degraded()));
         c.journal_durable_bytes

@@ -119,6 +119,24 @@ pub struct ConnStats {
     pub bytes_received: u64,
     /// Credit writes sent.
     pub credits_sent: u64,
+    /// Credit words from the peer refused: behind the credit already taken
+    /// or beyond what was ever sent (each value once). An honest peer
+    /// never writes one; one beyond what was sent closes the connection
+    /// ([`crate::ring::BadCredit`]).
+    pub bad_credits: u64,
+}
+
+/// Credit words refused on every connection of this process
+/// ([`ConnStats::bad_credits`] summed, closed connections included): what
+/// `rocebus stat` shows, and what paces the log.
+static BAD_CREDITS: AtomicU64 = AtomicU64::new(0);
+
+/// Credit words refused on every orders connection (and RC fan-out
+/// subscriber) of this process so far: forged or corrupt credits from
+/// admitted peers ([`ConnStats::bad_credits`]).
+pub fn bad_credits_total() -> u64 {
+    // ORDERING: Relaxed: a statistic, nothing is published with it.
+    BAD_CREDITS.load(Ordering::Relaxed)
 }
 
 pub(super) struct SendSide {
@@ -279,6 +297,8 @@ pub struct Connection {
     idle_since: u64,
     /// Whether [`poll_event`](Self::poll_event) reported the loss already.
     pub(super) loss_reported: bool,
+    /// The sender's refused credits already counted and logged.
+    bad_credits_seen: u64,
     peer_credit_addr: u64,
     pub(super) ring: IncomingRing,
     _pd: Arc<ProtectionDomain>,
@@ -580,6 +600,7 @@ impl Connection {
             idle_polls: 0,
             idle_since: 0,
             loss_reported: false,
+            bad_credits_seen: 0,
             peer_credit_addr: peer.ring_addr.get() + peer_size as u64 + CREDIT_OFF as u64,
             ring: res.ring,
             cm,
@@ -764,6 +785,7 @@ impl Connection {
             bytes_sent: tx.bytes(),
             frames_received: rx.frames(),
             bytes_received: rx.bytes(),
+            bad_credits: tx.bad_credits(),
             ..self.stats
         }
     }
@@ -773,7 +795,42 @@ impl Connection {
     /// after a quarter ring, or when idle).
     pub fn unconsumed(&mut self) -> u64 {
         self.send.tx.refresh_credit(&self.ring);
+        self.check_credit();
         self.send.tx.state().in_flight()
+    }
+
+    /// After the sender read the peer's credit word: counts and logs the
+    /// values it refused since the last look (the log at the process's
+    /// counts 1, 2, 4, 8...), and closes the connection on a credit beyond
+    /// what was ever sent, a protocol violation no honest peer commits
+    /// ([`crate::ring::BadCredit`]). Returns the loss when it closed (or
+    /// the connection was lost before).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn check_credit(&mut self) -> Option<PeerLost> {
+        let tx = &self.send.tx;
+        let new = tx.bad_credits() - self.bad_credits_seen;
+        if new > 0 {
+            self.bad_credits_seen = tx.bad_credits();
+            // ORDERING: Relaxed: a statistic, nothing is published with it.
+            let total = BAD_CREDITS.fetch_add(new, Ordering::Relaxed) + new;
+            if (total - new + 1..=total).any(u64::is_power_of_two) {
+                let why = tx
+                    .last_bad_credit()
+                    .map(|b| b.to_string())
+                    .unwrap_or_default();
+                tracing::warn!(peer = %self.cm.peer(), count = total, %why,
+                    "orders peer wrote an impossible credit: refused (logged at counts 1, 2, 4, ...)");
+            }
+        }
+        if let Some(v) = self.send.tx.credit_violation() {
+            if self.link.lost.is_none() {
+                tracing::warn!(peer = %self.cm.peer(), why = %v,
+                    "orders peer wrote a credit beyond what it was sent: closing the connection (protocol violation)");
+                self.close();
+            }
+        }
+        self.link.lost
     }
 
     /// Whether the connection is lost (and why).
@@ -896,6 +953,9 @@ impl Connection {
         let t = Instant::now();
         loop {
             self.send.tx.refresh_credit(&self.ring);
+            if let Some(l) = self.check_credit() {
+                return Err(OfferError::PeerLost(l));
+            }
             if self.send.tx.state().in_flight() == 0 {
                 return Ok(true);
             }

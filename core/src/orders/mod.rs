@@ -101,7 +101,8 @@ mod subscription;
 
 pub use config::OrdersConfig;
 pub use connection::{
-    ConnStats, ConnectProgress, Connecting, Connection, OrdersError, PeerLost, CM_CHECK_IDLE_POLLS,
+    bad_credits_total, ConnStats, ConnectProgress, Connecting, Connection, OrdersError, PeerLost,
+    CM_CHECK_IDLE_POLLS,
 };
 pub use fanin::{ConnId, ConnectionSet, FanIn, SetError, SetStats};
 pub use listener::{first_proof, ListenerStats, OrdersListener};

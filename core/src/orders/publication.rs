@@ -129,6 +129,12 @@ impl Connection {
             },
             ClaimRefused::ReservedType => OfferError::ReservedType,
             ClaimRefused::BackPressured => {
+                // A back-pressured claim read the peer's credit word: a
+                // forged one is counted here, and one beyond what was sent
+                // closes the connection.
+                if let Some(l) = self.check_credit() {
+                    return OfferError::PeerLost(l);
+                }
                 self.stats.back_pressured += 1;
                 OfferError::BackPressured
             }

@@ -110,4 +110,4 @@ mod tests;
 pub use frame::{AcceptHello, ConnectHello, FrameError, FrameHeader, FrameInfo, Hello};
 pub use loopback::LoopbackMemory;
 pub use proto::{Receiver, RingMemory, Sender, StagingMemory};
-pub use state::{ClaimPos, ClaimRefused, ReceiverState, SenderState};
+pub use state::{BadCredit, ClaimPos, ClaimRefused, ReceiverState, SenderState};

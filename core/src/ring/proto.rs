@@ -16,7 +16,7 @@ use super::frame::{
     self, FrameError, FrameHeader, FrameInfo, FRAME_ALIGN, HEADER_LEN, TRAILER_LEN, TYPE_PADDING,
     TYPE_RESERVED_MIN,
 };
-use super::state::{ClaimPos, ClaimRefused, ReceiverState, SenderState};
+use super::state::{BadCredit, ClaimPos, ClaimRefused, ReceiverState, SenderState};
 use zerocopy::IntoBytes;
 
 /// Offset, after the ring's data, of the credit word (16 bytes: the value
@@ -175,6 +175,14 @@ pub struct Sender<S> {
     /// at most the maximum payload, and short enough for the frame to fit
     /// the shell's largest write ([`set_max_write`](Self::set_max_write)).
     run_limit: usize,
+    /// Credit words refused ([`BadCredit`]), each distinct value once (the
+    /// word is read again on every back-pressured claim).
+    bad_credits: u64,
+    /// The last value refused, and why.
+    last_bad: Option<(u64, BadCredit)>,
+    /// The first credit beyond what was sent: a protocol violation, for
+    /// the shell to close the connection on. Sticky.
+    violation: Option<BadCredit>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -196,6 +204,9 @@ impl<S: StagingMemory> Sender<S> {
             paddings: 0,
             bytes: 0,
             run_limit: max_payload + 1,
+            bad_credits: 0,
+            last_bad: None,
+            violation: None,
         }
     }
 
@@ -230,16 +241,54 @@ impl<S: StagingMemory> Sender<S> {
 
     /// Takes the credit word the peer wrote into `credit_mem` (our own
     /// incoming ring's control words), if it is not being placed. Returns
-    /// whether a value was read.
+    /// whether a value was read. An impossible value is refused and
+    /// counted ([`bad_credits`](Self::bad_credits)); one beyond what was
+    /// sent is also a protocol violation
+    /// ([`credit_violation`](Self::credit_violation)).
     #[inline]
     pub fn refresh_credit<M: RingMemory>(&mut self, credit_mem: &M) -> bool {
         match load_control(credit_mem, CREDIT_OFF) {
             Some(c) => {
-                self.state.on_credit(c);
+                if let Err(b) = self.state.on_credit(c) {
+                    self.refused_credit(c, b);
+                }
                 true
             }
             None => false,
         }
+    }
+
+    /// Counts a refused credit value `c` (once while it stays in the word)
+    /// and keeps the first one beyond what was sent.
+    #[cold]
+    #[inline(never)]
+    fn refused_credit(&mut self, c: u64, why: BadCredit) {
+        if self.last_bad.is_some_and(|(v, _)| v == c) {
+            return;
+        }
+        self.bad_credits += 1;
+        self.last_bad = Some((c, why));
+        if let (None, BadCredit::BeyondSent { .. }) = (self.violation, why) {
+            self.violation = Some(why);
+        }
+    }
+
+    /// Credit words refused so far: values behind the credit already taken
+    /// or beyond what was sent, each counted once while it stays in the
+    /// word. An honest peer never writes one (see [`BadCredit`]).
+    pub fn bad_credits(&self) -> u64 {
+        self.bad_credits
+    }
+
+    /// The last credit value refused and why.
+    pub fn last_bad_credit(&self) -> Option<BadCredit> {
+        self.last_bad.map(|(_, b)| b)
+    }
+
+    /// The first credit beyond what was ever sent, if the peer wrote one:
+    /// the peer is broken or hostile, and the shell closes the connection.
+    pub fn credit_violation(&self) -> Option<BadCredit> {
+        self.violation
     }
 
     /// Opens a frame of `len` payload bytes of type `msg_type` (below

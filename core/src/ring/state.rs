@@ -28,6 +28,38 @@ pub enum ClaimRefused {
     ReservedType,
 }
 
+/// A credit word the sender refused ([`SenderState::on_credit`]).
+///
+/// An honest receiver writes its consumer position, which only grows and
+/// never passes what it was sent: every value it ever wrote was at most
+/// what the sender had flushed by then, and that only grows too. So
+/// [`BeyondSent`](Self::BeyondSent) is never an honest value, whatever the
+/// placement order: the peer forged it (or its memory is corrupt), a
+/// protocol violation. [`Behind`](Self::Behind) is impossible too with RC's
+/// in-order placement, but a device that re-places a duplicate WRITE after
+/// a retransmission could show an older credit for a moment, so it is only
+/// refused and counted, never a reason to close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadCredit {
+    /// Behind the credit already taken.
+    #[error("credit {got} behind the credit already taken ({credit})")]
+    Behind {
+        /// The credit taken before.
+        credit: u64,
+        /// The value read.
+        got: u64,
+    },
+    /// Beyond what was ever handed to the device: the peer claims to have
+    /// consumed bytes it was never sent.
+    #[error("credit {got} beyond the {flushed} bytes ever sent")]
+    BeyondSent {
+        /// Bytes handed to the device so far.
+        flushed: u64,
+        /// The value read.
+        got: u64,
+    },
+}
+
 /// The sender's view of the remote ring.
 #[derive(Debug, Clone)]
 pub struct SenderState {
@@ -89,16 +121,35 @@ impl SenderState {
         self.tail - self.credit
     }
 
-    /// Takes a credit update (the receiver's consumer position). Returns
-    /// false for an impossible value (behind the last one, or beyond what
-    /// was sent), which is then ignored.
-    pub fn on_credit(&mut self, consumed: u64) -> bool {
-        if consumed < self.credit || consumed > self.flushed {
-            return consumed == self.credit;
+    /// Position up to which frames were handed to the device.
+    pub fn flushed(&self) -> u64 {
+        self.flushed
+    }
+    /// The receiver's consumer position, as its last credit said.
+    pub fn credit(&self) -> u64 {
+        self.credit
+    }
+
+    /// Takes a credit update (the receiver's consumer position). An
+    /// impossible value is refused and changes nothing: one behind the
+    /// credit already taken, or one beyond what was handed to the device
+    /// ([`BadCredit`]).
+    pub fn on_credit(&mut self, consumed: u64) -> Result<(), BadCredit> {
+        if consumed < self.credit {
+            return Err(BadCredit::Behind {
+                credit: self.credit,
+                got: consumed,
+            });
+        }
+        if consumed > self.flushed {
+            return Err(BadCredit::BeyondSent {
+                flushed: self.flushed,
+                got: consumed,
+            });
         }
         self.credit = consumed;
         self.credit_end = consumed + self.size as u64;
-        true
+        Ok(())
     }
 
     /// Reserves room for a frame of `len` payload bytes.
@@ -349,7 +400,7 @@ mod tests {
         assert_eq!(s.claim(200), Err(ClaimRefused::BackPressured));
         let (r, n) = s.take_flush();
         assert_eq!((n, r[0]), (1, (0, 896)));
-        assert!(s.on_credit(448));
+        assert_eq!(s.on_credit(448), Ok(()));
         let c = s.claim(200).unwrap();
         assert_eq!(c.padding, Some((896, 128)));
         assert_eq!(c.offset, 0);
@@ -357,9 +408,24 @@ mod tests {
         let (r, n) = s.take_flush();
         assert_eq!((n, r[0], r[1]), (2, (896, 128), (0, 224)));
         assert_eq!(s.claim(201), Err(ClaimRefused::TooLarge));
-        // Impossible credits are refused.
-        assert!(!s.on_credit(100));
-        assert!(!s.on_credit(5000));
+        // Impossible credits are refused and change nothing; the same
+        // credit again is no news, and no fault.
+        assert_eq!(
+            s.on_credit(100),
+            Err(BadCredit::Behind {
+                credit: 448,
+                got: 100
+            })
+        );
+        assert_eq!(
+            s.on_credit(5000),
+            Err(BadCredit::BeyondSent {
+                flushed: 1248,
+                got: 5000
+            })
+        );
+        assert_eq!(s.credit(), 448);
+        assert_eq!(s.on_credit(448), Ok(()));
     }
 
     #[test]
@@ -399,7 +465,7 @@ mod tests {
             }
             if x % 5 == 0 {
                 let f = s.flushed;
-                assert!(s.on_credit(f));
+                assert_eq!(s.on_credit(f), Ok(()));
             }
         }
     }

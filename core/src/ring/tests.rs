@@ -207,6 +207,85 @@ mod host {
         );
     }
 
+    /// A credit word the receiver never earned is refused, counted once per
+    /// value and changes nothing: one behind the credit taken is only
+    /// counted; one beyond what was ever sent is a violation the shell
+    /// closes the connection on. The sender never overwrites a frame the
+    /// receiver has not consumed, whatever the word says.
+    #[test]
+    fn forged_credits_are_refused_counted_and_one_beyond_what_was_sent_is_a_violation() {
+        use crate::ring::BadCredit;
+        const SIZE: usize = 1024;
+        let ring = LoopbackMemory::new(SIZE);
+        let back = LoopbackMemory::new(16);
+        let mut tx = Sender::new(staging(SIZE), 200);
+        let mut rx = Receiver::new(SIZE, 200, 256);
+        let mut scratch = vec![0u8; 200];
+        while tx.offer(1, 1, &[7; 100], &back).is_ok() {}
+        flush(&mut tx, &ring, false);
+        for _ in 0..4 {
+            rx.poll(&ring, &mut scratch).unwrap().unwrap();
+        }
+        let c = rx.take_credit(4).expect("half the ring consumed");
+        send_credit(&back, c, false);
+        assert!(tx.offer(1, 1, &[1; 100], &back).is_ok());
+        assert_eq!((tx.bad_credits(), tx.credit_violation()), (0, None));
+        // Fill what the honest credit allows.
+        while tx.offer(1, 1, &[2; 100], &back).is_ok() {}
+        flush(&mut tx, &ring, false);
+        let flushed = tx.state().flushed();
+        assert_eq!(tx.state().in_flight(), SIZE as u64);
+
+        // Behind the credit taken: refused, counted once however often read.
+        send_credit(&back, c - 128, false);
+        for _ in 0..3 {
+            assert_eq!(
+                tx.offer(1, 1, &[0; 1], &back),
+                Err(ClaimRefused::BackPressured)
+            );
+        }
+        assert_eq!(tx.bad_credits(), 1);
+        assert_eq!(
+            tx.last_bad_credit(),
+            Some(BadCredit::Behind {
+                credit: c,
+                got: c - 128
+            })
+        );
+        assert_eq!(tx.credit_violation(), None);
+        assert_eq!(tx.state().credit(), c);
+
+        // Beyond what was sent (the ring's whole lap ahead, a huge value,
+        // the complement-matching all-ones): each refused, counted, and the
+        // first is the violation.
+        for (i, forged) in [flushed + SIZE as u64, u64::MAX / 2, u64::MAX]
+            .into_iter()
+            .enumerate()
+        {
+            send_credit(&back, forged, true);
+            assert_eq!(
+                tx.offer(1, 1, &[0; 1], &back),
+                Err(ClaimRefused::BackPressured)
+            );
+            assert_eq!(tx.bad_credits(), 2 + i as u64);
+        }
+        assert_eq!(
+            tx.credit_violation(),
+            Some(BadCredit::BeyondSent {
+                flushed,
+                got: flushed + SIZE as u64
+            })
+        );
+        // Nothing unconsumed was overwritten: the receiver still takes the
+        // frames it had not consumed, intact.
+        assert_eq!(
+            (tx.state().credit(), tx.state().in_flight()),
+            (c, SIZE as u64)
+        );
+        let f = rx.poll(&ring, &mut scratch).unwrap().unwrap();
+        assert_eq!(&scratch[..f.len as usize], &[7; 100]);
+    }
+
     /// `offer_run` takes exactly the payloads whose frame fits the largest
     /// write and the maximum payload, whatever the limit, and nothing when
     /// no frame fits.
