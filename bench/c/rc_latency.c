@@ -5,7 +5,7 @@
  *
  * The same shape as the Rust harness (bench/src/rc.rs, `latency`): both
  * ends in one process, a listener thread echoing on core B, the main thread
- * on core A sending SIZE bytes on stream 1 (offer, flush) and polling for
+ * on core A sending SIZE bytes on stream 1 (offer_and_flush) and polling for
  * the echo with a fragment limit of 1; one-way latency is RTT/2, after a
  * warm-up of max(N/10, 100) round trips. The same ring size and payload
  * limit as the Rust harness. Prints the Rust harness's RESULT line (exact
@@ -77,8 +77,7 @@ static void *serve(void *arg) {
         if (n == ROCEBUS_STATUS_PEER_LOST) break;
         CHECK(n);
         if (n == 1) {
-            CHECK(rocebus_orders_connection_offer(c, 2, 1, e->buf, e->len));
-            CHECK(rocebus_orders_connection_flush(c));
+            CHECK(rocebus_orders_connection_offer_and_flush(c, 2, 1, e->buf, e->len));
         }
     }
     free(e);
@@ -142,8 +141,7 @@ int main(int argc, char **argv) {
     memset(msg, 0x5a, size);
     for (long i = 0; i < warmup + iterations; i++) {
         uint64_t t0 = now_ns();
-        CHECK(rocebus_orders_connection_offer(c, 1, 1, msg, size));
-        CHECK(rocebus_orders_connection_flush(c));
+        CHECK(rocebus_orders_connection_offer_and_flush(c, 1, 1, msg, size));
         int n;
         while ((n = rocebus_orders_connection_poll(c, drop, NULL, 1)) == 0) {
         }

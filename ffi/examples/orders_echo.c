@@ -4,8 +4,8 @@
  *   orders_echo IP:PORT [ROUND_TRIPS]
  *
  * The main thread connects to a listener bound at IP:PORT (an address of
- * an RDMA device) and sends ROUND_TRIPS messages, half by
- * rocebus_orders_connection_offer, half by try_claim/commit, on streams 1
+ * an RDMA device) and sends ROUND_TRIPS messages, a third each by
+ * rocebus_orders_connection_offer, try_claim/commit and offer_and_flush, on streams 1
  * and 2, each flushed; every 10th round it also claims a frame and aborts
  * it, which must never arrive. The listener's thread polls with a fragment
  * limit, copies the frames (their pointers are valid only inside the
@@ -88,12 +88,16 @@ static void keep(void *clientd, const rocebus_frame_t *f) {
     in->count++;
 }
 
-/* Offers, polling (into `in`, which must have room) while back-pressured. */
+/* Offers (claim 0), claims (1) or offers and flushes in one call (2), polling
+ * while back-pressured; then flushes. */
 static void send_frame(rocebus_orders_connection_t *c, uint16_t stream, uint16_t type,
                        const uint8_t *data, size_t len, int claim, double deadline) {
     for (;;) {
         int rc;
-        if (claim) {
+        if (claim == 2) {
+            rc = rocebus_orders_connection_offer_and_flush(c, stream, type, data, len);
+            if (rc == 0) break;
+        } else if (claim) {
             uint8_t *buf = NULL;
             rc = rocebus_orders_connection_try_claim(c, stream, type, len, &buf);
             if (rc == 0) {
@@ -199,7 +203,7 @@ int main(int argc, char **argv) {
         size_t len = fill(sent, (uint64_t)i);
         uint16_t stream = (uint16_t)(1 + i % 2);
         uint16_t type = (uint16_t)(20 + 2 * (i % 3)); /* never TYPE_ABORTED */
-        send_frame(c, stream, type, sent, len, i % 2, deadline);
+        send_frame(c, stream, type, sent, len, i % 3, deadline);
         in->count = 0;
         while (in->count == 0) {
             CHECK(rocebus_orders_connection_poll(c, keep, in, LIMIT));

@@ -1267,6 +1267,20 @@ int rocebus_orders_connection_free(struct rocebus_orders_connection_t *c);
 int rocebus_orders_connection_offer(struct rocebus_orders_connection_t *c, uint16_t stream_id, uint16_t msg_type, const uint8_t *payload, size_t len);
 
 /**
+ * `rocebus_orders_connection_offer` then `rocebus_orders_connection_flush`
+ * in one call, as the Rust `offer_and_flush`: the frame goes out now. The
+ * usual case (nothing else waiting for a flush, a frame that fits before
+ * the ring's end within the credit) is one step through the prepared
+ * WRITE; a request/response engine sends this way. The same statuses as
+ * the two calls. Does not allocate.
+ *
+ * # Safety
+ * `c` is a live connection; `payload` points to `len` readable bytes (or
+ * `len` is 0).
+ */
+int rocebus_orders_connection_offer_and_flush(struct rocebus_orders_connection_t *c, uint16_t stream_id, uint16_t msg_type, const uint8_t *payload, size_t len);
+
+/**
  * Claims `len` bytes for a frame of type `msg_type` on `stream_id` in the
  * registered memory the device sends from (zero copy): on success `*buf`
  * points to the `len` bytes to fill, valid until

@@ -275,6 +275,37 @@ pub unsafe extern "C" fn rocebus_orders_connection_offer(
     })
 }
 
+/// `rocebus_orders_connection_offer` then `rocebus_orders_connection_flush`
+/// in one call, as the Rust `offer_and_flush`: the frame goes out now. The
+/// usual case (nothing else waiting for a flush, a frame that fits before
+/// the ring's end within the credit) is one step through the prepared
+/// WRITE; a request/response engine sends this way. The same statuses as
+/// the two calls. Does not allocate.
+///
+/// # Safety
+/// `c` is a live connection; `payload` points to `len` readable bytes (or
+/// `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn rocebus_orders_connection_offer_and_flush(
+    c: *mut RocebusOrdersConnection,
+    stream_id: u16,
+    msg_type: u16,
+    payload: *const u8,
+    len: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's promise.
+        let payload = unsafe { bytes(payload, len) }?;
+        // SAFETY: the caller's promise: NULL or a live handle.
+        with_handle(unsafe { c.as_ref() }, c"connection is NULL", |c| {
+            c.get()?
+                .offer_and_flush(stream_id, msg_type, payload)
+                .map_err(offer_fail)
+        })?;
+        Ok(0)
+    })
+}
+
 /// Claims `len` bytes for a frame of type `msg_type` on `stream_id` in the
 /// registered memory the device sends from (zero copy): on success `*buf`
 /// points to the `len` bytes to fill, valid until
