@@ -1175,6 +1175,7 @@ fn rdma_orders_an_admitted_pyverbs_peer_writing_garbage_is_cut_off_and_a_healthy
         let mut done: Vec<Seen> = Vec::new();
         let mut news_at = Instant::now();
         let news = [0x4e_u8; 512];
+        // ORDERING: Relaxed: a stop flag, nothing else is handed over through it.
         while !st.load(Ordering::Relaxed) {
             if let Some(conn) = l.accept(Duration::from_millis(1)).expect("accept") {
                 live.push(Live {
@@ -1255,6 +1256,7 @@ fn rdma_orders_an_admitted_pyverbs_peer_writing_garbage_is_cut_off_and_a_healthy
         let (mut sent, mut echoed) = (0u64, 0u64);
         let mut last_echo = Instant::now();
         loop {
+            // ORDERING: Relaxed: a stop flag, nothing else is handed over through it.
             let stopping = hst.load(Ordering::Relaxed);
             if !stopping && sent - echoed < 64 {
                 match conn.publication(1).offer_and_flush(1, &sent.to_le_bytes()) {
@@ -1308,6 +1310,7 @@ fn rdma_orders_an_admitted_pyverbs_peer_writing_garbage_is_cut_off_and_a_healthy
     attacker.wait_for("done", Duration::from_secs(45 * MODES.len() as u64));
     let report = attacker.stop();
     eprintln!("hostile peer: {report}");
+    // ORDERING: Relaxed: a stop flag, nothing else is handed over through it.
     healthy_stop.store(true, Ordering::Relaxed);
     let h = healthy.join().expect("the healthy engine");
     stop.store(true, Ordering::Relaxed);
