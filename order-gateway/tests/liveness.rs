@@ -143,8 +143,9 @@ impl Gw {
             ready_tx.send(()).unwrap();
             service.run(&mut *market).unwrap();
         });
+        // Generous: on a loaded host (load 10, four builds beside it) setting up took 20 s.
         ready_rx
-            .recv_timeout(Duration::from_secs(20))
+            .recv_timeout(Duration::from_secs(60))
             .expect("service started");
         Gw {
             addr,

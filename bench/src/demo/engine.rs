@@ -178,9 +178,12 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
     };
     subs.wait_connected(connect_timeout)?;
     let first_id = 1;
+    // Twice the connect timeout: an attempt may itself block for a whole one (a logon whose
+    // answer came too late on a starved host), and the gateway then refuses the retry with
+    // `AlreadyConnected` until its engine timeout lets the half-made connection go.
     let mut session = retry(
         &format!("connect to the order gateway at {}", cfg.gateway.addr),
-        connect_timeout,
+        2 * connect_timeout,
         || {
             EngineSession::connect_with_capacity(
                 cfg.gateway.addr,
