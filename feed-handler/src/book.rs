@@ -8,8 +8,8 @@
 //! indexing, not hashing, for E/C/X/D/U), and per symbol and side a `Vec` of price levels
 //! sorted so that the best level is the **last** element. Most activity is at or near the
 //! top of the book, where a sorted vector inserts and removes with a short `memmove` and
-//! finds a level by binary search in contiguous memory; a `BTreeMap` would chase pointers for
-//! the same work. Symbols are a `Vec` indexed by stock locate (a dense u16 per day), so no
+//! finds a level by a search galloping from the best end in contiguous memory (the lines
+//! near the top are the hot ones); a `BTreeMap` would chase pointers for the same work. Symbols are a `Vec` indexed by stock locate (a dense u16 per day), so no
 //! hashing per message for the symbol. Whether a message changed the top of book is read
 //! from the position of the level it touched, not by comparing the top before and after.
 //!
@@ -38,10 +38,27 @@ impl Levels {
         }
     }
 
+    /// Like `binary_search`, but galloping from the best end first: most activity is at or
+    /// near the top of the book, where this touches one or two cache lines that are hot,
+    /// while a plain binary search starts at the middle of the side, usually cold.
     fn find(&self, side: Side, price: u32) -> Result<usize, usize> {
         let k = Self::key(side, price);
-        self.levels
-            .binary_search_by_key(&k, |l| Self::key(side, l.price))
+        let key = |l: &Level| Self::key(side, l.price);
+        // Every level at or after `hi` has a key above `k`.
+        let (mut lo, mut hi, mut step) = (0, self.levels.len(), 1);
+        while hi > 0 {
+            let probe = hi.saturating_sub(step);
+            if key(&self.levels[probe]) <= k {
+                lo = probe;
+                break;
+            }
+            hi = probe;
+            step *= 2;
+        }
+        match self.levels[lo..hi].binary_search_by_key(&k, key) {
+            Ok(i) => Ok(lo + i),
+            Err(i) => Err(lo + i),
+        }
     }
 
     /// Adds one order's shares; returns the level after the change and whether it is the
@@ -162,6 +179,22 @@ impl SymbolBook {
 }
 
 mod orders;
+
+/// Asks the CPU to bring `value`'s cache line in for reading: a hint, no effect on state.
+#[inline(always)]
+fn prefetch_read<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `_mm_prefetch` is a hint: it reads nothing architecturally and never faults,
+    // whatever the address (here a live reference anyway). SSE, which it needs, is part of
+    // the x86_64 baseline.
+    #[allow(unsafe_code)]
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(value).cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Order {
@@ -337,6 +370,24 @@ impl Book {
             (Some(b), None) => b,
             (slot @ None, s) => slot.insert(SymbolBook::new(s.unwrap_or_default())),
         }
+    }
+
+    /// Starts loading what applying `message` will read first, the resting order it names
+    /// (executions, cancels, deletes, replaces): a hint with no effect on the books. A pass
+    /// that holds its next messages calls it some messages before [`apply`](Self::apply),
+    /// so the miss on an order added long ago overlaps the work in between. (Fetching the
+    /// order's levels too, half-way, was slower: `books` CPU 0.74-0.93 s against 0.69-0.78.)
+    #[inline]
+    pub fn prefetch(&self, message: &Message<'_>) {
+        let reference = match *message {
+            Message::OrderExecuted(m) => m.order_reference_number.get(),
+            Message::OrderExecutedWithPrice(m) => m.order_reference_number.get(),
+            Message::OrderCancel(m) => m.order_reference_number.get(),
+            Message::OrderDelete(m) => m.order_reference_number.get(),
+            Message::OrderReplace(m) => m.original_order_reference_number.get(),
+            _ => return,
+        };
+        self.orders.prefetch(reference);
     }
 
     /// Applies one ITCH message, sending the resulting events to `sink`.

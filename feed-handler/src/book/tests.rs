@@ -356,3 +356,28 @@ fn operational_halt_overrides_state_until_resumed() {
     assert_eq!(status(events.last()), Some(b'Q'));
     assert!(!book.symbol(L).expect("symbol").operational_halt);
 }
+
+/// `find` gallops from the best end; it answers as a plain binary search does, on both
+/// sides, for every price in and around the levels, at every size.
+#[test]
+fn galloping_find_agrees_with_binary_search() {
+    for side in [Side::Bid, Side::Ask] {
+        for n in 0..40u32 {
+            let mut levels = Levels::default();
+            for k in 0..n {
+                levels.add(side, 100 + 3 * k, 1);
+            }
+            for price in 90..(110 + 3 * n) {
+                let k = Levels::key(side, price);
+                let plain = levels
+                    .levels
+                    .binary_search_by_key(&k, |l| Levels::key(side, l.price));
+                assert_eq!(
+                    levels.find(side, price),
+                    plain,
+                    "{side:?} n {n} price {price}"
+                );
+            }
+        }
+    }
+}

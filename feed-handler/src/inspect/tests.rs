@@ -352,3 +352,61 @@ fn books_pass_reports_a_truncated_tail_and_refuses_no_capture() {
         "{err}"
     );
 }
+
+/// The pass applies messages some messages after reading them (to prefetch their orders):
+/// every event comes out as applying each message at once gives it, in the same order, and
+/// the books end equal, whatever the chunk and for captures shorter than the lookahead.
+#[test]
+fn the_pass_applies_every_message_in_order_whatever_it_reads_ahead() {
+    for messages in [3, LOOKAHEAD as u64, LOOKAHEAD as u64 + 1, 20_000] {
+        let (data, _) = generate_binaryfile(&GenConfig {
+            seed: 23,
+            messages,
+            symbols: 6,
+        });
+        let mut direct = Book::new();
+        let mut want = Vec::new();
+        StreamReader::with_chunk(&data[..], 4096)
+            .for_each(|m| direct.apply(&m.unwrap(), &mut |e: &Event| want.push(*e)))
+            .unwrap();
+        if messages > 1000 {
+            assert!(want.len() as u64 >= messages / 2, "{} events", want.len());
+        }
+        for chunk in [64, 4096] {
+            let mut book = Book::new();
+            let mut got = Vec::new();
+            apply_ahead(&data[..], chunk, &mut book, &mut |e: &Event| got.push(*e)).unwrap();
+            assert!(
+                got == want,
+                "{messages} messages, chunk {chunk}: events differ"
+            );
+            assert!(
+                book == direct,
+                "{messages} messages, chunk {chunk}: books differ"
+            );
+        }
+    }
+}
+
+/// The ring hands messages back oldest first across many wraps, and only what it holds.
+#[test]
+fn the_lookahead_ring_is_first_in_first_out_across_wraps() {
+    let mut ring = Lookahead::default();
+    let mut next_out = 0u8;
+    for i in 0..(5 * LOOKAHEAD as u8 + 3) {
+        if ring.is_full() {
+            assert_eq!(ring.oldest(), Some(&[next_out; 3][..]));
+            ring.drop_oldest();
+            next_out += 1;
+        }
+        ring.push(&[i; 3]);
+    }
+    while let Some(b) = ring.oldest() {
+        assert_eq!(b, &[next_out; 3][..]);
+        ring.drop_oldest();
+        next_out += 1;
+    }
+    assert_eq!(next_out, 5 * LOOKAHEAD as u8 + 3);
+    ring.drop_oldest();
+    assert_eq!(ring.oldest(), None);
+}
