@@ -518,6 +518,11 @@ impl SubscriberState {
     pub fn timeouts(&self) -> u64 {
         self.counters.timeouts
     }
+    /// Far-ahead datagrams held as unconfirmed claims so far
+    /// (`counters().claimed` without copying every counter).
+    pub fn claimed(&self) -> u64 {
+        self.counters.claimed
+    }
     /// Whether an answer from the recovery service may be on its way: a
     /// retransmit request or a snapshot request is open. The I/O layer polls
     /// the recovery connection on every turn only then.
