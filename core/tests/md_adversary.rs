@@ -338,17 +338,19 @@ fn rdma_mdsec_forged_datagrams_from_a_raw_ud_qp_are_dropped() {
 /// source sends: they pass the subscriber's source filter), and a heartbeat
 /// at next + 1,000,000 posted on a UD queue pair of its own (pyverbs; what
 /// any host sends without forging). The publisher publishes a message every
-/// millisecond meanwhile. The subscriber delivers every real message, in
-/// order, with no loss, no resync and no skipped gap: the far-ahead
-/// forgeries from the publisher's source are held as unconfirmed claims
-/// (`claimed`, `claims_disproved`; logged at counts 1, 2, 4, ...) and
-/// disproved by the next real datagram, never accepted; those from the
-/// attacker's own queue pair are dropped before parsing
-/// (`foreign_source_dropped`); the slightly-ahead ones are within
-/// `recovery.claim_threshold`, a hole the real stream fills. Without the
-/// claim rule the far-ahead heartbeat opens a hole of a million messages
-/// that the publisher has never sent: it is declared lost and the
-/// subscriber re-synchronises.
+/// millisecond meanwhile, then goes quiet (heartbeats only) for 1.5 s of
+/// forgeries and 3 s more, then resumes. The subscriber delivers every real
+/// message, in order, with no loss, no resync and no skipped gap, and no
+/// request left open: the far-ahead forgeries from the publisher's source
+/// are held as unconfirmed claims (`claimed`, `claims_disproved`; logged at
+/// counts 1, 2, 4, ...) and disproved by the next real datagram or
+/// heartbeat, never accepted; those from the attacker's own queue pair are
+/// dropped before parsing (`foreign_source_dropped`); the slightly-ahead ones
+/// are within `recovery.claim_threshold`, a hole like any: on the live stream
+/// real messages fill it, on the quiet one the publisher answers that it was
+/// never published (`not_yet_published`) and it is forgotten. Without the
+/// claim rule the far-ahead heartbeat opens a hole of a million messages the
+/// publisher never sent: declared lost, and the subscriber re-synchronises.
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_mdsec_forged_bus_heartbeats_from_a_pyverbs_stranger_lose_no_message() {
@@ -431,16 +433,26 @@ fn rdma_mdsec_forged_bus_heartbeats_from_a_pyverbs_stranger_lose_no_message() {
             s.io_stats()
         );
     }
-    // The attacker stops (in a thread: the subscriber keeps polling), then
-    // the stream goes on for a while, so a hole a slightly-ahead forgery
-    // opened last is filled by real messages before publishing stops.
+    // The stream goes quiet (the publisher only sends heartbeats) while the
+    // attacker goes on for 1.5 s: its slightly-ahead forgeries now open
+    // holes no real message will fill.
+    // ORDERING: Release pairs with the Acquire in the publisher thread.
+    publishing.store(false, Ordering::Release);
+    let mut poll_for = |s: &mut McastSubscriber, app: &mut Delivered, d: Duration| {
+        let t = Instant::now();
+        while t.elapsed() < d {
+            s.poll(Mono::now(), app, 64).expect("subscriber poll");
+            while let Some(ev) = s.poll_event() {
+                events.push(ev);
+            }
+        }
+    };
+    poll_for(&mut s, &mut app, Duration::from_millis(1500));
+    // The attacker stops (in a thread: the subscriber keeps polling).
     let stopper = thread::spawn(move || attacker.stop());
     let t1 = Instant::now();
-    while !stopper.is_finished() || t1.elapsed() < Duration::from_millis(300) {
-        s.poll(Mono::now(), &mut app, 64).expect("subscriber poll");
-        while let Some(ev) = s.poll_event() {
-            events.push(ev);
-        }
+    while !stopper.is_finished() {
+        poll_for(&mut s, &mut app, Duration::from_millis(10));
         assert!(
             t1.elapsed() < Duration::from_secs(90),
             "the attacker never stopped"
@@ -448,12 +460,27 @@ fn rdma_mdsec_forged_bus_heartbeats_from_a_pyverbs_stranger_lose_no_message() {
     }
     let report = stopper.join().expect("the attacker's report");
     eprintln!("bus_forge.py: {report}");
+    // Longer than the subscriber's 20 retries of 100 ms: a hole it kept
+    // asking for would have been declared lost by now.
+    poll_for(&mut s, &mut app, Duration::from_secs(3));
+    // The stream resumes: the real messages of the sequences the forgeries
+    // claimed come now, and are delivered.
+    // ORDERING: Acquire pairs with the publisher's Release store.
+    let quiet_at = published.load(Ordering::Acquire);
+    // ORDERING: Release pairs with the Acquire in the publisher thread.
+    publishing.store(true, Ordering::Release);
+    let t1 = Instant::now();
+    // ORDERING: Acquire pairs with the publisher's Release store.
+    while published.load(Ordering::Acquire) < quiet_at + 200 {
+        poll_for(&mut s, &mut app, Duration::from_millis(1));
+        assert!(
+            t1.elapsed() < Duration::from_secs(30),
+            "the stream never resumed"
+        );
+    }
     // ORDERING: Release pairs with the Acquire in the publisher thread.
     publishing.store(false, Ordering::Release);
-    let t1 = Instant::now();
-    while t1.elapsed() < Duration::from_millis(50) {
-        s.poll(Mono::now(), &mut app, 64).expect("subscriber poll");
-    }
+    poll_for(&mut s, &mut app, Duration::from_millis(50));
     // ORDERING: Acquire pairs with the publisher's Release store; 50 ms
     // after `publishing` went false the publisher has seen it.
     let total = published.load(Ordering::Acquire);
@@ -509,6 +536,9 @@ fn rdma_mdsec_forged_bus_heartbeats_from_a_pyverbs_stranger_lose_no_message() {
     );
     assert!(c.claims_disproved > 0, "{c:?}");
     assert_eq!(c.claims_accepted, 0, "{c:?}");
+    // The slightly-ahead ones on the quiet stream: asked for, answered
+    // never published by the publisher, forgotten.
+    assert!(c.not_yet_published > 0, "{c:?}");
     // The attacker's own queue pair: dropped before parsing.
     assert!(
         io.foreign_source_dropped >= n(&report["sent"]["stranger"]) / 2,

@@ -32,6 +32,7 @@ const EXPORTED: &[(&str, CounterField)] = &[
     ("claimed", |c, _| c.claimed),
     ("claims_disproved", |c, _| c.claims_disproved),
     ("claims_accepted", |c, _| c.claims_accepted),
+    ("not_yet_published", |c, _| c.not_yet_published),
     ("requests_dropped", |_, io| io.requests_dropped),
     ("gaps_filled_by_other_line", |c, _| {
         c.gaps_filled_by_other_line
