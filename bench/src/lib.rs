@@ -31,6 +31,7 @@
 pub mod callgrind;
 pub mod demo;
 pub mod fanout;
+pub mod flood;
 pub mod ipc;
 pub mod md;
 pub mod pages;

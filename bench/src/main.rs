@@ -83,6 +83,11 @@ enum Cmd {
     /// An orders listener's cost per connect request before it answers anything (first
     /// proof, cookie, admission), for each kind of request a flood brings; no RDMA.
     AdmissionCost(admission::AdmissionCostArgs),
+    /// Orders path under a flood of connect requests from a pyverbs stranger
+    /// (`core/tests/attackers/cm_flood.py`): a healthy peer's handshake time (plain and
+    /// through the cookie) and the ping-pong's latency, quiet and flooded, in alternating
+    /// rounds; the listener's time per refused request.
+    RcFlood(rocebus_bench::flood::RcFloodArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -125,6 +130,7 @@ fn harness(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::FeedE2e(a) => feed::run(&a),
         Cmd::TagCost(a) => tagcost::run(&a),
         Cmd::AdmissionCost(a) => admission::run(&a),
+        Cmd::RcFlood(a) => rocebus_bench::flood::run(&a),
         Cmd::WithGroups(a) => {
             let status = rocebus_bench::md::with_groups(&a)?;
             std::process::exit(status.code().unwrap_or(1));

@@ -923,82 +923,6 @@ fn rdma_orders_strangers_flooding_from_many_addresses_never_keep_an_engine_out()
     drop(extra);
 }
 
-/// A pyverbs attacker (`tests/attackers/*.py`, Debian's python3-pyverbs,
-/// rdma-core's own Python binding) started with Debian's interpreter; its
-/// standard input is kept open (closing it stops the attacker) and its
-/// standard output read line by line.
-struct PyAttacker {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-impl PyAttacker {
-    fn start(script: &str, args: &[String]) -> PyAttacker {
-        use std::io::BufRead;
-        let path = format!("{}/tests/attackers/{script}", env!("CARGO_MANIFEST_DIR"));
-        // Debian's interpreter: the python3 first on PATH may be a build that does
-        // not see Debian's python3-pyverbs (`cargo xtask setup` installs it).
-        let mut child = std::process::Command::new("/usr/bin/python3")
-            .arg(&path)
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {path} with /usr/bin/python3: {e}"));
-        let out = child.stdout.take().expect("stdout");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        PyAttacker { child, lines }
-    }
-
-    /// The next line it printed, within `within`.
-    fn line(&self, within: Duration) -> String {
-        self.lines.recv_timeout(within).unwrap_or_else(|e| {
-            panic!("the attacker printed nothing more within {within:?} ({e}): did python3-pyverbs load? (`cargo xtask setup` installs it)")
-        })
-    }
-
-    /// Waits for a line equal to `want`, within `within`.
-    fn wait_for(&self, want: &str, within: Duration) {
-        let t = Instant::now();
-        loop {
-            let l = self.line(within.saturating_sub(t.elapsed()));
-            eprintln!("attacker: {l}");
-            if l == want {
-                return;
-            }
-        }
-    }
-
-    /// Closes its standard input (it stops), and returns its last line (its
-    /// report), parsed.
-    fn stop(mut self) -> serde_json::Value {
-        drop(self.child.stdin.take());
-        let mut last = None;
-        let t = Instant::now();
-        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(60)) {
-            if l.starts_with('{') {
-                last = Some(l);
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "the attacker never stopped"
-            );
-        }
-        let st = self.child.wait().expect("wait for the attacker");
-        assert!(st.success(), "the attacker failed: {st}");
-        let last = last.expect("the attacker's report");
-        serde_json::from_str(&last).unwrap_or_else(|e| panic!("{e}: {last}"))
-    }
-}
-
 /// Issue 41, with an attacker that is not rocebus: a raw rdma_cm/verbs
 /// stranger written in Python with rdma-core's own binding (pyverbs,
 /// `tests/attackers/cm_flood.py`) floods the orders listener from three
@@ -1033,7 +957,7 @@ fn rdma_orders_a_pyverbs_stranger_flooding_never_keeps_an_engine_out() {
     };
     let hex: String = captured.iter().map(|b| format!("{b:02x}")).collect();
     let srcs: Vec<String> = extra.iter().map(|a| a.0.to_string()).collect();
-    let flood = PyAttacker::start(
+    let flood = common::PyAttacker::start(
         "cm_flood.py",
         &[
             "--dst".into(),
@@ -1290,7 +1214,7 @@ fn rdma_orders_an_admitted_pyverbs_peer_writing_garbage_is_cut_off_and_a_healthy
             }
         }
     });
-    let attacker = PyAttacker::start(
+    let attacker = common::PyAttacker::start(
         "hostile_peer.py",
         &[
             "--dst".into(),

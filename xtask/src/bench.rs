@@ -959,6 +959,129 @@ pub fn run(
     Ok(())
 }
 
+/// The guest's script of `cargo xtask bench rc-latency --flood RATE`: the `rc-flood` harness
+/// (both listeners, the healthy peer and the ping-pong in one process, the pyverbs
+/// attacker `core/tests/attackers/cm_flood.py` started by it for each flooded phase). Each
+/// attempt of the attacker holds a device context and an rdma_cm channel, so the open-file
+/// limit is raised first.
+fn flood_script(
+    exe_q: &str,
+    attacker_q: &str,
+    rate: u32,
+    rounds: u32,
+    size: usize,
+    n: u64,
+) -> String {
+    format!(
+        "ulimit -n $(ulimit -Hn)
+         timeout {} {exe_q} rc-flood -s {size} -n {n} --rounds {rounds} --rate {rate} --attacker {attacker_q} --cores 0,1
+",
+        600 * u64::from(rounds) + 300
+    )
+}
+
+/// One `FLOOD round=R attempts=A quiet:KEY=V ... flood:KEY=V ...` line of `rc-flood`: the
+/// attacker's connect requests and, per phase, its figures by key.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct FloodRound {
+    attempts: f64,
+    quiet: std::collections::BTreeMap<String, f64>,
+    flood: std::collections::BTreeMap<String, f64>,
+}
+
+fn parse_flood_line(l: &str) -> Option<FloodRound> {
+    let rest = l.trim_start().strip_prefix("FLOOD ")?;
+    let mut r = FloodRound::default();
+    for kv in rest.split_whitespace() {
+        let (k, v) = kv.split_once('=')?;
+        let v: f64 = v.parse().ok()?;
+        match k.split_once(':') {
+            Some(("quiet", key)) => {
+                r.quiet.insert(key.to_owned(), v);
+            }
+            Some(("flood", key)) => {
+                r.flood.insert(key.to_owned(), v);
+            }
+            _ if k == "attempts" => r.attempts = v,
+            _ => {}
+        }
+    }
+    (!r.quiet.is_empty() && !r.flood.is_empty()).then_some(r)
+}
+
+/// The closing lines of `rc-latency --flood`: the medians over rounds of the per-round
+/// ratios flood / quiet (handshake, handshake through the cookie, ping-pong p50 and p99),
+/// the cookie path's handshake over the plain one (quiet), and the listener's time per
+/// refused request while flooded (its `accept` calls that refused requests, over those).
+fn flood_summary(rate: u32, rounds: &[FloodRound]) -> Vec<String> {
+    let med =
+        |f: &dyn Fn(&FloodRound) -> Option<f64>| median(rounds.iter().filter_map(f).collect());
+    let ratio = |k: &'static str| move |r: &FloodRound| Some(r.flood.get(k)? / r.quiet.get(k)?);
+    let per_refused = med(&|r| {
+        r.flood
+            .get("us_per_refused")
+            .copied()
+            .filter(|v| v.is_finite())
+    });
+    vec![
+        format!(
+            "rc-latency --flood {rate}: {} rounds, {:.0} requests refused per second while flooded (median; {:.0} attacker requests a round)",
+            rounds.len(),
+            med(&|r| r.flood.get("refused_per_s").copied()),
+            med(&|r| Some(r.attempts))
+        ),
+        format!(
+            "rc-latency --flood {rate}: handshake ratio {:.2}, cookie-path handshake ratio {:.2}, p50 ratio {:.2}, p99 ratio {:.2} (flood / quiet)",
+            med(&ratio("connect_us")),
+            med(&ratio("cookie_connect_us")),
+            med(&ratio("p50_us")),
+            med(&ratio("p99_us"))
+        ),
+        format!(
+            "rc-latency --flood {rate}: cookie-path handshake {:.2}x the plain one (quiet), listener {per_refused:.1} us per refused request",
+            med(&|r| Some(r.quiet.get("cookie_connect_us")? / r.quiet.get("connect_us")?)),
+        ),
+    ]
+}
+
+/// `cargo xtask bench rc-latency --flood RATE`: the `rc-flood` harness in one guest (or
+/// natively), its round lines, then [`flood_summary`].
+pub fn run_flood(
+    root: &Path,
+    rate: u32,
+    rounds: Option<u32>,
+    size: usize,
+    iterations: Option<u64>,
+) -> Result<()> {
+    let (exe, _) = build_bench(root)?;
+    let rounds = rounds.unwrap_or(3);
+    let attacker = root
+        .join("core/tests/attackers/cm_flood.py")
+        .canonicalize()?;
+    let script = flood_script(
+        &vm::shell_quote(&exe.display().to_string()),
+        &vm::shell_quote(&attacker.display().to_string()),
+        rate,
+        rounds,
+        size,
+        iterations.unwrap_or(5000),
+    );
+    let lines = run_script(
+        root,
+        &script,
+        Duration::from_secs(600 * u64::from(rounds) + 400),
+    )?;
+    let parsed: Vec<FloodRound> = lines.iter().filter_map(|l| parse_flood_line(l)).collect();
+    if parsed.is_empty() {
+        bail!("rc-flood printed no round (FLOOD line)");
+    }
+    println!();
+    for l in flood_summary(rate, &parsed) {
+        println!("{l}");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1206,6 +1329,45 @@ mod tests {
         assert!(host_args("rc-latency", t, None, None).is_err());
         assert!(names().contains(&"gateway-restart"));
         assert!(names().contains(&"admission-cost"));
+    }
+
+    #[test]
+    fn flood_rounds_are_parsed_and_summarised_as_ratios() {
+        let l =
+            "FLOOD round=1 attempts=950 quiet:connect_us=1000.0 quiet:cookie_connect_us=1500.0 \
+                 quiet:p50_us=10.00 quiet:p99_us=20.00 quiet:listener_us_per_s=50.0 \
+                 quiet:refused_per_s=0.0 quiet:us_per_refused=NaN flood:connect_us=1200.0 flood:cookie_connect_us=1800.0 \
+                 flood:p50_us=11.00 flood:p99_us=40.00 flood:listener_us_per_s=2050.0 \
+                 flood:refused_per_s=100.0 flood:us_per_refused=20.0";
+        let r = parse_flood_line(l).unwrap();
+        assert_eq!(r.attempts, 950.0);
+        assert_eq!(r.quiet["connect_us"], 1000.0);
+        assert_eq!(r.flood["refused_per_s"], 100.0);
+        assert!(
+            r.quiet["us_per_refused"].is_nan(),
+            "nothing refused while quiet"
+        );
+        assert!(parse_flood_line("RESULT p50_ns=1").is_none());
+        assert!(parse_flood_line("FLOOD round=1 attempts=3").is_none());
+        let out = flood_summary(100, &[r.clone(), r]);
+        assert_eq!(
+            out[0],
+            "rc-latency --flood 100: 2 rounds, 100 requests refused per second while flooded (median; 950 attacker requests a round)"
+        );
+        assert_eq!(
+            out[1],
+            "rc-latency --flood 100: handshake ratio 1.20, cookie-path handshake ratio 1.20, p50 ratio 1.10, p99 ratio 2.00 (flood / quiet)"
+        );
+        assert_eq!(
+            out[2],
+            "rc-latency --flood 100: cookie-path handshake 1.50x the plain one (quiet), listener 20.0 us per refused request"
+        );
+        let s = flood_script("B", "A", 100, 2, 64, 50);
+        assert!(
+            s.contains("B rc-flood -s 64 -n 50 --rounds 2 --rate 100 --attacker A --cores 0,1\n"),
+            "{s}"
+        );
+        assert!(s.starts_with("ulimit -n $(ulimit -Hn)\n"), "{s}");
     }
 
     #[test]

@@ -158,6 +158,16 @@ enum Cmd {
         /// (rc-latency, rc-throughput, md-latency, md-throughput). Emulated: ratios only.
         #[arg(long, default_value_t = 1)]
         hosts: u8,
+        /// rc-latency: instead of the comparison with perftest, the cost of a flood of
+        /// connect requests (the `rc-flood` harness, in one guest): rounds of a healthy
+        /// peer's handshake time (plain, and through the cookie a listener under load
+        /// demands) and the ping-pong's p50/p99, each quiet and while
+        /// `core/tests/attackers/cm_flood.py` (pyverbs) floods the listener with this many
+        /// connect requests per second (0: as fast as it can); prints the ratios flood /
+        /// quiet and the listener's time per refused request. --rounds default 3, -n is
+        /// the ping-pong's round trips per phase (default 5000).
+        #[arg(long, value_name = "RATE", conflicts_with_all = ["datagram_tag", "hugepages"])]
+        flood: Option<u32>,
     },
     /// The main job: the whole pipeline on soft-RoCE, then the latency report.
     ///
@@ -326,7 +336,16 @@ fn run() -> Result<()> {
             hugepages,
             api,
             hosts,
+            flood,
         } => {
+            if let Some(rate) = flood {
+                if name != "rc-latency" || hosts != 1 || api != bench::Api::Rust {
+                    anyhow::bail!(
+                        "--flood applies to rc-latency in one guest (no --hosts 2, no --api c)"
+                    );
+                }
+                return bench::run_flood(&root, rate, rounds, size, iterations);
+            }
             let variant = if datagram_tag {
                 "--datagram-tag"
             } else if hugepages {

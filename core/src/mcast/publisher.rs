@@ -119,6 +119,10 @@ pub struct PublisherCounters {
     pub retransmitted_datagrams: u64,
     /// NotAvailable answers.
     pub not_available: u64,
+    /// Requests reaching beyond what was ever sent, answered so (a
+    /// NotAvailable from the publisher's end on: a heartbeat ahead of the
+    /// stream, forged or stray, made the subscriber ask).
+    pub not_yet_published: u64,
     /// Messages sent as fragments (also counted in `messages`).
     pub large_messages: u64,
     /// Fragment datagrams sealed (also counted in `datagrams`).
@@ -262,6 +266,10 @@ impl PublisherState {
     fn slot_of(&self, idx: u64) -> usize {
         // Fits: the remainder is below meta.len().
         (idx % self.nslots()) as usize
+    }
+    /// One past the last sequence ever sent (the open datagram's first).
+    pub fn published_end(&self) -> u64 {
+        self.open_first_seq()
     }
     fn open_first_seq(&self) -> u64 {
         self.next_seq - u64::from(self.open_count)
@@ -685,8 +693,10 @@ impl PublisherState {
 
     /// Answers a retransmit request from the history: a NotAvailable for the
     /// part older than the history (the whole range if the session or channel
-    /// is not ours), then every datagram overlapping the rest, in order. The
-    /// part not yet flushed is ignored: it has never been sent.
+    /// is not ours), then every datagram overlapping the rest, in order, then,
+    /// for a part beyond what was ever sent (not yet flushed or not yet
+    /// published), a NotAvailable from the publisher's end on: unlike the
+    /// first, it starts at or after `oldest_available`.
     pub fn answer_retransmit(
         &mut self,
         req: &RetransmitRequest,
@@ -714,8 +724,29 @@ impl PublisherState {
         if not_ours {
             return;
         }
+        let published = self.open_first_seq();
         let start = req.from_seq.max(oldest_available);
-        let end = end.min(self.open_first_seq());
+        self.emit_history(start, end.min(published), &mut emit);
+        // Beyond what was ever sent: nothing was lost there, whatever a
+        // (forged) heartbeat claimed. Said so, from the publisher's end on,
+        // so the subscriber forgets the range instead of declaring it lost.
+        // Unlike the answer above (which ends at or before
+        // `oldest_available`), this one starts at or after it.
+        if end > published {
+            let from = req.from_seq.max(published);
+            self.counters.not_yet_published += 1;
+            emit(RetransmitReply::NotAvailable(NotAvailable {
+                channel: self.cfg.channel,
+                session: self.cfg.session,
+                from_seq: from,
+                count: end - from,
+                oldest_available,
+            }));
+        }
+    }
+
+    /// Emits every sealed datagram overlapping `[start, end)`, in order.
+    fn emit_history(&mut self, start: u64, end: u64, emit: &mut impl FnMut(RetransmitReply<'_>)) {
         if start >= end {
             return;
         }
@@ -1054,8 +1085,21 @@ mod tests {
                 oldest_available: 4
             }]
         );
-        // The unflushed message is not served.
-        assert_eq!(answer(&mut p, 10, 1), (vec![], vec![]));
+        // The unflushed message is not served: it was never sent, and the
+        // answer says so (it starts at or after `oldest_available`).
+        let never = |from_seq, count| NotAvailable {
+            channel: 3,
+            session: 10,
+            from_seq,
+            count,
+            oldest_available: 4,
+        };
+        assert_eq!(answer(&mut p, 10, 1), (vec![], vec![never(10, 1)]));
+        // Reaching beyond what was sent (a forged heartbeat made the
+        // subscriber ask): what was sent, then never published from the end.
+        assert_eq!(answer(&mut p, 8, 20), (vec![(7, 3)], vec![never(10, 18)]));
+        assert_eq!(answer(&mut p, 30, 5), (vec![], vec![never(30, 5)]));
+        assert_eq!(p.counters().not_yet_published, 3);
         // Wrong session: everything unavailable.
         let mut na = Vec::new();
         p.answer_retransmit(
@@ -1073,9 +1117,9 @@ mod tests {
         );
         assert_eq!(na, vec![1]);
         let c = p.counters();
-        assert_eq!(c.retransmit_requests, 4);
-        assert_eq!(c.retransmitted_datagrams, 3);
-        assert_eq!(c.not_available, 2);
+        assert_eq!(c.retransmit_requests, 6);
+        assert_eq!(c.retransmitted_datagrams, 4);
+        assert_eq!(c.not_available, 2, "the never-published answers apart");
         // Retransmitted bytes equal the originals.
         p.answer_retransmit(
             &RetransmitRequest {

@@ -997,6 +997,29 @@ impl RecoveryServer {
         if ours && cut_to_request_bytes(state, &mut r, limits.repair_request_bytes) {
             counters.repair_requests_cut += 1;
         }
+        // Beyond what the publisher ever sent (a heartbeat ahead of the
+        // stream made the subscriber ask): answered at once by unicast that
+        // it was never published, so nothing is declared lost and nothing
+        // is multicast for it; the rest goes on.
+        let end = r.from_seq.saturating_add(r.count);
+        if ours && end > state.published_end() {
+            let from = r.from_seq.max(state.published_end());
+            let beyond = RetransmitRequest {
+                from_seq: from,
+                count: end - from,
+                ..r
+            };
+            if c.out_pos >= c.outbox.len() {
+                c.progress_at = now;
+            }
+            let before = c.outbox.len();
+            queue_retransmit(state, &beyond, &mut c.outbox);
+            c.budget.charge((c.outbox.len() - before) as u64);
+            r.count = from - r.from_seq;
+            if r.count == 0 {
+                return;
+            }
+        }
         // What is ours and still in the history may be answered on
         // multicast; the rest goes back by unicast, with its NotAvailable.
         let r = if ours && r.from_seq >= state.oldest_available() {

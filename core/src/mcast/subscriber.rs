@@ -296,6 +296,10 @@ pub struct SubscriberCounters {
     pub claims_disproved: u64,
     /// Claims accepted as a real jump.
     pub claims_accepted: u64,
+    /// Answers from the publisher that a range asked for was never sent
+    /// (a heartbeat ahead of the stream, within the claim threshold, forged
+    /// or stray, made us ask): the range was forgotten, not declared lost.
+    pub not_yet_published: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -517,6 +521,11 @@ impl SubscriberState {
     /// without copying every counter).
     pub fn timeouts(&self) -> u64 {
         self.counters.timeouts
+    }
+    /// Far-ahead datagrams held as unconfirmed claims so far
+    /// (`counters().claimed` without copying every counter).
+    pub fn claimed(&self) -> u64 {
+        self.counters.claimed
     }
     /// Whether an answer from the recovery service may be on its way: a
     /// retransmit request or a snapshot request is open. The I/O layer polls
@@ -895,6 +904,13 @@ impl SubscriberState {
             RecoveryMsg::NotAvailable(na) => {
                 if na.channel != self.cfg.channel {
                     self.counters.foreign_dropped += 1;
+                } else if na.session == self.session
+                    && self.phase == Phase::Live
+                    && na.from_seq >= na.oldest_available
+                {
+                    // Not older than the history but beyond what the
+                    // publisher ever sent (its authenticated word).
+                    self.never_published(now, na.from_seq);
                 } else if na.session == self.session && self.phase == Phase::Live {
                     let to = na.from_seq.saturating_add(na.count);
                     if let Some((from, to)) = self.missing_in(na.from_seq, to) {
@@ -1116,6 +1132,31 @@ impl SubscriberState {
         self.claim = Some(claim);
         self.counters.claimed += 1;
         true
+    }
+
+    /// The publisher answered that nothing at or after `end` was ever sent:
+    /// the highest sequence known beyond it and beyond the data received
+    /// came from a heartbeat ahead of the stream (forged, within the claim
+    /// threshold), so it is forgotten, and the requests beyond, not declared
+    /// lost. A real heartbeat seen after the answer was made is forgotten
+    /// too, and learnt again from the publisher's next one.
+    fn never_published(&mut self, now: u64, end: u64) {
+        let data_end = self
+            .order
+            .back()
+            .map_or(self.next_seq, |b| b.end)
+            .max(self.next_seq);
+        let high = end.max(data_end);
+        if high >= self.high {
+            return;
+        }
+        self.counters.not_yet_published += 1;
+        self.high = high;
+        for o in &mut self.outstanding {
+            o.to = o.to.min(high);
+        }
+        self.outstanding.retain(|o| o.from < o.to);
+        self.track_stall(now);
     }
 
     /// After a snapshot: one past the last sequence that follows `next_seq`
@@ -3044,6 +3085,57 @@ mod tests {
             (0, 0, 0)
         );
         assert_eq!((c.claimed, c.claims_disproved), (30, 30));
+    }
+
+    /// Issue 41: a forged heartbeat slightly ahead of the stream (within
+    /// the claim threshold, so a hole like any) just before the stream goes
+    /// quiet. The subscriber asks for the range; the publisher answers it was
+    /// never published; the range is forgotten: nothing declared lost, no
+    /// resync, no skip (gap-tolerant), and the real messages of those
+    /// sequences, published later, are delivered. Without the answer the
+    /// retries ran out: a loss declared and a resync (strict), or the range
+    /// skipped and the real messages dropped when they came (gap-tolerant).
+    #[test]
+    fn a_forged_heartbeat_slightly_ahead_of_a_quiet_stream_is_forgotten_not_lost() {
+        for gap_tolerance_ns in [0, 3 * TIMEOUT] {
+            let mut p = publisher(1);
+            let ds = datagrams(&mut p, 3); // 1..=6
+            let mut s = announced(SubscriberConfig {
+                gap_tolerance_ns,
+                ..claiming()
+            });
+            let mut app = App::default();
+            for d in &ds {
+                s.on_datagram(0, Line::A, d, &mut app);
+            }
+            s.on_datagram(0, Line::A, &forged_heartbeat(7 + 20), &mut app);
+            assert_eq!(
+                s.counters().gaps_detected,
+                1,
+                "within the threshold: a hole"
+            );
+            // Quiet for longer than every retry and the gap tolerance take.
+            let mut now = 0;
+            for _ in 0..10 {
+                serve(&mut p, &mut s, &mut app, now);
+                now += 2 * TIMEOUT;
+                s.handle_timeout(now, &mut app);
+            }
+            assert_eq!(events(&mut s), [], "no loss, no resync, no skip");
+            let c = s.counters();
+            assert_eq!(
+                (c.unrecoverable, c.snapshot_requests, c.gaps_skipped),
+                (0, 0, 0),
+                "{c:?}"
+            );
+            assert_eq!(c.not_yet_published, 1, "{c:?}");
+            assert!(!s.expects_recovery(), "nothing left asked for");
+            // The real messages of those sequences come later.
+            for d in datagrams(&mut p, 15) {
+                s.on_datagram(now, Line::A, &d, &mut app);
+            }
+            assert_eq!(app.seqs, (1..=36).collect::<Vec<_>>(), "{gap_tolerance_ns}");
+        }
     }
 
     #[test]

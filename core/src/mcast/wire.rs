@@ -645,7 +645,11 @@ pub struct RetransmitRequest {
 }
 
 /// Publisher → subscriber: `[from_seq, from_seq + count)` cannot be served in
-/// full; nothing older than `oldest_available` is kept.
+/// full; nothing older than `oldest_available` is kept. Two meanings, told
+/// apart by where the range starts: below `oldest_available`, the range is
+/// older than the history (lost); at or above it, the range is beyond what
+/// the publisher ever sent, `from_seq` its end (never published: nothing
+/// lost, a heartbeat ahead of the stream made the subscriber ask).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NotAvailable {
     /// Channel id.

@@ -139,7 +139,16 @@ def worker(src, args, captured, out):
     signal.signal(signal.SIGUSR1, on_stop)
     held = []
     i = 0
+    every = len(args.src.split(",")) / args.rate if args.rate > 0 else 0.0
+    next_at = time.monotonic()
     while not STOP:
+        if every:
+            next_at += every
+            pause = next_at - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            else:
+                next_at = time.monotonic()
         kind = KINDS[i % len(KINDS)]
         data = private_data(kind, captured, i)
         try:
@@ -166,6 +175,8 @@ def main():
     ap.add_argument("--src", required=True, help="local addresses, comma separated")
     ap.add_argument("--replay", required=True, help="a captured connect request, hex")
     ap.add_argument("--seconds", type=float, default=120.0)
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="attempts per second over all sources (0: as fast as they can)")
     args = ap.parse_args()
     captured = bytes.fromhex(args.replay)
     if len(captured) < PROOF_AT + PROOF_LEN:

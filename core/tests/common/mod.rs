@@ -369,3 +369,84 @@ pub fn wait_for_go(peer: std::net::IpAddr, port: u16) {
 /// other crates' tests.
 #[path = "../support/gid_stat.rs"]
 pub mod gid_stat;
+
+/// A pyverbs attacker (`tests/attackers/*.py`, Debian's python3-pyverbs,
+/// rdma-core's own Python binding) started with Debian's interpreter; its
+/// standard input is kept open (closing it stops the attacker) and its
+/// standard output read line by line.
+pub struct PyAttacker {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl PyAttacker {
+    pub fn start(script: &str, args: &[String]) -> PyAttacker {
+        use std::io::BufRead;
+        let path = format!("{}/tests/attackers/{script}", env!("CARGO_MANIFEST_DIR"));
+        // Debian's interpreter: the python3 first on PATH may be a build that does
+        // not see Debian's python3-pyverbs (`cargo xtask setup` installs it).
+        let mut child = std::process::Command::new("/usr/bin/python3")
+            .arg(&path)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {path} with /usr/bin/python3: {e}"));
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        PyAttacker { child, lines }
+    }
+
+    /// The next line it printed, within `within`.
+    pub fn line(&self, within: std::time::Duration) -> String {
+        self.lines.recv_timeout(within).unwrap_or_else(|e| {
+            panic!("the attacker printed nothing more within {within:?} ({e}): did python3-pyverbs load? (`cargo xtask setup` installs it)")
+        })
+    }
+
+    /// A line it printed, if one is waiting (never blocks).
+    pub fn try_line(&self) -> Option<String> {
+        self.lines.try_recv().ok()
+    }
+
+    /// Waits for a line equal to `want`, within `within`.
+    pub fn wait_for(&self, want: &str, within: std::time::Duration) {
+        let t = std::time::Instant::now();
+        loop {
+            let l = self.line(within.saturating_sub(t.elapsed()));
+            eprintln!("attacker: {l}");
+            if l == want {
+                return;
+            }
+        }
+    }
+
+    /// Closes its standard input (it stops), and returns its last line (its
+    /// report), parsed.
+    pub fn stop(mut self) -> serde_json::Value {
+        drop(self.child.stdin.take());
+        let mut last = None;
+        let t = std::time::Instant::now();
+        while let Ok(l) = self.lines.recv_timeout(std::time::Duration::from_secs(60)) {
+            if l.starts_with('{') {
+                last = Some(l);
+                break;
+            }
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(60),
+                "the attacker never stopped"
+            );
+        }
+        let st = self.child.wait().expect("wait for the attacker");
+        assert!(st.success(), "the attacker failed: {st}");
+        let last = last.expect("the attacker's report");
+        serde_json::from_str(&last).unwrap_or_else(|e| panic!("{e}: {last}"))
+    }
+}

@@ -29,6 +29,10 @@ const EXPORTED: &[(&str, CounterField)] = &[
     ("foreign_source_dropped", |_, io| io.foreign_source_dropped),
     ("wrong_session_dropped", |c, _| c.wrong_session_dropped),
     ("bad_tag_dropped", |c, _| c.bad_tag_dropped),
+    ("claimed", |c, _| c.claimed),
+    ("claims_disproved", |c, _| c.claims_disproved),
+    ("claims_accepted", |c, _| c.claims_accepted),
+    ("not_yet_published", |c, _| c.not_yet_published),
     ("requests_dropped", |_, io| io.requests_dropped),
     ("gaps_filled_by_other_line", |c, _| {
         c.gaps_filled_by_other_line

@@ -88,6 +88,8 @@ pub struct McastSubscriber {
     idle_link_turns: u32,
     /// When to report position and rate to the publisher.
     status: StatusReporter,
+    /// `claimed` when claims were last logged (at counts 1, 2, 4, ...).
+    claims_logged: u64,
 }
 
 impl std::fmt::Debug for McastSubscriber {
@@ -255,6 +257,7 @@ impl McastSubscriber {
             watch: LinkWatch::new(cfg.recovery.dead_link_ns),
             idle_link_turns: 0,
             status: StatusReporter::new(cfg.recovery.status_interval_ns),
+            claims_logged: 0,
         })
     }
 
@@ -353,6 +356,25 @@ impl McastSubscriber {
         }
         if state.poll_timeout().is_some_and(|t| t.as_nanos() <= now) {
             state.handle_timeout(now, app);
+        }
+        // Far-ahead datagrams from the publisher's source (forged, without
+        // datagram tags, or a real jump not yet corroborated): logged when
+        // the count reaches 1, 2, 4, 8, ..., so a flood of forgeries costs
+        // a few lines, never one per datagram.
+        let claimed = state.claimed();
+        if claimed > self.claims_logged {
+            if self.claims_logged == 0 || claimed.ilog2() > self.claims_logged.ilog2() {
+                let c = state.counters();
+                tracing::warn!(
+                    channel = self.reconnect.channel,
+                    claimed,
+                    disproved = c.claims_disproved,
+                    accepted = c.claims_accepted,
+                    "market data: datagrams far ahead of the stream held as unconfirmed claims \
+                     (forged, or a jump not yet corroborated; logged at counts 1, 2, 4, ...)"
+                );
+            }
+            self.claims_logged = claimed;
         }
         // The dead-link rule (see LinkWatch).
         let up = matches!(self.link, Link::Up { .. });
