@@ -22,6 +22,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::checkpoint_writer::{CheckpointJob, WriterError, Written};
 use crate::config::Config;
 use crate::fix::SessionConfig;
 use crate::gateway::{EngineFrame, EngineId, Gateway, Outputs};
@@ -562,6 +563,37 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     /// The one clock the driver reads, for entry points not handed a [`Now`]
     /// ([`Now::read`] but in the simulator).
     clock: fn() -> Now,
+    /// The checkpoint in flight: its cut is journaled and applied, the writer builds it.
+    checkpoint: Option<InFlight>,
+    /// Run checkpoint jobs in line, at the flush after the cut (the simulator and tests:
+    /// deterministic), instead of on a thread of their own.
+    checkpoint_inline: bool,
+}
+
+/// A checkpoint between its cut and its switch.
+#[derive(Debug)]
+enum InFlight {
+    /// To be run in line at the next flush.
+    Inline(CheckpointJob),
+    /// Running on its own thread.
+    Thread(WriterThread),
+}
+
+/// A checkpoint writer thread and where its answer arrives. Dropped (the driver dropped with
+/// a job in flight), it waits for the thread, so no writer outlives its driver and writes
+/// `FILE.next` beside a journal another driver has opened since.
+#[derive(Debug)]
+struct WriterThread {
+    rx: std::sync::mpsc::Receiver<Result<Written, WriterError>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for WriterThread {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 /// Journal segments started by this driver.
@@ -578,6 +610,19 @@ pub struct SegmentStats {
     /// CPU time of the service thread during the last rotation, nanoseconds (the wall
     /// time less waiting for the disk or for a CPU).
     pub last_rotation_cpu_ns: u64,
+    /// How long the last rotation's cut (its record appended and applied) held the
+    /// service, nanoseconds (wall; CPU in `last_cut_cpu_ns`).
+    pub last_cut_ns: u64,
+    /// CPU time of the service thread during the last cut, nanoseconds.
+    pub last_cut_cpu_ns: u64,
+    /// How long the last switch to a new segment held the service, nanoseconds (wall; CPU
+    /// in `last_switch_cpu_ns`). `last_rotation_ns` is the longer of cut and switch.
+    pub last_switch_ns: u64,
+    /// CPU time of the service thread during the last switch, nanoseconds.
+    pub last_switch_cpu_ns: u64,
+    /// Wall time the checkpoint writer took for the last checkpoint (off the service
+    /// thread), nanoseconds.
+    pub last_build_ns: u64,
 }
 
 fn thread_cpu_ns() -> u64 {
@@ -693,6 +738,8 @@ impl<L: VenueLink> FixDriver<L> {
             held: Vec::new(),
             turn: Now::read(),
             clock: Now::read,
+            checkpoint: None,
+            checkpoint_inline: false,
         };
         // Requests whose order message the journal lost with a torn last write never went
         // out: answered now (and journaled), before anything else happens.
@@ -1150,13 +1197,170 @@ impl<L: VenueLink> FixDriver<L> {
             }
         }
         out.clear();
-        if self.segment_bytes > 0
-            && self.journal.len() - self.segment_start >= self.segment_bytes
-            && self.health.poll_rotation(self.turn.mono)
-        {
-            self.checkpoint();
+        if self.segment_bytes > 0 {
+            if self.checkpoint.is_some() {
+                if !self.health.is_degraded() {
+                    self.finish_checkpoint(false);
+                }
+            } else if self.journal.len() - self.segment_start >= self.segment_bytes
+                && self.health.poll_rotation(self.turn.mono)
+            {
+                self.cut();
+            }
         }
         Ok(())
+    }
+
+    /// Runs checkpoint jobs in line at the flush after their cut (the simulator and
+    /// tests), instead of on a thread of their own (the default).
+    pub fn set_checkpoint_inline(&mut self, inline: bool) {
+        self.checkpoint_inline = inline;
+    }
+
+    /// Whether a checkpoint is in flight (cut journaled, switch not done yet).
+    pub fn checkpoint_in_flight(&self) -> bool {
+        self.checkpoint.is_some()
+    }
+
+    /// Starts a checkpoint: journals a [`record::CUT`](crate::gateway::record::CUT) in an
+    /// ordinary append, applies it where it stands (as replay does), and hands the
+    /// writer the job of building the checkpoint at the cut from the segment on disk. The
+    /// service thread does no pass over the state but the cut's own
+    /// ([`Gateway::checkpoint_written`]). Returns whether a checkpoint is now in flight.
+    fn cut(&mut self) -> bool {
+        if self.health.is_degraded() || self.checkpoint.is_some() {
+            return false;
+        }
+        let t0 = Instant::now();
+        let cpu0 = thread_cpu_ns();
+        let at = self.journal.len();
+        let mut rec = Vec::with_capacity(16);
+        crate::journal::encode_record(&mut rec, crate::gateway::record::CUT, &[]);
+        if let Err(e) = self.journal.append(&rec, 1) {
+            // Rolled back: nothing of the cut is in the journal, nor applied.
+            self.checkpoint_failed(&e);
+            return false;
+        }
+        self.gw.checkpoint_written();
+        let job = CheckpointJob {
+            fs: self.journal.storage(),
+            path: self.rebuild.path.clone(),
+            cut: at,
+            session: self.rebuild.session.clone(),
+            risk: self.rebuild.risk.clone(),
+        };
+        self.checkpoint = Some(if self.checkpoint_inline {
+            InFlight::Inline(job)
+        } else {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let spawned = std::thread::Builder::new()
+                .name("gw-checkpoint".into())
+                .spawn(move || {
+                    let _ = tx.send(job.run(None));
+                });
+            match spawned {
+                Ok(h) => InFlight::Thread(WriterThread {
+                    rx,
+                    handle: Some(h),
+                }),
+                Err(e) => {
+                    // The cut stays (journaled and applied, as replay will): the next
+                    // attempt cuts again.
+                    self.checkpoint_failed(&JournalError::Rotate {
+                        path: self.rebuild.path.clone(),
+                        source: e,
+                    });
+                    return false;
+                }
+            }
+        });
+        self.segments.last_cut_ns = t0.elapsed().as_nanos() as u64;
+        self.segments.last_cut_cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
+        true
+    }
+
+    /// The writer's answer, if it has one (`wait`: waits for it), switched to: returns
+    /// whether a new segment was started, `None` if the writer is not done.
+    fn finish_checkpoint(&mut self, wait: bool) -> Option<bool> {
+        let written = match self.checkpoint.take()? {
+            InFlight::Inline(job) => job.run(self.journal.faults_mut()),
+            InFlight::Thread(t) => {
+                let r = if wait {
+                    t.rx.recv().unwrap_or(Err(WriterError::Gone))
+                } else {
+                    match t.rx.try_recv() {
+                        Ok(r) => r,
+                        Err(std::sync::mpsc::TryRecvError::Empty) => {
+                            self.checkpoint = Some(InFlight::Thread(t));
+                            return None;
+                        }
+                        Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                            Err(WriterError::Gone)
+                        }
+                    }
+                };
+                drop(t);
+                r
+            }
+        };
+        let t0 = Instant::now();
+        let cpu0 = thread_cpu_ns();
+        let result = written.and_then(|w| {
+            let (bytes, took) = (w.checkpoint_bytes, w.took_ns);
+            let archive = self
+                .journal
+                .rotate_prepared(&self.rebuild.path, w.prepared, w.cut_end)?;
+            Ok((archive, bytes, took))
+        });
+        Some(match result {
+            Ok((archive, bytes, took)) => {
+                self.health.handle_rotation(true, self.turn.mono);
+                if self.journal.dir_sync_pending() {
+                    tracing::warn!(
+                        journal = %self.rebuild.path.display(),
+                        "journal: the new segment is in place but its directory could not be \
+                         synced; synced appends retry that and fail (degraded) until it works"
+                    );
+                }
+                self.segment_start = self.journal.len();
+                let s = &mut self.segments;
+                s.rotations += 1;
+                s.last_checkpoint_bytes = bytes;
+                s.last_build_ns = took;
+                s.last_switch_ns = t0.elapsed().as_nanos() as u64;
+                s.last_switch_cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
+                (s.last_rotation_ns, s.last_rotation_cpu_ns) =
+                    if s.last_switch_ns >= s.last_cut_ns {
+                        (s.last_switch_ns, s.last_switch_cpu_ns)
+                    } else {
+                        (s.last_cut_ns, s.last_cut_cpu_ns)
+                    };
+                tracing::info!(
+                    archived = %archive.display(),
+                    checkpoint_bytes = bytes,
+                    built_us = took / 1000,
+                    cut_us = s.last_cut_ns / 1000,
+                    switch_us = s.last_switch_ns / 1000,
+                    open_orders = self.gw.open_order_count(),
+                    "journal: new segment started from a checkpoint"
+                );
+                true
+            }
+            Err(e) => {
+                self.checkpoint_failed(&e);
+                false
+            }
+        })
+    }
+
+    fn checkpoint_failed(&mut self, e: &(dyn std::error::Error + 'static)) {
+        self.segments.failures += 1;
+        let wait = self.health.handle_rotation(false, self.turn.mono);
+        tracing::error!(
+            error = %anyhow_chain(e),
+            retry_in_s = wait.as_secs(),
+            "journal: checkpoint failed; the current segment stays in use"
+        );
     }
 
     /// Starts a new journal segment once `bytes` have been appended to the current one
@@ -1169,7 +1373,9 @@ impl<L: VenueLink> FixDriver<L> {
     /// At a clean stop: starts a new segment if this one holds anything besides its
     /// checkpoint and segments are on.
     pub fn checkpoint_at_stop(&mut self) {
-        if self.segment_bytes > 0 && self.journal.len() > self.segment_start {
+        if self.segment_bytes > 0
+            && (self.checkpoint.is_some() || self.journal.len() > self.segment_start)
+        {
             self.checkpoint();
         }
     }
@@ -1180,64 +1386,18 @@ impl<L: VenueLink> FixDriver<L> {
     }
 
     /// Writes a checkpoint and starts a new journal segment with it now (also at a clean
-    /// stop, so the next start replays nothing but the checkpoint). Everything staged must
-    /// have been flushed. A failure is logged and counted; the current segment stays in
-    /// use and nothing is lost. Returns whether a new segment was started.
+    /// stop, so the next start replays little but the checkpoint): finishes the one in
+    /// flight, if any, else cuts and waits for the writer. Everything staged must have been
+    /// flushed. A failure is logged and counted; the current segment stays in use and
+    /// nothing is lost. Returns whether a new segment was started.
     pub fn checkpoint(&mut self) -> bool {
         if self.health.is_degraded() {
             return false;
         }
-        let t0 = Instant::now();
-        let cpu0 = thread_cpu_ns();
-        let result = self
-            .gw
-            .checkpoint()
-            .map_err(DriverError::from)
-            .and_then(|payload| {
-                let mut record = Vec::with_capacity(payload.len() + 16);
-                crate::journal::encode_record(
-                    &mut record,
-                    crate::gateway::record::CHECKPOINT,
-                    &[&payload],
-                );
-                self.segments.last_checkpoint_bytes = record.len() as u64;
-                Ok(self.journal.rotate(&self.rebuild.path, &record)?)
-            });
-        match result {
-            Ok(archive) => {
-                self.health.handle_rotation(true, self.turn.mono);
-                if self.journal.dir_sync_pending() {
-                    tracing::warn!(
-                        journal = %self.rebuild.path.display(),
-                        "journal: the new segment is in place but its directory could not be \
-                         synced; synced appends retry that and fail (degraded) until it works"
-                    );
-                }
-                self.gw.checkpoint_written();
-                self.segment_start = self.journal.len();
-                self.segments.rotations += 1;
-                self.segments.last_rotation_ns = t0.elapsed().as_nanos() as u64;
-                self.segments.last_rotation_cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
-                tracing::info!(
-                    archived = %archive.display(),
-                    checkpoint_bytes = self.segments.last_checkpoint_bytes,
-                    took_us = self.segments.last_rotation_ns / 1000,
-                    open_orders = self.gw.open_order_count(),
-                    "journal: new segment started from a checkpoint"
-                );
-                true
-            }
-            Err(e) => {
-                self.segments.failures += 1;
-                let wait = self.health.handle_rotation(false, self.turn.mono);
-                tracing::error!(
-                    error = %anyhow_chain(&e),
-                    retry_in_s = wait.as_secs(),
-                    "journal: checkpoint failed; the current segment stays in use"
-                );
-                false
-            }
+        if self.checkpoint.is_none() && !self.cut() {
+            return false;
         }
+        self.finish_checkpoint(true).unwrap_or(false)
     }
 
     fn journal_failed(
@@ -1336,6 +1496,7 @@ mod tests {
         let mut d =
             FixDriver::open_with("127.0.0.1:9", session, &risk, &path, FsyncPolicy::Group).unwrap();
         d.set_segment_bytes(1);
+        d.set_checkpoint_inline(true);
         // The next segment cannot be created: a directory is in its way.
         std::fs::create_dir(dir.path().join("gw.journal.next")).unwrap();
         let m = crate::proto::NewOrder::new(
@@ -1370,6 +1531,9 @@ mod tests {
         // The cause goes away: the next due attempt succeeds and the back-off ends.
         std::fs::remove_dir(dir.path().join("gw.journal.next")).unwrap();
         d.health.rotation_retry = d.health.rotation_retry.map(|(_, w)| (d.turn.mono, w));
+        // The cut at one flush, the writer's checkpoint switched to at the next.
+        d.flush_with(|_, _| {}).unwrap();
+        assert!(d.checkpoint_in_flight());
         d.flush_with(|_, _| {}).unwrap();
         assert_eq!(d.segment_stats().rotations, 1);
         assert!(d.health.rotation_retry.is_none());

@@ -350,6 +350,12 @@ impl Gateway {
                     let _ = self.apply_app(&m, scratch);
                 }
             }
+            // Where the live gateway applied it: the same state follows, and the next
+            // segment's checkpoint (the state just before it) restores to it.
+            record::CUT if payload.is_empty() => self.checkpoint_written(),
+            record::CUT => {
+                self.refuse_record(format!("a cut record of {} bytes", payload.len()))
+            }
             kind => self.refuse_record(format!("a record of kind {kind}")),
         }
     }
