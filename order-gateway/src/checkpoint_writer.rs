@@ -82,9 +82,10 @@ impl CheckpointJob {
     ) -> Result<Written, WriterError> {
         let t0 = Instant::now();
         let mut gw = Gateway::new(self.session, &self.risk)?;
-        let cut = journal::replay_prefix_in(&*self.fs, &self.path, self.cut, record::CUT, |k, p| {
-            gw.replay_record(k, p)
-        })?;
+        let cut =
+            journal::replay_prefix_in(&*self.fs, &self.path, self.cut, record::CUT, |k, p| {
+                gw.replay_record(k, p)
+            })?;
         if let Some(e) = gw.take_replay_error() {
             return Err(e.into());
         }

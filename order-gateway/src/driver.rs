@@ -1294,9 +1294,7 @@ impl<L: VenueLink> FixDriver<L> {
                             self.checkpoint = Some(InFlight::Thread(t));
                             return None;
                         }
-                        Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                            Err(WriterError::Gone)
-                        }
+                        Err(std::sync::mpsc::TryRecvError::Disconnected) => Err(WriterError::Gone),
                     }
                 };
                 drop(t);
@@ -1307,9 +1305,9 @@ impl<L: VenueLink> FixDriver<L> {
         let cpu0 = thread_cpu_ns();
         let result = written.and_then(|w| {
             let (bytes, took) = (w.checkpoint_bytes, w.took_ns);
-            let archive = self
-                .journal
-                .rotate_prepared(&self.rebuild.path, w.prepared, w.cut_end)?;
+            let archive =
+                self.journal
+                    .rotate_prepared(&self.rebuild.path, w.prepared, w.cut_end)?;
             Ok((archive, bytes, took))
         });
         Some(match result {
@@ -1329,12 +1327,12 @@ impl<L: VenueLink> FixDriver<L> {
                 s.last_build_ns = took;
                 s.last_switch_ns = t0.elapsed().as_nanos() as u64;
                 s.last_switch_cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
-                (s.last_rotation_ns, s.last_rotation_cpu_ns) =
-                    if s.last_switch_ns >= s.last_cut_ns {
-                        (s.last_switch_ns, s.last_switch_cpu_ns)
-                    } else {
-                        (s.last_cut_ns, s.last_cut_cpu_ns)
-                    };
+                (s.last_rotation_ns, s.last_rotation_cpu_ns) = if s.last_switch_ns >= s.last_cut_ns
+                {
+                    (s.last_switch_ns, s.last_switch_cpu_ns)
+                } else {
+                    (s.last_cut_ns, s.last_cut_cpu_ns)
+                };
                 tracing::info!(
                     archived = %archive.display(),
                     checkpoint_bytes = bytes,
@@ -1537,6 +1535,228 @@ mod tests {
         d.flush_with(|_, _| {}).unwrap();
         assert_eq!(d.segment_stats().rotations, 1);
         assert!(d.health.rotation_retry.is_none());
+    }
+
+    // ---- checkpoints off the service thread (issue 40) ----
+
+    /// A driver with no venue whose every batch is past the segment size: each flush with
+    /// records cuts, and the next one switches (the writer runs in line).
+    fn segmented(path: &Path) -> FixDriver {
+        let (risk, session) = (
+            crate::gateway::tests::risk(),
+            crate::gateway::tests::session(),
+        );
+        let mut d =
+            FixDriver::open_with("127.0.0.1:9", session, &risk, path, FsyncPolicy::Group).unwrap();
+        d.set_segment_bytes(1);
+        d.set_checkpoint_inline(true);
+        d
+    }
+
+    fn reopen(path: &Path) -> FixDriver {
+        let (risk, session) = (
+            crate::gateway::tests::risk(),
+            crate::gateway::tests::session(),
+        );
+        FixDriver::open_with("127.0.0.1:9", session, &risk, path, FsyncPolicy::Group).unwrap()
+    }
+
+    /// Engine 1's order `n`, staged and flushed.
+    fn order(d: &mut FixDriver, n: u64) {
+        let m = crate::proto::NewOrder::new(
+            n,
+            7,
+            crate::proto::Symbol::new("AAPL").unwrap(),
+            crate::proto::Side::Buy,
+            10,
+            100,
+            crate::proto::TimeInForce::Day,
+        );
+        d.stage_engine_message(1, zerocopy::IntoBytes::as_bytes(&m), Wall::now());
+        d.flush_with(|_, _| {}).unwrap();
+    }
+
+    /// The state a restart rebuilds is the live one: the checkpoints of both are equal.
+    fn assert_restart_is_live(d: FixDriver, path: &Path) {
+        let live = d.gateway().checkpoint().unwrap();
+        drop(d);
+        let back = reopen(path);
+        assert_eq!(
+            back.gateway().checkpoint().unwrap(),
+            live,
+            "a restart rebuilds another state than the live one"
+        );
+    }
+
+    fn cuts_in(file: &Path) -> usize {
+        let mut n = 0;
+        crate::journal::read_records(file, |r| {
+            n += usize::from(r.kind == crate::gateway::record::CUT)
+        })
+        .unwrap();
+        n
+    }
+
+    /// The segment keeps growing while the writer works: what was appended after the cut
+    /// is copied after the checkpoint, so the new segment restores to the live state (the
+    /// order of the batch flushed between cut and switch included).
+    #[test]
+    fn records_appended_after_the_cut_reach_the_new_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        order(&mut d, 1);
+        assert!(
+            d.checkpoint_in_flight(),
+            "the flush past the segment size cuts"
+        );
+        order(&mut d, 2);
+        order(&mut d, 3);
+        assert_eq!(d.segment_stats().rotations, 1);
+        assert_eq!(cuts_in(&dir.path().join("gw.journal.1")), 1);
+        assert_eq!(cuts_in(&path), 1, "order 3's flush cut again");
+        assert!(crate::journal::verify(&path).unwrap().damage.is_none());
+        d.sync().unwrap();
+        // Built off the service thread from the segment's prefix, the checkpoint and the
+        // copied tail restore what the live gateway holds.
+        assert_restart_is_live(d, &path);
+    }
+
+    /// A second checkpoint asked for while one is in flight finishes that one: one cut,
+    /// one new segment.
+    #[test]
+    fn a_checkpoint_asked_for_while_one_is_in_flight_finishes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        order(&mut d, 1);
+        assert!(d.checkpoint_in_flight());
+        assert!(d.checkpoint());
+        assert!(!d.checkpoint_in_flight());
+        assert_eq!(d.segment_stats().rotations, 1);
+        assert_eq!(cuts_in(&dir.path().join("gw.journal.1")), 1);
+        assert_eq!(cuts_in(&path), 0);
+        assert_restart_is_live(d, &path);
+    }
+
+    /// A stop (SIGTERM, `control stop`) while a checkpoint is in flight finishes it, so
+    /// the next start replays the checkpoint and nothing else.
+    #[test]
+    fn a_stop_during_a_checkpoint_finishes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        order(&mut d, 1);
+        assert!(d.checkpoint_in_flight());
+        d.checkpoint_at_stop();
+        assert!(!d.checkpoint_in_flight());
+        assert_eq!(d.segment_stats().rotations, 1);
+        let live = d.gateway().checkpoint().unwrap();
+        drop(d);
+        let back = reopen(&path);
+        assert_eq!(
+            back.recovery().records,
+            1,
+            "the start replays the checkpoint only"
+        );
+        assert_eq!(back.gateway().checkpoint().unwrap(), live);
+    }
+
+    /// A crash after the cut, before the switch: the cut replays where it stands and the
+    /// day is whole; no `FILE.next` is left in use.
+    #[test]
+    fn a_crash_between_cut_and_switch_restarts_to_the_same_day() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        order(&mut d, 1);
+        assert!(d.checkpoint_in_flight());
+        // The writer got as far as `FILE.next`, then the process died.
+        let job = match d.checkpoint.take() {
+            Some(InFlight::Inline(job)) => job,
+            other => panic!("{other:?}"),
+        };
+        let _ = job.run(None).unwrap();
+        assert!(dir.path().join("gw.journal.next").exists());
+        let live = d.gateway().checkpoint().unwrap();
+        drop(d);
+        let back = reopen(&path);
+        assert!(!dir.path().join("gw.journal.next").exists());
+        assert_eq!(back.gateway().checkpoint().unwrap(), live);
+        assert_eq!(cuts_in(&path), 1);
+    }
+
+    /// Fails the `n`th journal operation from now, once.
+    #[derive(Debug)]
+    struct FailNth {
+        n: u32,
+        seen: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    impl crate::journal::StorageFaults for FailNth {
+        fn check(&mut self, _op: crate::journal::StorageOp) -> io::Result<()> {
+            // ORDERING: Relaxed: one thread (the test's) counts; read after it joined.
+            let i = self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if i == self.n {
+                return Err(io::Error::from_raw_os_error(5));
+            }
+            Ok(())
+        }
+    }
+
+    /// EIO on each file operation of a checkpoint in turn (the cut's append, the writer's
+    /// write and sync of `FILE.next`, the switch's seal, write, sync, link, rename and
+    /// directory sync): the driver goes on, the day is whole at a restart, and once the
+    /// disk works a later attempt starts the segment.
+    #[test]
+    fn eio_on_each_step_of_a_checkpoint_loses_nothing() {
+        let mut n = 0;
+        loop {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("gw.journal");
+            let mut d = segmented(&path);
+            let seen = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+            d.set_storage_faults(
+                Some(Box::new(FailNth {
+                    n,
+                    seen: seen.clone(),
+                })),
+                Now::read,
+            );
+            order(&mut d, 1);
+            order(&mut d, 2);
+            // ORDERING: Relaxed, as in FailNth (same thread).
+            let ops = seen.load(std::sync::atomic::Ordering::Relaxed);
+            d.set_storage_faults(None, Now::read);
+            if !d.health.is_degraded() {
+                d.health.rotation_retry = None;
+            }
+            for k in 3..6 {
+                if d.health.is_degraded() {
+                    d.health.next_probe = Some(d.turn.mono);
+                    d.probe();
+                    d.flush_with(|_, _| {}).unwrap();
+                }
+                d.health.rotation_retry = d.health.rotation_retry.map(|(_, w)| (d.turn.mono, w));
+                order(&mut d, k);
+            }
+            d.checkpoint();
+            assert!(!d.health.is_degraded(), "fault {n}: the disk works again");
+            assert!(
+                d.segment_stats().rotations >= 1,
+                "fault {n}: no segment started"
+            );
+            d.sync().unwrap();
+            let live = d.gateway().checkpoint().unwrap();
+            drop(d);
+            let back = reopen(&path);
+            assert_eq!(back.gateway().checkpoint().unwrap(), live, "fault {n}");
+            if n >= ops {
+                break;
+            }
+            n += 1;
+        }
+        assert!(n > 10, "only {n} operations in two checkpointed batches");
     }
 
     fn syn_dropping_listener() -> (rustix::fd::OwnedFd, SocketAddr, Vec<TcpStream>) {

@@ -1982,7 +1982,9 @@ impl Journal {
                 prev_chain: self.chain,
             };
             let mut first_header = [0u8; RECORD_HEADER];
-            first_header[..4].copy_from_slice(&((prepared.first_len - RECORD_HEADER as u64) as u32).to_le_bytes());
+            first_header[..4].copy_from_slice(
+                &((prepared.first_len - RECORD_HEADER as u64) as u32).to_le_bytes(),
+            );
             first_header[4..8].copy_from_slice(&first_crc.to_le_bytes());
             first_header[8..].copy_from_slice(&self.chain.to_le_bytes());
             records.extend_from_slice(&commit);
@@ -2082,10 +2084,12 @@ pub fn replay_prefix_in(
     cut_kind: u8,
     mut on_record: impl FnMut(u8, &[u8]),
 ) -> Result<CutPoint, JournalError> {
-    let file = fs.open(path, OpenMode::Read).map_err(|source| JournalError::Open {
-        path: path.to_owned(),
-        source,
-    })?;
+    let file = fs
+        .open(path, OpenMode::Read)
+        .map_err(|source| JournalError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
     let mut found = None;
     let scan = scan_file_to(&*file, path, cut + 1, &mut |r| {
         if r.offset < cut {

@@ -353,9 +353,7 @@ impl Gateway {
             // Where the live gateway applied it: the same state follows, and the next
             // segment's checkpoint (the state just before it) restores to it.
             record::CUT if payload.is_empty() => self.checkpoint_written(),
-            record::CUT => {
-                self.refuse_record(format!("a cut record of {} bytes", payload.len()))
-            }
+            record::CUT => self.refuse_record(format!("a cut record of {} bytes", payload.len())),
             kind => self.refuse_record(format!("a record of kind {kind}")),
         }
     }
