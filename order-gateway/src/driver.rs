@@ -1686,6 +1686,36 @@ mod tests {
         assert_eq!(cuts_in(&path), 1);
     }
 
+    /// The service's own mode: the writer on a thread of its own while the service keeps
+    /// appending; the checkpoint is switched to at a later flush, and a driver dropped with
+    /// a writer in flight waits for it (no writer outlives its driver to write `FILE.next`
+    /// beside a journal reopened since).
+    #[test]
+    fn the_writer_thread_builds_while_the_service_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        d.set_checkpoint_inline(false);
+        order(&mut d, 1);
+        assert!(d.checkpoint_in_flight());
+        let mut n = 2;
+        while d.checkpoint_in_flight() {
+            order(&mut d, n);
+            n += 1;
+            std::thread::sleep(Duration::from_millis(1));
+            assert!(n < 10_000, "the writer never answered");
+        }
+        assert_eq!(d.segment_stats().rotations, 1);
+        assert!(d.segment_stats().last_build_ns > 0);
+        // A cut, then the driver is dropped at once: the thread is waited for.
+        order(&mut d, n);
+        assert!(d.checkpoint_in_flight());
+        d.sync().unwrap();
+        assert_restart_is_live(d, &path);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!dir.path().join("gw.journal.next").exists());
+    }
+
     /// Fails the `n`th journal operation from now, once.
     #[derive(Debug)]
     struct FailNth {

@@ -251,7 +251,7 @@ use engines::{Conn, Frame, SimEngine, Wire};
 use rocebus::clock::{Mono, Now, Wall};
 
 /// Kinds of fault counted, in the order of [`SeedReport::faults`].
-pub const FAULT_NAMES: [&str; 50] = [
+pub const FAULT_NAMES: [&str; 51] = [
     "crash (kill -9)",
     "crash mid-write: torn write",
     "crash mid-write: power loss",
@@ -302,6 +302,7 @@ pub const FAULT_NAMES: [&str; 50] = [
     "-> connection rejected: pending cap",
     "-> responses back-pressured (ring full)",
     "-> engine requests held (backlog at half the cap)",
+    "crash mid-write with a checkpoint in flight (writer and switch syncs)",
 ];
 const CRASH: usize = 0;
 const TORN: usize = 1;
@@ -341,6 +342,7 @@ const LINK_LOGON_TIMEOUT: usize = 46;
 const LINK_OVER_CAP: usize = 47;
 const LINK_PRESSED: usize = 48;
 const LINK_HELD: usize = 49;
+const CRASH_IN_CHECKPOINT: usize = 50;
 
 /// The engines' live links in a run: the service's limits, shortened so that a run of a
 /// few simulated seconds meets each of them (`max_backlog` is [`SimConfig::max_backlog`]).
@@ -1360,7 +1362,16 @@ impl World {
             };
             let before = self.disk.len(&self.path);
             self.net.borrow_mut().blackhole = true;
-            self.disk.arm_crash(0);
+            // With a checkpoint in flight the flush runs its writer and switch after the
+            // batch: the crash may interrupt any of their syncs instead (the batch's and its
+            // claim, `FILE.next`'s, the seal's two, the new segment's, the directory's).
+            let nth = if self.driver().checkpoint_in_flight() {
+                self.report.faults[CRASH_IN_CHECKPOINT] += 1;
+                self.rng.gen_range(0..8)
+            } else {
+                0
+            };
+            self.disk.arm_crash(nth);
             let staged = self.stage_new_order();
             if staged {
                 self.poll_engines();
