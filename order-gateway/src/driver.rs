@@ -1716,6 +1716,40 @@ mod tests {
         assert!(!dir.path().join("gw.journal.next").exists());
     }
 
+    /// `journal repair` of a segment whose checkpoint is damaged rebuilds it from its
+    /// archive: the archive's records up to its last cut, then this segment's records after
+    /// the checkpoint. The records after the cut are in both files (copied at the switch):
+    /// taken twice, the rebuilt day would replay them twice.
+    #[test]
+    fn repair_rebuilds_a_segment_started_at_a_cut_without_doubling_its_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        order(&mut d, 1);
+        order(&mut d, 2);
+        assert_eq!(d.segment_stats().rotations, 1);
+        d.set_segment_bytes(0);
+        order(&mut d, 3);
+        let live = d.gateway().checkpoint().unwrap();
+        drop(d);
+        // The checkpoint's payload is hit (a bad CRC in the segment's first record).
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = crate::journal::HEADER_LEN as usize + 40;
+        bytes[at] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let (risk, session) = (
+            crate::gateway::tests::risk(),
+            crate::gateway::tests::session(),
+        );
+        assert!(
+            FixDriver::open_with("127.0.0.1:9", session, &risk, &path, FsyncPolicy::Group)
+                .is_err()
+        );
+        crate::journal::repair(&path).unwrap();
+        let back = reopen(&path);
+        assert_eq!(back.gateway().checkpoint().unwrap(), live);
+    }
+
     /// Fails the `n`th journal operation from now, once.
     #[derive(Debug)]
     struct FailNth {

@@ -113,6 +113,12 @@ pub const META: u8 = 0;
 /// `META` payload tag: a commit record, followed by the file length at its end (u64 LE).
 const META_COMMIT: u8 = 1;
 const MARK_LEN: usize = RECORD_HEADER + 1 + 1 + 8;
+/// The record kind of a checkpoint cut (the gateway's `record::CUT`): a segment started
+/// by [`Journal::rotate_prepared`] holds a checkpoint of the state at the previous segment's
+/// last cut, then copies of the records after it. The journal knows this much of what
+/// records mean for [`repair`]'s rebuild of a segment from its archive (which takes the
+/// archive's records up to its last cut only, so none is replayed twice).
+pub const CUT: u8 = 11;
 
 /// When to make appended records durable (`fdatasync`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -1109,9 +1115,15 @@ fn rebuild_from_archive(
 ) -> Result<Result<(PathBuf, PathBuf, u64), String>, JournalError> {
     let archive = archive_name(path, sb.segment - 1);
     let mut records = Vec::new();
+    // The segment's checkpoint was built at the archive's last cut, and the records after
+    // that cut were copied after it: they are taken from this segment's continuation, once.
+    let mut last_cut = None;
     let ascan = match read_records_in(fs, &archive, &mut |r| {
         if r.kind != META {
             encode_record(&mut records, r.kind, &[r.payload]);
+            if r.kind == CUT {
+                last_cut = Some(records.len());
+            }
         }
     }) {
         Ok(s) => s,
@@ -1131,6 +1143,9 @@ fn rebuild_from_archive(
             "{} is not the segment this one was started from",
             archive.display()
         )));
+    }
+    if let Some(end) = last_cut {
+        records.truncate(end);
     }
     let carried = continuation(file, file_len, &mut records).map_err(JournalError::Read)?;
     let Some(chain) = rechain(&mut records, sb.prev_chain) else {

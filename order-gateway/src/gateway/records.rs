@@ -46,7 +46,7 @@ pub mod record {
     /// ([`crate::gateway::Gateway::checkpoint_written`]: orders final before the previous
     /// cut are forgotten); the checkpoint itself is built afterwards, off the service
     /// thread, by replaying the segment up to this record ([`crate::checkpoint_writer`]).
-    pub const CUT: u8 = 11;
+    pub const CUT: u8 = crate::journal::CUT;
 }
 
 /// Bytes of a malformed engine frame the journal keeps.
