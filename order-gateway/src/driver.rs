@@ -1742,8 +1742,7 @@ mod tests {
             crate::gateway::tests::session(),
         );
         assert!(
-            FixDriver::open_with("127.0.0.1:9", session, &risk, &path, FsyncPolicy::Group)
-                .is_err()
+            FixDriver::open_with("127.0.0.1:9", session, &risk, &path, FsyncPolicy::Group).is_err()
         );
         crate::journal::repair(&path).unwrap();
         let back = reopen(&path);

@@ -63,6 +63,12 @@
 //! is missing, empty, a bare magic or a partial header is refused, the file unchanged: the
 //! day is in the archives and a fresh journal would start an empty day.
 //!
+//! The gateway starts segments with [`Journal::rotate_prepared`]: the checkpoint is built
+//! and written as `FILE.next` off the service thread ([`prepare_segment_in`], after
+//! [`replay_prefix_in`] read the segment up to a [`CUT`] record), and the switch copies the
+//! records appended after the cut behind it, so a segment holds its checkpoint (the state at
+//! the previous segment's last cut) and then copies of the records that followed that cut.
+//!
 //! [`repair`] (an operator's decision, the gateway stopped) moves a damaged suffix to
 //! `FILE.quarantine.N` (never deletes) and cuts the file there, except where that would
 //! start an empty day: a segment whose checkpoint is damaged is rebuilt from the archive it
