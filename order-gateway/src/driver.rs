@@ -565,16 +565,16 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     clock: fn() -> Now,
     /// The checkpoint in flight: its cut is journaled and applied, the writer builds it.
     checkpoint: Option<InFlight>,
-    /// Run checkpoint jobs in line, at the flush after the cut (the simulator and tests:
-    /// deterministic), instead of on a thread of their own.
-    checkpoint_inline: bool,
+    /// Run checkpoint jobs in line, this many flushes after the cut (the simulator and
+    /// tests: deterministic), instead of on a thread of their own (`None`).
+    checkpoint_inline: Option<u32>,
 }
 
 /// A checkpoint between its cut and its switch.
 #[derive(Debug)]
 enum InFlight {
-    /// To be run in line at the next flush.
-    Inline(CheckpointJob),
+    /// To be run in line once this many more flushes have passed.
+    Inline(Box<CheckpointJob>, u32),
     /// Running on its own thread.
     Thread(WriterThread),
 }
@@ -739,7 +739,7 @@ impl<L: VenueLink> FixDriver<L> {
             turn: Now::read(),
             clock: Now::read,
             checkpoint: None,
-            checkpoint_inline: false,
+            checkpoint_inline: None,
         };
         // Requests whose order message the journal lost with a torn last write never went
         // out: answered now (and journaled), before anything else happens.
@@ -1211,9 +1211,10 @@ impl<L: VenueLink> FixDriver<L> {
         Ok(())
     }
 
-    /// Runs checkpoint jobs in line at the flush after their cut (the simulator and
-    /// tests), instead of on a thread of their own (the default).
-    pub fn set_checkpoint_inline(&mut self, inline: bool) {
+    /// Runs checkpoint jobs in line, `Some(n)`: at the flush `n + 1` flushes after their
+    /// cut (the simulator and tests: deterministic; the segment grows meanwhile as it does
+    /// behind a slow writer), instead of on a thread of their own (`None`, the default).
+    pub fn set_checkpoint_inline(&mut self, inline: Option<u32>) {
         self.checkpoint_inline = inline;
     }
 
@@ -1249,8 +1250,8 @@ impl<L: VenueLink> FixDriver<L> {
             session: self.rebuild.session.clone(),
             risk: self.rebuild.risk.clone(),
         };
-        self.checkpoint = Some(if self.checkpoint_inline {
-            InFlight::Inline(job)
+        self.checkpoint = Some(if let Some(delay) = self.checkpoint_inline {
+            InFlight::Inline(Box::new(job), delay)
         } else {
             let (tx, rx) = std::sync::mpsc::channel();
             let spawned = std::thread::Builder::new()
@@ -1283,7 +1284,11 @@ impl<L: VenueLink> FixDriver<L> {
     /// whether a new segment was started, `None` if the writer is not done.
     fn finish_checkpoint(&mut self, wait: bool) -> Option<bool> {
         let written = match self.checkpoint.take()? {
-            InFlight::Inline(job) => job.run(self.journal.faults_mut()),
+            InFlight::Inline(job, delay) if delay > 0 && !wait => {
+                self.checkpoint = Some(InFlight::Inline(job, delay - 1));
+                return None;
+            }
+            InFlight::Inline(job, _) => job.run(self.journal.faults_mut()),
             InFlight::Thread(t) => {
                 let r = if wait {
                     t.rx.recv().unwrap_or(Err(WriterError::Gone))
@@ -1494,7 +1499,7 @@ mod tests {
         let mut d =
             FixDriver::open_with("127.0.0.1:9", session, &risk, &path, FsyncPolicy::Group).unwrap();
         d.set_segment_bytes(1);
-        d.set_checkpoint_inline(true);
+        d.set_checkpoint_inline(Some(0));
         // The next segment cannot be created: a directory is in its way.
         std::fs::create_dir(dir.path().join("gw.journal.next")).unwrap();
         let m = crate::proto::NewOrder::new(
@@ -1549,7 +1554,7 @@ mod tests {
         let mut d =
             FixDriver::open_with("127.0.0.1:9", session, &risk, path, FsyncPolicy::Group).unwrap();
         d.set_segment_bytes(1);
-        d.set_checkpoint_inline(true);
+        d.set_checkpoint_inline(Some(0));
         d
     }
 
@@ -1673,7 +1678,7 @@ mod tests {
         assert!(d.checkpoint_in_flight());
         // The writer got as far as `FILE.next`, then the process died.
         let job = match d.checkpoint.take() {
-            Some(InFlight::Inline(job)) => job,
+            Some(InFlight::Inline(job, _)) => job,
             other => panic!("{other:?}"),
         };
         let _ = job.run(None).unwrap();
@@ -1695,7 +1700,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gw.journal");
         let mut d = segmented(&path);
-        d.set_checkpoint_inline(false);
+        d.set_checkpoint_inline(None);
         order(&mut d, 1);
         assert!(d.checkpoint_in_flight());
         let mut n = 2;
