@@ -1384,7 +1384,9 @@ impl World {
             self.driver = None;
             self.disk.kill();
             let after = self.disk.len(&self.path);
-            if staged && !rotated && after > before {
+            // A crash armed past the batch's own sync (a checkpoint in flight) found the
+            // batch durable: it is not torn.
+            if staged && !rotated && after > before && nth == 0 {
                 torn = Some((before, after));
             }
         }
