@@ -19,7 +19,10 @@
 //!   a batch: its write reached the disk partly (a torn write, cut at any byte between the
 //!   journal's end before the batch and its end), or not at all (a power loss under group
 //!   commit: cut back to the durable point), and nothing of it reached the venue or an
-//!   engine. The sync policy is drawn per seed ([`sync_policy`]: group commit for three
+//!   engine. With a checkpoint in flight (its writer runs in line three flushes after its
+//!   cut, [`FixDriver::set_checkpoint_inline`]) the crash may interrupt any later sync of
+//!   that flush instead: the writer's sync of `FILE.next`, the seal's, the new segment's
+//!   (the batch is durable then, and not torn). The sync policy is drawn per seed ([`sync_policy`]: group commit for three
 //!   seeds in four, else `every_n` or `never`, where a torn batch leaves orders in doubt
 //!   for the logon's status requests).
 //! - **Disk damage between crash and restart**, on the journal files in a per-seed
