@@ -491,14 +491,26 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
     let mut next_report = 100_000;
     let mut longest_rotation = 0u64;
     let mut longest_rotation_cpu = 0u64;
+    // The two service-thread holds of a rotation (cut, switch: wall, CPU) and the writer's
+    // time off the service thread.
+    let (mut cut, mut switch, mut build) = ((0u64, 0u64), (0u64, 0u64), 0u64);
     let mut rotations = 0;
+    // The longest service turn (`poll_with`) while a checkpoint was in flight.
+    let mut worst_turn = Duration::ZERO;
     while rig.sent < a.orders {
-        rig.turn(BATCH.min((a.orders - rig.sent) as usize))?;
+        let in_flight = rig.driver.checkpoint_in_flight();
+        let took = rig.turn(BATCH.min((a.orders - rig.sent) as usize))?;
         let seg = rig.driver.segment_stats();
+        if in_flight || rig.driver.checkpoint_in_flight() || seg.rotations > rotations {
+            worst_turn = worst_turn.max(took);
+        }
         if seg.rotations > rotations {
             rotations = seg.rotations;
             longest_rotation = longest_rotation.max(seg.last_rotation_ns);
             longest_rotation_cpu = longest_rotation_cpu.max(seg.last_rotation_cpu_ns);
+            cut = cut.max((seg.last_cut_ns, seg.last_cut_cpu_ns));
+            switch = switch.max((seg.last_switch_ns, seg.last_switch_cpu_ns));
+            build = build.max(seg.last_build_ns);
         }
         if rig.sent >= next_report {
             eprintln!(
@@ -531,6 +543,18 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
             seg.last_checkpoint_bytes as f64 / 1024.0,
             longest_rotation as f64 / 1e6,
             longest_rotation_cpu as f64 / 1e6
+        );
+        println!(
+            "  the service thread's part: longest cut {:.2} ms ({:.2} ms CPU), longest switch {:.2} ms ({:.2} ms CPU); the checkpoint writer, off the service thread: longest {:.1} ms",
+            cut.0 as f64 / 1e6,
+            cut.1 as f64 / 1e6,
+            switch.0 as f64 / 1e6,
+            switch.1 as f64 / 1e6,
+            build as f64 / 1e6
+        );
+        println!(
+            "  longest service turn while a checkpoint was in flight: {:.2} ms (goal: 1 ms)",
+            worst_turn.as_secs_f64() * 1e3
         );
         format!(
             "segments of {:.0} MiB ({} started, longest rotation {:.1} ms, {:.1} ms on CPU)",

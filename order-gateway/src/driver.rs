@@ -22,6 +22,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::checkpoint_writer::{CheckpointJob, WriterError, Written};
 use crate::config::Config;
 use crate::fix::SessionConfig;
 use crate::gateway::{EngineFrame, EngineId, Gateway, Outputs};
@@ -562,6 +563,37 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     /// The one clock the driver reads, for entry points not handed a [`Now`]
     /// ([`Now::read`] but in the simulator).
     clock: fn() -> Now,
+    /// The checkpoint in flight: its cut is journaled and applied, the writer builds it.
+    checkpoint: Option<InFlight>,
+    /// Run checkpoint jobs in line, this many flushes after the cut (the simulator and
+    /// tests: deterministic), instead of on a thread of their own (`None`).
+    checkpoint_inline: Option<u32>,
+}
+
+/// A checkpoint between its cut and its switch.
+#[derive(Debug)]
+enum InFlight {
+    /// To be run in line once this many more flushes have passed.
+    Inline(Box<CheckpointJob>, u32),
+    /// Running on its own thread.
+    Thread(WriterThread),
+}
+
+/// A checkpoint writer thread and where its answer arrives. Dropped (the driver dropped with
+/// a job in flight), it waits for the thread, so no writer outlives its driver and writes
+/// `FILE.next` beside a journal another driver has opened since.
+#[derive(Debug)]
+struct WriterThread {
+    rx: std::sync::mpsc::Receiver<Result<Written, WriterError>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for WriterThread {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 /// Journal segments started by this driver.
@@ -578,6 +610,19 @@ pub struct SegmentStats {
     /// CPU time of the service thread during the last rotation, nanoseconds (the wall
     /// time less waiting for the disk or for a CPU).
     pub last_rotation_cpu_ns: u64,
+    /// How long the last rotation's cut (its record appended and applied) held the
+    /// service, nanoseconds (wall; CPU in `last_cut_cpu_ns`).
+    pub last_cut_ns: u64,
+    /// CPU time of the service thread during the last cut, nanoseconds.
+    pub last_cut_cpu_ns: u64,
+    /// How long the last switch to a new segment held the service, nanoseconds (wall; CPU
+    /// in `last_switch_cpu_ns`). `last_rotation_ns` is the longer of cut and switch.
+    pub last_switch_ns: u64,
+    /// CPU time of the service thread during the last switch, nanoseconds.
+    pub last_switch_cpu_ns: u64,
+    /// Wall time the checkpoint writer took for the last checkpoint (off the service
+    /// thread), nanoseconds.
+    pub last_build_ns: u64,
 }
 
 fn thread_cpu_ns() -> u64 {
@@ -693,6 +738,8 @@ impl<L: VenueLink> FixDriver<L> {
             held: Vec::new(),
             turn: Now::read(),
             clock: Now::read,
+            checkpoint: None,
+            checkpoint_inline: None,
         };
         // Requests whose order message the journal lost with a torn last write never went
         // out: answered now (and journaled), before anything else happens.
@@ -1150,13 +1197,173 @@ impl<L: VenueLink> FixDriver<L> {
             }
         }
         out.clear();
-        if self.segment_bytes > 0
-            && self.journal.len() - self.segment_start >= self.segment_bytes
-            && self.health.poll_rotation(self.turn.mono)
-        {
-            self.checkpoint();
+        if self.segment_bytes > 0 {
+            if self.checkpoint.is_some() {
+                if !self.health.is_degraded() {
+                    self.finish_checkpoint(false);
+                }
+            } else if self.journal.len() - self.segment_start >= self.segment_bytes
+                && self.health.poll_rotation(self.turn.mono)
+            {
+                self.cut();
+            }
         }
         Ok(())
+    }
+
+    /// Runs checkpoint jobs in line, `Some(n)`: at the flush `n + 1` flushes after their
+    /// cut (the simulator and tests: deterministic; the segment grows meanwhile as it does
+    /// behind a slow writer), instead of on a thread of their own (`None`, the default).
+    pub fn set_checkpoint_inline(&mut self, inline: Option<u32>) {
+        self.checkpoint_inline = inline;
+    }
+
+    /// Whether a checkpoint is in flight (cut journaled, switch not done yet).
+    pub fn checkpoint_in_flight(&self) -> bool {
+        self.checkpoint.is_some()
+    }
+
+    /// Starts a checkpoint: journals a [`record::CUT`](crate::gateway::record::CUT) in an
+    /// ordinary append, applies it where it stands (as replay does), and hands the
+    /// writer the job of building the checkpoint at the cut from the segment on disk. The
+    /// service thread does no pass over the state but the cut's own
+    /// ([`Gateway::checkpoint_written`]). Returns whether a checkpoint is now in flight.
+    fn cut(&mut self) -> bool {
+        if self.health.is_degraded() || self.checkpoint.is_some() {
+            return false;
+        }
+        let t0 = Instant::now();
+        let cpu0 = thread_cpu_ns();
+        let at = self.journal.len();
+        let mut rec = Vec::with_capacity(16);
+        crate::journal::encode_record(&mut rec, crate::gateway::record::CUT, &[]);
+        if let Err(e) = self.journal.append(&rec, 1) {
+            // Rolled back: nothing of the cut is in the journal, nor applied.
+            self.checkpoint_failed(&e);
+            return false;
+        }
+        self.gw.checkpoint_written();
+        let job = CheckpointJob {
+            fs: self.journal.storage(),
+            path: self.rebuild.path.clone(),
+            cut: at,
+            session: self.rebuild.session.clone(),
+            risk: self.rebuild.risk.clone(),
+        };
+        self.checkpoint = Some(if let Some(delay) = self.checkpoint_inline {
+            InFlight::Inline(Box::new(job), delay)
+        } else {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let spawned = std::thread::Builder::new()
+                .name("gw-checkpoint".into())
+                .spawn(move || {
+                    let _ = tx.send(job.run(None));
+                });
+            match spawned {
+                Ok(h) => InFlight::Thread(WriterThread {
+                    rx,
+                    handle: Some(h),
+                }),
+                Err(e) => {
+                    // The cut stays (journaled and applied, as replay will): the next
+                    // attempt cuts again.
+                    self.checkpoint_failed(&JournalError::Rotate {
+                        path: self.rebuild.path.clone(),
+                        source: e,
+                    });
+                    return false;
+                }
+            }
+        });
+        self.segments.last_cut_ns = t0.elapsed().as_nanos() as u64;
+        self.segments.last_cut_cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
+        true
+    }
+
+    /// The writer's answer, if it has one (`wait`: waits for it), switched to: returns
+    /// whether a new segment was started, `None` if the writer is not done.
+    fn finish_checkpoint(&mut self, wait: bool) -> Option<bool> {
+        let written = match self.checkpoint.take()? {
+            InFlight::Inline(job, delay) if delay > 0 && !wait => {
+                self.checkpoint = Some(InFlight::Inline(job, delay - 1));
+                return None;
+            }
+            InFlight::Inline(job, _) => job.run(self.journal.faults_mut()),
+            InFlight::Thread(t) => {
+                let r = if wait {
+                    t.rx.recv().unwrap_or(Err(WriterError::Gone))
+                } else {
+                    match t.rx.try_recv() {
+                        Ok(r) => r,
+                        Err(std::sync::mpsc::TryRecvError::Empty) => {
+                            self.checkpoint = Some(InFlight::Thread(t));
+                            return None;
+                        }
+                        Err(std::sync::mpsc::TryRecvError::Disconnected) => Err(WriterError::Gone),
+                    }
+                };
+                drop(t);
+                r
+            }
+        };
+        let t0 = Instant::now();
+        let cpu0 = thread_cpu_ns();
+        let result = written.and_then(|w| {
+            let (bytes, took) = (w.checkpoint_bytes, w.took_ns);
+            let archive =
+                self.journal
+                    .rotate_prepared(&self.rebuild.path, w.prepared, w.cut_end)?;
+            Ok((archive, bytes, took))
+        });
+        Some(match result {
+            Ok((archive, bytes, took)) => {
+                self.health.handle_rotation(true, self.turn.mono);
+                if self.journal.dir_sync_pending() {
+                    tracing::warn!(
+                        journal = %self.rebuild.path.display(),
+                        "journal: the new segment is in place but its directory could not be \
+                         synced; synced appends retry that and fail (degraded) until it works"
+                    );
+                }
+                self.segment_start = self.journal.len();
+                let s = &mut self.segments;
+                s.rotations += 1;
+                s.last_checkpoint_bytes = bytes;
+                s.last_build_ns = took;
+                s.last_switch_ns = t0.elapsed().as_nanos() as u64;
+                s.last_switch_cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
+                (s.last_rotation_ns, s.last_rotation_cpu_ns) = if s.last_switch_ns >= s.last_cut_ns
+                {
+                    (s.last_switch_ns, s.last_switch_cpu_ns)
+                } else {
+                    (s.last_cut_ns, s.last_cut_cpu_ns)
+                };
+                tracing::info!(
+                    archived = %archive.display(),
+                    checkpoint_bytes = bytes,
+                    built_us = took / 1000,
+                    cut_us = s.last_cut_ns / 1000,
+                    switch_us = s.last_switch_ns / 1000,
+                    open_orders = self.gw.open_order_count(),
+                    "journal: new segment started from a checkpoint"
+                );
+                true
+            }
+            Err(e) => {
+                self.checkpoint_failed(&e);
+                false
+            }
+        })
+    }
+
+    fn checkpoint_failed(&mut self, e: &(dyn std::error::Error + 'static)) {
+        self.segments.failures += 1;
+        let wait = self.health.handle_rotation(false, self.turn.mono);
+        tracing::error!(
+            error = %anyhow_chain(e),
+            retry_in_s = wait.as_secs(),
+            "journal: checkpoint failed; the current segment stays in use"
+        );
     }
 
     /// Starts a new journal segment once `bytes` have been appended to the current one
@@ -1169,7 +1376,9 @@ impl<L: VenueLink> FixDriver<L> {
     /// At a clean stop: starts a new segment if this one holds anything besides its
     /// checkpoint and segments are on.
     pub fn checkpoint_at_stop(&mut self) {
-        if self.segment_bytes > 0 && self.journal.len() > self.segment_start {
+        if self.segment_bytes > 0
+            && (self.checkpoint.is_some() || self.journal.len() > self.segment_start)
+        {
             self.checkpoint();
         }
     }
@@ -1180,64 +1389,18 @@ impl<L: VenueLink> FixDriver<L> {
     }
 
     /// Writes a checkpoint and starts a new journal segment with it now (also at a clean
-    /// stop, so the next start replays nothing but the checkpoint). Everything staged must
-    /// have been flushed. A failure is logged and counted; the current segment stays in
-    /// use and nothing is lost. Returns whether a new segment was started.
+    /// stop, so the next start replays little but the checkpoint): finishes the one in
+    /// flight, if any, else cuts and waits for the writer. Everything staged must have been
+    /// flushed. A failure is logged and counted; the current segment stays in use and
+    /// nothing is lost. Returns whether a new segment was started.
     pub fn checkpoint(&mut self) -> bool {
         if self.health.is_degraded() {
             return false;
         }
-        let t0 = Instant::now();
-        let cpu0 = thread_cpu_ns();
-        let result = self
-            .gw
-            .checkpoint()
-            .map_err(DriverError::from)
-            .and_then(|payload| {
-                let mut record = Vec::with_capacity(payload.len() + 16);
-                crate::journal::encode_record(
-                    &mut record,
-                    crate::gateway::record::CHECKPOINT,
-                    &[&payload],
-                );
-                self.segments.last_checkpoint_bytes = record.len() as u64;
-                Ok(self.journal.rotate(&self.rebuild.path, &record)?)
-            });
-        match result {
-            Ok(archive) => {
-                self.health.handle_rotation(true, self.turn.mono);
-                if self.journal.dir_sync_pending() {
-                    tracing::warn!(
-                        journal = %self.rebuild.path.display(),
-                        "journal: the new segment is in place but its directory could not be \
-                         synced; synced appends retry that and fail (degraded) until it works"
-                    );
-                }
-                self.gw.checkpoint_written();
-                self.segment_start = self.journal.len();
-                self.segments.rotations += 1;
-                self.segments.last_rotation_ns = t0.elapsed().as_nanos() as u64;
-                self.segments.last_rotation_cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
-                tracing::info!(
-                    archived = %archive.display(),
-                    checkpoint_bytes = self.segments.last_checkpoint_bytes,
-                    took_us = self.segments.last_rotation_ns / 1000,
-                    open_orders = self.gw.open_order_count(),
-                    "journal: new segment started from a checkpoint"
-                );
-                true
-            }
-            Err(e) => {
-                self.segments.failures += 1;
-                let wait = self.health.handle_rotation(false, self.turn.mono);
-                tracing::error!(
-                    error = %anyhow_chain(&e),
-                    retry_in_s = wait.as_secs(),
-                    "journal: checkpoint failed; the current segment stays in use"
-                );
-                false
-            }
+        if self.checkpoint.is_none() && !self.cut() {
+            return false;
         }
+        self.finish_checkpoint(true).unwrap_or(false)
     }
 
     fn journal_failed(
@@ -1336,6 +1499,7 @@ mod tests {
         let mut d =
             FixDriver::open_with("127.0.0.1:9", session, &risk, &path, FsyncPolicy::Group).unwrap();
         d.set_segment_bytes(1);
+        d.set_checkpoint_inline(Some(0));
         // The next segment cannot be created: a directory is in its way.
         std::fs::create_dir(dir.path().join("gw.journal.next")).unwrap();
         let m = crate::proto::NewOrder::new(
@@ -1370,9 +1534,297 @@ mod tests {
         // The cause goes away: the next due attempt succeeds and the back-off ends.
         std::fs::remove_dir(dir.path().join("gw.journal.next")).unwrap();
         d.health.rotation_retry = d.health.rotation_retry.map(|(_, w)| (d.turn.mono, w));
+        // The cut at one flush, the writer's checkpoint switched to at the next.
+        d.flush_with(|_, _| {}).unwrap();
+        assert!(d.checkpoint_in_flight());
         d.flush_with(|_, _| {}).unwrap();
         assert_eq!(d.segment_stats().rotations, 1);
         assert!(d.health.rotation_retry.is_none());
+    }
+
+    // ---- checkpoints off the service thread (issue 40) ----
+
+    /// A driver with no venue whose every batch is past the segment size: each flush with
+    /// records cuts, and the next one switches (the writer runs in line).
+    fn segmented(path: &Path) -> FixDriver {
+        let (risk, session) = (
+            crate::gateway::tests::risk(),
+            crate::gateway::tests::session(),
+        );
+        let mut d =
+            FixDriver::open_with("127.0.0.1:9", session, &risk, path, FsyncPolicy::Group).unwrap();
+        d.set_segment_bytes(1);
+        d.set_checkpoint_inline(Some(0));
+        d
+    }
+
+    fn reopen(path: &Path) -> FixDriver {
+        let (risk, session) = (
+            crate::gateway::tests::risk(),
+            crate::gateway::tests::session(),
+        );
+        FixDriver::open_with("127.0.0.1:9", session, &risk, path, FsyncPolicy::Group).unwrap()
+    }
+
+    /// Engine 1's order `n`, staged and flushed.
+    fn order(d: &mut FixDriver, n: u64) {
+        let m = crate::proto::NewOrder::new(
+            n,
+            7,
+            crate::proto::Symbol::new("AAPL").unwrap(),
+            crate::proto::Side::Buy,
+            10,
+            100,
+            crate::proto::TimeInForce::Day,
+        );
+        d.stage_engine_message(1, zerocopy::IntoBytes::as_bytes(&m), Wall::now());
+        d.flush_with(|_, _| {}).unwrap();
+    }
+
+    /// The state a restart rebuilds is the live one: the checkpoints of both are equal.
+    fn assert_restart_is_live(d: FixDriver, path: &Path) {
+        let live = d.gateway().checkpoint().unwrap();
+        drop(d);
+        let back = reopen(path);
+        assert_eq!(
+            back.gateway().checkpoint().unwrap(),
+            live,
+            "a restart rebuilds another state than the live one"
+        );
+    }
+
+    fn cuts_in(file: &Path) -> usize {
+        let mut n = 0;
+        crate::journal::read_records(file, |r| {
+            n += usize::from(r.kind == crate::gateway::record::CUT)
+        })
+        .unwrap();
+        n
+    }
+
+    /// The segment keeps growing while the writer works: what was appended after the cut
+    /// is copied after the checkpoint, so the new segment restores to the live state (the
+    /// order of the batch flushed between cut and switch included).
+    #[test]
+    fn records_appended_after_the_cut_reach_the_new_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        order(&mut d, 1);
+        assert!(
+            d.checkpoint_in_flight(),
+            "the flush past the segment size cuts"
+        );
+        order(&mut d, 2);
+        order(&mut d, 3);
+        assert_eq!(d.segment_stats().rotations, 1);
+        assert_eq!(cuts_in(&dir.path().join("gw.journal.1")), 1);
+        assert_eq!(cuts_in(&path), 1, "order 3's flush cut again");
+        assert!(crate::journal::verify(&path).unwrap().damage.is_none());
+        d.sync().unwrap();
+        // Built off the service thread from the segment's prefix, the checkpoint and the
+        // copied tail restore what the live gateway holds.
+        assert_restart_is_live(d, &path);
+    }
+
+    /// A second checkpoint asked for while one is in flight finishes that one: one cut,
+    /// one new segment.
+    #[test]
+    fn a_checkpoint_asked_for_while_one_is_in_flight_finishes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        order(&mut d, 1);
+        assert!(d.checkpoint_in_flight());
+        assert!(d.checkpoint());
+        assert!(!d.checkpoint_in_flight());
+        assert_eq!(d.segment_stats().rotations, 1);
+        assert_eq!(cuts_in(&dir.path().join("gw.journal.1")), 1);
+        assert_eq!(cuts_in(&path), 0);
+        assert_restart_is_live(d, &path);
+    }
+
+    /// A stop (SIGTERM, `control stop`) while a checkpoint is in flight finishes it, so
+    /// the next start replays the checkpoint and nothing else.
+    #[test]
+    fn a_stop_during_a_checkpoint_finishes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        order(&mut d, 1);
+        assert!(d.checkpoint_in_flight());
+        d.checkpoint_at_stop();
+        assert!(!d.checkpoint_in_flight());
+        assert_eq!(d.segment_stats().rotations, 1);
+        let live = d.gateway().checkpoint().unwrap();
+        drop(d);
+        let back = reopen(&path);
+        assert_eq!(
+            back.recovery().records,
+            1,
+            "the start replays the checkpoint only"
+        );
+        assert_eq!(back.gateway().checkpoint().unwrap(), live);
+    }
+
+    /// A crash after the cut, before the switch: the cut replays where it stands and the
+    /// day is whole; no `FILE.next` is left in use.
+    #[test]
+    fn a_crash_between_cut_and_switch_restarts_to_the_same_day() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        order(&mut d, 1);
+        assert!(d.checkpoint_in_flight());
+        // The writer got as far as `FILE.next`, then the process died.
+        let job = match d.checkpoint.take() {
+            Some(InFlight::Inline(job, _)) => job,
+            other => panic!("{other:?}"),
+        };
+        let _ = job.run(None).unwrap();
+        assert!(dir.path().join("gw.journal.next").exists());
+        let live = d.gateway().checkpoint().unwrap();
+        drop(d);
+        let back = reopen(&path);
+        assert!(!dir.path().join("gw.journal.next").exists());
+        assert_eq!(back.gateway().checkpoint().unwrap(), live);
+        assert_eq!(cuts_in(&path), 1);
+    }
+
+    /// The service's own mode: the writer on a thread of its own while the service keeps
+    /// appending; the checkpoint is switched to at a later flush, and a driver dropped with
+    /// a writer in flight waits for it (no writer outlives its driver to write `FILE.next`
+    /// beside a journal reopened since).
+    #[test]
+    fn the_writer_thread_builds_while_the_service_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        d.set_checkpoint_inline(None);
+        order(&mut d, 1);
+        assert!(d.checkpoint_in_flight());
+        let mut n = 2;
+        while d.checkpoint_in_flight() {
+            order(&mut d, n);
+            n += 1;
+            std::thread::sleep(Duration::from_millis(1));
+            assert!(n < 10_000, "the writer never answered");
+        }
+        assert_eq!(d.segment_stats().rotations, 1);
+        assert!(d.segment_stats().last_build_ns > 0);
+        // A cut, then the driver is dropped at once: the thread is waited for.
+        order(&mut d, n);
+        assert!(d.checkpoint_in_flight());
+        d.sync().unwrap();
+        assert_restart_is_live(d, &path);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!dir.path().join("gw.journal.next").exists());
+    }
+
+    /// `journal repair` of a segment whose checkpoint is damaged rebuilds it from its
+    /// archive: the archive's records up to its last cut, then this segment's records after
+    /// the checkpoint. The records after the cut are in both files (copied at the switch):
+    /// taken twice, the rebuilt day would replay them twice.
+    #[test]
+    fn repair_rebuilds_a_segment_started_at_a_cut_without_doubling_its_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        order(&mut d, 1);
+        order(&mut d, 2);
+        assert_eq!(d.segment_stats().rotations, 1);
+        d.set_segment_bytes(0);
+        order(&mut d, 3);
+        let live = d.gateway().checkpoint().unwrap();
+        drop(d);
+        // The checkpoint's payload is hit (a bad CRC in the segment's first record).
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = crate::journal::HEADER_LEN as usize + 40;
+        bytes[at] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let (risk, session) = (
+            crate::gateway::tests::risk(),
+            crate::gateway::tests::session(),
+        );
+        assert!(
+            FixDriver::open_with("127.0.0.1:9", session, &risk, &path, FsyncPolicy::Group).is_err()
+        );
+        crate::journal::repair(&path).unwrap();
+        let back = reopen(&path);
+        assert_eq!(back.gateway().checkpoint().unwrap(), live);
+    }
+
+    /// Fails the `n`th journal operation from now, once.
+    #[derive(Debug)]
+    struct FailNth {
+        n: u32,
+        seen: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    impl crate::journal::StorageFaults for FailNth {
+        fn check(&mut self, _op: crate::journal::StorageOp) -> io::Result<()> {
+            // ORDERING: Relaxed: one thread (the test's) counts; read after it joined.
+            let i = self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if i == self.n {
+                return Err(io::Error::from_raw_os_error(5));
+            }
+            Ok(())
+        }
+    }
+
+    /// EIO on each file operation of a checkpoint in turn (the cut's append, the writer's
+    /// write and sync of `FILE.next`, the switch's seal, write, sync, link, rename and
+    /// directory sync): the driver goes on, the day is whole at a restart, and once the
+    /// disk works a later attempt starts the segment.
+    #[test]
+    fn eio_on_each_step_of_a_checkpoint_loses_nothing() {
+        let mut n = 0;
+        loop {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("gw.journal");
+            let mut d = segmented(&path);
+            let seen = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+            d.set_storage_faults(
+                Some(Box::new(FailNth {
+                    n,
+                    seen: seen.clone(),
+                })),
+                Now::read,
+            );
+            order(&mut d, 1);
+            order(&mut d, 2);
+            // ORDERING: Relaxed, as in FailNth (same thread).
+            let ops = seen.load(std::sync::atomic::Ordering::Relaxed);
+            d.set_storage_faults(None, Now::read);
+            if !d.health.is_degraded() {
+                d.health.rotation_retry = None;
+            }
+            for k in 3..6 {
+                if d.health.is_degraded() {
+                    d.health.next_probe = Some(d.turn.mono);
+                    d.probe();
+                    d.flush_with(|_, _| {}).unwrap();
+                }
+                d.health.rotation_retry = d.health.rotation_retry.map(|(_, w)| (d.turn.mono, w));
+                order(&mut d, k);
+            }
+            d.checkpoint();
+            assert!(!d.health.is_degraded(), "fault {n}: the disk works again");
+            assert!(
+                d.segment_stats().rotations >= 1,
+                "fault {n}: no segment started"
+            );
+            d.sync().unwrap();
+            let live = d.gateway().checkpoint().unwrap();
+            drop(d);
+            let back = reopen(&path);
+            assert_eq!(back.gateway().checkpoint().unwrap(), live, "fault {n}");
+            if n >= ops {
+                break;
+            }
+            n += 1;
+        }
+        assert!(n > 10, "only {n} operations in two checkpointed batches");
     }
 
     fn syn_dropping_listener() -> (rustix::fd::OwnedFd, SocketAddr, Vec<TcpStream>) {

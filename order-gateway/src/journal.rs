@@ -63,6 +63,12 @@
 //! is missing, empty, a bare magic or a partial header is refused, the file unchanged: the
 //! day is in the archives and a fresh journal would start an empty day.
 //!
+//! The gateway starts segments with [`Journal::rotate_prepared`]: the checkpoint is built
+//! and written as `FILE.next` off the service thread ([`prepare_segment_in`], after
+//! [`replay_prefix_in`] read the segment up to a [`CUT`] record), and the switch copies the
+//! records appended after the cut behind it, so a segment holds its checkpoint (the state at
+//! the previous segment's last cut) and then copies of the records that followed that cut.
+//!
 //! [`repair`] (an operator's decision, the gateway stopped) moves a damaged suffix to
 //! `FILE.quarantine.N` (never deletes) and cuts the file there, except where that would
 //! start an empty day: a segment whose checkpoint is damaged is rebuilt from the archive it
@@ -113,6 +119,12 @@ pub const META: u8 = 0;
 /// `META` payload tag: a commit record, followed by the file length at its end (u64 LE).
 const META_COMMIT: u8 = 1;
 const MARK_LEN: usize = RECORD_HEADER + 1 + 1 + 8;
+/// The record kind of a checkpoint cut (the gateway's `record::CUT`): a segment started
+/// by [`Journal::rotate_prepared`] holds a checkpoint of the state at the previous segment's
+/// last cut, then copies of the records after it. The journal knows this much of what
+/// records mean for [`repair`]'s rebuild of a segment from its archive (which takes the
+/// archive's records up to its last cut only, so none is replayed twice).
+pub const CUT: u8 = 11;
 
 /// When to make appended records durable (`fdatasync`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -605,6 +617,17 @@ fn scan_file(
     path: &Path,
     on_record: &mut dyn FnMut(RecordView<'_>),
 ) -> Result<Scan, JournalError> {
+    scan_file_to(file, path, u64::MAX, on_record)
+}
+
+/// [`scan_file`] that reads no record starting at or after `stop` (a prefix of a file
+/// that may be growing: the checkpoint writer's).
+fn scan_file_to(
+    file: &dyn StorageFile,
+    path: &Path,
+    stop: u64,
+    on_record: &mut dyn FnMut(RecordView<'_>),
+) -> Result<Scan, JournalError> {
     let file_len = file.len().map_err(JournalError::Read)?;
     let mut scan = Scan {
         by_kind: Box::new([0; 256]),
@@ -650,7 +673,7 @@ fn scan_file(
     if !check_durable(pos, chain) {
         bad = Some("the chain value at the superblock's durable point differs");
     }
-    while bad.is_none() && pos < file_len {
+    while bad.is_none() && pos < file_len && pos < stop {
         match read_record(&mut r, pos, file_len, &mut body).map_err(JournalError::Read)? {
             Ok((prev, crc)) => {
                 if prev != chain {
@@ -693,7 +716,7 @@ fn scan_file(
     scan.valid_len = pos;
     scan.chain = chain;
     scan.durable_len = sb.durable.max(commits);
-    if bad.is_none() && pos < sb.durable {
+    if bad.is_none() && pos < sb.durable && pos < stop {
         bad = Some("the file ends before its durable extent (cut short)");
     }
     if let Some(what) = bad {
@@ -1098,9 +1121,15 @@ fn rebuild_from_archive(
 ) -> Result<Result<(PathBuf, PathBuf, u64), String>, JournalError> {
     let archive = archive_name(path, sb.segment - 1);
     let mut records = Vec::new();
+    // The segment's checkpoint was built at the archive's last cut, and the records after
+    // that cut were copied after it: they are taken from this segment's continuation, once.
+    let mut last_cut = None;
     let ascan = match read_records_in(fs, &archive, &mut |r| {
         if r.kind != META {
             encode_record(&mut records, r.kind, &[r.payload]);
+            if r.kind == CUT {
+                last_cut = Some(records.len());
+            }
         }
     }) {
         Ok(s) => s,
@@ -1120,6 +1149,9 @@ fn rebuild_from_archive(
             "{} is not the segment this one was started from",
             archive.display()
         )));
+    }
+    if let Some(end) = last_cut {
+        records.truncate(end);
     }
     let carried = continuation(file, file_len, &mut records).map_err(JournalError::Read)?;
     let Some(chain) = rechain(&mut records, sb.prev_chain) else {
@@ -1869,6 +1901,153 @@ impl Journal {
         }
     }
 
+    /// The storage this journal lives on (for the checkpoint writer, which reads the
+    /// current segment's prefix and writes the next segment beside it).
+    pub fn storage(&self) -> Arc<dyn Storage> {
+        self.fs.clone()
+    }
+
+    /// The injected faults, for a checkpoint writer run in line by the simulator.
+    pub fn faults_mut(&mut self) -> Option<&mut (dyn StorageFaults + 'static)> {
+        self.faults.as_deref_mut()
+    }
+
+    /// Starts a new segment from one [`prepare_segment_in`] wrote off the service thread:
+    /// seals this one as [`rotate`](Self::rotate) does, then copies the records appended
+    /// since `tail_from` (the end of the cut record the checkpoint was built at; commit
+    /// records left out) after the prepared checkpoint, chains the checkpoint after this
+    /// segment's sealed end (its CRC is combined from the one the writer computed, so the
+    /// checkpoint itself is neither read nor written again), writes the header and a commit
+    /// record, syncs, links the archive and renames, exactly as `rotate`.
+    ///
+    /// What this costs the caller's thread: the seal (an fdatasync, as every rotation), a
+    /// read and a write of the tail, the sync of those few pages, a link, a rename and a
+    /// directory sync: the checkpoint's own write and sync were the writer's. Crash-safe at
+    /// every step for the reasons `rotate` is: `path.next` is never in use before it is
+    /// complete and synced, and a leftover one is removed at open.
+    pub fn rotate_prepared(
+        &mut self,
+        path: &Path,
+        prepared: PreparedSegment,
+        tail_from: u64,
+    ) -> Result<PathBuf, JournalError> {
+        if self.poisoned {
+            return Err(JournalError::Poisoned);
+        }
+        let rotate_err = |source| JournalError::Rotate {
+            path: path.to_owned(),
+            source,
+        };
+        if prepared.segment != self.sb.segment + 1 || tail_from < HEADER_LEN || tail_from > self.len
+        {
+            return Err(rotate_err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the prepared segment does not follow this one",
+            )));
+        }
+        self.sync()?;
+        self.write_superblock().map_err(rotate_err)?;
+        self.fdatasync().map_err(|e| match e {
+            JournalError::Sync(source) => rotate_err(source),
+            e => e,
+        })?;
+        let archive = archive_name(path, self.sb.segment);
+        let next = next_segment_path(path);
+        let mut faults = self.faults.take();
+        let mut fault = |op| faults.as_mut().map_or(Ok(()), |f| f.check(op));
+        let fs = self.fs.clone();
+        let file = prepared.file;
+        let result = (|| -> Result<(Superblock, u64, u32), JournalError> {
+            // The records after the cut, as appended (the chain checks them), without the
+            // commit records: those name offsets of this file.
+            let mut tail = vec![0; (self.len - tail_from) as usize];
+            self.file
+                .read_exact_at(&mut tail, tail_from)
+                .map_err(JournalError::Read)?;
+            let mut records = Vec::with_capacity(tail.len());
+            let mut at = 0;
+            while at < tail.len() {
+                let Some((kind, _, n)) = decode_record(&tail[at..]) else {
+                    return Err(rotate_err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "the records after the checkpoint cut do not read back as appended",
+                    )));
+                };
+                if kind != META {
+                    records.extend_from_slice(&tail[at..at + n]);
+                }
+                at += n;
+            }
+            let mut first = crc32fast::Hasher::new();
+            first.update(&self.chain.to_le_bytes());
+            first.combine(&crc32fast::Hasher::new_with_initial_len(
+                prepared.body_crc,
+                prepared.first_len - RECORD_HEADER as u64,
+            ));
+            let first_crc = first.finalize();
+            let chain = rechain(&mut records, first_crc).ok_or_else(|| {
+                rotate_err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "not whole journal records after the cut",
+                ))
+            })?;
+            let records_at = HEADER_LEN + prepared.first_len;
+            let end = records_at + (records.len() + MARK_LEN) as u64;
+            let commit = commit_record(end, chain);
+            let sb = Superblock {
+                seq: 1,
+                durable: end,
+                chain: record_crc(&commit),
+                segment: prepared.segment,
+                prev_len: self.len,
+                prev_chain: self.chain,
+            };
+            let mut first_header = [0u8; RECORD_HEADER];
+            first_header[..4].copy_from_slice(
+                &((prepared.first_len - RECORD_HEADER as u64) as u32).to_le_bytes(),
+            );
+            first_header[4..8].copy_from_slice(&first_crc.to_le_bytes());
+            first_header[8..].copy_from_slice(&self.chain.to_le_bytes());
+            records.extend_from_slice(&commit);
+            fault(StorageOp::Write)
+                .and_then(|()| file.write_all_at(&header_bytes(&sb), 0))
+                .and_then(|()| file.write_all_at(&first_header, HEADER_LEN))
+                .and_then(|()| file.write_all_at(&records, records_at))
+                .map_err(rotate_err)?;
+            fault(StorageOp::Fsync)
+                .and_then(|()| file.sync_all())
+                .map_err(rotate_err)?;
+            fault(StorageOp::Link)
+                .and_then(|()| link_archive(&*fs, path, &archive))
+                .map_err(rotate_err)?;
+            fault(StorageOp::Rename)
+                .and_then(|()| fs.rename(&next, path))
+                .map_err(rotate_err)?;
+            Ok((Superblock { seq: 2, ..sb }, end, sb.chain))
+        })();
+        self.faults = faults;
+        match result {
+            Ok((sb, end, chain)) => {
+                self.file = file;
+                self.sb = sb;
+                self.len = end;
+                self.chain = chain;
+                self.durable = end;
+                self.durable_chain = chain;
+                self.unsynced = 0;
+                self.path = path.to_owned();
+                if self.sync_dir_now().is_err() {
+                    self.dir_sync_pending = true;
+                }
+                Ok(archive)
+            }
+            Err(e) => {
+                let _ = fs.remove(&next);
+                Err(e)
+            }
+        }
+    }
+
     /// Bytes appended so far (the file's length).
     pub fn len(&self) -> u64 {
         self.len
@@ -1883,6 +2062,148 @@ impl Journal {
     pub fn durable_len(&self) -> u64 {
         self.durable
     }
+}
+
+/// The next segment's file, written off the service thread ([`prepare_segment_in`]) and
+/// put in place by [`Journal::rotate_prepared`].
+#[derive(Debug)]
+pub struct PreparedSegment {
+    file: Box<dyn StorageFile>,
+    segment: u64,
+    /// Bytes of the first record, its header included.
+    first_len: u64,
+    /// CRC of the first record's kind and payload, without its `prev`: the switch chains
+    /// it after the sealed segment by combining CRCs, without reading it again.
+    body_crc: u32,
+}
+
+impl PreparedSegment {
+    /// Bytes of the first record (the checkpoint), its header included.
+    pub fn first_len(&self) -> u64 {
+        self.first_len
+    }
+}
+
+/// Where a checkpoint cut stands in the current segment ([`replay_prefix_in`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CutPoint {
+    /// The segment's number.
+    pub segment: u64,
+    /// The end of the cut record: the records after it are copied into the next segment.
+    pub end: u64,
+}
+
+/// Replays into `on_record` every record of the segment at `path` before offset `cut` (commit
+/// records left out), checking CRCs and the chain as the open does, and checks that an intact
+/// record of kind `cut_kind` starts at `cut`. The file may be growing past the cut (the
+/// service keeps appending): nothing past the cut record is read. This is the checkpoint
+/// writer's immutable copy: what a segment holds before a cut never changes.
+pub fn replay_prefix_in(
+    fs: &dyn Storage,
+    path: &Path,
+    cut: u64,
+    cut_kind: u8,
+    mut on_record: impl FnMut(u8, &[u8]),
+) -> Result<CutPoint, JournalError> {
+    let file = fs
+        .open(path, OpenMode::Read)
+        .map_err(|source| JournalError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+    let mut found = None;
+    let scan = scan_file_to(&*file, path, cut + 1, &mut |r| {
+        if r.offset < cut {
+            if r.kind != META {
+                on_record(r.kind, r.payload)
+            }
+        } else if r.offset == cut && r.kind == cut_kind {
+            found = Some(cut + r.len);
+        }
+    })?;
+    let bad = |what: &'static str| JournalError::Damaged {
+        path: path.to_owned(),
+        offset: cut,
+        what,
+        next_intact: None,
+    };
+    if let Some(d) = scan.damage {
+        let (offset, what) = match d {
+            Damage::TornTail { offset, .. } => (offset, "a torn record before the checkpoint cut"),
+            Damage::Corrupt { offset, what, .. } => (offset, what),
+            _ => (cut, "damaged"),
+        };
+        if offset <= cut {
+            return Err(JournalError::Damaged {
+                path: path.to_owned(),
+                offset,
+                what,
+                next_intact: None,
+            });
+        }
+    }
+    let end = found.ok_or_else(|| bad("no checkpoint cut record there"))?;
+    let segment = scan
+        .superblock
+        .map(|sb| sb.segment)
+        .ok_or_else(|| bad("no superblock"))?;
+    Ok(CutPoint { segment, end })
+}
+
+/// Writes the next segment's file `path.next` off the service thread: a header (completed
+/// at the switch) and one record of `kind` holding `payload` (a checkpoint), synced. Its
+/// `prev` and CRC are filled in by [`Journal::rotate_prepared`], which chains it after the
+/// sealed segment. On an error `path.next` is removed (a leftover one is removed at open:
+/// it is never in use before the switch renamed it).
+pub fn prepare_segment_in(
+    fs: &dyn Storage,
+    path: &Path,
+    segment: u64,
+    kind: u8,
+    payload: &[u8],
+    mut faults: Option<&mut (dyn StorageFaults + 'static)>,
+) -> Result<PreparedSegment, JournalError> {
+    let next = next_segment_path(path);
+    let rotate_err = |source| JournalError::Rotate {
+        path: path.to_owned(),
+        source,
+    };
+    let mut fault = |op| faults.as_mut().map_or(Ok(()), |f| f.check(op));
+    let result = (|| {
+        let file = fs
+            .open(&next, OpenMode::CreateTruncate)
+            .map_err(rotate_err)?;
+        lock(&*file, &next)?;
+        let len = 1 + payload.len();
+        let mut body = crc32fast::Hasher::new();
+        body.update(&[kind]);
+        body.update(payload);
+        // Not a journal until the switch writes its header: a crash leaves a file that
+        // nothing reads (the open removes it).
+        let mut head = vec![0; HEADER_LEN as usize];
+        let mut rec = Vec::with_capacity(RECORD_HEADER + 1);
+        rec.extend_from_slice(&(len as u32).to_le_bytes());
+        rec.extend_from_slice(&[0; 8]);
+        rec.push(kind);
+        head.extend_from_slice(&rec);
+        fault(StorageOp::Write)
+            .and_then(|()| file.write_all_at(&head, 0))
+            .and_then(|()| file.write_all_at(payload, HEADER_LEN + rec.len() as u64))
+            .map_err(rotate_err)?;
+        fault(StorageOp::Fsync)
+            .and_then(|()| file.sync_all())
+            .map_err(rotate_err)?;
+        Ok(PreparedSegment {
+            file,
+            segment,
+            first_len: (RECORD_HEADER + len) as u64,
+            body_crc: body.finalize(),
+        })
+    })();
+    if result.is_err() {
+        let _ = fs.remove(&next);
+    }
+    result
 }
 
 /// Hard-links the current segment at `path` to `archive`, unless a rotation that crashed

@@ -26,7 +26,7 @@ pub const ROTATION_BACKOFF_MAX: Duration = Duration::from_secs(60);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct JournalHealth {
     /// Set while the journal cannot be written: when the next probe is due.
-    next_probe: Option<Mono>,
+    pub(crate) next_probe: Option<Mono>,
     /// After a failed rotation: when the next may be tried, and the wait after that one.
     pub(crate) rotation_retry: Option<(Mono, Duration)>,
 }

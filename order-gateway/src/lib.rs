@@ -22,6 +22,7 @@
 //! ```
 
 pub mod checkpoint;
+pub mod checkpoint_writer;
 pub mod config;
 pub mod control;
 pub mod driver;

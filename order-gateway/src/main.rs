@@ -151,6 +151,7 @@ fn kind_name(kind: usize) -> String {
         record::CHECKPOINT => "checkpoints".into(),
         record::FIX_IN_REJECTED => "FIX in, rejected".into(),
         record::NOT_SENT => "never sent".into(),
+        record::CUT => "checkpoint cuts".into(),
         k => format!("kind {k}"),
     }
 }

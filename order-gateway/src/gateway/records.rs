@@ -41,6 +41,12 @@ pub mod record {
     /// stopped between the two records), answered `NotSent` at the next start: its FIX
     /// ClOrdID, `u64 LE`. Replayed, it closes the request again, so the answer is given once.
     pub const NOT_SENT: u8 = 10;
+    /// A checkpoint cut (empty payload): the state here is the one the next segment's
+    /// checkpoint holds. Applied where it stands, live and in replay
+    /// ([`crate::gateway::Gateway::checkpoint_written`]: orders final before the previous
+    /// cut are forgotten); the checkpoint itself is built afterwards, off the service
+    /// thread, by replaying the segment up to this record ([`crate::checkpoint_writer`]).
+    pub const CUT: u8 = crate::journal::CUT;
 }
 
 /// Bytes of a malformed engine frame the journal keeps.
@@ -125,6 +131,7 @@ pub fn kind_name(kind: u8) -> Option<&'static str> {
         record::CHECKPOINT => "checkpoint",
         record::FIX_IN_REJECTED => "fix_in_rejected",
         record::NOT_SENT => "not_sent",
+        record::CUT => "cut",
         _ => return None,
     })
 }
@@ -233,6 +240,8 @@ pub fn describe(kind: u8, payload: &[u8]) -> Result<Vec<(&'static str, Field)>, 
             let id = <[u8; 8]>::try_from(payload).map_err(|_| short())?;
             vec![("request_id", int(u64::from_le_bytes(id).into()))]
         }
+        record::CUT if payload.is_empty() => vec![],
+        record::CUT => return Err(format!("a cut record of {} bytes", payload.len())),
         k => return Err(format!("a record of kind {k}")),
     })
 }

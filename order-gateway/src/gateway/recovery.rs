@@ -26,8 +26,10 @@ impl Gateway {
     }
 
     /// The recoverable state as a checkpoint payload ([`crate::checkpoint`]), for the first
-    /// record ([`record::CHECKPOINT`]) of a new journal segment. Nothing changes until the
-    /// driver has made it durable and calls [`checkpoint_written`](Self::checkpoint_written).
+    /// record ([`record::CHECKPOINT`]) of a new journal segment. The checkpoint writer calls
+    /// it on a gateway replayed up to a [`record::CUT`] (off the service thread); the live
+    /// gateway applies the cut itself ([`checkpoint_written`](Self::checkpoint_written)),
+    /// and the state after it is the one this checkpoint restores.
     pub fn checkpoint(&self) -> Result<Vec<u8>, crate::checkpoint::CheckpointError> {
         use crate::checkpoint::{GatewayState, OrderState};
         let mut orders: Vec<(u64, OrderState)> = self
@@ -102,8 +104,9 @@ impl Gateway {
         crate::checkpoint::encode(&state)
     }
 
-    /// The checkpoint from [`checkpoint`](Self::checkpoint) is durable: drop what it left
-    /// out, so the live state is exactly what a restart from it rebuilds.
+    /// A checkpoint cut ([`record::CUT`], live and in replay): drop what a checkpoint of the
+    /// state here leaves out, so the state is exactly what a restart from that checkpoint
+    /// rebuilds.
     pub fn checkpoint_written(&mut self) {
         self.book.checkpoint_written();
         let book = &self.book;
@@ -350,6 +353,10 @@ impl Gateway {
                     let _ = self.apply_app(&m, scratch);
                 }
             }
+            // Where the live gateway applied it: the same state follows, and the next
+            // segment's checkpoint (the state just before it) restores to it.
+            record::CUT if payload.is_empty() => self.checkpoint_written(),
+            record::CUT => self.refuse_record(format!("a cut record of {} bytes", payload.len())),
             kind => self.refuse_record(format!("a record of kind {kind}")),
         }
     }

@@ -1874,3 +1874,34 @@ fn a_request_the_venue_answered_is_never_taken_for_unsent() {
     assert_eq!(r.order(1, 1).unwrap().status, OrderStatus::Open);
     assert_eq!(r.order(1, 1).unwrap().venue_cl_ord_id, id);
 }
+
+/// A checkpoint cut (issue 40: checkpoints built off the service thread) is applied where it
+/// stands, live and in replay: the second cut after an order became final forgets it on
+/// both sides, and a gateway replayed through the cuts is the live one. Replay that skipped
+/// the cut would keep order 1 (and the next checkpoint, built by replay, would differ from
+/// the live state).
+#[test]
+fn a_cut_replays_where_it_stands_and_forgets_what_the_live_cut_forgot() {
+    let (mut gw, mut v, mut out) = active();
+    let id1 = acked_order(&mut gw, &mut v, &mut out, 1, 100);
+    gw.on_fix_bytes(
+        &v.exec(id1, "F1", b"F", 100, "100", 100, 0, &[]),
+        T0,
+        &mut out,
+    );
+    assert_eq!(gw.order(1, 1).unwrap().status, OrderStatus::Done);
+    for _ in 0..2 {
+        out.record(crate::gateway::record::CUT, &[]);
+        gw.checkpoint_written();
+    }
+    acked_order(&mut gw, &mut v, &mut out, 2, 100);
+    assert!(gw.order(1, 1).is_none(), "the second cut forgets order 1");
+    let r = replay(&out.journal);
+    assert!(
+        r.order(1, 1).is_none(),
+        "replay kept what the live cut forgot"
+    );
+    assert!(r.order(1, 2).is_some());
+    same_state(&gw, &r);
+    assert_eq!(r.checkpoint().unwrap(), gw.checkpoint().unwrap());
+}

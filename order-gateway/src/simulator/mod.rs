@@ -19,7 +19,10 @@
 //!   a batch: its write reached the disk partly (a torn write, cut at any byte between the
 //!   journal's end before the batch and its end), or not at all (a power loss under group
 //!   commit: cut back to the durable point), and nothing of it reached the venue or an
-//!   engine. The sync policy is drawn per seed ([`sync_policy`]: group commit for three
+//!   engine. With a checkpoint in flight (its writer runs in line three flushes after its
+//!   cut, [`FixDriver::set_checkpoint_inline`]) the crash may interrupt any later sync of
+//!   that flush instead: the writer's sync of `FILE.next`, the seal's, the new segment's
+//!   (the batch is durable then, and not torn). The sync policy is drawn per seed ([`sync_policy`]: group commit for three
 //!   seeds in four, else `every_n` or `never`, where a torn batch leaves orders in doubt
 //!   for the logon's status requests).
 //! - **Disk damage between crash and restart**, on the journal files in a per-seed
@@ -251,7 +254,7 @@ use engines::{Conn, Frame, SimEngine, Wire};
 use rocebus::clock::{Mono, Now, Wall};
 
 /// Kinds of fault counted, in the order of [`SeedReport::faults`].
-pub const FAULT_NAMES: [&str; 50] = [
+pub const FAULT_NAMES: [&str; 51] = [
     "crash (kill -9)",
     "crash mid-write: torn write",
     "crash mid-write: power loss",
@@ -302,6 +305,7 @@ pub const FAULT_NAMES: [&str; 50] = [
     "-> connection rejected: pending cap",
     "-> responses back-pressured (ring full)",
     "-> engine requests held (backlog at half the cap)",
+    "crash mid-write with a checkpoint in flight (writer and switch syncs)",
 ];
 const CRASH: usize = 0;
 const TORN: usize = 1;
@@ -341,6 +345,7 @@ const LINK_LOGON_TIMEOUT: usize = 46;
 const LINK_OVER_CAP: usize = 47;
 const LINK_PRESSED: usize = 48;
 const LINK_HELD: usize = 49;
+const CRASH_IN_CHECKPOINT: usize = 50;
 
 /// The engines' live links in a run: the service's limits, shortened so that a run of a
 /// few simulated seconds meets each of them (`max_backlog` is [`SimConfig::max_backlog`]).
@@ -1360,7 +1365,16 @@ impl World {
             };
             let before = self.disk.len(&self.path);
             self.net.borrow_mut().blackhole = true;
-            self.disk.arm_crash(0);
+            // With a checkpoint in flight the flush runs its writer and switch after the
+            // batch: the crash may interrupt any of their syncs instead (the batch's and its
+            // claim, `FILE.next`'s, the seal's two, the new segment's, the directory's).
+            let nth = if self.driver().checkpoint_in_flight() {
+                self.report.faults[CRASH_IN_CHECKPOINT] += 1;
+                self.rng.gen_range(0..8)
+            } else {
+                0
+            };
+            self.disk.arm_crash(nth);
             let staged = self.stage_new_order();
             if staged {
                 self.poll_engines();
@@ -1373,7 +1387,9 @@ impl World {
             self.driver = None;
             self.disk.kill();
             let after = self.disk.len(&self.path);
-            if staged && !rotated && after > before {
+            // A crash armed past the batch's own sync (a checkpoint in flight) found the
+            // batch durable: it is not torn.
+            if staged && !rotated && after > before && nth == 0 {
                 torn = Some((before, after));
             }
         }
@@ -1605,6 +1621,10 @@ impl World {
         let symbols: Vec<Symbol> = self.engines.iter().map(|e| e.symbol).collect();
         let d = self.driver();
         d.set_segment_bytes(SEGMENT_BYTES);
+        // The checkpoint writer runs in line, the fourth flush after its cut: deterministic,
+        // and the segment grows between the cut and the switch as it does behind a slow
+        // writer (crashes, outages and stops meet a checkpoint in flight).
+        d.set_checkpoint_inline(Some(3));
         d.stage(|gw, _| {
             for s in symbols {
                 gw.on_reference_price(s, 100 * PRICE_SCALE, now);
