@@ -78,9 +78,11 @@ use crate::auth::{DatagramKey, DATAGRAM_TAG_LEN};
 use crate::clock::Mono;
 
 mod link_watch;
+mod resync;
 
 use link_watch::{LinkChange, RecoveryLink};
 pub use link_watch::{LinkWatch, DEAD_LINK_TIMEOUTS};
+use resync::{Jump, JumpGuard, SnapshotTransfer};
 
 /// Static parameters of one subscriber.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,30 +346,7 @@ impl Outstanding {
     }
 }
 
-#[derive(Debug, Clone)]
-struct Receiving {
-    seq: u64,
-    received: u64,
-    crc: crc32fast::Hasher,
-}
-
-#[derive(Debug, Clone)]
-struct SnapshotProgress {
-    needs_send: bool,
-    deadline: u64,
-    receiving: Option<Receiving>,
-}
-
 const EVENT_CAPACITY: usize = 64;
-
-/// A jump beyond the claim threshold not yet corroborated.
-#[derive(Debug, Clone, Copy)]
-struct Claim {
-    /// When its first datagram arrived (no new datagram of the stream since).
-    since: u64,
-    /// Far-ahead datagrams backing it.
-    packets: u32,
-}
 
 /// The subscriber's protocol state. See the module documentation.
 #[derive(Debug)]
@@ -384,7 +363,7 @@ pub struct SubscriberState {
     /// Buffered datagrams sorted by sequence, never overlapping.
     order: VecDeque<Buffered>,
     outstanding: Vec<Outstanding>,
-    snapshot: SnapshotProgress,
+    snapshot: SnapshotTransfer,
     events: VecDeque<Event>,
     counters: SubscriberCounters,
     /// The recovery connection as the I/O layer reports it.
@@ -413,8 +392,9 @@ pub struct SubscriberState {
     /// The current wait before asking again (see
     /// [`SubscriberConfig::max_recovery_timeout_ns`]).
     rto: u64,
-    /// An unconfirmed jump (see the module documentation).
-    claim: Option<Claim>,
+    /// Far-ahead datagrams not yet corroborated (see the module
+    /// documentation).
+    jumps: JumpGuard,
 }
 
 impl SubscriberState {
@@ -435,11 +415,7 @@ impl SubscriberState {
             free: (0..cfg.max_buffered as u32).rev().collect(),
             order: VecDeque::with_capacity(cfg.max_buffered),
             outstanding: Vec::with_capacity(cfg.max_outstanding),
-            snapshot: SnapshotProgress {
-                needs_send: false,
-                deadline: 0,
-                receiving: None,
-            },
+            snapshot: SnapshotTransfer::new(&cfg),
             events: VecDeque::with_capacity(EVENT_CAPACITY),
             counters: SubscriberCounters::default(),
             link: RecoveryLink::new(),
@@ -453,7 +429,7 @@ impl SubscriberState {
             srtt: 0,
             rttvar: 0,
             rto: cfg.recovery_timeout_ns,
-            claim: None,
+            jumps: JumpGuard::new(&cfg),
             cfg,
         }
     }
@@ -582,7 +558,7 @@ impl SubscriberState {
         }
         self.counters.recovery_link_lost += 1;
         self.push_event(Event::RecoveryLost);
-        self.snapshot.receiving = None;
+        self.snapshot.abandon();
         // Requests already sent died with the connection; holes still in the
         // arbitration window get their chance in handle_timeout.
         if let Some((from, to)) = self
@@ -611,7 +587,7 @@ impl SubscriberState {
     /// (it has none when this is false): two compares, for an I/O layer's
     /// turn to skip the request path in the steady state.
     pub fn may_transmit(&self) -> bool {
-        self.link.is_up() && (!self.outstanding.is_empty() || self.snapshot.needs_send)
+        self.link.is_up() && (!self.outstanding.is_empty() || self.snapshot.needs_send())
     }
 
     /// Next request to send over RC, if any. Call after each input.
@@ -629,8 +605,7 @@ impl SubscriberState {
                 count: o.to - o.from,
             }));
         }
-        if self.snapshot.needs_send && self.phase == Phase::Resyncing {
-            self.snapshot.needs_send = false;
+        if self.phase == Phase::Resyncing && self.snapshot.take_request() {
             self.counters.snapshot_requests += 1;
             return Some(Request::Snapshot {
                 channel: self.cfg.channel,
@@ -663,8 +638,8 @@ impl SubscriberState {
     fn earliest_deadline(&self) -> Option<u64> {
         let retransmit = self.outstanding.iter().map(|o| o.deadline).min();
         // No snapshot timer while the link is down: coming back asks anyway.
-        let snapshot =
-            (self.phase == Phase::Resyncing && self.link.is_up()).then_some(self.snapshot.deadline);
+        let snapshot = (self.phase == Phase::Resyncing && self.link.is_up())
+            .then_some(self.snapshot.deadline());
         let skip = if self.skip_due {
             Some(0)
         } else {
@@ -708,7 +683,7 @@ impl SubscriberState {
                     && self.phase == Phase::Live
                     && self.order.is_empty()
                     && self.outstanding.is_empty()
-                    && self.claim.is_none()
+                    && self.jumps.is_clear()
                 {
                     if let (Some(key), Some((body, tag))) = (&self.key, split) {
                         if !key.verify(body, tag) {
@@ -833,7 +808,7 @@ impl SubscriberState {
         if self.cfg.gap_tolerance_ns > 0 && self.phase == Phase::Live {
             self.skip_gaps(now, handler);
         }
-        if self.phase == Phase::Resyncing && self.link.is_up() && self.snapshot.deadline <= now {
+        if self.phase == Phase::Resyncing && self.link.is_up() && self.snapshot.deadline() <= now {
             self.counters.timeouts += 1;
             self.request_snapshot(now);
         }
@@ -950,16 +925,21 @@ impl SubscriberState {
     ) {
         // The session is the announced one (check_datagram).
         if self.phase == Phase::Live && src != Source::Retransmit && self.key.is_none() {
-            let known = self.high.max(self.next_seq);
-            if d.first_seq() > known.saturating_add(self.cfg.claim_threshold) {
-                if self.hold_claim(now) {
+            match self.jumps.check(
+                now,
+                self.high.max(self.next_seq),
+                self.next_seq,
+                d.first_seq(),
+                d.end_seq(),
+                d.is_heartbeat(),
+            ) {
+                Jump::Within => {}
+                Jump::Held => {
+                    self.counters.claimed += 1;
                     return;
                 }
-            } else if ((d.is_heartbeat() && d.first_seq() >= known)
-                || (!d.is_heartbeat() && d.end_seq() > self.next_seq))
-                && self.claim.take().is_some()
-            {
-                self.counters.claims_disproved += 1;
+                Jump::Accepted => self.counters.claims_accepted += 1,
+                Jump::Disproved => self.counters.claims_disproved += 1,
             }
         }
         if self.phase == Phase::Idle {
@@ -1097,45 +1077,16 @@ impl SubscriberState {
         }
     }
 
-    /// Counts a far-ahead datagram towards the claim; says whether it is
-    /// to be dropped (`false` once the claim is accepted).
-    fn hold_claim(&mut self, now: u64) -> bool {
-        let claim = match self.claim {
-            Some(c) => Claim {
-                packets: c.packets.saturating_add(1),
-                ..c
-            },
-            None => Claim {
-                since: now,
-                packets: 1,
-            },
-        };
-        if claim.packets >= self.cfg.claim_packets
-            && now.saturating_sub(claim.since) >= self.cfg.claim_timeout_ns
-        {
-            self.claim = None;
-            self.counters.claims_accepted += 1;
-            return false;
-        }
-        self.claim = Some(claim);
-        self.counters.claimed += 1;
-        true
-    }
-
     /// After a snapshot: one past the last sequence that follows `next_seq`
     /// in the buffered datagrams without a jump beyond the claim threshold
     /// (any jump when tags are on). Buffered datagrams beyond it were never
     /// corroborated: they are dropped and counted as claims.
     fn verify_high(&mut self) {
-        let mut high = self.next_seq;
-        let mut keep = 0;
-        for b in &self.order {
-            if self.key.is_none() && b.first > high.saturating_add(self.cfg.claim_threshold) {
-                break;
-            }
-            high = high.max(b.end);
-            keep += 1;
-        }
+        let (keep, high) = self.jumps.corroborated(
+            self.next_seq,
+            self.key.is_some(),
+            self.order.iter().map(|b| (b.first, b.end)),
+        );
         while self.order.len() > keep {
             if let Some(b) = self.order.pop_back() {
                 self.free.push(b.slot);
@@ -1143,7 +1094,7 @@ impl SubscriberState {
             }
         }
         self.high = high;
-        self.claim = None;
+        self.jumps.clear();
     }
 
     fn count_duplicate(&mut self, src: Source) {
@@ -1474,11 +1425,7 @@ impl SubscriberState {
     }
 
     fn request_snapshot(&mut self, now: u64) {
-        self.snapshot = SnapshotProgress {
-            needs_send: true,
-            deadline: now + self.cfg.snapshot_timeout_ns,
-            receiving: None,
-        };
+        self.snapshot.request(now);
     }
 
     fn reject_snapshot(&mut self, now: u64) {
@@ -1494,7 +1441,7 @@ impl SubscriberState {
         self.outstanding.clear();
         self.next_seq = 1;
         self.high = 1;
-        self.claim = None;
+        self.jumps.clear();
         self.stall_since = None;
         self.skip_due = false;
         self.reasm.abandon();
@@ -1510,25 +1457,12 @@ impl SubscriberState {
     ) {
         if offset == 0 {
             app.begin_restore();
-            self.snapshot.receiving = Some(Receiving {
-                seq,
-                received: 0,
-                crc: crc32fast::Hasher::new(),
-            });
         }
-        let ok = match &mut self.snapshot.receiving {
-            Some(r) if r.seq == seq && r.received == offset => {
-                r.received += data.len() as u64;
-                r.crc.update(data);
-                true
-            }
-            _ => false,
-        };
-        if !ok || app.restore_chunk(data).is_err() {
+        if !self.snapshot.chunk(seq, offset, data) || app.restore_chunk(data).is_err() {
             self.reject_snapshot(now);
             return;
         }
-        self.snapshot.deadline = now + self.cfg.snapshot_timeout_ns;
+        self.snapshot.progress(now);
     }
 
     fn on_snapshot_end<A: Handler + SnapshotSink + ?Sized>(
@@ -1537,23 +1471,15 @@ impl SubscriberState {
         end: wire::SnapshotEnd,
         app: &mut A,
     ) {
-        let receiving = match self.snapshot.receiving.take() {
-            Some(r) => r,
-            None if end.total_len == 0 => {
-                app.begin_restore();
-                Receiving {
-                    seq: end.snapshot_seq,
-                    received: 0,
-                    crc: crc32fast::Hasher::new(),
-                }
-            }
-            // The tail of a transfer already rejected: a new one is asked for.
-            None => return,
+        // None: the tail of a transfer already rejected; a new one is
+        // asked for.
+        let Some(finish) = self.snapshot.finish(&end) else {
+            return;
         };
-        let valid = receiving.seq == end.snapshot_seq
-            && receiving.received == end.total_len
-            && receiving.crc.finalize() == end.crc32;
-        if !valid || app.finish_restore(end.snapshot_seq).is_err() {
+        if finish.begin {
+            app.begin_restore();
+        }
+        if !finish.valid || app.finish_restore(end.snapshot_seq).is_err() {
             return self.reject_snapshot(now);
         }
         self.counters.snapshots_applied += 1;

@@ -70,9 +70,9 @@ pub(super) fn datagrams(p: &mut PublisherState, n: usize) -> Vec<Vec<u8>> {
 #[derive(Default)]
 pub(super) struct App {
     pub(super) seqs: Vec<u64>,
-    staged: Vec<u8>,
-    restored: Option<u64>,
-    refuse: bool,
+    pub(super) staged: Vec<u8>,
+    pub(super) restored: Option<u64>,
+    pub(super) refuse: bool,
 }
 
 impl Handler for App {
@@ -114,7 +114,7 @@ pub(super) fn retransmit(from_seq: u64, count: u64) -> Request {
     })
 }
 /// Answers every retransmit request from `p` into `s`.
-fn serve(
+pub(super) fn serve(
     p: &mut PublisherState,
     s: &mut SubscriberState,
     app: &mut (impl Handler + SnapshotSink),
@@ -562,37 +562,6 @@ fn not_available_is_unrecoverable_with_exact_range() {
 }
 
 #[test]
-fn late_join_restores_then_delivers_buffered() {
-    let mut p = publisher(1);
-    let ds = datagrams(&mut p, 5);
-    let mut s = announced(cfg());
-    let mut app = App::default();
-    s.on_datagram(0, Line::A, &ds[3], &mut app); // [7,9): late join
-    s.on_datagram(0, Line::A, &ds[4], &mut app);
-    assert_eq!(s.phase(), Phase::Resyncing);
-    assert_eq!(events(&mut s), vec![Event::ResyncStarted]);
-    assert_eq!(
-        transmits(&mut s),
-        vec![Request::Snapshot {
-            channel: 3,
-            session: 1
-        }]
-    );
-    // Snapshot taken at 4: [5,7) must come from the history.
-    let mut msgs = Vec::new();
-    encode_snapshot(3, 1, 4, &[7; 100], 30, |m| msgs.push(m.to_vec()));
-    for m in &msgs {
-        s.on_recovery(1, m, &mut app);
-    }
-    assert_eq!(app.restored, Some(4));
-    assert_eq!(app.staged, vec![7; 100]);
-    assert!(app.seqs.is_empty());
-    serve(&mut p, &mut s, &mut app, 2);
-    assert_eq!(app.seqs, (5..=10).collect::<Vec<_>>());
-    assert_eq!(s.counters().snapshots_applied, 1);
-}
-
-#[test]
 fn a_closure_subscriber_is_told_what_a_snapshot_skipped() {
     let mut p = publisher(1);
     let ds = datagrams(&mut p, 5);
@@ -668,43 +637,6 @@ fn lost_first_datagrams_within_join_replay_max_come_from_history() {
     });
     s.on_datagram(0, Line::A, &ds[3], &mut App::default());
     assert_eq!(s.phase(), Phase::Resyncing);
-}
-
-#[test]
-fn bad_snapshots_are_rejected_and_requested_again() {
-    let mut p = publisher(1);
-    let ds = datagrams(&mut p, 3);
-    let mut s = announced(cfg());
-    let mut app = App::default();
-    s.on_datagram(0, Line::A, &ds[2], &mut app);
-    transmits(&mut s);
-    let mut msgs = Vec::new();
-    encode_snapshot(3, 1, 4, &[1; 10], 4, |m| msgs.push(m.to_vec()));
-    // A missing chunk.
-    for (i, m) in msgs.iter().enumerate() {
-        if i != 1 {
-            s.on_recovery(1, m, &mut app);
-        }
-    }
-    assert_eq!(s.phase(), Phase::Resyncing);
-    assert_eq!(transmits(&mut s).len(), 1, "asked again");
-    // The application refuses it.
-    app.refuse = true;
-    for m in &msgs {
-        s.on_recovery(2, m, &mut app);
-    }
-    assert_eq!(s.phase(), Phase::Resyncing);
-    assert_eq!(s.counters().snapshots_rejected, 2);
-    // No progress until the deadline: asked again.
-    transmits(&mut s);
-    s.handle_timeout(2 + 10 * TIMEOUT, &mut app);
-    assert_eq!(transmits(&mut s).len(), 1);
-    app.refuse = false;
-    for m in &msgs {
-        s.on_recovery(3, m, &mut app);
-    }
-    assert_eq!(s.phase(), Phase::Live);
-    assert_eq!(app.seqs, vec![5, 6]);
 }
 
 #[test]
@@ -1202,117 +1134,4 @@ fn a_hole_in_a_large_message_drops_it_and_the_next_one_arrives_whole() {
     let c = s.counters();
     assert_eq!(c.partial_messages_dropped, 1, "{c:?}");
     assert_eq!(c.fragments_dropped, 2, "{c:?}");
-}
-
-fn claiming() -> SubscriberConfig {
-    SubscriberConfig {
-        claim_threshold: 100,
-        claim_packets: 3,
-        claim_timeout_ns: 50 * TIMEOUT,
-        max_buffered: 64,
-        ..cfg()
-    }
-}
-
-/// A heartbeat of session 1 on channel 3 claiming `first_seq`, as anyone
-/// on the fabric can send it when tags are off.
-fn forged_heartbeat(first_seq: u64) -> Vec<u8> {
-    let mut hb = vec![0; wire::DATAGRAM_HEADER_LEN];
-    wire::write_datagram_header(&mut hb, Line::A, 3, 1, first_seq, 0).expect("fits");
-    hb
-}
-
-#[test]
-fn forged_far_ahead_heartbeat_loses_no_real_message() {
-    let mut p = publisher(1);
-    let ds = datagrams(&mut p, 300);
-    let mut s = announced(claiming());
-    let mut app = App::default();
-    s.on_datagram(0, Line::A, &ds[0], &mut app);
-    let forged = forged_heartbeat(3 + 999_000);
-    let mut now = 0;
-    let mut asked = Vec::new();
-    for (i, d) in ds.iter().enumerate().skip(1) {
-        if i % 10 == 1 {
-            s.on_datagram(now, Line::A, &forged, &mut app);
-        }
-        // Slow enough that an open request would time out and give up.
-        now += 2 * TIMEOUT;
-        s.handle_timeout(now, &mut app);
-        asked.extend(transmits(&mut s));
-        s.on_datagram(now, Line::A, d, &mut app);
-        asked.extend(transmits(&mut s));
-    }
-    assert_eq!(
-        app.seqs,
-        (1..=600).collect::<Vec<_>>(),
-        "every real message"
-    );
-    assert_eq!(asked, [], "no request");
-    assert_eq!(events(&mut s), [], "no loss, no resync");
-    let c = s.counters();
-    assert_eq!(
-        (c.gaps_detected, c.unrecoverable, c.claims_accepted),
-        (0, 0, 0)
-    );
-    assert_eq!((c.claimed, c.claims_disproved), (30, 30));
-}
-
-#[test]
-fn a_real_jump_on_the_bus_is_requested_after_the_claim_timeout() {
-    let mut p = publisher(1);
-    // All within the publisher's history (64 datagrams).
-    let ds = datagrams(&mut p, 64);
-    let mut s = announced(claiming());
-    let mut app = App::default();
-    s.on_datagram(0, Line::A, &ds[0], &mut app);
-    // 54 datagrams (108 messages, beyond the threshold of 100) lost on
-    // the fabric: what follows is a claim until it has stood long enough.
-    let mut now = 0;
-    let mut taken = None;
-    for (i, d) in ds.iter().enumerate().skip(55) {
-        now += 10 * TIMEOUT;
-        s.on_datagram(now, Line::A, d, &mut app);
-        if s.outstanding() > 0 {
-            taken = Some(i);
-            break;
-        }
-    }
-    let i = taken.expect("the jump is taken");
-    assert!(now >= 50 * TIMEOUT, "not before the claim timeout");
-    assert_eq!(s.counters().claims_accepted, 1);
-    // The datagrams dropped as claims are part of the one hole asked for.
-    serve(&mut p, &mut s, &mut app, now);
-    assert_eq!(s.counters().retransmit_requests, 1);
-    assert_eq!(app.seqs, (1..=2 * i as u64 + 2).collect::<Vec<_>>());
-}
-
-#[test]
-fn a_heartbeat_seen_while_resyncing_does_not_survive_the_snapshot() {
-    let mut p = publisher(1);
-    let ds = datagrams(&mut p, 5);
-    let mut s = announced(claiming());
-    let mut app = App::default();
-    s.on_datagram(0, Line::A, &ds[3], &mut app); // [7,9): late join
-    assert_eq!(s.phase(), Phase::Resyncing);
-    s.on_datagram(0, Line::A, &forged_heartbeat(1_000_000), &mut app);
-    s.on_datagram(0, Line::A, &ds[4], &mut app);
-    transmits(&mut s);
-    let mut msgs = Vec::new();
-    encode_snapshot(3, 1, 4, &[7; 10], 30, |m| msgs.push(m.to_vec()));
-    for m in &msgs {
-        s.on_recovery(1, m, &mut app);
-    }
-    assert_eq!(s.phase(), Phase::Live);
-    serve(&mut p, &mut s, &mut app, 2);
-    assert_eq!(app.seqs, (5..=10).collect::<Vec<_>>());
-    // Only the hole before the buffered datagrams was asked for.
-    assert_eq!(s.counters().retransmit_requests, 1);
-    assert_eq!(transmits(&mut s), []);
-    s.handle_timeout(100 * TIMEOUT, &mut app);
-    assert_eq!(transmits(&mut s), [], "nothing beyond 10 is missing");
-    assert_eq!(
-        events(&mut s).last(),
-        Some(&Event::SnapshotApplied { seq: 4 })
-    );
 }
