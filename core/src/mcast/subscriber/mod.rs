@@ -79,10 +79,12 @@ use crate::clock::Mono;
 
 mod link_watch;
 mod resync;
+mod tolerance;
 
 use link_watch::{LinkChange, RecoveryLink};
 pub use link_watch::{LinkWatch, DEAD_LINK_TIMEOUTS};
 use resync::{Jump, JumpGuard, SnapshotTransfer};
+use tolerance::Tolerance;
 
 /// Static parameters of one subscriber.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -377,11 +379,8 @@ pub struct SubscriberState {
     one_message: Option<OneMessageHeader>,
     /// Large message reassembly.
     reasm: Reassembler,
-    /// Gap-tolerant: since when delivery has waited at `stall_seq`.
-    stall_since: Option<u64>,
-    stall_seq: u64,
-    /// Gap-tolerant: a range was marked lost; look at skipping it.
-    skip_due: bool,
+    /// Gap-tolerant delivery's stall timer.
+    tolerance: Tolerance,
     /// Measured time from asking for a range to having all of it (by
     /// unicast, multicast repair or the other line), smoothed; 0 before the
     /// first sample. Only first asks are sampled (a retry's answer may be
@@ -423,9 +422,7 @@ impl SubscriberState {
             key: None,
             one_message: None,
             reasm: Reassembler::new(cfg.max_message_bytes),
-            stall_since: None,
-            stall_seq: 0,
-            skip_due: false,
+            tolerance: Tolerance::new(cfg.gap_tolerance_ns),
             srtt: 0,
             rttvar: 0,
             rto: cfg.recovery_timeout_ns,
@@ -624,8 +621,7 @@ impl SubscriberState {
         // into the caller's turn (the call cost as much as the compares).
         if self.outstanding.is_empty()
             && self.phase != Phase::Resyncing
-            && !self.skip_due
-            && self.stall_since.is_none()
+            && !self.tolerance.pending()
         {
             return None;
         }
@@ -640,12 +636,7 @@ impl SubscriberState {
         // No snapshot timer while the link is down: coming back asks anyway.
         let snapshot = (self.phase == Phase::Resyncing && self.link.is_up())
             .then_some(self.snapshot.deadline());
-        let skip = if self.skip_due {
-            Some(0)
-        } else {
-            self.stall_since
-                .map(|t| t.saturating_add(self.cfg.gap_tolerance_ns))
-        };
+        let skip = self.tolerance.deadline();
         [retransmit, snapshot, skip].into_iter().flatten().min()
     }
 
@@ -805,7 +796,7 @@ impl SubscriberState {
                 }
             }
         }
-        if self.cfg.gap_tolerance_ns > 0 && self.phase == Phase::Live {
+        if self.tolerance.enabled() && self.phase == Phase::Live {
             self.skip_gaps(now, handler);
         }
         if self.phase == Phase::Resyncing && self.link.is_up() && self.snapshot.deadline() <= now {
@@ -1195,7 +1186,9 @@ impl SubscriberState {
         }
         self.counters.gaps_filled_by_other_line += filled;
         // A range marked lost may be at the delivery point now.
-        self.skip_due |= lost;
+        if lost {
+            self.tolerance.mark_due();
+        }
         self.request_holes(now);
         self.track_stall(now);
     }
@@ -1203,17 +1196,8 @@ impl SubscriberState {
     /// Gap-tolerant: (re)starts the stall timer when delivery waits at a new
     /// point, stops it when nothing is missing.
     fn track_stall(&mut self, now: u64) {
-        if self.cfg.gap_tolerance_ns == 0 {
-            return;
-        }
-        if self.phase == Phase::Live && self.high > self.next_seq {
-            if self.stall_since.is_none() || self.stall_seq != self.next_seq {
-                self.stall_since = Some(now);
-                self.stall_seq = self.next_seq;
-            }
-        } else {
-            self.stall_since = None;
-        }
+        let stalled = self.phase == Phase::Live && self.high > self.next_seq;
+        self.tolerance.track(now, stalled, self.next_seq);
     }
 
     /// Gap-tolerant: skips the holes at the delivery point that are known
@@ -1232,14 +1216,8 @@ impl SubscriberState {
                 .iter()
                 .find(|o| o.lost && o.from <= from && from < o.to)
                 .map(|o| o.to.min(to));
-            let expired = self.stall_seq == self.next_seq
-                && self
-                    .stall_since
-                    .is_some_and(|t| now.saturating_sub(t) >= self.cfg.gap_tolerance_ns);
-            let to = match (expired, lost_to) {
-                (true, _) => to,
-                (false, Some(lost_to)) => lost_to,
-                (false, None) => break,
+            let Some(to) = self.tolerance.skip_to(now, self.next_seq, to, lost_to) else {
+                break;
             };
             self.counters.gaps_skipped += 1;
             self.counters.sequences_skipped += to - from;
@@ -1253,7 +1231,7 @@ impl SubscriberState {
             self.drain(handler);
             self.after_progress(now);
         }
-        self.skip_due = false;
+        self.tolerance.clear_due();
     }
 
     /// The next hole at or after `cursor`: a range in `[next_seq, high)` not
@@ -1385,7 +1363,7 @@ impl SubscriberState {
     /// requests for it, for [`skip_gaps`](Self::skip_gaps) to skip once it
     /// is at the delivery point (returns false).
     fn give_up(&mut self, now: u64, from: u64, to: u64) -> bool {
-        if self.cfg.gap_tolerance_ns == 0 || self.phase != Phase::Live {
+        if !self.tolerance.enabled() || self.phase != Phase::Live {
             self.unrecoverable(now, from, to);
             return true;
         }
@@ -1401,7 +1379,7 @@ impl SubscriberState {
             in_grace: false,
             lost: true,
         });
-        self.skip_due = true;
+        self.tolerance.mark_due();
         false
     }
 
@@ -1415,8 +1393,7 @@ impl SubscriberState {
     fn start_resync(&mut self, now: u64) {
         self.phase = Phase::Resyncing;
         self.outstanding.clear();
-        self.stall_since = None;
-        self.skip_due = false;
+        self.tolerance.reset();
         if self.reasm.abandon() {
             self.counters.partial_messages_dropped += 1;
         }
@@ -1442,8 +1419,7 @@ impl SubscriberState {
         self.next_seq = 1;
         self.high = 1;
         self.jumps.clear();
-        self.stall_since = None;
-        self.skip_due = false;
+        self.tolerance.reset();
         self.reasm.abandon();
     }
 

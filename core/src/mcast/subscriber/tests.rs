@@ -822,9 +822,9 @@ fn buffer_overflow_is_unrecoverable() {
 
 /// Records whole messages and reported gaps.
 #[derive(Default)]
-struct Rec {
-    msgs: Vec<(u64, Vec<u8>)>,
-    gaps: Vec<(u64, u64)>,
+pub(super) struct Rec {
+    pub(super) msgs: Vec<(u64, Vec<u8>)>,
+    pub(super) gaps: Vec<(u64, u64)>,
 }
 
 impl Handler for Rec {
@@ -843,6 +843,14 @@ impl SnapshotSink for Rec {
     }
     fn finish_restore(&mut self, _: u64) -> Result<(), RestoreError> {
         Ok(())
+    }
+}
+
+pub(super) fn tolerant() -> SubscriberConfig {
+    SubscriberConfig {
+        gap_tolerance_ns: 5 * TIMEOUT,
+        max_retries: 100,
+        ..cfg()
     }
 }
 
@@ -1023,89 +1031,6 @@ fn claims_beyond_max_message_bytes_are_refused() {
     });
     assert!(small.try_claim(small.max_message_len() + 1).is_err());
     assert!(small.try_claim(small.max_message_len()).is_ok());
-}
-
-fn tolerant() -> SubscriberConfig {
-    SubscriberConfig {
-        gap_tolerance_ns: 5 * TIMEOUT,
-        max_retries: 100,
-        ..cfg()
-    }
-}
-
-#[test]
-fn tolerant_subscriber_skips_an_unrepaired_hole_after_the_bound() {
-    let mut p = publisher(1);
-    let ds = datagrams(&mut p, 4);
-    let mut s = announced(tolerant());
-    let mut app = Rec::default();
-    s.on_datagram(0, Line::A, &ds[0], &mut app);
-    s.on_datagram(0, Line::A, &ds[2], &mut app); // hole [3,5)
-    s.on_datagram(10, Line::A, &ds[3], &mut app);
-    assert_eq!(transmits(&mut s), vec![retransmit(3, 2)]);
-    // Nobody answers; requests time out and are repeated until the bound.
-    let mut now = 0;
-    while s.phase() == Phase::Live && app.gaps.is_empty() {
-        now = s.poll_timeout().expect("a deadline").as_nanos();
-        assert!(now <= 5 * TIMEOUT, "skipped late: {now}");
-        s.handle_timeout(now, &mut app);
-        transmits(&mut s);
-    }
-    assert_eq!(now, 5 * TIMEOUT);
-    assert_eq!(app.gaps, vec![(3, 5)]);
-    let seqs: Vec<u64> = app.msgs.iter().map(|m| m.0).collect();
-    assert_eq!(seqs, vec![1, 2, 5, 6, 7, 8]);
-    assert_eq!(events(&mut s), vec![Event::GapSkipped { from: 3, to: 5 }]);
-    let c = s.counters();
-    assert_eq!((c.gaps_skipped, c.sequences_skipped), (1, 2));
-    assert_eq!((c.unrecoverable, c.snapshot_requests), (0, 0));
-    assert_eq!(s.outstanding(), 0);
-    assert_eq!(s.poll_timeout(), None);
-    // A late retransmission of the skipped range is a duplicate.
-    serve(&mut p, &mut s, &mut App::default(), now);
-    s.on_datagram(now, Line::A, &ds[1], &mut app);
-    assert_eq!(app.msgs.len(), 6);
-}
-
-#[test]
-fn tolerant_subscriber_skips_what_the_history_no_longer_has_at_once() {
-    let mut p = publisher(1);
-    let ds = datagrams(&mut p, 6);
-    for (tolerance, strict) in [(tolerant().gap_tolerance_ns, false), (0, true)] {
-        let mut s = announced(SubscriberConfig {
-            gap_tolerance_ns: tolerance,
-            ..cfg()
-        });
-        let mut app = Rec::default();
-        s.on_datagram(0, Line::A, &ds[0], &mut app);
-        s.on_datagram(0, Line::A, &ds[5], &mut app); // hole [3,11)
-        assert_eq!(transmits(&mut s), vec![retransmit(3, 8)]);
-        let mut buf = [0u8; 64];
-        let na = NotAvailable {
-            channel: 3,
-            session: 1,
-            from_seq: 3,
-            count: 4,
-            oldest_available: 7,
-        };
-        let n = na.encode(&mut buf).unwrap();
-        s.on_recovery(1, &buf[..n], &mut app);
-        if strict {
-            assert_eq!(s.phase(), Phase::Resyncing);
-            assert!(app.gaps.is_empty());
-            assert_eq!(app.msgs.len(), 2);
-            continue;
-        }
-        // [3,7) skipped at once; [7,11) still asked for and repaired.
-        assert_eq!(app.gaps, vec![(3, 7)]);
-        assert_eq!(s.phase(), Phase::Live);
-        for d in &ds[3..5] {
-            s.on_datagram(2, Line::A, d, &mut app);
-        }
-        let seqs: Vec<u64> = app.msgs.iter().map(|m| m.0).collect();
-        assert_eq!(seqs, vec![1, 2, 7, 8, 9, 10, 11, 12]);
-        assert_eq!(s.counters().gaps_skipped, 1);
-    }
 }
 
 #[test]
