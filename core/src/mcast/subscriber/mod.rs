@@ -77,12 +77,16 @@ use super::wire::{
 use crate::auth::{DatagramKey, DATAGRAM_TAG_LEN};
 use crate::clock::Mono;
 
+mod arbitration;
 mod link_watch;
+mod reorder;
 mod resync;
 mod tolerance;
 
+use arbitration::{arbitrate, count_duplicate, count_received, Arrival, Source};
 use link_watch::{LinkChange, RecoveryLink};
 pub use link_watch::{LinkWatch, DEAD_LINK_TIMEOUTS};
+use reorder::{Holes, ReorderBuffer};
 use resync::{Jump, JumpGuard, SnapshotTransfer};
 use tolerance::Tolerance;
 
@@ -307,20 +311,6 @@ pub struct SubscriberCounters {
     pub claims_accepted: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Source {
-    Line(Line),
-    Retransmit,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Buffered {
-    first: u64,
-    end: u64,
-    slot: u32,
-    len: u32,
-}
-
 #[derive(Debug, Clone, Copy)]
 struct Outstanding {
     from: u64,
@@ -360,10 +350,8 @@ pub struct SubscriberState {
     next_seq: u64,
     /// One past the highest sequence known to exist.
     high: u64,
-    slots: Box<[u8]>,
-    free: Vec<u32>,
-    /// Buffered datagrams sorted by sequence, never overlapping.
-    order: VecDeque<Buffered>,
+    /// Datagrams ahead of the delivery point.
+    buffer: ReorderBuffer,
     outstanding: Vec<Outstanding>,
     snapshot: SnapshotTransfer,
     events: VecDeque<Event>,
@@ -409,10 +397,7 @@ impl SubscriberState {
             session: 0,
             next_seq: 1,
             high: 1,
-            slots: super::prefaulted(cfg.max_buffered * cfg.max_datagram),
-            // Slots are handed out from the end: lowest slot first.
-            free: (0..cfg.max_buffered as u32).rev().collect(),
-            order: VecDeque::with_capacity(cfg.max_buffered),
+            buffer: ReorderBuffer::new(cfg.max_buffered, cfg.max_datagram),
             outstanding: Vec::with_capacity(cfg.max_outstanding),
             snapshot: SnapshotTransfer::new(&cfg),
             events: VecDeque::with_capacity(EVENT_CAPACITY),
@@ -504,7 +489,7 @@ impl SubscriberState {
     }
     /// Datagrams currently buffered out of order.
     pub fn buffered(&self) -> usize {
-        self.order.len()
+        self.buffer.len()
     }
     /// Retransmit requests in flight, and holes waiting in the arbitration
     /// window.
@@ -672,7 +657,7 @@ impl SubscriberState {
                     && bytes.len() <= self.cfg.max_datagram
                     && self.high == seq
                     && self.phase == Phase::Live
-                    && self.order.is_empty()
+                    && self.buffer.is_empty()
                     && self.outstanding.is_empty()
                     && self.jumps.is_clear()
                 {
@@ -682,10 +667,7 @@ impl SubscriberState {
                             return false;
                         }
                     }
-                    match line {
-                        Line::A => self.counters.received_a += 1,
-                        Line::B => self.counters.received_b += 1,
-                    }
+                    count_received(&mut self.counters, line);
                     handler.on_message(seq, msg);
                     self.counters.delivered += 1;
                     self.next_seq = seq + 1;
@@ -697,10 +679,7 @@ impl SubscriberState {
         let Some((d, bytes)) = self.check_datagram(bytes) else {
             return false;
         };
-        match line {
-            Line::A => self.counters.received_a += 1,
-            Line::B => self.counters.received_b += 1,
-        }
+        count_received(&mut self.counters, line);
         self.accept(now, Source::Line(line), bytes, d, handler);
         true
     }
@@ -959,78 +938,68 @@ impl SubscriberState {
             return;
         }
 
-        if self.phase == Phase::Live && d.first_seq() <= self.next_seq {
-            if d.end_seq() <= self.next_seq {
-                self.count_duplicate(src);
+        let live = self.phase == Phase::Live;
+        match arbitrate(
+            live,
+            self.next_seq,
+            d.first_seq(),
+            d.end_seq(),
+            &self.buffer,
+        ) {
+            Arrival::Duplicate => {
+                count_duplicate(&mut self.counters, src);
                 return;
             }
-            self.deliver(src, d, handler);
-            // The steady state (nothing buffered, requested or known to be
-            // missing) has nothing to drain, retire or request.
-            if !self.order.is_empty() || !self.outstanding.is_empty() || self.high > self.next_seq {
-                self.drain(handler);
-                self.after_progress(now);
+            Arrival::Deliver => {
+                self.deliver(src, d, handler);
+                // The steady state (nothing buffered, requested or known to
+                // be missing) has nothing to drain, retire or request.
+                if !self.buffer.is_empty()
+                    || !self.outstanding.is_empty()
+                    || self.high > self.next_seq
+                {
+                    self.drain(handler);
+                    self.after_progress(now);
+                }
+                return;
             }
-            return;
+            Arrival::Overlaps => {
+                // Same session, different datagram boundaries: not from our
+                // publisher.
+                self.counters.malformed_dropped += 1;
+                return;
+            }
+            Arrival::Ahead => {}
         }
 
         // Ahead of the delivery point (or resyncing): buffer it.
-        let pos = self.order.partition_point(|b| b.first < d.first_seq());
-        if self
-            .order
-            .get(pos)
-            .is_some_and(|b| b.first == d.first_seq())
-        {
-            self.count_duplicate(src);
-            return;
-        }
-        let overlaps_prev = pos > 0 && self.order[pos - 1].end > d.first_seq();
-        let overlaps_next = self.order.get(pos).is_some_and(|b| b.first < d.end_seq());
-        if overlaps_prev || overlaps_next {
-            // Same session, different datagram boundaries: not from our publisher.
-            self.counters.malformed_dropped += 1;
-            return;
-        }
-        if self.free.is_empty() {
+        if self.buffer.is_full() {
             if self.phase == Phase::Live {
                 // Too far behind to wait for the holes: give up on the first
                 // one and re-synchronise (evicting below), or, gap-tolerant,
                 // skip it, which frees what it held up.
-                let to = self.order.front().map_or(d.first_seq(), |b| b.first);
+                let to = self.buffer.first().unwrap_or(d.first_seq());
                 if !self.give_up(now, self.next_seq, to) {
                     self.skip_gaps(now, handler);
-                    if !self.free.is_empty() {
+                    if !self.buffer.is_full() {
                         return self.accept(now, src, bytes, d, handler);
                     }
                 }
             }
-            if self.order.front().is_some_and(|b| b.first > d.first_seq()) {
+            if self.buffer.first().is_some_and(|f| f > d.first_seq()) {
                 self.counters.evicted += 1;
                 return;
             }
-            if let Some(old) = self.order.pop_front() {
-                self.free.push(old.slot);
+            if self.buffer.evict_first() {
                 self.counters.evicted += 1;
             }
         }
-        let Some(slot) = self.free.pop() else {
-            return;
-        };
-        let start = slot as usize * self.cfg.max_datagram;
         // bytes.len() <= max_datagram: checked in check_datagram.
-        self.slots[start..start + bytes.len()].copy_from_slice(bytes);
-        let pos = self.order.partition_point(|b| b.first < d.first_seq());
-        self.order.insert(
-            pos,
-            Buffered {
-                first: d.first_seq(),
-                end: d.end_seq(),
-                slot,
-                len: bytes.len() as u32,
-            },
-        );
+        if !self.buffer.insert(d.first_seq(), d.end_seq(), bytes) {
+            return;
+        }
         self.counters.out_of_order_buffered += 1;
-        self.counters.max_buffered = self.counters.max_buffered.max(self.order.len() as u64);
+        self.counters.max_buffered = self.counters.max_buffered.max(self.buffer.len() as u64);
         if src == Source::Retransmit {
             self.counters.messages_recovered += u64::from(d.count());
         }
@@ -1073,27 +1042,12 @@ impl SubscriberState {
     /// (any jump when tags are on). Buffered datagrams beyond it were never
     /// corroborated: they are dropped and counted as claims.
     fn verify_high(&mut self) {
-        let (keep, high) = self.jumps.corroborated(
-            self.next_seq,
-            self.key.is_some(),
-            self.order.iter().map(|b| (b.first, b.end)),
-        );
-        while self.order.len() > keep {
-            if let Some(b) = self.order.pop_back() {
-                self.free.push(b.slot);
-                self.counters.claimed += 1;
-            }
-        }
+        let (keep, high) =
+            self.jumps
+                .corroborated(self.next_seq, self.key.is_some(), self.buffer.spans());
+        self.counters.claimed += self.buffer.truncate(keep);
         self.high = high;
         self.jumps.clear();
-    }
-
-    fn count_duplicate(&mut self, src: Source) {
-        match src {
-            Source::Line(Line::A) => self.counters.duplicates_a += 1,
-            Source::Line(Line::B) => self.counters.duplicates_b += 1,
-            Source::Retransmit => self.counters.duplicates_retransmit += 1,
-        }
     }
 
     /// Delivers the messages of `d` from `next_seq` on; `d` starts at or
@@ -1143,14 +1097,9 @@ impl SubscriberState {
 
     /// Delivers buffered datagrams that have become in order.
     fn drain<H: Handler + ?Sized>(&mut self, handler: &mut H) {
-        while let Some(&b) = self.order.front() {
-            if b.first > self.next_seq {
-                break;
-            }
-            self.order.pop_front();
+        while let Some(b) = self.buffer.pop_ready(self.next_seq) {
             if b.end > self.next_seq {
-                let start = b.slot as usize * self.cfg.max_datagram;
-                let bytes = &self.slots[start..start + b.len as usize];
+                let bytes = self.buffer.bytes(&b);
                 // Validated before it was buffered; a failure here would mean
                 // memory corruption, so the datagram is skipped, not trusted.
                 if let Ok(d) = Datagram::parse(bytes) {
@@ -1159,7 +1108,7 @@ impl SubscriberState {
                 }
                 self.next_seq = b.end;
             }
-            self.free.push(b.slot);
+            self.buffer.release(b);
         }
     }
 
@@ -1234,34 +1183,17 @@ impl SubscriberState {
         self.tolerance.clear_due();
     }
 
-    /// The next hole at or after `cursor`: a range in `[next_seq, high)` not
-    /// covered by a buffered datagram.
-    fn next_hole(&self, cursor: u64) -> Option<(u64, u64)> {
-        let mut cursor = cursor.max(self.next_seq);
-        let i = self.order.partition_point(|b| b.end <= cursor);
-        for b in self.order.range(i..) {
-            if b.first > cursor {
-                return Some((cursor, b.first));
-            }
-            cursor = cursor.max(b.end);
-        }
-        (self.high > cursor).then_some((cursor, self.high))
+    /// What is missing between the delivery point and `high`.
+    fn holes(&self) -> Holes<'_> {
+        self.buffer.holes(self.next_seq, self.high)
     }
 
-    /// First missing sequence in `[from, to)` and one past the last missing.
+    fn next_hole(&self, cursor: u64) -> Option<(u64, u64)> {
+        self.holes().next_hole(cursor)
+    }
+
     fn missing_in(&self, from: u64, to: u64) -> Option<(u64, u64)> {
-        let mut first = None;
-        let mut last = 0;
-        let mut cursor = from;
-        while let Some((a, b)) = self.next_hole(cursor) {
-            if a >= to {
-                break;
-            }
-            first.get_or_insert(a);
-            last = b.min(to);
-            cursor = b;
-        }
-        first.map(|f| (f, last))
+        self.holes().missing_in(from, to)
     }
 
     /// Opens requests for holes not yet covered, up to `max_outstanding`.
@@ -1412,9 +1344,7 @@ impl SubscriberState {
 
     /// Forgets everything about the current session.
     fn reset(&mut self) {
-        while let Some(b) = self.order.pop_front() {
-            self.free.push(b.slot);
-        }
+        self.buffer.clear();
         self.outstanding.clear();
         self.next_seq = 1;
         self.high = 1;

@@ -265,43 +265,6 @@ fn latency_path_agrees(key: Option<DatagramKey>) {
 }
 
 #[test]
-fn in_order_with_b_duplicates() {
-    let mut p = publisher(1);
-    let mut s = announced(cfg());
-    let mut app = App::default();
-    for d in datagrams(&mut p, 3) {
-        s.on_datagram(0, Line::A, &d, &mut app);
-        s.on_datagram(0, Line::B, &d, &mut app);
-    }
-    assert_eq!(app.seqs, (1..=6).collect::<Vec<_>>());
-    assert_eq!(s.phase(), Phase::Live);
-    let c = s.counters();
-    assert_eq!((c.received_a, c.received_b), (3, 3));
-    assert_eq!((c.duplicates_a, c.duplicates_b), (0, 3));
-    assert_eq!(c.delivered, 6);
-    assert!(transmits(&mut s).is_empty());
-    assert_eq!(s.poll_timeout(), None);
-}
-
-#[test]
-fn b_fills_what_a_lost_and_a_duplicates_later() {
-    let mut p = publisher(1);
-    let ds = datagrams(&mut p, 3);
-    let mut s = announced(cfg());
-    let mut app = App::default();
-    s.on_datagram(0, Line::A, &ds[0], &mut app);
-    s.on_datagram(0, Line::A, &ds[2], &mut app); // [3,5) lost on A
-    assert_eq!(s.buffered(), 1);
-    assert_eq!(s.counters().gaps_detected, 1);
-    s.on_datagram(1, Line::B, &ds[1], &mut app);
-    s.on_datagram(1, Line::B, &ds[2], &mut app);
-    assert_eq!(app.seqs, (1..=6).collect::<Vec<_>>());
-    assert_eq!(s.counters().duplicates_b, 1);
-    assert_eq!(s.outstanding(), 0, "request retired once the hole filled");
-    assert_eq!(s.buffered(), 0);
-}
-
-#[test]
 fn gaps_are_requested_at_once_and_recovered_in_order() {
     let mut p = publisher(1);
     let ds = datagrams(&mut p, 6);
