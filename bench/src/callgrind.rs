@@ -678,6 +678,14 @@ pub fn md_part(object: &str, file: &str, func: Option<&str>, callgrind_fn: &str)
         "counters",
         "session",
         "next_seq",
+        // The subscriber's parts (mcast/subscriber/): the loss detector's
+        // and the gap-tolerance clock's timer work.
+        "expire",
+        "poll_request",
+        "first_asked",
+        "track",
+        "deadline",
+        "pending",
     ];
     // The publisher's functions that are timers (heartbeats, the flush
     // interval, pacing) and recovery answers, not the send of a message.

@@ -79,6 +79,7 @@ use crate::clock::Mono;
 
 mod arbitration;
 mod link_watch;
+mod loss;
 mod reorder;
 mod resync;
 mod tolerance;
@@ -86,6 +87,7 @@ mod tolerance;
 use arbitration::{arbitrate, count_duplicate, count_received, Arrival, Source};
 use link_watch::{LinkChange, RecoveryLink};
 pub use link_watch::{LinkWatch, DEAD_LINK_TIMEOUTS};
+use loss::LossDetector;
 use reorder::{Holes, ReorderBuffer};
 use resync::{Jump, JumpGuard, SnapshotTransfer};
 use tolerance::Tolerance;
@@ -311,33 +313,6 @@ pub struct SubscriberCounters {
     pub claims_accepted: u64,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Outstanding {
-    from: u64,
-    to: u64,
-    deadline: u64,
-    /// When it was (last) asked for: the start of a repair time sample.
-    asked: u64,
-    /// The wait it was (last) asked with.
-    wait: u64,
-    retries: u32,
-    needs_send: bool,
-    /// Seen but not requested yet: waiting `ab_grace_ns` for the other line.
-    in_grace: bool,
-    /// Known unrecoverable, to be skipped (gap-tolerant only): never sent,
-    /// never times out.
-    lost: bool,
-}
-
-impl Outstanding {
-    /// The time a filled request took, if it is a sample: asked once and
-    /// sent (a retry's answer may be the first ask's: Karn's rule).
-    fn repair_time(&self, now: u64) -> Option<u64> {
-        (!self.in_grace && !self.lost && !self.needs_send && self.retries == 0)
-            .then(|| now.saturating_sub(self.asked))
-    }
-}
-
 const EVENT_CAPACITY: usize = 64;
 
 /// The subscriber's protocol state. See the module documentation.
@@ -352,7 +327,8 @@ pub struct SubscriberState {
     high: u64,
     /// Datagrams ahead of the delivery point.
     buffer: ReorderBuffer,
-    outstanding: Vec<Outstanding>,
+    /// The holes asked for or waiting to be, and the retry wait.
+    loss: LossDetector,
     snapshot: SnapshotTransfer,
     events: VecDeque<Event>,
     counters: SubscriberCounters,
@@ -369,16 +345,6 @@ pub struct SubscriberState {
     reasm: Reassembler,
     /// Gap-tolerant delivery's stall timer.
     tolerance: Tolerance,
-    /// Measured time from asking for a range to having all of it (by
-    /// unicast, multicast repair or the other line), smoothed; 0 before the
-    /// first sample. Only first asks are sampled (a retry's answer may be
-    /// the first ask's).
-    srtt: u64,
-    /// Mean deviation of those samples.
-    rttvar: u64,
-    /// The current wait before asking again (see
-    /// [`SubscriberConfig::max_recovery_timeout_ns`]).
-    rto: u64,
     /// Far-ahead datagrams not yet corroborated (see the module
     /// documentation).
     jumps: JumpGuard,
@@ -398,7 +364,7 @@ impl SubscriberState {
             next_seq: 1,
             high: 1,
             buffer: ReorderBuffer::new(cfg.max_buffered, cfg.max_datagram),
-            outstanding: Vec::with_capacity(cfg.max_outstanding),
+            loss: LossDetector::new(&cfg),
             snapshot: SnapshotTransfer::new(&cfg),
             events: VecDeque::with_capacity(EVENT_CAPACITY),
             counters: SubscriberCounters::default(),
@@ -408,9 +374,6 @@ impl SubscriberState {
             one_message: None,
             reasm: Reassembler::new(cfg.max_message_bytes),
             tolerance: Tolerance::new(cfg.gap_tolerance_ns),
-            srtt: 0,
-            rttvar: 0,
-            rto: cfg.recovery_timeout_ns,
             jumps: JumpGuard::new(&cfg),
             cfg,
         }
@@ -485,7 +448,7 @@ impl SubscriberState {
     /// retransmit request or a snapshot request is open. The I/O layer polls
     /// the recovery connection on every turn only then.
     pub fn expects_recovery(&self) -> bool {
-        !self.outstanding.is_empty() || self.phase == Phase::Resyncing
+        !self.loss.is_empty() || self.phase == Phase::Resyncing
     }
     /// Datagrams currently buffered out of order.
     pub fn buffered(&self) -> usize {
@@ -494,7 +457,7 @@ impl SubscriberState {
     /// Retransmit requests in flight, and holes waiting in the arbitration
     /// window.
     pub fn outstanding(&self) -> usize {
-        self.outstanding.len()
+        self.loss.len()
     }
     /// Whether the recovery connection is reported up.
     pub fn recovery_link_up(&self) -> bool {
@@ -503,11 +466,11 @@ impl SubscriberState {
     /// How long a request asked for the first time waits before it is asked
     /// again (see [`SubscriberConfig::max_recovery_timeout_ns`]).
     pub fn retry_wait_ns(&self) -> u64 {
-        self.rto
+        self.loss.retry_wait()
     }
     /// The smoothed measured repair time (0 before the first sample).
     pub fn repair_time_ns(&self) -> u64 {
-        self.srtt
+        self.loss.repair_time()
     }
 
     /// For an I/O layer whose recovery connection is not made yet: marks
@@ -518,7 +481,7 @@ impl SubscriberState {
     /// state that has taken nothing yet: afterwards it is
     /// [`set_recovery_link`](Self::set_recovery_link).
     pub(crate) fn start_link_down(&mut self) {
-        debug_assert!(self.outstanding.is_empty() && self.events.is_empty());
+        debug_assert!(self.loss.is_empty() && self.events.is_empty());
         self.link.start_down();
     }
 
@@ -543,13 +506,7 @@ impl SubscriberState {
         self.snapshot.abandon();
         // Requests already sent died with the connection; holes still in the
         // arbitration window get their chance in handle_timeout.
-        if let Some((from, to)) = self
-            .outstanding
-            .iter()
-            .filter(|o| !o.in_grace)
-            .map(|o| (o.from, o.to))
-            .min()
-        {
+        if let Some((from, to)) = self.loss.first_asked() {
             self.lost_while_down(now, from, to);
         }
     }
@@ -569,7 +526,7 @@ impl SubscriberState {
     /// (it has none when this is false): two compares, for an I/O layer's
     /// turn to skip the request path in the steady state.
     pub fn may_transmit(&self) -> bool {
-        self.link.is_up() && (!self.outstanding.is_empty() || self.snapshot.needs_send())
+        self.link.is_up() && (!self.loss.is_empty() || self.snapshot.needs_send())
     }
 
     /// Next request to send over RC, if any. Call after each input.
@@ -577,14 +534,13 @@ impl SubscriberState {
         if !self.link.is_up() {
             return None;
         }
-        if let Some(o) = self.outstanding.iter_mut().find(|o| o.needs_send) {
-            o.needs_send = false;
+        if let Some((from, to)) = self.loss.poll_request() {
             self.counters.retransmit_requests += 1;
             return Some(Request::Retransmit(RetransmitRequest {
                 channel: self.cfg.channel,
                 session: self.session,
-                from_seq: o.from,
-                count: o.to - o.from,
+                from_seq: from,
+                count: to - from,
             }));
         }
         if self.phase == Phase::Resyncing && self.snapshot.take_request() {
@@ -604,10 +560,7 @@ impl SubscriberState {
         // The steady state (nothing requested, not resyncing, no stall or
         // skip pending) has no deadline: four compares, no scan, inlined
         // into the caller's turn (the call cost as much as the compares).
-        if self.outstanding.is_empty()
-            && self.phase != Phase::Resyncing
-            && !self.tolerance.pending()
-        {
+        if self.loss.is_empty() && self.phase != Phase::Resyncing && !self.tolerance.pending() {
             return None;
         }
         self.earliest_deadline().map(Mono::from_nanos)
@@ -617,7 +570,7 @@ impl SubscriberState {
     /// out of line, so that the steady state's check inlines small.
     #[inline(never)]
     fn earliest_deadline(&self) -> Option<u64> {
-        let retransmit = self.outstanding.iter().map(|o| o.deadline).min();
+        let retransmit = self.loss.poll_timeout();
         // No snapshot timer while the link is down: coming back asks anyway.
         let snapshot = (self.phase == Phase::Resyncing && self.link.is_up())
             .then_some(self.snapshot.deadline());
@@ -658,7 +611,7 @@ impl SubscriberState {
                     && self.high == seq
                     && self.phase == Phase::Live
                     && self.buffer.is_empty()
-                    && self.outstanding.is_empty()
+                    && self.loss.is_empty()
                     && self.jumps.is_clear()
                 {
                     if let (Some(key), Some((body, tag))) = (&self.key, split) {
@@ -705,74 +658,19 @@ impl SubscriberState {
     /// Deadlines passed: re-request or give up. With gap-tolerant delivery,
     /// skipping a hole delivers what was buffered behind it to `handler`.
     pub fn handle_timeout<H: Handler + ?Sized>(&mut self, now: u64, handler: &mut H) {
-        let mut i = 0;
-        while i < self.outstanding.len() {
-            let o = self.outstanding[i];
-            if o.deadline > now || o.lost {
-                i += 1;
-                continue;
-            }
-            if o.in_grace {
-                match self.missing_in(o.from, o.to) {
-                    None => {
-                        self.counters.gaps_filled_by_other_line += 1;
-                        self.outstanding.swap_remove(i);
-                    }
-                    Some((from, to)) if !self.link.is_up() => {
-                        if self.lost_while_down(now, from, to) {
-                            return;
-                        }
-                        i = 0;
-                    }
-                    Some((from, to)) => {
-                        self.outstanding[i] = Outstanding {
-                            from,
-                            to,
-                            deadline: now + self.rto,
-                            asked: now,
-                            wait: self.rto,
-                            retries: 0,
-                            needs_send: true,
-                            in_grace: false,
-                            lost: false,
-                        };
-                        i += 1;
-                    }
-                }
-                continue;
-            }
-            self.counters.timeouts += 1;
-            match self.missing_in(o.from, o.to) {
-                None => {
-                    self.outstanding.swap_remove(i);
-                }
-                Some((from, to)) if !self.link.is_up() => {
-                    if self.lost_while_down(now, from, to) {
-                        return;
-                    }
-                    i = 0;
-                }
-                Some((from, to)) if o.retries >= self.cfg.max_retries => {
-                    if self.give_up(now, from, to) {
-                        return;
-                    }
-                    i = 0;
-                }
-                Some((from, to)) => {
-                    self.back_off(o.wait);
-                    self.outstanding[i] = Outstanding {
-                        from,
-                        to,
-                        deadline: now + self.rto,
-                        asked: now,
-                        wait: self.rto,
-                        retries: o.retries + 1,
-                        needs_send: true,
-                        in_grace: false,
-                        lost: false,
-                    };
-                    i += 1;
-                }
+        loop {
+            let holes = self.buffer.holes(self.next_seq, self.high);
+            let link_up = self.link.is_up();
+            let Some(e) = self.loss.expire(now, &holes, link_up, &mut self.counters) else {
+                break;
+            };
+            let gone = if e.link_down {
+                self.lost_while_down(now, e.from, e.to)
+            } else {
+                self.give_up(now, e.from, e.to)
+            };
+            if gone {
+                return;
             }
         }
         if self.tolerance.enabled() && self.phase == Phase::Live {
@@ -954,10 +852,7 @@ impl SubscriberState {
                 self.deliver(src, d, handler);
                 // The steady state (nothing buffered, requested or known to
                 // be missing) has nothing to drain, retire or request.
-                if !self.buffer.is_empty()
-                    || !self.outstanding.is_empty()
-                    || self.high > self.next_seq
-                {
+                if !self.buffer.is_empty() || !self.loss.is_empty() || self.high > self.next_seq {
                     self.drain(handler);
                     self.after_progress(now);
                 }
@@ -1009,27 +904,9 @@ impl SubscriberState {
             }
             self.high = self.high.max(d.end_seq());
             // Retire requests that this datagram completed.
-            let mut i = 0;
-            while i < self.outstanding.len() {
-                let o = self.outstanding[i];
-                if o.from < d.end_seq()
-                    && d.first_seq() < o.to
-                    && self.missing_in(o.from, o.to).is_none()
-                {
-                    if o.in_grace {
-                        self.counters.gaps_filled_by_other_line += 1;
-                    }
-                    // Filled (by a unicast answer, a multicast repair or
-                    // the other line): the request is retired, never asked
-                    // again.
-                    if let Some(t) = o.repair_time(now) {
-                        self.sample_repair_time(t);
-                    }
-                    self.outstanding.swap_remove(i);
-                } else {
-                    i += 1;
-                }
-            }
+            let holes = self.buffer.holes(self.next_seq, self.high);
+            self.loss
+                .filled(now, d.first_seq(), d.end_seq(), &holes, &mut self.counters);
             self.request_holes(now);
             self.track_stall(now);
         } else {
@@ -1114,28 +991,10 @@ impl SubscriberState {
 
     /// After `next_seq` moved: retire covered requests and ask for holes.
     fn after_progress(&mut self, now: u64) {
-        let next = self.next_seq;
-        let mut filled = 0;
-        let mut lost = false;
-        // Requests this progress completed were filled at once: one sample,
-        // the longest.
-        let mut sample: Option<u64> = None;
-        self.outstanding.retain_mut(|o| {
-            o.from = o.from.max(next);
-            let open = o.to > next;
-            filled += u64::from(!open && o.in_grace);
-            lost |= open && o.lost;
-            if !open {
-                sample = sample.max(o.repair_time(now));
-            }
-            open
-        });
-        if let Some(t) = sample {
-            self.sample_repair_time(t);
-        }
-        self.counters.gaps_filled_by_other_line += filled;
+        let progress = self.loss.progress(now, self.next_seq);
+        self.counters.gaps_filled_by_other_line += progress.filled_in_grace;
         // A range marked lost may be at the delivery point now.
-        if lost {
+        if progress.lost_open {
             self.tolerance.mark_due();
         }
         self.request_holes(now);
@@ -1160,11 +1019,7 @@ impl SubscriberState {
             // A range known lost starting at the delivery point is skipped
             // up to its end (what follows in the hole may still come); a
             // hole that outlived the bound, whole.
-            let lost_to = self
-                .outstanding
-                .iter()
-                .find(|o| o.lost && o.from <= from && from < o.to)
-                .map(|o| o.to.min(to));
+            let lost_to = self.loss.lost_to(from).map(|t| t.min(to));
             let Some(to) = self.tolerance.skip_to(now, self.next_seq, to, lost_to) else {
                 break;
             };
@@ -1198,86 +1053,9 @@ impl SubscriberState {
 
     /// Opens requests for holes not yet covered, up to `max_outstanding`.
     fn request_holes(&mut self, now: u64) {
-        let mut cursor = self.next_seq;
-        while self.outstanding.len() < self.cfg.max_outstanding {
-            let Some((hole_from, hole_to)) = self.next_hole(cursor) else {
-                return;
-            };
-            let mut s = hole_from;
-            while s < hole_to && self.outstanding.len() < self.cfg.max_outstanding {
-                if let Some(o) = self.outstanding.iter().find(|o| o.from <= s && s < o.to) {
-                    s = o.to;
-                    continue;
-                }
-                let e = self
-                    .outstanding
-                    .iter()
-                    .filter(|o| o.from > s)
-                    .map(|o| o.from)
-                    .min()
-                    .unwrap_or(hole_to)
-                    .min(hole_to)
-                    .min(s.saturating_add(self.cfg.max_request_messages));
-                let in_grace = self.cfg.ab_grace_ns > 0;
-                if !in_grace && !self.link.is_up() {
-                    self.lost_while_down(now, s, e);
-                    return;
-                }
-                self.outstanding.push(Outstanding {
-                    from: s,
-                    to: e,
-                    deadline: now
-                        + if in_grace {
-                            self.cfg.ab_grace_ns
-                        } else {
-                            self.rto
-                        },
-                    asked: now,
-                    wait: self.rto,
-                    retries: 0,
-                    needs_send: !in_grace,
-                    in_grace,
-                    lost: false,
-                });
-                s = e;
-            }
-            cursor = hole_to;
-        }
-    }
-
-    fn adaptive(&self) -> bool {
-        self.cfg.max_recovery_timeout_ns > self.cfg.recovery_timeout_ns
-    }
-
-    /// A request asked with `wait` went unanswered: the wait doubles (once
-    /// for all the requests asked with the same wait), up to the most.
-    fn back_off(&mut self, wait: u64) {
-        if self.adaptive() && wait >= self.rto {
-            self.rto = self
-                .rto
-                .saturating_mul(2)
-                .min(self.cfg.max_recovery_timeout_ns);
-        }
-    }
-
-    /// One measured repair time (RFC 6298's smoothing, gains 1/8 and 1/4);
-    /// the wait becomes the estimate plus four deviations, within bounds.
-    fn sample_repair_time(&mut self, t: u64) {
-        if self.srtt == 0 {
-            self.srtt = t.max(1);
-            self.rttvar = t / 2;
-        } else {
-            self.rttvar = (3 * self.rttvar + self.srtt.abs_diff(t)) / 4;
-            self.srtt = ((7 * self.srtt + t) / 8).max(1);
-        }
-        if self.adaptive() {
-            self.rto = self
-                .srtt
-                .saturating_add(self.rttvar.saturating_mul(4))
-                .clamp(
-                    self.cfg.recovery_timeout_ns,
-                    self.cfg.max_recovery_timeout_ns,
-                );
+        let holes = self.buffer.holes(self.next_seq, self.high);
+        if let Some((from, to)) = self.loss.open(now, &holes, self.link.is_up()) {
+            self.lost_while_down(now, from, to);
         }
     }
 
@@ -1299,18 +1077,7 @@ impl SubscriberState {
             self.unrecoverable(now, from, to);
             return true;
         }
-        self.outstanding.retain(|o| o.to <= from || to <= o.from);
-        self.outstanding.push(Outstanding {
-            from,
-            to,
-            deadline: u64::MAX,
-            asked: now,
-            wait: 0,
-            retries: 0,
-            needs_send: false,
-            in_grace: false,
-            lost: true,
-        });
+        self.loss.mark_lost(now, from, to);
         self.tolerance.mark_due();
         false
     }
@@ -1324,7 +1091,7 @@ impl SubscriberState {
 
     fn start_resync(&mut self, now: u64) {
         self.phase = Phase::Resyncing;
-        self.outstanding.clear();
+        self.loss.clear();
         self.tolerance.reset();
         if self.reasm.abandon() {
             self.counters.partial_messages_dropped += 1;
@@ -1345,7 +1112,7 @@ impl SubscriberState {
     /// Forgets everything about the current session.
     fn reset(&mut self) {
         self.buffer.clear();
-        self.outstanding.clear();
+        self.loss.clear();
         self.next_seq = 1;
         self.high = 1;
         self.jumps.clear();
