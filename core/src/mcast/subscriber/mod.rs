@@ -1,6 +1,20 @@
 //! Subscriber state machine: A/B arbitration, in-order delivery, gap
 //! recovery, and re-synchronisation from snapshots.
 //!
+//! Parts, each an owned sub-machine in its own file with its own tests
+//! (quinn's `Connection` over its parts, Aeron's receiver over its
+//! `LossDetector`); [`SubscriberState`] composes them and decides nothing
+//! of its own beyond the composition (phases, events, counters, delivery):
+//! - `arbitration`: what an arriving datagram is to the stream (the first
+//!   copy of A, B or a retransmission is used, later ones are counted
+//!   duplicates);
+//! - `reorder`: the out-of-order buffer and the holes in it;
+//! - `loss`: the loss detector (requests, the A/B window, the retry wait,
+//!   give-up);
+//! - `resync`: jump corroboration and the snapshot transfer;
+//! - `tolerance`: gap-tolerant delivery's stall timer;
+//! - `link_watch`: the recovery link's state and the dead-link rule.
+//!
 //! Inputs: datagrams (with the line they came on), recovery messages from RC,
 //! and the passage of time ([`SubscriberState::handle_timeout`]). Outputs:
 //! messages to a [`Handler`], requests to send
