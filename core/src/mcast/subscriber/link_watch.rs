@@ -122,9 +122,10 @@ impl LinkWatch {
 #[cfg(test)]
 mod tests {
     use super::super::tests::{
-        announced, cfg, datagrams, events, publisher, retransmit, transmits, App, TIMEOUT,
+        announced, cfg, datagrams, events, publisher, retransmit, snapshot_request, transmits, App,
+        TIMEOUT,
     };
-    use super::super::{Event, Request, SubscriberConfig};
+    use super::super::{Event, SubscriberConfig};
     use super::*;
     use crate::clock::Mono;
     use crate::mcast::snapshot::encode_snapshot;
@@ -220,13 +221,7 @@ mod tests {
         assert_eq!(s.poll_timeout(), None);
         s.set_recovery_link(3, true);
         assert_eq!(events(&mut s), vec![Event::RecoveryRestored]);
-        assert_eq!(
-            transmits(&mut s),
-            vec![Request::Snapshot {
-                channel: 3,
-                session: 1
-            }]
-        );
+        assert_eq!(transmits(&mut s), vec![snapshot_request()]);
         let mut msgs = Vec::new();
         encode_snapshot(3, 1, 4, &[], 64, |m| msgs.push(m.to_vec()));
         s.on_recovery(4, &msgs[0], &mut app);

@@ -396,14 +396,15 @@ impl LossDetector {
 mod tests {
     use super::super::reorder::ReorderBuffer;
     use super::super::tests::{
-        announced, cfg, datagrams, events, publisher, retransmit, serve, transmits, App, TIMEOUT,
+        announced, cfg, datagrams, events, not_available, publisher, retransmit, serve,
+        snapshot_request, transmits, App, TIMEOUT,
     };
-    use super::super::{Event, Phase, Request, SubscriberConfig};
+    use super::super::{Event, Phase, SubscriberConfig};
     use super::*;
     use crate::clock::Mono;
     use crate::mcast::publisher::RetransmitReply;
     use crate::mcast::snapshot::encode_snapshot;
-    use crate::mcast::wire::{self, Line, NotAvailable, RetransmitRequest};
+    use crate::mcast::wire::{self, Line, RetransmitRequest};
 
     fn detector(cfg: SubscriberConfig) -> LossDetector {
         LossDetector::new(&cfg)
@@ -673,13 +674,7 @@ mod tests {
                 Event::ResyncStarted
             ]
         );
-        assert_eq!(
-            transmits(&mut s),
-            vec![Request::Snapshot {
-                channel: 3,
-                session: 1
-            }]
-        );
+        assert_eq!(transmits(&mut s), vec![snapshot_request()]);
         let c = s.counters();
         assert_eq!(
             (c.timeouts, c.unrecoverable, c.retransmit_requests),
@@ -803,16 +798,7 @@ mod tests {
         s.on_datagram(0, Line::A, &ds[0], &mut app);
         s.on_datagram(0, Line::A, &ds[5], &mut app); // hole [3,11)
         assert_eq!(transmits(&mut s), vec![retransmit(3, 8)]);
-        let mut buf = [0u8; 64];
-        let na = NotAvailable {
-            channel: 3,
-            session: 1,
-            from_seq: 3,
-            count: 4,
-            oldest_available: 7,
-        };
-        let n = na.encode(&mut buf).unwrap();
-        s.on_recovery(1, &buf[..n], &mut app);
+        s.on_recovery(1, &not_available(3, 4, 7), &mut app);
         assert_eq!(
             events(&mut s),
             vec![

@@ -260,9 +260,10 @@ impl SnapshotTransfer {
 #[cfg(test)]
 mod tests {
     use super::super::tests::{
-        announced, cfg, datagrams, events, publisher, serve, transmits, App, TIMEOUT,
+        announced, cfg, datagrams, events, publisher, serve, snapshot_request, transmits, App,
+        TIMEOUT,
     };
-    use super::super::{wire, Event, Phase, Request, SubscriberConfig};
+    use super::super::{wire, Event, Phase, SubscriberConfig};
     use super::*;
     use crate::mcast::snapshot::encode_snapshot;
     use crate::mcast::wire::{decode_recovery, Line, RecoveryMsg};
@@ -571,13 +572,7 @@ mod tests {
         s.on_datagram(0, Line::A, &ds[4], &mut app);
         assert_eq!(s.phase(), Phase::Resyncing);
         assert_eq!(events(&mut s), vec![Event::ResyncStarted]);
-        assert_eq!(
-            transmits(&mut s),
-            vec![Request::Snapshot {
-                channel: 3,
-                session: 1
-            }]
-        );
+        assert_eq!(transmits(&mut s), vec![snapshot_request()]);
         // Snapshot taken at 4: [5,7) must come from the history.
         let mut msgs = Vec::new();
         encode_snapshot(3, 1, 4, &[7; 100], 30, |m| msgs.push(m.to_vec()));

@@ -5,6 +5,7 @@
 use super::*;
 use crate::mcast::publisher::{PublisherConfig, PublisherState, RetransmitReply};
 use crate::mcast::snapshot::{encode_snapshot, NoSnapshots, RestoreError};
+use crate::mcast::wire::NotAvailable;
 
 pub(super) const TIMEOUT: u64 = 1_000;
 
@@ -112,6 +113,28 @@ pub(super) fn retransmit(from_seq: u64, count: u64) -> Request {
         count,
     })
 }
+/// The snapshot request of channel 3, session 1.
+pub(super) fn snapshot_request() -> Request {
+    Request::Snapshot {
+        channel: 3,
+        session: 1,
+    }
+}
+
+/// A NotAvailable answer for `[from_seq, from_seq + count)`, encoded.
+pub(super) fn not_available(from_seq: u64, count: u64, oldest_available: u64) -> Vec<u8> {
+    let mut buf = [0u8; 64];
+    let na = NotAvailable {
+        channel: 3,
+        session: 1,
+        from_seq,
+        count,
+        oldest_available,
+    };
+    let n = na.encode(&mut buf).unwrap();
+    buf[..n].to_vec()
+}
+
 /// Answers every retransmit request from `p` into `s`.
 pub(super) fn serve(
     p: &mut PublisherState,
@@ -529,28 +552,6 @@ fn big(i: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Answers the subscriber's requests from the publisher's history.
-fn serve_rec(p: &mut PublisherState, s: &mut SubscriberState, app: &mut Rec, now: u64) {
-    while let Some(req) = s.poll_transmit() {
-        let Request::Retransmit(r) = req else {
-            continue;
-        };
-        let mut replies = Vec::new();
-        p.answer_retransmit(&r, |rep| {
-            let mut buf = [0u8; 512];
-            let n = match rep {
-                RetransmitReply::Data(d) => wire::encode_retransmit_data(&mut buf, 3, 1, d),
-                RetransmitReply::NotAvailable(na) => na.encode(&mut buf),
-            }
-            .unwrap();
-            replies.push(buf[..n].to_vec());
-        });
-        for r in replies {
-            s.on_recovery(now, &r, app);
-        }
-    }
-}
-
 /// Every sealed datagram from `from` on, and the next sequence.
 fn sealed_since(p: &PublisherState, mut from: u64) -> (Vec<Vec<u8>>, u64) {
     let mut out = Vec::new();
@@ -616,11 +617,11 @@ fn large_messages_are_fragmented_and_reassembled_across_loss() {
                 continue;
             }
             assert!(s.on_datagram(now, Line::A, &d, &mut app));
-            serve_rec(&mut p, &mut s, &mut app, now);
+            serve(&mut p, &mut s, &mut app, now);
         }
         let hb = p.heartbeat().to_vec();
         s.on_datagram(now, Line::A, &hb, &mut app);
-        serve_rec(&mut p, &mut s, &mut app, now);
+        serve(&mut p, &mut s, &mut app, now);
     }
     assert!(lost > 50, "{lost}");
     assert_eq!(app.msgs.len(), expected.len());

@@ -115,12 +115,12 @@ impl Tolerance {
 #[cfg(test)]
 mod tests {
     use super::super::tests::{
-        announced, cfg, datagrams, events, publisher, retransmit, serve, tolerant, transmits, App,
-        Rec, TIMEOUT,
+        announced, cfg, datagrams, events, not_available, publisher, retransmit, serve, tolerant,
+        transmits, App, Rec, TIMEOUT,
     };
     use super::super::{Event, Phase, SubscriberConfig};
     use super::*;
-    use crate::mcast::wire::{Line, NotAvailable};
+    use crate::mcast::wire::Line;
 
     #[test]
     fn a_strict_subscriber_never_times_a_stall_and_never_skips() {
@@ -216,16 +216,7 @@ mod tests {
             s.on_datagram(0, Line::A, &ds[0], &mut app);
             s.on_datagram(0, Line::A, &ds[5], &mut app); // hole [3,11)
             assert_eq!(transmits(&mut s), vec![retransmit(3, 8)]);
-            let mut buf = [0u8; 64];
-            let na = NotAvailable {
-                channel: 3,
-                session: 1,
-                from_seq: 3,
-                count: 4,
-                oldest_available: 7,
-            };
-            let n = na.encode(&mut buf).unwrap();
-            s.on_recovery(1, &buf[..n], &mut app);
+            s.on_recovery(1, &not_available(3, 4, 7), &mut app);
             if strict {
                 assert_eq!(s.phase(), Phase::Resyncing);
                 assert!(app.gaps.is_empty());
