@@ -678,6 +678,14 @@ pub fn md_part(object: &str, file: &str, func: Option<&str>, callgrind_fn: &str)
         "counters",
         "session",
         "next_seq",
+        // The subscriber's parts (mcast/subscriber/): the loss detector's
+        // and the gap-tolerance clock's timer work.
+        "expire",
+        "poll_request",
+        "first_asked",
+        "track",
+        "deadline",
+        "pending",
     ];
     // The publisher's functions that are timers (heartbeats, the flush
     // interval, pacing) and recovery answers, not the send of a message.
@@ -713,7 +721,7 @@ pub fn md_part(object: &str, file: &str, func: Option<&str>, callgrind_fn: &str)
         {
             return CHECKS;
         }
-        if file.ends_with("mcast/subscriber.rs") {
+        if file.contains("mcast/subscriber/") {
             return if SUB_TIMERS.contains(&f) { TIMERS } else { SEQ };
         }
         if file.ends_with("mcast/status.rs")
@@ -1188,15 +1196,15 @@ totals: 45
             "timers/status/requests"
         );
         assert_eq!(
-            part("/w/core/src/mcast/subscriber.rs", "accept"),
+            part("/w/core/src/mcast/subscriber/mod.rs", "accept"),
             "sequencing/gap logic"
         );
         assert_eq!(
-            part("/w/core/src/mcast/subscriber.rs", "poll_timeout"),
+            part("/w/core/src/mcast/subscriber/mod.rs", "poll_timeout"),
             "timers/status/requests"
         );
         assert_eq!(
-            part("/w/core/src/mcast/subscriber.rs", "check_datagram"),
+            part("/w/core/src/mcast/subscriber/mod.rs", "check_datagram"),
             "frame checks"
         );
         assert_eq!(part("/w/core/src/mcast/wire.rs", "parse"), "frame checks");
