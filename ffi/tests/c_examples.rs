@@ -328,7 +328,11 @@ fn engine_against_feed_handler_and_gateway(orders: u32, memcheck: bool) {
         // Under memcheck the engine answers some 30 times slower: the limits on
         // its logon and on either side's silence allow for that.
         for (key, usual, slow) in [
-            ("sample-engine", "gateway_timeout_ms = 3000", "gateway_timeout_ms = 60000"),
+            (
+                "sample-engine",
+                "gateway_timeout_ms = 3000",
+                "gateway_timeout_ms = 60000",
+            ),
             (
                 "order-gateway",
                 "logon_timeout_ms = 5000",
@@ -496,7 +500,9 @@ fn engine_against_feed_handler_and_gateway(orders: u32, memcheck: bool) {
     }
     assert!(
         status.success()
-            && stdout.contains(&format!("engine_cpp: {orders} orders acknowledged and filled")),
+            && stdout.contains(&format!(
+                "engine_cpp: {orders} orders acknowledged and filled"
+            )),
         "engine_cpp: {status}\nstdout:\n{stdout}\n{}",
         logs()
     );

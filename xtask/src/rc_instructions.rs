@@ -319,7 +319,10 @@ pub(crate) fn run_c_api(root: &Path, size: usize, iterations: Option<u64>) -> Re
         2 * n
     );
     for l in &lines {
-        if ["rust ", "rust: ", "c ", "c: "].iter().any(|p| l.starts_with(p)) {
+        if ["rust ", "rust: ", "c ", "c: "]
+            .iter()
+            .any(|p| l.starts_with(p))
+        {
             println!("  {l}");
         }
     }
