@@ -2,6 +2,7 @@
  * (rocebus.h), for `cargo xtask bench rc-latency --api c`.
  *
  *   rc_latency IP:PORT [-s SIZE] [-n ITERATIONS] [--cores A,B]
+ *   rc_latency --ping IP:PORT [-s SIZE] [-n ITERATIONS]
  *
  * The same shape as the Rust harness (bench/src/rc.rs, `latency`): both
  * ends in one process, a listener thread echoing on core B, the main thread
@@ -9,7 +10,12 @@
  * the echo with a fragment limit of 1; one-way latency is RTT/2, after a
  * warm-up of max(N/10, 100) round trips. The same ring size and payload
  * limit as the Rust harness. Prints the Rust harness's RESULT line (exact
- * percentiles of the sorted samples), which xtask parses. */
+ * percentiles of the sorted samples), which xtask parses.
+ *
+ * --ping: only the client, connected to `rocebus-bench rc-pong` at IP:PORT,
+ * the C twin of `rocebus-bench rc-ping` for `cargo xtask bench
+ * rc-instructions --api c` (which runs both under callgrind): the same loop
+ * with nothing else in it, no clock reads, no warm-up, no samples. */
 #define _GNU_SOURCE
 #include "rocebus.h"
 
@@ -95,9 +101,61 @@ static uint64_t at(const uint64_t *v, size_t n, double q) {
     return v[i < n ? i : n - 1];
 }
 
+/* The configuration of both harnesses (bench/src/rc.rs, `config`). Under
+ * callgrind the handshake runs some 50 times slower: --ping allows for it,
+ * as rc-ping does. */
+static rocebus_orders_config_t *config(int ping) {
+    rocebus_orders_config_t *cfg = NULL;
+    CHECK(rocebus_orders_config_from_toml(
+        ping ? "[orders]\ntoken = \"bench\"\nring_size = 1048576\nmax_payload = 4096\n"
+               "connect_timeout_ms = 30000\n"
+             : "[orders]\ntoken = \"bench\"\nring_size = 1048576\nmax_payload = 4096\n",
+        &cfg));
+    return cfg;
+}
+
+/* --ping's measured loop, as rc-ping's `ping_loop`: offer and flush one
+ * message, poll until its echo arrives; returns the empty polls. */
+static __attribute__((noinline)) long ping_loop(rocebus_orders_connection_t *c,
+                                                const uint8_t *msg, size_t size, long n) {
+    long empty = 0;
+    for (long i = 0; i < n; i++) {
+        CHECK(rocebus_orders_connection_offer_and_flush(c, 1, 1, msg, size));
+        int got;
+        while ((got = rocebus_orders_connection_poll(c, drop, NULL, 1)) == 0) empty++;
+        CHECK(got);
+    }
+    return empty;
+}
+
+static int ping(const char *addr, size_t size, long iterations) {
+    rocebus_orders_config_t *cfg = config(1);
+    rocebus_orders_connection_t *c = NULL;
+    CHECK(rocebus_orders_connect(cfg, addr, &c));
+    rocebus_orders_config_free(cfg);
+    uint8_t *msg = malloc(size);
+    if (!msg) return 2;
+    memset(msg, 0x5a, size);
+    long empty = ping_loop(c, msg, size, iterations);
+    rocebus_orders_stats_t st;
+    CHECK(rocebus_orders_connection_stats(c, &st));
+    CHECK(rocebus_orders_connection_free(c));
+    free(msg);
+    printf("rc_latency --ping: %ld round trips of %zu B, %ld empty polls, %llu frames received, "
+           "%llu flushes\n",
+           iterations, size, empty, (unsigned long long)st.frames_received,
+           (unsigned long long)st.flushes);
+    printf("RESULT round_trips=%ld empty_polls=%ld\n", iterations, empty);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    int ping_only = argc > 1 && !strcmp(argv[1], "--ping");
+    if (ping_only) argv++, argc--;
     if (argc < 2 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: rc_latency IP:PORT [-s SIZE] [-n ITERATIONS] [--cores A,B]\n");
+        fprintf(stderr,
+                "usage: rc_latency IP:PORT [-s SIZE] [-n ITERATIONS] [--cores A,B]\n"
+                "       rc_latency --ping IP:PORT [-s SIZE] [-n ITERATIONS]\n");
         return 1;
     }
     size_t size = 64;
@@ -122,9 +180,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rc_latency: -s is 1 to 4096, -n at least 1\n");
         return 1;
     }
-    rocebus_orders_config_t *cfg = NULL;
-    CHECK(rocebus_orders_config_from_toml(
-        "[orders]\ntoken = \"c-bench\"\nring_size = 1048576\nmax_payload = 4096\n", &cfg));
+    if (ping_only) return ping(argv[1], size, iterations);
+    rocebus_orders_config_t *cfg = config(0);
     struct server s = {.core = cores[1]};
     CHECK(rocebus_orders_listener_bind(cfg, argv[1], &s.listener));
     pthread_t t;

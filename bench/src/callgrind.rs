@@ -563,6 +563,16 @@ pub fn orders_part(
         "offer_run",
         "commit_flushed",
     ];
+    // The C API's own code (`rocebus-ffi`: the guard, the handle's call
+    // state, the frame handed to the C handler) and the C harness's
+    // (`rc-instructions --api c`); rocebus's code inlined into the C entry
+    // points keeps its own file and lands in its own part below.
+    if file.contains("ffi/src/") && !file.starts_with("/rustc/") {
+        return "C API boundary (rocebus-ffi)";
+    }
+    if file.contains("bench/c/") {
+        return "C harness (rc_latency.c)";
+    }
     if is_ours(file) {
         if file.ends_with("ring/frame.rs") {
             return "frame checks/seal";

@@ -75,10 +75,12 @@ int main(int argc, char **argv) {
     if (argc < 5) {
         std::fprintf(stderr,
                      "usage: engine_cpp ENGINE_TOML FEED_HANDLER_TOML LOCAL_IP PUBLISHER_IP "
-                     "[ORDERS]\n");
+                     "[ORDERS [SECONDS]]\n");
         return 1;
     }
     const int target = argc > 5 ? std::atoi(argv[5]) : 20;
+    // How long to trade before giving up (longer under valgrind).
+    const int seconds = argc > 6 ? std::atoi(argv[6]) : 120;
     std::vector<quote> quotes;
     for (const char *s : {"A", "B", "C", "D", "E", "F", "G", "H"}) quotes.push_back({s});
     try {
@@ -171,7 +173,7 @@ int main(int argc, char **argv) {
             }
         };
 
-        auto deadline = clock_type::now() + std::chrono::seconds(120);
+        auto deadline = clock_type::now() + std::chrono::seconds(seconds);
         // Orders not rejected for want of a reference price: the ones that count.
         auto live = [&] {
             int n = 0;

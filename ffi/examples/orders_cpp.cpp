@@ -40,7 +40,7 @@ using clock_type = std::chrono::steady_clock;
 // Sends (claim or offer), polling while back-pressured; then flushes.
 void send(rocebus::orders_connection &c, std::uint16_t stream, std::uint16_t type,
           rocebus::span<const std::uint8_t> data, bool claim) {
-    auto deadline = clock_type::now() + std::chrono::seconds(60);
+    auto deadline = clock_type::now() + std::chrono::seconds(300);  // valgrind, emulated guest
     for (;;) {
         rocebus::status st;
         if (claim) {
@@ -70,8 +70,11 @@ int main(int argc, char **argv) {
     }
     const int rounds = argc > 2 ? std::atoi(argv[2]) : 200;
     try {
+        // A generous set-up timeout: the tests also run this under valgrind in an emulated
+        // guest, where the handshake is some 50 times slower than natively.
         auto cfg = rocebus::orders_config::from_toml(
-            "[orders]\ntoken = \"cpp-example\"\nring_size = 65536\nmax_payload = 512\n");
+            "[orders]\ntoken = \"cpp-example\"\nring_size = 65536\nmax_payload = 512\n"
+            "connect_timeout_ms = 60000\n");
         rocebus::orders_listener listener(cfg, argv[1]);
         int echoed = 0;
         std::thread server([&] {
@@ -117,7 +120,7 @@ int main(int argc, char **argv) {
             auto type = static_cast<std::uint16_t>(20 + 2 * (i % 3));
             send(c, stream, type, rocebus::span<const std::uint8_t>(sent.data(), len), i % 2);
             int n = 0;
-            auto deadline = clock_type::now() + std::chrono::seconds(60);
+            auto deadline = clock_type::now() + std::chrono::seconds(300);  // valgrind, emulated guest
             while (n == 0) {
                 n = c.poll(
                     [&](const rocebus_frame_t &f, rocebus::span<const std::uint8_t> p) {

@@ -155,16 +155,67 @@ fn local_ip() -> std::net::IpAddr {
     )
 }
 
+/// valgrind's exit status when memcheck found an error or a leak
+/// (`--error-exitcode`): distinct from the examples' own statuses (1 to 5).
+const MEMCHECK_FOUND: i32 = 97;
+
+/// The suppressions for what libibverbs, librdmacm and the rxe provider
+/// do that memcheck cannot follow (each entry says why it is not ours).
+fn rdma_suppressions() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rdma-memcheck.supp")
+}
+
+/// `exe` under valgrind's memcheck, for the examples that use the RDMA
+/// device: any error, and any definite or possible leak, ends it with
+/// [`MEMCHECK_FOUND`]. `--fair-sched=yes`: valgrind runs one thread at a
+/// time, and the examples' threads busy-poll each other; with the default
+/// lock one spinning thread can starve the one it waits for.
+fn memcheck_command(exe: &Path) -> Command {
+    let mut c = command("valgrind");
+    c.args([
+        "--tool=memcheck",
+        "--leak-check=full",
+        "--errors-for-leak-kinds=definite,possible",
+        "--show-leak-kinds=definite,possible",
+        "--fair-sched=yes",
+        "--num-callers=30",
+    ])
+    .arg(format!("--error-exitcode={MEMCHECK_FOUND}"))
+    .arg(format!("--suppressions={}", rdma_suppressions().display()))
+    .arg(exe);
+    c
+}
+
+/// Checks what memcheck said about a run of [`memcheck_command`]: it ran
+/// (its summary is there, so a missing valgrind cannot pass) and found
+/// nothing.
+fn assert_memcheck_clean(name: &str, status: std::process::ExitStatus, stderr: &str) {
+    assert!(
+        status.code() != Some(MEMCHECK_FOUND),
+        "{name}: memcheck found errors or leaks:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("ERROR SUMMARY: 0 errors"),
+        "{name}: no clean memcheck summary ({status}):\n{stderr}"
+    );
+}
+
 /// Links example `name` with `compiler` and runs it against an orders
-/// listener on this host's RDMA device at `port`, for `rounds` round trips.
-fn orders_example(name: &str, compiler: &str, port: u16, rounds: u32) {
+/// listener on this host's RDMA device at `port`, for `rounds` round trips;
+/// under memcheck when `memcheck`.
+fn orders_example(name: &str, compiler: &str, port: u16, rounds: u32, memcheck: bool) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let t = std::time::Instant::now();
     let exe = link(name, compiler, tmp.path());
     eprintln!("linked {name} in {:.1} s", t.elapsed().as_secs_f64());
     let addr = std::net::SocketAddr::new(local_ip(), port);
     let t = std::time::Instant::now();
-    let out = command(&exe)
+    let mut cmd = if memcheck {
+        memcheck_command(&exe)
+    } else {
+        command(&exe)
+    };
+    let out = cmd
         .arg(addr.to_string())
         .arg(rounds.to_string())
         .output()
@@ -172,6 +223,9 @@ fn orders_example(name: &str, compiler: &str, port: u16, rounds: u32) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{name} ran in {:.1} s", t.elapsed().as_secs_f64());
+    if memcheck {
+        assert_memcheck_clean(name, out.status, &stderr);
+    }
     assert!(
         out.status.success() && stdout.contains(&format!("{name}: {rounds} round trips ok")),
         "{name}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
@@ -182,13 +236,30 @@ fn orders_example(name: &str, compiler: &str, port: u16, rounds: u32) {
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_c_orders_echo() {
-    orders_example("orders_echo", "cc", 7561, 300);
+    orders_example("orders_echo", "cc", 7561, 300, false);
 }
 
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_cpp_orders_echo() {
-    orders_example("orders_cpp", "c++", 7562, 200);
+    orders_example("orders_cpp", "c++", 7562, 200, false);
+}
+
+/// `orders_echo` under memcheck: no invalid read or write and no leak
+/// across the boundary on the RDMA path (connect, accept, offer, claims,
+/// poll callbacks, free). Fewer round trips than the native run: memcheck
+/// is some 30 times slower, and each round trip takes the same path.
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_c_orders_echo_under_memcheck() {
+    orders_example("orders_echo", "cc", 7563, 40, true);
+}
+
+/// `orders_cpp` (through `rocebus.hpp`) under memcheck.
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_cpp_orders_echo_under_memcheck() {
+    orders_example("orders_cpp", "c++", 7564, 40, true);
 }
 
 /// A process this test started, killed (by its own handle) when the test ends, whatever
@@ -217,6 +288,23 @@ fn tail(path: &Path) -> String {
 #[test]
 #[ignore = "rdma: runs feed-handler and order-gateway on an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_cpp_engine_against_feed_handler_and_gateway() {
+    engine_against_feed_handler_and_gateway(20, false);
+}
+
+/// The same, with the engine under memcheck (the feed handler and the
+/// gateway run natively): no invalid access and no leak across the market
+/// data, engine-session and orders boundaries. Fewer orders (each takes
+/// the same path), and a gateway silence limit that allows for memcheck's
+/// pace in an emulated guest.
+#[test]
+#[ignore = "rdma: runs feed-handler and order-gateway on an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_cpp_engine_under_memcheck() {
+    engine_against_feed_handler_and_gateway(6, true);
+}
+
+/// The engine example against the demo pipeline, trading `orders` orders;
+/// under memcheck when `memcheck`.
+fn engine_against_feed_handler_and_gateway(orders: u32, memcheck: bool) {
     let bin = lib_dir().parent().expect("target/debug").to_path_buf();
     for b in ["feed-handler", "order-gateway"] {
         assert!(
@@ -234,9 +322,28 @@ fn rdma_cpp_engine_against_feed_handler_and_gateway() {
         .join("configs/demo");
     for f in ["feed-handler", "sample-engine", "order-gateway"] {
         let text = std::fs::read_to_string(configs.join(format!("{f}.toml"))).unwrap();
-        let text = text
+        let mut text = text
             .replace("198.18.0.1", &addr)
             .replace("/tmp/rocebus-demo", &work.display().to_string());
+        // Under memcheck the engine answers some 30 times slower: the limits on
+        // its logon and on either side's silence allow for that.
+        for (key, usual, slow) in [
+            (
+                "sample-engine",
+                "gateway_timeout_ms = 3000",
+                "gateway_timeout_ms = 60000",
+            ),
+            (
+                "order-gateway",
+                "logon_timeout_ms = 5000",
+                "logon_timeout_ms = 60000\nengine_timeout_ms = 60000",
+            ),
+        ] {
+            if memcheck && f == key {
+                assert!(text.contains(usual), "{f}.toml no longer has {usual:?}");
+                text = text.replace(usual, slow);
+            }
+        }
         std::fs::write(work.join(format!("{f}.toml")), text).unwrap();
     }
     std::fs::create_dir_all(work.join("counters")).unwrap();
@@ -310,13 +417,21 @@ fn rdma_cpp_engine_against_feed_handler_and_gateway() {
         "order-gateway exited at start\n{}",
         logs()
     );
-    let mut engine = Started(
+    // memcheck starts (reads the library's debug information) and runs far slower.
+    let slow = if memcheck { 4 } else { 1 };
+    let mut engine_cmd = if memcheck {
+        memcheck_command(&exe)
+    } else {
         command(&exe)
+    };
+    let mut engine = Started(
+        engine_cmd
             .arg(work.join("sample-engine.toml"))
             .arg(&fh_cfg)
             .arg(&addr)
             .arg(&addr)
-            .arg("20")
+            .arg(orders.to_string())
+            .arg((120 * slow).to_string())
             .stdout(std::process::Stdio::piped())
             .stderr(log("engine_cpp"))
             .spawn()
@@ -332,19 +447,23 @@ fn rdma_cpp_engine_against_feed_handler_and_gateway() {
         }
     });
     let mut stdout = Vec::new();
-    let ready = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let ready = std::time::Instant::now() + std::time::Duration::from_secs(90 * slow);
     while !stdout.iter().any(|l: &String| l == "engine_cpp: ready") {
         let left = ready.saturating_duration_since(std::time::Instant::now());
         match rx.recv_timeout(left) {
             Ok(l) => stdout.push(l),
             Err(_) => panic!(
-                "engine_cpp not ready in 90 s ({:?})\n{}",
+                "engine_cpp not ready in {} s ({:?})\n{}",
+                90 * slow,
                 engine.0.try_wait(),
                 logs()
             ),
         }
     }
-    // The exchange opens once the engine is subscribed and logged on.
+    // The exchange opens once the engine is subscribed and logged on. Under memcheck
+    // the engine reads some 30 times slower: at the usual rate it falls behind, its
+    // quotes go stale at every loss and snapshot, and it never sees a fresh one.
+    let rate = if memcheck { "100" } else { "2000" };
     let _replay = spawn(
         &[
             "feed-handler".as_ref(),
@@ -353,7 +472,7 @@ fn rdma_cpp_engine_against_feed_handler_and_gateway() {
             "--group".as_ref(),
             "239.1.1.1:26477".as_ref(),
             "--rate".as_ref(),
-            "2000".as_ref(),
+            rate.as_ref(),
             "--retrans-port".as_ref(),
             "26478".as_ref(),
         ],
@@ -365,8 +484,9 @@ fn rdma_cpp_engine_against_feed_handler_and_gateway() {
             break st;
         }
         assert!(
-            t.elapsed() < std::time::Duration::from_secs(180),
-            "engine_cpp still running after 180 s\n{}",
+            t.elapsed() < std::time::Duration::from_secs(180 * slow),
+            "engine_cpp still running after {} s\n{}",
+            180 * slow,
             logs()
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -374,8 +494,15 @@ fn rdma_cpp_engine_against_feed_handler_and_gateway() {
     stdout.extend(rx.try_iter());
     eprintln!("engine_cpp traded in {:.1} s", t.elapsed().as_secs_f64());
     let stdout = stdout.join("\n");
+    if memcheck {
+        let stderr = std::fs::read_to_string(work.join("engine_cpp.log")).unwrap_or_default();
+        assert_memcheck_clean("engine_cpp", status, &format!("{stderr}\n{}", logs()));
+    }
     assert!(
-        status.success() && stdout.contains("engine_cpp: 20 orders acknowledged and filled"),
+        status.success()
+            && stdout.contains(&format!(
+                "engine_cpp: {orders} orders acknowledged and filled"
+            )),
         "engine_cpp: {status}\nstdout:\n{stdout}\n{}",
         logs()
     );

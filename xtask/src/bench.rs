@@ -493,7 +493,7 @@ const C_API_PORT: u16 = 7476;
 /// Builds the release static library of `rocebus-ffi` and links `bench/c/rc_latency.c`
 /// against it with the system's C compiler (`-O2`, warnings are errors), into a copy of
 /// its own like [`build_bench`]'s; returns the program.
-fn build_c_harness(root: &Path, target: &Path) -> Result<std::path::PathBuf> {
+pub(crate) fn build_c_harness(root: &Path, target: &Path) -> Result<std::path::PathBuf> {
     eprintln!("== building rocebus-ffi (release) and bench/c/rc_latency.c");
     let st = Command::new(env!("CARGO"))
         .args(["build", "--release", "-p", "rocebus-ffi"])
@@ -826,8 +826,8 @@ pub fn run(
     if hosts != 1 {
         bail!("--hosts is 1 (one guest, or this host) or 2 (two guests)");
     }
-    if variant == C_API_VARIANT && name != "rc-latency" {
-        bail!("{name}: --api c applies to rc-latency");
+    if variant == C_API_VARIANT && !["rc-latency", "rc-instructions"].contains(&name) {
+        bail!("{name}: --api c applies to rc-latency and rc-instructions");
     }
     if variant == HUGEPAGES_VARIANT && !HUGEPAGES_HARNESSES.contains(&name) {
         bail!(
@@ -861,6 +861,9 @@ pub fn run(
     if let Some(c) = counted {
         if rounds.is_some() {
             bail!("{name} counts instructions once: --rounds does not apply");
+        }
+        if name == "rc-instructions" && variant == C_API_VARIANT {
+            return crate::rc_instructions::run_c_api(root, size, iterations);
         }
         if name == "rc-instructions" && !variant.is_empty() {
             bail!("rc-instructions: {variant} does not apply to the orders path");

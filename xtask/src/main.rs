@@ -150,7 +150,10 @@ enum Cmd {
         /// C API (`bench/c/rc_latency.c`, built with the system's C compiler against
         /// `ffi/include/rocebus.h` and the release static library `librocebus_ffi.a`),
         /// right after the Rust harness. Prints `rc-latency --api c: ...` against perftest
-        /// and against the Rust harness beside the usual line.
+        /// and against the Rust harness beside the usual line. rc-instructions: `c` counts
+        /// the C harness's client (`rc_latency --ping`) against the Rust one (`rc-ping`),
+        /// both under callgrind against the same echo; ends with `rc-instructions --api c:
+        /// ratio X`.
         #[arg(long, value_enum, default_value_t = bench::Api::Rust, conflicts_with_all = ["datagram_tag", "hugepages"])]
         api: bench::Api,
         /// 2: run the harness's `--server` in one guest and its `--client` in a second

@@ -232,9 +232,126 @@ pub(crate) fn run(
     Ok(())
 }
 
+/// The goal of `rc-instructions --api c`: the C harness's client at most
+/// this many times the Rust one's instructions (issue 45's latency goal).
+pub const C_API_GOAL: f64 = 1.03;
+
+/// `rc-instructions --api c`'s guest script: the Rust client (`rc-ping`)
+/// and the C one (`rc_latency --ping`, the same loop through the C API),
+/// each under callgrind against a native `rc-pong`, in three runs each
+/// (N, 2N, 2N slowed), alternating; then the accounting of both.
+fn c_api_script(exe: &str, c_exe: &str, size: usize, n: u64) -> String {
+    let mut s = format!(
+        r#"addr=${{ROCEBUS_GUEST_ADDR:?}}
+out=${{ROCEBUS_OUT:-$(mktemp -d)}}
+exe={exe}
+cexe={c_exe}
+if ! command -v valgrind >/dev/null; then echo '@@error valgrind is not installed'; exit 1; fi
+cg="valgrind --tool=callgrind --dump-instr=yes"
+client() {{
+  timeout 2400 $exe rc-pong -s {size} >$out/pong-$1-$2.txt 2>&1 &
+  for t in $(seq 1 300); do grep -q listening $out/pong-$1-$2.txt && break; sleep 0.2; done
+  if [ $1 = rust ]; then cmd="$exe rc-ping -s {size} -n $3"; else cmd="$cexe --ping $addr:7510 -s {size} -n $3"; fi
+  ok=1
+  timeout 1800 $cg $4 --callgrind-out-file=$out/$1-$2.cg $cmd >$out/ping-$1-$2.txt 2>$out/ping-$1-$2.log && ok=0
+  wait
+  echo "@@run $1 $2 $ok"; cat $out/ping-$1-$2.txt; grep -h 'Collected' $out/ping-$1-$2.log
+}}
+"#
+    );
+    for (name, count, extra) in [
+        ("short", n, ""),
+        ("long", 2 * n, ""),
+        ("slow", 2 * n, "--cache-sim=yes --branch-sim=yes"),
+    ] {
+        for side in ["rust", "c"] {
+            s.push_str(&format!("client {side} {name} {count} '{extra}'\n"));
+        }
+    }
+    for side in ["rust", "c"] {
+        s.push_str(&format!(
+            "$exe callgrind-account --label {side} -n {n} --short $out/{side}-short.cg \
+             --long $out/{side}-long.cg --slow $out/{side}-slow.cg --parts orders --top 30\n"
+        ));
+    }
+    s
+}
+
+/// `cargo xtask bench rc-instructions --api c`: instructions per round
+/// trip of the C harness's client against the Rust harness's, counted as
+/// `rc-instructions` counts them (see the module's documentation), in one
+/// guest; prints both breakdowns, the ratio and the closing line.
+pub(crate) fn run_c_api(root: &Path, size: usize, iterations: Option<u64>) -> Result<()> {
+    let name = "rc-instructions --api c";
+    let (exe, target) = bench::build_bench(root)?;
+    let c_exe = bench::build_c_harness(root, &target)?;
+    let n = iterations.unwrap_or(DEFAULT_ROUND_TRIPS).max(1);
+    let script = c_api_script(
+        &vm::shell_quote(&exe.display().to_string()),
+        &vm::shell_quote(&c_exe.display().to_string()),
+        size,
+        n,
+    );
+    let lines = bench::run_script(root, &script, Duration::from_secs(4 * 3600))?;
+    let failed: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.starts_with("@@error") || (l.starts_with("@@run ") && l.ends_with(" 1")))
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "{name}: runs failed in the guest ({}); their logs are in the guest's output \
+             folder (ROCEBUS_OUT)",
+            failed
+                .iter()
+                .map(|l| l.trim_start_matches('@'))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let (Some(c), Some(rust)) = (result(&lines, "c"), result(&lines, "rust")) else {
+        bail!("{name}: the accounting printed no RESULT line for both sides");
+    };
+    println!();
+    println!(
+        "{name}: {size} B, {n} and {} round trips under callgrind, user space only, \
+         set-up and waiting excluded; the C client (bench/c/rc_latency.c --ping) and the \
+         Rust one (rocebus-bench rc-ping) against the same echo",
+        2 * n
+    );
+    for l in &lines {
+        if ["rust ", "rust: ", "c ", "c: "]
+            .iter()
+            .any(|p| l.starts_with(p))
+        {
+            println!("  {l}");
+        }
+    }
+    println!(
+        "{name}: ratio {:.3} (goal <= {C_API_GOAL})",
+        c / rust.max(1e-9)
+    );
+    println!("{name}: C API {c:.0}, Rust {rust:.0} per one-way message");
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn c_api_script_alternates_both_clients_against_one_echo_and_accounts_both() {
+        let s = c_api_script("/x/rocebus-bench", "/x/rc-latency-c", 64, 1000);
+        for (name, n) in [("short", 1000), ("long", 2000), ("slow", 2000)] {
+            assert!(s.contains(&format!("client rust {name} {n} ")), "{s}");
+            assert!(s.contains(&format!("client c {name} {n} ")), "{s}");
+        }
+        assert!(s.contains("$exe rc-pong -s 64 "), "{s}");
+        assert!(s.contains("$exe rc-ping -s 64 -n $3"), "{s}");
+        assert!(s.contains("$cexe --ping $addr:7510 -s 64 -n $3"), "{s}");
+        assert!(s.contains("--label rust -n 1000 "), "{s}");
+        assert!(s.contains("--label c -n 1000 "), "{s}");
+        assert!(s.contains("--parts orders"), "{s}");
+    }
 
     #[test]
     fn script_runs_three_sizes_of_each_client_and_accounts_both() {

@@ -670,7 +670,12 @@ fn remote_access_bits(a: Access) -> u32 {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         // SAFETY: destroyed once; CQs and PD outlive it through our Arcs.
-        unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+        let rc = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+        if rc != 0 {
+            // The QP (and what it holds: its CQs, the provider's memory) stays
+            // until the process ends; e.g. EBUSY while attached to a group.
+            tracing::warn!(qpn = self.qpn(), error = %std::io::Error::from_raw_os_error(rc), "ibv_destroy_qp failed: the queue pair is leaked");
+        }
     }
 }
 

@@ -72,6 +72,21 @@ struct LineRx {
     membership: McastMembership,
 }
 
+impl Drop for LineRx {
+    /// Detaches the queue pair from the group before it is destroyed (the
+    /// fields drop after this). The kernel refuses to destroy a QP still
+    /// attached to a multicast group (`EBUSY`: the attachment holds a use
+    /// count), and `ibv_destroy_qp`'s failure left the QP, its completion
+    /// queues and the provider's memory behind for the life of the process,
+    /// one set per line at every subscriber's drop or reconnect; memcheck
+    /// saw the provider's memory lost (`rdma_cpp_engine_under_memcheck`).
+    fn drop(&mut self) {
+        if let Err(e) = self.membership.detach(self.qp.qp()) {
+            tracing::warn!(line = ?self.line, error = %e, "detaching a market-data line's queue pair from its group failed: the QP cannot be destroyed");
+        }
+    }
+}
+
 /// A market-data subscriber for one channel. See the [module documentation](super).
 pub struct McastSubscriber {
     state: SubscriberState,
@@ -198,7 +213,7 @@ impl McastSubscriber {
             let Some(group) = group else { continue };
             let m = McastMembership::join(local, group, false, cfg.connect_timeout())?;
             cm::check_device(&ctx, m.device_name())?;
-            let mut qp = PooledQp::new(
+            let qp = PooledQp::new(
                 &pd,
                 QpType::Ud,
                 PoolConfig {
@@ -224,12 +239,14 @@ impl McastSubscriber {
             }
             qp.qp().activate_ud(m.port_num(), ch.qkey, 0)?;
             m.attach(qp.qp())?;
-            qp.post_receives()?;
-            lines.push(LineRx {
+            // Attached: from here `LineRx`'s Drop detaches it, whatever fails next.
+            let mut rx = LineRx {
                 line,
                 qp,
                 membership: m,
-            });
+            };
+            rx.qp.post_receives()?;
+            lines.push(rx);
         }
         let publisher = SocketAddr::new(publisher, ch.port);
         let key = cfg.recovery_key();
