@@ -291,17 +291,6 @@ fn rdma_cpp_engine_against_feed_handler_and_gateway() {
     engine_against_feed_handler_and_gateway(20, false);
 }
 
-/// The same, with the engine under memcheck (the feed handler and the
-/// gateway run natively): no invalid access and no leak across the market
-/// data, engine-session and orders boundaries. Fewer orders (each takes
-/// the same path), and a gateway silence limit that allows for memcheck's
-/// pace in an emulated guest.
-#[test]
-#[ignore = "rdma: runs feed-handler and order-gateway on an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
-fn rdma_cpp_engine_under_memcheck() {
-    engine_against_feed_handler_and_gateway(6, true);
-}
-
 /// The engine example against the demo pipeline, trading `orders` orders;
 /// under memcheck when `memcheck`.
 fn engine_against_feed_handler_and_gateway(orders: u32, memcheck: bool) {

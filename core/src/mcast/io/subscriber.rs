@@ -79,7 +79,8 @@ impl Drop for LineRx {
     /// count), and `ibv_destroy_qp`'s failure left the QP, its completion
     /// queues and the provider's memory behind for the life of the process,
     /// one set per line at every subscriber's drop or reconnect; memcheck
-    /// saw the provider's memory lost (`rdma_cpp_engine_under_memcheck`).
+    /// saw the provider's memory lost (the C++ engine example run under it
+    /// by hand; not in the suite yet).
     fn drop(&mut self) {
         if let Err(e) = self.membership.detach(self.qp.qp()) {
             tracing::warn!(line = ?self.line, error = %e, "detaching a market-data line's queue pair from its group failed: the QP cannot be destroyed");

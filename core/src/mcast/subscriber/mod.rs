@@ -951,7 +951,11 @@ impl SubscriberState {
     /// lost. A real heartbeat seen after the answer was made is forgotten
     /// too, and learnt again from the publisher's next one.
     fn never_published(&mut self, now: u64, end: u64) {
-        let data_end = self.buffer.end().unwrap_or(self.next_seq).max(self.next_seq);
+        let data_end = self
+            .buffer
+            .end()
+            .unwrap_or(self.next_seq)
+            .max(self.next_seq);
         let high = end.max(data_end);
         if high >= self.high {
             return;
