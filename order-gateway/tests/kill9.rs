@@ -174,10 +174,21 @@ fn kill_then_restart(name: &str, policy: &str, orders: u64, power_loss: bool) {
             .count();
         assert!(archived >= 3, "only {archived} segments started");
         assert!(!dir.join("gw.journal.next").exists());
-        // One segment replayed, not the day: far fewer records than the orders journaled.
+        // One segment replayed, not the day: no more records than the current segment
+        // holds (its checkpoint, then the records appended from the cut on). Not "fewer
+        // records than orders": a segment starts with the records appended while the writer
+        // built its checkpoint off the service thread, which on a loaded host were more
+        // than this small day's orders (1,336 records for 1,200 orders in a pre-check).
+        let scan = order_gateway::journal::verify(&journal).unwrap();
+        let in_segment = scan.by_kind.iter().sum::<u64>()
+            - scan.by_kind[usize::from(order_gateway::journal::META)];
+        println!(
+            "{} records replayed; the current segment holds {in_segment}, {archived} archives",
+            d.recovery().records
+        );
         assert!(
-            d.recovery().records < last,
-            "{} records replayed for {last} orders",
+            d.recovery().records <= in_segment,
+            "{} records replayed for {last} orders: the current segment holds {in_segment}",
             d.recovery().records
         );
         d.set_segment_bytes(SEGMENT_BYTES);
