@@ -353,6 +353,7 @@ fn measure(
         hist.record((t.elapsed().as_nanos() as u64 / 2).max(1))?;
     }
     let secs = t0.elapsed().as_secs_f64();
+    // ORDERING: Relaxed, as at the phase's start: see `serve`.
     let (ns1, r1, busy1) = (
         shared.listener_ns.load(Ordering::Relaxed),
         shared.refused.load(Ordering::Relaxed),
