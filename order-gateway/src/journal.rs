@@ -1631,6 +1631,30 @@ impl Journal {
         Ok(())
     }
 
+    /// A new segment, synced, is at `path`: from now on it is the journal (after a rotation,
+    /// whichever way its checkpoint was written). Its directory entry is synced now, or
+    /// before the next commit is acknowledged if that fails.
+    fn adopt(
+        &mut self,
+        file: Box<dyn StorageFile>,
+        sb: Superblock,
+        end: u64,
+        chain: u32,
+        path: &Path,
+    ) {
+        self.file = file;
+        self.sb = sb;
+        self.len = end;
+        self.chain = chain;
+        self.durable = end;
+        self.durable_chain = chain;
+        self.unsynced = 0;
+        self.path = path.to_owned();
+        if self.sync_dir_now().is_err() {
+            self.dir_sync_pending = true;
+        }
+    }
+
     fn sync_dir_now(&mut self) -> io::Result<()> {
         #[cfg(test)]
         if self.fail_dir_syncs > 0 {
@@ -1881,17 +1905,7 @@ impl Journal {
         match result {
             Ok((file, sb, end, chain)) => {
                 // The new file is at `path` now: it is the journal, whatever follows.
-                self.file = file;
-                self.sb = sb;
-                self.len = end;
-                self.chain = chain;
-                self.durable = end;
-                self.durable_chain = chain;
-                self.unsynced = 0;
-                self.path = path.to_owned();
-                if self.sync_dir_now().is_err() {
-                    self.dir_sync_pending = true;
-                }
+                self.adopt(file, sb, end, chain, path);
                 Ok(archive)
             }
             Err(e) => {
@@ -2028,17 +2042,7 @@ impl Journal {
         self.faults = faults;
         match result {
             Ok((sb, end, chain)) => {
-                self.file = file;
-                self.sb = sb;
-                self.len = end;
-                self.chain = chain;
-                self.durable = end;
-                self.durable_chain = chain;
-                self.unsynced = 0;
-                self.path = path.to_owned();
-                if self.sync_dir_now().is_err() {
-                    self.dir_sync_pending = true;
-                }
+                self.adopt(file, sb, end, chain, path);
                 Ok(archive)
             }
             Err(e) => {
