@@ -73,6 +73,13 @@ fn config(dir: &Path, ip: IpAddr, capture: &Path, group: &str, port: u16, starve
             1_000_000,
         )
     };
+    // A subscriber whose ring stays full this long is dropped and rejoins from a snapshot
+    // (a loss, which this test does not allow): the recorder here is a debug build in a guest
+    // that CI may emulate on a loaded host, where it stalled past the 1 s default (12 drops in
+    // one run). Dropping slow subscribers is md_rcfanout.rs's
+    // `rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected`; this test is about
+    // what a recording holds.
+    let slow = "[market_data.rc_fanout]\nslow_subscriber_ns = 120000000000\n";
     let text = format!(
         "[feed]\ngroup = \"239.9.9.9:26999\"\ninterface = \"{ip}\"\ncapture = {capture:?}\n\
          [publish]\nlocal_ip = \"{ip}\"\n\
@@ -81,6 +88,7 @@ fn config(dir: &Path, ip: IpAddr, capture: &Path, group: &str, port: u16, starve
          [market_data.batching]\nmax_messages = 64\nflush_interval_ns = 50000\n\
          [market_data.pacing]\n{pacing}\
          [market_data.recovery]\ntimeout_ns = 50000000\nmax_retries = 5\nsnapshot_timeout_ns = 2000000000\njoin_replay_max = {join}\n\
+         {slow}\
          [[market_data.channels]]\nid = 1\nname = \"rec\"\nline_a = \"{group}\"\nport = {port}\n"
     );
     let path = dir.join(format!("fh-{port}.toml"));

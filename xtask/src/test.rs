@@ -255,18 +255,21 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
             one_host.push((b.path.clone(), names));
         }
     }
+    // Each test in its own run of its binary, timed by the guest's uptime, so a slow CI
+    // run says which tests took its time (`== took S s: NAME`).
     let mut script = String::from("st=0\n");
     for (exe, names) in &one_host {
-        // By exact name: only the tests counted as RDMA tests run, never a child entry.
-        script.push_str(&format!(
-            "echo \"== rdma tests in $(basename {exe})\"\n{exe} --ignored --exact --test-threads=1 {names} || st=1\n",
-            exe = vm::shell_quote(&exe.display().to_string()),
-            names = names
-                .iter()
-                .map(|n| vm::shell_quote(n))
-                .collect::<Vec<_>>()
-                .join(" ")
-        ));
+        let exe = vm::shell_quote(&exe.display().to_string());
+        script.push_str(&format!("echo \"== rdma tests in $(basename {exe})\"\n"));
+        for name in names {
+            // By exact name: only the tests counted as RDMA tests run, never a child entry.
+            script.push_str(&format!(
+                "read t0 _ < /proc/uptime\n{exe} --ignored --exact --test-threads=1 {name} || st=1\n\
+                 read t1 _ < /proc/uptime\necho \"== took $(awk \"BEGIN {{ print $t1 - $t0 }}\") s: {bare}\"\n",
+                name = vm::shell_quote(name),
+                bare = name.replace(['"', '$', '`', '\\'], "")
+            ));
+        }
     }
     script.push_str("exit $st\n");
 
@@ -305,7 +308,7 @@ pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Re
                 one_host.len()
             );
             let opts = vm::VmOptions {
-                timeout: Duration::from_secs(1500),
+                timeout: Duration::from_secs(2400),
                 env: pass_env.clone(),
                 ..Default::default()
             };
