@@ -490,6 +490,23 @@ pub enum SessionError {
     Timeout(Duration),
 }
 
+impl SessionError {
+    /// Whether another attempt may succeed: the gateway may still be starting (no
+    /// listener, no answer yet), or not have noticed the engine's previous connection is
+    /// gone (`AlreadyConnected`). A refusal for any other reason, a bad token or a bad
+    /// answer will be the same next time.
+    pub fn worth_retrying(&self) -> bool {
+        match self {
+            SessionError::Connect { .. }
+            | SessionError::Send(_)
+            | SessionError::Lost(_)
+            | SessionError::Timeout(_) => true,
+            SessionError::Refused { status, .. } => *status == LogonStatus::AlreadyConnected,
+            SessionError::BadAnswer(_) | SessionError::BadToken => false,
+        }
+    }
+}
+
 /// [`EngineSession::resume`] failed: why, and the book to try again with.
 #[derive(Debug, thiserror::Error)]
 #[error("log on again to the gateway")]
@@ -780,6 +797,42 @@ impl EngineSession {
         first_order_id: u64,
     ) -> Result<EngineSession, SessionError> {
         Self::connect_with_capacity(addr, cfg, engine, token, first_order_id, 1 << 16)
+    }
+
+    /// Connects and logs on as an engine's configuration says ([`GatewayConfig`]: address,
+    /// engine id and token, orders path), retrying for up to its `connect_timeout_ms` while
+    /// the gateway may still be starting (no listener, no answer yet) or has not noticed the
+    /// engine's previous connection is gone (`AlreadyConnected`); any other refusal is
+    /// returned at once. The gateway is presumed dead after its `gateway_timeout_ms` of
+    /// silence. Order ids start at `first_order_id` (unique across the engine's restarts);
+    /// the book has room for `expected_orders` before it grows. Blocks.
+    ///
+    /// [`GatewayConfig`]: crate::config::GatewayConfig
+    pub fn connect_configured(
+        cfg: &crate::config::GatewayConfig,
+        first_order_id: u64,
+        expected_orders: usize,
+    ) -> Result<EngineSession, SessionError> {
+        let t0 = Instant::now();
+        let timeout = Duration::from_millis(cfg.connect_timeout_ms);
+        let mut session = loop {
+            match Self::connect_with_capacity(
+                cfg.addr,
+                &cfg.orders,
+                cfg.engine_id,
+                &cfg.engine_token,
+                first_order_id,
+                expected_orders,
+            ) {
+                Ok(s) => break s,
+                Err(e) if e.worth_retrying() && t0.elapsed() < timeout => {
+                    std::thread::sleep(Duration::from_millis(200))
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        session.set_gateway_timeout(Duration::from_millis(cfg.gateway_timeout_ms));
+        Ok(session)
     }
 
     /// [`connect`](Self::connect) with room for `expected_orders` tracked orders.

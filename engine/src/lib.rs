@@ -7,10 +7,13 @@
 //! - [`liveness`]: heartbeats and silence as an I/O-free state machine both ends share.
 //! - [`client`]: [`client::EngineSession`], what an engine embeds: connect, logon, send orders,
 //!   receive acks and fills, reconnect and resume.
+//! - [`config`]: [`config::GatewayConfig`], the `[gateway]` table of an engine's file, read
+//!   the same way by Rust engines and the C ABI.
 //!
 //! The gateway re-exports these modules under their old paths (`order_gateway::proto`, ...).
 
 pub mod client;
+pub mod config;
 pub mod liveness;
 pub mod proto;
 

@@ -218,3 +218,177 @@ fn rdma_example_md_rc_fanout() {
 fn rdma_example_md_multicast() {
     md_example("multicast", 7484);
 }
+
+/// Kills a service of the test when the test ends, whichever way it ends.
+struct Service(Child);
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The engine example against the real services, on RC fan-out: the feed handler publishes
+/// a generated day replayed as its exchange feed on `transport = "rc"` channels, the order
+/// gateway takes its reference prices from them and trades on its venue simulator, and
+/// `example-engine` (market data in, orders out, the code for either transport) must get 20
+/// orders acknowledged and filled with positions that match its fills. The C++ engine does the
+/// same on multicast (`ffi/tests/c_examples.rs`).
+#[test]
+#[ignore = "rdma: the engine example with the feed handler and the gateway over RC fan-out"]
+fn rdma_example_engine_trades_through_the_gateway_over_rc_fanout() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_example-engine"));
+    let bin = |name: &str| {
+        let p = exe.with_file_name(name);
+        assert!(
+            p.is_file(),
+            "{} missing: build the workspace's binaries first (`cargo build --workspace --bins`)",
+            p.display()
+        );
+        p
+    };
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let work = tmp.path();
+    let ip = local_ip().to_string();
+    let configs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/demo");
+    for f in ["feed-handler", "sample-engine", "order-gateway"] {
+        let text = std::fs::read_to_string(configs.join(format!("{f}.toml"))).expect("config");
+        let mut text = text
+            .replace("198.18.0.1", &ip)
+            .replace("/tmp/rocebus-demo", work.to_str().unwrap());
+        if f == "feed-handler" {
+            for group in ["line_a = \"239.1.10.1\"", "line_a = \"239.1.10.2\""] {
+                assert!(text.contains(group), "{f}.toml no longer has {group}");
+                text = text.replace(group, "transport = \"rc\"");
+            }
+        }
+        std::fs::write(work.join(format!("{f}.toml")), text).expect("config");
+    }
+    let counters = work.join("counters");
+    std::fs::create_dir_all(&counters).expect("counters dir");
+    let day = work.join("day.itch50");
+    let st = Command::new(bin("feed-handler"))
+        .args([
+            "generate",
+            "--seed",
+            "1",
+            "--symbols",
+            "100",
+            "--messages",
+            "40000",
+            "-o",
+        ])
+        .arg(&day)
+        .status()
+        .expect("feed-handler generate");
+    assert!(st.success(), "feed-handler generate");
+    let service = |name: &str, args: &[&str]| {
+        let log = std::fs::File::create(work.join(format!("{name}.log"))).expect("log");
+        Service(
+            Command::new(bin(name))
+                .args(args)
+                .env("ROCEBUS_DIR", &counters)
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("{name}: {e}")),
+        )
+    };
+    let cfg = |f: &str| work.join(format!("{f}.toml")).to_str().unwrap().to_owned();
+    let logs = || {
+        ["feed-handler", "order-gateway"]
+            .map(|n| {
+                let text = std::fs::read_to_string(work.join(format!("{n}.log")));
+                format!("--- {n}.log\n{}", text.unwrap_or_default())
+            })
+            .join("\n")
+    };
+    // The feed handler first: the gateway subscribes to its bus for reference prices.
+    let mut fh = service("feed-handler", &["run", "--config", &cfg("feed-handler")]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        fh.0.try_wait().unwrap().is_none(),
+        "feed-handler exited\n{}",
+        logs()
+    );
+    let mut gw = service(
+        "order-gateway",
+        &["run", "--venue", "sim", "--config", &cfg("order-gateway")],
+    );
+    let mut engine = Command::new(exe)
+        .args([
+            &cfg("sample-engine"),
+            &cfg("feed-handler"),
+            &ip,
+            &ip,
+            "20",
+            "150",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("example-engine");
+    // Its stdout, line by line: the exchange opens once it is subscribed and logged on.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = engine.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let ready = rx.recv_timeout(Duration::from_secs(90));
+    assert_eq!(
+        ready.as_deref(),
+        Ok("example-engine: ready"),
+        "example-engine not ready ({:?})\n{}",
+        engine.try_wait(),
+        logs()
+    );
+    let _replay = Service(
+        Command::new(bin("feed-handler"))
+            .arg("replay")
+            .arg(&day)
+            .args(["--group", "239.1.1.1:26477", "--rate", "2000"])
+            .args(["--retrans-port", "26478"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("feed-handler replay"),
+    );
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = engine.try_wait().expect("wait") {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(200) {
+            let _ = engine.kill();
+            panic!("example-engine still running after 200 s\n{}", logs());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out: Vec<String> = rx.try_iter().collect();
+    eprintln!(
+        "[example-engine] {status} in {:.1} s\n{}",
+        t.elapsed().as_secs_f64(),
+        out.join("\n")
+    );
+    assert!(status.success(), "example-engine: {status}\n{}", logs());
+    assert!(
+        out.last()
+            .is_some_and(|l| l.starts_with("example-engine: 20 orders acknowledged and filled")),
+        "{out:?}"
+    );
+    assert!(
+        gw.0.try_wait().unwrap().is_none(),
+        "order-gateway died\n{}",
+        logs()
+    );
+    assert!(
+        fh.0.try_wait().unwrap().is_none(),
+        "feed-handler died\n{}",
+        logs()
+    );
+}

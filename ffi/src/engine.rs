@@ -12,14 +12,11 @@
 use crate::error::{guard, out_arg, str_arg, Fail, RocebusStatus};
 use crate::handle::{self, c_handle, with_handle, Handle};
 use crate::orders::{offer_fail, orders_fail, RocebusOrdersStats};
-use rocebus::orders::{OrdersConfig, OrdersError};
-use rocebus::rdma_settings::RdmaSettings;
+use rocebus::orders::OrdersError;
 use rocebus_engine::client::{ClientError, EngineSession, OrderState, SessionError};
-use rocebus_engine::proto::{msg_type, LogonStatus, RejectReason, Response, Side, Symbol};
-use serde::Deserialize;
+use rocebus_engine::config::GatewayConfig;
+use rocebus_engine::proto::{msg_type, RejectReason, Response, Side, Symbol};
 use std::ffi::{c_char, c_int, c_void};
-use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 /// An engine's configuration for the gateway (`rocebus_engine_config_from_toml`).
 #[derive(Debug)]
@@ -38,74 +35,10 @@ pub(crate) struct Session {
     account: u32,
 }
 
-/// `[gateway]` of an engine's configuration (`configs/demo/sample-engine.toml`): the same
-/// keys, the same defaults.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GatewayConfig {
-    addr: SocketAddr,
-    engine_id: u32,
-    engine_token: String,
-    #[serde(default)]
-    account: u32,
-    orders: OrdersConfig,
-    #[serde(default = "default_connect_ms")]
-    connect_timeout_ms: u64,
-    #[serde(default = "default_gateway_timeout_ms")]
-    gateway_timeout_ms: u64,
-}
-
-fn default_connect_ms() -> u64 {
-    20_000
-}
-
-fn default_gateway_timeout_ms() -> u64 {
-    rocebus_engine::client::DEFAULT_GATEWAY_TIMEOUT.as_millis() as u64
-}
-
-/// Reads `[gateway]` (or the top level when there is no such table) and applies `[rdma]`.
+/// Reads an engine's configuration as a Rust engine does ([`GatewayConfig::from_toml_str`]).
 fn parse(text: &str) -> Result<GatewayConfig, Fail> {
-    let mut table: toml::Table = toml::from_str(text)
-        .map_err(|e| Fail::owned(RocebusStatus::Config, format!("invalid TOML: {e}")))?;
-    let rdma: RdmaSettings = match table.remove("rdma") {
-        Some(v) => v
-            .try_into()
-            .map_err(|e| Fail::owned(RocebusStatus::Config, format!("[rdma]: {e}")))?,
-        None => RdmaSettings::default(),
-    };
-    let gateway = match table.remove("gateway") {
-        Some(toml::Value::Table(t)) => t,
-        Some(_) => {
-            return Err(Fail::owned(
-                RocebusStatus::Config,
-                "gateway: must be a table",
-            ))
-        }
-        None => table,
-    };
-    let mut cfg: GatewayConfig = toml::Value::Table(gateway)
-        .try_into()
-        .map_err(|e| Fail::owned(RocebusStatus::Config, format!("[gateway]: {e}")))?;
-    rdma.apply_to_orders(&mut cfg.orders);
-    cfg.orders.validate().map_err(|e| {
-        Fail::owned(
-            RocebusStatus::Config,
-            format!("[gateway.orders]: invalid orders configuration: {e}"),
-        )
-    })?;
-    if cfg.orders.token.is_empty() {
-        return Err(Fail::owned(
-            RocebusStatus::Config,
-            "gateway.orders.token is empty: set the gateway's [service.orders] token",
-        ));
-    }
-    if cfg.engine_token.is_empty() || cfg.engine_token.len() > rocebus_engine::proto::TOKEN_LEN {
-        return Err(Fail::owned(
-            RocebusStatus::Config,
-            "gateway.engine_token: must be 1 to 32 bytes (the gateway's [[risk.engines]] token)",
-        ));
-    }
-    Ok(cfg)
+    GatewayConfig::from_toml_str(text)
+        .map_err(|e| Fail::owned(RocebusStatus::Config, e.to_string()))
 }
 
 fn engine_config(text: &str, out: *mut *mut RocebusEngineConfig) -> Result<c_int, Fail> {
@@ -203,19 +136,6 @@ fn orders_fail_code(e: &OrdersError) -> RocebusStatus {
     }
 }
 
-/// Whether another attempt may succeed: the gateway may still be starting (no listener,
-/// no answer yet), or not have noticed our previous connection is gone.
-fn worth_retrying(e: &SessionError) -> bool {
-    match e {
-        SessionError::Connect { .. }
-        | SessionError::Send(_)
-        | SessionError::Lost(_)
-        | SessionError::Timeout(_) => true,
-        SessionError::Refused { status, .. } => *status == LogonStatus::AlreadyConnected,
-        _ => false,
-    }
-}
-
 /// Connects to the gateway at the configuration's `addr` and logs on as `engine_id` with
 /// `engine_token`; order ids start at `first_order_id` (they must stay unique across the
 /// engine's restarts); the book has room for `expected_orders` before it grows (0: 65536).
@@ -244,25 +164,8 @@ pub unsafe extern "C" fn rocebus_engine_connect(
         } else {
             expected_orders
         };
-        let t0 = Instant::now();
-        let timeout = Duration::from_millis(cfg.connect_timeout_ms);
-        let mut session = loop {
-            match EngineSession::connect_with_capacity(
-                cfg.addr,
-                &cfg.orders,
-                cfg.engine_id,
-                &cfg.engine_token,
-                first_order_id,
-                expected,
-            ) {
-                Ok(s) => break s,
-                Err(e) if worth_retrying(&e) && t0.elapsed() < timeout => {
-                    std::thread::sleep(Duration::from_millis(200))
-                }
-                Err(e) => return Err(session_fail(e)),
-            }
-        };
-        session.set_gateway_timeout(Duration::from_millis(cfg.gateway_timeout_ms));
+        let session = EngineSession::connect_configured(cfg, first_order_id, expected)
+            .map_err(session_fail)?;
         let s = Session {
             session,
             account: cfg.account,

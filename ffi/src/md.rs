@@ -12,7 +12,6 @@ use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::{
     Event, Handler, MdSubscriber, NetError, RestoreError, SnapshotSink, SubscriberCounters,
 };
-use rocebus::rdma_settings::RdmaSettings;
 use std::ffi::{c_char, c_int, c_void};
 use std::net::IpAddr;
 
@@ -35,29 +34,20 @@ pub(crate) struct Subscriber {
 }
 
 /// `[market_data]` of a file (the feed handler's configuration, which both sides share), or
-/// the whole text when it has no such table, plus a top-level `[rdma]`.
+/// the whole text when it has no such table, plus a top-level `[rdma]`
+/// ([`McastConfig::from_service_toml_str`], as a Rust engine reads it).
 fn parse(text: &str) -> Result<McastConfig, Fail> {
-    let bad = |e: &dyn std::fmt::Display| {
-        Fail::owned(
-            RocebusStatus::Config,
-            format!("invalid market-data configuration: {e}"),
-        )
-    };
-    let mut table: toml::Table = toml::from_str(text).map_err(|e| bad(&e))?;
-    let rdma: Option<RdmaSettings> = match table.remove("rdma") {
-        Some(v) => Some(v.try_into().map_err(|e| bad(&format!("[rdma]: {e}")))?),
-        None => None,
-    };
-    let mut cfg = match table.remove("market_data") {
-        Some(v) => McastConfig::from_value(v),
-        None => McastConfig::from_value(toml::Value::Table(table)),
-    }
-    .map_err(|e| bad(&e))?;
-    if let Some(r) = rdma {
-        r.apply_to_mcast(&mut cfg);
-    }
-    cfg.validate().map_err(|e| bad(&e))?;
-    Ok(cfg)
+    McastConfig::from_service_toml_str(text).map_err(|e| {
+        // The source chain: the TOML error names the line and the key.
+        let mut msg = format!("invalid market-data configuration: {e}");
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            src = s.source();
+        }
+        Fail::owned(RocebusStatus::Config, msg)
+    })
 }
 
 fn md_config(text: &str, out: *mut *mut RocebusMdConfig) -> Result<c_int, Fail> {

@@ -32,6 +32,7 @@ const CONFIG_SOURCES: &[&str] = &[
     "order-gateway/src/journal.rs",
     "order-gateway/src/fix/session/mod.rs",
     "bench/src/demo/config.rs",
+    "engine/src/config.rs",
 ];
 
 /// Width clap wraps help at: fixed so the output does not depend on the terminal.
@@ -384,6 +385,7 @@ mod tests {
             "order-gateway/src",
             "bench/src",
             "cli/src",
+            "engine/src",
         ] {
             let mut stack = vec![root.join(dir)];
             while let Some(d) = stack.pop() {

@@ -627,6 +627,34 @@ impl McastConfig {
         (self.channels.len() * 256 * slot) as u64
     }
 
+    /// Parses and validates the market-data part of a service's configuration, the way a
+    /// subscriber reads the publisher's file so both sides agree on channels, groups,
+    /// recovery and the secret: its `[market_data]` table (the feed handler's configuration),
+    /// or the whole text when it has none (a bare file such as `configs/md.toml`). A
+    /// top-level `[rdma]` table applies in either case.
+    pub fn from_service_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let mut table: toml::Table = toml::from_str(text).map_err(ConfigError::Parse)?;
+        let Some(md) = table.remove("market_data") else {
+            return Self::from_toml_str(text);
+        };
+        let mut cfg = Self::from_value(md).map_err(ConfigError::Parse)?;
+        if let Some(rdma) = table.remove("rdma") {
+            cfg.rdma = rdma.try_into().map_err(ConfigError::Parse)?;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// [`from_service_toml_str`](Self::from_service_toml_str) of the file at `path`.
+    pub fn load_from_service(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_service_toml_str(&text)
+    }
+
     /// Reads, parses and validates a TOML file.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();
@@ -1002,6 +1030,42 @@ line_a = "ff15::1"
 port = 5002
 qkey = 0x11111111
 "#;
+
+    /// A subscriber reads the publisher's service file: its `[market_data]` table, with the
+    /// file's top-level `[rdma]`; a bare market-data file the same way; an error inside the
+    /// table names its key.
+    #[test]
+    fn a_services_file_gives_its_market_data_table() {
+        let mut nested = String::from(
+            "[feed]\ngroup = \"239.1.1.1:1\"\n[rdma]\ntraffic_class = 104\n[market_data]\n",
+        );
+        for line in FULL.lines() {
+            let line = match (line.strip_prefix("[["), line.strip_prefix('[')) {
+                (Some(t), _) => format!("[[market_data.{t}"),
+                (None, Some(t)) => format!("[market_data.{t}"),
+                _ => line.to_string(),
+            };
+            nested.push_str(&line);
+            nested.push('\n');
+        }
+        let cfg = McastConfig::from_service_toml_str(&nested).unwrap();
+        assert_eq!(
+            cfg,
+            McastConfig {
+                rdma: cfg.rdma,
+                ..McastConfig::from_toml_str(FULL).unwrap()
+            }
+        );
+        assert_eq!(cfg.rdma.traffic_class, 104);
+        let bare = format!("{FULL}\n[rdma]\ntraffic_class = 104\n");
+        assert_eq!(McastConfig::from_service_toml_str(&bare).unwrap(), cfg);
+        let bad = nested.replace("history_depth = 8192", "history_dpth = 8192");
+        let e = McastConfig::from_service_toml_str(&bad).unwrap_err();
+        let why = std::error::Error::source(&e)
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        assert!(why.contains("history_dpth"), "{e}: {why}");
+    }
 
     #[test]
     fn parses_full_config() {
