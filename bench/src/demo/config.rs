@@ -98,8 +98,9 @@ pub struct MarketDataConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
 pub enum Transport {
-    /// The rocebus UD multicast bus (`McastSubscriber`): gap recovery and snapshots, any
-    /// host on the fabric.
+    /// The rocebus bus (`MdSubscriber`): on the transport each channel of the feed
+    /// handler's configuration names (UD multicast or RC fan-out), with gap recovery and
+    /// snapshots, any host on the fabric.
     #[default]
     Rdma,
     /// The feed handler's shared-memory streams (`rocebus::ipc`, its `publish.ipc_stream`):

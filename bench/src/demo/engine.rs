@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use rocebus::counters::{counters_path, default_dir, Counter, CountersFile, Kind};
 use rocebus::idle::{pin_current_thread, Idler};
-use rocebus::mcast::McastSubscriber;
+use rocebus::mcast::MdSubscriber;
 use rocebus::orders::OfferError;
 use rocebus::rdma_settings::export::RdmaCountersExport;
 use rocebus::verbs::RcOptions;
@@ -161,7 +161,7 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
                 let s = retry(
                     &format!("subscribe to market-data channel {ch} (publisher {publisher})"),
                     connect_timeout,
-                    || McastSubscriber::connect(&md_cfg, ch, local, publisher),
+                    || MdSubscriber::connect(&md_cfg, ch, local, publisher),
                 )?;
                 subs.push(s);
             }

@@ -12,7 +12,7 @@ use feed_handler::ipcsink::MSG_TYPE;
 use rocebus::counters::{Counter, CountersFile, Kind};
 use rocebus::ipc::{IpcEvent, IpcSubscriber};
 use rocebus::mcast::net::SubscriberCountersExport;
-use rocebus::mcast::{Event, Handler, McastSubscriber};
+use rocebus::mcast::{Event, Handler, MdSubscriber};
 
 use super::config::IpcSource;
 use super::md::{BusCounts, MdView};
@@ -113,7 +113,7 @@ impl IpcChannel {
 #[derive(Debug)]
 pub(super) enum MdSubscribers {
     /// The UD multicast bus.
-    Rdma(Vec<McastSubscriber>),
+    Rdma(Vec<MdSubscriber>),
     /// The feed handler's shared-memory streams.
     Ipc(Vec<IpcChannel>),
 }
@@ -129,7 +129,7 @@ impl MdSubscribers {
 
     /// Shared memory only: waits until every stream is joined (the feed handler creates
     /// them at its start), so the engine is subscribed before it says it is ready, as it is
-    /// once `McastSubscriber::connect` returns on the bus.
+    /// once `MdSubscriber::connect` returns on the bus.
     pub(super) fn wait_connected(&mut self, timeout: Duration) -> anyhow::Result<()> {
         let MdSubscribers::Ipc(chans) = self else {
             return Ok(());
