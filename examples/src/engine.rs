@@ -166,7 +166,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .0
                 .get_mut(&symbol)
                 .expect("traded symbol");
-            if sent.len() - no_reference >= target || !q.fresh || q.halted || q.bid == 0 {
+            if sent.len() - no_reference >= target
+                || !q.fresh
+                || q.halted
+                || q.bid == 0
+                || q.ask == 0
+            {
                 continue;
             }
             q.fresh = false;
