@@ -568,6 +568,11 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     /// Run checkpoint jobs in line, this many flushes after the cut (the simulator and
     /// tests: deterministic), instead of on a thread of their own (`None`).
     checkpoint_inline: Option<u32>,
+    /// In line: flushes between the writer's answer and the switch (records appended
+    /// meanwhile are the switch's to copy).
+    switch_delay: u32,
+    /// How far the writer catches up with the segment before it answers.
+    catch_up: crate::journal::CatchUp,
 }
 
 /// A checkpoint between its cut and its switch.
@@ -577,6 +582,9 @@ enum InFlight {
     Inline(Box<CheckpointJob>, u32),
     /// Running on its own thread.
     Thread(WriterThread),
+    /// Written and caught up (in line), to be switched to once this many more flushes have
+    /// passed.
+    Ready(Box<Written>, u32),
 }
 
 /// A checkpoint writer thread and where its answer arrives. Dropped (the driver dropped with
@@ -623,6 +631,12 @@ pub struct SegmentStats {
     /// Wall time the checkpoint writer took for the last checkpoint (off the service
     /// thread), nanoseconds.
     pub last_build_ns: u64,
+    /// Bytes of records appended after the last cut that the writer copied into the new
+    /// segment (off the service thread).
+    pub last_caught_up_bytes: u64,
+    /// Bytes of records the last switch copied on the service thread (what the writer had
+    /// not caught up with).
+    pub last_switch_copied_bytes: u64,
 }
 
 fn thread_cpu_ns() -> u64 {
@@ -740,6 +754,8 @@ impl<L: VenueLink> FixDriver<L> {
             clock: Now::read,
             checkpoint: None,
             checkpoint_inline: None,
+            switch_delay: 0,
+            catch_up: crate::journal::CatchUp::default(),
         };
         // Requests whose order message the journal lost with a torn last write never went
         // out: answered now (and journaled), before anything else happens.
@@ -1218,6 +1234,18 @@ impl<L: VenueLink> FixDriver<L> {
         self.checkpoint_inline = inline;
     }
 
+    /// In line ([`set_checkpoint_inline`](Self::set_checkpoint_inline)): switches to the
+    /// writer's segment this many flushes after it answered (0: at once), so the switch
+    /// has records of its own to copy, as behind a writer thread.
+    pub fn set_switch_delay(&mut self, flushes: u32) {
+        self.switch_delay = flushes;
+    }
+
+    /// How far the checkpoint writer catches up with the segment before the switch.
+    pub fn set_catch_up(&mut self, how: crate::journal::CatchUp) {
+        self.catch_up = how;
+    }
+
     /// Whether a checkpoint is in flight (cut journaled, switch not done yet).
     pub fn checkpoint_in_flight(&self) -> bool {
         self.checkpoint.is_some()
@@ -1249,6 +1277,8 @@ impl<L: VenueLink> FixDriver<L> {
             cut: at,
             session: self.rebuild.session.clone(),
             risk: self.rebuild.risk.clone(),
+            appended: self.journal.appended(),
+            catch_up: self.catch_up,
         };
         self.checkpoint = Some(if let Some(delay) = self.checkpoint_inline {
             InFlight::Inline(Box::new(job), delay)
@@ -1288,7 +1318,18 @@ impl<L: VenueLink> FixDriver<L> {
                 self.checkpoint = Some(InFlight::Inline(job, delay - 1));
                 return None;
             }
-            InFlight::Inline(job, _) => job.run(self.journal.faults_mut()),
+            InFlight::Inline(job, _) => match job.run(self.journal.faults_mut()) {
+                Ok(w) if self.switch_delay > 0 && !wait => {
+                    self.checkpoint = Some(InFlight::Ready(Box::new(w), self.switch_delay - 1));
+                    return None;
+                }
+                r => r,
+            },
+            InFlight::Ready(w, delay) if delay > 0 && !wait => {
+                self.checkpoint = Some(InFlight::Ready(w, delay - 1));
+                return None;
+            }
+            InFlight::Ready(w, _) => Ok(*w),
             InFlight::Thread(t) => {
                 let r = if wait {
                     t.rx.recv().unwrap_or(Err(WriterError::Gone))
@@ -1308,15 +1349,21 @@ impl<L: VenueLink> FixDriver<L> {
         };
         let t0 = Instant::now();
         let cpu0 = thread_cpu_ns();
+        if let Err(WriterError::Journal(JournalError::SyncCurrent(_))) = &written {
+            // The writer's fdatasync of this segment failed: the kernel may have dropped
+            // dirty pages of it, which the journal's next sync would then claim unwritten.
+            self.journal.distrust_unsynced();
+        }
         let result = written.and_then(|w| {
-            let (bytes, took) = (w.checkpoint_bytes, w.took_ns);
-            let archive =
-                self.journal
-                    .rotate_prepared(&self.rebuild.path, w.prepared, w.cut_end)?;
-            Ok((archive, bytes, took))
+            let (bytes, took, caught_up) = (w.checkpoint_bytes, w.took_ns, w.caught_up);
+            let switched = self
+                .journal
+                .rotate_prepared(&self.rebuild.path, w.prepared)?;
+            Ok((switched, bytes, took, caught_up))
         });
         Some(match result {
-            Ok((archive, bytes, took)) => {
+            Ok((switched, bytes, took, caught_up)) => {
+                let archive = switched.archive;
                 self.health.handle_rotation(true, self.turn.mono);
                 if self.journal.dir_sync_pending() {
                     tracing::warn!(
@@ -1330,6 +1377,8 @@ impl<L: VenueLink> FixDriver<L> {
                 s.rotations += 1;
                 s.last_checkpoint_bytes = bytes;
                 s.last_build_ns = took;
+                s.last_caught_up_bytes = caught_up;
+                s.last_switch_copied_bytes = switched.copied;
                 s.last_switch_ns = t0.elapsed().as_nanos() as u64;
                 s.last_switch_cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
                 (s.last_rotation_ns, s.last_rotation_cpu_ns) = if s.last_switch_ns >= s.last_cut_ns
@@ -1344,6 +1393,8 @@ impl<L: VenueLink> FixDriver<L> {
                     built_us = took / 1000,
                     cut_us = s.last_cut_ns / 1000,
                     switch_us = s.last_switch_ns / 1000,
+                    caught_up_bytes = caught_up,
+                    switch_copied_bytes = switched.copied,
                     open_orders = self.gw.open_order_count(),
                     "journal: new segment started from a checkpoint"
                 );
