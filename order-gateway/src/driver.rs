@@ -1824,16 +1824,25 @@ mod tests {
     }
 
     /// EIO on each file operation of a checkpoint in turn (the cut's append, the writer's
-    /// write and sync of `FILE.next`, the switch's seal, write, sync, link, rename and
-    /// directory sync): the driver goes on, the day is whole at a restart, and once the
-    /// disk works a later attempt starts the segment.
+    /// write of `FILE.next`, its catch-up's writes, its fdatasync of the live segment and
+    /// its sync of `FILE.next`, the switch's seal, write, sync, link, rename and directory
+    /// sync), with the switch at the writer's flush and one flush later (records of its
+    /// own to copy): the driver goes on, the day is whole at a restart, and once the disk
+    /// works a later attempt starts the segment.
     #[test]
     fn eio_on_each_step_of_a_checkpoint_loses_nothing() {
+        for delay in [0, 1] {
+            eio_on_each_step_with_switch_delay(delay);
+        }
+    }
+
+    fn eio_on_each_step_with_switch_delay(delay: u32) {
         let mut n = 0;
         loop {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("gw.journal");
             let mut d = segmented(&path);
+            d.set_switch_delay(delay);
             let seen = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
             d.set_storage_faults(
                 Some(Box::new(FailNth {
@@ -1876,6 +1885,208 @@ mod tests {
             n += 1;
         }
         assert!(n > 10, "only {n} operations in two checkpointed batches");
+    }
+
+    /// Engine 1's orders `from..to`, staged as one batch and flushed; whether the flush
+    /// acknowledged them (a crash or a fault may fail it).
+    fn orders(d: &mut FixDriver, from: u64, to: u64) -> bool {
+        for n in from..to {
+            let m = crate::proto::NewOrder::new(
+                n,
+                7,
+                crate::proto::Symbol::new("AAPL").unwrap(),
+                crate::proto::Side::Buy,
+                10,
+                100,
+                crate::proto::TimeInForce::Day,
+            );
+            d.stage_engine_message(1, zerocopy::IntoBytes::as_bytes(&m), Wall::now());
+        }
+        let journal_failures = d.journal_failures;
+        d.flush_with(|_, _| {}).is_ok() && d.journal_failures == journal_failures
+    }
+
+    /// Issue 40: the records appended while the writer works are copied by the writer, off
+    /// the service thread, until at most its slack is left; the switch copies only what was
+    /// appended after the writer answered. Here 400 orders (about 100 KiB of records) land
+    /// between the cut and the writer's run, then 3 between its answer and the switch:
+    /// the switch copies those 3 orders' records, and the new segment restores the day.
+    #[test]
+    fn the_switch_copies_only_what_the_writer_had_not_caught_up_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        d.set_checkpoint_inline(Some(2));
+        d.set_switch_delay(1);
+        d.set_catch_up(crate::journal::CatchUp {
+            slack: 0,
+            max_rounds: 64,
+        });
+        assert!(orders(&mut d, 1, 2));
+        assert!(
+            d.checkpoint_in_flight(),
+            "the flush past the segment size cuts"
+        );
+        let before = d.journal.len();
+        assert!(orders(&mut d, 2, 202));
+        assert!(orders(&mut d, 202, 402));
+        let appended_before_writer = d.journal.len() - before;
+        assert!(appended_before_writer > 50_000);
+        // The writer runs at this flush (after its batch is appended) and catches up.
+        assert!(orders(&mut d, 402, 403));
+        assert!(d.checkpoint_in_flight());
+        let len_at_answer = d.journal.len();
+        // This batch is appended after the writer answered; the switch follows it.
+        assert!(orders(&mut d, 403, 406));
+        assert!(!d.checkpoint_in_flight());
+        let s = d.segment_stats();
+        assert_eq!(s.rotations, 1);
+        assert!(
+            s.last_caught_up_bytes >= appended_before_writer * 9 / 10,
+            "the writer copied {} bytes of {appended_before_writer}",
+            s.last_caught_up_bytes
+        );
+        assert!(
+            s.last_switch_copied_bytes > 0 && s.last_switch_copied_bytes < 2_000,
+            "the switch copied {} bytes (the writer answered at {len_at_answer})",
+            s.last_switch_copied_bytes
+        );
+        assert!(crate::journal::verify(&path).unwrap().damage.is_none());
+        assert_eq!(
+            d.gateway().last_response_seq(1),
+            405,
+            "every order answered"
+        );
+        assert_restart_is_live(d, &path);
+    }
+
+    /// Issue 40: a crash inside each sync of a checkpoint's second half in turn (the
+    /// batches' syncs and claims, the writer's fdatasync of the live segment and of
+    /// `FILE.next`, the seal's two, the new segment's, the directory's), on the simulator's
+    /// disk, then a power loss: the journal opens, every acknowledged order is there, and a
+    /// batch that was not acknowledged is there whole or not at all.
+    #[test]
+    fn a_crash_inside_each_sync_of_the_catch_up_and_switch_restarts_to_the_same_day() {
+        use crate::journal::Storage;
+        use crate::simulator::disk::SimDisk;
+        use std::sync::Arc;
+        let (risk, session) = (
+            crate::gateway::tests::risk(),
+            crate::gateway::tests::session(),
+        );
+        let path = Path::new("/sim/gw.journal");
+        let open = |fs: &Arc<dyn Storage>| {
+            FixDriver::with_link_in(
+                fs.clone(),
+                TcpLink::new("127.0.0.1:9"),
+                session.clone(),
+                &risk,
+                path,
+                FsyncPolicy::Group,
+            )
+        };
+        let mut switched_after = 0;
+        for power_loss in [false, true] {
+            for nth in 0..14 {
+                let disk = SimDisk::new(40 + nth as u64);
+                let fs: Arc<dyn Storage> = Arc::new(disk.clone());
+                let mut d = open(&fs).unwrap();
+                d.set_segment_bytes(1);
+                d.set_checkpoint_inline(Some(0));
+                d.set_switch_delay(1);
+                assert!(orders(&mut d, 1, 2));
+                assert!(d.checkpoint_in_flight());
+                disk.arm_crash(nth);
+                // The writer runs at the first of these flushes, the switch at the second.
+                let mut acked = 1;
+                let mut maybe = 0;
+                for (from, to) in [(2, 12), (12, 22), (22, 32)] {
+                    if orders(&mut d, from, to) {
+                        acked = to - 1;
+                    } else {
+                        maybe = to - from;
+                        break;
+                    }
+                }
+                if maybe == 0 {
+                    switched_after += 1;
+                }
+                drop(d);
+                disk.kill();
+                if power_loss {
+                    disk.power_loss(None);
+                }
+                let back = open(&fs).unwrap_or_else(|e| panic!("crash at sync {nth}: {e}"));
+                // One response per order: the orders whose requests the day holds.
+                let kept = u64::from(back.gateway().last_response_seq(1));
+                assert!(
+                    kept == acked || kept == acked + maybe,
+                    "crash at sync {nth} (power loss {power_loss}): {kept} orders kept, \
+                     {acked} acknowledged, {maybe} not"
+                );
+            }
+        }
+        assert!(switched_after > 0, "no crash came after the switch");
+    }
+
+    /// Issue 40: the writer's fdatasync of the live segment fails (simulator disk: the
+    /// kernel drops the dirty pages it could not write, marked clean or evicted). The
+    /// journal's own next sync would succeed and claim pages that never reached the disk;
+    /// the journal re-checks what it had not synced first (`distrust_unsynced`), so a
+    /// sync that succeeds after it vouches only for bytes that are there, and a power loss
+    /// after it leaves a journal that opens with every order the sync vouched for (without
+    /// the re-check, an evicted page is vouched for and the restart refuses the journal).
+    #[test]
+    fn a_failed_writer_fsync_of_the_live_segment_is_not_trusted_by_the_next_sync() {
+        use crate::journal::{Storage, StorageOp};
+        use crate::simulator::disk::SimDisk;
+        use std::sync::Arc;
+        let (risk, session) = (
+            crate::gateway::tests::risk(),
+            crate::gateway::tests::session(),
+        );
+        let path = Path::new("/sim/gw.journal");
+        let open = |fs: &Arc<dyn Storage>| {
+            FixDriver::with_link_in(
+                fs.clone(),
+                TcpLink::new("127.0.0.1:9"),
+                session.clone(),
+                &risk,
+                path,
+                FsyncPolicy::Never,
+            )
+        };
+        let (mut synced, mut refused) = (0, 0);
+        for seed in 0..24 {
+            let disk = SimDisk::new(seed);
+            let fs: Arc<dyn Storage> = Arc::new(disk.clone());
+            let mut d = open(&fs).unwrap();
+            d.set_segment_bytes(1);
+            d.set_checkpoint_inline(Some(0));
+            d.set_switch_delay(1);
+            assert!(orders(&mut d, 1, 40));
+            assert!(d.checkpoint_in_flight());
+            disk.set_outage(Some((StorageOp::Fsync, false)));
+            // The writer runs after this batch: its fdatasync of the live segment fails.
+            assert!(orders(&mut d, 40, 80));
+            disk.set_outage(None);
+            assert_eq!(d.segment_stats().failures, 1, "seed {seed}");
+            let vouched = d.sync().is_ok();
+            drop(d);
+            disk.kill();
+            disk.power_loss(None);
+            if vouched {
+                synced += 1;
+                let back = open(&fs).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+                assert_eq!(back.gateway().last_response_seq(1), 79, "seed {seed}");
+            } else {
+                // Pages evicted: the journal refused to vouch for them (poisoned); what a
+                // restart then makes of the disk is the rule of any failed fsync.
+                refused += 1;
+            }
+        }
+        assert!(synced > 0, "no seed kept its pages cached");
+        assert!(refused > 0, "no seed evicted a page");
     }
 
     fn syn_dropping_listener() -> (rustix::fd::OwnedFd, SocketAddr, Vec<TcpStream>) {

@@ -3410,6 +3410,25 @@ mod tests {
         assert_eq!(read_all(&p).0, [0, 0]);
     }
 
+    /// The seal record's four bytes make its CRC any value asked for, after any `prev`,
+    /// and it decodes as an intact `META` record: the old segment's chain ends where the
+    /// next segment, written before the seal, starts.
+    #[test]
+    fn a_seal_record_ends_the_chain_at_the_value_asked_for() {
+        let mut x = 0x1234_5678u32;
+        for i in 0..10_000u32 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let (prev, target) = (x, x.rotate_left(7) ^ i);
+            let rec = seal_record(prev, target);
+            assert_eq!(crc32fast::hash(&rec[8..]), target);
+            assert_eq!(chain_of(&rec, prev), Some(target));
+            let (kind, payload, n) = decode_record(&rec).unwrap();
+            assert_eq!((kind, payload[0], n), (META, META_SEAL, SEAL_LEN));
+        }
+    }
+
     #[test]
     fn decode_never_panics_on_garbage() {
         let mut buf = Vec::new();
