@@ -552,7 +552,10 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     segments: SegmentStats,
     /// A venue connect is under way (the Logon goes out when it completes).
     opening: bool,
-    /// Journal length when this segment was opened or started.
+    /// Where this segment's own records start: its length when it was opened, or the end
+    /// of its checkpoint when a switch started it (the records copied after the checkpoint
+    /// count toward `segment_bytes`, so a segment stays near it however far the writer
+    /// lagged: the next cut comes as soon as the copies alone reach it).
     segment_start: u64,
     /// Engine responses produced by operator commands, delivered at the next flush.
     held: Vec<(EngineId, Response)>,
@@ -1372,7 +1375,7 @@ impl<L: VenueLink> FixDriver<L> {
                          synced; synced appends retry that and fail (degraded) until it works"
                     );
                 }
-                self.segment_start = self.journal.len();
+                self.segment_start = crate::journal::HEADER_LEN + bytes;
                 let s = &mut self.segments;
                 s.rotations += 1;
                 s.last_checkpoint_bytes = bytes;
@@ -1958,6 +1961,37 @@ mod tests {
             "every order answered"
         );
         assert_restart_is_live(d, &path);
+    }
+
+    /// Issue 40: the records copied behind a checkpoint count toward the segment's size. A
+    /// writer that lagged (here: 200 orders, about 50 KiB, appended between the cut and
+    /// the switch, with 16 KiB segments) leaves a new segment already past its size, and
+    /// the next flush cuts again; counted from the switch instead, the segment would grow
+    /// another `segment_bytes` on top of the copies (the 276.8 MiB last segment of 64 MiB
+    /// ones under the restart bench).
+    #[test]
+    fn the_records_copied_behind_a_checkpoint_count_toward_the_segment_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        d.set_segment_bytes(16 << 10);
+        d.set_checkpoint_inline(Some(1));
+        let mut n = 1;
+        while !d.checkpoint_in_flight() {
+            assert!(orders(&mut d, n, n + 10));
+            n += 10;
+        }
+        assert!(orders(&mut d, n, n + 200));
+        assert!(orders(&mut d, n + 200, n + 201));
+        assert!(!d.checkpoint_in_flight());
+        assert_eq!(d.segment_stats().rotations, 1);
+        assert!(d.segment_stats().last_caught_up_bytes > 16 << 10);
+        // The next flush cuts: the copies alone are past the segment size.
+        assert!(orders(&mut d, n + 201, n + 202));
+        assert!(
+            d.checkpoint_in_flight(),
+            "the copied records were not counted"
+        );
     }
 
     /// Issue 40: a crash inside each sync of a checkpoint's second half in turn (the
