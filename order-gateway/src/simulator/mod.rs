@@ -1628,7 +1628,7 @@ impl World {
         d.set_checkpoint_inline(Some(3));
         // The switch at the writer's flush or the next one: records of its own to copy
         // behind what the writer caught up with (issue 40), as behind a writer thread.
-        let delay = (self.report.restarts % 2) as u32;
+        let delay = self.report.restarts % 2;
         let d = self.driver();
         d.set_switch_delay(delay);
         d.stage(|gw, _| {
