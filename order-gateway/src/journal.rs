@@ -2454,10 +2454,12 @@ pub fn catch_up_in(
                     return Ok(());
                 }
                 rounds += 1;
-                copy_round(&*live, prepared, upto, faults.as_deref_mut()).map_err(|e| match e {
-                    JournalError::Append(s) => rotate_err(s),
-                    e => e,
-                })?;
+                copy_round(&*live, path, prepared, upto, faults.as_deref_mut()).map_err(
+                    |e| match e {
+                        JournalError::Append(s) => rotate_err(s),
+                        e => e,
+                    },
+                )?;
             }
         };
         round(&mut faults)?;
@@ -2482,6 +2484,7 @@ pub fn catch_up_in(
 /// chunks of at most 4 MiB (a record longer than that in one read of its own).
 fn copy_round(
     live: &dyn StorageFile,
+    path: &Path,
     prepared: &mut PreparedSegment,
     upto: u64,
     mut faults: Option<&mut (dyn StorageFaults + 'static)>,
@@ -2521,7 +2524,7 @@ fn copy_round(
         let live_chain =
             copy_records(&buf[..whole], prepared.copied_chain, &mut out).ok_or_else(|| {
                 JournalError::Damaged {
-                    path: PathBuf::from("(current segment)"),
+                    path: path.to_owned(),
                     offset: from,
                     what: "the records after the checkpoint cut do not read back as appended",
                     next_intact: None,
