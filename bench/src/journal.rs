@@ -494,6 +494,9 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
     // The two service-thread holds of a rotation (cut, switch: wall, CPU) and the writer's
     // time off the service thread.
     let (mut cut, mut switch, mut build) = ((0u64, 0u64), (0u64, 0u64), 0u64);
+    // Bytes of records after a cut: the most the writer copied (off the service thread),
+    // the most a switch copied (on it).
+    let (mut caught_up, mut switch_copied) = (0u64, 0u64);
     let mut rotations = 0;
     // The longest service turn (`poll_with`) while a checkpoint was in flight.
     let mut worst_turn = Duration::ZERO;
@@ -511,6 +514,8 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
             cut = cut.max((seg.last_cut_ns, seg.last_cut_cpu_ns));
             switch = switch.max((seg.last_switch_ns, seg.last_switch_cpu_ns));
             build = build.max(seg.last_build_ns);
+            caught_up = caught_up.max(seg.last_caught_up_bytes);
+            switch_copied = switch_copied.max(seg.last_switch_copied_bytes);
         }
         if rig.sent >= next_report {
             eprintln!(
@@ -551,6 +556,11 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
             switch.0 as f64 / 1e6,
             switch.1 as f64 / 1e6,
             build as f64 / 1e6
+        );
+        println!(
+            "  records after a cut: the writer copied up to {:.1} MiB, a switch up to {:.1} KiB",
+            caught_up as f64 / (1 << 20) as f64,
+            switch_copied as f64 / 1024.0
         );
         println!(
             "  longest service turn while a checkpoint was in flight: {:.2} ms (goal: 1 ms)",

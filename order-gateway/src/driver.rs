@@ -552,7 +552,10 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     segments: SegmentStats,
     /// A venue connect is under way (the Logon goes out when it completes).
     opening: bool,
-    /// Journal length when this segment was opened or started.
+    /// Where this segment's own records start: its length when it was opened, or the end
+    /// of its checkpoint when a switch started it (the records copied after the checkpoint
+    /// count toward `segment_bytes`, so a segment stays near it however far the writer
+    /// lagged: the next cut comes as soon as the copies alone reach it).
     segment_start: u64,
     /// Engine responses produced by operator commands, delivered at the next flush.
     held: Vec<(EngineId, Response)>,
@@ -568,6 +571,11 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     /// Run checkpoint jobs in line, this many flushes after the cut (the simulator and
     /// tests: deterministic), instead of on a thread of their own (`None`).
     checkpoint_inline: Option<u32>,
+    /// In line: flushes between the writer's answer and the switch (records appended
+    /// meanwhile are the switch's to copy).
+    switch_delay: u32,
+    /// How far the writer catches up with the segment before it answers.
+    catch_up: crate::journal::CatchUp,
 }
 
 /// A checkpoint between its cut and its switch.
@@ -577,6 +585,9 @@ enum InFlight {
     Inline(Box<CheckpointJob>, u32),
     /// Running on its own thread.
     Thread(WriterThread),
+    /// Written and caught up (in line), to be switched to once this many more flushes have
+    /// passed.
+    Ready(Box<Written>, u32),
 }
 
 /// A checkpoint writer thread and where its answer arrives. Dropped (the driver dropped with
@@ -623,6 +634,12 @@ pub struct SegmentStats {
     /// Wall time the checkpoint writer took for the last checkpoint (off the service
     /// thread), nanoseconds.
     pub last_build_ns: u64,
+    /// Bytes of records appended after the last cut that the writer copied into the new
+    /// segment (off the service thread).
+    pub last_caught_up_bytes: u64,
+    /// Bytes of records the last switch copied on the service thread (what the writer had
+    /// not caught up with).
+    pub last_switch_copied_bytes: u64,
 }
 
 fn thread_cpu_ns() -> u64 {
@@ -740,6 +757,8 @@ impl<L: VenueLink> FixDriver<L> {
             clock: Now::read,
             checkpoint: None,
             checkpoint_inline: None,
+            switch_delay: 0,
+            catch_up: crate::journal::CatchUp::default(),
         };
         // Requests whose order message the journal lost with a torn last write never went
         // out: answered now (and journaled), before anything else happens.
@@ -1218,6 +1237,18 @@ impl<L: VenueLink> FixDriver<L> {
         self.checkpoint_inline = inline;
     }
 
+    /// In line ([`set_checkpoint_inline`](Self::set_checkpoint_inline)): switches to the
+    /// writer's segment this many flushes after it answered (0: at once), so the switch
+    /// has records of its own to copy, as behind a writer thread.
+    pub fn set_switch_delay(&mut self, flushes: u32) {
+        self.switch_delay = flushes;
+    }
+
+    /// How far the checkpoint writer catches up with the segment before the switch.
+    pub fn set_catch_up(&mut self, how: crate::journal::CatchUp) {
+        self.catch_up = how;
+    }
+
     /// Whether a checkpoint is in flight (cut journaled, switch not done yet).
     pub fn checkpoint_in_flight(&self) -> bool {
         self.checkpoint.is_some()
@@ -1249,6 +1280,8 @@ impl<L: VenueLink> FixDriver<L> {
             cut: at,
             session: self.rebuild.session.clone(),
             risk: self.rebuild.risk.clone(),
+            appended: self.journal.appended(),
+            catch_up: self.catch_up,
         };
         self.checkpoint = Some(if let Some(delay) = self.checkpoint_inline {
             InFlight::Inline(Box::new(job), delay)
@@ -1288,7 +1321,18 @@ impl<L: VenueLink> FixDriver<L> {
                 self.checkpoint = Some(InFlight::Inline(job, delay - 1));
                 return None;
             }
-            InFlight::Inline(job, _) => job.run(self.journal.faults_mut()),
+            InFlight::Inline(job, _) => match job.run(self.journal.faults_mut()) {
+                Ok(w) if self.switch_delay > 0 && !wait => {
+                    self.checkpoint = Some(InFlight::Ready(Box::new(w), self.switch_delay - 1));
+                    return None;
+                }
+                r => r,
+            },
+            InFlight::Ready(w, delay) if delay > 0 && !wait => {
+                self.checkpoint = Some(InFlight::Ready(w, delay - 1));
+                return None;
+            }
+            InFlight::Ready(w, _) => Ok(*w),
             InFlight::Thread(t) => {
                 let r = if wait {
                     t.rx.recv().unwrap_or(Err(WriterError::Gone))
@@ -1308,15 +1352,21 @@ impl<L: VenueLink> FixDriver<L> {
         };
         let t0 = Instant::now();
         let cpu0 = thread_cpu_ns();
+        if let Err(WriterError::Journal(JournalError::SyncCurrent(_))) = &written {
+            // The writer's fdatasync of this segment failed: the kernel may have dropped
+            // dirty pages of it, which the journal's next sync would then claim unwritten.
+            self.journal.distrust_unsynced();
+        }
         let result = written.and_then(|w| {
-            let (bytes, took) = (w.checkpoint_bytes, w.took_ns);
-            let archive =
-                self.journal
-                    .rotate_prepared(&self.rebuild.path, w.prepared, w.cut_end)?;
-            Ok((archive, bytes, took))
+            let (bytes, took, caught_up) = (w.checkpoint_bytes, w.took_ns, w.caught_up);
+            let switched = self
+                .journal
+                .rotate_prepared(&self.rebuild.path, w.prepared)?;
+            Ok((switched, bytes, took, caught_up))
         });
         Some(match result {
-            Ok((archive, bytes, took)) => {
+            Ok((switched, bytes, took, caught_up)) => {
+                let archive = switched.archive;
                 self.health.handle_rotation(true, self.turn.mono);
                 if self.journal.dir_sync_pending() {
                     tracing::warn!(
@@ -1325,11 +1375,13 @@ impl<L: VenueLink> FixDriver<L> {
                          synced; synced appends retry that and fail (degraded) until it works"
                     );
                 }
-                self.segment_start = self.journal.len();
+                self.segment_start = crate::journal::HEADER_LEN + bytes;
                 let s = &mut self.segments;
                 s.rotations += 1;
                 s.last_checkpoint_bytes = bytes;
                 s.last_build_ns = took;
+                s.last_caught_up_bytes = caught_up;
+                s.last_switch_copied_bytes = switched.copied;
                 s.last_switch_ns = t0.elapsed().as_nanos() as u64;
                 s.last_switch_cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
                 (s.last_rotation_ns, s.last_rotation_cpu_ns) = if s.last_switch_ns >= s.last_cut_ns
@@ -1344,6 +1396,8 @@ impl<L: VenueLink> FixDriver<L> {
                     built_us = took / 1000,
                     cut_us = s.last_cut_ns / 1000,
                     switch_us = s.last_switch_ns / 1000,
+                    caught_up_bytes = caught_up,
+                    switch_copied_bytes = switched.copied,
                     open_orders = self.gw.open_order_count(),
                     "journal: new segment started from a checkpoint"
                 );
@@ -1773,16 +1827,25 @@ mod tests {
     }
 
     /// EIO on each file operation of a checkpoint in turn (the cut's append, the writer's
-    /// write and sync of `FILE.next`, the switch's seal, write, sync, link, rename and
-    /// directory sync): the driver goes on, the day is whole at a restart, and once the
-    /// disk works a later attempt starts the segment.
+    /// write of `FILE.next`, its catch-up's writes, its fdatasync of the live segment and
+    /// its sync of `FILE.next`, the switch's seal, write, sync, link, rename and directory
+    /// sync), with the switch at the writer's flush and one flush later (records of its
+    /// own to copy): the driver goes on, the day is whole at a restart, and once the disk
+    /// works a later attempt starts the segment.
     #[test]
     fn eio_on_each_step_of_a_checkpoint_loses_nothing() {
+        for delay in [0, 1] {
+            eio_on_each_step_with_switch_delay(delay);
+        }
+    }
+
+    fn eio_on_each_step_with_switch_delay(delay: u32) {
         let mut n = 0;
         loop {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("gw.journal");
             let mut d = segmented(&path);
+            d.set_switch_delay(delay);
             let seen = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
             d.set_storage_faults(
                 Some(Box::new(FailNth {
@@ -1825,6 +1888,239 @@ mod tests {
             n += 1;
         }
         assert!(n > 10, "only {n} operations in two checkpointed batches");
+    }
+
+    /// Engine 1's orders `from..to`, staged as one batch and flushed; whether the flush
+    /// acknowledged them (a crash or a fault may fail it).
+    fn orders(d: &mut FixDriver, from: u64, to: u64) -> bool {
+        for n in from..to {
+            let m = crate::proto::NewOrder::new(
+                n,
+                7,
+                crate::proto::Symbol::new("AAPL").unwrap(),
+                crate::proto::Side::Buy,
+                10,
+                100,
+                crate::proto::TimeInForce::Day,
+            );
+            d.stage_engine_message(1, zerocopy::IntoBytes::as_bytes(&m), Wall::now());
+        }
+        let journal_failures = d.journal_failures;
+        d.flush_with(|_, _| {}).is_ok() && d.journal_failures == journal_failures
+    }
+
+    /// Issue 40: the records appended while the writer works are copied by the writer, off
+    /// the service thread, until at most its slack is left; the switch copies only what was
+    /// appended after the writer answered. Here 400 orders (about 100 KiB of records) land
+    /// between the cut and the writer's run, then 3 between its answer and the switch:
+    /// the switch copies those 3 orders' records, and the new segment restores the day.
+    #[test]
+    fn the_switch_copies_only_what_the_writer_had_not_caught_up_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        d.set_checkpoint_inline(Some(2));
+        d.set_switch_delay(1);
+        d.set_catch_up(crate::journal::CatchUp {
+            slack: 0,
+            max_rounds: 64,
+        });
+        assert!(orders(&mut d, 1, 2));
+        assert!(
+            d.checkpoint_in_flight(),
+            "the flush past the segment size cuts"
+        );
+        let before = d.journal.len();
+        assert!(orders(&mut d, 2, 202));
+        assert!(orders(&mut d, 202, 402));
+        let appended_before_writer = d.journal.len() - before;
+        assert!(appended_before_writer > 50_000);
+        // The writer runs at this flush (after its batch is appended) and catches up.
+        assert!(orders(&mut d, 402, 403));
+        assert!(d.checkpoint_in_flight());
+        let len_at_answer = d.journal.len();
+        // This batch is appended after the writer answered; the switch follows it.
+        assert!(orders(&mut d, 403, 406));
+        assert!(!d.checkpoint_in_flight());
+        let s = d.segment_stats();
+        assert_eq!(s.rotations, 1);
+        assert!(
+            s.last_caught_up_bytes >= appended_before_writer * 9 / 10,
+            "the writer copied {} bytes of {appended_before_writer}",
+            s.last_caught_up_bytes
+        );
+        assert!(
+            s.last_switch_copied_bytes > 0 && s.last_switch_copied_bytes < 2_000,
+            "the switch copied {} bytes (the writer answered at {len_at_answer})",
+            s.last_switch_copied_bytes
+        );
+        assert!(crate::journal::verify(&path).unwrap().damage.is_none());
+        assert_eq!(
+            d.gateway().last_response_seq(1),
+            405,
+            "every order answered"
+        );
+        assert_restart_is_live(d, &path);
+    }
+
+    /// Issue 40: the records copied behind a checkpoint count toward the segment's size. A
+    /// writer that lagged (here: 200 orders, about 50 KiB, appended between the cut and
+    /// the switch, with 16 KiB segments) leaves a new segment already past its size, and
+    /// the next flush cuts again; counted from the switch instead, the segment would grow
+    /// another `segment_bytes` on top of the copies (the 276.8 MiB last segment of 64 MiB
+    /// ones under the restart bench).
+    #[test]
+    fn the_records_copied_behind_a_checkpoint_count_toward_the_segment_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut d = segmented(&path);
+        d.set_segment_bytes(16 << 10);
+        d.set_checkpoint_inline(Some(1));
+        let mut n = 1;
+        while !d.checkpoint_in_flight() {
+            assert!(orders(&mut d, n, n + 10));
+            n += 10;
+        }
+        assert!(orders(&mut d, n, n + 200));
+        assert!(orders(&mut d, n + 200, n + 201));
+        assert!(!d.checkpoint_in_flight());
+        assert_eq!(d.segment_stats().rotations, 1);
+        assert!(d.segment_stats().last_caught_up_bytes > 16 << 10);
+        // The next flush cuts: the copies alone are past the segment size.
+        assert!(orders(&mut d, n + 201, n + 202));
+        assert!(
+            d.checkpoint_in_flight(),
+            "the copied records were not counted"
+        );
+    }
+
+    /// Issue 40: a crash inside each sync of a checkpoint's second half in turn (the
+    /// batches' syncs and claims, the writer's fdatasync of the live segment and of
+    /// `FILE.next`, the seal's two, the new segment's, the directory's), on the simulator's
+    /// disk, then a power loss: the journal opens, every acknowledged order is there, and a
+    /// batch that was not acknowledged is there whole or not at all.
+    #[test]
+    fn a_crash_inside_each_sync_of_the_catch_up_and_switch_restarts_to_the_same_day() {
+        use crate::journal::Storage;
+        use crate::simulator::disk::SimDisk;
+        use std::sync::Arc;
+        let (risk, session) = (
+            crate::gateway::tests::risk(),
+            crate::gateway::tests::session(),
+        );
+        let path = Path::new("/sim/gw.journal");
+        let open = |fs: &Arc<dyn Storage>| {
+            FixDriver::with_link_in(
+                fs.clone(),
+                TcpLink::new("127.0.0.1:9"),
+                session.clone(),
+                &risk,
+                path,
+                FsyncPolicy::Group,
+            )
+        };
+        let mut switched_after = 0;
+        for power_loss in [false, true] {
+            for nth in 0..14 {
+                let disk = SimDisk::new(40 + nth as u64);
+                let fs: Arc<dyn Storage> = Arc::new(disk.clone());
+                let mut d = open(&fs).unwrap();
+                d.set_segment_bytes(1);
+                d.set_checkpoint_inline(Some(0));
+                d.set_switch_delay(1);
+                assert!(orders(&mut d, 1, 2));
+                assert!(d.checkpoint_in_flight());
+                disk.arm_crash(nth);
+                // The writer runs at the first of these flushes, the switch at the second.
+                let mut acked = 1;
+                let mut maybe = 0;
+                for (from, to) in [(2, 12), (12, 22), (22, 32)] {
+                    if orders(&mut d, from, to) {
+                        acked = to - 1;
+                    } else {
+                        maybe = to - from;
+                        break;
+                    }
+                }
+                if maybe == 0 {
+                    switched_after += 1;
+                }
+                drop(d);
+                disk.kill();
+                if power_loss {
+                    disk.power_loss(None);
+                }
+                let back = open(&fs).unwrap_or_else(|e| panic!("crash at sync {nth}: {e}"));
+                // One response per order: the orders whose requests the day holds.
+                let kept = u64::from(back.gateway().last_response_seq(1));
+                assert!(
+                    kept == acked || kept == acked + maybe,
+                    "crash at sync {nth} (power loss {power_loss}): {kept} orders kept, \
+                     {acked} acknowledged, {maybe} not"
+                );
+            }
+        }
+        assert!(switched_after > 0, "no crash came after the switch");
+    }
+
+    /// Issue 40: the writer's fdatasync of the live segment fails (simulator disk: the
+    /// kernel drops the dirty pages it could not write, marked clean or evicted). The
+    /// journal's own next sync would succeed and claim pages that never reached the disk;
+    /// the journal re-checks what it had not synced first (`distrust_unsynced`), so a
+    /// sync that succeeds after it vouches only for bytes that are there, and a power loss
+    /// after it leaves a journal that opens with every order the sync vouched for (without
+    /// the re-check, an evicted page is vouched for and the restart refuses the journal).
+    #[test]
+    fn a_failed_writer_fsync_of_the_live_segment_is_not_trusted_by_the_next_sync() {
+        use crate::journal::{Storage, StorageOp};
+        use crate::simulator::disk::SimDisk;
+        use std::sync::Arc;
+        let (risk, session) = (
+            crate::gateway::tests::risk(),
+            crate::gateway::tests::session(),
+        );
+        let path = Path::new("/sim/gw.journal");
+        let open = |fs: &Arc<dyn Storage>| {
+            FixDriver::with_link_in(
+                fs.clone(),
+                TcpLink::new("127.0.0.1:9"),
+                session.clone(),
+                &risk,
+                path,
+                FsyncPolicy::Never,
+            )
+        };
+        let (mut synced, mut refused) = (0, 0);
+        for seed in 0..24 {
+            let disk = SimDisk::new(seed);
+            let fs: Arc<dyn Storage> = Arc::new(disk.clone());
+            let mut d = open(&fs).unwrap();
+            d.set_segment_bytes(1);
+            d.set_checkpoint_inline(Some(0));
+            d.set_switch_delay(1);
+            assert!(orders(&mut d, 1, 40));
+            assert!(d.checkpoint_in_flight());
+            disk.set_outage(Some((StorageOp::Fsync, false)));
+            // The writer runs after this batch: its fdatasync of the live segment fails.
+            assert!(orders(&mut d, 40, 80));
+            disk.set_outage(None);
+            assert_eq!(d.segment_stats().failures, 1, "seed {seed}");
+            let vouched = d.sync().is_ok();
+            drop(d);
+            disk.kill();
+            disk.power_loss(None);
+            if vouched {
+                synced += 1;
+                let back = open(&fs).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+                assert_eq!(back.gateway().last_response_seq(1), 79, "seed {seed}");
+            } else {
+                // Pages evicted: the journal refused to vouch for them (poisoned); what a
+                // restart then makes of the disk is the rule of any failed fsync.
+                refused += 1;
+            }
+        }
+        assert!(synced > 0, "no seed kept its pages cached");
+        assert!(refused > 0, "no seed evicted a page");
     }
 
     fn syn_dropping_listener() -> (rustix::fd::OwnedFd, SocketAddr, Vec<TcpStream>) {

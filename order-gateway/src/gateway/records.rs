@@ -159,6 +159,11 @@ pub fn describe(kind: u8, payload: &[u8]) -> Result<Vec<(&'static str, Field)>, 
                 "end",
                 int(u64::from_le_bytes(end.try_into().unwrap_or_default()).into()),
             )],
+            // A seal: four bytes that end the segment's chain where the next one starts.
+            [crate::journal::META_SEAL, fix @ ..] if fix.len() == 4 => vec![(
+                "seal",
+                int(u32::from_le_bytes(fix.try_into().unwrap_or_default()).into()),
+            )],
             _ => return Err(short()),
         },
         record::ENGINE_REQUEST | record::ENGINE_MALFORMED => {

@@ -223,7 +223,7 @@
 //! connection 1,053; the other
 //! rows within noise of the run above (`docs/gateway.md` lists them).
 
-mod disk;
+pub(crate) mod disk;
 mod engines;
 mod net;
 
@@ -1367,10 +1367,11 @@ impl World {
             self.net.borrow_mut().blackhole = true;
             // With a checkpoint in flight the flush runs its writer and switch after the
             // batch: the crash may interrupt any of their syncs instead (the batch's and its
-            // claim, `FILE.next`'s, the seal's two, the new segment's, the directory's).
+            // claim, the writer's of the live segment and of `FILE.next`, the seal's two,
+            // the new segment's, the directory's).
             let nth = if self.driver().checkpoint_in_flight() {
                 self.report.faults[CRASH_IN_CHECKPOINT] += 1;
-                self.rng.gen_range(0..8)
+                self.rng.gen_range(0..9)
             } else {
                 0
             };
@@ -1625,6 +1626,11 @@ impl World {
         // and the segment grows between the cut and the switch as it does behind a slow
         // writer (crashes, outages and stops meet a checkpoint in flight).
         d.set_checkpoint_inline(Some(3));
+        // The switch at the writer's flush or the next one: records of its own to copy
+        // behind what the writer caught up with (issue 40), as behind a writer thread.
+        let delay = self.report.restarts % 2;
+        let d = self.driver();
+        d.set_switch_delay(delay);
         d.stage(|gw, _| {
             for s in symbols {
                 gw.on_reference_price(s, 100 * PRICE_SCALE, now);
