@@ -1502,26 +1502,17 @@ fn rdma_orders_a_replayed_connect_request_gets_silence_and_no_slot() {
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_orders_peer_that_gives_up_mid_handshake_does_not_stop_the_listener() {
-    // The peer's connect times out and its id is destroyed before the
-    // listener gets to the request (what a lost REP or RTU does on a lossy
-    // link). Accepting it fails; the listener counts that and serves the
-    // next peer instead of returning the error.
+    // A peer holding the token is answered and then goes away without its
+    // final proof (what a peer whose connect timed out, or that crashed,
+    // does). The listener counts that handshake failed and serves the next
+    // peer instead of returning an error. (The listener answers on its own
+    // thread, so a peer can no longer time out merely because the
+    // application was not calling accept.)
     let ip = local_ip();
     let addr = SocketAddr::new(ip, 7488);
     let mut l = OrdersListener::bind(cfg(1 << 16, 1024), addr).unwrap();
-    let quick = OrdersConfig {
-        connect_timeout_ms: 300,
-        ..cfg(1 << 16, 1024)
-    };
-    match Connection::connect(&quick, addr) {
-        Err(OrdersError::Verbs(
-            e @ (VerbsError::CmTimeout { .. }
-            | VerbsError::ConnectionRejected { .. }
-            | VerbsError::CmUnexpectedEvent { .. }),
-        )) => eprintln!("connect gave up as expected: {e}"),
-        other => panic!("nobody accepted yet, but connect gave {other:?}"),
-    }
-    std::thread::sleep(Duration::from_millis(200));
+    let ini = Initiator::new(Key::derive(b"test-token", Purpose::Orders));
+    drop(RawPeer::connect(addr, 16, &ini).expect("answered, then gone"));
     let h = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(1));
         let mut conn = Connection::connect(&cfg(1 << 16, 1024), addr).expect("second peer");
@@ -2217,8 +2208,8 @@ fn rdma_orders_two_hosts_traffic_class_on_the_wire() {
 /// Issue 41: refusing strangers is the listener's own work. A listener
 /// whose application never calls `accept` still silences a stranger (a
 /// reject with no private data, counted `unproved`) and completes a
-/// healthy engine's handshake; the engine's connection is then waiting for
-/// the first `accept(Duration::ZERO)`. On the inline listener (admission
+/// healthy engine's handshake; the engine's connection is then handed to
+/// the first `accept`. On the inline listener (admission
 /// ran inside `accept`, on the application's thread) nothing answered: the
 /// stranger's and the engine's connects timed out.
 #[test]
@@ -2239,10 +2230,12 @@ fn rdma_orders_strangers_are_refused_while_the_application_is_not_accepting() {
     assert_eq!(l.pending(), 0);
     let mut engine = Connection::connect(&cfg(1 << 16, 1024), addr)
         .expect("the engine's handshake completes without an accept call");
+    // The engine's connect returns once it wrote its final proof; the
+    // listener thread checks it within a few hundred microseconds.
     let mut served = l
-        .accept(Duration::ZERO)
+        .accept(Duration::from_secs(10))
         .expect("accept")
-        .expect("the engine's connection waits, proven, for the first accept");
+        .expect("the engine's connection, proven, for the first accept");
     engine.publication(1).offer_and_flush(1, b"hi").unwrap();
     let mut got = Vec::new();
     let t = Instant::now();
@@ -2258,13 +2251,26 @@ fn rdma_orders_strangers_are_refused_while_the_application_is_not_accepting() {
     assert_eq!((s.accepted, s.unproved, s.handshake_failed), (1, 1, 0), "{s:?}");
 }
 
-/// An `accept(Duration::ZERO)` call costing more CPU than this did listener
-/// work on the caller's thread (see the flood test below).
-const CALL_CPU_US: u64 = 200;
+/// This thread's write and read system calls so far (`syscw`, `syscr` of
+/// `/proc/thread-self/io`). librdmacm sends every rdma_cm command (reading
+/// an event, migrating an id, rejecting, destroying an id) to the kernel as
+/// a `write` on its device; reading the file costs a few `read`s, counted
+/// in the next reading.
+fn thread_syscalls() -> (u64, u64) {
+    let io = std::fs::read_to_string("/proc/thread-self/io")
+        .expect("/proc/thread-self/io (a kernel with task I/O accounting)");
+    let get = |k: &str| {
+        io.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {k} in {io}"))
+    };
+    (get("syscw:"), get("syscr:"))
+}
 
-/// This thread's CPU time (user and system), which a thread that is not
-/// running does not accumulate: what a call cost the caller, whatever else
-/// ran on the machine meanwhile.
+/// This thread's CPU time (user and system). Printed only: the kernel
+/// charges the interrupt work it does while the thread runs (rxe's packet
+/// processing, under a flood) to the thread.
 #[allow(unsafe_code)]
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
@@ -2283,21 +2289,18 @@ fn thread_cpu() -> Duration {
 /// connect requests (well-formed hellos, random proofs) while this thread
 /// serves an engine's ping-pong and calls `accept(Duration::ZERO)` every 32
 /// turns, as the gateway's service loop and `rocebus-bench rc-flood` do.
-/// Each call's cost is taken in this thread's CPU time (so a thread
-/// preempted by the flooders is not charged for it): with the refusals on
-/// the listener's thread, no call costs more than 1 ms of CPU (it is one
-/// look at a channel: a few microseconds under emulation) and the calls'
-/// total stays a small fraction of the flood's refusals' cost. On the
-/// inline listener each call that met a request paid the rdma_cm event,
-/// a new event channel, the migration, the reject and the id's
-/// destruction: calls of several milliseconds of CPU in the guest. The
-/// engine's round trips are printed, not asserted (CPU contention in a
-/// 2-vCPU guest).
+/// Across the 300 refusals, those calls make no `write` system call and no
+/// `read` (this thread's `/proc/thread-self/io` counters around each call):
+/// no rdma_cm event is read, no reject sent and no id destroyed on this
+/// thread. On the inline listener each call that met a request made them
+/// all (several `write`s to the rdma_cm device per refusal; 4.9 s of this
+/// thread's CPU for 300 refusals in the debug build). Timing is printed,
+/// not asserted: CPU time, wall time and the engine's round trips (CPU
+/// contention in a 2-vCPU guest).
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_orders_a_flood_of_strangers_costs_the_serving_thread_no_listener_work() {
     const REFUSED: u64 = 300;
-    const CALL_CPU: Duration = Duration::from_micros(CALL_CPU_US);
     let ip = local_ip();
     let extra: Vec<common::gid_stat::SecondAddress> = (0..3)
         .map(|i| common::gid_stat::SecondAddress::add(ip, 140 + i))
@@ -2348,22 +2351,32 @@ fn rdma_orders_a_flood_of_strangers_costs_the_serving_thread_no_listener_work() 
             })
         })
         .collect();
-    let (mut turn, mut calls, mut over) = (0u64, 0u64, 0u64);
+    let (mut turn, mut calls, mut writes, mut reads) = (0u64, 0u64, 0u64, 0u64);
     let (mut cpu_max, mut cpu_sum, mut wall_max) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    // What a reading of the counters counts of itself (`read_to_string`
+    // reads until it gets 0 bytes).
+    let own_reads = {
+        let (a, b) = (thread_syscalls(), thread_syscalls());
+        assert_eq!(a.0, b.0, "reading /proc/thread-self/io writes nothing");
+        b.1 - a.1
+    };
     let refused0 = l.stats().unproved;
     let t = Instant::now();
     loop {
         turn += 1;
         if turn % 32 == 0 {
-            let (w, c0) = (Instant::now(), thread_cpu());
+            let (w, c0, s0) = (Instant::now(), thread_cpu(), thread_syscalls());
             let got = l.accept(Duration::ZERO).expect("accept");
+            let s1 = thread_syscalls();
             let cpu = thread_cpu() - c0;
             wall_max = wall_max.max(w.elapsed());
+            writes += s1.0 - s0.0;
+            // The first reading's own reads are counted in the second.
+            reads += (s1.1 - s0.1).saturating_sub(own_reads);
             assert!(got.is_none(), "nobody else proves the token");
             calls += 1;
             cpu_sum += cpu;
             cpu_max = cpu_max.max(cpu);
-            over += u64::from(cpu > CALL_CPU);
             if l.stats().unproved - refused0 >= REFUSED {
                 break;
             }
@@ -2402,7 +2415,7 @@ fn rdma_orders_a_flood_of_strangers_costs_the_serving_thread_no_listener_work() 
     let s = l.stats();
     eprintln!(
         "flood: {attempts} attempts, {} refused in {flood_secs:.1} s; {calls} accept calls: \
-         CPU max {cpu_max:?}, total {cpu_sum:?}, {over} over {CALL_CPU:?}, wall max {wall_max:?}; engine: {} round trips, \
+         {writes} writes and {reads} reads, CPU max {cpu_max:?}, total {cpu_sum:?}, wall max {wall_max:?}; engine: {} round trips, \
          p50 {:?}, p99 {:?}, max {:?}; {s:?}",
         s.unproved - refused0,
         rtts.len(),
@@ -2410,10 +2423,10 @@ fn rdma_orders_a_flood_of_strangers_costs_the_serving_thread_no_listener_work() 
         q(0.99),
         q(1.0)
     );
-    assert!(
-        over <= REFUSED / 100,
-        "{over} accept calls cost the serving thread more than {CALL_CPU:?} of CPU each \
-         under the flood (longest {cpu_max:?})"
+    assert_eq!(
+        (writes, reads),
+        (0, 0),
+        "the serving thread's accept calls made system calls under the flood"
     );
     assert_eq!(s.accepted, 1, "{s:?}");
     drop(extra);
