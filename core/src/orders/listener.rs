@@ -468,8 +468,10 @@ impl Admitter {
     }
 
     /// Hands held connections to the application while the channel has
-    /// room.
+    /// room. The counters go first: whoever takes a connection sees it
+    /// counted `accepted` and no longer pending.
     fn hand_over(&mut self) -> Result<(), ()> {
+        self.publish();
         while !self.held.is_empty() {
             let (ip, c) = self.held.remove(0);
             match self.tx.try_send(Ok(c)) {
@@ -481,7 +483,6 @@ impl Admitter {
                 Err(_) => return Err(()),
             }
         }
-        self.publish();
         Ok(())
     }
 
@@ -504,7 +505,9 @@ impl Admitter {
     fn publish(&self) {
         *self.shared.stats.lock().unwrap_or_else(|p| p.into_inner()) = self.stats;
         // ORDERING: Relaxed: pairs with the Relaxed load in `OrdersListener::pending`.
-        self.shared.pending.store(self.pending.len(), Ordering::Relaxed);
+        self.shared
+            .pending
+            .store(self.pending.len(), Ordering::Relaxed);
     }
 
     /// Counts a refusal and logs it, at most at counts 1, 2, 4, 8, ... per
