@@ -212,7 +212,11 @@ const IDLE_WAIT: Duration = Duration::from_millis(10);
 
 /// How often a handshake in progress is looked at (its ESTABLISHED event
 /// and the initiator's proof, which arrives as an RDMA write with no event).
-const PENDING_WAIT: Duration = Duration::from_micros(200);
+/// rdma_cm's channel is waited on with `poll`, whose timeout is whole
+/// milliseconds: anything shorter is 0, and the thread would spin on a CPU
+/// for as long as a handshake is pending (a stranger holding one for
+/// `connect_timeout_ms` would hold a core).
+const PENDING_WAIT: Duration = Duration::from_millis(1);
 
 /// What the listener thread shares with the [`OrdersListener`] handle.
 struct Shared {
