@@ -2002,7 +2002,7 @@ mod tests {
     #[test]
     fn a_crash_inside_each_sync_of_the_catch_up_and_switch_restarts_to_the_same_day() {
         use crate::journal::Storage;
-        use crate::simulator::disk::SimDisk;
+        use crate::journal::sim_disk::SimDisk;
         use std::sync::Arc;
         let (risk, session) = (
             crate::gateway::tests::risk(),
@@ -2073,7 +2073,7 @@ mod tests {
     #[test]
     fn a_failed_writer_fsync_of_the_live_segment_is_not_trusted_by_the_next_sync() {
         use crate::journal::{Storage, StorageOp};
-        use crate::simulator::disk::SimDisk;
+        use crate::journal::sim_disk::SimDisk;
         use std::sync::Arc;
         let (risk, session) = (
             crate::gateway::tests::risk(),

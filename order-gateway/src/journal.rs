@@ -102,6 +102,9 @@ use serde::Deserialize;
 use zerocopy::byteorder::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+/// The simulated disk the simulator and the crash tests run the journal on (below both:
+/// the driver's tests use it without reaching up into the simulator).
+pub(crate) mod sim_disk;
 pub mod storage;
 
 use storage::ReadFrom;

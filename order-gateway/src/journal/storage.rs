@@ -1,6 +1,6 @@
 //! The journal's file system: every file and directory operation the journal makes goes
 //! through [`Storage`] and [`StorageFile`], so the simulator can run the real journal code
-//! over a simulated disk with a durable and a volatile view (its `simulator::disk`), and
+//! over a simulated disk with a durable and a volatile view (`journal::sim_disk`), and
 //! the gateway runs it over [`OsStorage`] (std and rustix: the same system calls as before
 //! the trait existed, one virtual call each).
 //!

@@ -223,7 +223,7 @@
 //! connection 1,053; the other
 //! rows within noise of the run above (`docs/gateway.md` lists them).
 
-pub(crate) mod disk;
+pub(crate) use crate::journal::sim_disk as disk;
 mod engines;
 mod net;
 
