@@ -92,24 +92,36 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let seconds: u64 = rest.get(1).map_or(Ok(120), |s| s.parse())?;
     let (local, publisher): (IpAddr, IpAddr) = (local.parse()?, publisher.parse()?);
 
-    // Market data in: one subscriber per channel of the feed handler's configuration.
+    // Market data in: one subscriber per channel of the feed handler's configuration, made
+    // without waiting for the feed handler (`new`): polls connect, and connect again after a
+    // loss, on either transport.
     let md_cfg = McastConfig::load_from_service(fh_toml)?;
     let mut md = md_cfg
         .channels
         .iter()
-        .map(|c| MdSubscriber::connect(&md_cfg, c.id, local, publisher))
+        .map(|c| MdSubscriber::new(&md_cfg, c.id, local, publisher))
         .collect::<Result<Vec<_>, _>>()?;
+    let symbols = ["A", "B", "C", "D", "E", "F", "G", "H"].map(|s| Symbol::new(s).unwrap());
+    let mut quotes = NoSnapshots::new(Quotes(
+        symbols.iter().map(|&s| (s, Quote::default())).collect(),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while !md.iter().all(MdSubscriber::connected) {
+        if Instant::now() > deadline {
+            return Err("the feed handler's channels never came up".into());
+        }
+        let now = Mono::now();
+        for sub in &mut md {
+            sub.poll(now, &mut quotes, 64)?;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
     // Orders out: log on to the gateway (retried while it starts).
     let gw_cfg = GatewayConfig::load(engine_toml)?;
     let mut gw = EngineSession::connect_configured(&gw_cfg, 1, 1024)?;
     println!("example-engine: ready");
 
-    let symbols = ["A", "B", "C", "D", "E", "F", "G", "H"].map(|s| Symbol::new(s).unwrap());
-    let mut quotes = NoSnapshots::new(Quotes(
-        symbols.iter().map(|&s| (s, Quote::default())).collect(),
-    ));
     let (mut sent, mut acked, mut filled, mut no_reference) = (Vec::new(), 0, 0, 0);
-    let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut turn = 0u32;
     while filled < target {
         if Instant::now() > deadline {

@@ -2001,8 +2001,8 @@ mod tests {
     /// batch that was not acknowledged is there whole or not at all.
     #[test]
     fn a_crash_inside_each_sync_of_the_catch_up_and_switch_restarts_to_the_same_day() {
-        use crate::journal::Storage;
         use crate::journal::sim_disk::SimDisk;
+        use crate::journal::Storage;
         use std::sync::Arc;
         let (risk, session) = (
             crate::gateway::tests::risk(),
@@ -2072,8 +2072,8 @@ mod tests {
     /// the re-check, an evicted page is vouched for and the restart refuses the journal).
     #[test]
     fn a_failed_writer_fsync_of_the_live_segment_is_not_trusted_by_the_next_sync() {
-        use crate::journal::{Storage, StorageOp};
         use crate::journal::sim_disk::SimDisk;
+        use crate::journal::{Storage, StorageOp};
         use std::sync::Arc;
         let (risk, session) = (
             crate::gateway::tests::risk(),
