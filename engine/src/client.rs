@@ -491,10 +491,21 @@ pub enum SessionError {
 }
 
 impl SessionError {
-    /// Whether another attempt may succeed: the gateway may still be starting (no
-    /// listener, no answer yet), or not have noticed the engine's previous connection is
-    /// gone (`AlreadyConnected`). A refusal for any other reason, a bad token or a bad
-    /// answer will be the same next time.
+    /// Whether the gateway refused the logon because it still holds a connection of this
+    /// engine (`AlreadyConnected`): it lets that go after its engine timeout.
+    pub fn is_already_connected(&self) -> bool {
+        matches!(
+            self,
+            SessionError::Refused {
+                status: LogonStatus::AlreadyConnected,
+                ..
+            }
+        )
+    }
+
+    /// Whether another attempt may succeed: the gateway may still be starting (no listener, no answer yet), or not have noticed the engine's previous
+    /// connection is gone (`AlreadyConnected`). A refusal for any other reason, a bad token
+    /// or a bad answer will be the same next time.
     pub fn worth_retrying(&self) -> bool {
         match self {
             SessionError::Connect { .. }
@@ -802,8 +813,9 @@ impl EngineSession {
     /// Connects and logs on as an engine's configuration says ([`GatewayConfig`]: address,
     /// engine id and token, orders path), retrying for up to its `connect_timeout_ms` while
     /// the gateway may still be starting (no listener, no answer yet) or has not noticed the
-    /// engine's previous connection is gone (`AlreadyConnected`); any other refusal is
-    /// returned at once. The gateway is presumed dead after its `gateway_timeout_ms` of
+    /// engine's previous connection is gone (`AlreadyConnected`, retried for up to twice
+    /// `connect_timeout_ms`: an attempt answered too late leaves the gateway holding it until
+    /// its engine timeout); any other refusal is returned at once. The gateway is presumed dead after its `gateway_timeout_ms` of
     /// silence. Order ids start at `first_order_id` (unique across the engine's restarts);
     /// the book has room for `expected_orders` before it grows. Blocks.
     ///
@@ -816,6 +828,7 @@ impl EngineSession {
         let t0 = Instant::now();
         let timeout = Duration::from_millis(cfg.connect_timeout_ms);
         let mut session = loop {
+            let elapsed = t0.elapsed();
             match Self::connect_with_capacity(
                 cfg.addr,
                 &cfg.orders,
@@ -825,7 +838,12 @@ impl EngineSession {
                 expected_orders,
             ) {
                 Ok(s) => break s,
-                Err(e) if e.worth_retrying() && t0.elapsed() < timeout => {
+                Err(e) if e.worth_retrying() && elapsed < timeout => {
+                    std::thread::sleep(Duration::from_millis(200))
+                }
+                // A logon answered too late (a starved host) leaves the gateway holding the
+                // half-made connection until its engine timeout lets it go: one more window.
+                Err(e) if e.is_already_connected() && elapsed < 2 * timeout => {
                     std::thread::sleep(Duration::from_millis(200))
                 }
                 Err(e) => return Err(e),

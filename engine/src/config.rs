@@ -56,7 +56,8 @@ pub struct GatewayConfig {
     /// The orders path to the gateway (`[gateway.orders]`: its `token` is the gateway's
     /// `[service.orders]` token); the file's `[rdma]` table is applied to it.
     pub orders: OrdersConfig,
-    /// How long `EngineSession::connect_configured` keeps trying while the gateway starts.
+    /// How long `EngineSession::connect_configured` keeps trying while the gateway starts
+    /// (twice this while the gateway still holds the engine's previous connection).
     #[serde(default = "default_connect_ms")]
     pub connect_timeout_ms: u64,
     /// Silence after which the gateway is presumed dead.
@@ -90,10 +91,18 @@ impl GatewayConfig {
             Some(_) => return Err(ConfigError::Invalid("gateway: must be a table".into())),
             None => table,
         };
-        let mut cfg: GatewayConfig = toml::Value::Table(gateway)
+        let cfg: GatewayConfig = toml::Value::Table(gateway)
             .try_into()
             .map_err(|e| ConfigError::Invalid(format!("[gateway]: {e}")))?;
-        rdma.apply_to_orders(&mut cfg.orders);
+        cfg.with_rdma(&rdma)
+    }
+
+    /// Applies the file's `[rdma]` table to the orders path and checks the whole: what
+    /// [`from_toml_str`](Self::from_toml_str) does after parsing, for a program that
+    /// deserializes `[gateway]` inside its own configuration (the demo's engine does).
+    pub fn with_rdma(mut self, rdma: &RdmaSettings) -> Result<Self, ConfigError> {
+        rdma.apply_to_orders(&mut self.orders);
+        let cfg = self;
         cfg.orders.validate().map_err(|e| {
             ConfigError::Invalid(format!(
                 "[gateway.orders]: invalid orders configuration: {e}"

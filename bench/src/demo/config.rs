@@ -1,14 +1,13 @@
 //! The engine's configuration file (`configs/demo/sample-engine.toml`) and the market-data
 //! path configuration it points at. Parsing and validation only; nothing here opens a socket.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use rocebus::idle::IdleStrategy;
 use rocebus::ipc::IpcConfig;
 use rocebus::mcast::config::McastConfig;
-use rocebus::orders::OrdersConfig;
 use rocebus::rdma_settings::RdmaSettings;
 use rocebus_engine::proto::Symbol;
 use serde::Deserialize;
@@ -18,7 +17,7 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineConfig {
-    /// Where the order gateway listens and who we are.
+    /// Where the order gateway listens and who we are (`account` is required here).
     pub gateway: GatewayConfig,
     /// The market-data bus.
     pub market_data: MarketDataConfig,
@@ -33,36 +32,9 @@ pub struct EngineConfig {
     pub rdma: RdmaSettings,
 }
 
-/// `[gateway]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GatewayConfig {
-    /// The gateway's RC listen address, `ip:port`.
-    pub addr: SocketAddr,
-    /// Our engine id (the gateway's `[[risk.engines]]` entry).
-    pub engine_id: u32,
-    /// Our engine's secret (that entry's `token`).
-    pub engine_token: String,
-    /// The account orders are sent for.
-    pub account: u32,
-    /// The orders path; `token` must match the gateway's.
-    pub orders: OrdersConfig,
-    /// How long to keep trying to connect (the gateway may still be starting), ms.
-    #[serde(default = "default_connect_ms")]
-    pub connect_timeout_ms: u64,
-    /// How long the gateway may be silent (no frame, no heartbeat) before the engine
-    /// declares it dead and stops sending, ms.
-    #[serde(default = "default_gateway_timeout_ms")]
-    pub gateway_timeout_ms: u64,
-}
-
-fn default_connect_ms() -> u64 {
-    20_000
-}
-
-fn default_gateway_timeout_ms() -> u64 {
-    rocebus_engine::client::DEFAULT_GATEWAY_TIMEOUT.as_millis() as u64
-}
+/// `[gateway]`: the engine's gateway table, the one `rocebus_engine` reads for every
+/// engine (the example engine and the C ABI too); the demo also requires `account`.
+pub use rocebus_engine::config::GatewayConfig;
 
 /// `[market_data]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -148,7 +120,8 @@ pub struct StrategyConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoopConfig {
-    /// Core to pin the polling thread to (absent: not pinned).
+    /// Core to pin the polling thread to (absent: not pinned). A core the thread cannot be
+    /// pinned to stops the engine with the cores it may use.
     #[serde(default)]
     pub core: Option<usize>,
     /// Idle strategy when a pass found no work.
@@ -222,7 +195,10 @@ impl EngineConfig {
     fn parse(text: &str) -> Result<EngineConfig, ParseError> {
         let mut cfg: EngineConfig =
             toml::from_str(text).map_err(|e| ParseError::Toml(e.to_string()))?;
-        cfg.rdma.apply_to_orders(&mut cfg.gateway.orders);
+        cfg.gateway = cfg
+            .gateway
+            .with_rdma(&cfg.rdma)
+            .map_err(|e| ParseError::Toml(e.to_string()))?;
         let invalid = |key, problem: &str| Err(ParseError::Invalid(key, problem.to_owned()));
         let s = &cfg.strategy;
         if s.symbols.is_empty() || s.symbols.len() > MAX_SYMBOLS {
@@ -243,10 +219,10 @@ impl EngineConfig {
         if s.quantity == 0 {
             return invalid("strategy.quantity", "must be at least 1");
         }
-        if cfg.gateway.orders.token.is_empty() {
+        if cfg.gateway.account == 0 {
             return invalid(
-                "gateway.orders.token",
-                "is empty: set the gateway's [service.orders] token",
+                "gateway.account",
+                "missing or 0: give an account the gateway grants this engine",
             );
         }
         let md = &cfg.market_data;
@@ -426,6 +402,13 @@ quantity = 100
             .unwrap_err()
             .to_string();
         assert!(e.contains("gateway.orders.token"), "{e}");
+        let e = load(&GOOD.replace("account = 1\n", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("engine.toml") && e.contains("gateway.account"),
+            "{e}"
+        );
         let e = EngineConfig::load(&dir.path().join("missing.toml"))
             .unwrap_err()
             .to_string();

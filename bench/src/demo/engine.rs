@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use rocebus::counters::{counters_path, default_dir, Counter, CountersFile, Kind};
-use rocebus::idle::{pin_current_thread, Idler};
+use rocebus::idle::{pin_to, Idler};
 use rocebus::mcast::MdSubscriber;
 use rocebus::orders::OfferError;
 use rocebus::rdma_settings::export::RdmaCountersExport;
@@ -144,9 +144,8 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
     let capacity = (rate as f64 * (opts.duration.as_secs_f64() + 5.0) * 1.1) as usize + 16;
 
     if let Some(core) = cfg.engine.core {
-        if !pin_current_thread(core) {
-            eprintln!("sample-engine: could not pin to core {core}; running unpinned");
-        }
+        // A configured core is a promise about tail latency: not kept, the engine does not run.
+        pin_to(core).context("engine.core")?;
     }
     let connect_timeout = Duration::from_millis(cfg.gateway.connect_timeout_ms);
     let mut subs = match cfg.market_data.transport {
@@ -178,24 +177,14 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
     };
     subs.wait_connected(connect_timeout)?;
     let first_id = 1;
-    // Twice the connect timeout: an attempt may itself block for a whole one (a logon whose
-    // answer came too late on a starved host), and the gateway then refuses the retry with
-    // `AlreadyConnected` until its engine timeout lets the half-made connection go.
-    let mut session = retry(
-        &format!("connect to the order gateway at {}", cfg.gateway.addr),
-        2 * connect_timeout,
-        || {
-            EngineSession::connect_with_capacity(
+    let mut session = EngineSession::connect_configured(&cfg.gateway, first_id, capacity)
+        .with_context(|| {
+            format!(
+                "connect to the order gateway at {} (tried for {} s)",
                 cfg.gateway.addr,
-                &cfg.gateway.orders,
-                cfg.gateway.engine_id,
-                &cfg.gateway.engine_token,
-                first_id,
-                capacity,
+                connect_timeout.as_secs()
             )
-        },
-    )?;
-    session.set_gateway_timeout(Duration::from_millis(cfg.gateway.gateway_timeout_ms));
+        })?;
     let counters = match &opts.counters_dir {
         Some(dir) => Some(EngineCounters::open(
             dir,
@@ -398,4 +387,58 @@ pub fn run(cfg: &EngineConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
         md_latency: view.latency.into_histogram(),
         rtt: rtt.into_histogram(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A configured core the engine cannot be pinned to stops it before it connects
+    /// anywhere, naming the setting and the cores it may use (it used to log a warning and
+    /// trade unpinned).
+    #[test]
+    fn a_core_that_cannot_be_pinned_stops_the_engine() {
+        let dir = tempfile::tempdir().unwrap();
+        let md = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/md.toml");
+        let path = dir.path().join("engine.toml");
+        std::fs::write(
+            &path,
+            format!(
+                r#"
+[gateway]
+addr = "127.0.0.1:9"
+engine_id = 1
+engine_token = "e"
+account = 1
+[gateway.orders]
+token = "t"
+
+[market_data]
+config = "{}"
+local = "127.0.0.1"
+publisher = "127.0.0.1"
+
+[strategy]
+symbols = ["A"]
+orders_per_second = 100
+quantity = 100
+
+[engine]
+core = 100000
+"#,
+                md.display()
+            ),
+        )
+        .unwrap();
+        let cfg = EngineConfig::load(&path).unwrap();
+        let opts = RunOptions {
+            counters_dir: None,
+            ..RunOptions::default()
+        };
+        let e = format!("{:#}", run(&cfg, &opts).unwrap_err());
+        assert!(
+            e.contains("engine.core") && e.contains("cannot pin this thread to core 100000"),
+            "{e}"
+        );
+    }
 }
