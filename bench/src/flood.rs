@@ -122,6 +122,7 @@ fn refused(s: &ListenerStats) -> u64 {
         + s.peer_pending
         + s.peer_limit
         + s.bad_proof
+        + s.not_accepting
 }
 
 /// What the serving thread shares with the client thread.

@@ -1511,6 +1511,8 @@ fn rdma_orders_peer_that_gives_up_mid_handshake_does_not_stop_the_listener() {
     let ip = local_ip();
     let addr = SocketAddr::new(ip, 7488);
     let mut l = OrdersListener::bind(cfg(1 << 16, 1024), addr).unwrap();
+    // The application is there: requests are answered from its first accept.
+    assert!(l.accept(Duration::ZERO).unwrap().is_none());
     let ini = Initiator::new(Key::derive(b"test-token", Purpose::Orders));
     drop(RawPeer::connect(addr, 16, &ini).expect("answered, then gone"));
     let h = std::thread::spawn(move || {
@@ -2206,18 +2208,21 @@ fn rdma_orders_two_hosts_traffic_class_on_the_wire() {
 }
 
 /// Issue 41: refusing strangers is the listener's own work. A listener
-/// whose application never calls `accept` still silences a stranger (a
-/// reject with no private data, counted `unproved`) and completes a
-/// healthy engine's handshake; the engine's connection is then handed to
-/// the first `accept`. On the inline listener (admission
-/// ran inside `accept`, on the application's thread) nothing answered: the
-/// stranger's and the engine's connects timed out.
+/// whose application is not calling `accept` (it called it once, and is
+/// within `accept_stall_ms` of that) still silences a stranger (a reject
+/// with no private data, counted `unproved`) and completes a healthy
+/// engine's handshake; the engine's connection is then handed to the next
+/// `accept`. On the inline listener (admission ran inside `accept`, on the
+/// application's thread) nothing answered: the stranger's and the engine's
+/// connects timed out.
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_orders_strangers_are_refused_while_the_application_is_not_accepting() {
     let addr = SocketAddr::new(local_ip(), 7477);
     let mut l = OrdersListener::bind(cfg(1 << 16, 1024), addr).expect("bind");
-    // Nobody calls accept from here on until the engine is connected.
+    // The application is there (its first accept)...
+    assert!(l.accept(Duration::ZERO).expect("accept").is_none());
+    // ...and nobody calls accept from here on until the engine is connected.
     match RawPeer::connect_from(addr, None, 16, None, None) {
         Err(VerbsError::ConnectionRejected { private_data, .. }) => assert!(
             private_data.iter().all(|&b| b == 0),
@@ -2253,6 +2258,84 @@ fn rdma_orders_strangers_are_refused_while_the_application_is_not_accepting() {
         (1, 1, 0),
         "{s:?}"
     );
+}
+
+/// Issue 41, the listener thread's other side: it answers only for an
+/// application that is there. Before the application's first `accept` a
+/// request waits in rdma_cm's queue, unanswered (a service binds before its
+/// loop runs: the gateway's engines got in before its venue session could
+/// be up, and their orders were rejected `SessionDown`); the first
+/// `accept` gets it. An application that has then stopped calling `accept`
+/// for `accept_stall_ms` (its thread frozen) gets no new connection: a peer
+/// that holds the token is refused with the reason (counted
+/// `not_accepting`, nothing made for it) instead of being told it is
+/// connected to an application that cannot serve it; once the application
+/// calls `accept` again the same peer gets in. Without the checks the
+/// listener thread completed both handshakes at once, for nobody.
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_orders_an_application_that_stopped_accepting_gets_no_new_connection() {
+    let addr = SocketAddr::new(local_ip(), 7479);
+    let c = OrdersConfig {
+        accept_stall_ms: 300,
+        ..cfg(1 << 16, 1024)
+    };
+    let mut l = OrdersListener::bind(c.clone(), addr).expect("bind");
+    let early = {
+        let c = c.clone();
+        std::thread::spawn(move || Connection::connect(&c, addr))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !early.is_finished(),
+        "answered before the application's first accept: {:?}",
+        l.stats()
+    );
+    assert_eq!((l.pending(), l.stats().accepted), (0, 0), "{:?}", l.stats());
+    let first = l
+        .accept(Duration::from_secs(10))
+        .expect("accept")
+        .expect("the early request, answered at the first accept");
+    let early = early.join().unwrap().expect("the early peer gets in");
+    drop((first, early));
+    // The application stops here (no accept for longer than the bound).
+    std::thread::sleep(Duration::from_millis(600));
+    match Connection::connect(&c, addr) {
+        Err(OrdersError::Verbs(VerbsError::ConnectionRejected { reason, .. })) => {
+            assert!(reason.contains("not accepting"), "{reason}")
+        }
+        Err(e) => panic!("expected a reject with the reason, got {e}"),
+        Ok(_) => panic!("admitted by a listener whose application stopped accepting"),
+    }
+    let s = l.stats();
+    assert_eq!((s.not_accepting, s.accepted), (1, 1), "{s:?}");
+    assert_eq!(l.pending(), 0);
+    assert_eq!(l.connections_from(local_ip()), 0, "nothing kept for it");
+    // Back: one look, and the same peer gets in (a blocking accept is
+    // looking for as long as it waits).
+    let h = std::thread::spawn(move || {
+        let mut conn =
+            Connection::connect(&c, addr).expect("admitted once the application is back");
+        conn.publication(1).offer_and_flush(1, b"back").unwrap();
+        conn
+    });
+    let mut served = l
+        .accept(Duration::from_secs(10))
+        .expect("accept")
+        .expect("the peer, once the application is back");
+    let _peer = h.join().unwrap();
+    let mut got = Vec::new();
+    let t = Instant::now();
+    while got.is_empty() {
+        served
+            .subscription()
+            .poll(|f| got.extend_from_slice(f.payload), 1)
+            .unwrap();
+        assert!(t.elapsed() < Duration::from_secs(10), "no frame");
+    }
+    assert_eq!(got, b"back");
+    let s = l.stats();
+    assert_eq!((s.not_accepting, s.accepted), (1, 2), "{s:?}");
 }
 
 /// This thread's write and read system calls so far (`syscw`, `syscr` of

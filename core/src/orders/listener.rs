@@ -22,6 +22,22 @@
 //! application's thread only takes proven connections off a bounded
 //! channel: one non-blocking receive per `accept(Duration::ZERO)`,
 //! whatever the flood (`rdma_orders_a_flood_of_strangers_costs_the_serving_thread_no_listener_work`).
+//!
+//! The thread answers only for an application that is there. Before the
+//! first `accept` it reads no request: they wait in rdma_cm's queue, as
+//! they did for the inline listener (a service binds before its loop runs;
+//! the gateway's engines, let in at `bind`, had their first orders rejected
+//! `SessionDown` before its venue session could be up). From then on it
+//! completes handshakes whether or not the application is calling `accept`
+//! at that moment, but not for an application that has stopped: once
+//! `accept` has not been called for `accept_stall_ms` (the
+//! serving thread frozen, a host stopped in a debugger), proved requests
+//! are refused with a reason and the peer tries again. Inline, such a
+//! request went unanswered until the application came back; answered by
+//! the thread, the peer would take itself for connected to an application
+//! that cannot serve it (an RC fan-out subscriber admitted by a frozen
+//! publisher never gets its welcome, and gives the link up by silence
+//! again: `rdma_md_rc_fanout_frozen_publisher_is_noticed_by_silence`).
 
 use super::connection::{check_hello, hello, resources, Resources};
 use super::{fanin, Connection, FanIn, OrdersConfig, OrdersError};
@@ -37,7 +53,7 @@ use crate::verbs::cm::{self, Listener};
 use crate::verbs::{Access, Context};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -55,6 +71,7 @@ enum Refusal {
     PeerLimit,
     BadProof,
     HandshakeFailed,
+    NotAccepting,
 }
 
 impl Refusal {
@@ -71,6 +88,9 @@ impl Refusal {
             Refusal::PeerLimit => "rocebus: too many connections from this address",
             Refusal::BadProof => "rocebus: wrong proof",
             Refusal::HandshakeFailed => "rocebus: handshake failed",
+            Refusal::NotAccepting => {
+                "rocebus: the listener's application is not accepting connections, try again"
+            }
         }
     }
 }
@@ -114,6 +134,10 @@ pub struct ListenerStats {
     /// Accepted requests that never completed: no ESTABLISHED, no proof in
     /// time, or the peer went away (its connect fails; it may retry).
     pub handshake_failed: u64,
+    /// Proved requests refused because the application had not called
+    /// `accept` for `accept_stall_ms` (rejected with the reason, nothing
+    /// allocated): a peer is not handed a connection nobody serves.
+    pub not_accepting: u64,
 }
 
 impl ListenerStats {
@@ -128,6 +152,7 @@ impl ListenerStats {
             Refusal::PeerLimit => &mut self.peer_limit,
             Refusal::BadProof => &mut self.bad_proof,
             Refusal::HandshakeFailed => &mut self.handshake_failed,
+            Refusal::NotAccepting => &mut self.not_accepting,
         };
         *c += 1;
         *c
@@ -224,6 +249,63 @@ struct Shared {
     stats: Mutex<ListenerStats>,
     /// Handshakes in progress.
     pending: AtomicUsize,
+    /// Calls of `accept` so far (the handle's count; only its changes mean
+    /// anything): the application is there ([`AppWatch`]).
+    looks: AtomicU64,
+    /// An `accept` is waiting for a connection right now.
+    waiting: AtomicBool,
+}
+
+/// Whether the application behind a listener is still taking connections,
+/// as the listener thread sees it: a proved request that comes while the
+/// application has not called `accept` for `accept_stall_ms` is refused
+/// (`rdma_md_rc_fanout_frozen_publisher_is_noticed_by_silence`: a frozen
+/// publisher admits no subscriber it cannot welcome). I/O-free: the thread
+/// feeds it what the handle published and its own clock.
+#[derive(Debug)]
+struct AppWatch {
+    stall_ns: u64,
+    /// The handle's count of `accept` calls when it last changed.
+    looks: u64,
+    /// When the count last changed, or an `accept` was seen waiting; `None`
+    /// before the first call.
+    looked_at: Option<u64>,
+}
+
+impl AppWatch {
+    /// Watching an application that has not called `accept` yet, with a
+    /// bound of `stall_ms` (0: never away).
+    fn new(stall_ms: u64) -> Self {
+        AppWatch {
+            stall_ns: stall_ms.saturating_mul(1_000_000),
+            looks: 0,
+            looked_at: None,
+        }
+    }
+
+    /// What the handle published: its count of `accept` calls, and whether
+    /// one is waiting right now.
+    fn observe(&mut self, looks: u64, waiting: bool, now: u64) {
+        if looks != self.looks || waiting {
+            self.looks = looks;
+            self.looked_at = Some(self.looked_at.map_or(now, |t| t.max(now)));
+        }
+    }
+
+    /// Whether the application has called `accept` at all: until it has,
+    /// requests wait in rdma_cm's queue, unread, as they did for an inline
+    /// listener (binding is not serving: a service binds before its loop
+    /// runs).
+    fn started(&self) -> bool {
+        self.looked_at.is_some()
+    }
+
+    /// How long the application has been away since its last call, if
+    /// longer than the bound.
+    fn away(&self, now: u64) -> Option<Duration> {
+        let away = now.saturating_sub(self.looked_at?);
+        (self.stall_ns > 0 && away > self.stall_ns).then(|| Duration::from_nanos(away))
+    }
 }
 
 /// Accepts orders connections, admitting only peers that prove they hold
@@ -233,15 +315,21 @@ struct Shared {
 /// Admission runs on a thread of the listener's own (see the module
 /// documentation): handshakes in progress (up to `max_pending_handshakes`)
 /// are completed as their events and proofs arrive, while new requests are
-/// taken and strangers refused, whether or not the application calls
-/// [`accept`](Self::accept). A connection reaches the application only
+/// taken and strangers refused, whether or not the application is calling
+/// [`accept`](Self::accept) at that moment (from its first call on; until
+/// then requests wait in rdma_cm's queue, unread). A connection reaches the application only
 /// once the initiator's proof checked out; until then no frame of it is
 /// read and no credit returned. Proven connections the application has not
 /// taken yet (at most `max_pending_handshakes` wait on the channel; more
 /// are held by the thread) still count against the pending caps, so an
-/// application that stops accepting stops the listener admitting.
+/// application that stops accepting stops the listener admitting; and one
+/// that has not called `accept` for `accept_stall_ms` (its thread frozen)
+/// gets no new connection: proved requests are refused with the reason
+/// until it calls `accept` again.
 pub struct OrdersListener {
     port: u16,
+    /// Calls of `accept` so far (published in [`Shared::looks`]).
+    looks: u64,
     ready: mpsc::Receiver<Result<Connection, OrdersError>>,
     shared: Arc<Shared>,
     peers: PeerCounts,
@@ -274,6 +362,8 @@ impl OrdersListener {
             stop: AtomicBool::new(false),
             stats: Mutex::new(ListenerStats::default()),
             pending: AtomicUsize::new(0),
+            looks: AtomicU64::new(0),
+            waiting: AtomicBool::new(false),
         });
         let peers: PeerCounts = Arc::new(Mutex::new(HashMap::new()));
         let (tx, ready) = mpsc::sync_channel(cfg.max_pending_handshakes.max(1));
@@ -287,6 +377,7 @@ impl OrdersListener {
             replays: ReplayGuard::new(cfg.request_max_age_ms * 1_000_000, REPLAY_GUARD_CAPACITY),
             peers: peers.clone(),
             stats: ListenerStats::default(),
+            app: AppWatch::new(cfg.accept_stall_ms),
             activity: activity.clone(),
             shared: shared.clone(),
             listener,
@@ -304,6 +395,7 @@ impl OrdersListener {
             })?;
         Ok(Self {
             port,
+            looks: 0,
             ready,
             shared,
             peers,
@@ -356,6 +448,7 @@ impl OrdersListener {
             + s.peer_pending
             + s.peer_limit
             + s.bad_proof
+            + s.not_accepting
     }
 
     /// Accepted requests whose handshake then failed: the peer's
@@ -371,7 +464,12 @@ impl OrdersListener {
     /// the thread's, counted ([`stats`](Self::stats)) and logged at a
     /// bounded rate. Local failures the thread met (no device, no
     /// resources for a proved peer) are returned, one per call.
+    ///
+    /// Each call tells the listener the application is there: one that
+    /// has not called for `accept_stall_ms` gets no new connection (proved
+    /// requests are refused, "not accepting connections, try again").
     pub fn accept(&mut self, timeout: Duration) -> Result<Option<Connection>, OrdersError> {
+        self.looked();
         let got = if timeout.is_zero() {
             match self.ready.try_recv() {
                 Ok(r) => Some(r),
@@ -379,13 +477,32 @@ impl OrdersListener {
                 Err(TryRecvError::Disconnected) => return Err(thread_gone()),
             }
         } else {
-            match self.ready.recv_timeout(timeout) {
+            // ORDERING: Relaxed: a flag read for its own value by the
+            // listener thread's `AppWatch` (Relaxed load in `watch_app`);
+            // nothing is handed over through it.
+            self.shared.waiting.store(true, Ordering::Relaxed);
+            let r = self.ready.recv_timeout(timeout);
+            // ORDERING: Relaxed: as above.
+            self.shared.waiting.store(false, Ordering::Relaxed);
+            // The wait's end is a look too (the thread may have missed the flag).
+            self.looked();
+            match r {
                 Ok(r) => Some(r),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return Err(thread_gone()),
             }
         };
         got.transpose()
+    }
+
+    /// Publishes one more call of `accept` (a plain store: this handle is
+    /// the only writer).
+    fn looked(&mut self) {
+        self.looks = self.looks.wrapping_add(1);
+        // ORDERING: Relaxed: a count the listener thread reads only for
+        // whether it changed (Relaxed load in `watch_app`); nothing is
+        // handed over through it.
+        self.shared.looks.store(self.looks, Ordering::Relaxed);
     }
 }
 
@@ -424,6 +541,8 @@ struct Admitter {
     held: Vec<(IpAddr, Connection)>,
     peers: PeerCounts,
     stats: ListenerStats,
+    /// Whether the application is still calling `accept`.
+    app: AppWatch,
     /// The fan-in activity summary (`fanin_slots > 0`).
     activity: Option<Arc<fanin::Activity>>,
     shared: Arc<Shared>,
@@ -445,6 +564,13 @@ impl Admitter {
     /// on, then wait (briefly with handshakes in progress) for one request
     /// and decide it. `Err` once the handle is gone.
     fn turn(&mut self) -> Result<(), ()> {
+        self.watch_app(crate::clock::now_ns());
+        if !self.app.started() {
+            // Nothing is pending or held before the first `accept`; requests
+            // wait in rdma_cm's queue (its backlog) until then.
+            std::thread::sleep(PENDING_WAIT);
+            return Ok(());
+        }
         self.hand_over()?;
         loop {
             match self.progress() {
@@ -503,6 +629,16 @@ impl Admitter {
             }
             Err(_) => Err(()),
         }
+    }
+
+    /// Looks at what the handle published about `accept` calls.
+    fn watch_app(&mut self, now: u64) {
+        // ORDERING: Relaxed: pairs with the Relaxed stores in
+        // `OrdersListener::accept`/`looked`; values read for their own sake.
+        let looks = self.shared.looks.load(Ordering::Relaxed);
+        // ORDERING: Relaxed: as above.
+        let waiting = self.shared.waiting.load(Ordering::Relaxed);
+        self.app.observe(looks, waiting, now);
     }
 
     /// Publishes the counters and the pending count to the handle.
@@ -593,6 +729,18 @@ impl Admitter {
                 _ => Refusal::BadHello,
             };
             self.reject(req, why, &e);
+            return Ok(());
+        }
+        // An application that stopped calling `accept` (a frozen thread)
+        // gets no new connection: its peer would be told it is connected,
+        // and then hear nothing from it. Refused with the reason before
+        // anything is made or kept; the peer tries again later.
+        self.watch_app(now);
+        if let Some(away) = self.app.away(now) {
+            let detail = format_args!(
+                "the application has not called accept for {away:?} (accept_stall_ms)"
+            );
+            self.reject(req, Refusal::NotAccepting, &detail);
             return Ok(());
         }
         let caps = self.cfg.pending_caps();
@@ -865,6 +1013,38 @@ mod tests {
             first_proof(&key, &jar, &request(b"not it", Some(&c)), &ip, now),
             None
         );
+    }
+
+    #[test]
+    fn an_application_that_stops_calling_accept_is_away_after_the_bound() {
+        const MS: u64 = 1_000_000;
+        let t0 = 5_000 * MS;
+        let mut w = AppWatch::new(100);
+        // Not started before the first call (the count has not moved).
+        w.observe(0, false, t0);
+        assert!(!w.started());
+        // The first call starts it.
+        w.observe(1, false, t0);
+        assert!(w.started());
+        assert_eq!(w.away(t0 + 100 * MS), None);
+        assert_eq!(w.away(t0 + 101 * MS), Some(Duration::from_millis(101)));
+        // A call of accept (the count moved) brings it back.
+        w.observe(2, false, t0 + 150 * MS);
+        assert_eq!(w.away(t0 + 200 * MS), None);
+        // The same count seen again is no look: away 100 ms after the last.
+        w.observe(2, false, t0 + 240 * MS);
+        assert!(w.away(t0 + 251 * MS).is_some());
+        // A blocking accept is looking for as long as it waits.
+        w.observe(2, true, t0 + 900 * MS);
+        assert_eq!(w.away(t0 + 1000 * MS), None);
+        // A waiting first call starts it too.
+        let mut first = AppWatch::new(100);
+        first.observe(0, true, t0);
+        assert!(first.started());
+        // Off with 0 (once started).
+        let mut off = AppWatch::new(0);
+        off.observe(1, false, t0);
+        assert_eq!(off.away(t0 + 3_600_000 * MS), None);
     }
 
     #[test]
