@@ -309,7 +309,11 @@ impl OrderBook {
         for id in std::mem::take(&mut self.retired) {
             visits += 1;
             // Final at the previous cut and still final: left out of the checkpoint.
-            if self.orders.get(&id).is_some_and(|o| o.status == OrderStatus::Done) {
+            if self
+                .orders
+                .get(&id)
+                .is_some_and(|o| o.status == OrderStatus::Done)
+            {
                 if let Some(o) = self.orders.remove(&id) {
                     let key = (o.engine, o.cl_ord_id);
                     if self.by_engine.get(&key) == Some(&id) {
@@ -337,7 +341,11 @@ impl OrderBook {
         let mut retired = FxHashSet::default();
         for id in std::mem::take(&mut self.finished) {
             visits += 1;
-            if self.orders.get(&id).is_some_and(|o| o.status == OrderStatus::Done) {
+            if self
+                .orders
+                .get(&id)
+                .is_some_and(|o| o.status == OrderStatus::Done)
+            {
                 retired.insert(id);
             }
         }
@@ -352,6 +360,7 @@ impl OrderBook {
     }
 
     /// Whether order `id` is in the book.
+    #[cfg(test)]
     pub(super) fn contains(&self, id: u64) -> bool {
         self.orders.contains_key(&id)
     }
@@ -488,7 +497,11 @@ mod tests {
         by_engine.sort_unstable();
         let mut by_request: Vec<_> = b.requests().collect();
         by_request.sort_unstable();
-        let mut retired: Vec<_> = b.iter().filter(|&(id, _)| !b.keeps(id)).map(|(id, _)| id).collect();
+        let mut retired: Vec<_> = b
+            .iter()
+            .filter(|&(id, _)| !b.keeps(id))
+            .map(|(id, _)| id)
+            .collect();
         retired.sort_unstable();
         (orders, by_engine, by_request, retired, b.open_count())
     }
@@ -584,7 +597,11 @@ mod tests {
         }
         b.checkpoint_written();
         b.checkpoint_written();
-        assert_eq!(b.iter().count(), 10_000, "the final half is gone after two cuts");
+        assert_eq!(
+            b.iter().count(),
+            10_000,
+            "the final half is gone after two cuts"
+        );
         // A quiet segment: 3 changes.
         b.set_status(1, OrderStatus::Done);
         b.note_request(30_001, 3);
