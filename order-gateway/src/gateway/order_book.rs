@@ -2,8 +2,9 @@
 //! one (the engine's id, the FIX ClOrdID of each request sent for it), and the count of
 //! orders not yet final, kept as statuses change.
 //!
-//! Owns: the orders and their indexes, the open count, and which final orders the last
-//! checkpoint already left out. It decides nothing about requests or executions (that is the
+//! Owns: the orders and their indexes, the open count, which final orders the last
+//! checkpoint already left out, and what changed since the last cut (so a cut, on the
+//! service thread, never scans the day's orders). It decides nothing about requests or executions (that is the
 //! gateway's, through risk and the FIX session), sends nothing, reads no clock: it is plain
 //! state the gateway moves with [`OrderBook::insert_new`], [`OrderBook::set_status`] and
 //! [`OrderBook::note_request`], the same calls live and in replay. A status change goes
