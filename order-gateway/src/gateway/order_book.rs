@@ -536,11 +536,18 @@ mod tests {
                 let known = next_id - 1;
                 match rng.gen_range(0..100u32) {
                     0..=29 => {
-                        // A new order, its request noted first (as apply_decision does).
+                        // A new order, its request noted after it (as apply_decision
+                        // does) or before.
                         let id = next_id;
                         next_id += 1;
-                        b.note_request(id, id);
+                        let first = rng.gen_bool(0.5);
+                        if first {
+                            b.note_request(id, id);
+                        }
                         b.insert_new(id, order(rng.gen_range(1..4), next_cl));
+                        if !first {
+                            b.note_request(id, id);
+                        }
                         next_cl += 1;
                     }
                     30..=39 if known > 0 => {
