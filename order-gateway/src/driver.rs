@@ -1257,8 +1257,9 @@ impl<L: VenueLink> FixDriver<L> {
     /// Starts a checkpoint: journals a [`record::CUT`](crate::gateway::record::CUT) in an
     /// ordinary append, applies it where it stands (as replay does), and hands the
     /// writer the job of building the checkpoint at the cut from the segment on disk. The
-    /// service thread does no pass over the state but the cut's own
-    /// ([`Gateway::checkpoint_written`]). Returns whether a checkpoint is now in flight.
+    /// service thread does no pass over the state: the cut's own
+    /// ([`Gateway::checkpoint_written`]) visits what changed since the previous cut.
+    /// Returns whether a checkpoint is now in flight.
     fn cut(&mut self) -> bool {
         if self.health.is_degraded() || self.checkpoint.is_some() {
             return false;

@@ -126,6 +126,20 @@ impl ExecLog {
             .collect()
     }
 
+    /// Forgets the entries of `orders` (dropped at a checkpoint cut), keeping the others in
+    /// age order: what [`checkpoint_state`](Self::checkpoint_state) of the other orders and
+    /// [`restore_state`](Self::restore_state) would leave, in place (one pass over at most
+    /// [`EXEC_HISTORY`] entries, no rebuild), and nothing done when `orders` is empty.
+    pub fn forget_orders(&mut self, orders: &[u64]) {
+        if orders.is_empty() {
+            return;
+        }
+        let gone: rustc_hash::FxHashSet<u64> = orders.iter().copied().collect();
+        self.map.retain(|k, _| !gone.contains(&k.order));
+        let map = &self.map;
+        self.age.retain(|k| map.contains_key(k));
+    }
+
     /// Restores entries taken by [`checkpoint_state`](Self::checkpoint_state).
     pub fn restore_state(&mut self, entries: &[crate::checkpoint::ExecState]) {
         self.map.clear();
@@ -172,5 +186,32 @@ mod tests {
         assert!(l.insert(1, &other, (2, 2)), "long ids differ past the head");
         l.set_trade(1, &other, (0, 0));
         assert_eq!(l.trade(1, &other), Some((0, 0)));
+    }
+
+    #[test]
+    fn forgetting_orders_leaves_what_a_checkpoint_of_the_others_restores() {
+        let mut l = ExecLog::with_capacity(8);
+        for (i, order) in [1u64, 2, 1, 3, 2, 4, 1, 5, 6, 2].iter().enumerate() {
+            l.insert(*order, format!("E{i}").as_bytes(), (i as u32, 1));
+        }
+        let all = |l: &ExecLog| -> Vec<_> {
+            l.checkpoint_state(|_| true)
+                .iter()
+                .map(|e| (e.order, e.len, e.head, e.hash, e.trade))
+                .collect()
+        };
+        let want = {
+            let mut r = ExecLog::with_capacity(8);
+            r.restore_state(&l.checkpoint_state(|o| o != 1 && o != 2));
+            all(&r)
+        };
+        l.forget_orders(&[1, 2]);
+        assert_eq!(all(&l), want);
+        assert_eq!(l.len(), want.len());
+        // Eviction goes on from the oldest left.
+        for i in 0..8 {
+            l.insert(9, format!("N{i}").as_bytes(), (0, 0));
+        }
+        assert!(l.checkpoint_state(|_| true).iter().all(|e| e.order == 9));
     }
 }

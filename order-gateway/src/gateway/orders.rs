@@ -393,7 +393,6 @@ impl Gateway {
         }
         let (oid, rid) = (d.order_id.get(), d.request_id.get());
         self.next_id = self.next_id.max(rid + 1);
-        self.book.note_request(rid, oid);
         match d.request {
             msg_type::NEW_ORDER => {
                 let side = if d.side == Side::Sell as u8 {
@@ -443,6 +442,9 @@ impl Gateway {
             }
             _ => {}
         }
+        // After the order exists: a request noted for no order is one the next cut must
+        // look at again (`OrderBook::note_request`).
+        self.book.note_request(rid, oid);
     }
 }
 

@@ -107,11 +107,15 @@ impl Gateway {
     /// A checkpoint cut ([`record::CUT`], live and in replay): drop what a checkpoint of the
     /// state here leaves out, so the state is exactly what a restart from that checkpoint
     /// rebuilds.
+    ///
+    /// Runs on the service thread at every cut: it costs what changed since the previous
+    /// cut ([`OrderBook::checkpoint_written`](super::order_book::OrderBook::checkpoint_written)),
+    /// plus one pass over the bounded execution log when orders were dropped.
     pub fn checkpoint_written(&mut self) {
-        self.book.checkpoint_written();
-        let book = &self.book;
-        let state = self.execs.checkpoint_state(|id| book.contains(id));
-        self.execs.restore_state(&state);
+        let dropped = self.book.checkpoint_written();
+        // Executions are only ever remembered for orders in the book, so the ones a
+        // checkpoint leaves out are those of the orders just dropped.
+        self.execs.forget_orders(&dropped);
     }
 
     /// Replaces the whole recoverable state with a checkpoint's.
