@@ -79,11 +79,13 @@ fn config(dir: &Path, ip: IpAddr, capture: &Path, group: &str, port: u16, starve
     // one run). Dropping slow subscribers is md_rcfanout.rs's
     // `rdma_md_rc_fanout_stalled_subscriber_is_dropped_others_unaffected`; this test is about
     // what a recording holds.
+    // The publishers linger 10 s for a recorder still behind (a debug build in a loaded
+    // emulator was 794 messages behind when a 3 s linger ended, pre-check 12-07).
     let slow = "[market_data.rc_fanout]\nslow_subscriber_ns = 120000000000\n";
     let text = format!(
         "[feed]\ngroup = \"239.9.9.9:26999\"\ninterface = \"{ip}\"\ncapture = {capture:?}\n\
          [publish]\nlocal_ip = \"{ip}\"\n\
-         [service]\nidle = {{ kind = \"yield\" }}\nlinger_ms = 3000\n\
+         [service]\nidle = {{ kind = \"yield\" }}\nlinger_ms = 10000\n\
          [market_data]\nmax_datagram_payload = 1024\nhistory_depth = {history}\nheartbeat_interval_ns = 1000000\n\
          [market_data.batching]\nmax_messages = 64\nflush_interval_ns = 50000\n\
          [market_data.pacing]\n{pacing}\
@@ -351,7 +353,10 @@ fn record_replay_record(rc: bool) {
         .arg(&cfg)
         // Paced: unpaced, the replay outruns a debug-build recorder in an emulated guest
         // (its receive queue overflows), as any publisher would.
-        .args(["--linger-ms", "3000", "--rate", "10000"])
+        .args(["--linger-ms", "10000", "--rate", "10000"])
+        // The recorder is waiting for it: the replay starts once it is connected (a
+        // recorder that joined thousands of messages in lost the start: CI pre-check 12-07).
+        .args(["--wait-subscribers", "1"])
         .env("RUST_LOG", "info")
         .stderr(Stdio::inherit())
         .output()

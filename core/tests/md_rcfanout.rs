@@ -578,8 +578,10 @@ fn rdma_md_rc_fanout_subscriber_never_waits_and_reconnects() {
     let ip = local_ip();
     let t0 = Instant::now();
     let mut s = MdSubscriber::new(&cfg, CHANNEL, ip, ip).expect("subscriber");
+    // Local work only (the device opened, the ring registered): 2.3 s once in a loaded
+    // emulated guest (pre-check 12-07), hence the bound; what never waits is shown below.
     assert!(
-        t0.elapsed() < Duration::from_secs(2),
+        t0.elapsed() < Duration::from_secs(5),
         "new waited {:?}",
         t0.elapsed()
     );

@@ -76,6 +76,18 @@ pub enum ReplayError {
         #[source]
         source: NetError,
     },
+    /// Fewer subscribers than asked for connected within [`WAIT_SUBSCRIBERS_LIMIT`].
+    #[error(
+        "{connected} of the {wanted} subscribers asked for (--wait-subscribers) connected \
+         within {} s; nothing was published",
+        WAIT_SUBSCRIBERS_LIMIT.as_secs()
+    )]
+    NoSubscribers {
+        /// Asked for.
+        wanted: usize,
+        /// Connected when the wait ended.
+        connected: usize,
+    },
 }
 
 /// Records published between two polls of the publishers when nothing makes the replay wait.
@@ -106,15 +118,21 @@ fn poll(sink: &mut BusSink, views: &[MarketView], now: u64) -> Result<usize, Net
     Ok(sent)
 }
 
+/// How long [`replay`] waits for the subscribers it was asked to wait for.
+pub const WAIT_SUBSCRIBERS_LIMIT: Duration = Duration::from_secs(60);
+
 /// Publishes the records of `path` on the bus of `cfg` from `local_ip`, then serves
-/// recovery for `linger`. Stops early when
-/// `stop` is set.
+/// recovery for `linger`. With `wait_subscribers` > 0 it first serves handshakes, publishing
+/// nothing, until that many subscribers are connected (over all channels; an error after
+/// [`WAIT_SUBSCRIBERS_LIMIT`]): a recording of the replay then starts at its first record.
+/// Stops early when `stop` is set.
 pub fn replay(
     path: &Path,
     cfg: &McastConfig,
     local_ip: IpAddr,
     pace: ReplayPace,
     linger: Duration,
+    wait_subscribers: usize,
     stop: &AtomicBool,
 ) -> Result<ReplayTotals, ReplayError> {
     let read_err = |source| ReplayError::Read {
@@ -135,6 +153,20 @@ pub fn replay(
     let mut conv = Replayer::new();
     let mut totals = ReplayTotals::default();
     let mut buf = [0u8; MAX_LEN];
+    let waited = Instant::now();
+    // ORDERING: Relaxed: the stop flag carries no data (as below).
+    while sink.connections() < wait_subscribers && !stop.load(Ordering::Relaxed) {
+        if waited.elapsed() > WAIT_SUBSCRIBERS_LIMIT {
+            return Err(ReplayError::NoSubscribers {
+                wanted: wait_subscribers,
+                connected: sink.connections(),
+            });
+        }
+        let now = now_ns();
+        sink.set_now(Mono::from_nanos(now));
+        poll(&mut sink, &views, now).map_err(bus_err)?;
+        std::thread::sleep(Duration::from_micros(100));
+    }
     let start = Instant::now();
     let mut first_ts: Option<u64> = None;
     let mut last_progress = Instant::now();

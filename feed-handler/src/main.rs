@@ -217,6 +217,11 @@ enum Command {
         /// Keep serving re-requests this many milliseconds after the last one.
         #[arg(long, default_value_t = 2000)]
         linger_ms: u64,
+        /// DBN recording: publish nothing until this many subscribers are connected (over
+        /// all channels; their handshakes are served meanwhile), so a recorder started first
+        /// gets the replay from its first record; fails after 60 s with fewer.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        wait_subscribers: usize,
         /// Testing: drop every Nth data packet on first send to exercise re-requests.
         #[arg(long, hide = true)]
         drop_every: Option<u32>,
@@ -316,11 +321,12 @@ fn dispatch() -> Result<()> {
             retrans_port,
             session,
             linger_ms,
+            wait_subscribers,
             drop_every,
             history_mb,
         } => {
             if is_dbn(&file)? {
-                return replay_dbn(&file, &config, rate, realtime, linger_ms);
+                return replay_dbn(&file, &config, rate, realtime, linger_ms, wait_subscribers);
             }
             let Some(group) = group else {
                 bail!(
@@ -462,6 +468,7 @@ fn replay_dbn(
     rate: Option<u64>,
     realtime: bool,
     linger_ms: u64,
+    wait_subscribers: usize,
 ) -> Result<()> {
     use feed_handler::busreplay::{replay, ReplayPace};
     let cfg = Config::load(config)?;
@@ -488,6 +495,7 @@ fn replay_dbn(
         local_ip,
         pace,
         Duration::from_millis(linger_ms),
+        wait_subscribers,
         &stop,
     )
     .with_context(|| {

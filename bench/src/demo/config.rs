@@ -347,10 +347,11 @@ pub fn load_market_data(path: &Path) -> anyhow::Result<McastConfig> {
     Ok(cfg)
 }
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const GOOD: &str = r#"
+    /// A valid engine file (its market data in `md.toml` beside it).
+    pub(crate) const GOOD: &str = r#"
 [gateway]
 addr = "198.18.0.1:7470"
 engine_id = 1

@@ -400,36 +400,13 @@ mod tests {
     fn a_core_that_cannot_be_pinned_stops_the_engine() {
         let dir = tempfile::tempdir().unwrap();
         let md = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/md.toml");
+        std::fs::copy(md, dir.path().join("md.toml")).unwrap();
         let path = dir.path().join("engine.toml");
-        std::fs::write(
-            &path,
-            format!(
-                r#"
-[gateway]
-addr = "127.0.0.1:9"
-engine_id = 1
-engine_token = "e"
-account = 1
-[gateway.orders]
-token = "t"
-
-[market_data]
-config = "{}"
-local = "127.0.0.1"
-publisher = "127.0.0.1"
-
-[strategy]
-symbols = ["A"]
-orders_per_second = 100
-quantity = 100
-
-[engine]
-core = 100000
-"#,
-                md.display()
-            ),
-        )
-        .unwrap();
+        let text = format!(
+            "{}\n[engine]\ncore = 100000\n",
+            crate::demo::config::tests::GOOD
+        );
+        std::fs::write(&path, text).unwrap();
         let cfg = EngineConfig::load(&path).unwrap();
         let opts = RunOptions {
             counters_dir: None,
