@@ -122,6 +122,7 @@ fn refused(s: &ListenerStats) -> u64 {
         + s.peer_pending
         + s.peer_limit
         + s.bad_proof
+        + s.not_accepting
 }
 
 /// What the serving thread shares with the client thread.
@@ -134,16 +135,35 @@ struct Shared {
     refused: AtomicU64,
     /// Nanoseconds spent in the `accept` calls that refused a request.
     refusing_ns: AtomicU64,
+    /// The longest single `accept` call (ns), reset at each phase's start.
+    listener_max_ns: AtomicU64,
+    /// `accept` calls that took more than [`SLOW_NS`].
+    listener_slow: AtomicU64,
+    /// The longest serving turn outside the `accept` calls (ns), reset at
+    /// each phase's start: echoing takes microseconds, so a long one is the
+    /// thread not running (preempted by another thread or process).
+    stall_max_ns: AtomicU64,
+    /// Serving turns that took more than [`SLOW_NS`] outside the `accept` calls.
+    stalls: AtomicU64,
 }
+
+/// A listener call or a serving turn longer than this is counted as slow.
+const SLOW_NS: u64 = 1_000_000;
 
 /// Serves both listeners and every connection on this thread until `stop`.
 fn serve(listeners: &mut [OrdersListener; 2], shared: &Shared) -> Result<()> {
     let mut conns: Vec<Connection> = Vec::new();
     let mut buf = vec![0u8; 4096];
     let mut turn = 0u32;
+    let mut last = Instant::now();
     // ORDERING: Relaxed: a stop flag; nothing is handed over through it.
     while !shared.stop.load(Ordering::Relaxed) {
         turn = turn.wrapping_add(1);
+        // The previous turn's length outside the listener calls (`last`
+        // is taken again after them).
+        let now = Instant::now();
+        let turn_ns = (now - last).as_nanos() as u64;
+        last = now;
         if turn % 32 == 0 {
             let t = Instant::now();
             let mut total = 0;
@@ -152,6 +172,12 @@ fn serve(listeners: &mut [OrdersListener; 2], shared: &Shared) -> Result<()> {
                 let t = Instant::now();
                 if let Some(c) = l.accept(Duration::ZERO)? {
                     conns.push(c);
+                }
+                let call = t.elapsed().as_nanos() as u64;
+                // ORDERING: Relaxed, as below.
+                shared.listener_max_ns.fetch_max(call, Ordering::Relaxed);
+                if call > SLOW_NS {
+                    shared.listener_slow.fetch_add(1, Ordering::Relaxed);
                 }
                 let after = refused(&l.stats());
                 if after > before {
@@ -168,6 +194,13 @@ fn serve(listeners: &mut [OrdersListener; 2], shared: &Shared) -> Result<()> {
             // value by a few turns is noise.
             shared.listener_ns.fetch_add(ns, Ordering::Relaxed);
             shared.refused.store(total, Ordering::Relaxed);
+            // The listener calls' time is counted above, not as a stall.
+            last = Instant::now();
+        }
+        // ORDERING: Relaxed, as above.
+        shared.stall_max_ns.fetch_max(turn_ns, Ordering::Relaxed);
+        if turn_ns > SLOW_NS {
+            shared.stalls.fetch_add(1, Ordering::Relaxed);
         }
         let mut i = 0;
         while i < conns.len() {
@@ -291,6 +324,26 @@ pub struct Phase {
     /// Time of the `accept` calls that refused requests over the requests
     /// they refused, us (NaN with none refused).
     pub us_per_refused: f64,
+    /// The serving thread during the ping-pong only.
+    pub pingpong: PingPongTurns,
+}
+
+/// Where the serving thread's time went during a phase's ping-pong: what
+/// tells a slow listener call from a thread that was not running.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PingPongTurns {
+    /// The longest single `accept` call, us.
+    pub listener_max_us: f64,
+    /// `accept` calls longer than 1 ms.
+    pub listener_slow: f64,
+    /// The longest serving turn outside the `accept` calls, us.
+    pub stall_max_us: f64,
+    /// Serving turns longer than 1 ms outside the `accept` calls.
+    pub stalls: f64,
+    /// Round trips longer than 1 ms (of `--iterations`).
+    pub slow_rtts: f64,
+    /// Requests the listeners refused per second of the ping-pong.
+    pub refused_per_s: f64,
 }
 
 fn median_us(mut v: Vec<Duration>) -> f64 {
@@ -308,14 +361,22 @@ pub fn round_line(round: u32, attempts: u64, quiet: &Phase, flood: &Phase) -> St
         l.push_str(&format!(
             " {name}:connect_us={:.1} {name}:cookie_connect_us={:.1} {name}:p50_us={:.2} \
              {name}:p99_us={:.2} {name}:listener_us_per_s={:.1} {name}:refused_per_s={:.1} \
-             {name}:us_per_refused={:.1}",
+             {name}:us_per_refused={:.1} {name}:pp_listener_max_us={:.1} \
+             {name}:pp_listener_slow={:.0} {name}:pp_stall_max_us={:.1} {name}:pp_stalls={:.0} \
+             {name}:pp_slow_rtts={:.0} {name}:pp_refused_per_s={:.1}",
             p.connect_us,
             p.cookie_connect_us,
             p.p50_us,
             p.p99_us,
             p.listener_us_per_s,
             p.refused_per_s,
-            p.us_per_refused
+            p.us_per_refused,
+            p.pingpong.listener_max_us,
+            p.pingpong.listener_slow,
+            p.pingpong.stall_max_us,
+            p.pingpong.stalls,
+            p.pingpong.slow_rtts,
+            p.pingpong.refused_per_s,
         ));
     }
     l
@@ -346,12 +407,35 @@ fn measure(
     }
     let msg = vec![0x5au8; a.size];
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    // ORDERING: Relaxed: see `serve`; the maxima start again here, so they
+    // cover the ping-pong only (not the healthy peer's handshakes above).
+    shared.listener_max_ns.swap(0, Ordering::Relaxed);
+    shared.stall_max_ns.swap(0, Ordering::Relaxed);
+    let pp0 = (
+        shared.listener_slow.load(Ordering::Relaxed),
+        shared.stalls.load(Ordering::Relaxed),
+        shared.refused.load(Ordering::Relaxed),
+    );
+    let tp = Instant::now();
+    let mut slow_rtts = 0u64;
     for _ in 0..a.iterations {
         let t = Instant::now();
         conn.publication(1).offer_and_flush(1, &msg)?;
         while conn.subscription().poll(|_| {}, 1)? == 0 {}
-        hist.record((t.elapsed().as_nanos() as u64 / 2).max(1))?;
+        let rtt = t.elapsed().as_nanos() as u64;
+        slow_rtts += u64::from(rtt > SLOW_NS);
+        hist.record((rtt / 2).max(1))?;
     }
+    let pp_secs = tp.elapsed().as_secs_f64();
+    // ORDERING: Relaxed, as above.
+    let pingpong = PingPongTurns {
+        listener_max_us: shared.listener_max_ns.load(Ordering::Relaxed) as f64 / 1000.0,
+        listener_slow: (shared.listener_slow.load(Ordering::Relaxed) - pp0.0) as f64,
+        stall_max_us: shared.stall_max_ns.load(Ordering::Relaxed) as f64 / 1000.0,
+        stalls: (shared.stalls.load(Ordering::Relaxed) - pp0.1) as f64,
+        slow_rtts: slow_rtts as f64,
+        refused_per_s: (shared.refused.load(Ordering::Relaxed) - pp0.2) as f64 / pp_secs,
+    };
     let secs = t0.elapsed().as_secs_f64();
     // ORDERING: Relaxed, as at the phase's start: see `serve`.
     let (ns1, r1, busy1) = (
@@ -368,6 +452,7 @@ fn measure(
         listener_us_per_s: (ns1 - ns0) as f64 / 1000.0 / secs,
         refused_per_s: (r1 - r0) as f64 / secs,
         us_per_refused: (busy1 - busy0) as f64 / 1000.0 / (r1 - r0) as f64,
+        pingpong,
     })
 }
 
@@ -475,6 +560,7 @@ mod tests {
             listener_us_per_s: 100.0,
             refused_per_s: 0.0,
             us_per_refused: f64::NAN,
+            pingpong: PingPongTurns::default(),
         };
         let l = round_line(
             2,

@@ -673,7 +673,10 @@ fn rdma_md_rc_fanout_subscriber_never_waits_and_reconnects() {
 /// (`recovery.dead_link_ns`): the connection is given up (`RecoveryLost`,
 /// `silent_links`), made again once the publisher is back, and the stream
 /// goes on in order. An idle publisher that keeps polling is not given up:
-/// its heartbeats keep the subscriber hearing from it.
+/// its heartbeats keep the subscriber hearing from it. A frozen publisher
+/// admits no subscriber (its listener thread refuses them: nobody would
+/// welcome them), so the subscriber is connected again once, after the
+/// freeze.
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_md_rc_fanout_frozen_publisher_is_noticed_by_silence() {
@@ -741,8 +744,9 @@ fn rdma_md_rc_fanout_frozen_publisher_is_noticed_by_silence() {
         unreachable!()
     };
     eprintln!(
-        "subscriber: {st:?} events {events:?}\npublisher: {:?}",
-        p.stats()
+        "subscriber: {st:?} events {events:?}\npublisher: {:?} {:?}",
+        p.stats(),
+        p.listener_stats()
     );
     assert_eq!(book.order_errors, 0);
     assert_eq!(book.digest(), pbook.digest(), "final state differs");
@@ -752,4 +756,15 @@ fn rdma_md_rc_fanout_frozen_publisher_is_noticed_by_silence() {
     assert_eq!(lost_at, Some(first), "{events:?}");
     assert!(p.stats().heartbeats_written > 10, "{:?}", p.stats());
     assert_eq!(st.reconnects, 1, "made again after the freeze: {st:?}");
+    // While frozen the publisher admitted no one: its listener's thread
+    // refused the subscriber's attempts (it had not polled for half the
+    // silence bound) instead of completing handshakes nobody would
+    // welcome; the subscriber got in once the publisher polled again. With
+    // the listener answering regardless, the subscriber was admitted during
+    // the freeze, heard nothing for the bound and gave the link up a second
+    // time (silent_links 2, reconnects 2).
+    let ls = p.listener_stats();
+    assert!(st.reconnect_failures > 0, "{st:?}");
+    assert!(ls.not_accepting > 0, "{ls:?}");
+    assert_eq!(p.stats().subscribers_joined, 2, "{:?}", p.stats());
 }

@@ -1135,7 +1135,10 @@ impl<L: VenueLink> Service<L> {
     }
 
     /// New connections, never waiting on a peer: the listener checks requests and moves
-    /// handshakes on without blocking (at most `max_pending_connections` of them, the
+    /// handshakes on on its own thread, and `accept(Duration::ZERO)` only takes a proven
+    /// connection off its channel (a stranger's flood costs this thread nothing,
+    /// `rdma_orders_a_flood_of_strangers_costs_the_serving_thread_no_listener_work`; at
+    /// most `max_pending_connections` handshakes, the
     /// `orders.max_pending_handshakes` cap lowered to it, are in progress: one more is
     /// rejected by the listener with the reason); a completed one is admitted by the links
     /// or, past `max_pending_connections` waiting, closed at once. Then refused ones whose

@@ -729,13 +729,22 @@ fn engine_child(addr: SocketAddr, mode: &str) {
         .collect();
     s.flush().unwrap();
     let t = Instant::now();
+    let mut rejects = Vec::new();
     while !ids.iter().all(|&id| {
         s.client().order(id).map(|o| o.state) == Some(order_gateway::client::OrderState::New)
     }) {
-        s.poll(|_| {}, 64).expect("gateway");
+        s.poll(
+            |r| {
+                if let Ok(Response::Reject(x)) = r {
+                    rejects.push(x.reason());
+                }
+            },
+            64,
+        )
+        .expect("gateway");
         assert!(
             t.elapsed() < Duration::from_secs(60),
-            "orders not acknowledged"
+            "orders not acknowledged ({mode}): rejects {rejects:?}"
         );
     }
     if mode == "first" {

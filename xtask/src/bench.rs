@@ -1044,6 +1044,17 @@ fn flood_summary(rate: u32, rounds: &[FloodRound]) -> Vec<String> {
             "rc-latency --flood {rate}: cookie-path handshake {:.2}x the plain one (quiet), listener {per_refused:.1} us per refused request",
             med(&|r| Some(r.quiet.get("cookie_connect_us")? / r.quiet.get("connect_us")?)),
         ),
+        // Where the serving thread's time went during the flooded ping-pong (keys
+        // absent from older harnesses: NaN).
+        format!(
+            "rc-latency --flood {rate}: flooded ping-pong: longest listener call {:.1} us ({:.0} over 1 ms), longest serving turn outside it {:.1} us ({:.0} over 1 ms), {:.0} round trips over 1 ms, {:.1} refused per second (medians)",
+            med(&|r| r.flood.get("pp_listener_max_us").copied()),
+            med(&|r| r.flood.get("pp_listener_slow").copied()),
+            med(&|r| r.flood.get("pp_stall_max_us").copied()),
+            med(&|r| r.flood.get("pp_stalls").copied()),
+            med(&|r| r.flood.get("pp_slow_rtts").copied()),
+            med(&|r| r.flood.get("pp_refused_per_s").copied()),
+        ),
     ]
 }
 
@@ -1341,7 +1352,9 @@ mod tests {
                  quiet:p50_us=10.00 quiet:p99_us=20.00 quiet:listener_us_per_s=50.0 \
                  quiet:refused_per_s=0.0 quiet:us_per_refused=NaN flood:connect_us=1200.0 flood:cookie_connect_us=1800.0 \
                  flood:p50_us=11.00 flood:p99_us=40.00 flood:listener_us_per_s=2050.0 \
-                 flood:refused_per_s=100.0 flood:us_per_refused=20.0";
+                 flood:refused_per_s=100.0 flood:us_per_refused=20.0 flood:pp_listener_max_us=12.5 \
+                 flood:pp_listener_slow=0 flood:pp_stall_max_us=9000.0 flood:pp_stalls=40 \
+                 flood:pp_slow_rtts=45 flood:pp_refused_per_s=30.0";
         let r = parse_flood_line(l).unwrap();
         assert_eq!(r.attempts, 950.0);
         assert_eq!(r.quiet["connect_us"], 1000.0);
@@ -1364,6 +1377,10 @@ mod tests {
         assert_eq!(
             out[2],
             "rc-latency --flood 100: cookie-path handshake 1.50x the plain one (quiet), listener 20.0 us per refused request"
+        );
+        assert_eq!(
+            out[3],
+            "rc-latency --flood 100: flooded ping-pong: longest listener call 12.5 us (0 over 1 ms), longest serving turn outside it 9000.0 us (40 over 1 ms), 45 round trips over 1 ms, 30.0 refused per second (medians)"
         );
         let s = flood_script("B", "A", 100, 2, 64, 50);
         assert!(

@@ -208,6 +208,13 @@ fn orders_config(cfg: &McastConfig) -> OrdersConfig {
         // checked first and never holding every slot (crate::admission).
         max_pending_handshakes: 8,
         max_pending_per_peer: 2,
+        // A publisher whose thread has not polled for half the silence
+        // bound admits no subscriber: it could not welcome it (the welcome
+        // and everything after it are written by `poll`), and a subscriber
+        // that heard nothing for the whole bound would give it up again.
+        // Refused, the subscriber retries on its back-off and is in once
+        // the publisher polls again.
+        accept_stall_ms: (silence_bound(cfg) / 2 / 1_000_000).max(1),
         ..OrdersConfig::default()
     }
 }

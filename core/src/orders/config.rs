@@ -71,6 +71,17 @@ pub struct OrdersConfig {
     /// every flush (one more one-byte WRITE), so a [`ConnectionSet`](super::ConnectionSet) or
     /// [`FanIn`](super::FanIn) polls only connections with new frames. At most 65536.
     pub fanin_slots: usize,
+    /// Listener: an application that has not called
+    /// [`accept`](super::OrdersListener::accept) for this many
+    /// milliseconds (its thread frozen, or no longer taking connections) is
+    /// taken for gone: a proved request is then refused with the reason
+    /// ("not accepting connections, try again"), before anything is made
+    /// for it, instead of being handed a connection nobody serves. The
+    /// listener's own thread would complete the handshake either way; this
+    /// is what keeps a peer from being told it is connected to an
+    /// application that is not there. A blocking `accept` counts as
+    /// looking for as long as it waits. 0: never refused for it.
+    pub accept_stall_ms: u64,
 }
 
 impl Default for OrdersConfig {
@@ -92,6 +103,7 @@ impl Default for OrdersConfig {
             cookie_when_pending: 4,
             request_max_age_ms: 30_000,
             fanin_slots: 0,
+            accept_stall_ms: 2000,
         }
     }
 }

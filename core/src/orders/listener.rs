@@ -13,6 +13,31 @@
 //! per-address caps (`max_pending_per_peer`, below `max_pending_handshakes`,
 //! and `max_connections_per_peer`), then the total. Only then are verbs
 //! resources made and the accept, with the responder's proof, sent.
+//!
+//! All of that runs on the listener's own thread (`rocebus-listen`), never
+//! on the thread that calls [`OrdersListener::accept`]: reading rdma_cm
+//! events, checking proofs and cookies, rejecting, making a proved peer's
+//! queue pair and ring and completing its handshake are system calls that
+//! cost a stranger's flood milliseconds per request under emulation. The
+//! application's thread only takes proven connections off a bounded
+//! channel: one non-blocking receive per `accept(Duration::ZERO)`,
+//! whatever the flood (`rdma_orders_a_flood_of_strangers_costs_the_serving_thread_no_listener_work`).
+//!
+//! The thread answers only for an application that is there. Before the
+//! first `accept` it reads no request: they wait in rdma_cm's queue, as
+//! they did for the inline listener (a service binds before its loop runs;
+//! the gateway's engines, let in at `bind`, had their first orders rejected
+//! `SessionDown` before its venue session could be up). From then on it
+//! completes handshakes whether or not the application is calling `accept`
+//! at that moment, but not for an application that has stopped: once
+//! `accept` has not been called for `accept_stall_ms` (the
+//! serving thread frozen, a host stopped in a debugger), proved requests
+//! are refused with a reason and the peer tries again. Inline, such a
+//! request went unanswered until the application came back; answered by
+//! the thread, the peer would take itself for connected to an application
+//! that cannot serve it (an RC fan-out subscriber admitted by a frozen
+//! publisher never gets its welcome, and gives the link up by silence
+//! again: `rdma_md_rc_fanout_frozen_publisher_is_noticed_by_silence`).
 
 use super::connection::{check_hello, hello, resources, Resources};
 use super::{fanin, Connection, FanIn, OrdersConfig, OrdersError};
@@ -28,6 +53,8 @@ use crate::verbs::cm::{self, Listener};
 use crate::verbs::{Access, Context};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zerocopy::{FromBytes, IntoBytes};
@@ -44,6 +71,7 @@ enum Refusal {
     PeerLimit,
     BadProof,
     HandshakeFailed,
+    NotAccepting,
 }
 
 impl Refusal {
@@ -60,6 +88,9 @@ impl Refusal {
             Refusal::PeerLimit => "rocebus: too many connections from this address",
             Refusal::BadProof => "rocebus: wrong proof",
             Refusal::HandshakeFailed => "rocebus: handshake failed",
+            Refusal::NotAccepting => {
+                "rocebus: the listener's application is not accepting connections, try again"
+            }
         }
     }
 }
@@ -103,6 +134,10 @@ pub struct ListenerStats {
     /// Accepted requests that never completed: no ESTABLISHED, no proof in
     /// time, or the peer went away (its connect fails; it may retry).
     pub handshake_failed: u64,
+    /// Proved requests refused because the application had not called
+    /// `accept` for `accept_stall_ms` (rejected with the reason, nothing
+    /// allocated): a peer is not handed a connection nobody serves.
+    pub not_accepting: u64,
 }
 
 impl ListenerStats {
@@ -117,6 +152,7 @@ impl ListenerStats {
             Refusal::PeerLimit => &mut self.peer_limit,
             Refusal::BadProof => &mut self.bad_proof,
             Refusal::HandshakeFailed => &mut self.handshake_failed,
+            Refusal::NotAccepting => &mut self.not_accepting,
         };
         *c += 1;
         *c
@@ -194,70 +230,183 @@ struct Pending {
     deadline: Instant,
 }
 
-/// Requests handled per `accept` call once its timeout has passed, so a
-/// flood of requests cannot hold the caller's thread.
-const REQUESTS_PER_CALL: usize = 16;
+/// How long the listener thread sleeps in rdma_cm with no handshake in
+/// progress before it looks at its stop flag: the longest a dropped
+/// listener's `drop` waits for its thread.
+const IDLE_WAIT: Duration = Duration::from_millis(10);
+
+/// How often a handshake in progress is looked at (its ESTABLISHED event
+/// and the initiator's proof, which arrives as an RDMA write with no event).
+/// rdma_cm's channel is waited on with `poll`, whose timeout is whole
+/// milliseconds: anything shorter is 0, and the thread would spin on a CPU
+/// for as long as a handshake is pending (a stranger holding one for
+/// `connect_timeout_ms` would hold a core).
+const PENDING_WAIT: Duration = Duration::from_millis(1);
+
+/// What the listener thread shares with the [`OrdersListener`] handle.
+struct Shared {
+    stop: AtomicBool,
+    stats: Mutex<ListenerStats>,
+    /// Handshakes in progress.
+    pending: AtomicUsize,
+    /// Calls of `accept` so far (the handle's count; only its changes mean
+    /// anything): the application is there ([`AppWatch`]).
+    looks: AtomicU64,
+    /// An `accept` is waiting for a connection right now.
+    waiting: AtomicBool,
+}
+
+/// Whether the application behind a listener is still taking connections,
+/// as the listener thread sees it: a proved request that comes while the
+/// application has not called `accept` for `accept_stall_ms` is refused
+/// (`rdma_md_rc_fanout_frozen_publisher_is_noticed_by_silence`: a frozen
+/// publisher admits no subscriber it cannot welcome). I/O-free: the thread
+/// feeds it what the handle published and its own clock.
+#[derive(Debug)]
+struct AppWatch {
+    stall_ns: u64,
+    /// The handle's count of `accept` calls when it last changed.
+    looks: u64,
+    /// When the count last changed, or an `accept` was seen waiting; `None`
+    /// before the first call.
+    looked_at: Option<u64>,
+}
+
+impl AppWatch {
+    /// Watching an application that has not called `accept` yet, with a
+    /// bound of `stall_ms` (0: never away).
+    fn new(stall_ms: u64) -> Self {
+        AppWatch {
+            stall_ns: stall_ms.saturating_mul(1_000_000),
+            looks: 0,
+            looked_at: None,
+        }
+    }
+
+    /// What the handle published: its count of `accept` calls, and whether
+    /// one is waiting right now.
+    fn observe(&mut self, looks: u64, waiting: bool, now: u64) {
+        if looks != self.looks || waiting {
+            self.looks = looks;
+            self.looked_at = Some(self.looked_at.map_or(now, |t| t.max(now)));
+        }
+    }
+
+    /// Whether the application has called `accept` at all: until it has,
+    /// requests wait in rdma_cm's queue, unread, as they did for an inline
+    /// listener (binding is not serving: a service binds before its loop
+    /// runs).
+    fn started(&self) -> bool {
+        self.looked_at.is_some()
+    }
+
+    /// How long the application has been away since its last call, if
+    /// longer than the bound.
+    fn away(&self, now: u64) -> Option<Duration> {
+        let away = now.saturating_sub(self.looked_at?);
+        (self.stall_ns > 0 && away > self.stall_ns).then(|| Duration::from_nanos(away))
+    }
+}
 
 /// Accepts orders connections, admitting only peers that prove they hold
 /// the token (challenge-response, [`crate::auth`]) and within the
 /// configured limits.
 ///
-/// Nothing here blocks on one peer: handshakes in progress (up to
-/// `max_pending_handshakes`) are completed as their events and proofs
-/// arrive, while new requests are taken. A connection reaches the
-/// application only once the initiator's proof checked out; until then no
-/// frame of it is read and no credit returned.
+/// Admission runs on a thread of the listener's own (see the module
+/// documentation): handshakes in progress (up to `max_pending_handshakes`)
+/// are completed as their events and proofs arrive, while new requests are
+/// taken and strangers refused, whether or not the application is calling
+/// [`accept`](Self::accept) at that moment (from its first call on; until
+/// then requests wait in rdma_cm's queue, unread). A connection reaches the application only
+/// once the initiator's proof checked out; until then no frame of it is
+/// read and no credit returned. Proven connections the application has not
+/// taken yet (at most `max_pending_handshakes` wait on the channel; more
+/// are held by the thread) still count against the pending caps, so an
+/// application that stops accepting stops the listener admitting; and one
+/// that has not called `accept` for `accept_stall_ms` (its thread frozen)
+/// gets no new connection: proved requests are refused with the reason
+/// until it calls `accept` again.
 pub struct OrdersListener {
-    listener: Listener,
-    cfg: OrdersConfig,
-    key: auth::Key,
-    cookies: CookieJar,
-    replays: ReplayGuard,
-    pending: Vec<Pending>,
-    /// The addresses of `pending`, rebuilt for each request's admission.
-    pending_ips: Vec<IpAddr>,
+    port: u16,
+    /// Calls of `accept` so far (published in [`Shared::looks`]).
+    looks: u64,
+    ready: mpsc::Receiver<Result<Connection, OrdersError>>,
+    shared: Arc<Shared>,
     peers: PeerCounts,
-    stats: ListenerStats,
     /// The fan-in activity summary (`fanin_slots > 0`).
     activity: Option<Arc<fanin::Activity>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for OrdersListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OrdersListener")
-            .field("port", &self.local_port())
-            .field("pending", &self.pending.len())
-            .field("stats", &self.stats)
+            .field("port", &self.port)
+            .field("pending", &self.pending())
+            .field("stats", &self.stats())
             .finish()
     }
 }
 
 impl OrdersListener {
-    /// Listens on `addr`.
+    /// Listens on `addr` and starts the listener's thread.
     pub fn bind(cfg: OrdersConfig, addr: SocketAddr) -> Result<Self, OrdersError> {
         cfg.validate().map_err(OrdersError::Config)?;
         let activity = match cfg.fanin_slots {
             0 => None,
             n => Some(fanin::Activity::new(n)?),
         };
-        Ok(Self {
-            activity,
-            listener: Listener::bind(addr)?,
+        let listener = Listener::bind(addr)?;
+        let port = listener.local_port();
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            stats: Mutex::new(ListenerStats::default()),
+            pending: AtomicUsize::new(0),
+            looks: AtomicU64::new(0),
+            waiting: AtomicBool::new(false),
+        });
+        let peers: PeerCounts = Arc::new(Mutex::new(HashMap::new()));
+        let (tx, ready) = mpsc::sync_channel(cfg.max_pending_handshakes.max(1));
+        let admitter = Admitter {
             key: auth::Key::derive(cfg.token.as_bytes(), Purpose::Orders),
             pending: Vec::with_capacity(cfg.max_pending_handshakes),
             pending_ips: Vec::with_capacity(cfg.max_pending_handshakes),
+            held: Vec::new(),
             // A cookie lives one to two handshake times.
             cookies: CookieJar::new(cfg.connect_timeout_ms.max(1) * 1_000_000),
             replays: ReplayGuard::new(cfg.request_max_age_ms * 1_000_000, REPLAY_GUARD_CAPACITY),
-            peers: Arc::new(Mutex::new(HashMap::new())),
+            peers: peers.clone(),
             stats: ListenerStats::default(),
+            app: AppWatch::new(cfg.accept_stall_ms),
+            activity: activity.clone(),
+            shared: shared.clone(),
+            listener,
+            tx,
             cfg,
+        };
+        let thread = std::thread::Builder::new()
+            .name("rocebus-listen".into())
+            .spawn(move || admitter.run())
+            .map_err(|e| {
+                OrdersError::Verbs(crate::verbs::VerbsError::Cm {
+                    op: "spawn the listener thread",
+                    source: e,
+                })
+            })?;
+        Ok(Self {
+            port,
+            looks: 0,
+            ready,
+            shared,
+            peers,
+            activity,
+            thread: Some(thread),
         })
     }
 
     /// The bound port.
     pub fn local_port(&self) -> u16 {
-        self.listener.local_port()
+        self.port
     }
 
     /// A scanner of this listener's fan-in summary (disabled, scanning
@@ -267,14 +416,18 @@ impl OrdersListener {
         FanIn::new(self.activity.clone())
     }
 
-    /// Counters of refused and failed handshakes.
+    /// Counters of refused and failed handshakes (as the listener thread
+    /// last published them: a refusal is counted before the peer is
+    /// answered).
     pub fn stats(&self) -> ListenerStats {
-        self.stats
+        *self.shared.stats.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Handshakes in progress.
     pub fn pending(&self) -> usize {
-        self.pending.len()
+        // ORDERING: Relaxed: a count read for its own value; pairs with
+        // the Relaxed store in `Admitter::publish`, nothing is read through it.
+        self.shared.pending.load(Ordering::Relaxed)
     }
 
     /// Connections (pending or established, not yet dropped) from `ip`.
@@ -286,7 +439,7 @@ impl OrdersListener {
     /// Connection requests refused (bad hello, limits) or dropped for a
     /// wrong proof.
     pub fn refused(&self) -> u64 {
-        let s = self.stats;
+        let s = self.stats();
         s.unproved
             + s.replayed
             + s.bad_hello
@@ -295,56 +448,215 @@ impl OrdersListener {
             + s.peer_pending
             + s.peer_limit
             + s.bad_proof
+            + s.not_accepting
     }
 
     /// Accepted requests whose handshake then failed: the peer's
     /// confirmation or proof was lost or late, or it gave up and went away.
     pub fn failed_handshakes(&self) -> u64 {
-        self.stats.handshake_failed
+        self.stats().handshake_failed
+    }
+
+    /// Waits up to `timeout` for a connection whose handshake completed
+    /// (the initiator's proof checked out); `Ok(None)` on timeout. With
+    /// `Duration::ZERO` it never waits and makes no system call: one look
+    /// at the channel the listener thread fills. Refusals and failures are
+    /// the thread's, counted ([`stats`](Self::stats)) and logged at a
+    /// bounded rate. Local failures the thread met (no device, no
+    /// resources for a proved peer) are returned, one per call.
+    ///
+    /// Each call tells the listener the application is there: one that
+    /// has not called for `accept_stall_ms` gets no new connection (proved
+    /// requests are refused, "not accepting connections, try again").
+    pub fn accept(&mut self, timeout: Duration) -> Result<Option<Connection>, OrdersError> {
+        self.looked();
+        let got = if timeout.is_zero() {
+            match self.ready.try_recv() {
+                Ok(r) => Some(r),
+                Err(TryRecvError::Empty) => None,
+                Err(TryRecvError::Disconnected) => return Err(thread_gone()),
+            }
+        } else {
+            // ORDERING: Relaxed: a flag read for its own value by the
+            // listener thread's `AppWatch` (Relaxed load in `watch_app`);
+            // nothing is handed over through it.
+            self.shared.waiting.store(true, Ordering::Relaxed);
+            let r = self.ready.recv_timeout(timeout);
+            // ORDERING: Relaxed: as above.
+            self.shared.waiting.store(false, Ordering::Relaxed);
+            // The wait's end is a look too (the thread may have missed the flag).
+            self.looked();
+            match r {
+                Ok(r) => Some(r),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return Err(thread_gone()),
+            }
+        };
+        got.transpose()
+    }
+
+    /// Publishes one more call of `accept` (a plain store: this handle is
+    /// the only writer).
+    fn looked(&mut self) {
+        self.looks = self.looks.wrapping_add(1);
+        // ORDERING: Relaxed: a count the listener thread reads only for
+        // whether it changed (Relaxed load in `watch_app`); nothing is
+        // handed over through it.
+        self.shared.looks.store(self.looks, Ordering::Relaxed);
+    }
+}
+
+impl Drop for OrdersListener {
+    fn drop(&mut self) {
+        // ORDERING: Relaxed: a stop flag, nothing handed over through it;
+        // the join below is the synchronisation.
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The error of an `accept` whose listener thread is gone (it panicked).
+fn thread_gone() -> OrdersError {
+    OrdersError::Verbs(crate::verbs::VerbsError::Cm {
+        op: "the orders listener thread",
+        source: std::io::Error::other("the listener thread stopped"),
+    })
+}
+
+/// The listener thread's state: admission, handshakes in progress, and the
+/// proven connections not yet handed over.
+struct Admitter {
+    listener: Listener,
+    cfg: OrdersConfig,
+    key: auth::Key,
+    cookies: CookieJar,
+    replays: ReplayGuard,
+    pending: Vec<Pending>,
+    /// The addresses of `pending` and `held`, rebuilt for each request's admission.
+    pending_ips: Vec<IpAddr>,
+    /// Proven connections the channel had no room for (the application is
+    /// not accepting): handed over first, counted against the pending caps.
+    held: Vec<(IpAddr, Connection)>,
+    peers: PeerCounts,
+    stats: ListenerStats,
+    /// Whether the application is still calling `accept`.
+    app: AppWatch,
+    /// The fan-in activity summary (`fanin_slots > 0`).
+    activity: Option<Arc<fanin::Activity>>,
+    shared: Arc<Shared>,
+    tx: SyncSender<Result<Connection, OrdersError>>,
+}
+
+impl Admitter {
+    /// Serves requests and handshakes until the handle is dropped.
+    fn run(mut self) {
+        // ORDERING: Relaxed: see `OrdersListener::drop`.
+        while !self.shared.stop.load(Ordering::Relaxed) {
+            if self.turn().is_err() {
+                return;
+            }
+        }
+    }
+
+    /// One look at everything: hand over what is proven, move handshakes
+    /// on, then wait (briefly with handshakes in progress) for one request
+    /// and decide it. `Err` once the handle is gone.
+    fn turn(&mut self) -> Result<(), ()> {
+        self.watch_app(crate::clock::now_ns());
+        if !self.app.started() {
+            // Nothing is pending or held before the first `accept`; requests
+            // wait in rdma_cm's queue (its backlog) until then.
+            std::thread::sleep(PENDING_WAIT);
+            return Ok(());
+        }
+        self.hand_over()?;
+        loop {
+            match self.progress() {
+                Ok(Some((ip, c))) => self.held.push((ip, c)),
+                Ok(None) => break,
+                Err(e) => self.send(e)?,
+            }
+        }
+        self.hand_over()?;
+        let wait = if self.pending.is_empty() && self.held.is_empty() {
+            IDLE_WAIT
+        } else {
+            PENDING_WAIT
+        };
+        let r = match self.listener.next_request(wait) {
+            Ok(Some(req)) => self.on_request(req),
+            Ok(None) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
+        self.publish();
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => self.send(e),
+        }
+    }
+
+    /// Hands held connections to the application while the channel has
+    /// room. The counters go first: whoever takes a connection sees it
+    /// counted `accepted` and no longer pending.
+    fn hand_over(&mut self) -> Result<(), ()> {
+        self.publish();
+        while !self.held.is_empty() {
+            let (ip, c) = self.held.remove(0);
+            match self.tx.try_send(Ok(c)) {
+                Ok(()) => {}
+                Err(TrySendError::Full(Ok(c))) => {
+                    self.held.insert(0, (ip, c));
+                    break;
+                }
+                Err(_) => return Err(()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands a local failure to the application. Never waits (the handle's
+    /// `drop` joins this thread): with the channel full of connections the
+    /// application has not taken, the error is logged and dropped. `Err`
+    /// once the handle is gone.
+    fn send(&mut self, e: OrdersError) -> Result<(), ()> {
+        match self.tx.try_send(Err(e)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(Err(e))) => {
+                tracing::warn!(error = %e, "orders listener: a local failure not handed over (the application is not accepting)");
+                Ok(())
+            }
+            Err(_) => Err(()),
+        }
+    }
+
+    /// Looks at what the handle published about `accept` calls.
+    fn watch_app(&mut self, now: u64) {
+        // ORDERING: Relaxed: pairs with the Relaxed stores in
+        // `OrdersListener::accept`/`looked`; values read for their own sake.
+        let looks = self.shared.looks.load(Ordering::Relaxed);
+        // ORDERING: Relaxed: as above.
+        let waiting = self.shared.waiting.load(Ordering::Relaxed);
+        self.app.observe(looks, waiting, now);
+    }
+
+    /// Publishes the counters and the pending count to the handle.
+    fn publish(&self) {
+        *self.shared.stats.lock().unwrap_or_else(|p| p.into_inner()) = self.stats;
+        // ORDERING: Relaxed: pairs with the Relaxed load in `OrdersListener::pending`.
+        self.shared
+            .pending
+            .store(self.pending.len(), Ordering::Relaxed);
     }
 
     /// Counts a refusal and logs it, at most at counts 1, 2, 4, 8, ... per
     /// reason (a stranger's flood costs a counter, not the log).
     fn refuse(&mut self, why: Refusal, peer: &str, detail: &dyn std::fmt::Display) {
         let n = self.stats.count(why);
+        self.publish();
         if n.is_power_of_two() {
             tracing::warn!(%peer, count = n, reason = why.reason(), %detail, "orders connection refused (logged at counts 1, 2, 4, ...)");
-        }
-    }
-
-    /// Waits up to `timeout` for a peer to complete its handshake;
-    /// `Ok(None)` on timeout. Requests are checked as they come (hello,
-    /// ring size, pending and per-address limits; a refused one gets the
-    /// reason in the reject), answered, and completed without blocking;
-    /// refusals and failures are counted ([`stats`](Self::stats)), logged
-    /// at a bounded rate, and waiting goes on. Local failures (no device,
-    /// no resources) are returned.
-    pub fn accept(&mut self, timeout: Duration) -> Result<Option<Connection>, OrdersError> {
-        let deadline = Instant::now() + timeout;
-        let mut late = 0;
-        loop {
-            if let Some(c) = self.progress()? {
-                return Ok(Some(c));
-            }
-            let now = Instant::now();
-            let left = deadline.saturating_duration_since(now);
-            // With handshakes in progress, wake up often to look at them.
-            let wait = if self.pending.is_empty() {
-                left
-            } else {
-                left.min(Duration::from_micros(200))
-            };
-            match self.listener.next_request(wait)? {
-                Some(req) => self.on_request(req)?,
-                None if now >= deadline => return Ok(None),
-                None => {}
-            }
-            if now >= deadline {
-                late += 1;
-                if late >= REQUESTS_PER_CALL {
-                    return self.progress();
-                }
-            }
         }
     }
 
@@ -419,9 +731,22 @@ impl OrdersListener {
             self.reject(req, why, &e);
             return Ok(());
         }
+        // An application that stopped calling `accept` (a frozen thread)
+        // gets no new connection: its peer would be told it is connected,
+        // and then hear nothing from it. Refused with the reason before
+        // anything is made or kept; the peer tries again later.
+        self.watch_app(now);
+        if let Some(away) = self.app.away(now) {
+            let detail = format_args!(
+                "the application has not called accept for {away:?} (accept_stall_ms)"
+            );
+            self.reject(req, Refusal::NotAccepting, &detail);
+            return Ok(());
+        }
         let caps = self.cfg.pending_caps();
         self.pending_ips.clear();
         self.pending_ips.extend(self.pending.iter().map(|p| p.ip));
+        self.pending_ips.extend(self.held.iter().map(|(ip, _)| *ip));
         let verdict = admission::admit(
             &caps,
             self.cfg.cookie_when_pending,
@@ -432,6 +757,7 @@ impl OrdersListener {
         let room = match verdict {
             Admit::SendCookie => {
                 self.stats.cookies_sent += 1;
+                self.publish();
                 let reply = CookieReply::new(self.cookies.mint(&ip, now));
                 let _ = req.reject(reply.as_bytes());
                 return Ok(());
@@ -527,8 +853,9 @@ impl OrdersListener {
         Ok(())
     }
 
-    /// Moves every pending handshake on; returns the first that completed.
-    fn progress(&mut self) -> Result<Option<Connection>, OrdersError> {
+    /// Moves every pending handshake on; returns the first that completed,
+    /// with its peer's address.
+    fn progress(&mut self) -> Result<Option<(IpAddr, Connection)>, OrdersError> {
         let mut i = 0;
         while i < self.pending.len() {
             let p = &mut self.pending[i];
@@ -581,6 +908,7 @@ impl OrdersListener {
                 Step::Proven(cm) => {
                     let p = self.pending.swap_remove(i);
                     self.stats.accepted += 1;
+                    let ip = p.ip;
                     return Connection::from_parts(
                         p.res,
                         cm,
@@ -590,7 +918,7 @@ impl OrdersListener {
                         Some(p.slot),
                         (p.fanin, None),
                     )
-                    .map(Some);
+                    .map(|c| Some((ip, c)));
                 }
                 Step::Fail(why, detail) => {
                     let p = self.pending.swap_remove(i);
@@ -685,6 +1013,38 @@ mod tests {
             first_proof(&key, &jar, &request(b"not it", Some(&c)), &ip, now),
             None
         );
+    }
+
+    #[test]
+    fn an_application_that_stops_calling_accept_is_away_after_the_bound() {
+        const MS: u64 = 1_000_000;
+        let t0 = 5_000 * MS;
+        let mut w = AppWatch::new(100);
+        // Not started before the first call (the count has not moved).
+        w.observe(0, false, t0);
+        assert!(!w.started());
+        // The first call starts it.
+        w.observe(1, false, t0);
+        assert!(w.started());
+        assert_eq!(w.away(t0 + 100 * MS), None);
+        assert_eq!(w.away(t0 + 101 * MS), Some(Duration::from_millis(101)));
+        // A call of accept (the count moved) brings it back.
+        w.observe(2, false, t0 + 150 * MS);
+        assert_eq!(w.away(t0 + 200 * MS), None);
+        // The same count seen again is no look: away 100 ms after the last.
+        w.observe(2, false, t0 + 240 * MS);
+        assert!(w.away(t0 + 251 * MS).is_some());
+        // A blocking accept is looking for as long as it waits.
+        w.observe(2, true, t0 + 900 * MS);
+        assert_eq!(w.away(t0 + 1000 * MS), None);
+        // A waiting first call starts it too.
+        let mut first = AppWatch::new(100);
+        first.observe(0, true, t0);
+        assert!(first.started());
+        // Off with 0 (once started).
+        let mut off = AppWatch::new(0);
+        off.observe(1, false, t0);
+        assert_eq!(off.away(t0 + 3_600_000 * MS), None);
     }
 
     #[test]
