@@ -838,12 +838,13 @@ impl EngineSession {
                 expected_orders,
             ) {
                 Ok(s) => break s,
-                Err(e) if e.worth_retrying() && elapsed < timeout => {
-                    std::thread::sleep(Duration::from_millis(200))
-                }
                 // A logon answered too late (a starved host) leaves the gateway holding the
                 // half-made connection until its engine timeout lets it go: one more window.
-                Err(e) if e.is_already_connected() && elapsed < 2 * timeout => {
+                Err(e)
+                    if e.worth_retrying()
+                        && (elapsed < timeout
+                            || (e.is_already_connected() && elapsed < 2 * timeout)) =>
+                {
                     std::thread::sleep(Duration::from_millis(200))
                 }
                 Err(e) => return Err(e),
