@@ -1135,6 +1135,10 @@ impl RcFanoutSubscriber {
         ocfg.validate().map_err(OrdersError::Config)?;
         let mut state = SubscriberState::new(cfg.subscriber(channel));
         state.set_datagram_key(cfg.datagram_key());
+        // Answers come in order behind the stream and are never lost: a
+        // request is asked again after the silence bound, once the ring was
+        // read empty (a slow reader is not made to give the start up).
+        state.set_in_order_link(silence_bound(cfg));
         Ok(RcFanoutSubscriber {
             state,
             link: FanLink::Down,
@@ -1245,6 +1249,11 @@ impl RcFanoutSubscriber {
         // that died sends no disconnect, and our ring simply stays empty.
         if matches!(r, Ok(n) if n > 0) {
             self.heard_at = now;
+        }
+        // Fewer frames than asked for: the ring is read empty, so whatever
+        // the publisher wrote before now (any answer it sent) is taken.
+        if matches!(r, Ok(n) if n < fragment_limit) {
+            state.link_drained(now);
         }
         let silent = now.saturating_sub(self.heard_at) > self.silence_ns;
         if silent && r.is_ok() && !broken {

@@ -165,6 +165,13 @@ impl LossDetector {
         }
     }
 
+    /// The retry wait is `wait_ns`, fixed (no longer measured): for a link
+    /// whose answers cannot be lost, only refused (see
+    /// `SubscriberState::set_in_order_link`).
+    pub(super) fn fix_wait(&mut self, wait_ns: u64) {
+        self.wait = RetryWait::new(wait_ns, wait_ns);
+    }
+
     /// Nothing asked for or waiting (the latency path's condition).
     #[inline]
     pub(super) fn is_empty(&self) -> bool {
@@ -260,14 +267,16 @@ impl LossDetector {
         None
     }
 
-    /// Deadlines passed at `now`: a hole the window let through is asked
-    /// for, a request that went unanswered is asked again (and the wait
+    /// Deadlines passed at `due` (`now`, or earlier on an in-order
+    /// connection: see `SubscriberState::set_in_order_link`): a hole the
+    /// window let through is asked for, a request that went unanswered is asked again (and the wait
     /// backs off), what was filled meanwhile is retired. Stops at the first
     /// hole that cannot be asked for (link down, retries exhausted) and
     /// returns it; call again after acting on it, until `None`.
     pub(super) fn expire(
         &mut self,
         now: u64,
+        due: u64,
         holes: &Holes<'_>,
         link_up: bool,
         counters: &mut SubscriberCounters,
@@ -275,7 +284,7 @@ impl LossDetector {
         let mut i = 0;
         while i < self.outstanding.len() {
             let o = self.outstanding[i];
-            if o.deadline > now || o.lost {
+            if o.deadline > due || o.lost {
                 i += 1;
                 continue;
             }
@@ -435,11 +444,14 @@ mod tests {
         assert_eq!(l.poll_timeout(), Some(10 + TIMEOUT));
         assert_eq!(l.open(10, &holes, true), None);
         assert_eq!(requests(&mut l), [], "asked once");
-        assert_eq!(l.expire(10 + TIMEOUT - 1, &holes, true, &mut c), None);
+        assert_eq!(
+            l.expire(10 + TIMEOUT - 1, 10 + TIMEOUT - 1, &holes, true, &mut c),
+            None
+        );
         assert_eq!(c.timeouts, 0);
         for retry in 1..=2 {
             let now = 10 + retry * TIMEOUT;
-            assert_eq!(l.expire(now, &holes, true, &mut c), None);
+            assert_eq!(l.expire(now, now, &holes, true, &mut c), None);
             assert_eq!(requests(&mut l), [(3, 5)], "retry {retry}");
             assert_eq!(c.timeouts, retry);
         }
@@ -449,7 +461,7 @@ mod tests {
             link_down: false,
         };
         assert_eq!(
-            l.expire(10 + 3 * TIMEOUT, &holes, true, &mut c),
+            l.expire(10 + 3 * TIMEOUT, 10 + 3 * TIMEOUT, &holes, true, &mut c),
             Some(given_up)
         );
     }
@@ -467,7 +479,7 @@ mod tests {
         assert_eq!(l.poll_timeout(), Some(100));
         // The other line fills [5, 9) meanwhile: only [3, 5) is asked for.
         buf.insert(5, 9, b"x");
-        assert_eq!(l.expire(100, &buf.holes(3, 9), true, &mut c), None);
+        assert_eq!(l.expire(100, 100, &buf.holes(3, 9), true, &mut c), None);
         assert_eq!(requests(&mut l), [(3, 5)]);
         assert_eq!(l.poll_timeout(), Some(100 + TIMEOUT));
         assert_eq!((c.timeouts, c.gaps_filled_by_other_line), (0, 0));
@@ -479,7 +491,7 @@ mod tests {
         let mut buf = ReorderBuffer::new(4, 64);
         l.open(0, &buf.holes(3, 5), true);
         buf.insert(3, 5, b"x");
-        assert_eq!(l.expire(100, &buf.holes(3, 5), true, &mut c), None);
+        assert_eq!(l.expire(100, 100, &buf.holes(3, 5), true, &mut c), None);
         assert!(l.is_empty());
         assert_eq!(requests(&mut l), []);
         assert_eq!(c.gaps_filled_by_other_line, 1);
@@ -501,7 +513,7 @@ mod tests {
         let mut now = 0;
         for wait in [2, 4, 8, 8] {
             now = l.poll_timeout().expect("a deadline");
-            l.expire(now, &holes, true, &mut c);
+            l.expire(now, now, &holes, true, &mut c);
             requests(&mut l);
             assert_eq!(l.retry_wait(), wait * TIMEOUT, "doubles up to the most");
         }
@@ -539,7 +551,7 @@ mod tests {
         l.open(0, &none.holes(3, 5), true);
         assert_eq!(l.first_asked(), Some((3, 5)));
         assert_eq!(
-            l.expire(TIMEOUT, &none.holes(3, 5), false, &mut c),
+            l.expire(TIMEOUT, TIMEOUT, &none.holes(3, 5), false, &mut c),
             Some(Expired {
                 from: 3,
                 to: 5,
@@ -565,7 +577,13 @@ mod tests {
         assert_eq!(l.lost_to(7), None);
         assert_eq!(requests(&mut l), [], "never sent");
         assert_eq!(
-            l.expire(100 * TIMEOUT, &none.holes(3, 9), true, &mut c),
+            l.expire(
+                100 * TIMEOUT,
+                100 * TIMEOUT,
+                &none.holes(3, 9),
+                true,
+                &mut c
+            ),
             None
         );
         assert_eq!(l.lost_to(3), Some(6), "never times out");

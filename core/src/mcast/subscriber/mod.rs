@@ -366,6 +366,10 @@ pub struct SubscriberState {
     /// Far-ahead datagrams not yet corroborated (see the module
     /// documentation).
     jumps: JumpGuard,
+    /// `Some` when the stream and the answers come over one reliable,
+    /// in-order connection (RC fan-out): when its receive ring was last
+    /// found empty (see [`Self::link_drained`]).
+    drained_at: Option<u64>,
 }
 
 impl SubscriberState {
@@ -393,8 +397,48 @@ impl SubscriberState {
             reasm: Reassembler::new(cfg.max_message_bytes),
             tolerance: Tolerance::new(cfg.gap_tolerance_ns),
             jumps: JumpGuard::new(&cfg),
+            drained_at: None,
             cfg,
         }
+    }
+
+    /// The stream and the answers to our requests arrive over one
+    /// reliable, in-order connection (RC fan-out), not as datagrams that
+    /// may be lost: a request reaches the publisher, and its answer
+    /// arrives behind everything written to the connection before it. It
+    /// is late because the publisher is busy (its outbox waits for room in
+    /// our ring) or because the application has not read the backlog
+    /// ahead of it; it is missing only if the publisher refused the
+    /// request (its rate limit, outbox bound or repair budget), which a
+    /// well-behaved subscriber rarely meets. So a request is asked again
+    /// after `wait_ns` (fixed: the link's silence bound, which the I/O
+    /// layer passes), and only once the connection's receive ring was
+    /// found empty after that deadline
+    /// ([`link_drained`](Self::link_drained)); the same holds for a
+    /// snapshot's timer. A subscriber reading a backlog slowly is then not
+    /// made to ask again, and to declare ranges lost, for answers queued
+    /// behind it (CI 12-07: a recorder joining 10,000 messages in gave
+    /// `1..4097` up as lost after the 200 us-100 ms multicast waits while
+    /// the answer was on its way).
+    pub(crate) fn set_in_order_link(&mut self, wait_ns: u64) {
+        self.drained_at = Some(0);
+        self.loss
+            .fix_wait(wait_ns.max(self.cfg.recovery_timeout_ns).max(1));
+    }
+
+    /// The in-order connection's receive ring was found empty at `now`
+    /// (see [`set_in_order_link`](Self::set_in_order_link); ignored
+    /// otherwise).
+    pub(crate) fn link_drained(&mut self, now: u64) {
+        if let Some(t) = &mut self.drained_at {
+            *t = now;
+        }
+    }
+
+    /// The time up to which deadlines may have passed: `now`, or on an
+    /// in-order connection the last time its ring was empty.
+    fn timers_due(&self, now: u64) -> u64 {
+        self.drained_at.map_or(now, |t| t.min(now))
     }
 
     /// Requires a valid tag made with `key` at the end of every datagram
@@ -681,10 +725,14 @@ impl SubscriberState {
     /// Deadlines passed: re-request or give up. With gap-tolerant delivery,
     /// skipping a hole delivers what was buffered behind it to `handler`.
     pub fn handle_timeout<H: Handler + ?Sized>(&mut self, now: u64, handler: &mut H) {
+        let due = self.timers_due(now);
         loop {
             let holes = self.buffer.holes(self.next_seq, self.high);
             let link_up = self.link.is_up();
-            let Some(e) = self.loss.expire(now, &holes, link_up, &mut self.counters) else {
+            let Some(e) = self
+                .loss
+                .expire(now, due, &holes, link_up, &mut self.counters)
+            else {
                 break;
             };
             let gone = if e.link_down {
@@ -699,7 +747,7 @@ impl SubscriberState {
         if self.tolerance.enabled() && self.phase == Phase::Live {
             self.skip_gaps(now, handler);
         }
-        if self.phase == Phase::Resyncing && self.link.is_up() && self.snapshot.deadline() <= now {
+        if self.phase == Phase::Resyncing && self.link.is_up() && self.snapshot.deadline() <= due {
             self.counters.timeouts += 1;
             self.request_snapshot(now);
         }

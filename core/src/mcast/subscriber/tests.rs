@@ -729,3 +729,59 @@ fn a_hole_in_a_large_message_drops_it_and_the_next_one_arrives_whole() {
     assert_eq!(c.partial_messages_dropped, 1, "{c:?}");
     assert_eq!(c.fragments_dropped, 2, "{c:?}");
 }
+
+/// On an in-order connection (RC fan-out) an answer arrives behind what
+/// the ring holds before it: past its deadline a request is neither asked
+/// again nor given up while the ring has not been read empty since; once
+/// it has (`link_drained`) and the in-order wait (the link's silence
+/// bound, fixed) has passed, it is asked again as on multicast. Without this, a
+/// subscriber reading a backlog slowly declared the start it asked for
+/// lost while the answer sat in its ring (CI 12-07).
+#[test]
+fn on_an_in_order_link_requests_wait_for_the_ring_to_be_read() {
+    let mut p = publisher(1);
+    let ds = datagrams(&mut p, 5);
+    let join = SubscriberConfig {
+        join_replay_max: 6,
+        ..cfg()
+    };
+    let mut app = App::default();
+    // Multicast: the unanswered request for [1,7) is given up.
+    let mut m = announced(join);
+    m.on_datagram(0, Line::A, &ds[3], &mut app);
+    assert!(m.poll_transmit().is_some());
+    for k in 1..=5 {
+        m.handle_timeout(k * 10 * TIMEOUT, &mut app);
+        while m.poll_transmit().is_some() {}
+    }
+    assert!(
+        events(&mut m).contains(&Event::UnrecoverableLoss { from: 1, to: 7 }),
+        "{:?}",
+        m.counters()
+    );
+    // In order, the ring never read empty: the same waits ask nothing.
+    let mut s = announced(join);
+    s.set_in_order_link(10 * TIMEOUT);
+    s.on_datagram(0, Line::A, &ds[3], &mut app);
+    assert!(s.poll_transmit().is_some());
+    for k in 1..=5 {
+        s.handle_timeout(k * 10 * TIMEOUT, &mut app);
+        assert!(s.poll_transmit().is_none());
+    }
+    assert!(events(&mut s).is_empty());
+    assert_eq!(s.counters().timeouts, 0);
+    // Read empty before the deadline (the in-order wait, 10 TIMEOUT,
+    // not the multicast one): still nothing.
+    s.link_drained(5 * TIMEOUT);
+    s.handle_timeout(60 * TIMEOUT, &mut app);
+    assert!(s.poll_transmit().is_none());
+    // Read empty after it: asked again (a retry, not a loss), and the
+    // answer fills the start.
+    s.link_drained(60 * TIMEOUT);
+    s.handle_timeout(60 * TIMEOUT, &mut app);
+    assert_eq!(s.counters().timeouts, 1);
+    assert!(events(&mut s).is_empty());
+    let mut app = App::default();
+    serve(&mut p, &mut s, &mut app, 61 * TIMEOUT);
+    assert_eq!(app.seqs, (1..=8).collect::<Vec<_>>());
+}
