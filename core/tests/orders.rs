@@ -1094,6 +1094,10 @@ fn rdma_orders_an_admitted_pyverbs_peer_writing_garbage_is_cut_off_and_a_healthy
             conn: Connection,
             seen: Seen,
             last: Instant,
+            /// Echoes the ring had no room for yet, sent in order before
+            /// any later one (dropping one would stall the healthy engine,
+            /// which waits for each echo in order).
+            pending: std::collections::VecDeque<Vec<u8>>,
         }
         let mut live: Vec<Live> = Vec::new();
         let mut done: Vec<Seen> = Vec::new();
@@ -1110,6 +1114,7 @@ fn rdma_orders_an_admitted_pyverbs_peer_writing_garbage_is_cut_off_and_a_healthy
                         stats: Default::default(),
                     },
                     last: Instant::now(),
+                    pending: std::collections::VecDeque::new(),
                 });
             }
             let send_news = news_at.elapsed() >= Duration::from_millis(1);
@@ -1134,13 +1139,25 @@ fn rdma_orders_an_admitted_pyverbs_peer_writing_garbage_is_cut_off_and_a_healthy
                 }
                 for g in got {
                     if end.is_none() {
-                        if let Err(OfferError::PeerLost(e)) =
-                            x.conn.publication(1).offer_and_flush(2, &g)
-                        {
-                            end = Some(format!("lost: {e}"));
-                        }
+                        x.pending.push_back(g.clone());
                     }
                     x.seen.delivered.push(g);
+                }
+                while end.is_none() {
+                    let Some(g) = x.pending.front() else {
+                        break;
+                    };
+                    match x.conn.publication(1).offer_and_flush(2, g) {
+                        Ok(()) => {
+                            x.pending.pop_front();
+                        }
+                        Err(OfferError::BackPressured) => break,
+                        Err(OfferError::PeerLost(e)) => end = Some(format!("lost: {e}")),
+                        // Not one the peer can take (a hostile hello's ring): dropped.
+                        Err(_) => {
+                            x.pending.pop_front();
+                        }
+                    }
                 }
                 if end.is_none() && send_news {
                     if let Err(OfferError::PeerLost(e)) =
