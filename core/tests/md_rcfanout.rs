@@ -836,6 +836,7 @@ fn rdma_md_rc_fanout_late_joiner_within_history_is_replayed_whole() {
     }
     let c = s.counters();
     s.disconnect();
+    // ORDERING: Release, pairs with the Acquire load in `serve_until`.
     stop.store(true, Ordering::Release);
     let (pbook, p) = publisher.join().unwrap();
     let MdPublisher::Rc(p) = p else {
