@@ -53,6 +53,8 @@ use crate::verbs::cm::{self, Listener};
 use crate::verbs::{Access, Context};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -230,10 +232,27 @@ struct Pending {
     deadline: Instant,
 }
 
-/// How long the listener thread sleeps in rdma_cm with no handshake in
-/// progress before it looks at its stop flag: the longest a dropped
-/// listener's `drop` waits for its thread.
-const IDLE_WAIT: Duration = Duration::from_millis(10);
+/// The longest the listener thread sleeps in rdma_cm with no handshake in
+/// progress. The handle's `drop` wakes it at once (it closes the other end
+/// of the thread's wake socket), so this bounds nothing a caller waits for;
+/// it is long so that an idle listener costs its process nothing: at 10 ms
+/// its wakes put rc-latency's p99 at 1.32-1.63 of perftest's in a 2-vCPU
+/// guest where two threads busy-poll, at 1 s 0.96 (`docs/benchmarks.md`).
+/// The thread notices the application's `accept` calls only when it wakes,
+/// so the wait is also at most a quarter of `accept_stall_ms`
+/// ([`idle_wait`]): an application that stopped is then found away within
+/// 1.25 times the bound.
+const IDLE_WAIT: Duration = Duration::from_secs(1);
+
+/// The listener thread's idle wait for a bound of `accept_stall_ms` (0:
+/// never away): [`IDLE_WAIT`], or a quarter of the bound if shorter, at
+/// least [`PENDING_WAIT`].
+fn idle_wait(accept_stall_ms: u64) -> Duration {
+    match accept_stall_ms {
+        0 => IDLE_WAIT,
+        ms => Duration::from_millis(ms / 4).clamp(PENDING_WAIT, IDLE_WAIT),
+    }
+}
 
 /// How often a handshake in progress is looked at (its ESTABLISHED event
 /// and the initiator's proof, which arrives as an RDMA write with no event).
@@ -335,6 +354,9 @@ pub struct OrdersListener {
     peers: PeerCounts,
     /// The fan-in activity summary (`fanin_slots > 0`).
     activity: Option<Arc<fanin::Activity>>,
+    /// The write end of the thread's wake socket: dropped (closed) to wake
+    /// the thread from its idle wait.
+    wake: Option<UnixStream>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -367,6 +389,12 @@ impl OrdersListener {
         });
         let peers: PeerCounts = Arc::new(Mutex::new(HashMap::new()));
         let (tx, ready) = mpsc::sync_channel(cfg.max_pending_handshakes.max(1));
+        let (wake, woken) = UnixStream::pair().map_err(|e| {
+            OrdersError::Verbs(crate::verbs::VerbsError::Cm {
+                op: "the listener thread's wake socket",
+                source: e,
+            })
+        })?;
         let admitter = Admitter {
             key: auth::Key::derive(cfg.token.as_bytes(), Purpose::Orders),
             pending: Vec::with_capacity(cfg.max_pending_handshakes),
@@ -381,6 +409,7 @@ impl OrdersListener {
             activity: activity.clone(),
             shared: shared.clone(),
             listener,
+            woken,
             tx,
             cfg,
         };
@@ -400,6 +429,7 @@ impl OrdersListener {
             shared,
             peers,
             activity,
+            wake: Some(wake),
             thread: Some(thread),
         })
     }
@@ -511,6 +541,9 @@ impl Drop for OrdersListener {
         // ORDERING: Relaxed: a stop flag, nothing handed over through it;
         // the join below is the synchronisation.
         self.shared.stop.store(true, Ordering::Relaxed);
+        // Closing our end makes the thread's end readable: its idle wait
+        // returns at once and it sees the flag.
+        drop(self.wake.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -546,6 +579,9 @@ struct Admitter {
     /// The fan-in activity summary (`fanin_slots > 0`).
     activity: Option<Arc<fanin::Activity>>,
     shared: Arc<Shared>,
+    /// The thread's end of the wake socket (readable once the handle is
+    /// dropped); only polled.
+    woken: UnixStream,
     tx: SyncSender<Result<Connection, OrdersError>>,
 }
 
@@ -581,11 +617,14 @@ impl Admitter {
         }
         self.hand_over()?;
         let wait = if self.pending.is_empty() && self.held.is_empty() {
-            IDLE_WAIT
+            idle_wait(self.cfg.accept_stall_ms)
         } else {
             PENDING_WAIT
         };
-        let r = match self.listener.next_request(wait) {
+        let r = match self
+            .listener
+            .next_request_or_wake(wait, Some(self.woken.as_fd()))
+        {
             Ok(Some(req)) => self.on_request(req),
             Ok(None) => Ok(()),
             Err(e) => Err(e.into()),
@@ -1013,6 +1052,17 @@ mod tests {
             first_proof(&key, &jar, &request(b"not it", Some(&c)), &ip, now),
             None
         );
+    }
+
+    /// The idle wait is a second, or a quarter of `accept_stall_ms` if
+    /// that is shorter (the thread sees `accept` calls only when it wakes).
+    #[test]
+    fn the_idle_wait_is_a_second_or_a_quarter_of_the_stall_bound() {
+        assert_eq!(idle_wait(0), IDLE_WAIT);
+        assert_eq!(idle_wait(2000), Duration::from_millis(500));
+        assert_eq!(idle_wait(60_000), IDLE_WAIT);
+        assert_eq!(idle_wait(300), Duration::from_millis(75));
+        assert_eq!(idle_wait(1), PENDING_WAIT);
     }
 
     #[test]

@@ -107,15 +107,37 @@ impl EventChannel {
 
     /// Waits up to `timeout` for the next event (`None` on timeout).
     pub fn next_event(&self, timeout: Duration) -> Result<Option<CmEvent>> {
-        let mut pfd = libc::pollfd {
-            fd: self.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        self.next_event_or_wake(timeout, None)
+    }
+
+    /// As [`next_event`](Self::next_event), and also returns `None` as soon
+    /// as `wake` is readable or closed (a thread that waits here for long
+    /// can then be told to stop at once: the listener thread of
+    /// [`crate::orders::OrdersListener`]). `wake` is only polled, never read.
+    pub fn next_event_or_wake(
+        &self,
+        timeout: Duration,
+        wake: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<Option<CmEvent>> {
+        use std::os::fd::AsRawFd;
+        let mut pfds = [
+            libc::pollfd {
+                fd: self.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                // A negative fd is ignored by poll.
+                fd: wake.map_or(-1, |w| w.as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         loop {
-            // SAFETY: one valid pollfd.
-            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+            // SAFETY: two valid pollfds (the second ignored when its fd is
+            // -1); `wake` is borrowed for the call.
+            let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, ms) };
             if rc < 0 {
                 let e = last_err();
                 if e.kind() == std::io::ErrorKind::Interrupted {
@@ -126,7 +148,8 @@ impl EventChannel {
                     source: e,
                 });
             }
-            if rc == 0 {
+            if rc == 0 || pfds[0].revents == 0 {
+                // Timed out, or only `wake` is ready.
                 return Ok(None);
             }
             break;

@@ -50,13 +50,23 @@ impl Listener {
     /// Waits up to `timeout` for a connect request (`None` on timeout).
     /// Other events on the listening id are skipped.
     pub fn next_request(&self, timeout: Duration) -> Result<Option<ConnectRequest>> {
+        self.next_request_or_wake(timeout, None)
+    }
+
+    /// As [`next_request`](Self::next_request), and `None` as soon as
+    /// `wake` is readable or closed ([`EventChannel::next_event_or_wake`]).
+    pub fn next_request_or_wake(
+        &self,
+        timeout: Duration,
+        wake: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<Option<ConnectRequest>> {
         // A zero timeout (a look from a polling loop) reads no clock.
         let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
         loop {
             let left = deadline.map_or(Duration::ZERO, |d| {
                 d.saturating_duration_since(Instant::now())
             });
-            let Some(ev) = self.id.ch.next_event(left)? else {
+            let Some(ev) = self.id.ch.next_event_or_wake(left, wake)? else {
                 return Ok(None);
             };
             if ev.kind() != sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
