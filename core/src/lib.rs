@@ -71,7 +71,8 @@
 //! shape across transports"): a subscription's `poll(.., handler,
 //! fragment_limit) -> Result<usize, _>` and `poll_event()`, a publication's
 //! `offer` and `try_claim` → claim → `commit()`/`abort()`, message types
-//! in [`RESERVED_TYPES`] refused everywhere.
+//! in [`RESERVED_TYPES`] refused on orders and ipc (market-data messages
+//! carry no type).
 //!
 //! Processes on one host use [`ipc`] with the same claim/commit shape; the
 //! gateway side of the orders path is [`orders::OrdersListener`] (or
@@ -91,7 +92,14 @@ pub mod rdma_settings;
 pub mod ring;
 pub mod verbs;
 
-/// Message types every transport keeps for itself (padding, control frames):
-/// `offer`/`try_claim` refuse them with `ReservedType` on orders, ipc and
-/// market data alike.
+/// Message types the ring transports keep for themselves (padding and control
+/// frames), 0xFF00..=0xFFFF. The transports whose messages carry a type refuse
+/// them in `offer` and `try_claim`: the orders path with
+/// [`orders::OfferError::ReservedType`] (guest test
+/// `rdma_orders_ping_pong_streams_and_zero_copy_claims` in `core/tests/orders.rs`)
+/// and ipc with [`ipc::IpcOfferError::ReservedType`] (test
+/// `bad_configuration_and_names_are_refused_with_reasons` in
+/// `core/src/ipc/tests.rs`). Market data has no message type: its `offer` and
+/// `try_claim` take bytes only, and [`mcast::io::PublishError`] has no such
+/// variant.
 pub const RESERVED_TYPES: std::ops::RangeInclusive<u16> = ring::frame::TYPE_RESERVED_MIN..=u16::MAX;
