@@ -494,6 +494,9 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
     // The two service-thread holds of a rotation (cut, switch: wall, CPU) and the writer's
     // time off the service thread.
     let (mut cut, mut switch, mut build) = ((0u64, 0u64), (0u64, 0u64), 0u64);
+    // The time from a switch until it was durable (its syncs, seal, link and rename, on a
+    // thread of their own).
+    let mut finish = 0u64;
     // Bytes of records after a cut: the most the writer copied (off the service thread),
     // the most a switch copied (on it).
     let (mut caught_up, mut switch_copied) = (0u64, 0u64);
@@ -507,6 +510,7 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
         if in_flight || rig.driver.checkpoint_in_flight() || seg.rotations > rotations {
             worst_turn = worst_turn.max(took);
         }
+        finish = finish.max(seg.last_finish_ns);
         if seg.rotations > rotations {
             rotations = seg.rotations;
             longest_rotation = longest_rotation.max(seg.last_rotation_ns);
@@ -550,12 +554,13 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
             longest_rotation_cpu as f64 / 1e6
         );
         println!(
-            "  the service thread's part: longest cut {:.2} ms ({:.2} ms CPU), longest switch {:.2} ms ({:.2} ms CPU); the checkpoint writer, off the service thread: longest {:.1} ms",
+            "  the service thread's part: longest cut {:.2} ms ({:.2} ms CPU), longest switch {:.2} ms ({:.2} ms CPU); off the service thread: the checkpoint writer longest {:.1} ms, a switch's syncs, seal and rename longest {:.1} ms",
             cut.0 as f64 / 1e6,
             cut.1 as f64 / 1e6,
             switch.0 as f64 / 1e6,
             switch.1 as f64 / 1e6,
-            build as f64 / 1e6
+            build as f64 / 1e6,
+            finish as f64 / 1e6
         );
         println!(
             "  records after a cut: the writer copied up to {:.1} MiB, a switch up to {:.1} KiB",

@@ -13,7 +13,7 @@
 //! completed append, round after round until at most [`CatchUp::slack`] bytes are left,
 //! fdatasyncs the live segment (so the seal on the service thread syncs only what came
 //! since), copies what came meanwhile and syncs `FILE.next`. The service puts it in place
-//! with a short switch ([`Journal::rotate_prepared`](crate::journal::Journal::rotate_prepared))
+//! with a short switch ([`Journal::switch_prepared`](crate::journal::Journal::switch_prepared))
 //! that copies only the rest, so the new segment restores to exactly the live state.
 //!
 //! A job is a value: the service runs it on a thread of its own, the simulator and the tests

@@ -574,6 +574,9 @@ pub struct FixDriver<L: VenueLink = TcpLink> {
     /// In line: flushes between the writer's answer and the switch (records appended
     /// meanwhile are the switch's to copy).
     switch_delay: u32,
+    /// In line: flushes between the switch and its finish (what makes it durable), unless
+    /// a synced append finishes it first.
+    finish_delay: u32,
     /// How far the writer catches up with the segment before it answers.
     catch_up: crate::journal::CatchUp,
 }
@@ -588,6 +591,28 @@ enum InFlight {
     /// Written and caught up (in line), to be switched to once this many more flushes have
     /// passed.
     Ready(Box<Written>, u32),
+    /// Switched to: appends go to the new segment; what makes the switch durable (the
+    /// journal's pending switch: syncs, seal, link, rename) is being finished on a thread
+    /// of its own, or in line (the simulator) once `delay` more flushes have passed, or
+    /// by the first synced append, whichever comes first. `failed`: an attempt failed, the
+    /// next waits for the rotation back-off.
+    Finishing(Finish),
+}
+
+/// A switch being made durable ([`InFlight::Finishing`]).
+#[derive(Debug, Clone, Copy)]
+struct Finish {
+    /// In line: flushes to wait before finishing it here.
+    delay: u32,
+    /// An attempt failed: the next waits for the rotation back-off.
+    failed: bool,
+    /// When it switched.
+    since: Instant,
+    /// The new segment's number (the journal is back on the old one if the switch was
+    /// undone: [`Journal::finish_switch`]).
+    segment: u64,
+    /// Where the old segment's own records started, for an undone switch.
+    prev_start: u64,
 }
 
 /// A checkpoint writer thread and where its answer arrives. Dropped (the driver dropped with
@@ -640,6 +665,9 @@ pub struct SegmentStats {
     /// Bytes of records the last switch copied on the service thread (what the writer had
     /// not caught up with).
     pub last_switch_copied_bytes: u64,
+    /// Wall time from the last switch until it was durable (its syncs, seal, link and
+    /// rename, on a thread of their own but in the simulator), nanoseconds.
+    pub last_finish_ns: u64,
 }
 
 fn thread_cpu_ns() -> u64 {
@@ -758,6 +786,7 @@ impl<L: VenueLink> FixDriver<L> {
             checkpoint: None,
             checkpoint_inline: None,
             switch_delay: 0,
+            finish_delay: 0,
             catch_up: crate::journal::CatchUp::default(),
         };
         // Requests whose order message the journal lost with a torn last write never went
@@ -1217,11 +1246,11 @@ impl<L: VenueLink> FixDriver<L> {
         }
         out.clear();
         if self.segment_bytes > 0 {
-            if self.checkpoint.is_some() {
-                if !self.health.is_degraded() {
-                    self.finish_checkpoint(false);
-                }
-            } else if self.journal.len() - self.segment_start >= self.segment_bytes
+            if self.checkpoint.is_some() && !self.health.is_degraded() {
+                self.finish_checkpoint(false);
+            }
+            if self.checkpoint.is_none()
+                && self.journal.len() - self.segment_start >= self.segment_bytes
                 && self.health.poll_rotation(self.turn.mono)
             {
                 self.cut();
@@ -1242,6 +1271,13 @@ impl<L: VenueLink> FixDriver<L> {
     /// has records of its own to copy, as behind a writer thread.
     pub fn set_switch_delay(&mut self, flushes: u32) {
         self.switch_delay = flushes;
+    }
+
+    /// In line ([`set_checkpoint_inline`](Self::set_checkpoint_inline)): finishes a switch
+    /// (its syncs, seal, link, rename) this many flushes after it, unless a synced append
+    /// does first; appends go to the new segment meanwhile, as beside the switch's thread.
+    pub fn set_finish_delay(&mut self, flushes: u32) {
+        self.finish_delay = flushes;
     }
 
     /// How far the checkpoint writer catches up with the segment before the switch.
@@ -1318,6 +1354,7 @@ impl<L: VenueLink> FixDriver<L> {
     /// whether a new segment was started, `None` if the writer is not done.
     fn finish_checkpoint(&mut self, wait: bool) -> Option<bool> {
         let written = match self.checkpoint.take()? {
+            InFlight::Finishing(f) => return self.poll_finish(wait, f),
             InFlight::Inline(job, delay) if delay > 0 && !wait => {
                 self.checkpoint = Some(InFlight::Inline(job, delay - 1));
                 return None;
@@ -1362,7 +1399,8 @@ impl<L: VenueLink> FixDriver<L> {
             let (bytes, took, caught_up) = (w.checkpoint_bytes, w.took_ns, w.caught_up);
             let switched = self
                 .journal
-                .rotate_prepared(&self.rebuild.path, w.prepared)?;
+                .switch_prepared(&self.rebuild.path, w.prepared)?;
+
             Ok((switched, bytes, took, caught_up))
         });
         Some(match result {
@@ -1376,6 +1414,7 @@ impl<L: VenueLink> FixDriver<L> {
                          synced; synced appends retry that and fail (degraded) until it works"
                     );
                 }
+                let prev_start = self.segment_start;
                 self.segment_start = crate::journal::HEADER_LEN + bytes;
                 let s = &mut self.segments;
                 s.rotations += 1;
@@ -1402,6 +1441,22 @@ impl<L: VenueLink> FixDriver<L> {
                     open_orders = self.gw.open_order_count(),
                     "journal: new segment started from a checkpoint"
                 );
+                // Its syncs, seal, link and rename: on a thread of their own (in line in
+                // the simulator, `switch_delay` flushes later).
+                self.checkpoint = Some(InFlight::Finishing(Finish {
+                    delay: if self.checkpoint_inline.is_some() {
+                        self.finish_delay
+                    } else {
+                        0
+                    },
+                    failed: false,
+                    since: t0,
+                    segment: self.journal.segment(),
+                    prev_start,
+                }));
+                if wait || self.checkpoint_inline.is_none() {
+                    return self.finish_checkpoint(wait).or(Some(true));
+                }
                 true
             }
             Err(e) => {
@@ -1409,6 +1464,87 @@ impl<L: VenueLink> FixDriver<L> {
                 false
             }
         })
+    }
+
+    /// A switch being made durable ([`InFlight::Finishing`]): done once the journal has no
+    /// pending switch (returns `Some(true)`); `None` while it is not (with `wait`, it is
+    /// finished here, `Some(false)` if that fails). A failure is logged and counted and
+    /// tried again after the rotation back-off: appends go on to the new segment, and a
+    /// synced one finishes the switch first or fails.
+    fn poll_finish(&mut self, wait: bool, f: Finish) -> Option<bool> {
+        let result = if !self.journal.switch_pending() {
+            // Finished (by its thread, already taken, or by a synced append), or undone.
+            Some(Ok(()))
+        } else if wait {
+            Some(self.journal.finish_switch())
+        } else if self.journal.switch_running() {
+            self.journal.poll_switch()
+        } else if f.delay > 0 || (f.failed && !self.health.poll_rotation(self.turn.mono)) {
+            self.checkpoint = Some(InFlight::Finishing(Finish {
+                delay: f.delay.saturating_sub(1),
+                ..f
+            }));
+            return None;
+        } else if self.checkpoint_inline.is_some() {
+            Some(self.journal.finish_switch())
+        } else {
+            match self.journal.finish_switch_away() {
+                Ok(()) if self.journal.switch_pending() => None,
+                r => Some(r),
+            }
+        };
+        if self.journal.segment() != f.segment {
+            // Undone (the new file could not be synced before anything went to it): the
+            // old segment is the journal again, as after a failed checkpoint.
+            self.segment_start = f.prev_start;
+            self.segments.rotations -= 1;
+            let e = match result {
+                Some(Err(e)) => e,
+                _ => JournalError::Rotate {
+                    path: self.rebuild.path.clone(),
+                    source: std::io::Error::other(
+                        "the new segment could not be synced; the switch was undone",
+                    ),
+                },
+            };
+            self.checkpoint_failed(&e);
+            return wait.then_some(false);
+        }
+        match result {
+            None => {
+                self.checkpoint = Some(InFlight::Finishing(Finish { delay: 0, ..f }));
+                None
+            }
+            Some(Ok(())) => {
+                self.segments.last_finish_ns = f.since.elapsed().as_nanos() as u64;
+                if f.failed {
+                    self.health.handle_rotation(true, self.turn.mono);
+                }
+                tracing::info!(
+                    journal = %self.rebuild.path.display(),
+                    finish_us = self.segments.last_finish_ns / 1000,
+                    "journal: the new segment is durable (synced, the old one sealed and archived)"
+                );
+                Some(true)
+            }
+            Some(Err(e)) => {
+                self.segments.failures += 1;
+                let retry = self.health.handle_rotation(false, self.turn.mono);
+                tracing::error!(
+                    error = %anyhow_chain(&e),
+                    retry_in_s = retry.as_secs(),
+                    journal = %self.rebuild.path.display(),
+                    "journal: the switch to the new segment could not be made durable yet; \
+                     appends go on to it, synced ones finish the switch first or fail"
+                );
+                self.checkpoint = Some(InFlight::Finishing(Finish {
+                    delay: 0,
+                    failed: true,
+                    ..f
+                }));
+                wait.then_some(false)
+            }
+        }
     }
 
     fn checkpoint_failed(&mut self, e: &(dyn std::error::Error + 'static)) {
@@ -1759,7 +1895,7 @@ mod tests {
         order(&mut d, 1);
         assert!(d.checkpoint_in_flight());
         let mut n = 2;
-        while d.checkpoint_in_flight() {
+        while d.segment_stats().rotations == 0 {
             order(&mut d, n);
             n += 1;
             std::thread::sleep(Duration::from_millis(1));
@@ -1942,7 +2078,11 @@ mod tests {
         let len_at_answer = d.journal.len();
         // This batch is appended after the writer answered; the switch follows it.
         assert!(orders(&mut d, 403, 406));
-        assert!(!d.checkpoint_in_flight());
+        // Switched; the next synced append makes the switch durable first.
+        assert!(d.checkpoint_in_flight());
+        assert!(d.journal.switch_pending());
+        assert!(orders(&mut d, 406, 407));
+        assert!(!d.journal.switch_pending());
         let s = d.segment_stats();
         assert_eq!(s.rotations, 1);
         assert!(
@@ -1958,7 +2098,7 @@ mod tests {
         assert!(crate::journal::verify(&path).unwrap().damage.is_none());
         assert_eq!(
             d.gateway().last_response_seq(1),
-            405,
+            406,
             "every order answered"
         );
         assert_restart_is_live(d, &path);
@@ -1984,7 +2124,6 @@ mod tests {
         }
         assert!(orders(&mut d, n, n + 200));
         assert!(orders(&mut d, n + 200, n + 201));
-        assert!(!d.checkpoint_in_flight());
         assert_eq!(d.segment_stats().rotations, 1);
         assert!(d.segment_stats().last_caught_up_bytes > 16 << 10);
         // The next flush cuts: the copies alone are past the segment size.

@@ -63,7 +63,7 @@
 //! is missing, empty, a bare magic or a partial header is refused, the file unchanged: the
 //! day is in the archives and a fresh journal would start an empty day.
 //!
-//! The gateway starts segments with [`Journal::rotate_prepared`]: the checkpoint is built
+//! The gateway starts segments with [`Journal::switch_prepared`]: the checkpoint is built
 //! and written as `FILE.next` off the service thread ([`prepare_segment_in`], after
 //! [`replay_prefix_in`] read the segment up to a [`CUT`] record), and the switch copies the
 //! records appended after the cut behind it, so a segment holds its checkpoint (the state at
@@ -125,11 +125,11 @@ const META_COMMIT: u8 = 1;
 const MARK_LEN: usize = RECORD_HEADER + 1 + 1 + 8;
 /// `META` payload tag: a seal, followed by 4 bytes chosen so that the record's CRC (the
 /// chain value at the sealed segment's end) is the value the next segment was chained from
-/// before the seal was written ([`Journal::rotate_prepared`]).
+/// before the seal was written ([`Journal::switch_prepared`]).
 pub const META_SEAL: u8 = 2;
 const SEAL_LEN: usize = RECORD_HEADER + 1 + 1 + 4;
 /// The record kind of a checkpoint cut (the gateway's `record::CUT`): a segment started
-/// by [`Journal::rotate_prepared`] holds a checkpoint of the state at the previous segment's
+/// by [`Journal::switch_prepared`] holds a checkpoint of the state at the previous segment's
 /// last cut, then copies of the records after it. The journal knows this much of what
 /// records mean for [`repair`]'s rebuild of a segment from its archive (which takes the
 /// archive's records up to its last cut only, so none is replayed twice).
@@ -283,6 +283,9 @@ pub struct RecoveryStats {
     pub records: u64,
     /// Bytes cut from a torn tail.
     pub truncated_bytes: u64,
+    /// A switch to a new segment a crash interrupted was finished first
+    /// ([`Journal::switch_prepared`]).
+    pub finished_switch: bool,
 }
 
 /// Appends one record to `buf` (with `prev` 0: [`Journal::append`] chains it). `kind` must
@@ -1406,6 +1409,8 @@ pub struct Journal {
     #[cfg(test)]
     fail_syncs: u32,
     faults: Option<Box<dyn StorageFaults>>,
+    /// A switch to a new segment whose durable part is not done yet.
+    switch: Option<Switch>,
 }
 
 impl Journal {
@@ -1432,6 +1437,8 @@ impl Journal {
             path: path.to_owned(),
             source,
         };
+        // A switch a crash interrupted is finished first (it may add an archive).
+        let finished_switch = finish_interrupted_switch(&*fs, path)?;
         let nums = archives(&*fs, path).map_err(JournalError::Read)?;
         let newest = || archive_name(path, nums[nums.len() - 1]);
         let mode = if nums.is_empty() {
@@ -1453,7 +1460,10 @@ impl Journal {
         lock(&*file, path)?;
         // A segment a crash interrupted before it replaced this file: never in use.
         let _ = fs.remove(&next_segment_path(path));
-        let mut stats = RecoveryStats::default();
+        let mut stats = RecoveryStats {
+            finished_switch,
+            ..RecoveryStats::default()
+        };
         let file_len = file.len().map_err(JournalError::Read)?;
         let (sb, chain) = match read_header(&*file, path, file_len)? {
             Header::Fresh => {
@@ -1567,6 +1577,7 @@ impl Journal {
             #[cfg(test)]
             fail_syncs: 0,
             faults: None,
+            switch: None,
         };
         j.sb.seq += 1;
         j.sb.durable = len;
@@ -1644,6 +1655,7 @@ impl Journal {
                 FsyncPolicy::EveryN(n) => unsynced >= n.max(1),
             };
         if sync {
+            self.complete_switch()?;
             self.sync_dir_if_pending()?;
         }
         let mut buf = std::mem::take(&mut self.scratch);
@@ -1777,6 +1789,7 @@ impl Journal {
     /// Unsynced records get their commit record first.
     pub fn sync(&mut self) -> Result<(), JournalError> {
         self.check_unsynced()?;
+        self.complete_switch()?;
         self.sync_dir_if_pending()?;
         if self.len > self.durable && !self.poisoned {
             self.append_commit()?;
@@ -1914,6 +1927,7 @@ impl Journal {
             return Err(JournalError::Poisoned);
         }
         self.check_unsynced()?;
+        self.complete_switch()?;
         self.sync_dir_if_pending()?;
         self.file
             .reserve(self.len, headroom)
@@ -2031,20 +2045,28 @@ impl Journal {
     /// ([`prepare_segment_in`], then [`catch_up_in`]): `FILE.next` holds the checkpoint and
     /// copies of the records appended after the cut up to `prepared`'s
     /// [`copied_to`](PreparedSegment::copied_to), chained from the chain value at the cut.
-    /// The switch copies the few records appended since (commit records left out), seals
-    /// this segment so that its chain ends at the value the new one follows (a commit
-    /// record, then a [`META_SEAL`] record whose CRC is solved for; then a superblock that
-    /// claims all of it, each synced), writes the new segment's header and the copies with
-    /// a commit record, syncs it, links the archive and renames, as [`rotate`](Self::rotate).
     ///
-    /// What this costs the caller's thread: the read, write and sync of what the writer had
-    /// not caught up with (at most its slack), the seal's two fdatasyncs of what was
-    /// appended since the writer synced this file, a link, a rename and a directory sync.
-    /// Crash-safe at every step for the reasons `rotate` is: `path.next` is not a journal
-    /// before its header is written, never in use before the rename, and a leftover one is
-    /// removed at open; this segment is sealed (its superblock claiming its whole length,
-    /// synced) before the link and the rename that make the new one name it.
-    pub fn rotate_prepared(
+    /// The switch is the part that must be on the caller's thread, and it neither syncs nor
+    /// renames: it copies the few records appended since the writer's last round (commit
+    /// records left out) behind the writer's copies with a commit record, writes the new
+    /// segment's header (its superblock naming this segment's length once sealed and the
+    /// chain value the seal ends it at), and appends go to the new file from then on. What
+    /// makes the switch durable is left as a [`PendingSwitch`], finished by
+    /// [`finish_switch`](Self::finish_switch) (in line) or
+    /// [`finish_switch_away`](Self::finish_switch_away) (on a thread of its own), and by
+    /// any synced append before it writes (so nothing is acknowledged as durable on a
+    /// segment a power loss could take back): `FILE.next` synced; this segment sealed (a
+    /// commit record, then a [`META_SEAL`] record whose CRC is solved for, synced; then a
+    /// superblock claiming all of it, synced); the archive link, the rename and the
+    /// directory sync.
+    ///
+    /// A crash at any point leaves a journal [`open`](Self::open) finishes the same way: a
+    /// `FILE.next` whose superblock names the current file's segment and its sealed length
+    /// is a switch to finish, when the current file ends exactly there (sealed) or exactly
+    /// where the seal goes (not sealed yet). Anything else named `FILE.next` is a writer's
+    /// leftover, never in use, and removed. On an error here nothing changed: this segment
+    /// stays in use.
+    pub fn switch_prepared(
         &mut self,
         path: &Path,
         prepared: PreparedSegment,
@@ -2057,7 +2079,11 @@ impl Journal {
             source,
         };
         let from = prepared.copied_to;
-        if prepared.segment != self.sb.segment + 1 || from < HEADER_LEN || from > self.len {
+        if self.switch.is_some()
+            || prepared.segment != self.sb.segment + 1
+            || from < HEADER_LEN
+            || from > self.len
+        {
             return Err(rotate_err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "the prepared segment does not follow this one",
@@ -2087,53 +2113,279 @@ impl Journal {
             ))
         })?;
         let copied = records.len() as u64;
-        self.seal(prepared.start_chain).map_err(|e| match e {
-            JournalError::Sync(source) | JournalError::Append(source) => rotate_err(source),
-            e => e,
-        })?;
-        let archive = archive_name(path, self.sb.segment);
-        let next = next_segment_path(path);
-        let mut faults = self.faults.take();
-        let mut fault = |op| faults.as_mut().map_or(Ok(()), |f| f.check(op));
-        let fs = self.fs.clone();
+        let sealed_len = self.len + (MARK_LEN + SEAL_LEN) as u64;
+        let end = prepared.end + (records.len() + MARK_LEN) as u64;
+        let commit = commit_record(end, chain);
+        records.extend_from_slice(&commit);
+        let sb = Superblock {
+            seq: 1,
+            durable: end,
+            chain: record_crc(&commit),
+            segment: prepared.segment,
+            prev_len: sealed_len,
+            prev_chain: prepared.start_chain,
+        };
+        let header = header_bytes(&sb);
         let file = prepared.file;
-        let result = (|| -> Result<(Superblock, u64, u32), JournalError> {
-            let end = prepared.end + (records.len() + MARK_LEN) as u64;
-            let commit = commit_record(end, chain);
-            let sb = Superblock {
-                seq: 1,
-                durable: end,
-                chain: record_crc(&commit),
-                segment: prepared.segment,
-                prev_len: self.len,
-                prev_chain: self.chain,
-            };
-            records.extend_from_slice(&commit);
-            fault(StorageOp::Write)
-                .and_then(|()| file.write_all_at(&records, prepared.end))
-                .and_then(|()| file.write_all_at(&header_bytes(&sb), 0))
-                .map_err(rotate_err)?;
-            fault(StorageOp::Fsync)
-                .and_then(|()| file.sync_all())
-                .map_err(rotate_err)?;
-            fault(StorageOp::Link)
-                .and_then(|()| link_archive(&*fs, path, &archive))
-                .map_err(rotate_err)?;
-            fault(StorageOp::Rename)
-                .and_then(|()| fs.rename(&next, path))
-                .map_err(rotate_err)?;
-            Ok((Superblock { seq: 2, ..sb }, end, sb.chain))
-        })();
-        self.faults = faults;
-        match result {
-            Ok((sb, end, chain)) => {
-                self.adopt(file, sb, end, chain, path);
-                Ok(SwitchStats { archive, copied })
+        if let Err(e) = self
+            .fault(StorageOp::Write)
+            .and_then(|()| file.write_all_at(&records, prepared.end))
+            .and_then(|()| file.write_all_at(&header, 0))
+        {
+            let _ = self.fs.remove(&next_segment_path(path));
+            return Err(rotate_err(e));
+        }
+        // From here the new file is the journal: this one is the switch's to seal.
+        let old = Journal {
+            fs: self.fs.clone(),
+            file: std::mem::replace(&mut self.file, file),
+            path: self.path.clone(),
+            policy: self.policy,
+            unsynced: self.unsynced,
+            len: self.len,
+            chain: self.chain,
+            durable: self.durable,
+            durable_chain: self.durable_chain,
+            sb: self.sb,
+            dir_sync_pending: std::mem::take(&mut self.dir_sync_pending),
+            resync: std::mem::take(&mut self.resync),
+            claim_pending: std::mem::take(&mut self.claim_pending),
+            poisoned: false,
+            scratch: Vec::new(),
+            appended: Arc::new(AtomicU64::new(self.len)),
+            #[cfg(test)]
+            fail_dir_syncs: std::mem::take(&mut self.fail_dir_syncs),
+            #[cfg(test)]
+            fail_syncs: std::mem::take(&mut self.fail_syncs),
+            faults: None,
+            switch: None,
+        };
+        let archive = archive_name(path, old.sb.segment);
+        self.sb = Superblock { seq: 2, ..sb };
+        self.len = end;
+        self.chain = sb.chain;
+        // What is known durable of the new file: what the writer synced. The rest (its
+        // last round, the copies above, the header) is synced by the finish, and re-read
+        // and written again before that if a sync of it fails.
+        self.durable = prepared.synced_end;
+        self.durable_chain = prepared.synced_chain;
+        self.unsynced = 0;
+        self.path = path.to_owned();
+        self.publish();
+        self.switch = Some(Switch::Here(Box::new(PendingSwitch {
+            old,
+            next: next_segment_path(path),
+            path: path.to_owned(),
+            archive: archive.clone(),
+            header,
+            seal_chain: prepared.start_chain,
+            sealed_len,
+            switch_end: end,
+            new_synced: false,
+            renamed: false,
+        })));
+        Ok(SwitchStats { archive, copied })
+    }
+
+    /// Whether a switch is not durable yet ([`switch_prepared`](Self::switch_prepared)).
+    pub fn switch_pending(&self) -> bool {
+        self.switch.is_some()
+    }
+
+    /// Whether a pending switch is being finished on its own thread.
+    pub fn switch_running(&self) -> bool {
+        matches!(self.switch, Some(Switch::Away(_)))
+    }
+
+    /// Finishes the pending switch on this thread (waits for it if it is being finished
+    /// on its own thread): `Ok` once it is durable (or when none is pending). On an error
+    /// it stays pending, every step done kept, and is tried again by the next call or
+    /// synced append.
+    pub fn finish_switch(&mut self) -> Result<(), JournalError> {
+        match self.switch.take() {
+            None => Ok(()),
+            Some(Switch::Away(away)) => {
+                let r = self.land(away.wait());
+                if r.is_err() && matches!(self.switch, Some(Switch::Here(_))) {
+                    // Failed away: once more here, where a failed sync of the new file is
+                    // followed by writing its bytes again.
+                    return self.finish_switch();
+                }
+                r
             }
-            Err(e) => {
-                let _ = fs.remove(&next);
-                Err(e)
+            Some(Switch::Here(mut ps)) => {
+                // Nothing appended to the new file since the switch: a failure to sync it
+                // can still be taken back (its bytes are all in the old segment too).
+                let undoable = !ps.new_synced && self.len == ps.switch_end;
+                let r = self.finish_here(&mut ps);
+                if let Err(e) = &r {
+                    if undoable && !ps.new_synced {
+                        self.undo_switch(ps, e);
+                    } else {
+                        self.switch = Some(Switch::Here(ps));
+                    }
+                }
+                r
             }
+        }
+    }
+
+    /// Hands the pending switch to a thread of its own that makes it durable (the new
+    /// file's sync, the seal, the link, the rename, the directory sync), so the caller's
+    /// thread does none of it; [`poll_switch`](Self::poll_switch) takes its answer. A
+    /// switch whose new file must be written again first (a failed sync) is finished in
+    /// line instead. Without a pending switch, or with one away already, nothing.
+    pub fn finish_switch_away(&mut self) -> Result<(), JournalError> {
+        match self.switch.take() {
+            Some(Switch::Here(ps)) if !self.resync => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                // The switch goes to the thread through a slot, so a failed spawn gives it
+                // back instead of dropping it with the closure.
+                let slot = Arc::new(std::sync::Mutex::new(Some(ps)));
+                let theirs = slot.clone();
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("gw-switch".into())
+                        .spawn(move || {
+                            let taken = theirs.lock().ok().and_then(|mut s| s.take());
+                            if let Some(mut ps) = taken {
+                                let r = ps.finish_away();
+                                let _ = tx.send((ps, r));
+                            }
+                        });
+                match spawned {
+                    Ok(handle) => {
+                        self.switch = Some(Switch::Away(Away {
+                            rx,
+                            handle: Some(handle),
+                        }));
+                        Ok(())
+                    }
+                    Err(_) => {
+                        let back = slot.lock().ok().and_then(|mut s| s.take());
+                        self.switch = back.map(Switch::Here);
+                        self.finish_switch()
+                    }
+                }
+            }
+            Some(Switch::Here(ps)) => {
+                self.switch = Some(Switch::Here(ps));
+                self.finish_switch()
+            }
+            other => {
+                self.switch = other;
+                Ok(())
+            }
+        }
+    }
+
+    /// The answer of a switch being finished on its own thread, if it has one: `Some(Ok)`
+    /// once durable, `Some(Err)` if it failed (pending again, here). `None` while it runs,
+    /// or when no switch is away.
+    pub fn poll_switch(&mut self) -> Option<Result<(), JournalError>> {
+        match self.switch.take() {
+            Some(Switch::Away(away)) => match away.rx.try_recv() {
+                Ok(answer) => {
+                    drop(away);
+                    Some(self.land(Some(answer)))
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    self.switch = Some(Switch::Away(away));
+                    None
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    drop(away);
+                    Some(self.land(None))
+                }
+            },
+            other => {
+                self.switch = other;
+                None
+            }
+        }
+    }
+
+    /// Takes a finisher thread's answer: done, or pending again here.
+    fn land(
+        &mut self,
+        answer: Option<(Box<PendingSwitch>, Result<(), JournalError>)>,
+    ) -> Result<(), JournalError> {
+        let Some((ps, r)) = answer else {
+            // The thread panicked, and the switch with it: what it did is on disk and a
+            // restart's open finishes it; this process appends on, unsynced appends only.
+            self.poisoned = true;
+            return Err(JournalError::Rotate {
+                path: self.path.clone(),
+                source: io::Error::other("the switch's thread ended without an answer"),
+            });
+        };
+        if let Err(e) = r {
+            if !ps.new_synced {
+                // Its sync of the new file failed: the kernel may have dropped pages of it,
+                // so what this journal has not synced itself is checked and written again
+                // before the next sync.
+                self.distrust_unsynced();
+            }
+            self.switch = Some(Switch::Here(ps));
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The switch's steps on this thread, the new file synced through this journal (so a
+    /// failed sync is followed by the checks of [`fdatasync`](Self::fdatasync)).
+    fn finish_here(&mut self, ps: &mut PendingSwitch) -> Result<(), JournalError> {
+        let rotate_err = |source| JournalError::Rotate {
+            path: ps.path.clone(),
+            source,
+        };
+        if !ps.new_synced {
+            // The header again: a failed sync may have dropped its page. Nothing else
+            // writes it before the first sync of the new file.
+            self.fault(StorageOp::Write)
+                .and_then(|()| self.file.write_all_at(&ps.header, 0))
+                .map_err(rotate_err)?;
+            if self.len > self.durable {
+                self.append_commit()?;
+            }
+            self.sync_data()?;
+            ps.new_synced = true;
+        }
+        ps.old.faults = self.faults.take();
+        let r = ps.seal_and_rename();
+        self.faults = ps.old.faults.take();
+        r
+    }
+
+    /// Takes back a switch whose new file could not be synced before anything was
+    /// appended to it (a failed sync may have dropped its pages, which nothing here holds a
+    /// copy of): the old segment, untouched since the switch, is the journal again, and
+    /// `FILE.next` is removed (left behind, an open sees it does not follow the old segment
+    /// once that grew, or finishes the switch if it is intact and nothing was appended).
+    fn undo_switch(&mut self, ps: Box<PendingSwitch>, e: &JournalError) {
+        let PendingSwitch { mut old, next, .. } = *ps;
+        old.faults = self.faults.take();
+        let _ = self.fs.remove(&next);
+        tracing::warn!(
+            journal = %self.path.display(),
+            error = %e,
+            "journal: the new segment could not be synced before anything was appended to \
+             it; the switch is undone and the current segment stays in use"
+        );
+        *self = old;
+    }
+
+    /// Finishes a pending switch before a synced append: what it acknowledges must not
+    /// be on a segment a power loss could take back. A switch undone
+    /// ([`undo_switch`](Self::undo_switch)) is no error here: the append goes to the old
+    /// segment.
+    fn complete_switch(&mut self) -> Result<(), JournalError> {
+        if self.switch.is_none() {
+            return Ok(());
+        }
+        match self.finish_switch() {
+            Err(_) if self.switch.is_none() => Ok(()),
+            r => r,
         }
     }
 
@@ -2194,7 +2446,7 @@ impl Journal {
     }
 }
 
-/// What a switch ([`Journal::rotate_prepared`]) did.
+/// What a switch ([`Journal::switch_prepared`]) did.
 #[derive(Debug)]
 pub struct SwitchStats {
     /// The old segment's archive name.
@@ -2225,7 +2477,7 @@ fn copy_records(tail: &[u8], mut chain: u32, out: &mut Vec<u8>) -> Option<u32> {
 }
 
 /// The next segment's file, written off the service thread ([`prepare_segment_in`],
-/// [`catch_up_in`]) and put in place by [`Journal::rotate_prepared`].
+/// [`catch_up_in`]) and put in place by [`Journal::switch_prepared`].
 #[derive(Debug)]
 pub struct PreparedSegment {
     file: Box<dyn StorageFile>,
@@ -2245,6 +2497,10 @@ pub struct PreparedSegment {
     copied_chain: u32,
     /// Bytes of records copied so far.
     copied: u64,
+    /// End of what the writer synced of it (its header not yet written), and the chain
+    /// value there.
+    synced_end: u64,
+    synced_chain: u32,
 }
 
 impl PreparedSegment {
@@ -2388,6 +2644,8 @@ pub fn prepare_segment_in(
             copied_to: cut.end,
             copied_chain: cut.chain,
             copied: 0,
+            synced_end: HEADER_LEN,
+            synced_chain: cut.chain,
         })
     })();
     if result.is_err() {
@@ -2478,6 +2736,7 @@ pub fn catch_up_in(
             f.check(StorageOp::Fsync).map_err(rotate_err)?;
         }
         prepared.file.sync_all().map_err(rotate_err)?;
+        (prepared.synced_end, prepared.synced_chain) = (prepared.end, prepared.chain);
         // What came while `path.next` was synced (seconds when the writer copied hundreds
         // of MiB: 4.6 MiB for the switch to copy under the restart bench without this
         // round); the switch's sync of `path.next` covers it.
@@ -2579,6 +2838,242 @@ fn link_archive(fs: &dyn Storage, path: &Path, archive: &Path) -> io::Result<()>
     }
 }
 
+/// A switch to a new segment ([`Journal::switch_prepared`]) whose durable part is not done:
+/// the new file's sync, the old segment's seal and its claim, the archive link, the rename
+/// and the directory sync, in that order (so a sealed segment always has a synced
+/// successor, and the rename names nothing unsynced). Each step done is kept: a retry
+/// after an error goes on from the first step not done.
+#[derive(Debug)]
+pub struct PendingSwitch {
+    /// The previous segment, to seal: no longer appended to.
+    old: Journal,
+    /// `FILE.next`, the new segment until the rename.
+    next: PathBuf,
+    /// `FILE`.
+    path: PathBuf,
+    /// `FILE.N`, N the old segment's number.
+    archive: PathBuf,
+    /// The new segment's header as the switch wrote it.
+    header: Vec<u8>,
+    /// The chain value the seal ends the old segment at (the new one follows it).
+    seal_chain: u32,
+    /// The old segment's length once sealed (the new one's superblock names it).
+    sealed_len: u64,
+    /// The new file's length right after the switch.
+    switch_end: u64,
+    new_synced: bool,
+    renamed: bool,
+}
+
+impl PendingSwitch {
+    /// The steps on a thread of their own: the new file synced through a handle of its
+    /// own (written again first, if that fails, by the journal: [`Journal::finish_switch`]).
+    fn finish_away(&mut self) -> Result<(), JournalError> {
+        if !self.new_synced {
+            let synced = self
+                .old
+                .fs
+                .open(&self.next, OpenMode::Read)
+                .and_then(|f| f.sync_all());
+            synced.map_err(|source| JournalError::Rotate {
+                path: self.path.clone(),
+                source,
+            })?;
+            self.new_synced = true;
+        }
+        self.seal_and_rename()
+    }
+
+    /// The old segment sealed and claimed, then the link, the rename and the directory
+    /// sync; the new file must be synced already.
+    fn seal_and_rename(&mut self) -> Result<(), JournalError> {
+        debug_assert!(self.new_synced);
+        let rotate_err = |source| JournalError::Rotate {
+            path: self.path.clone(),
+            source,
+        };
+        if self.old.len != self.sealed_len {
+            self.old.seal(self.seal_chain).map_err(|e| match e {
+                JournalError::Sync(source) | JournalError::Append(source) => rotate_err(source),
+                e => e,
+            })?;
+        } else if self.old.claim_pending || self.old.sb.durable != self.old.len {
+            // Sealed and synced, its claim not: the claim again.
+            self.old
+                .fault(StorageOp::Write)
+                .and_then(|()| self.old.write_superblock())
+                .map_err(rotate_err)?;
+            self.old.fdatasync().map_err(|e| match e {
+                JournalError::Sync(source) => rotate_err(source),
+                e => e,
+            })?;
+            self.old.claim_pending = false;
+        }
+        let fs = self.old.fs.clone();
+        if !self.renamed {
+            self.old
+                .fault(StorageOp::Link)
+                .and_then(|()| link_archive(&*fs, &self.path, &self.archive))
+                .map_err(rotate_err)?;
+            self.old
+                .fault(StorageOp::Rename)
+                .and_then(|()| fs.rename(&self.next, &self.path))
+                .map_err(rotate_err)?;
+            self.renamed = true;
+        }
+        self.old
+            .fault(StorageOp::DirSync)
+            .and_then(|()| sync_dir(&*fs, &self.path))
+            .map_err(rotate_err)
+    }
+}
+
+/// Where a pending switch is.
+#[derive(Debug)]
+enum Switch {
+    /// Waiting for this thread ([`Journal::finish_switch`]).
+    Here(Box<PendingSwitch>),
+    /// Being finished on a thread of its own ([`Journal::finish_switch_away`]).
+    Away(Away),
+}
+
+/// A switch's thread and where its answer arrives. Dropped, it waits for the thread, so no
+/// switch outlives its journal and renames beside a journal opened since.
+#[derive(Debug)]
+struct Away {
+    rx: std::sync::mpsc::Receiver<(Box<PendingSwitch>, Result<(), JournalError>)>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Away {
+    /// The thread's answer (`None` if it ended without one: it panicked).
+    fn wait(mut self) -> Option<(Box<PendingSwitch>, Result<(), JournalError>)> {
+        let answer = self.rx.recv().ok();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+        answer
+    }
+}
+
+impl Drop for Away {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Finishes a switch a crash interrupted ([`Journal::switch_prepared`]), before the open
+/// reads anything: `path.next` has a superblock naming the segment after `path`'s and the
+/// length `path` has once sealed, and `path` (intact) ends exactly there, sealed, or
+/// exactly where the seal goes. Then the switch is finished as the gateway would have:
+/// the seal written if missing, synced, the superblock claiming it, synced; `path.next`
+/// synced; the link to the archive, the rename, the directory sync. Returns whether it
+/// finished one; anything else at `path.next` is left for the open to remove (a writer's
+/// leftover: a switch writes the header last).
+///
+/// A `path.next` damaged inside the extent its superblock claims is refused when `path`
+/// is sealed (the seal is written only after `path.next` was synced: the damage is
+/// storage's) and left to be removed when it is not (the switch was not durable, so
+/// nothing on `path.next` was acknowledged as durable; `path` holds every record it
+/// copied).
+fn finish_interrupted_switch(fs: &dyn Storage, path: &Path) -> Result<bool, JournalError> {
+    let next = next_segment_path(path);
+    let open = |p: &Path| match fs.open(p, OpenMode::ReadWrite) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(JournalError::Open {
+            path: p.to_owned(),
+            source,
+        }),
+    };
+    let Some(nf) = open(&next)? else {
+        return Ok(false);
+    };
+    let new_len = nf.len().map_err(JournalError::Read)?;
+    let Ok(Header::Superblock(sb_n)) = read_header(&*nf, &next, new_len) else {
+        return Ok(false);
+    };
+    let Some(of) = open(path)? else {
+        return Ok(false);
+    };
+    lock(&*of, path)?;
+    lock(&*nf, &next)?;
+    let scan = scan_file(&*of, path, &mut |_| {})?;
+    let Some(sb_o) = scan.superblock else {
+        return Ok(false);
+    };
+    if matches!(scan.damage, Some(Damage::Corrupt { .. })) || sb_n.segment != sb_o.segment + 1 {
+        return Ok(false);
+    }
+    let end = scan.valid_len;
+    let sealed = end == sb_n.prev_len && scan.chain == sb_n.prev_chain;
+    if !sealed && end + (MARK_LEN + SEAL_LEN) as u64 != sb_n.prev_len {
+        return Ok(false);
+    }
+    let scan_n = scan_file(&*nf, &next, &mut |_| {})?;
+    if let Some(Damage::Corrupt {
+        offset,
+        what,
+        next_intact,
+    }) = scan_n.damage
+    {
+        if sealed {
+            return Err(JournalError::Damaged {
+                path: next,
+                offset,
+                what,
+                next_intact,
+            });
+        }
+        tracing::warn!(
+            journal = %path.display(),
+            next = %next.display(),
+            offset,
+            what,
+            "journal: a segment switch a crash interrupted left its new file damaged before \
+             it was durable; the current file holds every record it copied and stays in use"
+        );
+        return Ok(false);
+    }
+    let step = |source| JournalError::Rotate {
+        path: path.to_owned(),
+        source,
+    };
+    if scan.file_len > end {
+        of.set_len(end).map_err(JournalError::Truncate)?;
+    }
+    if !sealed {
+        let commit = commit_record(end + MARK_LEN as u64, scan.chain);
+        let seal = seal_record(record_crc(&commit), sb_n.prev_chain);
+        of.write_all_at(&commit, end)
+            .and_then(|()| of.write_all_at(&seal, end + MARK_LEN as u64))
+            .map_err(step)?;
+    }
+    of.sync_data().map_err(step)?;
+    let claim = Superblock {
+        seq: sb_o.seq + 1,
+        durable: sb_n.prev_len,
+        chain: sb_n.prev_chain,
+        ..sb_o
+    };
+    write_superblock(&*of, &claim)
+        .and_then(|()| of.sync_data())
+        .and_then(|()| nf.sync_all())
+        .and_then(|()| link_archive(fs, path, &archive_name(path, sb_o.segment)))
+        .and_then(|()| fs.rename(&next, path))
+        .and_then(|()| sync_dir(fs, path))
+        .map_err(step)?;
+    tracing::warn!(
+        journal = %path.display(),
+        archived = %archive_name(path, sb_o.segment).display(),
+        sealed_here = !sealed,
+        "journal: finished a segment switch a crash interrupted"
+    );
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2625,7 +3120,8 @@ mod tests {
             stats,
             RecoveryStats {
                 records: 5,
-                truncated_bytes: 0
+                truncated_bytes: 0,
+                finished_switch: false,
             }
         );
     }
@@ -3303,6 +3799,198 @@ mod tests {
         drop(j);
         // What was durable is all there; the zeros past it are a torn tail, not a claim.
         assert_eq!(replayed(&p), [(1, 1), (1, 2), (1, 3)]);
+    }
+
+    /// Fails every operation of one kind.
+    #[derive(Debug)]
+    struct FailOp(StorageOp);
+    impl StorageFaults for FailOp {
+        fn check(&mut self, op: StorageOp) -> io::Result<()> {
+            if op == self.0 {
+                return Err(io::Error::from_raw_os_error(5));
+            }
+            Ok(())
+        }
+    }
+
+    /// A journal of records 0..5, a cut, 5..8; the writer's segment (checkpoint: kind 2,
+    /// 77) caught up to there; 8..10 appended, then switched to (the switch copies them);
+    /// 10..12 appended to the new segment. The switch is pending (nothing of it durable).
+    fn switched(path: &Path, policy: FsyncPolicy) -> Journal {
+        let fs: Arc<dyn Storage> = Arc::new(OsStorage);
+        let (mut j, _) = Journal::open(path, policy, |_, _| {}).unwrap();
+        for i in 0..5 {
+            j.append(&rec(1, i), 1).unwrap();
+        }
+        let cut = j.len();
+        j.append(&rec(CUT, 0), 1).unwrap();
+        for i in 5..8 {
+            j.append(&rec(1, i), 1).unwrap();
+        }
+        let point = replay_prefix_in(&*fs, path, cut, CUT, |_, _| {}).unwrap();
+        let mut prepared =
+            prepare_segment_in(&*fs, path, point, 2, &77u32.to_le_bytes(), None).unwrap();
+        let how = CatchUp {
+            slack: 0,
+            max_rounds: 4,
+        };
+        catch_up_in(&*fs, path, &mut prepared, &j.appended(), how, None).unwrap();
+        for i in 8..10 {
+            j.append(&rec(1, i), 1).unwrap();
+        }
+        let stats = j.switch_prepared(path, prepared).unwrap();
+        assert!(stats.copied > 0, "the switch copies 8 and 9");
+        assert!(j.switch_pending());
+        assert_eq!(j.segment(), 2);
+        if policy == FsyncPolicy::Never {
+            for i in 10..12 {
+                j.append(&rec(1, i), 1).unwrap();
+            }
+        }
+        j
+    }
+
+    /// What the new segment replays: its checkpoint, then every record after the cut.
+    fn after_switch(last: u32) -> Vec<(u8, u32)> {
+        let mut v = vec![(2, 77)];
+        v.extend((5..last).map(|i| (1, i)));
+        v
+    }
+
+    /// What the old segment replays (the cut included).
+    fn before_switch() -> Vec<(u8, u32)> {
+        let mut v: Vec<(u8, u32)> = (0..5).map(|i| (1, i)).collect();
+        v.push((CUT, 0));
+        v.extend((5..10).map(|i| (1, i)));
+        v
+    }
+
+    /// Issue 40: the switch's syncs, seal, link and rename are off the service thread, so a
+    /// crash can come after appends went to the new segment and before any of it was
+    /// durable. The next open finishes the switch (it removed `FILE.next` before: records
+    /// 10 and 11, appended and acknowledged under `never`, were lost to a kill -9).
+    #[test]
+    fn a_switch_interrupted_before_any_of_its_steps_is_finished_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        drop(switched(&path, FsyncPolicy::Never));
+        assert!(next_segment_path(&path).exists());
+        let (j, stats) = Journal::open(&path, FsyncPolicy::Group, |_, _| {}).unwrap();
+        assert!(stats.finished_switch);
+        assert_eq!(j.segment(), 2);
+        drop(j);
+        assert_eq!(replayed(&path), after_switch(12));
+        assert!(!next_segment_path(&path).exists());
+        let archived = verify(&archive(&path, 1)).unwrap();
+        assert!(archived.damage.is_none(), "{:?}", archived.damage);
+        assert_eq!(archived.by_kind[1], 10, "the archive holds 0..10");
+        // And the open after that one is an ordinary one.
+        let (_, stats) = Journal::open(&path, FsyncPolicy::Group, |_, _| {}).unwrap();
+        assert!(!stats.finished_switch);
+    }
+
+    /// The same, the crash after each later step: the old segment sealed (the link
+    /// failed), then linked (the rename failed).
+    #[test]
+    fn a_switch_interrupted_after_its_seal_or_its_link_is_finished_at_open() {
+        for (op, linked) in [(StorageOp::Link, false), (StorageOp::Rename, true)] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("gw.journal");
+            let mut j = switched(&path, FsyncPolicy::Never);
+            j.set_faults(Some(Box::new(FailOp(op))));
+            assert!(j.finish_switch().is_err());
+            assert!(j.switch_pending(), "{op:?}: still pending, its steps kept");
+            assert_eq!(archive(&path, 1).exists(), linked);
+            drop(j);
+            let (_, stats) = Journal::open(&path, FsyncPolicy::Group, |_, _| {}).unwrap();
+            assert!(stats.finished_switch, "{op:?}");
+            assert_eq!(replayed(&path), after_switch(12), "{op:?}");
+            assert!(verify(&archive(&path, 1)).unwrap().damage.is_none());
+        }
+    }
+
+    /// Finished on its own thread, or in line: the same journal as a finish at open.
+    #[test]
+    fn a_switch_finished_away_or_here_leaves_the_archive_and_the_new_segment() {
+        for away in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("gw.journal");
+            let mut j = switched(&path, FsyncPolicy::Never);
+            if away {
+                j.finish_switch_away().unwrap();
+                while j.switch_pending() {
+                    if let Some(r) = j.poll_switch() {
+                        r.unwrap();
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            } else {
+                j.finish_switch().unwrap();
+            }
+            assert!(!next_segment_path(&path).exists());
+            j.append(&rec(1, 12), 1).unwrap();
+            drop(j);
+            let (_, stats) = Journal::open(&path, FsyncPolicy::Group, |_, _| {}).unwrap();
+            assert!(!stats.finished_switch);
+            assert_eq!(replayed(&path), after_switch(13), "away: {away}");
+            assert!(verify(&archive(&path, 1)).unwrap().damage.is_none());
+        }
+    }
+
+    /// A `FILE.next` damaged inside what its superblock claims: left when the old segment
+    /// is not sealed (the switch never became durable, so nothing on it was acknowledged as
+    /// durable; the old segment holds every record it copied), refused when it is (the
+    /// seal comes only after `FILE.next` was synced: the damage is storage's).
+    #[test]
+    fn a_damaged_new_segment_of_an_interrupted_switch_is_dropped_unsealed_refused_sealed() {
+        for sealed in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("gw.journal");
+            let mut j = switched(&path, FsyncPolicy::Never);
+            if sealed {
+                j.set_faults(Some(Box::new(FailOp(StorageOp::Link))));
+                assert!(j.finish_switch().is_err());
+            }
+            drop(j);
+            let next = next_segment_path(&path);
+            let f = OpenOptions::new().write(true).open(&next).unwrap();
+            f.write_all_at(&[0xA5; 16], HEADER_LEN + 20).unwrap();
+            drop(f);
+            if sealed {
+                let e = open_err(&path);
+                assert!(
+                    matches!(&e, JournalError::Damaged { path: p, .. } if *p == next),
+                    "{e}"
+                );
+                assert!(next.exists(), "refused, nothing changed");
+            } else {
+                let (_, stats) = Journal::open(&path, FsyncPolicy::Group, |_, _| {}).unwrap();
+                assert!(!stats.finished_switch);
+                assert!(!next.exists());
+                assert_eq!(replayed(&path), before_switch());
+            }
+        }
+    }
+
+    /// A failed sync of the new file before anything was appended to it (group commit: the
+    /// first synced append finishes the switch first) takes the switch back: a failed
+    /// sync may have dropped pages nothing holds a copy of, and the old segment has every
+    /// record. The append goes to the old segment; nothing is lost or poisoned.
+    #[test]
+    fn a_switch_whose_new_file_cannot_be_synced_is_undone_and_the_append_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let mut j = switched(&path, FsyncPolicy::Group);
+        j.fail_syncs = 1;
+        j.append(&rec(1, 10), 1).unwrap();
+        assert!(!j.switch_pending());
+        assert_eq!(j.segment(), 1, "back on the old segment");
+        assert!(!next_segment_path(&path).exists());
+        drop(j);
+        let mut want = before_switch();
+        want.push((1, 10));
+        assert_eq!(replayed(&path), want);
+        assert!(!archive(&path, 1).exists());
     }
 
     #[derive(Debug)]

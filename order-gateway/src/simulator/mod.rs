@@ -254,7 +254,7 @@ use engines::{Conn, Frame, SimEngine, Wire};
 use rocebus::clock::{Mono, Now, Wall};
 
 /// Kinds of fault counted, in the order of [`SeedReport::faults`].
-pub const FAULT_NAMES: [&str; 51] = [
+pub const FAULT_NAMES: [&str; 52] = [
     "crash (kill -9)",
     "crash mid-write: torn write",
     "crash mid-write: power loss",
@@ -306,6 +306,7 @@ pub const FAULT_NAMES: [&str; 51] = [
     "-> responses back-pressured (ring full)",
     "-> engine requests held (backlog at half the cap)",
     "crash mid-write with a checkpoint in flight (writer and switch syncs)",
+    "-> restart finished a segment switch a crash interrupted",
 ];
 const CRASH: usize = 0;
 const TORN: usize = 1;
@@ -346,6 +347,7 @@ const LINK_OVER_CAP: usize = 47;
 const LINK_PRESSED: usize = 48;
 const LINK_HELD: usize = 49;
 const CRASH_IN_CHECKPOINT: usize = 50;
+const SWITCH_FINISHED_AT_OPEN: usize = 51;
 
 /// The engines' live links in a run: the service's limits, shortened so that a run of a
 /// few simulated seconds meets each of them (`max_backlog` is [`SimConfig::max_backlog`]).
@@ -1616,6 +1618,9 @@ impl World {
             }
             (Ok(d), Damage::Cuttable | Damage::MayRefuse(_)) => d,
         };
+        if d.recovery().finished_switch {
+            self.report.faults[SWITCH_FINISHED_AT_OPEN] += 1;
+        }
         self.driver = Some(d);
         self.driver().set_storage_faults(None, sim_clock);
         let now = self.now();
@@ -1629,8 +1634,13 @@ impl World {
         // The switch at the writer's flush or the next one: records of its own to copy
         // behind what the writer caught up with (issue 40), as behind a writer thread.
         let delay = self.report.restarts % 2;
+        let finish_delay = (self.report.restarts % 3) * 2;
         let d = self.driver();
         d.set_switch_delay(delay);
+        // Its finish (syncs, seal, rename) 0, 2 or 4 flushes after it, unless a synced
+        // append comes first (group commit: the next flush): crashes meet a switch
+        // appended to but not durable, which the next open finishes.
+        d.set_finish_delay(finish_delay);
         d.stage(|gw, _| {
             for s in symbols {
                 gw.on_reference_price(s, 100 * PRICE_SCALE, now);
