@@ -68,6 +68,10 @@
 //! [`replay_prefix_in`] read the segment up to a [`CUT`] record), and the switch copies the
 //! records appended after the cut behind it, so a segment holds its checkpoint (the state at
 //! the previous segment's last cut) and then copies of the records that followed that cut.
+//! The switch itself neither syncs nor renames: appends go to the new file at once, and what
+//! makes the switch durable (the new file's sync, the old segment's seal, the link, the
+//! rename, the directory sync) is a [`PendingSwitch`] finished off the service thread, or by
+//! the first synced append; a crash before it is done is finished by the next [`Journal::open`].
 //!
 //! [`repair`] (an operator's decision, the gateway stopped) moves a damaged suffix to
 //! `FILE.quarantine.N` (never deletes) and cuts the file there, except where that would
