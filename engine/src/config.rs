@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use rocebus::orders::OrdersConfig;
-use rocebus::rdma_settings::RdmaSettings;
+use rocebus::rdma_settings::{PrepareError, RdmaSettings};
 use serde::Deserialize;
 
 use crate::proto::TOKEN_LEN;
@@ -63,6 +63,10 @@ pub struct GatewayConfig {
     /// Silence after which the gateway is presumed dead.
     #[serde(default = "default_gateway_timeout_ms")]
     pub gateway_timeout_ms: u64,
+    /// The file's `[rdma]` table (set by [`with_rdma`](Self::with_rdma)): what
+    /// [`prepare_process`](Self::prepare_process) applies to the process.
+    #[serde(skip)]
+    pub rdma: RdmaSettings,
 }
 
 fn default_connect_ms() -> u64 {
@@ -102,6 +106,7 @@ impl GatewayConfig {
     /// deserializes `[gateway]` inside its own configuration (the demo's engine does).
     pub fn with_rdma(mut self, rdma: &RdmaSettings) -> Result<Self, ConfigError> {
         rdma.apply_to_orders(&mut self.orders);
+        self.rdma = *rdma;
         let cfg = self;
         cfg.orders.validate().map_err(|e| {
             ConfigError::Invalid(format!(
@@ -120,6 +125,17 @@ impl GatewayConfig {
             )));
         }
         Ok(cfg)
+    }
+
+    /// An engine process's start-up, before it registers any memory, as the services do
+    /// theirs ([`RdmaSettings::prepare_process`]): the `[rdma]` table's huge page policy
+    /// for the process, and a memlock limit (RLIMIT_MEMLOCK) check covering the orders
+    /// path's rings plus `other_bytes` (the engine's market-data subscribers': see
+    /// `McastConfig::subscriber_pinned_bytes`), an error naming the bytes needed. Call it
+    /// first: memory registered before it keeps the default policy.
+    pub fn prepare_process(&self, other_bytes: u64) -> Result<(), PrepareError> {
+        self.rdma
+            .prepare_process(self.orders.pinned_bytes_per_connection() + other_bytes)
     }
 
     /// [`from_toml_str`](Self::from_toml_str) of the file at `path`.

@@ -95,7 +95,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // Market data in: one subscriber per channel of the feed handler's configuration, made
     // without waiting for the feed handler (`new`): polls connect, and connect again after a
     // loss, on either transport.
-    let md_cfg = McastConfig::load_from_service(fh_toml)?;
+    let mut md_cfg = McastConfig::load_from_service(fh_toml)?;
+    // Before any memory is registered: the engine file's `[rdma]` table (huge pages, this
+    // host's transport settings) and a memlock limit that covers every ring, as the
+    // services check at their start.
+    let gw_cfg = GatewayConfig::load(engine_toml)?;
+    gw_cfg.rdma.apply_to_mcast(&mut md_cfg);
+    gw_cfg.prepare_process(md_cfg.subscriber_pinned_bytes(md_cfg.channels.len()))?;
     let mut md = md_cfg
         .channels
         .iter()
@@ -117,7 +123,6 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         std::thread::sleep(Duration::from_millis(1));
     }
     // Orders out: log on to the gateway (retried while it starts).
-    let gw_cfg = GatewayConfig::load(engine_toml)?;
     let mut gw = EngineSession::connect_configured(&gw_cfg, 1, 1024)?;
     println!("example-engine: ready");
 

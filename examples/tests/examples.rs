@@ -61,6 +61,51 @@ fn ipc_example_one_publisher_two_subscribers() {
     }
 }
 
+/// Issue 43: an engine checks, as the services do at their start, that the memlock limit
+/// covers every ring it will register (the orders path's and its market-data
+/// subscribers'), before it registers any, naming the bytes needed; and applies its
+/// `[rdma]` table's huge page policy then. The child runs with `ulimit -l 64` (and without
+/// CAP_IPC_LOCK, which pins past any limit, when the test runs as root).
+#[test]
+fn example_engine_checks_the_memlock_limit_before_registering_memory() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/demo");
+    let (engine, fh) = (
+        demo.join("sample-engine.toml"),
+        demo.join("feed-handler.toml"),
+    );
+    let gw = rocebus_engine::config::GatewayConfig::load(&engine).unwrap();
+    let md = rocebus::mcast::config::McastConfig::load_from_service(&fh).unwrap();
+    let needed =
+        gw.orders.pinned_bytes_per_connection() + md.subscriber_pinned_bytes(md.channels.len());
+    let ipc_lock = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|c| c & (1 << 14) != 0);
+    let drop_cap = if ipc_lock {
+        "setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock"
+    } else {
+        ""
+    };
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -l 64 && exec {drop_cap} \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_example-engine"))
+        .arg(&engine)
+        .arg(&fh)
+        .args(["127.0.0.1", "127.0.0.1", "1", "5"])
+        .output()
+        .expect("run example-engine under ulimit -l 64");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("memlock limit (RLIMIT_MEMLOCK) is 65536 bytes")
+            && err.contains(&format!("at least {needed} bytes")),
+        "{err}"
+    );
+}
+
 #[test]
 fn example_usage_errors_exit_non_zero_with_a_message() {
     for exe in [

@@ -164,6 +164,15 @@ pub unsafe extern "C" fn rocebus_engine_connect(
         } else {
             expected_orders
         };
+        // The configuration's `[rdma]` huge page policy and a memlock check of the orders
+        // path's rings, before its memory is registered (as a Rust engine's start does).
+        cfg.prepare_process(0).map_err(|e| {
+            let mut msg = e.to_string();
+            if let Some(s) = std::error::Error::source(&e) {
+                msg = format!("{msg}: {s}");
+            }
+            Fail::owned(RocebusStatus::Config, msg)
+        })?;
         let session = EngineSession::connect_configured(cfg, first_order_id, expected)
             .map_err(session_fail)?;
         let s = Session {
