@@ -94,6 +94,49 @@ fn c_ipc_pingpong_under_valgrind() {
     );
 }
 
+/// Issue 45: the examples build with a plain Makefile and the system compilers, no cargo
+/// (`examples/Makefile`, as an engine team would build them), and what it builds runs:
+/// the C ipc ping-pong it linked.
+#[test]
+fn the_makefile_builds_every_example_and_they_run() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let out = command("make")
+        .arg("-C")
+        .arg(&examples)
+        .arg(format!("LIBDIR={}", lib_dir().display()))
+        .arg(format!("OUT={}", tmp.path().display()))
+        .output()
+        .expect("running make (apt-get install make)");
+    assert!(
+        out.status.success(),
+        "make: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for p in [
+        "ipc_pingpong",
+        "orders_echo",
+        "ipc_cpp",
+        "orders_cpp",
+        "engine_cpp",
+    ] {
+        assert!(tmp.path().join(p).is_file(), "make built no {p}");
+    }
+    let run = command(tmp.path().join("ipc_pingpong"))
+        .arg(tmp.path().join("streams"))
+        .arg("100")
+        .output()
+        .expect("running the ipc_pingpong make built");
+    assert!(
+        run.status.success()
+            && String::from_utf8_lossy(&run.stdout).contains("ipc_pingpong: 100 round trips ok"),
+        "ipc_pingpong (make): {}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
 /// The static library works as well: the same example linked against
 /// `librocebus_ffi.a` (and what it needs from the system: libibverbs,
 /// librdmacm, libpthread, libdl, libm).

@@ -40,9 +40,11 @@ pub const PACKAGES: &[&str] = &[
     "libbsd-dev",
     // `cargo xtask test` runs the ring's loopback tests under memcheck.
     "valgrind",
-    // ffi/: the C and C++ examples of the C ABI, built and run by its tests.
+    // ffi/: the C and C++ examples of the C ABI, built and run by its tests (and by
+    // their Makefile).
     "gcc",
     "g++",
+    "make",
     // rdma-core's Python binding: the raw-verbs attackers of the guest tests
     // (`core/tests/attackers/*.py`, run with /usr/bin/python3). The guests
     // see it because they run in a chroot of this machine's root.
