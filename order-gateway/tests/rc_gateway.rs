@@ -361,16 +361,18 @@ impl Engine {
     }
 }
 
-/// Five thousand orders engine → gateway (RC) → QuickFIX → gateway → engine (RC): two
-/// engines, 2,500 orders each, interleaved. Every order gets exactly one final answer, the
+/// Two thousand orders engine → gateway (RC) → QuickFIX → gateway → engine (RC): two
+/// engines, 1,000 orders each, interleaved. Every order gets exactly one final answer, the
 /// responses arrive numbered 1, 2, … with none lost or doubled, the engines' books agree
 /// with the gateway's, and the venue saw each order once.
-/// (It was 10,000: QuickFIX in the emulated guest takes about 100 orders a second.)
+/// (It was 10,000, then 5,000: QuickFIX in the emulated guest takes about 100 orders a
+/// second, and what this proves is order and exactly-once across many windows of 128
+/// outstanding orders per engine, not volume; CI's time bound.)
 #[test]
 #[ignore = "rdma: needs an RDMA device and QuickFIX (cargo xtask test)"]
-fn rc_five_thousand_orders_two_engines_each_answered_once() {
-    const PER_ENGINE: u64 = 2500;
-    let dir = scratch("rc-5k");
+fn rc_two_thousand_orders_two_engines_each_answered_once() {
+    const PER_ENGINE: u64 = 1000;
+    let dir = scratch("rc-2k");
     let venue = Venue::start(&dir.join("venue"), free_port());
     let gw = Gw::start(venue.port, &dir.join("gw.journal"), 7471);
     let mut engines = [gw.engine(ENGINE, 1), gw.engine(ENGINE2, 1)];

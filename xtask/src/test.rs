@@ -192,7 +192,7 @@ fn ring_checks(root: &Path) -> Result<()> {
 /// Seconds each fuzz target runs inside `cargo xtask test` (CI): enough to
 /// catch shallow crashes in every decoder of outside bytes, short enough for
 /// the CI budget. `cargo xtask fuzz --seconds N` runs longer.
-const CI_FUZZ_SECONDS: u64 = 10;
+const CI_FUZZ_SECONDS: u64 = 6;
 
 pub fn run(root: &Path, rdma_only: bool, filter: Option<&str>, fuzz: bool) -> Result<()> {
     let t0 = Instant::now();
