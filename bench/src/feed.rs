@@ -26,7 +26,7 @@ use hdrhistogram::Histogram;
 use rocebus::clock::Mono;
 use rocebus::idle::{IdleStrategy, Idler};
 use rocebus::mcast::config::McastConfig;
-use rocebus::mcast::net::PublishError;
+use rocebus::mcast::io::PublishError;
 use rocebus::mcast::{Handler, McastSubscriber, RestoreError, SnapshotSink};
 use rocebus_bench::rc::local_ip;
 use rocebus_bench::report::Summary;

@@ -36,7 +36,7 @@ use hdrhistogram::Histogram;
 use rocebus::clock::Mono;
 use rocebus::idle::{IdleStrategy, Idler};
 use rocebus::mcast::config::McastConfig;
-use rocebus::mcast::net::INLINE_MAX;
+use rocebus::mcast::io::INLINE_MAX;
 use rocebus::mcast::{
     Handler, Line, McastPublisher, McastSubscriber, Phase, RestoreError, Snapshot, SnapshotSink,
 };

@@ -15,7 +15,7 @@ use rocebus::admission::CookieReply;
 use rocebus::auth::{Initiator, Key, Purpose};
 use rocebus::clock::{now_ns, Mono};
 use rocebus::mcast::config::McastConfig;
-use rocebus::mcast::net::NetError;
+use rocebus::mcast::io::NetError;
 use rocebus::mcast::wire::{
     self, encode_auth_proof, encode_snapshot_request, write_datagram_header, Hello, Line,
     RetransmitRequest, Welcome, AUTH_PROOF_LEN, DATAGRAM_HEADER_LEN, WELCOME_SIGNED_LEN,

@@ -15,7 +15,7 @@ use common::{drop_cm_rtu, load_sched_modules, netem_stats, tc};
 use rocebus::clock::{now_ns, Mono};
 use rocebus::counters::{CountersFile, CountersReader};
 use rocebus::mcast::config::McastConfig;
-use rocebus::mcast::net::SubscriberCountersExport;
+use rocebus::mcast::io::SubscriberCountersExport;
 use rocebus::mcast::{
     Event, Handler, Line, McastPublisher, McastSubscriber, Phase, RestoreError, Snapshot,
     SnapshotSink, SubscriberCounters,

@@ -14,7 +14,7 @@ use crate::publish::MdSink;
 use crate::view::write_book_l2;
 use rocebus::clock::Mono;
 use rocebus::mcast::config::McastConfig;
-use rocebus::mcast::net::{PublishError, PublisherIoStats};
+use rocebus::mcast::io::{PublishError, PublisherIoStats};
 use rocebus::mcast::{McastPublisher, MdPublisher, NetError, Snapshot};
 use std::net::IpAddr;
 

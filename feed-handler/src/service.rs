@@ -394,7 +394,7 @@ pub struct Service {
     counters: Vec<(Counter, Field)>,
     /// Per channel: the bus publisher's repair counters and subscriber rows
     /// (`md.pub.ch<i>.*`).
-    bus_counters: Vec<rocebus::mcast::net::PublisherCountersExport>,
+    bus_counters: Vec<rocebus::mcast::io::PublisherCountersExport>,
     /// The GID, traffic class and registered memory (`rdma.*`).
     rdma: Option<RdmaCountersExport>,
     _counters_file: Option<CountersFile>,
@@ -497,7 +497,7 @@ impl Service {
                     .map_err(ServiceError::Counters)?;
                 let b = (0..channels)
                     .map(|i| {
-                        rocebus::mcast::net::PublisherCountersExport::new(
+                        rocebus::mcast::io::PublisherCountersExport::new(
                             &file,
                             &format!("md.pub.ch{i}"),
                             SUBSCRIBER_SLOTS,

@@ -44,7 +44,7 @@ use std::path::PathBuf;
 use rocebus::clock::{now_ns, Mono};
 use rocebus::counters::{AllocateCounter, Counter, CountersError, Kind};
 use rocebus::mcast::config::McastConfig;
-use rocebus::mcast::net::SubscriberCountersExport;
+use rocebus::mcast::io::SubscriberCountersExport;
 use rocebus::mcast::{Event, Handler, MdSubscriber, NetError, Phase, RestoreError, SnapshotSink};
 use rocebus_md::normalized::{self, Normalized};
 use rocebus_md::view::MarketView;

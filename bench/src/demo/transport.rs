@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use feed_handler::ipcsink::MSG_TYPE;
 use rocebus::counters::{Counter, CountersFile, Kind};
 use rocebus::ipc::{IpcEvent, IpcSubscriber};
-use rocebus::mcast::net::SubscriberCountersExport;
+use rocebus::mcast::io::SubscriberCountersExport;
 use rocebus::mcast::{Event, Handler, MdSubscriber};
 
 use super::config::IpcSource;

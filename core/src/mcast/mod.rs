@@ -41,14 +41,11 @@ pub mod subscriber;
 pub mod transport;
 pub mod wire;
 
-// The I/O shell's name before it became the folder `io/`: the binaries,
-// benches and integration tests import `rocebus::mcast::net::...`.
-pub use io as net;
 pub use io::{McastPublisher, McastSubscriber, NetError};
 pub use publisher::{
     ClaimError, Output, Pacer, Published, PublisherConfig, PublisherState, RetransmitReply,
 };
-pub use rcfanout::{FanoutDrop, FanoutError, FanoutEvent, RcFanoutPublisher, RcFanoutSubscriber};
+pub use rcfanout::{FanoutDrop, FanoutEvent, RcFanoutPublisher, RcFanoutSubscriber};
 pub use repair::{RepairConfig, RepairCounters, RepairDecision, RepairPlanner};
 pub use schedule::{SendSchedule, Transmit};
 pub use server::{RecoveryCounters, RecoveryServer, ServerConfig};

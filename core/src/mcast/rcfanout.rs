@@ -227,11 +227,6 @@ fn silence_bound(cfg: &McastConfig) -> u64 {
         .max(cfg.heartbeat_interval_ns.saturating_mul(10))
 }
 
-/// The fan-out's errors are the market-data path's one error type (an RC
-/// connection's failure is [`NetError::Orders`]); the name is kept for
-/// code written against it.
-pub type FanoutError = NetError;
-
 fn rc_channel(cfg: &McastConfig, channel: u16) -> Result<u16, NetError> {
     let ch = cfg.channel(channel).ok_or(NetError::NoChannel(channel))?;
     if ch.transport != Transport::Rc {
@@ -459,7 +454,7 @@ impl RcFanoutPublisher {
         channel: u16,
         session: u64,
         local: IpAddr,
-    ) -> Result<Self, FanoutError> {
+    ) -> Result<Self, NetError> {
         let port = rc_channel(cfg, channel)?;
         if cfg.auth.secret.is_empty() {
             tracing::warn!(
@@ -580,7 +575,7 @@ impl RcFanoutPublisher {
     }
 
     /// Seals the open datagram and writes it to every subscriber that has room.
-    pub fn flush(&mut self, now: Mono) -> Result<(), FanoutError> {
+    pub fn flush(&mut self, now: Mono) -> Result<(), NetError> {
         let now = now.as_nanos();
         self.state.flush();
         self.fan_out(now);
@@ -592,7 +587,7 @@ impl RcFanoutPublisher {
     /// what each subscriber is missing, serves their requests (snapshots
     /// from `snapshot`), admits new subscribers and drops slow or lost ones.
     /// Returns the datagram frames written. Never blocks.
-    pub fn poll(&mut self, now: Mono, snapshot: &impl Snapshot) -> Result<usize, FanoutError> {
+    pub fn poll(&mut self, now: Mono, snapshot: &impl Snapshot) -> Result<usize, NetError> {
         let now = now.as_nanos();
         let before = self.stats.datagrams_written;
         self.state.poll_flush(now);
@@ -1100,7 +1095,7 @@ impl RcFanoutSubscriber {
         channel: u16,
         local: IpAddr,
         publisher: IpAddr,
-    ) -> Result<Self, FanoutError> {
+    ) -> Result<Self, NetError> {
         let mut s = Self::unconnected(cfg, channel, local, publisher)?;
         s.state.start_link_down();
         Ok(s)
@@ -1116,7 +1111,7 @@ impl RcFanoutSubscriber {
         channel: u16,
         local: IpAddr,
         publisher: IpAddr,
-    ) -> Result<Self, FanoutError> {
+    ) -> Result<Self, NetError> {
         let mut s = Self::unconnected(cfg, channel, local, publisher)?;
         let conn = Connection::connect(&s.dial.cfg, s.dial.publisher)?;
         s.link = FanLink::Up(conn);
@@ -1129,7 +1124,7 @@ impl RcFanoutSubscriber {
         channel: u16,
         local: IpAddr,
         publisher: IpAddr,
-    ) -> Result<Self, FanoutError> {
+    ) -> Result<Self, NetError> {
         let port = rc_channel(cfg, channel)?;
         let ocfg = orders_config(cfg);
         ocfg.validate().map_err(OrdersError::Config)?;
@@ -1200,7 +1195,7 @@ impl RcFanoutSubscriber {
         now: Mono,
         app: &mut A,
         fragment_limit: usize,
-    ) -> Result<usize, FanoutError> {
+    ) -> Result<usize, NetError> {
         let now = now.as_nanos();
         let FanLink::Up(conn) = &mut self.link else {
             if self.dial.backoff.due(now) {

@@ -42,7 +42,7 @@ use crate::clock::Mono;
 use super::config::{McastConfig, Transport};
 use super::io::{McastPublisher, McastSubscriber, NetError, PublishError};
 use super::publisher::PublisherState;
-use super::rcfanout::{FanoutError, FanoutEvent, RcFanoutPublisher, RcFanoutSubscriber};
+use super::rcfanout::{FanoutEvent, RcFanoutPublisher, RcFanoutSubscriber};
 use super::snapshot::{Handler, Snapshot, SnapshotSink};
 use super::status::PublisherEvent;
 use super::subscriber::{Event, SubscriberCounters, SubscriberState};
@@ -71,7 +71,7 @@ impl MdPublisher {
         channel: u16,
         session: u64,
         local: IpAddr,
-    ) -> Result<Self, FanoutError> {
+    ) -> Result<Self, NetError> {
         Ok(match transport_of(cfg, channel)? {
             Transport::Multicast => {
                 MdPublisher::Multicast(McastPublisher::new(cfg, channel, session, local)?)
@@ -118,7 +118,7 @@ impl MdPublisher {
         }
     }
     /// See [`McastPublisher::flush`].
-    pub fn flush(&mut self, now: Mono) -> Result<(), FanoutError> {
+    pub fn flush(&mut self, now: Mono) -> Result<(), NetError> {
         match self {
             MdPublisher::Multicast(p) => Ok(p.flush(now)?),
             MdPublisher::Rc(p) => p.flush(now),
@@ -126,7 +126,7 @@ impl MdPublisher {
     }
     /// See [`McastPublisher::poll`]; returns datagrams sent (multicast) or
     /// datagram frames written, summed over subscribers (RC).
-    pub fn poll(&mut self, now: Mono, snapshot: &impl Snapshot) -> Result<usize, FanoutError> {
+    pub fn poll(&mut self, now: Mono, snapshot: &impl Snapshot) -> Result<usize, NetError> {
         match self {
             MdPublisher::Multicast(p) => Ok(p.poll(now, snapshot)?),
             MdPublisher::Rc(p) => p.poll(now, snapshot),
@@ -157,7 +157,7 @@ impl MdSubscriber {
         channel: u16,
         local: IpAddr,
         publisher: IpAddr,
-    ) -> Result<Self, FanoutError> {
+    ) -> Result<Self, NetError> {
         Self::open(
             (cfg, channel, local, publisher),
             McastSubscriber::new,
@@ -173,7 +173,7 @@ impl MdSubscriber {
         channel: u16,
         local: IpAddr,
         publisher: IpAddr,
-    ) -> Result<Self, FanoutError> {
+    ) -> Result<Self, NetError> {
         Self::open(
             (cfg, channel, local, publisher),
             McastSubscriber::connect,
@@ -185,8 +185,8 @@ impl MdSubscriber {
     fn open(
         (cfg, channel, local, publisher): (&McastConfig, u16, IpAddr, IpAddr),
         multicast: Ctor<McastSubscriber, NetError>,
-        rc: Ctor<RcFanoutSubscriber, FanoutError>,
-    ) -> Result<Self, FanoutError> {
+        rc: Ctor<RcFanoutSubscriber, NetError>,
+    ) -> Result<Self, NetError> {
         Ok(match transport_of(cfg, channel)? {
             Transport::Multicast => {
                 MdSubscriber::Multicast(multicast(cfg, channel, local, publisher)?)
@@ -230,7 +230,7 @@ impl MdSubscriber {
         now: Mono,
         app: &mut A,
         fragment_limit: usize,
-    ) -> Result<usize, FanoutError> {
+    ) -> Result<usize, NetError> {
         match self {
             MdSubscriber::Multicast(s) => Ok(s.poll(now, app, fragment_limit)?),
             MdSubscriber::Rc(s) => s.poll(now, app, fragment_limit),
