@@ -165,6 +165,27 @@ pub enum GidError {
         /// The GID of the address the service is bound to.
         bound: Gid,
     },
+    /// rdma_cm bound a connection to a RoCE v1 entry (no `gid_index` configured) and the
+    /// address has no RoCE v2 entry.
+    #[error(
+        "rdma_cm bound the connection to GID index {index} ({gid}, {gid_type}) on {device} \
+         port {port}, and that address has no RoCE v2 entry (RoCE v1 is not routable): set \
+         gid_index to the entry to use; the table has: {table}"
+    )]
+    NoRoceV2ForAddress {
+        /// Device name.
+        device: String,
+        /// Port.
+        port: u8,
+        /// The entry rdma_cm bound.
+        index: u32,
+        /// Its GID.
+        gid: Gid,
+        /// Its type.
+        gid_type: GidType,
+        /// The used entries.
+        table: String,
+    },
 }
 
 /// What to select a GID by. The default takes the first RoCE v2 entry
@@ -419,6 +440,40 @@ pub fn check_connection_index(
         });
     }
     Ok(choice)
+}
+
+/// The source GID of a connection rdma_cm bound to entry `resolved` when no `gid_index` is
+/// configured: that entry if it is RoCE v2, else the RoCE v2 entry of the same address
+/// (mlx5 lists every address twice, v1 first, and rdma_cm may bind the v1 one: its packets
+/// are not routable across an L3 hop). RoCE v2 only unless a `gid_index` says otherwise:
+/// an address with no v2 entry is an error. An entry of unknown type (a kernel without
+/// `gid_attrs/types`) is taken as it is. Only entries a QP's 8-bit `sgid_index` can name
+/// (0 to 255) are candidates.
+pub fn connection_default_entry(table: &GidTable, resolved: u32) -> Result<GidEntry, GidError> {
+    let Some(bound) = table.entries.iter().find(|e| e.index == resolved) else {
+        return Err(GidError::IndexNotInTable {
+            device: table.device.clone(),
+            port: table.port,
+            index: resolved,
+            table: table.listing(),
+        });
+    };
+    if bound.gid_type != GidType::RoceV1 {
+        return Ok(bound.clone());
+    }
+    table
+        .entries
+        .iter()
+        .find(|e| e.gid == bound.gid && e.gid_type == GidType::RoceV2 && e.index <= 255)
+        .cloned()
+        .ok_or_else(|| GidError::NoRoceV2ForAddress {
+            device: table.device.clone(),
+            port: table.port,
+            index: resolved,
+            gid: bound.gid,
+            gid_type: bound.gid_type.clone(),
+            table: table.listing(),
+        })
 }
 
 fn describe(policy: &GidPolicy) -> String {

@@ -3,7 +3,7 @@
 use crate::verbs::device::{Context, Gid};
 use crate::verbs::error::Result;
 use crate::verbs::error::{errno, last_err, VerbsError};
-use crate::verbs::gid::{check_connection_index, GidTable, GidType};
+use crate::verbs::gid::{check_connection_index, connection_default_entry, GidTable, GidType};
 use crate::verbs::memory::Access;
 use crate::verbs::qp::{Mtu, QueuePair, RcOptions};
 use crate::verbs::types::QpState;
@@ -487,26 +487,33 @@ impl CmId {
 
     /// The source GID index for this connection: `explicit` if given
     /// (checked to be a used RoCE v2 entry: an error otherwise), else
-    /// `resolved`, rdma_cm's. Logs the choice (index, GID, type, netdev)
-    /// once per connection, and warns when rdma_cm's choice is not RoCE v2.
+    /// `resolved`, rdma_cm's, when it is RoCE v2, or else the RoCE v2 entry of
+    /// the same address ([`connection_default_entry`]: an error if there is
+    /// none). Logs the choice (index, GID, type, netdev) once per connection.
     fn source_gid(&self, resolved: u8, explicit: Option<u8>) -> Result<u8> {
         let device = self.device_name().unwrap_or_default();
         let port = self.port_num();
         let sys = Path::new("/sys");
         let Some(index) = explicit else {
-            let entry = GidTable::read_sysfs_entry(sys, &device, port, u32::from(resolved));
-            match entry {
-                Some(e) if e.gid_type == GidType::RoceV2 => {
-                    tracing::info!(%device, port, gid = %e, peer = %self.peer(), "rdma_cm GID")
+            // One entry first (three small files); the whole table only when it is not v2.
+            match GidTable::read_sysfs_entry(sys, &device, port, u32::from(resolved)) {
+                Some(e) if e.gid_type != GidType::RoceV1 => {
+                    tracing::info!(%device, port, gid = %e, peer = %self.peer(), "rdma_cm GID");
+                    return Ok(resolved);
                 }
-                Some(e) => {
-                    tracing::warn!(%device, port, gid = %e, peer = %self.peer(), "rdma_cm chose a GID that is not RoCE v2: set rc.gid_index or the port's default_roce_mode")
-                }
+                Some(_) => {}
                 None => {
-                    tracing::info!(%device, port, gid_index = resolved, peer = %self.peer(), "rdma_cm GID (type unknown: sysfs GID table unreadable)")
+                    tracing::info!(%device, port, gid_index = resolved, peer = %self.peer(), "rdma_cm GID (type unknown: sysfs GID table unreadable)");
+                    return Ok(resolved);
                 }
             }
-            return Ok(resolved);
+            let twin = connection_default_entry(
+                &GidTable::read_sysfs(sys, &device, port)?,
+                u32::from(resolved),
+            )?;
+            tracing::info!(%device, port, gid = %twin, resolved, peer = %self.peer(), "rdma_cm bound a RoCE v1 GID; the connection sends from that address's RoCE v2 entry");
+            // At most 255: `connection_default_entry` takes no larger index.
+            return Ok(twin.index as u8);
         };
         let choice = check_connection_index(
             &GidTable::read_sysfs(sys, &device, port)?,
