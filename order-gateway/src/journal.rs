@@ -1965,6 +1965,9 @@ impl Journal {
         if self.poisoned {
             return Err(JournalError::Poisoned);
         }
+        // A switch not yet durable is finished first: this one seals the segment it
+        // started.
+        self.finish_switch()?;
         let rotate_err = |source| JournalError::Rotate {
             path: path.to_owned(),
             source,
