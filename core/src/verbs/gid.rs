@@ -168,7 +168,7 @@ pub enum GidError {
     /// rdma_cm bound a connection to a RoCE v1 entry (no `gid_index` configured) and the
     /// address has no RoCE v2 entry.
     #[error(
-        "rdma_cm bound the connection to GID index {index} ({gid}, {gid_type}) on {device} \
+        "rdma_cm bound the connection to GID index {index} ({gid}, RoCE v1) on {device} \
          port {port}, and that address has no RoCE v2 entry (RoCE v1 is not routable): set \
          gid_index to the entry to use; the table has: {table}"
     )]
@@ -181,8 +181,6 @@ pub enum GidError {
         index: u32,
         /// Its GID.
         gid: Gid,
-        /// Its type.
-        gid_type: GidType,
         /// The used entries.
         table: String,
     },
@@ -471,7 +469,6 @@ pub fn connection_default_entry(table: &GidTable, resolved: u32) -> Result<GidEn
             port: table.port,
             index: resolved,
             gid: bound.gid,
-            gid_type: bound.gid_type.clone(),
             table: table.listing(),
         })
 }

@@ -297,15 +297,25 @@ fn a_connection_rdma_cm_bound_to_a_roce_v1_gid_sends_from_that_address_v2_entry(
     let (_r, t) = mlx5();
     for (resolved, want) in [(2, 3), (3, 3), (4, 5), (0, 1)] {
         let e = connection_default_entry(&t, resolved).unwrap();
-        assert_eq!((e.index, &e.gid_type), (want, &GidType::RoceV2), "{resolved}");
+        assert_eq!(
+            (e.index, &e.gid_type),
+            (want, &GidType::RoceV2),
+            "{resolved}"
+        );
     }
     let (_r, x) = rxe(true);
     assert_eq!(connection_default_entry(&x, 2).unwrap().index, 2);
     let n = Some("ens1f1\n");
-    let root = tree("mlx5_1", &[(LL, Some(V1), n), (A1, Some(V1), n), (A2, Some(V2), n)]);
+    let root = tree(
+        "mlx5_1",
+        &[(LL, Some(V1), n), (A1, Some(V1), n), (A2, Some(V2), n)],
+    );
     let v1_only = GidTable::read_sysfs(root.path(), "mlx5_1", 1).unwrap();
     let e = connection_default_entry(&v1_only, 1).unwrap_err();
-    assert!(matches!(e, GidError::NoRoceV2ForAddress { index: 1, .. }), "{e}");
+    assert!(
+        matches!(e, GidError::NoRoceV2ForAddress { index: 1, .. }),
+        "{e}"
+    );
     assert!(e.to_string().contains("gid_index"), "{e}");
     assert!(matches!(
         connection_default_entry(&v1_only, 7),
