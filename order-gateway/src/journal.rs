@@ -3011,8 +3011,23 @@ fn finish_interrupted_switch(fs: &dyn Storage, path: &Path) -> Result<bool, Jour
     let Some(sb_o) = scan.superblock else {
         return Ok(false);
     };
-    if matches!(scan.damage, Some(Damage::Corrupt { .. })) || sb_n.segment != sb_o.segment + 1 {
+    if sb_n.segment != sb_o.segment + 1 {
         return Ok(false);
+    }
+    if let Some(Damage::Corrupt {
+        offset,
+        what,
+        next_intact,
+    }) = scan.damage
+    {
+        // Refused here, before the open would remove `path.next` as a leftover: it may hold
+        // the day past the damaged segment (the operator decides, both files unchanged).
+        return Err(JournalError::Damaged {
+            path: path.to_owned(),
+            offset,
+            what,
+            next_intact,
+        });
     }
     let end = scan.valid_len;
     let sealed = end == sb_n.prev_len && scan.chain == sb_n.prev_chain;
@@ -3977,6 +3992,22 @@ mod tests {
                 assert_eq!(replayed(&path), before_switch());
             }
         }
+    }
+
+    /// The old segment damaged inside its durable extent beside an unfinished switch: the
+    /// open refuses, as for any damage, and leaves `FILE.next` where it is (it removed it as
+    /// a writer's leftover before refusing: the records appended after the switch were gone).
+    #[test]
+    fn a_damaged_old_segment_beside_an_unfinished_switch_is_refused_and_both_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        drop(switched(&path, FsyncPolicy::Never));
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&[0; 8], HEADER_LEN + 20).unwrap();
+        drop(f);
+        let e = open_err(&path);
+        assert!(matches!(&e, JournalError::Damaged { path: p, .. } if *p == path), "{e}");
+        assert!(next_segment_path(&path).exists(), "the new segment is kept");
     }
 
     /// A failed sync of the new file before anything was appended to it (group commit: the
