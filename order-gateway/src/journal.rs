@@ -4006,7 +4006,10 @@ mod tests {
         f.write_all_at(&[0; 8], HEADER_LEN + 20).unwrap();
         drop(f);
         let e = open_err(&path);
-        assert!(matches!(&e, JournalError::Damaged { path: p, .. } if *p == path), "{e}");
+        assert!(
+            matches!(&e, JournalError::Damaged { path: p, .. } if *p == path),
+            "{e}"
+        );
         assert!(next_segment_path(&path).exists(), "the new segment is kept");
     }
 
