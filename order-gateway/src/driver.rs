@@ -685,6 +685,14 @@ struct Rebuild {
 /// Space a probe reserves past the journal's end before it declares the journal writable.
 const PROBE_HEADROOM: u64 = 1 << 20;
 
+/// Orders a cut left out that a turn with work frees, after its output has left: more than
+/// a turn's orders can make final (a batch of 16 makes 16), so memory follows a sustained
+/// load.
+const SWEEP_BUSY: usize = 32;
+
+/// The same for a turn with nothing to journal (the service polls many of those).
+const SWEEP_IDLE: usize = 128;
+
 impl FixDriver<TcpLink> {
     /// Opens the journal from `cfg`, recovering state; the venue is `cfg.fix.venue_addr`.
     pub fn open(cfg: &Config) -> Result<FixDriver, DriverError> {
@@ -1212,6 +1220,7 @@ impl<L: VenueLink> FixDriver<L> {
             deliver(e, &r);
         }
         let out = &mut self.out;
+        let busy = out.journal_records > 0;
         if out.journal_records > 0 {
             if let Err(e) = self.journal.append(&out.journal, out.journal_records) {
                 return self.journal_failed(&e, deliver);
@@ -1256,6 +1265,9 @@ impl<L: VenueLink> FixDriver<L> {
                 self.cut();
             }
         }
+        // Everything of the turn has left: free some of what cuts left out (bounded, so a
+        // cut never costs a turn the orders it dropped; more when the turn had no work).
+        self.gw.sweep(if busy { SWEEP_BUSY } else { SWEEP_IDLE });
         Ok(())
     }
 

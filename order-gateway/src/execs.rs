@@ -104,15 +104,12 @@ impl ExecLog {
         }
     }
 
-    /// ExecIDs held.
-    /// The entries of the orders `keep` accepts, oldest first, for a checkpoint.
-    pub fn checkpoint_state(
-        &self,
-        mut keep: impl FnMut(u64) -> bool,
-    ) -> Vec<crate::checkpoint::ExecState> {
+    /// Every entry, oldest first, for a checkpoint: the entries of orders the checkpoint
+    /// leaves out included (never looked up again, as no order has their id), so a restart
+    /// forgets the same entries first as the live log does.
+    pub fn checkpoint_state(&self) -> Vec<crate::checkpoint::ExecState> {
         self.age
             .iter()
-            .filter(|k| keep(k.order))
             .filter_map(|k| {
                 let trade = *self.map.get(k)?;
                 Some(crate::checkpoint::ExecState {
@@ -124,20 +121,6 @@ impl ExecLog {
                 })
             })
             .collect()
-    }
-
-    /// Forgets the entries of `orders` (dropped at a checkpoint cut), keeping the others in
-    /// age order: what [`checkpoint_state`](Self::checkpoint_state) of the other orders and
-    /// [`restore_state`](Self::restore_state) would leave, in place (one pass over at most
-    /// [`EXEC_HISTORY`] entries, no rebuild), and nothing done when `orders` is empty.
-    pub fn forget_orders(&mut self, orders: &[u64]) {
-        if orders.is_empty() {
-            return;
-        }
-        let gone: rustc_hash::FxHashSet<u64> = orders.iter().copied().collect();
-        self.map.retain(|k, _| !gone.contains(&k.order));
-        let map = &self.map;
-        self.age.retain(|k| map.contains_key(k));
     }
 
     /// Restores entries taken by [`checkpoint_state`](Self::checkpoint_state).
@@ -157,6 +140,7 @@ impl ExecLog {
         }
     }
 
+    /// ExecIDs held.
     pub fn len(&self) -> usize {
         self.age.len()
     }
@@ -188,30 +172,36 @@ mod tests {
         assert_eq!(l.trade(1, &other), Some((0, 0)));
     }
 
+    /// A checkpoint holds the whole log (entries of orders it leaves out included), so a
+    /// log restored from it forgets the same entries first as the live one: with only some
+    /// orders' entries in the checkpoint, the restored log would keep older entries longer
+    /// than the live one and a duplicate would be applied on one side only.
     #[test]
-    fn forgetting_orders_leaves_what_a_checkpoint_of_the_others_restores() {
+    fn a_restored_log_forgets_the_same_entries_as_the_live_one() {
         let mut l = ExecLog::with_capacity(8);
         for (i, order) in [1u64, 2, 1, 3, 2, 4, 1, 5, 6, 2].iter().enumerate() {
             l.insert(*order, format!("E{i}").as_bytes(), (i as u32, 1));
         }
         let all = |l: &ExecLog| -> Vec<_> {
-            l.checkpoint_state(|_| true)
+            l.checkpoint_state()
                 .iter()
                 .map(|e| (e.order, e.len, e.head, e.hash, e.trade))
                 .collect()
         };
-        let want = {
-            let mut r = ExecLog::with_capacity(8);
-            r.restore_state(&l.checkpoint_state(|o| o != 1 && o != 2));
-            all(&r)
-        };
-        l.forget_orders(&[1, 2]);
-        assert_eq!(all(&l), want);
-        assert_eq!(l.len(), want.len());
-        // Eviction goes on from the oldest left.
-        for i in 0..8 {
-            l.insert(9, format!("N{i}").as_bytes(), (0, 0));
+        let mut r = ExecLog::with_capacity(8);
+        r.restore_state(&l.checkpoint_state());
+        assert_eq!(all(&r), all(&l));
+        for i in 0..5 {
+            let id = format!("N{i}");
+            assert_eq!(
+                l.insert(9, id.as_bytes(), (0, 0)),
+                r.insert(9, id.as_bytes(), (0, 0))
+            );
+            for (j, order) in [1u64, 2, 1, 3, 2, 4, 1, 5, 6, 2].iter().enumerate() {
+                let e = format!("E{j}");
+                assert_eq!(l.trade(*order, e.as_bytes()), r.trade(*order, e.as_bytes()));
+            }
         }
-        assert!(l.checkpoint_state(|_| true).iter().all(|e| e.order == 9));
+        assert_eq!(all(&r), all(&l));
     }
 }

@@ -3,14 +3,17 @@
 //! orders not yet final, kept as statuses change.
 //!
 //! Owns: the orders and their indexes, the open count, which final orders the last
-//! checkpoint already left out, and what changed since the last cut (so a cut, on the
-//! service thread, never scans the day's orders). It decides nothing about requests or executions (that is the
+//! checkpoint already left out (by the cut each became final at), and the orders a cut
+//! left out that still take memory (swept a bounded number at a time, so a cut on the
+//! service thread never visits the day's orders, nor the orders it drops). It decides nothing about requests or executions (that is the
 //! gateway's, through risk and the FIX session), sends nothing, reads no clock: it is plain
 //! state the gateway moves with [`OrderBook::insert_new`], [`OrderBook::set_status`] and
 //! [`OrderBook::note_request`], the same calls live and in replay. A status change goes
 //! through [`OrderBook::set_status`] only, so the open count cannot drift from the orders.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 
 use super::EngineId;
 use crate::risk::OrderParams;
@@ -54,6 +57,9 @@ pub struct Order {
     pub notional: i128,
     /// The cancel or replace in flight: its request id and what it changes.
     pub(super) pending: Option<(u64, Change)>,
+    /// The book's cut count when the order last became final (set by the book; meaningless
+    /// while the order is not final).
+    pub(super) final_cut: u32,
 }
 
 impl Order {
@@ -66,10 +72,13 @@ impl Order {
 /// The orders of the day and their indexes.
 ///
 /// A checkpoint cut ([`checkpoint_written`](OrderBook::checkpoint_written)) runs on the
-/// service thread, so it must cost what changed since the previous cut, never a pass over
-/// the day's orders: the book keeps, as orders change, which orders became final
-/// (`finished`), which requests each order has (`requests_of`) and which orders have
-/// requests but no order yet (`orphans`), so a cut visits only those.
+/// service thread, so it must not cost the orders it drops, let alone the day's: a cut
+/// only counts itself (`cuts`) and drops the requests noted for no order (`orphans`). An
+/// order is *dead* (what a checkpoint left out) when it is final and became so two cuts
+/// ago or earlier ([`OrderBook::is_dead`]); every accessor treats a dead order, its engine
+/// id and its requests as absent, exactly as after a restart from that checkpoint, which
+/// does not hold them. Their memory is freed later, by [`OrderBook::sweep`] in bounded
+/// steps, from the orders that became final at each cut (`finals`).
 #[derive(Debug)]
 pub struct OrderBook {
     orders: FxHashMap<u64, Order>,
@@ -87,13 +96,17 @@ pub struct OrderBook {
     /// request is noted before the order): the next cut drops their requests if there is
     /// still no order.
     orphans: Vec<u64>,
-    /// Orders already final at the last checkpoint: the next one leaves them out.
-    retired: FxHashSet<u64>,
-    /// Orders that became final since the last cut (an id may repeat; some may have
-    /// reopened since): the next cut's `retired` is drawn from them.
-    finished: Vec<u64>,
-    /// Entries the last cut visited (orders, requests, candidates): what it cost, for
-    /// tests and the operator.
+    /// Cuts applied since the book was made or restored (starts at 1, so a restored final
+    /// order can be one cut old).
+    cuts: u32,
+    /// The orders that became final, by the cut count they became final at, oldest first
+    /// (an id may repeat; some may have reopened since): what [`sweep`](Self::sweep) frees
+    /// once they are dead.
+    finals: VecDeque<(u32, Vec<u64>)>,
+    /// Ids in `finals`.
+    finals_len: usize,
+    /// Entries the last cut visited (orphans and their requests): what it cost, for tests
+    /// and the operator.
     last_cut_visits: usize,
 }
 
@@ -142,46 +155,69 @@ impl OrderBook {
             by_request: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
             requests_of: FxHashMap::with_capacity_and_hasher(1 << 16, Default::default()),
             orphans: Vec::new(),
-            retired: FxHashSet::default(),
-            finished: Vec::new(),
+            cuts: 1,
+            finals: VecDeque::new(),
+            finals_len: 0,
             last_cut_visits: 0,
         }
     }
 
+    /// Whether `o` is dead: left out by a checkpoint already cut (final since two cuts or
+    /// more), so absent to every accessor though its memory is not swept yet.
+    fn is_dead(&self, o: &Order) -> bool {
+        o.status == OrderStatus::Done && o.final_cut.saturating_add(2) <= self.cuts
+    }
+
+    /// Whether a request noted for order `id` is visible: no dead order under `id` (a
+    /// request for no order is an orphan, visible until the next cut drops it).
+    fn request_visible(&self, id: u64) -> bool {
+        self.orders.get(&id).is_none_or(|o| !self.is_dead(o))
+    }
+
     /// Order `id`.
     pub fn get(&self, id: u64) -> Option<&Order> {
-        self.orders.get(&id)
+        self.orders.get(&id).filter(|o| !self.is_dead(o))
     }
 
     /// Order `id`, to change anything but its status ([`set_status`](Self::set_status)).
     pub(super) fn get_mut(&mut self, id: u64) -> Option<&mut Order> {
-        self.orders.get_mut(&id)
+        let cuts = self.cuts;
+        self.orders
+            .get_mut(&id)
+            .filter(|o| !(o.status == OrderStatus::Done && o.final_cut.saturating_add(2) <= cuts))
     }
 
     /// The order id of `engine`'s order `cl_ord_id`.
     pub fn id_of(&self, engine: EngineId, cl_ord_id: u64) -> Option<u64> {
-        self.by_engine.get(&(engine, cl_ord_id)).copied()
+        let id = *self.by_engine.get(&(engine, cl_ord_id))?;
+        self.get(id).map(|_| id)
     }
 
     /// Order of `engine` with the engine's id `cl_ord_id`.
     pub fn by_engine(&self, engine: EngineId, cl_ord_id: u64) -> Option<&Order> {
-        self.id_of(engine, cl_ord_id)
-            .and_then(|id| self.orders.get(&id))
+        self.get(*self.by_engine.get(&(engine, cl_ord_id))?)
     }
 
     /// The order a request (by its FIX ClOrdID) was sent for.
     pub fn order_of_request(&self, request: u64) -> Option<u64> {
-        self.by_request.get(&request).copied()
+        let id = *self.by_request.get(&request)?;
+        self.request_visible(id).then_some(id)
     }
 
     /// Every order, keyed by gateway order id.
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Order)> {
-        self.orders.iter().map(|(k, v)| (*k, v))
+        self.orders
+            .iter()
+            .filter(|(_, o)| !self.is_dead(o))
+            .map(|(k, v)| (*k, v))
     }
 
     /// Every request sent, as (FIX ClOrdID, order id).
     pub fn requests(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.by_request.iter().map(|(&r, &id)| (r, id))
+        self.by_request
+            .iter()
+            .filter(|&(_, &id)| self.request_visible(id))
+            .map(|(&r, &id)| (r, id))
     }
 
     /// Orders not yet final.
@@ -201,7 +237,7 @@ impl OrderBook {
     /// Requests sent and not yet answered by the venue: new orders not acknowledged, and
     /// cancels or replaces pending (a scan of the day's orders: for the operator's status).
     pub fn unacknowledged(&self) -> (usize, usize) {
-        self.orders.values().fold((0, 0), |(n, c), o| {
+        self.iter().fold((0, 0), |(n, c), (_, o)| {
             (
                 n + usize::from(o.status == OrderStatus::PendingNew),
                 c + usize::from(o.pending.is_some()),
@@ -213,7 +249,10 @@ impl OrderBook {
     /// final order under the same id is replaced (replay of a journal that reused one): the
     /// replaced order's engine id no longer finds it, as after a restart from a checkpoint,
     /// which holds only the new one.
-    pub(super) fn insert_new(&mut self, id: u64, order: Order) {
+    pub(super) fn insert_new(&mut self, id: u64, mut order: Order) {
+        // A dead order under the same id is absent already: gone with its indexes first.
+        self.purge_dead(id);
+        order.final_cut = self.cuts;
         let replaced = self.orders.insert(id, order);
         let was_open = replaced.is_some_and(|o| o.status != OrderStatus::Done);
         match (was_open, order.status != OrderStatus::Done) {
@@ -222,7 +261,7 @@ impl OrderBook {
             _ => {}
         }
         if order.status == OrderStatus::Done {
-            self.finished.push(id);
+            self.note_final(self.cuts, id);
         }
         if let Some(old) = replaced {
             let key = (old.engine, old.cl_ord_id);
@@ -235,6 +274,8 @@ impl OrderBook {
 
     /// Request `request` (its FIX ClOrdID) was sent for order `id`.
     pub(super) fn note_request(&mut self, request: u64, id: u64) {
+        // A dead order under `id` is absent: the request is an orphan, as after a restart.
+        self.purge_dead(id);
         if let Some(before) = self.by_request.insert(request, id) {
             if before != id {
                 self.forget_request_of(before, request);
@@ -269,7 +310,8 @@ impl OrderBook {
     /// Moves order `id` to `status`, keeping the open count; false if there is no such
     /// order.
     pub(super) fn set_status(&mut self, id: u64, status: OrderStatus) -> bool {
-        let Some(o) = self.orders.get_mut(&id) else {
+        let cuts = self.cuts;
+        let Some(o) = self.get_mut(id) else {
             return false;
         };
         let was_open = o.status != OrderStatus::Done;
@@ -277,8 +319,9 @@ impl OrderBook {
         o.status = status;
         match (was_open, now_open) {
             (true, false) => {
+                o.final_cut = cuts;
                 self.open -= 1;
-                self.finished.push(id);
+                self.note_final(cuts, id);
             }
             (false, true) => self.open += 1,
             _ => {}
@@ -287,72 +330,100 @@ impl OrderBook {
     }
 
     /// Whether a checkpoint keeps order `id`: live orders, and orders that became final
-    /// since the previous checkpoint.
-    pub(super) fn kept(&self, id: u64, o: &Order) -> bool {
-        o.status != OrderStatus::Done || !self.retired.contains(&id)
+    /// since the previous checkpoint (final at the last cut or earlier: left out).
+    pub(super) fn kept(&self, _id: u64, o: &Order) -> bool {
+        o.status != OrderStatus::Done || o.final_cut.saturating_add(1) > self.cuts
     }
 
     /// Whether a checkpoint keeps order `id` (see [`kept`](Self::kept)); false if unknown.
     pub(super) fn keeps(&self, id: u64) -> bool {
-        self.orders.get(&id).is_some_and(|o| self.kept(id, o))
+        self.get(id).is_some_and(|o| self.kept(id, o))
     }
 
-    /// The checkpoint is cut: drops what it leaves out (orders final before the previous
-    /// one, and their indexes), and marks today's final orders as left out of the next.
-    /// Returns the orders dropped.
+    /// The checkpoint is cut: what it leaves out (orders final before the previous one, and
+    /// their indexes) is dead from now on, and today's final orders are marked as left out
+    /// of the next.
     ///
-    /// Costs what changed since the previous cut, not the day's orders: the orders final at
-    /// the previous cut (`retired`), those that became final since (`finished`) and the ids
-    /// noted with no order (`orphans`) are all it visits.
-    pub(super) fn checkpoint_written(&mut self) -> Vec<u64> {
+    /// Costs the requests noted for no order since the previous cut (`orphans`: dropped if
+    /// there is still none), never the orders it drops: those are only counted dead here
+    /// ([`is_dead`](Self::is_dead)), and freed by [`sweep`](Self::sweep).
+    pub(super) fn checkpoint_written(&mut self) {
+        self.cuts += 1;
         let mut visits = 0;
-        let mut dropped = Vec::new();
-        for id in std::mem::take(&mut self.retired) {
-            visits += 1;
-            // Final at the previous cut and still final: left out of the checkpoint.
-            if self
-                .orders
-                .get(&id)
-                .is_some_and(|o| o.status == OrderStatus::Done)
-            {
-                if let Some(o) = self.orders.remove(&id) {
-                    let key = (o.engine, o.cl_ord_id);
-                    if self.by_engine.get(&key) == Some(&id) {
-                        self.by_engine.remove(&key);
-                    }
-                }
-                dropped.push(id);
-            }
-        }
         let orphans = std::mem::take(&mut self.orphans);
-        for &id in dropped.iter().chain(&orphans) {
+        for &id in &orphans {
             visits += 1;
             if self.orders.contains_key(&id) {
                 continue;
             }
-            if let Some(rs) = self.requests_of.remove(&id) {
-                for r in rs.as_slice() {
-                    visits += 1;
-                    if self.by_request.get(r) == Some(&id) {
-                        self.by_request.remove(r);
-                    }
-                }
-            }
+            visits += self.drop_requests_of(id);
         }
-        let mut retired = FxHashSet::default();
-        for id in std::mem::take(&mut self.finished) {
-            visits += 1;
-            if self
-                .orders
-                .get(&id)
-                .is_some_and(|o| o.status == OrderStatus::Done)
-            {
-                retired.insert(id);
-            }
-        }
-        self.retired = retired;
         self.last_cut_visits = visits;
-        dropped
+    }
+
+    /// Frees the memory of up to `budget` orders the cuts left out (dead), oldest first;
+    /// returns the entries visited. Changes nothing any accessor shows: dead orders are
+    /// absent already. The service calls it a bounded number at a time, after each turn's
+    /// output has left; replay frees everything at each cut.
+    pub(super) fn sweep(&mut self, budget: usize) -> usize {
+        let mut visits = 0;
+        while visits < budget {
+            let Some((cut, ids)) = self.finals.front_mut() else {
+                break;
+            };
+            if cut.saturating_add(2) > self.cuts {
+                break;
+            }
+            let Some(id) = ids.pop() else {
+                self.finals.pop_front();
+                continue;
+            };
+            self.finals_len -= 1;
+            visits += 1;
+            self.purge_dead(id);
+        }
+        visits
+    }
+
+    /// Orders (ids, some repeated) that became final and are not swept yet.
+    pub fn unswept(&self) -> usize {
+        self.finals_len
+    }
+
+    /// Order `id` became final at cut `cut`: for [`sweep`](Self::sweep).
+    fn note_final(&mut self, cut: u32, id: u64) {
+        match self.finals.back_mut() {
+            Some((c, ids)) if *c == cut => ids.push(id),
+            _ => self.finals.push_back((cut, vec![id])),
+        }
+        self.finals_len += 1;
+    }
+
+    /// Removes order `id` and its indexes if it is dead (absent to every accessor already).
+    fn purge_dead(&mut self, id: u64) {
+        if !self.orders.get(&id).is_some_and(|o| self.is_dead(o)) {
+            return;
+        }
+        if let Some(o) = self.orders.remove(&id) {
+            let key = (o.engine, o.cl_ord_id);
+            if self.by_engine.get(&key) == Some(&id) {
+                self.by_engine.remove(&key);
+            }
+        }
+        self.drop_requests_of(id);
+    }
+
+    /// Removes the requests noted for `id`; returns how many.
+    fn drop_requests_of(&mut self, id: u64) -> usize {
+        let Some(rs) = self.requests_of.remove(&id) else {
+            return 0;
+        };
+        for r in rs.as_slice() {
+            if self.by_request.get(r) == Some(&id) {
+                self.by_request.remove(r);
+            }
+        }
+        rs.as_slice().len()
     }
 
     /// Entries the last [`checkpoint_written`](Self::checkpoint_written) visited.
@@ -363,7 +434,13 @@ impl OrderBook {
     /// Whether order `id` is in the book.
     #[cfg(test)]
     pub(super) fn contains(&self, id: u64) -> bool {
-        self.orders.contains_key(&id)
+        self.get(id).is_some()
+    }
+
+    /// Orders held in memory, dead ones not swept yet included.
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
+        self.orders.len()
     }
 
     /// Empties the book (a checkpoint replaces it).
@@ -373,15 +450,17 @@ impl OrderBook {
         self.by_request.clear();
         self.requests_of.clear();
         self.orphans.clear();
-        self.retired.clear();
-        self.finished.clear();
+        self.cuts = 1;
+        self.finals.clear();
+        self.finals_len = 0;
         self.open = 0;
     }
 
     /// An order as a checkpoint holds it: final ones count as already left out once.
-    pub(super) fn restore(&mut self, id: u64, order: Order) {
+    pub(super) fn restore(&mut self, id: u64, mut order: Order) {
         if order.status == OrderStatus::Done {
-            self.retired.insert(id);
+            order.final_cut = self.cuts - 1;
+            self.note_final(self.cuts - 1, id);
         } else {
             self.open += 1;
         }
@@ -411,6 +490,7 @@ mod tests {
             venue_cl_ord_id: cl,
             notional: 0,
             pending: None,
+            final_cut: 0,
         }
     }
 
@@ -494,7 +574,13 @@ mod tests {
             .map(|(id, o)| (id, o.engine, o.cl_ord_id, o.status as u8))
             .collect();
         orders.sort_unstable();
-        let mut by_engine: Vec<_> = b.by_engine.iter().map(|(&k, &v)| (k, v)).collect();
+        // Entries of dead orders not swept yet find nothing: not observable.
+        let mut by_engine: Vec<_> = b
+            .by_engine
+            .iter()
+            .filter(|&(&k, &v)| b.by_engine(k.0, k.1).is_some() && b.id_of(k.0, k.1) == Some(v))
+            .map(|(&k, &v)| (k, v))
+            .collect();
         by_engine.sort_unstable();
         let mut by_request: Vec<_> = b.requests().collect();
         by_request.sort_unstable();
@@ -587,9 +673,30 @@ mod tests {
                         assert_eq!(observe(&b), want, "seed {seed} step {step}");
                         assert_eq!(b.open_count(), b.open_scan());
                     }
+                    92..=95 => {
+                        // Sweeping frees memory and changes nothing observable.
+                        let before = observe(&b);
+                        let restart = observe(&restarted(&b));
+                        b.sweep(rng.gen_range(0..40));
+                        assert_eq!(observe(&b), before, "seed {seed} step {step}: sweep");
+                        assert_eq!(observe(&restarted(&b)), restart, "seed {seed} step {step}");
+                    }
                     _ => {}
                 }
             }
+            let before = observe(&b);
+            b.sweep(usize::MAX);
+            assert_eq!(observe(&b), before, "seed {seed}: the last sweep");
+            assert_eq!(
+                b.held(),
+                b.iter().count(),
+                "seed {seed}: a dead order left in memory"
+            );
+            let live: std::collections::HashSet<u64> = b.iter().map(|(id, _)| id).collect();
+            assert!(
+                b.by_engine.values().all(|id| live.contains(id)),
+                "seed {seed}: an engine id of a swept order left"
+            );
         }
     }
 
@@ -610,6 +717,19 @@ mod tests {
             10_000,
             "the final half is gone after two cuts"
         );
+        assert!(
+            b.last_cut_visits() <= 10,
+            "the cut that dropped 10,000 orders visited {} entries",
+            b.last_cut_visits()
+        );
+        assert_eq!(b.held(), 20_000, "dropped, not freed yet");
+        assert!(!b.contains(2) && b.id_of(1, 2).is_none() && b.order_of_request(2).is_none());
+        // Freed a bounded number at a time.
+        assert_eq!(b.sweep(4_000), 4_000);
+        assert_eq!(b.held(), 16_000);
+        while b.sweep(4_000) > 0 {}
+        assert_eq!((b.held(), b.unswept()), (10_000, 0));
+        assert_eq!(b.by_request.len(), 10_000);
         // A quiet segment: 3 changes.
         b.set_status(1, OrderStatus::Done);
         b.note_request(30_001, 3);

@@ -418,6 +418,7 @@ impl Gateway {
                         venue_cl_ord_id: oid,
                         notional: 0,
                         pending: None,
+                        final_cut: 0,
                     },
                 );
                 // Live, check_new already reserved; replay has to. Reserve here only on replay:

@@ -87,7 +87,7 @@ impl Gateway {
             last_request,
             connected,
             malformed,
-            execs: self.execs.checkpoint_state(|id| keep(&id)),
+            execs: self.execs.checkpoint_state(),
             notional: {
                 let mut n: Vec<(u64, i128)> = self
                     .book
@@ -104,18 +104,30 @@ impl Gateway {
         crate::checkpoint::encode(&state)
     }
 
-    /// A checkpoint cut ([`record::CUT`], live and in replay): drop what a checkpoint of the
-    /// state here leaves out, so the state is exactly what a restart from that checkpoint
-    /// rebuilds.
+    /// A checkpoint cut ([`record::CUT`], live and in replay): what a checkpoint of the
+    /// state here leaves out is gone from then on, so the state is exactly what a restart
+    /// from that checkpoint rebuilds.
     ///
-    /// Runs on the service thread at every cut: it costs what changed since the previous
-    /// cut ([`OrderBook::checkpoint_written`](super::order_book::OrderBook::checkpoint_written)),
-    /// plus one pass over the bounded execution log when orders were dropped.
+    /// Runs on the service thread at every cut, so it costs neither the day's orders nor
+    /// the ones it drops: [`OrderBook::checkpoint_written`](super::order_book::OrderBook::checkpoint_written)
+    /// counts them dead (absent to every accessor) and [`sweep`](Self::sweep) frees them
+    /// later, a bounded number at a time. The execution log is not touched: a checkpoint
+    /// holds all of it, the entries of orders it leaves out included (they are never looked
+    /// up again), so its eviction order is the same live and after a restart.
     pub fn checkpoint_written(&mut self) {
-        let dropped = self.book.checkpoint_written();
-        // Executions are only ever remembered for orders in the book, so the ones a
-        // checkpoint leaves out are those of the orders just dropped.
-        self.execs.forget_orders(&dropped);
+        self.book.checkpoint_written();
+    }
+
+    /// Frees the memory of up to `budget` orders a cut left out (see
+    /// [`checkpoint_written`](Self::checkpoint_written)); returns the entries visited.
+    /// Nothing any caller can see changes.
+    pub fn sweep(&mut self, budget: usize) -> usize {
+        self.book.sweep(budget)
+    }
+
+    /// Orders final and not swept yet (memory a sweep will free once a cut left them out).
+    pub fn unswept(&self) -> usize {
+        self.book.unswept()
     }
 
     /// Replaces the whole recoverable state with a checkpoint's.
@@ -163,6 +175,7 @@ impl Gateway {
                     .copied()
                     .unwrap_or(i128::from(o.cum_qty) * i128::from(o.price)),
                 pending,
+                final_cut: 0,
             };
             self.book.restore(*id, order);
         }
@@ -359,7 +372,11 @@ impl Gateway {
             }
             // Where the live gateway applied it: the same state follows, and the next
             // segment's checkpoint (the state just before it) restores to it.
-            record::CUT if payload.is_empty() => self.checkpoint_written(),
+            record::CUT if payload.is_empty() => {
+                // Replay has no turn to keep short: what the cut left out is freed at once.
+                self.checkpoint_written();
+                self.sweep(usize::MAX);
+            }
             record::CUT => self.refuse_record(format!("a cut record of {} bytes", payload.len())),
             kind => self.refuse_record(format!("a record of kind {kind}")),
         }
