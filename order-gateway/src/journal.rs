@@ -1025,6 +1025,9 @@ pub struct Repair {
     /// The archive the current segment was rebuilt from, when its checkpoint was damaged,
     /// and how many records after that checkpoint were carried over.
     pub rebuilt_from: Option<(PathBuf, u64)>,
+    /// Whether a segment switch a crash interrupted was finished first, as an open does
+    /// (the scan is then of the segment it made current).
+    pub finished_switch: bool,
 }
 
 /// Moves everything from the first damaged record to the end into `FILE.quarantine.N` (the
@@ -1043,6 +1046,32 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
         source,
     };
     let fs = &OsStorage;
+    // A switch a crash interrupted is finished first, as the open does: `FILE.next` holds
+    // the records after `FILE`'s, which a repair of `FILE` alone would leave behind (the
+    // open would then remove `FILE.next` as a leftover).
+    let finished_switch = match finish_interrupted_switch(fs, path, Finish::Now) {
+        Ok(f) => f,
+        Err(JournalError::Damaged {
+            path: bad,
+            offset,
+            what,
+            ..
+        }) => {
+            return Err(JournalError::RepairRefused {
+                path: path.to_owned(),
+                why: format!(
+                    "{} is damaged at byte {offset} ({what}), and {} is a segment switch a \
+                     crash interrupted after it: cutting one would orphan the other's \
+                     records. Keep both and restore from a backup, or move {} aside (under \
+                     group commit nothing on it was acknowledged as durable) and repair again",
+                    bad.display(),
+                    next_segment_path(path).display(),
+                    next_segment_path(path).display()
+                ),
+            })
+        }
+        Err(e) => return Err(e),
+    };
     let nums = archives(fs, path).map_err(JournalError::Read)?;
     let file = match fs.open(path, OpenMode::ReadWrite) {
         Ok(f) => f,
@@ -1070,6 +1099,7 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
                 scan,
                 moved: None,
                 rebuilt_from: None,
+                finished_switch,
             })
         }
         (Some(Damage::Segments { archive, what }), _) => {
@@ -1105,6 +1135,7 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
                         scan,
                         moved: Some((qpath, 0)),
                         rebuilt_from: Some((archive, carried)),
+                        finished_switch,
                     })
                 }
                 Err(why) => why,
@@ -1142,6 +1173,7 @@ pub fn repair(path: &Path) -> Result<Repair, JournalError> {
         scan,
         moved: Some((qpath, offset)),
         rebuilt_from: None,
+        finished_switch,
     })
 }
 
@@ -1334,7 +1366,7 @@ fn lock(file: &dyn StorageFile, path: &Path) -> Result<(), JournalError> {
 }
 
 /// Where a new segment is written before it replaces the journal.
-fn next_segment_path(path: &Path) -> PathBuf {
+pub fn next_segment_path(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".next");
     PathBuf::from(p)
@@ -1442,7 +1474,7 @@ impl Journal {
             source,
         };
         // A switch a crash interrupted is finished first (it may add an archive).
-        let finished_switch = finish_interrupted_switch(&*fs, path)?;
+        let finished_switch = finish_interrupted_switch(&*fs, path, Finish::Now)?;
         let nums = archives(&*fs, path).map_err(JournalError::Read)?;
         let newest = || archive_name(path, nums[nums.len() - 1]);
         let mode = if nums.is_empty() {
@@ -2971,6 +3003,25 @@ impl Drop for Away {
     }
 }
 
+/// What [`finish_interrupted_switch`] does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Finish {
+    /// Finish it (open, repair).
+    Now,
+    /// Only say whether an open would (verify): nothing written, nothing locked.
+    Assess,
+}
+
+/// Whether `FILE.next` is a segment switch a crash interrupted that the next open finishes
+/// (`FILE` sealed and archived as `FILE.N`, `FILE.next` renamed over it, its records
+/// replayed after `FILE`'s): `journal verify` reports it, as the records it holds are not
+/// in `FILE`. False when there is no `FILE.next` or it is a leftover the open removes. An
+/// error when the open would refuse (a damaged `FILE` beside it, or a damaged `FILE.next`
+/// after `FILE` was sealed). Reads only.
+pub fn unfinished_switch(path: &Path) -> Result<bool, JournalError> {
+    finish_interrupted_switch(&OsStorage, path, Finish::Assess)
+}
+
 /// Finishes a switch a crash interrupted ([`Journal::switch_prepared`]), before the open
 /// reads anything: `path.next` has a superblock naming the segment after `path`'s and the
 /// length `path` has once sealed, and `path` (intact) ends exactly there, sealed, or
@@ -2985,9 +3036,20 @@ impl Drop for Away {
 /// storage's) and left to be removed when it is not (the switch was not durable, so
 /// nothing on `path.next` was acknowledged as durable; `path` holds every record it
 /// copied).
-fn finish_interrupted_switch(fs: &dyn Storage, path: &Path) -> Result<bool, JournalError> {
+///
+/// With [`Finish::Assess`] nothing is written or locked: it says whether an open would
+/// finish a switch, or refuse (`journal verify`).
+fn finish_interrupted_switch(
+    fs: &dyn Storage,
+    path: &Path,
+    how: Finish,
+) -> Result<bool, JournalError> {
     let next = next_segment_path(path);
-    let open = |p: &Path| match fs.open(p, OpenMode::ReadWrite) {
+    let mode = match how {
+        Finish::Now => OpenMode::ReadWrite,
+        Finish::Assess => OpenMode::Read,
+    };
+    let open = |p: &Path| match fs.open(p, mode) {
         Ok(f) => Ok(Some(f)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(JournalError::Open {
@@ -3005,8 +3067,10 @@ fn finish_interrupted_switch(fs: &dyn Storage, path: &Path) -> Result<bool, Jour
     let Some(of) = open(path)? else {
         return Ok(false);
     };
-    lock(&*of, path)?;
-    lock(&*nf, &next)?;
+    if how == Finish::Now {
+        lock(&*of, path)?;
+        lock(&*nf, &next)?;
+    }
     let scan = scan_file(&*of, path, &mut |_| {})?;
     let Some(sb_o) = scan.superblock else {
         return Ok(false);
@@ -3049,6 +3113,9 @@ fn finish_interrupted_switch(fs: &dyn Storage, path: &Path) -> Result<bool, Jour
                 next_intact,
             });
         }
+        if how == Finish::Assess {
+            return Ok(false);
+        }
         tracing::warn!(
             journal = %path.display(),
             next = %next.display(),
@@ -3058,6 +3125,9 @@ fn finish_interrupted_switch(fs: &dyn Storage, path: &Path) -> Result<bool, Jour
              it was durable; the current file holds every record it copied and stays in use"
         );
         return Ok(false);
+    }
+    if how == Finish::Assess {
+        return Ok(true);
     }
     let step = |source| JournalError::Rotate {
         path: path.to_owned(),
@@ -4011,6 +4081,57 @@ mod tests {
             "{e}"
         );
         assert!(next_segment_path(&path).exists(), "the new segment is kept");
+    }
+
+    /// `journal verify` and `journal repair` see a switch a crash interrupted: verify says
+    /// an open would finish it (reading only: both files unchanged), repair finishes it
+    /// first as the open does. Before, repair worked on `FILE` alone and the open after a
+    /// cut `FILE` removed `FILE.next` as a leftover, with its records.
+    #[test]
+    fn verify_and_repair_see_a_switch_a_crash_interrupted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        drop(switched(&path, FsyncPolicy::Never));
+        let next = next_segment_path(&path);
+        let before = (std::fs::read(&path).unwrap(), std::fs::read(&next).unwrap());
+        assert!(unfinished_switch(&path).unwrap());
+        assert_eq!(
+            (std::fs::read(&path).unwrap(), std::fs::read(&next).unwrap()),
+            before,
+            "verify reads only"
+        );
+        let r = repair(&path).unwrap();
+        assert!(r.finished_switch && r.moved.is_none());
+        assert!(!next.exists() && archive(&path, 1).exists());
+        assert!(!unfinished_switch(&path).unwrap());
+        assert_eq!(replayed(&path), after_switch(12));
+    }
+
+    /// A damaged `FILE` beside an unfinished switch: verify reports it, repair refuses and
+    /// changes neither file (cutting `FILE` would orphan `FILE.next`'s records).
+    #[test]
+    fn repair_refuses_a_damaged_old_segment_beside_an_unfinished_switch() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        drop(switched(&path, FsyncPolicy::Never));
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&[0; 8], HEADER_LEN + 20).unwrap();
+        drop(f);
+        let next = next_segment_path(&path);
+        let before = (std::fs::read(&path).unwrap(), std::fs::read(&next).unwrap());
+        assert!(matches!(
+            unfinished_switch(&path),
+            Err(JournalError::Damaged { .. })
+        ));
+        let e = repair(&path).unwrap_err();
+        assert!(
+            matches!(&e, JournalError::RepairRefused { why, .. } if why.contains("crash interrupted")),
+            "{e}"
+        );
+        assert_eq!(
+            (std::fs::read(&path).unwrap(), std::fs::read(&next).unwrap()),
+            before
+        );
     }
 
     /// A failed sync of the new file before anything was appended to it (group commit: the

@@ -357,6 +357,32 @@ fn read_journal_into(
         ));
         code = code.max(EXIT_DAMAGED);
     }
+    // A segment switch a crash interrupted: the records after this file's are in FILE.next,
+    // which the gateway's open (or `journal repair`) finishes first.
+    let next = journal::next_segment_path(file);
+    match journal::unfinished_switch(file) {
+        Ok(true) => {
+            let records = journal::verify(&next).map(|s| s.records()).unwrap_or(0);
+            out.push(format!(
+                "  {} follows: a segment switch a crash interrupted ({records} records after                  this file's); the gateway finishes it at start (this file archived, {}                  renamed over it)",
+                next.display(),
+                next.display()
+            ));
+        }
+        Ok(false) if next.exists() => out.push(format!(
+            "  {}: a leftover of an unfinished checkpoint (nothing in it is the journal's);              the gateway removes it at start",
+            next.display()
+        )),
+        Ok(false) => {}
+        Err(e) => {
+            out.push(format!(
+                "  DAMAGED beside a segment switch a crash interrupted ({}): {}: the gateway                  will not start on it",
+                next.display(),
+                anyhow_chain(&e)
+            ));
+            code = code.max(EXIT_DAMAGED);
+        }
+    }
     JournalRead {
         code,
         scan: Some(scan),
@@ -450,6 +476,13 @@ fn journal_cmd(cmd: JournalCmd) -> anyhow::Result<std::process::ExitCode> {
         }
         JournalCmd::Repair { file } => {
             let r = journal::repair(&file)?;
+            if r.finished_switch {
+                println!(
+                    "  finished a segment switch a crash interrupted first, as the gateway's                      start does: the previous segment archived, {} renamed over {}",
+                    journal::next_segment_path(&file).display(),
+                    file.display()
+                );
+            }
             print_scan(&file, &r.scan);
             match (r.moved, r.rebuilt_from) {
                 (Some((q, _)), Some((archive, carried))) => println!(
