@@ -4,6 +4,8 @@
 //! and writes across the boundary), and in the soft-RoCE guest for the
 //! orders path.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -179,25 +181,6 @@ fn cpp_ipc_wrapper_under_valgrind() {
     memcheck(&exe, &[streams.as_os_str()], "ipc_cpp: ok");
 }
 
-/// The address of this host's RDMA device (in the guest: the runner's
-/// `ROCEBUS_GUEST_ADDR`).
-fn local_ip() -> std::net::IpAddr {
-    if let Some(a) = std::env::var("ROCEBUS_GUEST_ADDR")
-        .ok()
-        .and_then(|a| a.parse().ok())
-    {
-        return a;
-    }
-    let ctx = rocebus::verbs::Context::open(None).expect("an RDMA device");
-    let i = ctx.default_gid_index(1).expect("a GID");
-    std::net::IpAddr::V4(
-        ctx.query_gid(1, i)
-            .expect("GID")
-            .ipv4()
-            .expect("an IPv4 GID"),
-    )
-}
-
 /// valgrind's exit status when memcheck found an error or a leak
 /// (`--error-exitcode`): distinct from the examples' own statuses (1 to 5).
 const MEMCHECK_FOUND: i32 = 97;
@@ -251,7 +234,7 @@ fn orders_example(name: &str, compiler: &str, port: u16, rounds: u32, memcheck: 
     let t = std::time::Instant::now();
     let exe = link(name, compiler, tmp.path());
     eprintln!("linked {name} in {:.1} s", t.elapsed().as_secs_f64());
-    let addr = std::net::SocketAddr::new(local_ip(), port);
+    let addr = std::net::SocketAddr::new(common::local_ip(), port);
     let t = std::time::Instant::now();
     let mut cmd = if memcheck {
         memcheck_command(&exe)
@@ -358,7 +341,7 @@ fn engine_against_feed_handler_and_gateway(orders: u32, memcheck: bool) {
     }
     let tmp = tempfile::tempdir().expect("tempdir");
     let work = tmp.path();
-    let addr = local_ip().to_string();
+    let addr = common::local_ip().to_string();
     let configs = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("ffi is inside the workspace")
