@@ -70,13 +70,17 @@ pub fn run(root: &Path, check: bool) -> Result<()> {
 
 /// The reference files, relative path and contents.
 pub fn generate(root: &Path) -> Result<Vec<(PathBuf, String)>> {
+    // `--tests` too: with the test targets' dev-dependencies in the feature resolution, the
+    // binaries are the ones `cargo test --workspace` built just before in `cargo xtask
+    // test` (seconds); `--bins` alone resolves other features and rebuilds every
+    // dependency (over a minute of CI).
     let status = Command::new(env!("CARGO"))
-        .args(["build", "--workspace", "--bins"])
+        .args(["build", "--workspace", "--bins", "--tests"])
         .current_dir(root)
         .status()
-        .context("cargo build --workspace --bins")?;
+        .context("cargo build --workspace --bins --tests")?;
     if !status.success() {
-        bail!("cargo build --workspace --bins failed");
+        bail!("cargo build --workspace --bins --tests failed");
     }
     let bin_dir = target_dir(root)?.join("debug");
     let mut cli = String::from(
