@@ -1798,3 +1798,144 @@ fn rdma_md_two_hosts_traffic_class_on_the_wire() {
         "no CM message of ours captured"
     );
 }
+
+/// `[rdma] traffic_class` on the wire, market data over RC fan-out (`transport = "rc"`):
+/// guest 0 publishes from a second address (its own +141, whose GID entry is not rxe's
+/// first) with that entry's index configured, starts capturing eth0, tells guest 1 (over
+/// TCP) to subscribe, and publishes 3,000 messages over the subscriber's RC connection.
+/// Every RoCE v2 packet (the RDMA WRITEs of the stream into the subscriber's ring, the
+/// credits written back, their ACKs, the CM's messages) must carry the configured traffic
+/// class (DSCP 34, ECT(0): not the default), and guest 0's must leave from the configured
+/// GID entry's address.
+#[test]
+#[ignore = "rdma: needs two soft-RoCE guests (cargo xtask test)"]
+fn rdma_md_rc_fanout_two_hosts_traffic_class_on_the_wire() {
+    use rocebus::mcast::{MdPublisher, MdSubscriber};
+    const TC: u8 = (34 << 2) | 0b10;
+    const TOTAL: u64 = 3000;
+    const GO_PORT: u16 = 7613;
+    const SECOND: u8 = 141;
+    const CHANNEL: u16 = 12;
+    let mut cfg = McastConfig::from_toml_str(
+        r#"
+max_datagram_payload = 1024
+history_depth = 4096
+
+[recovery]
+# An emulator can hold a thread off its vCPU for a while: not a dead publisher.
+dead_link_ns = 10000000000
+
+[auth]
+secret = "rc-fanout-wire-test"
+
+[[channels]]
+id = 12
+name = "rc-wire"
+transport = "rc"
+port = 7612
+"#,
+    )
+    .expect("test config");
+    let class = |gid_index: u32| rocebus::rdma_settings::RdmaSettings {
+        traffic_class: TC,
+        gid_index: Some(u8::try_from(gid_index).expect("a small GID index")),
+        ..Default::default()
+    };
+    if guest_index() == 1 {
+        class(1).apply_to_mcast(&mut cfg);
+        common::wait_for_go(peer_ip(), GO_PORT);
+        let IpAddr::V4(p) = peer_ip() else {
+            panic!("IPv4 guests")
+        };
+        let o = p.octets();
+        let publisher = IpAddr::V4(std::net::Ipv4Addr::new(
+            o[0],
+            o[1],
+            o[2],
+            o[3].wrapping_add(SECOND),
+        ));
+        let t0 = Instant::now();
+        let mut s = loop {
+            match MdSubscriber::connect(&cfg, CHANNEL, local_ip(), publisher) {
+                Ok(s) => break s,
+                Err(e) => {
+                    assert!(t0.elapsed() < Duration::from_secs(60), "subscriber: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        };
+        let mut book = Book::new();
+        while book.last_seq < TOTAL {
+            s.poll(Mono::now(), &mut book, 64).expect("subscriber poll");
+            assert!(
+                t0.elapsed() < Duration::from_secs(90),
+                "delivered up to {}: {:?}",
+                book.last_seq,
+                s.counters()
+            );
+        }
+        s.disconnect();
+        assert_eq!(
+            book.digest(),
+            expected(TOTAL).digest(),
+            "final state differs"
+        );
+        assert_eq!(book.order_errors, 0);
+        return; // checked: guest 1's book
+    }
+    let second = common::gid_stat::SecondAddress::add(local_ip(), SECOND);
+    let gid = common::gid_stat::KernelGid::of(second.ip());
+    assert_ne!(gid.index, 1, "the second address got rxe's default entry");
+    class(gid.index).apply_to_mcast(&mut cfg);
+    let mut p = MdPublisher::new(&cfg, CHANNEL, now_ns() + 1, second.ip()).expect("publisher");
+    let mut book = Book::new();
+    let capture = common::Capture::start("md-rc-wire");
+    common::signal_go(local_ip(), GO_PORT);
+    let t0 = Instant::now();
+    while p.connections() < 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "no subscriber connected"
+        );
+        p.poll(Mono::now(), &book).unwrap();
+    }
+    while book.last_seq < TOTAL {
+        let seq = book.last_seq + 1;
+        let m = Book::msg(seq);
+        assert_eq!(p.offer(Mono::now(), &m).unwrap(), seq);
+        book.apply(seq, &m);
+        if seq % 32 == 0 {
+            p.poll(Mono::now(), &book).unwrap();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(90), "publisher too slow");
+    }
+    p.flush(Mono::now()).unwrap();
+    // Serve until the subscriber has everything and leaves.
+    while p.connections() > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(150),
+            "the subscriber never left"
+        );
+        p.poll(Mono::now(), &book).unwrap();
+    }
+    let packets = capture.stop();
+    let (IpAddr::V4(me), IpAddr::V4(them)) = (second.ip(), peer_ip()) else {
+        panic!("IPv4 guests")
+    };
+    common::assert_capture(&packets, me, them, TC, gid.index);
+    let n = |f: fn(&common::RocePacket) -> bool, from| {
+        packets.iter().filter(|p| f(p) && p.src == from).count()
+    };
+    assert!(
+        n(common::RocePacket::is_rc_write, me) > 0,
+        "no RDMA WRITE of the stream captured"
+    );
+    assert!(
+        packets.iter().any(|p| p.src == them),
+        "nothing from the subscriber captured"
+    );
+    assert!(
+        n(common::RocePacket::is_cm, me) > 0,
+        "no CM message of ours captured"
+    );
+}
