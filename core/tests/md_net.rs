@@ -1678,6 +1678,42 @@ fn rdma_md_gap_tolerant_delivers_past_an_unrepairable_hole() {
     assert_eq!(strict_book.digest(), book.digest());
 }
 
+/// The traffic class the wire tests configure: DSCP 34, ECT(0) (no default is that).
+const WIRE_TC: u8 = (34 << 2) | 0b10;
+
+/// What the wire tests configure: [`WIRE_TC`] from GID entry `gid_index`.
+fn wire_class(gid_index: u32) -> rocebus::rdma_settings::RdmaSettings {
+    rocebus::rdma_settings::RdmaSettings {
+        traffic_class: WIRE_TC,
+        gid_index: Some(u8::try_from(gid_index).expect("a small GID index")),
+        ..Default::default()
+    }
+}
+
+/// Guest 1's view of the address guest 0 serves from in the wire tests: guest 0's own
+/// plus `second` in the last octet.
+fn peer_second_address(second: u8) -> IpAddr {
+    let IpAddr::V4(p) = peer_ip() else {
+        panic!("IPv4 guests")
+    };
+    let o = p.octets();
+    IpAddr::V4(std::net::Ipv4Addr::new(
+        o[0],
+        o[1],
+        o[2],
+        o[3].wrapping_add(second),
+    ))
+}
+
+/// Packets of a capture that `from` sent and `kind` accepts.
+fn sent_by(
+    packets: &[common::RocePacket],
+    kind: fn(&common::RocePacket) -> bool,
+    from: std::net::Ipv4Addr,
+) -> usize {
+    packets.iter().filter(|p| kind(p) && p.src == from).count()
+}
+
 /// `[rdma] traffic_class` on the wire, market-data path: guest 0 publishes
 /// 1,000 messages, starts capturing eth0 with dumpcap, tells guest 1 (over
 /// TCP) to subscribe, and publishes 2,000 more; guest 1 joins late, so its
@@ -1692,29 +1728,18 @@ fn rdma_md_gap_tolerant_delivers_past_an_unrepairable_hole() {
 #[test]
 #[ignore = "rdma: needs two soft-RoCE guests (cargo xtask test)"]
 fn rdma_md_two_hosts_traffic_class_on_the_wire() {
-    const TC: u8 = (34 << 2) | 0b10;
     const EARLY: u64 = 1000;
     const TOTAL: u64 = 3000;
     const GO_PORT: u16 = 7610;
     const SECOND: u8 = 141;
     let mut cfg = config("239.7.9.1", None, 7609, 16384);
-    let class = |gid_index: u32| rocebus::rdma_settings::RdmaSettings {
-        traffic_class: TC,
-        gid_index: Some(u8::try_from(gid_index).expect("a small GID index")),
-        ..Default::default()
-    };
     if guest_index() == 1 {
-        class(1).apply_to_mcast(&mut cfg);
+        wire_class(1).apply_to_mcast(&mut cfg);
         common::wait_for_go(peer_ip(), GO_PORT);
-        let IpAddr::V4(p) = peer_ip() else {
-            panic!("IPv4 guests")
-        };
-        let o = p.octets();
-        let publisher = std::net::Ipv4Addr::new(o[0], o[1], o[2], o[3].wrapping_add(SECOND));
         let r = run_subscriber(
             &cfg,
             local_ip(),
-            IpAddr::V4(publisher),
+            peer_second_address(SECOND),
             TOTAL,
             Duration::from_secs(90),
             None,
@@ -1730,7 +1755,7 @@ fn rdma_md_two_hosts_traffic_class_on_the_wire() {
     let second = common::gid_stat::SecondAddress::add(local_ip(), SECOND);
     let gid = common::gid_stat::KernelGid::of(second.ip());
     assert_ne!(gid.index, 1, "the second address got rxe's default entry");
-    class(gid.index).apply_to_mcast(&mut cfg);
+    wire_class(gid.index).apply_to_mcast(&mut cfg);
     let mut p = McastPublisher::new(&cfg, 7, now_ns() + 1, second.ip()).expect("publisher");
     let mut book = Book::new();
     let t0 = Instant::now();
@@ -1777,24 +1802,21 @@ fn rdma_md_two_hosts_traffic_class_on_the_wire() {
     let (IpAddr::V4(me), IpAddr::V4(them)) = (second.ip(), peer_ip()) else {
         panic!("IPv4 guests")
     };
-    common::assert_capture(&packets, me, them, TC, gid.index);
-    let n = |f: fn(&common::RocePacket) -> bool, from| {
-        packets.iter().filter(|p| f(p) && p.src == from).count()
-    };
+    common::assert_capture(&packets, me, them, WIRE_TC, gid.index);
     assert!(
-        n(|p| p.is_ud_send() && p.is_multicast(), me) > 0,
+        sent_by(&packets, |p| p.is_ud_send() && p.is_multicast(), me) > 0,
         "no multicast datagram captured"
     );
     assert!(
-        n(common::RocePacket::is_rc_send, them) > 0,
+        sent_by(&packets, common::RocePacket::is_rc_send, them) > 0,
         "no recovery request captured"
     );
     assert!(
-        n(common::RocePacket::is_rc_send, me) > 0,
+        sent_by(&packets, common::RocePacket::is_rc_send, me) > 0,
         "no recovery answer captured"
     );
     assert!(
-        n(common::RocePacket::is_cm, me) > 0,
+        sent_by(&packets, common::RocePacket::is_cm, me) > 0,
         "no CM message of ours captured"
     );
 }
@@ -1811,7 +1833,6 @@ fn rdma_md_two_hosts_traffic_class_on_the_wire() {
 #[ignore = "rdma: needs two soft-RoCE guests (cargo xtask test)"]
 fn rdma_md_rc_fanout_two_hosts_traffic_class_on_the_wire() {
     use rocebus::mcast::{MdPublisher, MdSubscriber};
-    const TC: u8 = (34 << 2) | 0b10;
     const TOTAL: u64 = 3000;
     const GO_PORT: u16 = 7613;
     const SECOND: u8 = 141;
@@ -1836,24 +1857,10 @@ port = 7612
 "#,
     )
     .expect("test config");
-    let class = |gid_index: u32| rocebus::rdma_settings::RdmaSettings {
-        traffic_class: TC,
-        gid_index: Some(u8::try_from(gid_index).expect("a small GID index")),
-        ..Default::default()
-    };
     if guest_index() == 1 {
-        class(1).apply_to_mcast(&mut cfg);
+        wire_class(1).apply_to_mcast(&mut cfg);
         common::wait_for_go(peer_ip(), GO_PORT);
-        let IpAddr::V4(p) = peer_ip() else {
-            panic!("IPv4 guests")
-        };
-        let o = p.octets();
-        let publisher = IpAddr::V4(std::net::Ipv4Addr::new(
-            o[0],
-            o[1],
-            o[2],
-            o[3].wrapping_add(SECOND),
-        ));
+        let publisher = peer_second_address(SECOND);
         let t0 = Instant::now();
         let mut s = loop {
             match MdSubscriber::connect(&cfg, CHANNEL, local_ip(), publisher) {
@@ -1886,7 +1893,7 @@ port = 7612
     let second = common::gid_stat::SecondAddress::add(local_ip(), SECOND);
     let gid = common::gid_stat::KernelGid::of(second.ip());
     assert_ne!(gid.index, 1, "the second address got rxe's default entry");
-    class(gid.index).apply_to_mcast(&mut cfg);
+    wire_class(gid.index).apply_to_mcast(&mut cfg);
     let mut p = MdPublisher::new(&cfg, CHANNEL, now_ns() + 1, second.ip()).expect("publisher");
     let mut book = Book::new();
     let capture = common::Capture::start("md-rc-wire");
@@ -1922,12 +1929,9 @@ port = 7612
     let (IpAddr::V4(me), IpAddr::V4(them)) = (second.ip(), peer_ip()) else {
         panic!("IPv4 guests")
     };
-    common::assert_capture(&packets, me, them, TC, gid.index);
-    let n = |f: fn(&common::RocePacket) -> bool, from| {
-        packets.iter().filter(|p| f(p) && p.src == from).count()
-    };
+    common::assert_capture(&packets, me, them, WIRE_TC, gid.index);
     assert!(
-        n(common::RocePacket::is_rc_write, me) > 0,
+        sent_by(&packets, common::RocePacket::is_rc_write, me) > 0,
         "no RDMA WRITE of the stream captured"
     );
     assert!(
@@ -1935,7 +1939,7 @@ port = 7612
         "nothing from the subscriber captured"
     );
     assert!(
-        n(common::RocePacket::is_cm, me) > 0,
+        sent_by(&packets, common::RocePacket::is_cm, me) > 0,
         "no CM message of ours captured"
     );
 }
