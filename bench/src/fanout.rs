@@ -57,8 +57,8 @@ pub struct FanoutArgs {
     pub no_sink: bool,
 }
 
-/// The publisher thread's CPU time (user + system), nanoseconds.
-fn thread_cpu_ns() -> u64 {
+/// This thread's CPU time (user + system), nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }

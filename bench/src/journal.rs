@@ -34,6 +34,7 @@ use order_gateway::sim::SimVenue;
 use order_gateway::unix_nanos;
 
 use crate::gateway::{risk, ACCOUNT, ENGINE};
+use rocebus_bench::fanout::thread_cpu_ns;
 
 /// Options of `gateway-journal`.
 #[derive(Debug, Clone, clap::Args)]
@@ -461,12 +462,6 @@ pub fn run(a: &GatewayJournalArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// This thread's CPU time (user + system), nanoseconds.
-fn thread_cpu_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// `gateway-restart`: writes a journal of `orders` orders, then times replays of it.

@@ -278,7 +278,15 @@ impl OrderBook {
     /// Request `request` (its FIX ClOrdID) was sent for order `id`.
     pub(super) fn note_request(&mut self, request: u64, id: u64) {
         // A dead order under `id` is absent: the request is an orphan, as after a restart.
-        self.purge_dead(id);
+        // One lookup in the common case (a live order, or none yet).
+        let orphan = match self.orders.get(&id) {
+            Some(o) if self.is_dead(o) => {
+                self.purge_dead(id);
+                true
+            }
+            Some(_) => false,
+            None => true,
+        };
         if let Some(before) = self.by_request.insert(request, id) {
             if before != id {
                 self.forget_request_of(before, request);
@@ -290,7 +298,7 @@ impl OrderBook {
                 self.requests_of.insert(id, Requests::One(request));
             }
         }
-        if !self.orders.contains_key(&id) {
+        if orphan {
             self.orphans.push(id);
         }
     }
@@ -334,13 +342,13 @@ impl OrderBook {
 
     /// Whether a checkpoint keeps order `id`: live orders, and orders that became final
     /// since the previous checkpoint (final at the last cut or earlier: left out).
-    pub(super) fn kept(&self, _id: u64, o: &Order) -> bool {
+    pub(super) fn kept(&self, o: &Order) -> bool {
         o.status != OrderStatus::Done || o.final_cut.saturating_add(1) > self.cuts
     }
 
     /// Whether a checkpoint keeps order `id` (see [`kept`](Self::kept)); false if unknown.
     pub(super) fn keeps(&self, id: u64) -> bool {
-        self.get(id).is_some_and(|o| self.kept(id, o))
+        self.get(id).is_some_and(|o| self.kept(o))
     }
 
     /// The checkpoint is cut: what it leaves out (orders final before the previous one, and
@@ -600,7 +608,7 @@ mod tests {
     /// `kept` says, as `Gateway::checkpoint` does, and restores through `restore`).
     fn restarted(b: &OrderBook) -> OrderBook {
         let mut r = OrderBook::new();
-        let mut kept: Vec<_> = b.iter().filter(|&(id, o)| b.kept(id, o)).collect();
+        let mut kept: Vec<_> = b.iter().filter(|&(_, o)| b.kept(o)).collect();
         kept.sort_unstable_by_key(|(id, _)| *id);
         for (id, o) in kept {
             r.restore(id, *o);

@@ -35,7 +35,7 @@ impl Gateway {
         let mut orders: Vec<(u64, OrderState)> = self
             .book
             .iter()
-            .filter(|&(id, o)| self.book.kept(id, o))
+            .filter(|&(_, o)| self.book.kept(o))
             .map(|(id, o)| {
                 let status = match o.status {
                     OrderStatus::PendingNew => 0,
@@ -92,7 +92,7 @@ impl Gateway {
                 let mut n: Vec<(u64, i128)> = self
                     .book
                     .iter()
-                    .filter(|&(id, o)| o.cum_qty > 0 && self.book.kept(id, o))
+                    .filter(|&(_, o)| o.cum_qty > 0 && self.book.kept(o))
                     .map(|(id, o)| (id, o.notional))
                     .collect();
                 n.sort_unstable();
