@@ -685,9 +685,9 @@ struct Rebuild {
 /// Space a probe reserves past the journal's end before it declares the journal writable.
 const PROBE_HEADROOM: u64 = 1 << 20;
 
-/// Orders a cut left out that a turn with work frees, after its output has left: more than
-/// a turn's orders can make final (a batch of 16 makes 16), so memory follows a sustained
-/// load.
+/// Orders a cut left out that a turn with work frees after its output has left, beyond as
+/// many as became final since the previous sweep (the book adds those): the orders waiting
+/// to be freed shrink by at least this much a turn, however fast engines finish orders.
 const SWEEP_BUSY: usize = 32;
 
 /// The same for a turn with nothing to journal (the service polls many of those).

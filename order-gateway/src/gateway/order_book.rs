@@ -108,6 +108,9 @@ pub struct OrderBook {
     finals: VecDeque<(u32, Vec<u64>)>,
     /// Ids in `finals`.
     finals_len: usize,
+    /// Orders that became final since the previous [`sweep`](Self::sweep): added to its
+    /// budget, so the sweep keeps pace with however many a turn makes final.
+    finals_owed: usize,
     /// Entries the last cut visited (orphans and their requests): what it cost, for tests
     /// and the operator.
     last_cut_visits: usize,
@@ -161,6 +164,7 @@ impl OrderBook {
             cuts: 1,
             finals: VecDeque::new(),
             finals_len: 0,
+            finals_owed: 0,
             last_cut_visits: 0,
         }
     }
@@ -372,11 +376,14 @@ impl OrderBook {
         self.last_cut_visits = visits;
     }
 
-    /// Frees the memory of up to `budget` orders the cuts left out (dead), oldest first;
-    /// returns the entries visited. Changes nothing any accessor shows: dead orders are
-    /// absent already. The service calls it a bounded number at a time, after each turn's
-    /// output has left; replay frees everything at each cut.
+    /// Frees the memory of up to `budget` orders the cuts left out (dead), oldest first,
+    /// plus as many as became final since the previous sweep; returns the entries visited.
+    /// Changes nothing any accessor shows: dead orders are absent already. The service
+    /// calls it after each turn's output has left, so a turn frees a constant number more
+    /// than it made final and the dead orders waiting (those of cuts already written) drain
+    /// however fast engines finish orders; replay frees everything at each cut.
     pub(super) fn sweep(&mut self, budget: usize) -> usize {
+        let budget = budget.saturating_add(std::mem::take(&mut self.finals_owed));
         let mut visits = 0;
         while visits < budget {
             let Some((cut, ids)) = self.finals.front_mut() else {
@@ -408,6 +415,7 @@ impl OrderBook {
             _ => self.finals.push_back((cut, vec![id])),
         }
         self.finals_len += 1;
+        self.finals_owed += 1;
     }
 
     /// Removes order `id` and its indexes if it is dead (absent to every accessor already).
@@ -464,6 +472,7 @@ impl OrderBook {
         self.cuts = 1;
         self.finals.clear();
         self.finals_len = 0;
+        self.finals_owed = 0;
         self.open = 0;
     }
 
@@ -721,6 +730,7 @@ mod tests {
                 b.set_status(id, OrderStatus::Done);
             }
         }
+        assert_eq!(b.sweep(0), 0, "nothing is dead before a cut");
         b.checkpoint_written();
         b.checkpoint_written();
         assert_eq!(
@@ -754,5 +764,43 @@ mod tests {
         b.checkpoint_written();
         assert!(!b.contains(1) && b.order_of_request(1).is_none());
         assert!(b.last_cut_visits() <= 10, "visited {}", b.last_cut_visits());
+    }
+
+    /// Engines that finish more orders per turn than the constant part of the sweep (a
+    /// hostile or just busy one, for hours): the orders waiting to be freed stay within
+    /// what the last cuts left out, instead of growing by the difference every turn.
+    #[test]
+    fn the_sweep_keeps_pace_with_orders_finished_faster_than_its_constant_budget() {
+        const PER_TURN: u64 = 100;
+        const TURNS_PER_CUT: u64 = 50;
+        const BASE: usize = 32;
+        let mut b = OrderBook::new();
+        let mut id = 0u64;
+        let mut most = 0;
+        for turn in 1..=2_000u64 {
+            for _ in 0..PER_TURN {
+                id += 1;
+                b.note_request(id, id);
+                b.insert_new(id, order(1, id));
+                b.set_status(id, OrderStatus::Done);
+            }
+            if turn % TURNS_PER_CUT == 0 {
+                b.checkpoint_written();
+            }
+            b.sweep(BASE);
+            most = most.max(b.unswept());
+        }
+        // Final and not dead yet: at most the orders of the last two cut windows, plus
+        // the turn's own; with a constant budget of 32 this grew to 139,168.
+        let window = (PER_TURN * TURNS_PER_CUT) as usize;
+        assert!(
+            most <= 3 * window,
+            "{most} orders waiting to be freed, more than three cut windows ({window} each)"
+        );
+        assert!(
+            b.held() <= 3 * window + PER_TURN as usize,
+            "held {}",
+            b.held()
+        );
     }
 }
