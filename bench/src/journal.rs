@@ -510,6 +510,8 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
     // The most CPU time a turn took (the wall time above includes being preempted).
     let mut worst_cpu = 0u64;
     let mut unswept = 0usize;
+    // Turns over 1 ms of CPU: (orders sent by then, CPU ns).
+    let mut slow: Vec<(u64, u64)> = Vec::new();
     while rig.sent < a.orders {
         let in_flight = rig.driver.checkpoint_in_flight();
         // The whole turn: the engine requests staged (decided, journaled in memory) and the
@@ -517,7 +519,11 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
         let (t0, cpu0) = (Instant::now(), thread_cpu_ns());
         rig.turn(BATCH.min((a.orders - rig.sent) as usize))?;
         let took = t0.elapsed();
-        worst_cpu = worst_cpu.max(thread_cpu_ns() - cpu0);
+        let cpu = thread_cpu_ns() - cpu0;
+        worst_cpu = worst_cpu.max(cpu);
+        if cpu > 1_000_000 {
+            slow.push((rig.sent, cpu));
+        }
         let seg = rig.driver.segment_stats();
         if in_flight || rig.driver.checkpoint_in_flight() || seg.rotations > rotations {
             worst_turn = worst_turn.max(took);
@@ -586,6 +592,19 @@ fn restart_in(a: &GatewayRestartArgs, path: &Path, ty: &str) -> Result<()> {
             worst_turn.as_secs_f64() * 1e3,
             worst_any.as_secs_f64() * 1e3,
             worst_cpu as f64 / 1e6
+        );
+        let listed: Vec<String> = slow
+            .iter()
+            .map(|(sent, cpu)| format!("{:.1} ms at order {sent}", *cpu as f64 / 1e6))
+            .collect();
+        println!(
+            "  turns over 1 ms of CPU: {}{}",
+            slow.len(),
+            if listed.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", listed.join(", "))
+            }
         );
         format!(
             "segments of {:.0} MiB ({} started, longest rotation {:.1} ms, {:.1} ms on CPU)",

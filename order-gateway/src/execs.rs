@@ -6,19 +6,23 @@
 //! ignored. A trade cancel or correct (ExecType H/G) names the execution it changes in
 //! ExecRefID (tag 19); the quantity and price kept here say what to take back.
 //!
-//! Bounded: the newest [`EXEC_HISTORY`] ExecIDs are kept, the oldest forgotten first, with no
-//! allocation once full. Nothing here is persisted: the journal's FIX_IN records replay
-//! every report through the same path after a restart, which rebuilds it.
+//! Bounded: at least the newest [`EXEC_HISTORY`] ExecIDs are kept (at most twice as many), the
+//! oldest forgotten first, in two generations: when the newer one holds [`EXEC_HISTORY`],
+//! the older is forgotten whole and its table, emptied, takes the newer ones. No entry is
+//! ever removed alone, so no table fills with tombstones, and nothing allocates or rehashes
+//! once both tables exist (a single table with one removal per insertion rehashes all of
+//! itself whenever its tombstones fill it, and grew once to a table twice the size: turns of
+//! 4-10 ms in the `gateway-restart` bench). A checkpoint holds the whole log (see
+//! [`ExecLog::checkpoint_state`]), so a restart keeps what the live gateway keeps.
 //!
 //! Keys hold the first 24 bytes of the ExecID, its length and a SipHash of the whole, so an
 //! ExecID of up to 24 bytes is compared exactly and a longer one by its hash as well.
 
-use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
 
 use rustc_hash::FxHashMap;
 
-/// ExecIDs remembered (about 6 MiB).
+/// ExecIDs remembered at least (two generations of this many: about 18 MiB).
 pub const EXEC_HISTORY: usize = 1 << 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -50,12 +54,38 @@ impl Key {
 /// execution since canceled).
 pub type Trade = (u32, i64);
 
-/// The ExecIDs applied, newest [`EXEC_HISTORY`] (or the capacity given).
+/// The ExecIDs applied: at least the newest [`EXEC_HISTORY`] (or the capacity given).
 #[derive(Debug)]
 pub struct ExecLog {
-    map: FxHashMap<Key, Trade>,
-    age: VecDeque<Key>,
+    /// The newer generation, and its keys in the order they came.
+    young: Generation,
+    /// The older generation, forgotten whole when `young` is full.
+    old: Generation,
+    /// Entries a generation holds.
     cap: usize,
+}
+
+/// One generation of the log: entries never removed alone, only all at once.
+#[derive(Debug)]
+struct Generation {
+    map: FxHashMap<Key, Trade>,
+    keys: Vec<Key>,
+}
+
+impl Generation {
+    fn with_capacity(cap: usize) -> Generation {
+        Generation {
+            map: FxHashMap::with_capacity_and_hasher(cap, Default::default()),
+            keys: Vec::with_capacity(cap),
+        }
+    }
+
+    fn clear(&mut self) {
+        // Keys and trades need no drop: this empties the table's control bytes and keeps
+        // its memory.
+        self.map.clear();
+        self.keys.clear();
+    }
 }
 
 impl Default for ExecLog {
@@ -65,12 +95,12 @@ impl Default for ExecLog {
 }
 
 impl ExecLog {
-    /// Keeps the newest `cap` ExecIDs.
+    /// Keeps at least the newest `cap` ExecIDs (at most `2 * cap`).
     pub fn with_capacity(cap: usize) -> ExecLog {
         let cap = cap.max(1);
         ExecLog {
-            map: FxHashMap::with_capacity_and_hasher(cap, Default::default()),
-            age: VecDeque::with_capacity(cap),
+            young: Generation::with_capacity(cap),
+            old: Generation::with_capacity(cap),
             cap,
         }
     }
@@ -78,28 +108,39 @@ impl ExecLog {
     /// Remembers `exec_id` of `order` with what it executed; false if it was already there
     /// (a duplicate: apply nothing).
     pub fn insert(&mut self, order: u64, exec_id: &[u8], trade: Trade) -> bool {
-        let k = Key::new(order, exec_id);
-        if self.map.contains_key(&k) {
+        self.admit(Key::new(order, exec_id), trade)
+    }
+
+    /// Inserts `k` unless held; when the newer generation is full, forgets the older.
+    fn admit(&mut self, k: Key, trade: Trade) -> bool {
+        if self.young.map.contains_key(&k) || self.old.map.contains_key(&k) {
             return false;
         }
-        if self.age.len() == self.cap {
-            if let Some(old) = self.age.pop_front() {
-                self.map.remove(&old);
-            }
+        self.young.map.insert(k, trade);
+        self.young.keys.push(k);
+        if self.young.keys.len() >= self.cap {
+            std::mem::swap(&mut self.young, &mut self.old);
+            self.young.clear();
         }
-        self.map.insert(k, trade);
-        self.age.push_back(k);
         true
     }
 
     /// What execution `exec_id` of `order` executed, if remembered.
     pub fn trade(&self, order: u64, exec_id: &[u8]) -> Option<Trade> {
-        self.map.get(&Key::new(order, exec_id)).copied()
+        let k = Key::new(order, exec_id);
+        self.young
+            .map
+            .get(&k)
+            .or_else(|| self.old.map.get(&k))
+            .copied()
     }
 
     /// Changes what a remembered execution stands for (after a trade cancel or correct).
     pub fn set_trade(&mut self, order: u64, exec_id: &[u8], trade: Trade) {
-        if let Some(t) = self.map.get_mut(&Key::new(order, exec_id)) {
+        let k = Key::new(order, exec_id);
+        if let Some(t) = self.young.map.get_mut(&k) {
+            *t = trade;
+        } else if let Some(t) = self.old.map.get_mut(&k) {
             *t = trade;
         }
     }
@@ -108,10 +149,11 @@ impl ExecLog {
     /// leaves out included (never looked up again, as no order has their id), so a restart
     /// forgets the same entries first as the live log does.
     pub fn checkpoint_state(&self) -> Vec<crate::checkpoint::ExecState> {
-        self.age
-            .iter()
-            .filter_map(|k| {
-                let trade = *self.map.get(k)?;
+        [&self.old, &self.young]
+            .into_iter()
+            .flat_map(|g| g.keys.iter().map(move |k| (k, g.map.get(k))))
+            .filter_map(|(k, trade)| {
+                let trade = *trade?;
                 Some(crate::checkpoint::ExecState {
                     order: k.order,
                     len: k.len,
@@ -123,31 +165,30 @@ impl ExecLog {
             .collect()
     }
 
-    /// Restores entries taken by [`checkpoint_state`](Self::checkpoint_state).
+    /// Restores entries taken by [`checkpoint_state`](Self::checkpoint_state): inserted
+    /// oldest first by the same rule as live ones, so the generations split where they did.
     pub fn restore_state(&mut self, entries: &[crate::checkpoint::ExecState]) {
-        self.map.clear();
-        self.age.clear();
-        for e in entries.iter().rev().take(self.cap).rev() {
+        self.young.clear();
+        self.old.clear();
+        for e in entries {
             let k = Key {
                 order: e.order,
                 len: e.len,
                 head: e.head,
                 hash: e.hash,
             };
-            if self.map.insert(k, e.trade).is_none() {
-                self.age.push_back(k);
-            }
+            self.admit(k, e.trade);
         }
     }
 
     /// ExecIDs held.
     pub fn len(&self) -> usize {
-        self.age.len()
+        self.young.keys.len() + self.old.keys.len()
     }
 
     /// True when none is held.
     pub fn is_empty(&self) -> bool {
-        self.age.is_empty()
+        self.len() == 0
     }
 }
 
@@ -164,12 +205,53 @@ mod tests {
         let long = [b'x'; 40];
         let mut other = long;
         other[39] = b'y';
+        // The first generation is full: it is the older one now, still remembered.
         assert!(l.insert(1, &long, (1, 1)));
+        assert_eq!(l.len(), 3);
+        assert_eq!(l.trade(1, b"A"), Some((10, 5)), "at most 2 x 2 are kept");
+        l.set_trade(1, b"A", (3, 3));
+        assert_eq!(
+            l.trade(1, b"A"),
+            Some((3, 3)),
+            "changed in the older generation"
+        );
+        assert!(l.insert(1, &other, (2, 2)), "long ids differ past the head");
         assert_eq!(l.len(), 2);
         assert_eq!(l.trade(1, b"A"), None, "the oldest went first");
-        assert!(l.insert(1, &other, (2, 2)), "long ids differ past the head");
+        assert_eq!(l.trade(2, b"A"), None, "the whole older generation with it");
+        assert!(!l.insert(1, &long, (1, 1)), "the newest 2 are still there");
         l.set_trade(1, &other, (0, 0));
         assert_eq!(l.trade(1, &other), Some((0, 0)));
+    }
+
+    /// A full log takes new ExecIDs for ever without growing or rehashing its tables: each
+    /// generation's table keeps the capacity it was made with and no entry is removed
+    /// alone (a removal per insert leaves tombstones that make a table rehash all at once,
+    /// and made the single table of before double once).
+    #[test]
+    fn a_full_log_keeps_its_tables_and_at_least_the_newest_entries() {
+        const CAP: usize = 1_000;
+        let mut l = ExecLog::with_capacity(CAP);
+        let capacities = |l: &ExecLog| {
+            let mut c = [l.young.map.capacity(), l.old.map.capacity()];
+            c.sort_unstable();
+            c
+        };
+        let made = capacities(&l);
+        for i in 0..50_000u64 {
+            assert!(l.insert(i, b"X", (1, 1)));
+            assert!(l.len() >= CAP.min(i as usize + 1) && l.len() < 2 * CAP);
+            assert_eq!(capacities(&l), made, "a table grew at entry {i}");
+            let first_kept = (i + 1).saturating_sub(CAP as u64);
+            assert!(
+                l.trade(first_kept, b"X").is_some(),
+                "forgot {first_kept} at {i}"
+            );
+        }
+        assert!(
+            !l.insert(49_999, b"X", (1, 1)),
+            "a duplicate of the newest is refused"
+        );
     }
 
     /// A checkpoint holds the whole log (entries of orders it leaves out included), so a

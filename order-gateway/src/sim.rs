@@ -47,17 +47,17 @@ pub struct SimVenue {
     sent: Vec<Vec<u8>>,
     keep_history: bool,
     /// Orders received, by ClOrdID: (quantity, price), for status answers.
-    known: std::collections::HashMap<Vec<u8>, (u64, Vec<u8>)>,
+    known: griddle::HashMap<Vec<u8>, (u64, Vec<u8>), rustc_hash::FxBuildHasher>,
     /// Orders above this quantity rest (acknowledged, never filled) until canceled (only
     /// with `keep_history`; see [`SimVenue::rest_above`]).
     rest_above: Option<u64>,
     /// ClOrdIDs of resting orders, and of those canceled.
-    resting: std::collections::HashSet<Vec<u8>>,
-    canceled: std::collections::HashSet<Vec<u8>>,
+    resting: griddle::HashSet<Vec<u8>, rustc_hash::FxBuildHasher>,
+    canceled: griddle::HashSet<Vec<u8>, rustc_hash::FxBuildHasher>,
     /// The MsgSeqNum expected next from the gateway (0: none yet; only with `keep_history`).
     next_in: u64,
     /// ClOrdIDs of cancels and replaces received (only with `keep_history`).
-    changes: std::collections::HashSet<Vec<u8>>,
+    changes: griddle::HashSet<Vec<u8>, rustc_hash::FxBuildHasher>,
     /// The gateway's numbers skipped (asked for, never received, neither resent nor gap
     /// filled), at most [`MAX_MISSING`] (only with `keep_history`).
     missing: std::collections::BTreeSet<u64>,
