@@ -202,8 +202,8 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
         }
         let total = a.warmup + a.iterations;
         let mut s = EngineSession::connect_with_capacity(
-            addr,
             &orders_config(),
+            addr,
             ENGINE,
             ENGINE_TOKEN,
             1,
@@ -220,8 +220,8 @@ pub fn run(a: &GatewayRttArgs) -> Result<()> {
             while (idle.len() as u32) + 1 < n {
                 let id = idle.len() as u32 + 2;
                 idle.push(EngineSession::connect_with_capacity(
-                    addr,
                     &idle_cfg,
+                    addr,
                     id,
                     &format!("idle-engine-{id}"),
                     1,

@@ -29,7 +29,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let cfg = OrdersConfig { token: "s3cret".into(), ..OrdersConfig::default() };
 //! let mut s = EngineSession::connect(
-//!     "198.18.0.1:7470".parse()?, &cfg, 1, "engine-1-secret", 1,
+//!     &cfg, "198.18.0.1:7470".parse()?, 1, "engine-1-secret", 1,
 //! )?;
 //! let id = s.new_order(1, Symbol::new("AAPL").unwrap(), Side::Buy, 100, 189 * PRICE_SCALE)?;
 //! s.flush()?;
@@ -623,8 +623,8 @@ impl LoggingOn {
     /// Checks the token, makes the first step with `connect` (a connection made, or one
     /// being made) and, once connected, sends the logon.
     fn new(
-        addr: SocketAddr,
         cfg: &OrdersConfig,
+        addr: SocketAddr,
         engine: u32,
         token: &str,
         client: Client,
@@ -801,13 +801,13 @@ impl EngineSession {
     /// set-up included, is bounded by `cfg.connect_timeout_ms`. Blocks until then;
     /// [`start`](Self::start) does not.
     pub fn connect(
-        addr: SocketAddr,
         cfg: &OrdersConfig,
+        addr: SocketAddr,
         engine: u32,
         token: &str,
         first_order_id: u64,
     ) -> Result<EngineSession, SessionError> {
-        Self::connect_with_capacity(addr, cfg, engine, token, first_order_id, 1 << 16)
+        Self::connect_with_capacity(cfg, addr, engine, token, first_order_id, 1 << 16)
     }
 
     /// Connects and logs on as an engine's configuration says ([`GatewayConfig`]: address,
@@ -830,8 +830,8 @@ impl EngineSession {
         let mut session = loop {
             let elapsed = t0.elapsed();
             match Self::connect_with_capacity(
-                cfg.addr,
                 &cfg.orders,
+                cfg.addr,
                 cfg.engine_id,
                 &cfg.engine_token,
                 first_order_id,
@@ -856,15 +856,15 @@ impl EngineSession {
 
     /// [`connect`](Self::connect) with room for `expected_orders` tracked orders.
     pub fn connect_with_capacity(
-        addr: SocketAddr,
         cfg: &OrdersConfig,
+        addr: SocketAddr,
         engine: u32,
         token: &str,
         first_order_id: u64,
         expected_orders: usize,
     ) -> Result<EngineSession, SessionError> {
         let client = Client::with_capacity(first_order_id, expected_orders);
-        Self::resume(addr, cfg, engine, token, client).map_err(|e| e.error)
+        Self::resume(cfg, addr, engine, token, client).map_err(|e| e.error)
     }
 
     /// Logs on again with the book of an earlier session (see [`into_client`]): the gateway
@@ -878,13 +878,13 @@ impl EngineSession {
     ///
     /// [`into_client`]: Self::into_client
     pub fn resume(
-        addr: SocketAddr,
         cfg: &OrdersConfig,
+        addr: SocketAddr,
         engine: u32,
         token: &str,
         client: Client,
     ) -> Result<EngineSession, ResumeError> {
-        let mut l = LoggingOn::new(addr, cfg, engine, token, client, || {
+        let mut l = LoggingOn::new(cfg, addr, engine, token, client, || {
             Connection::connect(cfg, addr).map(LogonStep::Answer)
         })?;
         loop {
@@ -905,14 +905,14 @@ impl EngineSession {
     /// and its answer advance in [`LoggingOn::poll`]. The same logon as
     /// [`resume`](Self::resume), bounded by `cfg.connect_timeout_ms`.
     pub fn start(
+        cfg: &OrdersConfig,
         addr: SocketAddr,
         local: IpAddr,
-        cfg: &OrdersConfig,
         engine: u32,
         token: &str,
         client: Client,
     ) -> Result<LoggingOn, ResumeError> {
-        LoggingOn::new(addr, cfg, engine, token, client, || {
+        LoggingOn::new(cfg, addr, engine, token, client, || {
             Connection::start(cfg, addr, local).map(LogonStep::Connecting)
         })
     }

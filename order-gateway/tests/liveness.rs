@@ -165,7 +165,7 @@ impl Drop for Gw {
 }
 
 fn logon(addr: SocketAddr, first_id: u64) -> Result<EngineSession, SessionError> {
-    EngineSession::connect(addr, &engine_cfg(), ENGINE, ENGINE_TOKEN, first_id)
+    EngineSession::connect(&engine_cfg(), addr, ENGINE, ENGINE_TOKEN, first_id)
 }
 
 /// Connects, retrying while the gateway is not up yet (another process or host).
@@ -714,7 +714,7 @@ fn engine_child(addr: SocketAddr, mode: &str) {
     let mut s = if mode == "first" {
         logon_retrying(addr, 1, 120)
     } else {
-        match EngineSession::resume(addr, &engine_cfg(), ENGINE, ENGINE_TOKEN, Client::new(1000)) {
+        match EngineSession::resume(&engine_cfg(), addr, ENGINE, ENGINE_TOKEN, Client::new(1000)) {
             Ok(s) => s,
             Err(e) => panic!("logon again: {:?}", e.error),
         }

@@ -430,7 +430,7 @@ fn collar_halts_staleness_and_gaps_follow_the_bus() {
     let dir = scratch("md-risk");
     let gw = Gw::start(cfg, ip, dir.join("gw.journal"));
     let mut e = Engine {
-        s: EngineSession::connect(gw.addr, &orders_cfg(), ENGINE, ENGINE_TOKEN, 1)
+        s: EngineSession::connect(&orders_cfg(), gw.addr, ENGINE, ENGINE_TOKEN, 1)
             .expect("engine logon"),
     };
     use RejectReason::*;
@@ -531,7 +531,7 @@ fn rdma_md_risk_over_an_rc_channel_follows_the_bus() {
     let dir = scratch("md-risk-rc");
     let gw = Gw::start(cfg, ip, dir.join("gw.journal"));
     let mut e = Engine {
-        s: EngineSession::connect(gw.addr, &orders_cfg(), ENGINE, ENGINE_TOKEN, 1)
+        s: EngineSession::connect(&orders_cfg(), gw.addr, ENGINE, ENGINE_TOKEN, 1)
             .expect("engine logon"),
     };
     use RejectReason::*;
@@ -660,7 +660,7 @@ fn forged_bus_datagrams_lift_no_halt_move_no_collar_and_keep_nothing_fresh() {
     let dir = scratch("md-forged");
     let gw = Gw::start(cfg.clone(), ip, dir.join("gw.journal"));
     let mut e = Engine {
-        s: EngineSession::connect(gw.addr, &orders_cfg(), ENGINE, ENGINE_TOKEN, 1)
+        s: EngineSession::connect(&orders_cfg(), gw.addr, ENGINE, ENGINE_TOKEN, 1)
             .expect("engine logon"),
     };
     use RejectReason::*;

@@ -384,13 +384,13 @@ fn gateway_counters_reach_metrics_endpoint() {
 
     // An engine sends its orders and waits for each answer.
     let mut engine = EngineSession::connect(
-        listen,
         &OrdersConfig {
             ring_size: 65536,
             max_payload: 1024,
             token: ORDERS_TOKEN.into(),
             ..OrdersConfig::default()
         },
+        listen,
         ENGINE,
         ENGINE_TOKEN,
         1,
@@ -569,9 +569,9 @@ fn rdma_engine_stat_names_its_gateway_connection_gid() {
     };
     cfg.rc.gid_index = Some(u8::try_from(want.index).unwrap());
     let mut logon = EngineSession::start(
+        &cfg,
         listen,
         engine_addr.ip(),
-        &cfg,
         ENGINE,
         ENGINE_TOKEN,
         Client::new(1),

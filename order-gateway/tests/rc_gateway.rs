@@ -182,8 +182,8 @@ impl Gw {
 
     fn engine(&self, id: u32, first_order_id: u64) -> Engine {
         let s = EngineSession::connect(
-            self.addr,
             &orders_cfg("rc-test"),
+            self.addr,
             id,
             token_of(id),
             first_order_id,
@@ -197,7 +197,7 @@ impl Gw {
     fn resume(&self, id: u32, mut client: Client) -> Engine {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            match EngineSession::resume(self.addr, &orders_cfg("rc-test"), id, token_of(id), client)
+            match EngineSession::resume(&orders_cfg("rc-test"), self.addr, id, token_of(id), client)
             {
                 Ok(s) => return Engine::new(s),
                 Err(e) => {
@@ -532,7 +532,7 @@ fn rc_risk_rejects_and_logon_checks() {
     e2.s.into_client();
     let cfg = orders_cfg("rc-test");
     let refused =
-        |engine: u32, token: &str| match EngineSession::connect(gw.addr, &cfg, engine, token, 1) {
+        |engine: u32, token: &str| match EngineSession::connect(&cfg, gw.addr, engine, token, 1) {
             Err(SessionError::Refused { status, .. }) => status,
             other => panic!("engine {engine} with token {token:?} accepted: {other:?}"),
         };
@@ -557,14 +557,14 @@ fn rc_risk_rejects_and_logon_checks() {
         LogonStatus::BadToken
     );
     assert!(
-        EngineSession::connect(gw.addr, &orders_cfg("wrong"), ENGINE2, ENGINE2_TOKEN, 1).is_err(),
+        EngineSession::connect(&orders_cfg("wrong"), gw.addr, ENGINE2, ENGINE2_TOKEN, 1).is_err(),
         "wrong transport token accepted"
     );
     // With its own token engine 2 gets in, here without blocking: `start` returns at once
     // and the logon advances in polls; a refusal the same way hands the book back.
     let local = local_ip();
     let logon = |engine: u32, client: Client| {
-        let mut l = EngineSession::start(gw.addr, local, &cfg, engine, token_of(engine), client)
+        let mut l = EngineSession::start(&cfg, gw.addr, local, engine, token_of(engine), client)
             .expect("start logon");
         let mut pending = 0u32;
         loop {
@@ -614,9 +614,9 @@ fn rc_risk_rejects_and_logon_checks() {
     };
     let started = Instant::now();
     let mut l = EngineSession::start(
+        &quick,
         mute_addr,
         local,
-        &quick,
         ENGINE2,
         ENGINE2_TOKEN,
         Client::new(7),
