@@ -1745,6 +1745,120 @@ mod tests {
         assert!(d.health.rotation_retry.is_none());
     }
 
+    /// The real disk, but opening `FILE.next` panics while `armed`: the checkpoint writer's
+    /// thread dies mid-job.
+    #[derive(Debug)]
+    struct PanicOnNext {
+        armed: std::sync::atomic::AtomicBool,
+    }
+
+    impl crate::journal::Storage for PanicOnNext {
+        fn open(
+            &self,
+            path: &Path,
+            mode: crate::journal::OpenMode,
+        ) -> std::io::Result<Box<dyn crate::journal::StorageFile>> {
+            // ORDERING: Relaxed: a test flag read by the writer thread; the thread's spawn
+            // orders it after the test's store.
+            let next = path.extension().is_some_and(|e| e == "next");
+            if next && self.armed.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                panic!(
+                    "injected: the checkpoint writer dies opening {}",
+                    path.display()
+                );
+            }
+            crate::journal::OsStorage.open(path, mode)
+        }
+        fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+            crate::journal::OsStorage.rename(from, to)
+        }
+        fn hard_link(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+            crate::journal::OsStorage.hard_link(from, to)
+        }
+        fn remove(&self, path: &Path) -> std::io::Result<()> {
+            crate::journal::OsStorage.remove(path)
+        }
+        fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+            crate::journal::OsStorage.sync_dir(dir)
+        }
+        fn read_dir(
+            &self,
+            dir: &Path,
+        ) -> std::io::Result<Vec<(std::ffi::OsString, crate::journal::storage::FileId)>> {
+            crate::journal::OsStorage.read_dir(dir)
+        }
+        fn file_id(&self, path: &Path) -> std::io::Result<crate::journal::storage::FileId> {
+            crate::journal::OsStorage.file_id(path)
+        }
+        fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+            crate::journal::OsStorage.create_dir_all(dir)
+        }
+    }
+
+    /// Issue 40: the checkpoint writer's thread panics (a bug, an allocation failure). The
+    /// service neither hangs waiting for its answer nor dies with it: the checkpoint counts
+    /// as failed (the current segment stays in use, nothing is lost), the rotation backs
+    /// off, and the next attempt starts a segment that restores every order.
+    #[test]
+    fn a_checkpoint_writer_that_panics_is_a_failed_checkpoint_and_the_next_one_works() {
+        let (risk, session) = (
+            crate::gateway::tests::risk(),
+            crate::gateway::tests::session(),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gw.journal");
+        let fs = std::sync::Arc::new(PanicOnNext {
+            armed: std::sync::atomic::AtomicBool::new(false),
+        });
+        let mut d = FixDriver::with_link_in(
+            fs.clone(),
+            TcpLink::new("127.0.0.1:9"),
+            session,
+            &risk,
+            &path,
+            FsyncPolicy::Group,
+        )
+        .unwrap();
+        d.set_segment_bytes(1);
+        // On a thread of its own, as the service runs it.
+        d.set_checkpoint_inline(None);
+        // ORDERING: Relaxed: the writer thread is spawned after this store.
+        fs.armed.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(orders(&mut d, 1, 4));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while d.segment_stats().failures == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the panicked writer's answer never came"
+            );
+            d.flush_with(|_, _| {}).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(d.segment_stats().rotations, 0);
+        assert!(!d.checkpoint_in_flight());
+        assert!(
+            d.health.rotation_retry.is_some(),
+            "the failed rotation does not back off"
+        );
+        // The service goes on: more orders, journaled in the current segment.
+        assert!(orders(&mut d, 4, 8));
+        // The retry is due: the next writer (not armed) switches to a new segment.
+        d.health.rotation_retry = d.health.rotation_retry.map(|(_, w)| (d.turn.mono, w));
+        while d.segment_stats().rotations == 0 {
+            assert!(Instant::now() < deadline, "no checkpoint after the panic");
+            d.flush_with(|_, _| {}).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(orders(&mut d, 8, 10));
+        drop(d);
+        let back = reopen(&path);
+        assert_eq!(
+            back.gateway().last_response_seq(1),
+            9,
+            "the restart from the new segment lost orders"
+        );
+    }
+
     // ---- checkpoints off the service thread (issue 40) ----
 
     /// A driver with no venue whose every batch is past the segment size: each flush with
