@@ -57,7 +57,8 @@ pub struct RdmaSettings {
     pub retry_count: Option<u8>,
     /// RC receiver-not-ready retries (0..=7, 7 = for ever).
     pub rnr_retry: Option<u8>,
-    /// Largest send posted inline (bytes) on the orders path.
+    /// Largest send posted inline (bytes), 32..=1024: orders, multicast datagrams, recovery
+    /// and RC fan-out connections alike.
     pub max_inline: Option<u32>,
     /// Ring and staging memory on huge pages.
     pub hugepages: HugePages,
@@ -111,9 +112,11 @@ pub enum RdmaSettingsError {
     /// RNR retry above 7.
     #[error("rdma.rnr_retry {0} is out of range 0..=7 (7 retries for ever)")]
     RnrRetry(u32),
-    /// Inline size above [`MAX_INLINE_LIMIT`].
+    /// Inline size above [`MAX_INLINE_LIMIT`], or below the handshake proof's length.
     #[error(
-        "rdma.max_inline {0} is above {MAX_INLINE_LIMIT} bytes, more than any RoCE device inlines"
+        "rdma.max_inline {0} is out of range {min}..={MAX_INLINE_LIMIT} bytes: the handshake \
+         proof ({min} bytes) is sent inline, and no RoCE device inlines more than {MAX_INLINE_LIMIT}",
+        min = crate::ring::frame::PROOF_LEN
     )]
     MaxInline(u32),
     /// GID index above 255.
@@ -178,7 +181,10 @@ impl TryFrom<RdmaToml> for RdmaSettings {
                 _ => return Err(E::PathMtu(b)),
             },
         };
-        if let Some(m) = t.max_inline.filter(|m| *m > MAX_INLINE_LIMIT) {
+        if let Some(m) = t
+            .max_inline
+            .filter(|&m| m > MAX_INLINE_LIMIT || (m as usize) < crate::ring::frame::PROOF_LEN)
+        {
             return Err(E::MaxInline(m));
         }
         Ok(Self {

@@ -434,6 +434,25 @@ fn one_guest(
     (book, r, p)
 }
 
+/// Issue 43: `[rdma] max_inline` reaches the market-data publisher's UD queue pair (it was a
+/// fixed 220 bytes whatever the table said): 64 when configured, 220 by default.
+#[test]
+#[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
+fn rdma_md_publisher_posts_inline_up_to_the_configured_size() {
+    let ip = local_ip();
+    let mut cfg = config("239.7.15.1", None, 7615, 1024);
+    let p = McastPublisher::new(&cfg, 7, now_ns() + 1, ip).expect("publisher");
+    assert_eq!(p.max_inline(), 220, "the default");
+    drop(p);
+    rocebus::rdma_settings::RdmaSettings {
+        max_inline: Some(64),
+        ..Default::default()
+    }
+    .apply_to_mcast(&mut cfg);
+    let p = McastPublisher::new(&cfg, 7, now_ns() + 1, ip).expect("publisher");
+    assert_eq!(p.max_inline(), 64, "[rdma] max_inline = 64");
+}
+
 #[test]
 #[ignore = "rdma: needs an RDMA device (cargo xtask test runs it in the soft-RoCE guest)"]
 fn rdma_md_one_guest_in_order_with_checksum() {

@@ -215,6 +215,10 @@ fn orders_config(cfg: &McastConfig) -> OrdersConfig {
         // Refused, the subscriber retries on its back-off and is in once
         // the publisher polls again.
         accept_stall_ms: (silence_bound(cfg) / 2 / 1_000_000).max(1),
+        max_inline: cfg
+            .rdma
+            .max_inline
+            .unwrap_or(OrdersConfig::default().max_inline),
         ..OrdersConfig::default()
     }
 }

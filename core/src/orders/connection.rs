@@ -761,6 +761,18 @@ impl Connection {
         self.cm.local_gid(self.link.qp.source_gid_index()?)
     }
 
+    /// The device's attributes of this connection's queue pair: what its `[rdma]` settings
+    /// (path MTU, ACK timeout, retries, traffic class, service level, inline size) became.
+    pub fn qp_attributes(&self) -> crate::verbs::Result<crate::verbs::QpAttributes> {
+        self.link.qp.attributes()
+    }
+
+    /// The longest message this connection posts inline: `max_inline` of its configuration,
+    /// at most what the device granted.
+    pub fn max_inline(&self) -> usize {
+        self.link.max_inline
+    }
+
     /// A publication on `stream_id`. It borrows the connection mutably:
     /// make one where you send (it is free), not one per stream up front.
     #[inline]

@@ -108,6 +108,9 @@ fn rnr_retry_above_7_is_refused() {
 #[test]
 fn max_inline_above_the_limit_is_refused() {
     refused("max_inline = 4096", &["rdma.max_inline 4096", "1024"]);
+    // Below the handshake proof, which every connection sends inline (orders, recovery,
+    // RC fan-out share the table).
+    refused("max_inline = 16", &["rdma.max_inline 16", "32"]);
 }
 
 #[test]

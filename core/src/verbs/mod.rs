@@ -63,8 +63,8 @@ pub use pool::{
     Dest, PoolConfig, PoolError, PoolStats, PooledQp, RecvPoll, RecvSource, StageError,
 };
 pub use qp::{
-    AddressHandle, AhAttr, LocalPath, Mtu, PreparedRecvs, PreparedUdSend, PreparedWrite, QpCaps,
-    QueuePair, RcOptions, RcPeer, RecvWr, SendWr, Sge, UdClass, UdDest, WriteFlags,
-    PREPARED_UD_DESTS,
+    AddressHandle, AhAttr, LocalPath, Mtu, PreparedRecvs, PreparedUdSend, PreparedWrite,
+    QpAttributes, QpCaps, QueuePair, RcOptions, RcPeer, RecvWr, SendWr, Sge, UdClass, UdDest,
+    WriteFlags, PREPARED_UD_DESTS,
 };
 pub use types::{QpState, QpType, GRH_LEN, RDMA_UDP_QKEY};

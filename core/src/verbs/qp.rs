@@ -58,6 +58,29 @@ impl Mtu {
     }
 }
 
+/// A queue pair's attributes as the device reports them ([`QueuePair::attributes`]). The
+/// connection fields (`path_mtu` to `service_level`) mean something once an RC queue pair is
+/// past RTR/RTS; a UD queue pair's traffic class is its address handles', not here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpAttributes {
+    /// Its state.
+    pub state: QpState,
+    /// Path MTU, bytes.
+    pub path_mtu: u32,
+    /// Local ACK timeout exponent (4.096 us x 2^timeout).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_count: u8,
+    /// RNR retries (7: for ever).
+    pub rnr_retry: u8,
+    /// IP traffic class of its packets (DSCP << 2 | ECN).
+    pub traffic_class: u8,
+    /// Service level.
+    pub service_level: u8,
+    /// Largest send posted inline, bytes.
+    pub max_inline: u32,
+}
+
 /// The RC knobs. Defaults suit a low-latency LAN: fail fast rather than
 /// hang. The ACK timeout is 4.096 us x 2^`timeout`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -381,6 +404,31 @@ impl QueuePair {
     pub fn source_gid_index(&self) -> Result<u8> {
         let attr = self.query(sys::ibv_qp_attr_mask::IBV_QP_AV)?;
         Ok(attr.ah_attr.grh.sgid_index)
+    }
+
+    /// What the device holds for this queue pair (`ibv_query_qp`): the transport settings
+    /// a configuration's `[rdma]` table asks for, read back (tests, operators).
+    pub fn attributes(&self) -> Result<QpAttributes> {
+        use sys::ibv_qp_attr_mask as M;
+        let attr = self.query(
+            M::IBV_QP_STATE
+                | M::IBV_QP_PATH_MTU
+                | M::IBV_QP_TIMEOUT
+                | M::IBV_QP_RETRY_CNT
+                | M::IBV_QP_RNR_RETRY
+                | M::IBV_QP_AV
+                | M::IBV_QP_CAP,
+        )?;
+        Ok(QpAttributes {
+            state: QpState::from_raw(attr.qp_state),
+            path_mtu: 128 << attr.path_mtu,
+            timeout: attr.timeout,
+            retry_count: attr.retry_cnt,
+            rnr_retry: attr.rnr_retry,
+            traffic_class: attr.ah_attr.grh.traffic_class,
+            service_level: attr.ah_attr.sl,
+            max_inline: attr.cap.max_inline_data,
+        })
     }
 
     /// `ibv_query_qp` of the attributes in `mask`.

@@ -23,6 +23,12 @@ pub const SNAPSHOT_CHUNK: usize = RC_MSG_LEN - wire::snapshot_chunk_len(0);
 /// 220 B fits every RoCE device's UD and RC inline limit, as in the orders path.
 pub const INLINE_MAX: u32 = 220;
 
+/// The inline limit of a market-data configuration: its `[rdma] max_inline`, else
+/// [`INLINE_MAX`] (multicast sends, recovery and snapshot connections alike).
+pub(crate) fn inline_max(cfg: &McastConfig) -> u32 {
+    cfg.rdma.max_inline.unwrap_or(INLINE_MAX)
+}
+
 /// How long the publisher keeps an accepted connection waiting for
 /// ESTABLISHED or the subscriber's first message (at least;
 /// `connect_timeout_ms` when that is longer). Longer than a subscriber's

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::common::{INLINE_MAX, RC_MSG_LEN};
+use super::common::RC_MSG_LEN;
 use super::error::NetError;
 use crate::admission::Cookie;
 use crate::auth::Key;
@@ -70,6 +70,8 @@ pub(super) struct Reconnect {
     pub(super) publisher: SocketAddr,
     pub(super) local: IpAddr,
     pub(super) opts: RcOptions,
+    /// Inline limit of the recovery queue pair (`[rdma] max_inline`).
+    pub(super) max_inline: u32,
     /// Bound of one connection attempt (`connect_timeout_ms`).
     pub(super) timeout: Duration,
     /// Next look at connection management (attempt, handshake step, or
@@ -82,7 +84,7 @@ impl Reconnect {
     /// fresh handshake (over the publisher's `cookie` when it asked for
     /// one), address resolution under way.
     pub(super) fn start_attempt(&self, cookie: Option<&Cookie>) -> Result<Link, NetError> {
-        let rc = recovery_qp(&self.pd)?;
+        let rc = recovery_qp(&self.pd, self.max_inline)?;
         let connecting = cm::start_connect(self.publisher, Some(self.local), self.timeout)?;
         let handshake =
             ClientHandshake::with_cookie(self.key.clone(), self.channel, self.tags, cookie);
@@ -94,7 +96,10 @@ impl Reconnect {
     }
 }
 
-pub(super) fn recovery_qp(pd: &Arc<ProtectionDomain>) -> Result<PooledQp, NetError> {
+pub(super) fn recovery_qp(
+    pd: &Arc<ProtectionDomain>,
+    max_inline: u32,
+) -> Result<PooledQp, NetError> {
     Ok(PooledQp::new(
         pd,
         QpType::Rc,
@@ -107,7 +112,7 @@ pub(super) fn recovery_qp(pd: &Arc<ProtectionDomain>) -> Result<PooledQp, NetErr
             send_len: 256,
             signal_every: 8,
             dests_per_send: 1,
-            max_inline: INLINE_MAX,
+            max_inline,
         },
     )?)
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arrayvec::ArrayVec;
 
 use super::common::{
-    channel_of, gid_of, server_rc_options, warn_if_open, CM_CHECK_NS, CM_STEP_NS, INLINE_MAX,
+    channel_of, gid_of, inline_max, server_rc_options, warn_if_open, CM_CHECK_NS, CM_STEP_NS,
     PENDING_TIMEOUT, RC_MSG_LEN, SNAPSHOT_CHUNK,
 };
 use super::error::{NetError, PublishError};
@@ -167,7 +167,7 @@ impl McastPublisher {
                 send_len: cfg.max_datagram_payload,
                 signal_every: 16,
                 dests_per_send: 2,
-                max_inline: INLINE_MAX,
+                max_inline: inline_max(cfg),
             },
         )?;
         let mut lines = ArrayVec::new();
@@ -238,6 +238,7 @@ impl McastPublisher {
                 conns: Vec::new(),
                 pending: Vec::new(),
                 opts: server_rc_options(cfg),
+                max_inline: inline_max(cfg),
                 next_cm_check: 0,
             },
             stats: PublisherIoStats::default(),
@@ -252,6 +253,12 @@ impl McastPublisher {
     pub fn recovery_server(&self) -> &RecoveryServer {
         &self.server
     }
+    /// The longest datagram posted inline: `[rdma] max_inline` (default 220), at most
+    /// what the device granted its UD queue pair.
+    pub fn max_inline(&self) -> usize {
+        self.ud.max_inline()
+    }
+
     /// I/O counters (the shell's, the schedule's and the recovery
     /// service's, in one value).
     pub fn io_stats(&self) -> PublisherIoStats {

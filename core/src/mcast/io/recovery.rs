@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use zerocopy::IntoBytes;
 
-use super::common::{INLINE_MAX, RC_MSG_LEN};
+use super::common::RC_MSG_LEN;
 use super::error::NetError;
 use crate::mcast::server::{refusal_message, RecoveryServer};
 use crate::verbs::cm::{self, Connection, EventChannel, Listener};
@@ -46,6 +46,8 @@ pub(super) struct RecoveryIo {
     pub(super) conns: Vec<ConnIo>,
     pub(super) pending: Vec<PendingIo>,
     pub(super) opts: RcOptions,
+    /// Inline limit of the connections' queue pairs (`[rdma] max_inline`).
+    pub(super) max_inline: u32,
     pub(super) next_cm_check: u64,
 }
 
@@ -95,7 +97,7 @@ impl RecoveryIo {
                     send_len: RC_MSG_LEN,
                     signal_every: 8,
                     dests_per_send: 1,
-                    max_inline: INLINE_MAX,
+                    max_inline: self.max_inline,
                 },
             )?;
             let accepting =

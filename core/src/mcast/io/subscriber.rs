@@ -9,7 +9,7 @@ use arrayvec::ArrayVec;
 use zerocopy::IntoBytes;
 
 use super::common::{
-    channel_of, now_ns, rc_options, warn_if_open, CM_CHECK_NS, CM_STEP_NS, INLINE_MAX,
+    channel_of, inline_max, now_ns, rc_options, warn_if_open, CM_CHECK_NS, CM_STEP_NS,
 };
 use super::error::NetError;
 use super::link::{admit, cookie_of, recovery_qp, send_proof, Link, Reconnect};
@@ -144,7 +144,7 @@ impl McastSubscriber {
                 cfg.connect_timeout(),
                 cfg.rdma.traffic_class,
             )?;
-            let rc = recovery_qp(&r.pd)?;
+            let rc = recovery_qp(&r.pd, r.max_inline)?;
             let handshake =
                 ClientHandshake::with_cookie(r.key.clone(), channel, r.tags, cookie.as_ref());
             match resolved.connect(
@@ -226,7 +226,7 @@ impl McastSubscriber {
                     send_len: 0,
                     signal_every: 1,
                     dests_per_send: 1,
-                    max_inline: INLINE_MAX,
+                    max_inline: inline_max(cfg),
                 },
             )?;
             if lines
@@ -268,6 +268,7 @@ impl McastSubscriber {
                 publisher,
                 local,
                 opts: rc_options(cfg),
+                max_inline: inline_max(cfg),
                 timeout: cfg.connect_timeout(),
                 backoff: Backoff::new(cfg.recovery.reconnect_min_ns, cfg.recovery.reconnect_max_ns),
             },
