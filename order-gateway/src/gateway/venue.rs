@@ -31,6 +31,22 @@ impl Gateway {
         self.inbuf.clear();
     }
 
+    /// When [`on_timer`](Self::on_timer) next has something to do: the FIX session's
+    /// timers, and while it is logged on the engines' cancel-on-disconnect deadlines (they
+    /// need the venue). `None`: nothing until an event changes that.
+    pub fn poll_timeout(&self) -> Option<Wall> {
+        let session = self.session.poll_timeout();
+        let engines = if self.session.state() == SessionState::Active {
+            self.engines.poll_timeout()
+        } else {
+            None
+        };
+        match (session, engines) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Timers (heartbeat, test request, timeouts, cancel-on-disconnect after a restart).
     pub fn on_timer(&mut self, now: u64, out: &mut Outputs) {
         let start = out.fix.len();

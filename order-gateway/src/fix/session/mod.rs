@@ -483,6 +483,40 @@ impl Session {
         );
     }
 
+    /// When [`on_timer`](Self::on_timer) next has something to do, in the same wall-clock
+    /// nanoseconds it takes: `None` while no timer runs (not logged on, logging on or
+    /// logging out), else `Some(t)`: call it once `now >= t`. Before `t` it does nothing
+    /// and at `t` it acts (sends or disconnects), so a caller that calls it only when due
+    /// behaves as one that calls it every turn (`on_timer_acts_exactly_from_poll_timeout`).
+    pub fn poll_timeout(&self) -> Option<rocebus::clock::Wall> {
+        let hb = u64::from(self.cfg.heartbeat_secs.max(1)) * 1_000_000_000;
+        // `on_timer`'s tests are `now - since > limit`, so each fires at `since + limit + 1`.
+        let at = match self.state {
+            SessionState::LogonSent | SessionState::LogoutSent => self
+                .logon_sent_at
+                .max(self.last_sent)
+                .saturating_add(2 * hb + 1),
+            SessionState::Active => {
+                let liveness = match self.test_request_at {
+                    Some(at) => at.saturating_add(hb + 1),
+                    None => self.last_recv.saturating_add(hb + hb / 5 + 1),
+                };
+                let resend = if self.resend_until.is_some() {
+                    self.resend_at.saturating_add(self.resend_timeout() + 1)
+                } else if !self.queue.is_empty() {
+                    // A gap behind queued messages that no request covers: at once.
+                    0
+                } else {
+                    u64::MAX
+                };
+                let heartbeat = self.last_sent.saturating_add(hb);
+                liveness.min(resend).min(heartbeat)
+            }
+            _ => return None,
+        };
+        Some(rocebus::clock::Wall::from_nanos(at))
+    }
+
     /// Timer: heartbeats, test requests, logon and test-request timeouts.
     pub fn on_timer(&mut self, now: u64, out: &mut Vec<u8>) -> SessionEvent<'static> {
         let hb = u64::from(self.cfg.heartbeat_secs.max(1)) * 1_000_000_000;

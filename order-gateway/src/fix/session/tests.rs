@@ -1312,3 +1312,91 @@ mod queue_bytes_tests {
         assert_eq!((s.queued_len(), s.queued_bytes()), (0, 0));
     }
 }
+
+/// The timer contract (issue 42's one `poll_timeout`): over a seeded walk of a session
+/// (venue traffic in and out of sequence, gaps, gap fills, our own sends, time passing,
+/// logouts and reconnections), `on_timer` before `poll_timeout()` does nothing (no bytes,
+/// no event, no state change), and at `poll_timeout()` it acts. The driver calls it only
+/// when due: a deadline later than `on_timer`'s own tests delays heartbeats and timeouts
+/// (`on_timer` acts at the instant before it), one earlier makes `on_timer` do nothing at
+/// it; both halves are checked, the first at the last instant before each deadline.
+#[test]
+fn on_timer_acts_exactly_from_poll_timeout() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
+    let (mut acted, mut idle) = (0, 0);
+    for _walk in 0..40 {
+        let mut s = active();
+        let mut now = T0;
+        let mut out = Vec::new();
+        for _ in 0..300 {
+            out.clear();
+            let due = s.poll_timeout().map(|t| t.as_nanos());
+            match rng.gen_range(0..6) {
+                0 => {
+                    if let Some(t) = due.filter(|&t| t > now) {
+                        // The last instant before the deadline, or any before it.
+                        let probe = if rng.gen_bool(0.5) {
+                            t - 1
+                        } else {
+                            rng.gen_range(now..t)
+                        };
+                        let before = (s.state(), s.next_out(), s.next_in());
+                        let ev = s.on_timer(probe, &mut out);
+                        assert!(
+                            out.is_empty() && matches!(ev, SessionEvent::None),
+                            "on_timer acted at {} before its time {}",
+                            probe - T0,
+                            t - T0
+                        );
+                        assert_eq!((s.state(), s.next_out(), s.next_in()), before);
+                        now = probe;
+                        idle += 1;
+                    }
+                }
+                1 => {
+                    if let Some(t) = due {
+                        now = now.max(t);
+                        let ev = s.on_timer(now, &mut out);
+                        assert!(
+                            !out.is_empty() || matches!(ev, SessionEvent::Disconnect),
+                            "on_timer did nothing at its time {} ({:?})",
+                            now - T0,
+                            s.state()
+                        );
+                        acted += 1;
+                    }
+                }
+                2 => {
+                    // The venue's next message in sequence, some time later.
+                    now += rng.gen_range(0..20 * SEC);
+                    let f = venue(b"0", s.next_in(), &[]);
+                    s.on_message(Message::parse(&f).unwrap(), now, &mut out);
+                }
+                3 => {
+                    // One ahead of a gap (queued, a resend asked for).
+                    let f = venue(b"0", s.next_in() + rng.gen_range(1..4), &[]);
+                    s.on_message(Message::parse(&f).unwrap(), now, &mut out);
+                }
+                4 => {
+                    // The gap filled (SequenceReset-GapFill up to what is queued, or on).
+                    let upto = s.next_in() + rng.gen_range(1..5);
+                    let f = venue(
+                        b"4",
+                        s.next_in(),
+                        &[(123, b"Y"), (36, upto.to_string().as_bytes())],
+                    );
+                    s.on_message(Message::parse(&f).unwrap(), now, &mut out);
+                }
+                _ => {
+                    now += rng.gen_range(0..5 * SEC);
+                    s.send_app(b"D", b"11=1\x01", now, &mut out);
+                }
+            }
+            if s.state() == SessionState::Disconnected {
+                break;
+            }
+        }
+    }
+    assert!(acted > 500 && idle > 500, "acted {acted}, idle {idle}");
+}
