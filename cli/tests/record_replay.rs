@@ -184,7 +184,16 @@ impl Recording {
 
 fn run_feed_handler(config: &Path, counters: &Path) -> u64 {
     let st = Command::new(feed_handler_bin())
-        .args(["run", "--exit-on-end-of-session", "--config"])
+        // The recorder is waiting for it: the feed is read once it is connected (with none,
+        // a feed that ends before the recorder's connection is up exits at once and the
+        // recorder sees nothing: CI pre-check 12-07, over RC fan-out).
+        .args([
+            "run",
+            "--exit-on-end-of-session",
+            "--wait-subscribers",
+            "1",
+            "--config",
+        ])
         .arg(config)
         .arg("--counters")
         .arg(counters)

@@ -267,6 +267,11 @@ enum Command {
         /// subscribers (see `service.linger_ms`).
         #[arg(long)]
         exit_on_end_of_session: bool,
+        /// Before reading the feed, serve the bus until this many subscribers are connected
+        /// (at most 60 s; an error then): a capture replayed to recorders that must see it
+        /// from its first message. A live feed is buffered by the socket meanwhile.
+        #[arg(long, default_value_t = 0)]
+        wait_subscribers: usize,
         /// Write the counters here instead of `$ROCEBUS_DIR/feed-handler.counters`.
         #[arg(long)]
         counters: Option<PathBuf>,
@@ -371,13 +376,17 @@ fn dispatch() -> Result<()> {
             wire,
             duration,
             exit_on_end_of_session,
+            wait_subscribers,
             counters,
         } => run(
             &config,
             capture,
             &wire,
             duration,
-            exit_on_end_of_session,
+            RunFlags {
+                exit_on_end_of_session,
+                wait_subscribers,
+            },
             counters,
         ),
     }
@@ -396,12 +405,18 @@ fn check_secret(path: &Path, cfg: &Config) -> Result<()> {
         .context("fix the configuration file and start again")
 }
 
+/// `run`'s flags that go to [`RunOptions`] as they are.
+struct RunFlags {
+    exit_on_end_of_session: bool,
+    wait_subscribers: usize,
+}
+
 fn run(
     config: &Path,
     capture: Option<PathBuf>,
     wire: &WireArgs,
     duration: Option<f64>,
-    exit_on_end_of_session: bool,
+    flags: RunFlags,
     counters: Option<PathBuf>,
 ) -> Result<()> {
     let mut cfg = Config::load(config)?;
@@ -442,7 +457,8 @@ fn run(
     let totals = service.run(
         &RunOptions {
             duration,
-            exit_on_end_of_session,
+            exit_on_end_of_session: flags.exit_on_end_of_session,
+            wait_subscribers: flags.wait_subscribers,
         },
         &stop,
     )?;
