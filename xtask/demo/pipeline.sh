@@ -178,5 +178,14 @@ status=$?
 alive $gw || echo "demo: order-gateway died during the run (see order-gateway.log)"
 alive $fh || echo "demo: feed-handler died during the run (see feed-handler.log)"
 cat "$DEMO_OUT/sample-engine.log" >&2
+if [ $status -ne 0 ] && alive $gw; then
+    # The engine gave up on a gateway still running: what the gateway was doing then.
+    echo "demo: --- the running components' counters (rocebus stat)"
+    "$DEMO_BIN/rocebus" stat --once 2>&1 | grep -v -e ' 0 *-$' | head -n 80
+    if command -v gdb > /dev/null; then
+        echo "demo: --- the order gateway's threads (gdb)"
+        gdb -batch -p $gw -ex 'thread apply all bt 12' 2>/dev/null | grep -e '^Thread' -e '^#' | head -n 120
+    fi
+fi
 [ $status -eq 0 ] || die "sample-engine failed with status $status"
 exit 0
