@@ -17,7 +17,7 @@
 //! [`Now`] is both, read once per loop turn by the I/O shell ([`Now::read`]) and passed
 //! to every state machine it drives.
 
-use std::ops::Add;
+use std::ops::{Add, AddAssign, Sub};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -65,6 +65,24 @@ impl Add<Duration> for Mono {
         Mono(
             self.0
                 .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+}
+
+impl AddAssign<Duration> for Mono {
+    /// Saturates at the end of time, as `+` does.
+    fn add_assign(&mut self, d: Duration) {
+        *self = *self + d;
+    }
+}
+
+impl Sub<Duration> for Mono {
+    type Output = Mono;
+    /// Saturates at the clock's start rather than wrapping.
+    fn sub(self, d: Duration) -> Mono {
+        Mono(
+            self.0
+                .saturating_sub(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         )
     }
 }
@@ -150,6 +168,14 @@ mod tests {
         let m = Mono::from_nanos(u64::MAX - 1);
         assert_eq!(m + Duration::from_secs(1), Mono::from_nanos(u64::MAX));
         assert_eq!(Mono::ZERO.saturating_since(m), Duration::ZERO);
+        let mut t = m;
+        t += Duration::from_secs(1);
+        assert_eq!(t, Mono::from_nanos(u64::MAX));
+        assert_eq!(Mono::from_nanos(5) - Duration::from_nanos(7), Mono::ZERO);
+        assert_eq!(
+            Mono::from_nanos(5_000) - Duration::from_nanos(1),
+            Mono::from_nanos(4_999)
+        );
         assert_eq!(
             Mono::from_nanos(3_000).saturating_since(Mono::from_nanos(1_000)),
             Duration::from_nanos(2_000)

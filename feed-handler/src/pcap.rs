@@ -43,6 +43,7 @@ use pcap_parser::traits::{PcapNGPacketBlock, PcapReaderIterator};
 use pcap_parser::{
     LegacyPcapReader, Linktype, OptionCode, PcapBlockOwned, PcapError, PcapNGReader,
 };
+use rocebus::clock::Mono;
 use rustc_hash::{FxHashMap, FxHasher};
 use std::fmt;
 use std::hash::Hasher;
@@ -394,8 +395,6 @@ struct Extractor {
     /// Datagrams whose reassembly failed: (generation, when), the generation starting a
     /// fresh buffer for their later fragments.
     fragment_generation: FxHashMap<DatagramId, (u32, u64)>,
-    /// Start of the virtual clock the tracker runs on.
-    base: Instant,
     /// Capture time of the first record, ns.
     first_ts: Option<u64>,
     /// Virtual time of the last record, ns since `first_ts`.
@@ -470,7 +469,6 @@ impl Extractor {
             defrag: IpDefragPool::new(),
             fragments_seen: FxHashMap::default(),
             fragment_generation: FxHashMap::default(),
-            base: Instant::now(),
             first_ts: None,
             clock: 0,
             out: Vec::with_capacity(OUT_BATCH + (64 << 10)),
@@ -693,12 +691,12 @@ impl Extractor {
                 self.report.end_of_session = true;
             }
         }
-        let now = self.base + Duration::from_nanos(at);
+        let now = Mono::from_nanos(at);
         let out = &mut self.out;
         // Malformed packets were refused by `Packet::parse` before.
         let _ = tracker.on_packet(now, payload, &mut |_, m| push_record(out, m));
         tracker.poll_request(now);
-        if tracker.next_timeout().is_some_and(|t| t <= now) {
+        if tracker.poll_timeout().is_some_and(|t| t <= now) {
             let mut sink = Sink {
                 out: &mut self.out,
                 report: &mut self.report,
@@ -722,10 +720,10 @@ impl Extractor {
             return;
         };
         // Each remaining gap is given up in turn, the clock moved past its wait.
-        let mut now = self.base + Duration::from_nanos(self.clock);
+        let mut now = Mono::from_nanos(self.clock);
         loop {
             tracker.poll_request(now);
-            let Some(due) = tracker.next_timeout() else {
+            let Some(due) = tracker.poll_timeout() else {
                 break;
             };
             now = now.max(due);

@@ -16,6 +16,7 @@ use crate::moldudp64::{
     HEARTBEAT,
 };
 use nix::sys::socket::sockopt;
+use rocebus::clock::Mono;
 use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -516,6 +517,8 @@ impl UdpReceiver {
         clock: &mut impl FnMut() -> u64,
         sink: &mut impl FeedSink,
     ) -> io::Result<bool> {
+        // The pass's one reading of the monotonic clock, for the ingress's timers.
+        let now = Mono::now();
         let mut any = false;
         for origin in [Origin::Feed, Origin::Retransmission] {
             loop {
@@ -533,13 +536,11 @@ impl UdpReceiver {
                 any = true;
                 // Rejected datagrams are counted by the ingress and logged here at a
                 // bounded rate, naming the sender.
-                let verdict = self.ingress.on_datagram(
-                    Instant::now(),
-                    origin,
-                    from,
-                    &self.buf[..n],
-                    &mut |seq, m| sink.message(received, seq, m),
-                );
+                let verdict =
+                    self.ingress
+                        .on_datagram(now, origin, from, &self.buf[..n], &mut |seq, m| {
+                            sink.message(received, seq, m)
+                        });
                 if verdict.is_rejected() {
                     if let Some(suppressed) = self.log.allow(Instant::now()) {
                         log_rejected(verdict, origin, from, n, suppressed);
@@ -547,8 +548,7 @@ impl UdpReceiver {
                 }
             }
         }
-        let now = Instant::now();
-        let received = if self.ingress.next_timeout().is_some_and(|t| t <= now) {
+        let received = if self.ingress.poll_timeout().is_some_and(|t| t <= now) {
             sink.ts_recv(unix_now_ns());
             clock()
         } else {

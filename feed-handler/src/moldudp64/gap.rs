@@ -4,7 +4,7 @@
 //! in sequence order. Packets ahead of a gap are copied into a bounded buffer (the only
 //! allocation, and only while a gap is open); in-order packets are delivered straight from
 //! the caller's bytes. [`GapTracker::poll_request`] says which re-request to send,
-//! [`GapTracker::next_timeout`] when to call [`GapTracker::handle_timeout`], which retries
+//! [`GapTracker::poll_timeout`] when to call [`GapTracker::handle_timeout`], which retries
 //! and finally gives a gap up as lost so the stream does not stall forever: the loss is
 //! counted and handed to the caller ([`Deliver::loss`]) before the messages after it, so
 //! downstream can say that what it built may be wrong.
@@ -40,8 +40,9 @@
 //!   disproves a claim in time.
 
 use super::{Kind, Packet, PacketError, Request};
+use rocebus::clock::Mono;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where the tracker starts expecting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,7 +194,7 @@ pub enum Outcome {
 struct Claim {
     session: [u8; 10],
     /// When the first packet of the claim arrived (no packet of the stream since).
-    since: Instant,
+    since: Mono,
     /// Far-ahead packets backing it.
     packets: u32,
 }
@@ -209,7 +210,7 @@ struct FarRun {
 #[derive(Debug, Clone, Copy)]
 struct Outstanding {
     from: u64,
-    sent_at: Instant,
+    sent_at: Mono,
     attempts: u32,
     resend: bool,
 }
@@ -282,7 +283,7 @@ impl GapTracker {
     /// Feeds one received packet; new messages go to `deliver(sequence_number, message)` in order.
     pub fn on_packet(
         &mut self,
-        now: Instant,
+        now: Mono,
         bytes: &[u8],
         deliver: &mut impl FnMut(u64, &[u8]),
     ) -> Result<Outcome, PacketError> {
@@ -419,7 +420,7 @@ impl GapTracker {
     /// Whether `packet` starts beyond the claim threshold and is to be held as a claim (not
     /// acted on). Says `false` (accept) once the claim has stood `claim_timeout` backed by
     /// `claim_packets` packets; a packet of the stream clears it in `on_packet`.
-    fn is_claim(&mut self, now: Instant, packet: &Packet<'_>) -> bool {
+    fn is_claim(&mut self, now: Mono, packet: &Packet<'_>) -> bool {
         let Some(next) = self.next else {
             return false;
         };
@@ -444,7 +445,7 @@ impl GapTracker {
             },
         };
         if claim.packets >= self.config.claim_packets
-            && now.saturating_duration_since(claim.since) >= self.config.claim_timeout
+            && now.saturating_since(claim.since) >= self.config.claim_timeout
         {
             self.claim = None;
             self.counters.claims_accepted += 1;
@@ -511,7 +512,7 @@ impl GapTracker {
     }
 
     /// A re-request to send now, if a gap is open and no request is waiting for its answer.
-    pub fn poll_request(&mut self, now: Instant) -> Option<Request> {
+    pub fn poll_request(&mut self, now: Mono) -> Option<Request> {
         let session = self.session?;
         let next = self.next?;
         let gap_end = self.gap_end();
@@ -547,7 +548,7 @@ impl GapTracker {
     }
 
     /// When [`Self::handle_timeout`] should next be called.
-    pub fn next_timeout(&self) -> Option<Instant> {
+    pub fn poll_timeout(&self) -> Option<Mono> {
         self.outstanding
             .filter(|o| !o.resend)
             .map(|o| o.sent_at + self.config.retransmit_timeout)
@@ -556,7 +557,7 @@ impl GapTracker {
     /// Handles an expired request: arranges a retry, or after `max_retries` (at once
     /// without a retransmission server) gives the missing range up as lost: hands the
     /// [`Loss`] to `out`, skips the range and delivers what was buffered after it.
-    pub fn handle_timeout(&mut self, now: Instant, out: &mut impl Deliver) {
+    pub fn handle_timeout(&mut self, now: Mono, out: &mut impl Deliver) {
         let Some(mut o) = self.outstanding else {
             return;
         };

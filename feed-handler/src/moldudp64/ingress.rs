@@ -15,10 +15,10 @@
 //!   [`super::gap`]); a gap it gives up is handed on as a [`Loss`].
 
 use super::{Deliver, GapConfig, GapTracker, Outcome, PacketError, Request};
+use rocebus::clock::Mono;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
-use std::time::Instant;
 
 /// An allowed sender: every port of an address, or one exact `ip:port`. In TOML, a string:
 /// `"10.1.2.3"` or `"10.1.2.3:26477"`.
@@ -186,7 +186,7 @@ impl Ingress {
     /// One datagram from `from` on `origin`'s socket; new messages go to `deliver` in order.
     pub fn on_datagram(
         &mut self,
-        now: Instant,
+        now: Mono,
         origin: Origin,
         from: SocketAddr,
         bytes: &[u8],
@@ -203,18 +203,18 @@ impl Ingress {
     }
 
     /// When [`Self::handle_timeout`] should next be called.
-    pub fn next_timeout(&self) -> Option<Instant> {
-        self.tracker.next_timeout()
+    pub fn poll_timeout(&self) -> Option<Mono> {
+        self.tracker.poll_timeout()
     }
 
     /// Retries, or gives a gap up: the [`super::Loss`] goes to `out` before the messages
     /// after it.
-    pub fn handle_timeout(&mut self, now: Instant, out: &mut impl Deliver) {
+    pub fn handle_timeout(&mut self, now: Mono, out: &mut impl Deliver) {
         self.tracker.handle_timeout(now, out);
     }
 
     /// A re-request to send to [`Self::retrans_server`] now (never without a server).
-    pub fn poll_request(&mut self, now: Instant) -> Option<Request> {
+    pub fn poll_request(&mut self, now: Mono) -> Option<Request> {
         self.tracker.poll_request(now)
     }
 }
@@ -224,6 +224,9 @@ mod tests {
     use super::*;
     use crate::moldudp64::{session, Loss, PacketBuilder};
     use std::time::Duration;
+
+    /// Where the tests' clock starts (any reading: the tracker only compares readings).
+    const T0: Mono = Mono::from_nanos(1 << 40);
 
     fn packet(name: &str, seq: u64, count: u16) -> Vec<u8> {
         let mut b = PacketBuilder::new(1400);
@@ -274,7 +277,7 @@ mod tests {
 
     #[test]
     fn spoofed_source_is_dropped_before_it_can_lock_the_session() {
-        let t = Instant::now();
+        let t = T0;
         let mut i = ingress(&["10.0.0.1"], Some(SERVER));
         let mut got = Vec::new();
         // The forger speaks first, with a session of its own and a sequence far ahead.
@@ -305,7 +308,7 @@ mod tests {
 
     #[test]
     fn retransmissions_are_heard_only_from_the_server() {
-        let t = Instant::now();
+        let t = T0;
         let mut i = ingress(&[EXCHANGE], Some(SERVER));
         let mut got = Vec::new();
         for (seq, count) in [(1, 1), (4, 1)] {
@@ -345,7 +348,7 @@ mod tests {
 
     #[test]
     fn without_a_source_list_anyone_is_heard() {
-        let t = Instant::now();
+        let t = T0;
         let mut i = ingress(&[], None);
         assert!(i.hears_anyone());
         let v = i.on_datagram(
@@ -381,7 +384,7 @@ mod tests {
 
     #[test]
     fn unanswered_gap_becomes_a_loss_before_later_messages() {
-        let t0 = Instant::now();
+        let t0 = T0;
         let mut i = ingress(&[EXCHANGE], Some(SERVER));
         let mut out = Out::default();
         for (seq, count) in [(1, 1), (3, 2)] {
@@ -396,7 +399,7 @@ mod tests {
         let mut t = t0;
         while let Some(due) = {
             let _ = i.poll_request(t);
-            i.next_timeout()
+            i.poll_timeout()
         } {
             t = due;
             i.handle_timeout(t, &mut out);

@@ -1,5 +1,9 @@
 use super::*;
-use std::time::{Duration, Instant};
+use rocebus::clock::Mono;
+use std::time::Duration;
+
+/// Where the tests' clock starts (any reading: the trackers only compare readings).
+const T0: Mono = Mono::from_nanos(1 << 40);
 
 /// Session "SESS000001", sequence 5, two messages: "ab" and "xyz".
 #[rustfmt::skip]
@@ -147,7 +151,7 @@ impl Deliver for Released {
 
 #[test]
 fn in_order_delivery_and_duplicates() {
-    let t = Instant::now();
+    let t = T0;
     let mut g = GapTracker::new(GapConfig::default());
     let mut got = Vec::new();
     assert_eq!(
@@ -175,7 +179,7 @@ fn in_order_delivery_and_duplicates() {
 
 #[test]
 fn gap_is_requested_buffered_and_recovered() {
-    let t = Instant::now();
+    let t = T0;
     let mut g = GapTracker::new(GapConfig::default());
     let mut got = Vec::new();
     g.on_packet(t, &packet(1, 2), &mut collect(&mut got))
@@ -193,7 +197,7 @@ fn gap_is_requested_buffered_and_recovered() {
     g.on_packet(t, &packet(3, 3), &mut collect(&mut got))
         .expect("ok");
     assert_eq!(got, [1, 2, 3, 4, 5, 6, 7]);
-    assert_eq!(g.next_timeout(), None, "request satisfied");
+    assert_eq!(g.poll_timeout(), None, "request satisfied");
     let c = *g.counters();
     assert_eq!(
         (c.gaps, c.requests, c.re_requested, c.recovered, c.messages),
@@ -203,7 +207,7 @@ fn gap_is_requested_buffered_and_recovered() {
 
 #[test]
 fn partial_answer_asks_for_the_rest_at_once() {
-    let t = Instant::now();
+    let t = T0;
     let cfg = GapConfig {
         max_retries: 1,
         ..GapConfig::default()
@@ -235,7 +239,7 @@ fn partial_answer_asks_for_the_rest_at_once() {
 
 #[test]
 fn heartbeat_reveals_tail_loss_and_end_of_session_completes() {
-    let t = Instant::now();
+    let t = T0;
     let mut g = GapTracker::new(GapConfig::default());
     let mut got = Vec::new();
     g.on_packet(t, &packet(1, 1), &mut collect(&mut got))
@@ -264,7 +268,7 @@ fn heartbeat_reveals_tail_loss_and_end_of_session_completes() {
 
 #[test]
 fn timeouts_retry_then_give_up() {
-    let t0 = Instant::now();
+    let t0 = T0;
     let cfg = GapConfig {
         max_retries: 2,
         retransmit_timeout: Duration::from_millis(10),
@@ -281,7 +285,7 @@ fn timeouts_retry_then_give_up() {
     for attempt in 0..3 {
         let r = g.poll_request(t).expect("request");
         assert_eq!((r.sequence_number, r.count), (2, 3), "attempt {attempt}");
-        let due = g.next_timeout().expect("waiting");
+        let due = g.poll_timeout().expect("waiting");
         assert_eq!(due, t + Duration::from_millis(10));
         g.handle_timeout(due - Duration::from_millis(1), &mut released);
         assert_eq!(g.poll_request(due), None, "not yet timed out");
@@ -301,7 +305,7 @@ fn timeouts_retry_then_give_up() {
 
 #[test]
 fn wrong_session_and_malformed_are_counted() {
-    let t = Instant::now();
+    let t = T0;
     let mut g = GapTracker::new(GapConfig::default());
     let mut got = Vec::new();
     g.on_packet(t, &packet(1, 1), &mut collect(&mut got))
@@ -319,7 +323,7 @@ fn wrong_session_and_malformed_are_counted() {
 
 #[test]
 fn buffer_limit_drops_and_rerequests() {
-    let t = Instant::now();
+    let t = T0;
     let cfg = GapConfig {
         max_buffered_bytes: 40,
         ..GapConfig::default()
@@ -377,7 +381,7 @@ fn retransmission_answers_from_history() {
 
 #[test]
 fn far_ahead_packet_is_dropped_and_the_feed_continues() {
-    let t = Instant::now();
+    let t = T0;
     let cfg = GapConfig {
         max_sequence_ahead: 100,
         reanchor_packets: 10,
@@ -417,7 +421,7 @@ fn far_ahead_packet_is_dropped_and_the_feed_continues() {
 
 #[test]
 fn agreeing_far_ahead_packets_are_a_real_jump() {
-    let t = Instant::now();
+    let t = T0;
     let cfg = GapConfig {
         max_sequence_ahead: 100,
         reanchor_packets: 3,
@@ -462,7 +466,7 @@ fn agreeing_far_ahead_packets_are_a_real_jump() {
 #[test]
 fn late_start_catches_up_after_agreeing_packets() {
     // Started mid-day from sequence 1: the live stream is far ahead of anything known.
-    let t = Instant::now();
+    let t = T0;
     let cfg = GapConfig {
         max_sequence_ahead: 10,
         reanchor_packets: 2,
@@ -486,7 +490,7 @@ fn late_start_catches_up_after_agreeing_packets() {
 
 #[test]
 fn configured_session_is_the_only_one_locked() {
-    let t = Instant::now();
+    let t = T0;
     let cfg = GapConfig {
         session: Some(session("T")),
         ..GapConfig::default()
@@ -520,7 +524,7 @@ fn configured_session_is_the_only_one_locked() {
 
 #[test]
 fn without_retransmission_a_gap_is_lost_after_one_timeout() {
-    let t0 = Instant::now();
+    let t0 = T0;
     let cfg = GapConfig {
         retransmission: false,
         retransmit_timeout: Duration::from_millis(10),
@@ -533,7 +537,7 @@ fn without_retransmission_a_gap_is_lost_after_one_timeout() {
     g.on_packet(t0, &packet(4, 2), &mut collect(&mut got))
         .expect("ok");
     assert_eq!(g.poll_request(t0), None, "nobody to ask");
-    let due = g.next_timeout().expect("waits for reordered packets");
+    let due = g.poll_timeout().expect("waits for reordered packets");
     assert_eq!(due, t0 + Duration::from_millis(10));
     let mut released = Released::default();
     g.handle_timeout(due, &mut released);
@@ -544,7 +548,7 @@ fn without_retransmission_a_gap_is_lost_after_one_timeout() {
 
 #[test]
 fn reordered_packet_within_the_wait_is_no_loss() {
-    let t0 = Instant::now();
+    let t0 = T0;
     let cfg = GapConfig {
         retransmission: false,
         ..GapConfig::default()
@@ -559,7 +563,7 @@ fn reordered_packet_within_the_wait_is_no_loss() {
     g.on_packet(t0, &packet(2, 1), &mut collect(&mut got))
         .expect("ok");
     assert_eq!(got, [1, 2, 3]);
-    assert_eq!(g.next_timeout(), None);
+    assert_eq!(g.poll_timeout(), None);
     assert_eq!(g.counters().unrecoverable, 0);
 }
 
@@ -568,7 +572,7 @@ fn heartbeat_ahead_of_a_gap_does_not_hide_the_data_after_it() {
     // 2 is lost; the sender then idles (heartbeat saying 3 is next) and sends 3..=4. The
     // heartbeat carries nothing to keep: the data packet at the same sequence must be kept,
     // not taken for a duplicate of it.
-    let t0 = Instant::now();
+    let t0 = T0;
     let cfg = GapConfig {
         retransmission: false,
         retransmit_timeout: Duration::from_millis(10),
@@ -589,7 +593,7 @@ fn heartbeat_ahead_of_a_gap_does_not_hide_the_data_after_it() {
         Ok(Outcome::Buffered)
     );
     assert_eq!(g.poll_request(t0), None);
-    let due = g.next_timeout().expect("waits for reordered packets");
+    let due = g.poll_timeout().expect("waits for reordered packets");
     let mut released = Released::default();
     g.handle_timeout(due, &mut released);
     assert_eq!(released.0, [Err(Loss { from: 2, to: 3 }), Ok(3), Ok(4)]);
@@ -602,7 +606,7 @@ fn heartbeat_ahead_of_a_gap_does_not_hide_the_data_after_it() {
 fn longer_packet_at_a_buffered_sequence_replaces_the_shorter() {
     // A short retransmission answer (5..=5) is buffered ahead of a gap, then the multicast
     // packet 5..=7 arrives: it holds messages the short one lacks and must be kept.
-    let t = Instant::now();
+    let t = T0;
     let mut g = GapTracker::new(GapConfig::default());
     let mut got = Vec::new();
     g.on_packet(t, &packet(1, 1), &mut collect(&mut got))
@@ -627,13 +631,13 @@ fn longer_packet_at_a_buffered_sequence_replaces_the_shorter() {
 
 /// Runs the tracker as the shell does between packets: requests, and every timeout due
 /// up to `until`, at its time.
-fn turn(g: &mut GapTracker, until: Instant, out: &mut Released, requests: &mut Vec<Request>) {
+fn turn(g: &mut GapTracker, until: Mono, out: &mut Released, requests: &mut Vec<Request>) {
     let mut now = until;
     loop {
         while let Some(r) = g.poll_request(now) {
             requests.push(r);
         }
-        match g.next_timeout() {
+        match g.poll_timeout() {
             Some(due) if due <= until => {
                 now = due;
                 g.handle_timeout(due, out);
@@ -647,7 +651,7 @@ fn turn(g: &mut GapTracker, until: Instant, out: &mut Released, requests: &mut V
 fn forged_far_ahead_heartbeat_loses_no_real_message() {
     // The attack of issue 41: one heartbeat from the exchange's address claiming
     // next + 999,000 (inside the sequence window), then the real feed goes on in order.
-    let t0 = Instant::now();
+    let t0 = T0;
     let mut g = GapTracker::new(GapConfig::default());
     let mut out = Released::default();
     let mut requests = Vec::new();
@@ -689,7 +693,7 @@ fn forged_far_ahead_heartbeat_loses_no_real_message() {
 fn forged_burst_inside_the_claim_timeout_is_not_a_jump() {
     // Several agreeing forged packets in a row are not enough: the real feed keeps
     // arriving at the head within the timeout.
-    let t0 = Instant::now();
+    let t0 = T0;
     let mut g = GapTracker::new(GapConfig::default());
     let mut got = Vec::new();
     g.on_packet(t0, &packet(1, 1), &mut collect(&mut got))
@@ -722,7 +726,7 @@ fn forged_burst_inside_the_claim_timeout_is_not_a_jump() {
 #[test]
 fn real_jump_is_still_detected_after_the_claim_timeout() {
     // The source really skipped from 11 to 5011: nothing arrives at the head any more.
-    let t0 = Instant::now();
+    let t0 = T0;
     let cfg = GapConfig {
         retransmission: false,
         ..GapConfig::default()
@@ -767,7 +771,7 @@ fn real_jump_is_still_detected_after_the_claim_timeout() {
 
 #[test]
 fn real_jump_is_re_requested_with_a_retransmission_server() {
-    let t0 = Instant::now();
+    let t0 = T0;
     let cfg = GapConfig {
         claim_packets: 2,
         claim_timeout: Duration::from_millis(100),
