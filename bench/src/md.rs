@@ -36,10 +36,10 @@ use hdrhistogram::Histogram;
 use rocebus::clock::Mono;
 use rocebus::idle::{IdleStrategy, Idler};
 use rocebus::mcast::config::McastConfig;
-use rocebus::mcast::io::INLINE_MAX;
 use rocebus::mcast::{
     Handler, Line, McastPublisher, McastSubscriber, Phase, RestoreError, Snapshot, SnapshotSink,
 };
+use rocebus::rdma_settings::DEFAULT_MAX_INLINE;
 use rocebus::verbs::cm::{self, Listener};
 use rocebus::verbs::{
     Access, Context as RdmaContext, Dest, PoolConfig, PooledQp, ProtectionDomain, QpType, RcOptions,
@@ -1026,7 +1026,7 @@ impl RawSide {
                 send_len: 1024,
                 signal_every: 16,
                 dests_per_send: 1,
-                max_inline: INLINE_MAX,
+                max_inline: DEFAULT_MAX_INLINE,
             },
         )?;
         qp.qp().activate_ud(rx.port_num(), rx.qkey(), 0)?;
@@ -1279,7 +1279,7 @@ fn rc_round_trip(ip: IpAddr, port: u16, iterations: usize) -> Result<u64> {
         send_len: 256,
         signal_every: 8,
         dests_per_send: 1,
-        max_inline: INLINE_MAX,
+        max_inline: DEFAULT_MAX_INLINE,
     };
     let opts = RcOptions {
         timeout: 12,

@@ -20,6 +20,12 @@ use serde::Deserialize;
 /// The default traffic class: DSCP 26 (`26 << 2`) with ECN ECT(0) (`0b10`).
 pub const DEFAULT_TRAFFIC_CLASS: u8 = (26 << 2) | 0b10;
 
+/// The default `max_inline` of every path (orders, multicast sends, recovery and RC
+/// fan-out connections): sends up to 220 bytes are posted inline (copied into the work
+/// request at post time), so a latency-bound sender's small message costs the device no
+/// memory-region lookup or DMA read; 220 B fits every RoCE device's UD and RC inline limit.
+pub const DEFAULT_MAX_INLINE: u32 = 220;
+
 /// Largest `max_inline` accepted: above what any RoCE device inlines
 /// (ConnectX RC: about 900 bytes; soft-RoCE: 512).
 pub const MAX_INLINE_LIMIT: u32 = 1024;

@@ -192,15 +192,15 @@ impl RcFanoutConfig {
 /// from the same market-data configuration.
 fn orders_config(cfg: &McastConfig) -> OrdersConfig {
     let f = &cfg.rc_fanout;
-    OrdersConfig {
+    let mut o = OrdersConfig {
         ring_size: f.ring_size,
         max_payload: max_frame_payload(cfg.max_datagram_payload),
         // Domain-separated from an orders token of the same string.
         token: format!("rocebus market data over RC fan-out\0{}", cfg.auth.secret),
-        rc: cfg.rdma.rc_options(RcOptions {
+        rc: RcOptions {
             timeout: cfg.recovery.rc_timeout,
             ..RcOptions::default()
-        }),
+        },
         connect_timeout_ms: cfg.connect_timeout_ms,
         max_peer_ring_size: f.ring_size,
         max_connections_per_peer: f.max_subscribers,
@@ -215,12 +215,11 @@ fn orders_config(cfg: &McastConfig) -> OrdersConfig {
         // Refused, the subscriber retries on its back-off and is in once
         // the publisher polls again.
         accept_stall_ms: (silence_bound(cfg) / 2 / 1_000_000).max(1),
-        max_inline: cfg
-            .rdma
-            .max_inline
-            .unwrap_or(OrdersConfig::default().max_inline),
         ..OrdersConfig::default()
-    }
+    };
+    // This host's transport settings, as every orders-path user applies them.
+    cfg.rdma.apply_to_orders(&mut o);
+    o
 }
 
 /// How long a subscriber hears nothing before it counts the publisher as
@@ -1614,5 +1613,36 @@ mod tests {
         assert_eq!(recovery_len(&out[..n]), Some(n));
         assert_eq!(recovery_len(&out[..n - 1]), None);
         assert_eq!(recovery_len(&[]), None);
+    }
+
+    /// Both ends of an RC fan-out channel build its connections from the market-data
+    /// file's `[rdma]` table as every orders-path user does (`apply_to_orders`): inline
+    /// size, traffic class, service level, retries, MTU; unset keys keep the channel's own
+    /// values (its ACK timeout is `[recovery] rc_timeout`).
+    #[test]
+    fn fan_out_connections_carry_the_rdma_table() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/md.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let plain = McastConfig::from_toml_str(&text).unwrap();
+        let o = orders_config(&plain);
+        assert_eq!(o.max_inline, crate::rdma_settings::DEFAULT_MAX_INLINE);
+        assert_eq!(o.rc.timeout, plain.recovery.rc_timeout);
+        let mut cfg = plain.clone();
+        cfg.rdma.max_inline = Some(64);
+        cfg.rdma.traffic_class = 138;
+        cfg.rdma.service_level = 3;
+        cfg.rdma.retry_count = Some(2);
+        cfg.rdma.ack_timeout = Some(9);
+        let o = orders_config(&cfg);
+        assert_eq!(o.max_inline, 64);
+        assert_eq!(
+            (
+                o.rc.traffic_class,
+                o.rc.service_level,
+                o.rc.retry_count,
+                o.rc.timeout
+            ),
+            (138, 3, 2, 9)
+        );
     }
 }

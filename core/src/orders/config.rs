@@ -91,7 +91,7 @@ impl Default for OrdersConfig {
             max_payload: 16 * 1024,
             token: String::new(),
             send_queue_depth: 512,
-            max_inline: 220,
+            max_inline: crate::rdma_settings::DEFAULT_MAX_INLINE,
             signal_every: 64,
             max_write_bytes: 0,
             rc: RcOptions::default(),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::error::NetError;
 use crate::mcast::config::{ChannelConfig, McastConfig};
 use crate::mcast::wire;
+use crate::rdma_settings::DEFAULT_MAX_INLINE;
 use crate::verbs::{Gid, RcOptions};
 
 /// Size of one RC message (a send slot of the recovery service, a receive
@@ -17,16 +18,10 @@ pub const RC_MSG_LEN: usize = 4096;
 /// Snapshot bytes per SnapshotChunk, so a chunk fills one RC message.
 pub const SNAPSHOT_CHUNK: usize = RC_MSG_LEN - wire::snapshot_chunk_len(0);
 
-/// Datagrams and recovery messages up to this many bytes are posted inline
-/// (copied into the work request at post time): a latency-bound publisher's
-/// single small datagram then costs the device no MR lookup or DMA read.
-/// 220 B fits every RoCE device's UD and RC inline limit, as in the orders path.
-pub const INLINE_MAX: u32 = 220;
-
 /// The inline limit of a market-data configuration: its `[rdma] max_inline`, else
-/// [`INLINE_MAX`] (multicast sends, recovery and snapshot connections alike).
+/// [`DEFAULT_MAX_INLINE`] (multicast sends, recovery and snapshot connections alike).
 pub(crate) fn inline_max(cfg: &McastConfig) -> u32 {
-    cfg.rdma.max_inline.unwrap_or(INLINE_MAX)
+    cfg.rdma.max_inline.unwrap_or(DEFAULT_MAX_INLINE)
 }
 
 /// How long the publisher keeps an accepted connection waiting for

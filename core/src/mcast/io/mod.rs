@@ -62,7 +62,7 @@ mod recovery;
 mod subscriber;
 
 pub use crate::mcast::subscriber::DEAD_LINK_TIMEOUTS;
-pub use common::{CM_CHECK_NS, INLINE_MAX, RC_MSG_LEN, SNAPSHOT_CHUNK};
+pub use common::{CM_CHECK_NS, RC_MSG_LEN, SNAPSHOT_CHUNK};
 pub use error::{NetError, PublishError};
 pub use export::{PublisherCountersExport, SubscriberCountersExport, SubscriberStats};
 pub use publisher::{McastPublisher, PublisherIoStats};
