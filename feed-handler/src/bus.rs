@@ -17,6 +17,8 @@ use rocebus::mcast::config::McastConfig;
 use rocebus::mcast::io::{PublishError, PublisherIoStats};
 use rocebus::mcast::{McastPublisher, MdPublisher, NetError, Snapshot};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// Publishes normalized messages on the bus: partition `i` goes to the `i`-th channel of the
 /// market-data configuration.
@@ -284,5 +286,107 @@ mod tests {
                 assert_eq!(Some(sym), all.symbol(l));
             }
         }
+    }
+}
+
+/// How long a publisher waits for the subscribers it was asked to wait for
+/// (`--wait-subscribers`, [`wait_for_subscribers`]).
+pub const WAIT_SUBSCRIBERS_LIMIT: Duration = Duration::from_secs(60);
+
+/// Fewer bus subscribers than asked for connected within [`WAIT_SUBSCRIBERS_LIMIT`].
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{connected} of the {wanted} subscribers asked for (--wait-subscribers) connected within \
+     {} s; nothing was published: are they running and pointed at this publisher?",
+    WAIT_SUBSCRIBERS_LIMIT.as_secs()
+)]
+pub struct NoSubscribers {
+    /// Subscribers asked for.
+    pub wanted: usize,
+    /// Subscribers connected when the wait ended.
+    pub connected: usize,
+}
+
+/// Serves the bus alone, publishing nothing, until `wanted` subscribers are connected
+/// (none asked for: returns at once), `stop` is set, or [`WAIT_SUBSCRIBERS_LIMIT`] passes
+/// ([`NoSubscribers`]). `serve` polls the publishers once at the time it is given (their
+/// handshakes move on only in polls) and returns the subscribers connected.
+pub fn wait_for_subscribers<E: From<NoSubscribers>>(
+    wanted: usize,
+    stop: &AtomicBool,
+    serve: impl FnMut(Mono) -> Result<usize, E>,
+) -> Result<(), E> {
+    wait_within(WAIT_SUBSCRIBERS_LIMIT, wanted, stop, serve)
+}
+
+fn wait_within<E: From<NoSubscribers>>(
+    limit: Duration,
+    wanted: usize,
+    stop: &AtomicBool,
+    mut serve: impl FnMut(Mono) -> Result<usize, E>,
+) -> Result<(), E> {
+    if wanted == 0 {
+        return Ok(());
+    }
+    let waited = Instant::now();
+    // ORDERING: Relaxed: the stop flag carries no data.
+    while !stop.load(Ordering::Relaxed) {
+        let connected = serve(Mono::now())?;
+        if connected >= wanted {
+            break;
+        }
+        if waited.elapsed() > limit {
+            return Err(NoSubscribers { wanted, connected }.into());
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod wait_tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    enum E {
+        No(usize, usize),
+        Bus,
+    }
+
+    impl From<NoSubscribers> for E {
+        fn from(n: NoSubscribers) -> E {
+            E::No(n.wanted, n.connected)
+        }
+    }
+
+    /// None asked for: the bus is not even polled. Asked for: polled until that many are
+    /// in, and not once more; never enough: the error names both counts once the limit
+    /// passed; a stop ends the wait; a bus error ends it with that error.
+    #[test]
+    fn the_wait_polls_until_the_subscribers_are_in_and_ends_in_time() {
+        let go = AtomicBool::new(false);
+        let mut polls = 0;
+        assert_eq!(
+            wait_within(Duration::ZERO, 0, &go, |_| -> Result<usize, E> {
+                polls += 1;
+                Ok(0)
+            }),
+            Ok(())
+        );
+        assert_eq!(polls, 0);
+        let mut connected = 0;
+        let r = wait_within(Duration::from_secs(60), 2, &go, |_| -> Result<usize, E> {
+            polls += 1;
+            connected += 1;
+            Ok(connected)
+        });
+        assert_eq!((r, polls), (Ok(()), 2));
+        let r = wait_within(Duration::from_millis(5), 3, &go, |_| Ok::<_, E>(1));
+        assert_eq!(r, Err(E::No(3, 1)));
+        let r = wait_within(Duration::from_secs(60), 3, &go, |_| Err::<usize, _>(E::Bus));
+        assert_eq!(r, Err(E::Bus));
+        let stop = AtomicBool::new(true);
+        let r = wait_within(Duration::ZERO, 3, &stop, |_| Ok::<_, E>(0));
+        assert_eq!(r, Ok(()));
     }
 }

@@ -8,7 +8,7 @@
 //! [`MarketView`] per channel). Never outruns the publishers: while more than half of a
 //! channel's history is flushed but not yet sent (pacing), it waits.
 
-use crate::bus::BusSink;
+use crate::bus::{wait_for_subscribers, BusSink, NoSubscribers};
 use crate::busrecord::{Replayed, Replayer};
 use crate::normalized::MAX_LEN;
 use crate::publish::MdSink;
@@ -76,18 +76,9 @@ pub enum ReplayError {
         #[source]
         source: NetError,
     },
-    /// Fewer subscribers than asked for connected within [`WAIT_SUBSCRIBERS_LIMIT`].
-    #[error(
-        "{connected} of the {wanted} subscribers asked for (--wait-subscribers) connected \
-         within {} s; nothing was published",
-        WAIT_SUBSCRIBERS_LIMIT.as_secs()
-    )]
-    NoSubscribers {
-        /// Asked for.
-        wanted: usize,
-        /// Connected when the wait ended.
-        connected: usize,
-    },
+    /// Fewer subscribers than asked for connected in time.
+    #[error(transparent)]
+    NoSubscribers(#[from] NoSubscribers),
 }
 
 /// Records published between two polls of the publishers when nothing makes the replay wait.
@@ -118,13 +109,10 @@ fn poll(sink: &mut BusSink, views: &[MarketView], now: u64) -> Result<usize, Net
     Ok(sent)
 }
 
-/// How long [`replay`] waits for the subscribers it was asked to wait for.
-pub const WAIT_SUBSCRIBERS_LIMIT: Duration = Duration::from_secs(60);
-
 /// Publishes the records of `path` on the bus of `cfg` from `local_ip`, then serves
 /// recovery for `linger`. With `wait_subscribers` > 0 it first serves handshakes, publishing
 /// nothing, until that many subscribers are connected (over all channels; an error after
-/// [`WAIT_SUBSCRIBERS_LIMIT`]): a recording of the replay then starts at its first record.
+/// [`WAIT_SUBSCRIBERS_LIMIT`](crate::bus::WAIT_SUBSCRIBERS_LIMIT)): a recording of the replay then starts at its first record.
 /// Stops early when `stop` is set.
 pub fn replay(
     path: &Path,
@@ -153,20 +141,11 @@ pub fn replay(
     let mut conv = Replayer::new();
     let mut totals = ReplayTotals::default();
     let mut buf = [0u8; MAX_LEN];
-    let waited = Instant::now();
-    // ORDERING: Relaxed: the stop flag carries no data (as below).
-    while sink.connections() < wait_subscribers && !stop.load(Ordering::Relaxed) {
-        if waited.elapsed() > WAIT_SUBSCRIBERS_LIMIT {
-            return Err(ReplayError::NoSubscribers {
-                wanted: wait_subscribers,
-                connected: sink.connections(),
-            });
-        }
-        let now = now_ns();
-        sink.set_now(Mono::from_nanos(now));
-        poll(&mut sink, &views, now).map_err(bus_err)?;
-        std::thread::sleep(Duration::from_micros(100));
-    }
+    wait_for_subscribers(wait_subscribers, stop, |now| {
+        sink.set_now(now);
+        poll(&mut sink, &views, now.as_nanos()).map_err(bus_err)?;
+        Ok::<_, ReplayError>(sink.connections())
+    })?;
     let start = Instant::now();
     let mut first_ts: Option<u64> = None;
     let mut last_progress = Instant::now();

@@ -154,17 +154,8 @@ pub enum ServiceError {
     #[error("service.core")]
     Pin(#[source] rocebus::idle::PinError),
     /// Fewer bus subscribers than `--wait-subscribers` asked for connected in time.
-    #[error(
-        "{connected} of the {wanted} subscribers asked for (--wait-subscribers) connected \
-         within {} s: are they running and pointed at this publisher?",
-        crate::busreplay::WAIT_SUBSCRIBERS_LIMIT.as_secs()
-    )]
-    NoSubscribers {
-        /// Subscribers asked for.
-        wanted: usize,
-        /// Subscribers connected when the wait ended.
-        connected: usize,
-    },
+    #[error(transparent)]
+    NoSubscribers(#[from] crate::bus::NoSubscribers),
     /// The capture file could not be read.
     #[error("cannot read capture {path}")]
     ReadCapture {
@@ -317,7 +308,7 @@ pub struct RunOptions {
     /// `service.linger_ms` says.
     pub exit_on_end_of_session: bool,
     /// Before reading the feed, serve the bus alone until this many subscribers are
-    /// connected (at most [`WAIT_SUBSCRIBERS_LIMIT`](crate::busreplay::WAIT_SUBSCRIBERS_LIMIT)):
+    /// connected (at most [`WAIT_SUBSCRIBERS_LIMIT`](crate::bus::WAIT_SUBSCRIBERS_LIMIT)):
     /// a capture replayed to recorders that must see it from its first message.
     pub wait_subscribers: usize,
 }
@@ -645,23 +636,12 @@ impl Service {
         // Set once the feed has ended: (when, recovery work seen, last time it changed).
         let mut draining: Option<(u64, Instant)> = None;
         // The bus alone until the subscribers asked for are in (the feed is not read yet).
-        let waited = Instant::now();
-        // ORDERING: Relaxed: the stop flag carries no data (as below).
-        while self.pipeline.sink().connections() < opts.wait_subscribers
-            && !stop.load(Ordering::Relaxed)
-        {
-            if waited.elapsed() > crate::busreplay::WAIT_SUBSCRIBERS_LIMIT {
-                return Err(ServiceError::NoSubscribers {
-                    wanted: opts.wait_subscribers,
-                    connected: self.pipeline.sink().connections(),
-                });
-            }
-            let now = Mono::now();
+        crate::bus::wait_for_subscribers(opts.wait_subscribers, stop, |now| {
             let (book, bus) = self.pipeline.parts_mut();
             bus.set_now(now);
             bus.poll(now, book).map_err(bus_err)?;
-            std::thread::sleep(Duration::from_micros(100));
-        }
+            Ok::<_, ServiceError>(self.pipeline.sink().connections())
+        })?;
         loop {
             // ORDERING: Relaxed: a flag with no data attached; the loop re-reads it each pass.
             if stop.load(Ordering::Relaxed) || opts.duration.is_some_and(|d| start.elapsed() >= d) {
