@@ -380,15 +380,25 @@ fn run_fanin(
     }
     println!();
     for l in results {
-        println!("{l}");
+        crate::verdict::line(l.as_str());
     }
     Ok(())
 }
 
 /// Runs a [`HOST_ONLY`] harness natively, its output straight to the terminal.
-fn run_host(root: &Path, name: &str, rounds: Option<u32>, iterations: Option<u64>) -> Result<()> {
+fn run_host(
+    root: &Path,
+    name: &str,
+    rounds: Option<u32>,
+    iterations: Option<u64>,
+    json: bool,
+) -> Result<()> {
     let (exe, target) = build_bench(root)?;
-    let args = host_args(name, &target, rounds, iterations)?;
+    let mut args = host_args(name, &target, rounds, iterations)?;
+    if json {
+        // The harness's own `--json` line is the last one.
+        args.push("--json".into());
+    }
     eprintln!("== {name}: on the host (no RDMA needed)");
     let st = Command::new(&exe).args(&args).current_dir(root).status()?;
     if !st.success() {
@@ -781,8 +791,25 @@ fn run_two_hosts(spec: &Spec, root: &Path, rounds: u32, size: usize, n: u64) -> 
         bail!("{}: no round produced figures on both sides", spec.name);
     }
     let head = format!("{} --hosts 2", spec.name);
-    println!("{}", ratio_line(&head, spec.kind, r50, r99));
+    crate::verdict::line(ratio_line(&head, spec.kind, r50, r99));
     Ok(())
+}
+
+/// How `cargo xtask bench NAME` runs ([`run`]).
+#[derive(Clone, Copy, Debug)]
+pub struct BenchOptions<'a> {
+    /// Alternating rounds (None: the benchmark's default).
+    pub rounds: Option<u32>,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Iterations per round (None: the benchmark's default).
+    pub iterations: Option<u64>,
+    /// A third run per round (`--datagram-tag`, `--hugepages on`, `--api c`), or "".
+    pub variant: &'a str,
+    /// 1: one guest (or this host); 2: two guests.
+    pub hosts: u8,
+    /// Host-only harnesses: end with `rocebus-bench --json`'s line.
+    pub harness_json: bool,
 }
 
 /// Runs `name` for `rounds` alternating rounds; prints the figures and the
@@ -791,15 +818,15 @@ fn run_two_hosts(spec: &Spec, root: &Path, rounds: u32, size: usize, n: u64) -> 
 /// right after the plain one, and its own ratio line `NAME VARIANT: ...`:
 /// what the variant costs is then measured in the same guest, against the
 /// same perftest rounds, not across runs that vary 2x.
-pub fn run(
-    root: &Path,
-    name: &str,
-    rounds: Option<u32>,
-    size: usize,
-    iterations: Option<u64>,
-    variant: &str,
-    hosts: u8,
-) -> Result<()> {
+pub fn run(root: &Path, name: &str, opts: &BenchOptions<'_>) -> Result<()> {
+    let BenchOptions {
+        rounds,
+        size,
+        iterations,
+        variant,
+        hosts,
+        harness_json: json,
+    } = *opts;
     if hosts == 2 {
         let spec = SPECS
             .iter()
@@ -836,7 +863,7 @@ pub fn run(
         );
     }
     if HOST_ONLY.contains(&name) {
-        return run_host(root, name, rounds, iterations);
+        return run_host(root, name, rounds, iterations, json);
     }
     if name == "books" {
         return crate::books::run(root, rounds, iterations);
@@ -924,7 +951,7 @@ pub fn run(
         let (w50, w99) = compare(spec.kind, &ours, &wire, &label);
         if !w50.is_empty() {
             let head = format!("{name} against {label} (same bytes)");
-            println!("{}", ratio_line(&head, spec.kind, w50, w99));
+            crate::verdict::line(ratio_line(&head, spec.kind, w50, w99));
         }
     }
     if let Some(r) = spec.reference {
@@ -933,7 +960,7 @@ pub fn run(
         let (r50, r99) = compare(spec.kind, &ours, &reference, &label);
         if !r50.is_empty() {
             let head = format!("{name} against {label} (reference)");
-            println!("{}", ratio_line(&head, spec.kind, r50, r99));
+            crate::verdict::line(ratio_line(&head, spec.kind, r50, r99));
         }
     }
     let variant_line = if variant.is_empty() {
@@ -945,19 +972,18 @@ pub fn run(
         println!("  rocebus {variant} against plain rocebus, same rounds:");
         let (c50, c99) = compare(spec.kind, &with_variant, &ours, "plain rocebus");
         (!v50.is_empty()).then(|| {
-            format!(
-                "{}\n{}",
+            [
                 ratio_line(&head, spec.kind, v50, v99),
-                ratio_line(&format!("{head} over plain"), spec.kind, c50, c99)
-            )
+                ratio_line(&format!("{head} over plain"), spec.kind, c50, c99),
+            ]
         })
     };
     if ratios50.is_empty() {
         bail!("{name}: no round produced figures on both sides");
     }
-    println!("{}", ratio_line(name, spec.kind, ratios50, ratios99));
-    if let Some(l) = variant_line {
-        println!("{l}");
+    crate::verdict::line(ratio_line(name, spec.kind, ratios50, ratios99));
+    for l in variant_line.into_iter().flatten() {
+        crate::verdict::line(l);
     }
     Ok(())
 }
@@ -1091,7 +1117,7 @@ pub fn run_flood(
     }
     println!();
     for l in flood_summary(rate, &parsed) {
-        println!("{l}");
+        crate::verdict::line(l);
     }
     Ok(())
 }

@@ -231,8 +231,8 @@ pub fn run(root: &Path, rounds: Option<u32>, messages: Option<u64>) -> Result<()
          for reference, steadier than wall time on a loaded host)",
         median(cpu_ratios)
     );
-    println!("books: ratio {:.2}", median(rate_ratios));
-    println!("books-memory: ratio {:.2}", median(rss_ratios));
+    crate::verdict::line(format!("books: ratio {:.2}", median(rate_ratios)));
+    crate::verdict::line(format!("books-memory: ratio {:.2}", median(rss_ratios)));
     Ok(())
 }
 

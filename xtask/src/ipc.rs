@@ -194,22 +194,22 @@ pub fn run(root: &Path, rounds: Option<u32>, iterations: Option<u64>) -> Result<
     if l50.is_empty() || tr.is_empty() {
         bail!("no complete round");
     }
-    println!(
+    crate::verdict::line(format!(
         "ipc-latency: p50 ratio {:.2}, p99 ratio {:.2}",
         median(l50),
         median(l99)
-    );
+    ));
     let lowest = tr.iter().copied().fold(f64::INFINITY, f64::min);
-    println!(
+    crate::verdict::line(format!(
         "ipc-throughput: ratio {:.2} (lowest round {lowest:.2})",
         median(tr)
-    );
+    ));
     if !f50.is_empty() {
-        println!(
+        crate::verdict::line(format!(
             "ipc-floor: p50 ratio {:.2}, p99 ratio {:.2}",
             median(f50),
             median(f99)
-        );
+        ));
     }
     Ok(())
 }

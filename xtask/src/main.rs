@@ -17,6 +17,7 @@ mod setup;
 mod test;
 mod test_lint;
 mod venue;
+mod verdict;
 mod vm;
 
 use anyhow::{Context, Result};
@@ -171,6 +172,13 @@ enum Cmd {
         /// the ping-pong's round trips per phase (default 5000).
         #[arg(long, value_name = "RATE", conflicts_with_all = ["datagram_tag", "hugepages"])]
         flood: Option<u32>,
+        /// End with one more line: a JSON object `{"bench": NAME, "lines": [...], "figures":
+        /// {HEAD: {NAME: VALUE, ...}, ...}}` holding the closing lines and the figures read
+        /// from them (`"rc-latency": {"p50 ratio": 1.02, "p99 ratio": 1.01}`); the host-only
+        /// harnesses (gateway-journal, gateway-restart, admission-cost) end with
+        /// `rocebus-bench --json`'s object instead.
+        #[arg(long)]
+        json: bool,
     },
     /// The main job: the whole pipeline on soft-RoCE, then the latency report.
     ///
@@ -340,6 +348,7 @@ fn run() -> Result<()> {
             api,
             hosts,
             flood,
+            json,
         } => {
             if let Some(rate) = flood {
                 if name != "rc-latency" || hosts != 1 || api != bench::Api::Rust {
@@ -347,7 +356,11 @@ fn run() -> Result<()> {
                         "--flood applies to rc-latency in one guest (no --hosts 2, no --api c)"
                     );
                 }
-                return bench::run_flood(&root, rate, rounds, size, iterations);
+                bench::run_flood(&root, rate, rounds, size, iterations)?;
+                if json {
+                    println!("{}", verdict::json(&name));
+                }
+                return Ok(());
             }
             let variant = if datagram_tag {
                 "--datagram-tag"
@@ -358,7 +371,19 @@ fn run() -> Result<()> {
             } else {
                 ""
             };
-            bench::run(&root, &name, rounds, size, iterations, variant, hosts)?;
+            let host_only = bench::HOST_ONLY.contains(&name.as_str());
+            let opts = bench::BenchOptions {
+                rounds,
+                size,
+                iterations,
+                variant,
+                hosts,
+                harness_json: json && host_only,
+            };
+            bench::run(&root, &name, &opts)?;
+            if json && !host_only {
+                println!("{}", verdict::json(&name));
+            }
         }
         Cmd::Demo {
             seconds,

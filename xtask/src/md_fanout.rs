@@ -47,6 +47,6 @@ pub fn run(root: &Path, iterations: Option<u64>, extra: &str) -> Result<()> {
         bail!("the harness printed no md-fanout line");
     };
     println!();
-    println!("{summary}");
+    crate::verdict::line(summary.as_str());
     Ok(())
 }

@@ -85,7 +85,7 @@ fn amplification(root: &Path) -> Result<()> {
     let a = parse_amplification(&stdout);
     if let Some(a) = a {
         let ratio = |b: u64| b as f64 / a.bytes_in.max(1) as f64;
-        println!(
+        crate::verdict::line(format!(
             "md-repair amplification: {:.0} bytes of repair per byte of request \
              ({} out for {} in, two admitted peers, one simulated second; \
              stated bound {} bytes, {:.0} per byte)",
@@ -94,7 +94,7 @@ fn amplification(root: &Path) -> Result<()> {
             a.bytes_in,
             a.bound,
             ratio(a.bound)
-        );
+        ));
     }
     if !out.status.success() {
         bail!("{AMPLIFICATION_TEST} failed ({})", out.status);
@@ -204,11 +204,11 @@ pub fn run(root: &Path) -> Result<()> {
             (false, true) => ", goal < 1.5 met",
             (false, false) => ", goal < 1.5 NOT met",
         };
-        println!(
+        crate::verdict::line(format!(
             "{head}: {subs} subscribers, {:.2} repair datagrams per lost datagram \
              ({} repairs for {} lost{goal})",
             f.per_lost, f.repairs, f.lost
-        );
+        ));
     }
     if !failed.is_empty() {
         bail!(

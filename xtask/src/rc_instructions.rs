@@ -223,12 +223,12 @@ pub(crate) fn run(
     } else {
         format!("{name} {extra}")
     };
-    println!(
+    crate::verdict::line(format!(
         "{name}: ratio {:.2} (goal <= {})",
         ours / theirs.max(1e-9),
         c.goal
-    );
-    println!("{}", figure_line(&name, ours, theirs));
+    ));
+    crate::verdict::line(figure_line(&name, ours, theirs));
     Ok(())
 }
 
@@ -326,11 +326,13 @@ pub(crate) fn run_c_api(root: &Path, size: usize, iterations: Option<u64>) -> Re
             println!("  {l}");
         }
     }
-    println!(
+    crate::verdict::line(format!(
         "{name}: ratio {:.3} (goal <= {C_API_GOAL})",
         c / rust.max(1e-9)
-    );
-    println!("{name}: C API {c:.0}, Rust {rust:.0} per one-way message");
+    ));
+    crate::verdict::line(format!(
+        "{name}: C API {c:.0}, Rust {rust:.0} per one-way message"
+    ));
     Ok(())
 }
 
