@@ -182,6 +182,13 @@ if [ $status -ne 0 ] && alive $gw; then
     # The engine gave up on a gateway still running: what the gateway was doing then.
     echo "demo: --- the running components' counters (rocebus stat)"
     "$DEMO_BIN/rocebus" stat --once 2>&1 | grep -v -e ' 0 *-$' | head -n 80
+    if command -v rdma > /dev/null; then
+        # Each queue pair's state and PSNs: a stalled or failed connection shows here.
+        echo "demo: --- the RDMA device's queue pairs (rdma resource show qp)"
+        rdma resource show qp 2>&1 | head -n 40
+    fi
+    echo "demo: --- the kernel's last messages"
+    dmesg 2>/dev/null | tail -n 20
     if command -v gdb > /dev/null; then
         echo "demo: --- the order gateway's threads (gdb)"
         gdb -batch -p $gw -ex 'thread apply all bt 12' 2>/dev/null | grep -e '^Thread' -e '^#' | head -n 120
