@@ -524,13 +524,50 @@ fn engine_against_feed_handler_and_gateway(orders: u32, memcheck: bool) {
         let stderr = std::fs::read_to_string(work.join("engine_cpp.log")).unwrap_or_default();
         assert_memcheck_clean("engine_cpp", status, &format!("{stderr}\n{}", logs()));
     }
+    // The engine gave up while the gateway still runs: what both were doing then (stop
+    // 54's CI and a loaded pre-check saw an engine hear nothing from a live gateway).
+    let gw_pid = gw.0.id().to_string();
+    let running = || {
+        let run = |c: &mut Command| {
+            c.output()
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout).into_owned()
+                        + &String::from_utf8_lossy(&o.stderr)
+                })
+                .unwrap_or_else(|e| format!("({e})"))
+        };
+        let stat = run(command(bin.join("rocebus"))
+            .args(["stat", "--once"])
+            .env("ROCEBUS_DIR", work.join("counters")));
+        // Counters at zero left out (`NAME 0 -`).
+        let stat: Vec<&str> = stat.lines().filter(|l| !zero_counter(l)).collect();
+        let qps = run(Command::new("rdma").args(["resource", "show", "qp"]));
+        let stacks = run(Command::new("gdb")
+            .args(["-batch", "-p", &gw_pid])
+            .args(["-ex", "thread apply all bt 12"]));
+        let stacks: Vec<&str> = stacks
+            .lines()
+            .filter(|l| l.starts_with("Thread") || l.starts_with('#'))
+            .collect();
+        format!(
+            "--- rocebus stat (non-zero):\n{}\n--- rdma resource show qp:\n{qps}\n--- order-gateway threads:\n{}",
+            stat.join("\n"),
+            stacks.join("\n")
+        )
+    };
+    let ok = status.success()
+        && stdout.contains(&format!(
+            "engine_cpp: {orders} orders acknowledged and filled"
+        ));
     assert!(
-        status.success()
-            && stdout.contains(&format!(
-                "engine_cpp: {orders} orders acknowledged and filled"
-            )),
-        "engine_cpp: {status}\nstdout:\n{stdout}\n{}",
-        logs()
+        ok,
+        "engine_cpp: {status}\nstdout:\n{stdout}\n{}\n{}",
+        logs(),
+        if ok || gw.0.try_wait().unwrap().is_some() {
+            String::new()
+        } else {
+            running()
+        }
     );
     eprintln!("{stdout}");
     assert!(
@@ -543,4 +580,10 @@ fn engine_against_feed_handler_and_gateway(orders: u32, memcheck: bool) {
         "feed-handler died\n{}",
         logs()
     );
+}
+
+/// A `rocebus stat` line of a counter at zero (`... NAME 0 -`).
+fn zero_counter(line: &str) -> bool {
+    let t: Vec<&str> = line.split_whitespace().collect();
+    t.len() >= 2 && t[t.len() - 2] == "0" && t[t.len() - 1] == "-"
 }
