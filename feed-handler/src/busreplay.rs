@@ -112,7 +112,8 @@ fn poll(sink: &mut BusSink, views: &[MarketView], now: u64) -> Result<usize, Net
 /// Publishes the records of `path` on the bus of `cfg` from `local_ip`, then serves
 /// recovery for `linger`. With `wait_subscribers` > 0 it first serves handshakes, publishing
 /// nothing, until that many subscribers are connected (over all channels; an error after
-/// [`WAIT_SUBSCRIBERS_LIMIT`](crate::bus::WAIT_SUBSCRIBERS_LIMIT)): a recording of the replay then starts at its first record.
+/// [`WAIT_SUBSCRIBERS_LIMIT`](crate::bus::WAIT_SUBSCRIBERS_LIMIT)): a recording of the replay
+/// then starts at its first record.
 /// Stops early when `stop` is set.
 pub fn replay(
     path: &Path,

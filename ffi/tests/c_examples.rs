@@ -542,8 +542,9 @@ fn engine_against_feed_handler_and_gateway(orders: u32, memcheck: bool) {
         // Counters at zero left out (`NAME 0 -`).
         let stat: Vec<&str> = stat.lines().filter(|l| !zero_counter(l)).collect();
         let qps = run(Command::new("rdma").args(["resource", "show", "qp"]));
-        let stacks = run(Command::new("gdb")
-            .args(["-batch", "-p", &gw_pid])
+        // Bounded: attaching to a process in a starved guest can take minutes.
+        let stacks = run(Command::new("timeout")
+            .args(["30", "gdb", "-batch", "-p", &gw_pid])
             .args(["-ex", "thread apply all bt 12"]));
         let stacks: Vec<&str> = stacks
             .lines()

@@ -191,7 +191,8 @@ if [ $status -ne 0 ] && alive $gw; then
     dmesg 2>/dev/null | tail -n 20
     if command -v gdb > /dev/null; then
         echo "demo: --- the order gateway's threads (gdb)"
-        gdb -batch -p $gw -ex 'thread apply all bt 12' 2>/dev/null | grep -e '^Thread' -e '^#' | head -n 120
+        # Bounded: attaching to a process in a starved guest can take minutes.
+        timeout 30 gdb -batch -p $gw -ex 'thread apply all bt 12' 2>/dev/null | grep -e '^Thread' -e '^#' | head -n 120
     fi
 fi
 [ $status -eq 0 ] || die "sample-engine failed with status $status"
